@@ -1,0 +1,105 @@
+"""The project's one root exception and its subclasses, grouped by area.
+
+A :class:`RequestError` is a failure that belongs to one request and reaches
+its client as an OpenAI error envelope with an HTTP status. Everything else
+is an operational failure of a component.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "ConveyorError",
+    "RequestError",
+    "InvalidRequest",
+    "ModelNotFound",
+    "ContextLengthExceeded",
+    "NoWorkerAvailable",
+    "DeadlineExceeded",
+    "EngineError",
+    "SchemaError",
+    "BrokerError",
+]
+
+
+class ConveyorError(Exception):
+    """Root of every error Conveyor raises on purpose."""
+
+
+class RequestError(ConveyorError):
+    """A failure of one request, shown to its client in OpenAI's envelope."""
+
+    status: int = 500
+    type: str = "server_error"
+    code: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        status: int | None = None,
+        type: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        if status is not None:
+            self.status = status
+        if type is not None:
+            self.type = type
+
+    def envelope(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class InvalidRequest(RequestError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class ModelNotFound(RequestError):
+    status = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    code = "context_length_exceeded"
+
+
+class NoWorkerAvailable(RequestError):
+    status = 503
+    type = "service_unavailable"
+    code = "no_worker_available"
+
+
+class DeadlineExceeded(RequestError):
+    status = 504
+    type = "timeout"
+    code = "deadline_exceeded"
+
+
+class EngineError(RequestError):
+    status = 500
+    type = "server_error"
+    code = "engine_error"
+
+
+class SchemaError(ConveyorError):
+    """An event that cannot be decoded or encoded (a poison event)."""
+
+
+class BrokerError(ConveyorError):
+    """Kafka or Redis failed underneath a component (translated at the boundary)."""

@@ -1,0 +1,72 @@
+"""One frozen settings object, built once at start and passed in.
+
+Every field can be set from the environment with the ``CONVEYOR_`` prefix
+(``CONVEYOR_KAFKA_BOOTSTRAP=127.0.0.1:9092``). Nothing reads the environment
+at import time: :func:`load_settings` is called by the CLI and by tests.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Settings", "load_settings"]
+
+_DEFAULT_MODELS = Path(__file__).with_name("models.toml")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CONVEYOR_", frozen=True, extra="ignore")
+
+    # Services
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    # Every topic and consumer group name starts with this; tests use their own.
+    topic_prefix: str = "conveyor"
+
+    # Producer: acks=all always; the idempotent producer can be switched off
+    # for brokers that do not implement it.
+    producer_idempotent: bool = True
+    producer_linger_ms: int = 0
+    producer_compression: str | None = None
+    consumer_session_timeout_ms: int = 6000
+    consumer_heartbeat_interval_ms: int = 1000
+
+    # Partition counts of the catalog (see topics/catalog.py)
+    pipeline_partitions: int = 4
+    infer_partitions: int = 8
+    reply_partitions: int = 8
+
+    # Gateway
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = 8000
+    gateway_id: str = ""  # empty: a random id per process
+    reply_lease_ttl_s: float = 15.0
+    request_timeout_s: float = 300.0
+    sse_keepalive_s: float = 10.0
+
+    # Schedule
+    no_worker_timeout_s: float = 10.0
+    worker_ttl_s: float = 3.0
+
+    # Infer
+    heartbeat_interval_s: float = 1.0
+    coalesce_ms: float = 15.0
+    progress_ttl_s: int = 3600
+
+    # Model registry (route, preprocess and infer read it)
+    models_file: Path = _DEFAULT_MODELS
+
+    def topic(self, name: str) -> str:
+        """The full name of a catalog topic (``requests`` -> ``conveyor.requests``)."""
+        return f"{self.topic_prefix}.{name}"
+
+    def group(self, layer: str) -> str:
+        """The consumer group of a layer (``preprocess`` -> ``conveyor.preprocess``)."""
+        return f"{self.topic_prefix}.{layer}"
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Build the settings from the environment, with explicit overrides on top."""
+    return Settings(**overrides)  # type: ignore[arg-type]

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# A local single-node Apache Kafka (KRaft: broker + controller in one JVM)
+# bound to 127.0.0.1, from the official release jars on Maven Central.
+#
+#   infra/kafka.sh fetch   resolve the jars into $CONVEYOR_HOME/kafka/libs (cached)
+#   infra/kafka.sh start   fetch, format storage once, start, wait until it serves
+#   infra/kafka.sh stop    stop the broker started here
+#   infra/kafka.sh status  exit 0 when the broker answers
+#
+# Environment: CONVEYOR_HOME (default ./.conveyor), KAFKA_PORT (9092),
+# KAFKA_CONTROLLER_PORT (9093), KAFKA_HEAP (512m).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+home=${CONVEYOR_HOME:-$(pwd)/.conveyor}
+port=${KAFKA_PORT:-9092}
+cport=${KAFKA_CONTROLLER_PORT:-9093}
+heap=${KAFKA_HEAP:-512m}
+kdir="$home/kafka"
+libs="$kdir/libs"
+data="$kdir/data-$port"
+pidfile="$kdir/kafka-$port.pid"
+
+fetch() {
+  if [ -f "$libs/.complete" ] && cmp -s "$here/kafka/pom.xml" "$libs/.complete"; then return 0; fi
+  mkdir -p "$libs"
+  rm -f "$libs"/*.jar
+  mvn -q -B -f "$here/kafka/pom.xml" dependency:copy-dependencies \
+    -DoutputDirectory="$libs" -DincludeScope=runtime
+  rm -f "$libs"/slf4j-api-1.*.jar
+  cp "$here/kafka/pom.xml" "$libs/.complete"
+}
+
+answers() { (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; }
+
+running() { [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
+
+start() {
+  fetch
+  if running && answers; then echo "kafka already running on 127.0.0.1:$port"; return 0; fi
+  mkdir -p "$data"
+  cat >"$kdir/server-$port.properties" <<PROPS
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$cport
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
+advertised.listeners=PLAINTEXT://127.0.0.1:$port
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+log.dirs=$data
+num.partitions=1
+auto.create.topics.enable=false
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=8
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+group.initial.rebalance.delay.ms=0
+group.min.session.timeout.ms=3000
+log.retention.hours=24
+PROPS
+  if [ ! -f "$data/meta.properties" ]; then
+    cid=$(java -cp "$libs/*" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n 1)
+    java -cp "$libs/*" kafka.tools.StorageTool format -t "$cid" \
+      -c "$kdir/server-$port.properties" >/dev/null
+  fi
+  nohup java "-Xmx$heap" "-Xms$heap" -XX:+UseG1GC -XX:TieredStopAtLevel=1 \
+    -Dlog4j2.configurationFile="$here/kafka/log4j2.yaml" \
+    -cp "$libs/*" kafka.Kafka "$kdir/server-$port.properties" \
+    >"$kdir/kafka-$port.log" 2>&1 &
+  echo $! >"$pidfile"
+  for _ in $(seq 1 120); do
+    if answers; then echo "kafka serving on 127.0.0.1:$port"; return 0; fi
+    running || { tail -n 30 "$kdir/kafka-$port.log"; echo "kafka exited" >&2; return 1; }
+    sleep 0.5
+  done
+  echo "kafka did not answer within 60 s" >&2
+  return 1
+}
+
+stop() {
+  if running; then
+    kill "$(cat "$pidfile")"
+    for _ in $(seq 1 60); do running || break; sleep 0.5; done
+    running && kill -9 "$(cat "$pidfile")"
+  fi
+  rm -f "$pidfile"
+}
+
+case "${1:-}" in
+  fetch) fetch ;;
+  start) start ;;
+  stop) stop ;;
+  status) answers ;;
+  *) echo "usage: $0 fetch|start|stop|status" >&2; exit 2 ;;
+esac

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# A local redis-server (Debian's package) bound to 127.0.0.1.
+#
+#   infra/redis.sh start | stop | status
+#
+# Environment: CONVEYOR_HOME (default ./.conveyor), REDIS_PORT (6379).
+set -euo pipefail
+home=${CONVEYOR_HOME:-$(pwd)/.conveyor}
+port=${REDIS_PORT:-6379}
+rdir="$home/redis"
+
+install() {
+  command -v redis-server >/dev/null && return 0
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -q >/dev/null && apt-get install -y -q redis-server >/dev/null
+  else
+    sudo apt-get update -q >/dev/null && sudo apt-get install -y -q redis-server >/dev/null
+  fi
+}
+
+answers() { redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null | grep -q PONG; }
+
+start() {
+  install
+  if answers; then echo "redis already running on 127.0.0.1:$port"; return 0; fi
+  mkdir -p "$rdir"
+  redis-server --bind 127.0.0.1 --port "$port" --daemonize yes --dir "$rdir" \
+    --pidfile "$rdir/redis-$port.pid" --logfile "$rdir/redis-$port.log" \
+    --save "" --appendonly no
+  for _ in $(seq 1 50); do answers && { echo "redis serving on 127.0.0.1:$port"; return 0; }; sleep 0.1; done
+  echo "redis did not answer" >&2; return 1
+}
+
+stop() { answers && redis-cli -h 127.0.0.1 -p "$port" shutdown nosave >/dev/null 2>&1 || true; }
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop ;;
+  status) answers ;;
+  *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+esac

@@ -1,0 +1,48 @@
+"""Avro schemas for every Conveyor event, their typed mirrors, and the codec.
+
+Declarative: nothing here imports a web framework, an engine or a Kafka client.
+"""
+
+from schemas.codec import Codec, EventType, default_codec
+from schemas.records import (
+    ChunkHeader,
+    Control,
+    DeadLetter,
+    Envelope,
+    ErrorInfo,
+    Generation,
+    Message,
+    Prepared,
+    Prompt,
+    Reply,
+    Request,
+    Route,
+    Sampling,
+    Task,
+    TokenChunk,
+    Usage,
+    WorkerHeartbeat,
+)
+
+__all__ = [
+    "Codec",
+    "EventType",
+    "default_codec",
+    "ChunkHeader",
+    "Control",
+    "DeadLetter",
+    "Envelope",
+    "ErrorInfo",
+    "Generation",
+    "Message",
+    "Prepared",
+    "Prompt",
+    "Reply",
+    "Request",
+    "Route",
+    "Sampling",
+    "Task",
+    "TokenChunk",
+    "Usage",
+    "WorkerHeartbeat",
+]

@@ -1,0 +1,182 @@
+"""Typed mirrors of the Avro schemas in ``avro/``.
+
+The codec reads and writes plain dicts (that is what fastavro produces); these
+TypedDicts give them names and types for mypy. A field marked ``NotRequired``
+has a default in its schema and may be left out when writing.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NotRequired, TypedDict
+
+__all__ = [
+    "ChunkHeader",
+    "Control",
+    "DeadLetter",
+    "Envelope",
+    "ErrorInfo",
+    "Generation",
+    "Message",
+    "Prepared",
+    "Prompt",
+    "Reply",
+    "Request",
+    "Route",
+    "Sampling",
+    "Task",
+    "TokenChunk",
+    "Usage",
+    "WorkerHeartbeat",
+]
+
+
+class Envelope(TypedDict):
+    request_id: str
+    tenant: str
+    traceparent: str
+    attempt: int
+    reply_gateway: str
+    reply_partition: int
+    deadline_ms: int
+    priority: int
+    stamps: dict[str, int]
+
+
+class Message(TypedDict):
+    role: str
+    content: str
+    name: NotRequired[str | None]
+
+
+class Sampling(TypedDict):
+    temperature: float
+    top_p: float
+    max_tokens: int | None
+    stop: list[str]
+    seed: int | None
+    presence_penalty: NotRequired[float]
+    frequency_penalty: NotRequired[float]
+
+
+class Generation(TypedDict):
+    kind: Literal["chat", "completion"]
+    model: str
+    messages: list[Message]
+    prompt: str | None
+    sampling: Sampling
+    stream: bool
+    include_usage: bool
+    created: int
+
+
+class Prompt(TypedDict):
+    text: str | None
+    tokens: int
+    exact: bool
+    max_tokens: int
+    dropped_messages: int
+    fingerprint: str
+
+
+class Route(TypedDict):
+    model: str
+    pool: str
+    worker_id: str
+    partition: int
+
+
+class Usage(TypedDict):
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class ErrorInfo(TypedDict):
+    status: int
+    type: str
+    code: str | None
+    param: str | None
+    message: str
+
+
+class Request(TypedDict):
+    envelope: Envelope
+    generation: Generation
+
+
+class Prepared(TypedDict):
+    envelope: Envelope
+    generation: Generation
+    prompt: Prompt
+
+
+class Task(TypedDict):
+    envelope: Envelope
+    generation: Generation
+    prompt: Prompt
+    route: Route
+
+
+class ChunkHeader(TypedDict):
+    kind: Literal["chat", "completion"]
+    model: str
+    created: int
+    stop: list[str]
+    stream: bool
+    include_usage: bool
+    prompt_tokens: int
+
+
+class TokenChunk(TypedDict):
+    envelope: Envelope
+    seq: int
+    text: str
+    tokens: int
+    finish_reason: str | None
+    worker_id: str
+    header: ChunkHeader | None
+    error: ErrorInfo | None
+
+
+class Reply(TypedDict):
+    envelope: Envelope
+    index: int
+    kind: Literal["delta", "final", "error"]
+    text: str
+    chunk: str
+    finish_reason: str | None
+    usage: Usage | None
+    error: ErrorInfo | None
+
+
+class Control(TypedDict):
+    request_id: str
+    action: Literal["cancel"]
+    reason: str
+    ts_ms: int
+
+
+class WorkerHeartbeat(TypedDict):
+    worker_id: str
+    pool: str
+    engine: str
+    models: list[str]
+    state: Literal["ready", "draining", "stopped"]
+    partitions: list[int]
+    capacity: int
+    running: int
+    queued: int
+    ts_ms: int
+    host: str
+    gpu_utilization: float | None
+    gpu_memory_free: int | None
+
+
+class DeadLetter(TypedDict):
+    layer: str
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    error: str
+    ts_ms: int

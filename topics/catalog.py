@@ -1,0 +1,58 @@
+"""DESIGN.md's topic catalog in code: name, partitions, retention, cleanup, key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from conveyor.settings import Settings
+
+__all__ = ["TopicSpec", "catalog", "infer_topic"]
+
+_DAY_MS = 24 * 3600 * 1000
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    key: str
+    cleanup: Literal["delete", "compact"] = "delete"
+    retention_ms: int = _DAY_MS
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def configs(self) -> dict[str, str]:
+        out = {"cleanup.policy": self.cleanup, "retention.ms": str(self.retention_ms)}
+        if self.cleanup == "compact":
+            out.update({"min.cleanable.dirty.ratio": "0.1", "segment.ms": "600000"})
+        out.update(self.extra)
+        return out
+
+
+def infer_topic(settings: Settings, pool: str) -> str:
+    """The task topic of one worker pool; its partitions are spread over the pool's workers."""
+    return settings.topic(f"infer.{pool}")
+
+
+def catalog(settings: Settings, pools: tuple[str, ...] = ()) -> list[TopicSpec]:
+    """Every topic Conveyor uses, with the pools' task topics."""
+    p = settings.pipeline_partitions
+    specs = [
+        TopicSpec(settings.topic("requests"), p, key="request id"),
+        TopicSpec(settings.topic("prepared"), p, key="request id"),
+        TopicSpec(settings.topic("routed"), p, key="request id"),
+        TopicSpec(settings.topic("tokens"), p, key="request id"),
+        TopicSpec(settings.topic("replies"), settings.reply_partitions,
+                  key="request id; partition = the gateway's leased reply partition"),
+        TopicSpec(settings.topic("control"), 1, key="request id"),
+        TopicSpec(settings.topic("workers"), 1, key="worker id", cleanup="compact",
+                  retention_ms=-1),
+        TopicSpec(settings.topic("results"), p, key="request id", cleanup="compact",
+                  retention_ms=7 * _DAY_MS),
+        TopicSpec(settings.topic("dlq"), 1, key="original key", retention_ms=30 * _DAY_MS),
+        TopicSpec(settings.topic("feedback"), 1, key="request id", retention_ms=30 * _DAY_MS),
+    ]
+    for pool in pools:
+        specs.append(TopicSpec(infer_topic(settings, pool), settings.infer_partitions,
+                               key="request id; partition = the chosen worker's"))
+    return specs

@@ -1,0 +1,53 @@
+"""The event envelope: request id, tenant, trace context, per-layer stamps,
+attempt and reply address. Every pipeline event carries one."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from schemas.records import Envelope
+
+__all__ = ["new_envelope", "new_traceparent", "stamp", "now_ms", "now_us"]
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def now_us() -> int:
+    return time.time_ns() // 1_000
+
+
+def new_traceparent() -> str:
+    """A fresh W3C ``traceparent`` (version 00, sampled)."""
+    return f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01"
+
+
+def new_envelope(
+    request_id: str,
+    *,
+    reply_gateway: str,
+    reply_partition: int,
+    tenant: str = "default",
+    traceparent: str | None = None,
+    deadline_ms: int = 0,
+    priority: int = 0,
+) -> Envelope:
+    return Envelope(
+        request_id=request_id,
+        tenant=tenant,
+        traceparent=traceparent or new_traceparent(),
+        attempt=0,
+        reply_gateway=reply_gateway,
+        reply_partition=reply_partition,
+        deadline_ms=deadline_ms,
+        priority=priority,
+        stamps={"gateway": now_us()},
+    )
+
+
+def stamp(envelope: Envelope, layer: str) -> Envelope:
+    """Record when ``layer`` took the event (the first time only: redelivery keeps it)."""
+    envelope["stamps"].setdefault(layer, now_us())
+    return envelope

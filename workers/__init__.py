@@ -1,0 +1,1 @@
+"""The pipeline's layers and the consumer runtime they share."""

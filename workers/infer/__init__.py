@@ -1,0 +1,1 @@
+"""The infer layer: workers that run an engine over a pool's task topic."""

@@ -1,0 +1,1 @@
+"""Engine adapters behind one small interface (see base.py)."""
