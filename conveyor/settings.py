@@ -19,6 +19,8 @@ _DEFAULT_MODELS = Path(__file__).with_name("models.toml")
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CONVEYOR_", frozen=True, extra="ignore")
 
+    log_level: str = "INFO"
+
     # Services
     kafka_bootstrap: str = "127.0.0.1:9092"
     redis_url: str = "redis://127.0.0.1:6379/0"

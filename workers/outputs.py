@@ -48,6 +48,13 @@ class Sender:
         fut = await self.producer.send(out.topic, value, key=key, partition=out.partition)
         self.pending.append(fut)
 
+    async def deliver(self, out: Output) -> None:
+        """Produce one output and wait for its acknowledgement alone."""
+        value = self.codec.encode(out.event_type, out.record)
+        key = out.key.encode() if out.key is not None else None
+        fut = await self.producer.send(out.topic, value, key=key, partition=out.partition)
+        await fut
+
     async def flush(self) -> None:
         """Wait until everything sent so far is acknowledged (raises on failure)."""
         pending, self.pending = self.pending, []

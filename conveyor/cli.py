@@ -1,0 +1,263 @@
+"""``conveyor``: run the whole pipeline in one go, or each process alone.
+
+    conveyor up [--engine llamacpp|openai] ...   Kafka topics, layers, an infer worker, gateway
+    conveyor gateway                             the HTTP/SSE API
+    conveyor layer preprocess route ...          one or more layers in one process
+    conveyor infer --pool cpu --engine llamacpp  one infer worker
+    conveyor topics                              create the topic catalog
+
+Every process reads the same settings (``CONVEYOR_*`` environment
+variables), so the same commands spread over many hosts against one Kafka
+cluster give a multi-node deployment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from conveyor.registry import Registry
+from conveyor.settings import Settings, load_settings
+
+__all__ = ["main"]
+
+LAYERS = ("preprocess", "route", "schedule", "postprocess")
+log = logging.getLogger("conveyor")
+
+
+def _setup_logging(settings: Settings) -> None:
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+
+
+def _on_signals(stop: Callable[[], None]) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop)
+
+
+async def _ensure_topics(settings: Settings, registry: Registry) -> None:
+    from topics.admin import ensure_topics
+    from topics.catalog import catalog
+
+    await ensure_topics(settings, catalog(settings, registry.pools()))
+
+
+# -- subcommands ----------------------------------------------------------------
+
+
+def cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
+    registry = Registry.load(settings.models_file)
+    asyncio.run(_ensure_topics(settings, registry))
+    return 0
+
+
+def cmd_gateway(settings: Settings, args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.app import build_app
+
+    registry = Registry.load(settings.models_file)
+    asyncio.run(_ensure_topics(settings, registry))
+    uvicorn.run(build_app(settings, registry), host=settings.gateway_host,
+                port=settings.gateway_port, loop="uvloop", http="httptools",
+                log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+    return 0
+
+
+def _make_layer(name: str, settings: Settings, registry: Registry) -> object:
+    if name == "preprocess":
+        from workers.preprocess import PreprocessLayer
+
+        return PreprocessLayer(settings, registry)
+    if name == "route":
+        from workers.route import RouteLayer
+
+        return RouteLayer(settings, registry)
+    if name == "schedule":
+        from workers.schedule import ScheduleLayer
+
+        return ScheduleLayer(settings)
+    if name == "postprocess":
+        from workers.postprocess import PostprocessLayer
+
+        return PostprocessLayer(settings)
+    raise SystemExit(f"unknown layer {name!r}; choose from {', '.join(LAYERS)}")
+
+
+async def _run_layers(settings: Settings, names: list[str]) -> None:
+    from workers.runtime import LayerRuntime
+
+    registry = Registry.load(settings.models_file)
+    await _ensure_topics(settings, registry)
+    runtimes = [LayerRuntime(settings, _make_layer(n, settings, registry))  # type: ignore[arg-type]
+                for n in names]
+
+    def stop() -> None:
+        for r in runtimes:
+            r.stop()
+
+    _on_signals(stop)
+    tasks = [asyncio.create_task(r.run(), name=r.layer.name) for r in runtimes]
+    done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    for r in runtimes:
+        r.stop()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for task in done:
+        task.result()
+
+
+def cmd_layer(settings: Settings, args: argparse.Namespace) -> int:
+    names = list(args.names) or list(LAYERS)
+    asyncio.run(_run_layers(settings, names))
+    return 0
+
+
+def _make_engine(args: argparse.Namespace, settings: Settings, registry: Registry) -> object:
+    if args.engine == "llamacpp":
+        from workers.infer.engines.llamacpp import LlamaCppEngine
+
+        models = [m for m in registry.models.values() if m.pool == args.pool and m.gguf]
+        if not models:
+            raise SystemExit(f"no model with a gguf file in pool {args.pool!r}")
+        return LlamaCppEngine.from_spec(models[0], contexts=args.contexts,
+                                        n_threads=args.threads)
+    if args.engine == "openai":
+        from workers.infer.engines.openai_http import OpenAIHttpEngine
+
+        if not args.upstream:
+            raise SystemExit("--engine openai needs --upstream URL")
+        return OpenAIHttpEngine(args.upstream, capacity=args.capacity)
+    if args.engine == "vllm":
+        raise SystemExit("the vLLM engine needs the gpu extra and a GPU host")
+    raise SystemExit(f"unknown engine {args.engine!r}")
+
+
+async def _run_infer(settings: Settings, args: argparse.Namespace) -> None:
+    from workers.infer.worker import InferWorker
+
+    registry = Registry.load(settings.models_file)
+    await _ensure_topics(settings, registry)
+    engine = _make_engine(args, settings, registry)
+    worker = InferWorker(settings, engine, args.pool, registry,  # type: ignore[arg-type]
+                         worker_id=args.worker_id)
+    _on_signals(worker.stop)
+    await worker.run()
+
+
+def cmd_infer(settings: Settings, args: argparse.Namespace) -> int:
+    asyncio.run(_run_infer(settings, args))
+    return 0
+
+
+def _infra(script: str, action: str) -> None:
+    path = Path(__file__).resolve().parents[1] / "infra" / script
+    subprocess.run(["bash", str(path), action], check=True)
+
+
+def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
+    """Start everything and supervise it; Ctrl-C (or SIGTERM) stops it all."""
+    if not args.no_infra:
+        _infra("kafka.sh", "start")
+        _infra("redis.sh", "start")
+    registry = Registry.load(settings.models_file)
+    asyncio.run(_ensure_topics(settings, registry))
+    exe = [sys.executable, "-m", "conveyor.cli"]
+    infer = ["infer", "--pool", args.pool, "--engine", args.engine,
+             "--contexts", str(args.contexts), "--threads", str(args.threads),
+             "--capacity", str(args.capacity)]
+    if args.upstream:
+        infer += ["--upstream", args.upstream]
+    commands = [exe + ["layer"]]
+    commands += [exe + infer + ["--worker-id", f"{args.pool}-{i}"] for i in range(args.workers)]
+    commands.append(exe + ["gateway"])
+    procs = [(c[3], subprocess.Popen(c, env=os.environ.copy())) for c in commands]
+    stopping = False
+
+    def stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    print(f"conveyor: serving on http://{settings.gateway_host}:{settings.gateway_port}/v1",
+          flush=True)
+    code = 0
+    while not stopping:
+        for name, p in procs:
+            if p.poll() is not None:
+                log.error("conveyor: %s exited with %s", name, p.returncode)
+                stopping, code = True, 1
+        time.sleep(0.5)
+    for _, p in reversed(procs):
+        with contextlib.suppress(ProcessLookupError):
+            p.terminate()
+    for _, p in procs:
+        try:
+            p.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    return code
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="conveyor", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def engine_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--pool", default="cpu")
+        p.add_argument("--engine", choices=["llamacpp", "openai", "vllm"], default="llamacpp")
+        p.add_argument("--contexts", type=int, default=2,
+                       help="llamacpp: sequences served at once")
+        p.add_argument("--threads", type=int, default=1, help="llamacpp: threads per context")
+        p.add_argument("--upstream", default=None, help="openai: the upstream's base URL")
+        p.add_argument("--capacity", type=int, default=64,
+                       help="openai: requests in flight to the upstream")
+
+    up = sub.add_parser("up", help="run everything on this host")
+    engine_args(up)
+    up.add_argument("--workers", type=int, default=1, help="infer workers to start")
+    up.add_argument("--no-infra", action="store_true",
+                    help="Kafka and Redis already run: do not start them")
+    up.set_defaults(func=cmd_up)
+
+    gw = sub.add_parser("gateway", help="the HTTP/SSE API")
+    gw.set_defaults(func=cmd_gateway)
+
+    layer = sub.add_parser("layer", help="one or more pipeline layers in one process")
+    layer.add_argument("names", nargs="*", choices=[*LAYERS, []], default=[])
+    layer.set_defaults(func=cmd_layer)
+
+    infer = sub.add_parser("infer", help="one infer worker")
+    engine_args(infer)
+    infer.add_argument("--worker-id", default=None)
+    infer.set_defaults(func=cmd_infer)
+
+    topics = sub.add_parser("topics", help="create the topic catalog")
+    topics.set_defaults(func=cmd_topics)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    settings = load_settings()
+    _setup_logging(settings)
+    result: int = args.func(settings, args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""Serving a request: turn it into a ``conveyor.requests`` event, then answer
+from the replies that come back, as JSON or as an SSE stream.
+
+A stream starts only when the first reply is in, so a request that fails
+before its first token still gets the right HTTP status and OpenAI's error
+envelope. A deadline (``request_timeout_s``) bounds every wait: past it the
+client gets 504 and the generation is cancelled. A client that disconnects
+cancels its generation too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+from conveyor.errors import DeadlineExceeded, RequestError
+from conveyor.settings import Settings
+from gateway import sse
+from gateway.protocol import ChatCompletionRequest, CompletionRequest
+from gateway.replies import ReplyRouter, ReplyStream
+from schemas.codec import Codec
+from schemas.records import Control, Generation, Message, Reply, Request, Sampling
+from topics.envelope import new_envelope, now_ms
+
+__all__ = ["Serving", "Answer"]
+
+Disconnected = Callable[[], Awaitable[bool]]
+
+
+class Answer:
+    """The replies of one submitted request, read with its deadline."""
+
+    def __init__(self, serving: Serving, stream: ReplyStream, deadline: float) -> None:
+        self.serving = serving
+        self.stream = stream
+        self.deadline = deadline
+        self.finished = False
+
+    @property
+    def request_id(self) -> str:
+        return self.stream.request_id
+
+    async def next(self, within: float | None = None) -> Reply | None:
+        """The next reply; None when ``within`` seconds passed first; 504 past the deadline."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise DeadlineExceeded("The request did not finish within its deadline.")
+        wait = left if within is None else min(within, left)
+        try:
+            reply = await asyncio.wait_for(self.stream.queue.get(), wait)
+        except TimeoutError:
+            if within is not None and time.monotonic() < self.deadline:
+                return None
+            raise DeadlineExceeded(
+                "The request did not finish within its deadline.") from None
+        if reply["kind"] == "error":
+            self.finished = True
+            err = reply["error"]
+            if err is None:
+                raise RequestError("The request failed.")
+            raise RequestError(err["message"], param=err["param"], code=err["code"],
+                               status=err["status"], type=err["type"])
+        if reply["kind"] == "final":
+            self.finished = True
+        return reply
+
+    async def close(self, reason: str) -> None:
+        self.serving.router.close(self.request_id)
+        if not self.finished:
+            self.finished = True
+            await self.serving.cancel(self.request_id, reason)
+
+
+class Serving:
+    def __init__(self, settings: Settings, producer: AIOKafkaProducer, router: ReplyRouter,
+                 codec: Codec, gateway_id: str) -> None:
+        self.settings = settings
+        self.producer = producer
+        self.router = router
+        self.codec = codec
+        self.gateway_id = gateway_id
+        self._requests = settings.topic("requests")
+        self._control = settings.topic("control")
+
+    # -- submission -------------------------------------------------------
+
+    def chat_generation(self, body: ChatCompletionRequest) -> Generation:
+        messages = [Message(role=m.role, content=m.text(), name=m.name) for m in body.messages]
+        return self._generation("chat", body, messages=messages, prompt=None,
+                                max_tokens=body.token_budget())
+
+    def completion_generation(self, body: CompletionRequest) -> Generation:
+        max_tokens = body.token_budget()
+        return self._generation("completion", body, messages=[], prompt=body.prompt_text(),
+                                max_tokens=max_tokens)
+
+    def _generation(self, kind: str, body: ChatCompletionRequest | CompletionRequest, *,
+                    messages: list[Message], prompt: str | None,
+                    max_tokens: int | None) -> Generation:
+        sampling = Sampling(
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            max_tokens=max_tokens, stop=body.stop_list(), seed=body.seed,
+            presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+        )
+        return Generation(kind=kind, model=body.model, messages=messages,  # type: ignore[typeddict-item]
+                          prompt=prompt, sampling=sampling, stream=body.stream,
+                          include_usage=body.include_usage(), created=int(time.time()))
+
+    async def submit(self, generation: Generation, tenant: str = "default",
+                     timeout_s: float | None = None) -> Answer:
+        rid = uuid.uuid4().hex
+        timeout = timeout_s or self.settings.request_timeout_s
+        envelope = new_envelope(rid, reply_gateway=self.gateway_id,
+                                reply_partition=self.router.partition, tenant=tenant,
+                                deadline_ms=now_ms() + int(timeout * 1000))
+        stream = self.router.open(rid)
+        value = self.codec.encode("Request", Request(envelope=envelope, generation=generation))
+        try:
+            await self.producer.send_and_wait(self._requests, value, key=rid.encode())
+        except Exception:
+            self.router.close(rid)
+            raise
+        return Answer(self, stream, time.monotonic() + timeout)
+
+    async def cancel(self, request_id: str, reason: str) -> None:
+        control = Control(request_id=request_id, action="cancel", reason=reason, ts_ms=now_ms())
+        with contextlib.suppress(Exception):
+            await self.producer.send(self._control, self.codec.encode("Control", control),
+                                     key=request_id.encode())
+
+    # -- answers ------------------------------------------------------------
+
+    async def collect(self, generation: Generation, answer: Answer,
+                      disconnected: Disconnected) -> dict[str, Any]:
+        """Wait for the whole answer (non-streaming), watching for a disconnect."""
+        text: list[str] = []
+        finish: str | None = None
+        usage: dict[str, int] = {}
+        try:
+            while True:
+                reply = await answer.next(within=1.0)
+                if reply is None:
+                    if await disconnected():
+                        await answer.close("client disconnected")
+                        return {}
+                    continue
+                if reply["text"]:
+                    text.append(reply["text"])
+                if reply["finish_reason"]:
+                    finish = reply["finish_reason"]
+                if reply["kind"] == "final":
+                    if reply["usage"]:
+                        usage = {"prompt_tokens": reply["usage"]["prompt_tokens"],
+                                 "completion_tokens": reply["usage"]["completion_tokens"]}
+                    break
+        finally:
+            await answer.close("gateway stopped waiting")
+        return _full_response(generation, answer.request_id, "".join(text), finish, usage)
+
+    async def first(self, answer: Answer) -> Reply:
+        """The first reply, before the response status is chosen."""
+        try:
+            reply = await answer.next()
+        except BaseException:
+            await answer.close("failed before the first token")
+            raise
+        assert reply is not None
+        return reply
+
+    async def stream(self, answer: Answer, first: Reply) -> AsyncIterator[bytes]:
+        """SSE frames: OpenAI chunks, keep-alive comments while waiting, then [DONE].
+        Closing the iterator early (the client went away) cancels the generation."""
+        keepalive = self.settings.sse_keepalive_s
+        try:
+            reply: Reply | None = first
+            while True:
+                if reply is None:
+                    yield sse.comment()
+                else:
+                    if reply["chunk"]:
+                        yield sse.data(reply["chunk"])
+                    if reply["kind"] == "final":
+                        yield sse.DONE
+                        return
+                try:
+                    reply = await answer.next(within=keepalive)
+                except RequestError as exc:
+                    yield sse.data(_json(exc.envelope()))
+                    yield sse.DONE
+                    return
+        finally:
+            await answer.close("client disconnected")
+
+
+def _json(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def _full_response(generation: Generation, request_id: str, text: str, finish: str | None,
+                   usage: dict[str, int]) -> dict[str, Any]:
+    prompt_tokens = usage.get("prompt_tokens", 0)
+    completion_tokens = usage.get("completion_tokens", 0)
+    usage_out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                 "total_tokens": prompt_tokens + completion_tokens}
+    if generation["kind"] == "chat":
+        return {
+            "id": f"chatcmpl-{request_id}",
+            "object": "chat.completion",
+            "created": generation["created"],
+            "model": generation["model"],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "logprobs": None, "finish_reason": finish}],
+            "usage": usage_out,
+        }
+    return {
+        "id": f"cmpl-{request_id}",
+        "object": "text_completion",
+        "created": generation["created"],
+        "model": generation["model"],
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+        "usage": usage_out,
+    }

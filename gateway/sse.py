@@ -1,0 +1,15 @@
+"""Server-sent events framing: the only place that knows the wire format."""
+
+from __future__ import annotations
+
+__all__ = ["data", "comment", "DONE"]
+
+DONE = b"data: [DONE]\n\n"
+
+
+def data(payload: str) -> bytes:
+    return b"data: " + payload.encode() + b"\n\n"
+
+
+def comment(text: str = "keep-alive") -> bytes:
+    return b": " + text.encode() + b"\n\n"

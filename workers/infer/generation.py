@@ -1,0 +1,138 @@
+"""One task's generation: engine pieces -> coalesced TokenChunk events.
+
+The first piece is produced at once (time to first token matters most);
+after that pieces are coalesced for ``coalesce_ms`` so the pipeline carries
+tens of chunks a second per request, not one event per token. Each chunk is
+recorded in the progress store after Kafka acknowledged it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+
+from conveyor.errors import DeadlineExceeded, RequestError
+from conveyor.settings import Settings
+from schemas.records import ChunkHeader, ErrorInfo, Task, TokenChunk
+from topics.envelope import now_ms, stamp
+from workers.infer.engines.base import Engine, GenerationRequest
+from workers.infer.progress import Progress, ProgressStore
+from workers.outputs import Output, Sender, error_info
+
+__all__ = ["Generation", "request_from_task"]
+
+
+def request_from_task(task: Task, continuation: str, done_tokens: int,
+                      upstream_model: str | None) -> GenerationRequest:
+    gen = task["generation"]
+    sampling = gen["sampling"]
+    prompt_text = task["prompt"]["text"]
+    if gen["kind"] == "completion" and prompt_text is None:
+        prompt_text = gen["prompt"] or ""
+    return GenerationRequest(
+        request_id=task["envelope"]["request_id"],
+        kind=gen["kind"],
+        model=task["route"]["model"],
+        max_tokens=max(1, task["prompt"]["max_tokens"] - done_tokens),
+        temperature=sampling["temperature"],
+        top_p=sampling["top_p"],
+        seed=sampling["seed"],
+        stop=tuple(sampling["stop"]),
+        prompt_text=prompt_text,
+        messages=tuple(gen["messages"]),
+        continuation=continuation,
+        upstream_model=upstream_model,
+    )
+
+
+@dataclass
+class Generation:
+    settings: Settings
+    engine: Engine
+    sender: Sender
+    progress_store: ProgressStore
+    worker_id: str
+    task: Task
+    upstream_model: str | None = None
+    cancelled: bool = False
+
+    @property
+    def request_id(self) -> str:
+        return self.task["envelope"]["request_id"]
+
+    async def run(self) -> None:
+        envelope = stamp(self.task["envelope"], "infer")
+        progress = await self.progress_store.load(self.request_id)
+        if progress.finished:
+            return  # a redelivery of a task that did end: nothing to redo
+        if progress.next_seq:
+            envelope["attempt"] += 1  # a redelivered task: continue what was sent
+        self.seq = progress.next_seq
+        self.text = progress.text
+        self.tokens = progress.tokens
+        if envelope["deadline_ms"] and now_ms() >= envelope["deadline_ms"]:
+            await self._fail(DeadlineExceeded("The request's deadline passed."))
+            return
+        request = request_from_task(self.task, self.text, self.tokens, self.upstream_model)
+        try:
+            await self._stream(request)
+        except RequestError as exc:
+            await self._fail(exc)
+
+    async def _stream(self, request: GenerationRequest) -> None:
+        interval = self.settings.coalesce_ms / 1000
+        buf: list[str] = []
+        buf_tokens = 0
+        last_flush = 0.0
+        finish: str | None = None
+        pieces = self.engine.generate(request)
+        try:
+            async for piece in pieces:
+                buf.append(piece.text)
+                buf_tokens += piece.tokens
+                if piece.finish_reason is not None:
+                    finish = piece.finish_reason
+                    break
+                if self.cancelled:
+                    finish = "cancelled"
+                    break
+                now = time.monotonic()
+                if self.seq == 0 or now - last_flush >= interval:
+                    await self._emit("".join(buf), buf_tokens, None)
+                    buf, buf_tokens, last_flush = [], 0, now
+        finally:
+            with contextlib.suppress(Exception):
+                await pieces.aclose()  # type: ignore[attr-defined]
+        if finish is None:
+            finish = "cancelled" if self.cancelled else "stop"
+        await self._emit("".join(buf), buf_tokens, finish)
+
+    def _header(self) -> ChunkHeader | None:
+        if self.seq != 0:
+            return None
+        gen = self.task["generation"]
+        return ChunkHeader(kind=gen["kind"], model=gen["model"], created=gen["created"],
+                           stop=gen["sampling"]["stop"], stream=gen["stream"],
+                           include_usage=gen["include_usage"],
+                           prompt_tokens=self.task["prompt"]["tokens"])
+
+    async def _emit(self, text: str, tokens: int, finish: str | None,
+                    error: ErrorInfo | None = None) -> None:
+        chunk = TokenChunk(envelope=self.task["envelope"], seq=self.seq, text=text,
+                           tokens=tokens, finish_reason=finish, worker_id=self.worker_id,
+                           header=self._header(), error=error)
+        await self.sender.deliver(Output(self.settings.topic("tokens"), "TokenChunk", chunk,
+                                         key=self.request_id))
+        self.seq += 1
+        self.text += text
+        self.tokens += tokens
+        await self.progress_store.save(
+            self.request_id,
+            Progress(self.seq, self.text, self.tokens, finished=finish is not None or
+                     error is not None),
+        )
+
+    async def _fail(self, exc: RequestError) -> None:
+        await self._emit("", 0, None, error=error_info(exc))
+

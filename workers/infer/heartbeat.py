@@ -1,0 +1,58 @@
+"""The heartbeat of an infer worker on ``conveyor.workers`` (compacted, key = worker id)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from typing import Literal
+
+from conveyor.settings import Settings
+from schemas.records import WorkerHeartbeat
+from topics.envelope import now_ms
+from workers.outputs import Output, Sender
+
+__all__ = ["Heartbeat", "gpu_profile"]
+
+
+def gpu_profile() -> tuple[float | None, int | None]:
+    """GPU utilisation and free memory from NVML, when there is a GPU (the ``gpu`` extra)."""
+    try:
+        import pynvml  # type: ignore[import-not-found]
+    except ImportError:
+        return None, None
+    try:
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        util = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        free = int(pynvml.nvmlDeviceGetMemoryInfo(handle).free)
+        return util, free
+    except Exception:  # no device, no driver: a CPU worker
+        return None, None
+
+
+class Heartbeat:
+    def __init__(self, settings: Settings, sender: Sender, worker_id: str, pool: str,
+                 engine: str, models: list[str], capacity: int,
+                 snapshot: Callable[[], tuple[list[int], int, int]]) -> None:
+        self.settings = settings
+        self.sender = sender
+        self.worker_id = worker_id
+        self.pool = pool
+        self.engine = engine
+        self.models = models
+        self.capacity = capacity
+        self.snapshot = snapshot  # -> (partitions, running, queued)
+        self.state: Literal["ready", "draining", "stopped"] = "ready"
+        self.host = socket.gethostname()
+
+    async def beat(self) -> None:
+        partitions, running, queued = self.snapshot()
+        gpu_util, gpu_free = gpu_profile()
+        record = WorkerHeartbeat(
+            worker_id=self.worker_id, pool=self.pool, engine=self.engine, models=self.models,
+            state=self.state, partitions=sorted(partitions), capacity=self.capacity,
+            running=running, queued=queued, ts_ms=now_ms(), host=self.host,
+            gpu_utilization=gpu_util, gpu_memory_free=gpu_free,
+        )
+        await self.sender.deliver(Output(self.settings.topic("workers"), "WorkerHeartbeat",
+                                         record, key=self.worker_id))

@@ -1,0 +1,129 @@
+"""Postprocess: turn each request's token chunks into the replies its client sees.
+
+State is per request id (:class:`RequestStream`) and lives in memory; it
+survives a restart because the log is replayed: the committed offset of a
+``conveyor.tokens`` partition never passes the first chunk of a request that
+is still open there, so a new owner of the partition rebuilds the state from
+the chunks. Replies carry an index and the gateway drops repeats, so the
+replay is invisible to clients.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+from aiokafka import TopicPartition
+
+from conveyor.settings import Settings
+from schemas.codec import EventType
+from schemas.records import ChunkHeader, Control, Reply, TokenChunk, Usage
+from topics.envelope import now_ms, stamp
+from workers.outputs import Output
+from workers.postprocess.chunks import delta_chunk, usage_chunk
+from workers.postprocess.stream import Emitted, RequestStream
+
+__all__ = ["PostprocessLayer"]
+
+_FINISHED_MEMORY = 50_000
+_EXPIRE_GRACE_MS = 60_000
+
+
+class PostprocessLayer:
+    name = "postprocess"
+    source_type: EventType = "TokenChunk"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.source_topic = settings.topic("tokens")
+        self._replies = settings.topic("replies")
+        self._control = settings.topic("control")
+        self.streams: dict[str, RequestStream] = {}
+        # request id -> (topic partition, offset of its first chunk there)
+        self._first: dict[str, tuple[TopicPartition, int]] = {}
+        self._finished: OrderedDict[str, None] = OrderedDict()
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def handle(self, event: TokenChunk, record: Any) -> list[Output]:
+        rid = event["envelope"]["request_id"]
+        if rid in self._finished:
+            return []
+        stream = self.streams.get(rid)
+        if stream is None:
+            stream = RequestStream(envelope=stamp(event["envelope"], self.name))
+            self.streams[rid] = stream
+            if record is not None:
+                tp = TopicPartition(record.topic, record.partition)
+                self._first[rid] = (tp, record.offset)
+        outputs: list[Output] = []
+        for emitted in stream.take(event):
+            outputs.extend(self._replies_for(stream, emitted))
+        if stream.done:
+            self._finish(rid)
+        return outputs
+
+    def _replies_for(self, stream: RequestStream, e: Emitted) -> list[Output]:
+        rid = stream.envelope["request_id"]
+        if e.error is not None:
+            return [self._reply(stream, "error", error=e.error)]
+        header = stream.header or _fallback_header(stream)
+        out: list[Output] = []
+        if stream.reply_index == 0 and header["kind"] == "chat":
+            out.append(self._reply(stream, "delta", chunk=delta_chunk(header, rid, "", role=True)))
+        if e.text:
+            out.append(self._reply(stream, "delta", text=e.text,
+                                   chunk=delta_chunk(header, rid, e.text)))
+        if e.finish_reason is not None:
+            usage = Usage(prompt_tokens=header["prompt_tokens"],
+                          completion_tokens=stream.completion_tokens)
+            out.append(self._reply(stream, "delta", finish_reason=e.finish_reason,
+                                   chunk=delta_chunk(header, rid, "", e.finish_reason)))
+            out.append(self._reply(stream, "final", usage=usage,
+                                   chunk=usage_chunk(header, rid, usage)
+                                   if header["include_usage"] else ""))
+            if e.stopped_early:
+                cancel = Control(request_id=rid, action="cancel", reason="stop sequence",
+                                 ts_ms=now_ms())
+                out.append(Output(self._control, "Control", cancel, key=rid))
+        return out
+
+    def _reply(self, stream: RequestStream, kind: str, *, text: str = "", chunk: str = "",
+               finish_reason: str | None = None, usage: Usage | None = None,
+               error: Any = None) -> Output:
+        reply = Reply(envelope=stream.envelope, index=stream.reply_index, kind=kind,  # type: ignore[typeddict-item]
+                      text=text, chunk=chunk, finish_reason=finish_reason, usage=usage,
+                      error=error)
+        stream.reply_index += 1
+        return Output(self._replies, "Reply", reply, key=stream.envelope["request_id"],
+                      partition=stream.envelope["reply_partition"])
+
+    def _finish(self, rid: str) -> None:
+        self.streams.pop(rid, None)
+        self._first.pop(rid, None)
+        self._finished[rid] = None
+        while len(self._finished) > _FINISHED_MEMORY:
+            self._finished.popitem(last=False)
+
+    def committable(self, tp: TopicPartition, next_offset: int) -> int:
+        """Never commit past the first chunk of a request still open on ``tp``."""
+        self._expire()
+        firsts = [off for (p, off) in self._first.values() if p == tp]
+        return min([next_offset, *firsts])
+
+    def _expire(self) -> None:
+        """Forget requests whose deadline is long gone (their worker died for good)."""
+        now = now_ms()
+        for rid, stream in list(self.streams.items()):
+            deadline = stream.envelope["deadline_ms"]
+            if deadline and now > deadline + _EXPIRE_GRACE_MS:
+                self._finish(rid)
+
+
+def _fallback_header(stream: RequestStream) -> ChunkHeader:
+    return ChunkHeader(kind="chat", model="", created=0, stop=[], stream=True,
+                       include_usage=False, prompt_tokens=0)

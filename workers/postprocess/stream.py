@@ -1,0 +1,89 @@
+"""Per-request state of postprocess: one small object per request in flight.
+
+Chunks are applied in sequence order (early ones wait, repeats are dropped);
+stop sequences are matched across chunk boundaries by holding back the tail
+that could still begin a stop sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from schemas.records import ChunkHeader, Envelope, ErrorInfo, TokenChunk
+
+__all__ = ["RequestStream", "Emitted"]
+
+
+@dataclass
+class Emitted:
+    """What one applied chunk releases to the client."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    error: ErrorInfo | None = None
+    # the stop sequence was met: the worker should stop generating
+    stopped_early: bool = False
+
+
+@dataclass
+class RequestStream:
+    envelope: Envelope
+    header: ChunkHeader | None = None
+    next_seq: int = 0
+    completion_tokens: int = 0
+    reply_index: int = 0
+    held: str = ""
+    done: bool = False
+    waiting: dict[int, TokenChunk] = field(default_factory=dict)
+
+    def take(self, chunk: TokenChunk) -> list[Emitted]:
+        """Apply ``chunk`` and any that were waiting for it."""
+        seq = chunk["seq"]
+        if self.done or seq < self.next_seq or seq in self.waiting:
+            return []
+        self.waiting[seq] = chunk
+        out: list[Emitted] = []
+        while not self.done and self.next_seq in self.waiting:
+            out.append(self._apply(self.waiting.pop(self.next_seq)))
+            self.next_seq += 1
+        return out
+
+    def _apply(self, chunk: TokenChunk) -> Emitted:
+        if chunk["header"] is not None and self.header is None:
+            self.header = chunk["header"]
+        if chunk["error"] is not None:
+            self.done = True
+            return Emitted(error=chunk["error"])
+        self.completion_tokens += chunk["tokens"]
+        stops = self.header["stop"] if self.header else []
+        text = self.held + chunk["text"]
+        self.held = ""
+        for_stop = _first_stop(text, stops)
+        if for_stop is not None:
+            self.done = True
+            return Emitted(text=text[:for_stop], finish_reason="stop",
+                           stopped_early=chunk["finish_reason"] is None)
+        if chunk["finish_reason"] is not None:
+            self.done = True
+            return Emitted(text=text, finish_reason=chunk["finish_reason"])
+        keep = _held_tail(text, stops)
+        if keep:
+            self.held = text[-keep:]
+            text = text[:-keep]
+        return Emitted(text=text)
+
+
+def _first_stop(text: str, stops: list[str]) -> int | None:
+    found = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    return min(found) if found else None
+
+
+def _held_tail(text: str, stops: list[str]) -> int:
+    """The length of the longest tail of ``text`` that begins some stop sequence."""
+    best = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if s.startswith(text[-n:]):
+                best = n
+                break
+    return best

@@ -1,0 +1,52 @@
+"""Route: resolve the request's model (or alias) in the registry to a pool.
+
+An unknown model fails the request with 404 ``model_not_found``. Policies
+beyond model affinity (prefix-cache-aware placement, canaries, fallbacks)
+grow here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiokafka import TopicPartition
+
+from conveyor.registry import Registry
+from conveyor.settings import Settings
+from schemas.codec import EventType
+from schemas.records import Prepared, Route, Task
+from topics.envelope import stamp
+from workers.outputs import Output
+
+__all__ = ["RouteLayer"]
+
+
+class RouteLayer:
+    name = "route"
+    source_type: EventType = "Prepared"
+
+    def __init__(self, settings: Settings, registry: Registry) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.source_topic = settings.topic("prepared")
+        self._sink = settings.topic("routed")
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def handle(self, event: Prepared, record: Any) -> list[Output]:
+        envelope = stamp(event["envelope"], self.name)
+        spec = self.registry.resolve(event["generation"]["model"])
+        task = Task(
+            envelope=envelope,
+            generation=event["generation"],
+            prompt=event["prompt"],
+            route=Route(model=spec.name, pool=spec.pool, worker_id="", partition=-1),
+        )
+        return [Output(self._sink, "Task", task, key=envelope["request_id"])]
+
+    def committable(self, tp: TopicPartition, next_offset: int) -> int:
+        return next_offset
