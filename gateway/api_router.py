@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from conveyor.errors import InvalidRequest
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, model_list
 from gateway.serving import Serving
 from schemas.records import Generation
@@ -14,6 +15,8 @@ from schemas.records import Generation
 __all__ = ["router"]
 
 router = APIRouter()
+
+TIMEOUT_HEADER = "X-Conveyor-Timeout"
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -35,8 +38,23 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     return await _answer(serving, serving.completion_generation(body), request)
 
 
+def _timeout(request: Request) -> float | None:
+    """``X-Conveyor-Timeout``: the request's deadline in seconds (the default otherwise)."""
+    raw = request.headers.get(TIMEOUT_HEADER)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 3600:
+        raise InvalidRequest(f"{TIMEOUT_HEADER} must be a number of seconds in (0, 3600].",
+                             param=TIMEOUT_HEADER)
+    return value
+
+
 async def _answer(serving: Serving, generation: Generation, request: Request) -> Response:
-    answer = await serving.submit(generation)
+    answer = await serving.submit(generation, timeout_s=_timeout(request))
     if not generation["stream"]:
         result = await serving.collect(generation, answer, request.is_disconnected)
         return JSONResponse(result)

@@ -32,7 +32,7 @@ def _validation(request: Request, exc: Exception) -> JSONResponse:
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = ".".join(loc) or None
     if first.get("type") == "json_invalid":
-        message = "The request body is not valid JSON."
+        message, param = "The request body is not valid JSON.", None
     else:
         message = f"{first.get('msg', 'Invalid request')}" + (f" ({param})" if param else "")
     return error_response(RequestError(message, param=param, status=400,

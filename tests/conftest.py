@@ -1,0 +1,139 @@
+"""Shared fixtures: the real Kafka and Redis that infra/ starts, and Conveyor
+processes started for real (``conveyor layer``, ``conveyor infer``,
+``conveyor gateway``) on a topic prefix of their own."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conveyor.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+TEST_MODELS = Path(__file__).with_name("data") / "models.toml"
+
+
+def _answers(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def services() -> None:
+    """Kafka and Redis must run (``bash infra/kafka.sh start``, ``bash infra/redis.sh start``)."""
+    kafka = os.environ.get("CONVEYOR_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+    host, port = kafka.rsplit(":", 1)
+    if not _answers(host, int(port)):
+        pytest.fail(f"Kafka does not answer on {kafka}: run `bash infra/kafka.sh start`")
+    if not _answers("127.0.0.1", 6379):
+        pytest.fail("Redis does not answer on 127.0.0.1:6379: run `bash infra/redis.sh start`")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Pipeline:
+    """A running Conveyor made of real processes, torn down by ``close``."""
+
+    def __init__(self, logs: Path, models: Path = TEST_MODELS, **env: str) -> None:
+        self.prefix = f"t{uuid.uuid4().hex[:10]}"
+        self.port = free_port()
+        self.logs = logs
+        self.env = {
+            **os.environ,
+            "CONVEYOR_TOPIC_PREFIX": self.prefix,
+            "CONVEYOR_GATEWAY_PORT": str(self.port),
+            "CONVEYOR_MODELS_FILE": str(models),
+            "CONVEYOR_NO_WORKER_TIMEOUT_S": "3",
+            **env,
+        }
+        self.settings = Settings(topic_prefix=self.prefix, models_file=models)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.base_url = f"http://127.0.0.1:{self.port}"
+
+    def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        log = open(self.logs / f"{self.prefix}-{name}.log", "wb")  # noqa: SIM115
+        proc = subprocess.Popen([sys.executable, "-m", "conveyor.cli", *args], env=self.env,
+                                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.procs[name] = proc
+        return proc
+
+    def start_worker(self, worker_id: str, contexts: int = 2) -> None:
+        self.spawn(worker_id, "infer", "--pool", "cpu", "--engine", "llamacpp",
+                   "--contexts", str(contexts), "--worker-id", worker_id)
+
+    def start(self, workers: int = 1) -> Pipeline:
+        subprocess.run([sys.executable, "-m", "conveyor.cli", "topics"], env=self.env,
+                       check=True, cwd=ROOT, capture_output=True)
+        self.spawn("layers", "layer")
+        for i in range(workers):
+            self.start_worker(f"w{i}")
+        self.spawn("gateway", "gateway")
+        self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited early:\n{self.tail(name)}")
+            try:
+                if httpx.get(f"{self.base_url}/healthz", timeout=1).status_code == 200:
+                    # one real answer proves every layer and a worker are in place
+                    r = httpx.post(f"{self.base_url}/v1/completions", timeout=60,
+                                   json={"model": "smollm2", "prompt": "Hi", "max_tokens": 1})
+                    if r.status_code == 200:
+                        return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError("the pipeline did not become ready:\n" +
+                           "\n".join(self.tail(n) for n in self.procs))
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs[name]
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+
+    def tail(self, name: str, lines: int = 40) -> str:
+        path = self.logs / f"{self.prefix}-{name}.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return f"--- {name}\n" + "\n".join(text.splitlines()[-lines:])
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@pytest.fixture(scope="session")
+def pipeline(services: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
+    """One Conveyor for the integration tests that leave it intact: two CPU workers."""
+    p = Pipeline(tmp_path_factory.mktemp("logs"))
+    try:
+        p.start(workers=2)
+        yield p
+    finally:
+        p.close()

@@ -1,0 +1,149 @@
+"""The preprocess layer: ``conveyor.requests`` -> ``conveyor.prepared``.
+
+Validates and normalises a request, measures its prompt with the target
+model's tokenizer, fits it to the model's context window (dropping the
+oldest turns of a conversation that is too long, keeping the system prompt
+and the tail) and names the prompt with a fingerprint for caches.
+
+A model the registry does not know is not an error here: route owns that
+answer (404 ``model_not_found``). Such a request goes on with an estimated
+count and no context checks.
+
+Tokenizers load lazily, on the first request for their model, in a worker
+thread. Counting and rendering run on the event loop: for the prompts a
+small model takes (a few thousand tokens) they cost well under a
+millisecond, less than a thread hop would. A request whose text is larger
+than ``_INLINE_CHARS`` (a long history to trim: tokenizing 300k tokens takes
+about half a second) is fitted in a worker thread instead; llama.cpp's
+tokenizer releases the GIL, so the event loop keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiokafka import ConsumerRecord, TopicPartition
+
+from conveyor.registry import ModelSpec, Registry
+from conveyor.settings import Settings
+from schemas.codec import EventType
+from schemas.records import Generation, Prepared, Prompt, Request
+from topics.envelope import stamp
+from workers.outputs import Output
+from workers.preprocess.normalize import (
+    Fit,
+    fingerprint,
+    fit_prompt,
+    measure_messages,
+    normalize_generation,
+    trim_to_context,
+)
+from workers.preprocess.tokenizers import EstimateTokenizer, Tokenizer, TokenizerCache
+
+__all__ = ["PreprocessLayer"]
+
+log = logging.getLogger(__name__)
+
+# The completion budget of a model the registry does not know (route will
+# reject it; the field must still be filled).
+_UNKNOWN_MODEL_MAX_TOKENS = 256
+# Above this many characters of text, fitting runs in a worker thread.
+_INLINE_CHARS = 32_768
+
+
+class PreprocessLayer:
+    name = "preprocess"
+    source_type: EventType = "Request"
+
+    def __init__(
+        self, settings: Settings, registry: Registry, tokenizers: TokenizerCache | None = None
+    ) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.tokenizers = tokenizers if tokenizers is not None else TokenizerCache()
+        self.source_topic = settings.topic("requests")
+        self._estimate = EstimateTokenizer()
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    def committable(self, tp: TopicPartition, next_offset: int) -> int:
+        return next_offset  # stateless: everything handled may be committed
+
+    async def handle(
+        self, event: Request, record: ConsumerRecord[bytes, bytes] | None
+    ) -> list[Output]:
+        envelope = stamp(event["envelope"], self.name)
+        generation = normalize_generation(event["generation"])
+        spec = self.registry.find(generation["model"])
+        if spec is None:
+            tokenizer: Tokenizer = self._estimate
+            fit = self._measure_unchecked(generation)
+            model_key = generation["model"]
+        else:
+            tokenizer = await self.tokenizers.get(spec)
+            if _text_size(generation) > _INLINE_CHARS:
+                fit = await asyncio.to_thread(self._fit, spec, tokenizer, generation)
+            else:
+                fit = self._fit(spec, tokenizer, generation)
+            model_key = spec.name
+        if fit.dropped:
+            log.info(
+                "request %s trace %s: dropped the %d oldest messages to fit %s",
+                envelope["request_id"], envelope["traceparent"], fit.dropped, model_key,
+            )
+        if generation["kind"] == "chat":
+            generation = {**generation, "messages": fit.messages}
+        raw_prompt = generation["prompt"] if generation["kind"] == "completion" else None
+        prompt = Prompt(
+            text=fit.text,
+            tokens=fit.tokens,
+            exact=tokenizer.exact,
+            max_tokens=fit.max_tokens,
+            dropped_messages=fit.dropped,
+            fingerprint=fingerprint(model_key, fit.text, fit.messages, raw_prompt),
+        )
+        prepared = Prepared(envelope=envelope, generation=generation, prompt=prompt)
+        return [
+            Output(
+                self.settings.topic("prepared"),
+                "Prepared",
+                prepared,
+                key=envelope["request_id"],
+            )
+        ]
+
+    @staticmethod
+    def _fit(spec: ModelSpec, tokenizer: Tokenizer, generation: Generation) -> Fit:
+        requested = generation["sampling"]["max_tokens"]
+        if generation["kind"] == "chat":
+            return trim_to_context(
+                generation["messages"], tokenizer, spec.context_length, requested,
+                spec.default_max_tokens,
+            )
+        assert generation["prompt"] is not None  # normalize_generation checked it
+        return fit_prompt(
+            generation["prompt"], tokenizer, spec.context_length, requested,
+            spec.default_max_tokens,
+        )
+
+    def _measure_unchecked(self, generation: Generation) -> Fit:
+        """An estimate for a model the registry does not know; no context checks."""
+        requested = generation["sampling"]["max_tokens"]
+        max_tokens = requested if requested is not None else _UNKNOWN_MODEL_MAX_TOKENS
+        if generation["kind"] == "chat":
+            messages = generation["messages"]
+            _, tokens = measure_messages(messages, self._estimate)
+            return Fit(None, tokens, max_tokens, 0, list(messages))
+        prompt = generation["prompt"] or ""
+        return Fit(None, self._estimate.count(prompt), max_tokens, 0, [])
+
+
+def _text_size(generation: Generation) -> int:
+    if generation["kind"] == "completion":
+        return len(generation["prompt"] or "")
+    return sum(len(m["content"]) for m in generation["messages"])
