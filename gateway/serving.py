@@ -71,11 +71,11 @@ class Answer:
             self.finished = True
         return reply
 
-    async def close(self, reason: str) -> None:
+    def close(self, reason: str) -> None:
         self.serving.router.close(self.request_id)
         if not self.finished:
             self.finished = True
-            await self.serving.cancel(self.request_id, reason)
+            self.serving.cancel(self.request_id, reason)
 
 
 class Serving:
@@ -88,6 +88,7 @@ class Serving:
         self.gateway_id = gateway_id
         self._requests = settings.topic("requests")
         self._control = settings.topic("control")
+        self._cancels: set[asyncio.Task[None]] = set()
 
     # -- submission -------------------------------------------------------
 
@@ -130,11 +131,20 @@ class Serving:
             raise
         return Answer(self, stream, time.monotonic() + timeout)
 
-    async def cancel(self, request_id: str, reason: str) -> None:
+    def cancel(self, request_id: str, reason: str) -> None:
+        """Tell the pipeline to stop this request. The send runs as its own task: it is
+        often asked for from a response that is being cancelled (the client left),
+        where any await of ours would be cancelled too."""
+        task = asyncio.create_task(self._send_cancel(request_id, reason))
+        self._cancels.add(task)
+        task.add_done_callback(self._cancels.discard)
+
+    async def _send_cancel(self, request_id: str, reason: str) -> None:
         control = Control(request_id=request_id, action="cancel", reason=reason, ts_ms=now_ms())
         with contextlib.suppress(Exception):
-            await self.producer.send(self._control, self.codec.encode("Control", control),
-                                     key=request_id.encode())
+            await self.producer.send_and_wait(self._control,
+                                              self.codec.encode("Control", control),
+                                              key=request_id.encode())
 
     # -- answers ------------------------------------------------------------
 
@@ -149,7 +159,7 @@ class Serving:
                 reply = await answer.next(within=1.0)
                 if reply is None:
                     if await disconnected():
-                        await answer.close("client disconnected")
+                        answer.close("client disconnected")
                         return {}
                     continue
                 if reply["text"]:
@@ -162,7 +172,7 @@ class Serving:
                                  "completion_tokens": reply["usage"]["completion_tokens"]}
                     break
         finally:
-            await answer.close("gateway stopped waiting")
+            answer.close("gateway stopped waiting")
         return _full_response(generation, answer.request_id, "".join(text), finish, usage)
 
     async def first(self, answer: Answer) -> Reply:
@@ -170,7 +180,7 @@ class Serving:
         try:
             reply = await answer.next()
         except BaseException:
-            await answer.close("failed before the first token")
+            answer.close("failed before the first token")
             raise
         assert reply is not None
         return reply
@@ -197,7 +207,7 @@ class Serving:
                     yield sse.DONE
                     return
         finally:
-            await answer.close("client disconnected")
+            answer.close("client disconnected")
 
 
 def _json(obj: Any) -> str:

@@ -78,12 +78,12 @@ class Pipeline:
         self.spawn(worker_id, "infer", "--pool", "cpu", "--engine", "llamacpp",
                    "--contexts", str(contexts), "--worker-id", worker_id)
 
-    def start(self, workers: int = 1) -> Pipeline:
+    def start(self, workers: int = 1, contexts: int = 2) -> Pipeline:
         subprocess.run([sys.executable, "-m", "conveyor.cli", "topics"], env=self.env,
                        check=True, cwd=ROOT, capture_output=True)
         self.spawn("layers", "layer")
         for i in range(workers):
-            self.start_worker(f"w{i}")
+            self.start_worker(f"w{i}", contexts)
         self.spawn("gateway", "gateway")
         self.wait_ready()
         return self

@@ -103,7 +103,7 @@ class Generation:
                     buf, buf_tokens, last_flush = [], 0, now
         finally:
             with contextlib.suppress(Exception):
-                await pieces.aclose()  # type: ignore[attr-defined]
+                await pieces.aclose()
         if finish is None:
             finish = "cancelled" if self.cancelled else "stop"
         await self._emit("".join(buf), buf_tokens, finish)
@@ -129,8 +129,9 @@ class Generation:
         self.tokens += tokens
         await self.progress_store.save(
             self.request_id,
-            Progress(self.seq, self.text, self.tokens, finished=finish is not None or
-                     error is not None),
+            Progress(self.seq, self.text, self.tokens,
+                     finished=finish is not None or error is not None,
+                     worker_id=self.worker_id),
         )
 
     async def _fail(self, exc: RequestError) -> None:

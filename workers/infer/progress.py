@@ -21,6 +21,7 @@ class Progress:
     text: str = ""
     tokens: int = 0
     finished: bool = False
+    worker_id: str = ""
 
 
 class ProgressStore:
@@ -41,6 +42,7 @@ class ProgressStore:
             text=raw[b"text"].decode(),
             tokens=int(raw[b"tokens"]),
             finished=raw.get(b"finished") == b"1",
+            worker_id=raw.get(b"worker", b"").decode(),
         )
 
     async def save(self, request_id: str, progress: Progress) -> None:
@@ -51,6 +53,7 @@ class ProgressStore:
                 "text": progress.text,
                 "tokens": progress.tokens,
                 "finished": "1" if progress.finished else "0",
+                "worker": progress.worker_id,
             })
             pipe.expire(key, self.ttl_s)
             await pipe.execute()

@@ -9,7 +9,7 @@ frees its slot promptly.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -53,7 +53,7 @@ class Engine(Protocol):
         """Load the model (warm) before the worker joins its pool."""
         ...
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[Piece]:
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[Piece, None]:
         """Stream the answer; the last piece carries a finish_reason."""
         ...
 

@@ -1,0 +1,156 @@
+"""Delivery guarantees on the real broker: poison events, cancels, a worker killed
+mid-generation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import redis
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from schemas.codec import default_codec
+from tests.conftest import Pipeline
+
+pytestmark = pytest.mark.integration
+
+COUNTING = {"model": "smollm2", "prompt": "1, 2, 3, 4, 5,", "temperature": 0, "stream": True}
+
+
+def sse_events(r: httpx.Response) -> Iterator[dict | str]:
+    for line in r.iter_lines():
+        if line.startswith("data: "):
+            payload = line[len("data: "):]
+            yield payload if payload == "[DONE]" else json.loads(payload)
+
+
+async def _read_topic(bootstrap: str, topic: str, timeout_s: float) -> list[bytes]:
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap,
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    values: list[bytes] = []
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=500)
+            for records in batch.values():
+                values.extend(r.value for r in records)
+            if values and not batch:
+                break
+    finally:
+        await consumer.stop()
+    return values
+
+
+def test_poison_event_goes_to_dlq_and_the_pipeline_keeps_serving(pipeline: Pipeline) -> None:
+    s = pipeline.settings
+    garbage = b"\x00not an avro event\xff"
+
+    async def produce() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)
+        await producer.start()
+        try:
+            await producer.send_and_wait(s.topic("requests"), garbage, key=b"poison-1")
+        finally:
+            await producer.stop()
+
+    asyncio.run(produce())
+    codec = default_codec()
+    letters = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not letters:
+        values = asyncio.run(_read_topic(s.kafka_bootstrap, s.topic("dlq"), 5))
+        letters = [d for d in (codec.decode(v, "DeadLetter") for v in values)
+                   if d["value"] == garbage]
+    assert letters, "the poison event did not reach the dead-letter topic"
+    letter = letters[0]
+    assert letter["layer"] == "preprocess" and letter["topic"] == s.topic("requests")
+    assert letter["key"] == b"poison-1" and "SchemaError" in letter["error"]
+    r = httpx.post(f"{pipeline.base_url}/v1/completions", timeout=60,
+                   json={"model": "smollm2", "prompt": "Hello", "max_tokens": 4})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"]
+
+
+def test_client_disconnect_cancels_the_generation(pipeline: Pipeline) -> None:
+    with httpx.stream("POST", f"{pipeline.base_url}/v1/completions", timeout=60,
+                      json={**COUNTING, "max_tokens": 1500}) as r:
+        events = sse_events(r)
+        first = next(events)
+        assert isinstance(first, dict)
+        rid = first["id"].removeprefix("cmpl-")
+        next(events)
+    # the connection is closed: the worker must stop well short of 1500 tokens
+    client = redis.Redis.from_url(pipeline.settings.redis_url)
+    key = f"{pipeline.prefix}:progress:{rid}"
+    deadline = time.monotonic() + 20
+    progress: dict = {}
+    while time.monotonic() < deadline:
+        progress = client.hgetall(key)
+        if progress.get(b"finished") == b"1":
+            break
+        time.sleep(0.2)
+    assert progress.get(b"finished") == b"1", progress
+    assert int(progress[b"tokens"]) < 1500
+    values = asyncio.run(_read_topic(pipeline.settings.kafka_bootstrap,
+                                     pipeline.settings.topic("control"), 5))
+    cancels = [default_codec().decode(v, "Control") for v in values]
+    assert any(c["request_id"] == rid for c in cancels)
+
+
+@pytest.fixture
+def two_single_workers(services: None, tmp_path_factory: pytest.TempPathFactory
+                       ) -> Iterator[Pipeline]:
+    p = Pipeline(tmp_path_factory.mktemp("kill-logs"))
+    p.env["CONVEYOR_COALESCE_MS"] = "5"
+    try:
+        p.start(workers=2, contexts=1)
+        yield p
+    finally:
+        p.close()
+
+
+def test_killed_worker_request_is_finished_by_another_once(two_single_workers: Pipeline
+                                                           ) -> None:
+    p = two_single_workers
+    max_tokens = 400
+    texts: list[str] = []
+    roles = finishes = dones = 0
+    killed = None
+    with httpx.stream("POST", f"{p.base_url}/v1/completions", timeout=120,
+                      json={**COUNTING, "max_tokens": max_tokens}) as r:
+        assert r.status_code == 200
+        for event in sse_events(r):
+            if event == "[DONE]":
+                dones += 1
+                continue
+            assert isinstance(event, dict)
+            choice = event["choices"][0]
+            texts.append(choice["text"])
+            finishes += choice["finish_reason"] is not None
+            if killed is None and len(texts) >= 3:
+                rid = event["id"].removeprefix("cmpl-")
+                killed = _worker_of(p, rid)
+                p.kill(killed)
+    assert killed is not None
+    assert dones == 1 and finishes == 1 and roles == 0
+    text = "1, 2, 3, 4, 5," + "".join(texts)
+    # one answer that went on counting, not a second one started over (the last
+    # number may be cut by max_tokens)
+    numbers = [int(n) for n in re.findall(r"\d+", text)][:-1]
+    assert numbers == list(range(1, len(numbers) + 1)), text
+    assert len(numbers) > 50
+    # and the rest of it came from the other worker
+    assert _worker_of(p, rid) != killed
+
+
+def _worker_of(p: Pipeline, request_id: str) -> str:
+    """The worker generating this request, from its progress record."""
+    client = redis.Redis.from_url(p.settings.redis_url)
+    worker = client.hget(f"{p.prefix}:progress:{request_id}", "worker")
+    assert worker, "no progress recorded for the request"
+    return str(worker.decode())

@@ -1,0 +1,134 @@
+"""A tiny real OpenAI-compatible upstream for the HTTP engine's tests.
+
+A Starlette app served by uvicorn on 127.0.0.1 (a free port) in its own
+thread and event loop. It streams SSE the way vLLM does (``data: {...}``
+events, a usage event with empty ``choices``, ``data: [DONE]``) and records
+every request it gets, including whether the client went away mid-stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+
+@dataclass
+class UpstreamCall:
+    path: str
+    body: dict[str, Any]
+    client_port: int
+    sent: int = 0  # text events written so far
+    finished: bool = False  # the whole stream went out
+    disconnected: bool = False  # the client left before the end
+
+
+@dataclass
+class FakeUpstream:
+    """The upstream's behaviour (set by a test) and what it received."""
+
+    base_url: str
+    answer_tokens: int = 5  # tokens before a natural "stop"
+    token_delay_s: float = 0.0
+    status: int = 200  # anything else: answer with OpenAI's error envelope
+    usage_extra: int = 0  # completion_tokens reported beyond the events sent
+    calls: list[UpstreamCall] = field(default_factory=list)
+
+    def reset(self) -> None:
+        self.answer_tokens, self.token_delay_s = 5, 0.0
+        self.status, self.usage_extra = 200, 0
+        self.calls.clear()
+
+    def wait_for(self, predicate: Any, timeout_s: float = 5.0) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if predicate():
+                return True
+            time.sleep(0.01)
+        return False
+
+
+def _app(upstream: FakeUpstream) -> Starlette:
+    async def completions(request: Request) -> Response:
+        body = await request.json()
+        call = UpstreamCall(request.url.path, body, request.client.port if request.client else 0)
+        upstream.calls.append(call)
+        if upstream.status != 200:
+            envelope = {"error": {"message": "bad request from the fake",
+                                  "type": "invalid_request_error", "param": None, "code": None}}
+            return JSONResponse(envelope, status_code=upstream.status)
+        return StreamingResponse(_events(upstream, call), media_type="text/event-stream")
+
+    return Starlette(routes=[
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", completions, methods=["POST"]),
+    ])
+
+
+async def _events(upstream: FakeUpstream, call: UpstreamCall) -> AsyncIterator[str]:
+    chat = call.path.endswith("/chat/completions")
+    n = min(call.body["max_tokens"], upstream.answer_tokens)
+    finish = "length" if call.body["max_tokens"] < upstream.answer_tokens else "stop"
+
+    def event(text: str | None, reason: str | None = None) -> str:
+        if chat:
+            delta = {} if text is None else {"content": text}
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": reason}
+        else:
+            choice = {"index": 0, "text": text or "", "finish_reason": reason}
+        return "data: " + json.dumps({"id": "x", "choices": [choice]}) + "\n\n"
+
+    try:
+        if chat:  # vLLM opens with a role-only delta
+            yield "data: " + json.dumps({"choices": [{"index": 0, "delta": {"role": "assistant"},
+                                                      "finish_reason": None}]}) + "\n\n"
+        for i in range(n):
+            if upstream.token_delay_s:
+                await asyncio.sleep(upstream.token_delay_s)
+            yield event(f"tok{i} ")
+            call.sent += 1
+        yield event(None, finish)
+        usage = {"prompt_tokens": 3, "completion_tokens": n + upstream.usage_extra,
+                 "total_tokens": 3 + n + upstream.usage_extra}
+        yield "data: " + json.dumps({"id": "x", "choices": [], "usage": usage}) + "\n\n"
+        yield "data: [DONE]\n\n"
+        call.finished = True
+    finally:
+        call.disconnected = not call.finished
+
+
+@pytest.fixture(scope="session")
+def _upstream_server() -> Iterator[FakeUpstream]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    upstream = FakeUpstream(base_url=f"http://127.0.0.1:{port}")
+    server = uvicorn.Server(uvicorn.Config(_app(upstream), lifespan="off", log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    if not upstream.wait_for(lambda: server.started, timeout_s=10):
+        raise RuntimeError("the fake upstream did not start")
+    yield upstream
+    server.should_exit = True
+    thread.join(timeout=10)
+    sock.close()
+
+
+@pytest.fixture
+def fake_upstream(_upstream_server: FakeUpstream) -> FakeUpstream:
+    """The running fake upstream, reset to its default behaviour."""
+    _upstream_server.reset()
+    return _upstream_server

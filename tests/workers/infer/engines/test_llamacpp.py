@@ -1,0 +1,152 @@
+"""LlamaCppEngine with the real SmolLM2-135M GGUF from the registry (CPU)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conveyor.errors import EngineError
+from conveyor.registry import Registry
+from schemas.records import Message
+from workers.infer.engines.base import GenerationRequest, Piece
+from workers.infer.engines.llamacpp import LlamaCppEngine
+
+QUESTION: tuple[Message, ...] = ({"role": "user", "content": "What is the capital of France?"},)
+# SmolLM2's chat template, rendered by hand for QUESTION (what preprocess sends).
+RENDERED = (
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    "<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+    "<|im_start|>assistant\n"
+)
+
+
+@pytest.fixture(scope="module")
+async def engine() -> AsyncIterator[LlamaCppEngine]:
+    spec = Registry.load(Path("conveyor/models.toml")).resolve("smollm2")
+    engine = LlamaCppEngine.from_spec(spec, contexts=2)
+    await engine.start()
+    yield engine
+    await engine.close()
+
+
+def request(**overrides: Any) -> GenerationRequest:
+    fields: dict[str, Any] = {"request_id": "r1", "kind": "chat", "model": "smollm2-135m-instruct",
+                              "max_tokens": 20, "temperature": 0.0, "prompt_text": RENDERED}
+    fields.update(overrides)
+    return GenerationRequest(**fields)
+
+
+async def collect(engine: LlamaCppEngine, req: GenerationRequest) -> list[Piece]:
+    return [piece async for piece in engine.generate(req)]
+
+
+def text(pieces: list[Piece]) -> str:
+    return "".join(p.text for p in pieces)
+
+
+async def test_greedy_is_deterministic(engine: LlamaCppEngine) -> None:
+    first = await collect(engine, request())
+    second = await collect(engine, request())
+
+    assert text(first).strip()
+    assert text(first) == text(second)
+    assert first[-1].finish_reason in ("stop", "length")
+    assert all(p.finish_reason is None for p in first[:-1])
+
+
+async def test_chat_messages_render_with_the_gguf_template(engine: LlamaCppEngine) -> None:
+    rendered_here = await collect(engine, request())
+    rendered_by_engine = await collect(engine, request(prompt_text=None, messages=QUESTION))
+
+    assert text(rendered_by_engine) == text(rendered_here)
+
+
+async def test_max_tokens_ends_with_length(engine: LlamaCppEngine) -> None:
+    pieces = await collect(engine, request(max_tokens=5))
+
+    assert pieces[-1].finish_reason == "length"
+    assert sum(p.tokens for p in pieces) == 5
+
+
+async def test_same_seed_same_text(engine: LlamaCppEngine) -> None:
+    sampled = request(temperature=1.0, seed=1234, max_tokens=12)
+    assert text(await collect(engine, sampled)) == text(await collect(engine, sampled))
+
+
+async def test_stop_string_ends_the_answer_before_it(engine: LlamaCppEngine) -> None:
+    answer = text(await collect(engine, request()))
+    stop = answer[len(answer) // 2:][:3]
+    pieces = await collect(engine, request(stop=(stop,)))
+
+    assert text(pieces) == answer[: answer.index(stop)]
+    assert pieces[-1].finish_reason == "stop"
+
+
+async def test_generations_run_concurrently(engine: LlamaCppEngine) -> None:
+    # Three at once on two contexts: the third waits for a free one.
+    results = await asyncio.wait_for(
+        asyncio.gather(*(collect(engine, request(max_tokens=8)) for _ in range(3))), timeout=30
+    )
+    for pieces in results:
+        assert pieces[-1].finish_reason is not None
+    assert text(results[0]) == text(results[1]) == text(results[2])
+
+
+async def test_cancelling_frees_the_context(engine: LlamaCppEngine) -> None:
+    # Occupy both contexts with long generations and walk away from both.
+    long = request(max_tokens=400)  # greedy SmolLM2 never stops on its own here
+    for _ in range(2):
+        seen = 0
+        async for _piece in engine.generate(long):
+            seen += 1
+            if seen == 2:
+                break
+    started = time.monotonic()
+    results = await asyncio.wait_for(
+        asyncio.gather(*(collect(engine, request(max_tokens=5)) for _ in range(2))), timeout=30
+    )
+    elapsed = time.monotonic() - started
+
+    assert all(r[-1].finish_reason == "length" for r in results)
+    # 400 tokens take several seconds; the abandoned threads stop within a token.
+    assert elapsed < 4, elapsed
+
+
+async def test_continuation_continues_the_answer(engine: LlamaCppEngine) -> None:
+    answer = text(await collect(engine, request()))
+    half = answer[: len(answer) // 2]
+    rest = await collect(engine, request(continuation=half, max_tokens=10))
+
+    assert text(rest).strip()
+    assert rest[-1].finish_reason is not None
+
+
+async def test_failures_become_engine_errors(engine: LlamaCppEngine) -> None:
+    too_long = request(prompt_text="hello " * 5000)
+    with pytest.raises(EngineError, match="context window"):
+        await collect(engine, too_long)
+    # The context went back to the pool.
+    assert (await collect(engine, request(max_tokens=3)))[-1].finish_reason == "length"
+
+
+async def test_close_ends_a_running_generation() -> None:
+    spec = Registry.load(Path("conveyor/models.toml")).resolve("smollm2")
+    own = LlamaCppEngine.from_spec(spec, contexts=1)
+    await own.start()
+    pieces = own.generate(request(max_tokens=400))
+    await anext(pieces)
+    closing = asyncio.create_task(own.close())
+
+    async def drain() -> None:
+        async for _piece in pieces:
+            pass
+
+    # Without the cancellation the 400 tokens would just end with "length".
+    with pytest.raises(EngineError, match="cancelled"):
+        await asyncio.wait_for(drain(), timeout=10)
+    await asyncio.wait_for(closing, timeout=10)

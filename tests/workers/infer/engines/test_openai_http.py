@@ -1,0 +1,177 @@
+"""OpenAIHttpEngine against a real (tiny) OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from conveyor.errors import EngineError
+from schemas.records import Message
+from workers.infer.engines.base import GenerationRequest, Piece
+from workers.infer.engines.openai_http import OpenAIHttpEngine
+
+if TYPE_CHECKING:  # the fixture's type; conftest is not importable at run time
+    from conftest import FakeUpstream
+
+EngineFactory = Callable[..., Awaitable[OpenAIHttpEngine]]
+QUESTION: tuple[Message, ...] = ({"role": "user", "content": "What is the capital of France?"},)
+
+
+@pytest.fixture
+async def engine_factory() -> AsyncIterator[EngineFactory]:
+    engines: list[OpenAIHttpEngine] = []
+
+    async def make(base_url: str, **kwargs: Any) -> OpenAIHttpEngine:
+        engine = OpenAIHttpEngine(base_url, **kwargs)
+        await engine.start()
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        await engine.close()
+
+
+def request(**overrides: Any) -> GenerationRequest:
+    fields: dict[str, Any] = {"request_id": "r1", "kind": "chat", "model": "smollm2-135m-instruct",
+                              "max_tokens": 16, "messages": QUESTION}
+    fields.update(overrides)
+    return GenerationRequest(**fields)
+
+
+async def collect(engine: OpenAIHttpEngine, req: GenerationRequest) -> list[Piece]:
+    return [piece async for piece in engine.generate(req)]
+
+
+async def until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    for _ in range(int(timeout_s / 0.01)):
+        if predicate():
+            return True
+        await asyncio.sleep(0.01)
+    return predicate()
+
+
+async def test_completion_streams_tokens_in_order(
+    fake_upstream: FakeUpstream, engine_factory: EngineFactory
+) -> None:
+    engine = await engine_factory(fake_upstream.base_url)
+    pieces = await collect(engine, request(kind="completion", prompt_text="Once", max_tokens=3))
+
+    assert [p.text for p in pieces] == ["tok0 ", "tok1 ", "tok2 ", ""]
+    assert [p.finish_reason for p in pieces] == [None, None, None, "length"]
+    assert sum(p.tokens for p in pieces) == 3
+    (call,) = fake_upstream.calls
+    assert call.path == "/v1/completions"
+    assert call.body["prompt"] == "Once"
+    assert call.body["stream"] is True
+    assert call.body["stream_options"] == {"include_usage": True}
+    assert call.body["max_tokens"] == 3
+    assert "seed" not in call.body and "stop" not in call.body
+
+
+async def test_chat_without_prompt_goes_to_chat_endpoint(
+    fake_upstream: FakeUpstream, engine_factory: EngineFactory
+) -> None:
+    engine = await engine_factory(fake_upstream.base_url)
+    req = request(upstream_model="HuggingFaceTB/SmolLM2-135M-Instruct", seed=7, stop=("\n",),
+                  temperature=0.0)
+    pieces = await collect(engine, req)
+
+    assert "".join(p.text for p in pieces) == "tok0 tok1 tok2 tok3 tok4 "
+    assert pieces[-1].finish_reason == "stop"
+    (call,) = fake_upstream.calls
+    assert call.path == "/v1/chat/completions"
+    assert call.body["model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert call.body["messages"] == [{"role": "user", "content": "What is the capital of France?"}]
+    assert call.body["seed"] == 7 and call.body["stop"] == ["\n"]
+    assert call.body["temperature"] == 0.0
+    assert "continue_final_message" not in call.body
+
+
+async def test_chat_with_rendered_prompt_goes_to_completions(
+    fake_upstream: FakeUpstream, engine_factory: EngineFactory
+) -> None:
+    engine = await engine_factory(fake_upstream.base_url)
+    await collect(engine, request(prompt_text="<|im_start|>user\nHi<|im_end|>\n"))
+
+    (call,) = fake_upstream.calls
+    assert call.path == "/v1/completions"
+    assert call.body["model"] == "smollm2-135m-instruct"
+    assert call.body["prompt"] == "<|im_start|>user\nHi<|im_end|>\n"
+
+
+async def test_continuation(fake_upstream: FakeUpstream, engine_factory: EngineFactory) -> None:
+    engine = await engine_factory(fake_upstream.base_url)
+    await collect(engine, request(continuation="The capital"))
+    await collect(engine, request(kind="completion", prompt_text="Q: ", continuation="A: Pa"))
+
+    chat, completion = fake_upstream.calls
+    assert chat.body["messages"][-1] == {"role": "assistant", "content": "The capital"}
+    assert chat.body["continue_final_message"] is True
+    assert chat.body["add_generation_prompt"] is False
+    assert completion.body["prompt"] == "Q: A: Pa"
+
+
+async def test_token_counts_add_up_to_upstream_usage(
+    fake_upstream: FakeUpstream, engine_factory: EngineFactory
+) -> None:
+    fake_upstream.usage_extra = 2  # e.g. several tokens in one event
+    engine = await engine_factory(fake_upstream.base_url)
+    pieces = await collect(engine, request())
+
+    assert sum(p.tokens for p in pieces) == 5 + 2
+    assert pieces[-1].tokens == 2
+
+
+async def test_upstream_error_becomes_engine_error(
+    fake_upstream: FakeUpstream, engine_factory: EngineFactory
+) -> None:
+    fake_upstream.status = 400
+    engine = await engine_factory(fake_upstream.base_url)
+    with pytest.raises(EngineError, match="400.*bad request from the fake"):
+        await collect(engine, request())
+
+
+async def test_unreachable_upstream_becomes_engine_error(engine_factory: EngineFactory) -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    engine = await engine_factory(f"http://127.0.0.1:{port}")
+    with pytest.raises(EngineError):
+        await collect(engine, request())
+
+
+async def test_closing_early_closes_the_connection(
+    fake_upstream: FakeUpstream, engine_factory: EngineFactory
+) -> None:
+    fake_upstream.answer_tokens, fake_upstream.token_delay_s = 1000, 0.01
+    engine = await engine_factory(fake_upstream.base_url)
+    async with aclosing(engine.generate(request(max_tokens=1000))) as pieces:
+        got = [await anext(pieces) for _ in range(3)]
+    assert [p.text for p in got] == ["tok0 ", "tok1 ", "tok2 "]
+
+    (call,) = fake_upstream.calls
+    assert await until(lambda: call.disconnected)
+    assert call.sent < 1000
+
+
+async def test_connections_are_kept_alive(
+    fake_upstream: FakeUpstream, engine_factory: EngineFactory
+) -> None:
+    engine = await engine_factory(fake_upstream.base_url)
+    await collect(engine, request())
+    await collect(engine, request())
+
+    first, second = fake_upstream.calls
+    assert first.client_port == second.client_port
+
+
+async def test_generate_before_start_fails() -> None:
+    engine = OpenAIHttpEngine("http://127.0.0.1:1")
+    with pytest.raises(EngineError, match="not started"):
+        await collect(engine, request())

@@ -1,0 +1,302 @@
+"""An engine that runs a GGUF model in-process with llama-cpp-python (CPU).
+
+Decisions:
+
+* **One context per concurrent request.** The engine keeps ``contexts``
+  ``llama_cpp.Llama`` instances of the same file (the weights are mmapped, so
+  they share memory; each has its own KV cache) and serves at most that many
+  requests at once: ``capacity == contexts``. A free context is taken from an
+  ``asyncio.Queue`` and always put back (``finally``).
+* **One thread per context.** Each context owns a single-thread executor and
+  is only ever touched from it. llama.cpp blocks for the whole generation, so
+  the thread streams the pieces back with ``loop.call_soon_threadsafe`` into a
+  per-request ``asyncio.Queue``. Because a context's executor runs one job at a
+  time, the context can be returned to the free pool the moment the consumer
+  goes away: a next job simply queues behind the finishing one.
+* **Cancellation within one token.** Closing the generator sets a
+  ``threading.Event``; a stopping criterion checks it after every sampled token
+  and the streaming loop checks it after every chunk. Only the prompt's
+  evaluation (one ``llama_decode`` call) cannot be interrupted.
+* **OpenAI sampling semantics.** Only ``temperature`` and ``top_p`` shape the
+  distribution: llama.cpp's extra ``top_k=40`` and ``min_p=0.05`` defaults are
+  switched off. ``temperature <= 0`` means greedy (llama.cpp itself treats a
+  *negative* temperature as plain sampling, so it is clamped to 0).
+* **Seeds.** A request seed is folded into llama.cpp's 32-bit seed space,
+  avoiding ``0xFFFFFFFF`` (llama.cpp's "pick a random seed"). Without a seed a
+  fresh random one is drawn: llama-cpp-python's own ``seed=None`` derives the
+  next seed deterministically from the previous one, so every process (and
+  every context) would repeat the same "random" answers.
+* **Token counts.** Each streamed chunk is one :class:`Piece` with
+  ``tokens=1``; the final piece carries the difference to the number of tokens
+  the model actually sampled (a chunk can hold several tokens, text held back
+  for a possible stop string is never sent, and the end-of-generation token is
+  counted, as vLLM counts it), so the pieces add up to the true usage.
+* **Chat without a rendered prompt.** When preprocess did not render the
+  prompt, the GGUF's own chat template (``tokenizer.chat_template``) renders
+  the messages with a generation prompt; any continuation is appended after
+  it.
+* Every failure inside llama.cpp surfaces from :meth:`generate` as
+  :class:`~conveyor.errors.EngineError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import threading
+from collections.abc import AsyncGenerator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, cast
+
+import numpy as np
+import numpy.typing as npt
+from llama_cpp import Llama, StoppingCriteriaList
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+from conveyor.errors import EngineError
+from conveyor.registry import ModelSpec
+from workers.infer.engines.base import GenerationRequest, Piece
+
+__all__ = ["LlamaCppEngine"]
+
+# llama.cpp seeds are uint32 and 0xFFFFFFFF (LLAMA_DEFAULT_SEED) means "random".
+_SEED_SPACE = 0xFFFFFFFF
+
+_Item = Piece | BaseException
+
+
+@dataclass
+class _Context:
+    """One loaded model instance and the only thread that may touch it."""
+
+    llm: Llama
+    executor: ThreadPoolExecutor
+
+
+class _TokenWatch:
+    """A llama.cpp stopping criterion: counts sampled tokens, stops on cancel.
+
+    llama.cpp calls it once per sampled token with the sequence so far (the new
+    token not yet in it), and once more after the loop with the same length as
+    the last call, so the count is ``last length - first length + 1``.
+    """
+
+    def __init__(self, cancelled: threading.Event) -> None:
+        self.cancelled = cancelled
+        self.first = -1
+        self.last = -1
+
+    def __call__(self, input_ids: npt.NDArray[np.intc], logits: npt.NDArray[np.single]) -> bool:
+        n = len(input_ids)
+        if self.first < 0:
+            self.first = n
+        self.last = max(self.last, n)
+        return self.cancelled.is_set()
+
+    @property
+    def sampled(self) -> int:
+        return 0 if self.first < 0 else self.last - self.first + 1
+
+
+class LlamaCppEngine:
+    """Serves ``contexts`` generations at once from one GGUF file."""
+
+    def __init__(
+        self,
+        model_path: Path,
+        contexts: int = 2,
+        n_ctx: int = 2048,
+        n_threads: int = 1,
+        name: str = "llamacpp",
+    ) -> None:
+        if contexts < 1:
+            raise ValueError("contexts must be at least 1")
+        self.name = name
+        self.capacity = contexts
+        self.model_path = Path(model_path)
+        self.n_ctx = n_ctx
+        self.n_threads = n_threads
+        self._contexts: list[_Context] = []
+        self._free: asyncio.Queue[_Context] | None = None
+        self._chat_formatter: Jinja2ChatFormatter | None = None
+        self._running: set[threading.Event] = set()
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec, contexts: int = 2, n_threads: int = 1) -> LlamaCppEngine:
+        """An engine for a registry model: its GGUF file and context length."""
+        return cls(spec.gguf_path(), contexts=contexts, n_ctx=spec.context_length,
+                   n_threads=n_threads)
+
+    async def start(self) -> None:
+        """Load every context in its own thread, one after another.
+
+        Not concurrently: with ``verbose=False`` llama-cpp-python silences a
+        load by swapping the process's stdout/stderr file descriptors, and two
+        overlapping loads restore them in the wrong order, leaving the whole
+        process writing to /dev/null.
+        """
+        if self._contexts:
+            return
+        loop = asyncio.get_running_loop()
+        executors = [
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.name}-ctx{i}")
+            for i in range(self.capacity)
+        ]
+        llms: list[Llama] = []
+        try:
+            for executor in executors:
+                llms.append(await loop.run_in_executor(executor, self._load))
+        except Exception as exc:
+            for llm in llms:
+                llm.close()
+            for executor in executors:
+                executor.shutdown(wait=False)
+            raise EngineError(f"cannot load {self.model_path}: {exc}") from exc
+        self._contexts = [_Context(llm, ex) for llm, ex in zip(llms, executors, strict=True)]
+        self._free = asyncio.Queue()
+        for context in self._contexts:
+            self._free.put_nowait(context)
+        self._chat_formatter = _chat_formatter(llms[0])
+
+    def _load(self) -> Llama:
+        return Llama(
+            model_path=str(self.model_path),
+            n_ctx=self.n_ctx,
+            n_threads=self.n_threads,
+            n_threads_batch=self.n_threads,
+            verbose=False,
+        )
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[Piece, None]:
+        """Stream one answer from a free context (see the module notes)."""
+        free = self._free
+        if free is None:
+            raise EngineError(f"engine {self.name} is not started")
+        context = await free.get()
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[_Item] = asyncio.Queue()
+        cancelled = threading.Event()
+        self._running.add(cancelled)
+
+        def emit(item: _Item) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the loop is closed: nobody is listening
+                cancelled.set()
+
+        try:
+            context.executor.submit(self._run, context.llm, request, cancelled, emit)
+            while True:
+                item = await queue.get()
+                if isinstance(item, EngineError):
+                    raise item
+                if isinstance(item, BaseException):
+                    raise EngineError(f"llama.cpp failed: {item}") from item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            cancelled.set()
+            self._running.discard(cancelled)
+            free.put_nowait(context)
+
+    def _run(
+        self,
+        llm: Llama,
+        request: GenerationRequest,
+        cancelled: threading.Event,
+        emit: Callable[[_Item], None],
+    ) -> None:
+        """The worker-thread side of one generation; never raises.
+
+        It always ends with exactly one last item: the final piece or an
+        exception (a cancellation too, which only matters when :meth:`close`
+        cancelled a generation whose consumer is still waiting).
+        """
+        try:
+            if cancelled.is_set():
+                raise EngineError("the generation was cancelled")
+            watch = _TokenWatch(cancelled)
+            stream = cast(
+                Iterator[dict[str, Any]],
+                llm.create_completion(
+                    self._prompt(request),
+                    stream=True,
+                    max_tokens=max(1, request.max_tokens),
+                    temperature=max(0.0, request.temperature),
+                    top_p=request.top_p,
+                    top_k=0,
+                    min_p=0.0,
+                    seed=_llama_seed(request.seed),
+                    stop=list(request.stop),
+                    stopping_criteria=StoppingCriteriaList([watch]),
+                ),
+            )
+            emitted = 0
+            try:
+                for chunk in stream:
+                    if cancelled.is_set():
+                        raise EngineError("the generation was cancelled")
+                    choice = chunk["choices"][0]
+                    text: str = choice["text"]
+                    reason = choice["finish_reason"]
+                    if reason is not None:
+                        finish: Literal["stop", "length"] = (
+                            "length" if reason == "length" else "stop"
+                        )
+                        emit(Piece(text, tokens=max(0, watch.sampled - emitted),
+                                   finish_reason=finish))
+                        return
+                    if text:
+                        emit(Piece(text, tokens=1))
+                        emitted += 1
+            finally:
+                cast(Any, stream).close()
+            raise EngineError("llama.cpp ended the stream without a finish_reason")
+        except Exception as exc:
+            emit(exc)
+
+    def _prompt(self, request: GenerationRequest) -> str:
+        if request.prompt_text is not None or request.kind == "completion":
+            return (request.prompt_text or "") + request.continuation
+        if self._chat_formatter is None:
+            raise EngineError(f"{self.model_path.name} has no chat template")
+        messages = [{"role": m["role"], "content": m["content"]} for m in request.messages]
+        rendered = self._chat_formatter(messages=cast(Any, messages))
+        return rendered.prompt + request.continuation
+
+    async def close(self) -> None:
+        """Cancel what runs, wait for the threads, free the models."""
+        for cancelled in list(self._running):
+            cancelled.set()
+        contexts, self._contexts, self._free = self._contexts, [], None
+        for context in contexts:
+            await asyncio.to_thread(context.executor.shutdown, True)
+            context.llm.close()
+
+
+def _chat_formatter(llm: Llama) -> Jinja2ChatFormatter | None:
+    """The GGUF's own chat template, or None when the file has none."""
+    template = llm.metadata.get("tokenizer.chat_template")
+    if not template:
+        return None
+
+    def token_text(token: int) -> str:
+        if token < 0:
+            return ""
+        return llm.detokenize([token], special=True).decode("utf-8", errors="ignore")
+
+    return Jinja2ChatFormatter(
+        template=template,
+        eos_token=token_text(llm.token_eos()),
+        bos_token=token_text(llm.token_bos()),
+        add_generation_prompt=True,
+    )
+
+
+def _llama_seed(seed: int | None) -> int:
+    if seed is None:
+        return secrets.randbelow(_SEED_SPACE)
+    return seed % _SEED_SPACE

@@ -1,0 +1,199 @@
+"""An engine that forwards to an OpenAI-compatible HTTP upstream.
+
+vLLM, SGLang and llama.cpp's server all speak this protocol; Conveyor then
+adds its queueing, retries and streaming fan-out in front of them.
+
+Decisions:
+
+* **One shared ``httpx.AsyncClient``** created by :meth:`start`, with a pool of
+  ``capacity`` keep-alive connections (the worker never runs more requests
+  than that). ``timeout_s`` bounds connecting and every wait for the next
+  chunk, not the whole answer.
+* **Endpoint.** A request with a rendered ``prompt_text`` (or any completion)
+  goes to ``/v1/completions`` with the continuation appended to the prompt.
+  A chat request without one goes to ``/v1/chat/completions``; a continuation
+  becomes a final assistant message sent with vLLM's
+  ``continue_final_message: true, add_generation_prompt: false``.
+* **Streaming.** Always ``stream: true`` with ``include_usage``. The SSE body
+  is read line by line, one ``json.loads`` per ``data:`` line and no models,
+  to keep per-token overhead small. After ``data: [DONE]`` the rest of the
+  body is still drained so the connection goes back to the pool.
+* **Pieces.** Each non-empty text delta is a :class:`Piece` with
+  ``tokens=1``; the final piece carries no text and the finish reason
+  (anything but ``"length"`` reads as ``"stop"``). When the upstream reports
+  ``usage.completion_tokens`` the final piece carries the difference, so the
+  pieces add up to the upstream's count (never a negative difference).
+* **Errors.** An HTTP status >= 400, an error event inside the stream, a
+  transport failure, unparsable data, or a stream that ends without a finish
+  reason all become :class:`~conveyor.errors.EngineError` carrying the
+  upstream's message.
+* **Cancellation.** The response is opened with ``async with
+  client.stream(...)``, so closing the generator closes the response: the
+  upstream sees the disconnect and stops generating.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator
+from typing import Any, Literal
+
+import httpx
+
+from conveyor.errors import EngineError
+from workers.infer.engines.base import GenerationRequest, Piece
+
+__all__ = ["OpenAIHttpEngine"]
+
+
+class OpenAIHttpEngine:
+    """Generates through an OpenAI-compatible server at ``base_url``."""
+
+    def __init__(
+        self,
+        base_url: str,
+        capacity: int = 64,
+        name: str = "openai",
+        api_key: str | None = None,
+        timeout_s: float = 600,
+    ) -> None:
+        self.name = name
+        self.capacity = capacity
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+        self._client: httpx.AsyncClient | None = None
+
+    async def start(self) -> None:
+        """Open the shared connection pool (no request is made)."""
+        if self._client is not None:
+            return
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=headers,
+            limits=httpx.Limits(
+                max_connections=self.capacity, max_keepalive_connections=self.capacity
+            ),
+            timeout=httpx.Timeout(self.timeout_s),
+        )
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[Piece, None]:
+        """Stream one answer from the upstream (see the module notes)."""
+        client = self._client
+        if client is None:
+            raise EngineError(f"engine {self.name} is not started")
+        path, body = _upstream_body(request)
+        chat = path.endswith("/chat/completions")
+        emitted = 0
+        finish: Literal["stop", "length"] | None = None
+        usage_tokens: int | None = None
+        try:
+            async with client.stream("POST", path, json=body) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise EngineError(
+                        f"upstream returned HTTP {response.status_code}: "
+                        f"{_error_message(response)}"
+                    )
+                done = False
+                async for line in response.aiter_lines():
+                    if done or not line.startswith("data:"):
+                        continue  # blank separators, comments, event names, the tail
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        done = True
+                        continue
+                    event = _parse(data)
+                    if "error" in event:
+                        raise EngineError(f"upstream error: {_message_of(event)}")
+                    usage = event.get("usage")
+                    if usage and usage.get("completion_tokens") is not None:
+                        usage_tokens = int(usage["completion_tokens"])
+                    for choice in event.get("choices") or ():
+                        if choice.get("index", 0) != 0:
+                            continue
+                        if chat:
+                            text = (choice.get("delta") or {}).get("content")
+                        else:
+                            text = choice.get("text")
+                        if text:
+                            emitted += 1
+                            yield Piece(text, tokens=1)
+                        reason = choice.get("finish_reason")
+                        if reason:
+                            finish = "length" if reason == "length" else "stop"
+        except httpx.HTTPError as exc:
+            raise EngineError(f"upstream {self.base_url} failed: {exc!r}") from exc
+        if finish is None:
+            raise EngineError("upstream stream ended without a finish_reason")
+        extra = 0 if usage_tokens is None else max(0, usage_tokens - emitted)
+        yield Piece("", tokens=extra, finish_reason=finish)
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+
+def _upstream_body(request: GenerationRequest) -> tuple[str, dict[str, Any]]:
+    """The endpoint path and JSON body an upstream gets for ``request``."""
+    body: dict[str, Any] = {
+        "model": request.upstream_model or request.model,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": request.max_tokens,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+    }
+    if request.seed is not None:
+        body["seed"] = request.seed
+    if request.stop:
+        body["stop"] = list(request.stop)
+    if request.prompt_text is not None or request.kind == "completion":
+        body["prompt"] = (request.prompt_text or "") + request.continuation
+        return "/v1/completions", body
+    messages: list[dict[str, Any]] = []
+    for m in request.messages:
+        message: dict[str, Any] = {"role": m["role"], "content": m["content"]}
+        if m.get("name"):
+            message["name"] = m["name"]
+        messages.append(message)
+    if request.continuation:
+        messages.append({"role": "assistant", "content": request.continuation})
+        body["continue_final_message"] = True
+        body["add_generation_prompt"] = False
+    body["messages"] = messages
+    return "/v1/chat/completions", body
+
+
+def _parse(data: str) -> dict[str, Any]:
+    try:
+        event = json.loads(data)
+    except ValueError as exc:
+        raise EngineError(f"upstream sent unparsable data: {data[:200]!r}") from exc
+    if not isinstance(event, dict):
+        raise EngineError(f"upstream sent unexpected data: {data[:200]!r}")
+    return event
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        payload = response.json()
+    except ValueError:
+        return response.text[:500] or response.reason_phrase
+    if isinstance(payload, dict):
+        return _message_of(payload)
+    return str(payload)[:500]
+
+
+def _message_of(payload: dict[str, Any]) -> str:
+    """The message of OpenAI's envelope, or of the common variants."""
+    error = payload.get("error", payload)
+    if isinstance(error, dict):
+        for key in ("message", "detail"):
+            if error.get(key):
+                return str(error[key])
+    if isinstance(error, str):
+        return error
+    return json.dumps(payload)[:500]
