@@ -36,7 +36,7 @@ running() { [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
 
 start() {
   fetch
-  if running && answers; then echo "kafka already running on 127.0.0.1:$port"; return 0; fi
+  if answers; then echo "kafka already serving on 127.0.0.1:$port"; return 0; fi
   mkdir -p "$data"
   cat >"$kdir/server-$port.properties" <<PROPS
 process.roles=broker,controller

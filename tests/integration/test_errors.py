@@ -28,7 +28,8 @@ def assert_envelope(r: httpx.Response, status: int, code: str | None = None) -> 
 
 
 def test_malformed_json_is_400(pipeline: Pipeline) -> None:
-    r = post(pipeline, b'{"model": "smollm2", "messages": [', **{"content-type": "application/json"})
+    r = post(pipeline, b'{"model": "smollm2", "messages": [',
+             **{"content-type": "application/json"})
     assert_envelope(r, 400)
 
 
