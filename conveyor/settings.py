@@ -8,6 +8,7 @@ at import time: :func:`load_settings` is called by the CLI and by tests.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -31,7 +32,7 @@ class Settings(BaseSettings):
     # for brokers that do not implement it.
     producer_idempotent: bool = True
     producer_linger_ms: int = 0
-    producer_compression: str | None = None
+    producer_compression: Literal["gzip", "snappy", "lz4", "zstd"] | None = "lz4"
     consumer_session_timeout_ms: int = 6000
     consumer_heartbeat_interval_ms: int = 1000
 

@@ -92,6 +92,8 @@ def test_sampling_parameters_take_effect(pipeline: Pipeline) -> None:
     a, b = ask(temperature=1.0, seed=7), ask(temperature=1.0, seed=7)
     assert a == b
     assert any(ask(temperature=1.0, seed=s) != a for s in (8, 9, 10))
+    # top_p that keeps only the likeliest token is greedy decoding
+    assert ask(temperature=1.0, top_p=1e-9, seed=1) == ask(temperature=0)
     # max_tokens bounds the answer
     r = c.chat.completions.create(model="smollm2", messages=prompt, max_tokens=3)
     assert r.usage is not None and r.usage.completion_tokens <= 3
