@@ -19,13 +19,19 @@ class InFlightOffsets:
     running: dict[TopicPartition, set[int]] = field(default_factory=dict)
     # the offset after the last task taken on each partition
     taken: dict[TopicPartition, int] = field(default_factory=dict)
+    # bumped when a partition is forgotten: a generation that outlived its
+    # partition must not touch the books of the partition's next assignment
+    epochs: dict[TopicPartition, int] = field(default_factory=dict)
 
-    def start(self, tp: TopicPartition, offset: int) -> None:
+    def start(self, tp: TopicPartition, offset: int) -> int:
+        """Book a task; returns the epoch to pass to :meth:`finish`."""
         self.running.setdefault(tp, set()).add(offset)
         self.taken[tp] = max(self.taken.get(tp, 0), offset + 1)
+        return self.epochs.get(tp, 0)
 
-    def finish(self, tp: TopicPartition, offset: int) -> None:
-        self.running.get(tp, set()).discard(offset)
+    def finish(self, tp: TopicPartition, offset: int, epoch: int = 0) -> None:
+        if epoch == self.epochs.get(tp, 0):
+            self.running.get(tp, set()).discard(offset)
 
     def committable(self) -> dict[TopicPartition, int]:
         out = {}
@@ -38,3 +44,4 @@ class InFlightOffsets:
         for tp in partitions:
             self.running.pop(tp, None)
             self.taken.pop(tp, None)
+            self.epochs[tp] = self.epochs.get(tp, 0) + 1

@@ -147,21 +147,20 @@ class InferWorker:
         except SchemaError as exc:
             await sender.dead_letter("infer", record.topic, record.partition, record.offset,
                                      record.key, record.value, f"SchemaError: {exc}")
-            self.offsets.start(tp, record.offset)
-            self._done(tp, record.offset)
+            self._done(tp, record.offset, self.offsets.start(tp, record.offset))
             return
         spec = self.registry.find(task["route"]["model"])
         gen = Generation(self.settings, self.engine, sender, store, self.worker_id, task,
                          upstream_model=spec.upstream_model if spec else None)
         rid = gen.request_id
-        self.offsets.start(tp, record.offset)
+        epoch = self.offsets.start(tp, record.offset)
         self.running[rid] = gen
-        job = asyncio.create_task(self._generate(gen, tp, record), name=f"gen-{rid}")
+        job = asyncio.create_task(self._generate(gen, tp, record, epoch), name=f"gen-{rid}")
         self._tasks.add(job)
         job.add_done_callback(self._tasks.discard)
 
     async def _generate(self, gen: Generation, tp: TopicPartition,
-                        record: ConsumerRecord[bytes, bytes]) -> None:
+                        record: ConsumerRecord[bytes, bytes], epoch: int) -> None:
         try:
             await gen.run()
         except Exception:
@@ -173,10 +172,10 @@ class InferWorker:
                                              traceback.format_exc())
         finally:
             self.running.pop(gen.request_id, None)
-            self._done(tp, record.offset)
+            self._done(tp, record.offset, epoch)
 
-    def _done(self, tp: TopicPartition, offset: int) -> None:
-        self.offsets.finish(tp, offset)
+    def _done(self, tp: TopicPartition, offset: int, epoch: int) -> None:
+        self.offsets.finish(tp, offset, epoch)
         self._slot_freed.set()
         asyncio.create_task(self.commit())
 

@@ -79,10 +79,12 @@ class PostprocessLayer:
             out.append(self._reply(stream, "delta", text=e.text,
                                    chunk=delta_chunk(header, rid, e.text)))
         if e.finish_reason is not None:
+            # OpenAI knows "stop" and "length"; a cancelled generation reads as stopped
+            reason = e.finish_reason if e.finish_reason in ("stop", "length") else "stop"
             usage = Usage(prompt_tokens=header["prompt_tokens"],
                           completion_tokens=stream.completion_tokens)
-            out.append(self._reply(stream, "delta", finish_reason=e.finish_reason,
-                                   chunk=delta_chunk(header, rid, "", e.finish_reason)))
+            out.append(self._reply(stream, "delta", finish_reason=reason,
+                                   chunk=delta_chunk(header, rid, "", reason)))
             out.append(self._reply(stream, "final", usage=usage,
                                    chunk=usage_chunk(header, rid, usage)
                                    if header["include_usage"] else ""))

@@ -1,0 +1,1 @@
+"""Benchmarks: what Conveyor's pipeline adds over calling an engine directly."""

@@ -1,0 +1,186 @@
+"""Subprocesses a benchmark starts (the upstream fixture, ``conveyor up``) and
+their lifecycle: each runs in its own process group with its output in a log
+file, is waited for over HTTP, and is always stopped (SIGTERM to the group,
+then SIGKILL) when the benchmark leaves its ``with`` block.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+import httpx
+
+__all__ = [
+    "BenchError",
+    "Proc",
+    "check_infra",
+    "check_port_free",
+    "conveyor_env",
+    "conveyor_script",
+    "exit_on_sigterm",
+    "repo_root",
+    "running",
+    "wait_http",
+]
+
+
+class BenchError(Exception):
+    """A benchmark cannot run: the message says why and what to do."""
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+    def exited(self) -> int | None:
+        return self.popen.poll()
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM the process group, SIGKILL it after ``grace_s``."""
+        if self.popen.poll() is not None:
+            return
+        pgid = self.popen.pid  # start_new_session: the group id is the child's pid
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+            self.popen.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(pgid, signal.SIGKILL)
+            self.popen.wait(timeout=5.0)
+        except ProcessLookupError:
+            pass
+
+
+@contextmanager
+def running(
+    name: str, argv: list[str], log_dir: Path, env: Mapping[str, str] | None = None
+) -> Iterator[Proc]:
+    """Start ``argv`` in a new process group, its output in ``log_dir/name.log``;
+    stop the whole group on exit."""
+    log_path = log_dir / f"{name}.log"
+    with log_path.open("wb") as log:
+        popen = subprocess.Popen(
+            argv,
+            cwd=repo_root(),
+            env=dict(env) if env is not None else None,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    proc = Proc(name, popen, log_path)
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def wait_http(url: str, proc: Proc, timeout_s: float) -> None:
+    """Poll ``GET url`` until it answers 200; fail early if ``proc`` exits."""
+    deadline = time.monotonic() + timeout_s
+    last = "no answer yet"
+    with httpx.Client(timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            code = proc.exited()
+            if code is not None:
+                raise BenchError(
+                    f"{proc.name} exited with code {code} before {url} answered "
+                    f"(log {proc.log_path}):\n{proc.log_tail()}"
+                )
+            try:
+                response = client.get(url)
+                if response.status_code == 200:
+                    return
+                last = f"HTTP {response.status_code}"
+            except httpx.HTTPError as exc:
+                last = type(exc).__name__
+            time.sleep(0.25)
+    raise BenchError(
+        f"{proc.name}: {url} not ready after {timeout_s:.0f} s ({last}); "
+        f"log {proc.log_path}:\n{proc.log_tail()}"
+    )
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def check_infra(kafka_port: int = 9092, redis_port: int = 6379) -> None:
+    """Conveyor runs with ``--no-infra``: Kafka and Redis must already be up."""
+    if not _answers(kafka_port):
+        raise BenchError(
+            f"Kafka is not answering on 127.0.0.1:{kafka_port}: run `bash infra/kafka.sh start`"
+        )
+    if not _answers(redis_port):
+        raise BenchError(
+            f"Redis is not answering on 127.0.0.1:{redis_port}: run `bash infra/redis.sh start`"
+        )
+
+
+def check_port_free(port: int, what: str) -> None:
+    if _answers(port):
+        raise BenchError(f"port {port} ({what}) is already in use on 127.0.0.1")
+
+
+def conveyor_script() -> Path:
+    """The ``conveyor`` console script of the running interpreter's environment."""
+    script = Path(sys.executable).parent / "conveyor"
+    if not script.exists():
+        raise BenchError(f"{script} not found: install the project (`pip install -e .`)")
+    probe = subprocess.run(
+        [str(script), "up", "--help"], capture_output=True, timeout=60, cwd=repo_root()
+    )
+    if probe.returncode != 0:
+        detail = (probe.stderr or probe.stdout).decode(errors="replace").strip()[-600:]
+        raise BenchError(f"`conveyor up` is not available yet ({script}):\n{detail}")
+    return script
+
+
+def conveyor_env(
+    *, topic_prefix: str, gateway_port: int, models_file: Path | None = None
+) -> dict[str, str]:
+    """The environment of a ``conveyor up`` run: a fresh topic prefix, the port,
+    and the model registry when not the default one."""
+    env = dict(os.environ)
+    env["CONVEYOR_TOPIC_PREFIX"] = topic_prefix
+    env["CONVEYOR_GATEWAY_PORT"] = str(gateway_port)
+    if models_file is not None:
+        env["CONVEYOR_MODELS_FILE"] = str(models_file)
+    else:
+        env.pop("CONVEYOR_MODELS_FILE", None)
+    return env
+
+
+def _raise_exit(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit so ``finally`` blocks stop the subprocesses."""
+    signal.signal(signal.SIGTERM, _raise_exit)

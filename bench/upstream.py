@@ -1,0 +1,309 @@
+"""A fast OpenAI-compatible upstream: the engine the overhead benchmark measures against.
+
+A raw ASGI callable (no framework) serving ``POST /v1/completions`` and
+``POST /v1/chat/completions``, streaming (SSE in OpenAI's chunk format, ending
+with ``data: [DONE]``) or not, plus ``GET /v1/models`` and ``GET /health``.
+
+Every request emits ``min(tokens, max_tokens)`` tokens of text ``" tok"``. The
+n-th token is due ``n * delay`` after the request arrived (deadline pacing, so
+sleep overshoot does not accumulate): 32 tokens at 10 ms take 320 ms, and the
+first token comes after one step. A delay of 0 emits everything at once.
+
+The delay can be chosen per request through the model name, since an HTTP
+engine forwards the model but no custom header: ``"bench@10"`` paces at 10 ms a
+token, ``"bench@0"`` is unpaced, a name without ``@`` uses the app's default.
+
+    python -m bench.upstream --port 9100 --tokens 32 --delay-ms 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = ["build_app", "main"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+Kind = Literal["completion", "chat"]
+
+_TOKEN = " tok"
+_MAX_BODY = 1 << 20
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+]
+_JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One parsed request: what to emit and how fast."""
+
+    kind: Kind
+    model: str
+    n_tokens: int
+    finish_reason: Literal["length", "stop"]
+    delay_s: float
+    stream: bool
+    include_usage: bool
+    prompt_tokens: int
+
+
+def _dumps(obj: object) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def _sse(obj: object) -> bytes:
+    return b"data: " + _dumps(obj) + b"\n\n"
+
+
+def _delay_for(model: str, default_s: float) -> float:
+    """``bench@10`` -> 0.010 s; no ``@`` suffix -> the default."""
+    _, sep, suffix = model.rpartition("@")
+    if not sep:
+        return default_s
+    return max(0.0, float(suffix) / 1000.0)
+
+
+def _prompt_tokens(kind: Kind, body: dict[str, Any]) -> int:
+    """About four characters a token, like Conveyor's ``estimate`` tokenizer."""
+    if kind == "chat":
+        text = "".join(str(m.get("content", "")) for m in body.get("messages", []))
+    else:
+        prompt = body.get("prompt", "")
+        text = prompt if isinstance(prompt, str) else json.dumps(prompt)
+    return max(1, len(text) // 4)
+
+
+def _parse(kind: Kind, body: dict[str, Any], tokens: int, delay_s: float) -> _Job:
+    model = str(body.get("model", "bench"))
+    limit = body.get("max_completion_tokens") or body.get("max_tokens")
+    max_tokens = int(limit) if limit is not None else None
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError("max_tokens must be at least 1")
+    n_tokens = tokens if max_tokens is None else min(tokens, max_tokens)
+    options = body.get("stream_options") or {}
+    return _Job(
+        kind=kind,
+        model=model,
+        n_tokens=n_tokens,
+        finish_reason="length" if n_tokens == max_tokens else "stop",  # None: never
+        delay_s=_delay_for(model, delay_s),
+        stream=bool(body.get("stream", False)),
+        include_usage=bool(options.get("include_usage", False)),
+        prompt_tokens=_prompt_tokens(kind, body),
+    )
+
+
+def _usage(job: _Job) -> dict[str, int]:
+    return {
+        "prompt_tokens": job.prompt_tokens,
+        "completion_tokens": job.n_tokens,
+        "total_tokens": job.prompt_tokens + job.n_tokens,
+    }
+
+
+class _Frames:
+    """The SSE frames of one streamed response, each encoded once."""
+
+    def __init__(self, job: _Job) -> None:
+        self.job = job
+        chat = job.kind == "chat"
+        self.head = {
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": job.model,
+        }
+        self.first = self._chunk({"role": "assistant", "content": _TOKEN}, _TOKEN, None)
+        self.token = self._chunk({"content": _TOKEN}, _TOKEN, None)
+        self.last = self._chunk({}, "", job.finish_reason)
+
+    def _chunk(self, delta: dict[str, str], text: str, finish: str | None) -> bytes:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
+        if self.job.kind == "chat":
+            choice["delta"] = delta
+        else:
+            choice["text"] = text
+            choice["logprobs"] = None
+        return _sse({**self.head, "choices": [choice]})
+
+    def usage(self) -> bytes:
+        return _sse({**self.head, "choices": [], "usage": _usage(self.job)})
+
+
+def _full_response(job: _Job) -> dict[str, Any]:
+    text = _TOKEN * job.n_tokens
+    if job.kind == "chat":
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": job.finish_reason,
+        }
+        kind, prefix = "chat.completion", "chatcmpl"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": job.finish_reason}
+        kind, prefix = "text_completion", "cmpl"
+    return {
+        "id": f"{prefix}-{uuid.uuid4().hex[:24]}",
+        "object": kind,
+        "created": int(time.time()),
+        "model": job.model,
+        "choices": [choice],
+        "usage": _usage(job),
+    }
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ConnectionAbortedError("client went away")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > _MAX_BODY:
+            raise ValueError("request body too large")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _respond(
+    send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes
+) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _error(send: Send, status: int, message: str, kind: str) -> None:
+    envelope = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    await _respond(send, status, _JSON_HEADERS, _dumps(envelope))
+
+
+async def _pace(start: float, step: int, delay_s: float) -> None:
+    """Sleep until token ``step`` (1-based) is due."""
+    if delay_s > 0:
+        wait = start + step * delay_s - time.perf_counter()
+        if wait > 0:
+            await asyncio.sleep(wait)
+
+
+async def _stream(send: Send, job: _Job, start: float) -> None:
+    frames = _Frames(job)
+    await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+    unpaced = job.delay_s <= 0
+    parts: list[bytes] = []
+    for step in range(1, job.n_tokens + 1):
+        frame = frames.first if step == 1 and job.kind == "chat" else frames.token
+        if unpaced:
+            parts.append(frame)
+            continue
+        await _pace(start, step, job.delay_s)
+        await send({"type": "http.response.body", "body": frame, "more_body": True})
+    parts.append(frames.last)
+    if job.include_usage:
+        parts.append(frames.usage())
+    parts.append(b"data: [DONE]\n\n")
+    await send({"type": "http.response.body", "body": b"".join(parts)})
+
+
+def build_app(tokens: int, delay_s: float) -> ASGIApp:
+    """The upstream: ``tokens`` tokens a request at most, ``delay_s`` between them
+    unless the model name says otherwise (``bench@<ms>``)."""
+    if tokens < 1:
+        raise ValueError("tokens must be at least 1")
+    # Both with and without the /v1 prefix, whichever way a client joins its base URL.
+    routes: dict[str, Kind] = {
+        "/v1/completions": "completion",
+        "/v1/chat/completions": "chat",
+        "/completions": "completion",
+        "/chat/completions": "chat",
+    }
+    models_body = _dumps(
+        {"object": "list", "data": [{"id": "bench", "object": "model", "owned_by": "bench"}]}
+    )
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        start = time.perf_counter()
+        path, method = scope["path"], scope["method"]
+        if method == "GET" and path in ("/v1/models", "/models"):
+            await _respond(send, 200, _JSON_HEADERS, models_body)
+            return
+        if method == "GET" and path == "/health":
+            await _respond(send, 200, _JSON_HEADERS, b"{}")
+            return
+        kind = routes.get(path)
+        if kind is None:
+            await _error(send, 404, f"no route {method} {path}", "not_found_error")
+            return
+        if method != "POST":
+            await _error(send, 405, f"{path} takes POST", "invalid_request_error")
+            return
+        try:
+            body = json.loads(await _read_body(receive))
+            if not isinstance(body, dict):
+                raise ValueError("the body must be a JSON object")
+            job = _parse(kind, body, tokens, delay_s)
+        except ConnectionAbortedError:
+            return
+        except (ValueError, TypeError) as exc:
+            await _error(send, 400, str(exc), "invalid_request_error")
+            return
+        if job.stream:
+            await _stream(send, job, start)
+        else:
+            await _pace(start, job.n_tokens, job.delay_s)
+            await _respond(send, 200, _JSON_HEADERS, _dumps(_full_response(job)))
+
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.upstream", description="A fast OpenAI-compatible upstream."
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9100)
+    parser.add_argument("--tokens", type=int, default=32, help="tokens a request at most")
+    parser.add_argument("--delay-ms", type=float, default=10.0, help="default pacing per token")
+    args = parser.parse_args(argv)
+
+    import uvicorn
+
+    uvicorn.run(
+        build_app(args.tokens, args.delay_ms / 1000.0),
+        host=args.host,
+        port=args.port,
+        loop="uvloop",
+        http="httptools",
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""The topic catalog matches DESIGN.md."""
+
+from __future__ import annotations
+
+import pytest
+
+from conveyor.settings import Settings
+from topics.catalog import TopicSpec, catalog, infer_topic
+
+DESIGN_TOPICS = ["requests", "prepared", "routed", "tokens", "replies", "control", "workers",
+                 "results", "dlq", "feedback"]
+
+
+@pytest.fixture
+def settings() -> Settings:
+    return Settings(topic_prefix="tcat")
+
+
+def by_name(specs: list[TopicSpec]) -> dict[str, TopicSpec]:
+    return {s.name: s for s in specs}
+
+
+def test_every_design_topic_is_present_with_the_prefix(settings: Settings) -> None:
+    names = by_name(catalog(settings))
+    for topic in DESIGN_TOPICS:
+        assert f"tcat.{topic}" in names
+    assert all(name.startswith("tcat.") for name in names)
+    assert len(names) == len(catalog(settings))  # no duplicates
+
+
+def test_compacted_topics(settings: Settings) -> None:
+    specs = by_name(catalog(settings))
+    compacted = {name for name, s in specs.items() if s.cleanup == "compact"}
+    assert compacted == {"tcat.workers", "tcat.results"}
+    for name in compacted:
+        assert specs[name].configs()["cleanup.policy"] == "compact"
+    assert specs["tcat.workers"].key == "worker id"
+    assert specs["tcat.workers"].partitions == 1
+    assert specs["tcat.tokens"].configs()["cleanup.policy"] == "delete"
+
+
+def test_configs_are_strings(settings: Settings) -> None:
+    for spec in catalog(settings, ("cpu",)):
+        configs = spec.configs()
+        assert all(isinstance(k, str) and isinstance(v, str) for k, v in configs.items())
+        assert int(configs["retention.ms"]) == spec.retention_ms
+
+
+def test_partition_counts_follow_the_settings() -> None:
+    s = Settings(topic_prefix="tcat", pipeline_partitions=3, reply_partitions=5,
+                 infer_partitions=6)
+    specs = by_name(catalog(s, ("cpu",)))
+    assert specs["tcat.requests"].partitions == 3
+    assert specs["tcat.tokens"].partitions == 3
+    assert specs["tcat.replies"].partitions == 5
+    assert specs["tcat.infer.cpu"].partitions == 6
+    assert specs["tcat.control"].partitions == 1
+
+
+def test_an_infer_topic_per_pool(settings: Settings) -> None:
+    assert infer_topic(settings, "gpu") == "tcat.infer.gpu"
+    without = by_name(catalog(settings))
+    assert not [n for n in without if ".infer." in n]
+    specs = by_name(catalog(settings, ("cpu", "gpu")))
+    assert "tcat.infer.cpu" in specs and "tcat.infer.gpu" in specs
+    assert len(specs) == len(DESIGN_TOPICS) + 2

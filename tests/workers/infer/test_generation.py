@@ -1,0 +1,84 @@
+"""request_from_task: what the engine is asked for, first attempt and continuation."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from schemas.records import Message, Task
+from topics.envelope import new_envelope
+from workers.infer.generation import request_from_task
+
+
+def task(kind: Literal["chat", "completion"] = "chat", *, max_tokens: int = 64,
+         prompt_text: str | None = "<rendered>", prompt: str | None = None) -> Task:
+    messages: list[Message] = (
+        [{"role": "user", "content": "Hi", "name": None}] if kind == "chat" else []
+    )
+    return {
+        "envelope": new_envelope("r1", reply_gateway="g", reply_partition=0),
+        "generation": {
+            "kind": kind,
+            "model": "smollm2",
+            "messages": messages,
+            "prompt": prompt,
+            "sampling": {"temperature": 0.5, "top_p": 0.9, "max_tokens": None,
+                         "stop": ["\n\n", "END"], "seed": 7},
+            "stream": True,
+            "include_usage": False,
+            "created": 1,
+        },
+        "prompt": {"text": prompt_text, "tokens": 12, "exact": True, "max_tokens": max_tokens,
+                   "dropped_messages": 0, "fingerprint": "f"},
+        "route": {"model": "smollm2-135m-instruct", "pool": "cpu", "worker_id": "w0",
+                  "partition": 0},
+    }
+
+
+def test_a_first_attempt() -> None:
+    r = request_from_task(task(), "", 0, None)
+    assert r.request_id == "r1"
+    assert r.kind == "chat"
+    assert r.model == "smollm2-135m-instruct"  # the route's canonical name
+    assert r.max_tokens == 64
+    assert (r.temperature, r.top_p, r.seed) == (0.5, 0.9, 7)
+    assert r.stop == ("\n\n", "END")
+    assert r.prompt_text == "<rendered>"
+    assert r.messages == ({"role": "user", "content": "Hi", "name": None},)
+    assert r.continuation == ""
+    assert r.upstream_model is None
+
+
+def test_a_continuation_asks_only_for_the_tokens_left() -> None:
+    r = request_from_task(task(max_tokens=64), "Hello, wor", 10, "upstream-name")
+    assert r.continuation == "Hello, wor"
+    assert r.max_tokens == 54
+    assert r.upstream_model == "upstream-name"
+
+
+def test_a_continuation_asks_for_at_least_one_token() -> None:
+    assert request_from_task(task(max_tokens=8), "x" * 8, 8, None).max_tokens == 1
+    assert request_from_task(task(max_tokens=8), "x" * 9, 9, None).max_tokens == 1
+
+
+def test_a_completion_falls_back_to_its_raw_prompt() -> None:
+    r = request_from_task(task("completion", prompt_text=None, prompt="Once upon"), "", 0, None)
+    assert r.kind == "completion"
+    assert r.prompt_text == "Once upon"
+    assert r.messages == ()
+
+
+def test_a_completion_without_any_prompt_gets_an_empty_one() -> None:
+    r = request_from_task(task("completion", prompt_text=None, prompt=None), "", 0, None)
+    assert r.prompt_text == ""
+
+
+def test_a_rendered_prompt_wins_over_the_raw_one() -> None:
+    r = request_from_task(task("completion", prompt_text="rendered", prompt="raw"), "", 0, None)
+    assert r.prompt_text == "rendered"
+
+
+def test_a_chat_without_a_rendered_prompt_keeps_its_messages() -> None:
+    # An HTTP upstream renders the template itself: no prompt text, only messages.
+    r = request_from_task(task("chat", prompt_text=None), "", 0, None)
+    assert r.prompt_text is None
+    assert len(r.messages) == 1

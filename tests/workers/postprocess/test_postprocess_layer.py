@@ -1,0 +1,233 @@
+"""PostprocessLayer.handle on hand-built token chunks: no Kafka, the real codec."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import pytest
+from aiokafka import TopicPartition
+
+from conveyor.settings import Settings
+from schemas.codec import default_codec
+from schemas.records import ChunkHeader, ErrorInfo, TokenChunk
+from topics.envelope import new_envelope
+from workers.outputs import Output
+from workers.postprocess import PostprocessLayer
+
+REPLY_PARTITION = 3
+
+
+@dataclass
+class Record:
+    topic: str
+    partition: int
+    offset: int
+
+
+@pytest.fixture
+def settings() -> Settings:
+    return Settings()
+
+
+@pytest.fixture
+def layer(settings: Settings) -> PostprocessLayer:
+    return PostprocessLayer(settings)
+
+
+def chunk(seq: int, text: str = "", *, tokens: int = 1, finish: str | None = None,
+          rid: str = "r1", kind: Literal["chat", "completion"] = "chat",
+          stop: list[str] | None = None, include_usage: bool = False,
+          error: ErrorInfo | None = None, deadline_ms: int = 0) -> TokenChunk:
+    header = ChunkHeader(kind=kind, model="smollm2", created=1_700_000_000, stop=stop or [],
+                         stream=True, include_usage=include_usage, prompt_tokens=11)
+    envelope = new_envelope(rid, reply_gateway="g", reply_partition=REPLY_PARTITION,
+                            deadline_ms=deadline_ms)
+    return TokenChunk(envelope=envelope, seq=seq, text=text, tokens=tokens,
+                      finish_reason=finish, worker_id="w0",
+                      header=header if seq == 0 else None, error=error)
+
+
+class Feeder:
+    """Hands chunks to the layer as records of one tokens partition, offsets counting up."""
+
+    def __init__(self, layer: PostprocessLayer, partition: int = 0) -> None:
+        self.layer = layer
+        self.tp = TopicPartition(layer.source_topic, partition)
+        self.offset = 0
+
+    async def __call__(self, event: TokenChunk) -> list[Output]:
+        record = Record(self.tp.topic, self.tp.partition, self.offset)
+        self.offset += 1
+        outputs = await self.layer.handle(event, record)
+        encode_all(outputs)
+        return outputs
+
+
+def encode_all(outputs: list[Output]) -> None:
+    codec = default_codec()
+    for out in outputs:
+        decoded = codec.decode(codec.encode(out.event_type, out.record), out.event_type)
+        assert decoded == out.record
+
+
+def replies(outputs: list[Output]) -> list[dict[str, Any]]:
+    return [o.record for o in outputs if o.event_type == "Reply"]
+
+
+async def test_replies_go_to_the_gateways_partition_with_increasing_index(
+        layer: PostprocessLayer, settings: Settings) -> None:
+    feed = Feeder(layer)
+    outputs = [*await feed(chunk(0, "Hel")), *await feed(chunk(1, "lo")),
+               *await feed(chunk(2, "!", finish="stop"))]
+    assert outputs
+    for out in outputs:
+        assert out.event_type == "Reply"
+        assert out.topic == settings.topic("replies")
+        assert out.partition == REPLY_PARTITION
+        assert out.key == "r1"
+    assert [r["index"] for r in replies(outputs)] == list(range(len(outputs)))
+    assert "".join(r["text"] for r in replies(outputs)) == "Hello!"
+    assert "postprocess" in replies(outputs)[0]["envelope"]["stamps"]
+
+
+async def test_a_chat_request_starts_with_a_role_chunk(layer: PostprocessLayer) -> None:
+    feed = Feeder(layer)
+    first = replies(await feed(chunk(0, "Hi")))
+    assert [r["kind"] for r in first] == ["delta", "delta"]
+    role = json.loads(first[0]["chunk"])
+    assert role["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert first[0]["text"] == ""
+    assert json.loads(first[1]["chunk"])["choices"][0]["delta"] == {"content": "Hi"}
+    # only once
+    second = replies(await feed(chunk(1, " there")))
+    assert len(second) == 1 and "role" not in second[0]["chunk"]
+
+
+async def test_the_role_chunk_goes_out_even_when_the_first_text_is_held(
+        layer: PostprocessLayer) -> None:
+    feed = Feeder(layer)
+    first = replies(await feed(chunk(0, "EN", stop=["END"])))
+    assert len(first) == 1
+    assert json.loads(first[0]["chunk"])["choices"][0]["delta"]["role"] == "assistant"
+
+
+async def test_a_completion_request_has_no_role_chunk(layer: PostprocessLayer) -> None:
+    feed = Feeder(layer)
+    first = replies(await feed(chunk(0, "Once", kind="completion")))
+    assert len(first) == 1
+    body = json.loads(first[0]["chunk"])
+    assert body["object"] == "text_completion" and body["choices"][0]["text"] == "Once"
+
+
+async def test_the_final_reply_carries_the_usage(layer: PostprocessLayer) -> None:
+    feed = Feeder(layer)
+    await feed(chunk(0, "a", tokens=2))
+    out = replies(await feed(chunk(1, "b", tokens=3, finish="length")))
+    assert [r["kind"] for r in out] == ["delta", "delta", "final"]
+    assert out[1]["finish_reason"] == "length"
+    assert json.loads(out[1]["chunk"])["choices"][0]["finish_reason"] == "length"
+    final = out[-1]
+    assert final["usage"] == {"prompt_tokens": 11, "completion_tokens": 5}
+    assert final["chunk"] == ""  # no usage chunk unless the client asked for one
+
+
+async def test_include_usage_gives_the_final_reply_a_usage_chunk(layer: PostprocessLayer) -> None:
+    feed = Feeder(layer)
+    out = replies(await feed(chunk(0, "a", tokens=4, finish="stop", include_usage=True)))
+    final = out[-1]
+    assert final["kind"] == "final"
+    body = json.loads(final["chunk"])
+    assert body["choices"] == []
+    assert body["usage"] == {"prompt_tokens": 11, "completion_tokens": 4, "total_tokens": 15}
+    assert all(json.loads(r["chunk"])["usage"] is None for r in out[:-1])
+
+
+async def test_an_early_stop_sequence_cancels_the_generation(
+        layer: PostprocessLayer, settings: Settings) -> None:
+    feed = Feeder(layer)
+    await feed(chunk(0, "one ", stop=["STOP"]))
+    outputs = await feed(chunk(1, "two STOP three"))
+    controls = [o for o in outputs if o.event_type == "Control"]
+    assert len(controls) == 1
+    control = controls[0]
+    assert control.topic == settings.topic("control")
+    assert control.key == "r1"
+    assert control.record["request_id"] == "r1" and control.record["action"] == "cancel"
+    rs = replies(outputs)
+    assert "".join(r["text"] for r in rs) == "two "
+    assert [r["finish_reason"] for r in rs if r["finish_reason"]] == ["stop"]
+    assert rs[-1]["kind"] == "final"
+
+
+async def test_a_stop_in_the_last_chunk_sends_no_cancel(layer: PostprocessLayer) -> None:
+    feed = Feeder(layer)
+    outputs = await feed(chunk(0, "a STOP", finish="stop", stop=["STOP"]))
+    assert [o.event_type for o in outputs] == ["Reply"] * len(outputs)
+
+
+async def test_chunks_after_the_finish_produce_nothing(layer: PostprocessLayer) -> None:
+    feed = Feeder(layer)
+    first = await feed(chunk(0, "a", finish="stop"))
+    assert first
+    assert await feed(chunk(0, "a", finish="stop")) == []  # a replayed duplicate
+    assert await feed(chunk(1, "", finish="cancelled")) == []  # the worker's late chunk
+    assert "r1" not in layer.streams
+
+
+async def test_a_duplicate_chunk_in_flight_produces_nothing(layer: PostprocessLayer) -> None:
+    feed = Feeder(layer)
+    await feed(chunk(0, "a"))
+    assert await feed(chunk(0, "a")) == []
+
+
+async def test_an_error_chunk_becomes_an_error_reply(layer: PostprocessLayer) -> None:
+    feed = Feeder(layer)
+    err = ErrorInfo(status=504, type="timeout", code="deadline_exceeded", param=None,
+                    message="The request's deadline passed.")
+    out = replies(await feed(chunk(0, error=err)))
+    assert [(r["kind"], r["index"], r["error"]) for r in out] == [("error", 0, err)]
+    assert "r1" not in layer.streams
+
+
+async def test_committable_holds_at_the_first_chunk_of_an_open_request(
+        layer: PostprocessLayer) -> None:
+    feed = Feeder(layer)
+    tp = feed.tp
+    feed.offset = 10
+    await feed(chunk(0, "a", rid="open"))  # offset 10
+    await feed(chunk(0, "b", rid="other", finish="stop"))  # offset 11, finished at once
+    await feed(chunk(1, "c", rid="open"))  # offset 12
+    assert layer.committable(tp, 13) == 10
+    # another partition is not held back by it
+    assert layer.committable(TopicPartition(tp.topic, 1), 5) == 5
+    await feed(chunk(2, "", rid="open", finish="stop"))  # offset 13
+    assert layer.committable(tp, 14) == 14
+
+
+async def test_committable_follows_the_oldest_open_request(layer: PostprocessLayer) -> None:
+    feed = Feeder(layer)
+    await feed(chunk(0, "a", rid="x"))  # offset 0
+    await feed(chunk(0, "a", rid="y"))  # offset 1
+    assert layer.committable(feed.tp, 2) == 0
+    await feed(chunk(1, "", rid="x", finish="stop"))  # offset 2
+    assert layer.committable(feed.tp, 3) == 1
+    await feed(chunk(1, "", rid="y", finish="stop"))  # offset 3
+    assert layer.committable(feed.tp, 4) == 4
+
+
+async def test_a_request_long_past_its_deadline_no_longer_holds_commits(
+        layer: PostprocessLayer) -> None:
+    feed = Feeder(layer)
+    await feed(chunk(0, "a", rid="dead", deadline_ms=1))
+    assert layer.committable(feed.tp, 1) == 1
+    assert "dead" not in layer.streams
+
+
+async def test_out_of_order_chunks_are_replied_in_order(layer: PostprocessLayer) -> None:
+    feed = Feeder(layer)
+    assert await feed(chunk(1, "b")) == []
+    out = replies(await feed(chunk(0, "a")))
+    assert [r["text"] for r in out] == ["", "a", "b"]
+    assert [r["index"] for r in out] == [0, 1, 2]

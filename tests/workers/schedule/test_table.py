@@ -1,0 +1,147 @@
+"""WorkerTable.live and choose, fed heartbeats by hand (no Kafka)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pytest
+
+from conveyor.settings import Settings
+from schemas.records import WorkerHeartbeat
+from topics.envelope import now_ms
+from workers.schedule.table import WorkerTable
+
+
+@pytest.fixture
+def settings() -> Settings:
+    return Settings()
+
+
+@pytest.fixture
+def table(settings: Settings) -> WorkerTable:
+    return WorkerTable(settings)
+
+
+def beat(worker_id: str, *, pool: str = "cpu", running: int = 0, queued: int = 0,
+         capacity: int = 4, partitions: list[int] | None = None,
+         state: Literal["ready", "draining", "stopped"] = "ready",
+         age_ms: int = 0) -> WorkerHeartbeat:
+    return WorkerHeartbeat(
+        worker_id=worker_id, pool=pool, engine="llamacpp", models=["smollm2"], state=state,
+        partitions=[0] if partitions is None else partitions, capacity=capacity,
+        running=running, queued=queued, ts_ms=now_ms() - age_ms, host="h",
+        gpu_utilization=None, gpu_memory_free=None)
+
+
+def ids(table: WorkerTable, pool: str = "cpu") -> list[str]:
+    return sorted(w.beat["worker_id"] for w in table.live(pool))
+
+
+def test_no_worker_no_choice(table: WorkerTable) -> None:
+    assert table.live("cpu") == []
+    assert table.choose("cpu") is None
+
+
+def test_apply_signals_a_change(table: WorkerTable) -> None:
+    assert not table.changed.is_set()
+    table.apply(beat("w0"))
+    assert table.changed.is_set()
+
+
+def test_the_least_loaded_worker_wins(table: WorkerTable) -> None:
+    table.apply(beat("busy", running=3, partitions=[0]))
+    table.apply(beat("idle", running=1, partitions=[1]))
+    table.apply(beat("queued", running=0, queued=4, partitions=[2]))
+    chosen = table.choose("cpu")
+    assert chosen is not None
+    view, partition = chosen
+    assert view.beat["worker_id"] == "idle" and partition == 1
+
+
+def test_load_is_relative_to_capacity(table: WorkerTable) -> None:
+    table.apply(beat("small", running=1, capacity=1, partitions=[0]))  # full
+    table.apply(beat("big", running=4, capacity=16, partitions=[1]))  # a quarter
+    chosen = table.choose("cpu")
+    assert chosen is not None and chosen[0].beat["worker_id"] == "big"
+
+
+def test_ties_go_to_the_lowest_worker_id(table: WorkerTable) -> None:
+    table.apply(beat("wb", partitions=[1]))
+    table.apply(beat("wa", partitions=[0]))
+    chosen = table.choose("cpu")
+    assert chosen is not None and chosen[0].beat["worker_id"] == "wa"
+
+
+def test_a_stale_heartbeat_is_not_live(table: WorkerTable, settings: Settings) -> None:
+    ttl_ms = int(settings.worker_ttl_s * 1000)
+    table.apply(beat("old", age_ms=ttl_ms + 1000))
+    table.apply(beat("fresh", age_ms=ttl_ms // 2))
+    assert ids(table) == ["fresh"]
+
+
+@pytest.mark.parametrize("state", ["draining", "stopped"])
+def test_a_worker_that_is_not_ready_is_not_live(
+        table: WorkerTable, state: Literal["draining", "stopped"]) -> None:
+    table.apply(beat("w0", state=state))
+    assert table.live("cpu") == []
+    assert table.choose("cpu") is None
+
+
+def test_a_worker_without_partitions_is_not_live(table: WorkerTable) -> None:
+    table.apply(beat("w0", partitions=[]))
+    assert table.choose("cpu") is None
+
+
+def test_a_new_heartbeat_replaces_the_old_one(table: WorkerTable) -> None:
+    table.apply(beat("w0"))
+    table.apply(beat("w0", state="draining"))
+    assert table.live("cpu") == []
+    table.apply(beat("w0"))
+    assert ids(table) == ["w0"]
+
+
+def test_partitions_rotate_round_robin(table: WorkerTable) -> None:
+    table.apply(beat("w0", partitions=[2, 5, 7], capacity=100))
+    chosen = [table.choose("cpu") for _ in range(5)]
+    assert [c[1] for c in chosen if c] == [2, 5, 7, 2, 5]
+
+
+def test_the_rotation_survives_a_new_heartbeat(table: WorkerTable) -> None:
+    table.apply(beat("w0", partitions=[0, 1], capacity=100))
+    first = table.choose("cpu")
+    table.apply(beat("w0", partitions=[0, 1], capacity=100))
+    second = table.choose("cpu")
+    assert first is not None and second is not None
+    assert (first[1], second[1]) == (0, 1)
+
+
+def test_tasks_sent_since_the_beat_raise_the_load(table: WorkerTable) -> None:
+    table.apply(beat("a", capacity=2, partitions=[0]))
+    table.apply(beat("b", capacity=2, partitions=[1]))
+    picks = [table.choose("cpu") for _ in range(4)]
+    assert [p[0].beat["worker_id"] for p in picks if p] == ["a", "b", "a", "b"]
+    assert table.workers["a"].sent_since_beat == 2
+    assert table.workers["a"].load() == 1.0
+
+
+def test_the_next_heartbeat_resets_the_sent_count(table: WorkerTable) -> None:
+    table.apply(beat("a", capacity=2, partitions=[0]))
+    table.apply(beat("b", capacity=2, running=1, partitions=[1]))
+    for _ in range(2):
+        chosen = table.choose("cpu")
+        assert chosen is not None and chosen[0].beat["worker_id"] == "a"
+    # a's heartbeat now reports what it took: its count of tasks sent starts again
+    table.apply(beat("a", capacity=2, queued=0, running=0, partitions=[0]))
+    assert table.workers["a"].sent_since_beat == 0
+    chosen = table.choose("cpu")
+    assert chosen is not None and chosen[0].beat["worker_id"] == "a"
+
+
+def test_other_pools_are_ignored(table: WorkerTable) -> None:
+    table.apply(beat("gpu0", pool="gpu", partitions=[0]))
+    table.apply(beat("cpu0", pool="cpu", running=3, partitions=[4]))
+    assert ids(table, "cpu") == ["cpu0"]
+    assert ids(table, "gpu") == ["gpu0"]
+    assert table.choose("tpu") is None
+    chosen = table.choose("cpu")
+    assert chosen is not None and chosen[0].beat["worker_id"] == "cpu0"
