@@ -22,8 +22,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 from conveyor.registry import Registry
 from conveyor.settings import Settings, load_settings
@@ -39,7 +40,18 @@ def _setup_logging(settings: Settings) -> None:
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    for noisy in ("aiokafka", "httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _run(main: Coroutine[Any, Any, None]) -> None:
+    """Run a process's main coroutine on uvloop (installed with uvicorn[standard])."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+    else:
+        uvloop.run(main)
 
 
 def _on_signals(stop: Callable[[], None]) -> None:
@@ -121,7 +133,7 @@ async def _run_layers(settings: Settings, names: list[str]) -> None:
 
 def cmd_layer(settings: Settings, args: argparse.Namespace) -> int:
     names = list(args.names) or list(LAYERS)
-    asyncio.run(_run_layers(settings, names))
+    _run(_run_layers(settings, names))
     return 0
 
 
@@ -158,7 +170,7 @@ async def _run_infer(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def cmd_infer(settings: Settings, args: argparse.Namespace) -> int:
-    asyncio.run(_run_infer(settings, args))
+    _run(_run_infer(settings, args))
     return 0
 
 

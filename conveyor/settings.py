@@ -55,7 +55,7 @@ class Settings(BaseSettings):
 
     # Infer
     heartbeat_interval_s: float = 1.0
-    coalesce_ms: float = 15.0
+    coalesce_ms: float = 40.0
     progress_ttl_s: int = 3600
 
     # Model registry (route, preprocess and infer read it)

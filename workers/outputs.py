@@ -48,6 +48,14 @@ class Sender:
         fut = await self.producer.send(out.topic, value, key=key, partition=out.partition)
         self.pending.append(fut)
 
+    async def send_nowait(self, out: Output) -> asyncio.Future[Any]:
+        """Produce one output; the caller owns (and awaits) its acknowledgement."""
+        value = self.codec.encode(out.event_type, out.record)
+        key = out.key.encode() if out.key is not None else None
+        fut: asyncio.Future[Any] = await self.producer.send(out.topic, value, key=key,
+                                                            partition=out.partition)
+        return fut
+
     async def deliver(self, out: Output) -> None:
         """Produce one output and wait for its acknowledgement alone."""
         value = self.codec.encode(out.event_type, out.record)

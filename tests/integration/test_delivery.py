@@ -12,10 +12,12 @@ from collections.abc import Iterator
 import httpx
 import pytest
 import redis
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from schemas.codec import default_codec
+from schemas.records import TokenChunk
 from tests.conftest import Pipeline
+from workers.infer.progress import progress_of
 
 pytestmark = pytest.mark.integration
 
@@ -30,18 +32,29 @@ def sse_events(r: httpx.Response) -> Iterator[dict | str]:
 
 
 async def _read_topic(bootstrap: str, topic: str, timeout_s: float) -> list[bytes]:
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap,
-                                auto_offset_reset="earliest", enable_auto_commit=False)
+    """Every value on ``topic`` up to its end as of now (bounded by ``timeout_s``)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     values: list[bytes] = []
     try:
+        producer_view = AIOKafkaProducer(bootstrap_servers=bootstrap)
+        await producer_view.start()
+        try:
+            partitions = await producer_view.partitions_for(topic)
+        finally:
+            await producer_view.stop()
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            positions = [await consumer.position(tp) for tp in tps]
+            if all(pos >= ends[tp] for pos, tp in zip(positions, tps, strict=True)):
+                break
             batch = await consumer.getmany(timeout_ms=500)
             for records in batch.values():
                 values.extend(r.value for r in records)
-            if values and not batch:
-                break
     finally:
         await consumer.stop()
     return values
@@ -64,7 +77,7 @@ def test_poison_event_goes_to_dlq_and_the_pipeline_keeps_serving(pipeline: Pipel
     letters = []
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and not letters:
-        values = asyncio.run(_read_topic(s.kafka_bootstrap, s.topic("dlq"), 5))
+        values = asyncio.run(_read_topic(s.kafka_bootstrap, s.topic("dlq"), 10))
         letters = [d for d in (codec.decode(v, "DeadLetter") for v in values)
                    if d["value"] == garbage]
     assert letters, "the poison event did not reach the dead-letter topic"
@@ -85,17 +98,12 @@ def test_client_disconnect_cancels_the_generation(pipeline: Pipeline) -> None:
         rid = first["id"].removeprefix("cmpl-")
         next(events)
     # the connection is closed: the worker must stop well short of 1500 tokens
-    client = redis.Redis.from_url(pipeline.settings.redis_url)
-    key = f"{pipeline.prefix}:progress:{rid}"
-    deadline = time.monotonic() + 20
-    progress: dict = {}
-    while time.monotonic() < deadline:
-        progress = client.hgetall(key)
-        if progress.get(b"finished") == b"1":
-            break
-        time.sleep(0.2)
-    assert progress.get(b"finished") == b"1", progress
-    assert int(progress[b"tokens"]) < 1500
+    deadline = time.monotonic() + 30
+    progress = progress_of([])
+    while time.monotonic() < deadline and not progress.finished:
+        progress = progress_of(_chunks_of(pipeline, rid))
+    assert progress.finished
+    assert progress.tokens < 1500
     values = asyncio.run(_read_topic(pipeline.settings.kafka_bootstrap,
                                      pipeline.settings.topic("control"), 5))
     cancels = [default_codec().decode(v, "Control") for v in values]
@@ -122,6 +130,7 @@ def test_killed_worker_request_is_finished_by_another_once(two_single_workers: P
     roles = finishes = dones = 0
     killed = None
     with httpx.stream("POST", f"{p.base_url}/v1/completions", timeout=120,
+                      headers={"X-Conveyor-Timeout": "60"},
                       json={**COUNTING, "max_tokens": max_tokens}) as r:
         assert r.status_code == 200
         for event in sse_events(r):
@@ -144,13 +153,25 @@ def test_killed_worker_request_is_finished_by_another_once(two_single_workers: P
     numbers = [int(n) for n in re.findall(r"\d+", text)][:-1]
     assert numbers == list(range(1, len(numbers) + 1)), text
     assert len(numbers) > 50
-    # and the rest of it came from the other worker
-    assert _worker_of(p, rid) != killed
+    # and the rest of it came from the other worker, in sequence after the first's
+    chunks = sorted(_chunks_of(p, rid), key=lambda c: c["seq"])
+    by_worker = [c["worker_id"] for c in chunks]
+    switch = by_worker.index(next(w for w in by_worker if w != killed))
+    assert set(by_worker[:switch]) == {killed} and killed not in by_worker[switch:]
+    assert chunks[switch]["envelope"]["attempt"] == 1
+    assert progress_of(chunks).finished
 
 
 def _worker_of(p: Pipeline, request_id: str) -> str:
-    """The worker generating this request, from its progress record."""
+    """The worker that holds the request's claim (the one generating it)."""
     client = redis.Redis.from_url(p.settings.redis_url)
-    worker = client.hget(f"{p.prefix}:progress:{request_id}", "worker")
-    assert worker, "no progress recorded for the request"
+    worker = client.get(f"{p.prefix}:claim:{request_id}")
+    assert worker, "the request was never claimed by a worker"
     return str(worker.decode())
+
+
+def _chunks_of(p: Pipeline, request_id: str) -> list[TokenChunk]:
+    codec = default_codec()
+    values = asyncio.run(_read_topic(p.settings.kafka_bootstrap, p.settings.topic("tokens"), 20))
+    chunks = [codec.decode(v, "TokenChunk") for v in values]
+    return [c for c in chunks if c["envelope"]["request_id"] == request_id]

@@ -41,7 +41,7 @@ class CancelFollower:
         await consumer.start()
         try:
             topic = self.settings.topic("control")
-            parts = consumer.partitions_for_topic(topic) or {0}
+            parts = {0}  # the catalog gives conveyor.control one partition
             tps = [TopicPartition(topic, p) for p in sorted(parts)]
             consumer.assign(tps)
             await consumer.seek_to_end(*tps)

@@ -8,16 +8,18 @@ recorded in the progress store after Kafka acknowledged it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from conveyor.errors import DeadlineExceeded, RequestError
 from conveyor.settings import Settings
 from schemas.records import ChunkHeader, ErrorInfo, Task, TokenChunk
 from topics.envelope import now_ms, stamp
 from workers.infer.engines.base import Engine, GenerationRequest
-from workers.infer.progress import Progress, ProgressStore
+from workers.infer.progress import ProgressTracker
 from workers.outputs import Output, Sender, error_info
 
 __all__ = ["Generation", "request_from_task"]
@@ -51,7 +53,7 @@ class Generation:
     settings: Settings
     engine: Engine
     sender: Sender
-    progress_store: ProgressStore
+    progress: ProgressTracker
     worker_id: str
     task: Task
     upstream_model: str | None = None
@@ -63,22 +65,25 @@ class Generation:
 
     async def run(self) -> None:
         envelope = stamp(self.task["envelope"], "infer")
-        progress = await self.progress_store.load(self.request_id)
-        if progress.finished:
-            return  # a redelivery of a task that did end: nothing to redo
-        if progress.next_seq:
-            envelope["attempt"] += 1  # a redelivered task: continue what was sent
-        self.seq = progress.next_seq
-        self.text = progress.text
-        self.tokens = progress.tokens
+        self.seq, self.text, self.tokens = 0, "", 0
+        self._acks: list[asyncio.Future[Any]] = []
+        if not await self.progress.claim(self.request_id, self.worker_id):
+            # a redelivered task: continue after what the client was already sent
+            done = await self.progress.recover(self.request_id)
+            if done.finished:
+                return
+            envelope["attempt"] += 1
+            self.seq, self.text, self.tokens = done.next_seq, done.text, done.tokens
         if envelope["deadline_ms"] and now_ms() >= envelope["deadline_ms"]:
             await self._fail(DeadlineExceeded("The request's deadline passed."))
-            return
-        request = request_from_task(self.task, self.text, self.tokens, self.upstream_model)
-        try:
-            await self._stream(request)
-        except RequestError as exc:
-            await self._fail(exc)
+        else:
+            request = request_from_task(self.task, self.text, self.tokens, self.upstream_model)
+            try:
+                await self._stream(request)
+            except RequestError as exc:
+                await self._fail(exc)
+        # the task may be committed once every chunk of it is in the log
+        await asyncio.gather(*self._acks)
 
     async def _stream(self, request: GenerationRequest) -> None:
         interval = self.settings.coalesce_ms / 1000
@@ -119,20 +124,15 @@ class Generation:
 
     async def _emit(self, text: str, tokens: int, finish: str | None,
                     error: ErrorInfo | None = None) -> None:
+        """Produce one chunk without waiting for its acknowledgement: the idempotent
+        producer keeps a partition's order, and run() waits for all of them."""
         chunk = TokenChunk(envelope=self.task["envelope"], seq=self.seq, text=text,
                            tokens=tokens, finish_reason=finish, worker_id=self.worker_id,
                            header=self._header(), error=error)
-        await self.sender.deliver(Output(self.settings.topic("tokens"), "TokenChunk", chunk,
-                                         key=self.request_id))
+        self._acks.append(await self.sender.send_nowait(
+            Output(self.settings.topic("tokens"), "TokenChunk", chunk, key=self.request_id)))
         self.seq += 1
-        self.text += text
         self.tokens += tokens
-        await self.progress_store.save(
-            self.request_id,
-            Progress(self.seq, self.text, self.tokens,
-                     finished=finish is not None or error is not None,
-                     worker_id=self.worker_id),
-        )
 
     async def _fail(self, exc: RequestError) -> None:
         await self._emit("", 0, None, error=error_info(exc))

@@ -1,18 +1,34 @@
-"""What a generation has already sent, kept in Redis so that a retry continues it.
+"""What an earlier attempt at a task already sent, so that a retry continues it.
 
-After each chunk is acknowledged by Kafka the worker records the next
-sequence number, the text so far and the token count. A worker that takes a
-redelivered task reads it and continues after that text, so the client sees
-one answer, not the start of a second, different one.
+The tokens a client has seen are in ``conveyor.tokens``: that log, not a side
+store, is the record. Taking a task, a worker claims it in Redis
+(``SET NX``, one call per task, nothing per chunk). When the claim exists
+already, the task is a redelivery: the worker reads the request's partition
+of ``conveyor.tokens`` from postprocess's committed offset (postprocess never
+commits past the first chunk of a request still open) to the end, and
+continues after the chunks it finds, with the next sequence number and the
+text so far, so the client sees one answer, not the start of a second one.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.partitioner import DefaultPartitioner
 
-__all__ = ["Progress", "ProgressStore"]
+from conveyor.errors import BrokerError
+from conveyor.settings import Settings
+from schemas.codec import Codec
+from schemas.records import TokenChunk
+from topics.clients import make_consumer
+
+__all__ = ["Progress", "ProgressTracker", "progress_of"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -21,39 +37,82 @@ class Progress:
     text: str = ""
     tokens: int = 0
     finished: bool = False
-    worker_id: str = ""
 
 
-class ProgressStore:
-    def __init__(self, client: aioredis.Redis, prefix: str, ttl_s: int) -> None:
-        self.client = client
-        self.prefix = prefix
-        self.ttl_s = ttl_s
+def progress_of(chunks: list[TokenChunk]) -> Progress:
+    """The progress the chunks of one request add up to (in sequence, repeats ignored)."""
+    by_seq = {c["seq"]: c for c in chunks}
+    seq, text, tokens, finished = 0, [], 0, False
+    while seq in by_seq and not finished:
+        chunk = by_seq[seq]
+        text.append(chunk["text"])
+        tokens += chunk["tokens"]
+        finished = chunk["finish_reason"] is not None or chunk["error"] is not None
+        seq += 1
+    return Progress(seq, "".join(text), tokens, finished)
+
+
+class ProgressTracker:
+    def __init__(self, settings: Settings, redis: aioredis.Redis, codec: Codec,
+                 producer: AIOKafkaProducer) -> None:
+        self.settings = settings
+        self.redis = redis
+        self.codec = codec
+        self.producer = producer  # knows the topics' partitions (as it partitions by key)
 
     def _key(self, request_id: str) -> str:
-        return f"{self.prefix}:progress:{request_id}"
+        return f"{self.settings.topic_prefix}:claim:{request_id}"
 
-    async def load(self, request_id: str) -> Progress:
-        raw: dict[bytes, bytes] = await self.client.hgetall(self._key(request_id))  # type: ignore[misc,assignment]
-        if not raw:
-            return Progress()
-        return Progress(
-            next_seq=int(raw[b"next_seq"]),
-            text=raw[b"text"].decode(),
-            tokens=int(raw[b"tokens"]),
-            finished=raw.get(b"finished") == b"1",
-            worker_id=raw.get(b"worker", b"").decode(),
-        )
+    async def claim(self, request_id: str, worker_id: str) -> bool:
+        """True when this is the task's first attempt anywhere."""
+        first = await self.redis.set(self._key(request_id), worker_id, nx=True,
+                                     ex=self.settings.progress_ttl_s)
+        if not first:
+            await self.redis.set(self._key(request_id), worker_id, xx=True,
+                                 ex=self.settings.progress_ttl_s)
+        return bool(first)
 
-    async def save(self, request_id: str, progress: Progress) -> None:
-        key = self._key(request_id)
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.hset(key, mapping={
-                "next_seq": progress.next_seq,
-                "text": progress.text,
-                "tokens": progress.tokens,
-                "finished": "1" if progress.finished else "0",
-                "worker": progress.worker_id,
-            })
-            pipe.expire(key, self.ttl_s)
-            await pipe.execute()
+    async def recover(self, request_id: str) -> Progress:
+        """Read back what earlier attempts put on ``conveyor.tokens``."""
+        chunks = await self._chunks_of(request_id)
+        return progress_of(chunks)
+
+    async def _chunks_of(self, request_id: str) -> list[TokenChunk]:
+        topic = self.settings.topic("tokens")
+        partitions = sorted(await self.producer.partitions_for(topic))
+        if not partitions:
+            raise BrokerError(f"topic {topic} has no partitions")
+        consumer = make_consumer(self.settings, group=None)
+        await consumer.start()
+        try:
+            key = request_id.encode()
+            tp = TopicPartition(topic, DefaultPartitioner()(key, partitions, partitions))
+            consumer.assign([tp])
+            start = await self._postprocess_position(tp)
+            end = (await consumer.end_offsets([tp]))[tp]
+            if start is None:
+                await consumer.seek_to_beginning(tp)
+            else:
+                consumer.seek(tp, start)
+            found: list[TokenChunk] = []
+            while await consumer.position(tp) < end:
+                batch = await consumer.getmany(tp, timeout_ms=1000)
+                for record in batch.get(tp, []):
+                    if record.key == key:
+                        found.append(self.codec.decode(record.value, "TokenChunk"))
+            log.info("recovered %d chunks of %s from %s offsets %s..%s", len(found),
+                     request_id, tp, start, end)
+            return found
+        finally:
+            await consumer.stop()
+
+    async def _postprocess_position(self, tp: TopicPartition) -> int | None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap)
+        await admin.start()
+        try:
+            offsets = await admin.list_consumer_group_offsets(
+                self.settings.group("postprocess"), partitions=[tp])
+        finally:
+            await admin.close()
+        meta = offsets.get(tp)
+        return meta.offset if meta is not None and meta.offset >= 0 else None

@@ -31,7 +31,7 @@ from workers.infer.engines.base import Engine
 from workers.infer.generation import Generation
 from workers.infer.heartbeat import Heartbeat
 from workers.infer.offsets import InFlightOffsets
-from workers.infer.progress import ProgressStore
+from workers.infer.progress import ProgressTracker
 from workers.outputs import Sender
 
 __all__ = ["InferWorker"]
@@ -89,7 +89,7 @@ class InferWorker:
         await producer.start()
         redis = aioredis.from_url(self.settings.redis_url)
         sender = Sender(self.settings, producer, self.codec)
-        store = ProgressStore(redis, self.settings.topic_prefix, self.settings.progress_ttl_s)
+        store = ProgressTracker(self.settings, redis, self.codec, producer)
         heartbeat = Heartbeat(self.settings, sender, self.worker_id, self.pool, self.engine.name,
                               self.models(), self.engine.capacity, self._snapshot)
         cancels = CancelFollower(self.settings, self.codec, self._on_cancel)
@@ -120,7 +120,7 @@ class InferWorker:
             await redis.aclose()
             await self.engine.close()
 
-    async def _consume(self, consumer: AIOKafkaConsumer, sender: Sender, store: ProgressStore,
+    async def _consume(self, consumer: AIOKafkaConsumer, sender: Sender, store: ProgressTracker,
                        background: list[asyncio.Task[None]]) -> None:
         while not self._stopping.is_set():
             for task in background:
@@ -141,7 +141,7 @@ class InferWorker:
                     await self._take(tp, record, sender, store)
 
     async def _take(self, tp: TopicPartition, record: ConsumerRecord[bytes, bytes],
-                    sender: Sender, store: ProgressStore) -> None:
+                    sender: Sender, store: ProgressTracker) -> None:
         try:
             task = self.codec.decode(record.value, "Task")
         except SchemaError as exc:

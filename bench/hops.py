@@ -1,0 +1,92 @@
+"""Where a request's time goes, hop by hop, from the envelope's per-layer stamps.
+
+    python -m bench.hops --prefix PREFIX --gateway http://127.0.0.1:8000 --model NAME [-n 100]
+
+Sends ``n`` streamed completions one at a time through a running Conveyor,
+reads the replies those requests produced on ``<prefix>.replies`` and prints
+p50/p99 of each hop: the time from one layer taking the event to the next
+layer taking it (a produce, a fetch and the layer's own work), then from
+postprocess to the first byte at the client. Every stamp is taken on this
+machine's clock, so run it where all processes share one host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+import httpx
+from aiokafka import AIOKafkaConsumer
+
+from bench.stats import percentile
+from schemas.codec import default_codec
+
+HOPS = ("gateway", "preprocess", "route", "schedule", "infer", "postprocess")
+
+
+async def measure(prefix: str, gateway: str, model: str, n: int) -> None:
+    codec = default_codec()
+    consumer = AIOKafkaConsumer(f"{prefix}.replies", bootstrap_servers="127.0.0.1:9092",
+                                auto_offset_reset="latest", enable_auto_commit=False)
+    await consumer.start()
+    first_byte: dict[str, float] = {}
+    sent: dict[str, float] = {}
+    try:
+        await asyncio.sleep(1.0)
+        async with httpx.AsyncClient(timeout=60) as client:
+            for _ in range(n):
+                t0 = time.time()
+                async with client.stream("POST", f"{gateway}/v1/completions", json={
+                    "model": model, "prompt": "hi", "max_tokens": 8, "stream": True,
+                }) as r:
+                    rid = ""
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: {") and not rid:
+                            rid = line.split('"id":"', 1)[1].split('"', 1)[0].split("-", 1)[1]
+                            first_byte[rid] = time.time()
+                            sent[rid] = t0
+        stamps: dict[str, dict[str, int]] = {}
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(stamps) < len(first_byte):
+            batch = await consumer.getmany(timeout_ms=500)
+            for records in batch.values():
+                for record in records:
+                    reply = codec.decode(record.value, "Reply")
+                    env = reply["envelope"]
+                    stamps.setdefault(env["request_id"], env["stamps"])
+    finally:
+        await consumer.stop()
+    rows: dict[str, list[float]] = {"client -> gateway": []}
+    for a, b in zip(HOPS, HOPS[1:], strict=False):
+        rows[f"{a} -> {b}"] = []
+    rows["postprocess -> client"] = []
+    rows["client TTFT"] = []
+    for rid, s in stamps.items():
+        if rid not in first_byte or not all(h in s for h in HOPS):
+            continue
+        rows["client -> gateway"].append(s["gateway"] / 1000 - sent[rid] * 1000)
+        for a, b in zip(HOPS, HOPS[1:], strict=False):
+            rows[f"{a} -> {b}"].append((s[b] - s[a]) / 1000)
+        rows["postprocess -> client"].append(first_byte[rid] * 1000 - s["postprocess"] / 1000)
+        rows["client TTFT"].append((first_byte[rid] - sent[rid]) * 1000)
+    print(f"{len(rows['client TTFT'])} requests; milliseconds")
+    print(f"{'hop':28} {'p50':>8} {'p99':>8}")
+    for name, values in rows.items():
+        if values:
+            print(f"{name:28} {percentile(values, 50):8.2f} {percentile(values, 99):8.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prefix", required=True)
+    parser.add_argument("--gateway", default="http://127.0.0.1:8000")
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("-n", type=int, default=100)
+    args = parser.parse_args()
+    asyncio.run(measure(args.prefix, args.gateway, args.model, min(args.n, 2000)))
+
+
+if __name__ == "__main__":
+    main()
