@@ -195,8 +195,8 @@ class Serving:
                 if reply is None:
                     yield sse.comment()
                 else:
-                    if reply["chunk"]:
-                        yield sse.data(reply["chunk"])
+                    for chunk in reply["chunk"].split("\n") if reply["chunk"] else ():
+                        yield sse.data(chunk)
                     if reply["kind"] == "final":
                         yield sse.DONE
                         return

@@ -63,7 +63,7 @@ PROPS
     java -cp "$libs/*" kafka.tools.StorageTool format -t "$cid" \
       -c "$kdir/server-$port.properties" >/dev/null
   fi
-  nohup java "-Xmx$heap" "-Xms$heap" -XX:+UseG1GC -XX:TieredStopAtLevel=1 \
+  nohup java "-Xmx$heap" "-Xms$heap" -XX:+UseG1GC \
     -Dlog4j2.configurationFile="$here/kafka/log4j2.yaml" \
     -cp "$libs/*" kafka.Kafka "$kdir/server-$port.properties" \
     >"$kdir/kafka-$port.log" 2>&1 &

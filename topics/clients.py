@@ -22,7 +22,8 @@ def make_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
         "acks": "all",
         "enable_idempotence": settings.producer_idempotent,
         "linger_ms": settings.producer_linger_ms,
-        "compression_type": settings.producer_compression,
+        "compression_type": None if settings.producer_compression == "none"
+        else settings.producer_compression,
         "request_timeout_ms": 30000,
         "max_batch_size": 1 << 20,
     }

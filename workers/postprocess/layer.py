@@ -68,30 +68,33 @@ class PostprocessLayer:
         return outputs
 
     def _replies_for(self, stream: RequestStream, e: Emitted) -> list[Output]:
+        """At most one reply per applied chunk: every OpenAI chunk object it
+        releases (role, content, finish, usage) travels in that one event."""
         rid = stream.envelope["request_id"]
         if e.error is not None:
             return [self._reply(stream, "error", error=e.error)]
         header = stream.header or _fallback_header(stream)
-        out: list[Output] = []
+        chunks: list[str] = []
         if stream.reply_index == 0 and header["kind"] == "chat":
-            out.append(self._reply(stream, "delta", chunk=delta_chunk(header, rid, "", role=True)))
+            chunks.append(delta_chunk(header, rid, "", role=True))
         if e.text:
-            out.append(self._reply(stream, "delta", text=e.text,
-                                   chunk=delta_chunk(header, rid, e.text)))
-        if e.finish_reason is not None:
-            # OpenAI knows "stop" and "length"; a cancelled generation reads as stopped
-            reason = e.finish_reason if e.finish_reason in ("stop", "length") else "stop"
-            usage = Usage(prompt_tokens=header["prompt_tokens"],
-                          completion_tokens=stream.completion_tokens)
-            out.append(self._reply(stream, "delta", finish_reason=reason,
-                                   chunk=delta_chunk(header, rid, "", reason)))
-            out.append(self._reply(stream, "final", usage=usage,
-                                   chunk=usage_chunk(header, rid, usage)
-                                   if header["include_usage"] else ""))
-            if e.stopped_early:
-                cancel = Control(request_id=rid, action="cancel", reason="stop sequence",
-                                 ts_ms=now_ms())
-                out.append(Output(self._control, "Control", cancel, key=rid))
+            chunks.append(delta_chunk(header, rid, e.text))
+        if e.finish_reason is None:
+            return [self._reply(stream, "delta", text=e.text, chunk="\n".join(chunks))] \
+                if chunks else []
+        # OpenAI knows "stop" and "length"; a cancelled generation reads as stopped
+        reason = e.finish_reason if e.finish_reason in ("stop", "length") else "stop"
+        usage = Usage(prompt_tokens=header["prompt_tokens"],
+                      completion_tokens=stream.completion_tokens)
+        chunks.append(delta_chunk(header, rid, "", reason))
+        if header["include_usage"]:
+            chunks.append(usage_chunk(header, rid, usage))
+        out = [self._reply(stream, "final", text=e.text, chunk="\n".join(chunks),
+                           finish_reason=reason, usage=usage)]
+        if e.stopped_early:
+            cancel = Control(request_id=rid, action="cancel", reason="stop sequence",
+                             ts_ms=now_ms())
+            out.append(Output(self._control, "Control", cancel, key=rid))
         return out
 
     def _reply(self, stream: RequestStream, kind: str, *, text: str = "", chunk: str = "",

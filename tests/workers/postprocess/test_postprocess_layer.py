@@ -95,11 +95,12 @@ async def test_replies_go_to_the_gateways_partition_with_increasing_index(
 async def test_a_chat_request_starts_with_a_role_chunk(layer: PostprocessLayer) -> None:
     feed = Feeder(layer)
     first = replies(await feed(chunk(0, "Hi")))
-    assert [r["kind"] for r in first] == ["delta", "delta"]
-    role = json.loads(first[0]["chunk"])
+    # one reply per chunk: the role chunk and the content chunk travel together
+    assert [r["kind"] for r in first] == ["delta"]
+    role, content = (json.loads(line) for line in first[0]["chunk"].split("\n"))
     assert role["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-    assert first[0]["text"] == ""
-    assert json.loads(first[1]["chunk"])["choices"][0]["delta"] == {"content": "Hi"}
+    assert first[0]["text"] == "Hi"
+    assert content["choices"][0]["delta"] == {"content": "Hi"}
     # only once
     second = replies(await feed(chunk(1, " there")))
     assert len(second) == 1 and "role" not in second[0]["chunk"]
@@ -125,12 +126,14 @@ async def test_the_final_reply_carries_the_usage(layer: PostprocessLayer) -> Non
     feed = Feeder(layer)
     await feed(chunk(0, "a", tokens=2))
     out = replies(await feed(chunk(1, "b", tokens=3, finish="length")))
-    assert [r["kind"] for r in out] == ["delta", "delta", "final"]
-    assert out[1]["finish_reason"] == "length"
-    assert json.loads(out[1]["chunk"])["choices"][0]["finish_reason"] == "length"
-    final = out[-1]
+    assert [r["kind"] for r in out] == ["final"]
+    final = out[0]
+    assert final["finish_reason"] == "length" and final["text"] == "b"
+    content, finish = (json.loads(line) for line in final["chunk"].split("\n"))
+    assert content["choices"][0]["delta"] == {"content": "b"}
+    assert finish["choices"][0]["finish_reason"] == "length"
     assert final["usage"] == {"prompt_tokens": 11, "completion_tokens": 5}
-    assert final["chunk"] == ""  # no usage chunk unless the client asked for one
+    # no usage chunk unless the client asked for one
 
 
 async def test_include_usage_gives_the_final_reply_a_usage_chunk(layer: PostprocessLayer) -> None:
@@ -138,10 +141,10 @@ async def test_include_usage_gives_the_final_reply_a_usage_chunk(layer: Postproc
     out = replies(await feed(chunk(0, "a", tokens=4, finish="stop", include_usage=True)))
     final = out[-1]
     assert final["kind"] == "final"
-    body = json.loads(final["chunk"])
-    assert body["choices"] == []
-    assert body["usage"] == {"prompt_tokens": 11, "completion_tokens": 4, "total_tokens": 15}
-    assert all(json.loads(r["chunk"])["usage"] is None for r in out[:-1])
+    *others, last = [json.loads(line) for line in final["chunk"].split("\n")]
+    assert last["choices"] == []
+    assert last["usage"] == {"prompt_tokens": 11, "completion_tokens": 4, "total_tokens": 15}
+    assert others and all(body["usage"] is None for body in others)
 
 
 async def test_an_early_stop_sequence_cancels_the_generation(
@@ -229,5 +232,5 @@ async def test_out_of_order_chunks_are_replied_in_order(layer: PostprocessLayer)
     feed = Feeder(layer)
     assert await feed(chunk(1, "b")) == []
     out = replies(await feed(chunk(0, "a")))
-    assert [r["text"] for r in out] == ["", "a", "b"]
-    assert [r["index"] for r in out] == [0, 1, 2]
+    assert [r["text"] for r in out] == ["a", "b"]
+    assert [r["index"] for r in out] == [0, 1]

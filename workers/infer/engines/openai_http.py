@@ -5,10 +5,12 @@ adds its queueing, retries and streaming fan-out in front of them.
 
 Decisions:
 
-* **One shared ``httpx.AsyncClient``** created by :meth:`start`, with a pool of
-  ``capacity`` keep-alive connections (the worker never runs more requests
-  than that). ``timeout_s`` bounds connecting and every wait for the next
-  chunk, not the whole answer.
+* **One shared ``aiohttp.ClientSession``** created by :meth:`start`, with a
+  pool of ``capacity`` keep-alive connections (the worker never runs more
+  requests than that). ``timeout_s`` bounds connecting and every wait for the
+  next chunk, not the whole answer. aiohttp rather than httpx: on this hot
+  path (one SSE line per token) httpx's pure-Python stream took about a third
+  of the worker's CPU; aiohttp parses in C.
 * **Endpoint.** A request with a rendered ``prompt_text`` (or any completion)
   goes to ``/v1/completions`` with the continuation appended to the prompt.
   A chat request without one goes to ``/v1/chat/completions``; a continuation
@@ -28,8 +30,9 @@ Decisions:
   reason all become :class:`~conveyor.errors.EngineError` carrying the
   upstream's message.
 * **Cancellation.** The response is opened with ``async with
-  client.stream(...)``, so closing the generator closes the response: the
-  upstream sees the disconnect and stops generating.
+  session.post(...)``, so closing the generator early releases the response
+  with its connection closed: the upstream sees the disconnect and stops
+  generating.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import json
 from collections.abc import AsyncGenerator
 from typing import Any, Literal
 
-import httpx
+import aiohttp
 
 from conveyor.errors import EngineError
 from workers.infer.engines.base import GenerationRequest, Piece
@@ -62,20 +65,20 @@ class OpenAIHttpEngine:
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.timeout_s = timeout_s
-        self._client: httpx.AsyncClient | None = None
+        self._client: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
         """Open the shared connection pool (no request is made)."""
         if self._client is not None:
             return
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        self._client = httpx.AsyncClient(
-            base_url=self.base_url,
+        self._client = aiohttp.ClientSession(
+            base_url=self.base_url + "/",
             headers=headers,
-            limits=httpx.Limits(
-                max_connections=self.capacity, max_keepalive_connections=self.capacity
-            ),
-            timeout=httpx.Timeout(self.timeout_s),
+            connector=aiohttp.TCPConnector(limit=self.capacity, keepalive_timeout=60),
+            timeout=aiohttp.ClientTimeout(total=None, connect=self.timeout_s,
+                                          sock_read=self.timeout_s),
+            json_serialize=json.dumps,
         )
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[Piece, None]:
@@ -89,19 +92,18 @@ class OpenAIHttpEngine:
         finish: Literal["stop", "length"] | None = None
         usage_tokens: int | None = None
         try:
-            async with client.stream("POST", path, json=body) as response:
-                if response.status_code >= 400:
-                    await response.aread()
+            async with client.post(path.lstrip("/"), json=body) as response:
+                if response.status >= 400:
                     raise EngineError(
-                        f"upstream returned HTTP {response.status_code}: "
-                        f"{_error_message(response)}"
+                        f"upstream returned HTTP {response.status}: "
+                        f"{await _error_message(response)}"
                     )
                 done = False
-                async for line in response.aiter_lines():
-                    if done or not line.startswith("data:"):
+                async for raw in response.content:
+                    if done or not raw.startswith(b"data:"):
                         continue  # blank separators, comments, event names, the tail
-                    data = line[5:].strip()
-                    if data == "[DONE]":
+                    data = raw[5:].strip()
+                    if data == b"[DONE]":
                         done = True
                         continue
                     event = _parse(data)
@@ -123,7 +125,9 @@ class OpenAIHttpEngine:
                         reason = choice.get("finish_reason")
                         if reason:
                             finish = "length" if reason == "length" else "stop"
-        except httpx.HTTPError as exc:
+                if not done:
+                    response.close()  # the stream ended without [DONE]: do not reuse
+        except (aiohttp.ClientError, TimeoutError) as exc:
             raise EngineError(f"upstream {self.base_url} failed: {exc!r}") from exc
         if finish is None:
             raise EngineError("upstream stream ended without a finish_reason")
@@ -133,7 +137,7 @@ class OpenAIHttpEngine:
     async def close(self) -> None:
         client, self._client = self._client, None
         if client is not None:
-            await client.aclose()
+            await client.close()
 
 
 def _upstream_body(request: GenerationRequest) -> tuple[str, dict[str, Any]]:
@@ -167,7 +171,7 @@ def _upstream_body(request: GenerationRequest) -> tuple[str, dict[str, Any]]:
     return "/v1/chat/completions", body
 
 
-def _parse(data: str) -> dict[str, Any]:
+def _parse(data: bytes) -> dict[str, Any]:
     try:
         event = json.loads(data)
     except ValueError as exc:
@@ -177,11 +181,12 @@ def _parse(data: str) -> dict[str, Any]:
     return event
 
 
-def _error_message(response: httpx.Response) -> str:
+async def _error_message(response: aiohttp.ClientResponse) -> str:
+    text = await response.text(errors="replace")
     try:
-        payload = response.json()
+        payload = json.loads(text)
     except ValueError:
-        return response.text[:500] or response.reason_phrase
+        return text[:500] or (response.reason or "")
     if isinstance(payload, dict):
         return _message_of(payload)
     return str(payload)[:500]
