@@ -122,7 +122,7 @@ class ReplyRouter:
 
     async def start(self) -> None:
         partition = await self.lease.acquire()
-        consumer = make_consumer(self.settings, group=None, fetch_max_wait_ms=100)
+        consumer = make_consumer(self.settings, group=None)
         await consumer.start()
         tp = TopicPartition(self.settings.topic("replies"), partition)
         consumer.assign([tp])

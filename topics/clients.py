@@ -40,7 +40,9 @@ def make_consumer(
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",
         "fetch_min_bytes": 1,
-        "fetch_max_wait_ms": 100,
+        # the broker answers a fetch as soon as one record is there; the wait
+        # only bounds how often an idle consumer asks
+        "fetch_max_wait_ms": 500,
         "session_timeout_ms": settings.consumer_session_timeout_ms,
         "heartbeat_interval_ms": settings.consumer_heartbeat_interval_ms,
         "max_poll_interval_ms": 300000,

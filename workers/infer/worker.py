@@ -73,6 +73,8 @@ class InferWorker:
         self._beat_now = asyncio.Event()
         self._consumer: AIOKafkaConsumer | None = None
         self._commit_lock = asyncio.Lock()
+        self._commit_due = asyncio.Event()
+        self.commit_interval_s = 0.1
 
     def stop(self) -> None:
         self._stopping.set()
@@ -100,6 +102,7 @@ class InferWorker:
         background: list[asyncio.Task[None]] = [
             asyncio.create_task(cancels.run(), name="cancels"),
             asyncio.create_task(self._beat_loop(heartbeat), name="heartbeat"),
+            asyncio.create_task(self._commit_loop(), name="commits"),
         ]
         await consumer.start()
         log.info("worker %s: serving pool %s with %s (capacity %d)", self.worker_id, self.pool,
@@ -177,7 +180,16 @@ class InferWorker:
     def _done(self, tp: TopicPartition, offset: int, epoch: int) -> None:
         self.offsets.finish(tp, offset, epoch)
         self._slot_freed.set()
-        asyncio.create_task(self.commit())
+        self._commit_due.set()
+
+    async def _commit_loop(self) -> None:
+        """Commit finished tasks at most every ``commit_interval_s`` (one round trip
+        a task cost the broker more than the task's own events)."""
+        while True:
+            await self._commit_due.wait()
+            await asyncio.sleep(self.commit_interval_s)
+            self._commit_due.clear()
+            await self.commit()
 
     async def commit(self) -> None:
         consumer = self._consumer

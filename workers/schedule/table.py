@@ -77,7 +77,7 @@ class WorkerTable:
     async def follow(self, ready: asyncio.Event | None = None) -> None:
         """Read the heartbeat topic from the start, then keep following it."""
         topic = self.settings.topic("workers")
-        consumer = make_consumer(self.settings, group=None, fetch_max_wait_ms=100)
+        consumer = make_consumer(self.settings, group=None)
         await consumer.start()
         try:
             tp = TopicPartition(topic, 0)
