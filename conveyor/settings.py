@@ -58,6 +58,9 @@ class Settings(BaseSettings):
     # Infer
     heartbeat_interval_s: float = 1.0
     coalesce_ms: float = 40.0
+    # A client that does not stream sees no chunk cadence: its chunks are only
+    # the checkpoints a retry continues from, so they are gathered for longer.
+    coalesce_unstreamed_ms: float = 250.0
     progress_ttl_s: int = 3600
 
     # Model registry (route, preprocess and infer read it)

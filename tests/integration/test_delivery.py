@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import signal
 import time
 from collections.abc import Iterator
 
@@ -175,3 +176,32 @@ def _chunks_of(p: Pipeline, request_id: str) -> list[TokenChunk]:
     values = asyncio.run(_read_topic(p.settings.kafka_bootstrap, p.settings.topic("tokens"), 20))
     chunks = [codec.decode(v, "TokenChunk") for v in values]
     return [c for c in chunks if c["envelope"]["request_id"] == request_id]
+
+
+def test_sigterm_drains_a_worker_it_finishes_what_it_started(two_single_workers: Pipeline
+                                                             ) -> None:
+    p = two_single_workers
+    texts: list[str] = []
+    stopped = None
+    with httpx.stream("POST", f"{p.base_url}/v1/completions", timeout=120,
+                      headers={"X-Conveyor-Timeout": "60"},
+                      json={**COUNTING, "max_tokens": 150}) as r:
+        for event in sse_events(r):
+            if event == "[DONE]":
+                break
+            assert isinstance(event, dict)
+            texts.append(event["choices"][0]["text"])
+            if stopped is None and len(texts) >= 3:
+                rid = event["id"].removeprefix("cmpl-")
+                stopped = _worker_of(p, rid)
+                p.procs[stopped].send_signal(signal.SIGTERM)
+    assert stopped is not None
+    assert p.procs[stopped].wait(timeout=30) == 0
+    chunks = _chunks_of(p, rid)
+    # the draining worker finished the generation itself: one attempt, one worker
+    assert {c["worker_id"] for c in chunks} == {stopped}
+    assert progress_of(chunks).finished and progress_of(chunks).tokens > 100
+    # and the pool still serves with the worker that is left
+    r2 = httpx.post(f"{p.base_url}/v1/completions", timeout=60, headers={
+        "X-Conveyor-Timeout": "30"}, json={"model": "smollm2", "prompt": "Hi", "max_tokens": 4})
+    assert r2.status_code == 200, r2.text

@@ -1,8 +1,10 @@
-"""One task's generation: engine pieces -> coalesced TokenChunk events.
+"""One task run: engine pieces -> coalesced TokenChunk events.
 
 The first piece is produced at once (time to first token matters most);
 after that pieces are coalesced for ``coalesce_ms`` so the pipeline carries
-tens of chunks a second per request, not one event per token. Each chunk is
+tens of chunks a second per request, not one event per token. A request that
+is not streamed is coalesced for ``coalesce_unstreamed_ms``: its chunks are
+only checkpoints for a retry to continue from. Each chunk is
 recorded in the progress store after Kafka acknowledged it.
 """
 
@@ -22,7 +24,7 @@ from workers.infer.engines.base import Engine, GenerationRequest
 from workers.infer.progress import ProgressTracker
 from workers.outputs import Output, Sender, error_info
 
-__all__ = ["Generation", "request_from_task"]
+__all__ = ["TaskRun", "request_from_task"]
 
 
 def request_from_task(task: Task, continuation: str, done_tokens: int,
@@ -49,7 +51,7 @@ def request_from_task(task: Task, continuation: str, done_tokens: int,
 
 
 @dataclass
-class Generation:
+class TaskRun:
     settings: Settings
     engine: Engine
     sender: Sender
@@ -86,7 +88,9 @@ class Generation:
         await asyncio.gather(*self._acks)
 
     async def _stream(self, request: GenerationRequest) -> None:
-        interval = self.settings.coalesce_ms / 1000
+        streamed = self.task["generation"]["stream"]
+        interval = (self.settings.coalesce_ms if streamed
+                    else self.settings.coalesce_unstreamed_ms) / 1000
         buf: list[str] = []
         buf_tokens = 0
         last_flush = 0.0

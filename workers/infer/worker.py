@@ -28,7 +28,7 @@ from topics.catalog import infer_topic
 from topics.clients import make_consumer, make_producer
 from workers.infer.cancels import CancelFollower
 from workers.infer.engines.base import Engine
-from workers.infer.generation import Generation
+from workers.infer.generation import TaskRun
 from workers.infer.heartbeat import Heartbeat
 from workers.infer.offsets import InFlightOffsets
 from workers.infer.progress import ProgressTracker
@@ -66,7 +66,7 @@ class InferWorker:
         self.drain_timeout_s = drain_timeout_s
         self.partitions: set[TopicPartition] = set()
         self.offsets = InFlightOffsets()
-        self.running: dict[str, Generation] = {}
+        self.running: dict[str, TaskRun] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._slot_freed = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -153,7 +153,7 @@ class InferWorker:
             self._done(tp, record.offset, self.offsets.start(tp, record.offset))
             return
         spec = self.registry.find(task["route"]["model"])
-        gen = Generation(self.settings, self.engine, sender, store, self.worker_id, task,
+        gen = TaskRun(self.settings, self.engine, sender, store, self.worker_id, task,
                          upstream_model=spec.upstream_model if spec else None)
         rid = gen.request_id
         epoch = self.offsets.start(tp, record.offset)
@@ -162,7 +162,7 @@ class InferWorker:
         self._tasks.add(job)
         job.add_done_callback(self._tasks.discard)
 
-    async def _generate(self, gen: Generation, tp: TopicPartition,
+    async def _generate(self, gen: TaskRun, tp: TopicPartition,
                         record: ConsumerRecord[bytes, bytes], epoch: int) -> None:
         try:
             await gen.run()
