@@ -57,6 +57,9 @@ transaction.state.log.min.isr=1
 group.initial.rebalance.delay.ms=0
 group.min.session.timeout.ms=3000
 log.retention.hours=24
+# a small machine: fewer broker threads, less switching between them
+num.network.threads=${KAFKA_NETWORK_THREADS:-2}
+num.io.threads=${KAFKA_IO_THREADS:-2}
 PROPS
   if [ ! -f "$data/meta.properties" ]; then
     cid=$(java -cp "$libs/*" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n 1)
