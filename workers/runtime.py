@@ -42,7 +42,10 @@ class Layer(Protocol):
     source_topic: str
     source_type: EventType
 
-    async def start(self) -> None: ...
+    async def start(self, sender: Sender) -> None:
+        """Called once before consuming; a layer that produces on its own (not
+        only as the result of ``handle``) keeps the sender."""
+        ...
 
     async def stop(self) -> None: ...
 
@@ -53,6 +56,10 @@ class Layer(Protocol):
     def committable(self, tp: TopicPartition, next_offset: int) -> int:
         """The offset safe to commit on ``tp`` once everything before
         ``next_offset`` has been handled (a stateful layer may hold it back)."""
+        ...
+
+    def revoked(self, partitions: list[TopicPartition]) -> None:
+        """The partitions went to another member: forget what was held for them."""
         ...
 
 
@@ -69,6 +76,7 @@ class _BatchGuard(ConsumerRebalanceListener):
         await self.runtime.commit()
         for tp in revoked:
             self.runtime.handled.pop(tp, None)
+        self.runtime.layer.revoked(list(revoked))
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         return None
@@ -103,7 +111,7 @@ class LayerRuntime:
         await consumer.start()
         self._consumer = consumer
         sender = Sender(self.settings, producer, self.codec)
-        await self.layer.start()
+        await self.layer.start(sender)
         log.info("%s: consuming %s", self.layer.name, self.layer.source_topic)
         try:
             while not self._stopping.is_set():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -79,3 +81,21 @@ def test_unsupported_parameters_are_refused(pipeline: Pipeline) -> None:
                                     "messages": [{"role": "user", "content": "hi"}]}), 400)
     assert_envelope(post(pipeline, {"model": "smollm2", "prompt": "hi", "echo": True},
                          path="/v1/completions"), 400)
+
+
+def test_a_pool_without_workers_does_not_hold_up_the_others(pipeline: Pipeline) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    ghost = {"model": "ghost", "messages": [{"role": "user", "content": "hi"}]}
+    real = {"model": "smollm2", "max_tokens": 2,
+            "messages": [{"role": "user", "content": "hi"}]}
+    with ThreadPoolExecutor(2) as pool:
+        waiting = pool.submit(post, pipeline, ghost)
+        time.sleep(0.3)  # the ghost request is parked in schedule by now
+        started = time.monotonic()
+        answered = post(pipeline, real)
+        took = time.monotonic() - started
+        assert answered.status_code == 200
+        assert not waiting.done(), "the ghost request should still be waiting for a worker"
+        assert_envelope(waiting.result(), 503, "no_worker_available")
+    assert took < 2.5  # well inside the 3 s the ghost request waits

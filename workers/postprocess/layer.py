@@ -19,7 +19,7 @@ from conveyor.settings import Settings
 from schemas.codec import EventType
 from schemas.records import ChunkHeader, Control, Reply, TokenChunk, Usage
 from topics.envelope import now_ms, stamp
-from workers.outputs import Output
+from workers.outputs import Output, Sender
 from workers.postprocess.chunks import delta_chunk, usage_chunk
 from workers.postprocess.stream import Emitted, RequestStream
 
@@ -43,7 +43,7 @@ class PostprocessLayer:
         self._first: dict[str, tuple[TopicPartition, int]] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
 
-    async def start(self) -> None:
+    async def start(self, sender: Sender) -> None:
         return None
 
     async def stop(self) -> None:
@@ -119,6 +119,14 @@ class PostprocessLayer:
         self._expire()
         firsts = [off for (p, off) in self._first.values() if p == tp]
         return min([next_offset, *firsts])
+
+    def revoked(self, partitions: list[TopicPartition]) -> None:
+        """Requests on those partitions are rebuilt by their new owner from the log."""
+        gone = set(partitions)
+        for rid, (tp, _) in list(self._first.items()):
+            if tp in gone:
+                self.streams.pop(rid, None)
+                self._first.pop(rid, None)
 
     def _expire(self) -> None:
         """Forget requests whose deadline is long gone (their worker died for good)."""

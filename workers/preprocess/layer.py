@@ -30,7 +30,7 @@ from conveyor.settings import Settings
 from schemas.codec import EventType
 from schemas.records import Generation, Prepared, Prompt, Request
 from topics.envelope import stamp
-from workers.outputs import Output
+from workers.outputs import Output, Sender
 from workers.preprocess.normalize import (
     Fit,
     fingerprint,
@@ -65,7 +65,7 @@ class PreprocessLayer:
         self.source_topic = settings.topic("requests")
         self._estimate = EstimateTokenizer()
 
-    async def start(self) -> None:
+    async def start(self, sender: Sender) -> None:
         return None
 
     async def stop(self) -> None:
@@ -73,6 +73,9 @@ class PreprocessLayer:
 
     def committable(self, tp: TopicPartition, next_offset: int) -> int:
         return next_offset  # stateless: everything handled may be committed
+
+    def revoked(self, partitions: list[TopicPartition]) -> None:
+        return None
 
     async def handle(
         self, event: Request, record: ConsumerRecord[bytes, bytes] | None

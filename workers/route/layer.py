@@ -16,7 +16,7 @@ from conveyor.settings import Settings
 from schemas.codec import EventType
 from schemas.records import Prepared, Route, Task
 from topics.envelope import stamp
-from workers.outputs import Output
+from workers.outputs import Output, Sender
 
 __all__ = ["RouteLayer"]
 
@@ -31,7 +31,7 @@ class RouteLayer:
         self.source_topic = settings.topic("prepared")
         self._sink = settings.topic("routed")
 
-    async def start(self) -> None:
+    async def start(self, sender: Sender) -> None:
         return None
 
     async def stop(self) -> None:
@@ -50,3 +50,6 @@ class RouteLayer:
 
     def committable(self, tp: TopicPartition, next_offset: int) -> int:
         return next_offset
+
+    def revoked(self, partitions: list[TopicPartition]) -> None:
+        return None

@@ -1,9 +1,12 @@
 """Schedule: pick the least loaded live worker of the pool, address its partition.
 
-When no worker of the pool is live, the request waits until one appears or
-until ``no_worker_timeout_s`` after it entered the pipeline, then fails with
-503 ``no_worker_available``. A request whose deadline has passed fails with
-504 instead of being sent to a worker.
+When no worker of the pool is live, the task is parked, not waited for: the
+layer goes on scheduling other pools' tasks, a background task places the
+parked ones (in arrival order) as soon as a worker appears, and a task still
+parked ``no_worker_timeout_s`` after it entered the pipeline fails with 503
+``no_worker_available``. A parked task's offset is not committed, so a
+scheduler that dies with tasks parked leaves them to its successor. A request
+whose deadline has passed fails with 504 instead of being sent to a worker.
 """
 
 from __future__ import annotations
@@ -11,83 +14,145 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import TopicPartition
 
-from conveyor.errors import DeadlineExceeded, NoWorkerAvailable
+from conveyor.errors import DeadlineExceeded, NoWorkerAvailable, RequestError
 from conveyor.settings import Settings
 from schemas.codec import EventType
 from schemas.records import Task
 from topics.catalog import infer_topic
 from topics.envelope import now_ms, stamp
-from workers.outputs import Output
+from workers.outputs import Output, Sender, error_info
 from workers.schedule.table import WorkerTable
 
-__all__ = ["ScheduleLayer"]
+__all__ = ["ScheduleLayer", "Parked"]
 
 log = logging.getLogger(__name__)
+
+_RECHECK_S = 0.25
+
+
+@dataclass
+class Parked:
+    task: Task
+    tp: TopicPartition | None
+    offset: int
+    give_up_ms: int
 
 
 class ScheduleLayer:
     name = "schedule"
     source_type: EventType = "Task"
 
-    def __init__(self, settings: Settings, table: WorkerTable | None = None) -> None:
+    def __init__(self, settings: Settings, table: WorkerTable | None = None,
+                 clock: Callable[[], int] = now_ms) -> None:
         self.settings = settings
         self.table = table or WorkerTable(settings)
         self.source_topic = settings.topic("routed")
-        self._follower: asyncio.Task[None] | None = None
+        self.parked: list[Parked] = []
+        self.clock = clock
+        self._sender: Sender | None = None
+        self._background: list[asyncio.Task[None]] = []
 
-    async def start(self) -> None:
+    async def start(self, sender: Sender) -> None:
+        self._sender = sender
         ready = asyncio.Event()
-        self._follower = asyncio.create_task(self.table.follow(ready), name="worker-table")
+        follower = asyncio.create_task(self.table.follow(ready), name="worker-table")
+        self._background = [follower]
         waiter = asyncio.create_task(ready.wait())
-        await asyncio.wait([waiter, self._follower], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([waiter, follower], return_when=asyncio.FIRST_COMPLETED)
         waiter.cancel()
-        if self._follower.done():
-            self._follower.result()  # surface the failure
+        if follower.done():
+            follower.result()  # surface the failure
+        self._background.append(asyncio.create_task(self._place_parked_loop(), name="parked"))
 
     async def stop(self) -> None:
-        if self._follower is not None:
-            self._follower.cancel()
+        for task in self._background:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._follower
+                await task
 
-    def _check_follower(self) -> None:
-        if self._follower is not None and self._follower.done():
-            self._follower.result()  # re-raise on the caller, never lost
+    def _check_background(self) -> None:
+        for task in self._background:
+            if task.done():
+                task.result()  # re-raise on the caller, never lost
 
     async def handle(self, event: Task, record: Any) -> list[Output]:
+        self._check_background()
         envelope = stamp(event["envelope"], self.name)
         pool = event["route"]["pool"]
         entered_ms = envelope["stamps"].get("gateway", envelope["stamps"][self.name]) // 1000
         give_up_ms = entered_ms + int(self.settings.no_worker_timeout_s * 1000)
         if envelope["deadline_ms"]:
             give_up_ms = min(give_up_ms, envelope["deadline_ms"])
+        waiting = any(p.task["route"]["pool"] == pool for p in self.parked)
+        if not waiting:  # keep arrival order: behind tasks of the pool already parked
+            placed = self.place(event)
+            if placed is not None:
+                return [placed]
+        tp = TopicPartition(record.topic, record.partition) if record is not None else None
+        self.parked.append(Parked(event, tp, record.offset if record is not None else -1,
+                                  give_up_ms))
+        return []
+
+    def place(self, task: Task) -> Output | None:
+        """The output sending ``task`` to a live worker, or None when none is live."""
+        envelope = task["envelope"]
+        if envelope["deadline_ms"] and self.clock() >= envelope["deadline_ms"]:
+            raise DeadlineExceeded("The request's deadline passed before a worker took it.")
+        choice = self.table.choose(task["route"]["pool"])
+        if choice is None:
+            return None
+        worker, partition = choice
+        task["route"]["worker_id"] = worker.beat["worker_id"]
+        task["route"]["partition"] = partition
+        return Output(infer_topic(self.settings, task["route"]["pool"]), "Task", task,
+                      key=envelope["request_id"], partition=partition)
+
+    async def place_parked(self) -> None:
+        """Send every parked task that now has a worker; fail those out of time."""
+        sender = self._sender
+        assert sender is not None
+        settled: set[int] = set()
+        blocked: set[str] = set()
+        for parked in list(self.parked):
+            pool = parked.task["route"]["pool"]
+            try:
+                out = None if pool in blocked else self.place(parked.task)
+                if out is None and self.clock() >= parked.give_up_ms:
+                    raise NoWorkerAvailable(
+                        f"No worker of pool `{pool}` is available for model "
+                        f"`{parked.task['route']['model']}`. Try again later.")
+            except RequestError as exc:
+                await sender.error_reply(parked.task["envelope"], error_info(exc))
+                settled.add(id(parked))
+                continue
+            if out is None:
+                blocked.add(pool)  # later tasks of the pool stay behind this one
+            else:
+                await sender.send(out)
+                settled.add(id(parked))
+        await sender.flush()
+        # handle() may have parked more while this awaited: keep those
+        self.parked = [p for p in self.parked if id(p) not in settled]
+
+    async def _place_parked_loop(self) -> None:
         while True:
-            self._check_follower()
-            if envelope["deadline_ms"] and now_ms() >= envelope["deadline_ms"]:
-                raise DeadlineExceeded("The request's deadline passed before a worker took it.")
-            choice = self.table.choose(pool)
-            if choice is not None:
-                break
-            wait_ms = give_up_ms - now_ms()
-            if wait_ms <= 0:
-                raise NoWorkerAvailable(
-                    f"No worker of pool `{pool}` is available for model "
-                    f"`{event['route']['model']}`. Try again later."
-                )
+            if self.parked:
+                await self.place_parked()
             self.table.changed.clear()
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.table.changed.wait(), min(wait_ms / 1000, 0.25))
-        worker, partition = choice
-        event["route"]["worker_id"] = worker.beat["worker_id"]
-        event["route"]["partition"] = partition
-        return [
-            Output(infer_topic(self.settings, pool), "Task", event,
-                   key=envelope["request_id"], partition=partition)
-        ]
+                await asyncio.wait_for(self.table.changed.wait(), _RECHECK_S)
 
     def committable(self, tp: TopicPartition, next_offset: int) -> int:
-        return next_offset
+        """Never commit past a task still parked on ``tp``."""
+        return min([next_offset, *(p.offset for p in self.parked if p.tp == tp)])
+
+    def revoked(self, partitions: list[TopicPartition]) -> None:
+        """Tasks parked from those partitions are the new owner's to schedule."""
+        gone = set(partitions)
+        self.parked = [p for p in self.parked if p.tp not in gone]

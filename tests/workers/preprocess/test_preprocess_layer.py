@@ -97,11 +97,6 @@ def test_layer_contract(layer: PreprocessLayer) -> None:
     assert layer.committable(TopicPartition("pptest.requests", 0), 42) == 42
 
 
-async def test_start_and_stop_do_nothing(layer: PreprocessLayer) -> None:
-    await layer.start()
-    await layer.stop()
-
-
 async def test_chat_request_is_prepared(layer: PreprocessLayer, llama: Llama) -> None:
     req = request([message("system", "Be brief."), message("user", "What is Kafka?")])
     prepared = await prepare(layer, req)
