@@ -114,7 +114,12 @@ async def _run_layers(settings: Settings, names: list[str]) -> None:
 
     registry = Registry.load(settings.models_file)
     await _ensure_topics(settings, registry)
-    runtimes = [LayerRuntime(settings, _make_layer(n, settings, registry))  # type: ignore[arg-type]
+    from topics.clients import make_producer
+
+    producer = make_producer(settings)
+    await producer.start()
+    runtimes = [LayerRuntime(settings, _make_layer(n, settings, registry),  # type: ignore[arg-type]
+                             producer=producer)
                 for n in names]
 
     def stop() -> None:
@@ -127,6 +132,7 @@ async def _run_layers(settings: Settings, names: list[str]) -> None:
     for r in runtimes:
         r.stop()
     await asyncio.gather(*tasks, return_exceptions=True)
+    await producer.stop()
     for task in done:
         task.result()
 

@@ -20,7 +20,7 @@ import time
 import traceback
 from typing import Any, Protocol
 
-from aiokafka import ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, IllegalStateError
 
@@ -85,13 +85,16 @@ class _BatchGuard(ConsumerRebalanceListener):
 class LayerRuntime:
     def __init__(
         self, settings: Settings, layer: Layer, codec: Codec | None = None, max_batch: int = 200,
-        commit_interval_ms: float = 100.0,
+        commit_interval_ms: float = 100.0, producer: AIOKafkaProducer | None = None,
     ) -> None:
         self.settings = settings
         self.layer = layer
         self.codec = codec or default_codec()
         self.max_batch = max_batch
         self.commit_interval_s = commit_interval_ms / 1000
+        # layers in one process may share one (started) producer: their events
+        # then travel to the broker in the same produce requests
+        self._shared_producer = producer
         # the offset after the last event handled (and acknowledged) on each partition
         self.handled: dict[TopicPartition, int] = {}
         self._committed: dict[TopicPartition, int] = {}
@@ -106,8 +109,9 @@ class LayerRuntime:
     async def run(self) -> None:
         consumer = make_consumer(self.settings, group=self.settings.group(self.layer.name))
         consumer.subscribe([self.layer.source_topic], listener=self._guard)
-        producer = make_producer(self.settings)
-        await producer.start()
+        producer = self._shared_producer or make_producer(self.settings)
+        if self._shared_producer is None:
+            await producer.start()
         await consumer.start()
         self._consumer = consumer
         sender = Sender(self.settings, producer, self.codec)
@@ -133,7 +137,8 @@ class LayerRuntime:
         finally:
             await self.layer.stop()
             await consumer.stop()
-            await producer.stop()
+            if self._shared_producer is None:
+                await producer.stop()
 
     async def _process(
         self, batch: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]], sender: Sender
