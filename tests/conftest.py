@@ -4,6 +4,7 @@ processes started for real (``conveyor layer``, ``conveyor infer``,
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -16,8 +17,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from aiokafka import AIOKafkaConsumer
 
 from conveyor.settings import Settings
+from schemas.codec import default_codec
+from schemas.records import WorkerHeartbeat
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_MODELS = Path(__file__).with_name("data") / "models.toml"
@@ -86,7 +90,38 @@ class Pipeline:
             self.start_worker(f"w{i}", contexts)
         self.spawn("gateway", "gateway")
         self.wait_ready()
+        if workers:
+            self.wait_workers(workers)
         return self
+
+    def wait_workers(self, n: int, timeout: float = 60.0) -> None:
+        """Until ``n`` workers heartbeat and share all the pool's partitions between
+        them: the group has settled, no rebalance is coming."""
+        asyncio.run(self._wait_workers(n, within=timeout))
+
+    async def _wait_workers(self, n: int, within: float) -> None:
+        codec = default_codec()
+        topic = self.settings.topic("workers")
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=self.settings.kafka_bootstrap,
+                                    auto_offset_reset="earliest", enable_auto_commit=False)
+        await consumer.start()
+        beats: dict[str, WorkerHeartbeat] = {}
+        try:
+            deadline = time.monotonic() + within
+            while time.monotonic() < deadline:
+                batch = await consumer.getmany(timeout_ms=500)
+                for records in batch.values():
+                    for record in records:
+                        beat = codec.decode(record.value, "WorkerHeartbeat")
+                        beats[beat["worker_id"]] = beat
+                ready = [b for b in beats.values() if b["state"] == "ready" and b["partitions"]]
+                owned = [p for b in ready for p in b["partitions"]]
+                if len(ready) == n and sorted(owned) == list(
+                        range(self.settings.infer_partitions)):
+                    return
+        finally:
+            await consumer.stop()
+        raise RuntimeError(f"{n} workers did not settle in their group: {beats}")
 
     def wait_ready(self, timeout: float = 90.0) -> None:
         deadline = time.monotonic() + timeout

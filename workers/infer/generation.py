@@ -60,6 +60,8 @@ class TaskRun:
     task: Task
     upstream_model: str | None = None
     cancelled: bool = False
+    # the task's partition went to another worker, which continues it from the log
+    handed_off: bool = False
 
     @property
     def request_id(self) -> str:
@@ -69,10 +71,14 @@ class TaskRun:
         envelope = stamp(self.task["envelope"], "infer")
         self.seq, self.text, self.tokens = 0, "", 0
         self._acks: list[asyncio.Future[Any]] = []
-        if not await self.progress.claim(self.request_id, self.worker_id):
+        claim = await self.progress.claim(self.request_id, self.worker_id)
+        if claim == "done":
+            return  # it ended before; only its offset was still to commit
+        if claim == "retry":
             # a redelivered task: continue after what the client was already sent
             done = await self.progress.recover(self.request_id)
             if done.finished:
+                await self.progress.finish(self.request_id, self.worker_id)
                 return
             envelope["attempt"] += 1
             self.seq, self.text, self.tokens = done.next_seq, done.text, done.tokens
@@ -86,6 +92,13 @@ class TaskRun:
                 await self._fail(exc)
         # the task may be committed once every chunk of it is in the log
         await asyncio.gather(*self._acks)
+        if not self.handed_off:
+            await self.progress.finish(self.request_id, self.worker_id)
+
+    def handoff(self) -> None:
+        """Stop after the next piece without finishing the answer: the task's new
+        owner reads what was sent from the log and continues it."""
+        self.handed_off = True
 
     async def _stream(self, request: GenerationRequest) -> None:
         streamed = self.task["generation"]["stream"]
@@ -106,6 +119,8 @@ class TaskRun:
                 if self.cancelled:
                     finish = "cancelled"
                     break
+                if self.handed_off:
+                    break
                 now = time.monotonic()
                 if self.seq == 0 or now - last_flush >= interval:
                     await self._emit("".join(buf), buf_tokens, None)
@@ -113,6 +128,10 @@ class TaskRun:
         finally:
             with contextlib.suppress(Exception):
                 await pieces.aclose()
+        if finish is None and self.handed_off:
+            if buf_tokens:
+                await self._emit("".join(buf), buf_tokens, None)
+            return
         if finish is None:
             finish = "cancelled" if self.cancelled else "stop"
         await self._emit("".join(buf), buf_tokens, finish)

@@ -2,7 +2,8 @@
 
 The tokens a client has seen are in ``conveyor.tokens``: that log, not a side
 store, is the record. Taking a task, a worker claims it in Redis
-(``SET NX``, one call per task, nothing per chunk). When the claim exists
+(``SET NX``; one call when it starts and one when it ends, nothing per
+chunk). When the claim exists
 already, the task is a redelivery: the worker reads the request's partition
 of ``conveyor.tokens`` from postprocess's committed offset (postprocess never
 commits past the first chunk of a request still open) to the end, and
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Literal
 
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer, TopicPartition
@@ -29,6 +31,8 @@ from topics.clients import make_consumer
 __all__ = ["Progress", "ProgressTracker", "progress_of"]
 
 log = logging.getLogger(__name__)
+
+_DONE = b"done:"
 
 
 @dataclass(frozen=True)
@@ -63,14 +67,22 @@ class ProgressTracker:
     def _key(self, request_id: str) -> str:
         return f"{self.settings.topic_prefix}:claim:{request_id}"
 
-    async def claim(self, request_id: str, worker_id: str) -> bool:
-        """True when this is the task's first attempt anywhere."""
-        first = await self.redis.set(self._key(request_id), worker_id, nx=True,
-                                     ex=self.settings.progress_ttl_s)
-        if not first:
-            await self.redis.set(self._key(request_id), worker_id, xx=True,
-                                 ex=self.settings.progress_ttl_s)
-        return bool(first)
+    async def claim(self, request_id: str, worker_id: str) -> Literal["first", "retry", "done"]:
+        """Whether this is the task's first attempt, a retry of an unfinished one,
+        or a redelivery of one that ended (its offset was not committed yet)."""
+        key, ttl = self._key(request_id), self.settings.progress_ttl_s
+        if await self.redis.set(key, worker_id, nx=True, ex=ttl):
+            return "first"
+        holder = await self.redis.get(key)
+        if isinstance(holder, bytes) and holder.startswith(_DONE):
+            return "done"
+        await self.redis.set(key, worker_id, xx=True, ex=ttl)
+        return "retry"
+
+    async def finish(self, request_id: str, worker_id: str) -> None:
+        """Record that the task ended and every chunk of it is in the log."""
+        await self.redis.set(self._key(request_id), _DONE + worker_id.encode(),
+                             ex=self.settings.progress_ttl_s)
 
     async def recover(self, request_id: str) -> Progress:
         """Read back what earlier attempts put on ``conveyor.tokens``."""

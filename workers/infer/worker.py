@@ -44,6 +44,7 @@ class _Assignment(ConsumerRebalanceListener):
         self.worker = worker
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        await self.worker.hand_off(set(revoked))
         await self.worker.commit()
         self.worker.offsets.forget(list(revoked))
         self.worker.partitions -= set(revoked)
@@ -67,6 +68,7 @@ class InferWorker:
         self.partitions: set[TopicPartition] = set()
         self.offsets = InFlightOffsets()
         self.running: dict[str, TaskRun] = {}
+        self._where: dict[str, tuple[TopicPartition, asyncio.Task[None]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._slot_freed = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -159,8 +161,21 @@ class InferWorker:
         epoch = self.offsets.start(tp, record.offset)
         self.running[rid] = gen
         job = asyncio.create_task(self._generate(gen, tp, record, epoch), name=f"gen-{rid}")
+        self._where[rid] = (tp, job)
         self._tasks.add(job)
         job.add_done_callback(self._tasks.discard)
+
+    async def hand_off(self, revoked: set[TopicPartition], timeout_s: float = 10.0) -> None:
+        """Stop the generations of revoked partitions, once their chunks are in the
+        log: the partitions' new owner continues them (instead of both generating)."""
+        jobs = []
+        for rid, (tp, job) in list(self._where.items()):
+            if tp in revoked and rid in self.running:
+                self.running[rid].handoff()
+                jobs.append(job)
+        if jobs:
+            log.info("worker %s: handing off %d generation(s)", self.worker_id, len(jobs))
+            await asyncio.wait(jobs, timeout=timeout_s)
 
     async def _generate(self, gen: TaskRun, tp: TopicPartition,
                         record: ConsumerRecord[bytes, bytes], epoch: int) -> None:
@@ -175,7 +190,11 @@ class InferWorker:
                                              traceback.format_exc())
         finally:
             self.running.pop(gen.request_id, None)
-            self._done(tp, record.offset, epoch)
+            self._where.pop(gen.request_id, None)
+            if gen.handed_off:
+                self._slot_freed.set()  # not done: its offset stays for the new owner
+            else:
+                self._done(tp, record.offset, epoch)
 
     def _done(self, tp: TopicPartition, offset: int, epoch: int) -> None:
         self.offsets.finish(tp, offset, epoch)
