@@ -15,6 +15,7 @@ from conveyor.errors import ContextLengthExceeded, InvalidRequest
 from conveyor.registry import ModelSpec, Registry
 from conveyor.settings import load_settings
 from schemas.records import Generation, Message
+from tests.factories import generation
 from workers.preprocess.normalize import (
     fingerprint,
     fit_prompt,
@@ -56,24 +57,7 @@ def msg(role: str, content: str) -> Message:
 
 
 def chat(messages: list[Any], max_tokens: int | None = None) -> Generation:
-    return {
-        "kind": "chat",
-        "model": "smollm2",
-        "messages": messages,
-        "prompt": None,
-        "sampling": {
-            "temperature": 1.0,
-            "top_p": 1.0,
-            "max_tokens": max_tokens,
-            "stop": [],
-            "seed": None,
-            "presence_penalty": 0.0,
-            "frequency_penalty": 0.0,
-        },
-        "stream": False,
-        "include_usage": False,
-        "created": 0,
-    }
+    return generation(messages, max_tokens=max_tokens)
 
 
 def completion(prompt: Any, max_tokens: int | None = None) -> Generation:

@@ -13,7 +13,7 @@ from conveyor.registry import Registry
 from conveyor.settings import Settings, load_settings
 from schemas.codec import default_codec
 from schemas.records import Message, Prepared, Request
-from topics.envelope import new_envelope
+from tests.factories import request as make_request
 from workers.outputs import Output
 from workers.preprocess import PreprocessLayer
 from workers.preprocess.tokenizers import TokenizerCache
@@ -56,27 +56,8 @@ def request(
     prompt: str | None = None,
     request_id: str = "r1",
 ) -> Request:
-    return {
-        "envelope": new_envelope(request_id, reply_gateway="g", reply_partition=0),
-        "generation": {
-            "kind": kind,
-            "model": model,
-            "messages": messages if messages is not None else [],
-            "prompt": prompt,
-            "sampling": {
-                "temperature": 0.7,
-                "top_p": 1.0,
-                "max_tokens": max_tokens,
-                "stop": [],
-                "seed": None,
-                "presence_penalty": 0.0,
-                "frequency_penalty": 0.0,
-            },
-            "stream": False,
-            "include_usage": False,
-            "created": 1_700_000_000,
-        },
-    }
+    return make_request(messages, request_id=request_id, model=model, max_tokens=max_tokens,
+                        kind=kind, prompt=prompt, temperature=0.7, created=1_700_000_000)
 
 
 async def prepare(layer: PreprocessLayer, req: Request) -> Prepared:

@@ -1,0 +1,48 @@
+"""Builders for the events tests feed to layers (plain dicts, as the codec makes them)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from schemas.records import Generation, Message, Request
+from topics.envelope import new_envelope
+
+__all__ = ["generation", "request"]
+
+
+def generation(
+    messages: list[Message] | None = None,
+    *,
+    model: str = "smollm2",
+    max_tokens: int | None = None,
+    kind: Literal["chat", "completion"] = "chat",
+    prompt: str | None = None,
+    temperature: float = 1.0,
+    created: int = 0,
+) -> Generation:
+    return {
+        "kind": kind,
+        "model": model,
+        "messages": messages if messages is not None else [],
+        "prompt": prompt,
+        "sampling": {
+            "temperature": temperature,
+            "top_p": 1.0,
+            "max_tokens": max_tokens,
+            "stop": [],
+            "seed": None,
+            "presence_penalty": 0.0,
+            "frequency_penalty": 0.0,
+        },
+        "stream": False,
+        "include_usage": False,
+        "created": created,
+    }
+
+
+def request(messages: list[Message] | None = None, *, request_id: str = "r1",
+            **fields: object) -> Request:
+    return {
+        "envelope": new_envelope(request_id, reply_gateway="g", reply_partition=0),
+        "generation": generation(messages, **fields),  # type: ignore[arg-type]
+    }
