@@ -267,3 +267,39 @@ def test_a_rebalance_hands_generations_over_without_generating_twice(
             moved += 1
             assert workers.index("w1") == workers.count("w0")  # all w0's, then all w1's
     assert moved >= 1, "no generation moved: the rebalance gave w1 no busy partition"
+
+
+@pytest.fixture
+def one_worker(services: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
+    p = Pipeline(tmp_path_factory.mktemp("layers-kill-logs"))
+    try:
+        p.start(workers=1, contexts=1)
+        yield p
+    finally:
+        p.close()
+
+
+def test_layers_killed_mid_stream_are_rebuilt_from_the_log(one_worker: Pipeline) -> None:
+    """SIGKILL the process running preprocess, route, schedule and postprocess in the
+    middle of an answer: a new one rebuilds postprocess's state from conveyor.tokens and
+    the client's stream goes on, without a repeated or a missing piece."""
+    p = one_worker
+    texts: list[str] = []
+    dones = 0
+    with httpx.stream("POST", f"{p.base_url}/v1/completions", timeout=120,
+                      headers={"X-Conveyor-Timeout": "90"},
+                      json={**COUNTING, "max_tokens": 400}) as r:
+        for event in sse_events(r):
+            if event == "[DONE]":
+                dones += 1
+                continue
+            assert isinstance(event, dict)
+            texts.append(event["choices"][0]["text"])
+            if len(texts) == 3:
+                p.kill("layers")
+                p.spawn("layers", "layer")
+    assert dones == 1
+    text = "1, 2, 3, 4, 5," + "".join(texts)
+    numbers = [int(n) for n in re.findall(r"\d+", text)][:-1]
+    assert numbers == list(range(1, len(numbers) + 1)), text
+    assert len(numbers) > 80
