@@ -1,0 +1,90 @@
+"""Serving.stream: SSE framing, keep-alive comments, cancel on early close, deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from conveyor.settings import Settings
+from gateway.replies import ReplyStream
+from gateway.serving import Answer, Serving
+from schemas.codec import default_codec
+from schemas.records import Reply
+from topics.envelope import new_envelope
+
+
+@dataclass
+class RecordingProducer:
+    """Stands in for AIOKafkaProducer.send_and_wait at the seam."""
+
+    sent: list[tuple[str, bytes]] = field(default_factory=list)
+
+    async def send_and_wait(self, topic: str, value: bytes, key: bytes | None = None) -> None:
+        self.sent.append((topic, value))
+
+
+@dataclass
+class Router:
+    closed: list[str] = field(default_factory=list)
+
+    def close(self, request_id: str) -> None:
+        self.closed.append(request_id)
+
+
+def reply(index: int, kind: str, chunks: list[dict[str, Any]] | None = None) -> Reply:
+    return Reply(envelope=new_envelope("r1", reply_gateway="g", reply_partition=0),
+                 index=index, kind=kind,  # type: ignore[typeddict-item]
+                 text="", chunk="\n".join(json.dumps(c) for c in chunks or []),
+                 finish_reason=None, usage=None, error=None)
+
+
+def setup(keepalive: float = 0.05, deadline_s: float = 5.0) -> tuple[Serving, Answer,
+                                                                     RecordingProducer]:
+    producer = RecordingProducer()
+    serving = Serving(Settings(topic_prefix="sv", sse_keepalive_s=keepalive),
+                      producer, Router(), default_codec(), "g")  # type: ignore[arg-type]
+    answer = Answer(serving, ReplyStream("r1"), time.monotonic() + deadline_s)
+    return serving, answer, producer
+
+
+async def test_frames_keepalives_and_done() -> None:
+    serving, answer, _ = setup()
+
+    async def later() -> None:
+        await asyncio.sleep(0.2)
+        answer.stream.put(reply(1, "final", [{"b": 2}, {"c": 3}]))
+
+    answer.stream.put(reply(0, "delta", [{"a": 1}]))
+    first = await serving.first(answer)
+    feeder = asyncio.create_task(later())
+    frames = [f async for f in serving.stream(answer, first)]
+    await feeder
+    assert frames[0] == b'data: {"a": 1}\n\n'
+    assert b": keep-alive\n\n" in frames
+    # one reply may carry several chunk objects: each is its own event
+    assert frames[-3:] == [b'data: {"b": 2}\n\n', b'data: {"c": 3}\n\n', b"data: [DONE]\n\n"]
+
+
+async def test_closing_the_stream_early_cancels_the_generation() -> None:
+    serving, answer, producer = setup()
+    frames = serving.stream(answer, reply(0, "delta", [{"a": 1}]))
+    assert await frames.__anext__() == b'data: {"a": 1}\n\n'
+    await frames.aclose()  # the client went away
+    await asyncio.sleep(0.05)
+    [(topic, value)] = producer.sent
+    assert topic == "sv.control"
+    control = default_codec().decode(value, "Control")
+    assert control["request_id"] == "r1" and control["action"] == "cancel"
+
+
+async def test_a_deadline_mid_stream_ends_it_with_an_error_event() -> None:
+    serving, answer, producer = setup(keepalive=5.0, deadline_s=0.1)
+    frames = [f async for f in serving.stream(answer, reply(0, "delta", [{"a": 1}]))]
+    error = json.loads(frames[-2].removeprefix(b"data: "))
+    assert error["error"]["code"] == "deadline_exceeded"
+    assert frames[-1] == b"data: [DONE]\n\n"
+    await asyncio.sleep(0.05)
+    assert len(producer.sent) == 1  # and the generation is cancelled
