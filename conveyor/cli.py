@@ -118,8 +118,11 @@ async def _run_layers(settings: Settings, names: list[str]) -> None:
 
     producer = make_producer(settings)
     await producer.start()
+    from conveyor.tracing import make_tracer
+
+    tracing = make_tracer(settings.trace_exporter, "+".join(names))
     runtimes = [LayerRuntime(settings, _make_layer(n, settings, registry),  # type: ignore[arg-type]
-                             producer=producer)
+                             producer=producer, tracer=tracing.tracer)
                 for n in names]
 
     def stop() -> None:
@@ -133,6 +136,7 @@ async def _run_layers(settings: Settings, names: list[str]) -> None:
         r.stop()
     await asyncio.gather(*tasks, return_exceptions=True)
     await producer.stop()
+    tracing.shutdown()
     for task in done:
         task.result()
 
@@ -169,10 +173,16 @@ async def _run_infer(settings: Settings, args: argparse.Namespace) -> None:
     registry = Registry.load(settings.models_file)
     await _ensure_topics(settings, registry)
     engine = _make_engine(args, settings, registry)
+    from conveyor.tracing import make_tracer
+
+    tracing = make_tracer(settings.trace_exporter, f"infer-{args.pool}")
     worker = InferWorker(settings, engine, args.pool, registry,  # type: ignore[arg-type]
-                         worker_id=args.worker_id)
+                         worker_id=args.worker_id, tracer=tracing.tracer)
     _on_signals(worker.stop)
-    await worker.run()
+    try:
+        await worker.run()
+    finally:
+        tracing.shutdown()
 
 
 def cmd_infer(settings: Settings, args: argparse.Namespace) -> int:

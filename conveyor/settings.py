@@ -21,6 +21,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CONVEYOR_", frozen=True, extra="ignore")
 
     log_level: str = "INFO"
+    # none | console | otlp (see conveyor/tracing.py)
+    trace_exporter: Literal["none", "console", "otlp"] = "none"
 
     # Services
     kafka_bootstrap: str = "127.0.0.1:9092"

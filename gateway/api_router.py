@@ -54,7 +54,8 @@ def _timeout(request: Request) -> float | None:
 
 
 async def _answer(serving: Serving, generation: Generation, request: Request) -> Response:
-    answer = await serving.submit(generation, timeout_s=_timeout(request))
+    answer = await serving.submit(generation, timeout_s=_timeout(request),
+                                  traceparent=request.headers.get("traceparent"))
     if not generation["stream"]:
         result = await serving.collect(generation, answer, request.is_disconnected)
         return JSONResponse(result)

@@ -13,6 +13,7 @@ from fastapi import FastAPI
 
 from conveyor.registry import Registry
 from conveyor.settings import Settings
+from conveyor.tracing import make_tracer
 from gateway.api_router import router
 from gateway.errors import install_error_handlers
 from gateway.replies import ReplyLease, ReplyRouter
@@ -39,7 +40,9 @@ def build_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
         lease = ReplyLease(settings, redis, gateway_id)
         router_ = ReplyRouter(settings, codec, lease)
         await router_.start()
-        app.state.serving = Serving(settings, producer, router_, codec, gateway_id)
+        tracing = make_tracer(settings.trace_exporter, "gateway")
+        app.state.serving = Serving(settings, producer, router_, codec, gateway_id,
+                                    tracing.tracer)
         background.extend([
             asyncio.create_task(router_.run(), name="replies"),
             asyncio.create_task(lease.keep(), name="reply-lease"),
@@ -54,6 +57,7 @@ def build_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
             await router_.stop()
             await producer.stop()
             await redis.aclose()
+            tracing.shutdown()
 
     def health() -> tuple[bool, str]:
         if not background:

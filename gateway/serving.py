@@ -19,9 +19,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from opentelemetry import trace
 
 from conveyor.errors import DeadlineExceeded, RequestError
 from conveyor.settings import Settings
+from conveyor.tracing import layer_span
 from gateway import sse
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.replies import ReplyRouter, ReplyStream
@@ -80,12 +82,13 @@ class Answer:
 
 class Serving:
     def __init__(self, settings: Settings, producer: AIOKafkaProducer, router: ReplyRouter,
-                 codec: Codec, gateway_id: str) -> None:
+                 codec: Codec, gateway_id: str, tracer: trace.Tracer | None = None) -> None:
         self.settings = settings
         self.producer = producer
         self.router = router
         self.codec = codec
         self.gateway_id = gateway_id
+        self.tracer = tracer or trace.NoOpTracer()
         self._requests = settings.topic("requests")
         self._control = settings.topic("control")
         self._cancels: set[asyncio.Task[None]] = set()
@@ -116,16 +119,24 @@ class Serving:
                           include_usage=body.include_usage(), created=int(time.time()))
 
     async def submit(self, generation: Generation, tenant: str = "default",
-                     timeout_s: float | None = None) -> Answer:
+                     timeout_s: float | None = None, traceparent: str | None = None) -> Answer:
+        """Put the request on ``conveyor.requests``; ``traceparent`` continues the
+        client's trace (W3C header), else the request starts its own."""
         rid = uuid.uuid4().hex
         timeout = timeout_s or self.settings.request_timeout_s
         envelope = new_envelope(rid, reply_gateway=self.gateway_id,
                                 reply_partition=self.router.partition, tenant=tenant,
-                                deadline_ms=now_ms() + int(timeout * 1000))
+                                deadline_ms=now_ms() + int(timeout * 1000),
+                                traceparent=traceparent if _valid_traceparent(traceparent)
+                                else None)
         stream = self.router.open(rid)
-        value = self.codec.encode("Request", Request(envelope=envelope, generation=generation))
         try:
-            await self.producer.send_and_wait(self._requests, value, key=rid.encode())
+            with layer_span(self.tracer, "gateway", envelope):
+                value = self.codec.encode("Request",
+                                          Request(envelope=envelope, generation=generation))
+                await self.producer.send_and_wait(
+                    self._requests, value, key=rid.encode(),
+                    headers=[("traceparent", envelope["traceparent"].encode())])
         except Exception:
             self.router.close(rid)
             raise
@@ -208,6 +219,11 @@ class Serving:
                     return
         finally:
             answer.close("client disconnected")
+
+
+def _valid_traceparent(value: str | None) -> bool:
+    parts = value.split("-") if value else []
+    return len(parts) == 4 and len(parts[1]) == 32 and len(parts[2]) == 16
 
 
 def _json(obj: Any) -> str:

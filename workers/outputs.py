@@ -33,6 +33,12 @@ def error_info(exc: RequestError) -> ErrorInfo:
     )
 
 
+def _headers(out: Output) -> list[tuple[str, bytes]] | None:
+    """The W3C trace context as a Kafka header, for events that belong to a request."""
+    envelope = out.record.get("envelope") if isinstance(out.record, dict) else None
+    return [("traceparent", envelope["traceparent"].encode())] if envelope else None
+
+
 @dataclass
 class Sender:
     """Encodes and produces outputs; remembers the acknowledgements to await."""
@@ -43,25 +49,19 @@ class Sender:
     pending: list[asyncio.Future[Any]] = field(default_factory=list)
 
     async def send(self, out: Output) -> None:
-        value = self.codec.encode(out.event_type, out.record)
-        key = out.key.encode() if out.key is not None else None
-        fut = await self.producer.send(out.topic, value, key=key, partition=out.partition)
-        self.pending.append(fut)
+        self.pending.append(await self.send_nowait(out))
 
     async def send_nowait(self, out: Output) -> asyncio.Future[Any]:
         """Produce one output; the caller owns (and awaits) its acknowledgement."""
         value = self.codec.encode(out.event_type, out.record)
         key = out.key.encode() if out.key is not None else None
-        fut: asyncio.Future[Any] = await self.producer.send(out.topic, value, key=key,
-                                                            partition=out.partition)
+        fut: asyncio.Future[Any] = await self.producer.send(
+            out.topic, value, key=key, partition=out.partition, headers=_headers(out))
         return fut
 
     async def deliver(self, out: Output) -> None:
         """Produce one output and wait for its acknowledgement alone."""
-        value = self.codec.encode(out.event_type, out.record)
-        key = out.key.encode() if out.key is not None else None
-        fut = await self.producer.send(out.topic, value, key=key, partition=out.partition)
-        await fut
+        await (await self.send_nowait(out))
 
     async def flush(self) -> None:
         """Wait until everything sent so far is acknowledged (raises on failure)."""

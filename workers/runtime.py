@@ -23,9 +23,11 @@ from typing import Any, Protocol
 from aiokafka import AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, IllegalStateError
+from opentelemetry import trace
 
 from conveyor.errors import RequestError, SchemaError
 from conveyor.settings import Settings
+from conveyor.tracing import layer_span, trace_id_of
 from schemas.codec import Codec, EventType, default_codec
 from topics.clients import make_consumer, make_producer
 from workers.outputs import Output, Sender, error_info
@@ -86,6 +88,7 @@ class LayerRuntime:
     def __init__(
         self, settings: Settings, layer: Layer, codec: Codec | None = None, max_batch: int = 200,
         commit_interval_ms: float = 100.0, producer: AIOKafkaProducer | None = None,
+        tracer: trace.Tracer | None = None,
     ) -> None:
         self.settings = settings
         self.layer = layer
@@ -95,6 +98,7 @@ class LayerRuntime:
         # layers in one process may share one (started) producer: their events
         # then travel to the broker in the same produce requests
         self._shared_producer = producer
+        self.tracer = tracer or trace.NoOpTracer()
         # the offset after the last event handled (and acknowledged) on each partition
         self.handled: dict[TopicPartition, int] = {}
         self._committed: dict[TopicPartition, int] = {}
@@ -156,19 +160,21 @@ class LayerRuntime:
             await sender.dead_letter(layer.name, record.topic, record.partition, record.offset,
                                      record.key, record.value, f"SchemaError: {exc}")
             return
+        envelope = event["envelope"]
         try:
-            outputs = await layer.handle(event, record)
+            with layer_span(self.tracer, layer.name, envelope):
+                outputs = await layer.handle(event, record)
         except RequestError as exc:
-            await sender.error_reply(event["envelope"], error_info(exc))
+            await sender.error_reply(envelope, error_info(exc))
             return
         except Exception as exc:  # a bug must not stop the pipeline: keep the event
-            log.exception("%s: handler failed on %s@%d", layer.name, record.topic, record.offset)
+            log.exception("%s: handler failed on %s@%d (request %s, trace %s)", layer.name,
+                          record.topic, record.offset, envelope["request_id"],
+                          trace_id_of(envelope))
             await sender.dead_letter(layer.name, record.topic, record.partition, record.offset,
                                      record.key, record.value, traceback.format_exc())
-            envelope = event.get("envelope") if isinstance(event, dict) else None
-            if envelope:
-                failure = RequestError(f"internal error in {layer.name}: {exc}")
-                await sender.error_reply(envelope, error_info(failure))
+            failure = RequestError(f"internal error in {layer.name}: {exc}")
+            await sender.error_reply(envelope, error_info(failure))
             return
         for out in outputs:
             await sender.send(out)

@@ -19,10 +19,12 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from opentelemetry import trace
 
 from conveyor.errors import SchemaError
 from conveyor.registry import Registry
 from conveyor.settings import Settings
+from conveyor.tracing import layer_span, trace_id_of
 from schemas.codec import Codec, default_codec
 from topics.catalog import infer_topic
 from topics.clients import make_consumer, make_producer
@@ -57,7 +59,7 @@ class _Assignment(ConsumerRebalanceListener):
 class InferWorker:
     def __init__(self, settings: Settings, engine: Engine, pool: str, registry: Registry,
                  worker_id: str | None = None, codec: Codec | None = None,
-                 drain_timeout_s: float = 30.0) -> None:
+                 drain_timeout_s: float = 30.0, tracer: trace.Tracer | None = None) -> None:
         self.settings = settings
         self.engine = engine
         self.pool = pool
@@ -65,6 +67,7 @@ class InferWorker:
         self.worker_id = worker_id or f"{pool}-{os.uname().nodename}-{os.getpid()}"
         self.codec = codec or default_codec()
         self.drain_timeout_s = drain_timeout_s
+        self.tracer = tracer or trace.NoOpTracer()
         self.partitions: set[TopicPartition] = set()
         self.offsets = InFlightOffsets()
         self.running: dict[str, TaskRun] = {}
@@ -180,10 +183,14 @@ class InferWorker:
     async def _generate(self, gen: TaskRun, tp: TopicPartition,
                         record: ConsumerRecord[bytes, bytes], epoch: int) -> None:
         try:
-            await gen.run()
+            with layer_span(self.tracer, "infer", gen.task["envelope"]) as span:
+                await gen.run()
+                span.set_attribute("conveyor.completion_tokens", gen.tokens)
+                span.set_attribute("conveyor.worker_id", self.worker_id)
         except Exception:
             # Not a request failure the engine reported: keep the task for the record.
-            log.exception("worker %s: generation %s failed", self.worker_id, gen.request_id)
+            log.exception("worker %s: generation %s failed (trace %s)", self.worker_id,
+                          gen.request_id, trace_id_of(gen.task["envelope"]))
             with contextlib.suppress(Exception):
                 await gen.sender.dead_letter("infer", record.topic, record.partition,
                                              record.offset, record.key, record.value,
