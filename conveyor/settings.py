@@ -64,6 +64,8 @@ class Settings(BaseSettings):
     # the checkpoints a retry continues from, so they are gathered for longer.
     coalesce_unstreamed_ms: float = 250.0
     progress_ttl_s: int = 3600
+    # how long a dead worker's task stays leased to it (renewed every quarter)
+    claim_lease_s: int = 8
 
     # Model registry (route, preprocess and infer read it)
     models_file: Path = _DEFAULT_MODELS

@@ -16,7 +16,7 @@ import redis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from schemas.codec import default_codec
-from schemas.records import TokenChunk
+from schemas.records import TokenChunk, WorkerHeartbeat
 from tests.conftest import Pipeline
 from workers.infer.progress import progress_of
 
@@ -166,9 +166,12 @@ def test_killed_worker_request_is_finished_by_another_once(two_single_workers: P
 def _worker_of(p: Pipeline, request_id: str) -> str:
     """The worker that holds the request's claim (the one generating it)."""
     client = redis.Redis.from_url(p.settings.redis_url)
-    worker = client.get(f"{p.prefix}:claim:{request_id}")
-    assert worker, "the request was never claimed by a worker"
-    return str(worker.decode().removeprefix("done:"))
+    holder = client.get(f"{p.prefix}:lease:{request_id}")
+    if holder:
+        return str(holder.decode())
+    claim = client.get(f"{p.prefix}:claim:{request_id}")
+    assert claim, "the request was never claimed by a worker"
+    return str(claim.decode().split(":", 1)[1])
 
 
 def _chunks_of(p: Pipeline, request_id: str) -> list[TokenChunk]:
@@ -303,3 +306,52 @@ def test_layers_killed_mid_stream_are_rebuilt_from_the_log(one_worker: Pipeline)
     numbers = [int(n) for n in re.findall(r"\d+", text)][:-1]
     assert numbers == list(range(1, len(numbers) + 1)), text
     assert len(numbers) > 80
+
+
+def test_a_task_delivered_twice_is_not_generated_twice(two_single_workers: Pipeline) -> None:
+    """An upstream layer that crashed between producing and committing sends a task
+    again: the copy reaches another worker while the first still runs it. The lease
+    makes the copy wait; the answer is generated once."""
+    p = two_single_workers
+    texts: list[str] = []
+    duplicated_to = None
+    with httpx.stream("POST", f"{p.base_url}/v1/completions", timeout=120,
+                      headers={"X-Conveyor-Timeout": "60"},
+                      json={**COUNTING, "max_tokens": 300}) as r:
+        for event in sse_events(r):
+            if event == "[DONE]":
+                break
+            assert isinstance(event, dict)
+            texts.append(event["choices"][0]["text"])
+            if duplicated_to is None and len(texts) == 3:
+                rid = event["id"].removeprefix("cmpl-")
+                duplicated_to = asyncio.run(_send_task_again(p, rid, _worker_of(p, rid)))
+    assert duplicated_to is not None
+    chunks = _chunks_of(p, rid)
+    seqs = [c["seq"] for c in chunks]
+    assert len(seqs) == len(set(seqs)), "the answer was generated twice"
+    assert {c["worker_id"] for c in chunks} == {_worker_of(p, rid)}
+    numbers = [int(n) for n in re.findall(r"\d+", "1, 2, 3, 4, 5," + "".join(texts))][:-1]
+    assert numbers == list(range(1, len(numbers) + 1))
+
+
+async def _send_task_again(p: Pipeline, request_id: str, running_on: str) -> str:
+    """Copy the request's task onto a partition of the other worker; its id."""
+    s = p.settings
+    codec = default_codec()
+    values = await _read_topic(s.kafka_bootstrap, s.topic("infer.cpu"), 10)
+    [task] = [v for v in values if codec.decode(v, "Task")["envelope"]["request_id"]
+              == request_id]
+    beats: dict[str, WorkerHeartbeat] = {}
+    for value in await _read_topic(s.kafka_bootstrap, s.topic("workers"), 10):
+        beat = codec.decode(value, "WorkerHeartbeat")
+        beats[beat["worker_id"]] = beat
+    [other] = [b for w, b in beats.items() if w != running_on and b["state"] == "ready"]
+    producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)
+    await producer.start()
+    try:
+        await producer.send_and_wait(s.topic("infer.cpu"), task, key=request_id.encode(),
+                                     partition=other["partitions"][0])
+    finally:
+        await producer.stop()
+    return str(other["worker_id"])

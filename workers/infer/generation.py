@@ -26,6 +26,8 @@ from workers.outputs import Output, Sender, error_info
 
 __all__ = ["TaskRun", "request_from_task"]
 
+_BUSY_POLL_S = 0.5
+
 
 def request_from_task(task: Task, continuation: str, done_tokens: int,
                       upstream_model: str | None) -> GenerationRequest:
@@ -62,6 +64,8 @@ class TaskRun:
     cancelled: bool = False
     # the task's partition went to another worker, which continues it from the log
     handed_off: bool = False
+    # this run holds the task's lease (renewed by the worker while it runs)
+    leased: bool = False
 
     @property
     def request_id(self) -> str:
@@ -72,6 +76,12 @@ class TaskRun:
         self.seq, self.text, self.tokens = 0, "", 0
         self._acks: list[asyncio.Future[Any]] = []
         claim = await self.progress.claim(self.request_id, self.worker_id)
+        while claim == "busy":  # a duplicate: wait for the running one to end or lapse
+            if envelope["deadline_ms"] and now_ms() >= envelope["deadline_ms"]:
+                return
+            await asyncio.sleep(_BUSY_POLL_S)
+            claim = await self.progress.claim(self.request_id, self.worker_id)
+        self.leased = True
         if claim == "done":
             return  # it ended before; only its offset was still to commit
         if claim == "retry":
@@ -92,7 +102,9 @@ class TaskRun:
                 await self._fail(exc)
         # the task may be committed once every chunk of it is in the log
         await asyncio.gather(*self._acks)
-        if not self.handed_off:
+        if self.handed_off:
+            await self.progress.release(self.request_id)
+        else:
             await self.progress.finish(self.request_id, self.worker_id)
 
     def handoff(self) -> None:

@@ -1,14 +1,19 @@
 """What an earlier attempt at a task already sent, so that a retry continues it.
 
 The tokens a client has seen are in ``conveyor.tokens``: that log, not a side
-store, is the record. Taking a task, a worker claims it in Redis
-(``SET NX``; one call when it starts and one when it ends, nothing per
-chunk). When the claim exists
+store, is the record. Taking a task, a worker claims it in Redis (one
+round trip when it starts and one when it ends, nothing per chunk) and holds
+a short lease on it, renewed while it runs. When the claim exists
 already, the task is a redelivery: the worker reads the request's partition
 of ``conveyor.tokens`` from postprocess's committed offset (postprocess never
 commits past the first chunk of a request still open) to the end, and
 continues after the chunks it finds, with the next sequence number and the
 text so far, so the client sees one answer, not the start of a second one.
+
+The lease tells a retry from a duplicate: a task whose lease another worker
+holds is running there (an upstream layer delivered it twice), so this
+worker waits until that one ends or its lease lapses (the holder died)
+instead of generating the same answer a second time.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ __all__ = ["Progress", "ProgressTracker", "progress_of"]
 log = logging.getLogger(__name__)
 
 _DONE = b"done:"
+_STARTED = b"started:"
 
 
 @dataclass(frozen=True)
@@ -67,22 +73,47 @@ class ProgressTracker:
     def _key(self, request_id: str) -> str:
         return f"{self.settings.topic_prefix}:claim:{request_id}"
 
-    async def claim(self, request_id: str, worker_id: str) -> Literal["first", "retry", "done"]:
-        """Whether this is the task's first attempt, a retry of an unfinished one,
-        or a redelivery of one that ended (its offset was not committed yet)."""
-        key, ttl = self._key(request_id), self.settings.progress_ttl_s
-        if await self.redis.set(key, worker_id, nx=True, ex=ttl):
+    def _lease(self, request_id: str) -> str:
+        return f"{self.settings.topic_prefix}:lease:{request_id}"
+
+    async def claim(self, request_id: str, worker_id: str
+                    ) -> Literal["first", "retry", "done", "busy"]:
+        """Take the task's lease, and say what its history is: ``first`` (never
+        started), ``retry`` (started, nobody runs it now: continue from the log),
+        ``done`` (it ended; only its offset was left to commit) or ``busy``
+        (another worker holds the lease: a duplicate of a running task)."""
+        key, lease = self._key(request_id), self._lease(request_id)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(key, _STARTED + worker_id.encode(), nx=True, ex=self.settings.progress_ttl_s)
+            pipe.get(key)
+            pipe.set(lease, worker_id, nx=True, ex=self.settings.claim_lease_s)
+            created, state, leased = await pipe.execute()
+        if created:
             return "first"
-        holder = await self.redis.get(key)
-        if isinstance(holder, bytes) and holder.startswith(_DONE):
+        if isinstance(state, bytes) and state.startswith(_DONE):
             return "done"
-        await self.redis.set(key, worker_id, xx=True, ex=ttl)
-        return "retry"
+        return "retry" if leased else "busy"
+
+    async def keep(self, request_ids: list[str], worker_id: str) -> None:
+        """Renew the leases of the tasks this worker runs (every lease_s / 4)."""
+        if not request_ids:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for rid in request_ids:
+                pipe.set(self._lease(rid), worker_id, ex=self.settings.claim_lease_s)
+            await pipe.execute()
+
+    async def release(self, request_id: str) -> None:
+        """Give the lease up (the task was handed off): its next owner need not wait."""
+        await self.redis.delete(self._lease(request_id))
 
     async def finish(self, request_id: str, worker_id: str) -> None:
         """Record that the task ended and every chunk of it is in the log."""
-        await self.redis.set(self._key(request_id), _DONE + worker_id.encode(),
-                             ex=self.settings.progress_ttl_s)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(self._key(request_id), _DONE + worker_id.encode(),
+                     ex=self.settings.progress_ttl_s)
+            pipe.delete(self._lease(request_id))
+            await pipe.execute()
 
     async def recover(self, request_id: str) -> Progress:
         """Read back what earlier attempts put on ``conveyor.tokens``."""

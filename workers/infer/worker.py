@@ -108,6 +108,7 @@ class InferWorker:
             asyncio.create_task(cancels.run(), name="cancels"),
             asyncio.create_task(self._beat_loop(heartbeat), name="heartbeat"),
             asyncio.create_task(self._commit_loop(), name="commits"),
+            asyncio.create_task(self._lease_loop(store), name="leases"),
         ]
         await consumer.start()
         log.info("worker %s: serving pool %s with %s (capacity %d)", self.worker_id, self.pool,
@@ -207,6 +208,13 @@ class InferWorker:
         self.offsets.finish(tp, offset, epoch)
         self._slot_freed.set()
         self._commit_due.set()
+
+    async def _lease_loop(self, store: ProgressTracker) -> None:
+        """Renew the leases of the running tasks, so no other worker takes them over."""
+        while True:
+            await asyncio.sleep(self.settings.claim_lease_s / 4)
+            await store.keep([rid for rid, run in self.running.items() if run.leased],
+                             self.worker_id)
 
     async def _commit_loop(self) -> None:
         """Commit finished tasks at most every ``commit_interval_s`` (one round trip
