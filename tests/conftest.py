@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -161,6 +161,25 @@ class Pipeline:
                 proc.wait(timeout=40)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+@pytest.fixture
+def pipeline_factory(services: None, tmp_path_factory: pytest.TempPathFactory
+                     ) -> Iterator[Callable[..., Pipeline]]:
+    """Conveyors of their own, for tests that break things: ``make(workers,
+    contexts, **env)`` starts one; all are torn down after the test."""
+    made: list[Pipeline] = []
+
+    def make(workers: int = 1, contexts: int = 1, **env: str) -> Pipeline:
+        p = Pipeline(tmp_path_factory.mktemp("logs"), **env)
+        made.append(p)
+        return p.start(workers=workers, contexts=contexts)
+
+    try:
+        yield make
+    finally:
+        for p in made:
+            p.close()
 
 
 @pytest.fixture(scope="session")

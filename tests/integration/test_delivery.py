@@ -8,7 +8,10 @@ import json
 import re
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import pytest
@@ -22,7 +25,8 @@ from workers.infer.progress import progress_of
 
 pytestmark = pytest.mark.integration
 
-COUNTING = {"model": "smollm2", "prompt": "1, 2, 3, 4, 5,", "temperature": 0, "stream": True}
+COUNTING: dict[str, Any] = {"model": "smollm2", "prompt": "1, 2, 3, 4, 5,", "temperature": 0,
+                            "stream": True}
 
 
 def sse_events(r: httpx.Response) -> Iterator[dict | str]:
@@ -111,54 +115,68 @@ def test_client_disconnect_cancels_the_generation(pipeline: Pipeline) -> None:
     assert any(c["request_id"] == rid for c in cancels)
 
 
-@pytest.fixture
-def two_single_workers(services: None, tmp_path_factory: pytest.TempPathFactory
-                       ) -> Iterator[Pipeline]:
-    p = Pipeline(tmp_path_factory.mktemp("kill-logs"))
-    p.env["CONVEYOR_COALESCE_MS"] = "5"
-    try:
-        p.start(workers=2, contexts=1)
-        yield p
-    finally:
-        p.close()
+@dataclass
+class Counted:
+    """A streamed answer to COUNTING: it should go on "6, 7, 8, ..." to its end."""
+
+    request_id: str = ""
+    text: str = ""
+    finishes: int = 0
+    dones: int = 0
+
+    def numbers(self) -> list[int]:
+        """Every number counted, but the last (max_tokens may cut it)."""
+        return [int(n) for n in re.findall(r"\d+", COUNTING["prompt"] + self.text)][:-1]
+
+    def counted_on(self) -> bool:
+        """One answer that went on counting, not a second one started over."""
+        numbers = self.numbers()
+        return numbers == list(range(1, len(numbers) + 1))
 
 
-def test_killed_worker_request_is_finished_by_another_once(two_single_workers: Pipeline
-                                                           ) -> None:
-    p = two_single_workers
-    max_tokens = 400
-    texts: list[str] = []
-    roles = finishes = dones = 0
-    killed = None
+def count(p: Pipeline, max_tokens: int,
+          after_three: Callable[[str], None] | None = None) -> Counted:
+    """Stream a counting answer; ``after_three(request_id)`` runs once three
+    pieces of it have arrived (to break something mid-answer)."""
+    answer = Counted()
+    pieces = 0
     with httpx.stream("POST", f"{p.base_url}/v1/completions", timeout=120,
-                      headers={"X-Conveyor-Timeout": "60"},
+                      headers={"X-Conveyor-Timeout": "90"},
                       json={**COUNTING, "max_tokens": max_tokens}) as r:
-        assert r.status_code == 200
+        assert r.status_code == 200, r.read()
         for event in sse_events(r):
             if event == "[DONE]":
-                dones += 1
+                answer.dones += 1
                 continue
-            assert isinstance(event, dict)
+            assert isinstance(event, dict), event
             choice = event["choices"][0]
-            texts.append(choice["text"])
-            finishes += choice["finish_reason"] is not None
-            if killed is None and len(texts) >= 3:
-                rid = event["id"].removeprefix("cmpl-")
-                killed = _worker_of(p, rid)
-                p.kill(killed)
-    assert killed is not None
-    assert dones == 1 and finishes == 1 and roles == 0
-    text = "1, 2, 3, 4, 5," + "".join(texts)
-    # one answer that went on counting, not a second one started over (the last
-    # number may be cut by max_tokens)
-    numbers = [int(n) for n in re.findall(r"\d+", text)][:-1]
-    assert numbers == list(range(1, len(numbers) + 1)), text
-    assert len(numbers) > 50
+            answer.request_id = event["id"].removeprefix("cmpl-")
+            answer.text += choice["text"]
+            answer.finishes += choice["finish_reason"] is not None
+            pieces += 1
+            if pieces == 3 and after_three is not None:
+                after_three(answer.request_id)
+    return answer
+
+
+def test_killed_worker_request_is_finished_by_another_once(
+        pipeline_factory: Callable[..., Pipeline]) -> None:
+    p = pipeline_factory(workers=2, contexts=1)
+    killed: list[str] = []
+
+    def kill(rid: str) -> None:
+        killed.append(_worker_of(p, rid))
+        p.kill(killed[0])
+
+    answer = count(p, 400, kill)
+    assert killed and answer.dones == 1 and answer.finishes == 1
+    assert answer.counted_on(), answer.text
+    assert len(answer.numbers()) > 50
     # and the rest of it came from the other worker, in sequence after the first's
-    chunks = sorted(_chunks_of(p, rid), key=lambda c: c["seq"])
+    chunks = sorted(_chunks_of(p, answer.request_id), key=lambda c: c["seq"])
     by_worker = [c["worker_id"] for c in chunks]
-    switch = by_worker.index(next(w for w in by_worker if w != killed))
-    assert set(by_worker[:switch]) == {killed} and killed not in by_worker[switch:]
+    switch = by_worker.index(next(w for w in by_worker if w != killed[0]))
+    assert set(by_worker[:switch]) == {killed[0]} and killed[0] not in by_worker[switch:]
     assert chunks[switch]["envelope"]["attempt"] == 1
     assert progress_of(chunks).finished
 
@@ -181,29 +199,21 @@ def _chunks_of(p: Pipeline, request_id: str) -> list[TokenChunk]:
     return [c for c in chunks if c["envelope"]["request_id"] == request_id]
 
 
-def test_sigterm_drains_a_worker_it_finishes_what_it_started(two_single_workers: Pipeline
-                                                             ) -> None:
-    p = two_single_workers
-    texts: list[str] = []
-    stopped = None
-    with httpx.stream("POST", f"{p.base_url}/v1/completions", timeout=120,
-                      headers={"X-Conveyor-Timeout": "60"},
-                      json={**COUNTING, "max_tokens": 150}) as r:
-        for event in sse_events(r):
-            if event == "[DONE]":
-                break
-            assert isinstance(event, dict)
-            texts.append(event["choices"][0]["text"])
-            if stopped is None and len(texts) >= 3:
-                rid = event["id"].removeprefix("cmpl-")
-                stopped = _worker_of(p, rid)
-                p.procs[stopped].send_signal(signal.SIGTERM)
-    assert stopped is not None
-    assert p.procs[stopped].wait(timeout=30) == 0
-    chunks = _chunks_of(p, rid)
+
+def test_sigterm_drains_a_worker_it_finishes_what_it_started(
+        pipeline_factory: Callable[..., Pipeline]) -> None:
+    p = pipeline_factory(workers=2, contexts=1)
+    stopped: list[str] = []
+
+    def stop(rid: str) -> None:
+        stopped.append(_worker_of(p, rid))
+        p.procs[stopped[0]].send_signal(signal.SIGTERM)
+
+    answer = count(p, 150, stop)
+    assert stopped and p.procs[stopped[0]].wait(timeout=30) == 0
+    chunks = _chunks_of(p, answer.request_id)
     # the draining worker finished the generation itself: one attempt, one worker
-    assert {c["worker_id"] for c in chunks} == {stopped}, [
-        (c["seq"], c["worker_id"], c["envelope"]["attempt"], c["finish_reason"]) for c in chunks]
+    assert {c["worker_id"] for c in chunks} == set(stopped)
     assert progress_of(chunks).finished and progress_of(chunks).tokens > 100
     # and the pool still serves with the worker that is left
     r2 = httpx.post(f"{p.base_url}/v1/completions", timeout=60, headers={
@@ -211,60 +221,26 @@ def test_sigterm_drains_a_worker_it_finishes_what_it_started(two_single_workers:
     assert r2.status_code == 200, r2.text
 
 
-@pytest.fixture
-def one_wide_worker(services: None, tmp_path_factory: pytest.TempPathFactory
-                    ) -> Iterator[Pipeline]:
-    p = Pipeline(tmp_path_factory.mktemp("rebalance-logs"))
-    try:
-        p.start(workers=1, contexts=4)
-        yield p
-    finally:
-        p.close()
-
-
 def test_a_rebalance_hands_generations_over_without_generating_twice(
-        one_wide_worker: Pipeline) -> None:
+        pipeline_factory: Callable[..., Pipeline]) -> None:
     """A worker joining mid-generation takes some partitions: their running
     generations move to it, continued from the log, never generated by both."""
-    p = one_wide_worker
-    rids: list[str] = []
-    texts: dict[str, str] = {}
-
-    def stream_one() -> None:
-        with httpx.stream("POST", f"{p.base_url}/v1/completions", timeout=120,
-                          headers={"X-Conveyor-Timeout": "90"},
-                          json={**COUNTING, "max_tokens": 300}) as r:
-            assert r.status_code == 200
-            parts = []
-            for event in sse_events(r):
-                if event == "[DONE]":
-                    break
-                assert isinstance(event, dict)
-                rid = event["id"].removeprefix("cmpl-")
-                if rid not in rids:
-                    rids.append(rid)
-                parts.append(event["choices"][0]["text"])
-            texts[rid] = "".join(parts)
-
-    from concurrent.futures import ThreadPoolExecutor
-
+    p = pipeline_factory(workers=1, contexts=4)
+    started: list[str] = []
     with ThreadPoolExecutor(4) as pool:
-        futures = [pool.submit(stream_one) for _ in range(4)]
+        futures = [pool.submit(count, p, 300, started.append) for _ in range(4)]
         deadline = time.monotonic() + 30
-        while len(rids) < 4 and time.monotonic() < deadline:
+        while len(started) < 4 and time.monotonic() < deadline:
             time.sleep(0.1)
         p.start_worker("w1", contexts=4)  # joins the group: a rebalance mid-generation
-        for f in futures:
-            f.result()
-    assert len(texts) == 4
+        answers = [f.result() for f in futures]
     moved = 0
-    for rid in rids:
-        chunks = _chunks_of(p, rid)
+    for answer in answers:
+        chunks = _chunks_of(p, answer.request_id)
         seqs = [c["seq"] for c in chunks]
-        assert len(seqs) == len(set(seqs)), f"{rid} was generated twice"
+        assert len(seqs) == len(set(seqs)), f"{answer.request_id} was generated twice"
         assert progress_of(chunks).finished
-        numbers = [int(n) for n in re.findall(r"\d+", "1, 2, 3, 4, 5," + texts[rid])][:-1]
-        assert numbers == list(range(1, len(numbers) + 1)), texts[rid]
+        assert answer.counted_on(), answer.text
         workers = [c["worker_id"] for c in sorted(chunks, key=lambda c: c["seq"])]
         if len(set(workers)) > 1:
             moved += 1
@@ -272,67 +248,38 @@ def test_a_rebalance_hands_generations_over_without_generating_twice(
     assert moved >= 1, "no generation moved: the rebalance gave w1 no busy partition"
 
 
-@pytest.fixture
-def one_worker(services: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
-    p = Pipeline(tmp_path_factory.mktemp("layers-kill-logs"))
-    try:
-        p.start(workers=1, contexts=1)
-        yield p
-    finally:
-        p.close()
-
-
-def test_layers_killed_mid_stream_are_rebuilt_from_the_log(one_worker: Pipeline) -> None:
+def test_layers_killed_mid_stream_are_rebuilt_from_the_log(
+        pipeline_factory: Callable[..., Pipeline]) -> None:
     """SIGKILL the process running preprocess, route, schedule and postprocess in the
     middle of an answer: a new one rebuilds postprocess's state from conveyor.tokens and
     the client's stream goes on, without a repeated or a missing piece."""
-    p = one_worker
-    texts: list[str] = []
-    dones = 0
-    with httpx.stream("POST", f"{p.base_url}/v1/completions", timeout=120,
-                      headers={"X-Conveyor-Timeout": "90"},
-                      json={**COUNTING, "max_tokens": 400}) as r:
-        for event in sse_events(r):
-            if event == "[DONE]":
-                dones += 1
-                continue
-            assert isinstance(event, dict)
-            texts.append(event["choices"][0]["text"])
-            if len(texts) == 3:
-                p.kill("layers")
-                p.spawn("layers", "layer")
-    assert dones == 1
-    text = "1, 2, 3, 4, 5," + "".join(texts)
-    numbers = [int(n) for n in re.findall(r"\d+", text)][:-1]
-    assert numbers == list(range(1, len(numbers) + 1)), text
-    assert len(numbers) > 80
+    p = pipeline_factory(workers=1, contexts=1)
+
+    def restart_layers(rid: str) -> None:
+        p.kill("layers")
+        p.spawn("layers", "layer")
+
+    answer = count(p, 400, restart_layers)
+    assert answer.dones == 1 and answer.finishes == 1
+    assert answer.counted_on(), answer.text
+    assert len(answer.numbers()) > 80
 
 
-def test_a_task_delivered_twice_is_not_generated_twice(two_single_workers: Pipeline) -> None:
+def test_a_task_delivered_twice_is_not_generated_twice(
+        pipeline_factory: Callable[..., Pipeline]) -> None:
     """An upstream layer that crashed between producing and committing sends a task
     again: the copy reaches another worker while the first still runs it. The lease
     makes the copy wait; the answer is generated once."""
-    p = two_single_workers
-    texts: list[str] = []
-    duplicated_to = None
-    with httpx.stream("POST", f"{p.base_url}/v1/completions", timeout=120,
-                      headers={"X-Conveyor-Timeout": "60"},
-                      json={**COUNTING, "max_tokens": 300}) as r:
-        for event in sse_events(r):
-            if event == "[DONE]":
-                break
-            assert isinstance(event, dict)
-            texts.append(event["choices"][0]["text"])
-            if duplicated_to is None and len(texts) == 3:
-                rid = event["id"].removeprefix("cmpl-")
-                duplicated_to = asyncio.run(_send_task_again(p, rid, _worker_of(p, rid)))
-    assert duplicated_to is not None
-    chunks = _chunks_of(p, rid)
+    p = pipeline_factory(workers=2, contexts=1)
+    copied_to: list[str] = []
+    answer = count(p, 300, lambda rid: copied_to.append(
+        asyncio.run(_send_task_again(p, rid, _worker_of(p, rid)))))
+    assert copied_to
+    chunks = _chunks_of(p, answer.request_id)
     seqs = [c["seq"] for c in chunks]
     assert len(seqs) == len(set(seqs)), "the answer was generated twice"
-    assert {c["worker_id"] for c in chunks} == {_worker_of(p, rid)}
-    numbers = [int(n) for n in re.findall(r"\d+", "1, 2, 3, 4, 5," + "".join(texts))][:-1]
-    assert numbers == list(range(1, len(numbers) + 1))
+    assert {c["worker_id"] for c in chunks} == {_worker_of(p, answer.request_id)}
+    assert answer.counted_on(), answer.text
 
 
 async def _send_task_again(p: Pipeline, request_id: str, running_on: str) -> str:

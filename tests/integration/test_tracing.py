@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -15,17 +15,9 @@ pytestmark = pytest.mark.integration
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 
 
-@pytest.fixture
-def traced(services: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
-    p = Pipeline(tmp_path_factory.mktemp("trace-logs"), CONVEYOR_TRACE_EXPORTER="console")
-    try:
-        p.start(workers=1, contexts=1)
-        yield p
-    finally:
-        p.close()
-
-
-def test_every_layer_adds_a_span_to_the_clients_trace(traced: Pipeline) -> None:
+def test_every_layer_adds_a_span_to_the_clients_trace(
+        pipeline_factory: Callable[..., Pipeline]) -> None:
+    traced = pipeline_factory(CONVEYOR_TRACE_EXPORTER="console")
     r = httpx.post(f"{traced.base_url}/v1/completions", timeout=60,
                    headers={"traceparent": f"00-{TRACE_ID}-00f067aa0ba902b7-01"},
                    json={"model": "smollm2", "prompt": "Hello", "max_tokens": 4})
