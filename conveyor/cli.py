@@ -143,6 +143,9 @@ async def _run_layers(settings: Settings, names: list[str]) -> None:
 
 def cmd_layer(settings: Settings, args: argparse.Namespace) -> int:
     names = list(args.names) or list(LAYERS)
+    unknown = [n for n in names if n not in LAYERS]
+    if unknown:
+        raise SystemExit(f"unknown layer {unknown[0]!r}; choose from {', '.join(LAYERS)}")
     _run(_run_layers(settings, names))
     return 0
 
@@ -266,7 +269,8 @@ def _parser() -> argparse.ArgumentParser:
     gw.set_defaults(func=cmd_gateway)
 
     layer = sub.add_parser("layer", help="one or more pipeline layers in one process")
-    layer.add_argument("names", nargs="*", choices=[*LAYERS, []], default=[])
+    layer.add_argument("names", nargs="*", metavar="LAYER", default=[],
+                       help=f"any of {', '.join(LAYERS)} (default: all of them)")
     layer.set_defaults(func=cmd_layer)
 
     infer = sub.add_parser("infer", help="one infer worker")
