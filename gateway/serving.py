@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,27 +25,37 @@ from opentelemetry import trace
 
 from conveyor.errors import DeadlineExceeded, RequestError
 from conveyor.settings import Settings
-from conveyor.tracing import layer_span
+from conveyor.tracing import layer_span, trace_id_of
 from gateway import sse
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.replies import ReplyRouter, ReplyStream
 from schemas.codec import Codec
-from schemas.records import Control, Generation, Message, Reply, Request, Sampling
+from schemas.records import Control, Generation, Message, Reply, Request, Sampling, Usage
 from topics.envelope import new_envelope, now_ms
 
 __all__ = ["Serving", "Answer"]
 
 Disconnected = Callable[[], Awaitable[bool]]
 
+access_log = logging.getLogger("conveyor.access")
+
 
 class Answer:
-    """The replies of one submitted request, read with its deadline."""
+    """The replies of one submitted request, read with its deadline; when it is
+    closed it writes the request's access-log line."""
 
-    def __init__(self, serving: Serving, stream: ReplyStream, deadline: float) -> None:
+    def __init__(self, serving: Serving, stream: ReplyStream, deadline: float,
+                 access: dict[str, Any] | None = None) -> None:
         self.serving = serving
         self.stream = stream
         self.deadline = deadline
         self.finished = False
+        self.started = time.monotonic()
+        self.first_at: float | None = None
+        self.status: int | None = None
+        self.usage: Usage | None = None
+        self.access = access or {}
+        self._logged = False
 
     @property
     def request_id(self) -> str:
@@ -53,6 +65,7 @@ class Answer:
         """The next reply; None when ``within`` seconds passed first; 504 past the deadline."""
         left = self.deadline - time.monotonic()
         if left <= 0:
+            self.status = DeadlineExceeded.status
             raise DeadlineExceeded("The request did not finish within its deadline.")
         wait = left if within is None else min(within, left)
         try:
@@ -60,17 +73,23 @@ class Answer:
         except TimeoutError:
             if within is not None and time.monotonic() < self.deadline:
                 return None
+            self.status = DeadlineExceeded.status
             raise DeadlineExceeded(
                 "The request did not finish within its deadline.") from None
+        if self.first_at is None:
+            self.first_at = time.monotonic()
         if reply["kind"] == "error":
             self.finished = True
             err = reply["error"]
+            self.status = err["status"] if err is not None else 500
             if err is None:
                 raise RequestError("The request failed.")
             raise RequestError(err["message"], param=err["param"], code=err["code"],
                                status=err["status"], type=err["type"])
         if reply["kind"] == "final":
             self.finished = True
+            self.status = 200
+            self.usage = reply["usage"]
         return reply
 
     def close(self, reason: str) -> None:
@@ -78,6 +97,24 @@ class Answer:
         if not self.finished:
             self.finished = True
             self.serving.cancel(self.request_id, reason)
+        if not self._logged:
+            self._logged = True
+            self._log_access()
+
+    def _log_access(self) -> None:
+        """One line a request: what, how it ended, how long; a hash of the prompt,
+        never the prompt. Status 499: the client went away first."""
+        now = time.monotonic()
+        usage = self.usage or {"prompt_tokens": 0, "completion_tokens": 0}
+        ttft = (self.first_at - self.started) * 1000 if self.first_at else float("nan")
+        access_log.info(
+            "request=%s tenant=%s model=%s kind=%s stream=%s status=%d ttft_ms=%.1f "
+            "total_ms=%.1f prompt_tokens=%d completion_tokens=%d prompt_sha256=%s trace=%s",
+            self.request_id, self.access.get("tenant", ""), self.access.get("model", ""),
+            self.access.get("kind", ""), self.access.get("stream", ""), self.status or 499,
+            ttft, (now - self.started) * 1000, usage["prompt_tokens"],
+            usage["completion_tokens"], self.access.get("prompt_sha256", ""),
+            self.access.get("trace", ""))
 
 
 class Serving:
@@ -122,6 +159,7 @@ class Serving:
                      timeout_s: float | None = None, traceparent: str | None = None) -> Answer:
         """Put the request on ``conveyor.requests``; ``traceparent`` continues the
         client's trace (W3C header), else the request starts its own."""
+        started = time.monotonic()
         rid = uuid.uuid4().hex
         timeout = timeout_s or self.settings.request_timeout_s
         envelope = new_envelope(rid, reply_gateway=self.gateway_id,
@@ -140,7 +178,12 @@ class Serving:
         except Exception:
             self.router.close(rid)
             raise
-        return Answer(self, stream, time.monotonic() + timeout)
+        access = {"tenant": tenant, "model": generation["model"], "kind": generation["kind"],
+                  "stream": generation["stream"], "prompt_sha256": _prompt_hash(generation),
+                  "trace": trace_id_of(envelope)}
+        answer = Answer(self, stream, started + timeout, access)
+        answer.started = started
+        return answer
 
     def cancel(self, request_id: str, reason: str) -> None:
         """Tell the pipeline to stop this request. The send runs as its own task: it is
@@ -219,6 +262,12 @@ class Serving:
                     return
         finally:
             answer.close("client disconnected")
+
+
+def _prompt_hash(generation: Generation) -> str:
+    prompt = generation["prompt"] if generation["kind"] == "completion" else [
+        [m["role"], m["content"]] for m in generation["messages"]]
+    return hashlib.sha256(_json(prompt).encode()).hexdigest()[:16]
 
 
 def _valid_traceparent(value: str | None) -> bool:

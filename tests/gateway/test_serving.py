@@ -88,3 +88,34 @@ async def test_a_deadline_mid_stream_ends_it_with_an_error_event() -> None:
     assert frames[-1] == b"data: [DONE]\n\n"
     await asyncio.sleep(0.05)
     assert len(producer.sent) == 1  # and the generation is cancelled
+
+
+def test_the_access_line_has_a_prompt_hash_never_the_prompt(caplog: Any) -> None:
+    from gateway.serving import _prompt_hash
+    from tests.factories import generation
+
+    secret = generation([{"role": "user", "content": "my password is hunter2", "name": None}])
+    digest = _prompt_hash(secret)
+    assert len(digest) == 16 and digest == _prompt_hash(secret)
+    serving, _, _ = setup()
+    answer = Answer(serving, ReplyStream("r9"), time.monotonic() + 5,
+                    {"model": "smollm2", "kind": "chat", "prompt_sha256": digest})
+    final = reply(0, "final")
+    final["usage"] = {"prompt_tokens": 7, "completion_tokens": 3}
+    answer.stream.put(final)
+    with caplog.at_level("INFO", logger="conveyor.access"):
+        asyncio.run(answer.next())
+        answer.close("done")
+        answer.close("done again")  # logged once
+    [line] = [r.getMessage() for r in caplog.records if r.name == "conveyor.access"]
+    assert "request=r9" in line and "status=200" in line and f"prompt_sha256={digest}" in line
+    assert "prompt_tokens=7 completion_tokens=3" in line
+    assert "hunter2" not in line
+
+
+async def test_a_client_that_left_is_logged_as_499(caplog: Any) -> None:
+    serving, answer, _ = setup()
+    with caplog.at_level("INFO", logger="conveyor.access"):
+        answer.close("client disconnected")
+    [line] = [r.getMessage() for r in caplog.records if r.name == "conveyor.access"]
+    assert "status=499" in line
