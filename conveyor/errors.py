@@ -18,8 +18,12 @@ __all__ = [
     "NoWorkerAvailable",
     "DeadlineExceeded",
     "EngineError",
+    "RequestTooLarge",
+    "PipelineUnavailable",
     "SchemaError",
     "BrokerError",
+    "TransientBrokerError",
+    "PermanentBrokerError",
 ]
 
 
@@ -97,9 +101,32 @@ class EngineError(RequestError):
     code = "engine_error"
 
 
+class RequestTooLarge(InvalidRequest):
+    """More than the pipeline can carry in one event (or than the gateway takes)."""
+
+    status = 413
+    code = "request_too_large"
+
+
+class PipelineUnavailable(RequestError):
+    """Kafka (or Redis) cannot be reached: nothing can be said about workers."""
+
+    status = 503
+    type = "service_unavailable"
+    code = "pipeline_unavailable"
+
+
 class SchemaError(ConveyorError):
     """An event that cannot be decoded or encoded (a poison event)."""
 
 
 class BrokerError(ConveyorError):
     """Kafka or Redis failed underneath a component (translated at the boundary)."""
+
+
+class TransientBrokerError(BrokerError):
+    """Kafka or Redis is unreachable or slow for now: retry with backoff."""
+
+
+class PermanentBrokerError(BrokerError):
+    """Kafka or Redis refused this for good (too large, not allowed): give up on it."""
