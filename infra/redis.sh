@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# A local redis-server (Debian's package) bound to 127.0.0.1.
+# A local redis-server (Debian's package) bound to 127.0.0.1, with its
+# append-only file on (fsync every second), so a restart keeps task claims,
+# leases and counters. Conveyor's answers never depend on Redis keeping them
+# (the log is the record), but a Redis that forgets makes retries slower.
 #
 #   infra/redis.sh start | stop | status
 #
@@ -26,12 +29,12 @@ start() {
   mkdir -p "$rdir"
   redis-server --bind 127.0.0.1 --port "$port" --daemonize yes --dir "$rdir" \
     --pidfile "$rdir/redis-$port.pid" --logfile "$rdir/redis-$port.log" \
-    --save "" --appendonly no
+    --save "" --appendonly yes --appendfsync everysec
   for _ in $(seq 1 50); do answers && { echo "redis serving on 127.0.0.1:$port"; return 0; }; sleep 0.1; done
   echo "redis did not answer" >&2; return 1
 }
 
-stop() { answers && redis-cli -h 127.0.0.1 -p "$port" shutdown nosave >/dev/null 2>&1 || true; }
+stop() { answers && redis-cli -h 127.0.0.1 -p "$port" shutdown >/dev/null 2>&1 || true; }
 
 case "${1:-}" in
   start) start ;;
