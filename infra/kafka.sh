@@ -55,7 +55,7 @@ offsets.topic.num.partitions=8
 transaction.state.log.replication.factor=1
 transaction.state.log.min.isr=1
 group.initial.rebalance.delay.ms=0
-group.min.session.timeout.ms=3000
+group.min.session.timeout.ms=1000
 log.retention.hours=24
 # a small machine: fewer broker threads, less switching between them
 num.network.threads=${KAFKA_NETWORK_THREADS:-2}
