@@ -1,8 +1,15 @@
-"""DESIGN.md's topic catalog in code: name, partitions, retention, cleanup, key."""
+"""DESIGN.md's topic catalog in code: name, partitions, retention, cleanup, key.
+
+Every topic takes events up to ``settings.max_event_bytes``
+(``max.message.bytes``), the same limit the producers enforce
+(``max_request_size``, topics/clients.py): an event is refused by the
+producer, which says so at once, before the broker would refuse it after a
+round trip, and the two cannot disagree.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from conveyor.settings import Settings
@@ -20,9 +27,12 @@ class TopicSpec:
     cleanup: Literal["delete", "compact"] = "delete"
     retention_ms: int = _DAY_MS
     extra: dict[str, str] = field(default_factory=dict)
+    max_message_bytes: int | None = None
 
     def configs(self) -> dict[str, str]:
         out = {"cleanup.policy": self.cleanup, "retention.ms": str(self.retention_ms)}
+        if self.max_message_bytes is not None:
+            out["max.message.bytes"] = str(self.max_message_bytes)
         if self.cleanup == "compact":
             out.update({"min.cleanable.dirty.ratio": "0.1", "segment.ms": "600000"})
         out.update(self.extra)
@@ -55,4 +65,4 @@ def catalog(settings: Settings, pools: tuple[str, ...] = ()) -> list[TopicSpec]:
     for pool in pools:
         specs.append(TopicSpec(infer_topic(settings, pool), settings.infer_partitions,
                                key="request id; partition = the chosen worker's"))
-    return specs
+    return [replace(s, max_message_bytes=settings.max_event_bytes) for s in specs]

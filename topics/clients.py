@@ -1,8 +1,16 @@
 """Kafka client factories with Conveyor's production settings.
 
 Producers: acks=all, idempotent (switchable for brokers without it), a small
-linger. Consumers: manual commits, fetch returning as soon as one record is
-there (tuned for loopback latency), read-committed off.
+linger, and events up to ``settings.max_event_bytes`` (the topics' own
+``max.message.bytes``, topics/catalog.py). Consumers: manual commits, fetch
+returning as soon as one record is there (tuned for loopback latency),
+read-committed off.
+
+:func:`broker_error` is the boundary where aiokafka's errors become
+Conveyor's: :class:`TransientBrokerError` (the broker is unreachable, slow,
+or between leaders: retry with backoff) or :class:`PermanentBrokerError`
+(the broker refused this event for good: an event too large, a topic that is
+not allowed; give up on the event and dead-letter it).
 """
 
 from __future__ import annotations
@@ -10,10 +18,52 @@ from __future__ import annotations
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import errors as kafka_errors
 
+from conveyor.errors import BrokerError, PermanentBrokerError, TransientBrokerError
 from conveyor.settings import Settings
 
-__all__ = ["make_producer", "make_consumer"]
+__all__ = ["make_producer", "make_consumer", "broker_error", "EventTooLarge"]
+
+# Errors aiokafka does not flag ``retriable`` that still pass with time.
+_TRANSIENT = (
+    kafka_errors.KafkaConnectionError,
+    kafka_errors.KafkaTimeoutError,
+    kafka_errors.NodeNotReadyError,
+    kafka_errors.BrokerNotAvailableError,
+    kafka_errors.RequestTimedOutError,
+    kafka_errors.NotEnoughReplicasError,
+    kafka_errors.NotEnoughReplicasAfterAppendError,
+    kafka_errors.LeaderNotAvailableError,
+    kafka_errors.NotLeaderForPartitionError,
+    kafka_errors.KafkaUnavailableError,
+)
+_TOO_LARGE = (
+    kafka_errors.MessageSizeTooLargeError,
+    kafka_errors.RecordTooLargeError,
+    kafka_errors.RecordListTooLargeError,
+)
+
+
+class EventTooLarge(PermanentBrokerError):
+    """An event larger than a topic or the producer takes (``max_event_bytes``)."""
+
+
+def broker_error(exc: BaseException) -> BrokerError:
+    """Translate an aiokafka error (or a Conveyor one, kept as is) into
+    "retry" (:class:`TransientBrokerError`) or "give up"
+    (:class:`PermanentBrokerError`, :class:`EventTooLarge` for size)."""
+    if isinstance(exc, BrokerError):
+        return exc
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, _TOO_LARGE):
+        return EventTooLarge(text)
+    if isinstance(exc, _TRANSIENT) or (
+            isinstance(exc, kafka_errors.KafkaError) and exc.retriable):
+        return TransientBrokerError(text)
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return TransientBrokerError(text)
+    return PermanentBrokerError(text)
 
 
 def make_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
@@ -26,6 +76,7 @@ def make_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
         else settings.producer_compression,
         "request_timeout_ms": 30000,
         "max_batch_size": 1 << 20,
+        "max_request_size": settings.max_event_bytes,
     }
     options.update(overrides)
     return AIOKafkaProducer(**options)

@@ -1,21 +1,46 @@
 """What a layer's handler asks the runtime to produce, and the error replies
-and dead letters every layer sends the same way."""
+and dead letters every layer sends the same way.
+
+:meth:`Sender.produce` is the one way an event's outputs reach Kafka with a
+verdict: it returns once every output is acknowledged, retries what failed
+for a passing reason (the broker unreachable, a leader moving: with backoff,
+never dead-lettered, as the event is fine) and raises
+:class:`PermanentBrokerError` (:class:`EventTooLarge` for size) or
+:class:`SchemaError` for what will never go through. A dead letter too large
+to carry keeps the head of the original value and says so in its error.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from conveyor.errors import RequestError
+from conveyor.errors import (
+    PermanentBrokerError,
+    PipelineUnavailable,
+    RequestError,
+    RequestTooLarge,
+    SchemaError,
+    TransientBrokerError,
+)
 from conveyor.settings import Settings
 from schemas.codec import Codec, EventType
 from schemas.records import DeadLetter, Envelope, ErrorInfo, Reply
+from topics.backoff import Backoff, RateLimitedLog
+from topics.clients import EventTooLarge, broker_error
 from topics.envelope import now_ms
 
-__all__ = ["Output", "Sender", "error_info"]
+__all__ = ["Output", "Sender", "error_info", "failure_reply"]
+
+log = logging.getLogger(__name__)
+
+# Room a dead letter keeps for its own fields, the error and the record framing.
+_LETTER_OVERHEAD = 16 * 1024
+_ERROR_CHARS = 4000
 
 
 @dataclass(frozen=True)
@@ -33,6 +58,19 @@ def error_info(exc: RequestError) -> ErrorInfo:
     )
 
 
+def failure_reply(exc: BaseException, layer: str) -> RequestError:
+    """The error a client sees when its event could not be handled or produced."""
+    if isinstance(exc, RequestError):
+        return exc
+    if isinstance(exc, EventTooLarge):
+        return RequestTooLarge(
+            f"The request is too large for the pipeline: an event of it exceeded the "
+            f"largest event Conveyor carries ({layer}). Send a shorter request.")
+    if isinstance(exc, TransientBrokerError):
+        return PipelineUnavailable("The pipeline is unavailable; try again later.")
+    return RequestError(f"internal error in {layer}: {exc}")
+
+
 def _headers(out: Output) -> list[tuple[str, bytes]] | None:
     """The W3C trace context as a Kafka header, for events that belong to a request."""
     envelope = out.record.get("envelope") if isinstance(out.record, dict) else None
@@ -47,13 +85,19 @@ class Sender:
     producer: AIOKafkaProducer
     codec: Codec
     pending: list[asyncio.Future[Any]] = field(default_factory=list)
+    problems: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(log))
 
     async def send(self, out: Output) -> None:
         self.pending.append(await self.send_nowait(out))
 
     async def send_nowait(self, out: Output) -> asyncio.Future[Any]:
         """Produce one output; the caller owns (and awaits) its acknowledgement."""
-        value = self.codec.encode(out.event_type, out.record)
+        try:
+            value = self.codec.encode(out.event_type, out.record)
+        except SchemaError:
+            raise
+        except Exception as exc:  # a record the schema cannot hold, in any shape
+            raise SchemaError(f"cannot encode {out.event_type}: {exc!r}") from exc
         key = out.key.encode() if out.key is not None else None
         fut: asyncio.Future[Any] = await self.producer.send(
             out.topic, value, key=key, partition=out.partition, headers=_headers(out))
@@ -68,6 +112,84 @@ class Sender:
         pending, self.pending = self.pending, []
         if pending:
             await asyncio.gather(*pending)
+
+    async def produce(self, outputs: list[Output],
+                      stopping: asyncio.Event | None = None) -> None:
+        """Produce ``outputs`` and wait for every acknowledgement.
+
+        An output that fails for a passing reason is sent again after a
+        backoff (until ``stopping`` is set: then the transient error is
+        raised and the event stays uncommitted). Raises
+        :class:`PermanentBrokerError` or :class:`SchemaError` for an output
+        that can never be produced; the outputs before it may have gone out
+        (consumers are idempotent on request id).
+        """
+        backoff = Backoff(max_s=self.settings.retry_backoff_max_s)
+        todo = list(outputs)
+        while todo:
+            acks: list[tuple[Output, asyncio.Future[Any] | BaseException]] = []
+            for out in todo:
+                try:
+                    acks.append((out, await self.send_nowait(out)))
+                except SchemaError:
+                    raise
+                except Exception as exc:
+                    acks.append((out, exc))
+            failed: list[Output] = []
+            for out, ack in acks:
+                error: BaseException | None = ack if isinstance(ack, BaseException) else None
+                if error is None:
+                    assert not isinstance(ack, BaseException)
+                    try:
+                        await ack
+                    except Exception as exc:
+                        error = exc
+                if error is None:
+                    continue
+                translated = broker_error(error)
+                if isinstance(translated, PermanentBrokerError):
+                    raise translated from error
+                failed.append(out)
+                self.problems.warning(
+                    f"produce:{type(error).__name__}",
+                    "producing to %s failed for now, retrying: %s", out.topic, translated)
+                if stopping is not None and stopping.is_set():
+                    raise translated from error
+            todo = failed
+            if todo:
+                await backoff.wait()
+
+    def error_output(self, envelope: Envelope, error: ErrorInfo, index: int = 0
+                     ) -> Output | None:
+        """The reply that fails one request, or None for a request without a
+        reply address (a replay)."""
+        if envelope["reply_partition"] < 0:
+            return None
+        reply = Reply(
+            envelope=envelope,
+            index=index,
+            kind="error",
+            text="",
+            chunk="",
+            finish_reason=None,
+            usage=None,
+            error=error,
+        )
+        return Output(self.settings.topic("replies"), "Reply", reply,
+                      key=envelope["request_id"], partition=envelope["reply_partition"])
+
+    def letter_output(self, layer: str, topic: str, partition: int, offset: int,
+                      key: bytes | None, value: bytes | None, error: str) -> Output:
+        """A dead letter that fits in one event: a value too large keeps its
+        head, and the error says how much was cut."""
+        room = max(0, self.settings.max_event_bytes - _LETTER_OVERHEAD)
+        if value is not None and len(value) > room:
+            error = (f"[value truncated to {room} of {len(value)} bytes] " + error)
+            value = value[:room]
+        letter = DeadLetter(layer=layer, topic=topic, partition=partition, offset=offset,
+                            key=key, value=value, error=error[:_ERROR_CHARS], ts_ms=now_ms())
+        return Output(self.settings.topic("dlq"), "DeadLetter", letter,
+                      key=key.decode(errors="replace") if key else None)
 
     async def error_reply(self, envelope: Envelope, error: ErrorInfo, index: int = 0) -> None:
         """Fail one request: its gateway answers the client with the error."""
@@ -103,17 +225,4 @@ class Sender:
         value: bytes | None,
         error: str,
     ) -> None:
-        letter = DeadLetter(
-            layer=layer,
-            topic=topic,
-            partition=partition,
-            offset=offset,
-            key=key,
-            value=value,
-            error=error[:4000],
-            ts_ms=now_ms(),
-        )
-        await self.send(
-            Output(self.settings.topic("dlq"), "DeadLetter", letter,
-                   key=key.decode(errors="replace") if key else None)
-        )
+        await self.send(self.letter_output(layer, topic, partition, offset, key, value, error))

@@ -1,40 +1,68 @@
 """The small consumer runtime every layer but infer runs on.
 
-poll -> decode -> handle -> produce -> wait for the acks -> commit. An event
-that cannot be decoded, or whose handler fails unexpectedly, goes to
-``conveyor.dlq`` with the error and the loop keeps going; a handler's
-:class:`RequestError` becomes an error reply to the request's gateway.
-Offsets are committed only after every output of the batch is acknowledged,
-and a rebalance waits for the batch in hand to finish, so nothing is lost
-(at-least-once; handlers are idempotent on request id). Commits are spaced
-by ``commit_interval_ms`` while events keep coming (and made at once when the
-partition goes quiet or is revoked): a commit per batch cost a broker round
-trip per event under load.
+poll -> decode -> handle -> produce -> wait for the acks -> commit, for
+several events at once. Decisions:
+
+- **Concurrency.** Events with the same key (a request id) are handled one
+  after another, in offset order (postprocess needs a request's chunks in
+  order); events with different keys are handled concurrently, up to
+  ``max_concurrency`` handlers at a time, and a partition stops being
+  fetched (paused) while ``max_in_flight`` of its events are unfinished. A
+  request of 10,000 messages no longer holds up the small one behind it.
+- **Commits.** An offset is committed only below the lowest unfinished
+  event of its partition, and never past what the layer allows
+  (``Layer.committable``: a stateful layer holds its commits back and
+  rebuilds its state from the log). Commits are spaced by
+  ``commit_interval_ms`` while events keep coming and made at once when the
+  partitions go quiet or are revoked. A rebalance waits (a bounded time) for
+  the revoked partitions' events in hand.
+- **Nothing poisons the pipeline.** Every failure to decode, handle, encode
+  or produce an event ends in ``conveyor.dlq`` (the original bytes and the
+  error) plus an error reply to the client: 413 ``request_too_large`` for an
+  event larger than the topics carry, 500 otherwise. A handler's
+  :class:`RequestError` is an error reply alone. A failure that passes (the
+  broker unreachable, a leader moving) is retried with backoff and never
+  dead-lettered: the event is fine.
+- **Cancels.** A layer with a ``cancel(request_id)`` method (preprocess,
+  route, schedule) drops the events of cancelled requests and hears of each
+  cancel (schedule drops a parked task); see workers/cancels.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import traceback
-from typing import Any, Protocol
+from collections import OrderedDict, deque
+from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 from aiokafka import AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
-from aiokafka.errors import CommitFailedError, IllegalStateError
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from opentelemetry import trace
 
-from conveyor.errors import RequestError, SchemaError
+from conveyor.errors import (
+    PermanentBrokerError,
+    RequestError,
+    SchemaError,
+    TransientBrokerError,
+)
 from conveyor.settings import Settings
 from conveyor.tracing import layer_span, trace_id_of
 from schemas.codec import Codec, EventType, default_codec
-from topics.clients import make_consumer, make_producer
-from workers.outputs import Output, Sender, error_info
+from schemas.records import Envelope
+from topics.backoff import Backoff, RateLimitedLog
+from topics.clients import broker_error, make_consumer, make_producer
+from workers.cancels import CancelList
+from workers.outputs import Output, Sender, error_info, failure_reply
 
-__all__ = ["Layer", "LayerRuntime"]
+__all__ = ["CancelAware", "Layer", "LayerRuntime"]
 
 log = logging.getLogger(__name__)
+
+Record: TypeAlias = "ConsumerRecord[bytes, bytes]"
 
 
 class Layer(Protocol):
@@ -51,8 +79,10 @@ class Layer(Protocol):
 
     async def stop(self) -> None: ...
 
-    async def handle(self, event: Any, record: ConsumerRecord[bytes, bytes]) -> list[Output]:
-        """Turn one event into outputs. Raise RequestError to fail the request."""
+    async def handle(self, event: Any, record: Record) -> list[Output]:
+        """Turn one event into outputs. Raise RequestError to fail the request.
+        Work of more than a few milliseconds of CPU goes to a thread
+        (``asyncio.to_thread``): the loop serves every other request."""
         ...
 
     def committable(self, tp: TopicPartition, next_offset: int) -> int:
@@ -65,20 +95,58 @@ class Layer(Protocol):
         ...
 
 
-class _BatchGuard(ConsumerRebalanceListener):
-    """Makes a rebalance wait for the batch in hand, then commits what it handled."""
+@runtime_checkable
+class CancelAware(Protocol):
+    """A layer whose work stops at a cancel: its events of cancelled requests
+    are dropped, and it hears of every cancel."""
+
+    def cancel(self, request_id: str) -> None: ...
+
+
+class _Abandoned(Exception):
+    """The runtime stops while an event waits on a broker: it stays uncommitted."""
+
+
+class _Partition:
+    """The offsets of one partition taken and not finished yet."""
+
+    def __init__(self) -> None:
+        self.open: OrderedDict[int, bool] = OrderedDict()  # offset -> finished
+        self.next = 0
+        self.pending = 0  # how many of ``open`` are unfinished
+
+    def take(self, offset: int) -> None:
+        if offset not in self.open:
+            self.open[offset] = False
+            self.pending += 1
+        self.next = offset + 1
+
+    def finish(self, offset: int) -> None:
+        if self.open.get(offset) is False:
+            self.open[offset] = True
+            self.pending -= 1
+        while self.open:
+            first = next(iter(self.open))
+            if not self.open[first]:
+                break
+            del self.open[first]
+
+    def low(self) -> int:
+        """The lowest unfinished offset (everything below it is done)."""
+        return next(iter(self.open)) if self.open else self.next
+
+    def unfinished(self) -> int:
+        return self.pending
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    """Makes a rebalance wait for the revoked partitions' events, then commits."""
 
     def __init__(self, runtime: LayerRuntime) -> None:
         self.runtime = runtime
-        self.idle = asyncio.Event()
-        self.idle.set()
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        await self.idle.wait()
-        await self.runtime.commit()
-        for tp in revoked:
-            self.runtime.handled.pop(tp, None)
-        self.runtime.layer.revoked(list(revoked))
+        await self.runtime.settle(list(revoked))
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         return None
@@ -86,103 +154,236 @@ class _BatchGuard(ConsumerRebalanceListener):
 
 class LayerRuntime:
     def __init__(
-        self, settings: Settings, layer: Layer, codec: Codec | None = None, max_batch: int = 200,
+        self, settings: Settings, layer: Layer, codec: Codec | None = None,
+        max_in_flight: int = 256, max_concurrency: int = 64,
         commit_interval_ms: float = 100.0, producer: AIOKafkaProducer | None = None,
-        tracer: trace.Tracer | None = None,
+        tracer: trace.Tracer | None = None, cancels: CancelList | None = None,
+        settle_timeout_s: float = 20.0,
     ) -> None:
         self.settings = settings
         self.layer = layer
         self.codec = codec or default_codec()
-        self.max_batch = max_batch
+        self.max_in_flight = max_in_flight
         self.commit_interval_s = commit_interval_ms / 1000
+        self.settle_timeout_s = settle_timeout_s
         # layers in one process may share one (started) producer: their events
         # then travel to the broker in the same produce requests
         self._shared_producer = producer
         self.tracer = tracer or trace.NoOpTracer()
-        # the offset after the last event handled (and acknowledged) on each partition
-        self.handled: dict[TopicPartition, int] = {}
+        self.cancels = cancels
+        self._own_cancels = cancels is None and isinstance(layer, CancelAware)
+        if self._own_cancels:
+            self.cancels = CancelList(settings, self.codec)
+        self.partitions: dict[TopicPartition, _Partition] = {}
         self._committed: dict[TopicPartition, int] = {}
         self._last_commit = 0.0
         self._consumer: Any = None
+        self._sender: Sender | None = None
         self._stopping = asyncio.Event()
-        self._guard = _BatchGuard(self)
+        self._progress = asyncio.Event()
+        self._slots = asyncio.Semaphore(max_concurrency)
+        # (partition, key) -> the events of that key waiting, and the task handling them
+        self._queues: dict[tuple[TopicPartition, object], deque[Record]] = {}
+        self._drainers: dict[tuple[TopicPartition, object], asyncio.Task[None]] = {}
+        self._paused: set[TopicPartition] = set()
+        self._problems = RateLimitedLog(log)
 
     def stop(self) -> None:
         self._stopping.set()
 
     async def run(self) -> None:
         consumer = make_consumer(self.settings, group=self.settings.group(self.layer.name))
-        consumer.subscribe([self.layer.source_topic], listener=self._guard)
+        consumer.subscribe([self.layer.source_topic], listener=_Rebalance(self))
         producer = self._shared_producer or make_producer(self.settings)
+        background: list[asyncio.Task[None]] = []
         if self._shared_producer is None:
             await producer.start()
         await consumer.start()
         self._consumer = consumer
-        sender = Sender(self.settings, producer, self.codec)
-        await self.layer.start(sender)
-        log.info("%s: consuming %s", self.layer.name, self.layer.source_topic)
+        sender = self._sender = Sender(self.settings, producer, self.codec)
+        if self.cancels is not None and isinstance(self.layer, CancelAware):
+            self.cancels.subscribe(self.layer.cancel)
+            if self._own_cancels:
+                background.append(asyncio.create_task(self.cancels.run(), name="cancels"))
         try:
-            while not self._stopping.is_set():
-                batch = await consumer.getmany(timeout_ms=200, max_records=self.max_batch)
-                if not batch:
-                    await self.commit()  # quiet: bring the committed offsets up to date
-                    continue
-                self._guard.idle.clear()
-                try:
-                    await self._process(batch, sender)
-                    await sender.flush()
-                    for tp, records in batch.items():
-                        self.handled[tp] = records[-1].offset + 1
-                    if time.monotonic() - self._last_commit >= self.commit_interval_s:
-                        await self.commit()
-                finally:
-                    self._guard.idle.set()
+            await self.layer.start(sender)
+            log.info("%s: consuming %s", self.layer.name, self.layer.source_topic)
+            await self._loop(consumer)
+            await self._finish_in_flight()
             await self.commit()
         finally:
+            for task in [*background, *self._drainers.values()]:
+                task.cancel()
             await self.layer.stop()
             await consumer.stop()
             if self._shared_producer is None:
                 await producer.stop()
 
-    async def _process(
-        self, batch: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]], sender: Sender
-    ) -> None:
-        for records in batch.values():
-            for record in records:
-                await self._handle_one(record, sender)
+    async def _loop(self, consumer: Any) -> None:
+        backoff = Backoff(max_s=self.settings.retry_backoff_max_s)
+        while not self._stopping.is_set():
+            try:
+                batch = await consumer.getmany(timeout_ms=200, max_records=self.max_in_flight)
+            except KafkaError as exc:
+                self._problems.warning("poll", "%s: fetching failed (%s); retrying",
+                                       self.layer.name, broker_error(exc))
+                await backoff.wait()
+                continue
+            backoff.reset()
+            for records in batch.values():
+                for record in records:
+                    self._dispatch(record)
+            self._pause_full()
+            if not batch or time.monotonic() - self._last_commit >= self.commit_interval_s:
+                await self.commit()
 
-    async def _handle_one(self, record: ConsumerRecord[bytes, bytes], sender: Sender) -> None:
+    # -- dispatch: one drainer per key, in offset order ----------------------
+
+    def _dispatch(self, record: Record) -> None:
+        tp = TopicPartition(record.topic, record.partition)
+        self.partitions.setdefault(tp, _Partition()).take(record.offset)
+        key = (tp, record.key if record.key is not None else record.offset)
+        queue = self._queues.get(key)
+        if queue is not None:
+            queue.append(record)
+            return
+        self._queues[key] = deque([record])
+        self._drainers[key] = asyncio.create_task(self._drain(key), name=f"{self.layer.name}")
+
+    async def _drain(self, key: tuple[TopicPartition, object]) -> None:
+        queue = self._queues[key]
+        try:
+            while queue:
+                record = queue[0]
+                try:
+                    async with self._slots:
+                        await self.handle_record(record)
+                except _Abandoned:
+                    return  # uncommitted: handled again after the restart
+                except Exception:  # a bug of the runtime itself: never a stuck partition
+                    log.exception("%s: failed on %s@%d", self.layer.name, record.topic,
+                                  record.offset)
+                queue.popleft()
+                self._finished(record)
+        finally:
+            self._queues.pop(key, None)
+            self._drainers.pop(key, None)
+            self._progress.set()
+
+    def _finished(self, record: Record) -> None:
+        tp = TopicPartition(record.topic, record.partition)
+        part = self.partitions.get(tp)
+        if part is not None:
+            part.finish(record.offset)
+            if tp in self._paused and part.unfinished() < self.max_in_flight:
+                self._paused.discard(tp)
+                with contextlib.suppress(IllegalStateError):
+                    self._consumer.resume(tp)
+        self._progress.set()
+
+    def _pause_full(self) -> None:
+        for tp, part in self.partitions.items():
+            if tp not in self._paused and part.unfinished() >= self.max_in_flight:
+                self._paused.add(tp)
+                with contextlib.suppress(IllegalStateError):
+                    self._consumer.pause(tp)
+
+    # -- one event -----------------------------------------------------------
+
+    async def handle_record(self, record: Record) -> None:
+        """Decode, handle and produce one event; every failure ends in the DLQ
+        and an error reply, or (passing broker trouble) in a retry."""
         layer = self.layer
         try:
             event = self.codec.decode(record.value, layer.source_type)
         except SchemaError as exc:
             log.warning("%s: poison event %s@%d: %s", layer.name, record.topic, record.offset, exc)
-            await sender.dead_letter(layer.name, record.topic, record.partition, record.offset,
-                                     record.key, record.value, f"SchemaError: {exc}")
+            await self._fail(record, None, exc, f"SchemaError: {exc}")
             return
-        envelope = event["envelope"]
+        envelope: Envelope = event["envelope"]
+        if (self.cancels is not None and isinstance(layer, CancelAware)
+                and envelope["request_id"] in self.cancels):
+            log.info("%s: request %s was cancelled; dropping its event", layer.name,
+                     envelope["request_id"])
+            return
+        outputs = await self._outputs(event, envelope, record)
+        if outputs is None:
+            return
         try:
-            with layer_span(self.tracer, layer.name, envelope):
-                outputs = await layer.handle(event, record)
-        except RequestError as exc:
-            await sender.error_reply(envelope, error_info(exc))
-            return
-        except Exception as exc:  # a bug must not stop the pipeline: keep the event
-            log.exception("%s: handler failed on %s@%d (request %s, trace %s)", layer.name,
-                          record.topic, record.offset, envelope["request_id"],
-                          trace_id_of(envelope))
-            await sender.dead_letter(layer.name, record.topic, record.partition, record.offset,
-                                     record.key, record.value, traceback.format_exc())
-            failure = RequestError(f"internal error in {layer.name}: {exc}")
-            await sender.error_reply(envelope, error_info(failure))
-            return
-        for out in outputs:
-            await sender.send(out)
+            await self._produce(outputs)
+        except (PermanentBrokerError, SchemaError) as exc:
+            log.error("%s: cannot produce the outputs of %s@%d (request %s, trace %s): %s",
+                      layer.name, record.topic, record.offset, envelope["request_id"],
+                      trace_id_of(envelope), exc)
+            await self._fail(record, envelope, exc, f"{type(exc).__name__}: {exc}")
+
+    async def _outputs(self, event: Any, envelope: Envelope, record: Record
+                       ) -> list[Output] | None:
+        """The handler's outputs (an error reply for a RequestError), or None
+        when the event went to the DLQ."""
+        layer = self.layer
+        backoff = Backoff(max_s=self.settings.retry_backoff_max_s)
+        while True:
+            try:
+                with layer_span(self.tracer, layer.name, envelope):
+                    return await layer.handle(event, record)
+            except RequestError as exc:
+                reply = self._sender_().error_output(envelope, error_info(exc))
+                return [reply] if reply is not None else []
+            except (TransientBrokerError, KafkaError) as exc:
+                translated = broker_error(exc)
+                if not isinstance(translated, TransientBrokerError):
+                    await self._fail(record, envelope, translated, traceback.format_exc())
+                    return None
+                if self._stopping.is_set():
+                    raise _Abandoned() from exc
+                self._problems.warning(f"handle:{type(exc).__name__}",
+                                       "%s: the broker failed under the handler (%s); retrying",
+                                       layer.name, translated)
+                await backoff.wait()
+            except Exception as exc:  # a bug must not stop the pipeline: keep the event
+                log.exception("%s: handler failed on %s@%d (request %s, trace %s)", layer.name,
+                              record.topic, record.offset, envelope["request_id"],
+                              trace_id_of(envelope))
+                await self._fail(record, envelope, exc, traceback.format_exc())
+                return None
+
+    async def _produce(self, outputs: list[Output]) -> None:
+        try:
+            await self._sender_().produce(outputs, self._stopping)
+        except TransientBrokerError as exc:  # only when stopping
+            raise _Abandoned() from exc
+
+    async def _fail(self, record: Record, envelope: Envelope | None, exc: BaseException,
+                    detail: str) -> None:
+        """Dead-letter the event and, when it belongs to a request, fail it."""
+        sender = self._sender_()
+        letter = sender.letter_output(self.layer.name, record.topic, record.partition,
+                                      record.offset, record.key, record.value, detail)
+        reply = None
+        if envelope is not None:
+            reply = sender.error_output(envelope, error_info(failure_reply(exc, self.layer.name)))
+        for out in (letter, reply):
+            if out is None:
+                continue
+            try:
+                await self._produce([out])
+            except (PermanentBrokerError, SchemaError) as again:
+                log.error("%s: cannot produce the %s for %s@%d either: %s", self.layer.name,
+                          out.event_type, record.topic, record.offset, again)
+
+    def _sender_(self) -> Sender:
+        assert self._sender is not None, "the runtime has not started"
+        return self._sender
+
+    # -- commits and rebalances ---------------------------------------------
 
     async def commit(self) -> None:
-        """Commit, for every partition, what the layer says is safe of what was handled."""
+        """Commit, for every partition, what the layer says is safe below the
+        lowest unfinished event."""
         self._last_commit = time.monotonic()
-        offsets = {tp: self.layer.committable(tp, nxt) for tp, nxt in self.handled.items()}
+        offsets = {tp: self.layer.committable(tp, part.low())
+                   for tp, part in self.partitions.items()}
         offsets = {tp: o for tp, o in offsets.items() if self._committed.get(tp) != o}
         if not offsets or self._consumer is None:
             return
@@ -193,3 +394,31 @@ class LayerRuntime:
             # The partitions moved: the new owner handles the events again, and
             # handlers are idempotent.
             log.warning("%s: commit skipped after a rebalance: %s", self.layer.name, exc)
+        except KafkaError as exc:  # tried again at the next commit
+            self._problems.warning("commit", "%s: commit failed for now: %s", self.layer.name,
+                                   broker_error(exc))
+
+    async def settle(self, revoked: list[TopicPartition]) -> None:
+        """Wait (bounded) for the revoked partitions' events, commit, forget them."""
+        gone = set(revoked)
+        deadline = time.monotonic() + self.settle_timeout_s
+        while any(k[0] in gone for k in self._drainers) and time.monotonic() < deadline:
+            self._progress.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._progress.wait(), 0.5)
+        for key, task in list(self._drainers.items()):
+            if key[0] in gone:
+                task.cancel()  # still waiting on a broker: the new owner takes it again
+        await self.commit()
+        for tp in gone:
+            self.partitions.pop(tp, None)
+            self._committed.pop(tp, None)
+            self._paused.discard(tp)
+        self.layer.revoked(list(revoked))
+
+    async def _finish_in_flight(self) -> None:
+        deadline = time.monotonic() + self.settle_timeout_s
+        while self._drainers and time.monotonic() < deadline:
+            self._progress.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._progress.wait(), 0.5)

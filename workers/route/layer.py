@@ -51,5 +51,9 @@ class RouteLayer:
     def committable(self, tp: TopicPartition, next_offset: int) -> int:
         return next_offset
 
+    def cancel(self, request_id: str) -> None:
+        """Nothing is held per request: the runtime drops a cancelled request's events."""
+        return None
+
     def revoked(self, partitions: list[TopicPartition]) -> None:
         return None

@@ -7,6 +7,13 @@ parked ``no_worker_timeout_s`` after it entered the pipeline fails with 503
 ``no_worker_available``. A parked task's offset is not committed, so a
 scheduler that dies with tasks parked leaves them to its successor. A request
 whose deadline has passed fails with 504 instead of being sent to a worker.
+
+A cancelled request's parked task is dropped (``cancel``, called by the
+runtime for every cancel on ``conveyor.control``), so no task for it reaches
+infer after the cancel. When the worker table cannot see the heartbeats
+(Kafka unreachable, or contact regained too recently to have heard every
+worker), a task out of time fails with 503 ``pipeline_unavailable``, not
+``no_worker_available``: the workers may well be alive.
 """
 
 from __future__ import annotations
@@ -20,13 +27,20 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from conveyor.errors import DeadlineExceeded, NoWorkerAvailable, RequestError
+from conveyor.errors import (
+    DeadlineExceeded,
+    NoWorkerAvailable,
+    PermanentBrokerError,
+    PipelineUnavailable,
+    RequestError,
+    SchemaError,
+)
 from conveyor.settings import Settings
 from schemas.codec import EventType
 from schemas.records import Task
 from topics.catalog import infer_topic
 from topics.envelope import now_ms, stamp
-from workers.outputs import Output, Sender, error_info
+from workers.outputs import Output, Sender, error_info, failure_reply
 from workers.schedule.table import WorkerTable
 
 __all__ = ["ScheduleLayer", "Parked"]
@@ -59,12 +73,15 @@ class ScheduleLayer:
         self._background: list[asyncio.Task[None]] = []
 
     async def start(self, sender: Sender) -> None:
+        """Read the heartbeats seen so far before scheduling (a bounded wait:
+        while Kafka cannot be reached, tasks park and the table says so)."""
         self._sender = sender
         ready = asyncio.Event()
         follower = asyncio.create_task(self.table.follow(ready), name="worker-table")
         self._background = [follower]
         waiter = asyncio.create_task(ready.wait())
-        await asyncio.wait([waiter, follower], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([waiter, follower], timeout=self.settings.no_worker_timeout_s,
+                           return_when=asyncio.FIRST_COMPLETED)
         waiter.cancel()
         if follower.done():
             follower.result()  # surface the failure
@@ -113,32 +130,57 @@ class ScheduleLayer:
         return Output(infer_topic(self.settings, task["route"]["pool"]), "Task", task,
                       key=envelope["request_id"], partition=partition)
 
+    def cancel(self, request_id: str) -> None:
+        """Drop the parked task of a cancelled request (its offset is released)."""
+        self.parked = [p for p in self.parked if p.task["envelope"]["request_id"] != request_id]
+
+    def _out_of_time(self, parked: Parked) -> RequestError:
+        pool = parked.task["route"]["pool"]
+        if self.table.settling():
+            return PipelineUnavailable(
+                "The pipeline is unavailable: the scheduler cannot reach Kafka to see the "
+                f"workers of pool `{pool}`. Try again later.")
+        return NoWorkerAvailable(
+            f"No worker of pool `{pool}` is available for model "
+            f"`{parked.task['route']['model']}`. Try again later.")
+
     async def place_parked(self) -> None:
         """Send every parked task that now has a worker; fail those out of time."""
         sender = self._sender
         assert sender is not None
-        settled: set[int] = set()
         blocked: set[str] = set()
         for parked in list(self.parked):
+            if not any(p is parked for p in self.parked):
+                continue  # cancelled while an earlier one was being sent
             pool = parked.task["route"]["pool"]
+            outputs: list[Output] = []
             try:
                 out = None if pool in blocked else self.place(parked.task)
                 if out is None and self.clock() >= parked.give_up_ms:
-                    raise NoWorkerAvailable(
-                        f"No worker of pool `{pool}` is available for model "
-                        f"`{parked.task['route']['model']}`. Try again later.")
+                    raise self._out_of_time(parked)
             except RequestError as exc:
-                await sender.error_reply(parked.task["envelope"], error_info(exc))
-                settled.add(id(parked))
-                continue
-            if out is None:
-                blocked.add(pool)  # later tasks of the pool stay behind this one
+                reply = sender.error_output(parked.task["envelope"], error_info(exc))
+                outputs = [reply] if reply is not None else []
             else:
-                await sender.send(out)
-                settled.add(id(parked))
-        await sender.flush()
-        # handle() may have parked more while this awaited: keep those
-        self.parked = [p for p in self.parked if id(p) not in settled]
+                if out is None:
+                    blocked.add(pool)  # later tasks of the pool stay behind this one
+                    continue
+                outputs = [out]
+            await self._deliver(sender, parked, outputs)
+            # handle() may have parked more, or a cancel dropped some, meanwhile
+            self.parked = [p for p in self.parked if p is not parked]
+
+    async def _deliver(self, sender: Sender, parked: Parked, outputs: list[Output]) -> None:
+        """Produce a parked task's outcome; what can never be produced fails the request."""
+        try:
+            await sender.produce(outputs)
+        except (PermanentBrokerError, SchemaError) as exc:
+            envelope = parked.task["envelope"]
+            log.error("request %s: cannot send its task: %s", envelope["request_id"], exc)
+            reply = sender.error_output(envelope, error_info(failure_reply(exc, self.name)))
+            if reply is not None:
+                with contextlib.suppress(PermanentBrokerError, SchemaError):
+                    await sender.produce([reply])
 
     async def _place_parked_loop(self) -> None:
         while True:

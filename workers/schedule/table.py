@@ -4,22 +4,29 @@ The topic is compacted and keyed by worker id, so reading it from the start
 rebuilds the table after a restart: the log is the changelog. A worker is
 live while its last heartbeat is younger than ``worker_ttl_s`` and its state
 is ``ready``.
+
+"Younger" is measured against the last moment the table could see the
+topic, not against the clock: while Kafka cannot be reached no heartbeat
+arrives, and a table that judged by the clock would declare every worker
+dead because of its own blindness. :meth:`settling` says when the view is
+not to be trusted (no contact now, or contact regained less than a
+heartbeat TTL ago), so schedule can answer "the pipeline is unavailable"
+instead of "no worker".
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-
-from aiokafka import TopicPartition
 
 from conveyor.errors import SchemaError
 from conveyor.settings import Settings
 from schemas.codec import Codec, default_codec
 from schemas.records import WorkerHeartbeat
-from topics.clients import make_consumer
 from topics.envelope import now_ms
+from topics.follow import Follower, follow
 
 __all__ = ["WorkerTable", "WorkerView"]
 
@@ -44,6 +51,30 @@ class WorkerTable:
     codec: Codec = field(default_factory=default_codec)
     workers: dict[str, WorkerView] = field(default_factory=dict)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    follower: Follower | None = None
+    clock: Callable[[], int] = now_ms
+
+    def seen_until_ms(self) -> int:
+        """Up to when the table has seen every heartbeat written."""
+        now = self.clock()
+        if self.follower is None:
+            return now
+        if not self.follower.reachable:
+            return min(now, self.follower.last_contact_ms)
+        return now
+
+    def blind(self) -> bool:
+        """The table cannot reach the heartbeat topic now."""
+        return self.follower is not None and not self.follower.reachable
+
+    def settling(self) -> bool:
+        """The view is not to be trusted: blind now, or contact regained less
+        than ``worker_ttl_s`` ago (workers may not have beaten since)."""
+        if self.follower is None:
+            return False
+        if self.blind():
+            return True
+        return self.clock() - self.follower.regained_ms < self.settings.worker_ttl_s * 1000
 
     def apply(self, beat: WorkerHeartbeat) -> None:
         old = self.workers.get(beat["worker_id"])
@@ -52,7 +83,7 @@ class WorkerTable:
         self.changed.set()
 
     def live(self, pool: str) -> list[WorkerView]:
-        horizon = now_ms() - int(self.settings.worker_ttl_s * 1000)
+        horizon = self.seen_until_ms() - int(self.settings.worker_ttl_s * 1000)
         return [
             w
             for w in self.workers.values()
@@ -75,27 +106,24 @@ class WorkerTable:
         return best, partition
 
     async def follow(self, ready: asyncio.Event | None = None) -> None:
-        """Read the heartbeat topic from the start, then keep following it."""
-        topic = self.settings.topic("workers")
-        consumer = make_consumer(self.settings, group=None)
-        await consumer.start()
+        """Read the heartbeat topic from the start, then keep following it
+        (through Kafka outages: see topics/follow.py). ``ready`` is set once
+        the heartbeats written before the start are read."""
+        self.follower = follower = follow(self.settings, self.settings.topic("workers"), 0,
+                                          "beginning")
+        signal = asyncio.create_task(self._signal_ready(follower, ready))
         try:
-            tp = TopicPartition(topic, 0)
-            consumer.assign([tp])
-            await consumer.seek_to_beginning(tp)
-            end = (await consumer.end_offsets([tp]))[tp]
-            if end == 0 and ready is not None:
-                ready.set()
-            while True:
-                batch = await consumer.getmany(timeout_ms=500)
-                for records in batch.values():
-                    for record in records:
-                        try:
-                            self.apply(self.codec.decode(record.value, "WorkerHeartbeat"))
-                        except SchemaError as exc:
-                            log.warning("ignoring a bad heartbeat at %d: %s", record.offset, exc)
-                if ready is not None and not ready.is_set():
-                    if await consumer.position(tp) >= end:
-                        ready.set()
+            async for records in follower:
+                for record in records:
+                    try:
+                        self.apply(self.codec.decode(record.value, "WorkerHeartbeat"))
+                    except SchemaError as exc:
+                        log.warning("ignoring a bad heartbeat at %d: %s", record.offset, exc)
         finally:
-            await consumer.stop()
+            signal.cancel()
+
+    @staticmethod
+    async def _signal_ready(follower: Follower, ready: asyncio.Event | None) -> None:
+        await follower.caught_up.wait()
+        if ready is not None:
+            ready.set()

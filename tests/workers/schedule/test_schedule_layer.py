@@ -17,19 +17,30 @@ from workers.schedule.layer import ScheduleLayer
 
 @dataclass
 class RecordingSender:
-    """Stands in for workers.outputs.Sender (send, flush, error_reply) at the seam."""
+    """Stands in for workers.outputs.Sender (produce, error_output) at the seam."""
 
     sent: list[Output] = field(default_factory=list)
     errors: list[tuple[str, ErrorInfo]] = field(default_factory=list)
 
-    async def send(self, out: Output) -> None:
-        self.sent.append(out)
+    async def produce(self, outputs: list[Output], stopping: Any = None) -> None:
+        for out in outputs:
+            if out.event_type == "Reply":
+                self.errors.append((out.key or "", out.record["error"]))
+            else:
+                self.sent.append(out)
 
-    async def flush(self) -> None:
-        return None
+    def error_output(self, envelope: Any, error: ErrorInfo, index: int = 0) -> Output:
+        return Output("sched.replies", "Reply", {"error": error},
+                      key=envelope["request_id"], partition=0)
 
-    async def error_reply(self, envelope: Any, error: ErrorInfo, index: int = 0) -> None:
-        self.errors.append((envelope["request_id"], error))
+
+@dataclass
+class BlindFollower:
+    """The follower's view a WorkerTable reads (reachable, last contact, regained)."""
+
+    reachable: bool = False
+    last_contact_ms: int = 0
+    regained_ms: int = 0
 
 
 @dataclass
@@ -129,3 +140,57 @@ async def test_revoked_partitions_drop_their_parked_tasks(layer: Any) -> None:
     await sched.handle(task("r2"), Rec("sched.routed", 1, 1))
     sched.revoked([TopicPartition("sched.routed", 0)])
     assert [p.task["envelope"]["request_id"] for p in sched.parked] == ["r2"]
+
+
+async def test_a_cancelled_parked_task_is_never_sent(layer: Any) -> None:
+    sched, sender = layer
+    tp = TopicPartition("sched.routed", 0)
+    await sched.handle(task("r1"), Rec(tp.topic, 0, 1))
+    await sched.handle(task("r2"), Rec(tp.topic, 0, 2))  # queued behind r1
+    await sched.handle(task("r3"), Rec(tp.topic, 0, 3))
+    sched.cancel("r1")
+    sched.cancel("r2")
+    assert sched.committable(tp, 4) == 3  # the cancelled ones no longer hold the offset
+    sched.table.apply(beat("w1"))
+    await sched.place_parked()
+    assert [o.record["envelope"]["request_id"] for o in sender.sent] == ["r3"]
+    assert sender.errors == []
+
+
+async def test_a_blind_table_says_the_pipeline_is_unavailable(settings: Settings) -> None:
+    clock = [now_ms()]
+    sched = ScheduleLayer(settings, clock=lambda: clock[0])
+    sched.table.clock = lambda: clock[0]
+    sender = RecordingSender()
+    sched._sender = sender  # type: ignore[assignment]
+    # the worker beat just before the table lost sight of Kafka
+    sched.table.apply(beat("w1"))
+    sched.table.follower = BlindFollower(last_contact_ms=clock[0])  # type: ignore[assignment]
+    clock[0] += 60_000
+    # not declared dead because of the table's own blindness
+    assert [w.beat["worker_id"] for w in sched.table.live("cpu")] == ["w1"]
+    assert sched.table.settling()
+    # a task out of time while blind: 503 pipeline_unavailable, not no_worker_available
+    await sched.handle(task("r1", pool="gpu"), Rec("sched.routed", 0, 1))
+    clock[0] += 6000
+    await sched.place_parked()
+    [(rid, error)] = sender.errors
+    assert rid == "r1" and error["status"] == 503 and error["code"] == "pipeline_unavailable"
+
+
+async def test_a_table_that_sees_again_settles_after_a_ttl(settings: Settings) -> None:
+    clock = [now_ms()]
+    sched = ScheduleLayer(settings, clock=lambda: clock[0])
+    sched.table.clock = lambda: clock[0]
+    sched.table.follower = BlindFollower(  # type: ignore[assignment]
+        reachable=True, last_contact_ms=clock[0], regained_ms=clock[0])
+    assert sched.table.settling()
+    clock[0] += int(settings.worker_ttl_s * 1000) + 1
+    assert not sched.table.settling()
+    sender = RecordingSender()
+    sched._sender = sender  # type: ignore[assignment]
+    await sched.handle(task("r1", pool="gpu"), Rec("sched.routed", 0, 1))
+    clock[0] += 6000
+    await sched.place_parked()
+    [(_, error)] = sender.errors
+    assert error["code"] == "no_worker_available"

@@ -1,0 +1,92 @@
+"""Retrying a failing broker without spinning, and saying so without flooding the log.
+
+:class:`Backoff` is the wait between attempts: exponential from ``initial_s``
+up to ``max_s`` (``settings.retry_backoff_max_s``), with jitter so that many
+clients that lost the same broker do not come back at the same instant, and
+reset by the first success.
+
+:class:`RateLimitedLog` writes the first line of each kind at once and then
+at most one line per ``interval_s`` with the count of the lines it held
+back. During a Kafka outage every follower, producer and loop fails several
+times a second; one line per kind per ten seconds says as much.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+__all__ = ["Backoff", "RateLimitedLog"]
+
+
+@dataclass
+class Backoff:
+    """Exponential backoff with full jitter on the upper half: the n-th wait
+    lies in ``[d/2, d]`` where ``d = min(max_s, initial_s * factor**n)``."""
+
+    initial_s: float = 0.1
+    max_s: float = 5.0
+    factor: float = 2.0
+    attempts: int = 0
+    rand: Callable[[], float] = field(default=random.random, repr=False)
+
+    def next_delay(self) -> float:
+        full = min(self.max_s, self.initial_s * self.factor ** min(self.attempts, 64))
+        self.attempts += 1
+        return full / 2 + self.rand() * full / 2
+
+    async def wait(self) -> None:
+        await asyncio.sleep(self.next_delay())
+
+    def reset(self) -> None:
+        self.attempts = 0
+
+
+@dataclass
+class _Kind:
+    last_s: float
+    held: int = 0
+
+
+class RateLimitedLog:
+    """One line per kind of message per ``interval_s``; the rest are counted."""
+
+    def __init__(self, logger: logging.Logger, interval_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.logger = logger
+        self.interval_s = interval_s
+        self.clock = clock
+        self._kinds: dict[str, _Kind] = {}
+
+    def log(self, level: int, kind: str, msg: str, *args: object) -> bool:
+        """Log ``msg % args`` unless a line of ``kind`` went out less than
+        ``interval_s`` ago; returns whether it was written."""
+        now = self.clock()
+        seen = self._kinds.get(kind)
+        if seen is not None and now - seen.last_s < self.interval_s:
+            seen.held += 1
+            return False
+        held = seen.held if seen is not None else 0
+        self._kinds[kind] = _Kind(last_s=now)
+        if held:
+            self.logger.log(level, msg + " (%d more like it in the last %.0f s)", *args, held,
+                            self.interval_s)
+        else:
+            self.logger.log(level, msg, *args)
+        return True
+
+    def warning(self, kind: str, msg: str, *args: object) -> bool:
+        return self.log(logging.WARNING, kind, msg, *args)
+
+    def error(self, kind: str, msg: str, *args: object) -> bool:
+        return self.log(logging.ERROR, kind, msg, *args)
+
+    def resolved(self, kind: str, msg: str, *args: object) -> None:
+        """The trouble of ``kind`` is over: say so once (if it was ever logged)
+        and start counting afresh."""
+        if self._kinds.pop(kind, None) is not None:
+            self.logger.info(msg, *args)

@@ -1,0 +1,161 @@
+"""Tailing one partition, through broker outages: the one reader every
+follower of a side topic uses (heartbeats, cancels, replies, progress).
+
+    follower = follow(settings, settings.topic("workers"), 0, "beginning")
+    async for records in follower:        # non-empty lists, in offset order
+        for record in records: ...
+    follower.caught_up                    # set once the backlog seen at start is read
+    follower.reachable                    # False while Kafka does not answer
+
+Starts: ``"beginning"``, ``"end"``, an offset (``int``), or a wall-clock
+time (``FromTime(ms)``, found with ``offsets_for_times``; the end when
+nothing is that recent).
+
+A follower never raises for the broker: when Kafka cannot be reached it
+closes its consumer, backs off (``settings.retry_backoff_max_s`` at most),
+logs one line per kind of failure per ten seconds, and reconnects where it
+left off, so no record is skipped. An idle partition returns nothing, and
+aiokafka's fetch returns nothing during an outage too, so while no record
+arrives the follower asks the broker for the partition's end offset every
+``probe_s`` (bounded by ``probe_timeout_s``): ``reachable`` and
+``last_contact_ms`` are what a reader needs to tell "nothing happened" from
+"I cannot see" (the schedule layer's worker table does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from aiokafka import ConsumerRecord, TopicPartition
+from aiokafka.errors import KafkaError
+
+from conveyor.settings import Settings
+from topics.backoff import Backoff, RateLimitedLog
+from topics.clients import make_consumer
+from topics.envelope import now_ms
+
+__all__ = ["FromTime", "Follower", "Start", "follow"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FromTime:
+    """Start at the first record written at or after ``ms`` (wall clock)."""
+
+    ms: int
+
+
+Start = Literal["beginning", "end"] | int | FromTime
+
+_BROKER_TROUBLE = (KafkaError, OSError, asyncio.TimeoutError)
+
+
+class Follower:
+    """An async iterable of record batches of one partition; see the module."""
+
+    def __init__(self, settings: Settings, topic: str, partition: int = 0,
+                 start: Start = "beginning", *, poll_ms: int = 500, probe_s: float = 1.0,
+                 probe_timeout_s: float = 2.0, **consumer_options: Any) -> None:
+        self.settings = settings
+        self.tp = TopicPartition(topic, partition)
+        self.start = start
+        self.poll_ms = poll_ms
+        self.probe_s = probe_s
+        self.probe_timeout_s = probe_timeout_s
+        self.consumer_options = consumer_options
+        # the next offset to read, once known
+        self.position: int | None = None
+        self.caught_up = asyncio.Event()
+        self.last_contact_ms = 0
+        # when contact came back after the follower had been blind (0: never lost)
+        self.regained_ms = 0
+        self._last_contact = float("-inf")
+        self._problems = RateLimitedLog(log)
+
+    @property
+    def stale_after_s(self) -> float:
+        """How long without an answer before the follower counts as blind."""
+        return self.probe_s + self.probe_timeout_s + self.poll_ms / 1000
+
+    @property
+    def reachable(self) -> bool:
+        return time.monotonic() - self._last_contact <= self.stale_after_s
+
+    def _contact(self) -> None:
+        if self.last_contact_ms and not self.reachable:
+            self.regained_ms = now_ms()
+        self._last_contact = time.monotonic()
+        self.last_contact_ms = now_ms()
+
+    def __aiter__(self) -> AsyncIterator[list[ConsumerRecord[bytes, bytes]]]:
+        return self.batches()
+
+    async def batches(self) -> AsyncIterator[list[ConsumerRecord[bytes, bytes]]]:
+        backoff = Backoff(max_s=self.settings.retry_backoff_max_s)
+        tp = self.tp
+        while True:
+            consumer = make_consumer(self.settings, group=None, **self.consumer_options)
+            try:
+                await consumer.start()
+                consumer.assign([tp])
+                await self._seek(consumer)
+                end = await self._end_offset(consumer)
+                self._problems.resolved("follow", "%s: following again", tp.topic)
+                backoff.reset()
+                while True:
+                    if not self.caught_up.is_set() and await consumer.position(tp) >= end:
+                        self.caught_up.set()
+                    batch = await consumer.getmany(tp, timeout_ms=self.poll_ms)
+                    records = batch.get(tp, [])
+                    if records:
+                        self._contact()
+                        self.position = records[-1].offset + 1
+                        yield records
+                    elif time.monotonic() - self._last_contact >= self.probe_s:
+                        await self._end_offset(consumer)
+            except _BROKER_TROUBLE as exc:
+                self._problems.warning("follow", "%s: cannot follow %s[%d] (%s: %s); retrying",
+                                       tp.topic, tp.topic, tp.partition, type(exc).__name__, exc)
+            finally:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(consumer.stop(), self.probe_timeout_s)
+            await backoff.wait()
+
+    async def _end_offset(self, consumer: Any) -> int:
+        ends = await asyncio.wait_for(consumer.end_offsets([self.tp]), self.probe_timeout_s)
+        self._contact()
+        return int(ends[self.tp])
+
+    async def _seek(self, consumer: Any) -> None:
+        """To where this follower left off, else to its start."""
+        tp = self.tp
+        if self.position is not None:
+            consumer.seek(tp, self.position)
+        elif self.start == "beginning":
+            await consumer.seek_to_beginning(tp)
+        elif self.start == "end":
+            await consumer.seek_to_end(tp)
+        elif isinstance(self.start, FromTime):
+            found = await asyncio.wait_for(
+                consumer.offsets_for_times({tp: self.start.ms}), self.probe_timeout_s)
+            hit = found.get(tp)
+            if hit is None:
+                await consumer.seek_to_end(tp)
+            else:
+                consumer.seek(tp, hit.offset)
+        else:
+            consumer.seek(tp, int(self.start))
+        self.position = await consumer.position(tp)
+
+
+def follow(settings: Settings, topic: str, partition: int = 0, start: Start = "beginning",
+           **options: Any) -> Follower:
+    """A :class:`Follower` of ``topic[partition]`` from ``start``."""
+    return Follower(settings, topic, partition, start, **options)
