@@ -1,45 +1,151 @@
-"""Creates the catalog's topics idempotently at start."""
+"""Creates the catalog's topics idempotently at start, replicated as the cluster allows.
+
+Replication is what makes ``acks=all`` mean anything: with one replica a
+partition vanishes with its broker, and "all in-sync replicas" is that one
+broker. So the replication factor and ``min.insync.replicas`` come from
+:class:`~conveyor.settings.Settings`, where 0 means "choose from the cluster":
+as many replicas as there are brokers, at most 3, and ``min.insync.replicas``
+2 once there are 3 replicas (a write survives the loss of any one broker and
+the partition keeps taking writes while one is down), else 1. A single local
+broker therefore gets 1/1 and a three-broker cluster 3/2, without anybody
+setting anything; what was chosen is logged.
+
+``min.insync.replicas`` is set on each topic rather than left to the broker's
+default, so a topic carries its durability with it. Topics that exist already
+are left alone (their replication cannot be raised by a create), but one that
+is replicated less than the settings ask is reported at WARNING: it is the
+mark of a catalog first created against a single broker.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
+from aiokafka.errors import (
+    KafkaConnectionError,
+    KafkaError,
+    TopicAlreadyExistsError,
+    for_code,
+)
 
-from conveyor.errors import BrokerError
+from conveyor.errors import BrokerError, ConveyorError, PermanentBrokerError
 from conveyor.settings import Settings
 from topics.catalog import TopicSpec
 
-__all__ = ["ensure_topics"]
+__all__ = ["Replication", "choose_replication", "ensure_topics"]
 
 log = logging.getLogger(__name__)
 
+_AUTO_MAX_REPLICAS = 3
 
-async def ensure_topics(settings: Settings, specs: list[TopicSpec], wait_s: float = 60.0) -> None:
-    """Create every topic of ``specs`` that does not exist yet (waits for the broker)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+
+@dataclass(frozen=True)
+class Replication:
+    """How every Conveyor topic is replicated on one cluster."""
+
+    factor: int
+    min_insync: int
+    brokers: int
+
+    def configs(self) -> dict[str, str]:
+        return {"min.insync.replicas": str(self.min_insync)}
+
+
+def choose_replication(settings: Settings, brokers: int) -> Replication:
+    """The replication for a cluster of ``brokers`` (0 in the settings = choose).
+
+    Raises :class:`ConveyorError` when the settings ask for what the cluster
+    cannot give: more replicas than brokers (Kafka would refuse every topic),
+    or more in-sync replicas than replicas (every ``acks=all`` write would fail).
+    """
+    if brokers < 1:
+        raise BrokerError("the Kafka cluster reports no broker")
+    factor = settings.replication_factor or min(brokers, _AUTO_MAX_REPLICAS)
+    if factor > brokers:
+        raise ConveyorError(
+            f"replication_factor={factor} needs at least {factor} brokers; the cluster at "
+            f"{settings.kafka_bootstrap} has {brokers} (set CONVEYOR_REPLICATION_FACTOR=0 "
+            "to follow the cluster)")
+    min_insync = settings.min_insync_replicas or (2 if factor >= 3 else 1)
+    if min_insync > factor:
+        raise ConveyorError(
+            f"min_insync_replicas={min_insync} is more than replication_factor={factor}: "
+            "no write could ever be acknowledged")
+    return Replication(factor=factor, min_insync=min_insync, brokers=brokers)
+
+
+async def _start(admin: AIOKafkaAdminClient, settings: Settings, wait_s: float) -> None:
     deadline = asyncio.get_running_loop().time() + wait_s
     while True:
         try:
             await admin.start()
-            break
+            return
         except KafkaConnectionError as exc:
             if asyncio.get_running_loop().time() > deadline:
                 raise BrokerError(f"Kafka at {settings.kafka_bootstrap} did not answer") from exc
             await asyncio.sleep(0.5)
+
+
+async def _count_brokers(admin: AIOKafkaAdminClient) -> int:
+    cluster: dict[str, Any] = await admin.describe_cluster()
+    return len(cluster.get("brokers", ()))
+
+
+async def _under_replicated(admin: AIOKafkaAdminClient, names: list[str],
+                            factor: int) -> list[str]:
+    """The topics of ``names`` with a partition of fewer than ``factor`` replicas."""
+    if not names:
+        return []
     try:
+        described: list[dict[str, Any]] = await admin.describe_topics(names)
+    except KafkaError as exc:  # a report only: never stop a start for it
+        log.warning("could not describe the existing topics: %r", exc)
+        return []
+    return sorted(t["topic"] for t in described
+                  if any(len(p["replicas"]) < factor for p in t.get("partitions", ())))
+
+
+def _created(response: Any) -> list[str]:
+    """The topics a create made. The broker answers with an error per topic instead
+    of failing the call: an existing topic is fine (another process created it at
+    the same moment), anything else is raised."""
+    answers = response.to_object()["topic_errors"]
+    refused = [t for t in answers if t["error_code"] not in (0, TopicAlreadyExistsError.errno)]
+    if refused:
+        raise PermanentBrokerError("Kafka refused to create " + "; ".join(
+            f"{t['topic']}: {for_code(t['error_code']).__name__} {t.get('error_message') or ''}"
+            .rstrip() for t in refused))
+    return [t["topic"] for t in answers if t["error_code"] == 0]
+
+
+async def ensure_topics(settings: Settings, specs: list[TopicSpec],
+                        wait_s: float = 60.0) -> Replication:
+    """Create every topic of ``specs`` that does not exist yet (waits for the broker);
+    returns the replication chosen for the cluster."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    await _start(admin, settings, wait_s)
+    try:
+        replication = choose_replication(settings, await _count_brokers(admin))
         existing = set(await admin.list_topics())
         missing = [s for s in specs if s.name not in existing]
         if missing:
-            new = [
-                NewTopic(s.name, s.partitions, 1, topic_configs=s.configs()) for s in missing
-            ]
-            try:
-                await admin.create_topics(new)
-            except TopicAlreadyExistsError:
-                pass  # another process created them at the same moment
-            log.info("created topics %s", ", ".join(s.name for s in missing))
+            new = [NewTopic(s.name, s.partitions, replication.factor,
+                            topic_configs={**s.configs(), **replication.configs()})
+                   for s in missing]
+            created = _created(await admin.create_topics(new))
+            if created:
+                log.info("created topics %s with replication factor %d, min.insync.replicas "
+                         "%d (%d brokers)", ", ".join(created), replication.factor,
+                         replication.min_insync, replication.brokers)
+        weak = await _under_replicated(
+            admin, [s.name for s in specs if s.name in existing], replication.factor)
+        if weak:
+            log.warning("topics replicated fewer than %d times (created on a smaller cluster? "
+                        "reassign their partitions): %s", replication.factor, ", ".join(weak))
+        return replication
     finally:
         await admin.close()

