@@ -1,0 +1,236 @@
+"""Chaos run: streamed load through a real Conveyor while its parts are broken
+in turn, then a check against ``conveyor.tokens`` that every request got exactly
+one answer identical to what the log holds, or a clear error.
+
+    .venv/bin/python -m bench.chaos [--quick] [--faults worker,redis-flush]
+                                    [--time-limit 420] [--max-requests 600]
+
+It starts a redis-server (append-only file on) and a single-node Kafka of its
+own on free ports, never the shared ones, and on them ``conveyor layer`` (every
+layer), two ``conveyor infer --pool cpu --engine llamacpp --contexts 2``
+workers and ``conveyor gateway`` (model ``smollm2``). Clients stream greedy
+chat answers while the faults of ``bench.chaos_faults`` strike one after
+another with a quiet period between. It prints the outcome counts and the
+stalls per fault, each failure with its request id, and a verdict line; the
+exit code is 1 when any request was lost, duplicated or corrupted. Everything
+it started is stopped on exit, Ctrl-C or SIGTERM; the logs stay in the folder
+it prints.
+
+Bounds: no fault starts after ``--time-limit`` seconds (startup included);
+requests then in flight get their client deadline (the gateway's request
+timeout plus 20 s), so the run ends within the limit plus that deadline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+
+from bench.chaos_check import judge, read_tokens
+from bench.chaos_faults import FAULTS, Chaos, Heartbeats, Injected
+from bench.chaos_load import Load, Record
+from bench.chaos_report import Report
+from bench.chaos_services import ChaosKafka, ChaosRedis, Conveyor, free_port
+from bench.harness import BenchError, exit_on_sigterm
+
+__all__ = ["main"]
+
+log = logging.getLogger("bench.chaos")
+
+QUICK_FAULTS = ("worker", "redis-stop", "redis-flush-worker")
+# about how long a fault takes from its strike to a healthy pipeline, quiet period aside
+_FAULT_COST_S = {"kafka": 45.0}
+_DEFAULT_COST_S = 25.0
+WORKERS = ["w0", "w1"]
+
+
+def _options(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n")[0])
+    p.add_argument("--faults", default=None,
+                   help=f"comma-separated subset, in order (all: {','.join(FAULTS)})")
+    p.add_argument("--quick", action="store_true",
+                   help=f"about 2 minutes: {','.join(QUICK_FAULTS)}, short quiet periods")
+    p.add_argument("--time-limit", type=float, default=None,
+                   help="seconds after which no fault starts (default 420, quick 150)")
+    p.add_argument("--max-requests", type=int, default=600, help="requests sent in all")
+    p.add_argument("--clients", type=int, default=4, help="concurrent streaming clients")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--quiet", type=float, default=None,
+                   help="seconds of plain load after each fault (default 12, quick 5)")
+    p.add_argument("--baseline", type=float, default=None,
+                   help="seconds of load before the first fault (default 15, quick 8)")
+    p.add_argument("--request-timeout", type=float, default=60.0,
+                   help="the gateway's request deadline (CONVEYOR_REQUEST_TIMEOUT_S)")
+    p.add_argument("--workdir", type=Path, default=None,
+                   help="where services keep data and logs (default a new /tmp folder)")
+    opts = p.parse_args(argv)
+    names = opts.faults.split(",") if opts.faults else list(
+        QUICK_FAULTS if opts.quick else FAULTS)
+    unknown = [n for n in names if n not in FAULTS]
+    if unknown:
+        p.error(f"unknown fault {unknown[0]!r}; choose from {', '.join(FAULTS)}")
+    opts.fault_names = names
+    opts.time_limit = opts.time_limit or (150.0 if opts.quick else 420.0)
+    opts.quiet = opts.quiet if opts.quiet is not None else (5.0 if opts.quick else 12.0)
+    opts.baseline = opts.baseline if opts.baseline is not None else (8.0 if opts.quick else 15.0)
+    return opts
+
+
+def _env(redis: ChaosRedis, kafka: ChaosKafka, prefix: str, port: int,
+         request_timeout: float) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
+    env.update({
+        "CONVEYOR_KAFKA_BOOTSTRAP": kafka.bootstrap,
+        "CONVEYOR_REDIS_URL": redis.url,
+        "CONVEYOR_TOPIC_PREFIX": prefix,
+        "CONVEYOR_GATEWAY_PORT": str(port),
+        "CONVEYOR_REQUEST_TIMEOUT_S": str(request_timeout),
+    })
+    return env
+
+
+async def _wait_ready(c: Chaos, within: float = 240.0) -> None:
+    """The gateway answers a real completion and every worker heartbeats ready."""
+    deadline = time.monotonic() + within
+    async with httpx.AsyncClient(timeout=60.0) as client:
+        while time.monotonic() < deadline:
+            for name, proc in c.conveyor.procs.items():
+                if proc.exited() is not None:
+                    raise BenchError(f"{name} exited early:\n{proc.log_tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                r = await client.post(f"{c.base_url}/v1/completions", json={
+                    "model": "smollm2", "prompt": "Hi", "max_tokens": 1})
+                if r.status_code == 200 and all(c.beats.ready(w, 0.0)
+                                                for w in c.conveyor.workers):
+                    return
+            await asyncio.sleep(1.0)
+    raise BenchError("Conveyor did not become ready:\n" + "\n".join(
+        p.log_tail(15) for p in c.conveyor.procs.values()))
+
+
+async def _supervise(conveyor: Conveyor) -> None:
+    """Start again what died on its own, as a supervisor would (and say so)."""
+    while True:
+        for name in conveyor.reap():
+            code = conveyor.unexpected[-1][2]
+            log.warning("%s exited on its own (code %s): starting it again", name, code)
+            await asyncio.sleep(1.0)
+            await asyncio.to_thread(conveyor.start, name)
+        await asyncio.sleep(0.5)
+
+
+def _reference(records: list[Record], before: float) -> dict[int, str]:
+    """Each prompt's first complete answer before any fault."""
+    out: dict[int, str] = {}
+    for r in records:
+        if r.ended is not None and r.ended < before and r.finished and r.error is None:
+            out.setdefault(r.prompt, r.text)
+    return out
+
+
+async def _drive(opts: argparse.Namespace, chaos: Chaos, t0: float) -> tuple[
+        list[Injected], list[str]]:
+    """Baseline load, then each fault with a recovery and a quiet period."""
+    chaos.load.start()
+    log.info("load: %d clients, max_tokens %d; baseline %.0f s", opts.clients,
+             opts.max_tokens, opts.baseline)
+    await asyncio.sleep(opts.baseline)
+    skipped: list[str] = []
+    for name in opts.fault_names:
+        cost = _FAULT_COST_S.get(name, _DEFAULT_COST_S) + opts.quiet
+        if time.monotonic() - t0 + cost > opts.time_limit or chaos.load.exhausted:
+            skipped.append(name)
+            continue
+        await chaos.wait_streaming()
+        event = await FAULTS[name](chaos)
+        event.restored_at = time.monotonic()
+        if not await chaos.recovered():
+            event.notes.append("NOT healthy again within 90 s")
+        log.info("fault %s: healthy again %.1f s after the strike", name,
+                 time.monotonic() - event.injected_at)
+        await asyncio.sleep(opts.quiet)
+    return chaos.injected, skipped
+
+
+async def _run(opts: argparse.Namespace, conveyor: Conveyor, redis: ChaosRedis,
+               kafka: ChaosKafka, base_url: str, prefix: str, t0: float) -> bool:
+    beats = Heartbeats(kafka.bootstrap, f"{prefix}.workers")
+    load = Load(base_url, opts.clients, opts.max_tokens, opts.max_requests,
+                client_deadline_s=opts.request_timeout + 20.0)
+    chaos = Chaos(conveyor, redis, kafka, load, beats, base_url)
+    background = [asyncio.create_task(beats.follow()), asyncio.create_task(_supervise(conveyor))]
+    try:
+        await _wait_ready(chaos)
+        log.info("Conveyor ready after %.0f s", time.monotonic() - t0)
+        try:
+            injected, skipped = await _drive(opts, chaos, t0)
+        finally:
+            load.stop()
+            log.info("load stopped; waiting for %d requests in flight", len(load.in_flight()))
+            await load.drain()
+    finally:
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+    logged = await read_tokens(kafka.bootstrap, f"{prefix}.tokens")
+    first = injected[0].injected_at if injected else float("inf")
+    verdicts = judge(load.records, logged, _reference(load.records, first))
+    report = Report(verdicts, injected, conveyor.unexpected, skipped)
+    print("\n".join(report.lines()), flush=True)
+    ok, line = report.verdict()
+    print(line, flush=True)
+    return ok
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    opts = _options(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout,
+                        format="[%(relativeCreated)7.0f ms] %(message)s")
+    for noisy in ("aiokafka", "kafka", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.CRITICAL)
+    exit_on_sigterm()
+    t0 = time.monotonic()
+    workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="conveyor-chaos-"))
+    logs = workdir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    print(f"chaos: faults {','.join(opts.fault_names)}; logs in {logs}", flush=True)
+    with ExitStack() as stack:
+        redis = ChaosRedis(workdir)
+        stack.callback(redis.stop, signal.SIGKILL)
+        kafka = ChaosKafka(workdir)
+        stack.callback(kafka.close)
+        redis.start()
+        kafka.link_jars()
+        kafka.start()
+        log.info("own Redis on %s, own Kafka on %s", redis.url, kafka.bootstrap)
+        prefix = f"chaos{int(time.time())}"
+        port = free_port()
+        conveyor = Conveyor(logs, _env(redis, kafka, prefix, port, opts.request_timeout),
+                            list(WORKERS))
+        stack.callback(conveyor.close)
+        conveyor.topics()
+        conveyor.start_all()
+        ok = asyncio.run(_run(opts, conveyor, redis, kafka, f"http://127.0.0.1:{port}",
+                              prefix, t0))
+    print(f"chaos: done in {time.monotonic() - t0:.0f} s; logs in {logs}", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except BenchError as exc:
+        print(f"chaos: {exc}", file=sys.stderr)
+        sys.exit(2)

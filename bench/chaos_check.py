@@ -1,0 +1,241 @@
+"""The chaos run's judge: what ``conveyor.tokens`` holds for each request, and
+whether what its client got is that, once.
+
+The log is read whole (the run's own prefix, from the beginning) and each
+request's answer rebuilt from it as postprocess builds it: chunks applied in
+``seq`` order, the first chunk of each ``seq`` taken and later ones with the
+same ``seq`` dropped, up to the first chunk that finishes or fails. Two chunks
+with the same ``seq`` and different contents mean two runs of the task wrote
+over each other (a retry that did not continue after what was sent): postprocess
+then splices one run's head to the other's tail, so such a request is corrupted
+even when the client's text matches the rebuild.
+
+Outcomes, one per request:
+
+- ``answered``: exactly one answer, its text identical to the log's, usage
+  equal to the log's token count, a finish reason that fits;
+- ``errored``: a clear error (an HTTP status other than 200, an OpenAI error
+  event in the stream), possibly after some text;
+- ``lost``: neither an answer nor an error (a hang past the client's deadline,
+  a stream cut without an error);
+- ``duplicated``: two finals, two usages, events after ``[DONE]``, or the
+  answer's text repeated;
+- ``corrupted``: text unlike the log's, usage that does not match, ``length``
+  before ``max_tokens``, a log whose runs disagree, an answer the log lacks.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from bench.chaos_load import Record
+from schemas.codec import default_codec
+
+__all__ = ["Logged", "Outcome", "Verdict", "judge", "read_tokens"]
+
+Outcome = Literal["answered", "errored", "lost", "duplicated", "corrupted"]
+
+
+@dataclass
+class Logged:
+    """One request's chunks in ``conveyor.tokens``, in log order."""
+
+    request_id: str
+    trace_id: str = ""
+    chunks: list[dict[str, Any]] = field(default_factory=list)
+
+    def rebuilt(self) -> tuple[str, int, str | None, bool]:
+        """(text, completion tokens, finish reason or ``error``, finished) as
+        postprocess assembles them: the first chunk of each seq wins."""
+        first: dict[int, dict[str, Any]] = {}
+        for c in self.chunks:
+            first.setdefault(c["seq"], c)
+        seq, tokens = 0, 0
+        text: list[str] = []
+        while seq in first:
+            c = first[seq]
+            if c["error"] is not None:
+                return "".join(text), tokens, "error", True
+            text.append(c["text"])
+            tokens += c["tokens"]
+            if c["finish_reason"] is not None:
+                return "".join(text), tokens, c["finish_reason"], True
+            seq += 1
+        return "".join(text), tokens, None, False
+
+    def conflicts(self) -> list[int]:
+        """Sequence numbers written twice with different contents."""
+        seen: dict[int, tuple[str, int, str | None]] = {}
+        bad: set[int] = set()
+        for c in self.chunks:
+            key = (c["text"], c["tokens"], c["finish_reason"])
+            if seen.setdefault(c["seq"], key) != key:
+                bad.add(c["seq"])
+        return sorted(bad)
+
+    def runs(self) -> list[str]:
+        """Who wrote the chunks, in order of first appearance: ``worker/attempt``."""
+        out: list[str] = []
+        for c in self.chunks:
+            tag = f"{c['worker_id']}/a{c['envelope']['attempt']}"
+            if tag not in out:
+                out.append(tag)
+        return out
+
+
+async def read_tokens(bootstrap: str, topic: str) -> dict[str, Logged]:
+    """Every chunk of ``topic`` from the beginning to its end now, by request id."""
+    codec = default_codec()
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    parts = sorted(p["partition"] for d in described for p in d.get("partitions") or ())
+    if not parts:
+        raise RuntimeError(f"topic {topic} not found on {bootstrap}")
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                auto_offset_reset="earliest", request_timeout_ms=15000)
+    await consumer.start()
+    out: dict[str, Logged] = {}
+    try:
+        tps = [TopicPartition(topic, p) for p in parts]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        left = {tp for tp in tps if ends[tp] > 0}
+        while left:
+            batch = await consumer.getmany(*left, timeout_ms=2000)
+            for records in batch.values():
+                for rec in records:
+                    chunk = codec.decode(rec.value, "TokenChunk")
+                    env = chunk["envelope"]
+                    rid = env["request_id"]
+                    logged = out.setdefault(rid, Logged(rid))
+                    logged.trace_id = logged.trace_id or _trace_id(env["traceparent"])
+                    logged.chunks.append(chunk)
+            for tp in list(left):
+                if await consumer.position(tp) >= ends[tp]:
+                    left.discard(tp)
+    finally:
+        await consumer.stop()
+    return out
+
+
+def _trace_id(traceparent: str) -> str:
+    parts = traceparent.split("-")
+    return parts[1] if len(parts) == 4 else ""
+
+
+@dataclass
+class Verdict:
+    record: Record
+    outcome: Outcome
+    why: str = ""
+    logged: Logged | None = None
+    unlike_reference: bool = False
+
+
+def judge(records: list[Record], log: dict[str, Logged],
+          reference: dict[int, str]) -> list[Verdict]:
+    """One verdict per record; ``reference`` is each prompt's answer before any fault
+    (greedy decoding: a different text is shown, but is not by itself an error)."""
+    by_trace = {lg.trace_id: lg for lg in log.values() if lg.trace_id}
+    verdicts = []
+    for r in records:
+        logged = log.get(r.request_id or "") or by_trace.get(r.trace_id)
+        if logged is not None and r.request_id is None:
+            r.request_id = logged.request_id
+        outcome, why = _outcome(r, logged)
+        v = Verdict(r, outcome, why, logged)
+        ref = reference.get(r.prompt)
+        v.unlike_reference = outcome == "answered" and ref is not None and r.text != ref
+        verdicts.append(v)
+    return verdicts
+
+
+def _outcome(r: Record, logged: Logged | None) -> tuple[Outcome, str]:
+    dup = _duplicated(r)
+    if dup:
+        return "duplicated", dup
+    if r.error_kind in ("hang", "cut", "transport") and not r.finished:
+        return "lost", r.error or r.error_kind or ""
+    if r.error_kind in ("http", "event"):
+        if r.finish_reasons:
+            return "corrupted", f"an error after the final chunk: {r.error}"
+        return "errored", r.error or ""
+    if not r.finished:
+        return "lost", "no final chunk"
+    if logged is None:
+        return "corrupted", "an answer the log does not hold"
+    return _against_log(r, logged)
+
+
+def _duplicated(r: Record) -> str:
+    if len(r.finish_reasons) > 1:
+        return f"{len(r.finish_reasons)} final chunks"
+    if len(r.usages) > 1:
+        return f"{len(r.usages)} usage chunks"
+    if r.done > 1 or r.after_done:
+        return f"{r.done} [DONE] and {r.after_done} events after it"
+    if len(r.ids) > 1:
+        return f"chunks of several completions: {sorted(r.ids)}"
+    return ""
+
+
+def _against_log(r: Record, logged: Logged) -> tuple[Outcome, str]:
+    text, tokens, finish, finished = logged.rebuilt()
+    conflicts = logged.conflicts()
+    if r.text != text:
+        head = text[:32]
+        if head and r.text.count(head) > text.count(head):
+            return "duplicated", f"text repeated ({len(r.text)} chars, log {len(text)})"
+        return "corrupted", (f"text differs from the log at char {_diverge(r.text, text)} "
+                             f"({len(r.text)} vs {len(text)} chars; runs {logged.runs()})")
+    if conflicts:
+        return "corrupted", (f"the log holds different chunks for seq {conflicts[:5]} "
+                             f"(runs {logged.runs()}): a restarted run spliced into the answer")
+    if not finished:
+        return "corrupted", "answered, but the log holds no final chunk"
+    usage = r.usages[0] if r.usages else None
+    if usage is None:
+        return "corrupted", "no usage chunk (include_usage was asked for)"
+    if usage.get("completion_tokens") != tokens:
+        return "corrupted", (f"usage.completion_tokens {usage.get('completion_tokens')} but "
+                             f"the log holds {tokens} tokens")
+    reason = r.finish_reasons[0]
+    if reason == "length" and tokens < r.max_tokens:
+        return "corrupted", f"finish_reason length at {tokens} of {r.max_tokens} tokens"
+    expected = finish if finish in ("stop", "length") else "stop"
+    if reason != expected:
+        return "corrupted", f"finish_reason {reason} but the log ends with {finish}"
+    return "answered", ""
+
+
+def _diverge(a: str, b: str) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def by_fault(verdicts: list[Verdict], faults: list[tuple[str, float]]) -> dict[str, list[Verdict]]:
+    """Each verdict under the first fault injected while its request was in flight,
+    else the latest one injected before it started (its recovery), else baseline."""
+    out: dict[str, list[Verdict]] = defaultdict(list)
+    for v in verdicts:
+        r = v.record
+        hit = next((name for name, t in faults if r.in_flight_at(t)), None)
+        if hit is None:
+            before = [name for name, t in faults if t <= r.started]
+            hit = before[-1] if before else "baseline"
+        out[hit].append(v)
+    return out

@@ -1,0 +1,223 @@
+"""The faults the chaos run injects, one after another, and how each is undone.
+
+Each fault is injected while streams are running (the run waits, a bounded
+time, until most clients are mid-answer), then undone the way an operator or
+a supervisor would: a killed process is started again, a stopped service
+comes back. ``injected_at`` is the moment the fault struck; the stall of the
+streams in flight then is measured from the client side.
+
+- ``worker``: SIGKILL the busiest infer worker, start it again 3 s later.
+- ``layers``: SIGKILL the process of every layer, start it again 2 s later.
+- ``redis-stop``: stop Redis for 3 s (SIGKILL: nothing is written on the way
+  out; the append-only file is what comes back).
+- ``redis-flush``: FLUSHALL: claims, leases and caches are gone at once.
+- ``kafka``: SIGKILL the broker, start it again 5 s later.
+- ``worker-redis-down``: stop Redis, SIGKILL the busiest worker 1 s later,
+  bring Redis back 2 s after that, the worker 3 s after the kill.
+- ``redis-flush-worker``: FLUSHALL, then SIGKILL the busiest worker: the
+  task's redelivery finds no claim at all, so only the log can tell that it is
+  a retry and where it continues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import httpx
+from aiokafka import AIOKafkaConsumer
+
+from bench.chaos_load import Load
+from bench.chaos_services import ChaosKafka, ChaosRedis, Conveyor
+from schemas.codec import default_codec
+
+__all__ = ["FAULTS", "Chaos", "Heartbeats", "Injected"]
+
+log = logging.getLogger("bench.chaos")
+
+
+@dataclass
+class Heartbeats:
+    """The latest heartbeat of each worker, read from ``conveyor.workers``."""
+
+    bootstrap: str
+    topic: str
+    beats: dict[str, dict[str, object]] = field(default_factory=dict)
+    seen_at: dict[str, float] = field(default_factory=dict)
+
+    async def follow(self) -> None:
+        codec = default_codec()
+        while True:
+            consumer = AIOKafkaConsumer(self.topic, bootstrap_servers=self.bootstrap,
+                                        auto_offset_reset="latest", enable_auto_commit=False)
+            try:
+                await consumer.start()
+                while True:
+                    batch = await consumer.getmany(timeout_ms=500)
+                    for records in batch.values():
+                        for rec in records:
+                            if rec.value is None:
+                                continue
+                            beat = codec.decode(rec.value, "WorkerHeartbeat")
+                            self.beats[beat["worker_id"]] = beat
+                            self.seen_at[beat["worker_id"]] = time.monotonic()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the broker is down: try again
+                log.debug("heartbeat follower: %s", exc)
+                await asyncio.sleep(1.0)
+            finally:
+                with contextlib.suppress(Exception):
+                    await consumer.stop()
+
+    def busiest(self, workers: list[str]) -> str:
+        def running(w: str) -> int:
+            value = self.beats.get(w, {}).get("running", 0)
+            return value if isinstance(value, int) else 0
+
+        return max(workers, key=running)
+
+    def ready(self, worker: str, since: float) -> bool:
+        beat = self.beats.get(worker)
+        return (beat is not None and self.seen_at.get(worker, 0.0) > since
+                and beat.get("state") == "ready" and bool(beat.get("partitions")))
+
+
+@dataclass
+class Injected:
+    name: str
+    injected_at: float
+    restored_at: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Chaos:
+    """Everything a fault may break or wait for."""
+
+    conveyor: Conveyor
+    redis: ChaosRedis
+    kafka: ChaosKafka
+    load: Load
+    beats: Heartbeats
+    base_url: str
+    injected: list[Injected] = field(default_factory=list)
+
+    def strike(self, name: str, note: str) -> Injected:
+        event = Injected(name, time.monotonic(), notes=[note])
+        self.injected.append(event)
+        log.info("fault %s: %s", name, note)
+        return event
+
+    async def wait_streaming(self, within: float = 15.0) -> None:
+        """Until most clients are mid-answer (bounded)."""
+        want = max(1, self.load.clients - 1)
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            if len(self.load.streaming()) >= want:
+                return
+            await asyncio.sleep(0.1)
+
+    async def kill_worker(self, event: Injected | None, name: str) -> Injected:
+        worker = self.beats.busiest(self.conveyor.workers)
+        running = self.beats.beats.get(worker, {}).get("running")
+        note = f"SIGKILL worker {worker} (running {running})"
+        if event is None:
+            event = self.strike(name, note)
+        else:
+            event.notes.append(note)
+        await asyncio.to_thread(self.conveyor.kill, worker, signal.SIGKILL)
+        event.notes.append(f"killed:{worker}")
+        return event
+
+    async def restart_worker(self, event: Injected, after: float) -> None:
+        worker = next(n.split(":", 1)[1] for n in event.notes if n.startswith("killed:"))
+        await asyncio.sleep(after)
+        await asyncio.to_thread(self.conveyor.start, worker)
+
+    async def recovered(self, within: float = 90.0) -> bool:
+        """Until the gateway is healthy and every worker heartbeats ready again."""
+        since = time.monotonic()
+        deadline = since + within
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(httpx.HTTPError):
+                    healthy = (await client.get(f"{self.base_url}/healthz")).status_code == 200
+                    if healthy and all(self.beats.ready(w, since)
+                                       for w in self.conveyor.workers):
+                        return True
+                await asyncio.sleep(0.5)
+        return False
+
+
+async def _worker(c: Chaos) -> Injected:
+    event = await c.kill_worker(None, "worker")
+    await c.restart_worker(event, 3.0)
+    return event
+
+
+async def _layers(c: Chaos) -> Injected:
+    event = c.strike("layers", "SIGKILL the layers process")
+    await asyncio.to_thread(c.conveyor.kill, "layers", signal.SIGKILL)
+    await asyncio.sleep(2.0)
+    await asyncio.to_thread(c.conveyor.start, "layers")
+    return event
+
+
+async def _redis_stop(c: Chaos) -> Injected:
+    event = c.strike("redis-stop", "Redis SIGKILLed for 3 s")
+    await asyncio.to_thread(c.redis.stop, signal.SIGKILL)
+    await asyncio.sleep(3.0)
+    await asyncio.to_thread(c.redis.start)
+    return event
+
+
+async def _redis_flush(c: Chaos) -> Injected:
+    event = c.strike("redis-flush", "Redis FLUSHALL")
+    await asyncio.to_thread(c.redis.flushall)
+    return event
+
+
+async def _kafka(c: Chaos) -> Injected:
+    event = c.strike("kafka", "Kafka SIGKILLed for 5 s")
+    await asyncio.to_thread(c.kafka.kill, signal.SIGKILL)
+    await asyncio.sleep(5.0)
+    started = time.monotonic()
+    await asyncio.to_thread(c.kafka.start)
+    event.notes.append(f"Kafka serving again {time.monotonic() - started:.1f} s after its start")
+    return event
+
+
+async def _worker_redis_down(c: Chaos) -> Injected:
+    event = c.strike("worker-redis-down", "Redis SIGKILLed for 3 s")
+    await asyncio.to_thread(c.redis.stop, signal.SIGKILL)
+    await asyncio.sleep(1.0)
+    await c.kill_worker(event, "worker-redis-down")
+    await asyncio.sleep(2.0)
+    await asyncio.to_thread(c.redis.start)
+    await c.restart_worker(event, 1.0)
+    return event
+
+
+async def _redis_flush_worker(c: Chaos) -> Injected:
+    event = c.strike("redis-flush-worker", "Redis FLUSHALL")
+    await asyncio.to_thread(c.redis.flushall)
+    await c.kill_worker(event, "redis-flush-worker")
+    await c.restart_worker(event, 3.0)
+    return event
+
+
+FAULTS: dict[str, Callable[[Chaos], Awaitable[Injected]]] = {
+    "worker": _worker,
+    "layers": _layers,
+    "redis-stop": _redis_stop,
+    "redis-flush": _redis_flush,
+    "kafka": _kafka,
+    "worker-redis-down": _worker_redis_down,
+    "redis-flush-worker": _redis_flush_worker,
+}
