@@ -77,8 +77,18 @@ class Settings(BaseSettings):
     # the checkpoints a retry continues from, so they are gathered for longer.
     coalesce_unstreamed_ms: float = 250.0
     progress_ttl_s: int = 3600
-    # how long a dead worker's task stays leased to it (renewed every quarter)
-    claim_lease_s: int = 8
+    # how long a dead worker's task stays leased to it (renewed every fifth):
+    # with the infer group's session timeout, this bounds how long a dead
+    # worker's streams stall before a survivor continues them
+    claim_lease_s: float = 2.5
+    # infer workers leave their group this soon after they stop heartbeating
+    # (SIGKILL): a survivor takes their partitions over within about this time
+    infer_session_timeout_ms: int = 2000
+    infer_heartbeat_interval_ms: int = 400
+    # how far clocks of different hosts may disagree: lookups of a request's
+    # events by time start this much earlier, and a claim is trusted only for
+    # tasks written this long after Redis was last seen to lose data
+    clock_skew_ms: int = 2000
 
     # Model registry (route, preprocess and infer read it)
     models_file: Path = _DEFAULT_MODELS

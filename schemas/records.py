@@ -135,6 +135,8 @@ class TokenChunk(TypedDict):
     worker_id: str
     header: ChunkHeader | None
     error: ErrorInfo | None
+    run_id: str
+    run_start: int
 
 
 class Reply(TypedDict):

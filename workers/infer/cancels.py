@@ -1,8 +1,10 @@
 """The cancel list of an infer worker, followed from ``conveyor.control``.
 
-Every worker reads every cancel (no consumer group: it is a broadcast), from
-the moment it starts; a cancel for a request the worker runs stops that
-generation at once.
+Every worker reads every cancel (no consumer group: it is a broadcast),
+starting ``request_timeout_s`` back in time, so that a worker that starts (or
+takes a partition over) still knows the cancels of tasks queued for it. A
+cancel for a request the worker runs stops that generation at once; one for
+a task not taken yet is remembered, and the task is never generated.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from conveyor.errors import SchemaError
 from conveyor.settings import Settings
 from schemas.codec import Codec
 from topics.clients import make_consumer
+from topics.envelope import now_ms
 
 __all__ = ["CancelFollower"]
 
@@ -40,11 +43,15 @@ class CancelFollower:
         consumer = make_consumer(self.settings, group=None, auto_offset_reset="latest")
         await consumer.start()
         try:
-            topic = self.settings.topic("control")
-            parts = {0}  # the catalog gives conveyor.control one partition
-            tps = [TopicPartition(topic, p) for p in sorted(parts)]
-            consumer.assign(tps)
-            await consumer.seek_to_end(*tps)
+            # the catalog gives conveyor.control one partition
+            tp = TopicPartition(self.settings.topic("control"), 0)
+            consumer.assign([tp])
+            since = now_ms() - int(self.settings.request_timeout_s * 1000)
+            found = (await consumer.offsets_for_times({tp: since}))[tp]
+            if found is None:
+                await consumer.seek_to_end(tp)
+            else:
+                consumer.seek(tp, found.offset)
             while True:
                 batch = await consumer.getmany(timeout_ms=1000)
                 for records in batch.values():

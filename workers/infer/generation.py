@@ -4,8 +4,9 @@ The first piece is produced at once (time to first token matters most);
 after that pieces are coalesced for ``coalesce_ms`` so the pipeline carries
 tens of chunks a second per request, not one event per token. A request that
 is not streamed is coalesced for ``coalesce_unstreamed_ms``: its chunks are
-only checkpoints for a retry to continue from. Each chunk is
-recorded in the progress store after Kafka acknowledged it.
+only checkpoints for a retry to continue from. Every chunk names its run
+(``run_id``, and ``run_start``, the seq the run began at), so that readers of
+the log apply one run's chunks at each seq (:mod:`workers.chunk_order`).
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import traceback
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from conveyor.errors import DeadlineExceeded, RequestError
+from conveyor.errors import DeadlineExceeded, EngineError, RequestError
 from conveyor.settings import Settings
 from schemas.records import ChunkHeader, ErrorInfo, Task, TokenChunk
 from topics.envelope import now_ms, stamp
@@ -66,6 +69,10 @@ class TaskRun:
     handed_off: bool = False
     # this run holds the task's lease (renewed by the worker while it runs)
     leased: bool = False
+    # when the task was written to its topic (its record's timestamp)
+    written_ms: int = 0
+    # the engine failed: its traceback, for the dead-letter topic
+    engine_failure: str | None = None
 
     @property
     def request_id(self) -> str:
@@ -73,31 +80,39 @@ class TaskRun:
 
     async def run(self) -> None:
         envelope = stamp(self.task["envelope"], "infer")
-        self.seq, self.text, self.tokens = 0, "", 0
+        self.run_id = uuid.uuid4().hex[:12]
+        self.seq, self.run_start, self.text, self.tokens = 0, 0, "", 0
         self._acks: list[asyncio.Future[Any]] = []
-        claim = await self.progress.claim(self.request_id, self.worker_id)
+        entered_ms = envelope["stamps"].get("gateway", now_ms() * 1000) // 1000
+        claim, done = await self.progress.claim(self.request_id, self.worker_id,
+                                                self.written_ms, entered_ms)
         while claim == "busy":  # a duplicate: wait for the running one to end or lapse
-            if envelope["deadline_ms"] and now_ms() >= envelope["deadline_ms"]:
+            if self.cancelled or (envelope["deadline_ms"] and now_ms() >= envelope["deadline_ms"]):
                 return
             await asyncio.sleep(_BUSY_POLL_S)
-            claim = await self.progress.claim(self.request_id, self.worker_id)
+            claim, done = await self.progress.claim(self.request_id, self.worker_id,
+                                                    self.written_ms, entered_ms)
         self.leased = True
         if claim == "done":
+            await self.progress.finish(self.request_id, self.worker_id)
             return  # it ended before; only its offset was still to commit
-        if claim == "retry":
-            # a redelivered task: continue after what the client was already sent
-            done = await self.progress.recover(self.request_id)
-            if done.finished:
-                await self.progress.finish(self.request_id, self.worker_id)
-                return
+        if done.next_seq:
+            # an earlier run sent part of the answer: continue after it
             envelope["attempt"] += 1
             self.seq, self.text, self.tokens = done.next_seq, done.text, done.tokens
-        if envelope["deadline_ms"] and now_ms() >= envelope["deadline_ms"]:
+        self.run_start = self.seq
+        if self.cancelled:
+            if self.seq:  # close the answer an earlier run left open
+                await self._emit("", 0, "cancelled")
+        elif envelope["deadline_ms"] and now_ms() >= envelope["deadline_ms"]:
             await self._fail(DeadlineExceeded("The request's deadline passed."))
         else:
             request = request_from_task(self.task, self.text, self.tokens, self.upstream_model)
             try:
                 await self._stream(request)
+            except EngineError as exc:
+                self.engine_failure = traceback.format_exc()
+                await self._fail(exc)
             except RequestError as exc:
                 await self._fail(exc)
         # the task may be committed once every chunk of it is in the log
@@ -134,7 +149,7 @@ class TaskRun:
                 if self.handed_off:
                     break
                 now = time.monotonic()
-                if self.seq == 0 or now - last_flush >= interval:
+                if self.seq == self.run_start or now - last_flush >= interval:
                     await self._emit("".join(buf), buf_tokens, None)
                     buf, buf_tokens, last_flush = [], 0, now
         finally:
@@ -163,7 +178,8 @@ class TaskRun:
         producer keeps a partition's order, and run() waits for all of them."""
         chunk = TokenChunk(envelope=self.task["envelope"], seq=self.seq, text=text,
                            tokens=tokens, finish_reason=finish, worker_id=self.worker_id,
-                           header=self._header(), error=error)
+                           header=self._header(), error=error, run_id=self.run_id,
+                           run_start=self.run_start)
         self._acks.append(await self.sender.send_nowait(
             Output(self.settings.topic("tokens"), "TokenChunk", chunk, key=self.request_id)))
         self.seq += 1

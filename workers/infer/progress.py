@@ -1,44 +1,75 @@
-"""What an earlier attempt at a task already sent, so that a retry continues it.
+"""Whether a task is a first attempt or a retry, and where a retry continues.
 
-The tokens a client has seen are in ``conveyor.tokens``: that log, not a side
-store, is the record. Taking a task, a worker claims it in Redis (one
-round trip when it starts and one when it ends, nothing per chunk) and holds
-a short lease on it, renewed while it runs. When the claim exists
-already, the task is a redelivery: the worker reads the request's partition
-of ``conveyor.tokens`` from postprocess's committed offset (postprocess never
-commits past the first chunk of a request still open) to the end, and
-continues after the chunks it finds, with the next sequence number and the
-text so far, so the client sees one answer, not the start of a second one.
+The tokens a client has seen are in ``conveyor.tokens``: that log, not Redis,
+is the record. Redis holds two things that only make it faster:
 
-The lease tells a retry from a duplicate: a task whose lease another worker
-holds is running there (an upstream layer delivered it twice), so this
-worker waits until that one ends or its lease lapses (the holder died)
-instead of generating the same answer a second time.
+* a *claim* per task (``started:<worker>``, then ``done:<worker>``), one round
+  trip when a run starts and one when it ends, nothing per chunk;
+* a short *lease* per running task, renewed while it runs, that tells a
+  duplicate (another worker runs the task now: wait) from a retry (nobody
+  does: continue it).
+
+A claim that Redis *creates* says "never started" only if Redis cannot have
+lost the earlier claim: the task must have been written after Redis's
+*epoch* (a key stamped with Redis's clock the first time it is missing, so
+a flush or a restart that lost data moves it), after this worker last saw
+Redis fail or restart (a new ``run_id``), and after this worker started,
+each with ``clock_skew_ms`` to spare. Any other task, and every task while
+Redis is unreachable, is looked up in the log: the request's partition of
+``conveyor.tokens`` is read from shortly before the request entered the
+gateway (``offsets_for_times``) to its end, and the chunks found are added up
+by the same rule postprocess answers with
+(:class:`~workers.chunk_order.ChunkOrder`). Losing Redis's data therefore
+never changes an answer: at worst a retry reads a few seconds of one
+partition.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Literal
 
 import redis.asyncio as aioredis
-from aiokafka import AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
+from redis.exceptions import RedisError
 
-from conveyor.errors import BrokerError
+from conveyor.errors import TransientBrokerError
 from conveyor.settings import Settings
 from schemas.codec import Codec
 from schemas.records import TokenChunk
 from topics.clients import make_consumer
+from topics.envelope import now_ms
+from workers.chunk_order import ChunkOrder
 
-__all__ = ["Progress", "ProgressTracker", "progress_of"]
+__all__ = ["Progress", "ProgressTracker", "progress_of", "Claim"]
 
 log = logging.getLogger(__name__)
 
 _DONE = b"done:"
 _STARTED = b"started:"
+_READ_TIMEOUT_S = 10.0
+
+# claim, lease and Redis's epoch in one round trip; the epoch is stamped with
+# Redis's own clock the first time it is missing (after a flush or a restart
+# that lost the data set)
+_CLAIM = """
+local epoch = redis.call('GET', KEYS[3])
+if not epoch then
+  local t = redis.call('TIME')
+  epoch = tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+  redis.call('SET', KEYS[3], epoch)
+end
+local created = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2])
+local state = redis.call('GET', KEYS[1])
+local leased = redis.call('SET', KEYS[2], ARGV[3], 'NX', 'PX', ARGV[4])
+return {created and 1 or 0, state, leased and 1 or 0, epoch}
+"""
+
+Claim = Literal["start", "done", "busy"]
 
 
 @dataclass(frozen=True)
@@ -50,16 +81,21 @@ class Progress:
 
 
 def progress_of(chunks: list[TokenChunk]) -> Progress:
-    """The progress the chunks of one request add up to (in sequence, repeats ignored)."""
-    by_seq = {c["seq"]: c for c in chunks}
-    seq, text, tokens, finished = 0, [], 0, False
-    while seq in by_seq and not finished:
-        chunk = by_seq[seq]
-        text.append(chunk["text"])
-        tokens += chunk["tokens"]
-        finished = chunk["finish_reason"] is not None or chunk["error"] is not None
-        seq += 1
-    return Progress(seq, "".join(text), tokens, finished)
+    """What the chunks of one request (in log order) add up to, by the rule
+    postprocess answers with (:class:`~workers.chunk_order.ChunkOrder`)."""
+    order = ChunkOrder()
+    text: list[str] = []
+    tokens, finished = 0, False
+    for chunk in chunks:
+        for ready in order.offer(chunk):
+            text.append(ready["text"])
+            tokens += ready["tokens"]
+            if ready["finish_reason"] is not None or ready["error"] is not None:
+                finished = True
+                break
+        if finished:
+            break
+    return Progress(order.next_seq, "".join(text), tokens, finished)
 
 
 class ProgressTracker:
@@ -69,6 +105,13 @@ class ProgressTracker:
         self.redis = redis
         self.codec = codec
         self.producer = producer  # knows the topics' partitions (as it partitions by key)
+        # tasks written before this are looked up in the log whatever Redis says
+        self.distrust_before_ms = now_ms()
+        self.redis_ok = True
+        self._redis_run_id: str | None = None
+        self._reader: AIOKafkaConsumer | None = None
+        self._read_lock = asyncio.Lock()
+        self._epoch_key = f"{settings.topic_prefix}:redis-epoch"
 
     def _key(self, request_id: str) -> str:
         return f"{self.settings.topic_prefix}:claim:{request_id}"
@@ -76,86 +119,142 @@ class ProgressTracker:
     def _lease(self, request_id: str) -> str:
         return f"{self.settings.topic_prefix}:lease:{request_id}"
 
-    async def claim(self, request_id: str, worker_id: str
-                    ) -> Literal["first", "retry", "done", "busy"]:
-        """Take the task's lease, and say what its history is: ``first`` (never
-        started), ``retry`` (started, nobody runs it now: continue from the log),
-        ``done`` (it ended; only its offset was left to commit) or ``busy``
-        (another worker holds the lease: a duplicate of a running task)."""
-        key, lease = self._key(request_id), self._lease(request_id)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.set(key, _STARTED + worker_id.encode(), nx=True, ex=self.settings.progress_ttl_s)
-            pipe.get(key)
-            pipe.set(lease, worker_id, nx=True, ex=self.settings.claim_lease_s)
-            created, state, leased = await pipe.execute()
-        if created:
-            return "first"
-        if isinstance(state, bytes) and state.startswith(_DONE):
-            return "done"
-        return "retry" if leased else "busy"
+    # -- Redis's health ---------------------------------------------------
+
+    def redis_failed(self, exc: BaseException) -> None:
+        """Redis failed underneath: claims written around now may be lost."""
+        if self.redis_ok:
+            log.warning("redis unreachable (%s): retries are decided from the log", exc)
+        self.redis_ok = False
+        self.distrust_before_ms = now_ms()
+
+    def _redis_answered(self) -> None:
+        if not self.redis_ok:
+            log.info("redis answers again")
+            self.redis_ok = True
+            self.distrust_before_ms = now_ms()
+
+    async def check_redis(self) -> None:
+        """Notice a restart of Redis (a new run id): what it held may be older."""
+        try:
+            info = await self.redis.info("server")
+        except (RedisError, OSError) as exc:
+            self.redis_failed(exc)
+            return
+        self._redis_answered()
+        run_id = str(info.get("run_id", ""))
+        if self._redis_run_id is not None and run_id != self._redis_run_id:
+            log.warning("redis restarted: retries of older tasks are decided from the log")
+            self.distrust_before_ms = now_ms()
+        self._redis_run_id = run_id
+
+    # -- claims -----------------------------------------------------------
+
+    async def claim(self, request_id: str, worker_id: str, written_ms: int,
+                    entered_ms: int) -> tuple[Claim, Progress]:
+        """Take the task's lease and say where to start: ``start`` with the
+        progress to continue from (empty for a first attempt), ``done`` (it
+        ended before; only its offset was left to commit) or ``busy`` (another
+        worker holds the lease: a duplicate of a running task). ``written_ms``
+        is when the task was written to its topic, ``entered_ms`` when the
+        request entered the gateway."""
+        try:
+            created, state, leased, epoch = await self.redis.eval(  # type: ignore[misc]
+                _CLAIM, 3, self._key(request_id), self._lease(request_id), self._epoch_key,
+                _STARTED + worker_id.encode(), self.settings.progress_ttl_s, worker_id,
+                int(self.settings.claim_lease_s * 1000))
+        except (RedisError, OSError) as exc:
+            self.redis_failed(exc)
+        else:
+            self._redis_answered()
+            if isinstance(state, bytes) and state.startswith(_DONE):
+                return "done", Progress(finished=True)
+            if not leased:
+                return "busy", Progress()
+            trusted_from = max(int(epoch), self.distrust_before_ms) + self.settings.clock_skew_ms
+            if created and written_ms >= trusted_from:
+                return "start", Progress()
+        progress = await self.recover(request_id, entered_ms)
+        return ("done" if progress.finished else "start"), progress
 
     async def keep(self, request_ids: list[str], worker_id: str) -> None:
-        """Renew the leases of the tasks this worker runs (every lease_s / 4)."""
+        """Renew the leases of the tasks this worker runs."""
         if not request_ids:
             return
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for rid in request_ids:
-                pipe.set(self._lease(rid), worker_id, ex=self.settings.claim_lease_s)
-            await pipe.execute()
+        lease_ms = int(self.settings.claim_lease_s * 1000)
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for rid in request_ids:
+                    pipe.set(self._lease(rid), worker_id, px=lease_ms)
+                await pipe.execute()
+        except (RedisError, OSError) as exc:
+            self.redis_failed(exc)
 
     async def release(self, request_id: str) -> None:
         """Give the lease up (the task was handed off): its next owner need not wait."""
-        await self.redis.delete(self._lease(request_id))
+        try:
+            await self.redis.delete(self._lease(request_id))
+        except (RedisError, OSError) as exc:
+            self.redis_failed(exc)
 
     async def finish(self, request_id: str, worker_id: str) -> None:
         """Record that the task ended and every chunk of it is in the log."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.set(self._key(request_id), _DONE + worker_id.encode(),
-                     ex=self.settings.progress_ttl_s)
-            pipe.delete(self._lease(request_id))
-            await pipe.execute()
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.set(self._key(request_id), _DONE + worker_id.encode(),
+                         ex=self.settings.progress_ttl_s)
+                pipe.delete(self._lease(request_id))
+                await pipe.execute()
+        except (RedisError, OSError) as exc:
+            self.redis_failed(exc)  # a later redelivery finds the end in the log
 
-    async def recover(self, request_id: str) -> Progress:
-        """Read back what earlier attempts put on ``conveyor.tokens``."""
-        chunks = await self._chunks_of(request_id)
+    # -- the log ----------------------------------------------------------
+
+    async def recover(self, request_id: str, entered_ms: int) -> Progress:
+        """Read back what earlier runs put on ``conveyor.tokens``."""
+        try:
+            chunks = await asyncio.wait_for(self._chunks_of(request_id, entered_ms),
+                                            _READ_TIMEOUT_S)
+        except (KafkaError, TimeoutError) as exc:
+            raise TransientBrokerError(f"cannot read {request_id}'s tokens: {exc!r}") from exc
         return progress_of(chunks)
 
-    async def _chunks_of(self, request_id: str) -> list[TokenChunk]:
+    async def _partition(self, request_id: str) -> TopicPartition:
         topic = self.settings.topic("tokens")
         partitions = sorted(await self.producer.partitions_for(topic))
-        if not partitions:
-            raise BrokerError(f"topic {topic} has no partitions")
-        consumer = make_consumer(self.settings, group=None)
-        await consumer.start()
-        try:
-            key = request_id.encode()
-            tp = TopicPartition(topic, DefaultPartitioner()(key, partitions, partitions))
+        key = request_id.encode()
+        return TopicPartition(topic, DefaultPartitioner()(key, partitions, partitions))
+
+    async def _consumer(self) -> AIOKafkaConsumer:
+        if self._reader is None:
+            reader = make_consumer(self.settings, group=None, fetch_max_wait_ms=100)
+            await reader.start()
+            self._reader = reader
+        return self._reader
+
+    async def _chunks_of(self, request_id: str, entered_ms: int) -> list[TokenChunk]:
+        tp = await self._partition(request_id)
+        async with self._read_lock:
+            consumer = await self._consumer()
             consumer.assign([tp])
-            start = await self._postprocess_position(tp)
+            since = max(0, entered_ms - self.settings.clock_skew_ms)
+            found_at = (await consumer.offsets_for_times({tp: since}))[tp]
+            if found_at is None:
+                return []  # nothing was written to the partition since the request entered
             end = (await consumer.end_offsets([tp]))[tp]
-            if start is None:
-                await consumer.seek_to_beginning(tp)
-            else:
-                consumer.seek(tp, start)
+            consumer.seek(tp, found_at.offset)
+            key = request_id.encode()
             found: list[TokenChunk] = []
             while await consumer.position(tp) < end:
                 batch = await consumer.getmany(tp, timeout_ms=1000)
                 for record in batch.get(tp, []):
-                    if record.key == key:
+                    if record.key == key and record.offset < end:
                         found.append(self.codec.decode(record.value, "TokenChunk"))
-            log.info("recovered %d chunks of %s from %s offsets %s..%s", len(found),
-                     request_id, tp, start, end)
+            log.info("recovered %d chunks of %s from %s offsets %d..%d", len(found),
+                     request_id, tp, found_at.offset, end)
             return found
-        finally:
-            await consumer.stop()
 
-    async def _postprocess_position(self, tp: TopicPartition) -> int | None:
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap)
-        await admin.start()
-        try:
-            offsets = await admin.list_consumer_group_offsets(
-                self.settings.group("postprocess"), partitions=[tp])
-        finally:
-            await admin.close()
-        meta = offsets.get(tp)
-        return meta.offset if meta is not None and meta.offset >= 0 else None
+    async def close(self) -> None:
+        if self._reader is not None:
+            await self._reader.stop()
+            self._reader = None

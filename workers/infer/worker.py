@@ -3,8 +3,32 @@
 It takes tasks from the partitions the group gives it, never more at once
 than the engine's capacity (partitions are paused while it is full), streams
 each generation to ``conveyor.tokens``, and commits a task's offset only when
-its generation has ended. It heartbeats its partitions and load to
-``conveyor.workers`` and stops a generation when a cancel arrives.
+its generation has ended and every chunk of it is acknowledged. It
+heartbeats its partitions and load to ``conveyor.workers`` and stops a
+generation when a cancel arrives.
+
+Decisions:
+
+* **Failover in about two seconds.** The infer group's session timeout is
+  ``infer_session_timeout_ms`` (2 s) and a task's Redis lease
+  ``claim_lease_s`` (2.5 s, renewed every fifth), so a SIGKILLed worker's
+  partitions and tasks pass to a survivor within about that time; the
+  survivor continues each answer after the chunks in the log.
+* **A rebalance does not stop generations.** A partition that comes back to
+  this worker in the new assignment keeps its running tasks (the re-fetched
+  task records are booked on the runs already going); only tasks of
+  partitions that went to another member are handed off, once the new
+  assignment is known.
+* **Outages are waited out, never crashed on.** Every background concern
+  (heartbeats, leases, commits, cancels) retries Redis and Kafka with
+  backoff; a generation whose chunks Kafka did not acknowledge is run again
+  from the log (it is not committed), until its deadline.
+* **Cancels reach queued tasks.** The cancels of the last
+  ``request_timeout_s`` are read at start and kept; a task taken after its
+  cancel is never generated.
+* **A gateway that died takes its generations with it.** When the reply
+  partition lease of a request's gateway has been gone for a whole lease
+  period, nobody can receive the answer, and the generation is cancelled.
 """
 
 from __future__ import annotations
@@ -13,15 +37,19 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from opentelemetry import trace
+from redis.exceptions import RedisError
 
-from conveyor.errors import SchemaError
+from conveyor.errors import BrokerError, SchemaError
 from conveyor.registry import Registry
 from conveyor.settings import Settings
 from conveyor.tracing import layer_span, trace_id_of
@@ -40,20 +68,53 @@ __all__ = ["InferWorker"]
 
 log = logging.getLogger(__name__)
 
+# what a background concern may meet and wait out
+_TRANSIENT = (KafkaError, RedisError, OSError, BrokerError, asyncio.TimeoutError)
+_BEAT_TIMEOUT_S = 5.0
+
+
+@dataclass
+class _Running:
+    """One task in progress and the task records (offsets) it answers for."""
+
+    run: TaskRun
+    job: asyncio.Task[None]
+    bookings: list[tuple[TopicPartition, int, int]] = field(default_factory=list)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
 
 class _Assignment(ConsumerRebalanceListener):
     def __init__(self, worker: InferWorker) -> None:
         self.worker = worker
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        await self.worker.hand_off(set(revoked))
         await self.worker.commit()
         self.worker.offsets.forget(list(revoked))
         self.worker.partitions -= set(revoked)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         self.worker.partitions |= set(assigned)
+        await self.worker.hand_off_unassigned()
         self.worker.beat_soon()
+
+
+async def _backoff_loop(name: str, step: Callable[[], Awaitable[None]], every_s: float,
+                        max_backoff_s: float) -> None:
+    """Run ``step`` every ``every_s`` forever; a transient failure (Kafka, Redis)
+    is logged and retried with exponential backoff, anything else surfaces."""
+    delay = every_s
+    while True:
+        try:
+            await step()
+        except _TRANSIENT as exc:
+            log.warning("%s: %r; retrying", name, exc)
+            delay = min(max(delay * 2, 0.1), max_backoff_s)
+        else:
+            delay = every_s
+        await asyncio.sleep(delay)
 
 
 class InferWorker:
@@ -70,8 +131,7 @@ class InferWorker:
         self.tracer = tracer or trace.NoOpTracer()
         self.partitions: set[TopicPartition] = set()
         self.offsets = InFlightOffsets()
-        self.running: dict[str, TaskRun] = {}
-        self._where: dict[str, tuple[TopicPartition, asyncio.Task[None]]] = {}
+        self.running: dict[str, _Running] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._slot_freed = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -80,6 +140,10 @@ class InferWorker:
         self._commit_lock = asyncio.Lock()
         self._commit_due = asyncio.Event()
         self.commit_interval_s = 0.1
+        self._cancels: CancelFollower | None = None
+        self._redis: aioredis.Redis | None = None
+        # (gateway id, reply partition) -> when its lease was first seen missing
+        self._gateway_gone: dict[tuple[str, int], float] = {}
 
     def stop(self) -> None:
         self._stopping.set()
@@ -94,21 +158,34 @@ class InferWorker:
         await self.engine.start()
         producer = make_producer(self.settings)
         await producer.start()
-        redis = aioredis.from_url(self.settings.redis_url)
+        redis = aioredis.from_url(self.settings.redis_url, socket_timeout=5,
+                                  socket_connect_timeout=2)
+        self._redis = redis
         sender = Sender(self.settings, producer, self.codec)
         store = ProgressTracker(self.settings, redis, self.codec, producer)
         heartbeat = Heartbeat(self.settings, sender, self.worker_id, self.pool, self.engine.name,
                               self.models(), self.engine.capacity, self._snapshot)
         cancels = CancelFollower(self.settings, self.codec, self._on_cancel)
-        consumer = make_consumer(self.settings, group=self.settings.group(f"infer.{self.pool}"))
+        self._cancels = cancels
+        consumer = make_consumer(
+            self.settings, group=self.settings.group(f"infer.{self.pool}"),
+            session_timeout_ms=self.settings.infer_session_timeout_ms,
+            heartbeat_interval_ms=self.settings.infer_heartbeat_interval_ms)
         consumer.subscribe([infer_topic(self.settings, self.pool)],
                            listener=_Assignment(self))
         self._consumer = consumer
+        lease_every = self.settings.claim_lease_s / 5
+        backoff = self.settings.retry_backoff_max_s
         background: list[asyncio.Task[None]] = [
             asyncio.create_task(cancels.run(), name="cancels"),
-            asyncio.create_task(self._beat_loop(heartbeat), name="heartbeat"),
+            asyncio.create_task(_backoff_loop("heartbeat", lambda: self._beat(heartbeat),
+                                              0.0, backoff), name="heartbeat"),
             asyncio.create_task(self._commit_loop(), name="commits"),
-            asyncio.create_task(self._lease_loop(store), name="leases"),
+            asyncio.create_task(_backoff_loop("leases", lambda: self._keep_leases(store),
+                                              lease_every, backoff), name="leases"),
+            asyncio.create_task(_backoff_loop("gateways", self._check_gateways,
+                                              self.settings.reply_lease_ttl_s / 3, backoff),
+                                name="gateways"),
         ]
         await consumer.start()
         log.info("worker %s: serving pool %s with %s (capacity %d)", self.worker_id, self.pool,
@@ -123,8 +200,9 @@ class InferWorker:
                 task.cancel()
             with contextlib.suppress(Exception):
                 heartbeat.state = "stopped"
-                await heartbeat.beat()
+                await asyncio.wait_for(heartbeat.beat(), _BEAT_TIMEOUT_S)
             await consumer.stop()
+            await store.close()
             await producer.stop()
             await redis.aclose()
             await self.engine.close()
@@ -158,63 +236,130 @@ class InferWorker:
                                      record.key, record.value, f"SchemaError: {exc}")
             self._done(tp, record.offset, self.offsets.start(tp, record.offset))
             return
+        rid = task["envelope"]["request_id"]
+        epoch = self.offsets.start(tp, record.offset)
+        same = self.running.get(rid)
+        if same is not None:
+            # this worker runs the request already (its partition came back after a
+            # rebalance, or the task was delivered twice): that run answers for it
+            same.bookings.append((tp, record.offset, epoch))
+            return
         spec = self.registry.find(task["route"]["model"])
         gen = TaskRun(self.settings, self.engine, sender, store, self.worker_id, task,
-                         upstream_model=spec.upstream_model if spec else None)
-        rid = gen.request_id
-        epoch = self.offsets.start(tp, record.offset)
-        self.running[rid] = gen
-        job = asyncio.create_task(self._generate(gen, tp, record, epoch), name=f"gen-{rid}")
-        self._where[rid] = (tp, job)
+                      upstream_model=spec.upstream_model if spec else None,
+                      written_ms=record.timestamp)
+        if self._cancels is not None and rid in self._cancels:
+            gen.cancelled = True  # cancelled while it waited: never generated
+        job = asyncio.create_task(self._generate(gen, record), name=f"gen-{rid}")
+        self.running[rid] = _Running(gen, job, [(tp, record.offset, epoch)])
         self._tasks.add(job)
         job.add_done_callback(self._tasks.discard)
 
-    async def hand_off(self, revoked: set[TopicPartition], timeout_s: float = 10.0) -> None:
-        """Stop the generations of revoked partitions, once their chunks are in the
-        log: the partitions' new owner continues them (instead of both generating)."""
+    async def hand_off_unassigned(self, timeout_s: float = 10.0) -> None:
+        """Stop the generations whose partitions went to another worker, once their
+        chunks are in the log: the new owner continues them (instead of both
+        generating). Those whose partitions came back keep going."""
         jobs = []
-        for rid, (tp, job) in list(self._where.items()):
-            if tp in revoked and rid in self.running:
-                self.running[rid].handoff()
-                jobs.append(job)
+        for running in list(self.running.values()):
+            if not any(tp in self.partitions for tp, _, _ in running.bookings):
+                running.run.handoff()
+                jobs.append(running.job)
         if jobs:
             log.info("worker %s: handing off %d generation(s)", self.worker_id, len(jobs))
             await asyncio.wait(jobs, timeout=timeout_s)
 
-    async def _generate(self, gen: TaskRun, tp: TopicPartition,
-                        record: ConsumerRecord[bytes, bytes], epoch: int) -> None:
+    async def _generate(self, gen: TaskRun, record: ConsumerRecord[bytes, bytes]) -> None:
+        rid = gen.request_id
+        delay = 0.2
         try:
-            with layer_span(self.tracer, "infer", gen.task["envelope"]) as span:
-                await gen.run()
-                span.set_attribute("conveyor.completion_tokens", gen.tokens)
-                span.set_attribute("conveyor.worker_id", self.worker_id)
+            while True:
+                try:
+                    with layer_span(self.tracer, "infer", gen.task["envelope"]) as span:
+                        await gen.run()
+                        span.set_attribute("conveyor.completion_tokens", gen.tokens)
+                        span.set_attribute("conveyor.worker_id", self.worker_id)
+                    break
+                except _TRANSIENT as exc:
+                    # Kafka did not take the chunks (or Redis/Kafka could not be read):
+                    # the task is not done; run it again from the log once they answer
+                    deadline = gen.task["envelope"]["deadline_ms"]
+                    if gen.handed_off or (deadline and time.time() * 1000 > deadline + 60_000):
+                        log.error("worker %s: giving %s up after %r", self.worker_id, rid, exc)
+                        break
+                    log.warning("worker %s: %s interrupted by %r; resuming it from the log",
+                                self.worker_id, rid, exc)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, self.settings.retry_backoff_max_s)
+            if gen.engine_failure is not None:
+                await self._dead_letter(gen, record, gen.engine_failure)
         except Exception:
             # Not a request failure the engine reported: keep the task for the record.
             log.exception("worker %s: generation %s failed (trace %s)", self.worker_id,
-                          gen.request_id, trace_id_of(gen.task["envelope"]))
-            with contextlib.suppress(Exception):
-                await gen.sender.dead_letter("infer", record.topic, record.partition,
-                                             record.offset, record.key, record.value,
-                                             traceback.format_exc())
+                          rid, trace_id_of(gen.task["envelope"]))
+            await self._dead_letter(gen, record, traceback.format_exc())
         finally:
-            self.running.pop(gen.request_id, None)
-            self._where.pop(gen.request_id, None)
-            if gen.handed_off:
-                self._slot_freed.set()  # not done: its offset stays for the new owner
-            else:
-                self._done(tp, record.offset, epoch)
+            running = self.running.pop(rid, None)
+            self._slot_freed.set()
+            if running is not None and not gen.handed_off:
+                # not handed off: done; a handed-off task's offset stays for its new owner
+                for tp, offset, epoch in running.bookings:
+                    self._done(tp, offset, epoch)
+
+    async def _dead_letter(self, gen: TaskRun, record: ConsumerRecord[bytes, bytes],
+                           error: str) -> None:
+        with contextlib.suppress(Exception):
+            await gen.sender.dead_letter("infer", record.topic, record.partition,
+                                         record.offset, record.key, record.value, error)
+            await gen.sender.flush()
 
     def _done(self, tp: TopicPartition, offset: int, epoch: int) -> None:
         self.offsets.finish(tp, offset, epoch)
         self._slot_freed.set()
         self._commit_due.set()
 
-    async def _lease_loop(self, store: ProgressTracker) -> None:
-        """Renew the leases of the running tasks, so no other worker takes them over."""
-        while True:
-            await asyncio.sleep(self.settings.claim_lease_s / 4)
-            await store.keep([rid for rid, run in self.running.items() if run.leased],
-                             self.worker_id)
+    async def _keep_leases(self, store: ProgressTracker) -> None:
+        """Renew the leases of the running tasks, so no other worker takes them over;
+        notice a Redis that restarted."""
+        await store.keep([rid for rid, r in self.running.items() if r.run.leased],
+                         self.worker_id)
+        await store.check_redis()
+
+    async def _check_gateways(self) -> None:
+        """Cancel the generations whose gateway's reply lease has been gone for a
+        whole lease period (the gateway died: nobody can receive the answer). A
+        lease that comes back (a gateway renewing it after a Redis flush) clears it."""
+        redis = self._redis
+        if redis is None or not self.running:
+            self._gateway_gone.clear()
+            return
+        addresses = {(r.run.task["envelope"]["reply_gateway"],
+                      r.run.task["envelope"]["reply_partition"])
+                     for r in self.running.values()}
+        addresses = {a for a in addresses if a[0] and a[1] >= 0}
+        if not addresses:
+            return
+        ordered = sorted(addresses)
+        holders = await redis.mget(
+            [f"{self.settings.topic_prefix}:reply-lease:{p}" for _, p in ordered])
+        now = time.monotonic()
+        gone: set[tuple[str, int]] = set()
+        for (gateway, partition), holder in zip(ordered, holders, strict=True):
+            if holder is not None and _text(holder) == gateway:
+                self._gateway_gone.pop((gateway, partition), None)
+                continue
+            since = self._gateway_gone.setdefault((gateway, partition), now)
+            if now - since >= self.settings.reply_lease_ttl_s:
+                gone.add((gateway, partition))
+        for rid, running in list(self.running.items()):
+            envelope = running.run.task["envelope"]
+            if (envelope["reply_gateway"], envelope["reply_partition"]) in gone:
+                if not running.run.cancelled:
+                    log.info("worker %s: cancelling %s: its gateway %s is gone",
+                             self.worker_id, rid, envelope["reply_gateway"])
+                running.run.cancelled = True
+        for address in list(self._gateway_gone):
+            if address not in addresses:
+                del self._gateway_gone[address]
 
     async def _commit_loop(self) -> None:
         """Commit finished tasks at most every ``commit_interval_s`` (one round trip
@@ -237,28 +382,29 @@ class InferWorker:
             try:
                 await consumer.commit(offsets)
             except (CommitFailedError, IllegalStateError, KafkaError) as exc:
-                log.warning("worker %s: commit skipped: %s", self.worker_id, exc)
+                log.warning("worker %s: commit skipped: %r", self.worker_id, exc)
+                self._commit_due.set()  # try again with the next round
 
     def _on_cancel(self, request_id: str) -> None:
-        gen = self.running.get(request_id)
-        if gen is not None:
-            gen.cancelled = True
+        running = self.running.get(request_id)
+        if running is not None:
+            running.run.cancelled = True
 
     def _snapshot(self) -> tuple[list[int], int, int]:
         return [tp.partition for tp in self.partitions], len(self.running), 0
 
-    async def _beat_loop(self, heartbeat: Heartbeat) -> None:
-        while True:
-            await heartbeat.beat()
-            self._beat_now.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._beat_now.wait(), self.settings.heartbeat_interval_s)
+    async def _beat(self, heartbeat: Heartbeat) -> None:
+        """One heartbeat, then wait for the next (or an early one)."""
+        await asyncio.wait_for(heartbeat.beat(), _BEAT_TIMEOUT_S)
+        self._beat_now.clear()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._beat_now.wait(), self.settings.heartbeat_interval_s)
 
     async def _drain(self, heartbeat: Heartbeat) -> None:
         """Stop taking tasks, let the running ones end (bounded), commit them."""
         heartbeat.state = "draining"
         with contextlib.suppress(Exception):
-            await heartbeat.beat()
+            await asyncio.wait_for(heartbeat.beat(), _BEAT_TIMEOUT_S)
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=self.drain_timeout_s)
         await self.commit()

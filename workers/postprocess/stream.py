@@ -1,6 +1,8 @@
 """Per-request state of postprocess: one small object per request in flight.
 
-Chunks are applied in sequence order (early ones wait, repeats are dropped);
+Chunks are applied in sequence order, one run's at each seq
+(:class:`~workers.chunk_order.ChunkOrder`: early ones wait, repeats and
+chunks of a second run are dropped);
 stop sequences are matched across chunk boundaries by holding back the tail
 that could still begin a stop sequence.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from schemas.records import ChunkHeader, Envelope, ErrorInfo, TokenChunk
+from workers.chunk_order import ChunkOrder
 
 __all__ = ["RequestStream", "Emitted"]
 
@@ -29,23 +32,25 @@ class Emitted:
 class RequestStream:
     envelope: Envelope
     header: ChunkHeader | None = None
-    next_seq: int = 0
     completion_tokens: int = 0
     reply_index: int = 0
     held: str = ""
     done: bool = False
-    waiting: dict[int, TokenChunk] = field(default_factory=dict)
+    order: ChunkOrder = field(default_factory=ChunkOrder)
+
+    @property
+    def next_seq(self) -> int:
+        return self.order.next_seq
 
     def take(self, chunk: TokenChunk) -> list[Emitted]:
         """Apply ``chunk`` and any that were waiting for it."""
-        seq = chunk["seq"]
-        if self.done or seq < self.next_seq or seq in self.waiting:
+        if self.done:
             return []
-        self.waiting[seq] = chunk
         out: list[Emitted] = []
-        while not self.done and self.next_seq in self.waiting:
-            out.append(self._apply(self.waiting.pop(self.next_seq)))
-            self.next_seq += 1
+        for ready in self.order.offer(chunk):
+            if self.done:
+                break
+            out.append(self._apply(ready))
         return out
 
     def _apply(self, chunk: TokenChunk) -> Emitted:

@@ -50,7 +50,7 @@ def test_an_early_chunk_waits_for_the_ones_before_it() -> None:
     assert s.take(chunk(1, "b")) == []
     out = s.take(chunk(0, "a"))
     assert [e.text for e in out] == ["a", "b", "c"]
-    assert s.waiting == {} and s.next_seq == 3
+    assert s.order.waiting == {} and s.next_seq == 3
 
 
 def test_a_repeated_chunk_is_dropped() -> None:

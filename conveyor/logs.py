@@ -1,0 +1,52 @@
+"""Logging for every Conveyor process: one format, and floods held back.
+
+A broker or Redis outage makes the same line repeat thousands of times a
+second (every reconnect attempt of every client). :class:`RepeatFilter`
+lets the first of a kind through, then at most one per ``every_s`` seconds
+with the count of those held back, so an outage costs a few lines a minute
+and the log still says what happened.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+__all__ = ["RepeatFilter", "setup_logging"]
+
+
+class RepeatFilter(logging.Filter):
+    """Passes a (logger, level, message template) at most once per ``every_s``."""
+
+    def __init__(self, every_s: float = 10.0, clock: object = time.monotonic) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self._clock = clock
+        self._last: dict[tuple[str, int, str], tuple[float, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        key = (record.name, record.levelno, str(record.msg))
+        now: float = self._clock()  # type: ignore[operator]
+        seen = self._last.get(key)
+        if seen is not None and now - seen[0] < self.every_s:
+            self._last[key] = (seen[0], seen[1] + 1)
+            return False
+        held = seen[1] if seen is not None else 0
+        self._last[key] = (now, 0)
+        if len(self._last) > 10_000:
+            self._last.clear()
+        if held:
+            record.msg = f"{record.msg} [{held} more like this in the last {self.every_s:.0f} s]"
+        return True
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    repeat = RepeatFilter()
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(repeat)
+    for noisy in ("aiokafka", "httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
