@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from conveyor.errors import InvalidRequest
+from gateway.errors import SafeJSONResponse
+from gateway.openapi import (
+    HEALTH_RESPONSES,
+    ChatCompletion,
+    Completion,
+    HealthReport,
+    ModelList,
+    generation_responses,
+)
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, model_list
 from gateway.serving import Serving
 from schemas.records import Generation
@@ -26,13 +33,15 @@ def _serving(request: Request) -> Serving:
     return serving
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", response_model=None,
+             responses=generation_responses(ChatCompletion))
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     serving = _serving(request)
     return await _answer(serving, serving.chat_generation(body), request)
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", response_model=None,
+             responses=generation_responses(Completion))
 async def completions(body: CompletionRequest, request: Request) -> Response:
     serving = _serving(request)
     return await _answer(serving, serving.completion_generation(body), request)
@@ -58,21 +67,20 @@ async def _answer(serving: Serving, generation: Generation, request: Request) ->
                                   traceparent=request.headers.get("traceparent"))
     if not generation["stream"]:
         result = await serving.collect(generation, answer, request.is_disconnected)
-        return JSONResponse(result)
+        return SafeJSONResponse(result)
     first = await serving.first(answer)
     return StreamingResponse(serving.stream(answer, first), media_type="text/event-stream",
                              headers=_SSE_HEADERS)
 
 
-@router.get("/v1/models")
-async def models(request: Request) -> dict[str, Any]:
+@router.get("/v1/models", response_model=ModelList)
+async def models(request: Request) -> SafeJSONResponse:
     registry = request.app.state.registry
     names = [(name, 0) for name in sorted(registry.models)]
-    return model_list(names)
+    return SafeJSONResponse(model_list(names))
 
 
-@router.get("/healthz")
-async def healthz(request: Request) -> JSONResponse:
-    ok, detail = request.app.state.health()
-    return JSONResponse({"status": "ok" if ok else "unavailable", "detail": detail},
-                        status_code=200 if ok else 503)
+@router.get("/healthz", response_model=HealthReport, responses=HEALTH_RESPONSES)
+async def healthz(request: Request) -> SafeJSONResponse:
+    ok, body = request.app.state.health.report()
+    return SafeJSONResponse(body, status_code=200 if ok else 503)

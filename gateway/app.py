@@ -1,4 +1,12 @@
-"""``build_app``: the FastAPI application, its collaborators and their lifetimes."""
+"""``build_app``: the FastAPI application, its collaborators and their lifetimes.
+
+The background tasks (the reply-partition lease and the reply follower) live
+as long as the application and report in :class:`~gateway.health.Health`,
+which ``/healthz`` shows. The Redis client times out its socket operations,
+so that a Redis that hangs is an error the lease retries, not a wait for ever.
+(Repeated warnings, aiokafka's reconnect lines above all, are held back by
+:class:`conveyor.logs.RepeatFilter`, which the CLI puts on every process.)
+"""
 
 from __future__ import annotations
 
@@ -16,6 +24,9 @@ from conveyor.settings import Settings
 from conveyor.tracing import make_tracer
 from gateway.api_router import router
 from gateway.errors import install_error_handlers
+from gateway.health import Health
+from gateway.limits import BodyLimit
+from gateway.openapi import install_openapi
 from gateway.replies import ReplyLease, ReplyRouter
 from gateway.serving import Serving
 from schemas.codec import default_codec
@@ -25,52 +36,55 @@ __all__ = ["build_app"]
 
 log = logging.getLogger(__name__)
 
+_REDIS_TIMEOUT_S = 2.0
+
 
 def build_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     registry = registry or Registry.load(settings.models_file)
     gateway_id = settings.gateway_id or f"gw-{uuid.uuid4().hex[:12]}"
-    background: list[asyncio.Task[None]] = []
+    health = Health(gateway_id)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        codec = default_codec()
-        redis = aioredis.from_url(settings.redis_url)
-        producer = make_producer(settings)
-        await producer.start()
-        lease = ReplyLease(settings, redis, gateway_id)
-        router_ = ReplyRouter(settings, codec, lease)
-        await router_.start()
-        tracing = make_tracer(settings.trace_exporter, "gateway")
-        app.state.serving = Serving(settings, producer, router_, codec, gateway_id,
-                                    tracing.tracer)
-        background.extend([
-            asyncio.create_task(router_.run(), name="replies"),
-            asyncio.create_task(lease.keep(), name="reply-lease"),
-        ])
-        log.info("gateway %s: reply partition %d", gateway_id, router_.partition)
-        try:
+        async with _collaborators(app, settings, gateway_id, health):
             yield
-        finally:
-            for task in background:
-                task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
-            await router_.stop()
-            await producer.stop()
-            await redis.aclose()
-            tracing.shutdown()
 
-    def health() -> tuple[bool, str]:
-        if not background:
-            return False, "starting"
-        for task in background:
-            if task.done():
-                exc = task.exception() if not task.cancelled() else None
-                return False, f"{task.get_name()} stopped: {exc}"
-        return True, gateway_id
-
-    app = FastAPI(title="Conveyor", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(title="Conveyor", version="0.1.0", lifespan=lifespan,
+                  description="An OpenAI-compatible API in front of an event pipeline.")
     app.state.registry = registry
     app.state.health = health
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     install_error_handlers(app)
     app.include_router(router)
+    install_openapi(app)
     return app
+
+
+@contextlib.asynccontextmanager
+async def _collaborators(app: FastAPI, settings: Settings, gateway_id: str,
+                         health: Health) -> AsyncIterator[None]:
+    codec = default_codec()
+    redis = aioredis.from_url(settings.redis_url, socket_timeout=_REDIS_TIMEOUT_S,
+                              socket_connect_timeout=_REDIS_TIMEOUT_S)
+    producer = make_producer(settings)
+    await producer.start()
+    lease = ReplyLease(settings, redis, gateway_id, health.part("reply-lease"))
+    router_ = ReplyRouter(settings, codec, lease, health.part("replies"))
+    await router_.start()
+    tracing = make_tracer(settings.trace_exporter, "gateway")
+    app.state.serving = Serving(settings, producer, router_, codec, gateway_id, tracing.tracer)
+    health.tasks.extend([
+        asyncio.create_task(router_.run(), name="replies"),
+        asyncio.create_task(lease.keep(), name="reply-lease"),
+    ])
+    log.info("gateway %s: reply partition %d", gateway_id, router_.partition)
+    try:
+        yield
+    finally:
+        for task in health.tasks:
+            task.cancel()
+        await asyncio.gather(*health.tasks, return_exceptions=True)
+        await router_.stop()
+        await producer.stop()
+        await redis.aclose()
+        tracing.shutdown()

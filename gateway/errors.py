@@ -1,12 +1,27 @@
 """One place where every failure becomes OpenAI's error envelope with its status.
 
 Lower-layer errors (validation, Kafka, Redis) are translated here; nothing
-reaches a client as a bare 500 with a stack trace.
+reaches a client as a bare 500 with a stack trace, and no failure costs the
+client its connection.
+
+Why a failure once dropped the connection: Starlette sends the response of
+an ``Exception`` handler from its outermost middleware and then raises the
+exception again, for the server to log; uvicorn, seeing an exception after
+the response started, closes the transport, and the client's next request on
+that kept-alive connection was reset. So the catch-all here is
+:class:`CatchAll`, an ASGI middleware inside Starlette's, which answers with
+the envelope and lets nothing escape. Responses are rendered by
+:class:`SafeJSONResponse`, which falls back to ASCII escapes when a string
+cannot be encoded as UTF-8 (a lone surrogate echoed from a request), since a
+response that fails to encode is an exception after the route has returned.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Sequence
+from typing import Any
 
 from aiokafka.errors import KafkaError
 from fastapi import FastAPI, Request
@@ -14,58 +29,126 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from conveyor.errors import RequestError
+from conveyor.errors import InvalidRequest, PipelineUnavailable, RequestError
+from gateway.protocol import field_names
 
-__all__ = ["install_error_handlers", "error_response"]
+__all__ = ["install_error_handlers", "error_response", "SafeJSONResponse", "CatchAll",
+           "param_of"]
 
 log = logging.getLogger(__name__)
 
 
-def error_response(exc: RequestError) -> JSONResponse:
-    return JSONResponse(exc.envelope(), status_code=exc.status)
+class SafeJSONResponse(JSONResponse):
+    """JSON that always encodes: UTF-8 as is, or ASCII escapes for what UTF-8 cannot
+    hold (lone surrogates)."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode()
+        except UnicodeEncodeError:
+            return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode()
 
 
-def _validation(request: Request, exc: Exception) -> JSONResponse:
+def error_response(exc: RequestError) -> SafeJSONResponse:
+    return SafeJSONResponse(exc.envelope(), status_code=exc.status)
+
+
+def param_of(loc: Sequence[int | str]) -> str | None:
+    """The OpenAI ``param`` of a pydantic error location, written as preprocess
+    writes it (``messages[0].content``): list indexes in brackets, and the type tags
+    pydantic adds inside unions (``str``, ``list[str]``) left out."""
+    names = field_names()
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in names:
+            out += f".{part}" if out else part
+    return out or None
+
+
+def _most_telling(errors: Sequence[Any]) -> dict[str, Any]:
+    """The error to tell the client: the first field's, and of a union's branches the
+    one that got furthest (``content`` given as parts, one part's text invalid)
+    rather than "Input should be a valid string" from the branch that did not apply:
+    a wrong value before a wrong type, then the deepest location."""
+    if not errors:
+        return {}
+    field = errors[0]["loc"][:2]
+    same: list[dict[str, Any]] = [dict(e) for e in errors if e["loc"][:2] == field]
+    return max(same, key=lambda e: (not str(e.get("type", "")).endswith("_type"),
+                                    len(e["loc"])))
+
+
+def _validation(request: Request, exc: Exception) -> SafeJSONResponse:
     assert isinstance(exc, RequestValidationError)
-    first = exc.errors()[0] if exc.errors() else {}
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = ".".join(loc) or None
+    first = _most_telling(exc.errors())
+    param = param_of([p for p in first.get("loc", ()) if p != "body"])
     if first.get("type") == "json_invalid":
         message, param = "The request body is not valid JSON.", None
     else:
-        message = f"{first.get('msg', 'Invalid request')}" + (f" ({param})" if param else "")
-    return error_response(RequestError(message, param=param, status=400,
-                                       type="invalid_request_error"))
+        msg = str(first.get("msg", "Invalid request")).removeprefix("Value error, ")
+        if first.get("type") == "string_unicode":  # pydantic's own check of constrained strings
+            msg = "must be valid Unicode text; it holds a lone surrogate (such as \\ud800)"
+        message = msg + (f" ({param})" if param else "")
+    return error_response(InvalidRequest(message, param=param))
 
 
-def _request_error(request: Request, exc: Exception) -> JSONResponse:
+def _request_error(request: Request, exc: Exception) -> SafeJSONResponse:
     assert isinstance(exc, RequestError)
     return error_response(exc)
 
 
-def _http(request: Request, exc: Exception) -> JSONResponse:
+def _http(request: Request, exc: Exception) -> SafeJSONResponse:
     assert isinstance(exc, HTTPException)
     kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
     return error_response(RequestError(str(exc.detail), status=exc.status_code, type=kind))
 
 
-def _backend(request: Request, exc: Exception) -> JSONResponse:
-    log.error("backend failure: %s", exc)
-    return error_response(RequestError("The pipeline is unavailable; try again.",
-                                       status=503, type="service_unavailable",
-                                       code="backend_unavailable"))
+def _backend(request: Request, exc: Exception) -> SafeJSONResponse:
+    log.error("backend failure: %r", exc)
+    return error_response(PipelineUnavailable("The pipeline is unavailable; try again."))
 
 
-def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-    log.exception("unexpected error", exc_info=exc)
-    return error_response(RequestError("Internal error.", status=500))
+class CatchAll:
+    """The last word on any exception: OpenAI's envelope with 500, never a
+    re-raise (which would cost the client its connection). An exception after
+    the response started cannot change it: it is logged, and the server ends the
+    cut-short response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            log.error("unexpected error on %s %s", scope.get("method"), scope.get("path"),
+                      exc_info=exc)
+            if not started:
+                response = error_response(RequestError("Internal error."))
+                await response(scope, receive, send)
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    """Every handler, in one place. :class:`CatchAll` is added last, so that it is
+    the outermost of the application's own middleware."""
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(RequestError, _request_error)
     app.add_exception_handler(HTTPException, _http)
     app.add_exception_handler(KafkaError, _backend)
     app.add_exception_handler(RedisError, _backend)
-    app.add_exception_handler(Exception, _unexpected)
+    app.add_middleware(CatchAll)

@@ -1,15 +1,39 @@
 """OpenAI's request protocol at the edge, as pydantic models.
 
-Only what Conveyor serves is accepted; anything it cannot honour (``n`` > 1,
-``echo``, non-text content parts) is refused with a 400 naming the parameter,
-never silently ignored.
+Only what Conveyor serves is accepted, and only values the pipeline can carry:
+
+* Types are strict: ``"stream": "yes"``, ``"max_tokens": 1.5`` or
+  ``"seed": true`` are refused, not coerced.
+* Numbers fit their Avro field and the engine: ``max_tokens`` is an Avro
+  ``int`` (signed 32-bit); ``seed`` an Avro ``long`` (signed 64-bit), which
+  llama.cpp folds into its 32-bit seed space, so every such seed works.
+* Every string is text UTF-8 can hold: a lone surrogate (JSON ``"\\ud800"``)
+  cannot be written into an event and is refused with the field's ``param``.
+* Parameters that would change the answer in ways Conveyor cannot honour
+  (``n`` > 1, ``echo``, tools and function calling, ``response_format`` other
+  than text, ``logprobs``, ``logit_bias``, ``suffix``, ...) are refused with a
+  400 naming the parameter, never silently ignored. Harmless ones the official
+  ``openai`` client sends (``user``, ``metadata``, ``store`` false,
+  ``stream_options``, ``service_tier``) are accepted. Fields OpenAI does not
+  define are ignored, as other OpenAI-compatible servers do, so that clients
+  with vendor extensions keep working.
+* An empty ``prompt`` is accepted, as OpenAI accepts it: the model continues
+  from nothing.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from functools import cache
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+)
 
 from conveyor.errors import InvalidRequest
 
@@ -19,24 +43,51 @@ __all__ = [
     "CompletionRequest",
     "StreamOptions",
     "TextPart",
+    "Text",
+    "field_names",
+    "model_list",
+    "MAX_INT32",
+    "MIN_INT64",
+    "MAX_INT64",
 ]
+
+MAX_INT32 = 2**31 - 1
+MIN_INT64, MAX_INT64 = -(2**63), 2**63 - 1
+
+
+def _utf8(value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode text; it holds a lone surrogate "
+                         "(such as \\ud800)") from None
+    return value
+
+
+Text = Annotated[str, AfterValidator(_utf8)]
+
+_STRICT = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 
 class StreamOptions(BaseModel):
+    model_config = _STRICT
+
     include_usage: bool = False
 
 
 class TextPart(BaseModel):
+    model_config = _STRICT
+
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
 
-    role: str
-    content: str | list[TextPart] | None = None
-    name: str | None = None
+    role: Text
+    content: Text | list[TextPart] | None = None
+    name: Text | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -46,20 +97,30 @@ class ChatMessage(BaseModel):
         return "".join(part.text for part in self.content)
 
 
-class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+def _unsupported(name: str) -> ValueError:
+    return ValueError(f"{name} is not supported by this server")
 
-    model: str = Field(min_length=1)
+
+class _Sampling(BaseModel):
+    model_config = _STRICT
+
+    model: Text = Field(min_length=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    stream: bool = False
+    stop: Text | list[Text] | None = None
+    seed: int | None = Field(default=None, ge=MIN_INT64, le=MAX_INT64)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
-    n: int = 1
-    user: str | None = None
+    n: int | None = 1
+    user: Text | None = None
+    # accepted and without effect here
+    metadata: dict[Text, Text] | None = None
+    store: bool | None = None
+    service_tier: Text | None = None
+    # refused unless they ask for nothing
+    logit_bias: dict[str, Any] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -71,10 +132,24 @@ class _Sampling(BaseModel):
 
     @field_validator("n")
     @classmethod
-    def _one_choice(cls, v: int) -> int:
-        if v != 1:
+    def _one_choice(cls, v: int | None) -> int:
+        if v not in (None, 1):
             raise ValueError("only n=1 is supported")
+        return 1
+
+    @field_validator("store")
+    @classmethod
+    def _not_stored(cls, v: bool | None) -> bool | None:
+        if v:
+            raise ValueError("store=true is not supported: completions are not stored")
         return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, v: dict[str, Any] | None) -> None:
+        if v:
+            raise _unsupported("logit_bias")
+        return None
 
     def stop_list(self) -> list[str]:
         return list(self.stop or [])
@@ -82,20 +157,104 @@ class _Sampling(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
+    def penalties(self) -> tuple[float, float]:
+        return self.presence_penalty or 0.0, self.frequency_penalty or 0.0
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    type: Text
+
+    @field_validator("type")
+    @classmethod
+    def _text_only(cls, v: str) -> str:
+        if v != "text":
+            raise ValueError(f"response_format {v!r} is not supported; only 'text' is")
+        return v
+
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_INT32)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_INT32)
+    response_format: ResponseFormat | None = None
+    logprobs: bool | None = None
+    # refused unless they ask for nothing
+    top_logprobs: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    functions: Any = None
+    function_call: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+    reasoning_effort: Any = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, v: bool | None) -> bool | None:
+        if v:
+            raise _unsupported("logprobs")
+        return v
+
+    @field_validator("top_logprobs", "tools", "parallel_tool_calls", "functions", "audio",
+                     "prediction", "web_search_options", "reasoning_effort")
+    @classmethod
+    def _nothing(cls, v: Any, info: ValidationInfo) -> None:
+        if v is not None and v != []:
+            raise _unsupported(str(info.field_name))
+        return None
+
+    @field_validator("tool_choice", "function_call")
+    @classmethod
+    def _no_call(cls, v: Any, info: ValidationInfo) -> None:
+        if v not in (None, "none"):
+            raise _unsupported(str(info.field_name))
+        return None
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_out(cls, v: Any) -> None:
+        if v not in (None, ["text"]):
+            raise ValueError("only the 'text' modality is supported")
+        return None
 
     def token_budget(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str]
-    max_tokens: int | None = Field(default=16, ge=1)
-    echo: bool = False
+    prompt: Text | list[Text]
+    max_tokens: int | None = Field(default=16, ge=1, le=MAX_INT32)
+    echo: bool | None = False
+    # refused unless they ask for nothing
+    logprobs: int | None = None
+    suffix: Text | None = None
+    best_of: int | None = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, v: int | None) -> None:
+        if v:
+            raise _unsupported("logprobs")
+        return None
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, v: str | None) -> None:
+        if v:
+            raise _unsupported("suffix")
+        return None
+
+    @field_validator("best_of")
+    @classmethod
+    def _one_best(cls, v: int | None) -> None:
+        if v not in (None, 1):
+            raise ValueError("only best_of=1 is supported")
+        return None
 
     def prompt_text(self) -> str:
         if isinstance(self.prompt, str):
@@ -108,7 +267,17 @@ class CompletionRequest(_Sampling):
     def token_budget(self) -> int | None:
         if self.echo:
             raise InvalidRequest("echo is not supported.", param="echo")
-        return self.max_tokens
+        return 16 if self.max_tokens is None else self.max_tokens
+
+
+_MODELS: tuple[type[BaseModel], ...] = (ChatCompletionRequest, CompletionRequest,
+                                        ChatMessage, TextPart, StreamOptions, ResponseFormat)
+
+
+@cache
+def field_names() -> frozenset[str]:
+    """Every field name of the request models: what may appear in a ``param``."""
+    return frozenset(name for model in _MODELS for name in model.model_fields)
 
 
 def model_list(names: list[tuple[str, int]]) -> dict[str, Any]:

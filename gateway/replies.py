@@ -6,6 +6,19 @@ request lands on the instance that holds its connection. It reads that
 partition directly (assigned, no consumer group) from the end, and hands each
 reply to the :class:`ReplyStream` of its request. Replies carry an index:
 repeats (after a layer replayed its log) are dropped, and early ones wait.
+
+The lease key is ``{prefix}:reply-lease:{partition}`` and its value is the
+gateway id: infer workers read it to learn whether the gateway a generation
+answers to is still alive. Both background tasks outlive an outage of the
+service under them. The lease retries a Redis that does not answer with
+backoff (``retry_backoff_max_s``), and takes its partition again with
+``SET NX`` when the key is gone (Redis restarted without its data, or was
+flushed); only another gateway holding the partition is a failure that
+retrying does not cure, and it shows in health as ``failed``. The follower
+retries Kafka errors the same way, and reads the broker's silence (no fetch
+answer for :data:`ReplyRouter.silent_after_s`) as Kafka being unreachable,
+which health shows and :class:`~gateway.serving.Serving` uses to refuse new
+requests at once instead of letting them wait.
 """
 
 from __future__ import annotations
@@ -13,15 +26,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
+from redis.exceptions import RedisError
 
 from conveyor.errors import BrokerError, SchemaError
 from conveyor.settings import Settings
+from gateway.health import TaskHealth
 from schemas.codec import Codec
 from schemas.records import Reply
+from topics.backoff import Backoff
 from topics.clients import make_consumer
 
 __all__ = ["ReplyRouter", "ReplyStream", "ReplyLease"]
@@ -62,12 +80,15 @@ class ReplyStream:
 
 
 class ReplyLease:
-    def __init__(self, settings: Settings, redis: aioredis.Redis, gateway_id: str) -> None:
+    def __init__(self, settings: Settings, redis: aioredis.Redis, gateway_id: str,
+                 health: TaskHealth | None = None) -> None:
         self.settings = settings
         self.redis = redis
         self.gateway_id = gateway_id
         self.partition: int | None = None
+        self.health = health or TaskHealth("reply-lease")
         self._ttl_ms = int(settings.reply_lease_ttl_s * 1000)
+        self._renew_every_s = settings.reply_lease_ttl_s / 3
 
     def _key(self, partition: int) -> str:
         return f"{self.settings.topic_prefix}:reply-lease:{partition}"
@@ -79,18 +100,53 @@ class ReplyLease:
             p = (start + i) % n
             if await self.redis.set(self._key(p), self.gateway_id, nx=True, px=self._ttl_ms):
                 self.partition = p
+                self.health.set("ok", f"partition {p}")
                 return p
         raise BrokerError(f"all {n} reply partitions are leased by other gateways")
 
     async def keep(self) -> None:
-        """Renew the lease until cancelled; losing it is a failure that surfaces."""
+        """Renew the lease until cancelled. Redis errors are retried with backoff
+        (health ``degraded``); a vanished key is taken again; a partition held by
+        another gateway is ``failed`` and retried at the renewal pace."""
         assert self.partition is not None
+        retry = Backoff(max_s=min(self.settings.retry_backoff_max_s, self._renew_every_s))
+        pause = self._renew_every_s
         while True:
-            await asyncio.sleep(self.settings.reply_lease_ttl_s / 3)
-            renewed = await self.redis.eval(  # type: ignore[misc]
-                _RENEW, 1, self._key(self.partition), self.gateway_id, self._ttl_ms)
-            if not renewed:
-                raise BrokerError(f"lost the lease on reply partition {self.partition}")
+            await asyncio.sleep(pause)
+            pause = retry.next_delay()
+            try:
+                await asyncio.wait_for(self.renew(), timeout=max(1.0, self._renew_every_s))
+            except (RedisError, OSError, TimeoutError) as exc:
+                if self.health.set("degraded", f"Redis unreachable: {exc!r}"):
+                    log.warning("reply lease on partition %d: Redis unreachable (%r); "
+                                "retrying", self.partition, exc)
+            except Exception as exc:  # not an outage: show it, keep trying
+                if self.health.set("failed", f"{exc!r}"):
+                    log.exception("reply lease on partition %d failed", self.partition)
+            else:
+                retry.reset()
+                pause = self._renew_every_s
+
+    async def renew(self) -> None:
+        """One renewal: extend our key, or take it again if it is gone."""
+        assert self.partition is not None
+        key = self._key(self.partition)
+        renewed = await self.redis.eval(  # type: ignore[misc]
+            _RENEW, 1, key, self.gateway_id, self._ttl_ms)
+        if not renewed and await self.redis.set(key, self.gateway_id, nx=True,
+                                                px=self._ttl_ms):
+            log.warning("reply lease on partition %d was gone (Redis lost it or it "
+                        "lapsed); taken again", self.partition)
+            renewed = True
+        if renewed:
+            if self.health.set("ok", f"partition {self.partition}"):
+                log.info("reply lease on partition %d: renewed again", self.partition)
+            return
+        holder = await self.redis.get(key)
+        holder_id = holder.decode(errors="replace") if isinstance(holder, bytes) else holder
+        if self.health.set("failed", f"partition {self.partition} is leased by {holder_id}"):
+            log.error("reply partition %d is leased by gateway %s: replies of this "
+                      "gateway's requests may go to it", self.partition, holder_id)
 
     async def release(self) -> None:
         if self.partition is not None:
@@ -100,12 +156,20 @@ class ReplyLease:
 
 
 class ReplyRouter:
-    def __init__(self, settings: Settings, codec: Codec, lease: ReplyLease) -> None:
+    #: no fetch answer from the broker for this long means Kafka is unreachable
+    #: (an idle partition is still answered every ``fetch_max_wait_ms``, 500 ms)
+    silent_after_s: float = 5.0
+
+    def __init__(self, settings: Settings, codec: Codec, lease: ReplyLease,
+                 health: TaskHealth | None = None) -> None:
         self.settings = settings
         self.codec = codec
         self.lease = lease
+        self.health = health or TaskHealth("replies")
         self.streams: dict[str, ReplyStream] = {}
         self._consumer: AIOKafkaConsumer | None = None
+        self._tp: TopicPartition | None = None
+        self._running_since = time.time()
 
     @property
     def partition(self) -> int:
@@ -128,23 +192,65 @@ class ReplyRouter:
         consumer.assign([tp])
         await consumer.seek_to_end(tp)
         await consumer.position(tp)  # resolve now: replies from here on are ours
-        self._consumer = consumer
+        self._consumer, self._tp = consumer, tp
+
+    def kafka_unreachable(self) -> bool:
+        """True while the broker has not answered a fetch for ``silent_after_s``."""
+        return self.health.state == "degraded"
 
     async def run(self) -> None:
+        """Hand every reply to its stream, until cancelled; Kafka errors are retried
+        with backoff and never end the task."""
         consumer = self._consumer
         assert consumer is not None
+        self._running_since = time.time()
+        retry = Backoff(max_s=self.settings.retry_backoff_max_s)
         while True:
-            batch = await consumer.getmany(timeout_ms=1000)
+            try:
+                batch = await consumer.getmany(timeout_ms=1000)
+            except KafkaError as exc:
+                self._degraded(f"Kafka error: {exc!r}")
+                await retry.wait()
+                continue
+            except Exception as exc:  # not an outage: show it, keep trying
+                if self.health.set("failed", f"{exc!r}"):
+                    log.exception("reply follower on partition %d failed", self.partition)
+                await retry.wait()
+                continue
+            retry.reset()
+            self._check_fetching()
             for records in batch.values():
                 for record in records:
-                    try:
-                        reply: Reply = self.codec.decode(record.value, "Reply")
-                    except SchemaError as exc:
-                        log.warning("ignoring a bad reply at %d: %s", record.offset, exc)
-                        continue
-                    stream = self.streams.get(reply["envelope"]["request_id"])
-                    if stream is not None:
-                        stream.put(reply)
+                    self._dispatch(record.value, record.offset)
+
+    def _check_fetching(self) -> None:
+        consumer, tp = self._consumer, self._tp
+        assert consumer is not None and tp is not None
+        try:
+            last_ms = consumer.last_poll_timestamp(tp)
+        except Exception:  # no fetch answer yet
+            last_ms = None
+        last = last_ms / 1000 if last_ms else self._running_since
+        silent = time.time() - last
+        if silent > self.silent_after_s:
+            self._degraded(f"no answer from Kafka for {silent:.0f} s")
+        elif last_ms and self.health.set("ok", f"partition {self.partition}"):
+            log.info("reply follower on partition %d: Kafka answers again", self.partition)
+
+    def _degraded(self, detail: str) -> None:
+        if self.health.set("degraded", detail):
+            log.warning("reply follower on partition %d: %s; retrying", self.partition,
+                        detail)
+
+    def _dispatch(self, value: bytes | None, offset: int) -> None:
+        try:
+            reply: Reply = self.codec.decode(value, "Reply")
+        except SchemaError as exc:
+            log.warning("ignoring a bad reply at %d: %s", offset, exc)
+            return
+        stream = self.streams.get(reply["envelope"]["request_id"])
+        if stream is not None:
+            stream.put(reply)
 
     async def stop(self) -> None:
         if self._consumer is not None:

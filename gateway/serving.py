@@ -6,6 +6,14 @@ before its first token still gets the right HTTP status and OpenAI's error
 envelope. A deadline (``request_timeout_s``) bounds every wait: past it the
 client gets 504 and the generation is cancelled. A client that disconnects
 cancels its generation too.
+
+What the pipeline cannot take is refused before it enters: a body over
+``max_body_bytes`` never reaches here (:mod:`gateway.limits`), and an encoded
+event over ``max_event_bytes`` (or one the broker refuses as too large) is a
+413. A broker that does not take the request within ``produce_timeout_s``, or
+that the reply follower sees as unreachable, is a 503 ``pipeline_unavailable``
+at once: the client hears "the pipeline is unavailable", not a wait that ends
+in a misleading ``no_worker_available``.
 """
 
 from __future__ import annotations
@@ -21,9 +29,18 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
 from opentelemetry import trace
 
-from conveyor.errors import DeadlineExceeded, RequestError
+from conveyor.errors import (
+    BrokerError,
+    DeadlineExceeded,
+    InvalidRequest,
+    PipelineUnavailable,
+    RequestError,
+    RequestTooLarge,
+    SchemaError,
+)
 from conveyor.settings import Settings
 from conveyor.tracing import layer_span, trace_id_of
 from gateway import sse
@@ -31,6 +48,7 @@ from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.replies import ReplyRouter, ReplyStream
 from schemas.codec import Codec
 from schemas.records import Control, Generation, Message, Reply, Request, Sampling, Usage
+from topics.clients import EventTooLarge, broker_error
 from topics.envelope import new_envelope, now_ms
 
 __all__ = ["Serving", "Answer"]
@@ -38,6 +56,7 @@ __all__ = ["Serving", "Answer"]
 Disconnected = Callable[[], Awaitable[bool]]
 
 access_log = logging.getLogger("conveyor.access")
+log = logging.getLogger(__name__)
 
 
 class Answer:
@@ -119,8 +138,10 @@ class Answer:
 
 class Serving:
     def __init__(self, settings: Settings, producer: AIOKafkaProducer, router: ReplyRouter,
-                 codec: Codec, gateway_id: str, tracer: trace.Tracer | None = None) -> None:
+                 codec: Codec, gateway_id: str, tracer: trace.Tracer | None = None,
+                 produce_timeout_s: float = 5.0) -> None:
         self.settings = settings
+        self.produce_timeout_s = produce_timeout_s
         self.producer = producer
         self.router = router
         self.codec = codec
@@ -145,14 +166,15 @@ class Serving:
     def _generation(self, kind: str, body: ChatCompletionRequest | CompletionRequest, *,
                     messages: list[Message], prompt: str | None,
                     max_tokens: int | None) -> Generation:
+        presence, frequency = body.penalties()
         sampling = Sampling(
             temperature=1.0 if body.temperature is None else body.temperature,
             top_p=1.0 if body.top_p is None else body.top_p,
             max_tokens=max_tokens, stop=body.stop_list(), seed=body.seed,
-            presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+            presence_penalty=presence, frequency_penalty=frequency,
         )
         return Generation(kind=kind, model=body.model, messages=messages,  # type: ignore[typeddict-item]
-                          prompt=prompt, sampling=sampling, stream=body.stream,
+                          prompt=prompt, sampling=sampling, stream=bool(body.stream),
                           include_usage=body.include_usage(), created=int(time.time()))
 
     async def submit(self, generation: Generation, tenant: str = "default",
@@ -160,6 +182,9 @@ class Serving:
         """Put the request on ``conveyor.requests``; ``traceparent`` continues the
         client's trace (W3C header), else the request starts its own."""
         started = time.monotonic()
+        if self.router.kafka_unreachable():
+            raise PipelineUnavailable("The pipeline is unavailable (Kafka does not answer); "
+                                      "try again later.")
         rid = uuid.uuid4().hex
         timeout = timeout_s or self.settings.request_timeout_s
         envelope = new_envelope(rid, reply_gateway=self.gateway_id,
@@ -170,12 +195,9 @@ class Serving:
         stream = self.router.open(rid)
         try:
             with layer_span(self.tracer, "gateway", envelope):
-                value = self.codec.encode("Request",
-                                          Request(envelope=envelope, generation=generation))
-                await self.producer.send_and_wait(
-                    self._requests, value, key=rid.encode(),
-                    headers=[("traceparent", envelope["traceparent"].encode())])
-        except Exception:
+                value = self._encode_request(Request(envelope=envelope, generation=generation))
+                await self._produce_request(rid, value, envelope["traceparent"])
+        except BaseException:
             self.router.close(rid)
             raise
         access = {"tenant": tenant, "model": generation["model"], "kind": generation["kind"],
@@ -184,6 +206,38 @@ class Serving:
         answer = Answer(self, stream, started + timeout, access)
         answer.started = started
         return answer
+
+    def _encode_request(self, request: Request) -> bytes:
+        try:
+            value = self.codec.encode("Request", request)
+        except SchemaError as exc:  # protocol.py should have refused it: say what it was
+            raise InvalidRequest(f"The request holds a value the pipeline cannot carry: "
+                                 f"{exc}") from exc
+        if len(value) > self.settings.max_event_bytes:
+            raise RequestTooLarge(f"The request is {len(value)} bytes as an event; at most "
+                                  f"{self.settings.max_event_bytes} fit.")
+        return value
+
+    async def _produce_request(self, rid: str, value: bytes, traceparent: str) -> None:
+        """Produce the Request event, waiting at most ``produce_timeout_s``: a broker
+        that is down answers 503 at once rather than after aiokafka's 30 s. The event
+        may still be delivered after the wait gave up, so a cancel follows it."""
+        try:
+            await asyncio.wait_for(
+                self.producer.send_and_wait(self._requests, value, key=rid.encode(),
+                                            headers=[("traceparent", traceparent.encode())]),
+                self.produce_timeout_s)
+        except TimeoutError:
+            self.cancel(rid, "the request could not be produced in time")
+            raise PipelineUnavailable("The pipeline is unavailable (Kafka did not take the "
+                                      "request in time); try again later.") from None
+        except (KafkaError, BrokerError) as exc:
+            error = broker_error(exc)
+            if isinstance(error, EventTooLarge):
+                raise RequestTooLarge("The request is larger than the pipeline can carry "
+                                      f"in one event: {exc}") from exc
+            raise PipelineUnavailable(f"The pipeline is unavailable ({error}); "
+                                      "try again later.") from exc
 
     def cancel(self, request_id: str, reason: str) -> None:
         """Tell the pipeline to stop this request. The send runs as its own task: it is
@@ -256,7 +310,10 @@ class Serving:
                         return
                 try:
                     reply = await answer.next(within=keepalive)
-                except RequestError as exc:
+                except Exception as exc:  # the status is sent: the error becomes an event
+                    if not isinstance(exc, RequestError):
+                        log.error("stream %s failed", answer.request_id, exc_info=exc)
+                        exc = RequestError("Internal error.")
                     yield sse.data(_json(exc.envelope()))
                     yield sse.DONE
                     return

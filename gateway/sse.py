@@ -8,7 +8,9 @@ DONE = b"data: [DONE]\n\n"
 
 
 def data(payload: str) -> bytes:
-    return b"data: " + payload.encode() + b"\n\n"
+    """One event. Text UTF-8 cannot hold (a lone surrogate) is sent as "?" rather
+    than failing mid-stream."""
+    return b"data: " + payload.encode("utf-8", "replace") + b"\n\n"
 
 
 def comment(text: str = "keep-alive") -> bytes:

@@ -167,4 +167,129 @@ def test_an_empty_model_is_refused() -> None:
 
 
 def test_unknown_fields_are_ignored() -> None:
-    assert chat(logit_bias={"1": 2}).model == "smollm2"
+    assert chat(vendor_extension={"x": 1}).model == "smollm2"
+
+
+# -- strict types -----------------------------------------------------------
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("stream", "yes"), ("stream", 1), ("temperature", "0.5"), ("temperature", True),
+    ("max_tokens", 1.5), ("max_tokens", "5"), ("max_tokens", True), ("seed", 1.0),
+    ("seed", "7"), ("model", 5), ("stop", 3), ("user", 1), ("n", "1"),
+    ("stream_options", {"include_usage": "yes"}), ("messages", {"role": "user"}),
+])
+def test_values_of_the_wrong_type_are_refused_not_coerced(field: str, value: Any) -> None:
+    with pytest.raises(ValidationError) as info:
+        chat(**{field: value})
+    assert error_locs(info.value) == {field}
+
+
+def test_integers_are_numbers_too() -> None:
+    assert chat(temperature=1, top_p=1, presence_penalty=0).temperature == 1.0
+
+
+def test_nulls_mean_the_default() -> None:
+    body = chat(stream=None, n=None, presence_penalty=None, frequency_penalty=None,
+                temperature=None, stop=None, seed=None)
+    assert body.stream is None and body.penalties() == (0.0, 0.0)
+    assert completion(max_tokens=None).token_budget() == 16
+
+
+# -- what the event schema and the engine can hold ----------------------------
+
+def test_seed_spans_a_signed_64_bit_long() -> None:
+    assert chat(seed=2**63 - 1).seed == 2**63 - 1
+    assert chat(seed=-(2**63)).seed == -(2**63)
+    for seed in (2**63, -(2**63) - 1, 10**30):
+        with pytest.raises(ValidationError) as info:
+            chat(seed=seed)
+        assert error_locs(info.value) == {"seed"}
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_token_budgets_fit_a_32_bit_int(field: str) -> None:
+    assert getattr(chat(**{field: 2**31 - 1}), field) == 2**31 - 1
+    with pytest.raises(ValidationError) as info:
+        chat(**{field: 2**31})
+    assert error_locs(info.value) == {field}
+    with pytest.raises(ValidationError):
+        completion(max_tokens=2**31)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_numbers_are_refused(value: float) -> None:
+    with pytest.raises(ValidationError):
+        chat(temperature=value)
+    with pytest.raises(ValidationError):
+        chat(presence_penalty=value)
+
+
+LONE = "a\ud800b"
+
+
+@pytest.mark.parametrize("body", [
+    {"messages": [{"role": "user", "content": LONE}]},
+    {"messages": [{"role": LONE, "content": "hi"}]},
+    {"messages": [{"role": "user", "content": "hi", "name": LONE}]},
+    {"messages": [{"role": "user", "content": [{"type": "text", "text": LONE}]}]},
+    {"stop": LONE}, {"stop": ["x", LONE]}, {"model": LONE}, {"user": LONE},
+    {"metadata": {"k": LONE}},
+])
+def test_a_lone_surrogate_in_any_string_is_refused(body: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError) as info:
+        chat(**body)
+    assert error_locs(info.value) == set(body)
+    assert {e["type"] for e in info.value.errors()} & {"value_error", "string_unicode"}
+
+
+def test_a_lone_surrogate_in_a_prompt_is_refused() -> None:
+    for prompt in (LONE, [LONE]):
+        with pytest.raises(ValidationError) as info:
+            completion(prompt=prompt)
+        assert error_locs(info.value) == {"prompt"}
+
+
+def test_text_beyond_the_basic_plane_is_fine() -> None:
+    assert chat(messages=[{"role": "user", "content": "\U0001f600 \u00e9"}]).messages[0].text() \
+        == "\U0001f600 \u00e9"
+
+
+def test_an_empty_prompt_is_accepted_as_openai_accepts_it() -> None:
+    assert completion(prompt="").prompt_text() == ""
+
+
+# -- what Conveyor does not serve is refused, what is harmless passes -----------
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("tools", [{"type": "function", "function": {"name": "f"}}]),
+    ("tool_choice", "auto"), ("tool_choice", {"type": "function"}),
+    ("functions", [{"name": "f"}]), ("function_call", "auto"),
+    ("parallel_tool_calls", True), ("response_format", {"type": "json_object"}),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}}),
+    ("logprobs", True), ("top_logprobs", 2), ("logit_bias", {"1": 2}),
+    ("audio", {"voice": "alloy"}), ("modalities", ["text", "audio"]),
+    ("prediction", {"type": "content", "content": "x"}), ("store", True),
+    ("reasoning_effort", "high"), ("web_search_options", {}),
+])
+def test_unsupported_chat_parameters_are_refused(field: str, value: Any) -> None:
+    with pytest.raises(ValidationError) as info:
+        chat(**{field: value})
+    assert error_locs(info.value) == {field}
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("logprobs", 2), ("suffix", "end"), ("best_of", 3), ("logit_bias", {"50256": -100}),
+])
+def test_unsupported_completion_parameters_are_refused(field: str, value: Any) -> None:
+    with pytest.raises(ValidationError) as info:
+        completion(**{field: value})
+    assert error_locs(info.value) == {field}
+
+
+def test_parameters_that_ask_for_nothing_pass() -> None:
+    body = chat(tools=[], tool_choice="none", logprobs=False, logit_bias={},
+                response_format={"type": "text"}, store=False, modalities=["text"],
+                user="u1", metadata={"k": "v"}, service_tier="auto",
+                stream_options={"include_usage": True})
+    assert body.model == "smollm2"
+    assert completion(logprobs=0, suffix="", best_of=1, echo=False).token_budget() == 16

@@ -1,0 +1,79 @@
+"""The state of the gateway's background tasks, as ``/healthz`` reports it.
+
+Each background task (the reply-partition lease, the reply follower) owns one
+:class:`TaskHealth` and says what it is doing: ``starting``, ``ok``,
+``degraded`` (a transient outage of Redis or Kafka: it retries with backoff
+and will be ``ok`` again when the service returns) or ``failed`` (a failure
+that retrying does not cure, such as another gateway holding our reply
+partition). A task never dies of an outage; if one stops all the same, the
+health says so. ``/healthz`` answers 200 only while every task is ``ok``: a
+gateway that cannot be sure its replies reach it should be taken out of a load
+balancer's rotation, and put back when it recovers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["TaskHealth", "HealthState", "Health"]
+
+HealthState = Literal["starting", "ok", "degraded", "failed"]
+
+
+@dataclass
+class TaskHealth:
+    """What one background task is doing, and since when."""
+
+    name: str
+    state: HealthState = "starting"
+    detail: str = ""
+    since: float = field(default_factory=time.time)
+
+    def set(self, state: HealthState, detail: str = "") -> bool:
+        """Record a state; True when it changed (worth a log line)."""
+        changed = state != self.state
+        if changed:
+            self.since = time.time()
+        self.state, self.detail = state, detail
+        return changed
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"state": self.state, "detail": self.detail, "since": round(self.since, 3)}
+
+
+@dataclass
+class Health:
+    """Every background task's health, and the asyncio tasks that run them."""
+
+    gateway_id: str
+    parts: list[TaskHealth] = field(default_factory=list)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def part(self, name: str) -> TaskHealth:
+        part = TaskHealth(name)
+        self.parts.append(part)
+        return part
+
+    def report(self) -> tuple[bool, dict[str, Any]]:
+        """(healthy, the body of ``/healthz``)."""
+        for task in self.tasks:
+            if task.done():  # a task must not end; if one did, the gateway is broken
+                exc = None if task.cancelled() else task.exception()
+                part = next((p for p in self.parts if p.name == task.get_name()), None)
+                if part is not None and part.state != "failed":
+                    part.set("failed", f"stopped: {exc!r}")
+        states = [p.state for p in self.parts]
+        if not states or "starting" in states:
+            status = "starting"
+        elif "failed" in states:
+            status = "failed"
+        elif "degraded" in states:
+            status = "degraded"
+        else:
+            status = "ok"
+        body: dict[str, Any] = {"status": status, "gateway": self.gateway_id,
+                                "tasks": {p.name: p.as_dict() for p in self.parts}}
+        return status == "ok", body

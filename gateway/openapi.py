@@ -1,0 +1,157 @@
+"""The OpenAPI document says what the API really answers.
+
+FastAPI documents a 422 with its own validation schema for every route with a
+body; Conveyor answers 400 with OpenAI's error envelope instead, and also
+404, 413, 500, 503 and 504. Generated clients and fuzzers read this document,
+so each operation lists its real responses: 200 with the response object
+(or, for ``stream: true``, ``text/event-stream``), and every error status with
+:class:`ErrorResponse`. The response models here describe what
+:mod:`gateway.serving` builds; the fuzz test checks every answer against them
+through the document.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+
+__all__ = ["ErrorResponse", "ChatCompletion", "Completion", "ModelList", "HealthReport",
+           "generation_responses", "HEALTH_RESPONSES", "install_openapi"]
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error envelope, the body of every error status."""
+
+    error: ErrorDetail
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str | None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: None
+    finish_reason: str | None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: None
+    finish_reason: str | None
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class TaskReport(BaseModel):
+    state: Literal["starting", "ok", "degraded", "failed"]
+    detail: str
+    since: float
+
+
+class HealthReport(BaseModel):
+    status: Literal["starting", "ok", "degraded", "failed"]
+    gateway: str
+    tasks: dict[str, TaskReport]
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"model": ErrorResponse, "description": description}
+
+
+_SSE = {"text/event-stream": {"schema": {
+    "type": "string",
+    "description": "With stream: true, server-sent events: one `data:` line per "
+                   "OpenAI chunk object, `: keep-alive` comments while waiting, an error "
+                   "envelope as an event if the request fails after the stream began, "
+                   "and `data: [DONE]` last."}}}
+
+GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: _error("The request is invalid or asks for what this server does not support "
+                "(param names the field)."),
+    404: _error("The model is not known (code model_not_found)."),
+    413: _error("The body is larger than the gateway accepts, or the pipeline can carry "
+                "(code request_too_large)."),
+    500: _error("The engine failed (code engine_error)."),
+    503: _error("No worker serves the model (no_worker_available), or the pipeline is "
+                "unavailable (pipeline_unavailable)."),
+    504: _error("The request did not finish within its deadline (deadline_exceeded)."),
+}
+
+HEALTH_RESPONSES: dict[int | str, dict[str, Any]] = {
+    503: {"model": HealthReport,
+          "description": "A background task is starting, degraded or failed."},
+}
+
+
+def generation_responses(model: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
+    """The responses of a generation route whose unstreamed answer is ``model``."""
+    return {200: {"model": model, "description": "The answer, or its stream.",
+                  "content": _SSE}, **GENERATION_RESPONSES}
+
+
+def install_openapi(app: FastAPI) -> None:
+    """Build the document once, without FastAPI's 422 and its validation schemas."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes,
+                             description=app.description)
+        for path in schema.get("paths", {}).values():
+            for operation in path.values():
+                operation.get("responses", {}).pop("422", None)
+        components = schema.get("components", {}).get("schemas", {})
+        for name in ("HTTPValidationError", "ValidationError"):
+            components.pop(name, None)
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
