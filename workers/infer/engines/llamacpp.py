@@ -35,6 +35,7 @@ Decisions:
   prompt, the GGUF's own chat template (``tokenizer.chat_template``) renders
   the messages with a generation prompt; any continuation is appended after
   it.
+* **Empty prompts** begin at the beginning-of-sequence token.
 * Every failure inside llama.cpp surfaces from :meth:`generate` as
   :class:`~conveyor.errors.EngineError`.
 """
@@ -222,7 +223,7 @@ class LlamaCppEngine:
             stream = cast(
                 Iterator[dict[str, Any]],
                 llm.create_completion(
-                    self._prompt(request),
+                    _prompt_or_bos(llm, self._prompt(request)),
                     stream=True,
                     max_tokens=max(1, request.max_tokens),
                     temperature=max(0.0, request.temperature),
@@ -275,6 +276,13 @@ class LlamaCppEngine:
         for context in contexts:
             await asyncio.to_thread(context.executor.shutdown, True)
             context.llm.close()
+
+
+def _prompt_or_bos(llm: Llama, prompt: str) -> str | list[int]:
+    """An empty prompt (OpenAI takes ``""``) starts from the beginning-of-sequence
+    token: llama.cpp cannot evaluate zero tokens, and a model whose tokenizer adds
+    no BOS itself (SmolLM2) would otherwise fail."""
+    return prompt if prompt else [llm.token_bos()]
 
 
 def _chat_formatter(llm: Llama) -> Jinja2ChatFormatter | None:

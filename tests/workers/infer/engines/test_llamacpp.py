@@ -73,6 +73,14 @@ async def test_max_tokens_ends_with_length(engine: LlamaCppEngine) -> None:
     assert sum(p.tokens for p in pieces) == 5
 
 
+async def test_an_empty_completion_prompt_is_answered(engine: LlamaCppEngine) -> None:
+    # OpenAI takes prompt ""; llama.cpp cannot evaluate zero tokens
+    pieces = await collect(engine, request(kind="completion", prompt_text="", max_tokens=4))
+
+    assert pieces[-1].finish_reason in ("length", "stop")
+    assert sum(p.tokens for p in pieces) >= 1
+
+
 async def test_same_seed_same_text(engine: LlamaCppEngine) -> None:
     sampled = request(temperature=1.0, seed=1234, max_tokens=12)
     assert text(await collect(engine, sampled)) == text(await collect(engine, sampled))
