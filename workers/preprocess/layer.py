@@ -14,8 +14,10 @@ thread. Counting and rendering run on the event loop: for the prompts a
 small model takes (a few thousand tokens) they cost well under a
 millisecond, less than a thread hop would. A request whose text is larger
 than ``_INLINE_CHARS`` (a long history to trim: tokenizing 300k tokens takes
-about half a second) is fitted in a worker thread instead; llama.cpp's
-tokenizer releases the GIL, so the event loop keeps serving.
+about half a second; many short turns cost more than their characters say)
+is fitted in a worker thread instead; llama.cpp's tokenizer releases the
+GIL, so the event loop keeps serving, and the runtime handles other
+requests meanwhile.
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ log = logging.getLogger(__name__)
 _UNKNOWN_MODEL_MAX_TOKENS = 256
 # Above this many characters of text, fitting runs in a worker thread.
 _INLINE_CHARS = 32_768
+# What a chat template adds around each turn (ChatML: about 25 characters);
+# a turn costs llama.cpp's tokenizer about 0.3 ms however short it is.
+_TURN_CHARS = 64
 
 
 class PreprocessLayer:
@@ -151,6 +156,7 @@ class PreprocessLayer:
 
 
 def _text_size(generation: Generation) -> int:
+    """The characters of text to fit, a rendered turn's framing included."""
     if generation["kind"] == "completion":
         return len(generation["prompt"] or "")
-    return sum(len(m["content"]) for m in generation["messages"])
+    return sum(len(m["content"]) + _TURN_CHARS for m in generation["messages"])

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -40,6 +41,10 @@ __all__ = [
 ]
 
 CHARS_PER_TOKEN = 4
+# GgufTokenizer.count: texts longer than this are counted in pieces of this
+# many turns (see its docstring)
+_SPLIT_ABOVE_CHARS = 4096
+_TURNS_PER_CALL = 32
 
 
 class Tokenizer(Protocol):
@@ -54,6 +59,11 @@ class Tokenizer(Protocol):
     def render_chat(self, messages: list[Message]) -> str | None:
         """The prompt text for ``messages`` with the generation prompt
         appended, or None when the model's template is not known here."""
+        ...
+
+    def min_count(self, text: str) -> int:
+        """A number of tokens ``text`` has at least, found without
+        tokenizing it (a long conversation that cannot fit is known at once)."""
         ...
 
 
@@ -114,6 +124,10 @@ class GgufTokenizer:
         self.eos_token = self._token_text(self._llm.token_eos())
         source = metadata.get("tokenizer.chat_template")
         self._template = _template_environment().from_string(source) if source else None
+        self._turn_end = re.compile(re.escape(self.eos_token)) if self.eos_token else None
+        controls = sorted({t for t in (self.bos_token, self.eos_token) if t}, key=len,
+                          reverse=True)
+        self._controls = re.compile("|".join(map(re.escape, controls))) if controls else None
 
     def _token_text(self, token: int) -> str:
         if token < 0:
@@ -121,8 +135,37 @@ class GgufTokenizer:
         return self._llm.detokenize([token], special=True).decode("utf-8", errors="replace")
 
     def count(self, text: str) -> int:
-        # special=True: control tokens written in the text (the template's
-        # <|im_start|>) count as the one token the engine will see.
+        """Tokens of ``text``, control tokens written in it (the template's
+        ``<|im_start|>``) counting as the one token the engine will see.
+
+        llama.cpp finds control tokens by splitting the text once per
+        occurrence, which grows with the square of their number: a rendered
+        conversation of 4,000 turns took 2.4 s to count in one call, and
+        0.15 s with the control tokens written as plain text. Text between
+        control tokens is tokenized on its own anyway, so a long text is
+        cut just before every ``_TURNS_PER_CALL``-th turn end (the EOS
+        token's text) and counted piece by piece: the same count, in
+        linear time.
+        """
+        if len(text) <= _SPLIT_ABOVE_CHARS or self._turn_end is None:
+            return self._count_one(text)
+        cuts = [m.start() for m in self._turn_end.finditer(text)][_TURNS_PER_CALL::_TURNS_PER_CALL]
+        total, start = 0, 0
+        for cut in cuts:
+            total += self._count_one(text[start:cut])
+            start = cut
+        return total + self._count_one(text[start:])
+
+    def min_count(self, text: str) -> int:
+        """The control tokens (BOS, EOS) written in ``text``: one token each.
+        A chat template writes one or two per turn, so 10,000 turns are
+        known not to fit a small context without tokenizing them (which
+        llama.cpp does at about 0.3 ms a turn)."""
+        if self._controls is None:
+            return 0
+        return sum(1 for _ in self._controls.finditer(text))
+
+    def _count_one(self, text: str) -> int:
         return len(self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
 
     def render_chat(self, messages: list[Message]) -> str | None:
@@ -160,6 +203,9 @@ class EstimateTokenizer:
 
     def render_chat(self, messages: list[Message]) -> str | None:
         return None
+
+    def min_count(self, text: str) -> int:
+        return self.count(text)
 
 
 def load_tokenizer(spec: ModelSpec) -> Tokenizer:

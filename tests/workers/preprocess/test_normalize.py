@@ -321,3 +321,44 @@ def test_fingerprint() -> None:
     by_messages = fingerprint("m", None, [msg("user", "hi")], None)
     assert by_messages == fingerprint("m", None, [msg("user", "hi")], None)
     assert by_messages != fingerprint("m", None, [msg("user", "ho")], None)
+
+
+class CountingTokenizer:
+    """The real tokenizer, recording how many characters it was asked to tokenize."""
+
+    def __init__(self, inner: GgufTokenizer) -> None:
+        self.inner = inner
+        self.exact = inner.exact
+        self.tokenized = 0
+
+    def count(self, text: str) -> int:
+        self.tokenized += len(text)
+        return self.inner.count(text)
+
+    def render_chat(self, messages: list[Message]) -> str | None:
+        return self.inner.render_chat(messages)
+
+    def min_count(self, text: str) -> int:
+        return self.inner.min_count(text)
+
+
+def test_a_long_conversation_is_counted_exactly_in_pieces(
+        tokenizer: GgufTokenizer, llama: Llama) -> None:
+    turns = [msg("user" if i % 2 == 0 else "assistant", f"turn {i}: héllo <|im_end|> 日本\n")
+             for i in range(400)]
+    text = tokenizer.render_chat(turns)
+    assert text is not None
+    whole = llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+    assert tokenizer.count(text) == len(whole)
+
+
+def test_trimming_a_huge_history_tokenizes_about_what_is_kept(
+        tokenizer: GgufTokenizer) -> None:
+    """10,000 short turns: the work follows what is kept (the context), not
+    the history: the history is never tokenized whole, let alone per cut."""
+    turns = [msg("user" if i % 2 == 0 else "assistant", f"message number {i}")
+             for i in range(10_000)]
+    counting = CountingTokenizer(tokenizer)
+    fit = trim_to_context(turns, counting, CONTEXT, None, DEFAULT_MAX)
+    assert fit.dropped > 9_000 and fit.messages[-1] == turns[-1]
+    assert fit.text is not None and len(fit.text) * 40 > counting.tokenized
