@@ -157,8 +157,8 @@ async def _drive(opts: argparse.Namespace, chaos: Chaos, t0: float) -> tuple[
         event = await FAULTS[name](chaos)
         event.restored_at = time.monotonic()
         if not await chaos.recovered():
-            event.notes.append("NOT healthy again within 90 s")
-        log.info("fault %s: healthy again %.1f s after the strike", name,
+            event.notes.append("NOT answering again within 90 s")
+        log.info("fault %s: answering again %.1f s after the strike", name,
                  time.monotonic() - event.injected_at)
         await asyncio.sleep(opts.quiet)
     return chaos.injected, skipped
@@ -176,10 +176,12 @@ async def _run(opts: argparse.Namespace, conveyor: Conveyor, redis: ChaosRedis,
         log.info("Conveyor ready after %.0f s", time.monotonic() - t0)
         try:
             injected, skipped = await _drive(opts, chaos, t0)
-        finally:
-            load.stop()
-            log.info("load stopped; waiting for %d requests in flight", len(load.in_flight()))
-            await load.drain()
+        except BaseException:
+            load.abort()  # Ctrl-C or a failure: no drain, tear down at once
+            raise
+        load.stop()
+        log.info("load stopped; waiting for %d requests in flight", len(load.in_flight()))
+        await load.drain()
     finally:
         for task in background:
             task.cancel()
@@ -234,3 +236,6 @@ if __name__ == "__main__":
     except BenchError as exc:
         print(f"chaos: {exc}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:
+        print("chaos: interrupted; everything it started is stopped", file=sys.stderr)
+        sys.exit(130)

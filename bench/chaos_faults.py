@@ -11,12 +11,16 @@ streams in flight then is measured from the client side.
 - ``redis-stop``: stop Redis for 3 s (SIGKILL: nothing is written on the way
   out; the append-only file is what comes back).
 - ``redis-flush``: FLUSHALL: claims, leases and caches are gone at once.
-- ``kafka``: SIGKILL the broker, start it again 5 s later.
 - ``worker-redis-down``: stop Redis, SIGKILL the busiest worker 1 s later,
   bring Redis back 2 s after that, the worker 3 s after the kill.
 - ``redis-flush-worker``: FLUSHALL, then SIGKILL the busiest worker: the
   task's redelivery finds no claim at all, so only the log can tell that it is
   a retry and where it continues.
+- ``kafka``: SIGKILL the broker, start it again 5 s later.
+
+After each, the run waits (90 s at most) until the gateway is healthy, both
+workers heartbeat ready and a one-token completion comes back; a fault after
+which that never happens is marked "NOT answering again".
 """
 
 from __future__ import annotations
@@ -141,16 +145,23 @@ class Chaos:
         await asyncio.to_thread(self.conveyor.start, worker)
 
     async def recovered(self, within: float = 90.0) -> bool:
-        """Until the gateway is healthy and every worker heartbeats ready again."""
+        """Until the gateway is healthy, every worker heartbeats ready again and a
+        one-token completion comes back through the whole pipeline (health alone
+        can say ok while a layer is stuck)."""
         since = time.monotonic()
         deadline = since + within
-        async with httpx.AsyncClient(timeout=2.0) as client:
+        async with httpx.AsyncClient(timeout=5.0) as client:
             while time.monotonic() < deadline:
                 with contextlib.suppress(httpx.HTTPError):
                     healthy = (await client.get(f"{self.base_url}/healthz")).status_code == 200
                     if healthy and all(self.beats.ready(w, since)
                                        for w in self.conveyor.workers):
-                        return True
+                        left = max(1.0, min(30.0, deadline - time.monotonic()))
+                        probe = await client.post(
+                            f"{self.base_url}/v1/completions", timeout=left,
+                            json={"model": "smollm2", "prompt": "Hi", "max_tokens": 1})
+                        if probe.status_code == 200:
+                            return True
                 await asyncio.sleep(0.5)
         return False
 
@@ -212,12 +223,14 @@ async def _redis_flush_worker(c: Chaos) -> Injected:
     return event
 
 
+# In the order a full run injects them: Kafka last, so that a pipeline it
+# leaves broken does not hide what the other faults do.
 FAULTS: dict[str, Callable[[Chaos], Awaitable[Injected]]] = {
     "worker": _worker,
     "layers": _layers,
     "redis-stop": _redis_stop,
     "redis-flush": _redis_flush,
-    "kafka": _kafka,
     "worker-redis-down": _worker_redis_down,
     "redis-flush-worker": _redis_flush_worker,
+    "kafka": _kafka,
 }

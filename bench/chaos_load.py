@@ -107,6 +107,12 @@ class Load:
         """No new requests; those in flight run to their end or deadline."""
         self._stop.set()
 
+    def abort(self) -> None:
+        """Stop every client now, requests in flight included."""
+        self._stop.set()
+        for task in self._tasks:
+            task.cancel()
+
     async def drain(self) -> None:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._client.aclose()
