@@ -4,16 +4,21 @@ real broker, a Redis of the test's own, and real processes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
 
 from schemas.codec import default_codec
+from schemas.records import DeadLetter
 from tests.conftest import Pipeline
-from tests.faults import OwnRedis
+from tests.faults import OwnRedis, free_port
 from tests.integration.test_delivery import (
     COUNTING,
     _chunks_of,
@@ -133,3 +138,47 @@ def test_the_generations_of_a_dead_gateway_are_cancelled(
         progress = progress_of(_chunks_of(p, rid[0]))
     assert progress.finished, "the generation went on for nobody"
     assert progress.tokens < 1500
+
+
+def test_an_engine_failure_is_answered_and_kept_in_the_dead_letter_topic(
+        services: None, tmp_path: Path) -> None:
+    """An upstream engine that cannot be reached: the client gets 500 engine_error
+    and the task is kept in conveyor.dlq with the error, as the README promises."""
+    p = Pipeline(tmp_path)
+    try:
+        _start_with_dead_upstream(p)
+        _check_engine_failure(p)
+    finally:
+        p.close()
+
+
+def _start_with_dead_upstream(p: Pipeline) -> None:
+    subprocess.run([sys.executable, "-m", "conveyor.cli", "topics"], env=p.env, check=True,
+                   capture_output=True)
+    p.spawn("layers", "layer")
+    p.spawn("up", "infer", "--pool", "cpu", "--engine", "openai", "--worker-id", "up",
+            "--upstream", f"http://127.0.0.1:{free_port()}/v1")
+    p.spawn("gateway", "gateway")
+    p.wait_workers(1)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{p.base_url}/healthz", timeout=1).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise RuntimeError("the gateway did not become healthy")
+
+
+def _check_engine_failure(p: Pipeline) -> None:
+    r = httpx.post(f"{p.base_url}/v1/completions", timeout=60,
+                   json={"model": "smollm2", "prompt": "Hello", "max_tokens": 4})
+    assert r.status_code == 500 and r.json()["error"]["code"] == "engine_error", r.text
+    codec = default_codec()
+    letters: list[DeadLetter] = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not letters:
+        values = asyncio.run(_read_topic(p.settings.kafka_bootstrap, p.settings.topic("dlq"), 10))
+        letters = [d for d in (codec.decode(v, "DeadLetter") for v in values)
+                   if d["layer"] == "infer"]
+    assert letters, "the engine failure was not kept in the dead-letter topic"
+    assert "EngineError" in letters[0]["error"] and letters[0]["value"]
