@@ -156,10 +156,13 @@ async def _drive(opts: argparse.Namespace, chaos: Chaos, t0: float) -> tuple[
         await chaos.wait_streaming()
         event = await FAULTS[name](chaos)
         event.restored_at = time.monotonic()
-        if not await chaos.recovered():
+        if await chaos.recovered():
+            log.info("fault %s: answering again %.1f s after the strike", name,
+                     time.monotonic() - event.injected_at)
+        else:
             event.notes.append("NOT answering again within 90 s")
-        log.info("fault %s: answering again %.1f s after the strike", name,
-                 time.monotonic() - event.injected_at)
+            log.warning("fault %s: NOT answering again %.1f s after the strike", name,
+                        time.monotonic() - event.injected_at)
         await asyncio.sleep(opts.quiet)
     return chaos.injected, skipped
 

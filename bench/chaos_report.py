@@ -108,6 +108,13 @@ class Report:
                                    f"{v.logged.runs() if v.logged else '?'})"
                                    for v in unlike[:10]))
         groups = {id(v): name for name, vs in self.groups.items() for v in vs}
+        for v in self.verdicts:
+            if v.outcome == "errored":
+                r = v.record
+                held = "no chunk in the log" if v.logged is None else (
+                    f"{len(v.logged.chunks)} chunks in the log, runs {v.logged.runs()}")
+                out.append(f"errored [{groups[id(v)]}] request {r.request_id or '?'} "
+                           f"(trace {r.trace_id}): {(r.error or '')[:120]}; {held}")
         for v in self.failures():
             r = v.record
             out.append(f"{v.outcome.upper()} [{groups[id(v)]}] request {r.request_id or '?'} "
