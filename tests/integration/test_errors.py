@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
+from typing import Any
 
 import httpx
 import pytest
@@ -99,3 +101,97 @@ def test_a_pool_without_workers_does_not_hold_up_the_others(pipeline: Pipeline) 
         assert not waiting.done(), "the ghost request should still be waiting for a worker"
         assert_envelope(waiting.result(), 503, "no_worker_available")
     assert took < 2.5  # well inside the 3 s the ghost request waits
+
+
+def one_connection(p: Pipeline) -> httpx.Client:
+    return httpx.Client(base_url=p.base_url, timeout=60,
+                        limits=httpx.Limits(max_connections=1, max_keepalive_connections=1))
+
+
+def local_port(r: httpx.Response) -> int:
+    return int(r.extensions["network_stream"].get_extra_info("client_addr")[1])
+
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+def raw(body: str) -> dict[str, Any]:
+    """A JSON body written by hand (for escapes such as a lone surrogate)."""
+    return {"content": body.encode(), "headers": {"content-type": "application/json"}}
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ('{"model": "smollm2", "seed": 9223372036854775808, "messages": %s}', "seed"),
+    ('{"model": "smollm2", "seed": -9223372036854775809, "messages": %s}', "seed"),
+    ('{"model": "smollm2", "max_tokens": 2147483648, "messages": %s}', "max_tokens"),
+    ('{"model": "smollm2", "max_completion_tokens": 2147483648, "messages": %s}',
+     "max_completion_tokens"),
+    ('{"model": "smollm2", "messages": [{"role": "user", "content": "a\\ud800"}]}',
+     "messages[0].content"),
+    ('{"model": "smollm2", "stop": "\\udc00", "messages": %s}', "stop"),
+    ('{"model": "smollm2", "stop": ["x", "\\ud800"], "messages": %s}', "stop[1]"),
+    ('{"model": "smollm2\\ud800", "messages": %s}', "model"),
+    ('{"model": "smollm2", "user": "\\ud800", "messages": %s}', "user"),
+    ('{"model": "smollm2", "stream": "yes", "messages": %s}', "stream"),
+    ('{"model": "smollm2", "temperature": "hot", "messages": %s}', "temperature"),
+    ('{"model": "smollm2", "tools": [{"type": "function", "function": {"name": "f"}}], '
+     '"messages": %s}', "tools"),
+    ('{"model": "smollm2", "response_format": {"type": "json_object"}, "messages": %s}',
+     "response_format.type"),
+    ('{"model": "smollm2", "logprobs": true, "messages": %s}', "logprobs"),
+    ('{"model": "smollm2", "logit_bias": {"1": 5}, "messages": %s}', "logit_bias"),
+])
+def test_what_the_pipeline_cannot_hold_is_400_and_the_connection_lives(
+        pipeline: Pipeline, body: str, param: str) -> None:
+    text = body % json.dumps(HI) if "%s" in body else body
+    good = {"model": "smollm2", "max_tokens": 1, "messages": HI}
+    with one_connection(pipeline) as client:
+        r = client.post("/v1/chat/completions", **raw(text))
+        err = assert_envelope(r, 400)
+        assert err["param"] == param and err["type"] == "invalid_request_error"
+        after = client.post("/v1/chat/completions", json=good)
+        assert after.status_code == 200, after.text
+        assert local_port(r) == local_port(after)
+
+
+def test_a_lone_surrogate_in_a_prompt_is_400(pipeline: Pipeline) -> None:
+    r = post(pipeline, b'{"model": "smollm2", "prompt": "\\ud800"}', path="/v1/completions",
+             **{"content-type": "application/json"})
+    assert assert_envelope(r, 400)["param"] == "prompt"
+
+
+def test_a_body_over_the_limit_is_413_before_it_enters(pipeline: Pipeline) -> None:
+    huge = {"model": "smollm2", "messages": [{"role": "user", "content": "x" * 5_000_000}]}
+    err = assert_envelope(post(pipeline, huge), 413, "request_too_large")
+    assert err["type"] == "invalid_request_error"
+
+    def chunked() -> Any:
+        yield b'{"model": "smollm2", "messages": [{"role": "user", "content": "'
+        for _ in range(300):
+            yield b"y" * 10_000
+        yield b'"}]}'
+
+    r = httpx.post(f"{pipeline.base_url}/v1/chat/completions", content=chunked(), timeout=60,
+                   headers={"content-type": "application/json"})
+    assert_envelope(r, 413, "request_too_large")
+
+
+def test_an_empty_prompt_is_answered(pipeline: Pipeline) -> None:
+    r = post(pipeline, {"model": "smollm2", "prompt": "", "max_tokens": 3},
+             path="/v1/completions")
+    assert r.status_code == 200, r.text
+    assert r.json()["object"] == "text_completion"
+
+
+def test_the_openapi_document_lists_the_real_responses(pipeline: Pipeline) -> None:
+    doc = httpx.get(f"{pipeline.base_url}/openapi.json", timeout=10).json()
+    assert "HTTPValidationError" not in doc["components"]["schemas"]
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        responses = doc["paths"][path]["post"]["responses"]
+        assert "422" not in responses
+        assert {"200", "400", "404", "413", "503", "504"} <= set(responses)
+        assert "text/event-stream" in responses["200"]["content"]
+        error = responses["400"]["content"]["application/json"]["schema"]
+        assert error == {"$ref": "#/components/schemas/ErrorResponse"}
+    detail = doc["components"]["schemas"]["ErrorDetail"]
+    assert set(detail["required"]) == {"message", "type", "param", "code"}
