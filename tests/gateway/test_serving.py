@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
+
 from conveyor.settings import Settings
 from gateway.replies import ReplyStream
 from gateway.serving import Answer, Serving
@@ -119,3 +121,95 @@ async def test_a_client_that_left_is_logged_as_499(caplog: Any) -> None:
         answer.close("client disconnected")
     [line] = [r.getMessage() for r in caplog.records if r.name == "conveyor.access"]
     assert "status=499" in line
+
+
+# -- submission: what the broker does to a request ------------------------------
+
+@dataclass
+class SubmitRouter(Router):
+    unreachable: bool = False
+    partition: int = 0
+    opened: list[str] = field(default_factory=list)
+
+    def open(self, request_id: str) -> ReplyStream:
+        self.opened.append(request_id)
+        return ReplyStream(request_id)
+
+    def kafka_unreachable(self) -> bool:
+        return self.unreachable
+
+
+@dataclass
+class BrokerStandIn:
+    """Stands in for AIOKafkaProducer: hangs like a producer whose broker is gone,
+    or raises what aiokafka raises."""
+
+    raises: BaseException | None = None
+    sent: list[tuple[str, bytes]] = field(default_factory=list)
+
+    async def send_and_wait(self, topic: str, value: bytes, key: bytes | None = None,
+                            headers: Any = None) -> None:
+        if topic.endswith(".control"):
+            self.sent.append((topic, value))
+            return
+        if self.raises is not None:
+            raise self.raises
+        await asyncio.sleep(3600)
+
+
+def submitting(producer: BrokerStandIn, unreachable: bool = False,
+               **settings: Any) -> tuple[Serving, SubmitRouter]:
+    router = SubmitRouter(unreachable=unreachable)
+    serving = Serving(Settings(topic_prefix="sv", **settings), producer,  # type: ignore[arg-type]
+                      router, default_codec(), "g", produce_timeout_s=0.2)  # type: ignore[arg-type]
+    return serving, router
+
+
+async def test_a_broker_that_does_not_answer_is_a_prompt_503() -> None:
+    from conveyor.errors import PipelineUnavailable
+    from tests.factories import generation
+
+    producer = BrokerStandIn()
+    serving, router = submitting(producer)
+    started = time.monotonic()
+    with pytest.raises(PipelineUnavailable) as info:
+        await serving.submit(generation())
+    assert time.monotonic() - started < 5
+    assert info.value.status == 503 and info.value.code == "pipeline_unavailable"
+    assert router.closed == router.opened  # no stream left waiting
+    await asyncio.sleep(0.05)
+    [(topic, _)] = producer.sent  # and the request, should it still arrive, is cancelled
+    assert topic == "sv.control"
+
+
+async def test_a_known_outage_is_refused_before_producing() -> None:
+    from conveyor.errors import PipelineUnavailable
+    from tests.factories import generation
+
+    serving, router = submitting(BrokerStandIn(), unreachable=True)
+    with pytest.raises(PipelineUnavailable):
+        await serving.submit(generation())
+    assert router.opened == []
+
+
+async def test_an_event_the_broker_refuses_as_too_large_is_413() -> None:
+    from aiokafka.errors import MessageSizeTooLargeError
+
+    from conveyor.errors import RequestTooLarge
+    from tests.factories import generation
+
+    serving, _ = submitting(BrokerStandIn(raises=MessageSizeTooLargeError("too big")))
+    with pytest.raises(RequestTooLarge) as info:
+        await serving.submit(generation())
+    assert info.value.status == 413 and info.value.code == "request_too_large"
+
+
+async def test_an_event_over_max_event_bytes_is_413_before_producing() -> None:
+    from conveyor.errors import RequestTooLarge
+    from tests.factories import generation
+
+    producer = BrokerStandIn()
+    serving, _ = submitting(producer, max_event_bytes=1000)
+    big = generation([{"role": "user", "content": "x" * 2000, "name": None}])
+    with pytest.raises(RequestTooLarge):
+        await serving.submit(big)
