@@ -2,13 +2,12 @@
 whether what its client got is that, once.
 
 The log is read whole (the run's own prefix, from the beginning) and each
-request's answer rebuilt from it as postprocess builds it: chunks applied in
-``seq`` order, the first chunk of each ``seq`` taken and later ones with the
-same ``seq`` dropped, up to the first chunk that finishes or fails. Two chunks
-with the same ``seq`` and different contents mean two runs of the task wrote
-over each other (a retry that did not continue after what was sent): postprocess
-then splices one run's head to the other's tail, so such a request is corrupted
-even when the client's text matches the rebuild.
+request's answer rebuilt from it by the rule postprocess answers with
+(:class:`workers.chunk_order.ChunkOrder`: one run's chunk at each ``seq``, a
+new run only where it began), up to the first chunk that finishes or fails.
+Two chunks of the *same run* with the same ``seq`` and different contents
+would mean a run wrote over itself, so such a request is corrupted even when
+the client's text matches the rebuild.
 
 Outcomes, one per request:
 
@@ -35,6 +34,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from bench.chaos_load import Record
 from schemas.codec import default_codec
+from workers.chunk_order import ChunkOrder
 
 __all__ = ["Logged", "Outcome", "Verdict", "judge", "read_tokens"]
 
@@ -51,38 +51,35 @@ class Logged:
 
     def rebuilt(self) -> tuple[str, int, str | None, bool]:
         """(text, completion tokens, finish reason or ``error``, finished) as
-        postprocess assembles them: the first chunk of each seq wins."""
-        first: dict[int, dict[str, Any]] = {}
-        for c in self.chunks:
-            first.setdefault(c["seq"], c)
-        seq, tokens = 0, 0
+        postprocess assembles them (:class:`ChunkOrder`)."""
+        order = ChunkOrder()
+        tokens = 0
         text: list[str] = []
-        while seq in first:
-            c = first[seq]
-            if c["error"] is not None:
-                return "".join(text), tokens, "error", True
-            text.append(c["text"])
-            tokens += c["tokens"]
-            if c["finish_reason"] is not None:
-                return "".join(text), tokens, c["finish_reason"], True
-            seq += 1
+        for chunk in self.chunks:
+            for c in order.offer(chunk):  # type: ignore[arg-type]
+                if c["error"] is not None:
+                    return "".join(text), tokens, "error", True
+                text.append(c["text"])
+                tokens += c["tokens"]
+                if c["finish_reason"] is not None:
+                    return "".join(text), tokens, c["finish_reason"], True
         return "".join(text), tokens, None, False
 
     def conflicts(self) -> list[int]:
-        """Sequence numbers written twice with different contents."""
-        seen: dict[int, tuple[str, int, str | None]] = {}
+        """Sequence numbers one run wrote twice with different contents."""
+        seen: dict[tuple[str, int], tuple[str, int, str | None]] = {}
         bad: set[int] = set()
         for c in self.chunks:
             key = (c["text"], c["tokens"], c["finish_reason"])
-            if seen.setdefault(c["seq"], key) != key:
+            if seen.setdefault((c.get("run_id", ""), c["seq"]), key) != key:
                 bad.add(c["seq"])
         return sorted(bad)
 
     def runs(self) -> list[str]:
-        """Who wrote the chunks, in order of first appearance: ``worker/attempt``."""
+        """Who wrote the chunks, in order of first appearance: ``worker/run@start``."""
         out: list[str] = []
         for c in self.chunks:
-            tag = f"{c['worker_id']}/a{c['envelope']['attempt']}"
+            tag = f"{c['worker_id']}/{c.get('run_id', '')}@{c.get('run_start', 0)}"
             if tag not in out:
                 out.append(tag)
         return out
