@@ -29,7 +29,9 @@ from workers.outputs import Output, Sender, error_info
 
 __all__ = ["TaskRun", "request_from_task"]
 
-_BUSY_POLL_S = 0.5
+# how often a task whose lease another worker holds asks again (a handed-off
+# task's new owner waits only this long after the old one lets go)
+_BUSY_POLL_S = 0.1
 
 
 def request_from_task(task: Task, continuation: str, done_tokens: int,

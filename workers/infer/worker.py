@@ -18,7 +18,8 @@ Decisions:
   this worker in the new assignment keeps its running tasks (the re-fetched
   task records are booked on the runs already going); only tasks of
   partitions that went to another member are handed off, once the new
-  assignment is known.
+  assignment is known. The group's assignor is sticky, so a rebalance moves
+  as few partitions (and running answers) as it can.
 * **Outages are waited out, never crashed on.** Every background concern
   (heartbeats, leases, commits, cancels) retries Redis and Kafka with
   backoff; a generation whose chunks Kafka did not acknowledge is run again
@@ -45,6 +46,7 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from opentelemetry import trace
 from redis.exceptions import RedisError
@@ -170,7 +172,8 @@ class InferWorker:
         consumer = make_consumer(
             self.settings, group=self.settings.group(f"infer.{self.pool}"),
             session_timeout_ms=self.settings.infer_session_timeout_ms,
-            heartbeat_interval_ms=self.settings.infer_heartbeat_interval_ms)
+            heartbeat_interval_ms=self.settings.infer_heartbeat_interval_ms,
+            partition_assignment_strategy=(StickyPartitionAssignor,))
         consumer.subscribe([infer_topic(self.settings, self.pool)],
                            listener=_Assignment(self))
         self._consumer = consumer
