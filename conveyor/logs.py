@@ -27,6 +27,14 @@ class RepeatFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING:
             return True
+        decided = getattr(record, "_conveyor_shown", None)
+        if decided is not None:  # another handler asked already: the same answer
+            return bool(decided)
+        shown = self._decide(record)
+        record._conveyor_shown = shown  # type: ignore[attr-defined]
+        return shown
+
+    def _decide(self, record: logging.LogRecord) -> bool:
         key = (record.name, record.levelno, str(record.msg))
         now: float = self._clock()  # type: ignore[operator]
         seen = self._last.get(key)

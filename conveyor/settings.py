@@ -62,6 +62,8 @@ class Settings(BaseSettings):
     reply_lease_ttl_s: float = 15.0
     request_timeout_s: float = 300.0
     sse_keepalive_s: float = 10.0
+    # how long the gateway waits for Kafka to take a request (503 after it)
+    produce_timeout_s: float = 5.0
     # The largest request body the gateway accepts (413 above it); it must fit,
     # with the pipeline's additions, in one event of max_event_bytes.
     max_body_bytes: int = 2 * 1024 * 1024

@@ -72,7 +72,8 @@ async def _collaborators(app: FastAPI, settings: Settings, gateway_id: str,
     router_ = ReplyRouter(settings, codec, lease, health.part("replies"))
     await router_.start()
     tracing = make_tracer(settings.trace_exporter, "gateway")
-    app.state.serving = Serving(settings, producer, router_, codec, gateway_id, tracing.tracer)
+    app.state.serving = Serving(settings, producer, router_, codec, gateway_id, tracing.tracer,
+                                produce_timeout_s=settings.produce_timeout_s)
     health.tasks.extend([
         asyncio.create_task(router_.run(), name="replies"),
         asyncio.create_task(lease.keep(), name="reply-lease"),
