@@ -68,7 +68,9 @@ async def _answer(serving: Serving, generation: Generation, request: Request) ->
     if not generation["stream"]:
         result = await serving.collect(generation, answer, request.is_disconnected)
         return SafeJSONResponse(result)
-    first = await serving.first(answer)
+    first = await serving.first(answer, request.is_disconnected)
+    if first is None:  # the client left: nobody reads a status
+        return Response(status_code=499)
     return StreamingResponse(serving.stream(answer, first), media_type="text/event-stream",
                              headers=_SSE_HEADERS)
 

@@ -56,6 +56,9 @@ __all__ = ["Serving", "Answer"]
 Disconnected = Callable[[], Awaitable[bool]]
 
 access_log = logging.getLogger("conveyor.access")
+
+# how often a request still waiting for its first reply checks its client
+_DISCONNECT_POLL_S = 0.5
 log = logging.getLogger(__name__)
 
 
@@ -283,15 +286,21 @@ class Serving:
             answer.close("gateway stopped waiting")
         return _full_response(generation, answer.request_id, "".join(text), finish, usage)
 
-    async def first(self, answer: Answer) -> Reply:
-        """The first reply, before the response status is chosen."""
+    async def first(self, answer: Answer, disconnected: Disconnected) -> Reply | None:
+        """The first reply, before the response status is chosen; None when the
+        client left first (its request is cancelled at once, wherever it waits:
+        queued behind busy workers, say, not only once a worker takes it)."""
         try:
-            reply = await answer.next()
+            while True:
+                reply = await answer.next(within=_DISCONNECT_POLL_S)
+                if reply is not None:
+                    return reply
+                if await disconnected():
+                    answer.close("client disconnected before the first token")
+                    return None
         except BaseException:
             answer.close("failed before the first token")
             raise
-        assert reply is not None
-        return reply
 
     async def stream(self, answer: Answer, first: Reply) -> AsyncIterator[bytes]:
         """SSE frames: OpenAI chunks, keep-alive comments while waiting, then [DONE].

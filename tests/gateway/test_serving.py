@@ -60,7 +60,8 @@ async def test_frames_keepalives_and_done() -> None:
         answer.stream.put(reply(1, "final", [{"b": 2}, {"c": 3}]))
 
     answer.stream.put(reply(0, "delta", [{"a": 1}]))
-    first = await serving.first(answer)
+    first = await serving.first(answer, still_here)
+    assert first is not None
     feeder = asyncio.create_task(later())
     frames = [f async for f in serving.stream(answer, first)]
     await feeder
@@ -68,6 +69,27 @@ async def test_frames_keepalives_and_done() -> None:
     assert b": keep-alive\n\n" in frames
     # one reply may carry several chunk objects: each is its own event
     assert frames[-3:] == [b'data: {"b": 2}\n\n', b'data: {"c": 3}\n\n', b"data: [DONE]\n\n"]
+
+
+async def still_here() -> bool:
+    return False
+
+
+async def test_a_client_gone_before_the_first_reply_cancels_at_once() -> None:
+    """Its task may wait behind busy workers for minutes: the cancel must not wait
+    for the first token."""
+    serving, answer, producer = setup(deadline_s=30)
+
+    async def gone() -> bool:
+        return True
+
+    started = time.monotonic()
+    assert await serving.first(answer, gone) is None
+    assert time.monotonic() - started < 5
+    await asyncio.sleep(0.05)
+    [(topic, value)] = producer.sent
+    assert topic == "sv.control"
+    assert default_codec().decode(value, "Control")["request_id"] == "r1"
 
 
 async def test_closing_the_stream_early_cancels_the_generation() -> None:
