@@ -4,17 +4,25 @@ the pipeline keeps moving (real processes, real Kafka)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-from aiokafka import AIOKafkaConsumer
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from conveyor.settings import Settings
 from schemas.codec import default_codec
 from tests.conftest import Pipeline
+from tests.faults import OwnKafka
+from topics.admin import ensure_topics
+from topics.catalog import catalog
+from topics.follow import follow
 
 # smollm2 first: the CPU worker serves the first model of its pool. The
 # second name is the same model with a context wide enough that a long
@@ -130,3 +138,53 @@ def test_a_huge_conversation_does_not_hold_up_a_small_request_behind_it(
         big_marker, small_marker} <= {last(e) for _, e in seen})
     left = {last(e): ts for ts, e in prepared if last(e) in (big_marker, small_marker)}
     assert left[small_marker] < left[big_marker], left
+
+
+async def test_a_follower_sees_its_own_blindness_and_does_not_flood_the_log(
+        own_kafka: OwnKafka, caplog: pytest.LogCaptureFixture) -> None:
+    """A Kafka outage: the follower says it cannot see (the worker table then
+    answers pipeline_unavailable) and backs off with one log line per kind
+    per ten seconds."""
+    settings = Settings(kafka_bootstrap=own_kafka.bootstrap, retry_backoff_max_s=1.0,
+                        topic_prefix=f"f{uuid.uuid4().hex[:8]}")
+    await ensure_topics(settings, catalog(settings))
+    topic = settings.topic("workers")
+
+    async def produce(values: list[bytes]) -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
+        await producer.start()
+        try:
+            for v in values:
+                await producer.send_and_wait(topic, v, key=v, partition=0)
+        finally:
+            await producer.stop()
+
+    async def until(check: Callable[[], bool], within: float) -> bool:
+        for _ in range(int(within * 10)):
+            if check():
+                return True
+            await asyncio.sleep(0.1)
+        return check()
+
+    await produce([b"a", b"b"])
+    follower = follow(settings, topic, 0, "beginning", probe_timeout_s=5.0)
+    seen: list[bytes] = []
+
+    async def collect() -> None:
+        async for records in follower:
+            seen.extend(r.value for r in records if r.value is not None)
+
+    task = asyncio.create_task(collect())
+    try:
+        assert await until(lambda: seen == [b"a", b"b"] and follower.caught_up.is_set(), 60)
+        assert follower.reachable
+        caplog.clear()
+        await asyncio.to_thread(own_kafka.stop)
+        assert await until(lambda: not follower.reachable, 30)
+        await asyncio.sleep(8)  # an outage of several seconds: a handful of lines, no flood
+        lines = [r for r in caplog.records if r.name == "topics.follow"]
+        assert 1 <= len(lines) <= 3, [r.getMessage() for r in lines]
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
