@@ -58,7 +58,7 @@ from conveyor.tracing import layer_span, trace_id_of
 from schemas.codec import Codec, default_codec
 from topics.catalog import infer_topic
 from topics.clients import make_consumer, make_producer
-from workers.infer.cancels import CancelFollower
+from workers.cancels import CancelList
 from workers.infer.engines.base import Engine
 from workers.infer.generation import TaskRun
 from workers.infer.heartbeat import Heartbeat
@@ -142,7 +142,7 @@ class InferWorker:
         self._commit_lock = asyncio.Lock()
         self._commit_due = asyncio.Event()
         self.commit_interval_s = 0.1
-        self._cancels: CancelFollower | None = None
+        self._cancels: CancelList | None = None
         self._redis: aioredis.Redis | None = None
         # (gateway id, reply partition) -> when its lease was first seen missing
         self._gateway_gone: dict[tuple[str, int], float] = {}
@@ -167,7 +167,8 @@ class InferWorker:
         store = ProgressTracker(self.settings, redis, self.codec, producer)
         heartbeat = Heartbeat(self.settings, sender, self.worker_id, self.pool, self.engine.name,
                               self.models(), self.engine.capacity, self._snapshot)
-        cancels = CancelFollower(self.settings, self.codec, self._on_cancel)
+        cancels = CancelList(self.settings, self.codec)
+        cancels.subscribe(self._on_cancel)
         self._cancels = cancels
         consumer = make_consumer(
             self.settings, group=self.settings.group(f"infer.{self.pool}"),
