@@ -25,7 +25,6 @@ arrives the follower asks the broker for the partition's end offset every
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -124,8 +123,7 @@ class Follower:
                 self._problems.warning("follow", "%s: cannot follow %s[%d] (%s: %s); retrying",
                                        tp.topic, tp.topic, tp.partition, type(exc).__name__, exc)
             finally:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(consumer.stop(), self.probe_timeout_s)
+                await _stop_quietly(consumer, self.probe_timeout_s)
             await backoff.wait()
 
     async def _end_offset(self, consumer: Any) -> int:
@@ -153,6 +151,20 @@ class Follower:
         else:
             consumer.seek(tp, int(self.start))
         self.position = await consumer.position(tp)
+
+
+async def _stop_quietly(consumer: Any, timeout_s: float) -> None:
+    """Close a consumer that may be half broken. aiokafka's ``stop`` can raise the
+    CancelledError of its own fetch task after an outage: that one is not ours
+    and must not end the follower; a cancel of the follower itself still does."""
+    me = asyncio.current_task()
+    try:
+        await asyncio.wait_for(consumer.stop(), timeout_s)
+    except asyncio.CancelledError:
+        if me is not None and me.cancelling():
+            raise
+    except Exception as exc:  # a consumer that cannot even stop is dropped
+        log.debug("closing a consumer failed: %r", exc)
 
 
 def follow(settings: Settings, topic: str, partition: int = 0, start: Start = "beginning",
