@@ -65,7 +65,8 @@ class Pipeline:
         self.settings = Settings(
             topic_prefix=self.prefix, models_file=models,
             kafka_bootstrap=self.env.get("CONVEYOR_KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
-            redis_url=self.env.get("CONVEYOR_REDIS_URL", "redis://127.0.0.1:6379/0"))
+            redis_url=self.env.get("CONVEYOR_REDIS_URL", "redis://127.0.0.1:6379/0"),
+            infer_partitions=int(self.env.get("CONVEYOR_INFER_PARTITIONS", "8")))
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.base_url = f"http://127.0.0.1:{self.port}"
 

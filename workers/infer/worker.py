@@ -18,8 +18,10 @@ Decisions:
   this worker in the new assignment keeps its running tasks (the re-fetched
   task records are booked on the runs already going); only tasks of
   partitions that went to another member are handed off, once the new
-  assignment is known. The group's assignor is sticky, so a rebalance moves
-  as few partitions (and running answers) as it can.
+  assignment is known. The group's assignor
+  (:class:`~workers.infer.assignor.BusyAwareAssignor`) keeps partitions where
+  they are and balances with idle ones first, so a worker that joins takes
+  no running answer from another.
 * **Outages are waited out, never crashed on.** Every background concern
   (heartbeats, leases, commits, cancels) retries Redis and Kafka with
   backoff; a generation whose chunks Kafka did not acknowledge is run again
@@ -59,6 +61,7 @@ from schemas.codec import Codec, default_codec
 from topics.catalog import infer_topic
 from topics.clients import make_consumer, make_producer
 from workers.cancels import CancelList
+from workers.infer.assignor import BusyAwareAssignor
 from workers.infer.engines.base import Engine
 from workers.infer.generation import TaskRun
 from workers.infer.heartbeat import Heartbeat
@@ -93,6 +96,7 @@ class _Assignment(ConsumerRebalanceListener):
         self.worker = worker
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        self.worker.owned_before = set(self.worker.partitions)
         await self.worker.commit()
         self.worker.offsets.forget(list(revoked))
         self.worker.partitions -= set(revoked)
@@ -132,6 +136,8 @@ class InferWorker:
         self.drain_timeout_s = drain_timeout_s
         self.tracer = tracer or trace.NoOpTracer()
         self.partitions: set[TopicPartition] = set()
+        # what this worker owned when the last rebalance began (the assignor keeps it)
+        self.owned_before: set[TopicPartition] = set()
         self.offsets = InFlightOffsets()
         self.running: dict[str, _Running] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -174,7 +180,8 @@ class InferWorker:
             self.settings, group=self.settings.group(f"infer.{self.pool}"),
             session_timeout_ms=self.settings.infer_session_timeout_ms,
             heartbeat_interval_ms=self.settings.infer_heartbeat_interval_ms,
-            partition_assignment_strategy=(StickyPartitionAssignor,))
+            partition_assignment_strategy=(BusyAwareAssignor(self._assignor_state),
+                                           StickyPartitionAssignor))
         consumer.subscribe([infer_topic(self.settings, self.pool)],
                            listener=_Assignment(self))
         self._consumer = consumer
@@ -393,6 +400,11 @@ class InferWorker:
         running = self.running.get(request_id)
         if running is not None:
             running.run.cancelled = True
+
+    def _assignor_state(self) -> tuple[set[TopicPartition], set[TopicPartition]]:
+        """For the group's assignor: the partitions owned, and those running answers."""
+        busy = {tp for r in self.running.values() for tp, _, _ in r.bookings}
+        return self.partitions | self.owned_before, busy
 
     def _snapshot(self) -> tuple[list[int], int, int]:
         return [tp.partition for tp in self.partitions], len(self.running), 0
