@@ -56,6 +56,26 @@ def test_redis_wiped_and_the_worker_killed_mid_answer_still_give_one_whole_answe
     assert progress_of(chunks).finished
 
 
+def test_a_worker_killed_while_redis_is_down_is_continued_from_the_log(
+        pipeline_factory: Callable[..., Pipeline], own_redis: OwnRedis) -> None:
+    """No Redis to ask whether the task is a retry, nor to lease it: the survivor
+    decides from the log and continues the answer."""
+    p = pipeline_factory(workers=2, contexts=1, CONVEYOR_REDIS_URL=own_redis.url)
+    killed: list[str] = []
+
+    def break_things(rid: str) -> None:
+        killed.append(_worker_of(p, rid))
+        own_redis.stop()
+        p.kill(killed[0])
+        threading.Timer(4.0, own_redis.start).start()
+
+    answer = count(p, 300, break_things)
+    assert killed and answer.dones == 1 and answer.finishes == 1
+    assert answer.counted_on(), answer.text
+    chunks = _chunks_of(p, answer.request_id)
+    assert len({c["worker_id"] for c in chunks}) == 2, "the survivor did not continue it"
+
+
 def test_a_redis_outage_does_not_stop_a_busy_worker(
         pipeline_factory: Callable[..., Pipeline], own_redis: OwnRedis) -> None:
     p = pipeline_factory(workers=1, contexts=1, CONVEYOR_REDIS_URL=own_redis.url)
