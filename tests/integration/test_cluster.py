@@ -257,7 +257,4 @@ def test_a_broker_killed_mid_stream_loses_no_answer(
     r = httpx.post(f"{p.base_url}/v1/completions", timeout=90,
                    headers={"X-Conveyor-Timeout": "60"},
                    json={"model": "smollm2", "prompt": "Hi", "max_tokens": 4})
-    if r.status_code == 504:
-        pytest.xfail("a follower of a side topic whose leader died hangs in aiokafka's "
-                     "consumer.stop() (topics/follow.py), so schedule stays blind to workers")
     assert r.status_code == 200, r.text
