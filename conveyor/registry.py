@@ -51,32 +51,58 @@ def locate_gguf(ref: str) -> Path:
     raise ConveyorError(f"{ref}: no .gguf file inside the package")
 
 
+def _spec(name: str, entry: dict[str, object]) -> ModelSpec:
+    try:
+        tokenizer = str(entry.get("tokenizer", "estimate"))
+        if tokenizer not in ("gguf", "estimate"):
+            raise ValueError(f"tokenizer must be gguf or estimate, not {tokenizer!r}")
+        aliases = entry.get("aliases", ())
+        if not isinstance(aliases, list | tuple):
+            raise ValueError("aliases must be a list of names")
+        spec = ModelSpec(
+            name=name,
+            pool=str(entry["pool"]),
+            context_length=int(entry["context_length"]),  # type: ignore[call-overload]
+            default_max_tokens=int(entry.get("default_max_tokens", 256)),  # type: ignore[call-overload]
+            tokenizer=tokenizer,  # type: ignore[arg-type]
+            gguf=str(entry["gguf"]) if entry.get("gguf") else None,
+            upstream_model=str(entry["upstream_model"]) if entry.get("upstream_model")
+            else None,
+            aliases=tuple(str(a) for a in aliases),
+        )
+    except KeyError as exc:
+        raise ConveyorError(f"model `{name}` has no `{exc.args[0]}`") from None
+    except (TypeError, ValueError) as exc:
+        raise ConveyorError(f"model `{name}`: {exc}") from None
+    if spec.context_length <= 0 or spec.default_max_tokens <= 0:
+        raise ConveyorError(f"model `{name}`: context_length and default_max_tokens must be "
+                            "positive")
+    return spec
+
+
 class Registry:
     def __init__(self, models: list[ModelSpec]) -> None:
         self.models = {m.name: m for m in models}
         self._names: dict[str, ModelSpec] = {}
         for m in models:
             for name in (m.name, *m.aliases):
+                other = self._names.get(name)
+                if other is not None and other is not m:
+                    raise ConveyorError(f"the name `{name}` is given to both model "
+                                        f"`{other.name}` and model `{m.name}`")
                 self._names[name] = m
 
     @classmethod
     def load(cls, path: Path) -> Registry:
-        data = tomllib.loads(path.read_text())
-        models = []
-        for name, entry in data.get("models", {}).items():
-            models.append(
-                ModelSpec(
-                    name=name,
-                    pool=entry["pool"],
-                    context_length=int(entry["context_length"]),
-                    default_max_tokens=int(entry.get("default_max_tokens", 256)),
-                    tokenizer=entry.get("tokenizer", "estimate"),
-                    gguf=entry.get("gguf"),
-                    upstream_model=entry.get("upstream_model"),
-                    aliases=tuple(entry.get("aliases", ())),
-                )
-            )
-        return cls(models)
+        """Read a registry file; a file that is not TOML, an entry without a
+        required field or with a wrong value, and a name given to two models are
+        refused with the file and the model named."""
+        try:
+            data = tomllib.loads(path.read_text())
+            models = [_spec(name, entry) for name, entry in data.get("models", {}).items()]
+            return cls(models)
+        except (OSError, tomllib.TOMLDecodeError, ConveyorError) as exc:
+            raise ConveyorError(f"{path}: {exc}") from exc
 
     def find(self, name: str) -> ModelSpec | None:
         return self._names.get(name)

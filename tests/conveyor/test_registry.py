@@ -100,14 +100,26 @@ def test_defaults_of_a_minimal_entry(tmp_path: Path) -> None:
     assert spec.upstream_model is None
 
 
-@pytest.mark.xfail(raises=KeyError, strict=True,
-                   reason="Registry.load does not check entries yet: a missing field is a "
-                          "bare KeyError without the file or the model's name")
 def test_an_entry_without_a_pool_is_refused_with_the_file_and_model_named(
         tmp_path: Path) -> None:
     path = tmp_path / "models.toml"
     path.write_text('[models."m"]\ncontext_length = 100\n')
     with pytest.raises(ConveyorError, match=r"models\.toml.*\bm\b.*pool"):
+        Registry.load(path)
+
+
+def test_a_name_given_to_two_models_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "models.toml"
+    path.write_text('[models."a"]\npool = "cpu"\ncontext_length = 100\naliases = ["x"]\n'
+                    '[models."b"]\npool = "cpu"\ncontext_length = 100\naliases = ["x"]\n')
+    with pytest.raises(ConveyorError, match=r"`x`.*`a`.*`b`"):
+        Registry.load(path)
+
+
+def test_a_file_that_is_not_toml_is_refused_with_its_name(tmp_path: Path) -> None:
+    path = tmp_path / "models.toml"
+    path.write_text("[models\n")
+    with pytest.raises(ConveyorError, match=r"models\.toml"):
         Registry.load(path)
 
 
