@@ -193,27 +193,9 @@ class Sender:
 
     async def error_reply(self, envelope: Envelope, error: ErrorInfo, index: int = 0) -> None:
         """Fail one request: its gateway answers the client with the error."""
-        if envelope["reply_partition"] < 0:
-            return
-        reply = Reply(
-            envelope=envelope,
-            index=index,
-            kind="error",
-            text="",
-            chunk="",
-            finish_reason=None,
-            usage=None,
-            error=error,
-        )
-        await self.send(
-            Output(
-                self.settings.topic("replies"),
-                "Reply",
-                reply,
-                key=envelope["request_id"],
-                partition=envelope["reply_partition"],
-            )
-        )
+        reply = self.error_output(envelope, error, index)
+        if reply is not None:
+            await self.send(reply)
 
     async def dead_letter(
         self,
