@@ -82,11 +82,11 @@ class Settings(BaseSettings):
     # how long a dead worker's task stays leased to it (renewed every fifth):
     # with the infer group's session timeout, this bounds how long a dead
     # worker's streams stall before a survivor continues them
-    claim_lease_s: float = 2.5
+    claim_lease_s: float = 2.0
     # infer workers leave their group this soon after they stop heartbeating
     # (SIGKILL): a survivor takes their partitions over within about this time
-    infer_session_timeout_ms: int = 2000
-    infer_heartbeat_interval_ms: int = 400
+    infer_session_timeout_ms: int = 1500
+    infer_heartbeat_interval_ms: int = 300
     # how far clocks of different hosts may disagree: lookups of a request's
     # events by time start this much earlier, and a claim is trusted only for
     # tasks written this long after Redis was last seen to lose data
