@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.harness import BenchError, Proc, repo_root
+from bench.harness import BenchError, Proc, port_answers, repo_root
 
 __all__ = ["ChaosKafka", "ChaosRedis", "Conveyor", "free_port", "port_answers"]
 
@@ -29,14 +29,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def port_answers(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:

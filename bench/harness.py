@@ -21,6 +21,7 @@ from types import FrameType
 import httpx
 
 __all__ = [
+    "port_answers",
     "BenchError",
     "Proc",
     "check_infra",
@@ -123,7 +124,8 @@ def wait_http(url: str, proc: Proc, timeout_s: float) -> None:
     )
 
 
-def _answers(port: int) -> bool:
+def port_answers(port: int) -> bool:
+    """Something listens on 127.0.0.1:``port``."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1.0):
             return True
@@ -133,18 +135,18 @@ def _answers(port: int) -> bool:
 
 def check_infra(kafka_port: int = 9092, redis_port: int = 6379) -> None:
     """Conveyor runs with ``--no-infra``: Kafka and Redis must already be up."""
-    if not _answers(kafka_port):
+    if not port_answers(kafka_port):
         raise BenchError(
             f"Kafka is not answering on 127.0.0.1:{kafka_port}: run `bash infra/kafka.sh start`"
         )
-    if not _answers(redis_port):
+    if not port_answers(redis_port):
         raise BenchError(
             f"Redis is not answering on 127.0.0.1:{redis_port}: run `bash infra/redis.sh start`"
         )
 
 
 def check_port_free(port: int, what: str) -> None:
-    if _answers(port):
+    if port_answers(port):
         raise BenchError(f"port {port} ({what}) is already in use on 127.0.0.1")
 
 

@@ -35,7 +35,7 @@ import contextlib
 import logging
 import time
 import traceback
-from collections import OrderedDict, deque
+from collections import deque
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 from aiokafka import AIOKafkaProducer, ConsumerRecord, TopicPartition
@@ -56,6 +56,7 @@ from schemas.records import Envelope
 from topics.backoff import Backoff, RateLimitedLog
 from topics.clients import broker_error, make_consumer, make_producer
 from workers.cancels import CancelList
+from workers.inflight import PartitionBook
 from workers.outputs import Output, Sender, error_info, failure_reply
 
 __all__ = ["CancelAware", "Layer", "LayerRuntime"]
@@ -107,38 +108,6 @@ class _Abandoned(Exception):
     """The runtime stops while an event waits on a broker: it stays uncommitted."""
 
 
-class _Partition:
-    """The offsets of one partition taken and not finished yet."""
-
-    def __init__(self) -> None:
-        self.open: OrderedDict[int, bool] = OrderedDict()  # offset -> finished
-        self.next = 0
-        self.pending = 0  # how many of ``open`` are unfinished
-
-    def take(self, offset: int) -> None:
-        if offset not in self.open:
-            self.open[offset] = False
-            self.pending += 1
-        self.next = offset + 1
-
-    def finish(self, offset: int) -> None:
-        if self.open.get(offset) is False:
-            self.open[offset] = True
-            self.pending -= 1
-        while self.open:
-            first = next(iter(self.open))
-            if not self.open[first]:
-                break
-            del self.open[first]
-
-    def low(self) -> int:
-        """The lowest unfinished offset (everything below it is done)."""
-        return next(iter(self.open)) if self.open else self.next
-
-    def unfinished(self) -> int:
-        return self.pending
-
-
 class _Rebalance(ConsumerRebalanceListener):
     """Makes a rebalance wait for the revoked partitions' events, then commits."""
 
@@ -174,7 +143,7 @@ class LayerRuntime:
         self._own_cancels = cancels is None and isinstance(layer, CancelAware)
         if self._own_cancels:
             self.cancels = CancelList(settings, self.codec)
-        self.partitions: dict[TopicPartition, _Partition] = {}
+        self.partitions: dict[TopicPartition, PartitionBook] = {}
         self._committed: dict[TopicPartition, int] = {}
         self._last_commit = 0.0
         self._consumer: Any = None
@@ -241,7 +210,7 @@ class LayerRuntime:
 
     def _dispatch(self, record: Record) -> None:
         tp = TopicPartition(record.topic, record.partition)
-        self.partitions.setdefault(tp, _Partition()).take(record.offset)
+        self.partitions.setdefault(tp, PartitionBook()).take(record.offset)
         key = (tp, record.key if record.key is not None else record.offset)
         queue = self._queues.get(key)
         if queue is not None:

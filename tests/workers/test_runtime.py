@@ -24,8 +24,9 @@ from topics.admin import ensure_topics
 from topics.catalog import catalog
 from topics.envelope import now_ms
 from workers.cancels import CancelList
+from workers.inflight import PartitionBook
 from workers.outputs import Output, Sender
-from workers.runtime import LayerRuntime, _Partition
+from workers.runtime import LayerRuntime
 
 MAX_EVENT = 64 * 1024
 codec = default_codec()
@@ -154,7 +155,7 @@ def ids(events: list[Any]) -> list[str]:
 
 
 def test_the_lowest_unfinished_offset_bounds_the_commit() -> None:
-    part = _Partition()
+    part = PartitionBook()
     for offset in (10, 11, 12, 13):
         part.take(offset)
     part.finish(12)

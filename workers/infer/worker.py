@@ -66,6 +66,7 @@ from topics.clients import make_consumer, make_producer
 from workers.cancels import CancelList
 from workers.infer.assignor import BusyAwareAssignor
 from workers.infer.engines.base import Engine
+from workers.infer.gateways import GatewayWatch
 from workers.infer.generation import TaskRun
 from workers.infer.heartbeat import Heartbeat
 from workers.infer.offsets import InFlightOffsets
@@ -88,10 +89,6 @@ class _Running:
     run: TaskRun
     job: asyncio.Task[None]
     bookings: list[tuple[TopicPartition, int, int]] = field(default_factory=list)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 class _Assignment(ConsumerRebalanceListener):
@@ -152,9 +149,6 @@ class InferWorker:
         self._commit_due = asyncio.Event()
         self.commit_interval_s = 0.1
         self._cancels: CancelList | None = None
-        self._redis: aioredis.Redis | None = None
-        # (gateway id, reply partition) -> when its lease was first seen missing
-        self._gateway_gone: dict[tuple[str, int], float] = {}
 
     def stop(self) -> None:
         self._stopping.set()
@@ -171,7 +165,7 @@ class InferWorker:
         await producer.start()
         redis = aioredis.from_url(self.settings.redis_url, socket_timeout=5,
                                   socket_connect_timeout=2)
-        self._redis = redis
+        gateways = GatewayWatch(self.settings, redis)
         sender = Sender(self.settings, producer, self.codec)
         store = ProgressTracker(self.settings, redis, self.codec, producer)
         heartbeat = Heartbeat(self.settings, sender, self.worker_id, self.pool, self.engine.name,
@@ -197,7 +191,8 @@ class InferWorker:
             asyncio.create_task(self._commit_loop(), name="commits"),
             asyncio.create_task(_backoff_loop("leases", lambda: self._keep_leases(store),
                                               lease_every, backoff), name="leases"),
-            asyncio.create_task(_backoff_loop("gateways", self._check_gateways,
+            asyncio.create_task(_backoff_loop("gateways",
+                                              lambda: gateways.check(self._runs()),
                                               self.settings.reply_lease_ttl_s / 3, backoff),
                                 name="gateways"),
         ]
@@ -338,43 +333,6 @@ class InferWorker:
                          self.worker_id)
         await store.check_redis()
 
-    async def _check_gateways(self) -> None:
-        """Cancel the generations whose gateway's reply lease has been gone for a
-        whole lease period (the gateway died: nobody can receive the answer). A
-        lease that comes back (a gateway renewing it after a Redis flush) clears it."""
-        redis = self._redis
-        if redis is None or not self.running:
-            self._gateway_gone.clear()
-            return
-        addresses = {(r.run.task["envelope"]["reply_gateway"],
-                      r.run.task["envelope"]["reply_partition"])
-                     for r in self.running.values()}
-        addresses = {a for a in addresses if a[0] and a[1] >= 0}
-        if not addresses:
-            return
-        ordered = sorted(addresses)
-        holders = await redis.mget(
-            [f"{self.settings.topic_prefix}:reply-lease:{p}" for _, p in ordered])
-        now = time.monotonic()
-        gone: set[tuple[str, int]] = set()
-        for (gateway, partition), holder in zip(ordered, holders, strict=True):
-            if holder is not None and _text(holder) == gateway:
-                self._gateway_gone.pop((gateway, partition), None)
-                continue
-            since = self._gateway_gone.setdefault((gateway, partition), now)
-            if now - since >= self.settings.reply_lease_ttl_s:
-                gone.add((gateway, partition))
-        for rid, running in list(self.running.items()):
-            envelope = running.run.task["envelope"]
-            if (envelope["reply_gateway"], envelope["reply_partition"]) in gone:
-                if not running.run.cancelled:
-                    log.info("worker %s: cancelling %s: its gateway %s is gone",
-                             self.worker_id, rid, envelope["reply_gateway"])
-                running.run.cancelled = True
-        for address in list(self._gateway_gone):
-            if address not in addresses:
-                del self._gateway_gone[address]
-
     async def _commit_loop(self) -> None:
         """Commit finished tasks at most every ``commit_interval_s`` (one round trip
         a task cost the broker more than the task's own events)."""
@@ -398,6 +356,9 @@ class InferWorker:
             except (CommitFailedError, IllegalStateError, KafkaError) as exc:
                 log.warning("worker %s: commit skipped: %r", self.worker_id, exc)
                 self._commit_due.set()  # try again with the next round
+
+    def _runs(self) -> list[TaskRun]:
+        return [r.run for r in self.running.values()]
 
     def _on_cancel(self, request_id: str) -> None:
         running = self.running.get(request_id)

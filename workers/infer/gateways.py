@@ -1,0 +1,66 @@
+"""Whether the gateway a generation answers is still alive.
+
+A gateway holds a lease on its reply partition in Redis
+(``{prefix}:reply-lease:{partition}`` = its id, see ``gateway/replies.py``).
+When that lease has been gone, or held by another gateway, for a whole
+lease period, the gateway died and nobody can receive the answer: the
+generation is cancelled instead of running to its end for nobody. A lease
+that comes back within the period (a gateway taking it again after a Redis
+flush) clears it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import redis.asyncio as aioredis
+
+from conveyor.settings import Settings
+from workers.infer.generation import TaskRun
+
+__all__ = ["GatewayWatch"]
+
+log = logging.getLogger(__name__)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class GatewayWatch:
+    def __init__(self, settings: Settings, redis: aioredis.Redis) -> None:
+        self.settings = settings
+        self.redis = redis
+        # (gateway id, reply partition) -> when its lease was first seen missing
+        self.gone_since: dict[tuple[str, int], float] = {}
+
+    async def check(self, runs: list[TaskRun]) -> None:
+        """Cancel the runs whose gateway's lease has been gone a whole period."""
+        addresses = {(r.task["envelope"]["reply_gateway"], r.task["envelope"]["reply_partition"])
+                     for r in runs}
+        addresses = {a for a in addresses if a[0] and a[1] >= 0}
+        for address in list(self.gone_since):
+            if address not in addresses:
+                del self.gone_since[address]
+        if not addresses:
+            return
+        ordered = sorted(addresses)
+        holders = await self.redis.mget(
+            [f"{self.settings.topic_prefix}:reply-lease:{p}" for _, p in ordered])
+        now = time.monotonic()
+        gone: set[tuple[str, int]] = set()
+        for (gateway, partition), holder in zip(ordered, holders, strict=True):
+            if holder is not None and _text(holder) == gateway:
+                self.gone_since.pop((gateway, partition), None)
+                continue
+            since = self.gone_since.setdefault((gateway, partition), now)
+            if now - since >= self.settings.reply_lease_ttl_s:
+                gone.add((gateway, partition))
+        for run in runs:
+            envelope = run.task["envelope"]
+            if (envelope["reply_gateway"], envelope["reply_partition"]) in gone:
+                if not run.cancelled:
+                    log.info("cancelling %s: its gateway %s is gone", run.request_id,
+                             envelope["reply_gateway"])
+                run.cancelled = True
