@@ -19,6 +19,9 @@ __all__ = [
     "DeadlineExceeded",
     "EngineError",
     "RequestTooLarge",
+    "InvalidApiKey",
+    "RateLimited",
+    "QuotaExceeded",
     "PipelineUnavailable",
     "SchemaError",
     "BrokerError",
@@ -46,10 +49,13 @@ class RequestError(ConveyorError):
         code: str | None = None,
         status: int | None = None,
         type: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
+        # HTTP headers the response carries (Retry-After, x-ratelimit-*)
+        self.headers: dict[str, str] = dict(headers or {})
         if code is not None:
             self.code = code
         if status is not None:
@@ -106,6 +112,30 @@ class RequestTooLarge(InvalidRequest):
 
     status = 413
     code = "request_too_large"
+
+
+class InvalidApiKey(RequestError):
+    """No key, or one that is unknown, revoked or expired (or a JWT that does not verify)."""
+
+    status = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class RateLimited(RequestError):
+    """Over a requests-, tokens- or concurrency-per-key or per-tenant limit: retry later."""
+
+    status = 429
+    type = "requests"
+    code = "rate_limit_exceeded"
+
+
+class QuotaExceeded(RequestError):
+    """A tenant's daily or monthly token quota is spent."""
+
+    status = 429
+    type = "insufficient_quota"
+    code = "insufficient_quota"
 
 
 class PipelineUnavailable(RequestError):

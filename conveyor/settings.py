@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["Settings", "load_settings"]
@@ -67,6 +68,27 @@ class Settings(BaseSettings):
     # The largest request body the gateway accepts (413 above it); it must fit,
     # with the pipeline's additions, in one event of max_event_bytes.
     max_body_bytes: int = 2 * 1024 * 1024
+
+    # Auth (gateway/auth): none | keys (API keys in Redis) | jwt (signed bearer tokens).
+    # With none the gateway binds only to loopback unless insecure_no_auth is set.
+    auth: Literal["none", "keys", "jwt"] = "none"
+    insecure_no_auth: bool = False
+    # the server secret API keys are hashed with (HMAC-SHA-256); needed by auth=keys
+    # and by `conveyor keys`; changing it invalidates every key
+    auth_secret: SecretStr = SecretStr("")
+    # how long a gateway trusts a key it looked up (revocations arrive at once by
+    # pub/sub; this only bounds a missed message)
+    key_cache_s: float = 30.0
+    # jwt: HS256 with jwt_secret, or RS256/ES256 with the keys of a JWKS file
+    jwt_secret: SecretStr = SecretStr("")
+    jwt_jwks_file: Path | None = None
+    jwt_audience: str = ""
+    jwt_issuer: str = ""
+    jwt_tenant_claim: str = "tenant"
+    jwt_leeway_s: float = 5.0
+    # when Redis cannot be reached, limits are enforced by each gateway on its own
+    # share of every limit (share) or refused with 503 (closed)
+    limits_when_redis_down: Literal["share", "closed"] = "share"
 
     # Schedule
     no_worker_timeout_s: float = 10.0

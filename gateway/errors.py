@@ -52,7 +52,7 @@ class SafeJSONResponse(JSONResponse):
 
 
 def error_response(exc: RequestError) -> SafeJSONResponse:
-    return SafeJSONResponse(exc.envelope(), status_code=exc.status)
+    return SafeJSONResponse(exc.envelope(), status_code=exc.status, headers=exc.headers or None)
 
 
 def param_of(loc: Sequence[int | str]) -> str | None:

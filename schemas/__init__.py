@@ -5,6 +5,7 @@ Declarative: nothing here imports a web framework, an engine or a Kafka client.
 
 from schemas.codec import Codec, EventType, default_codec
 from schemas.records import (
+    AuditEvent,
     ChunkHeader,
     Control,
     DeadLetter,
@@ -21,6 +22,7 @@ from schemas.records import (
     Task,
     TokenChunk,
     Usage,
+    UsageRecord,
     WorkerHeartbeat,
 )
 
@@ -45,4 +47,6 @@ __all__ = [
     "TokenChunk",
     "Usage",
     "WorkerHeartbeat",
+    "UsageRecord",
+    "AuditEvent",
 ]

@@ -16,7 +16,7 @@ import io
 import json
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.schema import fingerprint, load_schema, to_parsing_canonical_form
@@ -37,17 +37,10 @@ EventType = Literal[
     "Control",
     "WorkerHeartbeat",
     "DeadLetter",
+    "UsageRecord",
+    "AuditEvent",
 ]
-EVENT_TYPES: tuple[EventType, ...] = (
-    "Request",
-    "Prepared",
-    "Task",
-    "TokenChunk",
-    "Reply",
-    "Control",
-    "WorkerHeartbeat",
-    "DeadLetter",
-)
+EVENT_TYPES: tuple[EventType, ...] = get_args(EventType)
 
 _AVRO_DIR = Path(__file__).with_name("avro")
 

@@ -27,12 +27,15 @@ __all__ = [
     "TokenChunk",
     "Usage",
     "WorkerHeartbeat",
+    "UsageRecord",
+    "AuditEvent",
 ]
 
 
 class Envelope(TypedDict):
     request_id: str
     tenant: str
+    key_id: str
     traceparent: str
     attempt: int
     reply_gateway: str
@@ -182,3 +185,28 @@ class DeadLetter(TypedDict):
     value: bytes | None
     error: str
     ts_ms: int
+
+
+class UsageRecord(TypedDict):
+    request_id: str
+    tenant: str
+    key_id: str
+    model: str
+    kind: str
+    status: str
+    prompt_tokens: int
+    completion_tokens: int
+    entered_ms: int
+    finished_ms: int
+
+
+class AuditEvent(TypedDict):
+    ts_ms: int
+    action: str
+    tenant: str
+    key_id: str
+    hash_prefix: str
+    actor: str
+    reason: str
+    request_id: str
+    detail: dict[str, str]

@@ -61,6 +61,13 @@ def catalog(settings: Settings, pools: tuple[str, ...] = ()) -> list[TopicSpec]:
                   retention_ms=7 * _DAY_MS),
         TopicSpec(settings.topic("dlq"), 1, key="original key", retention_ms=30 * _DAY_MS),
         TopicSpec(settings.topic("feedback"), 1, key="request id", retention_ms=30 * _DAY_MS),
+        # one UsageRecord per finished request; the accounting app aggregates it
+        TopicSpec(settings.topic("usage"), p, key="tenant", retention_ms=35 * _DAY_MS),
+        TopicSpec(settings.topic("audit"), 1, key="tenant (or actor)",
+                  retention_ms=365 * _DAY_MS),
+        # the record of API keys and tenant policies; Redis holds a copy to look up
+        TopicSpec(settings.topic("keys"), 1, key="key id, or tenant:<name>", cleanup="compact",
+                  retention_ms=-1),
     ]
     for pool in pools:
         specs.append(TopicSpec(infer_topic(settings, pool), settings.infer_partitions,

@@ -30,6 +30,7 @@ def new_envelope(
     reply_gateway: str,
     reply_partition: int,
     tenant: str = "default",
+    key_id: str = "",
     traceparent: str | None = None,
     deadline_ms: int = 0,
     priority: int = 0,
@@ -37,6 +38,7 @@ def new_envelope(
     return Envelope(
         request_id=request_id,
         tenant=tenant,
+        key_id=key_id,
         traceparent=traceparent or new_traceparent(),
         attempt=0,
         reply_gateway=reply_gateway,

@@ -1,0 +1,1 @@
+"""Who is asking: API keys, JWTs, tenants, and the limits that come with them."""

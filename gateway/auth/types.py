@@ -1,0 +1,81 @@
+"""The contract of auth and limits: who a request comes from and what it may use.
+
+A key's or a JWT's limits narrow its tenant's, never widen them: a request
+is admitted only when both the key's and the tenant's limits have room.
+``None`` means "no limit".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["Limits", "KeyRecord", "TenantPolicy", "Identity", "ANONYMOUS_TENANT"]
+
+# the tenant of every request when auth is off
+ANONYMOUS_TENANT = "default"
+
+
+def _least(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)
+
+
+@dataclass(frozen=True)
+class Limits:
+    rpm: int | None = None  # requests per minute
+    tpm: int | None = None  # tokens per minute (prompt + max_tokens reserved, then settled)
+    concurrency: int | None = None  # requests in flight at once
+
+    def narrowed(self, other: Limits) -> Limits:
+        """The tighter of the two, limit by limit."""
+        return Limits(rpm=_least(self.rpm, other.rpm), tpm=_least(self.tpm, other.tpm),
+                      concurrency=_least(self.concurrency, other.concurrency))
+
+    @property
+    def unlimited(self) -> bool:
+        return self.rpm is None and self.tpm is None and self.concurrency is None
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    """What Conveyor keeps of an API key: never the secret, only its keyed hash."""
+
+    id: str  # public, e.g. key_3f9a0c2d41e8b7a6
+    tenant: str
+    name: str
+    hash: str  # hex HMAC-SHA-256(server secret, secret)
+    limits: Limits = field(default_factory=Limits)
+    models: tuple[str, ...] = ()  # empty: every model
+    created_ms: int = 0
+    expires_ms: int = 0  # 0: never
+    revoked_ms: int = 0  # 0: not revoked
+    last_used_ms: int = 0
+    version: int = 0  # bumped by every change; the newest version wins on restore
+
+    def usable(self, now_ms: int) -> bool:
+        return not self.revoked_ms and (not self.expires_ms or now_ms < self.expires_ms)
+
+
+@dataclass(frozen=True)
+class TenantPolicy:
+    name: str
+    limits: Limits = field(default_factory=Limits)
+    daily_tokens: int | None = None  # quota, UTC day
+    monthly_tokens: int | None = None  # quota, UTC calendar month
+    version: int = 0
+
+
+@dataclass(frozen=True)
+class Identity:
+    """An authenticated caller, as the gateway writes it into the envelope."""
+
+    tenant: str
+    key_id: str  # "" when auth is off; a JWT's is "jwt:<sub>"
+    limits: Limits = field(default_factory=Limits)  # the key's (or the token's) own
+    models: frozenset[str] | None = None  # None: every model
+
+    def may_use(self, model: str) -> bool:
+        return self.models is None or model in self.models
