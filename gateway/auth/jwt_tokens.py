@@ -1,0 +1,363 @@
+"""Signed bearer tokens (``CONVEYOR_AUTH=jwt``): a JWT in, an :class:`Identity` out.
+
+Which keys verify what (decided by the key, never by the token's header):
+
+- HS256 with ``CONVEYOR_JWT_SECRET``, and only when that secret is set. The
+  secret must be at least 32 bytes (RFC 7518 3.2: an HS256 key is at least
+  as long as the hash).
+- RS256 and ES256 with the public keys of the JWKS file
+  ``CONVEYOR_JWT_JWKS_FILE``: an RSA key (2048 bits or more) verifies RS256
+  only, an EC P-256 key ES256 only. The key is chosen by the token's ``kid``;
+  a JWKS of a single key also verifies tokens without a ``kid``. Symmetric
+  (``oct``) keys, encryption keys (``use: enc``) and other curves in the file
+  are skipped: HS256 comes from the secret alone. A private key in the file is
+  used by its public half, with a warning.
+- ``none`` and every other algorithm are refused. An HS256 token is checked
+  against the shared secret only, so a token "signed" with an RSA public key's
+  PEM as its HMAC secret (algorithm confusion) never meets that key.
+- ``jku``/``x5u`` headers are ignored: Conveyor never fetches keys a token
+  names.
+
+The JWKS file is re-read when its mtime (or size or inode, which catches an
+atomic rename) changes, checked at most once a second, so keys rotate without
+a restart. A file that cannot be read or parsed at start is a
+``ValueError``; later, the last good key set stays in force (and the failure
+is logged) until the file parses again.
+
+Required claims: ``exp``, ``sub`` and the tenant claim
+(``CONVEYOR_JWT_TENANT_CLAIM``); ``aud`` and ``iss`` when
+``CONVEYOR_JWT_AUDIENCE`` / ``CONVEYOR_JWT_ISSUER`` are set (and ignored when
+they are not). ``exp``, ``nbf`` and ``iat`` allow ``CONVEYOR_JWT_LEEWAY_S``.
+Optional claims narrow the token's limits: ``rpm``, ``tpm``, ``concurrency``
+(positive integers below 2**53; JSON ``null`` reads as absent) and ``models``
+(a non-empty list of model names; absent means every model). A tenant is 1 to
+64 characters of ``[A-Za-z0-9._-]``; a ``sub`` is 1 to 256 printable
+characters.
+
+Every failure is an :class:`InvalidJwt`, a 401 ``invalid_api_key`` whose
+message says what is wrong without echoing the token or any value taken from
+it, and whose ``reason`` (a :data:`JwtFailure`) is the short code the caller
+writes to the audit trail.
+
+Cost: verification runs on every request, so a successful verification is
+cached by token string until the token expires (plus the leeway) or for 30 s,
+whichever comes first, in a dict of at most 10,000 entries from which the
+oldest is dropped (about 10 MB at 1 KB a token). A JWKS reload empties the
+cache, so a key taken out of the file stops verifying within about a second.
+Failures are not cached: an RS256 or ES256 check costs tens of microseconds.
+The verifier is not thread-safe: it is meant for one event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import jwt
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+from conveyor.errors import InvalidApiKey
+from conveyor.settings import Settings
+from gateway.auth.types import Identity, Limits
+
+__all__ = ["JwtFailure", "InvalidJwt", "JwtVerifier"]
+
+log = logging.getLogger(__name__)
+
+JwtFailure = Literal[
+    "malformed",  # not a JWT, or a claim of the wrong type
+    "bad_signature",
+    "expired",
+    "not_yet_valid",  # nbf or iat in the future
+    "no_exp",
+    "no_sub",
+    "no_tenant",
+    "bad_tenant",  # the tenant claim is not a valid tenant name
+    "wrong_audience",
+    "wrong_issuer",
+    "unknown_kid",
+    "unsupported_alg",  # none, or an algorithm without a configured key
+    "alg_mismatch",  # the header's alg is not the one its key verifies
+]
+
+CACHE_TTL_S = 30.0
+CACHE_ENTRIES = 10_000
+JWKS_CHECK_INTERVAL_S = 1.0
+MAX_TOKEN_CHARS = 16_384
+MAX_MODELS = 1_024
+MIN_HMAC_SECRET_BYTES = 32
+MIN_RSA_BITS = 2_048
+_MAX_LIMIT = 2**53
+_TENANT = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_ASYMMETRIC = ("RS256", "ES256")
+
+
+class InvalidJwt(InvalidApiKey):
+    """A bearer token that does not verify; ``reason`` is for the audit trail."""
+
+    def __init__(self, reason: JwtFailure, message: str) -> None:
+        super().__init__(message)
+        self.reason: JwtFailure = reason
+
+
+@dataclass(frozen=True)
+class _Key:
+    kid: str | None
+    alg: Literal["RS256", "ES256"]
+    key: rsa.RSAPublicKey | ec.EllipticCurvePublicKey
+
+
+@dataclass(frozen=True)
+class _KeySet:
+    by_kid: dict[str, _Key]
+    only: _Key | None  # the set's key when it holds exactly one
+    count: int
+
+
+def _fail(reason: JwtFailure, message: str) -> InvalidJwt:
+    return InvalidJwt(reason, message)
+
+
+def _load_jwks(path: Path) -> _KeySet:
+    """The usable verification keys of a JWKS file; ValueError when there are none."""
+    try:
+        data = json.loads(path.read_bytes())
+    except OSError as exc:
+        raise ValueError(f"cannot read the JWKS file {path}: {exc.strerror or exc}") from None
+    except ValueError:
+        raise ValueError(f"the JWKS file {path} is not JSON") from None
+    if not isinstance(data, dict) or not isinstance(data.get("keys"), list):
+        raise ValueError(f"the JWKS file {path} has no \"keys\" list")
+    try:
+        jwks = jwt.PyJWKSet.from_dict(data)
+    except (jwt.PyJWTError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ValueError(f"the JWKS file {path} holds no usable key: {exc}") from None
+    keys: list[_Key] = []
+    for jwk in jwks.keys:
+        kid = jwk.key_id
+        if jwk.public_key_use not in (None, "sig"):
+            continue
+        key: Any = jwk.key
+        if isinstance(key, rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey):
+            log.warning("JWKS file %s: key %r is a private key; only its public half is used",
+                        path, kid)
+            key = key.public_key()
+        if jwk.algorithm_name == "RS256" and isinstance(key, rsa.RSAPublicKey):
+            if key.key_size < MIN_RSA_BITS:
+                log.warning("JWKS file %s: RSA key %r has %d bits, fewer than %d: skipped",
+                            path, kid, key.key_size, MIN_RSA_BITS)
+                continue
+            keys.append(_Key(kid, "RS256", key))
+        elif (jwk.algorithm_name == "ES256" and isinstance(key, ec.EllipticCurvePublicKey)
+              and isinstance(key.curve, ec.SECP256R1)):
+            keys.append(_Key(kid, "ES256", key))
+        else:
+            log.warning("JWKS file %s: key %r (%s) is neither RS256 nor ES256: skipped",
+                        path, kid, jwk.algorithm_name)
+    if not keys:
+        raise ValueError(f"the JWKS file {path} holds no RS256 (RSA) or ES256 (P-256) key")
+    by_kid: dict[str, _Key] = {}
+    for k in keys:
+        if k.kid is None:
+            if len(keys) > 1:
+                log.warning("JWKS file %s: a key without kid among %d keys is never used",
+                            path, len(keys))
+        elif k.kid in by_kid:
+            log.warning("JWKS file %s: kid %r appears twice; the first key is used", path, k.kid)
+        else:
+            by_kid[k.kid] = k
+    return _KeySet(by_kid=by_kid, only=keys[0] if len(keys) == 1 else None, count=len(keys))
+
+
+def _file_stamp(path: Path) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def _limit(claims: dict[str, Any], name: str) -> int | None:
+    value = claims.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < _MAX_LIMIT:
+        raise _fail("malformed", f"JWT claim {name!r} must be a positive integer")
+    return value
+
+
+def _models(claims: dict[str, Any]) -> frozenset[str] | None:
+    value = claims.get("models")
+    if value is None:
+        return None
+    if (not isinstance(value, list) or not value or len(value) > MAX_MODELS
+            or not all(isinstance(m, str) and 0 < len(m) <= 256 for m in value)):
+        raise _fail("malformed", "JWT claim 'models' must be a non-empty list of model names")
+    return frozenset(value)
+
+
+class JwtVerifier:
+    """Verifies bearer tokens against the settings' secret and JWKS file (see the module)."""
+
+    def __init__(self, settings: Settings) -> None:
+        secret = settings.jwt_secret.get_secret_value().encode()
+        if not secret and settings.jwt_jwks_file is None:
+            raise ValueError("CONVEYOR_AUTH=jwt needs CONVEYOR_JWT_SECRET (HS256) or "
+                             "CONVEYOR_JWT_JWKS_FILE (RS256/ES256); neither is set")
+        if secret and len(secret) < MIN_HMAC_SECRET_BYTES:
+            raise ValueError(f"CONVEYOR_JWT_SECRET must be at least {MIN_HMAC_SECRET_BYTES} "
+                             "bytes for HS256")
+        if not settings.jwt_tenant_claim:
+            raise ValueError("CONVEYOR_JWT_TENANT_CLAIM must name a claim")
+        if settings.jwt_leeway_s < 0:
+            raise ValueError("CONVEYOR_JWT_LEEWAY_S must not be negative")
+        self._secret = secret
+        self._audience = settings.jwt_audience or None
+        self._issuer = settings.jwt_issuer or None
+        self._tenant_claim = settings.jwt_tenant_claim
+        self._leeway_s = settings.jwt_leeway_s
+        self._required = ["exp", "sub", *(["aud"] if self._audience else []),
+                          *(["iss"] if self._issuer else [])]
+        self._jwks_file = settings.jwt_jwks_file
+        self._keys: _KeySet | None = None
+        self._stamp: tuple[int, int, int] | None = None
+        self._checked_at = time.monotonic()
+        self._reload_error: str | None = None
+        if self._jwks_file is not None:
+            try:
+                self._stamp = _file_stamp(self._jwks_file)
+                self._keys = _load_jwks(self._jwks_file)
+            except OSError as exc:
+                raise ValueError(f"CONVEYOR_JWT_JWKS_FILE: cannot read {self._jwks_file}: "
+                                 f"{exc.strerror or exc}") from None
+            except ValueError as exc:
+                raise ValueError(f"CONVEYOR_JWT_JWKS_FILE: {exc}") from None
+        # token -> (identity, wall-clock deadline); insertion order is age
+        self._cache: dict[str, tuple[Identity, float]] = {}
+
+    def verify(self, token: str) -> Identity:
+        """The identity a bearer token (without its ``Bearer`` prefix) carries; else InvalidJwt."""
+        self._refresh_jwks()
+        now = time.time()
+        hit = self._cache.get(token)
+        if hit is not None:
+            if now < hit[1]:
+                return hit[0]
+            del self._cache[token]
+        claims = self._decode(token)
+        identity = self._identity(claims)
+        deadline = min(int(claims["exp"]) + self._leeway_s, now + CACHE_TTL_S)
+        if deadline > now:
+            if len(self._cache) >= CACHE_ENTRIES:
+                del self._cache[next(iter(self._cache))]
+            self._cache[token] = (identity, deadline)
+        return identity
+
+    def _refresh_jwks(self) -> None:
+        """Re-read the JWKS file when it changed, at most once a second."""
+        if self._jwks_file is None:
+            return
+        mono = time.monotonic()
+        if mono - self._checked_at < JWKS_CHECK_INTERVAL_S:
+            return
+        self._checked_at = mono
+        try:
+            stamp = _file_stamp(self._jwks_file)
+            if stamp == self._stamp:
+                return
+            keys = _load_jwks(self._jwks_file)
+        except (OSError, ValueError) as exc:
+            error = str(exc)
+            if error != self._reload_error:
+                log.error("JWKS file %s: %s; the previous keys stay in force",
+                          self._jwks_file, error)
+                self._reload_error = error
+            return
+        self._keys, self._stamp, self._reload_error = keys, stamp, None
+        self._cache.clear()
+        log.info("JWKS file %s re-read: %d keys", self._jwks_file, keys.count)
+
+    def _key_for(self, header: dict[str, Any]) -> tuple[Any, str]:
+        """The key and the one algorithm it verifies, chosen by the header's alg and kid."""
+        alg = header.get("alg")
+        if alg == "HS256" and self._secret:
+            return self._secret, "HS256"
+        if alg not in _ASYMMETRIC or self._keys is None:
+            raise _fail("unsupported_alg", "JWT algorithm is not accepted")
+        kid = header.get("kid")
+        if kid is None:
+            key = self._keys.only
+            if key is None:
+                raise _fail("unknown_kid", "JWT has no kid and the JWKS holds several keys")
+        else:
+            key = self._keys.by_kid.get(kid)
+            if key is None:
+                raise _fail("unknown_kid", "JWT kid matches no key in the JWKS")
+        if alg != key.alg:
+            raise _fail("alg_mismatch", "JWT algorithm does not match its key")
+        return key.key, key.alg
+
+    def _decode(self, token: str) -> dict[str, Any]:
+        if not isinstance(token, str) or not token or len(token) > MAX_TOKEN_CHARS:
+            raise _fail("malformed", "JWT is malformed")
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.PyJWTError:
+            raise _fail("malformed", "JWT is malformed") from None
+        if not isinstance(header.get("alg"), str):
+            raise _fail("malformed", "JWT header names no algorithm")
+        key, alg = self._key_for(header)
+        try:
+            return jwt.decode(
+                token, key, algorithms=[alg], audience=self._audience, issuer=self._issuer,
+                leeway=self._leeway_s,
+                options={"require": self._required, "verify_aud": self._audience is not None,
+                         "enforce_minimum_key_length": True},
+            )
+        except jwt.InvalidSignatureError:
+            raise _fail("bad_signature", "JWT signature does not verify") from None
+        except jwt.ExpiredSignatureError:
+            raise _fail("expired", "JWT has expired") from None
+        except jwt.ImmatureSignatureError:
+            raise _fail("not_yet_valid", "JWT is not valid yet") from None
+        except jwt.InvalidAudienceError:
+            raise _fail("wrong_audience", "JWT audience is not accepted") from None
+        except jwt.InvalidIssuerError:
+            raise _fail("wrong_issuer", "JWT issuer is not accepted") from None
+        except jwt.MissingRequiredClaimError as exc:
+            raise self._missing(exc.claim) from None
+        except jwt.InvalidAlgorithmError:
+            raise _fail("alg_mismatch", "JWT algorithm does not match its key") from None
+        except jwt.PyJWTError:
+            raise _fail("malformed", "JWT is malformed") from None
+
+    def _missing(self, claim: str) -> InvalidJwt:
+        if claim == "exp":
+            return _fail("no_exp", "JWT has no exp claim")
+        if claim == "sub":
+            return _fail("no_sub", "JWT has no sub claim")
+        if claim == "aud":
+            return _fail("wrong_audience", "JWT has no aud claim")
+        if claim == "iss":
+            return _fail("wrong_issuer", "JWT has no iss claim")
+        return _fail("malformed", f"JWT has no {claim} claim")
+
+    def _identity(self, claims: dict[str, Any]) -> Identity:
+        sub = claims["sub"]
+        if not isinstance(sub, str) or not sub:
+            raise _fail("no_sub", "JWT has no sub claim")
+        if len(sub) > 256 or not sub.isprintable():
+            raise _fail("malformed", "JWT claim 'sub' must be 1 to 256 printable characters")
+        tenant = claims.get(self._tenant_claim)
+        if tenant is None or tenant == "":
+            raise _fail("no_tenant", f"JWT has no {self._tenant_claim!r} claim (the tenant)")
+        if not isinstance(tenant, str) or not _TENANT.fullmatch(tenant):
+            raise _fail("bad_tenant", f"JWT claim {self._tenant_claim!r} must be 1 to 64 "
+                                      "characters of A-Z a-z 0-9 . _ -")
+        limits = Limits(rpm=_limit(claims, "rpm"), tpm=_limit(claims, "tpm"),
+                        concurrency=_limit(claims, "concurrency"))
+        return Identity(tenant=tenant, key_id=f"jwt:{sub}", limits=limits,
+                        models=_models(claims))
