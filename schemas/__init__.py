@@ -5,6 +5,7 @@ Declarative: nothing here imports a web framework, an engine or a Kafka client.
 
 from schemas.codec import Codec, EventType, default_codec
 from schemas.records import (
+    ApiKey,
     AuditEvent,
     ChunkHeader,
     Control,
@@ -20,6 +21,7 @@ from schemas.records import (
     Route,
     Sampling,
     Task,
+    TenantPolicy,
     TokenChunk,
     Usage,
     UsageRecord,
@@ -49,4 +51,6 @@ __all__ = [
     "WorkerHeartbeat",
     "UsageRecord",
     "AuditEvent",
+    "ApiKey",
+    "TenantPolicy",
 ]

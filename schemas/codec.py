@@ -39,6 +39,8 @@ EventType = Literal[
     "DeadLetter",
     "UsageRecord",
     "AuditEvent",
+    "ApiKey",
+    "TenantPolicy",
 ]
 EVENT_TYPES: tuple[EventType, ...] = get_args(EventType)
 

@@ -29,6 +29,8 @@ __all__ = [
     "WorkerHeartbeat",
     "UsageRecord",
     "AuditEvent",
+    "ApiKey",
+    "TenantPolicy",
 ]
 
 
@@ -210,3 +212,28 @@ class AuditEvent(TypedDict):
     reason: str
     request_id: str
     detail: dict[str, str]
+
+
+class ApiKey(TypedDict):
+    id: str
+    tenant: str
+    name: str
+    hash: str
+    rpm: int | None
+    tpm: int | None
+    concurrency: int | None
+    models: list[str]
+    created_ms: int
+    expires_ms: int
+    revoked_ms: int
+    version: int
+
+
+class TenantPolicy(TypedDict):
+    name: str
+    rpm: int | None
+    tpm: int | None
+    concurrency: int | None
+    daily_tokens: int | None
+    monthly_tokens: int | None
+    version: int

@@ -1,0 +1,296 @@
+"""``conveyor keys`` and ``conveyor tenants``: API keys and tenant policies from the shell.
+
+    conveyor keys create --tenant acme --name ci [--rpm N] [--tpm N] [--concurrency N]
+                         [--models a,b] [--expires-in 30d|12h|90m|3600s]
+    conveyor keys list [--tenant T]
+    conveyor keys update ID [--rpm N] [--tpm N] [--concurrency N] [--models a,b] [--name N]
+    conveyor keys revoke ID
+    conveyor keys restore                 rebuild Redis's copy from the keys topic
+    conveyor tenants set acme [--rpm N] [--tpm N] [--concurrency N]
+                              [--daily-tokens N] [--monthly-tokens N]
+    conveyor tenants list
+
+A limit or quota flag that is left out keeps what is there; ``0`` clears it
+(no limit); a positive number sets it. ``--models ''`` allows every model.
+
+``keys create`` prints the key and then its secret, alone on the last line of
+stdout (``conveyor keys create ... | tail -n1``); Conveyor keeps only its
+keyed hash, so it is shown this once. Nothing else ever prints a secret or a
+hash. Errors (an unknown key id, an empty ``CONVEYOR_AUTH_SECRET``, a
+service that cannot be reached) are one line on stderr and exit status 1.
+
+Every command makes sure the topic catalog exists, writes through the
+stores of gateway/auth (topic first, then Redis, then the change channel)
+and audits each change as ``cli@<host>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+from conveyor.errors import ConveyorError, TransientBrokerError
+from conveyor.settings import Settings
+from gateway.audit import Audit, cli_actor
+from gateway.auth.keys import KeyStore
+from gateway.auth.secrets import hash_secret
+from gateway.auth.tenants import TenantStore
+from gateway.auth.types import KeyRecord, Limits, TenantPolicy
+
+__all__ = ["register", "parse_duration", "describe_key", "describe_tenant"]
+
+_REDIS_TIMEOUT_S = 5.0
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """``30d``, ``12h``, ``90m``, ``3600s`` (or plain seconds) in seconds."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    if match is None or float(match.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration like 30d, 12h, 90m or 3600s")
+    return float(match.group(1)) * _UNITS[match.group(2) or "s"]
+
+
+def _limit(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give 0 (no limit) or a positive number")
+    return value
+
+
+def _models(text: str) -> tuple[str, ...]:
+    return tuple(m.strip() for m in text.split(",") if m.strip())
+
+
+def _when(ms: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000))
+
+
+def _opt(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _limits(limits: Limits) -> str:
+    return f"rpm={_opt(limits.rpm)} tpm={_opt(limits.tpm)} concurrency={_opt(limits.concurrency)}"
+
+
+def _state(record: KeyRecord, now_ms: int) -> str:
+    if record.revoked_ms:
+        return "revoked"
+    return "active" if record.usable(now_ms) else "expired"
+
+
+def describe_key(record: KeyRecord, now_ms: int) -> str:
+    """One line: id, name, tenant, limits, models, expiry, state, last use (no secret)."""
+    return "  ".join([
+        record.id, f"name={record.name}", f"tenant={record.tenant}", _limits(record.limits),
+        f"models={','.join(record.models) or '*'}",
+        f"expires={_when(record.expires_ms) if record.expires_ms else 'never'}",
+        _state(record, now_ms),
+        f"last_used={_when(record.last_used_ms) if record.last_used_ms else 'never'}"])
+
+
+def describe_tenant(policy: TenantPolicy) -> str:
+    return "  ".join([policy.name, _limits(policy.limits),
+                      f"daily_tokens={_opt(policy.daily_tokens)}",
+                      f"monthly_tokens={_opt(policy.monthly_tokens)}"])
+
+
+def _limits_of(args: argparse.Namespace) -> Limits:
+    return Limits(rpm=args.rpm, tpm=args.tpm, concurrency=args.concurrency)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+# -- one connection to Kafka and Redis per command ------------------------------------
+
+@dataclass
+class _Stores:
+    keys: KeyStore
+    tenants: TenantStore
+
+
+async def _with_stores(settings: Settings, action: Callable[[_Stores], Awaitable[int]]) -> int:
+    from topics.admin import ensure_topics
+    from topics.catalog import catalog
+    from topics.clients import make_producer
+
+    await ensure_topics(settings, catalog(settings))
+    producer = make_producer(settings)
+    await producer.start()
+    redis = aioredis.from_url(settings.redis_url, socket_timeout=_REDIS_TIMEOUT_S,
+                              socket_connect_timeout=_REDIS_TIMEOUT_S)
+    try:
+        audit = Audit(settings, producer, actor=cli_actor())
+        stores = _Stores(keys=KeyStore(settings, redis, producer, audit=audit),
+                         tenants=TenantStore(settings, redis, producer, audit=audit))
+        return await action(stores)
+    finally:
+        await redis.aclose()
+        await producer.stop()
+
+
+def _run(settings: Settings, action: Callable[[_Stores], Awaitable[int]]) -> int:
+    try:
+        return asyncio.run(_with_stores(settings, action))
+    except TransientBrokerError as exc:
+        print(f"conveyor: {exc} (Kafka at {settings.kafka_bootstrap}, Redis at "
+              f"{settings.redis_url}); if a change reached the topic but not Redis, "
+              "`conveyor keys restore` brings Redis up to date", file=sys.stderr)
+        return 1
+    except (ConveyorError, ValueError) as exc:
+        print(f"conveyor: {exc}", file=sys.stderr)
+        return 1
+
+
+# -- conveyor keys --------------------------------------------------------------------
+
+def cmd_keys_create(settings: Settings, args: argparse.Namespace) -> int:
+    try:
+        hash_secret(settings, "")  # an empty auth_secret fails before anything is written
+    except ConveyorError as exc:
+        print(f"conveyor: {exc}", file=sys.stderr)
+        return 1
+
+    async def create(stores: _Stores) -> int:
+        record, secret = await stores.keys.create(
+            args.tenant, args.name, _limits_of(args), models=args.models or (),
+            expires_in_s=args.expires_in, actor=cli_actor())
+        print(f"created {describe_key(record, _now_ms())}")
+        print("secret (shown this once; Conveyor keeps only its hash):")
+        print(secret, flush=True)
+        return 0
+
+    return _run(settings, create)
+
+
+def cmd_keys_list(settings: Settings, args: argparse.Namespace) -> int:
+    async def listing(stores: _Stores) -> int:
+        now = _now_ms()
+        for record in await stores.keys.list(args.tenant):
+            print(describe_key(record, now))
+        return 0
+
+    return _run(settings, listing)
+
+
+def cmd_keys_update(settings: Settings, args: argparse.Namespace) -> int:
+    async def update(stores: _Stores) -> int:
+        limits = _limits_of(args)
+        record = await stores.keys.update(
+            args.id, limits=None if limits.unlimited else limits, models=args.models,
+            name=args.name, actor=cli_actor())
+        print(f"updated {describe_key(record, _now_ms())}")
+        return 0
+
+    return _run(settings, update)
+
+
+def cmd_keys_revoke(settings: Settings, args: argparse.Namespace) -> int:
+    async def revoke(stores: _Stores) -> int:
+        record = await stores.keys.revoke(args.id, actor=cli_actor())
+        print(f"revoked {describe_key(record, _now_ms())}")
+        return 0
+
+    return _run(settings, revoke)
+
+
+def cmd_keys_restore(settings: Settings, args: argparse.Namespace) -> int:
+    async def restore(stores: _Stores) -> int:
+        keys, tenants = await stores.keys.restore()
+        print(f"restored {keys} keys and {tenants} tenant policies from "
+              f"{settings.topic('keys')} into Redis")
+        return 0
+
+    return _run(settings, restore)
+
+
+# -- conveyor tenants -----------------------------------------------------------------
+
+def cmd_tenants_set(settings: Settings, args: argparse.Namespace) -> int:
+    async def set_policy(stores: _Stores) -> int:
+        policy = await stores.tenants.set(args.name, _limits_of(args), args.daily_tokens,
+                                          args.monthly_tokens, actor=cli_actor())
+        print(f"set {describe_tenant(policy)}")
+        return 0
+
+    return _run(settings, set_policy)
+
+
+def cmd_tenants_list(settings: Settings, args: argparse.Namespace) -> int:
+    async def listing(stores: _Stores) -> int:
+        for policy in await stores.tenants.list():
+            print(describe_tenant(policy))
+        return 0
+
+    return _run(settings, listing)
+
+
+# -- the parsers ----------------------------------------------------------------------
+
+def _limit_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rpm", type=_limit, default=None, help="requests per minute (0: none)")
+    p.add_argument("--tpm", type=_limit, default=None, help="tokens per minute (0: none)")
+    p.add_argument("--concurrency", type=_limit, default=None,
+                   help="requests in flight at once (0: none)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``keys`` and ``tenants`` to the ``conveyor`` command's subparsers."""
+    keys = sub.add_parser("keys", help="API keys: create, list, update, revoke, restore")
+    ksub = keys.add_subparsers(dest="keys_command", required=True)
+
+    create = ksub.add_parser("create", help="a new key; its secret is the last line printed")
+    create.add_argument("--tenant", required=True)
+    create.add_argument("--name", default="", help="what the key is for")
+    _limit_args(create)
+    create.add_argument("--models", type=_models, default=None,
+                        help="comma-separated models the key may use (default: every one)")
+    create.add_argument("--expires-in", type=parse_duration, default=None,
+                        help="30d, 12h, 90m, 3600s (default: never)")
+    create.set_defaults(func=cmd_keys_create)
+
+    listing = ksub.add_parser("list", help="every key, one a line (never a secret)")
+    listing.add_argument("--tenant", default=None)
+    listing.set_defaults(func=cmd_keys_list)
+
+    update = ksub.add_parser("update", help="change a key's limits, models or name")
+    update.add_argument("id")
+    _limit_args(update)
+    update.add_argument("--models", type=_models, default=None,
+                        help="comma-separated models ('' : every model)")
+    update.add_argument("--name", default=None)
+    update.set_defaults(func=cmd_keys_update)
+
+    revoke = ksub.add_parser("revoke", help="revoke a key for good")
+    revoke.add_argument("id")
+    revoke.set_defaults(func=cmd_keys_revoke)
+
+    restore = ksub.add_parser("restore", help="rebuild Redis's copy from the keys topic")
+    restore.set_defaults(func=cmd_keys_restore)
+
+    tenants = sub.add_parser("tenants", help="tenant limits and token quotas")
+    tsub = tenants.add_subparsers(dest="tenants_command", required=True)
+    tset = tsub.add_parser("set", help="set a tenant's limits and quotas (0 clears one)")
+    tset.add_argument("name")
+    _limit_args(tset)
+    tset.add_argument("--daily-tokens", type=_limit, default=None,
+                      help="tokens per UTC day (0: no quota)")
+    tset.add_argument("--monthly-tokens", type=_limit, default=None,
+                      help="tokens per UTC calendar month (0: no quota)")
+    tset.set_defaults(func=cmd_tenants_set)
+    tlist = tsub.add_parser("list", help="every tenant with a policy")
+    tlist.set_defaults(func=cmd_tenants_list)

@@ -1,0 +1,92 @@
+"""The in-process cache in front of the Redis copy: answers without a round trip.
+
+An entry is trusted for at most ``ttl_s`` (``settings.key_cache_s``); a
+negative one ("no such key") for ``negative_ttl_s`` (1 s), long enough that a
+flood of bad keys costs Redis one read per distinct key per second, short
+enough that a key just created works at once. Changes reach the cache through
+:meth:`drop` (by the tag of an entry: a key id or ``tenant:<name>``), which
+the invalidation subscriber calls for every message on the change channel.
+
+A read that started before an invalidation must not put back what the
+invalidation dropped, so :meth:`put` takes the :attr:`generation` seen before
+the read and stores nothing if any invalidation came since. The cache holds
+at most ``max_entries``; past that the oldest entries go first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+__all__ = ["LocalCache"]
+
+V = TypeVar("V")
+
+
+@dataclass
+class _Entry(Generic[V]):
+    value: V | None
+    tag: str
+    expires: float
+
+
+class LocalCache(Generic[V]):
+    """``key -> value or None`` with a time limit per entry and drops by tag."""
+
+    def __init__(self, ttl_s: float, negative_ttl_s: float = 1.0, max_entries: int = 100_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl_s = ttl_s
+        self.negative_ttl_s = negative_ttl_s
+        self.max_entries = max_entries
+        self.clock = clock
+        self.generation = 0
+        self._entries: OrderedDict[str, _Entry[V]] = OrderedDict()
+        self._by_tag: dict[str, set[str]] = {}
+
+    def get(self, key: str) -> tuple[bool, V | None]:
+        """(hit, value): a hit with None is a fresh "no such thing"."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return False, None
+        if self.clock() >= entry.expires:
+            self._remove(key)
+            return False, None
+        return True, entry.value
+
+    def put(self, key: str, value: V | None, tag: str, generation: int) -> None:
+        """Remember ``value`` unless an invalidation came after ``generation`` was read."""
+        if generation != self.generation:
+            return
+        self._remove(key)
+        ttl = self.ttl_s if value is not None else self.negative_ttl_s
+        self._entries[key] = _Entry(value, tag, self.clock() + ttl)
+        if tag:
+            self._by_tag.setdefault(tag, set()).add(key)
+        while len(self._entries) > self.max_entries:
+            self._remove(next(iter(self._entries)))
+
+    def drop(self, tag: str) -> None:
+        """Forget every entry of ``tag`` (a key id, ``tenant:<name>``)."""
+        self.generation += 1
+        for key in self._by_tag.pop(tag, set()):
+            self._entries.pop(key, None)
+
+    def clear(self) -> None:
+        self.generation += 1
+        self._entries.clear()
+        self._by_tag.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _remove(self, key: str) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is not None and entry.tag:
+            keys = self._by_tag.get(entry.tag)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._by_tag[entry.tag]

@@ -1,0 +1,118 @@
+"""Changes of keys and tenants reaching every replica's cache at once, through pub/sub.
+
+Every change is published on ``{prefix}:keys:changed`` after it is in the
+topic and in Redis: the message is a key id, ``tenant:<name>``, or ``*``
+(everything, after a restore). :meth:`Invalidations.run` subscribes and hands
+each message to every listener (the caches of the key and tenant stores),
+so a revoked key stops working on every gateway within a round trip, not
+after its cache entry's ``key_cache_s``.
+
+Pub/sub does not keep messages for a subscriber that is away. So whenever a
+subscription starts, the first one or one after an outage (Redis's client
+may reconnect by itself, which shows as another ``subscribe`` confirmation),
+every listener is told ``*``: the caches are cleared, and what they held is
+looked up afresh. While Redis cannot be reached the task retries with
+backoff (up to ``settings.retry_backoff_max_s``), its health part is
+``degraded``, and cached entries still serve until they expire. A PING every
+``ping_s`` with no answer within three of them counts as an outage too, so a
+connection that went silent is noticed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from conveyor.errors import TransientBrokerError
+from conveyor.settings import Settings
+from gateway.auth.redis_copy import EVERYTHING, KeyNames
+from gateway.health import TaskHealth
+from topics.backoff import Backoff, RateLimitedLog
+
+__all__ = ["Invalidations"]
+
+log = logging.getLogger(__name__)
+
+Listener = Callable[[str], None]
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+class Invalidations:
+    """One subscription to the change channel, shared by any number of caches."""
+
+    def __init__(self, settings: Settings, redis: aioredis.Redis,
+                 part: TaskHealth | None = None, *, ping_s: float = 5.0) -> None:
+        self.settings = settings
+        self.redis = redis
+        self.channel = KeyNames(settings.topic_prefix).channel
+        self.health = part or TaskHealth("key-invalidations")
+        self.ping_s = ping_s
+        self.subscribed = asyncio.Event()
+        self._listeners: list[Listener] = []
+        self._problems = RateLimitedLog(log)
+
+    @property
+    def healthy(self) -> bool:
+        """True while subscribed: changes reach this replica at once."""
+        return self.health.state == "ok"
+
+    def add(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def deliver(self, message: str) -> None:
+        for listener in self._listeners:
+            listener(message)
+
+    async def run(self, part: TaskHealth | None = None) -> None:
+        """Subscribe and deliver until cancelled; outages are retried, never raised.
+        ``part``, when given, is where the state is reported from now on."""
+        if part is not None:
+            self.health = part
+        retry = Backoff(max_s=self.settings.retry_backoff_max_s)
+        while True:
+            pubsub = self.redis.pubsub()
+            try:
+                await pubsub.subscribe(self.channel)
+                await self._listen(pubsub, retry)
+            except (TimeoutError, RedisError, OSError, TransientBrokerError) as exc:
+                self.subscribed.clear()
+                if self.health.set("degraded", f"Redis unreachable: {exc!r}"):
+                    log.warning("key invalidations: Redis unreachable (%r); cached keys "
+                                "serve until they expire, retrying", exc)
+                self._problems.warning("redis", "key invalidations: %r", exc)
+                await retry.wait()
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+
+    async def _listen(self, pubsub: Any, retry: Backoff) -> None:
+        last_heard = last_ping = time.monotonic()
+        while True:
+            message = await pubsub.get_message(timeout=min(1.0, self.ping_s))
+            now = time.monotonic()
+            if message is not None:
+                last_heard = now
+                kind = message["type"]
+                if kind == "subscribe":  # a new subscription: what came before is unknown
+                    self.deliver(EVERYTHING)
+                    retry.reset()
+                    self.subscribed.set()
+                    if self.health.set("ok", f"subscribed to {self.channel}"):
+                        self._problems.resolved("redis", "key invalidations: subscribed again")
+                elif kind == "message":
+                    self.deliver(_text(message["data"]))
+            if now - last_heard > 3 * self.ping_s:
+                raise TransientBrokerError(f"no answer from Redis for {now - last_heard:.0f} s")
+            if now - last_ping >= self.ping_s:
+                last_ping = now
+                await pubsub.ping()

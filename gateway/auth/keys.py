@@ -1,0 +1,227 @@
+"""API keys: made, changed and revoked through the ``keys`` topic; looked up per request.
+
+Every change is written whole to the ``keys`` topic (acks=all) first, then to
+the Redis copy (version-guarded), then announced on ``{prefix}:keys:changed``
+so every replica drops its cached entry, then audited. Redis is rebuilt from
+the topic when it has lost its data (gateway/auth/restore.py); a revoked key
+keeps its record, so a restore never brings it back.
+
+:meth:`KeyStore.lookup` is the gateway's per-request call. It answers from an
+in-process cache (gateway/auth/cache.py: ``settings.key_cache_s`` for a known
+key, 1 s for an unknown one), else from Redis. It returns the record of any
+key it knows, revoked and expired ones included, so the caller can say why it
+refuses one: **the caller must check** :meth:`KeyRecord.usable`. When Redis
+cannot be reached a cached key keeps working until its entry expires; an
+uncached one raises :class:`~conveyor.errors.TransientBrokerError` (503, never
+401: the key may well be good). A string that does not start with ``cvy-`` is
+no key and costs no round trip.
+
+Limits follow gateway/auth/limit_changes.py: ``None`` keeps, ``0`` clears.
+The store without a producer (a gateway) can look up, list and touch keys;
+changing them needs one (the CLI).
+"""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import time
+from dataclasses import replace
+
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaProducer
+
+from conveyor.errors import BrokerError, ConveyorError
+from conveyor.settings import Settings
+from gateway.audit import Audit, audit_event
+from gateway.auth.cache import LocalCache
+from gateway.auth.invalidations import Invalidations
+from gateway.auth.keys_topic import KeysTopic
+from gateway.auth.limit_changes import check_limit, merge_limits
+from gateway.auth.redis_copy import EVERYTHING, TENANT_PREFIX, RedisCopy
+from gateway.auth.restore import Restorer
+from gateway.auth.secrets import SECRET_PREFIX, hash_secret, new_key_id, new_secret
+from gateway.auth.types import KeyRecord, Limits
+from gateway.health import TaskHealth
+from schemas.codec import Codec
+from topics.backoff import RateLimitedLog
+from topics.envelope import now_ms
+
+__all__ = ["KeyStore", "KeyNotFound", "KeyRevoked"]
+
+log = logging.getLogger(__name__)
+
+
+class KeyNotFound(ConveyorError):
+    """No key has this id."""
+
+
+class KeyRevoked(ConveyorError):
+    """The key is revoked: it can no longer be changed."""
+
+
+def _limits_detail(limits: Limits) -> dict[str, str]:
+    return {k: "-" if v is None else str(v) for k, v in
+            (("rpm", limits.rpm), ("tpm", limits.tpm), ("concurrency", limits.concurrency))}
+
+
+class KeyStore:
+    """The API keys of one Conveyor (``settings.topic_prefix``)."""
+
+    def __init__(self, settings: Settings, redis: aioredis.Redis,
+                 producer: AIOKafkaProducer | None = None, *, audit: Audit | None = None,
+                 invalidations: Invalidations | None = None, part: TaskHealth | None = None,
+                 codec: Codec | None = None, negative_cache_s: float = 1.0,
+                 touch_every_s: float = 60.0) -> None:
+        """``invalidations`` may be shared with a TenantStore (one subscription for
+        both; run it once); without it the store makes its own, reporting to ``part``."""
+        self.settings = settings
+        self.copy = RedisCopy(settings, redis)
+        self.topic = KeysTopic(settings, producer, codec)
+        self.restorer = Restorer(self.copy, self.topic)
+        self.audit = audit
+        self.cache: LocalCache[KeyRecord] = LocalCache(settings.key_cache_s, negative_cache_s)
+        self.invalidations = invalidations or Invalidations(settings, redis, part)
+        self.invalidations.add(self._on_change)
+        self.touch_every_s = touch_every_s
+        self._touched: dict[str, float] = {}
+        self._problems = RateLimitedLog(log)
+
+    # -- the gateway's side ----------------------------------------------------------
+
+    @property
+    def healthy(self) -> bool:
+        """True while changes reach this replica's cache at once (subscribed)."""
+        return self.invalidations.healthy
+
+    async def run_invalidations(self, part: TaskHealth | None = None) -> None:
+        """The background task that keeps the cache honest (see invalidations.py); it
+        reports to ``part`` when given (else to the part given at construction)."""
+        await self.invalidations.run(part)
+
+    def _on_change(self, message: str) -> None:
+        if message == EVERYTHING:
+            self.cache.clear()
+        elif not message.startswith(TENANT_PREFIX):
+            self.cache.drop(message)
+
+    async def lookup(self, secret: str) -> KeyRecord | None:
+        """The key of ``secret`` (usable or not: check ``usable``), None if unknown."""
+        if not secret.startswith(SECRET_PREFIX):
+            return None
+        key_hash = hash_secret(self.settings, secret)
+        hit, cached = self.cache.get(key_hash)
+        if hit:
+            return cached
+        generation = self.cache.generation
+        record, restored = await self.copy.find(key_hash)
+        if record is None and not restored:
+            await self.restorer.ensure()
+            record, _ = await self.copy.find(key_hash)
+        self.cache.put(key_hash, record, record.id if record else "", generation)
+        return record
+
+    async def touch(self, record: KeyRecord) -> None:
+        """Remember that the key was used now: at most once per ``touch_every_s`` per key
+        in this process, in Redis only (not in the topic). Never raises for Redis."""
+        now = time.monotonic()
+        last = self._touched.get(record.id)
+        if last is not None and now - last < self.touch_every_s:
+            return
+        self._touched[record.id] = now
+        try:
+            await self.copy.touch(record.id, now_ms())
+        except BrokerError as exc:
+            self._problems.warning("touch", "last use of key %s not recorded: %s",
+                                   record.id, exc)
+
+    # -- reading -----------------------------------------------------------------------
+
+    async def get(self, key_id: str) -> KeyRecord | None:
+        record = await self.copy.get_key(key_id)
+        if record is None and await self.restorer.ensure():
+            record = await self.copy.get_key(key_id)
+        return record
+
+    async def list(self, tenant: str | None = None) -> builtins.list[KeyRecord]:
+        """Every key (of ``tenant``), revoked ones included, by id."""
+        await self.restorer.ensure()
+        return await self.copy.list_keys(tenant)
+
+    # -- changing ----------------------------------------------------------------------
+
+    async def create(self, tenant: str, name: str, limits: Limits,
+                     models: tuple[str, ...] = (), expires_in_s: float | None = None,
+                     actor: str = "") -> tuple[KeyRecord, str]:
+        """A new key and its secret, which is shown this once and kept nowhere."""
+        if not tenant:
+            raise ValueError("a key needs a tenant")
+        if expires_in_s is not None and expires_in_s <= 0:
+            raise ValueError(f"expires_in_s must be positive, not {expires_in_s}")
+        for label, value in (("rpm", limits.rpm), ("tpm", limits.tpm),
+                             ("concurrency", limits.concurrency)):
+            check_limit(label, value)
+        secret = new_secret()
+        now = now_ms()
+        record = KeyRecord(
+            id=new_key_id(), tenant=tenant, name=name, hash=hash_secret(self.settings, secret),
+            limits=merge_limits(Limits(), limits), models=tuple(m for m in models if m),
+            created_ms=now, expires_ms=now + int(expires_in_s * 1000) if expires_in_s else 0,
+            version=1)
+        await self._write(record, "key.created", actor)
+        return record, secret
+
+    async def update(self, key_id: str, *, limits: Limits | None = None,
+                     models: tuple[str, ...] | None = None, name: str | None = None,
+                     actor: str = "") -> KeyRecord:
+        """Change what is given: each limit given replaces (0 clears it), ``models``
+        replaces the list (``()``: every model), ``name`` renames."""
+        current = await self._current(key_id)
+        if current.revoked_ms:
+            raise KeyRevoked(f"key {key_id} is revoked; make a new one")
+        record = replace(
+            current, version=current.version + 1,
+            limits=current.limits if limits is None else merge_limits(current.limits, limits),
+            models=current.models if models is None else tuple(m for m in models if m),
+            name=current.name if name is None else name)
+        await self._write(record, "key.updated", actor)
+        return record
+
+    async def revoke(self, key_id: str, actor: str = "") -> KeyRecord:
+        """Revoke for good (a revoked key stays revoked; revoking twice changes nothing)."""
+        current = await self._current(key_id)
+        if current.revoked_ms:
+            return current
+        record = replace(current, revoked_ms=now_ms(), version=current.version + 1)
+        await self._write(record, "key.revoked", actor)
+        return record
+
+    async def restore(self) -> tuple[int, int]:
+        """Rebuild Redis from the topic now; (keys, tenants) restored."""
+        snapshot = await self.restorer.restore()
+        return len(snapshot.keys), len(snapshot.tenants)
+
+    async def _current(self, key_id: str) -> KeyRecord:
+        await self.restorer.ensure()
+        record = await self.copy.get_key(key_id)
+        if record is None:
+            raise KeyNotFound(f"no key with id {key_id!r}")
+        return record
+
+    async def _write(self, record: KeyRecord, action: str, actor: str) -> None:
+        await self.topic.write_key(record)
+        await self.copy.put_key(record)
+        self.cache.drop(record.id)
+        try:
+            await self.copy.publish(record.id)
+        except BrokerError as exc:  # the record is written; caches expire in key_cache_s
+            log.warning("change of key %s not announced: %s", record.id, exc)
+        if self.audit is not None:
+            detail = {"name": record.name, "models": ",".join(record.models),
+                      "expires_ms": str(record.expires_ms), **_limits_detail(record.limits)}
+            try:
+                await self.audit.write(audit_event(action, tenant=record.tenant,
+                                                   key_id=record.id, actor=actor,
+                                                   detail=detail))
+            except Exception as exc:  # the change is made; say the audit missed it
+                log.warning("audit event %s of key %s not written: %r", action, record.id, exc)
