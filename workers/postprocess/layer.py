@@ -6,6 +6,11 @@ survives a restart because the log is replayed: the committed offset of a
 is still open there, so a new owner of the partition rebuilds the state from
 the chunks. Replies carry an index and the gateway drops repeats, so the
 replay is invisible to clients.
+
+Each request that ends (its final reply or its error reply) also yields one
+:class:`UsageRecord` on ``conveyor.usage``, keyed by tenant, for the usage
+ledger (workers/usage). A replay after a crash may write it again; the
+ledger counts each request id once.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from aiokafka import TopicPartition
 
 from conveyor.settings import Settings
 from schemas.codec import EventType
-from schemas.records import ChunkHeader, Control, Reply, TokenChunk, Usage
+from schemas.records import ChunkHeader, Control, Reply, TokenChunk, Usage, UsageRecord
 from topics.envelope import now_ms, stamp
 from workers.outputs import Output, Sender
 from workers.postprocess.chunks import delta_chunk, usage_chunk
@@ -38,6 +43,7 @@ class PostprocessLayer:
         self.source_topic = settings.topic("tokens")
         self._replies = settings.topic("replies")
         self._control = settings.topic("control")
+        self._usage = settings.topic("usage")
         self.streams: dict[str, RequestStream] = {}
         # request id -> (topic partition, offset of its first chunk there)
         self._first: dict[str, tuple[TopicPartition, int]] = {}
@@ -72,7 +78,8 @@ class PostprocessLayer:
         releases (role, content, finish, usage) travels in that one event."""
         rid = stream.envelope["request_id"]
         if e.error is not None:
-            return [self._reply(stream, "error", error=e.error)]
+            return [self._reply(stream, "error", error=e.error),
+                    self._usage_output(stream, "error")]
         header = stream.header or _fallback_header(stream)
         chunks: list[str] = []
         if stream.reply_index == 0 and header["kind"] == "chat":
@@ -90,7 +97,8 @@ class PostprocessLayer:
         if header["include_usage"]:
             chunks.append(usage_chunk(header, rid, usage))
         out = [self._reply(stream, "final", text=e.text, chunk="\n".join(chunks),
-                           finish_reason=reason, usage=usage)]
+                           finish_reason=reason, usage=usage),
+               self._usage_output(stream, "completed")]
         if e.stopped_early:
             cancel = Control(request_id=rid, action="cancel", reason="stop sequence",
                              ts_ms=now_ms())
@@ -106,6 +114,23 @@ class PostprocessLayer:
         stream.reply_index += 1
         return Output(self._replies, "Reply", reply, key=stream.envelope["request_id"],
                       partition=stream.envelope["reply_partition"])
+
+    def _usage_output(self, stream: RequestStream, status: str) -> Output:
+        """What the request cost, for the usage ledger (key = tenant). An error
+        counts the tokens generated before it (none before the first token)."""
+        envelope = stream.envelope
+        header = stream.header
+        finished = now_ms()
+        entered_us = envelope["stamps"].get("gateway")
+        record = UsageRecord(
+            request_id=envelope["request_id"], tenant=envelope["tenant"],
+            key_id=envelope["key_id"], model=header["model"] if header else "",
+            kind=header["kind"] if header else "chat", status=status,
+            prompt_tokens=header["prompt_tokens"] if header else 0,
+            completion_tokens=stream.completion_tokens,
+            entered_ms=entered_us // 1000 if entered_us is not None else finished,
+            finished_ms=finished)
+        return Output(self._usage, "UsageRecord", record, key=envelope["tenant"])
 
     def _finish(self, rid: str) -> None:
         self.streams.pop(rid, None)

@@ -1,0 +1,149 @@
+"""``conveyor accounting`` and ``conveyor usage``: run the usage ledger, read it.
+
+    conveyor accounting                                    the accounting app (Faust)
+    conveyor usage --tenant T [--key ID | --model M]       a tenant's usage, one bucket
+                   [--since 2026-11-01|24h|90m] [--until ...] [--by minute|day] [--json]
+
+``--since`` and ``--until`` take a UTC date (``2026-11-01``), a UTC time
+(``2026-11-01T12:30``, ``...Z`` or an offset), a time before now (``90s``,
+``90m``, ``24h``, ``7d``) or ``now``. Without ``--since`` a report covers the
+last hour by minute and the last 30 days by day; ``--until`` is now. A bucket
+is shown when it overlaps the range and saw requests.
+
+:func:`register` adds both commands to the ``conveyor`` parser; each runs as
+``func(settings, args) -> exit status``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import re
+import sys
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from conveyor.errors import RequestError
+from conveyor.settings import Settings
+
+__all__ = ["register", "parse_time", "cmd_accounting", "cmd_usage"]
+
+_UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_AGO = re.compile(r"^(\d+)([smhd])$")
+_DEFAULT_SPAN_MS = {"minute": 3_600_000, "day": 30 * 86_400_000}
+
+
+def parse_time(text: str, now_ms: int) -> int:
+    """Epoch ms of a date, a time, a duration before ``now_ms`` or ``now``."""
+    text = text.strip()
+    if text == "now":
+        return now_ms
+    ago = _AGO.match(text)
+    if ago:
+        return now_ms - int(ago.group(1)) * _UNITS_MS[ago.group(2)]
+    try:
+        moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a date (2026-11-01), a time (2026-11-01T12:30Z), a duration "
+            "before now (90m, 24h, 7d) or 'now'") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def _now_ms() -> int:
+    return int(dt.datetime.now(tz=dt.UTC).timestamp() * 1000)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``accounting`` and ``usage`` to the ``conveyor`` command line."""
+    accounting = sub.add_parser("accounting",
+                                help="the usage accounting app (reads conveyor.usage)")
+    accounting.set_defaults(func=cmd_accounting)
+
+    usage = sub.add_parser("usage", help="a tenant's usage from the ledger, by minute or day")
+    usage.add_argument("--tenant", required=True)
+    which = usage.add_mutually_exclusive_group()
+    which.add_argument("--key", dest="key_id", default=None, help="one API key of the tenant")
+    which.add_argument("--model", default=None, help="one model the tenant used")
+    usage.add_argument("--since", default=None,
+                       help="2026-11-01, 2026-11-01T12:30Z, 90m, 24h, 7d (default: 1h by "
+                            "minute, 30d by day)")
+    usage.add_argument("--until", default="now", help="as --since (default: now)")
+    usage.add_argument("--by", choices=["minute", "day"], default="day")
+    usage.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    usage.set_defaults(func=cmd_usage)
+
+
+def cmd_accounting(settings: Settings, args: argparse.Namespace) -> int:
+    from workers.usage.run import run_accounting
+
+    run_accounting(settings)
+    return 0
+
+
+def cmd_usage(settings: Settings, args: argparse.Namespace) -> int:
+    now = _now_ms()
+    try:
+        until = parse_time(args.until, now)
+        since = (parse_time(args.since, now) if args.since is not None
+                 else until - _DEFAULT_SPAN_MS[args.by])
+    except argparse.ArgumentTypeError as exc:
+        print(f"conveyor usage: {exc}", file=sys.stderr)
+        return 2
+    try:
+        rows = asyncio.run(_report(settings, args, since, until))
+    except RequestError as exc:
+        print(f"conveyor usage: {exc.message}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(_as_json(args, since, until, rows), indent=2))
+    else:
+        print(_as_table(args.by, rows))
+    return 0
+
+
+async def _report(settings: Settings, args: argparse.Namespace, since: int,
+                  until: int) -> list[Any]:
+    from workers.usage.ledger import UsageLedger
+
+    redis = aioredis.from_url(settings.redis_url)
+    try:
+        ledger = UsageLedger(settings, redis)
+        return await ledger.report(args.tenant, since_ms=since, until_ms=until, by=args.by,
+                                   key_id=args.key_id, model=args.model)
+    finally:
+        await redis.aclose()
+
+
+_FIELDS = ("requests", "errors", "prompt_tokens", "completion_tokens", "total_tokens")
+
+
+def _totals(rows: list[Any]) -> dict[str, int]:
+    return {f: sum(getattr(r, f) for r in rows) for f in _FIELDS}
+
+
+def _as_json(args: argparse.Namespace, since: int, until: int,
+             rows: list[Any]) -> dict[str, Any]:
+    return {"tenant": args.tenant, "key_id": args.key_id, "model": args.model, "by": args.by,
+            "since_ms": since, "until_ms": until, "rows": [r.as_dict() for r in rows],
+            "total": _totals(rows)}
+
+
+def _as_table(by: str, rows: list[Any]) -> str:
+    fmt = "%Y-%m-%d %H:%M" if by == "minute" else "%Y-%m-%d"
+    header = ("bucket (UTC)", "requests", "errors", "prompt", "completion", "total")
+    lines: list[tuple[str, ...]] = [header]
+    for r in rows:
+        start = dt.datetime.fromtimestamp(r.bucket_start_ms / 1000, tz=dt.UTC)
+        lines.append((start.strftime(fmt), *(str(getattr(r, f)) for f in _FIELDS)))
+    lines.append(("total", *(str(v) for v in _totals(rows).values())))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                  for i, (c, w) in enumerate(zip(line, widths, strict=True)))
+        for line in lines)

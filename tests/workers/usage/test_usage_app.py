@@ -1,0 +1,316 @@
+"""The accounting app for real: ``conveyor accounting`` (the command that
+conveyor/cli_usage.py registers) in a process of its own, on the real Kafka
+under a topic prefix of the module's own and a redis-server of its own (the
+one the ``own_redis`` fixture hands out, started once for the module so that
+one app run serves every test). Usage events go in through the usage topic;
+what comes out is read with UsageLedger, as the CLI and the quota check read
+it.
+
+The tests run in order on one app: the restart test SIGKILLs and restarts
+it, the last one stops it with SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from conveyor.settings import Settings
+from schemas.codec import default_codec
+from schemas.records import Control, UsageRecord
+from tests.conftest import ROOT
+from tests.faults import OwnRedis
+from topics.admin import ensure_topics
+from topics.catalog import catalog
+from topics.clients import make_producer
+from topics.envelope import now_ms
+from workers.usage import UsageLedger, UsageRow
+
+# ``conveyor accounting`` through the parser register() builds (conveyor/cli.py
+# calls the same register with its own subparsers)
+RUN_ACCOUNTING = """
+import argparse, sys
+from conveyor.cli_usage import register
+from conveyor.settings import load_settings
+parser = argparse.ArgumentParser(prog="conveyor")
+register(parser.add_subparsers(dest="command", required=True))
+args = parser.parse_args(["accounting"])
+sys.exit(args.func(load_settings(), args))
+"""
+
+
+@dataclass
+class Accounting:
+    settings: Settings
+    redis: OwnRedis
+    logs: Path
+    proc: subprocess.Popen[bytes] | None = None
+    runs: int = 0
+
+    def start(self) -> None:
+        env = {**os.environ, "CONVEYOR_TOPIC_PREFIX": self.settings.topic_prefix,
+               "CONVEYOR_REDIS_URL": self.redis.url,
+               "CONVEYOR_KAFKA_BOOTSTRAP": self.settings.kafka_bootstrap,
+               # a SIGKILLed member leaves the group after this, so a restart is quick
+               "CONVEYOR_CONSUMER_SESSION_TIMEOUT_MS": "3000",
+               "CONVEYOR_CONSUMER_HEARTBEAT_INTERVAL_MS": "500"}
+        self.runs += 1
+        log = open(self.logs / f"accounting-{self.runs}.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen([sys.executable, "-c", RUN_ACCOUNTING], env=env,
+                                     stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+
+    def signal(self, sig: int, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout=timeout)
+
+    def log(self) -> str:
+        return (self.logs / f"accounting-{self.runs}.log").read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def accounting(services: None, tmp_path_factory: pytest.TempPathFactory
+               ) -> Iterator[Accounting]:
+    settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    needed = {settings.topic("usage"), settings.topic("dlq")}
+    asyncio.run(ensure_topics(settings, [s for s in catalog(settings) if s.name in needed]))
+    redis = OwnRedis(tmp_path_factory.mktemp("redis")).start()
+    app = Accounting(settings, redis, tmp_path_factory.mktemp("logs"))
+    app.start()
+    try:
+        yield app
+    finally:
+        if app.proc is not None and app.proc.poll() is None:
+            app.proc.kill()
+            app.proc.wait(timeout=10)
+        redis.stop(signal.SIGKILL)
+
+
+@pytest.fixture
+async def ledger(accounting: Accounting) -> AsyncIterator[UsageLedger]:
+    client = aioredis.from_url(accounting.redis.url)
+    try:
+        yield UsageLedger(accounting.settings, client)
+    finally:
+        await client.aclose()
+
+
+def usage(rid: str, tenant: str, *, key_id: str = "k1", model: str = "m1",
+          status: str = "completed", prompt: int = 10, completion: int = 5) -> UsageRecord:
+    now = now_ms()
+    return UsageRecord(request_id=rid, tenant=tenant, key_id=key_id, model=model, kind="chat",
+                       status=status, prompt_tokens=prompt, completion_tokens=completion,
+                       entered_ms=now - 300, finished_ms=now)
+
+
+async def produce(settings: Settings, *values: UsageRecord | tuple[str, bytes]) -> None:
+    """Usage records (keyed by tenant, as postprocess writes them), or raw (key, bytes)."""
+    codec = default_codec()
+    producer = make_producer(settings)
+    await producer.start()
+    try:
+        for value in values:
+            if isinstance(value, tuple):
+                key, data = value
+            else:
+                key, data = value["tenant"], codec.encode("UsageRecord", value)
+            await producer.send_and_wait(settings.topic("usage"), data, key=key.encode())
+    finally:
+        await producer.stop()
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], within: float,
+                     app: Accounting) -> float:
+    """Seconds until ``check`` holds; fails after ``within`` with the app's log."""
+    start = time.monotonic()
+    while time.monotonic() - start < within:
+        if await check():
+            return time.monotonic() - start
+        assert app.proc is not None and app.proc.poll() is None, app.log()[-3000:]
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"not within {within} s; app log:\n{app.log()[-3000:]}")
+
+
+def totals(rows: list[UsageRow]) -> tuple[int, int, int, int, int]:
+    return (sum(r.requests for r in rows), sum(r.errors for r in rows),
+            sum(r.prompt_tokens for r in rows), sum(r.completion_tokens for r in rows),
+            sum(r.total_tokens for r in rows))
+
+
+async def today(ledger: UsageLedger, tenant: str, **which: Any) -> tuple[int, ...]:
+    now = now_ms()
+    return totals(await ledger.report(tenant, since_ms=now - 3_600_000, until_ms=now + 1,
+                                      **which))
+
+
+async def test_each_request_is_counted_once_by_tenant_key_and_model_per_minute_and_day(
+        accounting: Accounting, ledger: UsageLedger) -> None:
+    s = accounting.settings
+    await produce(s, usage("r1", "acme"),
+                  usage("r2", "acme", model="m2", status="error", completion=0),
+                  usage("r3", "acme", key_id="k2", prompt=7, completion=3),
+                  usage("r1", "acme"),  # postprocess wrote it twice
+                  usage("z1", "zeta", prompt=100, completion=1))
+
+    async def three() -> bool:
+        return (await today(ledger, "acme"))[0] >= 3
+
+    await eventually(three, 90, accounting)  # the first start of Faust included
+    assert await today(ledger, "acme") == (3, 1, 27, 8, 35)
+    assert await today(ledger, "acme", key_id="k1") == (2, 1, 20, 5, 25)
+    assert await today(ledger, "acme", key_id="k2") == (1, 0, 7, 3, 10)
+    assert await today(ledger, "acme", model="m1") == (2, 0, 17, 8, 25)
+    assert await today(ledger, "acme", model="m2") == (1, 1, 10, 0, 10)
+    assert await today(ledger, "acme", by="minute") == (3, 1, 27, 8, 35)
+    assert await today(ledger, "acme", by="minute", key_id="k2") == (1, 0, 7, 3, 10)
+    assert await today(ledger, "zeta") == (1, 0, 100, 1, 101)
+    assert await ledger.used_tokens("acme", "day") == 35
+    assert await ledger.used_tokens("acme", "month") >= 35
+
+    # another copy of r1 long after the first, then a new request behind it in
+    # the same partition: once the new one is counted, the copy was dropped
+    await produce(s, usage("r1", "acme"), usage("r4", "acme", key_id="k3", prompt=1,
+                                                completion=1))
+
+    async def four() -> bool:
+        return (await today(ledger, "acme"))[0] >= 4
+
+    await eventually(four, 20, accounting)
+    assert await today(ledger, "acme") == (4, 1, 28, 9, 37)
+    assert await today(ledger, "acme", key_id="k1") == (2, 1, 20, 5, 25)
+    assert await ledger.used_tokens("acme", "day") == 37
+
+
+async def test_a_poison_value_goes_to_the_dlq_and_counting_goes_on(
+        accounting: Accounting, ledger: UsageLedger) -> None:
+    s = accounting.settings
+    control = default_codec().encode("Control", Control(request_id="c", action="cancel",
+                                                       reason="", ts_ms=now_ms()))
+    await produce(s, ("poison", b"not an event"), ("poison", control),
+                  usage("p1", "poison", prompt=3, completion=4))
+
+    async def counted() -> bool:
+        return (await today(ledger, "poison"))[0] == 1
+
+    await eventually(counted, 20, accounting)
+    letters = await dead_letters(s, want=2)
+    assert [(d["layer"], d["topic"], d["key"], d["value"]) for d in letters] == [
+        ("accounting", s.topic("usage"), b"poison", b"not an event"),
+        ("accounting", s.topic("usage"), b"poison", control)]
+    assert "Control" in letters[1]["error"]
+    assert letters[0]["offset"] + 1 == letters[1]["offset"]
+    assert await today(ledger, "poison") == (1, 0, 3, 4, 7)
+
+
+async def dead_letters(settings: Settings, want: int) -> list[dict[str, Any]]:
+    codec = default_codec()
+    consumer = AIOKafkaConsumer(settings.topic("dlq"), bootstrap_servers=settings.kafka_bootstrap,
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    found: list[dict[str, Any]] = []
+    try:
+        deadline = time.monotonic() + 15
+        while len(found) < want and time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=500)
+            for records in batch.values():
+                found += [codec.decode(r.value, "DeadLetter") for r in records]
+    finally:
+        await consumer.stop()
+    return found
+
+
+async def test_redis_losing_everything_heals_within_seconds_without_new_traffic(
+        accounting: Accounting, ledger: UsageLedger) -> None:
+    await produce(accounting.settings, usage("h1", "heal", prompt=40, completion=2),
+                  usage("h2", "heal", model="m9", prompt=8, completion=0))
+
+    async def counted() -> bool:
+        return (await today(ledger, "heal"))[0] == 2
+
+    await eventually(counted, 20, accounting)
+    accounting.redis.flush()
+    assert await ledger.used_tokens("heal", "day") in (0, 50)  # gone, or healed already
+
+    async def healed() -> bool:
+        return (await today(ledger, "heal") == (2, 0, 48, 2, 50)
+                and await today(ledger, "heal", model="m9") == (1, 0, 8, 0, 8)
+                and await ledger.used_tokens("heal", "day") == 50
+                and await ledger.used_tokens("heal", "month") == 50)
+
+    assert await eventually(healed, 10, accounting) < 10
+
+
+async def test_a_killed_app_restores_its_totals_from_the_changelog(
+        accounting: Accounting, ledger: UsageLedger) -> None:
+    s = accounting.settings
+    await produce(s, usage("k1", "restart", prompt=10, completion=10),
+                  usage("k2", "restart", key_id="k9", prompt=20, completion=5))
+
+    async def two() -> bool:
+        return (await today(ledger, "restart"))[0] == 2
+
+    await eventually(two, 20, accounting)
+
+    async def committed() -> bool:
+        return await committed_to_end(s)
+
+    # the app committed past every event: the new run does not read them again,
+    # so their counts can only come back from the changelog
+    await eventually(committed, 15, accounting)
+    assert accounting.signal(signal.SIGKILL) == -signal.SIGKILL
+    # Redis forgets too: whatever the new run shows comes from the changelog
+    accounting.redis.flush()
+    accounting.start()
+    # a repeat of a request counted by the killed run, and a new one
+    await produce(s, usage("k2", "restart", key_id="k9", prompt=20, completion=5),
+                  usage("k3", "restart", prompt=1, completion=2))
+
+    async def three() -> bool:
+        return (await today(ledger, "restart"))[0] >= 3
+
+    await eventually(three, 60, accounting)
+    assert await today(ledger, "restart") == (3, 0, 31, 17, 48)
+    assert await today(ledger, "restart", key_id="k9") == (1, 0, 20, 5, 25)
+    assert await ledger.used_tokens("restart", "day") == 48
+    # the earlier tests' tenants were restored as well (other partitions too)
+    assert await today(ledger, "acme") == (4, 1, 28, 9, 37)
+    assert await today(ledger, "heal") == (2, 0, 48, 2, 50)
+
+
+async def committed_to_end(settings: Settings) -> bool:
+    """Whether the app's group has committed every partition of the usage topic
+    up to its end."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap)
+    await admin.start()
+    await consumer.start()
+    try:
+        tps = [TopicPartition(settings.topic("usage"), p)
+               for p in range(settings.pipeline_partitions)]
+        ends = await consumer.end_offsets(tps)
+        done = await admin.list_consumer_group_offsets(settings.group("accounting"))
+        return all(ends[tp] == 0 or (tp in done and done[tp].offset == ends[tp])
+                   for tp in tps)
+    finally:
+        await consumer.stop()
+        await admin.close()
+
+
+async def test_sigterm_stops_the_app_cleanly(accounting: Accounting) -> None:
+    assert accounting.signal(signal.SIGTERM) == 0
+    log = accounting.log()
+    assert "Traceback" not in log, log[-3000:]

@@ -1,0 +1,209 @@
+"""The accounting app: a Faust application that turns ``conveyor.usage`` into
+the usage ledger (per key, tenant and model, by minute and by day) and
+mirrors it into Redis.
+
+Faust is here, and only here, because this is where its state handling
+pays: the tables live in memory (``memory://``) and are restored from their
+changelog topics when the app starts or takes over a partition, and the
+path is cold (a usage event is written after the client has its answer).
+The app only reads ``conveyor.usage``; nothing on the token path waits for
+it.
+
+- **Names.** The app id and consumer group are ``settings.group("accounting")``
+  (``conveyor.accounting``), so a deployment (or a test) with its own
+  ``topic_prefix`` has its own group and its own changelog topics
+  (``<app id>-usage-totals-changelog``, ``<app id>-usage-seen-changelog``).
+- **Tables.** ``usage-seen`` (request id -> where it was counted) and
+  ``usage-totals`` (row key -> counts), partitioned like the usage topic
+  (key = tenant); counting rules in workers/usage/counting.py, rows in
+  workers/usage/rows.py. No standby replicas: a memory store rebuilds a
+  partition from its changelog when it is assigned, and a standby copy
+  would only be a stale row for the mirror to avoid.
+- **Retention.** Each event's partition is swept at most once a minute
+  (a table can only be changed while an event of its partition is in hand).
+- **Poison values** go to ``conveyor.dlq`` as DeadLetters and are skipped
+  (workers/usage/decode.py).
+- **Mirror.** Every ``MIRROR_INTERVAL_S`` the rows that changed are written to
+  Redis, and every ``FULL_MIRROR_EVERY`` ticks (and after a failed write)
+  every row of the partitions this member owns, so Redis heals from a
+  FLUSHALL within a few seconds. Nothing is mirrored while a rebalance or a
+  table recovery is under way: a half-restored table would write totals
+  that are too low. A failing Redis is logged (rate-limited) and retried on
+  the next tick; the tables are the record, Redis is the copy.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterable, Iterator
+from typing import Any
+
+import faust
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from conveyor.settings import Settings
+from schemas.codec import default_codec
+from schemas.records import DeadLetter
+from topics.admin import Replication
+from topics.backoff import RateLimitedLog
+from topics.envelope import now_ms
+from workers.usage.counting import Counter
+from workers.usage.decode import Undecodable, UsageValueCodec
+from workers.usage.layout import UsageKeys
+from workers.usage.mirror import RedisMirror
+from workers.usage.rows import Counts, RowKey
+
+__all__ = ["AccountingApp", "MIRROR_INTERVAL_S", "FULL_MIRROR_EVERY", "SWEEP_EVERY_MS"]
+
+log = logging.getLogger(__name__)
+
+MIRROR_INTERVAL_S = 0.5
+FULL_MIRROR_EVERY = 10  # ticks: a full pass every 5 s
+SWEEP_EVERY_MS = 60_000
+# room a dead letter keeps for its own fields (as workers/outputs.py)
+_LETTER_OVERHEAD = 16 * 1024
+
+
+def _brokers(bootstrap: str) -> list[str]:
+    return [f"kafka://{host.strip()}" for host in bootstrap.split(",") if host.strip()]
+
+
+class AccountingApp:
+    """One Faust app for one Settings, with its tables, agent and mirror timer."""
+
+    def __init__(self, settings: Settings, replication: Replication,
+                 redis: aioredis.Redis | None = None) -> None:
+        self.settings = settings
+        self.source_topic = settings.topic("usage")
+        partitions = settings.pipeline_partitions
+        self.app = faust.App(
+            settings.group("accounting"),
+            broker=_brokers(settings.kafka_bootstrap),
+            store="memory://",
+            web_enabled=False,
+            processing_guarantee="at_least_once",
+            topic_partitions=partitions,
+            topic_replication_factor=replication.factor,
+            table_standby_replicas=0,
+            producer_acks=-1,
+            producer_max_request_size=settings.max_event_bytes,
+            broker_session_timeout=settings.consumer_session_timeout_ms / 1000,
+            broker_heartbeat_interval=settings.consumer_heartbeat_interval_ms / 1000,
+            broker_commit_interval=1.0,
+            consumer_auto_offset_reset="earliest",
+        )
+        changelog = replication.configs()
+        self.seen = self.app.Table("usage-seen", partitions=partitions,
+                                   extra_topic_configs=changelog,
+                                   help="request id -> where it was counted")
+        self.totals = self.app.Table("usage-totals", partitions=partitions,
+                                     extra_topic_configs=changelog,
+                                     help="row key -> counts (workers/usage/rows.py)")
+        self.counter = Counter(self.seen, self.totals, now_ms)
+        self.source = self.app.topic(self.source_topic, key_serializer="raw",
+                                     value_serializer=UsageValueCodec())
+        self.dlq = self.app.topic(settings.topic("dlq"), key_serializer="raw",
+                                  value_serializer="raw")
+        self.redis = redis or aioredis.from_url(settings.redis_url)
+        self.mirror = RedisMirror(self.redis, UsageKeys(settings.topic_prefix))
+        self._codec = default_codec()
+        self._swept: dict[int, int] = {}
+        self._ticks = 0
+        self._full_due = True
+        self._problems = RateLimitedLog(log)
+
+        async def account(stream: faust.StreamT[Any]) -> AsyncIterator[None]:
+            async for event in stream.events():
+                await self.on_event(event)
+                yield None
+
+        async def mirror_tick() -> None:
+            await self.mirror_once()
+
+        async def close_redis(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+            await self.redis.aclose()
+
+        self.app.agent(self.source, name=f"{settings.group('accounting')}.account")(account)
+        self.app.timer(MIRROR_INTERVAL_S, name="usage-mirror")(mirror_tick)
+        self.app.on_before_shutdown.connect(close_redis)
+
+    # -- counting --------------------------------------------------------
+
+    async def on_event(self, event: Any) -> None:
+        message = event.message
+        value = event.value
+        if not isinstance(value, dict):
+            data = value.data if isinstance(value, Undecodable) else message.value
+            error = value.error if isinstance(value, Undecodable) else "an empty value"
+            await self.dead_letter(message, data, error)
+            return
+        counted = self.counter.count(value, message.partition, message.offset)
+        log.debug("usage %s of %s: %s", value["request_id"], value["tenant"],
+                  "counted" if counted else "a repeat, dropped")
+        now = now_ms()
+        if now - self._swept.get(message.partition, 0) >= SWEEP_EVERY_MS:
+            self._swept[message.partition] = now
+            dropped = self.counter.sweep(message.partition)
+            if dropped:
+                log.info("usage ledger: %d entries of partition %d past their retention "
+                         "dropped", dropped, message.partition)
+
+    async def dead_letter(self, message: Any, data: bytes | None, error: str) -> None:
+        room = max(0, self.settings.max_event_bytes - _LETTER_OVERHEAD)
+        if data is not None and len(data) > room:
+            error = f"[value truncated to {room} of {len(data)} bytes] " + error
+            data = data[:room]
+        key: bytes | None = message.key
+        letter = DeadLetter(layer="accounting", topic=message.topic,
+                            partition=message.partition, offset=message.offset, key=key,
+                            value=data, error=error[:4000], ts_ms=now_ms())
+        log.warning("usage: a value at %s[%d]@%d is not a UsageRecord (%s); dead-lettered",
+                    message.topic, message.partition, message.offset, error)
+        ack = await self.dlq.send(key=key, value=self._codec.encode("DeadLetter", letter))
+        await ack
+
+    # -- mirroring -------------------------------------------------------
+
+    def ready(self) -> bool:
+        """Whether the tables are whole: no rebalance or recovery under way."""
+        app = self.app
+        recovery: Any = getattr(app.tables, "recovery", None)
+        return (not app.rebalancing and not app.in_recovery
+                and recovery is not None and recovery.completed.is_set())
+
+    def active_partitions(self) -> set[int]:
+        return {tp.partition for tp in self.app.assignor.assigned_actives()
+                if tp.topic == self.source_topic}
+
+    def rows(self, texts: Iterable[str] | None, partitions: set[int]
+             ) -> Iterator[tuple[RowKey, Counts]]:
+        """The rows of ``texts`` (all when None) that this member owns."""
+        if texts is None:
+            items: Iterable[tuple[str, Any]] = list(self.totals.items())
+        else:
+            items = [(t, self.totals.get(t)) for t in texts]
+        for text, value in items:
+            if value is not None and value["p"] in partitions:
+                yield RowKey.parse(text), Counts.from_value(value)
+
+    async def mirror_once(self) -> int:
+        """One tick: write the changed rows, or all of them when a full pass is due."""
+        if not self.ready():
+            return 0
+        self._ticks += 1
+        full = self._full_due or self._ticks % FULL_MIRROR_EVERY == 0
+        dirty = self.counter.take_dirty()
+        # read every value now (no await in between): what is written is one moment
+        rows = list(self.rows(None if full else dirty, self.active_partitions()))
+        try:
+            written = await self.mirror.write(rows)
+        except (RedisError, OSError) as exc:
+            self.counter.dirty |= dirty
+            self._full_due = True
+            self._problems.warning("mirror", "usage mirror: Redis failed (%r); retrying",
+                                   exc)
+            return 0
+        self._full_due = False
+        self._problems.resolved("mirror", "usage mirror: Redis answers again")
+        return written

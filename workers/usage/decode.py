@@ -1,0 +1,45 @@
+"""Reading ``conveyor.usage`` values in Faust with Conveyor's own codec.
+
+A Faust value serializer that raises stops the agent (Faust throws the
+decode error into the stream), so one bad value would halt accounting.
+:class:`UsageValueCodec` never raises: a value that does not decode as a
+UsageRecord comes out as :class:`Undecodable`, with its bytes and the
+reason, and the agent sends it to ``conveyor.dlq`` as a DeadLetter and goes
+on, as every layer's runtime does (workers/runtime.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from faust.serializers.codecs import Codec as FaustCodec
+
+from schemas.codec import Codec, default_codec
+
+__all__ = ["Undecodable", "UsageValueCodec"]
+
+
+@dataclass(frozen=True)
+class Undecodable:
+    """A value of the usage topic that is not a UsageRecord."""
+
+    data: bytes
+    error: str
+
+
+class UsageValueCodec(FaustCodec):
+    """bytes -> UsageRecord dict (or :class:`Undecodable`); the reverse for tests."""
+
+    def __init__(self, codec: Codec | None = None) -> None:
+        super().__init__()
+        self.codec = codec or default_codec()
+
+    def _loads(self, s: bytes) -> Any:
+        try:
+            return self.codec.decode(s, "UsageRecord")
+        except Exception as exc:  # any failure to read is a poison value, not a crash
+            return Undecodable(data=bytes(s), error=f"{type(exc).__name__}: {exc}")
+
+    def _dumps(self, s: Any) -> bytes:
+        return self.codec.encode("UsageRecord", s)

@@ -1,0 +1,108 @@
+"""Reading the usage ledger from Redis: reports and quota totals.
+
+:class:`UsageLedger` is what the CLI (``conveyor usage``), the admin API and
+the quota check read; it never talks to Faust or Kafka, only to the copy the
+accounting app keeps in Redis (layout in workers/usage/layout.py). Redis
+errors are not caught here: the caller's boundary translates them (the
+gateway answers 503).
+
+A report has one row per bucket that saw requests, oldest first; a bucket
+is in it when it overlaps ``[since_ms, until_ms)``. Buckets older than their
+retention (two days of minutes, 400 days of days) are gone, so the range is
+cut to what can still exist, which also bounds a report to about 2,900
+buckets whatever range is asked.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import redis.asyncio as aioredis
+
+from conveyor.errors import InvalidRequest
+from conveyor.settings import Settings
+from topics.envelope import now_ms
+from workers.usage.buckets import DAY_MS, RETENTION_MS, bucket_start, next_bucket
+from workers.usage.layout import UsageKeys, decode_counts
+
+__all__ = ["UsageLedger", "UsageRow", "ReportBy"]
+
+ReportBy = Literal["minute", "day"]
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    bucket_start_ms: int
+    requests: int
+    errors: int
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """For JSON: the fields, and the bucket start as UTC ISO 8601 too."""
+        start = dt.datetime.fromtimestamp(self.bucket_start_ms / 1000, tz=dt.UTC)
+        return {"bucket_start": start.isoformat().replace("+00:00", "Z"), **asdict(self)}
+
+
+class UsageLedger:
+    def __init__(self, settings: Settings, redis: aioredis.Redis) -> None:
+        self.settings = settings
+        self.redis = redis
+        self.keys = UsageKeys(settings.topic_prefix)
+
+    async def report(self, tenant: str, *, since_ms: int, until_ms: int,
+                     by: ReportBy = "day", key_id: str | None = None,
+                     model: str | None = None) -> list[UsageRow]:
+        """The tenant's usage by ``by``: its own totals, or those of one of its
+        API keys (``key_id``) or of one model (``model``)."""
+        if by not in ("minute", "day"):
+            raise InvalidRequest(f"usage is reported by minute or by day, not {by!r}",
+                                 param="by")
+        if key_id is not None and model is not None:
+            raise InvalidRequest("usage is kept per key and per model, not per key and "
+                                 "model together: give one of them", param="model")
+        if key_id is not None:
+            field = self.keys.field("key", key_id)
+        elif model is not None:
+            field = self.keys.field("model", model)
+        else:
+            field = self.keys.field("tenant")
+        if until_ms <= since_ms:
+            return []
+        now = now_ms()
+        start = bucket_start(max(since_ms, now - RETENTION_MS[by]), by)
+        end = min(until_ms, now + DAY_MS)
+        starts: list[int] = []
+        while start < end:
+            starts.append(start)
+            start = next_bucket(start, by)
+        if not starts:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for b in starts:
+            pipe.hget(self.keys.bucket(tenant, by, b), field)
+        values: list[Any] = await pipe.execute()
+        rows: list[UsageRow] = []
+        for b, value in zip(starts, values, strict=True):
+            if value is None:
+                continue
+            counts = decode_counts(value)
+            rows.append(UsageRow(bucket_start_ms=b, requests=counts.requests,
+                                 errors=counts.errors, prompt_tokens=counts.prompt_tokens,
+                                 completion_tokens=counts.completion_tokens,
+                                 total_tokens=counts.total_tokens))
+        return rows
+
+    async def used_tokens(self, tenant: str, period: Literal["day", "month"],
+                          at_ms: int | None = None) -> int:
+        """Prompt plus completion tokens of the tenant in the UTC day or month
+        that holds ``at_ms`` (now when None): what the quota check compares."""
+        if period not in ("day", "month"):
+            raise InvalidRequest(f"quota totals are by day or by month, not {period!r}",
+                                 param="period")
+        value = await self.redis.get(
+            self.keys.quota(tenant, period, now_ms() if at_ms is None else at_ms))
+        return int(value) if value is not None else 0
