@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import logging
 import signal
 import subprocess
@@ -70,11 +71,40 @@ def cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(settings: Settings, insecure_no_auth: bool = False) -> None:
+    """Refuse to serve without authentication anywhere but loopback, unless told
+    so: nobody should expose an open gateway by accident."""
+    if settings.auth != "none" or _loopback(settings.gateway_host):
+        return
+    if insecure_no_auth or settings.insecure_no_auth:
+        log.warning("serving WITHOUT authentication on %s (--insecure-no-auth)",
+                    settings.gateway_host)
+        return
+    raise SystemExit(
+        f"conveyor: refusing to bind {settings.gateway_host} without authentication. "
+        "Set CONVEYOR_AUTH=keys (or jwt), bind 127.0.0.1, or pass --insecure-no-auth "
+        "(CONVEYOR_INSECURE_NO_AUTH=1) if an open gateway is really what you want.")
+
+
 def cmd_gateway(settings: Settings, args: argparse.Namespace) -> int:
     import uvicorn
 
-    from gateway.app import build_app
+    from gateway.app import build_app, check_auth_settings
 
+    check_exposure(settings, args.insecure_no_auth)
+    try:
+        check_auth_settings(settings)
+    except ValueError as exc:
+        raise SystemExit(f"conveyor: {exc}") from None
     registry = Registry.load(settings.models_file)
     asyncio.run(_ensure_topics(settings, registry))
     uvicorn.run(build_app(settings, registry), host=settings.gateway_host,
@@ -201,6 +231,7 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
     """Start everything and supervise it; Ctrl-C (or SIGTERM) stops it all."""
     from conveyor.supervise import Child, Supervisor
 
+    check_exposure(settings, args.insecure_no_auth)
     if not args.no_infra:
         _infra("kafka.sh", "start")
         _infra("redis.sh", "start")
@@ -212,10 +243,11 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
              "--capacity", str(args.capacity)]
     if args.upstream:
         infer += ["--upstream", args.upstream]
-    children = [Child("layers", exe + ["layer"])]
+    children = [Child("layers", exe + ["layer"]), Child("accounting", exe + ["accounting"])]
     children += [Child(f"infer {args.pool}-{i}", exe + infer + ["--worker-id", f"{args.pool}-{i}"])
                  for i in range(args.workers)]
-    children.append(Child("gateway", exe + ["gateway"]))
+    gateway = exe + ["gateway"] + (["--insecure-no-auth"] if args.insecure_no_auth else [])
+    children.append(Child("gateway", gateway))
     supervisor = Supervisor(children, restart_limit=args.restart_limit)
     signal.signal(signal.SIGINT, supervisor.stop)
     signal.signal(signal.SIGTERM, supervisor.stop)
@@ -242,6 +274,8 @@ def _parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="run everything on this host")
     engine_args(up)
     up.add_argument("--workers", type=int, default=1, help="infer workers to start")
+    up.add_argument("--insecure-no-auth", action="store_true",
+                    help="serve without authentication on a non-loopback address")
     up.add_argument("--no-infra", action="store_true",
                     help="Kafka and Redis already run: do not start them")
     up.add_argument("--restart-limit", type=int, default=6,
@@ -250,6 +284,8 @@ def _parser() -> argparse.ArgumentParser:
     up.set_defaults(func=cmd_up)
 
     gw = sub.add_parser("gateway", help="the HTTP/SSE API")
+    gw.add_argument("--insecure-no-auth", action="store_true",
+                    help="serve without authentication on a non-loopback address")
     gw.set_defaults(func=cmd_gateway)
 
     layer = sub.add_parser("layer", help="one or more pipeline layers in one process")
@@ -264,6 +300,10 @@ def _parser() -> argparse.ArgumentParser:
 
     topics = sub.add_parser("topics", help="create the topic catalog")
     topics.set_defaults(func=cmd_topics)
+    from conveyor import cli_keys, cli_usage
+
+    cli_keys.register(sub)
+    cli_usage.register(sub)
     return parser
 
 

@@ -6,6 +6,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from conveyor.errors import InvalidRequest
+from gateway.admission import Admitter
+from gateway.auth.middleware import identity_of
 from gateway.errors import SafeJSONResponse
 from gateway.openapi import (
     HEALTH_RESPONSES,
@@ -63,22 +65,36 @@ def _timeout(request: Request) -> float | None:
 
 
 async def _answer(serving: Serving, generation: Generation, request: Request) -> Response:
-    answer = await serving.submit(generation, timeout_s=_timeout(request),
-                                  traceparent=request.headers.get("traceparent"))
+    """Admit (model access, limits), submit, then answer as JSON or SSE; the
+    admission's ``x-ratelimit-*`` headers go on the response."""
+    identity = identity_of(request)
+    timeout_s = _timeout(request)
+    rid = serving.new_request_id()
+    admitter: Admitter = request.app.state.admitter
+    ticket = await admitter.admit(identity, generation, rid, serving.deadline_ms(timeout_s))
+    try:
+        answer = await serving.submit(generation, identity, timeout_s=timeout_s,
+                                      traceparent=request.headers.get("traceparent"),
+                                      request_id=rid, ticket=ticket)
+    except BaseException:
+        ticket.settle(None, produced=False)
+        raise
     if not generation["stream"]:
         result = await serving.collect(generation, answer, request.is_disconnected)
-        return SafeJSONResponse(result)
+        return SafeJSONResponse(result, headers=ticket.headers or None)
     first = await serving.first(answer, request.is_disconnected)
     if first is None:  # the client left: nobody reads a status
         return Response(status_code=499)
     return StreamingResponse(serving.stream(answer, first), media_type="text/event-stream",
-                             headers=_SSE_HEADERS)
+                             headers={**_SSE_HEADERS, **ticket.headers})
 
 
 @router.get("/v1/models", response_model=ModelList)
 async def models(request: Request) -> SafeJSONResponse:
+    """The models the caller may use (every model, or its key's allow-list)."""
     registry = request.app.state.registry
-    names = [(name, 0) for name in sorted(registry.models)]
+    identity = identity_of(request)
+    names = [(name, 0) for name in sorted(registry.models) if identity.may_use(name)]
     return SafeJSONResponse(model_list(names))
 
 

@@ -22,7 +22,16 @@ from fastapi import FastAPI
 from conveyor.registry import Registry
 from conveyor.settings import Settings
 from conveyor.tracing import make_tracer
+from gateway.admission import Admitter
 from gateway.api_router import router
+from gateway.audit import Audit
+from gateway.auth.authenticate import Authenticator
+from gateway.auth.invalidations import Invalidations
+from gateway.auth.jwt_tokens import JwtVerifier
+from gateway.auth.keys import KeyStore
+from gateway.auth.middleware import AuthMiddleware
+from gateway.auth.ratelimit import RateLimiter
+from gateway.auth.tenants import TenantStore
 from gateway.errors import install_error_handlers
 from gateway.health import Health
 from gateway.limits import BodyLimit
@@ -32,7 +41,7 @@ from gateway.serving import Serving
 from schemas.codec import default_codec
 from topics.clients import make_producer
 
-__all__ = ["build_app"]
+__all__ = ["build_app", "check_auth_settings"]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +49,7 @@ _REDIS_TIMEOUT_S = 2.0
 
 
 def build_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
+    check_auth_settings(settings)
     registry = registry or Registry.load(settings.models_file)
     gateway_id = settings.gateway_id or f"gw-{uuid.uuid4().hex[:12]}"
     health = Health(gateway_id)
@@ -53,7 +63,11 @@ def build_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
                   description="An OpenAI-compatible API in front of an event pipeline.")
     app.state.registry = registry
     app.state.health = health
+    # auth=none needs nothing from outside; keys and JWTs wait for the lifespan
+    app.state.authenticator = Authenticator(settings) if settings.auth == "none" else None
+    app.state.admitter = Admitter(registry)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(AuthMiddleware)  # outside the body limit: 401 before a body is read
     install_error_handlers(app)
     app.include_router(router)
     install_openapi(app)
@@ -74,10 +88,13 @@ async def _collaborators(app: FastAPI, settings: Settings, gateway_id: str,
     tracing = make_tracer(settings.trace_exporter, "gateway")
     app.state.serving = Serving(settings, producer, router_, codec, gateway_id, tracing.tracer,
                                 produce_timeout_s=settings.produce_timeout_s)
+    audit = Audit(settings, producer, codec, actor=gateway_id)
     health.tasks.extend([
         asyncio.create_task(router_.run(), name="replies"),
         asyncio.create_task(lease.keep(), name="reply-lease"),
     ])
+    if settings.auth != "none":
+        _identity(app, settings, redis, audit, gateway_id, health)
     log.info("gateway %s: reply partition %d", gateway_id, router_.partition)
     try:
         yield
@@ -86,6 +103,39 @@ async def _collaborators(app: FastAPI, settings: Settings, gateway_id: str,
             task.cancel()
         await asyncio.gather(*health.tasks, return_exceptions=True)
         await router_.stop()
+        await app.state.admitter.drain()
+        await audit.drain()
         await producer.stop()
         await redis.aclose()
         tracing.shutdown()
+
+
+def _identity(app: FastAPI, settings: Settings, redis: aioredis.Redis, audit: Audit,
+              gateway_id: str, health: Health) -> None:
+    """Keys or JWTs, tenants and limits, with their background tasks. The key and
+    tenant caches share one pub/sub subscription for their invalidations."""
+    invalidations = Invalidations(settings, redis)
+    tenants = TenantStore(settings, redis, invalidations=invalidations)
+    keys: KeyStore | None = None
+    tokens: JwtVerifier | None = None
+    if settings.auth == "keys":
+        keys = KeyStore(settings, redis, audit=audit, invalidations=invalidations)
+    else:
+        tokens = JwtVerifier(settings)
+    health.tasks.append(asyncio.create_task(
+        invalidations.run(health.part("key-cache")), name="key-cache"))
+    limiter = RateLimiter(settings, redis, gateway_id)
+    health.tasks.append(asyncio.create_task(limiter.run(health.part("limits")), name="limits"))
+    app.state.authenticator = Authenticator(settings, keys=keys, tokens=tokens, audit=audit,
+                                            actor=gateway_id)
+    app.state.admitter = Admitter(app.state.registry, limiter, tenants, audit,
+                                  actor=gateway_id)
+
+
+def check_auth_settings(settings: Settings) -> None:
+    """Fail at start, with a message, on an auth configuration that cannot work."""
+    if settings.auth == "keys" and not settings.auth_secret.get_secret_value():
+        raise ValueError("CONVEYOR_AUTH=keys needs CONVEYOR_AUTH_SECRET: the server secret "
+                         "API keys are hashed with")
+    if settings.auth == "jwt":
+        JwtVerifier(settings)

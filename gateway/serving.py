@@ -44,6 +44,9 @@ from conveyor.errors import (
 from conveyor.settings import Settings
 from conveyor.tracing import layer_span, trace_id_of
 from gateway import sse
+from gateway.admission import FREE, Ticket
+from gateway.auth.authenticate import ANONYMOUS
+from gateway.auth.types import Identity
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.replies import ReplyRouter, ReplyStream
 from schemas.codec import Codec
@@ -67,8 +70,10 @@ class Answer:
     closed it writes the request's access-log line."""
 
     def __init__(self, serving: Serving, stream: ReplyStream, deadline: float,
-                 access: dict[str, Any] | None = None) -> None:
+                 access: dict[str, Any] | None = None, ticket: Ticket = FREE) -> None:
         self.serving = serving
+        self.ticket = ticket
+        self.produced = False  # a token (or the end) reached us: the generation ran
         self.stream = stream
         self.deadline = deadline
         self.finished = False
@@ -108,6 +113,7 @@ class Answer:
                 raise RequestError("The request failed.")
             raise RequestError(err["message"], param=err["param"], code=err["code"],
                                status=err["status"], type=err["type"])
+        self.produced = True
         if reply["kind"] == "final":
             self.finished = True
             self.status = 200
@@ -119,6 +125,7 @@ class Answer:
         if not self.finished:
             self.finished = True
             self.serving.cancel(self.request_id, reason)
+        self.ticket.settle(self.usage, self.produced)
         if not self._logged:
             self._logged = True
             self._log_access()
@@ -130,9 +137,10 @@ class Answer:
         usage = self.usage or {"prompt_tokens": 0, "completion_tokens": 0}
         ttft = (self.first_at - self.started) * 1000 if self.first_at else float("nan")
         access_log.info(
-            "request=%s tenant=%s model=%s kind=%s stream=%s status=%d ttft_ms=%.1f "
+            "request=%s tenant=%s key=%s model=%s kind=%s stream=%s status=%d ttft_ms=%.1f "
             "total_ms=%.1f prompt_tokens=%d completion_tokens=%d prompt_sha256=%s trace=%s",
-            self.request_id, self.access.get("tenant", ""), self.access.get("model", ""),
+            self.request_id, self.access.get("tenant", ""), self.access.get("key", ""),
+            self.access.get("model", ""),
             self.access.get("kind", ""), self.access.get("stream", ""), self.status or 499,
             ttft, (now - self.started) * 1000, usage["prompt_tokens"],
             usage["completion_tokens"], self.access.get("prompt_sha256", ""),
@@ -180,18 +188,29 @@ class Serving:
                           prompt=prompt, sampling=sampling, stream=bool(body.stream),
                           include_usage=body.include_usage(), created=int(time.time()))
 
-    async def submit(self, generation: Generation, tenant: str = "default",
-                     timeout_s: float | None = None, traceparent: str | None = None) -> Answer:
+    @staticmethod
+    def new_request_id() -> str:
+        return uuid.uuid4().hex
+
+    def deadline_ms(self, timeout_s: float | None) -> int:
+        return now_ms() + int((timeout_s or self.settings.request_timeout_s) * 1000)
+
+    async def submit(self, generation: Generation, identity: Identity = ANONYMOUS,
+                     timeout_s: float | None = None, traceparent: str | None = None,
+                     request_id: str | None = None, ticket: Ticket = FREE) -> Answer:
         """Put the request on ``conveyor.requests``; ``traceparent`` continues the
-        client's trace (W3C header), else the request starts its own."""
+        client's trace (W3C header), else the request starts its own. The caller's
+        tenant and key id travel in the envelope; ``ticket`` is settled when the
+        answer is closed."""
         started = time.monotonic()
         if self.router.kafka_unreachable():
             raise PipelineUnavailable("The pipeline is unavailable (Kafka does not answer); "
                                       "try again later.")
-        rid = uuid.uuid4().hex
+        rid = request_id or self.new_request_id()
         timeout = timeout_s or self.settings.request_timeout_s
         envelope = new_envelope(rid, reply_gateway=self.gateway_id,
-                                reply_partition=self.router.partition, tenant=tenant,
+                                reply_partition=self.router.partition, tenant=identity.tenant,
+                                key_id=identity.key_id,
                                 deadline_ms=now_ms() + int(timeout * 1000),
                                 traceparent=traceparent if _valid_traceparent(traceparent)
                                 else None)
@@ -203,10 +222,11 @@ class Serving:
         except BaseException:
             self.router.close(rid)
             raise
-        access = {"tenant": tenant, "model": generation["model"], "kind": generation["kind"],
+        access = {"tenant": identity.tenant, "key": identity.key_id or "-",
+                  "model": generation["model"], "kind": generation["kind"],
                   "stream": generation["stream"], "prompt_sha256": _prompt_hash(generation),
                   "trace": trace_id_of(envelope)}
-        answer = Answer(self, stream, started + timeout, access)
+        answer = Answer(self, stream, started + timeout, access, ticket)
         answer.started = started
         return answer
 

@@ -69,10 +69,14 @@ class Pipeline:
             infer_partitions=int(self.env.get("CONVEYOR_INFER_PARTITIONS", "8")))
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.base_url = f"http://127.0.0.1:{self.port}"
+        # with CONVEYOR_AUTH=keys: the key wait_ready asks with (create_key sets it)
+        self.api_key: str | None = None
 
-    def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+    def spawn(self, name: str, *args: str, env: dict[str, str] | None = None
+              ) -> subprocess.Popen[bytes]:
         log = open(self.logs / f"{self.prefix}-{name}.log", "wb")  # noqa: SIM115
-        proc = subprocess.Popen([sys.executable, "-m", "conveyor.cli", *args], env=self.env,
+        proc = subprocess.Popen([sys.executable, "-m", "conveyor.cli", *args],
+                                env={**self.env, **(env or {})},
                                 stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         self.procs[name] = proc
         return proc
@@ -80,6 +84,31 @@ class Pipeline:
     def start_worker(self, worker_id: str, contexts: int = 2) -> None:
         self.spawn(worker_id, "infer", "--pool", "cpu", "--engine", "llamacpp",
                    "--contexts", str(contexts), "--worker-id", worker_id)
+
+    def cli(self, *args: str) -> str:
+        """Run a ``conveyor`` command against this pipeline; its stdout."""
+        done = subprocess.run([sys.executable, "-m", "conveyor.cli", *args], env=self.env,
+                              cwd=ROOT, capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            raise RuntimeError(f"conveyor {' '.join(args)} failed:\n{done.stderr}")
+        return done.stdout
+
+    def start_gateway(self, name: str, **env: str) -> str:
+        """Another gateway replica on a port of its own; its base URL."""
+        port = free_port()
+        self.spawn(name, "gateway", env={"CONVEYOR_GATEWAY_PORT": str(port), **env})
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.procs[name].poll() is not None:
+                raise RuntimeError(f"{name} exited early:\n{self.tail(name)}")
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    return url
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError(f"{name} did not become healthy:\n{self.tail(name)}")
 
     def start(self, workers: int = 1, contexts: int = 2) -> Pipeline:
         subprocess.run([sys.executable, "-m", "conveyor.cli", "topics"], env=self.env,
@@ -131,7 +160,8 @@ class Pipeline:
             try:
                 if httpx.get(f"{self.base_url}/healthz", timeout=1).status_code == 200:
                     # one real answer proves every layer and a worker are in place
-                    r = httpx.post(f"{self.base_url}/v1/completions", timeout=60,
+                    auth = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+                    r = httpx.post(f"{self.base_url}/v1/completions", timeout=60, headers=auth,
                                    json={"model": "smollm2", "prompt": "Hi", "max_tokens": 1})
                     if r.status_code == 200:
                         return

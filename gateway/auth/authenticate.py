@@ -1,0 +1,142 @@
+"""Who is asking: the ``Authorization`` header turned into an :class:`Identity`.
+
+``CONVEYOR_AUTH`` chooses how:
+
+- ``none`` (the local default): every request is the ``default`` tenant, no key.
+- ``keys``: ``Bearer cvy-...``, looked up by its keyed hash (:mod:`gateway.auth.keys`).
+- ``jwt``: a signed bearer token whose claims name the tenant
+  (:mod:`gateway.auth.jwt_tokens`).
+
+A missing, unknown, revoked or expired credential is a 401
+``invalid_api_key``; the failure is recorded on ``conveyor.audit`` with the
+first hex digits of the credential's keyed hash, never the credential. A
+flood of failures from one credential is written once per ten seconds with a
+count, so a client that retries a bad key for ever cannot flood the audit
+topic. Redis unreachable is a 503 for a key that is not cached (never a 401:
+the key may well be good).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+from typing import Protocol
+
+from conveyor.errors import InvalidApiKey, PipelineUnavailable, TransientBrokerError
+from conveyor.settings import Settings
+from gateway.audit import Audit
+from gateway.auth.types import ANONYMOUS_TENANT, Identity, KeyRecord, TenantPolicy
+
+__all__ = ["Authenticator", "KeyLookup", "TenantLookup", "TokenVerifier"]
+
+_AUDIT_EVERY_S = 10.0
+_AUDIT_MEMORY = 4096
+
+
+class KeyLookup(Protocol):
+    async def lookup(self, secret: str) -> KeyRecord | None: ...
+
+    async def touch(self, record: KeyRecord) -> None: ...
+
+
+class TenantLookup(Protocol):
+    async def get(self, name: str) -> TenantPolicy: ...
+
+
+class TokenVerifier(Protocol):
+    def verify(self, token: str) -> Identity: ...
+
+
+ANONYMOUS = Identity(tenant=ANONYMOUS_TENANT, key_id="")
+
+
+class Authenticator:
+    def __init__(self, settings: Settings, *, keys: KeyLookup | None = None,
+                 tokens: TokenVerifier | None = None, audit: Audit | None = None,
+                 actor: str = "") -> None:
+        self.mode = settings.auth
+        if self.mode == "keys" and keys is None:
+            raise ValueError("CONVEYOR_AUTH=keys needs a key store")
+        if self.mode == "jwt" and tokens is None:
+            raise ValueError("CONVEYOR_AUTH=jwt needs a token verifier")
+        self.keys = keys
+        self.tokens = tokens
+        self.audit = audit
+        self.actor = actor
+        self._secret = settings.auth_secret.get_secret_value().encode()
+        # hash prefix -> (last written, failures held back since)
+        self._failures: dict[str, tuple[float, int]] = {}
+
+    async def identify(self, authorization: str | None) -> Identity:
+        if self.mode == "none":
+            return ANONYMOUS
+        credential = _bearer(authorization)
+        if credential is None:
+            self._failed("", "missing", "The request carries no API key: send "
+                         "'Authorization: Bearer <key>'.")
+        assert credential is not None
+        if self.mode == "jwt":
+            assert self.tokens is not None
+            try:
+                return self.tokens.verify(credential)
+            except InvalidApiKey as exc:
+                self._failed(credential, getattr(exc, "reason", "invalid_token"), exc.message)
+        assert self.keys is not None
+        try:
+            record = await self.keys.lookup(credential)
+        except TransientBrokerError as exc:
+            raise PipelineUnavailable("Keys cannot be checked now (Redis does not answer); "
+                                      "try again later.") from exc
+        now_ms = int(time.time() * 1000)
+        if record is None:
+            self._failed(credential, "unknown", "Incorrect API key provided.")
+        assert record is not None
+        if record.revoked_ms:
+            self._failed(credential, "revoked", "This API key has been revoked.",
+                         record)
+        if not record.usable(now_ms):
+            self._failed(credential, "expired", "This API key has expired.", record)
+        await self.keys.touch(record)
+        return Identity(tenant=record.tenant, key_id=record.id, limits=record.limits,
+                        models=frozenset(record.models) if record.models else None)
+
+    def hash_prefix(self, credential: str) -> str:
+        """The first 12 hex digits of the credential's keyed hash: enough to tell
+        a key in an audit trail, useless to recover it."""
+        if not credential:
+            return ""
+        return hmac.new(self._secret, credential.encode(), hashlib.sha256).hexdigest()[:12]
+
+    def _failed(self, credential: str, reason: str, message: str,
+                record: KeyRecord | None = None) -> None:
+        self._audit_failure(credential, reason, record)
+        error = InvalidApiKey(message)
+        error.headers["WWW-Authenticate"] = "Bearer"
+        raise error
+
+    def _audit_failure(self, credential: str, reason: str, record: KeyRecord | None) -> None:
+        if self.audit is None:
+            return
+        prefix = self.hash_prefix(credential)
+        now = time.monotonic()
+        last, held = self._failures.get(prefix + reason, (0.0, 0))
+        if now - last < _AUDIT_EVERY_S:
+            self._failures[prefix + reason] = (last, held + 1)
+            return
+        if len(self._failures) >= _AUDIT_MEMORY:
+            self._failures.clear()
+        self._failures[prefix + reason] = (now, 0)
+        self.audit.record("auth.failed", tenant=record.tenant if record else "",
+                          key_id=record.id if record else "",
+                          hash_prefix="" if record else prefix, actor=self.actor,
+                          reason=reason, detail={"held_back": str(held)} if held else None)
+
+
+def _bearer(authorization: str | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, value = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        return None
+    return value.strip()

@@ -1,0 +1,59 @@
+"""Authentication at the edge: every ``/v1/`` request is identified before any
+route reads its body, so an unauthenticated client learns nothing but 401.
+
+:class:`AuthMiddleware` is an ASGI middleware (one place for every route,
+including the ones later features add) that puts the caller's
+:class:`~gateway.auth.types.Identity` in the request's state, where routes
+read it with :func:`identity_of`. The authenticator is built with the
+application's collaborators, so the middleware finds it in the
+application's state when a request arrives.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from conveyor.errors import PipelineUnavailable, RequestError
+from gateway.auth.authenticate import ANONYMOUS, Authenticator
+from gateway.auth.types import Identity
+from gateway.errors import error_response
+
+__all__ = ["AuthMiddleware", "identity_of"]
+
+_PROTECTED = "/v1/"
+
+
+class AuthMiddleware:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or \
+                not str(scope.get("path", "")).startswith(_PROTECTED):
+            await self.app(scope, receive, send)
+            return
+        authenticator: Authenticator | None = getattr(scope["app"].state, "authenticator",
+                                                      None)
+        if authenticator is None:  # keys or JWTs cannot be checked yet: nothing is served
+            await error_response(PipelineUnavailable(
+                "The gateway is starting; try again shortly."))(scope, receive, send)
+            return
+        authorization = None
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                authorization = value.decode("latin-1")
+                break
+        try:
+            identity = await authenticator.identify(authorization)
+        except RequestError as exc:
+            await error_response(exc)(scope, receive, send)
+            return
+        scope.setdefault("state", {})["identity"] = identity
+        await self.app(scope, receive, send)
+
+
+def identity_of(request: Request) -> Identity:
+    """The caller of a request (anonymous where no authentication ran)."""
+    identity: Identity = getattr(request.state, "identity", ANONYMOUS)
+    return identity
