@@ -89,6 +89,8 @@ class Settings(BaseSettings):
     # when Redis cannot be reached, limits are enforced by each gateway on its own
     # share of every limit (share) or refused with 503 (closed)
     limits_when_redis_down: Literal["share", "closed"] = "share"
+    # bearer token of the operator endpoints (/admin/usage); empty: they do not exist
+    admin_token: SecretStr = SecretStr("")
 
     # Schedule
     no_worker_timeout_s: float = 10.0

@@ -38,8 +38,10 @@ from gateway.limits import BodyLimit
 from gateway.openapi import install_openapi
 from gateway.replies import ReplyLease, ReplyRouter
 from gateway.serving import Serving
+from gateway.usage_api import usage_router
 from schemas.codec import default_codec
 from topics.clients import make_producer
+from workers.usage.ledger import UsageLedger
 
 __all__ = ["build_app", "check_auth_settings"]
 
@@ -70,6 +72,8 @@ def build_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     app.add_middleware(AuthMiddleware)  # outside the body limit: 401 before a body is read
     install_error_handlers(app)
     app.include_router(router)
+    app.include_router(usage_router)
+    app.state.admin_token = settings.admin_token.get_secret_value()
     install_openapi(app)
     return app
 
@@ -89,6 +93,7 @@ async def _collaborators(app: FastAPI, settings: Settings, gateway_id: str,
     app.state.serving = Serving(settings, producer, router_, codec, gateway_id, tracing.tracer,
                                 produce_timeout_s=settings.produce_timeout_s)
     audit = Audit(settings, producer, codec, actor=gateway_id)
+    app.state.usage = UsageLedger(settings, redis)
     health.tasks.extend([
         asyncio.create_task(router_.run(), name="replies"),
         asyncio.create_task(lease.keep(), name="reply-lease"),

@@ -33,6 +33,7 @@ pytestmark = pytest.mark.integration
 
 SECRET = "conveyor-test-server-secret-" + uuid.uuid4().hex
 JWT_SECRET = "conveyor-test-jwt-secret-" + uuid.uuid4().hex
+ADMIN_TOKEN = "conveyor-test-admin-" + uuid.uuid4().hex
 SECRETS_SEEN: list[str] = []
 
 
@@ -57,11 +58,12 @@ class Replicas:
 @pytest.fixture(scope="module")
 def replicas(services: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
     p = Pipeline(tmp_path_factory.mktemp("auth-logs"), CONVEYOR_AUTH="keys",
-                 CONVEYOR_AUTH_SECRET=SECRET)
+                 CONVEYOR_AUTH_SECRET=SECRET, CONVEYOR_ADMIN_TOKEN=ADMIN_TOKEN)
     try:
         p.cli("topics")
         _, p.api_key = Replicas(p, "", "").key(tenant="ops")
         p.start(workers=1, contexts=2)
+        p.spawn("accounting", "accounting")
         second = p.start_gateway("gateway2")
         jwt_url = p.start_gateway("gateway-jwt", CONVEYOR_AUTH="jwt",
                                   CONVEYOR_JWT_SECRET=JWT_SECRET)
@@ -269,6 +271,70 @@ async def _partitions(consumer: AIOKafkaConsumer, topics: list[str]) -> list[Top
             for part in t["partitions"]]
 
 
+def usage_of(url: str, bearer: str, **params: str) -> list[dict[str, Any]]:
+    r = httpx.get(f"{url}/v1/usage", params={"bucket_width": "1m", **params},
+                  headers={"Authorization": f"Bearer {bearer}"})
+    assert r.status_code == 200, r.text
+    data: list[dict[str, Any]] = r.json()["data"]
+    return data
+
+
+def wait_usage(url: str, bearer: str, requests: int, **params: str) -> list[dict[str, Any]]:
+    """The usage report once the accounting app has counted ``requests`` requests."""
+    deadline = time.monotonic() + 60
+    while True:
+        data = usage_of(url, bearer, **params)
+        if sum(b["requests"] for b in data) >= requests or time.monotonic() > deadline:
+            return data
+        time.sleep(0.3)
+
+
+def test_usage_is_accounted_from_the_log_per_tenant_key_and_model(replicas: Replicas) -> None:
+    tenant = f"t{uuid.uuid4().hex[:8]}"
+    one_id, one = replicas.key(tenant=tenant)
+    _, two = replicas.key(tenant=tenant)
+    answers = []
+    for i, secret in enumerate([one, one, two]):
+        r = httpx.post(f"{replicas.urls[i % 2]}/v1/completions", timeout=120,
+                       headers={"Authorization": f"Bearer {secret}"}, json=body(3))
+        assert r.status_code == 200
+        answers.append(r.json())
+    tokens = sum(a["usage"]["total_tokens"] for a in answers)
+    tenant_rows = wait_usage(replicas.urls[0], two, 3)
+    assert sum(b["requests"] for b in tenant_rows) == 3
+    assert sum(b["total_tokens"] for b in tenant_rows) == tokens
+    key_rows = wait_usage(replicas.urls[1], two, 2, key_id=one_id)
+    assert sum(b["requests"] for b in key_rows) == 2
+    model_rows = usage_of(replicas.urls[1], one, model=answers[0]["model"])
+    assert sum(b["requests"] for b in model_rows) == 3
+    # another tenant sees only its own (nothing), the operator sees any tenant
+    _, stranger = replicas.key()
+    assert usage_of(replicas.urls[0], stranger) == []
+    admin = httpx.get(f"{replicas.urls[0]}/admin/usage",
+                      params={"tenant": tenant, "bucket_width": "1d"},
+                      headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert admin.status_code == 200
+    assert sum(b["requests"] for b in admin.json()["data"]) == 3
+    refused = httpx.get(f"{replicas.urls[0]}/admin/usage", params={"tenant": tenant},
+                        headers={"Authorization": f"Bearer {one}"})
+    assert refused.status_code == 401
+
+
+def test_a_spent_daily_quota_is_insufficient_quota(replicas: Replicas) -> None:
+    tenant = f"t{uuid.uuid4().hex[:8]}"
+    replicas.p.cli("tenants", "set", tenant, "--daily-tokens", "2")
+    _, secret = replicas.key(tenant=tenant)
+    first = httpx.post(f"{replicas.urls[0]}/v1/completions", timeout=120, json=body(3),
+                       headers={"Authorization": f"Bearer {secret}"})
+    assert first.status_code == 200
+    wait_usage(replicas.urls[0], secret, 1)
+    time.sleep(1.0)  # the quota total is mirrored with the rows
+    client = openai.OpenAI(base_url=f"{replicas.urls[1]}/v1", api_key=secret, max_retries=0)
+    with pytest.raises(openai.RateLimitError) as caught:
+        client.completions.create(model="smollm2", prompt="Hi", max_tokens=1)
+    assert caught.value.code == "insufficient_quota"
+
+
 def token(**claims: Any) -> str:
     payload = {"sub": "svc-1", "tenant": f"t{uuid.uuid4().hex[:8]}",
                "exp": int(time.time()) + 300, **claims}
@@ -295,7 +361,8 @@ def test_no_secret_in_any_log_topic_or_redis_value(replicas: Replicas) -> None:
     """Last in the module: every key made above must have left no trace."""
     p = replicas.p
     assert SECRETS_SEEN
-    needles = [s.encode() for s in SECRETS_SEEN] + [SECRET.encode(), JWT_SECRET.encode()]
+    needles = [s.encode() for s in SECRETS_SEEN] + [SECRET.encode(), JWT_SECRET.encode(),
+                                                    ADMIN_TOKEN.encode()]
     for path in p.logs.iterdir():
         data = path.read_bytes()
         assert not any(n in data for n in needles), path.name

@@ -1,0 +1,85 @@
+"""Usage reports over HTTP, read from the ledger the accounting app keeps.
+
+- ``GET /v1/usage``: the caller's own tenant (a key sees its tenant's usage,
+  or with ``key_id=`` one of the tenant's keys, or with ``model=`` one model).
+- ``GET /admin/usage?tenant=T``: any tenant, for an operator holding
+  ``CONVEYOR_ADMIN_TOKEN`` (``Authorization: Bearer <token>``). Without an
+  admin token configured, the admin endpoint does not exist (404).
+
+Query: ``start_time`` / ``end_time`` (Unix seconds; default the last hour by
+minute, the last 30 days by day), ``bucket_width`` ``1m`` or ``1d``
+(default ``1d``). The answer is a list object of buckets, oldest first:
+``{"object": "list", "tenant", "bucket_width", "data": [{"start_time",
+"end_time", "requests", "errors", "prompt_tokens", "completion_tokens",
+"total_tokens"}]}``. Figures lag the answers by a second or so: they are
+counted from ``conveyor.usage`` by the accounting app.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+
+from conveyor.errors import InvalidApiKey, InvalidRequest, RequestError
+from gateway.auth.middleware import identity_of
+from gateway.errors import SafeJSONResponse
+from workers.usage.ledger import UsageLedger, UsageRow
+
+__all__ = ["usage_router"]
+
+usage_router = APIRouter()
+
+_WIDTHS: dict[str, tuple[Literal["minute", "day"], int]] = {
+    "1m": ("minute", 60_000), "1d": ("day", 86_400_000)}
+_DEFAULT_SPAN_MS = {"1m": 3_600_000, "1d": 30 * 86_400_000}
+
+
+@usage_router.get("/v1/usage")
+async def own_usage(request: Request, start_time: int | None = None,
+                    end_time: int | None = None, bucket_width: str = "1d",
+                    key_id: str | None = None, model: str | None = None) -> SafeJSONResponse:
+    identity = identity_of(request)
+    return await _report(request, identity.tenant, start_time, end_time, bucket_width,
+                         key_id, model)
+
+
+@usage_router.get("/admin/usage", include_in_schema=False)
+async def admin_usage(request: Request, tenant: str, start_time: int | None = None,
+                      end_time: int | None = None, bucket_width: str = "1d",
+                      key_id: str | None = None, model: str | None = None
+                      ) -> SafeJSONResponse:
+    token = request.app.state.admin_token
+    if not token:
+        raise RequestError("Not Found", status=404, type="invalid_request_error")
+    given = request.headers.get("authorization", "")
+    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        raise InvalidApiKey("This endpoint needs the admin token.")
+    return await _report(request, tenant, start_time, end_time, bucket_width, key_id, model)
+
+
+async def _report(request: Request, tenant: str, start_time: int | None,
+                  end_time: int | None, bucket_width: str, key_id: str | None,
+                  model: str | None) -> SafeJSONResponse:
+    if bucket_width not in _WIDTHS:
+        raise InvalidRequest("bucket_width must be 1m or 1d.", param="bucket_width")
+    by, width_ms = _WIDTHS[bucket_width]
+    until_ms = end_time * 1000 if end_time is not None else int(time.time() * 1000)
+    since_ms = start_time * 1000 if start_time is not None else \
+        until_ms - _DEFAULT_SPAN_MS[bucket_width]
+    if since_ms >= until_ms:
+        raise InvalidRequest("start_time must be before end_time.", param="start_time")
+    ledger: UsageLedger = request.app.state.usage
+    rows = await ledger.report(tenant, since_ms=since_ms, until_ms=until_ms, by=by,
+                               key_id=key_id, model=model)
+    return SafeJSONResponse({"object": "list", "tenant": tenant, "bucket_width": bucket_width,
+                             "data": [_bucket(row, width_ms) for row in rows]})
+
+
+def _bucket(row: UsageRow, width_ms: int) -> dict[str, Any]:
+    return {"object": "bucket", "start_time": row.bucket_start_ms // 1000,
+            "end_time": (row.bucket_start_ms + width_ms) // 1000, "requests": row.requests,
+            "errors": row.errors, "prompt_tokens": row.prompt_tokens,
+            "completion_tokens": row.completion_tokens, "total_tokens": row.total_tokens}
