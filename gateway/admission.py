@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, Protocol
 
 from conveyor.errors import ModelNotFound, QuotaExceeded, RateLimited
@@ -32,6 +33,8 @@ __all__ = ["Admitter", "Ticket", "Limiter", "CHARS_PER_TOKEN", "estimate_tokens"
 log = logging.getLogger(__name__)
 
 CHARS_PER_TOKEN = 4
+_AUDIT_EVERY_S = 1.0
+_AUDIT_MEMORY = 4096
 
 
 class Limiter(Protocol):
@@ -93,6 +96,8 @@ class Admitter:
         self.audit = audit
         self.actor = actor
         self._settling: set[asyncio.Task[None]] = set()
+        # (key id, action) -> (last audited, rejections held back since)
+        self._rejections: dict[tuple[str, str], tuple[float, int]] = {}
 
     async def admit(self, identity: Identity, generation: Generation, request_id: str,
                     deadline_ms: int) -> Ticket:
@@ -110,14 +115,30 @@ class Admitter:
             admission = await self.limiter.admit(identity, tenant, request_id, tokens,
                                                  deadline_ms)
         except (RateLimited, QuotaExceeded) as exc:
-            if self.audit is not None:
-                action = "quota.rejected" if isinstance(exc, QuotaExceeded) else \
-                    "limit.rejected"
-                self.audit.record(action, tenant=identity.tenant, key_id=identity.key_id,
-                                  actor=self.actor, reason=exc.message,
-                                  request_id=request_id, detail={"model": model})
+            self._audit_rejection(identity, exc, request_id, model)
             raise
         return Ticket(self, admission, tokens)
+
+    def _audit_rejection(self, identity: Identity, exc: RateLimited | QuotaExceeded,
+                         request_id: str, model: str) -> None:
+        """One audit event a second per key and kind; the ones held back are
+        counted in the next (a client hammering past its limit cannot flood
+        ``conveyor.audit``)."""
+        if self.audit is None:
+            return
+        action = "quota.rejected" if isinstance(exc, QuotaExceeded) else "limit.rejected"
+        now = time.monotonic()
+        last, held = self._rejections.get((identity.key_id, action), (0.0, 0))
+        if now - last < _AUDIT_EVERY_S:
+            self._rejections[(identity.key_id, action)] = (last, held + 1)
+            return
+        if len(self._rejections) >= _AUDIT_MEMORY:
+            self._rejections.clear()
+        self._rejections[(identity.key_id, action)] = (now, 0)
+        detail = {"model": model, **({"held_back": str(held)} if held else {})}
+        self.audit.record(action, tenant=identity.tenant, key_id=identity.key_id,
+                          actor=self.actor, reason=exc.message, request_id=request_id,
+                          detail=detail)
 
     def settle_later(self, admission: Any, used: int) -> None:
         """Settle in the background: it is asked for when a response ends, often

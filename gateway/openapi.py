@@ -116,7 +116,13 @@ _SSE = {"text/event-stream": {"schema": {
 GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: _error("The request is invalid or asks for what this server does not support "
                 "(param names the field)."),
-    404: _error("The model is not known (code model_not_found)."),
+    401: _error("With CONVEYOR_AUTH=keys or jwt: no key, or one that is unknown, revoked "
+                "or expired, or a token that does not verify (code invalid_api_key)."),
+    404: _error("The model is not known, or not one the caller's key may use "
+                "(code model_not_found)."),
+    429: _error("Over a requests-, tokens- or concurrency limit of the key or its tenant "
+                "(rate_limit_exceeded; Retry-After and x-ratelimit-* say when), or the "
+                "tenant's token quota is spent (insufficient_quota)."),
     413: _error("The body is larger than the gateway accepts, or the pipeline can carry "
                 "(code request_too_large)."),
     500: _error("The engine failed (code engine_error)."),

@@ -338,8 +338,10 @@ def test_a_spent_daily_quota_is_insufficient_quota(replicas: Replicas) -> None:
 def token(**claims: Any) -> str:
     payload = {"sub": "svc-1", "tenant": f"t{uuid.uuid4().hex[:8]}",
                "exp": int(time.time()) + 300, **claims}
-    return jwt.encode({k: v for k, v in payload.items() if v is not None}, JWT_SECRET,
-                      algorithm="HS256")
+    signed = jwt.encode({k: v for k, v in payload.items() if v is not None}, JWT_SECRET,
+                        algorithm="HS256")
+    SECRETS_SEEN.append(signed)
+    return signed
 
 
 def test_jwts_are_verified(replicas: Replicas) -> None:
@@ -349,12 +351,54 @@ def test_jwts_are_verified(replicas: Replicas) -> None:
 
     assert ask(token()).status_code == 200
     forged = jwt.encode({"sub": "x", "tenant": "acme", "exp": int(time.time()) + 60},
-                        "not-the-secret", algorithm="HS256")
+                        "not-the-secret-but-at-least-32-bytes-long", algorithm="HS256")
     assert ask(forged).status_code == 401
     assert ask(token(exp=int(time.time()) - 120)).status_code == 401
     assert ask(token(tenant=None)).status_code == 401
     narrowed = token(rpm=2)
     assert [ask(narrowed).status_code for _ in range(3)] == [200, 200, 429]
+
+
+async def records(p: Pipeline, topics: list[str]) -> list[Any]:
+    """Every record of ``topics``, from the beginning to their ends now."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=p.settings.kafka_bootstrap,
+                                enable_auto_commit=False)
+    await consumer.start()
+    out: list[Any] = []
+    try:
+        parts = await _partitions(consumer, topics)
+        consumer.assign(parts)
+        await consumer.seek_to_beginning(*parts)
+        ends = await consumer.end_offsets(parts)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and await _behind(consumer, ends):
+            for batch in (await consumer.getmany(timeout_ms=500)).values():
+                out.extend(batch)
+    finally:
+        await consumer.stop()
+    return out
+
+
+def test_the_audit_topic_records_keys_failures_and_rejections(replicas: Replicas) -> None:
+    key_id, secret = replicas.key("--rpm", "1")
+    for _ in range(3):
+        httpx.post(f"{replicas.urls[0]}/v1/completions", json=body(), timeout=120,
+                   headers={"Authorization": f"Bearer {secret}"})
+    replicas.p.cli("keys", "revoke", key_id)
+    httpx.get(f"{replicas.urls[1]}/v1/models", headers={"Authorization": f"Bearer {secret}"})
+    httpx.get(f"{replicas.urls[1]}/v1/models", headers={"Authorization": "Bearer cvy-nope"})
+    time.sleep(1.0)  # the gateway writes audit events in the background
+    codec = default_codec()
+    events = [codec.decode(r.value, "AuditEvent")
+              for r in asyncio.run(records(replicas.p, [replicas.p.settings.topic("audit")]))]
+    mine = [(e["action"], e["reason"]) for e in events if e["key_id"] == key_id]
+    actions = [a for a, _ in mine]
+    assert actions.count("key.created") == 1 and actions.count("key.revoked") == 1
+    assert actions.count("limit.rejected") == 1  # the second rejection is held back
+    assert ("auth.failed", "revoked") in mine
+    unknown = [e for e in events if e["action"] == "auth.failed" and e["reason"] == "unknown"]
+    assert unknown and all(len(e["hash_prefix"]) == 12 and not e["key_id"] for e in unknown)
+    assert all(e["actor"] for e in events)
 
 
 def test_no_secret_in_any_log_topic_or_redis_value(replicas: Replicas) -> None:
@@ -371,28 +415,14 @@ def test_no_secret_in_any_log_topic_or_redis_value(replicas: Replicas) -> None:
         dumped = client.dump(key) or b""
         assert not any(n in dumped or n in key for n in needles), key
 
-    async def topics() -> None:
+    async def topic_names() -> list[str]:
         admin = AIOKafkaAdminClient(bootstrap_servers=p.settings.kafka_bootstrap)
         await admin.start()
         try:
-            names = [t for t in await admin.list_topics() if t.startswith(p.prefix)]
+            return [t for t in await admin.list_topics() if t.startswith(p.prefix)]
         finally:
             await admin.close()
-        consumer = AIOKafkaConsumer(bootstrap_servers=p.settings.kafka_bootstrap,
-                                    enable_auto_commit=False)
-        await consumer.start()
-        try:
-            parts = await _partitions(consumer, names)
-            consumer.assign(parts)
-            await consumer.seek_to_beginning(*parts)
-            ends = await consumer.end_offsets(parts)
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and await _behind(consumer, ends):
-                for records in (await consumer.getmany(timeout_ms=500)).values():
-                    for record in records:
-                        raw = (record.key or b"") + (record.value or b"")
-                        assert not any(n in raw for n in needles), record.topic
-        finally:
-            await consumer.stop()
 
-    asyncio.run(topics())
+    for record in asyncio.run(records(p, asyncio.run(topic_names()))):
+        raw = (record.key or b"") + (record.value or b"")
+        assert not any(n in raw for n in needles), record.topic

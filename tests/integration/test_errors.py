@@ -189,7 +189,7 @@ def test_the_openapi_document_lists_the_real_responses(pipeline: Pipeline) -> No
     for path in ("/v1/chat/completions", "/v1/completions"):
         responses = doc["paths"][path]["post"]["responses"]
         assert "422" not in responses
-        assert {"200", "400", "404", "413", "503", "504"} <= set(responses)
+        assert {"200", "400", "401", "404", "413", "429", "503", "504"} <= set(responses)
         assert "text/event-stream" in responses["200"]["content"]
         error = responses["400"]["content"]["application/json"]["schema"]
         assert error == {"$ref": "#/components/schemas/ErrorResponse"}
