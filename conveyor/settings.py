@@ -92,6 +92,14 @@ class Settings(BaseSettings):
     # bearer token of the operator endpoints (/admin/usage); empty: they do not exist
     admin_token: SecretStr = SecretStr("")
 
+    # Jobs: files (batch input and output), batches and background responses
+    files_dir: Path = Path(".conveyor/files")
+    max_file_bytes: int = 100 * 1024 * 1024
+    batch_max_lines: int = 50_000
+    # the share of a pool's capacity batch work may hold; the rest stays free for
+    # interactive requests (batch still uses everything when nothing else waits)
+    batch_max_share: float = 0.75
+
     # Schedule
     no_worker_timeout_s: float = 10.0
     worker_ttl_s: float = 3.0

@@ -41,6 +41,9 @@ EventType = Literal[
     "AuditEvent",
     "ApiKey",
     "TenantPolicy",
+    "JobCommand",
+    "JobStatus",
+    "JobResult",
 ]
 EVENT_TYPES: tuple[EventType, ...] = get_args(EventType)
 

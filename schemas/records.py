@@ -27,6 +27,9 @@ __all__ = [
     "TokenChunk",
     "Usage",
     "WorkerHeartbeat",
+    "JobCommand",
+    "JobStatus",
+    "JobResult",
     "UsageRecord",
     "AuditEvent",
     "ApiKey",
@@ -38,6 +41,8 @@ class Envelope(TypedDict):
     request_id: str
     tenant: str
     key_id: str
+    job_id: str
+    job_item: str
     traceparent: str
     attempt: int
     reply_gateway: str
@@ -237,3 +242,40 @@ class TenantPolicy(TypedDict):
     daily_tokens: int | None
     monthly_tokens: int | None
     version: int
+
+
+class JobCommand(TypedDict):
+    job_id: str
+    kind: Literal["batch", "response"]
+    action: Literal["create", "cancel"]
+    tenant: str
+    key_id: str
+    ts_ms: int
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    metadata: dict[str, str]
+    generation: Generation | None
+    body: str
+
+
+class JobStatus(TypedDict):
+    job_id: str
+    kind: Literal["batch", "response"]
+    tenant: str
+    version: int
+    ts_ms: int
+    object: str
+
+
+class JobResult(TypedDict):
+    job_id: str
+    request_id: str
+    job_item: str
+    status_code: int
+    body: str
+    error: ErrorInfo | None
+    text: str
+    finish_reason: str | None
+    usage: Usage | None
+    ts_ms: int

@@ -57,8 +57,11 @@ def catalog(settings: Settings, pools: tuple[str, ...] = ()) -> list[TopicSpec]:
         TopicSpec(settings.topic("control"), 1, key="request id"),
         TopicSpec(settings.topic("workers"), 1, key="worker id", cleanup="compact",
                   retention_ms=-1),
-        TopicSpec(settings.topic("results"), p, key="request id", cleanup="compact",
-                  retention_ms=7 * _DAY_MS),
+        # jobs: commands in, the latest state of each job, and each request's result
+        TopicSpec(settings.topic("jobs"), p, key="job id", retention_ms=30 * _DAY_MS),
+        TopicSpec(settings.topic("job-status"), 1, key="job id", cleanup="compact",
+                  retention_ms=-1),
+        TopicSpec(settings.topic("results"), p, key="job id", retention_ms=30 * _DAY_MS),
         TopicSpec(settings.topic("dlq"), 1, key="original key", retention_ms=30 * _DAY_MS),
         TopicSpec(settings.topic("feedback"), 1, key="request id", retention_ms=30 * _DAY_MS),
         # one UsageRecord per finished request; the accounting app aggregates it

@@ -8,7 +8,14 @@ import time
 
 from schemas.records import Envelope
 
-__all__ = ["new_envelope", "new_traceparent", "stamp", "now_ms", "now_us"]
+__all__ = ["PRIORITY_INTERACTIVE", "PRIORITY_BACKGROUND", "PRIORITY_BATCH", "new_envelope",
+           "new_traceparent", "stamp", "now_ms", "now_us"]
+
+
+# envelope.priority: lower is sooner (schedule admits in this order)
+PRIORITY_INTERACTIVE = 0
+PRIORITY_BACKGROUND = 1
+PRIORITY_BATCH = 2
 
 
 def now_ms() -> int:
@@ -31,6 +38,8 @@ def new_envelope(
     reply_partition: int,
     tenant: str = "default",
     key_id: str = "",
+    job_id: str = "",
+    job_item: str = "",
     traceparent: str | None = None,
     deadline_ms: int = 0,
     priority: int = 0,
@@ -39,6 +48,8 @@ def new_envelope(
         request_id=request_id,
         tenant=tenant,
         key_id=key_id,
+        job_id=job_id,
+        job_item=job_item,
         traceparent=traceparent or new_traceparent(),
         attempt=0,
         reply_gateway=reply_gateway,
