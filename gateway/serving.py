@@ -47,12 +47,14 @@ from gateway import sse
 from gateway.admission import FREE, Ticket
 from gateway.auth.authenticate import ANONYMOUS
 from gateway.auth.types import Identity
+from gateway.generations import chat_generation, completion_generation
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.replies import ReplyRouter, ReplyStream
 from schemas.codec import Codec
-from schemas.records import Control, Generation, Message, Reply, Request, Sampling, Usage
+from schemas.records import Control, Generation, Reply, Request, Usage
 from topics.clients import EventTooLarge, broker_error
 from topics.envelope import new_envelope, now_ms
+from workers.postprocess.chunks import full_response
 
 __all__ = ["Serving", "Answer"]
 
@@ -165,28 +167,10 @@ class Serving:
     # -- submission -------------------------------------------------------
 
     def chat_generation(self, body: ChatCompletionRequest) -> Generation:
-        messages = [Message(role=m.role, content=m.text(), name=m.name) for m in body.messages]
-        return self._generation("chat", body, messages=messages, prompt=None,
-                                max_tokens=body.token_budget())
+        return chat_generation(body)
 
     def completion_generation(self, body: CompletionRequest) -> Generation:
-        max_tokens = body.token_budget()
-        return self._generation("completion", body, messages=[], prompt=body.prompt_text(),
-                                max_tokens=max_tokens)
-
-    def _generation(self, kind: str, body: ChatCompletionRequest | CompletionRequest, *,
-                    messages: list[Message], prompt: str | None,
-                    max_tokens: int | None) -> Generation:
-        presence, frequency = body.penalties()
-        sampling = Sampling(
-            temperature=1.0 if body.temperature is None else body.temperature,
-            top_p=1.0 if body.top_p is None else body.top_p,
-            max_tokens=max_tokens, stop=body.stop_list(), seed=body.seed,
-            presence_penalty=presence, frequency_penalty=frequency,
-        )
-        return Generation(kind=kind, model=body.model, messages=messages,  # type: ignore[typeddict-item]
-                          prompt=prompt, sampling=sampling, stream=bool(body.stream),
-                          include_usage=body.include_usage(), created=int(time.time()))
+        return completion_generation(body)
 
     @staticmethod
     def new_request_id() -> str:
@@ -284,7 +268,7 @@ class Serving:
         """Wait for the whole answer (non-streaming), watching for a disconnect."""
         text: list[str] = []
         finish: str | None = None
-        usage: dict[str, int] = {}
+        usage: Usage | None = None
         try:
             while True:
                 reply = await answer.next(within=1.0)
@@ -298,13 +282,12 @@ class Serving:
                 if reply["finish_reason"]:
                     finish = reply["finish_reason"]
                 if reply["kind"] == "final":
-                    if reply["usage"]:
-                        usage = {"prompt_tokens": reply["usage"]["prompt_tokens"],
-                                 "completion_tokens": reply["usage"]["completion_tokens"]}
+                    usage = reply["usage"]
                     break
         finally:
             answer.close("gateway stopped waiting")
-        return _full_response(generation, answer.request_id, "".join(text), finish, usage)
+        return full_response(generation["kind"], generation["model"], generation["created"],
+                             answer.request_id, "".join(text), finish, usage)
 
     async def first(self, answer: Answer, disconnected: Disconnected) -> Reply | None:
         """The first reply, before the response status is chosen; None when the
@@ -363,29 +346,3 @@ def _valid_traceparent(value: str | None) -> bool:
 
 def _json(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-
-
-def _full_response(generation: Generation, request_id: str, text: str, finish: str | None,
-                   usage: dict[str, int]) -> dict[str, Any]:
-    prompt_tokens = usage.get("prompt_tokens", 0)
-    completion_tokens = usage.get("completion_tokens", 0)
-    usage_out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                 "total_tokens": prompt_tokens + completion_tokens}
-    if generation["kind"] == "chat":
-        return {
-            "id": f"chatcmpl-{request_id}",
-            "object": "chat.completion",
-            "created": generation["created"],
-            "model": generation["model"],
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "logprobs": None, "finish_reason": finish}],
-            "usage": usage_out,
-        }
-    return {
-        "id": f"cmpl-{request_id}",
-        "object": "text_completion",
-        "created": generation["created"],
-        "model": generation["model"],
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
-        "usage": usage_out,
-    }

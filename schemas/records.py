@@ -270,6 +270,7 @@ class JobStatus(TypedDict):
 
 class JobResult(TypedDict):
     job_id: str
+    event: Literal["result", "expanded", "invalid", "cancel"]
     request_id: str
     job_item: str
     status_code: int
@@ -278,4 +279,5 @@ class JobResult(TypedDict):
     text: str
     finish_reason: str | None
     usage: Usage | None
+    detail: str
     ts_ms: int

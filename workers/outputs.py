@@ -161,8 +161,13 @@ class Sender:
 
     def error_output(self, envelope: Envelope, error: ErrorInfo, index: int = 0
                      ) -> Output | None:
-        """The reply that fails one request, or None for a request without a
-        reply address (a replay)."""
+        """The reply that fails one request (the result of a job's request), or
+        None for a request without a reply address (a replay)."""
+        if envelope.get("job_id"):
+            from workers.job_results import result_output
+
+            return result_output(self.settings, envelope, status_code=error["status"],
+                                 error=error)
         if envelope["reply_partition"] < 0:
             return None
         reply = Reply(

@@ -1,4 +1,5 @@
-"""OpenAI's streaming chunk objects, assembled as JSON text.
+"""OpenAI's completion objects: the streaming chunks (assembled as JSON text)
+and the whole answer, built here once for the gateway and for job results.
 
 Chat requests get ``chat.completion.chunk`` objects, completions get
 ``text_completion`` objects; with ``stream_options.include_usage`` every
@@ -13,7 +14,7 @@ from typing import Any
 
 from schemas.records import ChunkHeader, Usage
 
-__all__ = ["completion_id", "delta_chunk", "usage_chunk"]
+__all__ = ["completion_id", "delta_chunk", "usage_chunk", "full_response"]
 
 
 def completion_id(header: ChunkHeader, request_id: str) -> str:
@@ -62,3 +63,31 @@ def usage_chunk(header: ChunkHeader, request_id: str, usage: Usage) -> str:
         "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
     }
     return json.dumps(out, ensure_ascii=False, separators=(",", ":"))
+
+
+def full_response(kind: str, model: str, created: int, request_id: str, text: str,
+                  finish_reason: str | None, usage: Usage | None) -> dict[str, Any]:
+    """The unstreamed answer: a ``chat.completion`` or a ``text_completion``."""
+    prompt = usage["prompt_tokens"] if usage else 0
+    completion = usage["completion_tokens"] if usage else 0
+    usage_out = {"prompt_tokens": prompt, "completion_tokens": completion,
+                 "total_tokens": prompt + completion}
+    if kind == "chat":
+        return {
+            "id": f"chatcmpl-{request_id}",
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "logprobs": None, "finish_reason": finish_reason}],
+            "usage": usage_out,
+        }
+    return {
+        "id": f"cmpl-{request_id}",
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None,
+                     "finish_reason": finish_reason}],
+        "usage": usage_out,
+    }

@@ -15,6 +15,7 @@ ledger counts each request id once.
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from typing import Any
 
@@ -22,10 +23,11 @@ from aiokafka import TopicPartition
 
 from conveyor.settings import Settings
 from schemas.codec import EventType
-from schemas.records import ChunkHeader, Control, Reply, TokenChunk, Usage, UsageRecord
+from schemas.records import ChunkHeader, Control, ErrorInfo, Reply, TokenChunk, Usage, UsageRecord
 from topics.envelope import now_ms, stamp
+from workers.job_results import is_job, result_output
 from workers.outputs import Output, Sender
-from workers.postprocess.chunks import delta_chunk, usage_chunk
+from workers.postprocess.chunks import delta_chunk, full_response, usage_chunk
 from workers.postprocess.stream import Emitted, RequestStream
 
 __all__ = ["PostprocessLayer"]
@@ -77,6 +79,8 @@ class PostprocessLayer:
         """At most one reply per applied chunk: every OpenAI chunk object it
         releases (role, content, finish, usage) travels in that one event."""
         rid = stream.envelope["request_id"]
+        if is_job(stream.envelope):
+            return self._job_outputs(stream, e)
         if e.error is not None:
             return [self._reply(stream, "error", error=e.error),
                     self._usage_output(stream, "error")]
@@ -100,6 +104,42 @@ class PostprocessLayer:
                            finish_reason=reason, usage=usage),
                self._usage_output(stream, "completed")]
         if e.stopped_early:
+            cancel = Control(request_id=rid, action="cancel", reason="stop sequence",
+                             ts_ms=now_ms())
+            out.append(Output(self._control, "Control", cancel, key=rid))
+        return out
+
+    def _job_outputs(self, stream: RequestStream, e: Emitted) -> list[Output]:
+        """A job's request: nothing until it ends, then one result with the whole
+        answer (the OpenAI body a batch output line carries). A generation
+        stopped by a cancel is a 499 result: the job's collector leaves it out."""
+        envelope = stream.envelope
+        if e.error is not None:
+            return [result_output(self.settings, envelope, status_code=e.error["status"],
+                                  error=e.error), self._usage_output(stream, "error")]
+        if e.text:
+            stream.collected.append(e.text)
+        if e.finish_reason is None:
+            return []
+        header = stream.header or _fallback_header(stream)
+        usage = Usage(prompt_tokens=header["prompt_tokens"],
+                      completion_tokens=stream.completion_tokens)
+        text = "".join(stream.collected)
+        out: list[Output]
+        if e.finish_reason == "cancelled":
+            cancelled = ErrorInfo(status=499, type="cancelled", code="cancelled", param=None,
+                                  message="The request was cancelled.")
+            out = [result_output(self.settings, envelope, status_code=499, error=cancelled,
+                                 text=text, finish_reason="cancelled", usage=usage)]
+        else:
+            body = full_response(header["kind"], header["model"], header["created"],
+                                 envelope["request_id"], text, e.finish_reason, usage)
+            out = [result_output(self.settings, envelope, status_code=200,
+                                 body=json.dumps(body, ensure_ascii=False), text=text,
+                                 finish_reason=e.finish_reason, usage=usage)]
+        out.append(self._usage_output(stream, "completed"))
+        if e.stopped_early:
+            rid = envelope["request_id"]
             cancel = Control(request_id=rid, action="cancel", reason="stop sequence",
                              ts_ms=now_ms())
             out.append(Output(self._control, "Control", cancel, key=rid))

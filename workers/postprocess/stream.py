@@ -37,6 +37,8 @@ class RequestStream:
     held: str = ""
     done: bool = False
     order: ChunkOrder = field(default_factory=ChunkOrder)
+    # a job's request (no client streams it): its text, gathered for its result
+    collected: list[str] = field(default_factory=list)
 
     @property
     def next_seq(self) -> int:

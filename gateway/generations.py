@@ -1,0 +1,42 @@
+"""OpenAI requests turned into the pipeline's :class:`~schemas.records.Generation`.
+
+One place for the conversion, used by the gateway for interactive requests
+and by the jobs layer for each line of a batch, so a batch line runs exactly
+as the same request sent alone would.
+"""
+
+from __future__ import annotations
+
+import time
+
+from gateway.protocol import ChatCompletionRequest, CompletionRequest
+from schemas.records import Generation, Message, Sampling
+
+__all__ = ["chat_generation", "completion_generation"]
+
+
+def chat_generation(body: ChatCompletionRequest) -> Generation:
+    messages = [Message(role=m.role, content=m.text(), name=m.name) for m in body.messages]
+    return _generation("chat", body, messages=messages, prompt=None,
+                       max_tokens=body.token_budget())
+
+
+def completion_generation(body: CompletionRequest) -> Generation:
+    max_tokens = body.token_budget()
+    return _generation("completion", body, messages=[], prompt=body.prompt_text(),
+                       max_tokens=max_tokens)
+
+
+def _generation(kind: str, body: ChatCompletionRequest | CompletionRequest, *,
+                messages: list[Message], prompt: str | None,
+                max_tokens: int | None) -> Generation:
+    presence, frequency = body.penalties()
+    sampling = Sampling(
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        max_tokens=max_tokens, stop=body.stop_list(), seed=body.seed,
+        presence_penalty=presence, frequency_penalty=frequency,
+    )
+    return Generation(kind=kind, model=body.model, messages=messages,  # type: ignore[typeddict-item]
+                      prompt=prompt, sampling=sampling, stream=bool(body.stream),
+                      include_usage=body.include_usage(), created=int(time.time()))
