@@ -269,8 +269,9 @@ class LayerRuntime:
             log.warning("%s: poison event %s@%d: %s", layer.name, record.topic, record.offset, exc)
             await self._fail(record, None, exc, f"SchemaError: {exc}")
             return
-        envelope: Envelope = event["envelope"]
-        if (self.cancels is not None and isinstance(layer, CancelAware)
+        # job events (commands, results) belong to a job, not to one request
+        envelope: Envelope | None = event.get("envelope")
+        if (self.cancels is not None and isinstance(layer, CancelAware) and envelope
                 and envelope["request_id"] in self.cancels):
             log.info("%s: request %s was cancelled; dropping its event", layer.name,
                      envelope["request_id"])
@@ -282,11 +283,11 @@ class LayerRuntime:
             await self._produce(outputs)
         except (PermanentBrokerError, SchemaError) as exc:
             log.error("%s: cannot produce the outputs of %s@%d (request %s, trace %s): %s",
-                      layer.name, record.topic, record.offset, envelope["request_id"],
-                      trace_id_of(envelope), exc)
+                      layer.name, record.topic, record.offset, _rid(envelope),
+                      _trace(envelope), exc)
             await self._fail(record, envelope, exc, f"{type(exc).__name__}: {exc}")
 
-    async def _outputs(self, event: Any, envelope: Envelope, record: Record
+    async def _outputs(self, event: Any, envelope: Envelope | None, record: Record
                        ) -> list[Output] | None:
         """The handler's outputs (an error reply for a RequestError), or None
         when the event went to the DLQ."""
@@ -294,9 +295,14 @@ class LayerRuntime:
         backoff = Backoff(max_s=self.settings.retry_backoff_max_s)
         while True:
             try:
+                if envelope is None:
+                    return await layer.handle(event, record)
                 with layer_span(self.tracer, layer.name, envelope):
                     return await layer.handle(event, record)
             except RequestError as exc:
+                if envelope is None:  # no request to fail: keep the event in the DLQ
+                    await self._fail(record, None, exc, f"{type(exc).__name__}: {exc}")
+                    return None
                 reply = self._sender_().error_output(envelope, error_info(exc))
                 return [reply] if reply is not None else []
             except (TransientBrokerError, KafkaError) as exc:
@@ -312,8 +318,7 @@ class LayerRuntime:
                 await backoff.wait()
             except Exception as exc:  # a bug must not stop the pipeline: keep the event
                 log.exception("%s: handler failed on %s@%d (request %s, trace %s)", layer.name,
-                              record.topic, record.offset, envelope["request_id"],
-                              trace_id_of(envelope))
+                              record.topic, record.offset, _rid(envelope), _trace(envelope))
                 await self._fail(record, envelope, exc, traceback.format_exc())
                 return None
 
@@ -391,3 +396,11 @@ class LayerRuntime:
             self._progress.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._progress.wait(), 0.5)
+
+
+def _rid(envelope: Envelope | None) -> str:
+    return envelope["request_id"] if envelope is not None else "-"
+
+
+def _trace(envelope: Envelope | None) -> str:
+    return trace_id_of(envelope) if envelope is not None else "-"

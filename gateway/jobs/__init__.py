@@ -1,0 +1,1 @@
+"""Async jobs at the gateway: batches and background responses."""

@@ -1,0 +1,150 @@
+"""The Batch API at the gateway: create, retrieve, list and cancel batches.
+
+Creating a batch checks what can be checked at once (the input file is the
+tenant's and was uploaded for batches, the endpoint and window are ones
+Conveyor serves), then writes the batch's first state (``validating``) to
+``conveyor.job-status`` and its ``create`` command to ``conveyor.jobs``, and
+answers with the Batch object. Everything after that (checking every line,
+running them, writing the output) happens in the pipeline's jobs layers; the
+state a client reads comes from the :class:`~gateway.jobs.board.JobBoard`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import Any, Literal
+
+from aiokafka import AIOKafkaProducer
+from pydantic import BaseModel, ConfigDict, Field
+
+from conveyor.errors import InvalidRequest, PipelineUnavailable, RequestError
+from conveyor.settings import Settings
+from gateway.auth.types import Identity
+from gateway.jobs.board import JobBoard
+from schemas.codec import Codec
+from schemas.records import JobCommand, JobStatus
+from topics.envelope import now_ms
+
+__all__ = ["Batches", "BatchCreateRequest", "page"]
+
+_WINDOW_S = 24 * 3600
+_CANCELLABLE = ("validating", "in_progress")
+
+
+class BatchCreateRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    input_file_id: str = Field(min_length=1, max_length=128)
+    endpoint: str
+    completion_window: str
+    metadata: dict[str, str] | None = None
+
+    def check(self) -> None:
+        if self.endpoint not in ("/v1/chat/completions", "/v1/completions"):
+            raise InvalidRequest("endpoint must be /v1/chat/completions or /v1/completions.",
+                                 param="endpoint")
+        if self.completion_window != "24h":
+            raise InvalidRequest("completion_window must be 24h.", param="completion_window")
+        if self.metadata is not None and (
+                len(self.metadata) > 16 or any(len(k) > 64 or len(v) > 512
+                                               for k, v in self.metadata.items())):
+            raise InvalidRequest("metadata takes at most 16 pairs, keys of at most 64 and "
+                                 "values of at most 512 characters.", param="metadata")
+
+
+def page(items: list[dict[str, Any]], after: str | None, limit: int) -> dict[str, Any]:
+    """OpenAI's cursor page over ``items`` (newest first)."""
+    if not 1 <= limit <= 100:
+        raise InvalidRequest("limit must be between 1 and 100.", param="limit")
+    if after is not None:
+        ids = [i["id"] for i in items]
+        items = items[ids.index(after) + 1:] if after in ids else []
+    data = items[:limit]
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": len(items) > limit}
+
+
+class Batches:
+    def __init__(self, settings: Settings, producer: AIOKafkaProducer, codec: Codec,
+                 board: JobBoard, files: Any) -> None:
+        self.settings = settings
+        self.producer = producer
+        self.codec = codec
+        self.board = board
+        self.files = files
+
+    async def create(self, identity: Identity, body: BatchCreateRequest) -> dict[str, Any]:
+        body.check()
+        try:
+            source = await self.files.get(identity.tenant, body.input_file_id)
+        except RequestError:
+            raise InvalidRequest(f"No file with id {body.input_file_id!r}.",
+                                 param="input_file_id") from None
+        if getattr(source, "purpose", "batch") != "batch":
+            raise InvalidRequest("The input file must be uploaded with purpose batch.",
+                                 param="input_file_id")
+        created = int(time.time())
+        batch: dict[str, Any] = {
+            "id": f"batch_{uuid.uuid4().hex}", "object": "batch", "endpoint": body.endpoint,
+            "errors": None, "input_file_id": body.input_file_id,
+            "completion_window": body.completion_window, "status": "validating",
+            "output_file_id": None, "error_file_id": None, "created_at": created,
+            "in_progress_at": None, "expires_at": created + _WINDOW_S, "finalizing_at": None,
+            "completed_at": None, "failed_at": None, "expired_at": None,
+            "cancelling_at": None, "cancelled_at": None,
+            "request_counts": {"total": 0, "completed": 0, "failed": 0},
+            "metadata": body.metadata}
+        # version 0: whatever the collector publishes later wins, whatever the clocks
+        status = JobStatus(job_id=batch["id"], kind="batch", tenant=identity.tenant, version=0,
+                           ts_ms=now_ms(), object=json.dumps(batch))
+        command = self._command(identity, batch["id"], "create", body.input_file_id,
+                                body.endpoint, body.completion_window, body.metadata or {},
+                                json.dumps(batch))
+        await self._send([("job-status", "JobStatus", status), ("jobs", "JobCommand", command)],
+                         batch["id"])
+        self.board.put(status)
+        return batch
+
+    async def retrieve(self, identity: Identity, batch_id: str) -> dict[str, Any]:
+        batch = await self.board.get(identity.tenant, batch_id, "batch")
+        if batch is None:
+            raise RequestError(f"No batch found with id '{batch_id}'.", status=404,
+                               type="invalid_request_error", code="not_found")
+        return batch
+
+    def listing(self, identity: Identity, after: str | None, limit: int) -> dict[str, Any]:
+        return page(self.board.listing(identity.tenant, "batch"), after, limit)
+
+    async def cancel(self, identity: Identity, batch_id: str) -> dict[str, Any]:
+        batch = await self.retrieve(identity, batch_id)
+        if batch["status"] in ("cancelling", "cancelled"):
+            return batch
+        if batch["status"] not in _CANCELLABLE:
+            raise RequestError(f"Cannot cancel a batch that is {batch['status']}.",
+                               status=409, type="invalid_request_error", code=None)
+        command = self._command(identity, batch_id, "cancel", batch["input_file_id"],
+                                batch["endpoint"], batch["completion_window"], {}, "")
+        await self._send([("jobs", "JobCommand", command)], batch_id)
+        return {**batch, "status": "cancelling", "cancelling_at": int(time.time())}
+
+    def _command(self, identity: Identity, job_id: str, action: Literal["create", "cancel"],
+                 input_file_id: str, endpoint: str, window: str, metadata: dict[str, str],
+                 body: str) -> JobCommand:
+        return JobCommand(job_id=job_id, kind="batch", action=action, tenant=identity.tenant,
+                          key_id=identity.key_id, ts_ms=now_ms(), input_file_id=input_file_id,
+                          endpoint=endpoint, completion_window=window, metadata=metadata,
+                          generation=None, body=body)
+
+    async def _send(self, events: list[tuple[str, Any, Any]], key: str) -> None:
+        """Produce, in order, and wait for the broker (503 when it does not answer)."""
+        try:
+            for topic, event_type, record in events:
+                await asyncio.wait_for(self.producer.send_and_wait(
+                    self.settings.topic(topic), self.codec.encode(event_type, record),
+                    key=key.encode()), self.settings.produce_timeout_s)
+        except Exception as exc:
+            raise PipelineUnavailable("The pipeline is unavailable (Kafka did not take the "
+                                      "job in time); try again later.") from exc

@@ -1,0 +1,114 @@
+"""Every job's latest state, as the gateway serves it: a follower of the
+compacted ``conveyor.job-status`` topic, from its beginning, in memory.
+
+The topic is the record (the collector publishes each job's state there, the
+gateway a new job's first state), so a gateway needs no Redis for jobs and
+a new one knows every job once it has read the topic. A state is kept only
+when its version is newer than the one held. A job this gateway has not seen
+yet (another replica took it a moment ago) is waited for briefly before it is
+reported missing. Jobs of another tenant are missing, never forbidden: a
+tenant cannot learn that another's job exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any, Literal
+
+from conveyor.errors import SchemaError
+from conveyor.settings import Settings
+from gateway.health import TaskHealth
+from schemas.codec import Codec
+from schemas.records import JobStatus
+from topics.follow import follow
+
+__all__ = ["JobBoard"]
+
+log = logging.getLogger(__name__)
+
+_MISSING_WAIT_S = 1.5
+
+
+class JobBoard:
+    def __init__(self, settings: Settings, codec: Codec) -> None:
+        self.settings = settings
+        self.codec = codec
+        self.statuses: dict[str, JobStatus] = {}
+        self.changed = asyncio.Event()
+        self.caught_up = asyncio.Event()
+
+    def put(self, status: JobStatus) -> bool:
+        """Keep ``status`` if it is newer than what is held; True when kept."""
+        held = self.statuses.get(status["job_id"])
+        if held is not None and held["version"] >= status["version"]:
+            return False
+        self.statuses[status["job_id"]] = status
+        self.changed.set()
+        self.changed = asyncio.Event()
+        return True
+
+    async def run(self, part: TaskHealth | None = None) -> None:
+        """Follow the topic for ever (the follower survives Kafka outages)."""
+        follower = follow(self.settings, self.settings.topic("job-status"), 0, "beginning")
+        watch = asyncio.create_task(self._watch(follower.caught_up, part))
+        try:
+            async for records in follower:
+                for record in records:
+                    try:
+                        self.put(self.codec.decode(record.value, "JobStatus"))
+                    except SchemaError as exc:
+                        log.warning("ignoring a bad job status at %d: %s", record.offset, exc)
+        finally:
+            watch.cancel()
+
+    async def _watch(self, caught_up: asyncio.Event, part: TaskHealth | None) -> None:
+        await caught_up.wait()
+        self.caught_up.set()
+        if part is not None:
+            part.set("ok")
+
+    async def get(self, tenant: str, job_id: str, kind: Literal["batch", "response"]
+                  ) -> dict[str, Any] | None:
+        """The job's object, or None when it does not exist for this tenant."""
+        deadline = time.monotonic() + _MISSING_WAIT_S
+        while True:
+            status = self.statuses.get(job_id)
+            if status is not None:
+                if status["tenant"] != tenant or status["kind"] != kind:
+                    return None
+                obj: dict[str, Any] = json.loads(status["object"])
+                return obj
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                await asyncio.wait_for(self.changed.wait(), left)
+            except TimeoutError:
+                return None
+
+    async def wait_for(self, tenant: str, job_id: str, kind: Literal["batch", "response"],
+                       statuses: tuple[str, ...], timeout_s: float) -> dict[str, Any] | None:
+        """The job's object once its status is one of ``statuses`` (or at the timeout)."""
+        deadline = time.monotonic() + timeout_s
+        obj = await self.get(tenant, job_id, kind)
+        while obj is not None and obj.get("status") not in statuses:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            with_change = self.changed
+            try:
+                await asyncio.wait_for(with_change.wait(), left)
+            except TimeoutError:
+                break
+            obj = await self.get(tenant, job_id, kind)
+        return obj
+
+    def listing(self, tenant: str, kind: Literal["batch", "response"]) -> list[dict[str, Any]]:
+        """The tenant's jobs of a kind, newest first."""
+        objs = [json.loads(s["object"]) for s in self.statuses.values()
+                if s["tenant"] == tenant and s["kind"] == kind]
+        return sorted(objs, key=lambda o: (o.get("created_at") or 0, o.get("id", "")),
+                      reverse=True)

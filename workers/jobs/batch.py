@@ -1,0 +1,146 @@
+"""One batch's state, folded from its events on ``conveyor.results``, and the
+OpenAI ``Batch`` object it shows.
+
+The events of a job arrive in order on one partition (key = job id):
+``expanded`` (with the batch as created and its number of requests) or
+``invalid`` (with OpenAI's errors list), ``cancel``, and one ``result`` per
+request. Folding them again from the log gives the same state, which is how
+a collector that crashed recovers. A result repeated by a redelivery is
+counted once (the first per request id); a 499 result (a generation stopped
+by the batch's cancel) is a request that did not run: it is in neither file.
+
+Statuses follow OpenAI: validating -> in_progress -> finalizing -> completed;
+validating -> failed; in_progress -> cancelling -> cancelled; and expired
+when the completion window ends first. Output and error files are written in
+the order of the input lines.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemas.records import JobResult
+
+__all__ = ["BatchFold", "FINAL"]
+
+FINAL = ("completed", "failed", "cancelled", "expired")
+
+
+def _s(ms: int) -> int:
+    return ms // 1000
+
+
+@dataclass
+class BatchFold:
+    job_id: str
+    base: dict[str, Any] = field(default_factory=dict)  # the Batch as created
+    status: str = "validating"
+    total: int = 0
+    results: dict[str, JobResult] = field(default_factory=dict)  # request id -> first
+    times: dict[str, int] = field(default_factory=dict)  # in_progress_at ... (seconds)
+    errors: list[dict[str, Any]] | None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    last_event_ms: int = 0
+    tenant: str = ""
+
+    @property
+    def final(self) -> bool:
+        return self.status in FINAL
+
+    def apply(self, event: JobResult) -> bool:
+        """Fold one event; True when the visible state changed."""
+        self.last_event_ms = max(self.last_event_ms, event["ts_ms"])
+        if self.final:
+            return False
+        kind = event["event"]
+        if kind in ("expanded", "invalid"):
+            detail = json.loads(event["detail"] or "{}")
+            self.base = detail.get("object", self.base)
+            self.tenant = detail.get("tenant", self.tenant)
+            if kind == "invalid":
+                self.errors = detail.get("errors", [])
+                self._to("failed", event["ts_ms"])
+                return True
+            if self.status == "validating":
+                self.total = int(detail.get("total", 0))
+                self._to("in_progress", event["ts_ms"])
+            return True
+        if kind == "cancel":
+            if self.status in ("validating", "in_progress"):
+                self._to("cancelling", event["ts_ms"])
+                return True
+            return False
+        if event["request_id"] in self.results:
+            return False
+        self.results[event["request_id"]] = event
+        return True
+
+    def _to(self, status: str, ts_ms: int) -> None:
+        self.status = status
+        self.times.setdefault(f"{status}_at", _s(ts_ms))
+
+    def all_ended(self) -> bool:
+        return self.status in ("in_progress", "cancelling") and self.total > 0 and \
+            len(self.results) >= self.total
+
+    def ran(self) -> list[JobResult]:
+        """The results of requests that ran (not stopped by the cancel), in line order."""
+        done = [r for r in self.results.values() if r["status_code"] != 499]
+        return sorted(done, key=lambda r: _line_of(r["request_id"]))
+
+    def counts(self) -> dict[str, int]:
+        ran = [r for r in self.results.values() if r["status_code"] != 499]
+        ok = sum(1 for r in ran if r["status_code"] == 200)
+        return {"total": self.total, "completed": ok, "failed": len(ran) - ok}
+
+    def finish(self, status: str, now_ms: int, output_file_id: str | None,
+               error_file_id: str | None) -> None:
+        """Into a final status, with the files written for it."""
+        self.times.setdefault("finalizing_at", _s(now_ms))
+        self.output_file_id = output_file_id
+        self.error_file_id = error_file_id
+        self._to(status, now_ms)
+
+    def object(self) -> dict[str, Any]:
+        """The OpenAI ``Batch`` as a client reads it."""
+        out: dict[str, Any] = dict(self.base) if self.base else {"id": self.job_id,
+                                                                  "object": "batch"}
+        out.update({"status": self.status, "request_counts": self.counts(),
+                    "output_file_id": self.output_file_id,
+                    "error_file_id": self.error_file_id})
+        if self.errors is not None:
+            out["errors"] = {"object": "list", "data": self.errors}
+        for name in ("in_progress_at", "finalizing_at", "completed_at", "failed_at",
+                     "expired_at", "cancelling_at", "cancelled_at"):
+            out[name] = self.times.get(name)
+        return out
+
+    def output_lines(self) -> tuple[list[str], list[str]]:
+        """The output file's lines (answered requests) and the error file's
+        (requests that failed), as OpenAI writes them."""
+        ok: list[str] = []
+        failed: list[str] = []
+        for r in self.ran():
+            if r["status_code"] == 200:
+                body: Any = json.loads(r["body"]) if r["body"] else {}
+            else:
+                error = r["error"] or {"message": "The request failed.", "type": "server_error",
+                                       "param": None, "code": None}
+                body = {"error": {k: error.get(k) for k in ("message", "type", "param",
+                                                             "code")}}
+            line = {"id": f"batch_req_{r['request_id'].rsplit('-', 1)[-1]}_{self.job_id[6:]}",
+                    "custom_id": r["job_item"],
+                    "response": {"status_code": r["status_code"],
+                                 "request_id": r["request_id"], "body": body},
+                    "error": None}
+            text = json.dumps(line, ensure_ascii=False, separators=(",", ":"))
+            (ok if r["status_code"] == 200 else failed).append(text)
+        return ok, failed
+
+
+def _line_of(request_id: str) -> int:
+    tail = request_id.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else 0

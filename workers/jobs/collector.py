@@ -1,0 +1,211 @@
+"""The results layer: folds each job's events (``conveyor.results``, key = job
+id) into its state, publishes that state on ``conveyor.job-status`` (the
+gateways serve it), and finishes batches by writing their output and error
+files.
+
+State lives in memory and is rebuilt from the log, as postprocess does: the
+committed offset of a results partition never passes the first event of a
+job that is not final there, so a collector that crashes (or loses the
+partition) leaves the whole job to be folded again by the next owner. The
+output files have ids derived from the batch id, so finishing a batch twice
+writes the same files again rather than two copies.
+
+Status updates are coalesced: a change of status is published at once, a
+change of counts at most every :data:`PUBLISH_EVERY_S` per job. A background
+tick publishes what was held back, finishes cancelled batches once their
+requests have gone quiet for :data:`CANCEL_GRACE_MS` (a request cancelled
+before it started never reports), and expires batches past their window.
+Each published state carries a version that grows with time (microseconds),
+so a reader keeps the newest across collector restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import time
+from collections import OrderedDict
+from typing import Any
+
+from aiokafka import TopicPartition
+
+from conveyor.settings import Settings
+from schemas.codec import EventType
+from schemas.records import JobResult, JobStatus
+from topics.envelope import now_ms
+from workers.jobs.batch import BatchFold
+from workers.jobs.files import JobFiles
+from workers.jobs.response import ResponseFold
+from workers.outputs import Output, Sender
+
+__all__ = ["ResultsLayer", "output_file_id", "PUBLISH_EVERY_S", "CANCEL_GRACE_MS"]
+
+log = logging.getLogger(__name__)
+
+PUBLISH_EVERY_S = 0.5
+CANCEL_GRACE_MS = 5_000
+_TICK_S = 0.5
+_FINISHED_MEMORY = 10_000
+
+Fold = BatchFold | ResponseFold
+
+
+def output_file_id(job_id: str, which: str) -> str:
+    """The id of a batch's output (or error) file: the same on every attempt."""
+    return "file-" + hashlib.sha256(f"{job_id}/{which}".encode()).hexdigest()[:24]
+
+
+class ResultsLayer:
+    name = "results"
+    source_type: EventType = "JobResult"
+
+    def __init__(self, settings: Settings, files: JobFiles) -> None:
+        self.settings = settings
+        self.files = files
+        self.source_topic = settings.topic("results")
+        self._status_topic = settings.topic("job-status")
+        self.folds: dict[str, Fold] = {}
+        self._first: dict[str, tuple[TopicPartition, int]] = {}
+        self._finished: OrderedDict[str, None] = OrderedDict()
+        self._published: dict[str, tuple[float, str]] = {}  # job -> (when, status)
+        self._dirty: set[str] = set()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._sender: Sender | None = None
+        self._tick: asyncio.Task[None] | None = None
+
+    async def start(self, sender: Sender) -> None:
+        self._sender = sender
+        self._tick = asyncio.create_task(self._tick_loop(), name="results-tick")
+
+    async def stop(self) -> None:
+        if self._tick is not None:
+            self._tick.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._tick
+
+    async def handle(self, event: JobResult, record: Any) -> list[Output]:
+        if self._tick is not None and self._tick.done():
+            self._tick.result()  # a failed tick surfaces here, never lost
+        job_id = event["job_id"]
+        if job_id in self._finished:
+            return []
+        fold = self.folds.get(job_id)
+        if fold is None:
+            fold = BatchFold(job_id) if job_id.startswith("batch_") else ResponseFold(job_id)
+            self.folds[job_id] = fold
+            if record is not None:
+                self._first[job_id] = (TopicPartition(record.topic, record.partition),
+                                       record.offset)
+        async with self._lock(job_id):
+            if not fold.apply(event):
+                return []
+            return await self._after_change(fold)
+
+    def _lock(self, job_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(job_id, asyncio.Lock())
+
+    async def _after_change(self, fold: Fold) -> list[Output]:
+        if isinstance(fold, BatchFold) and fold.all_ended():
+            await self._finish_batch(fold, "cancelled" if fold.status == "cancelling"
+                                     else "completed")
+        last = self._published.get(fold.job_id)
+        due = last is None or last[1] != fold.status or \
+            time.monotonic() - last[0] >= PUBLISH_EVERY_S
+        if fold.final or not due:
+            # a final state is published by the tick, which forgets the job only
+            # once the broker has it: until then its first offset holds the commit
+            self._dirty.add(fold.job_id)
+            return []
+        return [self._status(fold)]
+
+    async def _finish_batch(self, fold: BatchFold, status: str) -> None:
+        """Write the output and error files (ids fixed by the batch id), then the
+        final status."""
+        ok, failed = fold.output_lines()
+        out_id = err_id = None
+        if ok:
+            out_id = await self._write(fold, "output", ok)
+        if failed:
+            err_id = await self._write(fold, "error", failed)
+        fold.finish(status, now_ms(), out_id, err_id)
+        log.info("batch %s: %s (%d answered, %d failed)", fold.job_id, status, len(ok),
+                 len(failed))
+
+    async def _write(self, fold: BatchFold, which: str, lines: list[str]) -> str:
+        file_id = output_file_id(fold.job_id, which)
+        data = ("\n".join(lines) + "\n").encode()
+        await self.files.create(fold.tenant, "batch_output", f"{fold.job_id}_{which}.jsonl",
+                                data, file_id=file_id)
+        return file_id
+
+    def _status(self, fold: Fold) -> Output:
+        self._published[fold.job_id] = (time.monotonic(), fold.status)
+        self._dirty.discard(fold.job_id)
+        status = JobStatus(job_id=fold.job_id,
+                           kind="batch" if isinstance(fold, BatchFold) else "response",
+                           tenant=fold.tenant, version=time.time_ns() // 1000, ts_ms=now_ms(),
+                           object=json.dumps(fold.object(), ensure_ascii=False))
+        return Output(self._status_topic, "JobStatus", status, key=fold.job_id)
+
+    def _forget(self, job_id: str) -> None:
+        self.folds.pop(job_id, None)
+        self._first.pop(job_id, None)
+        self._published.pop(job_id, None)
+        self._locks.pop(job_id, None)
+        self._dirty.discard(job_id)
+        self._finished[job_id] = None
+        while len(self._finished) > _FINISHED_MEMORY:
+            self._finished.popitem(last=False)
+
+    # -- the tick -------------------------------------------------------------
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(_TICK_S)
+            outputs, finished = await self.tick(now_ms())
+            if outputs and self._sender is not None:
+                await self._sender.produce(outputs)
+            for job_id in finished:
+                self._forget(job_id)
+
+    async def tick(self, now: int) -> tuple[list[Output], list[str]]:
+        """Held-back states to publish (finishing quiet cancelled batches and
+        expired ones), and the jobs to forget once they are published."""
+        outputs: list[Output] = []
+        finished: list[str] = []
+        for job_id, fold in list(self.folds.items()):
+            async with self._lock(job_id):
+                if fold.final or self.folds.get(job_id) is not fold:
+                    continue
+                if isinstance(fold, BatchFold):
+                    expires = int(fold.base.get("expires_at") or 0) * 1000
+                    if fold.status == "cancelling" and \
+                            now - fold.last_event_ms >= CANCEL_GRACE_MS:
+                        await self._finish_batch(fold, "cancelled")
+                    elif expires and now >= expires and fold.status in ("validating",
+                                                                        "in_progress"):
+                        await self._finish_batch(fold, "expired")
+                if fold.final or job_id in self._dirty:
+                    outputs.append(self._status(fold))
+                    if fold.final:
+                        finished.append(job_id)
+        return outputs, finished
+
+    # -- offsets ----------------------------------------------------------------
+
+    def committable(self, tp: TopicPartition, next_offset: int) -> int:
+        """Never commit past the first event of a job still open on ``tp``."""
+        firsts = [off for (p, off) in self._first.values() if p == tp]
+        return min([next_offset, *firsts])
+
+    def revoked(self, partitions: list[TopicPartition]) -> None:
+        gone = set(partitions)
+        for job_id, (tp, _) in list(self._first.items()):
+            if tp in gone:
+                self.folds.pop(job_id, None)
+                self._first.pop(job_id, None)
+                self._published.pop(job_id, None)
+                self._dirty.discard(job_id)

@@ -1,0 +1,154 @@
+"""The jobs layer: a job's commands (``conveyor.jobs``) become its requests.
+
+``create`` of a batch reads its input file, checks every line
+(:mod:`workers.jobs.lines`) and either fails the batch (an ``invalid``
+event with OpenAI's errors list: no line runs) or puts one request per line
+on ``conveyor.requests`` (priority batch, the job and custom id in the
+envelope, the completion window as deadline) after an ``expanded`` event.
+``create`` of a background response puts its one request there (priority
+background). ``cancel`` cancels every request of the job on
+``conveyor.control`` and tells the collector (a ``cancel`` event).
+
+Request ids are the job id and the line number (``batch_…-17``), so a
+command handled twice (a crash before its offset was committed) sends the
+same requests again: the pipeline treats a request id it has seen as a
+retry of the same request (infer continues or skips it from the log), and the
+collector keeps one result per request id. Nothing runs twice for a client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from aiokafka import TopicPartition
+
+from conveyor.errors import RequestError
+from conveyor.settings import Settings
+from schemas.codec import EventType
+from schemas.records import Control, Generation, JobCommand, Request
+from topics.envelope import PRIORITY_BACKGROUND, PRIORITY_BATCH, new_envelope, now_ms
+from workers.job_results import job_event
+from workers.jobs.files import JobFiles
+from workers.jobs.lines import parse_lines
+from workers.outputs import Output, Sender
+
+__all__ = ["JobsLayer", "request_id_of", "RESPONSE_DEADLINE_MS"]
+
+log = logging.getLogger(__name__)
+
+# how long a background response may wait and run before it expires
+RESPONSE_DEADLINE_MS = 24 * 3600 * 1000
+
+
+def request_id_of(job_id: str, index: int) -> str:
+    return f"{job_id}-{index}"
+
+
+class JobsLayer:
+    name = "jobs"
+    source_type: EventType = "JobCommand"
+
+    def __init__(self, settings: Settings, files: JobFiles) -> None:
+        self.settings = settings
+        self.files = files
+        self.source_topic = settings.topic("jobs")
+        self._requests = settings.topic("requests")
+        self._control = settings.topic("control")
+
+    async def start(self, sender: Sender) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def handle(self, command: JobCommand, record: Any) -> list[Output]:
+        if command["kind"] == "batch":
+            if command["action"] == "create":
+                return await self._create_batch(command)
+            return await self._cancel_batch(command)
+        if command["action"] == "create":
+            return self._create_response(command)
+        return [*self._cancels(command["job_id"], [command["job_id"]]),
+                job_event(self.settings, command["job_id"], "cancel")]
+
+    async def _create_batch(self, command: JobCommand) -> list[Output]:
+        job_id = command["job_id"]
+        base = json.loads(command["body"] or "{}")
+        try:
+            data = await self.files.read(command["tenant"], command["input_file_id"])
+        except RequestError as exc:
+            return [self._invalid(command, base, [{"code": "invalid_file", "line": None,
+                                                  "message": exc.message,
+                                                  "param": "input_file_id"}])]
+        lines, errors = await asyncio.to_thread(parse_lines, data, command["endpoint"],
+                                                self.settings.batch_max_lines)
+        if errors:
+            return [self._invalid(command, base, errors)]
+        deadline_ms = int(base.get("expires_at") or 0) * 1000 or now_ms() + 24 * 3600 * 1000
+        detail = json.dumps({"object": base, "total": len(lines), "tenant": command["tenant"]})
+        outputs = [job_event(self.settings, job_id, "expanded", detail)]
+        for line in lines:
+            outputs.append(self._request(command, request_id_of(job_id, line.index),
+                                         line.generation, PRIORITY_BATCH, deadline_ms,
+                                         line.custom_id))
+        log.info("batch %s: %d requests", job_id, len(lines))
+        return outputs
+
+    def _invalid(self, command: JobCommand, base: dict[str, Any],
+                 errors: list[dict[str, Any]]) -> Output:
+        job_id = command["job_id"]
+        log.info("job %s: invalid (%d errors)", job_id, len(errors))
+        return job_event(self.settings, job_id, "invalid", json.dumps(
+            {"object": base, "errors": errors, "tenant": command["tenant"]}))
+
+    async def _cancel_batch(self, command: JobCommand) -> list[Output]:
+        """Cancel every request of the batch; the input file says how many there are."""
+        job_id = command["job_id"]
+        try:
+            data = await self.files.read(command["tenant"], command["input_file_id"])
+        except RequestError:
+            data = b""
+        count = sum(1 for raw in data.splitlines() if raw.strip())
+        ids = [request_id_of(job_id, i) for i in range(count)]
+        return [*self._cancels(job_id, ids), job_event(self.settings, job_id, "cancel")]
+
+    def _create_response(self, command: JobCommand) -> list[Output]:
+        job_id = command["job_id"]
+        generation = command["generation"]
+        base = json.loads(command["body"] or "{}")
+        if generation is None:
+            return [self._invalid(command, base, [{"code": "invalid_request", "line": None,
+                                                  "message": "The response has no request.",
+                                                  "param": None}])]
+        deadline_ms = now_ms() + RESPONSE_DEADLINE_MS
+        return [job_event(self.settings, job_id, "expanded",
+                          json.dumps({"object": base, "total": 1,
+                                      "tenant": command["tenant"]})),
+                self._request(command, job_id, generation, PRIORITY_BACKGROUND, deadline_ms,
+                              "")]
+
+    def _request(self, command: JobCommand, request_id: str, generation: Generation,
+                 priority: int, deadline_ms: int, item: str) -> Output:
+        envelope = new_envelope(request_id, reply_gateway="", reply_partition=-1,
+                                tenant=command["tenant"], key_id=command["key_id"],
+                                deadline_ms=deadline_ms, priority=priority,
+                                job_id=command["job_id"], job_item=item)
+        return Output(self._requests, "Request", Request(envelope=envelope,
+                                                         generation=generation),
+                      key=request_id)
+
+    def _cancels(self, job_id: str, request_ids: list[str]) -> list[Output]:
+        ts = now_ms()
+        return [Output(self._control, "Control",
+                       Control(request_id=rid, action="cancel",
+                               reason=f"job {job_id} cancelled", ts_ms=ts), key=rid)
+                for rid in request_ids]
+
+    def committable(self, tp: TopicPartition, next_offset: int) -> int:
+        return next_offset
+
+    def revoked(self, partitions: list[TopicPartition]) -> None:
+        return None

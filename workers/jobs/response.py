@@ -1,0 +1,98 @@
+"""One background response's state, folded from its events on
+``conveyor.results``: queued -> in_progress -> completed (or incomplete,
+failed, cancelled). The object is the Response the gateway built when it took
+the request, with status, output, usage and error filled in as it ends."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemas.records import JobResult
+
+__all__ = ["ResponseFold"]
+
+_FINAL = ("completed", "incomplete", "failed", "cancelled")
+
+
+@dataclass
+class ResponseFold:
+    job_id: str
+    base: dict[str, Any] = field(default_factory=dict)
+    status: str = "queued"
+    result: JobResult | None = None
+    cancel_asked: bool = False
+    last_event_ms: int = 0
+    tenant: str = ""
+
+    @property
+    def final(self) -> bool:
+        return self.status in _FINAL
+
+    def apply(self, event: JobResult) -> bool:
+        self.last_event_ms = max(self.last_event_ms, event["ts_ms"])
+        if self.final:
+            return False
+        kind = event["event"]
+        if kind in ("expanded", "invalid"):
+            detail = json.loads(event["detail"] or "{}")
+            self.base = detail.get("object", self.base)
+            self.tenant = detail.get("tenant", self.tenant)
+        if kind == "expanded":
+            if self.status == "queued":
+                self.status = "in_progress"
+            return True
+        if kind == "invalid":
+            self.status = "failed"
+            return True
+        if kind == "cancel":
+            self.cancel_asked = True
+            self.status = "cancelled"
+            return True
+        self.result = event
+        if event["status_code"] == 499:
+            self.status = "cancelled"
+        elif event["status_code"] != 200:
+            self.status = "failed"
+        elif event["finish_reason"] == "length":
+            self.status = "incomplete"
+        else:
+            self.status = "completed"
+        return True
+
+    def all_ended(self) -> bool:
+        return False  # a response ends with its one result: apply() makes it final
+
+    def object(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.base) if self.base else {"id": self.job_id,
+                                                                  "object": "response"}
+        out["status"] = self.status
+        result = self.result
+        if result is not None and result["status_code"] in (200, 499) and result["text"]:
+            out["output"] = [{
+                "type": "message", "id": f"msg_{self.job_id.removeprefix('resp_')}",
+                "status": "completed" if self.status == "completed" else "incomplete",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": result["text"],
+                             "annotations": [], "logprobs": []}],
+            }]
+        if result is not None and result["usage"] is not None:
+            used = result["usage"]
+            out["usage"] = {
+                "input_tokens": used["prompt_tokens"],
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": used["completion_tokens"],
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": used["prompt_tokens"] + used["completion_tokens"]}
+        if self.status == "incomplete":
+            out["incomplete_details"] = {"reason": "max_output_tokens"}
+        if self.status == "failed":
+            error: dict[str, Any] = dict((result["error"] if result is not None else None)
+                                         or {})
+            out["error"] = {"code": error.get("code") or "server_error",
+                            "message": error.get("message") or "The response failed."}
+        if self.final and self.status != "cancelled":
+            out.setdefault("completed_at", int(time.time()))
+        return out
