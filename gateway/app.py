@@ -33,6 +33,8 @@ from gateway.auth.middleware import AuthMiddleware
 from gateway.auth.ratelimit import RateLimiter
 from gateway.auth.tenants import TenantStore
 from gateway.errors import install_error_handlers
+from gateway.files.api_router import files_router, upload_limits
+from gateway.files.local import LocalFileStore
 from gateway.health import Health
 from gateway.limits import BodyLimit
 from gateway.openapi import install_openapi
@@ -68,11 +70,14 @@ def build_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     # auth=none needs nothing from outside; keys and JWTs wait for the lifespan
     app.state.authenticator = Authenticator(settings) if settings.auth == "none" else None
     app.state.admitter = Admitter(registry)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.state.files = LocalFileStore(settings)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
+                       uploads=upload_limits(settings))
     app.add_middleware(AuthMiddleware)  # outside the body limit: 401 before a body is read
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(usage_router)
+    app.include_router(files_router)
     app.state.admin_token = settings.admin_token.get_secret_value()
     install_openapi(app)
     return app

@@ -7,9 +7,19 @@ the body is read; a chunked body is counted while it is read, and refused as
 soon as it passes the limit, so the gateway never holds more than
 ``max_body_bytes`` of one request. The body it read is then handed on to the
 route as one message.
+
+Upload paths (``uploads``: a POST path and its own, larger limit, such as
+``/v1/files`` with ``max_file_bytes``) are not buffered: their body streams
+through to the route as it arrives, so a 100 MiB file is never held in memory
+here. A ``Content-Length`` over the path's limit is refused at once as
+above; past that the bytes are counted as the route reads them, and the read
+that passes the limit raises :class:`~conveyor.errors.RequestTooLarge` in the
+route, whose handler answers 413.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -20,9 +30,11 @@ __all__ = ["BodyLimit"]
 
 
 class BodyLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int,
+                 uploads: Mapping[str, int] | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.uploads = dict(uploads or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -33,8 +45,14 @@ class BodyLimit:
             await error_response(InvalidRequest("Content-Length is not a number.",
                                                 param="Content-Length"))(scope, receive, send)
             return
-        if declared > self.max_bytes:
-            await self._too_large(declared, scope, receive, send)
+        upload_limit = self.uploads.get(scope.get("path", "")) \
+            if scope.get("method") == "POST" else None
+        limit = self.max_bytes if upload_limit is None else upload_limit
+        if declared > limit:
+            await self._too_large(declared, limit, scope, receive, send)
+            return
+        if upload_limit is not None:
+            await self.app(scope, _counted(receive, upload_limit), send)
             return
         body = bytearray()
         while True:
@@ -43,7 +61,7 @@ class BodyLimit:
                 return
             body += message.get("body", b"")
             if len(body) > self.max_bytes:
-                await self._too_large(None, scope, receive, send)
+                await self._too_large(None, self.max_bytes, scope, receive, send)
                 return
             if not message.get("more_body", False):
                 break
@@ -58,12 +76,32 @@ class BodyLimit:
                 return int(text) if text.isdigit() else None
         return 0
 
-    async def _too_large(self, declared: int | None, scope: Scope, receive: Receive,
+    @staticmethod
+    async def _too_large(declared: int | None, limit: int, scope: Scope, receive: Receive,
                          send: Send) -> None:
-        size = f"{declared} bytes" if declared is not None else "more than that"
-        error = RequestTooLarge(f"The request body is {size}; at most {self.max_bytes} "
-                                "bytes are accepted.")
-        await error_response(error)(scope, receive, send)
+        await error_response(_too_large_error(declared, limit))(scope, receive, send)
+
+
+def _too_large_error(declared: int | None, limit: int) -> RequestTooLarge:
+    size = f"{declared} bytes" if declared is not None else "more than that"
+    return RequestTooLarge(f"The request body is {size}; at most {limit} bytes are accepted.")
+
+
+def _counted(receive: Receive, limit: int) -> Receive:
+    """A ``receive`` that passes the body on as it comes and raises once more than
+    ``limit`` bytes of it came."""
+    seen = 0
+
+    async def counted() -> Message:
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise _too_large_error(None, limit)
+        return message
+
+    return counted
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -1,0 +1,119 @@
+"""The Files API routes (OpenAI's ``/v1/files``). They only dispatch: the upload
+rules are in :mod:`gateway.files.uploads`, storage behind the
+:class:`~gateway.files.store.FileStore` on ``app.state.files``, the shapes in
+:mod:`gateway.files.protocol`. Every route serves the caller's own tenant.
+
+``POST /v1/files`` takes a body of up to ``max_file_bytes`` plus
+:data:`MULTIPART_ALLOWANCE` (:func:`upload_limits`, which ``build_app`` hands
+to :class:`~gateway.limits.BodyLimit`); the body streams through unbuffered,
+and the form parser spools the file part to a temporary file (in memory up to
+1 MiB, then on disk), from which it is checked and copied into the store
+chunk by chunk. The cost is one extra disk write of the file; the gain is that
+no upload is ever held in memory, and the multipart parsing is Starlette's.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast, get_args
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from conveyor.errors import InvalidRequest
+from conveyor.settings import Settings
+from gateway.auth.middleware import identity_of
+from gateway.errors import SafeJSONResponse
+from gateway.files.protocol import (
+    FileDeleted,
+    FileList,
+    OpenAIFile,
+    deleted_json,
+    file_json,
+    page_json,
+)
+from gateway.files.store import LIST_LIMIT_MAX, FileOrder, FileStore, is_file_id
+from gateway.files.uploads import upload
+from gateway.openapi import ErrorResponse
+
+__all__ = ["files_router", "upload_limits", "UPLOAD_PATH", "MULTIPART_ALLOWANCE"]
+
+files_router = APIRouter()
+
+UPLOAD_PATH = "/v1/files"
+# room in an upload's body for the multipart framing around the file (boundaries,
+# part headers, the purpose field); the file itself is held to max_file_bytes exactly
+MULTIPART_ALLOWANCE = 64 * 1024
+
+
+def upload_limits(settings: Settings) -> dict[str, int]:
+    """The body limits of the upload paths, for :class:`~gateway.limits.BodyLimit`."""
+    return {UPLOAD_PATH: settings.max_file_bytes + MULTIPART_ALLOWANCE}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"model": ErrorResponse, "description": description}
+
+
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: _error("No such file of the caller's tenant (code file_not_found).")}
+_UPLOAD_BODY = {"requestBody": {"required": True, "content": {"multipart/form-data": {
+    "schema": {"type": "object", "required": ["file", "purpose"], "properties": {
+        "file": {"type": "string", "format": "binary",
+                 "description": "JSON Lines: one batch request object per line."},
+        "purpose": {"type": "string", "enum": ["batch"]}}}}}}}
+_BINARY = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
+
+
+def _store(request: Request) -> FileStore:
+    store: FileStore = request.app.state.files
+    return store
+
+
+@files_router.post(UPLOAD_PATH, response_model=OpenAIFile, openapi_extra=_UPLOAD_BODY,
+                   responses={400: _error("A purpose other than batch, an empty file, or a "
+                                          "line that is not a JSON object (named)."),
+                              413: _error("The file is larger than max_file_bytes "
+                                          "(code request_too_large).")})
+async def create_file(request: Request) -> SafeJSONResponse:
+    tenant = identity_of(request).tenant
+    async with request.form(max_files=1, max_fields=16) as form:
+        created = await upload(_store(request), tenant, form)
+    return SafeJSONResponse(file_json(created))
+
+
+@files_router.get("/v1/files", response_model=FileList,
+                  responses={400: _error("limit, order or after is not valid.")})
+async def list_files(request: Request, purpose: str | None = None,
+                     limit: int = LIST_LIMIT_MAX, after: str | None = None,
+                     order: str = "desc") -> SafeJSONResponse:
+    if not 1 <= limit <= LIST_LIMIT_MAX:
+        raise InvalidRequest(f"limit must be from 1 to {LIST_LIMIT_MAX}.", param="limit")
+    if order not in get_args(FileOrder):
+        raise InvalidRequest("order must be asc or desc.", param="order")
+    if after is not None and not is_file_id(after):
+        raise InvalidRequest("after must be a file id (file-...).", param="after")
+    page = await _store(request).list(identity_of(request).tenant, purpose=purpose,
+                                      limit=limit, after=after,
+                                      order=cast(FileOrder, order))
+    return SafeJSONResponse(page_json(page))
+
+
+@files_router.get("/v1/files/{file_id}", response_model=OpenAIFile, responses=_NOT_FOUND)
+async def retrieve_file(file_id: str, request: Request) -> SafeJSONResponse:
+    found = await _store(request).get(identity_of(request).tenant, file_id)
+    return SafeJSONResponse(file_json(found))
+
+
+@files_router.get("/v1/files/{file_id}/content", response_class=StreamingResponse,
+                  responses={200: {"content": _BINARY, "description": "The file's bytes."},
+                             **_NOT_FOUND})
+async def file_content(file_id: str, request: Request) -> StreamingResponse:
+    found, chunks = await _store(request).open(identity_of(request).tenant, file_id)
+    return StreamingResponse(chunks, media_type="application/octet-stream",
+                             headers={"Content-Length": str(found.bytes)})
+
+
+@files_router.delete("/v1/files/{file_id}", response_model=FileDeleted, responses=_NOT_FOUND)
+async def delete_file(file_id: str, request: Request) -> SafeJSONResponse:
+    deleted = await _store(request).delete(identity_of(request).tenant, file_id)
+    return SafeJSONResponse(deleted_json(deleted))

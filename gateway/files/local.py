@@ -1,0 +1,268 @@
+""":class:`LocalFileStore`: the file store in a local directory
+(``settings.files_dir``), shared safely by the gateway replicas of one host.
+
+Layout: one directory per tenant, named by a hash of the tenant (a tenant name
+never becomes a path), holding per file its content ``<id>`` and its record
+``<id>.json``::
+
+    files_dir/<sha256(tenant)[:32]>/file-0194c1a2b3c4d5e6f7a8b9c0
+    files_dir/<sha256(tenant)[:32]>/file-0194c1a2b3c4d5e6f7a8b9c0.json
+
+Decisions:
+
+- A file exists when its record exists. ``create`` writes the content to a
+  hidden temporary name (``.<id>.<random>.tmp``), fsyncs it and renames it into
+  place, then does the same with the record, then fsyncs the directory. A crash
+  at any point leaves at most a temporary file or a content file without a
+  record, and neither is ever seen: readers go by records, and listing knows
+  only names of the ``<id>.json`` form. (Such leftovers are not swept here:
+  another replica may be writing that very temporary file.)
+- ``delete`` removes the record first (the file is gone at that instant), then
+  the content.
+- An id is checked against ``file-`` + 24 hex digits before any path is built
+  from it, so ``../`` and the like never reach the disk; a tenant's directory
+  name is a hash, so a tenant cannot name another's directory either. The
+  record also names its tenant, and a mismatch is answered as not found.
+- All disk I/O runs in a thread (``asyncio.to_thread``): a 100 MiB upload or
+  download never stalls the event loop. ``open`` opens the content before it
+  returns, so a download that started is not cut by a concurrent delete
+  (POSIX keeps an unlinked, open file readable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import hashlib
+import json
+import os
+import re
+import secrets
+import time
+from collections.abc import AsyncIterable, AsyncIterator
+from pathlib import Path
+from typing import IO
+
+from conveyor.settings import Settings
+from gateway.files.store import (
+    CHUNK_BYTES,
+    LIST_LIMIT_MAX,
+    FileContent,
+    FileNotFound,
+    FileObject,
+    FileOrder,
+    FilePage,
+    FilePurpose,
+    is_file_id,
+    new_file_id,
+)
+
+__all__ = ["LocalFileStore"]
+
+_RECORD = re.compile(r"(file-[0-9a-f]{24})\.json")
+
+
+class LocalFileStore:
+    """A :class:`~gateway.files.store.FileStore` under ``settings.files_dir``."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.root = Path(settings.files_dir)
+
+    def tenant_dir(self, tenant: str) -> Path:
+        digest = hashlib.sha256(tenant.encode("utf-8", "surrogatepass")).hexdigest()
+        return self.root / digest[:32]
+
+    def _paths(self, tenant: str, file_id: str) -> tuple[Path, Path]:
+        """The content and record paths of a valid id (FileNotFound for any other)."""
+        if not is_file_id(file_id):
+            raise FileNotFound(file_id)
+        directory = self.tenant_dir(tenant)
+        return directory / file_id, directory / f"{file_id}.json"
+
+    async def create(self, tenant: str, purpose: FilePurpose, filename: str,
+                     content: FileContent) -> FileObject:
+        now_ms = int(time.time() * 1000)
+        file_id = new_file_id(now_ms)  # created_at is the id's time: the two order alike
+        directory = self.tenant_dir(tenant)
+        staged = await asyncio.to_thread(_Staged, directory, file_id)
+        try:
+            async for chunk in _chunks(content):
+                await asyncio.to_thread(staged.write, chunk)
+            created = FileObject(id=file_id, tenant=tenant, purpose=purpose,
+                                 filename=filename, bytes=staged.size,
+                                 created_at=now_ms // 1000)
+            staged.committing = True
+            await asyncio.to_thread(staged.commit, created)
+        except BaseException:
+            staged.discard()  # an unlink: quick, and safe in a task being cancelled
+            raise
+        return created
+
+    async def get(self, tenant: str, file_id: str) -> FileObject:
+        _, record = self._paths(tenant, file_id)
+        return await asyncio.to_thread(self._load, tenant, file_id, record)
+
+    async def open(self, tenant: str, file_id: str
+                   ) -> tuple[FileObject, AsyncIterator[bytes]]:
+        content, record = self._paths(tenant, file_id)
+
+        def opened() -> tuple[FileObject, IO[bytes]]:
+            found = self._load(tenant, file_id, record)
+            try:
+                return found, open(content, "rb")  # noqa: SIM115 (closed by _stream)
+            except FileNotFoundError:  # deleted between the two
+                raise FileNotFound(file_id) from None
+
+        found, handle = await asyncio.to_thread(opened)
+        return found, _stream(handle)
+
+    async def read(self, tenant: str, file_id: str) -> bytes:
+        _, chunks = await self.open(tenant, file_id)
+        return b"".join([chunk async for chunk in chunks])
+
+    async def delete(self, tenant: str, file_id: str) -> FileObject:
+        content, record = self._paths(tenant, file_id)
+
+        def remove() -> FileObject:
+            found = self._load(tenant, file_id, record)
+            try:
+                record.unlink()
+            except FileNotFoundError:  # another request deleted it first
+                raise FileNotFound(file_id) from None
+            content.unlink(missing_ok=True)
+            _sync_dir(record.parent)
+            return found
+
+        return await asyncio.to_thread(remove)
+
+    async def list(self, tenant: str, *, purpose: str | None = None,
+                   limit: int = LIST_LIMIT_MAX, after: str | None = None,
+                   order: FileOrder = "desc") -> FilePage:
+        if after is not None and not is_file_id(after):
+            raise ValueError(f"after is not a file id: {after!r}")
+        return await asyncio.to_thread(self._page, tenant, purpose, limit, after, order)
+
+    def _page(self, tenant: str, purpose: str | None, limit: int, after: str | None,
+              order: FileOrder) -> FilePage:
+        directory = self.tenant_dir(tenant)
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return FilePage(data=(), has_more=False)
+        ids = sorted((m.group(1) for m in map(_RECORD.fullmatch, names) if m),
+                     reverse=order == "desc")
+        if after is not None:
+            ids = [i for i in ids if (i > after if order == "asc" else i < after)]
+        found: builtins.list[FileObject] = []
+        for file_id in ids:
+            try:
+                record = self._load(tenant, file_id, directory / f"{file_id}.json")
+            except FileNotFound:  # deleted while this page was read
+                continue
+            if purpose is None or record.purpose == purpose:
+                found.append(record)
+                if len(found) > limit:
+                    break
+        return FilePage(data=tuple(found[:limit]), has_more=len(found) > limit)
+
+    @staticmethod
+    def _load(tenant: str, file_id: str, record: Path) -> FileObject:
+        try:
+            text = record.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise FileNotFound(file_id) from None
+        found = FileObject.from_record(json.loads(text))
+        if found.tenant != tenant or found.id != file_id:
+            raise FileNotFound(file_id)
+        return found
+
+
+class _Staged:
+    """A file being written under a temporary name in its tenant's directory."""
+
+    def __init__(self, directory: Path, file_id: str) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.directory = directory
+        self.file_id = file_id
+        self.temp = directory / f".{file_id}.{secrets.token_hex(4)}.tmp"
+        self.handle: IO[bytes] | None = open(self.temp, "xb")  # noqa: SIM115
+        self.size = 0
+        self.committing = False
+
+    def write(self, chunk: bytes) -> None:
+        assert self.handle is not None
+        self.handle.write(chunk)
+        self.size += len(chunk)
+
+    def commit(self, record: FileObject) -> None:
+        """Content into place, then the record (which makes the file exist)."""
+        assert self.handle is not None
+        handle, self.handle = self.handle, None
+        content = self.directory / self.file_id
+        try:
+            with handle:
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(self.temp, content)
+            _write_atomically(self.directory / f"{self.file_id}.json",
+                              json.dumps(record.to_record()).encode())
+        except BaseException:
+            self.temp.unlink(missing_ok=True)
+            content.unlink(missing_ok=True)
+            raise
+        _sync_dir(self.directory)
+
+    def discard(self) -> None:
+        """Forget a file whose content did not come whole. Once the commit has begun
+        it runs to its end in its thread whatever happens to the request (a
+        cancelled upload then leaves a complete file, or nothing visible)."""
+        if self.committing:
+            return
+        if self.handle is not None:
+            self.handle.close()
+            self.handle = None
+        self.temp.unlink(missing_ok=True)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    temp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(temp, "xb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+
+
+def _sync_dir(directory: Path) -> None:
+    """Make the renames and unlinks in ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+async def _chunks(content: FileContent) -> AsyncIterator[bytes]:
+    if isinstance(content, bytes | bytearray | memoryview):
+        view = memoryview(content)
+        for start in range(0, len(view), CHUNK_BYTES):
+            yield bytes(view[start:start + CHUNK_BYTES])
+        return
+    assert isinstance(content, AsyncIterable)
+    async for chunk in content:
+        yield chunk
+
+
+async def _stream(handle: IO[bytes]) -> AsyncIterator[bytes]:
+    """The content in chunks, read in a thread; the file is closed when the stream
+    ends, fails or is closed early."""
+    try:
+        while chunk := await asyncio.to_thread(handle.read, CHUNK_BYTES):
+            yield chunk
+    finally:
+        handle.close()
