@@ -1,19 +1,39 @@
-"""Schedule: pick the least loaded live worker of the pool, address its partition.
+"""Schedule: send each task to a live worker of its pool, interactive first.
 
-When no worker of the pool is live, the task is parked, not waited for: the
-layer goes on scheduling other pools' tasks, a background task places the
-parked ones (in arrival order) as soon as a worker appears, and a task still
-parked ``no_worker_timeout_s`` after it entered the pipeline fails with 503
-``no_worker_available``. A parked task's offset is not committed, so a
-scheduler that dies with tasks parked leaves them to its successor. A request
-whose deadline has passed fails with 504 instead of being sent to a worker.
+**Interactive tasks** (``envelope.priority`` 0) go at once to the least
+loaded live worker's partition. When no worker of the pool is live, the
+task is parked, not waited for: the layer goes on scheduling other pools'
+tasks, a background task places the parked ones (in arrival order) as soon
+as a worker appears, and a task still parked ``no_worker_timeout_s`` after
+it entered the pipeline fails with 503 ``no_worker_available``.
 
-A cancelled request's parked task is dropped (``cancel``, called by the
-runtime for every cancel on ``conveyor.control``), so no task for it reaches
-infer after the cancel. When the worker table cannot see the heartbeats
-(Kafka unreachable, or contact regained too recently to have heard every
-worker), a task out of time fails with 503 ``pipeline_unavailable``, not
-``no_worker_available``: the workers may well be alive.
+**Background and batch tasks** (priority 1 and 2) are held here
+(:mod:`workers.schedule.held`) and released one at a time, only while a
+worker has room for them (:mod:`workers.schedule.admission`: the batch
+share of ``settings.batch_max_share`` while interactive traffic is around,
+every slot when it is not): a worker's partition is a queue it takes from
+in order, and an interactive task must never wait behind a batch there. A
+held task waits for a slot until its own deadline (504 then), whether the
+workers are busy or, for a while, gone; never ``no_worker_timeout_s``. An
+idle pool takes one at once, without holding it.
+
+Loads are known between heartbeats: schedule counts what it sent to each
+worker (:mod:`workers.schedule.outstanding`) and hears each generation's
+end from its final chunk on ``conveyor.tokens``
+(:mod:`workers.schedule.finishes`), so the next held task goes out within
+milliseconds of a slot freeing up.
+
+Parked and held tasks' offsets are not committed (``committable``), so a
+scheduler that dies leaves them to its successor. A request whose deadline
+has passed fails with 504 instead of being sent to a worker.
+
+A cancelled request's parked or held task is dropped (``cancel``, called by
+the runtime for every cancel on ``conveyor.control``), so no task for it
+reaches infer after the cancel. When the worker table cannot see the
+heartbeats (Kafka unreachable, or contact regained too recently to have
+heard every worker), an interactive task out of time fails with 503
+``pipeline_unavailable``, not ``no_worker_available``: the workers may well
+be alive.
 """
 
 from __future__ import annotations
@@ -36,18 +56,23 @@ from conveyor.errors import (
     SchemaError,
 )
 from conveyor.settings import Settings
-from schemas.codec import EventType
-from schemas.records import Task
+from schemas.codec import Codec, EventType, default_codec
+from schemas.records import Envelope, Task
 from topics.catalog import infer_topic
-from topics.envelope import now_ms, stamp
+from topics.envelope import PRIORITY_INTERACTIVE, now_ms, now_us, stamp
 from workers.outputs import Output, Sender, error_info, failure_reply
-from workers.schedule.table import WorkerTable
+from workers.schedule.admission import LINGER_S, BatchAdmission, Candidate
+from workers.schedule.finishes import FinishFollower
+from workers.schedule.held import Held, HeldQueue
+from workers.schedule.outstanding import Outstanding
+from workers.schedule.table import WorkerTable, WorkerView
 
 __all__ = ["ScheduleLayer", "Parked"]
 
 log = logging.getLogger(__name__)
 
 _RECHECK_S = 0.25
+_EXPIRE_EVERY_MS = 5000
 
 
 @dataclass
@@ -63,14 +88,23 @@ class ScheduleLayer:
     source_type: EventType = "Task"
 
     def __init__(self, settings: Settings, table: WorkerTable | None = None,
-                 clock: Callable[[], int] = now_ms) -> None:
+                 clock: Callable[[], int] = now_ms, *, prefetch: int = 0,
+                 linger_s: float = LINGER_S, codec: Codec | None = None) -> None:
         self.settings = settings
         self.table = table or WorkerTable(settings)
         self.source_topic = settings.topic("routed")
         self.parked: list[Parked] = []
+        self.held = HeldQueue()
+        self.outstanding = Outstanding(clock)
+        self.admission = BatchAdmission(settings.batch_max_share, prefetch, linger_s, clock)
+        self.codec = codec or default_codec()
         self.clock = clock
+        self.finishes = FinishFollower(settings, self.outstanding.__contains__, self.finished,
+                                       self.codec)
         self._sender: Sender | None = None
         self._background: list[asyncio.Task[None]] = []
+        self._reconciled: dict[str, int] = {}
+        self._expired_at = 0
 
     async def start(self, sender: Sender) -> None:
         """Read the heartbeats seen so far before scheduling (a bounded wait:
@@ -78,7 +112,8 @@ class ScheduleLayer:
         self._sender = sender
         ready = asyncio.Event()
         follower = asyncio.create_task(self.table.follow(ready), name="worker-table")
-        self._background = [follower]
+        self._background = [follower,
+                            asyncio.create_task(self.finishes.run(), name="finishes")]
         waiter = asyncio.create_task(ready.wait())
         await asyncio.wait([waiter, follower], timeout=self.settings.no_worker_timeout_s,
                            return_when=asyncio.FIRST_COMPLETED)
@@ -98,10 +133,14 @@ class ScheduleLayer:
             if task.done():
                 task.result()  # re-raise on the caller, never lost
 
+    # -- taking tasks -----------------------------------------------------------
+
     async def handle(self, event: Task, record: Any) -> list[Output]:
         self._check_background()
         envelope = stamp(event["envelope"], self.name)
         pool = event["route"]["pool"]
+        if envelope["priority"] > PRIORITY_INTERACTIVE:
+            return self._hold(event, record)
         entered_ms = envelope["stamps"].get("gateway", envelope["stamps"][self.name]) // 1000
         give_up_ms = entered_ms + int(self.settings.no_worker_timeout_s * 1000)
         if envelope["deadline_ms"]:
@@ -116,23 +155,92 @@ class ScheduleLayer:
                                   give_up_ms))
         return []
 
-    def place(self, task: Task) -> Output | None:
-        """The output sending ``task`` to a live worker, or None when none is live."""
+    def _hold(self, task: Task, record: Any) -> list[Output]:
+        """A background or batch task: to a worker with room now, if none of its
+        pool is held before it; else held until there is room."""
         envelope = task["envelope"]
+        self._check_deadline(envelope)
+        pool = task["route"]["pool"]
+        if not self.held.count(pool):
+            view = self._room_for_low(pool)
+            if view is not None:
+                return [self._address(task, view)]
+        value = getattr(record, "value", None)
+        tp = TopicPartition(record.topic, record.partition) if record is not None else None
+        self.held.add(Held(
+            request_id=envelope["request_id"], pool=pool, priority=envelope["priority"],
+            give_up_ms=self._expiry_ms(envelope), tp=tp,
+            offset=record.offset if record is not None else -1,
+            payload=value if isinstance(value, bytes) else task,
+            stamped_us=envelope["stamps"].get(self.name, now_us())))
+        return []
+
+    def place(self, task: Task) -> Output | None:
+        """The output sending interactive ``task`` to the least loaded live worker,
+        or None when none is live."""
+        self._check_deadline(task["envelope"])
+        live = self.table.live(task["route"]["pool"])
+        if not live:
+            return None
+        view = min(live, key=lambda w: (self._busy(w) / max(1, w.beat["capacity"]),
+                                        w.beat["worker_id"]))
+        self.admission.interactive_sent(task["route"]["pool"])
+        return self._address(task, view)
+
+    def _check_deadline(self, envelope: Envelope) -> None:
         if envelope["deadline_ms"] and self.clock() >= envelope["deadline_ms"]:
             raise DeadlineExceeded("The request's deadline passed before a worker took it.")
-        choice = self.table.choose(task["route"]["pool"])
-        if choice is None:
-            return None
-        worker, partition = choice
-        task["route"]["worker_id"] = worker.beat["worker_id"]
+
+    def _expiry_ms(self, envelope: Envelope) -> int:
+        """Until when a request may wait: its deadline, or the request timeout."""
+        if envelope["deadline_ms"]:
+            return envelope["deadline_ms"]
+        entered_ms = envelope["stamps"].get("gateway", now_us()) // 1000
+        return entered_ms + int(self.settings.request_timeout_s * 1000)
+
+    def _busy(self, view: WorkerView) -> int:
+        """A worker's tasks: what its beats tell, never less than what this
+        scheduler sent it and has not seen finish."""
+        return max(view.busy(), self.outstanding.at(view.beat["worker_id"]))
+
+    def _room_for_low(self, pool: str) -> WorkerView | None:
+        """The worker the next background or batch task of ``pool`` may go to now."""
+        live = {w.beat["worker_id"]: w for w in self.table.live(pool)}
+        candidates = [Candidate(wid, w.beat["capacity"], self._busy(w))
+                      for wid, w in live.items()]
+        chosen = self.admission.choose(pool, candidates, self.outstanding.low(pool),
+                                       self.outstanding.interactive(pool))
+        return live[chosen.worker_id] if chosen is not None else None
+
+    def _address(self, task: Task, view: WorkerView) -> Output:
+        envelope = task["envelope"]
+        partition = self.table.address(view)
+        task["route"]["worker_id"] = view.beat["worker_id"]
         task["route"]["partition"] = partition
+        self.outstanding.add(envelope["request_id"], view.beat["worker_id"],
+                             task["route"]["pool"], envelope["priority"],
+                             self._expiry_ms(envelope))
         return Output(infer_topic(self.settings, task["route"]["pool"]), "Task", task,
                       key=envelope["request_id"], partition=partition)
 
+    # -- what happens to tasks ------------------------------------------------
+
+    def finished(self, request_id: str, worker_id: str, written_ms: int) -> None:
+        """A generation this scheduler sent ended (its final chunk was written
+        at ``written_ms`` by ``worker_id``): its slot is free."""
+        if self.outstanding.forget(request_id) is not None:
+            self.table.finished(worker_id, written_ms)
+            self.table.changed.set()
+
     def cancel(self, request_id: str) -> None:
-        """Drop the parked task of a cancelled request (its offset is released)."""
+        """Drop the parked or held task of a cancelled request (its offset is
+        released); a task already sent no longer counts on its worker."""
         self.parked = [p for p in self.parked if p.task["envelope"]["request_id"] != request_id]
+        self.held.remove(request_id)
+        sent = self.outstanding.forget(request_id)
+        if sent is not None:  # the worker stops it
+            self.table.finished(sent.worker_id, self.clock())
+            self.table.changed.set()
 
     def _out_of_time(self, parked: Parked) -> RequestError:
         pool = parked.task["route"]["pool"]
@@ -166,35 +274,90 @@ class ScheduleLayer:
                     blocked.add(pool)  # later tasks of the pool stay behind this one
                     continue
                 outputs = [out]
-            await self._deliver(sender, parked, outputs)
+            await self._deliver(sender, parked.task["envelope"], outputs)
             # handle() may have parked more, or a cancel dropped some, meanwhile
             self.parked = [p for p in self.parked if p is not parked]
 
-    async def _deliver(self, sender: Sender, parked: Parked, outputs: list[Output]) -> None:
-        """Produce a parked task's outcome; what can never be produced fails the request."""
+    async def release_held(self) -> None:
+        """Fail the held tasks out of time; send the next ones while workers
+        have room for them."""
+        sender = self._sender
+        assert sender is not None
+        sends: list[tuple[Envelope, list[Output]]] = []
+        for late in self.held.expired(self.clock()):
+            envelope = self._task_of(late)["envelope"]
+            exc = DeadlineExceeded("The request's deadline passed while it waited for a "
+                                   "worker with room for it.")
+            reply = sender.error_output(envelope, error_info(exc))
+            sends.append((envelope, [reply] if reply is not None else []))
+        for pool in self.held.pools():
+            while self.held.count(pool):
+                view = self._room_for_low(pool)
+                if view is None:
+                    break
+                held = self.held.pop(pool)
+                if held is None:
+                    break
+                task = self._task_of(held)
+                sends.append((task["envelope"], [self._address(task, view)]))
+        await asyncio.gather(*(self._deliver(sender, env, outs) for env, outs in sends))
+
+    def _task_of(self, held: Held) -> Task:
+        if not isinstance(held.payload, bytes):
+            return held.payload
+        task: Task = self.codec.decode(held.payload, "Task")
+        task["envelope"]["stamps"].setdefault(self.name, held.stamped_us)
+        return task
+
+    async def _deliver(self, sender: Sender, envelope: Envelope, outputs: list[Output]) -> None:
+        """Produce a task's outcome; what can never be produced fails the request."""
         try:
             await sender.produce(outputs)
         except (PermanentBrokerError, SchemaError) as exc:
-            envelope = parked.task["envelope"]
             log.error("request %s: cannot send its task: %s", envelope["request_id"], exc)
+            self.outstanding.forget(envelope["request_id"])
             reply = sender.error_output(envelope, error_info(failure_reply(exc, self.name)))
             if reply is not None:
                 with contextlib.suppress(PermanentBrokerError, SchemaError):
                     await sender.produce([reply])
 
+    def reconcile(self) -> None:
+        """Let new heartbeats correct the count of tasks sent (see outstanding)."""
+        # the beat's time is the worker's clock, the entries' the scheduler's
+        slack_ms = int(2 * self.settings.heartbeat_interval_s * 1000) + \
+            self.settings.clock_skew_ms
+        for wid, view in self.table.workers.items():
+            beat = view.beat
+            if self._reconciled.get(wid) != beat["ts_ms"]:
+                self._reconciled[wid] = beat["ts_ms"]
+                self.outstanding.reconcile(wid, beat["running"], beat["capacity"],
+                                           beat["ts_ms"], slack_ms)
+        now = self.clock()
+        if now - self._expired_at >= _EXPIRE_EVERY_MS:
+            self._expired_at = now
+            self.outstanding.expire()
+
     async def _place_parked_loop(self) -> None:
         while True:
+            self.table.changed.clear()
+            self.reconcile()
             if self.parked:
                 await self.place_parked()
-            self.table.changed.clear()
+            if len(self.held):
+                await self.release_held()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.table.changed.wait(), _RECHECK_S)
 
+    # -- offsets ----------------------------------------------------------------
+
     def committable(self, tp: TopicPartition, next_offset: int) -> int:
-        """Never commit past a task still parked on ``tp``."""
-        return min([next_offset, *(p.offset for p in self.parked if p.tp == tp)])
+        """Never commit past a task still parked or held on ``tp``."""
+        held = self.held.low(tp)
+        return min([next_offset, *(p.offset for p in self.parked if p.tp == tp),
+                    *([held] if held is not None else [])])
 
     def revoked(self, partitions: list[TopicPartition]) -> None:
-        """Tasks parked from those partitions are the new owner's to schedule."""
+        """Tasks parked or held from those partitions are the new owner's."""
         gone = set(partitions)
         self.parked = [p for p in self.parked if p.tp not in gone]
+        self.held.revoked(gone)

@@ -38,11 +38,18 @@ class WorkerView:
     beat: WorkerHeartbeat
     # tasks this scheduler sent since the beat was written (not yet in `queued`)
     sent_since_beat: int = 0
+    # tasks of this scheduler whose final chunk was written after the beat
+    finished_since_beat: int = 0
     next_partition: int = 0
 
-    def load(self) -> float:
+    def busy(self) -> int:
+        """The worker's tasks as its last beat and what happened since tell."""
         b = self.beat
-        return (b["running"] + b["queued"] + self.sent_since_beat) / max(1, b["capacity"])
+        return max(0, b["running"] + b["queued"] + self.sent_since_beat
+                   - self.finished_since_beat)
+
+    def load(self) -> float:
+        return self.busy() / max(1, self.beat["capacity"])
 
 
 @dataclass
@@ -93,17 +100,34 @@ class WorkerTable:
             and w.beat["partitions"]
         ]
 
-    def choose(self, pool: str) -> tuple[WorkerView, int] | None:
-        """The least loaded live worker of ``pool`` and one of its partitions."""
+    def choose(self, pool: str, load: Callable[[WorkerView], float] | None = None
+               ) -> tuple[WorkerView, int] | None:
+        """The least loaded live worker of ``pool`` and one of its partitions
+        (``load``: a better estimate than the heartbeat's, when schedule has one)."""
         candidates = self.live(pool)
         if not candidates:
             return None
-        best = min(candidates, key=lambda w: (w.load(), w.beat["worker_id"]))
-        parts = best.beat["partitions"]
-        partition = parts[best.next_partition % len(parts)]
-        best.next_partition += 1
-        best.sent_since_beat += 1
-        return best, partition
+        measure = load or WorkerView.load
+        best = min(candidates, key=lambda w: (measure(w), w.beat["worker_id"]))
+        return best, self.address(best)
+
+    @staticmethod
+    def address(view: WorkerView) -> int:
+        """The partition of ``view``'s worker the next task goes to (round robin);
+        the task counts on the worker until its next beat."""
+        parts = view.beat["partitions"]
+        partition = parts[view.next_partition % len(parts)]
+        view.next_partition += 1
+        view.sent_since_beat += 1
+        return partition
+
+    def finished(self, worker_id: str, written_ms: int) -> None:
+        """A task of this scheduler ended on ``worker_id`` (its final chunk was
+        written at ``written_ms``, the worker's clock, as the beat's ``ts_ms``):
+        it no longer counts, unless the last beat was written after it."""
+        view = self.workers.get(worker_id)
+        if view is not None and written_ms >= view.beat["ts_ms"]:
+            view.finished_since_beat += 1
 
     async def follow(self, ready: asyncio.Event | None = None) -> None:
         """Read the heartbeat topic from the start, then keep following it

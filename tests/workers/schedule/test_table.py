@@ -145,3 +145,18 @@ def test_other_pools_are_ignored(table: WorkerTable) -> None:
     assert table.choose("tpu") is None
     chosen = table.choose("cpu")
     assert chosen is not None and chosen[0].beat["worker_id"] == "cpu0"
+
+
+def test_ends_after_the_beat_free_a_slot_and_ends_before_it_do_not(table: WorkerTable) -> None:
+    table.apply(beat("w0", running=2, capacity=2))
+    view = table.workers["w0"]
+    ts = view.beat["ts_ms"]
+    table.address(view)  # one more sent since the beat
+    assert view.busy() == 3
+    table.finished("w0", ts - 5)  # the beat already left it out
+    assert view.busy() == 3
+    table.finished("w0", ts + 5)
+    table.finished("unknown", ts + 5)
+    assert view.busy() == 2 and view.load() == 1.0
+    table.apply(beat("w0", running=1, capacity=2))  # a new beat starts over
+    assert table.workers["w0"].busy() == 1

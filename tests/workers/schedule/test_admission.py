@@ -1,0 +1,53 @@
+"""BatchAdmission: the batch share while interactive traffic is around, all of
+the pool when it is not."""
+
+from __future__ import annotations
+
+from workers.schedule.admission import BatchAdmission, Candidate
+
+
+def cands(*loads: int, capacity: int = 2) -> list[Candidate]:
+    return [Candidate(f"w{i}", capacity, load) for i, load in enumerate(loads)]
+
+
+def test_the_cap_is_the_floor_of_the_share() -> None:
+    a = BatchAdmission(share=0.75)
+    assert [a.cap(c) for c in (1, 2, 4, 8, 16)] == [0, 1, 3, 6, 12]
+
+
+def test_without_interactive_traffic_batch_fills_every_slot() -> None:
+    a = BatchAdmission(share=0.75, clock=lambda: 0)
+    assert a.choose("cpu", cands(1, 0), 1, 0).worker_id == "w1"  # type: ignore[union-attr]
+    assert a.choose("cpu", cands(2, 1), 3, 0).worker_id == "w1"  # type: ignore[union-attr]
+    assert a.choose("cpu", cands(2, 2), 4, 0) is None
+    assert a.choose("cpu", [], 0, 0) is None
+
+
+def test_a_prefetch_queues_that_many_more_per_worker_when_alone() -> None:
+    a = BatchAdmission(share=0.75, prefetch=1, clock=lambda: 0)
+    assert a.choose("cpu", cands(2), 2, 0) is not None
+    assert a.choose("cpu", cands(3), 3, 0) is None
+
+
+def test_with_interactive_traffic_batch_keeps_to_its_share() -> None:
+    clock = [10_000]
+    a = BatchAdmission(share=0.75, prefetch=1, linger_s=2.0, clock=lambda: clock[0])
+    # an interactive task is running: capacity 4, share 3
+    assert a.choose("cpu", cands(1, 1), 2, 1) is not None
+    assert a.choose("cpu", cands(2, 2), 3, 1) is None  # batch holds its 3 slots
+    # no prefetch while interactive traffic is around: only free slots count
+    assert a.choose("cpu", cands(2, 1), 2, 0) is not None
+    a.interactive_sent("cpu")
+    assert a.choose("cpu", cands(2, 1), 3, 0) is None
+    # the linger ends: batch may take everything again
+    clock[0] += 2001
+    assert a.choose("cpu", cands(2, 1), 3, 0) is not None
+    # another pool never saw interactive traffic
+    a.interactive_sent("gpu")
+    assert a.choose("cpu", cands(2, 1), 3, 0) is not None
+
+
+def test_a_pool_of_one_slot_leaves_it_to_interactive_traffic() -> None:
+    a = BatchAdmission(share=0.75, clock=lambda: 0)
+    assert a.choose("cpu", cands(0, capacity=1), 0, 1) is None
+    assert a.choose("cpu", cands(0, capacity=1), 0, 0) is not None

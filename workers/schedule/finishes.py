@@ -1,0 +1,93 @@
+"""Generations' ends, read from ``conveyor.tokens``: when a task sent to a
+worker has finished, so its slot is free again.
+
+Heartbeats come once a second; a held batch task released only at the next
+beat after a slot freed would leave the slot idle for half a second on
+average, a large share of a short generation. The final chunk of every
+generation (``finish_reason`` set, or an error) is in ``conveyor.tokens`` a
+few milliseconds after the end, so schedule follows that topic (every
+partition, from its end when schedule starts) and hears of each end at
+once.
+
+Only chunks of requests schedule is waiting for are decoded (``wanted``,
+checked on the record's key, the request id): the rest of the token stream
+costs a dictionary lookup per record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from aiokafka import ConsumerRecord
+
+from conveyor.errors import SchemaError
+from conveyor.settings import Settings
+from schemas.codec import Codec, default_codec
+from topics.follow import Follower, follow
+
+__all__ = ["FinishFollower", "OnFinish"]
+
+log = logging.getLogger(__name__)
+
+# (request id, worker id, when the final chunk was written: the worker's clock, ms)
+OnFinish = Callable[[str, str, int], None]
+
+
+class FinishFollower:
+    """Follows every partition of ``conveyor.tokens``; calls ``on_finish`` for
+    the final chunk of each request ``wanted`` accepts."""
+
+    def __init__(self, settings: Settings, wanted: Callable[[str], bool], on_finish: OnFinish,
+                 codec: Codec | None = None, partitions: int | None = None) -> None:
+        self.settings = settings
+        self.wanted = wanted
+        self.on_finish = on_finish
+        self.codec = codec or default_codec()
+        self.partitions = settings.pipeline_partitions if partitions is None else partitions
+        self.followers: list[Follower] = []
+
+    async def run(self, ready: asyncio.Event | None = None) -> None:
+        """Follow until cancelled (through broker outages: see topics/follow.py);
+        ``ready`` is set once every partition is positioned at its end."""
+        topic = self.settings.topic("tokens")
+        self.followers = [follow(self.settings, topic, p, "end", poll_ms=200)
+                          for p in range(self.partitions)]
+        tasks = [asyncio.create_task(self._follow(f), name=f"finishes-{f.tp.partition}")
+                 for f in self.followers]
+        if ready is not None:
+            tasks.append(asyncio.create_task(self._signal_ready(ready), name="finishes-ready"))
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()  # a failure surfaces on the layer
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def _signal_ready(self, ready: asyncio.Event) -> None:
+        for follower in self.followers:
+            await follower.caught_up.wait()
+        ready.set()
+
+    async def _follow(self, follower: Follower) -> None:
+        async for records in follower:
+            for record in records:
+                self.read(record)
+
+    def read(self, record: ConsumerRecord[bytes, bytes]) -> None:
+        """Hand on the end of a generation ``wanted`` accepts."""
+        if record.key is None:
+            return
+        request_id = record.key.decode(errors="replace")
+        if not self.wanted(request_id):
+            return
+        try:
+            chunk = self.codec.decode(record.value, "TokenChunk")
+        except SchemaError as exc:
+            log.warning("ignoring a bad token chunk at %s[%d]@%d: %s", record.topic,
+                        record.partition, record.offset, exc)
+            return
+        if chunk["finish_reason"] is not None or chunk["error"] is not None:
+            self.on_finish(request_id, chunk["worker_id"], record.timestamp)

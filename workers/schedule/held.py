@@ -1,0 +1,173 @@
+"""The low-priority tasks schedule holds back until a worker has room for them.
+
+Background (priority 1) and batch (priority 2) tasks are not sent to a
+worker's partition as they arrive: a partition is a FIFO the worker takes
+from only when its engine has a free slot, so an interactive task behind 500
+batch tasks there would wait for all of them. Schedule keeps them here
+instead and releases them one by one as slots free up
+(:mod:`workers.schedule.admission` says when).
+
+Decisions:
+
+* **Order.** Per pool, lowest priority number first, then arrival order
+  (a batch's lines go out in the order they were submitted).
+* **Compact.** A held task keeps its encoded bytes as read from
+  ``conveyor.routed`` (about 270 bytes for a one-line prompt) and a few
+  fields (about 420 bytes with its heap entries), not the decoded dict
+  (about 2.4 KB for the same task): 50,000 held tasks of short prompts take
+  about 35 MB. It is decoded again when released.
+* **Nothing is lost.** A held task's offset is never committed (``low``
+  gives the lowest held offset of a partition), so a scheduler that dies
+  leaves its held tasks to its successor.
+* **Time.** A held task waits until its own deadline (``give_up_ms``), not
+  ``no_worker_timeout_s``: busy workers, or none at all for a while (a
+  restart), are what a batch is for. ``expired`` hands back those whose time
+  is up.
+* **Every operation is O(log n)**: heaps with lazy removal (a removed entry
+  is marked and skipped when it reaches the top), and dictionaries by
+  request id and by partition.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from aiokafka import TopicPartition
+
+from schemas.records import Task
+
+__all__ = ["Held", "HeldQueue"]
+
+
+@dataclass(eq=False, slots=True)
+class Held:
+    """One task held back: what it takes to release it, fail it or commit past it."""
+
+    request_id: str
+    pool: str
+    priority: int
+    give_up_ms: int
+    tp: TopicPartition | None
+    offset: int
+    # the encoded Task as read (decoded again on release), or the Task itself
+    # when there are no bytes (an event not read from Kafka)
+    payload: bytes | Task
+    # when schedule took the task (its envelope's ``schedule`` stamp)
+    stamped_us: int
+    seq: int = 0
+    gone: bool = field(default=False)
+
+
+class HeldQueue:
+    """Held tasks by pool (in release order), by request id, by deadline and by
+    source partition."""
+
+    def __init__(self) -> None:
+        self._seq = itertools.count()
+        self._by_id: dict[str, Held] = {}
+        self._by_pool: dict[str, list[tuple[int, int, Held]]] = {}
+        self._pool_count: dict[str, int] = {}
+        self._by_deadline: list[tuple[int, int, Held]] = []
+        self._offsets: dict[TopicPartition, list[int]] = {}
+        self._live: dict[TopicPartition, dict[int, Held]] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._by_id
+
+    def count(self, pool: str) -> int:
+        return self._pool_count.get(pool, 0)
+
+    def pools(self) -> list[str]:
+        """The pools with tasks held."""
+        return [pool for pool, n in self._pool_count.items() if n > 0]
+
+    def add(self, held: Held) -> bool:
+        """Hold ``held``; False for a request already held (a redelivery: the
+        first one, with the lower offset, stays)."""
+        if held.request_id in self._by_id:
+            return False
+        held.seq = next(self._seq)
+        self._by_id[held.request_id] = held
+        heapq.heappush(self._by_pool.setdefault(held.pool, []),
+                       (held.priority, held.seq, held))
+        self._pool_count[held.pool] = self._pool_count.get(held.pool, 0) + 1
+        heapq.heappush(self._by_deadline, (held.give_up_ms, held.seq, held))
+        if held.tp is not None:
+            heapq.heappush(self._offsets.setdefault(held.tp, []), held.offset)
+            self._live.setdefault(held.tp, {})[held.offset] = held
+        return True
+
+    def peek(self, pool: str) -> Held | None:
+        """The next task of ``pool`` to release, if any."""
+        heap = self._by_pool.get(pool)
+        while heap and heap[0][2].gone:
+            heapq.heappop(heap)
+        return heap[0][2] if heap else None
+
+    def pop(self, pool: str) -> Held | None:
+        """Take the next task of ``pool`` out (to release it)."""
+        held = self.peek(pool)
+        if held is not None:
+            self._drop(held)
+        return held
+
+    def remove(self, request_id: str) -> Held | None:
+        """Take a request's task out (a cancel)."""
+        held = self._by_id.get(request_id)
+        if held is not None:
+            self._drop(held)
+        return held
+
+    def expired(self, now_ms: int) -> list[Held]:
+        """Take out (and return) every task whose time is up."""
+        out: list[Held] = []
+        heap = self._by_deadline
+        while heap and (heap[0][2].gone or heap[0][0] <= now_ms):
+            _, _, held = heapq.heappop(heap)
+            if not held.gone:
+                self._drop(held)
+                out.append(held)
+        return out
+
+    def low(self, tp: TopicPartition) -> int | None:
+        """The lowest offset of ``tp`` still held (nothing at or past it may be
+        committed), or None."""
+        heap = self._offsets.get(tp)
+        live = self._live.get(tp, {})
+        while heap and heap[0] not in live:
+            heapq.heappop(heap)
+        return heap[0] if heap else None
+
+    def revoked(self, partitions: Iterable[TopicPartition]) -> None:
+        """Forget the tasks read from ``partitions``: their new owner holds them."""
+        for tp in partitions:
+            for held in list(self._live.get(tp, {}).values()):
+                self._drop(held)
+            self._offsets.pop(tp, None)
+            self._live.pop(tp, None)
+
+    def _drop(self, held: Held) -> None:
+        if held.gone:
+            return
+        held.gone = True
+        self._by_id.pop(held.request_id, None)
+        self._pool_count[held.pool] -= 1
+        if held.tp is not None:
+            live = self._live.get(held.tp)
+            if live is not None and live.get(held.offset) is held:
+                del live[held.offset]
+        # the heaps drop it lazily; keep them from growing without bound when
+        # most of their entries are gone (cancels of a whole batch)
+        heap = self._by_pool.get(held.pool)
+        if heap is not None and len(heap) > 64 and len(heap) > 4 * self._pool_count[held.pool]:
+            self._by_pool[held.pool] = [e for e in heap if not e[2].gone]
+            heapq.heapify(self._by_pool[held.pool])
+        if len(self._by_deadline) > 64 and len(self._by_deadline) > 4 * len(self._by_id):
+            self._by_deadline = [e for e in self._by_deadline if not e[2].gone]
+            heapq.heapify(self._by_deadline)

@@ -1,0 +1,120 @@
+"""The tasks this scheduler sent to workers that have not finished yet.
+
+Heartbeats say what a worker runs once a second, and an infer worker does
+not count the tasks waiting in its partitions (``queued`` is 0): between
+beats, and for tasks not yet taken, schedule would be blind. This book
+counts every task schedule sent, per worker and per pool, until the
+generation's final chunk appears on ``conveyor.tokens``
+(:mod:`workers.schedule.finishes`), so a released batch task frees its
+place within milliseconds of its end, and the next one goes out at once.
+
+A final chunk can fail to come (a task cancelled before it started, a
+duplicate the worker skips, a generation that crashed): such an entry would
+take a slot for ever. Three things bound that:
+
+* ``forget`` drops a cancelled request's entry (the worker stops it);
+* ``reconcile`` trusts a heartbeat that shows room: a worker with a free
+  slot has taken every task that was sent to it ``slack_ms`` before the
+  beat, so of those it runs at most ``running``; entries beyond that
+  (oldest first) are dropped;
+* ``expire`` drops entries past their request's deadline (plus a grace).
+
+With several scheduler members each counts only what it sent; heartbeats
+(via :meth:`WorkerTable.busy`) cover the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from topics.envelope import PRIORITY_INTERACTIVE, now_ms
+
+__all__ = ["Outstanding", "Sent"]
+
+# an entry outlives its request's deadline by this much before it is dropped
+# (a worker gives a generation up a minute after its deadline)
+_EXPIRE_GRACE_MS = 90_000
+
+
+@dataclass(slots=True)
+class Sent:
+    request_id: str
+    worker_id: str
+    pool: str
+    priority: int
+    sent_ms: int
+    give_up_ms: int
+
+
+class Outstanding:
+    def __init__(self, clock: Callable[[], int] = now_ms) -> None:
+        self.clock = clock
+        self._by_id: dict[str, Sent] = {}
+        # worker -> its entries in the order they were sent
+        self._by_worker: dict[str, dict[str, Sent]] = {}
+        self._low: dict[str, int] = {}
+        self._interactive: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._by_id
+
+    def at(self, worker_id: str) -> int:
+        """Tasks this scheduler sent to ``worker_id`` that have not finished."""
+        return len(self._by_worker.get(worker_id, ()))
+
+    def low(self, pool: str) -> int:
+        """Background and batch tasks of ``pool`` sent and not finished."""
+        return self._low.get(pool, 0)
+
+    def interactive(self, pool: str) -> int:
+        """Interactive tasks of ``pool`` sent and not finished."""
+        return self._interactive.get(pool, 0)
+
+    def add(self, request_id: str, worker_id: str, pool: str, priority: int,
+            give_up_ms: int) -> None:
+        self.forget(request_id)  # sent again (a redelivery): count it once
+        sent = Sent(request_id, worker_id, pool, priority, self.clock(), give_up_ms)
+        self._by_id[request_id] = sent
+        self._by_worker.setdefault(worker_id, {})[request_id] = sent
+        counts = self._interactive if priority <= PRIORITY_INTERACTIVE else self._low
+        counts[pool] = counts.get(pool, 0) + 1
+
+    def forget(self, request_id: str) -> Sent | None:
+        """The request finished (or was cancelled): its entry, if there was one."""
+        sent = self._by_id.pop(request_id, None)
+        if sent is None:
+            return None
+        mine = self._by_worker.get(sent.worker_id)
+        if mine is not None:
+            mine.pop(request_id, None)
+            if not mine:
+                del self._by_worker[sent.worker_id]
+        counts = self._interactive if sent.priority <= PRIORITY_INTERACTIVE else self._low
+        counts[sent.pool] -= 1
+        return sent
+
+    def reconcile(self, worker_id: str, running: int, capacity: int, beat_ms: int,
+                  slack_ms: int) -> list[str]:
+        """Drop entries a heartbeat with room proves finished; their request ids."""
+        if running >= capacity:
+            return []
+        mine = self._by_worker.get(worker_id)
+        if not mine:
+            return []
+        old = [s.request_id for s in mine.values() if s.sent_ms <= beat_ms - slack_ms]
+        stale = old[:max(0, len(old) - running)]
+        for request_id in stale:
+            self.forget(request_id)
+        return stale
+
+    def expire(self) -> list[str]:
+        """Drop entries long past their request's deadline; their request ids."""
+        horizon = self.clock() - _EXPIRE_GRACE_MS
+        stale = [s.request_id for s in self._by_id.values() if s.give_up_ms < horizon]
+        for request_id in stale:
+            self.forget(request_id)
+        return stale
