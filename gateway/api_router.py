@@ -18,10 +18,10 @@ from gateway.openapi import (
     generation_responses,
 )
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, model_list
-from gateway.serving import Serving
+from gateway.serving import Answer, Serving
 from schemas.records import Generation
 
-__all__ = ["router"]
+__all__ = ["router", "admit_and_submit"]
 
 router = APIRouter()
 
@@ -64,21 +64,30 @@ def _timeout(request: Request) -> float | None:
     return value
 
 
-async def _answer(serving: Serving, generation: Generation, request: Request) -> Response:
-    """Admit (model access, limits), submit, then answer as JSON or SSE; the
-    admission's ``x-ratelimit-*`` headers go on the response."""
+async def admit_and_submit(serving: Serving, generation: Generation,
+                           request: Request) -> Answer:
+    """Admit (model access, limits) the caller's generation, then submit it with
+    the request's deadline and trace; the answer's ticket holds the admission's
+    ``x-ratelimit-*`` headers. Every generation route starts here."""
     identity = identity_of(request)
     timeout_s = _timeout(request)
     rid = serving.new_request_id()
     admitter: Admitter = request.app.state.admitter
     ticket = await admitter.admit(identity, generation, rid, serving.deadline_ms(timeout_s))
     try:
-        answer = await serving.submit(generation, identity, timeout_s=timeout_s,
-                                      traceparent=request.headers.get("traceparent"),
-                                      request_id=rid, ticket=ticket)
+        return await serving.submit(generation, identity, timeout_s=timeout_s,
+                                    traceparent=request.headers.get("traceparent"),
+                                    request_id=rid, ticket=ticket)
     except BaseException:
         ticket.settle(None, produced=False)
         raise
+
+
+async def _answer(serving: Serving, generation: Generation, request: Request) -> Response:
+    """Admit and submit, then answer as JSON or SSE; the admission's
+    ``x-ratelimit-*`` headers go on the response."""
+    answer = await admit_and_submit(serving, generation, request)
+    ticket = answer.ticket
     if not generation["stream"]:
         result = await serving.collect(generation, answer, request.is_disconnected)
         return SafeJSONResponse(result, headers=ticket.headers or None)

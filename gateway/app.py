@@ -39,6 +39,7 @@ from gateway.health import Health
 from gateway.limits import BodyLimit
 from gateway.openapi import install_openapi
 from gateway.replies import ReplyLease, ReplyRouter
+from gateway.responses.api_router import responses_router
 from gateway.serving import Serving
 from gateway.usage_api import usage_router
 from schemas.codec import default_codec
@@ -76,6 +77,7 @@ def build_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     app.add_middleware(AuthMiddleware)  # outside the body limit: 401 before a body is read
     install_error_handlers(app)
     app.include_router(router)
+    app.include_router(responses_router)
     app.include_router(usage_router)
     app.include_router(files_router)
     app.state.admin_token = settings.admin_token.get_secret_value()

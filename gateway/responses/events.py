@@ -1,0 +1,114 @@
+"""The events of a streamed response, in OpenAI's order and numbered.
+
+One :class:`ResponseEvents` holds one stream's state (its id, the text so
+far, the next ``sequence_number``) and builds each event as a dict; the
+lifecycle events carry the whole Response object from
+:func:`gateway.responses.objects.response_object`. The order is OpenAI's:
+
+``response.created``, ``response.in_progress``, ``response.output_item.added``,
+``response.content_part.added``, then one ``response.output_text.delta`` per
+piece of text, then ``response.output_text.done``,
+``response.content_part.done``, ``response.output_item.done``, and last
+``response.completed`` (or ``response.incomplete`` when the output budget
+ran out).
+
+A failure after the stream began ends it with ``response.failed``, whose
+response carries the error and the text produced so far as an incomplete
+message; no ``done`` events precede it, as with OpenAI. Numbers start at 0
+and rise by one for each event.
+
+:func:`frame` writes an event as SSE with its ``event:`` line (the event's
+type), as OpenAI does; there is no ``[DONE]`` at the end of this API's
+stream.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from gateway import sse
+from gateway.responses.objects import (
+    message_id,
+    message_item,
+    output_text_part,
+    response_object,
+)
+from gateway.responses.protocol import ResponsesRequest
+from schemas.records import ErrorInfo, Usage
+
+__all__ = ["ResponseEvents", "frame"]
+
+
+def frame(event: dict[str, Any]) -> bytes:
+    """One event as SSE: ``event: <type>`` and its JSON as ``data:``."""
+    payload = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
+    return b"event: " + str(event["type"]).encode() + b"\n" + sse.data(payload)
+
+
+class ResponseEvents:
+    """The event builder of one streamed response."""
+
+    def __init__(self, response_id: str, created_at: int, body: ResponsesRequest) -> None:
+        self.response_id = response_id
+        self.created_at = created_at
+        self.body = body
+        self.item_id = message_id(response_id)
+        self.text: list[str] = []
+        self.sequence = 0
+        self.ended = False
+
+    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        if self.ended:
+            raise RuntimeError(f"response {self.response_id} already ended; no {kind}")
+        event = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return event
+
+    def _part(self, kind: str, **fields: Any) -> dict[str, Any]:
+        return self._event(kind, item_id=self.item_id, output_index=0, content_index=0,
+                           **fields)
+
+    def opening(self) -> list[dict[str, Any]]:
+        """The response is created and in progress, with an empty message to fill."""
+        started = response_object(self.response_id, self.created_at, self.body, "in_progress")
+        return [
+            self._event("response.created", response=started),
+            self._event("response.in_progress", response=started),
+            self._event("response.output_item.added", output_index=0,
+                        item=message_item(self.response_id, None, "in_progress")),
+            self._part("response.content_part.added", part=output_text_part("")),
+        ]
+
+    def delta(self, text: str) -> list[dict[str, Any]]:
+        """The next piece of text (none for an empty piece)."""
+        if not text:
+            return []
+        self.text.append(text)
+        return [self._part("response.output_text.delta", delta=text, logprobs=[])]
+
+    def closing(self, finish_reason: str | None, usage: Usage | None,
+                completed_at: int) -> list[dict[str, Any]]:
+        """The text is whole: close the part and the message, then the response,
+        ``response.completed`` or, when the output budget ran out,
+        ``response.incomplete``."""
+        text = "".join(self.text)
+        final = response_object(self.response_id, self.created_at, self.body, "completed",
+                                 text=text, usage=usage, finish_reason=finish_reason,
+                                 completed_at=completed_at)
+        events = [
+            self._part("response.output_text.done", text=text, logprobs=[]),
+            self._part("response.content_part.done", part=output_text_part(text)),
+            self._event("response.output_item.done", output_index=0, item=final["output"][0]),
+            self._event(f"response.{final['status']}", response=final),
+        ]
+        self.ended = True
+        return events
+
+    def failure(self, error: ErrorInfo) -> list[dict[str, Any]]:
+        """The response failed after its stream began."""
+        failed = response_object(self.response_id, self.created_at, self.body, "failed",
+                                 text="".join(self.text), error=error)
+        events = [self._event("response.failed", response=failed)]
+        self.ended = True
+        return events

@@ -1,0 +1,150 @@
+"""The Response object of OpenAI's Responses API, built in one place.
+
+:func:`response_object` serves every path that shows a response: the answer
+of ``POST /v1/responses``, each lifecycle event of its stream, and the
+background responses that are read back later. It is a pure function of what
+it is given, so the same response reads the same wherever it is built; the
+output message's id is derived from the response id (``resp_X`` has the
+message ``msg_X``) for the same reason.
+
+Decisions:
+
+* ``status`` ``completed`` with ``finish_reason`` ``length`` becomes
+  ``incomplete`` with ``incomplete_details.reason`` ``max_output_tokens``, as
+  OpenAI answers when the output budget ran out (``max_output_tokens``, or
+  the model's default budget when the request set none).
+* ``output_text`` is not a field: OpenAI's clients compute it from
+  ``output``.
+* ``store`` reports what is kept: a background response is stored (for
+  ``GET /v1/responses/{id}``); any other response is not, whatever the
+  request's ``store`` said, since Conveyor keeps no record of a response it
+  has already answered.
+* Conveyor serves text only, so ``tools`` is empty, ``tool_choice`` is
+  ``auto``, ``parallel_tool_calls`` false, ``truncation`` disabled and
+  ``text.format`` text, whatever the request left out.
+* ``error`` carries OpenAI's codes: ``rate_limit_exceeded`` stays, every
+  other failure is ``server_error``; the message says what happened.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Literal, get_args
+
+from gateway.responses.protocol import ResponsesRequest
+from schemas.records import ErrorInfo, Usage
+
+__all__ = [
+    "ResponseStatus",
+    "new_response_id",
+    "message_id",
+    "message_item",
+    "output_text_part",
+    "usage_object",
+    "error_object",
+    "response_object",
+]
+
+ResponseStatus = Literal["queued", "in_progress", "completed", "incomplete", "failed",
+                         "cancelled"]
+
+_ERROR_CODES = frozenset({"rate_limit_exceeded"})
+
+
+def new_response_id(request_id: str | None = None) -> str:
+    """``resp_`` and hex: the pipeline's request id where there is one, so that a
+    response can be found in the log by its id."""
+    return f"resp_{request_id or uuid.uuid4().hex}"
+
+
+def message_id(response_id: str) -> str:
+    """The id of a response's output message, derived from the response's id."""
+    return "msg_" + response_id.removeprefix("resp_")
+
+
+def output_text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def message_item(response_id: str, text: str | None,
+                 status: Literal["in_progress", "completed", "incomplete"]) -> dict[str, Any]:
+    """The assistant's output message; ``text`` None: the message has no content yet."""
+    return {"type": "message", "id": message_id(response_id), "status": status,
+            "role": "assistant",
+            "content": [] if text is None else [output_text_part(text)]}
+
+
+def usage_object(usage: Usage | None) -> dict[str, Any] | None:
+    if usage is None:
+        return None
+    prompt, completion = usage["prompt_tokens"], usage["completion_tokens"]
+    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0,
+                                                             "cache_write_tokens": 0},
+            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt + completion}
+
+
+def error_object(error: ErrorInfo | None) -> dict[str, Any] | None:
+    if error is None:
+        return None
+    code = error["code"] if error["code"] in _ERROR_CODES else "server_error"
+    return {"code": code, "message": error["message"]}
+
+
+def _message_status(status: ResponseStatus) -> Literal["in_progress", "completed",
+                                                       "incomplete"]:
+    if status in ("queued", "in_progress"):
+        return "in_progress"
+    return "completed" if status == "completed" else "incomplete"
+
+
+def response_object(response_id: str, created_at: int, body: ResponsesRequest,
+                    status: ResponseStatus, text: str | None = None,
+                    usage: Usage | None = None, finish_reason: str | None = None,
+                    error: ErrorInfo | None = None,
+                    completed_at: int | None = None) -> dict[str, Any]:
+    """The Response object of ``body`` in ``status``.
+
+    ``text`` None leaves ``output`` empty (a response not started, or one that
+    failed before its first token); any text, even empty, is the one output
+    message. ``completed_at`` is set only for a completed response.
+    """
+    if status not in get_args(ResponseStatus):
+        raise ValueError(f"unknown response status {status!r}")
+    if status == "completed" and finish_reason == "length":
+        status = "incomplete"
+    incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+    output = [] if text is None else [message_item(response_id, text,
+                                                   _message_status(status))]
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": created_at,
+        "status": status,
+        "completed_at": completed_at if status == "completed" else None,
+        "background": bool(body.background),
+        "error": error_object(error) if status == "failed" else None,
+        "incomplete_details": incomplete,
+        "instructions": body.instructions,
+        "max_output_tokens": body.max_output_tokens,
+        "max_tool_calls": None,
+        "model": body.model,
+        "output": output,
+        "parallel_tool_calls": False,
+        "previous_response_id": None,
+        "reasoning": {"effort": None, "summary": None},
+        "service_tier": "default",
+        "store": bool(body.background),
+        "temperature": 1.0 if body.temperature is None else body.temperature,
+        "text": {"format": {"type": "text"}},
+        "tool_choice": "auto",
+        "tools": [],
+        "top_logprobs": 0,
+        "top_p": 1.0 if body.top_p is None else body.top_p,
+        "truncation": "disabled",
+        "usage": usage_object(usage),
+        "user": body.user,
+        "safety_identifier": body.safety_identifier,
+        "prompt_cache_key": body.prompt_cache_key,
+        "metadata": dict(body.metadata or {}),
+    }

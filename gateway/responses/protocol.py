@@ -1,0 +1,282 @@
+"""OpenAI's Responses API request (``POST /v1/responses``), text only, as pydantic models.
+
+The rules are those of :mod:`gateway.protocol` for chat:
+
+* Types are strict (``"stream": "yes"`` or ``"max_output_tokens": 1.5`` are
+  refused, not coerced), numbers fit the event schema, and every string is
+  text UTF-8 can hold.
+* ``input`` is a string, or a list of message items ``{role, content}`` with
+  roles user, assistant, system or developer, whose content is a string or a
+  list of ``input_text`` parts. ``output_text`` parts are taken too, so that a
+  client can send a previous response's output message back as an assistant
+  turn. Any other item (tool calls and their outputs, reasoning, item
+  references) is refused, naming the item's ``type``.
+* What would change the answer in ways Conveyor cannot honour is refused with
+  a 400 naming the parameter, unless it asks for nothing (``null``, ``[]``,
+  ``{}``): ``tools``, ``include``, ``previous_response_id``, ``conversation``,
+  ``prompt``, ``reasoning``, ``max_tool_calls``, ``top_logprobs`` above 0,
+  ``truncation`` other than ``disabled``, ``tool_choice`` other than none or
+  auto, ``parallel_tool_calls`` true, ``text.format`` other than text,
+  ``text.verbosity``, and the newer knobs (``context_management``,
+  ``background_options``, ``moderation``, ``image``, ``access_programs``,
+  ``prompt_cache_options``).
+* Accepted and without effect: ``user``, ``safety_identifier``,
+  ``prompt_cache_key``, ``prompt_cache_retention``, ``service_tier``,
+  ``stream_options`` (Conveyor does not pad deltas, so ``include_obfuscation``
+  changes nothing), ``metadata`` (echoed in the response object, at most 16
+  pairs as OpenAI allows), and ``store`` (see
+  :mod:`gateway.responses.objects`). Fields OpenAI does not define are
+  ignored, as for chat.
+* ``background: true`` with ``store: false`` is refused (``store``), as
+  OpenAI refuses it: a background response is read back later, so it must be
+  kept.
+
+Validation runs here rather than in FastAPI's body parsing, so that a 400
+names the Responses API's own parameter (``input[1].content``,
+``max_output_tokens``), which the chat error handler's field list does not
+know.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from functools import cache
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+from conveyor.errors import InvalidRequest
+from gateway.protocol import MAX_INT32, Text
+
+__all__ = [
+    "InputText",
+    "InputMessage",
+    "TextFormat",
+    "TextConfig",
+    "ResponsesRequest",
+    "parse_request",
+    "param_of",
+]
+
+_STRICT = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+Role = Literal["user", "assistant", "system", "developer"]
+
+_METADATA_PAIRS = 16
+_METADATA_KEY_CHARS = 64
+_METADATA_VALUE_CHARS = 512
+
+
+def _unsupported(name: str) -> ValueError:
+    return ValueError(f"{name} is not supported by this server")
+
+
+def _asks_nothing(value: Any) -> bool:
+    return value is None or value == [] or value == {}
+
+
+class InputText(BaseModel):
+    model_config = _STRICT
+
+    type: Literal["input_text", "output_text"]
+    text: Text
+
+
+class InputMessage(BaseModel):
+    model_config = _STRICT
+
+    type: Literal["message"] = "message"
+    role: Role
+    content: Text | list[InputText]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class TextFormat(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    type: Text
+
+    @field_validator("type")
+    @classmethod
+    def _text_only(cls, v: str) -> str:
+        if v != "text":
+            raise ValueError(f"text.format {v!r} is not supported; only 'text' is")
+        return v
+
+
+class TextConfig(BaseModel):
+    model_config = _STRICT
+
+    format: TextFormat | None = None
+    verbosity: Any = None
+
+    @field_validator("verbosity")
+    @classmethod
+    def _no_verbosity(cls, v: Any) -> None:
+        if v is not None:
+            raise _unsupported("text.verbosity")
+        return None
+
+
+class ResponsesRequest(BaseModel):
+    """The body of ``POST /v1/responses``: what Conveyor serves of it."""
+
+    model_config = _STRICT
+
+    model: Text = Field(min_length=1)
+    input: Text | list[InputMessage]
+    instructions: Text | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1, le=MAX_INT32)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    stream: bool | None = False
+    background: bool | None = False
+    store: bool | None = None
+    metadata: dict[Text, Text] | None = None
+    text: TextConfig | None = None
+    # accepted and without effect here
+    user: Text | None = None
+    safety_identifier: Text | None = None
+    prompt_cache_key: Text | None = None
+    prompt_cache_retention: Text | None = None
+    service_tier: Text | None = None
+    stream_options: dict[str, Any] | None = None
+    # refused unless they ask for nothing
+    truncation: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    top_logprobs: Any = None
+    tools: Any = None
+    include: Any = None
+    previous_response_id: Any = None
+    conversation: Any = None
+    prompt: Any = None
+    reasoning: Any = None
+    max_tool_calls: Any = None
+    context_management: Any = None
+    background_options: Any = None
+    moderation: Any = None
+    image: Any = None
+    access_programs: Any = None
+    prompt_cache_options: Any = None
+
+    @field_validator("input")
+    @classmethod
+    def _some_input(cls, v: str | list[InputMessage]) -> str | list[InputMessage]:
+        if isinstance(v, list) and not v:
+            raise ValueError("input must hold at least one message")
+        return v
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        if v is None:
+            return None
+        if len(v) > _METADATA_PAIRS:
+            raise ValueError(f"metadata holds at most {_METADATA_PAIRS} pairs")
+        for key, value in v.items():
+            if len(key) > _METADATA_KEY_CHARS or len(value) > _METADATA_VALUE_CHARS:
+                raise ValueError(f"metadata keys hold at most {_METADATA_KEY_CHARS} "
+                                 f"characters and values {_METADATA_VALUE_CHARS}")
+        return v
+
+    @field_validator("truncation")
+    @classmethod
+    def _no_truncation(cls, v: Any) -> None:
+        if v not in (None, "disabled"):
+            raise ValueError("only truncation 'disabled' is supported")
+        return None
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _no_tool_choice(cls, v: Any) -> None:
+        if v not in (None, "none", "auto"):
+            raise _unsupported("tool_choice")
+        return None
+
+    @field_validator("parallel_tool_calls")
+    @classmethod
+    def _no_parallel_calls(cls, v: Any) -> None:
+        if v not in (None, False):
+            raise _unsupported("parallel_tool_calls")
+        return None
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _no_logprobs(cls, v: Any) -> None:
+        if v is not None and (isinstance(v, bool) or v != 0):
+            raise _unsupported("top_logprobs")
+        return None
+
+    @field_validator("tools", "include", "previous_response_id", "conversation", "prompt",
+                     "reasoning", "max_tool_calls", "context_management", "background_options",
+                     "moderation", "image", "access_programs", "prompt_cache_options")
+    @classmethod
+    def _nothing(cls, v: Any, info: ValidationInfo) -> None:
+        if not _asks_nothing(v):
+            raise _unsupported(str(info.field_name))
+        return None
+
+    def messages(self) -> list[tuple[str, str]]:
+        """(role, text) of every input message, ``instructions`` first as a system
+        message (as OpenAI puts them before the input)."""
+        turns = [("system", self.instructions)] if self.instructions is not None else []
+        if isinstance(self.input, str):
+            return [*turns, ("user", self.input)]
+        return [*turns, *((m.role, m.text()) for m in self.input)]
+
+
+def param_of(loc: Sequence[int | str]) -> str | None:
+    """The ``param`` of a validation error's location, as OpenAI writes it
+    (``input[0].content[1].text``): the type tags pydantic adds inside unions
+    (``str``, ``list[InputMessage]``) are left out."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in _field_names():
+            out += f".{part}" if out else part
+    return out or None
+
+
+@cache
+def _field_names() -> frozenset[str]:
+    models = (ResponsesRequest, InputMessage, InputText, TextConfig, TextFormat)
+    return frozenset(name for model in models for name in model.model_fields)
+
+
+def _telling(errors: Sequence[Any]) -> Any:
+    """Of a field's errors, the one that got furthest: a wrong value before a wrong
+    type, then the deepest location (the branch of a union that applied)."""
+    field = errors[0]["loc"][:1]
+    same = [e for e in errors if e["loc"][:1] == field]
+    return max(same, key=lambda e: (not str(e["type"]).endswith("_type"), len(e["loc"])))
+
+
+def parse_request(raw: bytes) -> ResponsesRequest:
+    """Validate a request body; every refusal is an :class:`InvalidRequest` (400)
+    naming its ``param``."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidRequest("The request body is not valid JSON.") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    try:
+        body = ResponsesRequest.model_validate(data)
+    except ValidationError as exc:
+        first = _telling(exc.errors())
+        param = param_of(first["loc"])
+        msg = str(first["msg"]).removeprefix("Value error, ")
+        if first["type"] == "string_unicode":
+            msg = "must be valid Unicode text; it holds a lone surrogate (such as \\ud800)"
+        raise InvalidRequest(msg + (f" ({param})" if param else ""), param=param) from None
+    if body.background and body.store is False:
+        raise InvalidRequest("background responses must be stored: store cannot be false "
+                             "with background true (store)", param="store")
+    return body

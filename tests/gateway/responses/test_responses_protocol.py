@@ -1,0 +1,124 @@
+"""The Responses API request: what is served, what is refused and how it is named."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from conveyor.errors import InvalidRequest
+from gateway.responses.protocol import ResponsesRequest, param_of, parse_request
+
+
+def parse(**body: Any) -> ResponsesRequest:
+    return parse_request(json.dumps({"model": "smollm2", "input": "Hi", **body}).encode())
+
+
+def refused(param: str | None, **body: Any) -> InvalidRequest:
+    with pytest.raises(InvalidRequest) as info:
+        parse(**body)
+    assert info.value.status == 400 and info.value.param == param, info.value.message
+    return info.value
+
+
+def test_a_string_input_is_one_user_message_after_the_instructions() -> None:
+    assert parse().messages() == [("user", "Hi")]
+    assert parse(instructions="Be brief.").messages() == [("system", "Be brief."),
+                                                          ("user", "Hi")]
+
+
+def test_message_items_of_every_role_with_text_parts() -> None:
+    body = parse(instructions="Rules.", input=[
+        {"role": "developer", "content": "Dev."},
+        {"type": "message", "role": "user",
+         "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "c",
+                                           "annotations": []}]},
+        {"role": "system", "content": "Sys."},
+    ])
+    assert body.messages() == [("system", "Rules."), ("developer", "Dev."), ("user", "ab"),
+                               ("assistant", "c"), ("system", "Sys.")]
+
+
+def test_what_the_client_may_send_and_changes_nothing_is_accepted() -> None:
+    body = parse(max_output_tokens=16, temperature=0, top_p=0.5, stream=True, store=True,
+                 metadata={"k": "v"}, user="u", safety_identifier="s", prompt_cache_key="p",
+                 service_tier="auto", stream_options={"include_obfuscation": False},
+                 text={"format": {"type": "text"}}, truncation="disabled",
+                 tool_choice="auto", parallel_tool_calls=False, tools=[], include=[],
+                 top_logprobs=0, reasoning=None, unknown_vendor_field=1)
+    assert body.max_output_tokens == 16 and body.temperature == 0 and body.stream
+    assert parse(tool_choice="none").tool_choice is None
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"tools": [{"type": "function", "name": "f"}]}, "tools"),
+    ({"include": ["reasoning.encrypted_content"]}, "include"),
+    ({"previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"conversation": "conv_1"}, "conversation"),
+    ({"prompt": {"id": "pmpt_1"}}, "prompt"),
+    ({"reasoning": {"effort": "low"}}, "reasoning"),
+    ({"max_tool_calls": 3}, "max_tool_calls"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"truncation": "auto"}, "truncation"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tool_choice": {"type": "function", "name": "f"}}, "tool_choice"),
+    ({"parallel_tool_calls": True}, "parallel_tool_calls"),
+    ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.type"),
+    ({"text": {"verbosity": "low"}}, "text.verbosity"),
+    ({"context_management": [{"type": "compaction"}]}, "context_management"),
+])
+def test_what_cannot_be_honoured_is_refused_by_name(extra: dict[str, Any], param: str) -> None:
+    refused(param, **extra)
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"model": ""}, "model"),
+    ({"input": []}, "input"),
+    ({"input": 3}, "input"),
+    ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
+    ({"input": [{"type": "function_call_output", "role": "user", "content": "x"}]},
+     "input[0].type"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},
+     "input[0].content[0].type"),
+    ({"input": [{"role": "user", "content": "ok"}, {"role": "user", "content": "\ud800"}]},
+     "input[1].content"),
+    ({"instructions": "\udfff"}, "instructions"),
+    ({"max_output_tokens": 0}, "max_output_tokens"),
+    ({"max_output_tokens": 2**31}, "max_output_tokens"),
+    ({"max_output_tokens": 1.5}, "max_output_tokens"),
+    ({"max_output_tokens": True}, "max_output_tokens"),
+    ({"stream": "yes"}, "stream"),
+    ({"temperature": 2.5}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"metadata": {"k": 1}}, "metadata"),
+    ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
+    ({"metadata": {"k": "v" * 513}}, "metadata"),
+])
+def test_invalid_values_are_refused_by_name(extra: dict[str, Any], param: str) -> None:
+    refused(param, **extra)
+
+
+def test_a_lone_surrogate_is_refused_with_a_message_that_says_so() -> None:
+    error = refused("input", input="a\ud800")
+    assert "lone surrogate" in error.message
+
+
+def test_background_must_be_stored() -> None:
+    assert parse(background=True).background
+    assert parse(background=True, store=True).store
+    refused("store", background=True, store=False)
+
+
+def test_bodies_that_are_not_a_json_object() -> None:
+    for raw in (b"{", b"[1]", b"\xff\xfe", b'"text"'):
+        with pytest.raises(InvalidRequest) as info:
+            parse_request(raw)
+        assert info.value.param is None and info.value.status == 400
+
+
+def test_param_of_leaves_out_union_tags() -> None:
+    assert param_of(("input", "list[InputMessage]", 2, "content", "str")) == "input[2].content"
+    assert param_of(("text", "format", "type")) == "text.format.type"
+    assert param_of(()) is None
