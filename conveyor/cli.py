@@ -29,7 +29,7 @@ from conveyor.settings import Settings, load_settings
 
 __all__ = ["main"]
 
-LAYERS = ("preprocess", "route", "schedule", "postprocess")
+LAYERS = ("preprocess", "route", "schedule", "postprocess", "jobs", "results")
 log = logging.getLogger("conveyor")
 
 
@@ -130,6 +130,13 @@ def _make_layer(name: str, settings: Settings, registry: Registry) -> object:
         from workers.postprocess import PostprocessLayer
 
         return PostprocessLayer(settings)
+    if name in ("jobs", "results"):
+        from gateway.files.local import LocalFileStore
+        from workers.jobs.collector import ResultsLayer
+        from workers.jobs.commands import JobsLayer
+
+        files = LocalFileStore(settings)
+        return JobsLayer(settings, files) if name == "jobs" else ResultsLayer(settings, files)
     raise SystemExit(f"unknown layer {name!r}; choose from {', '.join(LAYERS)}")
 
 
@@ -300,10 +307,11 @@ def _parser() -> argparse.ArgumentParser:
 
     topics = sub.add_parser("topics", help="create the topic catalog")
     topics.set_defaults(func=cmd_topics)
-    from conveyor import cli_keys, cli_usage
+    from conveyor import cli_jobs, cli_keys, cli_usage
 
     cli_keys.register(sub)
     cli_usage.register(sub)
+    cli_jobs.register(sub)
     return parser
 
 

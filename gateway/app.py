@@ -36,6 +36,10 @@ from gateway.errors import install_error_handlers
 from gateway.files.api_router import files_router, upload_limits
 from gateway.files.local import LocalFileStore
 from gateway.health import Health
+from gateway.jobs.api_router import jobs_router
+from gateway.jobs.background import BackgroundResponses
+from gateway.jobs.batches import Batches
+from gateway.jobs.board import JobBoard
 from gateway.limits import BodyLimit
 from gateway.openapi import install_openapi
 from gateway.replies import ReplyLease, ReplyRouter
@@ -80,6 +84,7 @@ def build_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     app.include_router(responses_router)
     app.include_router(usage_router)
     app.include_router(files_router)
+    app.include_router(jobs_router)
     app.state.admin_token = settings.admin_token.get_secret_value()
     install_openapi(app)
     return app
@@ -101,12 +106,17 @@ async def _collaborators(app: FastAPI, settings: Settings, gateway_id: str,
                                 produce_timeout_s=settings.produce_timeout_s)
     audit = Audit(settings, producer, codec, actor=gateway_id)
     app.state.usage = UsageLedger(settings, redis)
+    board = JobBoard(settings, codec)
+    app.state.batches = Batches(settings, producer, codec, board, app.state.files)
     health.tasks.extend([
         asyncio.create_task(router_.run(), name="replies"),
         asyncio.create_task(lease.keep(), name="reply-lease"),
+        asyncio.create_task(board.run(health.part("jobs")), name="jobs"),
     ])
     if settings.auth != "none":
         _identity(app, settings, redis, audit, gateway_id, health)
+    app.state.background_responses = BackgroundResponses(settings, producer, codec, board,
+                                                         app.state.admitter)
     log.info("gateway %s: reply partition %d", gateway_id, router_.partition)
     try:
         yield

@@ -81,9 +81,13 @@ class LocalFileStore:
         return directory / file_id, directory / f"{file_id}.json"
 
     async def create(self, tenant: str, purpose: FilePurpose, filename: str,
-                     content: FileContent) -> FileObject:
+                     content: FileContent, file_id: str | None = None) -> FileObject:
         now_ms = int(time.time() * 1000)
-        file_id = new_file_id(now_ms)  # created_at is the id's time: the two order alike
+        if file_id is not None and not is_file_id(file_id):
+            raise ValueError(f"not a file id: {file_id!r}")
+        # created_at is the id's time: the two order alike (a given id, written again
+        # by a job that finishes twice, replaces its file whole)
+        file_id = file_id or new_file_id(now_ms)
         directory = self.tenant_dir(tenant)
         staged = await asyncio.to_thread(_Staged, directory, file_id)
         try:

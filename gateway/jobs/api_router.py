@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 
 from gateway.auth.middleware import identity_of
 from gateway.errors import SafeJSONResponse
+from gateway.jobs.background import BackgroundResponses
 from gateway.jobs.batches import BatchCreateRequest, Batches
 
 __all__ = ["jobs_router"]
@@ -39,3 +40,20 @@ async def retrieve_batch(batch_id: str, request: Request) -> SafeJSONResponse:
 @jobs_router.post("/v1/batches/{batch_id}/cancel")
 async def cancel_batch(batch_id: str, request: Request) -> SafeJSONResponse:
     return SafeJSONResponse(await _batches(request).cancel(identity_of(request), batch_id))
+
+
+def _background(request: Request) -> BackgroundResponses:
+    background: BackgroundResponses = request.app.state.background_responses
+    return background
+
+
+@jobs_router.get("/v1/responses/{response_id}")
+async def retrieve_response(response_id: str, request: Request) -> SafeJSONResponse:
+    return SafeJSONResponse(await _background(request).retrieve(identity_of(request),
+                                                                response_id))
+
+
+@jobs_router.post("/v1/responses/{response_id}/cancel")
+async def cancel_response(response_id: str, request: Request) -> SafeJSONResponse:
+    return SafeJSONResponse(await _background(request).cancel(identity_of(request),
+                                                              response_id))

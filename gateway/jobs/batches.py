@@ -28,7 +28,7 @@ from schemas.codec import Codec
 from schemas.records import JobCommand, JobStatus
 from topics.envelope import now_ms
 
-__all__ = ["Batches", "BatchCreateRequest", "page"]
+__all__ = ["Batches", "BatchCreateRequest", "page", "send_events"]
 
 _WINDOW_S = 24 * 3600
 _CANCELLABLE = ("validating", "in_progress")
@@ -139,12 +139,18 @@ class Batches:
                           generation=None, body=body)
 
     async def _send(self, events: list[tuple[str, Any, Any]], key: str) -> None:
-        """Produce, in order, and wait for the broker (503 when it does not answer)."""
-        try:
-            for topic, event_type, record in events:
-                await asyncio.wait_for(self.producer.send_and_wait(
-                    self.settings.topic(topic), self.codec.encode(event_type, record),
-                    key=key.encode()), self.settings.produce_timeout_s)
-        except Exception as exc:
-            raise PipelineUnavailable("The pipeline is unavailable (Kafka did not take the "
-                                      "job in time); try again later.") from exc
+        await send_events(self.settings, self.producer, self.codec, events, key)
+
+
+async def send_events(settings: Settings, producer: AIOKafkaProducer, codec: Codec,
+                      events: list[tuple[str, Any, Any]], key: str) -> None:
+    """Produce ``(topic, event type, record)`` in order, each waited for (503 when
+    Kafka does not take one within ``produce_timeout_s``)."""
+    try:
+        for topic, event_type, record in events:
+            await asyncio.wait_for(producer.send_and_wait(
+                settings.topic(topic), codec.encode(event_type, record), key=key.encode()),
+                settings.produce_timeout_s)
+    except Exception as exc:
+        raise PipelineUnavailable("The pipeline is unavailable (Kafka did not take the "
+                                  "job in time); try again later.") from exc

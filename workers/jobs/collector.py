@@ -53,9 +53,12 @@ _FINISHED_MEMORY = 10_000
 Fold = BatchFold | ResponseFold
 
 
-def output_file_id(job_id: str, which: str) -> str:
-    """The id of a batch's output (or error) file: the same on every attempt."""
-    return "file-" + hashlib.sha256(f"{job_id}/{which}".encode()).hexdigest()[:24]
+def output_file_id(job_id: str, which: str, created_s: int) -> str:
+    """The id of a batch's output (or error) file: the same on every attempt.
+    Like every file id it starts with a time in milliseconds (the batch's
+    creation), so files still list in about the order they were made."""
+    digest = hashlib.sha256(f"{job_id}/{which}".encode()).hexdigest()[:12]
+    return f"file-{(created_s * 1000) & 0xFFFF_FFFF_FFFF:012x}{digest}"
 
 
 class ResultsLayer:
@@ -135,7 +138,7 @@ class ResultsLayer:
                  len(failed))
 
     async def _write(self, fold: BatchFold, which: str, lines: list[str]) -> str:
-        file_id = output_file_id(fold.job_id, which)
+        file_id = output_file_id(fold.job_id, which, int(fold.base.get("created_at") or 0))
         data = ("\n".join(lines) + "\n").encode()
         await self.files.create(fold.tenant, "batch_output", f"{fold.job_id}_{which}.jsonl",
                                 data, file_id=file_id)

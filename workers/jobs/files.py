@@ -11,5 +11,5 @@ __all__ = ["JobFiles"]
 class JobFiles(Protocol):
     async def read(self, tenant: str, file_id: str) -> bytes: ...
 
-    async def create(self, tenant: str, purpose: str, filename: str, data: bytes,
+    async def create(self, tenant: str, purpose: Any, filename: str, content: bytes,
                      file_id: str | None = None) -> Any: ...

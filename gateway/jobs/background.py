@@ -1,0 +1,95 @@
+"""Background responses (``POST /v1/responses`` with ``background: true``):
+taken at once as ``queued``, run in the pipeline at background priority,
+read back with ``GET /v1/responses/{id}``, stopped with ``.../cancel``.
+
+Like a batch, a background response is a job: its first state goes to
+``conveyor.job-status`` and its ``create`` command (with the Generation the
+gateway built) to ``conveyor.jobs``; the results layer publishes its later
+states, which the :class:`~gateway.jobs.board.JobBoard` serves. Only
+background responses are kept: an answered-at-once response cannot be read
+back (``store`` is accepted and ignored for those).
+
+The request is admitted against the caller's limits when it is taken, as an
+interactive one would be, and its reservation is kept (its gateway does not
+see it end). Streaming a background response is refused: poll it instead.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+from conveyor.errors import InvalidRequest, RequestError
+from conveyor.settings import Settings
+from gateway.auth.types import Identity
+from gateway.jobs.batches import send_events
+from gateway.jobs.board import JobBoard
+from gateway.responses.objects import new_response_id, response_object
+from gateway.responses.protocol import ResponsesRequest
+from schemas.codec import Codec
+from schemas.records import Generation, JobCommand, JobStatus
+from topics.envelope import now_ms
+
+__all__ = ["BackgroundResponses"]
+
+_RUNNING = ("queued", "in_progress")
+
+
+class BackgroundResponses:
+    def __init__(self, settings: Settings, producer: AIOKafkaProducer, codec: Codec,
+                 board: JobBoard, admitter: Any = None) -> None:
+        self.settings = settings
+        self.producer = producer
+        self.codec = codec
+        self.board = board
+        self.admitter = admitter
+
+    async def create(self, identity: Identity, body: ResponsesRequest,
+                     generation: Generation) -> dict[str, Any]:
+        if body.stream:
+            raise InvalidRequest("A background response cannot be streamed here; retrieve "
+                                 "it with GET /v1/responses/{id}.", param="stream")
+        request_id = uuid.uuid4().hex
+        response_id = new_response_id(request_id)
+        if self.admitter is not None:
+            ticket = await self.admitter.admit(identity, generation, response_id,
+                                               now_ms() + 24 * 3600 * 1000)
+            ticket.settle(None, produced=True)
+        obj = response_object(response_id, int(time.time()), body, "queued")
+        status = JobStatus(job_id=response_id, kind="response", tenant=identity.tenant,
+                           version=0, ts_ms=now_ms(), object=json.dumps(obj))
+        command = JobCommand(job_id=response_id, kind="response", action="create",
+                             tenant=identity.tenant, key_id=identity.key_id, ts_ms=now_ms(),
+                             input_file_id="", endpoint="/v1/responses", completion_window="",
+                             metadata={}, generation=generation, body=json.dumps(obj))
+        await send_events(self.settings, self.producer, self.codec,
+                          [("job-status", "JobStatus", status), ("jobs", "JobCommand", command)],
+                          response_id)
+        self.board.put(status)
+        return obj
+
+    async def retrieve(self, identity: Identity, response_id: str) -> dict[str, Any]:
+        obj = await self.board.get(identity.tenant, response_id, "response")
+        if obj is None:
+            raise RequestError(f"Response with id '{response_id}' not found.", status=404,
+                               type="invalid_request_error", code="not_found")
+        return obj
+
+    async def cancel(self, identity: Identity, response_id: str) -> dict[str, Any]:
+        obj = await self.retrieve(identity, response_id)
+        if obj["status"] == "cancelled":
+            return obj
+        if obj["status"] not in _RUNNING:
+            raise RequestError(f"Cannot cancel a response that is {obj['status']}.",
+                               status=409, type="invalid_request_error", code=None)
+        command = JobCommand(job_id=response_id, kind="response", action="cancel",
+                             tenant=identity.tenant, key_id=identity.key_id, ts_ms=now_ms(),
+                             input_file_id="", endpoint="/v1/responses", completion_window="",
+                             metadata={}, generation=None, body="")
+        await send_events(self.settings, self.producer, self.codec,
+                          [("jobs", "JobCommand", command)], response_id)
+        return {**obj, "status": "cancelled"}
