@@ -166,7 +166,9 @@ async def _run_layers(settings: Settings, names: list[str]) -> None:
     _on_signals(stop)
     tasks = [asyncio.create_task(r.run(), name=r.layer.name) for r in runtimes]
     following = asyncio.create_task(cancels.run(), name="cancels")
-    done, _ = await asyncio.wait([*tasks, following], return_when=asyncio.FIRST_EXCEPTION)
+    # a runtime ends when it is stopped (a signal) or fails; the cancel follower
+    # never ends on its own: wait for the first to end, not for all of them
+    done, _ = await asyncio.wait([*tasks, following], return_when=asyncio.FIRST_COMPLETED)
     for r in runtimes:
         r.stop()
     following.cancel()
@@ -174,7 +176,8 @@ async def _run_layers(settings: Settings, names: list[str]) -> None:
     await producer.stop()
     tracing.shutdown()
     for task in done:
-        task.result()
+        if not task.cancelled():
+            task.result()
 
 
 def cmd_layer(settings: Settings, args: argparse.Namespace) -> int:

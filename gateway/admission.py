@@ -21,7 +21,13 @@ import logging
 import time
 from typing import Any, Protocol
 
-from conveyor.errors import ModelNotFound, QuotaExceeded, RateLimited
+from conveyor.errors import (
+    ModelNotFound,
+    PipelineUnavailable,
+    QuotaExceeded,
+    RateLimited,
+    TransientBrokerError,
+)
 from conveyor.registry import Registry
 from gateway.audit import Audit
 from gateway.auth.authenticate import TenantLookup
@@ -108,8 +114,12 @@ class Admitter:
                                 "access to it.", param="model")
         if self.limiter is None or not identity.key_id:
             return FREE
-        tenant = (await self.tenants.get(identity.tenant) if self.tenants is not None
-                  else TenantPolicy(identity.tenant))
+        try:
+            tenant = (await self.tenants.get(identity.tenant) if self.tenants is not None
+                      else TenantPolicy(identity.tenant))
+        except TransientBrokerError as exc:  # Redis down and the policy not cached
+            raise PipelineUnavailable("Limits cannot be checked now (Redis does not "
+                                      "answer); try again later.") from exc
         tokens = estimate_tokens(generation, self.registry)
         try:
             admission = await self.limiter.admit(identity, tenant, request_id, tokens,

@@ -18,6 +18,9 @@ from collections.abc import AsyncIterator
 
 import redis.asyncio as aioredis
 from fastapi import FastAPI
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from conveyor.registry import Registry
 from conveyor.settings import Settings
@@ -94,8 +97,13 @@ def build_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
 async def _collaborators(app: FastAPI, settings: Settings, gateway_id: str,
                          health: Health) -> AsyncIterator[None]:
     codec = default_codec()
+    # one retry on a broken connection: after Redis restarts, each pooled connection
+    # fails its next command once ("Connection closed by server"); a retry on a fresh
+    # one answers instead of a 503 while /healthz already says ok
     redis = aioredis.from_url(settings.redis_url, socket_timeout=_REDIS_TIMEOUT_S,
-                              socket_connect_timeout=_REDIS_TIMEOUT_S)
+                              socket_connect_timeout=_REDIS_TIMEOUT_S,
+                              retry=Retry(NoBackoff(), 1),
+                              retry_on_error=[RedisConnectionError])
     producer = make_producer(settings)
     await producer.start()
     lease = ReplyLease(settings, redis, gateway_id, health.part("reply-lease"))
