@@ -125,7 +125,8 @@ def _make_layer(name: str, settings: Settings, registry: Registry) -> object:
     if name == "schedule":
         from workers.schedule import ScheduleLayer
 
-        return ScheduleLayer(settings)
+        return ScheduleLayer(settings, prefetch=settings.batch_prefetch,
+                             linger_s=settings.interactive_linger_s)
     if name == "postprocess":
         from workers.postprocess import PostprocessLayer
 

@@ -99,6 +99,11 @@ class Settings(BaseSettings):
     # the share of a pool's capacity batch work may hold; the rest stays free for
     # interactive requests (batch still uses everything when nothing else waits)
     batch_max_share: float = 0.75
+    # batch tasks a worker may hold queued beyond its free slots (0: finishes are
+    # seen within milliseconds, so a freed slot is refilled without one)
+    batch_prefetch: int = 0
+    # interactive traffic counts as present this long after its last task was sent
+    interactive_linger_s: float = 2.0
 
     # Schedule
     no_worker_timeout_s: float = 10.0

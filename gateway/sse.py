@@ -7,10 +7,12 @@ __all__ = ["data", "comment", "DONE"]
 DONE = b"data: [DONE]\n\n"
 
 
-def data(payload: str) -> bytes:
-    """One event. Text UTF-8 cannot hold (a lone surrogate) is sent as "?" rather
-    than failing mid-stream."""
-    return b"data: " + payload.encode("utf-8", "replace") + b"\n\n"
+def data(payload: str, event: str | None = None) -> bytes:
+    """One event (named by ``event`` when given, as the Responses API's are).
+    Text UTF-8 cannot hold (a lone surrogate) is sent as "?" rather than failing
+    mid-stream."""
+    named = b"event: " + event.encode() + b"\n" if event else b""
+    return named + b"data: " + payload.encode("utf-8", "replace") + b"\n\n"
 
 
 def comment(text: str = "keep-alive") -> bytes:

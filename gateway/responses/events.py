@@ -43,7 +43,7 @@ __all__ = ["ResponseEvents", "frame"]
 def frame(event: dict[str, Any]) -> bytes:
     """One event as SSE: ``event: <type>`` and its JSON as ``data:``."""
     payload = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
-    return b"event: " + str(event["type"]).encode() + b"\n" + sse.data(payload)
+    return sse.data(payload, event=str(event["type"]))
 
 
 class ResponseEvents:

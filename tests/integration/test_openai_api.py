@@ -38,7 +38,7 @@ def test_chat_non_streaming_answers_with_usage(pipeline: Pipeline) -> None:
 def test_chat_streaming_chunks_and_usage(pipeline: Pipeline) -> None:
     stream = client(pipeline).chat.completions.create(
         model="smollm2", messages=QUESTION, max_tokens=24, temperature=0, stream=True,
-        stream_options={"include_usage": True})
+        stream_options={"include_usage": True}, seed=11)
     chunks = list(stream)
     assert all(c.object == "chat.completion.chunk" for c in chunks)
     assert len({c.id for c in chunks}) == 1
@@ -49,9 +49,10 @@ def test_chat_streaming_chunks_and_usage(pipeline: Pipeline) -> None:
     assert len(finishes) == 1
     assert chunks[-1].choices == [] and chunks[-1].usage is not None
     assert chunks[-1].usage.completion_tokens > 0
-    # the same question without streaming, greedy, gives the same text
+    # the same question without streaming, greedy and seeded (a seeded request is
+    # evaluated afresh, not on a reused prefix), gives the same text
     whole = client(pipeline).chat.completions.create(
-        model="smollm2", messages=QUESTION, max_tokens=24, temperature=0)
+        model="smollm2", messages=QUESTION, max_tokens=24, temperature=0, seed=11)
     assert text == whole.choices[0].message.content
 
 
