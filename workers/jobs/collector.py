@@ -181,9 +181,9 @@ class ResultsLayer:
         finished: list[str] = []
         for job_id, fold in list(self.folds.items()):
             async with self._lock(job_id):
-                if fold.final or self.folds.get(job_id) is not fold:
+                if self.folds.get(job_id) is not fold:
                     continue
-                if isinstance(fold, BatchFold):
+                if isinstance(fold, BatchFold) and not fold.final:
                     expires = int(fold.base.get("expires_at") or 0) * 1000
                     if fold.status == "cancelling" and \
                             now - fold.last_event_ms >= CANCEL_GRACE_MS:
