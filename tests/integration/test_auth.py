@@ -9,6 +9,7 @@ its own, so the tests do not share a limit.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 import uuid
@@ -377,6 +378,36 @@ async def records(p: Pipeline, topics: list[str]) -> list[Any]:
     finally:
         await consumer.stop()
     return out
+
+
+def test_no_tenant_sees_reads_or_cancels_anothers_jobs(replicas: Replicas) -> None:
+    _, mine = replicas.key()
+    _, theirs = replicas.key()
+    owner = openai.OpenAI(base_url=f"{replicas.urls[0]}/v1", api_key=mine, max_retries=0)
+    other = openai.OpenAI(base_url=f"{replicas.urls[1]}/v1", api_key=theirs, max_retries=0)
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/completions",
+            "body": {"model": "smollm2", "prompt": "Hi", "max_tokens": 1}}
+    source = owner.files.create(file=("in.jsonl", (json.dumps(line) + "\n").encode()),
+                                purpose="batch")
+    batch = owner.batches.create(input_file_id=source.id, endpoint="/v1/completions",
+                                 completion_window="24h")
+    response = owner.responses.create(model="smollm2", input="Hi", max_output_tokens=2,
+                                      background=True)
+    for call in (lambda: other.files.retrieve(source.id),
+                 lambda: other.files.content(source.id),
+                 lambda: other.files.delete(source.id),
+                 lambda: other.batches.retrieve(batch.id),
+                 lambda: other.batches.cancel(batch.id),
+                 lambda: other.responses.retrieve(response.id),
+                 lambda: other.responses.cancel(response.id)):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    with pytest.raises(openai.BadRequestError):  # nor start a batch on another's file
+        other.batches.create(input_file_id=source.id, endpoint="/v1/completions",
+                             completion_window="24h")
+    assert batch.id not in [b.id for b in other.batches.list()]
+    assert source.id not in [f.id for f in other.files.list()]
+    assert owner.batches.retrieve(batch.id).id == batch.id
 
 
 def test_the_audit_topic_records_keys_failures_and_rejections(replicas: Replicas) -> None:
