@@ -137,7 +137,8 @@ def _make_layer(name: str, settings: Settings, registry: Registry) -> object:
         from workers.jobs.commands import JobsLayer
 
         files = LocalFileStore(settings)
-        return JobsLayer(settings, files) if name == "jobs" else ResultsLayer(settings, files)
+        return JobsLayer(settings, files, registry) if name == "jobs" else \
+            ResultsLayer(settings, files)
     raise SystemExit(f"unknown layer {name!r}; choose from {', '.join(LAYERS)}")
 
 

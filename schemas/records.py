@@ -256,6 +256,7 @@ class JobCommand(TypedDict):
     completion_window: str
     metadata: dict[str, str]
     generation: Generation | None
+    models: list[str]
     body: str
 
 

@@ -65,7 +65,8 @@ class BackgroundResponses:
         command = JobCommand(job_id=response_id, kind="response", action="create",
                              tenant=identity.tenant, key_id=identity.key_id, ts_ms=now_ms(),
                              input_file_id="", endpoint="/v1/responses", completion_window="",
-                             metadata={}, generation=generation, body=json.dumps(obj))
+                             metadata={}, generation=generation, models=[],
+                             body=json.dumps(obj))
         await send_events(self.settings, self.producer, self.codec,
                           [("job-status", "JobStatus", status), ("jobs", "JobCommand", command)],
                           response_id)
@@ -89,7 +90,7 @@ class BackgroundResponses:
         command = JobCommand(job_id=response_id, kind="response", action="cancel",
                              tenant=identity.tenant, key_id=identity.key_id, ts_ms=now_ms(),
                              input_file_id="", endpoint="/v1/responses", completion_window="",
-                             metadata={}, generation=None, body="")
+                             metadata={}, generation=None, models=[], body="")
         await send_events(self.settings, self.producer, self.codec,
                           [("jobs", "JobCommand", command)], response_id)
         return {**obj, "status": "cancelled"}

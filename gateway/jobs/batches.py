@@ -136,7 +136,7 @@ class Batches:
         return JobCommand(job_id=job_id, kind="batch", action=action, tenant=identity.tenant,
                           key_id=identity.key_id, ts_ms=now_ms(), input_file_id=input_file_id,
                           endpoint=endpoint, completion_window=window, metadata=metadata,
-                          generation=None, body=body)
+                          generation=None, models=sorted(identity.models or ()), body=body)
 
     async def _send(self, events: list[tuple[str, Any, Any]], key: str) -> None:
         await send_events(self.settings, self.producer, self.codec, events, key)

@@ -410,6 +410,28 @@ def test_no_tenant_sees_reads_or_cancels_anothers_jobs(replicas: Replicas) -> No
     assert owner.batches.retrieve(batch.id).id == batch.id
 
 
+def test_a_batch_line_for_a_model_outside_the_keys_list_fails_as_not_found(
+        replicas: Replicas) -> None:
+    _, secret = replicas.key("--models", "smollm2-135m-instruct")
+    c = openai.OpenAI(base_url=f"{replicas.urls[0]}/v1", api_key=secret, max_retries=0)
+    lines = [{"custom_id": name, "method": "POST", "url": "/v1/completions",
+              "body": {"model": model, "prompt": "Hi", "max_tokens": 1}}
+             for name, model in (("alias", "smollm2"), ("other", "ghost"))]
+    data = "".join(json.dumps(x) + "\n" for x in lines).encode()
+    source = c.files.create(file=("in.jsonl", data), purpose="batch")
+    batch = c.batches.create(input_file_id=source.id, endpoint="/v1/completions",
+                             completion_window="24h")
+    deadline = time.monotonic() + 120
+    while batch.status not in ("completed", "failed") and time.monotonic() < deadline:
+        time.sleep(0.3)
+        batch = c.batches.retrieve(batch.id)
+    assert batch.status == "completed" and batch.error_file_id and batch.output_file_id
+    errors = [json.loads(x) for x in c.files.content(batch.error_file_id).text.splitlines()]
+    assert [(e["custom_id"], e["response"]["status_code"]) for e in errors] == [
+        ("other", 404)]
+    assert errors[0]["response"]["body"]["error"]["code"] == "model_not_found"
+
+
 def test_the_audit_topic_records_keys_failures_and_rejections(replicas: Replicas) -> None:
     key_id, secret = replicas.key("--rpm", "1")
     for _ in range(3):

@@ -26,11 +26,12 @@ from typing import Any
 from aiokafka import TopicPartition
 
 from conveyor.errors import RequestError
+from conveyor.registry import Registry
 from conveyor.settings import Settings
 from schemas.codec import EventType
-from schemas.records import Control, Generation, JobCommand, Request
+from schemas.records import Control, ErrorInfo, Generation, JobCommand, Request
 from topics.envelope import PRIORITY_BACKGROUND, PRIORITY_BATCH, new_envelope, now_ms
-from workers.job_results import job_event
+from workers.job_results import job_event, result_output
 from workers.jobs.files import JobFiles
 from workers.jobs.lines import parse_lines
 from workers.outputs import Output, Sender
@@ -51,9 +52,11 @@ class JobsLayer:
     name = "jobs"
     source_type: EventType = "JobCommand"
 
-    def __init__(self, settings: Settings, files: JobFiles) -> None:
+    def __init__(self, settings: Settings, files: JobFiles,
+                 registry: Registry | None = None) -> None:
         self.settings = settings
         self.files = files
+        self.registry = registry
         self.source_topic = settings.topic("jobs")
         self._requests = settings.topic("requests")
         self._control = settings.topic("control")
@@ -90,12 +93,33 @@ class JobsLayer:
         deadline_ms = int(base.get("expires_at") or 0) * 1000 or now_ms() + 24 * 3600 * 1000
         detail = json.dumps({"object": base, "total": len(lines), "tenant": command["tenant"]})
         outputs = [job_event(self.settings, job_id, "expanded", detail)]
+        allowed = set(command["models"])
         for line in lines:
-            outputs.append(self._request(command, request_id_of(job_id, line.index),
-                                         line.generation, PRIORITY_BATCH, deadline_ms,
-                                         line.custom_id))
+            rid = request_id_of(job_id, line.index)
+            if allowed and not self._allowed(line.generation["model"], allowed):
+                outputs.append(self._not_allowed(command, rid, line.custom_id,
+                                                 line.generation["model"]))
+                continue
+            outputs.append(self._request(command, rid, line.generation, PRIORITY_BATCH,
+                                         deadline_ms, line.custom_id))
         log.info("batch %s: %d requests", job_id, len(lines))
         return outputs
+
+    def _allowed(self, model: str, allowed: set[str]) -> bool:
+        spec = self.registry.find(model) if self.registry is not None else None
+        return model in allowed or (spec is not None and spec.name in allowed)
+
+    def _not_allowed(self, command: JobCommand, request_id: str, item: str,
+                     model: str) -> Output:
+        """A line asking for a model the caller's key may not use: it fails as if
+        the model did not exist, as the same request sent alone would."""
+        envelope = new_envelope(request_id, reply_gateway="", reply_partition=-1,
+                                tenant=command["tenant"], key_id=command["key_id"],
+                                job_id=command["job_id"], job_item=item)
+        error = ErrorInfo(status=404, type="invalid_request_error", code="model_not_found",
+                          param="model", message=f"The model `{model}` does not exist or "
+                          "you do not have access to it.")
+        return result_output(self.settings, envelope, status_code=404, error=error)
 
     def _invalid(self, command: JobCommand, base: dict[str, Any],
                  errors: list[dict[str, Any]]) -> Output:
