@@ -1,0 +1,596 @@
+"""Batch work beside interactive traffic on the same workers.
+
+Starts the upstream fixture, ``conveyor layer``, two workers ``conveyor infer
+--engine openai --capacity 8`` and ``conveyor gateway`` (a fresh topic prefix,
+their own files folder) and measures, in one run:
+
+1. **batch alone**: B lines (500; ``--quick`` 100) through the OpenAI Batch
+   API, nothing else running, from ``create`` to ``completed`` seen. A line
+   is 32 tokens at 20 ms (the pacing is in the model name), so it holds a
+   slot 640 ms and the workers' capacity is ``2 x 8 / 0.64 s = 25 lines/s``;
+2. **interactive alone**: the same completions streamed at concurrency 4;
+3. **interactive + batch**: the same beside a second batch of B lines, once a
+   wave of it has completed, until fewer lines are left than twice its cap.
+
+Targets (the issue of record): TTFT p50 beside the batch within 15 % of the
+figure without it; the batch alone at least 90 % of the workers' capacity.
+
+Decisions: 16 slots, because ``batch_max_share`` 0.75 then leaves 4 free
+while interactive traffic is around, the interactive concurrency (a smaller
+pool makes interactive requests wait by design). 20 ms a token (a GPU's
+50 tokens/s a stream) makes the batch run 20 s, so its fixed costs weigh as
+on a real batch. Interactive alone runs half before the second batch and
+half after it (A B A): a batch cannot be paused, so rounds cannot alternate
+more finely. A consumer of the pool's task topic, ``conveyor.tokens`` and
+``conveyor.replies`` shows what the log knows: generations in flight (task
+sent, final chunk not yet written; batch ones by their ``batch_`` request
+ids) and each interactive request's per-layer stamps; ``/proc`` shows the CPU
+each process (the shared broker too) used in each scenario. Those explain a
+missed target without a second run.
+
+    python -m bench.batch [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import collections
+import contextlib
+import io
+import itertools
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import openai
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+
+from bench.client import make_client
+from bench.harness import (
+    BenchError,
+    check_infra,
+    check_port_free,
+    conveyor_env,
+    conveyor_script,
+    exit_on_sigterm,
+    running,
+    wait_http,
+)
+from bench.hops import HOPS
+from bench.overhead import first_success
+from bench.scenarios import PROMPT, TOKENS, Side, Tally
+from bench.stats import Check, markdown_table, ms, percentile
+from conveyor.settings import Settings
+from schemas.codec import Codec, default_codec
+from topics.catalog import infer_topic
+
+__all__ = ["InFlight", "main"]
+
+WORKERS, CAPACITY, CONCURRENCY, POOL = 2, 8, 4, "bench"
+SLOTS = WORKERS * CAPACITY
+TTFT_SLACK, CAPACITY_TARGET, POLL_S = 0.15, 0.90, 0.2
+
+
+@dataclass(frozen=True)
+class Plan:
+    lines: int  # in each batch
+    alone: int  # interactive requests in each half of the alone scenario
+    beside: int  # interactive requests beside the batch, at most
+
+
+def registry(delay_ms: int) -> str:
+    return "\n".join(
+        f'[models."{name}"]\npool = "{POOL}"\ncontext_length = 8192\ndefault_max_tokens = 64\n'
+        f'tokenizer = "estimate"\nupstream_model = "{upstream}"\n'
+        for name, upstream in (("bench-paced", f"bench@{delay_ms}"), ("bench-unpaced", "bench@0")))
+
+
+@dataclass
+class InFlight:
+    """What the log shows: when schedule sent each task and when its final chunk
+    was written (the records' own times: this host's clock), each interactive
+    request's layer stamps from its first reply, the latest heartbeats.
+
+    Only heartbeats are read live; the other topics are paused while the bench
+    measures and read afterwards (``collect``), so that decoding them costs the
+    measuring client nothing."""
+
+    settings: Settings
+    sent: dict[str, float] = field(default_factory=dict)  # request id -> task written
+    ended: dict[str, float] = field(default_factory=dict)  # request id -> final chunk
+    stamps: dict[str, dict[str, int]] = field(default_factory=dict)  # request id -> layer: us
+    beats: dict[str, tuple[str, int]] = field(default_factory=dict)  # worker -> state, parts
+    partition: dict[str, int] = field(default_factory=dict)  # request id -> task partition
+    owner: dict[int, str] = field(default_factory=dict)  # task partition -> worker
+    chunks: collections.Counter[str] = field(default_factory=collections.Counter)
+    all_ready: asyncio.Event = field(default_factory=asyncio.Event)  # WORKERS ready
+    _steps: list[tuple[float, int, int]] = field(default_factory=list)  # (t, batch, inter.)
+    _paused: list[TopicPartition] = field(default_factory=list)
+    _consumer: AIOKafkaConsumer | None = None
+
+    async def run(self, ready: asyncio.Event) -> None:
+        s = self.settings
+        topics = (infer_topic(s, POOL), s.topic("tokens"), s.topic("replies"), s.topic("workers"))
+        consumer = self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=s.kafka_bootstrap, enable_auto_commit=False, fetch_max_wait_ms=20)
+        await consumer.start()
+        try:
+            await consumer._client.force_metadata_update()
+            consumer.assign([TopicPartition(t, p) for t in topics
+                             for p in sorted(consumer.partitions_for_topic(t) or ())])
+            await consumer.seek_to_end()
+            for tp in consumer.assignment():
+                await consumer.position(tp)
+            self._paused = [tp for tp in consumer.assignment() if tp.topic != topics[-1]]
+            consumer.pause(*self._paused)
+            ready.set()
+            codec = default_codec()
+            while True:
+                for tp, records in (await consumer.getmany(timeout_ms=100)).items():
+                    for r in records:
+                        self._read(topics.index(tp.topic), r, codec)
+        finally:
+            await consumer.stop()
+
+    def _read(self, topic: int, r: ConsumerRecord[bytes, bytes], codec: Codec) -> None:
+        key = (r.key or b"").decode(errors="replace")
+        if topic == 0:  # a task schedule sent
+            self.sent.setdefault(key, r.timestamp / 1000)
+            self.partition.setdefault(key, r.partition)
+        elif topic == 1 and key not in self.ended:  # a chunk
+            self.chunks[key] += 1
+            chunk = codec.decode(r.value, "TokenChunk")
+            if chunk["finish_reason"] is not None or chunk["error"] is not None:
+                self.ended[key] = r.timestamp / 1000
+        elif topic == 2 and key not in self.stamps and not key.startswith("batch_"):
+            self.stamps[key] = codec.decode(r.value, "Reply")["envelope"]["stamps"]
+        elif topic == 3 and r.value:  # a heartbeat
+            beat = codec.decode(r.value, "WorkerHeartbeat")
+            self.beats[beat["worker_id"]] = (beat["state"], len(beat["partitions"]))
+            self.owner.update(dict.fromkeys(beat["partitions"], beat["worker_id"]))
+            if self.ready_workers() >= WORKERS:
+                self.all_ready.set()
+
+    async def collect(self, timeout_s: float = 60.0) -> None:
+        """Read the paused topics up to their ends now (``run`` goes on meanwhile)."""
+        assert self._consumer is not None
+        ends = await self._consumer.end_offsets(self._paused)
+        self._consumer.resume(*self._paused)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            positions = [await self._consumer.position(tp) for tp in self._paused]
+            if all(pos >= ends[tp] for pos, tp in zip(positions, self._paused, strict=True)):
+                return
+            await asyncio.sleep(0.1)
+        raise BenchError(f"the log could not be read to its end within {timeout_s:.0f} s")
+
+    def ready_workers(self) -> int:
+        """Workers ready with partitions of their own (in their group)."""
+        return sum(1 for state, parts in self.beats.values() if state == "ready" and parts)
+
+    def batch_times(self) -> tuple[list[float], list[float]]:
+        """When batch tasks were sent, and when batch generations ended (sorted)."""
+        batch = [k for k in self.sent if k.startswith("batch_")]
+        return sorted(self.sent[k] for k in batch), sorted(self.ended[k] for k in batch
+                                                           if k in self.ended)
+
+    def steps(self) -> list[tuple[float, int, int]]:
+        """(t, batch, interactive) generations in flight from t on."""
+        if not self._steps:
+            moves = sorted([(t, k.startswith("batch_"), 1) for k, t in self.sent.items()] +
+                           [(self.ended[k], k.startswith("batch_"), -1)
+                            for k in self.sent if k in self.ended])
+            counts = [0, 0]  # interactive, batch
+            self._steps = [(-math.inf, 0, 0)]
+            for t, is_batch, d in moves:
+                counts[is_batch] += d
+                self._steps.append((t, counts[1], counts[0]))
+        return self._steps
+
+    def at(self, t: float) -> tuple[int, int]:
+        """(batch, interactive) generations in flight at ``t``."""
+        steps = self.steps()
+        i = bisect.bisect_right(steps, (t, math.inf, math.inf)) - 1
+        return steps[i][1], steps[i][2]
+
+    def mean_batch(self, t0: float, t1: float) -> float:
+        """Batch generations in flight on average (over time) from t0 to t1."""
+        points = [t0, *(t for t, _, _ in self.steps() if t0 < t < t1), t1]
+        return sum(self.at(a)[0] * (b - a) for a, b in itertools.pairwise(points)) / (t1 - t0)
+
+    def worker_full(self, key: str) -> bool:
+        """The worker ``key``'s task went to had every slot taken when it was sent."""
+        t, owner = self.sent[key], self.owner.get(self.partition[key])
+        return sum(1 for k, s in self.sent.items() if k != key and s <= t < self.ended.get(
+            k, math.inf) and self.owner.get(self.partition[k]) == owner) >= CAPACITY
+
+    def max_batch(self, t0: float, t1: float) -> int:
+        return max([self.at(t0)[0], *(b for t, b, _ in self.steps() if t0 <= t <= t1)])
+
+
+class CpuMeter:
+    """CPU seconds used so far by each process (from /proc), and by the machine."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = dict(pids)
+        for pid in filter(str.isdigit, os.listdir("/proc")):  # the shared broker, if found
+            with contextlib.suppress(OSError):
+                if b"kafka.Kafka" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    self.pids["kafka broker"] = int(pid)
+
+    def read(self) -> dict[str, float]:
+        tick = os.sysconf("SC_CLK_TCK")
+        out: dict[str, float] = {}
+        for name, pid in self.pids.items():
+            with contextlib.suppress(OSError):
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                out[name] = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+        jiffies = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        out["machine (everything)"] = (sum(jiffies[:8]) - jiffies[3] - jiffies[4]) / tick
+        return out
+
+
+def cpu_since(meter: CpuMeter, before: dict[str, float], into: dict[str, float]) -> None:
+    for name, used in meter.read().items():
+        into[name] = into.get(name, 0.0) + used - before.get(name, used)
+
+
+@dataclass
+class BatchRun:
+    """A batch as its client sees it: (time, status, completed, failed) every poll."""
+
+    id: str
+    total: int
+    created: float
+    timeline: list[tuple[float, str, int, int]] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        return self.timeline[-1][1] if self.timeline else "validating"
+
+    @property
+    def done(self) -> int:
+        return sum(self.timeline[-1][2:]) if self.timeline else 0
+
+    @property
+    def final(self) -> bool:
+        return self.status in ("completed", "failed", "cancelled", "expired")
+
+    def took(self) -> float:
+        """Seconds from create to the status now seen."""
+        return next(t for t, s, _, _ in self.timeline if s == self.status) - self.created
+
+
+async def start_batch(api: openai.AsyncOpenAI, lines: int) -> BatchRun:
+    body = {"model": "bench-paced", "prompt": PROMPT, "max_tokens": TOKENS, "temperature": 0}
+    data = "".join(json.dumps({"custom_id": f"line-{i}", "method": "POST",
+                               "url": "/v1/completions", "body": body}) + "\n"
+                   for i in range(lines))
+    upload = await api.files.create(file=("batch.jsonl", io.BytesIO(data.encode())),
+                                    purpose="batch")
+    created = time.time()
+    batch = await api.batches.create(input_file_id=upload.id, endpoint="/v1/completions",
+                                     completion_window="24h")
+    return BatchRun(batch.id, lines, created)
+
+
+async def watch(api: openai.AsyncOpenAI, run: BatchRun, limit_s: float,
+                until: Callable[[BatchRun], bool] = lambda r: False) -> None:
+    """Poll every POLL_S until ``until`` holds or the batch is final."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        batch = await api.batches.retrieve(run.id)
+        c = batch.request_counts
+        run.timeline.append((time.time(), batch.status, c.completed if c else 0,
+                             c.failed if c else 0))
+        if run.final or until(run):
+            return
+        await asyncio.sleep(POLL_S)
+    raise BenchError(f"batch {run.id}: {run.status} with {run.done}/{run.total} lines "
+                     f"after {limit_s:.0f} s")
+
+
+@dataclass
+class Interactive:
+    """A scenario's streamed requests and the time windows they ran in."""
+
+    name: str
+    tally: Tally = field(default_factory=Tally)
+    windows: list[tuple[float, float]] = field(default_factory=list)
+    cpu: dict[str, float] = field(default_factory=dict)  # process -> CPU seconds
+
+
+async def load(side: Side, into: Interactive | None, count: int, meter: CpuMeter,
+               stop: Callable[[], bool] = lambda: False) -> None:
+    """CONCURRENCY lanes, each sending one request after another, until ``count``
+    have been sent or ``stop()`` holds."""
+    started, begin, cpu = 0, time.time(), meter.read()
+
+    async def lane() -> None:
+        nonlocal started
+        while started < count and not stop():
+            started += 1
+            sample = await side.one(paced=True)
+            if into is not None:
+                into.tally.samples.append(sample)
+
+    await asyncio.gather(*(lane() for _ in range(CONCURRENCY)))
+    if into is not None:
+        into.windows.append((begin, time.time()))
+        into.tally.busy_s += into.windows[-1][1] - begin
+        cpu_since(meter, cpu, into.cpu)
+
+
+@dataclass
+class Figures:
+    delay_ms: int
+    settings: Settings
+    meter: CpuMeter
+    batch_cpu: dict[str, float] = field(default_factory=dict)  # batch alone, CPU seconds
+    alone_batch: BatchRun | None = None
+    beside_batch: BatchRun | None = None
+    halves: list[Interactive] = field(default_factory=list)
+    beside: Interactive = field(default_factory=lambda: Interactive("interactive + batch"))
+    beside_done: tuple[int, int] = (0, 0)  # the batch's lines done at the start and the end
+
+    @property
+    def line_s(self) -> float:
+        return TOKENS * self.delay_ms / 1000
+
+    @property
+    def cap(self) -> int:
+        return math.floor(SLOTS * self.settings.batch_max_share + 1e-9)
+
+
+async def measure(p: Plan, f: Figures, gateway_url: str, flight: InFlight) -> None:
+    limit = p.lines * f.line_s / SLOTS * 3 + 60
+    async with make_client() as http, openai.AsyncOpenAI(
+            base_url=f"{gateway_url}/v1", api_key="unused", max_retries=0, timeout=60) as api:
+        side = Side("conveyor", f"{gateway_url}/v1/completions",
+                    {True: "bench-paced", False: "bench-unpaced"}, http)
+        try:
+            await asyncio.wait_for(flight.all_ready.wait(), 180)
+        except TimeoutError as exc:
+            raise BenchError(f"not {WORKERS} workers ready after 180 s: {flight.beats}") from exc
+        await first_success(side, 180.0)
+        await load(side, None, 2 * CONCURRENCY, f.meter)
+        await asyncio.sleep(f.settings.interactive_linger_s + 1)  # no interactive traffic around
+        print(f"1. batch alone: {p.lines} lines ..." + _load(), flush=True)
+        f.alone_batch, cpu = await start_batch(api, p.lines), f.meter.read()
+        await watch(api, f.alone_batch, limit)
+        cpu_since(f.meter, cpu, f.batch_cpu)
+        await alone(p, f, side, "before", limit)
+        print(f"3. interactive + batch: {p.lines} lines, up to {p.beside} requests ..."
+              + _load(), flush=True)
+        run = f.beside_batch = await start_batch(api, p.lines)
+        await watch(api, run, limit, lambda r: r.status == "in_progress" and r.done >= SLOTS)
+        poller = asyncio.create_task(watch(api, run, limit))
+        try:
+            # warm-up: the batch gives up slots down to its cap
+            await load(side, None, CONCURRENCY, f.meter)
+            began = run.done
+            await asyncio.wait_for(load(side, f.beside, p.beside, f.meter,
+                                        lambda: run.total - run.done < 2 * f.cap), limit)
+            f.beside_done = (began, run.done)
+            await poller
+        finally:
+            poller.cancel()
+        await asyncio.sleep(f.settings.interactive_linger_s + 1)
+        await alone(p, f, side, "after", limit)
+
+
+def _load() -> str:
+    return f" (load average {os.getloadavg()[0]:.2f})"
+
+
+async def alone(p: Plan, f: Figures, side: Side, half: str, limit_s: float) -> None:
+    print(f"2. interactive alone ({half}): {p.alone} requests ..." + _load(), flush=True)
+    f.halves.append(Interactive(f"interactive alone ({half})"))
+    await load(side, None, CONCURRENCY, f.meter)
+    await asyncio.wait_for(load(side, f.halves[-1], p.alone, f.meter), limit_s)
+
+
+# Reporting
+
+
+def _row(scenario: Interactive) -> list[str]:
+    tally = scenario.tally
+    ttft, total = [s.ttft for s in tally.ok], [s.total for s in tally.ok]
+    return [scenario.name,
+            f"{len(tally.ok)}" + (f" (+{len(tally.failed)} failed)" if tally.failed else ""),
+            ms(percentile(ttft, 50)), ms(percentile(ttft, 99)), ms(percentile(total, 50)),
+            "-" if math.isnan(tally.rate) else f"{tally.rate:.1f}"]
+
+
+def alone_batch_lines(f: Figures, flight: InFlight) -> tuple[list[str], float]:
+    """The alone batch's figures, and its share of the workers' capacity (%)."""
+    a, b = f.alone_batch, f.beside_batch
+    if a is None or not a.final or b is None:
+        return [], math.nan
+    capacity = SLOTS / f.line_s
+    share = 100 * a.done / a.took() / capacity
+    sent, ended = flight.batch_times()
+    first = min(t for t in sent if t >= a.created)
+    last = max(t for t in ended if a.created <= t < b.created)
+    waves = math.ceil(a.total / SLOTS)
+    return [f"batch alone: {a.done} of {a.total} lines {a.status} in {a.took():.2f} s from "
+            f"create: {a.done / a.took():.1f} lines/s = {share:.1f} % of the workers' capacity "
+            f"({WORKERS} x {CAPACITY} slots / ({TOKENS} tokens x {f.delay_ms} ms) = "
+            f"{capacity:.1f} lines/s)",
+            f"  create -> first task sent {first - a.created:.2f} s; generations "
+            f"{last - first:.2f} s (ideal: {waves} waves x {f.line_s:.2f} s = "
+            f"{waves * f.line_s:.2f} s); last end -> completed seen "
+            f"{a.created + a.took() - last:.2f} s; batch generations in flight on average "
+            f"{flight.mean_batch(first, last):.1f} of {SLOTS}"], share
+
+
+def beside_batch_lines(f: Figures, flight: InFlight) -> list[str]:
+    """How far the second batch got beside the interactive load, and what the
+    interactive tasks found when schedule sent them."""
+    b = f.beside_batch
+    if b is None or not f.beside.windows:
+        return []
+    t0, t1 = f.beside.windows[0]
+    rate = (f.beside_done[1] - f.beside_done[0]) / (t1 - t0)
+    keys = [k for k, t in flight.sent.items() if t0 <= t <= t1 and not k.startswith("batch_")]
+    full = sum(1 for k in keys if sum(flight.at(flight.sent[k] - 1e-6)) >= SLOTS)
+    lines = [k for k in flight.sent if k.startswith("batch_")]
+
+    def chunks(ks: list[str]) -> float:
+        return sum(flight.chunks[k] for k in ks) / max(1, len(ks))
+
+    return [f"batch beside interactive: {f.beside_done[0]} -> {f.beside_done[1]} of {b.total} "
+            f"lines done while the interactive load ran, {rate:.1f} lines/s = "
+            f"{100 * rate * f.line_s / SLOTS:.1f} % of capacity (cap while interactive traffic "
+            f"is around: {f.cap} of {SLOTS} slots); {b.status} {b.took():.2f} s after create",
+            f"  batch generations in flight meanwhile: {flight.mean_batch(t0, t1):.1f} on "
+            f"average, at most {flight.max_batch(t0, t1)}; interactive tasks sent to a full "
+            f"pool: {full}, to a full worker: {sum(map(flight.worker_full, keys))}, of "
+            f"{len(keys)}",
+            f"  chunks on conveyor.tokens: {chunks(lines):.1f} a batch line, "
+            f"{chunks(keys):.1f} an interactive request"]
+
+
+def hop_table(scenarios: list[Interactive], flight: InFlight) -> str:
+    """p50 of each hop between layer stamps of the interactive requests of each
+    scenario (requests whose gateway stamp falls in one of its windows), ms."""
+    rows: list[list[str]] = []
+    picked = [[s for rid, s in flight.stamps.items() if all(h in s for h in HOPS) and any(
+        w0 <= s["gateway"] / 1e6 <= w1 for w0, w1 in sc.windows)] for sc in scenarios]
+    for x, y in [*itertools.pairwise(HOPS), (HOPS[0], HOPS[-1])]:
+        rows.append([f"{x} -> {y}", *(f"{percentile([(s[y] - s[x]) / 1000 for s in got], q):.1f}"
+                                      for got in picked for q in (50, 90))])
+    header = ["hop (ms)", *(f"{sc.name} {q}" for sc in scenarios for q in ("p50", "p90"))]
+    counts = ", ".join(f"{sc.name}: {len(got)}" for sc, got in zip(scenarios, picked, strict=True))
+    return f"{markdown_table(header, rows)}\n(requests with every stamp: {counts})"
+
+
+def cpu_table(f: Figures, both: Interactive) -> str:
+    """Cores busy (CPU seconds a second) per process, in each scenario."""
+    spans = [(f.batch_cpu, f.alone_batch.took() if f.alone_batch else math.nan),
+             *((sc.cpu, sc.tally.busy_s) for sc in (both, f.beside))]
+    names = sorted({n for cpu, _ in spans for n in cpu}, key=lambda n: n.startswith("machine"))
+    rows = [[n, *(f"{cpu[n] / span:.2f}" if n in cpu else "-" for cpu, span in spans)]
+            for n in names]
+    return markdown_table(["cores busy", "batch alone", both.name, f.beside.name], rows)
+
+
+def report(f: Figures, flight: InFlight) -> None:
+    both = Interactive("interactive alone (both)")
+    for half in f.halves:
+        both.tally.samples += half.tally.samples
+        both.tally.busy_s += half.tally.busy_s
+        both.windows += half.windows
+        for name, used in half.cpu.items():
+            both.cpu[name] = both.cpu.get(name, 0.0) + used
+    scenarios = [*f.halves, both, f.beside]
+    s = f.settings
+    print(f"\n## Batch beside interactive traffic ({WORKERS} workers x capacity {CAPACITY}, "
+          f"{TOKENS} tokens x {f.delay_ms} ms, concurrency {CONCURRENCY}, batch_max_share "
+          f"{s.batch_max_share}, batch_prefetch {s.batch_prefetch}, interactive_linger_s "
+          f"{s.interactive_linger_s}; load average {os.getloadavg()[0]:.2f} at the end)\n")
+    print(markdown_table(["scenario", "requests", "TTFT p50 ms", "TTFT p99 ms", "total p50 ms",
+                          "req/s"], [_row(sc) for sc in scenarios]))
+    lines, share = alone_batch_lines(f, flight)
+    print("\n" + "\n".join(lines + beside_batch_lines(f, flight)) + "\n")
+    print(hop_table([both, f.beside], flight))
+    print("\n" + cpu_table(f, both))
+    for sc in scenarios:
+        if sc.tally.failed:
+            print(f"{sc.name}: {len(sc.tally.failed)} failed, first: {sc.tally.failed[0].error}")
+    alone_p50 = percentile([x.ttft for x in both.tally.ok], 50) * 1000
+    checks = [
+        Check("interactive + batch", f"TTFT p50 (within {TTFT_SLACK:.0%} of alone's "
+              f"{alone_p50:.1f} ms)", percentile([x.ttft for x in f.beside.tally.ok], 50) * 1000,
+              round((1 + TTFT_SLACK) * alone_p50, 1), "<=", "ms"),
+        Check("batch alone", "throughput, share of the workers' capacity", share,
+              100 * CAPACITY_TARGET, ">=", "%")]
+    print("\n" + markdown_table(["scenario", "figure", "measured", "target", "met"],
+                                [[c.scenario, c.label, c.measured(), c.target(),
+                                  "yes" if c.met else "no"] for c in checks]))
+
+
+# Processes
+
+
+async def _main(p: Plan, f: Figures, gateway_url: str) -> None:
+    flight = InFlight(f.settings)
+    ready = asyncio.Event()
+    follower = asyncio.create_task(flight.run(ready))
+    try:
+        await asyncio.wait_for(ready.wait(), 60)
+        await measure(p, f, gateway_url, flight)
+        await asyncio.sleep(1.0)  # the last records
+        await flight.collect()
+        report(f, flight)
+    finally:
+        follower.cancel()
+        await asyncio.gather(follower, return_exceptions=True)
+
+
+def run(quick: bool, delay_ms: int, upstream_port: int, gateway_port: int) -> None:
+    check_infra()
+    check_port_free(upstream_port, "upstream")
+    check_port_free(gateway_port, "gateway")
+    script = conveyor_script()
+    work = Path(tempfile.mkdtemp(prefix="conveyor-bench-"))
+    print(f"logs, registry and files in {work}; load average {os.getloadavg()[0]:.2f}",
+          flush=True)
+    models = work / "models.toml"
+    models.write_text(registry(delay_ms))
+    prefix = f"benchbatch{int(time.time())}"
+    env = conveyor_env(topic_prefix=prefix, gateway_port=gateway_port, models_file=models)
+    env.update(CONVEYOR_AUTH="none", CONVEYOR_FILES_DIR=str(work / "files"))
+    upstream_url = f"http://127.0.0.1:{upstream_port}"
+    gateway_url = f"http://127.0.0.1:{gateway_port}"
+    commands = {"upstream": [sys.executable, "-m", "bench.upstream", "--port",
+                             str(upstream_port), "--tokens", str(TOKENS), "--delay-ms",
+                             str(delay_ms)], "layers": [str(script), "layer"]}
+    for n in range(WORKERS):
+        commands[f"infer-{n}"] = [str(script), "infer", "--engine", "openai", "--upstream",
+                                  upstream_url, "--pool", POOL, "--capacity", str(CAPACITY),
+                                  "--worker-id", f"bench-{n}"]
+    commands["gateway"] = [str(script), "gateway"]
+    with ExitStack() as stack:
+        procs = {}
+        for name, argv in commands.items():
+            procs[name] = stack.enter_context(running(name, argv, work, env))
+            if name == "upstream":
+                wait_http(f"{upstream_url}/v1/models", procs[name], 30.0)
+        wait_http(f"{gateway_url}/healthz", procs["gateway"], 180.0)
+        meter = CpuMeter({"bench client": os.getpid(),
+                          **{name: proc.popen.pid for name, proc in procs.items()}})
+        plan = Plan(100, 16, 24) if quick else Plan(500, 60, 120)
+        figures = Figures(delay_ms, Settings(topic_prefix=prefix), meter)
+        asyncio.run(_main(plan, figures, gateway_url))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.batch",
+        description="Interactive latency beside a batch, and a batch's share of capacity.")
+    parser.add_argument("--quick", action="store_true",
+                        help="batches of 100 lines, fewer requests")
+    parser.add_argument("--delay-ms", type=int, default=20, help="pacing of every token")
+    parser.add_argument("--upstream-port", type=int, default=9120)
+    parser.add_argument("--gateway-port", type=int, default=8120)
+    args = parser.parse_args(argv)
+    exit_on_sigterm()
+    try:
+        run(args.quick, args.delay_ms, args.upstream_port, args.gateway_port)
+    except BenchError as exc:
+        print(f"bench.batch: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+
+
+if __name__ == "__main__":
+    main()
