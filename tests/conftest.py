@@ -50,7 +50,7 @@ def services() -> None:
 class Pipeline:
     """A running Conveyor made of real processes, torn down by ``close``."""
 
-    def __init__(self, logs: Path, models: Path = TEST_MODELS, **env: str) -> None:
+    def __init__(self, logs: Path, *, models: Path = TEST_MODELS, **env: str) -> None:
         self.prefix = f"t{uuid.uuid4().hex[:10]}"
         self.port = free_port()
         self.logs = logs
