@@ -12,9 +12,10 @@ writes the same files again rather than two copies.
 
 Status updates are coalesced: a change of status is published at once, a
 change of counts at most every :data:`PUBLISH_EVERY_S` per job. A background
-tick publishes what was held back, finishes cancelled batches once their
-requests have gone quiet for :data:`CANCEL_GRACE_MS` (a request cancelled
-before it started never reports), and expires batches past their window.
+tick publishes what was held back (at once for a job that just ended),
+finishes cancelled batches once their requests have gone quiet for
+:data:`CANCEL_GRACE_MS` (a request cancelled before it started never
+reports), and expires batches past their window.
 Each published state carries a version that grows with time (microseconds),
 so a reader keeps the newest across collector restarts.
 """
@@ -78,6 +79,7 @@ class ResultsLayer:
         self._locks: dict[str, asyncio.Lock] = {}
         self._sender: Sender | None = None
         self._tick: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()  # a job became final: publish it now
 
     async def start(self, sender: Sender) -> None:
         self._sender = sender
@@ -118,9 +120,12 @@ class ResultsLayer:
         due = last is None or last[1] != fold.status or \
             time.monotonic() - last[0] >= PUBLISH_EVERY_S
         if fold.final or not due:
-            # a final state is published by the tick, which forgets the job only
-            # once the broker has it: until then its first offset holds the commit
+            # a final state is published by the tick (woken at once), which forgets
+            # the job only once the broker has it: until then its first offset
+            # holds the commit
             self._dirty.add(fold.job_id)
+            if fold.final:
+                self._wake.set()
             return []
         return [self._status(fold)]
 
@@ -167,7 +172,9 @@ class ResultsLayer:
 
     async def _tick_loop(self) -> None:
         while True:
-            await asyncio.sleep(_TICK_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), _TICK_S)
+            self._wake.clear()
             outputs, finished = await self.tick(now_ms())
             if outputs and self._sender is not None:
                 await self._sender.produce(outputs)
