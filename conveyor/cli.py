@@ -22,10 +22,13 @@ import subprocess
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conveyor.registry import Registry
 from conveyor.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from conveyor.metrics import Metrics
 
 __all__ = ["main"]
 
@@ -60,6 +63,13 @@ async def _ensure_topics(settings: Settings, registry: Registry) -> None:
     from topics.catalog import catalog
 
     await ensure_topics(settings, catalog(settings, registry.pools()))
+
+
+def _metrics(settings: Settings, service: str) -> Metrics:
+    """The process's metrics, served on ``metrics_port`` (none when 0)."""
+    from conveyor.metrics import serve_metrics
+
+    return serve_metrics(service, settings.metrics_host, settings.metrics_port)
 
 
 # -- subcommands ----------------------------------------------------------------
@@ -157,8 +167,13 @@ async def _run_layers(settings: Settings, names: list[str]) -> None:
     from workers.cancels import CancelList
 
     cancels = CancelList(settings)  # one follower of conveyor.control for every layer here
+    from conveyor.metrics import LayerMetrics
+
+    metrics = _metrics(settings, "+".join(names))
+    layer_metrics = LayerMetrics(metrics.meter)
     runtimes = [LayerRuntime(settings, _make_layer(n, settings, registry),  # type: ignore[arg-type]
-                             producer=producer, tracer=tracing.tracer, cancels=cancels)
+                             producer=producer, tracer=tracing.tracer, cancels=cancels,
+                             metrics=layer_metrics)
                 for n in names]
 
     def stop() -> None:
@@ -177,6 +192,7 @@ async def _run_layers(settings: Settings, names: list[str]) -> None:
     await asyncio.gather(*tasks, following, return_exceptions=True)
     await producer.stop()
     tracing.shutdown()
+    metrics.shutdown()
     for task in done:
         if not task.cancelled():
             task.result()
@@ -222,11 +238,16 @@ async def _run_infer(settings: Settings, args: argparse.Namespace) -> None:
     tracing = make_tracer(settings.trace_exporter, f"infer-{args.pool}")
     worker = InferWorker(settings, engine, args.pool, registry,  # type: ignore[arg-type]
                          worker_id=args.worker_id, tracer=tracing.tracer)
+    from conveyor.metrics import WorkerMetrics
+
+    metrics = _metrics(settings, f"infer-{args.pool}")
+    WorkerMetrics(metrics.meter, worker.worker_id, args.pool, worker.load)
     _on_signals(worker.stop)
     try:
         await worker.run()
     finally:
         tracing.shutdown()
+        metrics.shutdown()
 
 
 def cmd_infer(settings: Settings, args: argparse.Namespace) -> int:
@@ -255,8 +276,14 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
              "--capacity", str(args.capacity)]
     if args.upstream:
         infer += ["--upstream", args.upstream]
-    children = [Child("layers", exe + ["layer"]), Child("accounting", exe + ["accounting"])]
-    children += [Child(f"infer {args.pool}-{i}", exe + infer + ["--worker-id", f"{args.pool}-{i}"])
+    port = settings.metrics_port  # layers on it, accounting on the next, then each worker
+
+    def on(offset: int) -> list[str]:
+        return exe + (["--metrics-port", str(port + offset)] if port else [])
+
+    children = [Child("layers", on(0) + ["layer"]), Child("accounting", on(1) + ["accounting"])]
+    children += [Child(f"infer {args.pool}-{i}",
+                       on(2 + i) + infer + ["--worker-id", f"{args.pool}-{i}"])
                  for i in range(args.workers)]
     gateway = exe + ["gateway"] + (["--insecure-no-auth"] if args.insecure_no_auth else [])
     children.append(Child("gateway", gateway))
@@ -271,6 +298,9 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="conveyor", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="serve Prometheus metrics of a layer, infer or accounting "
+                             "process on this port (default CONVEYOR_METRICS_PORT; 0: none)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def engine_args(p: argparse.ArgumentParser) -> None:
@@ -323,7 +353,11 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     settings = load_settings()
+    if args.metrics_port is not None:
+        settings = settings.model_copy(update={"metrics_port": args.metrics_port})
     _setup_logging(settings)
+    if args.command == "accounting":  # a Faust app: only its process metrics
+        _metrics(settings, "accounting")
     result: int = args.func(settings, args)
     return result
 

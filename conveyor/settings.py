@@ -24,6 +24,10 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     # none | console | otlp (see conveyor/tracing.py)
     trace_exporter: Literal["none", "console", "otlp"] = "none"
+    # Prometheus metrics of layers, infer workers and accounting (see conveyor/metrics.py):
+    # the port they are served on, 0 = none; the gateway serves /metrics on its own port
+    metrics_port: int = 0
+    metrics_host: str = "127.0.0.1"
 
     # Services
     kafka_bootstrap: str = "127.0.0.1:9092"

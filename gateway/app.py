@@ -44,6 +44,7 @@ from gateway.jobs.background import BackgroundResponses
 from gateway.jobs.batches import Batches
 from gateway.jobs.board import JobBoard
 from gateway.limits import BodyLimit
+from gateway.metrics_route import install_metrics
 from gateway.openapi import install_openapi
 from gateway.replies import ReplyLease, ReplyRouter
 from gateway.responses.api_router import responses_router
@@ -88,6 +89,7 @@ def build_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     app.include_router(usage_router)
     app.include_router(files_router)
     app.include_router(jobs_router)
+    install_metrics(app, settings)
     app.state.admin_token = settings.admin_token.get_secret_value()
     install_openapi(app)
     return app
@@ -112,6 +114,7 @@ async def _collaborators(app: FastAPI, settings: Settings, gateway_id: str,
     tracing = make_tracer(settings.trace_exporter, "gateway")
     app.state.serving = Serving(settings, producer, router_, codec, gateway_id, tracing.tracer,
                                 produce_timeout_s=settings.produce_timeout_s)
+    app.state.serving.metrics = app.state.gateway_metrics
     audit = Audit(settings, producer, codec, actor=gateway_id)
     app.state.usage = UsageLedger(settings, redis)
     board = JobBoard(settings, codec)

@@ -41,6 +41,7 @@ from conveyor.errors import (
     RequestTooLarge,
     SchemaError,
 )
+from conveyor.metrics import GatewayMetrics
 from conveyor.settings import Settings
 from conveyor.tracing import layer_span, trace_id_of
 from gateway import sse
@@ -62,6 +63,8 @@ Disconnected = Callable[[], Awaitable[bool]]
 
 access_log = logging.getLogger("conveyor.access")
 
+# gen_ai.operation.name of each generation kind (OpenTelemetry GenAI conventions)
+_OPERATIONS = {"chat": "chat", "completion": "text_completion"}
 # how often a request still waiting for its first reply checks its client
 _DISCONNECT_POLL_S = 0.5
 log = logging.getLogger(__name__)
@@ -136,6 +139,7 @@ class Answer:
         """One line a request: what, how it ended, how long; a hash of the prompt,
         never the prompt. Status 499: the client went away first."""
         now = time.monotonic()
+        self._measure(now)
         usage = self.usage or {"prompt_tokens": 0, "completion_tokens": 0}
         ttft = (self.first_at - self.started) * 1000 if self.first_at else float("nan")
         access_log.info(
@@ -147,6 +151,16 @@ class Answer:
             ttft, (now - self.started) * 1000, usage["prompt_tokens"],
             usage["completion_tokens"], self.access.get("prompt_sha256", ""),
             self.access.get("trace", ""))
+
+    def _measure(self, now: float) -> None:
+        usage = self.usage
+        self.serving.metrics.request_ended(
+            status=self.status or 499, model=self.access.get("model", ""),
+            tenant=self.access.get("tenant", ""), operation=_OPERATIONS.get(
+                self.access.get("kind", ""), "chat"),
+            started=self.started, first_at=self.first_at, ended=now,
+            input_tokens=usage["prompt_tokens"] if usage else None,
+            output_tokens=usage["completion_tokens"] if usage else None)
 
 
 class Serving:
@@ -160,6 +174,7 @@ class Serving:
         self.codec = codec
         self.gateway_id = gateway_id
         self.tracer = tracer or trace.NoOpTracer()
+        self.metrics = GatewayMetrics.off()  # build_app sets the process's
         self._requests = settings.topic("requests")
         self._control = settings.topic("control")
         self._cancels: set[asyncio.Task[None]] = set()
@@ -200,7 +215,9 @@ class Serving:
                                 else None)
         stream = self.router.open(rid)
         try:
-            with layer_span(self.tracer, "gateway", envelope):
+            with layer_span(self.tracer, "gateway", envelope) as span:
+                span.set_attributes({"gen_ai.request.model": generation["model"],
+                                     "gen_ai.operation.name": _OPERATIONS[generation["kind"]]})
                 value = self._encode_request(Request(envelope=envelope, generation=generation))
                 await self._produce_request(rid, value, envelope["traceparent"])
         except BaseException:

@@ -49,6 +49,7 @@ from conveyor.errors import (
     SchemaError,
     TransientBrokerError,
 )
+from conveyor.metrics import LayerMetrics, partition_lag
 from conveyor.settings import Settings
 from conveyor.tracing import layer_span, trace_id_of
 from schemas.codec import Codec, EventType, default_codec
@@ -127,7 +128,7 @@ class LayerRuntime:
         max_in_flight: int = 256, max_concurrency: int = 64,
         commit_interval_ms: float = 100.0, producer: AIOKafkaProducer | None = None,
         tracer: trace.Tracer | None = None, cancels: CancelList | None = None,
-        settle_timeout_s: float = 20.0,
+        settle_timeout_s: float = 20.0, metrics: LayerMetrics | None = None,
     ) -> None:
         self.settings = settings
         self.layer = layer
@@ -156,6 +157,7 @@ class LayerRuntime:
         self._drainers: dict[tuple[TopicPartition, object], asyncio.Task[None]] = {}
         self._paused: set[TopicPartition] = set()
         self._problems = RateLimitedLog(log)
+        self.probe = (metrics or LayerMetrics.off()).layer(layer.name, self.lag)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -262,6 +264,16 @@ class LayerRuntime:
     async def handle_record(self, record: Record) -> None:
         """Decode, handle and produce one event; every failure ends in the DLQ
         and an error reply, or (passing broker trouble) in a retry."""
+        started = time.perf_counter()
+        await self._handle_record(record)
+        self.probe.handled(time.perf_counter() - started)
+
+    def lag(self) -> list[tuple[int, int]]:
+        """(partition, events in its log not taken yet), for the metrics."""
+        return partition_lag(self._consumer,
+                             {tp: part.next for tp, part in list(self.partitions.items())})
+
+    async def _handle_record(self, record: Record) -> None:
         layer = self.layer
         try:
             event = self.codec.decode(record.value, layer.source_type)
@@ -331,6 +343,7 @@ class LayerRuntime:
     async def _fail(self, record: Record, envelope: Envelope | None, exc: BaseException,
                     detail: str) -> None:
         """Dead-letter the event and, when it belongs to a request, fail it."""
+        self.probe.dead_letter()
         sender = self._sender_()
         letter = sender.letter_output(self.layer.name, record.topic, record.partition,
                                       record.offset, record.key, record.value, detail)

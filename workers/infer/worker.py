@@ -57,6 +57,7 @@ from opentelemetry import trace
 from redis.exceptions import RedisError
 
 from conveyor.errors import BrokerError, SchemaError
+from conveyor.metrics import partition_lag
 from conveyor.registry import Registry
 from conveyor.settings import Settings
 from conveyor.tracing import layer_span, trace_id_of
@@ -149,6 +150,7 @@ class InferWorker:
         self._commit_due = asyncio.Event()
         self.commit_interval_s = 0.1
         self._cancels: CancelList | None = None
+        self._taken: dict[TopicPartition, int] = {}  # the next offset to take (metrics)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -246,6 +248,7 @@ class InferWorker:
             self._done(tp, record.offset, self.offsets.start(tp, record.offset))
             return
         rid = task["envelope"]["request_id"]
+        self._taken[tp] = record.offset + 1
         epoch = self.offsets.start(tp, record.offset)
         same = self.running.get(rid)
         if same is not None:
@@ -369,6 +372,13 @@ class InferWorker:
         """For the group's assignor: the partitions owned, and those running answers."""
         busy = {tp for r in self.running.values() for tp, _, _ in r.bookings}
         return self.partitions | self.owned_before, busy
+
+    def load(self) -> tuple[int, int, int]:
+        """Capacity, generations running, and tasks in this worker's partitions not
+        taken yet (conveyor.metrics.WorkerMetrics reads it at each scrape)."""
+        taken = {tp: n for tp, n in list(self._taken.items()) if tp in self.partitions}
+        queued = sum(lag for _, lag in partition_lag(self._consumer, taken))
+        return self.engine.capacity, len(self.running), queued
 
     def _snapshot(self) -> tuple[list[int], int, int]:
         return [tp.partition for tp in self.partitions], len(self.running), 0
