@@ -1,0 +1,279 @@
+"""``conveyor dlq``: dead letters, their errors, and sending them back.
+
+    conveyor dlq list [--layer L] [--since 24h]    one letter a line, with its error
+    conveyor dlq show OFFSET [--show-content]      one letter in full
+    conveyor dlq redrive OFFSET... [--force]       back to where each came from
+    conveyor dlq redrive --all --layer L [--since 24h]
+
+A letter is named by its offset in ``conveyor.dlq`` (one partition). Listing
+reads the DLQ from ``--since`` on (``offsets_for_times``), never the whole
+topic.
+
+A redrive produces the letter's original key and value, byte for byte, to its
+original topic *and partition* (for a keyed topic that is the key's own
+partition; for a pool's task topic it is the worker's, which the pool's
+group still reads; for replies, the gateway's), so the event is handled as
+it was first sent, by code that has been fixed since. Before sending, the
+value is decoded with this Conveyor's codec as the type its topic carries: a
+value that still does not decode would only come back to the DLQ, so it is
+refused unless ``--force``. A letter whose value was truncated to fit the
+DLQ is never sent back.
+
+Each redrive is recorded on ``conveyor.audit`` (action ``dlq.redrive``, with
+the letter's offset and where the event went), and a letter already
+redriven is refused unless ``--force``: the audit topic is read from the
+oldest chosen letter's time on, so the check too is bounded by time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import datetime as dt
+import json
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from conveyor.settings import Settings
+from schemas.codec import Codec, EventType, default_codec
+from schemas.records import AuditEvent, DeadLetter
+from topics.lookup import KeyLookup, parse_since
+
+__all__ = ["Letter", "Redriven", "event_type_of", "read_letters", "redriven", "redrive",
+           "register"]
+
+REDRIVE_ACTION = "dlq.redrive"
+_TRUNCATED = "[value truncated"
+_TYPES: dict[str, EventType] = {
+    "requests": "Request", "prepared": "Prepared", "routed": "Task", "tokens": "TokenChunk",
+    "replies": "Reply", "control": "Control", "jobs": "JobCommand", "results": "JobResult",
+    "job-status": "JobStatus", "usage": "UsageRecord", "workers": "WorkerHeartbeat",
+}
+
+
+@dataclass(frozen=True)
+class Letter:
+    offset: int
+    letter: DeadLetter
+
+    @property
+    def source(self) -> str:
+        d = self.letter
+        return f"{d['topic']}[{d['partition']}]@{d['offset']}"
+
+
+@dataclass(frozen=True)
+class Redriven:
+    offset: int
+    sent: bool
+    detail: str  # where it went, or why not
+
+
+def event_type_of(settings: Settings, topic: str) -> EventType | None:
+    """The event type a Conveyor topic carries (None for one it does not know)."""
+    head = settings.topic("")
+    if not topic.startswith(head):
+        return None
+    name = topic[len(head):]
+    return "Task" if name.startswith("infer.") else _TYPES.get(name)
+
+
+async def read_letters(settings: Settings, since_ms: int, offsets: list[int] | None = None,
+                       codec: Codec | None = None) -> list[Letter]:
+    """The letters written since ``since_ms``, or those at ``offsets``."""
+    codec = codec or default_codec()
+    topic = settings.topic("dlq")
+    async with KeyLookup(settings) as look:
+        if offsets is None:
+            records = await look.find(topic, None, since_ms, partitions=[0])
+        else:
+            found = [await look.at(topic, 0, o) for o in offsets]
+            records = [r for r in found if r is not None]
+    return [Letter(r.offset, codec.decode(r.value, "DeadLetter")) for r in records]
+
+
+async def redriven(settings: Settings, since_ms: int, codec: Codec | None = None
+                   ) -> dict[int, AuditEvent]:
+    """The letters sent back since ``since_ms``: DLQ offset -> its audit event."""
+    codec = codec or default_codec()
+    dlq = settings.topic("dlq")
+    out: dict[int, AuditEvent] = {}
+    async with KeyLookup(settings) as look:
+        for r in await look.find(settings.topic("audit"), None, since_ms, partitions=[0]):
+            try:
+                event: AuditEvent = codec.decode(r.value, "AuditEvent")
+            except Exception:  # another writer's event this reader cannot read
+                continue
+            if event["action"] == REDRIVE_ACTION and event["detail"].get("dlq") == dlq:
+                out.setdefault(int(event["detail"]["dlq_offset"]), event)
+    return out
+
+
+def _check(settings: Settings, codec: Codec, letter: DeadLetter) -> str | None:
+    """Why ``letter`` cannot be sent back as it is (None: it can)."""
+    if letter["value"] is None:
+        return "the letter has no value"
+    event_type = event_type_of(settings, letter["topic"])
+    if event_type is None:
+        return None
+    try:
+        codec.decode(letter["value"], event_type)
+    except Exception as exc:
+        return f"its value still does not decode as a {event_type}: {exc}"
+    return None
+
+
+async def redrive(settings: Settings, letters: list[Letter], *, force: bool = False,
+                  codec: Codec | None = None) -> list[Redriven]:
+    """Send each letter's key and value back to its topic and partition, and
+    record it; see the module for what is refused."""
+    from gateway.audit import Audit, audit_event, cli_actor
+    from topics.clients import make_producer
+
+    codec = codec or default_codec()
+    done = await redriven(settings, min((x.letter["ts_ms"] for x in letters), default=0),
+                          codec) if letters else {}
+    results: list[Redriven] = []
+    producer = make_producer(settings)
+    await producer.start()
+    try:
+        audit = Audit(settings, producer, codec, actor=cli_actor())
+        for x in letters:
+            d = x.letter
+            if d["error"].startswith(_TRUNCATED):
+                results.append(Redriven(x.offset, False, "its value was truncated in the DLQ"))
+                continue
+            if x.offset in done and not force:
+                results.append(Redriven(x.offset, False, "already redriven at "
+                                        f"{_iso(done[x.offset]['ts_ms'])} (--force to resend)"))
+                continue
+            problem = _check(settings, codec, d)
+            if problem is not None and (not force or d["value"] is None):
+                results.append(Redriven(x.offset, False, problem))
+                continue
+            meta = await producer.send_and_wait(d["topic"], d["value"], key=d["key"],
+                                                partition=d["partition"])
+            where = f"{d['topic']}[{meta.partition}]@{meta.offset}"
+            key = (d["key"] or b"").decode(errors="replace")
+            await audit.write(audit_event(REDRIVE_ACTION, request_id=key, detail={
+                "dlq": settings.topic("dlq"), "dlq_offset": str(x.offset),
+                "layer": d["layer"], "source": x.source, "sent_to": where}))
+            results.append(Redriven(x.offset, True, where))
+    finally:
+        await producer.stop()
+    return results
+
+
+def _iso(ms: int) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).isoformat(timespec="seconds")
+
+
+def _summary(error: str) -> str:
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _cmd_list(settings: Settings, args: argparse.Namespace, since: int) -> int:
+    letters = [x for x in asyncio.run(read_letters(settings, since))
+               if args.layer is None or x.letter["layer"] == args.layer]
+    sent = asyncio.run(redriven(settings, since)) if letters else {}
+    if args.json:
+        print(json.dumps([{"offset": x.offset, "time": _iso(x.letter["ts_ms"]),
+                           "layer": x.letter["layer"], "source": x.source,
+                           "key": (x.letter["key"] or b"").decode(errors="replace"),
+                           "redriven": x.offset in sent, "error": _summary(x.letter["error"])}
+                          for x in letters], indent=2))
+        return 0
+    if not letters:
+        print(f"no dead letters since {_iso(since)}")
+    for x in letters:
+        key = (x.letter["key"] or b"").decode(errors="replace")
+        mark = "  [redriven]" if x.offset in sent else ""
+        print(f"{x.offset:>6}  {_iso(x.letter['ts_ms'])}  {x.letter['layer']:<11} "
+              f"{x.source}  {key}{mark}  {_summary(x.letter['error'])}")
+    return 0
+
+
+def _cmd_show(settings: Settings, args: argparse.Namespace) -> int:
+    codec = default_codec()
+    found = asyncio.run(read_letters(settings, 0, args.offsets[:1]))
+    if not args.offsets or not found:
+        print(f"conveyor dlq: no letter at offset {args.offsets[:1]}", file=sys.stderr)
+        return 1
+    x = found[0]
+    d = x.letter
+    sent = asyncio.run(redriven(settings, d["ts_ms"])).get(x.offset)
+    value = d["value"] or b""
+    print(f"letter {x.offset} of {settings.topic('dlq')}, written {_iso(d['ts_ms'])}")
+    print(f"layer    {d['layer']}\nsource   {x.source}")
+    print(f"key      {(d['key'] or b'').decode(errors='replace')}")
+    print(f"value    {len(value)} bytes, schema fingerprint {value[2:10].hex() or '-'}")
+    problem = _check(settings, codec, d)
+    print("decodes  " + ("yes, it can be redriven" if problem is None else f"no: {problem}"))
+    if sent is not None:
+        print(f"redriven {_iso(sent['ts_ms'])} by {sent['actor']} to {sent['detail']['sent_to']}")
+    print("error:\n" + d["error"].rstrip())
+    event_type = event_type_of(settings, d["topic"])
+    if args.show_content and problem is None and event_type is not None:
+        print("event:\n" + json.dumps(_plain(codec.decode(value, event_type)), indent=2,
+                                      ensure_ascii=False))
+    return 0
+
+
+def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
+    try:
+        since = parse_since(args.since)
+    except ValueError as exc:
+        print(f"conveyor dlq: {exc}", file=sys.stderr)
+        return 2
+    if args.action == "list":
+        return _cmd_list(settings, args, since)
+    if args.action == "show":
+        return _cmd_show(settings, args)
+    if args.all == bool(args.offsets):
+        print("conveyor dlq redrive: name letters by OFFSET, or --all (with --layer)",
+              file=sys.stderr)
+        return 2
+    if args.all:
+        letters = [x for x in asyncio.run(read_letters(settings, since))
+                   if args.layer is None or x.letter["layer"] == args.layer]
+    else:
+        letters = asyncio.run(read_letters(settings, 0, args.offsets))
+        missing = set(args.offsets) - {x.offset for x in letters}
+        if missing:
+            print(f"conveyor dlq: no letter at offset(s) {sorted(missing)}", file=sys.stderr)
+            return 1
+    results = asyncio.run(redrive(settings, letters, force=args.force))
+    for r in results:
+        print(f"{r.offset:>6}  " + (f"redriven to {r.detail}" if r.sent
+                                    else f"not redriven: {r.detail}"))
+    return 0 if all(r.sent for r in results) else 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("dlq", help="dead letters: list, show, send back once fixed",
+                       description="Letters are named by their offset in the DLQ topic; "
+                                   "list and --all read it from --since on.")
+    p.add_argument("action", choices=["list", "show", "redrive"])
+    p.add_argument("offsets", nargs="*", type=int, metavar="OFFSET")
+    p.add_argument("--layer", default=None, help="only letters from this layer")
+    p.add_argument("--since", default="24h",
+                   help="list/--all: letters written since (24h, 90m, 2d, ISO time, epoch ms)")
+    p.add_argument("--all", action="store_true", help="redrive every letter listed")
+    p.add_argument("--force", action="store_true",
+                   help="redrive again, or a value that does not decode here")
+    p.add_argument("--show-content", action="store_true", help="show: the decoded event")
+    p.add_argument("--json", action="store_true", help="list: as JSON")
+    p.set_defaults(func=cmd_dlq)

@@ -1,0 +1,315 @@
+"""``conveyor inspect REQUEST_ID``: one request's journey, read from the topics.
+
+    conveyor inspect 3f2a…                 waterfall, worker, attempts, chunks, usage, DLQ
+    conveyor inspect 3f2a… --since 2h      how far back the request may be (default 24h)
+    conveyor inspect 3f2a… --json          the same for machines
+    conveyor inspect 3f2a… --show-content  with the prompt and the answer's text
+
+How a request is found among millions without scanning a topic
+(:mod:`topics.lookup`): the request topic is keyed by request id, so the
+request is in one partition, murmur2 of its id; ``offsets_for_times(since)``
+bounds where reading starts, and reading stops at the first record with the
+id. Its envelope's gateway stamp then fixes the request's time, and every
+other topic is read only between that time (less ``clock_skew_ms``) and the
+request's deadline (or ``request_timeout_s``): ``prepared``, ``routed``,
+``tokens``, ``control`` and ``dlq`` in the id's partition; the pool's task
+topic (its partition is the chosen worker's) in every partition but only
+between the route and infer stamps; replies in the gateway's reply partition
+named in the envelope; a job's result in its job id's partition of
+``results``. The report lists what was read (topic, partition, offsets).
+
+Prompts and answers are content: they are printed only with
+``--show-content``; without it the report gives sizes and counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import datetime as dt
+import json
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from conveyor.settings import Settings
+from schemas.codec import Codec, EventType, default_codec
+from topics.lookup import KeyLookup, parse_since
+
+__all__ = ["LAYERS", "Found", "Journey", "find_journey", "report", "render", "register"]
+
+LAYERS = ("gateway", "preprocess", "route", "schedule", "infer", "postprocess")
+_BAR = 30
+
+
+@dataclass
+class Found:
+    """One event of the request: where it is, when it was written, what it says."""
+
+    topic: str
+    partition: int
+    offset: int
+    ts_ms: int
+    type: EventType
+    record: Any = None
+    error: str | None = None  # set when the value does not decode
+
+    @property
+    def where(self) -> str:
+        return f"{self.topic}[{self.partition}]@{self.offset}"
+
+
+@dataclass
+class Journey:
+    request_id: str
+    since_ms: int
+    by_layer: dict[str, list[Found]] = field(default_factory=dict)
+    chunks: list[Found] = field(default_factory=list)
+    replies: list[Found] = field(default_factory=list)
+    cancels: list[Found] = field(default_factory=list)
+    letters: list[Found] = field(default_factory=list)
+    read: list[dict[str, Any]] = field(default_factory=list)
+
+    def events(self) -> list[Found]:
+        return [f for fs in self.by_layer.values() for f in fs] + self.chunks + self.replies
+
+    def stamps(self) -> dict[str, int]:
+        """Each layer's first stamp (µs) over every envelope seen."""
+        return _stamps(self.events())
+
+
+def _decode(codec: Codec, records: list[Any], event_type: EventType) -> list[Found]:
+    found = []
+    for r in records:
+        item = Found(r.topic, r.partition, r.offset, r.timestamp, event_type)
+        try:
+            item.record = codec.decode(r.value, event_type)
+        except Exception as exc:  # an event a layer dead-letters is shown, not fatal
+            item.error = f"{type(exc).__name__}: {exc}"
+        found.append(item)
+    return found
+
+
+async def find_journey(settings: Settings, request_id: str, since_ms: int,
+                       codec: Codec | None = None) -> Journey | None:
+    """Every event of ``request_id`` (None when its request is not in the log
+    since ``since_ms``); see the module for what is read."""
+    codec = codec or default_codec()
+    topic = settings.topic
+    journey = Journey(request_id, since_ms)
+    async with KeyLookup(settings) as look:
+        first = await look.find(topic("requests"), request_id, since_ms, first=True)
+        if not first:
+            return None
+        journey.by_layer["gateway"] = _decode(codec, first, "Request")
+        request = journey.by_layer["gateway"][0].record
+        envelope = request["envelope"] if request else {}
+        entered_ms = (envelope.get("stamps", {}).get("gateway", first[0].timestamp * 1000)
+                      // 1000)
+        skew = settings.clock_skew_ms
+        start = entered_ms - skew
+        until = max(envelope.get("deadline_ms") or 0,
+                    entered_ms + int(settings.request_timeout_s * 1000)) + skew
+
+        async def read(name: str, event_type: EventType, key: str | None = request_id,
+                       **kw: Any) -> list[Found]:
+            return _decode(codec, await look.find(name, key, start, until, **kw), event_type)
+
+        journey.by_layer["preprocess"] = await read(topic("prepared"), "Prepared")
+        journey.by_layer["route"] = await read(topic("routed"), "Task")
+        journey.chunks = await read(topic("tokens"), "TokenChunk")
+        journey.cancels = await read(topic("control"), "Control")
+        journey.letters = await read(topic("dlq"), "DeadLetter")
+        stamps = journey.stamps()
+        routed = [f.record for f in journey.by_layer["route"] if f.record]
+        if routed:  # the task's partition is the worker's: every partition, a short window
+            pool_topic = topic(f"infer.{routed[0]['route']['pool']}")
+            lo = stamps.get("route", stamps.get("gateway", entered_ms * 1000)) // 1000 - skew
+            hi = stamps["infer"] // 1000 + skew if "infer" in stamps else until
+            tasks = await look.find(pool_topic, request_id, lo, hi,
+                                    partitions=await look.partitions(pool_topic))
+            journey.by_layer["schedule"] = _decode(codec, tasks, "Task")
+        journey.by_layer["infer"] = journey.chunks[:1]
+        if envelope.get("job_id"):
+            results = await read(topic("results"), "JobResult", envelope["job_id"])
+            journey.replies = [f for f in results
+                               if f.record and f.record["request_id"] == request_id]
+        elif envelope.get("reply_partition", -1) >= 0:
+            journey.replies = await read(topic("replies"), "Reply",
+                                         partitions=[envelope["reply_partition"]])
+        journey.by_layer["postprocess"] = journey.replies[:1]
+        journey.read = KeyLookup.describe(look.read)
+    return journey
+
+
+def _stamps(events: list[Found]) -> dict[str, int]:
+    """Each layer's first stamp (µs) over every envelope seen."""
+    out: dict[str, int] = {}
+    for f in events:
+        env = (f.record or {}).get("envelope") if isinstance(f.record, dict) else None
+        for layer, us in (env or {}).get("stamps", {}).items():
+            out[layer] = min(us, out.get(layer, us))
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """JSON for a decoded record (bytes as base64)."""
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def report(journey: Journey, show_content: bool = False) -> dict[str, Any]:
+    """The journey as a JSON-able dict (content only with ``show_content``)."""
+    from workers.infer.progress import progress_of
+
+    stamps = _stamps(journey.events())
+    zero_us = stamps.get("gateway", min(stamps.values(), default=0))
+    marks: list[tuple[str, int, str]] = []  # (label, µs, event)
+    for layer in LAYERS:
+        events = journey.by_layer.get(layer) or []
+        if layer in stamps:
+            marks.append((layer, stamps[layer], events[0].where if events else ""))
+    chunks = [f.record for f in journey.chunks if f.record]
+    if journey.chunks:
+        marks.append(("first chunk", journey.chunks[0].ts_ms * 1000, journey.chunks[0].where))
+    finals = [f for f in journey.replies if f.record and f.record.get("kind", "final") != "delta"]
+    if finals:
+        marks.append(("reply", finals[-1].ts_ms * 1000, finals[-1].where))
+    marks.sort(key=lambda m: m[1])
+    waterfall, prev = [], zero_us
+    for label, us, where in marks:
+        waterfall.append({"step": label, "at_ms": round((us - zero_us) / 1000, 1),
+                          "hop_ms": round((us - prev) / 1000, 1), "event": where})
+        prev = us
+    request = next((f.record for f in journey.by_layer.get("gateway", []) if f.record), None)
+    envelope = request["envelope"] if request else {}
+    runs: dict[str, dict[str, Any]] = {}
+    for c in chunks:
+        run = runs.setdefault(c["run_id"], {"run_id": c["run_id"], "worker_id": c["worker_id"],
+                                            "chunks": 0, "first_seq": c["seq"]})
+        run["chunks"] += 1
+    progress = progress_of(chunks)
+    final = finals[-1].record if finals else None
+    errors = [{"where": f.where, "error": f.error} for f in journey.events() if f.error]
+    errors += [{"where": f.where, **f.record["error"]} for f in journey.chunks + journey.replies
+               if f.record and f.record.get("error")]
+    out: dict[str, Any] = {
+        "request_id": journey.request_id,
+        "found": bool(request),
+        "entered": _iso(zero_us // 1000),
+        "tenant": envelope.get("tenant"),
+        "job_id": envelope.get("job_id") or None,
+        "model": (request or {}).get("generation", {}).get("model"),
+        "layers": {layer: [f.where for f in journey.by_layer.get(layer) or []]
+                   for layer in LAYERS},
+        "waterfall": waterfall,
+        "pool": next((f.record["route"]["pool"] for f in journey.by_layer.get("route", [])
+                      if f.record), None),
+        "worker_id": chunks[-1]["worker_id"] if chunks else None,
+        "attempt": max((f.record["envelope"]["attempt"] for f in journey.events()
+                        if isinstance(f.record, dict) and "envelope" in f.record), default=0),
+        "task_deliveries": len(journey.by_layer.get("schedule") or []),
+        "runs": list(runs.values()),
+        "chunks": len(chunks),
+        "completion_tokens": progress.tokens,
+        "finish_reason": (final or {}).get("finish_reason"),
+        "usage": (final or {}).get("usage"),
+        "replies": len(journey.replies),
+        "cancels": [{"where": f.where, "reason": f.record["reason"]}
+                    for f in journey.cancels if f.record],
+        "dlq": [{"where": f.where, "layer": f.record["layer"],
+                 "source": f"{f.record['topic']}[{f.record['partition']}]@{f.record['offset']}",
+                 "error": _last_line(f.record["error"])} for f in journey.letters if f.record],
+        "errors": errors,
+        "read": journey.read,
+    }
+    if show_content and request:
+        gen = request["generation"]
+        out["prompt"] = gen["prompt"] if gen["kind"] == "completion" else gen["messages"]
+        out["text"] = progress.text
+    return _plain(out)  # type: ignore[no-any-return]
+
+
+def _iso(ms: int) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).isoformat(timespec="milliseconds")
+
+
+def render(rep: dict[str, Any]) -> str:
+    """The report for a person: a header, the waterfall, then the rest."""
+    lines = [f"request {rep['request_id']}  tenant {rep['tenant']}  model {rep['model']}  "
+             f"entered {rep['entered']}" + (f"  job {rep['job_id']}" if rep["job_id"] else "")]
+    steps = rep["waterfall"]
+    total = max((s["at_ms"] for s in steps), default=0.0) or 1.0
+    for s in steps:
+        begin = int(_BAR * (s["at_ms"] - s["hop_ms"]) / total)
+        width = max(1, int(_BAR * s["hop_ms"] / total)) if s["hop_ms"] > 0 else 1
+        bar = (" " * begin + "#" * width)[:_BAR + 1]
+        lines.append(f"  {s['step']:<12} {s['at_ms']:>9.1f} ms  +{s['hop_ms']:>8.1f}  "
+                     f"|{bar:<{_BAR + 1}}|  {s['event']}")
+    missing = [layer for layer, where in rep["layers"].items() if not where]
+    if missing:
+        lines.append(f"  no event found for: {', '.join(missing)}")
+    lines.append(f"worker {rep['worker_id']} (pool {rep['pool']})  attempt {rep['attempt']}  "
+                 f"task deliveries {rep['task_deliveries']}  runs {len(rep['runs'])}")
+    for run in rep["runs"]:
+        lines.append(f"  run {run['run_id']} on {run['worker_id']}: {run['chunks']} chunks "
+                     f"from seq {run['first_seq']}")
+    lines.append(f"chunks {rep['chunks']}  completion tokens {rep['completion_tokens']}  "
+                 f"finish {rep['finish_reason']}  usage {json.dumps(rep['usage'])}")
+    for c in rep["cancels"]:
+        lines.append(f"cancel at {c['where']}: {c['reason']}")
+    for d in rep["dlq"]:
+        lines.append(f"DLQ {d['where']} ({d['layer']}, from {d['source']}): {d['error']}")
+    for e in rep["errors"]:
+        lines.append(f"error at {e['where']}: " + ", ".join(
+            f"{k}={v}" for k, v in e.items() if k != "where" and v is not None))
+    if "prompt" in rep:
+        lines.append("prompt: " + json.dumps(rep["prompt"], ensure_ascii=False))
+        lines.append("text: " + rep["text"])
+    read = sum(r["records"] for r in rep["read"])
+    lines.append(f"read {read} records from {len(rep['read'])} partitions")
+    return "\n".join(lines)
+
+
+def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
+    try:
+        since = parse_since(args.since)
+    except ValueError as exc:
+        print(f"conveyor inspect: {exc}", file=sys.stderr)
+        return 2
+    journey = asyncio.run(find_journey(settings, args.request_id, since))
+    if journey is None:
+        print(f"conveyor inspect: no request {args.request_id} in "
+              f"{settings.topic('requests')} since {_iso(since)} (widen --since)",
+              file=sys.stderr)
+        return 1
+    rep = report(journey, args.show_content)
+    print(json.dumps(rep, indent=2, ensure_ascii=False) if args.json else render(rep))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "inspect", help="a request's journey through the layers, read from the topics",
+        description="Finds the request in its id's partition of the requests topic, read "
+                    "from --since on (offsets_for_times); every other topic is read only "
+                    "in the request's own partition and time window. No topic is scanned.")
+    p.add_argument("request_id")
+    p.add_argument("--since", default="24h",
+                   help="how long ago the request may have entered: 24h, 90m, 2d, an ISO "
+                        "time or epoch ms (default 24h)")
+    p.add_argument("--json", action="store_true", help="the report as JSON")
+    p.add_argument("--show-content", action="store_true",
+                   help="also print the prompt and the answer's text")
+    p.set_defaults(func=cmd_inspect)
