@@ -8,13 +8,13 @@
 #   infra/kafka.sh status  exit 0 when the broker answers
 #
 # Environment: CONVEYOR_HOME (default ./.conveyor), KAFKA_PORT (9092),
-# KAFKA_CONTROLLER_PORT (9093), KAFKA_HEAP (512m).
+# KAFKA_CONTROLLER_PORT (9093), KAFKA_HEAP (2g: a test run creates thousands of partitions).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 home=${CONVEYOR_HOME:-$(pwd)/.conveyor}
 port=${KAFKA_PORT:-9092}
 cport=${KAFKA_CONTROLLER_PORT:-9093}
-heap=${KAFKA_HEAP:-512m}
+heap=${KAFKA_HEAP:-2g}
 kdir="$home/kafka"
 libs="$kdir/libs"
 data="$kdir/data-$port"

@@ -5,6 +5,7 @@ processes started for real (``conveyor layer``, ``conveyor infer``,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -18,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient
 
 from conveyor.settings import Settings
 from schemas.codec import default_codec
@@ -190,6 +192,27 @@ class Pipeline:
                 proc.wait(timeout=40)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        drop_topics(self.settings.kafka_bootstrap, self.prefix)
+
+
+def drop_topics(bootstrap: str, prefix: str) -> None:
+    """Delete a finished test's topics (its prefix's, Faust's changelogs too): a
+    suite run makes thousands of partitions, and a broker holding them all runs
+    short of heap. Best effort, bounded: a broker that does not answer keeps them."""
+
+    async def drop() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+        await admin.start()
+        try:
+            names = [t for t in await admin.list_topics() if t.startswith(f"{prefix}.")
+                     or t.startswith(f"{prefix}-")]
+            if names:
+                await admin.delete_topics(names, timeout_ms=10_000)
+        finally:
+            await admin.close()
+
+    with contextlib.suppress(Exception):
+        asyncio.run(asyncio.wait_for(drop(), 30))
 
 
 @pytest.fixture
