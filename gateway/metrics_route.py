@@ -8,9 +8,13 @@ What is recorded, and under which names, is in :mod:`conveyor.metrics`.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, FastAPI, Request, Response
+import time
 
-from conveyor.metrics import CONTENT_TYPE, GatewayMetrics, Metrics
+from fastapi import APIRouter, FastAPI, Request, Response
+from opentelemetry.metrics import Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from conveyor.metrics import CONTENT_TYPE, DURATION_BUCKETS, GatewayMetrics, Metrics
 from conveyor.settings import Settings
 
 __all__ = ["install_metrics", "metrics_router"]
@@ -30,3 +34,41 @@ def install_metrics(app: FastAPI, settings: Settings) -> None:
     app.state.metrics = Metrics("gateway")
     app.state.gateway_metrics = GatewayMetrics(app.state.metrics.meter)
     app.include_router(metrics_router)
+    duration = app.state.metrics.meter.create_histogram(
+        "http.server.request.duration", unit="s",
+        description="Duration of HTTP server requests, every answer (refusals too).",
+        explicit_bucket_boundaries_advisory=DURATION_BUCKETS)
+    app.add_middleware(HttpMetrics, duration=duration)
+
+
+class HttpMetrics:
+    """Every HTTP answer by route and status, refusals at the edge included
+    (401, 413, 429, 503 never reach a generation's own metrics). The route is
+    the matched template (``/v1/batches/{batch_id}``), never a raw path, so ids
+    do not multiply the series."""
+
+    def __init__(self, app: ASGIApp, duration: Histogram) -> None:
+        self.app = app
+        self.duration = duration
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.monotonic()
+        status = 500
+
+        async def counting(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting)
+        finally:
+            route = scope.get("route")
+            self.duration.record(time.monotonic() - started, {
+                "http.request.method": scope.get("method", ""),
+                "http.route": getattr(route, "path", "") or "unmatched",
+                "http.response.status_code": status})

@@ -45,6 +45,17 @@ def test_gateway_metrics_parse_and_move_with_a_request(pipeline: Pipeline) -> No
         _total(before, usage, gen_ai_token_type="output") + 1
 
 
+def test_refusals_at_the_edge_are_counted_by_route_and_status(pipeline: Pipeline) -> None:
+    url = f"{pipeline.base_url}/metrics"
+    name = "http_server_request_duration_seconds_count"
+    bad = {"http_route": "/v1/chat/completions", "http_response_status_code": "400"}
+    before = _total(httpx.get(url, timeout=10).text, name, **bad)
+    r = httpx.post(f"{pipeline.base_url}/v1/chat/completions", timeout=10,
+                   json={"model": "smollm2", "messages": "not a list"})
+    assert r.status_code == 400
+    assert _total(httpx.get(url, timeout=10).text, name, **bad) == before + 1
+
+
 def test_a_layers_process_serves_metrics_on_its_port(pipeline: Pipeline) -> None:
     """A preprocess of its own (own topic prefix, so the shared pipeline is left
     alone) takes an event it cannot decode: counted, dead-lettered, lag 0."""
