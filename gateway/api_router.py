@@ -85,17 +85,18 @@ async def admit_and_submit(serving: Serving, generation: Generation,
 
 async def _answer(serving: Serving, generation: Generation, request: Request) -> Response:
     """Admit and submit, then answer as JSON or SSE; the admission's
-    ``x-ratelimit-*`` headers go on the response."""
+    ``x-ratelimit-*`` headers and the request's ``x-request-id`` go on the response."""
     answer = await admit_and_submit(serving, generation, request)
-    ticket = answer.ticket
+    # the request's id, as OpenAI names it: what inspect and the log know it by
+    headers = {**answer.ticket.headers, "x-request-id": answer.request_id}
     if not generation["stream"]:
         result = await serving.collect(generation, answer, request.is_disconnected)
-        return SafeJSONResponse(result, headers=ticket.headers or None)
+        return SafeJSONResponse(result, headers=headers)
     first = await serving.first(answer, request.is_disconnected)
     if first is None:  # the client left: nobody reads a status
         return Response(status_code=499)
     return StreamingResponse(serving.stream(answer, first), media_type="text/event-stream",
-                             headers={**_SSE_HEADERS, **ticket.headers})
+                             headers={**_SSE_HEADERS, **headers})
 
 
 @router.get("/v1/models", response_model=ModelList)

@@ -62,7 +62,9 @@ def test_sse_wire_format_ends_with_done(pipeline: Pipeline) -> None:
     }) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
+        request_id = r.headers["x-request-id"]
         lines = [line for line in r.iter_lines() if line]
+    assert request_id in lines[0]  # chunks carry chatcmpl-<the request id>
     assert lines[-1] == "data: [DONE]"
     assert all(line.startswith("data: ") or line.startswith(":") for line in lines)
 
