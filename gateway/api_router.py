@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
+from starlette.requests import HTTPConnection
 
 from conveyor.errors import InvalidRequest
 from gateway.admission import Admitter
@@ -18,6 +19,7 @@ from gateway.openapi import (
     generation_responses,
 )
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, model_list
+from gateway.resume import Kind, StreamNotFound, locate, request_id_of, resume_after
 from gateway.serving import Answer, Serving
 from schemas.records import Generation
 
@@ -49,7 +51,36 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     return await _answer(serving, serving.completion_generation(body), request)
 
 
-def _timeout(request: Request) -> float | None:
+@router.get("/v1/chat/completions/{stream_id}/stream", response_model=None)
+async def resume_chat_completion(stream_id: str, request: Request,
+                                 starting_after: str | None = Query(None)) -> Response:
+    """The events of a chat completion stream after ``Last-Event-ID`` (or
+    ``?starting_after=N``), from the log then live; without either, all of them."""
+    return await _resume(_serving(request), "chat", stream_id, request, starting_after)
+
+
+@router.get("/v1/completions/{stream_id}/stream", response_model=None)
+async def resume_completion(stream_id: str, request: Request,
+                            starting_after: str | None = Query(None)) -> Response:
+    """As for chat completions, for a completion stream (``cmpl-...``)."""
+    return await _resume(_serving(request), "completion", stream_id, request, starting_after)
+
+
+async def _resume(serving: Serving, kind: Kind, stream_id: str, request: Request,
+                  starting_after: str | None) -> Response:
+    """Find the request in the log; only its tenant may read it (404 for others,
+    as for a stream that does not exist)."""
+    rid = request_id_of(stream_id, kind)
+    after = resume_after(rid, request.headers.get("last-event-id"), starting_after)
+    where = await locate(serving.settings, serving.codec, rid)
+    if where is None or where.kind != kind or (
+            serving.settings.auth != "none" and where.tenant != identity_of(request).tenant):
+        raise StreamNotFound(stream_id)
+    return StreamingResponse(serving.resume(where, after), media_type="text/event-stream",
+                             headers={**_SSE_HEADERS, "x-request-id": rid})
+
+
+def _timeout(request: HTTPConnection) -> float | None:
     """``X-Conveyor-Timeout``: the request's deadline in seconds (the default otherwise)."""
     raw = request.headers.get(TIMEOUT_HEADER)
     if raw is None:
@@ -65,10 +96,11 @@ def _timeout(request: Request) -> float | None:
 
 
 async def admit_and_submit(serving: Serving, generation: Generation,
-                           request: Request) -> Answer:
+                           request: HTTPConnection) -> Answer:
     """Admit (model access, limits) the caller's generation, then submit it with
     the request's deadline and trace; the answer's ticket holds the admission's
-    ``x-ratelimit-*`` headers. Every generation route starts here."""
+    ``x-ratelimit-*`` headers. Every generation route starts here, the WebSocket
+    ones too (``request`` is then the handshake)."""
     identity = identity_of(request)
     timeout_s = _timeout(request)
     rid = serving.new_request_id()

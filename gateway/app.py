@@ -50,6 +50,7 @@ from gateway.replies import ReplyLease, ReplyRouter
 from gateway.responses.api_router import responses_router
 from gateway.serving import Serving
 from gateway.usage_api import usage_router
+from gateway.websocket.api_router import websocket_router
 from schemas.codec import default_codec
 from topics.clients import make_producer
 from workers.usage.ledger import UsageLedger
@@ -89,6 +90,7 @@ def build_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     app.include_router(usage_router)
     app.include_router(files_router)
     app.include_router(jobs_router)
+    app.include_router(websocket_router)
     install_metrics(app, settings)
     app.state.admin_token = settings.admin_token.get_secret_value()
     install_openapi(app)

@@ -7,17 +7,25 @@ including the ones later features add) that puts the caller's
 read it with :func:`identity_of`. The authenticator is built with the
 application's collaborators, so the middleware finds it in the
 application's state when a request arrives.
+
+A WebSocket handshake is identified the same way (the ``Authorization``
+header). An HTTP answer is no way to refuse one that the route never
+accepted, so a refused handshake is accepted and closed at once, before any
+message is read: 1008 (policy violation) with the error's message as the
+reason for a bad credential, 1013 (try again later) when the gateway cannot
+check now (503).
 """
 
 from __future__ import annotations
 
-from starlette.requests import Request
+from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from conveyor.errors import PipelineUnavailable, RequestError
 from gateway.auth.authenticate import ANONYMOUS, Authenticator
 from gateway.auth.types import Identity
 from gateway.errors import error_response
+from gateway.websocket.protocol import close_code_of, close_reason
 
 __all__ = ["AuthMiddleware", "identity_of"]
 
@@ -36,8 +44,8 @@ class AuthMiddleware:
         authenticator: Authenticator | None = getattr(scope["app"].state, "authenticator",
                                                       None)
         if authenticator is None:  # keys or JWTs cannot be checked yet: nothing is served
-            await error_response(PipelineUnavailable(
-                "The gateway is starting; try again shortly."))(scope, receive, send)
+            await _refuse(PipelineUnavailable("The gateway is starting; try again shortly."),
+                          scope, receive, send)
             return
         authorization = None
         for name, value in scope.get("headers", ()):
@@ -47,13 +55,24 @@ class AuthMiddleware:
         try:
             identity = await authenticator.identify(authorization)
         except RequestError as exc:
-            await error_response(exc)(scope, receive, send)
+            await _refuse(exc, scope, receive, send)
             return
         scope.setdefault("state", {})["identity"] = identity
         await self.app(scope, receive, send)
 
 
-def identity_of(request: Request) -> Identity:
-    """The caller of a request (anonymous where no authentication ran)."""
+async def _refuse(exc: RequestError, scope: Scope, receive: Receive, send: Send) -> None:
+    if scope["type"] != "websocket":
+        await error_response(exc)(scope, receive, send)
+        return
+    if (await receive())["type"] != "websocket.connect":
+        return
+    await send({"type": "websocket.accept"})
+    await send({"type": "websocket.close", "code": close_code_of(exc),
+                "reason": close_reason(exc.message)})
+
+
+def identity_of(request: HTTPConnection) -> Identity:
+    """The caller of a request or WebSocket (anonymous where no authentication ran)."""
     identity: Identity = getattr(request.state, "identity", ANONYMOUS)
     return identity

@@ -1,0 +1,184 @@
+"""The WebSocket messages of the gateway: what a client may send, what the server
+sends back, the close codes, and how a message becomes a text frame.
+
+Multiplexed generations (``ws /v1/chat/completions`` and ``ws /v1/completions``;
+the path says which kind of body a request holds, as over HTTP):
+
+* client: ``{"type": "request", "id": "<client id>", "body": {<request body>}}``
+  and ``{"type": "cancel", "id": "<client id>"}``;
+* server: ``{"type": "chunk", "id", "data": <OpenAI chunk object>}``,
+  ``{"type": "done", "id"}`` and
+  ``{"type": "error", "id", "status": <HTTP status>, "error": <OpenAI error object>}``.
+
+Every request id ends with exactly one ``done`` or ``error``; a cancelled
+request ends with the error ``request_cancelled``, and no chunk follows it.
+
+Responses mode (``ws /v1/responses``), as OpenAI's openai-python types it
+(``ResponsesClientEventParam``): ``{"type": "response.create", <the fields of a
+POST /v1/responses body>}``; the realtime shape, the body under
+``"response"``, is taken too. ``stream`` is implicit (whatever is sent) and
+``background`` is refused, as OpenAI refuses it over a WebSocket. The server
+sends the events of the SSE stream, one JSON message each; a request refused
+before its stream began is ``{"type": "error", "code", "message", "param",
+"status", "sequence_number": 0}`` (OpenAI's ``ResponseErrorEvent``).
+
+A frame that is not one of these (binary, not JSON, an unknown ``type``, a
+request without an id) closes the connection with a close code and a reason:
+there is no request to answer. A problem with one request's body is an error
+message for that request, and the connection stays open.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from conveyor.errors import RequestError
+
+__all__ = [
+    "Endpoint",
+    "UNSUPPORTED_DATA",
+    "INVALID_PAYLOAD",
+    "POLICY_VIOLATION",
+    "MESSAGE_TOO_BIG",
+    "INTERNAL_ERROR",
+    "TRY_AGAIN_LATER",
+    "MAX_ID_CHARS",
+    "FrameError",
+    "RequestMessage",
+    "CancelMessage",
+    "ResponseCreate",
+    "parse_multiplexed",
+    "parse_response_create",
+    "close_reason",
+    "encode",
+    "chunk_frame",
+    "done_message",
+    "error_message",
+    "response_error_event",
+    "close_code_of",
+]
+
+# RFC 6455 section 7.4.1 and the IANA registry
+UNSUPPORTED_DATA = 1003  # a binary frame: this protocol is text
+INVALID_PAYLOAD = 1007  # text, but not a message of this protocol
+POLICY_VIOLATION = 1008  # refused by authentication
+MESSAGE_TOO_BIG = 1009
+INTERNAL_ERROR = 1011
+TRY_AGAIN_LATER = 1013  # the gateway (or Redis behind it) cannot identify callers now
+
+MAX_ID_CHARS = 256
+
+Endpoint = Literal["chat", "completion"]
+_MAX_REASON_BYTES = 123  # a close frame's payload is at most 125 bytes, 2 of them the code
+
+
+class FrameError(Exception):
+    """A frame the protocol cannot take: the connection closes with ``code``."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class RequestMessage:
+    id: str
+    body: Any  # validated by the request's own task: a bad body is an error for its id
+
+
+@dataclass(frozen=True)
+class CancelMessage:
+    id: str
+
+
+@dataclass(frozen=True)
+class ResponseCreate:
+    fields: dict[str, Any]  # a POST /v1/responses body, ``stream`` set
+
+
+def _object(text: str) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise FrameError(INVALID_PAYLOAD, "the message is not JSON") from None
+    if not isinstance(data, dict):
+        raise FrameError(INVALID_PAYLOAD, "the message must be a JSON object")
+    return data
+
+
+def parse_multiplexed(text: str) -> RequestMessage | CancelMessage:
+    """A client message of the multiplexed endpoints; :class:`FrameError` otherwise."""
+    data = _object(text)
+    kind = data.get("type")
+    if kind not in ("request", "cancel"):
+        raise FrameError(INVALID_PAYLOAD, "unknown message type: expected 'request' or "
+                                          "'cancel'")
+    rid = data.get("id")
+    if not isinstance(rid, str) or not rid or len(rid) > MAX_ID_CHARS:
+        raise FrameError(INVALID_PAYLOAD, f"a {kind} needs an 'id': a string of 1 to "
+                                          f"{MAX_ID_CHARS} characters")
+    if kind == "cancel":
+        return CancelMessage(rid)
+    return RequestMessage(rid, data.get("body"))
+
+
+def parse_response_create(text: str) -> ResponseCreate:
+    """A ``response.create`` event; :class:`FrameError` for any other frame."""
+    data = _object(text)
+    if data.get("type") != "response.create":
+        raise FrameError(INVALID_PAYLOAD, "unknown event type: expected 'response.create'")
+    nested = data.get("response")
+    fields = dict(nested) if isinstance(nested, dict) else {
+        k: v for k, v in data.items() if k not in ("type", "stream_id")}
+    fields["stream"] = True
+    return ResponseCreate(fields)
+
+
+def close_reason(text: str) -> str:
+    """``text`` cut to what a close frame holds (123 bytes of UTF-8)."""
+    raw = text.encode("utf-8", "replace")
+    if len(raw) <= _MAX_REASON_BYTES:
+        return raw.decode("utf-8")
+    return raw[:_MAX_REASON_BYTES - 3].decode("utf-8", "ignore") + "..."
+
+
+def close_code_of(exc: RequestError) -> int:
+    """The close code of a refusal at the handshake: 1013 when the gateway cannot
+    check now (503: starting, Redis unreachable), else 1008."""
+    return TRY_AGAIN_LATER if exc.status == 503 else POLICY_VIOLATION
+
+
+def encode(message: dict[str, Any]) -> str:
+    """A message as one text frame: UTF-8 as is, or ASCII escapes for what UTF-8
+    cannot hold (a lone surrogate echoed from a request)."""
+    text = json.dumps(message, ensure_ascii=False, separators=(",", ":"))
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(message, ensure_ascii=True, separators=(",", ":"))
+    return text
+
+
+def chunk_frame(rid: str, chunk_json: str) -> str:
+    """A ``chunk`` message around one chunk object as the pipeline wrote it (one
+    line of ``Reply.chunk``): spliced, not parsed and written again."""
+    return '{"type":"chunk","id":' + json.dumps(rid) + ',"data":' + chunk_json + "}"
+
+
+def done_message(rid: str) -> dict[str, Any]:
+    return {"type": "done", "id": rid}
+
+
+def error_message(rid: str, exc: RequestError) -> dict[str, Any]:
+    return {"type": "error", "id": rid, "status": exc.status, **exc.envelope()}
+
+
+def response_error_event(exc: RequestError, sequence_number: int = 0) -> dict[str, Any]:
+    """OpenAI's ``error`` event of the Responses stream, with the HTTP status the
+    same refusal has over HTTP."""
+    return {"type": "error", "code": exc.code, "message": exc.message, "param": exc.param,
+            "status": exc.status, "sequence_number": sequence_number}
+

@@ -1,0 +1,157 @@
+"""OpenAI's Responses API in WebSocket mode (``ws /v1/responses``).
+
+The client sends ``response.create`` events (:mod:`gateway.websocket.protocol`);
+each is validated as ``POST /v1/responses`` validates its body
+(:func:`gateway.responses.protocol.parse_request`), admitted and submitted as
+a chat generation (:func:`gateway.responses.serving.generation_of`), and
+answered with the same events as the SSE stream, built by the same
+:class:`~gateway.responses.events.ResponseEvents`, one JSON message each.
+
+Decisions:
+
+* One response at a time per connection, in the order they were asked for
+  (OpenAI's WebSocket mode processes a connection's responses FIFO); at most
+  :data:`MAX_QUEUED` wait behind the one running, and one more is refused
+  with an ``error`` event. Parallel responses take parallel connections, or
+  the multiplexed ``ws /v1/chat/completions``.
+* A refusal before the stream began (a bad body, 429, no worker) is OpenAI's
+  ``error`` event with the HTTP status added; a failure after it began is
+  ``response.failed``, as over SSE. The connection stays open for the next.
+* The connection closing cancels the response that runs and drops the ones
+  waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+from starlette.requests import HTTPConnection
+
+from conveyor.errors import InvalidRequest, RateLimited, RequestError
+from gateway.api_router import admit_and_submit
+from gateway.responses.events import ResponseEvents
+from gateway.responses.objects import new_response_id
+from gateway.responses.protocol import ResponsesRequest, parse_request
+from gateway.responses.serving import generation_of, input_param
+from gateway.serving import Answer, Serving
+from gateway.websocket.connection import Connection
+from gateway.websocket.protocol import (
+    FrameError,
+    ResponseCreate,
+    encode,
+    parse_response_create,
+    response_error_event,
+)
+from schemas.records import ErrorInfo
+
+__all__ = ["MAX_QUEUED", "ResponsesSession"]
+
+log = logging.getLogger(__name__)
+
+MAX_QUEUED = 8
+
+
+def _translated(exc: RequestError, body: ResponsesRequest | None) -> RequestError:
+    if body is not None:
+        exc.param = input_param(exc.param, body)
+    return exc
+
+
+class ResponsesSession:
+    """The responses of one connection; :meth:`run` lasts as long as the connection."""
+
+    def __init__(self, connection: Connection, serving: Serving,
+                 request: HTTPConnection) -> None:
+        self.connection = connection
+        self.serving = serving
+        self.request = request
+        self.queue: asyncio.Queue[ResponseCreate] = asyncio.Queue(MAX_QUEUED)
+
+    async def run(self) -> None:
+        worker = asyncio.create_task(self._work(), name="ws-responses")
+        try:
+            await self._read()
+        finally:
+            worker.cancel()
+            try:
+                await worker
+            except asyncio.CancelledError:
+                pass
+            except Exception as exc:
+                log.error("websocket responses failed", exc_info=exc)
+
+    async def _read(self) -> None:
+        while True:
+            try:
+                text = await self.connection.receive()
+                if text is None:
+                    return
+                create = parse_response_create(text)
+            except FrameError as exc:
+                await self.connection.close(exc.code, exc.reason)
+                return
+            try:
+                self.queue.put_nowait(create)
+            except asyncio.QueueFull:
+                await self._send_error(RateLimited(
+                    f"at most {MAX_QUEUED} responses may wait on one connection; wait for "
+                    "one to end", code="too_many_in_flight"))
+
+    async def _work(self) -> None:
+        while True:
+            create = await self.queue.get()
+            try:
+                await self._respond(create)
+            except RequestError as exc:
+                await self._send_error(exc)
+            except Exception as exc:  # a bug: the client hears of it, the log has it all
+                log.error("websocket response failed", exc_info=exc)
+                await self._send_error(RequestError("Internal error."))
+
+    async def _send_error(self, exc: RequestError) -> None:
+        await self.connection.send(encode(response_error_event(exc)))
+
+    async def _respond(self, create: ResponseCreate) -> None:
+        if create.fields.get("background"):
+            raise InvalidRequest("background responses are not supported over a "
+                                 "WebSocket", param="background")
+        body = parse_request(json.dumps(create.fields).encode())
+        generation = generation_of(body)
+        try:
+            answer = await admit_and_submit(self.serving, generation, self.request)
+        except RequestError as exc:
+            raise _translated(exc, body) from None
+        try:
+            await self._stream(answer, body, generation["created"])
+        finally:
+            answer.close("client disconnected")
+
+    async def _stream(self, answer: Answer, body: ResponsesRequest, created: int) -> None:
+        try:
+            reply = await answer.next()
+        except RequestError as exc:  # before the stream began: an error event
+            raise _translated(exc, body) from None
+        events = ResponseEvents(new_response_id(answer.request_id), created, body)
+        await self._send(events.opening())
+        while True:
+            assert reply is not None  # no ``within``: a reply or an exception
+            await self._send(events.delta(reply["text"]))
+            if reply["kind"] == "final":
+                await self._send(events.closing(reply["finish_reason"], reply["usage"],
+                                                int(time.time())))
+                return
+            try:
+                reply = await answer.next()
+            except RequestError as exc:
+                exc = _translated(exc, body)
+                await self._send(events.failure(ErrorInfo(
+                    status=exc.status, type=exc.type, code=exc.code, param=exc.param,
+                    message=exc.message)))
+                return
+
+    async def _send(self, events: list[dict[str, object]]) -> None:
+        for event in events:
+            await self.connection.send(encode(event))
