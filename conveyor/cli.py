@@ -342,13 +342,14 @@ def _parser() -> argparse.ArgumentParser:
 
     topics = sub.add_parser("topics", help="create the topic catalog")
     topics.set_defaults(func=cmd_topics)
-    from conveyor import cli_dlq, cli_inspect, cli_jobs, cli_keys, cli_usage
+    from conveyor import cli_dlq, cli_inspect, cli_jobs, cli_keys, cli_replay, cli_usage
 
     cli_keys.register(sub)
     cli_usage.register(sub)
     cli_jobs.register(sub)
     cli_inspect.register(sub)
     cli_dlq.register(sub)
+    cli_replay.register(sub)
     return parser
 
 
