@@ -67,6 +67,9 @@ class Settings(BaseSettings):
     reply_lease_ttl_s: float = 15.0
     request_timeout_s: float = 300.0
     sse_keepalive_s: float = 10.0
+    # how long a streaming client that dropped may take to resume its stream
+    # (GET .../{id}/stream, on any replica) before its generation is cancelled
+    resume_grace_s: float = 5.0
     # how long the gateway waits for Kafka to take a request (503 after it)
     produce_timeout_s: float = 5.0
     # The largest request body the gateway accepts (413 above it); it must fit,

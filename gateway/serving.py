@@ -5,7 +5,11 @@ A stream starts only when the first reply is in, so a request that fails
 before its first token still gets the right HTTP status and OpenAI's error
 envelope. A deadline (``request_timeout_s``) bounds every wait: past it the
 client gets 504 and the generation is cancelled. A client that disconnects
-cancels its generation too.
+cancels its generation too: at once before the stream began (it has seen no
+event id to resume from), and after ``resume_grace_s`` once it streamed, unless
+a resumed stream (:mod:`gateway.resume`) is reading it by then. Every data
+event carries ``id: {request id}:{seq}``; :meth:`Serving.resume` serves the
+events after one from the log, on any replica.
 
 What the pipeline cannot take is refused before it enters: a body over
 ``max_body_bytes`` never reaches here (:mod:`gateway.limits`), and an encoded
@@ -51,6 +55,7 @@ from gateway.auth.types import Identity
 from gateway.generations import chat_generation, completion_generation
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.replies import ReplyRouter, ReplyStream
+from gateway.resume import Recorded, RecordedReplies, ReplySource, ResumeWatch, event_id
 from schemas.codec import Codec
 from schemas.records import Control, Generation, Reply, Request, Usage
 from topics.clients import EventTooLarge, broker_error
@@ -125,11 +130,13 @@ class Answer:
             self.usage = reply["usage"]
         return reply
 
-    def close(self, reason: str) -> None:
+    def close(self, reason: str, grace_s: float = 0.0) -> None:
+        """Stop reading; an unfinished generation is cancelled, after ``grace_s``
+        unless a resumed stream reads it by then."""
         self.serving.router.close(self.request_id)
         if not self.finished:
             self.finished = True
-            self.serving.cancel(self.request_id, reason)
+            self.serving.cancel(self.request_id, reason, grace_s=grace_s)
         self.ticket.settle(self.usage, self.produced)
         if not self._logged:
             self._logged = True
@@ -178,6 +185,14 @@ class Serving:
         self._requests = settings.topic("requests")
         self._control = settings.topic("control")
         self._cancels: set[asyncio.Task[None]] = set()
+        self._watch: ResumeWatch | None = None
+
+    @property
+    def watch(self) -> ResumeWatch:
+        """Who reads resumed streams, in the Redis the reply lease uses."""
+        if self._watch is None:
+            self._watch = ResumeWatch(self.settings, self.router.lease.redis)
+        return self._watch
 
     # -- submission -------------------------------------------------------
 
@@ -263,13 +278,31 @@ class Serving:
             raise PipelineUnavailable(f"The pipeline is unavailable ({error}); "
                                       "try again later.") from exc
 
-    def cancel(self, request_id: str, reason: str) -> None:
+    def cancel(self, request_id: str, reason: str, grace_s: float = 0.0,
+               reader: str | None = None) -> None:
         """Tell the pipeline to stop this request. The send runs as its own task: it is
         often asked for from a response that is being cancelled (the client left),
-        where any await of ours would be cancelled too."""
-        task = asyncio.create_task(self._send_cancel(request_id, reason))
+        where any await of ours would be cancelled too. With ``grace_s`` the cancel
+        waits that long and is dropped when a resumed stream other than ``reader``
+        (a watch token) reads the request by then."""
+        work = (self._cancel_unless_resumed(request_id, reason, grace_s, reader)
+                if grace_s > 0 else self._send_cancel(request_id, reason))
+        task = asyncio.create_task(work)
         self._cancels.add(task)
         task.add_done_callback(self._cancels.discard)
+
+    async def _cancel_unless_resumed(self, request_id: str, reason: str, grace_s: float,
+                                     reader: str | None) -> None:
+        await asyncio.sleep(grace_s)
+        try:
+            if await self.watch.watched_by_another(request_id, reader):
+                return
+            if reader is not None:
+                await self.watch.detach(request_id, reader)
+        except Exception as exc:  # Redis cannot say: cancel, as without resumption
+            log.warning("request %s: whether a resumed stream reads it is unknown (%r); "
+                        "cancelling", request_id, exc)
+        await self._send_cancel(request_id, f"{reason} (not resumed within {grace_s:g} s)")
 
     async def _send_cancel(self, request_id: str, reason: str) -> None:
         control = Control(request_id=request_id, action="cancel", reason=reason, ts_ms=now_ms())
@@ -324,30 +357,71 @@ class Serving:
 
     async def stream(self, answer: Answer, first: Reply) -> AsyncIterator[bytes]:
         """SSE frames: OpenAI chunks, keep-alive comments while waiting, then [DONE].
-        Closing the iterator early (the client went away) cancels the generation."""
-        keepalive = self.settings.sse_keepalive_s
+        Closing the iterator early (the client went away) cancels the generation
+        after ``resume_grace_s``, unless a resumed stream reads it by then."""
+        ended = False
         try:
-            reply: Reply | None = first
-            while True:
-                if reply is None:
-                    yield sse.comment()
-                else:
-                    for chunk in reply["chunk"].split("\n") if reply["chunk"] else ():
-                        yield sse.data(chunk)
-                    if reply["kind"] == "final":
-                        yield sse.DONE
-                        return
-                try:
-                    reply = await answer.next(within=keepalive)
-                except Exception as exc:  # the status is sent: the error becomes an event
-                    if not isinstance(exc, RequestError):
-                        log.error("stream %s failed", answer.request_id, exc_info=exc)
-                        exc = RequestError("Internal error.")
-                    yield sse.data(_json(exc.envelope()))
+            async for frame in self._frames(answer, first, after=-1):
+                yield frame
+            ended = True
+        finally:
+            answer.close("client disconnected",
+                         grace_s=0.0 if ended else self.settings.resume_grace_s)
+
+    async def resume(self, where: Recorded, after: int) -> AsyncIterator[bytes]:
+        """The events of a recorded stream after event ``after`` (-1: all), read
+        from the log, then live. While it streams it holds the request's watch;
+        a client that leaves it gets the same grace as on the first stream."""
+        replies = RecordedReplies(self.settings, self.codec, where)
+        rid = where.request_id
+        reader = await self.watch.attach(rid)
+        keeper = asyncio.create_task(self.watch.keep(rid, reader), name=f"watch-{rid}")
+        replies.start()
+        ended = False
+        try:
+            async for frame in self._frames(replies, None, after):
+                yield frame
+            ended = True
+        finally:
+            keeper.cancel()
+            await replies.close()
+            if ended or replies.finished:
+                with contextlib.suppress(Exception):
+                    await self.watch.detach(rid, reader)
+            else:
+                self.cancel(rid, "resumed client disconnected",
+                            grace_s=self.settings.resume_grace_s, reader=reader)
+
+    async def _frames(self, source: ReplySource, first: Reply | None,
+                      after: int) -> AsyncIterator[bytes]:
+        """Data events numbered from 0 (``id: {request id}:{seq}``), those after
+        ``after`` sent; keep-alive comments while waiting; an error as an event."""
+        keepalive = self.settings.sse_keepalive_s
+        rid = source.request_id
+        seq = -1
+        reply: Reply | None = first
+        while True:
+            if reply is None:
+                yield sse.comment()
+            else:
+                for chunk in reply["chunk"].split("\n") if reply["chunk"] else ():
+                    seq += 1
+                    if seq > after:
+                        yield sse.data(chunk, id=event_id(rid, seq))
+                if reply["kind"] == "final":
                     yield sse.DONE
                     return
-        finally:
-            answer.close("client disconnected")
+            try:
+                reply = await source.next(within=keepalive)
+            except Exception as exc:  # the status is sent: the error becomes an event
+                if not isinstance(exc, RequestError):
+                    log.error("stream %s failed", rid, exc_info=exc)
+                    exc = RequestError("Internal error.")
+                seq += 1
+                if seq > after:
+                    yield sse.data(_json(exc.envelope()), id=event_id(rid, seq))
+                yield sse.DONE
+                return
 
 
 def _prompt_hash(generation: Generation) -> str:

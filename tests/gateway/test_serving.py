@@ -1,4 +1,8 @@
-"""Serving.stream: SSE framing, keep-alive comments, cancel on early close, deadline."""
+"""Serving.stream: SSE framing, keep-alive comments, cancel on early close, deadline.
+
+These run with ``resume_grace_s=0``: the cancel of a stream closed early is
+then sent at once, as before streams could be resumed; the grace itself is
+tested in tests/gateway/test_resume.py."""
 
 from __future__ import annotations
 
@@ -46,7 +50,8 @@ def reply(index: int, kind: str, chunks: list[dict[str, Any]] | None = None) -> 
 def setup(keepalive: float = 0.05, deadline_s: float = 5.0) -> tuple[Serving, Answer,
                                                                      RecordingProducer]:
     producer = RecordingProducer()
-    serving = Serving(Settings(topic_prefix="sv", sse_keepalive_s=keepalive),
+    serving = Serving(Settings(topic_prefix="sv", sse_keepalive_s=keepalive,
+                               resume_grace_s=0),
                       producer, Router(), default_codec(), "g")  # type: ignore[arg-type]
     answer = Answer(serving, ReplyStream("r1"), time.monotonic() + deadline_s)
     return serving, answer, producer
@@ -65,10 +70,11 @@ async def test_frames_keepalives_and_done() -> None:
     feeder = asyncio.create_task(later())
     frames = [f async for f in serving.stream(answer, first)]
     await feeder
-    assert frames[0] == b'data: {"a": 1}\n\n'
+    assert frames[0] == b'id: r1:0\ndata: {"a": 1}\n\n'
     assert b": keep-alive\n\n" in frames
-    # one reply may carry several chunk objects: each is its own event
-    assert frames[-3:] == [b'data: {"b": 2}\n\n', b'data: {"c": 3}\n\n', b"data: [DONE]\n\n"]
+    # one reply may carry several chunk objects: each is its own event, numbered
+    assert frames[-3:] == [b'id: r1:1\ndata: {"b": 2}\n\n', b'id: r1:2\ndata: {"c": 3}\n\n',
+                           b"data: [DONE]\n\n"]
 
 
 async def still_here() -> bool:
@@ -95,7 +101,7 @@ async def test_a_client_gone_before_the_first_reply_cancels_at_once() -> None:
 async def test_closing_the_stream_early_cancels_the_generation() -> None:
     serving, answer, producer = setup()
     frames = serving.stream(answer, reply(0, "delta", [{"a": 1}]))
-    assert await frames.__anext__() == b'data: {"a": 1}\n\n'
+    assert await frames.__anext__() == b'id: r1:0\ndata: {"a": 1}\n\n'
     await frames.aclose()  # the client went away
     await asyncio.sleep(0.05)
     [(topic, value)] = producer.sent
@@ -107,7 +113,7 @@ async def test_closing_the_stream_early_cancels_the_generation() -> None:
 async def test_a_deadline_mid_stream_ends_it_with_an_error_event() -> None:
     serving, answer, producer = setup(keepalive=5.0, deadline_s=0.1)
     frames = [f async for f in serving.stream(answer, reply(0, "delta", [{"a": 1}]))]
-    error = json.loads(frames[-2].removeprefix(b"data: "))
+    error = json.loads(frames[-2].split(b"data: ", 1)[1])
     assert error["error"]["code"] == "deadline_exceeded"
     assert frames[-1] == b"data: [DONE]\n\n"
     await asyncio.sleep(0.05)

@@ -7,6 +7,11 @@ lease period, the gateway died and nobody can receive the answer: the
 generation is cancelled instead of running to its end for nobody. A lease
 that comes back within the period (a gateway taking it again after a Redis
 flush) clears it.
+
+A generation whose stream a client resumed on another replica is not
+orphaned: while ``{prefix}:resume-watch:{request id}`` exists (renewed by the
+replica serving the resumed stream, see ``gateway/resume.py``) it runs on,
+even with its gateway gone.
 """
 
 from __future__ import annotations
@@ -57,9 +62,14 @@ class GatewayWatch:
             since = self.gone_since.setdefault((gateway, partition), now)
             if now - since >= self.settings.reply_lease_ttl_s:
                 gone.add((gateway, partition))
-        for run in runs:
+        orphans = [r for r in runs if (r.task["envelope"]["reply_gateway"],
+                                       r.task["envelope"]["reply_partition"]) in gone]
+        watched = await self.redis.mget(
+            [f"{self.settings.topic_prefix}:resume-watch:{r.request_id}" for r in orphans]
+        ) if orphans else []
+        for run, watcher in zip(orphans, watched, strict=True):
             envelope = run.task["envelope"]
-            if (envelope["reply_gateway"], envelope["reply_partition"]) in gone:
+            if watcher is None:
                 if not run.cancelled:
                     log.info("cancelling %s: its gateway %s is gone", run.request_id,
                              envelope["reply_gateway"])

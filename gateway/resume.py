@@ -1,0 +1,293 @@
+"""Resuming an SSE stream: where a request's replies are recorded, how to read
+them again from any gateway replica, and who still watches the generation.
+
+Every data event of a chat/completions stream carries ``id: {request id}:{seq}``,
+``seq`` counting the stream's data events from 0. Events are numbered per
+event, not per reply: one reply may carry several chunk objects (the role and
+the first text, or the finish and the usage), and a client cut off between
+two of them must get the second again, not lose it. The numbering is a pure
+function of the recorded replies, so every replica counts the same.
+
+Where the replies are. A request's replies all go to one partition of
+``conveyor.replies``: the reply partition of the gateway that submitted it,
+named in the request's envelope. The ``conveyor.requests`` event is keyed by
+request id, so :class:`~topics.lookup.KeyLookup` finds it in one partition
+(recent window first, then the longest deadline a request can have); its
+envelope gives the tenant, the deadline and the reply partition, and its
+record time bounds where that partition's replies of the request begin. A
+resumed stream then follows that partition from that time, keeps the records
+keyed by the request id and puts them in index order (repeats dropped, as the
+live path does): the recorded events first, then the live rest, with no gap
+and no repeat, on whichever replica the client reached. It reads the
+partition itself and never touches the submitting gateway's router, so it
+works the same whether that gateway is alive, dead or the one serving it.
+
+Who keeps the generation alive. ``{prefix}:resume-watch:{request id}`` names
+the reader of a resumed stream (a random token), renewed every third of
+``reply_lease_ttl_s`` while it streams. A dropped client leaves its gateway
+``resume_grace_s`` before the generation is cancelled; past it the cancel is
+sent only when no *other* reader holds the watch key. Infer workers
+(:class:`~workers.infer.gateways.GatewayWatch`) do not cancel a generation
+whose gateway is gone while its watch key exists, so a stream resumed on
+another replica after the first was killed runs to its end. A reader whose
+gateway is itself killed stops renewing and its key lapses within one lease
+period; the generation is then cancelled as any orphan is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import redis.asyncio as aioredis
+
+from conveyor.errors import DeadlineExceeded, InvalidRequest, RequestError, SchemaError
+from conveyor.settings import Settings
+from gateway.replies import ReplyStream
+from schemas.codec import Codec
+from schemas.records import Reply, Request
+from topics.envelope import now_ms
+from topics.follow import FromTime, follow
+from topics.lookup import KeyLookup
+
+__all__ = ["ReplySource", "Recorded", "RecordedReplies", "ResumeWatch", "StreamNotFound",
+           "event_id", "request_id_of", "resume_after", "locate"]
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["chat", "completion"]
+
+# the id prefix the stream's chunk objects carry (workers/postprocess/chunks.py)
+_PREFIXES: dict[Kind, str] = {"chat": "chatcmpl-", "completion": "cmpl-"}
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+# a resume is nearly always seconds after the drop: look there first, then back
+# as far as the longest deadline a request may have (X-Conveyor-Timeout, 3600 s)
+_LOOKUP_WINDOWS_S = (120, 3600)
+
+
+class ReplySource(Protocol):
+    """What a stream of replies is read from: a live answer or recorded replies."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    async def next(self, within: float | None = None) -> Reply | None: ...
+
+
+class StreamNotFound(RequestError):
+    """404 for a stream that does not exist, or is not the caller's to see."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+    def __init__(self, stream_id: str) -> None:
+        super().__init__(f"No stream {stream_id!r} was found.", param="id")
+
+
+def event_id(request_id: str, seq: int) -> str:
+    return f"{request_id}:{seq}"
+
+
+def request_id_of(stream_id: str, kind: Kind) -> str:
+    """The request id a stream id names: the chunks' ``id`` (``chatcmpl-...`` on
+    the chat route, ``cmpl-...`` on completions) or the bare request id."""
+    rid = stream_id
+    for other, prefix in _PREFIXES.items():
+        if stream_id.startswith(prefix):
+            if other != kind:
+                raise StreamNotFound(stream_id)
+            rid = stream_id[len(prefix):]
+    if not _REQUEST_ID.match(rid):
+        raise StreamNotFound(stream_id)
+    return rid
+
+
+def resume_after(request_id: str, last_event_id: str | None,
+                 starting_after: str | None) -> int:
+    """The last event the client has (-1: none, send the whole stream).
+    ``Last-Event-ID`` wins over ``?starting_after``: a browser's EventSource
+    reconnects to the same URL with a newer header each time."""
+    if last_event_id is not None and last_event_id.strip():
+        raw, param = last_event_id.strip(), "Last-Event-ID"
+        rid, sep, seq = raw.rpartition(":")
+        if sep and rid != request_id:
+            raise InvalidRequest(f"Last-Event-ID {raw!r} names another stream.", param=param)
+        raw = seq
+    elif starting_after is not None:
+        raw, param = starting_after.strip(), "starting_after"
+    else:
+        return -1
+    if not raw.isdigit():
+        raise InvalidRequest(f"{param} must be an event id ({{request id}}:N) or N >= 0.",
+                             param=param)
+    return int(raw)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """Where a request's replies are, from its ``conveyor.requests`` event."""
+
+    request_id: str
+    tenant: str
+    kind: Kind
+    reply_partition: int
+    submitted_ms: int  # the request event's record time
+    deadline_ms: int
+
+
+async def locate(settings: Settings, codec: Codec, request_id: str,
+                 *, timeout_s: float = 10.0) -> Recorded | None:
+    """The request's recorded address, or None when no such request (or a job's,
+    whose answer is not a stream) is in the log."""
+    topic = settings.topic("requests")
+    now = now_ms()
+    async with KeyLookup(settings, timeout_s=timeout_s) as lookup:
+        for window_s in _LOOKUP_WINDOWS_S:
+            since = now - window_s * 1000 - settings.clock_skew_ms
+            for record in await lookup.find(topic, request_id, since):
+                try:
+                    request: Request = codec.decode(record.value, "Request")
+                except SchemaError:
+                    continue
+                envelope = request["envelope"]
+                if envelope["request_id"] != request_id or envelope.get("job_id"):
+                    continue
+                return Recorded(request_id=request_id, tenant=envelope["tenant"],
+                                kind=request["generation"]["kind"],
+                                reply_partition=envelope["reply_partition"],
+                                submitted_ms=record.timestamp,
+                                deadline_ms=envelope["deadline_ms"])
+    return None
+
+
+class RecordedReplies:
+    """A request's replies read from its reply partition, in index order: what is
+    recorded, then the live rest. ``next`` behaves as the live answer's does."""
+
+    def __init__(self, settings: Settings, codec: Codec, where: Recorded) -> None:
+        self.settings = settings
+        self.codec = codec
+        self.where = where
+        self.stream = ReplyStream(where.request_id)
+        self.finished = False
+        self._last: int | None = None  # the index of the final (or error) reply
+        deadline_ms = where.deadline_ms or (
+            where.submitted_ms + int(settings.request_timeout_s * 1000))
+        left_s = (deadline_ms + settings.clock_skew_ms - now_ms()) / 1000
+        self.deadline = time.monotonic() + left_s
+        self._pump: asyncio.Task[None] | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.where.request_id
+
+    def start(self) -> None:
+        self._pump = asyncio.create_task(self._read(), name=f"resume-{self.request_id}")
+
+    async def close(self) -> None:
+        if self._pump is not None:
+            self._pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pump
+
+    async def _read(self) -> None:
+        where = self.where
+        key = where.request_id.encode()
+        follower = follow(self.settings, self.settings.topic("replies"), where.reply_partition,
+                          FromTime(where.submitted_ms - self.settings.clock_skew_ms))
+        async for records in follower:
+            for record in records:
+                if record.key != key:
+                    continue
+                try:
+                    reply: Reply = self.codec.decode(record.value, "Reply")
+                except SchemaError as exc:
+                    log.warning("resume %s: a bad reply at %d: %s", where.request_id,
+                                record.offset, exc)
+                    continue
+                if reply["kind"] in ("final", "error"):
+                    self._last = reply["index"]
+                self.stream.put(reply)
+            if self._last is not None and self.stream.next_index > self._last:
+                return  # every reply up to the last is handed over
+
+    async def next(self, within: float | None = None) -> Reply | None:
+        """The next reply; None when ``within`` passed first; 504 past the deadline
+        (a recorded reply is always given first, however late the resume)."""
+        if self.stream.queue.empty():
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise DeadlineExceeded("The request did not finish within its deadline.")
+            wait = left if within is None else min(within, left)
+            try:
+                reply = await asyncio.wait_for(self.stream.queue.get(), wait)
+            except TimeoutError:
+                if within is not None and time.monotonic() < self.deadline:
+                    return None
+                raise DeadlineExceeded(
+                    "The request did not finish within its deadline.") from None
+        else:
+            reply = self.stream.queue.get_nowait()
+        if reply["kind"] in ("final", "error"):
+            self.finished = True
+        if reply["kind"] == "error":
+            err = reply["error"]
+            if err is None:
+                raise RequestError("The request failed.")
+            raise RequestError(err["message"], param=err["param"], code=err["code"],
+                               status=err["status"], type=err["type"])
+        return reply
+
+
+class ResumeWatch:
+    """``{prefix}:resume-watch:{request id}``: the reader of a resumed stream
+    (see the module). Every call may raise Redis errors; callers decide."""
+
+    def __init__(self, settings: Settings, redis: aioredis.Redis) -> None:
+        self.settings = settings
+        self.redis = redis
+        self.ttl_ms = int(settings.reply_lease_ttl_s * 1000)
+
+    def key(self, request_id: str) -> str:
+        return f"{self.settings.topic_prefix}:resume-watch:{request_id}"
+
+    async def attach(self, request_id: str) -> str:
+        """Name a new reader of the request; its token."""
+        token = uuid.uuid4().hex
+        await self.renew(request_id, token)
+        return token
+
+    async def renew(self, request_id: str, token: str) -> None:
+        # the last reader to renew holds the key: any reader there keeps it alive
+        await self.redis.set(self.key(request_id), token, px=self.ttl_ms)
+
+    async def keep(self, request_id: str, token: str) -> None:
+        """Renew until cancelled; a Redis error is logged and retried at the pace."""
+        while True:
+            await asyncio.sleep(self.ttl_ms / 3000)
+            try:
+                await self.renew(request_id, token)
+            except Exception as exc:  # an outage: the next renewal may get through
+                log.warning("resume %s: renewing its watch failed: %r", request_id, exc)
+
+    async def detach(self, request_id: str, token: str) -> None:
+        """Forget this reader, unless another has taken the key since."""
+        key = self.key(request_id)
+        held = await self.redis.get(key)
+        if held is not None and _text(held) == token:
+            await self.redis.delete(key)
+
+    async def watched_by_another(self, request_id: str, token: str | None = None) -> bool:
+        held = await self.redis.get(self.key(request_id))
+        return held is not None and _text(held) != token
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
