@@ -5,12 +5,15 @@ connection, a frame that closes it, and the Responses API's WebSocket mode."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaConsumer
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from schemas.codec import default_codec
 from tests.conftest import Pipeline
 
 pytestmark = pytest.mark.integration
@@ -26,6 +29,26 @@ def ws_url(p: Pipeline, path: str) -> str:
 def chat(prompt: str, max_tokens: int) -> dict[str, Any]:
     return {"model": "smollm2", "temperature": 0, "max_tokens": max_tokens,
             "messages": [{"role": "user", "content": prompt}]}
+
+
+async def cancels_on_control(p: Pipeline, wanted: str, within_s: float = 15.0) -> set[str]:
+    """The request ids cancelled on ``conveyor.control``, read until ``wanted`` is
+    among them or ``within_s`` passes."""
+    consumer = AIOKafkaConsumer(p.settings.topic("control"),
+                                bootstrap_servers=p.settings.kafka_bootstrap,
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    seen: set[str] = set()
+    try:
+        deadline = time.monotonic() + within_s
+        while wanted not in seen and time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=500)
+            for records in batch.values():
+                seen.update(default_codec().decode(r.value, "Control")["request_id"]
+                            for r in records)
+    finally:
+        await consumer.stop()
+    return seen
 
 
 async def receive(ws: ClientConnection) -> dict[str, Any]:
@@ -67,6 +90,11 @@ async def test_three_multiplexed_requests_one_cancelled(pipeline: Pipeline) -> N
     assert len({chunks[rid][0]["id"] for rid in bodies}) == 3
     assert chunks["b"] and all(c["choices"][0]["finish_reason"] is None
                                for c in chunks["b"] if c["choices"])
+    # the cancel reached the pipeline, for b alone
+    rids = {rid: chunks[rid][0]["id"].removeprefix("chatcmpl-") for rid in bodies}
+    cancelled_ids = await cancels_on_control(pipeline, rids["b"])
+    assert rids["b"] in cancelled_ids
+    assert rids["a"] not in cancelled_ids and rids["c"] not in cancelled_ids
 
 
 async def test_a_bad_request_is_an_error_for_its_id_and_a_bad_frame_closes(
