@@ -19,7 +19,14 @@ from gateway.openapi import (
     generation_responses,
 )
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, model_list
-from gateway.resume import Kind, StreamNotFound, locate, request_id_of, resume_after
+from gateway.resume import (
+    Kind,
+    StreamNotFound,
+    locate,
+    request_id_of,
+    resume_after,
+    resumed_events,
+)
 from gateway.serving import Answer, Serving
 from schemas.records import Generation
 
@@ -76,7 +83,7 @@ async def _resume(serving: Serving, kind: Kind, stream_id: str, request: Request
     if where is None or where.kind != kind or (
             serving.settings.auth != "none" and where.tenant != identity_of(request).tenant):
         raise StreamNotFound(stream_id)
-    return StreamingResponse(serving.resume(where, after), media_type="text/event-stream",
+    return StreamingResponse(resumed_events(serving, where, after), media_type="text/event-stream",
                              headers={**_SSE_HEADERS, "x-request-id": rid})
 
 

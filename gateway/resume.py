@@ -42,12 +42,20 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import redis.asyncio as aioredis
+from aiokafka.errors import KafkaError
 
-from conveyor.errors import DeadlineExceeded, InvalidRequest, RequestError, SchemaError
+from conveyor.errors import (
+    DeadlineExceeded,
+    InvalidRequest,
+    PipelineUnavailable,
+    RequestError,
+    SchemaError,
+)
 from conveyor.settings import Settings
 from gateway.replies import ReplyStream
 from schemas.codec import Codec
@@ -56,8 +64,11 @@ from topics.envelope import now_ms
 from topics.follow import FromTime, follow
 from topics.lookup import KeyLookup
 
+if TYPE_CHECKING:
+    from gateway.serving import Serving
+
 __all__ = ["ReplySource", "Recorded", "RecordedReplies", "ResumeWatch", "StreamNotFound",
-           "event_id", "request_id_of", "resume_after", "locate"]
+           "event_id", "request_id_of", "resume_after", "locate", "resumed_events"]
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +156,16 @@ class Recorded:
 async def locate(settings: Settings, codec: Codec, request_id: str,
                  *, timeout_s: float = 10.0) -> Recorded | None:
     """The request's recorded address, or None when no such request (or a job's,
-    whose answer is not a stream) is in the log."""
+    whose answer is not a stream) is in the log; 503 when Kafka cannot say."""
+    try:
+        return await _locate(settings, codec, request_id, timeout_s)
+    except (KafkaError, OSError, TimeoutError) as exc:
+        raise PipelineUnavailable(f"The pipeline is unavailable ({exc!r}); "
+                                  "try again later.") from exc
+
+
+async def _locate(settings: Settings, codec: Codec, request_id: str,
+                  timeout_s: float) -> Recorded | None:
     topic = settings.topic("requests")
     now = now_ms()
     async with KeyLookup(settings, timeout_s=timeout_s) as lookup:
@@ -244,6 +264,36 @@ class RecordedReplies:
             raise RequestError(err["message"], param=err["param"], code=err["code"],
                                status=err["status"], type=err["type"])
         return reply
+
+
+async def resumed_events(serving: Serving, where: Recorded,
+                         after: int) -> AsyncIterator[bytes]:
+    """The SSE events of a recorded stream after event ``after`` (-1: all), read
+    from the log, then live. While it streams it holds the request's watch; a
+    client that leaves it gets the same grace as on the first stream."""
+    replies = RecordedReplies(serving.settings, serving.codec, where)
+    rid = where.request_id
+    reader = uuid.uuid4().hex
+    try:
+        await serving.watch.renew(rid, reader)
+    except Exception as exc:  # the stream is still served; the keeper retries
+        log.warning("resume %s: naming its reader failed: %r", rid, exc)
+    keeper = asyncio.create_task(serving.watch.keep(rid, reader), name=f"watch-{rid}")
+    replies.start()
+    ended = False
+    try:
+        async for frame in serving.frames(replies, None, after):
+            yield frame
+        ended = True
+    finally:
+        keeper.cancel()
+        await replies.close()
+        if ended or replies.finished:
+            with contextlib.suppress(Exception):
+                await serving.watch.detach(rid, reader)
+        else:
+            serving.cancel(rid, "resumed client disconnected",
+                           grace_s=serving.settings.resume_grace_s, reader=reader)
 
 
 class ResumeWatch:

@@ -8,8 +8,8 @@ client gets 504 and the generation is cancelled. A client that disconnects
 cancels its generation too: at once before the stream began (it has seen no
 event id to resume from), and after ``resume_grace_s`` once it streamed, unless
 a resumed stream (:mod:`gateway.resume`) is reading it by then. Every data
-event carries ``id: {request id}:{seq}``; :meth:`Serving.resume` serves the
-events after one from the log, on any replica.
+event carries ``id: {request id}:{seq}``; :func:`gateway.resume.resumed_events`
+serves the events after one from the log, on any replica.
 
 What the pipeline cannot take is refused before it enters: a body over
 ``max_body_bytes`` never reaches here (:mod:`gateway.limits`), and an encoded
@@ -55,7 +55,7 @@ from gateway.auth.types import Identity
 from gateway.generations import chat_generation, completion_generation
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.replies import ReplyRouter, ReplyStream
-from gateway.resume import Recorded, RecordedReplies, ReplySource, ResumeWatch, event_id
+from gateway.resume import ReplySource, ResumeWatch, event_id
 from schemas.codec import Codec
 from schemas.records import Control, Generation, Reply, Request, Usage
 from topics.clients import EventTooLarge, broker_error
@@ -361,38 +361,14 @@ class Serving:
         after ``resume_grace_s``, unless a resumed stream reads it by then."""
         ended = False
         try:
-            async for frame in self._frames(answer, first, after=-1):
+            async for frame in self.frames(answer, first, after=-1):
                 yield frame
             ended = True
         finally:
             answer.close("client disconnected",
                          grace_s=0.0 if ended else self.settings.resume_grace_s)
 
-    async def resume(self, where: Recorded, after: int) -> AsyncIterator[bytes]:
-        """The events of a recorded stream after event ``after`` (-1: all), read
-        from the log, then live. While it streams it holds the request's watch;
-        a client that leaves it gets the same grace as on the first stream."""
-        replies = RecordedReplies(self.settings, self.codec, where)
-        rid = where.request_id
-        reader = await self.watch.attach(rid)
-        keeper = asyncio.create_task(self.watch.keep(rid, reader), name=f"watch-{rid}")
-        replies.start()
-        ended = False
-        try:
-            async for frame in self._frames(replies, None, after):
-                yield frame
-            ended = True
-        finally:
-            keeper.cancel()
-            await replies.close()
-            if ended or replies.finished:
-                with contextlib.suppress(Exception):
-                    await self.watch.detach(rid, reader)
-            else:
-                self.cancel(rid, "resumed client disconnected",
-                            grace_s=self.settings.resume_grace_s, reader=reader)
-
-    async def _frames(self, source: ReplySource, first: Reply | None,
+    async def frames(self, source: ReplySource, first: Reply | None,
                       after: int) -> AsyncIterator[bytes]:
         """Data events numbered from 0 (``id: {request id}:{seq}``), those after
         ``after`` sent; keep-alive comments while waiting; an error as an event."""
