@@ -6,7 +6,12 @@ replica after the first was SIGKILLed."""
 from __future__ import annotations
 
 import json
+import re
+import signal
+import subprocess
+import sys
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -14,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import Pipeline
+from tests.conftest import ROOT, Pipeline
 
 pytestmark = pytest.mark.integration
 
@@ -128,6 +133,33 @@ def test_unknown_or_mismatched_streams_are_404(pipeline: Pipeline) -> None:
     original = whole(url, "/v1/chat/completions", {**CHAT, "max_tokens": 2})
     r = httpx.get(f"{url}/v1/completions/{stream_id(original)}/stream", timeout=30)
     assert r.status_code == 404
+
+
+def test_only_the_requests_tenant_may_resume_it(pipeline: Pipeline) -> None:
+    secret = f"conveyor-test-resume-{uuid.uuid4().hex}"
+    env = {"CONVEYOR_AUTH": "keys", "CONVEYOR_AUTH_SECRET": secret}
+
+    def key(tenant: str) -> dict[str, str]:
+        out = subprocess.run([sys.executable, "-m", "conveyor.cli", "keys", "create", "--tenant",
+                              tenant, "--name", "resume"], env={**pipeline.env, **env}, cwd=ROOT,
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+        found = re.search(r"cvy-\S+", out.strip().splitlines()[-1])
+        assert found is not None, out
+        return {"Authorization": f"Bearer {found.group(0)}"}
+
+    url = pipeline.start_gateway("gateway-keys", **env)
+    try:
+        owner, stranger = key(f"t{uuid.uuid4().hex[:8]}"), key(f"t{uuid.uuid4().hex[:8]}")
+        with httpx.stream("POST", f"{url}/v1/chat/completions", headers=owner, timeout=120,
+                          json={**CHAT, "max_tokens": 4}) as r:
+            assert r.status_code == 200
+            original = events(r)
+        route = f"{url}/v1/chat/completions/{stream_id(original)}/stream"
+        assert httpx.get(route, headers=stranger, timeout=30).status_code == 404
+        with httpx.stream("GET", route, headers=owner, timeout=60) as r:
+            assert r.status_code == 200 and events(r) == original
+    finally:
+        pipeline.kill("gateway-keys", signal.SIGTERM)
 
 
 def test_the_rest_comes_from_another_replica_after_a_sigkill(
