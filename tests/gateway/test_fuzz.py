@@ -150,6 +150,9 @@ def _sse_events(raw: bytes) -> Iterator[dict[str, Any]]:
     for line in lines[:-1]:
         if line.startswith(":"):
             continue
+        if line.startswith("id: "):  # the event's id, to resume after it
+            assert ":" in line.removeprefix("id: "), line
+            continue
         assert line.startswith("data: "), line
         yield json.loads(line.removeprefix("data: "))
 

@@ -66,7 +66,10 @@ def test_sse_wire_format_ends_with_done(pipeline: Pipeline) -> None:
         lines = [line for line in r.iter_lines() if line]
     assert request_id in lines[0]  # chunks carry chatcmpl-<the request id>
     assert lines[-1] == "data: [DONE]"
-    assert all(line.startswith("data: ") or line.startswith(":") for line in lines)
+    assert all(line.startswith(("data: ", "id: ", ":")) for line in lines)
+    data = [line for line in lines if line.startswith("data: ")]
+    ids = [line for line in lines if line.startswith("id: ")]
+    assert len(ids) == len(data) - 1  # every event but [DONE] can be resumed after
 
 
 def test_completions_streaming_and_not(pipeline: Pipeline) -> None:
