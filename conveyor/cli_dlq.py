@@ -29,13 +29,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import datetime as dt
 import json
 import sys
 from dataclasses import dataclass
-from typing import Any
 
+from conveyor.cli_text import last_line, plain
 from conveyor.settings import Settings
 from schemas.codec import Codec, EventType, default_codec
 from schemas.records import AuditEvent, DeadLetter
@@ -170,21 +169,6 @@ def _iso(ms: int) -> str:
     return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).isoformat(timespec="seconds")
 
 
-def _summary(error: str) -> str:
-    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else ""
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode()
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
-
-
 def _cmd_list(settings: Settings, args: argparse.Namespace, since: int) -> int:
     letters = [x for x in asyncio.run(read_letters(settings, since))
                if args.layer is None or x.letter["layer"] == args.layer]
@@ -193,7 +177,7 @@ def _cmd_list(settings: Settings, args: argparse.Namespace, since: int) -> int:
         print(json.dumps([{"offset": x.offset, "time": _iso(x.letter["ts_ms"]),
                            "layer": x.letter["layer"], "source": x.source,
                            "key": (x.letter["key"] or b"").decode(errors="replace"),
-                           "redriven": x.offset in sent, "error": _summary(x.letter["error"])}
+                           "redriven": x.offset in sent, "error": last_line(x.letter["error"])}
                           for x in letters], indent=2))
         return 0
     if not letters:
@@ -202,7 +186,7 @@ def _cmd_list(settings: Settings, args: argparse.Namespace, since: int) -> int:
         key = (x.letter["key"] or b"").decode(errors="replace")
         mark = "  [redriven]" if x.offset in sent else ""
         print(f"{x.offset:>6}  {_iso(x.letter['ts_ms'])}  {x.letter['layer']:<11} "
-              f"{x.source}  {key}{mark}  {_summary(x.letter['error'])}")
+              f"{x.source}  {key}{mark}  {last_line(x.letter['error'])}")
     return 0
 
 
@@ -227,7 +211,7 @@ def _cmd_show(settings: Settings, args: argparse.Namespace) -> int:
     print("error:\n" + d["error"].rstrip())
     event_type = event_type_of(settings, d["topic"])
     if args.show_content and problem is None and event_type is not None:
-        print("event:\n" + json.dumps(_plain(codec.decode(value, event_type)), indent=2,
+        print("event:\n" + json.dumps(plain(codec.decode(value, event_type)), indent=2,
                                       ensure_ascii=False))
     return 0
 

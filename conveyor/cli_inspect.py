@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import datetime as dt
 import json
 import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from conveyor.cli_text import last_line, plain
 from conveyor.settings import Settings
 from schemas.codec import Codec, EventType, default_codec
 from topics.lookup import KeyLookup, parse_since
@@ -153,22 +153,6 @@ def _stamps(events: list[Found]) -> dict[str, int]:
     return out
 
 
-def _plain(value: Any) -> Any:
-    """JSON for a decoded record (bytes as base64)."""
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode()
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
-
-
-def _last_line(text: str) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1].strip() if lines else ""
-
-
 def report(journey: Journey, show_content: bool = False) -> dict[str, Any]:
     """The journey as a JSON-able dict (content only with ``show_content``)."""
     from workers.infer.progress import progress_of
@@ -230,7 +214,7 @@ def report(journey: Journey, show_content: bool = False) -> dict[str, Any]:
                     for f in journey.cancels if f.record],
         "dlq": [{"where": f.where, "layer": f.record["layer"],
                  "source": f"{f.record['topic']}[{f.record['partition']}]@{f.record['offset']}",
-                 "error": _last_line(f.record["error"])} for f in journey.letters if f.record],
+                 "error": last_line(f.record["error"])} for f in journey.letters if f.record],
         "errors": errors,
         "read": journey.read,
     }
@@ -238,7 +222,7 @@ def report(journey: Journey, show_content: bool = False) -> dict[str, Any]:
         gen = request["generation"]
         out["prompt"] = gen["prompt"] if gen["kind"] == "completion" else gen["messages"]
         out["text"] = progress.text
-    return _plain(out)  # type: ignore[no-any-return]
+    return plain(out)  # type: ignore[no-any-return]
 
 
 def _iso(ms: int) -> str:

@@ -57,7 +57,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.cli_dlq import read_letters
-from conveyor.cli_inspect import Found, _plain, find_journey
+from conveyor.cli_inspect import Found, find_journey
+from conveyor.cli_text import last_line, plain
 from conveyor.errors import ConveyorError, RequestError
 from conveyor.registry import Registry
 from conveyor.settings import Settings
@@ -173,11 +174,6 @@ def _size(value: Any) -> Any:
     return f"<{len(value)} chars>" if isinstance(value, str) and value != _MISSING else value
 
 
-def _error_summary(text: str) -> str:
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else ""
-
-
 def _reply_error(error: dict[str, Any]) -> str:
     return f"{error['status']} {error['type']}/{error['code']}: {error['message']}"
 
@@ -208,7 +204,7 @@ async def _run(settings: Settings, scratch: Settings, names: list[str],
                          "message": exc.message})
                     break
                 except Exception:  # what the runtime would dead-letter
-                    step.replayed_error = _error_summary(traceback.format_exc())
+                    step.replayed_error = last_line(traceback.format_exc())
                     break
                 for out in outputs:
                     if not out.topic.startswith(scratch.topic("")):
@@ -259,7 +255,7 @@ async def replay_request(settings: Settings, request_id: str, names: list[str],
         raise ReplayError(f"no recorded input of {first} for request {request_id}")
     unreadable = [f for f in found if f.record is None]
     rep = Replay(request_id, scratch.topic_prefix, "log")
-    errors = {d.record["layer"]: _error_summary(d.record["error"])
+    errors = {d.record["layer"]: last_line(d.record["error"])
               for d in journey.letters if d.record}
     error_replies = [_reply_error(f.record["error"]) for f in journey.replies
                      if f.record and f.record.get("error")]
@@ -300,7 +296,7 @@ async def replay_letter(settings: Settings, request_id: str, offset: int,
     source = f"{settings.topic('dlq')}[0]@{offset} ({letters[0].source})"
     for i, name in enumerate(names):
         rep.steps.append(Step(name, [source] if i == 0 else [f"replayed {names[i - 1]}"]))
-    rep.steps[0].recorded_error = _error_summary(letter["error"])
+    rep.steps[0].recorded_error = last_line(letter["error"])
     rep.steps[0].recorded_at = [source]
     layer_type = _INPUT_TYPES[names[0]]
     try:
@@ -340,7 +336,7 @@ def report(rep: Replay, show_content: bool = False) -> dict[str, Any]:
                       "same": error_same},
             "same": error_same and all(p["same"] for p in pairs),
         })
-    return _plain({  # type: ignore[no-any-return]
+    return plain({  # type: ignore[no-any-return]
         "request_id": rep.request_id, "source": rep.source,
         "scratch_prefix": rep.scratch_prefix, "ignored": list(IGNORED),
         "same": all(x["same"] for x in layers), "layers": layers})

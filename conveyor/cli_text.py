@@ -1,0 +1,26 @@
+"""What the log tools (inspect, replay, dlq) print the same way: a decoded
+record as JSON, and an error (often a traceback) as its last line."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+__all__ = ["plain", "last_line"]
+
+
+def plain(value: Any) -> Any:
+    """A decoded record made JSON-able (bytes as base64)."""
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    return value
+
+
+def last_line(text: str) -> str:
+    """The last non-empty line of ``text``: a traceback's error."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
