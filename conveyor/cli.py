@@ -69,7 +69,8 @@ def _metrics(settings: Settings, service: str) -> Metrics:
     """The process's metrics, served on ``metrics_port`` (none when 0)."""
     from conveyor.metrics import serve_metrics
 
-    return serve_metrics(service, settings.metrics_host, settings.metrics_port)
+    port = settings.metrics_port if settings.metrics_enabled else 0
+    return serve_metrics(service, settings.metrics_host, port)
 
 
 # -- subcommands ----------------------------------------------------------------

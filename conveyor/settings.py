@@ -28,6 +28,9 @@ class Settings(BaseSettings):
     # the port they are served on, 0 = none; the gateway serves /metrics on its own port
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
+    # false: no process records or serves metrics (no /metrics on the gateway,
+    # metrics_port ignored); bench.stream_overhead measures what they cost
+    metrics_enabled: bool = True
 
     # Services
     kafka_bootstrap: str = "127.0.0.1:9092"
@@ -70,6 +73,10 @@ class Settings(BaseSettings):
     # how long a streaming client that dropped may take to resume its stream
     # (GET .../{id}/stream, on any replica) before its generation is cancelled
     resume_grace_s: float = 5.0
+    # false: SSE events carry no ids and a dropped client's generation is
+    # cancelled at once (resume_grace_s unused); GET .../{id}/stream still
+    # replays a stream from its start
+    resumable_streams: bool = True
     # how long the gateway waits for Kafka to take a request (503 after it)
     produce_timeout_s: float = 5.0
     # The largest request body the gateway accepts (413 above it); it must fit,

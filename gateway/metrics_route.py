@@ -30,7 +30,12 @@ async def metrics(request: Request) -> Response:
 
 def install_metrics(app: FastAPI, settings: Settings) -> None:
     """The gateway's meter (``app.state.metrics``), the instruments ``Serving``
-    records each request in (``app.state.gateway_metrics``), and the route."""
+    records each request in (``app.state.gateway_metrics``), and the route; with
+    ``metrics_enabled`` false, a meter that records nothing and no route."""
+    if not settings.metrics_enabled:
+        app.state.metrics = Metrics("gateway", enabled=False)
+        app.state.gateway_metrics = GatewayMetrics.off()
+        return
     app.state.metrics = Metrics("gateway")
     app.state.gateway_metrics = GatewayMetrics(app.state.metrics.meter)
     app.include_router(metrics_router)

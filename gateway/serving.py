@@ -268,8 +268,9 @@ class Serving:
                 yield frame
             ended = True
         finally:
+            resumable = self.settings.resumable_streams and not ended
             answer.close("client disconnected",
-                         grace_s=0.0 if ended else self.settings.resume_grace_s)
+                         grace_s=self.settings.resume_grace_s if resumable else 0.0)
 
     async def frames(self, source: ReplySource, first: Reply | None,
                       after: int) -> AsyncIterator[bytes]:
@@ -277,6 +278,7 @@ class Serving:
         ``after`` sent; keep-alive comments while waiting; an error as an event."""
         keepalive = self.settings.sse_keepalive_s
         rid = source.request_id
+        ids = self.settings.resumable_streams
         seq = -1
         reply: Reply | None = first
         while True:
@@ -286,7 +288,7 @@ class Serving:
                 for chunk in reply["chunk"].split("\n") if reply["chunk"] else ():
                     seq += 1
                     if seq > after:
-                        yield sse.data(chunk, id=event_id(rid, seq))
+                        yield sse.data(chunk, id=event_id(rid, seq) if ids else None)
                 if reply["kind"] == "final":
                     yield sse.DONE
                     return
@@ -298,7 +300,8 @@ class Serving:
                     exc = RequestError("Internal error.")
                 seq += 1
                 if seq > after:
-                    yield sse.data(_json(exc.envelope()), id=event_id(rid, seq))
+                    yield sse.data(_json(exc.envelope()),
+                                   id=event_id(rid, seq) if ids else None)
                 yield sse.DONE
                 return
 

@@ -47,11 +47,11 @@ def reply(index: int, kind: str, chunks: list[dict[str, Any]] | None = None) -> 
                  finish_reason=None, usage=None, error=None)
 
 
-def setup(keepalive: float = 0.05, deadline_s: float = 5.0) -> tuple[Serving, Answer,
-                                                                     RecordingProducer]:
+def setup(keepalive: float = 0.05, deadline_s: float = 5.0, grace_s: float = 0,
+          resumable: bool = True) -> tuple[Serving, Answer, RecordingProducer]:
     producer = RecordingProducer()
     serving = Serving(Settings(topic_prefix="sv", sse_keepalive_s=keepalive,
-                               resume_grace_s=0),
+                               resume_grace_s=grace_s, resumable_streams=resumable),
                       producer, Router(), default_codec(), "g")  # type: ignore[arg-type]
     answer = Answer(serving, ReplyStream("r1"), time.monotonic() + deadline_s)
     return serving, answer, producer
@@ -241,3 +241,14 @@ async def test_an_event_over_max_event_bytes_is_413_before_producing() -> None:
     big = generation([{"role": "user", "content": "x" * 2000, "name": None}])
     with pytest.raises(RequestTooLarge):
         await serving.submit(big)
+
+
+async def test_streams_not_resumable_carry_no_ids_and_a_drop_cancels_at_once() -> None:
+    serving, answer, producer = setup(grace_s=30, resumable=False)
+    frames = serving.stream(answer, reply(0, "delta", [{"a": 1}]))
+    assert await frames.__anext__() == b'data: {"a": 1}\n\n'
+    await frames.aclose()  # the client went away: no grace to wait out
+    await asyncio.sleep(0.05)
+    [(topic, value)] = producer.sent
+    assert topic == "sv.control"
+    assert default_codec().decode(value, "Control")["action"] == "cancel"
