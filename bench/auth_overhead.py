@@ -18,9 +18,9 @@ difference between the sides is auth and limits:
 Targets (the issue of record): auth plus limits add at most 1 ms to TTFT
 p50 at concurrency 1, and cost at most 5 % of the unpaced c=32 rate.
 
-Which side goes first alternates from pair to pair and from round to round
-(A B, B A, ...): the keyed gateway settles in the background after its answer
-has ended, so a fixed order would bill part of that work to the open side.
+The sides run in pairs and rounds whose first side alternates
+(``bench.compare``): the keyed gateway settles in the background after its
+answer has ended, so a fixed order would bill part of that work to the open side.
 
     python -m bench.auth_overhead [--quick]
 """
@@ -29,21 +29,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import secrets
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, TypeVar
 
 import httpx
 import redis.asyncio as aioredis
 
-from bench.client import Sample, make_client
+from bench import compare
+from bench.client import make_client
+from bench.compare import (
+    REGISTRY,
+    Comparison,
+    FineCheck,
+    first_success,
+    loop_factory,
+    plan,
+    report_summary,
+)
 from bench.harness import (
     BenchError,
     check_infra,
@@ -55,11 +62,11 @@ from bench.harness import (
     running,
     wait_http,
 )
-from bench.scenarios import DELAY_MS, PROMPT, TOKENS, Result, Scenario, Side, Tally
-from bench.stats import Check, markdown_table, ms, percentile
+from bench.scenarios import DELAY_MS, PROMPT, TOKENS, Result, Scenario, Side
+from bench.stats import Check, percentile
 from conveyor.settings import load_settings
 
-__all__ = ["main", "run_alternating_pairs", "run_alternating_rounds"]
+__all__ = ["main"]
 
 TENANT = "bench-auth"
 # generous but enforced: every request runs the whole admission script
@@ -67,110 +74,6 @@ KEY_LIMITS = ["--rpm", "1000000", "--tpm", "1000000000", "--concurrency", "1000"
 TENANT_LIMITS = KEY_LIMITS + ["--daily-tokens", "1000000000000"]
 TTFT_TARGET_MS = 1.0
 RATE_TARGET = 0.95
-
-T = TypeVar("T")
-
-REGISTRY = "\n".join(
-    f'[models."{name}"]\npool = "bench"\ncontext_length = 8192\ndefault_max_tokens = 64\n'
-    f'tokenizer = "estimate"\nupstream_model = "{upstream}"\n'
-    for name, upstream in (("bench-paced", f"bench@{DELAY_MS}"), ("bench-unpaced", "bench@0")))
-
-
-def plan(quick: bool) -> list[Scenario]:
-    paced = f"{TOKENS} tokens x {DELAY_MS} ms"
-    unpaced = f"concurrency 32, {TOKENS} tokens unpaced"
-    if quick:
-        return [Scenario("c1-paced", f"concurrency 1, {paced}", 1, True, 4, 60, 25.0),
-                Scenario("c32-unpaced", unpaced, 32, False, 2, 512, 4.0, 2)]
-    return [Scenario("c1-paced", f"concurrency 1, {paced}", 1, True, 20, 300, 120.0),
-            Scenario("c32-unpaced", unpaced, 32, False, 2, 2560, 20.0, 4)]
-
-
-class FineCheck(Check):
-    """A check whose figure needs two decimals (a target of 1 ms)."""
-
-    def measured(self) -> str:
-        return "-" if math.isnan(self.value) else f"{self.value:.2f} {self.unit}"
-
-
-# Measurement: which side goes first alternates (see the module's docstring)
-
-
-async def _timed(side: Side, paced: bool, tally: Tally) -> Sample:
-    start = time.perf_counter()
-    sample = await side.one(paced)
-    tally.samples.append(sample)
-    tally.busy_s += time.perf_counter() - start
-    return sample
-
-
-async def _in_turn(i: int, open_step: Callable[[], Awaitable[T]],
-                   keyed_step: Callable[[], Awaitable[T]]) -> tuple[T, T]:
-    """Both steps, the open side's first when ``i`` is even: (open, keyed)."""
-    if i % 2 == 0:
-        o = await open_step()
-        return o, await keyed_step()
-    k = await keyed_step()
-    return await open_step(), k
-
-
-async def run_alternating_pairs(sc: Scenario, open_: Side, keyed: Side) -> Result:
-    """Concurrency 1: pairs of one request a side, the first side alternating.
-    The result's ``direct`` is the open side, ``conveyor`` the keyed one."""
-    result = Result(sc)
-    for _ in range(sc.warmup):
-        await open_.one(sc.paced)
-        await keyed.one(sc.paced)
-    for i in range(sc.max_requests):
-        if max(result.direct.busy_s, result.conveyor.busy_s) >= sc.window_s:
-            break
-        result.pairs.append(await _in_turn(
-            i, lambda: _timed(open_, sc.paced, result.direct),
-            lambda: _timed(keyed, sc.paced, result.conveyor)))
-    return result
-
-
-async def _round(sc: Scenario, side: Side, tally: Tally | None, per_worker: int) -> list[Sample]:
-    async def lane() -> list[Sample]:
-        return [await side.one(sc.paced) for _ in range(per_worker)]
-
-    start = time.perf_counter()
-    lanes = await asyncio.gather(*(lane() for _ in range(sc.concurrency)))
-    samples = [one[i] for i in range(per_worker) for one in lanes]
-    if tally is not None:
-        tally.samples.extend(samples)
-        tally.busy_s += time.perf_counter() - start
-    return samples
-
-
-async def run_alternating_rounds(sc: Scenario, open_: Side, keyed: Side) -> Result:
-    """Concurrency N: a round of N streams a side, the first side alternating."""
-    result = Result(sc)
-    for _ in range(sc.warmup):
-        await _round(sc, open_, None, 1)
-        await _round(sc, keyed, None, 1)
-    i = 0
-    while (max(len(result.direct.samples), len(result.conveyor.samples)) < sc.max_requests
-           and max(result.direct.busy_s, result.conveyor.busy_s) < sc.window_s):
-        o, k = await _in_turn(i, lambda: _round(sc, open_, result.direct, sc.per_worker),
-                              lambda: _round(sc, keyed, result.conveyor, sc.per_worker))
-        result.pairs.extend(zip(o, k, strict=True))
-        i += 1
-    return result
-
-
-async def _first_success(side: Side, timeout_s: float) -> None:
-    """The first request can fail while the layers' consumers join their groups."""
-    deadline = time.monotonic() + timeout_s
-    last = "no attempt"
-    while time.monotonic() < deadline:
-        sample = await side.one(paced=False)
-        if sample.ok:
-            return
-        last = sample.error or ""
-        await asyncio.sleep(0.5)
-    raise BenchError(f"{side.name}: no successful request within {timeout_s:.0f} s: {last}")
-
 
 async def _check_enforced(keyed_url: str, secret: str) -> None:
     """The keyed gateway refuses a request without the key and answers one with
@@ -203,44 +106,17 @@ async def _in_flight(redis_url: str, prefix: str, key_id: str) -> dict[str, int]
 
 async def measure(scenarios: list[Scenario], open_url: str, keyed_url: str,
                   secret: str) -> list[Result]:
-    results: list[Result] = []
     async with make_client() as open_client, make_client() as keyed_client:
         keyed_client.headers["Authorization"] = f"Bearer {secret}"
         models = {True: "bench-paced", False: "bench-unpaced"}
         open_ = Side("none", f"{open_url}/v1/completions", models, open_client)
         keyed = Side("keys", f"{keyed_url}/v1/completions", models, keyed_client)
-        await _first_success(open_, 90.0)
-        await _first_success(keyed, 90.0)
+        await first_success(keyed, 90.0)
         await _check_enforced(keyed_url, secret)
-        for sc in scenarios:
-            runner: Callable[[Scenario, Side, Side], Coroutine[Any, Any, Result]]
-            runner = run_alternating_pairs if sc.concurrency == 1 else run_alternating_rounds
-            print(f"running {sc.key}: {sc.title} ...", flush=True)
-            try:
-                result = await asyncio.wait_for(runner(sc, open_, keyed), sc.hard_limit_s)
-            except TimeoutError as exc:
-                raise BenchError(f"{sc.key} ran past {sc.hard_limit_s:.0f} s") from exc
-            report_scenario(result)
-            results.append(result)
-    return results
+        return await compare.measure(scenarios, open_, keyed, AUTH)
 
 
-# Reporting
-
-
-def _ms2(seconds: float) -> str:
-    return "-" if math.isnan(seconds) else f"{seconds * 1000:.2f}"
-
-
-def median_interval(values: list[float]) -> tuple[float, float]:
-    """A distribution-free ~95 % confidence interval of the median (order
-    statistics n/2 -+ 0.98 sqrt(n)); NaN when there are too few values."""
-    n = len(values)
-    if n < 10:
-        return math.nan, math.nan
-    ordered = sorted(values)
-    half = 0.98 * math.sqrt(n)
-    return ordered[max(0, math.floor(n / 2 - half))], ordered[min(n - 1, math.ceil(n / 2 + half))]
+# Targets
 
 
 def checks(result: Result) -> list[Check]:
@@ -249,71 +125,13 @@ def checks(result: Result) -> list[Check]:
         added = percentile(result.added_ttft(), 50) * 1000
         return [FineCheck(key, "added TTFT p50 (keys - none, paired)", added, TTFT_TARGET_MS,
                           "<=", "ms")]
-    open_rate, keyed_rate = result.direct.rate, result.conveyor.rate
+    open_rate, keyed_rate = result.base.rate, result.variant.rate
     return [Check(key, f"keys rate (>= {RATE_TARGET:.0%} of none's {open_rate:.1f})",
                   keyed_rate, round(RATE_TARGET * open_rate, 1), ">=", "req/s")]
 
 
-def _side_row(sc: Scenario, name: str, tally: Tally) -> list[str]:
-    ttft = [s.ttft for s in tally.ok]
-    total = [s.total for s in tally.ok]
-    return [sc.key, name,
-            f"{len(tally.ok)}" + (f" (+{len(tally.failed)} failed)" if tally.failed else ""),
-            _ms2(percentile(ttft, 50)), ms(percentile(ttft, 99)),
-            ms(percentile(total, 50)), ms(percentile(total, 99)),
-            "-" if math.isnan(tally.rate) else f"{tally.rate:.1f}"]
-
-
-def _rows(result: Result) -> list[list[str]]:
-    return [_side_row(result.scenario, "none", result.direct),
-            _side_row(result.scenario, "keys", result.conveyor), _added_row(result)]
-
-
-def _added_row(result: Result) -> list[str]:
-    added = result.added_ttft()
-    added_total = [k.total - o.total for o, k in result.pairs if o.ok and k.ok]
-    rate = ""
-    if result.direct.rate > 0 and not math.isnan(result.conveyor.rate):
-        rate = f"{100 * (result.conveyor.rate / result.direct.rate - 1):+.1f} %"
-    return [result.scenario.key, "added (paired)", str(len(added)),
-            _ms2(percentile(added, 50)), ms(percentile(added, 99)),
-            _ms2(percentile(added_total, 50)), ms(percentile(added_total, 99)), rate]
-
-
-HEADER = ["scenario", "side", "requests", "TTFT p50 ms", "TTFT p99 ms"]
-HEADER += ["total p50 ms", "total p99 ms", "req/s"]
-
-
-def report_scenario(result: Result) -> None:
-    sc = result.scenario
-    print(f"\n== {sc.key}: {sc.title} ==")
-    print(markdown_table(HEADER, _rows(result)))
-    added = result.added_ttft()
-    low, high = median_interval(added)
-    print(f"added TTFT p50 (keys - none, {len(added)} pairs): "
-          f"{_ms2(percentile(added, 50))} ms, 95% interval [{_ms2(low)}, {_ms2(high)}] ms")
-    for tally, name in ((result.direct, "none"), (result.conveyor, "keys")):
-        short = [s for s in tally.ok if s.chars != TOKENS * len(" tok")]
-        if short:
-            print(f"warning: {len(short)} {name} streams had {short[0].chars} characters, "
-                  f"not {TOKENS * len(' tok')}")
-        if tally.failed:
-            print(f"{name}: {len(tally.failed)} failed, first: {tally.failed[0].error}")
-    for check in checks(result):
-        print(check.line())
-    print(flush=True)
-
-
-def report_summary(results: list[Result]) -> None:
-    rows = [row for result in results for row in _rows(result)]
-    found = [check for result in results for check in checks(result)]
-    print("## Auth overhead: CONVEYOR_AUTH=keys (key + tenant limits) vs. none\n")
-    print(markdown_table(HEADER, rows))
-    print()
-    print(markdown_table(
-        ["scenario", "figure", "measured", "target", "met"],
-        [[c.scenario, c.label, c.measured(), c.target(), "yes" if c.met else "no"]
-         for c in found]))
+AUTH = Comparison("none", "keys", "Auth overhead: CONVEYOR_AUTH=keys (key + tenant limits) vs. "
+                  "none", checks, fine=True)
 
 
 # Processes
@@ -374,21 +192,13 @@ def run(quick: bool, upstream_port: int, open_port: int, keyed_port: int) -> lis
                                                keyed_env))
         wait_http(f"{open_url}/healthz", open_gw, 180.0)
         wait_http(f"{keyed_url}/healthz", keyed_gw, 180.0)
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
             results = runner.run(measure(plan(quick), open_url, keyed_url, secret))
             runner.run(asyncio.sleep(1.0))  # background settles finish
             redis_url = load_settings().redis_url  # the one the gateways use
             held = runner.run(_in_flight(redis_url, prefix, key_id))
         print(f"concurrency slots still held after the run (0: every request settled): {held}")
         return results
-
-
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -409,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"bench.auth_overhead: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
     print()
-    report_summary(results)
+    report_summary(results, AUTH)
 
 
 if __name__ == "__main__":

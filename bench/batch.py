@@ -52,6 +52,7 @@ import openai
 
 from bench.batch_log import CAPACITY, POOL, WORKERS, CpuMeter, InFlight, cpu_since
 from bench.client import make_client
+from bench.compare import first_success
 from bench.harness import (
     BenchError,
     check_infra,
@@ -63,7 +64,6 @@ from bench.harness import (
     wait_http,
 )
 from bench.hops import HOPS
-from bench.overhead import first_success
 from bench.scenarios import PROMPT, TOKENS, Side, Tally
 from bench.stats import Check, markdown_table, ms, percentile
 from conveyor.settings import Settings

@@ -1,21 +1,16 @@
-"""The overhead benchmark's scenarios, and how each runs its requests: in
-alternating direct/Conveyor pairs at concurrency 1, in alternating rounds of
-concurrent streams otherwise (see ``bench.overhead``)."""
+"""The comparison benchmarks' scenarios, the sides they compare and what each
+side recorded (how they run: ``bench.compare``)."""
 
 from __future__ import annotations
 
-import asyncio
 import math
-import time
 from dataclasses import dataclass, field
 
 import httpx
 
 from bench.client import Sample, stream_completion
-from bench.stats import Check, percentile
 
-__all__ = ["DELAY_MS", "PROMPT", "TOKENS", "Result", "Scenario", "Side", "Tally", "run_rounds",
-           "run_serial", "scenarios"]
+__all__ = ["DELAY_MS", "PROMPT", "TOKENS", "Result", "Scenario", "Side", "Tally", "scenarios"]
 
 TOKENS = 32
 DELAY_MS = 10
@@ -99,92 +94,12 @@ class Tally:
 
 @dataclass
 class Result:
+    """One scenario's requests on both sides, and the pairs they formed."""
+
     scenario: Scenario
-    direct: Tally = field(default_factory=Tally)
-    conveyor: Tally = field(default_factory=Tally)
-    pairs: list[tuple[Sample, Sample]] = field(default_factory=list)
+    base: Tally = field(default_factory=Tally)
+    variant: Tally = field(default_factory=Tally)
+    pairs: list[tuple[Sample, Sample]] = field(default_factory=list)  # (base, variant)
 
     def added_ttft(self) -> list[float]:
-        return [c.ttft - d.ttft for d, c in self.pairs if d.ok and c.ok]
-
-    def checks(self) -> list[Check]:
-        added = self.added_ttft()
-        key = self.scenario.key
-        if key == "c1-paced":
-            return [
-                Check(key, "added TTFT p50", percentile(added, 50) * 1000, 10, "<=", "ms"),
-                Check(key, "added TTFT p99", percentile(added, 99) * 1000, 30, "<=", "ms"),
-            ]
-        if key == "c32-paced":
-            return [
-                # ~99 req/s in theory (32 streams x 320 ms); the client's own cost keeps
-                # the direct side a little under that, so keep up with it within 5%.
-                Check(
-                    key,
-                    "Conveyor rate (~99 ideal, >= 95% of direct)",
-                    self.conveyor.rate,
-                    round(0.95 * self.direct.rate, 1),
-                    ">=",
-                    "req/s",
-                ),
-                Check(key, "added TTFT p50", percentile(added, 50) * 1000, 20, "<=", "ms"),
-            ]
-        return [Check(key, "Conveyor streamed rate", self.conveyor.rate, 150, ">=", "req/s")]
-
-
-# Measurement
-
-
-async def _timed(side: Side, paced: bool, tally: Tally | None) -> Sample:
-    start = time.perf_counter()
-    sample = await side.one(paced)
-    if tally is not None:
-        tally.samples.append(sample)
-        tally.busy_s += time.perf_counter() - start
-    return sample
-
-
-async def run_serial(sc: Scenario, direct: Side, conveyor: Side) -> Result:
-    """Concurrency 1: direct, Conveyor, direct, Conveyor..."""
-    result = Result(sc)
-    for _ in range(sc.warmup):
-        await direct.one(sc.paced)
-        await conveyor.one(sc.paced)
-    for _ in range(sc.max_requests):
-        if max(result.direct.busy_s, result.conveyor.busy_s) >= sc.window_s:
-            break
-        d = await _timed(direct, sc.paced, result.direct)
-        c = await _timed(conveyor, sc.paced, result.conveyor)
-        result.pairs.append((d, c))
-    return result
-
-
-async def _round(sc: Scenario, side: Side, tally: Tally | None, per_worker: int) -> list[Sample]:
-    """``sc.concurrency`` streams, each sending ``per_worker`` requests back to back."""
-
-    async def stream_worker() -> list[Sample]:
-        return [await side.one(sc.paced) for _ in range(per_worker)]
-
-    start = time.perf_counter()
-    lanes = await asyncio.gather(*(stream_worker() for _ in range(sc.concurrency)))
-    samples = [lane[i] for i in range(per_worker) for lane in lanes]
-    if tally is not None:
-        tally.samples.extend(samples)
-        tally.busy_s += time.perf_counter() - start
-    return samples
-
-
-async def run_rounds(sc: Scenario, direct: Side, conveyor: Side) -> Result:
-    """Concurrency N: a round of N direct streams, then a round of N through Conveyor."""
-    result = Result(sc)
-    for _ in range(sc.warmup):
-        await _round(sc, direct, None, 1)
-        await _round(sc, conveyor, None, 1)
-    while (
-        max(len(result.direct.samples), len(result.conveyor.samples)) < sc.max_requests
-        and max(result.direct.busy_s, result.conveyor.busy_s) < sc.window_s
-    ):
-        d = await _round(sc, direct, result.direct, sc.per_worker)
-        c = await _round(sc, conveyor, result.conveyor, sc.per_worker)
-        result.pairs.extend(zip(d, c, strict=True))
-    return result
+        return [v.ttft - b.ttft for b, v in self.pairs if b.ok and v.ok]

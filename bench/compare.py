@@ -1,0 +1,259 @@
+"""Two ways to serve the same requests, measured side by side in one run.
+
+Every comparison benchmark (``bench.overhead``: the upstream called directly
+against Conveyor; ``bench.auth_overhead``: auth none against keys;
+``bench.stream_overhead``: streams without ids or metrics against the
+defaults) sends the same streaming completions to a *base* and a *variant*
+side and reports the difference. The machine is shared and noisy, so the
+figures are paired: at concurrency 1 each request of one side is followed by
+one of the other, and at concurrency N a round of N streams of one side by a
+round of the other. Which side goes first alternates from pair to pair and
+from round to round (A B, B A, ...): work a side does after its answer has
+ended (settling, metrics) would otherwise be billed to the side after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from bench.client import Sample
+from bench.harness import BenchError
+from bench.scenarios import DELAY_MS, TOKENS, Result, Scenario, Side, Tally
+from bench.stats import Check, markdown_table, percentile
+
+__all__ = ["REGISTRY", "Comparison", "FineCheck", "first_success", "loop_factory", "measure",
+           "median_interval", "plan", "report_summary", "run_pairs", "run_rounds"]
+
+T = TypeVar("T")
+
+# the models of a comparison of two Conveyor gateways over the upstream fixture
+REGISTRY = "\n".join(
+    f'[models."{name}"]\npool = "bench"\ncontext_length = 8192\ndefault_max_tokens = 64\n'
+    f'tokenizer = "estimate"\nupstream_model = "{upstream}"\n'
+    for name, upstream in (("bench-paced", f"bench@{DELAY_MS}"), ("bench-unpaced", "bench@0")))
+
+
+def plan(quick: bool) -> list[Scenario]:
+    """The scenarios of a comparison of two Conveyor gateways: the paced c=1 TTFT
+    and the unpaced c=32 rate, the pipeline's own limit."""
+    paced = f"{TOKENS} tokens x {DELAY_MS} ms"
+    unpaced = f"concurrency 32, {TOKENS} tokens unpaced"
+    if quick:
+        return [Scenario("c1-paced", f"concurrency 1, {paced}", 1, True, 4, 60, 25.0),
+                Scenario("c32-unpaced", unpaced, 32, False, 2, 512, 4.0, 2)]
+    return [Scenario("c1-paced", f"concurrency 1, {paced}", 1, True, 20, 300, 120.0),
+            Scenario("c32-unpaced", unpaced, 32, False, 2, 2560, 20.0, 4)]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """What is compared: the sides' names, the report's title, the targets."""
+
+    base: str
+    variant: str
+    title: str
+    checks: Callable[[Result], list[Check]]
+    fine: bool = False  # TTFT p50 with two decimals (targets of about 1 ms)
+
+
+class FineCheck(Check):
+    """A check whose figure needs two decimals (a target of 1 ms)."""
+
+    def measured(self) -> str:
+        return "-" if math.isnan(self.value) else f"{self.value:.2f} {self.unit}"
+
+
+# -- measurement -------------------------------------------------------------------
+
+
+async def first_success(side: Side, timeout_s: float) -> None:
+    """A pipeline's first request can fail while its consumers join their groups."""
+    deadline = time.monotonic() + timeout_s
+    last = "no attempt"
+    while time.monotonic() < deadline:
+        sample = await side.one(paced=False)
+        if sample.ok:
+            return
+        last = sample.error or ""
+        await asyncio.sleep(0.5)
+    raise BenchError(f"{side.name}: no successful request within {timeout_s:.0f} s: {last}")
+
+
+async def _timed(side: Side, paced: bool, tally: Tally) -> Sample:
+    start = time.perf_counter()
+    sample = await side.one(paced)
+    tally.samples.append(sample)
+    tally.busy_s += time.perf_counter() - start
+    return sample
+
+
+async def _in_turn(i: int, base_step: Callable[[], Awaitable[T]],
+                   variant_step: Callable[[], Awaitable[T]]) -> tuple[T, T]:
+    """Both steps, the base side's first when ``i`` is even: (base, variant)."""
+    if i % 2 == 0:
+        b = await base_step()
+        return b, await variant_step()
+    v = await variant_step()
+    return await base_step(), v
+
+
+async def run_pairs(sc: Scenario, base: Side, variant: Side) -> Result:
+    """Concurrency 1: pairs of one request a side, the first side alternating."""
+    result = Result(sc)
+    for _ in range(sc.warmup):
+        await base.one(sc.paced)
+        await variant.one(sc.paced)
+    for i in range(sc.max_requests):
+        if max(result.base.busy_s, result.variant.busy_s) >= sc.window_s:
+            break
+        result.pairs.append(await _in_turn(
+            i, lambda: _timed(base, sc.paced, result.base),
+            lambda: _timed(variant, sc.paced, result.variant)))
+    return result
+
+
+async def _round(sc: Scenario, side: Side, tally: Tally | None, per_worker: int) -> list[Sample]:
+    """``sc.concurrency`` streams, each sending ``per_worker`` requests back to back."""
+
+    async def lane() -> list[Sample]:
+        return [await side.one(sc.paced) for _ in range(per_worker)]
+
+    start = time.perf_counter()
+    lanes = await asyncio.gather(*(lane() for _ in range(sc.concurrency)))
+    samples = [one[i] for i in range(per_worker) for one in lanes]
+    if tally is not None:
+        tally.samples.extend(samples)
+        tally.busy_s += time.perf_counter() - start
+    return samples
+
+
+async def run_rounds(sc: Scenario, base: Side, variant: Side) -> Result:
+    """Concurrency N: a round of N streams a side, the first side alternating."""
+    result = Result(sc)
+    for _ in range(sc.warmup):
+        await _round(sc, base, None, 1)
+        await _round(sc, variant, None, 1)
+    i = 0
+    while (max(len(result.base.samples), len(result.variant.samples)) < sc.max_requests
+           and max(result.base.busy_s, result.variant.busy_s) < sc.window_s):
+        b, v = await _in_turn(i, lambda: _round(sc, base, result.base, sc.per_worker),
+                              lambda: _round(sc, variant, result.variant, sc.per_worker))
+        result.pairs.extend(zip(b, v, strict=True))
+        i += 1
+    return result
+
+
+async def measure(scenarios: list[Scenario], base: Side, variant: Side,
+                  comparison: Comparison, first_timeout_s: float = 90.0) -> list[Result]:
+    """Each scenario in turn, its report printed as it ends."""
+    await first_success(base, first_timeout_s)
+    await first_success(variant, first_timeout_s)
+    results: list[Result] = []
+    for sc in scenarios:
+        runner = run_pairs if sc.concurrency == 1 else run_rounds
+        print(f"running {sc.key}: {sc.title} ...", flush=True)
+        try:
+            result = await asyncio.wait_for(runner(sc, base, variant), sc.hard_limit_s)
+        except TimeoutError as exc:
+            raise BenchError(f"{sc.key} ran past {sc.hard_limit_s:.0f} s") from exc
+        report_scenario(result, comparison)
+        results.append(result)
+    return results
+
+
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop when it is installed (as the gateway runs on it)."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+# -- reporting ---------------------------------------------------------------------
+
+
+def median_interval(values: list[float]) -> tuple[float, float]:
+    """A distribution-free ~95 % confidence interval of the median (order
+    statistics n/2 -+ 0.98 sqrt(n)); NaN when there are too few values."""
+    n = len(values)
+    if n < 10:
+        return math.nan, math.nan
+    ordered = sorted(values)
+    half = 0.98 * math.sqrt(n)
+    return ordered[max(0, math.floor(n / 2 - half))], ordered[min(n - 1, math.ceil(n / 2 + half))]
+
+
+def _ms(seconds: float, fine: bool) -> str:
+    return "-" if math.isnan(seconds) else f"{seconds * 1000:.{2 if fine else 1}f}"
+
+
+def _side_row(sc: Scenario, name: str, tally: Tally, fine: bool) -> list[str]:
+    ttft = [s.ttft for s in tally.ok]
+    total = [s.total for s in tally.ok]
+    return [sc.key, name,
+            f"{len(tally.ok)}" + (f" (+{len(tally.failed)} failed)" if tally.failed else ""),
+            _ms(percentile(ttft, 50), fine), _ms(percentile(ttft, 99), False),
+            _ms(percentile(total, 50), False), _ms(percentile(total, 99), False),
+            "-" if math.isnan(tally.rate) else f"{tally.rate:.1f}"]
+
+
+def _added_row(result: Result, fine: bool) -> list[str]:
+    added = result.added_ttft()
+    added_total = [v.total - b.total for b, v in result.pairs if b.ok and v.ok]
+    rate = ""
+    if result.base.rate > 0 and not math.isnan(result.variant.rate):
+        rate = f"{100 * (result.variant.rate / result.base.rate - 1):+.1f} %"
+    return [result.scenario.key, "added (paired)", str(len(added)),
+            _ms(percentile(added, 50), fine), _ms(percentile(added, 99), False),
+            _ms(percentile(added_total, 50), fine), _ms(percentile(added_total, 99), False),
+            rate]
+
+
+def _rows(result: Result, c: Comparison) -> list[list[str]]:
+    sc = result.scenario
+    return [_side_row(sc, c.base, result.base, c.fine),
+            _side_row(sc, c.variant, result.variant, c.fine), _added_row(result, c.fine)]
+
+
+HEADER = ["scenario", "side", "requests", "TTFT p50 ms", "TTFT p99 ms", "total p50 ms",
+          "total p99 ms", "req/s"]
+
+
+def report_scenario(result: Result, c: Comparison) -> None:
+    sc = result.scenario
+    print(f"\n== {sc.key}: {sc.title} ==")
+    print(markdown_table(HEADER, _rows(result, c)))
+    added = result.added_ttft()
+    low, high = median_interval(added)
+    print(f"added TTFT ({c.variant} - {c.base}, {len(added)} pairs): "
+          f"p50 {_ms(percentile(added, 50), c.fine)} ms (95% interval "
+          f"[{_ms(low, c.fine)}, {_ms(high, c.fine)}]), p99 {_ms(percentile(added, 99), False)} ms")
+    expected = TOKENS * len(" tok")
+    for tally, name in ((result.base, c.base), (result.variant, c.variant)):
+        short = [s for s in tally.ok if s.chars != expected]
+        if short:
+            print(f"warning: {len(short)} {name} streams had {short[0].chars} characters, "
+                  f"not {expected}")
+        if tally.failed:
+            print(f"{name}: {len(tally.failed)} failed, first: {tally.failed[0].error}")
+    for check in c.checks(result):
+        print(check.line())
+    print(flush=True)
+
+
+def report_summary(results: list[Result], c: Comparison) -> None:
+    rows = [row for result in results for row in _rows(result, c)]
+    found = [check for result in results for check in c.checks(result)]
+    print(f"## {c.title}\n")
+    print(markdown_table(HEADER, rows))
+    print()
+    print(markdown_table(
+        ["scenario", "figure", "measured", "target", "met"],
+        [[k.scenario, k.label, k.measured(), k.target(), "yes" if k.met else "no"]
+         for k in found]))
