@@ -218,12 +218,12 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m bench.stream_overhead",
         description="What resumable streams and metrics add over both turned off.")
     parser.add_argument("--quick", action="store_true", help="about 5x fewer requests")
-    parser.add_argument("--upstream-port", type=int, default=9120)
-    parser.add_argument("--plain-port", type=int, default=8120,
+    parser.add_argument("--upstream-port", type=int, default=9130)
+    parser.add_argument("--plain-port", type=int, default=8130,
                         help="the gateway with resumable streams and metrics off")
-    parser.add_argument("--full-port", type=int, default=8121,
+    parser.add_argument("--full-port", type=int, default=8131,
                         help="the gateway with both on (the defaults)")
-    parser.add_argument("--metrics-ports", type=int, nargs=2, default=(9121, 9122),
+    parser.add_argument("--metrics-ports", type=int, nargs=2, default=(9131, 9132),
                         metavar=("LAYERS", "INFER"), help="the full side's metrics ports")
     parser.add_argument("--only", choices=["resume", "metrics"], default=None,
                         help="turn only this one on on the full side, to see which costs")
