@@ -28,11 +28,13 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
 )
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import AttributeValue
 
 from conveyor.errors import ConveyorError
-from schemas.records import Envelope
+from schemas.records import Envelope, Generation
 
-__all__ = ["Tracing", "make_tracer", "layer_span", "trace_id_of"]
+__all__ = ["GENAI_OPERATIONS", "Tracing", "genai_request_attributes", "make_tracer",
+           "layer_span", "trace_id_of"]
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 
@@ -76,6 +78,26 @@ def make_tracer(exporter: str, service: str,
     provider = TracerProvider(resource=Resource.create({"service.name": f"conveyor-{service}"}))
     provider.add_span_processor(processor)
     return Tracing(provider.get_tracer("conveyor"), provider)
+
+
+# gen_ai.operation.name of each generation kind (OpenTelemetry GenAI conventions)
+GENAI_OPERATIONS = {"chat": "chat", "completion": "text_completion"}
+
+
+def genai_request_attributes(generation: Generation) -> dict[str, AttributeValue]:
+    """The GenAI conventions' request attributes of a generation."""
+    sampling = generation["sampling"]
+    attributes: dict[str, AttributeValue] = {
+        "gen_ai.operation.name": GENAI_OPERATIONS[generation["kind"]],
+        "gen_ai.request.model": generation["model"],
+        "gen_ai.request.temperature": sampling["temperature"],
+        "gen_ai.request.top_p": sampling["top_p"],
+    }
+    if sampling["max_tokens"] is not None:
+        attributes["gen_ai.request.max_tokens"] = sampling["max_tokens"]
+    if sampling["seed"] is not None:
+        attributes["gen_ai.request.seed"] = sampling["seed"]
+    return attributes
 
 
 @contextmanager

@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import DeadlineExceeded, RequestError
+from conveyor.tracing import GENAI_OPERATIONS
 from gateway.admission import FREE, Ticket
 from gateway.replies import ReplyStream
 from schemas.records import Reply, Usage
@@ -18,12 +19,10 @@ from schemas.records import Reply, Usage
 if TYPE_CHECKING:
     from gateway.serving import Serving
 
-__all__ = ["Answer", "OPERATIONS"]
+__all__ = ["Answer"]
 
 access_log = logging.getLogger("conveyor.access")
 
-# the GenAI operation name of a generation kind
-OPERATIONS = {"chat": "chat", "completion": "text_completion"}
 
 
 class Answer:
@@ -114,7 +113,7 @@ class Answer:
         usage = self.usage
         self.serving.metrics.request_ended(
             status=self.status or 499, model=self.access.get("model", ""),
-            tenant=self.access.get("tenant", ""), operation=OPERATIONS.get(
+            tenant=self.access.get("tenant", ""), operation=GENAI_OPERATIONS.get(
                 self.access.get("kind", ""), "chat"),
             started=self.started, first_at=self.first_at, ended=now,
             input_tokens=usage["prompt_tokens"] if usage else None,

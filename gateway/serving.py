@@ -46,10 +46,10 @@ from conveyor.errors import (
 )
 from conveyor.metrics import GatewayMetrics
 from conveyor.settings import Settings
-from conveyor.tracing import layer_span, trace_id_of
+from conveyor.tracing import genai_request_attributes, layer_span, trace_id_of
 from gateway import sse
 from gateway.admission import FREE, Ticket
-from gateway.answer import OPERATIONS, Answer
+from gateway.answer import Answer
 from gateway.auth.authenticate import ANONYMOUS
 from gateway.auth.types import Identity
 from gateway.generations import chat_generation, completion_generation
@@ -67,7 +67,6 @@ __all__ = ["Serving", "Answer"]
 Disconnected = Callable[[], Awaitable[bool]]
 
 
-# gen_ai.operation.name of each generation kind (OpenTelemetry GenAI conventions)
 # how often a request still waiting for its first reply checks its client
 _DISCONNECT_POLL_S = 0.5
 log = logging.getLogger(__name__)
@@ -134,8 +133,7 @@ class Serving:
         stream = self.router.open(rid)
         try:
             with layer_span(self.tracer, "gateway", envelope) as span:
-                span.set_attributes({"gen_ai.request.model": generation["model"],
-                                     "gen_ai.operation.name": OPERATIONS[generation["kind"]]})
+                span.set_attributes(genai_request_attributes(generation))
                 value = self._encode_request(Request(envelope=envelope, generation=generation))
                 await self._produce_request(rid, value, envelope["traceparent"])
         except BaseException:

@@ -19,8 +19,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry.util.types import AttributeValue
+
 from conveyor.errors import DeadlineExceeded, EngineError, RequestError
 from conveyor.settings import Settings
+from conveyor.tracing import genai_request_attributes
 from schemas.records import ChunkHeader, ErrorInfo, Task, TokenChunk
 from topics.envelope import now_ms, stamp
 from workers.infer.engines.base import Engine, GenerationRequest
@@ -75,10 +78,24 @@ class TaskRun:
     written_ms: int = 0
     # the engine failed: its traceback, for the dead-letter topic
     engine_failure: str | None = None
+    # how the answer ended (its last chunk's finish reason), once it has
+    finish_reason: str | None = None
 
     @property
     def request_id(self) -> str:
         return self.task["envelope"]["request_id"]
+
+    def span_attributes(self) -> dict[str, AttributeValue]:
+        """The infer span's attributes under the GenAI conventions: the request's,
+        its usage (the whole answer's, earlier runs included) and how it ended."""
+        attributes: dict[str, AttributeValue] = {
+            **genai_request_attributes(self.task["generation"]),
+            "gen_ai.usage.input_tokens": self.task["prompt"]["tokens"],
+            "gen_ai.usage.output_tokens": self.tokens,
+        }
+        if self.finish_reason is not None:
+            attributes["gen_ai.response.finish_reasons"] = [self.finish_reason]
+        return attributes
 
     async def run(self) -> None:
         envelope = stamp(self.task["envelope"], "infer")
@@ -186,6 +203,8 @@ class TaskRun:
             Output(self.settings.topic("tokens"), "TokenChunk", chunk, key=self.request_id)))
         self.seq += 1
         self.tokens += tokens
+        if finish is not None:
+            self.finish_reason = finish
 
     async def _fail(self, exc: RequestError) -> None:
         await self._emit("", 0, None, error=error_info(exc))

@@ -288,8 +288,8 @@ class InferWorker:
                 try:
                     with layer_span(self.tracer, "infer", gen.task["envelope"]) as span:
                         await gen.run()
-                        span.set_attribute("conveyor.completion_tokens", gen.tokens)
-                        span.set_attribute("conveyor.worker_id", self.worker_id)
+                        span.set_attributes({**gen.span_attributes(),
+                                             "conveyor.worker_id": self.worker_id})
                     break
                 except _TRANSIENT as exc:
                     # Kafka did not take the chunks (or Redis/Kafka could not be read):
