@@ -21,6 +21,9 @@ live path does): the recorded events first, then the live rest, with no gap
 and no repeat, on whichever replica the client reached. It reads the
 partition itself and never touches the submitting gateway's router, so it
 works the same whether that gateway is alive, dead or the one serving it.
+The Responses API's streams (``resp_`` and the request id) are resumed the
+same way (:mod:`gateway.responses.serving`): only the framing differs, given
+to :func:`resumed_events` as a :data:`Framer`.
 
 Who keeps the generation alive. ``{prefix}:resume-watch:{request id}`` names
 the reader of a resumed stream (a random token), renewed every third of
@@ -42,7 +45,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -59,7 +62,7 @@ from conveyor.errors import (
 from conveyor.settings import Settings
 from gateway.replies import ReplyStream
 from schemas.codec import Codec
-from schemas.records import Reply, Request
+from schemas.records import Generation, Reply, Request
 from topics.envelope import now_ms
 from topics.follow import FromTime, follow
 from topics.lookup import KeyLookup
@@ -68,7 +71,7 @@ if TYPE_CHECKING:
     from gateway.serving import Serving
 
 __all__ = ["ReplySource", "Recorded", "RecordedReplies", "ResumeWatch", "StreamNotFound",
-           "event_id", "request_id_of", "resume_after", "locate", "resumed_events"]
+           "Framer", "event_id", "request_id_of", "resume_after", "locate", "resumed_events"]
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +154,8 @@ class Recorded:
     reply_partition: int
     submitted_ms: int  # the request event's record time
     deadline_ms: int
+    # what was asked: the Responses API rebuilds its response objects from it
+    generation: Generation | None = None
 
 
 async def locate(settings: Settings, codec: Codec, request_id: str,
@@ -183,7 +188,8 @@ async def _locate(settings: Settings, codec: Codec, request_id: str,
                                 kind=request["generation"]["kind"],
                                 reply_partition=envelope["reply_partition"],
                                 submitted_ms=record.timestamp,
-                                deadline_ms=envelope["deadline_ms"])
+                                deadline_ms=envelope["deadline_ms"],
+                                generation=request["generation"])
     return None
 
 
@@ -198,6 +204,7 @@ class RecordedReplies:
         self.stream = ReplyStream(where.request_id)
         self.finished = False
         self._last: int | None = None  # the index of the final (or error) reply
+        self.ended_ms: int | None = None  # the record time of the final (or error) reply
         deadline_ms = where.deadline_ms or (
             where.submitted_ms + int(settings.request_timeout_s * 1000))
         left_s = (deadline_ms + settings.clock_skew_ms - now_ms()) / 1000
@@ -234,6 +241,7 @@ class RecordedReplies:
                     continue
                 if reply["kind"] in ("final", "error"):
                     self._last = reply["index"]
+                    self.ended_ms = record.timestamp
                 self.stream.put(reply)
             if self._last is not None and self.stream.next_index > self._last:
                 return  # every reply up to the last is handed over
@@ -266,11 +274,17 @@ class RecordedReplies:
         return reply
 
 
-async def resumed_events(serving: Serving, where: Recorded,
-                         after: int) -> AsyncIterator[bytes]:
+#: how a resumed stream is written: its SSE frames from the recorded replies,
+#: those after event ``after`` sent (chat and completions: :meth:`Serving.frames`)
+Framer = Callable[[RecordedReplies, int], AsyncIterator[bytes]]
+
+
+async def resumed_events(serving: Serving, where: Recorded, after: int,
+                         framer: Framer | None = None) -> AsyncIterator[bytes]:
     """The SSE events of a recorded stream after event ``after`` (-1: all), read
     from the log, then live. While it streams it holds the request's watch; a
-    client that leaves it gets the same grace as on the first stream."""
+    client that leaves it gets the same grace as on the first stream. ``framer``
+    writes another API's events (the Responses API's) from the same replies."""
     replies = RecordedReplies(serving.settings, serving.codec, where)
     rid = where.request_id
     reader = uuid.uuid4().hex
@@ -282,7 +296,9 @@ async def resumed_events(serving: Serving, where: Recorded,
     replies.start()
     ended = False
     try:
-        async for frame in serving.frames(replies, None, after):
+        frames = (serving.frames(replies, None, after) if framer is None
+                  else framer(replies, after))
+        async for frame in frames:
             yield frame
         ended = True
     finally:

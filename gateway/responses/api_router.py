@@ -1,22 +1,36 @@
 """``POST /v1/responses``: it only dispatches to :mod:`gateway.responses.serving`,
 or, for ``background: true``, to ``app.state.background_responses``
-(:class:`gateway.responses.types.BackgroundResponses`)."""
+(:class:`gateway.responses.types.BackgroundResponses`).
+
+``GET /v1/responses/{id}`` with ``stream=true`` streams a response's events
+again, after ``starting_after`` (:func:`gateway.responses.serving.resume_response`).
+Without it, it is the background response, as :mod:`gateway.jobs.api_router`
+serves it: this route is the one that matches (this router is included
+first), so it hands that case to the jobs route unchanged."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
 from conveyor.errors import InvalidRequest
 from gateway.api_router import admit_and_submit
 from gateway.auth.middleware import identity_of
 from gateway.errors import SafeJSONResponse
-from gateway.responses.openapi import RESPONSES_OPENAPI, RESPONSES_RESPONSES
+from gateway.jobs.api_router import retrieve_response
+from gateway.responses.openapi import (
+    RESPONSES_OPENAPI,
+    RESPONSES_RESPONSES,
+    RETRIEVE_RESPONSES,
+)
 from gateway.responses.protocol import parse_request
 from gateway.responses.serving import (
     collect_response,
     first_reply,
     generation_of,
+    response_request_id,
+    resume_response,
+    sequence_after,
     stream_events,
 )
 from gateway.responses.types import BackgroundResponses
@@ -54,3 +68,23 @@ async def create_response(request: Request) -> Response:
     return StreamingResponse(stream_events(serving, generation, answer, body, first),
                              media_type="text/event-stream",
                              headers={**_SSE_HEADERS, **headers})
+
+
+@responses_router.get("/v1/responses/{response_id}", response_model=None,
+                      responses=RETRIEVE_RESPONSES)
+async def retrieve_or_stream_response(
+        response_id: str, request: Request, stream: bool = False,
+        starting_after: str | None = Query(None, description=(
+            "With stream=true: the sequence_number after which events are sent."))
+) -> Response:
+    """A background response (without ``stream``), or a response's events after
+    ``starting_after`` (all without it), from the log then live (``stream=true``)."""
+    if not stream:
+        return await retrieve_response(response_id, request)
+    rid = response_request_id(response_id)
+    after = sequence_after(starting_after)
+    events = await resume_response(request.app.state.serving, identity_of(request),
+                                   response_id, after,
+                                   getattr(request.app.state, "background_responses", None))
+    return StreamingResponse(events, media_type="text/event-stream",
+                             headers={**_SSE_HEADERS, "x-request-id": rid})

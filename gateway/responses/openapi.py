@@ -1,4 +1,5 @@
-"""What ``/openapi.json`` says of ``POST /v1/responses``.
+"""What ``/openapi.json`` says of ``POST /v1/responses`` and of streaming one
+again (``GET /v1/responses/{id}?stream=true``).
 
 The body is validated by :func:`gateway.responses.protocol.parse_request`,
 not by FastAPI, so the request schema is written into the operation here
@@ -14,10 +15,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from gateway.openapi import generation_responses
+from gateway.openapi import ErrorResponse, generation_responses
 from gateway.responses.protocol import ResponsesRequest
 
-__all__ = ["ResponseObject", "RESPONSES_OPENAPI", "RESPONSES_RESPONSES", "request_schema"]
+__all__ = ["ResponseObject", "RESPONSES_OPENAPI", "RESPONSES_RESPONSES", "RETRIEVE_RESPONSES",
+           "request_schema"]
 
 
 class OutputText(BaseModel):
@@ -118,3 +120,19 @@ RESPONSES_RESPONSES[200] = {**RESPONSES_RESPONSES[200], "content": {"text/event-
                "response.output_item.done, then response.completed or "
                "response.incomplete (or response.failed after an error), numbered by "
                "sequence_number; `: keep-alive` comments while waiting."}}}}
+
+RETRIEVE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"model": ResponseObject, "description":
+          "Without stream: the background response as it stands. With stream=true: the "
+          "response's events numbered above starting_after (all without it), as "
+          "server-sent events like those of POST /v1/responses with stream: true, read "
+          "from the log then live, on any gateway replica.",
+          "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+    400: {"model": ErrorResponse, "description":
+          "starting_after is not a number >= 0, or stream=true names a background "
+          "response, whose events are not streamed (param stream): poll it instead."},
+    404: {"model": ErrorResponse, "description":
+          "No such response, or not the caller's tenant's (code not_found)."},
+    503: {"model": ErrorResponse, "description":
+          "The log cannot be read (code pipeline_unavailable)."},
+}

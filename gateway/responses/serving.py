@@ -13,28 +13,82 @@ fails before its first token is an HTTP error in OpenAI's envelope. The
 preprocess layer names a faulty message ``messages[k]``; that ``param`` is
 translated back to the field the client sent (``instructions`` or
 ``input[j]``). A failure after the stream began is a ``response.failed``
-event. A client that leaves cancels its generation (the stream's iterator is
-closed, or the collector sees the disconnect).
+event. A client that leaves an unstreamed request cancels its generation at
+once (the collector sees the disconnect); one that leaves a stream gets the
+grace chat streams get (``resume_grace_s``, when ``resumable_streams``): it
+may resume within it, on any replica, before the generation is cancelled.
+
+One loop, two transports. :func:`response_events` turns a source of replies
+(the live answer, or the replies read back from the log) into the events as
+dicts: the opening, one delta per piece of text, then the closing or
+``response.failed``; None marks a wait of ``within`` seconds without a reply.
+:func:`stream_events` writes them as SSE (None: a keep-alive comment), the
+WebSocket session (:mod:`gateway.websocket.responses`) sends each as a JSON
+message.
+
+Resuming (``GET /v1/responses/{id}?stream=true&starting_after=N``, as OpenAI
+names it; :func:`resume_response`). The request is found in the log from its
+id and its replies are read from its reply partition, recorded then live, by
+:mod:`gateway.resume`, exactly as a chat stream is resumed; the events are
+built again from the first reply on and those numbered above ``N`` are sent
+(all of them without ``starting_after``). The numbering depends only on the
+replies (4 opening events, one per reply with text, 4 closing ones or one
+``response.failed``), so every replica numbers alike and a resumed stream
+joins the first with no gap and no repeat. Decisions:
+
+* The response objects inside the events are rebuilt from the recorded
+  generation (:func:`recorded_request`): model, ``temperature``, ``top_p``,
+  ``max_output_tokens`` and ``created_at`` are exact. ``instructions`` is a
+  system message that comes first, before others (the log cannot tell it
+  from an input system message in that place); ``metadata``, ``user``,
+  ``safety_identifier`` and ``prompt_cache_key`` are not in the log and read
+  empty in a resumed stream. ``completed_at`` is the record time of the
+  final reply (the live stream's is when its gateway read it: the same second
+  but for a boundary between them).
+* A request that failed before its first token had no stream (its client got
+  an HTTP error); read back, it is the opening events and ``response.failed``.
+* Only the tenant that made a response may stream it: any other caller gets
+  404, as for a response that does not exist.
+* A background response is a job: its replies go to the job's results, not
+  to ``conveyor.replies``, so there is nothing to stream. ``stream=true`` on
+  one is a 400 naming ``stream`` that says to poll it (OpenAI streams those
+  only when they were created with ``stream: true``, which Conveyor refuses).
+* Any chat request of the caller's, streamed or not, can be read as
+  Responses events (``resp_`` and its id): the log does not say which API
+  asked for it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol
 
-from conveyor.errors import RequestError
+from conveyor.errors import InvalidRequest, RequestError
 from gateway import sse
+from gateway.auth.types import Identity
 from gateway.responses.events import ResponseEvents, frame
 from gateway.responses.objects import new_response_id, response_object
-from gateway.responses.protocol import ResponsesRequest
+from gateway.responses.protocol import InputMessage, ResponsesRequest
+from gateway.resume import (
+    Framer,
+    Recorded,
+    RecordedReplies,
+    ReplySource,
+    StreamNotFound,
+    locate,
+    request_id_of,
+    resumed_events,
+)
 from gateway.serving import Answer, Serving
 from schemas.records import ErrorInfo, Generation, Message, Reply, Sampling
 
 __all__ = ["generation_of", "input_param", "collect_response", "first_reply",
-           "stream_events"]
+           "response_events", "stream_events", "StoredResponses", "ResponseNotFound",
+           "response_request_id", "sequence_after", "recorded_request", "resume_response"]
 
 log = logging.getLogger(__name__)
 
@@ -111,35 +165,173 @@ async def first_reply(serving: Serving, answer: Answer, body: ResponsesRequest,
         raise _translated(exc, body) from None
 
 
+async def response_events(events: ResponseEvents, source: ReplySource, first: Reply | None,
+                          body: ResponsesRequest, within: float | None,
+                          completed_at: Callable[[], int] = lambda: int(time.time())
+                          ) -> AsyncGenerator[dict[str, Any] | None, None]:
+    """The events of one response from its replies: the opening, one delta per
+    reply with text, then the closing (at the final reply) or ``response.failed``
+    (an error reply, the deadline, a failure here). ``first`` is the reply already
+    read, if any; None is yielded when ``within`` seconds passed without a reply
+    (never with ``within`` None). A pure function of the replies but for
+    ``completed_at``."""
+    for event in events.opening():
+        yield event
+    reply = first
+    while True:
+        if reply is None:
+            try:
+                reply = await source.next(within=within)
+            except Exception as exc:  # the stream began: the error becomes an event
+                if not isinstance(exc, RequestError):
+                    log.error("stream %s failed", source.request_id, exc_info=exc)
+                    exc = RequestError("Internal error.")
+                for event in events.failure(_error_info(_translated(exc, body))):
+                    yield event
+                return
+            if reply is None:
+                yield None
+                continue
+        for event in events.delta(reply["text"]):
+            yield event
+        if reply["kind"] == "final":
+            for event in events.closing(reply["finish_reason"], reply["usage"],
+                                        completed_at()):
+                yield event
+            return
+        reply = None
+
+
+async def _sse(events: AsyncGenerator[dict[str, Any] | None, None],
+               after: int = -1) -> AsyncIterator[bytes]:
+    """The events numbered above ``after`` as SSE; a keep-alive comment for a wait."""
+    async with contextlib.aclosing(events):
+        async for event in events:
+            if event is None:
+                yield sse.comment()
+            elif event["sequence_number"] > after:
+                yield frame(event)
+
+
 async def stream_events(serving: Serving, generation: Generation, answer: Answer,
                         body: ResponsesRequest, first: Reply) -> AsyncIterator[bytes]:
     """SSE frames of the Responses API's events, keep-alive comments while waiting.
-    Closing the iterator early (the client went away) cancels the generation."""
+    Closing the iterator early (the client went away) cancels the generation after
+    ``resume_grace_s``, unless a resumed stream reads it by then."""
     events = ResponseEvents(new_response_id(answer.request_id), generation["created"], body)
-    keepalive = serving.settings.sse_keepalive_s
+    settings = serving.settings
+    ended = False
     try:
-        for event in events.opening():
-            yield frame(event)
-        reply: Reply | None = first
-        while True:
-            if reply is None:
-                yield sse.comment()
-            else:
-                for event in events.delta(reply["text"]):
-                    yield frame(event)
-                if reply["kind"] == "final":
-                    for event in events.closing(reply["finish_reason"], reply["usage"],
-                                                int(time.time())):
-                        yield frame(event)
-                    return
-            try:
-                reply = await answer.next(within=keepalive)
-            except Exception as exc:  # the status is sent: the error becomes an event
-                if not isinstance(exc, RequestError):
-                    log.error("stream %s failed", answer.request_id, exc_info=exc)
-                    exc = RequestError("Internal error.")
-                for event in events.failure(_error_info(_translated(exc, body))):
-                    yield frame(event)
-                return
+        async for event in _sse(response_events(events, answer, first, body,
+                                                settings.sse_keepalive_s)):
+            yield event
+        ended = True
     finally:
-        answer.close("client disconnected")
+        resumable = settings.resumable_streams and not ended
+        answer.close("client disconnected",
+                     grace_s=settings.resume_grace_s if resumable else 0.0)
+
+
+# -- resuming ---------------------------------------------------------------------
+
+class StoredResponses(Protocol):
+    """What holds background responses (:class:`gateway.jobs.background.BackgroundResponses`)."""
+
+    async def retrieve(self, identity: Identity, response_id: str) -> dict[str, Any]: ...
+
+
+class ResponseNotFound(RequestError):
+    """404 for a response that does not exist, or is not the caller's to see."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+    def __init__(self, response_id: str) -> None:
+        super().__init__(f"Response with id '{response_id}' not found.")
+
+
+def response_request_id(response_id: str) -> str:
+    """The pipeline's request id a response id names (``resp_`` and it)."""
+    rid = response_id.removeprefix("resp_")
+    try:
+        if rid == response_id or request_id_of(rid, "chat") != rid:
+            raise ResponseNotFound(response_id)
+    except StreamNotFound:
+        raise ResponseNotFound(response_id) from None
+    return rid
+
+
+def sequence_after(starting_after: str | None) -> int:
+    """The last ``sequence_number`` the client has (-1: none, send every event)."""
+    if starting_after is None:
+        return -1
+    raw = starting_after.strip()
+    if not raw.isdigit():
+        raise InvalidRequest("starting_after must be a sequence_number: an integer >= 0.",
+                             param="starting_after")
+    return int(raw)
+
+
+def recorded_request(generation: Generation) -> ResponsesRequest:
+    """The request as the log holds it (its generation): what the response objects
+    echo, as far as it can be known (see the module)."""
+    messages = generation["messages"]
+    told = len(messages) > 1 and messages[0]["role"] == "system"
+    sampling = generation["sampling"]
+    return ResponsesRequest.model_construct(
+        model=generation["model"],
+        input=[InputMessage.model_construct(role=m["role"], content=m["content"])
+               for m in messages[told:]],
+        instructions=messages[0]["content"] if told else None,
+        max_output_tokens=sampling["max_tokens"], temperature=sampling["temperature"],
+        top_p=sampling["top_p"], stream=True)
+
+
+def _framer(serving: Serving, where: Recorded, generation: Generation) -> Framer:
+    body = recorded_request(generation)
+
+    def frames(replies: RecordedReplies, after: int) -> AsyncIterator[bytes]:
+        events = ResponseEvents(new_response_id(where.request_id), generation["created"],
+                                body)
+
+        def completed_at() -> int:
+            ended_ms = replies.ended_ms
+            return ended_ms // 1000 if ended_ms is not None else int(time.time())
+
+        return _sse(response_events(events, replies, None, body,
+                                    serving.settings.sse_keepalive_s, completed_at), after)
+
+    return frames
+
+
+async def resume_response(serving: Serving, identity: Identity, response_id: str,
+                          after: int, stored: StoredResponses | None
+                          ) -> AsyncIterator[bytes]:
+    """The SSE events of a response numbered above ``after`` (-1: all), from the log
+    then live; 404 when it is not the caller's, 400 for a background response."""
+    rid = response_request_id(response_id)
+    where = await locate(serving.settings, serving.codec, rid)
+    if where is None:
+        if stored is not None and await _is_stored(stored, identity, response_id):
+            raise InvalidRequest(
+                f"Response '{response_id}' is a background response, which cannot be "
+                "streamed: it runs as a job whose replies are kept as its result, not in "
+                "the reply log streams are read from. Retrieve it without stream=true "
+                f"(GET /v1/responses/{response_id}) until its status is final.",
+                param="stream")
+        raise ResponseNotFound(response_id)
+    mine = serving.settings.auth == "none" or where.tenant == identity.tenant
+    if where.kind != "chat" or where.generation is None or not mine:
+        raise ResponseNotFound(response_id)
+    return resumed_events(serving, where, after, _framer(serving, where, where.generation))
+
+
+async def _is_stored(stored: StoredResponses, identity: Identity, response_id: str) -> bool:
+    try:
+        await stored.retrieve(identity, response_id)
+    except RequestError as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True

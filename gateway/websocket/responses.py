@@ -4,8 +4,8 @@ The client sends ``response.create`` events (:mod:`gateway.websocket.protocol`);
 each is validated as ``POST /v1/responses`` validates its body
 (:func:`gateway.responses.protocol.parse_request`), admitted and submitted as
 a chat generation (:func:`gateway.responses.serving.generation_of`), and
-answered with the same events as the SSE stream, built by the same
-:class:`~gateway.responses.events.ResponseEvents`, one JSON message each.
+answered with the same events as the SSE stream, from the same loop
+(:func:`gateway.responses.serving.response_events`), one JSON message each.
 
 Decisions:
 
@@ -24,9 +24,9 @@ Decisions:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-import time
 
 from starlette.requests import HTTPConnection
 
@@ -35,7 +35,7 @@ from gateway.api_router import admit_and_submit
 from gateway.responses.events import ResponseEvents
 from gateway.responses.objects import new_response_id
 from gateway.responses.protocol import ResponsesRequest, parse_request
-from gateway.responses.serving import generation_of, input_param
+from gateway.responses.serving import generation_of, input_param, response_events
 from gateway.serving import Answer, Serving
 from gateway.websocket.connection import Connection
 from gateway.websocket.protocol import (
@@ -45,7 +45,6 @@ from gateway.websocket.protocol import (
     parse_response_create,
     response_error_event,
 )
-from schemas.records import ErrorInfo
 
 __all__ = ["MAX_QUEUED", "ResponsesSession"]
 
@@ -131,27 +130,13 @@ class ResponsesSession:
 
     async def _stream(self, answer: Answer, body: ResponsesRequest, created: int) -> None:
         try:
-            reply = await answer.next()
+            first = await answer.next()
         except RequestError as exc:  # before the stream began: an error event
             raise _translated(exc, body) from None
         events = ResponseEvents(new_response_id(answer.request_id), created, body)
-        await self._send(events.opening())
-        while True:
-            assert reply is not None  # no ``within``: a reply or an exception
-            await self._send(events.delta(reply["text"]))
-            if reply["kind"] == "final":
-                await self._send(events.closing(reply["finish_reason"], reply["usage"],
-                                                int(time.time())))
-                return
-            try:
-                reply = await answer.next()
-            except RequestError as exc:
-                exc = _translated(exc, body)
-                await self._send(events.failure(ErrorInfo(
-                    status=exc.status, type=exc.type, code=exc.code, param=exc.param,
-                    message=exc.message)))
-                return
-
-    async def _send(self, events: list[dict[str, object]]) -> None:
-        for event in events:
-            await self.connection.send(encode(event))
+        # no ``within``: a reply, the end or a failure, never a keep-alive wait
+        async with contextlib.aclosing(response_events(events, answer, first, body,
+                                                       within=None)) as stream:
+            async for event in stream:
+                if event is not None:
+                    await self.connection.send(encode(event))
