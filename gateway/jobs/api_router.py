@@ -47,8 +47,9 @@ def _background(request: Request) -> BackgroundResponses:
     return background
 
 
-@jobs_router.get("/v1/responses/{response_id}")
 async def retrieve_response(response_id: str, request: Request) -> SafeJSONResponse:
+    """``GET /v1/responses/{id}`` without ``stream``: the route is the responses
+    router's (gateway/responses/api_router.py), which streams with it."""
     return SafeJSONResponse(await _background(request).retrieve(identity_of(request),
                                                                 response_id))
 

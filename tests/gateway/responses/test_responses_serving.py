@@ -192,7 +192,10 @@ async def test_a_failure_mid_stream_is_response_failed_and_cancels() -> None:
 
 
 async def test_a_client_that_leaves_mid_stream_cancels_the_generation() -> None:
+    """At once when streams are not resumable (after the grace otherwise: see
+    tests/gateway/test_responses_resume.py)."""
     serving, answer, producer = setup()
+    serving.settings = serving.settings.model_copy(update={"resumable_streams": False})
     req = body(stream=True)
     frames = stream_events(serving, generation_of(req), answer, req, reply(0, "delta", "Par"))
     assert (await frames.__anext__()).startswith(b"event: response.created\n")
