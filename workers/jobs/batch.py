@@ -3,11 +3,13 @@ OpenAI ``Batch`` object it shows.
 
 The events of a job arrive in order on one partition (key = job id):
 ``expanded`` (with the batch as created and its number of requests) or
-``invalid`` (with OpenAI's errors list), ``cancel``, and one ``result`` per
-request. Folding them again from the log gives the same state, which is how
-a collector that crashed recovers. A result repeated by a redelivery is
-counted once (the first per request id); a 499 result (a generation stopped
-by the batch's cancel) is a request that did not run: it is in neither file.
+``invalid`` (with OpenAI's errors list; it fails only a batch still
+validating: after ``expanded`` the lines are running and keep their answers),
+``cancel``, and one ``result`` per request. Folding them again from the log
+gives the same state, which is how a collector that crashed recovers. A
+result repeated by a redelivery is counted once (the first per request id); a
+499 result (a generation stopped by the batch's cancel) is a request that did
+not run: it is in neither file.
 
 Statuses follow OpenAI: validating -> in_progress -> finalizing -> completed;
 validating -> failed; in_progress -> cancelling -> cancelled; and expired
@@ -56,6 +58,8 @@ class BatchFold:
         if self.final:
             return False
         kind = event["event"]
+        if kind == "invalid" and self.status != "validating":
+            return False  # expanded (or cancelled) already: its lines run to their end
         if kind in ("expanded", "invalid"):
             detail = json.loads(event["detail"] or "{}")
             self.base = detail.get("object", self.base)

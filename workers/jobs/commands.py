@@ -14,11 +14,17 @@ command handled twice (a crash before its offset was committed) sends the
 same requests again: the pipeline treats a request id it has seen as a
 retry of the same request (infer continues or skips it from the log), and the
 collector keeps one result per request id. Nothing runs twice for a client.
+
+A command the layer cannot decode (or handle) goes to ``conveyor.dlq``; the
+layer's background :class:`~workers.jobs.dead_commands.DeadCommands` follows
+the DLQ and fails the job it is keyed by while that job has not started, so
+no batch waits in ``validating`` for ever.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from typing import Any
@@ -32,6 +38,7 @@ from schemas.codec import EventType
 from schemas.records import Control, ErrorInfo, Generation, JobCommand, Request
 from topics.envelope import PRIORITY_BACKGROUND, PRIORITY_BATCH, new_envelope, now_ms
 from workers.job_results import job_event, result_output
+from workers.jobs.dead_commands import DeadCommands
 from workers.jobs.files import JobFiles
 from workers.jobs.lines import parse_lines
 from workers.outputs import Output, Sender
@@ -60,12 +67,17 @@ class JobsLayer:
         self.source_topic = settings.topic("jobs")
         self._requests = settings.topic("requests")
         self._control = settings.topic("control")
+        self._dead: asyncio.Task[None] | None = None
 
     async def start(self, sender: Sender) -> None:
-        return None
+        self._dead = asyncio.create_task(DeadCommands(self.settings, sender).run(),
+                                         name="jobs-dead-commands")
 
     async def stop(self) -> None:
-        return None
+        if self._dead is not None:
+            self._dead.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._dead
 
     async def handle(self, command: JobCommand, record: Any) -> list[Output]:
         if command["kind"] == "batch":

@@ -1,7 +1,9 @@
 """One background response's state, folded from its events on
 ``conveyor.results``: queued -> in_progress -> completed (or incomplete,
 failed, cancelled). The object is the Response the gateway built when it took
-the request, with status, output, usage and error filled in as it ends."""
+the request, with status, output, usage and error filled in as it ends. An
+``invalid`` event fails a response still queued, with its first error; once
+the request runs, the response ends with the request's result."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ class ResponseFold:
     status: str = "queued"
     result: JobResult | None = None
     cancel_asked: bool = False
+    errors: list[dict[str, Any]] = field(default_factory=list)  # why it was invalid
     last_event_ms: int = 0
     tenant: str = ""
 
@@ -36,6 +39,8 @@ class ResponseFold:
         if self.final:
             return False
         kind = event["event"]
+        if kind == "invalid" and self.status != "queued":
+            return False  # its request runs already: it ends with its result
         if kind in ("expanded", "invalid"):
             detail = json.loads(event["detail"] or "{}")
             self.base = detail.get("object", self.base)
@@ -46,6 +51,8 @@ class ResponseFold:
             return True
         if kind == "invalid":
             self.status = "failed"
+            errors = json.loads(event["detail"] or "{}").get("errors") or []
+            self.errors = [e for e in errors if isinstance(e, dict)]
             return True
         if kind == "cancel":
             self.cancel_asked = True
@@ -90,7 +97,7 @@ class ResponseFold:
             out["incomplete_details"] = {"reason": "max_output_tokens"}
         if self.status == "failed":
             error: dict[str, Any] = dict((result["error"] if result is not None else None)
-                                         or {})
+                                         or (self.errors[0] if self.errors else {}))
             out["error"] = {"code": error.get("code") or "server_error",
                             "message": error.get("message") or "The response failed."}
         if self.final and self.status != "cancelled":

@@ -1,0 +1,231 @@
+"""A job whose command was dead-lettered ends ``failed`` instead of waiting
+for ever.
+
+A record on ``conveyor.jobs`` that the jobs layer cannot decode (bad bytes, a
+schema this Conveyor does not know) never reaches
+:meth:`~workers.jobs.commands.JobsLayer.handle`: the runtime puts it in
+``conveyor.dlq`` and moves on. Nothing else would end the job it belongs to:
+a batch would stay ``validating`` and ``client.batches.retrieve`` would never
+see it end. :class:`DeadCommands`, a background task of the jobs layer,
+follows the DLQ and ends such jobs.
+
+Decisions:
+
+- **The DLQ is the record.** The runtime produces a letter, and waits for its
+  acknowledgement, before the command's offset may be committed, so every
+  command the layer gave up on is a letter there; following the DLQ sees each
+  at least once, in its own consumer group (``<prefix>.jobs-dead-letters``,
+  one member of the jobs layer reads it), committing a letter only once its
+  job's failure is acknowledged. The same path ends a job whose command did
+  decode but could not be handled or produced (a letter of the jobs layer
+  either way). A fresh group starts at the DLQ's beginning: jobs stuck before
+  this follower existed end too, and the state check below keeps it from
+  touching any job that has moved on.
+- **Which job.** The record's key is its job id. Its latest state is read
+  from ``conveyor.job-status`` (where the gateway wrote it before the
+  command; :class:`~topics.lookup.KeyLookup` from the command's time on, so
+  only the traffic since then is read). A letter without a key, or whose key
+  names no job there, stays a dead letter alone: there is no job to end.
+- **Only a job that has not started.** A batch still ``validating`` (a
+  background response still ``queued``) fails. A job past that already had
+  its create command carried out (the dead command was a later one, most
+  likely a cancel): failing it would throw away answers in flight, so the
+  dead letter alone is right and the job runs to its end. The folds apply the
+  same rule (an ``invalid`` after ``expanded`` changes nothing), which closes
+  the race with a state not yet published.
+- **The failure is the layer's own.** An ``invalid`` event on
+  ``conveyor.results``, as for a file that fails validation, with OpenAI's
+  errors list: ``{"code": "invalid_command"`` (the value does not decode) or
+  ``"command_failed"`` (it decodes; handling or producing failed)``,
+  "line": null, "message", "param": null}``, and the job's object from its
+  state, so the failed Batch keeps its endpoint, input file and metadata.
+- **Idempotent.** A command read twice (a crash before its commit) is two
+  letters; the second finds the job ``failed`` and does nothing, or, when the
+  first failure is not yet published, sends ``invalid`` again, which the fold
+  ignores (a final job takes no event).
+- **Never stuck, never skipping.** Broker trouble (Kafka down, a lookup timing
+  out) is retried with backoff on the same letter, logged once per kind per
+  ten seconds; a value that is not a DeadLetter, or a failure that cannot be
+  produced ever, is logged and passed over; any other failure is logged with
+  its traceback and the follower starts again from its last commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any
+
+from aiokafka import ConsumerRecord, TopicPartition
+from aiokafka.errors import KafkaError
+
+from conveyor.errors import PermanentBrokerError, SchemaError
+from conveyor.settings import Settings
+from schemas.codec import Codec
+from schemas.records import DeadLetter, JobStatus
+from topics.backoff import Backoff, RateLimitedLog
+from topics.clients import make_consumer
+from topics.lookup import KeyLookup
+from workers.job_results import job_event
+from workers.outputs import Output, Sender
+
+__all__ = ["DEAD_COMMANDS_GROUP", "DeadCommands", "failure_event", "job_id_of"]
+
+log = logging.getLogger(__name__)
+
+DEAD_COMMANDS_GROUP = "jobs-dead-letters"
+# the states of a job whose create command has not been carried out
+_NOT_STARTED = ("validating", "queued")
+_BROKER_TROUBLE = (KafkaError, OSError, asyncio.TimeoutError)
+_POLL_MS = 500
+_LOOKUP_TIMEOUT_S = 10.0
+
+
+def job_id_of(settings: Settings, letter: DeadLetter) -> str | None:
+    """The job a letter of the jobs layer is keyed by (None: not such a letter,
+    or no key to name a job)."""
+    if letter["layer"] != "jobs" or letter["topic"] != settings.topic("jobs"):
+        return None
+    try:
+        key = (letter["key"] or b"").decode()
+    except UnicodeDecodeError:
+        return None
+    return key or None
+
+
+def failure_event(settings: Settings, codec: Codec, letter: DeadLetter,
+                  status: JobStatus | None) -> Output | None:
+    """The ``invalid`` event that ends the job of ``letter`` given its latest
+    ``status``, or None when the dead letter alone is right (see the module)."""
+    job_id = job_id_of(settings, letter)
+    if job_id is None or status is None or status["job_id"] != job_id:
+        return None
+    obj: dict[str, Any] = json.loads(status["object"])
+    if obj.get("status") not in _NOT_STARTED:
+        return None
+    error = {"code": "", "line": None, "message": "", "param": None}
+    try:
+        codec.decode(letter["value"], "JobCommand")
+    except SchemaError as exc:
+        error["code"] = "invalid_command"
+        error["message"] = (f"Conveyor could not read this job's command ({exc}); it was "
+                            "set aside in the dead-letter topic.")
+    else:
+        error["code"] = "command_failed"
+        error["message"] = (f"Conveyor could not carry out this job's command "
+                            f"({_last_line(letter['error'])}); it was set aside in the "
+                            "dead-letter topic.")
+    log.info("job %s: failed, its command is a dead letter (%s)", job_id, error["code"])
+    return job_event(settings, job_id, "invalid", json.dumps(
+        {"object": obj, "errors": [error], "tenant": status["tenant"]}))
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "unknown error"
+
+
+class DeadCommands:
+    """Follows ``conveyor.dlq`` and fails the jobs whose commands are there."""
+
+    def __init__(self, settings: Settings, sender: Sender) -> None:
+        self.settings = settings
+        self.sender = sender
+        self.codec = sender.codec
+        self._dlq = settings.topic("dlq")
+        self._problems = RateLimitedLog(log)
+
+    async def run(self) -> None:
+        """Follow for ever (until cancelled); see the module for what is retried."""
+        backoff = Backoff(max_s=self.settings.retry_backoff_max_s)
+        while True:
+            consumer = make_consumer(self.settings, self._dlq,
+                                     group=self.settings.group(DEAD_COMMANDS_GROUP))
+            try:
+                await consumer.start()
+                backoff.reset()
+                await self._follow(consumer)
+            except _BROKER_TROUBLE as exc:
+                self._problems.warning("start", "dead commands: cannot follow %s (%s: %s); "
+                                       "retrying", self._dlq, type(exc).__name__, exc)
+            except Exception:
+                log.exception("dead commands: following %s failed; starting again from the "
+                              "last commit", self._dlq)
+            finally:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(consumer.stop(), 10)
+            await backoff.wait()
+
+    async def _follow(self, consumer: Any) -> None:
+        backoff = Backoff(max_s=self.settings.retry_backoff_max_s)
+        while True:
+            try:
+                batch = await consumer.getmany(timeout_ms=_POLL_MS)
+            except KafkaError as exc:
+                self._problems.warning("poll", "dead commands: fetching failed (%s); retrying",
+                                       exc)
+                await backoff.wait()
+                continue
+            backoff.reset()
+            for tp, records in batch.items():
+                for record in records:
+                    await self._settle(record)
+                await self._commit(consumer, tp, records[-1].offset + 1)
+
+    async def _commit(self, consumer: Any, tp: TopicPartition, offset: int) -> None:
+        try:
+            await consumer.commit({tp: offset})
+        except KafkaError as exc:  # read again after a restart: handling is idempotent
+            self._problems.warning("commit", "dead commands: commit failed for now: %s", exc)
+
+    async def _settle(self, record: ConsumerRecord[bytes, bytes]) -> None:
+        """Handle one letter, retrying broker trouble until it is done."""
+        backoff = Backoff(max_s=self.settings.retry_backoff_max_s)
+        while True:
+            try:
+                await self.handle(record.value)
+                return
+            except _BROKER_TROUBLE as exc:
+                self._problems.warning("handle", "dead commands: the broker failed on the "
+                                       "letter at %d (%s: %s); retrying", record.offset,
+                                       type(exc).__name__, exc)
+                await backoff.wait()
+
+    async def handle(self, value: bytes | None) -> Output | None:
+        """End the job of one letter when it should end; the event sent, if any."""
+        try:
+            letter: DeadLetter = self.codec.decode(value, "DeadLetter")
+        except SchemaError as exc:
+            log.warning("dead commands: not a dead letter, passed over: %s", exc)
+            return None
+        job_id = job_id_of(self.settings, letter)
+        if job_id is None:
+            return None
+        out = failure_event(self.settings, self.codec, letter, await self.state(letter, job_id))
+        if out is None:
+            log.info("job %s: its command at %s[%d]@%d is a dead letter; the job goes on as "
+                     "it is", job_id, letter["topic"], letter["partition"], letter["offset"])
+            return None
+        try:
+            await self.sender.produce([out])
+        except (PermanentBrokerError, SchemaError) as exc:
+            log.error("job %s: cannot produce its failure: %s", job_id, exc)
+            return None
+        return out
+
+    async def state(self, letter: DeadLetter, job_id: str) -> JobStatus | None:
+        """The job's latest state on ``conveyor.job-status``, read from the time
+        its command was written (the whole topic when that record is gone)."""
+        async with KeyLookup(self.settings, timeout_s=_LOOKUP_TIMEOUT_S) as lookup:
+            command = await lookup.at(letter["topic"], letter["partition"], letter["offset"])
+            since = command.timestamp - self.settings.clock_skew_ms if command else 0
+            found = await lookup.find(self.settings.topic("job-status"), job_id, since)
+        statuses: list[JobStatus] = []
+        for record in found:
+            try:
+                statuses.append(self.codec.decode(record.value, "JobStatus"))
+            except SchemaError as exc:
+                log.warning("dead commands: a bad job status at %d: %s", record.offset, exc)
+        return max(statuses, key=lambda s: s["version"]) if statuses else None
