@@ -180,13 +180,21 @@ class RateLimiter:
     async def run(self, health: TaskHealth | None = None) -> None:
         """Count the live gateways (their reply-partition leases) while Redis
         answers, for the share of each limit this gateway keeps when it does not;
-        while it does not, probe it every :attr:`probe_every_s`. Survives outages.
+        while it does not, probe it every :attr:`probe_every_s`. The admission
+        scripts are loaded first, and again whenever Redis comes back, so that
+        the first admissions do not spend their budget loading them (a cold
+        limiter on a loaded machine fell back to its local share for them).
+        Survives outages.
         ``health`` (``degraded`` while Redis is down) replaces :attr:`health`."""
         if health is not None:
             self.health = health
+        warm = False  # the scripts are loaded since Redis last answered
         while True:
             try:
                 async with asyncio.timeout(max(self.redis_timeout_s, self.count_every_s)):
+                    if not warm or not self.redis_up:
+                        await self.windows.warm()
+                        warm = True
                     self.live_gateways = await self.count_gateways()
             except _OUTAGE as exc:
                 self._went_down(exc)

@@ -216,6 +216,13 @@ class RedisWindows:
         self._admit = redis.register_script(ADMIT_LUA)
         self._settle = redis.register_script(SETTLE_LUA)
 
+    async def warm(self) -> None:
+        """Load both scripts into Redis (at start, and again after Redis came
+        back, its script cache empty): an admission's EVALSHA then never pays a
+        NOSCRIPT round trip and a load on top of its time budget."""
+        for script in (self._admit, self._settle):
+            await script.registered_client.script_load(script.script)
+
     def scope_key(self, scope: Scope, window: str) -> str:
         """``window`` is ``requests``, ``tokens``, ``tokens:n`` or ``inflight``."""
         return f"{self.prefix}:ratelimit:{scope.id}:{window}"

@@ -319,3 +319,38 @@ async def test_an_unlimited_identity_never_asks_redis(own_redis: OwnRedis) -> No
 def test_durations_are_written_as_openai_writes_them() -> None:
     assert [format_duration(ms) for ms in (0, 120, 1000, 1500, 59_999, 360_000, 3_723_000)] \
         == ["0ms", "120ms", "1s", "1.5s", "59.999s", "6m0s", "1h2m3s"]
+
+
+async def test_the_scripts_are_loaded_at_start_and_again_after_redis_comes_back(
+        own_redis: OwnRedis) -> None:
+    """An admission's first EVALSHA must not pay for loading the script inside its
+    1 s budget (a cold limiter on a loaded machine fell back to its local share)."""
+    config = settings(own_redis.url)
+    async with replicas(config, n=1) as (limiter,):
+        limiter.count_every_s = 0.1
+        shas = [limiter.windows._admit.sha, limiter.windows._settle.sha]
+
+        async def loaded(within_s: float) -> bool:
+            deadline = time.monotonic() + within_s
+            while time.monotonic() < deadline:
+                try:
+                    if all(await limiter.redis.script_exists(*shas)):
+                        return True
+                except (OSError, aioredis.RedisError):
+                    pass
+                await asyncio.sleep(0.05)
+            return False
+
+        assert not any(await limiter.redis.script_exists(*shas))
+        task = asyncio.create_task(limiter.run())
+        try:
+            assert await loaded(5), "not loaded at start"
+            own_redis.stop()  # a restarted Redis has an empty script cache
+            deadline = time.monotonic() + 10
+            while limiter.redis_up:
+                assert time.monotonic() < deadline, "the outage was not noticed"
+                await asyncio.sleep(0.05)
+            own_redis.start()
+            assert await loaded(10), "not loaded again after Redis came back"
+        finally:
+            task.cancel()
