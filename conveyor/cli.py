@@ -242,7 +242,8 @@ async def _run_infer(settings: Settings, args: argparse.Namespace) -> None:
     from conveyor.metrics import WorkerMetrics
 
     metrics = _metrics(settings, f"infer-{args.pool}")
-    WorkerMetrics(metrics.meter, worker.worker_id, args.pool, worker.load)
+    worker.dead_lettered = WorkerMetrics(metrics.meter, worker.worker_id, args.pool,
+                                         worker.load).dead_letter
     _on_signals(worker.stop)
     try:
         await worker.run()

@@ -271,7 +271,8 @@ Load = Callable[[], tuple[int, int, int]]
 
 class WorkerMetrics:
     """An infer worker's capacity, running generations and queued tasks, read
-    at each scrape from ``load`` (capacity, running, queued)."""
+    at each scrape from ``load`` (capacity, running, queued), and its dead
+    letters."""
 
     def __init__(self, meter: Meter, worker_id: str, pool: str, load: Load) -> None:
         self._load = load
@@ -283,6 +284,16 @@ class WorkerMetrics:
             meter.create_observable_gauge(f"conveyor.worker.{name}",
                                           callbacks=[self._observer(index)],
                                           unit="{request}", description=what)
+        # infer is a layer of the pipeline: its dead letters are counted as the
+        # other layers' are, under conveyor.layer="infer"
+        self._dead_letters = meter.create_counter(
+            "conveyor.layer.dead_letters", unit="{event}",
+            description="Events a layer sent to the dead-letter topic.")
+        self._layer = {"conveyor.layer": "infer", **self._attrs}
+
+    def dead_letter(self) -> None:
+        """The worker sent a task to the dead-letter topic."""
+        self._dead_letters.add(1, self._layer)
 
     def _observer(self, index: int) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def observe(options: CallbackOptions) -> Iterable[Observation]:

@@ -108,6 +108,17 @@ def test_a_worker_reports_capacity_running_and_queued_at_each_scrape() -> None:
     metrics.shutdown()
 
 
+def test_a_workers_dead_letters_count_as_the_infer_layers() -> None:
+    metrics = Metrics("infer-cpu")
+    worker = WorkerMetrics(metrics.meter, "w0", "cpu", lambda: (1, 0, 0))
+    worker.dead_letter()
+    worker.dead_letter()
+    samples = _samples(metrics.exposition().decode())
+    assert _value(samples, "conveyor_layer_dead_letters_total", conveyor_layer="infer",
+                  conveyor_worker="w0") == 2
+    metrics.shutdown()
+
+
 def test_a_process_serves_its_metrics_on_its_port_and_none_without_one() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

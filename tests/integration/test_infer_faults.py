@@ -166,17 +166,19 @@ def test_an_engine_failure_is_answered_and_kept_in_the_dead_letter_topic(
     and the task is kept in conveyor.dlq with the error, as the README promises."""
     p = Pipeline(tmp_path)
     try:
-        _start_with_dead_upstream(p)
-        _check_engine_failure(p)
+        _check_engine_failure(p, _start_with_dead_upstream(p))
     finally:
         p.close()
 
 
-def _start_with_dead_upstream(p: Pipeline) -> None:
+def _start_with_dead_upstream(p: Pipeline) -> int:
+    """Start it; the worker's metrics port."""
     subprocess.run([sys.executable, "-m", "conveyor.cli", "topics"], env=p.env, check=True,
                    capture_output=True)
     p.spawn("layers", "layer")
-    p.spawn("up", "infer", "--pool", "cpu", "--engine", "openai", "--worker-id", "up",
+    metrics_port = free_port()
+    p.spawn("up", "--metrics-port", str(metrics_port), "infer", "--pool", "cpu",
+            "--engine", "openai", "--worker-id", "up",
             "--upstream", f"http://127.0.0.1:{free_port()}/v1")
     p.spawn("gateway", "gateway")
     p.wait_workers(1)
@@ -184,12 +186,12 @@ def _start_with_dead_upstream(p: Pipeline) -> None:
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(f"{p.base_url}/healthz", timeout=1).status_code == 200:
-                return
+                return metrics_port
         time.sleep(0.5)
     raise RuntimeError("the gateway did not become healthy")
 
 
-def _check_engine_failure(p: Pipeline) -> None:
+def _check_engine_failure(p: Pipeline, metrics_port: int) -> None:
     r = httpx.post(f"{p.base_url}/v1/completions", timeout=60,
                    json={"model": "smollm2", "prompt": "Hello", "max_tokens": 4})
     assert r.status_code == 500 and r.json()["error"]["code"] == "engine_error", r.text
@@ -202,3 +204,9 @@ def _check_engine_failure(p: Pipeline) -> None:
                    if d["layer"] == "infer"]
     assert letters, "the engine failure was not kept in the dead-letter topic"
     assert "EngineError" in letters[0]["error"] and letters[0]["value"]
+    # and the worker counted it, as a layer counts its dead letters
+    text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+    counted = [line for line in text.splitlines()
+               if line.startswith("conveyor_layer_dead_letters_total{")
+               and 'conveyor_layer="infer"' in line]
+    assert counted and float(counted[0].rsplit(" ", 1)[1]) == 1.0, counted

@@ -136,6 +136,7 @@ class InferWorker:
         self.codec = codec or default_codec()
         self.drain_timeout_s = drain_timeout_s
         self.tracer = tracer or trace.NoOpTracer()
+        self.dead_lettered: Callable[[], None] = lambda: None  # metrics count each letter
         self.partitions: set[TopicPartition] = set()
         # what this worker owned when the last rebalance began (the assignor keeps it)
         self.owned_before: set[TopicPartition] = set()
@@ -243,6 +244,7 @@ class InferWorker:
         try:
             task = self.codec.decode(record.value, "Task")
         except SchemaError as exc:
+            self.dead_lettered()
             await sender.dead_letter("infer", record.topic, record.partition, record.offset,
                                      record.key, record.value, f"SchemaError: {exc}")
             self._done(tp, record.offset, self.offsets.start(tp, record.offset))
@@ -319,6 +321,7 @@ class InferWorker:
 
     async def _dead_letter(self, gen: TaskRun, record: ConsumerRecord[bytes, bytes],
                            error: str) -> None:
+        self.dead_lettered()
         with contextlib.suppress(Exception):
             await gen.sender.dead_letter("infer", record.topic, record.partition,
                                          record.offset, record.key, record.value, error)
