@@ -22,13 +22,10 @@ import subprocess
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from conveyor.registry import Registry
 from conveyor.settings import Settings, load_settings
-
-if TYPE_CHECKING:
-    from conveyor.metrics import Metrics
 
 __all__ = ["main"]
 
@@ -63,14 +60,6 @@ async def _ensure_topics(settings: Settings, registry: Registry) -> None:
     from topics.catalog import catalog
 
     await ensure_topics(settings, catalog(settings, registry.pools()))
-
-
-def _metrics(settings: Settings, service: str) -> Metrics:
-    """The process's metrics, served on ``metrics_port`` (none when 0)."""
-    from conveyor.metrics import serve_metrics
-
-    port = settings.metrics_port if settings.metrics_enabled else 0
-    return serve_metrics(service, settings.metrics_host, port)
 
 
 # -- subcommands ----------------------------------------------------------------
@@ -168,9 +157,9 @@ async def _run_layers(settings: Settings, names: list[str]) -> None:
     from workers.cancels import CancelList
 
     cancels = CancelList(settings)  # one follower of conveyor.control for every layer here
-    from conveyor.metrics import LayerMetrics
+    from conveyor.metrics import LayerMetrics, process_metrics
 
-    metrics = _metrics(settings, "+".join(names))
+    metrics = process_metrics(settings, "+".join(names))
     layer_metrics = LayerMetrics(metrics.meter)
     runtimes = [LayerRuntime(settings, _make_layer(n, settings, registry),  # type: ignore[arg-type]
                              producer=producer, tracer=tracing.tracer, cancels=cancels,
@@ -239,9 +228,9 @@ async def _run_infer(settings: Settings, args: argparse.Namespace) -> None:
     tracing = make_tracer(settings.trace_exporter, f"infer-{args.pool}")
     worker = InferWorker(settings, engine, args.pool, registry,  # type: ignore[arg-type]
                          worker_id=args.worker_id, tracer=tracing.tracer)
-    from conveyor.metrics import WorkerMetrics
+    from conveyor.metrics import WorkerMetrics, process_metrics
 
-    metrics = _metrics(settings, f"infer-{args.pool}")
+    metrics = process_metrics(settings, f"infer-{args.pool}")
     worker.dead_lettered = WorkerMetrics(metrics.meter, worker.worker_id, args.pool,
                                          worker.load).dead_letter
     _on_signals(worker.stop)
@@ -361,8 +350,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.metrics_port is not None:
         settings = settings.model_copy(update={"metrics_port": args.metrics_port})
     _setup_logging(settings)
-    if args.command == "accounting":  # a Faust app: only its process metrics
-        _metrics(settings, "accounting")
     result: int = args.func(settings, args)
     return result
 

@@ -80,9 +80,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_accounting(settings: Settings, args: argparse.Namespace) -> int:
+    from conveyor.metrics import LayerMetrics, process_metrics
     from workers.usage.run import run_accounting
 
-    run_accounting(settings)
+    metrics = process_metrics(settings, "accounting")
+    run_accounting(settings, LayerMetrics(metrics.meter).layer("accounting"))
     return 0
 
 

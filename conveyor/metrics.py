@@ -55,10 +55,12 @@ from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from conveyor.settings import Settings
+
 __all__ = [
     "CONTENT_TYPE", "DURATION_BUCKETS", "TOKEN_BUCKETS", "TPOT_BUCKETS", "TTFT_BUCKETS",
     "GatewayMetrics", "LayerMetrics", "LayerProbe", "Metrics", "WorkerMetrics",
-    "partition_lag", "serve_metrics",
+    "partition_lag", "process_metrics", "serve_metrics",
 ]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -122,6 +124,13 @@ def serve_metrics(service: str, host: str, port: int) -> Metrics:
     if port > 0:
         metrics.serve(host, port)
     return metrics
+
+
+def process_metrics(settings: Settings, service: str) -> Metrics:
+    """The metrics of a process that is not the gateway, as its settings say:
+    served on ``metrics_port`` (none when 0, or when metrics are disabled)."""
+    port = settings.metrics_port if settings.metrics_enabled else 0
+    return serve_metrics(service, settings.metrics_host, port)
 
 
 # -- the gateway -----------------------------------------------------------------

@@ -8,7 +8,7 @@ import httpx
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from conveyor.cli import _metrics
+from conveyor.metrics import process_metrics
 from conveyor.settings import Settings
 from gateway.metrics_route import install_metrics
 
@@ -44,7 +44,7 @@ def test_metrics_off_leaves_a_process_port_unserved() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    metrics = _metrics(Settings(metrics_enabled=False, metrics_port=port), "layers")
+    metrics = process_metrics(Settings(metrics_enabled=False, metrics_port=port), "layers")
     try:
         assert not metrics.enabled
         try:

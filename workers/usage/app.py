@@ -35,6 +35,7 @@ it.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
@@ -42,6 +43,7 @@ import faust
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from conveyor.metrics import LayerMetrics, LayerProbe
 from conveyor.settings import Settings
 from schemas.codec import default_codec
 from schemas.records import DeadLetter
@@ -73,8 +75,10 @@ class AccountingApp:
     """One Faust app for one Settings, with its tables, agent and mirror timer."""
 
     def __init__(self, settings: Settings, replication: Replication,
-                 redis: aioredis.Redis | None = None) -> None:
+                 redis: aioredis.Redis | None = None, probe: LayerProbe | None = None
+                 ) -> None:
         self.settings = settings
+        self.probe = probe or LayerMetrics.off().layer("accounting")
         self.source_topic = settings.topic("usage")
         partitions = settings.pipeline_partitions
         self.app = faust.App(
@@ -115,7 +119,9 @@ class AccountingApp:
 
         async def account(stream: faust.StreamT[Any]) -> AsyncIterator[None]:
             async for event in stream.events():
+                started = time.perf_counter()
                 await self.on_event(event)
+                self.probe.handled(time.perf_counter() - started)
                 yield None
 
         async def mirror_tick() -> None:
@@ -158,6 +164,7 @@ class AccountingApp:
         letter = DeadLetter(layer="accounting", topic=message.topic,
                             partition=message.partition, offset=message.offset, key=key,
                             value=data, error=error[:4000], ts_ms=now_ms())
+        self.probe.dead_letter()
         log.warning("usage: a value at %s[%d]@%d is not a UsageRecord (%s); dead-lettered",
                     message.topic, message.partition, message.offset, error)
         ack = await self.dlq.send(key=key, value=self._codec.encode("DeadLetter", letter))

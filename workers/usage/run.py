@@ -17,6 +17,7 @@ import asyncio
 import faust
 
 from conveyor.logs import setup_logging
+from conveyor.metrics import LayerProbe
 from conveyor.settings import Settings
 from topics.admin import ensure_topics
 from topics.catalog import catalog
@@ -25,15 +26,16 @@ from workers.usage.app import AccountingApp
 __all__ = ["run_accounting"]
 
 
-def run_accounting(settings: Settings) -> None:
-    """Run the accounting app until it is told to stop; returns after a clean stop."""
+def run_accounting(settings: Settings, probe: LayerProbe | None = None) -> None:
+    """Run the accounting app until it is told to stop; returns after a clean stop.
+    ``probe`` counts the usage events it handled and dead-lettered (metrics)."""
     setup_logging(settings.log_level)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     needed = {settings.topic("usage"), settings.topic("dlq")}
     replication = loop.run_until_complete(
         ensure_topics(settings, [s for s in catalog(settings) if s.name in needed]))
-    accounting = AccountingApp(settings, replication)
+    accounting = AccountingApp(settings, replication, probe=probe)
     worker = faust.Worker(accounting.app, loop=loop, loglevel=settings.log_level, quiet=True,
                           override_logging=False, redirect_stdouts=False)
     worker.spinner = None  # a terminal spinner would write escape codes into the log

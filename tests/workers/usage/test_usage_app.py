@@ -20,10 +20,11 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -33,7 +34,7 @@ from conveyor.settings import Settings
 from schemas.codec import default_codec
 from schemas.records import Control, UsageRecord
 from tests.conftest import ROOT
-from tests.faults import OwnRedis
+from tests.faults import OwnRedis, free_port
 from topics.admin import ensure_topics
 from topics.catalog import catalog
 from topics.clients import make_producer
@@ -60,6 +61,7 @@ class Accounting:
     logs: Path
     proc: subprocess.Popen[bytes] | None = None
     runs: int = 0
+    metrics_port: int = field(default_factory=free_port)
 
     def start(self) -> None:
         env = {**os.environ, "CONVEYOR_TOPIC_PREFIX": self.settings.topic_prefix,
@@ -67,7 +69,8 @@ class Accounting:
                "CONVEYOR_KAFKA_BOOTSTRAP": self.settings.kafka_bootstrap,
                # a SIGKILLed member leaves the group after this, so a restart is quick
                "CONVEYOR_CONSUMER_SESSION_TIMEOUT_MS": "3000",
-               "CONVEYOR_CONSUMER_HEARTBEAT_INTERVAL_MS": "500"}
+               "CONVEYOR_CONSUMER_HEARTBEAT_INTERVAL_MS": "500",
+               "CONVEYOR_METRICS_PORT": str(self.metrics_port)}
         self.runs += 1
         log = open(self.logs / f"accounting-{self.runs}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen([sys.executable, "-c", RUN_ACCOUNTING], env=env,
@@ -214,6 +217,18 @@ async def test_a_poison_value_goes_to_the_dlq_and_counting_goes_on(
     assert "Control" in letters[1]["error"]
     assert letters[0]["offset"] + 1 == letters[1]["offset"]
     assert await today(ledger, "poison") == (1, 0, 3, 4, 7)
+    # and its metrics count them as a layer's
+    async with httpx.AsyncClient(timeout=10) as client:
+        text = (await client.get(f"http://127.0.0.1:{accounting.metrics_port}/metrics")).text
+    assert _metric(text, "conveyor_layer_dead_letters_total") == 2
+    assert _metric(text, "conveyor_layer_events_total") >= 3
+
+
+def _metric(text: str, name: str) -> float:
+    """The accounting layer's sample of ``name`` in a Prometheus exposition."""
+    [line] = [line for line in text.splitlines() if line.startswith(name + "{")
+              and 'conveyor_layer="accounting"' in line]
+    return float(line.rsplit(" ", 1)[1])
 
 
 async def dead_letters(settings: Settings, want: int) -> list[dict[str, Any]]:
