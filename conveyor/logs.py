@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+
+from topics.backoff import Throttle
 
 __all__ = ["RepeatFilter", "setup_logging"]
 
@@ -18,11 +21,11 @@ __all__ = ["RepeatFilter", "setup_logging"]
 class RepeatFilter(logging.Filter):
     """Passes a (logger, level, message template) at most once per ``every_s``."""
 
-    def __init__(self, every_s: float = 10.0, clock: object = time.monotonic) -> None:
+    def __init__(self, every_s: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
         self.every_s = every_s
-        self._clock = clock
-        self._last: dict[tuple[str, int, str], tuple[float, int]] = {}
+        self._throttle = Throttle(every_s, clock)
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING:
@@ -30,24 +33,11 @@ class RepeatFilter(logging.Filter):
         decided = getattr(record, "_conveyor_shown", None)
         if decided is not None:  # another handler asked already: the same answer
             return bool(decided)
-        shown = self._decide(record)
-        record._conveyor_shown = shown  # type: ignore[attr-defined]
-        return shown
-
-    def _decide(self, record: logging.LogRecord) -> bool:
-        key = (record.name, record.levelno, str(record.msg))
-        now: float = self._clock()  # type: ignore[operator]
-        seen = self._last.get(key)
-        if seen is not None and now - seen[0] < self.every_s:
-            self._last[key] = (seen[0], seen[1] + 1)
-            return False
-        held = seen[1] if seen is not None else 0
-        self._last[key] = (now, 0)
-        if len(self._last) > 10_000:
-            self._last.clear()
+        held = self._throttle.admit((record.name, record.levelno, str(record.msg)))
         if held:
             record.msg = f"{record.msg} [{held} more like this in the last {self.every_s:.0f} s]"
-        return True
+        record._conveyor_shown = held is not None  # type: ignore[attr-defined]
+        return held is not None
 
 
 def setup_logging(level: str) -> None:

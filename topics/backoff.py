@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["Backoff", "RateLimitedLog"]
+__all__ = ["Backoff", "RateLimitedLog", "Throttle"]
 
 
 @dataclass
@@ -46,10 +46,34 @@ class Backoff:
         self.attempts = 0
 
 
-@dataclass
-class _Kind:
-    last_s: float
-    held: int = 0
+class Throttle:
+    """Lets each key through at most once per ``interval_s`` and counts what it
+    held back; the counting core of :class:`RateLimitedLog` and of the log
+    filter every process has (:class:`conveyor.logs.RepeatFilter`)."""
+
+    def __init__(self, interval_s: float = 10.0, clock: Callable[[], float] = time.monotonic,
+                 max_keys: int = 10_000) -> None:
+        self.interval_s = interval_s
+        self.clock = clock
+        self.max_keys = max_keys  # past this many keys all are forgotten: memory is bounded
+        self._seen: dict[object, tuple[float, int]] = {}  # key -> (last let through, held)
+
+    def admit(self, key: object) -> int | None:
+        """None: held back (counted). Otherwise let through, with how many of
+        ``key`` were held back since the last one that was."""
+        now = self.clock()
+        seen = self._seen.get(key)
+        if seen is not None and now - seen[0] < self.interval_s:
+            self._seen[key] = (seen[0], seen[1] + 1)
+            return None
+        if len(self._seen) >= self.max_keys:
+            self._seen.clear()
+        self._seen[key] = (now, 0)
+        return seen[1] if seen is not None else 0
+
+    def forget(self, key: object) -> bool:
+        """Start ``key`` afresh; whether it had been seen."""
+        return self._seen.pop(key, None) is not None
 
 
 class RateLimitedLog:
@@ -59,19 +83,14 @@ class RateLimitedLog:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.logger = logger
         self.interval_s = interval_s
-        self.clock = clock
-        self._kinds: dict[str, _Kind] = {}
+        self._throttle = Throttle(interval_s, clock)
 
     def log(self, level: int, kind: str, msg: str, *args: object) -> bool:
         """Log ``msg % args`` unless a line of ``kind`` went out less than
         ``interval_s`` ago; returns whether it was written."""
-        now = self.clock()
-        seen = self._kinds.get(kind)
-        if seen is not None and now - seen.last_s < self.interval_s:
-            seen.held += 1
+        held = self._throttle.admit(kind)
+        if held is None:
             return False
-        held = seen.held if seen is not None else 0
-        self._kinds[kind] = _Kind(last_s=now)
         if held:
             self.logger.log(level, msg + " (%d more like it in the last %.0f s)", *args, held,
                             self.interval_s)
@@ -88,5 +107,5 @@ class RateLimitedLog:
     def resolved(self, kind: str, msg: str, *args: object) -> None:
         """The trouble of ``kind`` is over: say so once (if it was ever logged)
         and start counting afresh."""
-        if self._kinds.pop(kind, None) is not None:
+        if self._throttle.forget(kind):
             self.logger.info(msg, *args)
