@@ -20,9 +20,13 @@ class PartitionBook:
 
     def take(self, offset: int) -> None:
         if offset not in self.open:
+            earlier = bool(self.open) and offset < next(reversed(self.open))
             self.open[offset] = False
             self.pending += 1
-        self.next = offset + 1
+            if earlier:  # taken again after later ones (a redelivery): keep offset order
+                self.open = OrderedDict(sorted(self.open.items()))
+        # never back: an offset taken again (a redelivery) reopens only itself
+        self.next = max(self.next, offset + 1)
 
     def finish(self, offset: int) -> None:
         if self.open.get(offset) is False:

@@ -2,7 +2,9 @@
 
 A task's offset is committed only when its generation has ended, and never
 past a task still running, so a worker that dies leaves every unfinished task
-to be redelivered to another member of its group.
+to be redelivered to another member of its group. Each partition's offsets
+are kept in a :class:`~workers.inflight.PartitionBook`, the book the layers'
+runtime keeps; what infer adds is the epoch of an assignment.
 """
 
 from __future__ import annotations
@@ -11,37 +13,33 @@ from dataclasses import dataclass, field
 
 from aiokafka import TopicPartition
 
+from workers.inflight import PartitionBook
+
 __all__ = ["InFlightOffsets"]
 
 
 @dataclass
 class InFlightOffsets:
-    running: dict[TopicPartition, set[int]] = field(default_factory=dict)
-    # the offset after the last task taken on each partition
-    taken: dict[TopicPartition, int] = field(default_factory=dict)
+    books: dict[TopicPartition, PartitionBook] = field(default_factory=dict)
     # bumped when a partition is forgotten: a generation that outlived its
     # partition must not touch the books of the partition's next assignment
     epochs: dict[TopicPartition, int] = field(default_factory=dict)
 
     def start(self, tp: TopicPartition, offset: int) -> int:
         """Book a task; returns the epoch to pass to :meth:`finish`."""
-        self.running.setdefault(tp, set()).add(offset)
-        self.taken[tp] = max(self.taken.get(tp, 0), offset + 1)
+        self.books.setdefault(tp, PartitionBook()).take(offset)
         return self.epochs.get(tp, 0)
 
     def finish(self, tp: TopicPartition, offset: int, epoch: int = 0) -> None:
-        if epoch == self.epochs.get(tp, 0):
-            self.running.get(tp, set()).discard(offset)
+        book = self.books.get(tp)
+        if book is not None and epoch == self.epochs.get(tp, 0):
+            book.finish(offset)
 
     def committable(self) -> dict[TopicPartition, int]:
-        out = {}
-        for tp, next_offset in self.taken.items():
-            running = self.running.get(tp)
-            out[tp] = min(running) if running else next_offset
-        return out
+        """Per partition: below the lowest running task, else after the last taken."""
+        return {tp: book.low() for tp, book in self.books.items()}
 
     def forget(self, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
-            self.running.pop(tp, None)
-            self.taken.pop(tp, None)
+            self.books.pop(tp, None)
             self.epochs[tp] = self.epochs.get(tp, 0) + 1

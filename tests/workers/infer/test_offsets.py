@@ -43,6 +43,17 @@ def test_an_older_offset_taken_later_does_not_move_the_end_back() -> None:
     assert o.committable() == {TP: 10}
 
 
+def test_an_older_offset_taken_while_a_later_runs_holds_the_commit() -> None:
+    o = InFlightOffsets()
+    o.start(TP, 9)
+    o.start(TP, 3)  # a redelivery while 9 still runs
+    assert o.committable() == {TP: 3}
+    o.finish(TP, 3)
+    assert o.committable() == {TP: 9}
+    o.finish(TP, 9)
+    assert o.committable() == {TP: 10}
+
+
 def test_partitions_are_independent() -> None:
     o = InFlightOffsets()
     o.start(TP, 1)
