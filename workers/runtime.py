@@ -60,7 +60,7 @@ from workers.cancels import CancelList
 from workers.inflight import PartitionBook
 from workers.outputs import Output, Sender, error_info, failure_reply
 
-__all__ = ["CancelAware", "Layer", "LayerRuntime"]
+__all__ = ["AssignmentAware", "CancelAware", "Layer", "LayerRuntime"]
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,15 @@ class Layer(Protocol):
 
 
 @runtime_checkable
+class AssignmentAware(Protocol):
+    """A layer that acts on how many of its source's partitions it holds."""
+
+    def assigned(self, partitions: list[TopicPartition]) -> None:
+        """Called with the whole assignment after each rebalance."""
+        ...
+
+
+@runtime_checkable
 class CancelAware(Protocol):
     """A layer whose work stops at a cancel: its events of cancelled requests
     are dropped, and it hears of every cancel."""
@@ -119,7 +128,8 @@ class _Rebalance(ConsumerRebalanceListener):
         await self.runtime.settle(list(revoked))
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        return None
+        if isinstance(self.runtime.layer, AssignmentAware):
+            self.runtime.layer.assigned(list(assigned))
 
 
 class LayerRuntime:

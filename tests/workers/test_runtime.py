@@ -249,3 +249,38 @@ async def test_a_cancelled_request_is_dropped(
             assert "gone" not in layer.handled
     finally:
         follower.cancel()
+
+
+class CountingAssignments(ScriptedLayer):
+    """Keeps the assignment the runtime reports after each rebalance."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.assignment: list[TopicPartition] = []
+
+    def assigned(self, partitions: list[TopicPartition]) -> None:
+        self.assignment = sorted(partitions)
+
+
+async def test_an_assignment_aware_layer_hears_its_whole_assignment_after_each_rebalance(
+        settings: Settings) -> None:
+    """Two members of one group: each hears what it holds, and together all of it
+    (what the schedule layer's part of the batch share is computed from)."""
+    first, second = CountingAssignments(settings), CountingAssignments(settings)
+    every = {TopicPartition(settings.topic("requests"), p)
+             for p in range(settings.pipeline_partitions)}
+
+    async def until(check: Callable[[], bool]) -> None:
+        for _ in range(200):
+            if check():
+                return
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"{first.assignment} / {second.assignment}")
+
+    async with running(settings, first):
+        await until(lambda: set(first.assignment) == every)
+        async with running(settings, second):
+            await until(lambda: bool(first.assignment) and bool(second.assignment)
+                        and set(first.assignment) | set(second.assignment) == every
+                        and not set(first.assignment) & set(second.assignment))
+        await until(lambda: set(first.assignment) == every)  # the second left

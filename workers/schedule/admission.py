@@ -31,9 +31,15 @@ stops, it has the whole pool ``linger_s`` later. While interactive load goes
 on it has its share of what interactive traffic leaves free, and nothing in
 a pool of capacity 1.
 
-With several schedule members, each applies the share to the tasks it sent;
-slots are checked against heartbeats, so together they never fill a worker
-past its capacity while interactive traffic is around.
+With several schedule members, each applies to the tasks it sent its part of
+the share: the share times the fraction of the source topic's partitions it
+is assigned (``fraction``), so that together they keep to the share (batch
+lines are keyed by their request ids, so they spread over the partitions
+like the members' parts do). Slots are checked against heartbeats, so
+together they never fill a worker past its capacity. Whether interactive
+traffic is around is still each member's own view: a member that sees none
+lets its tasks fill free slots while another member's interactive tasks may
+be arriving (see the notes on a cluster-wide signal).
 """
 
 from __future__ import annotations
@@ -65,6 +71,8 @@ class BatchAdmission:
     prefetch: int = 0
     linger_s: float = LINGER_S
     clock: Callable[[], int] = now_ms
+    # the part of the source topic's partitions this member is assigned (1: all)
+    fraction: float = 1.0
     _last_interactive_ms: dict[str, int] = field(default_factory=dict)
 
     def interactive_sent(self, pool: str) -> None:
@@ -78,9 +86,9 @@ class BatchAdmission:
         return last is not None and self.clock() - last < self.linger_s * 1000
 
     def cap(self, capacity: int) -> int:
-        """The slots background and batch may hold in a pool of ``capacity``
-        while interactive traffic is around."""
-        return math.floor(capacity * self.share + 1e-9)
+        """The slots background and batch tasks this member sent may hold in a
+        pool of ``capacity`` while interactive traffic is around."""
+        return math.floor(capacity * self.share * self.fraction + 1e-9)
 
     def choose(self, pool: str, candidates: list[Candidate], low_outstanding: int,
                interactive_outstanding: int) -> Candidate | None:

@@ -356,6 +356,11 @@ class ScheduleLayer:
         return min([next_offset, *(p.offset for p in self.parked if p.tp == tp),
                     *([held] if held is not None else [])])
 
+    def assigned(self, partitions: list[TopicPartition]) -> None:
+        """This member's partitions now: its part of the batch share."""
+        total = max(1, self.settings.pipeline_partitions)
+        self.admission.fraction = min(1.0, len(partitions) / total)
+
     def revoked(self, partitions: list[TopicPartition]) -> None:
         """Tasks parked or held from those partitions are the new owner's."""
         gone = set(partitions)

@@ -15,6 +15,34 @@ def test_the_cap_is_the_floor_of_the_share() -> None:
     assert [a.cap(c) for c in (1, 2, 4, 8, 16)] == [0, 1, 3, 6, 12]
 
 
+def test_a_member_with_part_of_the_partitions_keeps_to_its_part_of_the_share() -> None:
+    """Two schedule members with half the partitions each: 6 + 6 of 16 slots, the
+    share of one member alone (12), not 12 each."""
+    a = BatchAdmission(share=0.75, clock=lambda: 0)
+    a.interactive_sent("cpu")
+    a.fraction = 0.5
+    assert a.cap(16) == 6
+    assert a.choose("cpu", cands(0, 0, capacity=8), 5, 1) is not None
+    assert a.choose("cpu", cands(3, 3, capacity=8), 6, 1) is None
+    a.fraction = 1.0
+    assert a.cap(16) == 12
+
+
+def test_the_schedule_layer_takes_its_part_from_its_assignment() -> None:
+    from aiokafka import TopicPartition
+
+    from conveyor.settings import Settings
+    from workers.schedule.layer import ScheduleLayer
+
+    settings = Settings(topic_prefix="frac", pipeline_partitions=4)
+    layer = ScheduleLayer(settings)
+    topic = settings.topic("routed")
+    layer.assigned([TopicPartition(topic, 0), TopicPartition(topic, 3)])
+    assert layer.admission.fraction == 0.5
+    layer.assigned([TopicPartition(topic, p) for p in range(4)])
+    assert layer.admission.fraction == 1.0
+
+
 def test_without_interactive_traffic_batch_fills_every_slot() -> None:
     a = BatchAdmission(share=0.75, clock=lambda: 0)
     assert a.choose("cpu", cands(1, 0), 1, 0).worker_id == "w1"  # type: ignore[union-attr]
