@@ -181,6 +181,8 @@ class WorkerHeartbeat(TypedDict):
     host: str
     gpu_utilization: float | None
     gpu_memory_free: int | None
+    interactive_running: int
+    interactive_ms: int  # when it last took an interactive task (its clock); 0: never
 
 
 class DeadLetter(TypedDict):

@@ -178,3 +178,25 @@ def test_interactive_first_batch_never_starves(
         assert batch_s <= 1.5 * fifo_s + 5, (batch_s, fifo_s)
 
     asyncio.run(scenario())
+
+
+def test_the_workers_heartbeats_tell_of_interactive_traffic(pipeline: Pipeline) -> None:
+    """What lets every schedule member see interactive traffic it did not send:
+    the worker that took an interactive task says when, in its next beats."""
+    from tests.integration.test_delivery import _read_topic
+
+    started = now_ms()
+    r = httpx.post(f"{pipeline.base_url}/v1/completions", timeout=60, json={
+        "model": "smollm2", "prompt": PROMPT, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    codec = default_codec()
+    deadline = time.monotonic() + 15
+    taken: list[int] = []
+    while time.monotonic() < deadline and not taken:
+        values = asyncio.run(_read_topic(pipeline.settings.kafka_bootstrap,
+                                         pipeline.settings.topic("workers"), 10))
+        taken = [b["interactive_ms"] for b in (codec.decode(v, "WorkerHeartbeat")
+                                               for v in values)
+                 if b["interactive_ms"] >= started - pipeline.settings.clock_skew_ms]
+        time.sleep(0.5)
+    assert taken, "no heartbeat told of the interactive task"

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from conveyor.settings import Settings
 from schemas.records import WorkerHeartbeat
 from topics.envelope import now_ms
 from workers.outputs import Output, Sender
 
-__all__ = ["Heartbeat", "gpu_profile"]
+__all__ = ["Heartbeat", "Snapshot", "gpu_profile"]
 
 
 def gpu_profile() -> tuple[float | None, int | None]:
@@ -30,10 +30,23 @@ def gpu_profile() -> tuple[float | None, int | None]:
         return None, None
 
 
+class Snapshot(NamedTuple):
+    """What a worker holds at a heartbeat."""
+
+    partitions: list[int]
+    running: int
+    queued: int
+    # interactive (priority 0) generations running, and when the last one was
+    # taken (ms, 0: never): schedule members see interactive traffic they did
+    # not send themselves (workers/schedule/admission.py)
+    interactive_running: int = 0
+    interactive_ms: int = 0
+
+
 class Heartbeat:
     def __init__(self, settings: Settings, sender: Sender, worker_id: str, pool: str,
                  engine: str, models: list[str], capacity: int,
-                 snapshot: Callable[[], tuple[list[int], int, int]]) -> None:
+                 snapshot: Callable[[], Snapshot]) -> None:
         self.settings = settings
         self.sender = sender
         self.worker_id = worker_id
@@ -41,18 +54,19 @@ class Heartbeat:
         self.engine = engine
         self.models = models
         self.capacity = capacity
-        self.snapshot = snapshot  # -> (partitions, running, queued)
+        self.snapshot = snapshot
         self.state: Literal["ready", "draining", "stopped"] = "ready"
         self.host = socket.gethostname()
 
     async def beat(self) -> None:
-        partitions, running, queued = self.snapshot()
+        now = self.snapshot()
         gpu_util, gpu_free = gpu_profile()
         record = WorkerHeartbeat(
             worker_id=self.worker_id, pool=self.pool, engine=self.engine, models=self.models,
-            state=self.state, partitions=sorted(partitions), capacity=self.capacity,
-            running=running, queued=queued, ts_ms=now_ms(), host=self.host,
+            state=self.state, partitions=sorted(now.partitions), capacity=self.capacity,
+            running=now.running, queued=now.queued, ts_ms=now_ms(), host=self.host,
             gpu_utilization=gpu_util, gpu_memory_free=gpu_free,
+            interactive_running=now.interactive_running, interactive_ms=now.interactive_ms,
         )
         await self.sender.deliver(Output(self.settings.topic("workers"), "WorkerHeartbeat",
                                          record, key=self.worker_id))

@@ -64,12 +64,13 @@ from conveyor.tracing import layer_span, trace_id_of
 from schemas.codec import Codec, default_codec
 from topics.catalog import infer_topic
 from topics.clients import make_consumer, make_producer
+from topics.envelope import PRIORITY_INTERACTIVE, now_ms
 from workers.cancels import CancelList
 from workers.infer.assignor import BusyAwareAssignor
 from workers.infer.engines.base import Engine
 from workers.infer.gateways import GatewayWatch
 from workers.infer.generation import TaskRun
-from workers.infer.heartbeat import Heartbeat
+from workers.infer.heartbeat import Heartbeat, Snapshot
 from workers.infer.offsets import InFlightOffsets
 from workers.infer.progress import ProgressTracker
 from workers.outputs import Sender
@@ -137,6 +138,7 @@ class InferWorker:
         self.drain_timeout_s = drain_timeout_s
         self.tracer = tracer or trace.NoOpTracer()
         self.dead_lettered: Callable[[], None] = lambda: None  # metrics count each letter
+        self.interactive_ms = 0  # when the last interactive task was taken (heartbeats)
         self.partitions: set[TopicPartition] = set()
         # what this worker owned when the last rebalance began (the assignor keeps it)
         self.owned_before: set[TopicPartition] = set()
@@ -250,6 +252,8 @@ class InferWorker:
             self._done(tp, record.offset, self.offsets.start(tp, record.offset))
             return
         rid = task["envelope"]["request_id"]
+        if task["envelope"]["priority"] == PRIORITY_INTERACTIVE:
+            self.interactive_ms = now_ms()
         self._taken[tp] = record.offset + 1
         epoch = self.offsets.start(tp, record.offset)
         same = self.running.get(rid)
@@ -383,8 +387,11 @@ class InferWorker:
         queued = sum(lag for _, lag in partition_lag(self._consumer, taken))
         return self.engine.capacity, len(self.running), queued
 
-    def _snapshot(self) -> tuple[list[int], int, int]:
-        return [tp.partition for tp in self.partitions], len(self.running), 0
+    def _snapshot(self) -> Snapshot:
+        interactive = sum(1 for r in self.running.values()
+                          if r.run.task["envelope"]["priority"] == PRIORITY_INTERACTIVE)
+        return Snapshot([tp.partition for tp in self.partitions], len(self.running), 0,
+                        interactive, self.interactive_ms)
 
     async def _beat(self, heartbeat: Heartbeat) -> None:
         """One heartbeat, then wait for the next (or an early one)."""

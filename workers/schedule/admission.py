@@ -37,9 +37,11 @@ is assigned (``fraction``), so that together they keep to the share (batch
 lines are keyed by their request ids, so they spread over the partitions
 like the members' parts do). Slots are checked against heartbeats, so
 together they never fill a worker past its capacity. Whether interactive
-traffic is around is still each member's own view: a member that sees none
-lets its tasks fill free slots while another member's interactive tasks may
-be arriving (see the notes on a cluster-wide signal).
+traffic is around is the cluster's view: besides what the member sent
+itself, the pool's workers say in each heartbeat how many interactive
+generations they run and when they last took one (``seen``), so a member
+that sent no interactive task still keeps to its share while another
+member's interactive traffic goes on (seen within a heartbeat, a second).
 """
 
 from __future__ import annotations
@@ -79,11 +81,16 @@ class BatchAdmission:
         """An interactive task of ``pool`` went to a worker just now."""
         self._last_interactive_ms[pool] = self.clock()
 
-    def interactive_around(self, pool: str, interactive_outstanding: int) -> bool:
-        if interactive_outstanding > 0:
+    def interactive_around(self, pool: str, interactive_outstanding: int,
+                           seen: tuple[int, int] = (0, 0)) -> bool:
+        """Whether interactive traffic is about on ``pool``: this member's
+        (``interactive_outstanding``, its last send) or, from the workers'
+        heartbeats, anyone's (``seen``: running, when the last was taken)."""
+        running, taken_ms = seen
+        if interactive_outstanding > 0 or running > 0:
             return True
-        last = self._last_interactive_ms.get(pool)
-        return last is not None and self.clock() - last < self.linger_s * 1000
+        last = max(self._last_interactive_ms.get(pool, 0), taken_ms)
+        return last > 0 and self.clock() - last < self.linger_s * 1000
 
     def cap(self, capacity: int) -> int:
         """The slots background and batch tasks this member sent may hold in a
@@ -91,13 +98,14 @@ class BatchAdmission:
         return math.floor(capacity * self.share * self.fraction + 1e-9)
 
     def choose(self, pool: str, candidates: list[Candidate], low_outstanding: int,
-               interactive_outstanding: int) -> Candidate | None:
+               interactive_outstanding: int, seen: tuple[int, int] = (0, 0)
+               ) -> Candidate | None:
         """The worker the next held task of ``pool`` goes to now, or None (it
         stays held)."""
         if not candidates:
             return None
         prefetch = self.prefetch
-        if self.interactive_around(pool, interactive_outstanding):
+        if self.interactive_around(pool, interactive_outstanding, seen):
             if low_outstanding >= self.cap(sum(c.capacity for c in candidates)):
                 return None
             prefetch = 0

@@ -209,7 +209,8 @@ class ScheduleLayer:
         candidates = [Candidate(wid, w.beat["capacity"], self._busy(w))
                       for wid, w in live.items()]
         chosen = self.admission.choose(pool, candidates, self.outstanding.low(pool),
-                                       self.outstanding.interactive(pool))
+                                       self.outstanding.interactive(pool),
+                                       self.table.interactive(pool))
         return live[chosen.worker_id] if chosen is not None else None
 
     def _address(self, task: Task, view: WorkerView) -> Output:

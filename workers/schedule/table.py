@@ -100,6 +100,13 @@ class WorkerTable:
             and w.beat["partitions"]
         ]
 
+    def interactive(self, pool: str) -> tuple[int, int]:
+        """Interactive traffic on ``pool`` as its live workers' last beats tell,
+        whoever sent it: (generations running, when the last was taken, ms)."""
+        live = self.live(pool)
+        return (sum(w.beat["interactive_running"] for w in live),
+                max((w.beat["interactive_ms"] for w in live), default=0))
+
     def choose(self, pool: str, load: Callable[[WorkerView], float] | None = None
                ) -> tuple[WorkerView, int] | None:
         """The least loaded live worker of ``pool`` and one of its partitions

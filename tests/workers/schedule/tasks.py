@@ -76,4 +76,5 @@ def beat(worker: str, *, pool: str = "cpu", partitions: list[int] | None = None,
     return WorkerHeartbeat(worker_id=worker, pool=pool, engine="e", models=[], state="ready",
                            partitions=partitions or [3], capacity=capacity, running=running,
                            queued=0, ts_ms=now_ms() if ts_ms is None else ts_ms, host="h",
-                           gpu_utilization=None, gpu_memory_free=None)
+                           gpu_utilization=None, gpu_memory_free=None,
+                           interactive_running=0, interactive_ms=0)

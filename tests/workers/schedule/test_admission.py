@@ -28,6 +28,18 @@ def test_a_member_with_part_of_the_partitions_keeps_to_its_part_of_the_share() -
     assert a.cap(16) == 12
 
 
+def test_interactive_traffic_another_member_sent_is_seen_in_the_heartbeats() -> None:
+    """This member sent no interactive task; the workers' beats say one runs, or
+    one was taken within the linger: batch keeps to its share all the same."""
+    now = [100_000]
+    a = BatchAdmission(share=0.75, linger_s=2.0, clock=lambda: now[0])
+    full = cands(3, 3, capacity=4)  # 6 of 8 slots held by batch: the cap
+    assert a.choose("cpu", full, 6, 0) is not None  # alone, batch fills every slot
+    assert a.choose("cpu", full, 6, 0, seen=(1, 0)) is None  # one runs elsewhere
+    assert a.choose("cpu", full, 6, 0, seen=(0, 99_000)) is None  # taken 1 s ago
+    assert a.choose("cpu", full, 6, 0, seen=(0, 97_000)) is not None  # 3 s ago: gone
+
+
 def test_the_schedule_layer_takes_its_part_from_its_assignment() -> None:
     from aiokafka import TopicPartition
 

@@ -59,7 +59,8 @@ def task(rid: str, pool: str = "cpu", deadline_ms: int = 0) -> Task:
 def beat(worker: str, pool: str = "cpu", partitions: list[int] | None = None) -> WorkerHeartbeat:
     return WorkerHeartbeat(worker_id=worker, pool=pool, engine="e", models=[], state="ready",
                            partitions=partitions or [3], capacity=2, running=0, queued=0,
-                           ts_ms=now_ms(), host="h", gpu_utilization=None, gpu_memory_free=None)
+                           ts_ms=now_ms(), host="h", gpu_utilization=None, gpu_memory_free=None,
+                           interactive_running=0, interactive_ms=0)
 
 
 @pytest.fixture

@@ -25,12 +25,14 @@ def table(settings: Settings) -> WorkerTable:
 def beat(worker_id: str, *, pool: str = "cpu", running: int = 0, queued: int = 0,
          capacity: int = 4, partitions: list[int] | None = None,
          state: Literal["ready", "draining", "stopped"] = "ready",
-         age_ms: int = 0) -> WorkerHeartbeat:
+         age_ms: int = 0, interactive_running: int = 0,
+         interactive_ms: int = 0) -> WorkerHeartbeat:
     return WorkerHeartbeat(
         worker_id=worker_id, pool=pool, engine="llamacpp", models=["smollm2"], state=state,
         partitions=[0] if partitions is None else partitions, capacity=capacity,
         running=running, queued=queued, ts_ms=now_ms() - age_ms, host="h",
-        gpu_utilization=None, gpu_memory_free=None)
+        gpu_utilization=None, gpu_memory_free=None,
+        interactive_running=interactive_running, interactive_ms=interactive_ms)
 
 
 def ids(table: WorkerTable, pool: str = "cpu") -> list[str]:
@@ -160,3 +162,12 @@ def test_ends_after_the_beat_free_a_slot_and_ends_before_it_do_not(table: Worker
     assert view.busy() == 2 and view.load() == 1.0
     table.apply(beat("w0", running=1, capacity=2))  # a new beat starts over
     assert table.workers["w0"].busy() == 1
+
+
+def test_interactive_traffic_is_read_from_the_live_workers_beats(table: WorkerTable) -> None:
+    assert table.interactive("cpu") == (0, 0)
+    table.apply(beat("w0", interactive_running=1, interactive_ms=1000))
+    table.apply(beat("w1", interactive_ms=5000))
+    table.apply(beat("w2", pool="gpu", interactive_running=3, interactive_ms=9000))
+    table.apply(beat("w3", interactive_running=7, interactive_ms=9999, state="draining"))
+    assert table.interactive("cpu") == (1, 5000)
