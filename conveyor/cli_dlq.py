@@ -17,7 +17,9 @@ it was first sent, by code that has been fixed since. Before sending, the
 value is decoded with this Conveyor's codec as the type its topic carries: a
 value that still does not decode would only come back to the DLQ, so it is
 refused unless ``--force``. A letter whose value was truncated to fit the
-DLQ is never sent back.
+DLQ is never sent back. A command of the jobs layer whose job has ended
+(failed because of that very letter, say) is refused unless ``--force``:
+its lines would run while the job shows it ended, and nobody would see them.
 
 Each redrive is recorded on ``conveyor.audit`` (action ``dlq.redrive``, with
 the letter's offset and where the event went), and a letter already
@@ -124,6 +126,21 @@ def _check(settings: Settings, codec: Codec, letter: DeadLetter) -> str | None:
     return None
 
 
+async def _job_ended(settings: Settings, codec: Codec, letter: DeadLetter) -> str | None:
+    """Why a jobs-layer letter is not sent back: its job has ended, so a create
+    command would run its lines while the job shows it ended (None: it has not)."""
+    from workers.jobs.dead_commands import ended, job_id_of, job_state
+
+    job_id = job_id_of(settings, letter)
+    if job_id is None:
+        return None
+    state = ended(await job_state(settings, codec, letter, job_id))
+    if state is None:
+        return None
+    return (f"its job {job_id} has ended ({state}): its lines would run unseen; create the "
+            "job again (--force to send it anyway)")
+
+
 async def redrive(settings: Settings, letters: list[Letter], *, force: bool = False,
                   codec: Codec | None = None) -> list[Redriven]:
     """Send each letter's key and value back to its topic and partition, and
@@ -149,6 +166,8 @@ async def redrive(settings: Settings, letters: list[Letter], *, force: bool = Fa
                                         f"{_iso(done[x.offset]['ts_ms'])} (--force to resend)"))
                 continue
             problem = _check(settings, codec, d)
+            if problem is None and not force:
+                problem = await _job_ended(settings, codec, d)
             if problem is not None and (not force or d["value"] is None):
                 results.append(Redriven(x.offset, False, problem))
                 continue

@@ -71,13 +71,16 @@ from topics.lookup import KeyLookup
 from workers.job_results import job_event
 from workers.outputs import Output, Sender
 
-__all__ = ["DEAD_COMMANDS_GROUP", "DeadCommands", "failure_event", "job_id_of"]
+__all__ = ["DEAD_COMMANDS_GROUP", "DeadCommands", "ended", "failure_event", "job_id_of",
+           "job_state"]
 
 log = logging.getLogger(__name__)
 
 DEAD_COMMANDS_GROUP = "jobs-dead-letters"
 # the states of a job whose create command has not been carried out
 _NOT_STARTED = ("validating", "queued")
+# the states a job never leaves (a batch's and a background response's)
+_ENDED = ("completed", "failed", "cancelled", "expired", "incomplete")
 _BROKER_TROUBLE = (KafkaError, OSError, asyncio.TimeoutError)
 _POLL_MS = 500
 _LOOKUP_TIMEOUT_S = 10.0
@@ -216,16 +219,29 @@ class DeadCommands:
         return out
 
     async def state(self, letter: DeadLetter, job_id: str) -> JobStatus | None:
-        """The job's latest state on ``conveyor.job-status``, read from the time
-        its command was written (the whole topic when that record is gone)."""
-        async with KeyLookup(self.settings, timeout_s=_LOOKUP_TIMEOUT_S) as lookup:
-            command = await lookup.at(letter["topic"], letter["partition"], letter["offset"])
-            since = command.timestamp - self.settings.clock_skew_ms if command else 0
-            found = await lookup.find(self.settings.topic("job-status"), job_id, since)
-        statuses: list[JobStatus] = []
-        for record in found:
-            try:
-                statuses.append(self.codec.decode(record.value, "JobStatus"))
-            except SchemaError as exc:
-                log.warning("dead commands: a bad job status at %d: %s", record.offset, exc)
-        return max(statuses, key=lambda s: s["version"]) if statuses else None
+        return await job_state(self.settings, self.codec, letter, job_id)
+
+
+async def job_state(settings: Settings, codec: Codec, letter: DeadLetter,
+                    job_id: str) -> JobStatus | None:
+    """The latest state on ``conveyor.job-status`` of the job a letter of the
+    jobs layer names, read from the time its command was written (the whole
+    topic when that record is gone)."""
+    async with KeyLookup(settings, timeout_s=_LOOKUP_TIMEOUT_S) as lookup:
+        command = await lookup.at(letter["topic"], letter["partition"], letter["offset"])
+        since = command.timestamp - settings.clock_skew_ms if command else 0
+        found = await lookup.find(settings.topic("job-status"), job_id, since)
+    statuses: list[JobStatus] = []
+    for record in found:
+        try:
+            statuses.append(codec.decode(record.value, "JobStatus"))
+        except SchemaError as exc:
+            log.warning("dead commands: a bad job status at %d: %s", record.offset, exc)
+    return max(statuses, key=lambda s: s["version"]) if statuses else None
+
+
+def ended(status: JobStatus | None) -> str | None:
+    """The final status of a job that has ended (a batch or a background
+    response), None while it has not."""
+    state = json.loads(status["object"]).get("status") if status is not None else None
+    return state if state in _ENDED else None

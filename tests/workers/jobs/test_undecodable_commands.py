@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -344,3 +345,42 @@ def test_a_letter_without_a_job_is_only_a_dead_letter_and_nothing_in_flight_is_l
     assert "" in keys and stranger in keys and running.id in keys, letters
     assert _results_of(conveyor, stranger) == []
     assert not [r for r in _results_of(conveyor, running.id) if r["event"] == "invalid"]
+
+
+@pipeline_tests
+def test_a_command_of_an_ended_job_is_not_redriven(conveyor: Pipeline) -> None:
+    """A create command set aside for a batch that has since failed decodes now (a
+    fixed bug): sent back, its lines would run while the batch shows failed."""
+    from conveyor.cli_dlq import read_letters, redrive
+    from schemas.records import JobCommand
+
+    c = _client(conveyor)
+    batch_id = f"batch_{uuid.uuid4().hex}"
+    obj = _batch_object(batch_id, _upload(c, 2))
+    _write_status_and_command(conveyor, obj, b"\x00ended")
+    assert _until_final(c, batch_id).status == "failed"
+    command = JobCommand(job_id=batch_id, kind="batch", action="create", tenant=TENANT,
+                         key_id="", ts_ms=int(time.time() * 1000),
+                         input_file_id=obj["input_file_id"],
+                         endpoint="/v1/chat/completions", completion_window="24h",
+                         metadata={}, generation=None, models=[], body="")
+    [letter] = [x for x in _letters(conveyor) if x["key"] == batch_id]
+    partition, offset = re.fullmatch(r".*\[(\d+)\]@(\d+)", letter["source"]).groups()  # type: ignore[union-attr]
+    fixed = DeadLetter(layer="jobs", topic=conveyor.settings.topic("jobs"),
+                       partition=int(partition), offset=int(offset),
+                       key=batch_id.encode(), value=default_codec().encode("JobCommand", command),
+                       error="SchemaError: since fixed", ts_ms=int(time.time() * 1000))
+    asyncio.run(_write(conveyor, [("dlq", batch_id.encode(),
+                                   default_codec().encode("DeadLetter", fixed))]))
+    [again] = [x for x in _letters(conveyor)
+               if x["key"] == batch_id and x["error"] == "SchemaError: since fixed"]
+
+    async def send_back(force: bool) -> str:
+        letters = await read_letters(conveyor.settings, 0, [again["offset"]])
+        [result] = await redrive(conveyor.settings, letters, force=force)
+        assert result.sent == force, result
+        return result.detail
+
+    refused = asyncio.run(send_back(False))
+    assert f"its job {batch_id} has ended (failed)" in refused
+    asyncio.run(send_back(True))  # --force: the operator's call
