@@ -90,3 +90,36 @@ def test_a_batch_completes_across_a_kafka_stop_and_restart(
     assert not errors, errors[:3]
     # a passing outage is retried, never dead-lettered
     assert json.loads(p.cli("dlq", "list", "--json")) == []
+
+
+def test_a_dead_command_after_a_kafka_restart_still_fails_its_batch(
+        pipeline_factory: Callable[..., Pipeline], own_kafka: OwnKafka,
+        tmp_path: Path) -> None:
+    """The jobs layer's follower of the dead-letter topic lives through the
+    broker's outage: a create command it cannot read, written after the restart,
+    still ends its batch ``failed`` instead of leaving it ``validating``."""
+    from tests.workers.jobs.test_undecodable_commands import (
+        _batch_object,
+        _upload,
+        _write_status_and_command,
+    )
+
+    p = pipeline_factory(workers=1, contexts=1, CONVEYOR_KAFKA_BOOTSTRAP=own_kafka.bootstrap,
+                         CONVEYOR_FILES_DIR=str(tmp_path / "files"))
+    c = client(p)
+    file_id = _upload(c, 2)
+    own_kafka.stop()
+    time.sleep(OUTAGE_S)
+    own_kafka.start()
+    batch_id = f"batch_{time.time_ns()}"
+    deadline = time.monotonic() + 120
+    while True:  # the broker takes a while to serve again after its start
+        try:
+            _write_status_and_command(p, _batch_object(batch_id, file_id), b"\x00after")
+            break
+        except Exception:
+            assert time.monotonic() < deadline, "the broker did not come back"
+            time.sleep(1)
+    done = _until(c, batch_id, lambda b: b.status not in ("validating", "in_progress"), 120)
+    assert done.status == "failed", done
+    assert done.errors is not None and done.errors.data[0].code == "invalid_command"
