@@ -5,15 +5,14 @@ request's metrics written)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from conveyor.errors import DeadlineExceeded, RequestError
+from conveyor.errors import DeadlineExceeded
 from conveyor.tracing import GENAI_OPERATIONS
 from gateway.admission import FREE, Ticket
-from gateway.replies import ReplyStream
+from gateway.replies import ReplyStream, reply_error
 from schemas.records import Reply, Usage
 
 if TYPE_CHECKING:
@@ -50,29 +49,22 @@ class Answer:
 
     async def next(self, within: float | None = None) -> Reply | None:
         """The next reply; None when ``within`` seconds passed first; 504 past the deadline."""
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            self.status = DeadlineExceeded.status
-            raise DeadlineExceeded("The request did not finish within its deadline.")
-        wait = left if within is None else min(within, left)
         try:
-            reply = await asyncio.wait_for(self.stream.queue.get(), wait)
-        except TimeoutError:
-            if within is not None and time.monotonic() < self.deadline:
-                return None
+            if self.deadline <= time.monotonic():  # past it, even with a reply waiting
+                raise DeadlineExceeded("The request did not finish within its deadline.")
+            reply = await self.stream.next(self.deadline, within)
+        except DeadlineExceeded:
             self.status = DeadlineExceeded.status
-            raise DeadlineExceeded(
-                "The request did not finish within its deadline.") from None
+            raise
+        if reply is None:
+            return None
         if self.first_at is None:
             self.first_at = time.monotonic()
         if reply["kind"] == "error":
             self.finished = True
             err = reply["error"]
             self.status = err["status"] if err is not None else 500
-            if err is None:
-                raise RequestError("The request failed.")
-            raise RequestError(err["message"], param=err["param"], code=err["code"],
-                               status=err["status"], type=err["type"])
+            raise reply_error(reply)
         self.produced = True
         if reply["kind"] == "final":
             self.finished = True

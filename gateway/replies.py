@@ -34,7 +34,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 from redis.exceptions import RedisError
 
-from conveyor.errors import BrokerError, SchemaError
+from conveyor.errors import BrokerError, DeadlineExceeded, RequestError, SchemaError
 from conveyor.settings import Settings
 from gateway.health import TaskHealth
 from schemas.codec import Codec
@@ -42,7 +42,9 @@ from schemas.records import Reply
 from topics.backoff import Backoff
 from topics.clients import make_consumer
 
-__all__ = ["ReplyRouter", "ReplyStream", "ReplyLease"]
+__all__ = ["ReplyRouter", "ReplyStream", "ReplyLease", "reply_error"]
+
+_LATE = "The request did not finish within its deadline."
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,23 @@ class ReplyStream:
     next_index: int = 0
     early: dict[int, Reply] = field(default_factory=dict)
 
+    async def next(self, deadline: float, within: float | None = None) -> Reply | None:
+        """The next reply: one already here at once; else wait for it until
+        ``deadline`` (``time.monotonic()``), DeadlineExceeded after it, or for
+        ``within`` seconds, None when they passed first."""
+        if not self.queue.empty():
+            return self.queue.get_nowait()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise DeadlineExceeded(_LATE)
+        try:
+            return await asyncio.wait_for(self.queue.get(),
+                                          left if within is None else min(within, left))
+        except TimeoutError:
+            if within is not None and time.monotonic() < deadline:
+                return None
+            raise DeadlineExceeded(_LATE) from None
+
     def put(self, reply: Reply) -> None:
         index = reply["index"]
         if index < self.next_index or index in self.early:
@@ -77,6 +96,15 @@ class ReplyStream:
         while self.next_index in self.early:
             self.queue.put_nowait(self.early.pop(self.next_index))
             self.next_index += 1
+
+
+def reply_error(reply: Reply) -> RequestError:
+    """What an ``error`` reply answers the client with."""
+    err = reply["error"]
+    if err is None:
+        return RequestError("The request failed.")
+    return RequestError(err["message"], param=err["param"], code=err["code"],
+                        status=err["status"], type=err["type"])
 
 
 class ReplyLease:

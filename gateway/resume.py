@@ -53,14 +53,13 @@ import redis.asyncio as aioredis
 from aiokafka.errors import KafkaError
 
 from conveyor.errors import (
-    DeadlineExceeded,
     InvalidRequest,
     PipelineUnavailable,
     RequestError,
     SchemaError,
 )
 from conveyor.settings import Settings
-from gateway.replies import ReplyStream
+from gateway.replies import ReplyStream, reply_error
 from schemas.codec import Codec
 from schemas.records import Generation, Reply, Request
 from topics.envelope import now_ms
@@ -249,28 +248,13 @@ class RecordedReplies:
     async def next(self, within: float | None = None) -> Reply | None:
         """The next reply; None when ``within`` passed first; 504 past the deadline
         (a recorded reply is always given first, however late the resume)."""
-        if self.stream.queue.empty():
-            left = self.deadline - time.monotonic()
-            if left <= 0:
-                raise DeadlineExceeded("The request did not finish within its deadline.")
-            wait = left if within is None else min(within, left)
-            try:
-                reply = await asyncio.wait_for(self.stream.queue.get(), wait)
-            except TimeoutError:
-                if within is not None and time.monotonic() < self.deadline:
-                    return None
-                raise DeadlineExceeded(
-                    "The request did not finish within its deadline.") from None
-        else:
-            reply = self.stream.queue.get_nowait()
+        reply = await self.stream.next(self.deadline, within)
+        if reply is None:
+            return None
         if reply["kind"] in ("final", "error"):
             self.finished = True
         if reply["kind"] == "error":
-            err = reply["error"]
-            if err is None:
-                raise RequestError("The request failed.")
-            raise RequestError(err["message"], param=err["param"], code=err["code"],
-                               status=err["status"], type=err["type"])
+            raise reply_error(reply)
         return reply
 
 

@@ -17,10 +17,10 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-__all__ = ["Backoff", "RateLimitedLog", "Throttle"]
+__all__ = ["Backoff", "RateLimitedLog", "Throttle", "retry_every"]
 
 
 @dataclass
@@ -109,3 +109,21 @@ class RateLimitedLog:
         and start counting afresh."""
         if self._throttle.forget(kind):
             self.logger.info(msg, *args)
+
+
+async def retry_every(name: str, step: Callable[[], Awaitable[None]], every_s: float,
+                      max_backoff_s: float, transient: tuple[type[BaseException], ...],
+                      logger: logging.Logger) -> None:
+    """Run ``step`` every ``every_s`` for ever; a ``transient`` failure (Kafka,
+    Redis) is logged and retried after a wait that doubles up to
+    ``max_backoff_s``; anything else surfaces."""
+    delay = every_s
+    while True:
+        try:
+            await step()
+        except transient as exc:
+            logger.warning("%s: %r; retrying", name, exc)
+            delay = min(max(delay * 2, 0.1), max_backoff_s)
+        else:
+            delay = every_s
+        await asyncio.sleep(delay)

@@ -36,9 +36,9 @@ import logging
 import time
 import traceback
 from collections import deque
-from typing import Any, Protocol, TypeAlias, runtime_checkable
+from typing import Any
 
-from aiokafka import AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from opentelemetry import trace
@@ -52,67 +52,18 @@ from conveyor.errors import (
 from conveyor.metrics import LayerMetrics, partition_lag
 from conveyor.settings import Settings
 from conveyor.tracing import layer_span, trace_id_of
-from schemas.codec import Codec, EventType, default_codec
+from schemas.codec import Codec, default_codec
 from schemas.records import Envelope
 from topics.backoff import Backoff, RateLimitedLog
 from topics.clients import broker_error, make_consumer, make_producer
 from workers.cancels import CancelList
 from workers.inflight import PartitionBook
+from workers.layer import AssignmentAware, CancelAware, Layer, Record
 from workers.outputs import Output, Sender, error_info, failure_reply
 
-__all__ = ["AssignmentAware", "CancelAware", "Layer", "LayerRuntime"]
+__all__ = ["LayerRuntime"]
 
 log = logging.getLogger(__name__)
-
-Record: TypeAlias = "ConsumerRecord[bytes, bytes]"
-
-
-class Layer(Protocol):
-    """What a layer provides; the runtime does the rest."""
-
-    name: str
-    source_topic: str
-    source_type: EventType
-
-    async def start(self, sender: Sender) -> None:
-        """Called once before consuming; a layer that produces on its own (not
-        only as the result of ``handle``) keeps the sender."""
-        ...
-
-    async def stop(self) -> None: ...
-
-    async def handle(self, event: Any, record: Record) -> list[Output]:
-        """Turn one event into outputs. Raise RequestError to fail the request.
-        Work of more than a few milliseconds of CPU goes to a thread
-        (``asyncio.to_thread``): the loop serves every other request."""
-        ...
-
-    def committable(self, tp: TopicPartition, next_offset: int) -> int:
-        """The offset safe to commit on ``tp`` once everything before
-        ``next_offset`` has been handled (a stateful layer may hold it back)."""
-        ...
-
-    def revoked(self, partitions: list[TopicPartition]) -> None:
-        """The partitions went to another member: forget what was held for them."""
-        ...
-
-
-@runtime_checkable
-class AssignmentAware(Protocol):
-    """A layer that acts on how many of its source's partitions it holds."""
-
-    def assigned(self, partitions: list[TopicPartition]) -> None:
-        """Called with the whole assignment after each rebalance."""
-        ...
-
-
-@runtime_checkable
-class CancelAware(Protocol):
-    """A layer whose work stops at a cancel: its events of cancelled requests
-    are dropped, and it hears of every cancel."""
-
-    def cancel(self, request_id: str) -> None: ...
-
 
 class _Abandoned(Exception):
     """The runtime stops while an event waits on a broker: it stays uncommitted."""

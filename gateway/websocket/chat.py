@@ -45,7 +45,6 @@ from gateway.websocket.protocol import (
     INTERNAL_ERROR,
     CancelMessage,
     Endpoint,
-    FrameError,
     RequestMessage,
     chunk_frame,
     done_message,
@@ -191,13 +190,8 @@ class Multiplexer:
         then every generation still running is cancelled."""
         try:
             while True:
-                try:
-                    text = await self.connection.receive()
-                    if text is None:
-                        return
-                    message = parse_multiplexed(text)
-                except FrameError as exc:
-                    await self.connection.close(exc.code, exc.reason)
+                message = await self.connection.next_message(parse_multiplexed)
+                if message is None:
                     return
                 if isinstance(message, CancelMessage):
                     self._cancel(message)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+from collections.abc import Callable
+from typing import TypeVar
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
@@ -28,6 +30,8 @@ from gateway.websocket.protocol import (
 )
 
 __all__ = ["ConnectionState", "Connection"]
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +85,17 @@ class Connection:
             raise FrameError(MESSAGE_TOO_BIG, f"a message may be at most "
                                               f"{self.max_frame_bytes} bytes")
         return str(text)
+
+    async def next_message(self, parse: Callable[[str], T]) -> T | None:
+        """The next frame as ``parse`` reads it; None once the client has gone,
+        or after a frame the protocol cannot take closed the connection (with
+        that frame's close code and reason)."""
+        try:
+            text = await self.receive()
+            return None if text is None else parse(text)
+        except FrameError as exc:
+            await self.close(exc.code, exc.reason)
+            return None
 
     async def send(self, text: str) -> bool:
         """Send one text frame; False when it was dropped (the connection is not open)."""

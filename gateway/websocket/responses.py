@@ -39,7 +39,6 @@ from gateway.responses.serving import generation_of, input_param, response_event
 from gateway.serving import Answer, Serving
 from gateway.websocket.connection import Connection
 from gateway.websocket.protocol import (
-    FrameError,
     ResponseCreate,
     encode,
     parse_response_create,
@@ -84,13 +83,8 @@ class ResponsesSession:
 
     async def _read(self) -> None:
         while True:
-            try:
-                text = await self.connection.receive()
-                if text is None:
-                    return
-                create = parse_response_create(text)
-            except FrameError as exc:
-                await self.connection.close(exc.code, exc.reason)
+            create = await self.connection.next_message(parse_response_create)
+            if create is None:
                 return
             try:
                 self.queue.put_nowait(create)

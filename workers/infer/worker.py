@@ -45,7 +45,7 @@ import logging
 import os
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
@@ -62,6 +62,7 @@ from conveyor.registry import Registry
 from conveyor.settings import Settings
 from conveyor.tracing import layer_span, trace_id_of
 from schemas.codec import Codec, default_codec
+from topics.backoff import retry_every
 from topics.catalog import infer_topic
 from topics.clients import make_consumer, make_producer
 from topics.envelope import PRIORITY_INTERACTIVE, now_ms
@@ -107,22 +108,6 @@ class _Assignment(ConsumerRebalanceListener):
         self.worker.partitions |= set(assigned)
         await self.worker.hand_off_unassigned()
         self.worker.beat_soon()
-
-
-async def _backoff_loop(name: str, step: Callable[[], Awaitable[None]], every_s: float,
-                        max_backoff_s: float) -> None:
-    """Run ``step`` every ``every_s`` forever; a transient failure (Kafka, Redis)
-    is logged and retried with exponential backoff, anything else surfaces."""
-    delay = every_s
-    while True:
-        try:
-            await step()
-        except _TRANSIENT as exc:
-            log.warning("%s: %r; retrying", name, exc)
-            delay = min(max(delay * 2, 0.1), max_backoff_s)
-        else:
-            delay = every_s
-        await asyncio.sleep(delay)
 
 
 class InferWorker:
@@ -191,15 +176,15 @@ class InferWorker:
         backoff = self.settings.retry_backoff_max_s
         background: list[asyncio.Task[None]] = [
             asyncio.create_task(cancels.run(), name="cancels"),
-            asyncio.create_task(_backoff_loop("heartbeat", lambda: self._beat(heartbeat),
-                                              0.0, backoff), name="heartbeat"),
+            asyncio.create_task(retry_every("heartbeat", lambda: self._beat(heartbeat), 0.0,
+                                            backoff, _TRANSIENT, log), name="heartbeat"),
             asyncio.create_task(self._commit_loop(), name="commits"),
-            asyncio.create_task(_backoff_loop("leases", lambda: self._keep_leases(store),
-                                              lease_every, backoff), name="leases"),
-            asyncio.create_task(_backoff_loop("gateways",
-                                              lambda: gateways.check(self._runs()),
-                                              self.settings.reply_lease_ttl_s / 3, backoff),
-                                name="gateways"),
+            asyncio.create_task(retry_every("leases", lambda: self._keep_leases(store),
+                                            lease_every, backoff, _TRANSIENT, log),
+                                name="leases"),
+            asyncio.create_task(retry_every("gateways", lambda: gateways.check(self._runs()),
+                                            self.settings.reply_lease_ttl_s / 3, backoff,
+                                            _TRANSIENT, log), name="gateways"),
         ]
         await consumer.start()
         log.info("worker %s: serving pool %s with %s (capacity %d)", self.worker_id, self.pool,

@@ -61,6 +61,7 @@ from typing import Any
 from aiokafka import ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 
+from conveyor.cli_text import last_line
 from conveyor.errors import PermanentBrokerError, SchemaError
 from conveyor.settings import Settings
 from schemas.codec import Codec
@@ -117,17 +118,12 @@ def failure_event(settings: Settings, codec: Codec, letter: DeadLetter,
                             "set aside in the dead-letter topic.")
     else:
         error["code"] = "command_failed"
-        error["message"] = (f"Conveyor could not carry out this job's command "
-                            f"({_last_line(letter['error'])}); it was set aside in the "
-                            "dead-letter topic.")
+        why = last_line(letter["error"]) or "unknown error"
+        error["message"] = (f"Conveyor could not carry out this job's command ({why}); it "
+                            "was set aside in the dead-letter topic.")
     log.info("job %s: failed, its command is a dead letter (%s)", job_id, error["code"])
     return job_event(settings, job_id, "invalid", json.dumps(
         {"object": obj, "errors": [error], "tenant": status["tenant"]}))
-
-
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else "unknown error"
 
 
 class DeadCommands:
