@@ -31,10 +31,7 @@ import argparse
 import asyncio
 import secrets
 import subprocess
-import sys
-import tempfile
 import time
-from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -43,26 +40,22 @@ import redis.asyncio as aioredis
 from bench import compare
 from bench.client import make_client
 from bench.compare import (
-    REGISTRY,
     Comparison,
     FineCheck,
     first_success,
     loop_factory,
     plan,
-    report_summary,
+    report_main,
+    staged,
 )
 from bench.harness import (
     BenchError,
-    check_infra,
-    check_port_free,
     conveyor_env,
-    conveyor_script,
-    exit_on_sigterm,
     repo_root,
     running,
     wait_http,
 )
-from bench.scenarios import DELAY_MS, PROMPT, TOKENS, Result, Scenario, Side
+from bench.scenarios import PROMPT, TOKENS, Result, Scenario, Side
 from bench.stats import Check, percentile
 from conveyor.settings import load_settings
 
@@ -158,30 +151,20 @@ def make_key(script: Path, env: dict[str, str]) -> tuple[str, str]:
 
 
 def run(quick: bool, upstream_port: int, open_port: int, keyed_port: int) -> list[Result]:
-    check_infra()
-    for port, what in ((upstream_port, "upstream"), (open_port, "gateway (auth none)"),
-                       (keyed_port, "gateway (auth keys)")):
-        check_port_free(port, what)
-    script = conveyor_script()
-    work = Path(tempfile.mkdtemp(prefix="conveyor-bench-"))
-    print(f"logs and registry in {work}", flush=True)
-    models = work / "models.toml"
-    models.write_text(REGISTRY)
-    prefix = f"benchauth{int(time.time())}"
-    upstream_url = f"http://127.0.0.1:{upstream_port}"
-    open_url, keyed_url = f"http://127.0.0.1:{open_port}", f"http://127.0.0.1:{keyed_port}"
-    base = conveyor_env(topic_prefix=prefix, gateway_port=open_port, models_file=models)
-    base["CONVEYOR_AUTH"] = "none"
-    base.pop("CONVEYOR_AUTH_SECRET", None)
-    keyed_env = {**base, "CONVEYOR_AUTH": "keys", "CONVEYOR_GATEWAY_PORT": str(keyed_port),
-                 "CONVEYOR_AUTH_SECRET": secrets.token_hex(32)}
-    upstream_argv = [sys.executable, "-m", "bench.upstream", "--port", str(upstream_port),
-                     "--tokens", str(TOKENS), "--delay-ms", str(DELAY_MS)]
-    infer_argv = [str(script), "infer", "--engine", "openai", "--upstream", upstream_url,
-                  "--pool", "bench", "--capacity", "64", "--worker-id", "bench-0"]
-    with ExitStack() as stack:
-        upstream = stack.enter_context(running("upstream", upstream_argv, work))
-        wait_http(f"{upstream_url}/v1/models", upstream, 30.0)
+    ports = {open_port: "gateway (auth none)", keyed_port: "gateway (auth keys)"}
+    with staged(upstream_port, ports) as (stage, stack):
+        script, work = stage.script, stage.work
+        prefix = f"benchauth{int(time.time())}"
+        open_url, keyed_url = f"http://127.0.0.1:{open_port}", f"http://127.0.0.1:{keyed_port}"
+        base = conveyor_env(topic_prefix=prefix, gateway_port=open_port,
+                            models_file=stage.models)
+        base["CONVEYOR_AUTH"] = "none"
+        base.pop("CONVEYOR_AUTH_SECRET", None)
+        keyed_env = {**base, "CONVEYOR_AUTH": "keys", "CONVEYOR_GATEWAY_PORT": str(keyed_port),
+                     "CONVEYOR_AUTH_SECRET": secrets.token_hex(32)}
+        infer_argv = [str(script), "infer", "--engine", "openai", "--upstream",
+                      stage.upstream_url, "--pool", "bench", "--capacity", "64",
+                      "--worker-id", "bench-0"]
         key_id, secret = make_key(script, keyed_env)
         print(f"key {key_id} of tenant {TENANT} on topic prefix {prefix}", flush=True)
         stack.enter_context(running("layers", [str(script), "layer"], work, base))
@@ -212,15 +195,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keyed-port", type=int, default=8111,
                         help="the CONVEYOR_AUTH=keys gateway")
     args = parser.parse_args(argv)
-    exit_on_sigterm()
-    try:
-        results = run(args.quick, args.upstream_port, args.open_port, args.keyed_port)
-    except BenchError as exc:
-        print(f"bench.auth_overhead: {exc}", file=sys.stderr)
-        raise SystemExit(2) from exc
-    print()
-    report_summary(results, AUTH)
-
+    report_main("bench.auth_overhead", AUTH, lambda: run(
+        args.quick, args.upstream_port, args.open_port, args.keyed_port))
 
 if __name__ == "__main__":
     main()

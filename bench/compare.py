@@ -16,18 +16,31 @@ from __future__ import annotations
 
 import asyncio
 import math
+import sys
+import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 from bench.client import Sample
-from bench.harness import BenchError
+from bench.harness import (
+    BenchError,
+    check_infra,
+    check_port_free,
+    conveyor_script,
+    exit_on_sigterm,
+    running,
+    wait_http,
+)
 from bench.scenarios import DELAY_MS, TOKENS, Result, Scenario, Side, Tally
 from bench.stats import Check, markdown_table, percentile
 
-__all__ = ["REGISTRY", "Comparison", "FineCheck", "first_success", "loop_factory", "measure",
-           "median_interval", "plan", "report_summary", "run_pairs", "run_rounds"]
+__all__ = ["REGISTRY", "Comparison", "FineCheck", "Stage", "first_success", "loop_factory",
+           "measure", "median_interval", "plan", "report_main", "report_summary", "run_pairs",
+           "run_rounds", "staged"]
 
 T = TypeVar("T")
 
@@ -66,6 +79,56 @@ class FineCheck(Check):
 
     def measured(self) -> str:
         return "-" if math.isnan(self.value) else f"{self.value:.2f} {self.unit}"
+
+
+# -- the stage every comparison starts from -----------------------------------------
+
+
+@dataclass(frozen=True)
+class Stage:
+    """The ``conveyor`` script, the run's folder (logs), its model registry and
+    the upstream fixture's URL, serving."""
+
+    script: Path
+    work: Path
+    models: Path
+    upstream_url: str
+
+
+@contextmanager
+def staged(upstream_port: int, ports: dict[int, str], registry: str = REGISTRY
+           ) -> Iterator[tuple[Stage, ExitStack]]:
+    """Kafka and Redis answer and the ``ports`` (port -> what) are free; the
+    upstream fixture serves on ``upstream_port``. What the caller starts on the
+    stack is stopped with the upstream when the block ends."""
+    check_infra()
+    for port, what in {upstream_port: "upstream", **ports}.items():
+        check_port_free(port, what)
+    script = conveyor_script()
+    work = Path(tempfile.mkdtemp(prefix="conveyor-bench-"))
+    print(f"logs and registry in {work}", flush=True)
+    models = work / "models.toml"
+    models.write_text(registry)
+    url = f"http://127.0.0.1:{upstream_port}"
+    argv = [sys.executable, "-m", "bench.upstream", "--port", str(upstream_port),
+            "--tokens", str(TOKENS), "--delay-ms", str(DELAY_MS)]
+    with ExitStack() as stack:
+        upstream = stack.enter_context(running("upstream", argv, work))
+        wait_http(f"{url}/v1/models", upstream, 30.0)
+        yield Stage(script, work, models, url), stack
+
+
+def report_main(prog: str, comparison: Comparison, run: Callable[[], list[Result]]) -> None:
+    """Run a comparison as a script: SIGTERM stops its processes, a failure to
+    set it up exits 2 with the reason, the summary tables come last."""
+    exit_on_sigterm()
+    try:
+        results = run()
+    except BenchError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+    print()
+    report_summary(results, comparison)
 
 
 # -- measurement -------------------------------------------------------------------

@@ -20,26 +20,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
-import tempfile
 import time
-from contextlib import ExitStack
-from pathlib import Path
 
 from bench import compare
 from bench.client import make_client
-from bench.compare import Comparison, loop_factory, report_summary
+from bench.compare import Comparison, loop_factory, report_main, staged
 from bench.harness import (
-    BenchError,
-    check_infra,
-    check_port_free,
     conveyor_env,
-    conveyor_script,
-    exit_on_sigterm,
     running,
     wait_http,
 )
-from bench.scenarios import DELAY_MS, TOKENS, Result, Scenario, Side, scenarios
+from bench.scenarios import DELAY_MS, Result, Scenario, Side, scenarios
 from bench.stats import Check, percentile
 
 __all__ = ["main"]
@@ -101,30 +92,16 @@ async def measure(plan: list[Scenario], upstream_url: str, gateway_url: str) -> 
 
 
 def run(quick: bool, upstream_port: int, gateway_port: int) -> list[Result]:
-    check_infra()
-    check_port_free(upstream_port, "upstream")
-    check_port_free(gateway_port, "gateway")
-    script = conveyor_script()
-    work = Path(tempfile.mkdtemp(prefix="conveyor-bench-"))
-    print(f"logs and registry in {work}", flush=True)
-    models = work / "models.toml"
-    models.write_text(REGISTRY)
-    upstream_url = f"http://127.0.0.1:{upstream_port}"
-    gateway_url = f"http://127.0.0.1:{gateway_port}"
-    env = conveyor_env(
-        topic_prefix=f"bench{int(time.time())}", gateway_port=gateway_port, models_file=models
-    )
-    upstream_argv = [sys.executable, "-m", "bench.upstream", "--port", str(upstream_port)]
-    upstream_argv += ["--tokens", str(TOKENS), "--delay-ms", str(DELAY_MS)]
-    conveyor_argv = [str(script), "up", "--engine", "openai", "--upstream", upstream_url]
-    conveyor_argv += ["--pool", "bench", "--capacity", "64", "--no-infra"]
-    with ExitStack() as stack:
-        upstream = stack.enter_context(running("upstream", upstream_argv, work))
-        wait_http(f"{upstream_url}/v1/models", upstream, 30.0)
-        conveyor = stack.enter_context(running("conveyor", conveyor_argv, work, env))
+    with staged(upstream_port, {gateway_port: "gateway"}, REGISTRY) as (stage, stack):
+        gateway_url = f"http://127.0.0.1:{gateway_port}"
+        env = conveyor_env(topic_prefix=f"bench{int(time.time())}", gateway_port=gateway_port,
+                           models_file=stage.models)
+        conveyor_argv = [str(stage.script), "up", "--engine", "openai", "--upstream",
+                         stage.upstream_url, "--pool", "bench", "--capacity", "64", "--no-infra"]
+        conveyor = stack.enter_context(running("conveyor", conveyor_argv, stage.work, env))
         wait_http(f"{gateway_url}/healthz", conveyor, 180.0)
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
-            return runner.run(measure(scenarios(quick), upstream_url, gateway_url))
+            return runner.run(measure(scenarios(quick), stage.upstream_url, gateway_url))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -136,15 +113,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--upstream-port", type=int, default=9100)
     parser.add_argument("--gateway-port", type=int, default=8100)
     args = parser.parse_args(argv)
-    exit_on_sigterm()
-    try:
-        results = run(args.quick, args.upstream_port, args.gateway_port)
-    except BenchError as exc:
-        print(f"bench.overhead: {exc}", file=sys.stderr)
-        raise SystemExit(2) from exc
-    print()
-    report_summary(results, OVERHEAD)
-
+    report_main("bench.overhead", OVERHEAD, lambda: run(
+        args.quick, args.upstream_port, args.gateway_port))
 
 if __name__ == "__main__":
     main()

@@ -29,36 +29,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import sys
-import tempfile
 import time
 from contextlib import ExitStack
-from pathlib import Path
 
 import httpx
 
 from bench import compare
 from bench.client import make_client
 from bench.compare import (
-    REGISTRY,
     Comparison,
     FineCheck,
+    Stage,
     loop_factory,
     plan,
-    report_summary,
+    report_main,
+    staged,
 )
 from bench.harness import (
     BenchError,
     Proc,
-    check_infra,
-    check_port_free,
     conveyor_env,
-    conveyor_script,
-    exit_on_sigterm,
     running,
     wait_http,
 )
-from bench.scenarios import DELAY_MS, PROMPT, TOKENS, Result, Scenario, Side
+from bench.scenarios import PROMPT, TOKENS, Result, Scenario, Side
 from bench.stats import Check, percentile
 
 __all__ = ["main"]
@@ -158,54 +152,40 @@ async def measure(scenarios: list[Scenario], plain_url: str, full_url: str,
 # -- processes ---------------------------------------------------------------------
 
 
-def _pipeline(stack: ExitStack, name: str, env: dict[str, str], work: Path, script: Path,
-              upstream_url: str, metrics_ports: tuple[int, int] | None) -> Proc:
+def _pipeline(stack: ExitStack, name: str, env: dict[str, str], stage: Stage,
+              metrics_ports: tuple[int, int] | None) -> Proc:
     """One side's layers, infer worker and gateway; the gateway's process."""
     def on(i: int) -> list[str]:
         return ["--metrics-port", str(metrics_ports[i])] if metrics_ports else []
 
-
-    infer = ["infer", "--engine", "openai", "--upstream", upstream_url, "--pool", "bench",
+    script, work = str(stage.script), stage.work
+    infer = ["infer", "--engine", "openai", "--upstream", stage.upstream_url, "--pool", "bench",
              "--capacity", "64", "--worker-id", f"{name}-0"]
-    stack.enter_context(running(f"{name}-layers", [str(script), *on(0), "layer"], work, env))
-    stack.enter_context(running(f"{name}-infer", [str(script), *on(1), *infer], work, env))
-    return stack.enter_context(running(f"{name}-gateway", [str(script), "gateway"], work, env))
+    stack.enter_context(running(f"{name}-layers", [script, *on(0), "layer"], work, env))
+    stack.enter_context(running(f"{name}-infer", [script, *on(1), *infer], work, env))
+    return stack.enter_context(running(f"{name}-gateway", [script, "gateway"], work, env))
 
 
 def run(quick: bool, upstream_port: int, plain_port: int, full_port: int,
         metrics_ports: tuple[int, int], variant: str = "both") -> list[Result]:
-    check_infra()
-    for port, what in ((upstream_port, "upstream"), (plain_port, "gateway (plain)"),
-                       (full_port, "gateway (full)"), (metrics_ports[0], "layers metrics"),
-                       (metrics_ports[1], "infer metrics")):
-        check_port_free(port, what)
-    script = conveyor_script()
-    work = Path(tempfile.mkdtemp(prefix="conveyor-bench-"))
-    print(f"logs and registry in {work}", flush=True)
-    models = work / "models.toml"
-    models.write_text(REGISTRY)
-    stamp = int(time.time())
-    upstream_url = f"http://127.0.0.1:{upstream_port}"
-    plain_url, full_url = f"http://127.0.0.1:{plain_port}", f"http://127.0.0.1:{full_port}"
-    plain_env = conveyor_env(topic_prefix=f"benchplain{stamp}", gateway_port=plain_port,
-                             models_file=models)
-    plain_env.update(CONVEYOR_RESUMABLE_STREAMS="false", CONVEYOR_METRICS_ENABLED="false")
-    full_env = conveyor_env(topic_prefix=f"benchfull{stamp}", gateway_port=full_port,
-                            models_file=models)
-    for env in (plain_env, full_env):
-        env["CONVEYOR_AUTH"] = "none"
-    full_env.update(CONVEYOR_RESUMABLE_STREAMS=str(variant != "metrics").lower(),
-                    CONVEYOR_METRICS_ENABLED=str(variant != "resume").lower())
-    scraped = [f"{full_url}/metrics"] + [f"http://127.0.0.1:{p}/metrics" for p in metrics_ports]
-    if variant == "resume":
-        scraped = []
-    upstream_argv = [sys.executable, "-m", "bench.upstream", "--port", str(upstream_port),
-                     "--tokens", str(TOKENS), "--delay-ms", str(DELAY_MS)]
-    with ExitStack() as stack:
-        upstream = stack.enter_context(running("upstream", upstream_argv, work))
-        wait_http(f"{upstream_url}/v1/models", upstream, 30.0)
-        plain_gw = _pipeline(stack, "plain", plain_env, work, script, upstream_url, None)
-        full_gw = _pipeline(stack, "full", full_env, work, script, upstream_url, metrics_ports)
+    ports = {plain_port: "gateway (plain)", full_port: "gateway (full)",
+             metrics_ports[0]: "layers metrics", metrics_ports[1]: "infer metrics"}
+    with staged(upstream_port, ports) as (stage, stack):
+        stamp = int(time.time())
+        plain_url, full_url = f"http://127.0.0.1:{plain_port}", f"http://127.0.0.1:{full_port}"
+        plain_env = conveyor_env(topic_prefix=f"benchplain{stamp}", gateway_port=plain_port,
+                                 models_file=stage.models)
+        plain_env.update(CONVEYOR_RESUMABLE_STREAMS="false", CONVEYOR_METRICS_ENABLED="false")
+        full_env = conveyor_env(topic_prefix=f"benchfull{stamp}", gateway_port=full_port,
+                                models_file=stage.models)
+        for env in (plain_env, full_env):
+            env["CONVEYOR_AUTH"] = "none"
+        full_env.update(CONVEYOR_RESUMABLE_STREAMS=str(variant != "metrics").lower(),
+                        CONVEYOR_METRICS_ENABLED=str(variant != "resume").lower())
+        scraped = [] if variant == "resume" else [f"{full_url}/metrics"] + [
+            f"http://127.0.0.1:{p}/metrics" for p in metrics_ports]
+        plain_gw = _pipeline(stack, "plain", plain_env, stage, None)
+        full_gw = _pipeline(stack, "full", full_env, stage, metrics_ports)
         wait_http(f"{plain_url}/healthz", plain_gw, 180.0)
         wait_http(f"{full_url}/healthz", full_gw, 180.0)
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
@@ -228,16 +208,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", choices=["resume", "metrics"], default=None,
                         help="turn only this one on on the full side, to see which costs")
     args = parser.parse_args(argv)
-    exit_on_sigterm()
-    try:
-        results = run(args.quick, args.upstream_port, args.plain_port, args.full_port,
-                      tuple(args.metrics_ports), args.only or "both")
-    except BenchError as exc:
-        print(f"bench.stream_overhead: {exc}", file=sys.stderr)
-        raise SystemExit(2) from exc
-    print()
-    report_summary(results, STREAMS)
-
+    report_main("bench.stream_overhead", STREAMS, lambda: run(
+        args.quick, args.upstream_port, args.plain_port, args.full_port,
+        tuple(args.metrics_ports), args.only or "both"))
 
 if __name__ == "__main__":
     main()
