@@ -350,7 +350,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.metrics_port is not None:
         settings = settings.model_copy(update={"metrics_port": args.metrics_port})
     _setup_logging(settings)
-    result: int = args.func(settings, args)
+    from aiokafka.errors import KafkaConnectionError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    try:
+        result: int = args.func(settings, args)
+    except KafkaConnectionError as exc:  # a tool run while the broker is down: say so
+        print(f"conveyor {args.command}: Kafka at {settings.kafka_bootstrap} cannot be "
+              f"reached ({exc}); is it running?", file=sys.stderr)
+        return 3
+    except RedisConnectionError as exc:
+        where = settings.redis_url.rpartition("@")[2]  # never a password on the screen
+        print(f"conveyor {args.command}: Redis at {where} cannot be reached "
+              f"({exc}); is it running?", file=sys.stderr)
+        return 3
     return result
 
 

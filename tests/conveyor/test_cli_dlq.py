@@ -135,3 +135,26 @@ def test_a_poison_fixed_by_a_schema_upgrade_is_redriven_once(
     assert forced.sent and forced.detail != sent.detail
     assert run(settings, "show", str(offset)) == 0
     assert "redriven " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("args", "env"), [
+    (["dlq", "list"], {"CONVEYOR_KAFKA_BOOTSTRAP": "127.0.0.1:{port}"}),
+    (["inspect", "nope"], {"CONVEYOR_KAFKA_BOOTSTRAP": "127.0.0.1:{port}"}),
+    (["usage", "--tenant", "acme"], {"CONVEYOR_REDIS_URL": "redis://:s3cret@127.0.0.1:{port}/0"}),
+])
+def test_a_tool_run_while_its_service_is_down_says_so_without_a_traceback(
+        args: list[str], env: dict[str, str]) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+    from tests.faults import free_port
+
+    port = free_port()  # nothing listens there
+    done = subprocess.run([sys.executable, "-m", "conveyor.cli", *args], cwd=ROOT,
+                          env={**os.environ, **{k: v.format(port=port) for k, v in env.items()}},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert "cannot be reached" in done.stderr and "is it running?" in done.stderr
+    assert "Traceback" not in done.stderr and "s3cret" not in done.stderr
