@@ -21,6 +21,9 @@ it.
   would only be a stale row for the mirror to avoid.
 - **Retention.** Each event's partition is swept at most once a minute
   (a table can only be changed while an event of its partition is in hand).
+- **Commits.** A source offset is committed only after every changelog
+  write before it is acknowledged (workers/usage/drain.py), so a SIGKILL
+  loses no count.
 - **Poison values** go to ``conveyor.dlq`` as DeadLetters and are skipped
   (workers/usage/decode.py).
 - **Mirror.** Every ``MIRROR_INTERVAL_S`` the rows that changed are written to
@@ -52,17 +55,22 @@ from topics.backoff import RateLimitedLog
 from topics.envelope import now_ms
 from workers.usage.counting import Counter
 from workers.usage.decode import Undecodable, UsageValueCodec
+from workers.usage.drain import drain_before_commit
 from workers.usage.layout import UsageKeys
 from workers.usage.mirror import RedisMirror
 from workers.usage.rows import Counts, RowKey
 
-__all__ = ["AccountingApp", "MIRROR_INTERVAL_S", "FULL_MIRROR_EVERY", "SWEEP_EVERY_MS"]
+__all__ = ["AccountingApp", "MIRROR_INTERVAL_S", "FULL_MIRROR_EVERY", "SWEEP_EVERY_MS",
+           "FLUSH_TIMEOUT_S"]
 
 log = logging.getLogger(__name__)
 
 MIRROR_INTERVAL_S = 0.5
 FULL_MIRROR_EVERY = 10  # ticks: a full pass every 5 s
 SWEEP_EVERY_MS = 60_000
+# a commit waits this long for the changelog writes before it fails (and the
+# events are read again) rather than commit past writes that are not durable
+FLUSH_TIMEOUT_S = 120.0
 # room a dead letter keeps for its own fields (as workers/outputs.py)
 _LETTER_OVERHEAD = 16 * 1024
 
@@ -97,6 +105,9 @@ class AccountingApp:
             broker_commit_interval=1.0,
             consumer_auto_offset_reset="earliest",
         )
+        # a source offset is committed only once its changelog writes are
+        # acknowledged (workers/usage/drain.py)
+        self.drain = drain_before_commit(self.app.producer.buffer, FLUSH_TIMEOUT_S)
         changelog = replication.configs()
         self.seen = self.app.Table("usage-seen", partitions=partitions,
                                    extra_topic_configs=changelog,
