@@ -44,6 +44,7 @@ from gateway.serving import Answer, Serving
 from schemas.codec import default_codec
 from schemas.records import ErrorInfo, Generation, Reply, Request, Usage
 from tests.conftest import TEST_MODELS, drop_topics
+from tests.gateway.fakes import Lease, RecordingProducer, Router
 from topics.admin import ensure_topics
 from topics.catalog import catalog
 from topics.clients import make_producer
@@ -82,31 +83,9 @@ def parsed(frames: list[bytes]) -> list[Any]:
 
 # -- the one loop ---------------------------------------------------------------
 
-@dataclass
-class Producer:
-    """AIOKafkaProducer.send_and_wait at the seam: the cancels land here."""
-
-    sent: list[str] = field(default_factory=list)
-
-    async def send_and_wait(self, topic: str, value: bytes, key: bytes | None = None) -> None:
-        self.sent.append(default_codec().decode(value, "Control")["request_id"])
-
-
-@dataclass
-class Lease:
-    redis: aioredis.Redis | None = None
-
-
-@dataclass
-class Router:
-    lease: Lease = field(default_factory=Lease)
-
-    def close(self, request_id: str) -> None:
-        return None
-
-
-def serving(redis: aioredis.Redis | None = None, **settings: Any) -> tuple[Serving, Producer]:
-    producer = Producer()
+def serving(redis: aioredis.Redis | None = None, **settings: Any
+            ) -> tuple[Serving, RecordingProducer]:
+    producer = RecordingProducer()
     s = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}", **settings)
     return Serving(s, producer, Router(Lease(redis)),  # type: ignore[arg-type]
                    default_codec(), "g"), producer
@@ -208,15 +187,6 @@ def test_a_response_id_names_its_request() -> None:
 
 # -- the grace of a dropped stream, on the real Redis -------------------------------
 
-@pytest.fixture
-async def redis() -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.from_url("redis://127.0.0.1:6379/0")
-    try:
-        yield client
-    finally:
-        await client.aclose()
-
-
 async def dropped(s: Serving) -> None:
     """A Responses stream whose client leaves after its first event."""
     req = body()
@@ -230,9 +200,9 @@ async def test_a_dropped_stream_is_cancelled_after_the_grace(redis: aioredis.Red
     s, producer = serving(redis, resume_grace_s=0.4)
     await dropped(s)
     await asyncio.sleep(0.2)
-    assert producer.sent == []  # the client may still resume
+    assert producer.cancelled() == []  # the client may still resume
     await asyncio.sleep(0.5)
-    assert producer.sent == ["r1"]
+    assert producer.cancelled() == ["r1"]
 
 
 async def test_a_dropped_stream_resumed_in_the_grace_runs_on(redis: aioredis.Redis) -> None:
@@ -242,7 +212,7 @@ async def test_a_dropped_stream_resumed_in_the_grace_runs_on(redis: aioredis.Red
     await watch.attach("r1")  # a replica serves the resumed stream
     try:
         await asyncio.sleep(0.6)
-        assert producer.sent == []
+        assert producer.cancelled() == []
     finally:
         await redis.delete(watch.key("r1"))
 
@@ -251,7 +221,7 @@ async def test_without_resumable_streams_a_drop_cancels_at_once(redis: aioredis.
     s, producer = serving(redis, resume_grace_s=5.0, resumable_streams=False)
     await dropped(s)
     await asyncio.sleep(0.1)
-    assert producer.sent == ["r1"]
+    assert producer.cancelled() == ["r1"]
 
 
 # -- the route --------------------------------------------------------------------

@@ -8,8 +8,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -23,6 +22,7 @@ from gateway.resume import ResumeWatch, StreamNotFound, request_id_of, resume_af
 from gateway.serving import Answer, Serving
 from schemas.codec import default_codec
 from schemas.records import Reply
+from tests.gateway.fakes import Lease, RecordingProducer, Router
 from topics.envelope import new_envelope
 from workers.infer.gateways import GatewayWatch
 
@@ -55,27 +55,6 @@ def test_what_a_client_resumes_after() -> None:
 
 # -- the stream and its grace, on the real Redis --------------------------------
 
-@dataclass
-class Producer:
-    sent: list[tuple[str, bytes]] = field(default_factory=list)
-
-    async def send_and_wait(self, topic: str, value: bytes, key: bytes | None = None) -> None:
-        self.sent.append((topic, value))
-
-
-@dataclass
-class Lease:
-    redis: aioredis.Redis
-
-
-@dataclass
-class Router:
-    lease: Lease
-
-    def close(self, request_id: str) -> None:
-        return None
-
-
 def reply(index: int, kind: str, chunks: list[dict[str, Any]]) -> Reply:
     return Reply(envelope=new_envelope("r1", reply_gateway="g", reply_partition=0),
                  index=index, kind=kind,  # type: ignore[typeddict-item]
@@ -83,17 +62,8 @@ def reply(index: int, kind: str, chunks: list[dict[str, Any]]) -> Reply:
                  finish_reason=None, usage=None, error=None)
 
 
-@pytest.fixture
-async def redis() -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.from_url("redis://127.0.0.1:6379/0")
-    try:
-        yield client
-    finally:
-        await client.aclose()
-
-
-def serving(redis: aioredis.Redis, grace_s: float) -> tuple[Serving, Producer]:
-    producer = Producer()
+def serving(redis: aioredis.Redis, grace_s: float) -> tuple[Serving, RecordingProducer]:
+    producer = RecordingProducer()
     settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}", resume_grace_s=grace_s,
                         sse_keepalive_s=5)
     return Serving(settings, producer, Router(Lease(redis)),  # type: ignore[arg-type]

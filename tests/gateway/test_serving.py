@@ -19,25 +19,8 @@ from gateway.replies import ReplyStream
 from gateway.serving import Answer, Serving
 from schemas.codec import default_codec
 from schemas.records import Reply
+from tests.gateway.fakes import RecordingProducer, Router
 from topics.envelope import new_envelope
-
-
-@dataclass
-class RecordingProducer:
-    """Stands in for AIOKafkaProducer.send_and_wait at the seam."""
-
-    sent: list[tuple[str, bytes]] = field(default_factory=list)
-
-    async def send_and_wait(self, topic: str, value: bytes, key: bytes | None = None) -> None:
-        self.sent.append((topic, value))
-
-
-@dataclass
-class Router:
-    closed: list[str] = field(default_factory=list)
-
-    def close(self, request_id: str) -> None:
-        self.closed.append(request_id)
 
 
 def reply(index: int, kind: str, chunks: list[dict[str, Any]] | None = None) -> Reply:

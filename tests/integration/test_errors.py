@@ -94,13 +94,11 @@ def test_a_pool_without_workers_does_not_hold_up_the_others(pipeline: Pipeline) 
     with ThreadPoolExecutor(2) as pool:
         waiting = pool.submit(post, pipeline, ghost)
         time.sleep(0.3)  # the ghost request is parked in schedule by now
-        started = time.monotonic()
         answered = post(pipeline, real)
-        took = time.monotonic() - started
         assert answered.status_code == 200
+        # answered while the ghost request still waits its 3 s for a worker
         assert not waiting.done(), "the ghost request should still be waiting for a worker"
         assert_envelope(waiting.result(), 503, "no_worker_available")
-    assert took < 2.5  # well inside the 3 s the ghost request waits
 
 
 def one_connection(p: Pipeline) -> httpx.Client:

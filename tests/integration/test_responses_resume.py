@@ -118,6 +118,28 @@ def test_the_rest_comes_from_another_replica(pipeline: Pipeline) -> None:
         pipeline.kill("gateway-resume-a", signal.SIGTERM)
 
 
+def test_the_rest_comes_from_another_replica_after_a_sigkill(pipeline: Pipeline) -> None:
+    url = pipeline.start_gateway("gateway-resume-k")
+    try:
+        stream = client(url).responses.create(stream=True, **COUNTING)
+        first: list[Any] = []
+        for event in stream:
+            first.append(event)
+            if len(first) == 3:
+                pipeline.kill("gateway-resume-k")  # SIGKILL, mid-answer
+                break
+        stream.close()
+        rest = resumed(client(pipeline.base_url), first[0].response.id, after=2)
+        check_joined(first + rest)
+        final = rest[-1].response
+        assert final.status == "incomplete" and final.usage is not None
+        assert final.usage.output_tokens == COUNTING["max_output_tokens"]
+        assert dumped(first + rest) == dumped(resumed(client(pipeline.base_url), final.id))
+    finally:
+        if pipeline.procs["gateway-resume-k"].poll() is None:
+            pipeline.kill("gateway-resume-k")
+
+
 def test_unknown_and_background_responses_are_not_streamed(pipeline: Pipeline) -> None:
     c = client(pipeline.base_url)
     with pytest.raises(openai.NotFoundError):

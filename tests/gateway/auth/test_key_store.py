@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 from typing import Any
 
 import pytest
@@ -243,7 +242,3 @@ def test_key_ids_and_secrets_are_fresh_each_time() -> None:
 
     assert len({new_secret() for _ in range(100)}) == 100
     assert len({new_key_id() for _ in range(100)}) == 100
-    settings = key_settings()
-    t = time.perf_counter()
-    hash_secret(settings, new_secret())
-    assert time.perf_counter() - t < 0.05  # one HMAC: cheap enough per request

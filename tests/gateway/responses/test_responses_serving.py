@@ -33,6 +33,7 @@ from gateway.serving import Answer, Serving
 from schemas.codec import default_codec
 from schemas.records import ErrorInfo, Generation, Reply, Request, Usage
 from tests.conftest import TEST_MODELS
+from tests.gateway.fakes import RecordingProducer, Router
 from topics.envelope import new_envelope
 
 EVENT = TypeAdapter(ResponseStreamEvent)
@@ -78,24 +79,6 @@ def test_chat_params_are_named_as_the_request_named_them() -> None:
 
 
 # -- answers from replies -----------------------------------------------------
-
-@dataclass
-class RecordingProducer:
-    """Stands in for AIOKafkaProducer.send_and_wait at the seam: cancels land here."""
-
-    sent: list[str] = field(default_factory=list)
-
-    async def send_and_wait(self, topic: str, value: bytes, key: bytes | None = None) -> None:
-        self.sent.append(default_codec().decode(value, "Control")["request_id"])
-
-
-@dataclass
-class Router:
-    closed: list[str] = field(default_factory=list)
-
-    def close(self, request_id: str) -> None:
-        self.closed.append(request_id)
-
 
 def reply(index: int, kind: str, text: str = "", finish: str | None = None,
           usage: Usage | None = None, error: ErrorInfo | None = None) -> Reply:
@@ -188,7 +171,7 @@ async def test_a_failure_mid_stream_is_response_failed_and_cancels() -> None:
     assert failed.status == "failed" and failed.output_text == "Par"
     assert "deadline" in failed.error.message
     await asyncio.sleep(0.05)
-    assert producer.sent == ["r1"]  # the generation is cancelled
+    assert producer.cancelled() == ["r1"]  # the generation is cancelled
 
 
 async def test_a_client_that_leaves_mid_stream_cancels_the_generation() -> None:
@@ -201,7 +184,7 @@ async def test_a_client_that_leaves_mid_stream_cancels_the_generation() -> None:
     assert (await frames.__anext__()).startswith(b"event: response.created\n")
     await frames.aclose()
     await asyncio.sleep(0.05)
-    assert producer.sent == ["r1"]
+    assert producer.cancelled() == ["r1"]
 
 
 # -- the route ------------------------------------------------------------------

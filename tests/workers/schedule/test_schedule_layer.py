@@ -2,36 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
 
 from conveyor.settings import Settings
-from schemas.records import ErrorInfo, Task, WorkerHeartbeat
+from schemas.records import Task, WorkerHeartbeat
+from tests.workers.schedule.tasks import RecordingSender
 from topics.envelope import new_envelope, now_ms
-from workers.outputs import Output
 from workers.schedule.layer import ScheduleLayer
-
-
-@dataclass
-class RecordingSender:
-    """Stands in for workers.outputs.Sender (produce, error_output) at the seam."""
-
-    sent: list[Output] = field(default_factory=list)
-    errors: list[tuple[str, ErrorInfo]] = field(default_factory=list)
-
-    async def produce(self, outputs: list[Output], stopping: Any = None) -> None:
-        for out in outputs:
-            if out.event_type == "Reply":
-                self.errors.append((out.key or "", out.record["error"]))
-            else:
-                self.sent.append(out)
-
-    def error_output(self, envelope: Any, error: ErrorInfo, index: int = 0) -> Output:
-        return Output("sched.replies", "Reply", {"error": error},
-                      key=envelope["request_id"], partition=0)
 
 
 @dataclass
