@@ -12,11 +12,15 @@ count for good (the restarted app neither reads the event again nor finds
 the write in the changelog).
 
 :func:`drain_before_commit` replaces the buffer's ``flush`` with one that
-returns only once the buffer is empty and nothing is being handed on, so
-the aiokafka flush that follows waits for every changelog write's
-acknowledgement before the offset is committed. A flush that cannot finish
-within ``timeout_s`` raises instead of returning: the commit fails and the
-events are read again, which the ledger's request-id table makes harmless.
+returns once every message put into the buffer before the flush began has
+been handed to aiokafka (the buffer hands them on one at a time, in order),
+so the aiokafka flush that follows waits for each of those changelog writes'
+acknowledgement before the offset is committed. Writes put after the flush
+began belong to events whose offsets that commit does not cover, so a busy
+stream cannot keep a flush from ending. A flush that cannot finish within
+``timeout_s`` raises instead of returning: the commit fails and the events
+are read again, which the ledger's counting rules make harmless
+(workers/usage/counting.py).
 """
 
 from __future__ import annotations
@@ -31,39 +35,47 @@ _POLL_S = 0.005
 
 
 class BufferDrain:
-    """Counts the messages a ProducerBuffer is handing on, and flushes it fully."""
+    """Counts what a ProducerBuffer was given and has handed on, and flushes it
+    up to what it was given when the flush began."""
 
     def __init__(self, buffer: Any, timeout_s: float) -> None:
         self.buffer = buffer
         self.timeout_s = timeout_s
-        self.sending = 0
+        self.put_count = 0
+        self.handed = 0
+        self._put = buffer.put
         self._send = buffer._send_pending
 
+    def put(self, message: Any) -> None:
+        self.put_count += 1
+        self._put(message)
+
     async def send_pending(self, message: Any) -> None:
-        self.sending += 1
         try:
             await self._send(message)
         finally:
-            self.sending -= 1
+            self.handed += 1
 
     async def flush(self) -> None:
-        """Return once no message is buffered or being handed on."""
+        """Return once every message put before this call is handed on."""
+        target = self.put_count
         deadline = time.monotonic() + self.timeout_s
-        while self.buffer.size or self.sending:
+        while self.handed < target:
             if self.buffer.state != "running":
                 raise RuntimeError(f"cannot flush: the producer buffer is {self.buffer.state}, "
-                                   f"{self.buffer.size + self.sending} messages unsent")
+                                   f"{target - self.handed} messages unsent")
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"producer buffer not drained within {self.timeout_s} s "
-                                   f"({self.buffer.size + self.sending} messages unsent)")
+                                   f"({target - self.handed} messages unsent)")
             await asyncio.sleep(_POLL_S)
 
 
 def drain_before_commit(buffer: Any, timeout_s: float) -> BufferDrain:
     """Make ``buffer`` (a faust ProducerBuffer, before it starts) flush fully."""
     drain = BufferDrain(buffer, timeout_s)
-    # instance attributes: _handle_pending reads _send_pending when it starts,
-    # Producer.flush and the buffer's own on_stop call flush
+    # instance attributes: Producer.send_soon calls put, _handle_pending reads
+    # _send_pending when it starts, Producer.flush and on_stop call flush
+    buffer.put = drain.put
     buffer._send_pending = drain.send_pending
     buffer.flush = drain.flush
     return drain

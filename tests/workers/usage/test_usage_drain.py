@@ -52,6 +52,24 @@ async def test_flush_returns_only_when_every_buffered_write_is_handed_on(buffer:
     assert buffer.size == 0
 
 
+async def test_writes_put_during_a_flush_do_not_keep_it_from_ending(buffer: Any) -> None:
+    # a busy stream puts new writes all the time: the flush waits for what was
+    # buffered when it began (the events its commit covers), not for a quiet moment
+    drain_before_commit(buffer, timeout_s=10)
+    await buffer.start()
+    buffer.put("before-0")
+    buffer.put("before-1")
+    flush = asyncio.ensure_future(buffer.flush())
+    later = 0
+    while not flush.done():
+        buffer.put(f"later-{later}")
+        later += 1
+        await asyncio.sleep(HAND_OFF_S / 4)
+    await flush
+    assert buffer.sent[:2] == ["before-0", "before-1"]
+    assert buffer.size > 0  # what came later is still buffered
+
+
 async def test_a_flush_that_cannot_finish_raises_instead_of_returning(buffer: Any) -> None:
     drain_before_commit(buffer, timeout_s=0.1)
     await buffer.start()
