@@ -325,6 +325,42 @@ async def committed_to_end(settings: Settings) -> bool:
         await admin.close()
 
 
+async def test_a_kill_in_the_middle_of_a_stream_loses_and_doubles_no_count(
+        accounting: Accounting, ledger: UsageLedger) -> None:
+    """SIGKILL while the app works through a backlog (commits, changelog writes
+    and reads all in flight): once restarted, every request is counted once."""
+    s = accounting.settings
+    n = 3000
+    codec = default_codec()
+    producer = make_producer(s)
+    await producer.start()
+    try:
+        for i in range(n):
+            record = usage(f"soak-{i}", "soak", key_id=f"k{i % 7}", model=f"m{i % 3}",
+                           prompt=2, completion=1)
+            await producer.send(s.topic("usage"), codec.encode("UsageRecord", record),
+                                key=b"soak")  # keyed by tenant, as postprocess writes
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+    async def some() -> bool:
+        return (await today(ledger, "soak"))[0] >= n // 10
+
+    await eventually(some, 60, accounting)
+    assert accounting.signal(signal.SIGKILL) == -signal.SIGKILL
+    accounting.start()
+
+    async def all_of_them() -> bool:
+        return (await today(ledger, "soak"))[0] >= n
+
+    await eventually(all_of_them, 120, accounting)
+    await asyncio.sleep(2)  # any late repeat would be counted by now
+    assert await today(ledger, "soak") == (n, 0, 2 * n, n, 3 * n)
+    assert await today(ledger, "soak", key_id="k0") == (429, 0, 858, 429, 1287)
+    assert await ledger.used_tokens("soak", "day") == 3 * n
+
+
 async def test_sigterm_stops_the_app_cleanly(accounting: Accounting) -> None:
     assert accounting.signal(signal.SIGTERM) == 0
     log = accounting.log()
