@@ -1,6 +1,9 @@
-"""The OpenAI-compatible routes. They only dispatch to :mod:`gateway.serving`."""
+"""The OpenAI-compatible routes. They only dispatch to :mod:`gateway.serving`
+(and, for stored chat completions, :mod:`gateway.stored`)."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
@@ -17,6 +20,7 @@ from gateway.openapi import (
     HealthReport,
     ModelList,
     generation_responses,
+    stored_responses,
 )
 from gateway.protocol import ChatCompletionRequest, CompletionRequest, model_list
 from gateway.resume import (
@@ -28,6 +32,7 @@ from gateway.resume import (
     resumed_events,
 )
 from gateway.serving import Answer, Serving
+from gateway.stored import stored_chat_completion, stored_messages
 from schemas.records import Generation
 
 __all__ = ["router", "admit_and_submit"]
@@ -64,6 +69,24 @@ async def resume_chat_completion(stream_id: str, request: Request,
     """The events of a chat completion stream after ``Last-Event-ID`` (or
     ``?starting_after=N``), from the log then live; without either, all of them."""
     return await _resume(_serving(request), "chat", stream_id, request, starting_after)
+
+
+@router.get("/v1/chat/completions/{completion_id}", response_model=None,
+            responses=stored_responses(ChatCompletion))
+async def retrieve_chat_completion(completion_id: str, request: Request) -> SafeJSONResponse:
+    """A chat completion created with ``store: true``, rebuilt from the log."""
+    return SafeJSONResponse(await stored_chat_completion(_serving(request),
+                                                         identity_of(request), completion_id))
+
+
+@router.get("/v1/chat/completions/{completion_id}/messages", response_model=None,
+            responses=stored_responses(None))
+async def list_chat_completion_messages(
+        completion_id: str, request: Request, after: str | None = None, limit: int = 20,
+        order: Literal["asc", "desc"] = "asc") -> SafeJSONResponse:
+    """The messages a stored chat completion was asked with."""
+    return SafeJSONResponse(await stored_messages(_serving(request), identity_of(request),
+                                                  completion_id, after, limit, order))
 
 
 @router.get("/v1/completions/{stream_id}/stream", response_model=None)

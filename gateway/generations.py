@@ -39,4 +39,6 @@ def _generation(kind: str, body: ChatCompletionRequest | CompletionRequest, *,
     )
     return Generation(kind=kind, model=body.model, messages=messages,  # type: ignore[typeddict-item]
                       prompt=prompt, sampling=sampling, stream=bool(body.stream),
-                      include_usage=body.include_usage(), created=int(time.time()))
+                      include_usage=body.include_usage(), created=int(time.time()),
+                      store=bool(body.store), metadata=dict(body.metadata or {}),
+                      api="chat.completions" if kind == "chat" else "completions")

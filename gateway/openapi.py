@@ -19,7 +19,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 __all__ = ["ErrorResponse", "ChatCompletion", "Completion", "ModelList", "HealthReport",
-           "generation_responses", "HEALTH_RESPONSES", "install_openapi"]
+           "generation_responses", "stored_responses", "HEALTH_RESPONSES", "install_openapi"]
 
 
 class ErrorDetail(BaseModel):
@@ -141,6 +141,20 @@ def generation_responses(model: type[BaseModel]) -> dict[int | str, dict[str, An
     """The responses of a generation route whose unstreamed answer is ``model``."""
     return {200: {"model": model, "description": "The answer, or its stream.",
                   "content": _SSE}, **GENERATION_RESPONSES}
+
+
+def stored_responses(model: type[BaseModel] | None) -> dict[int | str, dict[str, Any]]:
+    """The responses of a route reading a stored answer (``model``) back."""
+    ok: dict[str, Any] = {"description": "The stored answer, rebuilt from the log."}
+    if model is not None:
+        ok["model"] = model
+    return {200: ok,
+            400: GENERATION_RESPONSES[400], 401: GENERATION_RESPONSES[401],
+            404: _error("Not stored (store was not true), made through another API, not "
+                        "the caller's tenant's, past the log's retention, or unknown "
+                        "(code not_found)."),
+            503: _error("Kafka cannot be reached to read the log (pipeline_unavailable)."),
+            504: _error("The answer was still being generated at its deadline.")}
 
 
 def install_openapi(app: FastAPI) -> None:

@@ -13,8 +13,9 @@ Only what Conveyor serves is accepted, and only values the pipeline can carry:
   (``n`` > 1, ``echo``, tools and function calling, ``response_format`` other
   than text, ``logprobs``, ``logit_bias``, ``suffix``, ...) are refused with a
   400 naming the parameter, never silently ignored. Harmless ones the official
-  ``openai`` client sends (``user``, ``metadata``, ``store`` false,
-  ``stream_options``, ``service_tier``) are accepted. Fields OpenAI does not
+  ``openai`` client sends (``user``, ``stream_options``, ``service_tier``) are
+  accepted. ``store: true`` keeps a chat completion to be read again by id
+  (gateway/stored.py), with its ``metadata``; completions refuse it. Fields OpenAI does not
   define are ignored, as other OpenAI-compatible servers do, so that clients
   with vendor extensions keep working.
 * An empty ``prompt`` is accepted, as OpenAI accepts it: the model continues
@@ -49,6 +50,7 @@ __all__ = [
     "MAX_INT32",
     "MIN_INT64",
     "MAX_INT64",
+    "checked_metadata",
 ]
 
 MAX_INT32 = 2**31 - 1
@@ -97,6 +99,24 @@ class ChatMessage(BaseModel):
         return "".join(part.text for part in self.content)
 
 
+METADATA_PAIRS = 16
+METADATA_KEY_CHARS = 64
+METADATA_VALUE_CHARS = 512
+
+
+def checked_metadata(v: dict[str, str] | None) -> dict[str, str] | None:
+    """OpenAI's metadata: at most 16 pairs, keys of 64 characters, values of 512."""
+    if v is None:
+        return None
+    if len(v) > METADATA_PAIRS:
+        raise ValueError(f"metadata holds at most {METADATA_PAIRS} pairs")
+    for key, value in v.items():
+        if len(key) > METADATA_KEY_CHARS or len(value) > METADATA_VALUE_CHARS:
+            raise ValueError(f"metadata keys hold at most {METADATA_KEY_CHARS} "
+                             f"characters and values {METADATA_VALUE_CHARS}")
+    return v
+
+
 def _unsupported(name: str) -> ValueError:
     return ValueError(f"{name} is not supported by this server")
 
@@ -115,9 +135,10 @@ class _Sampling(BaseModel):
     stream_options: StreamOptions | None = None
     n: int | None = 1
     user: Text | None = None
-    # accepted and without effect here
-    metadata: dict[Text, Text] | None = None
+    # kept with a stored chat completion (store: true); refused on completions
+    metadata: Annotated[dict[Text, Text] | None, AfterValidator(checked_metadata)] = None
     store: bool | None = None
+    # accepted and without effect here
     service_tier: Text | None = None
     # refused unless they ask for nothing
     logit_bias: dict[str, Any] | None = None
@@ -136,13 +157,6 @@ class _Sampling(BaseModel):
         if v not in (None, 1):
             raise ValueError("only n=1 is supported")
         return 1
-
-    @field_validator("store")
-    @classmethod
-    def _not_stored(cls, v: bool | None) -> bool | None:
-        if v:
-            raise ValueError("store=true is not supported: completions are not stored")
-        return v
 
     @field_validator("logit_bias")
     @classmethod
@@ -234,6 +248,14 @@ class CompletionRequest(_Sampling):
     logprobs: int | None = None
     suffix: Text | None = None
     best_of: int | None = None
+
+    @field_validator("store")
+    @classmethod
+    def _not_stored(cls, v: bool | None) -> bool | None:
+        if v:
+            raise ValueError("store=true is supported for chat completions only: "
+                             "completions are not stored")
+        return v
 
     @field_validator("logprobs")
     @classmethod

@@ -27,7 +27,9 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -38,11 +40,12 @@ from conveyor.errors import BrokerError, DeadlineExceeded, RequestError, SchemaE
 from conveyor.settings import Settings
 from gateway.health import TaskHealth
 from schemas.codec import Codec
-from schemas.records import Reply
+from schemas.records import Reply, Usage
 from topics.backoff import Backoff
 from topics.clients import make_consumer
 
-__all__ = ["ReplyRouter", "ReplyStream", "ReplyLease", "reply_error"]
+__all__ = ["ReplyRouter", "ReplyStream", "ReplyLease", "ReplySource", "Folded", "fold_answer",
+           "reply_error"]
 
 _LATE = "The request did not finish within its deadline."
 
@@ -105,6 +108,44 @@ def reply_error(reply: Reply) -> RequestError:
         return RequestError("The request failed.")
     return RequestError(err["message"], param=err["param"], code=err["code"],
                         status=err["status"], type=err["type"])
+
+
+class ReplySource(Protocol):
+    """What a request's replies are read from: a live answer or recorded replies."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    async def next(self, within: float | None = None) -> Reply | None: ...
+
+
+@dataclass
+class Folded:
+    """A whole answer: its text, why it ended and what it used."""
+
+    text: str
+    finish_reason: str | None
+    usage: Usage | None
+
+
+async def fold_answer(source: ReplySource, within: float | None = None,
+                      idle: Callable[[], Awaitable[bool]] | None = None) -> Folded | None:
+    """Read ``source`` to its final reply. ``idle`` is asked whenever ``within``
+    passes without a reply; True gives up (None). An error reply raises."""
+    text: list[str] = []
+    finish: str | None = None
+    while True:
+        reply = await source.next(within)
+        if reply is None:
+            if idle is not None and await idle():
+                return None
+            continue
+        if reply["text"]:
+            text.append(reply["text"])
+        if reply["finish_reason"]:
+            finish = reply["finish_reason"]
+        if reply["kind"] == "final":
+            return Folded("".join(text), finish, reply["usage"])
 
 
 class ReplyLease:

@@ -11,8 +11,9 @@ function of the recorded replies, so every replica counts the same.
 Where the replies are. A request's replies all go to one partition of
 ``conveyor.replies``: the reply partition of the gateway that submitted it,
 named in the request's envelope. The ``conveyor.requests`` event is keyed by
-request id, so :class:`~topics.lookup.KeyLookup` finds it in one partition
-(recent window first, then the longest deadline a request can have); its
+request id, so :class:`~topics.lookup.KeyLookup` finds it in one partition,
+at the time its id was made (a request id begins with it) and else in a
+recent window, then the longest deadline a request can have; its
 envelope gives the tenant, the deadline and the reply partition, and its
 record time bounds where that partition's replies of the request begin. A
 resumed stream then follows that partition from that time, keeps the records
@@ -47,7 +48,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Literal
 
 import redis.asyncio as aioredis
 from aiokafka.errors import KafkaError
@@ -59,10 +60,10 @@ from conveyor.errors import (
     SchemaError,
 )
 from conveyor.settings import Settings
-from gateway.replies import ReplyStream, reply_error
+from gateway.replies import ReplySource, ReplyStream, reply_error
 from schemas.codec import Codec
 from schemas.records import Generation, Reply, Request
-from topics.envelope import now_ms
+from topics.envelope import now_ms, request_time_ms
 from topics.follow import FromTime, follow
 from topics.lookup import KeyLookup
 
@@ -70,7 +71,8 @@ if TYPE_CHECKING:
     from gateway.serving import Serving
 
 __all__ = ["ReplySource", "Recorded", "RecordedReplies", "ResumeWatch", "StreamNotFound",
-           "Framer", "event_id", "request_id_of", "resume_after", "locate", "resumed_events"]
+           "Framer", "event_id", "request_id_of", "resume_after", "locate", "lookup_windows",
+           "resumed_events"]
 
 log = logging.getLogger(__name__)
 
@@ -82,15 +84,11 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 # a resume is nearly always seconds after the drop: look there first, then back
 # as far as the longest deadline a request may have (X-Conveyor-Timeout, 3600 s)
 _LOOKUP_WINDOWS_S = (120, 3600)
-
-
-class ReplySource(Protocol):
-    """What a stream of replies is read from: a live answer or recorded replies."""
-
-    @property
-    def request_id(self) -> str: ...
-
-    async def next(self, within: float | None = None) -> Reply | None: ...
+# how old a request id's time may be and still be looked up at that time (the
+# requests topic's longest retention), and how long after its id was made the
+# request event is written at most (admission, the producer's retries)
+_RETAINED_MS = 400 * 24 * 3600 * 1000
+_SUBMIT_WITHIN_MS = 120_000
 
 
 class StreamNotFound(RequestError):
@@ -168,14 +166,25 @@ async def locate(settings: Settings, codec: Codec, request_id: str,
                                   "try again later.") from exc
 
 
+def lookup_windows(settings: Settings, request_id: str, now: int) -> list[tuple[int, int | None]]:
+    """Where to look for the request event, as (since, until) record times: at
+    the time its id was made (ids from topics.envelope.new_request_id), then
+    the recent windows."""
+    skew = settings.clock_skew_ms
+    windows: list[tuple[int, int | None]] = []
+    made = request_time_ms(request_id)
+    if made is not None and now - _RETAINED_MS <= made <= now + skew:
+        windows.append((made - skew, made + skew + _SUBMIT_WITHIN_MS))
+    windows += [(now - window_s * 1000 - skew, None) for window_s in _LOOKUP_WINDOWS_S]
+    return windows
+
+
 async def _locate(settings: Settings, codec: Codec, request_id: str,
                   timeout_s: float) -> Recorded | None:
     topic = settings.topic("requests")
-    now = now_ms()
     async with KeyLookup(settings, timeout_s=timeout_s) as lookup:
-        for window_s in _LOOKUP_WINDOWS_S:
-            since = now - window_s * 1000 - settings.clock_skew_ms
-            for record in await lookup.find(topic, request_id, since):
+        for since, until in lookup_windows(settings, request_id, now_ms()):
+            for record in await lookup.find(topic, request_id, since, until):
                 try:
                     request: Request = codec.decode(record.value, "Request")
                 except SchemaError:

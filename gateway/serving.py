@@ -28,7 +28,6 @@ import hashlib
 import json
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -54,12 +53,12 @@ from gateway.auth.authenticate import ANONYMOUS
 from gateway.auth.types import Identity
 from gateway.generations import chat_generation, completion_generation
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
-from gateway.replies import ReplyRouter
+from gateway.replies import ReplyRouter, fold_answer
 from gateway.resume import ReplySource, ResumeWatch, event_id
 from schemas.codec import Codec
-from schemas.records import Control, Generation, Reply, Request, Usage
+from schemas.records import Control, Generation, Reply, Request
 from topics.clients import EventTooLarge, broker_error
-from topics.envelope import new_envelope, now_ms
+from topics.envelope import new_envelope, new_request_id, now_ms
 from workers.postprocess.chunks import full_response
 
 __all__ = ["Serving", "Answer"]
@@ -106,7 +105,7 @@ class Serving:
 
     @staticmethod
     def new_request_id() -> str:
-        return uuid.uuid4().hex
+        return new_request_id()
 
     def deadline_ms(self, timeout_s: float | None) -> int:
         return now_ms() + int((timeout_s or self.settings.request_timeout_s) * 1000)
@@ -217,28 +216,16 @@ class Serving:
     async def collect(self, generation: Generation, answer: Answer,
                       disconnected: Disconnected) -> dict[str, Any]:
         """Wait for the whole answer (non-streaming), watching for a disconnect."""
-        text: list[str] = []
-        finish: str | None = None
-        usage: Usage | None = None
         try:
-            while True:
-                reply = await answer.next(within=1.0)
-                if reply is None:
-                    if await disconnected():
-                        answer.close("client disconnected")
-                        return {}
-                    continue
-                if reply["text"]:
-                    text.append(reply["text"])
-                if reply["finish_reason"]:
-                    finish = reply["finish_reason"]
-                if reply["kind"] == "final":
-                    usage = reply["usage"]
-                    break
+            folded = await fold_answer(answer, within=1.0, idle=disconnected)
+            if folded is None:
+                answer.close("client disconnected")
+                return {}
         finally:
             answer.close("gateway stopped waiting")
         return full_response(generation["kind"], generation["model"], generation["created"],
-                             answer.request_id, "".join(text), finish, usage)
+                             answer.request_id, folded.text, folded.finish_reason,
+                             folded.usage)
 
     async def first(self, answer: Answer, disconnected: Disconnected) -> Reply | None:
         """The first reply, before the response status is chosen; None when the

@@ -77,6 +77,9 @@ class Generation(TypedDict):
     stream: bool
     include_usage: bool
     created: int
+    store: bool
+    metadata: dict[str, str]
+    api: str
 
 
 class Prompt(TypedDict):

@@ -19,6 +19,9 @@ def generation(
     prompt: str | None = None,
     temperature: float = 1.0,
     created: int = 0,
+    store: bool = False,
+    metadata: dict[str, str] | None = None,
+    api: str = "",
 ) -> Generation:
     return {
         "kind": kind,
@@ -37,6 +40,9 @@ def generation(
         "stream": False,
         "include_usage": False,
         "created": created,
+        "store": store,
+        "metadata": dict(metadata or {}),
+        "api": api,
     }
 
 

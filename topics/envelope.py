@@ -9,7 +9,7 @@ import time
 from schemas.records import Envelope
 
 __all__ = ["PRIORITY_INTERACTIVE", "PRIORITY_BACKGROUND", "PRIORITY_BATCH", "new_envelope",
-           "new_traceparent", "stamp", "now_ms", "now_us"]
+           "new_request_id", "request_time_ms", "new_traceparent", "stamp", "now_ms", "now_us"]
 
 
 # envelope.priority: lower is sooner (schedule admits in this order)
@@ -24,6 +24,25 @@ def now_ms() -> int:
 
 def now_us() -> int:
     return time.time_ns() // 1_000
+
+
+def new_request_id() -> str:
+    """32 hex digits, the first 12 the creation time in epoch milliseconds and the
+    rest random (80 bits): unique, and the log can be searched for the request
+    at that moment instead of over a window (:func:`request_time_ms`)."""
+    return f"{now_ms() & 0xFFFF_FFFF_FFFF:012x}{os.urandom(10).hex()}"
+
+
+def request_time_ms(request_id: str) -> int | None:
+    """When a request id from :func:`new_request_id` was made; None for any other
+    id (a random one reads as a time thousands of years away: callers check
+    that the time is plausible before trusting it)."""
+    if len(request_id) != 32:
+        return None
+    try:
+        return int(request_id[:12], 16)
+    except ValueError:
+        return None
 
 
 def new_traceparent() -> str:

@@ -56,7 +56,8 @@ class BatchCreateRequest(BaseModel):
 
 
 def page(items: list[dict[str, Any]], after: str | None, limit: int) -> dict[str, Any]:
-    """OpenAI's cursor page over ``items`` (newest first)."""
+    """OpenAI's cursor page over ``items``, in the order given (batches list
+    newest first); ``after`` is the id of the last item the client has."""
     if not 1 <= limit <= 100:
         raise InvalidRequest("limit must be between 1 and 100.", param="limit")
     if after is not None:

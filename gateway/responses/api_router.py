@@ -5,15 +5,16 @@ or, for ``background: true``, to ``app.state.background_responses``
 ``GET /v1/responses/{id}`` with ``stream=true`` streams a response's events
 again, after ``starting_after`` (:func:`gateway.responses.serving.resume_response`).
 Without it, it is the background response, as :mod:`gateway.jobs.api_router`
-serves it: this route is the one that matches (this router is included
-first), so it hands that case to the jobs route unchanged."""
+serves it (this route is the one that matches, this router being included
+first, so it hands that case to the jobs route), or else a stored direct
+response rebuilt from the log (:func:`gateway.responses.serving.stored_response`)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from conveyor.errors import InvalidRequest
+from conveyor.errors import InvalidRequest, RequestError
 from gateway.api_router import admit_and_submit
 from gateway.auth.middleware import identity_of
 from gateway.errors import SafeJSONResponse
@@ -31,6 +32,7 @@ from gateway.responses.serving import (
     response_request_id,
     resume_response,
     sequence_after,
+    stored_response,
     stream_events,
 )
 from gateway.responses.types import BackgroundResponses
@@ -80,7 +82,15 @@ async def retrieve_or_stream_response(
     """A background response (without ``stream``), or a response's events after
     ``starting_after`` (all without it), from the log then live (``stream=true``)."""
     if not stream:
-        return await retrieve_response(response_id, request)
+        if getattr(request.app.state, "background_responses", None) is not None:
+            try:
+                return await retrieve_response(response_id, request)
+            except RequestError as exc:
+                if exc.status != 404:
+                    raise
+        response_request_id(response_id)  # 404 for what is no response id, before the log
+        return SafeJSONResponse(await stored_response(request.app.state.serving,
+                                                      identity_of(request), response_id))
     rid = response_request_id(response_id)
     after = sequence_after(starting_after)
     events = await resume_response(request.app.state.serving, identity_of(request),

@@ -15,10 +15,11 @@ Decisions:
   the model's default budget when the request set none).
 * ``output_text`` is not a field: OpenAI's clients compute it from
   ``output``.
-* ``store`` reports what is kept: a background response is stored (for
-  ``GET /v1/responses/{id}``); any other response is not, whatever the
-  request's ``store`` said, since Conveyor keeps no record of a response it
-  has already answered.
+* ``store`` reports what is kept (:func:`is_stored`): every response but
+  one asked with ``store: false``, as OpenAI's default is to store. A
+  background response is kept as its job's result; a direct one is read
+  again from the log (gateway/stored.py), so ``GET /v1/responses/{id}``
+  finds it while the topics retain it.
 * Conveyor serves text only, so ``tools`` is empty, ``tool_choice`` is
   ``auto``, ``parallel_tool_calls`` false, ``truncation`` disabled and
   ``text.format`` text, whatever the request left out.
@@ -43,6 +44,7 @@ __all__ = [
     "usage_object",
     "error_object",
     "response_object",
+    "is_stored",
 ]
 
 ResponseStatus = Literal["queued", "in_progress", "completed", "incomplete", "failed",
@@ -98,6 +100,12 @@ def _message_status(status: ResponseStatus) -> Literal["in_progress", "completed
     return "completed" if status == "completed" else "incomplete"
 
 
+def is_stored(body: ResponsesRequest) -> bool:
+    """Whether the response is kept to be read again: OpenAI stores unless told
+    ``store: false`` (which a background response cannot be)."""
+    return bool(body.background) or body.store is not False
+
+
 def response_object(response_id: str, created_at: int, body: ResponsesRequest,
                     status: ResponseStatus, text: str | None = None,
                     usage: Usage | None = None, finish_reason: str | None = None,
@@ -134,7 +142,7 @@ def response_object(response_id: str, created_at: int, body: ResponsesRequest,
         "previous_response_id": None,
         "reasoning": {"effort": None, "summary": None},
         "service_tier": "default",
-        "store": bool(body.background),
+        "store": is_stored(body),
         "temperature": 1.0 if body.temperature is None else body.temperature,
         "text": {"format": {"type": "text"}},
         "tool_choice": "auto",

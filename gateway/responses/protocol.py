@@ -47,7 +47,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from conveyor.errors import InvalidRequest
-from gateway.protocol import MAX_INT32, Text
+from gateway.protocol import MAX_INT32, Text, checked_metadata
 
 __all__ = [
     "InputText",
@@ -62,10 +62,6 @@ __all__ = [
 _STRICT = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 Role = Literal["user", "assistant", "system", "developer"]
-
-_METADATA_PAIRS = 16
-_METADATA_KEY_CHARS = 64
-_METADATA_VALUE_CHARS = 512
 
 
 def _unsupported(name: str) -> ValueError:
@@ -175,15 +171,7 @@ class ResponsesRequest(BaseModel):
     @field_validator("metadata")
     @classmethod
     def _metadata(cls, v: dict[str, str] | None) -> dict[str, str] | None:
-        if v is None:
-            return None
-        if len(v) > _METADATA_PAIRS:
-            raise ValueError(f"metadata holds at most {_METADATA_PAIRS} pairs")
-        for key, value in v.items():
-            if len(key) > _METADATA_KEY_CHARS or len(value) > _METADATA_VALUE_CHARS:
-                raise ValueError(f"metadata keys hold at most {_METADATA_KEY_CHARS} "
-                                 f"characters and values {_METADATA_VALUE_CHARS}")
-        return v
+        return checked_metadata(v)
 
     @field_validator("truncation")
     @classmethod

@@ -40,9 +40,9 @@ joins the first with no gap and no repeat. Decisions:
   generation (:func:`recorded_request`): model, ``temperature``, ``top_p``,
   ``max_output_tokens`` and ``created_at`` are exact. ``instructions`` is a
   system message that comes first, before others (the log cannot tell it
-  from an input system message in that place); ``metadata``, ``user``,
-  ``safety_identifier`` and ``prompt_cache_key`` are not in the log and read
-  empty in a resumed stream. ``completed_at`` is the record time of the
+  from an input system message in that place); ``metadata`` and ``store``
+  are recorded; ``user``, ``safety_identifier`` and ``prompt_cache_key`` are
+  not in the log and read empty in a resumed stream. ``completed_at`` is the record time of the
   final reply (the live stream's is when its gateway read it: the same second
   but for a boundary between them).
 * A request that failed before its first token had no stream (its client got
@@ -54,8 +54,13 @@ joins the first with no gap and no repeat. Decisions:
   one is a 400 naming ``stream`` that says to poll it (OpenAI streams those
   only when they were created with ``stream: true``, which Conveyor refuses).
 * Any chat request of the caller's, streamed or not, can be read as
-  Responses events (``resp_`` and its id): the log does not say which API
-  asked for it.
+  Responses events (``resp_`` and its id), since requests recorded before
+  the log named their API do not say which asked for it.
+
+Reading a stored response back without ``stream`` (:func:`stored_response`,
+gateway/stored.py): a direct response kept unless ``store: false``, found
+only through the Responses API that made it, rebuilt as its create call
+answered it.
 """
 
 from __future__ import annotations
@@ -71,7 +76,7 @@ from conveyor.errors import InvalidRequest, RequestError
 from gateway import sse
 from gateway.auth.types import Identity
 from gateway.responses.events import ResponseEvents, frame
-from gateway.responses.objects import new_response_id, response_object
+from gateway.responses.objects import is_stored, new_response_id, response_object
 from gateway.responses.protocol import InputMessage, ResponsesRequest
 from gateway.resume import (
     Framer,
@@ -84,11 +89,13 @@ from gateway.resume import (
     resumed_events,
 )
 from gateway.serving import Answer, Serving
+from gateway.stored import find_stored, read_answer
 from schemas.records import ErrorInfo, Generation, Message, Reply, Sampling
 
 __all__ = ["generation_of", "input_param", "collect_response", "first_reply",
            "response_events", "stream_events", "StoredResponses", "ResponseNotFound",
-           "response_request_id", "sequence_after", "recorded_request", "resume_response"]
+           "response_request_id", "sequence_after", "recorded_request", "resume_response",
+           "stored_response"]
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +114,8 @@ def generation_of(body: ResponsesRequest) -> Generation:
                         presence_penalty=0.0, frequency_penalty=0.0)
     return Generation(kind="chat", model=body.model, messages=messages, prompt=None,
                       sampling=sampling, stream=bool(body.stream), include_usage=False,
-                      created=int(time.time()))
+                      created=int(time.time()), store=is_stored(body),
+                      metadata=dict(body.metadata or {}), api="responses")
 
 
 def input_param(param: str | None, body: ResponsesRequest) -> str | None:
@@ -285,7 +293,8 @@ def recorded_request(generation: Generation) -> ResponsesRequest:
                for m in messages[told:]],
         instructions=messages[0]["content"] if told else None,
         max_output_tokens=sampling["max_tokens"], temperature=sampling["temperature"],
-        top_p=sampling["top_p"], stream=True)
+        top_p=sampling["top_p"], stream=True, store=generation.get("store", False),
+        metadata=generation.get("metadata") or None)
 
 
 def _framer(serving: Serving, where: Recorded, generation: Generation) -> Framer:
@@ -325,6 +334,27 @@ async def resume_response(serving: Serving, identity: Identity, response_id: str
     if where.kind != "chat" or where.generation is None or not mine:
         raise ResponseNotFound(response_id)
     return resumed_events(serving, where, after, _framer(serving, where, where.generation))
+
+
+async def stored_response(serving: Serving, identity: Identity, response_id: str
+                          ) -> dict[str, Any]:
+    """A direct (not background) response that was stored, rebuilt from the log
+    (gateway/stored.py); 404 when it was not stored or is not the caller's."""
+    rid = response_request_id(response_id)
+    where = await find_stored(serving, identity, rid, "responses")
+    if where is None or where.generation is None:
+        raise ResponseNotFound(response_id)
+    generation = where.generation
+    body = recorded_request(generation)
+    try:
+        folded, ended_ms = await read_answer(serving, where)
+    except RequestError as exc:
+        return response_object(response_id, generation["created"], body, "failed",
+                               error=_error_info(_translated(exc, body)))
+    return response_object(
+        response_id, generation["created"], body, "completed", text=folded.text,
+        usage=folded.usage, finish_reason=folded.finish_reason,
+        completed_at=ended_ms // 1000 if ended_ms is not None else int(time.time()))
 
 
 async def _is_stored(stored: StoredResponses, identity: Identity, response_id: str) -> bool:

@@ -268,7 +268,7 @@ def test_an_empty_prompt_is_accepted_as_openai_accepts_it() -> None:
     ("response_format", {"type": "json_schema", "json_schema": {"name": "x"}}),
     ("logprobs", True), ("top_logprobs", 2), ("logit_bias", {"1": 2}),
     ("audio", {"voice": "alloy"}), ("modalities", ["text", "audio"]),
-    ("prediction", {"type": "content", "content": "x"}), ("store", True),
+    ("prediction", {"type": "content", "content": "x"}),
     ("reasoning_effort", "high"), ("web_search_options", {}),
 ])
 def test_unsupported_chat_parameters_are_refused(field: str, value: Any) -> None:
@@ -279,11 +279,29 @@ def test_unsupported_chat_parameters_are_refused(field: str, value: Any) -> None
 
 @pytest.mark.parametrize(("field", "value"), [
     ("logprobs", 2), ("suffix", "end"), ("best_of", 3), ("logit_bias", {"50256": -100}),
+    ("store", True),
 ])
 def test_unsupported_completion_parameters_are_refused(field: str, value: Any) -> None:
     with pytest.raises(ValidationError) as info:
         completion(**{field: value})
     assert error_locs(info.value) == {field}
+
+
+def test_a_chat_completion_may_be_stored_with_its_metadata() -> None:
+    from gateway.generations import chat_generation
+
+    generation = chat_generation(chat(store=True, metadata={"run": "nightly"}))
+    assert generation["store"] and generation["metadata"] == {"run": "nightly"}
+    assert generation["api"] == "chat.completions"
+    assert not chat_generation(chat())["store"]
+
+
+@pytest.mark.parametrize("metadata", [
+    {f"k{i}": "v" for i in range(17)}, {"k" * 65: "v"}, {"k": "v" * 513}])
+def test_metadata_past_openais_limits_is_refused(metadata: dict[str, str]) -> None:
+    with pytest.raises(ValidationError) as info:
+        chat(store=True, metadata=metadata)
+    assert error_locs(info.value) == {"metadata"}
 
 
 def test_parameters_that_ask_for_nothing_pass() -> None:

@@ -255,11 +255,12 @@ def test_without_stream_the_route_is_the_background_retrieve(http: TestClient) -
     try:
         assert http.get("/v1/responses/resp_bg1").json() == held
         assert http.get("/v1/responses/resp_bg1?stream=false").json() == held
-        missing = http.get("/v1/responses/resp_other")
+        # not a background response, nor a response id at all: 404 without the log
+        missing = http.get("/v1/responses/other")
     finally:
         del http.app.state.background_responses  # type: ignore[attr-defined]
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
-    assert stored.asked == [("default", "resp_bg1")] * 2 + [("default", "resp_other")]
+    assert stored.asked == [("default", "resp_bg1")] * 2 + [("default", "other")]
 
 
 def test_a_stream_request_is_checked_before_the_log_is_read(http: TestClient) -> None:

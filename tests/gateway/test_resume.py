@@ -18,12 +18,19 @@ from conveyor.errors import InvalidRequest
 from conveyor.settings import Settings
 from gateway import sse
 from gateway.replies import ReplyStream
-from gateway.resume import ResumeWatch, StreamNotFound, request_id_of, resume_after
+from gateway.resume import (
+    _LOOKUP_WINDOWS_S,
+    ResumeWatch,
+    StreamNotFound,
+    lookup_windows,
+    request_id_of,
+    resume_after,
+)
 from gateway.serving import Answer, Serving
 from schemas.codec import default_codec
 from schemas.records import Reply
 from tests.gateway.fakes import Lease, RecordingProducer, Router
-from topics.envelope import new_envelope
+from topics.envelope import new_envelope, now_ms
 from workers.infer.gateways import GatewayWatch
 
 
@@ -143,3 +150,26 @@ async def test_workers_keep_a_watched_generation_of_a_gone_gateway(redis: aiored
         assert [r.cancelled for r in runs] == [False, True]
     finally:
         await redis.delete(watch.key("kept"))
+
+
+# -- where the log is searched for a request ------------------------------------
+
+DAY_MS = 24 * 3600 * 1000
+
+
+def test_the_log_is_searched_first_where_the_id_was_made() -> None:
+    settings = Settings(clock_skew_ms=2000)
+    now = now_ms()
+    rid = f"{now - 2 * DAY_MS:012x}" + "0" * 20  # made two days ago
+    windows = lookup_windows(settings, rid, now)
+    since, until = windows[0]
+    assert since == now - 2 * DAY_MS - 2000 and until is not None
+    assert until - since < 5 * 60 * 1000  # a few minutes of the partition, not two days
+    assert [w for w, _ in windows[1:]] == [now - s * 1000 - 2000 for s in _LOOKUP_WINDOWS_S]
+
+
+def test_a_random_id_is_searched_in_the_recent_windows_only() -> None:
+    settings = Settings()
+    now = now_ms()
+    found = [lookup_windows(settings, uuid.uuid4().hex, now) for _ in range(200)]
+    assert all(len(w) == len(_LOOKUP_WINDOWS_S) for w in found)

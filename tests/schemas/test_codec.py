@@ -27,6 +27,7 @@ def request() -> Request:
             "sampling": {"temperature": 0.2, "top_p": 0.9, "max_tokens": 8, "stop": ["\n"],
                          "seed": 3, "presence_penalty": 0.0, "frequency_penalty": 0.5},
             "stream": True, "include_usage": True, "created": 1700000000,
+            "store": True, "metadata": {"run": "nightly"}, "api": "chat.completions",
         },
     )
 

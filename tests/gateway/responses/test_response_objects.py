@@ -46,7 +46,13 @@ def test_a_completed_response() -> None:
     assert r.error is None and r.incomplete_details is None and r.completed_at == 1700000001
     assert r.tools == [] and r.tool_choice == "auto" and r.parallel_tool_calls is False
     assert r.text is not None and r.text.format is not None and r.text.format.type == "text"
-    assert r.background is False and r.store is False  # an answered response is not kept
+    assert r.background is False and r.store is True  # kept unless store is false
+
+
+def test_a_response_asked_with_store_false_says_it_is_not_kept() -> None:
+    r = typed(response_object("resp_1", 1, body(store=False), "completed", text="Hi",
+                              usage=USAGE, completed_at=2))  # type: ignore[arg-type]
+    assert r.store is False
 
 
 def test_a_length_finish_is_incomplete_for_max_output_tokens() -> None:

@@ -1,0 +1,142 @@
+"""Stored answers, read back by id from the log.
+
+A chat completion created with ``store: true``, and a Responses API response
+not created with ``store: false``, is kept by the log itself: the request
+event records the flag and the metadata (``Generation.store`` and
+``metadata``), and the replies are recorded in the reply log. Reading one
+back finds the request event as a resumed stream does
+(:func:`gateway.resume.locate`) and folds its recorded replies into the
+object the create call answered, on whichever replica is asked, with no
+store of its own to fill, lose or keep consistent.
+
+- ``GET /v1/chat/completions/{id}``: the ``chat.completion`` object.
+- ``GET /v1/chat/completions/{id}/messages``: the request's messages, as
+  OpenAI lists them (``after``, ``limit``, ``order``).
+- ``GET /v1/responses/{id}`` of a direct (not background) response: the
+  Response object (gateway/responses/api_router.py asks here when the job
+  board does not hold the id).
+
+Decisions:
+
+* Only the request's tenant may read it, through the API that created it;
+  any other caller, an id that was not stored, a job's request and an
+  unknown id all get the same 404.
+* An answer still being generated is waited for, up to the request's
+  deadline (the create call would have waited as long); one that ended in
+  an error has no answer: 404 for a chat completion (saying so), and a
+  ``failed`` Response object with the error for the Responses API, as its
+  create call showed it.
+* It is kept as long as the topics keep it (the retention of
+  ``conveyor.requests`` and ``conveyor.replies``: a day by default, set per
+  topic). Finding it reads a few records whatever its age: a request id
+  begins with the time it was made (topics.envelope.new_request_id), and
+  the lookup seeks there. Listing, updating and deleting stored chat
+  completions would need an index the log does not have, and are not
+  offered.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+from conveyor.errors import RequestError
+from gateway.auth.types import Identity
+from gateway.jobs.batches import page
+from gateway.replies import Folded, fold_answer
+from gateway.resume import (
+    Recorded,
+    RecordedReplies,
+    StreamNotFound,
+    locate,
+    request_id_of,
+)
+from workers.postprocess.chunks import full_response
+
+if TYPE_CHECKING:
+    from gateway.serving import Serving
+
+__all__ = ["CompletionNotFound", "find_stored", "read_answer", "stored_chat_completion",
+           "stored_messages"]
+
+
+class CompletionNotFound(RequestError):
+    """404 for a chat completion that was not stored, or is not the caller's."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+    def __init__(self, completion_id: str, why: str = "") -> None:
+        super().__init__(f"No stored chat completion found with id '{completion_id}'."
+                         + (f" {why}" if why else ""), param="completion_id")
+
+
+async def find_stored(serving: Serving, identity: Identity, request_id: str,
+                      api: str) -> Recorded | None:
+    """The recorded request ``request_id`` when ``api`` stored it and it is the
+    caller's."""
+    where = await locate(serving.settings, serving.codec, request_id)
+    if where is None or where.generation is None:
+        return None
+    generation = where.generation
+    if not generation.get("store", False) or generation.get("api") != api:
+        return None
+    if serving.settings.auth != "none" and where.tenant != identity.tenant:
+        return None
+    return where
+
+
+async def read_answer(serving: Serving, where: Recorded) -> tuple[Folded, int | None]:
+    """The recorded answer (waited for, up to its deadline) and when it ended
+    (epoch milliseconds of its final reply); an error reply raises."""
+    replies = RecordedReplies(serving.settings, serving.codec, where)
+    replies.start()
+    try:
+        folded = await fold_answer(replies)
+    finally:
+        await replies.close()
+    assert folded is not None  # no idle callback: only the final reply ends it
+    return folded, replies.ended_ms
+
+
+async def _stored_chat(serving: Serving, identity: Identity, completion_id: str) -> Recorded:
+    try:
+        rid = request_id_of(completion_id, "chat")
+    except StreamNotFound:
+        raise CompletionNotFound(completion_id) from None
+    where = await find_stored(serving, identity, rid, "chat.completions")
+    if where is None:
+        raise CompletionNotFound(completion_id)
+    return where
+
+
+async def stored_chat_completion(serving: Serving, identity: Identity,
+                                 completion_id: str) -> dict[str, Any]:
+    """The ``chat.completion`` a stored request answered."""
+    where = await _stored_chat(serving, identity, completion_id)
+    try:
+        folded, _ = await read_answer(serving, where)
+    except RequestError as exc:
+        raise CompletionNotFound(completion_id, f"It ended in an error and holds no answer: "
+                                                f"{exc.message}") from None
+    generation = where.generation
+    assert generation is not None  # find_stored checked it
+    return full_response("chat", generation["model"], generation["created"],
+                         where.request_id, folded.text, folded.finish_reason, folded.usage)
+
+
+async def stored_messages(serving: Serving, identity: Identity, completion_id: str,
+                          after: str | None, limit: int,
+                          order: Literal["asc", "desc"]) -> dict[str, Any]:
+    """The messages a stored chat completion was asked with, as OpenAI pages them."""
+    where = await _stored_chat(serving, identity, completion_id)
+    generation = where.generation
+    assert generation is not None
+    stem = f"chatcmpl-{where.request_id}"
+    items: list[dict[str, Any]] = [
+        {"id": f"{stem}-{index}", "role": m["role"], "content": m["content"],
+         "name": m.get("name"), "content_parts": None}
+        for index, m in enumerate(generation["messages"])]
+    if order == "desc":
+        items.reverse()
+    return page(items, after, limit)
