@@ -3,7 +3,8 @@ pipeline: ``client.chat.completions.retrieve`` and ``.messages.list`` for a
 chat completion created with ``store=True``, ``client.responses.retrieve`` for
 a direct response; refused (404) when not stored, through the other API, or
 for another tenant; read from another gateway replica after the one that
-answered was SIGKILLed."""
+answered was SIGKILLed; through a flushed or stopped Redis, and after a
+Kafka outage."""
 
 from __future__ import annotations
 
@@ -11,13 +12,16 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import openai
 import pytest
 
 from tests.conftest import ROOT, Pipeline
+from tests.faults import OwnKafka, OwnRedis
 
 pytestmark = pytest.mark.integration
 
@@ -128,3 +132,39 @@ def test_another_replica_reads_it_after_a_sigkill_and_only_its_tenant(
         for name in ("gateway-stored-a", "gateway-stored-b"):
             if pipeline.procs[name].poll() is None:
                 pipeline.kill(name, signal.SIGTERM)
+
+
+def test_a_stored_answer_outlives_redis_and_waits_out_kafka(
+        pipeline_factory: Callable[..., Pipeline], own_kafka: OwnKafka,
+        own_redis: OwnRedis) -> None:
+    """Redis flushed or stopped changes nothing (the answer is in the log); Kafka
+    stopped is a prompt 503 in OpenAI's envelope, then the answer once it is back."""
+    p = pipeline_factory(workers=1, CONVEYOR_KAFKA_BOOTSTRAP=own_kafka.bootstrap,
+                         CONVEYOR_REDIS_URL=own_redis.url)
+    c = client(p.base_url)
+    created = c.chat.completions.create(store=True, **CHAT).model_dump()
+    own_redis.flush()
+    assert c.chat.completions.retrieve(created["id"]).model_dump() == created
+    own_redis.stop()
+    try:
+        assert c.chat.completions.retrieve(created["id"]).model_dump() == created
+    finally:
+        own_redis.start()
+    own_kafka.stop()
+    try:
+        started = time.monotonic()
+        with pytest.raises(openai.InternalServerError) as refused:
+            c.chat.completions.retrieve(created["id"])
+        took = time.monotonic() - started
+        assert refused.value.status_code == 503 and took < 30, f"{took:.1f} s"
+    finally:
+        own_kafka.start()
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            again = c.chat.completions.retrieve(created["id"]).model_dump()
+            break
+        except (openai.InternalServerError, openai.APIConnectionError):
+            assert time.monotonic() < deadline, "not readable after the broker came back"
+            time.sleep(2)
+    assert again == created
