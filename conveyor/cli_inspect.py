@@ -7,10 +7,12 @@
 
 How a request is found among millions without scanning a topic
 (:mod:`topics.lookup`): the request topic is keyed by request id, so the
-request is in one partition, murmur2 of its id; ``offsets_for_times(since)``
-bounds where reading starts, and reading stops at the first record with the
-id. Its envelope's gateway stamp then fixes the request's time, and every
-other topic is read only between that time (less ``clock_skew_ms``) and the
+request is in one partition, murmur2 of its id. A request id begins with the
+time it was made, so reading starts there (``offsets_for_times``) and spans
+a couple of minutes; for an id of another shape ``--since`` bounds where
+reading starts. Reading stops at the first record with the id. Its
+envelope's gateway stamp then fixes the request's time, and every other
+topic is read only between that time (less ``clock_skew_ms``) and the
 request's deadline (or ``request_timeout_s``): ``prepared``, ``routed``,
 ``tokens``, ``control`` and ``dlq`` in the id's partition; the pool's task
 topic (its partition is the chosen worker's) in every partition but only
@@ -35,7 +37,8 @@ from typing import Any
 from conveyor.cli_text import last_line, plain
 from conveyor.settings import Settings
 from schemas.codec import Codec, EventType, default_codec
-from topics.lookup import KeyLookup, parse_since
+from topics.envelope import now_ms
+from topics.lookup import KeyLookup, made_window, parse_since
 
 __all__ = ["LAYERS", "Found", "Journey", "find_journey", "report", "render", "register"]
 
@@ -99,7 +102,12 @@ async def find_journey(settings: Settings, request_id: str, since_ms: int,
     topic = settings.topic
     journey = Journey(request_id, since_ms)
     async with KeyLookup(settings) as look:
-        first = await look.find(topic("requests"), request_id, since_ms, first=True)
+        first: list[Any] = []
+        made = made_window(request_id, settings.clock_skew_ms, now_ms())
+        if made is not None:  # the id says when: a few records, whatever --since says
+            first = await look.find(topic("requests"), request_id, *made, first=True)
+        if not first:
+            first = await look.find(topic("requests"), request_id, since_ms, first=True)
         if not first:
             return None
         journey.by_layer["gateway"] = _decode(codec, first, "Request")

@@ -63,9 +63,9 @@ from conveyor.settings import Settings
 from gateway.replies import ReplySource, ReplyStream, reply_error
 from schemas.codec import Codec
 from schemas.records import Generation, Reply, Request
-from topics.envelope import now_ms, request_time_ms
+from topics.envelope import now_ms
 from topics.follow import FromTime, follow
-from topics.lookup import KeyLookup
+from topics.lookup import KeyLookup, made_window
 
 if TYPE_CHECKING:
     from gateway.serving import Serving
@@ -84,11 +84,6 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 # a resume is nearly always seconds after the drop: look there first, then back
 # as far as the longest deadline a request may have (X-Conveyor-Timeout, 3600 s)
 _LOOKUP_WINDOWS_S = (120, 3600)
-# how old a request id's time may be and still be looked up at that time (the
-# requests topic's longest retention), and how long after its id was made the
-# request event is written at most (admission, the producer's retries)
-_RETAINED_MS = 400 * 24 * 3600 * 1000
-_SUBMIT_WITHIN_MS = 120_000
 
 
 class StreamNotFound(RequestError):
@@ -172,9 +167,9 @@ def lookup_windows(settings: Settings, request_id: str, now: int) -> list[tuple[
     the recent windows."""
     skew = settings.clock_skew_ms
     windows: list[tuple[int, int | None]] = []
-    made = request_time_ms(request_id)
-    if made is not None and now - _RETAINED_MS <= made <= now + skew:
-        windows.append((made - skew, made + skew + _SUBMIT_WITHIN_MS))
+    made = made_window(request_id, skew, now)
+    if made is not None:
+        windows.append(made)
     windows += [(now - window_s * 1000 - skew, None) for window_s in _LOOKUP_WINDOWS_S]
     return windows
 

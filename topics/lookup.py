@@ -35,8 +35,9 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from conveyor.settings import Settings
 from topics.clients import make_consumer, make_producer
+from topics.envelope import request_time_ms
 
-__all__ = ["KeyLookup", "key_partition", "parse_since"]
+__all__ = ["KeyLookup", "key_partition", "parse_since", "made_window"]
 
 Record: TypeAlias = "ConsumerRecord[bytes, bytes]"
 
@@ -48,6 +49,22 @@ def key_partition(key: bytes, partitions: int) -> int:
     """The partition Kafka's default partitioner (murmur2) gives ``key``."""
     every = list(range(partitions))
     return int(DefaultPartitioner()(key, every, every))
+
+
+# how old a request id's time may be and still be trusted (longer than any
+# topic keeps a request), and how long after its id was made a request event
+# is written at most (admission, the producer's retries)
+_RETAINED_MS = 400 * 24 * 3600 * 1000
+_SUBMIT_WITHIN_MS = 120_000
+
+
+def made_window(request_id: str, skew_ms: int, now_ms: int) -> tuple[int, int] | None:
+    """The record times (since, until) between which the request event of an id
+    from topics.envelope.new_request_id was written; None for another id."""
+    made = request_time_ms(request_id)
+    if made is None or not now_ms - _RETAINED_MS <= made <= now_ms + skew_ms:
+        return None
+    return made - skew_ms, made + skew_ms + _SUBMIT_WITHIN_MS
 
 
 def parse_since(text: str, now_ms: int | None = None) -> int:

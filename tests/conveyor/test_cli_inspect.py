@@ -12,6 +12,7 @@ import pytest
 from conveyor import cli_inspect
 from conveyor.settings import Settings
 from tests.conftest import Pipeline
+from topics.envelope import now_ms
 from topics.lookup import key_partition, parse_since
 
 pytestmark = pytest.mark.integration
@@ -72,6 +73,10 @@ def test_inspect_names_every_layer_of_a_finished_request(
     for layer in cli_inspect.LAYERS:
         assert f"  {layer} " in text
     assert "pumpkin" in text and "worker w" in text
+
+    # the id says when the request was made: found even where --since points past it
+    assert run(settings, rid, "--json", "--since", str(now_ms() + 60_000)) == 0
+    assert json.loads(capsys.readouterr().out)["layers"]["gateway"]
 
     assert run(settings, uuid.uuid4().hex, "--since", "5m") == 1
     assert "no request" in capsys.readouterr().err
