@@ -1,6 +1,6 @@
 """``conveyor``: run the whole pipeline in one go, or each process alone.
 
-    conveyor up [--engine llamacpp|openai] ...   Kafka topics, layers, an infer worker, gateway
+    conveyor up [--engine NAME] ...              Kafka topics, layers, an infer worker, gateway
     conveyor gateway                             the HTTP/SSE API
     conveyor layer preprocess route ...          one or more layers in one process
     conveyor infer --pool cpu --engine llamacpp  one infer worker
@@ -22,10 +22,13 @@ import subprocess
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conveyor.registry import Registry
 from conveyor.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from workers.infer.engines.base import Engine
 
 __all__ = ["main"]
 
@@ -197,24 +200,13 @@ def cmd_layer(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _make_engine(args: argparse.Namespace, settings: Settings, registry: Registry) -> object:
-    if args.engine == "llamacpp":
-        from workers.infer.engines.llamacpp import LlamaCppEngine
+def _make_engine(args: argparse.Namespace, settings: Settings, registry: Registry) -> Engine:
+    from workers.infer.engines.table import EngineSetupError, engine_named
 
-        models = [m for m in registry.models.values() if m.pool == args.pool and m.gguf]
-        if not models:
-            raise SystemExit(f"no model with a gguf file in pool {args.pool!r}")
-        return LlamaCppEngine.from_spec(models[0], contexts=args.contexts,
-                                        n_threads=args.threads)
-    if args.engine == "openai":
-        from workers.infer.engines.openai_http import OpenAIHttpEngine
-
-        if not args.upstream:
-            raise SystemExit("--engine openai needs --upstream URL")
-        return OpenAIHttpEngine(args.upstream, capacity=args.capacity)
-    if args.engine == "vllm":
-        raise SystemExit("the vLLM engine needs the gpu extra and a GPU host")
-    raise SystemExit(f"unknown engine {args.engine!r}")
+    try:
+        return engine_named(args.engine).make(args, registry)
+    except EngineSetupError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 async def _run_infer(settings: Settings, args: argparse.Namespace) -> None:
@@ -226,8 +218,8 @@ async def _run_infer(settings: Settings, args: argparse.Namespace) -> None:
     from conveyor.tracing import make_tracer
 
     tracing = make_tracer(settings.trace_exporter, f"infer-{args.pool}")
-    worker = InferWorker(settings, engine, args.pool, registry,  # type: ignore[arg-type]
-                         worker_id=args.worker_id, tracer=tracing.tracer)
+    worker = InferWorker(settings, engine, args.pool, registry, worker_id=args.worker_id,
+                         tracer=tracing.tracer)
     from conveyor.metrics import WorkerMetrics, process_metrics
 
     metrics = process_metrics(settings, f"infer-{args.pool}")
@@ -262,11 +254,9 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
     registry = Registry.load(settings.models_file)
     asyncio.run(_ensure_topics(settings, registry))
     exe = [sys.executable, "-m", "conveyor.cli"]
-    infer = ["infer", "--pool", args.pool, "--engine", args.engine,
-             "--contexts", str(args.contexts), "--threads", str(args.threads),
-             "--capacity", str(args.capacity)]
-    if args.upstream:
-        infer += ["--upstream", args.upstream]
+    from workers.infer.engines.table import engine_argv
+
+    infer = ["infer", "--pool", args.pool, "--engine", args.engine, *engine_argv(args)]
     port = settings.metrics_port  # layers on it, accounting on the next, then each worker
 
     def on(offset: int) -> list[str]:
@@ -295,14 +285,10 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def engine_args(p: argparse.ArgumentParser) -> None:
+        from workers.infer.engines.table import add_engine_flags
+
         p.add_argument("--pool", default="cpu")
-        p.add_argument("--engine", choices=["llamacpp", "openai", "vllm"], default="llamacpp")
-        p.add_argument("--contexts", type=int, default=2,
-                       help="llamacpp: sequences served at once")
-        p.add_argument("--threads", type=int, default=1, help="llamacpp: threads per context")
-        p.add_argument("--upstream", default=None, help="openai: the upstream's base URL")
-        p.add_argument("--capacity", type=int, default=64,
-                       help="openai: requests in flight to the upstream")
+        add_engine_flags(p)  # --engine and each engine's flags, from the engines table
 
     up = sub.add_parser("up", help="run everything on this host")
     engine_args(up)

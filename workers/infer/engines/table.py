@@ -1,0 +1,204 @@
+"""The engines table: every engine an infer worker can run, declared once.
+
+An entry names an engine, adds the command-line flags it reads, and makes it
+from the parsed command line. ``conveyor infer`` and ``conveyor up`` read
+the table for the choices of ``--engine``, the flags, the factory, and the
+flags ``up`` hands on to the workers it starts. Adding an engine is its
+module plus one entry here.
+
+Decisions:
+
+* **Building the parser loads no engine library.** Every ``conveyor``
+  command builds the whole parser, so the flags and factories live here and
+  a factory imports its engine only when called: ``conveyor keys`` should
+  not load llama.cpp or aiohttp, nor fail on a host without the GPU stack.
+  (The scripted engine imports nothing of the kind, so it is imported here.)
+* **A flag two engines read is declared by both** (``--contexts``: the
+  llama.cpp contexts, the scripted engine's slots) and added once; the two
+  declarations must agree on everything but their help, which is joined.
+* **``conveyor up`` hands on what was given.** :func:`engine_argv` turns the
+  engine flags whose value is not their default back into command-line
+  words (``--flag=value``, so a value may begin with ``-``).
+* A command line that makes no working engine (a missing flag, no model for
+  the pool, an engine this host cannot run) raises :class:`EngineSetupError`
+  with a message for the person who typed it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from conveyor.errors import ConveyorError
+from workers.infer.engines.scripted import DEFAULT_TEXT, SCRIPTS, Script, ScriptedEngine
+
+if TYPE_CHECKING:
+    from conveyor.registry import Registry
+    from workers.infer.engines.base import Engine
+
+__all__ = ["ENGINES", "EngineEntry", "EngineFlags", "EngineSetupError", "add_engine_flags",
+           "engine_argv", "engine_named"]
+
+
+class EngineSetupError(ConveyorError):
+    """The command line does not make a working engine."""
+
+
+class EngineFlags:
+    """Where engines declare their flags (argparse's ``add_argument``, one
+    option string each), with the engine's name before each help text."""
+
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self._group = parser.add_argument_group(
+            "engine flags", "each read only by the engines named in its help")
+        self.actions: dict[str, argparse.Action] = {}
+        self._kwargs: dict[str, dict[str, Any]] = {}
+        self.engine = ""  # the engine declaring its flags now
+
+    def add(self, flag: str, *, help: str, **kwargs: Any) -> None:
+        known = self.actions.get(flag)
+        if known is None:
+            self.actions[flag] = self._group.add_argument(
+                flag, help=f"{self.engine}: {help}", **kwargs)
+            self._kwargs[flag] = kwargs
+        elif kwargs != self._kwargs[flag]:
+            raise ValueError(f"{self.engine} declares {flag} unlike the engines before it: "
+                             f"{kwargs} instead of {self._kwargs[flag]}")
+        else:
+            known.help = f"{known.help}; {self.engine}: {help}"
+
+
+@dataclass(frozen=True)
+class EngineEntry:
+    name: str
+    summary: str  # one line for ``--engine``'s help
+    add_flags: Callable[[EngineFlags], None]
+    make: Callable[[argparse.Namespace, Registry], Engine]
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number")
+    return number
+
+
+def _milliseconds(value: str) -> float:
+    number = float(value)
+    if not number >= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a time in milliseconds")
+    return number
+
+
+# -- the engines ------------------------------------------------------------------
+
+_CONTEXTS: dict[str, Any] = {"type": _positive_int, "default": 2}
+
+
+def _llamacpp_flags(flags: EngineFlags) -> None:
+    flags.add("--contexts", **_CONTEXTS,
+              help="sequences served at once, each in a llama.cpp context of its own")
+    flags.add("--threads", type=_positive_int, default=1, help="threads per context")
+
+
+def _llamacpp(args: argparse.Namespace, registry: Registry) -> Engine:
+    from workers.infer.engines.llamacpp import LlamaCppEngine
+
+    models = [m for m in registry.models.values() if m.pool == args.pool and m.gguf]
+    if not models:
+        raise EngineSetupError(f"no model with a gguf file in pool {args.pool!r}")
+    return LlamaCppEngine.from_spec(models[0], contexts=args.contexts, n_threads=args.threads)
+
+
+def _openai_flags(flags: EngineFlags) -> None:
+    flags.add("--upstream", default=None, help="the upstream's base URL")
+    flags.add("--capacity", type=_positive_int, default=64,
+              help="requests in flight to the upstream")
+
+
+def _openai(args: argparse.Namespace, registry: Registry) -> Engine:
+    from workers.infer.engines.openai_http import OpenAIHttpEngine
+
+    if not args.upstream:
+        raise EngineSetupError("--engine openai needs --upstream URL")
+    return OpenAIHttpEngine(args.upstream, capacity=args.capacity)
+
+
+def _no_flags(flags: EngineFlags) -> None:
+    pass
+
+
+def _vllm(args: argparse.Namespace, registry: Registry) -> Engine:
+    raise EngineSetupError("the vLLM engine needs the gpu extra and a GPU host")
+
+
+def _scripted_flags(flags: EngineFlags) -> None:
+    flags.add("--contexts", **_CONTEXTS, help="answers served at once")
+    flags.add("--script", choices=SCRIPTS, default=None,
+              help="echo: the last user message or the prompt; count: go on counting "
+                   "after the prompt's last number until max_tokens; text: --script-text "
+                   "(default: text if --script-text is given, else echo)")
+    flags.add("--script-text", default=None, metavar="TEXT",
+              help="the answer to every request (--script text)")
+    flags.add("--token-delay-ms", type=_milliseconds, default=0.0, metavar="MS",
+              help="time each token takes")
+
+
+def _scripted(args: argparse.Namespace, registry: Registry) -> Engine:
+    script: Script = args.script or ("text" if args.script_text is not None else "echo")
+    if args.script_text is not None and script != "text":
+        raise EngineSetupError(f"--script-text is the answer of --script text, not {script}")
+    text = DEFAULT_TEXT if args.script_text is None else args.script_text
+    return ScriptedEngine(script, text=text, capacity=args.contexts,
+                          token_delay_ms=args.token_delay_ms)
+
+
+ENGINES: tuple[EngineEntry, ...] = (
+    EngineEntry("llamacpp", "a GGUF model in this process, on the CPU (llama-cpp-python)",
+                _llamacpp_flags, _llamacpp),
+    EngineEntry("openai", "an OpenAI-compatible HTTP upstream (vLLM, SGLang, llama.cpp's "
+                "server)", _openai_flags, _openai),
+    EngineEntry("vllm", "vLLM's async engine (the gpu extra, on a GPU host)", _no_flags, _vllm),
+    EngineEntry("scripted", "scripted answers, no model: deterministic, for tests",
+                _scripted_flags, _scripted),
+)
+
+
+# -- reading the table --------------------------------------------------------------
+
+
+def engine_named(name: str) -> EngineEntry:
+    for entry in ENGINES:
+        if entry.name == name:
+            return entry
+    raise EngineSetupError(f"unknown engine {name!r}; choose from "
+                           f"{', '.join(e.name for e in ENGINES)}")
+
+
+def _declare(flags: EngineFlags) -> None:
+    for entry in ENGINES:
+        flags.engine = entry.name
+        entry.add_flags(flags)
+
+
+def add_engine_flags(parser: argparse.ArgumentParser, default: str = "llamacpp") -> None:
+    """``--engine`` and every engine's flags."""
+    parser.add_argument("--engine", choices=[e.name for e in ENGINES], default=default,
+                        help="; ".join(f"{e.name}: {e.summary}" for e in ENGINES))
+    _declare(EngineFlags(parser))
+
+
+def engine_argv(args: argparse.Namespace) -> list[str]:
+    """The engine flags of ``args`` that differ from their defaults, as the
+    command-line words that give them (``--engine`` itself not included)."""
+    flags = EngineFlags(argparse.ArgumentParser(add_help=False))
+    _declare(flags)
+    argv: list[str] = []
+    for flag, action in flags.actions.items():
+        value = getattr(args, action.dest, action.default)
+        if value == action.default:
+            continue
+        argv.append(flag if action.nargs == 0 else f"{flag}={value}")
+    return argv
