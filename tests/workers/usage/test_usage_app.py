@@ -33,8 +33,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from conveyor.settings import Settings
 from schemas.codec import default_codec
 from schemas.records import Control, UsageRecord
-from tests.conftest import ROOT
-from tests.faults import OwnRedis, free_port
+from tests.support.pipeline import ROOT
+from tests.support.services import OwnRedis, free_port
 from topics.admin import ensure_topics
 from topics.catalog import catalog
 from topics.clients import make_producer

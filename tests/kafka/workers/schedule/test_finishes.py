@@ -1,0 +1,62 @@
+"""FinishFollower on the real broker: the final chunks of the requests schedule
+waits for, from every partition of conveyor.tokens."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from conveyor.settings import Settings
+from schemas.codec import default_codec
+from schemas.records import ErrorInfo, TokenChunk
+from tests.support.schedule_tasks import full_task
+from topics.admin import ensure_topics
+from topics.catalog import catalog
+from topics.clients import make_producer
+from workers.schedule.finishes import FinishFollower
+
+
+def chunk(rid: str, seq: int, finish: str | None, error: ErrorInfo | None = None
+          ) -> TokenChunk:
+    return TokenChunk(envelope=full_task(rid)["envelope"], seq=seq, text="x", tokens=1,
+                      finish_reason=finish, worker_id="w7", header=None, error=error,
+                      run_id="run", run_start=0)
+
+
+async def test_final_and_error_chunks_of_wanted_requests_are_heard(services: None) -> None:
+    settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    await ensure_topics(settings, [s for s in catalog(settings)
+                                   if s.name == settings.topic("tokens")])
+    heard: list[tuple[str, str, int]] = []
+    wanted = {f"want{i}" for i in range(8)} | {"failed"}
+    follower = FinishFollower(settings, wanted.__contains__,
+                              lambda rid, wid, ts: heard.append((rid, wid, ts)))
+    ready = asyncio.Event()
+    running = asyncio.create_task(follower.run(ready))
+    producer = make_producer(settings)
+    await producer.start()
+    codec = default_codec()
+    try:
+        await asyncio.wait_for(ready.wait(), 20)
+        error = ErrorInfo(status=500, type="server_error", code=None, param=None, message="x")
+        chunks = [chunk(f"want{i}", 0, None) for i in range(8)]  # spread over the partitions
+        chunks += [chunk(f"want{i}", 1, "stop") for i in range(8)]
+        chunks += [chunk("other", 0, None), chunk("other", 1, "length"),
+                   chunk("failed", 0, None, error)]
+        for c in chunks:
+            await producer.send_and_wait(settings.topic("tokens"), codec.encode("TokenChunk", c),
+                                         key=c["envelope"]["request_id"].encode())
+        for _ in range(100):
+            if len(heard) >= 9:
+                break
+            await asyncio.sleep(0.1)
+        assert sorted(rid for rid, _, _ in heard) == sorted(wanted)
+        assert {wid for _, wid, _ in heard} == {"w7"} and all(ts > 0 for _, _, ts in heard)
+        assert len(follower.followers) == settings.pipeline_partitions
+    finally:
+        running.cancel()
+        await producer.stop()
+        with pytest.raises(asyncio.CancelledError):
+            await running

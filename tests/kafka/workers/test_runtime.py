@@ -1,0 +1,286 @@
+"""LayerRuntime on the real Kafka, with a scripted layer: what cannot be
+produced goes to the DLQ with an error reply and the runtime goes on; events
+of different requests are handled concurrently, of one request in order;
+commits stay below the lowest unfinished event; cancelled requests' events
+are dropped."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from conveyor.settings import Settings
+from schemas.codec import EventType, default_codec
+from schemas.records import Control, Request
+from tests.support.factories import request
+from topics.admin import ensure_topics
+from topics.catalog import catalog
+from topics.envelope import now_ms
+from workers.cancels import CancelList
+from workers.inflight import PartitionBook
+from workers.outputs import Output, Sender
+from workers.runtime import LayerRuntime
+
+MAX_EVENT = 64 * 1024
+codec = default_codec()
+
+
+class ScriptedLayer:
+    """Requests in, the same request out on ``prepared``, as each request id says:
+    ``big*`` gives an output larger than a topic takes, ``slow*`` waits for
+    ``release``, ``bad*`` an output its schema cannot encode."""
+
+    name = "scripted"
+    source_type: EventType = "Request"
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.source_topic = settings.topic("requests")
+        self.release = asyncio.Event()
+        self.handled: list[str] = []
+
+    async def start(self, sender: Sender) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def handle(self, event: Request, record: Any) -> list[Output]:
+        rid = event["envelope"]["request_id"]
+        if rid.startswith("slow"):
+            await self.release.wait()
+        self.handled.append(rid)
+        if rid.startswith("big"):
+            event["generation"]["prompt"] = "x" * (MAX_EVENT * 2)
+        record_out: Any = event
+        if rid.startswith("bad"):
+            record_out = {"envelope": event["envelope"]}
+        return [Output(self.settings.topic("prepared"), "Request", record_out, key=rid)]
+
+    def committable(self, tp: TopicPartition, next_offset: int) -> int:
+        return next_offset
+
+    def revoked(self, partitions: list[TopicPartition]) -> None:
+        return None
+
+
+class CancellingLayer(ScriptedLayer):
+    def cancel(self, request_id: str) -> None:
+        self.handled.append(f"cancel:{request_id}")
+
+
+@pytest.fixture
+async def settings(services: None) -> Settings:
+    s = Settings(topic_prefix=f"rt{uuid.uuid4().hex[:10]}", max_event_bytes=MAX_EVENT)
+    await ensure_topics(s, catalog(s))
+    return s
+
+
+@pytest.fixture
+async def producer(settings: Settings) -> AsyncIterator[AIOKafkaProducer]:
+    p = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
+    await p.start()
+    yield p
+    await p.stop()
+
+
+@contextlib.asynccontextmanager
+async def running(settings: Settings, layer: ScriptedLayer, **options: Any
+                  ) -> AsyncIterator[LayerRuntime]:
+    runtime = LayerRuntime(settings, layer, **options)  # type: ignore[arg-type]
+    task = asyncio.create_task(runtime.run())
+    try:
+        yield runtime
+    finally:
+        runtime.stop()
+        layer.release.set()
+        await asyncio.wait_for(task, 60)
+
+
+async def send(producer: AIOKafkaProducer, settings: Settings, rid: str, partition: int = 0,
+               prompt: str = "hello") -> int:
+    event = request(request_id=rid, kind="completion", prompt=prompt)
+    meta = await producer.send_and_wait(settings.topic("requests"),
+                                        codec.encode("Request", event), key=rid.encode(),
+                                        partition=partition)
+    return int(meta.offset)
+
+
+async def read_until(settings: Settings, topic: str, event_type: EventType,
+                     done: Callable[[list[Any]], bool], within: float = 60.0) -> list[Any]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap,
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    seen: list[Any] = []
+    try:
+        consumer.subscribe([settings.topic(topic)])
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline and not done(seen):
+            batch = await consumer.getmany(timeout_ms=300)
+            for records in batch.values():
+                seen.extend(codec.decode(r.value, event_type) for r in records)
+    finally:
+        await consumer.stop()
+    assert done(seen), f"gave up on {topic}: {seen!r:.2000}"
+    return seen
+
+
+async def committed(settings: Settings, layer: str, tp: TopicPartition) -> int | None:
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap,
+                                group_id=settings.group(layer), enable_auto_commit=False)
+    await consumer.start()
+    try:
+        return await consumer.committed(tp)
+    finally:
+        await consumer.stop()
+
+
+async def committed_reaches(settings: Settings, tp: TopicPartition, offset: int) -> bool:
+    for _ in range(100):
+        if await committed(settings, "scripted", tp) == offset:
+            return True
+        await asyncio.sleep(0.3)
+    return False
+
+
+def ids(events: list[Any]) -> list[str]:
+    return [e["envelope"]["request_id"] for e in events]
+
+
+def test_the_lowest_unfinished_offset_bounds_the_commit() -> None:
+    part = PartitionBook()
+    for offset in (10, 11, 12, 13):
+        part.take(offset)
+    part.finish(12)
+    part.finish(13)
+    assert part.low() == 10 and part.unfinished() == 2
+    part.finish(10)
+    assert part.low() == 11
+    part.finish(11)
+    assert part.low() == 14 and part.unfinished() == 0
+
+
+async def test_an_output_too_large_goes_to_the_dlq_with_a_413_and_the_runtime_goes_on(
+        settings: Settings, producer: AIOKafkaProducer) -> None:
+    layer = ScriptedLayer(settings)
+    async with running(settings, layer) as runtime:
+        big_offset = await send(producer, settings, "big-1")
+        await send(producer, settings, "bad-1")
+        await send(producer, settings, "after-1")
+        prepared = await read_until(settings, "prepared", "Request",
+                                    lambda seen: "after-1" in ids(seen))
+        assert ids(prepared) == ["after-1"]
+        replies = await read_until(settings, "replies", "Reply",
+                                   lambda seen: len(seen) >= 2)
+        errors = {r["envelope"]["request_id"]: r["error"] for r in replies}
+        assert errors["big-1"]["status"] == 413
+        assert errors["big-1"]["code"] == "request_too_large"
+        assert errors["bad-1"]["status"] == 500
+        letters = await read_until(settings, "dlq", "DeadLetter", lambda seen: len(seen) >= 2)
+        big = next(x for x in letters if x["key"] == b"big-1")
+        assert big["offset"] == big_offset and big["layer"] == "scripted"
+        assert codec.decode(big["value"], "Request")["envelope"]["request_id"] == "big-1"
+        assert "MessageSizeTooLarge" in big["error"]
+        assert any(x["key"] == b"bad-1" and "SchemaError" in x["error"] for x in letters)
+        tp = TopicPartition(settings.topic("requests"), 0)
+        assert await committed_reaches(settings, tp, 3)
+        assert not runtime._stopping.is_set()
+
+
+async def test_a_slow_request_does_not_hold_up_the_others_nor_the_commit_past_it(
+        settings: Settings, producer: AIOKafkaProducer) -> None:
+    layer = ScriptedLayer(settings)
+    tp = TopicPartition(settings.topic("requests"), 0)
+    async with running(settings, layer):
+        slow = await send(producer, settings, "slow-1")
+        await send(producer, settings, "fast-1")
+        await send(producer, settings, "fast-2")
+        prepared = await read_until(settings, "prepared", "Request",
+                                    lambda seen: {"fast-1", "fast-2"} <= set(ids(seen)))
+        assert "slow-1" not in ids(prepared)
+        await asyncio.sleep(1.0)  # commits happen every 100 ms; none may pass slow-1
+        assert await committed(settings, "scripted", tp) in (None, slow)
+        layer.release.set()
+        await read_until(settings, "prepared", "Request", lambda seen: "slow-1" in ids(seen))
+        assert await committed_reaches(settings, tp, 3)
+
+
+async def test_events_of_one_request_keep_their_order(
+        settings: Settings, producer: AIOKafkaProducer) -> None:
+    layer = ScriptedLayer(settings)
+    async with running(settings, layer):
+        await send(producer, settings, "slow-a", prompt="first")
+        await send(producer, settings, "slow-a", prompt="second")
+        await send(producer, settings, "other")
+        await read_until(settings, "prepared", "Request", lambda seen: "other" in ids(seen))
+        layer.release.set()
+        prepared = await read_until(settings, "prepared", "Request",
+                                    lambda seen: ids(seen).count("slow-a") == 2)
+    prompts = [p["generation"]["prompt"] for p in prepared if ids([p]) == ["slow-a"]]
+    assert prompts == ["first", "second"]
+
+
+async def test_a_cancelled_request_is_dropped(
+        settings: Settings, producer: AIOKafkaProducer) -> None:
+    cancel = Control(request_id="gone", action="cancel", reason="client left", ts_ms=now_ms())
+    await producer.send_and_wait(settings.topic("control"), codec.encode("Control", cancel),
+                                 key=b"gone")
+    cancels = CancelList(settings)
+    follower = asyncio.create_task(cancels.run())
+    try:
+        for _ in range(300):
+            if "gone" in cancels:
+                break
+            await asyncio.sleep(0.1)
+        layer = CancellingLayer(settings)
+        async with running(settings, layer, cancels=cancels):
+            await send(producer, settings, "gone")
+            await send(producer, settings, "kept")
+            prepared = await read_until(settings, "prepared", "Request",
+                                        lambda seen: "kept" in ids(seen))
+            assert ids(prepared) == ["kept"]
+            assert "gone" not in layer.handled
+    finally:
+        follower.cancel()
+
+
+class CountingAssignments(ScriptedLayer):
+    """Keeps the assignment the runtime reports after each rebalance."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
+        self.assignment: list[TopicPartition] = []
+
+    def assigned(self, partitions: list[TopicPartition]) -> None:
+        self.assignment = sorted(partitions)
+
+
+async def test_an_assignment_aware_layer_hears_its_whole_assignment_after_each_rebalance(
+        settings: Settings) -> None:
+    """Two members of one group: each hears what it holds, and together all of it
+    (what the schedule layer's part of the batch share is computed from)."""
+    first, second = CountingAssignments(settings), CountingAssignments(settings)
+    every = {TopicPartition(settings.topic("requests"), p)
+             for p in range(settings.pipeline_partitions)}
+
+    async def until(check: Callable[[], bool]) -> None:
+        for _ in range(200):
+            if check():
+                return
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"{first.assignment} / {second.assignment}")
+
+    async with running(settings, first):
+        await until(lambda: set(first.assignment) == every)
+        async with running(settings, second):
+            await until(lambda: bool(first.assignment) and bool(second.assignment)
+                        and set(first.assignment) | set(second.assignment) == every
+                        and not set(first.assignment) & set(second.assignment))
+        await until(lambda: set(first.assignment) == every)  # the second left

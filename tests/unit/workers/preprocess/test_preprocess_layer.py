@@ -1,0 +1,223 @@
+"""PreprocessLayer.handle on real requests, SmolLM2's real tokenizer, no Kafka."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pytest
+from aiokafka import TopicPartition
+from llama_cpp import Llama
+
+from conveyor.errors import ContextLengthExceeded, InvalidRequest
+from conveyor.registry import Registry
+from conveyor.settings import Settings, load_settings
+from schemas.codec import default_codec
+from schemas.records import Message, Prepared, Request
+from tests.support.factories import request as make_request
+from workers.outputs import Output
+from workers.preprocess import PreprocessLayer
+from workers.preprocess.tokenizers import TokenizerCache
+
+MODEL = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="module")
+def settings() -> Settings:
+    return load_settings(topic_prefix="pptest")
+
+
+@pytest.fixture(scope="module")
+def registry(settings: Settings) -> Registry:
+    return Registry.load(settings.models_file)
+
+
+@pytest.fixture(scope="module")
+def layer(settings: Settings, registry: Registry) -> PreprocessLayer:
+    # One cache for the module: the GGUF vocabulary loads once.
+    return PreprocessLayer(settings, registry, TokenizerCache())
+
+
+@pytest.fixture(scope="module")
+def llama(registry: Registry) -> Llama:
+    spec = registry.resolve(MODEL)
+    return Llama(model_path=str(spec.gguf_path()), vocab_only=True, verbose=False)
+
+
+def message(role: str, content: str) -> Message:
+    return {"role": role, "content": content, "name": None}
+
+
+def request(
+    messages: list[Message] | None = None,
+    *,
+    model: str = "smollm2",
+    max_tokens: int | None = None,
+    kind: Literal["chat", "completion"] = "chat",
+    prompt: str | None = None,
+    request_id: str = "r1",
+) -> Request:
+    return make_request(messages, request_id=request_id, model=model, max_tokens=max_tokens,
+                        kind=kind, prompt=prompt, temperature=0.7, created=1_700_000_000)
+
+
+async def prepare(layer: PreprocessLayer, req: Request) -> Prepared:
+    outputs = await layer.handle(req, None)
+    assert len(outputs) == 1
+    out = outputs[0]
+    assert isinstance(out, Output)
+    assert out.topic == "pptest.prepared" and out.event_type == "Prepared"
+    assert out.key == req["envelope"]["request_id"] and out.partition is None
+    prepared: Prepared = out.record
+    return prepared
+
+
+def test_layer_contract(layer: PreprocessLayer) -> None:
+    assert layer.name == "preprocess"
+    assert layer.source_topic == "pptest.requests"
+    assert layer.source_type == "Request"
+    assert layer.committable(TopicPartition("pptest.requests", 0), 42) == 42
+
+
+async def test_chat_request_is_prepared(layer: PreprocessLayer, llama: Llama) -> None:
+    req = request([message("system", "Be brief."), message("user", "What is Kafka?")])
+    prepared = await prepare(layer, req)
+
+    assert "preprocess" in prepared["envelope"]["stamps"]
+    assert prepared["envelope"]["request_id"] == "r1"
+    prompt = prepared["prompt"]
+    assert prompt["text"] == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n"
+        "<|im_start|>user\nWhat is Kafka?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    assert prompt["text"].endswith("<|im_start|>assistant\n")
+    expected = len(llama.tokenize(prompt["text"].encode(), add_bos=False, special=True))
+    assert prompt["tokens"] == expected and prompt["exact"] is True
+    assert prompt["max_tokens"] == 256  # the registry's default_max_tokens
+    assert prompt["dropped_messages"] == 0
+    assert len(prompt["fingerprint"]) == 32
+    assert prepared["generation"]["messages"] == req["generation"]["messages"]
+
+
+async def test_messages_are_nfc_normalised(layer: PreprocessLayer) -> None:
+    prepared = await prepare(layer, request([message("user", "caf" + "e\u0301")]))
+    assert prepared["generation"]["messages"][0]["content"] == "caf\u00e9"
+    assert prepared["prompt"]["text"] is not None
+    assert "caf\u00e9" in prepared["prompt"]["text"]
+
+
+async def test_bad_role_rejected_with_param(layer: PreprocessLayer) -> None:
+    req = request([message("user", "hi"), message("robot", "beep")])
+    with pytest.raises(InvalidRequest) as err:
+        await layer.handle(req, None)
+    assert err.value.param == "messages[1].role"
+
+
+async def test_empty_messages_rejected(layer: PreprocessLayer) -> None:
+    with pytest.raises(InvalidRequest) as err:
+        await layer.handle(request([]), None)
+    assert err.value.param == "messages"
+
+
+async def test_long_conversation_is_trimmed(layer: PreprocessLayer) -> None:
+    body = " ".join(f"item{j} lorem ipsum dolor" for j in range(30))
+    messages = [message("system", "You are a patient tutor.")]
+    for i in range(40):
+        messages.append(message("user" if i % 2 == 0 else "assistant", f"#{i} {body}"))
+    messages.append(message("user", "Summarise, please."))
+
+    prepared = await prepare(layer, request(messages, max_tokens=200))
+
+    kept = prepared["generation"]["messages"]
+    dropped = prepared["prompt"]["dropped_messages"]
+    assert dropped > 0 and len(kept) == len(messages) - dropped
+    assert kept[0]["content"] == "You are a patient tutor."
+    assert kept[-1]["content"] == "Summarise, please."
+    assert kept[1:] == messages[1 + dropped:]
+    assert "#0 " not in (prepared["prompt"]["text"] or "")
+    assert prepared["prompt"]["tokens"] + 200 <= 2048
+    assert prepared["prompt"]["max_tokens"] == 200
+
+
+async def test_huge_history_is_trimmed_off_the_event_loop(layer: PreprocessLayer) -> None:
+    messages = [message("system", "Be terse.")]
+    for i in range(400):
+        messages.append(message("user" if i % 2 == 0 else "assistant", f"#{i} " * 60))
+    messages.append(message("user", "Last one."))
+    assert sum(len(m["content"]) for m in messages) > 32_768  # the threaded path
+
+    prepared = await prepare(layer, request(messages))
+
+    kept = prepared["generation"]["messages"]
+    assert kept[0] == messages[0] and kept[-1] == messages[-1]
+    assert prepared["prompt"]["dropped_messages"] == len(messages) - len(kept) > 300
+    assert prepared["prompt"]["tokens"] + prepared["prompt"]["max_tokens"] <= 2048
+
+
+async def test_single_huge_message_exceeds_context(layer: PreprocessLayer) -> None:
+    req = request([message("system", "s"), message("user", "tokens galore " * 2000)])
+    with pytest.raises(ContextLengthExceeded) as err:
+        await layer.handle(req, None)
+    assert err.value.code == "context_length_exceeded" and err.value.param == "messages"
+    assert "maximum context length is 2048 tokens" in err.value.message
+
+
+async def test_max_tokens_too_big_exceeds_context(layer: PreprocessLayer) -> None:
+    req = request([message("user", "hi")], max_tokens=2048)
+    with pytest.raises(ContextLengthExceeded) as err:
+        await layer.handle(req, None)
+    assert "2048 in the completion" in err.value.message
+
+
+async def test_completion_request(layer: PreprocessLayer) -> None:
+    prepared = await prepare(
+        layer, request(kind="completion", prompt="Once upon a time", max_tokens=16)
+    )
+    prompt = prepared["prompt"]
+    assert prompt["text"] == "Once upon a time" and prompt["max_tokens"] == 16
+    assert prompt["exact"] is True and prompt["tokens"] > 0
+
+
+async def test_alias_and_name_share_a_fingerprint(layer: PreprocessLayer) -> None:
+    messages = [message("user", "Same prompt")]
+    by_alias = await prepare(layer, request(messages, model="smollm2"))
+    by_name = await prepare(layer, request(messages, model=MODEL))
+    other = await prepare(layer, request([message("user", "Other prompt")]))
+    assert by_alias["prompt"]["fingerprint"] == by_name["prompt"]["fingerprint"]
+    assert by_alias["prompt"]["fingerprint"] != other["prompt"]["fingerprint"]
+    assert by_alias["generation"]["model"] == "smollm2"  # route resolves aliases
+
+
+async def test_unknown_model_passes_through(layer: PreprocessLayer) -> None:
+    huge = "x" * 100_000  # far beyond any context: not checked here
+    prepared = await prepare(layer, request([message("user", huge)], model="no-such-model"))
+    prompt = prepared["prompt"]
+    assert prompt["exact"] is False and prompt["text"] is None
+    assert prompt["tokens"] >= 25_000 and prompt["dropped_messages"] == 0
+    assert prompt["max_tokens"] == 256
+    assert prepared["generation"]["model"] == "no-such-model"
+
+
+async def test_unknown_model_still_validated(layer: PreprocessLayer) -> None:
+    with pytest.raises(InvalidRequest):
+        await layer.handle(request([message("nobody", "hi")], model="no-such-model"), None)
+
+
+async def test_redelivery_is_idempotent(layer: PreprocessLayer) -> None:
+    req = request([message("user", "again")])
+    first = await prepare(layer, req)
+    second = await prepare(layer, req)
+    assert first["prompt"] == second["prompt"]
+    assert first["envelope"]["stamps"] == second["envelope"]["stamps"]
+
+
+async def test_prepared_round_trips_through_the_codec(layer: PreprocessLayer) -> None:
+    codec = default_codec()
+    for req in (
+        request([message("system", "S"), message("user", "h\u00e9llo")], max_tokens=32),
+        request(kind="completion", prompt="abc"),
+        request([message("user", "hi")], model="no-such-model"),
+    ):
+        prepared = await prepare(layer, req)
+        data = codec.encode("Prepared", prepared)
+        assert codec.decode(data, "Prepared") == prepared

@@ -1,0 +1,178 @@
+"""ScheduleLayer: placing tasks, parking them while a pool has no live worker."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from aiokafka import TopicPartition
+
+from conveyor.settings import Settings
+from schemas.records import Task, WorkerHeartbeat
+from tests.support.schedule_tasks import RecordingSender
+from topics.envelope import new_envelope, now_ms
+from workers.schedule.layer import ScheduleLayer
+
+
+@dataclass
+class BlindFollower:
+    """The follower's view a WorkerTable reads (reachable, last contact, regained)."""
+
+    reachable: bool = False
+    last_contact_ms: int = 0
+    regained_ms: int = 0
+
+
+@dataclass
+class Rec:
+    topic: str
+    partition: int
+    offset: int
+
+
+def task(rid: str, pool: str = "cpu", deadline_ms: int = 0) -> Task:
+    env = new_envelope(rid, reply_gateway="g", reply_partition=0, deadline_ms=deadline_ms)
+    return Task(envelope=env, generation={}, prompt={},  # type: ignore[typeddict-item]
+                route={"model": "m", "pool": pool, "worker_id": "", "partition": -1})
+
+
+def beat(worker: str, pool: str = "cpu", partitions: list[int] | None = None) -> WorkerHeartbeat:
+    return WorkerHeartbeat(worker_id=worker, pool=pool, engine="e", models=[], state="ready",
+                           partitions=partitions or [3], capacity=2, running=0, queued=0,
+                           ts_ms=now_ms(), host="h", gpu_utilization=None, gpu_memory_free=None,
+                           interactive_running=0, interactive_ms=0)
+
+
+@pytest.fixture
+def settings() -> Settings:
+    return Settings(topic_prefix="sched", no_worker_timeout_s=5)
+
+
+@pytest.fixture
+def layer(settings: Settings) -> tuple[ScheduleLayer, RecordingSender]:
+    layer = ScheduleLayer(settings)
+    sender = RecordingSender()
+    layer._sender = sender  # type: ignore[assignment]
+    return layer, sender
+
+
+async def test_a_live_worker_gets_the_task_on_its_partition(layer: Any) -> None:
+    sched, _ = layer
+    sched.table.apply(beat("w1", partitions=[5]))
+    [out] = await sched.handle(task("r1"), Rec("sched.routed", 0, 7))
+    assert out.topic == "sched.infer.cpu" and out.partition == 5
+    assert out.record["route"]["worker_id"] == "w1"
+    assert sched.committable(TopicPartition("sched.routed", 0), 8) == 8
+
+
+async def test_without_a_worker_the_task_is_parked_and_its_offset_held(layer: Any) -> None:
+    sched, sender = layer
+    tp = TopicPartition("sched.routed", 0)
+    assert await sched.handle(task("r1"), Rec(tp.topic, 0, 7)) == []
+    assert sched.committable(tp, 8) == 7
+    # another pool is not held up
+    sched.table.apply(beat("g1", pool="gpu"))
+    [out] = await sched.handle(task("r2", pool="gpu"), Rec(tp.topic, 0, 8))
+    assert out.topic == "sched.infer.gpu"
+    # a worker appears: the parked task goes out, and the offset moves on
+    sched.table.apply(beat("w1"))
+    await sched.place_parked()
+    assert [o.record["envelope"]["request_id"] for o in sender.sent] == ["r1"]
+    assert sched.committable(tp, 9) == 9
+
+
+async def test_parked_tasks_keep_their_order(layer: Any) -> None:
+    sched, sender = layer
+    await sched.handle(task("r1"), Rec("sched.routed", 0, 1))
+    sched.table.apply(beat("w1"))
+    # r2 arrives after the worker did, but r1 was waiting first
+    assert await sched.handle(task("r2"), Rec("sched.routed", 0, 2)) == []
+    await sched.place_parked()
+    assert [o.record["envelope"]["request_id"] for o in sender.sent] == ["r1", "r2"]
+
+
+async def test_a_task_parked_too_long_fails_with_503(settings: Settings) -> None:
+    clock = [now_ms()]
+    sched = ScheduleLayer(settings, clock=lambda: clock[0])
+    sender = RecordingSender()
+    sched._sender = sender  # type: ignore[assignment]
+    await sched.handle(task("r1"), Rec("sched.routed", 0, 1))
+    await sched.place_parked()
+    assert sender.errors == [] and len(sched.parked) == 1
+    clock[0] += 6000
+    await sched.place_parked()
+    [(rid, error)] = sender.errors
+    assert rid == "r1" and error["status"] == 503 and error["code"] == "no_worker_available"
+    assert sched.parked == []
+
+
+async def test_a_past_deadline_fails_with_504(layer: Any) -> None:
+    from conveyor.errors import DeadlineExceeded
+
+    sched, _ = layer
+    sched.table.apply(beat("w1"))
+    with pytest.raises(DeadlineExceeded):
+        await sched.handle(task("r1", deadline_ms=now_ms() - 1), Rec("sched.routed", 0, 1))
+
+
+async def test_revoked_partitions_drop_their_parked_tasks(layer: Any) -> None:
+    sched, _ = layer
+    await sched.handle(task("r1"), Rec("sched.routed", 0, 1))
+    await sched.handle(task("r2"), Rec("sched.routed", 1, 1))
+    sched.revoked([TopicPartition("sched.routed", 0)])
+    assert [p.task["envelope"]["request_id"] for p in sched.parked] == ["r2"]
+
+
+async def test_a_cancelled_parked_task_is_never_sent(layer: Any) -> None:
+    sched, sender = layer
+    tp = TopicPartition("sched.routed", 0)
+    await sched.handle(task("r1"), Rec(tp.topic, 0, 1))
+    await sched.handle(task("r2"), Rec(tp.topic, 0, 2))  # queued behind r1
+    await sched.handle(task("r3"), Rec(tp.topic, 0, 3))
+    sched.cancel("r1")
+    sched.cancel("r2")
+    assert sched.committable(tp, 4) == 3  # the cancelled ones no longer hold the offset
+    sched.table.apply(beat("w1"))
+    await sched.place_parked()
+    assert [o.record["envelope"]["request_id"] for o in sender.sent] == ["r3"]
+    assert sender.errors == []
+
+
+async def test_a_blind_table_says_the_pipeline_is_unavailable(settings: Settings) -> None:
+    clock = [now_ms()]
+    sched = ScheduleLayer(settings, clock=lambda: clock[0])
+    sched.table.clock = lambda: clock[0]
+    sender = RecordingSender()
+    sched._sender = sender  # type: ignore[assignment]
+    # the worker beat just before the table lost sight of Kafka
+    sched.table.apply(beat("w1"))
+    sched.table.follower = BlindFollower(last_contact_ms=clock[0])  # type: ignore[assignment]
+    clock[0] += 60_000
+    # not declared dead because of the table's own blindness
+    assert [w.beat["worker_id"] for w in sched.table.live("cpu")] == ["w1"]
+    assert sched.table.settling()
+    # a task out of time while blind: 503 pipeline_unavailable, not no_worker_available
+    await sched.handle(task("r1", pool="gpu"), Rec("sched.routed", 0, 1))
+    clock[0] += 6000
+    await sched.place_parked()
+    [(rid, error)] = sender.errors
+    assert rid == "r1" and error["status"] == 503 and error["code"] == "pipeline_unavailable"
+
+
+async def test_a_table_that_sees_again_settles_after_a_ttl(settings: Settings) -> None:
+    clock = [now_ms()]
+    sched = ScheduleLayer(settings, clock=lambda: clock[0])
+    sched.table.clock = lambda: clock[0]
+    sched.table.follower = BlindFollower(  # type: ignore[assignment]
+        reachable=True, last_contact_ms=clock[0], regained_ms=clock[0])
+    assert sched.table.settling()
+    clock[0] += int(settings.worker_ttl_s * 1000) + 1
+    assert not sched.table.settling()
+    sender = RecordingSender()
+    sched._sender = sender  # type: ignore[assignment]
+    await sched.handle(task("r1", pool="gpu"), Rec("sched.routed", 0, 1))
+    clock[0] += 6000
+    await sched.place_parked()
+    [(_, error)] = sender.errors
+    assert error["code"] == "no_worker_available"
