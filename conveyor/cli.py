@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, Any
 
 from conveyor.registry import Registry
 from conveyor.settings import Settings, load_settings
+from workers.stages import UnknownStage, stage, stage_names
 
 if TYPE_CHECKING:
     from workers.infer.engines.base import Engine
 
 __all__ = ["main"]
 
-LAYERS = ("preprocess", "route", "schedule", "postprocess", "jobs", "results")
 log = logging.getLogger("conveyor")
 
 
@@ -116,35 +116,6 @@ def cmd_gateway(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _make_layer(name: str, settings: Settings, registry: Registry) -> object:
-    if name == "preprocess":
-        from workers.preprocess import PreprocessLayer
-
-        return PreprocessLayer(settings, registry)
-    if name == "route":
-        from workers.route import RouteLayer
-
-        return RouteLayer(settings, registry)
-    if name == "schedule":
-        from workers.schedule import ScheduleLayer
-
-        return ScheduleLayer(settings, prefetch=settings.batch_prefetch,
-                             linger_s=settings.interactive_linger_s)
-    if name == "postprocess":
-        from workers.postprocess import PostprocessLayer
-
-        return PostprocessLayer(settings)
-    if name in ("jobs", "results"):
-        from gateway.files.local import LocalFileStore
-        from workers.jobs.collector import ResultsLayer
-        from workers.jobs.commands import JobsLayer
-
-        files = LocalFileStore(settings)
-        return JobsLayer(settings, files, registry) if name == "jobs" else \
-            ResultsLayer(settings, files)
-    raise SystemExit(f"unknown layer {name!r}; choose from {', '.join(LAYERS)}")
-
-
 async def _run_layers(settings: Settings, names: list[str]) -> None:
     from workers.runtime import LayerRuntime
 
@@ -164,7 +135,7 @@ async def _run_layers(settings: Settings, names: list[str]) -> None:
 
     metrics = process_metrics(settings, "+".join(names))
     layer_metrics = LayerMetrics(metrics.meter)
-    runtimes = [LayerRuntime(settings, _make_layer(n, settings, registry),  # type: ignore[arg-type]
+    runtimes = [LayerRuntime(settings, stage(n).make(settings, registry),
                              producer=producer, tracer=tracing.tracer, cancels=cancels,
                              metrics=layer_metrics)
                 for n in names]
@@ -192,10 +163,12 @@ async def _run_layers(settings: Settings, names: list[str]) -> None:
 
 
 def cmd_layer(settings: Settings, args: argparse.Namespace) -> int:
-    names = list(args.names) or list(LAYERS)
-    unknown = [n for n in names if n not in LAYERS]
-    if unknown:
-        raise SystemExit(f"unknown layer {unknown[0]!r}; choose from {', '.join(LAYERS)}")
+    names = list(args.names) or list(stage_names())
+    for name in names:
+        try:
+            stage(name)
+        except UnknownStage as exc:
+            raise SystemExit(str(exc)) from None
     _run(_run_layers(settings, names))
     return 0
 
@@ -309,7 +282,7 @@ def _parser() -> argparse.ArgumentParser:
 
     layer = sub.add_parser("layer", help="one or more pipeline layers in one process")
     layer.add_argument("names", nargs="*", metavar="LAYER", default=[],
-                       help=f"any of {', '.join(LAYERS)} (default: all of them)")
+                       help=f"any of {', '.join(stage_names())} (default: all of them)")
     layer.set_defaults(func=cmd_layer)
 
     infer = sub.add_parser("infer", help="one infer worker")

@@ -16,7 +16,7 @@ error.
 Decisions:
 
 - **Fresh layers, in this process, producing nothing.** Each layer is built
-  anew (``conveyor.cli._make_layer``) with settings whose topic prefix is a
+  anew (``workers.stages``) with settings whose topic prefix is a
   scratch one, ``replay<epoch ms>``, and its ``handle`` is called directly
   with the recorded input; the outputs stay in memory and the next layer of
   ``--through`` takes them as its input. Nothing is produced, so no live
@@ -62,15 +62,16 @@ from conveyor.cli_text import last_line, plain
 from conveyor.errors import ConveyorError, RequestError
 from conveyor.registry import Registry
 from conveyor.settings import Settings
-from schemas.codec import Codec, EventType, default_codec
+from schemas.codec import Codec, default_codec
 from topics.lookup import parse_since
+from workers.stages import STAGES, stage
 
 __all__ = ["FLOW", "IGNORED", "REPLAYABLE", "Replay", "ReplayError", "Step", "diff",
            "parse_through", "register", "render", "replay_letter", "replay_request",
            "report", "scratch_settings"]
 
 FLOW = ("preprocess", "route", "schedule", "infer", "postprocess")
-REPLAYABLE = ("preprocess", "route", "postprocess")
+REPLAYABLE = tuple(s.name for s in STAGES if s.replayable)
 _REFUSED = {
     "schedule": "schedule is not replayed: its answer is the worker partition that the "
                 "live workers' heartbeats chose at that moment, which a replay cannot "
@@ -189,11 +190,9 @@ def _blank_reply(event: Any) -> Any:
 async def _run(settings: Settings, scratch: Settings, names: list[str],
                inputs: list[Any], steps: list[Step]) -> None:
     """Feed ``inputs`` to fresh instances of ``names`` in turn, filling ``steps``."""
-    from conveyor.cli import _make_layer
-
     registry = Registry.load(settings.models_file)
     for i, (name, step) in enumerate(zip(names, steps, strict=True)):
-        layer: Any = _make_layer(name, scratch, registry)
+        layer = stage(name).make(scratch, registry)
         try:
             for event in inputs:
                 try:
@@ -216,20 +215,14 @@ async def _run(settings: Settings, scratch: Settings, names: list[str],
         if step.replayed_error is not None:
             break
         if i + 1 < len(names):
-            wanted = _INPUT_TYPES[names[i + 1]]
+            wanted = stage(names[i + 1]).source_type
             inputs = [o.record for o in step.replayed if o.event_type == wanted]
     for step in steps:  # compared as records, like the recorded ones
         step.replayed = [o.record for o in step.replayed
-                         if o.event_type in _RECORDED_TYPES[step.layer]]
+                         if o.event_type in stage(step.layer).replayed]
 
 
-_INPUT_TYPES: dict[str, EventType] = {
-    "preprocess": "Request", "route": "Prepared", "postprocess": "TokenChunk",
-}
 _INPUT_FROM = {"preprocess": "gateway", "route": "preprocess"}  # journey.by_layer
-_RECORDED_TYPES: dict[str, tuple[EventType, ...]] = {
-    "preprocess": ("Prepared",), "route": ("Task",), "postprocess": ("Reply", "JobResult"),
-}
 
 
 def _recorded(journey: Any, name: str) -> list[Found]:
@@ -298,7 +291,7 @@ async def replay_letter(settings: Settings, request_id: str, offset: int,
         rep.steps.append(Step(name, [source] if i == 0 else [f"replayed {names[i - 1]}"]))
     rep.steps[0].recorded_error = last_line(letter["error"])
     rep.steps[0].recorded_at = [source]
-    layer_type = _INPUT_TYPES[names[0]]
+    layer_type = stage(names[0]).source_type
     try:
         event = codec.decode(letter["value"] or b"", layer_type)
     except Exception as exc:  # as the runtime words a poison event
