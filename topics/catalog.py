@@ -1,4 +1,5 @@
-"""DESIGN.md's topic catalog in code: name, partitions, retention, cleanup, key.
+"""The topic catalog in code (docs/architecture.md lists it): name, partitions,
+retention, cleanup, key.
 
 Every topic takes events up to ``settings.max_event_bytes``
 (``max.message.bytes``), the same limit the producers enforce

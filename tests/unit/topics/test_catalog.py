@@ -1,4 +1,4 @@
-"""The topic catalog matches DESIGN.md: every topic, under the prefix, sized by the
+"""The topic catalog matches docs/architecture.md: every topic, under the prefix, sized by the
 settings. What the broker makes of each topic's configs (compaction, retention,
 replication) is tested against the broker in tests/kafka/topics/test_admin.py."""
 
