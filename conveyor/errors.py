@@ -27,6 +27,7 @@ __all__ = [
     "BrokerError",
     "TransientBrokerError",
     "PermanentBrokerError",
+    "StartupTimeout",
 ]
 
 
@@ -160,3 +161,15 @@ class TransientBrokerError(BrokerError):
 
 class PermanentBrokerError(BrokerError):
     """Kafka or Redis refused this for good (too large, not allowed): give up on it."""
+
+
+class StartupTimeout(ConveyorError):
+    """A process gave up starting: something it waited for (the broker, its
+    consumer group, Redis) did not come within ``startup_timeout_s``. The
+    message says what, for how long, and where (see conveyor/startup.py)."""
+
+    def __init__(self, message: str, *, what: str, waited_s: float, where: str = "") -> None:
+        super().__init__(message)
+        self.what = what
+        self.waited_s = waited_s
+        self.where = where

@@ -55,6 +55,14 @@ class Settings(BaseSettings):
     # Background tasks (leases, heartbeats, followers) retry a failing Redis or
     # Kafka with exponential backoff up to this many seconds.
     retry_backoff_max_s: float = 5.0
+    # How long a process waits at start for something it needs (the broker, its
+    # consumer group, Redis) before it exits (code 3) saying what it waited for;
+    # meanwhile it logs the wait every few seconds (conveyor/startup.py). 60 s:
+    # a cold local broker answers within about 10 s and a group join takes
+    # seconds (session timeouts of 1.5-6 s), so a minute is past any healthy
+    # start and soon enough for a supervisor to restart and report. An engine
+    # loading its model is logged but not bounded (minutes for a large model).
+    startup_timeout_s: float = 60.0
     consumer_session_timeout_ms: int = 6000
     consumer_heartbeat_interval_ms: int = 1000
 
