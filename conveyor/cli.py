@@ -65,6 +65,27 @@ async def _ensure_topics(settings: Settings, registry: Registry) -> None:
     await ensure_topics(settings, catalog(settings, registry.pools()))
 
 
+async def _redis_answers(settings: Settings) -> None:
+    """Wait (logged, bounded) until Redis answers: the gateway leases its reply
+    partition there as it starts."""
+    import redis.asyncio as aioredis
+
+    from conveyor.startup import REDIS_REFUSALS, redis_address, started
+
+    client = aioredis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
+    try:
+        await started("Redis to answer", client.ping, within=settings.startup_timeout_s,
+                      log=log, where=redis_address(settings.redis_url),
+                      retry_on=REDIS_REFUSALS)
+    finally:
+        await client.aclose()
+
+
+async def _gateway_services(settings: Settings, registry: Registry) -> None:
+    await _ensure_topics(settings, registry)
+    await _redis_answers(settings)
+
+
 # -- subcommands ----------------------------------------------------------------
 
 
@@ -109,7 +130,7 @@ def cmd_gateway(settings: Settings, args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise SystemExit(f"conveyor: {exc}") from None
     registry = Registry.load(settings.models_file)
-    asyncio.run(_ensure_topics(settings, registry))
+    asyncio.run(_gateway_services(settings, registry))
     uvicorn.run(build_app(settings, registry), host=settings.gateway_host,
                 port=settings.gateway_port, loop="uvloop", http="httptools",
                 log_level="warning", access_log=False, timeout_graceful_shutdown=5)
@@ -121,10 +142,12 @@ async def _run_layers(settings: Settings, names: list[str]) -> None:
 
     registry = Registry.load(settings.models_file)
     await _ensure_topics(settings, registry)
+    from conveyor.startup import kafka_address, started
     from topics.clients import make_producer
 
     producer = make_producer(settings)
-    await producer.start()
+    await started("the Kafka producer to connect", producer.start, log=log,
+                  within=settings.startup_timeout_s, where=kafka_address(settings.kafka_bootstrap))
     from conveyor.tracing import make_tracer
 
     tracing = make_tracer(settings.trace_exporter, "+".join(names))
@@ -312,8 +335,13 @@ def main(argv: list[str] | None = None) -> int:
     from aiokafka.errors import KafkaConnectionError
     from redis.exceptions import ConnectionError as RedisConnectionError
 
+    from conveyor.errors import StartupTimeout
+
     try:
         result: int = args.func(settings, args)
+    except StartupTimeout as exc:  # it says what it waited for, how long, and where
+        print(f"conveyor {args.command}: {exc}", file=sys.stderr)
+        return 3
     except KafkaConnectionError as exc:  # a tool run while the broker is down: say so
         print(f"conveyor {args.command}: Kafka at {settings.kafka_bootstrap} cannot be "
               f"reached ({exc}); is it running?", file=sys.stderr)

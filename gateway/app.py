@@ -22,8 +22,10 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from conveyor.errors import StartupTimeout
 from conveyor.registry import Registry
 from conveyor.settings import Settings
+from conveyor.startup import kafka_address, redis_address, started
 from conveyor.tracing import make_tracer
 from gateway.admission import Admitter
 from gateway.api_router import router
@@ -70,8 +72,12 @@ def build_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with _collaborators(app, settings, gateway_id, health):
-            yield
+        try:
+            async with _collaborators(app, settings, gateway_id, health):
+                yield
+        except StartupTimeout as exc:  # the reason in one line, above uvicorn's traceback
+            log.error("gateway %s: %s", gateway_id, exc)
+            raise
 
     app = FastAPI(title="Conveyor", version="0.1.0", lifespan=lifespan,
                   description="An OpenAI-compatible API in front of an event pipeline.")
@@ -109,10 +115,15 @@ async def _collaborators(app: FastAPI, settings: Settings, gateway_id: str,
                               retry=Retry(NoBackoff(), 1),
                               retry_on_error=[RedisConnectionError])
     producer = make_producer(settings)
-    await producer.start()
+    kafka, within = kafka_address(settings.kafka_bootstrap), settings.startup_timeout_s
+    await started("the Kafka producer to connect", producer.start, within=within, log=log,
+                  where=kafka)
     lease = ReplyLease(settings, redis, gateway_id, health.part("reply-lease"))
     router_ = ReplyRouter(settings, codec, lease, health.part("replies"))
-    await router_.start()
+    # a refused Redis fails the lease, before anything else is made: tried again
+    await started("a reply partition (leased in Redis, then found in Kafka)", router_.start,
+                  within=within, log=log, retry_on=(RedisConnectionError,),
+                  where=f"{redis_address(settings.redis_url)}, {kafka}")
     tracing = make_tracer(settings.trace_exporter, "gateway")
     app.state.serving = Serving(settings, producer, router_, codec, gateway_id, tracing.tracer,
                                 produce_timeout_s=settings.produce_timeout_s)

@@ -19,7 +19,6 @@ mark of a catalog first created against a single broker.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +33,7 @@ from aiokafka.errors import (
 
 from conveyor.errors import BrokerError, ConveyorError, PermanentBrokerError
 from conveyor.settings import Settings
+from conveyor.startup import kafka_address, started
 from topics.catalog import TopicSpec
 
 __all__ = ["Replication", "choose_replication", "ensure_topics"]
@@ -79,15 +79,10 @@ def choose_replication(settings: Settings, brokers: int) -> Replication:
 
 
 async def _start(admin: AIOKafkaAdminClient, settings: Settings, wait_s: float) -> None:
-    deadline = asyncio.get_running_loop().time() + wait_s
-    while True:
-        try:
-            await admin.start()
-            return
-        except KafkaConnectionError as exc:
-            if asyncio.get_running_loop().time() > deadline:
-                raise BrokerError(f"Kafka at {settings.kafka_bootstrap} did not answer") from exc
-            await asyncio.sleep(0.5)
+    """Connect, waiting (logged, bounded) while the broker refuses connections."""
+    await started("the broker to answer, to create the topics", admin.start, within=wait_s,
+                  log=log, where=kafka_address(settings.kafka_bootstrap),
+                  retry_on=(KafkaConnectionError,))
 
 
 async def _count_brokers(admin: AIOKafkaAdminClient) -> int:
@@ -123,11 +118,13 @@ def _created(response: Any) -> list[str]:
 
 
 async def ensure_topics(settings: Settings, specs: list[TopicSpec],
-                        wait_s: float = 60.0) -> Replication:
-    """Create every topic of ``specs`` that does not exist yet (waits for the broker);
-    returns the replication chosen for the cluster."""
+                        wait_s: float | None = None) -> Replication:
+    """Create every topic of ``specs`` that does not exist yet (waits for the broker
+    ``wait_s``, default ``settings.startup_timeout_s``); returns the replication
+    chosen for the cluster."""
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
-    await _start(admin, settings, wait_s)
+    within = settings.startup_timeout_s if wait_s is None else wait_s
+    await _start(admin, settings, within)
     try:
         replication = choose_replication(settings, await _count_brokers(admin))
         existing = set(await admin.list_topics())
@@ -136,7 +133,9 @@ async def ensure_topics(settings: Settings, specs: list[TopicSpec],
             new = [NewTopic(s.name, s.partitions, replication.factor,
                             topic_configs={**s.configs(), **replication.configs()})
                    for s in missing]
-            created = _created(await admin.create_topics(new))
+            created = _created(await started(
+                f"Kafka to create {len(new)} topics", lambda: admin.create_topics(new),
+                within=within, log=log, where=kafka_address(settings.kafka_bootstrap)))
             if created:
                 log.info("created topics %s with replication factor %d, min.insync.replicas "
                          "%d (%d brokers)", ", ".join(created), replication.factor,

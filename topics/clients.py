@@ -15,6 +15,8 @@ not allowed; give up on the event and dead-letter it).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -23,7 +25,7 @@ from aiokafka import errors as kafka_errors
 from conveyor.errors import BrokerError, PermanentBrokerError, TransientBrokerError
 from conveyor.settings import Settings
 
-__all__ = ["make_producer", "make_consumer", "broker_error", "EventTooLarge"]
+__all__ = ["make_producer", "make_consumer", "stop_consumer", "broker_error", "EventTooLarge"]
 
 # Errors aiokafka does not flag ``retriable`` that still pass with time.
 _TRANSIENT = (
@@ -101,3 +103,12 @@ def make_consumer(
     }
     options.update(overrides)
     return AIOKafkaConsumer(*topics, **options)
+
+
+async def stop_consumer(consumer: AIOKafkaConsumer, within: float | None = None) -> None:
+    """Stop ``consumer``, cut short after ``within`` seconds (None: no bound). A
+    consumer whose group join is in flight (its start gave up) would otherwise
+    wait for the broker to answer the JoinGroup request, up to its request
+    timeout (40 s), before it stops."""
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(consumer.stop(), within)

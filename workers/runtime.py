@@ -47,15 +47,17 @@ from conveyor.errors import (
     PermanentBrokerError,
     RequestError,
     SchemaError,
+    StartupTimeout,
     TransientBrokerError,
 )
 from conveyor.metrics import LayerMetrics, partition_lag
 from conveyor.settings import Settings
+from conveyor.startup import kafka_address, started
 from conveyor.tracing import layer_span, trace_id_of
 from schemas.codec import Codec, default_codec
 from schemas.records import Envelope
 from topics.backoff import Backoff, RateLimitedLog
-from topics.clients import broker_error, make_consumer, make_producer
+from topics.clients import broker_error, make_consumer, make_producer, stop_consumer
 from workers.cancels import CancelList
 from workers.inflight import PartitionBook
 from workers.layer import AssignmentAware, CancelAware, Layer, Record
@@ -128,9 +130,18 @@ class LayerRuntime:
         consumer.subscribe([self.layer.source_topic], listener=_Rebalance(self))
         producer = self._shared_producer or make_producer(self.settings)
         background: list[asyncio.Task[None]] = []
+        kafka = kafka_address(self.settings.kafka_bootstrap)
+        within = self.settings.startup_timeout_s
         if self._shared_producer is None:
-            await producer.start()
-        await consumer.start()
+            await started("the Kafka producer to connect", producer.start, within=within,
+                          log=log, where=kafka)
+        try:
+            await started(f"consumer group {self.settings.group(self.layer.name)} to assign "
+                          f"partitions of {self.layer.source_topic}", consumer.start,
+                          within=within, log=log, where=kafka)
+        except StartupTimeout:
+            await stop_consumer(consumer, within=5.0)  # its JoinGroup may be in flight
+            raise
         self._consumer = consumer
         sender = self._sender = Sender(self.settings, producer, self.codec)
         if self.cancels is not None and isinstance(self.layer, CancelAware):
@@ -138,7 +149,8 @@ class LayerRuntime:
             if self._own_cancels:
                 background.append(asyncio.create_task(self.cancels.run(), name="cancels"))
         try:
-            await self.layer.start(sender)
+            await started(f"the {self.layer.name} layer to start", lambda: self.layer.start(sender),
+                          within=within, log=log)
             log.info("%s: consuming %s", self.layer.name, self.layer.source_topic)
             await self._loop(consumer)
             await self._finish_in_flight()

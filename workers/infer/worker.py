@@ -45,13 +45,11 @@ import logging
 import os
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from aiokafka.abc import ConsumerRebalanceListener
-from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from opentelemetry import trace
 from redis.exceptions import RedisError
@@ -60,18 +58,19 @@ from conveyor.errors import BrokerError, SchemaError
 from conveyor.metrics import partition_lag
 from conveyor.registry import Registry
 from conveyor.settings import Settings
+from conveyor.startup import REDIS_REFUSALS, kafka_address, redis_address, started
 from conveyor.tracing import layer_span, trace_id_of
 from schemas.codec import Codec, default_codec
 from topics.backoff import retry_every
 from topics.catalog import infer_topic
-from topics.clients import make_consumer, make_producer
+from topics.clients import make_producer, stop_consumer
 from topics.envelope import PRIORITY_INTERACTIVE, now_ms
 from workers.cancels import CancelList
-from workers.infer.assignor import BusyAwareAssignor
 from workers.infer.engines.base import Engine
 from workers.infer.gateways import GatewayWatch
 from workers.infer.generation import TaskRun
 from workers.infer.heartbeat import Heartbeat, Snapshot
+from workers.infer.membership import join_pool
 from workers.infer.offsets import InFlightOffsets
 from workers.infer.progress import ProgressTracker
 from workers.outputs import Sender
@@ -92,22 +91,6 @@ class _Running:
     run: TaskRun
     job: asyncio.Task[None]
     bookings: list[tuple[TopicPartition, int, int]] = field(default_factory=list)
-
-
-class _Assignment(ConsumerRebalanceListener):
-    def __init__(self, worker: InferWorker) -> None:
-        self.worker = worker
-
-    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        self.worker.owned_before = set(self.worker.partitions)
-        await self.worker.commit()
-        self.worker.offsets.forget(list(revoked))
-        self.worker.partitions -= set(revoked)
-
-    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        self.worker.partitions |= set(assigned)
-        await self.worker.hand_off_unassigned()
-        self.worker.beat_soon()
 
 
 class InferWorker:
@@ -134,6 +117,7 @@ class InferWorker:
         self._stopping = asyncio.Event()
         self._beat_now = asyncio.Event()
         self._consumer: AIOKafkaConsumer | None = None
+        self._joined = False  # the consumer's start (its group join) finished
         self._commit_lock = asyncio.Lock()
         self._commit_due = asyncio.Event()
         self.commit_interval_s = 0.1
@@ -150,61 +134,71 @@ class InferWorker:
         return sorted(m.name for m in self.registry.models.values() if m.pool == self.pool)
 
     async def run(self) -> None:
-        await self.engine.start()
-        producer = make_producer(self.settings)
-        await producer.start()
-        redis = aioredis.from_url(self.settings.redis_url, socket_timeout=5,
-                                  socket_connect_timeout=2)
-        gateways = GatewayWatch(self.settings, redis)
-        sender = Sender(self.settings, producer, self.codec)
-        store = ProgressTracker(self.settings, redis, self.codec, producer)
-        heartbeat = Heartbeat(self.settings, sender, self.worker_id, self.pool, self.engine.name,
-                              self.models(), self.engine.capacity, self._snapshot)
-        cancels = CancelList(self.settings, self.codec)
-        cancels.subscribe(self._on_cancel)
-        self._cancels = cancels
-        consumer = make_consumer(
-            self.settings, group=self.settings.group(f"infer.{self.pool}"),
-            session_timeout_ms=self.settings.infer_session_timeout_ms,
-            heartbeat_interval_ms=self.settings.infer_heartbeat_interval_ms,
-            partition_assignment_strategy=(BusyAwareAssignor(self._assignor_state),
-                                           StickyPartitionAssignor))
-        consumer.subscribe([infer_topic(self.settings, self.pool)],
-                           listener=_Assignment(self))
-        self._consumer = consumer
-        lease_every = self.settings.claim_lease_s / 5
-        backoff = self.settings.retry_backoff_max_s
-        background: list[asyncio.Task[None]] = [
-            asyncio.create_task(cancels.run(), name="cancels"),
-            asyncio.create_task(retry_every("heartbeat", lambda: self._beat(heartbeat), 0.0,
-                                            backoff, _TRANSIENT, log), name="heartbeat"),
-            asyncio.create_task(self._commit_loop(), name="commits"),
-            asyncio.create_task(retry_every("leases", lambda: self._keep_leases(store),
-                                            lease_every, backoff, _TRANSIENT, log),
-                                name="leases"),
-            asyncio.create_task(retry_every("gateways", lambda: gateways.check(self._runs()),
-                                            self.settings.reply_lease_ttl_s / 3, backoff,
-                                            _TRANSIENT, log), name="gateways"),
-        ]
-        await consumer.start()
-        log.info("worker %s: serving pool %s with %s (capacity %d)", self.worker_id, self.pool,
-                 self.engine.name, self.engine.capacity)
-        try:
+        kafka = kafka_address(self.settings.kafka_bootstrap)
+        within = self.settings.startup_timeout_s
+        async with contextlib.AsyncExitStack() as stack:  # what started stops, in reverse
+            await started(f"the {self.engine.name} engine to start", self.engine.start,
+                          within=None, log=log)  # a model loads as long as it takes: no bound
+            stack.push_async_callback(self.engine.close)
+            producer = make_producer(self.settings)
+            stack.push_async_callback(producer.stop)
+            await started("the Kafka producer to connect", producer.start, within=within,
+                          log=log, where=kafka)
+            redis = aioredis.from_url(self.settings.redis_url, socket_timeout=5,
+                                      socket_connect_timeout=2)
+            stack.push_async_callback(redis.aclose)
+            await started("Redis to answer (task claims)", redis.ping, within=within, log=log,
+                          where=redis_address(self.settings.redis_url), retry_on=REDIS_REFUSALS)
+            sender = Sender(self.settings, producer, self.codec)
+            store = ProgressTracker(self.settings, redis, self.codec, producer)
+            stack.push_async_callback(store.close)
+            heartbeat = Heartbeat(self.settings, sender, self.worker_id, self.pool,
+                                  self.engine.name, self.models(), self.engine.capacity,
+                                  self._snapshot)
+            self._cancels = CancelList(self.settings, self.codec)
+            self._cancels.subscribe(self._on_cancel)
+            consumer = self._consumer = join_pool(self.settings, self.pool, self)
+            stack.push_async_callback(self._leave, consumer)
+            background = self._background(self._cancels, heartbeat, store,
+                                          GatewayWatch(self.settings, redis))
+            stack.push_async_callback(self._stop_background, background, heartbeat)
+            await started(f"consumer group {self.settings.group(f'infer.{self.pool}')} to assign "
+                          f"partitions of {infer_topic(self.settings, self.pool)}",
+                          consumer.start, within=within, log=log, where=kafka)
+            self._joined = True
+            log.info("worker %s: serving pool %s with %s (capacity %d)", self.worker_id,
+                     self.pool, self.engine.name, self.engine.capacity)
             await self._consume(consumer, sender, store, background)
             await self._drain(heartbeat)
-        finally:
-            for task in background:
-                task.cancel()
-            for task in self._tasks:
-                task.cancel()
-            with contextlib.suppress(Exception):
-                heartbeat.state = "stopped"
-                await asyncio.wait_for(heartbeat.beat(), _BEAT_TIMEOUT_S)
-            await consumer.stop()
-            await store.close()
-            await producer.stop()
-            await redis.aclose()
-            await self.engine.close()
+
+    async def _leave(self, consumer: AIOKafkaConsumer) -> None:
+        """Stop the consumer; one still joining its group (start-up gave up) is cut short."""
+        await stop_consumer(consumer, None if self._joined else _BEAT_TIMEOUT_S)
+
+    async def _stop_background(self, background: list[asyncio.Task[None]],
+                               heartbeat: Heartbeat) -> None:
+        for task in [*background, *self._tasks]:
+            task.cancel()
+        with contextlib.suppress(Exception):
+            heartbeat.state = "stopped"
+            await asyncio.wait_for(heartbeat.beat(), _BEAT_TIMEOUT_S)
+
+    def _background(self, cancels: CancelList, heartbeat: Heartbeat, store: ProgressTracker,
+                    gateways: GatewayWatch) -> list[asyncio.Task[None]]:
+        """The worker's background concerns, each retrying Redis and Kafka on its own."""
+        backoff = self.settings.retry_backoff_max_s
+
+        def every(name: str, step: Callable[[], Awaitable[None]],
+                  every_s: float) -> asyncio.Task[None]:
+            return asyncio.create_task(retry_every(name, step, every_s, backoff, _TRANSIENT, log),
+                                       name=name)
+
+        return [asyncio.create_task(cancels.run(), name="cancels"),
+                every("heartbeat", lambda: self._beat(heartbeat), 0.0),
+                asyncio.create_task(self._commit_loop(), name="commits"),
+                every("leases", lambda: self._keep_leases(store), self.settings.claim_lease_s / 5),
+                every("gateways", lambda: gateways.check(self._runs()),
+                      self.settings.reply_lease_ttl_s / 3)]
 
     async def _consume(self, consumer: AIOKafkaConsumer, sender: Sender, store: ProgressTracker,
                        background: list[asyncio.Task[None]]) -> None:
@@ -360,7 +354,7 @@ class InferWorker:
         if running is not None:
             running.run.cancelled = True
 
-    def _assignor_state(self) -> tuple[set[TopicPartition], set[TopicPartition]]:
+    def assignor_state(self) -> tuple[set[TopicPartition], set[TopicPartition]]:
         """For the group's assignor: the partitions owned, and those running answers."""
         busy = {tp for r in self.running.values() for tp, _, _ in r.bookings}
         return self.partitions | self.owned_before, busy

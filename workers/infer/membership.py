@@ -1,0 +1,71 @@
+"""An infer worker's membership of its pool's consumer group.
+
+:func:`join_pool` makes the consumer of ``conveyor.infer.<pool>`` in group
+``conveyor.infer.<pool>``: the infer group's short session timeout (a dead
+worker's partitions move within about 1.5 s), the busy-aware assignor
+(workers/infer/assignor.py; the sticky one as a fallback) and
+:class:`Rebalance`, the listener that commits what finished before
+partitions are revoked and hands off the generations of partitions that
+went to another member.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
+
+from conveyor.settings import Settings
+from topics.catalog import infer_topic
+from topics.clients import make_consumer
+from workers.infer.assignor import BusyAwareAssignor
+from workers.infer.offsets import InFlightOffsets
+
+__all__ = ["Member", "Rebalance", "join_pool"]
+
+
+class Member(Protocol):
+    """What the group's listener and assignor need of an infer worker."""
+
+    partitions: set[TopicPartition]
+    # what the worker owned when the last rebalance began (the assignor keeps it)
+    owned_before: set[TopicPartition]
+    offsets: InFlightOffsets
+
+    async def commit(self) -> None: ...
+
+    async def hand_off_unassigned(self, timeout_s: float = 10.0) -> None: ...
+
+    def beat_soon(self) -> None: ...
+
+    def assignor_state(self) -> tuple[set[TopicPartition], set[TopicPartition]]: ...
+
+
+class Rebalance(ConsumerRebalanceListener):
+    def __init__(self, member: Member) -> None:
+        self.member = member
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        self.member.owned_before = set(self.member.partitions)
+        await self.member.commit()
+        self.member.offsets.forget(list(revoked))
+        self.member.partitions -= set(revoked)
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        self.member.partitions |= set(assigned)
+        await self.member.hand_off_unassigned()
+        self.member.beat_soon()
+
+
+def join_pool(settings: Settings, pool: str, member: Member) -> AIOKafkaConsumer:
+    """The (not yet started) consumer of ``pool``'s tasks for ``member``."""
+    consumer = make_consumer(
+        settings, group=settings.group(f"infer.{pool}"),
+        session_timeout_ms=settings.infer_session_timeout_ms,
+        heartbeat_interval_ms=settings.infer_heartbeat_interval_ms,
+        partition_assignment_strategy=(BusyAwareAssignor(member.assignor_state),
+                                       StickyPartitionAssignor))
+    consumer.subscribe([infer_topic(settings, pool)], listener=Rebalance(member))
+    return consumer
