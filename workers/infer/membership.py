@@ -3,10 +3,21 @@
 :func:`join_pool` makes the consumer of ``conveyor.infer.<pool>`` in group
 ``conveyor.infer.<pool>``: the infer group's short session timeout (a dead
 worker's partitions move within about 1.5 s), the busy-aware assignor
-(workers/infer/assignor.py; the sticky one as a fallback) and
-:class:`Rebalance`, the listener that commits what finished before
-partitions are revoked and hands off the generations of partitions that
-went to another member.
+(workers/infer/assignor.py) and :class:`Rebalance`, the listener that
+commits what finished before partitions are revoked and hands off the
+generations of partitions that went to another member.
+
+**One assignor only.** aiokafka 0.14 sends one JoinGroup request per
+assignor offered (the send sits inside its loop over the assignors:
+aio-libs/aiokafka#1168), the first naming only the first assignor. With
+the sticky assignor as a fallback every join was two rounds, the second
+forced by the member itself changing its protocols, and each round asks
+every other member to rejoin within the rebalance timeout (the session
+timeout, 1.5 s); a member that misses it is dropped and joins again, two
+rounds again. Measured with two members joining at once while their event
+loops stalled up to 3 s at random (four runs each): both had partitions
+after 8-13 s with the pair, 0-7 s with one assignor. The fallback only
+served a group mixing in workers older than the busy-aware assignor.
 """
 
 from __future__ import annotations
@@ -15,7 +26,6 @@ from typing import Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
-from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 
 from conveyor.settings import Settings
 from topics.catalog import infer_topic
@@ -65,7 +75,6 @@ def join_pool(settings: Settings, pool: str, member: Member) -> AIOKafkaConsumer
         settings, group=settings.group(f"infer.{pool}"),
         session_timeout_ms=settings.infer_session_timeout_ms,
         heartbeat_interval_ms=settings.infer_heartbeat_interval_ms,
-        partition_assignment_strategy=(BusyAwareAssignor(member.assignor_state),
-                                       StickyPartitionAssignor))
+        partition_assignment_strategy=(BusyAwareAssignor(member.assignor_state),))
     consumer.subscribe([infer_topic(settings, pool)], listener=Rebalance(member))
     return consumer
