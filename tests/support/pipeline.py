@@ -24,9 +24,16 @@ from schemas.codec import default_codec
 from schemas.records import WorkerHeartbeat
 from tests.support.services import free_port
 
-__all__ = ["ROOT", "TEST_MODELS", "Pipeline", "answers", "drop_topics"]
+__all__ = ["ROOT", "TEST_MODELS", "SCRIPTED", "LLAMACPP", "Pipeline", "answers", "drop_topics"]
 
 ROOT = Path(__file__).resolve().parents[2]
+# the engines a test pipeline's workers run (``conveyor infer`` arguments). The
+# scripted engine counts on from the prompt's last number until max_tokens, so
+# every answer is long and shows whether a retry continued it; 20 ms a token is
+# about SmolLM2's pace on this machine, which the fault tests' timings assume
+# (an answer still running when a worker joins, a task still queued at a timeout)
+SCRIPTED = ("--engine", "scripted", "--script", "count", "--token-delay-ms", "20")
+LLAMACPP = ("--engine", "llamacpp")
 TEST_MODELS = ROOT / "tests" / "data" / "models.toml"
 
 
@@ -42,7 +49,8 @@ def answers(host: str, port: int) -> bool:
 class Pipeline:
     """A running Conveyor made of real processes, torn down by ``close``."""
 
-    def __init__(self, logs: Path, *, models: Path = TEST_MODELS, **env: str) -> None:
+    def __init__(self, logs: Path, *, models: Path = TEST_MODELS,
+                 engine: tuple[str, ...] | None = None, **env: str) -> None:
         self.prefix = f"t{uuid.uuid4().hex[:10]}"
         self.port = free_port()
         self.logs = logs
@@ -59,6 +67,13 @@ class Pipeline:
             kafka_bootstrap=self.env.get("CONVEYOR_KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
             redis_url=self.env.get("CONVEYOR_REDIS_URL", "redis://127.0.0.1:6379/0"),
             infer_partitions=int(self.env.get("CONVEYOR_INFER_PARTITIONS", "8")))
+        # the workers' engine: the scripted one unless the test is about the
+        # model's answers (``engine=LLAMACPP``); CONVEYOR_TEST_ENGINE=llamacpp
+        # runs every pipeline on the real model
+        if engine is None:
+            engine = LLAMACPP if os.environ.get("CONVEYOR_TEST_ENGINE") == "llamacpp" \
+                else SCRIPTED
+        self.engine = engine
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.base_url = f"http://127.0.0.1:{self.port}"
         # with CONVEYOR_AUTH=keys: the key wait_ready asks with (create_key sets it)
@@ -74,7 +89,7 @@ class Pipeline:
         return proc
 
     def start_worker(self, worker_id: str, contexts: int = 2) -> None:
-        self.spawn(worker_id, "infer", "--pool", "cpu", "--engine", "llamacpp",
+        self.spawn(worker_id, "infer", "--pool", "cpu", *self.engine,
                    "--contexts", str(contexts), "--worker-id", worker_id)
 
     def cli(self, *args: str) -> str:
@@ -173,15 +188,21 @@ class Pipeline:
         text = path.read_text(errors="replace") if path.exists() else ""
         return f"--- {name}\n" + "\n".join(text.splitlines()[-lines:])
 
-    def close(self) -> None:
+    def close(self, grace_s: float = 10.0) -> None:
+        """SIGTERM every process, SIGKILL what is still running ``grace_s`` later
+        (one deadline for all of them), and drop the topics. A test about how a
+        process stops says so itself; a teardown does not wait out the drain of
+        processes that lost their broker (40 s each, as it once did)."""
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.terminate()
+        deadline = time.monotonic() + grace_s
         for proc in self.procs.values():
             try:
-                proc.wait(timeout=40)
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait(timeout=10)
         drop_topics(self.settings.kafka_bootstrap, self.prefix)
 
 
