@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import tracemalloc
 
 from aiokafka import TopicPartition
@@ -94,7 +93,6 @@ def test_fifty_thousand_held_batch_tasks_are_cheap() -> None:
               for i in range(50_000)]
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    started = time.perf_counter()
     q = HeldQueue()
     for i, value in enumerate(values):
         q.add(held(f"b{i:05d}", offset=i, give_up_ms=10_000 + i, payload=value))
@@ -104,8 +102,6 @@ def test_fifty_thousand_held_batch_tasks_are_cheap() -> None:
         q.remove(f"b{i:05d}")
     assert q.low(TP0) == 1
     released = [q.pop("cpu") for _ in range(25_000)]
-    elapsed = time.perf_counter() - started
     assert [h.request_id for h in released[:2] if h] == ["b00001", "b00003"]
     assert len(q) == 0 and q.low(TP0) is None
     assert grown < 50_000 * 800, f"{grown / 50_000:.0f} bytes per held task besides its value"
-    assert elapsed < 5.0
