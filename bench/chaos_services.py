@@ -176,13 +176,13 @@ class Conveyor:
         else:
             args = ["infer", "--pool", "cpu", "--engine", "llamacpp", "--contexts",
                     str(self.contexts), "--worker-id", name]
-        return [sys.executable, "-m", "conveyor.cli", *args]
+        return [sys.executable, "-m", "cli", *args]
 
     def names(self) -> list[str]:
         return ["layers", *self.workers, "gateway"]
 
     def topics(self) -> None:
-        done = subprocess.run([sys.executable, "-m", "conveyor.cli", "topics"], env=self.env,
+        done = subprocess.run([sys.executable, "-m", "cli", "topics"], env=self.env,
                               cwd=repo_root(), capture_output=True, timeout=120)
         if done.returncode != 0:
             raise BenchError("conveyor topics failed:\n" +

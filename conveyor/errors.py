@@ -28,6 +28,7 @@ __all__ = [
     "TransientBrokerError",
     "PermanentBrokerError",
     "StartupTimeout",
+    "last_line",
 ]
 
 
@@ -173,3 +174,10 @@ class StartupTimeout(ConveyorError):
         self.what = what
         self.waited_s = waited_s
         self.where = where
+
+
+def last_line(text: str) -> str:
+    """The last non-empty line of ``text``: a traceback's error, as the log tools
+    and a dead letter's reader show it."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""

@@ -171,7 +171,7 @@ def test_an_engine_failure_is_answered_and_kept_in_the_dead_letter_topic(
 
 def _start_with_dead_upstream(p: Pipeline) -> int:
     """Start it; the worker's metrics port."""
-    subprocess.run([sys.executable, "-m", "conveyor.cli", "topics"], env=p.env, check=True,
+    subprocess.run([sys.executable, "-m", "cli", "topics"], env=p.env, check=True,
                    capture_output=True)
     p.spawn("layers", "layer")
     metrics_port = free_port()

@@ -160,7 +160,7 @@ def test_only_the_responses_tenant_may_stream_it(pipeline: Pipeline) -> None:
            "CONVEYOR_AUTH_SECRET": f"conveyor-test-resume-{uuid.uuid4().hex}"}
 
     def key(tenant: str) -> str:
-        out = subprocess.run([sys.executable, "-m", "conveyor.cli", "keys", "create", "--tenant",
+        out = subprocess.run([sys.executable, "-m", "cli", "keys", "create", "--tenant",
                               tenant, "--name", "resume"], env={**pipeline.env, **env}, cwd=ROOT,
                              capture_output=True, text=True, timeout=60, check=True).stdout
         found = re.search(r"cvy-\S+", out.strip().splitlines()[-1])

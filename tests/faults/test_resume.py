@@ -137,7 +137,7 @@ def test_only_the_requests_tenant_may_resume_it(pipeline: Pipeline) -> None:
     env = {"CONVEYOR_AUTH": "keys", "CONVEYOR_AUTH_SECRET": secret}
 
     def key(tenant: str) -> dict[str, str]:
-        out = subprocess.run([sys.executable, "-m", "conveyor.cli", "keys", "create", "--tenant",
+        out = subprocess.run([sys.executable, "-m", "cli", "keys", "create", "--tenant",
                               tenant, "--name", "resume"], env={**pipeline.env, **env}, cwd=ROOT,
                              capture_output=True, text=True, timeout=60, check=True).stdout
         found = re.search(r"cvy-\S+", out.strip().splitlines()[-1])

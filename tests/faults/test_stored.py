@@ -106,7 +106,7 @@ def test_another_replica_reads_it_after_a_sigkill_and_only_its_tenant(
     env = {"CONVEYOR_AUTH": "keys", "CONVEYOR_AUTH_SECRET": secret}
 
     def key(tenant: str) -> str:
-        out = subprocess.run([sys.executable, "-m", "conveyor.cli", "keys", "create", "--tenant",
+        out = subprocess.run([sys.executable, "-m", "cli", "keys", "create", "--tenant",
                               tenant, "--name", "stored"], env={**pipeline.env, **env},
                              cwd=ROOT, capture_output=True, text=True, timeout=60,
                              check=True).stdout

@@ -82,7 +82,7 @@ class Pipeline:
     def spawn(self, name: str, *args: str, env: dict[str, str] | None = None
               ) -> subprocess.Popen[bytes]:
         log = open(self.logs / f"{self.prefix}-{name}.log", "wb")  # noqa: SIM115
-        proc = subprocess.Popen([sys.executable, "-m", "conveyor.cli", *args],
+        proc = subprocess.Popen([sys.executable, "-m", "cli", *args],
                                 env={**self.env, **(env or {})},
                                 stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         self.procs[name] = proc
@@ -94,7 +94,7 @@ class Pipeline:
 
     def cli(self, *args: str) -> str:
         """Run a ``conveyor`` command against this pipeline; its stdout."""
-        done = subprocess.run([sys.executable, "-m", "conveyor.cli", *args], env=self.env,
+        done = subprocess.run([sys.executable, "-m", "cli", *args], env=self.env,
                               cwd=ROOT, capture_output=True, text=True, timeout=60)
         if done.returncode != 0:
             raise RuntimeError(f"conveyor {' '.join(args)} failed:\n{done.stderr}")
@@ -118,7 +118,7 @@ class Pipeline:
         raise RuntimeError(f"{name} did not become healthy:\n{self.tail(name)}")
 
     def start(self, workers: int = 1, contexts: int = 2) -> Pipeline:
-        subprocess.run([sys.executable, "-m", "conveyor.cli", "topics"], env=self.env,
+        subprocess.run([sys.executable, "-m", "cli", "topics"], env=self.env,
                        check=True, cwd=ROOT, capture_output=True)
         self.spawn("layers", "layer")
         for i in range(workers):

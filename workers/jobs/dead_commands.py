@@ -61,8 +61,7 @@ from typing import Any
 from aiokafka import ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 
-from conveyor.cli_text import last_line
-from conveyor.errors import PermanentBrokerError, SchemaError
+from conveyor.errors import PermanentBrokerError, SchemaError, last_line
 from conveyor.settings import Settings
 from schemas.codec import Codec
 from schemas.records import DeadLetter, JobStatus

@@ -39,7 +39,7 @@ def conveyor_env(prefix: str, **env: str) -> dict[str, str]:
 def run_to_exit(argv: list[str], env: dict[str, str], within: float = 120.0
                 ) -> tuple[int, str]:
     """Run ``conveyor *argv`` until it exits by itself (killed after ``within``)."""
-    done = subprocess.run([sys.executable, "-m", "conveyor.cli", *argv], env=env, cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "cli", *argv], env=env, cwd=ROOT,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=within)
     return done.returncode, done.stdout
@@ -95,7 +95,7 @@ def test_a_group_join_that_cannot_finish_is_named(services: None, tmp_path: Path
     log = tmp_path / "frozen.log"
     with log.open("wb") as out:
         frozen = subprocess.Popen(
-            [sys.executable, "-m", "conveyor.cli", *SCRIPTED, "--worker-id", "frozen"],
+            [sys.executable, "-m", "cli", *SCRIPTED, "--worker-id", "frozen"],
             env=conveyor_env(prefix, CONVEYOR_INFER_SESSION_TIMEOUT_MS="60000",
                              CONVEYOR_INFER_HEARTBEAT_INTERVAL_MS="1000"),
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)

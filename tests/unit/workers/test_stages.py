@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.cli import _parser
-from conveyor.cli_replay import REPLAYABLE
+from cli.main import _parser
+from cli.replay import REPLAYABLE
 from conveyor.registry import Registry
 from conveyor.settings import Settings
 from tests.support.pipeline import TEST_MODELS

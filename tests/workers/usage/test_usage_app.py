@@ -45,7 +45,7 @@ from workers.usage import UsageLedger, UsageRow
 # calls the same register with its own subparsers)
 RUN_ACCOUNTING = """
 import argparse, sys
-from conveyor.cli_usage import register
+from cli.usage import register
 from conveyor.settings import load_settings
 parser = argparse.ArgumentParser(prog="conveyor")
 register(parser.add_subparsers(dest="command", required=True))

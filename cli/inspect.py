@@ -34,7 +34,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.cli_text import last_line, plain
+from cli.text import plain
+from conveyor.errors import last_line
 from conveyor.settings import Settings
 from schemas.codec import Codec, EventType, default_codec
 from topics.envelope import now_ms

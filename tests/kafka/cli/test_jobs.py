@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from conveyor import cli_jobs
+from cli import jobs as cli_jobs
 from conveyor.settings import Settings
 from schemas.codec import default_codec
 from schemas.records import JobStatus

@@ -36,7 +36,8 @@ import json
 import sys
 from dataclasses import dataclass
 
-from conveyor.cli_text import last_line, plain
+from cli.text import plain
+from conveyor.errors import last_line
 from conveyor.settings import Settings
 from schemas.codec import Codec, EventType, default_codec
 from schemas.records import AuditEvent, DeadLetter

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 import redis.asyncio as aioredis
 
-from conveyor.cli_usage import cmd_accounting, cmd_usage, parse_time, register
+from cli.usage import cmd_accounting, cmd_usage, parse_time, register
 from conveyor.settings import Settings
 from topics.envelope import now_ms
 from workers.usage.buckets import DAY_MS, MINUTE_MS, bucket_start

@@ -241,7 +241,7 @@ def _infra(script: str, action: str) -> None:
 
 def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
     """Start everything and supervise it; Ctrl-C (or SIGTERM) stops it all."""
-    from conveyor.supervise import Child, Supervisor
+    from cli.supervise import Child, Supervisor
 
     check_exposure(settings, args.insecure_no_auth)
     if not args.no_infra:
@@ -249,7 +249,7 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
         _infra("redis.sh", "start")
     registry = Registry.load(settings.models_file)
     asyncio.run(_ensure_topics(settings, registry))
-    exe = [sys.executable, "-m", "conveyor.cli"]
+    exe = [sys.executable, "-m", "cli"]
     from workers.infer.engines.table import engine_argv
 
     infer = ["infer", "--pool", args.pool, "--engine", args.engine, *engine_argv(args)]
@@ -315,14 +315,11 @@ def _parser() -> argparse.ArgumentParser:
 
     topics = sub.add_parser("topics", help="create the topic catalog")
     topics.set_defaults(func=cmd_topics)
-    from conveyor import cli_dlq, cli_inspect, cli_jobs, cli_keys, cli_replay, cli_usage
+    from cli import dlq, jobs, keys, replay, usage
+    from cli import inspect as inspect_command
 
-    cli_keys.register(sub)
-    cli_usage.register(sub)
-    cli_jobs.register(sub)
-    cli_inspect.register(sub)
-    cli_dlq.register(sub)
-    cli_replay.register(sub)
+    for command in (keys, usage, jobs, inspect_command, dlq, replay):
+        command.register(sub)
     return parser
 
 

@@ -13,7 +13,7 @@ import pytest
 import redis.asyncio as aioredis
 from pydantic import SecretStr
 
-from conveyor import cli_keys
+from cli import keys as cli_keys
 from conveyor.settings import Settings
 from gateway.auth.keys import KeyStore
 from gateway.auth.types import KeyRecord

@@ -25,7 +25,7 @@ import pytest
 from fastavro import parse_schema
 from fastavro.schema import to_parsing_canonical_form
 
-from conveyor import cli_dlq
+from cli import dlq as cli_dlq
 from conveyor.settings import Settings
 from schemas.codec import Codec, default_codec
 from tests.support.factories import request as make_request
@@ -150,7 +150,7 @@ def test_a_tool_run_while_its_service_is_down_says_so_without_a_traceback(
     from tests.support.services import free_port
 
     port = free_port()  # nothing listens there
-    done = subprocess.run([sys.executable, "-m", "conveyor.cli", *args], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "cli", *args], cwd=ROOT,
                           env={**os.environ, **{k: v.format(port=port) for k, v in env.items()}},
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 3, done.stderr[-2000:]

@@ -22,11 +22,11 @@ from typing import Any
 import httpx
 import pytest
 
-from conveyor import cli_replay
-from conveyor.cli_dlq import read_letters
+from cli import replay as cli_replay
+from cli.dlq import read_letters
 from conveyor.settings import Settings
 from schemas.codec import default_codec
-from tests.pipeline.conveyor.test_cli_dlq import newer_request_schema, produce
+from tests.pipeline.cli.test_dlq import newer_request_schema, produce
 from tests.support.factories import request as make_request
 from tests.support.pipeline import Pipeline
 

@@ -9,7 +9,7 @@ import uuid
 import httpx
 import pytest
 
-from conveyor import cli_inspect
+from cli import inspect as cli_inspect
 from conveyor.settings import Settings
 from tests.support.pipeline import Pipeline
 from topics.envelope import now_ms

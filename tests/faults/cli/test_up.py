@@ -63,7 +63,7 @@ class Up:
     def start(self, *args: str) -> Up:
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "conveyor.cli", "up", "--no-infra", *args],
+                [sys.executable, "-m", "cli", "up", "--no-infra", *args],
                 env=self.env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
         return self
 

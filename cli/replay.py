@@ -7,9 +7,9 @@
     conveyor replay 3f2a… ... --json [--show-content]     for machines, with the events
 
 The request's events are found as ``conveyor inspect`` finds them
-(:func:`conveyor.cli_inspect.find_journey`: its id's partitions, between its
+(:func:`cli.inspect.find_journey`: its id's partitions, between its
 times; no topic is scanned); with ``--from-dlq`` the event is the letter's
-value (:func:`conveyor.cli_dlq.read_letters`), decoded with this Conveyor's
+value (:func:`cli.dlq.read_letters`), decoded with this Conveyor's
 codec as the first layer's input, and what was recorded is the letter's
 error.
 
@@ -56,10 +56,10 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.cli_dlq import read_letters
-from conveyor.cli_inspect import Found, find_journey
-from conveyor.cli_text import last_line, plain
-from conveyor.errors import ConveyorError, RequestError
+from cli.dlq import read_letters
+from cli.inspect import Found, find_journey
+from cli.text import plain
+from conveyor.errors import ConveyorError, RequestError, last_line
 from conveyor.registry import Registry
 from conveyor.settings import Settings
 from schemas.codec import Codec, default_codec

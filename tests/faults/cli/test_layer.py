@@ -18,7 +18,7 @@ from tests.support.pipeline import ROOT, TEST_MODELS
 def test_sigterm_stops_the_layers_within_seconds(services: None, tmp_path: object) -> None:
     env = {**os.environ, "CONVEYOR_TOPIC_PREFIX": f"t{uuid.uuid4().hex[:10]}",
            "CONVEYOR_MODELS_FILE": str(TEST_MODELS)}
-    proc = subprocess.Popen([sys.executable, "-m", "conveyor.cli", "layer"], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "layer"], env=env,
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     try:

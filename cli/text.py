@@ -1,12 +1,13 @@
 """What the log tools (inspect, replay, dlq) print the same way: a decoded
-record as JSON, and an error (often a traceback) as its last line."""
+record as JSON (an error, often a traceback, is its last line:
+``conveyor.errors.last_line``)."""
 
 from __future__ import annotations
 
 import base64
 from typing import Any
 
-__all__ = ["plain", "last_line"]
+__all__ = ["plain"]
 
 
 def plain(value: Any) -> Any:
@@ -18,9 +19,3 @@ def plain(value: Any) -> Any:
     if isinstance(value, list):
         return [plain(v) for v in value]
     return value
-
-
-def last_line(text: str) -> str:
-    """The last non-empty line of ``text``: a traceback's error."""
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else ""

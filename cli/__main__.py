@@ -1,0 +1,7 @@
+"""``python -m cli``: the ``conveyor`` command without its installed script."""
+
+import sys
+
+from cli.main import main
+
+sys.exit(main())
