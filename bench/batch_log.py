@@ -22,7 +22,8 @@ from bench.harness import (
 )
 from conveyor.settings import Settings
 from schemas.codec import Codec, default_codec
-from topics.catalog import infer_topic
+from topics.catalog import REPLIES, TOKENS, infer_topic
+from topics.catalog import WORKERS as HEARTBEATS
 
 __all__ = ["InFlight", "CpuMeter", "cpu_since", "WORKERS", "CAPACITY", "POOL"]
 
@@ -55,7 +56,7 @@ class InFlight:
 
     async def run(self, ready: asyncio.Event) -> None:
         s = self.settings
-        topics = (infer_topic(s, POOL), s.topic("tokens"), s.topic("replies"), s.topic("workers"))
+        topics = (infer_topic(s, POOL), TOKENS.at(s), REPLIES.at(s), HEARTBEATS.at(s))
         consumer = self._consumer = AIOKafkaConsumer(
             bootstrap_servers=s.kafka_bootstrap, enable_auto_commit=False, fetch_max_wait_ms=20)
         await consumer.start()

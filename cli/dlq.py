@@ -41,6 +41,7 @@ from conveyor.errors import last_line
 from conveyor.settings import Settings
 from schemas.codec import Codec, EventType, default_codec
 from schemas.records import AuditEvent, DeadLetter
+from topics.catalog import AUDIT, DLQ, infer_topic, topic_named
 from topics.lookup import KeyLookup, parse_since
 
 __all__ = ["Letter", "Redriven", "event_type_of", "read_letters", "redriven", "redrive",
@@ -48,13 +49,6 @@ __all__ = ["Letter", "Redriven", "event_type_of", "read_letters", "redriven", "r
 
 REDRIVE_ACTION = "dlq.redrive"
 _TRUNCATED = "[value truncated"
-_TYPES: dict[str, EventType] = {
-    "requests": "Request", "prepared": "Prepared", "routed": "Task", "tokens": "TokenChunk",
-    "replies": "Reply", "control": "Control", "jobs": "JobCommand", "results": "JobResult",
-    "job-status": "JobStatus", "usage": "UsageRecord", "workers": "WorkerHeartbeat",
-}
-
-
 @dataclass(frozen=True)
 class Letter:
     offset: int
@@ -75,18 +69,17 @@ class Redriven:
 
 def event_type_of(settings: Settings, topic: str) -> EventType | None:
     """The event type a Conveyor topic carries (None for one it does not know)."""
-    head = settings.topic("")
-    if not topic.startswith(head):
-        return None
-    name = topic[len(head):]
-    return "Task" if name.startswith("infer.") else _TYPES.get(name)
+    if topic.startswith(infer_topic(settings, "")):
+        return "Task"
+    declared = topic_named(settings, topic)
+    return declared.events[0] if declared is not None and len(declared.events) == 1 else None
 
 
 async def read_letters(settings: Settings, since_ms: int, offsets: list[int] | None = None,
                        codec: Codec | None = None) -> list[Letter]:
     """The letters written since ``since_ms``, or those at ``offsets``."""
     codec = codec or default_codec()
-    topic = settings.topic("dlq")
+    topic = DLQ.at(settings)
     async with KeyLookup(settings) as look:
         if offsets is None:
             records = await look.find(topic, None, since_ms, partitions=[0])
@@ -100,10 +93,10 @@ async def redriven(settings: Settings, since_ms: int, codec: Codec | None = None
                    ) -> dict[int, AuditEvent]:
     """The letters sent back since ``since_ms``: DLQ offset -> its audit event."""
     codec = codec or default_codec()
-    dlq = settings.topic("dlq")
+    dlq = DLQ.at(settings)
     out: dict[int, AuditEvent] = {}
     async with KeyLookup(settings) as look:
-        for r in await look.find(settings.topic("audit"), None, since_ms, partitions=[0]):
+        for r in await look.find(AUDIT.at(settings), None, since_ms, partitions=[0]):
             try:
                 event: AuditEvent = codec.decode(r.value, "AuditEvent")
             except Exception:  # another writer's event this reader cannot read
@@ -177,7 +170,7 @@ async def redrive(settings: Settings, letters: list[Letter], *, force: bool = Fa
             where = f"{d['topic']}[{meta.partition}]@{meta.offset}"
             key = (d["key"] or b"").decode(errors="replace")
             await audit.write(audit_event(REDRIVE_ACTION, request_id=key, detail={
-                "dlq": settings.topic("dlq"), "dlq_offset": str(x.offset),
+                "dlq": DLQ.at(settings), "dlq_offset": str(x.offset),
                 "layer": d["layer"], "source": x.source, "sent_to": where}))
             results.append(Redriven(x.offset, True, where))
     finally:

@@ -38,6 +38,18 @@ from cli.text import plain
 from conveyor.errors import last_line
 from conveyor.settings import Settings
 from schemas.codec import Codec, EventType, default_codec
+from topics.catalog import (
+    CONTROL,
+    DLQ,
+    PREPARED,
+    REPLIES,
+    REQUESTS,
+    RESULTS,
+    ROUTED,
+    TOKENS,
+    Topic,
+    infer_topic,
+)
 from topics.envelope import now_ms
 from topics.lookup import KeyLookup, made_window, parse_since
 
@@ -100,15 +112,14 @@ async def find_journey(settings: Settings, request_id: str, since_ms: int,
     """Every event of ``request_id`` (None when its request is not in the log
     since ``since_ms``); see the module for what is read."""
     codec = codec or default_codec()
-    topic = settings.topic
     journey = Journey(request_id, since_ms)
     async with KeyLookup(settings) as look:
         first: list[Any] = []
         made = made_window(request_id, settings.clock_skew_ms, now_ms())
         if made is not None:  # the id says when: a few records, whatever --since says
-            first = await look.find(topic("requests"), request_id, *made, first=True)
+            first = await look.find(REQUESTS.at(settings), request_id, *made, first=True)
         if not first:
-            first = await look.find(topic("requests"), request_id, since_ms, first=True)
+            first = await look.find(REQUESTS.at(settings), request_id, since_ms, first=True)
         if not first:
             return None
         journey.by_layer["gateway"] = _decode(codec, first, "Request")
@@ -121,19 +132,20 @@ async def find_journey(settings: Settings, request_id: str, since_ms: int,
         until = max(envelope.get("deadline_ms") or 0,
                     entered_ms + int(settings.request_timeout_s * 1000)) + skew
 
-        async def read(name: str, event_type: EventType, key: str | None = request_id,
-                       **kw: Any) -> list[Found]:
-            return _decode(codec, await look.find(name, key, start, until, **kw), event_type)
+        async def read(topic: Topic, key: str | None = request_id, **kw: Any) -> list[Found]:
+            """The request's events on ``topic``, decoded as the one type it carries."""
+            found = await look.find(topic.at(settings), key, start, until, **kw)
+            return _decode(codec, found, topic.events[0])
 
-        journey.by_layer["preprocess"] = await read(topic("prepared"), "Prepared")
-        journey.by_layer["route"] = await read(topic("routed"), "Task")
-        journey.chunks = await read(topic("tokens"), "TokenChunk")
-        journey.cancels = await read(topic("control"), "Control")
-        journey.letters = await read(topic("dlq"), "DeadLetter")
+        journey.by_layer["preprocess"] = await read(PREPARED)
+        journey.by_layer["route"] = await read(ROUTED)
+        journey.chunks = await read(TOKENS)
+        journey.cancels = await read(CONTROL)
+        journey.letters = await read(DLQ)
         stamps = journey.stamps()
         routed = [f.record for f in journey.by_layer["route"] if f.record]
         if routed:  # the task's partition is the worker's: every partition, a short window
-            pool_topic = topic(f"infer.{routed[0]['route']['pool']}")
+            pool_topic = infer_topic(settings, routed[0]["route"]["pool"])
             lo = stamps.get("route", stamps.get("gateway", entered_ms * 1000)) // 1000 - skew
             hi = stamps["infer"] // 1000 + skew if "infer" in stamps else until
             tasks = await look.find(pool_topic, request_id, lo, hi,
@@ -141,11 +153,11 @@ async def find_journey(settings: Settings, request_id: str, since_ms: int,
             journey.by_layer["schedule"] = _decode(codec, tasks, "Task")
         journey.by_layer["infer"] = journey.chunks[:1]
         if envelope.get("job_id"):
-            results = await read(topic("results"), "JobResult", envelope["job_id"])
+            results = await read(RESULTS, envelope["job_id"])
             journey.replies = [f for f in results
                                if f.record and f.record["request_id"] == request_id]
         elif envelope.get("reply_partition", -1) >= 0:
-            journey.replies = await read(topic("replies"), "Reply",
+            journey.replies = await read(REPLIES,
                                          partitions=[envelope["reply_partition"]])
         journey.by_layer["postprocess"] = journey.replies[:1]
         journey.read = KeyLookup.describe(look.read)

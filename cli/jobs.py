@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from conveyor.settings import Settings
+from topics.catalog import JOB_STATUS
 
 __all__ = ["register", "progress_line", "read_statuses"]
 
@@ -41,7 +42,7 @@ async def read_statuses(settings: Settings) -> dict[str, tuple[str, dict[str, An
     from topics.follow import follow
 
     codec = default_codec()
-    follower = follow(settings, settings.topic("job-status"), 0, "beginning")
+    follower = follow(settings, JOB_STATUS.at(settings), 0, "beginning")
     latest: dict[str, tuple[int, str, dict[str, Any]]] = {}
 
     async def read() -> None:

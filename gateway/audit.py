@@ -18,6 +18,7 @@ from aiokafka import AIOKafkaProducer
 from conveyor.settings import Settings
 from schemas.codec import Codec, default_codec
 from schemas.records import AuditEvent
+from topics.catalog import AUDIT
 from topics.envelope import now_ms
 
 __all__ = ["Audit", "audit_event", "cli_actor"]
@@ -43,7 +44,7 @@ class Audit:
 
     def __init__(self, settings: Settings, producer: AIOKafkaProducer,
                  codec: Codec | None = None, actor: str = "") -> None:
-        self.topic = settings.topic("audit")
+        self.topic = AUDIT.at(settings)
         self.producer = producer
         self.codec = codec or default_codec()
         self.actor = actor

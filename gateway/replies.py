@@ -42,6 +42,7 @@ from gateway.health import TaskHealth
 from schemas.codec import Codec
 from schemas.records import Reply, Usage
 from topics.backoff import Backoff
+from topics.catalog import REPLIES
 from topics.clients import make_consumer
 
 __all__ = ["ReplyRouter", "ReplyStream", "ReplyLease", "ReplySource", "Folded", "fold_answer",
@@ -257,7 +258,7 @@ class ReplyRouter:
         partition = await self.lease.acquire()
         consumer = make_consumer(self.settings, group=None)
         await consumer.start()
-        tp = TopicPartition(self.settings.topic("replies"), partition)
+        tp = TopicPartition(REPLIES.at(self.settings), partition)
         consumer.assign([tp])
         await consumer.seek_to_end(tp)
         await consumer.position(tp)  # resolve now: replies from here on are ours

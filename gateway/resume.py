@@ -63,6 +63,7 @@ from conveyor.settings import Settings
 from gateway.replies import ReplySource, ReplyStream, reply_error
 from schemas.codec import Codec
 from schemas.records import Generation, Reply, Request
+from topics.catalog import REPLIES, REQUESTS
 from topics.envelope import now_ms
 from topics.follow import FromTime, follow
 from topics.lookup import KeyLookup, made_window
@@ -176,7 +177,7 @@ def lookup_windows(settings: Settings, request_id: str, now: int) -> list[tuple[
 
 async def _locate(settings: Settings, codec: Codec, request_id: str,
                   timeout_s: float) -> Recorded | None:
-    topic = settings.topic("requests")
+    topic = REQUESTS.at(settings)
     async with KeyLookup(settings, timeout_s=timeout_s) as lookup:
         for since, until in lookup_windows(settings, request_id, now_ms()):
             for record in await lookup.find(topic, request_id, since, until):
@@ -230,7 +231,7 @@ class RecordedReplies:
     async def _read(self) -> None:
         where = self.where
         key = where.request_id.encode()
-        follower = follow(self.settings, self.settings.topic("replies"), where.reply_partition,
+        follower = follow(self.settings, REPLIES.at(self.settings), where.reply_partition,
                           FromTime(where.submitted_ms - self.settings.clock_skew_ms))
         async for records in follower:
             for record in records:

@@ -57,6 +57,7 @@ from gateway.replies import ReplyRouter, fold_answer
 from gateway.resume import ReplySource, ResumeWatch, event_id
 from schemas.codec import Codec
 from schemas.records import Control, Generation, Reply, Request
+from topics.catalog import CONTROL, REQUESTS
 from topics.clients import EventTooLarge, broker_error
 from topics.envelope import new_envelope, new_request_id, now_ms
 from workers.postprocess.chunks import full_response
@@ -83,8 +84,8 @@ class Serving:
         self.gateway_id = gateway_id
         self.tracer = tracer or trace.NoOpTracer()
         self.metrics = GatewayMetrics.off()  # build_app sets the process's
-        self._requests = settings.topic("requests")
-        self._control = settings.topic("control")
+        self._requests = REQUESTS.at(settings)
+        self._control = CONTROL.at(settings)
         self._cancels: set[asyncio.Task[None]] = set()
         self._watch: ResumeWatch | None = None
 

@@ -1,5 +1,9 @@
-"""The topic catalog in code (docs/architecture.md lists it): name, partitions,
-retention, cleanup, key.
+"""The topics, declared once: each a :class:`Topic` with its name under the
+prefix, the event types it carries, its key, how many partitions it has, and
+how long it keeps events. Readers and writers name a topic by its object
+(``TOKENS.at(settings)``), never by a string, so a topic's name and what
+travels on it are stated in one place; :func:`catalog` turns the table into
+what topic creation needs (docs/architecture.md lists it).
 
 Every topic takes events up to ``settings.max_event_bytes``
 (``max.message.bytes``), the same limit the producers enforce
@@ -14,10 +18,66 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from conveyor.settings import Settings
+from schemas.codec import EventType
 
-__all__ = ["TopicSpec", "catalog", "infer_topic"]
+__all__ = ["Topic", "TopicSpec", "TOPICS", "catalog", "infer_topic", "topic_named",
+           "REQUESTS", "PREPARED", "ROUTED", "TOKENS", "REPLIES", "CONTROL", "WORKERS",
+           "JOBS", "JOB_STATUS", "RESULTS", "DLQ", "FEEDBACK", "USAGE", "AUDIT", "KEYS"]
 
 _DAY_MS = 24 * 3600 * 1000
+
+Sizing = Literal["pipeline", "replies", "one"]
+
+
+@dataclass(frozen=True)
+class Topic:
+    """One topic of the catalog (the pools' task topics are :func:`infer_topic`)."""
+
+    name: str  # under the prefix: settings.topic(name)
+    events: tuple[EventType, ...]  # what travels on it; () for none yet
+    key: str
+    sizing: Sizing = "pipeline"  # pipeline_partitions, reply_partitions, or 1
+    cleanup: Literal["delete", "compact"] = "delete"
+    retention_ms: int = _DAY_MS
+
+    def at(self, settings: Settings) -> str:
+        """The topic's full name under ``settings``' prefix."""
+        return settings.topic(self.name)
+
+    def partitions(self, settings: Settings) -> int:
+        return {"pipeline": settings.pipeline_partitions,
+                "replies": settings.reply_partitions, "one": 1}[self.sizing]
+
+    def spec(self, settings: Settings) -> TopicSpec:
+        return TopicSpec(self.at(settings), self.partitions(settings), key=self.key,
+                         cleanup=self.cleanup, retention_ms=self.retention_ms,
+                         max_message_bytes=settings.max_event_bytes)
+
+
+REQUESTS = Topic("requests", ("Request",), "request id")
+PREPARED = Topic("prepared", ("Prepared",), "request id")
+ROUTED = Topic("routed", ("Task",), "request id")
+TOKENS = Topic("tokens", ("TokenChunk",), "request id")
+REPLIES = Topic("replies", ("Reply",),
+                "request id; partition = the gateway's leased reply partition", "replies")
+CONTROL = Topic("control", ("Control",), "request id", "one")
+WORKERS = Topic("workers", ("WorkerHeartbeat",), "worker id", "one", "compact", -1)
+# jobs: commands in, the latest state of each job, and each request's result
+JOBS = Topic("jobs", ("JobCommand",), "job id", retention_ms=30 * _DAY_MS)
+JOB_STATUS = Topic("job-status", ("JobStatus",), "job id", "one", "compact", -1)
+RESULTS = Topic("results", ("JobResult",), "job id", retention_ms=30 * _DAY_MS)
+DLQ = Topic("dlq", ("DeadLetter",), "original key", "one", retention_ms=30 * _DAY_MS)
+FEEDBACK = Topic("feedback", (), "request id", "one", retention_ms=30 * _DAY_MS)
+# one UsageRecord per finished request; the accounting app aggregates it
+USAGE = Topic("usage", ("UsageRecord",), "tenant", retention_ms=35 * _DAY_MS)
+AUDIT = Topic("audit", ("AuditEvent",), "tenant (or actor)", "one",
+              retention_ms=365 * _DAY_MS)
+# the record of API keys and tenant policies; Redis holds a copy to look up
+KEYS = Topic("keys", ("ApiKey", "TenantPolicy"), "key id, or tenant:<name>", "one",
+             "compact", -1)
+
+TOPICS: tuple[Topic, ...] = (REQUESTS, PREPARED, ROUTED, TOKENS, REPLIES, CONTROL, WORKERS,
+                             JOBS, JOB_STATUS, RESULTS, DLQ, FEEDBACK, USAGE, AUDIT, KEYS)
 
 
 @dataclass(frozen=True)
@@ -40,6 +100,11 @@ class TopicSpec:
         return out
 
 
+def topic_named(settings: Settings, name: str) -> Topic | None:
+    """The catalog's topic whose full name under ``settings``' prefix is ``name``."""
+    return next((topic for topic in TOPICS if topic.at(settings) == name), None)
+
+
 def infer_topic(settings: Settings, pool: str) -> str:
     """The task topic of one worker pool; its partitions are spread over the pool's workers."""
     return settings.topic(f"infer.{pool}")
@@ -47,32 +112,7 @@ def infer_topic(settings: Settings, pool: str) -> str:
 
 def catalog(settings: Settings, pools: tuple[str, ...] = ()) -> list[TopicSpec]:
     """Every topic Conveyor uses, with the pools' task topics."""
-    p = settings.pipeline_partitions
-    specs = [
-        TopicSpec(settings.topic("requests"), p, key="request id"),
-        TopicSpec(settings.topic("prepared"), p, key="request id"),
-        TopicSpec(settings.topic("routed"), p, key="request id"),
-        TopicSpec(settings.topic("tokens"), p, key="request id"),
-        TopicSpec(settings.topic("replies"), settings.reply_partitions,
-                  key="request id; partition = the gateway's leased reply partition"),
-        TopicSpec(settings.topic("control"), 1, key="request id"),
-        TopicSpec(settings.topic("workers"), 1, key="worker id", cleanup="compact",
-                  retention_ms=-1),
-        # jobs: commands in, the latest state of each job, and each request's result
-        TopicSpec(settings.topic("jobs"), p, key="job id", retention_ms=30 * _DAY_MS),
-        TopicSpec(settings.topic("job-status"), 1, key="job id", cleanup="compact",
-                  retention_ms=-1),
-        TopicSpec(settings.topic("results"), p, key="job id", retention_ms=30 * _DAY_MS),
-        TopicSpec(settings.topic("dlq"), 1, key="original key", retention_ms=30 * _DAY_MS),
-        TopicSpec(settings.topic("feedback"), 1, key="request id", retention_ms=30 * _DAY_MS),
-        # one UsageRecord per finished request; the accounting app aggregates it
-        TopicSpec(settings.topic("usage"), p, key="tenant", retention_ms=35 * _DAY_MS),
-        TopicSpec(settings.topic("audit"), 1, key="tenant (or actor)",
-                  retention_ms=365 * _DAY_MS),
-        # the record of API keys and tenant policies; Redis holds a copy to look up
-        TopicSpec(settings.topic("keys"), 1, key="key id, or tenant:<name>", cleanup="compact",
-                  retention_ms=-1),
-    ]
+    specs = [topic.spec(settings) for topic in TOPICS]
     for pool in pools:
         specs.append(TopicSpec(infer_topic(settings, pool), settings.infer_partitions,
                                key="request id; partition = the chosen worker's"))

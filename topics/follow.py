@@ -1,7 +1,7 @@
 """Tailing one partition, through broker outages: the one reader every
 follower of a side topic uses (heartbeats, cancels, replies, progress).
 
-    follower = follow(settings, settings.topic("workers"), 0, "beginning")
+    follower = follow(settings, WORKERS.at(settings), 0, "beginning")
     async for records in follower:        # non-empty lists, in offset order
         for record in records: ...
     follower.caught_up                    # set once the backlog seen at start is read

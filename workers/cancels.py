@@ -18,6 +18,7 @@ from collections.abc import Callable
 from conveyor.errors import SchemaError
 from conveyor.settings import Settings
 from schemas.codec import Codec, default_codec
+from topics.catalog import CONTROL
 from topics.envelope import now_ms
 from topics.follow import Follower, FromTime, follow
 
@@ -59,7 +60,7 @@ class CancelList:
     async def run(self) -> None:
         """Follow ``conveyor.control`` for ever (through broker outages)."""
         start = FromTime(now_ms() - int(self.lookback_s * 1000))
-        self.follower = follow(self.settings, self.settings.topic("control"), 0, start)
+        self.follower = follow(self.settings, CONTROL.at(self.settings), 0, start)
         async for records in self.follower:
             for record in records:
                 try:

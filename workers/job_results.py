@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from conveyor.settings import Settings
 from schemas.records import Envelope, ErrorInfo, JobResult, Usage
+from topics.catalog import RESULTS
 from topics.envelope import now_ms
 from workers.outputs import Output
 
@@ -31,7 +32,7 @@ def result_output(settings: Settings, envelope: Envelope, *, status_code: int,
                        request_id=envelope["request_id"], job_item=envelope["job_item"],
                        status_code=status_code, body=body, error=error, text=text,
                        finish_reason=finish_reason, usage=usage, detail="", ts_ms=now_ms())
-    return Output(settings.topic("results"), "JobResult", result, key=envelope["job_id"])
+    return Output(RESULTS.at(settings), "JobResult", result, key=envelope["job_id"])
 
 
 def job_event(settings: Settings, job_id: str, event: str, detail: str = "") -> Output:
@@ -39,4 +40,4 @@ def job_event(settings: Settings, job_id: str, event: str, detail: str = "") -> 
     record = JobResult(job_id=job_id, event=event, request_id="", job_item="",  # type: ignore[typeddict-item]
                        status_code=0, body="", error=None, text="", finish_reason=None,
                        usage=None, detail=detail, ts_ms=now_ms())
-    return Output(settings.topic("results"), "JobResult", record, key=job_id)
+    return Output(RESULTS.at(settings), "JobResult", record, key=job_id)

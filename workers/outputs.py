@@ -31,6 +31,7 @@ from conveyor.settings import Settings
 from schemas.codec import Codec, EventType
 from schemas.records import DeadLetter, Envelope, ErrorInfo, Reply
 from topics.backoff import Backoff, RateLimitedLog
+from topics.catalog import DLQ, REPLIES
 from topics.clients import EventTooLarge, broker_error
 from topics.envelope import now_ms
 
@@ -180,7 +181,7 @@ class Sender:
             usage=None,
             error=error,
         )
-        return Output(self.settings.topic("replies"), "Reply", reply,
+        return Output(REPLIES.at(self.settings), "Reply", reply,
                       key=envelope["request_id"], partition=envelope["reply_partition"])
 
     def letter_output(self, layer: str, topic: str, partition: int, offset: int,
@@ -193,7 +194,7 @@ class Sender:
             value = value[:room]
         letter = DeadLetter(layer=layer, topic=topic, partition=partition, offset=offset,
                             key=key, value=value, error=error[:_ERROR_CHARS], ts_ms=now_ms())
-        return Output(self.settings.topic("dlq"), "DeadLetter", letter,
+        return Output(DLQ.at(self.settings), "DeadLetter", letter,
                       key=key.decode(errors="replace") if key else None)
 
     async def error_reply(self, envelope: Envelope, error: ErrorInfo, index: int = 0) -> None:

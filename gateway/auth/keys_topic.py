@@ -31,6 +31,7 @@ from gateway.auth.types import KeyRecord, Limits, TenantPolicy
 from schemas.codec import Codec, default_codec
 from schemas.records import ApiKey
 from schemas.records import TenantPolicy as TenantPolicyEvent
+from topics.catalog import KEYS
 from topics.clients import broker_error, make_consumer
 
 __all__ = ["KeysTopic", "Snapshot", "key_event", "key_from_event", "tenant_event",
@@ -87,7 +88,7 @@ class KeysTopic:
     def __init__(self, settings: Settings, producer: AIOKafkaProducer | None = None,
                  codec: Codec | None = None) -> None:
         self.settings = settings
-        self.topic = settings.topic("keys")
+        self.topic = KEYS.at(settings)
         self.producer = producer
         self.codec = codec or default_codec()
 

@@ -23,6 +23,7 @@ from conveyor.settings import Settings
 from gateway.health import TaskHealth
 from schemas.codec import Codec
 from schemas.records import JobStatus
+from topics.catalog import JOB_STATUS
 from topics.follow import follow
 
 __all__ = ["JobBoard"]
@@ -52,7 +53,7 @@ class JobBoard:
 
     async def run(self, part: TaskHealth | None = None) -> None:
         """Follow the topic for ever (the follower survives Kafka outages)."""
-        follower = follow(self.settings, self.settings.topic("job-status"), 0, "beginning")
+        follower = follow(self.settings, JOB_STATUS.at(self.settings), 0, "beginning")
         watch = asyncio.create_task(self._watch(follower.caught_up, part))
         try:
             async for records in follower:

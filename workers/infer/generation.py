@@ -25,6 +25,7 @@ from conveyor.errors import DeadlineExceeded, EngineError, RequestError
 from conveyor.settings import Settings
 from conveyor.tracing import genai_request_attributes
 from schemas.records import ChunkHeader, ErrorInfo, Task, TokenChunk
+from topics.catalog import TOKENS
 from topics.envelope import now_ms, stamp
 from workers.infer.engines.base import Engine, GenerationRequest
 from workers.infer.progress import ProgressTracker
@@ -200,7 +201,7 @@ class TaskRun:
                            header=self._header(), error=error, run_id=self.run_id,
                            run_start=self.run_start)
         self._acks.append(await self.sender.send_nowait(
-            Output(self.settings.topic("tokens"), "TokenChunk", chunk, key=self.request_id)))
+            Output(TOKENS.at(self.settings), "TokenChunk", chunk, key=self.request_id)))
         self.seq += 1
         self.tokens += tokens
         if finish is not None:

@@ -8,6 +8,7 @@ from typing import Literal, NamedTuple
 
 from conveyor.settings import Settings
 from schemas.records import WorkerHeartbeat
+from topics.catalog import WORKERS
 from topics.envelope import now_ms
 from workers.outputs import Output, Sender
 
@@ -68,5 +69,5 @@ class Heartbeat:
             gpu_utilization=gpu_util, gpu_memory_free=gpu_free,
             interactive_running=now.interactive_running, interactive_ms=now.interactive_ms,
         )
-        await self.sender.deliver(Output(self.settings.topic("workers"), "WorkerHeartbeat",
+        await self.sender.deliver(Output(WORKERS.at(self.settings), "WorkerHeartbeat",
                                          record, key=self.worker_id))

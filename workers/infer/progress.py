@@ -41,6 +41,7 @@ from conveyor.errors import TransientBrokerError
 from conveyor.settings import Settings
 from schemas.codec import Codec
 from schemas.records import TokenChunk
+from topics.catalog import TOKENS
 from topics.clients import make_consumer
 from topics.envelope import now_ms
 from workers.chunk_order import ChunkOrder
@@ -220,7 +221,7 @@ class ProgressTracker:
         return progress_of(chunks)
 
     async def _partition(self, request_id: str) -> TopicPartition:
-        topic = self.settings.topic("tokens")
+        topic = TOKENS.at(self.settings)
         partitions = sorted(await self.producer.partitions_for(topic))
         key = request_id.encode()
         return TopicPartition(topic, DefaultPartitioner()(key, partitions, partitions))

@@ -36,6 +36,7 @@ from aiokafka import TopicPartition
 from conveyor.settings import Settings
 from schemas.codec import EventType
 from schemas.records import JobResult, JobStatus
+from topics.catalog import JOB_STATUS, RESULTS
 from topics.envelope import now_ms
 from workers.jobs.batch import BatchFold
 from workers.jobs.files import JobFiles
@@ -69,8 +70,8 @@ class ResultsLayer:
     def __init__(self, settings: Settings, files: JobFiles) -> None:
         self.settings = settings
         self.files = files
-        self.source_topic = settings.topic("results")
-        self._status_topic = settings.topic("job-status")
+        self.source_topic = RESULTS.at(settings)
+        self._status_topic = JOB_STATUS.at(settings)
         self.folds: dict[str, Fold] = {}
         self._first: dict[str, tuple[TopicPartition, int]] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()

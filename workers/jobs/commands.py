@@ -36,6 +36,7 @@ from conveyor.registry import Registry
 from conveyor.settings import Settings
 from schemas.codec import EventType
 from schemas.records import Control, ErrorInfo, Generation, JobCommand, Request
+from topics.catalog import CONTROL, JOBS, REQUESTS
 from topics.envelope import PRIORITY_BACKGROUND, PRIORITY_BATCH, new_envelope, now_ms
 from workers.job_results import job_event, result_output
 from workers.jobs.dead_commands import DeadCommands
@@ -64,9 +65,9 @@ class JobsLayer:
         self.settings = settings
         self.files = files
         self.registry = registry
-        self.source_topic = settings.topic("jobs")
-        self._requests = settings.topic("requests")
-        self._control = settings.topic("control")
+        self.source_topic = JOBS.at(settings)
+        self._requests = REQUESTS.at(settings)
+        self._control = CONTROL.at(settings)
         self._dead: asyncio.Task[None] | None = None
 
     async def start(self, sender: Sender) -> None:

@@ -66,6 +66,7 @@ from conveyor.settings import Settings
 from schemas.codec import Codec
 from schemas.records import DeadLetter, JobStatus
 from topics.backoff import Backoff, RateLimitedLog
+from topics.catalog import DLQ, JOB_STATUS, JOBS
 from topics.clients import make_consumer
 from topics.lookup import KeyLookup
 from workers.job_results import job_event
@@ -89,7 +90,7 @@ _LOOKUP_TIMEOUT_S = 10.0
 def job_id_of(settings: Settings, letter: DeadLetter) -> str | None:
     """The job a letter of the jobs layer is keyed by (None: not such a letter,
     or no key to name a job)."""
-    if letter["layer"] != "jobs" or letter["topic"] != settings.topic("jobs"):
+    if letter["layer"] != "jobs" or letter["topic"] != JOBS.at(settings):
         return None
     try:
         key = (letter["key"] or b"").decode()
@@ -132,7 +133,7 @@ class DeadCommands:
         self.settings = settings
         self.sender = sender
         self.codec = sender.codec
-        self._dlq = settings.topic("dlq")
+        self._dlq = DLQ.at(settings)
         self._problems = RateLimitedLog(log)
 
     async def run(self) -> None:
@@ -225,7 +226,7 @@ async def job_state(settings: Settings, codec: Codec, letter: DeadLetter,
     async with KeyLookup(settings, timeout_s=_LOOKUP_TIMEOUT_S) as lookup:
         command = await lookup.at(letter["topic"], letter["partition"], letter["offset"])
         since = command.timestamp - settings.clock_skew_ms if command else 0
-        found = await lookup.find(settings.topic("job-status"), job_id, since)
+        found = await lookup.find(JOB_STATUS.at(settings), job_id, since)
     statuses: list[JobStatus] = []
     for record in found:
         try:

@@ -24,6 +24,7 @@ from aiokafka import TopicPartition
 from conveyor.settings import Settings
 from schemas.codec import EventType
 from schemas.records import ChunkHeader, Control, ErrorInfo, Reply, TokenChunk, Usage, UsageRecord
+from topics.catalog import CONTROL, REPLIES, TOKENS, USAGE
 from topics.envelope import now_ms, stamp
 from workers.job_results import is_job, result_output
 from workers.outputs import Output, Sender
@@ -42,10 +43,10 @@ class PostprocessLayer:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.source_topic = settings.topic("tokens")
-        self._replies = settings.topic("replies")
-        self._control = settings.topic("control")
-        self._usage = settings.topic("usage")
+        self.source_topic = TOKENS.at(settings)
+        self._replies = REPLIES.at(settings)
+        self._control = CONTROL.at(settings)
+        self._usage = USAGE.at(settings)
         self.streams: dict[str, RequestStream] = {}
         # request id -> (topic partition, offset of its first chunk there)
         self._first: dict[str, tuple[TopicPartition, int]] = {}

@@ -31,6 +31,7 @@ from conveyor.registry import ModelSpec, Registry
 from conveyor.settings import Settings
 from schemas.codec import EventType
 from schemas.records import Generation, Prepared, Prompt, Request
+from topics.catalog import PREPARED, REQUESTS
 from topics.envelope import stamp
 from workers.outputs import Output, Sender
 from workers.preprocess.normalize import (
@@ -67,7 +68,7 @@ class PreprocessLayer:
         self.settings = settings
         self.registry = registry
         self.tokenizers = tokenizers if tokenizers is not None else TokenizerCache()
-        self.source_topic = settings.topic("requests")
+        self.source_topic = REQUESTS.at(settings)
         self._estimate = EstimateTokenizer()
 
     async def start(self, sender: Sender) -> None:
@@ -122,7 +123,7 @@ class PreprocessLayer:
         prepared = Prepared(envelope=envelope, generation=generation, prompt=prompt)
         return [
             Output(
-                self.settings.topic("prepared"),
+                PREPARED.at(self.settings),
                 "Prepared",
                 prepared,
                 key=envelope["request_id"],

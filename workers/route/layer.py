@@ -15,6 +15,7 @@ from conveyor.registry import Registry
 from conveyor.settings import Settings
 from schemas.codec import EventType
 from schemas.records import Prepared, Route, Task
+from topics.catalog import PREPARED, ROUTED
 from topics.envelope import stamp
 from workers.outputs import Output, Sender
 
@@ -28,8 +29,8 @@ class RouteLayer:
     def __init__(self, settings: Settings, registry: Registry) -> None:
         self.settings = settings
         self.registry = registry
-        self.source_topic = settings.topic("prepared")
-        self._sink = settings.topic("routed")
+        self.source_topic = PREPARED.at(settings)
+        self._sink = ROUTED.at(settings)
 
     async def start(self, sender: Sender) -> None:
         return None

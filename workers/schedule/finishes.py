@@ -25,6 +25,7 @@ from aiokafka import ConsumerRecord
 from conveyor.errors import SchemaError
 from conveyor.settings import Settings
 from schemas.codec import Codec, default_codec
+from topics.catalog import TOKENS
 from topics.follow import Follower, follow
 
 __all__ = ["FinishFollower", "OnFinish"]
@@ -51,7 +52,7 @@ class FinishFollower:
     async def run(self, ready: asyncio.Event | None = None) -> None:
         """Follow until cancelled (through broker outages: see topics/follow.py);
         ``ready`` is set once every partition is positioned at its end."""
-        topic = self.settings.topic("tokens")
+        topic = TOKENS.at(self.settings)
         self.followers = [follow(self.settings, topic, p, "end", poll_ms=200)
                           for p in range(self.partitions)]
         tasks = [asyncio.create_task(self._follow(f), name=f"finishes-{f.tp.partition}")

@@ -58,7 +58,7 @@ from conveyor.errors import (
 from conveyor.settings import Settings
 from schemas.codec import Codec, EventType, default_codec
 from schemas.records import Envelope, Task
-from topics.catalog import infer_topic
+from topics.catalog import ROUTED, infer_topic
 from topics.envelope import PRIORITY_INTERACTIVE, now_ms, now_us, stamp
 from workers.outputs import Output, Sender, error_info, failure_reply
 from workers.schedule.admission import LINGER_S, BatchAdmission, Candidate
@@ -92,7 +92,7 @@ class ScheduleLayer:
                  linger_s: float = LINGER_S, codec: Codec | None = None) -> None:
         self.settings = settings
         self.table = table or WorkerTable(settings)
-        self.source_topic = settings.topic("routed")
+        self.source_topic = ROUTED.at(settings)
         self.parked: list[Parked] = []
         self.held = HeldQueue()
         self.outstanding = Outstanding(clock)

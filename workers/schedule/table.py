@@ -25,6 +25,7 @@ from conveyor.errors import SchemaError
 from conveyor.settings import Settings
 from schemas.codec import Codec, default_codec
 from schemas.records import WorkerHeartbeat
+from topics.catalog import WORKERS
 from topics.envelope import now_ms
 from topics.follow import Follower, follow
 
@@ -140,7 +141,7 @@ class WorkerTable:
         """Read the heartbeat topic from the start, then keep following it
         (through Kafka outages: see topics/follow.py). ``ready`` is set once
         the heartbeats written before the start are read."""
-        self.follower = follower = follow(self.settings, self.settings.topic("workers"), 0,
+        self.follower = follower = follow(self.settings, WORKERS.at(self.settings), 0,
                                           "beginning")
         signal = asyncio.create_task(self._signal_ready(follower, ready))
         try:

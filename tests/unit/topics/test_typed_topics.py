@@ -1,0 +1,31 @@
+"""The topics are declared once (topics/catalog.py): each names the event types
+it carries, and the catalog, the dead-letter tools and every reader go by it."""
+
+from __future__ import annotations
+
+from cli.dlq import event_type_of
+from conveyor.settings import Settings
+from schemas.codec import EVENT_TYPES
+from topics.catalog import KEYS, REQUESTS, TOKENS, TOPICS, catalog, topic_named
+
+
+def test_names_are_unique_and_events_are_known() -> None:
+    assert len({t.name for t in TOPICS}) == len(TOPICS)
+    assert all(e in EVENT_TYPES for t in TOPICS for e in t.events)
+
+
+def test_the_catalog_is_the_table_plus_the_pools() -> None:
+    s = Settings(topic_prefix="tt", pipeline_partitions=3, reply_partitions=5)
+    specs = {spec.name: spec for spec in catalog(s, ("cpu",))}
+    assert set(specs) == {t.at(s) for t in TOPICS} | {"tt.infer.cpu"}
+    assert specs[TOKENS.at(s)].partitions == 3 and specs["tt.replies"].partitions == 5
+    assert specs[KEYS.at(s)].configs()["cleanup.policy"] == "compact"
+
+
+def test_a_topic_is_found_by_its_full_name_and_gives_its_event_type() -> None:
+    s = Settings(topic_prefix="tt")
+    assert topic_named(s, "tt.requests") is REQUESTS
+    assert topic_named(s, "other.requests") is None
+    assert event_type_of(s, "tt.tokens") == "TokenChunk"
+    assert event_type_of(s, "tt.infer.gpu") == "Task"
+    assert event_type_of(s, "tt.keys") is None  # two event types: the letter's must say
