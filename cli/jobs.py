@@ -42,13 +42,12 @@ async def read_statuses(settings: Settings) -> dict[str, tuple[str, dict[str, An
     from topics.follow import follow
 
     codec = default_codec()
-    follower = follow(settings, JOB_STATUS.at(settings), 0, "beginning")
+    follower = follow(settings, JOB_STATUS, 0, "beginning")
     latest: dict[str, tuple[int, str, dict[str, Any]]] = {}
 
     async def read() -> None:
-        async for records in follower:
-            for record in records:
-                status = codec.decode(record.value, "JobStatus")
+        async for batch in follower.events(codec):
+            for _, status in batch:
                 held = latest.get(status["job_id"])
                 if held is None or held[0] < status["version"]:
                     latest[status["job_id"]] = (status["version"], status["tenant"],

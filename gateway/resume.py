@@ -231,18 +231,10 @@ class RecordedReplies:
     async def _read(self) -> None:
         where = self.where
         key = where.request_id.encode()
-        follower = follow(self.settings, REPLIES.at(self.settings), where.reply_partition,
+        follower = follow(self.settings, REPLIES, where.reply_partition,
                           FromTime(where.submitted_ms - self.settings.clock_skew_ms))
-        async for records in follower:
-            for record in records:
-                if record.key != key:
-                    continue
-                try:
-                    reply: Reply = self.codec.decode(record.value, "Reply")
-                except SchemaError as exc:
-                    log.warning("resume %s: a bad reply at %d: %s", where.request_id,
-                                record.offset, exc)
-                    continue
+        async for batch in follower.events(self.codec, keep=lambda r: r.key == key):
+            for record, reply in batch:
                 if reply["kind"] in ("final", "error"):
                     self._last = reply["index"]
                     self.ended_ms = record.timestamp

@@ -1,9 +1,11 @@
 """Tailing one partition, through broker outages: the one reader every
 follower of a side topic uses (heartbeats, cancels, replies, progress).
 
-    follower = follow(settings, WORKERS.at(settings), 0, "beginning")
+    follower = follow(settings, WORKERS, 0, "beginning")
     async for records in follower:        # non-empty lists, in offset order
         for record in records: ...
+    async for batch in follower.events(codec):  # or decoded as the topic's type,
+        for record, heartbeat in batch: ...     # poison logged and skipped
     follower.caught_up                    # set once the backlog seen at start is read
     follower.reachable                    # False while Kafka does not answer
 
@@ -27,19 +29,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 from aiokafka import ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 
+from conveyor.errors import SchemaError
 from conveyor.settings import Settings
+from schemas.codec import Codec, EventType
 from topics.backoff import Backoff, RateLimitedLog
+from topics.catalog import Topic
 from topics.clients import make_consumer
 from topics.envelope import now_ms
 
-__all__ = ["FromTime", "Follower", "Start", "follow"]
+__all__ = ["FromTime", "Follower", "Record", "Start", "follow"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +57,7 @@ class FromTime:
 
 
 Start = Literal["beginning", "end"] | int | FromTime
+Record: TypeAlias = "ConsumerRecord[bytes, bytes]"
 
 _BROKER_TROUBLE = (KafkaError, OSError, asyncio.TimeoutError)
 
@@ -60,9 +66,11 @@ class Follower:
     """An async iterable of record batches of one partition; see the module."""
 
     def __init__(self, settings: Settings, topic: str, partition: int = 0,
-                 start: Start = "beginning", *, poll_ms: int = 500, probe_s: float = 1.0,
-                 probe_timeout_s: float = 2.0, **consumer_options: Any) -> None:
+                 start: Start = "beginning", *, event_type: EventType | None = None,
+                 poll_ms: int = 500, probe_s: float = 1.0, probe_timeout_s: float = 2.0,
+                 **consumer_options: Any) -> None:
         self.settings = settings
+        self.event_type = event_type  # what events() decodes: the typed topic's event
         self.tp = TopicPartition(topic, partition)
         self.start = start
         self.poll_ms = poll_ms
@@ -126,6 +134,29 @@ class Follower:
                 await _stop_quietly(consumer, self.probe_timeout_s)
             await backoff.wait()
 
+    async def events(self, codec: Codec, *, keep: Callable[[Record], bool] | None = None
+                     ) -> AsyncIterator[list[tuple[Record, Any]]]:
+        """The batches decoded as the topic's event type: (record, event) pairs of
+        the records ``keep`` accepts (all by default). A record that does not
+        decode is logged (one line per ten seconds) and skipped: a poison event
+        never stops a follower. A batch may come out empty when ``keep`` took
+        nothing of it, so a reader still looks at its state after each batch."""
+        if self.event_type is None:
+            raise TypeError(f"{self.tp.topic}: events() needs a typed topic with one event type")
+        event_type = self.event_type
+        async for records in self.batches():
+            decoded: list[tuple[Record, Any]] = []
+            for record in records:
+                if keep is not None and not keep(record):
+                    continue
+                try:
+                    decoded.append((record, codec.decode(record.value, event_type)))
+                except SchemaError as exc:
+                    self._problems.warning("poison", "%s[%d]@%d: skipping what is not a %s: %s",
+                                           record.topic, record.partition, record.offset,
+                                           event_type, exc)
+            yield decoded
+
     async def _end_offset(self, consumer: Any) -> int:
         ends = await asyncio.wait_for(consumer.end_offsets([self.tp]), self.probe_timeout_s)
         self._contact()
@@ -167,7 +198,12 @@ async def _stop_quietly(consumer: Any, timeout_s: float) -> None:
         log.debug("closing a consumer failed: %r", exc)
 
 
-def follow(settings: Settings, topic: str, partition: int = 0, start: Start = "beginning",
-           **options: Any) -> Follower:
-    """A :class:`Follower` of ``topic[partition]`` from ``start``."""
-    return Follower(settings, topic, partition, start, **options)
+def follow(settings: Settings, topic: Topic | str, partition: int = 0,
+           start: Start = "beginning", **options: Any) -> Follower:
+    """A :class:`Follower` of ``topic[partition]`` from ``start``; a typed topic
+    of one event type gives :meth:`Follower.events` what to decode."""
+    if isinstance(topic, str):
+        return Follower(settings, topic, partition, start, **options)
+    event_type = topic.events[0] if len(topic.events) == 1 else None
+    return Follower(settings, topic.at(settings), partition, start, event_type=event_type,
+                    **options)

@@ -15,7 +15,6 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable
 
-from conveyor.errors import SchemaError
 from conveyor.settings import Settings
 from schemas.codec import Codec, default_codec
 from topics.catalog import CONTROL
@@ -60,13 +59,8 @@ class CancelList:
     async def run(self) -> None:
         """Follow ``conveyor.control`` for ever (through broker outages)."""
         start = FromTime(now_ms() - int(self.lookback_s * 1000))
-        self.follower = follow(self.settings, CONTROL.at(self.settings), 0, start)
-        async for records in self.follower:
-            for record in records:
-                try:
-                    control = self.codec.decode(record.value, "Control")
-                except SchemaError as exc:
-                    log.warning("ignoring a bad control event at %d: %s", record.offset, exc)
-                    continue
+        self.follower = follow(self.settings, CONTROL, 0, start)
+        async for batch in self.follower.events(self.codec):
+            for _, control in batch:
                 if control["action"] == "cancel":
                     self.add(control["request_id"])

@@ -18,7 +18,6 @@ import logging
 import time
 from typing import Any, Literal
 
-from conveyor.errors import SchemaError
 from conveyor.settings import Settings
 from gateway.health import TaskHealth
 from schemas.codec import Codec
@@ -53,15 +52,12 @@ class JobBoard:
 
     async def run(self, part: TaskHealth | None = None) -> None:
         """Follow the topic for ever (the follower survives Kafka outages)."""
-        follower = follow(self.settings, JOB_STATUS.at(self.settings), 0, "beginning")
+        follower = follow(self.settings, JOB_STATUS, 0, "beginning")
         watch = asyncio.create_task(self._watch(follower.caught_up, part))
         try:
-            async for records in follower:
-                for record in records:
-                    try:
-                        self.put(self.codec.decode(record.value, "JobStatus"))
-                    except SchemaError as exc:
-                        log.warning("ignoring a bad job status at %d: %s", record.offset, exc)
+            async for batch in follower.events(self.codec):
+                for _, status in batch:
+                    self.put(status)
         finally:
             watch.cancel()
 

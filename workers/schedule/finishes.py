@@ -20,13 +20,11 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from aiokafka import ConsumerRecord
-
-from conveyor.errors import SchemaError
 from conveyor.settings import Settings
 from schemas.codec import Codec, default_codec
+from schemas.records import TokenChunk
 from topics.catalog import TOKENS
-from topics.follow import Follower, follow
+from topics.follow import Follower, Record, follow
 
 __all__ = ["FinishFollower", "OnFinish"]
 
@@ -52,8 +50,7 @@ class FinishFollower:
     async def run(self, ready: asyncio.Event | None = None) -> None:
         """Follow until cancelled (through broker outages: see topics/follow.py);
         ``ready`` is set once every partition is positioned at its end."""
-        topic = TOKENS.at(self.settings)
-        self.followers = [follow(self.settings, topic, p, "end", poll_ms=200)
+        self.followers = [follow(self.settings, TOKENS, p, "end", poll_ms=200)
                           for p in range(self.partitions)]
         tasks = [asyncio.create_task(self._follow(f), name=f"finishes-{f.tp.partition}")
                  for f in self.followers]
@@ -73,22 +70,17 @@ class FinishFollower:
         ready.set()
 
     async def _follow(self, follower: Follower) -> None:
-        async for records in follower:
-            for record in records:
-                self.read(record)
+        async for batch in follower.events(self.codec, keep=self.wants):
+            for record, chunk in batch:
+                self.read(record, chunk)
 
-    def read(self, record: ConsumerRecord[bytes, bytes]) -> None:
-        """Hand on the end of a generation ``wanted`` accepts."""
-        if record.key is None:
-            return
-        request_id = record.key.decode(errors="replace")
-        if not self.wanted(request_id):
-            return
-        try:
-            chunk = self.codec.decode(record.value, "TokenChunk")
-        except SchemaError as exc:
-            log.warning("ignoring a bad token chunk at %s[%d]@%d: %s", record.topic,
-                        record.partition, record.offset, exc)
-            return
-        if chunk["finish_reason"] is not None or chunk["error"] is not None:
-            self.on_finish(request_id, chunk["worker_id"], record.timestamp)
+    def wants(self, record: Record) -> bool:
+        """A chunk of a generation ``wanted`` accepts (only those are decoded)."""
+        return record.key is not None and self.wanted(record.key.decode(errors="replace"))
+
+    def read(self, record: Record, chunk: TokenChunk) -> None:
+        """Hand on the end of a wanted generation."""
+        ended = chunk["finish_reason"] is not None or chunk["error"] is not None
+        if ended and record.key is not None:
+            self.on_finish(record.key.decode(errors="replace"), chunk["worker_id"],
+                           record.timestamp)

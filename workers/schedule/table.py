@@ -21,7 +21,6 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from conveyor.errors import SchemaError
 from conveyor.settings import Settings
 from schemas.codec import Codec, default_codec
 from schemas.records import WorkerHeartbeat
@@ -141,16 +140,12 @@ class WorkerTable:
         """Read the heartbeat topic from the start, then keep following it
         (through Kafka outages: see topics/follow.py). ``ready`` is set once
         the heartbeats written before the start are read."""
-        self.follower = follower = follow(self.settings, WORKERS.at(self.settings), 0,
-                                          "beginning")
+        self.follower = follower = follow(self.settings, WORKERS, 0, "beginning")
         signal = asyncio.create_task(self._signal_ready(follower, ready))
         try:
-            async for records in follower:
-                for record in records:
-                    try:
-                        self.apply(self.codec.decode(record.value, "WorkerHeartbeat"))
-                    except SchemaError as exc:
-                        log.warning("ignoring a bad heartbeat at %d: %s", record.offset, exc)
+            async for batch in follower.events(self.codec):
+                for _, heartbeat in batch:
+                    self.apply(heartbeat)
         finally:
             signal.cancel()
 
