@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from conveyor.settings import Settings
+from schemas.records import JobStatus
 from topics.catalog import JOB_STATUS
 
 __all__ = ["register", "progress_line", "read_statuses"]
@@ -39,25 +40,17 @@ def progress_line(job: dict[str, Any], tenant: str = "") -> str:
 async def read_statuses(settings: Settings) -> dict[str, tuple[str, dict[str, Any]]]:
     """Every job's latest state: id -> (tenant, object)."""
     from schemas.codec import default_codec
-    from topics.follow import follow
+    from topics.follow import follow, snapshot
 
-    codec = default_codec()
-    follower = follow(settings, JOB_STATUS, 0, "beginning")
     latest: dict[str, tuple[int, str, dict[str, Any]]] = {}
 
-    async def read() -> None:
-        async for batch in follower.events(codec):
-            for _, status in batch:
-                held = latest.get(status["job_id"])
-                if held is None or held[0] < status["version"]:
-                    latest[status["job_id"]] = (status["version"], status["tenant"],
-                                                json.loads(status["object"]))
+    def keep(status: JobStatus) -> None:
+        held = latest.get(status["job_id"])
+        if held is None or held[0] < status["version"]:
+            latest[status["job_id"]] = (status["version"], status["tenant"],
+                                        json.loads(status["object"]))
 
-    reader = asyncio.create_task(read())
-    try:
-        await asyncio.wait_for(follower.caught_up.wait(), 30)
-    finally:
-        reader.cancel()
+    await snapshot(follow(settings, JOB_STATUS, 0, "beginning"), default_codec(), keep, 30)
     return {job_id: (tenant, obj) for job_id, (_, tenant, obj) in latest.items()}
 
 

@@ -27,6 +27,7 @@ arrives the follower asks the broker for the partition's end offset every
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -44,7 +45,7 @@ from topics.catalog import Topic
 from topics.clients import make_consumer
 from topics.envelope import now_ms
 
-__all__ = ["FromTime", "Follower", "Record", "Start", "follow"]
+__all__ = ["FromTime", "Follower", "Record", "Start", "apply_all", "follow", "snapshot"]
 
 log = logging.getLogger(__name__)
 
@@ -207,3 +208,37 @@ def follow(settings: Settings, topic: Topic | str, partition: int = 0,
     event_type = topic.events[0] if len(topic.events) == 1 else None
     return Follower(settings, topic.at(settings), partition, start, event_type=event_type,
                     **options)
+
+
+async def apply_all(follower: Follower, codec: Codec, apply: Callable[[Any], object],
+                    caught_up: Callable[[], None] | None = None) -> None:
+    """Hand every event of ``follower`` to ``apply``, for ever (through broker
+    outages); ``caught_up`` is called once the events written before the start
+    are applied. The way to hold the latest state of a compacted topic (the
+    worker table, the job board)."""
+
+    async def signal() -> None:
+        await follower.caught_up.wait()
+        if caught_up is not None:
+            caught_up()
+
+    signalling = asyncio.create_task(signal(), name=f"caught-up {follower.tp.topic}")
+    try:
+        async for batch in follower.events(codec):
+            for _, event in batch:
+                apply(event)
+    finally:
+        signalling.cancel()
+
+
+async def snapshot(follower: Follower, codec: Codec, apply: Callable[[Any], object],
+                   within_s: float) -> None:
+    """Hand the events written before now to ``apply``, then stop (a command
+    reading a compacted topic's state once); TimeoutError past ``within_s``."""
+    reading = asyncio.create_task(apply_all(follower, codec, apply))
+    try:
+        await asyncio.wait_for(follower.caught_up.wait(), within_s)
+    finally:
+        reading.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reading

@@ -23,7 +23,7 @@ from gateway.health import TaskHealth
 from schemas.codec import Codec
 from schemas.records import JobStatus
 from topics.catalog import JOB_STATUS
-from topics.follow import follow
+from topics.follow import apply_all, follow
 
 __all__ = ["JobBoard"]
 
@@ -52,20 +52,13 @@ class JobBoard:
 
     async def run(self, part: TaskHealth | None = None) -> None:
         """Follow the topic for ever (the follower survives Kafka outages)."""
-        follower = follow(self.settings, JOB_STATUS, 0, "beginning")
-        watch = asyncio.create_task(self._watch(follower.caught_up, part))
-        try:
-            async for batch in follower.events(self.codec):
-                for _, status in batch:
-                    self.put(status)
-        finally:
-            watch.cancel()
+        def caught_up() -> None:
+            self.caught_up.set()
+            if part is not None:
+                part.set("ok")
 
-    async def _watch(self, caught_up: asyncio.Event, part: TaskHealth | None) -> None:
-        await caught_up.wait()
-        self.caught_up.set()
-        if part is not None:
-            part.set("ok")
+        await apply_all(follow(self.settings, JOB_STATUS, 0, "beginning"), self.codec,
+                        self.put, caught_up)
 
     async def get(self, tenant: str, job_id: str, kind: Literal["batch", "response"]
                   ) -> dict[str, Any] | None:

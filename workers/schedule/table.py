@@ -26,7 +26,7 @@ from schemas.codec import Codec, default_codec
 from schemas.records import WorkerHeartbeat
 from topics.catalog import WORKERS
 from topics.envelope import now_ms
-from topics.follow import Follower, follow
+from topics.follow import Follower, apply_all, follow
 
 __all__ = ["WorkerTable", "WorkerView"]
 
@@ -140,17 +140,6 @@ class WorkerTable:
         """Read the heartbeat topic from the start, then keep following it
         (through Kafka outages: see topics/follow.py). ``ready`` is set once
         the heartbeats written before the start are read."""
-        self.follower = follower = follow(self.settings, WORKERS, 0, "beginning")
-        signal = asyncio.create_task(self._signal_ready(follower, ready))
-        try:
-            async for batch in follower.events(self.codec):
-                for _, heartbeat in batch:
-                    self.apply(heartbeat)
-        finally:
-            signal.cancel()
-
-    @staticmethod
-    async def _signal_ready(follower: Follower, ready: asyncio.Event | None) -> None:
-        await follower.caught_up.wait()
-        if ready is not None:
-            ready.set()
+        self.follower = follow(self.settings, WORKERS, 0, "beginning")
+        await apply_all(self.follower, self.codec, self.apply,
+                        None if ready is None else ready.set)

@@ -1,4 +1,7 @@
-"""LlamaCppEngine with the real SmolLM2-135M GGUF from the registry (CPU)."""
+"""LlamaCppEngine with the real SmolLM2-135M GGUF from the registry (CPU): what
+only this engine has (its chat template, seeds, contexts, llama.cpp's
+failures). The contract every engine keeps (finish reasons, max_tokens, stop
+strings, continuations, closing) runs on it in test_contract.py."""
 
 from __future__ import annotations
 
@@ -49,16 +52,6 @@ def text(pieces: list[Piece]) -> str:
     return "".join(p.text for p in pieces)
 
 
-async def test_greedy_is_deterministic(engine: LlamaCppEngine) -> None:
-    first = await collect(engine, request())
-    second = await collect(engine, request())
-
-    assert text(first).strip()
-    assert text(first) == text(second)
-    assert first[-1].finish_reason in ("stop", "length")
-    assert all(p.finish_reason is None for p in first[:-1])
-
-
 async def test_chat_messages_render_with_the_gguf_template(engine: LlamaCppEngine) -> None:
     rendered_here = await collect(engine, request())
     rendered_by_engine = await collect(engine, request(prompt_text=None, messages=QUESTION))
@@ -66,33 +59,9 @@ async def test_chat_messages_render_with_the_gguf_template(engine: LlamaCppEngin
     assert text(rendered_by_engine) == text(rendered_here)
 
 
-async def test_max_tokens_ends_with_length(engine: LlamaCppEngine) -> None:
-    pieces = await collect(engine, request(max_tokens=5))
-
-    assert pieces[-1].finish_reason == "length"
-    assert sum(p.tokens for p in pieces) == 5
-
-
-async def test_an_empty_completion_prompt_is_answered(engine: LlamaCppEngine) -> None:
-    # OpenAI takes prompt ""; llama.cpp cannot evaluate zero tokens
-    pieces = await collect(engine, request(kind="completion", prompt_text="", max_tokens=4))
-
-    assert pieces[-1].finish_reason in ("length", "stop")
-    assert sum(p.tokens for p in pieces) >= 1
-
-
 async def test_same_seed_same_text(engine: LlamaCppEngine) -> None:
     sampled = request(temperature=1.0, seed=1234, max_tokens=12)
     assert text(await collect(engine, sampled)) == text(await collect(engine, sampled))
-
-
-async def test_stop_string_ends_the_answer_before_it(engine: LlamaCppEngine) -> None:
-    answer = text(await collect(engine, request()))
-    stop = answer[len(answer) // 2:][:3]
-    pieces = await collect(engine, request(stop=(stop,)))
-
-    assert text(pieces) == answer[: answer.index(stop)]
-    assert pieces[-1].finish_reason == "stop"
 
 
 async def test_generations_run_concurrently(engine: LlamaCppEngine) -> None:
@@ -125,36 +94,9 @@ async def test_cancelling_frees_the_context(engine: LlamaCppEngine) -> None:
     assert elapsed < 4, elapsed
 
 
-async def test_continuation_continues_the_answer(engine: LlamaCppEngine) -> None:
-    answer = text(await collect(engine, request()))
-    half = answer[: len(answer) // 2]
-    rest = await collect(engine, request(continuation=half, max_tokens=10))
-
-    assert text(rest).strip()
-    assert rest[-1].finish_reason is not None
-
-
 async def test_failures_become_engine_errors(engine: LlamaCppEngine) -> None:
     too_long = request(prompt_text="hello " * 5000)
     with pytest.raises(EngineError, match="context window"):
         await collect(engine, too_long)
     # The context went back to the pool.
     assert (await collect(engine, request(max_tokens=3)))[-1].finish_reason == "length"
-
-
-async def test_close_ends_a_running_generation() -> None:
-    spec = Registry.load(Path("conveyor/models.toml")).resolve("smollm2")
-    own = LlamaCppEngine.from_spec(spec, contexts=1)
-    await own.start()
-    pieces = own.generate(request(max_tokens=400))
-    await anext(pieces)
-    closing = asyncio.create_task(own.close())
-
-    async def drain() -> None:
-        async for _piece in pieces:
-            pass
-
-    # Without the cancellation the 400 tokens would just end with "length".
-    with pytest.raises(EngineError, match="cancelled"):
-        await asyncio.wait_for(drain(), timeout=10)
-    await asyncio.wait_for(closing, timeout=10)
