@@ -70,15 +70,28 @@ def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
         server.stop(signal.SIGKILL)
 
 
-@pytest.fixture
-def own_kafka(tmp_path: Path) -> Iterator[OwnKafka]:
-    """A Kafka broker of the test's own, free to stop and restart; pass
-    ``CONVEYOR_KAFKA_BOOTSTRAP=own_kafka.bootstrap`` to the pipeline."""
-    broker = OwnKafka(tmp_path).start()
+@pytest.fixture(scope="session")
+def breakable_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OwnKafka]:
+    """One Kafka broker for every test that stops and restarts one: a JVM start
+    costs 20-40 s on two cores, and each test's pipeline has a topic prefix of
+    its own, so the tests share it (``own_kafka`` hands it out running)."""
+    broker = OwnKafka(tmp_path_factory.mktemp("breakable-kafka")).start()
     try:
         yield broker
     finally:
         broker.stop(signal.SIGKILL)
+
+
+@pytest.fixture
+def own_kafka(breakable_kafka: OwnKafka) -> Iterator[OwnKafka]:
+    """A Kafka broker free to stop and restart (not the shared one other tests
+    use); pass ``CONVEYOR_KAFKA_BOOTSTRAP=own_kafka.bootstrap`` to the pipeline.
+    It is running when the test begins and started again after it."""
+    breakable_kafka.start()  # infra/kafka.sh start: at once when it already answers
+    try:
+        yield breakable_kafka
+    finally:
+        breakable_kafka.start()
 
 
 @pytest.fixture(scope="session")
