@@ -2,7 +2,9 @@
 
 Producers: acks=all, idempotent (switchable for brokers without it), a small
 linger, and events up to ``settings.max_event_bytes`` (the topics' own
-``max.message.bytes``, topics/catalog.py). Consumers: manual commits, fetch
+``max.message.bytes``, topics/catalog.py), each held by a
+:class:`~topics.producer.Producer` that starts afresh when the broker refuses
+its producer id or sequence. Consumers: manual commits, fetch
 returning as soon as one record is there (tuned for loopback latency),
 read-committed off.
 
@@ -10,7 +12,9 @@ read-committed off.
 Conveyor's: :class:`TransientBrokerError` (the broker is unreachable, slow,
 or between leaders: retry with backoff) or :class:`PermanentBrokerError`
 (the broker refused this event for good: an event too large, a topic that is
-not allowed; give up on the event and dead-letter it).
+not allowed; give up on the event and dead-letter it). A refused producer id
+or sequence (OutOfOrderSequenceNumber, ...) is transient: the producer that
+got it is replaced, and the event goes through on its successor.
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ from aiokafka import errors as kafka_errors
 
 from conveyor.errors import BrokerError, PermanentBrokerError, TransientBrokerError
 from conveyor.settings import Settings
+from topics.producer import Producer, breaks_sequence
 
-__all__ = ["make_producer", "make_consumer", "stop_consumer", "broker_error", "EventTooLarge"]
+__all__ = ["make_producer", "make_consumer", "stop_consumer", "broker_error", "EventTooLarge",
+           "Producer"]
 
 # Errors aiokafka does not flag ``retriable`` that still pass with time.
 _TRANSIENT = (
@@ -60,7 +66,7 @@ def broker_error(exc: BaseException) -> BrokerError:
     text = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, _TOO_LARGE):
         return EventTooLarge(text)
-    if isinstance(exc, _TRANSIENT) or (
+    if isinstance(exc, _TRANSIENT) or breaks_sequence(exc) or (
             isinstance(exc, kafka_errors.KafkaError) and exc.retriable):
         return TransientBrokerError(text)
     if isinstance(exc, (ConnectionError, TimeoutError)):
@@ -68,7 +74,7 @@ def broker_error(exc: BaseException) -> BrokerError:
     return PermanentBrokerError(text)
 
 
-def make_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
+def make_producer(settings: Settings, **overrides: Any) -> Producer:
     options: dict[str, Any] = {
         "bootstrap_servers": settings.kafka_bootstrap,
         "acks": "all",
@@ -81,7 +87,7 @@ def make_producer(settings: Settings, **overrides: Any) -> AIOKafkaProducer:
         "max_request_size": settings.max_event_bytes,
     }
     options.update(overrides)
-    return AIOKafkaProducer(**options)
+    return Producer(lambda: AIOKafkaProducer(**options))
 
 
 def make_consumer(

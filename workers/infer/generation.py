@@ -195,7 +195,9 @@ class TaskRun:
     async def _emit(self, text: str, tokens: int, finish: str | None,
                     error: ErrorInfo | None = None) -> None:
         """Produce one chunk without waiting for its acknowledgement: the idempotent
-        producer keeps a partition's order, and run() waits for all of them."""
+        producer keeps a partition's order (all but across its renewal,
+        topics/producer.py, where readers order chunks by seq), and run() waits
+        for all of them."""
         chunk = TokenChunk(envelope=self.task["envelope"], seq=self.seq, text=text,
                            tokens=tokens, finish_reason=finish, worker_id=self.worker_id,
                            header=self._header(), error=error, run_id=self.run_id,
