@@ -13,13 +13,12 @@ import logging
 import socket
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
-
 from conveyor.settings import Settings
 from schemas.codec import Codec, default_codec
 from schemas.records import AuditEvent
 from topics.catalog import AUDIT
 from topics.envelope import now_ms
+from topics.producer import Producer
 
 __all__ = ["Audit", "audit_event", "cli_actor"]
 
@@ -42,7 +41,7 @@ def audit_event(action: str, *, tenant: str = "", key_id: str = "", hash_prefix:
 class Audit:
     """Produces audit events on ``conveyor.audit`` (key = tenant, or actor)."""
 
-    def __init__(self, settings: Settings, producer: AIOKafkaProducer,
+    def __init__(self, settings: Settings, producer: Producer,
                  codec: Codec | None = None, actor: str = "") -> None:
         self.topic = AUDIT.at(settings)
         self.producer = producer

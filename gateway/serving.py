@@ -31,7 +31,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from opentelemetry import trace
 
@@ -60,6 +59,7 @@ from schemas.records import Control, Generation, Reply, Request
 from topics.catalog import CONTROL, REQUESTS
 from topics.clients import EventTooLarge, broker_error
 from topics.envelope import new_envelope, new_request_id, now_ms
+from topics.producer import Producer
 from workers.postprocess.chunks import full_response
 
 __all__ = ["Serving", "Answer"]
@@ -73,7 +73,7 @@ log = logging.getLogger(__name__)
 
 
 class Serving:
-    def __init__(self, settings: Settings, producer: AIOKafkaProducer, router: ReplyRouter,
+    def __init__(self, settings: Settings, producer: Producer, router: ReplyRouter,
                  codec: Codec, gateway_id: str, tracer: trace.Tracer | None = None,
                  produce_timeout_s: float = 5.0) -> None:
         self.settings = settings

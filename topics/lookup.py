@@ -30,12 +30,13 @@ import re
 import time
 from typing import Any, TypeAlias
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 
 from conveyor.settings import Settings
 from topics.clients import make_consumer, make_producer
 from topics.envelope import request_time_ms
+from topics.producer import Producer
 
 __all__ = ["KeyLookup", "key_partition", "parse_since", "made_window"]
 
@@ -96,7 +97,7 @@ class KeyLookup:
         self._consumer: AIOKafkaConsumer = make_consumer(settings, group=None,
                                                          fetch_max_wait_ms=100)
         # only asked for metadata: the producer knows a topic's partitions
-        self._meta: AIOKafkaProducer = make_producer(settings, enable_idempotence=False)
+        self._meta: Producer = make_producer(settings, enable_idempotence=False)
         # what each find read: topic -> [(partition, first offset, next offset)]
         self.read: dict[str, list[tuple[int, int, int]]] = {}
 

@@ -17,8 +17,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
-
 from conveyor.errors import (
     PermanentBrokerError,
     PipelineUnavailable,
@@ -34,6 +32,7 @@ from topics.backoff import Backoff, RateLimitedLog
 from topics.catalog import DLQ, REPLIES
 from topics.clients import EventTooLarge, broker_error
 from topics.envelope import now_ms
+from topics.producer import Producer
 
 __all__ = ["Output", "Sender", "error_info", "failure_reply"]
 
@@ -83,7 +82,7 @@ class Sender:
     """Encodes and produces outputs; remembers the acknowledgements to await."""
 
     settings: Settings
-    producer: AIOKafkaProducer
+    producer: Producer
     codec: Codec
     pending: list[asyncio.Future[Any]] = field(default_factory=list)
     problems: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(log))

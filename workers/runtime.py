@@ -38,7 +38,7 @@ import traceback
 from collections import deque
 from typing import Any
 
-from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka import TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from opentelemetry import trace
@@ -58,6 +58,7 @@ from schemas.codec import Codec, default_codec
 from schemas.records import Envelope
 from topics.backoff import Backoff, RateLimitedLog
 from topics.clients import broker_error, make_consumer, make_producer, stop_consumer
+from topics.producer import Producer
 from workers.cancels import CancelList
 from workers.inflight import PartitionBook
 from workers.layer import AssignmentAware, CancelAware, Layer, Record
@@ -89,7 +90,7 @@ class LayerRuntime:
     def __init__(
         self, settings: Settings, layer: Layer, codec: Codec | None = None,
         max_in_flight: int = 256, max_concurrency: int = 64,
-        commit_interval_ms: float = 100.0, producer: AIOKafkaProducer | None = None,
+        commit_interval_ms: float = 100.0, producer: Producer | None = None,
         tracer: trace.Tracer | None = None, cancels: CancelList | None = None,
         settle_timeout_s: float = 20.0, metrics: LayerMetrics | None = None,
     ) -> None:

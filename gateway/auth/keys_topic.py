@@ -21,7 +21,7 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
-from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
 
 from conveyor.errors import ConveyorError, SchemaError, TransientBrokerError
@@ -33,6 +33,7 @@ from schemas.records import ApiKey
 from schemas.records import TenantPolicy as TenantPolicyEvent
 from topics.catalog import KEYS
 from topics.clients import broker_error, make_consumer
+from topics.producer import Producer
 
 __all__ = ["KeysTopic", "Snapshot", "key_event", "key_from_event", "tenant_event",
            "tenant_from_event"]
@@ -85,7 +86,7 @@ class Snapshot:
 class KeysTopic:
     """Writes records to the ``keys`` topic and reads it whole."""
 
-    def __init__(self, settings: Settings, producer: AIOKafkaProducer | None = None,
+    def __init__(self, settings: Settings, producer: Producer | None = None,
                  codec: Codec | None = None) -> None:
         self.settings = settings
         self.topic = KEYS.at(settings)

@@ -21,8 +21,6 @@ import time
 import uuid
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
-
 from conveyor.errors import InvalidRequest, RequestError
 from conveyor.settings import Settings
 from gateway.auth.types import Identity
@@ -33,6 +31,7 @@ from gateway.responses.protocol import ResponsesRequest
 from schemas.codec import Codec
 from schemas.records import Generation, JobCommand, JobStatus
 from topics.envelope import now_ms
+from topics.producer import Producer
 
 __all__ = ["BackgroundResponses"]
 
@@ -40,7 +39,7 @@ _RUNNING = ("queued", "in_progress")
 
 
 class BackgroundResponses:
-    def __init__(self, settings: Settings, producer: AIOKafkaProducer, codec: Codec,
+    def __init__(self, settings: Settings, producer: Producer, codec: Codec,
                  board: JobBoard, admitter: Any = None) -> None:
         self.settings = settings
         self.producer = producer

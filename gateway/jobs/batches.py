@@ -17,7 +17,6 @@ import time
 import uuid
 from typing import Any, Literal
 
-from aiokafka import AIOKafkaProducer
 from pydantic import BaseModel, ConfigDict, Field
 
 from conveyor.errors import InvalidRequest, PipelineUnavailable, RequestError
@@ -27,6 +26,7 @@ from gateway.jobs.board import JobBoard
 from schemas.codec import Codec
 from schemas.records import JobCommand, JobStatus
 from topics.envelope import now_ms
+from topics.producer import Producer
 
 __all__ = ["Batches", "BatchCreateRequest", "page", "send_events"]
 
@@ -69,7 +69,7 @@ def page(items: list[dict[str, Any]], after: str | None, limit: int) -> dict[str
 
 
 class Batches:
-    def __init__(self, settings: Settings, producer: AIOKafkaProducer, codec: Codec,
+    def __init__(self, settings: Settings, producer: Producer, codec: Codec,
                  board: JobBoard, files: Any) -> None:
         self.settings = settings
         self.producer = producer
@@ -143,7 +143,7 @@ class Batches:
         await send_events(self.settings, self.producer, self.codec, events, key)
 
 
-async def send_events(settings: Settings, producer: AIOKafkaProducer, codec: Codec,
+async def send_events(settings: Settings, producer: Producer, codec: Codec,
                       events: list[tuple[str, Any, Any]], key: str) -> None:
     """Produce ``(topic, event type, record)`` in order, each waited for (503 when
     Kafka does not take one within ``produce_timeout_s``)."""

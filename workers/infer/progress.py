@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import redis.asyncio as aioredis
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 from redis.exceptions import RedisError
@@ -44,6 +44,7 @@ from schemas.records import TokenChunk
 from topics.catalog import TOKENS
 from topics.clients import make_consumer
 from topics.envelope import now_ms
+from topics.producer import Producer
 from workers.chunk_order import ChunkOrder
 
 __all__ = ["Progress", "ProgressTracker", "progress_of", "Claim"]
@@ -101,7 +102,7 @@ def progress_of(chunks: list[TokenChunk]) -> Progress:
 
 class ProgressTracker:
     def __init__(self, settings: Settings, redis: aioredis.Redis, codec: Codec,
-                 producer: AIOKafkaProducer) -> None:
+                 producer: Producer) -> None:
         self.settings = settings
         self.redis = redis
         self.codec = codec
