@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
+from tests.pipeline.test_responses import check_usage
 from tests.support.pipeline import LLAMACPP, Pipeline
 
 
@@ -56,3 +57,15 @@ def test_sampling_parameters_take_effect(model: Pipeline) -> None:
     r = c.chat.completions.create(model="smollm2", messages=prompt, max_tokens=3)
     assert r.usage is not None and r.usage.completion_tokens <= 3
     assert r.choices[0].finish_reason == "length"
+
+
+def test_the_stream_helper_gives_the_final_response(model: Pipeline) -> None:
+    # a response that ends by itself (the scripted engine's answers run to their budget)
+    with client(model).responses.stream(
+            model="smollm2", input="Say hello.", max_output_tokens=200, temperature=0,
+            instructions="Reply with one short sentence.") as stream:
+        texts = [e.delta for e in stream if e.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert final.status == "completed" and final.incomplete_details is None
+    assert final.output_text == "".join(texts) and final.output_text.strip()
+    check_usage(final)

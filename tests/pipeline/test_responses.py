@@ -110,17 +110,6 @@ def test_streamed_events_in_order_with_sequence_numbers(pipeline: Pipeline) -> N
     assert final.usage is not None and final.usage.output_tokens <= 24
 
 
-def test_the_stream_helper_gives_the_final_response(pipeline: Pipeline) -> None:
-    with client(pipeline).responses.stream(
-            model="smollm2", input="Say hello.", max_output_tokens=200, temperature=0,
-            instructions="Reply with one short sentence.") as stream:
-        texts = [e.delta for e in stream if e.type == "response.output_text.delta"]
-        final = stream.get_final_response()
-    assert final.status == "completed" and final.incomplete_details is None
-    assert final.output_text == "".join(texts) and final.output_text.strip()
-    check_usage(final)
-
-
 def test_the_output_budget_running_out_is_incomplete(pipeline: Pipeline) -> None:
     c = client(pipeline)
     r = c.responses.create(model="smollm2", input="Write a long story about a dragon.",
