@@ -329,10 +329,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.metrics_port is not None:
         settings = settings.model_copy(update={"metrics_port": args.metrics_port})
     _setup_logging(settings)
-    from aiokafka.errors import KafkaConnectionError
     from redis.exceptions import ConnectionError as RedisConnectionError
 
     from conveyor.errors import StartupTimeout
+    from topics.clients import KafkaConnectionError
 
     try:
         result: int = args.func(settings, args)

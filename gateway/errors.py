@@ -23,7 +23,6 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from aiokafka.errors import KafkaError
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -33,6 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from conveyor.errors import InvalidRequest, PipelineUnavailable, RequestError
 from gateway.protocol import field_names
+from topics.clients import KafkaError
 
 __all__ = ["install_error_handlers", "error_response", "SafeJSONResponse", "CatchAll",
            "param_of"]

@@ -33,7 +33,6 @@ from typing import Protocol
 
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import KafkaError
 from redis.exceptions import RedisError
 
 from conveyor.errors import BrokerError, DeadlineExceeded, RequestError, SchemaError
@@ -43,7 +42,7 @@ from schemas.codec import Codec
 from schemas.records import Reply, Usage
 from topics.backoff import Backoff
 from topics.catalog import REPLIES
-from topics.clients import make_consumer
+from topics.clients import KafkaError, make_consumer
 
 __all__ = ["ReplyRouter", "ReplyStream", "ReplyLease", "ReplySource", "Folded", "fold_answer",
            "reply_error"]

@@ -51,7 +51,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import redis.asyncio as aioredis
-from aiokafka.errors import KafkaError
 
 from conveyor.errors import (
     InvalidRequest,
@@ -64,6 +63,7 @@ from gateway.replies import ReplySource, ReplyStream, reply_error
 from schemas.codec import Codec
 from schemas.records import Generation, Reply, Request
 from topics.catalog import REPLIES, REQUESTS
+from topics.clients import KafkaError
 from topics.envelope import now_ms
 from topics.follow import FromTime, follow
 from topics.lookup import KeyLookup, made_window

@@ -31,7 +31,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from aiokafka.errors import KafkaError
 from opentelemetry import trace
 
 from conveyor.errors import (
@@ -57,7 +56,7 @@ from gateway.resume import ReplySource, ResumeWatch, event_id
 from schemas.codec import Codec
 from schemas.records import Control, Generation, Reply, Request
 from topics.catalog import CONTROL, REQUESTS
-from topics.clients import EventTooLarge, broker_error
+from topics.clients import EventTooLarge, KafkaError, broker_error
 from topics.envelope import new_envelope, new_request_id, now_ms
 from topics.producer import Producer
 from workers.postprocess.chunks import full_response

@@ -31,7 +31,17 @@ from conveyor.settings import Settings
 from topics.producer import Producer, breaks_sequence
 
 __all__ = ["make_producer", "make_consumer", "stop_consumer", "broker_error", "EventTooLarge",
-           "Producer"]
+           "Producer", "KafkaError", "KafkaConnectionError", "NotAssigned", "COMMIT_REFUSED"]
+
+# The client's errors, for the except clauses of code outside topics/: this module
+# is the one that imports aiokafka's errors, and broker_error() says what they mean.
+KafkaError = kafka_errors.KafkaError
+KafkaConnectionError = kafka_errors.KafkaConnectionError
+# an operation on a partition the consumer no longer holds
+NotAssigned = kafka_errors.IllegalStateError
+# a commit the group refused: a rebalance gave the partition to another member
+COMMIT_REFUSED: tuple[type[Exception], ...] = (kafka_errors.CommitFailedError,
+                                               kafka_errors.IllegalStateError)
 
 # Errors aiokafka does not flag ``retriable`` that still pass with time.
 _TRANSIENT = (

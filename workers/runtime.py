@@ -40,7 +40,6 @@ from typing import Any
 
 from aiokafka import TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
-from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from opentelemetry import trace
 
 from conveyor.errors import (
@@ -57,7 +56,15 @@ from conveyor.tracing import layer_span, trace_id_of
 from schemas.codec import Codec, default_codec
 from schemas.records import Envelope
 from topics.backoff import Backoff, RateLimitedLog
-from topics.clients import broker_error, make_consumer, make_producer, stop_consumer
+from topics.clients import (
+    COMMIT_REFUSED,
+    KafkaError,
+    NotAssigned,
+    broker_error,
+    make_consumer,
+    make_producer,
+    stop_consumer,
+)
 from topics.producer import Producer
 from workers.cancels import CancelList
 from workers.inflight import PartitionBook
@@ -222,7 +229,7 @@ class LayerRuntime:
             part.finish(record.offset)
             if tp in self._paused and part.unfinished() < self.max_in_flight:
                 self._paused.discard(tp)
-                with contextlib.suppress(IllegalStateError):
+                with contextlib.suppress(NotAssigned):
                     self._consumer.resume(tp)
         self._progress.set()
 
@@ -230,7 +237,7 @@ class LayerRuntime:
         for tp, part in self.partitions.items():
             if tp not in self._paused and part.unfinished() >= self.max_in_flight:
                 self._paused.add(tp)
-                with contextlib.suppress(IllegalStateError):
+                with contextlib.suppress(NotAssigned):
                     self._consumer.pause(tp)
 
     # -- one event -----------------------------------------------------------
@@ -351,7 +358,7 @@ class LayerRuntime:
         try:
             await self._consumer.commit(offsets)
             self._committed.update(offsets)
-        except (CommitFailedError, IllegalStateError) as exc:
+        except COMMIT_REFUSED as exc:
             # The partitions moved: the new owner handles the events again, and
             # handlers are idempotent.
             log.warning("%s: commit skipped after a rebalance: %s", self.layer.name, exc)

@@ -22,7 +22,6 @@ import logging
 from dataclasses import dataclass, field
 
 from aiokafka import TopicPartition
-from aiokafka.errors import KafkaError
 
 from conveyor.errors import ConveyorError, SchemaError, TransientBrokerError
 from conveyor.settings import Settings
@@ -32,7 +31,7 @@ from schemas.codec import Codec, default_codec
 from schemas.records import ApiKey
 from schemas.records import TenantPolicy as TenantPolicyEvent
 from topics.catalog import KEYS
-from topics.clients import broker_error, make_consumer
+from topics.clients import KafkaError, broker_error, make_consumer
 from topics.producer import Producer
 
 __all__ = ["KeysTopic", "Snapshot", "key_event", "key_from_event", "tenant_event",

@@ -46,3 +46,17 @@ def test_no_import_runs_up_but_the_named_ones() -> None:
                     and top not in BELOW[own]
                     and (m.removesuffix(".__init__"), top) not in NAMED})
     assert wrong == [], "an import against docs/architecture.md's order: " + repr(wrong)
+
+
+def test_kafka_client_errors_are_imported_in_topics_alone() -> None:
+    """Kafka is touched in one package: elsewhere its errors come from
+    topics.clients, where broker_error() says what they mean."""
+    outside = []
+    for package in PACKAGES:
+        if package == "topics":
+            continue
+        for path in (ROOT / package).rglob("*.py"):
+            text = path.read_text()
+            if "aiokafka.errors" in text or "from aiokafka import errors" in text:
+                outside.append(str(path.relative_to(ROOT)))
+    assert outside == []

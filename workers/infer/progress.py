@@ -33,7 +33,6 @@ from typing import Literal
 
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 from redis.exceptions import RedisError
 
@@ -42,7 +41,7 @@ from conveyor.settings import Settings
 from schemas.codec import Codec
 from schemas.records import TokenChunk
 from topics.catalog import TOKENS
-from topics.clients import make_consumer
+from topics.clients import KafkaError, make_consumer
 from topics.envelope import now_ms
 from topics.producer import Producer
 from workers.chunk_order import ChunkOrder

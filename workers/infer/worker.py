@@ -50,7 +50,6 @@ from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from opentelemetry import trace
 from redis.exceptions import RedisError
 
@@ -63,7 +62,7 @@ from conveyor.tracing import layer_span, trace_id_of
 from schemas.codec import Codec, default_codec
 from topics.backoff import retry_every
 from topics.catalog import infer_topic
-from topics.clients import make_producer, stop_consumer
+from topics.clients import COMMIT_REFUSED, KafkaError, make_producer, stop_consumer
 from topics.envelope import PRIORITY_INTERACTIVE, now_ms
 from workers.cancels import CancelList
 from workers.infer.engines.base import Engine
@@ -342,7 +341,7 @@ class InferWorker:
                 return
             try:
                 await consumer.commit(offsets)
-            except (CommitFailedError, IllegalStateError, KafkaError) as exc:
+            except (*COMMIT_REFUSED, KafkaError) as exc:
                 log.warning("worker %s: commit skipped: %r", self.worker_id, exc)
                 self._commit_due.set()  # try again with the next round
 

@@ -59,7 +59,6 @@ import logging
 from typing import Any
 
 from aiokafka import ConsumerRecord, TopicPartition
-from aiokafka.errors import KafkaError
 
 from conveyor.errors import PermanentBrokerError, SchemaError, last_line
 from conveyor.settings import Settings
@@ -67,7 +66,7 @@ from schemas.codec import Codec
 from schemas.records import DeadLetter, JobStatus
 from topics.backoff import Backoff, RateLimitedLog
 from topics.catalog import DLQ, JOB_STATUS, JOBS
-from topics.clients import make_consumer
+from topics.clients import KafkaError, make_consumer
 from topics.lookup import KeyLookup
 from workers.job_results import job_event
 from workers.outputs import Output, Sender
