@@ -12,13 +12,18 @@ it.
 - **Names.** The app id and consumer group are ``settings.group("accounting")``
   (``conveyor.accounting``), so a deployment (or a test) with its own
   ``topic_prefix`` has its own group and its own changelog topics
-  (``<app id>-usage-totals-changelog``, ``<app id>-usage-seen-changelog``).
-- **Tables.** ``usage-seen`` (request id -> where it was counted) and
-  ``usage-totals`` (row key -> counts), partitioned like the usage topic
-  (key = tenant); counting rules in workers/usage/counting.py, rows in
-  workers/usage/rows.py. No standby replicas: a memory store rebuilds a
-  partition from its changelog when it is assigned, and a standby copy
-  would only be a stale row for the mirror to avoid.
+  (``<app id>-usage-totals-changelog``).
+- **Table.** ``usage-totals`` (row key -> counts), partitioned like the
+  usage topic (key = tenant); counting rules in workers/usage/counting.py,
+  rows in workers/usage/rows.py. No standby replicas: a memory store
+  rebuilds a partition from its changelog when it is assigned, and a
+  standby copy would only be a stale row for the mirror to avoid.
+- **Repeats.** The request ids of each partition's last ``window`` offsets
+  (workers/usage/seen.py) are kept in memory, not in a table: when a
+  partition's events start somewhere new (start, rebalance, replay) they
+  are read back from the usage topic before its first event is counted
+  (workers/usage/lookback.py). Memory and restore time are bounded by the
+  window, not by the traffic of the last days.
 - **Retention.** Each event's partition is swept at most once a minute
   (a table can only be changed while an event of its partition is in hand).
 - **Commits.** A source offset is committed only after every changelog
@@ -53,10 +58,11 @@ from schemas.records import DeadLetter
 from topics.admin import Replication
 from topics.backoff import RateLimitedLog
 from topics.envelope import now_ms
-from workers.usage.counting import Counter
+from workers.usage.counting import SEEN_WINDOW, Counter
 from workers.usage.decode import Undecodable, UsageValueCodec
 from workers.usage.drain import drain_before_commit
 from workers.usage.layout import UsageKeys
+from workers.usage.lookback import ids_before
 from workers.usage.mirror import RedisMirror
 from workers.usage.rows import Counts, RowKey
 
@@ -83,8 +89,8 @@ class AccountingApp:
     """One Faust app for one Settings, with its tables, agent and mirror timer."""
 
     def __init__(self, settings: Settings, replication: Replication,
-                 redis: aioredis.Redis | None = None, probe: LayerProbe | None = None
-                 ) -> None:
+                 redis: aioredis.Redis | None = None, probe: LayerProbe | None = None,
+                 window: int = SEEN_WINDOW) -> None:
         self.settings = settings
         self.probe = probe or LayerMetrics.off().layer("accounting")
         self.source_topic = settings.topic("usage")
@@ -108,14 +114,10 @@ class AccountingApp:
         # a source offset is committed only once its changelog writes are
         # acknowledged (workers/usage/drain.py)
         self.drain = drain_before_commit(self.app.producer.buffer, FLUSH_TIMEOUT_S)
-        changelog = replication.configs()
-        self.seen = self.app.Table("usage-seen", partitions=partitions,
-                                   extra_topic_configs=changelog,
-                                   help="request id -> where it was counted")
         self.totals = self.app.Table("usage-totals", partitions=partitions,
-                                     extra_topic_configs=changelog,
+                                     extra_topic_configs=replication.configs(),
                                      help="row key -> counts (workers/usage/rows.py)")
-        self.counter = Counter(self.seen, self.totals, now_ms)
+        self.counter = Counter(self.totals, now_ms, window)
         self.source = self.app.topic(self.source_topic, key_serializer="raw",
                                      value_serializer=UsageValueCodec())
         self.dlq = self.app.topic(settings.topic("dlq"), key_serializer="raw",
@@ -149,8 +151,11 @@ class AccountingApp:
 
     async def on_event(self, event: Any) -> None:
         message = event.message
+        if self.counter.needs_window(message.partition, message.offset):
+            await self.read_back(message.partition, message.offset)
         value = event.value
         if not isinstance(value, dict):
+            self.counter.skip(message.partition, message.offset)
             data = value.data if isinstance(value, Undecodable) else message.value
             error = value.error if isinstance(value, Undecodable) else "an empty value"
             await self.dead_letter(message, data, error)
@@ -165,6 +170,16 @@ class AccountingApp:
             if dropped:
                 log.info("usage ledger: %d entries of partition %d past their retention "
                          "dropped", dropped, message.partition)
+
+    async def read_back(self, partition: int, offset: int) -> None:
+        """Read the request ids before ``offset`` back from the usage topic."""
+        started = time.perf_counter()
+        before = await ids_before(self.settings, self.source_topic, partition, offset,
+                                  self.counter.window, self._codec)
+        self.counter.load_window(partition, offset, before)
+        log.info("usage: %d request ids before %s[%d]@%d read back in %.2f s",
+                 len(self.counter.windows[partition]), self.source_topic, partition, offset,
+                 time.perf_counter() - started)
 
     async def dead_letter(self, message: Any, data: bytes | None, error: str) -> None:
         room = max(0, self.settings.max_event_bytes - _LETTER_OVERHEAD)

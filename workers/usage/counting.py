@@ -4,10 +4,13 @@ Two different repeats reach the accounting app, and each has its guard:
 
 - **Postprocess wrote the record twice** (it rebuilt a request from the log
   after a crash). Both copies carry the same request id and, as the topic is
-  keyed by tenant, sit in the same partition. The ``seen`` table remembers
-  each request id with the position (partition, offset) of the copy that was
-  counted; a copy at another position is dropped. Entries are swept two
-  days after they were counted: redeliveries come within minutes.
+  keyed by tenant, sit in the same partition, a bounded number of records
+  apart. A record whose request id appears among the :data:`SEEN_WINDOW`
+  offsets before it in its partition is dropped (the window and the
+  reasoning behind its size: workers/usage/seen.py). The window is a
+  function of the log alone, so it is kept in memory only and read back
+  from the usage topic after a restart or a rebalance
+  (:meth:`Counter.needs_window`, :meth:`Counter.load_window`).
 - **The app itself replays events** (Faust is at-least-once: after a
   SIGKILL it starts again from the last committed offset, and the changelog
   may already hold the effect of events after it, for some rows and not
@@ -16,49 +19,83 @@ Two different repeats reach the accounting app, and each has its guard:
   an event at or before that position in the same partition has been
   counted there already and leaves the row alone. Each changelog record is
   a whole row, so whatever subset of the writes survived a crash, every row
-  is consistent with itself and the replay completes the rest.
+  is consistent with itself and the replay completes the rest. A replayed
+  event is judged a repeat or not exactly as the first time (the window
+  before it holds the same ids), so the two guards never disagree.
 
-The ``seen`` entry is written before the rows: if the crash fell between
-them, the replayed event finds its own position in ``seen`` and goes on to
-the rows. :class:`Counter` only needs mutable mappings, so the rules are
-tested on dicts and run on Faust tables unchanged.
+:class:`Counter` only needs a mutable mapping for the rows, so the rules are
+tested on dicts and run on a Faust table unchanged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Iterable, MutableMapping
 from typing import Any
 
 from workers.usage.buckets import is_expired
 from workers.usage.rows import Counts, RowKey, rows_of
+from workers.usage.seen import SEEN_WINDOW, SeenWindow
 
-__all__ = ["Counter", "SEEN_KEEP_MS"]
-
-SEEN_KEEP_MS = 2 * 24 * 3600 * 1000
+__all__ = ["Counter", "SEEN_WINDOW"]
 
 
 class Counter:
-    """Counts records into ``totals`` (row key text -> row value), deduplicated by
-    ``seen`` (request id -> position). Remembers which rows changed (``dirty``)
-    for the Redis mirror."""
+    """Counts records into ``totals`` (row key text -> row value), dropping a
+    request id seen in the ``window`` offsets before it in its partition.
+    Remembers which rows changed (``dirty``) for the Redis mirror."""
 
-    def __init__(self, seen: MutableMapping[str, Any], totals: MutableMapping[str, Any],
-                 clock: Callable[[], int]) -> None:
-        self.seen = seen
+    def __init__(self, totals: MutableMapping[str, Any], clock: Callable[[], int],
+                 window: int = SEEN_WINDOW) -> None:
         self.totals = totals
         self.clock = clock
+        self.window = window
+        self.windows: dict[int, SeenWindow] = {}
         self.dirty: set[str] = set()
 
+    def needs_window(self, partition: int, offset: int) -> bool:
+        """Whether the ids before ``offset`` must be read back first: after a
+        start, a rebalance or a replay, when this is not the event right after
+        the last one this counter saw in ``partition``."""
+        seen = self.windows.get(partition)
+        return seen is None or seen.next_offset != offset
+
+    def load_window(self, partition: int, offset: int,
+                    before: Iterable[tuple[int, str | None]]) -> None:
+        """Set the window of ``partition`` to the ids read back from the log:
+        ``(offset, request id or None)`` of the records just before ``offset``,
+        in offset order (the last ``window`` of them matter)."""
+        seen = SeenWindow(self.window, max(0, offset - self.window))
+        for at, request_id in before:
+            if offset - self.window <= at < offset:
+                seen.add(at, request_id)
+        if seen.next_offset < offset:
+            seen.add(offset - 1, None)  # nothing was there: the window still ends here
+        self.windows[partition] = seen
+
+    def skip(self, partition: int, offset: int) -> None:
+        """The value at ``offset`` was not a UsageRecord: the window moves past it."""
+        seen = self.windows.get(partition)
+        if seen is not None and seen.next_offset == offset:
+            seen.add(offset, None)
+
+    def remembered(self) -> int:
+        """How many request ids the windows hold, all partitions together."""
+        return sum(len(seen) for seen in self.windows.values())
+
     def count(self, record: Any, partition: int, offset: int) -> bool:
-        """Count ``record``, read at ``offset`` of ``partition``; False when it
-        was a repeat of a request counted before."""
+        """Count ``record``, read at ``offset`` of ``partition`` (whose window must
+        end there: :meth:`needs_window`); False when it was a repeat of a request
+        counted before."""
+        seen = self.windows[partition]
+        if seen.next_offset != offset:
+            raise ValueError(f"the window of partition {partition} ends at "
+                             f"{seen.next_offset}, not at {offset}: load it first")
         rid = record["request_id"]
-        mark = self.seen.get(rid)
-        if mark is not None and (mark["p"], mark["o"]) != (partition, offset):
+        repeat = rid in seen
+        seen.add(offset, rid)
+        if repeat:
             return False
         now = self.clock()
-        if mark is None:
-            self.seen[rid] = {"p": partition, "o": offset, "t": now}
         add = Counts.of(record)
         for key in rows_of(record):
             if is_expired(key.bucket_ms, key.by, now):
@@ -73,15 +110,11 @@ class Counter:
         return True
 
     def sweep(self, partition: int) -> int:
-        """Drop the rows and request ids of ``partition`` past their retention;
-        returns how many. Only the partition of the event in hand may be
-        swept: a Faust table writes its changelog in that event's partition."""
+        """Drop the rows of ``partition`` past their retention; returns how many.
+        Only the partition of the event in hand may be swept: a Faust table
+        writes its changelog in that event's partition."""
         now = self.clock()
         dropped = 0
-        for rid, mark in list(self.seen.items()):
-            if mark["p"] == partition and mark["t"] + SEEN_KEEP_MS <= now:
-                del self.seen[rid]
-                dropped += 1
         for text, row in list(self.totals.items()):
             if row["p"] != partition:
                 continue

@@ -1,10 +1,12 @@
 """The ledger's counting rules on plain dicts (the accounting app runs them on
-Faust tables, which are mutable mappings too): rows, buckets, each request
-counted once, replays after a crash, retention."""
+a Faust table, which is a mutable mapping too): rows, buckets, each request
+counted once within the window of recent request ids, replays after a
+crash, retention."""
 
 from __future__ import annotations
 
 import datetime as dt
+import random
 from typing import Any
 
 from workers.usage.buckets import (
@@ -16,7 +18,7 @@ from workers.usage.buckets import (
     month_label,
     next_bucket,
 )
-from workers.usage.counting import SEEN_KEEP_MS, Counter
+from workers.usage.counting import Counter
 from workers.usage.layout import decode_counts, encode_counts
 from workers.usage.rows import Counts, RowKey, rows_of
 
@@ -41,6 +43,13 @@ class Clock:
 
 def counts(totals: dict[str, Any], key: RowKey) -> Counts:
     return Counts.from_value(totals[key.text()])
+
+
+def started(counter: Counter, partition: int, offset: int) -> Counter:
+    """``counter`` with the window of ``partition`` read back at ``offset`` from a
+    log that holds nothing before it."""
+    counter.load_window(partition, offset, [])
+    return counter
 
 
 def test_buckets_are_utc_minutes_days_and_months() -> None:
@@ -78,9 +87,8 @@ def test_row_keys_survive_any_characters_in_names() -> None:
 
 
 def test_counts_add_up_and_a_repeated_request_id_counts_once() -> None:
-    seen: dict[str, Any] = {}
     totals: dict[str, Any] = {}
-    counter = Counter(seen, totals, Clock(T0))
+    counter = started(Counter(totals, Clock(T0)), 0, 10)
     assert counter.count(record("r1"), 0, 10)
     assert counter.count(record("r2", status="error", completion=0, model="m2"), 0, 11)
     assert counter.count(record("r3", key_id="k2", prompt=7, completion=3), 0, 12)
@@ -100,54 +108,128 @@ def test_counts_add_up_and_a_repeated_request_id_counts_once() -> None:
 def test_a_replay_after_a_crash_completes_what_the_changelog_lost_and_no_more() -> None:
     """The app counted offsets 5 and 6, but only some of offset 6's writes reached
     the changelog before a SIGKILL; it replays both from the last commit."""
-    first_seen: dict[str, Any] = {}
+    log = [(5, "a"), (6, "b")]
     first_totals: dict[str, Any] = {}
-    Counter(first_seen, first_totals, Clock(T0)).count(record("a"), 1, 5)
+    first = started(Counter(first_totals, Clock(T0)), 1, 5)
+    first.count(record("a"), 1, 5)
     before_b = dict(first_totals)
-    Counter(first_seen, first_totals, Clock(T0)).count(record("b", completion=1), 1, 6)
-    # what survived: seen has only a; of b's rows, the minute ones only
-    seen = {"a": first_seen["a"]}
+    first.count(record("b", completion=1), 1, 6)
+    # what survived: of b's rows, the minute ones only
     totals = {t: (v if RowKey.parse(t).by == "minute" else before_b[t])
               for t, v in first_totals.items()}
-    counter = Counter(seen, totals, Clock(T0))
-    assert counter.count(record("a"), 1, 5)  # its own mark: a replay, not a repeat
+    counter = Counter(totals, Clock(T0))
+    assert counter.needs_window(1, 5)
+    counter.load_window(1, 5, [e for e in log if e[0] < 5])  # the ids before the commit
+    assert counter.count(record("a"), 1, 5)  # its own event again: a replay, not a repeat
     assert counter.count(record("b", completion=1), 1, 6)
     for text, value in totals.items():
         assert Counts.from_value(value) == Counts.from_value(first_totals[text]), text
     assert counts(totals, RowKey("day", "tenant", bucket_start(T0, "day"), "acme")) == \
         Counts(2, 0, 20, 6)
     # and a later copy of b from postprocess is still a repeat
-    assert not counter.count(record("b", completion=1), 1, 9)
+    assert not counter.count(record("b", completion=1), 1, 7)
+
+
+def test_a_repeat_within_the_window_is_dropped_and_one_beyond_it_counted() -> None:
+    """The bound, exactly: a copy ``window`` offsets after a copy is dropped, one
+    ``window + 1`` offsets after it is a new request as far as the ledger knows."""
+    totals: dict[str, Any] = {}
+    counter = started(Counter(totals, Clock(T0), window=3), 0, 0)
+    ids = ["a", "b", "c", "a", "d", "e", "f", "a"]
+    assert [counter.count(record(rid), 0, at) for at, rid in enumerate(ids)] == [
+        True, True, True, False, True, True, True, True]
+    assert counts(totals, RowKey("day", "tenant", bucket_start(T0, "day"), "acme")).requests \
+        == 7
+
+
+def test_memory_holds_the_window_whatever_the_traffic() -> None:
+    """Request ids are kept for the last ``window`` offsets of each partition,
+    not for days: 5,000 requests a partition leave 1,000 ids a partition."""
+    counter = started(started(Counter({}, Clock(T0), window=1000), 0, 0), 1, 0)
+    for i in range(5000):
+        counter.count(record(f"r{i}"), 0, i)
+        counter.count(record(f"z{i}", tenant="zeta"), 1, i)
+    assert counter.remembered() == 2000
+    assert "r3999" not in counter.windows[0] and "r4000" in counter.windows[0]
+
+
+def test_a_value_that_is_no_usage_record_moves_the_window_on() -> None:
+    counter = started(Counter({}, Clock(T0), window=2), 0, 0)
+    assert counter.count(record("a"), 0, 0)
+    counter.skip(0, 1)  # a poison value: dead-lettered, not counted
+    assert not counter.needs_window(0, 2)  # no reading back for it
+    assert counter.count(record("b"), 0, 2)
+    assert counter.count(record("a"), 0, 3)  # offsets 1 and 2 hold nothing and b
+    assert counter.needs_window(0, 7) and counter.needs_window(1, 0)
+
+
+def _usage_log(size: int, reach: int, seed: int) -> list[str | None]:
+    """Request ids of one partition: new ones, repeats up to ``reach`` offsets
+    back, and values that are no UsageRecord (None)."""
+    rng = random.Random(seed)
+    log: list[str | None] = []
+    for at in range(size):
+        roll = rng.random()
+        if roll < 0.05:
+            log.append(None)
+        elif roll < 0.4 and at:
+            log.append(log[rng.randrange(max(0, at - reach), at)] or f"n{at}")
+        else:
+            log.append(f"r{at}")
+    return log
+
+
+def test_a_window_read_back_from_the_log_judges_every_later_event_as_the_first_run() -> None:
+    """A restart or a rebalance at any offset: the window read back from the log
+    gives each later event the verdict the run that never stopped gave it,
+    repeats on both sides of the window's edge and poison values included."""
+    log = _usage_log(400, reach=30, seed=7)
+
+    def run(counter: Counter, start: int) -> dict[int, bool]:
+        verdicts: dict[int, bool] = {}
+        for at in range(start, len(log)):
+            rid = log[at]
+            if rid is None:
+                counter.skip(0, at)
+            else:
+                verdicts[at] = counter.count(record(rid), 0, at)
+        return verdicts
+
+    whole = run(started(Counter({}, Clock(T0), window=20), 0, 0), 0)
+    repeats = [at for at, rid in enumerate(log) if rid is not None and rid in log[:at]]
+    assert any(whole[at] for at in repeats) and not all(whole[at] for at in repeats)
+    for restart in range(1, len(log), 7):
+        counter = Counter({}, Clock(T0), window=20)
+        assert counter.needs_window(0, restart)
+        counter.load_window(0, restart, [(at, log[at]) for at in range(restart)])
+        assert run(counter, restart) == {at: v for at, v in whole.items() if at >= restart}
 
 
 def test_rows_of_another_partition_do_not_hide_an_event() -> None:
     totals: dict[str, Any] = {}
-    counter = Counter({}, totals, Clock(T0))
+    counter = started(Counter(totals, Clock(T0)), 2, 100)
     counter.count(record("x"), 2, 100)
     # the topic grew partitions: the tenant now lands elsewhere, at a lower offset
+    started(counter, 3, 4)
     assert counter.count(record("y"), 3, 4)
     assert counts(totals, RowKey("day", "tenant", bucket_start(T0, "day"), "acme")).requests \
         == 2
 
 
-def test_sweep_drops_old_minutes_and_request_ids_of_its_partition_only() -> None:
-    seen: dict[str, Any] = {}
+def test_sweep_drops_old_minutes_of_its_partition_only() -> None:
     totals: dict[str, Any] = {}
     clock = Clock(T0)
-    counter = Counter(seen, totals, clock)
+    counter = started(started(Counter(totals, clock), 0, 1), 1, 1)
     counter.count(record("old"), 0, 1)
     counter.count(record("other", tenant="zeta"), 1, 1)
     clock.now = T0 + 2 * DAY_MS + MINUTE_MS
-    assert counter.sweep(0) == 1 + 3  # the request id and the three minute rows
-    assert "old" not in seen and "other" in seen
+    assert counter.sweep(0) == 3  # the three minute rows
     assert {RowKey.parse(t).by for t, v in totals.items() if v["p"] == 0} == {"day", "month"}
     assert len([t for t, v in totals.items() if v["p"] == 1]) == 7
-    # a late copy of a swept request is no longer known: retention is the bound
-    assert clock.now - T0 > SEEN_KEEP_MS
 
 
 def test_a_late_event_skips_buckets_already_dropped() -> None:
     totals: dict[str, Any] = {}
-    counter = Counter({}, totals, Clock(T0 + 3 * DAY_MS))
+    counter = started(Counter(totals, Clock(T0 + 3 * DAY_MS)), 0, 1)
     assert counter.count(record("late"), 0, 1)
     assert {RowKey.parse(t).by for t in totals} == {"day", "month"}
