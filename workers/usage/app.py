@@ -32,6 +32,10 @@ it.
   not reached yet. Tombstones of swept rows are kept an hour (a day by
   default). These configs apply when Faust creates the topic; an existing
   changelog keeps its own until they are set on it (``kafka-configs --alter``).
+- **Rebalances.** The consumer's flow is held from the end of a table
+  recovery until Faust resumes it (workers/usage/flow.py): Faust's own
+  order let the first events after a restart be fetched, queued, and
+  cleared from the agent's queue, lost until the next rebalance.
 - **Retention.** Each event's partition is swept at most once a minute
   (a table can only be changed while an event of its partition is in hand).
 - **Commits.** A source offset is committed only after every changelog
@@ -69,6 +73,7 @@ from topics.envelope import now_ms
 from workers.usage.counting import SEEN_WINDOW, Counter
 from workers.usage.decode import Undecodable, UsageValueCodec
 from workers.usage.drain import drain_before_commit
+from workers.usage.flow import hold_flow_until_resumed
 from workers.usage.layout import UsageKeys
 from workers.usage.lookback import ids_before
 from workers.usage.mirror import RedisMirror
@@ -130,6 +135,9 @@ class AccountingApp:
         # a source offset is committed only once its changelog writes are
         # acknowledged (workers/usage/drain.py)
         self.drain = drain_before_commit(self.app.producer.buffer, FLUSH_TIMEOUT_S)
+        # no event is handed to the agent between a rebalance's seek and the
+        # clearing of its queue (workers/usage/flow.py)
+        hold_flow_until_resumed(self.app)
         self.totals = self.app.Table("usage-totals", partitions=partitions,
                                      extra_topic_configs=changelog_configs(replication),
                                      help="row key -> counts (workers/usage/rows.py)")
