@@ -66,8 +66,16 @@ __all__ = ["main"]
 REPEAT_EVERY = 50  # one event in this many is a second copy of an earlier request
 REPEAT_GAP = 37  # ... of the request sent this many events before
 
-RUN_ACCOUNTING = ("import sys; from cli.main import main; "
-                  "sys.exit(main(['accounting']))")
+# ``conveyor accounting`` as the checkout at --app-root spells it (before the
+# command line became its own package, cli/, it was conveyor/cli.py)
+RUN_ACCOUNTING = """
+import sys
+try:
+    from conveyor.cli import main
+except ImportError:
+    from cli.main import main
+sys.exit(main(["accounting"]))
+"""
 
 
 @dataclass
