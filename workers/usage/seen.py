@@ -27,7 +27,8 @@ traffic), and proportionally longer limits at lower rates. A copy that lands
 further back than that (a request held open in postprocess for longer than
 the window's traffic: an hour-long ``X-Conveyor-Timeout`` at full rate, or a
 batch line whose pool vanished mid-answer) is counted again; the memory is
-bounded instead (at most ``size`` ids a partition, about 150 bytes each).
+bounded instead (at most ``size`` ids a partition, about 170 bytes each with
+the id itself: 17 MB a partition).
 
 The rule looks only at the log: "the same request id at an offset in
 ``[offset - size, offset)``" gives the same answer however often the app
