@@ -167,9 +167,18 @@ class AccountingApp:
         async def close_redis(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
             await self.redis.aclose()
 
+        async def forget_revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any
+                                 ) -> None:
+            revoked, *_ = args
+            for tp in revoked:
+                if tp.topic == self.source_topic:
+                    self.counter.forget(tp.partition)
+
         self.app.agent(self.source, name=f"{settings.group('accounting')}.account")(account)
         self.app.timer(MIRROR_INTERVAL_S, name="usage-mirror")(mirror_tick)
         self.app.on_before_shutdown.connect(close_redis)
+        # a member keeps the request ids of the partitions it owns, no others
+        self.app.on_partitions_revoked.connect(forget_revoked)
 
     # -- counting --------------------------------------------------------
 

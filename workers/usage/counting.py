@@ -72,6 +72,10 @@ class Counter:
             seen.add(offset - 1, None)  # nothing was there: the window still ends here
         self.windows[partition] = seen
 
+    def forget(self, partition: int) -> None:
+        """``partition`` went to another member: its window is stale from now on."""
+        self.windows.pop(partition, None)
+
     def skip(self, partition: int, offset: int) -> None:
         """The value at ``offset`` was not a UsageRecord: the window moves past it."""
         seen = self.windows.get(partition)

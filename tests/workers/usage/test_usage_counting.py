@@ -151,6 +151,8 @@ def test_memory_holds_the_window_whatever_the_traffic() -> None:
         counter.count(record(f"z{i}", tenant="zeta"), 1, i)
     assert counter.remembered() == 2000
     assert "r3999" not in counter.windows[0] and "r4000" in counter.windows[0]
+    counter.forget(1)  # the partition went to another member
+    assert counter.remembered() == 1000 and counter.needs_window(1, 5000)
 
 
 def test_a_value_that_is_no_usage_record_moves_the_window_on() -> None:
