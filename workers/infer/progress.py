@@ -56,7 +56,9 @@ _READ_TIMEOUT_S = 10.0
 
 # claim, lease and Redis's epoch in one round trip; the epoch is stamped with
 # Redis's own clock the first time it is missing (after a flush or a restart
-# that lost the data set)
+# that lost the data set). A lease the claiming worker holds already is its
+# own: a run that Kafka interrupted claims its task again while the worker
+# still renews its lease, and must not wait for itself.
 _CLAIM = """
 local epoch = redis.call('GET', KEYS[3])
 if not epoch then
@@ -67,6 +69,9 @@ end
 local created = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2])
 local state = redis.call('GET', KEYS[1])
 local leased = redis.call('SET', KEYS[2], ARGV[3], 'NX', 'PX', ARGV[4])
+if not leased and redis.call('GET', KEYS[2]) == ARGV[3] then
+  leased = redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
+end
 return {created and 1 or 0, state, leased and 1 or 0, epoch}
 """
 

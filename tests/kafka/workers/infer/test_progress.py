@@ -1,0 +1,51 @@
+"""Task claims on the real Redis, progress read back from the real broker."""
+
+from __future__ import annotations
+
+import uuid
+
+import redis.asyncio as aioredis
+
+from conveyor.settings import Settings
+from schemas.codec import default_codec
+from schemas.records import TokenChunk
+from tests.support.schedule_tasks import full_task
+from topics.admin import ensure_topics
+from topics.catalog import TOKENS, catalog
+from topics.clients import make_producer
+from topics.envelope import now_ms
+from workers.infer.progress import ProgressTracker
+
+
+def chunk(rid: str, seq: int, text: str) -> TokenChunk:
+    return TokenChunk(envelope=full_task(rid)["envelope"], seq=seq, text=text, tokens=1,
+                      finish_reason=None, worker_id="w0", header=None, error=None,
+                      run_id="run-a", run_start=0)
+
+
+async def test_a_run_that_kafka_interrupted_claims_its_task_again(
+        services: None, redis: aioredis.Redis) -> None:
+    """The worker still renews the lease of a run that failed for a passing reason
+    (a chunk's batch expired while the broker was away): its retry is not a
+    duplicate waiting for that lease, it continues from the log at once."""
+    settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    await ensure_topics(settings, [s for s in catalog(settings)
+                                   if s.name == TOKENS.at(settings)])
+    producer = make_producer(settings)
+    await producer.start()
+    tracker = ProgressTracker(settings, redis, default_codec(), producer)
+    rid, entered = f"r{uuid.uuid4().hex[:8]}", now_ms()
+    try:
+        claim, done = await tracker.claim(rid, "w0", entered, entered)
+        assert (claim, done.next_seq) == ("start", 0)
+        for seq, text in enumerate([" 6,", " 7,"]):
+            await producer.send_and_wait(TOKENS.at(settings), default_codec().encode(
+                "TokenChunk", chunk(rid, seq, text)), key=rid.encode())
+        await tracker.keep([rid], "w0")  # the worker renews it while the run retries
+        claim, done = await tracker.claim(rid, "w0", entered, entered)
+        assert (claim, done.next_seq, done.text) == ("start", 2, " 6, 7,")
+        claim, _ = await tracker.claim(rid, "w1", entered, entered)
+        assert claim == "busy"  # another worker's claim is a duplicate: it waits
+    finally:
+        await tracker.close()
+        await producer.stop()
