@@ -25,8 +25,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     root = Path(__file__).parent
     for item in items:
         parts = item.path.relative_to(root).parts
-        if len(parts) > 1 and parts[0] in TIERS:
-            item.add_marker(parts[0])
+        if len(parts) < 2 or parts[0] not in TIERS:
+            raise pytest.UsageError(f"{item.nodeid}: a test lives in the directory of its "
+                                    f"tier, one of tests/{{{','.join(TIERS)}}}/")
+        item.add_marker(parts[0])
 
 
 @pytest.fixture(scope="session")
