@@ -34,7 +34,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from cli.text import plain
+from cli.text import add_report_flags, not_found, plain, print_report
 from conveyor.errors import last_line
 from conveyor.settings import Settings
 from schemas.codec import Codec, EventType, default_codec
@@ -295,13 +295,9 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
         return 2
     journey = asyncio.run(find_journey(settings, args.request_id, since))
     if journey is None:
-        print(f"conveyor inspect: no request {args.request_id} in "
-              f"{settings.topic('requests')} since {_iso(since)} (widen --since)",
-              file=sys.stderr)
+        print(not_found("inspect", settings, args.request_id, _iso(since)), file=sys.stderr)
         return 1
-    rep = report(journey, args.show_content)
-    print(json.dumps(rep, indent=2, ensure_ascii=False) if args.json else render(rep))
-    return 0
+    return print_report(report(journey, args.show_content), args.json, render)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -310,11 +306,5 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         description="Finds the request in its id's partition of the requests topic, read "
                     "from --since on (offsets_for_times); every other topic is read only "
                     "in the request's own partition and time window. No topic is scanned.")
-    p.add_argument("request_id")
-    p.add_argument("--since", default="24h",
-                   help="how long ago the request may have entered: 24h, 90m, 2d, an ISO "
-                        "time or epoch ms (default 24h)")
-    p.add_argument("--json", action="store_true", help="the report as JSON")
-    p.add_argument("--show-content", action="store_true",
-                   help="also print the prompt and the answer's text")
+    add_report_flags(p, "also print the prompt and the answer's text")
     p.set_defaults(func=cmd_inspect)

@@ -58,7 +58,7 @@ from typing import Any
 
 from cli.dlq import read_letters
 from cli.inspect import Found, find_journey
-from cli.text import plain
+from cli.text import add_report_flags, not_found, plain, print_report
 from conveyor.errors import ConveyorError, RequestError, last_line
 from conveyor.registry import Registry
 from conveyor.settings import Settings
@@ -370,8 +370,7 @@ def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
             found = asyncio.run(replay_request(settings, args.request_id,
                                                names or ["preprocess"], since))
             if found is None:
-                print(f"conveyor replay: no request {args.request_id} in "
-                      f"{settings.topic('requests')} since {args.since} (widen --since)",
+                print(not_found("replay", settings, args.request_id, args.since),
                       file=sys.stderr)
                 return 1
         else:
@@ -379,9 +378,7 @@ def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
     except (ValueError, ReplayError) as exc:
         print(f"conveyor replay: {exc}", file=sys.stderr)
         return 2
-    rep = report(found, args.show_content)
-    print(json.dumps(rep, indent=2, ensure_ascii=False) if args.json else render(rep))
-    return 0
+    return print_report(report(found, args.show_content), args.json, render)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -392,16 +389,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                     "prefix with the reply address blanked: nothing reaches a live topic or "
                     "a user. Shows each layer's recorded and replayed outputs as a field "
                     "diff. Replayed: " + ", ".join(REPLAYABLE) + ".")
-    p.add_argument("request_id")
+    add_report_flags(p, "print content fields and the events themselves")
     p.add_argument("--through", default=None,
                    help="consecutive layers, e.g. preprocess,route (default: preprocess, or "
                         "with --from-dlq the letter's layer)")
-    p.add_argument("--since", default="24h",
-                   help="how long ago the request may have entered: 24h, 90m, 2d, an ISO "
-                        "time or epoch ms (default 24h)")
     p.add_argument("--from-dlq", type=int, default=None, metavar="OFFSET",
                    help="replay the event of the letter at this offset of the DLQ")
-    p.add_argument("--json", action="store_true", help="the report as JSON")
-    p.add_argument("--show-content", action="store_true",
-                   help="print content fields and the events themselves")
     p.set_defaults(func=cmd_replay)
