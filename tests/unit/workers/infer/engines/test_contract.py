@@ -70,19 +70,14 @@ async def engine(kind: str) -> AsyncIterator[Engine]:
 
 
 @pytest.fixture
-async def make_engine(kind: str) -> AsyncIterator[MakeEngine]:
+def make_engine(kind: str, started_engines: Callable[[Any], Awaitable[Any]]) -> MakeEngine:
     """Another engine of the same kind, started, closed after the test."""
-    made: list[Engine] = []
 
     async def make(capacity: int) -> Engine:
-        own = ENGINES[kind](capacity)
-        made.append(own)
-        await own.start()
+        own: Engine = await started_engines(ENGINES[kind](capacity))
         return own
 
-    yield make
-    for own in made:
-        await own.close()
+    return make
 
 
 def request(**overrides: Any) -> GenerationRequest:

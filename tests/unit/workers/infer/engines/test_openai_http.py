@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
@@ -23,18 +23,12 @@ QUESTION: tuple[Message, ...] = ({"role": "user", "content": "What is the capita
 
 
 @pytest.fixture
-async def engine_factory() -> AsyncIterator[EngineFactory]:
-    engines: list[OpenAIHttpEngine] = []
-
+def engine_factory(started_engines: Callable[[Any], Awaitable[Any]]) -> EngineFactory:
     async def make(base_url: str, **kwargs: Any) -> OpenAIHttpEngine:
-        engine = OpenAIHttpEngine(base_url, **kwargs)
-        await engine.start()
-        engines.append(engine)
+        engine: OpenAIHttpEngine = await started_engines(OpenAIHttpEngine(base_url, **kwargs))
         return engine
 
-    yield make
-    for engine in engines:
-        await engine.close()
+    return make
 
 
 def request(**overrides: Any) -> GenerationRequest:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import pytest
@@ -24,18 +24,12 @@ CHAT: tuple[Message, ...] = (
 
 
 @pytest.fixture
-async def engine_of() -> AsyncIterator[Any]:
-    engines: list[ScriptedEngine] = []
-
+def engine_of(started_engines: Callable[[Any], Awaitable[Any]]) -> Any:
     async def make(*args: Any, **kwargs: Any) -> ScriptedEngine:
-        engine = ScriptedEngine(*args, **kwargs)
-        await engine.start()
-        engines.append(engine)
+        engine: ScriptedEngine = await started_engines(ScriptedEngine(*args, **kwargs))
         return engine
 
-    yield make
-    for engine in engines:
-        await engine.close()
+    return make
 
 
 def request(**overrides: Any) -> GenerationRequest:
