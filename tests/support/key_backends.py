@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
-from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 from pydantic import SecretStr
 
 from conveyor.settings import Settings
@@ -23,7 +23,8 @@ from gateway.auth.keys import KeyStore
 from gateway.auth.tenants import TenantStore
 from topics.admin import ensure_topics
 from topics.catalog import catalog
-from topics.clients import make_consumer, make_producer
+from topics.clients import make_producer
+from topics.follow import follow
 
 __all__ = ["Backends", "backends", "key_settings", "read_topic", "wait_until"]
 
@@ -112,17 +113,16 @@ async def backends(settings: Settings) -> AsyncIterator[Backends]:
 
 async def read_topic(settings: Settings, name: str) -> list[tuple[bytes, bytes]]:
     """Every (key, value) of partition 0 of a topic, as raw bytes."""
-    consumer = make_consumer(settings, group=None)
-    await consumer.start()
-    tp = TopicPartition(settings.topic(name), 0)
+    follower = follow(settings, settings.topic(name), 0, "beginning")
     out: list[tuple[bytes, bytes]] = []
+
+    async def read() -> None:
+        async for records in follower:
+            out.extend((m.key or b"", m.value or b"") for m in records)
+
+    reading = asyncio.create_task(read())
     try:
-        consumer.assign([tp])
-        await consumer.seek_to_beginning(tp)
-        end = (await consumer.end_offsets([tp]))[tp]
-        while await consumer.position(tp) < end:
-            batch = await consumer.getmany(tp, timeout_ms=500)
-            out.extend((m.key or b"", m.value or b"") for m in batch.get(tp, []))
+        await asyncio.wait_for(follower.caught_up.wait(), 30)
     finally:
-        await consumer.stop()
+        reading.cancel()
     return out
