@@ -11,6 +11,7 @@ import datetime as dt
 import json
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 import redis.asyncio as aioredis
@@ -23,9 +24,15 @@ from workers.usage.layout import UsageKeys
 from workers.usage.mirror import RedisMirror
 from workers.usage.rows import Counts, RowKey
 
-NOW = now_ms()
-M0 = bucket_start(NOW, "minute")
-D0 = bucket_start(NOW, "day")
+
+@dataclass(frozen=True)
+class Written:
+    """The usage rows a test reads, written around the test's own now (not the
+    module's import: the suite may reach this test many minutes after it)."""
+
+    settings: Settings
+    m0: int  # this minute's bucket
+    d0: int  # today's bucket
 
 
 def parser() -> argparse.ArgumentParser:
@@ -35,8 +42,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 @pytest.fixture
-def settings(services: None) -> Iterator[Settings]:
+def written(services: None) -> Iterator[Written]:
     s = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    now = now_ms()
+    M0, D0 = bucket_start(now, "minute"), bucket_start(now, "day")
     rows = [
         (RowKey("minute", "tenant", M0 - 2 * MINUTE_MS, "acme"), Counts(2, 1, 20, 4)),
         (RowKey("minute", "tenant", M0, "acme"), Counts(1, 0, 10, 5)),
@@ -60,7 +69,7 @@ def settings(services: None) -> Iterator[Settings]:
 
     asyncio.run(write())
     try:
-        yield s
+        yield Written(s, M0, D0)
     finally:
         asyncio.run(clean())
 
@@ -101,7 +110,8 @@ def run(settings: Settings, *argv: str) -> int:
 
 
 def test_a_table_by_day_one_bucket_per_line_with_a_total(
-        settings: Settings, capsys: pytest.CaptureFixture[str]) -> None:
+        written: Written, capsys: pytest.CaptureFixture[str]) -> None:
+    settings, D0 = written.settings, written.d0
     assert run(settings, "usage", "--tenant", "acme", "--since", "7d") == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["bucket", "(UTC)", "requests", "errors", "prompt",
@@ -115,8 +125,9 @@ def test_a_table_by_day_one_bucket_per_line_with_a_total(
     ]
 
 
-def test_json_by_minute_for_one_key(settings: Settings,
+def test_json_by_minute_for_one_key(written: Written,
                                     capsys: pytest.CaptureFixture[str]) -> None:
+    settings, M0 = written.settings, written.m0
     assert run(settings, "usage", "--tenant", "acme", "--by", "minute", "--since", "10m",
                "--json") == 0
     report = json.loads(capsys.readouterr().out)
@@ -133,7 +144,7 @@ def test_json_by_minute_for_one_key(settings: Settings,
     assert json.loads(capsys.readouterr().out)["total"]["total_tokens"] == 33
 
 
-def test_a_bad_time_is_refused_with_status_2(settings: Settings,
+def test_a_bad_time_is_refused_with_status_2(written: Written,
                                              capsys: pytest.CaptureFixture[str]) -> None:
-    assert run(settings, "usage", "--tenant", "acme", "--since", "last week") == 2
+    assert run(written.settings, "usage", "--tenant", "acme", "--since", "last week") == 2
     assert "not a date" in capsys.readouterr().err
