@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import os
 import signal
 import socket
@@ -13,7 +14,9 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import httpx
 from aiokafka import AIOKafkaConsumer
@@ -93,12 +96,21 @@ class Pipeline:
                    "--contexts", str(contexts), "--worker-id", worker_id)
 
     def cli(self, *args: str) -> str:
-        """Run a ``conveyor`` command against this pipeline; its stdout."""
-        done = subprocess.run([sys.executable, "-m", "cli", *args], env=self.env,
-                              cwd=ROOT, capture_output=True, text=True, timeout=60)
-        if done.returncode != 0:
-            raise RuntimeError(f"conveyor {' '.join(args)} failed:\n{done.stderr}")
-        return done.stdout
+        """Run a ``conveyor`` command against this pipeline, in this process (a
+        test about the command's process runs it as one); its stdout."""
+        from cli import main as cli_main
+
+        out, err = io.StringIO(), io.StringIO()
+        with _environ(self.env), contextlib.redirect_stdout(out), \
+                contextlib.redirect_stderr(err), \
+                mock.patch.object(cli_main, "_setup_logging"):  # pytest owns the logging
+            try:
+                code = cli_main.main(list(args))
+            except SystemExit as exc:  # argparse refused the arguments
+                code = exc.code if isinstance(exc.code, int) else 2
+        if code != 0:
+            raise RuntimeError(f"conveyor {' '.join(args)} failed ({code}):\n{err.getvalue()}")
+        return out.getvalue()
 
     def start_gateway(self, name: str, **env: str) -> str:
         """Another gateway replica on a port of its own; its base URL."""
@@ -204,6 +216,19 @@ class Pipeline:
                 proc.kill()
                 proc.wait(timeout=10)
         drop_topics(self.settings.kafka_bootstrap, self.prefix)
+
+
+@contextlib.contextmanager
+def _environ(env: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` is ``env`` inside the block, and as it was after it."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def drop_topics(bootstrap: str, prefix: str) -> None:
