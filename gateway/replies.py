@@ -14,11 +14,18 @@ service under them. The lease retries a Redis that does not answer with
 backoff (``retry_backoff_max_s``), and takes its partition again with
 ``SET NX`` when the key is gone (Redis restarted without its data, or was
 flushed); only another gateway holding the partition is a failure that
-retrying does not cure, and it shows in health as ``failed``. The follower
-retries Kafka errors the same way, and reads the broker's silence (no fetch
-answer for :data:`ReplyRouter.silent_after_s`) as Kafka being unreachable,
-which health shows and :class:`~gateway.serving.Serving` uses to refuse new
-requests at once instead of letting them wait.
+retrying does not cure, and it shows in health as ``failed``.
+
+The partition is read by the shared follower (:mod:`topics.follow`), so the
+reply path has the follower's retry and backoff through a Kafka outage (it
+reconnects where it left off: no reply is skipped), its decoding (a record
+that is not a Reply is logged, rate-limited, and skipped) and its one
+liveness rule: Kafka counts as unreachable once the follower has heard
+nothing for its ``stale_after_s`` (3.5 s with the defaults; an idle
+partition is probed every second). Health shows it as ``degraded`` the
+moment it turns (``Follower.reachability``), and
+:class:`~gateway.serving.Serving` asks :meth:`ReplyRouter.kafka_unreachable`
+to refuse new requests at once instead of letting them wait.
 """
 
 from __future__ import annotations
@@ -32,17 +39,16 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import redis.asyncio as aioredis
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from redis.exceptions import RedisError
 
-from conveyor.errors import BrokerError, DeadlineExceeded, RequestError, SchemaError
+from conveyor.errors import BrokerError, DeadlineExceeded, RequestError
 from conveyor.settings import Settings
 from gateway.health import TaskHealth
 from schemas.codec import Codec
 from schemas.records import Reply, Usage
 from topics.backoff import Backoff
 from topics.catalog import REPLIES
-from topics.clients import KafkaError, make_consumer
+from topics.follow import Follower, follow
 
 __all__ = ["ReplyRouter", "ReplyStream", "ReplyLease", "ReplySource", "Folded", "fold_answer",
            "reply_error"]
@@ -225,9 +231,8 @@ class ReplyLease:
 
 
 class ReplyRouter:
-    #: no fetch answer from the broker for this long means Kafka is unreachable
-    #: (an idle partition is still answered every ``fetch_max_wait_ms``, 500 ms)
-    silent_after_s: float = 5.0
+    """Hands each reply on the leased partition to the :class:`ReplyStream` of
+    its request, through the shared follower (see the module)."""
 
     def __init__(self, settings: Settings, codec: Codec, lease: ReplyLease,
                  health: TaskHealth | None = None) -> None:
@@ -236,9 +241,7 @@ class ReplyRouter:
         self.lease = lease
         self.health = health or TaskHealth("replies")
         self.streams: dict[str, ReplyStream] = {}
-        self._consumer: AIOKafkaConsumer | None = None
-        self._tp: TopicPartition | None = None
-        self._running_since = time.time()
+        self.follower: Follower | None = None
 
     @property
     def partition(self) -> int:
@@ -254,74 +257,52 @@ class ReplyRouter:
         self.streams.pop(request_id, None)
 
     async def start(self) -> None:
+        """Lease a partition and fix its end now: every reply written from here
+        on is read, however late :meth:`run` begins."""
         partition = await self.lease.acquire()
-        consumer = make_consumer(self.settings, group=None)
-        await consumer.start()
-        tp = TopicPartition(REPLIES.at(self.settings), partition)
-        consumer.assign([tp])
-        await consumer.seek_to_end(tp)
-        await consumer.position(tp)  # resolve now: replies from here on are ours
-        self._consumer, self._tp = consumer, tp
+        follower = follow(self.settings, REPLIES, partition, "end")
+        try:
+            await follower.locate()
+        except BaseException:  # Kafka refused: a start tried again leases afresh
+            await self.lease.release()
+            raise
+        self.follower = follower
 
     def kafka_unreachable(self) -> bool:
-        """True while the broker has not answered a fetch for ``silent_after_s``."""
-        return self.health.state == "degraded"
+        """True while the follower has heard nothing from Kafka for its
+        ``stale_after_s``."""
+        return self.follower is not None and not self.follower.reachable
 
     async def run(self) -> None:
-        """Hand every reply to its stream, until cancelled; Kafka errors are retried
-        with backoff and never end the task."""
-        consumer = self._consumer
-        assert consumer is not None
-        self._running_since = time.time()
-        retry = Backoff(max_s=self.settings.retry_backoff_max_s)
-        while True:
-            try:
-                batch = await consumer.getmany(timeout_ms=1000)
-            except KafkaError as exc:
-                self._degraded(f"Kafka error: {exc!r}")
-                await retry.wait()
-                continue
-            except Exception as exc:  # not an outage: show it, keep trying
-                if self.health.set("failed", f"{exc!r}"):
-                    log.exception("reply follower on partition %d failed", self.partition)
-                await retry.wait()
-                continue
-            retry.reset()
-            self._check_fetching()
-            for records in batch.values():
-                for record in records:
-                    self._dispatch(record.value, record.offset)
+        """Route replies and keep health in step with the follower, until
+        cancelled; an outage ends neither (the follower retries), a failure of
+        either ends both, and health shows the task stopped."""
+        follower = self.follower
+        assert follower is not None, "start() first"
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(self._route(follower), name="reply-routing")
+            tasks.create_task(self._watch(follower), name="reply-sight")
 
-    def _check_fetching(self) -> None:
-        consumer, tp = self._consumer, self._tp
-        assert consumer is not None and tp is not None
-        try:
-            last_ms = consumer.last_poll_timestamp(tp)
-        except Exception:  # no fetch answer yet
-            last_ms = None
-        last = last_ms / 1000 if last_ms else self._running_since
-        silent = time.time() - last
-        if silent > self.silent_after_s:
-            self._degraded(f"no answer from Kafka for {silent:.0f} s")
-        elif last_ms and self.health.set("ok", f"partition {self.partition}"):
-            log.info("reply follower on partition %d: Kafka answers again", self.partition)
+    async def _route(self, follower: Follower) -> None:
+        async for batch in follower.events(self.codec):
+            for _, reply in batch:
+                stream = self.streams.get(reply["envelope"]["request_id"])
+                if stream is not None:
+                    stream.put(reply)
 
-    def _degraded(self, detail: str) -> None:
-        if self.health.set("degraded", detail):
-            log.warning("reply follower on partition %d: %s; retrying", self.partition,
-                        detail)
-
-    def _dispatch(self, value: bytes | None, offset: int) -> None:
-        try:
-            reply: Reply = self.codec.decode(value, "Reply")
-        except SchemaError as exc:
-            log.warning("ignoring a bad reply at %d: %s", offset, exc)
-            return
-        stream = self.streams.get(reply["envelope"]["request_id"])
-        if stream is not None:
-            stream.put(reply)
+    async def _watch(self, follower: Follower) -> None:
+        async for reachable in follower.reachability():
+            if reachable:
+                was = self.health.state
+                if self.health.set("ok", f"partition {self.partition}") and was == "degraded":
+                    log.info("reply follower on partition %d: Kafka answers again",
+                             self.partition)
+            elif self.health.set("degraded", "no answer from Kafka for "
+                                 f"{follower.stale_after_s:.1f} s"):
+                log.warning("reply follower on partition %d: no answer from Kafka for %.1f s; "
+                            "new requests are refused until it answers", self.partition,
+                            follower.stale_after_s)
 
     async def stop(self) -> None:
-        if self._consumer is not None:
-            await self._consumer.stop()
+        """Give the partition back (the follower's consumer closes with :meth:`run`)."""
         await self.lease.release()

@@ -8,6 +8,8 @@ follower of a side topic uses (heartbeats, cancels, replies, progress).
         for record, heartbeat in batch: ...     # poison logged and skipped
     follower.caught_up                    # set once the backlog seen at start is read
     follower.reachable                    # False while Kafka does not answer
+    async for seeing in follower.reachability(): ...  # each change of reachable
+    await follower.locate()               # fix the start now (records from here on)
 
 Starts: ``"beginning"``, ``"end"``, an offset (``int``), or a wall-clock
 time (``FromTime(ms)``, found with ``offsets_for_times``; the end when
@@ -21,7 +23,18 @@ aiokafka's fetch returns nothing during an outage too, so while no record
 arrives the follower asks the broker for the partition's end offset every
 ``probe_s`` (bounded by ``probe_timeout_s``): ``reachable`` and
 ``last_contact_ms`` are what a reader needs to tell "nothing happened" from
-"I cannot see" (the schedule layer's worker table does).
+"I cannot see" (the schedule layer's worker table does). That is the one
+liveness rule of every follower: blind once ``stale_after_s`` (probe_s +
+probe_timeout_s + poll_ms) passes without a record or a probe's answer.
+A reader that shows its sight rather than asking for it (the gateway's
+health) iterates :meth:`Follower.reachability`, which wakes at each change.
+
+A start is resolved when the follower first connects. A reader that needs
+every record written after a moment, however late its iteration begins
+(the gateway's reply router: a reply to a request sent right after start
+must not fall before the follower's start), calls :meth:`Follower.locate`
+at that moment; it raises the broker's error as Conveyor's, so a start-up
+step can retry it.
 """
 
 from __future__ import annotations
@@ -42,7 +55,7 @@ from conveyor.settings import Settings
 from schemas.codec import Codec, EventType
 from topics.backoff import Backoff, RateLimitedLog
 from topics.catalog import Topic
-from topics.clients import make_consumer
+from topics.clients import broker_error, make_consumer
 from topics.envelope import now_ms
 
 __all__ = ["FromTime", "Follower", "Record", "Start", "apply_all", "follow", "snapshot"]
@@ -85,6 +98,7 @@ class Follower:
         # when contact came back after the follower had been blind (0: never lost)
         self.regained_ms = 0
         self._last_contact = float("-inf")
+        self._contacted = asyncio.Event()
         self._problems = RateLimitedLog(log)
 
     @property
@@ -101,6 +115,41 @@ class Follower:
             self.regained_ms = now_ms()
         self._last_contact = time.monotonic()
         self.last_contact_ms = now_ms()
+        self._contacted.set()
+
+    async def reachability(self) -> AsyncIterator[bool]:
+        """:attr:`reachable` now, then each time it changes, when it changes:
+        blind once ``stale_after_s`` passes without an answer, seeing again at
+        the first answer. Runs beside the iteration that reads the records."""
+        seen = self.reachable
+        yield seen
+        while True:
+            if self.reachable:  # wake just past the moment it would turn blind
+                await asyncio.sleep(self._last_contact + self.stale_after_s
+                                    - time.monotonic() + 0.01)
+            else:
+                self._contacted.clear()
+                await self._contacted.wait()
+            if self.reachable != seen:
+                seen = not seen
+                yield seen
+
+    async def locate(self) -> int:
+        """Resolve the start to an offset now (see the module) and return it;
+        the iteration reads from there. Broker trouble is raised, translated
+        (:func:`~topics.clients.broker_error`)."""
+        consumer = make_consumer(self.settings, group=None, **self.consumer_options)
+        try:
+            await consumer.start()
+            consumer.assign([self.tp])
+            await self._seek(consumer)
+            self._contact()
+        except _BROKER_TROUBLE as exc:
+            raise broker_error(exc) from exc
+        finally:
+            await _stop_quietly(consumer, self.probe_timeout_s)
+        assert self.position is not None
+        return self.position
 
     def __aiter__(self) -> AsyncIterator[list[ConsumerRecord[bytes, bytes]]]:
         return self.batches()
