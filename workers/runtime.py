@@ -19,10 +19,11 @@ several events at once. Decisions:
 - **Nothing poisons the pipeline.** Every failure to decode, handle, encode
   or produce an event ends in ``conveyor.dlq`` (the original bytes and the
   error) plus an error reply to the client: 413 ``request_too_large`` for an
-  event larger than the topics carry, 500 otherwise. A handler's
-  :class:`RequestError` is an error reply alone. A failure that passes (the
-  broker unreachable, a leader moving) is retried with backoff and never
-  dead-lettered: the event is fine.
+  event larger than the topics carry, 500 otherwise; an event of the DLQ
+  itself is logged and passed over, never dead-lettered again (the DLQ
+  would feed itself). A handler's :class:`RequestError` is an error reply
+  alone. A failure that passes (the broker unreachable, a leader moving)
+  is retried with backoff and never dead-lettered: the event is fine.
 - **Cancels.** A layer with a ``cancel(request_id)`` method (preprocess,
   route, schedule) drops the events of cancelled requests and hears of each
   cancel (schedule drops a parked task); see workers/cancels.py.
@@ -67,9 +68,10 @@ from topics.clients import (
 )
 from topics.producer import Producer
 from workers.cancels import CancelList
+from workers.failures import failure_outputs
 from workers.inflight import PartitionBook
 from workers.layer import AssignmentAware, CancelAware, Layer, Record
-from workers.outputs import Output, Sender, error_info, failure_reply
+from workers.outputs import Output, Sender, error_info
 
 __all__ = ["LayerRuntime"]
 
@@ -323,17 +325,12 @@ class LayerRuntime:
 
     async def _fail(self, record: Record, envelope: Envelope | None, exc: BaseException,
                     detail: str) -> None:
-        """Dead-letter the event and, when it belongs to a request, fail it."""
-        self.probe.dead_letter()
+        """Dead-letter the event (never one of the DLQ itself) and, when it belongs
+        to a request, fail it: workers/failures.py."""
         sender = self._sender_()
-        letter = sender.letter_output(self.layer.name, record.topic, record.partition,
-                                      record.offset, record.key, record.value, detail)
-        reply = None
-        if envelope is not None:
-            reply = sender.error_output(envelope, error_info(failure_reply(exc, self.layer.name)))
-        for out in (letter, reply):
-            if out is None:
-                continue
+        for out in failure_outputs(sender, self.layer.name, record, envelope, exc, detail):
+            if out.event_type == "DeadLetter":
+                self.probe.dead_letter()
             try:
                 await self._produce([out])
             except (PermanentBrokerError, SchemaError) as again:

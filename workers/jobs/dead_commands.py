@@ -43,47 +43,67 @@ Decisions:
   letters; the second finds the job ``failed`` and does nothing, or, when the
   first failure is not yet published, sends ``invalid`` again, which the fold
   ignores (a final job takes no event).
-- **Never stuck, never skipping.** Broker trouble (Kafka down, a lookup timing
-  out) is retried with backoff on the same letter, logged once per kind per
-  ten seconds; a value that is not a DeadLetter, or a failure that cannot be
-  produced ever, is logged and passed over; any other failure is logged with
-  its traceback and the follower starts again from its last commit.
+- **On the layer runtime, not a loop of its own.** Following the DLQ is what
+  a layer does: a consumer group on one source topic, an event decoded as
+  the topic's type, outputs produced and acknowledged before the offset is
+  committed (below the lowest unfinished letter), passing broker trouble
+  retried with backoff on the same letter, letters of one job in order and
+  of different jobs side by side (:data:`_CONCURRENCY` at a time, each
+  reading ``conveyor.job-status``). So :class:`DeadLetters` is a
+  :class:`~workers.layer.Layer` and :class:`DeadCommands` runs it on a
+  :class:`~workers.runtime.LayerRuntime` of its own inside the jobs layer's
+  process, on the jobs layer's producer: one more source in the process, no
+  new process to deploy, and the group keeps its name so a running
+  deployment goes on from its commits. The shared follower
+  (:mod:`topics.follow`) was the other choice; it reads without a group, so
+  the commits, the acknowledgements before them and the retries would have
+  been written here again.
+- **Never stuck, never skipping, never feeding itself.** Broker trouble
+  (Kafka down, a lookup of ``conveyor.job-status`` timing out) is retried
+  with backoff on the same letter, logged once per kind per ten seconds. What
+  would make a layer dead-letter an event (a value that is not a
+  DeadLetter, a failure that cannot be produced ever, a bug) is logged and
+  the letter passed over: the runtime never dead-letters an event of the
+  DLQ into the DLQ (workers/failures.py), or the DLQ would feed itself. The
+  runtime's start is bounded (``startup_timeout_s``); when it gives up, or
+  ends for any reason, it is started again after a backoff, from the last
+  commit.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
 from typing import Any
 
-from aiokafka import ConsumerRecord, TopicPartition
+from aiokafka import TopicPartition
 
-from conveyor.errors import PermanentBrokerError, SchemaError, last_line
+from conveyor.errors import SchemaError, StartupTimeout, TransientBrokerError, last_line
 from conveyor.settings import Settings
-from schemas.codec import Codec
+from schemas.codec import Codec, EventType
 from schemas.records import DeadLetter, JobStatus
 from topics.backoff import Backoff, RateLimitedLog
 from topics.catalog import DLQ, JOB_STATUS, JOBS
-from topics.clients import KafkaError, make_consumer
 from topics.lookup import KeyLookup
 from workers.job_results import job_event
+from workers.layer import Record
 from workers.outputs import Output, Sender
+from workers.runtime import LayerRuntime
 
-__all__ = ["DEAD_COMMANDS_GROUP", "DeadCommands", "ended", "failure_event", "job_id_of",
-           "job_state"]
+__all__ = ["DEAD_COMMANDS_GROUP", "DeadCommands", "DeadLetters", "ended", "failure_event",
+           "job_id_of", "job_state"]
 
 log = logging.getLogger(__name__)
 
+# the layer's name, and so its consumer group (<prefix>.jobs-dead-letters)
 DEAD_COMMANDS_GROUP = "jobs-dead-letters"
 # the states of a job whose create command has not been carried out
 _NOT_STARTED = ("validating", "queued")
 # the states a job never leaves (a batch's and a background response's)
 _ENDED = ("completed", "failed", "cancelled", "expired", "incomplete")
-_BROKER_TROUBLE = (KafkaError, OSError, asyncio.TimeoutError)
-_POLL_MS = 500
 _LOOKUP_TIMEOUT_S = 10.0
+# letters of different jobs handled at a time (each reads conveyor.job-status)
+_CONCURRENCY = 4
 
 
 def job_id_of(settings: Settings, letter: DeadLetter) -> str | None:
@@ -125,96 +145,77 @@ def failure_event(settings: Settings, codec: Codec, letter: DeadLetter,
         {"object": obj, "errors": [error], "tenant": status["tenant"]}))
 
 
+class DeadLetters:
+    """The layer that follows ``conveyor.dlq`` and fails the jobs whose commands
+    are there; see the module."""
+
+    name = DEAD_COMMANDS_GROUP
+    source_type: EventType = "DeadLetter"
+
+    def __init__(self, settings: Settings, codec: Codec) -> None:
+        self.settings = settings
+        self.codec = codec
+        self.source_topic = DLQ.at(settings)
+
+    async def start(self, sender: Sender) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def handle(self, letter: DeadLetter, record: Record) -> list[Output]:
+        """The event that ends the letter's job, when it should end (none else)."""
+        job_id = job_id_of(self.settings, letter)
+        if job_id is None:
+            return []
+        try:
+            status = await self.state(letter, job_id)
+        except (OSError, TimeoutError) as exc:  # the lookup's broker did not answer
+            raise TransientBrokerError(f"{type(exc).__name__}: {exc}") from exc
+        out = failure_event(self.settings, self.codec, letter, status)
+        if out is None:
+            log.info("job %s: its command at %s[%d]@%d is a dead letter; the job goes on as "
+                     "it is", job_id, letter["topic"], letter["partition"], letter["offset"])
+            return []
+        return [out]
+
+    async def state(self, letter: DeadLetter, job_id: str) -> JobStatus | None:
+        return await job_state(self.settings, self.codec, letter, job_id)
+
+    def committable(self, tp: TopicPartition, next_offset: int) -> int:
+        return next_offset
+
+    def revoked(self, partitions: list[TopicPartition]) -> None:
+        return None
+
+
 class DeadCommands:
-    """Follows ``conveyor.dlq`` and fails the jobs whose commands are there."""
+    """The jobs layer's background task: :class:`DeadLetters` on a runtime of its
+    own, on the jobs layer's producer, started again whenever it ends."""
 
     def __init__(self, settings: Settings, sender: Sender) -> None:
         self.settings = settings
         self.sender = sender
-        self.codec = sender.codec
-        self._dlq = DLQ.at(settings)
         self._problems = RateLimitedLog(log)
+
+    def runtime(self) -> LayerRuntime:
+        return LayerRuntime(self.settings, DeadLetters(self.settings, self.sender.codec),
+                            codec=self.sender.codec, producer=self.sender.producer,
+                            max_concurrency=_CONCURRENCY)
 
     async def run(self) -> None:
         """Follow for ever (until cancelled); see the module for what is retried."""
         backoff = Backoff(max_s=self.settings.retry_backoff_max_s)
         while True:
-            consumer = make_consumer(self.settings, self._dlq,
-                                     group=self.settings.group(DEAD_COMMANDS_GROUP))
             try:
-                await consumer.start()
-                backoff.reset()
-                await self._follow(consumer)
-            except _BROKER_TROUBLE as exc:
-                self._problems.warning("start", "dead commands: cannot follow %s (%s: %s); "
-                                       "retrying", self._dlq, type(exc).__name__, exc)
+                await self.runtime().run()
+            except (StartupTimeout, TransientBrokerError) as exc:
+                self._problems.warning("start", "dead commands: cannot follow %s (%s); "
+                                       "retrying", DLQ.at(self.settings), exc)
             except Exception:
                 log.exception("dead commands: following %s failed; starting again from the "
-                              "last commit", self._dlq)
-            finally:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(consumer.stop(), 10)
+                              "last commit", DLQ.at(self.settings))
             await backoff.wait()
-
-    async def _follow(self, consumer: Any) -> None:
-        backoff = Backoff(max_s=self.settings.retry_backoff_max_s)
-        while True:
-            try:
-                batch = await consumer.getmany(timeout_ms=_POLL_MS)
-            except KafkaError as exc:
-                self._problems.warning("poll", "dead commands: fetching failed (%s); retrying",
-                                       exc)
-                await backoff.wait()
-                continue
-            backoff.reset()
-            for tp, records in batch.items():
-                for record in records:
-                    await self._settle(record)
-                await self._commit(consumer, tp, records[-1].offset + 1)
-
-    async def _commit(self, consumer: Any, tp: TopicPartition, offset: int) -> None:
-        try:
-            await consumer.commit({tp: offset})
-        except KafkaError as exc:  # read again after a restart: handling is idempotent
-            self._problems.warning("commit", "dead commands: commit failed for now: %s", exc)
-
-    async def _settle(self, record: ConsumerRecord[bytes, bytes]) -> None:
-        """Handle one letter, retrying broker trouble until it is done."""
-        backoff = Backoff(max_s=self.settings.retry_backoff_max_s)
-        while True:
-            try:
-                await self.handle(record.value)
-                return
-            except _BROKER_TROUBLE as exc:
-                self._problems.warning("handle", "dead commands: the broker failed on the "
-                                       "letter at %d (%s: %s); retrying", record.offset,
-                                       type(exc).__name__, exc)
-                await backoff.wait()
-
-    async def handle(self, value: bytes | None) -> Output | None:
-        """End the job of one letter when it should end; the event sent, if any."""
-        try:
-            letter: DeadLetter = self.codec.decode(value, "DeadLetter")
-        except SchemaError as exc:
-            log.warning("dead commands: not a dead letter, passed over: %s", exc)
-            return None
-        job_id = job_id_of(self.settings, letter)
-        if job_id is None:
-            return None
-        out = failure_event(self.settings, self.codec, letter, await self.state(letter, job_id))
-        if out is None:
-            log.info("job %s: its command at %s[%d]@%d is a dead letter; the job goes on as "
-                     "it is", job_id, letter["topic"], letter["partition"], letter["offset"])
-            return None
-        try:
-            await self.sender.produce([out])
-        except (PermanentBrokerError, SchemaError) as exc:
-            log.error("job %s: cannot produce its failure: %s", job_id, exc)
-            return None
-        return out
-
-    async def state(self, letter: DeadLetter, job_id: str) -> JobStatus | None:
-        return await job_state(self.settings, self.codec, letter, job_id)
 
 
 async def job_state(settings: Settings, codec: Codec, letter: DeadLetter,

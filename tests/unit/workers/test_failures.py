@@ -1,0 +1,46 @@
+"""What an event a layer gave up on becomes: a dead letter and an error reply,
+and no letter at all for an event of the DLQ itself (the DLQ would feed itself)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from aiokafka import ConsumerRecord
+
+from conveyor.errors import SchemaError
+from conveyor.settings import Settings
+from schemas.codec import default_codec
+from tests.support.factories import request
+from workers.failures import failure_outputs
+from workers.outputs import Sender
+
+SETTINGS = Settings(topic_prefix="t")
+
+
+def record(topic: str) -> Any:
+    return ConsumerRecord(topic=topic, partition=0, offset=5, timestamp=0, timestamp_type=0,
+                          key=b"k", value=b"\x00junk", checksum=None, serialized_key_size=1,
+                          serialized_value_size=5, headers=())
+
+
+def sender() -> Sender:
+    return Sender(SETTINGS, None, default_codec())  # type: ignore[arg-type]  # never produces
+
+
+def test_an_event_of_a_layer_becomes_a_letter_and_an_error_reply() -> None:
+    envelope = request()["envelope"]
+    letter, reply = failure_outputs(sender(), "route", record("t.prepared"), envelope,
+                                    SchemaError("bad"), "SchemaError: bad")
+    assert (letter.topic, letter.event_type) == ("t.dlq", "DeadLetter")
+    assert letter.record["topic"] == "t.prepared" and letter.record["offset"] == 5
+    assert (reply.topic, reply.event_type) == ("t.replies", "Reply")
+
+
+def test_an_event_of_the_dlq_is_passed_over_not_dead_lettered_again(
+        caplog: pytest.LogCaptureFixture) -> None:
+    assert failure_outputs(sender(), "jobs-dead-letters", record("t.dlq"), None,
+                           SchemaError("bad"), "Traceback...\nSchemaError: bad") == []
+    [line] = [r.getMessage() for r in caplog.records if r.name == "workers.failures"]
+    assert line == ("jobs-dead-letters: passing over t.dlq@5, not dead-lettered again: "
+                    "SchemaError: bad")

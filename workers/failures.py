@@ -1,0 +1,41 @@
+"""What an event a layer gave up on becomes: a dead letter on ``conveyor.dlq``
+(the original bytes and the error) and, when the event belongs to a request,
+the error reply that fails it (:mod:`workers.runtime` produces them).
+
+An event read from the DLQ itself gets no letter: a letter of a letter would
+put the DLQ's own poison back into the DLQ, which a follower of the DLQ (the
+jobs layer's dead commands) would read again, for ever. Such an event is
+logged and passed over; the record stays where it is, in the DLQ.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from conveyor.errors import last_line
+from schemas.records import Envelope
+from workers.layer import Record
+from workers.outputs import Output, Sender, error_info, failure_reply
+
+__all__ = ["failure_outputs"]
+
+log = logging.getLogger(__name__)
+
+
+def failure_outputs(sender: Sender, layer: str, record: Record, envelope: Envelope | None,
+                    exc: BaseException, detail: str) -> list[Output]:
+    """The dead letter (none for an event of the DLQ) and the error reply (none
+    without a request, or one without a reply address) of ``record``."""
+    outputs: list[Output] = []
+    letter = sender.letter_output(layer, record.topic, record.partition, record.offset,
+                                  record.key, record.value, detail)
+    if letter.topic == record.topic:
+        log.error("%s: passing over %s@%d, not dead-lettered again: %s", layer, record.topic,
+                  record.offset, last_line(detail))
+    else:
+        outputs.append(letter)
+    if envelope is not None:
+        reply = sender.error_output(envelope, error_info(failure_reply(exc, layer)))
+        if reply is not None:
+            outputs.append(reply)
+    return outputs
