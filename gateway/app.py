@@ -48,6 +48,7 @@ from gateway.jobs.board import JobBoard
 from gateway.limits import BodyLimit
 from gateway.metrics_route import install_metrics
 from gateway.openapi import install_openapi
+from gateway.publisher import Publisher
 from gateway.replies import ReplyLease, ReplyRouter
 from gateway.responses.api_router import responses_router
 from gateway.serving import Serving
@@ -114,9 +115,10 @@ async def _collaborators(app: FastAPI, settings: Settings, gateway_id: str,
                               socket_connect_timeout=_REDIS_TIMEOUT_S,
                               retry=Retry(NoBackoff(), 1),
                               retry_on_error=[RedisConnectionError])
-    producer = make_producer(settings)
+    # the gateway's one producer: requests, cancels, job commands and audit events
+    publisher = Publisher(settings, make_producer(settings), codec)
     kafka, within = kafka_address(settings.kafka_bootstrap), settings.startup_timeout_s
-    await started("the Kafka producer to connect", producer.start, within=within, log=log,
+    await started("the Kafka producer to connect", publisher.start, within=within, log=log,
                   where=kafka)
     lease = ReplyLease(settings, redis, gateway_id, health.part("reply-lease"))
     router_ = ReplyRouter(settings, codec, lease, health.part("replies"))
@@ -125,13 +127,12 @@ async def _collaborators(app: FastAPI, settings: Settings, gateway_id: str,
                   within=within, log=log, retry_on=(RedisConnectionError,),
                   where=f"{redis_address(settings.redis_url)}, {kafka}")
     tracing = make_tracer(settings.trace_exporter, "gateway")
-    app.state.serving = Serving(settings, producer, router_, codec, gateway_id, tracing.tracer,
-                                produce_timeout_s=settings.produce_timeout_s)
+    app.state.serving = Serving(settings, publisher, router_, gateway_id, tracing.tracer)
     app.state.serving.metrics = app.state.gateway_metrics
-    audit = Audit(settings, producer, codec, actor=gateway_id)
+    audit = Audit(settings, publisher, actor=gateway_id)
     app.state.usage = UsageLedger(settings, redis)
     board = JobBoard(settings, codec)
-    app.state.batches = Batches(settings, producer, codec, board, app.state.files)
+    app.state.batches = Batches(settings, publisher, board, app.state.files)
     health.tasks.extend([
         asyncio.create_task(router_.run(), name="replies"),
         asyncio.create_task(lease.keep(), name="reply-lease"),
@@ -139,7 +140,7 @@ async def _collaborators(app: FastAPI, settings: Settings, gateway_id: str,
     ])
     if settings.auth != "none":
         _identity(app, settings, redis, audit, gateway_id, health)
-    app.state.background_responses = BackgroundResponses(settings, producer, codec, board,
+    app.state.background_responses = BackgroundResponses(settings, publisher, board,
                                                          app.state.admitter)
     log.info("gateway %s: reply partition %d", gateway_id, router_.partition)
     try:
@@ -150,8 +151,7 @@ async def _collaborators(app: FastAPI, settings: Settings, gateway_id: str,
         await asyncio.gather(*health.tasks, return_exceptions=True)
         await router_.stop()
         await app.state.admitter.drain()
-        await audit.drain()
-        await producer.stop()
+        await publisher.close()  # what must arrive (cancels) has produce_timeout_s to go
         await redis.aclose()
         tracing.shutdown()
 

@@ -1,19 +1,21 @@
 """``conveyor.audit``: a record of who changed keys and limits, and who was refused.
 
 Events never hold a secret: a key is named by its id, or by the first 12
-hex digits of its keyed hash when it is unknown. Writing an audit event never
-fails or slows the request that caused it: it is produced in the background,
-and a broker that cannot take it costs a (rate-limited) warning line.
+hex digits of its keyed hash when it is unknown. The gateway's audit events
+(refusals, on a request's path) go through its publisher fire-and-forget
+(:meth:`~gateway.publisher.Publisher.publish_soon`): writing one never fails
+or slows the request that caused it, and a broker that cannot take it costs a
+rate-limited warning line (why not a send that must arrive: see
+gateway/publisher.py). The CLI waits for its events (:meth:`Audit.write`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import socket
 from typing import Any
 
 from conveyor.settings import Settings
+from gateway.publisher import Publisher
 from schemas.codec import Codec, default_codec
 from schemas.records import AuditEvent
 from topics.catalog import AUDIT
@@ -21,9 +23,6 @@ from topics.envelope import now_ms
 from topics.producer import Producer
 
 __all__ = ["Audit", "audit_event", "cli_actor"]
-
-log = logging.getLogger(__name__)
-
 
 def cli_actor() -> str:
     """Who acts from the command line: ``cli@<host>``."""
@@ -39,36 +38,31 @@ def audit_event(action: str, *, tenant: str = "", key_id: str = "", hash_prefix:
 
 
 class Audit:
-    """Produces audit events on ``conveyor.audit`` (key = tenant, or actor)."""
+    """Produces audit events on ``conveyor.audit`` (key = tenant, or actor)
+    through ``publisher``: the gateway's, or one made of a CLI's producer (and
+    ``codec``)."""
 
-    def __init__(self, settings: Settings, producer: Producer,
+    def __init__(self, settings: Settings, publisher: Publisher | Producer,
                  codec: Codec | None = None, actor: str = "") -> None:
-        self.topic = AUDIT.at(settings)
-        self.producer = producer
-        self.codec = codec or default_codec()
+        self.publisher = publisher if isinstance(publisher, Publisher) else Publisher(
+            settings, publisher, codec or default_codec())
         self.actor = actor
-        self._pending: set[asyncio.Task[Any]] = set()
 
     async def write(self, event: AuditEvent) -> None:
-        """Produce and wait for the broker (the CLI, which must not exit first)."""
-        if not event["actor"]:
-            event["actor"] = self.actor
-        key = (event["tenant"] or event["actor"] or "-").encode()
-        await self.producer.send_and_wait(self.topic, self.codec.encode("AuditEvent", event),
-                                          key=key)
+        """Produce and wait for the broker (the CLI, which must not exit first);
+        raises :class:`~conveyor.errors.PipelineUnavailable` when Kafka does not
+        take it within ``produce_timeout_s``."""
+        await self.publisher.publish(AUDIT, event, self._keyed(event),
+                                     what=f"the audit event {event['action']}")
 
     def record(self, action: str, **fields: Any) -> None:
         """Produce in the background (the gateway, on a request's path)."""
-        task = asyncio.create_task(self._write_quietly(audit_event(action, **fields)))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        event = audit_event(action, **fields)
+        self.publisher.publish_soon(AUDIT, event, self._keyed(event),
+                                    what=f"the audit event {action}")
 
-    async def _write_quietly(self, event: AuditEvent) -> None:
-        try:
-            await self.write(event)
-        except Exception as exc:  # the broker is down: the request goes on
-            log.warning("audit event %s not written: %r", event["action"], exc)
-
-    async def drain(self) -> None:
-        if self._pending:
-            await asyncio.gather(*self._pending, return_exceptions=True)
+    def _keyed(self, event: AuditEvent) -> str:
+        """The event's Kafka key (its tenant, else its actor), its actor filled in."""
+        if not event["actor"]:
+            event["actor"] = self.actor
+        return event["tenant"] or event["actor"] or "-"

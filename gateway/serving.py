@@ -17,13 +17,14 @@ event over ``max_event_bytes`` (or one the broker refuses as too large) is a
 413. A broker that does not take the request within ``produce_timeout_s``, or
 that the reply follower sees as unreachable, is a 503 ``pipeline_unavailable``
 at once: the client hears "the pipeline is unavailable", not a wait that ends
-in a misleading ``no_worker_available``.
+in a misleading ``no_worker_available``. Requests and cancels reach Kafka
+through the gateway's :class:`~gateway.publisher.Publisher`: a request on the
+request's path, a cancel as a send that must arrive.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
@@ -33,14 +34,7 @@ from typing import Any
 
 from opentelemetry import trace
 
-from conveyor.errors import (
-    BrokerError,
-    InvalidRequest,
-    PipelineUnavailable,
-    RequestError,
-    RequestTooLarge,
-    SchemaError,
-)
+from conveyor.errors import PipelineUnavailable, RequestError
 from conveyor.metrics import GatewayMetrics
 from conveyor.settings import Settings
 from conveyor.tracing import genai_request_attributes, layer_span, trace_id_of
@@ -51,14 +45,12 @@ from gateway.auth.authenticate import ANONYMOUS
 from gateway.auth.types import Identity
 from gateway.generations import chat_generation, completion_generation
 from gateway.protocol import ChatCompletionRequest, CompletionRequest
+from gateway.publisher import NotTakenInTime, Publisher
 from gateway.replies import ReplyRouter, fold_answer
 from gateway.resume import ReplySource, ResumeWatch, event_id
-from schemas.codec import Codec
 from schemas.records import Control, Generation, Reply, Request
 from topics.catalog import CONTROL, REQUESTS
-from topics.clients import EventTooLarge, KafkaError, broker_error
 from topics.envelope import new_envelope, new_request_id, now_ms
-from topics.producer import Producer
 from workers.postprocess.chunks import full_response
 
 __all__ = ["Serving", "Answer"]
@@ -72,20 +64,16 @@ log = logging.getLogger(__name__)
 
 
 class Serving:
-    def __init__(self, settings: Settings, producer: Producer, router: ReplyRouter,
-                 codec: Codec, gateway_id: str, tracer: trace.Tracer | None = None,
-                 produce_timeout_s: float = 5.0) -> None:
+    def __init__(self, settings: Settings, publisher: Publisher, router: ReplyRouter,
+                 gateway_id: str, tracer: trace.Tracer | None = None) -> None:
         self.settings = settings
-        self.produce_timeout_s = produce_timeout_s
-        self.producer = producer
+        self.publisher = publisher
         self.router = router
-        self.codec = codec
+        self.codec = publisher.codec
         self.gateway_id = gateway_id
         self.tracer = tracer or trace.NoOpTracer()
         self.metrics = GatewayMetrics.off()  # build_app sets the process's
-        self._requests = REQUESTS.at(settings)
-        self._control = CONTROL.at(settings)
-        self._cancels: set[asyncio.Task[None]] = set()
+        self._graces: set[asyncio.Task[None]] = set()  # cancels waiting out resume_grace_s
         self._watch: ResumeWatch | None = None
 
     @property
@@ -133,8 +121,7 @@ class Serving:
         try:
             with layer_span(self.tracer, "gateway", envelope) as span:
                 span.set_attributes(genai_request_attributes(generation))
-                value = self._encode_request(Request(envelope=envelope, generation=generation))
-                await self._produce_request(rid, value, envelope["traceparent"])
+                await self._produce_request(Request(envelope=envelope, generation=generation))
         except BaseException:
             self.router.close(rid)
             raise
@@ -146,53 +133,41 @@ class Serving:
         answer.started = started
         return answer
 
-    def _encode_request(self, request: Request) -> bytes:
-        try:
-            value = self.codec.encode("Request", request)
-        except SchemaError as exc:  # protocol.py should have refused it: say what it was
-            raise InvalidRequest(f"The request holds a value the pipeline cannot carry: "
-                                 f"{exc}") from exc
-        if len(value) > self.settings.max_event_bytes:
-            raise RequestTooLarge(f"The request is {len(value)} bytes as an event; at most "
-                                  f"{self.settings.max_event_bytes} fit.")
-        return value
-
-    async def _produce_request(self, rid: str, value: bytes, traceparent: str) -> None:
+    async def _produce_request(self, request: Request) -> None:
         """Produce the Request event, waiting at most ``produce_timeout_s``: a broker
         that is down answers 503 at once rather than after aiokafka's 30 s. The event
         may still be delivered after the wait gave up, so a cancel follows it."""
+        envelope = request["envelope"]
+        rid = envelope["request_id"]
         try:
-            await asyncio.wait_for(
-                self.producer.send_and_wait(self._requests, value, key=rid.encode(),
-                                            headers=[("traceparent", traceparent.encode())]),
-                self.produce_timeout_s)
-        except TimeoutError:
-            self.cancel(rid, "the request could not be produced in time")
-            raise PipelineUnavailable("The pipeline is unavailable (Kafka did not take the "
-                                      "request in time); try again later.") from None
-        except (KafkaError, BrokerError) as exc:
-            error = broker_error(exc)
-            if isinstance(error, EventTooLarge):
-                raise RequestTooLarge("The request is larger than the pipeline can carry "
-                                      f"in one event: {exc}") from exc
-            raise PipelineUnavailable(f"The pipeline is unavailable ({error}); "
-                                      "try again later.") from exc
+            await self.publisher.publish(
+                REQUESTS, request, rid, what="the request",
+                headers=[("traceparent", envelope["traceparent"].encode())])
+        except NotTakenInTime:
+            self.cancel(rid, "the request could not be produced in time",
+                        deadline_ms=envelope["deadline_ms"] or None)
+            raise
 
     def cancel(self, request_id: str, reason: str, grace_s: float = 0.0,
-               reader: str | None = None) -> None:
-        """Tell the pipeline to stop this request. The send runs as its own task: it is
-        often asked for from a response that is being cancelled (the client left),
-        where any await of ours would be cancelled too. With ``grace_s`` the cancel
-        waits that long and is dropped when a resumed stream other than ``reader``
-        (a watch token) reads the request by then."""
-        work = (self._cancel_unless_resumed(request_id, reason, grace_s, reader)
-                if grace_s > 0 else self._send_cancel(request_id, reason))
-        task = asyncio.create_task(work)
-        self._cancels.add(task)
-        task.add_done_callback(self._cancels.discard)
+               reader: str | None = None, deadline_ms: int | None = None) -> None:
+        """Tell the pipeline to stop this request. The cancel must arrive: the
+        publisher sends it in the background (it is often asked for from a response
+        that is being cancelled, the client gone, where any await of ours would be
+        cancelled too) and again while Kafka does not take it, until the request's
+        ``deadline_ms`` (default ``request_timeout_s`` from now), past which the
+        workers stop the generation themselves. With ``grace_s`` the cancel waits
+        that long and is dropped when a resumed stream other than ``reader`` (a
+        watch token) reads the request by then."""
+        if grace_s <= 0:
+            self._send_cancel(request_id, reason, deadline_ms)
+            return
+        task = asyncio.create_task(
+            self._cancel_unless_resumed(request_id, reason, grace_s, reader, deadline_ms))
+        self._graces.add(task)
+        task.add_done_callback(self._graces.discard)
 
     async def _cancel_unless_resumed(self, request_id: str, reason: str, grace_s: float,
-                                     reader: str | None) -> None:
+                                     reader: str | None, deadline_ms: int | None) -> None:
         await asyncio.sleep(grace_s)
         try:
             if await self.watch.watched_by_another(request_id, reader):
@@ -202,14 +177,13 @@ class Serving:
         except Exception as exc:  # Redis cannot say: cancel, as without resumption
             log.warning("request %s: whether a resumed stream reads it is unknown (%r); "
                         "cancelling", request_id, exc)
-        await self._send_cancel(request_id, f"{reason} (not resumed within {grace_s:g} s)")
+        self._send_cancel(request_id, f"{reason} (not resumed within {grace_s:g} s)",
+                          deadline_ms)
 
-    async def _send_cancel(self, request_id: str, reason: str) -> None:
+    def _send_cancel(self, request_id: str, reason: str, deadline_ms: int | None) -> None:
         control = Control(request_id=request_id, action="cancel", reason=reason, ts_ms=now_ms())
-        with contextlib.suppress(Exception):
-            await self.producer.send_and_wait(self._control,
-                                              self.codec.encode("Control", control),
-                                              key=request_id.encode())
+        self.publisher.deliver(CONTROL, control, request_id, until_ms=deadline_ms,
+                               what=f"the cancel of request {request_id}")
 
     # -- answers ------------------------------------------------------------
 

@@ -4,7 +4,8 @@ read back with ``GET /v1/responses/{id}``, stopped with ``.../cancel``.
 
 Like a batch, a background response is a job: its first state goes to
 ``conveyor.job-status`` and its ``create`` command (with the Generation the
-gateway built) to ``conveyor.jobs``; the results layer publishes its later
+gateway built) to ``conveyor.jobs``, through the gateway's publisher on the
+request's path; the results layer publishes its later
 states, which the :class:`~gateway.jobs.board.JobBoard` serves. Only
 background responses are kept: an answered-at-once response cannot be read
 back (``store`` is accepted and ignored for those).
@@ -24,14 +25,13 @@ from typing import Any
 from conveyor.errors import InvalidRequest, RequestError
 from conveyor.settings import Settings
 from gateway.auth.types import Identity
-from gateway.jobs.batches import send_events
 from gateway.jobs.board import JobBoard
+from gateway.publisher import Publisher
 from gateway.responses.objects import new_response_id, response_object
 from gateway.responses.protocol import ResponsesRequest
-from schemas.codec import Codec
 from schemas.records import Generation, JobCommand, JobStatus
+from topics.catalog import JOB_STATUS, JOBS
 from topics.envelope import now_ms
-from topics.producer import Producer
 
 __all__ = ["BackgroundResponses"]
 
@@ -39,11 +39,10 @@ _RUNNING = ("queued", "in_progress")
 
 
 class BackgroundResponses:
-    def __init__(self, settings: Settings, producer: Producer, codec: Codec,
-                 board: JobBoard, admitter: Any = None) -> None:
+    def __init__(self, settings: Settings, publisher: Publisher, board: JobBoard,
+                 admitter: Any = None) -> None:
         self.settings = settings
-        self.producer = producer
-        self.codec = codec
+        self.publisher = publisher
         self.board = board
         self.admitter = admitter
 
@@ -66,9 +65,8 @@ class BackgroundResponses:
                              input_file_id="", endpoint="/v1/responses", completion_window="",
                              metadata={}, generation=generation, models=[],
                              body=json.dumps(obj))
-        await send_events(self.settings, self.producer, self.codec,
-                          [("job-status", "JobStatus", status), ("jobs", "JobCommand", command)],
-                          response_id)
+        await self.publisher.publish(JOB_STATUS, status, response_id, what="the response")
+        await self.publisher.publish(JOBS, command, response_id, what="the response")
         self.board.put(status)
         return obj
 
@@ -90,6 +88,6 @@ class BackgroundResponses:
                              tenant=identity.tenant, key_id=identity.key_id, ts_ms=now_ms(),
                              input_file_id="", endpoint="/v1/responses", completion_window="",
                              metadata={}, generation=None, models=[], body="")
-        await send_events(self.settings, self.producer, self.codec,
-                          [("jobs", "JobCommand", command)], response_id)
+        await self.publisher.publish(JOBS, command, response_id,
+                                     what="the response's cancel")
         return {**obj, "status": "cancelled"}

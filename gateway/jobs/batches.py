@@ -3,15 +3,16 @@
 Creating a batch checks what can be checked at once (the input file is the
 tenant's and was uploaded for batches, the endpoint and window are ones
 Conveyor serves), then writes the batch's first state (``validating``) to
-``conveyor.job-status`` and its ``create`` command to ``conveyor.jobs``, and
-answers with the Batch object. Everything after that (checking every line,
-running them, writing the output) happens in the pipeline's jobs layers; the
-state a client reads comes from the :class:`~gateway.jobs.board.JobBoard`.
+``conveyor.job-status`` and its ``create`` command to ``conveyor.jobs`` (through
+the gateway's publisher, on the request's path: 503 when Kafka does not take
+them within ``produce_timeout_s``), and answers with the Batch object.
+Everything after that (checking every line, running them, writing the output)
+happens in the pipeline's jobs layers; the state a client reads comes from the
+:class:`~gateway.jobs.board.JobBoard`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
@@ -19,16 +20,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from conveyor.errors import InvalidRequest, PipelineUnavailable, RequestError
+from conveyor.errors import InvalidRequest, RequestError
 from conveyor.settings import Settings
 from gateway.auth.types import Identity
 from gateway.jobs.board import JobBoard
-from schemas.codec import Codec
+from gateway.publisher import Publisher
 from schemas.records import JobCommand, JobStatus
+from topics.catalog import JOB_STATUS, JOBS
 from topics.envelope import now_ms
-from topics.producer import Producer
 
-__all__ = ["Batches", "BatchCreateRequest", "page", "send_events"]
+__all__ = ["Batches", "BatchCreateRequest", "page"]
 
 _WINDOW_S = 24 * 3600
 _CANCELLABLE = ("validating", "in_progress")
@@ -69,11 +70,10 @@ def page(items: list[dict[str, Any]], after: str | None, limit: int) -> dict[str
 
 
 class Batches:
-    def __init__(self, settings: Settings, producer: Producer, codec: Codec,
-                 board: JobBoard, files: Any) -> None:
+    def __init__(self, settings: Settings, publisher: Publisher, board: JobBoard,
+                 files: Any) -> None:
         self.settings = settings
-        self.producer = producer
-        self.codec = codec
+        self.publisher = publisher
         self.board = board
         self.files = files
 
@@ -104,8 +104,8 @@ class Batches:
         command = self._command(identity, batch["id"], "create", body.input_file_id,
                                 body.endpoint, body.completion_window, body.metadata or {},
                                 json.dumps(batch))
-        await self._send([("job-status", "JobStatus", status), ("jobs", "JobCommand", command)],
-                         batch["id"])
+        await self.publisher.publish(JOB_STATUS, status, batch["id"], what="the batch")
+        await self.publisher.publish(JOBS, command, batch["id"], what="the batch")
         self.board.put(status)
         return batch
 
@@ -128,7 +128,7 @@ class Batches:
                                status=409, type="invalid_request_error", code=None)
         command = self._command(identity, batch_id, "cancel", batch["input_file_id"],
                                 batch["endpoint"], batch["completion_window"], {}, "")
-        await self._send([("jobs", "JobCommand", command)], batch_id)
+        await self.publisher.publish(JOBS, command, batch_id, what="the batch's cancel")
         return {**batch, "status": "cancelling", "cancelling_at": int(time.time())}
 
     def _command(self, identity: Identity, job_id: str, action: Literal["create", "cancel"],
@@ -138,20 +138,3 @@ class Batches:
                           key_id=identity.key_id, ts_ms=now_ms(), input_file_id=input_file_id,
                           endpoint=endpoint, completion_window=window, metadata=metadata,
                           generation=None, models=sorted(identity.models or ()), body=body)
-
-    async def _send(self, events: list[tuple[str, Any, Any]], key: str) -> None:
-        await send_events(self.settings, self.producer, self.codec, events, key)
-
-
-async def send_events(settings: Settings, producer: Producer, codec: Codec,
-                      events: list[tuple[str, Any, Any]], key: str) -> None:
-    """Produce ``(topic, event type, record)`` in order, each waited for (503 when
-    Kafka does not take one within ``produce_timeout_s``)."""
-    try:
-        for topic, event_type, record in events:
-            await asyncio.wait_for(producer.send_and_wait(
-                settings.topic(topic), codec.encode(event_type, record), key=key.encode()),
-                settings.produce_timeout_s)
-    except Exception as exc:
-        raise PipelineUnavailable("The pipeline is unavailable (Kafka did not take the "
-                                  "job in time); try again later.") from exc

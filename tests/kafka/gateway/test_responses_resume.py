@@ -43,7 +43,7 @@ from gateway.resume import ResumeWatch
 from gateway.serving import Answer, Serving
 from schemas.codec import default_codec
 from schemas.records import ErrorInfo, Generation, Reply, Request, Usage
-from tests.support.gateway_fakes import Lease, RecordingProducer, Router
+from tests.support.gateway_fakes import Lease, RecordingProducer, Router, publisher
 from tests.support.pipeline import TEST_MODELS, drop_topics
 from topics.admin import ensure_topics
 from topics.catalog import catalog
@@ -87,8 +87,8 @@ def serving(redis: aioredis.Redis | None = None, **settings: Any
             ) -> tuple[Serving, RecordingProducer]:
     producer = RecordingProducer()
     s = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}", **settings)
-    return Serving(s, producer, Router(Lease(redis)),  # type: ignore[arg-type]
-                   default_codec(), "g"), producer
+    return Serving(s, publisher(s, producer),
+                   Router(Lease(redis)), "g"), producer  # type: ignore[arg-type]
 
 
 async def events_of(replies: list[Reply], req: ResponsesRequest, pause_s: float = 0.0,
@@ -310,8 +310,9 @@ async def log(services: None) -> AsyncIterator[Log]:
 
 
 def resume_serving(log: Log, redis: aioredis.Redis, **update: Any) -> Serving:
-    return Serving(log.settings.model_copy(update=update), log.producer,
-                   Router(Lease(redis)), default_codec(), "g")  # type: ignore[arg-type]
+    settings = log.settings.model_copy(update=update)
+    return Serving(settings, publisher(settings, log.producer),
+                   Router(Lease(redis)), "g")  # type: ignore[arg-type]
 
 
 async def test_a_response_resumes_from_the_log_then_live(log: Log,

@@ -29,7 +29,7 @@ from gateway.resume import (
 from gateway.serving import Answer, Serving
 from schemas.codec import default_codec
 from schemas.records import Reply
-from tests.support.gateway_fakes import Lease, RecordingProducer, Router
+from tests.support.gateway_fakes import Lease, RecordingProducer, Router, publisher
 from topics.envelope import new_envelope, now_ms
 from workers.infer.gateways import GatewayWatch
 
@@ -73,8 +73,8 @@ def serving(redis: aioredis.Redis, grace_s: float) -> tuple[Serving, RecordingPr
     producer = RecordingProducer()
     settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}", resume_grace_s=grace_s,
                         sse_keepalive_s=5)
-    return Serving(settings, producer, Router(Lease(redis)),  # type: ignore[arg-type]
-                   default_codec(), "g"), producer
+    return Serving(settings, publisher(settings, producer),
+                   Router(Lease(redis)), "g"), producer  # type: ignore[arg-type]
 
 
 async def test_events_are_numbered_per_chunk_object(redis: aioredis.Redis) -> None:

@@ -19,7 +19,7 @@ from gateway.replies import ReplyStream
 from gateway.serving import Answer, Serving
 from schemas.codec import default_codec
 from schemas.records import Reply
-from tests.support.gateway_fakes import RecordingProducer, Router
+from tests.support.gateway_fakes import RecordingProducer, Router, ScriptedProducer, publisher
 from topics.envelope import new_envelope
 
 
@@ -33,9 +33,10 @@ def reply(index: int, kind: str, chunks: list[dict[str, Any]] | None = None) -> 
 def setup(keepalive: float = 0.05, deadline_s: float = 5.0, grace_s: float = 0,
           resumable: bool = True) -> tuple[Serving, Answer, RecordingProducer]:
     producer = RecordingProducer()
-    serving = Serving(Settings(topic_prefix="sv", sse_keepalive_s=keepalive,
-                               resume_grace_s=grace_s, resumable_streams=resumable),
-                      producer, Router(), default_codec(), "g")  # type: ignore[arg-type]
+    settings = Settings(topic_prefix="sv", sse_keepalive_s=keepalive, resume_grace_s=grace_s,
+                        resumable_streams=resumable)
+    serving = Serving(settings, publisher(settings, producer), Router(),  # type: ignore[arg-type]
+                      "g")
     answer = Answer(serving, ReplyStream("r1"), time.monotonic() + deadline_s)
     return serving, answer, producer
 
@@ -171,8 +172,8 @@ class BrokerStandIn:
 def submitting(producer: BrokerStandIn, unreachable: bool = False,
                **settings: Any) -> tuple[Serving, SubmitRouter]:
     router = SubmitRouter(unreachable=unreachable)
-    serving = Serving(Settings(topic_prefix="sv", **settings), producer,  # type: ignore[arg-type]
-                      router, default_codec(), "g", produce_timeout_s=0.2)  # type: ignore[arg-type]
+    s = Settings(topic_prefix="sv", produce_timeout_s=0.2, **settings)
+    serving = Serving(s, publisher(s, producer), router, "g")  # type: ignore[arg-type]
     return serving, router
 
 
@@ -191,6 +192,24 @@ async def test_a_broker_that_does_not_answer_is_a_prompt_503() -> None:
     await asyncio.sleep(0.05)
     [(topic, _)] = producer.sent  # and the request, should it still arrive, is cancelled
     assert topic == "sv.control"
+
+
+async def test_a_cancel_kafka_refuses_for_now_still_arrives() -> None:
+    # it was one attempt whose failure was swallowed: the generation ran on for a
+    # client that had left (on the real broker: tests/faults/gateway/test_publisher_faults.py)
+    from aiokafka.errors import KafkaConnectionError, NotLeaderForPartitionError
+
+    producer = ScriptedProducer([KafkaConnectionError("refused"), NotLeaderForPartitionError()])
+    settings = Settings(topic_prefix="sv", retry_backoff_max_s=0.02)
+    serving = Serving(settings, publisher(settings, producer), Router(), "g")  # type: ignore[arg-type]
+    serving.cancel("r1", "client disconnected")
+    for _ in range(200):
+        if producer.sent:
+            break
+        await asyncio.sleep(0.01)
+    [(topic, value, key, _)] = producer.sent
+    assert (topic, key) == ("sv.control", b"r1") and producer.attempts == 3
+    assert default_codec().decode(value, "Control")["request_id"] == "r1"
 
 
 async def test_a_known_outage_is_refused_before_producing() -> None:

@@ -32,7 +32,7 @@ from gateway.responses.serving import (
 from gateway.serving import Answer, Serving
 from schemas.codec import default_codec
 from schemas.records import ErrorInfo, Generation, Reply, Request, Usage
-from tests.support.gateway_fakes import RecordingProducer, Router
+from tests.support.gateway_fakes import RecordingProducer, Router, publisher
 from tests.support.pipeline import TEST_MODELS
 from topics.envelope import new_envelope
 
@@ -90,8 +90,9 @@ def reply(index: int, kind: str, text: str = "", finish: str | None = None,
 def setup(deadline_s: float = 5.0, keepalive: float = 0.05
           ) -> tuple[Serving, Answer, RecordingProducer]:
     producer = RecordingProducer()
-    serving = Serving(Settings(topic_prefix="rs", sse_keepalive_s=keepalive),
-                      producer, Router(), default_codec(), "g")  # type: ignore[arg-type]
+    settings = Settings(topic_prefix="rs", sse_keepalive_s=keepalive)
+    serving = Serving(settings, publisher(settings, producer), Router(),  # type: ignore[arg-type]
+                      "g")
     return serving, Answer(serving, ReplyStream("r1"), time.monotonic() + deadline_s), producer
 
 
