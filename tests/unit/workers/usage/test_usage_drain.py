@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import faust
@@ -92,6 +93,7 @@ async def test_an_empty_buffer_flushes_at_once(buffer: Any) -> None:
     assert buffer.sent == []
 
 
-def test_the_accounting_app_flushes_its_buffer_fully() -> None:
-    accounting = AccountingApp(Settings(topic_prefix="drain"), Replication(1, 1, 1))
+def test_the_accounting_app_flushes_its_buffer_fully(tmp_path: Path) -> None:
+    accounting = AccountingApp(Settings(topic_prefix="drain"), Replication(1, 1, 1),
+                               home=tmp_path)
     assert accounting.app.producer.buffer.flush == accounting.drain.flush

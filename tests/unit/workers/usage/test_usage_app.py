@@ -1,0 +1,41 @@
+"""How the accounting app configures Faust (workers/usage/app.py): where its
+data directory goes and how soon a dead member leaves the group. Nothing
+here starts the app."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conveyor.settings import Settings
+from topics.admin import Replication
+from workers.usage.app import AccountingApp, accounting_datadir, conveyor_home
+
+
+def test_the_home_is_conveyor_home_else_dot_conveyor_in_the_current_directory() -> None:
+    assert conveyor_home({"CONVEYOR_HOME": "/srv/conveyor"}) == Path("/srv/conveyor")
+    assert conveyor_home({}) == Path.cwd() / ".conveyor"
+    assert conveyor_home({"CONVEYOR_HOME": ""}) == Path.cwd() / ".conveyor"
+    assert conveyor_home({"CONVEYOR_HOME": "rel"}) == Path.cwd() / "rel"
+
+
+def test_faust_keeps_its_data_directory_under_the_home(tmp_path: Path) -> None:
+    accounting = AccountingApp(Settings(topic_prefix="tdata"), Replication(1, 1, 1),
+                               home=tmp_path)
+    expected = tmp_path / "accounting" / "tdata.accounting"
+    assert accounting.datadir == expected == accounting_datadir(tmp_path, "tdata.accounting")
+    assert accounting.app.conf.datadir == expected
+    assert accounting.app.conf.tabledir.is_relative_to(expected)
+    # Faust makes the directory itself, with no parents: they are there
+    assert expected.parent.is_dir()
+
+
+def test_a_dead_member_leaves_the_group_at_the_settings_session_timeout(
+        tmp_path: Path) -> None:
+    """Faust's own 60 s would keep a SIGKILLed member's partitions from its
+    successor for a minute."""
+    settings = Settings(topic_prefix="tsession", consumer_session_timeout_ms=3000,
+                        consumer_heartbeat_interval_ms=500)
+    conf = AccountingApp(settings, Replication(1, 1, 1), home=tmp_path).app.conf
+    assert conf.broker_session_timeout == 3.0
+    assert conf.broker_heartbeat_interval == 0.5
+    assert conf.consumer_group_instance_id is None  # dynamic membership (see the app)
