@@ -2,155 +2,60 @@
 on free loopback ports, and a Conveyor made of real processes on them.
 
 The shared Kafka (9092) and Redis (6379) are never touched: the run may stop,
-flush or SIGKILL its own services at will. Kafka comes from ``infra/kafka.sh``
-with ``CONVEYOR_HOME`` set to the run's folder and the jar folder linked to
-the shared one, so nothing is fetched twice. Every process runs in its own
-process group; :meth:`Services.close` kills them all (the JVM and redis-server
-included), and is safe to call twice.
+flush or SIGKILL its own services at will. The services are infra/services.py's
+(the fault tests start theirs from there too); here a failed start becomes a
+:class:`BenchError`, which the run reports and exits 2 on. Every process runs
+in its own process group; :meth:`Conveyor.close` and :meth:`ChaosKafka.close`
+kill them all (the JVM and redis-server included), and are safe to call twice.
 """
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
-from bench.harness import BenchError, Proc, port_answers, repo_root
+from bench.harness import BenchError, Proc, repo_root
+from infra.services import OwnKafka, OwnRedis, ServiceError, free_port, kill_group, port_answers
 
 __all__ = ["ChaosKafka", "ChaosRedis", "Conveyor", "free_port", "port_answers"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
+@contextmanager
+def _as_bench_error() -> Iterator[None]:
     try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+        yield
+    except ServiceError as exc:
+        raise BenchError(str(exc)) from exc
 
 
-class ChaosRedis:
-    """A redis-server with its append-only file on (as the local set-up runs it)."""
+class ChaosRedis(OwnRedis):
+    """The run's redis-server, with its append-only file on."""
 
-    def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
-        self.dir = workdir / f"redis-{self.port}"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.popen: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        with (self.dir / "redis.log").open("ab") as log:
-            self.popen = subprocess.Popen(
-                ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port),
-                 "--dir", str(self.dir), "--appendonly", "yes", "--appendfsync", "everysec",
-                 "--save", ""],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)
-        deadline = time.monotonic() + 15
-        while not port_answers(self.port):
-            if time.monotonic() > deadline or self.popen.poll() is not None:
-                raise BenchError(f"redis-server on {self.port} did not start (log {self.dir})")
-            time.sleep(0.05)
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.popen is None:
-            return
-        if self.popen.poll() is None:
-            self.popen.send_signal(sig)
-            try:
-                self.popen.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                _kill_group(self.popen.pid)
-                self.popen.wait(timeout=5)
-        self.popen = None
+    def start(self) -> Self:
+        with _as_bench_error():
+            return super().start()
 
     def flushall(self) -> None:
-        subprocess.run(["redis-cli", "-p", str(self.port), "flushall"], check=True,
-                       capture_output=True, timeout=10)
+        self.flush()
 
 
-class ChaosKafka:
-    """A single-node KRaft broker from ``infra/kafka.sh`` on free ports."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
-        self.controller_port = free_port()
-        self.home = workdir / f"kafka-{self.port}"
-        (self.home / "kafka").mkdir(parents=True, exist_ok=True)
-        self._groups: list[int] = []  # process groups of every kafka.sh start (the JVM's)
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
+class ChaosKafka(OwnKafka):
+    """The run's single-node KRaft broker from ``infra/kafka.sh``."""
 
     def link_jars(self) -> None:
-        """Use the shared jar folder (fetching it once into the shared home)."""
-        shared = repo_root() / ".conveyor" / "kafka" / "libs"
-        if not (shared / ".complete").exists():
-            subprocess.run(["bash", str(repo_root() / "infra" / "kafka.sh"), "fetch"],
-                           cwd=repo_root(), check=True, capture_output=True, timeout=900)
-        libs = self.home / "kafka" / "libs"
-        if not libs.exists():
-            libs.symlink_to(shared)
+        with _as_bench_error():
+            super().link_jars()
 
-    def _env(self) -> dict[str, str]:
-        return {**os.environ, "CONVEYOR_HOME": str(self.home), "KAFKA_PORT": str(self.port),
-                "KAFKA_CONTROLLER_PORT": str(self.controller_port), "KAFKA_HEAP": "384m"}
-
-    def start(self) -> None:
-        """Start (or restart) the broker and wait until it answers."""
-        proc = subprocess.Popen(["bash", str(repo_root() / "infra" / "kafka.sh"), "start"],
-                                env=self._env(), cwd=repo_root(), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        self._groups.append(proc.pid)
-        out, _ = proc.communicate(timeout=180)
-        if proc.returncode != 0:
-            raise BenchError(f"Kafka on {self.port} did not start:\n"
-                             f"{out.decode(errors='replace')[-2000:]}")
-
-    def pid(self) -> int | None:
-        pidfile = self.home / "kafka" / f"kafka-{self.port}.pid"
-        try:
-            return int(pidfile.read_text())
-        except (OSError, ValueError):
-            return None
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        """Signal the JVM and wait until it is gone (SIGKILL after 30 s)."""
-        pid = self.pid()
-        if pid is None:
-            return
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.1)
-        os.kill(pid, signal.SIGKILL)
-
-    def close(self) -> None:
-        self.kill(signal.SIGKILL)
-        for pgid in self._groups:
-            _kill_group(pgid)
+    def start(self) -> Self:
+        with _as_bench_error():
+            return super().start()
 
 
 @dataclass
@@ -208,7 +113,7 @@ class Conveyor:
         proc = self.procs[name]
         self._killed.add(name)
         if proc.exited() is None:
-            _kill_group(proc.popen.pid, sig)
+            kill_group(proc.popen.pid, sig)
             proc.popen.wait(timeout=30)
 
     def restart(self, name: str) -> None:
@@ -231,14 +136,14 @@ class Conveyor:
     def close(self) -> None:
         for proc in self.procs.values():
             if proc.exited() is None:
-                _kill_group(proc.popen.pid, signal.SIGTERM)
+                kill_group(proc.popen.pid, signal.SIGTERM)
         deadline = time.monotonic() + 15
         for proc in self.procs.values():
             try:
                 proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-            _kill_group(proc.popen.pid)  # stragglers of the group, too
+            kill_group(proc.popen.pid)  # stragglers of the group, too
             try:
                 proc.popen.wait(timeout=5)
             except subprocess.TimeoutExpired:
