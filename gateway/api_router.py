@@ -102,7 +102,7 @@ async def _resume(serving: Serving, kind: Kind, stream_id: str, request: Request
     as for a stream that does not exist)."""
     rid = request_id_of(stream_id, kind)
     after = resume_after(rid, request.headers.get("last-event-id"), starting_after)
-    where = await locate(serving.settings, serving.codec, rid)
+    where = await locate(serving.lookup, serving.codec, rid)
     if where is None or where.kind != kind or (
             serving.settings.auth != "none" and where.tenant != identity_of(request).tenant):
         raise StreamNotFound(stream_id)

@@ -56,6 +56,7 @@ from gateway.usage_api import usage_router
 from gateway.websocket.api_router import websocket_router
 from schemas.codec import default_codec
 from topics.clients import make_producer
+from topics.shared_lookup import SharedLookup
 from workers.usage.ledger import UsageLedger
 
 __all__ = ["build_app", "check_auth_settings"]
@@ -127,7 +128,9 @@ async def _collaborators(app: FastAPI, settings: Settings, gateway_id: str,
                   within=within, log=log, retry_on=(RedisConnectionError,),
                   where=f"{redis_address(settings.redis_url)}, {kafka}")
     tracing = make_tracer(settings.trace_exporter, "gateway")
-    app.state.serving = Serving(settings, publisher, router_, gateway_id, tracing.tracer)
+    lookup = SharedLookup(settings)  # the gateway's one keyed reader of the log
+    app.state.serving = Serving(settings, publisher, router_, gateway_id, tracing.tracer,
+                                lookup=lookup)
     app.state.serving.metrics = app.state.gateway_metrics
     audit = Audit(settings, publisher, actor=gateway_id)
     app.state.usage = UsageLedger(settings, redis)
@@ -150,6 +153,7 @@ async def _collaborators(app: FastAPI, settings: Settings, gateway_id: str,
             task.cancel()
         await asyncio.gather(*health.tasks, return_exceptions=True)
         await router_.stop()
+        await lookup.close()
         await app.state.admitter.drain()
         await publisher.close()  # what must arrive (cancels) has produce_timeout_s to go
         await redis.aclose()

@@ -11,9 +11,10 @@ function of the recorded replies, so every replica counts the same.
 Where the replies are. A request's replies all go to one partition of
 ``conveyor.replies``: the reply partition of the gateway that submitted it,
 named in the request's envelope. The ``conveyor.requests`` event is keyed by
-request id, so :class:`~topics.lookup.KeyLookup` finds it in one partition,
-at the time its id was made (a request id begins with it) and else in a
-recent window, then the longest deadline a request can have; its
+request id, so the gateway's one keyed lookup
+(:class:`~topics.shared_lookup.SharedLookup`, ``Serving.lookup``) finds it
+in one partition, at the time its id was made (a request id begins with it)
+and else in a recent window, then the longest deadline a request can have; its
 envelope gives the tenant, the deadline and the reply partition, and its
 record time bounds where that partition's replies of the request begin. A
 resumed stream then follows that partition from that time, keeps the records
@@ -53,6 +54,7 @@ from typing import TYPE_CHECKING, Literal
 import redis.asyncio as aioredis
 
 from conveyor.errors import (
+    BrokerError,
     InvalidRequest,
     PipelineUnavailable,
     RequestError,
@@ -63,10 +65,10 @@ from gateway.replies import ReplySource, ReplyStream, reply_error
 from schemas.codec import Codec
 from schemas.records import Generation, Reply, Request
 from topics.catalog import REPLIES, REQUESTS
-from topics.clients import KafkaError
 from topics.envelope import now_ms
 from topics.follow import FromTime, follow
-from topics.lookup import KeyLookup, made_window
+from topics.lookup import made_window
+from topics.shared_lookup import SharedLookup
 
 if TYPE_CHECKING:
     from gateway.serving import Serving
@@ -151,14 +153,15 @@ class Recorded:
     generation: Generation | None = None
 
 
-async def locate(settings: Settings, codec: Codec, request_id: str,
+async def locate(lookup: SharedLookup, codec: Codec, request_id: str,
                  *, timeout_s: float = 10.0) -> Recorded | None:
     """The request's recorded address, or None when no such request (or a job's,
-    whose answer is not a stream) is in the log; 503 when Kafka cannot say."""
+    whose answer is not a stream) is in the log; 503 when Kafka cannot say within
+    ``timeout_s`` (each window's read is bounded by it)."""
     try:
-        return await _locate(settings, codec, request_id, timeout_s)
-    except (KafkaError, OSError, TimeoutError) as exc:
-        raise PipelineUnavailable(f"The pipeline is unavailable ({exc!r}); "
+        return await _locate(lookup, codec, request_id, timeout_s)
+    except BrokerError as exc:
+        raise PipelineUnavailable(f"The pipeline is unavailable ({exc}); "
                                   "try again later.") from exc
 
 
@@ -175,25 +178,25 @@ def lookup_windows(settings: Settings, request_id: str, now: int) -> list[tuple[
     return windows
 
 
-async def _locate(settings: Settings, codec: Codec, request_id: str,
+async def _locate(lookup: SharedLookup, codec: Codec, request_id: str,
                   timeout_s: float) -> Recorded | None:
+    settings = lookup.settings
     topic = REQUESTS.at(settings)
-    async with KeyLookup(settings, timeout_s=timeout_s) as lookup:
-        for since, until in lookup_windows(settings, request_id, now_ms()):
-            for record in await lookup.find(topic, request_id, since, until):
-                try:
-                    request: Request = codec.decode(record.value, "Request")
-                except SchemaError:
-                    continue
-                envelope = request["envelope"]
-                if envelope["request_id"] != request_id or envelope.get("job_id"):
-                    continue
-                return Recorded(request_id=request_id, tenant=envelope["tenant"],
-                                kind=request["generation"]["kind"],
-                                reply_partition=envelope["reply_partition"],
-                                submitted_ms=record.timestamp,
-                                deadline_ms=envelope["deadline_ms"],
-                                generation=request["generation"])
+    for since, until in lookup_windows(settings, request_id, now_ms()):
+        for record in await lookup.find(topic, request_id, since, until, timeout_s=timeout_s):
+            try:
+                request: Request = codec.decode(record.value, "Request")
+            except SchemaError:
+                continue
+            envelope = request["envelope"]
+            if envelope["request_id"] != request_id or envelope.get("job_id"):
+                continue
+            return Recorded(request_id=request_id, tenant=envelope["tenant"],
+                            kind=request["generation"]["kind"],
+                            reply_partition=envelope["reply_partition"],
+                            submitted_ms=record.timestamp,
+                            deadline_ms=envelope["deadline_ms"],
+                            generation=request["generation"])
     return None
 
 

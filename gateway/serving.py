@@ -51,6 +51,7 @@ from gateway.resume import ReplySource, ResumeWatch, event_id
 from schemas.records import Control, Generation, Reply, Request
 from topics.catalog import CONTROL, REQUESTS
 from topics.envelope import new_envelope, new_request_id, now_ms
+from topics.shared_lookup import SharedLookup
 from workers.postprocess.chunks import full_response
 
 __all__ = ["Serving", "Answer"]
@@ -65,9 +66,12 @@ log = logging.getLogger(__name__)
 
 class Serving:
     def __init__(self, settings: Settings, publisher: Publisher, router: ReplyRouter,
-                 gateway_id: str, tracer: trace.Tracer | None = None) -> None:
+                 gateway_id: str, tracer: trace.Tracer | None = None,
+                 lookup: SharedLookup | None = None) -> None:
         self.settings = settings
         self.publisher = publisher
+        # the gateway's one keyed lookup (resumes, stored answers); build_app closes it
+        self.lookup = lookup or SharedLookup(settings)
         self.router = router
         self.codec = publisher.codec
         self.gateway_id = gateway_id

@@ -75,7 +75,7 @@ async def find_stored(serving: Serving, identity: Identity, request_id: str,
                       api: str) -> Recorded | None:
     """The recorded request ``request_id`` when ``api`` stored it and it is the
     caller's."""
-    where = await locate(serving.settings, serving.codec, request_id)
+    where = await locate(serving.lookup, serving.codec, request_id)
     if where is None or where.generation is None:
         return None
     generation = where.generation

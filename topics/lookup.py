@@ -20,6 +20,10 @@ over the partitions the caller names (``partitions=``).
 
 Record times are the producers' clocks (``CreateTime``), so callers widen the
 window by ``settings.clock_skew_ms`` on both sides.
+
+A ``KeyLookup`` starts two clients; a process that looks keys up while it
+serves (the gateway's resumes and stored answers, an infer worker's retries)
+shares long-lived ones through :class:`topics.shared_lookup.SharedLookup`.
 """
 
 from __future__ import annotations
@@ -38,11 +42,12 @@ from topics.clients import make_consumer, make_producer
 from topics.envelope import request_time_ms
 from topics.producer import Producer
 
-__all__ = ["KeyLookup", "key_partition", "parse_since", "made_window"]
+__all__ = ["KeyLookup", "Record", "key_partition", "parse_since", "made_window"]
 
 Record: TypeAlias = "ConsumerRecord[bytes, bytes]"
 
 _UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_FETCH_WAIT_MS = 10
 _AGO = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 
 
@@ -94,19 +99,28 @@ class KeyLookup:
     def __init__(self, settings: Settings, *, timeout_s: float = 30.0) -> None:
         self.settings = settings
         self.timeout_s = timeout_s
+        # a lookup reads up to an end offset it knows: it never waits for new
+        # records, and a short wait frees the connection at once for the next call
         self._consumer: AIOKafkaConsumer = make_consumer(settings, group=None,
-                                                         fetch_max_wait_ms=100)
+                                                         fetch_max_wait_ms=_FETCH_WAIT_MS)
         # only asked for metadata: the producer knows a topic's partitions
         self._meta: Producer = make_producer(settings, enable_idempotence=False)
         # what each find read: topic -> [(partition, first offset, next offset)]
         self.read: dict[str, list[tuple[int, int, int]]] = {}
 
     async def __aenter__(self) -> KeyLookup:
-        await self._consumer.start()
-        await self._meta.start()
+        await self.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        await self._consumer.start()
+        await self._meta.start()
+
+    async def close(self) -> None:
+        """Stop both clients; safe on a lookup that never started, and twice."""
         await self._consumer.stop()
         await self._meta.stop()
 
@@ -144,44 +158,60 @@ class KeyLookup:
         tp = TopicPartition(topic, partition)
         consumer = self._consumer
         consumer.assign([tp])
-        start = (await consumer.beginning_offsets([tp]))[tp]
-        end = (await consumer.end_offsets([tp]))[tp]
-        if not start <= offset < end:
-            return None
-        consumer.seek(tp, offset)
-        deadline = time.monotonic() + self.timeout_s
-        while time.monotonic() < deadline:
-            batch = await consumer.getmany(tp, timeout_ms=500, max_records=1)
-            for record in batch.get(tp, []):
-                return record if record.offset == offset else None
-        raise TimeoutError(f"no answer reading {topic}[{partition}]@{offset}")
+        try:
+            start = (await consumer.beginning_offsets([tp]))[tp]
+            end = (await consumer.end_offsets([tp]))[tp]
+            if not start <= offset < end:
+                return None
+            consumer.seek(tp, offset)
+            deadline = time.monotonic() + self.timeout_s
+            while time.monotonic() < deadline:
+                batch = await consumer.getmany(tp, timeout_ms=500, max_records=1)
+                for record in batch.get(tp, []):
+                    return record if record.offset == offset else None
+            raise TimeoutError(f"no answer reading {topic}[{partition}]@{offset}")
+        finally:
+            self._idle(tp)
 
     async def _read(self, tp: TopicPartition, key: bytes | None, since_ms: int,
                     until_ms: int | None, first: bool) -> list[Record]:
         consumer = self._consumer
         consumer.assign([tp])
-        hit = (await consumer.offsets_for_times({tp: max(0, since_ms)}))[tp]
-        if hit is None:
-            return []  # nothing written to the partition since then
-        end = (await consumer.end_offsets([tp]))[tp]
-        consumer.seek(tp, hit.offset)
-        found: list[Record] = []
-        position = hit.offset
         try:
-            while position < end:
-                batch = await consumer.getmany(tp, timeout_ms=500)
-                for record in batch.get(tp, []):
-                    position = record.offset + 1
-                    if record.offset >= end or (until_ms is not None
-                                                and record.timestamp > until_ms):
-                        return found
-                    if key is None or record.key == key:
-                        found.append(record)
-                        if first:
+            hit = (await consumer.offsets_for_times({tp: max(0, since_ms)}))[tp]
+            if hit is None:
+                return []  # nothing written to the partition since then
+            end = (await consumer.end_offsets([tp]))[tp]
+            consumer.seek(tp, hit.offset)
+            found: list[Record] = []
+            position = hit.offset
+            try:
+                while position < end:
+                    batch = await consumer.getmany(tp, timeout_ms=500)
+                    for record in batch.get(tp, []):
+                        position = record.offset + 1
+                        if record.offset >= end or (until_ms is not None
+                                                    and record.timestamp > until_ms):
                             return found
-            return found
+                        if key is None or record.key == key:
+                            found.append(record)
+                            if first:
+                                return found
+                return found
+            finally:
+                self.read.setdefault(tp.topic, []).append((tp.partition, hit.offset, position))
         finally:
-            self.read.setdefault(tp.topic, []).append((tp.partition, hit.offset, position))
+            self._idle(tp)
+
+    def _idle(self, tp: TopicPartition) -> None:
+        """Stop fetching ``tp`` once a read is done. The partition stays assigned
+        (assigning another topic asks the broker for metadata), but a lookup kept
+        for later calls polls nothing, and the next call's offset requests do not
+        queue behind a fetch waiting at the partition's end (a broker answers one
+        request of a connection at a time: that wait cost each reused lookup's
+        ``offsets_for_times`` 100 ms)."""
+        if tp in self._consumer.assignment():
+            self._consumer.pause(tp)
 
     @staticmethod
     def describe(read: dict[str, list[tuple[int, int, int]]]) -> list[dict[str, Any]]:

@@ -320,7 +320,7 @@ async def resume_response(serving: Serving, identity: Identity, response_id: str
     """The SSE events of a response numbered above ``after`` (-1: all), from the log
     then live; 404 when it is not the caller's, 400 for a background response."""
     rid = response_request_id(response_id)
-    where = await locate(serving.settings, serving.codec, rid)
+    where = await locate(serving.lookup, serving.codec, rid)
     if where is None:
         if stored is not None and await _is_stored(stored, identity, response_id):
             raise InvalidRequest(

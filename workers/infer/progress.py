@@ -21,29 +21,27 @@ gateway (``offsets_for_times``) to its end, and the chunks found are added up
 by the same rule postprocess answers with
 (:class:`~workers.chunk_order.ChunkOrder`). Losing Redis's data therefore
 never changes an answer: at worst a retry reads a few seconds of one
-partition.
+partition. The read goes through the worker's one keyed lookup
+(:class:`~topics.shared_lookup.SharedLookup`), which the worker makes and
+closes: a retry costs the read, not a consumer's start.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Literal
 
 import redis.asyncio as aioredis
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.partitioner import DefaultPartitioner
 from redis.exceptions import RedisError
 
-from conveyor.errors import TransientBrokerError
+from conveyor.errors import BrokerError, TransientBrokerError
 from conveyor.settings import Settings
 from schemas.codec import Codec
 from schemas.records import TokenChunk
 from topics.catalog import TOKENS
-from topics.clients import KafkaError, make_consumer
 from topics.envelope import now_ms
-from topics.producer import Producer
+from topics.shared_lookup import SharedLookup
 from workers.chunk_order import ChunkOrder
 
 __all__ = ["Progress", "ProgressTracker", "progress_of", "Claim"]
@@ -106,17 +104,15 @@ def progress_of(chunks: list[TokenChunk]) -> Progress:
 
 class ProgressTracker:
     def __init__(self, settings: Settings, redis: aioredis.Redis, codec: Codec,
-                 producer: Producer) -> None:
+                 lookup: SharedLookup) -> None:
         self.settings = settings
         self.redis = redis
         self.codec = codec
-        self.producer = producer  # knows the topics' partitions (as it partitions by key)
+        self.lookup = lookup  # the worker's: it reads the request's partition of tokens
         # tasks written before this are looked up in the log whatever Redis says
         self.distrust_before_ms = now_ms()
         self.redis_ok = True
         self._redis_run_id: str | None = None
-        self._reader: AIOKafkaConsumer | None = None
-        self._read_lock = asyncio.Lock()
         self._epoch_key = f"{settings.topic_prefix}:redis-epoch"
 
     def _key(self, request_id: str) -> str:
@@ -218,49 +214,14 @@ class ProgressTracker:
 
     async def recover(self, request_id: str, entered_ms: int) -> Progress:
         """Read back what earlier runs put on ``conveyor.tokens``."""
-        try:
-            chunks = await asyncio.wait_for(self._chunks_of(request_id, entered_ms),
-                                            _READ_TIMEOUT_S)
-        except (KafkaError, TimeoutError) as exc:
-            raise TransientBrokerError(f"cannot read {request_id}'s tokens: {exc!r}") from exc
-        return progress_of(chunks)
-
-    async def _partition(self, request_id: str) -> TopicPartition:
         topic = TOKENS.at(self.settings)
-        partitions = sorted(await self.producer.partitions_for(topic))
-        key = request_id.encode()
-        return TopicPartition(topic, DefaultPartitioner()(key, partitions, partitions))
-
-    async def _consumer(self) -> AIOKafkaConsumer:
-        if self._reader is None:
-            reader = make_consumer(self.settings, group=None, fetch_max_wait_ms=100)
-            await reader.start()
-            self._reader = reader
-        return self._reader
-
-    async def _chunks_of(self, request_id: str, entered_ms: int) -> list[TokenChunk]:
-        tp = await self._partition(request_id)
-        async with self._read_lock:
-            consumer = await self._consumer()
-            consumer.assign([tp])
-            since = max(0, entered_ms - self.settings.clock_skew_ms)
-            found_at = (await consumer.offsets_for_times({tp: since}))[tp]
-            if found_at is None:
-                return []  # nothing was written to the partition since the request entered
-            end = (await consumer.end_offsets([tp]))[tp]
-            consumer.seek(tp, found_at.offset)
-            key = request_id.encode()
-            found: list[TokenChunk] = []
-            while await consumer.position(tp) < end:
-                batch = await consumer.getmany(tp, timeout_ms=1000)
-                for record in batch.get(tp, []):
-                    if record.key == key and record.offset < end:
-                        found.append(self.codec.decode(record.value, "TokenChunk"))
-            log.info("recovered %d chunks of %s from %s offsets %d..%d", len(found),
-                     request_id, tp, found_at.offset, end)
-            return found
-
-    async def close(self) -> None:
-        if self._reader is not None:
-            await self._reader.stop()
-            self._reader = None
+        since = max(0, entered_ms - self.settings.clock_skew_ms)
+        try:
+            records = await self.lookup.find(topic, request_id, since,
+                                             timeout_s=_READ_TIMEOUT_S)
+        except BrokerError as exc:
+            raise TransientBrokerError(f"cannot read {request_id}'s tokens: {exc}") from exc
+        chunks: list[TokenChunk] = [self.codec.decode(r.value, "TokenChunk") for r in records]
+        log.info("recovered %d chunks of %s from %s[%s]", len(chunks), request_id, topic,
+                 records[0].partition if records else "-")
+        return progress_of(chunks)

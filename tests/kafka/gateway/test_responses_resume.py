@@ -49,6 +49,7 @@ from topics.admin import ensure_topics
 from topics.catalog import catalog
 from topics.clients import make_producer
 from topics.envelope import new_envelope
+from topics.shared_lookup import SharedLookup
 
 EVENT = TypeAdapter(ResponseStreamEvent)
 USAGE = Usage(prompt_tokens=5, completion_tokens=3)
@@ -279,6 +280,7 @@ class Log:
 
     settings: Settings
     producer: AIOKafkaProducer
+    lookup: SharedLookup
 
     async def request(self, rid: str, generation: Generation, tenant: str = "default",
                       job_id: str = "") -> None:
@@ -302,9 +304,11 @@ async def log(services: None) -> AsyncIterator[Log]:
     await ensure_topics(settings, [s for s in catalog(settings) if s.name in wanted])
     producer = make_producer(settings)
     await producer.start()
+    lookup = SharedLookup(settings)
     try:
-        yield Log(settings, producer)
+        yield Log(settings, producer, lookup)
     finally:
+        await lookup.close()
         await producer.stop()
         await asyncio.to_thread(drop_topics, settings.kafka_bootstrap, settings.topic_prefix)
 
@@ -312,7 +316,8 @@ async def log(services: None) -> AsyncIterator[Log]:
 def resume_serving(log: Log, redis: aioredis.Redis, **update: Any) -> Serving:
     settings = log.settings.model_copy(update=update)
     return Serving(settings, publisher(settings, log.producer),
-                   Router(Lease(redis)), "g")  # type: ignore[arg-type]
+                   Router(Lease(redis)), "g",  # type: ignore[arg-type]
+                   lookup=log.lookup)
 
 
 async def test_a_response_resumes_from_the_log_then_live(log: Log,

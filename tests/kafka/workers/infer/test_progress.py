@@ -14,6 +14,7 @@ from topics.admin import ensure_topics
 from topics.catalog import TOKENS, catalog
 from topics.clients import make_producer
 from topics.envelope import now_ms
+from topics.shared_lookup import SharedLookup
 from workers.infer.progress import ProgressTracker
 
 
@@ -33,7 +34,8 @@ async def test_a_run_that_kafka_interrupted_claims_its_task_again(
                                    if s.name == TOKENS.at(settings)])
     producer = make_producer(settings)
     await producer.start()
-    tracker = ProgressTracker(settings, redis, default_codec(), producer)
+    lookup = SharedLookup(settings)
+    tracker = ProgressTracker(settings, redis, default_codec(), lookup)
     rid, entered = f"r{uuid.uuid4().hex[:8]}", now_ms()
     try:
         claim, done = await tracker.claim(rid, "w0", entered, entered)
@@ -47,5 +49,5 @@ async def test_a_run_that_kafka_interrupted_claims_its_task_again(
         claim, _ = await tracker.claim(rid, "w1", entered, entered)
         assert claim == "busy"  # another worker's claim is a duplicate: it waits
     finally:
-        await tracker.close()
+        await lookup.close()
         await producer.stop()

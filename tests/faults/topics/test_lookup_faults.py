@@ -1,0 +1,80 @@
+"""The process's keyed lookup through a broker restart.
+
+While the broker is down a call fails within its timeout with a transient
+error; once the broker is back, the lookup that failed and the one whose
+readers sat idle through the restart both answer on their next call, with
+the records written before and after it: no reader broken by the outage is
+used again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from conveyor.errors import TransientBrokerError
+from conveyor.settings import Settings
+from tests.support.services import OwnKafka
+from topics.clients import make_producer
+from topics.envelope import now_ms
+from topics.shared_lookup import SharedLookup
+
+TIMEOUT_S = 5.0
+
+
+async def write(settings: Settings, topic: str, value: bytes, within_s: float = 90) -> None:
+    """Write one record under key ``k``, retrying until the broker takes it."""
+    deadline = time.monotonic() + within_s
+    while True:
+        producer = make_producer(settings, request_timeout_ms=5000)
+        try:
+            await producer.start()
+            await producer.send_and_wait(topic, value, key=b"k")
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(1)
+        finally:
+            await producer.stop()
+
+
+async def test_a_lookup_answers_again_after_the_broker_restarts(own_kafka: OwnKafka) -> None:
+    settings = Settings(kafka_bootstrap=own_kafka.bootstrap,
+                        topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    topic = settings.topic("lookup")
+    admin = AIOKafkaAdminClient(bootstrap_servers=own_kafka.bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, 2, 1)])
+    finally:
+        await admin.close()
+    since = now_ms() - 1000
+    await write(settings, topic, b"before")
+    used = SharedLookup(settings, readers=2, timeout_s=TIMEOUT_S)  # called in the outage
+    idle = SharedLookup(settings, readers=2, timeout_s=TIMEOUT_S)  # not called in it
+    try:
+        for lookup in (used, idle):
+            found = await asyncio.gather(*(lookup.find(topic, "k", since) for _ in range(2)))
+            assert [[r.value for r in f] for f in found] == [[b"before"]] * 2
+        await asyncio.to_thread(own_kafka.stop)
+        started = time.monotonic()
+        with pytest.raises(TransientBrokerError):
+            await used.find(topic, "k", since)
+        assert time.monotonic() - started < TIMEOUT_S + 2  # bounded by its timeout
+        assert used.discarded == 1 and used.idle == 1  # the reader it cut short is gone
+
+        await asyncio.to_thread(own_kafka.start)
+        await write(settings, topic, b"after")  # the partition has a leader again
+        for lookup in (used, idle):
+            found_after = await lookup.find(topic, "k", since, timeout_s=30)
+            assert [r.value for r in found_after] == [b"before", b"after"]
+        again = await idle.find(topic, "k", since)
+        assert [r.value for r in again] == [b"before", b"after"]
+    finally:
+        await used.close()
+        await idle.close()

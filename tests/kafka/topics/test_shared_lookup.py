@@ -1,0 +1,118 @@
+"""The process's keyed lookup on the real broker: many tasks at once each get
+their own key's records, whichever reader served them, and a reader kept for
+later calls fetches nothing while it waits."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from conveyor.settings import Settings
+from tests.support.pipeline import drop_topics
+from topics.clients import make_producer
+from topics.envelope import now_ms
+from topics.lookup import KeyLookup, key_partition
+from topics.shared_lookup import SharedLookup
+
+PARTITIONS = 4
+KEYS = 24
+PER_KEY = 3
+
+
+@dataclass
+class Written:
+    settings: Settings
+    topics: list[str]
+    since_ms: int
+    # (topic, key) -> the values written under it, in order, with their offsets
+    values: dict[tuple[str, str], list[tuple[int, bytes]]]
+
+
+@pytest.fixture(scope="module")
+async def written(services: None) -> AsyncIterator[Written]:
+    """Two topics of ``PARTITIONS`` partitions, ``PER_KEY`` records for each of
+    ``KEYS`` keys in each, the keys' records interleaved."""
+    settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    topics = [settings.topic("one"), settings.topic("two")]
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(t, PARTITIONS, 1) for t in topics])
+    finally:
+        await admin.close()
+    since = now_ms() - 1000
+    producer = make_producer(settings)
+    await producer.start()
+    values: dict[tuple[str, str], list[tuple[int, bytes]]] = {}
+    try:
+        for round_ in range(PER_KEY):
+            for topic in topics:
+                for k in range(KEYS):
+                    key, value = f"key-{k}", f"{topic}/{k}/{round_}".encode()
+                    meta = await producer.send_and_wait(topic, value, key=key.encode())
+                    assert meta.partition == key_partition(key.encode(), PARTITIONS)
+                    values.setdefault((topic, key), []).append((meta.offset, value))
+    finally:
+        await producer.stop()
+    try:
+        yield Written(settings, topics, since, values)
+    finally:
+        await asyncio.to_thread(drop_topics, settings.kafka_bootstrap, settings.topic_prefix)
+
+
+async def test_concurrent_finds_from_many_tasks_get_their_own_records(written: Written
+                                                                      ) -> None:
+    lookup = SharedLookup(written.settings, readers=3, timeout_s=30)
+    asks = [(topic, f"key-{k}") for _ in range(2) for topic in written.topics
+            for k in range(KEYS)]
+    try:
+        found = await asyncio.gather(*(lookup.find(topic, key, written.since_ms)
+                                       for topic, key in asks))
+        for (topic, key), records in zip(asks, found, strict=True):
+            assert [r.value for r in records] == [v for _, v in written.values[topic, key]]
+            assert {r.key for r in records} == {key.encode()}
+            assert {r.partition for r in records} == {key_partition(key.encode(), PARTITIONS)}
+        assert lookup.started <= 3 and lookup.discarded == 0
+    finally:
+        await lookup.close()
+
+
+async def test_at_first_and_partitions_share_the_readers_too(written: Written) -> None:
+    lookup = SharedLookup(written.settings, readers=2, timeout_s=30)
+    topic = written.topics[0]
+    try:
+        async def one(k: int) -> None:
+            key = f"key-{k}"
+            (offset, value), *_ = written.values[topic, key]
+            partition = key_partition(key.encode(), PARTITIONS)
+            record = await lookup.at(topic, partition, offset)
+            assert record is not None and record.value == value
+            [first] = await lookup.find(topic, key, written.since_ms, first=True)
+            assert first.value == value
+            assert await lookup.partitions(topic) == list(range(PARTITIONS))
+
+        await asyncio.gather(*(one(k) for k in range(KEYS)))
+        assert await lookup.at(topic, 0, 10_000) is None
+        assert await lookup.find(topic, "key-0", now_ms() + 60_000) == []
+    finally:
+        await lookup.close()
+
+
+async def test_a_kept_reader_fetches_nothing_between_calls(written: Written) -> None:
+    """A reader left fetching at a partition's end polls the broker for ever, and
+    the next call's offset requests wait behind that poll on its connection."""
+    topic = written.topics[1]
+    async with KeyLookup(written.settings, timeout_s=30) as lookup:
+        await lookup.find(topic, "key-1", written.since_ms)
+        consumer = lookup._consumer
+        assert consumer.assignment() and consumer.paused() == consumer.assignment()
+        (offset, _), *_ = written.values[topic, "key-2"]
+        await lookup.at(topic, key_partition(b"key-2", PARTITIONS), offset)
+        assert consumer.paused() == consumer.assignment()
+        assert await lookup.find(topic, "key-3", now_ms() + 60_000) == []
+        assert consumer.paused() == consumer.assignment()
