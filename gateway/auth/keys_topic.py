@@ -9,19 +9,28 @@ revoked key keeps its record with ``revoked_ms`` set), so compaction keeps
 the newest record of each and a restore reads everything there is.
 
 :meth:`KeysTopic.read_all` reads the partition from its beginning to the end
-offset seen at the start and keeps, per id, the record with the highest
-version (the later one when two share a version). A value that does not
-decode is skipped with an error line: one poison record must not keep every
-other key out of Redis.
+offset seen at the start (a record written meanwhile may be read too: it is
+only newer) and keeps, per id, the record with the highest version (the
+later one when two share a version). A value that does not decode is
+skipped with an error line: one poison record must not keep every other key
+out of Redis.
+
+The read is the one follower of topics/follow.py (it seeks, knows when the
+backlog seen at its start is read, and rides out broker outages), bounded
+by ``timeout_s``: a broker that does not answer within it is a
+:class:`~conveyor.errors.TransientBrokerError`, as any broker failure is, since
+the follower retries them all. Not :func:`topics.follow.snapshot`, which hands
+its ``apply`` the decoded event alone: the topic carries two event types,
+told apart by the record's key, and ``records_read`` counts every record,
+the skipped ones too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass, field
-
-from aiokafka import TopicPartition
 
 from conveyor.errors import ConveyorError, SchemaError, TransientBrokerError
 from conveyor.settings import Settings
@@ -31,7 +40,8 @@ from schemas.codec import Codec, default_codec
 from schemas.records import ApiKey
 from schemas.records import TenantPolicy as TenantPolicyEvent
 from topics.catalog import KEYS
-from topics.clients import KafkaError, broker_error, make_consumer
+from topics.clients import broker_error
+from topics.follow import Record, follow
 from topics.producer import Producer
 
 __all__ = ["KeysTopic", "Snapshot", "key_event", "key_from_event", "tenant_event",
@@ -110,33 +120,31 @@ class KeysTopic:
             raise broker_error(exc) from exc
 
     async def read_all(self, timeout_s: float = 30.0) -> Snapshot:
-        """Every newest record, read from the beginning to the end offset seen now."""
+        """Every newest record, read from the beginning to the end offset seen now;
+        :class:`TransientBrokerError` when that takes longer than ``timeout_s``."""
+        snapshot = Snapshot()
+        follower = follow(self.settings, KEYS, 0, "beginning")
+
+        async def read() -> None:
+            async for records in follower:
+                self._keep_all(snapshot, records)
+
+        reading = asyncio.create_task(read(), name=f"read {self.topic}")
         try:
-            return await asyncio.wait_for(self._read_all(), timeout=timeout_s)
+            await asyncio.wait_for(follower.caught_up.wait(), timeout_s)
         except TimeoutError as exc:
             raise TransientBrokerError(
                 f"{self.topic} could not be read within {timeout_s:.0f} s") from exc
-        except (KafkaError, OSError) as exc:
-            raise broker_error(exc) from exc
-
-    async def _read_all(self) -> Snapshot:
-        consumer = make_consumer(self.settings, group=None)
-        tp = TopicPartition(self.topic, 0)
-        snapshot = Snapshot()
-        await consumer.start()
-        try:
-            consumer.assign([tp])
-            await consumer.seek_to_beginning(tp)
-            end = (await consumer.end_offsets([tp]))[tp]
-            while await consumer.position(tp) < end:
-                batch = await consumer.getmany(tp, timeout_ms=500)
-                for message in batch.get(tp, []):
-                    snapshot.records_read += 1
-                    if message.offset < end:
-                        self._keep(snapshot, message.key, message.value, message.offset)
         finally:
-            await consumer.stop()
+            reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reading
         return snapshot
+
+    def _keep_all(self, snapshot: Snapshot, records: list[Record]) -> None:
+        for record in records:
+            snapshot.records_read += 1
+            self._keep(snapshot, record.key, record.value, record.offset)
 
     def _keep(self, snapshot: Snapshot, key: bytes | None, value: bytes | None,
               offset: int) -> None:
