@@ -28,10 +28,10 @@ from collections.abc import Awaitable
 from aiokafka.admin import AIOKafkaAdminClient
 
 from conveyor.settings import Settings
-from gateway.generations import chat_generation
-from gateway.protocol import ChatCompletionRequest
 from gateway.resume import locate
 from schemas.codec import Codec, default_codec
+from schemas.openai.generations import chat_generation
+from schemas.openai.requests import ChatCompletionRequest
 from schemas.records import Request
 from topics.admin import ensure_topics
 from topics.catalog import REQUESTS, TopicSpec, catalog

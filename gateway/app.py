@@ -23,12 +23,12 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from conveyor.errors import StartupTimeout
+from conveyor.files.local import LocalFileStore
 from conveyor.registry import Registry
 from conveyor.settings import Settings
 from conveyor.startup import kafka_address, redis_address, started
 from conveyor.tracing import make_tracer
 from gateway.admission import Admitter
-from gateway.api_router import router
 from gateway.audit import Audit
 from gateway.auth.authenticate import Authenticator
 from gateway.auth.invalidations import Invalidations
@@ -37,9 +37,9 @@ from gateway.auth.keys import KeyStore
 from gateway.auth.middleware import AuthMiddleware
 from gateway.auth.ratelimit import RateLimiter
 from gateway.auth.tenants import TenantStore
+from gateway.chat.api_router import router
 from gateway.errors import install_error_handlers
 from gateway.files.api_router import files_router, upload_limits
-from gateway.files.local import LocalFileStore
 from gateway.health import Health
 from gateway.jobs.api_router import jobs_router
 from gateway.jobs.background import BackgroundResponses

@@ -31,11 +31,10 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from conveyor.errors import InvalidRequest, PipelineUnavailable, RequestError
-from gateway.protocol import field_names
+from schemas.openai.requests import param_of
 from topics.clients import KafkaError
 
-__all__ = ["install_error_handlers", "error_response", "SafeJSONResponse", "CatchAll",
-           "param_of"]
+__all__ = ["install_error_handlers", "error_response", "SafeJSONResponse", "CatchAll"]
 
 log = logging.getLogger(__name__)
 
@@ -54,19 +53,6 @@ class SafeJSONResponse(JSONResponse):
 def error_response(exc: RequestError) -> SafeJSONResponse:
     return SafeJSONResponse(exc.envelope(), status_code=exc.status, headers=exc.headers or None)
 
-
-def param_of(loc: Sequence[int | str]) -> str | None:
-    """The OpenAI ``param`` of a pydantic error location, written as preprocess
-    writes it (``messages[0].content``): list indexes in brackets, and the type tags
-    pydantic adds inside unions (``str``, ``list[str]``) left out."""
-    names = field_names()
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part in names:
-            out += f".{part}" if out else part
-    return out or None
 
 
 def _most_telling(errors: Sequence[Any]) -> dict[str, Any]:

@@ -81,7 +81,7 @@ log = logging.getLogger(__name__)
 
 Kind = Literal["chat", "completion"]
 
-# the id prefix the stream's chunk objects carry (workers/postprocess/chunks.py)
+# the id prefix the stream's chunk objects carry (schemas/openai/chunks.py)
 _PREFIXES: dict[Kind, str] = {"chat": "chatcmpl-", "completion": "cmpl-"}
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 # a resume is nearly always seconds after the drop: look there first, then back

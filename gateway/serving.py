@@ -43,16 +43,16 @@ from gateway.admission import FREE, Ticket
 from gateway.answer import Answer
 from gateway.auth.authenticate import ANONYMOUS
 from gateway.auth.types import Identity
-from gateway.generations import chat_generation, completion_generation
-from gateway.protocol import ChatCompletionRequest, CompletionRequest
 from gateway.publisher import NotTakenInTime, Publisher
 from gateway.replies import ReplyRouter, fold_answer
 from gateway.resume import ReplySource, ResumeWatch, event_id
+from schemas.openai.chunks import full_response
+from schemas.openai.generations import chat_generation, completion_generation
+from schemas.openai.requests import ChatCompletionRequest, CompletionRequest
 from schemas.records import Control, Generation, Reply, Request
 from topics.catalog import CONTROL, REQUESTS
 from topics.envelope import new_envelope, new_request_id, now_ms
 from topics.shared_lookup import SharedLookup
-from workers.postprocess.chunks import full_response
 
 __all__ = ["Serving", "Answer"]
 

@@ -50,7 +50,7 @@ from gateway.resume import (
     locate,
     request_id_of,
 )
-from workers.postprocess.chunks import full_response
+from schemas.openai.chunks import full_response
 
 if TYPE_CHECKING:
     from gateway.serving import Serving

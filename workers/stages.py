@@ -74,14 +74,14 @@ def _postprocess(settings: Settings, registry: Registry) -> Layer:
 
 
 def _jobs(settings: Settings, registry: Registry) -> Layer:
-    from gateway.files.local import LocalFileStore
+    from conveyor.files.local import LocalFileStore
     from workers.jobs.commands import JobsLayer
 
     return JobsLayer(settings, LocalFileStore(settings), registry)
 
 
 def _results(settings: Settings, registry: Registry) -> Layer:
-    from gateway.files.local import LocalFileStore
+    from conveyor.files.local import LocalFileStore
     from workers.jobs.collector import ResultsLayer
 
     return ResultsLayer(settings, LocalFileStore(settings))

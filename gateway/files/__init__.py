@@ -1,2 +1,2 @@
 """OpenAI's Files API: batch input and output files of a tenant, kept in a file
-store behind a small interface (:class:`~gateway.files.store.FileStore`)."""
+store behind a small interface (:class:`~conveyor.files.store.FileStore`)."""

@@ -1,7 +1,7 @@
 """The Files API routes (OpenAI's ``/v1/files``). They only dispatch: the upload
 rules are in :mod:`gateway.files.uploads`, storage behind the
-:class:`~gateway.files.store.FileStore` on ``app.state.files``, the shapes in
-:mod:`gateway.files.protocol`. Every route serves the caller's own tenant.
+:class:`~conveyor.files.store.FileStore` on ``app.state.files``, the shapes in
+:mod:`schemas.openai.files`. Every route serves the caller's own tenant.
 
 ``POST /v1/files`` takes a body of up to ``max_file_bytes`` plus
 :data:`MULTIPART_ALLOWANCE` (:func:`upload_limits`, which ``build_app`` hands
@@ -20,10 +20,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from conveyor.errors import InvalidRequest
+from conveyor.files.store import LIST_LIMIT_MAX, FileOrder, FileStore, is_file_id
 from conveyor.settings import Settings
 from gateway.auth.middleware import identity_of
 from gateway.errors import SafeJSONResponse
-from gateway.files.protocol import (
+from gateway.files.uploads import upload
+from gateway.openapi import ErrorResponse
+from schemas.openai.files import (
     FileDeleted,
     FileList,
     OpenAIFile,
@@ -31,9 +34,6 @@ from gateway.files.protocol import (
     file_json,
     page_json,
 )
-from gateway.files.store import LIST_LIMIT_MAX, FileOrder, FileStore, is_file_id
-from gateway.files.uploads import upload
-from gateway.openapi import ErrorResponse
 
 __all__ = ["files_router", "upload_limits", "UPLOAD_PATH", "MULTIPART_ALLOWANCE"]
 

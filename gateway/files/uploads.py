@@ -27,8 +27,8 @@ from typing import cast
 from starlette.datastructures import FormData, UploadFile
 
 from conveyor.errors import InvalidRequest, RequestTooLarge
+from conveyor.files.store import CHUNK_BYTES, FileObject, FilePurpose, FileStore
 from conveyor.settings import Settings
-from gateway.files.store import CHUNK_BYTES, FileObject, FilePurpose, FileStore
 
 __all__ = ["UPLOAD_PURPOSES", "check_purpose", "UploadCheck", "checked", "upload"]
 

@@ -28,7 +28,7 @@ from gateway.auth.types import Identity
 from gateway.jobs.board import JobBoard
 from gateway.publisher import Publisher
 from gateway.responses.objects import new_response_id, response_object
-from gateway.responses.protocol import ResponsesRequest
+from schemas.openai.responses import ResponsesRequest
 from schemas.records import Generation, JobCommand, JobStatus
 from topics.catalog import JOB_STATUS, JOBS
 from topics.envelope import now_ms

@@ -15,8 +15,8 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
 from conveyor.errors import InvalidRequest, RequestError
-from gateway.api_router import admit_and_submit
 from gateway.auth.middleware import identity_of
+from gateway.chat.api_router import admit_and_submit
 from gateway.errors import SafeJSONResponse
 from gateway.jobs.api_router import retrieve_response
 from gateway.responses.openapi import (
@@ -24,7 +24,6 @@ from gateway.responses.openapi import (
     RESPONSES_RESPONSES,
     RETRIEVE_RESPONSES,
 )
-from gateway.responses.protocol import parse_request
 from gateway.responses.serving import (
     collect_response,
     first_reply,
@@ -37,6 +36,7 @@ from gateway.responses.serving import (
 )
 from gateway.responses.types import BackgroundResponses
 from gateway.serving import Serving
+from schemas.openai.responses import parse_request
 
 __all__ = ["responses_router"]
 

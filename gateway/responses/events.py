@@ -34,7 +34,7 @@ from gateway.responses.objects import (
     output_text_part,
     response_object,
 )
-from gateway.responses.protocol import ResponsesRequest
+from schemas.openai.responses import ResponsesRequest
 from schemas.records import ErrorInfo, Usage
 
 __all__ = ["ResponseEvents", "frame"]

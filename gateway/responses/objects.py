@@ -32,7 +32,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, Literal, get_args
 
-from gateway.responses.protocol import ResponsesRequest
+from schemas.openai.responses import ResponsesRequest
 from schemas.records import ErrorInfo, Usage
 
 __all__ = [

@@ -1,7 +1,7 @@
 """What ``/openapi.json`` says of ``POST /v1/responses`` and of streaming one
 again (``GET /v1/responses/{id}?stream=true``).
 
-The body is validated by :func:`gateway.responses.protocol.parse_request`,
+The body is validated by :func:`schemas.openai.responses.parse_request`,
 not by FastAPI, so the request schema is written into the operation here
 (inlined: the document's components know nothing of pydantic's ``$defs``).
 The 200 answer is described by :class:`ResponseObject`, which mirrors what
@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from gateway.openapi import ErrorResponse, generation_responses
-from gateway.responses.protocol import ResponsesRequest
+from schemas.openai.responses import ResponsesRequest
 
 __all__ = ["ResponseObject", "RESPONSES_OPENAPI", "RESPONSES_RESPONSES", "RETRIEVE_RESPONSES",
            "request_schema"]

@@ -3,7 +3,7 @@
 A Responses request becomes a chat :class:`~schemas.records.Generation`:
 ``instructions`` first as a system message, then the input's messages (a
 string input is one user message). It is admitted and submitted as chat
-requests are (:func:`gateway.api_router.admit_and_submit`), and answered from
+requests are (:func:`gateway.chat.api_router.admit_and_submit`), and answered from
 the same replies: collected into one Response object, or streamed as the
 Responses API's events (:mod:`gateway.responses.events`). The response id is
 ``resp_`` and the pipeline's request id, so the log finds it.
@@ -77,7 +77,6 @@ from gateway import sse
 from gateway.auth.types import Identity
 from gateway.responses.events import ResponseEvents, frame
 from gateway.responses.objects import is_stored, new_response_id, response_object
-from gateway.responses.protocol import InputMessage, ResponsesRequest
 from gateway.resume import (
     Framer,
     Recorded,
@@ -90,6 +89,7 @@ from gateway.resume import (
 )
 from gateway.serving import Answer, Serving
 from gateway.stored import find_stored, read_answer
+from schemas.openai.responses import InputMessage, ResponsesRequest
 from schemas.records import ErrorInfo, Generation, Message, Reply, Sampling
 
 __all__ = ["generation_of", "input_param", "collect_response", "first_reply",

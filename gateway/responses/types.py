@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from gateway.auth.types import Identity
-from gateway.responses.protocol import ResponsesRequest
+from schemas.openai.responses import ResponsesRequest
 from schemas.records import Generation
 
 __all__ = ["BackgroundResponses"]

@@ -5,7 +5,7 @@ its client gave it (:mod:`gateway.websocket.protocol` has the messages).
 of its own; :class:`Generation` holds one request's state (its id, its
 :class:`GenerationState`, its task and answer), never parallel lists. A
 request is validated, admitted and submitted as its HTTP twin is
-(:func:`gateway.api_router.admit_and_submit`, with the handshake's headers:
+(:func:`gateway.chat.api_router.admit_and_submit`, with the handshake's headers:
 ``X-Conveyor-Timeout``, ``traceparent``), then streamed: over a WebSocket
 every request streams, whatever its ``stream`` says, and its chunks are the
 SSE stream's chunk objects.
@@ -35,10 +35,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import HTTPConnection
 
 from conveyor.errors import InvalidRequest, RateLimited, RequestError
-from gateway.api_router import admit_and_submit
-from gateway.errors import param_of
-from gateway.generations import chat_generation, completion_generation
-from gateway.protocol import ChatCompletionRequest, CompletionRequest
+from gateway.chat.api_router import admit_and_submit
 from gateway.serving import Answer, Serving
 from gateway.websocket.connection import Connection
 from gateway.websocket.protocol import (
@@ -53,6 +50,8 @@ from gateway.websocket.protocol import (
     parse_multiplexed,
 )
 from schemas import records
+from schemas.openai.generations import chat_generation, completion_generation
+from schemas.openai.requests import ChatCompletionRequest, CompletionRequest, param_of
 
 __all__ = ["MAX_IN_FLIGHT", "GenerationState", "Generation", "Multiplexer", "validated"]
 

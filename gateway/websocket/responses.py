@@ -2,7 +2,7 @@
 
 The client sends ``response.create`` events (:mod:`gateway.websocket.protocol`);
 each is validated as ``POST /v1/responses`` validates its body
-(:func:`gateway.responses.protocol.parse_request`), admitted and submitted as
+(:func:`schemas.openai.responses.parse_request`), admitted and submitted as
 a chat generation (:func:`gateway.responses.serving.generation_of`), and
 answered with the same events as the SSE stream, from the same loop
 (:func:`gateway.responses.serving.response_events`), one JSON message each.
@@ -31,10 +31,9 @@ import logging
 from starlette.requests import HTTPConnection
 
 from conveyor.errors import InvalidRequest, RateLimited, RequestError
-from gateway.api_router import admit_and_submit
+from gateway.chat.api_router import admit_and_submit
 from gateway.responses.events import ResponseEvents
 from gateway.responses.objects import new_response_id
-from gateway.responses.protocol import ResponsesRequest, parse_request
 from gateway.responses.serving import generation_of, input_param, response_events
 from gateway.serving import Answer, Serving
 from gateway.websocket.connection import Connection
@@ -44,6 +43,7 @@ from gateway.websocket.protocol import (
     parse_response_create,
     response_error_event,
 )
+from schemas.openai.responses import ResponsesRequest, parse_request
 
 __all__ = ["MAX_QUEUED", "ResponsesSession"]
 

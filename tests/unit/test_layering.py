@@ -13,8 +13,6 @@ PACKAGES = ("cli", "conveyor", "schemas", "topics", "workers", "gateway")
 NAMED = {
     ("conveyor.logs", "topics"),
     ("conveyor.tracing", "schemas"),
-    ("workers.jobs.lines", "gateway"),
-    ("workers.stages", "gateway"),
 }
 BELOW = {"conveyor": set(), "schemas": {"conveyor"}, "topics": {"conveyor", "schemas"},
          "workers": {"conveyor", "schemas", "topics"},

@@ -18,9 +18,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from conveyor.errors import RequestError
-from gateway.errors import param_of
-from gateway.generations import chat_generation, completion_generation
-from gateway.protocol import ChatCompletionRequest, CompletionRequest
+from schemas.openai.generations import chat_generation, completion_generation
+from schemas.openai.requests import ChatCompletionRequest, CompletionRequest, param_of
 from schemas.records import Generation
 
 __all__ = ["Line", "ENDPOINTS", "MAX_ERRORS", "parse_lines"]

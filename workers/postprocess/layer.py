@@ -23,12 +23,12 @@ from aiokafka import TopicPartition
 
 from conveyor.settings import Settings
 from schemas.codec import EventType
+from schemas.openai.chunks import delta_chunk, full_response, usage_chunk
 from schemas.records import ChunkHeader, Control, ErrorInfo, Reply, TokenChunk, Usage, UsageRecord
 from topics.catalog import CONTROL, REPLIES, TOKENS, USAGE
 from topics.envelope import now_ms, stamp
 from workers.job_results import is_job, result_output
 from workers.outputs import Output, Sender
-from workers.postprocess.chunks import delta_chunk, full_response, usage_chunk
 from workers.postprocess.stream import Emitted, RequestStream
 
 __all__ = ["PostprocessLayer"]

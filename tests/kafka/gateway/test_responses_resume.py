@@ -29,7 +29,6 @@ from gateway.auth.types import Identity
 from gateway.replies import ReplyStream
 from gateway.responses.events import ResponseEvents
 from gateway.responses.objects import response_object
-from gateway.responses.protocol import ResponsesRequest, parse_request
 from gateway.responses.serving import (
     ResponseNotFound,
     generation_of,
@@ -42,6 +41,7 @@ from gateway.responses.serving import (
 from gateway.resume import ResumeWatch
 from gateway.serving import Answer, Serving
 from schemas.codec import default_codec
+from schemas.openai.responses import ResponsesRequest, parse_request
 from schemas.records import ErrorInfo, Generation, Reply, Request, Usage
 from tests.support.gateway_fakes import Lease, RecordingProducer, Router, publisher
 from tests.support.pipeline import TEST_MODELS, drop_topics

@@ -18,7 +18,7 @@ from fastapi import FastAPI
 from conveyor.errors import InvalidRequest
 from gateway.errors import install_error_handlers
 from gateway.limits import BodyLimit
-from gateway.protocol import ChatCompletionRequest
+from schemas.openai.requests import ChatCompletionRequest
 from tests.support.services import free_port
 
 LIMIT = 64 * 1024

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from conveyor.errors import InvalidRequest, RequestTooLarge
+from conveyor.files.local import LocalFileStore
+from conveyor.files.store import FilePurpose
 from conveyor.settings import Settings
-from gateway.files.local import LocalFileStore
-from gateway.files.store import FilePurpose
 from gateway.files.uploads import UploadCheck, check_purpose, checked
 
 SETTINGS = Settings(max_file_bytes=1000, batch_max_lines=3)

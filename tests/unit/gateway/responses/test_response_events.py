@@ -13,7 +13,7 @@ from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from gateway.responses.events import ResponseEvents, frame
-from gateway.responses.protocol import parse_request
+from schemas.openai.responses import parse_request
 from schemas.records import ErrorInfo
 
 EVENT = TypeAdapter(ResponseStreamEvent)

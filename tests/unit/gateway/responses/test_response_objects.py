@@ -9,7 +9,7 @@ import pytest
 from openai.types.responses import Response
 
 from gateway.responses.objects import new_response_id, response_object
-from gateway.responses.protocol import ResponsesRequest, parse_request
+from schemas.openai.responses import ResponsesRequest, parse_request
 from schemas.records import ErrorInfo
 
 USAGE = {"prompt_tokens": 11, "completion_tokens": 5}

@@ -21,7 +21,6 @@ from gateway.app import build_app
 from gateway.auth.types import Identity
 from gateway.replies import ReplyStream
 from gateway.responses.objects import new_response_id, response_object
-from gateway.responses.protocol import ResponsesRequest, parse_request
 from gateway.responses.serving import (
     collect_response,
     first_reply,
@@ -31,6 +30,7 @@ from gateway.responses.serving import (
 )
 from gateway.serving import Answer, Serving
 from schemas.codec import default_codec
+from schemas.openai.responses import ResponsesRequest, parse_request
 from schemas.records import ErrorInfo, Generation, Reply, Request, Usage
 from tests.support.gateway_fakes import RecordingProducer, Router, publisher
 from tests.support.pipeline import TEST_MODELS

@@ -10,8 +10,8 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
+from conveyor.files.local import LocalFileStore
 from conveyor.settings import Settings
-from gateway.files.local import LocalFileStore
 from topics.envelope import new_envelope
 from workers.job_results import job_event, result_output
 from workers.jobs.collector import CANCEL_GRACE_MS, ResultsLayer, output_file_id

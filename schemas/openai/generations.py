@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from gateway.protocol import ChatCompletionRequest, CompletionRequest
+from schemas.openai.requests import ChatCompletionRequest, CompletionRequest
 from schemas.records import Generation, Message, Sampling
 
 __all__ = ["chat_generation", "completion_generation"]

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from conveyor.errors import InvalidRequest
-from gateway.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
+from schemas.openai.requests import ChatCompletionRequest, ChatMessage, CompletionRequest
 
 
 def chat(**fields: Any) -> ChatCompletionRequest:
@@ -288,7 +288,7 @@ def test_unsupported_completion_parameters_are_refused(field: str, value: Any) -
 
 
 def test_a_chat_completion_may_be_stored_with_its_metadata() -> None:
-    from gateway.generations import chat_generation
+    from schemas.openai.generations import chat_generation
 
     generation = chat_generation(chat(store=True, metadata={"run": "nightly"}))
     assert generation["store"] and generation["metadata"] == {"run": "nightly"}

@@ -36,7 +36,7 @@ What an implementation of :class:`FileStore` must guarantee:
 - Every method is a coroutine that never blocks the event loop on I/O.
 
 The tenant travels with every record (:attr:`FileObject.tenant`) but is never
-shown to a client: :mod:`gateway.files.protocol` builds the OpenAI shapes.
+shown to a client: :mod:`schemas.openai.files` builds the OpenAI shapes.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ Only what Conveyor serves is accepted, and only values the pipeline can carry:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cache
 from typing import Annotated, Any, Literal
 
@@ -300,6 +301,21 @@ _MODELS: tuple[type[BaseModel], ...] = (ChatCompletionRequest, CompletionRequest
 def field_names() -> frozenset[str]:
     """Every field name of the request models: what may appear in a ``param``."""
     return frozenset(name for model in _MODELS for name in model.model_fields)
+
+
+def param_of(loc: Sequence[int | str], names: frozenset[str] | None = None) -> str | None:
+    """The OpenAI ``param`` of a pydantic error location (``messages[0].content``,
+    ``input[0].content[1].text``): list indexes in brackets, and the type tags
+    pydantic adds inside unions (``str``, ``list[str]``) left out. ``names`` are
+    the field names a param may hold (default: the chat and completion models')."""
+    names = field_names() if names is None else names
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in names:
+            out += f".{part}" if out else part
+    return out or None
 
 
 def model_list(names: list[tuple[str, int]]) -> dict[str, Any]:

@@ -43,8 +43,7 @@ from collections.abc import AsyncIterable, AsyncIterator
 from pathlib import Path
 from typing import IO
 
-from conveyor.settings import Settings
-from gateway.files.store import (
+from conveyor.files.store import (
     CHUNK_BYTES,
     LIST_LIMIT_MAX,
     FileContent,
@@ -56,6 +55,7 @@ from gateway.files.store import (
     is_file_id,
     new_file_id,
 )
+from conveyor.settings import Settings
 
 __all__ = ["LocalFileStore"]
 
@@ -63,7 +63,7 @@ _RECORD = re.compile(r"(file-[0-9a-f]{24})\.json")
 
 
 class LocalFileStore:
-    """A :class:`~gateway.files.store.FileStore` under ``settings.files_dir``."""
+    """A :class:`~conveyor.files.store.FileStore` under ``settings.files_dir``."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from conveyor.errors import InvalidRequest
-from gateway.responses.protocol import ResponsesRequest, param_of, parse_request
+from schemas.openai.responses import ResponsesRequest, param_of, parse_request
 
 
 def parse(**body: Any) -> ResponsesRequest:

@@ -1,6 +1,6 @@
 """OpenAI's Responses API request (``POST /v1/responses``), text only, as pydantic models.
 
-The rules are those of :mod:`gateway.protocol` for chat:
+The rules are those of :mod:`schemas.openai.requests` for chat:
 
 * Types are strict (``"stream": "yes"`` or ``"max_output_tokens": 1.5`` are
   refused, not coerced), numbers fit the event schema, and every string is
@@ -47,7 +47,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from conveyor.errors import InvalidRequest
-from gateway.protocol import MAX_INT32, Text, checked_metadata
+from schemas.openai.requests import MAX_INT32, Text, checked_metadata
+from schemas.openai.requests import param_of as requests_param_of
 
 __all__ = [
     "InputText",
@@ -220,16 +221,9 @@ class ResponsesRequest(BaseModel):
 
 
 def param_of(loc: Sequence[int | str]) -> str | None:
-    """The ``param`` of a validation error's location, as OpenAI writes it
-    (``input[0].content[1].text``): the type tags pydantic adds inside unions
-    (``str``, ``list[InputMessage]``) are left out."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part in _field_names():
-            out += f".{part}" if out else part
-    return out or None
+    """The ``param`` of a Responses request's validation error location, as
+    OpenAI writes it (``input[0].content[1].text``)."""
+    return requests_param_of(loc, _field_names())
 
 
 @cache

@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 
 from conveyor.errors import InvalidRequest
-from conveyor.settings import Settings
-from gateway.files.local import LocalFileStore
-from gateway.files.store import (
+from conveyor.files.local import LocalFileStore
+from conveyor.files.store import (
     CHUNK_BYTES,
     FileNotFound,
     FilePurpose,
     FileStore,
     new_file_id,
 )
+from conveyor.settings import Settings
 
 LINES = b'{"custom_id": "a"}\n{"custom_id": "b"}\n'
 

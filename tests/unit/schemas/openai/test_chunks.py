@@ -10,8 +10,8 @@ import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletionChunk
 
+from schemas.openai.chunks import completion_id, delta_chunk, usage_chunk
 from schemas.records import ChunkHeader, Usage
-from workers.postprocess.chunks import completion_id, delta_chunk, usage_chunk
 
 
 def header(kind: Literal["chat", "completion"] = "chat", include_usage: bool = False

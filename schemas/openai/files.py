@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from gateway.files.store import FileObject, FilePage
+from conveyor.files.store import FileObject, FilePage
 
 __all__ = ["file_json", "page_json", "deleted_json", "OpenAIFile", "FileList", "FileDeleted"]
 

@@ -22,7 +22,6 @@ from gateway.openapi import (
     generation_responses,
     stored_responses,
 )
-from gateway.protocol import ChatCompletionRequest, CompletionRequest, model_list
 from gateway.resume import (
     Kind,
     StreamNotFound,
@@ -33,6 +32,7 @@ from gateway.resume import (
 )
 from gateway.serving import Answer, Serving
 from gateway.stored import stored_chat_completion, stored_messages
+from schemas.openai.requests import ChatCompletionRequest, CompletionRequest, model_list
 from schemas.records import Generation
 
 __all__ = ["router", "admit_and_submit"]
