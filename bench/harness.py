@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,8 @@ from pathlib import Path
 from types import FrameType
 
 import httpx
+
+from infra.services import port_answers
 
 __all__ = [
     "port_answers",
@@ -122,15 +123,6 @@ def wait_http(url: str, proc: Proc, timeout_s: float) -> None:
         f"{proc.name}: {url} not ready after {timeout_s:.0f} s ({last}); "
         f"log {proc.log_path}:\n{proc.log_tail()}"
     )
-
-
-def port_answers(port: int) -> bool:
-    """Something listens on 127.0.0.1:``port``."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1.0):
-            return True
-    except OSError:
-        return False
 
 
 def check_infra(kafka_port: int = 9092, redis_port: int = 6379) -> None:
