@@ -43,6 +43,10 @@ class Piece:
     text: str
     tokens: int = 1
     finish_reason: Literal["stop", "length"] | None = None
+    # on the last piece, where the engine knows them (vLLM): the prompt's tokens
+    # and how many of them its prefix cache held
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
 
 
 class Engine(Protocol):

