@@ -227,7 +227,9 @@ def test_a_rebalance_hands_generations_over_without_generating_twice(
     p = pipeline_factory(workers=1, contexts=4, CONVEYOR_INFER_PARTITIONS="2")
     started: list[str] = []
     with ThreadPoolExecutor(4) as pool:
-        futures = [pool.submit(count, p, 300, started.append) for _ in range(4)]
+        # 18 s answers: the new worker's start (imports, group join) takes over
+        # 6 s on a loaded two-core machine, and must land mid-generation
+        futures = [pool.submit(count, p, 900, started.append) for _ in range(4)]
         deadline = time.monotonic() + 30
         while len(started) < 4 and time.monotonic() < deadline:
             time.sleep(0.1)
