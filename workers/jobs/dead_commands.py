@@ -23,8 +23,9 @@ Decisions:
   touching any job that has moved on.
 - **Which job.** The record's key is its job id. Its latest state is read
   from ``conveyor.job-status`` (where the gateway wrote it before the
-  command; :class:`~topics.lookup.KeyLookup` from the command's time on, so
-  only the traffic since then is read). A letter without a key, or whose key
+  command; the layer's long-lived keyed lookup,
+  :class:`~topics.shared_lookup.SharedLookup`, reads from the command's time
+  on, so only the traffic since then is read). A letter without a key, or whose key
   names no job there, stays a dead letter alone: there is no job to end.
 - **Only a job that has not started.** A batch still ``validating`` (a
   background response still ``queued``) fails. A job past that already had
@@ -84,7 +85,7 @@ from schemas.codec import Codec, EventType
 from schemas.records import DeadLetter, JobStatus
 from topics.backoff import Backoff, RateLimitedLog
 from topics.catalog import DLQ, JOB_STATUS, JOBS
-from topics.lookup import KeyLookup
+from topics.shared_lookup import SharedLookup
 from workers.job_results import job_event
 from workers.layer import Record
 from workers.outputs import Output, Sender
@@ -156,12 +157,15 @@ class DeadLetters:
         self.settings = settings
         self.codec = codec
         self.source_topic = DLQ.at(settings)
+        # the process's keyed lookup, kept for the layer's life (one reader: a
+        # dead command is rare, and the runtime handles few letters at once)
+        self.lookup = SharedLookup(settings, readers=1, timeout_s=_LOOKUP_TIMEOUT_S)
 
     async def start(self, sender: Sender) -> None:
         return None
 
     async def stop(self) -> None:
-        return None
+        await self.lookup.close()
 
     async def handle(self, letter: DeadLetter, record: Record) -> list[Output]:
         """The event that ends the letter's job, when it should end (none else)."""
@@ -180,7 +184,7 @@ class DeadLetters:
         return [out]
 
     async def state(self, letter: DeadLetter, job_id: str) -> JobStatus | None:
-        return await job_state(self.settings, self.codec, letter, job_id)
+        return await job_state(self.settings, self.codec, self.lookup, letter, job_id)
 
     def committable(self, tp: TopicPartition, next_offset: int) -> int:
         return next_offset
@@ -218,15 +222,14 @@ class DeadCommands:
             await backoff.wait()
 
 
-async def job_state(settings: Settings, codec: Codec, letter: DeadLetter,
-                    job_id: str) -> JobStatus | None:
+async def job_state(settings: Settings, codec: Codec, lookup: SharedLookup,
+                    letter: DeadLetter, job_id: str) -> JobStatus | None:
     """The latest state on ``conveyor.job-status`` of the job a letter of the
     jobs layer names, read from the time its command was written (the whole
     topic when that record is gone)."""
-    async with KeyLookup(settings, timeout_s=_LOOKUP_TIMEOUT_S) as lookup:
-        command = await lookup.at(letter["topic"], letter["partition"], letter["offset"])
-        since = command.timestamp - settings.clock_skew_ms if command else 0
-        found = await lookup.find(JOB_STATUS.at(settings), job_id, since)
+    command = await lookup.at(letter["topic"], letter["partition"], letter["offset"])
+    since = command.timestamp - settings.clock_skew_ms if command else 0
+    found = await lookup.find(JOB_STATUS.at(settings), job_id, since)
     statuses: list[JobStatus] = []
     for record in found:
         try:
