@@ -95,6 +95,8 @@ else:
 lines += ["accelerate", "gguf"]
 # `pip install -e .` runs without build isolation: the build backend pyproject names
 lines.append("setuptools>=68")
+# llama-cpp-python's own requirements: its wheel goes in with --no-deps (infra/llama.sh)
+lines += ["typing-extensions>=4.5.0", "numpy>=1.20.0", "diskcache>=5.6.1", "jinja2>=2.11.3"]
 # Conveyor's own dependencies and test tools, less the two installed on their own
 # and faust-streaming: it caps click below 8.4, which vLLM's huggingface_hub needs,
 # and only the accounting app (`conveyor accounting`, run from .venv) imports it

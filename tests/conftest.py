@@ -1,11 +1,13 @@
 """Shared fixtures: the real Kafka and Redis that infra/ starts, Conveyors of
 real processes (tests/support/pipeline.py), and services of a test's own to
 break. Each tier's directory gives its tests their marker (``unit``, ``kafka``,
-``pipeline``, ``faults``): ``bash infra/test.sh --fast`` runs ``tests/unit``
-alone, with no service running."""
+``pipeline``, ``faults``, ``vllm``): ``bash infra/test.sh --fast`` runs ``tests/unit``
+alone, with no service running. ``tests/vllm`` runs in the environment that
+``bash infra/vllm.sh`` builds (``.venv-vllm``); a Python without vLLM leaves it out."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -17,7 +19,9 @@ import redis.asyncio as aioredis
 from tests.support.pipeline import Pipeline, answers
 from tests.support.services import OwnKafka, OwnRedis
 
-TIERS = ("unit", "kafka", "pipeline", "faults")
+TIERS = ("unit", "kafka", "pipeline", "faults", "vllm")
+# vLLM is not in .venv (infra/vllm.sh): its tier runs from .venv-vllm (infra/test.sh)
+collect_ignore = ["vllm"] if importlib.util.find_spec("vllm") is None else []
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

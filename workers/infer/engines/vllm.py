@@ -50,6 +50,8 @@ Decisions:
   engine must guard its entry point with ``if __name__ == "__main__"`` (the
   ``conveyor`` command and ``python -m cli`` do). vLLM's usage statistics are
   switched off and nothing is fetched from a model hub (``HF_HUB_OFFLINE``).
+  Those processes do not outlive a worker that is SIGKILLed: a watch process
+  (:mod:`vllm_watch`) ends them (left running, each set held 2-4 GB here).
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ import asyncio
 import contextlib
 import logging
 import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncGenerator
@@ -126,7 +130,9 @@ class VllmEngine:
         self._llm: AsyncLLM | None = None
         self._slots: asyncio.Semaphore | None = None
         self._live: set[str] = set()  # vLLM request ids of the generations now running
+        self._waiting = 0  # generations waiting for a slot
         self._bos: list[int] = []
+        self._watch: subprocess.Popen[bytes] | None = None  # see vllm_watch
         self.started_s = 0.0  # how long start() took
 
     @classmethod
@@ -162,10 +168,12 @@ class VllmEngine:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")  # Conveyor's logging rules
+        before = _descendants()
         try:
             self._llm = self._engine(model)
         except Exception as exc:
             raise EngineError(f"vLLM cannot serve {model}: {exc}") from exc
+        self._watch = _watch(_descendants() - before)
         tokenizer = self._llm.get_tokenizer()
         bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None \
             else tokenizer.eos_token_id
@@ -205,7 +213,7 @@ class VllmEngine:
         return AsyncLLM.from_engine_args(args)
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[Piece, None]:
-        """Stream one answer (see the module notes)."""
+        """Stream one answer from a free slot (see the module notes)."""
         llm, slots = self._llm, self._slots
         if llm is None or slots is None:
             raise EngineError(f"engine {self.name} is not started")
@@ -215,50 +223,61 @@ class VllmEngine:
             raise
         except Exception as exc:
             raise EngineError(f"vLLM refused the prompt: {exc}") from exc
-        params = _sampling(request)
-        rid = f"{request.request_id}-{uuid.uuid4().hex[:8]}"
-        async with slots:
-            if self._llm is None:
+        self._waiting += 1
+        try:
+            await slots.acquire()
+        finally:
+            self._waiting -= 1
+        pieces = self._stream(llm, prompt, _sampling(request),
+                              f"{request.request_id}-{uuid.uuid4().hex[:8]}")
+        try:
+            if self._llm is None:  # closed while this generation waited for a slot
                 raise EngineError("the generation was cancelled")
-            self._live.add(rid)
-            finished = False
-            stream = llm.generate(prompt, params, rid)
-            try:
-                carried = 0
-                prompt_tokens = 0
-                async for out in stream:
-                    completion = out.outputs[0]
-                    carried += len(completion.token_ids)
-                    prompt_tokens = prompt_tokens or len(out.prompt_token_ids or ())
-                    if not out.finished:
-                        if completion.text:
-                            yield Piece(completion.text, tokens=carried)
-                            carried = 0
-                        continue
-                    finished = True
-                    reason = completion.finish_reason
-                    if reason not in ("stop", "length"):
-                        raise EngineError("the generation was cancelled" if reason == "abort"
-                                          else f"vLLM ended the generation: {reason}")
-                    yield Piece(completion.text, tokens=carried,
-                                finish_reason="length" if reason == "length" else "stop",
-                                prompt_tokens=prompt_tokens,
-                                cached_tokens=out.num_cached_tokens or 0)
-                    return
-                raise EngineError("vLLM ended the stream without a finish reason")
-            except EngineError:
-                raise
-            except (asyncio.CancelledError, GeneratorExit):
-                raise
-            except Exception as exc:
-                raise EngineError(f"vLLM failed: {exc}") from exc
-            finally:
-                self._live.discard(rid)
-                if not finished:
-                    with contextlib.suppress(Exception):
-                        await llm.abort(rid)
+            async for piece in pieces:
+                yield piece
+        finally:
+            await pieces.aclose()
+            slots.release()
+
+    async def _stream(self, llm: AsyncLLM, prompt: Any, params: SamplingParams,
+                      rid: str) -> AsyncGenerator[Piece, None]:
+        """vLLM's deltas as pieces; an end before the last one aborts ``rid``."""
+        self._live.add(rid)
+        finished = False
+        stream = llm.generate(prompt, params, rid)
+        try:
+            carried = 0
+            prompt_tokens = 0
+            async for out in stream:
+                completion = out.outputs[0]
+                carried += len(completion.token_ids)
+                prompt_tokens = prompt_tokens or len(out.prompt_token_ids or ())
+                if not out.finished:
+                    if completion.text:
+                        yield Piece(completion.text, tokens=carried)
+                        carried = 0
+                    continue
+                finished = True
+                reason = completion.finish_reason
+                if reason not in ("stop", "length"):
+                    raise EngineError("the generation was cancelled" if reason == "abort"
+                                      else f"vLLM ended the generation: {reason}")
+                yield Piece(completion.text, tokens=carried,
+                            finish_reason="length" if reason == "length" else "stop",
+                            prompt_tokens=prompt_tokens, cached_tokens=out.num_cached_tokens or 0)
+                return
+            raise EngineError("vLLM ended the stream without a finish reason")
+        except EngineError:
+            raise
+        except Exception as exc:
+            raise EngineError(f"vLLM failed: {exc}") from exc
+        finally:
+            self._live.discard(rid)
+            if not finished:  # closed, cancelled or failed: free the sequence now
                 with contextlib.suppress(Exception):
-                    await stream.aclose()
+                    await llm.abort(rid)
+            with contextlib.suppress(Exception):
+                await stream.aclose()
 
     def _prompt(self, llm: AsyncLLM, request: GenerationRequest) -> dict[str, Any]:
         if request.prompt_text is not None or request.kind == "completion":
@@ -277,15 +296,35 @@ class VllmEngine:
 
     async def close(self) -> None:
         """Abort what runs (its consumers get an EngineError), stop vLLM."""
-        llm, self._llm, self._slots = self._llm, None, None
-        if llm is None:
+        llm, self._llm, slots, self._slots = self._llm, None, self._slots, None
+        if llm is None or slots is None:
             return
+        for _ in range(self._waiting):  # wake the waiting: they find the engine closed
+            slots.release()
         live = list(self._live)
         if live:
             with contextlib.suppress(Exception):
                 await llm.abort(live)
             await asyncio.sleep(0)  # the aborted streams see their end first
         await asyncio.to_thread(llm.shutdown)
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.terminate()
+            await asyncio.to_thread(watch.wait)
+
+
+def _descendants() -> set[int]:
+    import psutil
+
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _watch(pids: set[int]) -> subprocess.Popen[bytes] | None:
+    """A watch that ends vLLM's processes ``pids`` if this process dies first."""
+    if not pids:
+        return None
+    return subprocess.Popen([sys.executable, "-m", "workers.infer.engines.vllm_watch",
+                             str(os.getpid()), *(str(p) for p in sorted(pids))])
 
 
 def _sampling(request: GenerationRequest) -> SamplingParams:

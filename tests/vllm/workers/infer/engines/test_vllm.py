@@ -1,0 +1,180 @@
+"""What only the vLLM engine has, on vLLM's async engine with SmolLM2 in float32:
+streaming one step at a time, an abort that frees vLLM's sequence, seeds,
+prefix caching visible in the last piece, one greedy answer whatever runs
+beside it, and the engines table's flags. The contract every engine keeps runs
+in test_contract.py."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from conveyor.errors import EngineError
+from conveyor.registry import Registry
+from tests.unit.workers.infer.engines.test_contract import collect, request, text
+from workers.infer.engines.base import Piece
+from workers.infer.engines.table import add_engine_flags, engine_named
+from workers.infer.engines.vllm import VllmEngine
+
+# greedy SmolLM2 in float32 answers the contract's question in 8 tokens and stops;
+# asked to count on, it does not stop within 400 tokens
+COUNTING = request(kind="completion", prompt_text="1, 2, 3, 4, 5,", messages=(), max_tokens=400)
+# about 600 tokens that two prompts share before their questions differ
+SHARED = ("Conveyor is an OpenAI-compatible gateway over Apache Kafka. Every request is an "
+          "event in a durable log, and every layer is a consumer group. " * 24)
+
+
+def chat(question: str, system: str = "You are a helpful assistant.") -> str:
+    return (f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n"
+            "<|im_start|>assistant\n")
+
+
+async def unfinished(engine: VllmEngine, within_s: float = 5.0) -> int:
+    """vLLM's unfinished requests, once they are gone (or after ``within_s``)."""
+    for _ in range(int(within_s / 0.05)):
+        if not engine.llm.get_num_unfinished_requests():
+            break
+        await asyncio.sleep(0.05)
+    return int(engine.llm.get_num_unfinished_requests())
+
+
+async def timed(engine: VllmEngine, prompt: str, max_tokens: int) -> tuple[float, list[Piece]]:
+    """Time to the first piece, and every piece."""
+    started = time.monotonic()
+    first = 0.0
+    pieces: list[Piece] = []
+    async for piece in engine.generate(request(kind="completion", prompt_text=prompt,
+                                               messages=(), max_tokens=max_tokens)):
+        first = first or time.monotonic() - started
+        pieces.append(piece)
+    return first, pieces
+
+
+async def test_pieces_stream_one_step_at_a_time(vllm_engine: VllmEngine) -> None:
+    arrivals: list[float] = []
+    pieces: list[Piece] = []
+    async for piece in vllm_engine.generate(replace(COUNTING, max_tokens=30)):
+        arrivals.append(time.monotonic())
+        pieces.append(piece)
+
+    assert sum(p.tokens for p in pieces) == 30 and pieces[-1].finish_reason == "length"
+    assert len(pieces) >= 20  # about one piece per token, not one piece at the end
+    assert arrivals[-1] - arrivals[0] > 0.2
+    tokenizer = vllm_engine.llm.get_tokenizer()
+    assert pieces[-1].prompt_tokens == len(tokenizer.encode(COUNTING.prompt_text))
+    assert all(p.prompt_tokens is None for p in pieces[:-1])
+
+
+async def test_closing_a_generation_aborts_its_sequence_in_vllm(vllm_engine: VllmEngine) -> None:
+    pieces = vllm_engine.generate(COUNTING)
+    await anext(pieces)
+    assert vllm_engine.llm.get_num_unfinished_requests() == 1
+    await pieces.aclose()
+
+    assert await unfinished(vllm_engine) == 0
+    assert vllm_engine.running == 0
+
+
+async def test_a_cancelled_consumer_aborts_its_sequence_in_vllm(vllm_engine: VllmEngine) -> None:
+    started = asyncio.Event()
+
+    async def consume() -> None:
+        async for _piece in vllm_engine.generate(COUNTING):
+            started.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(started.wait(), timeout=30)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+    assert await unfinished(vllm_engine) == 0
+    assert vllm_engine.running == 0
+
+
+async def test_a_seed_gives_one_sample_whatever_runs_beside_it(vllm_engine: VllmEngine) -> None:
+    seeded = request(temperature=1.0, seed=7, max_tokens=16)
+    alone = text(await collect(vllm_engine, seeded))
+    beside, _other = await asyncio.gather(
+        collect(vllm_engine, seeded),
+        collect(vllm_engine, request(prompt_text=chat("Write a poem."), temperature=1.0,
+                                     max_tokens=24)))
+
+    assert text(beside) == alone
+    others = [text(await collect(vllm_engine, request(temperature=1.0, seed=s, max_tokens=16)))
+              for s in (8, 9, 10)]
+    assert any(o != alone for o in others)
+
+
+async def test_temperature_zero_gives_one_answer_whatever_runs_beside_it(
+        vllm_engine: VllmEngine) -> None:
+    question = request(max_tokens=16)
+    answers = {text(await collect(vllm_engine, question))}
+    for i in range(10):  # beside a different prompt each time, cached prefix or not
+        neighbour = request(prompt_text=chat(f"Count to {i + 3}."), max_tokens=12 + i)
+        ours, _theirs = await asyncio.gather(collect(vllm_engine, question),
+                                             collect(vllm_engine, neighbour))
+        answers.add(text(ours))
+
+    assert len(answers) == 1, answers
+
+
+async def test_a_shared_prefix_is_served_from_the_cache(vllm_engine: VllmEngine) -> None:
+    await vllm_engine.llm.reset_prefix_cache()
+    cold_ttft, cold = await timed(vllm_engine, chat("What is Kafka?", SHARED), 4)
+    warm_ttft, warm = await timed(vllm_engine, chat("What is a consumer group?", SHARED), 4)
+    prompt_tokens = warm[-1].prompt_tokens or 0
+    cached = warm[-1].cached_tokens or 0
+    print(f"TTFT over a {prompt_tokens}-token prompt: {cold_ttft * 1000:.0f} ms cold, "
+          f"{warm_ttft * 1000:.0f} ms with {cached} tokens from the prefix cache")
+
+    assert cold[-1].cached_tokens == 0
+    assert prompt_tokens > 500
+    assert prompt_tokens - 32 <= cached < prompt_tokens  # all the shared blocks
+    again_ttft, again = await timed(vllm_engine, chat("What is Kafka?", SHARED), 4)
+    assert text(again) == text(cold)  # the cache changes the time, not the answer
+
+
+async def test_a_prompt_beyond_max_model_len_is_an_engine_error(vllm_engine: VllmEngine) -> None:
+    too_long = "word " * (vllm_engine.max_model_len + 10)
+    with pytest.raises(EngineError, match="refused the prompt"):
+        await collect(vllm_engine, request(kind="completion", prompt_text=too_long, messages=()))
+    assert vllm_engine.running == 0
+
+
+async def test_close_while_a_generation_waits_for_a_slot(
+        vllm_engines: Callable[..., Awaitable[VllmEngine]]) -> None:
+    engine = await vllm_engines(1)
+    running = engine.generate(COUNTING)
+    await anext(running)
+    waiting: AsyncGenerator[Piece, None] = engine.generate(request(max_tokens=3))
+    queued = asyncio.create_task(anext(waiting))
+    await asyncio.sleep(0.2)
+    await engine.close()
+
+    with pytest.raises(EngineError, match="cancelled"):
+        await asyncio.wait_for(queued, timeout=10)
+    with pytest.raises(EngineError, match="cancelled"):
+        await asyncio.wait_for(anext(running), timeout=10)
+
+
+def test_the_engines_table_makes_it_from_its_flags() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pool", default="cpu")
+    add_engine_flags(parser)
+    args = parser.parse_args(["--engine", "vllm", "--contexts", "6", "--dtype", "bfloat16",
+                              "--max-model-len", "1024", "--kv-cache-gib", "0.25",
+                              "--vllm-model", "/models/smollm2"])
+    registry = Registry.load(Path("conveyor/models.toml"))
+    engine = engine_named("vllm").make(args, registry)
+
+    assert isinstance(engine, VllmEngine)
+    assert (engine.capacity, engine.dtype, engine.max_model_len, engine.kv_cache_gib) == (
+        6, "bfloat16", 1024, 0.25)
+    assert engine.model == Path("/models/smollm2")
+    assert engine.spec.name == "smollm2-135m-instruct"
