@@ -2,10 +2,14 @@
 # The test suite, as CI runs it: installs, starts Kafka and Redis on
 # 127.0.0.1, lints and type-checks, then runs every tier (tests/unit,
 # tests/kafka, tests/pipeline, tests/faults; the last two drive real Conveyor
-# processes against the real broker and Redis). Extra arguments go to pytest.
+# processes against the real broker and Redis), then the vllm tier (tests/vllm:
+# vLLM's engine for real, from the environment infra/vllm.sh builds once and a
+# fresh clone reuses; CONVEYOR_TEST_VLLM=0 leaves it out). Extra arguments go to
+# pytest, and run the vllm tier only when they name it.
 #
-#   bash infra/test.sh            everything (CI, the README's command)
-#   bash infra/test.sh --fast     the unit tier alone: no Kafka, no Redis, seconds
+#   bash infra/test.sh              everything (CI, the README's command)
+#   bash infra/test.sh --fast       the unit tier alone: no Kafka, no Redis, seconds
+#   bash infra/test.sh tests/vllm   the vllm tier alone (Kafka and Redis too)
 #
 # Test files run in parallel processes (pytest-xdist, a file's tests in one
 # process, so its module fixtures are built once): CONVEYOR_TEST_PROCESSES,
@@ -27,5 +31,16 @@ bash infra/kafka.sh start
 bash infra/redis.sh start
 .venv/bin/ruff check .
 .venv/bin/mypy
+vllm_tier() {
+  bash infra/vllm.sh
+  HF_HUB_OFFLINE=1 .venv-vllm/bin/python -m pytest -q -p no:cacheprovider --durations=10 "$@"
+}
+if [ "${1:-}" != "${1#tests/vllm}" ]; then
+  vllm_tier "$@"
+  exit
+fi
 .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 \
   -n "${CONVEYOR_TEST_PROCESSES:-4}" --dist loadfile "$@"
+if [ $# -eq 0 ] && [ "${CONVEYOR_TEST_VLLM:-1}" != 0 ]; then
+  vllm_tier tests/vllm
+fi
