@@ -58,8 +58,9 @@ sys.exit(args.func(load_settings(), args))
 log = logging.getLogger(__name__)
 
 # how soon a SIGKILLed app's successor counts a new event: 4.7-9.9 s in 20
-# runs on two busy cores (workers/usage/app.py, Membership)
-SUCCESSOR_COUNTS_WITHIN_S = 30.0
+# runs on two busy cores (workers/usage/app.py, Membership); over 30 s once at
+# a load average of 19 (the suite in four processes beside two vLLM engines)
+SUCCESSOR_COUNTS_WITHIN_S = 45.0
 
 
 @dataclass
