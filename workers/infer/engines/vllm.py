@@ -135,10 +135,6 @@ class VllmEngine:
         self._watch: subprocess.Popen[bytes] | None = None  # see vllm_watch
         self.started_s = 0.0  # how long start() took
 
-    @classmethod
-    def from_spec(cls, spec: ModelSpec, **options: Any) -> VllmEngine:
-        return cls(spec, **options)
-
     @property
     def running(self) -> int:
         """Generations holding a slot now."""
@@ -153,7 +149,9 @@ class VllmEngine:
 
     async def start(self) -> None:
         """Find (or convert) the weights, then start vLLM's engine: its core
-        process loads the model and allocates the KV cache (15-25 s here)."""
+        process loads the model and allocates the KV cache (30-50 s on the two
+        cores here, SmolLM2). vLLM reads its settings from the environment in
+        its own processes too, so they are set here, where the user has not."""
         if self._llm is not None:
             return
         missing = vllm_missing()
