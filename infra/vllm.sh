@@ -122,7 +122,8 @@ key=$(printf '%s\n%s\n%s\n%s\n' "$flavour" "$version" "$base" "$requirements" \
 env=$envs/env-$key
 stamp_text="$key $root"
 
-if [ "${1:-}" != "--force" ] && [ "$(cat "$venv/.conveyor-vllm-stamp" 2>/dev/null)" = "$stamp_text" ]; then
+if [ "${1:-}" != "--force" ] && [ "$(cat "$venv/.conveyor-vllm-stamp" 2>/dev/null)" = "$stamp_text" ] \
+    && [ "$(cat "$env/.conveyor-vllm-stamp" 2>/dev/null)" = "$key" ]; then
   say "ready: $venv ($flavour, vLLM $version, environment $env)"
   exit 0
 fi
