@@ -35,10 +35,9 @@ vllm_tier() {
   bash infra/vllm.sh
   HF_HUB_OFFLINE=1 .venv-vllm/bin/python -m pytest -q -p no:cacheprovider --durations=10 "$@"
 }
-if [ "${1:-}" != "${1#tests/vllm}" ]; then
-  vllm_tier "$@"
-  exit
-fi
+case "${1:-}" in
+  tests/vllm*) vllm_tier "$@"; exit ;;
+esac
 .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 \
   -n "${CONVEYOR_TEST_PROCESSES:-4}" --dist loadfile "$@"
 if [ $# -eq 0 ] && [ "${CONVEYOR_TEST_VLLM:-1}" != 0 ]; then
