@@ -13,9 +13,9 @@
 #
 # Test files run in parallel processes (pytest-xdist, a file's tests in one
 # process, so its module fixtures are built once): CONVEYOR_TEST_PROCESSES,
-# default 4 for everything (most of a fault test is waiting on a broker or a
-# timeout, so four overlap well on two cores) and 2 for the unit tier
-# (CPU-bound); 0 runs everything in this process.
+# default 2, one per core (four ran the suite no faster on two cores: the
+# processes the tests start then queue for the CPU); 0 runs everything in
+# this process.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -39,7 +39,7 @@ case "${1:-}" in
   tests/vllm*) vllm_tier "$@"; exit ;;
 esac
 .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 \
-  -n "${CONVEYOR_TEST_PROCESSES:-4}" --dist loadfile "$@"
+  -n "${CONVEYOR_TEST_PROCESSES:-2}" --dist loadfile "$@"
 if [ $# -eq 0 ] && [ "${CONVEYOR_TEST_VLLM:-1}" != 0 ]; then
   vllm_tier tests/vllm
 fi
