@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import cache
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     AfterValidator,
@@ -176,8 +176,12 @@ class _Sampling(BaseModel):
         return self.presence_penalty or 0.0, self.frequency_penalty or 0.0
 
 
-class ResponseFormat(BaseModel):
+class TextOnlyFormat(BaseModel):
+    """An output format that may only be plain text; ``field`` names it in the
+    refusal (``response_format``, ``text.format``)."""
+
     model_config = ConfigDict(strict=True, extra="allow")
+    field: ClassVar[str] = "response_format"
 
     type: Text
 
@@ -185,8 +189,12 @@ class ResponseFormat(BaseModel):
     @classmethod
     def _text_only(cls, v: str) -> str:
         if v != "text":
-            raise ValueError(f"response_format {v!r} is not supported; only 'text' is")
+            raise ValueError(f"{cls.field} {v!r} is not supported; only 'text' is")
         return v
+
+
+class ResponseFormat(TextOnlyFormat):
+    field: ClassVar[str] = "response_format"
 
 
 class ChatCompletionRequest(_Sampling):

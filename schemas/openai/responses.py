@@ -42,12 +42,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from functools import cache
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from conveyor.errors import InvalidRequest
-from schemas.openai.requests import MAX_INT32, Text, checked_metadata
+from schemas.openai.requests import MAX_INT32, Text, TextOnlyFormat, checked_metadata
 from schemas.openai.requests import param_of as requests_param_of
 
 __all__ = [
@@ -93,17 +93,8 @@ class InputMessage(BaseModel):
         return "".join(part.text for part in self.content)
 
 
-class TextFormat(BaseModel):
-    model_config = ConfigDict(strict=True, extra="allow")
-
-    type: Text
-
-    @field_validator("type")
-    @classmethod
-    def _text_only(cls, v: str) -> str:
-        if v != "text":
-            raise ValueError(f"text.format {v!r} is not supported; only 'text' is")
-        return v
+class TextFormat(TextOnlyFormat):
+    field: ClassVar[str] = "text.format"
 
 
 class TextConfig(BaseModel):
