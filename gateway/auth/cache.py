@@ -11,6 +11,14 @@ A read that started before an invalidation must not put back what the
 invalidation dropped, so :meth:`put` takes the :attr:`generation` seen before
 the read and stores nothing if any invalidation came since. The cache holds
 at most ``max_entries``; past that the oldest entries go first.
+
+A hit is only as good as the subscription that would have dropped it. While
+the replica is not subscribed (an outage, or the moments after Redis is back
+and before the subscription is), :meth:`trusted` says to read Redis first and
+answer from the cache only when that read fails: a key revoked the moment
+Redis answers again is refused at once, not when the subscription catches
+up. After a failed read the cache answers alone for ``distrust_retry_s``, so
+a Redis that hangs costs one timeout per second, not one per request.
 """
 
 from __future__ import annotations
@@ -37,8 +45,11 @@ class LocalCache(Generic[V]):
     """``key -> value or None`` with a time limit per entry and drops by tag."""
 
     def __init__(self, ttl_s: float, negative_ttl_s: float = 1.0, max_entries: int = 100_000,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 distrust_retry_s: float = 1.0) -> None:
         self.ttl_s = ttl_s
+        self.distrust_retry_s = distrust_retry_s
+        self._read_failed_at: float | None = None
         self.negative_ttl_s = negative_ttl_s
         self.max_entries = max_entries
         self.clock = clock
@@ -55,6 +66,21 @@ class LocalCache(Generic[V]):
             self._remove(key)
             return False, None
         return True, entry.value
+
+    def trusted(self, subscribed: bool) -> bool:
+        """Whether a hit may answer without reading Redis: always while ``subscribed``,
+        else only within ``distrust_retry_s`` of a failed read (see the module's notes)."""
+        if subscribed:
+            return True
+        failed = self._read_failed_at
+        return failed is not None and self.clock() - failed < self.distrust_retry_s
+
+    def read_failed(self) -> None:
+        """A read of Redis behind this cache failed: hits answer alone for a while."""
+        self._read_failed_at = self.clock()
+
+    def read_succeeded(self) -> None:
+        self._read_failed_at = None
 
     def put(self, key: str, value: V | None, tag: str, generation: int) -> None:
         """Remember ``value`` unless an invalidation came after ``generation`` was read."""

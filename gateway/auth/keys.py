@@ -30,7 +30,7 @@ from dataclasses import replace
 
 import redis.asyncio as aioredis
 
-from conveyor.errors import BrokerError, ConveyorError
+from conveyor.errors import BrokerError, ConveyorError, TransientBrokerError
 from conveyor.settings import Settings
 from gateway.audit import Audit, audit_event
 from gateway.auth.cache import LocalCache
@@ -111,13 +111,20 @@ class KeyStore:
             return None
         key_hash = hash_secret(self.settings, secret)
         hit, cached = self.cache.get(key_hash)
-        if hit:
+        if hit and self.cache.trusted(self.healthy):
             return cached
         generation = self.cache.generation
-        record, restored = await self.copy.find(key_hash)
-        if record is None and not restored:
-            await self.restorer.ensure()
-            record, _ = await self.copy.find(key_hash)
+        try:
+            record, restored = await self.copy.find(key_hash)
+            if record is None and not restored:
+                await self.restorer.ensure()
+                record, _ = await self.copy.find(key_hash)
+        except TransientBrokerError:
+            if not hit:
+                raise
+            self.cache.read_failed()  # Redis unreachable: the cached entry serves
+            return cached
+        self.cache.read_succeeded()
         self.cache.put(key_hash, record, record.id if record else "", generation)
         return record
 

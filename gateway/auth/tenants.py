@@ -21,7 +21,7 @@ import logging
 
 import redis.asyncio as aioredis
 
-from conveyor.errors import BrokerError
+from conveyor.errors import BrokerError, TransientBrokerError
 from conveyor.settings import Settings
 from gateway.audit import Audit, audit_event
 from gateway.auth.cache import LocalCache
@@ -74,11 +74,17 @@ class TenantStore:
     async def get(self, name: str) -> TenantPolicy:
         """The tenant's policy; ``TenantPolicy(name)`` (no limits) if never set."""
         hit, cached = self.cache.get(name)
-        if hit and cached is not None:
+        if hit and cached is not None and self.cache.trusted(self.healthy):
             return cached
         generation = self.cache.generation
-        policy = await self._stored(name)
-        policy = policy or TenantPolicy(name)
+        try:
+            policy = await self._stored(name) or TenantPolicy(name)
+        except TransientBrokerError:
+            if cached is None:
+                raise
+            self.cache.read_failed()  # Redis unreachable: the cached policy serves
+            return cached
+        self.cache.read_succeeded()
         self.cache.put(name, policy, TENANT_PREFIX + name, generation)
         return policy
 

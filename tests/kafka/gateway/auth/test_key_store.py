@@ -152,6 +152,24 @@ async def test_a_revocation_reaches_another_replica_within_a_second() -> None:
         assert looked is not None and looked.limits.rpm == 2
 
 
+async def test_a_replica_not_subscribed_reads_redis_before_its_cache() -> None:
+    """Between Redis answering again and the subscription catching up, a revocation
+    is not announced to this replica: its cached entries must not answer alone."""
+    settings = key_settings(key_cache_s=30)
+    async with backends(settings) as b:
+        record, secret = await b.keys().create("acme", "ci", Limits())
+        await b.tenants().set("acme", Limits(rpm=10))
+        gateway = b.gateway_keys(subscribe=False)  # no subscription: hears of nothing
+        tenants = b.tenants(subscribe=False)
+        assert (await gateway.lookup(secret) or record).usable(now_ms())
+        assert (await tenants.get("acme")).limits.rpm == 10
+        await b.keys().revoke(record.id)
+        await b.tenants().set("acme", Limits(rpm=20))
+        found = await gateway.lookup(secret)
+        assert found is not None and not found.usable(now_ms())
+        assert (await tenants.get("acme")).limits.rpm == 20
+
+
 async def test_an_expired_key_is_known_but_not_usable() -> None:
     settings = key_settings()
     async with backends(settings) as b:

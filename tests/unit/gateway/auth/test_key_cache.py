@@ -65,3 +65,17 @@ def test_a_limit_change_keeps_clears_or_replaces() -> None:
         == Limits(rpm=1, tpm=None, concurrency=9)
     with pytest.raises(ValueError, match="rpm"):
         merge_limit("rpm", 5, -1)
+
+
+def test_hits_are_trusted_only_while_subscribed_or_just_after_a_failed_read() -> None:
+    clock = Clock()
+    cache: LocalCache[str] = LocalCache(ttl_s=30, clock=clock, distrust_retry_s=1.0)
+    assert cache.trusted(subscribed=True)
+    assert not cache.trusted(subscribed=False)  # Redis may answer: read it first
+    cache.read_failed()
+    assert cache.trusted(subscribed=False)  # it did not: the cache answers alone ...
+    clock.now += 1.0
+    assert not cache.trusted(subscribed=False)  # ... for a second, then Redis is tried again
+    cache.read_failed()
+    cache.read_succeeded()
+    assert not cache.trusted(subscribed=False)
