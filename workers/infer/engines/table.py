@@ -113,6 +113,25 @@ def _llamacpp(args: argparse.Namespace, registry: Registry) -> Engine:
     return LlamaCppEngine.from_spec(models[0], contexts=args.contexts, n_threads=args.threads)
 
 
+def _llamacpp_batch_flags(flags: EngineFlags) -> None:
+    flags.add("--contexts", **_CONTEXTS,
+              help="sequences decoded together in one llama.cpp context")
+    flags.add("--threads", type=_positive_int, default=1, help="threads of the one context")
+    flags.add("--max-model-len", type=_positive_int, default=None, metavar="TOKENS",
+              help="each sequence's prompt and answer together (default: the model's "
+                   "context length)")
+
+
+def _llamacpp_batch(args: argparse.Namespace, registry: Registry) -> Engine:
+    from workers.infer.engines.llamacpp_batch import LlamaCppBatchEngine
+
+    models = [m for m in registry.models.values() if m.pool == args.pool and m.gguf]
+    if not models:
+        raise EngineSetupError(f"no model with a gguf file in pool {args.pool!r}")
+    return LlamaCppBatchEngine.from_spec(models[0], sequences=args.contexts,
+                                         n_threads=args.threads, n_ctx=args.max_model_len)
+
+
 def _openai_flags(flags: EngineFlags) -> None:
     flags.add("--upstream", default=None, help="the upstream's base URL")
     flags.add("--capacity", type=_positive_int, default=64,
@@ -197,6 +216,9 @@ def _scripted(args: argparse.Namespace, registry: Registry) -> Engine:
 ENGINES: tuple[EngineEntry, ...] = (
     EngineEntry("llamacpp", "a GGUF model in this process, on the CPU (llama-cpp-python)",
                 _llamacpp_flags, _llamacpp),
+    EngineEntry("llamacpp-batch", "a GGUF model in this process, on the CPU, its sequences "
+                "decoded together in one context (llama-cpp-python)",
+                _llamacpp_batch_flags, _llamacpp_batch),
     EngineEntry("openai", "an OpenAI-compatible HTTP upstream (vLLM, SGLang, llama.cpp's "
                 "server)", _openai_flags, _openai),
     EngineEntry("vllm", "vLLM's async engine in this process (bash infra/vllm.sh installs "
