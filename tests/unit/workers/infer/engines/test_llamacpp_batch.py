@@ -1,0 +1,193 @@
+"""LlamaCppBatchEngine with the real SmolLM2-135M GGUF from the registry (CPU):
+sequences decoded together, their slots freed on cancel, prefix reuse, and
+greedy answers that do not depend on what runs beside them. Answers are kept
+short: the whole module runs in well under a minute on two cores."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conveyor.errors import EngineError
+from conveyor.registry import Registry
+from workers.infer.engines.base import GenerationRequest, Piece
+from workers.infer.engines.llamacpp_batch import LlamaCppBatchEngine, _Text
+
+SEQUENCES = 4
+
+
+def chat(question: str) -> str:
+    """SmolLM2's chat template rendered for one question (what preprocess sends)."""
+    return ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
+            f"Hugging Face<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n"
+            "<|im_start|>assistant\n")
+
+
+QUESTION = chat("What is the capital of France?")
+OTHERS = [chat("Write a haiku about autumn leaves."), chat("Why is the sky blue?"),
+          chat("List three uses of a paperclip."), "Once upon a time"]
+
+
+@pytest.fixture(scope="module")
+async def engine() -> AsyncIterator[LlamaCppBatchEngine]:
+    spec = Registry.load(Path("conveyor/models.toml")).resolve("smollm2")
+    engine = LlamaCppBatchEngine.from_spec(spec, sequences=SEQUENCES, n_ctx=512)
+    await engine.start()
+    yield engine
+    await engine.close()
+
+
+def request(prompt: str = QUESTION, **overrides: Any) -> GenerationRequest:
+    fields: dict[str, Any] = {"request_id": "r1", "kind": "chat", "model": "smollm2-135m-instruct",
+                              "max_tokens": 8, "temperature": 0.0, "prompt_text": prompt}
+    fields.update(overrides)
+    return GenerationRequest(**fields)
+
+
+async def collect(engine: LlamaCppBatchEngine, req: GenerationRequest) -> list[Piece]:
+    return [piece async for piece in engine.generate(req)]
+
+
+def text(pieces: list[Piece]) -> str:
+    return "".join(p.text for p in pieces)
+
+
+async def answer(engine: LlamaCppBatchEngine, req: GenerationRequest) -> str:
+    return text(await collect(engine, req))
+
+
+# -- text handling, no model ------------------------------------------------------------
+
+
+def test_a_character_split_over_tokens_is_sent_whole() -> None:
+    t = _Text(())
+    e_acute = "é".encode()
+
+    assert t.push(b"caf" + e_acute[:1]) == ("caf", False)
+    assert t.push(e_acute[1:]) == ("é", False)
+
+
+def test_text_that_may_begin_a_stop_string_is_held_back() -> None:
+    t = _Text(("END",))
+
+    assert t.push(b"ab E") == ("ab ", False)
+    assert t.push(b"x") == ("Ex", False)  # not the stop after all
+    assert t.push(b" EN") == (" ", False)
+    assert t.push(b"D and more") == ("", True)  # nothing past the stop
+    assert _Text(("END",)).push(b"zz") == ("zz", False)
+
+
+# -- the engine -----------------------------------------------------------------------
+
+
+async def test_an_answer_streams_and_its_tokens_add_up(engine: LlamaCppBatchEngine) -> None:
+    pieces = await collect(engine, request(max_tokens=6))
+
+    assert len(pieces) > 1 and text(pieces).strip()
+    assert all(p.finish_reason is None for p in pieces[:-1])
+    assert pieces[-1].finish_reason == "length"
+    assert sum(p.tokens for p in pieces) == 6
+    assert pieces[-1].prompt_tokens == 37
+
+
+async def test_a_stop_string_ends_the_answer_before_it(engine: LlamaCppBatchEngine) -> None:
+    full = await answer(engine, request(max_tokens=12))
+    stop = full[len(full) // 2:][:3]
+    pieces = await collect(engine, request(max_tokens=12, stop=(stop,)))
+
+    assert text(pieces) == full[:full.index(stop)]
+    assert pieces[-1].finish_reason == "stop"
+    assert sum(p.tokens for p in pieces) <= 12
+
+
+async def test_sequences_decoded_together_answer_as_they_do_alone(
+        engine: LlamaCppBatchEngine) -> None:
+    prompts = [QUESTION, *OTHERS[:SEQUENCES - 1]]
+    alone = [await answer(engine, request(p)) for p in prompts]
+    started = engine.reused_tokens
+    together = await asyncio.gather(*(answer(engine, request(p)) for p in prompts))
+
+    assert together == alone
+    assert engine.reused_tokens > started  # each slot held a prompt like its next one
+
+
+async def test_a_prefix_in_the_cache_is_reused(engine: LlamaCppBatchEngine) -> None:
+    fresh = await collect(engine, request(seed=7))  # a seed evaluates afresh
+    before = engine.reused_tokens
+    reused = await collect(engine, request())
+
+    assert fresh[-1].cached_tokens == 0
+    cached = reused[-1].cached_tokens
+    assert cached is not None and 30 <= cached < 37  # the last prompt token is evaluated
+    assert engine.reused_tokens - before == cached
+    assert text(reused) == text(fresh)
+
+
+async def test_one_question_asked_20_times_beside_others_gets_one_answer(
+        engine: LlamaCppBatchEngine) -> None:
+    ask = request(max_tokens=6)
+    expected = await answer(engine, ask)
+    rng = random.Random(13)
+    answers = []
+    for _ in range(20):
+        beside = [asyncio.create_task(answer(engine, request(rng.choice(OTHERS),
+                                                             max_tokens=rng.randint(2, 8))))
+                  for _ in range(rng.randint(1, SEQUENCES - 1))]
+        await asyncio.sleep(rng.random() * 0.1)  # join at another step of theirs
+        answers.append(await answer(engine, ask))
+        await asyncio.gather(*beside)
+
+    assert answers == [expected] * 20
+
+
+async def test_the_same_seed_gives_the_same_answer_beside_others(
+        engine: LlamaCppBatchEngine) -> None:
+    seeded = request(temperature=1.0, seed=1234, max_tokens=8)
+    alone = await answer(engine, seeded)
+    beside = asyncio.create_task(answer(engine, request(OTHERS[0])))
+
+    assert await answer(engine, seeded) == alone
+    await beside
+
+
+async def test_closing_a_generation_frees_its_sequence(engine: LlamaCppBatchEngine) -> None:
+    for _ in range(SEQUENCES):  # every sequence busy with a long answer, then walked away from
+        pieces = engine.generate(request(max_tokens=400))
+        await anext(pieces)
+        await anext(pieces)
+        await pieces.aclose()
+    started = time.monotonic()
+    results = await asyncio.wait_for(
+        asyncio.gather(*(collect(engine, request(max_tokens=4)) for _ in range(SEQUENCES))),
+        timeout=30)
+
+    assert all(r[-1].finish_reason == "length" for r in results)
+    assert time.monotonic() - started < 5  # 4 x 400 tokens would take far longer
+
+
+async def test_a_prompt_longer_than_a_sequence_context_is_refused(
+        engine: LlamaCppBatchEngine) -> None:
+    with pytest.raises(EngineError, match="context window of 512 tokens"):
+        await collect(engine, request("hello " * 600))
+    assert (await collect(engine, request(max_tokens=2)))[-1].finish_reason == "length"
+
+
+async def test_close_ends_what_runs_with_an_engine_error() -> None:
+    spec = Registry.load(Path("conveyor/models.toml")).resolve("smollm2")
+    engine = LlamaCppBatchEngine.from_spec(spec, sequences=2, n_ctx=256)
+    await engine.start()
+    pieces = engine.generate(request(max_tokens=400))
+    await anext(pieces)
+    await engine.close()
+
+    with pytest.raises(EngineError):
+        async for _ in pieces:
+            pass
+    with pytest.raises(EngineError, match="not started"):
+        await collect(engine, request())
