@@ -4,19 +4,38 @@ Loaded from a TOML file (``models.toml`` beside this module by default, or
 ``Settings.models_file``). Route resolves a request's model through it,
 preprocess learns the context window and tokenizer, infer workers find the
 weights.
+
+A model's ``precision`` names the GGUF its engines load: ``source``, the file
+as found (the default), or ``q8_0``, ``f16`` or ``f32``, made once from it on
+first use (:func:`precise_gguf`; ``python -m workers.infer.engines.gguf_precision``
+makes it ahead of time). SmolLM2 ships as Q4_1, and llama.cpp's Q4_1 kernels
+answer "What is the capital of France?" with French words about a "Grand
+Croix" where the same weights in float32 answer "The capital of France is
+Paris." (``python -m bench.reference`` measures the agreement of each
+precision and its speed).
 """
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
+import hashlib
 import importlib.util
+import logging
+import os
+import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import IO, Literal, get_args
 
 from conveyor.errors import ConveyorError, ModelNotFound
 
-__all__ = ["ModelSpec", "Registry", "locate_gguf"]
+__all__ = ["ModelSpec", "Precision", "Registry", "locate_gguf", "model_cache", "precise_gguf"]
+
+Precision = Literal["source", "q8_0", "f16", "f32"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -29,11 +48,21 @@ class ModelSpec:
     gguf: str | None = None
     upstream_model: str | None = None  # the name an HTTP upstream knows it by
     aliases: tuple[str, ...] = field(default_factory=tuple)
+    precision: Precision = "source"
 
-    def gguf_path(self) -> Path:
+    def source_gguf_path(self) -> Path:
+        """The GGUF file as ``gguf`` names it (packaged, or a path)."""
         if not self.gguf:
             raise ConveyorError(f"model {self.name} has no gguf file")
         return locate_gguf(self.gguf)
+
+    def gguf_path(self) -> Path:
+        """The GGUF file at the model's ``precision``: the source file, or the one
+        converted from it (converted now, once, when it is not there yet)."""
+        source = self.source_gguf_path()
+        if self.precision == "source":
+            return source
+        return precise_gguf(source, self.precision, prefix=self.name)
 
 
 def locate_gguf(ref: str) -> Path:
@@ -49,6 +78,112 @@ def locate_gguf(ref: str) -> Path:
         if found:
             return found[0]
     raise ConveyorError(f"{ref}: no .gguf file inside the package")
+
+
+def model_cache() -> Path:
+    """Where converted weights are kept: ``CONVEYOR_MODEL_CACHE``, else
+    ``$XDG_CACHE_HOME/conveyor/models`` (``~/.cache/conveyor/models``), the
+    directory the vLLM engine's converted weights share."""
+    explicit = os.environ.get("CONVEYOR_MODEL_CACHE")
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "conveyor" / "models"
+
+
+def precise_gguf(source: Path, precision: Precision, prefix: str = "model",
+                 cache: Path | None = None, lock_timeout_s: float = 120.0) -> Path:
+    """``source`` at ``precision``, converted once and kept in :func:`model_cache`.
+
+    * **Keyed on the content**: ``<prefix>-<sha256 of source, 12 hex>.<precision>.gguf``,
+      so a new package version converts anew and a reinstall does not.
+    * **Whole or absent**: written beside its final name and renamed into place.
+    * **Once**: a lock file makes processes that start together convert once;
+      the others wait for it, at most ``lock_timeout_s`` (a holder that dies
+      releases the lock), and say in the log what they wait for.
+    * **llama.cpp's own converter** (``llama_model_quantize``, which keeps every
+      metadata key: the tokenizer and the chat template): for SmolLM2-135M
+      about 1.5 s on one core, 0.13 GB (q8_0), 0.27 GB (f16) or 0.54 GB (f32).
+    """
+    if precision == "source":
+        return source
+    target_dir = cache or model_cache()
+    target = target_dir / f"{prefix}-{_digest(source)}.{precision}.gguf"
+    if target.exists():
+        return target
+    target_dir.mkdir(parents=True, exist_ok=True)
+    with (target_dir / f"{target.name}.lock").open("w") as lock:
+        if not _lock(lock, target, lock_timeout_s):
+            raise ConveyorError(f"{target}: another process has held its lock for "
+                                f"{lock_timeout_s:.0f} s without finishing the conversion")
+        if not target.exists():
+            _convert(source, target, precision)
+    return target
+
+
+def _digest(path: Path) -> str:
+    sha = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            sha.update(block)
+    return sha.hexdigest()[:12]
+
+
+def _lock(lock: IO[str], target: Path, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    waiting = False
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if not waiting:
+                log.info("waiting (at most %.0f s) for another process converting %s",
+                         timeout_s, target.name)
+                waiting = True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
+
+
+_FTYPES = {"q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "f16": "LLAMA_FTYPE_MOSTLY_F16",
+           "f32": "LLAMA_FTYPE_ALL_F32"}
+
+
+def _convert(source: Path, target: Path, precision: Precision) -> None:
+    try:
+        import llama_cpp
+    except ImportError as exc:
+        raise ConveyorError(f"converting {source.name} to {precision} needs "
+                            "llama-cpp-python") from exc
+    log.info("converting %s to %s once (about 2 s): %s", source.name, precision, target)
+    started = time.monotonic()
+    staging = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, _FTYPES[precision])
+    params.allow_requantize = True  # the source may be quantized already
+    params.nthread = 1
+    # llama.cpp logs every tensor it converts: at INFO, which this hides
+    logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
+    try:
+        failed = llama_cpp.llama_model_quantize(str(source).encode(), str(staging).encode(),
+                                                ctypes.byref(params))
+        if failed:
+            raise ConveyorError(f"converting {source} to {precision} failed "
+                                f"(llama.cpp returned {failed})")
+        staging.rename(target)
+    finally:
+        staging.unlink(missing_ok=True)
+    log.info("converted %s to %s in %.1f s", source.name, precision, time.monotonic() - started)
+
+
+def _precision(value: object, spec_gguf: object) -> Precision:
+    choices = get_args(Precision)
+    if value not in choices:
+        raise ValueError(f"precision must be one of {', '.join(choices)}, not {value!r}")
+    if value != "source" and not spec_gguf:
+        raise ValueError(f"precision {value} needs a gguf file to convert")
+    return value  # type: ignore[return-value]
 
 
 def _spec(name: str, entry: dict[str, object]) -> ModelSpec:
@@ -69,6 +204,7 @@ def _spec(name: str, entry: dict[str, object]) -> ModelSpec:
             upstream_model=str(entry["upstream_model"]) if entry.get("upstream_model")
             else None,
             aliases=tuple(str(a) for a in aliases),
+            precision=_precision(entry.get("precision", "source"), spec_gguf=entry.get("gguf")),
         )
     except KeyError as exc:
         raise ConveyorError(f"model `{name}` has no `{exc.args[0]}`") from None
