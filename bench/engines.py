@@ -1,0 +1,310 @@
+"""Engines side by side: the same greedy SmolLM2 chats at 1, 4, 8 and 16 streams.
+
+    python -m bench.engines [--quick] [--levels 1,4,8,16] [--no-vllm]
+
+In this process, loaded together and measured in turn at each level (never
+both generating at once):
+
+(a) ``llamacpp``: :class:`~workers.infer.engines.llamacpp.LlamaCppEngine` as
+    the worker runs it, two contexts of one thread each;
+(b) ``llamacpp-batch``: :class:`~workers.infer.engines.llamacpp_batch.
+    LlamaCppBatchEngine` with 16 sequences on one thread (``--batch-threads``),
+    its default: on the shared two cores here, two threads of one context
+    collapsed whenever other work ran (4 tokens/s instead of 37 at one
+    stream, llama.cpp's threads wait for each other at every operation),
+    while (a)'s two contexts of one thread each do not depend on each other.
+
+Where ``.venv-vllm/bin/python`` exists, a child process of that Python runs
+(c) Conveyor's :class:`~workers.infer.engines.vllm.VllmEngine` (float32, 16
+sequences) and then (d) vLLM alone, ``AsyncLLM`` built with the same
+arguments and the same sampling, on the same converted model directory.
+
+A level runs ``streams`` lanes, each sending its chats one after another,
+until the level's requests are done or its time is up (no lane starts a
+chat after that). The figures: completion tokens over the level's wall time,
+the p50 of the time to the first piece with text, and, at 1 stream, the
+time per token after the first. Targets: (b)/(a) >= 1.5 at 4 and 8 streams
+with (b)'s time per token at 1 stream no worse than (a)'s; (c)/(d) >= 0.95.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import subprocess
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from bench.harness import BenchError, exit_on_sigterm, repo_root
+from bench.stats import Check, markdown_table, percentile
+
+__all__ = ["main"]
+
+QUESTIONS = [
+    "Explain what a message queue is in two sentences.",
+    "Write a haiku about autumn leaves.",
+    "List three uses of a paperclip.",
+    "What is the capital of France, and why is it famous?",
+    "Describe how a bicycle works to a child.",
+    "Give me a short recipe for scrambled eggs.",
+    "Why is the sky blue?",
+    "Write a limerick about a cat who loves coffee.",
+]
+SEQUENCES = 16  # (b), (c) and (d) hold every stream of the highest level
+
+
+def chat(question: str) -> str:
+    """SmolLM2's chat template rendered for one question, as preprocess sends it."""
+    return ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
+            f"Hugging Face<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n"
+            "<|im_start|>assistant\n")
+
+
+@dataclass(frozen=True)
+class Plan:
+    levels: tuple[int, ...]
+    max_tokens: int
+    rounds: int  # requests per lane
+    level_s: float  # no lane starts a request after this
+
+    @classmethod
+    def of(cls, quick: bool, levels: tuple[int, ...]) -> Plan:
+        return cls(levels, 32, 1, 60.0) if quick else cls(levels, 64, 2, 150.0)
+
+
+@dataclass(frozen=True)
+class Answer:
+    tokens: int
+    ttft_s: float
+    total_s: float
+
+    @property
+    def per_token_s(self) -> float:
+        return (self.total_s - self.ttft_s) / (self.tokens - 1) if self.tokens > 1 else math.nan
+
+
+@dataclass(frozen=True)
+class Level:
+    streams: int
+    tokens: int
+    wall_s: float
+    ttft_p50_s: float
+    per_token_s: float
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+# A side streams one chat: (prompt, max_tokens) -> (text piece, tokens) pairs.
+Stream = Callable[[str, int], AsyncIterator[tuple[str, int]]]
+
+
+async def timed(stream: Stream, prompt: str, max_tokens: int) -> Answer:
+    began = time.monotonic()
+    first, tokens = math.nan, 0
+    async for text, count in stream(prompt, max_tokens):
+        if text and math.isnan(first):
+            first = time.monotonic() - began
+        tokens += count
+    return Answer(tokens, first, time.monotonic() - began)
+
+
+async def run_level(stream: Stream, streams: int, plan: Plan) -> Level:
+    prompts = [chat(QUESTIONS[i % len(QUESTIONS)]) for i in range(streams * plan.rounds)]
+    answers: list[Answer] = []
+    began = time.monotonic()
+
+    async def lane() -> None:
+        while prompts and time.monotonic() - began < plan.level_s:
+            answers.append(await timed(stream, prompts.pop(0), plan.max_tokens))
+
+    await asyncio.wait_for(asyncio.gather(*(lane() for _ in range(streams))),
+                           timeout=plan.level_s + 120)
+    wall = time.monotonic() - began
+    per_token = [a.per_token_s for a in answers if not math.isnan(a.per_token_s)]
+    return Level(streams, sum(a.tokens for a in answers), wall,
+                 percentile([a.ttft_s for a in answers], 50), percentile(per_token, 50))
+
+
+def _engine_stream(engine: Any) -> Stream:
+    from workers.infer.engines.base import GenerationRequest
+
+    async def stream(prompt: str, max_tokens: int) -> AsyncIterator[tuple[str, int]]:
+        request = GenerationRequest(request_id="bench", kind="chat", model="smollm2",
+                                    max_tokens=max_tokens, temperature=0.0, prompt_text=prompt)
+        async for piece in engine.generate(request):
+            yield piece.text, piece.tokens
+
+    return stream
+
+
+async def measure(sides: dict[str, Stream], plan: Plan) -> dict[str, list[Level]]:
+    """Each side warmed up, then every level on each side in turn."""
+    for stream in sides.values():
+        await timed(stream, chat(QUESTIONS[0]), 4)
+    results: dict[str, list[Level]] = {name: [] for name in sides}
+    for streams in plan.levels:
+        for name, stream in sides.items():
+            level = await run_level(stream, streams, plan)
+            results[name].append(level)
+            print(f"  {name:>15} {streams:>2} streams: {level.rate:6.1f} tok/s, TTFT p50 "
+                  f"{level.ttft_p50_s * 1000:.0f} ms", flush=True)
+    return results
+
+
+# -- (a) and (b): llama.cpp in this process ---------------------------------------------
+
+
+async def llamacpp_sides(plan: Plan, batch_threads: int) -> dict[str, list[Level]]:
+    from conveyor.registry import Registry
+    from workers.infer.engines.llamacpp import LlamaCppEngine
+    from workers.infer.engines.llamacpp_batch import LlamaCppBatchEngine
+
+    spec = Registry.load(repo_root() / "conveyor/models.toml").resolve("smollm2")
+    today = LlamaCppEngine.from_spec(spec, contexts=2, n_threads=1)
+    batch = LlamaCppBatchEngine.from_spec(spec, sequences=SEQUENCES, n_threads=batch_threads)
+    await today.start()
+    try:
+        await batch.start()
+        try:
+            return await measure({"llamacpp": _engine_stream(today),
+                                  "llamacpp-batch": _engine_stream(batch)}, plan)
+        finally:
+            await batch.close()
+    finally:
+        await today.close()
+
+
+# -- (c) and (d): vLLM, in a child process of .venv-vllm ----------------------------------
+
+
+async def vllm_sides(plan: Plan) -> dict[str, list[Level]]:
+    """Run in .venv-vllm: Conveyor's adapter, then vLLM alone, one after the other."""
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from conveyor.registry import Registry
+    from workers.infer.engines.vllm import VllmEngine
+    from workers.infer.engines.vllm_weights import prepare_in_child
+
+    spec = Registry.load(repo_root() / "conveyor/models.toml").resolve("smollm2")
+    model = await prepare_in_child(spec, None)
+    results: dict[str, list[Level]] = {}
+    adapter = VllmEngine(spec, model=model, capacity=SEQUENCES, dtype="float32",
+                         kv_cache_gib=0.5)
+    await adapter.start()
+    try:
+        results.update(await measure({"conveyor+vllm": _engine_stream(adapter)}, plan))
+    finally:
+        await adapter.close()
+
+    args = AsyncEngineArgs(model=str(model), served_model_name=[spec.name], dtype="float32",
+                           max_model_len=spec.context_length, max_num_seqs=SEQUENCES,
+                           enforce_eager=True, enable_prefix_caching=True,
+                           kv_cache_memory_bytes=int(0.5 * (1 << 30)),
+                           generation_config="vllm", disable_log_stats=False)
+    llm = AsyncLLM.from_engine_args(args)
+    counter = iter(range(1 << 30))
+
+    async def alone(prompt: str, max_tokens: int) -> AsyncIterator[tuple[str, int]]:
+        params = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=max_tokens,
+                                output_kind=RequestOutputKind.DELTA)
+        async for out in llm.generate(prompt, params, request_id=f"bench-{next(counter)}"):
+            step = out.outputs[0]
+            yield step.text, len(step.token_ids)
+
+    try:
+        results.update(await measure({"vllm": alone}, plan))
+    finally:
+        llm.shutdown()
+    return results
+
+
+def vllm_in_child(quick: bool, levels: tuple[int, ...]) -> dict[str, list[Level]] | None:
+    python = repo_root() / ".venv-vllm/bin/python"
+    if not python.exists():
+        print("no .venv-vllm/bin/python: vLLM rows left out (bash infra/vllm.sh builds it)")
+        return None
+    argv = [str(python), "-m", "bench.engines", "--vllm-child",
+            "--levels", ",".join(map(str, levels)), *(["--quick"] if quick else [])]
+    plan = Plan.of(quick, levels)
+    limit = 300 + 2 * len(levels) * (plan.level_s + 120)
+    done = subprocess.run(argv, cwd=repo_root(), stdout=subprocess.PIPE, text=True,
+                          timeout=limit, check=False)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    print("\n".join(ln for ln in done.stdout.splitlines() if not ln.startswith("RESULT ")))
+    if done.returncode != 0 or not lines:
+        raise BenchError(f"the vLLM child failed with code {done.returncode}")
+    raw: dict[str, list[dict[str, float]]] = json.loads(lines[-1].removeprefix("RESULT "))
+    return {name: [Level(**cast_level(d)) for d in levels_] for name, levels_ in raw.items()}
+
+
+def cast_level(d: dict[str, float]) -> dict[str, Any]:
+    return {**d, "streams": int(d["streams"]), "tokens": int(d["tokens"])}
+
+
+# -- the report ------------------------------------------------------------------------
+
+
+def report(results: dict[str, list[Level]], base: str, other: str) -> list[Check]:
+    rows = []
+    for a, b in zip(results[base], results[other], strict=True):
+        ratio = b.rate / a.rate if a.rate else math.nan
+        rows.append([str(a.streams), f"{a.rate:.1f}", f"{b.rate:.1f}", f"{ratio:.2f}",
+                     f"{a.ttft_p50_s * 1000:.0f}", f"{b.ttft_p50_s * 1000:.0f}"])
+    print(markdown_table(["streams", f"{base} tok/s", f"{other} tok/s", f"{other}/{base}",
+                          f"{base} TTFT p50 ms", f"{other} TTFT p50 ms"], rows))
+    checks = []
+    for a, b in zip(results[base], results[other], strict=True):
+        ratio = b.rate / a.rate if a.rate else math.nan
+        if base == "llamacpp" and a.streams in (4, 8):
+            checks.append(Check("engines", f"{other}/{base} at {a.streams} streams", ratio,
+                                1.5, ">=", "x"))
+        if base == "llamacpp" and a.streams == 1:
+            print(f"time per token at 1 stream: {base} {a.per_token_s * 1000:.1f} ms, "
+                  f"{other} {b.per_token_s * 1000:.1f} ms")
+            checks.append(Check("engines", f"{other} ms/token at 1 stream",
+                                b.per_token_s * 1000, a.per_token_s * 1000, "<=", "ms"))
+        if base == "vllm":
+            checks.append(Check("engines", f"{other}/{base} at {a.streams} streams",
+                                ratio * 100, 95, ">=", "%"))
+    return checks
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.engines", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="one request a stream, 32 tokens")
+    parser.add_argument("--levels", default="1,4,8,16", help="streams at once, comma-separated")
+    parser.add_argument("--batch-threads", type=int, default=1, help="(b)'s threads")
+    parser.add_argument("--no-vllm", action="store_true", help="leave (c) and (d) out")
+    parser.add_argument("--vllm-child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    exit_on_sigterm()
+    levels = tuple(int(n) for n in args.levels.split(","))
+    if max(levels) > SEQUENCES or min(levels) < 1:
+        parser.error(f"levels are 1 to {SEQUENCES} streams")
+    plan = Plan.of(args.quick, levels)
+    if args.vllm_child:
+        measured = asyncio.run(vllm_sides(plan))
+        print("RESULT " + json.dumps({k: [vars(v) for v in vs] for k, vs in measured.items()}))
+        return 0
+    print(f"{plan.max_tokens} tokens a chat, {plan.rounds} chat(s) a stream, levels {levels}")
+    checks = report(asyncio.run(llamacpp_sides(plan, args.batch_threads)), "llamacpp", "llamacpp-batch")
+    found = None if args.no_vllm else vllm_in_child(args.quick, levels)
+    if found is not None:
+        checks += report(found, "vllm", "conveyor+vllm")
+    for check in checks:
+        print(check.line())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
