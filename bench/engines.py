@@ -297,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         print("RESULT " + json.dumps({k: [vars(v) for v in vs] for k, vs in measured.items()}))
         return 0
     print(f"{plan.max_tokens} tokens a chat, {plan.rounds} chat(s) a stream, levels {levels}")
-    checks = report(asyncio.run(llamacpp_sides(plan, args.batch_threads)), "llamacpp", "llamacpp-batch")
+    llamacpp = asyncio.run(llamacpp_sides(plan, args.batch_threads))
+    checks = report(llamacpp, "llamacpp", "llamacpp-batch")
     found = None if args.no_vllm else vllm_in_child(args.quick, levels)
     if found is not None:
         checks += report(found, "vllm", "conveyor+vllm")
