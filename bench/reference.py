@@ -1,0 +1,306 @@
+"""Does the default model answer what its weights say? Greedy agreement with a
+float32 reference, and the speed of each precision.
+
+    .venv/bin/python -m bench.reference [--precisions source,q8_0,f16,f32] [--no-speed]
+
+Every prompt of ``bench.reference_prompts`` runs greedily (its first
+``--tokens``, 16) through Conveyor's llama.cpp engine (``LlamaCppEngine``, two
+contexts of one thread, as ``conveyor infer`` starts it) once per GGUF
+precision of the registry model (``source``: the file as packaged, Q4_1 for
+SmolLM2), chat prompts rendered by preprocess's tokenizer from the GGUF's own
+chat template, as the pipeline does. The reference is the same weights
+dequantized to float32 and run by transformers (the directory the vLLM engine
+converts once), in a child process under ``.venv-vllm`` (this environment has
+no torch), fed the very token ids llama.cpp evaluates. A prompt agrees when the
+two texts are equal; where they are not, the table says after how many tokens
+they part.
+
+The speed part runs the same chat prompts (``--speed-tokens``, 48) one at a
+time and two at a time through each precision's engine, in alternating rounds
+(never two engines generating at once), and prints completion tokens per
+second of wall time, beside the source file's. ``--json`` writes everything
+(texts included) for a test to read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, get_args
+
+from bench.reference_prompts import PROMPTS, ReferencePrompt
+from conveyor.registry import ModelSpec, Precision, Registry, precise_gguf
+
+__all__ = ["Agreement", "main"]
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+SPEED_PROMPTS = 4  # chat prompts a speed phase runs (twice as many two at a time)
+
+
+@dataclass
+class Agreement:
+    """One engine and precision against the reference."""
+
+    side: str
+    agreed: list[str] = field(default_factory=list)
+    # prompt id -> tokens the two answers share before they part
+    disagreed: dict[str, int] = field(default_factory=dict)
+    texts: dict[str, str] = field(default_factory=dict)
+
+
+# -- the llama.cpp side (this process) ----------------------------------------------
+
+
+def _request(prompt: ReferencePrompt, text: str, max_tokens: int) -> Any:
+    from workers.infer.engines.base import GenerationRequest
+
+    return GenerationRequest(request_id=prompt.id, kind=prompt.kind, model="reference",
+                             max_tokens=max_tokens, temperature=0.0, prompt_text=text)
+
+
+async def _answer(engine: Any, prompt: ReferencePrompt, text: str,
+                  max_tokens: int) -> tuple[str, int]:
+    parts, tokens = [], 0
+    async for piece in engine.generate(_request(prompt, text, max_tokens)):
+        parts.append(piece.text)
+        tokens += piece.tokens
+    return "".join(parts), tokens
+
+
+async def _start(path: Path, spec: ModelSpec) -> Any:
+    from workers.infer.engines.llamacpp import LlamaCppEngine
+
+    engine = LlamaCppEngine(path, n_ctx=spec.context_length)  # the worker's defaults
+    await engine.start()
+    return engine
+
+
+def _rendered(spec: ModelSpec) -> dict[str, str]:
+    """Each prompt's text as preprocess hands it to the engine."""
+    from workers.preprocess.tokenizers import GgufTokenizer
+
+    tokenizer = GgufTokenizer(spec.source_gguf_path())
+    out = {}
+    for p in PROMPTS:
+        rendered = tokenizer.render_chat(list(p.messages)) if p.kind == "chat" else p.prompt
+        if rendered is None:
+            raise SystemExit(f"{spec.name} has no chat template")
+        out[p.id] = rendered
+    return out
+
+
+# -- the reference (a child process with torch) --------------------------------------
+
+
+async def _reference(spec: ModelSpec, models: Path, ids: dict[str, list[int]], tokens: int,
+                     python: Path) -> dict[str, list[int]]:
+    child = await asyncio.create_subprocess_exec(
+        str(python), "-m", "bench.reference", "--child", "--models", str(models),
+        "--model", spec.name, "--tokens", str(tokens), cwd=str(ROOT),
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    out, err = await child.communicate(json.dumps(ids).encode())
+    if child.returncode != 0:
+        tail = err.decode(errors="replace").strip().splitlines()[-8:]
+        raise SystemExit("the float32 reference failed:\n  " + "\n  ".join(tail))
+    answer: dict[str, list[int]] = json.loads(out)
+    return answer
+
+
+def _child(models: Path, model: str, tokens: int) -> int:
+    """Greedy continuations in float32 by transformers for the ids on stdin."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from workers.infer.engines.vllm_weights import prepare
+
+    torch.set_num_threads(1)  # beside one llama.cpp thread on a shared machine
+    spec = replace(Registry.load(models).resolve(model), precision="source")
+    directory = prepare(spec)  # the packaged file dequantized, as vLLM reads it
+    llm = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32)
+    llm.eval()
+    eos = llm.generation_config.eos_token_id
+    out: dict[str, list[int]] = {}
+    with torch.inference_mode():
+        for key, ids in json.load(sys.stdin).items():
+            prompt = torch.tensor([ids])
+            made = llm.generate(prompt, attention_mask=torch.ones_like(prompt),
+                                max_new_tokens=tokens, do_sample=False, eos_token_id=eos,
+                                pad_token_id=eos)
+            out[key] = [int(t) for t in made[0, len(ids):]]
+    print(json.dumps(out))
+    return 0
+
+
+# -- comparing ---------------------------------------------------------------------
+
+
+def _compare(side: str, answers: dict[str, str], reference: dict[str, str],
+             reference_ids: dict[str, list[int]], vocab: Any) -> Agreement:
+    result = Agreement(side, texts=answers)
+    for key, text in answers.items():
+        if text == reference[key]:
+            result.agreed.append(key)
+            continue
+        ours = vocab.tokenize(text.encode(), add_bos=False, special=False)
+        shared = 0
+        for a, b in zip(ours, reference_ids[key], strict=False):
+            if a != b:
+                break
+            shared += 1
+        result.disagreed[key] = shared
+    return result
+
+
+def _decoded(vocab: Any, ids: list[int]) -> str:
+    eos = vocab.token_eos()
+    if eos in ids:
+        ids = ids[:ids.index(eos)]
+    return str(vocab.detokenize(ids).decode("utf-8", errors="replace"))
+
+
+# -- speed ------------------------------------------------------------------------
+
+
+async def _phase(engine: Any, chats: list[tuple[ReferencePrompt, str]], lanes: int,
+                 max_tokens: int) -> tuple[int, float]:
+    pending = list(chats)
+    total = 0
+
+    async def lane() -> None:
+        nonlocal total
+        while pending:
+            prompt, text = pending.pop(0)
+            total += (await _answer(engine, prompt, text, max_tokens))[1]
+
+    started = time.monotonic()
+    await asyncio.gather(*(lane() for _ in range(lanes)))
+    return total, time.monotonic() - started
+
+
+async def _speed(engines: dict[str, Any], rendered: dict[str, str], rounds: int,
+                 max_tokens: int) -> dict[str, dict[str, float]]:
+    chats = [(p, rendered[p.id]) for p in PROMPTS if p.kind == "chat" and not p.readme]
+    one, two = chats[:SPEED_PROMPTS], chats[:2 * SPEED_PROMPTS]
+    sums = {name: [0, 0.0, 0, 0.0] for name in engines}
+    for _ in range(rounds):
+        for name, engine in engines.items():
+            tokens, wall = await _phase(engine, one, 1, max_tokens)
+            sums[name][0] += tokens
+            sums[name][1] += wall
+            tokens, wall = await _phase(engine, two, 2, max_tokens)
+            sums[name][2] += tokens
+            sums[name][3] += wall
+    return {name: {"one_stream": s[0] / s[1], "two_streams": s[2] / s[3]}
+            for name, s in sums.items()}
+
+
+# -- the run -----------------------------------------------------------------------
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    from llama_cpp import Llama
+
+    spec = Registry.load(args.models).resolve(args.model)
+    precisions: list[Precision] = [spec.precision if p == "default" else p
+                                   for p in args.precisions.split(",")]
+    vocab = Llama(model_path=str(spec.source_gguf_path()), vocab_only=True, verbose=False)
+    rendered = _rendered(spec)
+    ids = {k: vocab.tokenize(t.encode(), add_bos=False, special=True) if t
+           else [vocab.token_bos()] for k, t in rendered.items()}
+    reference_task = asyncio.create_task(
+        _reference(spec, args.models, ids, args.tokens, args.reference_python))
+    engines: dict[str, Any] = {}
+    answers: dict[str, dict[str, str]] = {}
+    try:
+        for precision in dict.fromkeys(precisions):
+            path = precise_gguf(spec.source_gguf_path(), precision, prefix=spec.name)
+            engine = engines[precision] = await _start(path, spec)
+            answers[precision] = {p.id: (await _answer(engine, p, rendered[p.id],
+                                                       args.tokens))[0] for p in PROMPTS}
+        reference_ids = await reference_task
+        reference = {k: _decoded(vocab, v) for k, v in reference_ids.items()}
+        speed = (await _speed(engines, rendered, args.rounds, args.speed_tokens)
+                 if args.speed else {})
+    finally:
+        reference_task.cancel()
+        for engine in engines.values():
+            await engine.close()
+    agreements = [_compare(f"llama.cpp {p}", answers[p], reference, reference_ids, vocab)
+                  for p in answers]
+    source_file = spec.source_gguf_path().name
+    return {"model": spec.name, "source_file": source_file, "default": spec.precision,
+            "tokens": args.tokens, "reference": reference,
+            "agreement": {a.side.removeprefix("llama.cpp "): asdict(a) for a in agreements},
+            "speed": speed, "readme": [p.id for p in PROMPTS if p.readme],
+            "speed_tokens": args.speed_tokens, "rounds": args.rounds}
+
+
+def report(result: dict[str, Any]) -> str:
+    total = len(result["reference"])
+    lines = [f"{result['model']} ({result['source_file']}), greedy, first {result['tokens']} "
+             "tokens, against transformers float32 on the same weights:", "",
+             "| engine / precision | agreed | disagree (tokens shared before they part) |",
+             "|---|---|---|",
+             f"| transformers float32 (the reference) | {total} of {total} | |"]
+    for precision, a in result["agreement"].items():
+        parted = ", ".join(f"{k} ({n})" for k, n in a["disagreed"].items()) or "none"
+        mark = " (default)" if precision == result["default"] else ""
+        lines.append(f"| llama.cpp {precision}{mark} | {len(a['agreed'])} of {total} | "
+                     f"{parted} |")
+    if result["speed"]:
+        base = result["speed"].get("source")
+        lines += ["", f"tokens/s, chat prompts, at most {result['speed_tokens']} tokens, "
+                  f"{result['rounds']} alternating rounds (LlamaCppEngine: 2 contexts, "
+                  "1 thread each):", "",
+                  "| precision | 1 stream | 2 streams | of source's (1 / 2) |", "|---|---|---|---|"]
+        for precision, s in result["speed"].items():
+            share = (f"{100 * s['one_stream'] / base['one_stream']:.0f} % / "
+                     f"{100 * s['two_streams'] / base['two_streams']:.0f} %") if base else ""
+            lines.append(f"| {precision} | {s['one_stream']:.1f} | {s['two_streams']:.1f} | "
+                         f"{share} |")
+    lines += ["", "The README's examples, greedy:"]
+    for key in result["readme"]:
+        lines.append(f"  {key}: reference {result['reference'][key]!r}")
+        for precision, a in result["agreement"].items():
+            lines.append(f"  {' ' * len(key)}  llama.cpp {precision}: {a['texts'][key]!r}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.reference",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", type=Path, default=ROOT / "conveyor" / "models.toml")
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--precisions", default=",".join(get_args(Precision)),
+                        help="comma-separated; 'default' is the registry's (default: all)")
+    parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--speed", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--speed-tokens", type=int, default=48)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--reference-python", type=Path, default=REFERENCE_PYTHON)
+    parser.add_argument("--json", type=Path, default=None, help="also write the result here")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        return _child(args.models, args.model, args.tokens)
+    for precision in args.precisions.split(","):
+        if precision != "default" and precision not in get_args(Precision):
+            parser.error(f"unknown precision {precision!r}")
+    result = asyncio.run(run(args))
+    print(report(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
