@@ -165,7 +165,7 @@ def test_killed_worker_request_is_finished_by_another_once(
         killed.append(_worker_of(p, rid))
         p.kill(killed[0])
 
-    answer = count(p, 400, kill)
+    answer = count(p, 150, kill)  # killed after its third piece: 3 s is long enough
     assert killed and answer.dones == 1 and answer.finishes == 1
     assert answer.counted_on(), answer.text
     assert len(answer.numbers()) > 50
@@ -280,7 +280,7 @@ def test_layers_killed_mid_stream_are_rebuilt_from_the_log(
         p.kill("layers")
         p.spawn("layers", "layer")
 
-    answer = count(p, 400, restart_layers)
+    answer = count(p, 200, restart_layers)  # the layers are killed after its third piece
     assert answer.dones == 1 and answer.finishes == 1
     assert answer.counted_on(), answer.text
     assert len(answer.numbers()) > 80

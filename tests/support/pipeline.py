@@ -130,8 +130,7 @@ class Pipeline:
         raise RuntimeError(f"{name} did not become healthy:\n{self.tail(name)}")
 
     def start(self, workers: int = 1, contexts: int = 2) -> Pipeline:
-        subprocess.run([sys.executable, "-m", "cli", "topics"], env=self.env,
-                       check=True, cwd=ROOT, capture_output=True)
+        self.cli("topics")  # in this process: a process of its own cost a second of CPU
         self.spawn("layers", "layer")
         for i in range(workers):
             self.start_worker(f"w{i}", contexts)
