@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 __all__ = ["ErrorResponse", "ChatCompletion", "Completion", "ModelList", "HealthReport",
            "generation_responses", "stored_responses", "HEALTH_RESPONSES", "install_openapi"]
@@ -35,10 +35,16 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = Field(description="of the prompt's tokens, how many the engine's "
+                                           "prefix cache held (0 where the engine does not say)")
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
 
 
 class AssistantMessage(BaseModel):

@@ -101,6 +101,7 @@ class Route(TypedDict):
 class Usage(TypedDict):
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: NotRequired[int]
 
 
 class ErrorInfo(TypedDict):
@@ -150,6 +151,7 @@ class TokenChunk(TypedDict):
     error: ErrorInfo | None
     run_id: str
     run_start: int
+    cached_tokens: NotRequired[int | None]
 
 
 class Reply(TypedDict):

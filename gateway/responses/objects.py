@@ -32,7 +32,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, Literal, get_args
 
-from schemas.openai.responses import ResponsesRequest
+from schemas.openai.responses import ResponsesRequest, response_usage
 from schemas.records import ErrorInfo, Usage
 
 __all__ = [
@@ -77,13 +77,7 @@ def message_item(response_id: str, text: str | None,
 
 
 def usage_object(usage: Usage | None) -> dict[str, Any] | None:
-    if usage is None:
-        return None
-    prompt, completion = usage["prompt_tokens"], usage["completion_tokens"]
-    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0,
-                                                             "cache_write_tokens": 0},
-            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": prompt + completion}
+    return None if usage is None else response_usage(usage)
 
 
 def error_object(error: ErrorInfo | None) -> dict[str, Any] | None:

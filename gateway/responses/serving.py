@@ -90,7 +90,7 @@ from gateway.resume import (
 from gateway.serving import Answer, Serving
 from gateway.stored import find_stored, read_answer
 from schemas.openai.responses import InputMessage, ResponsesRequest
-from schemas.records import ErrorInfo, Generation, Message, Reply, Sampling
+from schemas.records import ErrorInfo, Generation, Message, Reply, Sampling, Usage
 
 __all__ = ["generation_of", "input_param", "collect_response", "first_reply",
            "response_events", "stream_events", "StoredResponses", "ResponseNotFound",
@@ -158,8 +158,10 @@ async def collect_response(serving: Serving, generation: Generation, answer: Ans
     usage = chat["usage"]
     return response_object(new_response_id(answer.request_id), generation["created"], body,
                            "completed", text=choice["message"]["content"],
-                           usage={"prompt_tokens": usage["prompt_tokens"],
-                                  "completion_tokens": usage["completion_tokens"]},
+                           usage=Usage(prompt_tokens=usage["prompt_tokens"],
+                                       completion_tokens=usage["completion_tokens"],
+                                       cached_tokens=usage["prompt_tokens_details"]
+                                       ["cached_tokens"]),
                            finish_reason=choice["finish_reason"],
                            completed_at=int(time.time()))
 

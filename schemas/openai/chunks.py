@@ -14,7 +14,7 @@ from typing import Any
 
 from schemas.records import ChunkHeader, Usage
 
-__all__ = ["completion_id", "delta_chunk", "usage_chunk", "full_response"]
+__all__ = ["completion_id", "delta_chunk", "usage_chunk", "usage_object", "full_response"]
 
 
 def completion_id(header: ChunkHeader, request_id: str) -> str:
@@ -54,24 +54,28 @@ def delta_chunk(
     return json.dumps(out, ensure_ascii=False, separators=(",", ":"))
 
 
-def usage_chunk(header: ChunkHeader, request_id: str, usage: Usage) -> str:
-    out = _base(header, request_id)
-    out["choices"] = []
-    out["usage"] = {
+def usage_object(usage: Usage) -> dict[str, Any]:
+    """OpenAI's ``usage`` of a chat completion or completion: the counts, their total,
+    and how many prompt tokens the engine's prefix cache held."""
+    return {
         "prompt_tokens": usage["prompt_tokens"],
         "completion_tokens": usage["completion_tokens"],
         "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"],
+        "prompt_tokens_details": {"cached_tokens": usage.get("cached_tokens", 0)},
     }
+
+
+def usage_chunk(header: ChunkHeader, request_id: str, usage: Usage) -> str:
+    out = _base(header, request_id)
+    out["choices"] = []
+    out["usage"] = usage_object(usage)
     return json.dumps(out, ensure_ascii=False, separators=(",", ":"))
 
 
 def full_response(kind: str, model: str, created: int, request_id: str, text: str,
                   finish_reason: str | None, usage: Usage | None) -> dict[str, Any]:
     """The unstreamed answer: a ``chat.completion`` or a ``text_completion``."""
-    prompt = usage["prompt_tokens"] if usage else 0
-    completion = usage["completion_tokens"] if usage else 0
-    usage_out = {"prompt_tokens": prompt, "completion_tokens": completion,
-                 "total_tokens": prompt + completion}
+    usage_out = usage_object(usage or Usage(prompt_tokens=0, completion_tokens=0))
     if kind == "chat":
         return {
             "id": f"chatcmpl-{request_id}",

@@ -49,8 +49,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from conveyor.errors import InvalidRequest
 from schemas.openai.requests import MAX_INT32, Text, TextOnlyFormat, checked_metadata
 from schemas.openai.requests import param_of as requests_param_of
+from schemas.records import Usage
 
 __all__ = [
+    "response_usage",
     "InputText",
     "InputMessage",
     "TextFormat",
@@ -253,3 +255,14 @@ def parse_request(raw: bytes) -> ResponsesRequest:
         raise InvalidRequest("background responses must be stored: store cannot be false "
                              "with background true (store)", param="store")
     return body
+
+
+def response_usage(usage: Usage) -> dict[str, Any]:
+    """A Response object's ``usage``: input (of it, what the engine's prefix cache
+    held) and output tokens, and their total."""
+    prompt, completion = usage["prompt_tokens"], usage["completion_tokens"]
+    return {"input_tokens": prompt,
+            "input_tokens_details": {"cached_tokens": usage.get("cached_tokens", 0),
+                                     "cache_write_tokens": 0},
+            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt + completion}

@@ -81,6 +81,8 @@ class TaskRun:
     engine_failure: str | None = None
     # how the answer ended (its last chunk's finish reason), once it has
     finish_reason: str | None = None
+    # of the prompt's tokens, how many the engine's prefix cache held (engines that say)
+    cached_tokens: int | None = None
 
     @property
     def request_id(self) -> str:
@@ -162,6 +164,7 @@ class TaskRun:
                 buf_tokens += piece.tokens
                 if piece.finish_reason is not None:
                     finish = piece.finish_reason
+                    self.cached_tokens = piece.cached_tokens
                     break
                 if self.cancelled:
                     finish = "cancelled"
@@ -201,7 +204,8 @@ class TaskRun:
         chunk = TokenChunk(envelope=self.task["envelope"], seq=self.seq, text=text,
                            tokens=tokens, finish_reason=finish, worker_id=self.worker_id,
                            header=self._header(), error=error, run_id=self.run_id,
-                           run_start=self.run_start)
+                           run_start=self.run_start,
+                           cached_tokens=self.cached_tokens if finish is not None else None)
         self._acks.append(await self.sender.send_nowait(
             Output(TOKENS.at(self.settings), "TokenChunk", chunk, key=self.request_id)))
         self.seq += 1

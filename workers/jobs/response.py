@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from schemas.openai.responses import response_usage
 from schemas.records import JobResult
 
 __all__ = ["ResponseFold"]
@@ -86,13 +87,7 @@ class ResponseFold:
                              "annotations": [], "logprobs": []}],
             }]
         if result is not None and result["usage"] is not None:
-            used = result["usage"]
-            out["usage"] = {
-                "input_tokens": used["prompt_tokens"],
-                "input_tokens_details": {"cached_tokens": 0},
-                "output_tokens": used["completion_tokens"],
-                "output_tokens_details": {"reasoning_tokens": 0},
-                "total_tokens": used["prompt_tokens"] + used["completion_tokens"]}
+            out["usage"] = response_usage(result["usage"])
         if self.status == "incomplete":
             out["incomplete_details"] = {"reason": "max_output_tokens"}
         if self.status == "failed":

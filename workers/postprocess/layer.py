@@ -96,8 +96,7 @@ class PostprocessLayer:
                 if chunks else []
         # OpenAI knows "stop" and "length"; a cancelled generation reads as stopped
         reason = e.finish_reason if e.finish_reason in ("stop", "length") else "stop"
-        usage = Usage(prompt_tokens=header["prompt_tokens"],
-                      completion_tokens=stream.completion_tokens)
+        usage = usage_of(header, stream)
         chunks.append(delta_chunk(header, rid, "", reason))
         if header["include_usage"]:
             chunks.append(usage_chunk(header, rid, usage))
@@ -123,8 +122,7 @@ class PostprocessLayer:
         if e.finish_reason is None:
             return []
         header = stream.header or _fallback_header(stream)
-        usage = Usage(prompt_tokens=header["prompt_tokens"],
-                      completion_tokens=stream.completion_tokens)
+        usage = usage_of(header, stream)
         text = "".join(stream.collected)
         out: list[Output]
         if e.finish_reason == "cancelled":
@@ -206,3 +204,11 @@ class PostprocessLayer:
 def _fallback_header(stream: RequestStream) -> ChunkHeader:
     return ChunkHeader(kind="chat", model="", created=0, stop=[], stream=True,
                        include_usage=False, prompt_tokens=0)
+
+
+def usage_of(header: ChunkHeader, stream: RequestStream) -> Usage:
+    """The answer's usage; the cached count never exceeds the prompt's (an engine
+    counts a continued answer's prompt with the text already sent)."""
+    return Usage(prompt_tokens=header["prompt_tokens"],
+                 completion_tokens=stream.completion_tokens,
+                 cached_tokens=min(stream.cached_tokens, header["prompt_tokens"]))

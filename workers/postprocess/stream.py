@@ -33,6 +33,8 @@ class RequestStream:
     envelope: Envelope
     header: ChunkHeader | None = None
     completion_tokens: int = 0
+    # of the prompt's tokens, how many the engine's prefix cache held (the last run's)
+    cached_tokens: int = 0
     reply_index: int = 0
     held: str = ""
     done: bool = False
@@ -62,6 +64,8 @@ class RequestStream:
             self.done = True
             return Emitted(error=chunk["error"])
         self.completion_tokens += chunk["tokens"]
+        if chunk.get("cached_tokens") is not None:
+            self.cached_tokens = chunk.get("cached_tokens") or 0
         stops = self.header["stop"] if self.header else []
         text = self.held + chunk["text"]
         self.held = ""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import pytest
 from aiokafka import TopicPartition
@@ -133,7 +133,7 @@ async def test_the_final_reply_carries_the_usage(layer: PostprocessLayer) -> Non
     content, finish = (json.loads(line) for line in final["chunk"].split("\n"))
     assert content["choices"][0]["delta"] == {"content": "b"}
     assert finish["choices"][0]["finish_reason"] == "length"
-    assert final["usage"] == {"prompt_tokens": 11, "completion_tokens": 5}
+    assert final["usage"] == {"prompt_tokens": 11, "completion_tokens": 5, "cached_tokens": 0}
     # no usage chunk unless the client asked for one
 
 
@@ -144,8 +144,25 @@ async def test_include_usage_gives_the_final_reply_a_usage_chunk(layer: Postproc
     assert final["kind"] == "final"
     *others, last = [json.loads(line) for line in final["chunk"].split("\n")]
     assert last["choices"] == []
-    assert last["usage"] == {"prompt_tokens": 11, "completion_tokens": 4, "total_tokens": 15}
+    assert last["usage"] == {"prompt_tokens": 11, "completion_tokens": 4, "total_tokens": 15,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
     assert others and all(body["usage"] is None for body in others)
+
+
+async def test_the_engines_cached_prompt_tokens_reach_the_usage(
+        layer: PostprocessLayer) -> None:
+    """The run's last chunk says how many prompt tokens the engine's prefix cache
+    held; never more than the prompt's (a continued answer's prompt is longer)."""
+    feed = Feeder(layer)
+    last = {**chunk(0, "a", tokens=4, finish="stop", include_usage=True), "cached_tokens": 8}
+    final = replies(await feed(cast(TokenChunk, last)))[-1]
+    assert final["usage"] == {"prompt_tokens": 11, "completion_tokens": 4, "cached_tokens": 8}
+    usage = json.loads(final["chunk"].split("\n")[-1])["usage"]
+    assert usage["prompt_tokens_details"] == {"cached_tokens": 8}
+    feed = Feeder(layer)
+    last = {**chunk(0, "b", rid="r2", finish="stop"), "cached_tokens": 40}
+    final = replies(await feed(cast(TokenChunk, last)))[-1]
+    assert final["usage"]["cached_tokens"] == 11
 
 
 async def test_an_early_stop_sequence_cancels_the_generation(

@@ -97,7 +97,7 @@ async def test_a_finished_request_writes_one_usage_record_keyed_by_tenant(
     final = [o.record for o in outputs if o.event_type == "Reply" and
              o.record["kind"] == "final"]
     assert len(final) == 1
-    assert final[0]["usage"] == {"prompt_tokens": 11, "completion_tokens": 6}
+    assert final[0]["usage"] == {"prompt_tokens": 11, "completion_tokens": 6, "cached_tokens": 0}
 
 
 async def test_a_replayed_end_writes_no_second_record(layer: PostprocessLayer) -> None:

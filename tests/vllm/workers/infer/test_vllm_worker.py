@@ -76,6 +76,24 @@ def test_the_readme_question_is_answered_through_the_pipeline(vllm_pipeline: Pip
         r.choices[0].message.content
 
 
+def test_a_prefix_cache_hit_shows_in_the_usage(vllm_pipeline: Pipeline) -> None:
+    """Three asks sharing a long system prompt: with two workers, at least two land
+    on one of them, and the later one's prompt comes partly from vLLM's prefix cache,
+    as ``usage.prompt_tokens_details.cached_tokens`` says."""
+    c = client(vllm_pipeline)
+    rules = " ".join(f"Rule {i}: answer briefly and politely." for i in range(40))
+    cached: list[int] = []
+    for question in ("Name a colour.", "Name a fruit.", "Name a river."):
+        r = c.chat.completions.create(
+            model="smollm2", max_tokens=4, temperature=0,
+            messages=[{"role": "system", "content": rules},
+                      {"role": "user", "content": question}])
+        assert r.usage is not None and r.usage.prompt_tokens_details is not None
+        cached.append(r.usage.prompt_tokens_details.cached_tokens or 0)
+        assert 0 <= cached[-1] <= r.usage.prompt_tokens
+    assert max(cached) >= 200, cached  # the shared rules: about 400 tokens, 16 a block
+
+
 def test_a_seeded_sample_is_the_same_through_the_pipeline(vllm_pipeline: Pipeline) -> None:
     c = client(vllm_pipeline)
 
