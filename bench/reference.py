@@ -3,7 +3,7 @@ float32 reference, and the speed of each precision.
 
     .venv/bin/python -m bench.reference [--precisions source,q8_0,f16,f32] [--no-speed]
 
-Every prompt of ``bench.reference_prompts`` runs greedily (its first
+Every prompt of ``infra.reference_prompts`` runs greedily (its first
 ``--tokens``, 16) through Conveyor's llama.cpp engine (``LlamaCppEngine``, two
 contexts of one thread, as ``conveyor infer`` starts it) once per GGUF
 precision of the registry model (``source``: the file as packaged, Q4_1 for
@@ -34,8 +34,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, get_args
 
-from bench.reference_prompts import PROMPTS, ReferencePrompt
 from conveyor.registry import ModelSpec, Precision, Registry, precise_gguf
+from infra.reference_prompts import PROMPTS, ReferencePrompt
 
 __all__ = ["Agreement", "main"]
 

@@ -1,5 +1,5 @@
 """The default model answers what its weights say: greedy, on the fixed prompts
-of ``bench.reference_prompts`` (the README's examples among them), the
+of ``infra.reference_prompts`` (the README's examples among them), the
 llama.cpp engine at the registry's default precision gives the first 16
 tokens that transformers gives in float32 on the same weights.
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.reference_prompts import PROMPTS
+from infra.reference_prompts import PROMPTS
 
 ROOT = Path(__file__).resolve().parents[2]
 CONVEYOR_PYTHON = ROOT / ".venv" / "bin" / "python"

@@ -10,11 +10,16 @@ answer per engine and precision.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
-
-from schemas.records import Message
+from typing import Literal, TypedDict
 
 __all__ = ["PROMPTS", "ReferencePrompt"]
+
+
+class Message(TypedDict):
+    """A chat message as the API takes it (infra/ imports nothing of Conveyor)."""
+
+    role: str
+    content: str
 
 
 @dataclass(frozen=True)
