@@ -28,6 +28,10 @@ class GenerationRequest:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    # OpenAI's penalties (-2..2): on tokens already present in the answer, and per
+    # occurrence of them
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     # The prompt rendered with the model's chat template (set by preprocess
     # when the tokenizer is local; always set for completions).
     prompt_text: str | None = None

@@ -240,6 +240,8 @@ class LlamaCppEngine:
                     top_k=0,
                     min_p=0.0,
                     seed=_llama_seed(request.seed),
+                    presence_penalty=request.presence_penalty,
+                    frequency_penalty=request.frequency_penalty,
                     stop=list(request.stop),
                     stopping_criteria=StoppingCriteriaList([watch]),
                 ),

@@ -52,7 +52,9 @@ Decisions:
   <= 0`` is greedy; otherwise temperature, then ``top_p`` (over the
   distribution the temperature made, as OpenAI and vLLM apply them), then a
   draw with the request's seed folded into llama.cpp's seed space (a fresh
-  random one without a seed). No ``top_k`` or ``min_p``.
+  random one without a seed). No ``top_k`` or ``min_p``. The presence and
+  frequency penalties come first in the chain, over the sequence's last
+  ``_PENALTY_WINDOW`` (64) sampled tokens, as llama-cpp-python applies them.
 * **Text.** Token bytes go through an incremental UTF-8 decoder, so a
   character split over tokens is sent whole. Text that may be the start of a
   stop string is held back; an answer ends before the first stop string.
@@ -90,6 +92,8 @@ from workers.infer.engines.llamacpp import _chat_formatter, _llama_seed, _prompt
 __all__ = ["LlamaCppBatchEngine"]
 
 _Item = Piece | BaseException
+# the sampled tokens the presence and frequency penalties look back over
+_PENALTY_WINDOW = 64
 _Finish = Literal["stop", "length"]
 
 
@@ -327,9 +331,9 @@ class LlamaCppBatchEngine:
             left, self._inbox = self._inbox + self._active, []
         for sequence in left:
             if sequence.slot is not None:
-                self._leave(sequence, EngineError("the engine closed"))
+                self._leave(sequence, EngineError("the generation was cancelled: the engine closed"))
             else:
-                sequence.emit(EngineError("the engine closed"))
+                sequence.emit(EngineError("the generation was cancelled: the engine closed"))
 
     def _join(self, sequence: _Sequence) -> None:
         if sequence.cancelled:
@@ -351,7 +355,7 @@ class LlamaCppBatchEngine:
                 kept = 0
                 llama_cpp.llama_memory_seq_rm(memory, slot.seq_id, -1, -1)
             del slot.cached[kept:]
-            sequence.sampler = _sampler(request)
+            sequence.sampler = _sampler(request, llama_cpp.llama_vocab_n_tokens(self._vocab))
         except Exception as exc:
             sequence.emit(exc)
             return
@@ -470,8 +474,12 @@ def _common(cached: list[int], tokens: list[int]) -> int:
     return n
 
 
-def _sampler(request: GenerationRequest) -> Any:
+def _sampler(request: GenerationRequest, n_vocab: int) -> Any:
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    if request.presence_penalty or request.frequency_penalty:
+        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_penalties(
+            n_vocab, _PENALTY_WINDOW, 1.0, request.frequency_penalty,
+            request.presence_penalty))
     if request.temperature <= 0:
         llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
     else:

@@ -154,6 +154,10 @@ def _upstream_body(request: GenerationRequest) -> tuple[str, dict[str, Any]]:
         body["seed"] = request.seed
     if request.stop:
         body["stop"] = list(request.stop)
+    if request.presence_penalty:
+        body["presence_penalty"] = request.presence_penalty
+    if request.frequency_penalty:
+        body["frequency_penalty"] = request.frequency_penalty
     if request.prompt_text is not None or request.kind == "completion":
         body["prompt"] = (request.prompt_text or "") + request.continuation
         return "/v1/completions", body

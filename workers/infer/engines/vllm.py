@@ -28,12 +28,13 @@ Decisions:
   its own (Conveyor's id plus a suffix): a retry of a request may run beside
   the attempt it replaces, and vLLM aborts every request under one id.
 * **Sampling.** ``temperature`` (0: greedy), ``top_p``, ``seed`` (vLLM's
-  per-request generator), ``stop`` and ``max_tokens`` map onto vLLM's
+  per-request generator), ``stop``, the presence and frequency penalties
+  (OpenAI's and vLLM's mean the same) and ``max_tokens`` map onto vLLM's
   ``SamplingParams``; top-k and min-p stay off, as OpenAI's API has neither,
   and the model's own ``generation_config.json`` is not applied
   (``generation_config="vllm"``). vLLM holds back the text a stop string may
   begin with, so no piece carries text past a stop. ``GenerationRequest``
-  carries no penalties, logit bias or logprobs yet.
+  carries no logit bias or logprobs yet (the API refuses both).
 * **Pieces.** One piece per step (``RequestOutputKind.DELTA``), with the
   tokens the step produced: the pieces add up to vLLM's count, which includes
   the end-of-sequence token, as llama.cpp's engine counts it. A step whose
@@ -334,6 +335,8 @@ def _sampling(request: GenerationRequest) -> SamplingParams:
         top_p=request.top_p if 0 < request.top_p <= 1 else 1.0,
         seed=request.seed,
         stop=list(request.stop) or None,
+        presence_penalty=request.presence_penalty,
+        frequency_penalty=request.frequency_penalty,
         max_tokens=max(1, request.max_tokens),
         output_kind=RequestOutputKind.DELTA,
     )

@@ -1,5 +1,6 @@
 """The engine contract (workers/infer/engines/base.py), checked the same way on
-the scripted engine and on the real llama.cpp engine (SmolLM2-135M, CPU): the
+the scripted engine and on the real llama.cpp engines, one context per sequence
+and batching (SmolLM2-135M, CPU): the
 scripted engine stands in for the real one in the pipeline tests only because
 it passes these.
 
@@ -22,6 +23,7 @@ from conveyor.registry import Registry
 from schemas.records import Message
 from workers.infer.engines.base import Engine, GenerationRequest, Piece
 from workers.infer.engines.llamacpp import LlamaCppEngine
+from workers.infer.engines.llamacpp_batch import LlamaCppBatchEngine
 from workers.infer.engines.scripted import ScriptedEngine
 
 QUESTION: tuple[Message, ...] = ({"role": "user", "content": "What is the capital of France?"},)
@@ -41,6 +43,11 @@ def _llamacpp(contexts: int) -> Engine:
     return LlamaCppEngine.from_spec(spec, contexts=contexts)
 
 
+def _llamacpp_batch(contexts: int) -> Engine:
+    spec = Registry.load(Path("conveyor/models.toml")).resolve("smollm2")
+    return LlamaCppBatchEngine.from_spec(spec, sequences=contexts)
+
+
 def _scripted(contexts: int) -> Engine:
     # a little time per token, so that generations really interleave
     return ScriptedEngine(capacity=contexts, token_delay_ms=2)
@@ -52,7 +59,8 @@ def _scripted_count(contexts: int) -> Engine:
 
 
 ENGINES: dict[str, Callable[[int], Engine]] = {
-    "scripted": _scripted, "scripted-count": _scripted_count, "llamacpp": _llamacpp}
+    "scripted": _scripted, "scripted-count": _scripted_count, "llamacpp": _llamacpp,
+    "llamacpp-batch": _llamacpp_batch}
 
 
 @pytest.fixture(scope="module", params=list(ENGINES))

@@ -34,7 +34,8 @@ def parse(*argv: str) -> argparse.Namespace:
 
 def test_every_engine_is_declared_once() -> None:
     names = [e.name for e in ENGINES]
-    assert sorted(names) == sorted(set(names)) == ["llamacpp", "openai", "scripted", "vllm"]
+    assert sorted(names) == sorted(set(names)) == [
+        "llamacpp", "llamacpp-batch", "openai", "scripted", "vllm"]
     assert parse().engine == "llamacpp"
     with pytest.raises(SystemExit):
         parse("--engine", "nope")

@@ -100,3 +100,16 @@ async def test_failures_become_engine_errors(engine: LlamaCppEngine) -> None:
         await collect(engine, too_long)
     # The context went back to the pool.
     assert (await collect(engine, request(max_tokens=3)))[-1].finish_reason == "length"
+
+
+async def test_penalties_reach_llamacpp(engine: LlamaCppEngine) -> None:
+    """Greedy, "the cat and the cat and ..." goes on repeating itself; penalised for
+    the tokens it already produced (presence once, frequency per occurrence), it
+    breaks the loop."""
+    loop = request(kind="completion", prompt_text="The cat and the cat and the cat and the",
+                   max_tokens=16)
+    plain = text(await collect(engine, loop))
+    assert plain.count("cat") >= 4, plain
+    for penalty in ({"frequency_penalty": 2.0}, {"presence_penalty": 2.0}):
+        penalised = text(await collect(engine, request(**{**loop.__dict__, **penalty})))
+        assert penalised.count("cat") < plain.count("cat"), (penalty, penalised, plain)

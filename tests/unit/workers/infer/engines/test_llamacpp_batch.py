@@ -191,3 +191,23 @@ async def test_close_ends_what_runs_with_an_engine_error() -> None:
             pass
     with pytest.raises(EngineError, match="not started"):
         await collect(engine, request())
+
+
+async def test_penalties_reach_the_sampler_chain() -> None:
+    """Greedy, "the cat and the cat and ..." repeats itself; penalised for what it
+    already produced (presence once, frequency per occurrence), it breaks the loop."""
+    spec = Registry.load(Path("conveyor/models.toml")).resolve("smollm2")
+    engine = LlamaCppBatchEngine.from_spec(spec, sequences=2)
+    await engine.start()
+    try:
+        loop = GenerationRequest(request_id="r", kind="completion", model="smollm2",
+                                 max_tokens=16, temperature=0.0,
+                                 prompt_text="The cat and the cat and the cat and the")
+        plain = "".join([p.text async for p in engine.generate(loop)])
+        assert plain.count("cat") >= 4, plain
+        for penalty in ({"frequency_penalty": 2.0}, {"presence_penalty": 2.0}):
+            penalised = "".join([p.text async for p in engine.generate(
+                GenerationRequest(**{**loop.__dict__, **penalty}))])
+            assert penalised.count("cat") < plain.count("cat"), (penalty, penalised, plain)
+    finally:
+        await engine.close()
