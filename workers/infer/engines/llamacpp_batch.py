@@ -40,9 +40,17 @@ Decisions:
   prefix reused (tests/unit/workers/infer/engines/test_llamacpp_batch.py
   asks one question 20 times beside other streams). A request with a
   ``seed`` still evaluates its prompt afresh, as
-  :mod:`~workers.infer.engines.llamacpp` does: sampling at a temperature
-  turns the smallest difference in the logits into another token, and the
-  same seed must give the same answer whatever the slot held before.
+  :mod:`~workers.infer.engines.llamacpp` does, but **a seeded sample at a
+  temperature gives up bit-for-bit repetition here**: every sequence's cells
+  share one KV cache, where they lie depends on what else is in it (running
+  sequences, the prefixes free slots keep), and flash attention's sums over
+  the cache round a little differently with that layout. Sampling turns the
+  smallest difference in the logits into another token now and then:
+  measured, a seeded question asked 12 times beside 0-3 other streams got
+  one answer 11 times and another once, while greedy got one answer 12
+  times. ``reproducible_seeds`` is False, and a seeded request that must
+  repeat belongs on :class:`~workers.infer.engines.llamacpp.LlamaCppEngine`
+  (a context per sequence) or vLLM.
 * **Flash attention as llama.cpp chooses it** ("auto": on, on a CPU). With it
   off, 8 greedy streams of SmolLM2 made 5 tokens/s in all instead of 65 on
   two threads. The arithmetic differs from
@@ -171,6 +179,7 @@ class LlamaCppBatchEngine:
             raise ValueError("sequences must be at least 1")
         self.name = name
         self.capacity = sequences
+        self.reproducible_seeds = False  # see the module notes
         self.model_path = Path(model_path)
         self.n_ctx = n_ctx
         self.n_threads = n_threads
@@ -329,11 +338,12 @@ class LlamaCppBatchEngine:
                         self._leave(sequence, exc)
         with self._wake:
             left, self._inbox = self._inbox + self._active, []
+        closed = "the generation was cancelled: the engine closed"
         for sequence in left:
             if sequence.slot is not None:
-                self._leave(sequence, EngineError("the generation was cancelled: the engine closed"))
+                self._leave(sequence, EngineError(closed))
             else:
-                sequence.emit(EngineError("the generation was cancelled: the engine closed"))
+                sequence.emit(EngineError(closed))
 
     def _join(self, sequence: _Sequence) -> None:
         if sequence.cancelled:

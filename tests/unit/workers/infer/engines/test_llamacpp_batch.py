@@ -146,16 +146,6 @@ async def test_one_question_asked_20_times_beside_others_gets_one_answer(
     assert answers == [expected] * 20
 
 
-async def test_the_same_seed_gives_the_same_answer_beside_others(
-        engine: LlamaCppBatchEngine) -> None:
-    seeded = request(temperature=1.0, seed=1234, max_tokens=8)
-    alone = await answer(engine, seeded)
-    beside = asyncio.create_task(answer(engine, request(OTHERS[0])))
-
-    assert await answer(engine, seeded) == alone
-    await beside
-
-
 async def test_closing_a_generation_frees_its_sequence(engine: LlamaCppBatchEngine) -> None:
     for _ in range(SEQUENCES):  # every sequence busy with a long answer, then walked away from
         pieces = engine.generate(request(max_tokens=400))
