@@ -12,8 +12,10 @@ runs the same command in a child process when it starts without ``--vllm-model``
 
 Decisions:
 
-* **Stored in float32**, the GGUF's weights dequantized as they are (Q4_1 for
-  SmolLM2-135M: 0.54 GB on disk, about 20 s on two cores). vLLM casts them to
+* **Stored in float32**, the packaged GGUF's weights dequantized as they are
+  (Q4_1 for SmolLM2-135M: 0.54 GB on disk, about 20 s on two cores), whatever
+  precision the registry gives llama.cpp (``precision``: its f16 file is made
+  from the same weights, so starting from it would only round them once more). vLLM casts them to
   the dtype it runs (``--dtype``), so one conversion serves float32 and
   bfloat16 alike, and bfloat16 weights made from it are the ones a bfloat16
   conversion would give.
@@ -69,7 +71,7 @@ def _digest(path: Path) -> str:
 
 def weights_dir(spec: ModelSpec, cache: Path) -> Path:
     """The directory ``spec``'s converted weights live in (whether or not yet)."""
-    return cache / f"{spec.name}-{_digest(spec.gguf_path())}"
+    return cache / f"{spec.name}-{_digest(spec.source_gguf_path())}"
 
 
 def prepare(spec: ModelSpec, cache: Path | None = None) -> Path:
@@ -81,7 +83,7 @@ def prepare(spec: ModelSpec, cache: Path | None = None) -> Path:
     with (target.parent / f"{target.name}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be converting it now
         if not (target / _DONE).exists():
-            _convert(spec.gguf_path(), target)
+            _convert(spec.source_gguf_path(), target)
     return target
 
 
