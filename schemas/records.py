@@ -11,6 +11,7 @@ from typing import Literal, NotRequired, TypedDict
 
 __all__ = [
     "ChunkHeader",
+    "KvCache",
     "Control",
     "DeadLetter",
     "Envelope",
@@ -172,6 +173,16 @@ class Control(TypedDict):
     ts_ms: int
 
 
+class KvCache(TypedDict):
+    usage: float
+    total_blocks: int
+    free_blocks: int
+    cached_blocks: int | None
+    block_tokens: int
+    prefix_queries: int
+    prefix_hits: int
+
+
 class WorkerHeartbeat(TypedDict):
     worker_id: str
     pool: str
@@ -186,6 +197,7 @@ class WorkerHeartbeat(TypedDict):
     host: str
     gpu_utilization: float | None
     gpu_memory_free: int | None
+    kv: NotRequired[KvCache | None]
     interactive_running: int
     interactive_ms: int  # when it last took an interactive task (its clock); 0: never
 

@@ -7,9 +7,10 @@ from collections.abc import Callable
 from typing import Literal, NamedTuple
 
 from conveyor.settings import Settings
-from schemas.records import WorkerHeartbeat
+from schemas.records import KvCache, WorkerHeartbeat
 from topics.catalog import WORKERS
 from topics.envelope import now_ms
+from workers.infer.engines.base import KvState
 from workers.outputs import Output, Sender
 
 __all__ = ["Heartbeat", "Snapshot", "gpu_profile"]
@@ -42,6 +43,8 @@ class Snapshot(NamedTuple):
     # not send themselves (workers/schedule/admission.py)
     interactive_running: int = 0
     interactive_ms: int = 0
+    # the engine's KV cache, where it keeps one the worker can see
+    kv: KvState | None = None
 
 
 class Heartbeat:
@@ -68,6 +71,11 @@ class Heartbeat:
             running=now.running, queued=now.queued, ts_ms=now_ms(), host=self.host,
             gpu_utilization=gpu_util, gpu_memory_free=gpu_free,
             interactive_running=now.interactive_running, interactive_ms=now.interactive_ms,
+            kv=None if now.kv is None else KvCache(
+                usage=now.kv.usage, total_blocks=now.kv.total_blocks,
+                free_blocks=now.kv.free_blocks, cached_blocks=now.kv.cached_blocks,
+                block_tokens=now.kv.block_tokens, prefix_queries=now.kv.prefix_queries,
+                prefix_hits=now.kv.prefix_hits),
         )
         await self.sender.deliver(Output(WORKERS.at(self.settings), "WorkerHeartbeat",
                                          record, key=self.worker_id))

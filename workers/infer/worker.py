@@ -371,7 +371,7 @@ class InferWorker:
         interactive = sum(1 for r in self.running.values()
                           if r.run.task["envelope"]["priority"] == PRIORITY_INTERACTIVE)
         return Snapshot([tp.partition for tp in self.partitions], len(self.running), 0,
-                        interactive, self.interactive_ms)
+                        interactive, self.interactive_ms, self.engine.kv_state())
 
     async def _beat(self, heartbeat: Heartbeat) -> None:
         """One heartbeat, then wait for the next (or an early one)."""

@@ -15,7 +15,7 @@ from typing import Literal, Protocol
 
 from schemas.records import Message
 
-__all__ = ["GenerationRequest", "Piece", "Engine"]
+__all__ = ["GenerationRequest", "Piece", "Engine", "KvState"]
 
 
 @dataclass(frozen=True)
@@ -53,9 +53,27 @@ class Piece:
     cached_tokens: int | None = None
 
 
+@dataclass(frozen=True)
+class KvState:
+    """What an engine's KV cache holds now, for the worker's heartbeat (engines
+    that keep one in process: vLLM, the batching llama.cpp engine)."""
+
+    usage: float  # the share of the cache the running sequences hold, 0..1
+    total_blocks: int
+    free_blocks: int  # not held by a running sequence (cached prefixes count as free)
+    cached_blocks: int | None  # free, and holding a prefix a new prompt may reuse
+    block_tokens: int  # tokens a block holds
+    prefix_queries: int  # prompt tokens looked up in the prefix cache since the start
+    prefix_hits: int  # of them, found there
+
+
 class Engine(Protocol):
     name: str
     capacity: int
+
+    def kv_state(self) -> KvState | None:
+        """The KV cache now, or None where the engine keeps none Conveyor can see."""
+        ...
 
     async def start(self) -> None:
         """Load the model (warm) before the worker joins its pool."""

@@ -65,7 +65,7 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from conveyor.errors import EngineError
 from conveyor.registry import ModelSpec
-from workers.infer.engines.base import GenerationRequest, Piece
+from workers.infer.engines.base import GenerationRequest, KvState, Piece
 
 __all__ = ["LlamaCppEngine"]
 
@@ -278,6 +278,9 @@ class LlamaCppEngine:
         messages = [{"role": m["role"], "content": m["content"]} for m in request.messages]
         rendered = self._chat_formatter(messages=cast(Any, messages))
         return rendered.prompt + request.continuation
+
+    def kv_state(self) -> KvState | None:
+        return None  # no KV cache the worker can see (see base.Engine)
 
     async def close(self) -> None:
         """Cancel what runs, wait for the threads, free the models."""

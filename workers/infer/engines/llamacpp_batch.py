@@ -94,7 +94,7 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from conveyor.errors import EngineError
 from conveyor.registry import ModelSpec
-from workers.infer.engines.base import GenerationRequest, Piece
+from workers.infer.engines.base import GenerationRequest, KvState, Piece
 from workers.infer.engines.llamacpp import _chat_formatter, _llama_seed, _prompt_or_bos
 
 __all__ = ["LlamaCppBatchEngine"]
@@ -185,6 +185,7 @@ class LlamaCppBatchEngine:
         self.n_threads = n_threads
         self.prefill_chunk = max(1, prefill_chunk)
         self.reused_tokens = 0  # prompt tokens taken from the cache instead of evaluated
+        self.prompt_tokens = 0  # prompt tokens of every sequence so far (reused or not)
         self._executor: ThreadPoolExecutor | None = None
         self._loop_done: asyncio.Future[None] | None = None
         self._slots_free: asyncio.Semaphore | None = None
@@ -266,6 +267,19 @@ class LlamaCppBatchEngine:
             raise EngineError(f"{self.model_path.name} has no chat template")
         messages = [{"role": m["role"], "content": m["content"]} for m in request.messages]
         return self._chat(messages=cast(Any, messages)).prompt + request.continuation
+
+    def kv_state(self) -> KvState | None:
+        """The context's cells (a block is one token here): what running sequences
+        hold, and the prefixes free slots keep for reuse. Read from the event loop
+        while the engine thread works, so a heartbeat may be a step behind."""
+        if not self._slots:
+            return None
+        total = self.capacity * self.n_ctx
+        used = sum(len(slot.cached) for slot in self._slots if slot.busy)
+        kept = sum(len(slot.cached) for slot in self._slots if not slot.busy)
+        return KvState(usage=used / total, total_blocks=total, free_blocks=total - used,
+                       cached_blocks=kept, block_tokens=1, prefix_queries=self.prompt_tokens,
+                       prefix_hits=self.reused_tokens)
 
     async def close(self) -> None:
         """Cancel what runs, stop the thread, free the context and the model."""
@@ -373,6 +387,7 @@ class LlamaCppBatchEngine:
         sequence.slot, sequence.prompt_tokens = slot, tokens
         sequence.fed = sequence.reused = kept
         self.reused_tokens += kept
+        self.prompt_tokens += len(tokens)
         self._active.append(sequence)
 
     def _step(self) -> None:

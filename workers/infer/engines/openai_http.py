@@ -44,7 +44,7 @@ from typing import Any, Literal
 import aiohttp
 
 from conveyor.errors import EngineError
-from workers.infer.engines.base import GenerationRequest, Piece
+from workers.infer.engines.base import GenerationRequest, KvState, Piece
 
 __all__ = ["OpenAIHttpEngine"]
 
@@ -133,6 +133,9 @@ class OpenAIHttpEngine:
             raise EngineError("upstream stream ended without a finish_reason")
         extra = 0 if usage_tokens is None else max(0, usage_tokens - emitted)
         yield Piece("", tokens=extra, finish_reason=finish)
+
+    def kv_state(self) -> KvState | None:
+        return None  # no KV cache the worker can see (see base.Engine)
 
     async def close(self) -> None:
         client, self._client = self._client, None

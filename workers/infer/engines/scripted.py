@@ -53,7 +53,7 @@ from collections.abc import AsyncGenerator, Iterator
 from typing import Literal, get_args
 
 from conveyor.errors import EngineError
-from workers.infer.engines.base import GenerationRequest, Piece
+from workers.infer.engines.base import GenerationRequest, KvState, Piece
 
 __all__ = ["SCRIPTS", "DEFAULT_TEXT", "Script", "ScriptedEngine", "pieces_of"]
 
@@ -161,6 +161,9 @@ class ScriptedEngine:
                     self._running -= 1
         finally:
             self._live.discard(cancelled)
+
+    def kv_state(self) -> KvState | None:
+        return None  # no KV cache the worker can see (see base.Engine)
 
     async def close(self) -> None:
         """End what runs (at its next piece) and refuse new generations."""

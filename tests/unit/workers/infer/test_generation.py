@@ -22,7 +22,8 @@ def task(kind: Literal["chat", "completion"] = "chat", *, max_tokens: int = 64,
             "messages": messages,
             "prompt": prompt,
             "sampling": {"temperature": 0.5, "top_p": 0.9, "max_tokens": None,
-                         "stop": ["\n\n", "END"], "seed": 7},
+                         "stop": ["\n\n", "END"], "seed": 7, "presence_penalty": 0.5,
+                         "frequency_penalty": -1.0},
             "stream": True,
             "include_usage": False,
             "created": 1,
@@ -41,6 +42,7 @@ def test_a_first_attempt() -> None:
     assert r.model == "smollm2-135m-instruct"  # the route's canonical name
     assert r.max_tokens == 64
     assert (r.temperature, r.top_p, r.seed) == (0.5, 0.9, 7)
+    assert (r.presence_penalty, r.frequency_penalty) == (0.5, -1.0)  # dropped here once
     assert r.stop == ("\n\n", "END")
     assert r.prompt_text == "<rendered>"
     assert r.messages == ({"role": "user", "content": "Hi", "name": None},)

@@ -140,6 +140,21 @@ async def test_a_shared_prefix_is_served_from_the_cache(vllm_engine: VllmEngine)
     assert text(again) == text(cold)  # the cache changes the time, not the answer
 
 
+async def test_the_kv_state_is_vllms_own(vllm_engine: VllmEngine) -> None:
+    """What the heartbeat carries: vLLM's blocks (1 GiB of float32 KV), the share in
+    use, and the prompt tokens its prefix cache was asked for and held."""
+    before = vllm_engine.kv_state()
+    await timed(vllm_engine, chat("What is a topic?", SHARED), 2)
+    await timed(vllm_engine, chat("What is a partition?", SHARED), 2)  # the shared prefix
+    state = vllm_engine.kv_state()
+    assert state is not None and state.total_blocks > 100 and state.block_tokens == 16
+    assert 0.0 <= state.usage < 1.0 and state.cached_blocks is None
+    assert state.free_blocks == state.total_blocks - round(state.usage * state.total_blocks)
+    queried = state.prefix_queries - (before.prefix_queries if before else 0)
+    found = state.prefix_hits - (before.prefix_hits if before else 0)
+    assert queried > 500 and found > 0, (queried, found)
+
+
 async def test_a_prompt_beyond_max_model_len_is_an_engine_error(vllm_engine: VllmEngine) -> None:
     too_long = "word " * (vllm_engine.max_model_len + 10)
     with pytest.raises(EngineError, match="refused the prompt"):
