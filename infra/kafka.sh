@@ -8,7 +8,8 @@
 #   infra/kafka.sh status  exit 0 when the broker answers
 #
 # Environment: CONVEYOR_HOME (default ./.conveyor), KAFKA_PORT (9092),
-# KAFKA_CONTROLLER_PORT (9093), KAFKA_HEAP (2g: a test run creates thousands of partitions).
+# KAFKA_CONTROLLER_PORT (9093), KAFKA_HEAP (2g: a test run creates thousands of partitions),
+# KAFKA_JVM_OPTS (-XX:+UseG1GC; infra/services.py gives the brokers tests restart quicker flags).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 home=${CONVEYOR_HOME:-$(pwd)/.conveyor}
@@ -62,11 +63,12 @@ num.network.threads=${KAFKA_NETWORK_THREADS:-2}
 num.io.threads=${KAFKA_IO_THREADS:-2}
 PROPS
   if [ ! -f "$data/meta.properties" ]; then
-    cid=$(java -cp "$libs/*" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n 1)
-    java -cp "$libs/*" kafka.tools.StorageTool format -t "$cid" \
+    cid=$(java ${KAFKA_JVM_OPTS:-} -cp "$libs/*" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n 1)
+    java ${KAFKA_JVM_OPTS:-} -cp "$libs/*" kafka.tools.StorageTool format -t "$cid" \
       -c "$kdir/server-$port.properties" >/dev/null
   fi
-  nohup java "-Xmx$heap" "-Xms$heap" -XX:+UseG1GC \
+  # shellcheck disable=SC2086  # KAFKA_JVM_OPTS is a list of flags
+  nohup java "-Xmx$heap" "-Xms$heap" ${KAFKA_JVM_OPTS:--XX:+UseG1GC} \
     -Dlog4j2.configurationFile="$here/kafka/log4j2.yaml" \
     -cp "$libs/*" kafka.Kafka "$kdir/server-$port.properties" \
     >"$kdir/kafka-$port.log" 2>&1 &
