@@ -432,9 +432,12 @@ def test_a_batch_line_for_a_model_outside_the_keys_list_fails_as_not_found(
 
 def test_the_audit_topic_records_keys_failures_and_rejections(replicas: Replicas) -> None:
     key_id, secret = replicas.key("--rpm", "1")
+    asked: list[tuple[float, float]] = []  # when each request went out and was answered
     for _ in range(3):
+        asked.append((time.monotonic(), 0.0))
         httpx.post(f"{replicas.urls[0]}/v1/completions", json=body(), timeout=120,
                    headers={"Authorization": f"Bearer {secret}"})
+        asked[-1] = (asked[-1][0], time.monotonic())
     replicas.p.cli("keys", "revoke", key_id)
     httpx.get(f"{replicas.urls[1]}/v1/models", headers={"Authorization": f"Bearer {secret}"})
     httpx.get(f"{replicas.urls[1]}/v1/models", headers={"Authorization": "Bearer cvy-nope"})
@@ -445,7 +448,13 @@ def test_the_audit_topic_records_keys_failures_and_rejections(replicas: Replicas
     mine = [(e["action"], e["reason"]) for e in events if e["key_id"] == key_id]
     actions = [a for a, _ in mine]
     assert actions.count("key.created") == 1 and actions.count("key.revoked") == 1
-    assert actions.count("limit.rejected") == 1  # the second rejection is held back
+    # the third request's rejection is held back when it came within a second of the
+    # second's (on a loaded machine the two may be further apart: then both are written)
+    rejected = actions.count("limit.rejected")
+    if asked[2][1] - asked[1][0] < 1.0:
+        assert rejected == 1, mine
+    else:
+        assert rejected in (1, 2), (mine, asked)
     assert ("auth.failed", "revoked") in mine
     unknown = [e for e in events if e["action"] == "auth.failed" and e["reason"] == "unknown"]
     assert unknown and all(len(e["hash_prefix"]) == 12 and not e["key_id"] for e in unknown)
