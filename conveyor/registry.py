@@ -31,7 +31,8 @@ from typing import IO, Literal, get_args
 
 from conveyor.errors import ConveyorError, ModelNotFound
 
-__all__ = ["ModelSpec", "Precision", "Registry", "locate_gguf", "model_cache", "precise_gguf"]
+__all__ = ["ModelSpec", "Precision", "Registry", "file_digest", "locate_gguf", "model_cache",
+           "precise_gguf"]
 
 Precision = Literal["source", "q8_0", "f16", "f32"]
 
@@ -108,7 +109,7 @@ def precise_gguf(source: Path, precision: Precision, prefix: str = "model",
     if precision == "source":
         return source
     target_dir = cache or model_cache()
-    target = target_dir / f"{prefix}-{_digest(source)}.{precision}.gguf"
+    target = target_dir / f"{prefix}-{file_digest(source)}.{precision}.gguf"
     if target.exists():
         return target
     target_dir.mkdir(parents=True, exist_ok=True)
@@ -121,7 +122,8 @@ def precise_gguf(source: Path, precision: Precision, prefix: str = "model",
     return target
 
 
-def _digest(path: Path) -> str:
+def file_digest(path: Path) -> str:
+    """The first 12 hex digits of the file's sha256: what converted files are keyed on."""
     sha = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import fcntl
-import hashlib
 import os
 import shutil
 import sys
@@ -45,38 +44,21 @@ import time
 from pathlib import Path
 
 from conveyor.errors import ConveyorError
-from conveyor.registry import ModelSpec, Registry
+from conveyor.registry import ModelSpec, Registry, file_digest, model_cache
 
-__all__ = ["default_cache", "prepare", "prepare_in_child", "weights_dir"]
+__all__ = ["prepare", "prepare_in_child", "weights_dir"]
 
 _DONE = ".conveyor-converted"  # written last: the directory is whole
 
 
-def default_cache() -> Path:
-    """Where converted models are kept (see the module notes)."""
-    explicit = os.environ.get("CONVEYOR_MODEL_CACHE")
-    if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "conveyor" / "models"
-
-
-def _digest(path: Path) -> str:
-    sha = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            sha.update(block)
-    return sha.hexdigest()[:12]
-
-
 def weights_dir(spec: ModelSpec, cache: Path) -> Path:
     """The directory ``spec``'s converted weights live in (whether or not yet)."""
-    return cache / f"{spec.name}-{_digest(spec.source_gguf_path())}"
+    return cache / f"{spec.name}-{file_digest(spec.source_gguf_path())}"
 
 
 def prepare(spec: ModelSpec, cache: Path | None = None) -> Path:
     """``spec``'s weights for vLLM, converted from its GGUF file unless present."""
-    target = weights_dir(spec, cache or default_cache())
+    target = weights_dir(spec, cache or model_cache())
     if (target / _DONE).exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -116,7 +98,7 @@ async def prepare_in_child(spec: ModelSpec, models_file: Path | None,
                            cache: Path | None = None) -> Path:
     """:func:`prepare` in a child process (its memory is returned when it ends);
     a model already converted is found here without one."""
-    where = cache or default_cache()
+    where = cache or model_cache()
     target = await asyncio.to_thread(weights_dir, spec, where)
     if (target / _DONE).exists():
         return target
