@@ -1,56 +1,87 @@
-"""An engine that decodes several sequences together in one llama.cpp context (CPU).
+"""An engine that decodes its sequences together in batched llama.cpp contexts (CPU).
 
 Where :mod:`workers.infer.engines.llamacpp` gives every request a context of
-its own, this engine keeps one context with ``n_seq_max = capacity``
-sequences and advances all of them with a single ``llama_decode`` per step.
+its own, this engine keeps a few contexts (``contexts``, default 2), each
+with its share of the ``sequences`` and a thread of its own, and advances all
+the sequences of a context with a single ``llama_decode`` per step.
 
 Decisions:
 
-* **One thread owns llama.cpp.** Loading, tokenizing, every decode and
-  sampling, and freeing run on one dedicated thread (a one-worker executor).
-  Its loop sleeps while nothing runs; a step takes the sequences that joined
+* **A few batched contexts, one thread each.** The weights are loaded once
+  and mmapped; every context is made from the same model, so a context adds
+  only its KV cache and its compute buffers (see *Memory* below) and a
+  thread. One context of one thread used one core of two: 16.3 tokens/s at
+  one stream against 22.8 for ``LlamaCppEngine``'s two contexts, 26.5 at four
+  streams against 20.2. Two threads in one context collapsed whenever other
+  work ran (4 tokens/s instead of 37: llama.cpp's threads wait for each
+  other at every operation); two contexts of one thread do not depend on
+  each other. ``n_threads`` is per context, as in ``LlamaCppEngine``.
+* **Each context's thread owns it.** Making the context, every decode and
+  sampling, and freeing run on the context's one thread (a one-worker
+  executor); the model itself is loaded and closed on the first context's.
+  The loop sleeps while nothing runs; a step takes the sequences that joined
   since the last one, drops the cancelled, decodes, samples and streams the
   pieces back with ``loop.call_soon_threadsafe`` into each request's
   ``asyncio.Queue``. Sequences join and leave between steps, so closing a
-  generator frees its sequence within one step.
-* **A step is one batch.** Every running sequence puts its last sampled token
-  in; a sequence still reading its prompt puts in a chunk of it, at most
-  ``prefill_chunk`` prompt tokens per step over all of them, so a long prompt
-  delays the running streams by one chunk's evaluation a step, not its whole
-  length. Only the last prompt token asks for logits.
-* **One cache for all, a bound for each.** The KV cache is unified: the
-  context holds ``capacity x n_ctx`` cells, and the engine keeps every
+  generator frees its sequence within one step. Prompts are tokenized on the
+  event loop (the vocabulary is read-only, as llama.cpp's server tokenizes
+  beside its decoding), so that the engine can route them.
+* **Routing.** A new sequence goes to a context with room: to the least busy
+  (fewest running sequences), among equally busy ones to the one whose free
+  slots hold the longest prefix of its prompt tokens; a busier context wins
+  it only when the prefix it holds is longer by ``prefill_chunk`` tokens or
+  more. A shorter difference saves part of one step's prompt chunk, while
+  one more sequence in the busier context slows its every step for the whole
+  answer: a shared system prompt, which every slot soon holds, would
+  otherwise pile every stream into the context that served it first and
+  leave the other core idle. The contexts' slots are read from the event
+  loop while their threads work, so the route is a hint; the context's
+  thread then picks its slot from what it really holds.
+* **A step is one batch.** Every running sequence of a context puts its last
+  sampled token in; a sequence still reading its prompt puts in a chunk of
+  it, at most ``prefill_chunk`` prompt tokens per step and context, so a
+  long prompt delays the running streams by one chunk's evaluation a step,
+  not its whole length. Only the last prompt token asks for logits.
+* **One cache per context, a bound for each sequence.** A context's KV cache
+  is unified: it holds ``share x n_ctx`` cells, and the engine keeps every
   sequence (with what its slot keeps cached) within ``n_ctx`` positions, so
   the cache never runs out; a prompt of ``n_ctx`` tokens or more is refused
   with an :class:`~conveyor.errors.EngineError`, and an answer that reaches
   ``n_ctx`` ends with ``length``. Not one cache per sequence: llama.cpp then
   splits every step into one batch per sequence, and 8 streams made 28
   tokens/s in all against 60 for one stream alone.
+* **Memory.** The cells of all contexts together are ``sequences x n_ctx``
+  whatever the split (SmolLM2-135M: 22.5 KiB a cell in f16, 30 layers of
+  3 x 64 keys and values), so a second context adds no KV cache; it adds
+  its compute buffers, sized by its batch (``prefill_chunk`` plus its
+  share) and its cells (measured: see the benchmark notes in the README).
 * **Prefix reuse.** A finished sequence's positions stay in its slot's cache.
-  A new sequence takes the free slot whose cached tokens share the longest
-  prefix with its own prompt tokens, keeps those positions (removing the
-  rest with ``llama_memory_seq_rm``) and evaluates only the remainder; at
-  least the prompt's last token is always evaluated, for its logits. What is
-  reused is exactly that: the longest common token prefix with what the slot
-  last held (the previous prompt and the answer tokens that were decoded),
-  never positions copied from another slot. ``reused_tokens`` counts them,
-  and the last piece reports them as ``cached_tokens``.
+  A new sequence takes the free slot of its context whose cached tokens
+  share the longest prefix with its own prompt tokens, keeps those positions
+  (removing the rest with ``llama_memory_seq_rm``) and evaluates only the
+  remainder; at least the prompt's last token is always evaluated, for its
+  logits. What is reused is exactly that: the longest common token prefix
+  with what the slot last held (the previous prompt and the answer tokens
+  that were decoded), never positions copied from another slot or context.
+  ``reused_tokens`` counts them, and the last piece reports them as
+  ``cached_tokens``.
 * **Temperature 0 means the same answer.** Measured on SmolLM2-135M: a greedy
-  answer is the same alone, beside other streams, and with or without its
-  prefix reused (tests/unit/workers/infer/engines/test_llamacpp_batch.py
-  asks one question 20 times beside other streams). A request with a
-  ``seed`` still evaluates its prompt afresh, as
-  :mod:`~workers.infer.engines.llamacpp` does, but **a seeded sample at a
-  temperature gives up bit-for-bit repetition here**: every sequence's cells
-  share one KV cache, where they lie depends on what else is in it (running
-  sequences, the prefixes free slots keep), and flash attention's sums over
-  the cache round a little differently with that layout. Sampling turns the
-  smallest difference in the logits into another token now and then:
-  measured, a seeded question asked 12 times beside 0-3 other streams got
-  one answer 11 times and another once, while greedy got one answer 12
-  times. ``reproducible_seeds`` is False, and a seeded request that must
-  repeat belongs on :class:`~workers.infer.engines.llamacpp.LlamaCppEngine`
-  (a context per sequence) or vLLM.
+  answer is the same alone, beside other streams, in either context, and with
+  or without its prefix reused
+  (tests/unit/workers/infer/engines/test_llamacpp_batch.py asks one question
+  20 times beside other streams). A request with a ``seed`` still evaluates
+  its prompt afresh, as :mod:`~workers.infer.engines.llamacpp` does, but **a
+  seeded sample at a temperature gives up bit-for-bit repetition here**:
+  a context's sequences share one KV cache, where their cells lie depends on
+  what else is in it (running sequences, the prefixes free slots keep), and
+  flash attention's sums over the cache round a little differently with that
+  layout. Sampling turns the smallest difference in the logits into another
+  token now and then: measured, a seeded question asked 12 times beside 0-3
+  other streams got one answer 11 times and another once, while greedy got
+  one answer 12 times. ``reproducible_seeds`` is False, and a seeded request
+  that must repeat belongs on
+  :class:`~workers.infer.engines.llamacpp.LlamaCppEngine` (a context per
+  sequence) or vLLM.
 * **Flash attention as llama.cpp chooses it** ("auto": on, on a CPU). With it
   off, 8 greedy streams of SmolLM2 made 5 tokens/s in all instead of 65 on
   two threads. The arithmetic differs from
@@ -133,7 +164,7 @@ class _Text:
 
 @dataclass(eq=False)
 class _Slot:
-    """A sequence id of the context and the tokens its cache holds, by position."""
+    """A sequence id of a context and the tokens its cache holds, by position."""
 
     seq_id: int
     cached: list[int] = field(default_factory=list)
@@ -145,12 +176,11 @@ class _Sequence:
     """One generation, from the asyncio side's hand-off to its last piece."""
 
     request: GenerationRequest
-    prompt: str
+    prompt_tokens: list[int]
     emit: Callable[[_Item], None]
     cancelled: bool = False
-    # from here on, touched only on the engine thread
+    # from here on, touched only on its context's thread
     slot: _Slot | None = None
-    prompt_tokens: list[int] = field(default_factory=list)
     fed: int = 0  # prompt tokens in the cache
     reused: int = 0
     next_token: int = -1  # sampled, not yet decoded
@@ -163,171 +193,89 @@ class _Sequence:
         self.text = _Text(self.request.stop)
 
 
-class LlamaCppBatchEngine:
-    """Serves ``sequences`` generations at once, decoded together in one context."""
+class _Context:
+    """One batched llama.cpp context, its share of the sequences, and the one
+    thread that touches it."""
 
-    def __init__(
-        self,
-        model_path: Path,
-        sequences: int = 8,
-        n_ctx: int = 2048,
-        n_threads: int = 1,
-        prefill_chunk: int = 128,
-        name: str = "llamacpp-batch",
-    ) -> None:
-        if sequences < 1:
-            raise ValueError("sequences must be at least 1")
-        self.name = name
-        self.capacity = sequences
-        self.reproducible_seeds = False  # see the module notes
-        self.model_path = Path(model_path)
+    def __init__(self, llm: Llama, executor: ThreadPoolExecutor, share: int, n_ctx: int,
+                 n_threads: int, prefill_chunk: int) -> None:
+        self.llm = llm
+        self.executor = executor
+        self.share = share
         self.n_ctx = n_ctx
         self.n_threads = n_threads
-        self.prefill_chunk = max(1, prefill_chunk)
+        self.prefill_chunk = prefill_chunk
+        self.assigned = 0  # routed here and not yet ended (event loop only)
         self.reused_tokens = 0  # prompt tokens taken from the cache instead of evaluated
         self.prompt_tokens = 0  # prompt tokens of every sequence so far (reused or not)
-        self._executor: ThreadPoolExecutor | None = None
-        self._loop_done: asyncio.Future[None] | None = None
-        self._slots_free: asyncio.Semaphore | None = None
+        self.loop_done: asyncio.Future[None] | None = None
         self._wake = threading.Condition()
         self._inbox: list[_Sequence] = []
         self._stopping = False
-        # engine-thread state
-        self._llm: Llama | None = None
+        # thread state
         self._ctx: Any = None
         self._batch: Any = None
         self._vocab: Any = None
-        self._slots: list[_Slot] = []
+        self.slots: list[_Slot] = []
         self._active: list[_Sequence] = []
-        self._chat: Jinja2ChatFormatter | None = None
-
-    @classmethod
-    def from_spec(cls, spec: ModelSpec, sequences: int = 8, n_threads: int = 1,
-                  n_ctx: int | None = None) -> LlamaCppBatchEngine:
-        """An engine for a registry model: its GGUF file and context length."""
-        return cls(spec.gguf_path(), sequences=sequences, n_ctx=n_ctx or spec.context_length,
-                   n_threads=n_threads)
 
     # -- the asyncio side ---------------------------------------------------------
 
-    async def start(self) -> None:
-        if self._executor is not None:
-            return
-        loop = asyncio.get_running_loop()
-        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.name)
-        try:
-            await loop.run_in_executor(executor, self._load)
-        except Exception as exc:
-            await loop.run_in_executor(executor, self._free_model)
-            executor.shutdown(wait=False)
-            raise EngineError(f"cannot load {self.model_path}: {exc}") from exc
-        self._executor = executor
-        self._stopping = False
-        self._slots_free = asyncio.Semaphore(self.capacity)
-        self._loop_done = asyncio.wrap_future(executor.submit(self._run_loop))
+    def run(self) -> None:
+        self.loop_done = asyncio.wrap_future(self.executor.submit(self._run_loop))
 
-    async def generate(self, request: GenerationRequest) -> AsyncGenerator[Piece, None]:
-        """Stream one answer, decoded beside the others (see the module notes)."""
-        slots_free = self._slots_free
-        if slots_free is None:
-            raise EngineError(f"engine {self.name} is not started")
-        prompt = self._prompt(request)
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[_Item] = asyncio.Queue()
+    def submit(self, sequence: _Sequence) -> None:
+        with self._wake:
+            if self._stopping:
+                raise EngineError("the generation was cancelled: the engine closed")
+            self._inbox.append(sequence)
+            self._wake.notify()
 
-        def emit(item: _Item) -> None:
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, item)
-            except RuntimeError:  # the loop is closed: nobody is listening
-                sequence.cancelled = True
-
-        sequence = _Sequence(request, prompt, emit)
-        await slots_free.acquire()
-        try:
-            with self._wake:
-                self._inbox.append(sequence)
-                self._wake.notify()
-            while True:
-                item = await queue.get()
-                if isinstance(item, EngineError):
-                    raise item
-                if isinstance(item, BaseException):
-                    raise EngineError(f"llama.cpp failed: {item}") from item
-                yield item
-                if item.finish_reason is not None:
-                    return
-        finally:
-            sequence.cancelled = True
-            slots_free.release()
-
-    def _prompt(self, request: GenerationRequest) -> str:
-        if request.prompt_text is not None or request.kind == "completion":
-            return (request.prompt_text or "") + request.continuation
-        if self._chat is None:
-            raise EngineError(f"{self.model_path.name} has no chat template")
-        messages = [{"role": m["role"], "content": m["content"]} for m in request.messages]
-        return self._chat(messages=cast(Any, messages)).prompt + request.continuation
-
-    def kv_state(self) -> KvState | None:
-        """The context's cells (a block is one token here): what running sequences
-        hold, and the prefixes free slots keep for reuse. Read from the event loop
-        while the engine thread works, so a heartbeat may be a step behind."""
-        if not self._slots:
-            return None
-        total = self.capacity * self.n_ctx
-        used = sum(len(slot.cached) for slot in self._slots if slot.busy)
-        kept = sum(len(slot.cached) for slot in self._slots if not slot.busy)
-        return KvState(usage=used / total, total_blocks=total, free_blocks=total - used,
-                       cached_blocks=kept, block_tokens=1, prefix_queries=self.prompt_tokens,
-                       prefix_hits=self.reused_tokens)
-
-    async def close(self) -> None:
-        """Cancel what runs, stop the thread, free the context and the model."""
-        executor, done = self._executor, self._loop_done
-        if executor is None or done is None:
-            return
+    def stop(self) -> None:
+        """Cancel what runs and end the loop after its step."""
         with self._wake:
             self._stopping = True
             for sequence in self._inbox + self._active:
                 sequence.cancelled = True
             self._wake.notify()
-        await done
-        await asyncio.get_running_loop().run_in_executor(executor, self._free_model)
-        executor.shutdown(wait=True)
-        self._executor = self._loop_done = self._slots_free = None
 
-    # -- the engine thread: loading and freeing ---------------------------------------
+    def reusable(self, tokens: list[int]) -> int:
+        """The longest prefix of ``tokens`` a free slot holds: read while the thread
+        works, so a hint for routing (the thread picks the slot)."""
+        held = max((_common(s.cached, tokens) for s in self.slots if not s.busy), default=0)
+        return min(held, len(tokens) - 1)
 
-    def _load(self) -> None:
-        # The Llama object owns the weights and the tokenizer; its own context is
-        # a small idle one. The batched context is made from the same weights.
-        llm = self._llm = Llama(model_path=str(self.model_path), n_ctx=64, n_batch=64,
-                                n_threads=1, verbose=False)
+    def cells(self) -> tuple[int, int]:
+        """Cells that running sequences hold, and that free slots keep."""
+        used = sum(len(slot.cached) for slot in self.slots if slot.busy)
+        kept = sum(len(slot.cached) for slot in self.slots if not slot.busy)
+        return used, kept
+
+    # -- the thread: making and freeing -----------------------------------------------
+
+    def load(self) -> None:
         params = llama_cpp.llama_context_default_params()
-        params.n_ctx = self.n_ctx * self.capacity
-        params.n_batch = params.n_ubatch = self.prefill_chunk + self.capacity
-        params.n_seq_max = self.capacity
+        params.n_ctx = self.n_ctx * self.share
+        params.n_batch = params.n_ubatch = self.prefill_chunk + self.share
+        params.n_seq_max = self.share
         params.n_threads = params.n_threads_batch = self.n_threads
         params.kv_unified = True  # see the module notes
         params.no_perf = True
-        self._ctx = llama_cpp.llama_init_from_model(llm.model, params)
+        self._ctx = llama_cpp.llama_init_from_model(self.llm.model, params)
         if not self._ctx:
             raise EngineError("llama.cpp could not make a context")
         self._batch = llama_cpp.llama_batch_init(params.n_batch, 0, 1)
-        self._vocab = llama_cpp.llama_model_get_vocab(llm.model)
-        self._slots = [_Slot(i) for i in range(self.capacity)]
-        self._chat = _chat_formatter(llm)
+        self._vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
+        self.slots = [_Slot(i) for i in range(self.share)]
 
-    def _free_model(self) -> None:
+    def free(self) -> None:
         if self._batch is not None:
             llama_cpp.llama_batch_free(self._batch)
         if self._ctx:
             llama_cpp.llama_free(self._ctx)
-        if self._llm is not None:
-            self._llm.close()
-        self._batch = self._ctx = self._llm = None
+        self._batch = self._ctx = None
 
-    # -- the engine thread: the loop --------------------------------------------------
+    # -- the thread: the loop ---------------------------------------------------------
 
     def _run_loop(self) -> None:
         while True:
@@ -339,7 +287,7 @@ class LlamaCppBatchEngine:
             for sequence in [s for s in self._active if s.cancelled]:
                 self._leave(sequence, EngineError("the generation was cancelled"))
             with self._wake:
-                free = self.capacity - len(self._active)
+                free = self.share - len(self._active)
                 joining, self._inbox = self._inbox[:free], self._inbox[free:]
             for sequence in joining:
                 self._join(sequence)
@@ -362,16 +310,10 @@ class LlamaCppBatchEngine:
     def _join(self, sequence: _Sequence) -> None:
         if sequence.cancelled:
             return
+        request, tokens = sequence.request, sequence.prompt_tokens
         try:
-            llm, request = cast(Llama, self._llm), sequence.request
-            prompt = _prompt_or_bos(llm, sequence.prompt)
-            tokens = (prompt if isinstance(prompt, list)
-                      else llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=True))
-            if len(tokens) >= self.n_ctx:
-                raise EngineError(f"the prompt's {len(tokens)} tokens do not fit the context "
-                                  f"window of {self.n_ctx} tokens a sequence has")
             reuse = request.seed is None
-            slot = max((s for s in self._slots if not s.busy),
+            slot = max((s for s in self.slots if not s.busy),
                        key=lambda s: _common(s.cached, tokens) if reuse else -len(s.cached))
             kept = min(_common(slot.cached, tokens), len(tokens) - 1) if reuse else 0
             memory = llama_cpp.llama_get_memory(self._ctx)
@@ -384,7 +326,7 @@ class LlamaCppBatchEngine:
             sequence.emit(exc)
             return
         slot.busy = True
-        sequence.slot, sequence.prompt_tokens = slot, tokens
+        sequence.slot = slot
         sequence.fed = sequence.reused = kept
         self.reused_tokens += kept
         self.prompt_tokens += len(tokens)
@@ -476,7 +418,7 @@ class LlamaCppBatchEngine:
 
     def _drop_free_caches(self) -> None:
         memory = llama_cpp.llama_get_memory(self._ctx)
-        for slot in self._slots:
+        for slot in self.slots:
             if not slot.busy and slot.cached:
                 llama_cpp.llama_memory_seq_rm(memory, slot.seq_id, -1, -1)
                 slot.cached.clear()
@@ -488,6 +430,196 @@ class LlamaCppBatchEngine:
             buffer = ctypes.create_string_buffer(-n)
             n = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, -n, 0, False)
         return buffer.raw[:max(0, n)]
+
+
+class LlamaCppBatchEngine:
+    """Serves ``sequences`` generations at once, decoded together in ``contexts``
+    batched contexts of ``n_threads`` threads each."""
+
+    def __init__(
+        self,
+        model_path: Path,
+        sequences: int = 8,
+        contexts: int = 2,
+        n_ctx: int = 2048,
+        n_threads: int = 1,
+        prefill_chunk: int = 128,
+        name: str = "llamacpp-batch",
+    ) -> None:
+        if sequences < 1 or contexts < 1:
+            raise ValueError("sequences and contexts must be at least 1")
+        self.name = name
+        self.capacity = sequences
+        self.contexts = min(contexts, sequences)  # a context holds one sequence at least
+        self.reproducible_seeds = False  # see the module notes
+        self.model_path = Path(model_path)
+        self.n_ctx = n_ctx
+        self.n_threads = n_threads
+        self.prefill_chunk = max(1, prefill_chunk)
+        self._llm: Llama | None = None
+        self._chat: Jinja2ChatFormatter | None = None
+        self._contexts: list[_Context] = []
+        self._slots_free: asyncio.Semaphore | None = None
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec, sequences: int = 8, contexts: int = 2,
+                  n_threads: int = 1, n_ctx: int | None = None) -> LlamaCppBatchEngine:
+        """An engine for a registry model: its GGUF file and context length."""
+        return cls(spec.gguf_path(), sequences=sequences, contexts=contexts,
+                   n_ctx=n_ctx or spec.context_length, n_threads=n_threads)
+
+    @property
+    def reused_tokens(self) -> int:
+        """Prompt tokens taken from the caches instead of evaluated, so far."""
+        return sum(c.reused_tokens for c in self._contexts)
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Prompt tokens of every sequence so far, reused or not."""
+        return sum(c.prompt_tokens for c in self._contexts)
+
+    async def start(self) -> None:
+        if self._contexts:
+            return
+        loop = asyncio.get_running_loop()
+        executors = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.name}-{i}")
+                     for i in range(self.contexts)]
+        contexts: list[_Context] = []
+        try:
+            llm = self._llm = await loop.run_in_executor(executors[0], self._load_model)
+            self._chat = _chat_formatter(llm)
+            shares = _shares(self.capacity, self.contexts)
+            for executor, share in zip(executors, shares, strict=True):
+                context = _Context(llm, executor, share, self.n_ctx, self.n_threads,
+                                   self.prefill_chunk)
+                contexts.append(context)
+                await loop.run_in_executor(executor, context.load)
+        except Exception as exc:
+            await self._free(executors, contexts)
+            raise EngineError(f"cannot load {self.model_path}: {exc}") from exc
+        self._contexts = contexts
+        self._slots_free = asyncio.Semaphore(self.capacity)
+        for context in contexts:
+            context.run()
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[Piece, None]:
+        """Stream one answer, decoded beside the others (see the module notes)."""
+        slots_free = self._slots_free
+        if slots_free is None:
+            raise EngineError(f"engine {self.name} is not started")
+        tokens = self._tokens(self._prompt(request))
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[_Item] = asyncio.Queue()
+
+        def emit(item: _Item) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the loop is closed: nobody is listening
+                sequence.cancelled = True
+
+        sequence = _Sequence(request, tokens, emit)
+        await slots_free.acquire()
+        try:
+            context = self._route(tokens, reuse=request.seed is None)
+        except EngineError:
+            slots_free.release()
+            raise
+        context.assigned += 1
+        try:
+            context.submit(sequence)
+            while True:
+                item = await queue.get()
+                if isinstance(item, EngineError):
+                    raise item
+                if isinstance(item, BaseException):
+                    raise EngineError(f"llama.cpp failed: {item}") from item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            sequence.cancelled = True
+            context.assigned -= 1
+            slots_free.release()
+
+    def _prompt(self, request: GenerationRequest) -> str:
+        if request.prompt_text is not None or request.kind == "completion":
+            return (request.prompt_text or "") + request.continuation
+        if self._chat is None:
+            raise EngineError(f"{self.model_path.name} has no chat template")
+        messages = [{"role": m["role"], "content": m["content"]} for m in request.messages]
+        return self._chat(messages=cast(Any, messages)).prompt + request.continuation
+
+    def _tokens(self, prompt: str) -> list[int]:
+        llm = cast(Llama, self._llm)
+        try:
+            given = _prompt_or_bos(llm, prompt)
+            tokens = (given if isinstance(given, list)
+                      else llm.tokenize(given.encode("utf-8"), add_bos=True, special=True))
+        except Exception as exc:
+            raise EngineError(f"llama.cpp could not tokenize the prompt: {exc}") from exc
+        if len(tokens) >= self.n_ctx:
+            raise EngineError(f"the prompt's {len(tokens)} tokens do not fit the context "
+                              f"window of {self.n_ctx} tokens a sequence has")
+        return tokens
+
+    def _route(self, tokens: list[int], reuse: bool) -> _Context:
+        """The context a new sequence joins (see the module notes)."""
+        room = [c for c in self._contexts if c.assigned < c.share]
+        if not room:  # the engine closed while the request waited
+            raise EngineError(f"engine {self.name} is not started")
+        gains = {c: c.reusable(tokens) if reuse else 0 for c in room}
+        least = min(c.assigned for c in room)
+        idle = max((c for c in room if c.assigned == least), key=lambda c: gains[c])
+        held = max(room, key=lambda c: (gains[c], -c.assigned))
+        return held if gains[held] - gains[idle] >= self.prefill_chunk else idle
+
+    def kv_state(self) -> KvState | None:
+        """All contexts' cells (a block is one token here): what running sequences
+        hold, and the prefixes free slots keep for reuse. Read from the event loop
+        while the threads work, so a heartbeat may be a step behind."""
+        if not self._contexts:
+            return None
+        total = self.capacity * self.n_ctx
+        cells = [c.cells() for c in self._contexts]
+        used, kept = sum(u for u, _ in cells), sum(k for _, k in cells)
+        return KvState(usage=used / total, total_blocks=total, free_blocks=total - used,
+                       cached_blocks=kept, block_tokens=1, prefix_queries=self.prompt_tokens,
+                       prefix_hits=self.reused_tokens)
+
+    async def close(self) -> None:
+        """Cancel what runs, stop the threads, free the contexts and the model."""
+        contexts = self._contexts
+        if not contexts:
+            return
+        for context in contexts:
+            context.stop()
+        await asyncio.gather(*(cast(asyncio.Future[None], c.loop_done) for c in contexts),
+                             return_exceptions=True)
+        await self._free([c.executor for c in contexts], contexts)
+        self._contexts = []
+        self._slots_free = None
+
+    def _load_model(self) -> Llama:
+        # The Llama object owns the weights and the tokenizer; its own context is
+        # a small idle one. The batched contexts are made from the same weights.
+        return Llama(model_path=str(self.model_path), n_ctx=64, n_batch=64, n_threads=1,
+                     verbose=False)
+
+    async def _free(self, executors: list[ThreadPoolExecutor], contexts: list[_Context]) -> None:
+        """Every context freed on its thread, then the model on the first's."""
+        loop = asyncio.get_running_loop()
+        for context in contexts:
+            await loop.run_in_executor(context.executor, context.free)
+        if self._llm is not None:
+            await loop.run_in_executor(executors[0], self._llm.close)
+        self._llm = self._chat = None
+        for executor in executors:
+            executor.shutdown(wait=True)
+
+
+def _shares(sequences: int, contexts: int) -> list[int]:
+    """``sequences`` dealt out over ``contexts``, the first ones taking the rest."""
+    return [sequences // contexts + (i < sequences % contexts) for i in range(contexts)]
 
 
 def _common(cached: list[int], tokens: list[int]) -> int:

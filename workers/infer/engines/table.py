@@ -114,9 +114,14 @@ def _llamacpp(args: argparse.Namespace, registry: Registry) -> Engine:
 
 
 def _llamacpp_batch_flags(flags: EngineFlags) -> None:
+    # --contexts stays what it is for every engine, the requests served at once;
+    # the batched contexts they are dealt out over are --batches
     flags.add("--contexts", **_CONTEXTS,
-              help="sequences decoded together in one llama.cpp context")
-    flags.add("--threads", type=_positive_int, default=1, help="threads of the one context")
+              help="sequences served at once, dealt out over the --batches contexts")
+    flags.add("--batches", type=_positive_int, default=2, metavar="N",
+              help="batched llama.cpp contexts, each with a thread of its own and its "
+                   "share of the sequences decoded together")
+    flags.add("--threads", type=_positive_int, default=1, help="threads per context")
     flags.add("--max-model-len", type=_positive_int, default=None, metavar="TOKENS",
               help="each sequence's prompt and answer together (default: the model's "
                    "context length)")
@@ -129,7 +134,8 @@ def _llamacpp_batch(args: argparse.Namespace, registry: Registry) -> Engine:
     if not models:
         raise EngineSetupError(f"no model with a gguf file in pool {args.pool!r}")
     return LlamaCppBatchEngine.from_spec(models[0], sequences=args.contexts,
-                                         n_threads=args.threads, n_ctx=args.max_model_len)
+                                         contexts=args.batches, n_threads=args.threads,
+                                         n_ctx=args.max_model_len)
 
 
 def _openai_flags(flags: EngineFlags) -> None:
@@ -217,7 +223,7 @@ ENGINES: tuple[EngineEntry, ...] = (
     EngineEntry("llamacpp", "a GGUF model in this process, on the CPU (llama-cpp-python)",
                 _llamacpp_flags, _llamacpp),
     EngineEntry("llamacpp-batch", "a GGUF model in this process, on the CPU, its sequences "
-                "decoded together in one context (llama-cpp-python)",
+                "decoded together in a few batched contexts (llama-cpp-python)",
                 _llamacpp_batch_flags, _llamacpp_batch),
     EngineEntry("openai", "an OpenAI-compatible HTTP upstream (vLLM, SGLang, llama.cpp's "
                 "server)", _openai_flags, _openai),

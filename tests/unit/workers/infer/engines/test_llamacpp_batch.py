@@ -1,23 +1,27 @@
 """LlamaCppBatchEngine with the real SmolLM2-135M GGUF from the registry (CPU):
-sequences decoded together, their slots freed on cancel, prefix reuse, and
-greedy answers that do not depend on what runs beside them. Answers are kept
-short: the whole module runs in well under a minute on two cores."""
+sequences decoded together in two contexts, routed between them, their slots
+freed on cancel, prefix reuse, and greedy answers that do not depend on what
+runs beside them nor on the context. Answers are kept short: the whole module
+runs in well under a minute on two cores."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import random
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from conveyor.errors import EngineError
 from conveyor.registry import Registry
 from workers.infer.engines.base import GenerationRequest, Piece
-from workers.infer.engines.llamacpp_batch import LlamaCppBatchEngine, _Text
+from workers.infer.engines.llamacpp_batch import LlamaCppBatchEngine, _Context, _shares, _Text
+from workers.infer.engines.table import add_engine_flags, engine_named
 
 SEQUENCES = 4
 
@@ -83,6 +87,62 @@ def test_text_that_may_begin_a_stop_string_is_held_back() -> None:
     assert _Text(("END",)).push(b"zz") == ("zz", False)
 
 
+# -- contexts and routing, no model -------------------------------------------------------
+
+
+def test_the_sequences_are_dealt_out_over_the_contexts() -> None:
+    assert _shares(16, 2) == [8, 8] and _shares(5, 2) == [3, 2] and _shares(4, 1) == [4]
+    engine = LlamaCppBatchEngine(Path("model.gguf"), sequences=1, contexts=2)
+    assert (engine.capacity, engine.contexts) == (1, 1)  # a context holds one at least
+
+
+def test_the_table_reads_sequences_from_contexts_and_contexts_from_batches() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--pool", default="cpu")
+    add_engine_flags(parser)
+    registry = Registry.load(Path("conveyor/models.toml"))
+    made = engine_named("llamacpp-batch").make(
+        parser.parse_args(["--contexts", "16", "--batches", "3", "--threads", "2"]), registry)
+    default = engine_named("llamacpp-batch").make(parser.parse_args([]), registry)
+
+    assert isinstance(made, LlamaCppBatchEngine) and isinstance(default, LlamaCppBatchEngine)
+    assert (made.capacity, made.contexts, made.n_threads) == (16, 3, 2)
+    assert (default.capacity, default.contexts, default.n_threads) == (2, 2, 1)
+
+
+@dataclass(eq=False)
+class _Held:
+    """What routing reads of a context: its room, its load and the prefix it holds."""
+
+    share: int
+    assigned: int
+    prefix: int
+
+    def reusable(self, tokens: list[int]) -> int:
+        return self.prefix
+
+
+def route(held: list[_Held], reuse: bool = True) -> int:
+    engine = LlamaCppBatchEngine(Path("model.gguf"), sequences=16, contexts=len(held),
+                                 prefill_chunk=128)
+    engine._contexts = cast(list[_Context], held)
+    return held.index(cast(_Held, engine._route([1] * 400, reuse=reuse)))
+
+
+def test_a_sequence_goes_to_the_least_busy_context_the_longer_prefix_breaking_ties() -> None:
+    assert route([_Held(8, 1, 0), _Held(8, 0, 0)]) == 1
+    assert route([_Held(8, 1, 30), _Held(8, 0, 0)]) == 1  # a shared system prompt
+    assert route([_Held(8, 0, 30), _Held(8, 0, 37)]) == 1
+    assert route([_Held(8, 0, 37), _Held(8, 0, 30)], reuse=False) == 0
+
+
+def test_a_busier_context_wins_a_sequence_by_a_prefix_a_chunk_longer() -> None:
+    assert route([_Held(8, 3, 300), _Held(8, 0, 100)]) == 0
+    assert route([_Held(8, 3, 227), _Held(8, 0, 100)]) == 1
+    assert route([_Held(8, 8, 300), _Held(8, 0, 0)]) == 1  # no room there
+    assert route([_Held(8, 3, 300), _Held(8, 0, 0)], reuse=False) == 1
+
+
 # -- the engine -----------------------------------------------------------------------
 
 
@@ -115,6 +175,16 @@ async def test_sequences_decoded_together_answer_as_they_do_alone(
 
     assert together == alone
     assert engine.reused_tokens > started  # each slot held a prompt like its next one
+
+
+async def test_streams_are_spread_over_the_contexts_and_answer_alike(
+        engine: LlamaCppBatchEngine) -> None:
+    before = [c.prompt_tokens for c in engine._contexts]
+    answers = await asyncio.gather(*(answer(engine, request()) for _ in range(2)))
+
+    assert answers[0] == answers[1]
+    assert [c.prompt_tokens - b for c, b in zip(engine._contexts, before, strict=True)] == [
+        37, 37]
 
 
 async def test_a_prefix_in_the_cache_is_reused(engine: LlamaCppBatchEngine) -> None:
