@@ -1,18 +1,20 @@
 """Engines side by side: the same greedy SmolLM2 chats at 1, 4, 8 and 16 streams.
 
-    python -m bench.engines [--quick] [--levels 1,4,8,16] [--no-vllm]
+    python -m bench.engines [--quick] [--levels 1,4,8,16] [--batch-contexts 1,2] [--no-vllm]
 
 In this process, loaded together and measured in turn at each level (never
 both generating at once):
 
 (a) ``llamacpp``: :class:`~workers.infer.engines.llamacpp.LlamaCppEngine` as
     the worker runs it, two contexts of one thread each;
-(b) ``llamacpp-batch``: :class:`~workers.infer.engines.llamacpp_batch.
-    LlamaCppBatchEngine` with 16 sequences on one thread (``--batch-threads``),
-    its default: on the shared two cores here, two threads of one context
-    collapsed whenever other work ran (4 tokens/s instead of 37 at one
-    stream, llama.cpp's threads wait for each other at every operation),
-    while (a)'s two contexts of one thread each do not depend on each other.
+(b) ``llamacpp-batch xN``: :class:`~workers.infer.engines.llamacpp_batch.
+    LlamaCppBatchEngine` with 16 sequences dealt out over N batched contexts
+    of one thread each (``--batch-contexts``, one side for each N given;
+    ``--batch-threads``), its default N = 2: on the shared two cores here,
+    two threads of one context collapsed whenever other work ran (4 tokens/s
+    instead of 37 at one stream, llama.cpp's threads wait for each other at
+    every operation), while contexts of one thread each do not depend on
+    each other.
 
 Where ``.venv-vllm/bin/python`` exists, a child process of that Python runs
 (c) Conveyor's :class:`~workers.infer.engines.vllm.VllmEngine` (float32, 16
@@ -160,24 +162,31 @@ async def measure(sides: dict[str, Stream], plan: Plan) -> dict[str, list[Level]
 # -- (a) and (b): llama.cpp in this process ---------------------------------------------
 
 
-async def llamacpp_sides(plan: Plan, batch_threads: int) -> dict[str, list[Level]]:
+async def llamacpp_sides(plan: Plan, batch_contexts: tuple[int, ...],
+                         batch_threads: int) -> dict[str, list[Level]]:
     from conveyor.registry import Registry
     from workers.infer.engines.llamacpp import LlamaCppEngine
     from workers.infer.engines.llamacpp_batch import LlamaCppBatchEngine
 
     spec = Registry.load(repo_root() / "conveyor/models.toml").resolve("smollm2")
-    today = LlamaCppEngine.from_spec(spec, contexts=2, n_threads=1)
-    batch = LlamaCppBatchEngine.from_spec(spec, sequences=SEQUENCES, n_threads=batch_threads)
-    await today.start()
+    engines: dict[str, Any] = {"llamacpp": LlamaCppEngine.from_spec(spec, contexts=2,
+                                                                    n_threads=1)}
+    for n in batch_contexts:
+        engines[batch_side(n)] = LlamaCppBatchEngine.from_spec(
+            spec, sequences=SEQUENCES, contexts=n, n_threads=batch_threads)
+    started: list[Any] = []
     try:
-        await batch.start()
-        try:
-            return await measure({"llamacpp": _engine_stream(today),
-                                  "llamacpp-batch": _engine_stream(batch)}, plan)
-        finally:
-            await batch.close()
+        for engine in engines.values():
+            await engine.start()
+            started.append(engine)
+        return await measure({name: _engine_stream(e) for name, e in engines.items()}, plan)
     finally:
-        await today.close()
+        for engine in reversed(started):
+            await engine.close()
+
+
+def batch_side(contexts: int) -> str:
+    return f"llamacpp-batch x{contexts}"
 
 
 # -- (c) and (d): vLLM, in a child process of .venv-vllm ----------------------------------
@@ -253,28 +262,42 @@ def cast_level(d: dict[str, float]) -> dict[str, Any]:
 # -- the report ------------------------------------------------------------------------
 
 
-def report(results: dict[str, list[Level]], base: str, other: str) -> list[Check]:
+def report(results: dict[str, list[Level]], base: str, others: list[str]) -> list[Check]:
+    """One table of every side against ``base``, and the checks of the targets."""
     rows = []
-    for a, b in zip(results[base], results[other], strict=True):
-        ratio = b.rate / a.rate if a.rate else math.nan
-        rows.append([str(a.streams), f"{a.rate:.1f}", f"{b.rate:.1f}", f"{ratio:.2f}",
-                     f"{a.ttft_p50_s * 1000:.0f}", f"{b.ttft_p50_s * 1000:.0f}"])
-    print(markdown_table(["streams", f"{base} tok/s", f"{other} tok/s", f"{other}/{base}",
-                          f"{base} TTFT p50 ms", f"{other} TTFT p50 ms"], rows))
+    for i, a in enumerate(results[base]):
+        row = [str(a.streams), f"{a.rate:.1f}"]
+        for other in others:
+            b = results[other][i]
+            row += [f"{b.rate:.1f}", f"{b.rate / a.rate if a.rate else math.nan:.2f}"]
+        row += [f"{lv[i].ttft_p50_s * 1000:.0f}" for lv in (results[n] for n in [base, *others])]
+        rows.append(row)
+    header = ["streams", f"{base} tok/s"]
+    for other in others:
+        header += [f"{other} tok/s", f"{other}/{base}"]
+    header += [f"{n} TTFT p50 ms" for n in [base, *others]]
+    print(markdown_table(header, rows))
     checks = []
-    for a, b in zip(results[base], results[other], strict=True):
-        ratio = b.rate / a.rate if a.rate else math.nan
-        if base == "llamacpp" and a.streams in (4, 8):
-            checks.append(Check("engines", f"{other}/{base} at {a.streams} streams", ratio,
-                                1.5, ">=", "x"))
-        if base == "llamacpp" and a.streams == 1:
-            print(f"time per token at 1 stream: {base} {a.per_token_s * 1000:.1f} ms, "
-                  f"{other} {b.per_token_s * 1000:.1f} ms")
-            checks.append(Check("engines", f"{other} ms/token at 1 stream",
-                                b.per_token_s * 1000, a.per_token_s * 1000, "<=", "ms"))
-        if base == "vllm":
-            checks.append(Check("engines", f"{other}/{base} at {a.streams} streams",
-                                ratio * 100, 95, ">=", "%"))
+    for other in others:
+        for a, b in zip(results[base], results[other], strict=True):
+            checks += level_checks(a, b, base, other)
+    return checks
+
+
+def level_checks(a: Level, b: Level, base: str, other: str) -> list[Check]:
+    ratio = b.rate / a.rate if a.rate else math.nan
+    checks = []
+    if base == "llamacpp" and a.streams in (4, 8):
+        checks.append(Check("engines", f"{other}/{base} at {a.streams} streams", ratio,
+                            1.5, ">=", "x"))
+    if base == "llamacpp" and a.streams == 1:
+        print(f"time per token at 1 stream: {base} {a.per_token_s * 1000:.1f} ms, "
+              f"{other} {b.per_token_s * 1000:.1f} ms")
+        checks.append(Check("engines", f"{other} ms/token at 1 stream",
+                            b.per_token_s * 1000, a.per_token_s * 1000, "<=", "ms"))
+    if base == "vllm":
+        checks.append(Check("engines", f"{other}/{base} at {a.streams} streams",
+                            ratio * 100, 95, ">=", "%"))
     return checks
 
 
@@ -283,7 +306,10 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="one request a stream, 32 tokens")
     parser.add_argument("--levels", default="1,4,8,16", help="streams at once, comma-separated")
-    parser.add_argument("--batch-threads", type=int, default=1, help="(b)'s threads")
+    parser.add_argument("--batch-contexts", default="2",
+                        help="(b)'s batched contexts, comma-separated: a side for each")
+    parser.add_argument("--batch-threads", type=int, default=1,
+                        help="(b)'s threads per context")
     parser.add_argument("--no-vllm", action="store_true", help="leave (c) and (d) out")
     parser.add_argument("--vllm-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -297,11 +323,14 @@ def main(argv: list[str] | None = None) -> int:
         print("RESULT " + json.dumps({k: [vars(v) for v in vs] for k, vs in measured.items()}))
         return 0
     print(f"{plan.max_tokens} tokens a chat, {plan.rounds} chat(s) a stream, levels {levels}")
-    llamacpp = asyncio.run(llamacpp_sides(plan, args.batch_threads))
-    checks = report(llamacpp, "llamacpp", "llamacpp-batch")
+    batch_contexts = tuple(int(n) for n in args.batch_contexts.split(","))
+    if min(batch_contexts) < 1:
+        parser.error("--batch-contexts are 1 or more")
+    llamacpp = asyncio.run(llamacpp_sides(plan, batch_contexts, args.batch_threads))
+    checks = report(llamacpp, "llamacpp", [batch_side(n) for n in batch_contexts])
     found = None if args.no_vllm else vllm_in_child(args.quick, levels)
     if found is not None:
-        checks += report(found, "vllm", "conveyor+vllm")
+        checks += report(found, "vllm", ["conveyor+vllm"])
     for check in checks:
         print(check.line())
     return 0
