@@ -55,7 +55,8 @@ def test_inspect_names_every_layer_of_a_finished_request(
     assert rep["chunks"] >= 1 and rep["usage"]["completion_tokens"] == rep["completion_tokens"]
     usage = r.json()["usage"]
     assert rep["usage"] == {"prompt_tokens": usage["prompt_tokens"],
-                            "completion_tokens": usage["completion_tokens"]}
+                            "completion_tokens": usage["completion_tokens"],
+                            "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]}
     assert rep["dlq"] == [] and rep["errors"] == []
     assert "prompt" not in rep and "pumpkin" not in json.dumps(rep)
     # the gateway's producer put the request in its id's murmur2 partition,
