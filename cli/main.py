@@ -5,6 +5,7 @@
     conveyor layer preprocess route ...          one or more layers in one process
     conveyor infer --pool cpu --engine llamacpp  one infer worker
     conveyor topics                              create the topic catalog
+    conveyor workers [--watch 2]                 every infer worker: load, KV cache, GPU
 
 Every process reads the same settings (``CONVEYOR_*`` environment
 variables), so the same commands spread over many hosts against one Kafka
@@ -315,10 +316,10 @@ def _parser() -> argparse.ArgumentParser:
 
     topics = sub.add_parser("topics", help="create the topic catalog")
     topics.set_defaults(func=cmd_topics)
-    from cli import dlq, jobs, keys, replay, usage
+    from cli import dlq, jobs, keys, replay, usage, workers
     from cli import inspect as inspect_command
 
-    for command in (keys, usage, jobs, inspect_command, dlq, replay):
+    for command in (keys, usage, jobs, inspect_command, dlq, replay, workers):
         command.register(sub)
     return parser
 

@@ -1,0 +1,145 @@
+"""``conveyor workers``: every infer worker as its last heartbeat tells.
+
+    conveyor workers [--pool P] [--json]       once, from ``conveyor.workers``
+    conveyor workers --watch 2                 again every 2 s, until Ctrl-C
+
+One line a worker: pool, engine, models, state, whether it is live (``ready``
+and a heartbeat younger than ``worker_ttl_s``, as schedule judges it), its
+partitions, running / capacity and queued, its engine's KV cache where the
+engine reports one (share in use, free and total blocks, free blocks holding
+a reusable prefix, and the share of prompt tokens found in the prefix cache
+since the engine started), the GPU's utilisation and free memory where it has
+one, its host, and the age of its last heartbeat.
+
+The topic is compacted (key = worker id), so a worker that stopped for good
+stays listed with its last state; its age says how long ago that was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+from conveyor.settings import Settings
+from schemas.codec import default_codec
+from schemas.records import WorkerHeartbeat
+from topics.catalog import WORKERS
+from topics.envelope import now_ms
+from topics.follow import apply_all, follow, snapshot
+
+__all__ = ["cmd_workers", "describe", "register", "render"]
+
+_READ_WITHIN_S = 30.0
+
+
+def describe(beat: WorkerHeartbeat, settings: Settings, now: int) -> dict[str, Any]:
+    """One worker as ``--json`` prints it."""
+    age_s = max(0.0, (now - beat["ts_ms"]) / 1000)
+    kv = beat.get("kv")
+    kv_out: dict[str, Any] | None = None
+    if kv is not None:
+        queries = kv["prefix_queries"]
+        kv_out = {**kv, "prefix_hit_rate": kv["prefix_hits"] / queries if queries else None}
+    return {
+        "worker_id": beat["worker_id"], "pool": beat["pool"], "engine": beat["engine"],
+        "models": beat["models"], "state": beat["state"],
+        "live": beat["state"] == "ready" and age_s <= settings.worker_ttl_s,
+        "partitions": beat["partitions"], "capacity": beat["capacity"],
+        "running": beat["running"], "queued": beat["queued"], "host": beat["host"],
+        "gpu_utilization": beat["gpu_utilization"], "gpu_memory_free": beat["gpu_memory_free"],
+        "kv": kv_out, "heartbeat_age_s": round(age_s, 1),
+    }
+
+
+def _kv_text(kv: dict[str, Any] | None) -> str:
+    if kv is None:
+        return "-"
+    cached = "" if kv["cached_blocks"] is None else f" cached {kv['cached_blocks']}"
+    hits = "" if kv["prefix_hit_rate"] is None else f" hits {kv['prefix_hit_rate']:.0%}"
+    return (f"{kv['usage']:.0%} used, {kv['free_blocks']}/{kv['total_blocks']} free"
+            f"{cached}{hits} ({kv['block_tokens']} tok/block)")
+
+
+def _gpu_text(row: dict[str, Any]) -> str:
+    if row["gpu_utilization"] is None:
+        return "-"
+    free = row["gpu_memory_free"]
+    return f"{row['gpu_utilization']:.0f}%" + (f" {free / (1 << 30):.1f} GiB free"
+                                               if free is not None else "")
+
+
+def render(rows: list[dict[str, Any]]) -> str:
+    """The table ``conveyor workers`` prints."""
+    if not rows:
+        return "no worker has sent a heartbeat"
+    header = ("WORKER", "POOL", "ENGINE", "STATE", "LIVE", "RUN/CAP", "QUEUED", "PARTS",
+              "KV", "GPU", "HOST", "AGE")
+    lines = [header] + [(
+        r["worker_id"], r["pool"], r["engine"], r["state"], "yes" if r["live"] else "no",
+        f"{r['running']}/{r['capacity']}", str(r["queued"]), str(len(r["partitions"])),
+        _kv_text(r["kv"]), _gpu_text(r), r["host"], f"{r['heartbeat_age_s']:.0f}s")
+        for r in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True))
+                     .rstrip() for line in lines)
+
+
+async def _read(settings: Settings, beats: dict[str, WorkerHeartbeat]) -> None:
+    await snapshot(follow(settings, WORKERS), default_codec(),
+                   lambda beat: beats.__setitem__(beat["worker_id"], beat), _READ_WITHIN_S)
+
+
+def _rows(beats: dict[str, WorkerHeartbeat], settings: Settings,
+          pool: str | None) -> list[dict[str, Any]]:
+    now = now_ms()
+    return [describe(b, settings, now) for _, b in sorted(beats.items())
+            if pool is None or b["pool"] == pool]
+
+
+async def _watch(settings: Settings, args: argparse.Namespace) -> None:
+    beats: dict[str, WorkerHeartbeat] = {}
+    follower = follow(settings, WORKERS)
+    reading = asyncio.create_task(apply_all(
+        follower, default_codec(), lambda beat: beats.__setitem__(beat["worker_id"], beat)))
+    try:
+        await asyncio.wait_for(follower.caught_up.wait(), _READ_WITHIN_S)
+        while True:
+            rows = _rows(beats, settings, args.pool)
+            print(json.dumps(rows) if args.json else "\x1b[2J\x1b[H" + render(rows),
+                  flush=True)
+            await asyncio.sleep(args.watch)
+    finally:
+        reading.cancel()
+
+
+def cmd_workers(settings: Settings, args: argparse.Namespace) -> int:
+    if args.watch is not None:
+        try:
+            asyncio.run(_watch(settings, args))
+        except KeyboardInterrupt:
+            pass
+        return 0
+    beats: dict[str, WorkerHeartbeat] = {}
+    try:
+        asyncio.run(_read(settings, beats))
+    except TimeoutError:
+        print(f"conveyor workers: {WORKERS.at(settings)} was not read within "
+              f"{_READ_WITHIN_S:.0f} s", file=sys.stderr)
+        return 3
+    rows = _rows(beats, settings, args.pool)
+    print(json.dumps(rows, indent=2) if args.json else render(rows))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("workers", help="every infer worker: load, KV cache, GPU, last heartbeat",
+                       description="Every infer worker as its last heartbeat on the workers "
+                                   "topic tells.")
+    p.add_argument("--pool", default=None, help="only the workers of this pool")
+    p.add_argument("--json", action="store_true", help="as JSON")
+    p.add_argument("--watch", type=float, default=None, metavar="SECONDS",
+                   help="print again every SECONDS, until Ctrl-C")
+    p.set_defaults(func=cmd_workers)
