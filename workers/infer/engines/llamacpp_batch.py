@@ -1,21 +1,30 @@
 """An engine that decodes its sequences together in batched llama.cpp contexts (CPU).
 
 Where :mod:`workers.infer.engines.llamacpp` gives every request a context of
-its own, this engine keeps a few contexts (``contexts``, default 2), each
+its own, this engine keeps ``contexts`` batched contexts (default 1), each
 with its share of the ``sequences`` and a thread of its own, and advances all
 the sequences of a context with a single ``llama_decode`` per step.
 
 Decisions:
 
-* **A few batched contexts, one thread each.** The weights are loaded once
-  and mmapped; every context is made from the same model, so a context adds
-  only its KV cache and its compute buffers (see *Memory* below) and a
-  thread. One context of one thread used one core of two: 16.3 tokens/s at
-  one stream against 22.8 for ``LlamaCppEngine``'s two contexts, 26.5 at four
-  streams against 20.2. Two threads in one context collapsed whenever other
-  work ran (4 tokens/s instead of 37: llama.cpp's threads wait for each
-  other at every operation); two contexts of one thread do not depend on
-  each other. ``n_threads`` is per context, as in ``LlamaCppEngine``.
+* **Batched contexts, one thread each; one by default.** The weights are
+  loaded once and mmapped; every context is made from the same model, so a
+  context adds its compute buffers and a thread (see *Memory*). Two threads
+  in one context collapsed whenever other work ran (4 tokens/s instead of
+  37: llama.cpp's threads wait for each other at every operation); two
+  contexts of one thread do not wait for each other. Yet on the shared two
+  cores here two contexts did not pay: ``bench.engines --batch-contexts 1,2``
+  measured one context against two, 16 sequences, at 1/4/8/16 streams, at
+  25.4/45.3/65.0/55.4 tokens/s against 20.7/32.7/55.3/54.1 (and 15.6/29.1/
+  44.3/59.0 against 13.1/16.6/70.8/68.9 in a busier run), and four streams
+  alone, three rounds in alternating order, at 23/34/39 against 16/21/21.
+  Two contexts read the weights once each per step where one reads them
+  once for all its sequences, and today's ``LlamaCppEngine`` (two contexts
+  of one thread) made no more at four streams than at one (20.2 against
+  22.8): while another process holds a core, or the memory bus is the
+  limit, a second context splits the batch without a second core to run
+  it. ``contexts=2`` (``--batches 2``) is for a host with cores to spare.
+  ``n_threads`` is per context, as in ``LlamaCppEngine``.
 * **Each context's thread owns it.** Making the context, every decode and
   sampling, and freeing run on the context's one thread (a one-worker
   executor); the model itself is loaded and closed on the first context's.
@@ -52,9 +61,11 @@ Decisions:
   tokens/s in all against 60 for one stream alone.
 * **Memory.** The cells of all contexts together are ``sequences x n_ctx``
   whatever the split (SmolLM2-135M: 22.5 KiB a cell in f16, 30 layers of
-  3 x 64 keys and values), so a second context adds no KV cache; it adds
-  its compute buffers, sized by its batch (``prefill_chunk`` plus its
-  share) and its cells (measured: see the benchmark notes in the README).
+  3 x 64 keys and values), so a second context adds no KV cache: measured
+  at 16 sequences of 2048 tokens, one context holds a 720 MiB KV buffer and
+  27.6 MiB of compute buffers, two hold 360 MiB and 26.1 MiB each; a context
+  adds about 26 MiB and a thread (the process's resident memory after start:
+  1.08 GB either way, most of the KV buffer not yet touched).
 * **Prefix reuse.** A finished sequence's positions stay in its slot's cache.
   A new sequence takes the free slot of its context whose cached tokens
   share the longest prefix with its own prompt tokens, keeps those positions
@@ -440,7 +451,7 @@ class LlamaCppBatchEngine:
         self,
         model_path: Path,
         sequences: int = 8,
-        contexts: int = 2,
+        contexts: int = 1,
         n_ctx: int = 2048,
         n_threads: int = 1,
         prefill_chunk: int = 128,
@@ -462,7 +473,7 @@ class LlamaCppBatchEngine:
         self._slots_free: asyncio.Semaphore | None = None
 
     @classmethod
-    def from_spec(cls, spec: ModelSpec, sequences: int = 8, contexts: int = 2,
+    def from_spec(cls, spec: ModelSpec, sequences: int = 8, contexts: int = 1,
                   n_threads: int = 1, n_ctx: int | None = None) -> LlamaCppBatchEngine:
         """An engine for a registry model: its GGUF file and context length."""
         return cls(spec.gguf_path(), sequences=sequences, contexts=contexts,

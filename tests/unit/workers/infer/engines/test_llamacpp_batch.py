@@ -41,7 +41,7 @@ OTHERS = [chat("Write a haiku about autumn leaves."), chat("Why is the sky blue?
 @pytest.fixture(scope="module")
 async def engine() -> AsyncIterator[LlamaCppBatchEngine]:
     spec = Registry.load(Path("conveyor/models.toml")).resolve("smollm2")
-    engine = LlamaCppBatchEngine.from_spec(spec, sequences=SEQUENCES, n_ctx=512)
+    engine = LlamaCppBatchEngine.from_spec(spec, sequences=SEQUENCES, contexts=2, n_ctx=512)
     await engine.start()
     yield engine
     await engine.close()
@@ -107,7 +107,7 @@ def test_the_table_reads_sequences_from_contexts_and_contexts_from_batches() -> 
 
     assert isinstance(made, LlamaCppBatchEngine) and isinstance(default, LlamaCppBatchEngine)
     assert (made.capacity, made.contexts, made.n_threads) == (16, 3, 2)
-    assert (default.capacity, default.contexts, default.n_threads) == (2, 2, 1)
+    assert (default.capacity, default.contexts, default.n_threads) == (2, 1, 1)
 
 
 @dataclass(eq=False)
