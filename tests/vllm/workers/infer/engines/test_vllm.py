@@ -141,13 +141,15 @@ async def test_a_shared_prefix_is_served_from_the_cache(vllm_engine: VllmEngine)
 
 
 async def test_the_kv_state_is_vllms_own(vllm_engine: VllmEngine) -> None:
-    """What the heartbeat carries: vLLM's blocks (1 GiB of float32 KV), the share in
-    use, and the prompt tokens its prefix cache was asked for and held."""
+    """What the heartbeat carries: vLLM's blocks (128 tokens each on the CPU build,
+    some 90 of them in the test's KV space), the share in use, and the prompt
+    tokens its prefix cache was asked for and held."""
     before = vllm_engine.kv_state()
     await timed(vllm_engine, chat("What is a topic?", SHARED), 2)
     await timed(vllm_engine, chat("What is a partition?", SHARED), 2)  # the shared prefix
     state = vllm_engine.kv_state()
-    assert state is not None and state.total_blocks > 100 and state.block_tokens == 16
+    assert state is not None and state.block_tokens in (16, 128)  # vLLM's GPU, CPU block
+    assert state.total_blocks * state.block_tokens >= 8192
     assert 0.0 <= state.usage < 1.0 and state.cached_blocks is None
     assert state.free_blocks == state.total_blocks - round(state.usage * state.total_blocks)
     queried = state.prefix_queries - (before.prefix_queries if before else 0)
