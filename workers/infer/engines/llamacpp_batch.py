@@ -104,7 +104,7 @@ Decisions:
   draw with the request's seed folded into llama.cpp's seed space (a fresh
   random one without a seed). No ``top_k`` or ``min_p``. The presence and
   frequency penalties come first in the chain, over the sequence's last
-  ``_PENALTY_WINDOW`` (64) sampled tokens, as llama-cpp-python applies them.
+  64 sampled tokens, as llama-cpp-python applies them.
 * **Text.** Token bytes go through an incremental UTF-8 decoder, so a
   character split over tokens is sent whole. Text that may be the start of a
   stop string is held back; an answer ends before the first stop string.
@@ -121,326 +121,21 @@ Decisions:
 from __future__ import annotations
 
 import asyncio
-import codecs
-import ctypes
-import threading
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, cast
 
-import llama_cpp
 from llama_cpp import Llama
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from conveyor.errors import EngineError
 from conveyor.registry import ModelSpec
 from workers.infer.engines.base import GenerationRequest, KvState, Piece
-from workers.infer.engines.llamacpp import _chat_formatter, _llama_seed, _prompt_or_bos
+from workers.infer.engines.llamacpp import _chat_formatter, _prompt_or_bos
+from workers.infer.engines.llamacpp_batch_context import Context, Item, Sequence
 
 __all__ = ["LlamaCppBatchEngine"]
-
-_Item = Piece | BaseException
-# the sampled tokens the presence and frequency penalties look back over
-_PENALTY_WINDOW = 64
-_Finish = Literal["stop", "length"]
-
-
-class _Text:
-    """One answer's text: token bytes in, text that is safe to send out."""
-
-    def __init__(self, stop: tuple[str, ...]) -> None:
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
-        self._stop = [s for s in stop if s]
-        self._held = ""
-
-    def push(self, data: bytes) -> tuple[str, bool]:
-        """The text that can go out now, and whether a stop string ended it."""
-        held = self._held + self._decoder.decode(data)
-        found = [i for i in (held.find(s) for s in self._stop) if i >= 0]
-        if found:
-            self._held = ""
-            return held[:min(found)], True
-        keep = max((k for s in self._stop for k in range(min(len(s) - 1, len(held)), 0, -1)
-                    if held.endswith(s[:k])), default=0)
-        self._held = held[len(held) - keep:] if keep else ""
-        return held[:len(held) - keep], False
-
-    def flush(self) -> str:
-        """What was held back, at the end of an answer (an unfinished character dropped)."""
-        held, self._held = self._held + self._decoder.decode(b"", final=True), ""
-        return held
-
-
-@dataclass(eq=False)
-class _Slot:
-    """A sequence id of a context and the tokens its cache holds, by position."""
-
-    seq_id: int
-    cached: list[int] = field(default_factory=list)
-    busy: bool = False
-
-
-@dataclass(eq=False)
-class _Sequence:
-    """One generation, from the asyncio side's hand-off to its last piece."""
-
-    request: GenerationRequest
-    prompt_tokens: list[int]
-    emit: Callable[[_Item], None]
-    cancelled: bool = False
-    # from here on, touched only on its context's thread
-    slot: _Slot | None = None
-    fed: int = 0  # prompt tokens in the cache
-    reused: int = 0
-    next_token: int = -1  # sampled, not yet decoded
-    sampler: Any = None
-    text: _Text = field(init=False)
-    sampled: int = 0
-    emitted: int = 0
-
-    def __post_init__(self) -> None:
-        self.text = _Text(self.request.stop)
-
-
-class _Context:
-    """One batched llama.cpp context, its share of the sequences, and the one
-    thread that touches it."""
-
-    def __init__(self, llm: Llama, executor: ThreadPoolExecutor, share: int, n_ctx: int,
-                 n_threads: int, prefill_chunk: int) -> None:
-        self.llm = llm
-        self.executor = executor
-        self.share = share
-        self.n_ctx = n_ctx
-        self.n_threads = n_threads
-        self.prefill_chunk = prefill_chunk
-        self.assigned = 0  # routed here and not yet ended (event loop only)
-        self.reused_tokens = 0  # prompt tokens taken from the cache instead of evaluated
-        self.prompt_tokens = 0  # prompt tokens of every sequence so far (reused or not)
-        self.loop_done: asyncio.Future[None] | None = None
-        self._wake = threading.Condition()
-        self._inbox: list[_Sequence] = []
-        self._stopping = False
-        # thread state
-        self._ctx: Any = None
-        self._batch: Any = None
-        self._vocab: Any = None
-        self.slots: list[_Slot] = []
-        self._active: list[_Sequence] = []
-
-    # -- the asyncio side ---------------------------------------------------------
-
-    def run(self) -> None:
-        self.loop_done = asyncio.wrap_future(self.executor.submit(self._run_loop))
-
-    def submit(self, sequence: _Sequence) -> None:
-        with self._wake:
-            if self._stopping:
-                raise EngineError("the generation was cancelled: the engine closed")
-            self._inbox.append(sequence)
-            self._wake.notify()
-
-    def stop(self) -> None:
-        """Cancel what runs and end the loop after its step."""
-        with self._wake:
-            self._stopping = True
-            for sequence in self._inbox + self._active:
-                sequence.cancelled = True
-            self._wake.notify()
-
-    def reusable(self, tokens: list[int]) -> int:
-        """The longest prefix of ``tokens`` a free slot holds: read while the thread
-        works, so a hint for routing (the thread picks the slot)."""
-        held = max((_common(s.cached, tokens) for s in self.slots if not s.busy), default=0)
-        return min(held, len(tokens) - 1)
-
-    def cells(self) -> tuple[int, int]:
-        """Cells that running sequences hold, and that free slots keep."""
-        used = sum(len(slot.cached) for slot in self.slots if slot.busy)
-        kept = sum(len(slot.cached) for slot in self.slots if not slot.busy)
-        return used, kept
-
-    # -- the thread: making and freeing -----------------------------------------------
-
-    def load(self) -> None:
-        params = llama_cpp.llama_context_default_params()
-        params.n_ctx = self.n_ctx * self.share
-        params.n_batch = params.n_ubatch = self.prefill_chunk + self.share
-        params.n_seq_max = self.share
-        params.n_threads = params.n_threads_batch = self.n_threads
-        params.kv_unified = True  # see the module notes
-        params.no_perf = True
-        self._ctx = llama_cpp.llama_init_from_model(self.llm.model, params)
-        if not self._ctx:
-            raise EngineError("llama.cpp could not make a context")
-        self._batch = llama_cpp.llama_batch_init(params.n_batch, 0, 1)
-        self._vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
-        self.slots = [_Slot(i) for i in range(self.share)]
-
-    def free(self) -> None:
-        if self._batch is not None:
-            llama_cpp.llama_batch_free(self._batch)
-        if self._ctx:
-            llama_cpp.llama_free(self._ctx)
-        self._batch = self._ctx = None
-
-    # -- the thread: the loop ---------------------------------------------------------
-
-    def _run_loop(self) -> None:
-        while True:
-            with self._wake:
-                while not (self._stopping or self._inbox or self._active):
-                    self._wake.wait()
-                if self._stopping:
-                    break
-            for sequence in [s for s in self._active if s.cancelled]:
-                self._leave(sequence, EngineError("the generation was cancelled"))
-            with self._wake:
-                free = self.share - len(self._active)
-                joining, self._inbox = self._inbox[:free], self._inbox[free:]
-            for sequence in joining:
-                self._join(sequence)
-            if self._active:
-                try:
-                    self._step()
-                except Exception as exc:  # a failed step fails the sequences in it
-                    for sequence in list(self._active):
-                        self._forget(sequence)
-                        self._leave(sequence, exc)
-        with self._wake:
-            left, self._inbox = self._inbox + self._active, []
-        closed = "the generation was cancelled: the engine closed"
-        for sequence in left:
-            if sequence.slot is not None:
-                self._leave(sequence, EngineError(closed))
-            else:
-                sequence.emit(EngineError(closed))
-
-    def _join(self, sequence: _Sequence) -> None:
-        if sequence.cancelled:
-            return
-        request, tokens = sequence.request, sequence.prompt_tokens
-        try:
-            reuse = request.seed is None
-            slot = max((s for s in self.slots if not s.busy),
-                       key=lambda s: _common(s.cached, tokens) if reuse else -len(s.cached))
-            kept = min(_common(slot.cached, tokens), len(tokens) - 1) if reuse else 0
-            memory = llama_cpp.llama_get_memory(self._ctx)
-            if not llama_cpp.llama_memory_seq_rm(memory, slot.seq_id, kept, -1):
-                kept = 0
-                llama_cpp.llama_memory_seq_rm(memory, slot.seq_id, -1, -1)
-            del slot.cached[kept:]
-            sequence.sampler = _sampler(request, llama_cpp.llama_vocab_n_tokens(self._vocab))
-        except Exception as exc:
-            sequence.emit(exc)
-            return
-        slot.busy = True
-        sequence.slot = slot
-        sequence.fed = sequence.reused = kept
-        self.reused_tokens += kept
-        self.prompt_tokens += len(tokens)
-        self._active.append(sequence)
-
-    def _step(self) -> None:
-        """One ``llama_decode`` for every running sequence, then one token each."""
-        batch, outputs = self._batch, []
-        n = 0
-
-        def put(sequence: _Sequence, token: int, logits: bool) -> None:
-            nonlocal n
-            slot = cast(_Slot, sequence.slot)
-            batch.token[n], batch.pos[n] = token, len(slot.cached)
-            batch.n_seq_id[n], batch.seq_id[n][0] = 1, slot.seq_id
-            batch.logits[n] = logits
-            slot.cached.append(token)
-            if logits:
-                outputs.append((sequence, n))
-            n += 1
-
-        prefilling = []
-        for sequence in self._active:
-            if sequence.fed < len(sequence.prompt_tokens):
-                prefilling.append(sequence)
-            else:
-                put(sequence, sequence.next_token, True)
-        budget = self.prefill_chunk
-        for sequence in prefilling:
-            take = min(budget, len(sequence.prompt_tokens) - sequence.fed)
-            for i in range(sequence.fed, sequence.fed + take):
-                put(sequence, sequence.prompt_tokens[i], i == len(sequence.prompt_tokens) - 1)
-            sequence.fed += take
-            budget -= take
-            if budget == 0:
-                break
-        batch.n_tokens = n
-        code = llama_cpp.llama_decode(self._ctx, batch)
-        if code == 1:  # no room in the cache: give up what free slots keep, try once more
-            self._drop_free_caches()
-            code = llama_cpp.llama_decode(self._ctx, batch)
-        if code != 0:
-            raise EngineError(f"llama_decode failed with code {code}")
-        for sequence, index in outputs:
-            token = llama_cpp.llama_sampler_sample(sequence.sampler, self._ctx, index)
-            self._took(sequence, token)
-
-    def _took(self, sequence: _Sequence, token: int) -> None:
-        """Stream what one sampled token adds, or end the answer."""
-        sequence.sampled += 1
-        if llama_cpp.llama_vocab_is_eog(self._vocab, token):
-            self._finish(sequence, sequence.text.flush(), "stop")
-            return
-        text, stopped = sequence.text.push(self._piece(token))
-        if stopped:
-            self._finish(sequence, text, "stop")
-        elif (sequence.sampled >= max(1, sequence.request.max_tokens)
-              or len(cast(_Slot, sequence.slot).cached) >= self.n_ctx):
-            self._finish(sequence, text + sequence.text.flush(), "length")
-        else:
-            if text:
-                sequence.emit(Piece(text, tokens=1))
-                sequence.emitted += 1
-            sequence.next_token = token
-
-    def _finish(self, sequence: _Sequence, text: str, reason: _Finish) -> None:
-        self._leave(sequence, Piece(text, tokens=max(0, sequence.sampled - sequence.emitted),
-                                    finish_reason=reason,
-                                    prompt_tokens=len(sequence.prompt_tokens),
-                                    cached_tokens=sequence.reused))
-
-    def _leave(self, sequence: _Sequence, last: _Item) -> None:
-        """The sequence's last item out; its slot free, its cache kept for reuse."""
-        if sequence.sampler is not None:
-            llama_cpp.llama_sampler_free(sequence.sampler)
-            sequence.sampler = None
-        if sequence.slot is not None:
-            sequence.slot.busy = False
-        if sequence in self._active:
-            self._active.remove(sequence)
-        sequence.emit(last)
-
-    def _forget(self, sequence: _Sequence) -> None:
-        """Empty the sequence's slot: after a failed decode its cache is unknown."""
-        if sequence.slot is not None:
-            memory = llama_cpp.llama_get_memory(self._ctx)
-            llama_cpp.llama_memory_seq_rm(memory, sequence.slot.seq_id, -1, -1)
-            sequence.slot.cached.clear()
-
-    def _drop_free_caches(self) -> None:
-        memory = llama_cpp.llama_get_memory(self._ctx)
-        for slot in self.slots:
-            if not slot.busy and slot.cached:
-                llama_cpp.llama_memory_seq_rm(memory, slot.seq_id, -1, -1)
-                slot.cached.clear()
-
-    def _piece(self, token: int) -> bytes:
-        buffer = ctypes.create_string_buffer(64)
-        n = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, 64, 0, False)
-        if n < 0:
-            buffer = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, -n, 0, False)
-        return buffer.raw[:max(0, n)]
 
 
 class LlamaCppBatchEngine:
@@ -469,7 +164,7 @@ class LlamaCppBatchEngine:
         self.prefill_chunk = max(1, prefill_chunk)
         self._llm: Llama | None = None
         self._chat: Jinja2ChatFormatter | None = None
-        self._contexts: list[_Context] = []
+        self._contexts: list[Context] = []
         self._slots_free: asyncio.Semaphore | None = None
 
     @classmethod
@@ -495,13 +190,13 @@ class LlamaCppBatchEngine:
         loop = asyncio.get_running_loop()
         executors = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{self.name}-{i}")
                      for i in range(self.contexts)]
-        contexts: list[_Context] = []
+        contexts: list[Context] = []
         try:
             llm = self._llm = await loop.run_in_executor(executors[0], self._load_model)
             self._chat = _chat_formatter(llm)
             shares = _shares(self.capacity, self.contexts)
             for executor, share in zip(executors, shares, strict=True):
-                context = _Context(llm, executor, share, self.n_ctx, self.n_threads,
+                context = Context(llm, executor, share, self.n_ctx, self.n_threads,
                                    self.prefill_chunk)
                 contexts.append(context)
                 await loop.run_in_executor(executor, context.load)
@@ -520,15 +215,15 @@ class LlamaCppBatchEngine:
             raise EngineError(f"engine {self.name} is not started")
         tokens = self._tokens(self._prompt(request))
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[_Item] = asyncio.Queue()
+        queue: asyncio.Queue[Item] = asyncio.Queue()
 
-        def emit(item: _Item) -> None:
+        def emit(item: Item) -> None:
             try:
                 loop.call_soon_threadsafe(queue.put_nowait, item)
             except RuntimeError:  # the loop is closed: nobody is listening
                 sequence.cancelled = True
 
-        sequence = _Sequence(request, tokens, emit)
+        sequence = Sequence(request, tokens, emit)
         await slots_free.acquire()
         try:
             context = self._route(tokens, reuse=request.seed is None)
@@ -573,7 +268,7 @@ class LlamaCppBatchEngine:
                               f"window of {self.n_ctx} tokens a sequence has")
         return tokens
 
-    def _route(self, tokens: list[int], reuse: bool) -> _Context:
+    def _route(self, tokens: list[int], reuse: bool) -> Context:
         """The context a new sequence joins (see the module notes)."""
         room = [c for c in self._contexts if c.assigned < c.share]
         if not room:  # the engine closed while the request waited
@@ -616,7 +311,7 @@ class LlamaCppBatchEngine:
         return Llama(model_path=str(self.model_path), n_ctx=64, n_batch=64, n_threads=1,
                      verbose=False)
 
-    async def _free(self, executors: list[ThreadPoolExecutor], contexts: list[_Context]) -> None:
+    async def _free(self, executors: list[ThreadPoolExecutor], contexts: list[Context]) -> None:
         """Every context freed on its thread, then the model on the first's."""
         loop = asyncio.get_running_loop()
         for context in contexts:
@@ -633,29 +328,3 @@ def _shares(sequences: int, contexts: int) -> list[int]:
     return [sequences // contexts + (i < sequences % contexts) for i in range(contexts)]
 
 
-def _common(cached: list[int], tokens: list[int]) -> int:
-    n = 0
-    for a, b in zip(cached, tokens, strict=False):
-        if a != b:
-            break
-        n += 1
-    return n
-
-
-def _sampler(request: GenerationRequest, n_vocab: int) -> Any:
-    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-    if request.presence_penalty or request.frequency_penalty:
-        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_penalties(
-            n_vocab, _PENALTY_WINDOW, 1.0, request.frequency_penalty,
-            request.presence_penalty))
-    if request.temperature <= 0:
-        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
-    else:
-        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_temp(
-            request.temperature))
-        if request.top_p < 1.0:
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_p(
-                request.top_p, 1))
-        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(
-            _llama_seed(request.seed)))
-    return chain

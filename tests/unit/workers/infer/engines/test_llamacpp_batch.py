@@ -20,7 +20,8 @@ import pytest
 from conveyor.errors import EngineError
 from conveyor.registry import Registry
 from workers.infer.engines.base import GenerationRequest, Piece
-from workers.infer.engines.llamacpp_batch import LlamaCppBatchEngine, _Context, _shares, _Text
+from workers.infer.engines.llamacpp_batch import LlamaCppBatchEngine, _shares
+from workers.infer.engines.llamacpp_batch_context import Context, Text
 from workers.infer.engines.table import add_engine_flags, engine_named
 
 SEQUENCES = 4
@@ -70,7 +71,7 @@ async def answer(engine: LlamaCppBatchEngine, req: GenerationRequest) -> str:
 
 
 def test_a_character_split_over_tokens_is_sent_whole() -> None:
-    t = _Text(())
+    t = Text(())
     e_acute = "é".encode()
 
     assert t.push(b"caf" + e_acute[:1]) == ("caf", False)
@@ -78,13 +79,13 @@ def test_a_character_split_over_tokens_is_sent_whole() -> None:
 
 
 def test_text_that_may_begin_a_stop_string_is_held_back() -> None:
-    t = _Text(("END",))
+    t = Text(("END",))
 
     assert t.push(b"ab E") == ("ab ", False)
     assert t.push(b"x") == ("Ex", False)  # not the stop after all
     assert t.push(b" EN") == (" ", False)
     assert t.push(b"D and more") == ("", True)  # nothing past the stop
-    assert _Text(("END",)).push(b"zz") == ("zz", False)
+    assert Text(("END",)).push(b"zz") == ("zz", False)
 
 
 # -- contexts and routing, no model -------------------------------------------------------
@@ -125,7 +126,7 @@ class _Held:
 def route(held: list[_Held], reuse: bool = True) -> int:
     engine = LlamaCppBatchEngine(Path("model.gguf"), sequences=16, contexts=len(held),
                                  prefill_chunk=128)
-    engine._contexts = cast(list[_Context], held)
+    engine._contexts = cast(list[Context], held)
     return held.index(cast(_Held, engine._route([1] * 400, reuse=reuse)))
 
 
