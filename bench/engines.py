@@ -41,20 +41,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.harness import BenchError, exit_on_sigterm, repo_root
+from bench.smollm2 import QUESTIONS
 from bench.stats import Check, markdown_table, percentile
 
 __all__ = ["main"]
 
-QUESTIONS = [
-    "Explain what a message queue is in two sentences.",
-    "Write a haiku about autumn leaves.",
-    "List three uses of a paperclip.",
-    "What is the capital of France, and why is it famous?",
-    "Describe how a bicycle works to a child.",
-    "Give me a short recipe for scrambled eggs.",
-    "Why is the sky blue?",
-    "Write a limerick about a cat who loves coffee.",
-]
 SEQUENCES = 16  # (b), (c) and (d) hold every stream of the highest level
 
 

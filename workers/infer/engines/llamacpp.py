@@ -67,7 +67,7 @@ from conveyor.errors import EngineError
 from conveyor.registry import ModelSpec
 from workers.infer.engines.base import GenerationRequest, KvState, Piece
 
-__all__ = ["LlamaCppEngine"]
+__all__ = ["LlamaCppEngine", "pieces_from"]
 
 # llama.cpp seeds are uint32 and 0xFFFFFFFF (LLAMA_DEFAULT_SEED) means "random".
 _SEED_SPACE = 0xFFFFFFFF
@@ -196,15 +196,8 @@ class LlamaCppEngine:
 
         try:
             context.executor.submit(self._run, context.llm, request, cancelled, emit)
-            while True:
-                item = await queue.get()
-                if isinstance(item, EngineError):
-                    raise item
-                if isinstance(item, BaseException):
-                    raise EngineError(f"llama.cpp failed: {item}") from item
-                yield item
-                if item.finish_reason is not None:
-                    return
+            async for piece in pieces_from(queue):
+                yield piece
         finally:
             cancelled.set()
             self._running.discard(cancelled)
@@ -290,6 +283,20 @@ class LlamaCppEngine:
         for context in contexts:
             await asyncio.to_thread(context.executor.shutdown, True)
             context.llm.close()
+
+
+async def pieces_from(queue: asyncio.Queue[_Item]) -> AsyncGenerator[Piece, None]:
+    """The pieces an engine thread puts on ``queue`` up to the last one; an
+    exception it puts there is raised as an EngineError."""
+    while True:
+        item = await queue.get()
+        if isinstance(item, EngineError):
+            raise item
+        if isinstance(item, BaseException):
+            raise EngineError(f"llama.cpp failed: {item}") from item
+        yield item
+        if item.finish_reason is not None:
+            return
 
 
 def _prompt_or_bos(llm: Llama, prompt: str) -> str | list[int]:

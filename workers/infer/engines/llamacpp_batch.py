@@ -132,7 +132,7 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 from conveyor.errors import EngineError
 from conveyor.registry import ModelSpec
 from workers.infer.engines.base import GenerationRequest, KvState, Piece
-from workers.infer.engines.llamacpp import _chat_formatter, _prompt_or_bos
+from workers.infer.engines.llamacpp import _chat_formatter, _prompt_or_bos, pieces_from
 from workers.infer.engines.llamacpp_batch_context import Context, Item, Sequence
 
 __all__ = ["LlamaCppBatchEngine"]
@@ -233,15 +233,8 @@ class LlamaCppBatchEngine:
         context.assigned += 1
         try:
             context.submit(sequence)
-            while True:
-                item = await queue.get()
-                if isinstance(item, EngineError):
-                    raise item
-                if isinstance(item, BaseException):
-                    raise EngineError(f"llama.cpp failed: {item}") from item
-                yield item
-                if item.finish_reason is not None:
-                    return
+            async for piece in pieces_from(queue):
+                yield piece
         finally:
             sequence.cancelled = True
             context.assigned -= 1
