@@ -17,8 +17,10 @@ both generating at once):
 
 Where ``.venv-vllm/bin/python`` exists, a child process of that Python runs
 (c) Conveyor's :class:`~workers.infer.engines.vllm.VllmEngine` (float32, 16
-sequences) and then (d) vLLM alone, ``AsyncLLM`` built with the same
-arguments and the same sampling, on the same converted model directory.
+sequences) and (d) vLLM alone, ``AsyncLLM`` built with the same arguments
+and the same sampling, on the same converted model directory: both started,
+each level run on one and then the other, the order reversed at every other
+level (as for every set of sides).
 
 A level runs ``streams`` lanes, each sending its chats one after another,
 until the level's requests are done or its time is up (no lane starts a
@@ -136,12 +138,15 @@ def _engine_stream(engine: Any) -> Stream:
 
 
 async def measure(sides: dict[str, Stream], plan: Plan) -> dict[str, list[Level]]:
-    """Each side warmed up, then every level on each side in turn."""
+    """Each side warmed up, then every level on each side in turn, the order of the
+    sides reversed at every other level, so that no side always runs first (or
+    last) in whatever the machine's load does meanwhile."""
     for stream in sides.values():
         await timed(stream, chat(QUESTIONS[0]), 4)
     results: dict[str, list[Level]] = {name: [] for name in sides}
-    for streams in plan.levels:
-        for name, stream in sides.items():
+    for i, streams in enumerate(plan.levels):
+        order = list(sides.items())
+        for name, stream in order if i % 2 == 0 else reversed(order):
             level = await run_level(stream, streams, plan)
             results[name].append(level)
             print(f"  {name:>15} {streams:>2} streams: {level.rate:6.1f} tok/s, TTFT p50 "
@@ -183,7 +188,8 @@ def batch_side(contexts: int) -> str:
 
 
 async def vllm_sides(plan: Plan) -> dict[str, list[Level]]:
-    """Run in .venv-vllm: Conveyor's adapter, then vLLM alone, one after the other."""
+    """Run in .venv-vllm: Conveyor's adapter and vLLM alone, both started, measured
+    level by level in turn."""
     from vllm import SamplingParams
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.sampling_params import RequestOutputKind
@@ -195,35 +201,33 @@ async def vllm_sides(plan: Plan) -> dict[str, list[Level]]:
 
     spec = Registry.load(repo_root() / "conveyor/models.toml").resolve("smollm2")
     model = await prepare_in_child(spec, None)
-    results: dict[str, list[Level]] = {}
     adapter = VllmEngine(spec, model=model, capacity=SEQUENCES, dtype="float32",
                          kv_cache_gib=0.5)
-    await adapter.start()
-    try:
-        results.update(await measure({"conveyor+vllm": _engine_stream(adapter)}, plan))
-    finally:
-        await adapter.close()
-
     args = AsyncEngineArgs(model=str(model), served_model_name=[spec.name], dtype="float32",
                            max_model_len=spec.context_length, max_num_seqs=SEQUENCES,
                            enforce_eager=True, enable_prefix_caching=True,
                            kv_cache_memory_bytes=int(0.5 * (1 << 30)),
                            generation_config="vllm", disable_log_stats=False)
-    llm = AsyncLLM.from_engine_args(args)
     counter = iter(range(1 << 30))
-
-    async def alone(prompt: str, max_tokens: int) -> AsyncIterator[tuple[str, int]]:
-        params = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=max_tokens,
-                                output_kind=RequestOutputKind.DELTA)
-        async for out in llm.generate(prompt, params, request_id=f"bench-{next(counter)}"):
-            step = out.outputs[0]
-            yield step.text, len(step.token_ids)
-
+    await adapter.start()
     try:
-        results.update(await measure({"vllm": alone}, plan))
+        llm = AsyncLLM.from_engine_args(args)
+        try:
+            async def alone(prompt: str, max_tokens: int) -> AsyncIterator[tuple[str, int]]:
+                params = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=max_tokens,
+                                        output_kind=RequestOutputKind.DELTA)
+                async for out in llm.generate(prompt, params,
+                                              request_id=f"bench-{next(counter)}"):
+                    step = out.outputs[0]
+                    yield step.text, len(step.token_ids)
+
+            # both engines up at once, each level on one then the other (see measure)
+            return await measure({"conveyor+vllm": _engine_stream(adapter), "vllm": alone},
+                                 plan)
+        finally:
+            llm.shutdown()
     finally:
-        llm.shutdown()
-    return results
+        await adapter.close()
 
 
 def vllm_in_child(quick: bool, levels: tuple[int, ...]) -> dict[str, list[Level]] | None:
