@@ -10,10 +10,10 @@ both generating at once):
 (b) ``llamacpp-batch xN``: :class:`~workers.infer.engines.llamacpp_batch.
     LlamaCppBatchEngine` with 16 sequences dealt out over N batched contexts
     of one thread each (``--batch-contexts``, a side for each N given;
-    ``--batch-threads``), by default N = 1, the engine's default: two threads
-    of one context collapsed whenever other work ran (4 tokens/s instead of
-    37 at one stream), and on the shared two cores here two contexts made
-    less than one up to 8 streams (the engine's notes give the figures).
+    ``--batch-threads``), by default N = 2, the engine's default (one
+    context a core: two threads of one context collapsed whenever other work
+    ran, 4 tokens/s instead of 37 at one stream; the engine's notes give the
+    figures for one context against two).
 
 Where ``.venv-vllm/bin/python`` exists, a child process of that Python runs
 (c) Conveyor's :class:`~workers.infer.engines.vllm.VllmEngine` (float32, 16
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="one request a stream, 32 tokens")
     parser.add_argument("--levels", default="1,4,8,16", help="streams at once, comma-separated")
-    parser.add_argument("--batch-contexts", default="1",
+    parser.add_argument("--batch-contexts", default="2",
                         help="(b)'s batched contexts, comma-separated: a side for each")
     parser.add_argument("--batch-threads", type=int, default=1,
                         help="(b)'s threads per context")

@@ -12,18 +12,15 @@ Decisions:
   context adds its compute buffers and a thread (see *Memory*). Two threads
   in one context collapsed whenever other work ran (4 tokens/s instead of
   37: llama.cpp's threads wait for each other at every operation); two
-  contexts of one thread do not wait for each other. Yet on the shared two
-  cores here two contexts did not pay: ``bench.engines --batch-contexts 1,2``
-  measured one context against two, 16 sequences, at 1/4/8/16 streams, at
-  25.4/45.3/65.0/55.4 tokens/s against 20.7/32.7/55.3/54.1 (and 15.6/29.1/
-  44.3/59.0 against 13.1/16.6/70.8/68.9 in a busier run), and four streams
-  alone, three rounds in alternating order, at 23/34/39 against 16/21/21.
-  Two contexts read the weights once each per step where one reads them
-  once for all its sequences, and today's ``LlamaCppEngine`` (two contexts
-  of one thread) made no more at four streams than at one (20.2 against
-  22.8): while another process holds a core, or the memory bus is the
-  limit, a second context splits the batch without a second core to run
-  it. ``contexts=2`` (``--batches 2``) is for a host with cores to spare.
+  contexts of one thread do not wait for each other. On the two cores here,
+  with nothing else running, ``bench.engines --no-vllm --levels 1,4,8
+  --batch-contexts 1,2`` measured one context against two, 16 sequences, at
+  22.5/42.3/60.2 tokens/s against 22.5/52.5/86.8 at 1/4/8 streams: one
+  context per core, ``--batches 2``, is the default. While other processes
+  held the cores, two contexts made less than one (25.4/45.3/65.0 against
+  20.7/32.7/55.3 at 1/4/8 streams, in a busy run): a second context splits
+  the batch, and each reads the weights every step, without a second core
+  to run it. Give ``--batches 1`` on a host whose other work keeps a core.
   ``n_threads`` is per context, as in ``LlamaCppEngine``.
 * **Each context's thread owns it.** Making the context, every decode and
   sampling, and freeing run on the context's one thread (a one-worker
@@ -146,7 +143,7 @@ class LlamaCppBatchEngine:
         self,
         model_path: Path,
         sequences: int = 8,
-        contexts: int = 1,
+        contexts: int = 2,
         n_ctx: int = 2048,
         n_threads: int = 1,
         prefill_chunk: int = 128,
@@ -168,7 +165,7 @@ class LlamaCppBatchEngine:
         self._slots_free: asyncio.Semaphore | None = None
 
     @classmethod
-    def from_spec(cls, spec: ModelSpec, sequences: int = 8, contexts: int = 1,
+    def from_spec(cls, spec: ModelSpec, sequences: int = 8, contexts: int = 2,
                   n_threads: int = 1, n_ctx: int | None = None) -> LlamaCppBatchEngine:
         """An engine for a registry model: its GGUF file and context length."""
         return cls(spec.gguf_path(), sequences=sequences, contexts=contexts,

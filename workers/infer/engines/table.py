@@ -118,10 +118,10 @@ def _llamacpp_batch_flags(flags: EngineFlags) -> None:
     # the batched contexts they are dealt out over are --batches
     flags.add("--contexts", **_CONTEXTS,
               help="sequences served at once, dealt out over the --batches contexts")
-    flags.add("--batches", type=_positive_int, default=1, metavar="N",
+    flags.add("--batches", type=_positive_int, default=2, metavar="N",
               help="batched llama.cpp contexts, each with a thread of its own and its "
-                   "share of the sequences decoded together (2 pays only with cores to "
-                   "spare: see the engine's notes)")
+                   "share of the sequences decoded together (one per free core: see the "
+                   "engine's notes)")
     flags.add("--threads", type=_positive_int, default=1, help="threads per context")
     flags.add("--max-model-len", type=_positive_int, default=None, metavar="TOKENS",
               help="each sequence's prompt and answer together (default: the model's "

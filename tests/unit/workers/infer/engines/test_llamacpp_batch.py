@@ -108,7 +108,7 @@ def test_the_table_reads_sequences_from_contexts_and_contexts_from_batches() -> 
 
     assert isinstance(made, LlamaCppBatchEngine) and isinstance(default, LlamaCppBatchEngine)
     assert (made.capacity, made.contexts, made.n_threads) == (16, 3, 2)
-    assert (default.capacity, default.contexts, default.n_threads) == (2, 1, 1)
+    assert (default.capacity, default.contexts, default.n_threads) == (2, 2, 1)  # one a core
 
 
 @dataclass(eq=False)
