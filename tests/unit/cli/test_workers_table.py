@@ -1,0 +1,35 @@
+"""The table ``conveyor workers`` prints, KV cache and GPU included, from
+heartbeats made here: who is live, what the KV cache holds, the GPU."""
+
+from __future__ import annotations
+
+from cli.workers import describe, render
+from conveyor.settings import Settings
+from schemas.records import WorkerHeartbeat
+from topics.envelope import now_ms
+
+
+def beat(worker: str, age_ms: int, **fields: object) -> WorkerHeartbeat:
+    record: dict[str, object] = {
+        "worker_id": worker, "pool": "cpu", "engine": "llamacpp-batch", "models": ["smollm2"],
+        "state": "ready", "partitions": [0, 1], "capacity": 8, "running": 3, "queued": 1,
+        "ts_ms": now_ms() - age_ms, "host": "h1", "gpu_utilization": None,
+        "gpu_memory_free": None, "interactive_running": 0, "interactive_ms": 0, "kv": None,
+        **fields}
+    return record  # type: ignore[return-value]
+
+
+def test_the_table_shows_kv_gpu_and_who_is_gone() -> None:
+    settings = Settings(topic_prefix="workers-table")
+    now = now_ms()
+    kv = {"usage": 0.25, "total_blocks": 4096, "free_blocks": 3072, "cached_blocks": 500,
+          "block_tokens": 1, "prefix_queries": 1000, "prefix_hits": 400}
+    rows = [describe(beat("a", 500, kv=kv), settings, now),
+            describe(beat("b", 60_000, gpu_utilization=87.0, gpu_memory_free=3 << 30),
+                     settings, now)]
+    assert rows[0]["live"] and not rows[1]["live"]  # b's last heartbeat is a minute old
+    assert rows[0]["kv"]["prefix_hit_rate"] == 0.4
+    text = render(rows)
+    assert "25% used, 3072/4096 free cached 500 hits 40% (1 tok/block)" in text
+    assert "87% 3.0 GiB free" in text
+    assert render([]) == "no worker has sent a heartbeat"
