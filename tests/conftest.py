@@ -1,25 +1,31 @@
 """Shared fixtures: the real Kafka and Redis that infra/ starts, Conveyors of
 real processes (tests/support/pipeline.py), and services of a test's own to
-break. Each tier's directory gives its tests their marker (``unit``, ``kafka``,
-``pipeline``, ``faults``, ``vllm``): ``bash infra/test.sh --fast`` runs ``tests/unit``
-alone, with no service running. ``tests/vllm`` runs in the environment that
-``bash infra/vllm.sh`` builds (``.venv-vllm``); a Python without vLLM leaves it out."""
+break. Each tier's directory gives its tests their marker (``unit``, ``engines``,
+``kafka``, ``pipeline``, ``faults``, ``vllm``): ``bash infra/test.sh --fast`` runs
+``tests/unit`` alone, with no service running and no model loaded; ``tests/engines``
+runs the real llama.cpp engines on the packaged model, with no service either.
+``tests/vllm`` runs in the environment that ``bash infra/vllm.sh`` builds
+(``.venv-vllm``); a Python without vLLM leaves it out."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
 import signal
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 import redis.asyncio as aioredis
 
 from tests.support.pipeline import Pipeline, answers
 from tests.support.services import OwnKafka, OwnRedis
+from workers.infer.engines.base import Engine
 
-TIERS = ("unit", "kafka", "pipeline", "faults", "vllm")
+E = TypeVar("E", bound=Engine)
+
+TIERS = ("unit", "engines", "kafka", "pipeline", "faults", "vllm")
 # vLLM is not in .venv (infra/vllm.sh): its tier runs from .venv-vllm (infra/test.sh)
 collect_ignore = ["vllm"] if importlib.util.find_spec("vllm") is None else []
 
@@ -119,3 +125,18 @@ async def redis() -> AsyncIterator[aioredis.Redis]:
         yield client
     finally:
         await client.aclose()
+
+
+@pytest.fixture
+async def started_engines() -> AsyncIterator[Callable[[Any], Awaitable[Any]]]:
+    """``await start(engine)``: the engine started, and closed after the test."""
+    engines: list[Engine] = []
+
+    async def start(engine: E) -> E:
+        await engine.start()
+        engines.append(engine)
+        return engine
+
+    yield start
+    for engine in engines:
+        await engine.close()

@@ -1,7 +1,7 @@
 """What the real model answers, through the whole pipeline: the one pipeline
 of the pipeline tier whose worker runs llama.cpp with SmolLM2 (the others run
 the scripted engine, which ignores sampling). The engine's own behaviour is
-tested without Kafka in tests/unit/workers/infer/engines."""
+tested without Kafka in tests/engines/workers/infer/engines."""
 
 from __future__ import annotations
 

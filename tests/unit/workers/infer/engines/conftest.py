@@ -13,9 +13,9 @@ import json
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import uvicorn
@@ -23,10 +23,6 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-
-from workers.infer.engines.base import Engine
-
-E = TypeVar("E", bound=Engine)
 
 
 @dataclass
@@ -136,18 +132,3 @@ def fake_upstream(_upstream_server: FakeUpstream) -> FakeUpstream:
     """The running fake upstream, reset to its default behaviour."""
     _upstream_server.reset()
     return _upstream_server
-
-
-@pytest.fixture
-async def started_engines() -> AsyncIterator[Callable[[Any], Awaitable[Any]]]:
-    """``await start(engine)``: the engine started, and closed after the test."""
-    engines: list[Engine] = []
-
-    async def start(engine: E) -> E:
-        await engine.start()
-        engines.append(engine)
-        return engine
-
-    yield start
-    for engine in engines:
-        await engine.close()

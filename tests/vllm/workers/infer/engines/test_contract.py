@@ -1,6 +1,6 @@
 """The engine contract (workers/infer/engines/base.py) on the vLLM engine: the
 contract tests the scripted and llama.cpp engines pass
-(tests/unit/workers/infer/engines/test_contract.py), run here against vLLM's
+(tests/engines/workers/infer/engines/test_contract.py), run here against vLLM's
 async engine with SmolLM2 in float32. The engine is the tier's (capacity 2);
 the test of ``close`` starts one of its own.
 
@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from conveyor.errors import EngineError
-from tests.unit.workers.infer.engines.test_contract import (
+from tests.engines.workers.infer.engines.test_contract import (
     MakeEngine,
     collect,
     request,

@@ -17,7 +17,7 @@ import pytest
 
 from conveyor.errors import EngineError
 from conveyor.registry import Registry
-from tests.unit.workers.infer.engines.test_contract import collect, request, text
+from tests.engines.workers.infer.engines.test_contract import collect, request, text
 from workers.infer.engines.base import Piece
 from workers.infer.engines.table import add_engine_flags, engine_named
 from workers.infer.engines.vllm import VllmEngine
