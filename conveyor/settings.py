@@ -130,6 +130,21 @@ class Settings(BaseSettings):
     # Schedule
     no_worker_timeout_s: float = 10.0
     worker_ttl_s: float = 3.0
+    # Prefix-aware routing (workers/prefix.py): preprocess hashes each prompt's
+    # first prefix_max_blocks whole blocks of prefix_block_tokens tokens; schedule
+    # remembers which worker took which blocks (route_index_blocks a worker, for
+    # route_index_ttl_s) and sends a prompt to the worker likely to hold most of
+    # it, when one holds route_cache_threshold of it, among the workers under
+    # route_load_bound times the pool's mean load; a whole prompt in cache is
+    # worth route_load_weight of a worker's load (busy / capacity)
+    prefix_block_tokens: int = 64
+    prefix_max_blocks: int = 256
+    route_prefix_aware: bool = True
+    route_cache_threshold: float = 0.3
+    route_load_bound: float = 1.25
+    route_load_weight: float = 1.0
+    route_index_blocks: int = 4096
+    route_index_ttl_s: float = 600.0
 
     # Infer
     heartbeat_interval_s: float = 1.0

@@ -90,6 +90,7 @@ class Prompt(TypedDict):
     max_tokens: int
     dropped_messages: int
     fingerprint: str
+    prefix_blocks: list[int]
 
 
 class Route(TypedDict):

@@ -60,7 +60,7 @@ def full_task(rid: str, *, priority: int = 0, pool: str = "cpu", deadline_ms: in
             "stream": False, "include_usage": False, "created": 1,
         },
         "prompt": {"text": f"<|user|>{prompt}", "tokens": 12, "exact": True, "max_tokens": 8,
-                   "dropped_messages": 0, "fingerprint": "f"},
+                   "dropped_messages": 0, "fingerprint": "f", "prefix_blocks": []},
         "route": {"model": "smollm2-135m-instruct", "pool": pool, "worker_id": "",
                   "partition": -1},
     }

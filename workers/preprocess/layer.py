@@ -3,7 +3,8 @@
 Validates and normalises a request, measures its prompt with the target
 model's tokenizer, fits it to the model's context window (dropping the
 oldest turns of a conversation that is too long, keeping the system prompt
-and the tail) and names the prompt with a fingerprint for caches.
+and the tail) and names the prompt with a fingerprint for caches and with the chained hashes
+of its blocks of tokens for prefix-aware routing (workers/prefix.py).
 
 A model the registry does not know is not an error here: route owns that
 answer (404 ``model_not_found``). Such a request goes on with an estimated
@@ -34,6 +35,7 @@ from schemas.records import Generation, Prepared, Prompt, Request
 from topics.catalog import PREPARED, REQUESTS
 from topics.envelope import stamp
 from workers.outputs import Output, Sender
+from workers.prefix import block_hashes
 from workers.preprocess.normalize import (
     Fit,
     fingerprint,
@@ -93,6 +95,7 @@ class PreprocessLayer:
         envelope = stamp(event["envelope"], self.name)
         generation = normalize_generation(event["generation"])
         spec = self.registry.find(generation["model"])
+        blocks: list[int] = []
         if spec is None:
             tokenizer: Tokenizer = self._estimate
             fit = self._measure_unchecked(generation)
@@ -101,8 +104,12 @@ class PreprocessLayer:
             tokenizer = await self.tokenizers.get(spec)
             if _text_size(generation) > _INLINE_CHARS:
                 fit = await asyncio.to_thread(self._fit, spec, tokenizer, generation)
+                if fit.text is not None:
+                    blocks = await asyncio.to_thread(self._blocks, tokenizer, fit.text)
             else:
                 fit = self._fit(spec, tokenizer, generation)
+                if fit.text is not None:
+                    blocks = self._blocks(tokenizer, fit.text)
             model_key = spec.name
         if fit.dropped:
             log.info(
@@ -119,6 +126,7 @@ class PreprocessLayer:
             max_tokens=fit.max_tokens,
             dropped_messages=fit.dropped,
             fingerprint=fingerprint(model_key, fit.text, fit.messages, raw_prompt),
+            prefix_blocks=blocks,
         )
         prepared = Prepared(envelope=envelope, generation=generation, prompt=prompt)
         return [
@@ -129,6 +137,12 @@ class PreprocessLayer:
                 key=envelope["request_id"],
             )
         ]
+
+    def _blocks(self, tokenizer: Tokenizer, text: str) -> list[int]:
+        """The chained hashes of the prompt's whole blocks of tokens, for
+        prefix-aware routing (workers/prefix.py)."""
+        size, limit = self.settings.prefix_block_tokens, self.settings.prefix_max_blocks
+        return block_hashes(tokenizer.ids(text, size * limit), size, limit)
 
     @staticmethod
     def _fit(spec: ModelSpec, tokenizer: Tokenizer, generation: Generation) -> Fit:

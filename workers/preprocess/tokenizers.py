@@ -45,6 +45,9 @@ CHARS_PER_TOKEN = 4
 # many turns (see its docstring)
 _SPLIT_ABOVE_CHARS = 4096
 _TURNS_PER_CALL = 32
+# GgufTokenizer.ids: the characters a token takes at most, for reading no more
+# text than the ids asked for can need
+_CHARS_PER_ID_AT_MOST = 16
 
 
 class Tokenizer(Protocol):
@@ -64,6 +67,11 @@ class Tokenizer(Protocol):
     def min_count(self, text: str) -> int:
         """A number of tokens ``text`` has at least, found without
         tokenizing it (a long conversation that cannot fit is known at once)."""
+        ...
+
+    def ids(self, text: str, limit: int) -> list[int]:
+        """The first ``limit`` token ids of ``text`` (no BOS added), as
+        :meth:`count` counts them; empty when the ids are not known here."""
         ...
 
 
@@ -166,7 +174,31 @@ class GgufTokenizer:
         return sum(1 for _ in self._controls.finditer(text))
 
     def _count_one(self, text: str) -> int:
-        return len(self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
+        return len(self._tokenize(text))
+
+    def _tokenize(self, text: str) -> list[int]:
+        return list(self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
+
+    def ids(self, text: str, limit: int) -> list[int]:
+        """Tokenized in the pieces :meth:`count` uses, until ``limit`` ids.
+        Only the text that can hold them is read (a token is rarely longer
+        than ``_CHARS_PER_ID_AT_MOST`` characters); the ids next to that cut
+        may differ from the whole text's, so they are left out."""
+        cut_at = limit * _CHARS_PER_ID_AT_MOST
+        if len(text) > cut_at:
+            return self.ids(text[:cut_at], limit + _CHARS_PER_ID_AT_MOST)[:-_CHARS_PER_ID_AT_MOST][
+                :limit]
+        if len(text) <= _SPLIT_ABOVE_CHARS or self._turn_end is None:
+            return self._tokenize(text)[:limit]
+        cuts = [m.start() for m in self._turn_end.finditer(text)][_TURNS_PER_CALL::_TURNS_PER_CALL]
+        out: list[int] = []
+        start = 0
+        for end in [*cuts, len(text)]:
+            out.extend(self._tokenize(text[start:end]))
+            start = end
+            if len(out) >= limit:
+                break
+        return out[:limit]
 
     def render_chat(self, messages: list[Message]) -> str | None:
         if self._template is None:
@@ -206,6 +238,9 @@ class EstimateTokenizer:
 
     def min_count(self, text: str) -> int:
         return self.count(text)
+
+    def ids(self, text: str, limit: int) -> list[int]:
+        return []
 
 
 def load_tokenizer(spec: ModelSpec) -> Tokenizer:

@@ -1,7 +1,9 @@
 """Schedule: send each task to a live worker of its pool, interactive first.
 
-**Interactive tasks** (``envelope.priority`` 0) go at once to the least
-loaded live worker's partition. When no worker of the pool is live, the
+**Interactive tasks** (``envelope.priority`` 0) go at once to a live
+worker's partition: the worker likely to hold the longest prefix of the prompt
+in its KV cache, as long as it stays under the load bound, else the least
+loaded (:mod:`workers.prefix`). When no worker of the pool is live, the
 task is parked, not waited for: the layer goes on scheduling other pools'
 tasks, a background task places the parked ones (in arrival order) as soon
 as a worker appears, and a task still parked ``no_worker_timeout_s`` after
@@ -61,6 +63,7 @@ from schemas.records import Envelope, Task
 from topics.catalog import ROUTED, infer_topic
 from topics.envelope import PRIORITY_INTERACTIVE, now_ms, now_us, stamp
 from workers.outputs import Output, Sender, error_info, failure_reply
+from workers.prefix import PrefixIndex, RoutePolicy, WorkerLoad, choose
 from workers.schedule.admission import LINGER_S, BatchAdmission, Candidate
 from workers.schedule.finishes import FinishFollower
 from workers.schedule.held import Held, HeldQueue
@@ -105,6 +108,10 @@ class ScheduleLayer:
         self._background: list[asyncio.Task[None]] = []
         self._reconciled: dict[str, int] = {}
         self._expired_at = 0
+        # which worker took which prompt blocks (workers/prefix.py)
+        self.prefix = PrefixIndex(settings.route_index_blocks, settings.route_index_ttl_s)
+        self.policy = RoutePolicy(settings.route_cache_threshold, settings.route_load_bound,
+                                  settings.route_load_weight, settings.route_prefix_aware)
 
     async def start(self, sender: Sender) -> None:
         """Read the heartbeats seen so far before scheduling (a bounded wait:
@@ -176,14 +183,19 @@ class ScheduleLayer:
         return []
 
     def place(self, task: Task) -> Output | None:
-        """The output sending interactive ``task`` to the least loaded live worker,
-        or None when none is live."""
+        """The output sending interactive ``task`` to a live worker (the one
+        likely to hold its prefix, within the load bound, or the least loaded:
+        :func:`workers.prefix.choose`), or None when none is live."""
         self._check_deadline(task["envelope"])
         live = self.table.live(task["route"]["pool"])
         if not live:
             return None
-        view = min(live, key=lambda w: (self._busy(w) / max(1, w.beat["capacity"]),
-                                        w.beat["worker_id"]))
+        loads = [WorkerLoad(w.beat["worker_id"], self._busy(w), w.beat["capacity"])
+                 for w in live]
+        chosen = choose(loads, task["prompt"]["prefix_blocks"], self.prefix, self.policy,
+                        self.clock())
+        assert chosen is not None  # there are live workers
+        view = next(w for w in live if w.beat["worker_id"] == chosen.worker_id)
         self.admission.interactive_sent(task["route"]["pool"])
         return self._address(task, view)
 
@@ -216,6 +228,7 @@ class ScheduleLayer:
     def _address(self, task: Task, view: WorkerView) -> Output:
         envelope = task["envelope"]
         partition = self.table.address(view)
+        self.prefix.took(view.beat["worker_id"], task["prompt"]["prefix_blocks"], self.clock())
         task["route"]["worker_id"] = view.beat["worker_id"]
         task["route"]["partition"] = partition
         self.outstanding.add(envelope["request_id"], view.beat["worker_id"],

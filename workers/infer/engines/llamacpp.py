@@ -42,6 +42,10 @@ Decisions:
   on what the context served before. Without a seed the prefix is reused:
   evaluating every prompt afresh cost 7 points of throughput in
   ``bench.smollm2`` (88.7 % of llama.cpp alone instead of 95.3 %).
+* **The context holding the prompt's prefix.** Of the free contexts, a
+  request without a seed takes the one whose cache begins with the longest
+  part of its prompt (the next turn of a conversation finds its history
+  there), so that prefix-aware routing (workers/prefix.py) pays off here too.
 * **Empty prompts** begin at the beginning-of-sequence token.
 * Every failure inside llama.cpp surfaces from :meth:`generate` as
   :class:`~conveyor.errors.EngineError`.
@@ -183,6 +187,12 @@ class LlamaCppEngine:
         if free is None:
             raise EngineError(f"engine {self.name} is not started")
         context = await free.get()
+        try:
+            if request.seed is None and not free.empty():
+                context = self._nearest(context, free, self._prompt(request))
+        except BaseException:
+            free.put_nowait(context)
+            raise
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[_Item] = asyncio.Queue()
         cancelled = threading.Event()
@@ -202,6 +212,22 @@ class LlamaCppEngine:
             cancelled.set()
             self._running.discard(cancelled)
             free.put_nowait(context)
+
+    @staticmethod
+    def _nearest(first: _Context, free: asyncio.Queue[_Context], prompt: str) -> _Context:
+        """Of the free contexts (``first`` and those still in ``free``), the one
+        whose cache begins with the longest part of ``prompt``; the others go
+        back. The next turn of a conversation, or another prompt with the same
+        system prompt, then costs only its new tokens."""
+        tokens = list(first.llm.tokenize(prompt.encode("utf-8"), special=True)) if prompt else []
+        contexts = [first]
+        while not free.empty():
+            contexts.append(free.get_nowait())
+        best = max(contexts, key=lambda c: _shared_prefix(c.llm, tokens))  # first of equals
+        for context in contexts:
+            if context is not best:
+                free.put_nowait(context)
+        return best
 
     def _run(
         self,
@@ -297,6 +323,17 @@ async def pieces_from(queue: asyncio.Queue[_Item]) -> AsyncGenerator[Piece, None
         yield item
         if item.finish_reason is not None:
             return
+
+
+def _shared_prefix(llm: Llama, tokens: list[int]) -> int:
+    """How many leading ``tokens`` the context's cache holds already."""
+    cached = llm.input_ids[:llm.n_tokens].tolist()
+    shared = 0
+    for have, want in zip(cached, tokens, strict=False):
+        if have != want:
+            break
+        shared += 1
+    return shared
 
 
 def _prompt_or_bos(llm: Llama, prompt: str) -> str | list[int]:

@@ -29,7 +29,7 @@ def task(kind: Literal["chat", "completion"] = "chat", *, max_tokens: int = 64,
             "created": 1,
         },
         "prompt": {"text": prompt_text, "tokens": 12, "exact": True, "max_tokens": max_tokens,
-                   "dropped_messages": 0, "fingerprint": "f"},
+                   "dropped_messages": 0, "fingerprint": "f", "prefix_blocks": []},
         "route": {"model": "smollm2-135m-instruct", "pool": "cpu", "worker_id": "w0",
                   "partition": 0},
     }

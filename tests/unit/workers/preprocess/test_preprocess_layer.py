@@ -15,6 +15,7 @@ from schemas.codec import default_codec
 from schemas.records import Message, Prepared, Request
 from tests.support.factories import request as make_request
 from workers.outputs import Output
+from workers.prefix import block_hashes
 from workers.preprocess import PreprocessLayer
 from workers.preprocess.tokenizers import TokenizerCache
 
@@ -221,3 +222,37 @@ async def test_prepared_round_trips_through_the_codec(layer: PreprocessLayer) ->
         prepared = await prepare(layer, req)
         data = codec.encode("Prepared", prepared)
         assert codec.decode(data, "Prepared") == prepared
+
+
+async def test_a_conversation_s_turns_share_their_leading_prompt_blocks(
+        layer: PreprocessLayer, llama: Llama) -> None:
+    """The blocks are the chained hashes of the rendered prompt's tokens, 64 a
+    block: the next turn of a conversation begins with the blocks of the last."""
+    system = message("system", "You answer questions about the history of ships. " * 20)
+    one = await prepare(layer, request([system, message("user", "Who built the first?")]))
+    two = await prepare(layer, request([system, message("user", "Who built the first?"),
+                                        message("assistant", "The Egyptians, probably."),
+                                        message("user", "And the largest?")]))
+    text = one["prompt"]["text"]
+    assert text is not None
+    ids = llama.tokenize(text.encode(), add_bos=False, special=True)
+    blocks = one["prompt"]["prefix_blocks"]
+    assert len(blocks) == len(ids) // 64 >= 3
+    assert blocks == block_hashes(ids, 64, 256)
+    assert two["prompt"]["prefix_blocks"][:len(blocks) - 1] == blocks[:-1]
+    other = await prepare(layer, request([message("user", "Something else entirely.")]))
+    assert other["prompt"]["prefix_blocks"] == []  # shorter than one block
+
+
+async def test_a_long_text_s_blocks_are_those_of_its_beginning(layer: PreprocessLayer) -> None:
+    """Only the first blocks are hashed, from no more text than they need."""
+    words = " ".join(f"w{i}" for i in range(12_000))
+    tokenizer = await layer.tokenizers.get(layer.registry.resolve(MODEL))
+    whole = tokenizer.ids(words, 10**6)
+    assert tokenizer.ids(words, 100) == whole[:100]
+    assert block_hashes(tokenizer.ids(words, 64 * 4), 64, 4) == block_hashes(whole, 64, 4)
+
+
+async def test_a_model_without_a_local_tokenizer_gets_no_blocks(layer: PreprocessLayer) -> None:
+    prepared = await prepare(layer, request([message("user", "x " * 500)], model="no-such-model"))
+    assert prepared["prompt"]["prefix_blocks"] == []

@@ -113,3 +113,28 @@ async def test_penalties_reach_llamacpp(engine: LlamaCppEngine) -> None:
     for penalty in ({"frequency_penalty": 2.0}, {"presence_penalty": 2.0}):
         penalised = text(await collect(engine, request(**{**loop.__dict__, **penalty})))
         assert penalised.count("cat") < plain.count("cat"), (penalty, penalised, plain)
+
+
+async def test_a_prompt_goes_to_the_free_context_holding_its_prefix() -> None:
+    """Contexts are free in turn (the one freed longest ago first), and both
+    free here: asked P1, P2 (nothing in common), then P2 continued, the last
+    must land where P2 is cached, not overwrite P1; and a fourth prompt
+    beginning as P1 does goes where P1 is."""
+    spec = Registry.load(Path("conveyor/models.toml")).resolve("smollm2")
+    engine = LlamaCppEngine.from_spec(spec, contexts=2)
+    await engine.start()
+    try:
+        one = "Italy is a country in southern Europe. Its capital"
+        two = "Rivers of Spain flow to the Atlantic and the Mediterranean. The longest"
+
+        def held() -> list[str]:
+            return sorted(c.llm.detokenize(c.llm.input_ids[:c.llm.n_tokens].tolist()).decode()
+                          for c in engine._contexts)  # noqa: SLF001
+
+        for prompt in (one, two, two + " is"):
+            await collect(engine, request(kind="completion", prompt_text=prompt, max_tokens=2))
+        assert held()[0].startswith(one) and held()[1].startswith(two + " is"), held()
+        await collect(engine, request(kind="completion", prompt_text=one + " is", max_tokens=2))
+        assert held()[0].startswith(one + " is") and held()[1].startswith(two + " is"), held()
+    finally:
+        await engine.close()

@@ -1,0 +1,103 @@
+"""Prompt blocks, the index of which worker took which, and the choice of a worker."""
+
+from __future__ import annotations
+
+from workers.prefix import PrefixIndex, RoutePolicy, WorkerLoad, block_hashes, choose
+
+POLICY = RoutePolicy()
+
+
+def tokens(*runs: tuple[int, int]) -> list[int]:
+    """Token ids made of (first id, count) runs."""
+    return [first + i for first, count in runs for i in range(count)]
+
+
+def test_prompts_share_hashes_exactly_as_long_as_they_share_blocks() -> None:
+    system = tokens((1000, 128))  # two whole blocks of 64
+    one = block_hashes(system + tokens((5, 70)), 64, 100)
+    two = block_hashes(system + tokens((9, 70)), 64, 100)
+    assert len(one) == len(two) == 3  # the partial last block has no hash
+    assert one[:2] == two[:2] and one[2] != two[2]
+    # a block with the same tokens after a different prefix is another block
+    shifted = block_hashes(tokens((7, 64)) + system[:64], 64, 100)
+    assert shifted[1] != one[0]
+    assert all(-(2 ** 63) <= h < 2 ** 63 for h in one)  # an Avro long
+
+
+def test_block_hashes_stop_at_the_limit_and_need_a_whole_block() -> None:
+    assert len(block_hashes(tokens((0, 64 * 10)), 64, 4)) == 4
+    assert block_hashes(tokens((0, 63)), 64, 4) == []
+    assert block_hashes(tokens((0, 640)), 0, 4) == []
+
+
+def test_the_index_counts_leading_blocks_only() -> None:
+    index = PrefixIndex()
+    index.took("w0", [1, 2, 3], now_ms=0)
+    assert index.overlap("w0", [1, 2, 3, 4], now_ms=0) == 3
+    assert index.overlap("w0", [1, 9, 3], now_ms=0) == 1
+    assert index.overlap("w1", [1, 2], now_ms=0) == 0
+
+
+def test_the_index_is_bounded_per_worker_and_drops_the_least_recently_used() -> None:
+    index = PrefixIndex(max_blocks=4)
+    index.took("w0", [1, 2, 3], now_ms=0)
+    index.took("w0", [1, 7, 8], now_ms=1)  # 1 used again: 2 is the oldest now
+    assert index.size() == 4
+    assert index.overlap("w0", [1, 7, 8], now_ms=1) == 3
+    assert index.overlap("w0", [1, 2, 3], now_ms=1) == 1
+
+
+def test_the_index_ages_blocks_out() -> None:
+    index = PrefixIndex(ttl_s=10)
+    index.took("w0", [1, 2], now_ms=0)
+    index.took("w0", [1], now_ms=8_000)
+    assert index.overlap("w0", [1, 2], now_ms=9_000) == 2
+    assert index.overlap("w0", [1, 2], now_ms=12_000) == 1  # 2 was last taken at 0
+    index.forget("w0")
+    assert index.overlap("w0", [1], now_ms=12_000) == 0
+
+
+def test_without_blocks_the_least_loaded_worker_gets_it() -> None:
+    workers = [WorkerLoad("w0", 2, 2), WorkerLoad("w1", 1, 2), WorkerLoad("w2", 1, 2)]
+    assert choose(workers, [], PrefixIndex(), POLICY, 0) == workers[1]  # a tie: lower id
+    assert choose([], [1], PrefixIndex(), POLICY, 0) is None
+
+
+def test_a_prompt_goes_to_the_worker_holding_its_prefix() -> None:
+    index = PrefixIndex()
+    index.took("w1", [1, 2, 3, 4], now_ms=0)
+    workers = [WorkerLoad("w0", 0, 2), WorkerLoad("w1", 1, 2)]
+    assert choose(workers, [1, 2, 3, 4, 5], index, POLICY, 0) == workers[1]
+    # less than the cache threshold of the prompt held: by load
+    assert choose(workers, [1, 6, 7, 8, 9], index, POLICY, 0) == workers[0]
+    # and never when prefix-aware routing is off
+    off = RoutePolicy(prefix_aware=False)
+    assert choose(workers, [1, 2, 3, 4, 5], index, off, 0) == workers[0]
+
+
+def test_one_hot_prefix_cannot_pile_onto_one_worker() -> None:
+    """Bounded loads: no worker above 1.25 times the mean, the task counted. With
+    two workers of capacity 2, the holder takes a second task while the other is
+    idle, but not a third."""
+    index = PrefixIndex()
+    index.took("w0", [1, 2], now_ms=0)
+    hot = [1, 2, 3]
+    assert choose([WorkerLoad("w0", 1, 2), WorkerLoad("w1", 0, 2)], hot, index, POLICY, 0
+                  ).worker_id == "w0"  # type: ignore[union-attr]
+    assert choose([WorkerLoad("w0", 2, 2), WorkerLoad("w1", 0, 2)], hot, index, POLICY, 0
+                  ).worker_id == "w1"  # type: ignore[union-attr]
+    # a bigger worker may hold more of the load before it is bounded
+    assert choose([WorkerLoad("w0", 2, 8), WorkerLoad("w1", 0, 2)], hot, index, POLICY, 0
+                  ).worker_id == "w0"  # type: ignore[union-attr]
+
+
+def test_overlap_is_weighed_against_load() -> None:
+    """Two holders of the prefix: the less loaded one, and a holder of a little
+    less of it beats a much busier holder of a little more."""
+    index = PrefixIndex()
+    index.took("w0", [1, 2, 3, 4], now_ms=0)
+    index.took("w1", [1, 2, 3], now_ms=0)
+    workers = [WorkerLoad("w0", 3, 4), WorkerLoad("w1", 0, 4), WorkerLoad("w2", 3, 4)]
+    assert choose(workers, [1, 2, 3, 4], index, POLICY, 0) == workers[1]
+    even = [WorkerLoad("w0", 1, 4), WorkerLoad("w1", 1, 4), WorkerLoad("w2", 1, 4)]
+    assert choose(even, [1, 2, 3, 4], index, POLICY, 0) == even[0]

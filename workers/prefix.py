@@ -1,0 +1,145 @@
+"""Prompts as chains of token blocks, and routing that follows them.
+
+A worker that served a prompt keeps its tokens in its KV cache for a while; a
+later prompt that begins the same way (the next turn of a conversation, the
+same long system prompt) costs only its new tokens there. To route by that,
+preprocess cuts each prompt's tokens into blocks of ``block_tokens`` and hashes
+them in a chain (block *i*'s hash covers every token before it too), so two
+prompts share their first *n* hashes exactly when they share their first *n*
+blocks of tokens.
+
+Schedule keeps a :class:`PrefixIndex`: for each worker, the blocks of the
+prompts it sent there recently (least recently used first out, at most
+``max_blocks`` a worker, none older than ``ttl_s``). :func:`choose` scores the
+live workers of a pool by how much of a prompt each is likely to hold against
+how busy each is, and bounds the load so that one hot prefix cannot pile onto
+one worker (consistent hashing with bounded loads: no worker above
+``load_bound`` times the mean, counting the task being placed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["PrefixIndex", "RoutePolicy", "WorkerLoad", "block_hashes", "choose"]
+
+
+def block_hashes(tokens: Sequence[int], block_tokens: int, limit: int) -> list[int]:
+    """The chained hash of each whole block of ``tokens`` (at most ``limit``),
+    as signed 64-bit integers (an Avro ``long``). A last partial block has none:
+    only whole blocks are reused whole."""
+    if block_tokens <= 0:
+        return []
+    out: list[int] = []
+    parent = b""
+    for i in range(min(len(tokens) // block_tokens, limit)):
+        digest = hashlib.blake2b(parent, digest_size=8)
+        digest.update(array("q", tokens[i * block_tokens:(i + 1) * block_tokens]).tobytes())
+        parent = digest.digest()
+        out.append(int.from_bytes(parent, "big", signed=True))
+    return out
+
+
+@dataclass
+class PrefixIndex:
+    """Which worker recently took which blocks: an approximate picture of the
+    workers' prefix caches, bounded in memory and aged out."""
+
+    max_blocks: int = 4096  # a worker's, about what its KV cache holds
+    ttl_s: float = 600.0
+    _blocks: dict[str, OrderedDict[int, int]] = field(default_factory=dict)
+
+    def took(self, worker_id: str, blocks: Sequence[int], now_ms: int) -> None:
+        """``worker_id`` was sent a prompt of ``blocks``: it holds them now."""
+        held = self._blocks.setdefault(worker_id, OrderedDict())
+        for block in blocks:
+            held[block] = now_ms
+            held.move_to_end(block)
+        while len(held) > self.max_blocks:
+            held.popitem(last=False)
+
+    def overlap(self, worker_id: str, blocks: Sequence[int], now_ms: int) -> int:
+        """How many leading ``blocks`` ``worker_id`` is likely to hold."""
+        held = self._blocks.get(worker_id)
+        if not held:
+            return 0
+        self._age(held, now_ms)
+        matched = 0
+        for block in blocks:
+            if block not in held:
+                break
+            matched += 1
+        return matched
+
+    def forget(self, worker_id: str) -> None:
+        """``worker_id`` is gone (or restarted empty)."""
+        self._blocks.pop(worker_id, None)
+
+    def size(self) -> int:
+        return sum(len(held) for held in self._blocks.values())
+
+    def _age(self, held: OrderedDict[int, int], now_ms: int) -> None:
+        horizon = now_ms - int(self.ttl_s * 1000)
+        while held:
+            block, seen = next(iter(held.items()))
+            if seen >= horizon:
+                return
+            del held[block]
+
+
+@dataclass(frozen=True)
+class RoutePolicy:
+    """The weights and bounds of :func:`choose` (settings ``CONVEYOR_ROUTE_*``)."""
+
+    # a prompt goes by its prefix only when a worker holds at least this share of it
+    cache_threshold: float = 0.3
+    # no worker above this many times the mean load of the pool, the task counted
+    load_bound: float = 1.25
+    # what a whole prompt in cache is worth against a worker's load (busy / capacity)
+    load_weight: float = 1.0
+    prefix_aware: bool = True
+
+
+@dataclass(frozen=True)
+class WorkerLoad:
+    worker_id: str
+    busy: int  # tasks running and queued on it, as schedule sees them
+    capacity: int
+
+
+def choose(candidates: Sequence[WorkerLoad], blocks: Sequence[int], index: PrefixIndex,
+           policy: RoutePolicy, now_ms: int) -> WorkerLoad | None:
+    """The worker a prompt of ``blocks`` goes to: among the workers under the
+    load bound, the one with the best expected cache overlap (its share of
+    the prompt's blocks) less its load, when some worker holds at least
+    ``cache_threshold`` of the prompt; otherwise the least loaded. Ties go to
+    the lower worker id, so the choice is reproducible."""
+    if not candidates:
+        return None
+
+    def load(c: WorkerLoad) -> float:
+        return c.busy / max(1, c.capacity)
+
+    least = min(candidates, key=lambda c: (load(c), c.worker_id))
+    if not policy.prefix_aware or not blocks:
+        return least
+    total = sum(c.busy for c in candidates) + 1
+    capacity = sum(max(1, c.capacity) for c in candidates)
+    under = [c for c in candidates
+             if c.busy + 1 <= _bound(policy.load_bound * total * max(1, c.capacity) / capacity)]
+    scored = [(index.overlap(c.worker_id, blocks, now_ms) / len(blocks), c) for c in under]
+    best_share = max((share for share, _ in scored), default=0.0)
+    if best_share < policy.cache_threshold:
+        return least
+    return min(scored, key=lambda sc: (policy.load_weight * load(sc[1]) - sc[0],
+                                       load(sc[1]), sc[1].worker_id))[1]
+
+
+def _bound(value: float) -> int:
+    """A worker's task bound: at least one task, whatever the mean."""
+    return max(1, math.ceil(value - 1e-9))
