@@ -186,19 +186,6 @@ def report(what: str, took: float, lines: int, baseline: float) -> None:
 
 # -- the pipeline, and undoing the faults ------------------------------------------
 
-def respawn(p: Pipeline, name: str) -> None:
-    """Start ``name`` again; the dead process's log is kept beside the new one."""
-    log = p.logs / f"{p.prefix}-{name}.log"
-    if log.exists():
-        log.rename(log.with_suffix(f".killed-{time.monotonic_ns()}.log"))
-    if name == "layers":
-        p.spawn("layers", "layer")
-    elif name == "gateway":
-        p.spawn("gateway", "gateway")  # on the pipeline's port again (CONVEYOR_GATEWAY_PORT)
-    else:
-        p.start_worker(name, contexts=1)
-
-
 def wait_healthy(p: Pipeline, within: float = 60.0) -> None:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
@@ -208,16 +195,6 @@ def wait_healthy(p: Pipeline, within: float = 60.0) -> None:
                 return
         time.sleep(0.1)
     raise AssertionError(f"the restarted gateway did not become healthy:\n{p.tail('gateway')}")
-
-
-def restore(p: Pipeline) -> None:
-    """Every process of the pipeline alive and serving again."""
-    dead = [name for name, proc in p.procs.items() if proc.poll() is not None]
-    for name in dead:
-        respawn(p, name)
-    if dead:
-        p.wait_ready()
-        p.wait_workers(2)
 
 
 @pytest.fixture(scope="module")
@@ -237,7 +214,7 @@ def p(conveyor: Pipeline) -> Iterator[Pipeline]:
     try:
         yield conveyor
     finally:
-        restore(conveyor)
+        conveyor.heal()
 
 
 @pytest.fixture(scope="module")
@@ -285,7 +262,7 @@ def test_a_batch_completes_when_the_layers_process_is_killed_and_restarted(
     batch = create(c, batch_lines("l", LINES))
     at_kill = until_completed(c, batch.id, COMPLETED_BEFORE_KILL)
     p.kill("layers")
-    respawn(p, "layers")
+    p.respawn("layers")
     done = wait(c, batch.id, timeout=FINAL_WITHIN_S)
     report(f"layers killed at {at_kill.request_counts.completed} completed, restarted",
            time.monotonic() - started, LINES, baseline_s)
@@ -301,7 +278,7 @@ def test_a_batch_completes_and_is_served_by_a_restarted_gateway(
     batch = create(c, batch_lines("g", LINES))
     until_completed(c, batch.id, COMPLETED_BEFORE_KILL)
     p.kill("gateway")
-    respawn(p, "gateway")
+    p.respawn("gateway")
     wait_healthy(p)
     again = client(p)
     seen = again.batches.retrieve(batch.id)
@@ -365,7 +342,7 @@ def test_a_batch_killed_while_being_expanded_runs_each_line_once(
     started = time.monotonic()
     seen = asyncio.run(_kill_mid_expansion(p, c))
     status_at_kill = c.batches.retrieve(seen.batch_id).status
-    respawn(p, "layers")
+    p.respawn("layers")
     done = wait(c, seen.batch_id, timeout=FINAL_WITHIN_S)
     took = time.monotonic() - started
     events = Counter(r.key for r in asyncio.run(_read_all(p, "requests", seen.batch_id)))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import pytest
 import redis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
@@ -24,6 +25,17 @@ from workers.infer.progress import progress_of
 
 COUNTING: dict[str, Any] = {"model": "smollm2", "prompt": "1, 2, 3, 4, 5,", "temperature": 0,
                             "stream": True}
+
+
+@pytest.fixture
+def p(module_pipelines: Callable[..., Pipeline]) -> Iterator[Pipeline]:
+    """Two workers of one context each, shared by the tests that kill or stop
+    one of its processes: what a test stopped is started again after it."""
+    shared = module_pipelines(workers=2, contexts=1)
+    try:
+        yield shared
+    finally:
+        shared.heal()
 
 
 def sse_events(r: httpx.Response) -> Iterator[dict | str]:
@@ -156,9 +168,7 @@ def count(p: Pipeline, max_tokens: int,
     return answer
 
 
-def test_killed_worker_request_is_finished_by_another_once(
-        pipeline_factory: Callable[..., Pipeline]) -> None:
-    p = pipeline_factory(workers=2, contexts=1)
+def test_killed_worker_request_is_finished_by_another_once(p: Pipeline) -> None:
     killed: list[str] = []
 
     def kill(rid: str) -> None:
@@ -197,9 +207,7 @@ def _chunks_of(p: Pipeline, request_id: str) -> list[TokenChunk]:
 
 
 
-def test_sigterm_drains_a_worker_it_finishes_what_it_started(
-        pipeline_factory: Callable[..., Pipeline]) -> None:
-    p = pipeline_factory(workers=2, contexts=1)
+def test_sigterm_drains_a_worker_it_finishes_what_it_started(p: Pipeline) -> None:
     stopped: list[str] = []
 
     def stop(rid: str) -> None:
@@ -269,12 +277,10 @@ def test_a_joining_worker_takes_idle_partitions_and_no_running_answer(
         assert answer.counted_on(), answer.text
 
 
-def test_layers_killed_mid_stream_are_rebuilt_from_the_log(
-        pipeline_factory: Callable[..., Pipeline]) -> None:
+def test_layers_killed_mid_stream_are_rebuilt_from_the_log(p: Pipeline) -> None:
     """SIGKILL the process running preprocess, route, schedule and postprocess in the
     middle of an answer: a new one rebuilds postprocess's state from conveyor.tokens and
     the client's stream goes on, without a repeated or a missing piece."""
-    p = pipeline_factory(workers=1, contexts=1)
 
     def restart_layers(rid: str) -> None:
         p.kill("layers")
@@ -286,12 +292,10 @@ def test_layers_killed_mid_stream_are_rebuilt_from_the_log(
     assert len(answer.numbers()) > 80
 
 
-def test_a_task_delivered_twice_is_not_generated_twice(
-        pipeline_factory: Callable[..., Pipeline]) -> None:
+def test_a_task_delivered_twice_is_not_generated_twice(p: Pipeline) -> None:
     """An upstream layer that crashed between producing and committing sends a task
     again: the copy reaches another worker while the first still runs it. The lease
     makes the copy wait; the answer is generated once."""
-    p = pipeline_factory(workers=2, contexts=1)
     running_on: list[str] = []
     copied_to: list[str] = []
 

@@ -6,10 +6,11 @@ than waiting for a misleading ``no_worker_available``."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
+import pytest
 import redis
 
 from tests.support.pipeline import Pipeline
@@ -49,29 +50,36 @@ def lease_holders(p: Pipeline, url: str) -> dict[str, str]:
         client.close()
 
 
-def test_the_gateway_recovers_from_a_redis_outage(
-        pipeline_factory: Callable[..., Pipeline], own_redis: OwnRedis) -> None:
-    p = pipeline_factory(workers=1, CONVEYOR_REDIS_URL=own_redis.url,
-                         CONVEYOR_REPLY_LEASE_TTL_S="3")
-    own_redis.stop()
+@pytest.fixture
+def p(module_pipelines: Callable[..., Pipeline], module_redis: OwnRedis) -> Iterator[Pipeline]:
+    """One worker on the module's own Redis, for the tests that stop or flush
+    it; made whole again after each."""
+    shared = module_pipelines(workers=1, CONVEYOR_REDIS_URL=module_redis.url,
+                              CONVEYOR_REPLY_LEASE_TTL_S="3")
+    try:
+        yield shared
+    finally:
+        shared.heal(redis=module_redis)
+
+
+def test_the_gateway_recovers_from_a_redis_outage(p: Pipeline, module_redis: OwnRedis) -> None:
+    module_redis.stop()
     down = wait_health(p, 503, within=30)
     assert down["tasks"]["reply-lease"]["state"] == "degraded", down
     time.sleep(3)
-    own_redis.start()
+    module_redis.start()
     wait_health(p, 200, within=60)
     r = answered(p)
     assert r.status_code == 200, r.text
     assert health(p)[0] == 200  # and the lease task is still alive
 
 
-def test_the_gateway_takes_its_lease_again_after_a_flush(
-        pipeline_factory: Callable[..., Pipeline], own_redis: OwnRedis) -> None:
-    p = pipeline_factory(workers=1, CONVEYOR_REDIS_URL=own_redis.url,
-                         CONVEYOR_REPLY_LEASE_TTL_S="3")
-    [(key, holder)] = lease_holders(p, own_redis.url).items()
-    own_redis.flush()
+def test_the_gateway_takes_its_lease_again_after_a_flush(p: Pipeline,
+                                                         module_redis: OwnRedis) -> None:
+    [(key, holder)] = lease_holders(p, module_redis.url).items()
+    module_redis.flush()
     deadline = time.monotonic() + 30
-    while lease_holders(p, own_redis.url).get(key) != holder:
+    while lease_holders(p, module_redis.url).get(key) != holder:
         assert time.monotonic() < deadline, "the lease was not taken again"
         time.sleep(0.25)
     time.sleep(3)  # a lease task that died would show by now

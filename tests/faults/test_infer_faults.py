@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -30,18 +30,28 @@ from tests.support.services import OwnRedis, free_port
 from workers.infer.progress import progress_of
 
 
+@pytest.fixture
+def p(module_pipelines: Callable[..., Pipeline], module_redis: OwnRedis) -> Iterator[Pipeline]:
+    """Two workers of one context each on the module's own Redis, for the tests
+    that break it (and kill workers); made whole again after each."""
+    shared = module_pipelines(workers=2, contexts=1, CONVEYOR_REDIS_URL=module_redis.url)
+    try:
+        yield shared
+    finally:
+        shared.heal(redis=module_redis)
+
+
 def test_redis_wiped_and_the_worker_killed_mid_answer_still_give_one_whole_answer(
-        pipeline_factory: Callable[..., Pipeline], own_redis: OwnRedis) -> None:
+        p: Pipeline, module_redis: OwnRedis) -> None:
     """Redis comes back empty (its claims forgotten) and the worker generating the
     answer dies: the survivor must learn from the log, not from Redis, that the
     task is a retry, and continue the answer instead of starting a second one."""
-    p = pipeline_factory(workers=2, contexts=1, CONVEYOR_REDIS_URL=own_redis.url)
     killed: list[str] = []
 
     def break_things(rid: str) -> None:
         killed.append(_worker_of(p, rid))
-        own_redis.wipe()
-        own_redis.start()
+        module_redis.wipe()
+        module_redis.start()
         p.kill(killed[0])
 
     answer = count(p, 300, break_things)
@@ -55,19 +65,21 @@ def test_redis_wiped_and_the_worker_killed_mid_answer_still_give_one_whole_answe
 
 
 def test_a_worker_killed_while_redis_is_down_is_continued_from_the_log(
-        pipeline_factory: Callable[..., Pipeline], own_redis: OwnRedis) -> None:
+        p: Pipeline, module_redis: OwnRedis) -> None:
     """No Redis to ask whether the task is a retry, nor to lease it: the survivor
     decides from the log and continues the answer."""
-    p = pipeline_factory(workers=2, contexts=1, CONVEYOR_REDIS_URL=own_redis.url)
     killed: list[str] = []
 
     def break_things(rid: str) -> None:
         killed.append(_worker_of(p, rid))
-        own_redis.stop()
+        module_redis.stop()
         p.kill(killed[0])
-        threading.Timer(4.0, own_redis.start).start()
+        back.start()
 
+    back = threading.Timer(4.0, module_redis.start)
     answer = count(p, 300, break_things)
+    if back.ident is not None:  # started by break_things
+        back.join()
     assert killed and answer.dones == 1 and answer.finishes == 1
     assert answer.counted_on(), answer.text
     chunks = _chunks_of(p, answer.request_id)
@@ -75,17 +87,15 @@ def test_a_worker_killed_while_redis_is_down_is_continued_from_the_log(
 
 
 def test_a_redis_outage_does_not_stop_a_busy_worker(
-        pipeline_factory: Callable[..., Pipeline], own_redis: OwnRedis) -> None:
-    p = pipeline_factory(workers=1, contexts=1, CONVEYOR_REDIS_URL=own_redis.url)
-
+        p: Pipeline, module_redis: OwnRedis) -> None:
     def blip(rid: str) -> None:
-        own_redis.stop()
+        module_redis.stop()
         time.sleep(3)
-        own_redis.start()
+        module_redis.start()
 
     answer = count(p, 300, blip)
     assert answer.dones == 1 and answer.counted_on(), answer.text
-    assert p.procs["w0"].poll() is None, p.tail("w0")
+    assert all(p.procs[w].poll() is None for w in p.workers), p.tail("w0") + p.tail("w1")
     # and it still serves after the outage
     again = count(p, 20)
     assert again.dones == 1 and again.counted_on()

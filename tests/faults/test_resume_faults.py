@@ -6,9 +6,10 @@ answer once the broker is back."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import httpx
+import pytest
 
 from tests.faults.test_resume import (
     COUNTING,
@@ -25,27 +26,34 @@ ROUTE = "/v1/completions"
 BODY = {**COUNTING, "max_tokens": 120}
 
 
-def test_a_flushed_redis_loses_no_resumable_stream(
-        pipeline_factory: Callable[..., Pipeline], own_redis: OwnRedis) -> None:
-    p = pipeline_factory(workers=1, CONVEYOR_REDIS_URL=own_redis.url)
+@pytest.fixture
+def p(module_pipelines: Callable[..., Pipeline], module_redis: OwnRedis) -> Iterator[Pipeline]:
+    """One worker on the module's own Redis, for the tests that stop or flush
+    it; made whole again after each."""
+    shared = module_pipelines(workers=1, CONVEYOR_REDIS_URL=module_redis.url)
+    try:
+        yield shared
+    finally:
+        shared.heal(redis=module_redis)
+
+
+def test_a_flushed_redis_loses_no_resumable_stream(p: Pipeline, module_redis: OwnRedis) -> None:
     reference = whole(p.base_url, ROUTE, BODY)
-    first = dropped_after_three(p.base_url, ROUTE, BODY, then=own_redis.flush)
+    first = dropped_after_three(p.base_url, ROUTE, BODY, then=module_redis.flush)
     rest = resumed(p.base_url, ROUTE, stream_id(first), last=first[-1].id)
     assert_joined(first, rest, reference)
 
 
-def test_a_stopped_redis_does_not_stop_a_resume(
-        pipeline_factory: Callable[..., Pipeline], own_redis: OwnRedis) -> None:
+def test_a_stopped_redis_does_not_stop_a_resume(p: Pipeline, module_redis: OwnRedis) -> None:
     """The stream is in the log; only the watch that keeps a generation alive for
     its reader is in Redis, and the gateway that took the request is alive."""
-    p = pipeline_factory(workers=1, CONVEYOR_REDIS_URL=own_redis.url)
     reference = whole(p.base_url, ROUTE, BODY)
     first = dropped_after_three(p.base_url, ROUTE, BODY)
-    own_redis.stop()
+    module_redis.stop()
     try:
         rest = resumed(p.base_url, ROUTE, stream_id(first), last=first[-1].id)
     finally:
-        own_redis.start()
+        module_redis.start()
     assert_joined(first, rest, reference)
 
 

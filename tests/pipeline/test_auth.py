@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 import uuid
 from collections import Counter
@@ -22,74 +21,37 @@ import jwt
 import openai
 import pytest
 import redis
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 
 from conveyor.registry import Registry
 from gateway.admission import estimate_tokens
 from schemas.codec import default_codec
-from tests.support.pipeline import TEST_MODELS, Pipeline
-
-SECRET = "conveyor-test-server-secret-" + uuid.uuid4().hex
-JWT_SECRET = "conveyor-test-jwt-secret-" + uuid.uuid4().hex
-ADMIN_TOKEN = "conveyor-test-admin-" + uuid.uuid4().hex
-SECRETS_SEEN: list[str] = []
-
-
-class Replicas:
-    def __init__(self, p: Pipeline, second: str, jwt_url: str) -> None:
-        self.p = p
-        self.urls = [p.base_url, second]
-        self.jwt_url = jwt_url
-
-    def key(self, *args: str, tenant: str | None = None) -> tuple[str, str]:
-        """A new key (id, secret) of a tenant of its own unless one is named."""
-        tenant = tenant or f"t{uuid.uuid4().hex[:8]}"
-        out = self.p.cli("keys", "create", "--tenant", tenant, "--name", "test", *args)
-        secret = out.strip().splitlines()[-1]
-        assert secret.startswith("cvy-") and " " not in secret
-        found = re.search(r"key_[0-9a-f]{16}", out)
-        assert found is not None, out
-        SECRETS_SEEN.append(secret)
-        return found.group(0), secret
+from tests.support.auth import (
+    ADMIN_TOKEN,
+    JWT_SECRET,
+    SECRET,
+    SECRETS_SEEN,
+    Replicas,
+    body,
+    burst,
+    start_replicas,
+    statuses,
+    token,
+    usage_of,
+    wait_usage,
+)
+from tests.support.pipeline import TEST_MODELS
+from tests.support.topics import behind, partitions_of, records
 
 
 @pytest.fixture(scope="module")
 def replicas(services: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
-    p = Pipeline(tmp_path_factory.mktemp("auth-logs"), CONVEYOR_AUTH="keys",
-                 CONVEYOR_AUTH_SECRET=SECRET, CONVEYOR_ADMIN_TOKEN=ADMIN_TOKEN)
+    r = start_replicas(tmp_path_factory.mktemp("auth-logs"))
     try:
-        p.cli("topics")
-        _, p.api_key = Replicas(p, "", "").key(tenant="ops")
-        p.start(workers=1, contexts=2)
-        p.spawn("accounting", "accounting")
-        second = p.start_gateway("gateway2")
-        jwt_url = p.start_gateway("gateway-jwt", CONVEYOR_AUTH="jwt",
-                                  CONVEYOR_JWT_SECRET=JWT_SECRET)
-        yield Replicas(p, second, jwt_url)
+        yield r
     finally:
-        p.close()
-
-
-def body(max_tokens: int = 1, stream: bool = False) -> dict[str, Any]:
-    return {"model": "smollm2", "prompt": "Hello", "max_tokens": max_tokens,
-            "temperature": 0, "stream": stream}
-
-
-async def burst(urls: list[str], secret: str, n: int, max_tokens: int = 1,
-                spread_s: float = 0.0, stream: bool = False) -> list[httpx.Response]:
-    """``n`` requests over the replicas in turn, all at once or spread over ``spread_s``."""
-    async with httpx.AsyncClient(timeout=120) as client:
-        async def one(i: int) -> httpx.Response:
-            await asyncio.sleep(spread_s * i / n)
-            return await client.post(f"{urls[i % len(urls)]}/v1/completions",
-                                     json=body(max_tokens, stream),
-                                     headers={"Authorization": f"Bearer {secret}"})
-        return list(await asyncio.gather(*(one(i) for i in range(n))))
-
-
-def statuses(responses: list[httpx.Response]) -> Counter[int]:
-    return Counter(r.status_code for r in responses)
+        r.p.close()
 
 
 def test_rpm_admits_exactly_the_limit_across_two_replicas(replicas: Replicas) -> None:
@@ -236,11 +198,11 @@ def test_tenant_and_key_travel_in_the_envelope(replicas: Replicas) -> None:
                                     enable_auto_commit=False)
         await consumer.start()
         try:
-            parts = await _partitions(consumer, [topic])
+            parts = await partitions_of(consumer, [topic])
             consumer.assign(parts)
             await consumer.seek_to_beginning(*parts)
             ends = await consumer.end_offsets(parts)
-            while await _behind(consumer, ends):
+            while await behind(consumer, ends):
                 for records in (await consumer.getmany(timeout_ms=500)).values():
                     for record in records:
                         event = default_codec().decode(record.value, "Request")
@@ -252,40 +214,6 @@ def test_tenant_and_key_travel_in_the_envelope(replicas: Replicas) -> None:
 
     env = asyncio.run(envelope())
     assert env["tenant"] == tenant and env["key_id"] == key_id
-
-
-async def _behind(consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int]) -> bool:
-    return any([await consumer.position(tp) < end for tp, end in ends.items()])
-
-
-async def _partitions(consumer: AIOKafkaConsumer, topics: list[str]) -> list[TopicPartition]:
-    """Every partition of ``topics`` (after the metadata of each is fetched)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=consumer._client._bootstrap_servers)  # noqa: SLF001
-    await admin.start()
-    try:
-        described = await admin.describe_topics(topics)
-    finally:
-        await admin.close()
-    return [TopicPartition(t["topic"], part["partition"]) for t in described
-            for part in t["partitions"]]
-
-
-def usage_of(url: str, bearer: str, **params: str) -> list[dict[str, Any]]:
-    r = httpx.get(f"{url}/v1/usage", params={"bucket_width": "1m", **params},
-                  headers={"Authorization": f"Bearer {bearer}"})
-    assert r.status_code == 200, r.text
-    data: list[dict[str, Any]] = r.json()["data"]
-    return data
-
-
-def wait_usage(url: str, bearer: str, requests: int, **params: str) -> list[dict[str, Any]]:
-    """The usage report once the accounting app has counted ``requests`` requests."""
-    deadline = time.monotonic() + 60
-    while True:
-        data = usage_of(url, bearer, **params)
-        if sum(b["requests"] for b in data) >= requests or time.monotonic() > deadline:
-            return data
-        time.sleep(0.3)
 
 
 def test_usage_is_accounted_from_the_log_per_tenant_key_and_model(replicas: Replicas) -> None:
@@ -334,15 +262,6 @@ def test_a_spent_daily_quota_is_insufficient_quota(replicas: Replicas) -> None:
     assert caught.value.code == "insufficient_quota"
 
 
-def token(**claims: Any) -> str:
-    payload = {"sub": "svc-1", "tenant": f"t{uuid.uuid4().hex[:8]}",
-               "exp": int(time.time()) + 300, **claims}
-    signed = jwt.encode({k: v for k, v in payload.items() if v is not None}, JWT_SECRET,
-                        algorithm="HS256")
-    SECRETS_SEEN.append(signed)
-    return signed
-
-
 def test_jwts_are_verified(replicas: Replicas) -> None:
     def ask(bearer: str) -> httpx.Response:
         return httpx.post(f"{replicas.jwt_url}/v1/completions", json=body(), timeout=120,
@@ -356,26 +275,6 @@ def test_jwts_are_verified(replicas: Replicas) -> None:
     assert ask(token(tenant=None)).status_code == 401
     narrowed = token(rpm=2)
     assert [ask(narrowed).status_code for _ in range(3)] == [200, 200, 429]
-
-
-async def records(p: Pipeline, topics: list[str]) -> list[Any]:
-    """Every record of ``topics``, from the beginning to their ends now."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=p.settings.kafka_bootstrap,
-                                enable_auto_commit=False)
-    await consumer.start()
-    out: list[Any] = []
-    try:
-        parts = await _partitions(consumer, topics)
-        consumer.assign(parts)
-        await consumer.seek_to_beginning(*parts)
-        ends = await consumer.end_offsets(parts)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and await _behind(consumer, ends):
-            for batch in (await consumer.getmany(timeout_ms=500)).values():
-                out.extend(batch)
-    finally:
-        await consumer.stop()
-    return out
 
 
 def test_no_tenant_sees_reads_or_cancels_anothers_jobs(replicas: Replicas) -> None:

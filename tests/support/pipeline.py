@@ -25,7 +25,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from conveyor.settings import Settings
 from schemas.codec import default_codec
 from schemas.records import WorkerHeartbeat
-from tests.support.services import free_port
+from tests.support.services import OwnRedis, free_port
 
 __all__ = ["ROOT", "TEST_MODELS", "SCRIPTED", "LLAMACPP", "Pipeline", "answers", "drop_topics"]
 
@@ -78,12 +78,16 @@ class Pipeline:
                 else SCRIPTED
         self.engine = engine
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        # what each process was started with, so that heal() can start it again
+        self.started_with: dict[str, tuple[tuple[str, ...], dict[str, str] | None]] = {}
+        self.workers: set[str] = set()
         self.base_url = f"http://127.0.0.1:{self.port}"
         # with CONVEYOR_AUTH=keys: the key wait_ready asks with (create_key sets it)
         self.api_key: str | None = None
 
     def spawn(self, name: str, *args: str, env: dict[str, str] | None = None
               ) -> subprocess.Popen[bytes]:
+        self.started_with[name] = (args, env)
         log = open(self.logs / f"{self.prefix}-{name}.log", "wb")  # noqa: SIM115
         proc = subprocess.Popen([sys.executable, "-m", "cli", *args],
                                 env={**self.env, **(env or {})},
@@ -92,6 +96,7 @@ class Pipeline:
         return proc
 
     def start_worker(self, worker_id: str, contexts: int = 2) -> None:
+        self.workers.add(worker_id)
         self.spawn(worker_id, "infer", "--pool", "cpu", *self.engine,
                    "--contexts", str(contexts), "--worker-id", worker_id)
 
@@ -188,6 +193,30 @@ class Pipeline:
             time.sleep(0.5)
         raise RuntimeError("the pipeline did not become ready:\n" +
                            "\n".join(self.tail(n) for n in self.procs))
+
+    def respawn(self, name: str) -> None:
+        """Start ``name`` again as it was first started (a gateway on its port
+        again); the dead process's log is kept beside the new one's."""
+        log = self.logs / f"{self.prefix}-{name}.log"
+        if log.exists():
+            log.rename(log.with_suffix(f".exited-{time.monotonic_ns()}.log"))
+        args, env = self.started_with[name]
+        self.spawn(name, *args, env=env)
+
+    def heal(self, redis: OwnRedis | None = None) -> list[str]:
+        """Every process that exited started again (and ``redis``, the pipeline's
+        own, if it is down), and the pipeline answering with all its workers in
+        their group: a module's pipeline after a test that killed or stopped
+        some of it. The names started again."""
+        if redis is not None and not answers("127.0.0.1", redis.port):
+            redis.start()
+        dead = [name for name, proc in self.procs.items() if proc.poll() is not None]
+        for name in dead:
+            self.respawn(name)
+        self.wait_ready()
+        if dead and self.workers:
+            self.wait_workers(len(self.workers))
+        return dead
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         proc = self.procs[name]

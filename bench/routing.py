@@ -1,0 +1,231 @@
+"""Prefix-aware routing against least-loaded, on two real llama.cpp workers.
+
+Starts ``conveyor up --workers 2 --contexts 2 --no-infra`` twice (schedule
+least-loaded, ``CONVEYOR_ROUTE_PREFIX_AWARE=false``, then prefix-aware; the
+order alternates over ``--rounds``), and plays the same kind of workload on
+each: conversations of several turns, each with a long system prompt of its
+own (about 600 tokens), every turn carrying the history so far, a few
+conversations at a time (one client each, turn after turn). A turn routed to
+the worker whose context holds its history costs only its new tokens; one
+routed elsewhere evaluates the whole prompt again. Printed: TTFT p50/p90 of
+the turns after the first, and completion tokens/s over the run.
+
+    python -m bench.routing [--conversations 16] [--turns 4] [--clients 4]
+
+Each phase uses system prompts of its own, so no phase finds the last one's
+prompts in a cache. Target (the fleet issue): prefix-aware TTFT p50 at most
+half of least-loaded's, tokens/s no lower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.harness import (
+    BenchError,
+    check_infra,
+    check_port_free,
+    conveyor_env,
+    conveyor_script,
+    exit_on_sigterm,
+    running,
+    wait_http,
+)
+from bench.stats import Check, markdown_table, ms, percentile
+
+__all__ = ["main"]
+
+MODEL = "smollm2"
+TOPICS = ["lighthouses", "beekeeping", "glaciers", "violin making", "tea", "railways",
+          "coral reefs", "typography", "volcanoes", "chess openings", "bread", "comets",
+          "bridges", "owls", "maps", "clocks"]
+QUESTIONS = ["Give me one surprising fact.", "Why does that matter?",
+             "Say it again in fewer words.", "What should I read next?",
+             "Name a common mistake.", "Summarise our talk."]
+
+
+def system_prompt(topic: str, phase: str) -> str:
+    """About 600 tokens of instructions, different for every conversation and phase."""
+    rules = " ".join(
+        f"Rule {i} for the {topic} desk ({phase}): keep answer {i} short, name sources "
+        f"when you can, and never repeat point {i} twice."
+        for i in range(1, 23))
+    return f"You are a patient guide to {topic}. {rules}"
+
+
+@dataclass
+class Turn:
+    ttft_s: float
+    tokens: int
+    first: bool  # the conversation's first turn: nothing cached anywhere yet
+
+
+@dataclass
+class Phase:
+    name: str
+    wall_s: float = 0.0
+    turns: list[Turn] = field(default_factory=list)
+
+    def later_ttfts(self) -> list[float]:
+        return [t.ttft_s for t in self.turns if not t.first]
+
+    def rate(self) -> float:
+        return sum(t.tokens for t in self.turns) / self.wall_s if self.wall_s else 0.0
+
+
+async def ask(client: httpx.AsyncClient, url: str, messages: list[dict[str, str]],
+              max_tokens: int) -> tuple[float, str, int]:
+    """One streamed chat turn: (seconds to the first text, the answer, completion tokens)."""
+    body: dict[str, Any] = {"model": MODEL, "messages": messages, "max_tokens": max_tokens,
+                            "temperature": 0, "stream": True,
+                            "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    first: float | None = None
+    text, tokens = "", 0
+    async with client.stream("POST", url, json=body) as response:
+        if response.status_code != 200:
+            detail = (await response.aread())[:300].decode(errors="replace")
+            raise BenchError(f"HTTP {response.status_code}: {detail}")
+        async for line in response.aiter_lines():
+            if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            if "error" in chunk:
+                raise BenchError(f"error event: {chunk['error']}")
+            for choice in chunk.get("choices") or ():
+                piece = (choice.get("delta") or {}).get("content") or ""
+                if piece and first is None:
+                    first = time.perf_counter()
+                text += piece
+            if chunk.get("usage"):
+                tokens = int(chunk["usage"]["completion_tokens"])
+    if first is None:
+        raise BenchError("a turn streamed no text")
+    return first - start, text, tokens
+
+
+async def play(gateway_url: str, phase: Phase, conversations: int, turns: int, clients: int,
+               max_tokens: int) -> None:
+    url = f"{gateway_url}/v1/chat/completions"
+    pending = list(range(conversations))
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0)) as client:
+
+        async def one_client() -> None:
+            while pending:
+                c = pending.pop(0)
+                messages = [{"role": "system",
+                             "content": system_prompt(TOPICS[c % len(TOPICS)], phase.name)}]
+                for t in range(turns):
+                    messages.append({"role": "user", "content": QUESTIONS[t % len(QUESTIONS)]})
+                    ttft, answer, tokens = await ask(client, url, messages, max_tokens)
+                    phase.turns.append(Turn(ttft, tokens, first=t == 0))
+                    messages.append({"role": "assistant", "content": answer})
+
+        start = time.perf_counter()
+        await asyncio.gather(*(one_client() for _ in range(clients)))
+        phase.wall_s = time.perf_counter() - start
+
+
+async def warm_up(gateway_url: str, timeout_s: float) -> None:
+    """Until one request succeeds (the workers may still be joining)."""
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=5.0)) as client:
+        while True:
+            try:
+                await ask(client, f"{gateway_url}/v1/chat/completions",
+                          [{"role": "user", "content": "Say hi."}], 4)
+                return
+            except (BenchError, httpx.HTTPError) as exc:
+                if time.monotonic() > deadline:
+                    raise BenchError(f"Conveyor did not answer in {timeout_s:.0f} s: {exc}") \
+                        from exc
+            await asyncio.sleep(1.0)
+
+
+def run_phase(name: str, prefix_aware: bool, args: argparse.Namespace) -> Phase:
+    check_port_free(args.gateway_port, "gateway")
+    work = Path(tempfile.mkdtemp(prefix=f"conveyor-routing-{name}-"))
+    env = conveyor_env(topic_prefix=f"route{name}{int(time.time())}",
+                       gateway_port=args.gateway_port)
+    env["CONVEYOR_ROUTE_PREFIX_AWARE"] = "true" if prefix_aware else "false"
+    argv = [str(conveyor_script()), "up", "--engine", "llamacpp", "--workers", "2",
+            "--contexts", str(args.contexts), "--no-infra"]
+    gateway_url = f"http://127.0.0.1:{args.gateway_port}"
+    phase = Phase(name)
+    with running(f"conveyor-{name}", argv, work, env) as conveyor:
+        wait_http(f"{gateway_url}/healthz", conveyor, 240.0)
+        asyncio.run(warm_up(gateway_url, 180.0))
+        asyncio.run(asyncio.wait_for(
+            play(gateway_url, phase, args.conversations, args.turns, args.clients,
+                 args.max_tokens), 3600.0))
+    later = phase.later_ttfts()
+    print(f"{name}: {len(phase.turns)} turns in {phase.wall_s:.1f} s, "
+          f"TTFT p50 {ms(percentile(later, 50))} ms of the later turns, "
+          f"{phase.rate():.1f} tokens/s (logs in {work})", flush=True)
+    return phase
+
+
+def report(phases: list[Phase]) -> None:
+    by: dict[str, list[Phase]] = {}
+    for phase in phases:
+        by.setdefault(phase.name, []).append(phase)
+    rows, p50, rate = [], {}, {}
+    for name, runs in by.items():
+        later = [t for run in runs for t in run.later_ttfts()]
+        firsts = [t.ttft_s for run in runs for t in run.turns if t.first]
+        p50[name] = percentile(later, 50)
+        rate[name] = sum(sum(t.tokens for t in r.turns) for r in runs) / sum(r.wall_s for r in runs)
+        rows.append([name, str(sum(len(r.turns) for r in runs)), ms(percentile(firsts, 50)),
+                     ms(p50[name]), ms(percentile(later, 90)), f"{rate[name]:.1f}"])
+    print(markdown_table(["routing", "turns", "first turn TTFT p50 ms",
+                          "later turns TTFT p50 ms", "p90 ms", "tokens/s"], rows))
+    if {"least-loaded", "prefix-aware"} <= by.keys():
+        share = 100 * p50["prefix-aware"] / p50["least-loaded"]
+        speed = 100 * rate["prefix-aware"] / rate["least-loaded"]
+        print()
+        print(Check("routing", "prefix-aware TTFT p50, % of least-loaded's", share, 50, "<=",
+                    "%").line())
+        print(Check("routing", "prefix-aware tokens/s, % of least-loaded's", speed, 100, ">=",
+                    "%").line())
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.routing", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--conversations", type=int, default=16)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--clients", type=int, default=4, help="conversations at a time")
+    parser.add_argument("--contexts", type=int, default=2, help="each worker's")
+    parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="least-loaded and prefix-aware this many times each, "
+                             "the order alternating")
+    parser.add_argument("--gateway-port", type=int, default=8100)
+    args = parser.parse_args(argv)
+    exit_on_sigterm()
+    phases: list[Phase] = []
+    try:
+        check_infra()
+        for r in range(args.rounds):
+            order = [("least-loaded", False), ("prefix-aware", True)]
+            for name, aware in order if r % 2 == 0 else order[::-1]:
+                phases.append(run_phase(name, aware, args))
+    except BenchError as exc:
+        print(f"bench.routing: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+    print()
+    report(phases)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""Prefix-aware routing through the whole pipeline: the turns of a conversation
+go to the worker that served its history (its KV cache holds the prompt's
+beginning), and a hot prefix spills over to the other worker only past the
+load bound (two workers of two slots each)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import httpx
+
+from schemas.codec import default_codec
+from tests.support.pipeline import Pipeline
+from tests.support.topics import records
+
+# about 250 tokens: three whole blocks of 64 the turns share
+SYSTEM = "You are a guide to lighthouses. " + " ".join(
+    f"Rule {i}: keep point {i} short and name a source for it." for i in range(1, 20))
+
+
+def chat(p: Pipeline, messages: list[dict[str, str]], max_tokens: int = 4) -> dict[str, Any]:
+    r = httpx.post(f"{p.base_url}/v1/chat/completions", timeout=60, json={
+        "model": "smollm2", "messages": messages, "max_tokens": max_tokens, "temperature": 0})
+    assert r.status_code == 200, r.text
+    answer: dict[str, Any] = r.json()
+    return answer
+
+
+def workers_of(p: Pipeline, answers: list[dict[str, Any]]) -> list[str]:
+    """The worker that generated each answer, from its chunks on conveyor.tokens."""
+    codec = default_codec()
+    ids = [a["id"].removeprefix("chatcmpl-") for a in answers]
+    found: dict[str, str] = {}
+    for record in asyncio.run(records(p, [p.settings.topic("tokens")])):
+        chunk = codec.decode(record.value, "TokenChunk")
+        found.setdefault(chunk["envelope"]["request_id"], chunk["worker_id"])
+    return [found[i] for i in ids]
+
+
+def test_the_next_turn_goes_where_the_history_is_not_to_the_least_loaded(
+        pipeline: Pipeline) -> None:
+    started, done = threading.Event(), threading.Event()
+
+    def long_answer() -> None:  # another conversation keeps one worker busy
+        with httpx.stream("POST", f"{pipeline.base_url}/v1/chat/completions", timeout=60,
+                          json={"model": "smollm2", "stream": True, "max_tokens": 150,
+                                "messages": [{"role": "user", "content": "Count on."}]}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    started.set()
+        done.set()
+
+    thread = threading.Thread(target=long_answer)
+    thread.start()
+    assert started.wait(30)
+    history = [{"role": "system", "content": SYSTEM},
+               {"role": "user", "content": "Which is the oldest?"}]
+    first = chat(pipeline, history)
+    thread.join(60)
+    assert done.is_set()
+    # both workers are idle now: by load alone the lower worker id would take it
+    history += [{"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+                {"role": "user", "content": "And the tallest?"}]
+    second = chat(pipeline, history)
+    one, two = workers_of(pipeline, [first, second])
+    assert two == one, "the second turn left the worker holding the history"
+
+
+def test_a_hot_prefix_spills_over_only_past_the_load_bound(pipeline: Pipeline) -> None:
+    """Three turns sharing a prefix at once: the holder takes two (its mean-load
+    bound with the third counted), the other worker the third."""
+    base = [{"role": "system", "content": SYSTEM.replace("lighthouses", "harbours")}]
+    warm = chat(pipeline, [*base, {"role": "user", "content": "Hello."}])
+    answers: list[dict[str, Any]] = [{}] * 3
+
+    def ask(i: int) -> None:
+        answers[i] = chat(pipeline, [*base, {"role": "user", "content": f"Question {i}?"}],
+                          max_tokens=100)
+
+    threads = []
+    for i in range(3):  # in order, each placed before the next is sent
+        threads.append(threading.Thread(target=ask, args=(i,)))
+        threads[-1].start()
+        threading.Event().wait(0.4)
+    for thread in threads:
+        thread.join(60)
+    holder, *placed = workers_of(pipeline, [warm, *answers])
+    assert placed[:2] == [holder, holder] and placed[2] != holder, (holder, placed)

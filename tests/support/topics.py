@@ -1,0 +1,48 @@
+"""Reading a test Conveyor's topics whole, as they are now (a test checks what
+the pipeline wrote: audit events, token chunks, no secret anywhere)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from tests.support.pipeline import Pipeline
+
+
+async def behind(consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int]) -> bool:
+    return any([await consumer.position(tp) < end for tp, end in ends.items()])
+
+
+async def partitions_of(consumer: AIOKafkaConsumer, topics: list[str]) -> list[TopicPartition]:
+    """Every partition of ``topics`` (after the metadata of each is fetched)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=consumer._client._bootstrap_servers)  # noqa: SLF001
+    await admin.start()
+    try:
+        described = await admin.describe_topics(topics)
+    finally:
+        await admin.close()
+    return [TopicPartition(t["topic"], part["partition"]) for t in described
+            for part in t["partitions"]]
+
+
+async def records(p: Pipeline, topics: list[str]) -> list[Any]:
+    """Every record of ``topics``, from the beginning to their ends now."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=p.settings.kafka_bootstrap,
+                                enable_auto_commit=False)
+    await consumer.start()
+    out: list[Any] = []
+    try:
+        parts = await partitions_of(consumer, topics)
+        consumer.assign(parts)
+        await consumer.seek_to_beginning(*parts)
+        ends = await consumer.end_offsets(parts)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and await behind(consumer, ends):
+            for batch in (await consumer.getmany(timeout_ms=500)).values():
+                out.extend(batch)
+    finally:
+        await consumer.stop()
+    return out
