@@ -9,7 +9,10 @@ partitions, running / capacity and queued, its engine's KV cache where the
 engine reports one (share in use, free and total blocks, free blocks holding
 a reusable prefix, and the share of prompt tokens found in the prefix cache
 since the engine started), the GPU's utilisation and free memory where it has
-one, its host, and the age of its last heartbeat.
+one, its circuit breaker (schedule's, from ``conveyor.breakers``: ``closed``,
+``open`` with the seconds left of its cool-down, or ``half_open`` while a probe
+task decides; the failures in a row and the last one's message in ``--json``),
+its host, and the age of its last heartbeat.
 
 The topic is compacted (key = worker id), so a worker that stopped for good
 stays listed with its last state; its age says how long ago that was.
@@ -25,8 +28,8 @@ from typing import Any
 
 from conveyor.settings import Settings
 from schemas.codec import default_codec
-from schemas.records import WorkerHeartbeat
-from topics.catalog import WORKERS
+from schemas.records import BreakerState, WorkerHeartbeat
+from topics.catalog import BREAKERS, WORKERS
 from topics.envelope import now_ms
 from topics.follow import apply_all, follow, snapshot
 
@@ -35,7 +38,8 @@ __all__ = ["cmd_workers", "describe", "register", "render"]
 _READ_WITHIN_S = 30.0
 
 
-def describe(beat: WorkerHeartbeat, settings: Settings, now: int) -> dict[str, Any]:
+def describe(beat: WorkerHeartbeat, settings: Settings, now: int,
+             breaker: BreakerState | None = None) -> dict[str, Any]:
     """One worker as ``--json`` prints it."""
     age_s = max(0.0, (now - beat["ts_ms"]) / 1000)
     kv = beat.get("kv")
@@ -51,6 +55,12 @@ def describe(beat: WorkerHeartbeat, settings: Settings, now: int) -> dict[str, A
         "running": beat["running"], "queued": beat["queued"], "host": beat["host"],
         "gpu_utilization": beat["gpu_utilization"], "gpu_memory_free": beat["gpu_memory_free"],
         "kv": kv_out, "heartbeat_age_s": round(age_s, 1),
+        "breaker": {"state": "closed", "failures": 0, "open_for_s": 0.0, "reason": ""}
+        if breaker is None else {
+            "state": breaker["state"], "failures": breaker["failures"],
+            "open_for_s": round(max(0, breaker["until_ms"] - now) / 1000, 1)
+            if breaker["state"] == "open" else 0.0,
+            "reason": breaker["reason"]},
     }
 
 
@@ -71,48 +81,67 @@ def _gpu_text(row: dict[str, Any]) -> str:
                                                if free is not None else "")
 
 
+def _breaker_text(breaker: dict[str, Any]) -> str:
+    if breaker["state"] == "open":
+        return f"open {breaker['open_for_s']:.0f}s"
+    return str(breaker["state"])
+
+
 def render(rows: list[dict[str, Any]]) -> str:
     """The table ``conveyor workers`` prints."""
     if not rows:
         return "no worker has sent a heartbeat"
     header = ("WORKER", "POOL", "ENGINE", "STATE", "LIVE", "RUN/CAP", "QUEUED", "PARTS",
-              "KV", "GPU", "HOST", "AGE")
+              "KV", "GPU", "BREAKER", "HOST", "AGE")
     lines = [header] + [(
         r["worker_id"], r["pool"], r["engine"], r["state"], "yes" if r["live"] else "no",
         f"{r['running']}/{r['capacity']}", str(r["queued"]), str(len(r["partitions"])),
-        _kv_text(r["kv"]), _gpu_text(r), r["host"], f"{r['heartbeat_age_s']:.0f}s")
+        _kv_text(r["kv"]), _gpu_text(r), _breaker_text(r["breaker"]), r["host"],
+        f"{r['heartbeat_age_s']:.0f}s")
         for r in rows]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True))
                      .rstrip() for line in lines)
 
 
-async def _read(settings: Settings, beats: dict[str, WorkerHeartbeat]) -> None:
-    await snapshot(follow(settings, WORKERS), default_codec(),
-                   lambda beat: beats.__setitem__(beat["worker_id"], beat), _READ_WITHIN_S)
+async def _read(settings: Settings, beats: dict[str, WorkerHeartbeat],
+                breakers: dict[str, BreakerState]) -> None:
+    codec = default_codec()
+    await asyncio.gather(
+        snapshot(follow(settings, WORKERS), codec,
+                 lambda beat: beats.__setitem__(beat["worker_id"], beat), _READ_WITHIN_S),
+        snapshot(follow(settings, BREAKERS), codec,
+                 lambda state: breakers.__setitem__(state["worker_id"], state),
+                 _READ_WITHIN_S))
 
 
-def _rows(beats: dict[str, WorkerHeartbeat], settings: Settings,
-          pool: str | None) -> list[dict[str, Any]]:
+def _rows(beats: dict[str, WorkerHeartbeat], breakers: dict[str, BreakerState],
+          settings: Settings, pool: str | None) -> list[dict[str, Any]]:
     now = now_ms()
-    return [describe(b, settings, now) for _, b in sorted(beats.items())
+    return [describe(b, settings, now, breakers.get(wid)) for wid, b in sorted(beats.items())
             if pool is None or b["pool"] == pool]
 
 
 async def _watch(settings: Settings, args: argparse.Namespace) -> None:
     beats: dict[str, WorkerHeartbeat] = {}
-    follower = follow(settings, WORKERS)
-    reading = asyncio.create_task(apply_all(
-        follower, default_codec(), lambda beat: beats.__setitem__(beat["worker_id"], beat)))
+    breakers: dict[str, BreakerState] = {}
+    follower, cut_off = follow(settings, WORKERS), follow(settings, BREAKERS)
+    reading = [asyncio.create_task(apply_all(
+        follower, default_codec(), lambda beat: beats.__setitem__(beat["worker_id"], beat))),
+        asyncio.create_task(apply_all(
+            cut_off, default_codec(),
+            lambda state: breakers.__setitem__(state["worker_id"], state)))]
     try:
-        await asyncio.wait_for(follower.caught_up.wait(), _READ_WITHIN_S)
+        await asyncio.wait_for(asyncio.gather(follower.caught_up.wait(),
+                                              cut_off.caught_up.wait()), _READ_WITHIN_S)
         while True:
-            rows = _rows(beats, settings, args.pool)
+            rows = _rows(beats, breakers, settings, args.pool)
             print(json.dumps(rows) if args.json else "\x1b[2J\x1b[H" + render(rows),
                   flush=True)
             await asyncio.sleep(args.watch)
     finally:
-        reading.cancel()
+        for task in reading:
+            task.cancel()
 
 
 def cmd_workers(settings: Settings, args: argparse.Namespace) -> int:
@@ -123,19 +152,21 @@ def cmd_workers(settings: Settings, args: argparse.Namespace) -> int:
             pass
         return 0
     beats: dict[str, WorkerHeartbeat] = {}
+    breakers: dict[str, BreakerState] = {}
     try:
-        asyncio.run(_read(settings, beats))
+        asyncio.run(_read(settings, beats, breakers))
     except TimeoutError:
-        print(f"conveyor workers: {WORKERS.at(settings)} was not read within "
-              f"{_READ_WITHIN_S:.0f} s", file=sys.stderr)
+        print(f"conveyor workers: {WORKERS.at(settings)} and {BREAKERS.at(settings)} were "
+              f"not read within {_READ_WITHIN_S:.0f} s", file=sys.stderr)
         return 3
-    rows = _rows(beats, settings, args.pool)
+    rows = _rows(beats, breakers, settings, args.pool)
     print(json.dumps(rows, indent=2) if args.json else render(rows))
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("workers", help="every infer worker: load, KV cache, GPU, last heartbeat",
+    p = sub.add_parser("workers", help="every infer worker: load, KV cache, GPU, breaker, "
+                                       "last heartbeat",
                        description="Every infer worker as its last heartbeat on the workers "
                                    "topic tells.")
     p.add_argument("--pool", default=None, help="only the workers of this pool")

@@ -145,6 +145,10 @@ class Settings(BaseSettings):
     route_load_weight: float = 1.0
     route_index_blocks: int = 4096
     route_index_ttl_s: float = 600.0
+    # a worker whose engine fails breaker_failures times in a row gets no new
+    # work for breaker_cooldown_s, then one probe task decides (workers/schedule/breakers.py)
+    breaker_failures: int = 3
+    breaker_cooldown_s: float = 30.0
 
     # Infer
     heartbeat_interval_s: float = 1.0

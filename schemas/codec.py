@@ -44,6 +44,7 @@ EventType = Literal[
     "JobCommand",
     "JobStatus",
     "JobResult",
+    "BreakerState",
 ]
 EVENT_TYPES: tuple[EventType, ...] = get_args(EventType)
 

@@ -35,6 +35,7 @@ __all__ = [
     "AuditEvent",
     "ApiKey",
     "TenantPolicy",
+    "BreakerState",
 ]
 
 
@@ -182,6 +183,16 @@ class KvCache(TypedDict):
     block_tokens: int
     prefix_queries: int
     prefix_hits: int
+
+
+class BreakerState(TypedDict):
+    worker_id: str
+    pool: str
+    state: Literal["closed", "open", "half_open"]
+    failures: int
+    until_ms: int
+    reason: str
+    ts_ms: int
 
 
 class WorkerHeartbeat(TypedDict):

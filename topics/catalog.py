@@ -22,7 +22,8 @@ from schemas.codec import EventType
 
 __all__ = ["Topic", "TopicSpec", "TOPICS", "catalog", "infer_topic", "topic_named",
            "REQUESTS", "PREPARED", "ROUTED", "TOKENS", "REPLIES", "CONTROL", "WORKERS",
-           "JOBS", "JOB_STATUS", "RESULTS", "DLQ", "FEEDBACK", "USAGE", "AUDIT", "KEYS"]
+           "JOBS", "JOB_STATUS", "RESULTS", "DLQ", "FEEDBACK", "USAGE", "AUDIT", "KEYS",
+           "BREAKERS"]
 
 _DAY_MS = 24 * 3600 * 1000
 
@@ -76,8 +77,12 @@ AUDIT = Topic("audit", ("AuditEvent",), "tenant (or actor)", "one",
 KEYS = Topic("keys", ("ApiKey", "TenantPolicy"), "key id, or tenant:<name>", "one",
              "compact", -1)
 
+# schedule's circuit breaker of each worker, written at every change of state
+BREAKERS = Topic("breakers", ("BreakerState",), "worker id", "one", "compact", -1)
+
 TOPICS: tuple[Topic, ...] = (REQUESTS, PREPARED, ROUTED, TOKENS, REPLIES, CONTROL, WORKERS,
-                             JOBS, JOB_STATUS, RESULTS, DLQ, FEEDBACK, USAGE, AUDIT, KEYS)
+                             JOBS, JOB_STATUS, RESULTS, DLQ, FEEDBACK, USAGE, AUDIT, KEYS,
+                             BREAKERS)
 
 
 @dataclass(frozen=True)

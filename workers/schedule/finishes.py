@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from conveyor.settings import Settings
 from schemas.codec import Codec, default_codec
-from schemas.records import TokenChunk
+from schemas.records import ErrorInfo, TokenChunk
 from topics.catalog import TOKENS
 from topics.follow import Follower, Record, follow
 
@@ -30,8 +30,9 @@ __all__ = ["FinishFollower", "OnFinish"]
 
 log = logging.getLogger(__name__)
 
-# (request id, worker id, when the final chunk was written: the worker's clock, ms)
-OnFinish = Callable[[str, str, int], None]
+# (request id, worker id, when the final chunk was written: the worker's clock,
+# ms, the generation's error or None)
+OnFinish = Callable[[str, str, int, ErrorInfo | None], None]
 
 
 class FinishFollower:
@@ -83,4 +84,4 @@ class FinishFollower:
         ended = chunk["finish_reason"] is not None or chunk["error"] is not None
         if ended and record.key is not None:
             self.on_finish(record.key.decode(errors="replace"), chunk["worker_id"],
-                           record.timestamp)
+                           record.timestamp, chunk["error"])

@@ -59,12 +59,13 @@ from conveyor.errors import (
 )
 from conveyor.settings import Settings
 from schemas.codec import Codec, EventType, default_codec
-from schemas.records import Envelope, Task
+from schemas.records import Envelope, ErrorInfo, Task
 from topics.catalog import ROUTED, infer_topic
 from topics.envelope import PRIORITY_INTERACTIVE, now_ms, now_us, stamp
 from workers.outputs import Output, Sender, error_info, failure_reply
 from workers.prefix import PrefixIndex, RoutePolicy, WorkerLoad, choose
 from workers.schedule.admission import LINGER_S, BatchAdmission, Candidate
+from workers.schedule.breakers import Breakers
 from workers.schedule.finishes import FinishFollower
 from workers.schedule.held import Held, HeldQueue
 from workers.schedule.outstanding import Outstanding
@@ -110,18 +111,21 @@ class ScheduleLayer:
         self._expired_at = 0
         # which worker took which prompt blocks (workers/prefix.py)
         self.prefix = PrefixIndex(settings.route_index_blocks, settings.route_index_ttl_s)
+        self.breakers = Breakers.of(settings, clock)
         self.policy = RoutePolicy(settings.route_cache_threshold, settings.route_load_bound,
                                   settings.route_load_weight, settings.route_prefix_aware)
 
     async def start(self, sender: Sender) -> None:
-        """Read the heartbeats seen so far before scheduling (a bounded wait:
-        while Kafka cannot be reached, tasks park and the table says so)."""
+        """Read the heartbeats and breakers written so far before scheduling (a
+        bounded wait: while Kafka cannot be reached, tasks park and say so)."""
         self._sender = sender
-        ready = asyncio.Event()
+        ready, breakers = asyncio.Event(), asyncio.Event()
         follower = asyncio.create_task(self.table.follow(ready), name="worker-table")
         self._background = [follower,
+                            asyncio.create_task(self.breakers.follow(self.settings, breakers),
+                                                name="breakers"),
                             asyncio.create_task(self.finishes.run(), name="finishes")]
-        waiter = asyncio.create_task(ready.wait())
+        waiter = asyncio.create_task(_both(ready, breakers))
         await asyncio.wait([waiter, follower], timeout=self.settings.no_worker_timeout_s,
                            return_when=asyncio.FIRST_COMPLETED)
         waiter.cancel()
@@ -187,7 +191,8 @@ class ScheduleLayer:
         likely to hold its prefix, within the load bound, or the least loaded:
         :func:`workers.prefix.choose`), or None when none is live."""
         self._check_deadline(task["envelope"])
-        live = self.table.live(task["route"]["pool"])
+        live = [w for w in self.table.live(task["route"]["pool"])
+                if self.breakers.allows(w.beat["worker_id"])]
         if not live:
             return None
         loads = [WorkerLoad(w.beat["worker_id"], self._busy(w), w.beat["capacity"])
@@ -217,7 +222,8 @@ class ScheduleLayer:
 
     def _room_for_low(self, pool: str) -> WorkerView | None:
         """The worker the next background or batch task of ``pool`` may go to now."""
-        live = {w.beat["worker_id"]: w for w in self.table.live(pool)}
+        live = {w.beat["worker_id"]: w for w in self.table.live(pool)
+                if self.breakers.allows(w.beat["worker_id"])}
         candidates = [Candidate(wid, w.beat["capacity"], self._busy(w))
                       for wid, w in live.items()]
         chosen = self.admission.choose(pool, candidates, self.outstanding.low(pool),
@@ -229,6 +235,8 @@ class ScheduleLayer:
         envelope = task["envelope"]
         partition = self.table.address(view)
         self.prefix.took(view.beat["worker_id"], task["prompt"]["prefix_blocks"], self.clock())
+        self.breakers.publish(self._sender, self.breakers.sent(
+            view.beat["worker_id"], task["route"]["pool"], envelope["request_id"]))
         task["route"]["worker_id"] = view.beat["worker_id"]
         task["route"]["partition"] = partition
         self.outstanding.add(envelope["request_id"], view.beat["worker_id"],
@@ -239,12 +247,18 @@ class ScheduleLayer:
 
     # -- what happens to tasks ------------------------------------------------
 
-    def finished(self, request_id: str, worker_id: str, written_ms: int) -> None:
+    def finished(self, request_id: str, worker_id: str, written_ms: int,
+                 error: ErrorInfo | None = None) -> None:
         """A generation this scheduler sent ended (its final chunk was written
-        at ``written_ms`` by ``worker_id``): its slot is free."""
-        if self.outstanding.forget(request_id) is not None:
+        at ``written_ms`` by ``worker_id``): its slot is free, and its breaker
+        hears how it went."""
+        sent = self.outstanding.forget(request_id)
+        if sent is not None:
             self.table.finished(worker_id, written_ms)
             self.table.changed.set()
+            self.breakers.publish(self._sender, self.breakers.ended(
+                worker_id, sent.pool, request_id, error["code"] if error else None,
+                error["message"] if error else ""))
 
     def cancel(self, request_id: str) -> None:
         """Drop the parked or held task of a cancelled request (its offset is
@@ -380,3 +394,7 @@ class ScheduleLayer:
         gone = set(partitions)
         self.parked = [p for p in self.parked if p.tp not in gone]
         self.held.revoked(gone)
+
+
+async def _both(one: asyncio.Event, two: asyncio.Event) -> None:
+    await asyncio.gather(one.wait(), two.wait())

@@ -33,3 +33,17 @@ def test_the_table_shows_kv_gpu_and_who_is_gone() -> None:
     assert "25% used, 3072/4096 free cached 500 hits 40% (1 tok/block)" in text
     assert "87% 3.0 GiB free" in text
     assert render([]) == "no worker has sent a heartbeat"
+
+
+def test_the_table_shows_each_worker_s_breaker() -> None:
+    settings = Settings(topic_prefix="workers-table")
+    now = now_ms()
+    opened = {"worker_id": "a", "pool": "cpu", "state": "open", "failures": 3,
+              "until_ms": now + 12_000, "reason": "upstream refused", "ts_ms": now}
+    rows = [describe(beat("a", 500), settings, now, opened),  # type: ignore[arg-type]
+            describe(beat("b", 500), settings, now)]
+    assert rows[0]["breaker"] == {"state": "open", "failures": 3, "open_for_s": 12.0,
+                                  "reason": "upstream refused"}
+    assert rows[1]["breaker"]["state"] == "closed"
+    lines = render(rows).splitlines()
+    assert "BREAKER" in lines[0] and "open 12s" in lines[1] and "closed" in lines[2]

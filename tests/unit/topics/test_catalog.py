@@ -10,7 +10,8 @@ from conveyor.settings import Settings
 from topics.catalog import TopicSpec, catalog, infer_topic
 
 DESIGN_TOPICS = ["requests", "prepared", "routed", "tokens", "replies", "control", "workers",
-                 "results", "dlq", "feedback", "usage", "audit", "keys", "jobs", "job-status"]
+                 "results", "dlq", "feedback", "usage", "audit", "keys", "jobs", "job-status",
+                 "breakers"]
 
 
 @pytest.fixture
