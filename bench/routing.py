@@ -1,16 +1,18 @@
 """Prefix-aware routing against least-loaded, on two real llama.cpp workers.
 
-Starts ``conveyor up --workers 2 --contexts 2 --no-infra`` twice (schedule
+Starts ``conveyor up --workers 2 --contexts 4 --no-infra`` twice (schedule
 least-loaded, ``CONVEYOR_ROUTE_PREFIX_AWARE=false``, then prefix-aware; the
 order alternates over ``--rounds``), and plays the same kind of workload on
 each: conversations of several turns, each with a long system prompt of its
-own (about 600 tokens), every turn carrying the history so far, a few
-conversations at a time (one client each, turn after turn). A turn routed to
-the worker whose context holds its history costs only its new tokens; one
-routed elsewhere evaluates the whole prompt again. Printed: TTFT p50/p90 of
+own (about 600 tokens), every turn carrying the history so far. Each client
+holds ``--interleave`` conversations and asks a turn of each in turn, as a
+person does who switches between chats; with the defaults 8 conversations
+are open at once over 8 contexts (two workers of four). A turn routed to the
+worker whose context holds its history costs only its new tokens; one routed
+elsewhere evaluates the whole prompt again. Printed: TTFT p50/p90 of
 the turns after the first, and completion tokens/s over the run.
 
-    python -m bench.routing [--conversations 16] [--turns 4] [--clients 4]
+    python -m bench.routing [--conversations 16] [--turns 4] [--clients 4] [--interleave 2]
 
 Each phase uses system prompts of its own, so no phase finds the last one's
 prompts in a cache. Target (the fleet issue): prefix-aware TTFT p50 at most
@@ -115,21 +117,25 @@ async def ask(client: httpx.AsyncClient, url: str, messages: list[dict[str, str]
 
 
 async def play(gateway_url: str, phase: Phase, conversations: int, turns: int, clients: int,
-               max_tokens: int) -> None:
+               interleave: int, max_tokens: int) -> None:
     url = f"{gateway_url}/v1/chat/completions"
     pending = list(range(conversations))
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0)) as client:
 
         async def one_client() -> None:
             while pending:
-                c = pending.pop(0)
-                messages = [{"role": "system",
-                             "content": system_prompt(TOPICS[c % len(TOPICS)], phase.name)}]
+                # this client's conversations, their turns played in turn
+                mine = [pending.pop(0) for _ in range(min(interleave, len(pending)))]
+                talks = [[{"role": "system",
+                           "content": system_prompt(TOPICS[c % len(TOPICS)], phase.name)}]
+                         for c in mine]
                 for t in range(turns):
-                    messages.append({"role": "user", "content": QUESTIONS[t % len(QUESTIONS)]})
-                    ttft, answer, tokens = await ask(client, url, messages, max_tokens)
-                    phase.turns.append(Turn(ttft, tokens, first=t == 0))
-                    messages.append({"role": "assistant", "content": answer})
+                    for messages in talks:
+                        messages.append({"role": "user",
+                                         "content": QUESTIONS[t % len(QUESTIONS)]})
+                        ttft, answer, tokens = await ask(client, url, messages, max_tokens)
+                        phase.turns.append(Turn(ttft, tokens, first=t == 0))
+                        messages.append({"role": "assistant", "content": answer})
 
         start = time.perf_counter()
         await asyncio.gather(*(one_client() for _ in range(clients)))
@@ -167,7 +173,7 @@ def run_phase(name: str, prefix_aware: bool, args: argparse.Namespace) -> Phase:
         asyncio.run(warm_up(gateway_url, 180.0))
         asyncio.run(asyncio.wait_for(
             play(gateway_url, phase, args.conversations, args.turns, args.clients,
-                 args.max_tokens), 3600.0))
+                 args.interleave, args.max_tokens), 3600.0))
     later = phase.later_ttfts()
     print(f"{name}: {len(phase.turns)} turns in {phase.wall_s:.1f} s, "
           f"TTFT p50 {ms(percentile(later, 50))} ms of the later turns, "
@@ -205,7 +211,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--conversations", type=int, default=16)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--clients", type=int, default=4, help="conversations at a time")
-    parser.add_argument("--contexts", type=int, default=2, help="each worker's")
+    parser.add_argument("--interleave", type=int, default=2,
+                        help="conversations a client holds at once, a turn of each in turn")
+    parser.add_argument("--contexts", type=int, default=4, help="each worker's")
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--rounds", type=int, default=1,
                         help="least-loaded and prefix-aware this many times each, "

@@ -45,7 +45,10 @@ Decisions:
 * **The context holding the prompt's prefix.** Of the free contexts, a
   request without a seed takes the one whose cache begins with the longest
   part of its prompt (the next turn of a conversation finds its history
-  there), so that prefix-aware routing (workers/prefix.py) pays off here too.
+  there), less what it would throw away of the prompt cached there: a new
+  conversation takes an empty or long-unused context rather than one holding
+  another conversation that shares only the template's first tokens with it.
+  So prefix-aware routing (workers/prefix.py) pays off here too.
 * **Empty prompts** begin at the beginning-of-sequence token.
 * Every failure inside llama.cpp surfaces from :meth:`generate` as
   :class:`~conveyor.errors.EngineError`.
@@ -216,14 +219,18 @@ class LlamaCppEngine:
     @staticmethod
     def _nearest(first: _Context, free: asyncio.Queue[_Context], prompt: str) -> _Context:
         """Of the free contexts (``first`` and those still in ``free``), the one
-        whose cache begins with the longest part of ``prompt``; the others go
-        back. The next turn of a conversation, or another prompt with the same
-        system prompt, then costs only its new tokens."""
+        whose cache serves ``prompt`` best; the others go back. The next turn of
+        a conversation, or another prompt with the same system prompt, then
+        costs only its new tokens."""
         tokens = list(first.llm.tokenize(prompt.encode("utf-8"), special=True)) if prompt else []
         contexts = [first]
         while not free.empty():
             contexts.append(free.get_nowait())
-        best = max(contexts, key=lambda c: _shared_prefix(c.llm, tokens))  # first of equals
+        # what the prompt reuses, less what it throws away of another prompt's
+        # cache: a context holding a long conversation is not given up for the
+        # few tokens of template every prompt shares; of equals, the one free
+        # longest (the queue's order)
+        best = max(contexts, key=lambda c: 2 * _shared_prefix(c.llm, tokens) - c.llm.n_tokens)
         for context in contexts:
             if context is not best:
                 free.put_nowait(context)

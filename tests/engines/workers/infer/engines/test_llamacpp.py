@@ -138,3 +138,23 @@ async def test_a_prompt_goes_to_the_free_context_holding_its_prefix() -> None:
         assert held()[0].startswith(one + " is") and held()[1].startswith(two + " is"), held()
     finally:
         await engine.close()
+
+
+async def test_a_new_prompt_does_not_evict_a_cached_one_for_a_few_shared_tokens() -> None:
+    """A prompt sharing only its first words with the prompt one context holds
+    takes the empty context: the other one's cache is worth more than those
+    few tokens (a conversation's next turn finds it there)."""
+    spec = Registry.load(Path("conveyor/models.toml")).resolve("smollm2")
+    engine = LlamaCppEngine.from_spec(spec, contexts=2)
+    await engine.start()
+    try:
+        long = ("Italy is a country in southern Europe. Its capital is Rome, its rivers "
+                "are the Po and the Tiber, and its mountains are the Alps and the Apennines.")
+        await collect(engine, request(kind="completion", prompt_text=long, max_tokens=2))
+        await collect(engine, request(kind="completion", prompt_text="Italy is famous for",
+                                      max_tokens=2))
+        held = sorted(c.llm.detokenize(c.llm.input_ids[:c.llm.n_tokens].tolist()).decode()
+                      for c in engine._contexts)  # noqa: SLF001
+        assert held[0].startswith(long) and held[1].startswith("Italy is famous for"), held
+    finally:
+        await engine.close()
