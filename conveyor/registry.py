@@ -50,6 +50,9 @@ class ModelSpec:
     upstream_model: str | None = None  # the name an HTTP upstream knows it by
     aliases: tuple[str, ...] = field(default_factory=tuple)
     precision: Precision = "source"
+    # the models (names or aliases) a request for this one goes to, in order,
+    # when this one's pool cannot take it (no live worker, every breaker open)
+    fallbacks: tuple[str, ...] = field(default_factory=tuple)
 
     def source_gguf_path(self) -> Path:
         """The GGUF file as ``gguf`` names it (packaged, or a path)."""
@@ -196,6 +199,9 @@ def _spec(name: str, entry: dict[str, object]) -> ModelSpec:
         aliases = entry.get("aliases", ())
         if not isinstance(aliases, list | tuple):
             raise ValueError("aliases must be a list of names")
+        fallbacks = entry.get("fallbacks", ())
+        if not isinstance(fallbacks, list | tuple):
+            raise ValueError("fallbacks must be a list of model names")
         spec = ModelSpec(
             name=name,
             pool=str(entry["pool"]),
@@ -207,6 +213,7 @@ def _spec(name: str, entry: dict[str, object]) -> ModelSpec:
             else None,
             aliases=tuple(str(a) for a in aliases),
             precision=_precision(entry.get("precision", "source"), spec_gguf=entry.get("gguf")),
+            fallbacks=tuple(str(f) for f in fallbacks),
         )
     except KeyError as exc:
         raise ConveyorError(f"model `{name}` has no `{exc.args[0]}`") from None
@@ -229,6 +236,18 @@ class Registry:
                     raise ConveyorError(f"the name `{name}` is given to both model "
                                         f"`{other.name}` and model `{m.name}`")
                 self._names[name] = m
+        for m in models:
+            for fallback in m.fallbacks:
+                target = self._names.get(fallback)
+                if target is None:
+                    raise ConveyorError(f"model `{m.name}`: its fallback `{fallback}` is not "
+                                        "a model of the registry")
+                if target is m:
+                    raise ConveyorError(f"model `{m.name}`: it cannot be its own fallback")
+
+    def fallbacks(self, spec: ModelSpec) -> list[ModelSpec]:
+        """The models ``spec`` falls back to, in order (resolved)."""
+        return [self._names[f] for f in spec.fallbacks]
 
     @classmethod
     def load(cls, path: Path) -> Registry:

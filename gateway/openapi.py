@@ -18,8 +18,9 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, Field
 
-__all__ = ["ErrorResponse", "ChatCompletion", "Completion", "ModelList", "HealthReport",
-           "generation_responses", "stored_responses", "HEALTH_RESPONSES", "install_openapi"]
+__all__ = ["ErrorResponse", "ChatCompletion", "Completion", "ModelCard", "ModelList",
+           "HealthReport", "generation_responses", "stored_responses", "HEALTH_RESPONSES",
+           "install_openapi"]
 
 
 class ErrorDetail(BaseModel):

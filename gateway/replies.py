@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -127,11 +128,13 @@ class ReplySource(Protocol):
 
 @dataclass
 class Folded:
-    """A whole answer: its text, why it ended and what it used."""
+    """A whole answer: its text, why it ended, what it used, and the model its
+    chunks name (a fallback's, when one answered; None when none said)."""
 
     text: str
     finish_reason: str | None
     usage: Usage | None
+    model: str | None = None
 
 
 async def fold_answer(source: ReplySource, within: float | None = None,
@@ -140,18 +143,21 @@ async def fold_answer(source: ReplySource, within: float | None = None,
     passes without a reply; True gives up (None). An error reply raises."""
     text: list[str] = []
     finish: str | None = None
+    model: str | None = None
     while True:
         reply = await source.next(within)
         if reply is None:
             if idle is not None and await idle():
                 return None
             continue
+        if model is None and reply["chunk"]:
+            model = json.loads(reply["chunk"].partition("\n")[0]).get("model")
         if reply["text"]:
             text.append(reply["text"])
         if reply["finish_reason"]:
             finish = reply["finish_reason"]
         if reply["kind"] == "final":
-            return Folded("".join(text), finish, reply["usage"])
+            return Folded("".join(text), finish, reply["usage"], model)
 
 
 class ReplyLease:

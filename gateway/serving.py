@@ -201,9 +201,9 @@ class Serving:
                 return {}
         finally:
             answer.close("gateway stopped waiting")
-        return full_response(generation["kind"], generation["model"], generation["created"],
-                             answer.request_id, folded.text, folded.finish_reason,
-                             folded.usage)
+        return full_response(generation["kind"], folded.model or generation["model"],
+                             generation["created"], answer.request_id, folded.text,
+                             folded.finish_reason, folded.usage)
 
     async def first(self, answer: Answer, disconnected: Disconnected) -> Reply | None:
         """The first reply, before the response status is chosen; None when the

@@ -23,6 +23,7 @@ __all__ = [
     "Reply",
     "Request",
     "Route",
+    "Fallback",
     "Sampling",
     "Task",
     "TokenChunk",
@@ -94,11 +95,18 @@ class Prompt(TypedDict):
     prefix_blocks: list[int]
 
 
+class Fallback(TypedDict):
+    model: str
+    pool: str
+
+
 class Route(TypedDict):
     model: str
     pool: str
     worker_id: str
     partition: int
+    fallbacks: NotRequired[list[Fallback]]
+    fallback_from: NotRequired[str]
 
 
 class Usage(TypedDict):

@@ -3,21 +3,26 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.requests import HTTPConnection
 
-from conveyor.errors import InvalidRequest
+from conveyor.errors import InvalidRequest, ModelNotFound
+from conveyor.registry import Registry
 from gateway.admission import Admitter
 from gateway.auth.middleware import identity_of
+from gateway.auth.types import Identity
 from gateway.errors import SafeJSONResponse
 from gateway.openapi import (
     HEALTH_RESPONSES,
     ChatCompletion,
     Completion,
+    ErrorResponse,
     HealthReport,
+    ModelCard,
     ModelList,
     generation_responses,
     stored_responses,
@@ -153,21 +158,58 @@ async def _answer(serving: Serving, generation: Generation, request: Request) ->
     headers = {**answer.ticket.headers, "x-request-id": answer.request_id}
     if not generation["stream"]:
         result = await serving.collect(generation, answer, request.is_disconnected)
-        return SafeJSONResponse(result, headers=headers)
+        return SafeJSONResponse(result, headers={**headers, **_fallback(generation, result)})
     first = await serving.first(answer, request.is_disconnected)
     if first is None:  # the client left: nobody reads a status
         return Response(status_code=499)
+    opening = json.loads(first["chunk"].partition("\n")[0] or "{}")
     return StreamingResponse(serving.stream(answer, first), media_type="text/event-stream",
-                             headers={**_SSE_HEADERS, **headers})
+                             headers={**_SSE_HEADERS, **headers,
+                                      **_fallback(generation, opening)})
+
+
+def _fallback(generation: Generation, answer: dict[str, Any]) -> dict[str, str]:
+    """``x-conveyor-fallback: <model>`` when a fallback model answered (the
+    answer's ``model`` names it) instead of the model asked for."""
+    model = answer.get("model")
+    if isinstance(model, str) and model and model != generation["model"]:
+        return {"x-conveyor-fallback": model}
+    return {}
 
 
 @router.get("/v1/models", response_model=ModelList)
 async def models(request: Request) -> SafeJSONResponse:
-    """The models the caller may use (every model, or its key's allow-list)."""
+    """The models the caller may use (every model, or its key's allow-list),
+    each by its name and by each of its aliases."""
     registry = request.app.state.registry
     identity = identity_of(request)
-    names = [(name, 0) for name in sorted(registry.models) if identity.may_use(name)]
+    names = [(name, 0) for name in _usable(registry, identity)]
     return SafeJSONResponse(model_list(names))
+
+
+@router.get("/v1/models/{model:path}", response_model=ModelCard,
+            responses={404: {"model": ErrorResponse}})
+async def model(model: str, request: Request) -> SafeJSONResponse:
+    """One model by its name or an alias (``client.models.retrieve``); 404
+    ``model_not_found`` for one the registry does not know or the caller may
+    not use, as a request for it would get."""
+    registry = request.app.state.registry
+    if model not in _usable(registry, identity_of(request)):
+        raise ModelNotFound(f"The model `{model}` does not exist or you do not have "
+                            "access to it.", param="model")
+    [card] = model_list([(model, 0)])["data"]
+    return SafeJSONResponse(card)
+
+
+def _usable(registry: Registry, identity: Identity) -> list[str]:
+    """Every name and alias the caller may ask for, sorted (a key's allow-list
+    may name a model or any of its aliases, as admission reads it)."""
+    out: set[str] = set()
+    for spec in registry.models.values():
+        names = (spec.name, *spec.aliases)
+        if any(identity.may_use(n) for n in names):
+            out.update(names)
+    return sorted(out)
 
 
 @router.get("/healthz", response_model=HealthReport, responses=HEALTH_RESPONSES)

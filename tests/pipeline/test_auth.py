@@ -168,6 +168,9 @@ def test_a_model_outside_the_allow_list_does_not_exist(replicas: Replicas) -> No
         client.completions.create(model="smollm2", prompt="Hi", max_tokens=1)
     assert caught.value.code == "model_not_found"
     assert [m.id for m in client.models.list()] == ["ghost"]
+    assert client.models.retrieve("ghost").id == "ghost"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("smollm2")  # it exists, and this key may not use it
     _, alias_ok = replicas.key("--models", "smollm2-135m-instruct")
     allowed = openai.OpenAI(base_url=f"{replicas.urls[1]}/v1", api_key=alias_ok,
                             max_retries=0, timeout=120)

@@ -6,6 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
+import pytest
 
 from tests.support.pipeline import Pipeline
 
@@ -73,7 +74,17 @@ def test_sse_wire_format_ends_with_done(pipeline: Pipeline) -> None:
 
 def test_models_lists_the_registry(pipeline: Pipeline) -> None:
     ids = [m.id for m in client(pipeline).models.list()]
-    assert "smollm2-135m-instruct" in ids
+    assert "smollm2-135m-instruct" in ids and "smollm2" in ids  # an alias too
+
+
+def test_a_model_is_retrieved_by_name_or_alias(pipeline: Pipeline) -> None:
+    c = client(pipeline)
+    for name in ("smollm2-135m-instruct", "smollm2"):
+        found = c.models.retrieve(name)
+        assert found.id == name and found.object == "model" and found.owned_by == "conveyor"
+    with pytest.raises(openai.NotFoundError) as caught:
+        c.models.retrieve("no-such-model")
+    assert caught.value.code == "model_not_found"
 
 
 

@@ -56,7 +56,7 @@ def full_task(rid: str, *, priority: int = 0, pool: str = "cpu", deadline_ms: in
             "messages": [{"role": "user", "content": prompt, "name": None}],
             "prompt": None,
             "sampling": {"temperature": 0.0, "top_p": 1.0, "max_tokens": 8, "stop": [],
-                         "seed": None},
+                         "seed": None, "presence_penalty": 0.0, "frequency_penalty": 0.0},
             "stream": False, "include_usage": False, "created": 1,
         },
         "prompt": {"text": f"<|user|>{prompt}", "tokens": 12, "exact": True, "max_tokens": 8,

@@ -43,6 +43,8 @@ def request_from_task(task: Task, continuation: str, done_tokens: int,
     gen = task["generation"]
     sampling = gen["sampling"]
     prompt_text = task["prompt"]["text"]
+    if task["route"].get("fallback_from"):
+        prompt_text = None  # rendered for the model asked for: the engine renders its own
     if gen["kind"] == "completion" and prompt_text is None:
         prompt_text = gen["prompt"] or ""
     return GenerationRequest(
@@ -191,8 +193,10 @@ class TaskRun:
     def _header(self) -> ChunkHeader | None:
         if self.seq != 0:
             return None
-        gen = self.task["generation"]
-        return ChunkHeader(kind=gen["kind"], model=gen["model"], created=gen["created"],
+        gen, route = self.task["generation"], self.task["route"]
+        # a fallback's answer names the model that gave it
+        model = route["model"] if route.get("fallback_from") else gen["model"]
+        return ChunkHeader(kind=gen["kind"], model=model, created=gen["created"],
                            stop=gen["sampling"]["stop"], stream=gen["stream"],
                            include_usage=gen["include_usage"],
                            prompt_tokens=self.task["prompt"]["tokens"])

@@ -1,8 +1,10 @@
 """Route: resolve the request's model (or alias) in the registry to a pool.
 
-An unknown model fails the request with 404 ``model_not_found``. Policies
-beyond model affinity (prefix-cache-aware placement, canaries, fallbacks)
-grow here.
+An unknown model fails the request with 404 ``model_not_found``. The task
+also carries the model's fallbacks (the registry's ``fallbacks``, in order),
+those whose context the prompt and its completion budget fit: schedule sends
+the task to the first one whose pool can take it when the model's own pool
+cannot (no live worker, every breaker open).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from aiokafka import TopicPartition
 from conveyor.registry import Registry
 from conveyor.settings import Settings
 from schemas.codec import EventType
-from schemas.records import Prepared, Route, Task
+from schemas.records import Fallback, Prepared, Route, Task
 from topics.catalog import PREPARED, ROUTED
 from topics.envelope import stamp
 from workers.outputs import Output, Sender
@@ -41,11 +43,15 @@ class RouteLayer:
     async def handle(self, event: Prepared, record: Any) -> list[Output]:
         envelope = stamp(event["envelope"], self.name)
         spec = self.registry.resolve(event["generation"]["model"])
+        needs = event["prompt"]["tokens"] + event["prompt"]["max_tokens"]
+        fallbacks = [Fallback(model=f.name, pool=f.pool) for f in self.registry.fallbacks(spec)
+                     if needs <= f.context_length]
         task = Task(
             envelope=envelope,
             generation=event["generation"],
             prompt=event["prompt"],
-            route=Route(model=spec.name, pool=spec.pool, worker_id="", partition=-1),
+            route=Route(model=spec.name, pool=spec.pool, worker_id="", partition=-1,
+                        fallbacks=fallbacks, fallback_from=""),
         )
         return [Output(self._sink, "Task", task, key=envelope["request_id"])]
 

@@ -1,13 +1,13 @@
 """Schedule: send each task to a live worker of its pool, interactive first.
 
-**Interactive tasks** (``envelope.priority`` 0) go at once to a live
-worker's partition: the worker likely to hold the longest prefix of the prompt
-in its KV cache, as long as it stays under the load bound, else the least
-loaded (:mod:`workers.prefix`). When no worker of the pool is live, the
-task is parked, not waited for: the layer goes on scheduling other pools'
-tasks, a background task places the parked ones (in arrival order) as soon
-as a worker appears, and a task still parked ``no_worker_timeout_s`` after
-it entered the pipeline fails with 503 ``no_worker_available``.
+**Interactive tasks** (``envelope.priority`` 0) go at once to a live worker
+whose breaker is closed (:mod:`~workers.schedule.breakers`): the one likely to
+hold the longest prefix of the prompt, under the load bound, else the least
+loaded (:mod:`workers.prefix`). When the pool has none, the task goes to a
+fallback model's pool (:mod:`~workers.schedule.fallback`) or is parked: a
+background task places the parked ones (in arrival order) as soon as a worker
+appears, and one still parked ``no_worker_timeout_s`` after it entered the
+pipeline fails with 503 ``no_worker_available``.
 
 **Background and batch tasks** (priority 1 and 2) are held here
 (:mod:`workers.schedule.held`) and released one at a time, only while a
@@ -20,18 +20,15 @@ workers are busy or, for a while, gone; never ``no_worker_timeout_s``. An
 idle pool takes one at once, without holding it.
 
 Loads are known between heartbeats: schedule counts what it sent to each
-worker (:mod:`workers.schedule.outstanding`) and hears each generation's
-end from its final chunk on ``conveyor.tokens``
-(:mod:`workers.schedule.finishes`), so the next held task goes out within
-milliseconds of a slot freeing up.
+worker (:mod:`~workers.schedule.outstanding`) and hears each generation's end
+(:mod:`~workers.schedule.finishes`), so a freed slot is refilled at once.
 
 Parked and held tasks' offsets are not committed (``committable``), so a
 scheduler that dies leaves them to its successor. A request whose deadline
 has passed fails with 504 instead of being sent to a worker.
 
-A cancelled request's parked or held task is dropped (``cancel``, called by
-the runtime for every cancel on ``conveyor.control``), so no task for it
-reaches infer after the cancel. When the worker table cannot see the
+A cancelled request's parked or held task is dropped (``cancel``): no task
+for it reaches infer after the cancel. When the worker table cannot see the
 heartbeats (Kafka unreachable, or contact regained too recently to have
 heard every worker), an interactive task out of time fails with 503
 ``pipeline_unavailable``, not ``no_worker_available``: the workers may well
@@ -66,6 +63,7 @@ from workers.outputs import Output, Sender, error_info, failure_reply
 from workers.prefix import PrefixIndex, RoutePolicy, WorkerLoad, choose
 from workers.schedule.admission import LINGER_S, BatchAdmission, Candidate
 from workers.schedule.breakers import Breakers
+from workers.schedule.fallback import fall_back
 from workers.schedule.finishes import FinishFollower
 from workers.schedule.held import Held, HeldQueue
 from workers.schedule.outstanding import Outstanding
@@ -191,8 +189,7 @@ class ScheduleLayer:
         likely to hold its prefix, within the load bound, or the least loaded:
         :func:`workers.prefix.choose`), or None when none is live."""
         self._check_deadline(task["envelope"])
-        live = [w for w in self.table.live(task["route"]["pool"])
-                if self.breakers.allows(w.beat["worker_id"])]
+        live = self._open(task["route"]["pool"]) or fall_back(task, self._open)
         if not live:
             return None
         loads = [WorkerLoad(w.beat["worker_id"], self._busy(w), w.beat["capacity"])
@@ -203,6 +200,10 @@ class ScheduleLayer:
         view = next(w for w in live if w.beat["worker_id"] == chosen.worker_id)
         self.admission.interactive_sent(task["route"]["pool"])
         return self._address(task, view)
+
+    def _open(self, pool: str) -> list[WorkerView]:
+        """The live workers of ``pool`` whose breaker lets work through."""
+        return [w for w in self.table.live(pool) if self.breakers.allows(w.beat["worker_id"])]
 
     def _check_deadline(self, envelope: Envelope) -> None:
         if envelope["deadline_ms"] and self.clock() >= envelope["deadline_ms"]:
@@ -222,8 +223,7 @@ class ScheduleLayer:
 
     def _room_for_low(self, pool: str) -> WorkerView | None:
         """The worker the next background or batch task of ``pool`` may go to now."""
-        live = {w.beat["worker_id"]: w for w in self.table.live(pool)
-                if self.breakers.allows(w.beat["worker_id"])}
+        live = {w.beat["worker_id"]: w for w in self._open(pool)}
         candidates = [Candidate(wid, w.beat["capacity"], self._busy(w))
                       for wid, w in live.items()]
         chosen = self.admission.choose(pool, candidates, self.outstanding.low(pool),

@@ -142,3 +142,21 @@ def test_locate_gguf_of_a_missing_package() -> None:
 def test_a_model_without_gguf() -> None:
     with pytest.raises(ConveyorError):
         ModelSpec("m", "p", 100).gguf_path()
+
+
+def test_fallbacks_resolve_in_order_and_must_name_other_models(tmp_path: Path) -> None:
+    path = tmp_path / "models.toml"
+    path.write_text('[models."a"]\npool = "gpu"\ncontext_length = 100\n'
+                    'fallbacks = ["c", "b-alias"]\n'
+                    '[models."b"]\npool = "cpu"\ncontext_length = 100\naliases = ["b-alias"]\n'
+                    '[models."c"]\npool = "cpu2"\ncontext_length = 50\n')
+    registry = Registry.load(path)
+    assert [s.name for s in registry.fallbacks(registry.resolve("a"))] == ["c", "b"]
+    assert registry.fallbacks(registry.resolve("b")) == []
+    for bad, why in (('fallbacks = ["nope"]', r"`a`.*fallback `nope`.*not a model"),
+                     ('fallbacks = ["a"]', r"`a`.*its own fallback"),
+                     ('fallbacks = "b"', r"`a`.*fallbacks must be a list")):
+        path.write_text(f'[models."a"]\npool = "gpu"\ncontext_length = 100\n{bad}\n'
+                        '[models."b"]\npool = "cpu"\ncontext_length = 100\n')
+        with pytest.raises(ConveyorError, match=why):
+            Registry.load(path)

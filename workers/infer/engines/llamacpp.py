@@ -74,7 +74,7 @@ from conveyor.errors import EngineError
 from conveyor.registry import ModelSpec
 from workers.infer.engines.base import GenerationRequest, KvState, Piece
 
-__all__ = ["LlamaCppEngine", "pieces_from"]
+__all__ = ["LlamaCppEngine", "common_prefix", "pieces_from", "reuse_score"]
 
 # llama.cpp seeds are uint32 and 0xFFFFFFFF (LLAMA_DEFAULT_SEED) means "random".
 _SEED_SPACE = 0xFFFFFFFF
@@ -226,11 +226,9 @@ class LlamaCppEngine:
         contexts = [first]
         while not free.empty():
             contexts.append(free.get_nowait())
-        # what the prompt reuses, less what it throws away of another prompt's
-        # cache: a context holding a long conversation is not given up for the
-        # few tokens of template every prompt shares; of equals, the one free
-        # longest (the queue's order)
-        best = max(contexts, key=lambda c: 2 * _shared_prefix(c.llm, tokens) - c.llm.n_tokens)
+        # of equals, the one free longest (the queue's order): least recently used
+        best = max(contexts, key=lambda c: reuse_score(
+            c.llm.input_ids[:c.llm.n_tokens].tolist(), tokens))
         for context in contexts:
             if context is not best:
                 free.put_nowait(context)
@@ -332,15 +330,25 @@ async def pieces_from(queue: asyncio.Queue[_Item]) -> AsyncGenerator[Piece, None
             return
 
 
-def _shared_prefix(llm: Llama, tokens: list[int]) -> int:
-    """How many leading ``tokens`` the context's cache holds already."""
-    cached = llm.input_ids[:llm.n_tokens].tolist()
-    shared = 0
-    for have, want in zip(cached, tokens, strict=False):
-        if have != want:
+def common_prefix(cached: list[int], tokens: list[int]) -> int:
+    """How many leading ``tokens`` a cache holding ``cached`` holds already."""
+    n = 0
+    for a, b in zip(cached, tokens, strict=False):
+        if a != b:
             break
-        shared += 1
-    return shared
+        n += 1
+    return n
+
+
+def reuse_score(cached: list[int], tokens: list[int]) -> int:
+    """What a prompt of ``tokens`` gains from a cache holding ``cached``: the
+    tokens it reuses, less those of the cached prompt it throws away, and 0
+    when that is nothing (an empty cache, or one holding another
+    conversation that shares only the template's first tokens with it).
+    Among caches that score 0 the caller takes the least recently used: a
+    new conversation evicts a stale one, not one still going on."""
+    shared = common_prefix(cached, tokens)
+    return max(0, shared - (len(cached) - shared))
 
 
 def _prompt_or_bos(llm: Llama, prompt: str) -> str | list[int]:

@@ -64,8 +64,11 @@ Decisions:
   adds about 26 MiB and a thread (the process's resident memory after start:
   1.08 GB either way, most of the KV buffer not yet touched).
 * **Prefix reuse.** A finished sequence's positions stay in its slot's cache.
-  A new sequence takes the free slot of its context whose cached tokens
-  share the longest prefix with its own prompt tokens, keeps those positions
+  A new sequence takes the free slot of its context whose cache serves it
+  best: the prefix it shares with the prompt tokens, less what the slot
+  would throw away of the prompt it holds (``llamacpp.reuse_score``: a
+  conversation's cache is not given up for the few template tokens every
+  prompt shares, an empty or stale slot is taken instead), keeps those positions
   (removing the rest with ``llama_memory_seq_rm``) and evaluates only the
   remainder; at least the prompt's last token is always evaluated, for its
   logits. What is reused is exactly that: the longest common token prefix

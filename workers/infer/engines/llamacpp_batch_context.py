@@ -22,9 +22,9 @@ from llama_cpp import Llama
 
 from conveyor.errors import EngineError
 from workers.infer.engines.base import GenerationRequest, Piece
-from workers.infer.engines.llamacpp import _llama_seed
+from workers.infer.engines.llamacpp import _llama_seed, common_prefix, reuse_score
 
-__all__ = ["Context", "Sequence", "Text", "common_prefix"]
+__all__ = ["Context", "Sequence", "Text"]
 
 Item = Piece | BaseException
 # the sampled tokens the presence and frequency penalties look back over
@@ -65,6 +65,7 @@ class _Slot:
     seq_id: int
     cached: list[int] = field(default_factory=list)
     busy: bool = False
+    freed: int = 0  # when it was last freed, in the context's count of frees
 
 
 @dataclass(eq=False)
@@ -114,6 +115,7 @@ class Context:
         self._vocab: Any = None
         self.slots: list[_Slot] = []
         self._active: list[Sequence] = []
+        self._frees = 0  # slots freed so far: the order of their last use
 
     # -- the asyncio side ---------------------------------------------------------
 
@@ -209,8 +211,10 @@ class Context:
         request, tokens = sequence.request, sequence.prompt_tokens
         try:
             reuse = request.seed is None
+            # the best reuse; of equals, the least recently used
             slot = max((s for s in self.slots if not s.busy),
-                       key=lambda s: common_prefix(s.cached, tokens) if reuse else -len(s.cached))
+                       key=lambda s: (reuse_score(s.cached, tokens), -s.freed) if reuse
+                       else (-len(s.cached), -s.freed))
             kept = min(common_prefix(slot.cached, tokens), len(tokens) - 1) if reuse else 0
             memory = llama_cpp.llama_get_memory(self._ctx)
             if not llama_cpp.llama_memory_seq_rm(memory, slot.seq_id, kept, -1):
@@ -301,6 +305,8 @@ class Context:
             sequence.sampler = None
         if sequence.slot is not None:
             sequence.slot.busy = False
+            self._frees += 1
+            sequence.slot.freed = self._frees
         if sequence in self._active:
             self._active.remove(sequence)
         sequence.emit(last)
@@ -326,15 +332,6 @@ class Context:
             buffer = ctypes.create_string_buffer(-n)
             n = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, -n, 0, False)
         return buffer.raw[:max(0, n)]
-
-
-def common_prefix(cached: list[int], tokens: list[int]) -> int:
-    n = 0
-    for a, b in zip(cached, tokens, strict=False):
-        if a != b:
-            break
-        n += 1
-    return n
 
 
 def _sampler(request: GenerationRequest, n_vocab: int) -> Any:

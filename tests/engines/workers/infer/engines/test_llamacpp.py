@@ -158,3 +158,24 @@ async def test_a_new_prompt_does_not_evict_a_cached_one_for_a_few_shared_tokens(
         assert held[0].startswith(long) and held[1].startswith("Italy is famous for"), held
     finally:
         await engine.close()
+
+
+async def test_a_new_prompt_evicts_the_least_recently_used_context() -> None:
+    """With no context free of a cached prompt, a new conversation takes the
+    one used longest ago, not the one holding the shortest (a conversation
+    still going on is often the shorter one)."""
+    spec = Registry.load(Path("conveyor/models.toml")).resolve("smollm2")
+    engine = LlamaCppEngine.from_spec(spec, contexts=2)
+    await engine.start()
+    try:
+        going_on = "Tell me about owls."
+        stale = ("Rivers of Spain flow to the Atlantic and to the Mediterranean; the "
+                 "longest of them, the Tagus, reaches the sea at Lisbon in Portugal.")
+        for prompt in (going_on, stale, going_on + " And bats?", "Clocks tick."):
+            await collect(engine, request(kind="completion", prompt_text=prompt, max_tokens=2))
+        held = [c.llm.detokenize(c.llm.input_ids[:c.llm.n_tokens].tolist()).decode()
+                for c in engine._contexts]  # noqa: SLF001
+        assert any(h.startswith(going_on + " And bats?") for h in held), held
+        assert not any(h.startswith(stale) for h in held), held
+    finally:
+        await engine.close()
