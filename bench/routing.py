@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import sys
 import tempfile
 import time
@@ -117,9 +118,10 @@ async def ask(client: httpx.AsyncClient, url: str, messages: list[dict[str, str]
 
 
 async def play(gateway_url: str, phase: Phase, conversations: int, turns: int, clients: int,
-               interleave: int, max_tokens: int) -> None:
+               interleave: int, max_tokens: int, think_s: float) -> None:
     url = f"{gateway_url}/v1/chat/completions"
     pending = list(range(conversations))
+    pause = random.Random(7)  # the same pauses in every phase
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0)) as client:
 
         async def one_client() -> None:
@@ -136,6 +138,7 @@ async def play(gateway_url: str, phase: Phase, conversations: int, turns: int, c
                         ttft, answer, tokens = await ask(client, url, messages, max_tokens)
                         phase.turns.append(Turn(ttft, tokens, first=t == 0))
                         messages.append({"role": "assistant", "content": answer})
+                        await asyncio.sleep(pause.uniform(0, think_s))
 
         start = time.perf_counter()
         await asyncio.gather(*(one_client() for _ in range(clients)))
@@ -173,7 +176,7 @@ def run_phase(name: str, prefix_aware: bool, args: argparse.Namespace) -> Phase:
         asyncio.run(warm_up(gateway_url, 180.0))
         asyncio.run(asyncio.wait_for(
             play(gateway_url, phase, args.conversations, args.turns, args.clients,
-                 args.interleave, args.max_tokens), 3600.0))
+                 args.interleave, args.max_tokens, args.think_s), 3600.0))
     later = phase.later_ttfts()
     print(f"{name}: {len(phase.turns)} turns in {phase.wall_s:.1f} s, "
           f"TTFT p50 {ms(percentile(later, 50))} ms of the later turns, "
@@ -215,6 +218,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="conversations a client holds at once, a turn of each in turn")
     parser.add_argument("--contexts", type=int, default=4, help="each worker's")
     parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--think-s", type=float, default=0.0,
+                        help="a pause after each answer, up to this long (the reader "
+                             "reading): the turns of different conversations then "
+                             "arrive in no fixed order")
     parser.add_argument("--rounds", type=int, default=1,
                         help="least-loaded and prefix-aware this many times each, "
                              "the order alternating")
