@@ -30,9 +30,14 @@ async def test_final_and_error_chunks_of_wanted_requests_are_heard(services: Non
     await ensure_topics(settings, [s for s in catalog(settings)
                                    if s.name == settings.topic("tokens")])
     heard: list[tuple[str, str, int]] = []
+    errors: dict[str, ErrorInfo | None] = {}
+
+    def on_finish(rid: str, wid: str, ts: int, error: ErrorInfo | None) -> None:
+        heard.append((rid, wid, ts))
+        errors[rid] = error
+
     wanted = {f"want{i}" for i in range(8)} | {"failed"}
-    follower = FinishFollower(settings, wanted.__contains__,
-                              lambda rid, wid, ts: heard.append((rid, wid, ts)))
+    follower = FinishFollower(settings, wanted.__contains__, on_finish)
     ready = asyncio.Event()
     running = asyncio.create_task(follower.run(ready))
     producer = make_producer(settings)
@@ -54,6 +59,8 @@ async def test_final_and_error_chunks_of_wanted_requests_are_heard(services: Non
             await asyncio.sleep(0.1)
         assert sorted(rid for rid, _, _ in heard) == sorted(wanted)
         assert {wid for _, wid, _ in heard} == {"w7"} and all(ts > 0 for _, _, ts in heard)
+        # the breakers hear how each ended
+        assert errors["failed"] == error and errors["want0"] is None
         assert len(follower.followers) == settings.pipeline_partitions
     finally:
         running.cancel()
