@@ -55,7 +55,13 @@ class PrefixIndex:
     _blocks: dict[str, OrderedDict[int, int]] = field(default_factory=dict)
 
     def took(self, worker_id: str, blocks: Sequence[int], now_ms: int) -> None:
-        """``worker_id`` was sent a prompt of ``blocks``: it holds them now."""
+        """``worker_id`` was sent a prompt of ``blocks``: it holds them now. The
+        other workers' old blocks age out here too, and a worker with none left
+        is dropped: one gone for good leaves nothing behind."""
+        for other, old in list(self._blocks.items()):
+            self._age(old, now_ms)
+            if not old:
+                del self._blocks[other]
         held = self._blocks.setdefault(worker_id, OrderedDict())
         for block in blocks:
             held[block] = now_ms
@@ -76,12 +82,11 @@ class PrefixIndex:
             matched += 1
         return matched
 
-    def forget(self, worker_id: str) -> None:
-        """``worker_id`` is gone (or restarted empty)."""
-        self._blocks.pop(worker_id, None)
-
     def size(self) -> int:
         return sum(len(held) for held in self._blocks.values())
+
+    def workers(self) -> list[str]:
+        return sorted(self._blocks)
 
     def _age(self, held: OrderedDict[int, int], now_ms: int) -> None:
         horizon = now_ms - int(self.ttl_s * 1000)

@@ -103,13 +103,9 @@ class PreprocessLayer:
         else:
             tokenizer = await self.tokenizers.get(spec)
             if _text_size(generation) > _INLINE_CHARS:
-                fit = await asyncio.to_thread(self._fit, spec, tokenizer, generation)
-                if fit.text is not None:
-                    blocks = await asyncio.to_thread(self._blocks, tokenizer, fit.text)
+                fit, blocks = await asyncio.to_thread(self._measure, spec, tokenizer, generation)
             else:
-                fit = self._fit(spec, tokenizer, generation)
-                if fit.text is not None:
-                    blocks = self._blocks(tokenizer, fit.text)
+                fit, blocks = self._measure(spec, tokenizer, generation)
             model_key = spec.name
         if fit.dropped:
             log.info(
@@ -138,11 +134,16 @@ class PreprocessLayer:
             )
         ]
 
-    def _blocks(self, tokenizer: Tokenizer, text: str) -> list[int]:
-        """The chained hashes of the prompt's whole blocks of tokens, for
-        prefix-aware routing (workers/prefix.py)."""
+    def _measure(self, spec: ModelSpec, tokenizer: Tokenizer,
+                 generation: Generation) -> tuple[Fit, list[int]]:
+        """The prompt fitted, and the chained hashes of its whole blocks of
+        tokens for prefix-aware routing (workers/prefix.py): none for a prompt
+        shorter than one block, which is not tokenized again for them."""
+        fit = self._fit(spec, tokenizer, generation)
         size, limit = self.settings.prefix_block_tokens, self.settings.prefix_max_blocks
-        return block_hashes(tokenizer.ids(text, size * limit), size, limit)
+        if fit.text is None or fit.tokens < size:
+            return fit, []
+        return fit, block_hashes(tokenizer.ids(fit.text, size * limit), size, limit)
 
     @staticmethod
     def _fit(spec: ModelSpec, tokenizer: Tokenizer, generation: Generation) -> Fit:

@@ -182,23 +182,23 @@ class GgufTokenizer:
     def ids(self, text: str, limit: int) -> list[int]:
         """Tokenized in the pieces :meth:`count` uses, until ``limit`` ids.
         Only the text that can hold them is read (a token is rarely longer
-        than ``_CHARS_PER_ID_AT_MOST`` characters); the ids next to that cut
-        may differ from the whole text's, so they are left out."""
-        cut_at = limit * _CHARS_PER_ID_AT_MOST
-        if len(text) > cut_at:
-            return self.ids(text[:cut_at], limit + _CHARS_PER_ID_AT_MOST)[:-_CHARS_PER_ID_AT_MOST][
-                :limit]
-        if len(text) <= _SPLIT_ABOVE_CHARS or self._turn_end is None:
-            return self._tokenize(text)[:limit]
-        cuts = [m.start() for m in self._turn_end.finditer(text)][_TURNS_PER_CALL::_TURNS_PER_CALL]
+        than ``_CHARS_PER_ID_AT_MOST`` characters); the ids next to where it
+        was cut may differ from the whole text's, so they are left out."""
+        margin = _CHARS_PER_ID_AT_MOST
+        cut = len(text) > (limit + margin) * margin
+        text = text[:(limit + margin) * margin]
+        ends = []
+        if len(text) > _SPLIT_ABOVE_CHARS and self._turn_end is not None:
+            ends = [m.start() for m in self._turn_end.finditer(text)][_TURNS_PER_CALL::
+                                                                      _TURNS_PER_CALL]
         out: list[int] = []
         start = 0
-        for end in [*cuts, len(text)]:
+        for end in [*ends, len(text)]:
             out.extend(self._tokenize(text[start:end]))
             start = end
-            if len(out) >= limit:
+            if len(out) >= limit + margin:
                 break
-        return out[:limit]
+        return (out[:-margin] if cut else out)[:limit]
 
     def render_chat(self, messages: list[Message]) -> str | None:
         if self._template is None:

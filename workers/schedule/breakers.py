@@ -72,7 +72,7 @@ class Breakers:
         if state is None or state["state"] == "closed":
             return True
         if state["state"] == "half_open":
-            return worker_id not in self.probes and self._probe_lost(state)
+            return self._probe_lost(state)
         return self.clock() >= state["until_ms"]
 
     def sent(self, worker_id: str, pool: str, request_id: str) -> BreakerState | None:
@@ -112,9 +112,9 @@ class Breakers:
         return self._set(worker_id, pool, "closed", failures, 0, message)
 
     def _probe_lost(self, state: BreakerState) -> bool:
-        """Half open on the log, but no probe of this scheduler's is out (it
-        restarted, or another replica sent the probe): after a cool-down
-        without an outcome, another probe may go."""
+        """Half open, and no outcome of the probe for a cool-down (this
+        scheduler restarted, another replica sent it, or its end was never
+        heard): another probe may go, one a cool-down at most."""
         return self.clock() >= state["ts_ms"] + int(self.cooldown_s * 1000)
 
     def _set(self, worker_id: str, pool: str, stage: str, failures: int, until_ms: int,
@@ -141,8 +141,9 @@ class Breakers:
         if not task.cancelled() and task.exception() is not None:
             log.error("cannot write a breaker's state: %s", task.exception())
 
-    async def follow(self, settings: Settings, ready: asyncio.Event | None = None) -> None:
+    async def follow(self, ready: asyncio.Event | None = None) -> None:
         """Read the breakers' topic from its start, then keep following it."""
-        self.follower = follow(settings, BREAKERS, 0, "beginning")
+        assert self.settings is not None, "Breakers.of(settings) follows the topic"
+        self.follower = follow(self.settings, BREAKERS, 0, "beginning")
         await apply_all(self.follower, self.codec, self.apply,
                         None if ready is None else ready.set)

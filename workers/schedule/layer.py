@@ -120,7 +120,7 @@ class ScheduleLayer:
         ready, breakers = asyncio.Event(), asyncio.Event()
         follower = asyncio.create_task(self.table.follow(ready), name="worker-table")
         self._background = [follower,
-                            asyncio.create_task(self.breakers.follow(self.settings, breakers),
+                            asyncio.create_task(self.breakers.follow(breakers),
                                                 name="breakers"),
                             asyncio.create_task(self.finishes.run(), name="finishes")]
         waiter = asyncio.create_task(_both(ready, breakers))

@@ -53,8 +53,16 @@ def test_the_index_ages_blocks_out() -> None:
     index.took("w0", [1], now_ms=8_000)
     assert index.overlap("w0", [1, 2], now_ms=9_000) == 2
     assert index.overlap("w0", [1, 2], now_ms=12_000) == 1  # 2 was last taken at 0
-    index.forget("w0")
-    assert index.overlap("w0", [1], now_ms=12_000) == 0
+
+
+def test_a_worker_whose_blocks_all_aged_out_leaves_nothing_behind() -> None:
+    """Workers come and go (restarts under new ids): the index must not keep
+    every id it ever saw."""
+    index = PrefixIndex(ttl_s=10)
+    for i in range(100):
+        index.took(f"gone{i}", [i, i + 1], now_ms=i)
+    index.took("w0", [7], now_ms=20_000)
+    assert index.workers() == ["w0"] and index.size() == 1
 
 
 def test_without_blocks_the_least_loaded_worker_gets_it() -> None:

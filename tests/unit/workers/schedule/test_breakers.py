@@ -130,3 +130,18 @@ async def test_schedule_sends_nothing_to_an_open_worker_and_probes_it_later() ->
                        ("w0", "half_open", 3), ("w0", "closed", 0)]
     assert {o.topic for o in sender.sent if o.event_type == "BreakerState"} == {
         "sched.breakers"}
+
+
+def test_a_probe_whose_end_is_never_heard_does_not_cut_the_worker_off_for_good() -> None:
+    clock = Clock()
+    b = Breakers(failures=3, cooldown_s=10, clock=clock)
+    failing(b, "w0", 3)
+    clock.ms += 10_000
+    b.sent("w0", "cpu", "lost-probe")  # its final chunk never reaches this scheduler
+    assert not b.allows("w0")
+    clock.ms += 10_000
+    assert b.allows("w0")  # one more probe, a cool-down later
+    b.sent("w0", "cpu", "probe2")
+    assert not b.allows("w0")
+    assert b.ended("w0", "cpu", "probe2", None) is not None and b.stage("w0") == "closed"
+
