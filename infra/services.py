@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 from typing import Self
 
-__all__ = ["OwnKafka", "OwnRedis", "ServiceError", "free_port", "kill_group", "port_answers"]
+__all__ = ["OwnKafka", "OwnRedis", "ServiceError", "free_port", "kill_group", "port_answers",
+           "redis_answers"]
 
 REPO = Path(__file__).resolve().parent.parent
 KAFKA_SH = REPO / "infra" / "kafka.sh"
@@ -66,6 +67,17 @@ def port_answers(port: int) -> bool:
         return False
 
 
+def redis_answers(port: int) -> bool:
+    """A Redis on 127.0.0.1:``port`` answers PING with PONG: it has loaded its files
+    and runs its event loop (it listens before it loads, and may still exit then)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
 def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
     """Signal a process group; one that is gone already is no error."""
     try:
@@ -97,7 +109,7 @@ class OwnRedis:
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True)
         deadline = time.monotonic() + REDIS_START_S
-        while not port_answers(self.port):
+        while not redis_answers(self.port):
             if time.monotonic() > deadline or self.popen.poll() is not None:
                 raise ServiceError(f"redis-server on {self.port} did not start (log "
                                    f"{self.dir / 'redis.log'})")

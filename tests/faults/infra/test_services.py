@@ -5,13 +5,15 @@ forget, a failed start is a ServiceError."""
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from infra.services import OwnRedis, ServiceError
+from infra.services import OwnRedis, ServiceError, port_answers, redis_answers
 
 
 def _cli(redis: OwnRedis, *args: str) -> str:
@@ -46,3 +48,22 @@ def test_a_redis_that_cannot_start_is_a_service_error(tmp_path: Path) -> None:
     with pytest.raises(ServiceError, match=f"redis-server on {redis.port} did not start"):
         redis.start()
     redis.stop(signal.SIGKILL)
+
+
+def test_a_redis_that_listens_but_is_still_loading_is_not_ready() -> None:
+    """Redis binds its port before it loads its files and may exit after that (a
+    bad append-only dir): a port that answers is not a Redis that does."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+
+        def loading() -> None:
+            conn, _ = server.accept()
+            with conn:
+                conn.recv(64)
+                conn.sendall(b"-LOADING Redis is loading the dataset in memory\r\n")
+
+        thread = threading.Thread(target=loading, daemon=True)
+        thread.start()
+        assert not redis_answers(port)
+        thread.join(5)
+        assert port_answers(port)
