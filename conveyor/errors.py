@@ -16,6 +16,7 @@ __all__ = [
     "ModelNotFound",
     "ContextLengthExceeded",
     "NoWorkerAvailable",
+    "Overloaded",
     "DeadlineExceeded",
     "EngineError",
     "RequestTooLarge",
@@ -95,6 +96,13 @@ class NoWorkerAvailable(RequestError):
     status = 503
     type = "service_unavailable"
     code = "no_worker_available"
+
+
+class Overloaded(RequestError):
+    """No worker had room for the request in time (the gateway adds Retry-After)."""
+    status = 503
+    type = "service_unavailable"
+    code = "server_overloaded"
 
 
 class DeadlineExceeded(RequestError):

@@ -129,6 +129,12 @@ class Settings(BaseSettings):
 
     # Schedule
     no_worker_timeout_s: float = 10.0
+    # an interactive task waits in schedule for a worker with room (a free slot
+    # and KV for its prompt plus max_tokens) at most schedule_timeout_s, then is
+    # refused with 503 and Retry-After; past schedule_queue_max tasks of a pool
+    # waiting, at once (workers/schedule/room.py)
+    schedule_timeout_s: float = 5.0
+    schedule_queue_max: int = 256
     worker_ttl_s: float = 3.0
     # Prefix-aware routing (workers/prefix.py): preprocess hashes each prompt's
     # first prefix_max_blocks whole blocks of prefix_block_tokens tokens; schedule

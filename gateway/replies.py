@@ -55,6 +55,7 @@ __all__ = ["ReplyRouter", "ReplyStream", "ReplyLease", "ReplySource", "Folded", 
            "reply_error"]
 
 _LATE = "The request did not finish within its deadline."
+RETRY_AFTER_S = 1  # what a 503 of the pipeline asks a client to wait
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +114,11 @@ def reply_error(reply: Reply) -> RequestError:
     err = reply["error"]
     if err is None:
         return RequestError("The request failed.")
+    # a 503 from the pipeline (no worker, overloaded, unreachable) passes soon:
+    # the openai client retries after Retry-After
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if err["status"] == 503 else None
     return RequestError(err["message"], param=err["param"], code=err["code"],
-                        status=err["status"], type=err["type"])
+                        status=err["status"], type=err["type"], headers=headers)
 
 
 class ReplySource(Protocol):

@@ -63,6 +63,9 @@ class Pipeline:
             "CONVEYOR_GATEWAY_PORT": str(self.port),
             "CONVEYOR_MODELS_FILE": str(models),
             "CONVEYOR_NO_WORKER_TIMEOUT_S": "3",
+            # tasks wait in schedule for a free slot: the tests that load a worker
+            # past its slots are about other things than shedding (test_admission.py)
+            "CONVEYOR_SCHEDULE_TIMEOUT_S": "60",
             **env,
         }
         self.settings = Settings(

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 from aiokafka import TopicPartition
 
+from schemas.codec import Codec
 from schemas.records import Task
 
 __all__ = ["Held", "HeldQueue"]
@@ -59,6 +60,14 @@ class Held:
     stamped_us: int
     seq: int = 0
     gone: bool = field(default=False)
+
+    def task(self, codec: Codec, layer: str) -> Task:
+        """The task, decoded again from the bytes read (stamped by ``layer`` then)."""
+        if not isinstance(self.payload, bytes):
+            return self.payload
+        task: Task = codec.decode(self.payload, "Task")
+        task["envelope"]["stamps"].setdefault(layer, self.stamped_us)
+        return task
 
 
 class HeldQueue:

@@ -1,13 +1,15 @@
 """Schedule: send each task to a live worker of its pool, interactive first.
 
 **Interactive tasks** (``envelope.priority`` 0) go at once to a live worker
-whose breaker is closed (:mod:`~workers.schedule.breakers`): the one likely to
-hold the longest prefix of the prompt, under the load bound, else the least
-loaded (:mod:`workers.prefix`). When the pool has none, the task goes to a
-fallback model's pool (:mod:`~workers.schedule.fallback`) or is parked: a
-background task places the parked ones (in arrival order) as soon as a worker
-appears, and one still parked ``no_worker_timeout_s`` after it entered the
-pipeline fails with 503 ``no_worker_available``.
+whose breaker is closed (:mod:`~workers.schedule.breakers`) and that has room
+for them (:mod:`~workers.schedule.room`: a slot, and KV for prompt plus
+max_tokens): the one likely to hold the longest prefix of the prompt, under
+the load bound, else the least loaded (:mod:`workers.prefix`). Otherwise the
+task is parked, placed in arrival order as soon as a worker has room, or sent
+to a fallback model's pool (:mod:`~workers.schedule.fallback`) when its own
+has no open worker or gave it no room in time. It is refused with 503
+``server_overloaded`` after ``schedule_timeout_s`` (or when the pool's queue
+is full), ``no_worker_available`` after ``no_worker_timeout_s`` with no worker.
 
 **Background and batch tasks** (priority 1 and 2) are held here
 (:mod:`workers.schedule.held`) and released one at a time, only while a
@@ -41,16 +43,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import TopicPartition
 
 from conveyor.errors import (
     DeadlineExceeded,
-    NoWorkerAvailable,
     PermanentBrokerError,
-    PipelineUnavailable,
     RequestError,
     SchemaError,
 )
@@ -67,6 +66,15 @@ from workers.schedule.fallback import fall_back
 from workers.schedule.finishes import FinishFollower
 from workers.schedule.held import Held, HeldQueue
 from workers.schedule.outstanding import Outstanding
+from workers.schedule.room import (
+    Parked,
+    has_room,
+    interactive_busy,
+    kv_need,
+    never_fits,
+    out_of_time,
+    overloaded,
+)
 from workers.schedule.table import WorkerTable, WorkerView
 
 __all__ = ["ScheduleLayer", "Parked"]
@@ -75,14 +83,6 @@ log = logging.getLogger(__name__)
 
 _RECHECK_S = 0.25
 _EXPIRE_EVERY_MS = 5000
-
-
-@dataclass
-class Parked:
-    task: Task
-    tp: TopicPartition | None
-    offset: int
-    give_up_ms: int
 
 
 class ScheduleLayer:
@@ -119,10 +119,9 @@ class ScheduleLayer:
         self._sender = sender
         ready, breakers = asyncio.Event(), asyncio.Event()
         follower = asyncio.create_task(self.table.follow(ready), name="worker-table")
-        self._background = [follower,
-                            asyncio.create_task(self.breakers.follow(breakers),
-                                                name="breakers"),
-                            asyncio.create_task(self.finishes.run(), name="finishes")]
+        self._background = [
+            follower, asyncio.create_task(self.breakers.follow(breakers), name="breakers"),
+            asyncio.create_task(self.finishes.run(), name="finishes")]
         waiter = asyncio.create_task(_both(ready, breakers))
         await asyncio.wait([waiter, follower], timeout=self.settings.no_worker_timeout_s,
                            return_when=asyncio.FIRST_COMPLETED)
@@ -151,17 +150,16 @@ class ScheduleLayer:
         if envelope["priority"] > PRIORITY_INTERACTIVE:
             return self._hold(event, record)
         entered_ms = envelope["stamps"].get("gateway", envelope["stamps"][self.name]) // 1000
-        give_up_ms = entered_ms + int(self.settings.no_worker_timeout_s * 1000)
-        if envelope["deadline_ms"]:
-            give_up_ms = min(give_up_ms, envelope["deadline_ms"])
-        waiting = any(p.task["route"]["pool"] == pool for p in self.parked)
+        waiting = sum(p.task["route"]["pool"] == pool for p in self.parked)
         if not waiting:  # keep arrival order: behind tasks of the pool already parked
             placed = self.place(event)
             if placed is not None:
                 return [placed]
+        elif waiting >= self.settings.schedule_queue_max:
+            raise overloaded(event, None)
         tp = TopicPartition(record.topic, record.partition) if record is not None else None
         self.parked.append(Parked(event, tp, record.offset if record is not None else -1,
-                                  give_up_ms))
+                                  entered_ms))
         return []
 
     def _hold(self, task: Task, record: Any) -> list[Output]:
@@ -184,12 +182,24 @@ class ScheduleLayer:
             stamped_us=envelope["stamps"].get(self.name, now_us())))
         return []
 
-    def place(self, task: Task) -> Output | None:
-        """The output sending interactive ``task`` to a live worker (the one
-        likely to hold its prefix, within the load bound, or the least loaded:
-        :func:`workers.prefix.choose`), or None when none is live."""
+    def place(self, task: Task, overdue: bool = False) -> Output | None:
+        """The output sending interactive ``task`` to the worker that
+        :func:`workers.prefix.choose` picks among the open ones with room for it
+        (room.py); None when none has room. A fallback's pool takes it when its
+        own has no open worker, or has given it no room once it is ``overdue``."""
         self._check_deadline(task["envelope"])
-        live = self._open(task["route"]["pool"]) or fall_back(task, self._open)
+        opened = self._open(task["route"]["pool"])
+        if (too_big := never_fits(task, opened)) is not None:
+            raise too_big
+        need = kv_need(task)
+
+        def roomy(workers: list[WorkerView]) -> list[WorkerView]:
+            return [w for w in workers if has_room(w, interactive_busy(
+                w, self._busy(w), self.outstanding.low_at(w.beat["worker_id"])), need)]
+
+        live = roomy(opened)
+        if not live and (overdue or not opened):
+            live = fall_back(task, lambda pool: roomy(self._open(pool)))
         if not live:
             return None
         loads = [WorkerLoad(w.beat["worker_id"], self._busy(w), w.beat["capacity"])
@@ -234,6 +244,7 @@ class ScheduleLayer:
     def _address(self, task: Task, view: WorkerView) -> Output:
         envelope = task["envelope"]
         partition = self.table.address(view)
+        view.kv_since_beat += kv_need(task)
         self.prefix.took(view.beat["worker_id"], task["prompt"]["prefix_blocks"], self.clock())
         self.breakers.publish(self._sender, self.breakers.sent(
             view.beat["worker_id"], task["route"]["pool"], envelope["request_id"]))
@@ -270,16 +281,6 @@ class ScheduleLayer:
             self.table.finished(sent.worker_id, self.clock())
             self.table.changed.set()
 
-    def _out_of_time(self, parked: Parked) -> RequestError:
-        pool = parked.task["route"]["pool"]
-        if self.table.settling():
-            return PipelineUnavailable(
-                "The pipeline is unavailable: the scheduler cannot reach Kafka to see the "
-                f"workers of pool `{pool}`. Try again later.")
-        return NoWorkerAvailable(
-            f"No worker of pool `{pool}` is available for model "
-            f"`{parked.task['route']['model']}`. Try again later.")
-
     async def place_parked(self) -> None:
         """Send every parked task that now has a worker; fail those out of time."""
         sender = self._sender
@@ -291,9 +292,11 @@ class ScheduleLayer:
             pool = parked.task["route"]["pool"]
             outputs: list[Output] = []
             try:
-                out = None if pool in blocked else self.place(parked.task)
-                if out is None and self.clock() >= parked.give_up_ms:
-                    raise self._out_of_time(parked)
+                served = bool(self._open(pool))  # by live workers, with no room
+                overdue = self.clock() >= parked.give_up_ms(self.settings, served)
+                out = None if pool in blocked else self.place(parked.task, overdue)
+                if out is None and overdue:
+                    raise out_of_time(parked, served, self.table.settling(), self.settings)
             except RequestError as exc:
                 reply = sender.error_output(parked.task["envelope"], error_info(exc))
                 outputs = [reply] if reply is not None else []
@@ -313,7 +316,7 @@ class ScheduleLayer:
         assert sender is not None
         sends: list[tuple[Envelope, list[Output]]] = []
         for late in self.held.expired(self.clock()):
-            envelope = self._task_of(late)["envelope"]
+            envelope = late.task(self.codec, self.name)["envelope"]
             exc = DeadlineExceeded("The request's deadline passed while it waited for a "
                                    "worker with room for it.")
             reply = sender.error_output(envelope, error_info(exc))
@@ -326,16 +329,9 @@ class ScheduleLayer:
                 held = self.held.pop(pool)
                 if held is None:
                     break
-                task = self._task_of(held)
+                task = held.task(self.codec, self.name)
                 sends.append((task["envelope"], [self._address(task, view)]))
         await asyncio.gather(*(self._deliver(sender, env, outs) for env, outs in sends))
-
-    def _task_of(self, held: Held) -> Task:
-        if not isinstance(held.payload, bytes):
-            return held.payload
-        task: Task = self.codec.decode(held.payload, "Task")
-        task["envelope"]["stamps"].setdefault(self.name, held.stamped_us)
-        return task
 
     async def _deliver(self, sender: Sender, envelope: Envelope, outputs: list[Output]) -> None:
         """Produce a task's outcome; what can never be produced fails the request."""

@@ -66,6 +66,11 @@ class Outstanding:
         """Tasks this scheduler sent to ``worker_id`` that have not finished."""
         return len(self._by_worker.get(worker_id, ()))
 
+    def low_at(self, worker_id: str) -> int:
+        """Background and batch tasks this scheduler sent to ``worker_id``, not finished."""
+        return sum(s.priority > PRIORITY_INTERACTIVE
+                   for s in self._by_worker.get(worker_id, {}).values())
+
     def low(self, pool: str) -> int:
         """Background and batch tasks of ``pool`` sent and not finished."""
         return self._low.get(pool, 0)

@@ -40,6 +40,8 @@ class WorkerView:
     sent_since_beat: int = 0
     # tasks of this scheduler whose final chunk was written after the beat
     finished_since_beat: int = 0
+    # KV tokens the tasks this scheduler sent since the beat may take
+    kv_since_beat: int = 0
     next_partition: int = 0
 
     def busy(self) -> int:

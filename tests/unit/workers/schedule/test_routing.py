@@ -35,10 +35,10 @@ def test_the_turns_of_a_conversation_stick_to_one_worker() -> None:
     other = worker_of(sched, turn("o1", [99, 98]))  # another conversation, still running
     first = worker_of(sched, turn("c1", SYSTEM))
     assert first != other  # least loaded: nobody holds its prefix yet
-    sched.finished("c1", first, written_ms=0)
+    sched.finished("c1", first, written_ms=sched.clock())
     # the next turn carries the history: it begins with the first turn's blocks
     assert worker_of(sched, turn("c2", [*SYSTEM, 14])) == first
-    sched.finished("c2", first, written_ms=0)
+    sched.finished("c2", first, written_ms=sched.clock())
     assert worker_of(sched, turn("c3", [*SYSTEM, 14, 15])) == first
 
 

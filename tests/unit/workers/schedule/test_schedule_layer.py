@@ -33,7 +33,8 @@ class Rec:
 
 def task(rid: str, pool: str = "cpu", deadline_ms: int = 0) -> Task:
     env = new_envelope(rid, reply_gateway="g", reply_partition=0, deadline_ms=deadline_ms)
-    return Task(envelope=env, generation={}, prompt={"prefix_blocks": []},  # type: ignore[typeddict-item]
+    prompt = {"prefix_blocks": [], "tokens": 12, "max_tokens": 8}
+    return Task(envelope=env, generation={}, prompt=prompt,  # type: ignore[typeddict-item]
                 route={"model": "m", "pool": pool, "worker_id": "", "partition": -1})
 
 
