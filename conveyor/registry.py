@@ -18,6 +18,7 @@ precision and its speed).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import fcntl
 import hashlib
 import importlib.util
@@ -53,6 +54,9 @@ class ModelSpec:
     # the models (names or aliases) a request for this one goes to, in order,
     # when this one's pool cannot take it (no live worker, every breaker open)
     fallbacks: tuple[str, ...] = field(default_factory=tuple)
+    # a canary: the registry's models that serve requests for this name, with
+    # integer weights; a tenant always gets the same one (Registry.deployment)
+    deployments: tuple[tuple[str, int], ...] = field(default_factory=tuple)
 
     def source_gguf_path(self) -> Path:
         """The GGUF file as ``gguf`` names it (packaged, or a path)."""
@@ -202,6 +206,9 @@ def _spec(name: str, entry: dict[str, object]) -> ModelSpec:
         fallbacks = entry.get("fallbacks", ())
         if not isinstance(fallbacks, list | tuple):
             raise ValueError("fallbacks must be a list of model names")
+        deployments = _deployments(entry.get("deployments", {}))
+        if deployments:  # the deployments' own entries say where and how they run
+            entry = {"pool": "", "context_length": 1, **entry}
         spec = ModelSpec(
             name=name,
             pool=str(entry["pool"]),
@@ -214,6 +221,7 @@ def _spec(name: str, entry: dict[str, object]) -> ModelSpec:
             aliases=tuple(str(a) for a in aliases),
             precision=_precision(entry.get("precision", "source"), spec_gguf=entry.get("gguf")),
             fallbacks=tuple(str(f) for f in fallbacks),
+            deployments=deployments,
         )
     except KeyError as exc:
         raise ConveyorError(f"model `{name}` has no `{exc.args[0]}`") from None
@@ -223,6 +231,18 @@ def _spec(name: str, entry: dict[str, object]) -> ModelSpec:
         raise ConveyorError(f"model `{name}`: context_length and default_max_tokens must be "
                             "positive")
     return spec
+
+
+def _deployments(value: object) -> tuple[tuple[str, int], ...]:
+    if not isinstance(value, dict):
+        raise ValueError("deployments must be a table of model = weight")
+    out = []
+    for model, weight in value.items():
+        if not isinstance(weight, int) or isinstance(weight, bool) or weight <= 0:
+            raise ValueError(f"the weight of deployment `{model}` must be a positive "
+                             f"integer, not {weight!r}")
+        out.append((str(model), weight))
+    return tuple(out)
 
 
 class Registry:
@@ -244,6 +264,36 @@ class Registry:
                                         "a model of the registry")
                 if target is m:
                     raise ConveyorError(f"model `{m.name}`: it cannot be its own fallback")
+            for deployment, _ in m.deployments:
+                target = self._names.get(deployment)
+                if target is None or target.deployments:
+                    raise ConveyorError(f"model `{m.name}`: its deployment `{deployment}` is "
+                                        "not a model of the registry that serves itself")
+                if target.name != deployment:
+                    raise ConveyorError(f"model `{m.name}`: name its deployment "
+                                        f"`{target.name}`, not its alias `{deployment}`")
+        for m in models:  # a canary's limits: those all its deployments keep
+            if m.deployments:
+                serving = [self.models[d] for d, _ in m.deployments]
+                canary = dataclasses.replace(
+                    m, context_length=min(d.context_length for d in serving),
+                    default_max_tokens=min(d.default_max_tokens for d in serving))
+                self.models[m.name] = canary
+                self._names.update({n: canary for n in (m.name, *m.aliases)})
+
+    def deployment(self, spec: ModelSpec, key: str) -> ModelSpec:
+        """The model that serves a request for ``spec`` from ``key`` (its tenant):
+        ``spec`` itself, or for a canary the deployment that a hash of the key
+        and the name picks by weight, the same one for the same key every time."""
+        if not spec.deployments:
+            return spec
+        digest = hashlib.blake2b(f"{spec.name}\0{key}".encode(), digest_size=8).digest()
+        point = int.from_bytes(digest, "big") % sum(w for _, w in spec.deployments)
+        for name, weight in spec.deployments:
+            if point < weight:
+                return self.models[name]
+            point -= weight
+        raise AssertionError("unreachable: the point falls within the total weight")
 
     def fallbacks(self, spec: ModelSpec) -> list[ModelSpec]:
         """The models ``spec`` falls back to, in order (resolved)."""
@@ -271,4 +321,4 @@ class Registry:
         return spec
 
     def pools(self) -> tuple[str, ...]:
-        return tuple(sorted({m.pool for m in self.models.values()}))
+        return tuple(sorted({m.pool for m in self.models.values() if not m.deployments}))

@@ -107,6 +107,7 @@ class Route(TypedDict):
     partition: int
     fallbacks: NotRequired[list[Fallback]]
     fallback_from: NotRequired[str]
+    deployment_of: NotRequired[str]
 
 
 class Usage(TypedDict):

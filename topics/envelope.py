@@ -8,8 +8,9 @@ import time
 
 from schemas.records import Envelope
 
-__all__ = ["PRIORITY_INTERACTIVE", "PRIORITY_BACKGROUND", "PRIORITY_BATCH", "new_envelope",
-           "new_request_id", "request_time_ms", "new_traceparent", "stamp", "now_ms", "now_us"]
+__all__ = ["PRIORITY_INTERACTIVE", "PRIORITY_BACKGROUND", "PRIORITY_BATCH", "canary_key",
+           "new_envelope", "new_request_id", "request_time_ms", "new_traceparent", "stamp",
+           "now_ms", "now_us"]
 
 
 # envelope.priority: lower is sooner (schedule admits in this order)
@@ -77,6 +78,12 @@ def new_envelope(
         priority=priority,
         stamps={"gateway": now_us()},
     )
+
+
+def canary_key(envelope: Envelope) -> str:
+    """What picks a canary's deployment (conveyor/registry.py): the tenant, so that
+    a tenant sees one version; without tenants, the API key, else the request."""
+    return envelope["tenant"] or envelope["key_id"] or envelope["request_id"]
 
 
 def stamp(envelope: Envelope, layer: str) -> Envelope:

@@ -156,25 +156,32 @@ async def _answer(serving: Serving, generation: Generation, request: Request) ->
     answer = await admit_and_submit(serving, generation, request)
     # the request's id, as OpenAI names it: what inspect and the log know it by
     headers = {**answer.ticket.headers, "x-request-id": answer.request_id}
+    registry: Registry = request.app.state.registry
     if not generation["stream"]:
         result = await serving.collect(generation, answer, request.is_disconnected)
-        return SafeJSONResponse(result, headers={**headers, **_fallback(generation, result)})
+        return SafeJSONResponse(result,
+                                headers={**headers, **_fallback(registry, generation, result)})
     first = await serving.first(answer, request.is_disconnected)
     if first is None:  # the client left: nobody reads a status
         return Response(status_code=499)
     opening = json.loads(first["chunk"].partition("\n")[0] or "{}")
     return StreamingResponse(serving.stream(answer, first), media_type="text/event-stream",
                              headers={**_SSE_HEADERS, **headers,
-                                      **_fallback(generation, opening)})
+                                      **_fallback(registry, generation, opening)})
 
 
-def _fallback(generation: Generation, answer: dict[str, Any]) -> dict[str, str]:
-    """``x-conveyor-fallback: <model>`` when a fallback model answered (the
-    answer's ``model`` names it) instead of the model asked for."""
+def _fallback(registry: Registry, generation: Generation, answer: dict[str, Any]
+              ) -> dict[str, str]:
+    """``x-conveyor-deployment: <model>`` when a canary's deployment answered,
+    ``x-conveyor-fallback: <model>`` when a fallback model did (the answer's
+    ``model`` names it) instead of the model asked for."""
     model = answer.get("model")
-    if isinstance(model, str) and model and model != generation["model"]:
-        return {"x-conveyor-fallback": model}
-    return {}
+    if not isinstance(model, str) or not model or model == generation["model"]:
+        return {}
+    asked = registry.find(generation["model"])
+    if asked is not None and model in dict(asked.deployments):
+        return {"x-conveyor-deployment": model}
+    return {"x-conveyor-fallback": model}
 
 
 @router.get("/v1/models", response_model=ModelList)

@@ -148,12 +148,12 @@ class Pipeline:
             self.wait_workers(workers)
         return self
 
-    def wait_workers(self, n: int, timeout: float = 60.0) -> None:
-        """Until ``n`` workers heartbeat and share all the pool's partitions between
-        them: the group has settled, no rebalance is coming."""
-        asyncio.run(self._wait_workers(n, within=timeout))
+    def wait_workers(self, n: int, timeout: float = 60.0, pool: str = "cpu") -> None:
+        """Until ``n`` workers of ``pool`` heartbeat and share all its partitions
+        between them: the group has settled, no rebalance is coming."""
+        asyncio.run(self._wait_workers(n, within=timeout, pool=pool))
 
-    async def _wait_workers(self, n: int, within: float) -> None:
+    async def _wait_workers(self, n: int, within: float, pool: str) -> None:
         codec = default_codec()
         topic = self.settings.topic("workers")
         consumer = AIOKafkaConsumer(topic, bootstrap_servers=self.settings.kafka_bootstrap,
@@ -167,7 +167,8 @@ class Pipeline:
                 for records in batch.values():
                     for record in records:
                         beat = codec.decode(record.value, "WorkerHeartbeat")
-                        beats[beat["worker_id"]] = beat
+                        if beat["pool"] == pool:
+                            beats[beat["worker_id"]] = beat
                 ready = [b for b in beats.values() if b["state"] == "ready" and b["partitions"]]
                 owned = [p for b in ready for p in b["partitions"]]
                 if len(ready) == n and sorted(owned) == list(

@@ -194,8 +194,9 @@ class TaskRun:
         if self.seq != 0:
             return None
         gen, route = self.task["generation"], self.task["route"]
-        # a fallback's answer names the model that gave it
-        model = route["model"] if route.get("fallback_from") else gen["model"]
+        # a fallback's answer, and a canary's, names the model that gave it
+        model = route["model"] if route.get("fallback_from") or route.get("deployment_of") \
+            else gen["model"]
         return ChunkHeader(kind=gen["kind"], model=model, created=gen["created"],
                            stop=gen["sampling"]["stop"], stream=gen["stream"],
                            include_usage=gen["include_usage"],

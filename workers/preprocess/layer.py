@@ -33,7 +33,7 @@ from conveyor.settings import Settings
 from schemas.codec import EventType
 from schemas.records import Generation, Prepared, Prompt, Request
 from topics.catalog import PREPARED, REQUESTS
-from topics.envelope import stamp
+from topics.envelope import canary_key, stamp
 from workers.outputs import Output, Sender
 from workers.prefix import block_hashes
 from workers.preprocess.normalize import (
@@ -95,6 +95,8 @@ class PreprocessLayer:
         envelope = stamp(event["envelope"], self.name)
         generation = normalize_generation(event["generation"])
         spec = self.registry.find(generation["model"])
+        if spec is not None:  # a canary's deployment (the one route picks) measures it
+            spec = self.registry.deployment(spec, canary_key(envelope))
         blocks: list[int] = []
         if spec is None:
             tokenizer: Tokenizer = self._estimate

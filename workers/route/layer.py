@@ -5,6 +5,11 @@ also carries the model's fallbacks (the registry's ``fallbacks``, in order),
 those whose context the prompt and its completion budget fit: schedule sends
 the task to the first one whose pool can take it when the model's own pool
 cannot (no live worker, every breaker open).
+
+A canary (a registry entry with ``deployments``) is served by one of its
+deployments, picked by weight from a hash of the tenant
+(:func:`topics.envelope.canary_key`), so a tenant sees one version; the route
+names it, and ``deployment_of`` the name asked for.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from conveyor.settings import Settings
 from schemas.codec import EventType
 from schemas.records import Fallback, Prepared, Route, Task
 from topics.catalog import PREPARED, ROUTED
-from topics.envelope import stamp
+from topics.envelope import canary_key, stamp
 from workers.outputs import Output, Sender
 
 __all__ = ["RouteLayer"]
@@ -42,7 +47,8 @@ class RouteLayer:
 
     async def handle(self, event: Prepared, record: Any) -> list[Output]:
         envelope = stamp(event["envelope"], self.name)
-        spec = self.registry.resolve(event["generation"]["model"])
+        asked = self.registry.resolve(event["generation"]["model"])
+        spec = self.registry.deployment(asked, canary_key(envelope))
         needs = event["prompt"]["tokens"] + event["prompt"]["max_tokens"]
         fallbacks = [Fallback(model=f.name, pool=f.pool) for f in self.registry.fallbacks(spec)
                      if needs <= f.context_length]
@@ -51,7 +57,8 @@ class RouteLayer:
             generation=event["generation"],
             prompt=event["prompt"],
             route=Route(model=spec.name, pool=spec.pool, worker_id="", partition=-1,
-                        fallbacks=fallbacks, fallback_from=""),
+                        fallbacks=fallbacks, fallback_from="",
+                        deployment_of=asked.name if spec is not asked else ""),
         )
         return [Output(self._sink, "Task", task, key=envelope["request_id"])]
 

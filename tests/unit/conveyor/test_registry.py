@@ -54,7 +54,8 @@ def test_every_pool_has_a_task_topic_in_the_catalog(models_file: Path) -> None:
     registry = Registry.load(models_file)
     topics = {spec.name for spec in catalog(settings, registry.pools())}
     for spec in registry.models.values():
-        assert infer_topic(settings, spec.pool) in topics, spec.name
+        for served in [registry.resolve(d) for d, _ in spec.deployments] or [spec]:
+            assert infer_topic(settings, served.pool) in topics, spec.name
 
 
 def test_every_default_answer_fits_its_context(models_file: Path) -> None:
@@ -158,5 +159,45 @@ def test_fallbacks_resolve_in_order_and_must_name_other_models(tmp_path: Path) -
                      ('fallbacks = "b"', r"`a`.*fallbacks must be a list")):
         path.write_text(f'[models."a"]\npool = "gpu"\ncontext_length = 100\n{bad}\n'
                         '[models."b"]\npool = "cpu"\ncontext_length = 100\n')
+        with pytest.raises(ConveyorError, match=why):
+            Registry.load(path)
+
+
+CANARY = ('[models."v1"]\npool = "cpu"\ncontext_length = 2048\n'
+          '[models."v2"]\npool = "cpu-next"\ncontext_length = 1024\ndefault_max_tokens = 64\n'
+          'aliases = ["v2-alias"]\n'
+          '[models."smollm2"]\naliases = ["s"]\ndeployments = { "v1" = 90, "v2" = 10 }\n')
+
+
+def test_a_canary_splits_tenants_by_weight_and_each_tenant_sees_one_version(
+        tmp_path: Path) -> None:
+    path = tmp_path / "models.toml"
+    path.write_text(CANARY)
+    registry = Registry.load(path)
+    canary = registry.resolve("s")
+    assert canary.deployments == (("v1", 90), ("v2", 10))
+    # its limits are those every deployment keeps; it has no pool of its own
+    assert (canary.context_length, canary.default_max_tokens) == (1024, 64)
+    assert registry.pools() == ("cpu", "cpu-next")
+    picked = {f"tenant-{i}": registry.deployment(canary, f"tenant-{i}").name for i in range(200)}
+    share = sum(name == "v2" for name in picked.values()) / len(picked)
+    assert 0.05 <= share <= 0.15, share  # 10 % within a few points
+    for tenant, name in picked.items():  # stable: the same answer every time
+        assert registry.deployment(canary, tenant).name == name
+    v1 = registry.resolve("v1")
+    assert registry.deployment(v1, "tenant-0") is v1  # not a canary: itself
+
+
+def test_a_canary_must_name_real_models_with_positive_weights(tmp_path: Path) -> None:
+    path = tmp_path / "models.toml"
+    for bad, why in (('{ "nope" = 1 }', r"`smollm2`: its deployment `nope` is not a model"),
+                     ('{ "v1" = 0 }', r"`smollm2`: the weight of deployment `v1` must be a "
+                                      r"positive integer, not 0"),
+                     ('{ "v1" = 1.5 }', r"positive integer, not 1.5"),
+                     ('{ "v2-alias" = 1 }', r"name its deployment `v2`, not its alias"),
+                     ('["v1"]', r"deployments must be a table of model = weight"),
+                     ('{ "smollm2" = 1 }', r"deployment `smollm2` is not a model of the "
+                                           r"registry that serves itself")):
+        path.write_text(CANARY.replace('{ "v1" = 90, "v2" = 10 }', bad))
         with pytest.raises(ConveyorError, match=why):
             Registry.load(path)

@@ -1,0 +1,73 @@
+"""Canaries: route sends a tenant's requests for a canary to the deployment a
+hash of the tenant picks (the same one each time), the route names it and
+``deployment_of`` the name asked for; the worker's answer names the deployment,
+and the gateway says so in ``x-conveyor-deployment``, not as a fallback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from conveyor.registry import Registry
+from conveyor.settings import Settings
+from gateway.chat.api_router import _fallback
+from schemas.records import Prepared
+from tests.support.schedule_tasks import full_task
+from workers.route.layer import RouteLayer
+
+MODELS = '''
+[models."v1"]
+pool = "cpu"
+context_length = 2048
+[models."v2"]
+pool = "cpu-next"
+context_length = 2048
+fallbacks = ["v1"]
+[models."chat"]
+aliases = ["chat-latest"]
+deployments = { "v1" = 50, "v2" = 50 }
+'''
+
+
+def prepared(rid: str, tenant: str, model: str = "chat-latest") -> Prepared:
+    task = full_task(rid)
+    envelope = {**task["envelope"], "tenant": tenant}
+    return Prepared(envelope=envelope, generation={**task["generation"], "model": model},
+                    prompt=task["prompt"])  # type: ignore[typeddict-item]
+
+
+async def routes(layer: RouteLayer, rid: str, tenant: str, model: str = "chat-latest"
+                 ) -> dict[str, Any]:
+    [out] = await layer.handle(prepared(rid, tenant, model), None)
+    return dict(out.record["route"])
+
+
+async def test_each_tenant_gets_one_deployment_and_the_route_says_which(tmp_path: Path) -> None:
+    (tmp_path / "models.toml").write_text(MODELS)
+    registry = Registry.load(tmp_path / "models.toml")
+    layer = RouteLayer(Settings(topic_prefix="r"), registry)
+    seen: dict[str, set[str]] = {}
+    for i in range(40):
+        tenant = f"t{i % 8}"
+        route = await routes(layer, f"r{i}", tenant)
+        assert route["deployment_of"] == "chat"
+        assert route["pool"] == {"v1": "cpu", "v2": "cpu-next"}[route["model"]]
+        seen.setdefault(tenant, set()).add(route["model"])
+    assert all(len(models) == 1 for models in seen.values()), seen  # stable per tenant
+    assert set().union(*seen.values()) == {"v1", "v2"}  # and both are used
+    # the deployment's own fallbacks travel with it
+    v2_tenant = next(t for t, models in seen.items() if models == {"v2"})
+    route = await routes(layer, "rf", v2_tenant)
+    assert route["fallbacks"] == [{"model": "v1", "pool": "cpu"}]
+    # a model that is not a canary: no deployment
+    assert (await routes(layer, "rp", "t0", model="v1"))["deployment_of"] == ""
+
+
+def test_the_gateway_names_a_deployment_apart_from_a_fallback(tmp_path: Path) -> None:
+    (tmp_path / "models.toml").write_text(MODELS)
+    registry = Registry.load(tmp_path / "models.toml")
+    asked: Any = {"model": "chat"}
+    assert _fallback(registry, asked, {"model": "v2"}) == {"x-conveyor-deployment": "v2"}
+    assert _fallback(registry, {"model": "v2"}, {"model": "v1"}) == \
+        {"x-conveyor-fallback": "v1"}
+    assert _fallback(registry, asked, {"model": "chat"}) == {}
