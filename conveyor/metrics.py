@@ -18,6 +18,8 @@ add nothing::
     conveyor_layer_dead_letters_total             counter    layers
     conveyor_layer_consumer_lag                   gauge      layers (per partition)
     conveyor_worker_capacity / _running / _queued gauge      infer workers
+    conveyor_schedule_breaker_state / _waiting    gauge      layers (workers/schedule/gauges.py)
+    conveyor_schedule_held / _sent                gauge      layers
     process_*                                     gauge      every process
 
 Decisions:

@@ -7,11 +7,12 @@ from __future__ import annotations
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 from aiokafka import ConsumerRecord, TopicPartition
+from opentelemetry.metrics import Meter
 
 from schemas.codec import EventType
 from workers.outputs import Output, Sender
 
-__all__ = ["AssignmentAware", "CancelAware", "Layer", "Record"]
+__all__ = ["AssignmentAware", "CancelAware", "Instrumented", "Layer", "Record"]
 
 Record: TypeAlias = "ConsumerRecord[bytes, bytes]"
 
@@ -61,3 +62,11 @@ class CancelAware(Protocol):
     are dropped, and it hears of every cancel."""
 
     def cancel(self, request_id: str) -> None: ...
+
+
+@runtime_checkable
+class Instrumented(Protocol):
+    """A layer with gauges of its own (read at each scrape), made on the
+    process's meter when its runtime is built."""
+
+    def instrument(self, meter: Meter) -> None: ...

@@ -70,7 +70,7 @@ from topics.producer import Producer
 from workers.cancels import CancelList
 from workers.failures import failure_outputs
 from workers.inflight import PartitionBook
-from workers.layer import AssignmentAware, CancelAware, Layer, Record
+from workers.layer import AssignmentAware, CancelAware, Instrumented, Layer, Record
 from workers.outputs import Output, Sender, error_info
 
 __all__ = ["LayerRuntime"]
@@ -131,6 +131,8 @@ class LayerRuntime:
         self._paused: set[TopicPartition] = set()
         self._problems = RateLimitedLog(log)
         self.probe = (metrics or LayerMetrics.off()).layer(layer.name, self.lag)
+        if metrics is not None and isinstance(layer, Instrumented):
+            layer.instrument(metrics.meter)
 
     def stop(self) -> None:
         self._stopping.set()

@@ -46,6 +46,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aiokafka import TopicPartition
+from opentelemetry.metrics import Meter
 
 from conveyor.errors import (
     DeadlineExceeded,
@@ -64,6 +65,7 @@ from workers.schedule.admission import LINGER_S, BatchAdmission, Candidate
 from workers.schedule.breakers import Breakers
 from workers.schedule.fallback import fall_back
 from workers.schedule.finishes import FinishFollower
+from workers.schedule.gauges import instrument
 from workers.schedule.held import Held, HeldQueue
 from workers.schedule.outstanding import Outstanding
 from workers.schedule.room import (
@@ -113,6 +115,9 @@ class ScheduleLayer:
         self.policy = RoutePolicy(settings.route_cache_threshold, settings.route_load_bound,
                                   settings.route_load_weight, settings.route_prefix_aware)
 
+    def instrument(self, meter: Meter) -> None:
+        instrument(self, meter)  # workers/schedule/gauges.py
+
     async def start(self, sender: Sender) -> None:
         """Read the heartbeats and breakers written so far before scheduling (a
         bounded wait: while Kafka cannot be reached, tasks park and say so)."""
@@ -122,7 +127,7 @@ class ScheduleLayer:
         self._background = [
             follower, asyncio.create_task(self.breakers.follow(breakers), name="breakers"),
             asyncio.create_task(self.finishes.run(), name="finishes")]
-        waiter = asyncio.create_task(_both(ready, breakers))
+        waiter: asyncio.Future[Any] = asyncio.gather(ready.wait(), breakers.wait())
         await asyncio.wait([waiter, follower], timeout=self.settings.no_worker_timeout_s,
                            return_when=asyncio.FIRST_COMPLETED)
         waiter.cancel()
@@ -346,8 +351,8 @@ class ScheduleLayer:
                     await sender.produce([reply])
 
     def reconcile(self) -> None:
-        """Let new heartbeats correct the count of tasks sent (see outstanding)."""
-        # the beat's time is the worker's clock, the entries' the scheduler's
+        """Let new heartbeats correct the count of tasks sent (see outstanding;
+        the beat's time is the worker's clock, the entries' the scheduler's)."""
         slack_ms = int(2 * self.settings.heartbeat_interval_s * 1000) + \
             self.settings.clock_skew_ms
         for wid, view in self.table.workers.items():
@@ -390,7 +395,3 @@ class ScheduleLayer:
         gone = set(partitions)
         self.parked = [p for p in self.parked if p.tp not in gone]
         self.held.revoked(gone)
-
-
-async def _both(one: asyncio.Event, two: asyncio.Event) -> None:
-    await asyncio.gather(one.wait(), two.wait())

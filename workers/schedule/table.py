@@ -91,6 +91,10 @@ class WorkerTable:
         self.workers[beat["worker_id"]] = view
         self.changed.set()
 
+    def pools(self) -> set[str]:
+        """The pools of the workers seen (live or not)."""
+        return {w.beat["pool"] for w in list(self.workers.values())}
+
     def live(self, pool: str) -> list[WorkerView]:
         horizon = self.seen_until_ms() - int(self.settings.worker_ttl_s * 1000)
         return [
