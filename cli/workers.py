@@ -32,6 +32,7 @@ from schemas.records import BreakerState, WorkerHeartbeat
 from topics.catalog import BREAKERS, WORKERS
 from topics.envelope import now_ms
 from topics.follow import apply_all, follow, snapshot
+from workers.schedule.breakers import describe as describe_breaker
 
 __all__ = ["cmd_workers", "describe", "register", "render"]
 
@@ -55,12 +56,7 @@ def describe(beat: WorkerHeartbeat, settings: Settings, now: int,
         "running": beat["running"], "queued": beat["queued"], "host": beat["host"],
         "gpu_utilization": beat["gpu_utilization"], "gpu_memory_free": beat["gpu_memory_free"],
         "kv": kv_out, "heartbeat_age_s": round(age_s, 1),
-        "breaker": {"state": "closed", "failures": 0, "open_for_s": 0.0, "reason": ""}
-        if breaker is None else {
-            "state": breaker["state"], "failures": breaker["failures"],
-            "open_for_s": round(max(0, breaker["until_ms"] - now) / 1000, 1)
-            if breaker["state"] == "open" else 0.0,
-            "reason": breaker["reason"]},
+        "breaker": describe_breaker(breaker, now),
     }
 
 

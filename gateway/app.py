@@ -57,6 +57,7 @@ from gateway.websocket.api_router import websocket_router
 from schemas.codec import default_codec
 from topics.clients import make_producer
 from topics.shared_lookup import SharedLookup
+from workers.schedule.breakers import Breakers
 from workers.usage.ledger import UsageLedger
 
 __all__ = ["build_app", "check_auth_settings"]
@@ -136,7 +137,10 @@ async def _collaborators(app: FastAPI, settings: Settings, gateway_id: str,
     app.state.usage = UsageLedger(settings, redis)
     board = JobBoard(settings, codec)
     app.state.batches = Batches(settings, publisher, board, app.state.files)
+    breakers = Breakers.of(settings)  # the fleet's breakers, as /healthz shows them
+    health.extras["breakers"] = breakers.report
     health.tasks.extend([
+        asyncio.create_task(breakers.follow(), name="breakers"),
         asyncio.create_task(router_.run(), name="replies"),
         asyncio.create_task(lease.keep(), name="reply-lease"),
         asyncio.create_task(board.run(health.part("jobs")), name="jobs"),

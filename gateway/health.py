@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -51,6 +52,9 @@ class Health:
     gateway_id: str
     parts: list[TaskHealth] = field(default_factory=list)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    # what the report shows besides the tasks, read as it is made (the fleet's
+    # open breakers): facts about the fleet, not the gateway's own health
+    extras: dict[str, Callable[[], Any]] = field(default_factory=dict)
 
     def part(self, name: str) -> TaskHealth:
         part = TaskHealth(name)
@@ -75,5 +79,6 @@ class Health:
         else:
             status = "ok"
         body: dict[str, Any] = {"status": status, "gateway": self.gateway_id,
-                                "tasks": {p.name: p.as_dict() for p in self.parts}}
+                                "tasks": {p.name: p.as_dict() for p in self.parts},
+                                **{name: read() for name, read in self.extras.items()}}
         return status == "ok", body

@@ -103,10 +103,20 @@ class TaskReport(BaseModel):
     since: float
 
 
+class BreakerReport(BaseModel):
+    state: Literal["open", "half_open"]
+    failures: int
+    open_for_s: float
+    reason: str
+
+
 class HealthReport(BaseModel):
     status: Literal["starting", "ok", "degraded", "failed"]
     gateway: str
     tasks: dict[str, TaskReport]
+    breakers: dict[str, BreakerReport] = Field(
+        default_factory=dict, description="Workers whose circuit breaker is not closed: "
+        "schedule sends them no work (open) or one probe (half_open).")
 
 
 def _error(description: str) -> dict[str, Any]:

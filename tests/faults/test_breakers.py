@@ -60,6 +60,12 @@ def test_three_engine_failures_cut_a_worker_off_until_one_probe(p: Pipeline) -> 
     assert [ask(p) for _ in range(6)] == [(200, "")] * 6  # nothing more for it
     assert breaker(p, "broken")["state"] == "open"
     assert breaker(p, "w0")["state"] == "closed"
+    deadline = time.monotonic() + 10  # the gateway shows it too, as soon as it reads it
+    while "broken" not in (health := httpx.get(f"{p.base_url}/healthz", timeout=10)).json()[
+            "breakers"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert health.status_code == 200 and health.json()["breakers"]["broken"]["state"] == "open"
+    assert "w0" not in health.json()["breakers"]
 
     # a restarted layers process reads the breaker back from the log (all of
     # this within the cool-down: no request may probe yet)

@@ -29,7 +29,7 @@ from topics.envelope import now_ms
 from topics.follow import Follower, apply_all, follow
 from workers.outputs import Output, Sender
 
-__all__ = ["Breakers", "ENGINE_FAILURE"]
+__all__ = ["describe", "Breakers", "ENGINE_FAILURE"]
 
 log = logging.getLogger(__name__)
 
@@ -141,9 +141,24 @@ class Breakers:
         if not task.cancelled() and task.exception() is not None:
             log.error("cannot write a breaker's state: %s", task.exception())
 
+    def report(self) -> dict[str, dict[str, object]]:
+        """Every breaker that is not closed, by worker (what ``/healthz`` shows)."""
+        now = self.clock()
+        return {wid: describe(state, now) for wid, state in sorted(self.states.items())
+                if state["state"] != "closed"}
+
     async def follow(self, ready: asyncio.Event | None = None) -> None:
         """Read the breakers' topic from its start, then keep following it."""
         assert self.settings is not None, "Breakers.of(settings) follows the topic"
         self.follower = follow(self.settings, BREAKERS, 0, "beginning")
         await apply_all(self.follower, self.codec, self.apply,
                         None if ready is None else ready.set)
+
+
+def describe(state: BreakerState | None, now_ms: int) -> dict[str, object]:
+    """A breaker as ``conveyor workers --json`` and ``/healthz`` show it."""
+    if state is None:
+        return {"state": "closed", "failures": 0, "open_for_s": 0.0, "reason": ""}
+    open_for = max(0, state["until_ms"] - now_ms) / 1000 if state["state"] == "open" else 0.0
+    return {"state": state["state"], "failures": state["failures"],
+            "open_for_s": round(open_for, 1), "reason": state["reason"]}

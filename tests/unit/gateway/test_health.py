@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+from conveyor.settings import Settings
 from gateway.health import Health
+from workers.schedule.breakers import Breakers
 
 
 def test_starting_until_every_task_has_said_ok() -> None:
@@ -52,3 +54,18 @@ async def test_a_task_that_ended_is_failed_whatever_it_said() -> None:
     ok, body = health.report()
     assert not ok and body["tasks"]["replies"]["state"] == "failed"
     assert "gone" in body["tasks"]["replies"]["detail"]
+
+
+def test_the_fleets_open_breakers_are_shown_and_leave_the_gateway_healthy() -> None:
+    health = Health("gw-1")
+    health.part("replies").set("ok")
+    breakers = Breakers.of(Settings(topic_prefix="h"), clock=lambda: 10_000)
+    health.extras["breakers"] = breakers.report
+    assert health.report() == (True, {"status": "ok", "gateway": "gw-1", "tasks": {
+        "replies": health.parts[0].as_dict()}, "breakers": {}})
+    for _ in range(3):
+        state = breakers.ended("w1", "cpu", "r", "engine_error", "upstream refused")
+        assert state is not None
+    ok, body = health.report()
+    assert ok and body["breakers"] == {"w1": {
+        "state": "open", "failures": 3, "open_for_s": 30.0, "reason": "upstream refused"}}
