@@ -84,7 +84,19 @@ async def _redis_answers(settings: Settings) -> None:
 
 async def _gateway_services(settings: Settings, registry: Registry) -> None:
     await _ensure_topics(settings, registry)
+    await _adopt_published(settings, registry)
     await _redis_answers(settings)
+
+
+async def _adopt_published(settings: Settings, registry: Registry) -> None:
+    """Serve by the registry ``conveyor models apply`` published, if one was."""
+    from conveyor.startup import kafka_address, started
+    from topics.models import adopt_published
+
+    await started("the applied model registry (conveyor.models)",
+                  lambda: adopt_published(settings, registry), log=log,
+                  within=settings.startup_timeout_s,
+                  where=kafka_address(settings.kafka_bootstrap))
 
 
 # -- subcommands ----------------------------------------------------------------
@@ -143,6 +155,7 @@ async def _run_layers(settings: Settings, names: list[str]) -> None:
 
     registry = Registry.load(settings.models_file)
     await _ensure_topics(settings, registry)
+    await _adopt_published(settings, registry)
     from conveyor.startup import kafka_address, started
     from topics.clients import make_producer
 
@@ -170,14 +183,18 @@ async def _run_layers(settings: Settings, names: list[str]) -> None:
 
     _on_signals(stop)
     tasks = [asyncio.create_task(r.run(), name=r.layer.name) for r in runtimes]
-    following = asyncio.create_task(cancels.run(), name="cancels")
-    # a runtime ends when it is stopped (a signal) or fails; the cancel follower
-    # never ends on its own: wait for the first to end, not for all of them
-    done, _ = await asyncio.wait([*tasks, following], return_when=asyncio.FIRST_COMPLETED)
+    from topics.models import follow_published
+
+    following = [asyncio.create_task(cancels.run(), name="cancels"),
+                 asyncio.create_task(follow_published(settings, registry), name="models")]
+    # a runtime ends when it is stopped (a signal) or fails; the followers never
+    # end on their own: wait for the first to end, not for all of them
+    done, _ = await asyncio.wait([*tasks, *following], return_when=asyncio.FIRST_COMPLETED)
     for r in runtimes:
         r.stop()
-    following.cancel()
-    await asyncio.gather(*tasks, following, return_exceptions=True)
+    for task in following:
+        task.cancel()
+    await asyncio.gather(*tasks, *following, return_exceptions=True)
     await producer.stop()
     tracing.shutdown()
     metrics.shutdown()
@@ -211,6 +228,7 @@ async def _run_infer(settings: Settings, args: argparse.Namespace) -> None:
 
     registry = Registry.load(settings.models_file)
     await _ensure_topics(settings, registry)
+    await _adopt_published(settings, registry)  # the engine loads what the fleet serves
     engine = _make_engine(args, settings, registry)
     from conveyor.tracing import make_tracer
 
@@ -223,9 +241,13 @@ async def _run_infer(settings: Settings, args: argparse.Namespace) -> None:
     worker.dead_lettered = WorkerMetrics(metrics.meter, worker.worker_id, args.pool,
                                          worker.load).dead_letter
     _on_signals(worker.stop)
+    from topics.models import follow_published
+
+    models = asyncio.create_task(follow_published(settings, registry), name="models")
     try:
         await worker.run()
     finally:
+        models.cancel()
         tracing.shutdown()
         metrics.shutdown()
 
@@ -316,10 +338,10 @@ def _parser() -> argparse.ArgumentParser:
 
     topics = sub.add_parser("topics", help="create the topic catalog")
     topics.set_defaults(func=cmd_topics)
-    from cli import dlq, jobs, keys, replay, usage, workers
+    from cli import dlq, jobs, keys, models, replay, usage, workers
     from cli import inspect as inspect_command
 
-    for command in (keys, usage, jobs, inspect_command, dlq, replay, workers):
+    for command in (keys, usage, jobs, inspect_command, dlq, replay, workers, models):
         command.register(sub)
     return parser
 

@@ -247,6 +247,8 @@ def _deployments(value: object) -> tuple[tuple[str, int], ...]:
 
 class Registry:
     def __init__(self, models: list[ModelSpec]) -> None:
+        # the applied registry it serves by (topics/models.py); None: its file's
+        self.digest: str | None = None
         self.models = {m.name: m for m in models}
         self._names: dict[str, ModelSpec] = {}
         for m in models:
@@ -305,11 +307,26 @@ class Registry:
         required field or with a wrong value, and a name given to two models are
         refused with the file and the model named."""
         try:
-            data = tomllib.loads(path.read_text())
+            text = path.read_text()
+        except OSError as exc:
+            raise ConveyorError(f"{path}: {exc}") from exc
+        return cls.parse(text, str(path))
+
+    @classmethod
+    def parse(cls, text: str, source: str) -> Registry:
+        """A registry from the text of its file (``source`` names it in errors)."""
+        try:
+            data = tomllib.loads(text)
             models = [_spec(name, entry) for name, entry in data.get("models", {}).items()]
             return cls(models)
-        except (OSError, tomllib.TOMLDecodeError, ConveyorError) as exc:
-            raise ConveyorError(f"{path}: {exc}") from exc
+        except (tomllib.TOMLDecodeError, ConveyorError) as exc:
+            raise ConveyorError(f"{source}: {exc}") from exc
+
+    def replace(self, other: Registry, digest: str | None) -> None:
+        """Serve by ``other`` (applied as ``digest``) from now on. Everything
+        that holds this registry (route, preprocess, the gateway, a worker) sees
+        the change at once: a lookup reads one dictionary or the other."""
+        self.models, self._names, self.digest = other.models, other._names, digest
 
     def find(self, name: str) -> ModelSpec | None:
         return self._names.get(name)

@@ -56,6 +56,7 @@ from gateway.usage_api import usage_router
 from gateway.websocket.api_router import websocket_router
 from schemas.codec import default_codec
 from topics.clients import make_producer
+from topics.models import follow_published
 from topics.shared_lookup import SharedLookup
 from workers.schedule.breakers import Breakers
 from workers.usage.ledger import UsageLedger
@@ -141,6 +142,8 @@ async def _collaborators(app: FastAPI, settings: Settings, gateway_id: str,
     health.extras["breakers"] = breakers.report
     health.tasks.extend([
         asyncio.create_task(breakers.follow(), name="breakers"),
+        # `conveyor models apply`: the registry every route here serves by
+        asyncio.create_task(follow_published(settings, app.state.registry), name="models"),
         asyncio.create_task(router_.run(), name="replies"),
         asyncio.create_task(lease.keep(), name="reply-lease"),
         asyncio.create_task(board.run(health.part("jobs")), name="jobs"),

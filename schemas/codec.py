@@ -45,6 +45,7 @@ EventType = Literal[
     "JobStatus",
     "JobResult",
     "BreakerState",
+    "ModelRegistry",
 ]
 EVENT_TYPES: tuple[EventType, ...] = get_args(EventType)
 

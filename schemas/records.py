@@ -37,6 +37,7 @@ __all__ = [
     "ApiKey",
     "TenantPolicy",
     "BreakerState",
+    "ModelRegistry",
 ]
 
 
@@ -192,6 +193,14 @@ class KvCache(TypedDict):
     block_tokens: int
     prefix_queries: int
     prefix_hits: int
+
+
+class ModelRegistry(TypedDict):
+    text: str
+    digest: str
+    source: str
+    applied_by: str
+    ts_ms: int
 
 
 class BreakerState(TypedDict):

@@ -23,7 +23,7 @@ from schemas.codec import EventType
 __all__ = ["Topic", "TopicSpec", "TOPICS", "catalog", "infer_topic", "topic_named",
            "REQUESTS", "PREPARED", "ROUTED", "TOKENS", "REPLIES", "CONTROL", "WORKERS",
            "JOBS", "JOB_STATUS", "RESULTS", "DLQ", "FEEDBACK", "USAGE", "AUDIT", "KEYS",
-           "BREAKERS"]
+           "BREAKERS", "MODELS"]
 
 _DAY_MS = 24 * 3600 * 1000
 
@@ -79,10 +79,12 @@ KEYS = Topic("keys", ("ApiKey", "TenantPolicy"), "key id, or tenant:<name>", "on
 
 # schedule's circuit breaker of each worker, written at every change of state
 BREAKERS = Topic("breakers", ("BreakerState",), "worker id", "one", "compact", -1)
+# the model registry `conveyor models apply` published; every process follows it
+MODELS = Topic("models", ("ModelRegistry",), "\"registry\"", "one", "compact", -1)
 
 TOPICS: tuple[Topic, ...] = (REQUESTS, PREPARED, ROUTED, TOKENS, REPLIES, CONTROL, WORKERS,
                              JOBS, JOB_STATUS, RESULTS, DLQ, FEEDBACK, USAGE, AUDIT, KEYS,
-                             BREAKERS)
+                             BREAKERS, MODELS)
 
 
 @dataclass(frozen=True)

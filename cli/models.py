@@ -1,0 +1,123 @@
+"""``conveyor models``: the model registry the fleet serves, changed live.
+
+    conveyor models apply FILE [--dry-run]   validate FILE whole, create the task
+                                             topics of its pools, publish it
+    conveyor models show [--json]            the registry served now
+
+``apply`` refuses a bad file whole, naming the model and the field (a model
+without a pool, a fallback or deployment that is not a model, a name given
+twice), and publishes nothing then. Once published on ``conveyor.models``,
+every gateway, layer and infer worker serves by it within a second, without a
+restart, and a process started later reads it before it serves
+(topics/models.py). ``show`` prints the registry applied last (its digest, who
+applied it from which file, when), or says that the processes serve their
+``CONVEYOR_MODELS_FILE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from conveyor.errors import ConveyorError
+from conveyor.registry import ModelSpec, Registry
+from conveyor.settings import Settings
+
+_READ_WITHIN_S = 30.0
+
+
+def describe(spec: ModelSpec) -> dict[str, Any]:
+    """One model as ``show --json`` prints it."""
+    return {"name": spec.name, "aliases": list(spec.aliases), "pool": spec.pool or None,
+            "context_length": spec.context_length,
+            "default_max_tokens": spec.default_max_tokens,
+            "fallbacks": list(spec.fallbacks),
+            "deployments": dict(spec.deployments)}
+
+
+def render(registry: Registry) -> str:
+    lines = [f"{'MODEL':28} {'POOL':10} {'CONTEXT':>7}  ALIASES / FALLBACKS / DEPLOYMENTS"]
+    for spec in sorted(registry.models.values(), key=lambda s: s.name):
+        extra = [", ".join(spec.aliases)] if spec.aliases else []
+        if spec.fallbacks:
+            extra.append("falls back to " + ", ".join(spec.fallbacks))
+        if spec.deployments:
+            extra.append(" ".join(f"{name}={weight}" for name, weight in spec.deployments))
+        lines.append(f"{spec.name:28} {spec.pool or '-':10} {spec.context_length:>7}  "
+                     f"{'; '.join(extra)}")
+    return "\n".join(lines)
+
+
+def cmd_models_apply(settings: Settings, args: argparse.Namespace) -> int:
+    from topics.models import publish, record_of
+
+    path = Path(args.file)
+    try:
+        record = record_of(path.read_text(), str(path.resolve()))
+    except (OSError, ConveyorError) as exc:
+        detail = str(exc) if isinstance(exc, ConveyorError) else f"{path}: {exc}"
+        print(f"conveyor models apply: refused, nothing published: {detail}", file=sys.stderr)
+        return 2
+    registry = Registry.parse(record["text"], record["source"])
+    print(render(registry))
+    if args.dry_run:
+        print(f"valid ({record['digest']}); --dry-run: nothing published")
+        return 0
+    from topics.admin import ensure_topics
+    from topics.catalog import catalog
+
+    async def apply() -> None:
+        await ensure_topics(settings, catalog(settings, registry.pools()))  # new pools' first
+        await publish(settings, record)
+
+    asyncio.run(apply())
+    print(f"applied {record['digest']}: every process serves by it within a second")
+    return 0
+
+
+def cmd_models_show(settings: Settings, args: argparse.Namespace) -> int:
+    from topics.models import published
+
+    try:
+        record = asyncio.run(published(settings, _READ_WITHIN_S))
+    except TimeoutError:
+        print(f"conveyor models show: conveyor.models was not read within "
+              f"{_READ_WITHIN_S:.0f} s", file=sys.stderr)
+        return 3
+    if record is None:
+        registry = Registry.load(settings.models_file)
+        origin: dict[str, Any] = {"applied": None, "file": str(settings.models_file)}
+    else:
+        registry = Registry.parse(record["text"], record["source"])
+        origin = {"applied": {"digest": record["digest"], "source": record["source"],
+                              "applied_by": record["applied_by"],
+                              "applied_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(
+                                  record["ts_ms"] / 1000))}}
+    if args.json:
+        print(json.dumps({**origin, "models": [describe(s) for s in sorted(
+            registry.models.values(), key=lambda s: s.name)]}, indent=2))
+        return 0
+    applied = origin["applied"]
+    print(f"serving {settings.models_file} (nothing applied)" if applied is None else
+          f"serving {applied['digest']}, applied by {applied['applied_by']} at "
+          f"{applied['applied_at']} from {applied['source']}")
+    print(render(registry))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    models = sub.add_parser("models", help="the model registry: apply a file live, show it")
+    msub = models.add_subparsers(dest="models_command", required=True)
+    apply = msub.add_parser("apply", help="validate a registry file and publish it: every "
+                                          "process serves by it, without a restart")
+    apply.add_argument("file", help="a registry file (TOML, as conveyor/models.toml)")
+    apply.add_argument("--dry-run", action="store_true", help="validate only")
+    apply.set_defaults(func=cmd_models_apply)
+    show = msub.add_parser("show", help="the registry served now")
+    show.add_argument("--json", action="store_true", help="as JSON")
+    show.set_defaults(func=cmd_models_show)

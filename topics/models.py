@@ -1,0 +1,103 @@
+"""The live model registry: ``conveyor models apply FILE`` publishes a registry
+file to ``conveyor.models`` (compacted, one record), and every process that
+serves by the registry (the gateway, the layers, infer workers) follows it and
+swaps its :class:`~conveyor.registry.Registry` in place, without a restart.
+
+* **At start** a process reads its ``CONVEYOR_MODELS_FILE``, then the topic
+  (:func:`adopt_published`): a registry that was applied wins over the file, so
+  a process started after an apply serves what the fleet serves.
+* **A bad record** (it does not decode or parse: written by another version,
+  or by hand) is logged and passed over; the registry in use stays. An apply
+  validates the file whole before it publishes it.
+* **What changes live**: names and aliases, fallbacks, canaries and their
+  weights, context lengths and default answer lengths, new models on pools
+  that have workers. A worker does not load other weights when its model's
+  file changes; that takes a restart of the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import hashlib
+import logging
+import socket
+
+from conveyor.errors import ConveyorError
+from conveyor.registry import Registry
+from conveyor.settings import Settings
+from schemas.codec import default_codec
+from schemas.records import ModelRegistry
+from topics.catalog import MODELS
+from topics.envelope import now_ms
+from topics.follow import apply_all, follow, snapshot
+
+__all__ = ["adopt_published", "follow_published", "publish", "published", "record_of"]
+
+log = logging.getLogger(__name__)
+
+_KEY = b"registry"
+
+
+def record_of(text: str, source: str) -> ModelRegistry:
+    """The event that publishes ``text``, once it parses as a registry (a bad
+    file is refused whole: ConveyorError naming the model and the field)."""
+    Registry.parse(text, source)
+    try:
+        who = f"{getpass.getuser()}@{socket.gethostname()}"
+    except (OSError, KeyError):
+        who = socket.gethostname()
+    return ModelRegistry(text=text, digest=hashlib.sha256(text.encode()).hexdigest()[:12],
+                         source=source, applied_by=who, ts_ms=now_ms())
+
+
+async def publish(settings: Settings, record: ModelRegistry) -> None:
+    """Write ``record`` to ``conveyor.models`` and wait for the broker to have it."""
+    from topics.clients import make_producer
+
+    producer = make_producer(settings)
+    await producer.start()
+    try:
+        await producer.send_and_wait(MODELS.at(settings),
+                                     default_codec().encode("ModelRegistry", record), key=_KEY)
+    finally:
+        await producer.stop()
+
+
+async def published(settings: Settings, within_s: float) -> ModelRegistry | None:
+    """The registry applied last, or None when none ever was."""
+    latest: list[ModelRegistry] = []
+    await snapshot(follow(settings, MODELS, 0, "beginning"), default_codec(), latest.append,
+                   within_s)
+    return latest[-1] if latest else None
+
+
+async def adopt_published(settings: Settings, registry: Registry) -> ModelRegistry | None:
+    """Serve by the registry applied last, if one was; the record adopted. (The
+    caller bounds the wait by the start-up timeout, and says what it waits for.)"""
+    record = await published(settings, 2 * settings.startup_timeout_s)
+    if record is not None:
+        _adopt(registry, record)
+    return record
+
+
+async def follow_published(settings: Settings, registry: Registry,
+                           ready: asyncio.Event | None = None) -> None:
+    """Swap ``registry`` for each registry applied from now on (and the last one
+    before, again), for ever: a process's background task."""
+    await apply_all(follow(settings, MODELS, 0, "beginning"), default_codec(),
+                    lambda record: _adopt(registry, record),
+                    None if ready is None else ready.set)
+
+
+def _adopt(registry: Registry, record: ModelRegistry) -> None:
+    if registry.digest == record["digest"]:
+        return
+    try:
+        applied = Registry.parse(record["text"], f"the registry applied from {record['source']}")
+    except ConveyorError as exc:
+        log.error("models: keeping the registry in use: %s", exc)
+        return
+    registry.replace(applied, record["digest"])
+    log.info("models: serving the registry %s applied by %s from %s (%d models)",
+             record["digest"], record["applied_by"], record["source"], len(applied.models))
