@@ -56,6 +56,8 @@ def describe(beat: WorkerHeartbeat, settings: Settings, now: int,
         "running": beat["running"], "queued": beat["queued"], "host": beat["host"],
         "gpu_utilization": beat["gpu_utilization"], "gpu_memory_free": beat["gpu_memory_free"],
         "kv": kv_out, "heartbeat_age_s": round(age_s, 1),
+        "prefill_tps": _rounded(beat.get("prefill_tps")),
+        "tpot_ms": _rounded(beat.get("tpot_ms")),
         "breaker": describe_breaker(breaker, now),
     }
 
@@ -77,6 +79,17 @@ def _gpu_text(row: dict[str, Any]) -> str:
                                                if free is not None else "")
 
 
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def _speed_text(row: dict[str, Any]) -> str:
+    """Measured prefill rate and time per output token (``-`` until measured)."""
+    prefill = f"{row['prefill_tps']:.0f} tok/s" if row["prefill_tps"] is not None else "-"
+    tpot = f"{row['tpot_ms']:.1f} ms/tok" if row["tpot_ms"] is not None else "-"
+    return f"{prefill} {tpot}"
+
+
 def _breaker_text(breaker: dict[str, Any]) -> str:
     if breaker["state"] == "open":
         return f"open {breaker['open_for_s']:.0f}s"
@@ -88,11 +101,11 @@ def render(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "no worker has sent a heartbeat"
     header = ("WORKER", "POOL", "ENGINE", "STATE", "LIVE", "RUN/CAP", "QUEUED", "PARTS",
-              "KV", "GPU", "BREAKER", "HOST", "AGE")
+              "KV", "SPEED", "GPU", "BREAKER", "HOST", "AGE")
     lines = [header] + [(
         r["worker_id"], r["pool"], r["engine"], r["state"], "yes" if r["live"] else "no",
         f"{r['running']}/{r['capacity']}", str(r["queued"]), str(len(r["partitions"])),
-        _kv_text(r["kv"]), _gpu_text(r), _breaker_text(r["breaker"]), r["host"],
+        _kv_text(r["kv"]), _speed_text(r), _gpu_text(r), _breaker_text(r["breaker"]), r["host"],
         f"{r['heartbeat_age_s']:.0f}s")
         for r in rows]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]

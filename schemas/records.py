@@ -230,6 +230,8 @@ class WorkerHeartbeat(TypedDict):
     kv: NotRequired[KvCache | None]
     interactive_running: int
     interactive_ms: int  # when it last took an interactive task (its clock); 0: never
+    prefill_tps: NotRequired[float | None]  # measured: uncached prompt tokens a second
+    tpot_ms: NotRequired[float | None]  # measured: milliseconds a token after the first
 
 
 class DeadLetter(TypedDict):

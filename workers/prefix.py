@@ -115,6 +115,12 @@ class WorkerLoad:
     worker_id: str
     busy: int  # tasks running and queued on it, as schedule sees them
     capacity: int
+    # its measured speed against its pool's (1: as fast as the median): a worker
+    # twice as fast counts as twice its capacity in loads and bounds
+    speed: float = 1.0
+
+    def weight(self) -> float:
+        return max(1, self.capacity) * self.speed
 
 
 def choose(candidates: Sequence[WorkerLoad], blocks: Sequence[int], index: PrefixIndex,
@@ -128,15 +134,15 @@ def choose(candidates: Sequence[WorkerLoad], blocks: Sequence[int], index: Prefi
         return None
 
     def load(c: WorkerLoad) -> float:
-        return c.busy / max(1, c.capacity)
+        return c.busy / c.weight()
 
     least = min(candidates, key=lambda c: (load(c), c.worker_id))
     if not policy.prefix_aware or not blocks:
         return least
     total = sum(c.busy for c in candidates) + 1
-    capacity = sum(max(1, c.capacity) for c in candidates)
+    capacity = sum(c.weight() for c in candidates)
     under = [c for c in candidates
-             if c.busy + 1 <= _bound(policy.load_bound * total * max(1, c.capacity) / capacity)]
+             if c.busy + 1 <= _bound(policy.load_bound * total * c.weight() / capacity)]
     scored = [(index.overlap(c.worker_id, blocks, now_ms) / len(blocks), c) for c in under]
     best_share = max((share for share, _ in scored), default=0.0)
     if best_share < policy.cache_threshold:

@@ -6,6 +6,7 @@ answered again."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -78,3 +79,13 @@ def test_past_the_queue_bound_a_request_is_refused_at_once(p: Pipeline) -> None:
     first.join(60)
     busy.join(60)
     assert waiting[0].status_code == 503  # it waited out the timeout behind the long one
+
+
+def test_the_worker_reports_its_measured_speed(p: Pipeline) -> None:
+    assert complete(p, 40).status_code == 200
+    deadline = time.monotonic() + 10
+    while (row := json.loads(p.cli("workers", "--json"))[0])["tpot_ms"] is None:
+        assert time.monotonic() < deadline, row
+        time.sleep(0.3)
+    # the scripted engine writes a token every 20 ms; a loaded machine adds some
+    assert 18 <= row["tpot_ms"] <= 80, row

@@ -29,6 +29,7 @@ from topics.catalog import TOKENS
 from topics.envelope import now_ms, stamp
 from workers.infer.engines.base import Engine, GenerationRequest
 from workers.infer.progress import ProgressTracker
+from workers.infer.speed import Speed
 from workers.outputs import Output, Sender, error_info
 
 __all__ = ["TaskRun", "request_from_task"]
@@ -87,6 +88,8 @@ class TaskRun:
     finish_reason: str | None = None
     # of the prompt's tokens, how many the engine's prefix cache held (engines that say)
     cached_tokens: int | None = None
+    # the worker's measured speed, which each whole generation adds to
+    speed: Speed | None = None
 
     @property
     def request_id(self) -> str:
@@ -161,11 +164,15 @@ class TaskRun:
         buf_tokens = 0
         last_flush = 0.0
         finish: str | None = None
+        asked, first, produced = time.monotonic(), 0.0, 0
         pieces = self.engine.generate(request)
         try:
             async for piece in pieces:
                 buf.append(piece.text)
                 buf_tokens += piece.tokens
+                produced += piece.tokens
+                if not first and piece.tokens:
+                    first = time.monotonic()
                 if piece.finish_reason is not None:
                     finish = piece.finish_reason
                     self.cached_tokens = piece.cached_tokens
@@ -188,6 +195,10 @@ class TaskRun:
             return
         if finish is None:
             finish = "cancelled" if self.cancelled else "stop"
+        if self.speed is not None and first and finish != "cancelled":
+            uncached = self.task["prompt"]["tokens"] - (self.cached_tokens or 0)
+            self.speed.observe(uncached if not self.run_start else 0, first - asked,
+                               produced - 1, time.monotonic() - first)
         await self._emit("".join(buf), buf_tokens, finish)
 
     def _header(self) -> ChunkHeader | None:

@@ -45,6 +45,9 @@ class Snapshot(NamedTuple):
     interactive_ms: int = 0
     # the engine's KV cache, where it keeps one the worker can see
     kv: KvState | None = None
+    # its measured speed (workers/infer/speed.py); None until measured
+    prefill_tps: float | None = None
+    tpot_ms: float | None = None
 
 
 class Heartbeat:
@@ -71,6 +74,7 @@ class Heartbeat:
             running=now.running, queued=now.queued, ts_ms=now_ms(), host=self.host,
             gpu_utilization=gpu_util, gpu_memory_free=gpu_free,
             interactive_running=now.interactive_running, interactive_ms=now.interactive_ms,
+            prefill_tps=now.prefill_tps, tpot_ms=now.tpot_ms,
             kv=None if now.kv is None else KvCache(
                 usage=now.kv.usage, total_blocks=now.kv.total_blocks,
                 free_blocks=now.kv.free_blocks, cached_blocks=now.kv.cached_blocks,

@@ -73,6 +73,7 @@ from workers.infer.heartbeat import Heartbeat, Snapshot
 from workers.infer.membership import join_pool
 from workers.infer.offsets import InFlightOffsets
 from workers.infer.progress import ProgressTracker
+from workers.infer.speed import Speed
 from workers.outputs import Sender
 
 __all__ = ["InferWorker"]
@@ -107,6 +108,7 @@ class InferWorker:
         self.tracer = tracer or trace.NoOpTracer()
         self.dead_lettered: Callable[[], None] = lambda: None  # metrics count each letter
         self.interactive_ms = 0  # when the last interactive task was taken (heartbeats)
+        self.speed = Speed()  # measured from its generations (heartbeats; workers/infer/speed.py)
         self.partitions: set[TopicPartition] = set()
         # what this worker owned when the last rebalance began (the assignor keeps it)
         self.owned_before: set[TopicPartition] = set()
@@ -245,7 +247,7 @@ class InferWorker:
         spec = self.registry.find(task["route"]["model"])
         gen = TaskRun(self.settings, self.engine, sender, store, self.worker_id, task,
                       upstream_model=spec.upstream_model if spec else None,
-                      written_ms=record.timestamp)
+                      written_ms=record.timestamp, speed=self.speed)
         if self._cancels is not None and rid in self._cancels:
             gen.cancelled = True  # cancelled while it waited: never generated
         job = asyncio.create_task(self._generate(gen, record), name=f"gen-{rid}")
@@ -371,7 +373,8 @@ class InferWorker:
         interactive = sum(1 for r in self.running.values()
                           if r.run.task["envelope"]["priority"] == PRIORITY_INTERACTIVE)
         return Snapshot([tp.partition for tp in self.partitions], len(self.running), 0,
-                        interactive, self.interactive_ms, self.engine.kv_state())
+                        interactive, self.interactive_ms, self.engine.kv_state(),
+                        self.speed.prefill_tps, self.speed.tpot_ms)
 
     async def _beat(self, heartbeat: Heartbeat) -> None:
         """One heartbeat, then wait for the next (or an early one)."""

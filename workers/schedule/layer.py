@@ -77,7 +77,7 @@ from workers.schedule.room import (
     out_of_time,
     overloaded,
 )
-from workers.schedule.table import WorkerTable, WorkerView
+from workers.schedule.table import WorkerTable, WorkerView, relative_speeds
 
 __all__ = ["ScheduleLayer", "Parked"]
 
@@ -207,8 +207,9 @@ class ScheduleLayer:
             live = fall_back(task, lambda pool: roomy(self._open(pool)))
         if not live:
             return None
-        loads = [WorkerLoad(w.beat["worker_id"], self._busy(w), w.beat["capacity"])
-                 for w in live]
+        speed = relative_speeds(opened)  # a faster worker weighs more
+        loads = [WorkerLoad(w.beat["worker_id"], self._busy(w), w.beat["capacity"],
+                            speed.get(w.beat["worker_id"], 1.0)) for w in live]
         chosen = choose(loads, task["prompt"]["prefix_blocks"], self.prefix, self.policy,
                         self.clock())
         assert chosen is not None  # there are live workers

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -28,7 +29,7 @@ from topics.catalog import WORKERS
 from topics.envelope import now_ms
 from topics.follow import Follower, apply_all, follow
 
-__all__ = ["WorkerTable", "WorkerView"]
+__all__ = ["WorkerTable", "WorkerView", "relative_speeds"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,16 @@ class WorkerView:
 
     def load(self) -> float:
         return self.busy() / max(1, self.beat["capacity"])
+
+
+def relative_speeds(views: list[WorkerView]) -> dict[str, float]:
+    """Each worker's speed against the median of ``views`` (by the time per output
+    token its beats report; 1 for a worker not measured yet), within 1/4..4."""
+    tpots = {v.beat["worker_id"]: t for v in views if (t := v.beat.get("tpot_ms"))}
+    if not tpots:
+        return {}
+    median = statistics.median(tpots.values())
+    return {wid: min(4.0, max(0.25, median / t)) for wid, t in tpots.items()}
 
 
 @dataclass
