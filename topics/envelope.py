@@ -80,10 +80,17 @@ def new_envelope(
     )
 
 
+# the tenant of a request without credentials (gateway.auth.types.ANONYMOUS_TENANT)
+ANONYMOUS_TENANT = "default"
+
+
 def canary_key(envelope: Envelope) -> str:
     """What picks a canary's deployment (conveyor/registry.py): the tenant, so that
-    a tenant sees one version; without tenants, the API key, else the request."""
-    return envelope["tenant"] or envelope["key_id"] or envelope["request_id"]
+    a tenant sees one version; a request without credentials on its own (else
+    every anonymous request would go to one deployment)."""
+    if not envelope["key_id"] and envelope["tenant"] in ("", ANONYMOUS_TENANT):
+        return envelope["request_id"]
+    return envelope["tenant"] or envelope["key_id"]
 
 
 def stamp(envelope: Envelope, layer: str) -> Envelope:

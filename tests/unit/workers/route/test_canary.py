@@ -71,3 +71,15 @@ def test_the_gateway_names_a_deployment_apart_from_a_fallback(tmp_path: Path) ->
     assert _fallback(registry, {"model": "v2"}, {"model": "v1"}) == \
         {"x-conveyor-fallback": "v1"}
     assert _fallback(registry, asked, {"model": "chat"}) == {}
+
+
+def test_a_tenant_keeps_its_deployment_and_an_anonymous_request_is_its_own_key() -> None:
+    from gateway.auth.types import ANONYMOUS_TENANT
+    from topics.envelope import ANONYMOUS_TENANT as SEEN_AS_ANONYMOUS
+    from topics.envelope import canary_key
+
+    assert SEEN_AS_ANONYMOUS == ANONYMOUS_TENANT
+    envelope: Any = {"tenant": "acme", "key_id": "key_1", "request_id": "r1"}
+    assert canary_key(envelope) == "acme"
+    assert canary_key({**envelope, "tenant": ANONYMOUS_TENANT, "key_id": ""}) == "r1"
+    assert canary_key({**envelope, "tenant": ANONYMOUS_TENANT}) == ANONYMOUS_TENANT
