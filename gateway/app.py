@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -156,6 +157,7 @@ async def _collaborators(app: FastAPI, settings: Settings, gateway_id: str,
     try:
         yield
     finally:
+        stopping = time.monotonic()
         for task in health.tasks:
             task.cancel()
         await asyncio.gather(*health.tasks, return_exceptions=True)
@@ -165,6 +167,7 @@ async def _collaborators(app: FastAPI, settings: Settings, gateway_id: str,
         await publisher.close()  # what must arrive (cancels) has produce_timeout_s to go
         await redis.aclose()
         tracing.shutdown()
+        log.info("gateway %s: stopped in %.1f s", gateway_id, time.monotonic() - stopping)
 
 
 def _identity(app: FastAPI, settings: Settings, redis: aioredis.Redis, audit: Audit,

@@ -17,7 +17,7 @@ import pytest
 from tests.support.pipeline import Pipeline
 from tests.support.services import free_port
 
-COOL_DOWN_S = 30  # longer than a layers restart takes here (16 s once, under load)
+COOL_DOWN_S = 45  # longer than a layers restart takes here (16 s, once 35 s, under load)
 
 
 @pytest.fixture
