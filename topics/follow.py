@@ -182,6 +182,7 @@ class Follower:
                                        tp.topic, tp.topic, tp.partition, type(exc).__name__, exc)
             finally:
                 await _stop_quietly(consumer, self.probe_timeout_s)
+            _raise_if_cancelled()  # a cancel the client turned into broker trouble
             await backoff.wait()
 
     async def events(self, codec: Codec, *, keep: Callable[[Record], bool] | None = None
@@ -235,17 +236,39 @@ class Follower:
 
 
 async def _stop_quietly(consumer: Any, timeout_s: float) -> None:
-    """Close a consumer that may be half broken. aiokafka's ``stop`` can raise the
-    CancelledError of its own fetch task after an outage: that one is not ours
-    and must not end the follower; a cancel of the follower itself still does."""
-    me = asyncio.current_task()
+    """Close a consumer that may be half broken, in ``timeout_s`` at most. aiokafka's
+    ``stop`` can raise the CancelledError of its own fetch task after an outage:
+    that one is not ours and must not end the follower; a cancel of the follower
+    itself still does, at once. The stop runs as a task of its own, waited for
+    without ``wait_for``: a cancelled ``wait_for`` waits for its inner work to
+    end, and a ``stop`` that swallows its cancel against a broker that is gone
+    would hold the follower's cancel (and whoever awaits it) for ever."""
+    stopping = asyncio.ensure_future(consumer.stop())
     try:
-        await asyncio.wait_for(consumer.stop(), timeout_s)
+        done, _ = await asyncio.wait({stopping}, timeout=timeout_s)
     except asyncio.CancelledError:
-        if me is not None and me.cancelling():
-            raise
-    except Exception as exc:  # a consumer that cannot even stop is dropped
-        log.debug("closing a consumer failed: %r", exc)
+        _abandon(stopping)
+        raise
+    if not done:
+        _abandon(stopping)
+        log.debug("closing a consumer took over %.1f s; left to end on its own", timeout_s)
+    elif not stopping.cancelled() and stopping.exception() is not None:
+        log.debug("closing a consumer failed: %r", stopping.exception())
+
+
+def _abandon(task: asyncio.Future[Any]) -> None:
+    """Cancel ``task`` and let it end on its own (its outcome read, never raised)."""
+    task.cancel()
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+
+def _raise_if_cancelled() -> None:
+    """Raise CancelledError if this task was asked to stop: a client library
+    that catches the cancel and raises its own error instead must not turn it
+    into a retry."""
+    me = asyncio.current_task()
+    if me is not None and me.cancelling():
+        raise asyncio.CancelledError
 
 
 def follow(settings: Settings, topic: Topic | str, partition: int = 0,
