@@ -67,6 +67,7 @@ __all__ = ["build_app", "check_auth_settings"]
 log = logging.getLogger(__name__)
 
 _REDIS_TIMEOUT_S = 2.0
+_STOP_TASKS_S = 5.0
 
 
 def build_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
@@ -158,9 +159,18 @@ async def _collaborators(app: FastAPI, settings: Settings, gateway_id: str,
         yield
     finally:
         stopping = time.monotonic()
+        log.info("gateway %s: stopping", gateway_id)
         for task in health.tasks:
             task.cancel()
-        await asyncio.gather(*health.tasks, return_exceptions=True)
+        # bounded: a background task whose Kafka client will not let go of its
+        # cancel must not keep the gateway from stopping
+        ended, stuck = await asyncio.wait(health.tasks, timeout=_STOP_TASKS_S) \
+            if health.tasks else (set(), set())
+        for task in ended:  # their outcome read: a task that failed says so in /healthz
+            _ = task.cancelled() or task.exception()
+        if stuck:
+            log.warning("gateway %s: %s did not stop within %.0f s; left behind", gateway_id,
+                        ", ".join(sorted(t.get_name() for t in stuck)), _STOP_TASKS_S)
         await router_.stop()
         await lookup.close()
         await app.state.admitter.drain()
