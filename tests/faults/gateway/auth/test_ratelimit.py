@@ -52,8 +52,10 @@ async def replicas(config: Settings, n: int = 2, warm: bool = True
                    ) -> AsyncIterator[list[RateLimiter]]:
     """``n`` limiters, each with a Redis client of its own, as n gateways have;
     the prefix's keys are removed afterwards."""
-    clients = [aioredis.from_url(config.redis_url, socket_timeout=2.0,
-                                 socket_connect_timeout=0.5) for _ in range(n)]
+    # generous timeouts: a Redis of the test's own that is stopped refuses at once,
+    # and the shared one on a loaded machine once took over 2 s to answer
+    clients = [aioredis.from_url(config.redis_url, socket_timeout=5.0,
+                                 socket_connect_timeout=5.0) for _ in range(n)]
     limiters = [RateLimiter(config, c, f"gw-{i}") for i, c in enumerate(clients)]
     for limiter in limiters:
         # exactness is what these tests are about: an admission that waits out
