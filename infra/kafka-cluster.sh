@@ -27,6 +27,8 @@ read -r -a cports <<<"${KAFKA_CLUSTER_CONTROLLER_PORTS:-19093 19095 19097}"
 heap=${KAFKA_HEAP:-384m}
 libs=${KAFKA_LIBS:-$home/kafka/libs}
 cdir="$home/kafka-cluster"
+# shellcheck source=infra/kafka-cds.sh
+. "$here/kafka-cds.sh"
 
 if [ "${#ports[@]}" -ne "${#cports[@]}" ]; then
   echo "KAFKA_CLUSTER_PORTS and KAFKA_CLUSTER_CONTROLLER_PORTS differ in length" >&2
@@ -103,25 +105,29 @@ start() {
   fetch
   mkdir -p "$cdir"
   if [ ! -f "$cdir/cluster.id" ]; then
-    java -cp "$libs/*" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n 1 \
+    java -cp "$(cds_classpath "$libs")" kafka.tools.StorageTool random-uuid 2>/dev/null | tail -n 1 \
       >"$cdir/cluster.id"
   fi
-  local cid i port dir
+  local cid i port dir cp
   cid=$(cat "$cdir/cluster.id")
+  cp=$(cds_classpath "$libs")
   for i in "${!ports[@]}"; do
     port=${ports[$i]}
     dir=$(node_dir "$port")
     if running "$port"; then continue; fi
     write_properties "$i"
+    cds_flags "$libs"
     if [ ! -f "$dir/data/meta.properties" ]; then
-      java -cp "$libs/*" kafka.tools.StorageTool format -t "$cid" \
+      # shellcheck disable=SC2086
+      java $cds_use -cp "$cp" kafka.tools.StorageTool format -t "$cid" \
         -c "$dir/server.properties" >/dev/null
     fi
-    # shellcheck disable=SC2086
-    nohup java "-Xmx$heap" "-Xms$heap" -XX:+UseG1GC ${KAFKA_JVM_OPTS:-} \
+    # shellcheck disable=SC2086  # KAFKA_JVM_OPTS and cds_opts are lists of flags
+    nohup java "-Xmx$heap" "-Xms$heap" -XX:+UseG1GC ${KAFKA_JVM_OPTS:-} $cds_opts \
       -Dlog4j2.configurationFile="$here/kafka/log4j2.yaml" \
-      -cp "$libs/*" kafka.Kafka "$dir/server.properties" >"$dir/kafka.log" 2>&1 &
+      -cp "$cp" kafka.Kafka "$dir/server.properties" >"$dir/kafka.log" 2>&1 &
     echo $! >"$dir/kafka.pid"
+    cds_started "$!"
   done
   local waiting
   for _ in $(seq 1 240); do

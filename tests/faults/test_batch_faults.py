@@ -43,13 +43,16 @@ from tests.support.pipeline import Pipeline
 LINES = 36
 MAX_TOKENS = 8
 EXPANDED_LINES = 300
+# the expanded batch is about its expansion, not its answers: two tokens a line
+# (eight would cost its 300 lines about 25 s on the module's two workers)
+EXPANDED_MAX_TOKENS = 2
 # the kills strike once this many lines completed: the batch is well under way
 COMPLETED_BEFORE_KILL = 6
 FINAL_WITHIN_S = 300.0
 
 
-def batch_lines(tag: str, n: int) -> list[dict[str, Any]]:
-    return [line(f"{tag}-{i}", f"Count from 1 to {i % 5 + 3}.", max_tokens=MAX_TOKENS)
+def batch_lines(tag: str, n: int, max_tokens: int = MAX_TOKENS) -> list[dict[str, Any]]:
+    return [line(f"{tag}-{i}", f"Count from 1 to {i % 5 + 3}.", max_tokens=max_tokens)
             for i in range(n)]
 
 
@@ -314,7 +317,8 @@ async def _kill_mid_expansion(p: Pipeline, c: openai.OpenAI) -> Expansion:
         await consumer.seek_to_end(*tps)
         for tp in tps:
             await consumer.position(tp)
-        file_id = await asyncio.to_thread(upload, c, batch_lines("x", EXPANDED_LINES))
+        lines = batch_lines("x", EXPANDED_LINES, EXPANDED_MAX_TOKENS)
+        file_id = await asyncio.to_thread(upload, c, lines)
         batch = await asyncio.to_thread(c.batches.create, input_file_id=file_id,
                                         endpoint="/v1/chat/completions",
                                         completion_window="24h")
