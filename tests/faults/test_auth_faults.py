@@ -282,8 +282,12 @@ def test_a_revocation_reaches_replicas_whose_subscription_was_cut(conveyor: Faul
     for url in urls:
         seen: list[tuple[int, str | None]] = []
         while not seen or seen[-1] != REFUSED:
+            asked = time.monotonic()
             seen.append(outcome(ask(url, secret)))
-            assert time.monotonic() - revoked < 2.0, f"{url} still serves it: {seen}"
+            # served when asked 2 s after: too late (a refusal that is slow to come
+            # back on a loaded machine is a refusal in time)
+            assert seen[-1] == REFUSED or asked - revoked < 2.0, \
+                f"{url} still serves it: {seen}"
             time.sleep(0.05)
         print(f"\nrefused on {url} {time.monotonic() - revoked:.2f} s after the revocation "
               f"returned: {Counter(seen)}")
