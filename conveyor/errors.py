@@ -13,6 +13,7 @@ __all__ = [
     "ConveyorError",
     "RequestError",
     "InvalidRequest",
+    "InvalidOutput",
     "ModelNotFound",
     "ContextLengthExceeded",
     "NoWorkerAvailable",
@@ -80,6 +81,14 @@ class RequestError(ConveyorError):
 class InvalidRequest(RequestError):
     status = 400
     type = "invalid_request_error"
+
+
+class InvalidOutput(RequestError):
+    """The model's finished answer is not what the request's response_format
+    asked for (a schema keyword its grammar could not hold it to)."""
+    status = 500
+    type = "server_error"
+    code = "invalid_structured_output"
 
 
 class ModelNotFound(RequestError):

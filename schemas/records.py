@@ -24,6 +24,7 @@ __all__ = [
     "Request",
     "Route",
     "Fallback",
+    "ResponseFormat",
     "Sampling",
     "Task",
     "TokenChunk",
@@ -72,6 +73,13 @@ class Sampling(TypedDict):
     frequency_penalty: NotRequired[float]
 
 
+class ResponseFormat(TypedDict):
+    type: Literal["json_object", "json_schema"]
+    name: str
+    schema: str  # the JSON Schema as JSON text; "" for json_object
+    strict: bool
+
+
 class Generation(TypedDict):
     kind: Literal["chat", "completion"]
     model: str
@@ -84,6 +92,7 @@ class Generation(TypedDict):
     store: bool
     metadata: dict[str, str]
     api: str
+    response_format: NotRequired[ResponseFormat | None]
 
 
 class Prompt(TypedDict):

@@ -115,7 +115,8 @@ def generation_of(body: ResponsesRequest) -> Generation:
     return Generation(kind="chat", model=body.model, messages=messages, prompt=None,
                       sampling=sampling, stream=bool(body.stream), include_usage=False,
                       created=int(time.time()), store=is_stored(body),
-                      metadata=dict(body.metadata or {}), api="responses")
+                      metadata=dict(body.metadata or {}), api="responses",
+                      response_format=None)
 
 
 def input_param(param: str | None, body: ResponsesRequest) -> str | None:

@@ -17,8 +17,11 @@ __all__ = ["chat_generation", "completion_generation"]
 
 def chat_generation(body: ChatCompletionRequest) -> Generation:
     messages = [Message(role=m.role, content=m.text(), name=m.name) for m in body.messages]
-    return _generation("chat", body, messages=messages, prompt=None,
-                       max_tokens=body.token_budget())
+    generation = _generation("chat", body, messages=messages, prompt=None,
+                             max_tokens=body.token_budget())
+    if body.response_format is not None:
+        generation["response_format"] = body.response_format.record()
+    return generation
 
 
 def completion_generation(body: CompletionRequest) -> Generation:
@@ -41,4 +44,5 @@ def _generation(kind: str, body: ChatCompletionRequest | CompletionRequest, *,
                       prompt=prompt, sampling=sampling, stream=bool(body.stream),
                       include_usage=body.include_usage(), created=int(time.time()),
                       store=bool(body.store), metadata=dict(body.metadata or {}),
-                      api="chat.completions" if kind == "chat" else "completions")
+                      api="chat.completions" if kind == "chat" else "completions",
+                      response_format=None)

@@ -9,9 +9,11 @@ Only what Conveyor serves is accepted, and only values the pipeline can carry:
   llama.cpp folds into its 32-bit seed space, so every such seed works.
 * Every string is text UTF-8 can hold: a lone surrogate (JSON ``"\\ud800"``)
   cannot be written into an event and is refused with the field's ``param``.
+* ``response_format`` may ask for free text, any JSON object or JSON matching
+  a schema (schemas/structured.py checks the schema here).
 * Parameters that would change the answer in ways Conveyor cannot honour
-  (``n`` > 1, ``echo``, tools and function calling, ``response_format`` other
-  than text, ``logprobs``, ``logit_bias``, ``suffix``, ...) are refused with a
+  (``n`` > 1, ``echo``, tools and function calling, ``logprobs``,
+  ``logit_bias``, ``suffix``, ...) are refused with a
   400 naming the parameter, never silently ignored. Harmless ones the official
   ``openai`` client sends (``user``, ``stream_options``, ``service_tier``) are
   accepted. ``store: true`` keeps a chat completion to be read again by id
@@ -24,6 +26,7 @@ Only what Conveyor serves is accepted, and only values the pipeline can carry:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from functools import cache
 from typing import Annotated, Any, ClassVar, Literal
@@ -35,9 +38,12 @@ from pydantic import (
     Field,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from conveyor.errors import InvalidRequest
+from schemas.records import ResponseFormat as ResponseFormatRecord
+from schemas.structured import check_format
 
 __all__ = [
     "ChatMessage",
@@ -193,8 +199,49 @@ class TextOnlyFormat(BaseModel):
         return v
 
 
-class ResponseFormat(TextOnlyFormat):
-    field: ClassVar[str] = "response_format"
+class JsonSchemaSpec(BaseModel):
+    """``response_format.json_schema``: a named JSON Schema the answer must match."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False,
+                              populate_by_name=True)
+
+    name: Text = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
+    description: Text | None = None
+    # OpenAI's field is ``schema``, a name pydantic's models keep for themselves
+    schema_: dict[Text, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """``response_format``: free text, any JSON object, or JSON matching a schema.
+    A schema that is not a JSON Schema, or that Conveyor cannot compile, is
+    refused (schemas/structured.py)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+    @model_validator(mode="after")
+    def _schema_when_asked(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type 'json_schema' needs its "
+                             "'json_schema' object (name, schema, strict)")
+        return self
+
+    def record(self) -> ResponseFormatRecord | None:
+        """The format as the pipeline carries it, checked; None for free text."""
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return ResponseFormatRecord(type="json_object", name="", schema="", strict=False)
+        spec = self.json_schema
+        assert spec is not None
+        fmt = ResponseFormatRecord(type="json_schema", name=spec.name,
+                                   schema=json.dumps(spec.schema_ or {}),
+                                   strict=bool(spec.strict))
+        check_format(fmt)
+        return fmt
 
 
 class ChatCompletionRequest(_Sampling):
@@ -302,13 +349,15 @@ class CompletionRequest(_Sampling):
 
 
 _MODELS: tuple[type[BaseModel], ...] = (ChatCompletionRequest, CompletionRequest,
-                                        ChatMessage, TextPart, StreamOptions, ResponseFormat)
+                                        ChatMessage, TextPart, StreamOptions, ResponseFormat,
+                                        JsonSchemaSpec)
 
 
 @cache
 def field_names() -> frozenset[str]:
     """Every field name of the request models: what may appear in a ``param``."""
-    return frozenset(name for model in _MODELS for name in model.model_fields)
+    return frozenset(field.alias or name for model in _MODELS
+                     for name, field in model.model_fields.items())
 
 
 def param_of(loc: Sequence[int | str], names: frozenset[str] | None = None) -> str | None:

@@ -132,8 +132,11 @@ def raw(body: str) -> dict[str, Any]:
     ('{"model": "smollm2", "temperature": "hot", "messages": %s}', "temperature"),
     ('{"model": "smollm2", "tools": [{"type": "function", "function": {"name": "f"}}], '
      '"messages": %s}', "tools"),
-    ('{"model": "smollm2", "response_format": {"type": "json_object"}, "messages": %s}',
+    ('{"model": "smollm2", "response_format": {"type": "xml"}, "messages": %s}',
      "response_format.type"),
+    ('{"model": "smollm2", "response_format": {"type": "json_schema", "json_schema": '
+     '{"name": "a", "schema": {"type": "strin"}}}, "messages": %s}',
+     "response_format.json_schema.schema"),
     ('{"model": "smollm2", "logprobs": true, "messages": %s}', "logprobs"),
     ('{"model": "smollm2", "logit_bias": {"1": 5}, "messages": %s}', "logit_bias"),
 ])

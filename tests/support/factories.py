@@ -43,6 +43,7 @@ def generation(
         "store": store,
         "metadata": dict(metadata or {}),
         "api": api,
+        "response_format": None,
     }
 
 

@@ -21,10 +21,17 @@ from typing import Any
 
 from opentelemetry.util.types import AttributeValue
 
-from conveyor.errors import DeadlineExceeded, EngineError, RequestError
+from conveyor.errors import (
+    DeadlineExceeded,
+    EngineError,
+    InvalidOutput,
+    InvalidRequest,
+    RequestError,
+)
 from conveyor.settings import Settings
 from conveyor.tracing import genai_request_attributes
 from schemas.records import ChunkHeader, ErrorInfo, Task, TokenChunk
+from schemas.structured import violation
 from topics.catalog import TOKENS
 from topics.envelope import now_ms, stamp
 from workers.infer.engines.base import Engine, GenerationRequest
@@ -63,6 +70,7 @@ def request_from_task(task: Task, continuation: str, done_tokens: int,
         messages=tuple(gen["messages"]),
         continuation=continuation,
         upstream_model=upstream_model,
+        response_format=gen.get("response_format"),
     )
 
 
@@ -138,6 +146,11 @@ class TaskRun:
         else:
             request = request_from_task(self.task, self.text, self.tokens, self.upstream_model)
             try:
+                if request.response_format and not self.engine.constrains_output:
+                    raise InvalidRequest(
+                        f"response_format {request.response_format['type']!r} is not "
+                        f"supported by the {self.engine.name} engine serving "
+                        f"{request.model}", param="response_format")
                 await self._stream(request)
             except EngineError as exc:
                 self.engine_failure = traceback.format_exc()
@@ -165,10 +178,12 @@ class TaskRun:
         last_flush = 0.0
         finish: str | None = None
         asked, first, produced = time.monotonic(), 0.0, 0
+        answer = [request.continuation]  # the whole answer, for a structured one's check
         pieces = self.engine.generate(request)
         try:
             async for piece in pieces:
                 buf.append(piece.text)
+                answer.append(piece.text)
                 buf_tokens += piece.tokens
                 produced += piece.tokens
                 if not first and piece.tokens:
@@ -199,6 +214,14 @@ class TaskRun:
             uncached = self.task["prompt"]["tokens"] - (self.cached_tokens or 0)
             self.speed.observe(uncached if not self.run_start else 0, first - asked,
                                produced - 1, time.monotonic() - first)
+        fmt = request.response_format
+        wrong = violation(fmt, "".join(answer)) if fmt and finish == "stop" else None
+        if wrong is not None:  # what the grammar could not hold the engine to
+            await self._emit("".join(buf), buf_tokens, None)
+            await self._fail(InvalidOutput(
+                f"The model's answer does not satisfy response_format: {wrong}.",
+                param="response_format"))
+            return
         await self._emit("".join(buf), buf_tokens, finish)
 
     def _header(self) -> ChunkHeader | None:

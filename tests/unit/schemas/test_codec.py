@@ -28,6 +28,8 @@ def request() -> Request:
                          "seed": 3, "presence_penalty": 0.0, "frequency_penalty": 0.5},
             "stream": True, "include_usage": True, "created": 1700000000,
             "store": True, "metadata": {"run": "nightly"}, "api": "chat.completions",
+            "response_format": {"type": "json_schema", "name": "answer", "strict": True,
+                                "schema": '{"type": "object"}'},
         },
     )
 

@@ -13,7 +13,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from schemas.records import Message
+from schemas.records import Message, ResponseFormat
 
 __all__ = ["GenerationRequest", "Piece", "Engine", "KvState"]
 
@@ -40,6 +40,9 @@ class GenerationRequest:
     # after it instead of starting a different answer.
     continuation: str = ""
     upstream_model: str | None = None
+    # the structure the answer must have (schemas/structured.py); None: free text.
+    # Only an engine that ``constrains_output`` is given one.
+    response_format: ResponseFormat | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,9 @@ class KvState:
 class Engine(Protocol):
     name: str
     capacity: int
+    # it decodes within a request's response_format (a JSON object, a JSON
+    # Schema); a structured request on an engine that does not is refused
+    constrains_output: bool
 
     def kv_state(self) -> KvState | None:
         """The KV cache now, or None where the engine keeps none Conveyor can see."""

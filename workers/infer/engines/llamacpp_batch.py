@@ -134,6 +134,7 @@ from conveyor.registry import ModelSpec
 from workers.infer.engines.base import GenerationRequest, KvState, Piece
 from workers.infer.engines.llamacpp import _chat_formatter, _prompt_or_bos, pieces_from
 from workers.infer.engines.llamacpp_batch_context import Context, Item, Sequence
+from workers.infer.engines.llamacpp_grammar import checked_prefix
 
 __all__ = ["LlamaCppBatchEngine"]
 
@@ -156,6 +157,7 @@ class LlamaCppBatchEngine:
             raise ValueError("sequences and contexts must be at least 1")
         self.name = name
         self.capacity = sequences
+        self.constrains_output = True  # a grammar sampler in each sequence's chain
         self.contexts = min(contexts, sequences)  # a context holds one sequence at least
         self.reproducible_seeds = False  # see the module notes
         self.model_path = Path(model_path)
@@ -223,7 +225,7 @@ class LlamaCppBatchEngine:
             except RuntimeError:  # the loop is closed: nobody is listening
                 sequence.cancelled = True
 
-        sequence = Sequence(request, tokens, emit)
+        sequence = Sequence(request, tokens, emit, accepted=self._accepted(request))
         await slots_free.acquire()
         try:
             context = self._route(tokens, reuse=request.seed is None)
@@ -247,6 +249,18 @@ class LlamaCppBatchEngine:
             raise EngineError(f"{self.model_path.name} has no chat template")
         messages = [{"role": m["role"], "content": m["content"]} for m in request.messages]
         return self._chat(messages=cast(Any, messages)).prompt + request.continuation
+
+    def _accepted(self, request: GenerationRequest) -> list[int]:
+        """A structured answer's continuation, as the tokens its grammar sampler
+        takes before it samples (checked: llamacpp_grammar)."""
+        fmt = request.response_format
+        if fmt is None or not request.continuation:
+            return []
+        llm = cast(Llama, self._llm)
+        tokens = llm.tokenize(request.continuation.encode("utf-8"), add_bos=False,
+                              special=False)
+        checked_prefix(llm._model.vocab, fmt, tokens)
+        return tokens
 
     def _tokens(self, prompt: str) -> list[int]:
         llm = cast(Llama, self._llm)

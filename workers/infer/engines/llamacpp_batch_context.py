@@ -23,6 +23,7 @@ from llama_cpp import Llama
 from conveyor.errors import EngineError
 from workers.infer.engines.base import GenerationRequest, Piece
 from workers.infer.engines.llamacpp import _llama_seed, common_prefix, reuse_score
+from workers.infer.engines.llamacpp_grammar import grammar_sampler
 
 __all__ = ["Context", "Sequence", "Text"]
 
@@ -82,6 +83,8 @@ class Sequence:
     reused: int = 0
     next_token: int = -1  # sampled, not yet decoded
     sampler: Any = None
+    # a structured answer's continuation: its grammar sampler takes these first
+    accepted: list[int] = field(default_factory=list)
     text: Text = field(init=False)
     sampled: int = 0
     emitted: int = 0
@@ -221,7 +224,7 @@ class Context:
                 kept = 0
                 llama_cpp.llama_memory_seq_rm(memory, slot.seq_id, -1, -1)
             del slot.cached[kept:]
-            sequence.sampler = _sampler(request, llama_cpp.llama_vocab_n_tokens(self._vocab))
+            sequence.sampler = _sampler(request, self._vocab, sequence.accepted)
         except Exception as exc:
             sequence.emit(exc)
             return
@@ -334,8 +337,11 @@ class Context:
         return buffer.raw[:max(0, n)]
 
 
-def _sampler(request: GenerationRequest, n_vocab: int) -> Any:
+def _sampler(request: GenerationRequest, vocab: Any, accepted: list[int]) -> Any:
+    n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    if request.response_format is not None:
+        llama_cpp.llama_sampler_chain_add(chain, grammar_sampler(vocab, request.response_format))
     if request.presence_penalty or request.frequency_penalty:
         llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_penalties(
             n_vocab, _PENALTY_WINDOW, 1.0, request.frequency_penalty,
@@ -350,4 +356,6 @@ def _sampler(request: GenerationRequest, n_vocab: int) -> Any:
                 request.top_p, 1))
         llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(
             _llama_seed(request.seed)))
+    for token in accepted:
+        llama_cpp.llama_sampler_accept(chain, token)
     return chain

@@ -44,6 +44,7 @@ from typing import Any, Literal
 import aiohttp
 
 from conveyor.errors import EngineError
+from schemas.structured import wire_format
 from workers.infer.engines.base import GenerationRequest, KvState, Piece
 
 __all__ = ["OpenAIHttpEngine"]
@@ -62,6 +63,7 @@ class OpenAIHttpEngine:
     ) -> None:
         self.name = name
         self.capacity = capacity
+        self.constrains_output = True  # the upstream gets response_format and constrains itself
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.timeout_s = timeout_s
@@ -161,6 +163,8 @@ def _upstream_body(request: GenerationRequest) -> tuple[str, dict[str, Any]]:
         body["presence_penalty"] = request.presence_penalty
     if request.frequency_penalty:
         body["frequency_penalty"] = request.frequency_penalty
+    if request.response_format is not None:  # vLLM and SGLang take it on both endpoints
+        body["response_format"] = wire_format(request.response_format)
     if request.prompt_text is not None or request.kind == "completion":
         body["prompt"] = (request.prompt_text or "") + request.continuation
         return "/v1/completions", body

@@ -92,6 +92,7 @@ class ScriptedEngine:
             raise ValueError("token_delay_ms must not be negative")
         self.name = name
         self.capacity = capacity
+        self.constrains_output = False  # scripted text follows no format
         self.script = script
         self.text = text
         self.token_delay_s = token_delay_ms / 1000

@@ -120,6 +120,7 @@ class VllmEngine:
             raise ValueError("kv_cache_gib must be positive")
         self.name = name
         self.capacity = capacity
+        self.constrains_output = False  # vLLM's guided decoding is not wired yet
         self.spec = spec
         self.model = model
         self.dtype = dtype

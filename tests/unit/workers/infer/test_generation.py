@@ -84,3 +84,11 @@ def test_a_chat_without_a_rendered_prompt_keeps_its_messages() -> None:
     r = request_from_task(task("chat", prompt_text=None), "", 0, None)
     assert r.prompt_text is None
     assert len(r.messages) == 1
+
+
+def test_a_structured_request_carries_its_format_to_the_engine() -> None:
+    t = task()
+    assert request_from_task(t, "", 0, None).response_format is None
+    fmt = {"type": "json_object", "name": "", "schema": "", "strict": False}
+    t["generation"]["response_format"] = fmt  # type: ignore[typeddict-item]
+    assert request_from_task(t, '{"a": ', 3, None).response_format == fmt

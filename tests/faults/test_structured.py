@@ -1,0 +1,195 @@
+"""Structured outputs through a real Conveyor on the real model (llama.cpp, two
+workers of one context each), asked with the unmodified ``openai`` client:
+``parse`` with a nested Pydantic model, a streamed json_schema answer, a
+json_object answer, a batch whose lines ask for a schema; a schema Conveyor
+cannot hold an answer to is a 400 naming it, and an engine that cannot
+constrain (the scripted one) refuses instead of ignoring the format. A worker
+SIGKILLed in the middle of a structured answer leaves one valid answer: the
+other worker continues it inside the same grammar."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+from pydantic import BaseModel, Field
+
+from tests.faults.test_delivery import _chunks_of, _worker_of
+from tests.pipeline.test_batches import line, lines_of, upload, wait
+from tests.support.pipeline import LLAMACPP, Pipeline
+
+QUESTION = "Name two big cities of France, with their population, as JSON."
+
+
+class City(BaseModel):
+    name: str = Field(max_length=24)
+    population: int
+
+
+class Cities(BaseModel):
+    cities: list[City] = Field(max_length=3)
+    note: str = Field(max_length=40)
+
+
+# an answer long enough to be killed in the middle of: up to 12 cities
+LONG_SCHEMA: dict[str, Any] = {
+    "type": "object", "additionalProperties": False, "required": ["cities"],
+    "properties": {"cities": {"type": "array", "minItems": 8, "maxItems": 12, "items": {
+        "type": "object", "additionalProperties": False, "required": ["name", "country"],
+        "properties": {"name": {"type": "string", "maxLength": 20},
+                       "country": {"type": "string", "maxLength": 12}}}}}}
+
+
+@pytest.fixture(scope="module")
+def conveyor(services: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
+    files = tmp_path_factory.mktemp("files")
+    p = Pipeline(tmp_path_factory.mktemp("logs"), engine=LLAMACPP, CONVEYOR_FILES_DIR=str(files))
+    try:
+        p.start(workers=2, contexts=1)
+        yield p
+    finally:
+        p.close()
+
+
+@pytest.fixture
+def p(conveyor: Pipeline) -> Iterator[Pipeline]:
+    """The module's pipeline, made whole again after the test."""
+    try:
+        yield conveyor
+    finally:
+        conveyor.heal()
+
+
+def structured_line(custom_id: str, content: str, max_tokens: int,
+                    response_format: Any) -> dict[str, Any]:
+    made = line(custom_id, content, max_tokens=max_tokens)
+    made["body"]["response_format"] = response_format
+    return made
+
+
+def client(p: Pipeline) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{p.base_url}/v1", api_key="unused", max_retries=0,
+                         timeout=120)
+
+
+def test_parse_with_a_nested_pydantic_model(p: Pipeline) -> None:
+    done = client(p).chat.completions.parse(
+        model="smollm2", messages=[{"role": "user", "content": QUESTION}],
+        response_format=Cities, temperature=0, max_tokens=200)
+    choice = done.choices[0]
+    assert choice.finish_reason == "stop", choice
+    parsed = choice.message.parsed
+    assert isinstance(parsed, Cities) and parsed.cities, choice.message.content
+    assert all(isinstance(c, City) for c in parsed.cities)
+
+
+def test_a_streamed_schema_answer_is_valid_whole(p: Pipeline) -> None:
+    stream = client(p).chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": QUESTION}], stream=True,
+        max_tokens=200, temperature=0.7, seed=3,
+        response_format={"type": "json_schema", "json_schema": {
+            "name": "cities", "strict": True, "schema": Cities.model_json_schema()}})
+    parts, finish = [], None
+    for chunk in stream:
+        if chunk.choices:
+            parts.append(chunk.choices[0].delta.content or "")
+            finish = chunk.choices[0].finish_reason or finish
+    assert finish == "stop" and len(parts) > 3
+    Cities.model_validate_json("".join(parts))
+
+
+def test_json_object_is_an_object(p: Pipeline) -> None:
+    done = client(p).chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "Describe Paris in JSON."}],
+        response_format={"type": "json_object"}, temperature=0, max_tokens=150)
+    assert done.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(done.choices[0].message.content or ""), dict)
+
+
+def test_batch_lines_keep_their_formats(p: Pipeline) -> None:
+    c = client(p)
+    schema = {"name": "cities", "strict": True, "schema": Cities.model_json_schema()}
+    lines = [structured_line("schema", QUESTION, 200,
+                             {"type": "json_schema", "json_schema": schema}),
+             structured_line("object", "Describe Paris in JSON.", 150, {"type": "json_object"})]
+    batch = c.batches.create(input_file_id=upload(c, lines), endpoint="/v1/chat/completions",
+                             completion_window="24h")
+    done = wait(c, batch.id, timeout=300)
+    assert done.status == "completed", done
+    out = {o["custom_id"]: o["response"]["body"] for o in lines_of(c, done.output_file_id)}
+    Cities.model_validate_json(out["schema"]["choices"][0]["message"]["content"])
+    described = out["object"]["choices"][0]
+    assert described["finish_reason"] == "stop", described
+    assert isinstance(json.loads(described["message"]["content"]), dict), described
+
+
+def test_a_batch_with_a_schema_that_cannot_be_held_to_fails_naming_its_line(
+        p: Pipeline) -> None:
+    c = client(p)
+    lines = [structured_line("fine", QUESTION, 5, {"type": "json_object"}),
+             structured_line("bad", QUESTION, 5, {"type": "json_schema", "json_schema": {
+                 "name": "bad", "schema": {"type": "strin"}}})]
+    batch = c.batches.create(input_file_id=upload(c, lines), endpoint="/v1/chat/completions",
+                             completion_window="24h")
+    done = wait(c, batch.id, timeout=60)
+    assert done.status == "failed" and done.errors and done.errors.data, done
+    [error] = done.errors.data
+    assert error.line == 2 and error.param == "body.response_format.json_schema.schema", error
+
+
+@pytest.mark.parametrize(("fmt", "param"), [
+    ({"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "strin"}}},
+     "response_format.json_schema.schema"),
+    ({"type": "json_schema", "json_schema": {"name": "a", "schema": {
+        "type": "string", "pattern": "[a-z]+"}}}, "response_format.json_schema.schema"),
+    ({"type": "json_schema", "json_schema": {"name": "a b", "schema": {}}},
+     "response_format.json_schema.name"),
+])
+def test_a_schema_that_cannot_be_held_to_is_a_400_naming_it(p: Pipeline, fmt: Any,
+                                                             param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client(p).chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "hi"}],
+            response_format=fmt, max_tokens=5)
+    assert info.value.body["param"] == param, info.value.body  # type: ignore[index]
+
+
+def test_an_engine_that_cannot_constrain_refuses(pipeline: Pipeline) -> None:
+    """The session's pipeline runs the scripted engine, which holds text to nothing."""
+    with pytest.raises(openai.BadRequestError) as info:
+        client(pipeline).chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "hi"}],
+            response_format={"type": "json_object"}, max_tokens=5)
+    body: Any = info.value.body
+    assert body["param"] == "response_format" and "scripted" in body["message"], body
+
+
+def test_a_worker_killed_mid_answer_leaves_one_valid_answer(p: Pipeline) -> None:
+    c = client(p)
+    killed: list[str] = []
+    stream = c.chat.completions.create(
+        model="smollm2", stream=True, max_tokens=400, temperature=0.7, seed=5,
+        messages=[{"role": "user", "content": "List twelve cities of Europe as JSON."}],
+        response_format={"type": "json_schema", "json_schema": {
+            "name": "cities", "strict": True, "schema": LONG_SCHEMA}})
+    parts: list[str] = []
+    request_id, finish = "", None
+    for chunk in stream:
+        request_id = request_id or chunk.id.removeprefix("chatcmpl-")
+        if chunk.choices:
+            parts.append(chunk.choices[0].delta.content or "")
+            finish = chunk.choices[0].finish_reason or finish
+        if len(parts) == 8 and not killed:  # well inside the array
+            killed.append(_worker_of(p, request_id))
+            threading.Thread(target=p.kill, args=(killed[0],)).start()
+    text = "".join(parts)
+    assert killed and finish == "stop", text
+    jsonschema.validate(json.loads(text), LONG_SCHEMA)
+    by_worker = [ch["worker_id"] for ch in sorted(_chunks_of(p, request_id),
+                                                  key=lambda ch: ch["seq"])]
+    assert killed[0] in by_worker and by_worker[-1] != killed[0], by_worker
