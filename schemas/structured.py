@@ -28,7 +28,8 @@ from typing import Any
 from conveyor.errors import InvalidRequest
 from schemas.records import ResponseFormat
 
-__all__ = ["check_format", "grammar_of", "violation", "wire_format", "SCHEMA_PARAM"]
+__all__ = ["check_format", "format_record", "grammar_of", "violation", "wire_format",
+           "SCHEMA_PARAM"]
 
 SCHEMA_PARAM = "response_format.json_schema.schema"
 # grammars kept compiled: a schema's text is the key
@@ -55,6 +56,21 @@ def check_format(fmt: ResponseFormat, param: str = SCHEMA_PARAM) -> None:
     except ValueError as exc:
         raise InvalidRequest(f"Invalid schema for response_format '{fmt['name']}': "
                              f"{exc}", param=param) from None
+
+
+def format_record(kind: str, name: str | None, schema: dict[str, Any] | None,
+                  strict: bool | None, param: str = SCHEMA_PARAM) -> ResponseFormat | None:
+    """A requested format (chat's ``response_format``, the Responses API's
+    ``text.format``) as the pipeline carries it, checked; None for free text.
+    A schema left out allows any JSON."""
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return ResponseFormat(type="json_object", name="", schema="", strict=False)
+    fmt = ResponseFormat(type="json_schema", name=name or "", schema=json.dumps(schema or {}),
+                         strict=bool(strict))
+    check_format(fmt, param=param)
+    return fmt
 
 
 def grammar_of(fmt: ResponseFormat) -> str:

@@ -74,17 +74,18 @@ def pipeline_factory(services: None, tmp_path_factory: pytest.TempPathFactory
 @pytest.fixture(scope="module")
 def module_pipelines(services: None, tmp_path_factory: pytest.TempPathFactory
                      ) -> Iterator[Callable[..., Pipeline]]:
-    """``make(workers, contexts, **env)``: one Conveyor shared by the module's
-    tests that ask for the same settings, started by the first of them; each
-    test makes it whole again after itself (``Pipeline.heal``), as a module's
-    fixture that hands it out does. Torn down at the module's end: a test
-    Conveyor costs some 4.6 s of CPU to start."""
-    made: dict[tuple[int, int, tuple[tuple[str, str], ...]], Pipeline] = {}
+    """``make(workers, contexts, engine=None, **env)``: one Conveyor shared by
+    the module's tests that ask for the same settings, started by the first of
+    them; each test makes it whole again after itself (``Pipeline.heal``), as a
+    module's fixture that hands it out does. Torn down at the module's end: a
+    test Conveyor costs some 4.6 s of CPU to start."""
+    made: dict[tuple[object, ...], Pipeline] = {}
 
-    def make(workers: int = 1, contexts: int = 1, **env: str) -> Pipeline:
-        key = (workers, contexts, tuple(sorted(env.items())))
+    def make(workers: int = 1, contexts: int = 1, engine: tuple[str, ...] | None = None,
+             **env: str) -> Pipeline:
+        key = (workers, contexts, engine, tuple(sorted(env.items())))
         if key not in made:
-            made[key] = Pipeline(tmp_path_factory.mktemp("logs"), **env)
+            made[key] = Pipeline(tmp_path_factory.mktemp("logs"), engine=engine, **env)
             made[key].start(workers=workers, contexts=contexts)
         return made[key]
 

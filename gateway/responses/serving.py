@@ -116,7 +116,8 @@ def generation_of(body: ResponsesRequest) -> Generation:
                       sampling=sampling, stream=bool(body.stream), include_usage=False,
                       created=int(time.time()), store=is_stored(body),
                       metadata=dict(body.metadata or {}), api="responses",
-                      response_format=None)
+                      response_format=body.text.format.record()
+                      if body.text and body.text.format else None)
 
 
 def input_param(param: str | None, body: ResponsesRequest) -> str | None:

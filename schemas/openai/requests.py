@@ -26,10 +26,9 @@ Only what Conveyor serves is accepted, and only values the pipeline can carry:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from functools import cache
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -43,7 +42,7 @@ from pydantic import (
 
 from conveyor.errors import InvalidRequest
 from schemas.records import ResponseFormat as ResponseFormatRecord
-from schemas.structured import check_format
+from schemas.structured import format_record
 
 __all__ = [
     "ChatMessage",
@@ -182,23 +181,6 @@ class _Sampling(BaseModel):
         return self.presence_penalty or 0.0, self.frequency_penalty or 0.0
 
 
-class TextOnlyFormat(BaseModel):
-    """An output format that may only be plain text; ``field`` names it in the
-    refusal (``response_format``, ``text.format``)."""
-
-    model_config = ConfigDict(strict=True, extra="allow")
-    field: ClassVar[str] = "response_format"
-
-    type: Text
-
-    @field_validator("type")
-    @classmethod
-    def _text_only(cls, v: str) -> str:
-        if v != "text":
-            raise ValueError(f"{cls.field} {v!r} is not supported; only 'text' is")
-        return v
-
-
 class JsonSchemaSpec(BaseModel):
     """``response_format.json_schema``: a named JSON Schema the answer must match."""
 
@@ -231,17 +213,9 @@ class ResponseFormat(BaseModel):
 
     def record(self) -> ResponseFormatRecord | None:
         """The format as the pipeline carries it, checked; None for free text."""
-        if self.type == "text":
-            return None
-        if self.type == "json_object":
-            return ResponseFormatRecord(type="json_object", name="", schema="", strict=False)
         spec = self.json_schema
-        assert spec is not None
-        fmt = ResponseFormatRecord(type="json_schema", name=spec.name,
-                                   schema=json.dumps(spec.schema_ or {}),
-                                   strict=bool(spec.strict))
-        check_format(fmt)
-        return fmt
+        return format_record(self.type, spec.name if spec else None,
+                             spec.schema_ if spec else None, spec.strict if spec else None)
 
 
 class ChatCompletionRequest(_Sampling):

@@ -16,10 +16,11 @@ The rules are those of :mod:`schemas.openai.requests` for chat:
   ``{}``): ``tools``, ``include``, ``previous_response_id``, ``conversation``,
   ``prompt``, ``reasoning``, ``max_tool_calls``, ``top_logprobs`` above 0,
   ``truncation`` other than ``disabled``, ``tool_choice`` other than none or
-  auto, ``parallel_tool_calls`` true, ``text.format`` other than text,
-  ``text.verbosity``, and the newer knobs (``context_management``,
-  ``background_options``, ``moderation``, ``image``, ``access_programs``,
+  auto, ``parallel_tool_calls`` true, ``text.verbosity``, and the newer knobs
+  (``context_management``, ``background_options``, ``moderation``, ``image``, ``access_programs``,
   ``prompt_cache_options``).
+* ``text.format`` may ask for free text, any JSON object or JSON matching a
+  schema, as chat's ``response_format`` (schemas/structured.py).
 * Accepted and without effect: ``user``, ``safety_identifier``,
   ``prompt_cache_key``, ``prompt_cache_retention``, ``service_tier``,
   ``stream_options`` (Conveyor does not pad deltas, so ``include_obfuscation``
@@ -42,14 +43,24 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from functools import cache
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from conveyor.errors import InvalidRequest
-from schemas.openai.requests import MAX_INT32, Text, TextOnlyFormat, checked_metadata
+from schemas.openai.requests import MAX_INT32, Text, checked_metadata
 from schemas.openai.requests import param_of as requests_param_of
+from schemas.records import ResponseFormat as ResponseFormatRecord
 from schemas.records import Usage
+from schemas.structured import format_record
 
 __all__ = [
     "response_usage",
@@ -95,8 +106,39 @@ class InputMessage(BaseModel):
         return "".join(part.text for part in self.content)
 
 
-class TextFormat(TextOnlyFormat):
-    field: ClassVar[str] = "text.format"
+class TextFormat(BaseModel):
+    """``text.format``: free text, any JSON object, or JSON matching a schema,
+    OpenAI's flat shape (``name``, ``schema``, ``strict``, ``description``)
+    beside ``type``; checked as chat's ``response_format`` is."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False,
+                              populate_by_name=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: Text | None = Field(default=None, min_length=1, max_length=64,
+                              pattern=r"^[a-zA-Z0-9_-]+$")
+    description: Text | None = None
+    # OpenAI's field is ``schema``, a name pydantic's models keep for themselves
+    schema_: dict[Text, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+    @model_validator(mode="after")
+    def _named(self) -> TextFormat:
+        if self.type == "json_schema" and self.name is None:
+            raise ValueError("text.format of type 'json_schema' needs a 'name'")
+        return self
+
+    def record(self) -> ResponseFormatRecord | None:
+        """The format as the pipeline carries it, checked; None for free text."""
+        return format_record(self.type, self.name, self.schema_, self.strict,
+                             param="text.format.schema")
+
+    def echo(self) -> dict[str, Any]:
+        """The format as a response object shows it."""
+        if self.type != "json_schema":
+            return {"type": self.type}
+        return {"type": "json_schema", "name": self.name, "schema": self.schema_ or {},
+                "strict": bool(self.strict), "description": self.description}
 
 
 class TextConfig(BaseModel):
@@ -222,7 +264,8 @@ def param_of(loc: Sequence[int | str]) -> str | None:
 @cache
 def _field_names() -> frozenset[str]:
     models = (ResponsesRequest, InputMessage, InputText, TextConfig, TextFormat)
-    return frozenset(name for model in models for name in model.model_fields)
+    return frozenset(field.alias or name for model in models
+                     for name, field in model.model_fields.items())
 
 
 def _telling(errors: Sequence[Any]) -> Any:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jsonschema
@@ -45,24 +45,15 @@ LONG_SCHEMA: dict[str, Any] = {
                        "country": {"type": "string", "maxLength": 12}}}}}}
 
 
-@pytest.fixture(scope="module")
-def conveyor(services: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
-    files = tmp_path_factory.mktemp("files")
-    p = Pipeline(tmp_path_factory.mktemp("logs"), engine=LLAMACPP, CONVEYOR_FILES_DIR=str(files))
-    try:
-        p.start(workers=2, contexts=1)
-        yield p
-    finally:
-        p.close()
-
-
 @pytest.fixture
-def p(conveyor: Pipeline) -> Iterator[Pipeline]:
-    """The module's pipeline, made whole again after the test."""
+def p(module_pipelines: Callable[..., Pipeline]) -> Iterator[Pipeline]:
+    """The module's pipeline (two workers of the real model, one context each),
+    made whole again after the test."""
+    shared = module_pipelines(workers=2, contexts=1, engine=LLAMACPP)
     try:
-        yield conveyor
+        yield shared
     finally:
-        conveyor.heal()
+        shared.heal()
 
 
 def structured_line(custom_id: str, content: str, max_tokens: int,
@@ -86,6 +77,14 @@ def test_parse_with_a_nested_pydantic_model(p: Pipeline) -> None:
     parsed = choice.message.parsed
     assert isinstance(parsed, Cities) and parsed.cities, choice.message.content
     assert all(isinstance(c, City) for c in parsed.cities)
+
+
+def test_responses_parse_with_a_nested_pydantic_model(p: Pipeline) -> None:
+    done = client(p).responses.parse(model="smollm2", input=QUESTION, text_format=Cities,
+                                     temperature=0, max_output_tokens=200)
+    assert done.status == "completed", done
+    assert isinstance(done.output_parsed, Cities) and done.output_parsed.cities, done
+    assert done.text.format is not None and done.text.format.type == "json_schema"
 
 
 def test_a_streamed_schema_answer_is_valid_whole(p: Pipeline) -> None:

@@ -132,7 +132,9 @@ def test_the_output_budget_running_out_is_incomplete(pipeline: Pipeline) -> None
     ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
     ({"previous_response_id": "resp_123"}, "previous_response_id"),
     ({"reasoning": {"effort": "high"}}, "reasoning"),
-    ({"text": {"format": {"type": "json_object"}}}, "text.format.type"),
+    ({"text": {"format": {"type": "xml"}}}, "text.format.type"),
+    ({"text": {"format": {"type": "json_schema", "name": "a", "schema": {"type": "strin"}}}},
+     "text.format.schema"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"background": True, "store": False}, "store"),
 ])

@@ -45,6 +45,34 @@ def body(**fields: Any) -> ResponsesRequest:
 
 # -- the generation -------------------------------------------------------------
 
+POINT = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"],
+         "additionalProperties": False}
+
+
+def test_text_format_asks_for_a_schema_as_chats_response_format_does() -> None:
+    req = body(text={"format": {"type": "json_schema", "name": "point", "schema": POINT,
+                                "strict": True}})
+    fmt = generation_of(req)["response_format"]
+    assert fmt is not None and json.loads(fmt["schema"]) == POINT
+    assert (fmt["type"], fmt["name"], fmt["strict"]) == ("json_schema", "point", True)
+    shown = response_object(new_response_id(), 1, req, "queued")
+    assert shown["text"]["format"] == {"type": "json_schema", "name": "point", "schema": POINT,
+                                       "strict": True, "description": None}
+    Response.model_validate(shown)  # the openai client's shape
+    assert generation_of(body(text={"format": {"type": "json_object"}})
+                         )["response_format"] == {"type": "json_object", "name": "",
+                                                  "schema": "", "strict": False}
+    assert generation_of(body())["response_format"] is None
+
+
+def test_a_text_format_schema_that_cannot_be_held_to_names_text_format_schema() -> None:
+    req = body(text={"format": {"type": "json_schema", "name": "p",
+                                "schema": {"type": "string", "pattern": "[a-z]+"}}})
+    with pytest.raises(RequestError) as info:
+        generation_of(req)
+    assert info.value.status == 400 and info.value.param == "text.format.schema"
+
+
 def test_the_generation_is_a_chat_with_the_instructions_first() -> None:
     g = generation_of(body(instructions="Be brief.", max_output_tokens=12, temperature=0.2,
                            top_p=0.9, stream=True, input=[

@@ -65,7 +65,9 @@ def test_what_the_client_may_send_and_changes_nothing_is_accepted() -> None:
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tool_choice": {"type": "function", "name": "f"}}, "tool_choice"),
     ({"parallel_tool_calls": True}, "parallel_tool_calls"),
-    ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.type"),
+    ({"text": {"format": {"type": "xml"}}}, "text.format.type"),
+    ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format"),
+    ({"text": {"format": {"type": "json_schema", "name": "a b"}}}, "text.format.name"),
     ({"text": {"verbosity": "low"}}, "text.verbosity"),
     ({"context_management": [{"type": "compaction"}]}, "context_management"),
 ])
