@@ -51,10 +51,11 @@ Decisions:
   So prefix-aware routing (workers/prefix.py) pays off here too.
 * **Empty prompts** begin at the beginning-of-sequence token.
 * **Structured outputs.** A request's response_format becomes llama.cpp's
-  grammar sampler in the chain llama-cpp-python builds (llamacpp_grammar):
+  grammar sampler beside the chain llama-cpp-python builds
+  (llamacpp_grammar.CheckedSampling): the chain draws, the grammar checks the
+  draw and is applied to the whole vocabulary only when it refuses it, so
   only tokens the grammar allows are sampled, and the end of the answer only
-  where the JSON is whole. A continued answer's tokens are accepted into it
-  first.
+  where the JSON is whole. A continued answer's tokens are accepted first.
 * Every failure inside llama.cpp surfaces from :meth:`generate` as
   :class:`~conveyor.errors.EngineError`.
 """
@@ -72,13 +73,13 @@ from typing import Any, Literal, cast
 
 import numpy as np
 import numpy.typing as npt
-from llama_cpp import Llama, LlamaGrammar, StoppingCriteriaList
+from llama_cpp import Llama, StoppingCriteriaList
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from conveyor.errors import EngineError
 from conveyor.registry import ModelSpec
 from workers.infer.engines.base import GenerationRequest, KvState, Piece
-from workers.infer.engines.llamacpp_grammar import checked_prefix, llama_grammar
+from workers.infer.engines.llamacpp_grammar import HeldSampler, constrained
 
 __all__ = ["LlamaCppEngine", "common_prefix", "pieces_from", "reuse_score"]
 
@@ -260,7 +261,7 @@ class LlamaCppEngine:
             watch = _TokenWatch(cancelled)
             if request.seed is not None:
                 llm.reset()  # no prefix reuse: the same seeded request, the same answer
-            grammar = _constrained(llm, request)
+            constrained(llm, request)
             stream = cast(
                 Iterator[dict[str, Any]],
                 llm.create_completion(
@@ -276,7 +277,6 @@ class LlamaCppEngine:
                     frequency_penalty=request.frequency_penalty,
                     stop=list(request.stop),
                     stopping_criteria=StoppingCriteriaList([watch]),
-                    grammar=grammar,
                 ),
             )
             emitted = 0
@@ -299,7 +299,11 @@ class LlamaCppEngine:
                         emitted += 1
             finally:
                 cast(Any, stream).close()
-                vars(llm).pop("_init_sampler", None)  # _constrained's, if it set one
+                if vars(llm).pop("_init_sampler", None) is not None:  # constrained()'s
+                    held = cast(Any, llm)._sampler
+                    if isinstance(held, HeldSampler):
+                        held.close()
+                    cast(Any, llm)._sampler = None
             raise EngineError("llama.cpp ended the stream without a finish_reason")
         except Exception as exc:
             emit(exc)
@@ -359,30 +363,6 @@ def reuse_score(cached: list[int], tokens: list[int]) -> int:
     new conversation evicts a stale one, not one still going on."""
     shared = common_prefix(cached, tokens)
     return max(0, shared - (len(cached) - shared))
-
-
-def _constrained(llm: Llama, request: GenerationRequest) -> LlamaGrammar | None:
-    """The grammar of the request's response_format, or None. A continued
-    answer's tokens are walked through it first (llamacpp_grammar), and the
-    sampler llama-cpp-python builds for this generation accepts them before it
-    samples, so the grammar stands where the answer stopped."""
-    fmt = request.response_format
-    if fmt is None:
-        return None
-    grammar = llama_grammar(fmt)
-    if request.continuation:
-        tokens = llm.tokenize(request.continuation.encode(), add_bos=False, special=False)
-        checked_prefix(llm._model.vocab, fmt, tokens)
-        build = llm._init_sampler
-
-        def init_sampler(**kwargs: Any) -> Any:
-            sampler = build(**kwargs)
-            for token in tokens:
-                sampler.accept(token)
-            return sampler
-
-        llm._init_sampler = init_sampler  # type: ignore[method-assign,assignment]
-    return grammar
 
 
 def _prompt_or_bos(llm: Llama, prompt: str) -> str | list[int]:

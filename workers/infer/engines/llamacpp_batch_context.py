@@ -23,7 +23,7 @@ from llama_cpp import Llama
 from conveyor.errors import EngineError
 from workers.infer.engines.base import GenerationRequest, Piece
 from workers.infer.engines.llamacpp import _llama_seed, common_prefix, reuse_score
-from workers.infer.engines.llamacpp_grammar import grammar_sampler
+from workers.infer.engines.llamacpp_grammar import CheckedSampling, grammar_sampler
 
 __all__ = ["Context", "Sequence", "Text"]
 
@@ -274,7 +274,9 @@ class Context:
         if code != 0:
             raise EngineError(f"llama_decode failed with code {code}")
         for sequence, index in outputs:
-            token = llama_cpp.llama_sampler_sample(sequence.sampler, self._ctx, index)
+            sampler = sequence.sampler
+            token = (sampler.sample(self._ctx, index) if isinstance(sampler, CheckedSampling)
+                     else llama_cpp.llama_sampler_sample(sampler, self._ctx, index))
             self._took(sequence, token)
 
     def _took(self, sequence: Sequence, token: int) -> None:
@@ -303,9 +305,11 @@ class Context:
 
     def _leave(self, sequence: Sequence, last: Item) -> None:
         """The sequence's last item out; its slot free, its cache kept for reuse."""
-        if sequence.sampler is not None:
+        if isinstance(sequence.sampler, CheckedSampling):
+            sequence.sampler.free()
+        elif sequence.sampler is not None:
             llama_cpp.llama_sampler_free(sequence.sampler)
-            sequence.sampler = None
+        sequence.sampler = None
         if sequence.slot is not None:
             sequence.slot.busy = False
             self._frees += 1
@@ -340,8 +344,6 @@ class Context:
 def _sampler(request: GenerationRequest, vocab: Any, accepted: list[int]) -> Any:
     n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-    if request.response_format is not None:
-        llama_cpp.llama_sampler_chain_add(chain, grammar_sampler(vocab, request.response_format))
     if request.presence_penalty or request.frequency_penalty:
         llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_penalties(
             n_vocab, _PENALTY_WINDOW, 1.0, request.frequency_penalty,
@@ -356,6 +358,12 @@ def _sampler(request: GenerationRequest, vocab: Any, accepted: list[int]) -> Any
                 request.top_p, 1))
         llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(
             _llama_seed(request.seed)))
+    if request.response_format is not None:  # the grammar checks the chain's draw
+        checked = CheckedSampling(chain, grammar_sampler(vocab, request.response_format),
+                                  n_vocab)
+        for token in accepted:
+            checked.accept(token)
+        return checked
     for token in accepted:
         llama_cpp.llama_sampler_accept(chain, token)
     return chain

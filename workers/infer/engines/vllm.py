@@ -29,7 +29,8 @@ Decisions:
   the attempt it replaces, and vLLM aborts every request under one id.
 * **Sampling.** ``temperature`` (0: greedy), ``top_p``, ``seed`` (vLLM's
   per-request generator), ``stop``, the presence and frequency penalties
-  (OpenAI's and vLLM's mean the same) and ``max_tokens`` map onto vLLM's
+  (OpenAI's and vLLM's mean the same), ``max_tokens`` and the response_format
+  (vllm_structured) map onto vLLM's
   ``SamplingParams``; top-k and min-p stay off, as OpenAI's API has neither,
   and the model's own ``generation_config.json`` is not applied
   (``generation_config="vllm"``). vLLM holds back the text a stop string may
@@ -73,6 +74,7 @@ from conveyor.errors import EngineError
 from conveyor.registry import ModelSpec
 from workers.infer.engines.base import GenerationRequest, KvState, Piece
 from workers.infer.engines.vllm_stats import KvWatch
+from workers.infer.engines.vllm_structured import structured_outputs
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
@@ -120,7 +122,7 @@ class VllmEngine:
             raise ValueError("kv_cache_gib must be positive")
         self.name = name
         self.capacity = capacity
-        self.constrains_output = False  # vLLM's guided decoding is not wired yet
+        self.constrains_output = True  # vLLM's structured outputs (vllm_structured)
         self.spec = spec
         self.model = model
         self.dtype = dtype
@@ -345,6 +347,7 @@ def _sampling(request: GenerationRequest) -> SamplingParams:
         frequency_penalty=request.frequency_penalty,
         max_tokens=max(1, request.max_tokens),
         output_kind=RequestOutputKind.DELTA,
+        structured_outputs=structured_outputs(request),  # vllm_structured
     )
 
 

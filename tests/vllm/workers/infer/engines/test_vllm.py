@@ -195,3 +195,35 @@ def test_the_engines_table_makes_it_from_its_flags() -> None:
         6, "bfloat16", 1024, 0.25)
     assert engine.model == Path("/models/smollm2")
     assert engine.spec.name == "smollm2-135m-instruct"
+
+
+async def test_a_schema_holds_the_answer_and_json_object_makes_an_object(
+        vllm_engine: VllmEngine) -> None:
+    import json
+
+    import jsonschema
+
+    schema = {"type": "object", "additionalProperties": False, "required": ["cities"],
+              "properties": {"cities": {"type": "array", "minItems": 2, "maxItems": 3,
+                                        "items": {"type": "string", "maxLength": 20}}}}
+    held = request(prompt_text=chat("Name two cities of France as JSON."), max_tokens=120,
+                   response_format={"type": "json_schema", "name": "cities",
+                                    "schema": json.dumps(schema), "strict": True})
+    pieces = await collect(vllm_engine, held)
+    assert pieces[-1].finish_reason == "stop", text(pieces)
+    jsonschema.validate(json.loads(text(pieces)), schema)
+    anything = replace(held, response_format={"type": "json_object", "name": "", "schema": "",
+                                              "strict": False})
+    pieces = await collect(vllm_engine, anything)
+    assert pieces[-1].finish_reason == "stop", text(pieces)
+    assert isinstance(json.loads(text(pieces)), dict)
+
+
+async def test_a_structured_answer_another_run_began_is_an_engine_error(
+        vllm_engine: VllmEngine) -> None:
+    """vLLM's structured outputs start at the schema's beginning (vllm_structured)."""
+    continued = request(prompt_text=chat("Any JSON."), max_tokens=20, continuation='{"a": ',
+                        response_format={"type": "json_object", "name": "", "schema": "",
+                                         "strict": False})
+    with pytest.raises(EngineError, match="cannot continue a structured answer"):
+        await collect(vllm_engine, continued)
