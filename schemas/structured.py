@@ -38,24 +38,38 @@ _GRAMMARS_KEPT = 256
 
 def check_format(fmt: ResponseFormat, param: str = SCHEMA_PARAM) -> None:
     """Raise :class:`InvalidRequest` naming ``param`` and the failing part when
-    the format's schema is not a JSON Schema or cannot be compiled."""
+    the format's schema is not a JSON Schema or cannot be compiled (checked
+    once per schema text: a client sends the same schema again and again)."""
+    if fmt["type"] not in ("json_object", "json_schema"):
+        raise InvalidRequest(f"Unknown response_format type {fmt['type']!r}.", param=param)
     if fmt["type"] != "json_schema":
         return
+    wrong = _schema_fault(fmt["schema"])
+    if wrong is not None:
+        raise InvalidRequest(f"Invalid schema for response_format '{fmt['name']}': {wrong}",
+                             param=param)
+
+
+@lru_cache(maxsize=_GRAMMARS_KEPT)
+def _schema_fault(schema_text: str) -> str | None:
+    """What is wrong with a schema (as JSON text), or None."""
     from jsonschema import Draft202012Validator
     from jsonschema.exceptions import SchemaError
 
-    schema = json.loads(fmt["schema"])
+    try:
+        schema = json.loads(schema_text)
+    except ValueError as exc:
+        return f"it is not JSON: {exc}"
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "(the root)"
-        raise InvalidRequest(f"Invalid schema for response_format '{fmt['name']}': at "
-                             f"{where}: {exc.message}", param=param) from None
+        return f"at {where}: {exc.message}"
     try:
-        grammar_of(fmt)
+        _schema_grammar(schema_text)
     except ValueError as exc:
-        raise InvalidRequest(f"Invalid schema for response_format '{fmt['name']}': "
-                             f"{exc}", param=param) from None
+        return str(exc)
+    return None
 
 
 def format_record(kind: str, name: str | None, schema: dict[str, Any] | None,

@@ -31,7 +31,7 @@ from conveyor.errors import (
 from conveyor.settings import Settings
 from conveyor.tracing import genai_request_attributes
 from schemas.records import ChunkHeader, ErrorInfo, Task, TokenChunk
-from schemas.structured import violation
+from schemas.structured import check_format, violation
 from topics.catalog import TOKENS
 from topics.envelope import now_ms, stamp
 from workers.infer.engines.base import Engine, GenerationRequest
@@ -146,6 +146,8 @@ class TaskRun:
         else:
             request = request_from_task(self.task, self.text, self.tokens, self.upstream_model)
             try:
+                if request.response_format:  # the API checked it; an event may be forged
+                    check_format(request.response_format, param="response_format")
                 if request.response_format and not self.engine.constrains_output:
                     raise InvalidRequest(
                         f"response_format {request.response_format['type']!r} is not "
@@ -178,12 +180,14 @@ class TaskRun:
         last_flush = 0.0
         finish: str | None = None
         asked, first, produced = time.monotonic(), 0.0, 0
-        answer = [request.continuation]  # the whole answer, for a structured one's check
+        # the whole answer, kept only for a structured one's check
+        answer = [request.continuation] if request.response_format else None
         pieces = self.engine.generate(request)
         try:
             async for piece in pieces:
                 buf.append(piece.text)
-                answer.append(piece.text)
+                if answer is not None:
+                    answer.append(piece.text)
                 buf_tokens += piece.tokens
                 produced += piece.tokens
                 if not first and piece.tokens:
@@ -215,7 +219,8 @@ class TaskRun:
             self.speed.observe(uncached if not self.run_start else 0, first - asked,
                                produced - 1, time.monotonic() - first)
         fmt = request.response_format
-        wrong = violation(fmt, "".join(answer)) if fmt and finish == "stop" else None
+        wrong = violation(fmt, "".join(answer)) if fmt and answer is not None \
+            and finish == "stop" else None
         if wrong is not None:  # what the grammar could not hold the engine to
             await self._emit("".join(buf), buf_tokens, None)
             await self._fail(InvalidOutput(

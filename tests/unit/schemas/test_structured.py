@@ -111,3 +111,15 @@ def test_strings_take_no_raw_control_character() -> None:
     [chars] = [rule for rule in grammar_of(schema_format(POINT)).splitlines()
                if rule.startswith("char ::= ")]
     assert "\\x00-\\x1F" in chars, chars
+
+
+@pytest.mark.parametrize(("fmt", "says"), [
+    (ResponseFormat(type="json_schema", name="p", schema="{not json", strict=True), "not JSON"),
+    (ResponseFormat(type="xml", name="", schema="", strict=False),  # type: ignore[typeddict-item]
+     "Unknown"),
+])
+def test_a_format_no_api_would_send_is_refused_too(fmt: ResponseFormat, says: str) -> None:
+    """What the infer worker checks again: an event in the log may be forged."""
+    with pytest.raises(InvalidRequest) as info:
+        check_format(fmt, param="response_format")
+    assert info.value.param == "response_format" and says in info.value.message

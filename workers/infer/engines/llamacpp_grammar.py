@@ -88,7 +88,8 @@ class CheckedSampling:
         self._all = (llama_cpp.llama_token_data * n_vocab)()
         self._view = np.frombuffer(memoryview(self._all), dtype=np.dtype(
             [("id", np.int32), ("logit", np.float32), ("p", np.float32)]))
-        self._view["id"] = np.arange(n_vocab, dtype=np.int32)
+        self._ids = np.arange(n_vocab, dtype=np.int32)
+        self._view["id"] = self._ids
         self._candidates = llama_cpp.llama_token_data_array(
             data=self._all, size=n_vocab, selected=-1, sorted=False)
         self._one = (llama_cpp.llama_token_data * 1)()
@@ -116,7 +117,7 @@ class CheckedSampling:
         logits = llama_cpp.llama_get_logits_ith(ctx, index)
         self._view["logit"] = np.ctypeslib.as_array(logits, shape=(self.n_vocab,))
         self._view["p"] = 0.0
-        self._view["id"] = np.arange(self.n_vocab, dtype=np.int32)
+        self._view["id"] = self._ids  # a sampler may have sorted them
         self._candidates.size, self._candidates.selected = self.n_vocab, -1
         self._candidates.sorted = False
         if with_grammar:
