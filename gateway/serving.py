@@ -50,6 +50,7 @@ from schemas.openai.chunks import full_response
 from schemas.openai.generations import chat_generation, completion_generation
 from schemas.openai.requests import ChatCompletionRequest, CompletionRequest
 from schemas.records import Control, Generation, Reply, Request
+from schemas.tools import reads_tool_calls
 from topics.catalog import CONTROL, REQUESTS
 from topics.envelope import new_envelope, new_request_id, now_ms
 from topics.shared_lookup import SharedLookup
@@ -203,7 +204,8 @@ class Serving:
             answer.close("gateway stopped waiting")
         return full_response(generation["kind"], folded.model or generation["model"],
                              generation["created"], answer.request_id, folded.text,
-                             folded.finish_reason, folded.usage)
+                             folded.finish_reason, folded.usage,
+                             tool_calls=reads_tool_calls(generation))
 
     async def first(self, answer: Answer, disconnected: Disconnected) -> Reply | None:
         """The first reply, before the response status is chosen; None when the

@@ -25,6 +25,9 @@ __all__ = [
     "Route",
     "Fallback",
     "ResponseFormat",
+    "ToolCall",
+    "Function",
+    "Tools",
     "Sampling",
     "Task",
     "TokenChunk",
@@ -57,10 +60,32 @@ class Envelope(TypedDict):
     stamps: dict[str, int]
 
 
+class ToolCall(TypedDict):
+    id: str
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
 class Message(TypedDict):
     role: str
     content: str
     name: NotRequired[str | None]
+    tool_calls: NotRequired[list[ToolCall] | None]  # an assistant turn's calls
+    tool_call_id: NotRequired[str | None]  # a tool turn: the call it answers
+
+
+class Function(TypedDict):
+    name: str
+    description: str
+    parameters: str  # the JSON Schema as JSON text; "" for none
+    strict: bool
+
+
+class Tools(TypedDict):
+    functions: list[Function]
+    choice: Literal["none", "auto", "required", "function"]
+    function: str  # the function tool_choice names ("function")
+    parallel: bool
 
 
 class Sampling(TypedDict):
@@ -74,7 +99,8 @@ class Sampling(TypedDict):
 
 
 class ResponseFormat(TypedDict):
-    type: Literal["json_object", "json_schema"]
+    # tool_calls: only inside the infer worker, from the request's tools (schemas/tools.py)
+    type: Literal["json_object", "json_schema", "tool_calls"]
     name: str
     schema: str  # the JSON Schema as JSON text; "" for json_object
     strict: bool
@@ -93,6 +119,7 @@ class Generation(TypedDict):
     metadata: dict[str, str]
     api: str
     response_format: NotRequired[ResponseFormat | None]
+    tools: NotRequired[Tools | None]
 
 
 class Prompt(TypedDict):
@@ -160,6 +187,7 @@ class ChunkHeader(TypedDict):
     stream: bool
     include_usage: bool
     prompt_tokens: int
+    tool_calls: NotRequired[bool]  # the answer is read for tool calls (schemas/tools.py)
 
 
 class TokenChunk(TypedDict):

@@ -92,6 +92,10 @@ def grammar_of(fmt: ResponseFormat) -> str:
     ValueError (saying what it could not compile) for a schema it cannot."""
     if fmt["type"] == "json_object":
         return _json_object_grammar()
+    if fmt["type"] == "tool_calls":
+        from schemas.tools import tools_grammar
+
+        return tools_grammar(fmt)
     return _schema_grammar(fmt["schema"])
 
 
@@ -133,6 +137,10 @@ def _json_strings(grammar: str) -> str:
 
 def violation(fmt: ResponseFormat, text: str) -> str | None:
     """What is wrong with an answer given in ``fmt``, or None when it is right."""
+    if fmt["type"] == "tool_calls":
+        from schemas.tools import tools_violation
+
+        return tools_violation(fmt, text)
     try:
         value = json.loads(text)
     except ValueError as exc:

@@ -107,7 +107,8 @@ _RENAMED = {"messages": "input", "max_tokens": "max_output_tokens"}
 
 def generation_of(body: ResponsesRequest) -> Generation:
     """The chat generation a Responses request asks for."""
-    messages = [Message(role=role, content=text, name=None) for role, text in body.messages()]
+    messages = [Message(role=role, content=text, name=None, tool_calls=None, tool_call_id=None)
+                for role, text in body.messages()]
     sampling = Sampling(temperature=1.0 if body.temperature is None else body.temperature,
                         top_p=1.0 if body.top_p is None else body.top_p,
                         max_tokens=body.max_output_tokens, stop=[], seed=None,
@@ -117,7 +118,7 @@ def generation_of(body: ResponsesRequest) -> Generation:
                       created=int(time.time()), store=is_stored(body),
                       metadata=dict(body.metadata or {}), api="responses",
                       response_format=body.text.format.record()
-                      if body.text and body.text.format else None)
+                      if body.text and body.text.format else None, tools=None)
 
 
 def input_param(param: str | None, body: ResponsesRequest) -> str | None:

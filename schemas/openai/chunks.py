@@ -13,8 +13,10 @@ import json
 from typing import Any
 
 from schemas.records import ChunkHeader, Usage
+from schemas.tools import read_tool_calls
 
-__all__ = ["completion_id", "delta_chunk", "usage_chunk", "usage_object", "full_response"]
+__all__ = ["completion_id", "delta_chunk", "tool_call_chunk", "usage_chunk", "usage_object",
+           "full_response"]
 
 
 def completion_id(header: ChunkHeader, request_id: str) -> str:
@@ -54,6 +56,24 @@ def delta_chunk(
     return json.dumps(out, ensure_ascii=False, separators=(",", ":"))
 
 
+def tool_call_chunk(header: ChunkHeader, request_id: str, index: int, arguments: str,
+                    call_id: str | None = None, name: str | None = None) -> str:
+    """A chat chunk with one ``tool_calls`` delta: a call's start (its id, type
+    and name, with empty arguments) or more of its arguments, as OpenAI
+    streams them."""
+    out = _base(header, request_id)
+    call: dict[str, Any] = {"index": index}
+    if call_id is not None:
+        call.update(id=call_id, type="function", function={"name": name, "arguments": arguments})
+    else:
+        call["function"] = {"arguments": arguments}
+    out["choices"] = [{"index": 0, "delta": {"tool_calls": [call]}, "logprobs": None,
+                       "finish_reason": None}]
+    if header["include_usage"]:
+        out["usage"] = None
+    return json.dumps(out, ensure_ascii=False, separators=(",", ":"))
+
+
 def usage_object(usage: Usage) -> dict[str, Any]:
     """OpenAI's ``usage`` of a chat completion or completion: the counts, their total,
     and how many prompt tokens the engine's prefix cache held."""
@@ -73,16 +93,28 @@ def usage_chunk(header: ChunkHeader, request_id: str, usage: Usage) -> str:
 
 
 def full_response(kind: str, model: str, created: int, request_id: str, text: str,
-                  finish_reason: str | None, usage: Usage | None) -> dict[str, Any]:
-    """The unstreamed answer: a ``chat.completion`` or a ``text_completion``."""
+                  finish_reason: str | None, usage: Usage | None,
+                  tool_calls: bool = False) -> dict[str, Any]:
+    """The unstreamed answer: a ``chat.completion`` or a ``text_completion``.
+    With ``tool_calls`` the text is read for calls (schemas/tools.py): the
+    message carries them, and an answer that made one finished with
+    ``tool_calls``."""
     usage_out = usage_object(usage or Usage(prompt_tokens=0, completion_tokens=0))
     if kind == "chat":
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if tool_calls:
+            read = read_tool_calls(request_id, text)
+            message["content"] = read.content
+            if read.tool_calls:
+                message["tool_calls"] = read.tool_calls
+                finish_reason = "tool_calls" if finish_reason in ("stop", "tool_calls") \
+                    else finish_reason
         return {
             "id": f"chatcmpl-{request_id}",
             "object": "chat.completion",
             "created": created,
             "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+            "choices": [{"index": 0, "message": message,
                          "logprobs": None, "finish_reason": finish_reason}],
             "usage": usage_out,
         }

@@ -9,19 +9,26 @@ from __future__ import annotations
 
 import time
 
-from schemas.openai.requests import ChatCompletionRequest, CompletionRequest
+from schemas.openai.requests import ChatCompletionRequest, ChatMessage, CompletionRequest
 from schemas.records import Generation, Message, Sampling
 
 __all__ = ["chat_generation", "completion_generation"]
 
 
 def chat_generation(body: ChatCompletionRequest) -> Generation:
-    messages = [Message(role=m.role, content=m.text(), name=m.name) for m in body.messages]
+    messages = [_message(m) for m in body.messages]
     generation = _generation("chat", body, messages=messages, prompt=None,
                              max_tokens=body.token_budget())
     if body.response_format is not None:
         generation["response_format"] = body.response_format.record()
+    generation["tools"] = body.tools_record()
     return generation
+
+
+def _message(m: ChatMessage) -> Message:
+    return Message(role=m.role, content=m.text(), name=m.name,
+                   tool_calls=[c.record() for c in m.tool_calls] if m.tool_calls else None,
+                   tool_call_id=m.tool_call_id)
 
 
 def completion_generation(body: CompletionRequest) -> Generation:
@@ -45,4 +52,4 @@ def _generation(kind: str, body: ChatCompletionRequest | CompletionRequest, *,
                       include_usage=body.include_usage(), created=int(time.time()),
                       store=bool(body.store), metadata=dict(body.metadata or {}),
                       api="chat.completions" if kind == "chat" else "completions",
-                      response_format=None)
+                      response_format=None, tools=None)

@@ -11,8 +11,12 @@ Only what Conveyor serves is accepted, and only values the pipeline can carry:
   cannot be written into an event and is refused with the field's ``param``.
 * ``response_format`` may ask for free text, any JSON object or JSON matching
   a schema (schemas/structured.py checks the schema here).
+* ``tools`` (functions), ``tool_choice`` and ``parallel_tool_calls`` ask for
+  tool calls (schemas/tools.py checks the functions' parameters here), and a
+  conversation may hold assistant turns with ``tool_calls`` and ``tool``
+  turns answering them.
 * Parameters that would change the answer in ways Conveyor cannot honour
-  (``n`` > 1, ``echo``, tools and function calling, ``logprobs``,
+  (``n`` > 1, ``echo``, the older ``functions``, ``logprobs``,
   ``logit_bias``, ``suffix``, ...) are refused with a
   400 naming the parameter, never silently ignored. Harmless ones the official
   ``openai`` client sends (``user``, ``stream_options``, ``service_tier``) are
@@ -26,6 +30,7 @@ Only what Conveyor serves is accepted, and only values the pipeline can carry:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from functools import cache
 from typing import Annotated, Any, Literal
@@ -41,8 +46,12 @@ from pydantic import (
 )
 
 from conveyor.errors import InvalidRequest
+from schemas.records import Function as FunctionRecord
 from schemas.records import ResponseFormat as ResponseFormatRecord
+from schemas.records import ToolCall as ToolCallRecord
+from schemas.records import Tools as ToolsRecord
 from schemas.structured import format_record
+from schemas.tools import MAX_TOOLS, check_tools
 
 __all__ = [
     "ChatMessage",
@@ -90,12 +99,46 @@ class TextPart(BaseModel):
     text: Text
 
 
+_FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
+
+
+class CalledFunction(BaseModel):
+    model_config = _STRICT
+
+    name: Text = Field(pattern=_FUNCTION_NAME)
+    arguments: Text
+
+
+class MessageToolCall(BaseModel):
+    """A call an assistant turn of the history made."""
+
+    model_config = _STRICT
+
+    id: Text = Field(min_length=1)
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+    def record(self) -> ToolCallRecord:
+        return ToolCallRecord(id=self.id, name=self.function.name,
+                              arguments=self.function.arguments)
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
 
     role: Text
     content: Text | list[TextPart] | None = None
     name: Text | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: Text | None = None
+
+    @model_validator(mode="after")
+    def _tool_turns(self) -> ChatMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only an assistant message may hold tool_calls")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id of the call it answers")
+        return self
 
     def text(self) -> str:
         if self.content is None:
@@ -218,17 +261,51 @@ class ResponseFormat(BaseModel):
                              spec.schema_ if spec else None, spec.strict if spec else None)
 
 
+class FunctionSpec(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+    name: Text = Field(pattern=_FUNCTION_NAME)
+    description: Text | None = None
+    parameters: dict[Text, Any] | None = None
+    strict: bool | None = None
+
+    def record(self) -> FunctionRecord:
+        return FunctionRecord(name=self.name, description=self.description or "",
+                              parameters=json.dumps(self.parameters) if self.parameters
+                              is not None else "", strict=bool(self.strict))
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class NamedFunction(BaseModel):
+    model_config = _STRICT
+
+    name: Text
+
+
+class NamedToolChoice(BaseModel):
+    model_config = _STRICT
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1, le=MAX_INT32)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_INT32)
     response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     logprobs: bool | None = None
     # refused unless they ask for nothing
     top_logprobs: Any = None
-    tools: Any = None
-    tool_choice: Any = None
-    parallel_tool_calls: Any = None
     functions: Any = None
     function_call: Any = None
     audio: Any = None
@@ -244,7 +321,7 @@ class ChatCompletionRequest(_Sampling):
             raise _unsupported("logprobs")
         return v
 
-    @field_validator("top_logprobs", "tools", "parallel_tool_calls", "functions", "audio",
+    @field_validator("top_logprobs", "functions", "audio",
                      "prediction", "web_search_options", "reasoning_effort")
     @classmethod
     def _nothing(cls, v: Any, info: ValidationInfo) -> None:
@@ -252,12 +329,38 @@ class ChatCompletionRequest(_Sampling):
             raise _unsupported(str(info.field_name))
         return None
 
-    @field_validator("tool_choice", "function_call")
+    @field_validator("function_call")
     @classmethod
     def _no_call(cls, v: Any, info: ValidationInfo) -> None:
         if v not in (None, "none"):
             raise _unsupported(str(info.field_name))
         return None
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice_of_tools(cls, v: Any, info: ValidationInfo) -> Any:
+        if not info.data.get("tools") and v not in (None, "none"):
+            raise ValueError("tool_choice is only allowed when tools are given")
+        return v
+
+    def tools_record(self) -> ToolsRecord | None:
+        """The tools as the pipeline carries them, checked (each fault an
+        :class:`InvalidRequest` naming its parameter); None without tools."""
+        if not self.tools:
+            return None
+        choice = self.tool_choice
+        named = isinstance(choice, NamedToolChoice)
+        tools = ToolsRecord(functions=[t.function.record() for t in self.tools],
+                            choice="function" if named else choice or "auto",  # type: ignore[typeddict-item]
+                            function=choice.function.name if named else "",  # type: ignore[union-attr]
+                            parallel=self.parallel_tool_calls is not False)
+        if tools["choice"] != "none":
+            if self.response_format is not None and self.response_format.type != "text":
+                raise InvalidRequest("response_format cannot be combined with tools here: "
+                                     "leave one out, or set tool_choice to 'none'.",
+                                     param="response_format")
+            check_tools(tools)
+        return tools
 
     @field_validator("modalities")
     @classmethod
@@ -324,7 +427,8 @@ class CompletionRequest(_Sampling):
 
 _MODELS: tuple[type[BaseModel], ...] = (ChatCompletionRequest, CompletionRequest,
                                         ChatMessage, TextPart, StreamOptions, ResponseFormat,
-                                        JsonSchemaSpec)
+                                        JsonSchemaSpec, Tool, FunctionSpec, NamedToolChoice,
+                                        NamedFunction, MessageToolCall, CalledFunction)
 
 
 @cache

@@ -44,6 +44,7 @@ def generation(
         "metadata": dict(metadata or {}),
         "api": api,
         "response_format": None,
+        "tools": None,
     }
 
 

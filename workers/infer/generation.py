@@ -30,8 +30,9 @@ from conveyor.errors import (
 )
 from conveyor.settings import Settings
 from conveyor.tracing import genai_request_attributes
-from schemas.records import ChunkHeader, ErrorInfo, Task, TokenChunk
+from schemas.records import ChunkHeader, ErrorInfo, Generation, ResponseFormat, Task, TokenChunk
 from schemas.structured import check_format, violation
+from schemas.tools import check_tools, reads_tool_calls, tool_format
 from topics.catalog import TOKENS
 from topics.envelope import now_ms, stamp
 from workers.infer.engines.base import Engine, GenerationRequest
@@ -70,8 +71,14 @@ def request_from_task(task: Task, continuation: str, done_tokens: int,
         messages=tuple(gen["messages"]),
         continuation=continuation,
         upstream_model=upstream_model,
-        response_format=gen.get("response_format"),
+        response_format=gen.get("response_format") or _tool_format(gen),
     )
+
+
+def _tool_format(gen: Generation) -> ResponseFormat | None:
+    """The format a request's tools hold the answer to, when it is read for calls."""
+    tools = gen.get("tools")
+    return tool_format(tools) if tools and reads_tool_calls(gen) else None
 
 
 @dataclass
@@ -146,7 +153,14 @@ class TaskRun:
         else:
             request = request_from_task(self.task, self.text, self.tokens, self.upstream_model)
             try:
-                if request.response_format:  # the API checked it; an event may be forged
+                tools = self.task["generation"].get("tools")
+                if tools and reads_tool_calls(self.task["generation"]):
+                    check_tools(tools)  # the API checked them; an event may be forged
+                    if not self.engine.decodes_tools:
+                        raise InvalidRequest(
+                            f"tools are not supported by the {self.engine.name} engine "
+                            f"serving {request.model}", param="tools")
+                elif request.response_format:  # the API checked it; an event may be forged
                     check_format(request.response_format, param="response_format")
                 if request.response_format and not self.engine.constrains_output:
                     raise InvalidRequest(
@@ -223,9 +237,12 @@ class TaskRun:
             and finish == "stop" else None
         if wrong is not None:  # what the grammar could not hold the engine to
             await self._emit("".join(buf), buf_tokens, None)
+            tool_calls = fmt is not None and fmt["type"] == "tool_calls"
             await self._fail(InvalidOutput(
+                f"The model's tool calls are not valid: {wrong}." if tool_calls else
                 f"The model's answer does not satisfy response_format: {wrong}.",
-                param="response_format"))
+                param="tools" if tool_calls else "response_format",
+                code="invalid_tool_call" if tool_calls else None))
             return
         await self._emit("".join(buf), buf_tokens, finish)
 
@@ -239,7 +256,8 @@ class TaskRun:
         return ChunkHeader(kind=gen["kind"], model=model, created=gen["created"],
                            stop=gen["sampling"]["stop"], stream=gen["stream"],
                            include_usage=gen["include_usage"],
-                           prompt_tokens=self.task["prompt"]["tokens"])
+                           prompt_tokens=self.task["prompt"]["tokens"],
+                           tool_calls=reads_tool_calls(gen))
 
     async def _emit(self, text: str, tokens: int, finish: str | None,
                     error: ErrorInfo | None = None) -> None:

@@ -23,8 +23,9 @@ from aiokafka import TopicPartition
 
 from conveyor.settings import Settings
 from schemas.codec import EventType
-from schemas.openai.chunks import delta_chunk, full_response, usage_chunk
+from schemas.openai.chunks import delta_chunk, full_response, tool_call_chunk, usage_chunk
 from schemas.records import ChunkHeader, Control, ErrorInfo, Reply, TokenChunk, Usage, UsageRecord
+from schemas.tools import ToolCallReader
 from topics.catalog import CONTROL, REPLIES, TOKENS, USAGE
 from topics.envelope import now_ms, stamp
 from workers.job_results import is_job, result_output
@@ -89,13 +90,20 @@ class PostprocessLayer:
         chunks: list[str] = []
         if stream.reply_index == 0 and header["kind"] == "chat":
             chunks.append(delta_chunk(header, rid, "", role=True))
-        if e.text:
+        called = False
+        if header.get("tool_calls") and header["kind"] == "chat":
+            called = self._tool_chunks(stream, header, e, chunks)
+        elif e.text:
             chunks.append(delta_chunk(header, rid, e.text))
         if e.finish_reason is None:
+            # a reply for text the chunks hold back too (a tool call's head):
+            # the gateway folds an unstreamed answer from the replies' text
             return [self._reply(stream, "delta", text=e.text, chunk="\n".join(chunks))] \
-                if chunks else []
+                if chunks or e.text else []
         # OpenAI knows "stop" and "length"; a cancelled generation reads as stopped
         reason = e.finish_reason if e.finish_reason in ("stop", "length") else "stop"
+        if called and reason == "stop":
+            reason = "tool_calls"
         usage = usage_of(header, stream)
         chunks.append(delta_chunk(header, rid, "", reason))
         if header["include_usage"]:
@@ -108,6 +116,27 @@ class PostprocessLayer:
                              ts_ms=now_ms())
             out.append(Output(self._control, "Control", cancel, key=rid))
         return out
+
+    @staticmethod
+    def _tool_chunks(stream: RequestStream, header: ChunkHeader, e: Emitted,
+                     chunks: list[str]) -> bool:
+        """The chunks of an answer read for tool calls: its content and its calls'
+        deltas (schemas/tools.py); whether it has made a call so far."""
+        rid = stream.envelope["request_id"]
+        if stream.tools is None:
+            stream.tools = ToolCallReader(rid)
+        events = stream.tools.feed(e.text) if e.text else []
+        if e.finish_reason is not None:
+            events += stream.tools.finish()
+        for event in events:
+            if event.kind == "content":
+                chunks.append(delta_chunk(header, rid, event.text))
+            elif event.kind == "call":
+                chunks.append(tool_call_chunk(header, rid, event.index, "", event.id,
+                                              event.name))
+            else:
+                chunks.append(tool_call_chunk(header, rid, event.index, event.text))
+        return stream.tools.calls > 0
 
     def _job_outputs(self, stream: RequestStream, e: Emitted) -> list[Output]:
         """A job's request: nothing until it ends, then one result with the whole
@@ -132,7 +161,8 @@ class PostprocessLayer:
                                  text=text, finish_reason="cancelled", usage=usage)]
         else:
             body = full_response(header["kind"], header["model"], header["created"],
-                                 envelope["request_id"], text, e.finish_reason, usage)
+                                 envelope["request_id"], text, e.finish_reason, usage,
+                                 tool_calls=bool(header.get("tool_calls")))
             out = [result_output(self.settings, envelope, status_code=200,
                                  body=json.dumps(body, ensure_ascii=False), text=text,
                                  finish_reason=e.finish_reason, usage=usage)]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from schemas.records import ChunkHeader, Envelope, ErrorInfo, TokenChunk
+from schemas.tools import ToolCallReader
 from workers.chunk_order import ChunkOrder
 
 __all__ = ["RequestStream", "Emitted"]
@@ -41,6 +42,8 @@ class RequestStream:
     order: ChunkOrder = field(default_factory=ChunkOrder)
     # a job's request (no client streams it): its text, gathered for its result
     collected: list[str] = field(default_factory=list)
+    # an answer read for tool calls (its header says so): the reader of its text
+    tools: ToolCallReader | None = None
 
     @property
     def next_seq(self) -> int:

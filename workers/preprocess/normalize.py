@@ -5,7 +5,8 @@ Pure functions: no I/O, no Kafka, no clock. The layer calls them in order:
 1. :func:`normalize_generation` checks the request (an :class:`InvalidRequest`
    names the offending field in ``param``, like OpenAI's ``messages[2].role``),
    and returns a copy with every text in Unicode NFC and NUL characters
-   removed.
+   removed, and its tools and tool turns written as plain turns
+   (schemas/tools.py).
 2. :func:`trim_to_context` (chat) or :func:`fit_prompt` (completion) measures
    the prompt with the model's tokenizer and fixes the completion budget;
    a conversation too long for the context window loses its oldest turns,
@@ -21,7 +22,8 @@ import unicodedata
 from typing import NamedTuple
 
 from conveyor.errors import ContextLengthExceeded, InvalidRequest
-from schemas.records import Generation, Message
+from schemas.records import Generation, Message, ToolCall
+from schemas.tools import tool_messages
 from workers.preprocess.tokenizers import Tokenizer
 
 __all__ = [
@@ -98,11 +100,37 @@ def _normalize_message(message: object, index: int) -> Message:
         raise InvalidRequest(
             f"Invalid type for '{where}.name': expected a string.", param=f"{where}.name"
         )
-    return Message(
+    out = Message(
         role=role,
         content=normalize_text(content, f"{where}.content"),
         name=normalize_text(name, f"{where}.name") if name is not None else None,
+        tool_calls=None,
+        tool_call_id=None,
     )
+    calls = message.get("tool_calls")
+    if calls:
+        if not isinstance(calls, list) or role != "assistant":
+            raise InvalidRequest(f"Invalid '{where}.tool_calls': only an assistant message "
+                                 "holds a list of tool calls.", param=f"{where}.tool_calls")
+        out["tool_calls"] = [_normalize_call(call, f"{where}.tool_calls[{i}]")
+                             for i, call in enumerate(calls)]
+    call_id = message.get("tool_call_id")
+    if call_id is not None:
+        if not isinstance(call_id, str):
+            raise InvalidRequest(f"Invalid type for '{where}.tool_call_id': expected a string.",
+                                 param=f"{where}.tool_call_id")
+        out["tool_call_id"] = normalize_text(call_id, f"{where}.tool_call_id")
+    return out
+
+
+def _normalize_call(call: object, where: str) -> ToolCall:
+    if not isinstance(call, dict) or not all(
+            isinstance(call.get(k), str) for k in ("id", "name", "arguments")):
+        raise InvalidRequest(f"Invalid '{where}': expected an id, a name and arguments.",
+                             param=where)
+    return ToolCall(id=normalize_text(call["id"], f"{where}.id"),
+                    name=normalize_text(call["name"], f"{where}.function.name"),
+                    arguments=normalize_text(call["arguments"], f"{where}.function.arguments"))
 
 
 def normalize_generation(generation: Generation) -> Generation:
@@ -122,7 +150,8 @@ def normalize_generation(generation: Generation) -> Generation:
                 param="messages",
             )
         normalized = [_normalize_message(m, i) for i, m in enumerate(messages)]
-        return {**generation, "messages": normalized}
+        # tools and tool turns as the plain turns a chat template renders
+        return {**generation, "messages": tool_messages(normalized, generation.get("tools"))}
     prompt = generation.get("prompt")
     if not isinstance(prompt, str):
         raise InvalidRequest(

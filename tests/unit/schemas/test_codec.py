@@ -22,7 +22,13 @@ def request() -> Request:
                               priority=1),
         generation={
             "kind": "chat", "model": "smollm2",
-            "messages": [{"role": "user", "content": "héllo", "name": None}],
+            "messages": [{"role": "user", "content": "héllo", "name": None,
+                          "tool_calls": None, "tool_call_id": None},
+                         {"role": "assistant", "content": "", "name": None,
+                          "tool_calls": [{"id": "call_1", "name": "f", "arguments": "{}"}],
+                          "tool_call_id": None},
+                         {"role": "tool", "content": "42", "name": None, "tool_calls": None,
+                          "tool_call_id": "call_1"}],
             "prompt": None,
             "sampling": {"temperature": 0.2, "top_p": 0.9, "max_tokens": 8, "stop": ["\n"],
                          "seed": 3, "presence_penalty": 0.0, "frequency_penalty": 0.5},
@@ -30,6 +36,9 @@ def request() -> Request:
             "store": True, "metadata": {"run": "nightly"}, "api": "chat.completions",
             "response_format": {"type": "json_schema", "name": "answer", "strict": True,
                                 "schema": '{"type": "object"}'},
+            "tools": {"functions": [{"name": "f", "description": "d", "parameters": "",
+                                     "strict": False}],
+                      "choice": "auto", "function": "", "parallel": True},
         },
     )
 

@@ -41,7 +41,8 @@ class GenerationRequest:
     continuation: str = ""
     upstream_model: str | None = None
     # the structure the answer must have (schemas/structured.py); None: free text.
-    # Only an engine that ``constrains_output`` is given one.
+    # Only an engine that ``constrains_output`` is given one; a ``tool_calls``
+    # format (schemas/tools.py) only one that ``decodes_tools``.
     response_format: ResponseFormat | None = None
 
 
@@ -76,6 +77,9 @@ class Engine(Protocol):
     # it decodes within a request's response_format (a JSON object, a JSON
     # Schema); a structured request on an engine that does not is refused
     constrains_output: bool
+    # it decodes a request's tools (schemas/tools.py): calls held to the
+    # functions' grammar; tools on an engine that does not are refused
+    decodes_tools: bool
 
     def kv_state(self) -> KvState | None:
         """The KV cache now, or None where the engine keeps none Conveyor can see."""

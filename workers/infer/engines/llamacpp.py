@@ -138,6 +138,7 @@ class LlamaCppEngine:
         self.name = name
         self.capacity = contexts
         self.constrains_output = True  # llama.cpp's grammar sampler (llamacpp_grammar)
+        self.decodes_tools = True  # the same sampler, on the tools' grammar
         self.model_path = Path(model_path)
         self.n_ctx = n_ctx
         self.n_threads = n_threads

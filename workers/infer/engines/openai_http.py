@@ -64,6 +64,7 @@ class OpenAIHttpEngine:
         self.name = name
         self.capacity = capacity
         self.constrains_output = True  # the upstream gets response_format and constrains itself
+        self.decodes_tools = False  # an upstream's own tool calls are not read back yet
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.timeout_s = timeout_s

@@ -93,6 +93,7 @@ class ScriptedEngine:
         self.name = name
         self.capacity = capacity
         self.constrains_output = False  # scripted text follows no format
+        self.decodes_tools = False
         self.script = script
         self.text = text
         self.token_delay_s = token_delay_ms / 1000

@@ -123,6 +123,7 @@ class VllmEngine:
         self.name = name
         self.capacity = capacity
         self.constrains_output = True  # vLLM's structured outputs (vllm_structured)
+        self.decodes_tools = True  # the tools' grammar, as vLLM's structured outputs
         self.spec = spec
         self.model = model
         self.dtype = dtype

@@ -1,6 +1,8 @@
 """A request's response_format as vLLM's structured outputs (its own guided
 decoding: xgrammar, llguidance or outlines, whichever vLLM picks for the
-schema), for the in-process vLLM engine.
+schema), for the in-process vLLM engine. A request's tools (a ``tool_calls``
+format, schemas/tools.py) go as their grammar, the GBNF the llama.cpp engines
+decode with, which xgrammar parses too.
 
 vLLM compiles the schema and holds every draw to it, so a finished answer
 parses. What it cannot do is begin inside a schema: a request carries no
@@ -16,6 +18,7 @@ import json
 from typing import Any
 
 from conveyor.errors import EngineError
+from schemas.structured import grammar_of
 from workers.infer.engines.base import GenerationRequest
 
 __all__ = ["structured_outputs"]
@@ -33,4 +36,6 @@ def structured_outputs(request: GenerationRequest) -> Any:
 
     if fmt["type"] == "json_object":
         return StructuredOutputsParams(json_object=True)
+    if fmt["type"] == "tool_calls":  # the tools' GBNF, which xgrammar reads as well
+        return StructuredOutputsParams(grammar=grammar_of(fmt))
     return StructuredOutputsParams(json=json.loads(fmt["schema"]))

@@ -261,10 +261,7 @@ def test_an_empty_prompt_is_accepted_as_openai_accepts_it() -> None:
 # -- what Conveyor does not serve is refused, what is harmless passes -----------
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("tools", [{"type": "function", "function": {"name": "f"}}]),
-    ("tool_choice", "auto"), ("tool_choice", {"type": "function"}),
     ("functions", [{"name": "f"}]), ("function_call", "auto"),
-    ("parallel_tool_calls", True),
     ("logprobs", True), ("top_logprobs", 2), ("logit_bias", {"1": 2}),
     ("audio", {"voice": "alloy"}), ("modalities", ["text", "audio"]),
     ("prediction", {"type": "content", "content": "x"}),

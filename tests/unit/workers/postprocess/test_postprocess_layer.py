@@ -253,3 +253,37 @@ async def test_out_of_order_chunks_are_replied_in_order(layer: PostprocessLayer)
     out = replies(await feed(chunk(0, "a")))
     assert [r["text"] for r in out] == ["a", "b"]
     assert [r["index"] for r in out] == [0, 1]
+
+
+async def test_an_answer_read_for_tool_calls_streams_openai_tool_call_deltas(
+        layer: PostprocessLayer) -> None:
+    """The calls the model wrote (schemas/tools.py) stream as OpenAI's deltas: a
+    call's id, type and name first, its arguments in pieces, and the answer
+    finishes with tool_calls; the job of the gateway to fold the text is the
+    same reading, so the streamed and the whole answer agree."""
+    from schemas.openai.chunks import full_response
+
+    feed = Feeder(layer)
+    pieces = ["<tool_call>\n{\"name\": \"get_wea", "ther\", \"arguments\": {\"ci",
+              "ty\": \"Paris\"}}\n</tool_", "call>"]
+    outputs: list[Output] = []
+    for seq, text in enumerate(pieces):
+        first = chunk(seq, text, finish="stop" if seq == len(pieces) - 1 else None)
+        if first["header"] is not None:
+            first["header"]["tool_calls"] = True
+        outputs += await feed(first)
+    frames = [json.loads(line) for r in replies(outputs) for line in r["chunk"].split("\n")]
+    deltas = [f["choices"][0]["delta"] for f in frames if f["choices"]]
+    calls = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
+    assert calls[0]["index"] == 0 and calls[0]["type"] == "function"
+    assert calls[0]["function"] == {"name": "get_weather", "arguments": ""}
+    assert calls[0]["id"].startswith("call_") and all("id" not in c for c in calls[1:])
+    arguments = "".join(c["function"]["arguments"] for c in calls)
+    assert json.loads(arguments) == {"city": "Paris"}
+    assert not any(d.get("content") for d in deltas)
+    assert frames[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    text = "".join(r["text"] for r in replies(outputs))
+    whole = full_response("chat", "m", 0, "r1", text, "stop", None, tool_calls=True)
+    assert whole["choices"][0]["message"]["tool_calls"][0] == {
+        "id": calls[0]["id"], "type": "function",
+        "function": {"name": "get_weather", "arguments": arguments}}

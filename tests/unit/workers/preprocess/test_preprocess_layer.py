@@ -45,7 +45,8 @@ def llama(registry: Registry) -> Llama:
 
 
 def message(role: str, content: str) -> Message:
-    return {"role": role, "content": content, "name": None}
+    return {"role": role, "content": content, "name": None, "tool_calls": None,
+            "tool_call_id": None}
 
 
 def request(

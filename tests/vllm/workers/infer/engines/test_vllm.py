@@ -227,3 +227,32 @@ async def test_a_structured_answer_another_run_began_is_an_engine_error(
                                          "strict": False})
     with pytest.raises(EngineError, match="cannot continue a structured answer"):
         await collect(vllm_engine, continued)
+
+
+async def test_tools_hold_the_answer_to_calls_of_the_functions(vllm_engine: VllmEngine) -> None:
+    """A required call, through vLLM's structured outputs with the tools' grammar."""
+    import json
+
+    import jsonschema
+
+    from schemas.openai.requests import ChatCompletionRequest
+    from schemas.tools import read_tool_calls, tool_format, tool_messages
+
+    parameters = {"type": "object", "additionalProperties": False, "required": ["city"],
+                  "properties": {"city": {"type": "string", "maxLength": 20}}}
+    body = ChatCompletionRequest.model_validate({
+        "model": "smollm2", "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tools": [{"type": "function", "function": {"name": "get_weather",
+                                                    "parameters": parameters}}],
+        "tool_choice": "required", "parallel_tool_calls": False})
+    tools = body.tools_record()
+    assert tools is not None
+    [system, user] = tool_messages([{"role": "user", "content": "Weather in Paris?",
+                                     "name": None}], tools)
+    held = request(prompt_text=chat(user["content"], system=system["content"]),
+                   max_tokens=80, response_format=tool_format(tools))
+    pieces = await collect(vllm_engine, held)
+    assert pieces[-1].finish_reason == "stop", text(pieces)
+    [call] = read_tool_calls("r", text(pieces)).tool_calls
+    assert call["function"]["name"] == "get_weather"
+    jsonschema.validate(json.loads(call["function"]["arguments"]), parameters)

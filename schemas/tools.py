@@ -1,0 +1,488 @@
+"""Tool calls: what a chat request's ``tools`` ask of the answer, and how the
+answer's text becomes OpenAI's ``tool_calls``.
+
+Conveyor's tool-call format. The model is shown the functions in its system
+prompt (:func:`tool_messages`) and calls one by writing::
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+one block per call (the format Hermes- and Qwen-style models are trained on;
+a model whose own template has another format still reads and writes this
+one, since Conveyor renders tools the same way for every model). An
+assistant turn of the history with ``tool_calls`` is rendered in the same
+blocks, and a ``tool`` message as a ``<tool_response>`` block in a user turn.
+
+Everything past the engine is text: the token chunks carry what the model
+wrote, and the answer's ``tool_calls`` are read from it where the answer is
+shaped (:class:`ToolCallReader`, in postprocess for streams and job results,
+in the gateway for a collected or stored answer). The reader is
+deterministic, so every place reads the same calls with the same ids (a
+call's id is derived from the request id and its index), and a stream
+resumed or replayed from the log is the same stream.
+
+* **At the API** (:func:`check_tools`): every function's ``parameters`` is
+  checked as a JSON Schema and compiled, ``tool_choice`` must name a function
+  given, and the grammar of the whole set compiles; each fault is a 400
+  naming the parameter.
+* **In the engines** (:func:`tools_grammar`): a llama.cpp grammar that holds
+  the answer to calls of the functions allowed (``required``, a named
+  function), or to either a call or text that does not begin with ``<``
+  (``auto``). Arguments are decoded inside each function's parameters, so
+  they always parse.
+* **Once answered** (:func:`tools_violation`): the calls read back, each
+  naming a function given, its arguments a JSON object, and valid against
+  its parameters when the function is ``strict``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Literal
+
+from conveyor.errors import InvalidRequest
+from schemas.records import Generation, Message, ResponseFormat, ToolCall, Tools
+
+__all__ = [
+    "ToolCallReader",
+    "ToolEvent",
+    "call_id",
+    "check_tools",
+    "reads_tool_calls",
+    "tool_format",
+    "tool_messages",
+    "tools_grammar",
+    "tools_violation",
+    "read_tool_calls",
+    "OPEN",
+    "CLOSE",
+    "MAX_TOOLS",
+]
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
+# OpenAI's bound on the functions of one request
+MAX_TOOLS = 128
+# calls one answer may make when parallel calls are allowed
+MAX_PARALLEL_CALLS = 8
+_GRAMMARS_KEPT = 128
+
+
+def reads_tool_calls(generation: Generation) -> bool:
+    """Whether the answer is read for tool calls: tools given, and the choice
+    is not ``none``."""
+    tools = generation.get("tools")
+    return bool(tools and tools["functions"] and tools["choice"] != "none")
+
+
+def tool_format(tools: Tools) -> ResponseFormat:
+    """The tools as the format an engine decodes within (its ``type`` is
+    ``tool_calls``; its ``schema`` the tools' canonical JSON, the key of the
+    compiled grammar)."""
+    return ResponseFormat(type="tool_calls", name="", schema=_canonical(tools), strict=False)
+
+
+def _canonical(tools: Tools) -> str:
+    return json.dumps({"functions": tools["functions"], "choice": tools["choice"],
+                       "function": tools["function"], "parallel": tools["parallel"]},
+                      sort_keys=True, separators=(",", ":"))
+
+
+# -- the API's checks ---------------------------------------------------------
+
+
+def check_tools(tools: Tools) -> None:
+    """Raise :class:`InvalidRequest` naming the parameter at fault."""
+    from schemas.structured import _schema_fault
+
+    names = [f["name"] for f in tools["functions"]]
+    for i, function in enumerate(tools["functions"]):
+        if names.index(function["name"]) != i:
+            raise InvalidRequest(f"Duplicate function name {function['name']!r} in tools.",
+                                 param=f"tools[{i}].function.name")
+        if function["parameters"]:
+            wrong = _schema_fault(function["parameters"])
+            if wrong is not None:
+                raise InvalidRequest(
+                    f"Invalid parameters schema for function {function['name']!r}: {wrong}",
+                    param=f"tools[{i}].function.parameters")
+            if json.loads(function["parameters"]).get("type", "object") != "object":
+                raise InvalidRequest(
+                    f"The parameters of function {function['name']!r} must be a JSON Schema "
+                    "of type 'object'.", param=f"tools[{i}].function.parameters")
+    if tools["choice"] == "function" and tools["function"] not in names:
+        raise InvalidRequest(
+            f"tool_choice names the function {tools['function']!r}, which is not in tools.",
+            param="tool_choice")
+    try:
+        _grammar(_canonical(tools))
+    except ValueError as exc:
+        raise InvalidRequest(f"The tools cannot be compiled to a grammar: {exc}",
+                             param="tools") from None
+
+
+# -- the prompt ----------------------------------------------------------------
+
+
+def tool_messages(messages: list[Message], tools: Tools | None) -> list[Message]:
+    """The conversation as plain turns a chat template renders: the functions
+    described in the system prompt (unless the choice is ``none``), an
+    assistant turn's calls as ``<tool_call>`` blocks, and each run of ``tool``
+    messages as one user turn of ``<tool_response>`` blocks."""
+    out: list[Message] = []
+    for message in messages:
+        calls = message.get("tool_calls") or []
+        if message["role"] == "tool":
+            block = f"{RESPONSE_OPEN}\n{message['content']}\n{RESPONSE_CLOSE}"
+            if out and out[-1].get("name") == _TOOL_TURN:
+                out[-1] = _turn(role="user", content=out[-1]["content"] + "\n" + block,
+                                  name=_TOOL_TURN)
+            else:
+                out.append(_turn(role="user", content=block, name=_TOOL_TURN))
+            continue
+        if calls:
+            text = "\n".join(_call_block(c) for c in calls)
+            content = f"{message['content']}\n{text}" if message["content"] else text
+            out.append(_turn(role="assistant", content=content, name=message.get("name")))
+            continue
+        out.append(_turn(role=message["role"], content=message["content"],
+                           name=message.get("name")))
+    for m in out:
+        if m.get("name") == _TOOL_TURN:
+            m["name"] = None
+    if tools and tools["functions"] and tools["choice"] != "none":
+        preamble = _preamble(tools)
+        if out and out[0]["role"] in ("system", "developer"):
+            first = out[0]
+            out[0] = _turn(role=first["role"], content=f"{first['content']}\n\n{preamble}",
+                             name=first.get("name"))
+        else:
+            out.insert(0, _turn(role="system", content=preamble, name=None))
+    return out
+
+
+_TOOL_TURN = "\x00tool-responses"  # marks a turn of tool responses while merging
+
+
+def _turn(role: str, content: str, name: str | None) -> Message:
+    """A plain turn, every field of the record set (as the codec reads it back)."""
+    return Message(role=role, content=content, name=name, tool_calls=None, tool_call_id=None)
+
+
+def _call_block(call: ToolCall) -> str:
+    try:
+        arguments: Any = json.loads(call["arguments"]) if call["arguments"].strip() else {}
+    except ValueError:
+        arguments = call["arguments"]
+    body = json.dumps({"name": call["name"], "arguments": arguments}, ensure_ascii=False)
+    return f"{OPEN}\n{body}\n{CLOSE}"
+
+
+def _preamble(tools: Tools) -> str:
+    lines = []
+    for function in tools["functions"]:
+        spec: dict[str, Any] = {"name": function["name"]}
+        if function["description"]:
+            spec["description"] = function["description"]
+        spec["parameters"] = json.loads(function["parameters"]) if function["parameters"] \
+            else {"type": "object", "properties": {}}
+        lines.append(json.dumps({"type": "function", "function": spec}, ensure_ascii=False))
+    must = {
+        "auto": "Call a function when it helps; otherwise answer in plain text.",
+        "required": "You must call at least one function.",
+        "function": f"You must call the function {tools['function']}.",
+    }[tools["choice"]]
+    return ("# Tools\n\nYou can call these functions, described in JSON between the "
+            "<tools></tools> tags:\n<tools>\n" + "\n".join(lines) + "\n</tools>\n\n"
+            "To call a function, answer with a JSON object of its name and arguments "
+            "between <tool_call></tool_call> tags:\n<tool_call>\n"
+            '{"name": <function name>, "arguments": <arguments as a JSON object>}\n'
+            "</tool_call>\nEach result comes back between <tool_response></tool_response> "
+            f"tags. {must}")
+
+
+# -- the grammar -------------------------------------------------------------------
+
+
+def tools_grammar(fmt: ResponseFormat) -> str:
+    """The GBNF grammar of a ``tool_calls`` format (see :func:`tool_format`)."""
+    return _grammar(fmt["schema"])
+
+
+def _gbnf_literal(text: str) -> str:
+    return json.dumps(text)  # GBNF's string literals escape as JSON's do
+
+
+@lru_cache(maxsize=_GRAMMARS_KEPT)
+def _grammar(tools_text: str) -> str:
+    from llama_cpp.llama_grammar import SchemaConverter
+
+    from schemas.structured import _json_strings
+
+    tools = json.loads(tools_text)
+    functions = tools["functions"]
+    if tools["choice"] == "function":
+        functions = [f for f in functions if f["name"] == tools["function"]]
+    converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False,
+                                raw_pattern=False)
+    calls = []
+    for i, function in enumerate(functions):
+        params = json.loads(function["parameters"]) if function["parameters"] \
+            else {"type": "object", "properties": {}}
+        try:
+            params = converter.resolve_refs(params, f"tools{i}")
+            args = converter.visit(params, f"tool{i}-arguments")
+        except (AssertionError, KeyError, TypeError, ValueError, RecursionError) as exc:
+            message = str(exc) or type(exc).__name__
+            raise ValueError(f"function {function['name']!r}: {message}") from None
+        head = _gbnf_literal('{"name": "' + function["name"] + '", "arguments": ')
+        calls.append(f"{head} {args} \"}}\"")
+    rules = str(converter.format_grammar())
+    block = f"{_gbnf_literal(OPEN + chr(10))} call {_gbnf_literal(chr(10) + CLOSE)}"
+    repeat = f"(\"\\n\" block){{0,{MAX_PARALLEL_CALLS - 1}}}" if tools["parallel"] else ""
+    own = [f"call ::= {' | '.join(calls)}", f"block ::= {block}", f"calls ::= block {repeat}"]
+    if tools["choice"] == "auto":
+        # text that does not open a call: its first character is not "<" or space
+        own.append("tool-root ::= calls | [^<\\x09\\x0A\\x0D ] [\\x01-\\U0010FFFF]* | \"\"")
+    else:
+        own.append("tool-root ::= calls")
+    return _json_strings(rules).rstrip("\n") + "\n" + \
+        "\n".join(own).replace("tool-root", "root") + "\n"
+
+
+# -- reading the answer ------------------------------------------------------------
+
+
+def call_id(request_id: str, index: int) -> str:
+    """The id of the ``index``-th call of a request's answer: the same wherever,
+    and however often, the answer is read."""
+    digest = hashlib.sha256(f"{request_id}:{index}".encode()).hexdigest()
+    return f"call_{digest[:24]}"
+
+
+@dataclass
+class ToolEvent:
+    """What the reader found in the text: ``content``, or a call's start (its
+    ``index``, ``id`` and ``name``), or more of its ``arguments``."""
+
+    kind: Literal["content", "call", "arguments"]
+    text: str = ""
+    index: int = 0
+    id: str = ""
+    name: str = ""
+
+
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
+
+
+@dataclass
+class ToolCallReader:
+    """Reads an answer's text, as it streams, into content and tool calls.
+
+    Content is released as soon as it cannot be the start of a ``<tool_call>``
+    tag; whitespace before, between and after calls is not content. Inside a
+    block, the call's start is released once its name is read, and its
+    arguments as they come (their JSON scanned, so the block's closing brace
+    and tag are not part of them). A block whose head is not in the usual
+    order is released whole when it closes."""
+
+    request_id: str
+    calls: int = 0
+    _buffer: str = ""
+    _state: Literal["content", "head", "arguments", "tail"] = "content"
+    _space: str = ""
+    _said: bool = False  # content other than whitespace was released
+    _depth: int = 0
+    _in_string: bool = False
+    _escaped: bool = False
+    broken: list[str] = field(default_factory=list)  # blocks that were not calls
+
+    def feed(self, text: str) -> list[ToolEvent]:
+        self._buffer += text
+        out: list[ToolEvent] = []
+        while True:
+            before = (self._state, len(self._buffer))
+            getattr(self, f"_read_{self._state}")(out)
+            if (self._state, len(self._buffer)) == before:
+                return out
+
+    def finish(self) -> list[ToolEvent]:
+        """The text held back at the end of the answer."""
+        out: list[ToolEvent] = []
+        if self._state == "content" and self._buffer:
+            self._content(out, self._buffer)
+        elif self._state == "head" and self._buffer:
+            self.broken.append(OPEN + self._buffer)
+        self._buffer = ""
+        return out
+
+    def _content(self, out: list[ToolEvent], text: str) -> None:
+        if not text:
+            return
+        if text.strip() == "" and (self.calls or not self._said):
+            self._space += text
+            return
+        if self.calls and not self._said:
+            self._space = ""  # content after a call: its leading whitespace is spacing
+        out.append(ToolEvent("content", self._space + text))
+        self._space, self._said = "", True
+
+    def _read_content(self, out: list[ToolEvent]) -> None:
+        at = self._buffer.find(OPEN)
+        if at >= 0:
+            self._content(out, self._buffer[:at])
+            self._buffer = self._buffer[at + len(OPEN):]
+            self._state = "head"
+            return
+        keep = _partial_suffix(self._buffer, OPEN)
+        self._content(out, self._buffer[:len(self._buffer) - keep])
+        self._buffer = self._buffer[len(self._buffer) - keep:]
+
+    def _read_head(self, out: list[ToolEvent]) -> None:
+        match = _HEAD.match(self._buffer)
+        if match is not None and match.end() < len(self._buffer):
+            name = json.loads(f'"{match.group(1)}"')
+            self._start(out, name)
+            self._buffer = self._buffer[match.end():]
+            self._state, self._depth, self._in_string, self._escaped = "arguments", 0, False, \
+                False
+            return
+        end = self._buffer.find(CLOSE)
+        if end < 0:
+            return
+        body, self._buffer = self._buffer[:end], self._buffer[end + len(CLOSE):]
+        self._state = "content"
+        try:
+            value = json.loads(body)
+        except ValueError:
+            value = None
+        if not (isinstance(value, dict) and isinstance(value.get("name"), str)):
+            self.broken.append(f"{OPEN}{body}{CLOSE}")
+            return
+        arguments = value.get("arguments", {})
+        self._start(out, value["name"])
+        text = arguments if isinstance(arguments, str) else json.dumps(arguments,
+                                                                       ensure_ascii=False)
+        out.append(ToolEvent("arguments", text, index=self.calls - 1))
+
+    def _start(self, out: list[ToolEvent], name: str) -> None:
+        out.append(ToolEvent("call", index=self.calls, id=call_id(self.request_id, self.calls),
+                             name=name))
+        self.calls += 1
+
+    def _read_arguments(self, out: list[ToolEvent]) -> None:
+        """The arguments' JSON as it comes, up to the end of its value: an
+        object or array closes at depth 0, a string at its closing quote, a
+        bare scalar (a malformed call) before the ``,`` or ``}`` after it."""
+        taken, done, back = 0, False, 0
+        for ch in self._buffer:
+            taken += 1
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif ch == "\\":
+                    self._escaped = True
+                elif ch == '"':
+                    self._in_string = False
+                    done = self._depth == 0
+            elif ch == '"':
+                self._in_string = True
+            elif ch in "{[":
+                self._depth += 1
+            elif ch in "}]" and self._depth > 0:
+                self._depth -= 1
+                done = self._depth == 0
+            elif ch in ",}]" and self._depth == 0:
+                done, back = True, 1
+            if done:
+                break
+        piece = self._buffer[:taken - back]
+        self._buffer = self._buffer[taken - back:]
+        if piece:
+            out.append(ToolEvent("arguments", piece, index=self.calls - 1))
+        if done:
+            self._state = "tail"
+
+    def _read_tail(self, out: list[ToolEvent]) -> None:
+        end = self._buffer.find(CLOSE)
+        if end < 0:
+            return
+        self._buffer = self._buffer[end + len(CLOSE):]
+        self._state = "content"
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """How many characters at the end of ``text`` could begin ``tag``."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0
+
+
+@dataclass
+class ReadCalls:
+    """A whole answer read: its content (None when it is only calls), its calls
+    in OpenAI's shape, and blocks that were not calls."""
+
+    content: str | None
+    tool_calls: list[dict[str, Any]]
+    broken: list[str]
+
+
+def read_tool_calls(request_id: str, text: str) -> ReadCalls:
+    """The whole answer read by :class:`ToolCallReader` in one go: exactly what
+    a stream of it releases, put together."""
+    reader = ToolCallReader(request_id)
+    events = reader.feed(text) + reader.finish()
+    content: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for event in events:
+        if event.kind == "content":
+            content.append(event.text)
+        elif event.kind == "call":
+            calls.append({"id": event.id, "type": "function",
+                          "function": {"name": event.name, "arguments": ""}})
+        else:
+            calls[event.index]["function"]["arguments"] += event.text
+    joined = "".join(content)
+    return ReadCalls(joined if joined or not calls else None, calls, reader.broken)
+
+
+def tools_violation(fmt: ResponseFormat, text: str) -> str | None:
+    """What is wrong with an answer's calls, or None: each names a function
+    given (the one ``tool_choice`` names), its arguments are a JSON object,
+    valid against the function's parameters when it is ``strict``; a
+    ``required`` choice made at least one call."""
+    tools = json.loads(fmt["schema"])
+    read = read_tool_calls("check", text)
+    if read.broken:
+        return f"a tool call is not a JSON object with a name and arguments: {read.broken[0]!r}"
+    functions = {f["name"]: f for f in tools["functions"]}
+    if tools["choice"] in ("required", "function") and not read.tool_calls:
+        return "the answer calls no function, and tool_choice requires one"
+    for call in read.tool_calls:
+        name = call["function"]["name"]
+        function = functions.get(name)
+        if function is None or (tools["choice"] == "function" and name != tools["function"]):
+            return f"the answer calls the function {name!r}, which it may not call"
+        try:
+            arguments = json.loads(call["function"]["arguments"])
+        except ValueError as exc:
+            return f"the arguments of the call of {name!r} are not JSON: {exc}"
+        if not isinstance(arguments, dict):
+            return f"the arguments of the call of {name!r} are not a JSON object"
+        if function["strict"] and function["parameters"]:
+            from jsonschema import Draft202012Validator
+
+            validator = Draft202012Validator(json.loads(function["parameters"]))
+            error = next(iter(validator.iter_errors(arguments)), None)
+            if error is not None:
+                where = "/".join(str(p) for p in error.absolute_path) or "(the root)"
+                return (f"the arguments of the call of {name!r} do not match its "
+                        f"parameters at {where}: {error.message}")
+    return None

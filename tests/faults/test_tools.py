@@ -1,0 +1,274 @@
+"""Tool calls through a real Conveyor on the real model (llama.cpp, two workers
+of one context each), asked by clients nobody here wrote: the ``openai``
+client (a required call, a named one streamed as OpenAI's deltas, a round trip
+with the tool's result), LangChain's ``bind_tools`` and its
+``with_structured_output`` in all three methods, an OpenAI Agents SDK agent
+that calls a Python function, and a batch whose lines use tools. Tools
+Conveyor cannot serve are a 400 naming the parameter, and an engine that
+cannot decode them (the scripted one) refuses. A worker SIGKILLed in the
+middle of a streamed call leaves one call whose arguments parse and match
+the function's parameters."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+from pydantic import BaseModel, Field
+
+from tests.faults.test_delivery import _chunks_of, _worker_of
+from tests.pipeline.test_batches import line, lines_of, upload, wait
+from tests.support.pipeline import LLAMACPP, Pipeline
+
+WEATHER_PARAMETERS: dict[str, Any] = {
+    "type": "object", "additionalProperties": False, "required": ["city", "unit"],
+    "properties": {"city": {"type": "string", "maxLength": 30},
+                   "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}}
+WEATHER: dict[str, Any] = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather of a city.", "strict": True,
+    "parameters": WEATHER_PARAMETERS}}
+TIME: dict[str, Any] = {"type": "function", "function": {
+    "name": "get_time", "description": "The time now in a time zone.",
+    "parameters": {"type": "object", "properties": {"zone": {"type": "string",
+                                                             "maxLength": 30}},
+                   "required": ["zone"]}}}
+# arguments long enough to kill a worker in the middle of
+TRIP_PARAMETERS: dict[str, Any] = {
+    "type": "object", "additionalProperties": False, "required": ["stops"],
+    "properties": {"stops": {"type": "array", "minItems": 10, "maxItems": 12,
+                             "items": {"type": "string", "maxLength": 16}}}}
+TRIP: dict[str, Any] = {"type": "function", "function": {
+    "name": "plan_trip", "description": "Plan a trip through the cities given.",
+    "strict": True, "parameters": TRIP_PARAMETERS}}
+QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture
+def p(module_pipelines: Callable[..., Pipeline]) -> Iterator[Pipeline]:
+    """The module's pipeline (two workers of the real model, one context each),
+    made whole again after the test."""
+    shared = module_pipelines(workers=2, contexts=1, engine=LLAMACPP)
+    try:
+        yield shared
+    finally:
+        shared.heal()
+
+
+def client(p: Pipeline) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{p.base_url}/v1", api_key="unused", max_retries=0,
+                         timeout=120)
+
+
+def test_a_required_call_answers_with_tool_calls(p: Pipeline) -> None:
+    done = client(p).chat.completions.create(
+        model="smollm2", messages=QUESTION, tools=[WEATHER, TIME], tool_choice="required",
+        parallel_tool_calls=False, temperature=0, max_tokens=80)
+    choice = done.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    assert choice.message.content is None and choice.message.tool_calls
+    [call] = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name in ("get_weather", "get_time")
+    if call.function.name == "get_weather":
+        jsonschema.validate(json.loads(call.function.arguments), WEATHER_PARAMETERS)
+
+
+def test_a_streamed_named_call_is_the_call_the_whole_answer_makes(p: Pipeline) -> None:
+    """Temperature 0: the streamed deltas, put together, are the call the same
+    request answers unstreamed (ids differ: they are the request's)."""
+    c = client(p)
+    ask: dict[str, Any] = dict(model="smollm2", messages=QUESTION, tools=[WEATHER, TIME],
+                               tool_choice={"type": "function",
+                                            "function": {"name": "get_weather"}},
+                               parallel_tool_calls=False, temperature=0, max_tokens=80)
+    whole = c.chat.completions.create(**ask).choices[0].message.tool_calls
+    assert whole
+    calls: dict[int, dict[str, str]] = {}
+    finish, pieces = None, 0
+    for chunk in c.chat.completions.create(**ask, stream=True):
+        if not chunk.choices:
+            continue
+        finish = chunk.choices[0].finish_reason or finish
+        for delta in chunk.choices[0].delta.tool_calls or []:
+            pieces += 1
+            call = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+            if delta.id:
+                call["id"], call["name"] = delta.id, delta.function.name or ""
+            call["arguments"] += (delta.function.arguments or "") if delta.function else ""
+    assert finish == "tool_calls" and pieces > 2, calls
+    assert [(v["name"], v["arguments"]) for v in calls.values()] == [
+        (w.function.name, w.function.arguments) for w in whole]
+    jsonschema.validate(json.loads(calls[0]["arguments"]), WEATHER_PARAMETERS)
+
+
+def test_a_round_trip_with_the_tools_result(p: Pipeline) -> None:
+    c = client(p)
+    first = c.chat.completions.create(
+        model="smollm2", messages=QUESTION, tools=[WEATHER], tool_choice="required",
+        parallel_tool_calls=False, temperature=0, max_tokens=80).choices[0].message
+    assert first.tool_calls
+    history: list[Any] = [*QUESTION, first.model_dump(exclude_none=True)]
+    history += [{"role": "tool", "tool_call_id": call.id, "content": "18 C, sunny"}
+                for call in first.tool_calls]
+    final = c.chat.completions.create(model="smollm2", messages=history, tools=[WEATHER],
+                                      temperature=0, max_tokens=60).choices[0]
+    assert final.finish_reason in ("stop", "length", "tool_calls"), final
+    assert final.message.content or final.message.tool_calls
+
+
+# -- clients nobody here wrote ----------------------------------------------------------
+
+
+class Weather(BaseModel):
+    """The weather a question asks about."""
+
+    city: str = Field(max_length=30, description="the city")
+    unit: str = Field(max_length=12, description="celsius or fahrenheit")
+
+
+def test_langchain_bind_tools_completes_a_round_trip(p: Pipeline) -> None:
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(model="smollm2", base_url=f"{p.base_url}/v1", api_key="unused",
+                     temperature=0, max_tokens=80, max_retries=0)  # type: ignore[arg-type]
+    bound = llm.bind_tools([Weather], tool_choice="Weather", parallel_tool_calls=False)
+    question = HumanMessage("What is the weather in Paris?")
+    answer = bound.invoke([question])
+    assert answer.tool_calls and answer.tool_calls[0]["name"] == "Weather", answer
+    Weather.model_validate(answer.tool_calls[0]["args"])
+    result = ToolMessage("18 C, sunny", tool_call_id=answer.tool_calls[0]["id"])
+    final = llm.bind_tools([Weather]).invoke([question, answer, result])
+    assert final.content or final.tool_calls, final
+
+
+@pytest.mark.parametrize("method", ["json_schema", "function_calling", "json_mode"])
+def test_langchain_with_structured_output(p: Pipeline, method: str) -> None:
+    from langchain_openai import ChatOpenAI
+
+    # json_object holds the answer to any JSON object: it may take longer to close
+    llm = ChatOpenAI(model="smollm2", base_url=f"{p.base_url}/v1", api_key="unused",
+                     temperature=0, max_tokens=300 if method == "json_mode" else 80,
+                     max_retries=0)  # type: ignore[arg-type]
+    if method == "json_mode":  # json_object holds the answer to JSON, not to a schema
+        structured: Any = llm.with_structured_output(None, method="json_mode")
+        got = structured.invoke("Describe Paris in JSON.")
+        assert isinstance(got, dict), got
+        return
+    structured = llm.with_structured_output(Weather, method=method,  # type: ignore[arg-type]
+                                            strict=True)
+    got = structured.invoke("What is the weather in Paris?")
+    assert isinstance(got, Weather), got
+
+
+def test_an_agents_sdk_agent_calls_a_python_function(p: Pipeline) -> None:
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+
+    set_tracing_disabled(True)  # its traces would go to OpenAI
+    asked: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The current weather of a city."""
+        asked.append(city)
+        return f"It is 18 C and sunny in {city}."
+
+    model = OpenAIChatCompletionsModel(model="smollm2", openai_client=openai.AsyncOpenAI(
+        base_url=f"{p.base_url}/v1", api_key="unused", max_retries=0, timeout=120))
+    # the function's result is the agent's answer: asked again with the result in
+    # its history, a 135M model calls the function again rather than answer
+    agent = Agent(name="weather", instructions="Answer with the tools you have.",
+                  tools=[get_weather], model=model, tool_use_behavior="stop_on_first_tool",
+                  model_settings=ModelSettings(tool_choice="required", temperature=0,
+                                               max_tokens=60, parallel_tool_calls=False))
+    result = asyncio.run(Runner.run(agent, "What is the weather in Paris?", max_turns=2))
+    assert asked and "paris" in asked[0].lower(), asked
+    assert any(item.type == "tool_call_output_item" for item in result.new_items), result
+    assert result.final_output == f"It is 18 C and sunny in {asked[0]}.", result
+
+
+# -- batches, refusals, faults -----------------------------------------------------------
+
+
+def test_batch_lines_with_tools(p: Pipeline) -> None:
+    c = client(p)
+    made = line("weather", "What is the weather in Paris?", max_tokens=80)
+    made["body"].update(tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
+    batch = c.batches.create(input_file_id=upload(c, [made]), endpoint="/v1/chat/completions",
+                             completion_window="24h")
+    done = wait(c, batch.id, timeout=300)
+    assert done.status == "completed", done
+    [out] = lines_of(c, done.output_file_id)
+    choice = out["response"]["body"]["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", choice
+    call = choice["message"]["tool_calls"][0]
+    assert call["function"]["name"] == "get_weather"
+    jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER_PARAMETERS)
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "strin"}}}}}]},
+     "tools[0].function.parameters"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "two words"}}]},
+     "tools[0].function.name"),
+])
+def test_tools_that_cannot_be_served_are_a_400_naming_the_parameter(
+        p: Pipeline, fields: dict[str, Any], param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client(p).chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=5,
+                                          **fields)
+    assert info.value.body["param"] == param, info.value.body  # type: ignore[index]
+
+
+def test_an_engine_that_cannot_decode_tools_refuses(pipeline: Pipeline) -> None:
+    """The session's pipeline runs the scripted engine, which writes no calls."""
+    with pytest.raises(openai.BadRequestError) as info:
+        client(pipeline).chat.completions.create(model="smollm2", messages=QUESTION,
+                                                 tools=[WEATHER], max_tokens=5)
+    body: Any = info.value.body
+    assert body["param"] == "tools" and "scripted" in body["message"], body
+
+
+def test_a_worker_killed_mid_call_leaves_one_valid_call(p: Pipeline) -> None:
+    c = client(p)
+    killed: list[str] = []
+    stream = c.chat.completions.create(
+        model="smollm2", stream=True, max_tokens=300, temperature=0.7, seed=5,
+        messages=[{"role": "user", "content": "Plan a trip through twelve cities of Europe."}],
+        tools=[TRIP], tool_choice="required", parallel_tool_calls=False)
+    arguments: list[str] = []
+    request_id, finish = "", None
+    for chunk in stream:
+        request_id = request_id or chunk.id.removeprefix("chatcmpl-")
+        if not chunk.choices:
+            continue
+        finish = chunk.choices[0].finish_reason or finish
+        for delta in chunk.choices[0].delta.tool_calls or []:
+            assert delta.index == 0
+            arguments.append(delta.function.arguments or "" if delta.function else "")
+        if len(arguments) == 6 and not killed:  # well inside the list of stops
+            killed.append(_worker_of(p, request_id))
+            threading.Thread(target=p.kill, args=(killed[0],)).start()
+    text = "".join(arguments)
+    assert killed and finish == "tool_calls", text
+    jsonschema.validate(json.loads(text), TRIP_PARAMETERS)
+    by_worker = [ch["worker_id"] for ch in sorted(_chunks_of(p, request_id),
+                                                  key=lambda ch: ch["seq"])]
+    assert killed[0] in by_worker and by_worker[-1] != killed[0], by_worker
