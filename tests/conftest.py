@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import pytest
 import redis.asyncio as aioredis
 
-from tests.support.pipeline import Pipeline, answers
+from tests.support.pipeline import LLAMACPP, Pipeline, answers
 from tests.support.services import OwnKafka, OwnRedis
 from workers.infer.engines.base import Engine
 
@@ -94,6 +94,17 @@ def module_pipelines(services: None, tmp_path_factory: pytest.TempPathFactory
     finally:
         for p in made.values():
             p.close()
+
+
+@pytest.fixture
+def model_workers(module_pipelines: Callable[..., Pipeline]) -> Iterator[Pipeline]:
+    """The module's Conveyor on the real model (llama.cpp, two workers of one
+    context each), made whole again after the test."""
+    shared = module_pipelines(workers=2, contexts=1, engine=LLAMACPP)
+    try:
+        yield shared
+    finally:
+        shared.heal()
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import asyncio
 import json
 import re
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -205,6 +206,19 @@ def _chunks_of(p: Pipeline, request_id: str) -> list[TokenChunk]:
     chunks = [codec.decode(v, "TokenChunk") for v in values]
     return [c for c in chunks if c["envelope"]["request_id"] == request_id]
 
+
+def kill_its_worker(p: Pipeline, request_id: str, killed: list[str]) -> None:
+    """SIGKILL the worker generating the request, in the background (the stream
+    being read goes on), and note it in ``killed``."""
+    killed.append(_worker_of(p, request_id))
+    threading.Thread(target=p.kill, args=(killed[-1],)).start()
+
+
+def assert_continued_elsewhere(p: Pipeline, request_id: str, killed: list[str]) -> None:
+    """The killed worker wrote part of the answer and another one finished it."""
+    by_worker = [ch["worker_id"] for ch in sorted(_chunks_of(p, request_id),
+                                                  key=lambda ch: ch["seq"])]
+    assert killed and killed[0] in by_worker and by_worker[-1] != killed[0], by_worker
 
 
 def test_sigterm_drains_a_worker_it_finishes_what_it_started(p: Pipeline) -> None:

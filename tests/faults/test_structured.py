@@ -3,15 +3,14 @@ workers of one context each), asked with the unmodified ``openai`` client:
 ``parse`` with a nested Pydantic model, a streamed json_schema answer, a
 json_object answer, a batch whose lines ask for a schema; a schema Conveyor
 cannot hold an answer to is a 400 naming it, and an engine that cannot
-constrain (the scripted one) refuses instead of ignoring the format. A worker
+constrain (the scripted one) refuses instead of ignoring the format (or the
+tools). A worker
 SIGKILLed in the middle of a structured answer leaves one valid answer: the
 other worker continues it inside the same grammar."""
 
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import jsonschema
@@ -19,9 +18,9 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.faults.test_delivery import _chunks_of, _worker_of
+from tests.faults.test_delivery import assert_continued_elsewhere, kill_its_worker
 from tests.pipeline.test_batches import line, lines_of, upload, wait
-from tests.support.pipeline import LLAMACPP, Pipeline
+from tests.support.pipeline import Pipeline, client
 
 QUESTION = "Name two big cities of France, with their population, as JSON."
 
@@ -46,14 +45,8 @@ LONG_SCHEMA: dict[str, Any] = {
 
 
 @pytest.fixture
-def p(module_pipelines: Callable[..., Pipeline]) -> Iterator[Pipeline]:
-    """The module's pipeline (two workers of the real model, one context each),
-    made whole again after the test."""
-    shared = module_pipelines(workers=2, contexts=1, engine=LLAMACPP)
-    try:
-        yield shared
-    finally:
-        shared.heal()
+def p(model_workers: Pipeline) -> Pipeline:
+    return model_workers  # two workers of the real model (tests/conftest.py)
 
 
 def structured_line(custom_id: str, content: str, max_tokens: int,
@@ -62,10 +55,6 @@ def structured_line(custom_id: str, content: str, max_tokens: int,
     made["body"]["response_format"] = response_format
     return made
 
-
-def client(p: Pipeline) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{p.base_url}/v1", api_key="unused", max_retries=0,
-                         timeout=120)
 
 
 def test_parse_with_a_nested_pydantic_model(p: Pipeline) -> None:
@@ -158,14 +147,20 @@ def test_a_schema_that_cannot_be_held_to_is_a_400_naming_it(p: Pipeline, fmt: An
     assert info.value.body["param"] == param, info.value.body  # type: ignore[index]
 
 
-def test_an_engine_that_cannot_constrain_refuses(pipeline: Pipeline) -> None:
-    """The session's pipeline runs the scripted engine, which holds text to nothing."""
+@pytest.mark.parametrize(("asked", "param"), [
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"tools": [{"type": "function", "function": {"name": "now"}}]}, "tools"),
+])
+def test_an_engine_that_cannot_constrain_refuses(pipeline: Pipeline, asked: dict[str, Any],
+                                                 param: str) -> None:
+    """The session's pipeline runs the scripted engine, which holds text to
+    nothing and writes no calls."""
     with pytest.raises(openai.BadRequestError) as info:
         client(pipeline).chat.completions.create(
-            model="smollm2", messages=[{"role": "user", "content": "hi"}],
-            response_format={"type": "json_object"}, max_tokens=5)
+            model="smollm2", messages=[{"role": "user", "content": "hi"}], max_tokens=5,
+            **asked)
     body: Any = info.value.body
-    assert body["param"] == "response_format" and "scripted" in body["message"], body
+    assert body["param"] == param and "scripted" in body["message"], body
 
 
 def test_a_worker_killed_mid_answer_leaves_one_valid_answer(p: Pipeline) -> None:
@@ -184,11 +179,8 @@ def test_a_worker_killed_mid_answer_leaves_one_valid_answer(p: Pipeline) -> None
             parts.append(chunk.choices[0].delta.content or "")
             finish = chunk.choices[0].finish_reason or finish
         if len(parts) == 8 and not killed:  # well inside the array
-            killed.append(_worker_of(p, request_id))
-            threading.Thread(target=p.kill, args=(killed[0],)).start()
+            kill_its_worker(p, request_id, killed)
     text = "".join(parts)
     assert killed and finish == "stop", text
     jsonschema.validate(json.loads(text), LONG_SCHEMA)
-    by_worker = [ch["worker_id"] for ch in sorted(_chunks_of(p, request_id),
-                                                  key=lambda ch: ch["seq"])]
-    assert killed[0] in by_worker and by_worker[-1] != killed[0], by_worker
+    assert_continued_elsewhere(p, request_id, killed)

@@ -4,8 +4,8 @@ client (a required call, a named one streamed as OpenAI's deltas, a round trip
 with the tool's result), LangChain's ``bind_tools`` and its
 ``with_structured_output`` in all three methods, an OpenAI Agents SDK agent
 that calls a Python function, and a batch whose lines use tools. Tools
-Conveyor cannot serve are a 400 naming the parameter, and an engine that
-cannot decode them (the scripted one) refuses. A worker SIGKILLed in the
+Conveyor cannot serve are a 400 naming the parameter (an engine that cannot
+decode them refuses: test_structured.py). A worker SIGKILLed in the
 middle of a streamed call leaves one call whose arguments parse and match
 the function's parameters."""
 
@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import jsonschema
@@ -22,9 +20,10 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.faults.test_delivery import _chunks_of, _worker_of
+from tests.faults.test_delivery import assert_continued_elsewhere, kill_its_worker
 from tests.pipeline.test_batches import line, lines_of, upload, wait
-from tests.support.pipeline import LLAMACPP, Pipeline
+from tests.support.pipeline import Pipeline, client
+from tests.unit.schemas.test_tools import REFUSED
 
 WEATHER_PARAMETERS: dict[str, Any] = {
     "type": "object", "additionalProperties": False, "required": ["city", "unit"],
@@ -50,19 +49,9 @@ QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture
-def p(module_pipelines: Callable[..., Pipeline]) -> Iterator[Pipeline]:
-    """The module's pipeline (two workers of the real model, one context each),
-    made whole again after the test."""
-    shared = module_pipelines(workers=2, contexts=1, engine=LLAMACPP)
-    try:
-        yield shared
-    finally:
-        shared.heal()
+def p(model_workers: Pipeline) -> Pipeline:
+    return model_workers  # two workers of the real model (tests/conftest.py)
 
-
-def client(p: Pipeline) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{p.base_url}/v1", api_key="unused", max_retries=0,
-                         timeout=120)
 
 
 def test_a_required_call_answers_with_tool_calls(p: Pipeline) -> None:
@@ -220,11 +209,7 @@ def test_batch_lines_with_tools(p: Pipeline) -> None:
 
 
 @pytest.mark.parametrize(("fields", "param"), [
-    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
-     "tool_choice"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"a": {"type": "strin"}}}}}]},
-     "tools[0].function.parameters"),
+    *REFUSED,
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tools": [{"type": "function", "function": {"name": "two words"}}]},
      "tools[0].function.name"),
@@ -235,15 +220,6 @@ def test_tools_that_cannot_be_served_are_a_400_naming_the_parameter(
         client(p).chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=5,
                                           **fields)
     assert info.value.body["param"] == param, info.value.body  # type: ignore[index]
-
-
-def test_an_engine_that_cannot_decode_tools_refuses(pipeline: Pipeline) -> None:
-    """The session's pipeline runs the scripted engine, which writes no calls."""
-    with pytest.raises(openai.BadRequestError) as info:
-        client(pipeline).chat.completions.create(model="smollm2", messages=QUESTION,
-                                                 tools=[WEATHER], max_tokens=5)
-    body: Any = info.value.body
-    assert body["param"] == "tools" and "scripted" in body["message"], body
 
 
 def test_a_worker_killed_mid_call_leaves_one_valid_call(p: Pipeline) -> None:
@@ -264,11 +240,8 @@ def test_a_worker_killed_mid_call_leaves_one_valid_call(p: Pipeline) -> None:
             assert delta.index == 0
             arguments.append(delta.function.arguments or "" if delta.function else "")
         if len(arguments) == 6 and not killed:  # well inside the list of stops
-            killed.append(_worker_of(p, request_id))
-            threading.Thread(target=p.kill, args=(killed[0],)).start()
+            kill_its_worker(p, request_id, killed)
     text = "".join(arguments)
     assert killed and finish == "tool_calls", text
     jsonschema.validate(json.loads(text), TRIP_PARAMETERS)
-    by_worker = [ch["worker_id"] for ch in sorted(_chunks_of(p, request_id),
-                                                  key=lambda ch: ch["seq"])]
-    assert killed[0] in by_worker and by_worker[-1] != killed[0], by_worker
+    assert_continued_elsewhere(p, request_id, killed)

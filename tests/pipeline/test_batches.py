@@ -11,14 +11,10 @@ from typing import Any
 import openai
 import pytest
 
-from tests.support.pipeline import Pipeline
+from tests.support.pipeline import Pipeline, client
 
 FINAL = ("completed", "failed", "cancelled", "expired")
 
-
-def client(p: Pipeline) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{p.base_url}/v1", api_key="unused", max_retries=0,
-                         timeout=60)
 
 
 def line(custom_id: str, content: str = "Say hi.", model: str = "smollm2",

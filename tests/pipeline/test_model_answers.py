@@ -7,11 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import openai
 import pytest
 
 from tests.pipeline.test_responses import check_usage
-from tests.support.pipeline import LLAMACPP, Pipeline
+from tests.support.pipeline import LLAMACPP, Pipeline, client
 
 
 @pytest.fixture(scope="module")
@@ -22,10 +21,6 @@ def model(services: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     finally:
         p.close()
 
-
-def client(p: Pipeline) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{p.base_url}/v1", api_key="unused", max_retries=0,
-                         timeout=120)
 
 
 def test_completions_streaming_and_not(model: Pipeline) -> None:

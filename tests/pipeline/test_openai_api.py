@@ -8,15 +8,11 @@ import httpx
 import openai
 import pytest
 
-from tests.support.pipeline import Pipeline
+from tests.support.pipeline import Pipeline, client
 
 QUESTION = [{"role": "system", "content": "You are a helpful assistant."},
             {"role": "user", "content": "What is the capital of France?"}]
 
-
-def client(p: Pipeline) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{p.base_url}/v1", api_key="unused", max_retries=0,
-                         timeout=120)
 
 
 def test_chat_non_streaming_answers_with_usage(pipeline: Pipeline) -> None:

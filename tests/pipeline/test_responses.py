@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.pipeline import Pipeline
+from tests.support.pipeline import Pipeline, client
 
 QUESTION = "What is the capital of France?"
 
@@ -24,10 +24,6 @@ LIFECYCLE = ["response.created", "response.in_progress", "response.output_item.a
 CLOSING = ["response.output_text.done", "response.content_part.done",
            "response.output_item.done"]
 
-
-def client(p: Pipeline) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{p.base_url}/v1", api_key="unused", max_retries=0,
-                         timeout=120)
 
 
 def check_usage(r: Any) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from unittest import mock
 
 import httpx
+import openai
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 
@@ -261,6 +262,12 @@ def _environ(env: dict[str, str]) -> Iterator[None]:
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+def client(p: Pipeline, timeout: float = 120.0) -> openai.OpenAI:
+    """The unmodified ``openai`` client, pointed at the pipeline's gateway."""
+    return openai.OpenAI(base_url=f"{p.base_url}/v1", api_key="unused", max_retries=0,
+                         timeout=timeout)
 
 
 def drop_topics(bootstrap: str, prefix: str) -> None:

@@ -65,7 +65,8 @@ def test_tools_travel_checked_in_the_generation() -> None:
     assert chat_generation(chat())["tools"] is None
 
 
-@pytest.mark.parametrize(("fields", "param"), [
+# tools that cannot be served, and the parameter their 400 names (HTTP: tests/faults/test_tools.py)
+REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
      "tool_choice"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
@@ -75,7 +76,10 @@ def test_tools_travel_checked_in_the_generation() -> None:
         "type": "array"}}}]}, "tools[0].function.parameters"),
     ({"tools": [NOW, NOW]}, "tools[1].function.name"),
     ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "response_format"),
-])
+]
+
+
+@pytest.mark.parametrize(("fields", "param"), REFUSED)
 def test_tools_that_cannot_be_served_are_a_400_naming_the_parameter(
         fields: dict[str, Any], param: str) -> None:
     with pytest.raises(InvalidRequest) as info:

@@ -15,12 +15,11 @@ import sys
 import time
 from collections.abc import Iterator
 
-import openai
 import psutil
 import pytest
 
 from tests.faults.test_delivery import _chunks_of, _worker_of, count
-from tests.support.pipeline import ROOT, Pipeline
+from tests.support.pipeline import ROOT, Pipeline, client
 from workers.infer.progress import progress_of
 
 VLLM = ("--engine", "vllm", "--dtype", "float32", "--kv-cache-gib", "0.5",
@@ -46,10 +45,6 @@ def vllm_pipeline(services: None, tmp_path_factory: pytest.TempPathFactory
     finally:
         p.close(grace_s=20)
 
-
-def client(p: Pipeline) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{p.base_url}/v1", api_key="unused", max_retries=0,
-                         timeout=120)
 
 
 def engine_cores(p: Pipeline, worker: str) -> list[psutil.Process]:
