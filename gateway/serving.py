@@ -193,8 +193,10 @@ class Serving:
     # -- answers ------------------------------------------------------------
 
     async def collect(self, generation: Generation, answer: Answer,
-                      disconnected: Disconnected) -> dict[str, Any]:
-        """Wait for the whole answer (non-streaming), watching for a disconnect."""
+                      disconnected: Disconnected, read_calls: bool = True) -> dict[str, Any]:
+        """Wait for the whole answer (non-streaming), watching for a disconnect.
+        ``read_calls`` False leaves an answer read for tool calls as the text
+        the model wrote (the Responses API reads it into its own items)."""
         try:
             folded = await fold_answer(answer, within=1.0, idle=disconnected)
             if folded is None:
@@ -205,7 +207,7 @@ class Serving:
         return full_response(generation["kind"], folded.model or generation["model"],
                              generation["created"], answer.request_id, folded.text,
                              folded.finish_reason, folded.usage,
-                             tool_calls=reads_tool_calls(generation))
+                             tool_calls=read_calls and reads_tool_calls(generation))
 
     async def first(self, answer: Answer, disconnected: Disconnected) -> Reply | None:
         """The first reply, before the response status is chosen; None when the

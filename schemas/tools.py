@@ -96,25 +96,27 @@ def _canonical(tools: Tools) -> str:
 # -- the API's checks ---------------------------------------------------------
 
 
-def check_tools(tools: Tools) -> None:
-    """Raise :class:`InvalidRequest` naming the parameter at fault."""
+def check_tools(tools: Tools, function_param: str = "tools[{}].function") -> None:
+    """Raise :class:`InvalidRequest` naming the parameter at fault;
+    ``function_param`` is where the i-th function is (chat nests it in
+    ``function``, the Responses API does not)."""
     from schemas.structured import _schema_fault
 
     names = [f["name"] for f in tools["functions"]]
     for i, function in enumerate(tools["functions"]):
         if names.index(function["name"]) != i:
             raise InvalidRequest(f"Duplicate function name {function['name']!r} in tools.",
-                                 param=f"tools[{i}].function.name")
+                                 param=function_param.format(i) + ".name")
         if function["parameters"]:
             wrong = _schema_fault(function["parameters"])
             if wrong is not None:
                 raise InvalidRequest(
                     f"Invalid parameters schema for function {function['name']!r}: {wrong}",
-                    param=f"tools[{i}].function.parameters")
+                    param=function_param.format(i) + ".parameters")
             if json.loads(function["parameters"]).get("type", "object") != "object":
                 raise InvalidRequest(
                     f"The parameters of function {function['name']!r} must be a JSON Schema "
-                    "of type 'object'.", param=f"tools[{i}].function.parameters")
+                    "of type 'object'.", param=function_param.format(i) + ".parameters")
     if tools["choice"] == "function" and tools["function"] not in names:
         raise InvalidRequest(
             f"tool_choice names the function {tools['function']!r}, which is not in tools.",

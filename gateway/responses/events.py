@@ -12,6 +12,13 @@ piece of text, then ``response.output_text.done``,
 ``response.completed`` (or ``response.incomplete`` when the output budget
 ran out).
 
+With function tools the items open as the answer's text shows them
+(:class:`~gateway.responses.objects.OutputBuilder`): a message as above for
+text, and for each call ``response.output_item.added`` (a ``function_call``
+item with empty arguments), one ``response.function_call_arguments.delta``
+per piece of its arguments, ``response.function_call_arguments.done`` and
+``response.output_item.done``; ``response.completed`` follows the last item.
+
 A failure after the stream began ends it with ``response.failed``, whose
 response carries the error and the text produced so far as an incomplete
 message; no ``done`` events precede it, as with OpenAI. Numbers start at 0
@@ -29,6 +36,8 @@ from typing import Any
 
 from gateway import sse
 from gateway.responses.objects import (
+    OutputBuilder,
+    Step,
     message_id,
     message_item,
     output_text_part,
@@ -57,6 +66,8 @@ class ResponseEvents:
         self.text: list[str] = []
         self.sequence = 0
         self.ended = False
+        # an answer read for function calls: its items, built as they come
+        self.items = OutputBuilder(response_id) if body.reads_calls() else None
 
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
         if self.ended:
@@ -72,9 +83,12 @@ class ResponseEvents:
     def opening(self) -> list[dict[str, Any]]:
         """The response is created and in progress, with an empty message to fill."""
         started = response_object(self.response_id, self.created_at, self.body, "in_progress")
+        events = [self._event("response.created", response=started),
+                  self._event("response.in_progress", response=started)]
+        if self.items is not None:  # the items open as the answer shows them
+            return events
         return [
-            self._event("response.created", response=started),
-            self._event("response.in_progress", response=started),
+            *events,
             self._event("response.output_item.added", output_index=0,
                         item=message_item(self.response_id, None, "in_progress")),
             self._part("response.content_part.added", part=output_text_part("")),
@@ -85,7 +99,45 @@ class ResponseEvents:
         if not text:
             return []
         self.text.append(text)
+        if self.items is not None:
+            return self._item_events(self.items.feed(text))
         return [self._part("response.output_text.delta", delta=text, logprobs=[])]
+
+    def _item_events(self, steps: list[Step]) -> list[dict[str, Any]]:
+        """The events of the output items' steps (an answer read for calls)."""
+        assert self.items is not None
+        events: list[dict[str, Any]] = []
+        for step in steps:
+            item = self.items.items[step.index]
+            where = {"item_id": item["id"], "output_index": step.index}
+            message = item["type"] == "message"
+            if step.kind == "open":
+                shown = {**item, "content": []} if message else item
+                events.append(self._event("response.output_item.added",
+                                          output_index=step.index, item=dict(shown)))
+                if message:
+                    events.append(self._event("response.content_part.added", **where,
+                                              content_index=0, part=output_text_part("")))
+            elif step.kind == "add" and message:
+                events.append(self._event("response.output_text.delta", **where,
+                                          content_index=0, delta=step.text, logprobs=[]))
+            elif step.kind == "add":
+                events.append(self._event("response.function_call_arguments.delta", **where,
+                                          delta=step.text))
+            elif message:
+                text = item["content"][0]["text"]
+                events += [self._event("response.output_text.done", **where, content_index=0,
+                                       text=text, logprobs=[]),
+                           self._event("response.content_part.done", **where, content_index=0,
+                                       part=output_text_part(text)),
+                           self._event("response.output_item.done", output_index=step.index,
+                                       item=dict(item))]
+            else:
+                events += [self._event("response.function_call_arguments.done", **where,
+                                       name=item["name"], arguments=item["arguments"]),
+                           self._event("response.output_item.done", output_index=step.index,
+                                       item=dict(item))]
+        return events
 
     def closing(self, finish_reason: str | None, usage: Usage | None,
                 completed_at: int) -> list[dict[str, Any]]:
@@ -96,6 +148,11 @@ class ResponseEvents:
         final = response_object(self.response_id, self.created_at, self.body, "completed",
                                  text=text, usage=usage, finish_reason=finish_reason,
                                  completed_at=completed_at)
+        if self.items is not None:
+            events = self._item_events(self.items.finish())
+            events.append(self._event(f"response.{final['status']}", response=final))
+            self.ended = True
+            return events
         events = [
             self._part("response.output_text.done", text=text, logprobs=[]),
             self._part("response.content_part.done", part=output_text_part(text)),

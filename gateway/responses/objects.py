@@ -20,9 +20,16 @@ Decisions:
   background response is kept as its job's result; a direct one is read
   again from the log (gateway/stored.py), so ``GET /v1/responses/{id}``
   finds it while the topics retain it.
-* Conveyor serves text only, so ``tools`` is empty, ``tool_choice`` is
-  ``auto``, ``parallel_tool_calls`` false, ``truncation`` disabled and
-  ``text.format`` text, whatever the request left out.
+* With function tools, the answer's text is read for calls
+  (:class:`OutputBuilder`, schemas/tools.py): the output is its items in the
+  order the model wrote them, a message for text (``msg_X``, then ``msg_X_1``
+  for text after a call) and a ``function_call`` item for each call (its
+  ``call_id`` the one chat would give, its id ``fc_`` and the same suffix).
+  A stream builds the same items as they come, so the streamed and the
+  collected response agree.
+* ``tools``, ``tool_choice`` and ``parallel_tool_calls`` echo the request
+  (an empty list, ``auto`` and true when it left them out); ``truncation``
+  is disabled and ``text.format`` text, whatever the request left out.
 * ``error`` carries OpenAI's codes: ``rate_limit_exceeded`` stays, every
   other failure is ``server_error``; the message says what happened.
 """
@@ -32,6 +39,15 @@ from __future__ import annotations
 import uuid
 from typing import Any, Literal, get_args
 
+from schemas.openai.response_items import (
+    OutputBuilder,
+    Step,
+    call_item,
+    message_id,
+    message_item,
+    output_items,
+    output_text_part,
+)
 from schemas.openai.responses import ResponsesRequest, response_usage
 from schemas.records import ErrorInfo, Usage
 
@@ -45,6 +61,9 @@ __all__ = [
     "error_object",
     "response_object",
     "is_stored",
+    "OutputBuilder",
+    "Step",
+    "call_item",
 ]
 
 ResponseStatus = Literal["queued", "in_progress", "completed", "incomplete", "failed",
@@ -57,23 +76,6 @@ def new_response_id(request_id: str | None = None) -> str:
     """``resp_`` and hex: the pipeline's request id where there is one, so that a
     response can be found in the log by its id."""
     return f"resp_{request_id or uuid.uuid4().hex}"
-
-
-def message_id(response_id: str) -> str:
-    """The id of a response's output message, derived from the response's id."""
-    return "msg_" + response_id.removeprefix("resp_")
-
-
-def output_text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-
-
-def message_item(response_id: str, text: str | None,
-                 status: Literal["in_progress", "completed", "incomplete"]) -> dict[str, Any]:
-    """The assistant's output message; ``text`` None: the message has no content yet."""
-    return {"type": "message", "id": message_id(response_id), "status": status,
-            "role": "assistant",
-            "content": [] if text is None else [output_text_part(text)]}
 
 
 def usage_object(usage: Usage | None) -> dict[str, Any] | None:
@@ -116,8 +118,9 @@ def response_object(response_id: str, created_at: int, body: ResponsesRequest,
     if status == "completed" and finish_reason == "length":
         status = "incomplete"
     incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
-    output = [] if text is None else [message_item(response_id, text,
-                                                   _message_status(status))]
+    output = [] if text is None else output_items(response_id, text, body.reads_calls(),
+                                                  _message_status(status))
+    tools, tool_choice, parallel = body.tools_echo()
     return {
         "id": response_id,
         "object": "response",
@@ -132,7 +135,7 @@ def response_object(response_id: str, created_at: int, body: ResponsesRequest,
         "max_tool_calls": None,
         "model": body.model,
         "output": output,
-        "parallel_tool_calls": False,
+        "parallel_tool_calls": parallel,
         "previous_response_id": None,
         "reasoning": {"effort": None, "summary": None},
         "service_tier": "default",
@@ -140,8 +143,8 @@ def response_object(response_id: str, created_at: int, body: ResponsesRequest,
         "temperature": 1.0 if body.temperature is None else body.temperature,
         "text": {"format": body.text.format.echo() if body.text and body.text.format
                  else {"type": "text"}},
-        "tool_choice": "auto",
-        "tools": [],
+        "tool_choice": tool_choice,
+        "tools": tools,
         "top_logprobs": 0,
         "top_p": 1.0 if body.top_p is None else body.top_p,
         "truncation": "disabled",

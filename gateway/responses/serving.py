@@ -66,6 +66,7 @@ answered it.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import re
 import time
@@ -89,8 +90,8 @@ from gateway.resume import (
 )
 from gateway.serving import Answer, Serving
 from gateway.stored import find_stored, read_answer
-from schemas.openai.responses import InputMessage, ResponsesRequest
-from schemas.records import ErrorInfo, Generation, Message, Reply, Sampling, Usage
+from schemas.openai.responses import FunctionChoice, FunctionTool, InputMessage, ResponsesRequest
+from schemas.records import ErrorInfo, Generation, Reply, Sampling, Usage
 
 __all__ = ["generation_of", "input_param", "collect_response", "first_reply",
            "response_events", "stream_events", "StoredResponses", "ResponseNotFound",
@@ -107,8 +108,7 @@ _RENAMED = {"messages": "input", "max_tokens": "max_output_tokens"}
 
 def generation_of(body: ResponsesRequest) -> Generation:
     """The chat generation a Responses request asks for."""
-    messages = [Message(role=role, content=text, name=None, tool_calls=None, tool_call_id=None)
-                for role, text in body.messages()]
+    messages = body.messages()
     sampling = Sampling(temperature=1.0 if body.temperature is None else body.temperature,
                         top_p=1.0 if body.top_p is None else body.top_p,
                         max_tokens=body.max_output_tokens, stop=[], seed=None,
@@ -118,7 +118,7 @@ def generation_of(body: ResponsesRequest) -> Generation:
                       created=int(time.time()), store=is_stored(body),
                       metadata=dict(body.metadata or {}), api="responses",
                       response_format=body.text.format.record()
-                      if body.text and body.text.format else None, tools=None)
+                      if body.text and body.text.format else None, tools=body.tools_record())
 
 
 def input_param(param: str | None, body: ResponsesRequest) -> str | None:
@@ -152,7 +152,7 @@ async def collect_response(serving: Serving, generation: Generation, answer: Ans
                            disconnected: Disconnected) -> dict[str, Any]:
     """The whole answer as one Response object ({} when the client left first)."""
     try:
-        chat = await serving.collect(generation, answer, disconnected)
+        chat = await serving.collect(generation, answer, disconnected, read_calls=False)
     except RequestError as exc:
         raise _translated(exc, body) from None
     if not chat:
@@ -292,8 +292,19 @@ def recorded_request(generation: Generation) -> ResponsesRequest:
     messages = generation["messages"]
     told = len(messages) > 1 and messages[0]["role"] == "system"
     sampling = generation["sampling"]
+    tools = generation.get("tools")
+    functions = [FunctionTool.model_construct(
+        type="function", name=f["name"], description=f["description"] or None,
+        parameters=json.loads(f["parameters"]) if f["parameters"] else None,
+        strict=f["strict"]) for f in (tools["functions"] if tools else [])]
+    choice: Any = None
+    if tools is not None:
+        choice = FunctionChoice.model_construct(type="function", name=tools["function"]) \
+            if tools["choice"] == "function" else tools["choice"]
     return ResponsesRequest.model_construct(
         model=generation["model"],
+        tools=functions or None, tool_choice=choice,
+        parallel_tool_calls=tools["parallel"] if tools is not None else None,
         input=[InputMessage.model_construct(role=m["role"], content=m["content"])
                for m in messages[told:]],
         instructions=messages[0]["content"] if told else None,

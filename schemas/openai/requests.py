@@ -99,13 +99,13 @@ class TextPart(BaseModel):
     text: Text
 
 
-_FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
+FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
 
 
 class CalledFunction(BaseModel):
     model_config = _STRICT
 
-    name: Text = Field(pattern=_FUNCTION_NAME)
+    name: Text = Field(pattern=FUNCTION_NAME)
     arguments: Text
 
 
@@ -264,7 +264,7 @@ class ResponseFormat(BaseModel):
 class FunctionSpec(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
-    name: Text = Field(pattern=_FUNCTION_NAME)
+    name: Text = Field(pattern=FUNCTION_NAME)
     description: Text | None = None
     parameters: dict[Text, Any] | None = None
     strict: bool | None = None

@@ -9,14 +9,18 @@ The rules are those of :mod:`schemas.openai.requests` for chat:
   roles user, assistant, system or developer, whose content is a string or a
   list of ``input_text`` parts. ``output_text`` parts are taken too, so that a
   client can send a previous response's output message back as an assistant
-  turn. Any other item (tool calls and their outputs, reasoning, item
-  references) is refused, naming the item's ``type``.
+  turn; so are ``function_call`` items (a previous response's calls) and
+  ``function_call_output`` items (their results). Any other item (reasoning,
+  item references, other tools' calls) is refused, naming the item's ``type``.
+* ``tools`` (function tools, in the Responses API's flat shape),
+  ``tool_choice`` and ``parallel_tool_calls`` ask for calls as chat's do
+  (schemas/tools.py).
 * What would change the answer in ways Conveyor cannot honour is refused with
   a 400 naming the parameter, unless it asks for nothing (``null``, ``[]``,
-  ``{}``): ``tools``, ``include``, ``previous_response_id``, ``conversation``,
+  ``{}``): ``include``, ``previous_response_id``, ``conversation``,
   ``prompt``, ``reasoning``, ``max_tool_calls``, ``top_logprobs`` above 0,
-  ``truncation`` other than ``disabled``, ``tool_choice`` other than none or
-  auto, ``parallel_tool_calls`` true, ``text.verbosity``, and the newer knobs
+  ``truncation`` other than ``disabled``, tools other than functions,
+  ``text.verbosity``, and the newer knobs
   (``context_management``, ``background_options``, ``moderation``, ``image``, ``access_programs``,
   ``prompt_cache_options``).
 * ``text.format`` may ask for free text, any JSON object or JSON matching a
@@ -58,14 +62,28 @@ from pydantic import (
 from conveyor.errors import InvalidRequest
 from schemas.openai.requests import MAX_INT32, Text, checked_metadata
 from schemas.openai.requests import param_of as requests_param_of
+from schemas.openai.response_input import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    FunctionChoice,
+    FunctionTool,
+    InputItem,
+    InputMessage,
+    InputText,
+    conversation,
+)
+from schemas.records import Message, Tools, Usage
 from schemas.records import ResponseFormat as ResponseFormatRecord
-from schemas.records import Usage
 from schemas.structured import format_record
+from schemas.tools import check_tools
 
 __all__ = [
     "response_usage",
     "InputText",
     "InputMessage",
+    "FunctionCallItem",
+    "FunctionCallOutputItem",
+    "FunctionTool",
     "TextFormat",
     "TextConfig",
     "ResponsesRequest",
@@ -84,26 +102,6 @@ def _unsupported(name: str) -> ValueError:
 
 def _asks_nothing(value: Any) -> bool:
     return value is None or value == [] or value == {}
-
-
-class InputText(BaseModel):
-    model_config = _STRICT
-
-    type: Literal["input_text", "output_text"]
-    text: Text
-
-
-class InputMessage(BaseModel):
-    model_config = _STRICT
-
-    type: Literal["message"] = "message"
-    role: Role
-    content: Text | list[InputText]
-
-    def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
 
 
 class TextFormat(BaseModel):
@@ -161,7 +159,7 @@ class ResponsesRequest(BaseModel):
     model_config = _STRICT
 
     model: Text = Field(min_length=1)
-    input: Text | list[InputMessage]
+    input: Text | list[InputItem]
     instructions: Text | None = None
     max_output_tokens: int | None = Field(default=None, ge=1, le=MAX_INT32)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -178,12 +176,12 @@ class ResponsesRequest(BaseModel):
     prompt_cache_retention: Text | None = None
     service_tier: Text | None = None
     stream_options: dict[str, Any] | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
+    parallel_tool_calls: bool | None = None
     # refused unless they ask for nothing
     truncation: Any = None
-    tool_choice: Any = None
-    parallel_tool_calls: Any = None
     top_logprobs: Any = None
-    tools: Any = None
     include: Any = None
     previous_response_id: Any = None
     conversation: Any = None
@@ -199,7 +197,7 @@ class ResponsesRequest(BaseModel):
 
     @field_validator("input")
     @classmethod
-    def _some_input(cls, v: str | list[InputMessage]) -> str | list[InputMessage]:
+    def _some_input(cls, v: str | list[InputItem]) -> str | list[InputItem]:
         if isinstance(v, list) and not v:
             raise ValueError("input must hold at least one message")
         return v
@@ -218,17 +216,10 @@ class ResponsesRequest(BaseModel):
 
     @field_validator("tool_choice")
     @classmethod
-    def _no_tool_choice(cls, v: Any) -> None:
-        if v not in (None, "none", "auto"):
-            raise _unsupported("tool_choice")
-        return None
-
-    @field_validator("parallel_tool_calls")
-    @classmethod
-    def _no_parallel_calls(cls, v: Any) -> None:
-        if v not in (None, False):
-            raise _unsupported("parallel_tool_calls")
-        return None
+    def _choice_of_tools(cls, v: Any, info: ValidationInfo) -> Any:
+        if not info.data.get("tools") and v not in (None, "none", "auto"):
+            raise ValueError("tool_choice is only allowed when tools are given")
+        return v
 
     @field_validator("top_logprobs")
     @classmethod
@@ -237,7 +228,7 @@ class ResponsesRequest(BaseModel):
             raise _unsupported("top_logprobs")
         return None
 
-    @field_validator("tools", "include", "previous_response_id", "conversation", "prompt",
+    @field_validator("include", "previous_response_id", "conversation", "prompt",
                      "reasoning", "max_tool_calls", "context_management", "background_options",
                      "moderation", "image", "access_programs", "prompt_cache_options")
     @classmethod
@@ -246,13 +237,43 @@ class ResponsesRequest(BaseModel):
             raise _unsupported(str(info.field_name))
         return None
 
-    def messages(self) -> list[tuple[str, str]]:
-        """(role, text) of every input message, ``instructions`` first as a system
-        message (as OpenAI puts them before the input)."""
-        turns = [("system", self.instructions)] if self.instructions is not None else []
-        if isinstance(self.input, str):
-            return [*turns, ("user", self.input)]
-        return [*turns, *((m.role, m.text()) for m in self.input)]
+    def messages(self) -> list[Message]:
+        """The conversation as chat turns (:func:`conversation`)."""
+        return conversation(self.instructions, self.input)
+
+    def reads_calls(self) -> bool:
+        """Whether the answer is read for function calls."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def tools_record(self) -> Tools | None:
+        """The tools as the pipeline carries them, checked (each fault an
+        :class:`InvalidRequest` naming its parameter); None without tools."""
+        if not self.tools:
+            return None
+        choice = self.tool_choice
+        named = isinstance(choice, FunctionChoice)
+        tools = Tools(functions=[t.record() for t in self.tools],
+                      choice="function" if named else choice or "auto",  # type: ignore[typeddict-item]
+                      function=choice.name if named else "",  # type: ignore[union-attr]
+                      parallel=self.parallel_tool_calls is not False)
+        if tools["choice"] != "none":
+            fmt = self.text.format if self.text else None
+            if fmt is not None and fmt.type != "text":
+                raise InvalidRequest("text.format cannot be combined with tools here: leave "
+                                     "one out, or set tool_choice to 'none'.",
+                                     param="text.format")
+            check_tools(tools, function_param="tools[{}]")
+        return tools
+
+    def tools_echo(self) -> tuple[list[dict[str, Any]], Any, bool]:
+        """``tools``, ``tool_choice`` and ``parallel_tool_calls`` as a response
+        object shows them."""
+        tools = [{"type": "function", "name": t.name, "description": t.description,
+                  "parameters": t.parameters, "strict": bool(t.strict)}
+                 for t in self.tools or []]
+        choice: Any = self.tool_choice.model_dump() if isinstance(
+            self.tool_choice, FunctionChoice) else self.tool_choice or "auto"
+        return tools, choice, self.parallel_tool_calls is not False
 
 
 def param_of(loc: Sequence[int | str]) -> str | None:
@@ -263,7 +284,8 @@ def param_of(loc: Sequence[int | str]) -> str | None:
 
 @cache
 def _field_names() -> frozenset[str]:
-    models = (ResponsesRequest, InputMessage, InputText, TextConfig, TextFormat)
+    models = (ResponsesRequest, InputMessage, InputText, TextConfig, TextFormat, FunctionTool,
+              FunctionChoice, FunctionCallItem, FunctionCallOutputItem)
     return frozenset(field.alias or name for model in models
                      for name, field in model.model_fields.items())
 

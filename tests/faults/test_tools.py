@@ -245,3 +245,86 @@ def test_a_worker_killed_mid_call_leaves_one_valid_call(p: Pipeline) -> None:
     assert killed and finish == "tool_calls", text
     jsonschema.validate(json.loads(text), TRIP_PARAMETERS)
     assert_continued_elsewhere(p, request_id, killed)
+
+
+# -- the Responses API ---------------------------------------------------------------------
+
+RESPONSES_WEATHER: dict[str, Any] = {"type": "function", **WEATHER["function"]}
+
+
+def test_a_response_calls_a_function_and_takes_its_output_back(p: Pipeline) -> None:
+    c = client(p)
+    first = c.responses.create(model="smollm2", input="What is the weather in Paris?",
+                               tools=[RESPONSES_WEATHER], tool_choice="required",
+                               parallel_tool_calls=False, temperature=0,
+                               max_output_tokens=80)
+    assert first.status == "completed", first
+    [call] = [item for item in first.output if item.type == "function_call"]
+    assert call.name == "get_weather" and call.call_id.startswith("call_")
+    assert call.id == "fc_" + call.call_id.removeprefix("call_")
+    jsonschema.validate(json.loads(call.arguments), WEATHER_PARAMETERS)
+    assert first.tools[0].name == "get_weather" and first.tool_choice == "required"
+    again = c.responses.retrieve(first.id)  # stored, read back from the log
+    assert [item.model_dump() for item in again.output] == [
+        item.model_dump() for item in first.output]
+    final = c.responses.create(
+        model="smollm2", tools=[RESPONSES_WEATHER], tool_choice="none", temperature=0,
+        max_output_tokens=40,
+        input=[{"role": "user", "content": "What is the weather in Paris?"},
+               call.model_dump(exclude_none=True),
+               {"type": "function_call_output", "call_id": call.call_id,
+                "output": "18 C, sunny"}])
+    assert final.status in ("completed", "incomplete") and final.output_text, final
+
+
+def test_a_streamed_response_call_is_the_call_the_whole_response_makes(p: Pipeline) -> None:
+    c = client(p)
+    ask: dict[str, Any] = dict(model="smollm2", input="What is the weather in Paris?",
+                               tools=[RESPONSES_WEATHER], parallel_tool_calls=False,
+                               tool_choice={"type": "function", "name": "get_weather"},
+                               temperature=0, max_output_tokens=80)
+    whole = c.responses.create(**ask)
+    kinds, deltas, done = [], [], None
+    for event in c.responses.create(**ask, stream=True):
+        kinds.append(event.type)
+        if event.type == "response.function_call_arguments.delta":
+            deltas.append(event.delta)
+        if event.type == "response.completed":
+            done = event.response
+    assert done is not None and kinds[:3] == ["response.created", "response.in_progress",
+                                              "response.output_item.added"], kinds
+    assert "response.function_call_arguments.done" in kinds and len(deltas) > 1, kinds
+    [call] = [item for item in done.output if item.type == "function_call"]
+    assert "".join(deltas) == call.arguments
+    [expected] = [item for item in whole.output if item.type == "function_call"]
+    assert (call.name, call.arguments) == (expected.name, expected.arguments)
+
+
+def test_an_agents_sdk_agent_on_the_responses_api(p: Pipeline) -> None:
+    """The Agents SDK's default model speaks the Responses API."""
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIResponsesModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+
+    set_tracing_disabled(True)
+    asked: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The current weather of a city."""
+        asked.append(city)
+        return f"It is 18 C and sunny in {city}."
+
+    model = OpenAIResponsesModel(model="smollm2", openai_client=openai.AsyncOpenAI(
+        base_url=f"{p.base_url}/v1", api_key="unused", max_retries=0, timeout=120))
+    agent = Agent(name="weather", instructions="Answer with the tools you have.",
+                  tools=[get_weather], model=model, tool_use_behavior="stop_on_first_tool",
+                  model_settings=ModelSettings(tool_choice="required", temperature=0,
+                                               max_tokens=60, parallel_tool_calls=False))
+    result = asyncio.run(Runner.run(agent, "What is the weather in Paris?", max_turns=2))
+    assert asked and result.final_output == f"It is 18 C and sunny in {asked[0]}.", result

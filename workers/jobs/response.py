@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from schemas.openai.response_items import output_items
 from schemas.openai.responses import response_usage
 from schemas.records import JobResult
 
@@ -79,13 +80,11 @@ class ResponseFold:
         out["status"] = self.status
         result = self.result
         if result is not None and result["status_code"] in (200, 499) and result["text"]:
-            out["output"] = [{
-                "type": "message", "id": f"msg_{self.job_id.removeprefix('resp_')}",
-                "status": "completed" if self.status == "completed" else "incomplete",
-                "role": "assistant",
-                "content": [{"type": "output_text", "text": result["text"],
-                             "annotations": [], "logprobs": []}],
-            }]
+            # with function tools (echoed in the base object) the text holds calls
+            reads_calls = bool(out.get("tools")) and out.get("tool_choice") != "none"
+            out["output"] = output_items(
+                self.job_id, result["text"], reads_calls,
+                "completed" if self.status == "completed" else "incomplete")
         if result is not None and result["usage"] is not None:
             out["usage"] = response_usage(result["usage"])
         if self.status == "incomplete":

@@ -44,7 +44,7 @@ def test_a_completed_response() -> None:
     assert r.instructions == "Be brief." and r.max_output_tokens == 9
     assert r.temperature == 0.5 and r.top_p == 1.0 and r.metadata == {"k": "v"}
     assert r.error is None and r.incomplete_details is None and r.completed_at == 1700000001
-    assert r.tools == [] and r.tool_choice == "auto" and r.parallel_tool_calls is False
+    assert r.tools == [] and r.tool_choice == "auto" and r.parallel_tool_calls is True
     assert r.text is not None and r.text.format is not None and r.text.format.type == "text"
     assert r.background is False and r.store is True  # kept unless store is false
 

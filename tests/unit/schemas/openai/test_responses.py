@@ -23,9 +23,12 @@ def refused(param: str | None, **body: Any) -> InvalidRequest:
 
 
 def test_a_string_input_is_one_user_message_after_the_instructions() -> None:
-    assert parse().messages() == [("user", "Hi")]
-    assert parse(instructions="Be brief.").messages() == [("system", "Be brief."),
-                                                          ("user", "Hi")]
+    assert turns(parse()) == [("user", "Hi")]
+    assert turns(parse(instructions="Be brief.")) == [("system", "Be brief."), ("user", "Hi")]
+
+
+def turns(body: ResponsesRequest) -> list[tuple[str, str]]:
+    return [(m["role"], m["content"]) for m in body.messages()]
 
 
 def test_message_items_of_every_role_with_text_parts() -> None:
@@ -37,8 +40,48 @@ def test_message_items_of_every_role_with_text_parts() -> None:
                                            "annotations": []}]},
         {"role": "system", "content": "Sys."},
     ])
-    assert body.messages() == [("system", "Rules."), ("developer", "Dev."), ("user", "ab"),
-                               ("assistant", "c"), ("system", "Sys.")]
+    assert turns(body) == [("system", "Rules."), ("developer", "Dev."), ("user", "ab"),
+                           ("assistant", "c"), ("system", "Sys.")]
+
+
+def test_function_calls_and_their_outputs_are_turns_of_the_conversation() -> None:
+    body = parse(tools=[{"type": "function", "name": "get_weather"}], input=[
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        {"type": "function_call", "call_id": "a", "name": "get_weather",
+         "arguments": '{"city": "Paris"}', "id": "fc_a", "status": "completed"},
+        {"type": "function_call", "call_id": "b", "name": "get_weather",
+         "arguments": '{"city": "Rome"}'},
+        {"type": "function_call_output", "call_id": "a", "output": "18 C"},
+        {"type": "function_call_output", "call_id": "b",
+         "output": [{"type": "input_text", "text": "21 C"}]}])
+    messages = body.messages()
+    assert [(m["role"], m["content"], m["tool_call_id"]) for m in messages] == [
+        ("user", "Weather in Paris and Rome?", None), ("assistant", "", None),
+        ("tool", "18 C", "a"), ("tool", "21 C", "b")]
+    assert messages[1]["tool_calls"] == [
+        {"id": "a", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+        {"id": "b", "name": "get_weather", "arguments": '{"city": "Rome"}'}]
+    tools = body.tools_record()
+    assert tools is not None and tools["choice"] == "auto" and tools["parallel"]
+    assert body.reads_calls()
+    assert not parse(tools=[{"type": "function", "name": "f"}], tool_choice="none").reads_calls()
+
+
+def test_function_tools_that_cannot_be_served_name_their_parameter() -> None:
+    bad = parse(tools=[{"type": "function", "name": "f", "parameters": {"type": "strin"}}])
+    with pytest.raises(InvalidRequest) as info:
+        bad.tools_record()
+    assert info.value.param == "tools[0].parameters"
+    named = parse(tools=[{"type": "function", "name": "f"}],
+                  tool_choice={"type": "function", "name": "g"})
+    with pytest.raises(InvalidRequest) as info:
+        named.tools_record()
+    assert info.value.param == "tool_choice"
+    with_format = parse(tools=[{"type": "function", "name": "f"}],
+                        text={"format": {"type": "json_object"}})
+    with pytest.raises(InvalidRequest) as info:
+        with_format.tools_record()
+    assert info.value.param == "text.format"
 
 
 def test_what_the_client_may_send_and_changes_nothing_is_accepted() -> None:
@@ -49,11 +92,12 @@ def test_what_the_client_may_send_and_changes_nothing_is_accepted() -> None:
                  tool_choice="auto", parallel_tool_calls=False, tools=[], include=[],
                  top_logprobs=0, reasoning=None, unknown_vendor_field=1)
     assert body.max_output_tokens == 16 and body.temperature == 0 and body.stream
-    assert parse(tool_choice="none").tool_choice is None
+    assert parse(tool_choice="none").tool_choice == "none"
 
 
 @pytest.mark.parametrize(("extra", "param"), [
-    ({"tools": [{"type": "function", "name": "f"}]}, "tools"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"tools": [{"type": "function", "name": "two words"}]}, "tools[0].name"),
     ({"include": ["reasoning.encrypted_content"]}, "include"),
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"conversation": "conv_1"}, "conversation"),
@@ -64,7 +108,7 @@ def test_what_the_client_may_send_and_changes_nothing_is_accepted() -> None:
     ({"truncation": "auto"}, "truncation"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tool_choice": {"type": "function", "name": "f"}}, "tool_choice"),
-    ({"parallel_tool_calls": True}, "parallel_tool_calls"),
+    ({"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
     ({"text": {"format": {"type": "xml"}}}, "text.format.type"),
     ({"text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format"),
     ({"text": {"format": {"type": "json_schema", "name": "a b"}}}, "text.format.name"),
@@ -81,7 +125,8 @@ def test_what_cannot_be_honoured_is_refused_by_name(extra: dict[str, Any], param
     ({"input": 3}, "input"),
     ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
     ({"input": [{"type": "function_call_output", "role": "user", "content": "x"}]},
-     "input[0].type"),
+     "input[0].call_id"),
+    ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},
      "input[0].content[0].type"),
     ({"input": [{"role": "user", "content": "ok"}, {"role": "user", "content": "\ud800"}]},
