@@ -96,6 +96,7 @@ class Sampling(TypedDict):
     seed: int | None
     presence_penalty: NotRequired[float]
     frequency_penalty: NotRequired[float]
+    logit_bias: NotRequired[dict[str, float]]  # token id (decimal) -> bias, -100..100
 
 
 class ResponseFormat(TypedDict):

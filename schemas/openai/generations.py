@@ -45,7 +45,7 @@ def _generation(kind: str, body: ChatCompletionRequest | CompletionRequest, *,
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         max_tokens=max_tokens, stop=body.stop_list(), seed=body.seed,
-        presence_penalty=presence, frequency_penalty=frequency,
+        presence_penalty=presence, frequency_penalty=frequency, logit_bias=body.bias(),
     )
     return Generation(kind=kind, model=body.model, messages=messages,  # type: ignore[typeddict-item]
                       prompt=prompt, sampling=sampling, stream=bool(body.stream),

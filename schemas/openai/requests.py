@@ -11,13 +11,15 @@ Only what Conveyor serves is accepted, and only values the pipeline can carry:
   cannot be written into an event and is refused with the field's ``param``.
 * ``response_format`` may ask for free text, any JSON object or JSON matching
   a schema (schemas/structured.py checks the schema here).
+* ``logit_bias`` maps token ids to a bias in -100..100 (preprocess checks the
+  ids against the model's vocabulary).
 * ``tools`` (functions), ``tool_choice`` and ``parallel_tool_calls`` ask for
   tool calls (schemas/tools.py checks the functions' parameters here), and a
   conversation may hold assistant turns with ``tool_calls`` and ``tool``
   turns answering them.
 * Parameters that would change the answer in ways Conveyor cannot honour
-  (``n`` > 1, ``echo``, the older ``functions``, ``logprobs``,
-  ``logit_bias``, ``suffix``, ...) are refused with a
+  (``n`` > 1, ``echo``, the older ``functions``, ``logprobs``, ``suffix``,
+  ...) are refused with a
   400 naming the parameter, never silently ignored. Harmless ones the official
   ``openai`` client sends (``user``, ``stream_options``, ``service_tier``) are
   accepted. ``store: true`` keeps a chat completion to be read again by id
@@ -69,6 +71,8 @@ __all__ = [
 ]
 
 MAX_INT32 = 2**31 - 1
+# OpenAI's bound on the tokens one logit_bias may bias
+MAX_LOGIT_BIAS = 300
 MIN_INT64, MAX_INT64 = -(2**63), 2**63 - 1
 
 
@@ -189,8 +193,7 @@ class _Sampling(BaseModel):
     store: bool | None = None
     # accepted and without effect here
     service_tier: Text | None = None
-    # refused unless they ask for nothing
-    logit_bias: dict[str, Any] | None = None
+    logit_bias: dict[Text, float | int] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -209,10 +212,24 @@ class _Sampling(BaseModel):
 
     @field_validator("logit_bias")
     @classmethod
-    def _no_bias(cls, v: dict[str, Any] | None) -> None:
-        if v:
-            raise _unsupported("logit_bias")
-        return None
+    def _bias(cls, v: dict[str, float | int] | None) -> dict[str, float] | None:
+        if not v:
+            return None
+        if len(v) > MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias holds at most {MAX_LOGIT_BIAS} tokens")
+        out: dict[str, float] = {}
+        for token, bias in v.items():
+            if not token.isascii() or not token.isdigit() or int(token) > MAX_INT32:
+                raise ValueError(f"logit_bias keys are token ids (integers >= 0); "
+                                 f"{token!r} is not one")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"the bias of token {token} must be between -100 and 100, "
+                                 f"not {bias}")
+            out[str(int(token))] = float(bias)
+        return out
+
+    def bias(self) -> dict[str, float]:
+        return dict(self.logit_bias or {})
 
     def stop_list(self) -> list[str]:
         return list(self.stop or [])

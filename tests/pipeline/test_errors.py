@@ -83,6 +83,19 @@ def test_unsupported_parameters_are_refused(pipeline: Pipeline) -> None:
                          path="/v1/completions"), 400)
 
 
+def test_a_logit_bias_is_checked_and_an_engine_without_logits_refuses_it(
+        pipeline: Pipeline) -> None:
+    """Preprocess checks the ids against SmolLM2's 49,152 tokens; the session's
+    scripted engine has no logits to bias, and says so."""
+    ask = {"model": "smollm2", "messages": [{"role": "user", "content": "hi"}]}
+    err = assert_envelope(post(pipeline, {**ask, "logit_bias": {"49152": 1}}), 400)
+    assert err["param"] == "logit_bias" and "49152" in err["message"]
+    err = assert_envelope(post(pipeline, {**ask, "logit_bias": {"1": 101}}), 400)
+    assert err["param"] == "logit_bias"
+    err = assert_envelope(post(pipeline, {**ask, "logit_bias": {"42": -100}}), 400)
+    assert err["param"] == "logit_bias" and "scripted" in err["message"]
+
+
 def test_a_pool_without_workers_does_not_hold_up_the_others(pipeline: Pipeline) -> None:
     from concurrent.futures import ThreadPoolExecutor
 

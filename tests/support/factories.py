@@ -36,6 +36,7 @@ def generation(
             "seed": None,
             "presence_penalty": 0.0,
             "frequency_penalty": 0.0,
+            "logit_bias": {},
         },
         "stream": False,
         "include_usage": False,

@@ -67,6 +67,7 @@ def request_from_task(task: Task, continuation: str, done_tokens: int,
         stop=tuple(sampling["stop"]),
         presence_penalty=sampling["presence_penalty"],
         frequency_penalty=sampling["frequency_penalty"],
+        logit_bias=tuple((int(t), b) for t, b in (sampling.get("logit_bias") or {}).items()),
         prompt_text=prompt_text,
         messages=tuple(gen["messages"]),
         continuation=continuation,
@@ -162,6 +163,10 @@ class TaskRun:
                             f"serving {request.model}", param="tools")
                 elif request.response_format:  # the API checked it; an event may be forged
                     check_format(request.response_format, param="response_format")
+                if request.logit_bias and not self.engine.biases_logits:
+                    raise InvalidRequest(
+                        f"logit_bias is not supported by the {self.engine.name} engine "
+                        f"serving {request.model}", param="logit_bias")
                 if request.response_format and not self.engine.constrains_output:
                     raise InvalidRequest(
                         f"response_format {request.response_format['type']!r} is not "

@@ -38,6 +38,7 @@ from workers.outputs import Output, Sender
 from workers.prefix import block_hashes
 from workers.preprocess.normalize import (
     Fit,
+    check_logit_bias,
     fingerprint,
     fit_prompt,
     measure_messages,
@@ -104,6 +105,7 @@ class PreprocessLayer:
             model_key = generation["model"]
         else:
             tokenizer = await self.tokenizers.get(spec)
+            check_logit_bias(generation, tokenizer.vocab_size)
             if _text_size(generation) > _INLINE_CHARS:
                 fit, blocks = await asyncio.to_thread(self._measure, spec, tokenizer, generation)
             else:

@@ -28,6 +28,7 @@ from workers.preprocess.tokenizers import Tokenizer
 
 __all__ = [
     "ROLES",
+    "check_logit_bias",
     "Fit",
     "fingerprint",
     "fit_prompt",
@@ -158,6 +159,20 @@ def normalize_generation(generation: Generation) -> Generation:
             "Invalid 'prompt': a completion needs a prompt string.", param="prompt"
         )
     return {**generation, "prompt": normalize_text(prompt, "prompt")}
+
+
+def check_logit_bias(generation: Generation, vocab_size: int | None) -> None:
+    """Every token ``logit_bias`` names is in the model's vocabulary (where it is
+    known here; an upstream checks its own)."""
+    bias = generation["sampling"].get("logit_bias") or {}
+    if vocab_size is None:
+        return
+    for token in bias:
+        if int(token) >= vocab_size:
+            raise InvalidRequest(
+                f"Invalid 'logit_bias': token {token} is not in the vocabulary of "
+                f"{generation['model']} (token ids are 0 to {vocab_size - 1}).",
+                param="logit_bias")
 
 
 # -- measuring and fitting --------------------------------------------------

@@ -54,6 +54,8 @@ class Tokenizer(Protocol):
     """Counts tokens of a text and renders a conversation for one model."""
 
     exact: bool
+    # the token ids are 0 .. vocab_size - 1 (None: the vocabulary is not known here)
+    vocab_size: int | None
 
     def count(self, text: str) -> int:
         """The number of tokens of ``text`` (no BOS added)."""
@@ -127,6 +129,7 @@ class GgufTokenizer:
 
         self.path = path
         self._llm = Llama(model_path=str(path), vocab_only=True, verbose=False)
+        self.vocab_size: int | None = self._llm.n_vocab()
         metadata: dict[str, str] = self._llm.metadata
         self.bos_token = self._token_text(self._llm.token_bos())
         self.eos_token = self._token_text(self._llm.token_eos())
@@ -229,6 +232,7 @@ class EstimateTokenizer:
     """About four characters a token; no template (the upstream renders)."""
 
     exact: bool = False
+    vocab_size: int | None = None
 
     def count(self, text: str) -> int:
         return math.ceil(len(text) / CHARS_PER_TOKEN)

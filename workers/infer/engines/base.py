@@ -32,6 +32,9 @@ class GenerationRequest:
     # occurrence of them
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # OpenAI's logit_bias: (token id, bias -100..100) pairs; only an engine that
+    # ``biases_logits`` is given any
+    logit_bias: tuple[tuple[int, float], ...] = ()
     # The prompt rendered with the model's chat template (set by preprocess
     # when the tokenizer is local; always set for completions).
     prompt_text: str | None = None
@@ -80,6 +83,8 @@ class Engine(Protocol):
     # it decodes a request's tools (schemas/tools.py): calls held to the
     # functions' grammar; tools on an engine that does not are refused
     decodes_tools: bool
+    # it adds a request's logit_bias to its logits; one that does not refuses it
+    biases_logits: bool
 
     def kv_state(self) -> KvState | None:
         """The KV cache now, or None where the engine keeps none Conveyor can see."""

@@ -76,7 +76,7 @@ import numpy.typing as npt
 from llama_cpp import Llama, StoppingCriteriaList
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from conveyor.errors import EngineError
+from conveyor.errors import EngineError, InvalidRequest, RequestError
 from conveyor.registry import ModelSpec
 from workers.infer.engines.base import GenerationRequest, KvState, Piece
 from workers.infer.engines.llamacpp_grammar import HeldSampler, constrained
@@ -139,6 +139,7 @@ class LlamaCppEngine:
         self.capacity = contexts
         self.constrains_output = True  # llama.cpp's grammar sampler (llamacpp_grammar)
         self.decodes_tools = True  # the same sampler, on the tools' grammar
+        self.biases_logits = True  # llama-cpp-python's logit_bias
         self.model_path = Path(model_path)
         self.n_ctx = n_ctx
         self.n_threads = n_threads
@@ -276,6 +277,7 @@ class LlamaCppEngine:
                     seed=_llama_seed(request.seed),
                     presence_penalty=request.presence_penalty,
                     frequency_penalty=request.frequency_penalty,
+                    logit_bias=_bias(llm, request),
                     stop=list(request.stop),
                     stopping_criteria=StoppingCriteriaList([watch]),
                 ),
@@ -333,10 +335,11 @@ class LlamaCppEngine:
 
 async def pieces_from(queue: asyncio.Queue[_Item]) -> AsyncGenerator[Piece, None]:
     """The pieces an engine thread puts on ``queue`` up to the last one; an
-    exception it puts there is raised as an EngineError."""
+    exception it puts there is raised as an EngineError (a request's own fault,
+    a RequestError, as itself)."""
     while True:
         item = await queue.get()
-        if isinstance(item, EngineError):
+        if isinstance(item, (EngineError, RequestError)):
             raise item
         if isinstance(item, BaseException):
             raise EngineError(f"llama.cpp failed: {item}") from item
@@ -396,3 +399,16 @@ def _llama_seed(seed: int | None) -> int:
     if seed is None:
         return secrets.randbelow(_SEED_SPACE)
     return seed % _SEED_SPACE
+
+
+def _bias(llm: Llama, request: GenerationRequest) -> dict[int, float] | None:
+    """The request's logit_bias, each token checked against the vocabulary
+    (preprocess checked it; an event may be forged)."""
+    if not request.logit_bias:
+        return None
+    n_vocab = llm.n_vocab()
+    for token, _ in request.logit_bias:
+        if not 0 <= token < n_vocab:
+            raise InvalidRequest(f"Invalid 'logit_bias': token {token} is not in the "
+                                 "model's vocabulary.", param="logit_bias")
+    return dict(request.logit_bias)

@@ -20,7 +20,7 @@ from typing import Any, Literal, cast
 import llama_cpp
 from llama_cpp import Llama
 
-from conveyor.errors import EngineError
+from conveyor.errors import EngineError, InvalidRequest
 from workers.infer.engines.base import GenerationRequest, Piece
 from workers.infer.engines.llamacpp import _llama_seed, common_prefix, reuse_score
 from workers.infer.engines.llamacpp_grammar import CheckedSampling, grammar_sampler
@@ -343,7 +343,10 @@ class Context:
 
 def _sampler(request: GenerationRequest, vocab: Any, accepted: list[int]) -> Any:
     n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
+    bias = _bias_sampler(request, n_vocab) if request.logit_bias else None  # raises first
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    if bias is not None:
+        llama_cpp.llama_sampler_chain_add(chain, bias)
     if request.presence_penalty or request.frequency_penalty:
         llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_penalties(
             n_vocab, _PENALTY_WINDOW, 1.0, request.frequency_penalty,
@@ -367,3 +370,18 @@ def _sampler(request: GenerationRequest, vocab: Any, accepted: list[int]) -> Any
     for token in accepted:
         llama_cpp.llama_sampler_accept(chain, token)
     return chain
+
+
+def _bias_sampler(request: GenerationRequest, n_vocab: int) -> Any:
+    """llama.cpp's logit-bias sampler of the request's logit_bias, each token
+    checked against the vocabulary first (the sampler indexes the logits by
+    token id: preprocess checked the ids, but an event may be forged)."""
+    for token, _ in request.logit_bias:
+        if not 0 <= token < n_vocab:
+            raise InvalidRequest(f"Invalid 'logit_bias': token {token} is not in the "
+                                 "model's vocabulary.", param="logit_bias")
+    biases = (llama_cpp.llama_logit_bias * len(request.logit_bias))()
+    for i, (token, bias) in enumerate(request.logit_bias):
+        entry = cast(Any, biases[i])
+        entry.token, entry.bias = token, bias
+    return llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(request.logit_bias), biases)

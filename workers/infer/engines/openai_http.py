@@ -65,6 +65,7 @@ class OpenAIHttpEngine:
         self.capacity = capacity
         self.constrains_output = True  # the upstream gets response_format and constrains itself
         self.decodes_tools = False  # an upstream's own tool calls are not read back yet
+        self.biases_logits = True  # passed on as logit_bias
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.timeout_s = timeout_s
@@ -164,6 +165,8 @@ def _upstream_body(request: GenerationRequest) -> tuple[str, dict[str, Any]]:
         body["presence_penalty"] = request.presence_penalty
     if request.frequency_penalty:
         body["frequency_penalty"] = request.frequency_penalty
+    if request.logit_bias:
+        body["logit_bias"] = {str(token): bias for token, bias in request.logit_bias}
     if request.response_format is not None:  # vLLM and SGLang take it on both endpoints
         body["response_format"] = wire_format(request.response_format)
     if request.prompt_text is not None or request.kind == "completion":

@@ -94,6 +94,7 @@ class ScriptedEngine:
         self.capacity = capacity
         self.constrains_output = False  # scripted text follows no format
         self.decodes_tools = False
+        self.biases_logits = False  # scripted text has no logits
         self.script = script
         self.text = text
         self.token_delay_s = token_delay_ms / 1000

@@ -124,6 +124,7 @@ class VllmEngine:
         self.capacity = capacity
         self.constrains_output = True  # vLLM's structured outputs (vllm_structured)
         self.decodes_tools = True  # the tools' grammar, as vLLM's structured outputs
+        self.biases_logits = True  # vLLM's own logit_bias
         self.spec = spec
         self.model = model
         self.dtype = dtype
@@ -346,6 +347,7 @@ def _sampling(request: GenerationRequest) -> SamplingParams:
         stop=list(request.stop) or None,
         presence_penalty=request.presence_penalty,
         frequency_penalty=request.frequency_penalty,
+        logit_bias=dict(request.logit_bias) or None,
         max_tokens=max(1, request.max_tokens),
         output_kind=RequestOutputKind.DELTA,
         structured_outputs=structured_outputs(request),  # vllm_structured

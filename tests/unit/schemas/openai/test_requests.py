@@ -262,7 +262,7 @@ def test_an_empty_prompt_is_accepted_as_openai_accepts_it() -> None:
 
 @pytest.mark.parametrize(("field", "value"), [
     ("functions", [{"name": "f"}]), ("function_call", "auto"),
-    ("logprobs", True), ("top_logprobs", 2), ("logit_bias", {"1": 2}),
+    ("logprobs", True), ("top_logprobs", 2),
     ("audio", {"voice": "alloy"}), ("modalities", ["text", "audio"]),
     ("prediction", {"type": "content", "content": "x"}),
     ("reasoning_effort", "high"), ("web_search_options", {}),
@@ -274,7 +274,7 @@ def test_unsupported_chat_parameters_are_refused(field: str, value: Any) -> None
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("logprobs", 2), ("suffix", "end"), ("best_of", 3), ("logit_bias", {"50256": -100}),
+    ("logprobs", 2), ("suffix", "end"), ("best_of", 3),
     ("store", True),
 ])
 def test_unsupported_completion_parameters_are_refused(field: str, value: Any) -> None:
@@ -307,3 +307,23 @@ def test_parameters_that_ask_for_nothing_pass() -> None:
                 stream_options={"include_usage": True})
     assert body.model == "smollm2"
     assert completion(logprobs=0, suffix="", best_of=1, echo=False).token_budget() == 16
+
+
+def test_logit_bias_maps_token_ids_to_a_bias() -> None:
+    from schemas.openai.generations import chat_generation, completion_generation
+
+    assert chat_generation(chat(logit_bias={"42": -100, "7": 2.5}))["sampling"][
+        "logit_bias"] == {"42": -100.0, "7": 2.5}
+    assert completion(logit_bias={"0042": 1})  # the id is normalised
+    assert completion_generation(completion(logit_bias={"0042": 1}))["sampling"][
+        "logit_bias"] == {"42": 1.0}
+    assert chat_generation(chat(logit_bias={}))["sampling"]["logit_bias"] == {}
+
+
+@pytest.mark.parametrize("bias", [{"a": 1}, {"-1": 1}, {"1.5": 1}, {"1": 101}, {"1": -100.5},
+                                  {"1": "x"}, {str(i): 1 for i in range(301)},
+                                  {str(2**31): 1}])
+def test_a_logit_bias_openai_would_refuse_is_refused(bias: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError) as info:
+        chat(logit_bias=bias)
+    assert error_locs(info.value) == {"logit_bias"}

@@ -115,6 +115,20 @@ async def test_bad_role_rejected_with_param(layer: PreprocessLayer) -> None:
     assert err.value.param == "messages[1].role"
 
 
+async def test_a_logit_bias_outside_the_vocabulary_is_rejected(layer: PreprocessLayer,
+                                                               llama: Llama) -> None:
+    req = request([message("user", "hi")])
+    req["generation"]["sampling"]["logit_bias"] = {"42": -100.0, str(llama.n_vocab()): 1.0}
+    with pytest.raises(InvalidRequest) as err:
+        await layer.handle(req, None)
+    assert err.value.param == "logit_bias" and str(llama.n_vocab()) in err.value.message
+    req["generation"]["sampling"]["logit_bias"] = {str(llama.n_vocab() - 1): 1.0}
+    assert (await prepare(layer, req))["generation"]["sampling"]["logit_bias"]
+    unknown = request([message("user", "hi")], model="no-such-model")
+    unknown["generation"]["sampling"]["logit_bias"] = {"99999999": 1.0}
+    await prepare(layer, unknown)  # its vocabulary is not known here: route answers 404
+
+
 async def test_empty_messages_rejected(layer: PreprocessLayer) -> None:
     with pytest.raises(InvalidRequest) as err:
         await layer.handle(request([]), None)

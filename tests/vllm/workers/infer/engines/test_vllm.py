@@ -256,3 +256,15 @@ async def test_tools_hold_the_answer_to_calls_of_the_functions(vllm_engine: Vllm
     [call] = read_tool_calls("r", text(pieces)).tool_calls
     assert call["function"]["name"] == "get_weather"
     jsonschema.validate(json.loads(call["function"]["arguments"]), parameters)
+
+
+async def test_a_logit_bias_forces_its_token(vllm_engine: VllmEngine) -> None:
+    from llama_cpp import Llama
+
+    spec = Registry.load(Path("conveyor/models.toml")).resolve("smollm2")
+    vocab = Llama(model_path=str(spec.gguf_path()), vocab_only=True, verbose=False)
+    [forced] = vocab.tokenize(b" Paris", add_bos=False)
+    pieces = await collect(vllm_engine, request(kind="completion", messages=(), max_tokens=4,
+                                                prompt_text="The capital of France is",
+                                                logit_bias=((forced, 100.0),)))
+    assert text(pieces) == " Paris" * 4

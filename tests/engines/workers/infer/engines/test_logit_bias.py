@@ -1,0 +1,65 @@
+"""logit_bias on both llama.cpp engines with the real SmolLM2-135M GGUF: a
+token pushed to -100 is never sampled, one pushed to +100 is all the answer
+holds, and a token outside the vocabulary is a 400 naming logit_bias, not a
+crashed process (llama.cpp's sampler indexes the logits by token id)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from llama_cpp import Llama
+
+from conveyor.errors import InvalidRequest
+from conveyor.registry import Registry
+from workers.infer.engines.base import Engine, GenerationRequest
+from workers.infer.engines.llamacpp import LlamaCppEngine
+from workers.infer.engines.llamacpp_batch import LlamaCppBatchEngine
+
+SPEC = Registry.load(Path("conveyor/models.toml")).resolve("smollm2")
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def vocab() -> Llama:
+    return Llama(model_path=str(SPEC.gguf_path()), vocab_only=True, verbose=False)
+
+
+@pytest.fixture(scope="module", params=["llamacpp", "llamacpp-batch"])
+async def engine(request: pytest.FixtureRequest) -> AsyncIterator[Engine]:
+    made: Engine = (LlamaCppEngine.from_spec(SPEC, contexts=1) if request.param == "llamacpp"
+                    else LlamaCppBatchEngine.from_spec(SPEC, sequences=2, contexts=1,
+                                                       n_ctx=512))
+    await made.start()
+    yield made
+    await made.close()
+
+
+def ask(**overrides: Any) -> GenerationRequest:
+    fields: dict[str, Any] = {"request_id": "r1", "kind": "completion", "model": "smollm2",
+                              "max_tokens": 6, "temperature": 0.0, "prompt_text": PROMPT}
+    fields.update(overrides)
+    return GenerationRequest(**fields)
+
+
+async def answer(engine: Engine, req: GenerationRequest) -> str:
+    return "".join([p.text async for p in engine.generate(req)])
+
+
+async def test_a_banned_token_is_never_sampled_and_a_forced_one_is_all(
+        engine: Engine, vocab: Llama) -> None:
+    free = await answer(engine, ask())
+    first = vocab.tokenize(free.encode(), add_bos=False)[0]
+    banned = await answer(engine, ask(logit_bias=((first, -100.0),)))
+    assert banned and first not in vocab.tokenize(banned.encode(), add_bos=False), (free, banned)
+    [forced] = vocab.tokenize(b" Paris", add_bos=False)
+    assert await answer(engine, ask(logit_bias=((forced, 100.0),))) == " Paris" * 6
+
+
+async def test_a_token_outside_the_vocabulary_is_refused(engine: Engine, vocab: Llama) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        await answer(engine, ask(logit_bias=((vocab.n_vocab(), 5.0),)))
+    assert info.value.param == "logit_bias"
+    assert await answer(engine, ask())  # and the engine serves on
