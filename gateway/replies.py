@@ -46,7 +46,7 @@ from conveyor.errors import BrokerError, DeadlineExceeded, RequestError
 from conveyor.settings import Settings
 from gateway.health import TaskHealth
 from schemas.codec import Codec
-from schemas.records import Reply, Usage
+from schemas.records import Reply, TokenLogprob, Usage
 from topics.backoff import Backoff
 from topics.catalog import REPLIES
 from topics.follow import Follower, follow
@@ -139,6 +139,8 @@ class Folded:
     finish_reason: str | None
     usage: Usage | None
     model: str | None = None
+    # the tokens' log probabilities, where they were asked for
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 async def fold_answer(source: ReplySource, within: float | None = None,
@@ -146,6 +148,7 @@ async def fold_answer(source: ReplySource, within: float | None = None,
     """Read ``source`` to its final reply. ``idle`` is asked whenever ``within``
     passes without a reply; True gives up (None). An error reply raises."""
     text: list[str] = []
+    logprobs: list[TokenLogprob] = []
     finish: str | None = None
     model: str | None = None
     while True:
@@ -158,10 +161,11 @@ async def fold_answer(source: ReplySource, within: float | None = None,
             model = json.loads(reply["chunk"].partition("\n")[0]).get("model")
         if reply["text"]:
             text.append(reply["text"])
+        logprobs.extend(reply.get("logprobs") or ())
         if reply["finish_reason"]:
             finish = reply["finish_reason"]
         if reply["kind"] == "final":
-            return Folded("".join(text), finish, reply["usage"], model)
+            return Folded("".join(text), finish, reply["usage"], model, logprobs)
 
 
 class ReplyLease:

@@ -48,6 +48,7 @@ from gateway.replies import ReplyRouter, fold_answer
 from gateway.resume import ReplySource, ResumeWatch, event_id
 from schemas.openai.chunks import full_response
 from schemas.openai.generations import chat_generation, completion_generation
+from schemas.openai.logprobs import asks_logprobs
 from schemas.openai.requests import ChatCompletionRequest, CompletionRequest
 from schemas.records import Control, Generation, Reply, Request
 from schemas.tools import reads_tool_calls
@@ -207,7 +208,8 @@ class Serving:
         return full_response(generation["kind"], folded.model or generation["model"],
                              generation["created"], answer.request_id, folded.text,
                              folded.finish_reason, folded.usage,
-                             tool_calls=read_calls and reads_tool_calls(generation))
+                             tool_calls=read_calls and reads_tool_calls(generation),
+                             logprobs=folded.logprobs if asks_logprobs(generation) else None)
 
     async def first(self, answer: Answer, disconnected: Disconnected) -> Reply | None:
         """The first reply, before the response status is chosen; None when the

@@ -51,6 +51,7 @@ from gateway.resume import (
     request_id_of,
 )
 from schemas.openai.chunks import full_response
+from schemas.openai.logprobs import asks_logprobs
 from schemas.tools import reads_tool_calls
 
 if TYPE_CHECKING:
@@ -124,7 +125,8 @@ async def stored_chat_completion(serving: Serving, identity: Identity,
     assert generation is not None  # find_stored checked it
     return full_response("chat", generation["model"], generation["created"],
                          where.request_id, folded.text, folded.finish_reason, folded.usage,
-                         tool_calls=reads_tool_calls(generation))
+                         tool_calls=reads_tool_calls(generation),
+                         logprobs=folded.logprobs if asks_logprobs(generation) else None)
 
 
 async def stored_messages(serving: Serving, identity: Identity, completion_id: str,

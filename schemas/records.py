@@ -26,6 +26,8 @@ __all__ = [
     "Fallback",
     "ResponseFormat",
     "ToolCall",
+    "TokenLogprob",
+    "TopLogprob",
     "Function",
     "Tools",
     "Sampling",
@@ -97,6 +99,21 @@ class Sampling(TypedDict):
     presence_penalty: NotRequired[float]
     frequency_penalty: NotRequired[float]
     logit_bias: NotRequired[dict[str, float]]  # token id (decimal) -> bias, -100..100
+    logprobs: NotRequired[bool]
+    top_logprobs: NotRequired[int]
+
+
+class TopLogprob(TypedDict):
+    token: str
+    bytes: bytes
+    logprob: float
+
+
+class TokenLogprob(TypedDict):
+    token: str
+    bytes: bytes
+    logprob: float
+    top: list[TopLogprob]
 
 
 class ResponseFormat(TypedDict):
@@ -189,6 +206,7 @@ class ChunkHeader(TypedDict):
     include_usage: bool
     prompt_tokens: int
     tool_calls: NotRequired[bool]  # the answer is read for tool calls (schemas/tools.py)
+    logprobs: NotRequired[bool]  # the tokens' log probabilities were asked for
 
 
 class TokenChunk(TypedDict):
@@ -203,6 +221,7 @@ class TokenChunk(TypedDict):
     run_id: str
     run_start: int
     cached_tokens: NotRequired[int | None]
+    logprobs: NotRequired[list[TokenLogprob]]
 
 
 class Reply(TypedDict):
@@ -214,6 +233,7 @@ class Reply(TypedDict):
     finish_reason: str | None
     usage: Usage | None
     error: ErrorInfo | None
+    logprobs: NotRequired[list[TokenLogprob]]
 
 
 class Control(TypedDict):

@@ -112,7 +112,8 @@ def generation_of(body: ResponsesRequest) -> Generation:
     sampling = Sampling(temperature=1.0 if body.temperature is None else body.temperature,
                         top_p=1.0 if body.top_p is None else body.top_p,
                         max_tokens=body.max_output_tokens, stop=[], seed=None,
-                        presence_penalty=0.0, frequency_penalty=0.0, logit_bias={})
+                        presence_penalty=0.0, frequency_penalty=0.0, logit_bias={},
+                        logprobs=False, top_logprobs=0)
     return Generation(kind="chat", model=body.model, messages=messages, prompt=None,
                       sampling=sampling, stream=bool(body.stream), include_usage=False,
                       created=int(time.time()), store=is_stored(body),

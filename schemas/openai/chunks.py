@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from schemas.records import ChunkHeader, Usage
+from schemas.openai.logprobs import chat_logprobs, completion_logprobs
+from schemas.records import ChunkHeader, TokenLogprob, Usage
 from schemas.tools import read_tool_calls
 
 __all__ = ["completion_id", "delta_chunk", "tool_call_chunk", "usage_chunk", "usage_object",
@@ -40,16 +41,21 @@ def delta_chunk(
     text: str,
     finish_reason: str | None = None,
     role: bool = False,
+    logprobs: dict[str, Any] | None = None,
 ) -> str:
+    """A chunk of text (or the role, or the finish); ``logprobs`` is the
+    object of its tokens (schemas/openai/logprobs.py) when they were asked for."""
     out = _base(header, request_id)
     choice: dict[str, Any]
     if header["kind"] == "chat":
         delta: dict[str, Any] = {"role": "assistant", "content": text} if role else {}
-        if not role and (text or finish_reason is None):
-            delta["content"] = text
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        if not role and (text or (finish_reason is None and logprobs is None)):
+            delta["content"] = text  # (a chunk of logprobs alone has an empty delta)
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs,
+                  "finish_reason": finish_reason}
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text, "logprobs": logprobs,
+                  "finish_reason": finish_reason}
     out["choices"] = [choice]
     if header["include_usage"]:
         out["usage"] = None
@@ -94,11 +100,12 @@ def usage_chunk(header: ChunkHeader, request_id: str, usage: Usage) -> str:
 
 def full_response(kind: str, model: str, created: int, request_id: str, text: str,
                   finish_reason: str | None, usage: Usage | None,
-                  tool_calls: bool = False) -> dict[str, Any]:
+                  tool_calls: bool = False,
+                  logprobs: list[TokenLogprob] | None = None) -> dict[str, Any]:
     """The unstreamed answer: a ``chat.completion`` or a ``text_completion``.
     With ``tool_calls`` the text is read for calls (schemas/tools.py): the
     message carries them, and an answer that made one finished with
-    ``tool_calls``."""
+    ``tool_calls``. ``logprobs`` (None: not asked for) are the answer's tokens'."""
     usage_out = usage_object(usage or Usage(prompt_tokens=0, completion_tokens=0))
     if kind == "chat":
         message: dict[str, Any] = {"role": "assistant", "content": text}
@@ -115,7 +122,8 @@ def full_response(kind: str, model: str, created: int, request_id: str, text: st
             "created": created,
             "model": model,
             "choices": [{"index": 0, "message": message,
-                         "logprobs": None, "finish_reason": finish_reason}],
+                         "logprobs": None if logprobs is None else chat_logprobs(logprobs),
+                         "finish_reason": finish_reason}],
             "usage": usage_out,
         }
     return {
@@ -123,7 +131,8 @@ def full_response(kind: str, model: str, created: int, request_id: str, text: st
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None,
+        "choices": [{"index": 0, "text": text,
+                     "logprobs": None if logprobs is None else completion_logprobs(logprobs, 0),
                      "finish_reason": finish_reason}],
         "usage": usage_out,
     }

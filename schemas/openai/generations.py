@@ -41,11 +41,13 @@ def _generation(kind: str, body: ChatCompletionRequest | CompletionRequest, *,
                 messages: list[Message], prompt: str | None,
                 max_tokens: int | None) -> Generation:
     presence, frequency = body.penalties()
+    logprobs, top_logprobs = body.logprobs_asked()
     sampling = Sampling(
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         max_tokens=max_tokens, stop=body.stop_list(), seed=body.seed,
         presence_penalty=presence, frequency_penalty=frequency, logit_bias=body.bias(),
+        logprobs=logprobs, top_logprobs=top_logprobs,
     )
     return Generation(kind=kind, model=body.model, messages=messages,  # type: ignore[typeddict-item]
                       prompt=prompt, sampling=sampling, stream=bool(body.stream),

@@ -11,6 +11,8 @@ Only what Conveyor serves is accepted, and only values the pipeline can carry:
   cannot be written into an event and is refused with the field's ``param``.
 * ``response_format`` may ask for free text, any JSON object or JSON matching
   a schema (schemas/structured.py checks the schema here).
+* ``logprobs`` (chat: with ``top_logprobs`` up to 20; completions: the
+  number of alternatives, up to 5) asks for each token's log probability.
 * ``logit_bias`` maps token ids to a bias in -100..100 (preprocess checks the
   ids against the model's vocabulary).
 * ``tools`` (functions), ``tool_choice`` and ``parallel_tool_calls`` ask for
@@ -18,8 +20,8 @@ Only what Conveyor serves is accepted, and only values the pipeline can carry:
   conversation may hold assistant turns with ``tool_calls`` and ``tool``
   turns answering them.
 * Parameters that would change the answer in ways Conveyor cannot honour
-  (``n`` > 1, ``echo``, the older ``functions``, ``logprobs``, ``suffix``,
-  ...) are refused with a
+  (``n`` > 1, ``echo``, the older ``functions``, ``suffix``, ...) are
+  refused with a
   400 naming the parameter, never silently ignored. Harmless ones the official
   ``openai`` client sends (``user``, ``stream_options``, ``service_tier``) are
   accepted. ``store: true`` keeps a chat completion to be read again by id
@@ -73,6 +75,8 @@ __all__ = [
 MAX_INT32 = 2**31 - 1
 # OpenAI's bound on the tokens one logit_bias may bias
 MAX_LOGIT_BIAS = 300
+# OpenAI's bound on top_logprobs
+MAX_TOP_LOGPROBS = 20
 MIN_INT64, MAX_INT64 = -(2**63), 2**63 - 1
 
 
@@ -321,8 +325,8 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     # refused unless they ask for nothing
-    top_logprobs: Any = None
     functions: Any = None
     function_call: Any = None
     audio: Any = None
@@ -331,14 +335,17 @@ class ChatCompletionRequest(_Sampling):
     web_search_options: Any = None
     reasoning_effort: Any = None
 
-    @field_validator("logprobs")
+    @field_validator("top_logprobs")
     @classmethod
-    def _no_logprobs(cls, v: bool | None) -> bool | None:
-        if v:
-            raise _unsupported("logprobs")
+    def _top_with_logprobs(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs set to true")
         return v
 
-    @field_validator("top_logprobs", "functions", "audio",
+    def logprobs_asked(self) -> tuple[bool, int]:
+        return bool(self.logprobs), self.top_logprobs or 0
+
+    @field_validator("functions", "audio",
                      "prediction", "web_search_options", "reasoning_effort")
     @classmethod
     def _nothing(cls, v: Any, info: ValidationInfo) -> None:
@@ -394,8 +401,10 @@ class CompletionRequest(_Sampling):
     prompt: Text | list[Text]
     max_tokens: int | None = Field(default=16, ge=1, le=MAX_INT32)
     echo: bool | None = False
+    # the sampled token's log probability and this many alternatives (OpenAI's
+    # legacy completions allow 5)
+    logprobs: int | None = Field(default=None, ge=0, le=5)
     # refused unless they ask for nothing
-    logprobs: int | None = None
     suffix: Text | None = None
     best_of: int | None = None
 
@@ -407,12 +416,8 @@ class CompletionRequest(_Sampling):
                              "completions are not stored")
         return v
 
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v: int | None) -> None:
-        if v:
-            raise _unsupported("logprobs")
-        return None
+    def logprobs_asked(self) -> tuple[bool, int]:
+        return self.logprobs is not None, self.logprobs or 0
 
     @field_validator("suffix")
     @classmethod

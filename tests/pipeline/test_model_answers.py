@@ -6,6 +6,7 @@ tested without Kafka in tests/engines/workers/infer/engines."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -64,3 +65,42 @@ def test_the_stream_helper_gives_the_final_response(model: Pipeline) -> None:
     assert final.status == "completed" and final.incomplete_details is None
     assert final.output_text == "".join(texts) and final.output_text.strip()
     check_usage(final)
+
+
+def test_chat_logprobs_streamed_and_not(model: Pipeline) -> None:
+    """Each token's log probability and its three likeliest, as OpenAI's client
+    reads them: the tokens make the content, streamed or not, and the greedy
+    token is the likeliest. (The two answers are not compared: the second
+    reuses the first's cached prompt, and a near tie may fall the other way.)"""
+    c = client(model)
+    ask: dict[str, Any] = dict(model="smollm2", temperature=0, max_tokens=8, logprobs=True,
+                               top_logprobs=3,
+                               messages=[{"role": "user", "content": "Name a color."}])
+    whole = c.chat.completions.create(**ask).choices[0]
+    assert whole.logprobs is not None and whole.logprobs.content
+    tokens = whole.logprobs.content
+    assert "".join(t.token for t in tokens) == whole.message.content
+    for t in tokens:
+        assert t.logprob <= 0 and len(t.top_logprobs) == 3
+        assert t.top_logprobs[0].token == t.token
+        assert t.bytes is not None and bytes(t.bytes).decode() == t.token
+    streamed, content = [], []
+    for chunk in c.chat.completions.create(**ask, stream=True):
+        if chunk.choices and chunk.choices[0].logprobs is not None:
+            streamed += chunk.choices[0].logprobs.content or []
+        if chunk.choices:
+            content.append(chunk.choices[0].delta.content or "")
+    assert streamed and "".join(t.token for t in streamed) == "".join(content)
+    assert all(t.top_logprobs[0].token == t.token for t in streamed)
+    plain = c.chat.completions.create(**{**ask, "logprobs": None, "top_logprobs": None})
+    assert plain.choices[0].logprobs is None
+
+
+def test_completion_logprobs(model: Pipeline) -> None:
+    done = client(model).completions.create(model="smollm2", prompt="The capital of France is",
+                                            max_tokens=5, temperature=0, logprobs=2)
+    lp = done.choices[0].logprobs
+    assert lp is not None and lp.tokens and "".join(lp.tokens) == done.choices[0].text
+    assert lp.token_logprobs and all(x <= 0 for x in lp.token_logprobs)
+    assert lp.top_logprobs and all(len(top) == 2 for top in lp.top_logprobs)
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]

@@ -37,6 +37,8 @@ def generation(
             "presence_penalty": 0.0,
             "frequency_penalty": 0.0,
             "logit_bias": {},
+            "logprobs": False,
+            "top_logprobs": 0,
         },
         "stream": False,
         "include_usage": False,

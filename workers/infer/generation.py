@@ -30,7 +30,15 @@ from conveyor.errors import (
 )
 from conveyor.settings import Settings
 from conveyor.tracing import genai_request_attributes
-from schemas.records import ChunkHeader, ErrorInfo, Generation, ResponseFormat, Task, TokenChunk
+from schemas.records import (
+    ChunkHeader,
+    ErrorInfo,
+    Generation,
+    ResponseFormat,
+    Task,
+    TokenChunk,
+    TokenLogprob,
+)
 from schemas.structured import check_format, violation
 from schemas.tools import check_tools, reads_tool_calls, tool_format
 from topics.catalog import TOKENS
@@ -68,6 +76,8 @@ def request_from_task(task: Task, continuation: str, done_tokens: int,
         presence_penalty=sampling["presence_penalty"],
         frequency_penalty=sampling["frequency_penalty"],
         logit_bias=tuple((int(t), b) for t, b in (sampling.get("logit_bias") or {}).items()),
+        logprobs=bool(sampling.get("logprobs")),
+        top_logprobs=sampling.get("top_logprobs") or 0,
         prompt_text=prompt_text,
         messages=tuple(gen["messages"]),
         continuation=continuation,
@@ -163,6 +173,10 @@ class TaskRun:
                             f"serving {request.model}", param="tools")
                 elif request.response_format:  # the API checked it; an event may be forged
                     check_format(request.response_format, param="response_format")
+                if request.logprobs and not self.engine.reports_logprobs:
+                    raise InvalidRequest(
+                        f"logprobs is not supported by the {self.engine.name} engine "
+                        f"serving {request.model}", param="logprobs")
                 if request.logit_bias and not self.engine.biases_logits:
                     raise InvalidRequest(
                         f"logit_bias is not supported by the {self.engine.name} engine "
@@ -195,6 +209,7 @@ class TaskRun:
         interval = (self.settings.coalesce_ms if streamed
                     else self.settings.coalesce_unstreamed_ms) / 1000
         buf: list[str] = []
+        buf_logprobs: list[TokenLogprob] = []
         buf_tokens = 0
         last_flush = 0.0
         finish: str | None = None
@@ -205,6 +220,7 @@ class TaskRun:
         try:
             async for piece in pieces:
                 buf.append(piece.text)
+                buf_logprobs.extend(piece.logprobs)
                 if answer is not None:
                     answer.append(piece.text)
                 buf_tokens += piece.tokens
@@ -222,14 +238,14 @@ class TaskRun:
                     break
                 now = time.monotonic()
                 if self.seq == self.run_start or now - last_flush >= interval:
-                    await self._emit("".join(buf), buf_tokens, None)
-                    buf, buf_tokens, last_flush = [], 0, now
+                    await self._emit("".join(buf), buf_tokens, None, logprobs=buf_logprobs)
+                    buf, buf_logprobs, buf_tokens, last_flush = [], [], 0, now
         finally:
             with contextlib.suppress(Exception):
                 await pieces.aclose()
         if finish is None and self.handed_off:
             if buf_tokens:
-                await self._emit("".join(buf), buf_tokens, None)
+                await self._emit("".join(buf), buf_tokens, None, logprobs=buf_logprobs)
             return
         if finish is None:
             finish = "cancelled" if self.cancelled else "stop"
@@ -241,7 +257,7 @@ class TaskRun:
         wrong = violation(fmt, "".join(answer)) if fmt and answer is not None \
             and finish == "stop" else None
         if wrong is not None:  # what the grammar could not hold the engine to
-            await self._emit("".join(buf), buf_tokens, None)
+            await self._emit("".join(buf), buf_tokens, None, logprobs=buf_logprobs)
             tool_calls = fmt is not None and fmt["type"] == "tool_calls"
             await self._fail(InvalidOutput(
                 f"The model's tool calls are not valid: {wrong}." if tool_calls else
@@ -249,7 +265,7 @@ class TaskRun:
                 param="tools" if tool_calls else "response_format",
                 code="invalid_tool_call" if tool_calls else None))
             return
-        await self._emit("".join(buf), buf_tokens, finish)
+        await self._emit("".join(buf), buf_tokens, finish, logprobs=buf_logprobs)
 
     def _header(self) -> ChunkHeader | None:
         if self.seq != 0:
@@ -262,10 +278,12 @@ class TaskRun:
                            stop=gen["sampling"]["stop"], stream=gen["stream"],
                            include_usage=gen["include_usage"],
                            prompt_tokens=self.task["prompt"]["tokens"],
-                           tool_calls=reads_tool_calls(gen))
+                           tool_calls=reads_tool_calls(gen),
+                           logprobs=bool(gen["sampling"].get("logprobs")))
 
     async def _emit(self, text: str, tokens: int, finish: str | None,
-                    error: ErrorInfo | None = None) -> None:
+                    error: ErrorInfo | None = None,
+                    logprobs: list[TokenLogprob] | None = None) -> None:
         """Produce one chunk without waiting for its acknowledgement: the idempotent
         producer keeps a partition's order (all but across its renewal,
         topics/producer.py, where readers order chunks by seq), and run() waits
@@ -274,7 +292,8 @@ class TaskRun:
                            tokens=tokens, finish_reason=finish, worker_id=self.worker_id,
                            header=self._header(), error=error, run_id=self.run_id,
                            run_start=self.run_start,
-                           cached_tokens=self.cached_tokens if finish is not None else None)
+                           cached_tokens=self.cached_tokens if finish is not None else None,
+                           logprobs=list(logprobs or ()))
         self._acks.append(await self.sender.send_nowait(
             Output(TOKENS.at(self.settings), "TokenChunk", chunk, key=self.request_id)))
         self.seq += 1

@@ -24,7 +24,17 @@ from aiokafka import TopicPartition
 from conveyor.settings import Settings
 from schemas.codec import EventType
 from schemas.openai.chunks import delta_chunk, full_response, tool_call_chunk, usage_chunk
-from schemas.records import ChunkHeader, Control, ErrorInfo, Reply, TokenChunk, Usage, UsageRecord
+from schemas.openai.logprobs import chat_logprobs, completion_logprobs
+from schemas.records import (
+    ChunkHeader,
+    Control,
+    ErrorInfo,
+    Reply,
+    TokenChunk,
+    TokenLogprob,
+    Usage,
+    UsageRecord,
+)
 from schemas.tools import ToolCallReader
 from topics.catalog import CONTROL, REPLIES, TOKENS, USAGE
 from topics.envelope import now_ms, stamp
@@ -91,15 +101,18 @@ class PostprocessLayer:
         if stream.reply_index == 0 and header["kind"] == "chat":
             chunks.append(delta_chunk(header, rid, "", role=True))
         called = False
+        logprobs = _logprobs_object(stream, header, e)
         if header.get("tool_calls") and header["kind"] == "chat":
             called = self._tool_chunks(stream, header, e, chunks)
+            if logprobs is not None:  # the tokens of the calls, beside them
+                chunks.append(delta_chunk(header, rid, "", logprobs=logprobs))
         elif e.text:
-            chunks.append(delta_chunk(header, rid, e.text))
+            chunks.append(delta_chunk(header, rid, e.text, logprobs=logprobs))
         if e.finish_reason is None:
             # a reply for text the chunks hold back too (a tool call's head):
             # the gateway folds an unstreamed answer from the replies' text
-            return [self._reply(stream, "delta", text=e.text, chunk="\n".join(chunks))] \
-                if chunks or e.text else []
+            return [self._reply(stream, "delta", text=e.text, chunk="\n".join(chunks),
+                                logprobs=e.logprobs)] if chunks or e.text else []
         # OpenAI knows "stop" and "length"; a cancelled generation reads as stopped
         reason = e.finish_reason if e.finish_reason in ("stop", "length") else "stop"
         if called and reason == "stop":
@@ -109,7 +122,7 @@ class PostprocessLayer:
         if header["include_usage"]:
             chunks.append(usage_chunk(header, rid, usage))
         out = [self._reply(stream, "final", text=e.text, chunk="\n".join(chunks),
-                           finish_reason=reason, usage=usage),
+                           finish_reason=reason, usage=usage, logprobs=e.logprobs),
                self._usage_output(stream, "completed")]
         if e.stopped_early:
             cancel = Control(request_id=rid, action="cancel", reason="stop sequence",
@@ -148,6 +161,7 @@ class PostprocessLayer:
                                   error=e.error), self._usage_output(stream, "error")]
         if e.text:
             stream.collected.append(e.text)
+        stream.collected_logprobs.extend(e.logprobs)
         if e.finish_reason is None:
             return []
         header = stream.header or _fallback_header(stream)
@@ -162,7 +176,9 @@ class PostprocessLayer:
         else:
             body = full_response(header["kind"], header["model"], header["created"],
                                  envelope["request_id"], text, e.finish_reason, usage,
-                                 tool_calls=bool(header.get("tool_calls")))
+                                 tool_calls=bool(header.get("tool_calls")),
+                                 logprobs=stream.collected_logprobs if header.get("logprobs")
+                                 else None)
             out = [result_output(self.settings, envelope, status_code=200,
                                  body=json.dumps(body, ensure_ascii=False), text=text,
                                  finish_reason=e.finish_reason, usage=usage)]
@@ -176,10 +192,10 @@ class PostprocessLayer:
 
     def _reply(self, stream: RequestStream, kind: str, *, text: str = "", chunk: str = "",
                finish_reason: str | None = None, usage: Usage | None = None,
-               error: Any = None) -> Output:
+               error: Any = None, logprobs: list[TokenLogprob] | None = None) -> Output:
         reply = Reply(envelope=stream.envelope, index=stream.reply_index, kind=kind,  # type: ignore[typeddict-item]
                       text=text, chunk=chunk, finish_reason=finish_reason, usage=usage,
-                      error=error)
+                      error=error, logprobs=list(logprobs or ()))
         stream.reply_index += 1
         return Output(self._replies, "Reply", reply, key=stream.envelope["request_id"],
                       partition=stream.envelope["reply_partition"])
@@ -242,3 +258,15 @@ def usage_of(header: ChunkHeader, stream: RequestStream) -> Usage:
     return Usage(prompt_tokens=header["prompt_tokens"],
                  completion_tokens=stream.completion_tokens,
                  cached_tokens=min(stream.cached_tokens, header["prompt_tokens"]))
+
+
+def _logprobs_object(stream: RequestStream, header: ChunkHeader,
+                     e: Emitted) -> dict[str, Any] | None:
+    """OpenAI's logprobs of the tokens an applied chunk releases (None: none)."""
+    if not e.logprobs:
+        return None
+    if header["kind"] == "chat":
+        return chat_logprobs(e.logprobs)
+    out = completion_logprobs(e.logprobs, stream.logprob_chars)
+    stream.logprob_chars += sum(len(entry["token"]) for entry in e.logprobs)
+    return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from schemas.records import ChunkHeader, Envelope, ErrorInfo, TokenChunk
+from schemas.records import ChunkHeader, Envelope, ErrorInfo, TokenChunk, TokenLogprob
 from schemas.tools import ToolCallReader
 from workers.chunk_order import ChunkOrder
 
@@ -27,6 +27,8 @@ class Emitted:
     error: ErrorInfo | None = None
     # the stop sequence was met: the worker should stop generating
     stopped_early: bool = False
+    # with logprobs asked for: the tokens of ``text``
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 @dataclass
@@ -44,6 +46,16 @@ class RequestStream:
     collected: list[str] = field(default_factory=list)
     # an answer read for tool calls (its header says so): the reader of its text
     tools: ToolCallReader | None = None
+    # logprobs of tokens whose text is not released yet (held for a stop
+    # sequence, or a token holding part of a character), and the bytes of
+    # text released so far and of the tokens released so far
+    pending: list[TokenLogprob] = field(default_factory=list)
+    released_bytes: int = 0
+    token_bytes: int = 0
+    # the characters of the tokens whose logprobs were sent (completions' text_offset)
+    logprob_chars: int = 0
+    # a job's request: its tokens' logprobs, gathered for its result
+    collected_logprobs: list[TokenLogprob] = field(default_factory=list)
 
     @property
     def next_seq(self) -> int:
@@ -67,6 +79,7 @@ class RequestStream:
             self.done = True
             return Emitted(error=chunk["error"])
         self.completion_tokens += chunk["tokens"]
+        self.pending.extend(chunk.get("logprobs") or ())
         if chunk.get("cached_tokens") is not None:
             self.cached_tokens = chunk.get("cached_tokens") or 0
         stops = self.header["stop"] if self.header else []
@@ -76,15 +89,32 @@ class RequestStream:
         if for_stop is not None:
             self.done = True
             return Emitted(text=text[:for_stop], finish_reason="stop",
-                           stopped_early=chunk["finish_reason"] is None)
+                           stopped_early=chunk["finish_reason"] is None,
+                           logprobs=self._release(text[:for_stop]))
         if chunk["finish_reason"] is not None:
             self.done = True
-            return Emitted(text=text, finish_reason=chunk["finish_reason"])
+            return Emitted(text=text, finish_reason=chunk["finish_reason"],
+                           logprobs=self._release(text))
         keep = _held_tail(text, stops)
         if keep:
             self.held = text[-keep:]
             text = text[:-keep]
-        return Emitted(text=text)
+        return Emitted(text=text, logprobs=self._release(text))
+
+    def _release(self, text: str) -> list[TokenLogprob]:
+        """The logprobs of the tokens that begin within the text released so
+        far (with ``text``): a token's place is counted in bytes, as the
+        engine's tokens hold them. At the end of the answer the rest (the
+        stop sequence's tokens) is left out."""
+        self.released_bytes += len(text.encode())
+        out: list[TokenLogprob] = []
+        while self.pending and self.token_bytes < self.released_bytes:
+            entry = self.pending.pop(0)
+            self.token_bytes += len(entry["bytes"])
+            out.append(entry)
+        if self.done:
+            self.pending.clear()
+        return out
 
 
 def _first_stop(text: str, stops: list[str]) -> int | None:

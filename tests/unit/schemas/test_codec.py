@@ -32,7 +32,7 @@ def request() -> Request:
             "prompt": None,
             "sampling": {"temperature": 0.2, "top_p": 0.9, "max_tokens": 8, "stop": ["\n"],
                          "seed": 3, "presence_penalty": 0.0, "frequency_penalty": 0.5,
-                         "logit_bias": {"42": -100.0}},
+                         "logit_bias": {"42": -100.0}, "logprobs": True, "top_logprobs": 2},
             "stream": True, "include_usage": True, "created": 1700000000,
             "store": True, "metadata": {"run": "nightly"}, "api": "chat.completions",
             "response_format": {"type": "json_schema", "name": "answer", "strict": True,

@@ -13,7 +13,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from schemas.records import Message, ResponseFormat
+from schemas.records import Message, ResponseFormat, TokenLogprob
 
 __all__ = ["GenerationRequest", "Piece", "Engine", "KvState"]
 
@@ -35,6 +35,10 @@ class GenerationRequest:
     # OpenAI's logit_bias: (token id, bias -100..100) pairs; only an engine that
     # ``biases_logits`` is given any
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # report each token's log probability, and this many alternatives; only an
+    # engine that ``reports_logprobs`` is asked
+    logprobs: bool = False
+    top_logprobs: int = 0
     # The prompt rendered with the model's chat template (set by preprocess
     # when the tokenizer is local; always set for completions).
     prompt_text: str | None = None
@@ -58,6 +62,9 @@ class Piece:
     # and how many of them its prefix cache held
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
+    # with logprobs asked for: the tokens this piece (and any text held back
+    # before it) adds, in order
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,8 @@ class Engine(Protocol):
     decodes_tools: bool
     # it adds a request's logit_bias to its logits; one that does not refuses it
     biases_logits: bool
+    # it reports each token's log probability (Piece.logprobs)
+    reports_logprobs: bool
 
     def kv_state(self) -> KvState | None:
         """The KV cache now, or None where the engine keeps none Conveyor can see."""

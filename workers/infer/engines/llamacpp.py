@@ -78,8 +78,10 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from conveyor.errors import EngineError, InvalidRequest, RequestError
 from conveyor.registry import ModelSpec
+from schemas.records import TokenLogprob
 from workers.infer.engines.base import GenerationRequest, KvState, Piece
 from workers.infer.engines.llamacpp_grammar import HeldSampler, constrained
+from workers.infer.engines.logprobs import LoggedSampler, with_logprobs
 
 __all__ = ["LlamaCppEngine", "common_prefix", "pieces_from", "reuse_score"]
 
@@ -140,6 +142,7 @@ class LlamaCppEngine:
         self.constrains_output = True  # llama.cpp's grammar sampler (llamacpp_grammar)
         self.decodes_tools = True  # the same sampler, on the tools' grammar
         self.biases_logits = True  # llama-cpp-python's logit_bias
+        self.reports_logprobs = True  # read off the logits where it samples (logprobs.py)
         self.model_path = Path(model_path)
         self.n_ctx = n_ctx
         self.n_threads = n_threads
@@ -264,6 +267,8 @@ class LlamaCppEngine:
             if request.seed is not None:
                 llm.reset()  # no prefix reuse: the same seeded request, the same answer
             constrained(llm, request)
+            logprobs: list[TokenLogprob] = []
+            with_logprobs(llm, request, logprobs)
             stream = cast(
                 Iterator[dict[str, Any]],
                 llm.create_completion(
@@ -295,16 +300,17 @@ class LlamaCppEngine:
                             "length" if reason == "length" else "stop"
                         )
                         emit(Piece(text, tokens=max(0, watch.sampled - emitted),
-                                   finish_reason=finish))
+                                   finish_reason=finish, logprobs=_taken(logprobs)))
                         return
                     if text:
-                        emit(Piece(text, tokens=1))
+                        emit(Piece(text, tokens=1, logprobs=_taken(logprobs)))
                         emitted += 1
             finally:
                 cast(Any, stream).close()
-                if vars(llm).pop("_init_sampler", None) is not None:  # constrained()'s
+                # constrained()'s or with_logprobs()'s sampler, for this request only
+                if vars(llm).pop("_init_sampler", None) is not None:
                     held = cast(Any, llm)._sampler
-                    if isinstance(held, HeldSampler):
+                    if isinstance(held, (HeldSampler, LoggedSampler)):
                         held.close()
                     cast(Any, llm)._sampler = None
             raise EngineError("llama.cpp ended the stream without a finish_reason")
@@ -412,3 +418,10 @@ def _bias(llm: Llama, request: GenerationRequest) -> dict[int, float] | None:
             raise InvalidRequest(f"Invalid 'logit_bias': token {token} is not in the "
                                  "model's vocabulary.", param="logit_bias")
     return dict(request.logit_bias)
+
+
+def _taken(logprobs: list[TokenLogprob]) -> tuple[TokenLogprob, ...]:
+    """The log probabilities sampled since the last piece, for this one."""
+    taken = tuple(logprobs)
+    logprobs.clear()
+    return taken

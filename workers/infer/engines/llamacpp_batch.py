@@ -160,6 +160,7 @@ class LlamaCppBatchEngine:
         self.constrains_output = True  # a grammar sampler in each sequence's chain
         self.decodes_tools = True  # the same sampler, on the tools' grammar
         self.biases_logits = True  # llama.cpp's logit-bias sampler, first in each chain
+        self.reports_logprobs = True  # read off each sequence's logits (logprobs.py)
         self.contexts = min(contexts, sequences)  # a context holds one sequence at least
         self.reproducible_seeds = False  # see the module notes
         self.model_path = Path(model_path)

@@ -21,9 +21,11 @@ import llama_cpp
 from llama_cpp import Llama
 
 from conveyor.errors import EngineError, InvalidRequest
+from schemas.records import TokenLogprob
 from workers.infer.engines.base import GenerationRequest, Piece
 from workers.infer.engines.llamacpp import _llama_seed, common_prefix, reuse_score
 from workers.infer.engines.llamacpp_grammar import CheckedSampling, grammar_sampler
+from workers.infer.engines.logprobs import logprob_of
 
 __all__ = ["Context", "Sequence", "Text"]
 
@@ -88,6 +90,8 @@ class Sequence:
     text: Text = field(init=False)
     sampled: int = 0
     emitted: int = 0
+    # with logprobs asked for: the sampled tokens' not yet sent with a piece
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.text = Text(self.request.stop)
@@ -167,6 +171,7 @@ class Context:
             raise EngineError("llama.cpp could not make a context")
         self._batch = llama_cpp.llama_batch_init(params.n_batch, 0, 1)
         self._vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
+        self._n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self.slots = [_Slot(i) for i in range(self.share)]
 
     def free(self) -> None:
@@ -277,6 +282,10 @@ class Context:
             sampler = sequence.sampler
             token = (sampler.sample(self._ctx, index) if isinstance(sampler, CheckedSampling)
                      else llama_cpp.llama_sampler_sample(sampler, self._ctx, index))
+            request = sequence.request
+            if request.logprobs and not llama_cpp.llama_vocab_is_eog(self._vocab, token):
+                sequence.logprobs.append(logprob_of(self._ctx, index, self._n_vocab, token,
+                                                    request.top_logprobs, self._piece))
             self._took(sequence, token)
 
     def _took(self, sequence: Sequence, token: int) -> None:
@@ -293,7 +302,7 @@ class Context:
             self._finish(sequence, text + sequence.text.flush(), "length")
         else:
             if text:
-                sequence.emit(Piece(text, tokens=1))
+                sequence.emit(Piece(text, tokens=1, logprobs=_taken(sequence)))
                 sequence.emitted += 1
             sequence.next_token = token
 
@@ -301,7 +310,8 @@ class Context:
         self._leave(sequence, Piece(text, tokens=max(0, sequence.sampled - sequence.emitted),
                                     finish_reason=reason,
                                     prompt_tokens=len(sequence.prompt_tokens),
-                                    cached_tokens=sequence.reused))
+                                    cached_tokens=sequence.reused,
+                                    logprobs=_taken(sequence)))
 
     def _leave(self, sequence: Sequence, last: Item) -> None:
         """The sequence's last item out; its slot free, its cache kept for reuse."""
@@ -385,3 +395,10 @@ def _bias_sampler(request: GenerationRequest, n_vocab: int) -> Any:
         entry = cast(Any, biases[i])
         entry.token, entry.bias = token, bias
     return llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(request.logit_bias), biases)
+
+
+def _taken(sequence: Sequence) -> tuple[TokenLogprob, ...]:
+    """The sequence's logprobs not yet sent, for the piece being sent."""
+    taken = tuple(sequence.logprobs)
+    sequence.logprobs.clear()
+    return taken

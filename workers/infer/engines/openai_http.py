@@ -66,6 +66,7 @@ class OpenAIHttpEngine:
         self.constrains_output = True  # the upstream gets response_format and constrains itself
         self.decodes_tools = False  # an upstream's own tool calls are not read back yet
         self.biases_logits = True  # passed on as logit_bias
+        self.reports_logprobs = False  # an upstream's logprobs are not read back yet
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.timeout_s = timeout_s

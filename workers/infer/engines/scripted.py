@@ -95,6 +95,7 @@ class ScriptedEngine:
         self.constrains_output = False  # scripted text follows no format
         self.decodes_tools = False
         self.biases_logits = False  # scripted text has no logits
+        self.reports_logprobs = False
         self.script = script
         self.text = text
         self.token_delay_s = token_delay_ms / 1000

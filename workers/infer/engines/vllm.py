@@ -72,6 +72,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from conveyor.errors import EngineError
 from conveyor.registry import ModelSpec
+from schemas.records import TokenLogprob, TopLogprob
 from workers.infer.engines.base import GenerationRequest, KvState, Piece
 from workers.infer.engines.vllm_stats import KvWatch
 from workers.infer.engines.vllm_structured import structured_outputs
@@ -125,6 +126,7 @@ class VllmEngine:
         self.constrains_output = True  # vLLM's structured outputs (vllm_structured)
         self.decodes_tools = True  # the tools' grammar, as vLLM's structured outputs
         self.biases_logits = True  # vLLM's own logit_bias
+        self.reports_logprobs = True  # vLLM's own logprobs
         self.spec = spec
         self.model = model
         self.dtype = dtype
@@ -254,23 +256,30 @@ class VllmEngine:
         try:
             carried = 0
             prompt_tokens = 0
+            logprobs: list[TokenLogprob] = []
             async for out in stream:
                 completion = out.outputs[0]
                 carried += len(completion.token_ids)
                 prompt_tokens = prompt_tokens or len(out.prompt_token_ids or ())
+                if params.logprobs is not None:
+                    logprobs.extend(_logprobs(completion, params.logprobs))
                 if not out.finished:
                     if completion.text:
-                        yield Piece(completion.text, tokens=carried)
+                        yield Piece(completion.text, tokens=carried, logprobs=tuple(logprobs))
                         carried = 0
+                        logprobs.clear()
                     continue
                 finished = True
                 reason = completion.finish_reason
                 if reason not in ("stop", "length"):
                     raise EngineError("the generation was cancelled" if reason == "abort"
                                       else f"vLLM ended the generation: {reason}")
+                if reason == "stop" and completion.stop_reason is None and logprobs:
+                    logprobs.pop()  # the end of the answer's token, which OpenAI leaves out
                 yield Piece(completion.text, tokens=carried,
                             finish_reason="length" if reason == "length" else "stop",
-                            prompt_tokens=prompt_tokens, cached_tokens=out.num_cached_tokens or 0)
+                            prompt_tokens=prompt_tokens, cached_tokens=out.num_cached_tokens or 0,
+                            logprobs=tuple(logprobs))
                 return
             raise EngineError("vLLM ended the stream without a finish reason")
         except EngineError:
@@ -348,6 +357,7 @@ def _sampling(request: GenerationRequest) -> SamplingParams:
         presence_penalty=request.presence_penalty,
         frequency_penalty=request.frequency_penalty,
         logit_bias=dict(request.logit_bias) or None,
+        logprobs=request.top_logprobs if request.logprobs else None,
         max_tokens=max(1, request.max_tokens),
         output_kind=RequestOutputKind.DELTA,
         structured_outputs=structured_outputs(request),  # vllm_structured
@@ -395,3 +405,18 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     raise SystemExit(main())
 
+
+def _logprobs(completion: Any, top: int) -> list[TokenLogprob]:
+    """vLLM's log probabilities of the tokens a delta output added: the sampled
+    token's, and the ``top`` most likely by rank."""
+    out: list[TokenLogprob] = []
+    for token, entries in zip(completion.token_ids, completion.logprobs or (), strict=False):
+        chosen = entries[token]
+        ranked = sorted(((t, e) for t, e in entries.items()
+                         if e.rank is not None and e.rank <= top), key=lambda te: te[1].rank)
+        best = [TopLogprob(token=e.decoded_token or "", bytes=(e.decoded_token or "").encode(),
+                           logprob=float(e.logprob)) for _, e in ranked]
+        text = chosen.decoded_token or ""
+        out.append(TokenLogprob(token=text, bytes=text.encode(), logprob=float(chosen.logprob),
+                                top=best))
+    return out

@@ -262,7 +262,7 @@ def test_an_empty_prompt_is_accepted_as_openai_accepts_it() -> None:
 
 @pytest.mark.parametrize(("field", "value"), [
     ("functions", [{"name": "f"}]), ("function_call", "auto"),
-    ("logprobs", True), ("top_logprobs", 2),
+    ("top_logprobs", 2), ("top_logprobs", 21),
     ("audio", {"voice": "alloy"}), ("modalities", ["text", "audio"]),
     ("prediction", {"type": "content", "content": "x"}),
     ("reasoning_effort", "high"), ("web_search_options", {}),
@@ -274,7 +274,7 @@ def test_unsupported_chat_parameters_are_refused(field: str, value: Any) -> None
 
 
 @pytest.mark.parametrize(("field", "value"), [
-    ("logprobs", 2), ("suffix", "end"), ("best_of", 3),
+    ("logprobs", 6), ("suffix", "end"), ("best_of", 3),
     ("store", True),
 ])
 def test_unsupported_completion_parameters_are_refused(field: str, value: Any) -> None:

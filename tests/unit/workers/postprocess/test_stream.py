@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from schemas.records import ChunkHeader, ErrorInfo, TokenChunk
+from schemas.records import ChunkHeader, ErrorInfo, TokenChunk, TokenLogprob
 from topics.envelope import new_envelope
 from workers.postprocess.stream import Emitted, RequestStream
 
@@ -198,3 +198,34 @@ def test_completion_tokens_are_counted() -> None:
     assert s.completion_tokens == 9
     feed(s, chunk(3, "", tokens=0, finish="stop"))
     assert s.completion_tokens == 9
+
+
+def token(text: str, logprob: float = -0.5) -> TokenLogprob:
+    return TokenLogprob(token=text, bytes=text.encode(), logprob=logprob, top=[])
+
+
+def test_logprobs_go_out_with_the_text_of_their_tokens() -> None:
+    """A token goes out with the text it begins in ("Hello " holds the space of
+    " E"); tokens whose text is held back (it may begin a stop sequence) wait
+    with it, and the stop sequence's own tokens never go out."""
+    s = stream()
+    first = chunk(0, "Hello EN", stop=["END"])
+    first["logprobs"] = [token("Hello"), token(" E"), token("N")]
+    second = chunk(1, "D more", finish="stop")
+    second["logprobs"] = [token("D"), token(" more")]
+    out = feed(s, first, second)
+    assert text_of(out) == "Hello "
+    assert [[t["token"] for t in e.logprobs] for e in out] == [["Hello", " E"], []]
+    assert s.pending == []
+
+
+def test_a_token_holding_part_of_a_character_waits_for_the_rest() -> None:
+    s = stream()
+    first = chunk(0, "caf")
+    first["logprobs"] = [token("caf"), TokenLogprob(token="\ufffd", bytes=b"\xc3",
+                                                   logprob=-1.0, top=[])]
+    second = chunk(1, "\u00e9!", finish="stop")
+    second["logprobs"] = [TokenLogprob(token="\ufffd", bytes=b"\xa9", logprob=-1.0, top=[]),
+                          token("!")]
+    out = feed(s, first, second)
+    assert [len(e.logprobs) for e in out] == [1, 3]

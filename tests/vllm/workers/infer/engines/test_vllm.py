@@ -268,3 +268,15 @@ async def test_a_logit_bias_forces_its_token(vllm_engine: VllmEngine) -> None:
                                                 prompt_text="The capital of France is",
                                                 logit_bias=((forced, 100.0),)))
     assert text(pieces) == " Paris" * 4
+
+
+async def test_logprobs_are_vllms_and_the_greedy_token_is_the_likeliest(
+        vllm_engine: VllmEngine) -> None:
+    pieces = await collect(vllm_engine, request(
+        kind="completion", messages=(), max_tokens=6, prompt_text="The capital of France is",
+        logprobs=True, top_logprobs=3))
+    entries = [e for p in pieces for e in p.logprobs]
+    assert len(entries) == 6 and "".join(e["token"] for e in entries) == text(pieces)
+    for e in entries:
+        assert e["logprob"] <= 0 and len(e["top"]) == 3
+        assert e["top"][0]["token"] == e["token"]
