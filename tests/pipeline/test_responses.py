@@ -46,7 +46,7 @@ def test_a_plain_response(pipeline: Pipeline) -> None:
     assert r.output_text.strip() and r.output_text == message.content[0].text
     check_usage(r)
     assert r.usage is not None and r.usage.output_tokens <= 32
-    assert r.background is False and r.tools == [] and r.parallel_tool_calls is False
+    assert r.background is False and r.tools == [] and r.parallel_tool_calls is True
 
 
 def test_instructions_come_first_as_a_system_message(pipeline: Pipeline) -> None:
