@@ -155,6 +155,9 @@ class Settings(BaseSettings):
     # work for breaker_cooldown_s, then one probe task decides (workers/schedule/breakers.py)
     breaker_failures: int = 3
     breaker_cooldown_s: float = 30.0
+    # a task whose engine fails before its first token goes to schedule again,
+    # for another worker (or a fallback model), at most this many times
+    engine_retries: int = 2
 
     # Infer
     heartbeat_interval_s: float = 1.0

@@ -163,6 +163,9 @@ class Route(TypedDict):
     fallbacks: NotRequired[list[Fallback]]
     fallback_from: NotRequired[str]
     deployment_of: NotRequired[str]
+    # workers whose engine failed the task before its first token, and the last failure
+    failed_workers: NotRequired[list[str]]
+    failure: NotRequired[ErrorInfo | None]
 
 
 class Usage(TypedDict):

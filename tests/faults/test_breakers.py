@@ -2,7 +2,9 @@
 in a row schedule sends it nothing for the cool-down, then one probe; the
 breaker is on conveyor.breakers, so a restarted layers process keeps it open,
 and ``conveyor workers`` shows it. One pool: a scripted worker, and an
-OpenAI-HTTP worker whose upstream does not exist (every task an engine error)."""
+OpenAI-HTTP worker whose upstream does not exist (every task an engine error).
+Its engine fails before the first token, so each of its tasks goes to the
+other worker: no client sees the failures."""
 
 from __future__ import annotations
 
@@ -50,13 +52,19 @@ def breaker(p: Pipeline, worker: str) -> dict[str, object]:
     return found
 
 
+def failures(p: Pipeline) -> int:
+    failed: int = breaker(p, "broken").get("failures", 0)  # type: ignore[assignment]
+    return failed
+
+
 def test_three_engine_failures_cut_a_worker_off_until_one_probe(p: Pipeline) -> None:
-    # by load, "broken" gets about every other task (and ties, being first by id)
+    # by load, "broken" gets about every other task (and ties, being first by id);
+    # each one it fails goes to w0, before any token
     first: list[tuple[int, str]] = []
-    while first.count((500, "engine_error")) < 3:
+    while failures(p) < 3:
         first.append(ask(p))
         assert len(first) <= 12, first
-    assert set(first) <= {(500, "engine_error"), (200, "")}, first
+    assert set(first) == {(200, "")}, first
     assert [ask(p) for _ in range(6)] == [(200, "")] * 6  # nothing more for it
     assert breaker(p, "broken")["state"] == "open"
     assert breaker(p, "w0")["state"] == "closed"
@@ -81,7 +89,43 @@ def test_three_engine_failures_cut_a_worker_off_until_one_probe(p: Pipeline) -> 
     # after the cool-down, one task probes it (and fails: open again), the rest go on
     time.sleep(float(state["open_for_s"]) + 0.5)  # type: ignore[arg-type]
     after = [ask(p) for _ in range(4)]
-    assert after.count((500, "engine_error")) == 1 and after.count((200, "")) == 3, after
+    assert after == [(200, "")] * 4, after  # the probe failed, and w0 answered it
     state = breaker(p, "broken")
     assert state["state"] == "open" and state["failures"] == 4, state
     assert state["reason"], state  # the engine's last error
+
+
+@pytest.fixture
+def phantom(services: None, tmp_path: Path) -> Iterator[Pipeline]:
+    """``phantom`` (tests/data/models.toml) served by one worker whose upstream
+    does not exist; its fallback, SmolLM2, by a scripted one."""
+    made = Pipeline(tmp_path)
+    try:
+        made.cli("topics")
+        made.spawn("layers", "layer")
+        made.start_worker("w0", contexts=2)
+        made.spawn("broken", "infer", "--pool", "phantom", "--engine", "openai",
+                   "--worker-id", "broken", "--upstream", f"http://127.0.0.1:{free_port()}/v1")
+        made.base_url = made.start_gateway("gateway")
+        made.wait_workers(1, pool="phantom")
+        made.wait_workers(1)
+        yield made
+    finally:
+        made.close()
+
+
+def test_an_engine_failing_before_the_first_token_hands_the_request_to_the_fallback(
+        phantom: Pipeline) -> None:
+    body = {"model": "phantom", "max_tokens": 4,
+            "messages": [{"role": "user", "content": "Say hello."}]}
+    r = httpx.post(f"{phantom.base_url}/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-conveyor-fallback"] == "smollm2-135m-instruct"
+    assert r.json()["choices"][0]["message"]["content"]
+    with httpx.stream("POST", f"{phantom.base_url}/v1/chat/completions", timeout=60,
+                      json={**body, "stream": True}) as streamed:
+        assert streamed.status_code == 200
+        assert streamed.headers["x-conveyor-fallback"] == "smollm2-135m-instruct"
+        frames = [line for line in streamed.iter_lines() if line.startswith("data: ")]
+    assert frames[-1] == "data: [DONE]" and len(frames) > 2
+    assert failures(phantom) == 2  # each failure counted against the worker's breaker

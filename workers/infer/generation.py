@@ -41,7 +41,7 @@ from schemas.records import (
 )
 from schemas.structured import check_format, violation
 from schemas.tools import check_tools, reads_tool_calls, tool_format
-from topics.catalog import TOKENS
+from topics.catalog import ROUTED, TOKENS
 from topics.envelope import now_ms, stamp
 from workers.infer.engines.base import Engine, GenerationRequest
 from workers.infer.progress import ProgressTracker
@@ -116,6 +116,8 @@ class TaskRun:
     cached_tokens: int | None = None
     # the worker's measured speed, which each whole generation adds to
     speed: Speed | None = None
+    # the engine failed before the first token: the task went to schedule again
+    retried: bool = False
 
     @property
     def request_id(self) -> str:
@@ -189,15 +191,38 @@ class TaskRun:
                 await self._stream(request)
             except EngineError as exc:
                 self.engine_failure = traceback.format_exc()
-                await self._fail(exc)
+                if not await self._retry_elsewhere(exc):
+                    await self._fail(exc)
             except RequestError as exc:
                 await self._fail(exc)
         # the task may be committed once every chunk of it is in the log
         await asyncio.gather(*self._acks)
-        if self.handed_off:
+        if self.handed_off or self.retried:
             await self.progress.release(self.request_id)
         else:
             await self.progress.finish(self.request_id, self.worker_id)
+
+    async def _retry_elsewhere(self, exc: EngineError) -> bool:
+        """An engine failure before any token of the answer was written: send the
+        task to schedule again, naming this worker as failed (schedule counts it
+        against the worker's breaker and places the task on another worker, or a
+        fallback model's), at most ``engine_retries`` times. Whether it did."""
+        route = self.task["route"]
+        failed = list(route.get("failed_workers") or [])
+        if self.seq != 0 or len(failed) >= self.settings.engine_retries:
+            return False
+        if self.task["envelope"]["deadline_ms"] and \
+                now_ms() >= self.task["envelope"]["deadline_ms"]:
+            return False
+        again = Task(envelope=stamp(self.task["envelope"], "infer"),
+                     generation=self.task["generation"], prompt=self.task["prompt"],
+                     route={**route, "failed_workers": [*failed, self.worker_id],
+                            "failure": error_info(exc), "worker_id": "", "partition": -1})
+        self._acks.append(await self.sender.send_nowait(
+            Output(ROUTED.at(self.settings), "Task", again, key=self.request_id)))
+        self.retried = True
+        self.finish_reason = "retried"
+        return True
 
     def handoff(self) -> None:
         """Stop after the next piece without finishing the answer: the task's new

@@ -290,6 +290,8 @@ class InferWorker:
                                 self.worker_id, rid, exc)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, self.settings.retry_backoff_max_s)
+            # kept for the record even when the task went to another worker (a
+            # redrive of it then finds the request done: the progress claim)
             if gen.engine_failure is not None:
                 await self._dead_letter(gen, record, gen.engine_failure)
         except Exception:

@@ -57,6 +57,7 @@ class RouteLayer:
             generation=event["generation"],
             prompt=event["prompt"],
             route=Route(model=spec.name, pool=spec.pool, worker_id="", partition=-1,
+                        failed_workers=[], failure=None,
                         fallbacks=fallbacks, fallback_from="",
                         deployment_of=asked.name if spec is not asked else ""),
         )

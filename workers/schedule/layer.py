@@ -151,6 +151,8 @@ class ScheduleLayer:
     async def handle(self, event: Task, record: Any) -> list[Output]:
         self._check_background()
         envelope = stamp(event["envelope"], self.name)
+        if event["route"].get("failure") is not None:
+            self._failed_before_first_token(event)
         pool = event["route"]["pool"]
         if envelope["priority"] > PRIORITY_INTERACTIVE:
             return self._hold(event, record)
@@ -193,7 +195,9 @@ class ScheduleLayer:
         (room.py); None when none has room. A fallback's pool takes it when its
         own has no open worker, or has given it no room once it is ``overdue``."""
         self._check_deadline(task["envelope"])
-        opened = self._open(task["route"]["pool"])
+        failed = set(task["route"].get("failed_workers") or ())
+        opened = [w for w in self._open(task["route"]["pool"])
+                  if w.beat["worker_id"] not in failed]
         if (too_big := never_fits(task, opened)) is not None:
             raise too_big
         need = kv_need(task)
@@ -216,6 +220,34 @@ class ScheduleLayer:
         view = next(w for w in live if w.beat["worker_id"] == chosen.worker_id)
         self.admission.interactive_sent(task["route"]["pool"])
         return self._address(task, view)
+
+    def _failed_before_first_token(self, task: Task) -> None:
+        """A task a worker's engine failed before its first token, sent here again
+        (workers/infer/generation.py): the failure counts against that worker's
+        breaker and frees its slot here; the task goes to another worker of the
+        pool, or a fallback's, and fails with the engine's error at once when
+        there is none."""
+        route = task["route"]
+        worker_id, failure = route["failed_workers"][-1], route["failure"]
+        assert failure is not None
+        rid = task["envelope"]["request_id"]
+        sent = self.outstanding.forget(rid)
+        if sent is not None:
+            self.table.finished(worker_id, self.clock())
+            self.table.changed.set()
+        self.breakers.publish(self._sender, self.breakers.ended(
+            worker_id, sent.pool if sent is not None else route["pool"], rid,
+            failure["code"], failure["message"]))
+        failed = set(route["failed_workers"])
+        others = [w for w in self._open(route["pool"]) if w.beat["worker_id"] not in failed]
+        fallbacks = [f for f in route.get("fallbacks", []) if self._open(f["pool"])]
+        log.info("request %s: the engine of worker %s failed before the first token (%s); "
+                 "%s", rid, worker_id, failure["message"],
+                 "another worker takes it" if others or fallbacks else "no other can")
+        if not others and not fallbacks:
+            raise RequestError(failure["message"], code=failure["code"],
+                               status=failure["status"], type=failure["type"],
+                               param=failure["param"])
 
     def _open(self, pool: str) -> list[WorkerView]:
         """The live workers of ``pool`` whose breaker lets work through."""

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from conveyor.errors import RequestError
 from conveyor.registry import Registry
 from conveyor.settings import Settings
 from schemas.records import Prepared
@@ -95,3 +98,36 @@ def test_the_worker_answers_as_the_fallback_with_its_own_template() -> None:
     assert request.prompt_text is None  # rendered for "big": the engine renders for itself
     plain = request_from_task(full_task("p1"), "", 0, None)
     assert plain.prompt_text == full_task("p1")["prompt"]["text"]
+
+
+def failed_on(task: dict, *workers: str) -> dict:  # type: ignore[type-arg]
+    """``task`` as a worker sends it back when its engine failed before the first token."""
+    task["route"]["failed_workers"] = list(workers)
+    task["route"]["failure"] = {"status": 500, "type": "server_error", "code": ENGINE_FAILURE,
+                                "param": None, "message": "the engine broke"}
+    return task
+
+
+async def test_a_task_failed_before_its_first_token_goes_to_another_worker() -> None:
+    sched = schedule()
+    sched.table.apply(beat("g0", pool="gpu", partitions=[0], capacity=8))
+    sched.table.apply(beat("g1", pool="gpu", partitions=[1], capacity=8))
+    for attempt in range(3):
+        out = await sched.handle(failed_on(big_task(f"r{attempt}"), "g0"), None)  # type: ignore[arg-type]
+        assert [o.record["route"]["worker_id"] for o in out] == ["g1"]
+    # each failure counted against g0's breaker: it is open now
+    assert not sched.breakers.allows("g0") and sched.breakers.allows("g1")
+
+
+async def test_with_no_other_worker_it_falls_back_or_fails_with_the_engines_error() -> None:
+    sched = schedule()
+    sched.table.apply(beat("g0", pool="gpu", partitions=[0], capacity=8))
+    sched.table.apply(beat("c0", pool="cpu", partitions=[1], capacity=8))
+    [out] = await sched.handle(failed_on(big_task("r1"), "g0"), None)  # type: ignore[arg-type]
+    route = out.record["route"]
+    assert (route["model"], route["worker_id"], route["fallback_from"]) == ("small", "c0", "big")
+    alone = big_task("r2")
+    alone["route"]["fallbacks"] = []
+    with pytest.raises(RequestError) as info:
+        await sched.handle(failed_on(alone, "g0"), None)  # type: ignore[arg-type]
+    assert info.value.code == ENGINE_FAILURE and info.value.message == "the engine broke"
