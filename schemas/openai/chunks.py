@@ -14,7 +14,7 @@ from typing import Any
 
 from schemas.openai.logprobs import chat_logprobs, completion_logprobs
 from schemas.records import ChunkHeader, TokenLogprob, Usage
-from schemas.tools import read_tool_calls
+from schemas.tool_calls import read_tool_calls
 
 __all__ = ["completion_id", "delta_chunk", "tool_call_chunk", "usage_chunk", "usage_object",
            "full_response"]

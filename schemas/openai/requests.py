@@ -34,7 +34,6 @@ Only what Conveyor serves is accepted, and only values the pipeline can carry:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from functools import cache
 from typing import Annotated, Any, Literal
@@ -50,11 +49,18 @@ from pydantic import (
 )
 
 from conveyor.errors import InvalidRequest
-from schemas.records import Function as FunctionRecord
-from schemas.records import ResponseFormat as ResponseFormatRecord
-from schemas.records import ToolCall as ToolCallRecord
+from schemas.openai.fields import FUNCTION_NAME, Text
+from schemas.openai.fields import STRICT as _STRICT
+from schemas.openai.formats import JsonSchemaSpec, ResponseFormat
+from schemas.openai.tool_params import (
+    CalledFunction,
+    FunctionSpec,
+    MessageToolCall,
+    NamedFunction,
+    NamedToolChoice,
+    Tool,
+)
 from schemas.records import Tools as ToolsRecord
-from schemas.structured import format_record
 from schemas.tools import MAX_TOOLS, check_tools
 
 __all__ = [
@@ -69,6 +75,7 @@ __all__ = [
     "MAX_INT32",
     "MIN_INT64",
     "MAX_INT64",
+    "FUNCTION_NAME",
     "checked_metadata",
 ]
 
@@ -78,20 +85,6 @@ MAX_LOGIT_BIAS = 300
 # OpenAI's bound on top_logprobs
 MAX_TOP_LOGPROBS = 20
 MIN_INT64, MAX_INT64 = -(2**63), 2**63 - 1
-
-
-def _utf8(value: str) -> str:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("must be valid Unicode text; it holds a lone surrogate "
-                         "(such as \\ud800)") from None
-    return value
-
-
-Text = Annotated[str, AfterValidator(_utf8)]
-
-_STRICT = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 
 class StreamOptions(BaseModel):
@@ -105,30 +98,6 @@ class TextPart(BaseModel):
 
     type: Literal["text"]
     text: Text
-
-
-FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
-
-
-class CalledFunction(BaseModel):
-    model_config = _STRICT
-
-    name: Text = Field(pattern=FUNCTION_NAME)
-    arguments: Text
-
-
-class MessageToolCall(BaseModel):
-    """A call an assistant turn of the history made."""
-
-    model_config = _STRICT
-
-    id: Text = Field(min_length=1)
-    type: Literal["function"] = "function"
-    function: CalledFunction
-
-    def record(self) -> ToolCallRecord:
-        return ToolCallRecord(id=self.id, name=self.function.name,
-                              arguments=self.function.arguments)
 
 
 class ChatMessage(BaseModel):
@@ -243,77 +212,6 @@ class _Sampling(BaseModel):
 
     def penalties(self) -> tuple[float, float]:
         return self.presence_penalty or 0.0, self.frequency_penalty or 0.0
-
-
-class JsonSchemaSpec(BaseModel):
-    """``response_format.json_schema``: a named JSON Schema the answer must match."""
-
-    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False,
-                              populate_by_name=True)
-
-    name: Text = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
-    description: Text | None = None
-    # OpenAI's field is ``schema``, a name pydantic's models keep for themselves
-    schema_: dict[Text, Any] | None = Field(default=None, alias="schema")
-    strict: bool | None = None
-
-
-class ResponseFormat(BaseModel):
-    """``response_format``: free text, any JSON object, or JSON matching a schema.
-    A schema that is not a JSON Schema, or that Conveyor cannot compile, is
-    refused (schemas/structured.py)."""
-
-    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
-
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaSpec | None = None
-
-    @model_validator(mode="after")
-    def _schema_when_asked(self) -> ResponseFormat:
-        if self.type == "json_schema" and self.json_schema is None:
-            raise ValueError("response_format of type 'json_schema' needs its "
-                             "'json_schema' object (name, schema, strict)")
-        return self
-
-    def record(self) -> ResponseFormatRecord | None:
-        """The format as the pipeline carries it, checked; None for free text."""
-        spec = self.json_schema
-        return format_record(self.type, spec.name if spec else None,
-                             spec.schema_ if spec else None, spec.strict if spec else None)
-
-
-class FunctionSpec(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
-
-    name: Text = Field(pattern=FUNCTION_NAME)
-    description: Text | None = None
-    parameters: dict[Text, Any] | None = None
-    strict: bool | None = None
-
-    def record(self) -> FunctionRecord:
-        return FunctionRecord(name=self.name, description=self.description or "",
-                              parameters=json.dumps(self.parameters) if self.parameters
-                              is not None else "", strict=bool(self.strict))
-
-
-class Tool(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
-
-    type: Literal["function"]
-    function: FunctionSpec
-
-
-class NamedFunction(BaseModel):
-    model_config = _STRICT
-
-    name: Text
-
-
-class NamedToolChoice(BaseModel):
-    model_config = _STRICT
-
-    type: Literal["function"]
-    function: NamedFunction
 
 
 class ChatCompletionRequest(_Sampling):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from schemas.tools import ToolCallReader
+from schemas.tool_calls import ToolCallReader
 
 __all__ = ["OutputBuilder", "Step", "call_item", "message_id", "message_item",
            "output_text_part", "output_items"]

@@ -156,11 +156,14 @@ def test_langchain_with_structured_output(p: Pipeline, method: str) -> None:
     assert isinstance(got, Weather), got
 
 
-def test_an_agents_sdk_agent_calls_a_python_function(p: Pipeline) -> None:
+@pytest.mark.parametrize("api", ["chat.completions", "responses"])
+def test_an_agents_sdk_agent_calls_a_python_function(p: Pipeline, api: str) -> None:
+    """On the chat completions model, and on the SDK's default, the Responses API."""
     from agents import (
         Agent,
         ModelSettings,
         OpenAIChatCompletionsModel,
+        OpenAIResponsesModel,
         Runner,
         function_tool,
         set_tracing_disabled,
@@ -175,7 +178,8 @@ def test_an_agents_sdk_agent_calls_a_python_function(p: Pipeline) -> None:
         asked.append(city)
         return f"It is 18 C and sunny in {city}."
 
-    model = OpenAIChatCompletionsModel(model="smollm2", openai_client=openai.AsyncOpenAI(
+    made = OpenAIChatCompletionsModel if api == "chat.completions" else OpenAIResponsesModel
+    model = made(model="smollm2", openai_client=openai.AsyncOpenAI(
         base_url=f"{p.base_url}/v1", api_key="unused", max_retries=0, timeout=120))
     # the function's result is the agent's answer: asked again with the result in
     # its history, a 135M model calls the function again rather than answer
@@ -298,33 +302,3 @@ def test_a_streamed_response_call_is_the_call_the_whole_response_makes(p: Pipeli
     assert "".join(deltas) == call.arguments
     [expected] = [item for item in whole.output if item.type == "function_call"]
     assert (call.name, call.arguments) == (expected.name, expected.arguments)
-
-
-def test_an_agents_sdk_agent_on_the_responses_api(p: Pipeline) -> None:
-    """The Agents SDK's default model speaks the Responses API."""
-    from agents import (
-        Agent,
-        ModelSettings,
-        OpenAIResponsesModel,
-        Runner,
-        function_tool,
-        set_tracing_disabled,
-    )
-
-    set_tracing_disabled(True)
-    asked: list[str] = []
-
-    @function_tool
-    def get_weather(city: str) -> str:
-        """The current weather of a city."""
-        asked.append(city)
-        return f"It is 18 C and sunny in {city}."
-
-    model = OpenAIResponsesModel(model="smollm2", openai_client=openai.AsyncOpenAI(
-        base_url=f"{p.base_url}/v1", api_key="unused", max_retries=0, timeout=120))
-    agent = Agent(name="weather", instructions="Answer with the tools you have.",
-                  tools=[get_weather], model=model, tool_use_behavior="stop_on_first_tool",
-                  model_settings=ModelSettings(tool_choice="required", temperature=0,
-                                               max_tokens=60, parallel_tool_calls=False))
-    result = asyncio.run(Runner.run(agent, "What is the weather in Paris?", max_turns=2))
-    assert asked and result.final_output == f"It is 18 C and sunny in {asked[0]}.", result

@@ -35,7 +35,7 @@ from schemas.records import (
     Usage,
     UsageRecord,
 )
-from schemas.tools import ToolCallReader
+from schemas.tool_calls import ToolCallReader
 from topics.catalog import CONTROL, REPLIES, TOKENS, USAGE
 from topics.envelope import now_ms, stamp
 from workers.job_results import is_job, result_output

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from schemas.records import ChunkHeader, Envelope, ErrorInfo, TokenChunk, TokenLogprob
-from schemas.tools import ToolCallReader
+from schemas.tool_calls import ToolCallReader
 from workers.chunk_order import ChunkOrder
 
 __all__ = ["RequestStream", "Emitted"]

@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from schemas.records import Task
 
-__all__ = ["fall_back"]
+__all__ = ["fall_back", "others_can_take"]
 
 log = logging.getLogger(__name__)
 
@@ -35,3 +35,20 @@ def fall_back(task: Task, open_workers: Callable[[str], list[W]]) -> list[W]:
             route["fallbacks"] = []
             return workers
     return []
+
+
+def others_can_take(task: Task, open_workers: Callable[[str], list[W]],
+                    worker_id: Callable[[W], str]) -> bool:
+    """Whether a task an engine failed before its first token has somewhere
+    else to go: an open worker of its pool that has not failed it, or a
+    fallback with an open worker. Said in the log either way."""
+    route = task["route"]
+    failed = list(route.get("failed_workers") or ())
+    others = [w for w in open_workers(route["pool"]) if worker_id(w) not in failed]
+    fallbacks = [f for f in route.get("fallbacks", []) if open_workers(f["pool"])]
+    failure = route.get("failure")
+    log.info("request %s: the engine of worker %s failed before the first token (%s); %s",
+             task["envelope"]["request_id"], failed[-1] if failed else "?",
+             failure["message"] if failure else "",
+             "another worker takes it" if others or fallbacks else "no other can")
+    return bool(others or fallbacks)

@@ -63,13 +63,15 @@ from workers.outputs import Output, Sender, error_info, failure_reply
 from workers.prefix import PrefixIndex, RoutePolicy, WorkerLoad, choose
 from workers.schedule.admission import LINGER_S, BatchAdmission, Candidate
 from workers.schedule.breakers import Breakers
-from workers.schedule.fallback import fall_back
+from workers.schedule.fallback import fall_back, others_can_take
 from workers.schedule.finishes import FinishFollower
 from workers.schedule.gauges import instrument
 from workers.schedule.held import Held, HeldQueue
 from workers.schedule.outstanding import Outstanding
 from workers.schedule.room import (
     Parked,
+    check_deadline,
+    expiry_ms,
     has_room,
     interactive_busy,
     kv_need,
@@ -84,7 +86,6 @@ __all__ = ["ScheduleLayer", "Parked"]
 log = logging.getLogger(__name__)
 
 _RECHECK_S = 0.25
-_EXPIRE_EVERY_MS = 5000
 
 
 class ScheduleLayer:
@@ -107,8 +108,6 @@ class ScheduleLayer:
                                        self.codec)
         self._sender: Sender | None = None
         self._background: list[asyncio.Task[None]] = []
-        self._reconciled: dict[str, int] = {}
-        self._expired_at = 0
         # which worker took which prompt blocks (workers/prefix.py)
         self.prefix = PrefixIndex(settings.route_index_blocks, settings.route_index_ttl_s)
         self.breakers = Breakers.of(settings, clock)
@@ -173,7 +172,7 @@ class ScheduleLayer:
         """A background or batch task: to a worker with room now, if none of its
         pool is held before it; else held until there is room."""
         envelope = task["envelope"]
-        self._check_deadline(envelope)
+        check_deadline(envelope, self.clock())
         pool = task["route"]["pool"]
         if not self.held.count(pool):
             view = self._room_for_low(pool)
@@ -183,7 +182,7 @@ class ScheduleLayer:
         tp = TopicPartition(record.topic, record.partition) if record is not None else None
         self.held.add(Held(
             request_id=envelope["request_id"], pool=pool, priority=envelope["priority"],
-            give_up_ms=self._expiry_ms(envelope), tp=tp,
+            give_up_ms=expiry_ms(envelope, self.settings), tp=tp,
             offset=record.offset if record is not None else -1,
             payload=value if isinstance(value, bytes) else task,
             stamped_us=envelope["stamps"].get(self.name, now_us())))
@@ -194,7 +193,7 @@ class ScheduleLayer:
         :func:`workers.prefix.choose` picks among the open ones with room for it
         (room.py); None when none has room. A fallback's pool takes it when its
         own has no open worker, or has given it no room once it is ``overdue``."""
-        self._check_deadline(task["envelope"])
+        check_deadline(task["envelope"], self.clock())
         failed = set(task["route"].get("failed_workers") or ())
         opened = [w for w in self._open(task["route"]["pool"])
                   if w.beat["worker_id"] not in failed]
@@ -227,24 +226,11 @@ class ScheduleLayer:
         breaker and frees its slot here; the task goes to another worker of the
         pool, or a fallback's, and fails with the engine's error at once when
         there is none."""
-        route = task["route"]
-        worker_id, failure = route["failed_workers"][-1], route["failure"]
+        route, rid = task["route"], task["envelope"]["request_id"]
+        failure = route["failure"]
         assert failure is not None
-        rid = task["envelope"]["request_id"]
-        sent = self.outstanding.forget(rid)
-        if sent is not None:
-            self.table.finished(worker_id, self.clock())
-            self.table.changed.set()
-        self.breakers.publish(self._sender, self.breakers.ended(
-            worker_id, sent.pool if sent is not None else route["pool"], rid,
-            failure["code"], failure["message"]))
-        failed = set(route["failed_workers"])
-        others = [w for w in self._open(route["pool"]) if w.beat["worker_id"] not in failed]
-        fallbacks = [f for f in route.get("fallbacks", []) if self._open(f["pool"])]
-        log.info("request %s: the engine of worker %s failed before the first token (%s); "
-                 "%s", rid, worker_id, failure["message"],
-                 "another worker takes it" if others or fallbacks else "no other can")
-        if not others and not fallbacks:
+        self.finished(rid, route["failed_workers"][-1], self.clock(), failure, route["pool"])
+        if not others_can_take(task, self._open, lambda w: w.beat["worker_id"]):
             raise RequestError(failure["message"], code=failure["code"],
                                status=failure["status"], type=failure["type"],
                                param=failure["param"])
@@ -252,17 +238,6 @@ class ScheduleLayer:
     def _open(self, pool: str) -> list[WorkerView]:
         """The live workers of ``pool`` whose breaker lets work through."""
         return [w for w in self.table.live(pool) if self.breakers.allows(w.beat["worker_id"])]
-
-    def _check_deadline(self, envelope: Envelope) -> None:
-        if envelope["deadline_ms"] and self.clock() >= envelope["deadline_ms"]:
-            raise DeadlineExceeded("The request's deadline passed before a worker took it.")
-
-    def _expiry_ms(self, envelope: Envelope) -> int:
-        """Until when a request may wait: its deadline, or the request timeout."""
-        if envelope["deadline_ms"]:
-            return envelope["deadline_ms"]
-        entered_ms = envelope["stamps"].get("gateway", now_us()) // 1000
-        return entered_ms + int(self.settings.request_timeout_s * 1000)
 
     def _busy(self, view: WorkerView) -> int:
         """A worker's tasks: what its beats tell, never less than what this
@@ -290,24 +265,26 @@ class ScheduleLayer:
         task["route"]["partition"] = partition
         self.outstanding.add(envelope["request_id"], view.beat["worker_id"],
                              task["route"]["pool"], envelope["priority"],
-                             self._expiry_ms(envelope))
+                             expiry_ms(envelope, self.settings))
         return Output(infer_topic(self.settings, task["route"]["pool"]), "Task", task,
                       key=envelope["request_id"], partition=partition)
 
     # -- what happens to tasks ------------------------------------------------
 
     def finished(self, request_id: str, worker_id: str, written_ms: int,
-                 error: ErrorInfo | None = None) -> None:
+                 error: ErrorInfo | None = None, pool: str | None = None) -> None:
         """A generation this scheduler sent ended (its final chunk was written
         at ``written_ms`` by ``worker_id``): its slot is free, and its breaker
-        hears how it went."""
+        hears how it went. With ``pool``, the breaker hears it even when
+        another scheduler sent it (a task failed before its first token)."""
         sent = self.outstanding.forget(request_id)
         if sent is not None:
             self.table.finished(worker_id, written_ms)
             self.table.changed.set()
+        if sent is not None or pool is not None:
             self.breakers.publish(self._sender, self.breakers.ended(
-                worker_id, sent.pool, request_id, error["code"] if error else None,
-                error["message"] if error else ""))
+                worker_id, sent.pool if sent is not None else str(pool), request_id,
+                error["code"] if error else None, error["message"] if error else ""))
 
     def cancel(self, request_id: str) -> None:
         """Drop the parked or held task of a cancelled request (its offset is
@@ -388,16 +365,8 @@ class ScheduleLayer:
         the beat's time is the worker's clock, the entries' the scheduler's)."""
         slack_ms = int(2 * self.settings.heartbeat_interval_s * 1000) + \
             self.settings.clock_skew_ms
-        for wid, view in self.table.workers.items():
-            beat = view.beat
-            if self._reconciled.get(wid) != beat["ts_ms"]:
-                self._reconciled[wid] = beat["ts_ms"]
-                self.outstanding.reconcile(wid, beat["running"], beat["capacity"],
-                                           beat["ts_ms"], slack_ms)
-        now = self.clock()
-        if now - self._expired_at >= _EXPIRE_EVERY_MS:
-            self._expired_at = now
-            self.outstanding.expire()
+        self.outstanding.reconcile_beats([v.beat for v in self.table.workers.values()],
+                                         slack_ms)
 
     async def _place_parked_loop(self) -> None:
         while True:

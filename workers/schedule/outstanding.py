@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from schemas.records import WorkerHeartbeat
 from topics.envelope import PRIORITY_INTERACTIVE, now_ms
 
 __all__ = ["Outstanding", "Sent"]
@@ -35,6 +36,7 @@ __all__ = ["Outstanding", "Sent"]
 # an entry outlives its request's deadline by this much before it is dropped
 # (a worker gives a generation up a minute after its deadline)
 _EXPIRE_GRACE_MS = 90_000
+_EXPIRE_EVERY_MS = 5000
 
 
 @dataclass(slots=True)
@@ -50,6 +52,8 @@ class Sent:
 class Outstanding:
     def __init__(self, clock: Callable[[], int] = now_ms) -> None:
         self.clock = clock
+        self._reconciled: dict[str, int] = {}  # worker id -> the last beat's time
+        self._expired_at = 0
         self._by_id: dict[str, Sent] = {}
         # worker -> its entries in the order they were sent
         self._by_worker: dict[str, dict[str, Sent]] = {}
@@ -115,6 +119,19 @@ class Outstanding:
         for request_id in stale:
             self.forget(request_id)
         return stale
+
+    def reconcile_beats(self, beats: list[WorkerHeartbeat], slack_ms: int) -> None:
+        """Let heartbeats not seen before correct the counts (:meth:`reconcile`),
+        and every few seconds drop what is long past its deadline (:meth:`expire`)."""
+        for beat in beats:
+            wid = beat["worker_id"]
+            if self._reconciled.get(wid) != beat["ts_ms"]:
+                self._reconciled[wid] = beat["ts_ms"]
+                self.reconcile(wid, beat["running"], beat["capacity"], beat["ts_ms"], slack_ms)
+        now = self.clock()
+        if now - self._expired_at >= _EXPIRE_EVERY_MS:
+            self._expired_at = now
+            self.expire()
 
     def expire(self) -> list[str]:
         """Drop entries long past their request's deadline; their request ids."""

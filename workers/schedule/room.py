@@ -26,17 +26,19 @@ from aiokafka import TopicPartition
 
 from conveyor.errors import (
     ContextLengthExceeded,
+    DeadlineExceeded,
     NoWorkerAvailable,
     Overloaded,
     PipelineUnavailable,
     RequestError,
 )
 from conveyor.settings import Settings
-from schemas.records import Task
+from schemas.records import Envelope, Task
+from topics.envelope import now_us
 from workers.schedule.table import WorkerView
 
 __all__ = ["Parked", "kv_need", "free_kv", "has_room", "interactive_busy", "never_fits",
-           "overloaded", "out_of_time"]
+           "overloaded", "out_of_time", "check_deadline", "expiry_ms"]
 
 
 @dataclass
@@ -133,3 +135,16 @@ def out_of_time(parked: Parked, served: bool, settling: bool,
     return NoWorkerAvailable(
         f"No worker of pool `{pool}` is available for model "
         f"`{parked.task['route']['model']}`. Try again later.")
+
+
+def check_deadline(envelope: Envelope, now_ms: int) -> None:
+    if envelope["deadline_ms"] and now_ms >= envelope["deadline_ms"]:
+        raise DeadlineExceeded("The request's deadline passed before a worker took it.")
+
+
+def expiry_ms(envelope: Envelope, settings: Settings) -> int:
+    """Until when a request may wait: its deadline, or the request timeout."""
+    if envelope["deadline_ms"]:
+        return envelope["deadline_ms"]
+    entered_ms = envelope["stamps"].get("gateway", now_us()) // 1000
+    return entered_ms + int(settings.request_timeout_s * 1000)

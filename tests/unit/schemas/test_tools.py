@@ -1,5 +1,6 @@
-"""Tool calls (schemas/tools.py): the API's checks, the prompt's turns, the
-grammar, and the reader that turns an answer's text into OpenAI's calls."""
+"""Tool calls (schemas/tools.py, schemas/tool_calls.py): the API's checks, the
+prompt's turns, the grammar, and the reader that turns an answer's text into
+OpenAI's calls."""
 
 from __future__ import annotations
 
@@ -16,14 +17,8 @@ from schemas.openai.generations import chat_generation
 from schemas.openai.requests import ChatCompletionRequest
 from schemas.records import Message, Tools
 from schemas.structured import grammar_of, violation
-from schemas.tools import (
-    ToolCallReader,
-    call_id,
-    read_tool_calls,
-    tool_format,
-    tool_messages,
-    tools_violation,
-)
+from schemas.tool_calls import ToolCallReader, call_id, read_tool_calls
+from schemas.tools import tool_format, tool_messages, tools_violation
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather of a city.", "strict": True,

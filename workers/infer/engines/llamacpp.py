@@ -63,7 +63,6 @@ Decisions:
 from __future__ import annotations
 
 import asyncio
-import secrets
 import threading
 from collections.abc import AsyncGenerator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -76,17 +75,17 @@ import numpy.typing as npt
 from llama_cpp import Llama, StoppingCriteriaList
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from conveyor.errors import EngineError, InvalidRequest, RequestError
+from conveyor.errors import EngineError, RequestError
 from conveyor.registry import ModelSpec
 from schemas.records import TokenLogprob
 from workers.infer.engines.base import GenerationRequest, KvState, Piece
 from workers.infer.engines.llamacpp_grammar import HeldSampler, constrained
-from workers.infer.engines.logprobs import LoggedSampler, with_logprobs
+from workers.infer.engines.llamacpp_sampling import checked_bias, llama_seed
+from workers.infer.engines.logprobs import LoggedSampler, taken, with_logprobs
 
 __all__ = ["LlamaCppEngine", "common_prefix", "pieces_from", "reuse_score"]
 
 # llama.cpp seeds are uint32 and 0xFFFFFFFF (LLAMA_DEFAULT_SEED) means "random".
-_SEED_SPACE = 0xFFFFFFFF
 
 _Item = Piece | BaseException
 
@@ -279,10 +278,10 @@ class LlamaCppEngine:
                     top_p=request.top_p,
                     top_k=0,
                     min_p=0.0,
-                    seed=_llama_seed(request.seed),
+                    seed=llama_seed(request.seed),
                     presence_penalty=request.presence_penalty,
                     frequency_penalty=request.frequency_penalty,
-                    logit_bias=_bias(llm, request),
+                    logit_bias=checked_bias(request, llm.n_vocab()),
                     stop=list(request.stop),
                     stopping_criteria=StoppingCriteriaList([watch]),
                 ),
@@ -300,10 +299,10 @@ class LlamaCppEngine:
                             "length" if reason == "length" else "stop"
                         )
                         emit(Piece(text, tokens=max(0, watch.sampled - emitted),
-                                   finish_reason=finish, logprobs=_taken(logprobs)))
+                                   finish_reason=finish, logprobs=taken(logprobs)))
                         return
                     if text:
-                        emit(Piece(text, tokens=1, logprobs=_taken(logprobs)))
+                        emit(Piece(text, tokens=1, logprobs=taken(logprobs)))
                         emitted += 1
             finally:
                 cast(Any, stream).close()
@@ -399,29 +398,3 @@ def _chat_formatter(llm: Llama) -> Jinja2ChatFormatter | None:
         bos_token=token_text(llm.token_bos()),
         add_generation_prompt=True,
     )
-
-
-def _llama_seed(seed: int | None) -> int:
-    if seed is None:
-        return secrets.randbelow(_SEED_SPACE)
-    return seed % _SEED_SPACE
-
-
-def _bias(llm: Llama, request: GenerationRequest) -> dict[int, float] | None:
-    """The request's logit_bias, each token checked against the vocabulary
-    (preprocess checked it; an event may be forged)."""
-    if not request.logit_bias:
-        return None
-    n_vocab = llm.n_vocab()
-    for token, _ in request.logit_bias:
-        if not 0 <= token < n_vocab:
-            raise InvalidRequest(f"Invalid 'logit_bias': token {token} is not in the "
-                                 "model's vocabulary.", param="logit_bias")
-    return dict(request.logit_bias)
-
-
-def _taken(logprobs: list[TokenLogprob]) -> tuple[TokenLogprob, ...]:
-    """The log probabilities sampled since the last piece, for this one."""
-    taken = tuple(logprobs)
-    logprobs.clear()
-    return taken

@@ -20,18 +20,17 @@ from typing import Any, Literal, cast
 import llama_cpp
 from llama_cpp import Llama
 
-from conveyor.errors import EngineError, InvalidRequest
+from conveyor.errors import EngineError
 from schemas.records import TokenLogprob
 from workers.infer.engines.base import GenerationRequest, Piece
-from workers.infer.engines.llamacpp import _llama_seed, common_prefix, reuse_score
-from workers.infer.engines.llamacpp_grammar import CheckedSampling, grammar_sampler
-from workers.infer.engines.logprobs import logprob_of
+from workers.infer.engines.llamacpp import common_prefix, reuse_score
+from workers.infer.engines.llamacpp_grammar import CheckedSampling
+from workers.infer.engines.llamacpp_sampling import sequence_sampler
+from workers.infer.engines.logprobs import logprob_of, taken
 
 __all__ = ["Context", "Sequence", "Text"]
 
 Item = Piece | BaseException
-# the sampled tokens the presence and frequency penalties look back over
-_PENALTY_WINDOW = 64
 _Finish = Literal["stop", "length"]
 
 
@@ -229,7 +228,7 @@ class Context:
                 kept = 0
                 llama_cpp.llama_memory_seq_rm(memory, slot.seq_id, -1, -1)
             del slot.cached[kept:]
-            sequence.sampler = _sampler(request, self._vocab, sequence.accepted)
+            sequence.sampler = sequence_sampler(request, self._vocab, sequence.accepted)
         except Exception as exc:
             sequence.emit(exc)
             return
@@ -302,7 +301,7 @@ class Context:
             self._finish(sequence, text + sequence.text.flush(), "length")
         else:
             if text:
-                sequence.emit(Piece(text, tokens=1, logprobs=_taken(sequence)))
+                sequence.emit(Piece(text, tokens=1, logprobs=taken(sequence.logprobs)))
                 sequence.emitted += 1
             sequence.next_token = token
 
@@ -311,7 +310,7 @@ class Context:
                                     finish_reason=reason,
                                     prompt_tokens=len(sequence.prompt_tokens),
                                     cached_tokens=sequence.reused,
-                                    logprobs=_taken(sequence)))
+                                    logprobs=taken(sequence.logprobs)))
 
     def _leave(self, sequence: Sequence, last: Item) -> None:
         """The sequence's last item out; its slot free, its cache kept for reuse."""
@@ -349,56 +348,3 @@ class Context:
             buffer = ctypes.create_string_buffer(-n)
             n = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, -n, 0, False)
         return buffer.raw[:max(0, n)]
-
-
-def _sampler(request: GenerationRequest, vocab: Any, accepted: list[int]) -> Any:
-    n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
-    bias = _bias_sampler(request, n_vocab) if request.logit_bias else None  # raises first
-    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-    if bias is not None:
-        llama_cpp.llama_sampler_chain_add(chain, bias)
-    if request.presence_penalty or request.frequency_penalty:
-        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_penalties(
-            n_vocab, _PENALTY_WINDOW, 1.0, request.frequency_penalty,
-            request.presence_penalty))
-    if request.temperature <= 0:
-        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
-    else:
-        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_temp(
-            request.temperature))
-        if request.top_p < 1.0:
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_p(
-                request.top_p, 1))
-        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(
-            _llama_seed(request.seed)))
-    if request.response_format is not None:  # the grammar checks the chain's draw
-        checked = CheckedSampling(chain, grammar_sampler(vocab, request.response_format),
-                                  n_vocab)
-        for token in accepted:
-            checked.accept(token)
-        return checked
-    for token in accepted:
-        llama_cpp.llama_sampler_accept(chain, token)
-    return chain
-
-
-def _bias_sampler(request: GenerationRequest, n_vocab: int) -> Any:
-    """llama.cpp's logit-bias sampler of the request's logit_bias, each token
-    checked against the vocabulary first (the sampler indexes the logits by
-    token id: preprocess checked the ids, but an event may be forged)."""
-    for token, _ in request.logit_bias:
-        if not 0 <= token < n_vocab:
-            raise InvalidRequest(f"Invalid 'logit_bias': token {token} is not in the "
-                                 "model's vocabulary.", param="logit_bias")
-    biases = (llama_cpp.llama_logit_bias * len(request.logit_bias))()
-    for i, (token, bias) in enumerate(request.logit_bias):
-        entry = cast(Any, biases[i])
-        entry.token, entry.bias = token, bias
-    return llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(request.logit_bias), biases)
-
-
-def _taken(sequence: Sequence) -> tuple[TokenLogprob, ...]:
-    """The sequence's logprobs not yet sent, for the piece being sent."""
-    taken = tuple(sequence.logprobs)
-    sequence.logprobs.clear()
-    return taken

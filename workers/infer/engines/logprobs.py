@@ -19,7 +19,7 @@ import numpy as np
 
 from schemas.records import TokenLogprob, TopLogprob
 
-__all__ = ["logprob_of", "token_bytes", "LoggedSampler", "with_logprobs"]
+__all__ = ["logprob_of", "token_bytes", "LoggedSampler", "with_logprobs", "taken"]
 
 
 def token_bytes(vocab: Any, token: int) -> bytes:
@@ -86,3 +86,10 @@ def with_logprobs(llm: Any, request: Any, sink: list[TokenLogprob]) -> None:
         return LoggedSampler(build(**kwargs), vocab, llm.n_vocab(), request.top_logprobs, sink)
 
     llm._init_sampler = init_sampler
+
+
+def taken(pending: list[TokenLogprob]) -> tuple[TokenLogprob, ...]:
+    """The log probabilities sampled since the last piece, for this one (emptied)."""
+    out = tuple(pending)
+    pending.clear()
+    return out

@@ -72,10 +72,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from conveyor.errors import EngineError
 from conveyor.registry import ModelSpec
-from schemas.records import TokenLogprob, TopLogprob
+from schemas.records import TokenLogprob
 from workers.infer.engines.base import GenerationRequest, KvState, Piece
+from workers.infer.engines.vllm_sampling import delta_logprobs, sampling_params
 from workers.infer.engines.vllm_stats import KvWatch
-from workers.infer.engines.vllm_structured import structured_outputs
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
@@ -236,7 +236,7 @@ class VllmEngine:
             await slots.acquire()
         finally:
             self._waiting -= 1
-        pieces = self._stream(llm, prompt, _sampling(request),
+        pieces = self._stream(llm, prompt, sampling_params(request),
                               f"{request.request_id}-{uuid.uuid4().hex[:8]}")
         try:
             if self._llm is None:  # closed while this generation waited for a slot
@@ -262,7 +262,7 @@ class VllmEngine:
                 carried += len(completion.token_ids)
                 prompt_tokens = prompt_tokens or len(out.prompt_token_ids or ())
                 if params.logprobs is not None:
-                    logprobs.extend(_logprobs(completion, params.logprobs))
+                    logprobs.extend(delta_logprobs(completion, params.logprobs))
                 if not out.finished:
                     if completion.text:
                         yield Piece(completion.text, tokens=carried, logprobs=tuple(logprobs))
@@ -345,25 +345,6 @@ def _watch(pids: set[int]) -> subprocess.Popen[bytes] | None:
                              str(os.getpid()), *(str(p) for p in sorted(pids))])
 
 
-def _sampling(request: GenerationRequest) -> SamplingParams:
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
-
-    return SamplingParams(
-        temperature=max(0.0, request.temperature),
-        top_p=request.top_p if 0 < request.top_p <= 1 else 1.0,
-        seed=request.seed,
-        stop=list(request.stop) or None,
-        presence_penalty=request.presence_penalty,
-        frequency_penalty=request.frequency_penalty,
-        logit_bias=dict(request.logit_bias) or None,
-        logprobs=request.top_logprobs if request.logprobs else None,
-        max_tokens=max(1, request.max_tokens),
-        output_kind=RequestOutputKind.DELTA,
-        structured_outputs=structured_outputs(request),  # vllm_structured
-    )
-
-
 async def _say(model: str, prompt: str, max_tokens: int, options: dict[str, Any]) -> int:
     from conveyor.registry import Registry
     from conveyor.settings import load_settings
@@ -404,19 +385,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-
-
-def _logprobs(completion: Any, top: int) -> list[TokenLogprob]:
-    """vLLM's log probabilities of the tokens a delta output added: the sampled
-    token's, and the ``top`` most likely by rank."""
-    out: list[TokenLogprob] = []
-    for token, entries in zip(completion.token_ids, completion.logprobs or (), strict=False):
-        chosen = entries[token]
-        ranked = sorted(((t, e) for t, e in entries.items()
-                         if e.rank is not None and e.rank <= top), key=lambda te: te[1].rank)
-        best = [TopLogprob(token=e.decoded_token or "", bytes=(e.decoded_token or "").encode(),
-                           logprob=float(e.logprob)) for _, e in ranked]
-        text = chosen.decoded_token or ""
-        out.append(TokenLogprob(token=text, bytes=text.encode(), logprob=float(chosen.logprob),
-                                top=best))
-    return out

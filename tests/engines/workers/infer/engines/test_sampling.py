@@ -7,7 +7,6 @@ likely."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +16,6 @@ from llama_cpp import Llama
 from conveyor.errors import InvalidRequest
 from conveyor.registry import Registry
 from workers.infer.engines.base import Engine, GenerationRequest
-from workers.infer.engines.llamacpp import LlamaCppEngine
-from workers.infer.engines.llamacpp_batch import LlamaCppBatchEngine
 
 SPEC = Registry.load(Path("conveyor/models.toml")).resolve("smollm2")
 PROMPT = "The capital of France is"
@@ -29,14 +26,9 @@ def vocab() -> Llama:
     return Llama(model_path=str(SPEC.gguf_path()), vocab_only=True, verbose=False)
 
 
-@pytest.fixture(scope="module", params=["llamacpp", "llamacpp-batch"])
-async def engine(request: pytest.FixtureRequest) -> AsyncIterator[Engine]:
-    made: Engine = (LlamaCppEngine.from_spec(SPEC, contexts=1) if request.param == "llamacpp"
-                    else LlamaCppBatchEngine.from_spec(SPEC, sequences=2, contexts=1,
-                                                       n_ctx=512))
-    await made.start()
-    yield made
-    await made.close()
+@pytest.fixture
+def engine(llama_engine: Engine) -> Engine:
+    return llama_engine  # each llama.cpp engine (conftest.py)
 
 
 def ask(**overrides: Any) -> GenerationRequest:

@@ -8,19 +8,14 @@ a crashed process."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
 
 from conveyor.errors import EngineError
-from conveyor.registry import Registry
 from schemas.records import ResponseFormat
 from workers.infer.engines.base import Engine, GenerationRequest
-from workers.infer.engines.llamacpp import LlamaCppEngine
-from workers.infer.engines.llamacpp_batch import LlamaCppBatchEngine
 
 # what openai's parse() sends for: class City(BaseModel): name: str; country: str;
 # population: int — and class Answer(BaseModel): cities: list[City]; note: str, each
@@ -44,15 +39,9 @@ OBJECT = ResponseFormat(type="json_object", name="", schema="", strict=False)
 QUESTION = "List two big cities of France as JSON."
 
 
-@pytest.fixture(scope="module", params=["llamacpp", "llamacpp-batch"])
-async def engine(request: pytest.FixtureRequest) -> AsyncIterator[Engine]:
-    spec = Registry.load(Path("conveyor/models.toml")).resolve("smollm2")
-    made: Engine = (LlamaCppEngine.from_spec(spec, contexts=1) if request.param == "llamacpp"
-                    else LlamaCppBatchEngine.from_spec(spec, sequences=2, contexts=1,
-                                                       n_ctx=1024))
-    await made.start()
-    yield made
-    await made.close()
+@pytest.fixture
+def engine(llama_engine: Engine) -> Engine:
+    return llama_engine  # each llama.cpp engine (conftest.py)
 
 
 def ask(fmt: ResponseFormat, **overrides: Any) -> GenerationRequest:

@@ -236,7 +236,8 @@ async def test_tools_hold_the_answer_to_calls_of_the_functions(vllm_engine: Vllm
     import jsonschema
 
     from schemas.openai.requests import ChatCompletionRequest
-    from schemas.tools import read_tool_calls, tool_format, tool_messages
+    from schemas.tool_calls import read_tool_calls
+    from schemas.tools import tool_format, tool_messages
 
     parameters = {"type": "object", "additionalProperties": False, "required": ["city"],
                   "properties": {"city": {"type": "string", "maxLength": 20}}}

@@ -1,0 +1,28 @@
+"""The field types the OpenAI request models share: text UTF-8 can hold (a
+lone surrogate, JSON ``"\\ud800"``, cannot be written into an event and is
+refused with its field's ``param``), and the strict model configuration."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import AfterValidator, ConfigDict
+
+__all__ = ["Text", "STRICT", "FUNCTION_NAME"]
+
+
+def _utf8(value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode text; it holds a lone surrogate "
+                         "(such as \\ud800)") from None
+    return value
+
+
+Text = Annotated[str, AfterValidator(_utf8)]
+
+STRICT = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+# a function's name, as OpenAI allows it
+FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"

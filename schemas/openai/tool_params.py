@@ -1,0 +1,74 @@
+"""The function tools of a chat request, and the calls an assistant turn of
+its history made, as pydantic models (OpenAI's nested shape: ``{"type":
+"function", "function": {...}}``). schemas/tools.py checks what they ask."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.openai.fields import FUNCTION_NAME, STRICT, Text
+from schemas.records import Function as FunctionRecord
+from schemas.records import ToolCall as ToolCallRecord
+
+__all__ = ["CalledFunction", "MessageToolCall", "FunctionSpec", "Tool", "NamedFunction",
+           "NamedToolChoice"]
+
+_STRICT = STRICT
+
+
+class CalledFunction(BaseModel):
+    model_config = _STRICT
+
+    name: Text = Field(pattern=FUNCTION_NAME)
+    arguments: Text
+
+
+class MessageToolCall(BaseModel):
+    """A call an assistant turn of the history made."""
+
+    model_config = _STRICT
+
+    id: Text = Field(min_length=1)
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+    def record(self) -> ToolCallRecord:
+        return ToolCallRecord(id=self.id, name=self.function.name,
+                              arguments=self.function.arguments)
+
+
+class FunctionSpec(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+    name: Text = Field(pattern=FUNCTION_NAME)
+    description: Text | None = None
+    parameters: dict[Text, Any] | None = None
+    strict: bool | None = None
+
+    def record(self) -> FunctionRecord:
+        return FunctionRecord(name=self.name, description=self.description or "",
+                              parameters=json.dumps(self.parameters) if self.parameters
+                              is not None else "", strict=bool(self.strict))
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class NamedFunction(BaseModel):
+    model_config = _STRICT
+
+    name: Text
+
+
+class NamedToolChoice(BaseModel):
+    model_config = _STRICT
+
+    type: Literal["function"]
+    function: NamedFunction
