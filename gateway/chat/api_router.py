@@ -15,6 +15,7 @@ from conveyor.registry import Registry
 from gateway.admission import Admitter
 from gateway.auth.middleware import identity_of
 from gateway.auth.types import Identity
+from gateway.chat.choices import choice_generations, collect_choices, stream_choices
 from gateway.errors import SafeJSONResponse
 from gateway.openapi import (
     HEALTH_RESPONSES,
@@ -58,6 +59,9 @@ def _serving(request: Request) -> Serving:
              responses=generation_responses(ChatCompletion))
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     serving = _serving(request)
+    if body.choices() > 1:
+        return await _choices(serving, serving.chat_generation(body.model_copy(update={"n": 1})),
+                              body.choices(), bool(body.store), request)
     return await _answer(serving, serving.chat_generation(body), request)
 
 
@@ -65,6 +69,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
              responses=generation_responses(Completion))
 async def completions(body: CompletionRequest, request: Request) -> Response:
     serving = _serving(request)
+    if body.choices() > 1:
+        return await _choices(serving, serving.completion_generation(
+            body.model_copy(update={"n": 1})), body.choices(), False, request)
     return await _answer(serving, serving.completion_generation(body), request)
 
 
@@ -168,6 +175,47 @@ async def _answer(serving: Serving, generation: Generation, request: Request) ->
     return StreamingResponse(serving.stream(answer, first), media_type="text/event-stream",
                              headers={**_SSE_HEADERS, **headers,
                                       **_fallback(registry, generation, opening)})
+
+
+async def _choices(serving: Serving, generation: Generation, n: int, stored: bool,
+                   request: Request) -> Response:
+    """``n`` > 1: a request of each choice, answered as one (gateway/chat/choices.py)."""
+    if stored:
+        raise InvalidRequest("store=true is supported with n=1 only.", param="n")
+    generations = choice_generations(generation, n)
+    answers: list[Answer] = []
+    try:
+        for each in generations:
+            answers.append(await admit_and_submit(serving, each, request))
+        headers = {**answers[0].ticket.headers, "x-request-id": answers[0].request_id}
+        registry: Registry = request.app.state.registry
+        if not generation["stream"]:
+            result = await collect_choices(serving, generations, answers,
+                                           request.is_disconnected)
+            return SafeJSONResponse(result,
+                                    headers={**headers, **_fallback(registry, generation, result)})
+        firsts = []
+        for answer in answers:
+            first = await serving.first(answer, request.is_disconnected)
+            if first is None:  # the client left: nobody reads a status
+                raise _ClientLeft
+            firsts.append(first)
+    except BaseException as exc:
+        for answer in answers:
+            answer.close("another choice failed, or the client left")
+        if isinstance(exc, _ClientLeft):
+            return Response(status_code=499)
+        raise
+    opening = json.loads(firsts[0]["chunk"].partition("\n")[0] or "{}")
+    return StreamingResponse(
+        stream_choices(answers, firsts, serving.settings.sse_keepalive_s,
+                       generation["include_usage"]),
+        media_type="text/event-stream",
+        headers={**_SSE_HEADERS, **headers, **_fallback(registry, generation, opening)})
+
+
+class _ClientLeft(Exception):
+    """The client went away before every choice's first reply."""
 
 
 def _fallback(registry: Registry, generation: Generation, answer: dict[str, Any]

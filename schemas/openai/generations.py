@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+from conveyor.errors import InvalidRequest
 from schemas.openai.requests import ChatCompletionRequest, ChatMessage, CompletionRequest
 from schemas.records import Generation, Message, Sampling
 
@@ -16,6 +17,7 @@ __all__ = ["chat_generation", "completion_generation"]
 
 
 def chat_generation(body: ChatCompletionRequest) -> Generation:
+    _one_choice(body)
     messages = [_message(m) for m in body.messages]
     generation = _generation("chat", body, messages=messages, prompt=None,
                              max_tokens=body.token_budget())
@@ -32,9 +34,19 @@ def _message(m: ChatMessage) -> Message:
 
 
 def completion_generation(body: CompletionRequest) -> Generation:
+    _one_choice(body)
     max_tokens = body.token_budget()
     return _generation("completion", body, messages=[], prompt=body.prompt_text(),
                        max_tokens=max_tokens)
+
+
+def _one_choice(body: ChatCompletionRequest | CompletionRequest) -> None:
+    """The generation is one choice's: the HTTP routes ask for each of several
+    choices alone (gateway/chat/choices.py); batches and the WebSocket API
+    serve one."""
+    if body.choices() > 1:
+        raise InvalidRequest("n > 1 is served by POST /v1/chat/completions and "
+                             "/v1/completions; here only n=1 is supported.", param="n")
 
 
 def _generation(kind: str, body: ChatCompletionRequest | CompletionRequest, *,

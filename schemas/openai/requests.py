@@ -11,6 +11,7 @@ Only what Conveyor serves is accepted, and only values the pipeline can carry:
   cannot be written into an event and is refused with the field's ``param``.
 * ``response_format`` may ask for free text, any JSON object or JSON matching
   a schema (schemas/structured.py checks the schema here).
+* ``n`` asks for up to 8 choices (gateway/chat/choices.py).
 * ``logprobs`` (chat: with ``top_logprobs`` up to 20; completions: the
   number of alternatives, up to 5) asks for each token's log probability.
 * ``logit_bias`` maps token ids to a bias in -100..100 (preprocess checks the
@@ -20,8 +21,7 @@ Only what Conveyor serves is accepted, and only values the pipeline can carry:
   conversation may hold assistant turns with ``tool_calls`` and ``tool``
   turns answering them.
 * Parameters that would change the answer in ways Conveyor cannot honour
-  (``n`` > 1, ``echo``, the older ``functions``, ``suffix``, ...) are
-  refused with a
+  (``echo``, the older ``functions``, ``suffix``, ...) are refused with a
   400 naming the parameter, never silently ignored. Harmless ones the official
   ``openai`` client sends (``user``, ``stream_options``, ``service_tier``) are
   accepted. ``store: true`` keeps a chat completion to be read again by id
@@ -84,6 +84,8 @@ MAX_INT32 = 2**31 - 1
 MAX_LOGIT_BIAS = 300
 # OpenAI's bound on top_logprobs
 MAX_TOP_LOGPROBS = 20
+# the most choices one request may ask for (n), each a request of its own
+MAX_CHOICES = 8
 MIN_INT64, MAX_INT64 = -(2**63), 2**63 - 1
 
 
@@ -178,10 +180,14 @@ class _Sampling(BaseModel):
 
     @field_validator("n")
     @classmethod
-    def _one_choice(cls, v: int | None) -> int:
-        if v not in (None, 1):
-            raise ValueError("only n=1 is supported")
-        return 1
+    def _choices(cls, v: int | None) -> int:
+        if v is not None and not 1 <= v <= MAX_CHOICES:
+            raise ValueError(f"n must be between 1 and {MAX_CHOICES}")
+        return v or 1
+
+    def choices(self) -> int:
+        """How many choices are asked for (gateway/chat/choices.py serves more than one)."""
+        return self.n or 1
 
     @field_validator("logit_bias")
     @classmethod

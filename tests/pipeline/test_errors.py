@@ -77,7 +77,7 @@ def test_deadline_is_504_streaming_or_not(pipeline: Pipeline) -> None:
 
 
 def test_unsupported_parameters_are_refused(pipeline: Pipeline) -> None:
-    assert_envelope(post(pipeline, {"model": "smollm2", "n": 2,
+    assert_envelope(post(pipeline, {"model": "smollm2", "n": 9,
                                     "messages": [{"role": "user", "content": "hi"}]}), 400)
     assert_envelope(post(pipeline, {"model": "smollm2", "prompt": "hi", "echo": True},
                          path="/v1/completions"), 400)

@@ -111,3 +111,46 @@ def test_eight_concurrent_requests_all_answered(pipeline: Pipeline) -> None:
         answers = list(pool.map(ask, questions))
     assert len({rid for rid, _ in answers}) == 8
     assert all(text for _, text in answers)
+
+
+def test_n_choices_each_with_its_index_and_the_prompt_counted_once(pipeline: Pipeline) -> None:
+    c = client(pipeline)
+    one = c.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=6)
+    three = c.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=6, n=3)
+    assert [choice.index for choice in three.choices] == [0, 1, 2]
+    assert all(choice.message.content for choice in three.choices)
+    assert one.usage is not None and three.usage is not None
+    assert three.usage.prompt_tokens == one.usage.prompt_tokens
+    assert 3 <= three.usage.completion_tokens <= 18  # each choice's, up to 6 each
+    assert three.usage.total_tokens == three.usage.prompt_tokens + three.usage.completion_tokens
+    done = c.completions.create(model="smollm2", prompt="1, 2, 3,", max_tokens=4, n=2)
+    assert [choice.index for choice in done.choices] == [0, 1]
+
+
+def test_n_choices_stream_interleaved_then_one_usage_and_done(pipeline: Pipeline) -> None:
+    stream = client(pipeline).chat.completions.create(
+        model="smollm2", messages=QUESTION, max_tokens=8, n=3, stream=True,
+        stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert len({chunk.id for chunk in chunks}) == 1
+    texts: dict[int, str] = {}
+    finished: dict[int, str] = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+            if choice.finish_reason:
+                finished[choice.index] = choice.finish_reason
+    assert sorted(texts) == [0, 1, 2] and all(texts.values()), texts
+    assert sorted(finished) == [0, 1, 2]
+    usage = chunks[-1].usage
+    assert not chunks[-1].choices and usage is not None
+    assert usage.completion_tokens >= 3
+
+
+def test_n_past_the_limit_or_with_store_is_refused_naming_n(pipeline: Pipeline) -> None:
+    c = client(pipeline)
+    for extra in ({"n": 9}, {"n": 2, "store": True}):
+        with pytest.raises(openai.BadRequestError) as info:
+            c.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=4,
+                                      **extra)  # type: ignore[arg-type]
+        assert info.value.body["param"] == "n", info.value.body  # type: ignore[index]

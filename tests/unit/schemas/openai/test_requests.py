@@ -55,13 +55,25 @@ def test_four_stops_are_allowed_five_are_not() -> None:
         completion(stop=["a", "b", "c", "d", "e"])
 
 
-@pytest.mark.parametrize("n", [0, 2, 5])
-def test_only_one_choice_is_served(n: int) -> None:
+@pytest.mark.parametrize("n", [0, -1, 9])
+def test_up_to_eight_choices_are_served(n: int) -> None:
     with pytest.raises(ValidationError) as info:
         chat(n=n)
     assert error_locs(info.value) == {"n"}
     with pytest.raises(ValidationError):
         completion(n=n)
+    assert chat(n=8).choices() == 8 and completion().choices() == 1
+
+
+def test_a_generation_is_one_choice_s() -> None:
+    """Batches and the WebSocket API make their generations here: n=1 only."""
+    from schemas.openai.generations import chat_generation, completion_generation
+
+    with pytest.raises(InvalidRequest) as info:
+        chat_generation(chat(n=2))
+    assert info.value.param == "n"
+    with pytest.raises(InvalidRequest):
+        completion_generation(completion(n=3))
 
 
 def test_n_of_one_is_fine() -> None:

@@ -58,3 +58,9 @@ def test_file_level_problems() -> None:
     assert parse_lines(b"\n\n", CHAT, 10)[1][0]["code"] == "empty_file"
     too_many = "\n".join(line(str(i)) for i in range(3)).encode()
     assert parse_lines(too_many, CHAT, 2)[1][0]["code"] == "too_many_requests"
+
+
+def test_a_line_asking_for_several_choices_is_refused_naming_n() -> None:
+    body = {"model": "smollm2", "n": 2, "messages": [{"role": "user", "content": "x"}]}
+    lines, errors = parse(line("a"), line("b", body=body))
+    assert lines == [] and [(e["line"], e["param"]) for e in errors] == [(2, "body.n")]

@@ -1,0 +1,151 @@
+"""``n`` > 1: several choices of one chat completion or completion.
+
+Each choice is a request of its own through the pipeline (admitted, routed,
+scheduled and generated alone, so two choices may run on two workers at
+once); the gateway asks for them together and answers with one object:
+
+* The answer's ``id`` is the first choice's request's; ``choices[i]`` is the
+  i-th request's answer with ``index`` i. ``usage`` counts the prompt once
+  and the completion tokens of every choice, as OpenAI does (the usage
+  ledger counts each choice's request, prompt included: each was computed).
+* A streamed answer interleaves the choices' chunks as they come, each with
+  its ``index``, then one usage chunk (with ``stream_options.include_usage``)
+  and ``[DONE]`` once every choice has ended. Its events carry no ``id:``: a
+  stream of several choices is not resumable.
+* With a ``seed``, choice i samples with seed + i, so that the choices differ
+  and the same request gives the same choices again; at temperature 0 they
+  are all the greedy answer, as with OpenAI.
+* One choice failing fails the answer (the others are cancelled); a client
+  that leaves cancels them all.
+
+Batches, stored completions and the WebSocket API take ``n`` = 1 only
+(schemas/openai/generations.py says so with a 400 naming ``n``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from conveyor.errors import RequestError
+from gateway import sse
+from gateway.answer import Answer
+from gateway.serving import Serving
+from schemas.openai.requests import MAX_INT64, MIN_INT64
+from schemas.records import Generation, Reply
+
+__all__ = ["choice_generations", "merged_response", "collect_choices", "stream_choices"]
+
+Disconnected = Callable[[], Awaitable[bool]]
+
+
+def choice_generations(generation: Generation, n: int) -> list[Generation]:
+    """The generation of each choice: the same, but for a seed, which is the
+    request's plus the choice's index (kept within Avro's long)."""
+    out: list[Generation] = []
+    seed = generation["sampling"]["seed"]
+    for i in range(n):
+        sampling = dict(generation["sampling"])
+        if seed is not None:
+            sampling["seed"] = (seed + i - MIN_INT64) % (MAX_INT64 - MIN_INT64 + 1) + MIN_INT64
+        out.append({**generation, "sampling": sampling})  # type: ignore[typeddict-item]
+    return out
+
+
+def merged_response(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One answer of the choices' answers (see the module)."""
+    first = results[0]
+    choices = [{**r["choices"][0], "index": i} for i, r in enumerate(results)]
+    completion = sum(r["usage"]["completion_tokens"] for r in results)
+    usage = {**first["usage"], "completion_tokens": completion,
+             "total_tokens": first["usage"]["prompt_tokens"] + completion}
+    return {**first, "choices": choices, "usage": usage}
+
+
+async def collect_choices(serving: Serving, generations: list[Generation],
+                          answers: list[Answer], disconnected: Disconnected) -> dict[str, Any]:
+    """Every choice's whole answer, as one ({} when the client left first)."""
+    tasks = [asyncio.create_task(serving.collect(g, a, disconnected))
+             for g, a in zip(generations, answers, strict=True)]
+    try:
+        results = await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        for answer in answers:
+            answer.close("another choice failed, or the client left")
+    if any(not r for r in results):
+        return {}
+    return merged_response(results)
+
+
+async def stream_choices(answers: list[Answer], firsts: list[Reply], keepalive_s: float,
+                         include_usage: bool) -> AsyncIterator[bytes]:
+    """SSE frames of every choice's chunks, each with its index, then the usage
+    and ``[DONE]`` (see the module); keep-alive comments while none comes."""
+    queue: asyncio.Queue[tuple[int, Reply | BaseException]] = asyncio.Queue()
+
+    async def pump(i: int, answer: Answer, first: Reply) -> None:
+        reply: Reply | None = first
+        while True:
+            if reply is not None:
+                await queue.put((i, reply))
+                if reply["kind"] == "final":
+                    return
+            try:
+                reply = await answer.next(within=keepalive_s)
+            except Exception as exc:  # an error reply, or the pipeline's failure
+                await queue.put((i, exc))
+                return
+
+    primary = answers[0].request_id
+    pumps = [asyncio.create_task(pump(i, a, f))
+             for i, (a, f) in enumerate(zip(answers, firsts, strict=True))]
+    usages: list[dict[str, Any]] = []
+    base: dict[str, Any] = {}
+    open_choices = len(answers)
+    try:
+        while open_choices:
+            try:
+                i, item = await asyncio.wait_for(queue.get(), keepalive_s)
+            except TimeoutError:
+                yield sse.comment()
+                continue
+            if isinstance(item, BaseException):
+                exc = item if isinstance(item, RequestError) else RequestError("Internal error.")
+                yield sse.data(_json(exc.envelope()))
+                yield sse.DONE
+                return
+            for line in item["chunk"].split("\n") if item["chunk"] else ():
+                chunk = json.loads(line)
+                if not chunk.get("choices") and chunk.get("usage"):
+                    usages.append(chunk["usage"])
+                    continue
+                base = base or chunk
+                chunk["id"] = base["id"]
+                for choice in chunk.get("choices") or ():
+                    choice["index"] = i
+                yield sse.data(_json(chunk))
+            if item["kind"] == "final":
+                open_choices -= 1
+        if include_usage and usages:
+            completion = sum(u["completion_tokens"] for u in usages)
+            usage = {**usages[0], "completion_tokens": completion,
+                     "total_tokens": usages[0]["prompt_tokens"] + completion}
+            yield sse.data(_json({**{k: base[k] for k in ("id", "object", "created", "model")
+                                     if k in base}, "choices": [], "usage": usage}))
+        yield sse.DONE
+    finally:
+        for task in pumps:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for answer in answers:
+            answer.close(f"the stream of {primary}'s choices ended or its client left")
+
+
+def _json(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
