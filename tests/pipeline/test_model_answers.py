@@ -5,6 +5,7 @@ tested without Kafka in tests/engines/workers/infer/engines."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -83,6 +84,8 @@ def test_chat_logprobs_streamed_and_not(model: Pipeline) -> None:
     for t in tokens:
         assert t.logprob <= 0 and len(t.top_logprobs) == 3
         assert t.top_logprobs[0].token == t.token
+        # probabilities: the three likeliest hold at most all of it
+        assert 0 < sum(math.exp(top.logprob) for top in t.top_logprobs) <= 1 + 1e-6
         assert t.bytes is not None and bytes(t.bytes).decode() == t.token
     streamed, content = [], []
     for chunk in c.chat.completions.create(**ask, stream=True):
