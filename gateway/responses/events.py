@@ -43,8 +43,9 @@ from gateway.responses.objects import (
     output_text_part,
     response_object,
 )
+from schemas.openai.logprobs import chat_logprobs
 from schemas.openai.responses import ResponsesRequest
-from schemas.records import ErrorInfo, Usage
+from schemas.records import ErrorInfo, TokenLogprob, Usage
 
 __all__ = ["ResponseEvents", "frame"]
 
@@ -64,6 +65,7 @@ class ResponseEvents:
         self.body = body
         self.item_id = message_id(response_id)
         self.text: list[str] = []
+        self.logprobs: list[dict[str, Any]] = []  # the tokens', when asked for
         self.sequence = 0
         self.ended = False
         # an answer read for function calls: its items, built as they come
@@ -94,14 +96,18 @@ class ResponseEvents:
             self._part("response.content_part.added", part=output_text_part("")),
         ]
 
-    def delta(self, text: str) -> list[dict[str, Any]]:
-        """The next piece of text (none for an empty piece)."""
+    def delta(self, text: str, tokens: list[TokenLogprob] | None = None
+              ) -> list[dict[str, Any]]:
+        """The next piece of text (none for an empty piece), with its tokens'
+        log probabilities when they were asked for."""
+        logprobs = chat_logprobs(tokens)["content"] if tokens else []
+        self.logprobs.extend(logprobs)
         if not text:
             return []
         self.text.append(text)
         if self.items is not None:
             return self._item_events(self.items.feed(text))
-        return [self._part("response.output_text.delta", delta=text, logprobs=[])]
+        return [self._part("response.output_text.delta", delta=text, logprobs=logprobs)]
 
     def _item_events(self, steps: list[Step]) -> list[dict[str, Any]]:
         """The events of the output items' steps (an answer read for calls)."""
@@ -147,15 +153,18 @@ class ResponseEvents:
         text = "".join(self.text)
         final = response_object(self.response_id, self.created_at, self.body, "completed",
                                  text=text, usage=usage, finish_reason=finish_reason,
-                                 completed_at=completed_at)
+                                 completed_at=completed_at,
+                                 logprobs=self.logprobs if self.body.logprobs_asked()[0]
+                                 else None)
         if self.items is not None:
             events = self._item_events(self.items.finish())
             events.append(self._event(f"response.{final['status']}", response=final))
             self.ended = True
             return events
         events = [
-            self._part("response.output_text.done", text=text, logprobs=[]),
-            self._part("response.content_part.done", part=output_text_part(text)),
+            self._part("response.output_text.done", text=text, logprobs=self.logprobs),
+            self._part("response.content_part.done",
+                       part=output_text_part(text, self.logprobs)),
             self._event("response.output_item.done", output_index=0, item=final["output"][0]),
             self._event(f"response.{final['status']}", response=final),
         ]

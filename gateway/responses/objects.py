@@ -106,7 +106,8 @@ def response_object(response_id: str, created_at: int, body: ResponsesRequest,
                     status: ResponseStatus, text: str | None = None,
                     usage: Usage | None = None, finish_reason: str | None = None,
                     error: ErrorInfo | None = None,
-                    completed_at: int | None = None) -> dict[str, Any]:
+                    completed_at: int | None = None,
+                    logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The Response object of ``body`` in ``status``.
 
     ``text`` None leaves ``output`` empty (a response not started, or one that
@@ -119,7 +120,7 @@ def response_object(response_id: str, created_at: int, body: ResponsesRequest,
         status = "incomplete"
     incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
     output = [] if text is None else output_items(response_id, text, body.reads_calls(),
-                                                  _message_status(status))
+                                                  _message_status(status), logprobs)
     tools, tool_choice, parallel = body.tools_echo()
     return {
         "id": response_id,
@@ -145,7 +146,7 @@ def response_object(response_id: str, created_at: int, body: ResponsesRequest,
                  else {"type": "text"}},
         "tool_choice": tool_choice,
         "tools": tools,
-        "top_logprobs": 0,
+        "top_logprobs": body.top_logprobs or 0,
         "top_p": 1.0 if body.top_p is None else body.top_p,
         "truncation": "disabled",
         "usage": usage_object(usage),

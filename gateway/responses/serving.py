@@ -90,7 +90,14 @@ from gateway.resume import (
 )
 from gateway.serving import Answer, Serving
 from gateway.stored import find_stored, read_answer
-from schemas.openai.responses import FunctionChoice, FunctionTool, InputMessage, ResponsesRequest
+from schemas.openai.logprobs import chat_logprobs
+from schemas.openai.responses import (
+    LOGPROBS_INCLUDE,
+    FunctionChoice,
+    FunctionTool,
+    InputMessage,
+    ResponsesRequest,
+)
 from schemas.records import ErrorInfo, Generation, Reply, Sampling, Usage
 
 __all__ = ["generation_of", "input_param", "collect_response", "first_reply",
@@ -113,7 +120,7 @@ def generation_of(body: ResponsesRequest) -> Generation:
                         top_p=1.0 if body.top_p is None else body.top_p,
                         max_tokens=body.max_output_tokens, stop=[], seed=None,
                         presence_penalty=0.0, frequency_penalty=0.0, logit_bias={},
-                        logprobs=False, top_logprobs=0)
+                        logprobs=body.logprobs_asked()[0], top_logprobs=body.logprobs_asked()[1])
     return Generation(kind="chat", model=body.model, messages=messages, prompt=None,
                       sampling=sampling, stream=bool(body.stream), include_usage=False,
                       created=int(time.time()), store=is_stored(body),
@@ -167,7 +174,8 @@ async def collect_response(serving: Serving, generation: Generation, answer: Ans
                                        cached_tokens=usage["prompt_tokens_details"]
                                        ["cached_tokens"]),
                            finish_reason=choice["finish_reason"],
-                           completed_at=int(time.time()))
+                           completed_at=int(time.time()),
+                           logprobs=(choice.get("logprobs") or {}).get("content"))
 
 
 async def first_reply(serving: Serving, answer: Answer, body: ResponsesRequest,
@@ -206,7 +214,7 @@ async def response_events(events: ResponseEvents, source: ReplySource, first: Re
             if reply is None:
                 yield None
                 continue
-        for event in events.delta(reply["text"]):
+        for event in events.delta(reply["text"], reply.get("logprobs")):
             yield event
         if reply["kind"] == "final":
             for event in events.closing(reply["finish_reason"], reply["usage"],
@@ -305,6 +313,8 @@ def recorded_request(generation: Generation) -> ResponsesRequest:
     return ResponsesRequest.model_construct(
         model=generation["model"],
         tools=functions or None, tool_choice=choice,
+        include=[LOGPROBS_INCLUDE] if sampling.get("logprobs") else None,
+        top_logprobs=sampling.get("top_logprobs") or None,
         parallel_tool_calls=tools["parallel"] if tools is not None else None,
         input=[InputMessage.model_construct(role=m["role"], content=m["content"])
                for m in messages[told:]],
@@ -371,7 +381,9 @@ async def stored_response(serving: Serving, identity: Identity, response_id: str
     return response_object(
         response_id, generation["created"], body, "completed", text=folded.text,
         usage=folded.usage, finish_reason=folded.finish_reason,
-        completed_at=ended_ms // 1000 if ended_ms is not None else int(time.time()))
+        completed_at=ended_ms // 1000 if ended_ms is not None else int(time.time()),
+        logprobs=chat_logprobs(folded.logprobs)["content"] if body.logprobs_asked()[0]
+        else None)
 
 
 async def _is_stored(stored: StoredResponses, identity: Identity, response_id: str) -> bool:

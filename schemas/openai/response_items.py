@@ -22,16 +22,19 @@ def message_id(response_id: str) -> str:
     return "msg_" + response_id.removeprefix("resp_")
 
 
-def output_text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def output_text_part(text: str, logprobs: list[dict[str, Any]] | None = None
+                     ) -> dict[str, Any]:
+    """An output text part; ``logprobs`` its tokens' (OpenAI's shape), when asked for."""
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
 def message_item(response_id: str, text: str | None,
-                 status: Literal["in_progress", "completed", "incomplete"]) -> dict[str, Any]:
+                 status: Literal["in_progress", "completed", "incomplete"],
+                 logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The assistant's output message; ``text`` None: the message has no content yet."""
     return {"type": "message", "id": message_id(response_id), "status": status,
             "role": "assistant",
-            "content": [] if text is None else [output_text_part(text)]}
+            "content": [] if text is None else [output_text_part(text, logprobs)]}
 
 
 def call_item(call_id: str, name: str, arguments: str,
@@ -120,12 +123,13 @@ class OutputBuilder:
 
 
 def output_items(response_id: str, text: str, reads_calls: bool,
-                 status: Literal["in_progress", "completed", "incomplete"]
-                 ) -> list[dict[str, Any]]:
-    """The output of a response whose answer is ``text``: its message, or with
-    function tools the items read from it."""
+                 status: Literal["in_progress", "completed", "incomplete"],
+                 logprobs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The output of a response whose answer is ``text``: its message (with its
+    tokens' ``logprobs`` when asked for), or with function tools the items read
+    from it."""
     if not reads_calls:
-        return [message_item(response_id, text, status)]
+        return [message_item(response_id, text, status, logprobs)]
     built = OutputBuilder(response_id)
     built.feed(text)
     built.finish()

@@ -17,9 +17,11 @@ The rules are those of :mod:`schemas.openai.requests` for chat:
   (schemas/tools.py).
 * What would change the answer in ways Conveyor cannot honour is refused with
   a 400 naming the parameter, unless it asks for nothing (``null``, ``[]``,
-  ``{}``): ``include``, ``previous_response_id``, ``conversation``,
-  ``prompt``, ``reasoning``, ``max_tool_calls``, ``top_logprobs`` above 0,
-  ``truncation`` other than ``disabled``, tools other than functions,
+  ``{}``): ``include`` other than ``message.output_text.logprobs`` (with
+  ``top_logprobs``, up to 20: the output text's log probabilities),
+  ``previous_response_id``, ``conversation``, ``prompt``, ``reasoning``,
+  ``max_tool_calls``, ``truncation`` other than ``disabled``, tools other
+  than functions,
   ``text.verbosity``, and the newer knobs
   (``context_management``, ``background_options``, ``moderation``, ``image``, ``access_programs``,
   ``prompt_cache_options``).
@@ -94,6 +96,10 @@ __all__ = [
 _STRICT = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 Role = Literal["user", "assistant", "system", "developer"]
+
+
+# what ``include`` may name: the output text's log probabilities
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 
 def _unsupported(name: str) -> ValueError:
@@ -179,10 +185,10 @@ class ResponsesRequest(BaseModel):
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
     parallel_tool_calls: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    include: list[Text] | None = None
     # refused unless they ask for nothing
     truncation: Any = None
-    top_logprobs: Any = None
-    include: Any = None
     previous_response_id: Any = None
     conversation: Any = None
     prompt: Any = None
@@ -221,14 +227,21 @@ class ResponsesRequest(BaseModel):
             raise ValueError("tool_choice is only allowed when tools are given")
         return v
 
-    @field_validator("top_logprobs")
+    @field_validator("include")
     @classmethod
-    def _no_logprobs(cls, v: Any) -> None:
-        if v is not None and (isinstance(v, bool) or v != 0):
-            raise _unsupported("top_logprobs")
-        return None
+    def _includes(cls, v: list[str] | None) -> list[str] | None:
+        for item in v or ():
+            if item != LOGPROBS_INCLUDE:
+                raise ValueError(f"include {item!r} is not supported by this server (only "
+                                 f"{LOGPROBS_INCLUDE!r})")
+        return v
 
-    @field_validator("include", "previous_response_id", "conversation", "prompt",
+    def logprobs_asked(self) -> tuple[bool, int]:
+        """Whether the output text's tokens' log probabilities are asked for
+        (``include`` names them), and how many likeliest at each place."""
+        return LOGPROBS_INCLUDE in (self.include or ()), self.top_logprobs or 0
+
+    @field_validator("previous_response_id", "conversation", "prompt",
                      "reasoning", "max_tool_calls", "context_management", "background_options",
                      "moderation", "image", "access_programs", "prompt_cache_options")
     @classmethod

@@ -107,3 +107,28 @@ def test_completion_logprobs(model: Pipeline) -> None:
     assert lp.token_logprobs and all(x <= 0 for x in lp.token_logprobs)
     assert lp.top_logprobs and all(len(top) == 2 for top in lp.top_logprobs)
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+
+
+def test_response_logprobs_streamed_and_not(model: Pipeline) -> None:
+    """The Responses API's output text with its tokens' log probabilities
+    (``include`` names them), whole and in the stream's deltas."""
+    c = client(model)
+    ask: dict[str, Any] = dict(model="smollm2", input="Name a color.", temperature=0,
+                               max_output_tokens=6, top_logprobs=2,
+                               include=["message.output_text.logprobs"])
+    done = c.responses.create(**ask)
+    part = done.output[0].content[0]  # type: ignore[union-attr]
+    assert part.type == "output_text" and part.logprobs, done
+    assert "".join(t.token for t in part.logprobs) == part.text
+    assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in part.logprobs)
+    assert done.top_logprobs == 2
+    streamed: list[Any] = []
+    for event in c.responses.create(**ask, stream=True):
+        if event.type == "response.output_text.delta":
+            streamed += event.logprobs or []
+        if event.type in ("response.completed", "response.incomplete"):
+            final = event.response.output[0].content[0]  # type: ignore[union-attr]
+    assert streamed and "".join(t.token for t in streamed) == final.text
+    assert len(final.logprobs) == len(streamed)
+    plain = c.responses.create(model="smollm2", input="Name a color.", max_output_tokens=4)
+    assert plain.output[0].content[0].logprobs == []  # type: ignore[union-attr]

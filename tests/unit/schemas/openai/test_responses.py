@@ -104,7 +104,7 @@ def test_what_the_client_may_send_and_changes_nothing_is_accepted() -> None:
     ({"prompt": {"id": "pmpt_1"}}, "prompt"),
     ({"reasoning": {"effort": "low"}}, "reasoning"),
     ({"max_tool_calls": 3}, "max_tool_calls"),
-    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"top_logprobs": 21}, "top_logprobs"),
     ({"truncation": "auto"}, "truncation"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"tool_choice": {"type": "function", "name": "f"}}, "tool_choice"),
