@@ -43,10 +43,11 @@ from functools import lru_cache
 from typing import Any
 
 from conveyor.errors import InvalidRequest
-from schemas.records import Generation, Message, ResponseFormat, ToolCall, Tools
+from schemas.records import Function, Generation, Message, ResponseFormat, ToolCall, Tools
 
 __all__ = [
     "check_tools",
+    "tools_of",
     "reads_tool_calls",
     "tool_format",
     "tool_messages",
@@ -87,6 +88,26 @@ def _canonical(tools: Tools) -> str:
 
 
 # -- the API's checks ---------------------------------------------------------
+
+
+def tools_of(functions: list[Function], choice: str | None, named: str | None,
+             parallel: bool | None, format_type: str | None, format_param: str,
+             function_param: str = "tools[{}].function") -> Tools | None:
+    """The tools of a request as the pipeline carries them, checked (each fault
+    an :class:`InvalidRequest` naming its parameter); None without functions.
+    ``named`` is the function a named ``tool_choice`` gives, ``format_type``
+    the answer's format (``format_param`` names it), which calls exclude."""
+    if not functions:
+        return None
+    tools = Tools(functions=functions,
+                  choice="function" if named else choice or "auto",  # type: ignore[typeddict-item]
+                  function=named or "", parallel=parallel is not False)
+    if tools["choice"] != "none":
+        if format_type not in (None, "text"):
+            raise InvalidRequest(f"{format_param} cannot be combined with tools here: leave "
+                                 "one out, or set tool_choice to 'none'.", param=format_param)
+        check_tools(tools, function_param)
+    return tools
 
 
 def check_tools(tools: Tools, function_param: str = "tools[{}].function") -> None:

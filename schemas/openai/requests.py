@@ -61,7 +61,7 @@ from schemas.openai.tool_params import (
     Tool,
 )
 from schemas.records import Tools as ToolsRecord
-from schemas.tools import MAX_TOOLS, check_tools
+from schemas.tools import MAX_TOOLS, tools_of
 
 __all__ = [
     "ChatMessage",
@@ -274,21 +274,13 @@ class ChatCompletionRequest(_Sampling):
     def tools_record(self) -> ToolsRecord | None:
         """The tools as the pipeline carries them, checked (each fault an
         :class:`InvalidRequest` naming its parameter); None without tools."""
-        if not self.tools:
-            return None
         choice = self.tool_choice
-        named = isinstance(choice, NamedToolChoice)
-        tools = ToolsRecord(functions=[t.function.record() for t in self.tools],
-                            choice="function" if named else choice or "auto",  # type: ignore[typeddict-item]
-                            function=choice.function.name if named else "",  # type: ignore[union-attr]
-                            parallel=self.parallel_tool_calls is not False)
-        if tools["choice"] != "none":
-            if self.response_format is not None and self.response_format.type != "text":
-                raise InvalidRequest("response_format cannot be combined with tools here: "
-                                     "leave one out, or set tool_choice to 'none'.",
-                                     param="response_format")
-            check_tools(tools)
-        return tools
+        named = choice.function.name if isinstance(choice, NamedToolChoice) else None
+        return tools_of([t.function.record() for t in self.tools or ()],
+                        None if isinstance(choice, NamedToolChoice) else choice, named,
+                        self.parallel_tool_calls,
+                        self.response_format.type if self.response_format else None,
+                        "response_format")
 
     @field_validator("modalities")
     @classmethod

@@ -77,7 +77,7 @@ from schemas.openai.response_input import (
 from schemas.records import Message, Tools, Usage
 from schemas.records import ResponseFormat as ResponseFormatRecord
 from schemas.structured import format_record
-from schemas.tools import check_tools
+from schemas.tools import tools_of
 
 __all__ = [
     "response_usage",
@@ -261,22 +261,13 @@ class ResponsesRequest(BaseModel):
     def tools_record(self) -> Tools | None:
         """The tools as the pipeline carries them, checked (each fault an
         :class:`InvalidRequest` naming its parameter); None without tools."""
-        if not self.tools:
-            return None
         choice = self.tool_choice
-        named = isinstance(choice, FunctionChoice)
-        tools = Tools(functions=[t.record() for t in self.tools],
-                      choice="function" if named else choice or "auto",  # type: ignore[typeddict-item]
-                      function=choice.name if named else "",  # type: ignore[union-attr]
-                      parallel=self.parallel_tool_calls is not False)
-        if tools["choice"] != "none":
-            fmt = self.text.format if self.text else None
-            if fmt is not None and fmt.type != "text":
-                raise InvalidRequest("text.format cannot be combined with tools here: leave "
-                                     "one out, or set tool_choice to 'none'.",
-                                     param="text.format")
-            check_tools(tools, function_param="tools[{}]")
-        return tools
+        named = choice.name if isinstance(choice, FunctionChoice) else None
+        fmt = self.text.format if self.text else None
+        return tools_of([t.record() for t in self.tools or ()],
+                        None if isinstance(choice, FunctionChoice) else choice, named,
+                        self.parallel_tool_calls, fmt.type if fmt else None, "text.format",
+                        function_param="tools[{}]")
 
     def tools_echo(self) -> tuple[list[dict[str, Any]], Any, bool]:
         """``tools``, ``tool_choice`` and ``parallel_tool_calls`` as a response
