@@ -44,6 +44,7 @@ from typing import Any, Literal
 import aiohttp
 
 from conveyor.errors import EngineError
+from schemas.records import TokenLogprob, TopLogprob
 from schemas.structured import wire_format
 from workers.infer.engines.base import GenerationRequest, KvState, Piece
 
@@ -66,7 +67,7 @@ class OpenAIHttpEngine:
         self.constrains_output = True  # the upstream gets response_format and constrains itself
         self.decodes_tools = False  # an upstream's own tool calls are not read back yet
         self.biases_logits = True  # passed on as logit_bias
-        self.reports_logprobs = False  # an upstream's logprobs are not read back yet
+        self.reports_logprobs = True  # asked of the upstream, read back from its chunks
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.timeout_s = timeout_s
@@ -124,9 +125,11 @@ class OpenAIHttpEngine:
                             text = (choice.get("delta") or {}).get("content")
                         else:
                             text = choice.get("text")
+                        logprobs = _logprobs(choice.get("logprobs"), chat) \
+                            if request.logprobs else ()
                         if text:
                             emitted += 1
-                            yield Piece(text, tokens=1)
+                            yield Piece(text, tokens=1, logprobs=logprobs)
                         reason = choice.get("finish_reason")
                         if reason:
                             finish = "length" if reason == "length" else "stop"
@@ -168,6 +171,11 @@ def _upstream_body(request: GenerationRequest) -> tuple[str, dict[str, Any]]:
         body["frequency_penalty"] = request.frequency_penalty
     if request.logit_bias:
         body["logit_bias"] = {str(token): bias for token, bias in request.logit_bias}
+    chat = not (request.prompt_text is not None or request.kind == "completion")
+    if request.logprobs and chat:
+        body["logprobs"], body["top_logprobs"] = True, request.top_logprobs
+    elif request.logprobs:
+        body["logprobs"] = request.top_logprobs
     if request.response_format is not None:  # vLLM and SGLang take it on both endpoints
         body["response_format"] = wire_format(request.response_format)
     if request.prompt_text is not None or request.kind == "completion":
@@ -218,3 +226,29 @@ def _message_of(payload: dict[str, Any]) -> str:
     if isinstance(error, str):
         return error
     return json.dumps(payload)[:500]
+
+
+def _logprobs(data: Any, chat: bool) -> tuple[TokenLogprob, ...]:
+    """An upstream chunk's log probabilities (chat's ``content`` entries, or the
+    legacy completions' parallel lists) as Conveyor's."""
+    if not isinstance(data, dict):
+        return ()
+    if chat:
+        return tuple(TokenLogprob(
+            token=e["token"], bytes=_bytes(e), logprob=float(e["logprob"]),
+            top=[TopLogprob(token=t["token"], bytes=_bytes(t), logprob=float(t["logprob"]))
+                 for t in e.get("top_logprobs") or ()]) for e in data.get("content") or ())
+    tops = data.get("top_logprobs") or []
+    out = []
+    for i, (token, logprob) in enumerate(zip(data.get("tokens") or (),
+                                             data.get("token_logprobs") or (), strict=False)):
+        best = sorted((tops[i] or {}).items(), key=lambda kv: -kv[1]) if i < len(tops) else []
+        out.append(TokenLogprob(token=token, bytes=token.encode(), logprob=float(logprob),
+                                top=[TopLogprob(token=t, bytes=t.encode(), logprob=float(lp))
+                                     for t, lp in best]))
+    return tuple(out)
+
+
+def _bytes(entry: dict[str, Any]) -> bytes:
+    raw = entry.get("bytes")
+    return bytes(raw) if isinstance(raw, list) else str(entry["token"]).encode()

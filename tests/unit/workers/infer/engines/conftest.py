@@ -82,12 +82,24 @@ async def _events(upstream: FakeUpstream, call: UpstreamCall) -> AsyncIterator[s
     n = min(call.body["max_tokens"], upstream.answer_tokens)
     finish = "length" if call.body["max_tokens"] < upstream.answer_tokens else "stop"
 
+    asked = call.body.get("logprobs")
+
     def event(text: str | None, reason: str | None = None) -> str:
         if chat:
             delta = {} if text is None else {"content": text}
             choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": reason}
+            if asked and text:  # as vLLM: the token, then the likeliest (the token first)
+                top = [{"token": text, "logprob": -0.25, "bytes": list(text.encode())},
+                       {"token": "other", "logprob": -2.0, "bytes": None}]
+                choice["logprobs"] = {"content": [{**top[0], "top_logprobs": top[
+                    :call.body.get("top_logprobs") or 0]}]}
         else:
             choice = {"index": 0, "text": text or "", "finish_reason": reason}
+            if asked is not None and text:
+                choice["logprobs"] = {"tokens": [text], "token_logprobs": [-0.25],
+                                      "top_logprobs": [dict(list({
+                                          text: -0.25, "other": -2.0}.items())[:asked])],
+                                      "text_offset": [0]}
         return "data: " + json.dumps({"id": "x", "choices": [choice]}) + "\n\n"
 
     try:

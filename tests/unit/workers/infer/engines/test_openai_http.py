@@ -169,3 +169,27 @@ async def test_generate_before_start_fails() -> None:
     engine = OpenAIHttpEngine("http://127.0.0.1:1")
     with pytest.raises(EngineError, match="not started"):
         await collect(engine, request())
+
+
+async def test_logprobs_are_asked_of_the_upstream_and_read_back(
+    fake_upstream: FakeUpstream, engine_factory: EngineFactory
+) -> None:
+    """Chat's logprobs/top_logprobs and the legacy completions' logprobs, as an
+    upstream streams them, become the pieces' tokens' log probabilities."""
+    engine = await engine_factory(fake_upstream.base_url)
+    chat = await collect(engine, request(max_tokens=2, logprobs=True, top_logprobs=2))
+    assert fake_upstream.calls[-1].body["logprobs"] is True
+    assert fake_upstream.calls[-1].body["top_logprobs"] == 2
+    entries = [e for p in chat for e in p.logprobs]
+    assert [(e["token"], e["logprob"]) for e in entries] == [("tok0 ", -0.25), ("tok1 ", -0.25)]
+    assert [[t["token"] for t in e["top"]] for e in entries] == [["tok0 ", "other"],
+                                                                 ["tok1 ", "other"]]
+    assert entries[0]["bytes"] == b"tok0 " and entries[0]["top"][1]["bytes"] == b"other"
+    done = await collect(engine, request(kind="completion", prompt_text="Once", max_tokens=2,
+                                         logprobs=True, top_logprobs=1))
+    assert fake_upstream.calls[-1].body["logprobs"] == 1
+    entries = [e for p in done for e in p.logprobs]
+    assert [(e["token"], [t["token"] for t in e["top"]]) for e in entries] == [
+        ("tok0 ", ["tok0 "]), ("tok1 ", ["tok1 "])]
+    plain = await collect(engine, request(max_tokens=2))
+    assert "logprobs" not in fake_upstream.calls[-1].body and not any(p.logprobs for p in plain)
