@@ -32,6 +32,7 @@ from conveyor.registry import ModelSpec, Registry
 from conveyor.settings import Settings
 from schemas.codec import EventType
 from schemas.records import Generation, Prepared, Prompt, Request
+from schemas.tools import tool_messages
 from topics.catalog import PREPARED, REQUESTS
 from topics.envelope import canary_key, stamp
 from workers.outputs import Output, Sender
@@ -106,6 +107,11 @@ class PreprocessLayer:
         else:
             tokenizer = await self.tokenizers.get(spec)
             check_logit_bias(generation, tokenizer.vocab_size)
+            if tokenizer.renders and generation["kind"] == "chat":
+                # tools and tool turns as the plain turns the template renders; an
+                # engine that renders for itself (an upstream) gets them as they are
+                generation = {**generation, "messages": tool_messages(
+                    generation["messages"], generation.get("tools"))}
             if _text_size(generation) > _INLINE_CHARS:
                 fit, blocks = await asyncio.to_thread(self._measure, spec, tokenizer, generation)
             else:

@@ -5,8 +5,7 @@ Pure functions: no I/O, no Kafka, no clock. The layer calls them in order:
 1. :func:`normalize_generation` checks the request (an :class:`InvalidRequest`
    names the offending field in ``param``, like OpenAI's ``messages[2].role``),
    and returns a copy with every text in Unicode NFC and NUL characters
-   removed, and its tools and tool turns written as plain turns
-   (schemas/tools.py).
+   removed.
 2. :func:`trim_to_context` (chat) or :func:`fit_prompt` (completion) measures
    the prompt with the model's tokenizer and fixes the completion budget;
    a conversation too long for the context window loses its oldest turns,
@@ -23,7 +22,6 @@ from typing import NamedTuple
 
 from conveyor.errors import ContextLengthExceeded, InvalidRequest
 from schemas.records import Generation, Message, ToolCall
-from schemas.tools import tool_messages
 from workers.preprocess.tokenizers import Tokenizer
 
 __all__ = [
@@ -151,8 +149,7 @@ def normalize_generation(generation: Generation) -> Generation:
                 param="messages",
             )
         normalized = [_normalize_message(m, i) for i, m in enumerate(messages)]
-        # tools and tool turns as the plain turns a chat template renders
-        return {**generation, "messages": tool_messages(normalized, generation.get("tools"))}
+        return {**generation, "messages": normalized}
     prompt = generation.get("prompt")
     if not isinstance(prompt, str):
         raise InvalidRequest(

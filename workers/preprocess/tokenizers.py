@@ -56,6 +56,8 @@ class Tokenizer(Protocol):
     exact: bool
     # the token ids are 0 .. vocab_size - 1 (None: the vocabulary is not known here)
     vocab_size: int | None
+    # the chat template is known here (render_chat renders); else the engine renders
+    renders: bool
 
     def count(self, text: str) -> int:
         """The number of tokens of ``text`` (no BOS added)."""
@@ -135,6 +137,7 @@ class GgufTokenizer:
         self.eos_token = self._token_text(self._llm.token_eos())
         source = metadata.get("tokenizer.chat_template")
         self._template = _template_environment().from_string(source) if source else None
+        self.renders = self._template is not None
         self._turn_end = re.compile(re.escape(self.eos_token)) if self.eos_token else None
         controls = sorted({t for t in (self.bos_token, self.eos_token) if t}, key=len,
                           reverse=True)
@@ -233,6 +236,7 @@ class EstimateTokenizer:
 
     exact: bool = False
     vocab_size: int | None = None
+    renders: bool = False
 
     def count(self, text: str) -> int:
         return math.ceil(len(text) / CHARS_PER_TOKEN)

@@ -44,8 +44,9 @@ from typing import Any, Literal
 import aiohttp
 
 from conveyor.errors import EngineError
-from schemas.records import TokenLogprob, TopLogprob
+from schemas.records import ResponseFormat, TokenLogprob, TopLogprob
 from schemas.structured import wire_format
+from schemas.tools import CLOSE, OPEN
 from workers.infer.engines.base import GenerationRequest, KvState, Piece
 
 __all__ = ["OpenAIHttpEngine"]
@@ -65,7 +66,7 @@ class OpenAIHttpEngine:
         self.name = name
         self.capacity = capacity
         self.constrains_output = True  # the upstream gets response_format and constrains itself
-        self.decodes_tools = False  # an upstream's own tool calls are not read back yet
+        self.decodes_tools = True  # tools passed on, the upstream's calls written as text
         self.biases_logits = True  # passed on as logit_bias
         self.reports_logprobs = True  # asked of the upstream, read back from its chunks
         self.base_url = base_url.rstrip("/")
@@ -95,6 +96,7 @@ class OpenAIHttpEngine:
         path, body = _upstream_body(request)
         chat = path.endswith("/chat/completions")
         emitted = 0
+        calls = CallsAsText()  # an upstream's tool calls, in Conveyor's format
         finish: Literal["stop", "length"] | None = None
         usage_tokens: int | None = None
         try:
@@ -122,7 +124,11 @@ class OpenAIHttpEngine:
                         if choice.get("index", 0) != 0:
                             continue
                         if chat:
-                            text = (choice.get("delta") or {}).get("content")
+                            delta = choice.get("delta") or {}
+                            text = (delta.get("content") or "") + calls.feed(
+                                delta.get("tool_calls"))
+                            if choice.get("finish_reason"):
+                                text += calls.close()
                         else:
                             text = choice.get("text")
                         logprobs = _logprobs(choice.get("logprobs"), chat) \
@@ -176,7 +182,9 @@ def _upstream_body(request: GenerationRequest) -> tuple[str, dict[str, Any]]:
         body["logprobs"], body["top_logprobs"] = True, request.top_logprobs
     elif request.logprobs:
         body["logprobs"] = request.top_logprobs
-    if request.response_format is not None:  # vLLM and SGLang take it on both endpoints
+    if request.response_format is not None and request.response_format["type"] == "tool_calls":
+        body.update(wire_tools(request.response_format))
+    elif request.response_format is not None:  # vLLM and SGLang take it on both endpoints
         body["response_format"] = wire_format(request.response_format)
     if request.prompt_text is not None or request.kind == "completion":
         body["prompt"] = (request.prompt_text or "") + request.continuation
@@ -186,6 +194,11 @@ def _upstream_body(request: GenerationRequest) -> tuple[str, dict[str, Any]]:
         message: dict[str, Any] = {"role": m["role"], "content": m["content"]}
         if m.get("name"):
             message["name"] = m["name"]
+        if m.get("tool_calls"):
+            message["tool_calls"] = [{"id": c["id"], "type": "function", "function": {
+                "name": c["name"], "arguments": c["arguments"]}} for c in m["tool_calls"] or ()]
+        if m.get("tool_call_id"):
+            message["tool_call_id"] = m["tool_call_id"]
         messages.append(message)
     if request.continuation:
         messages.append({"role": "assistant", "content": request.continuation})
@@ -252,3 +265,51 @@ def _logprobs(data: Any, chat: bool) -> tuple[TokenLogprob, ...]:
 def _bytes(entry: dict[str, Any]) -> bytes:
     raw = entry.get("bytes")
     return bytes(raw) if isinstance(raw, list) else str(entry["token"]).encode()
+
+
+def wire_tools(fmt: ResponseFormat) -> dict[str, Any]:
+    """A request's tools (a ``tool_calls`` format) in OpenAI's shape, for an
+    upstream that calls functions itself."""
+    tools = json.loads(fmt["schema"])
+    choice: Any = tools["choice"]
+    if choice == "function":
+        choice = {"type": "function", "function": {"name": tools["function"]}}
+    functions = [{"type": "function", "function": {
+        "name": f["name"], "description": f["description"],
+        "parameters": json.loads(f["parameters"]) if f["parameters"] else {
+            "type": "object", "properties": {}}, "strict": f["strict"]}}
+        for f in tools["functions"]]
+    return {"tools": functions, "tool_choice": choice,
+            "parallel_tool_calls": tools["parallel"]}
+
+
+class CallsAsText:
+    """An upstream's streamed ``tool_calls`` deltas written as the text of
+    Conveyor's tool-call format (schemas/tools.py), which postprocess and the
+    gateway read back into calls (with Conveyor's ids): a call's head when its
+    name comes, its arguments as they come, its end when the next call or the
+    finish comes."""
+
+    def __init__(self) -> None:
+        self.index: int | None = None
+
+    def feed(self, deltas: Any) -> str:
+        out = ""
+        for delta in deltas or ():
+            function = delta.get("function") or {}
+            index = delta.get("index", 0)
+            if index != self.index:
+                between = "\n" if self.index is not None else ""
+                out += self.close() + between
+                self.index = index
+                out += f'{OPEN}\n{{"name": {json.dumps(function.get("name") or "")}, ' \
+                       '"arguments": '
+            out += function.get("arguments") or ""
+        return out
+
+    def close(self) -> str:
+        """The end of the open call, if any."""
+        if self.index is None:
+            return ""
+        self.index = None
+        return f"}}\n{CLOSE}"

@@ -115,6 +115,29 @@ async def test_bad_role_rejected_with_param(layer: PreprocessLayer) -> None:
     assert err.value.param == "messages[1].role"
 
 
+async def test_tool_turns_are_rendered_where_the_template_is_known(
+        layer: PreprocessLayer) -> None:
+    """SmolLM2's template renders here: the tools and the history's calls become
+    plain turns (schemas/tools.py); a model whose engine renders for itself (an
+    upstream's) keeps them as they are, to be sent on."""
+    calls = [{"id": "c1", "name": "now", "arguments": "{}"}]
+    history = [message("user", "Time?"), {**message("assistant", ""), "tool_calls": calls},
+               {**message("tool", "noon"), "tool_call_id": "c1"}]
+    tools = {"functions": [{"name": "now", "description": "", "parameters": "",
+                            "strict": False}], "choice": "auto", "function": "",
+             "parallel": True}
+    req = request(history)  # type: ignore[arg-type]
+    req["generation"]["tools"] = tools  # type: ignore[typeddict-item]
+    rendered = (await prepare(layer, req))["generation"]["messages"]
+    assert [m["role"] for m in rendered] == ["system", "user", "assistant", "user"]
+    assert "<tool_call>" in rendered[2]["content"] and rendered[2]["tool_calls"] is None
+    req = request(history, model="phantom")  # type: ignore[arg-type]
+    req["generation"]["tools"] = tools  # type: ignore[typeddict-item]
+    kept = (await prepare(layer, req))["generation"]["messages"]
+    assert [m["role"] for m in kept] == ["user", "assistant", "tool"]
+    assert kept[1]["tool_calls"] == calls and kept[2]["tool_call_id"] == "c1"
+
+
 async def test_a_logit_bias_outside_the_vocabulary_is_rejected(layer: PreprocessLayer,
                                                                llama: Llama) -> None:
     req = request([message("user", "hi")])

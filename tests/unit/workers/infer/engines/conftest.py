@@ -102,7 +102,21 @@ async def _events(upstream: FakeUpstream, call: UpstreamCall) -> AsyncIterator[s
                                       "text_offset": [0]}
         return "data: " + json.dumps({"id": "x", "choices": [choice]}) + "\n\n"
 
+    tools = call.body.get("tools")
     try:
+        if chat and tools:  # two calls of the first function, as vLLM streams them
+            name = tools[0]["function"]["name"]
+            for i, city in enumerate(("Paris", "Rome")):
+                for delta in ({"index": i, "id": f"up-{i}", "type": "function",
+                               "function": {"name": name, "arguments": ""}},
+                              {"index": i, "function": {"arguments": '{"city": '}},
+                              {"index": i, "function": {"arguments": f'"{city}"}}'}}):
+                    yield "data: " + json.dumps({"choices": [{"index": 0, "delta": {
+                        "tool_calls": [delta]}, "finish_reason": None}]}) + "\n\n"
+            yield event(None, "tool_calls")
+            yield "data: [DONE]\n\n"
+            call.finished = True
+            return
         if chat:  # vLLM opens with a role-only delta
             yield "data: " + json.dumps({"choices": [{"index": 0, "delta": {"role": "assistant"},
                                                       "finish_reason": None}]}) + "\n\n"

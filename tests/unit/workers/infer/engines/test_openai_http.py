@@ -193,3 +193,39 @@ async def test_logprobs_are_asked_of_the_upstream_and_read_back(
         ("tok0 ", ["tok0 "]), ("tok1 ", ["tok1 "])]
     plain = await collect(engine, request(max_tokens=2))
     assert "logprobs" not in fake_upstream.calls[-1].body and not any(p.logprobs for p in plain)
+
+
+async def test_tools_are_passed_on_and_the_upstreams_calls_read_back(
+    fake_upstream: FakeUpstream, engine_factory: EngineFactory
+) -> None:
+    """The upstream calls functions itself: its tool_calls deltas become the text
+    of Conveyor's format, which reads back as the same calls; the history's
+    calls and results go to it as OpenAI's messages."""
+    from schemas.openai.requests import ChatCompletionRequest
+    from schemas.tool_calls import read_tool_calls
+    from schemas.tools import tool_format
+
+    body = ChatCompletionRequest.model_validate({
+        "model": "m", "messages": [{"role": "user", "content": "Weather?"}],
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}}}}],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})
+    tools = body.tools_record()
+    assert tools is not None
+    history = ({"role": "user", "content": "Weather?", "name": None},
+               {"role": "assistant", "content": "", "name": None, "tool_call_id": None,
+                "tool_calls": [{"id": "c0", "name": "get_weather", "arguments": "{}"}]},
+               {"role": "tool", "content": "sunny", "name": None, "tool_calls": None,
+                "tool_call_id": "c0"})
+    engine = await engine_factory(fake_upstream.base_url)
+    pieces = await collect(engine, request(messages=history,
+                                           response_format=tool_format(tools)))
+    sent = fake_upstream.calls[-1].body
+    assert sent["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    assert sent["tools"][0]["function"]["name"] == "get_weather" and "response_format" not in sent
+    assert sent["messages"][1]["tool_calls"][0]["id"] == "c0"
+    assert sent["messages"][2]["tool_call_id"] == "c0"
+    read = read_tool_calls("r1", "".join(p.text for p in pieces))
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in read.tool_calls] == [
+        ("get_weather", '{"city": "Paris"}'), ("get_weather", '{"city": "Rome"}')]
+    assert read.content is None and not read.broken
