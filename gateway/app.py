@@ -40,6 +40,7 @@ from gateway.auth.ratelimit import RateLimiter
 from gateway.auth.tenants import TenantStore
 from gateway.chat.api_router import router
 from gateway.errors import install_error_handlers
+from gateway.feedback import feedback_router
 from gateway.files.api_router import files_router, upload_limits
 from gateway.health import Health
 from gateway.jobs.api_router import jobs_router
@@ -100,6 +101,7 @@ def build_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     app.include_router(router)
     app.include_router(responses_router)
     app.include_router(usage_router)
+    app.include_router(feedback_router)
     app.include_router(files_router)
     app.include_router(jobs_router)
     app.include_router(websocket_router)

@@ -46,6 +46,7 @@ EventType = Literal[
     "JobResult",
     "BreakerState",
     "ModelRegistry",
+    "Feedback",
 ]
 EVENT_TYPES: tuple[EventType, ...] = get_args(EventType)
 

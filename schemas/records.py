@@ -40,6 +40,7 @@ __all__ = [
     "JobResult",
     "UsageRecord",
     "AuditEvent",
+    "Feedback",
     "ApiKey",
     "TenantPolicy",
     "BreakerState",
@@ -317,6 +318,19 @@ class UsageRecord(TypedDict):
     completion_tokens: int
     entered_ms: int
     finished_ms: int
+
+
+class Feedback(TypedDict):
+    request_id: str
+    tenant: str
+    key_id: str
+    score: float  # -1 (bad) to 1 (good)
+    labels: list[str]
+    comment: str
+    model: str  # asked for
+    answered_by: str  # a canary's deployment or a fallback; "" when it did not end
+    latency_ms: int | None
+    ts_ms: int
 
 
 class AuditEvent(TypedDict):

@@ -68,7 +68,7 @@ JOBS = Topic("jobs", ("JobCommand",), "job id", retention_ms=30 * _DAY_MS)
 JOB_STATUS = Topic("job-status", ("JobStatus",), "job id", "one", "compact", -1)
 RESULTS = Topic("results", ("JobResult",), "job id", retention_ms=30 * _DAY_MS)
 DLQ = Topic("dlq", ("DeadLetter",), "original key", "one", retention_ms=30 * _DAY_MS)
-FEEDBACK = Topic("feedback", (), "request id", "one", retention_ms=30 * _DAY_MS)
+FEEDBACK = Topic("feedback", ("Feedback",), "request id", "one", retention_ms=30 * _DAY_MS)
 # one UsageRecord per finished request; the accounting app aggregates it
 USAGE = Topic("usage", ("UsageRecord",), "tenant", retention_ms=35 * _DAY_MS)
 AUDIT = Topic("audit", ("AuditEvent",), "tenant (or actor)", "one",

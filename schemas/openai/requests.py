@@ -49,6 +49,7 @@ from pydantic import (
 )
 
 from conveyor.errors import InvalidRequest
+from schemas.openai.feedback import FeedbackBody
 from schemas.openai.fields import FUNCTION_NAME, Text
 from schemas.openai.fields import STRICT as _STRICT
 from schemas.openai.formats import JsonSchemaSpec, ResponseFormat
@@ -346,7 +347,8 @@ class CompletionRequest(_Sampling):
 _MODELS: tuple[type[BaseModel], ...] = (ChatCompletionRequest, CompletionRequest,
                                         ChatMessage, TextPart, StreamOptions, ResponseFormat,
                                         JsonSchemaSpec, Tool, FunctionSpec, NamedToolChoice,
-                                        NamedFunction, MessageToolCall, CalledFunction)
+                                        NamedFunction, MessageToolCall, CalledFunction,
+                                        FeedbackBody)
 
 
 @cache

@@ -1,0 +1,93 @@
+"""``POST /v1/feedback``: a client's rating of one answer, kept on
+``conveyor.feedback`` (key = request id) like every other event.
+
+The body names the request (its id as the answer gave it: ``chatcmpl-...``,
+``cmpl-...``, ``resp_...``, or the bare request id), a ``score`` from -1
+(bad) to 1 (good), and optionally ``labels`` (up to 16, 64 characters each)
+and a ``comment`` (up to 4,000 characters). Only the request's tenant may
+rate it: for anyone else the request does not exist (404, as for a stream or
+a stored answer). The event carries what answered: the model asked for, the
+model that answered (a canary's deployment or a fallback, read from the
+answer's chunks) and the latency from the request's entry to its answer's
+end, read from the log when the rating comes (waiting at most a moment for
+an answer still running; then those stay empty). Rating again writes another
+event; the latest is the request's rating. Kafka not taking the event in
+time is a 503, as for any request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from conveyor.errors import RequestError
+from gateway.auth.middleware import identity_of
+from gateway.errors import SafeJSONResponse
+from gateway.resume import StreamNotFound, locate, request_id_of
+from gateway.serving import Serving
+from gateway.stored import read_answer
+from schemas.openai.feedback import FeedbackBody
+from schemas.records import Feedback
+from topics.catalog import FEEDBACK
+
+__all__ = ["feedback_router"]
+
+feedback_router = APIRouter()
+
+# how long a rating waits for the answer it rates to end (it is kept either way)
+_ANSWER_WAIT_S = 2.0
+
+
+class RequestNotFound(RequestError):
+    """404 for a request that is not in the log, or is not the caller's."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+    def __init__(self, named: str) -> None:
+        super().__init__(f"No request found with id '{named}'.", param="request_id")
+
+
+def _request_id(named: str) -> str:
+    """The request id a rating names, whichever id of it the client holds."""
+    if named.startswith("resp_"):
+        named = named.removeprefix("resp_")
+    for kind in ("chat", "completion"):
+        with contextlib.suppress(StreamNotFound):
+            return request_id_of(named, kind)  # type: ignore[arg-type]
+    raise RequestNotFound(named)
+
+
+@feedback_router.post("/v1/feedback", response_model=None)
+async def feedback(body: FeedbackBody, request: Request) -> SafeJSONResponse:
+    """Rate an answer (see the module)."""
+    serving: Serving = request.app.state.serving
+    identity = identity_of(request)
+    rid = _request_id(body.request_id)
+    where = await locate(serving.lookup, serving.codec, rid)
+    mine = where is not None and (serving.settings.auth == "none"
+                                  or where.tenant == identity.tenant)
+    if where is None or where.generation is None or not mine:
+        raise RequestNotFound(body.request_id)
+    answered_by, latency_ms = "", None
+    with contextlib.suppress(RequestError, TimeoutError):
+        folded, ended_ms = await asyncio.wait_for(read_answer(serving, where), _ANSWER_WAIT_S)
+        answered_by = folded.model or where.generation["model"]
+        if ended_ms is not None:
+            latency_ms = max(0, ended_ms - where.submitted_ms)
+    now_ms = int(time.time() * 1000)
+    event = Feedback(request_id=rid, tenant=where.tenant, key_id=identity.key_id,
+                     score=float(body.score), labels=list(body.labels), comment=body.comment,
+                     model=where.generation["model"], answered_by=answered_by,
+                     latency_ms=latency_ms, ts_ms=now_ms)
+    await serving.publisher.publish(FEEDBACK, event, rid, what="the feedback")
+    out: dict[str, Any] = {"object": "feedback", "request_id": rid, "score": event["score"],
+                           "labels": event["labels"], "comment": event["comment"],
+                           "model": event["model"], "answered_by": answered_by,
+                           "latency_ms": latency_ms, "created_at": now_ms // 1000}
+    return SafeJSONResponse(out)

@@ -1,0 +1,70 @@
+"""POST /v1/feedback through a real Conveyor with API keys: a tenant rates its
+own answer (by any id the answer gave it) and the rating is on
+conveyor.feedback with what answered it; another tenant cannot rate it (404,
+as if it did not exist); a score out of range is a 400 naming it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from schemas.codec import default_codec
+from schemas.records import Feedback
+from tests.support.auth import Replicas, start_replicas
+from tests.support.key_backends import read_topic
+
+
+@pytest.fixture(scope="module")
+def replicas(services: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
+    r = start_replicas(tmp_path_factory.mktemp("feedback-logs"))
+    try:
+        yield r
+    finally:
+        r.p.close()
+
+
+def post(r: Replicas, secret: str, path: str, body: object) -> httpx.Response:
+    return httpx.post(f"{r.urls[0]}{path}", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {secret}"})
+
+
+def ratings(r: Replicas, request_id: str) -> list[Feedback]:
+    codec = default_codec()
+    values = asyncio.run(read_topic(r.p.settings, "feedback"))
+    return [f for f in (codec.decode(v, "Feedback") for _, v in values)
+            if f["request_id"] == request_id]
+
+
+def test_a_tenant_rates_its_own_answer_and_no_other(replicas: Replicas) -> None:
+    _, mine = replicas.key()
+    _, theirs = replicas.key()
+    answer = post(replicas, mine, "/v1/chat/completions", {
+        "model": "smollm2", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]})
+    assert answer.status_code == 200, answer.text
+    completion_id = answer.json()["id"]
+    rid = completion_id.removeprefix("chatcmpl-")
+
+    refused = post(replicas, theirs, "/v1/feedback", {"request_id": completion_id, "score": 1})
+    assert refused.status_code == 404 and refused.json()["error"]["param"] == "request_id"
+    wrong = post(replicas, mine, "/v1/feedback", {"request_id": completion_id, "score": 2})
+    assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "score", wrong.text
+    unknown = post(replicas, mine, "/v1/feedback", {"request_id": "nope", "score": 1})
+    assert unknown.status_code == 404
+
+    rated = post(replicas, mine, "/v1/feedback", {
+        "request_id": completion_id, "score": -0.5, "labels": ["too short"],
+        "comment": "It stopped early."})
+    assert rated.status_code == 200, rated.text
+    body = rated.json()
+    assert body["object"] == "feedback" and body["request_id"] == rid
+    assert body["answered_by"] == "smollm2" and body["latency_ms"] is not None
+    again = post(replicas, mine, "/v1/feedback", {"request_id": rid, "score": 1})
+    assert again.status_code == 200
+    [first, last] = ratings(replicas, rid)
+    assert (first["score"], first["labels"], first["comment"]) == (
+        -0.5, ["too short"], "It stopped early.")
+    assert first["model"] == "smollm2" and first["tenant"] != "" and first["key_id"]
+    assert last["score"] == 1.0 and last["ts_ms"] >= first["ts_ms"]
