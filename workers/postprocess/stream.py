@@ -105,7 +105,10 @@ class RequestStream:
         """The logprobs of the tokens that begin within the text released so
         far (with ``text``): a token's place is counted in bytes, as the
         engine's tokens hold them. At the end of the answer the rest (the
-        stop sequence's tokens) is left out."""
+        stop sequence's tokens) is left out. Nothing to do (no encoding of the
+        text) for an answer that did not ask for logprobs."""
+        if not (self.header and self.header.get("logprobs")):
+            return []
         self.released_bytes += len(text.encode())
         out: list[TokenLogprob] = []
         while self.pending and self.token_bytes < self.released_bytes:

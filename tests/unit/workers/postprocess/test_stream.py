@@ -210,6 +210,7 @@ def test_logprobs_go_out_with_the_text_of_their_tokens() -> None:
     with it, and the stop sequence's own tokens never go out."""
     s = stream()
     first = chunk(0, "Hello EN", stop=["END"])
+    first["header"]["logprobs"] = True  # type: ignore[index]
     first["logprobs"] = [token("Hello"), token(" E"), token("N")]
     second = chunk(1, "D more", finish="stop")
     second["logprobs"] = [token("D"), token(" more")]
@@ -222,6 +223,7 @@ def test_logprobs_go_out_with_the_text_of_their_tokens() -> None:
 def test_a_token_holding_part_of_a_character_waits_for_the_rest() -> None:
     s = stream()
     first = chunk(0, "caf")
+    first["header"]["logprobs"] = True  # type: ignore[index]
     first["logprobs"] = [token("caf"), TokenLogprob(token="\ufffd", bytes=b"\xc3",
                                                    logprob=-1.0, top=[])]
     second = chunk(1, "\u00e9!", finish="stop")
