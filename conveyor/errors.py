@@ -13,6 +13,7 @@ __all__ = [
     "ConveyorError",
     "RequestError",
     "InvalidRequest",
+    "ContentPolicyViolation",
     "InvalidOutput",
     "ModelNotFound",
     "ContextLengthExceeded",
@@ -81,6 +82,11 @@ class RequestError(ConveyorError):
 class InvalidRequest(RequestError):
     status = 400
     type = "invalid_request_error"
+
+
+class ContentPolicyViolation(InvalidRequest):
+    """The request holds what its content policy blocks (conveyor/policy)."""
+    code = "content_policy_violation"
 
 
 class InvalidOutput(RequestError):

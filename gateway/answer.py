@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from conveyor.errors import DeadlineExceeded
 from conveyor.tracing import GENAI_OPERATIONS
 from gateway.admission import FREE, Ticket
+from gateway.pii import ReplyRestorer
 from gateway.replies import ReplyStream, reply_error
 from schemas.records import Reply, Usage
 
@@ -29,8 +30,12 @@ class Answer:
     closed it writes the request's access-log line."""
 
     def __init__(self, serving: Serving, stream: ReplyStream, deadline: float,
-                 access: dict[str, Any] | None = None, ticket: Ticket = FREE) -> None:
+                 access: dict[str, Any] | None = None, ticket: Ticket = FREE,
+                 restorer: ReplyRestorer | None = None) -> None:
         self.serving = serving
+        self.restorer = restorer  # personal data put back (gateway/pii.py)
+        # the prompt cache: "" not asked, "miss", or "hit" once a reply says so
+        self.cache = ""
         self.ticket = ticket
         self.produced = False  # a token (or the end) reached us: the generation ran
         self.stream = stream
@@ -66,11 +71,20 @@ class Answer:
             self.status = err["status"] if err is not None else 500
             raise reply_error(reply)
         self.produced = True
+        if reply.get("cached"):
+            self.cache = "hit"
+        if self.restorer is not None:
+            reply = self.restorer.apply(reply)
         if reply["kind"] == "final":
             self.finished = True
             self.status = 200
             self.usage = reply["usage"]
         return reply
+
+    @property
+    def cache_headers(self) -> dict[str, str]:
+        """``x-conveyor-cache: hit|miss`` where the prompt cache was asked."""
+        return {"x-conveyor-cache": self.cache} if self.cache else {}
 
     def close(self, reason: str, grace_s: float = 0.0) -> None:
         """Stop reading; an unfinished generation is cancelled, after ``grace_s``

@@ -49,6 +49,7 @@ from gateway.jobs.batches import Batches
 from gateway.jobs.board import JobBoard
 from gateway.limits import BodyLimit
 from gateway.metrics_route import install_metrics
+from gateway.moderations import moderations_router
 from gateway.openapi import install_openapi
 from gateway.publisher import Publisher
 from gateway.replies import ReplyLease, ReplyRouter
@@ -59,6 +60,7 @@ from gateway.websocket.api_router import websocket_router
 from schemas.codec import default_codec
 from topics.clients import make_producer
 from topics.models import follow_published
+from topics.policies import adopt_policies, follow_policies
 from topics.shared_lookup import SharedLookup
 from workers.schedule.breakers import Breakers
 from workers.usage.ledger import UsageLedger
@@ -102,6 +104,7 @@ def build_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     app.include_router(responses_router)
     app.include_router(usage_router)
     app.include_router(feedback_router)
+    app.include_router(moderations_router)
     app.include_router(files_router)
     app.include_router(jobs_router)
     app.include_router(websocket_router)
@@ -138,6 +141,11 @@ async def _collaborators(app: FastAPI, settings: Settings, gateway_id: str,
     app.state.serving = Serving(settings, publisher, router_, gateway_id, tracing.tracer,
                                 lookup=lookup)
     app.state.serving.metrics = app.state.gateway_metrics
+    # `conveyor policies set`: what each tenant's requests may hold (topics/policies.py)
+    policies = app.state.serving.policies
+    await started("the content policies (conveyor.policies)",
+                  lambda: adopt_policies(settings, policies), within=within, log=log,
+                  where=kafka)
     audit = Audit(settings, publisher, actor=gateway_id)
     app.state.usage = UsageLedger(settings, redis)
     board = JobBoard(settings, codec)
@@ -148,6 +156,7 @@ async def _collaborators(app: FastAPI, settings: Settings, gateway_id: str,
         asyncio.create_task(breakers.follow(), name="breakers"),
         # `conveyor models apply`: the registry every route here serves by
         asyncio.create_task(follow_published(settings, app.state.registry), name="models"),
+        asyncio.create_task(follow_policies(settings, policies), name="policies"),
         asyncio.create_task(router_.run(), name="replies"),
         asyncio.create_task(lease.keep(), name="reply-lease"),
         asyncio.create_task(board.run(health.part("jobs")), name="jobs"),

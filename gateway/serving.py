@@ -36,6 +36,7 @@ from opentelemetry import trace
 
 from conveyor.errors import PipelineUnavailable, RequestError
 from conveyor.metrics import GatewayMetrics
+from conveyor.policy.rules import PolicyBook
 from conveyor.settings import Settings
 from conveyor.tracing import genai_request_attributes, layer_span, trace_id_of
 from gateway import sse
@@ -43,6 +44,7 @@ from gateway.admission import FREE, Ticket
 from gateway.answer import Answer
 from gateway.auth.authenticate import ANONYMOUS
 from gateway.auth.types import Identity
+from gateway.pii import ReplyRestorer, redact_generation
 from gateway.publisher import NotTakenInTime, Publisher
 from gateway.replies import ReplyRouter, fold_answer
 from gateway.resume import ReplySource, ResumeWatch, event_id
@@ -55,6 +57,7 @@ from schemas.tools import reads_tool_calls
 from topics.catalog import CONTROL, REQUESTS
 from topics.envelope import new_envelope, new_request_id, now_ms
 from topics.shared_lookup import SharedLookup
+from workers.prompt_cache import cacheable
 
 __all__ = ["Serving", "Answer"]
 
@@ -81,6 +84,8 @@ class Serving:
         self.metrics = GatewayMetrics.off()  # build_app sets the process's
         self._graces: set[asyncio.Task[None]] = set()  # cancels waiting out resume_grace_s
         self._watch: ResumeWatch | None = None
+        # the content policies, kept current by build_app (topics/policies.py)
+        self.policies = PolicyBook()
 
     @property
     def watch(self) -> ResumeWatch:
@@ -117,6 +122,12 @@ class Serving:
                                       "try again later.")
         rid = request_id or self.new_request_id()
         timeout = timeout_s or self.settings.request_timeout_s
+        policy = self.policies.effective(identity.tenant, identity.key_id)
+        restorer: ReplyRestorer | None = None
+        if policy.redact:  # before anything is written (gateway/pii.py)
+            generation, redactor = redact_generation(generation, policy)
+            if policy.restore and redactor.mapping:
+                restorer = ReplyRestorer(redactor.mapping)
         envelope = new_envelope(rid, reply_gateway=self.gateway_id,
                                 reply_partition=self.router.partition, tenant=identity.tenant,
                                 key_id=identity.key_id,
@@ -135,8 +146,10 @@ class Serving:
                   "model": generation["model"], "kind": generation["kind"],
                   "stream": generation["stream"], "prompt_sha256": _prompt_hash(generation),
                   "trace": trace_id_of(envelope)}
-        answer = Answer(self, stream, started + timeout, access, ticket)
+        answer = Answer(self, stream, started + timeout, access, ticket, restorer)
         answer.started = started
+        if policy.cache and cacheable(generation):
+            answer.cache = "miss"
         return answer
 
     async def _produce_request(self, request: Request) -> None:

@@ -47,6 +47,7 @@ EventType = Literal[
     "BreakerState",
     "ModelRegistry",
     "Feedback",
+    "PolicyDocument",
 ]
 EVENT_TYPES: tuple[EventType, ...] = get_args(EventType)
 

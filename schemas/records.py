@@ -45,6 +45,7 @@ __all__ = [
     "TenantPolicy",
     "BreakerState",
     "ModelRegistry",
+    "PolicyDocument",
 ]
 
 
@@ -149,6 +150,8 @@ class Prompt(TypedDict):
     dropped_messages: int
     fingerprint: str
     prefix_blocks: list[int]
+    cache_key: NotRequired[str]  # "" or absent: the answer is not cached
+    cache_ttl_s: NotRequired[int]
 
 
 class Fallback(TypedDict):
@@ -238,6 +241,7 @@ class Reply(TypedDict):
     usage: Usage | None
     error: ErrorInfo | None
     logprobs: NotRequired[list[TokenLogprob]]
+    cached: NotRequired[bool]  # from the prompt cache, not a worker
 
 
 class Control(TypedDict):
@@ -258,6 +262,15 @@ class KvCache(TypedDict):
 
 
 class ModelRegistry(TypedDict):
+    text: str
+    digest: str
+    source: str
+    applied_by: str
+    ts_ms: int
+
+
+class PolicyDocument(TypedDict):
+    scope: str
     text: str
     digest: str
     source: str

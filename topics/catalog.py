@@ -81,10 +81,13 @@ KEYS = Topic("keys", ("ApiKey", "TenantPolicy"), "key id, or tenant:<name>", "on
 BREAKERS = Topic("breakers", ("BreakerState",), "worker id", "one", "compact", -1)
 # the model registry `conveyor models apply` published; every process follows it
 MODELS = Topic("models", ("ModelRegistry",), "\"registry\"", "one", "compact", -1)
+# content policies `conveyor policies set` published (conveyor/policy); every process follows it
+POLICIES = Topic("policies", ("PolicyDocument",), "the scope: default, tenant:<name>, key:<id>",
+                 "one", "compact", -1)
 
 TOPICS: tuple[Topic, ...] = (REQUESTS, PREPARED, ROUTED, TOKENS, REPLIES, CONTROL, WORKERS,
                              JOBS, JOB_STATUS, RESULTS, DLQ, FEEDBACK, USAGE, AUDIT, KEYS,
-                             BREAKERS, MODELS)
+                             BREAKERS, MODELS, POLICIES)
 
 
 @dataclass(frozen=True)

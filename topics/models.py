@@ -22,17 +22,19 @@ import getpass
 import hashlib
 import logging
 import socket
+from typing import Any
 
 from conveyor.errors import ConveyorError
 from conveyor.registry import Registry
 from conveyor.settings import Settings
-from schemas.codec import default_codec
+from schemas.codec import EventType, default_codec
 from schemas.records import ModelRegistry
-from topics.catalog import MODELS
+from topics.catalog import MODELS, Topic
 from topics.envelope import now_ms
 from topics.follow import apply_all, follow, snapshot
 
-__all__ = ["adopt_published", "follow_published", "publish", "published", "record_of"]
+__all__ = ["adopt_published", "follow_published", "operator", "publish", "publish_one",
+           "published", "record_of"]
 
 log = logging.getLogger(__name__)
 
@@ -43,23 +45,33 @@ def record_of(text: str, source: str) -> ModelRegistry:
     """The event that publishes ``text``, once it parses as a registry (a bad
     file is refused whole: ConveyorError naming the model and the field)."""
     Registry.parse(text, source)
-    try:
-        who = f"{getpass.getuser()}@{socket.gethostname()}"
-    except (OSError, KeyError):
-        who = socket.gethostname()
     return ModelRegistry(text=text, digest=hashlib.sha256(text.encode()).hexdigest()[:12],
-                         source=source, applied_by=who, ts_ms=now_ms())
+                         source=source, applied_by=operator(), ts_ms=now_ms())
+
+
+def operator() -> str:
+    """Who runs this command: user@host (the host alone where the user has no name)."""
+    try:
+        return f"{getpass.getuser()}@{socket.gethostname()}"
+    except (OSError, KeyError):
+        return socket.gethostname()
 
 
 async def publish(settings: Settings, record: ModelRegistry) -> None:
     """Write ``record`` to ``conveyor.models`` and wait for the broker to have it."""
+    await publish_one(settings, MODELS, "ModelRegistry", record, _KEY)
+
+
+async def publish_one(settings: Settings, topic: Topic, event_type: EventType, record: Any,
+                      key: bytes) -> None:
+    """Write one event (a command's) and wait for the broker to have it."""
     from topics.clients import make_producer
 
     producer = make_producer(settings)
     await producer.start()
     try:
-        await producer.send_and_wait(MODELS.at(settings),
-                                     default_codec().encode("ModelRegistry", record), key=_KEY)
+        await producer.send_and_wait(topic.at(settings),
+                                     default_codec().encode(event_type, record), key=key)
     finally:
         await producer.stop()
 

@@ -166,14 +166,14 @@ async def _answer(serving: Serving, generation: Generation, request: Request) ->
     registry: Registry = request.app.state.registry
     if not generation["stream"]:
         result = await serving.collect(generation, answer, request.is_disconnected)
-        return SafeJSONResponse(result,
-                                headers={**headers, **_fallback(registry, generation, result)})
+        return SafeJSONResponse(result, headers={**headers, **answer.cache_headers,
+                                                 **_fallback(registry, generation, result)})
     first = await serving.first(answer, request.is_disconnected)
     if first is None:  # the client left: nobody reads a status
         return Response(status_code=499)
     opening = json.loads(first["chunk"].partition("\n")[0] or "{}")
     return StreamingResponse(serving.stream(answer, first), media_type="text/event-stream",
-                             headers={**_SSE_HEADERS, **headers,
+                             headers={**_SSE_HEADERS, **headers, **answer.cache_headers,
                                       **_fallback(registry, generation, opening)})
 
 

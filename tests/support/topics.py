@@ -46,3 +46,38 @@ async def records(p: Pipeline, topics: list[str]) -> list[Any]:
     finally:
         await consumer.stop()
     return out
+
+
+async def topic_names(p: Pipeline) -> list[str]:
+    """Every topic of the test Conveyor's prefix."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=p.settings.kafka_bootstrap)
+    await admin.start()
+    try:
+        return [t for t in await admin.list_topics() if t.startswith(p.prefix)]
+    finally:
+        await admin.close()
+
+
+def traces_of(p: Pipeline, needles: list[bytes], logs: bool = True) -> list[str]:
+    """Where any of ``needles`` is found: the processes' logs (with ``logs``),
+    the prefix's Redis keys and values, and every record of its topics."""
+    import asyncio
+
+    import redis
+
+    found: list[str] = []
+    if logs:
+        for path in p.logs.iterdir():
+            data = path.read_bytes()
+            found += [f"log {path.name}" for n in needles if n in data]
+    client = redis.Redis.from_url(p.settings.redis_url)
+    try:
+        for key in client.scan_iter(match=f"{p.prefix}:*", count=1000):
+            dumped = client.dump(key) or b""
+            found += [f"redis {key!r}" for n in needles if n in dumped or n in key]
+    finally:
+        client.close()
+    for record in asyncio.run(records(p, asyncio.run(topic_names(p)))):
+        raw = (record.key or b"") + (record.value or b"")
+        found += [f"topic {record.topic}@{record.offset}" for n in needles if n in raw]
+    return found

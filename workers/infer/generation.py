@@ -47,6 +47,7 @@ from workers.infer.engines.base import Engine, GenerationRequest
 from workers.infer.progress import ProgressTracker
 from workers.infer.speed import Speed
 from workers.outputs import Output, Sender, error_info
+from workers.prompt_cache import Cached, PromptCache
 
 __all__ = ["TaskRun", "request_from_task"]
 
@@ -197,10 +198,21 @@ class TaskRun:
                 await self._fail(exc)
         # the task may be committed once every chunk of it is in the log
         await asyncio.gather(*self._acks)
+        await self._keep_in_cache()
         if self.handed_off or self.retried:
             await self.progress.release(self.request_id)
         else:
             await self.progress.finish(self.request_id, self.worker_id)
+
+    async def _keep_in_cache(self) -> None:
+        """A whole answer whose request named a cache key goes into the prompt
+        cache (workers/prompt_cache.py), with the model that gave it."""
+        key = self.task["prompt"].get("cache_key")
+        if not key or self.finish_reason not in ("stop", "length") or self.handed_off:
+            return
+        await PromptCache(self.settings, self.progress.redis).put(
+            key, Cached(self.text, self.tokens, self.finish_reason, self.answered_by),
+            self.task["prompt"].get("cache_ttl_s") or 0)
 
     async def _retry_elsewhere(self, exc: EngineError) -> bool:
         """An engine failure before any token of the answer was written: send the
@@ -292,14 +304,19 @@ class TaskRun:
             return
         await self._emit("".join(buf), buf_tokens, finish, logprobs=buf_logprobs)
 
+    @property
+    def answered_by(self) -> str:
+        """The model the answer names: a fallback's or a canary's answer names the
+        model that gave it."""
+        route = self.task["route"]
+        return route["model"] if route.get("fallback_from") or route.get("deployment_of") \
+            else self.task["generation"]["model"]
+
     def _header(self) -> ChunkHeader | None:
         if self.seq != 0:
             return None
-        gen, route = self.task["generation"], self.task["route"]
-        # a fallback's answer, and a canary's, names the model that gave it
-        model = route["model"] if route.get("fallback_from") or route.get("deployment_of") \
-            else gen["model"]
-        return ChunkHeader(kind=gen["kind"], model=model, created=gen["created"],
+        gen = self.task["generation"]
+        return ChunkHeader(kind=gen["kind"], model=self.answered_by, created=gen["created"],
                            stop=gen["sampling"]["stop"], stream=gen["stream"],
                            include_usage=gen["include_usage"],
                            prompt_tokens=self.task["prompt"]["tokens"],
@@ -323,6 +340,8 @@ class TaskRun:
             Output(TOKENS.at(self.settings), "TokenChunk", chunk, key=self.request_id)))
         self.seq += 1
         self.tokens += tokens
+        if self.task["prompt"].get("cache_key"):
+            self.text += text
         if finish is not None:
             self.finish_reason = finish
 

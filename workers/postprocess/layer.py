@@ -21,6 +21,8 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
+from conveyor.policy.rules import PolicyBook
+from conveyor.policy.safety import StreamScanner
 from conveyor.settings import Settings
 from schemas.codec import EventType
 from schemas.openai.chunks import delta_chunk, full_response, tool_call_chunk, usage_chunk
@@ -38,8 +40,10 @@ from schemas.records import (
 from schemas.tool_calls import ToolCallReader
 from topics.catalog import CONTROL, REPLIES, TOKENS, USAGE
 from topics.envelope import now_ms, stamp
+from topics.policies import kept_policies
 from workers.job_results import is_job, result_output
 from workers.outputs import Output, Sender
+from workers.policy_checks import policy_audit
 from workers.postprocess.stream import Emitted, RequestStream
 
 __all__ = ["PostprocessLayer"]
@@ -52,8 +56,11 @@ class PostprocessLayer:
     name = "postprocess"
     source_type: EventType = "TokenChunk"
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, policies: PolicyBook | None = None) -> None:
+        """``policies``: a book kept current by the caller; without one the layer
+        follows ``conveyor.policies`` itself while it runs."""
         self.settings = settings
+        self.policies, self._follower = kept_policies(settings, policies)
         self.source_topic = TOKENS.at(settings)
         self._replies = REPLIES.at(settings)
         self._control = CONTROL.at(settings)
@@ -64,10 +71,12 @@ class PostprocessLayer:
         self._finished: OrderedDict[str, None] = OrderedDict()
 
     async def start(self, sender: Sender) -> None:
-        return None
+        if self._follower is not None:
+            await self._follower.start()
 
     async def stop(self) -> None:
-        return None
+        if self._follower is not None:
+            await self._follower.stop()
 
     async def handle(self, event: TokenChunk, record: Any) -> list[Output]:
         rid = event["envelope"]["request_id"]
@@ -75,7 +84,10 @@ class PostprocessLayer:
             return []
         stream = self.streams.get(rid)
         if stream is None:
-            stream = RequestStream(envelope=stamp(event["envelope"], self.name))
+            envelope = stamp(event["envelope"], self.name)
+            terms = self.policies.effective(envelope["tenant"], envelope["key_id"]).output_terms
+            stream = RequestStream(envelope=envelope,
+                                   scanner=None if terms.empty else StreamScanner(terms))
             self.streams[rid] = stream
             if record is not None:
                 tp = TopicPartition(record.topic, record.partition)
@@ -85,6 +97,11 @@ class PostprocessLayer:
             outputs.extend(self._replies_for(stream, emitted))
         if stream.done:
             self._finish(rid)
+            if stream.filtered is not None:
+                envelope = stream.envelope
+                policy = self.policies.effective(envelope["tenant"], envelope["key_id"])
+                outputs.append(policy_audit(self.settings, envelope, "policy.output_blocked",
+                                            stream.filtered, policy, self.name))
         return outputs
 
     def _replies_for(self, stream: RequestStream, e: Emitted) -> list[Output]:
@@ -113,8 +130,10 @@ class PostprocessLayer:
             # the gateway folds an unstreamed answer from the replies' text
             return [self._reply(stream, "delta", text=e.text, chunk="\n".join(chunks),
                                 logprobs=e.logprobs)] if chunks or e.text else []
-        # OpenAI knows "stop" and "length"; a cancelled generation reads as stopped
-        reason = e.finish_reason if e.finish_reason in ("stop", "length") else "stop"
+        # OpenAI knows "stop", "length" and "content_filter"; a cancelled
+        # generation reads as stopped
+        reason = e.finish_reason if e.finish_reason in ("stop", "length", "content_filter") \
+            else "stop"
         if called and reason == "stop":
             reason = "tool_calls"
         usage = usage_of(header, stream)
@@ -195,7 +214,7 @@ class PostprocessLayer:
                error: Any = None, logprobs: list[TokenLogprob] | None = None) -> Output:
         reply = Reply(envelope=stream.envelope, index=stream.reply_index, kind=kind,  # type: ignore[typeddict-item]
                       text=text, chunk=chunk, finish_reason=finish_reason, usage=usage,
-                      error=error, logprobs=list(logprobs or ()))
+                      error=error, logprobs=list(logprobs or ()), cached=stream.from_cache)
         stream.reply_index += 1
         return Output(self._replies, "Reply", reply, key=stream.envelope["request_id"],
                       partition=stream.envelope["reply_partition"])

@@ -4,16 +4,19 @@ Chunks are applied in sequence order, one run's at each seq
 (:class:`~workers.chunk_order.ChunkOrder`: early ones wait, repeats and
 chunks of a second run are dropped);
 stop sequences are matched across chunk boundaries by holding back the tail
-that could still begin a stop sequence.
+that could still begin a stop sequence; the answer's safety check
+(workers/policy_checks.py) holds back the tail a blocked term could begin.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from conveyor.policy.safety import Match, StreamScanner
 from schemas.records import ChunkHeader, Envelope, ErrorInfo, TokenChunk, TokenLogprob
 from schemas.tool_calls import ToolCallReader
 from workers.chunk_order import ChunkOrder
+from workers.prompt_cache import CACHE_WORKER
 
 __all__ = ["RequestStream", "Emitted"]
 
@@ -56,6 +59,11 @@ class RequestStream:
     logprob_chars: int = 0
     # a job's request: its tokens' logprobs, gathered for its result
     collected_logprobs: list[TokenLogprob] = field(default_factory=list)
+    # the answer's safety check, where its policy has one, and what it caught
+    scanner: StreamScanner | None = None
+    filtered: Match | None = None
+    # answered from the prompt cache (workers/prompt_cache.py), not by a worker
+    from_cache: bool = False
 
     @property
     def next_seq(self) -> int:
@@ -75,6 +83,7 @@ class RequestStream:
     def _apply(self, chunk: TokenChunk) -> Emitted:
         if chunk["header"] is not None and self.header is None:
             self.header = chunk["header"]
+            self.from_cache = chunk["worker_id"] == CACHE_WORKER
         if chunk["error"] is not None:
             self.done = True
             return Emitted(error=chunk["error"])
@@ -85,21 +94,36 @@ class RequestStream:
         stops = self.header["stop"] if self.header else []
         text = self.held + chunk["text"]
         self.held = ""
+        running = chunk["finish_reason"] is None
         for_stop = _first_stop(text, stops)
         if for_stop is not None:
             self.done = True
-            return Emitted(text=text[:for_stop], finish_reason="stop",
-                           stopped_early=chunk["finish_reason"] is None,
-                           logprobs=self._release(text[:for_stop]))
-        if chunk["finish_reason"] is not None:
+            return self._screened(text[:for_stop], "stop", running, stopped_early=running)
+        if not running:
             self.done = True
-            return Emitted(text=text, finish_reason=chunk["finish_reason"],
-                           logprobs=self._release(text))
+            return self._screened(text, chunk["finish_reason"], running)
         keep = _held_tail(text, stops)
         if keep:
             self.held = text[-keep:]
             text = text[:-keep]
-        return Emitted(text=text, logprobs=self._release(text))
+        return self._screened(text, None, running)
+
+    def _screened(self, text: str, finish_reason: str | None, running: bool,
+                  stopped_early: bool = False) -> Emitted:
+        """What is released of ``text``, through the output's safety check
+        (workers/policy_checks.py) when the request's policy has one: the text
+        before a match, and the end with ``content_filter``."""
+        if self.scanner is not None:
+            text, match = self.scanner.feed(text)
+            if match is None and finish_reason is not None:
+                rest, match = self.scanner.flush()
+                text += rest
+            if match is not None:
+                self.done = True
+                self.filtered = match
+                finish_reason, stopped_early = "content_filter", running
+        return Emitted(text=text, finish_reason=finish_reason, stopped_early=stopped_early,
+                       logprobs=self._release(text))
 
     def _release(self, text: str) -> list[TokenLogprob]:
         """The logprobs of the tokens that begin within the text released so

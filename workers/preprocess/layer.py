@@ -28,14 +28,18 @@ import logging
 
 from aiokafka import ConsumerRecord, TopicPartition
 
+from conveyor.policy.rules import Policy, PolicyBook
+from conveyor.policy.safety import Match
 from conveyor.registry import ModelSpec, Registry
 from conveyor.settings import Settings
 from schemas.codec import EventType
-from schemas.records import Generation, Prepared, Prompt, Request
+from schemas.records import Envelope, Generation, Prepared, Prompt, Request
 from schemas.tools import tool_messages
-from topics.catalog import PREPARED, REQUESTS
+from topics.catalog import PREPARED, REQUESTS, TOKENS
 from topics.envelope import canary_key, stamp
-from workers.outputs import Output, Sender
+from topics.policies import kept_policies
+from workers.outputs import Output, Sender, error_info
+from workers.policy_checks import blocked_input, input_refusal, policy_audit
 from workers.prefix import block_hashes
 from workers.preprocess.normalize import (
     Fit,
@@ -47,6 +51,7 @@ from workers.preprocess.normalize import (
     trim_to_context,
 )
 from workers.preprocess.tokenizers import EstimateTokenizer, Tokenizer, TokenizerCache
+from workers.prompt_cache import PromptCache, cache_key, hit_chunk
 
 __all__ = ["PreprocessLayer"]
 
@@ -67,19 +72,29 @@ class PreprocessLayer:
     source_type: EventType = "Request"
 
     def __init__(
-        self, settings: Settings, registry: Registry, tokenizers: TokenizerCache | None = None
+        self, settings: Settings, registry: Registry, tokenizers: TokenizerCache | None = None,
+        policies: PolicyBook | None = None, cache: PromptCache | None = None,
     ) -> None:
+        """``policies``: a book kept current by the caller; without one the layer
+        follows ``conveyor.policies`` itself while it runs."""
         self.settings = settings
         self.registry = registry
         self.tokenizers = tokenizers if tokenizers is not None else TokenizerCache()
         self.source_topic = REQUESTS.at(settings)
         self._estimate = EstimateTokenizer()
+        self.policies, self._follower = kept_policies(settings, policies)
+        self.cache = cache if cache is not None else PromptCache(settings)
+        self._sender: Sender | None = None
 
     async def start(self, sender: Sender) -> None:
-        return None
+        self._sender = sender
+        if self._follower is not None:
+            await self._follower.start()
 
     async def stop(self) -> None:
-        return None
+        if self._follower is not None:
+            await self._follower.stop()
+        await self.cache.close()
 
     def committable(self, tp: TopicPartition, next_offset: int) -> int:
         return next_offset  # stateless: everything handled may be committed
@@ -96,6 +111,10 @@ class PreprocessLayer:
     ) -> list[Output]:
         envelope = stamp(event["envelope"], self.name)
         generation = normalize_generation(event["generation"])
+        policy = self.policies.effective(envelope["tenant"], envelope["key_id"])
+        blocked = blocked_input(policy.input_terms, generation)
+        if blocked is not None:
+            return self._refused(envelope, blocked, policy)
         spec = self.registry.find(generation["model"])
         if spec is not None:  # a canary's deployment (the one route picks) measures it
             spec = self.registry.deployment(spec, canary_key(envelope))
@@ -133,7 +152,18 @@ class PreprocessLayer:
             dropped_messages=fit.dropped,
             fingerprint=fingerprint(model_key, fit.text, fit.messages, raw_prompt),
             prefix_blocks=blocks,
+            cache_key="",
+            cache_ttl_s=0,
         )
+        key = cache_key(envelope["tenant"], model_key, prompt["fingerprint"], generation,
+                        fit.max_tokens) if policy.cache and spec is not None else None
+        if key is not None:
+            cached = await self.cache.get(key)
+            if cached is not None:  # answered from the cache: no worker
+                return [Output(TOKENS.at(self.settings), "TokenChunk",
+                               hit_chunk(envelope, generation, prompt, cached),
+                               key=envelope["request_id"])]
+            prompt["cache_key"], prompt["cache_ttl_s"] = key, policy.cache_ttl_s
         prepared = Prepared(envelope=envelope, generation=generation, prompt=prompt)
         return [
             Output(
@@ -143,6 +173,17 @@ class PreprocessLayer:
                 key=envelope["request_id"],
             )
         ]
+
+    def _refused(self, envelope: Envelope, blocked: Match, policy: Policy) -> list[Output]:
+        """A blocked input: the 400 for its client and the audit event."""
+        log.info("request %s trace %s: input blocked by the content policy (%s)",
+                 envelope["request_id"], envelope["traceparent"], blocked.category)
+        audit = policy_audit(self.settings, envelope, "policy.input_blocked", blocked, policy,
+                             self.name)
+        if self._sender is None:
+            raise input_refusal(blocked)
+        reply = self._sender.error_output(envelope, error_info(input_refusal(blocked)))
+        return [audit] if reply is None else [reply, audit]
 
     def _measure(self, spec: ModelSpec, tokenizer: Tokenizer,
                  generation: Generation) -> tuple[Fit, list[int]]:

@@ -11,7 +11,7 @@ from topics.catalog import TopicSpec, catalog, infer_topic
 
 DESIGN_TOPICS = ["requests", "prepared", "routed", "tokens", "replies", "control", "workers",
                  "results", "dlq", "feedback", "usage", "audit", "keys", "jobs", "job-status",
-                 "breakers", "models"]
+                 "breakers", "models", "policies"]
 
 
 @pytest.fixture

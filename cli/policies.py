@@ -1,0 +1,148 @@
+"""``conveyor policies``: the content policies every process applies, changed live.
+
+    conveyor policies set (--default | --tenant T | --key K) FILE [--dry-run]
+    conveyor policies clear (--default | --tenant T | --key K)
+    conveyor policies show [--tenant T [--key K]] [--json]
+
+``set`` refuses a bad document whole (an unknown section or field, a regex
+that does not compile, an entity that is not one of email, phone, card, iban,
+ip), naming what is wrong, and publishes nothing then. Once published on
+``conveyor.policies`` every gateway and layer applies it within a second,
+without a restart (topics/policies.py; the format in conveyor/policy/rules.py).
+``show`` lists every scope set, or with ``--tenant`` what applies to that
+tenant's requests (its key's with ``--key``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from conveyor.errors import ConveyorError
+from conveyor.settings import Settings
+
+_READ_WITHIN_S = 30.0
+
+
+def _scope(args: argparse.Namespace) -> str:
+    from conveyor.policy.rules import DEFAULT_SCOPE, key_scope, tenant_scope
+
+    if args.default:
+        return DEFAULT_SCOPE
+    return tenant_scope(args.tenant) if args.tenant else key_scope(args.key)
+
+
+def _publish(settings: Settings, scope: str, text: str, source: str, dry_run: bool) -> int:
+    from topics.admin import ensure_topics
+    from topics.catalog import POLICIES
+    from topics.policies import document_of, publish_policy
+
+    try:
+        document = document_of(scope, text, source)
+    except ConveyorError as exc:
+        print(f"conveyor policies: refused, nothing published: {exc}", file=sys.stderr)
+        return 2
+    if dry_run:
+        print(f"valid ({document['digest']}); --dry-run: nothing published")
+        return 0
+
+    async def publish() -> None:
+        await ensure_topics(settings, [POLICIES.spec(settings)])
+        await publish_policy(settings, document)
+
+    asyncio.run(publish())
+    what = "cleared" if not text.strip() else f"set to {document['digest']}"
+    print(f"{scope} {what}: every process applies it within a second")
+    return 0
+
+
+def cmd_policies_set(settings: Settings, args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        print(f"conveyor policies set: {path}: {exc}", file=sys.stderr)
+        return 2
+    if not text.strip():
+        print("conveyor policies set: the file is empty (`conveyor policies clear` clears "
+              "a scope)", file=sys.stderr)
+        return 2
+    return _publish(settings, _scope(args), text, str(path.resolve()), args.dry_run)
+
+
+def cmd_policies_clear(settings: Settings, args: argparse.Namespace) -> int:
+    return _publish(settings, _scope(args), "", "", False)
+
+
+def _effective(settings: Settings, args: argparse.Namespace,
+               documents: dict[str, Any]) -> dict[str, Any]:
+    from conveyor.policy.rules import PolicyBook
+
+    book = PolicyBook()
+    for scope, document in documents.items():
+        book.set(scope, document["text"], scope)
+    policy = book.effective(args.tenant, args.key or "")
+    return {"tenant": args.tenant, "key": args.key, "scopes": list(policy.scopes),
+            "input_categories": list(policy.input_terms.categories),
+            "output_categories": list(policy.output_terms.categories),
+            "pii": {"redact": list(policy.redact), "restore": policy.restore,
+                    "region": policy.region},
+            "cache": {"enabled": policy.cache, "ttl_s": policy.cache_ttl_s}}
+
+
+def cmd_policies_show(settings: Settings, args: argparse.Namespace) -> int:
+    from topics.policies import published_policies
+
+    try:
+        documents = asyncio.run(published_policies(settings, _READ_WITHIN_S))
+    except TimeoutError:
+        print(f"conveyor policies show: conveyor.policies was not read within "
+              f"{_READ_WITHIN_S:.0f} s", file=sys.stderr)
+        return 3
+    documents = {s: d for s, d in documents.items() if d["text"].strip()}
+    if args.tenant:
+        out = _effective(settings, args, documents)
+        print(json.dumps(out, indent=2) if args.json else "\n".join(
+            f"{name}: {value}" for name, value in out.items()))
+        return 0
+    if args.json:
+        print(json.dumps(list(documents.values()), indent=2))
+        return 0
+    if not documents:
+        print("no policy set: nothing is blocked, redacted or cached")
+    for scope, d in sorted(documents.items()):
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(d["ts_ms"] / 1000))
+        print(f"== {scope}: {d['digest']}, set by {d['applied_by']} at {when} from "
+              f"{d['source']}\n{d['text'].rstrip()}")
+    return 0
+
+
+def _scope_args(parser: argparse.ArgumentParser) -> None:
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--default", action="store_true", help="everyone's policy")
+    which.add_argument("--tenant", help="one tenant's policy (added to the default)")
+    which.add_argument("--key", help="one API key's policy (added to its tenant's)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    policies = sub.add_parser("policies", help="content policies: safety lists, PII "
+                                               "redaction, the prompt cache; set live")
+    psub = policies.add_subparsers(dest="policies_command", required=True)
+    set_ = psub.add_parser("set", help="validate a policy file and publish it for a scope")
+    _scope_args(set_)
+    set_.add_argument("file", help="a policy (TOML; see conveyor/policy/rules.py)")
+    set_.add_argument("--dry-run", action="store_true", help="validate only")
+    set_.set_defaults(func=cmd_policies_set)
+    clear = psub.add_parser("clear", help="remove a scope's policy")
+    _scope_args(clear)
+    clear.set_defaults(func=cmd_policies_clear)
+    show = psub.add_parser("show", help="the policies set, or what applies to a tenant")
+    show.add_argument("--tenant", help="what applies to this tenant's requests")
+    show.add_argument("--key", help="with --tenant: to this key's requests")
+    show.add_argument("--json", action="store_true", help="as JSON")
+    show.set_defaults(func=cmd_policies_show)

@@ -1,0 +1,430 @@
+"""Level 1 of the content policy: keyword and pattern lists, on a text or on a stream.
+
+A :class:`TermList` holds a policy's lists, each under a category ("violence",
+"custom", ...): literal *terms* and regular-expression *patterns*.
+:meth:`TermList.first` and :meth:`TermList.all` check a whole text (a request's
+input); a :class:`StreamScanner` checks an answer as it streams. A
+:class:`Match` names the category and the term or pattern as configured, with
+offsets into the text as given.
+
+Decisions:
+
+* **Terms match whole words, case-insensitively.** The character before a match
+  and the one after must not be a letter or digit (``str.isalnum``) or a
+  combining mark (so "cafe" is not found in a decomposed "café", nor a Hindi
+  word in a longer one through its vowel signs): "ass" is found in "ass," and
+  "ASS", never in "class" or "assess". The text's edges count as boundaries.
+* **Whitespace is loose.** A term's whitespace is one space, and any run of
+  whitespace in the text (spaces, tabs, newlines) matches it: "how to make a
+  bomb" catches "how to make  a\\nbomb". A term's own leading and trailing
+  whitespace is dropped.
+* **Folding keeps offsets.** Text and terms are folded a character at a time,
+  each character to its NFKC compatibility form (fullwidth "ＫＩＬＬ", "①")
+  and then to lower case, each step kept only where it gives one character, so
+  every offset in the folded text is one in the original: "İ" (whose lower case
+  is two characters) stays "İ", the ligature "ﬁ" stays "ﬁ". Final sigma folds to
+  σ. Plain ASCII text takes ``str.lower`` directly.
+* **Not caught**: "STRASSE" for "Straße" (lower case, not case folding),
+  decomposed accents against composed ones ("e" + U+0301 against "é"),
+  ligatures, look-alike letters from other scripts (Cyrillic "а" for Latin "a"),
+  letters spaced out ("k i l l") or joined by zero-width characters, leetspeak.
+  Level 1 is a list, not a classifier.
+* **One Aho-Corasick automaton** holds every term of every category; a term
+  found under two categories (after folding) is reported under the first in
+  sorted order. Of two matches the earlier start wins, then the shorter, then
+  the category and term in sorted order. :meth:`TermList.all` reports every
+  occurrence of every term, overlapping ones included.
+* **Patterns** are Python regexes compiled with ``re.IGNORECASE`` and run on the
+  original text (no folding, no whitespace rule, no word rule: the author
+  writes ``\\b`` where wanted). :meth:`TermList.all` reports each pattern's
+  non-overlapping matches. A pattern that does not compile, or that matches the
+  empty string (at the start of a few probe texts: ``x*``, ``\\b``, ``(?=a)``),
+  is refused with ValueError; an empty match that a pattern finds anyway is
+  ignored.
+* **Streams hold back as little as they can.** Text is released once no match
+  can include it whatever comes next. For terms that is exact: only a tail that
+  begins a term at a word boundary is held (at most the longest term, counted
+  in folded characters where a run of whitespace is one), and a whole term at
+  the very end waits for the next character to show it is a whole word. A
+  regex cannot say where a match might begin, so with patterns the last
+  ``PATTERN_SPAN - 1`` characters are held (one more while a match that long
+  touches the end). A pattern match found in a stream is final once text
+  follows it: a lookahead beyond the next character, or ``$`` before a final
+  newline, may see it differently than the whole answer would (``\\Z`` waits for
+  the end). A pattern match longer than ``PATTERN_SPAN`` is reported on a whole
+  text, but a stream may release its beginning before its end arrives.
+  :attr:`TermList.window` is the bound: the longest term, or ``PATTERN_SPAN``
+  with patterns (not one less: a whole term at the end is held until the next
+  character). Held text is measured in folded characters, so a held run of
+  whitespace inside a term counts one however long it is. As look-behind a
+  stream keeps the last character it released (the last ``PATTERN_SPAN`` with
+  patterns, for ``\b`` and regex look-behinds).
+* **A stream stops at the first match it can decide.** A longer term that began
+  earlier and is still incomplete is not waited for. Offsets of a stream's
+  match count from the beginning of the stream; each feed scans what is held
+  and the new text, never the whole answer again.
+
+Speed (measured once with timeit, one core, CPython 3.11): 1,000 terms of one to
+three words against a 2,000-character text, :meth:`TermList.first` or
+:meth:`TermList.all`, 30-60 µs for ASCII text (the more runs of whitespace, the
+slower), about 35 µs for non-ASCII text already in NFKC form, about 80 µs for
+text that is not (a no-break space is enough: it is folded through a table);
+two patterns add about 45 µs. Building the list takes about 2 ms. A stream fed
+4 characters at a time costs about 3 µs a feed with terms, 16 µs with patterns
+(which hold back 255 characters to rescan).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from bisect import bisect_right
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
+
+import ahocorasick
+
+__all__ = ["PATTERN_SPAN", "Match", "StreamScanner", "TermList"]
+
+PATTERN_SPAN = 256
+
+_SPACES = re.compile(r"\s(?:\s+|(?<=[^ ]))")
+_FINAL_SIGMA, _SIGMA = "ς", "σ"
+_DOTTED_I = "\u0130"
+_TABLE_SIZE = 65_536
+_PROBES = ("", "a", "0", " ", "\n", "-", "aB 0_c.-\n")
+
+
+@dataclass(frozen=True)
+class Match:
+    """A term or pattern found: as configured, and where (offsets into the text as
+    given; in a stream, from the beginning of the stream)."""
+
+    category: str
+    term: str
+    start: int
+    end: int
+
+
+class _Entry(NamedTuple):
+    length: int
+    category: str
+    term: str
+
+
+class _Pattern(NamedTuple):
+    category: str
+    source: str
+    regex: re.Pattern[str]
+
+
+_Hit = tuple[int, int, _Entry]
+
+
+@dataclass(frozen=True)
+class _Folded:
+    """A text folded for terms, and the way back to the original's offsets."""
+
+    text: str
+    marks: tuple[int, ...] = (0,)
+    origins: tuple[int, ...] = (0,)
+
+    def origin(self, index: int) -> int:
+        k = bisect_right(self.marks, index) - 1
+        return self.origins[k] + index - self.marks[k]
+
+    def match(self, hit: _Hit) -> Match:
+        start, end, entry = hit
+        return Match(entry.category, entry.term, self.origin(start), self.origin(end - 1) + 1)
+
+
+class TermList:
+    """Built once per policy (it is cached by the caller); immutable; thread-safe to read."""
+
+    def __init__(self, terms: Mapping[str, Iterable[str]] | None = None,
+                 patterns: Mapping[str, Iterable[str]] | None = None) -> None:
+        terms = terms or {}
+        patterns = patterns or {}
+        self._categories = tuple(sorted({*terms, *patterns}))
+        self._automaton, self._longest = _automaton(terms)
+        self._patterns = _compile_all(patterns)
+        self._context = PATTERN_SPAN if self._patterns else 1
+
+    @property
+    def empty(self) -> bool:
+        return self._automaton is None and not self._patterns
+
+    @property
+    def window(self) -> int:
+        """The most a stream holds back: the longest term, or PATTERN_SPAN with patterns."""
+        return max(self._longest, PATTERN_SPAN if self._patterns else 0)
+
+    @property
+    def categories(self) -> tuple[str, ...]:
+        return self._categories
+
+    def first(self, text: str) -> Match | None:
+        """The earliest match in ``text``, or None."""
+        found = [self._first_term(text), *(_first(p, text) for p in self._patterns)]
+        return min((m for m in found if m is not None), key=_order, default=None)
+
+    def all(self, text: str) -> list[Match]:
+        """Every match in ``text``, ordered by start."""
+        found: list[Match] = []
+        if self._automaton is not None:
+            folded = _fold(text)
+            found.extend(map(folded.match, self._hits(folded.text, False, False)))
+        for pattern in self._patterns:
+            found.extend(_every(pattern, text))
+        return sorted(found, key=_order)
+
+    def _first_term(self, text: str) -> Match | None:
+        if self._automaton is None:
+            return None
+        folded = _fold(text)
+        hit = self._earliest(self._hits(folded.text, False, False))
+        return None if hit is None else folded.match(hit)
+
+    def _hits(self, norm: str, after_word: bool, open_end: bool) -> Iterator[_Hit]:
+        """Whole-word hits in folded text, by end; ``open_end``: none that end it."""
+        size = len(norm)
+        for last, entry in self._automaton.iter(norm):
+            end = last + 1
+            start = end - entry.length
+            if open_end and end == size:
+                continue
+            if _clear_before(norm, start, after_word) and (end == size or not _word(norm[end])):
+                yield start, end, entry
+
+    def _earliest(self, hits: Iterator[_Hit]) -> _Hit | None:
+        best: _Hit | None = None
+        for hit in hits:
+            if best is not None and hit[1] - self._longest >= best[0]:
+                break
+            if best is None or hit[:2] < best[:2]:
+                best = hit
+        return best
+
+    def _open_start(self, norm: str, after_word: bool) -> int:
+        """Where the earliest tail of ``norm`` that later text could make a term begins."""
+        size = len(norm)
+        for i in range(max(0, size - self._longest), size):
+            if _clear_before(norm, i, after_word) and self._automaton.match(norm[i:]):
+                return i
+        return size
+
+    def _decide(self, before: str, text: str, final: bool) -> tuple[Match | None, int]:
+        """For a stream: the first match in ``text`` that later text cannot change, or
+        None and where the text that must still be held begins. ``before``: the
+        text released just before it; ``final``: nothing follows."""
+        found: list[Match | None] = []
+        hold = len(text)
+        if self._automaton is not None:
+            match, hold = self._decide_terms(before, text, final)
+            found.append(match)
+        for pattern in self._patterns:
+            match, start = _decide_pattern(pattern, before, text, final)
+            found.append(match)
+            hold = min(hold, start)
+        match = min((m for m in found if m is not None), key=_order, default=None)
+        return match, hold
+
+    def _decide_terms(self, before: str, text: str, final: bool) -> tuple[Match | None, int]:
+        after_word = bool(before) and _word(before[-1])
+        folded = _fold(text)
+        hit = self._earliest(self._hits(folded.text, after_word, not final))
+        match = None if hit is None else folded.match(hit)
+        if final:
+            return match, len(text)
+        start = self._open_start(folded.text, after_word)
+        return match, folded.origin(start) if start < len(folded.text) else len(text)
+
+
+class StreamScanner:
+    """Checks an answer as it streams, so a term split across two chunks is caught,
+    while holding back as little text as it can."""
+
+    def __init__(self, terms: TermList) -> None:
+        self._terms = terms
+        self._held = ""
+        self._before = ""
+        self._offset = 0
+        self._match: Match | None = None
+
+    @property
+    def held(self) -> int:
+        """Characters held back now."""
+        return len(self._held)
+
+    def feed(self, text: str) -> tuple[str, Match | None]:
+        """Appends ``text``: the text safe to release now, and a match or None. After
+        a match every call answers ("", that match)."""
+        if self._match is not None:
+            return "", self._match
+        if self._terms.empty:
+            self._offset += len(text)
+            return text, None
+        return self._check(self._held + text, final=False)
+
+    def flush(self) -> tuple[str, Match | None]:
+        """The end of the stream: what was held, or the text before a match in it."""
+        if self._match is not None:
+            return "", self._match
+        return self._check(self._held, final=True)
+
+    def _check(self, text: str, final: bool) -> tuple[str, Match | None]:
+        match, hold = self._terms._decide(self._before, text, final)
+        if match is not None:
+            return self._stop(text, match)
+        return self._release(text, hold), None
+
+    def _stop(self, text: str, match: Match) -> tuple[str, Match]:
+        self._match = replace(match, start=match.start + self._offset,
+                              end=match.end + self._offset)
+        self._held = ""
+        return text[:match.start], self._match
+
+    def _release(self, text: str, hold: int) -> str:
+        released, self._held = text[:hold], text[hold:]
+        if released:
+            self._offset += len(released)
+            keep = self._terms._context
+            self._before = (self._before + released[-keep:])[-keep:]
+        return released
+
+
+def _order(match: Match) -> tuple[int, int, str, str]:
+    return match.start, match.end, match.category, match.term
+
+
+def _word(char: str) -> bool:
+    return char.isalnum() or (not char.isascii() and unicodedata.category(char)[0] == "M")
+
+
+def _clear_before(norm: str, start: int, after_word: bool) -> bool:
+    return not after_word if start == 0 else not _word(norm[start - 1])
+
+
+class _FoldTable(dict[int, str]):
+    """``str.translate``'s table of folded characters, filled as they are met."""
+
+    def __missing__(self, code: int) -> str:
+        folded = _fold_char(chr(code))
+        if len(self) < _TABLE_SIZE:
+            self[code] = folded
+        return folded
+
+
+def _fold_char(char: str) -> str:
+    compat = unicodedata.normalize("NFKC", char)
+    if len(compat) != 1:
+        compat = char
+    lower = compat.lower()
+    folded = lower if len(lower) == 1 else compat
+    return _SIGMA if folded == _FINAL_SIGMA else folded
+
+
+_FOLDED = _FoldTable()
+
+
+def _lower(text: str) -> str:
+    """``text`` in lower case and NFKC forms, one character for one."""
+    if text.isascii():
+        return text.lower()
+    if unicodedata.is_normalized("NFKC", text):
+        lower = _DOTTED_I.join(part.lower() for part in text.split(_DOTTED_I))
+        return lower.replace(_FINAL_SIGMA, _SIGMA)
+    return text.translate(_FOLDED)
+
+
+def _fold(text: str) -> _Folded:
+    """``text`` folded, each run of whitespace one space, and the offsets back."""
+    lower = _lower(text)
+    if lower.isprintable() and "  " not in lower:
+        return _Folded(lower)
+    pieces: list[str] = []
+    marks, origins = [0], [0]
+    done = size = 0
+    for run in _SPACES.finditer(lower):
+        start, end = run.span()
+        pieces += (lower[done:start], " ")
+        size += start - done + 1
+        done = end
+        if end - start > 1:
+            marks.append(size)
+            origins.append(end)
+    if not pieces:
+        return _Folded(lower)
+    pieces.append(lower[done:])
+    return _Folded("".join(pieces), tuple(marks), tuple(origins))
+
+
+def _listed(category: str, values: Iterable[str], kind: str) -> list[str]:
+    if isinstance(values, str):
+        raise ValueError(f"safety list {category!r}: {kind}s must be a list of strings, "
+                         f"not the string {values!r}")
+    return list(values)
+
+
+def _automaton(terms: Mapping[str, Iterable[str]]) -> tuple[Any, int]:
+    """One automaton for every term (None where there are none), and the longest."""
+    automaton = ahocorasick.Automaton()
+    longest = 0
+    for category in sorted(terms):
+        for term in _listed(category, terms[category], "term"):
+            key = _fold(term).text.strip()
+            if not key:
+                raise ValueError(f"safety list {category!r}: empty term {term!r}")
+            if key not in automaton:
+                automaton.add_word(key, _Entry(len(key), category, term))
+                longest = max(longest, len(key))
+    if not longest:
+        return None, 0
+    automaton.make_automaton()
+    return automaton, longest
+
+
+def _compile_all(patterns: Mapping[str, Iterable[str]]) -> tuple[_Pattern, ...]:
+    return tuple(_Pattern(category, source, _compile(category, source))
+                 for category in sorted(patterns)
+                 for source in _listed(category, patterns[category], "pattern"))
+
+
+def _compile(category: str, source: str) -> re.Pattern[str]:
+    try:
+        regex = re.compile(source, re.IGNORECASE)
+    except re.error as exc:
+        raise ValueError(f"safety list {category!r}: pattern {source!r} does not compile: "
+                         f"{exc}") from exc
+    if any(m.start() == m.end() for probe in _PROBES for m in regex.finditer(probe)):
+        raise ValueError(f"safety list {category!r}: pattern {source!r} can match "
+                         f"the empty string")
+    return regex
+
+
+def _every(pattern: _Pattern, text: str, pos: int = 0) -> Iterator[Match]:
+    for m in pattern.regex.finditer(text, pos):
+        if m.end() > m.start():
+            yield Match(pattern.category, pattern.source, m.start(), m.end())
+
+
+def _first(pattern: _Pattern, text: str) -> Match | None:
+    return next(_every(pattern, text), None)
+
+
+def _decide_pattern(pattern: _Pattern, before: str, text: str,
+                    final: bool) -> tuple[Match | None, int]:
+    """A stream's pattern match that later text cannot change, or None and where
+    the text to hold begins: the last PATTERN_SPAN - 1 characters, or a match as
+    long as PATTERN_SPAN that touches the end."""
+    base = len(before)
+    found = next(_every(pattern, before + text, base), None)
+    if found is not None:
+        found = replace(found, start=found.start - base, end=found.end - base)
+    if found is not None and (final or found.end < len(text)):
+        return found, len(text)
+    hold = len(text) if final else max(0, len(text) - PATTERN_SPAN + 1)
+    if found is not None and found.end - found.start <= PATTERN_SPAN:
+        hold = min(hold, found.start)
+    return None, hold

@@ -1,0 +1,125 @@
+"""Personal data kept out of the log: a request's texts redacted before its
+event is written, the originals put back into its answer on the way out.
+
+The gateway is the one place this can happen: ``conveyor.requests`` is the
+first topic a request reaches, and everything after it (every topic, every
+layer's log line, Redis) sees only placeholders (``<EMAIL_1>``; see
+conveyor/policy/pii.py for what is found). What a request's policy redacts
+(``[pii] redact``) is replaced in every message's content, in the arguments
+of earlier tool calls and in a completion's prompt, one placeholder per
+distinct value across them all, so the model can still tell two addresses
+apart and repeat one.
+
+The originals live only in the memory of the gateway holding the connection
+(:class:`ReplyRestorer`, when the policy says ``restore``): they are put back
+into the answer's text and into its OpenAI chunks as they stream, a
+placeholder split across two replies restored whole. So an answer read any
+other way (a resumed stream, a stored answer, a batch's results, a replay)
+shows the placeholders: nothing that could restore them was ever written.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from conveyor.policy.pii import Redactor, Restorer
+from conveyor.policy.rules import Policy
+from schemas.records import Generation, Message, Reply
+
+__all__ = ["ReplyRestorer", "redact_generation"]
+
+
+def redact_generation(generation: Generation, policy: Policy) -> tuple[Generation, Redactor]:
+    """``generation`` with what ``policy`` redacts replaced, and the redactor
+    (its mapping: placeholder -> original)."""
+    redactor = Redactor(policy.redact, region=policy.region)
+    if generation["kind"] == "completion":
+        prompt = generation["prompt"]
+        return {**generation, "prompt": None if prompt is None else redactor.redact(prompt)}, \
+            redactor
+    return {**generation, "messages": [_message(m, redactor)
+                                       for m in generation["messages"]]}, redactor
+
+
+def _message(message: Message, redactor: Redactor) -> Message:
+    out: Message = {**message, "content": redactor.redact(message["content"])}
+    calls = message.get("tool_calls")
+    if calls:
+        out["tool_calls"] = [{**call, "arguments": redactor.redact(call["arguments"])}
+                             for call in calls]
+    return out
+
+
+class ReplyRestorer:
+    """The originals put back into one answer's replies, in order: the reply's
+    text, and the text in its OpenAI chunk objects (chat deltas' content and
+    tool-call arguments, completions' text), each a stream of its own."""
+
+    def __init__(self, mapping: dict[str, str]) -> None:
+        self._text = Restorer(mapping)
+        self._chunks: dict[tuple[int, str], Restorer] = {}
+        self._mapping = mapping
+
+    def apply(self, reply: Reply) -> Reply:
+        final = reply["kind"] == "final"
+        text = self._text.feed(reply["text"]) + (self._text.flush() if final else "")
+        lines = [self._chunk(line, final) for line in reply["chunk"].split("\n")] \
+            if reply["chunk"] else []
+        if final:
+            lines = self._flushed(lines)
+        return {**reply, "text": text, "chunk": "\n".join(lines)}
+
+    def _restorer(self, field: tuple[int, str]) -> Restorer:
+        found = self._chunks.get(field)
+        if found is None:
+            found = self._chunks[field] = Restorer(self._mapping)
+        return found
+
+    def _chunk(self, line: str, final: bool) -> str:
+        if "<" not in line and not any(r.held for r in self._chunks.values()):
+            return line
+        obj = json.loads(line)
+        for choice in obj.get("choices") or ():
+            delta = choice.get("delta")
+            if delta is None and isinstance(choice.get("text"), str):
+                choice["text"] = self._restorer((0, "text")).feed(choice["text"])
+                continue
+            if not isinstance(delta, dict):
+                continue
+            if isinstance(delta.get("content"), str):
+                delta["content"] = self._restorer((0, "content")).feed(delta["content"])
+            for call in delta.get("tool_calls") or ():
+                function = call.get("function") or {}
+                if isinstance(function.get("arguments"), str):
+                    function["arguments"] = self._restorer(
+                        (int(call.get("index", 0)), "arguments")).feed(function["arguments"])
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+    def _flushed(self, lines: list[str]) -> list[str]:
+        """The held rest of each field, in the last chunk that has choices."""
+        rest = {field: r.flush() for field, r in self._chunks.items()}
+        rest = {field: text for field, text in rest.items() if text}
+        if not rest:
+            return lines
+        for i in range(len(lines) - 1, -1, -1):
+            obj: dict[str, Any] = json.loads(lines[i])
+            if obj.get("choices"):
+                choice = obj["choices"][0]
+                for (index, name), text in rest.items():
+                    _append(choice, index, name, text)
+                lines[i] = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+                break
+        return lines
+
+
+def _append(choice: dict[str, Any], index: int, name: str, text: str) -> None:
+    if name == "text":
+        choice["text"] = (choice.get("text") or "") + text
+        return
+    delta = choice.setdefault("delta", {})
+    if name == "content":
+        delta["content"] = (delta.get("content") or "") + text
+        return
+    delta.setdefault("tool_calls", []).append(
+        {"index": index, "function": {"arguments": text}})

@@ -1,0 +1,57 @@
+"""``POST /v1/moderations`` in OpenAI's shape (gateway/moderations.py): the
+body, and the answer built from the level-1 checks of the caller's policy.
+
+Every OpenAI category is always present (false, score 0), so the official
+client reads any of them; a policy's own category (``custom``, say) is added
+beside them. A level-1 check is certain: a category flagged scores 1.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.openai.fields import Text
+
+__all__ = ["ModerationBody", "OPENAI_CATEGORIES", "moderation_result"]
+
+OPENAI_CATEGORIES = (
+    "harassment", "harassment/threatening", "hate", "hate/threatening", "illicit",
+    "illicit/violent", "self-harm", "self-harm/instructions", "self-harm/intent", "sexual",
+    "sexual/minors", "violence", "violence/graphic",
+)
+_MAX_INPUTS = 32
+_MAX_CHARS = 64_000
+
+
+class TextInput(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text"]
+    text: Annotated[Text, Field(max_length=_MAX_CHARS)]
+
+
+class ModerationBody(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    input: Annotated[Text, Field(max_length=_MAX_CHARS)] | list[
+        Annotated[Text, Field(max_length=_MAX_CHARS)]] | list[TextInput] = Field(
+        description="a text, a list of texts, or text input objects (images are not read)")
+    model: str | None = None
+
+    def texts(self) -> list[str]:
+        if isinstance(self.input, str):
+            return [self.input]
+        return [t if isinstance(t, str) else t.text for t in self.input][:_MAX_INPUTS]
+
+
+def moderation_result(flagged: set[str], known: tuple[str, ...]) -> dict[str, Any]:
+    """One result: ``flagged`` categories true (score 1), every other known one false."""
+    names = list(OPENAI_CATEGORIES) + [c for c in known if c not in OPENAI_CATEGORIES]
+    return {
+        "flagged": bool(flagged),
+        "categories": {name: name in flagged for name in names},
+        "category_scores": {name: 1.0 if name in flagged else 0.0 for name in names},
+        "category_applied_input_types": {name: ["text"] for name in names},
+    }

@@ -1,0 +1,222 @@
+"""Content policies through a real Conveyor with API keys (the scripted engine
+echoing each request's words, one token a chunk): a blocked input for every
+tenant and a tenant's own list, a streamed answer cut before a term split
+across chunks, personal data redacted in every topic and restored in the
+answer, the prompt cache answering with no worker, ``POST /v1/moderations``
+with the openai client; each policy change applied without a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from schemas.codec import default_codec
+from tests.support.auth import ADMIN_TOKEN, SECRET, Replicas
+from tests.support.key_backends import read_topic
+from tests.support.pipeline import Pipeline
+from tests.support.topics import records, traces_of
+
+ECHO = ("--engine", "scripted", "--script", "echo", "--token-delay-ms", "5")
+EMAIL = "jane.roe.7f3a@example.org"
+PHONE = "+44 20 7946 0958"
+CARD = "4111 1111 1111 1111"
+
+
+@pytest.fixture(scope="module")
+def p(services: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
+    made = Pipeline(tmp_path_factory.mktemp("policy-logs"), engine=ECHO,
+                    CONVEYOR_AUTH="keys", CONVEYOR_AUTH_SECRET=SECRET,
+                    CONVEYOR_ADMIN_TOKEN=ADMIN_TOKEN, CONVEYOR_COALESCE_MS="0")
+    try:
+        made.cli("topics")
+        _, made.api_key = Replicas(made, "", "").key(tenant="ops")
+        made.start(workers=1, contexts=2)
+        yield made
+    finally:
+        made.close()
+
+
+def tenant_key(p: Pipeline) -> tuple[str, str]:
+    """A new tenant and the secret of its key."""
+    tenant = f"t{uuid.uuid4().hex[:8]}"
+    _, secret = Replicas(p, "", "").key(tenant=tenant)
+    return tenant, secret
+
+
+def set_policy(p: Pipeline, tmp_path: Path, scope: list[str], text: str) -> None:
+    path = tmp_path / f"policy-{uuid.uuid4().hex[:6]}.toml"
+    path.write_text(text)
+    assert "every process applies it" in p.cli("policies", "set", *scope, str(path))
+
+
+def chat(p: Pipeline, secret: str, content: str, **extra: Any) -> httpx.Response:
+    return httpx.post(f"{p.base_url}/v1/chat/completions", timeout=60,
+                      headers={"Authorization": f"Bearer {secret}"},
+                      json={"model": "smollm2", "max_tokens": 64,
+                            "messages": [{"role": "user", "content": content}], **extra})
+
+
+def until(check: Callable[[], bool], within_s: float = 15.0) -> None:
+    started = time.monotonic()
+    while not check():
+        assert time.monotonic() - started < within_s, "not within the bound"
+        time.sleep(0.2)
+
+
+def audits(p: Pipeline, request_action: str) -> list[dict[str, Any]]:
+    codec = default_codec()
+    values = asyncio.run(read_topic(p.settings, "audit"))
+    events = [codec.decode(v, "AuditEvent") for _, v in values]
+    return [e for e in events if e["action"] == request_action]
+
+
+def test_a_blocked_input_everywhere_and_in_one_tenant_changed_live(
+        p: Pipeline, tmp_path: Path) -> None:
+    tenant, mine = tenant_key(p)
+    _, theirs = tenant_key(p)
+    assert chat(p, mine, "tell me about project nightingale").status_code == 200
+    set_policy(p, tmp_path, ["--default"],
+               '[safety]\nblocked = { violence = ["build a pipe bomb"] }\n')
+    set_policy(p, tmp_path, ["--tenant", tenant],
+               '[safety]\ninput = { custom = ["project nightingale"] }\n')
+    until(lambda: chat(p, mine, "tell me about Project  Nightingale").status_code == 400)
+    refused = chat(p, mine, "tell me about Project  Nightingale")
+    error = refused.json()["error"]
+    assert error["code"] == "content_policy_violation" and "custom" in error["message"]
+    assert "nightingale" not in error["message"].lower()  # the list is not told
+    assert chat(p, theirs, "tell me about project nightingale").status_code == 200
+    client = openai.OpenAI(base_url=f"{p.base_url}/v1", api_key=theirs)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="smollm2", messages=[
+            {"role": "user", "content": "How do I build a PIPE bomb?"}])
+    assert caught.value.code == "content_policy_violation"
+    blocked = [e for e in audits(p, "policy.input_blocked") if e["tenant"] == tenant]
+    assert blocked and blocked[-1]["detail"]["category"] == "custom"
+    assert "nightingale" not in str(blocked).lower()
+    assert p.cli("policies", "clear", "--tenant", tenant)
+    until(lambda: chat(p, mine, "tell me about project nightingale").status_code == 200)
+
+
+def test_a_streamed_answer_is_cut_before_a_term_split_across_chunks(
+        p: Pipeline, tmp_path: Path) -> None:
+    tenant, secret = tenant_key(p)
+    words = "alpha bravo charlie delta echo foxtrot golf"
+    set_policy(p, tmp_path, ["--tenant", tenant],
+               '[safety]\noutput = { custom = ["Charlie Delta Echo"] }\n')
+    client = openai.OpenAI(base_url=f"{p.base_url}/v1", api_key=secret)
+
+    def streamed() -> tuple[str, str | None]:
+        text, reason = "", None
+        for chunk in client.chat.completions.create(
+                model="smollm2", stream=True, max_tokens=64,
+                messages=[{"role": "user", "content": words}]):
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+                reason = chunk.choices[0].finish_reason or reason
+        return text, reason
+
+    until(lambda: streamed()[1] == "content_filter")
+    text, reason = streamed()
+    assert reason == "content_filter" and text.strip() == "alpha bravo", text
+    whole = client.chat.completions.create(model="smollm2", max_tokens=64,
+                                           messages=[{"role": "user", "content": words}])
+    assert whole.choices[0].finish_reason == "content_filter"
+    assert whole.choices[0].message.content.strip() == "alpha bravo"
+    # the term came in several chunks: the check held them back, never sent them
+    chunks = [r for r in asyncio.run(records(p, [p.settings.topic("tokens")]))
+              if b"charlie" in (r.value or b"") or b"delta" in (r.value or b"")]
+    assert len(chunks) >= 2
+    assert [e for e in audits(p, "policy.output_blocked") if e["tenant"] == tenant]
+
+
+def test_personal_data_is_redacted_in_every_topic_and_restored(
+        p: Pipeline, tmp_path: Path) -> None:
+    tenant, secret = tenant_key(p)
+    set_policy(p, tmp_path, ["--tenant", tenant],
+               '[pii]\nredact = ["email", "phone", "card"]\nrestore = true\n')
+    said = f"Write to {EMAIL} or call {PHONE}; my card is {CARD}."
+    client = openai.OpenAI(base_url=f"{p.base_url}/v1", api_key=secret)
+
+    def answered() -> str:
+        return client.chat.completions.create(
+            model="smollm2", max_tokens=64,
+            messages=[{"role": "user", "content": said}]).choices[0].message.content or ""
+
+
+    def probe_redacted() -> bool:  # the gateway has the policy: a probe's address is gone
+        probe = f"probe-{uuid.uuid4().hex[:6]}@example.net"
+        assert chat(p, secret, f"hi {probe}").status_code == 200
+        logged = asyncio.run(records(p, [p.settings.topic("requests")]))
+        return not any(probe.encode() in (r.value or b"") for r in logged)
+
+    until(probe_redacted)
+    assert answered() == said
+    text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model="smollm2", max_tokens=64, stream=True,
+        messages=[{"role": "user", "content": said}]) if c.choices)
+    assert text.strip() == said
+    leaks = traces_of(p, [EMAIL.encode(), PHONE.encode(), CARD.encode()], logs=True)
+    assert leaks == [], leaks
+    requests = [r.value or b"" for r in asyncio.run(records(p, [p.settings.topic("requests")]))]
+    assert any(b"<EMAIL_1>" in v and b"<PHONE_1>" in v and b"<CARD_1>" in v for v in requests)
+
+
+def test_the_prompt_cache_answers_with_no_worker(p: Pipeline, tmp_path: Path) -> None:
+    tenant, secret = tenant_key(p)
+    _, other = tenant_key(p)
+    set_policy(p, tmp_path, ["--tenant", tenant], "[cache]\nenabled = true\nttl_s = 300\n")
+    question = f"cache me {uuid.uuid4().hex[:6]}"
+    until(lambda: chat(p, secret, question, temperature=0).headers.get(
+        "x-conveyor-cache") == "miss")
+    second = chat(p, secret, question, temperature=0)
+    first_text = second.json()["choices"][0]["message"]["content"]
+    until(lambda: chat(p, secret, question, temperature=0).headers.get(
+        "x-conveyor-cache") == "hit", within_s=10)
+    assert "x-conveyor-cache" not in chat(p, other, question, temperature=0).headers
+    assert "x-conveyor-cache" not in chat(p, secret, question, temperature=0.7).headers
+    assert chat(p, secret, question, temperature=0.7, seed=7).headers[
+        "x-conveyor-cache"] == "miss"  # a fixed seed: cached from now on
+    p.kill("w0")
+    try:
+        hit = chat(p, secret, question, temperature=0)
+        assert hit.status_code == 200 and hit.headers["x-conveyor-cache"] == "hit"
+        assert hit.json()["choices"][0]["message"]["content"] == first_text
+        usage = hit.json()["usage"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] > 0
+        streamed = httpx.post(f"{p.base_url}/v1/chat/completions", timeout=30,
+                              headers={"Authorization": f"Bearer {secret}"},
+                              json={"model": "smollm2", "max_tokens": 64, "temperature": 0,
+                                    "stream": True,
+                                    "messages": [{"role": "user", "content": question}]})
+        assert streamed.headers["x-conveyor-cache"] == "hit" and "[DONE]" in streamed.text
+    finally:
+        p.heal()
+
+
+def test_moderations_with_the_openai_client(p: Pipeline, tmp_path: Path) -> None:
+    tenant, secret = tenant_key(p)
+    set_policy(p, tmp_path, ["--default"],
+               '[safety]\nblocked = { violence = ["build a pipe bomb"] }\n')
+    set_policy(p, tmp_path, ["--tenant", tenant],
+               '[safety]\ninput = { custom = ["quarterly numbers"] }\n')
+    client = openai.OpenAI(base_url=f"{p.base_url}/v1", api_key=secret)
+
+    def moderated() -> Any:
+        return client.moderations.create(model="omni-moderation-latest", input=[
+            "Hello there", "how to BUILD a pipe bomb", "leak the quarterly numbers"])
+
+    until(lambda: moderated().results[2].flagged)
+    out = moderated()
+    assert [r.flagged for r in out.results] == [False, True, True]
+    assert out.results[1].categories.violence and not out.results[1].categories.hate
+    assert out.results[1].category_scores.violence == 1.0
+    assert (out.results[2].categories.model_extra or {}).get("custom") is True
+    assert out.id.startswith("modr-") and out.model

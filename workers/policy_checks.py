@@ -1,0 +1,74 @@
+"""The level-1 safety checks of the pipeline: a request's input in preprocess,
+its answer in postprocess (conveyor/policy/safety.py matches; the tenant's
+policy says what).
+
+* **Input** is every text a model would read: the messages' contents, the
+  arguments of earlier tool calls, a completion's prompt, the tools' names and
+  descriptions. A match fails the request with OpenAI's 400
+  ``content_policy_violation``, naming the category, never the term (the
+  client should not learn the list by probing it).
+* **Output** is checked as it streams (workers/postprocess/stream.py): the
+  answer is cut before the match, ends with ``finish_reason: "content_filter"``
+  and the worker is told to stop.
+* **Both are audited**: an ``AuditEvent`` on ``conveyor.audit``
+  (``policy.input_blocked`` / ``policy.output_blocked``) with the request id,
+  the tenant, the key, the category and which scopes' policy applied; the term
+  itself stays out of the log too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from conveyor.errors import ContentPolicyViolation
+from conveyor.policy.rules import Policy
+from conveyor.policy.safety import Match, TermList
+from conveyor.settings import Settings
+from schemas.records import AuditEvent, Envelope, Generation
+from topics.catalog import AUDIT
+from topics.envelope import now_ms
+from workers.outputs import Output
+
+__all__ = ["blocked_input", "input_refusal", "policy_audit"]
+
+
+def _texts(generation: Generation) -> Iterator[str]:
+    if generation["kind"] == "completion":
+        yield generation["prompt"] or ""
+        return
+    for message in generation["messages"]:
+        yield message["content"]
+        for call in message.get("tool_calls") or ():
+            yield call["arguments"]
+    tools = generation.get("tools")
+    for function in tools["functions"] if tools else ():
+        yield f"{function['name']} {function['description']}"
+
+
+def blocked_input(terms: TermList, generation: Generation) -> Match | None:
+    """The first match of ``terms`` in what the model would read, or None."""
+    if terms.empty:
+        return None
+    for text in _texts(generation):
+        found = terms.first(text)
+        if found is not None:
+            return found
+    return None
+
+
+def input_refusal(match: Match) -> ContentPolicyViolation:
+    return ContentPolicyViolation(
+        f"The request was blocked by the content policy (category: {match.category}).",
+        param="messages")
+
+
+def policy_audit(settings: Settings, envelope: Envelope, action: str, match: Match,
+                 policy: Policy, layer: str) -> Output:
+    """The audit event of a block (key = tenant)."""
+    event = AuditEvent(ts_ms=now_ms(), action=action, tenant=envelope["tenant"],
+                       key_id=envelope["key_id"], hash_prefix="", actor=layer,
+                       reason=f"content policy: {match.category}",
+                       request_id=envelope["request_id"],
+                       detail={"category": match.category,
+                               "scopes": ",".join(policy.scopes) or "default"})
+    return Output(AUDIT.at(settings), "AuditEvent", event, key=envelope["tenant"] or layer)

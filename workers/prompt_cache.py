@@ -1,0 +1,181 @@
+"""The exact prompt cache: a repeated request answered without a worker.
+
+* **What is cached.** An answer that would be the same again: temperature 0
+  or a fixed seed, without logprobs (they are the engine's, of one run). The
+  key is the tenant, the model preprocess resolved (a canary's deployment
+  included), the prompt's fingerprint, and everything else that shapes the
+  text: the kind, every sampling field, the answer's budget, the
+  response_format and the tools. Tenants never share an entry.
+* **Who writes it.** Preprocess names the key in the task's ``Prompt``
+  (``cache_key``, ``cache_ttl_s``) when the request's policy turns the cache
+  on (conveyor/policy/rules.py). The infer worker that finishes the answer
+  (``stop`` or ``length``; never a cancelled, failed or handed-off one) writes
+  the whole raw text, as the engine made it, with the model that answered and
+  the token counts. A worker that continues an answer after another's death
+  writes the whole answer too: it holds the text already sent.
+* **Who answers from it.** Preprocess, on a hit, writes the answer to
+  ``conveyor.tokens`` itself as one chunk (worker id ``cache``), so
+  postprocess shapes it like any answer (stop sequences, tool calls, the
+  output's safety check, usage with every prompt token ``cached_tokens``) and
+  the log holds it: ``conveyor inspect`` shows it, replay reproduces it. A
+  streamed answer arrives at once. The reply says ``cached``, and the gateway
+  answers with ``x-conveyor-cache: hit`` (``miss`` when the cache was asked
+  and had nothing).
+* **Bounds.** Each entry lives ``cache_ttl_s`` (the policy's, 600 s by
+  default); a tenant keeps at most ``MAX_ENTRIES`` (the oldest written are
+  dropped first, from a sorted set per tenant) and an answer longer than
+  ``MAX_TEXT_CHARS`` is not kept.
+* **Redis is a cache here too.** A lookup or a write that fails (Redis down,
+  or slow past ``_TIMEOUT_S``) is a miss, logged at most every 10 s; a flush
+  empties the cache and changes no answer. Nothing in it is personal data the
+  policy redacts: the gateway replaced it before preprocess saw the prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from conveyor.settings import Settings
+from schemas.records import ChunkHeader, Envelope, Generation, Prompt, TokenChunk
+from schemas.tools import reads_tool_calls
+from topics.backoff import RateLimitedLog
+
+__all__ = ["CACHE_WORKER", "Cached", "PromptCache", "cache_key", "cacheable", "hit_chunk"]
+
+log = logging.getLogger(__name__)
+
+CACHE_WORKER = "cache"
+MAX_ENTRIES = 10_000
+MAX_TEXT_CHARS = 200_000
+_TIMEOUT_S = 0.25
+
+
+def cacheable(generation: Generation) -> bool:
+    """Whether the answer would be the same again: greedy or seeded, no logprobs."""
+    sampling = generation["sampling"]
+    return not sampling.get("logprobs") and (
+        sampling["temperature"] <= 0 or sampling.get("seed") is not None)
+
+
+def cache_key(tenant: str, model: str, prompt_fingerprint: str,
+              generation: Generation, max_tokens: int) -> str | None:
+    """The key of a request's answer, or None when its answer may differ again."""
+    if not cacheable(generation):
+        return None
+    sampling = generation["sampling"]
+    shape = [generation["kind"], model, prompt_fingerprint, max_tokens,
+             {k: v for k, v in sorted(sampling.items()) if k != "max_tokens"},
+             generation.get("response_format"), generation.get("tools")]
+    digest = hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode())
+    return f"{tenant}:{digest.hexdigest()[:40]}"
+
+
+@dataclass(frozen=True)
+class Cached:
+    text: str
+    tokens: int
+    finish_reason: str
+    model: str
+
+    def value(self) -> str:
+        return json.dumps({"text": self.text, "tokens": self.tokens,
+                           "finish_reason": self.finish_reason, "model": self.model},
+                          ensure_ascii=False)
+
+    @classmethod
+    def parse(cls, raw: bytes | str) -> Cached | None:
+        try:
+            data: dict[str, Any] = json.loads(raw)
+            return cls(str(data["text"]), int(data["tokens"]), str(data["finish_reason"]),
+                       str(data["model"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+class PromptCache:
+    """Entries under ``{prefix}:cache:{tenant}:{digest}``, each tenant's written
+    times in ``{prefix}:cache-index:{tenant}``."""
+
+    def __init__(self, settings: Settings, redis: aioredis.Redis | None = None) -> None:
+        self.settings = settings
+        self._redis = redis
+        self._owned = redis is None
+        self._problems = RateLimitedLog(log)
+
+    @property
+    def redis(self) -> aioredis.Redis:
+        if self._redis is None:
+            self._redis = aioredis.from_url(self.settings.redis_url,
+                                            socket_timeout=_TIMEOUT_S * 4,
+                                            socket_connect_timeout=_TIMEOUT_S * 4)
+        return self._redis
+
+    def _entry(self, key: str) -> str:
+        return f"{self.settings.topic_prefix}:cache:{key}"
+
+    def _index(self, key: str) -> str:
+        return f"{self.settings.topic_prefix}:cache-index:{key.split(':', 1)[0]}"
+
+    async def get(self, key: str) -> Cached | None:
+        try:
+            raw = await asyncio.wait_for(self.redis.get(self._entry(key)), _TIMEOUT_S)
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._problems.warning("get", "prompt cache: Redis failed (%r); a miss", exc)
+            return None
+        return None if raw is None else Cached.parse(raw)
+
+    async def put(self, key: str, entry: Cached, ttl_s: int) -> bool:
+        """Keep ``entry`` (whether it was kept); the tenant's oldest beyond
+        ``MAX_ENTRIES`` are dropped."""
+        if len(entry.text) > MAX_TEXT_CHARS or ttl_s <= 0:
+            return False
+        entry_key, index = self._entry(key), self._index(key)
+        now = time.time()
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.set(entry_key, entry.value(), ex=ttl_s)
+                pipe.zadd(index, {entry_key: now})
+                pipe.zremrangebyscore(index, "-inf", now - ttl_s)
+                pipe.expire(index, ttl_s)
+                pipe.zcard(index)
+                *_, size = await asyncio.wait_for(pipe.execute(), _TIMEOUT_S * 4)
+            if int(size) > MAX_ENTRIES:
+                oldest = await self.redis.zpopmin(index, int(size) - MAX_ENTRIES)
+                members = [entry[0] for entry in oldest if isinstance(entry, tuple | list)]
+                if members:
+                    await self.redis.delete(*members)
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._problems.warning("put", "prompt cache: Redis failed (%r); not kept", exc)
+            return False
+        return True
+
+    async def close(self) -> None:
+        if self._owned and self._redis is not None:
+            await self._redis.aclose()
+            self._redis = None
+
+
+def hit_chunk(envelope: Envelope, generation: Generation, prompt: Prompt,
+              cached: Cached) -> TokenChunk:
+    """The whole cached answer as the one chunk of a run, as a worker writes it."""
+    header = ChunkHeader(kind=generation["kind"], model=cached.model,
+                         created=generation["created"], stop=generation["sampling"]["stop"],
+                         stream=generation["stream"],
+                         include_usage=generation["include_usage"],
+                         prompt_tokens=prompt["tokens"], tool_calls=reads_tool_calls(generation),
+                         logprobs=False)
+    return TokenChunk(envelope=envelope, seq=0, text=cached.text, tokens=cached.tokens,
+                      finish_reason=cached.finish_reason, worker_id=CACHE_WORKER,
+                      header=header, error=None, run_start=0,
+                      run_id=CACHE_WORKER + hashlib.sha256(
+                          envelope["request_id"].encode()).hexdigest()[:7],
+                      cached_tokens=prompt["tokens"], logprobs=[])
