@@ -164,7 +164,7 @@ async def _collaborators(app: FastAPI, settings: Settings, gateway_id: str,
     if settings.auth != "none":
         _identity(app, settings, redis, audit, gateway_id, health)
     app.state.background_responses = BackgroundResponses(settings, publisher, board,
-                                                         app.state.admitter)
+                                                         app.state.admitter, policies)
     log.info("gateway %s: reply partition %d", gateway_id, router_.partition)
     try:
         yield

@@ -23,32 +23,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from conveyor.policy.pii import Redactor, Restorer
-from conveyor.policy.rules import Policy
-from schemas.records import Generation, Message, Reply
+from conveyor.policy.pii import Restorer
+from schemas.records import Reply
+from workers.policy_checks import redact_generation
 
 __all__ = ["ReplyRestorer", "redact_generation"]
-
-
-def redact_generation(generation: Generation, policy: Policy) -> tuple[Generation, Redactor]:
-    """``generation`` with what ``policy`` redacts replaced, and the redactor
-    (its mapping: placeholder -> original)."""
-    redactor = Redactor(policy.redact, region=policy.region)
-    if generation["kind"] == "completion":
-        prompt = generation["prompt"]
-        return {**generation, "prompt": None if prompt is None else redactor.redact(prompt)}, \
-            redactor
-    return {**generation, "messages": [_message(m, redactor)
-                                       for m in generation["messages"]]}, redactor
-
-
-def _message(message: Message, redactor: Redactor) -> Message:
-    out: Message = {**message, "content": redactor.redact(message["content"])}
-    calls = message.get("tool_calls")
-    if calls:
-        out["tool_calls"] = [{**call, "arguments": redactor.redact(call["arguments"])}
-                             for call in calls]
-    return out
 
 
 class ReplyRestorer:

@@ -10,6 +10,11 @@ policy says what).
 * **Output** is checked as it streams (workers/postprocess/stream.py): the
   answer is cut before the match, ends with ``finish_reason: "content_filter"``
   and the worker is told to stop.
+* **Personal data** a policy redacts is replaced by :func:`redact_generation`
+  wherever a request enters the log: at the gateway (gateway/pii.py, which
+  also restores it in the answer), and in the jobs layer for a batch's lines,
+  which come from a file, not from a topic (their results keep the
+  placeholders: no process holds the originals).
 * **Both are audited**: an ``AuditEvent`` on ``conveyor.audit``
   (``policy.input_blocked`` / ``policy.output_blocked``) with the request id,
   the tenant, the key, the category and which scopes' policy applied; the term
@@ -21,15 +26,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from conveyor.errors import ContentPolicyViolation
+from conveyor.policy.pii import Redactor
 from conveyor.policy.rules import Policy
 from conveyor.policy.safety import Match, TermList
 from conveyor.settings import Settings
-from schemas.records import AuditEvent, Envelope, Generation
+from schemas.records import AuditEvent, Envelope, Generation, Message
 from topics.catalog import AUDIT
 from topics.envelope import now_ms
 from workers.outputs import Output
 
-__all__ = ["blocked_input", "input_refusal", "policy_audit"]
+__all__ = ["blocked_input", "input_refusal", "policy_audit", "redact_generation"]
 
 
 def _texts(generation: Generation) -> Iterator[str]:
@@ -72,3 +78,24 @@ def policy_audit(settings: Settings, envelope: Envelope, action: str, match: Mat
                        detail={"category": match.category,
                                "scopes": ",".join(policy.scopes) or "default"})
     return Output(AUDIT.at(settings), "AuditEvent", event, key=envelope["tenant"] or layer)
+
+
+def redact_generation(generation: Generation, policy: Policy) -> tuple[Generation, Redactor]:
+    """``generation`` with what ``policy`` redacts replaced, and the redactor
+    (its mapping: placeholder -> original)."""
+    redactor = Redactor(policy.redact, region=policy.region)
+    if generation["kind"] == "completion":
+        prompt = generation["prompt"]
+        return {**generation, "prompt": None if prompt is None else redactor.redact(prompt)}, \
+            redactor
+    return {**generation, "messages": [_message(m, redactor)
+                                       for m in generation["messages"]]}, redactor
+
+
+def _message(message: Message, redactor: Redactor) -> Message:
+    out: Message = {**message, "content": redactor.redact(message["content"])}
+    calls = message.get("tool_calls")
+    if calls:
+        out["tool_calls"] = [{**call, "arguments": redactor.redact(call["arguments"])}
+                             for call in calls]
+    return out

@@ -23,9 +23,11 @@ import uuid
 from typing import Any
 
 from conveyor.errors import InvalidRequest, RequestError
+from conveyor.policy.rules import PolicyBook
 from conveyor.settings import Settings
 from gateway.auth.types import Identity
 from gateway.jobs.board import JobBoard
+from gateway.pii import redact_generation
 from gateway.publisher import Publisher
 from gateway.responses.objects import new_response_id, response_object
 from schemas.openai.responses import ResponsesRequest
@@ -40,8 +42,9 @@ _RUNNING = ("queued", "in_progress")
 
 class BackgroundResponses:
     def __init__(self, settings: Settings, publisher: Publisher, board: JobBoard,
-                 admitter: Any = None) -> None:
+                 admitter: Any = None, policies: PolicyBook | None = None) -> None:
         self.settings = settings
+        self.policies = policies or PolicyBook()
         self.publisher = publisher
         self.board = board
         self.admitter = admitter
@@ -58,6 +61,11 @@ class BackgroundResponses:
                                                now_ms() + 24 * 3600 * 1000)
             ticket.settle(None, produced=True)
         obj = response_object(response_id, int(time.time()), body, "queued")
+        policy = self.policies.effective(identity.tenant, identity.key_id)
+        if policy.redact:  # before the command and its status are written (gateway/pii.py)
+            generation, redactor = redact_generation(generation, policy)
+            if isinstance(obj.get("instructions"), str):
+                obj["instructions"] = redactor.redact(obj["instructions"])
         status = JobStatus(job_id=response_id, kind="response", tenant=identity.tenant,
                            version=0, ts_ms=now_ms(), object=json.dumps(obj))
         command = JobCommand(job_id=response_id, kind="response", action="create",

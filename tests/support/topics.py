@@ -67,7 +67,7 @@ def traces_of(p: Pipeline, needles: list[bytes], logs: bool = True) -> list[str]
 
     found: list[str] = []
     if logs:
-        for path in p.logs.iterdir():
+        for path in (f for f in p.logs.iterdir() if f.is_file()):
             data = path.read_bytes()
             found += [f"log {path.name}" for n in needles if n in data]
     client = redis.Redis.from_url(p.settings.redis_url)

@@ -32,17 +32,20 @@ from typing import Any
 from aiokafka import TopicPartition
 
 from conveyor.errors import RequestError
+from conveyor.policy.rules import PolicyBook
 from conveyor.registry import Registry
 from conveyor.settings import Settings
 from schemas.codec import EventType
 from schemas.records import Control, ErrorInfo, Generation, JobCommand, Request
 from topics.catalog import CONTROL, JOBS, REQUESTS
 from topics.envelope import PRIORITY_BACKGROUND, PRIORITY_BATCH, new_envelope, now_ms
+from topics.policies import kept_policies
 from workers.job_results import job_event, result_output
 from workers.jobs.dead_commands import DeadCommands
 from workers.jobs.files import JobFiles
 from workers.jobs.lines import parse_lines
 from workers.outputs import Output, Sender
+from workers.policy_checks import redact_generation
 
 __all__ = ["JobsLayer", "request_id_of", "RESPONSE_DEADLINE_MS"]
 
@@ -61,8 +64,12 @@ class JobsLayer:
     source_type: EventType = "JobCommand"
 
     def __init__(self, settings: Settings, files: JobFiles,
-                 registry: Registry | None = None) -> None:
+                 registry: Registry | None = None, policies: PolicyBook | None = None) -> None:
+        """``policies``: a book kept current by the caller; without one the layer
+        follows ``conveyor.policies`` itself while it runs (a batch's lines are
+        redacted here, workers/policy_checks.py)."""
         self.settings = settings
+        self.policies, self._follower = kept_policies(settings, policies)
         self.files = files
         self.registry = registry
         self.source_topic = JOBS.at(settings)
@@ -71,6 +78,8 @@ class JobsLayer:
         self._dead: asyncio.Task[None] | None = None
 
     async def start(self, sender: Sender) -> None:
+        if self._follower is not None:
+            await self._follower.start()
         self._dead = asyncio.create_task(DeadCommands(self.settings, sender).run(),
                                          name="jobs-dead-commands")
 
@@ -79,6 +88,8 @@ class JobsLayer:
             self._dead.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._dead
+        if self._follower is not None:
+            await self._follower.stop()
 
     async def handle(self, command: JobCommand, record: Any) -> list[Output]:
         if command["kind"] == "batch":
@@ -173,6 +184,9 @@ class JobsLayer:
                                 tenant=command["tenant"], key_id=command["key_id"],
                                 deadline_ms=deadline_ms, priority=priority,
                                 job_id=command["job_id"], job_item=item)
+        policy = self.policies.effective(command["tenant"], command["key_id"])
+        if policy.redact:  # a batch line enters the log here (a response did at the gateway)
+            generation, _ = redact_generation(generation, policy)
         return Output(self._requests, "Request", Request(envelope=envelope,
                                                          generation=generation),
                       key=request_id)
