@@ -60,11 +60,12 @@ class Side:
     url: str
     models: dict[bool, str]  # paced? -> model name
     client: httpx.AsyncClient
+    prompt: str = PROMPT
 
     async def one(self, paced: bool) -> Sample:
         body = {
             "model": self.models[paced],
-            "prompt": PROMPT,
+            "prompt": self.prompt,
             "max_tokens": TOKENS,
             "temperature": 0,
             "stream": True,

@@ -46,9 +46,11 @@ Decisions:
   begins a term at a word boundary is held (at most the longest term, counted
   in folded characters where a run of whitespace is one), and a whole term at
   the very end waits for the next character to show it is a whole word. A
-  regex cannot say where a match might begin, so with patterns the last
-  ``PATTERN_SPAN - 1`` characters are held (one more while a match that long
-  touches the end). A pattern match found in a stream is final once text
+  pattern, the ``regex`` module's partial matching says where a match that
+  more text could complete begins, and only from there is text held (at most
+  the last ``PATTERN_SPAN - 1`` characters; one more while a match that long
+  touches the end): ``\\bsk-[a-z0-9]{20,}`` holds "sk-ab" at the end of a piece,
+  not the 255 characters before it. A pattern match found in a stream is final once text
   follows it: a lookahead beyond the next character, or ``$`` before a final
   newline, may see it differently than the whole answer would (``\\Z`` waits for
   the end). A pattern match longer than ``PATTERN_SPAN`` is reported on a whole
@@ -70,8 +72,7 @@ three words against a 2,000-character text, :meth:`TermList.first` or
 slower), about 35 µs for non-ASCII text already in NFKC form, about 80 µs for
 text that is not (a no-break space is enough: it is folded through a table);
 two patterns add about 45 µs. Building the list takes about 2 ms. A stream fed
-4 characters at a time costs about 3 µs a feed with terms, 16 µs with patterns
-(which hold back 255 characters to rescan).
+4 characters at a time costs about 3 µs a feed with terms.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import ahocorasick
+import regex as regex_module
 
 __all__ = ["PATTERN_SPAN", "Match", "StreamScanner", "TermList"]
 
@@ -117,6 +119,7 @@ class _Pattern(NamedTuple):
     category: str
     source: str
     regex: re.Pattern[str]
+    partial: Any  # the same pattern in the ``regex`` module, which matches partially
 
 
 _Hit = tuple[int, int, _Entry]
@@ -386,7 +389,8 @@ def _automaton(terms: Mapping[str, Iterable[str]]) -> tuple[Any, int]:
 
 
 def _compile_all(patterns: Mapping[str, Iterable[str]]) -> tuple[_Pattern, ...]:
-    return tuple(_Pattern(category, source, _compile(category, source))
+    return tuple(_Pattern(category, source, _compile(category, source),
+                          regex_module.compile(source, regex_module.IGNORECASE))
                  for category in sorted(patterns)
                  for source in _listed(category, patterns[category], "pattern"))
 
@@ -416,15 +420,27 @@ def _first(pattern: _Pattern, text: str) -> Match | None:
 def _decide_pattern(pattern: _Pattern, before: str, text: str,
                     final: bool) -> tuple[Match | None, int]:
     """A stream's pattern match that later text cannot change, or None and where
-    the text to hold begins: the last PATTERN_SPAN - 1 characters, or a match as
-    long as PATTERN_SPAN that touches the end."""
+    the text to hold begins: where a partial match at the end begins (what more
+    text could make a match), or a match that touches the end; never more than
+    the last PATTERN_SPAN - 1 characters."""
     base = len(before)
     found = next(_every(pattern, before + text, base), None)
     if found is not None:
         found = replace(found, start=found.start - base, end=found.end - base)
     if found is not None and (final or found.end < len(text)):
         return found, len(text)
-    hold = len(text) if final else max(0, len(text) - PATTERN_SPAN + 1)
+    if final:
+        return None, len(text)
+    hold = max(_partial_start(pattern, before + text, base), len(text) - PATTERN_SPAN + 1, 0)
     if found is not None and found.end - found.start <= PATTERN_SPAN:
         hold = min(hold, found.start)
     return None, hold
+
+
+def _partial_start(pattern: _Pattern, text: str, base: int) -> int:
+    """Where in ``text[base:]`` a match that more text could complete begins (its
+    length when none can)."""
+    for m in pattern.partial.finditer(text, base, partial=True):
+        if m.partial and m.end() > m.start():
+            return m.start() - base
+    return len(text) - base

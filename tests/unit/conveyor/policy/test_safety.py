@@ -237,13 +237,25 @@ def test_an_empty_list_holds_nothing() -> None:
     assert scanner.flush() == ("", None)
 
 
+def test_a_pattern_holds_only_what_could_begin_a_match() -> None:
+    scanner = StreamScanner(TermList(patterns={"secrets": [r"\bsk-[a-z0-9]{20,64}\b"]}))
+    assert scanner.feed("no secret here, s") == ("no secret here, ", None)
+    assert scanner.feed("ure") == ("sure", None)  # "sure" cannot begin "sk-"
+    assert scanner.feed(" sk-abc") == (" ", None)
+    released, match = scanner.feed("defghijklmnopqrstuvwxyz0 done")
+    assert released == "" and match is not None and match.category == "secrets"
+    long = StreamScanner(TermList(patterns={"cards": [CARD]}))
+    text = "1234-" + "x" * 400
+    assert long.feed(text)[0] == text  # a partial that more text cannot complete
+
+
 def test_a_pattern_split_across_chunks_is_caught_with_stream_offsets() -> None:
     terms = TermList(patterns={"cards": [CARD]})
     scanner = StreamScanner(terms)
     text = "x" * 300 + " card 1234-56"
     released, match = scanner.feed(text)
-    assert released == text[:len(text) - PATTERN_SPAN + 1]
-    assert scanner.held == PATTERN_SPAN - 1
+    assert released == text[:306]  # held: only what more text could make a match
+    assert scanner.held == len("1234-56")
     rest, match = scanner.feed("78 ok")
     assert match == Match("cards", CARD, 306, 315)
     assert released + rest == text[:306]

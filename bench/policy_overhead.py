@@ -1,0 +1,187 @@
+"""What content policies cost on Conveyor's hot path.
+
+One Conveyor with API keys (the upstream fixture, ``conveyor layer``,
+``conveyor infer --engine openai``, one gateway) and two tenants sending the
+same prompt, which holds an email address and a phone number:
+
+- ``plain``: no policy;
+- ``policed``: level 1 on input and output (1,000 terms of two words each, and
+  two patterns) and PII redaction of every entity with restoration, so every
+  request is redacted at the gateway, checked in preprocess, checked chunk by
+  chunk in postprocess and restored at the gateway.
+
+Scenarios (``bench.compare``): ``c1-paced`` (paired TTFT difference,
+policed - plain) and ``c32-unpaced`` (each side's rate). Targets (the issue
+of record): L1 + PII add under 1 ms to TTFT p50 at concurrency 1 and cost
+under 5 % of the unpaced c=32 rate. Level 2 (a classifier) is not built, so
+it has no row.
+
+Before the run, each check's own CPU cost on this prompt is timed in process
+(``check costs``), which says where the added time goes.
+
+    python -m bench.policy_overhead [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import secrets
+import subprocess
+import time
+import timeit
+from pathlib import Path
+
+from bench import compare
+from bench.client import make_client
+from bench.compare import (
+    Comparison,
+    FineCheck,
+    first_success,
+    loop_factory,
+    plan,
+    report_main,
+    staged,
+)
+from bench.harness import BenchError, conveyor_env, repo_root, running, wait_http
+from bench.scenarios import TOKENS, Result, Scenario, Side
+from bench.stats import Check, percentile
+from conveyor.policy.pii import Redactor, Restorer
+from conveyor.policy.rules import parse_policy
+from conveyor.policy.safety import StreamScanner, TermList
+
+__all__ = ["main", "POLICY", "PROMPT"]
+
+PROMPT = ("Write one short sentence about conveyor belts for jane.doe@example.com "
+          "(call +1 415 555 0134 if unsure).")
+TTFT_TARGET_MS = 1.0
+RATE_TARGET = 0.95
+
+
+def policy_text(terms: int = 1000) -> str:
+    words = [f"zq{i:04d} term{i:04d}" for i in range(terms)]
+    quoted = ", ".join(f'"{w}"' for w in words)
+    return (f"[safety]\nblocked = {{ custom = [{quoted}] }}\n"
+            "patterns = { secrets = ['\\bsk-[a-z0-9]{20,}\\b', '\\bAKIA[0-9A-Z]{16}\\b'] }\n"
+            '[pii]\nredact = ["email", "phone", "card", "iban", "ip"]\nrestore = true\n')
+
+
+POLICY = policy_text()
+
+
+def check_costs() -> dict[str, float]:
+    """Microseconds a request of this prompt spends in each check, in process."""
+    doc = parse_policy(POLICY)
+    terms = TermList(doc.blocked, doc.patterns)
+    answer = ["".join(f" word{i}" for i in range(j, j + 1)) for j in range(TOKENS)]
+
+    def redact() -> None:
+        Redactor(("email", "phone", "card", "iban", "ip")).redact(PROMPT)
+
+    def stream_check() -> None:
+        scanner = StreamScanner(terms)
+        for piece in answer:
+            scanner.feed(piece)
+        scanner.flush()
+
+    def restore() -> None:
+        restorer = Restorer({"<EMAIL_1>": "jane.doe@example.com"})
+        for piece in answer:
+            restorer.feed(piece)
+        restorer.flush()
+
+    runs = 2000
+    return {name: 1e6 * min(timeit.repeat(fn, number=runs, repeat=3)) / runs
+            for name, fn in (("redact the prompt (gateway)", redact),
+                             ("check the input (preprocess)", lambda: terms.first(PROMPT)),
+                             ("check 32 streamed pieces (postprocess)", stream_check),
+                             ("restore 32 pieces (gateway)", restore))}
+
+
+def checks(result: Result) -> list[Check]:
+    key = result.scenario.key
+    if key == "c1-paced":
+        added = percentile(result.added_ttft(), 50) * 1000
+        return [FineCheck(key, "added TTFT p50 (policed - plain, paired)", added,
+                          TTFT_TARGET_MS, "<=", "ms")]
+    plain, policed = result.base.rate, result.variant.rate
+    return [Check(key, f"policed rate (>= {RATE_TARGET:.0%} of plain's {plain:.1f})",
+                  policed, round(RATE_TARGET * plain, 1), ">=", "req/s")]
+
+
+POLICIES = Comparison("plain", "policed", "Policy overhead: L1 lists (1,000 terms, 2 patterns) "
+                      "+ PII redaction and restoration vs. no policy", checks, fine=True)
+
+
+def _cli(script: Path, args: list[str], env: dict[str, str]) -> str:
+    done = subprocess.run([str(script), *args], capture_output=True, env=env, timeout=120,
+                          cwd=repo_root())
+    if done.returncode != 0:
+        detail = (done.stderr or done.stdout).decode(errors="replace").strip()[-600:]
+        raise BenchError(f"`conveyor {' '.join(args[:2])}` failed:\n{detail}")
+    return done.stdout.decode()
+
+
+def _key(script: Path, env: dict[str, str], tenant: str) -> str:
+    out = _cli(script, ["keys", "create", "--tenant", tenant, "--name", "bench"], env)
+    secret = out.strip().splitlines()[-1].strip()
+    if not secret.startswith("cvy-"):
+        raise BenchError(f"unexpected output of `conveyor keys create`: {out[:200]}")
+    return secret
+
+
+async def measure(scenarios: list[Scenario], url: str, plain_key: str,
+                  policed_key: str) -> list[Result]:
+    async with make_client() as plain_client, make_client() as policed_client:
+        plain_client.headers["Authorization"] = f"Bearer {plain_key}"
+        policed_client.headers["Authorization"] = f"Bearer {policed_key}"
+        models = {True: "bench-paced", False: "bench-unpaced"}
+        plain = Side("plain", f"{url}/v1/completions", models, plain_client, PROMPT)
+        policed = Side("policed", f"{url}/v1/completions", models, policed_client, PROMPT)
+        await first_success(plain, 90.0)
+        await first_success(policed, 90.0)
+        return await compare.measure(scenarios, plain, policed, POLICIES)
+
+
+def run(quick: bool, upstream_port: int, gateway_port: int) -> list[Result]:
+    costs = check_costs()
+    print("check costs on this prompt, in process (µs a request):")
+    for name, us in costs.items():
+        print(f"  {name:42} {us:8.1f}")
+    with staged(upstream_port, {gateway_port: "gateway"}) as (stage, stack):
+        script, work = stage.script, stage.work
+        prefix = f"benchpolicy{int(time.time())}"
+        url = f"http://127.0.0.1:{gateway_port}"
+        env = {**conveyor_env(topic_prefix=prefix, gateway_port=gateway_port,
+                              models_file=stage.models),
+               "CONVEYOR_AUTH": "keys", "CONVEYOR_AUTH_SECRET": secrets.token_hex(32)}
+        _cli(script, ["topics"], env)
+        plain_key, policed_key = _key(script, env, "plain"), _key(script, env, "policed")
+        policy = work / "policy.toml"
+        policy.write_text(POLICY)
+        _cli(script, ["policies", "set", "--tenant", "policed", str(policy)], env)
+        infer_argv = [str(script), "infer", "--engine", "openai", "--upstream",
+                      stage.upstream_url, "--pool", "bench", "--capacity", "64",
+                      "--worker-id", "bench-0"]
+        stack.enter_context(running("layers", [str(script), "layer"], work, env))
+        stack.enter_context(running("infer", infer_argv, work, env))
+        gateway = stack.enter_context(running("gateway", [str(script), "gateway"], work, env))
+        wait_http(f"{url}/healthz", gateway, 180.0)
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            return runner.run(measure(plan(quick), url, plain_key, policed_key))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.policy_overhead",
+        description="What L1 lists and PII redaction add over no policy.")
+    parser.add_argument("--quick", action="store_true", help="about 5x fewer requests")
+    parser.add_argument("--upstream-port", type=int, default=9120)
+    parser.add_argument("--gateway-port", type=int, default=8120)
+    args = parser.parse_args(argv)
+    report_main("bench.policy_overhead", POLICIES, lambda: run(
+        args.quick, args.upstream_port, args.gateway_port))
+
+
+if __name__ == "__main__":
+    main()
