@@ -4,7 +4,9 @@ policy says what).
 
 * **Input** is every text a model would read: the messages' contents, the
   arguments of earlier tool calls, a completion's prompt, the tools' names and
-  descriptions. A match fails the request with OpenAI's 400
+  descriptions; and, as the conversation's context (level 3), its user turns
+  read as one text, so a term spread over two turns ("how do I build a pipe",
+  then "bomb") is caught as if it were said at once. A match fails the request with OpenAI's 400
   ``content_policy_violation``, naming the category, never the term (the
   client should not learn the list by probing it).
 * **Output** is checked as it streams (workers/postprocess/stream.py): the
@@ -52,13 +54,19 @@ def _texts(generation: Generation) -> Iterator[str]:
 
 
 def blocked_input(terms: TermList, generation: Generation) -> Match | None:
-    """The first match of ``terms`` in what the model would read, or None."""
+    """The first match of ``terms`` in what the model would read, or None: in
+    each text (level 1), then in the conversation's user turns read as one
+    (level 3: a term spread over two turns)."""
     if terms.empty:
         return None
     for text in _texts(generation):
         found = terms.first(text)
         if found is not None:
             return found
+    if generation["kind"] == "chat":
+        turns = [m["content"] for m in generation["messages"] if m["role"] == "user"]
+        if len(turns) > 1:
+            return terms.first("\n".join(turns))
     return None
 
 
