@@ -22,9 +22,10 @@
   answers with ``x-conveyor-cache: hit`` (``miss`` when the cache was asked
   and had nothing).
 * **Bounds.** Each entry lives ``cache_ttl_s`` (the policy's, 600 s by
-  default); a tenant keeps at most ``MAX_ENTRIES`` (the oldest written are
-  dropped first, from a sorted set per tenant) and an answer longer than
-  ``MAX_TEXT_CHARS`` is not kept.
+  default); a tenant keeps at most ``MAX_ENTRIES`` (its entries are indexed by
+  when they expire, in a sorted set per tenant, and those due first are
+  dropped first: with one ``ttl_s`` for the tenant, the oldest written) and an
+  answer longer than ``MAX_TEXT_CHARS`` is not kept.
 * **Redis is a cache here too.** A lookup or a write that fails (Redis down,
   or slow past ``_TIMEOUT_S``) is a miss, logged at most every 10 s; a flush
   empties the cache and changes no answer. Nothing in it is personal data the
@@ -143,11 +144,13 @@ class PromptCache:
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.set(entry_key, entry.value(), ex=ttl_s)
-                pipe.zadd(index, {entry_key: now})
-                pipe.zremrangebyscore(index, "-inf", now - ttl_s)
-                pipe.expire(index, ttl_s)
+                pipe.zadd(index, {entry_key: now + ttl_s})  # scored by when it expires
+                pipe.zremrangebyscore(index, "-inf", now)
                 pipe.zcard(index)
-                *_, size = await asyncio.wait_for(pipe.execute(), _TIMEOUT_S * 4)
+                pipe.zrange(index, -1, -1, withscores=True)
+                *_, size, last = await asyncio.wait_for(pipe.execute(), _TIMEOUT_S * 4)
+            if last:  # the index lives as long as its longest-lived entry
+                await self.redis.pexpireat(index, int(float(last[0][1]) * 1000) + 1000)
             if int(size) > MAX_ENTRIES:
                 oldest = await self.redis.zpopmin(index, int(size) - MAX_ENTRIES)
                 members = [entry[0] for entry in oldest if isinstance(entry, tuple | list)]

@@ -144,7 +144,7 @@ class PostprocessLayer:
                            finish_reason=reason, usage=usage, logprobs=e.logprobs),
                self._usage_output(stream, "completed")]
         if e.stopped_early:
-            cancel = Control(request_id=rid, action="cancel", reason="stop sequence",
+            cancel = Control(request_id=rid, action="cancel", reason=_stopped_by(e),
                              ts_ms=now_ms())
             out.append(Output(self._control, "Control", cancel, key=rid))
         return out
@@ -204,7 +204,7 @@ class PostprocessLayer:
         out.append(self._usage_output(stream, "completed"))
         if e.stopped_early:
             rid = envelope["request_id"]
-            cancel = Control(request_id=rid, action="cancel", reason="stop sequence",
+            cancel = Control(request_id=rid, action="cancel", reason=_stopped_by(e),
                              ts_ms=now_ms())
             out.append(Output(self._control, "Control", cancel, key=rid))
         return out
@@ -264,6 +264,11 @@ class PostprocessLayer:
             deadline = stream.envelope["deadline_ms"]
             if deadline and now > deadline + _EXPIRE_GRACE_MS:
                 self._finish(rid)
+
+
+def _stopped_by(e: Emitted) -> str:
+    """Why postprocess stops a worker that is still generating."""
+    return "content filter" if e.finish_reason == "content_filter" else "stop sequence"
 
 
 def _fallback_header(stream: RequestStream) -> ChunkHeader:

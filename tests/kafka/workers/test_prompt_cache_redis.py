@@ -78,7 +78,7 @@ async def test_an_entry_and_its_index_live_the_ttl(cache: PromptCache, settings:
     ttl = await client.ttl(f"{settings.topic_prefix}:cache:{key}")
     assert 110 <= ttl <= 120
     index_ttl = await client.ttl(f"{settings.topic_prefix}:cache-index:acme")
-    assert 110 <= index_ttl <= 120
+    assert 110 <= index_ttl <= 121  # its longest-lived entry, and a second
 
 
 async def test_a_tenants_oldest_entries_beyond_the_bound_are_dropped(
