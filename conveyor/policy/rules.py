@@ -124,11 +124,11 @@ def parse_policy(text: str, source: str = "the policy") -> PolicyDoc:
     doc = PolicyDoc(blocked=lists["blocked"], input=lists["input"], output=lists["output"],
                     patterns=lists["patterns"], **_pii(data.get("pii", {}), source),
                     **_cache(data.get("cache", {}), source))
-    try:  # every list and pattern builds (a bad regex, an empty term)
-        TermList(_union(doc.blocked, doc.input), doc.patterns)
-        TermList(doc.output)
-    except ValueError as exc:
-        raise ConveyorError(f"{source}: {exc}") from exc
+    for name, lists_ in lists.items():  # every list builds (a bad regex, an empty term)
+        try:
+            TermList(patterns=lists_) if name == "patterns" else TermList(lists_)
+        except ValueError as exc:
+            raise ConveyorError(f"{source}: safety.{name}: {exc}") from exc
     return doc
 
 
