@@ -98,28 +98,52 @@ def cmd_usage(settings: Settings, args: argparse.Namespace) -> int:
         print(f"conveyor usage: {exc}", file=sys.stderr)
         return 2
     try:
-        rows = asyncio.run(_report(settings, args, since, until))
+        rows, ratings = asyncio.run(_report(settings, args, since, until))
     except RequestError as exc:
         print(f"conveyor usage: {exc.message}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(_as_json(args, since, until, rows), indent=2))
+        print(json.dumps({**_as_json(args, since, until, rows),
+                          "ratings": [d.as_dict() for d in ratings]}, indent=2))
     else:
         print(_as_table(args.by, rows))
+        if ratings:
+            print("\n" + _ratings_table(ratings))
     return 0
 
 
 async def _report(settings: Settings, args: argparse.Namespace, since: int,
-                  until: int) -> list[Any]:
+                  until: int) -> tuple[list[Any], list[Any]]:
+    """The usage rows, and the ratings by day (none for one key: ratings are
+    kept per model and deployment)."""
     from workers.usage.ledger import UsageLedger
 
     redis = aioredis.from_url(settings.redis_url)
     try:
         ledger = UsageLedger(settings, redis)
-        return await ledger.report(args.tenant, since_ms=since, until_ms=until, by=args.by,
+        rows = await ledger.report(args.tenant, since_ms=since, until_ms=until, by=args.by,
                                    key_id=args.key_id, model=args.model)
+        ratings = [] if args.key_id is not None else await ledger.ratings(
+            args.tenant, since_ms=since, until_ms=until, model=args.model)
+        return rows, ratings
     finally:
         await redis.aclose()
+
+
+def _ratings_table(days: list[Any]) -> str:
+    """Each day's ratings: in all, per model asked for, per deployment that answered."""
+    lines = [("ratings (UTC day)", "of", "count", "mean")]
+    for d in days:
+        day = dt.datetime.fromtimestamp(d.bucket_start_ms / 1000, tz=dt.UTC).strftime("%Y-%m-%d")
+        lines.append((day, "all", str(d.count), f"{d.mean:+.2f}"))
+        for kind, table in (("model", d.by_model), ("deployment", d.by_deployment)):
+            for name, c in sorted(table.items()):
+                lines.append(("", f"{kind} {name or '(unfinished)'}", str(c["count"]),
+                              f"{c['mean']:+.2f}"))
+    widths = [max(len(line[i]) for line in lines) for i in range(4)]
+    return "\n".join("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(line, widths, strict=True)))
+                     for line in lines)
 
 
 _FIELDS = ("requests", "errors", "prompt_tokens", "completion_tokens", "total_tokens")

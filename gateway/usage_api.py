@@ -11,8 +11,12 @@ minute, the last 30 days by day), ``bucket_width`` ``1m`` or ``1d``
 (default ``1d``). The answer is a list object of buckets, oldest first:
 ``{"object": "list", "tenant", "bucket_width", "data": [{"start_time",
 "end_time", "requests", "errors", "prompt_tokens", "completion_tokens",
-"total_tokens"}]}``. Figures lag the answers by a second or so: they are
-counted from ``conveyor.usage`` by the accounting app.
+"total_tokens"}]}``, and (unless ``key_id`` is given) ``ratings``: the
+answers' ratings by UTC day, each day's latest rating of each request
+(``POST /v1/feedback``), ``{"start_time", "end_time", "count", "mean",
+"by_model": {model: {"count", "mean"}}, "by_deployment": {...}}`` (with
+``model=``: that model's alone). Figures lag the answers by a second or so:
+the accounting app counts them from ``conveyor.usage`` and ``conveyor.feedback``.
 """
 
 from __future__ import annotations
@@ -74,8 +78,15 @@ async def _report(request: Request, tenant: str, start_time: int | None,
     ledger: UsageLedger = request.app.state.usage
     rows = await ledger.report(tenant, since_ms=since_ms, until_ms=until_ms, by=by,
                                key_id=key_id, model=model)
-    return SafeJSONResponse({"object": "list", "tenant": tenant, "bucket_width": bucket_width,
-                             "data": [_bucket(row, width_ms) for row in rows]})
+    out: dict[str, Any] = {"object": "list", "tenant": tenant, "bucket_width": bucket_width,
+                           "data": [_bucket(row, width_ms) for row in rows]}
+    if key_id is None:  # ratings are the tenant's, per model and deployment, not per key
+        days = await ledger.ratings(tenant, since_ms=since_ms, until_ms=until_ms, model=model)
+        out["ratings"] = [{"object": "ratings", "start_time": d.bucket_start_ms // 1000,
+                           "end_time": (d.bucket_start_ms + 86_400_000) // 1000,
+                           "count": d.count, "mean": d.mean, "by_model": d.by_model,
+                           "by_deployment": d.by_deployment} for d in days]
+    return SafeJSONResponse(out)
 
 
 def _bucket(row: UsageRow, width_ms: int) -> dict[str, Any]:

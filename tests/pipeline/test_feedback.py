@@ -6,6 +6,9 @@ as if it did not exist); a score out of range is a 400 naming it."""
 from __future__ import annotations
 
 import asyncio
+import json
+import time
+import uuid
 from collections.abc import Iterator
 
 import httpx
@@ -68,3 +71,36 @@ def test_a_tenant_rates_its_own_answer_and_no_other(replicas: Replicas) -> None:
         -0.5, ["too short"], "It stopped early.")
     assert first["model"] == "smollm2" and first["tenant"] != "" and first["key_id"]
     assert last["score"] == 1.0 and last["ts_ms"] >= first["ts_ms"]
+
+
+def test_ratings_are_counted_latest_per_request_in_usage(replicas: Replicas) -> None:
+    """The accounting app joins each rating to its model and deployment: /v1/usage
+    and `conveyor usage` show each request's latest rating, once."""
+    tenant = f"t{uuid.uuid4().hex[:8]}"
+    _, secret = replicas.key(tenant=tenant)
+    ids = []
+    for _ in range(2):
+        answer = post(replicas, secret, "/v1/chat/completions", {
+            "model": "smollm2", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})
+        assert answer.status_code == 200, answer.text
+        ids.append(answer.json()["id"])
+    for named, score in ((ids[0], -1), (ids[0], 1), (ids[1], 0.5)):
+        assert post(replicas, secret, "/v1/feedback",
+                    {"request_id": named, "score": score}).status_code == 200
+
+    def ratings_now() -> list[dict[str, object]]:
+        usage = httpx.get(f"{replicas.urls[0]}/v1/usage", timeout=10,
+                          headers={"Authorization": f"Bearer {secret}"})
+        assert usage.status_code == 200, usage.text
+        return usage.json()["ratings"]
+
+    deadline = time.monotonic() + 30
+    while not ratings_now() or ratings_now()[-1]["count"] != 2:
+        assert time.monotonic() < deadline, ratings_now()
+        time.sleep(0.3)
+    [day] = ratings_now()
+    assert day["mean"] == 0.75  # the first answer's latest rating (1) and the second's
+    assert day["by_model"] == {"smollm2": {"count": 2, "mean": 0.75}}
+    assert day["by_deployment"] == {"smollm2": {"count": 2, "mean": 0.75}}
+    shown = json.loads(replicas.p.cli("usage", "--tenant", tenant, "--json"))
+    assert shown["ratings"][0]["count"] == 2 and shown["ratings"][0]["mean"] == 0.75

@@ -100,6 +100,7 @@ from workers.usage.flow import hold_flow_until_resumed
 from workers.usage.layout import UsageKeys
 from workers.usage.lookback import ids_before
 from workers.usage.mirror import RedisMirror
+from workers.usage.ratings import RatingCounts, RatingKey, Ratings
 from workers.usage.rows import Counts, RowKey
 
 __all__ = ["AccountingApp", "MIRROR_INTERVAL_S", "FULL_MIRROR_EVERY", "SWEEP_EVERY_MS",
@@ -183,6 +184,18 @@ class AccountingApp:
                                      extra_topic_configs=changelog_configs(replication),
                                      help="row key -> counts (workers/usage/rows.py)")
         self.counter = Counter(self.totals, now_ms, window)
+        # ratings (workers/usage/ratings.py): conveyor.feedback has one partition
+        self.rating_latest = self.app.Table(
+            "feedback-latest", partitions=1, extra_topic_configs=changelog_configs(replication),
+            help="request id -> the rating of it counted (workers/usage/ratings.py)")
+        self.rating_totals = self.app.Table(
+            "feedback-totals", partitions=1, extra_topic_configs=changelog_configs(replication),
+            help="rating row key -> count and score sum (workers/usage/ratings.py)")
+        self.ratings = Ratings(self.rating_latest, self.rating_totals, now_ms)
+        self.feedback_topic = settings.topic("feedback")
+        self.feedback = self.app.topic(self.feedback_topic, key_serializer="raw",
+                                       value_serializer=UsageValueCodec(event_type="Feedback"))
+        self._ratings_swept = 0
         self.source = self.app.topic(self.source_topic, key_serializer="raw",
                                      value_serializer=UsageValueCodec())
         self.dlq = self.app.topic(settings.topic("dlq"), key_serializer="raw",
@@ -202,6 +215,11 @@ class AccountingApp:
                 self.probe.handled(time.perf_counter() - started)
                 yield None
 
+        async def rate(stream: faust.StreamT[Any]) -> AsyncIterator[None]:
+            async for event in stream.events():
+                await self.on_feedback(event)
+                yield None
+
         async def mirror_tick() -> None:
             await self.mirror_once()
 
@@ -216,6 +234,7 @@ class AccountingApp:
                     self.counter.forget(tp.partition)
 
         self.app.agent(self.source, name=f"{app_id}.account")(account)
+        self.app.agent(self.feedback, name=f"{app_id}.rate")(rate)
         self.app.timer(MIRROR_INTERVAL_S, name="usage-mirror")(mirror_tick)
         self.app.on_before_shutdown.connect(close_redis)
         # a member keeps the request ids of the partitions it owns, no others
@@ -245,6 +264,24 @@ class AccountingApp:
                 log.info("usage ledger: %d entries of partition %d past their retention "
                          "dropped", dropped, message.partition)
 
+    async def on_feedback(self, event: Any) -> None:
+        """One rating (workers/usage/ratings.py); a value that is not one is
+        dead-lettered."""
+        message = event.message
+        value = event.value
+        if not isinstance(value, dict):
+            data = value.data if isinstance(value, Undecodable) else message.value
+            error = value.error if isinstance(value, Undecodable) else "an empty value"
+            await self.dead_letter(message, data, error, "Feedback")
+            return
+        counted = self.ratings.count(value, message.partition, message.offset)
+        log.debug("rating of %s by %s: %s", value["request_id"], value["tenant"],
+                  "counted" if counted else "counted before, passed over")
+        now = now_ms()
+        if now - self._ratings_swept >= SWEEP_EVERY_MS:
+            self._ratings_swept = now
+            self.ratings.sweep()
+
     async def read_back(self, partition: int, offset: int) -> None:
         """Read the request ids before ``offset`` back from the usage topic."""
         started = time.perf_counter()
@@ -255,7 +292,8 @@ class AccountingApp:
                  len(self.counter.windows[partition]), self.source_topic, partition, offset,
                  time.perf_counter() - started)
 
-    async def dead_letter(self, message: Any, data: bytes | None, error: str) -> None:
+    async def dead_letter(self, message: Any, data: bytes | None, error: str,
+                          expected: str = "UsageRecord") -> None:
         room = max(0, self.settings.max_event_bytes - _LETTER_OVERHEAD)
         if data is not None and len(data) > room:
             error = f"[value truncated to {room} of {len(data)} bytes] " + error
@@ -265,8 +303,8 @@ class AccountingApp:
                             partition=message.partition, offset=message.offset, key=key,
                             value=data, error=error[:4000], ts_ms=now_ms())
         self.probe.dead_letter()
-        log.warning("usage: a value at %s[%d]@%d is not a UsageRecord (%s); dead-lettered",
-                    message.topic, message.partition, message.offset, error)
+        log.warning("usage: a value at %s[%d]@%d is not a %s (%s); dead-lettered",
+                    message.topic, message.partition, message.offset, expected, error)
         ack = await self.dlq.send(key=key, value=self._codec.encode("DeadLetter", letter))
         await ack
 
@@ -294,6 +332,22 @@ class AccountingApp:
             if value is not None and value["p"] in partitions:
                 yield RowKey.parse(text), Counts.from_value(value)
 
+    def rating_rows(self, texts: Iterable[str] | None
+                    ) -> Iterator[tuple[RatingKey, RatingCounts]]:
+        """The rating rows of ``texts`` (all when None), when this member owns
+        the feedback topic's partition."""
+        owned = any(tp.topic == self.feedback_topic
+                    for tp in self.app.assignor.assigned_actives())
+        if not owned:
+            return
+        if texts is None:
+            items: Iterable[tuple[str, Any]] = list(self.rating_totals.items())
+        else:
+            items = [(t, self.rating_totals.get(t)) for t in texts]
+        for text, value in items:
+            if value is not None:
+                yield RatingKey.parse(text), RatingCounts.from_value(value)
+
     async def mirror_once(self) -> int:
         """One tick: write the changed rows, or all of them when a full pass is due."""
         if not self.ready():
@@ -301,12 +355,16 @@ class AccountingApp:
         self._ticks += 1
         full = self._full_due or self._ticks % FULL_MIRROR_EVERY == 0
         dirty = self.counter.take_dirty()
+        rated = self.ratings.take_dirty()
         # read every value now (no await in between): what is written is one moment
         rows = list(self.rows(None if full else dirty, self.active_partitions()))
+        ratings = list(self.rating_rows(None if full else rated))
         try:
             written = await self.mirror.write(rows)
+            written += await self.mirror.write_ratings(ratings)
         except (RedisError, OSError) as exc:
             self.counter.dirty |= dirty
+            self.ratings.dirty |= rated
             self._full_due = True
             self._problems.warning("mirror", "usage mirror: Redis failed (%r); retrying",
                                    exc)

@@ -13,6 +13,10 @@ bucket start in epoch milliseconds.
   total), ``key:<key id>`` and ``model:<model>``; each value is
   ``"<requests> <errors> <prompt tokens> <completion tokens>"``.
 
+- ``P:ratings:<tenant>:by-day:<B>``: HASH, the ratings of that day
+  (workers/usage/ratings.py): ``tenant``, ``model:<model asked for>`` and
+  ``deployment:<model that answered>``; each value is ``"<count> <score sum>"``.
+
 Every key is written whole with SET/HSET (never INCR), so writing it again
 is harmless and a lost Redis is rebuilt by the next mirror pass. Every key
 expires with its bucket (``PXAT``/``PEXPIREAT`` at bucket start plus the
@@ -24,9 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workers.usage.buckets import Granularity, day_label, month_label
+from workers.usage.ratings import RatingCounts
 from workers.usage.rows import Counts, Dimension
 
-__all__ = ["UsageKeys", "encode_counts", "decode_counts"]
+__all__ = ["UsageKeys", "encode_counts", "decode_counts", "encode_ratings", "decode_ratings"]
 
 
 @dataclass(frozen=True)
@@ -49,10 +54,24 @@ class UsageKeys:
     def field(dim: Dimension, ident: str = "") -> str:
         return "tenant" if dim == "tenant" else f"{dim}:{ident}"
 
+    def ratings(self, tenant: str, day_ms: int) -> str:
+        """The hash of one day's ratings of a tenant."""
+        return f"{self.prefix}:ratings:{tenant}:by-day:{day_ms}"
+
 
 def encode_counts(counts: Counts) -> str:
     return (f"{counts.requests} {counts.errors} {counts.prompt_tokens} "
             f"{counts.completion_tokens}")
+
+
+def encode_ratings(counts: RatingCounts) -> str:
+    return f"{counts.count} {counts.score_sum}"
+
+
+def decode_ratings(text: str | bytes) -> RatingCounts:
+    raw = text.decode() if isinstance(text, bytes) else text
+    count, score_sum = raw.split()
+    return RatingCounts(int(count), float(score_sum))
 
 
 def decode_counts(text: str | bytes) -> Counts:

@@ -25,9 +25,9 @@ from conveyor.errors import InvalidRequest
 from conveyor.settings import Settings
 from topics.envelope import now_ms
 from workers.usage.buckets import DAY_MS, RETENTION_MS, bucket_start, next_bucket
-from workers.usage.layout import UsageKeys, decode_counts
+from workers.usage.layout import UsageKeys, decode_counts, decode_ratings
 
-__all__ = ["UsageLedger", "UsageRow", "ReportBy"]
+__all__ = ["UsageLedger", "UsageRow", "RatingsDay", "ReportBy"]
 
 ReportBy = Literal["minute", "day"]
 
@@ -45,6 +45,38 @@ class UsageRow:
         """For JSON: the fields, and the bucket start as UTC ISO 8601 too."""
         start = dt.datetime.fromtimestamp(self.bucket_start_ms / 1000, tz=dt.UTC)
         return {"bucket_start": start.isoformat().replace("+00:00", "Z"), **asdict(self)}
+
+
+@dataclass(frozen=True)
+class RatingsDay:
+    bucket_start_ms: int
+    count: int
+    mean: float | None
+    by_model: dict[str, dict[str, Any]]
+    by_deployment: dict[str, dict[str, Any]]
+
+    def as_dict(self) -> dict[str, Any]:
+        start = dt.datetime.fromtimestamp(self.bucket_start_ms / 1000, tz=dt.UTC)
+        return {"bucket_start": start.isoformat().replace("+00:00", "Z"), **asdict(self)}
+
+
+def _ratings_day(start: int, fields: dict[Any, Any], model: str | None) -> RatingsDay | None:
+    decoded = {(k.decode() if isinstance(k, bytes) else k): decode_ratings(v)
+               for k, v in fields.items()}
+    by_model = {name.removeprefix("model:"): {"count": c.count, "mean": c.mean}
+                for name, c in decoded.items() if name.startswith("model:") and c.count}
+    by_deployment = {name.removeprefix("deployment:"): {"count": c.count, "mean": c.mean}
+                     for name, c in decoded.items()
+                     if name.startswith("deployment:") and c.count}
+    if model is not None:
+        own = decoded.get(f"model:{model}")
+        if own is None or not own.count:
+            return None
+        return RatingsDay(start, own.count, own.mean, {model: by_model[model]}, {})
+    total = decoded.get("tenant")
+    if total is None or not total.count:
+        return None
+    return RatingsDay(start, total.count, total.mean, by_model, by_deployment)
 
 
 class UsageLedger:
@@ -95,6 +127,32 @@ class UsageLedger:
                                  completion_tokens=counts.completion_tokens,
                                  total_tokens=counts.total_tokens))
         return rows
+
+    async def ratings(self, tenant: str, *, since_ms: int, until_ms: int,
+                      model: str | None = None) -> list[RatingsDay]:
+        """The tenant's ratings by day (workers/usage/ratings.py): each day that
+        has some, with the count and mean score in all, per model asked for and
+        per deployment that answered (with ``model``: that model's alone)."""
+        if until_ms <= since_ms:
+            return []
+        now = now_ms()
+        start = bucket_start(max(since_ms, now - RETENTION_MS["day"]), "day")
+        end = min(until_ms, now + DAY_MS)
+        starts: list[int] = []
+        while start < end:
+            starts.append(start)
+            start = next_bucket(start, "day")
+        if not starts:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for b in starts:
+            pipe.hgetall(self.keys.ratings(tenant, b))
+        days: list[RatingsDay] = []
+        for b, fields in zip(starts, await pipe.execute(), strict=True):
+            day = _ratings_day(b, fields, model)
+            if day is not None:
+                days.append(day)
+        return days
 
     async def used_tokens(self, tenant: str, period: Literal["day", "month"],
                           at_ms: int | None = None) -> int:

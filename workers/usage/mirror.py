@@ -21,7 +21,8 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from workers.usage.buckets import expires_at
-from workers.usage.layout import UsageKeys, encode_counts
+from workers.usage.layout import UsageKeys, encode_counts, encode_ratings
+from workers.usage.ratings import RatingCounts, RatingKey
 from workers.usage.rows import Counts, RowKey
 
 __all__ = ["RedisMirror"]
@@ -46,6 +47,23 @@ class RedisMirror:
                 await pipe.execute()
                 pipe = self.redis.pipeline(transaction=False)
                 expiring.clear()
+        if len(pipe):
+            await pipe.execute()
+        return written
+
+    async def write_ratings(self, rows: Iterable[tuple[RatingKey, RatingCounts]]) -> int:
+        """Write the rating rows (workers/usage/ratings.py); how many."""
+        written = 0
+        pipe = self.redis.pipeline(transaction=False)
+        for key, counts in rows:
+            name = self.keys.ratings(key.tenant, key.day_ms)
+            field = "tenant" if key.dim == "tenant" else f"{key.dim}:{key.ident}"
+            pipe.hset(name, field, encode_ratings(counts))
+            pipe.pexpireat(name, key.expires_ms)
+            written += 1
+            if len(pipe) >= self.batch:
+                await pipe.execute()
+                pipe = self.redis.pipeline(transaction=False)
         if len(pipe):
             await pipe.execute()
         return written
