@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import datetime as dt
 import json
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +53,7 @@ from topics.catalog import (
 )
 from topics.envelope import now_ms
 from topics.lookup import KeyLookup, made_window, parse_since
+from workers.prompt_cache import CACHE_WORKER
 
 __all__ = ["LAYERS", "Found", "Journey", "find_journey", "report", "render", "register"]
 
@@ -237,6 +239,7 @@ def report(journey: Journey, show_content: bool = False) -> dict[str, Any]:
                  "source": f"{f.record['topic']}[{f.record['partition']}]@{f.record['offset']}",
                  "error": last_line(f.record["error"])} for f in journey.letters if f.record],
         "errors": errors,
+        "policy": _policy(request, chunks, final, errors),
         "read": journey.read,
     }
     if show_content and request:
@@ -244,6 +247,28 @@ def report(journey: Journey, show_content: bool = False) -> dict[str, Any]:
         out["prompt"] = gen["prompt"] if gen["kind"] == "completion" else gen["messages"]
         out["text"] = progress.text
     return plain(out)  # type: ignore[no-any-return]
+
+
+_PLACEHOLDER = re.compile(r"<(?:EMAIL|PHONE|CARD|IBAN|IP)_\d+>")
+
+
+def _policy(request: dict[str, Any] | None, chunks: list[dict[str, Any]],
+            final: dict[str, Any] | None, errors: list[dict[str, Any]]) -> list[str]:
+    """What the content policy did to the request (conveyor/policy), read from
+    its events: blocked, its answer filtered, answered from the prompt cache,
+    personal data redacted."""
+    out = [f"input blocked: {e.get('message', '')}" for e in errors
+           if e.get("code") == "content_policy_violation"]
+    if (final or {}).get("finish_reason") == "content_filter":
+        out.append("answer cut by the content filter")
+    if chunks and chunks[0]["worker_id"] == CACHE_WORKER:
+        out.append("answered from the prompt cache")
+    gen = (request or {}).get("generation") or {}
+    texts = [gen.get("prompt") or ""] + [m["content"] for m in gen.get("messages") or []]
+    redacted = {m for text in texts for m in _PLACEHOLDER.findall(text)}
+    if redacted:
+        out.append(f"personal data redacted: {len(redacted)} placeholders")
+    return out
 
 
 def _iso(ms: int) -> str:
@@ -279,6 +304,8 @@ def render(rep: dict[str, Any]) -> str:
     for e in rep["errors"]:
         lines.append(f"error at {e['where']}: " + ", ".join(
             f"{k}={v}" for k, v in e.items() if k != "where" and v is not None))
+    for what in rep.get("policy") or ():
+        lines.append(f"policy: {what}")
     if "prompt" in rep:
         lines.append("prompt: " + json.dumps(rep["prompt"], ensure_ascii=False))
         lines.append("text: " + rep["text"])

@@ -163,6 +163,9 @@ def test_personal_data_is_redacted_in_every_topic_and_restored(
         model="smollm2", max_tokens=64, stream=True,
         messages=[{"role": "user", "content": said}]) if c.choices)
     assert text.strip() == said
+    rid = chat(p, secret, said).headers["x-request-id"]
+    shown = p.cli("inspect", rid, "--show-content")
+    assert "personal data redacted: 3 placeholders" in shown and "<EMAIL_1>" in shown
     leaks = traces_of(p, [EMAIL.encode(), PHONE.encode(), CARD.encode()], logs=True)
     assert leaks == [], leaks
     requests = [r.value or b"" for r in asyncio.run(records(p, [p.settings.topic("requests")]))]
@@ -189,6 +192,8 @@ def test_the_prompt_cache_answers_with_no_worker(p: Pipeline, tmp_path: Path) ->
         hit = chat(p, secret, question, temperature=0)
         assert hit.status_code == 200 and hit.headers["x-conveyor-cache"] == "hit"
         assert hit.json()["choices"][0]["message"]["content"] == first_text
+        shown = p.cli("inspect", hit.headers["x-request-id"])
+        assert "policy: answered from the prompt cache" in shown
         usage = hit.json()["usage"]
         assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] > 0
         streamed = httpx.post(f"{p.base_url}/v1/chat/completions", timeout=30,
