@@ -1,35 +1,48 @@
 """``POST /v1/moderations``: OpenAI's moderation endpoint, answered from the
-same level-1 checks that block a request's input (workers/policy_checks.py),
-under the caller's policy (its tenant's and key's lists on top of the
-default). It runs in the gateway, with no model and no event: a moderation
-is a question about text, not a request to the fleet. An input longer than
+same checks that block a request's input (workers/policy_checks.py), under
+the caller's policy (its tenant's and key's lists on top of the default):
+each list's category, and the level-2 classifier's score as ``harassment``
+(flagged at the policy's threshold, or at 0.8 where none is set; the
+classifier loads on the first moderation, about a second). It runs in the
+gateway, with no served model and no event: a moderation is a question about
+text, not a request to the fleet. An input longer than
 64,000 characters or more than 32 inputs is a 400 (the body's limits).
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 from fastapi import APIRouter, Request
 
+from conveyor.policy.classifier import CATEGORY, classifier
 from gateway.auth.middleware import identity_of
 from gateway.errors import SafeJSONResponse
 from gateway.serving import Serving
 from schemas.openai.moderations import ModerationBody, moderation_result
 
-__all__ = ["moderations_router", "MODERATION_MODEL"]
+__all__ = ["FLAG_THRESHOLD", "moderations_router", "MODERATION_MODEL"]
 
 moderations_router = APIRouter()
 
-MODERATION_MODEL = "conveyor-l1"
+MODERATION_MODEL = "conveyor-policy"
+# where no policy sets level 2's threshold, a moderation flags harassment from here
+FLAG_THRESHOLD = 0.8
 
 
 @moderations_router.post("/v1/moderations", response_model=None)
 async def moderations(body: ModerationBody, request: Request) -> SafeJSONResponse:
     serving: Serving = request.app.state.serving
     identity = identity_of(request)
-    terms = serving.policies.effective(identity.tenant, identity.key_id).input_terms
-    results = [moderation_result({m.category for m in terms.all(text)}, terms.categories)
-               for text in body.texts()]
+    policy = serving.policies.effective(identity.tenant, identity.key_id)
+    terms, texts = policy.input_terms, body.texts()
+    model = await asyncio.to_thread(classifier)
+    scores = await asyncio.to_thread(model.scores, texts)
+    threshold = policy.classifier if policy.classifier is not None else FLAG_THRESHOLD
+    results = [moderation_result({m.category for m in terms.all(text)}
+                                 | ({CATEGORY} if score >= threshold else set()),
+                                 terms.categories, {CATEGORY: round(score, 6)})
+               for text, score in zip(texts, scores, strict=True)]
     return SafeJSONResponse({"id": f"modr-{uuid.uuid4().hex}", "model": MODERATION_MODEL,
                              "results": results})

@@ -9,6 +9,10 @@ policy says what).
   then "bomb") is caught as if it were said at once. A match fails the request with OpenAI's 400
   ``content_policy_violation``, naming the category, never the term (the
   client should not learn the list by probing it).
+* **Level 2**, where the policy sets a threshold, is the classifier's score
+  (conveyor/policy/classifier.py) of what the user wrote; at or above the
+  threshold the request fails as above, under the ``harassment`` category.
+  Answers are not classified (a whole answer is known only once it is sent).
 * **Output** is checked as it streams (workers/postprocess/stream.py): the
   answer is cut before the match, ends with ``finish_reason: "content_filter"``
   and the worker is told to stop.
@@ -25,9 +29,11 @@ policy says what).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 from conveyor.errors import ContentPolicyViolation
+from conveyor.policy.classifier import CATEGORY, classifier
 from conveyor.policy.pii import Redactor
 from conveyor.policy.rules import Policy
 from conveyor.policy.safety import Match, TermList
@@ -37,7 +43,11 @@ from topics.catalog import AUDIT
 from topics.envelope import now_ms
 from workers.outputs import Output
 
-__all__ = ["blocked_input", "input_refusal", "policy_audit", "redact_generation"]
+__all__ = ["CLASSIFIED", "blocked_input", "classified_input", "input_refusal", "policy_audit",
+           "redact_generation"]
+
+# a level-2 match's "term": the classifier, and its score
+CLASSIFIED = "classifier"
 
 
 def _texts(generation: Generation) -> Iterator[str]:
@@ -70,6 +80,27 @@ def blocked_input(terms: TermList, generation: Generation) -> Match | None:
     return None
 
 
+def _conversation(generation: Generation) -> str:
+    if generation["kind"] == "completion":
+        return generation["prompt"] or ""
+    return "\n".join(m["content"] for m in generation["messages"] if m["role"] == "user")
+
+
+async def classified_input(threshold: float, generation: Generation) -> Match | None:
+    """Level 2: the classifier's verdict on what the user wrote (the user turns
+    as one text, or a completion's prompt), a match of its category when it
+    scores at or above ``threshold``. Run in a worker thread (milliseconds of
+    CPU; the model loads on first use)."""
+    text = _conversation(generation)
+    if not text.strip():
+        return None
+    model = await asyncio.to_thread(classifier)
+    score = await asyncio.to_thread(model.score, text)
+    if score < threshold:
+        return None
+    return Match(CATEGORY, f"{CLASSIFIED} {score:.3f}", 0, len(text))
+
+
 def input_refusal(match: Match) -> ContentPolicyViolation:
     return ContentPolicyViolation(
         f"The request was blocked by the content policy (category: {match.category}).",
@@ -84,7 +115,10 @@ def policy_audit(settings: Settings, envelope: Envelope, action: str, match: Mat
                        reason=f"content policy: {match.category}",
                        request_id=envelope["request_id"],
                        detail={"category": match.category,
-                               "scopes": ",".join(policy.scopes) or "default"})
+                               "level": "2" if match.term.startswith(CLASSIFIED) else "1",
+                               "scopes": ",".join(policy.scopes) or "default",
+                               **({"score": match.term.split()[-1]}
+                                  if match.term.startswith(CLASSIFIED) else {})})
     return Output(AUDIT.at(settings), "AuditEvent", event, key=envelope["tenant"] or layer)
 
 

@@ -11,6 +11,7 @@ A policy is a TOML document, set for everyone (``default``), for a tenant
     input = { custom = ["project nightingale"] }      # input only
     output = { custom = ["internal use only"] }       # answers only
     patterns = { secrets = ['\\bsk-[a-z0-9]{20,}\\b'] }  # regexes, both ways
+    classifier = 0.9              # level 2: block input the classifier scores >= 0.9
 
     [pii]                         # personal data replaced before the log sees it
     redact = ["email", "phone", "card", "iban", "ip"]   # [] redacts nothing
@@ -26,9 +27,10 @@ Decisions:
 * **Scopes add up for safety, override for the rest.** The effective policy of
   a request is the default's, then its tenant's, then its key's. Safety lists
   are the union of all three: a tenant adds its own terms and cannot remove the
-  platform's. ``[pii]`` and ``[cache]`` settings are taken field by field from
-  the most specific scope that sets them, so a tenant may switch redaction or
-  the cache off for itself.
+  platform's; the classifier's threshold is the strictest (lowest) one set.
+  ``[pii]`` and ``[cache]`` settings are taken field by field from the most
+  specific scope that sets them, so a tenant may switch redaction or the cache
+  off for itself.
 * **Nothing set means nothing done**: no lists, no redaction, no cache. The
   cache answers without a model, so an operator turns it on (for everyone with
   ``conveyor policies set --default``).
@@ -54,7 +56,7 @@ __all__ = ["DEFAULT_SCOPE", "Policy", "PolicyBook", "PolicyDoc", "key_scope", "p
 
 DEFAULT_SCOPE = "default"
 _MAX_CACHE_TTL_S = 7 * 86_400
-_SECTIONS = {"safety": {"blocked", "input", "output", "patterns"},
+_SECTIONS = {"safety": {"blocked", "input", "output", "patterns", "classifier"},
              "pii": {"redact", "restore", "region"}, "cache": {"enabled", "ttl_s"}}
 
 Lists = dict[str, tuple[str, ...]]  # category -> terms (or patterns)
@@ -76,6 +78,7 @@ class PolicyDoc:
     input: Lists = field(default_factory=dict)
     output: Lists = field(default_factory=dict)
     patterns: Lists = field(default_factory=dict)
+    classifier: float | None = None  # level 2's threshold (conveyor/policy/classifier.py)
     redact: tuple[str, ...] | None = None
     restore: bool | None = None
     region: str | None = None
@@ -89,6 +92,7 @@ class Policy:
 
     input_terms: TermList
     output_terms: TermList
+    classifier: float | None = None  # the strictest threshold of the scopes
     redact: tuple[str, ...] = ()
     restore: bool = True
     region: str = "US"
@@ -121,8 +125,16 @@ def parse_policy(text: str, source: str = "the policy") -> PolicyDoc:
     safety = data.get("safety", {})
     lists = {name: _lists(safety.get(name, {}), f"{source}: safety.{name}")
              for name in ("blocked", "input", "output", "patterns")}
+    threshold = safety.get("classifier")
+    if threshold is not None and not (isinstance(threshold, int | float)
+                                      and not isinstance(threshold, bool)
+                                      and 0 < threshold <= 1):
+        raise ConveyorError(f"{source}: safety.classifier must be a threshold above 0, "
+                            "at most 1")
     doc = PolicyDoc(blocked=lists["blocked"], input=lists["input"], output=lists["output"],
-                    patterns=lists["patterns"], **_pii(data.get("pii", {}), source),
+                    patterns=lists["patterns"],
+                    classifier=None if threshold is None else float(threshold),
+                    **_pii(data.get("pii", {}), source),
                     **_cache(data.get("cache", {}), source))
     for name, lists_ in lists.items():  # every list builds (a bad regex, an empty term)
         try:
@@ -232,6 +244,9 @@ def _combine(docs: list[tuple[str, PolicyDoc]]) -> Policy:
             if value is not None:
                 chosen[name] = value
     every = [doc for _, doc in docs]
+    thresholds = [d.classifier for d in every if d.classifier is not None]
+    if thresholds:
+        chosen["classifier"] = min(thresholds)
     blocked = _union(*(d.blocked for d in every))
     patterns = _union(*(d.patterns for d in every))
     return Policy(

@@ -3,7 +3,8 @@ body, and the answer built from the level-1 checks of the caller's policy.
 
 Every OpenAI category is always present (false, score 0), so the official
 client reads any of them; a policy's own category (``custom``, say) is added
-beside them. A level-1 check is certain: a category flagged scores 1.
+beside them. A level-1 check is certain: a category flagged by a list scores
+1; ``harassment`` carries the level-2 classifier's score.
 """
 
 from __future__ import annotations
@@ -46,12 +47,16 @@ class ModerationBody(BaseModel):
         return [t if isinstance(t, str) else t.text for t in self.input][:_MAX_INPUTS]
 
 
-def moderation_result(flagged: set[str], known: tuple[str, ...]) -> dict[str, Any]:
-    """One result: ``flagged`` categories true (score 1), every other known one false."""
+def moderation_result(flagged: set[str], known: tuple[str, ...],
+                      scores: dict[str, float] | None = None) -> dict[str, Any]:
+    """One result: ``flagged`` categories true, every other known one false;
+    a list's match scores 1, a classifier's score is its own (``scores``)."""
     names = list(OPENAI_CATEGORIES) + [c for c in known if c not in OPENAI_CATEGORIES]
+    given = scores or {}
     return {
         "flagged": bool(flagged),
         "categories": {name: name in flagged for name in names},
-        "category_scores": {name: 1.0 if name in flagged else 0.0 for name in names},
+        "category_scores": {name: max(given.get(name, 0.0), 1.0 if name in flagged else 0.0)
+                            for name in names},
         "category_applied_input_types": {name: ["text"] for name in names},
     }

@@ -216,12 +216,30 @@ def test_moderations_with_the_openai_client(p: Pipeline, tmp_path: Path) -> None
 
     def moderated() -> Any:
         return client.moderations.create(model="omni-moderation-latest", input=[
-            "Hello there", "how to BUILD a pipe bomb", "leak the quarterly numbers"])
+            "Hello there", "how to BUILD a pipe bomb", "leak the quarterly numbers",
+            "you are a worthless fucking idiot"])
 
     until(lambda: moderated().results[2].flagged)
     out = moderated()
-    assert [r.flagged for r in out.results] == [False, True, True]
+    assert [r.flagged for r in out.results] == [False, True, True, True]
     assert out.results[1].categories.violence and not out.results[1].categories.hate
     assert out.results[1].category_scores.violence == 1.0
     assert (out.results[2].categories.model_extra or {}).get("custom") is True
+    # level 2: the classifier's own score, flagged past the default threshold
+    assert out.results[3].categories.harassment
+    assert out.results[3].category_scores.harassment > 0.9
+    assert out.results[0].category_scores.harassment < 0.2
     assert out.id.startswith("modr-") and out.model
+
+
+def test_level_2_blocks_abuse_the_lists_do_not_name(p: Pipeline, tmp_path: Path) -> None:
+    tenant, secret = tenant_key(p)
+    insult = "you are a worthless fucking idiot, answer me"
+    assert chat(p, secret, insult).status_code == 200
+    set_policy(p, tmp_path, ["--tenant", tenant], "[safety]\nclassifier = 0.9\n")
+    until(lambda: chat(p, secret, insult).status_code == 400)
+    error = chat(p, secret, insult).json()["error"]
+    assert error["code"] == "content_policy_violation" and "harassment" in error["message"]
+    assert chat(p, secret, "Tell me about conveyor belts.").status_code == 200
+    [*_, audit] = [e for e in audits(p, "policy.input_blocked") if e["tenant"] == tenant]
+    assert audit["detail"]["level"] == "2" and float(audit["detail"]["score"]) >= 0.9

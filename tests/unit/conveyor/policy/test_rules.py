@@ -50,7 +50,7 @@ def test_the_documented_example_is_a_valid_policy() -> None:
         blocked={"violence": ("how to make a bomb",)},
         input={"custom": ("project nightingale",)},
         output={"custom": ("internal use only",)},
-        patterns={"secrets": (r"\bsk-[a-z0-9]{20,}\b",)},
+        patterns={"secrets": (r"\bsk-[a-z0-9]{20,}\b",)}, classifier=0.9,
         redact=("email", "phone", "card", "iban", "ip"),
         restore=True, region="US", cache=True, cache_ttl_s=600)
 

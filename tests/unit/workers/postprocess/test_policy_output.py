@@ -202,7 +202,7 @@ async def test_a_blocked_answer_ends_with_content_filter_and_is_audited(
     assert audit["action"] == "policy.output_blocked"
     assert (audit["tenant"], audit["key_id"], audit["request_id"]) == ("acme", "k1", "r1")
     assert audit["actor"] == "postprocess"
-    assert audit["detail"] == {"category": "leaks", "scopes": "tenant:acme"}
+    assert audit["detail"] == {"category": "leaks", "level": "1", "scopes": "tenant:acme"}
     assert audit["reason"] == "content policy: leaks"
     audit_output = next(o for o in outputs if o.event_type == "AuditEvent")
     assert audit_output.topic == settings.topic("audit") and audit_output.key == "acme"

@@ -161,7 +161,7 @@ async def test_with_a_sender_the_refusal_is_an_error_reply_and_an_audit(
     assert (audit["tenant"], audit["key_id"], audit["request_id"]) == ("acme", "k1",
                                                                        "r-policy")
     assert audit["actor"] == "preprocess"
-    assert audit["detail"] == {"category": "custom", "scopes": "tenant:acme"}
+    assert audit["detail"] == {"category": "custom", "level": "1", "scopes": "tenant:acme"}
     assert outputs[1].topic == settings.topic("audit") and outputs[1].key == "acme"
     for out in outputs:
         assert "nightingale" not in json.dumps(out.record, default=str).lower()
