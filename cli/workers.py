@@ -50,7 +50,8 @@ def describe(beat: WorkerHeartbeat, settings: Settings, now: int,
         kv_out = {**kv, "prefix_hit_rate": kv["prefix_hits"] / queries if queries else None}
     return {
         "worker_id": beat["worker_id"], "pool": beat["pool"], "engine": beat["engine"],
-        "models": beat["models"], "state": beat["state"],
+        "models": beat["models"], "loaded": beat.get("loaded") or beat["models"],
+        "state": beat["state"],
         "live": beat["state"] == "ready" and age_s <= settings.worker_ttl_s,
         "partitions": beat["partitions"], "capacity": beat["capacity"],
         "running": beat["running"], "queued": beat["queued"], "host": beat["host"],
@@ -90,6 +91,12 @@ def _speed_text(row: dict[str, Any]) -> str:
     return f"{prefill} {tpot}"
 
 
+def _models_text(row: dict[str, Any]) -> str:
+    """The models it serves, those not loaded now in parentheses."""
+    loaded = set(row["loaded"])
+    return ",".join(m if m in loaded else f"({m})" for m in row["models"]) or "-"
+
+
 def _breaker_text(breaker: dict[str, Any]) -> str:
     if breaker["state"] == "open":
         return f"open {breaker['open_for_s']:.0f}s"
@@ -100,10 +107,11 @@ def render(rows: list[dict[str, Any]]) -> str:
     """The table ``conveyor workers`` prints."""
     if not rows:
         return "no worker has sent a heartbeat"
-    header = ("WORKER", "POOL", "ENGINE", "STATE", "LIVE", "RUN/CAP", "QUEUED", "PARTS",
-              "KV", "SPEED", "GPU", "BREAKER", "HOST", "AGE")
+    header = ("WORKER", "POOL", "ENGINE", "MODELS", "STATE", "LIVE", "RUN/CAP", "QUEUED",
+              "PARTS", "KV", "SPEED", "GPU", "BREAKER", "HOST", "AGE")
     lines = [header] + [(
-        r["worker_id"], r["pool"], r["engine"], r["state"], "yes" if r["live"] else "no",
+        r["worker_id"], r["pool"], r["engine"], _models_text(r), r["state"],
+        "yes" if r["live"] else "no",
         f"{r['running']}/{r['capacity']}", str(r["queued"]), str(len(r["partitions"])),
         _kv_text(r["kv"]), _speed_text(r), _gpu_text(r), _breaker_text(r["breaker"]), r["host"],
         f"{r['heartbeat_age_s']:.0f}s")

@@ -293,6 +293,7 @@ class WorkerHeartbeat(TypedDict):
     pool: str
     engine: str
     models: list[str]
+    loaded: NotRequired[list[str]]  # of models, those loaded now; empty: all of them
     state: Literal["ready", "draining", "stopped"]
     partitions: list[int]
     capacity: int

@@ -48,6 +48,8 @@ class Snapshot(NamedTuple):
     # its measured speed (workers/infer/speed.py); None until measured
     prefill_tps: float | None = None
     tpot_ms: float | None = None
+    # of the models it serves, those loaded now (None: all of them)
+    loaded: list[str] | None = None
 
 
 class Heartbeat:
@@ -70,7 +72,8 @@ class Heartbeat:
         gpu_util, gpu_free = gpu_profile()
         record = WorkerHeartbeat(
             worker_id=self.worker_id, pool=self.pool, engine=self.engine, models=self.models,
-            state=self.state, partitions=sorted(now.partitions), capacity=self.capacity,
+            loaded=list(now.loaded or ()), state=self.state,
+            partitions=sorted(now.partitions), capacity=self.capacity,
             running=now.running, queued=now.queued, ts_ms=now_ms(), host=self.host,
             gpu_utilization=gpu_util, gpu_memory_free=gpu_free,
             interactive_running=now.interactive_running, interactive_ms=now.interactive_ms,

@@ -133,6 +133,11 @@ class InferWorker:
         self._beat_now.set()
 
     def models(self) -> list[str]:
+        """The models this worker serves: its engine's (a model set's), else its
+        pool's."""
+        served = getattr(self.engine, "served", None)
+        if served is not None:
+            return sorted(served)
         return sorted(m.name for m in self.registry.models.values() if m.pool == self.pool)
 
     async def run(self) -> None:
@@ -376,7 +381,8 @@ class InferWorker:
                           if r.run.task["envelope"]["priority"] == PRIORITY_INTERACTIVE)
         return Snapshot([tp.partition for tp in self.partitions], len(self.running), 0,
                         interactive, self.interactive_ms, self.engine.kv_state(),
-                        self.speed.prefill_tps, self.speed.tpot_ms)
+                        self.speed.prefill_tps, self.speed.tpot_ms,
+                        getattr(self.engine, "loaded", None))
 
     async def _beat(self, heartbeat: Heartbeat) -> None:
         """One heartbeat, then wait for the next (or an early one)."""

@@ -21,12 +21,12 @@ log = logging.getLogger(__name__)
 W = TypeVar("W")
 
 
-def fall_back(task: Task, open_workers: Callable[[str], list[W]]) -> list[W]:
+def fall_back(task: Task, open_workers: Callable[[str, str], list[W]]) -> list[W]:
     """The workers of the first fallback whose pool has some open to work
-    (``open_workers(pool)``), the task rerouted there; none: unchanged."""
+    (``open_workers(pool, model)``), the task rerouted there; none: unchanged."""
     route = task["route"]
     for fallback in route.get("fallbacks", []):
-        workers = open_workers(fallback["pool"])
+        workers = open_workers(fallback["pool"], fallback["model"])
         if workers:
             log.info("request %s: model %s cannot be served now; %s answers it",
                      task["envelope"]["request_id"], route["model"], fallback["model"])
@@ -37,15 +37,16 @@ def fall_back(task: Task, open_workers: Callable[[str], list[W]]) -> list[W]:
     return []
 
 
-def others_can_take(task: Task, open_workers: Callable[[str], list[W]],
+def others_can_take(task: Task, open_workers: Callable[[str, str], list[W]],
                     worker_id: Callable[[W], str]) -> bool:
     """Whether a task an engine failed before its first token has somewhere
     else to go: an open worker of its pool that has not failed it, or a
     fallback with an open worker. Said in the log either way."""
     route = task["route"]
     failed = list(route.get("failed_workers") or ())
-    others = [w for w in open_workers(route["pool"]) if worker_id(w) not in failed]
-    fallbacks = [f for f in route.get("fallbacks", []) if open_workers(f["pool"])]
+    others = [w for w in open_workers(route["pool"], route["model"])
+              if worker_id(w) not in failed]
+    fallbacks = [f for f in route.get("fallbacks", []) if open_workers(f["pool"], f["model"])]
     failure = route.get("failure")
     log.info("request %s: the engine of worker %s failed before the first token (%s); %s",
              task["envelope"]["request_id"], failed[-1] if failed else "?",

@@ -79,7 +79,13 @@ from workers.schedule.room import (
     out_of_time,
     overloaded,
 )
-from workers.schedule.table import WorkerTable, WorkerView, relative_speeds
+from workers.schedule.table import (
+    WorkerTable,
+    WorkerView,
+    relative_speeds,
+    serves,
+    warm_first,
+)
 
 __all__ = ["ScheduleLayer", "Parked"]
 
@@ -195,7 +201,7 @@ class ScheduleLayer:
         own has no open worker, or has given it no room once it is ``overdue``."""
         check_deadline(task["envelope"], self.clock())
         failed = set(task["route"].get("failed_workers") or ())
-        opened = [w for w in self._open(task["route"]["pool"])
+        opened = [w for w in self._open(task["route"]["pool"], task["route"]["model"])
                   if w.beat["worker_id"] not in failed]
         if (too_big := never_fits(task, opened)) is not None:
             raise too_big
@@ -207,9 +213,10 @@ class ScheduleLayer:
 
         live = roomy(opened)
         if not live and (overdue or not opened):
-            live = fall_back(task, lambda pool: roomy(self._open(pool)))
+            live = fall_back(task, lambda pool, model: roomy(self._open(pool, model)))
         if not live:
             return None
+        live = warm_first(live, task["route"]["model"])
         speed = relative_speeds(opened)  # a faster worker weighs more
         loads = [WorkerLoad(w.beat["worker_id"], self._busy(w), w.beat["capacity"],
                             speed.get(w.beat["worker_id"], 1.0)) for w in live]
@@ -235,9 +242,11 @@ class ScheduleLayer:
                                status=failure["status"], type=failure["type"],
                                param=failure["param"])
 
-    def _open(self, pool: str) -> list[WorkerView]:
-        """The live workers of ``pool`` whose breaker lets work through."""
-        return [w for w in self.table.live(pool) if self.breakers.allows(w.beat["worker_id"])]
+    def _open(self, pool: str, model: str | None = None) -> list[WorkerView]:
+        """The live workers of ``pool`` whose breaker lets work through (with
+        ``model``: those that serve it)."""
+        return [w for w in self.table.live(pool) if self.breakers.allows(w.beat["worker_id"])
+                and (model is None or serves(w, model))]
 
     def _busy(self, view: WorkerView) -> int:
         """A worker's tasks: what its beats tell, never less than what this

@@ -29,7 +29,7 @@ from topics.catalog import WORKERS
 from topics.envelope import now_ms
 from topics.follow import Follower, apply_all, follow
 
-__all__ = ["WorkerTable", "WorkerView", "relative_speeds"]
+__all__ = ["WorkerTable", "WorkerView", "relative_speeds", "serves", "warm_first"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,22 @@ class WorkerView:
 
     def load(self) -> float:
         return self.busy() / max(1, self.beat["capacity"])
+
+
+def serves(view: WorkerView, model: str) -> bool:
+    """Whether the worker serves ``model`` (a worker that names no models serves
+    its pool's)."""
+    models = view.beat["models"]
+    return not models or model in models
+
+
+def warm_first(views: list[WorkerView], model: str) -> list[WorkerView]:
+    """Those of ``views`` that have ``model`` loaded, when any has; else all. A
+    worker that loads lazily says what it has loaded (empty: everything it
+    serves), and a request sent to it cold waits for the load
+    (workers/infer/engines/model_set.py)."""
+    warm = [v for v in views if not v.beat.get("loaded") or model in v.beat["loaded"]]
+    return warm or views
 
 
 def relative_speeds(views: list[WorkerView]) -> dict[str, float]:

@@ -36,7 +36,7 @@ from conveyor.errors import ConveyorError
 from workers.infer.engines.scripted import DEFAULT_TEXT, SCRIPTS, Script, ScriptedEngine
 
 if TYPE_CHECKING:
-    from conveyor.registry import Registry
+    from conveyor.registry import ModelSpec, Registry
     from workers.infer.engines.base import Engine
 
 __all__ = ["ENGINES", "EngineEntry", "EngineFlags", "EngineSetupError", "add_engine_flags",
@@ -98,19 +98,63 @@ def _milliseconds(value: str) -> float:
 _CONTEXTS: dict[str, Any] = {"type": _positive_int, "default": 2}
 
 
+def _model_set_flags(flags: EngineFlags) -> None:
+    flags.add("--models", default=None, metavar="NAMES",
+              help="the pool's models this worker serves, comma-separated, or 'all' "
+                   "(default: the pool's first); see workers/infer/engines/model_set.py")
+    flags.add("--warm", default=None, metavar="NAMES",
+              help="of --models, those loaded at start (default: the first); the others "
+                   "load on their first request")
+    flags.add("--model-budget-mib", type=int, default=0, metavar="MIB",
+              help="memory the loaded models may take (GGUF file and KV cache); the least "
+                   "recently used idle one is evicted to load another (0: no limit)")
+
+
+def _gguf_models(args: argparse.Namespace, registry: Registry) -> list[ModelSpec]:
+    """The pool's models with a GGUF file that this worker serves (``--models``)."""
+    models = [m for m in registry.models.values() if m.pool == args.pool and m.gguf]
+    if not models:
+        raise EngineSetupError(f"no model with a gguf file in pool {args.pool!r}")
+    asked = getattr(args, "models", None)
+    if not asked:
+        return models[:1]
+    if asked == "all":
+        return models
+    by_name = {m.name: m for m in models}
+    names = [n.strip() for n in asked.split(",") if n.strip()]
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise EngineSetupError(f"--models names {', '.join(unknown)}, not a model with a gguf "
+                               f"file in pool {args.pool!r} ({', '.join(by_name)})")
+    return [by_name[n] for n in names]
+
+
+def _served(args: argparse.Namespace, registry: Registry,
+            make: Callable[[ModelSpec], Engine]) -> Engine:
+    """The models this worker serves, an engine each (one, by default): the
+    heartbeat names them, and schedule sends it no other model's requests."""
+    from workers.infer.engines.model_set import ModelSet
+
+    specs = _gguf_models(args, registry)
+    warm = [n.strip() for n in (args.warm or "").split(",") if n.strip()]
+    try:
+        return ModelSet(specs, make, warm=warm, budget_bytes=args.model_budget_mib << 20)
+    except ValueError as exc:
+        raise EngineSetupError(f"--warm: {exc}") from None
+
+
 def _llamacpp_flags(flags: EngineFlags) -> None:
     flags.add("--contexts", **_CONTEXTS,
               help="sequences served at once, each in a llama.cpp context of its own")
     flags.add("--threads", type=_positive_int, default=1, help="threads per context")
+    _model_set_flags(flags)
 
 
 def _llamacpp(args: argparse.Namespace, registry: Registry) -> Engine:
     from workers.infer.engines.llamacpp import LlamaCppEngine
 
-    models = [m for m in registry.models.values() if m.pool == args.pool and m.gguf]
-    if not models:
-        raise EngineSetupError(f"no model with a gguf file in pool {args.pool!r}")
-    return LlamaCppEngine.from_spec(models[0], contexts=args.contexts, n_threads=args.threads)
+    return _served(args, registry, lambda spec: LlamaCppEngine.from_spec(
+        spec, contexts=args.contexts, n_threads=args.threads))
 
 
 def _llamacpp_batch_flags(flags: EngineFlags) -> None:
@@ -126,17 +170,15 @@ def _llamacpp_batch_flags(flags: EngineFlags) -> None:
     flags.add("--max-model-len", type=_positive_int, default=None, metavar="TOKENS",
               help="each sequence's prompt and answer together (default: the model's "
                    "context length)")
+    _model_set_flags(flags)
 
 
 def _llamacpp_batch(args: argparse.Namespace, registry: Registry) -> Engine:
     from workers.infer.engines.llamacpp_batch import LlamaCppBatchEngine
 
-    models = [m for m in registry.models.values() if m.pool == args.pool and m.gguf]
-    if not models:
-        raise EngineSetupError(f"no model with a gguf file in pool {args.pool!r}")
-    return LlamaCppBatchEngine.from_spec(models[0], sequences=args.contexts,
-                                         contexts=args.batches, n_threads=args.threads,
-                                         n_ctx=args.max_model_len)
+    return _served(args, registry, lambda spec: LlamaCppBatchEngine.from_spec(
+        spec, sequences=args.contexts, contexts=args.batches, n_threads=args.threads,
+        n_ctx=args.max_model_len))
 
 
 def _openai_flags(flags: EngineFlags) -> None:

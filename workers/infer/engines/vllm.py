@@ -146,6 +146,11 @@ class VllmEngine:
         self._kv = KvWatch()  # what vLLM's scheduler last said of its KV cache
 
     @property
+    def served(self) -> list[str]:
+        """The one model it serves (the worker's heartbeat names it)."""
+        return [self.spec.name]
+
+    @property
     def running(self) -> int:
         """Generations holding a slot now."""
         return len(self._live)

@@ -171,3 +171,19 @@ def test_interactive_traffic_is_read_from_the_live_workers_beats(table: WorkerTa
     table.apply(beat("w2", pool="gpu", interactive_running=3, interactive_ms=9000))
     table.apply(beat("w3", interactive_running=7, interactive_ms=9999, state="draining"))
     assert table.interactive("cpu") == (1, 5000)
+
+
+def test_a_worker_serves_the_models_it_names_and_is_warm_for_those_it_loaded() -> None:
+    from workers.schedule.table import WorkerView, serves, warm_first
+
+    def view(models: list[str], loaded: list[str]) -> WorkerView:
+        return WorkerView({**beat("w"), "models": models, "loaded": loaded})
+
+    both = view(["a", "b"], ["a"])
+    legacy = view([], [])
+    assert serves(both, "b") and not serves(both, "c") and serves(legacy, "anything")
+    cold_b, warm_b = view(["a", "b"], ["a"]), view(["a", "b"], ["b"])
+    assert warm_first([cold_b, warm_b], "b") == [warm_b]
+    assert warm_first([cold_b], "b") == [cold_b]  # none warm: the cold one loads it
+    every = view(["a", "b"], [])  # names nothing loaded: everything is
+    assert warm_first([cold_b, every], "b") == [every]

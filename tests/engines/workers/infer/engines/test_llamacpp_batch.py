@@ -22,6 +22,7 @@ from conveyor.registry import Registry
 from workers.infer.engines.base import GenerationRequest, Piece
 from workers.infer.engines.llamacpp_batch import LlamaCppBatchEngine, _shares
 from workers.infer.engines.llamacpp_batch_context import Context, Text
+from workers.infer.engines.model_set import ModelSet
 from workers.infer.engines.table import add_engine_flags, engine_named
 
 SEQUENCES = 4
@@ -102,9 +103,14 @@ def test_the_table_reads_sequences_from_contexts_and_contexts_from_batches() -> 
     parser.add_argument("--pool", default="cpu")
     add_engine_flags(parser)
     registry = Registry.load(Path("conveyor/models.toml"))
-    made = engine_named("llamacpp-batch").make(
+    made_set = engine_named("llamacpp-batch").make(
         parser.parse_args(["--contexts", "16", "--batches", "3", "--threads", "2"]), registry)
-    default = engine_named("llamacpp-batch").make(parser.parse_args([]), registry)
+    default_set = engine_named("llamacpp-batch").make(parser.parse_args([]), registry)
+    # the worker's models, an engine each (workers/infer/engines/model_set.py)
+    assert isinstance(made_set, ModelSet) and isinstance(default_set, ModelSet)
+    assert made_set.served == default_set.served == ["smollm2-135m-instruct"]
+    made = made_set.engine_of("smollm2-135m-instruct")
+    default = default_set.engine_of("smollm2-135m-instruct")
 
     assert isinstance(made, LlamaCppBatchEngine) and isinstance(default, LlamaCppBatchEngine)
     assert (made.capacity, made.contexts, made.n_threads) == (16, 3, 2)

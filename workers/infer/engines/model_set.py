@@ -1,0 +1,180 @@
+"""Several models on one worker: loaded warm, lazily, and evicted under a budget.
+
+``conveyor infer --models a,b,c --warm a --model-budget-mib 600`` serves three
+models of the pool from one worker, one engine per model made by the
+worker's engine factory (the llama.cpp engines):
+
+* **Warm** models load at start, before the worker joins its pool.
+* **Lazy** ones load on their first request, in a worker thread: that request
+  waits for the load (its time to the first token says so, a second or two
+  for SmolLM2), and the others go on meanwhile. A load that fails fails that
+  request (an engine error, so schedule's breaker and fallbacks hear of it).
+* **The budget** bounds what is loaded: each model counts its GGUF file's
+  size plus its contexts' KV cache (the engine's own estimate where it has
+  one). Before a model loads, the least recently used idle models are closed
+  until it fits; a model with a generation running is never closed, so a
+  load waits for one to go idle (``0``: no budget, nothing is evicted).
+* **The heartbeat** lists the models the worker serves and those it has
+  loaded; schedule sends a model's requests only to workers that serve it,
+  and to those that have it loaded while one of them has room
+  (workers/schedule/layer.py).
+
+Every engine the set makes must share the flags that say what requests it
+takes (structured outputs, tools, logit bias, logprobs): one factory makes
+them all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, Callable, Sequence
+from dataclasses import dataclass
+
+from conveyor.errors import EngineError
+from conveyor.registry import ModelSpec
+from workers.infer.engines.base import Engine, GenerationRequest, KvState, Piece
+
+__all__ = ["ModelSet"]
+
+log = logging.getLogger(__name__)
+
+_MIB = 1 << 20
+
+
+@dataclass
+class _Loaded:
+    engine: Engine
+    cost: int  # bytes counted against the budget
+    running: int = 0
+
+
+class ModelSet:
+    """One engine per model of ``specs``, made by ``make``; see the module."""
+
+    def __init__(self, specs: Sequence[ModelSpec], make: Callable[[ModelSpec], Engine],
+                 *, warm: Sequence[str] = (), budget_bytes: int = 0,
+                 cost: Callable[[ModelSpec, Engine], int] | None = None) -> None:
+        if not specs:
+            raise ValueError("a model set needs a model")
+        self.specs = {s.name: s for s in specs}
+        self.order = [s.name for s in specs]
+        unknown = [w for w in warm if w not in self.specs]
+        if unknown:
+            raise ValueError(f"warm models {unknown} are not among {self.order}")
+        self.warm = list(warm) or self.order[:1]
+        self.make = make
+        self.budget = budget_bytes
+        self.cost = cost or _file_cost
+        self._loaded: OrderedDict[str, _Loaded] = OrderedDict()  # least recently used first
+        self._lock = asyncio.Lock()  # one load (and its evictions) at a time
+        self._idle = asyncio.Condition()
+        # made (not loaded: an engine loads in start()) to read its flags; the
+        # first load of its model uses it
+        first = make(self.specs[self.warm[0]])
+        self._made: dict[str, Engine] = {self.warm[0]: first}
+        self.name = first.name
+        self.capacity = first.capacity
+        self.constrains_output = first.constrains_output
+        self.decodes_tools = first.decodes_tools
+        self.biases_logits = first.biases_logits
+        self.reports_logprobs = first.reports_logprobs
+        self.loads = 0  # models loaded since start, warm ones included
+        self.evictions = 0
+
+    @property
+    def served(self) -> list[str]:
+        return list(self.order)
+
+    @property
+    def loaded(self) -> list[str]:
+        return list(self._loaded)
+
+    def engine_of(self, name: str) -> Engine | None:
+        """The engine of model ``name``: loaded, or made and not loaded yet."""
+        held = self._loaded.get(name)
+        return held.engine if held is not None else self._made.get(name)
+
+    def kv_state(self) -> KvState | None:
+        """The KV cache of the model used last (the one prefix routing follows)."""
+        if not self._loaded:
+            return None
+        return next(reversed(self._loaded.values())).engine.kv_state()
+
+    async def start(self) -> None:
+        for name in self.warm:
+            await self._load(name)
+
+    async def close(self) -> None:
+        for loaded in list(self._loaded.values()):
+            await loaded.engine.close()
+        self._loaded.clear()
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[Piece, None]:
+        name = request.model if request.model in self.specs else None
+        if name is None:
+            raise EngineError(f"this worker serves {', '.join(self.order)}, not "
+                              f"{request.model}")
+        loaded = await self._load(name)
+        loaded.running += 1
+        try:
+            async for piece in loaded.engine.generate(request):
+                yield piece
+        finally:
+            loaded.running -= 1
+            async with self._idle:
+                self._idle.notify_all()
+
+    async def _load(self, name: str) -> _Loaded:
+        """The model's engine, loaded (and the least recently used idle ones
+        closed to make room) if it is not yet."""
+        held = self._loaded.get(name)
+        if held is not None:
+            self._loaded.move_to_end(name)
+            return held
+        async with self._lock:
+            held = self._loaded.get(name)
+            if held is not None:
+                self._loaded.move_to_end(name)
+                return held
+            spec = self.specs[name]
+            engine = self._made.pop(name, None) or self.make(spec)
+            cost = self.cost(spec, engine)
+            await self._make_room(cost, name)
+            began = time.monotonic()
+            try:
+                await engine.start()
+            except Exception as exc:
+                raise EngineError(f"{name} could not be loaded: {exc}") from exc
+            loaded = self._loaded[name] = _Loaded(engine, cost)
+            self.loads += 1
+            log.info("model %s loaded in %.1f s (%d MiB counted; loaded now: %s)", name,
+                     time.monotonic() - began, cost // _MIB, ", ".join(self._loaded))
+            return loaded
+
+    async def _make_room(self, cost: int, name: str) -> None:
+        """Close idle models, least recently used first, until ``cost`` fits."""
+        if not self.budget:
+            return
+        if cost > self.budget:
+            raise EngineError(f"{name} needs {cost // _MIB} MiB, more than the worker's "
+                              f"model budget of {self.budget // _MIB} MiB")
+        while sum(m.cost for m in self._loaded.values()) + cost > self.budget:
+            idle = next((n for n, m in self._loaded.items() if m.running == 0), None)
+            if idle is None:  # every loaded model is busy: wait for one to finish
+                async with self._idle:
+                    await self._idle.wait()
+                continue
+            gone = self._loaded.pop(idle)
+            await gone.engine.close()
+            self.evictions += 1
+            log.info("model %s evicted to make room for %s", idle, name)
+
+
+def _file_cost(spec: ModelSpec, engine: Engine) -> int:
+    """The model's GGUF file, plus what the engine says its contexts take."""
+    size = spec.gguf_path().stat().st_size if spec.gguf else 0
+    extra = getattr(engine, "memory_bytes", None)
+    return size + (int(extra()) if callable(extra) else 0)
