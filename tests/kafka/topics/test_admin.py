@@ -88,10 +88,11 @@ async def test_created_topics_carry_their_policies_on_the_broker(
         assert config["min.insync.replicas"] == "1", name
         assert all(len(p["replicas"]) == 1 for p in partitions[name]), name
     # state rebuilt by key (worker table, finished jobs, breakers, the registry
-    # applied) is compacted; the event streams are deleted by age
+    # and the content policies applied) is compacted; the event streams are
+    # deleted by age
     compacted = {n for n, c in configs.items() if c["cleanup.policy"] == "compact"}
     assert compacted == {s.topic("workers"), s.topic("job-status"), s.topic("keys"),
-                         s.topic("breakers"), s.topic("models")}
+                         s.topic("breakers"), s.topic("models"), s.topic("policies")}
     # a worker's last heartbeat is never deleted by age, only replaced
     assert int(configs[s.topic("workers")]["retention.ms"]) == -1
     # a retry continues from conveyor.tokens: it must outlive a task's claim
