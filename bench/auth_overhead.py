@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import secrets
-import subprocess
 import time
 from pathlib import Path
 
@@ -41,9 +40,9 @@ from bench import compare
 from bench.client import make_client
 from bench.compare import (
     Comparison,
-    FineCheck,
     first_success,
     loop_factory,
+    paired_checks,
     plan,
     report_main,
     staged,
@@ -51,12 +50,11 @@ from bench.compare import (
 from bench.harness import (
     BenchError,
     conveyor_env,
-    repo_root,
+    run_cli,
     running,
     wait_http,
 )
 from bench.scenarios import PROMPT, TOKENS, Result, Scenario, Side
-from bench.stats import Check, percentile
 from conveyor.settings import load_settings
 
 __all__ = ["main"]
@@ -112,37 +110,18 @@ async def measure(scenarios: list[Scenario], open_url: str, keyed_url: str,
 # Targets
 
 
-def checks(result: Result) -> list[Check]:
-    key = result.scenario.key
-    if key == "c1-paced":
-        added = percentile(result.added_ttft(), 50) * 1000
-        return [FineCheck(key, "added TTFT p50 (keys - none, paired)", added, TTFT_TARGET_MS,
-                          "<=", "ms")]
-    open_rate, keyed_rate = result.base.rate, result.variant.rate
-    return [Check(key, f"keys rate (>= {RATE_TARGET:.0%} of none's {open_rate:.1f})",
-                  keyed_rate, round(RATE_TARGET * open_rate, 1), ">=", "req/s")]
-
-
 AUTH = Comparison("none", "keys", "Auth overhead: CONVEYOR_AUTH=keys (key + tenant limits) vs. "
-                  "none", checks, fine=True)
+                  "none", paired_checks("none", "keys", TTFT_TARGET_MS, RATE_TARGET),
+                  fine=True)
 
 
 # Processes
 
 
-def _cli(script: Path, args: list[str], env: dict[str, str]) -> str:
-    done = subprocess.run([str(script), *args], capture_output=True, env=env, timeout=120,
-                          cwd=repo_root())
-    if done.returncode != 0:
-        detail = (done.stderr or done.stdout).decode(errors="replace").strip()[-600:]
-        raise BenchError(f"`conveyor {' '.join(args[:2])}` failed:\n{detail}")
-    return done.stdout.decode()
-
-
 def make_key(script: Path, env: dict[str, str]) -> tuple[str, str]:
     """The tenant's limits, then a key with its own: (key id, secret)."""
-    _cli(script, ["tenants", "set", TENANT, *TENANT_LIMITS], env)
-    out = _cli(script, ["keys", "create", "--tenant", TENANT, "--name", "bench",
+    run_cli(script, ["tenants", "set", TENANT, *TENANT_LIMITS], env)
+    out = run_cli(script, ["keys", "create", "--tenant", TENANT, "--name", "bench",
                         *KEY_LIMITS], env).strip().splitlines()
     created = next((line for line in out if line.startswith("created ")), "")
     if not created or not out[-1].startswith("cvy-"):

@@ -81,6 +81,25 @@ class FineCheck(Check):
         return "-" if math.isnan(self.value) else f"{self.value:.2f} {self.unit}"
 
 
+def paired_checks(base: str, variant: str, ttft_target_ms: float, rate_target: float
+                  ) -> Callable[[Result], list[Check]]:
+    """The checks of a comparison of two Conveyor configurations (``plan``): the
+    paired TTFT difference at c=1 and the variant's share of the base's c=32 rate."""
+
+    def checks(result: Result) -> list[Check]:
+        key = result.scenario.key
+        if key == "c1-paced":
+            added = percentile(result.added_ttft(), 50) * 1000
+            return [FineCheck(key, f"added TTFT p50 ({variant} - {base}, paired)", added,
+                              ttft_target_ms, "<=", "ms")]
+        base_rate, variant_rate = result.base.rate, result.variant.rate
+        return [Check(key, f"{variant} rate (>= {rate_target:.0%} of {base}'s "
+                      f"{base_rate:.1f})", variant_rate, round(rate_target * base_rate, 1),
+                      ">=", "req/s")]
+
+    return checks
+
+
 # -- the stage every comparison starts from -----------------------------------------
 
 

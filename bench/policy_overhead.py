@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import secrets
-import subprocess
 import time
 import timeit
 from pathlib import Path
@@ -36,16 +35,15 @@ from bench import compare
 from bench.client import make_client
 from bench.compare import (
     Comparison,
-    FineCheck,
     first_success,
     loop_factory,
+    paired_checks,
     plan,
     report_main,
     staged,
 )
-from bench.harness import BenchError, conveyor_env, repo_root, running, wait_http
+from bench.harness import BenchError, conveyor_env, run_cli, running, wait_http
 from bench.scenarios import TOKENS, Result, Scenario, Side
-from bench.stats import Check, percentile
 from conveyor.policy.classifier import classifier
 from conveyor.policy.pii import Redactor, Restorer
 from conveyor.policy.rules import parse_policy
@@ -102,32 +100,13 @@ def check_costs() -> dict[str, float]:
                               lambda: model.score(PROMPT)))}
 
 
-def checks(result: Result) -> list[Check]:
-    key = result.scenario.key
-    if key == "c1-paced":
-        added = percentile(result.added_ttft(), 50) * 1000
-        return [FineCheck(key, "added TTFT p50 (policed - plain, paired)", added,
-                          TTFT_TARGET_MS, "<=", "ms")]
-    plain, policed = result.base.rate, result.variant.rate
-    return [Check(key, f"policed rate (>= {RATE_TARGET:.0%} of plain's {plain:.1f})",
-                  policed, round(RATE_TARGET * plain, 1), ">=", "req/s")]
-
-
 POLICIES = Comparison("plain", "policed", "Policy overhead: L1 lists (1,000 terms, 2 patterns) "
-                      "+ PII redaction and restoration vs. no policy", checks, fine=True)
-
-
-def _cli(script: Path, args: list[str], env: dict[str, str]) -> str:
-    done = subprocess.run([str(script), *args], capture_output=True, env=env, timeout=120,
-                          cwd=repo_root())
-    if done.returncode != 0:
-        detail = (done.stderr or done.stdout).decode(errors="replace").strip()[-600:]
-        raise BenchError(f"`conveyor {' '.join(args[:2])}` failed:\n{detail}")
-    return done.stdout.decode()
+                      "+ PII redaction and restoration vs. no policy",
+                      paired_checks("plain", "policed", TTFT_TARGET_MS, RATE_TARGET), fine=True)
 
 
 def _key(script: Path, env: dict[str, str], tenant: str) -> str:
-    out = _cli(script, ["keys", "create", "--tenant", tenant, "--name", "bench"], env)
+    out = run_cli(script, ["keys", "create", "--tenant", tenant, "--name", "bench"], env)
     secret = out.strip().splitlines()[-1].strip()
     if not secret.startswith("cvy-"):
         raise BenchError(f"unexpected output of `conveyor keys create`: {out[:200]}")
@@ -159,11 +138,11 @@ def run(quick: bool, upstream_port: int, gateway_port: int) -> list[Result]:
         env = {**conveyor_env(topic_prefix=prefix, gateway_port=gateway_port,
                               models_file=stage.models),
                "CONVEYOR_AUTH": "keys", "CONVEYOR_AUTH_SECRET": secrets.token_hex(32)}
-        _cli(script, ["topics"], env)
+        run_cli(script, ["topics"], env)
         plain_key, policed_key = _key(script, env, "plain"), _key(script, env, "policed")
         policy = work / "policy.toml"
         policy.write_text(POLICY)
-        _cli(script, ["policies", "set", "--tenant", "policed", str(policy)], env)
+        run_cli(script, ["policies", "set", "--tenant", "policed", str(policy)], env)
         infer_argv = [str(script), "infer", "--engine", "openai", "--upstream",
                       stage.upstream_url, "--pool", "bench", "--capacity", "64",
                       "--worker-id", "bench-0"]

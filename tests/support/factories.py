@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from schemas.records import Generation, Message, Request
 from topics.envelope import new_envelope
 
-__all__ = ["generation", "request"]
+__all__ = ["Record", "generation", "request"]
 
 
 def generation(
@@ -57,3 +58,13 @@ def request(messages: list[Message] | None = None, *, request_id: str = "r1",
         "envelope": new_envelope(request_id, reply_gateway="g", reply_partition=0),
         "generation": generation(messages, **fields),  # type: ignore[arg-type]
     }
+
+
+@dataclass
+class Record:
+    """Where a layer's event was read from: what its handler looks at of a
+    consumed record."""
+
+    topic: str
+    partition: int
+    offset: int

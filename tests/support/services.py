@@ -7,6 +7,26 @@ them, where the chaos benchmark finds them too."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
+import redis.asyncio as aioredis
+
+from conveyor.settings import Settings
 from infra.services import OwnKafka, OwnRedis, free_port
 
-__all__ = ["OwnRedis", "OwnKafka", "free_port"]
+__all__ = ["OwnRedis", "OwnKafka", "free_port", "prefix_redis"]
+
+
+@contextlib.asynccontextmanager
+async def prefix_redis(settings: Settings) -> AsyncIterator[aioredis.Redis]:
+    """A client of the shared Redis, and every key of ``settings``' prefix
+    deleted after it."""
+    client = aioredis.from_url(settings.redis_url)
+    try:
+        yield client
+    finally:
+        keys = [k async for k in client.scan_iter(match=f"{settings.topic_prefix}:*")]
+        if keys:
+            await client.delete(*keys)
+        await client.aclose()

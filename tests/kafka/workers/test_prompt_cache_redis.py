@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 
 import workers.prompt_cache as prompt_cache
 from conveyor.settings import Settings
+from tests.support.services import prefix_redis
 from workers.prompt_cache import MAX_TEXT_CHARS, Cached, PromptCache
 
 ENTRY = Cached(text="Kafka is a distributed log. «ü»", tokens=9, finish_reason="stop",
@@ -28,14 +29,8 @@ def settings(services: None) -> Settings:
 @pytest.fixture
 async def client(settings: Settings) -> AsyncIterator[aioredis.Redis]:
     """A client of its own, and every key of the test's prefix deleted after it."""
-    client = aioredis.from_url(settings.redis_url)
-    try:
+    async with prefix_redis(settings) as client:
         yield client
-    finally:
-        keys = [k async for k in client.scan_iter(match=f"{settings.topic_prefix}:*")]
-        if keys:
-            await client.delete(*keys)
-        await client.aclose()
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 
 from conveyor.errors import InvalidRequest
 from conveyor.settings import Settings
+from tests.support.services import prefix_redis
 from topics.envelope import now_ms
 from workers.usage import UsageLedger, UsageRow
 from workers.usage.buckets import DAY_MS, MINUTE_MS, Granularity, bucket_start, expires_at
@@ -32,14 +33,9 @@ def settings(services: None) -> Settings:
 
 @pytest.fixture
 async def redis(settings: Settings) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.from_url(settings.redis_url)
-    try:
+    """A client of its own, and every key of the test's prefix deleted after it."""
+    async with prefix_redis(settings) as client:
         yield client
-    finally:
-        keys = [k async for k in client.scan_iter(match=f"{settings.topic_prefix}:*")]
-        if keys:
-            await client.delete(*keys)
-        await client.aclose()
 
 
 def rows() -> list[tuple[RowKey, Counts]]:

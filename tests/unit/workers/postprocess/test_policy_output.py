@@ -6,7 +6,6 @@ term; and an answer from the prompt cache says so in its replies."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -16,7 +15,7 @@ from conveyor.policy.safety import Match, StreamScanner, TermList
 from conveyor.settings import Settings
 from schemas.codec import default_codec
 from schemas.records import ChunkHeader, Prompt, TokenChunk
-from tests.support.factories import generation
+from tests.support.factories import Record, generation
 from topics.envelope import new_envelope
 from workers.outputs import Output
 from workers.postprocess import PostprocessLayer
@@ -129,13 +128,6 @@ def test_the_held_tail_is_released_at_the_finish() -> None:
 
 OUTPUT_POLICY = '[safety]\noutput = { leaks = ["internal use only"] }\n'
 SECRET = "internal use only"
-
-
-@dataclass
-class Record:
-    topic: str
-    partition: int
-    offset: int
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 import pytest
@@ -12,18 +11,12 @@ from aiokafka import TopicPartition
 from conveyor.settings import Settings
 from schemas.codec import default_codec
 from schemas.records import ChunkHeader, ErrorInfo, TokenChunk
+from tests.support.factories import Record
 from topics.envelope import new_envelope
 from workers.outputs import Output
 from workers.postprocess import PostprocessLayer
 
 REPLY_PARTITION = 3
-
-
-@dataclass
-class Record:
-    topic: str
-    partition: int
-    offset: int
 
 
 @pytest.fixture

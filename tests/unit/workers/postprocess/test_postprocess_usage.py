@@ -3,14 +3,13 @@ the real codec (every output is encoded and decoded again)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 from aiokafka import TopicPartition
 
 from conveyor.settings import Settings
 from schemas.codec import default_codec
 from schemas.records import ChunkHeader, ErrorInfo, TokenChunk, UsageRecord
+from tests.support.factories import Record
 from topics.envelope import new_envelope, now_ms
 from workers.outputs import Output
 from workers.postprocess import PostprocessLayer
@@ -18,13 +17,6 @@ from workers.postprocess import PostprocessLayer
 TENANT = "acme"
 KEY_ID = "key-7"
 ENTERED_US = 1_790_000_000_123_456
-
-
-@dataclass
-class Record:
-    topic: str
-    partition: int
-    offset: int
 
 
 @pytest.fixture
