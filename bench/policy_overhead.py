@@ -126,7 +126,8 @@ async def measure(scenarios: list[Scenario], url: str, plain_key: str,
         return await compare.measure(scenarios, plain, policed, POLICIES)
 
 
-def run(quick: bool, upstream_port: int, gateway_port: int) -> list[Result]:
+def run(quick: bool, upstream_port: int, gateway_port: int, control: bool = False
+        ) -> list[Result]:
     costs = check_costs()
     print("check costs on this prompt, in process (µs a request):")
     for name, us in costs.items():
@@ -140,9 +141,12 @@ def run(quick: bool, upstream_port: int, gateway_port: int) -> list[Result]:
                "CONVEYOR_AUTH": "keys", "CONVEYOR_AUTH_SECRET": secrets.token_hex(32)}
         run_cli(script, ["topics"], env)
         plain_key, policed_key = _key(script, env, "plain"), _key(script, env, "policed")
-        policy = work / "policy.toml"
-        policy.write_text(POLICY)
-        run_cli(script, ["policies", "set", "--tenant", "policed", str(policy)], env)
+        if control:  # an A/A run: the comparison's own noise, no policy on either side
+            print("--control: no policy is set; both sides are plain tenants")
+        else:
+            policy = work / "policy.toml"
+            policy.write_text(POLICY)
+            run_cli(script, ["policies", "set", "--tenant", "policed", str(policy)], env)
         infer_argv = [str(script), "infer", "--engine", "openai", "--upstream",
                       stage.upstream_url, "--pool", "bench", "--capacity", "64",
                       "--worker-id", "bench-0"]
@@ -161,9 +165,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="about 5x fewer requests")
     parser.add_argument("--upstream-port", type=int, default=9120)
     parser.add_argument("--gateway-port", type=int, default=8120)
+    parser.add_argument("--control", action="store_true",
+                        help="set no policy: both sides plain, the comparison's own noise")
     args = parser.parse_args(argv)
     report_main("bench.policy_overhead", POLICIES, lambda: run(
-        args.quick, args.upstream_port, args.gateway_port))
+        args.quick, args.upstream_port, args.gateway_port, args.control))
 
 
 if __name__ == "__main__":

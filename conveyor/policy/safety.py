@@ -151,6 +151,9 @@ class TermList:
         patterns = patterns or {}
         self._categories = tuple(sorted({*terms, *patterns}))
         self._automaton, self._longest = _automaton(terms)
+        # the first characters of the terms (folded): a tail can begin a term only there
+        self._firsts = frozenset(k[0] for k in self._automaton.keys()) \
+            if self._automaton is not None else frozenset()
         self._patterns = _compile_all(patterns)
         self._context = PATTERN_SPAN if self._patterns else 1
 
@@ -212,8 +215,10 @@ class TermList:
     def _open_start(self, norm: str, after_word: bool) -> int:
         """Where the earliest tail of ``norm`` that later text could make a term begins."""
         size = len(norm)
+        firsts = self._firsts
         for i in range(max(0, size - self._longest), size):
-            if _clear_before(norm, i, after_word) and self._automaton.match(norm[i:]):
+            if norm[i] in firsts and _clear_before(norm, i, after_word) \
+                    and self._automaton.match(norm[i:]):
                 return i
         return size
 
@@ -422,25 +427,23 @@ def _decide_pattern(pattern: _Pattern, before: str, text: str,
     """A stream's pattern match that later text cannot change, or None and where
     the text to hold begins: where a partial match at the end begins (what more
     text could make a match), or a match that touches the end; never more than
-    the last PATTERN_SPAN - 1 characters."""
+    the last PATTERN_SPAN - 1 characters. One scan of the ``regex`` module
+    finds both the matches and the partial one."""
     base = len(before)
-    found = next(_every(pattern, before + text, base), None)
-    if found is not None:
-        found = replace(found, start=found.start - base, end=found.end - base)
-    if found is not None and (final or found.end < len(text)):
-        return found, len(text)
+    hold = len(text)
+    for m in pattern.partial.finditer(before + text, base, partial=not final):
+        start, end = m.start() - base, m.end() - base
+        if end == start:
+            continue
+        if m.partial:
+            hold = start
+            break
+        if final or end < len(text):
+            return Match(pattern.category, pattern.source, start, end), len(text)
+        if end - start <= PATTERN_SPAN:  # touches the end: more text may change it
+            hold = start
+            return None, hold
+        break
     if final:
         return None, len(text)
-    hold = max(_partial_start(pattern, before + text, base), len(text) - PATTERN_SPAN + 1, 0)
-    if found is not None and found.end - found.start <= PATTERN_SPAN:
-        hold = min(hold, found.start)
-    return None, hold
-
-
-def _partial_start(pattern: _Pattern, text: str, base: int) -> int:
-    """Where in ``text[base:]`` a match that more text could complete begins (its
-    length when none can)."""
-    for m in pattern.partial.finditer(text, base, partial=True):
-        if m.partial and m.end() > m.start():
-            return m.start() - base
-    return len(text) - base
+    return None, max(min(hold, len(text)), len(text) - PATTERN_SPAN + 1, 0)
