@@ -58,6 +58,8 @@ class Held:
     payload: bytes | Task
     # when schedule took the task (its envelope's ``schedule`` stamp)
     stamped_us: int
+    # the model it asks for (a worker may serve only some of its pool's)
+    model: str = ""
     seq: int = 0
     gone: bool = field(default=False)
 

@@ -179,9 +179,9 @@ class ScheduleLayer:
         pool is held before it; else held until there is room."""
         envelope = task["envelope"]
         check_deadline(envelope, self.clock())
-        pool = task["route"]["pool"]
+        pool, model = task["route"]["pool"], task["route"]["model"]
         if not self.held.count(pool):
-            view = self._room_for_low(pool)
+            view = self._room_for_low(pool, model)
             if view is not None:
                 return [self._address(task, view)]
         value = getattr(record, "value", None)
@@ -191,7 +191,7 @@ class ScheduleLayer:
             give_up_ms=expiry_ms(envelope, self.settings), tp=tp,
             offset=record.offset if record is not None else -1,
             payload=value if isinstance(value, bytes) else task,
-            stamped_us=envelope["stamps"].get(self.name, now_us())))
+            stamped_us=envelope["stamps"].get(self.name, now_us()), model=model))
         return []
 
     def place(self, task: Task, overdue: bool = False) -> Output | None:
@@ -253,9 +253,10 @@ class ScheduleLayer:
         scheduler sent it and has not seen finish."""
         return max(view.busy(), self.outstanding.at(view.beat["worker_id"]))
 
-    def _room_for_low(self, pool: str) -> WorkerView | None:
-        """The worker the next background or batch task of ``pool`` may go to now."""
-        live = {w.beat["worker_id"]: w for w in self._open(pool)}
+    def _room_for_low(self, pool: str, model: str | None = None) -> WorkerView | None:
+        """The worker the next background or batch task of ``pool`` (asking for
+        ``model``) may go to now."""
+        live = {w.beat["worker_id"]: w for w in self._open(pool, model)}
         candidates = [Candidate(wid, w.beat["capacity"], self._busy(w))
                       for wid, w in live.items()]
         chosen = self.admission.choose(pool, candidates, self.outstanding.low(pool),
@@ -346,8 +347,8 @@ class ScheduleLayer:
             reply = sender.error_output(envelope, error_info(exc))
             sends.append((envelope, [reply] if reply is not None else []))
         for pool in self.held.pools():
-            while self.held.count(pool):
-                view = self._room_for_low(pool)
+            while (upcoming := self.held.peek(pool)) is not None:
+                view = self._room_for_low(pool, upcoming.model or None)
                 if view is None:
                     break
                 held = self.held.pop(pool)

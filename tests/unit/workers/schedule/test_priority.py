@@ -179,3 +179,21 @@ async def test_revoked_partitions_drop_their_held_tasks(
     await submit(layer, 2)
     layer.revoked([TP])
     assert len(layer.held) == 0 and layer.committable(TP, 5) == 5
+
+
+async def test_held_tasks_go_only_to_workers_serving_their_model(
+        make: Callable[..., tuple[ScheduleLayer, RecordingSender]], clock: Clock) -> None:
+    """A worker that serves other models of the pool never gets a batch task of
+    this one (workers/infer/engines/model_set.py), held or sent at once."""
+    layer, sender = make()
+    layer.table.apply({**beat("other", capacity=4, partitions=[1], ts_ms=clock.ms),
+                       "models": ["smollm2-twin"]})
+    assert await submit(layer, 2) == []  # nobody serves smollm2-135m-instruct yet
+    layer.table.apply({**beat("mine", capacity=1, partitions=[2], ts_ms=clock.ms),
+                       "models": ["smollm2-135m-instruct"], "loaded": []})
+    await layer.release_held()
+    assert sender.ids() == ["b0"] and sender.sent[0].record["route"]["worker_id"] == "mine"
+    layer.finished("b0", "mine", clock.ms + 1)
+    await layer.release_held()
+    assert sender.ids() == ["b0", "b1"]
+    assert {o.record["route"]["worker_id"] for o in sender.sent} == {"mine"}
