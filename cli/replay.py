@@ -25,6 +25,11 @@ Decisions:
   blanked (``reply_partition`` -1, what an error reply is never sent to),
   and an output addressed to any topic outside the scratch prefix stops the
   replay with an error.
+- **Content policies** are those set on the live prefix now (read from its
+  ``conveyor.policies``), so a blocked or filtered request is blocked again,
+  and a replay after a policy changed shows what the new policy would do.
+  The prompt cache is not read (the scratch prefix has none): a request the
+  cache answered replays as a miss.
 - **Which layers.** preprocess, route and postprocess turn events into
   outputs and nothing else (their ``start`` keeps no sender), so their
   replay reproduces what they wrote. ``--through`` names consecutive layers
@@ -48,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import copy
 import json
 import sys
@@ -60,10 +66,12 @@ from cli.dlq import read_letters
 from cli.inspect import Found, find_journey
 from cli.text import add_report_flags, not_found, plain, print_report
 from conveyor.errors import ConveyorError, RequestError, last_line
+from conveyor.policy.rules import PolicyBook
 from conveyor.registry import Registry
 from conveyor.settings import Settings
 from schemas.codec import Codec, default_codec
 from topics.lookup import parse_since
+from topics.policies import published_policies
 from workers.stages import STAGES, stage
 
 __all__ = ["FLOW", "IGNORED", "REPLAYABLE", "Replay", "ReplayError", "Step", "diff",
@@ -191,8 +199,11 @@ async def _run(settings: Settings, scratch: Settings, names: list[str],
                inputs: list[Any], steps: list[Step]) -> None:
     """Feed ``inputs`` to fresh instances of ``names`` in turn, filling ``steps``."""
     registry = Registry.load(settings.models_file)
+    policies = await _policies(settings)
     for i, (name, step) in enumerate(zip(names, steps, strict=True)):
         layer = stage(name).make(scratch, registry)
+        if hasattr(layer, "policies"):  # the live prefix's content policies, not the scratch's
+            layer.policies = policies
         try:
             for event in inputs:
                 try:
@@ -220,6 +231,24 @@ async def _run(settings: Settings, scratch: Settings, names: list[str],
     for step in steps:  # compared as records, like the recorded ones
         step.replayed = [o.record for o in step.replayed
                          if o.event_type in stage(step.layer).replayed]
+
+
+_POLICIES_WITHIN_S = 30.0
+
+
+async def _policies(settings: Settings) -> PolicyBook:
+    """The content policies set on the live prefix now (topics/policies.py)."""
+    book = PolicyBook()
+    try:
+        documents = await published_policies(settings, _POLICIES_WITHIN_S)
+    except TimeoutError:
+        print(f"conveyor replay: {settings.topic('policies')} was not read within "
+              f"{_POLICIES_WITHIN_S:.0f} s; replaying with no content policy", file=sys.stderr)
+        return book
+    for scope, document in documents.items():
+        with contextlib.suppress(ConveyorError):
+            book.set(scope, document["text"], f"the policy of {scope}")
+    return book
 
 
 _INPUT_FROM = {"preprocess": "gateway", "route": "preprocess"}  # journey.by_layer

@@ -8,6 +8,7 @@ with the openai client; each policy change applied without a restart."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -101,6 +102,12 @@ def test_a_blocked_input_everywhere_and_in_one_tenant_changed_live(
     blocked = [e for e in audits(p, "policy.input_blocked") if e["tenant"] == tenant]
     assert blocked and blocked[-1]["detail"]["category"] == "custom"
     assert "nightingale" not in str(blocked).lower()
+    # the log tells it, and a replay under the live policies blocks it again
+    assert "policy: input blocked" in p.cli("inspect", blocked[-1]["request_id"])
+    replayed = json.loads(p.cli("replay", blocked[-1]["request_id"], "--json"))
+    [preprocess] = [x for x in replayed["layers"] if x["layer"] == "preprocess"]
+    assert "content_policy_violation" in (preprocess["error"]["replayed"] or ""), preprocess
+    assert preprocess["error"]["same"], preprocess
     assert p.cli("policies", "clear", "--tenant", tenant)
     until(lambda: chat(p, mine, "tell me about project nightingale").status_code == 200)
 
