@@ -33,7 +33,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from conveyor.settings import Settings
 from schemas.codec import default_codec
-from schemas.records import Control, UsageRecord
+from schemas.records import Control, Feedback, UsageRecord
 from tests.support.pipeline import ROOT
 from tests.support.services import OwnRedis, free_port
 from topics.admin import ensure_topics
@@ -100,7 +100,7 @@ class Accounting:
 def accounting(services: None, tmp_path_factory: pytest.TempPathFactory
                ) -> Iterator[Accounting]:
     settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
-    needed = {settings.topic("usage"), settings.topic("dlq")}
+    needed = {settings.topic("usage"), settings.topic("dlq"), settings.topic("feedback")}
     asyncio.run(ensure_topics(settings, [s for s in catalog(settings) if s.name in needed]))
     redis = OwnRedis(tmp_path_factory.mktemp("redis")).start()
     app = Accounting(settings, redis, tmp_path_factory.mktemp("logs"),
@@ -386,6 +386,56 @@ async def test_a_kill_in_the_middle_of_a_stream_loses_and_doubles_no_count(
     assert await today(ledger, "soak") == (n, 0, 2 * n, n, 3 * n)
     assert await today(ledger, "soak", key_id="k0") == (200, 0, 400, 200, 600)  # i % 7 == 0
     assert await ledger.used_tokens("soak", "day") == 3 * n
+
+
+async def test_ratings_survive_a_kill_mid_stream_and_a_flush_latest_once(
+        accounting: Accounting, ledger: UsageLedger) -> None:
+    """Ratings (workers/usage/ratings.py) under the same faults: each of 300
+    requests rated twice (the second rating is the one that counts), the app
+    SIGKILLed while it works through them and Redis flushed; once restarted,
+    each request counts once with its latest score."""
+    s = accounting.settings
+    n = 300
+    codec = default_codec()
+    producer = make_producer(s)
+    await producer.start()
+    try:
+        for round_ in (0, 1):
+            for i in range(n):
+                rid = f"rated-{i}"
+                event = Feedback(request_id=rid, tenant="raters", key_id="k", labels=[],
+                                 score=-1.0 if round_ == 0 else (1.0 if i % 3 else 0.5),
+                                 comment="", model="m", answered_by=f"m-v{i % 2}",
+                                 latency_ms=10, ts_ms=int(time.time() * 1000))
+                await producer.send(s.topic("feedback"), codec.encode("Feedback", event),
+                                    key=rid.encode())
+        await producer.flush()
+    finally:
+        await producer.stop()
+    since = int(time.time() * 1000) - 86_400_000
+    until = since + 2 * 86_400_000
+
+    async def rated(at_least: int) -> bool:
+        days = await ledger.ratings("raters", since_ms=since, until_ms=until)
+        return bool(days) and days[-1].count >= at_least
+
+    await eventually(lambda: rated(n // 10), 60, accounting)
+    assert accounting.signal(signal.SIGKILL) == -signal.SIGKILL
+    accounting.redis.flush()
+    accounting.start()
+
+    async def settled() -> bool:
+        days = await ledger.ratings("raters", since_ms=since, until_ms=until)
+        return bool(days) and days[-1].count == n and days[-1].mean is not None \
+            and days[-1].mean > 0.8
+
+    await eventually(settled, 120, accounting)
+    await asyncio.sleep(2)
+    [day] = await ledger.ratings("raters", since_ms=since, until_ms=until)
+    # latest scores: 100 requests at 0.5 (i % 3 == 0), 200 at 1.0
+    assert (day.count, day.mean) == (n, round((100 * 0.5 + 200 * 1.0) / n, 4))
+    assert day.by_model == {"m": {"count": n, "mean": day.mean}}
+    assert {d: c["count"] for d, c in day.by_deployment.items()} == {"m-v0": 150, "m-v1": 150}
 
 
 async def test_sigterm_stops_the_app_cleanly(accounting: Accounting) -> None:
