@@ -250,3 +250,34 @@ def test_level_2_blocks_abuse_the_lists_do_not_name(p: Pipeline, tmp_path: Path)
     assert chat(p, secret, "Tell me about conveyor belts.").status_code == 200
     [*_, audit] = [e for e in audits(p, "policy.input_blocked") if e["tenant"] == tenant]
     assert audit["detail"]["level"] == "2" and float(audit["detail"]["score"]) >= 0.9
+
+
+def test_responses_restore_personal_data_and_background_ones_keep_it_out_of_the_log(
+        p: Pipeline, tmp_path: Path) -> None:
+    tenant, secret = tenant_key(p)
+    set_policy(p, tmp_path, ["--tenant", tenant], '[pii]\nredact = ["email", "phone"]\n')
+    client = openai.OpenAI(base_url=f"{p.base_url}/v1", api_key=secret)
+    said = "Please write to ada.lovelace.42@example.org today."
+    instructions = "Answer for grace.hopper.17@example.org, politely."
+
+    def restored() -> bool:
+        answer = client.responses.create(model="smollm2", input=said, max_output_tokens=64)
+        return answer.output_text == said
+
+    until(restored)  # the gateway has the policy once the answer comes back restored
+    text = "".join(e.delta for e in client.responses.create(
+        model="smollm2", input=said, max_output_tokens=64, stream=True)
+        if e.type == "response.output_text.delta")
+    assert text == said
+    background = client.responses.create(model="smollm2", input=said, instructions=instructions,
+                                         max_output_tokens=64, background=True)
+    # one numbering for the request: the instructions come first
+    assert background.instructions == "Answer for <EMAIL_1>, politely."
+    deadline = time.monotonic() + 60
+    while (done := client.responses.retrieve(background.id)).status != "completed":
+        assert time.monotonic() < deadline, done.status
+        time.sleep(0.3)
+    # nobody holds the originals of a background response: it keeps the placeholders
+    assert done.output_text == said.replace("ada.lovelace.42@example.org", "<EMAIL_2>")
+    leaks = traces_of(p, [b"grace.hopper.17@example.org"])
+    assert leaks == [], leaks
