@@ -45,7 +45,8 @@ from bench.compare import (
 from bench.harness import BenchError, conveyor_env, run_cli, running, wait_http
 from bench.scenarios import TOKENS, Result, Scenario, Side
 from conveyor.policy.classifier import classifier
-from conveyor.policy.pii import Redactor, Restorer
+from conveyor.policy.pii import Redactor
+from conveyor.policy.restore import Restorer
 from conveyor.policy.rules import parse_policy
 from conveyor.policy.safety import StreamScanner, TermList
 

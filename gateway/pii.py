@@ -23,11 +23,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from conveyor.policy.pii import Restorer
+from conveyor.policy.restore import Restorer
 from schemas.records import Reply
-from workers.policy_checks import redact_generation
 
-__all__ = ["ReplyRestorer", "redact_generation"]
+__all__ = ["ReplyRestorer"]
 
 
 class ReplyRestorer:

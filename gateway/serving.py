@@ -44,7 +44,7 @@ from gateway.admission import FREE, Ticket
 from gateway.answer import Answer
 from gateway.auth.authenticate import ANONYMOUS
 from gateway.auth.types import Identity
-from gateway.pii import ReplyRestorer, redact_generation
+from gateway.pii import ReplyRestorer
 from gateway.publisher import NotTakenInTime, Publisher
 from gateway.replies import ReplyRouter, fold_answer
 from gateway.resume import ReplySource, ResumeWatch, event_id
@@ -57,6 +57,7 @@ from schemas.tools import reads_tool_calls
 from topics.catalog import CONTROL, REQUESTS
 from topics.envelope import new_envelope, new_request_id, now_ms
 from topics.shared_lookup import SharedLookup
+from workers.policy_checks import redact_generation
 from workers.prompt_cache import cacheable
 
 __all__ = ["Serving", "Answer"]

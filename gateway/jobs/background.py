@@ -27,13 +27,13 @@ from conveyor.policy.rules import PolicyBook
 from conveyor.settings import Settings
 from gateway.auth.types import Identity
 from gateway.jobs.board import JobBoard
-from gateway.pii import redact_generation
 from gateway.publisher import Publisher
 from gateway.responses.objects import new_response_id, response_object
 from schemas.openai.responses import ResponsesRequest
 from schemas.records import Generation, JobCommand, JobStatus
 from topics.catalog import JOB_STATUS, JOBS
 from topics.envelope import now_ms
+from workers.policy_checks import redact_generation
 
 __all__ = ["BackgroundResponses"]
 

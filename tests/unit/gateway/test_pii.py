@@ -11,11 +11,12 @@ from typing import Any, Literal
 import pytest
 
 from conveyor.policy.rules import Policy, PolicyBook
-from gateway.pii import ReplyRestorer, redact_generation
+from gateway.pii import ReplyRestorer
 from schemas.openai.chunks import delta_chunk, tool_call_chunk, usage_chunk
 from schemas.records import ChunkHeader, Message, Reply, ToolCall, Usage
 from tests.support.factories import generation
 from topics.envelope import new_envelope
+from workers.policy_checks import redact_generation
 
 ANN = "ann@example.com"
 BOB = "bob@example.org"

@@ -400,6 +400,8 @@ async def test_ratings_survive_a_kill_mid_stream_and_a_flush_latest_once(
     producer = make_producer(s)
     await producer.start()
     try:
+        # a value that is not a Feedback: dead-lettered, counting goes on
+        await producer.send(s.topic("feedback"), b"not a rating", key=b"poison")
         for round_ in (0, 1):
             for i in range(n):
                 rid = f"rated-{i}"
@@ -436,6 +438,10 @@ async def test_ratings_survive_a_kill_mid_stream_and_a_flush_latest_once(
     assert (day.count, day.mean) == (n, round((100 * 0.5 + 200 * 1.0) / n, 4))
     assert day.by_model == {"m": {"count": n, "mean": day.mean}}
     assert {d: c["count"] for d, c in day.by_deployment.items()} == {"m-v0": 150, "m-v1": 150}
+    letters = [d for d in await dead_letters(s, want=3) if d["topic"] == s.topic("feedback")]
+    # (a replay after the kill may write the letter again: at-least-once, as the layers)
+    assert letters and {(d["layer"], d["key"], d["value"]) for d in letters} == {
+        ("accounting", b"poison", b"not a rating")}
 
 
 async def test_sigterm_stops_the_app_cleanly(accounting: Accounting) -> None:

@@ -20,9 +20,9 @@ from conveyor.policy.pii import (
     IBAN_LENGTHS,
     Found,
     Redactor,
-    Restorer,
     find_pii,
 )
+from conveyor.policy.restore import Restorer
 
 
 def _iban(country: str, bban: str) -> str:
