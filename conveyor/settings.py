@@ -150,6 +150,9 @@ class Settings(BaseSettings):
     route_load_bound: float = 1.25
     route_load_weight: float = 1.0
     route_index_blocks: int = 4096
+    # a worker reports the blocks its KV cache holds (at most this many, the most
+    # recently used) in each heartbeat; 0: it reports none, schedule guesses
+    prefix_report_blocks: int = 1024
     route_index_ttl_s: float = 600.0
     # a worker whose engine fails breaker_failures times in a row gets no new
     # work for breaker_cooldown_s, then one probe task decides (workers/schedule/breakers.py)

@@ -308,6 +308,8 @@ class WorkerHeartbeat(TypedDict):
     interactive_ms: int  # when it last took an interactive task (its clock); 0: never
     prefill_tps: NotRequired[float | None]  # measured: uncached prompt tokens a second
     tpot_ms: NotRequired[float | None]  # measured: milliseconds a token after the first
+    # the prompt blocks its KV cache holds, most recent last (None: it does not say)
+    prefix_blocks: NotRequired[list[int] | None]
 
 
 class DeadLetter(TypedDict):

@@ -15,6 +15,14 @@ live workers of a pool by how much of a prompt each is likely to hold against
 how busy each is, and bounds the load so that one hot prefix cannot pile onto
 one worker (consistent hashing with bounded loads: no worker above
 ``load_bound`` times the mean, counting the task being placed).
+
+A worker also says what it holds: it keeps the blocks of the prompts it ran
+(:class:`HeldBlocks`, bounded by what its KV cache can hold) and sends them in
+each heartbeat. Schedule takes a worker's report as the truth as of the beat
+(:meth:`PrefixIndex.reported`) and its own guesses only for what it sent
+since. Heartbeats are a compacted topic every scheduler follows from the
+start, so the picture is shared by every schedule replica (each sees what the
+others sent, one beat later) and rebuilt at once after a restart.
 """
 
 from __future__ import annotations
@@ -23,10 +31,10 @@ import hashlib
 import math
 from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["PrefixIndex", "RoutePolicy", "WorkerLoad", "block_hashes", "choose"]
+__all__ = ["HeldBlocks", "PrefixIndex", "RoutePolicy", "WorkerLoad", "block_hashes", "choose"]
 
 
 def block_hashes(tokens: Sequence[int], block_tokens: int, limit: int) -> list[int]:
@@ -46,13 +54,61 @@ def block_hashes(tokens: Sequence[int], block_tokens: int, limit: int) -> list[i
 
 
 @dataclass
-class PrefixIndex:
-    """Which worker recently took which blocks: an approximate picture of the
-    workers' prefix caches, bounded in memory and aged out."""
+class HeldBlocks:
+    """The blocks of the prompts a worker ran, least recently used first out:
+    what its KV cache holds, as far as the worker can tell (what it sends in
+    its heartbeats)."""
 
-    max_blocks: int = 4096  # a worker's, about what its KV cache holds
+    max_blocks: int = 1024
+    _held: OrderedDict[int, None] = field(default_factory=OrderedDict)
+
+    def took(self, blocks: Sequence[int]) -> None:
+        for block in blocks:
+            self._held[block] = None
+            self._held.move_to_end(block)
+        self.trim(self.max_blocks)
+
+    def trim(self, max_blocks: int) -> None:
+        """Keep the ``max_blocks`` most recent (the cache got smaller, or is)."""
+        while len(self._held) > max(0, max_blocks):
+            self._held.popitem(last=False)
+
+    def blocks(self) -> list[int]:
+        """Most recently used last."""
+        return list(self._held)
+
+
+@dataclass
+class PrefixIndex:
+    """Which worker holds which blocks: what each worker reported in its last
+    heartbeat, and the guesses of this scheduler for what it sent since,
+    bounded in memory and aged out."""
+
+    max_blocks: int = 4096  # a worker's guesses, about what its KV cache holds
     ttl_s: float = 600.0
+    # a guess made this long before a worker's report is covered by it (the
+    # worker had taken that task by then, or it waited in its partition)
+    report_covers_ms: int = 2000
     _blocks: dict[str, OrderedDict[int, int]] = field(default_factory=dict)
+    _reported: dict[str, frozenset[int]] = field(default_factory=dict)
+
+    def reported(self, worker_id: str, blocks: Sequence[int] | None, ts_ms: int) -> None:
+        """``worker_id``'s heartbeat of ``ts_ms`` says its cache holds ``blocks``
+        (None: it does not say, the guesses stay as they are). The guesses made
+        before the beat are dropped: the report says what became of them."""
+        if blocks is None:
+            return
+        self._reported[worker_id] = frozenset(blocks)
+        guesses = self._blocks.get(worker_id)
+        if guesses:
+            self._age(guesses, ts_ms - self.report_covers_ms, 0)
+            if not guesses:
+                del self._blocks[worker_id]
+
+    def forget(self, worker_id: str) -> None:
+        """``worker_id`` stopped: it holds nothing any more."""
+        self._reported.pop(worker_id, None)
+        self._blocks.pop(worker_id, None)
 
     def took(self, worker_id: str, blocks: Sequence[int], now_ms: int) -> None:
         """``worker_id`` was sent a prompt of ``blocks``: it holds them now. The
@@ -72,24 +128,28 @@ class PrefixIndex:
     def overlap(self, worker_id: str, blocks: Sequence[int], now_ms: int) -> int:
         """How many leading ``blocks`` ``worker_id`` is likely to hold."""
         held = self._blocks.get(worker_id)
-        if not held:
+        report = self._reported.get(worker_id, frozenset())
+        if held:
+            self._age(held, now_ms)
+        elif not report:
             return 0
-        self._age(held, now_ms)
+        guessed: Mapping[int, int] = held or {}
         matched = 0
         for block in blocks:
-            if block not in held:
+            if block not in report and block not in guessed:
                 break
             matched += 1
         return matched
 
     def size(self) -> int:
-        return sum(len(held) for held in self._blocks.values())
+        return (sum(len(held) for held in self._blocks.values())
+                + sum(len(report) for report in self._reported.values()))
 
     def workers(self) -> list[str]:
-        return sorted(self._blocks)
+        return sorted(set(self._blocks) | {w for w, r in self._reported.items() if r})
 
-    def _age(self, held: OrderedDict[int, int], now_ms: int) -> None:
-        horizon = now_ms - int(self.ttl_s * 1000)
+    def _age(self, held: OrderedDict[int, int], now_ms: int, ttl_ms: int | None = None) -> None:
+        horizon = now_ms - (int(self.ttl_s * 1000) if ttl_ms is None else ttl_ms)
         while held:
             block, seen = next(iter(held.items()))
             if seen >= horizon:

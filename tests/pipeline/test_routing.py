@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -39,12 +40,15 @@ def workers_of(p: Pipeline, answers: list[dict[str, Any]]) -> list[str]:
     return [found[i] for i in ids]
 
 
-def test_the_next_turn_goes_where_the_history_is_not_to_the_least_loaded(
-        pipeline: Pipeline) -> None:
+def first_turn_beside_a_long_answer(p: Pipeline, system: str) -> tuple[
+        list[dict[str, str]], dict[str, Any]]:
+    """A conversation's first turn, asked while another conversation keeps the
+    lower worker busy (so the turn goes to the other one); the history for the
+    next turn, and the answer."""
     started, done = threading.Event(), threading.Event()
 
-    def long_answer() -> None:  # another conversation keeps one worker busy
-        with httpx.stream("POST", f"{pipeline.base_url}/v1/chat/completions", timeout=60,
+    def long_answer() -> None:
+        with httpx.stream("POST", f"{p.base_url}/v1/chat/completions", timeout=60,
                           json={"model": "smollm2", "stream": True, "max_tokens": 150,
                                 "messages": [{"role": "user", "content": "Count on."}]}) as r:
             for line in r.iter_lines():
@@ -55,17 +59,40 @@ def test_the_next_turn_goes_where_the_history_is_not_to_the_least_loaded(
     thread = threading.Thread(target=long_answer)
     thread.start()
     assert started.wait(30)
-    history = [{"role": "system", "content": SYSTEM},
+    history = [{"role": "system", "content": system},
                {"role": "user", "content": "Which is the oldest?"}]
-    first = chat(pipeline, history)
+    first = chat(p, history)
     thread.join(60)
     assert done.is_set()
-    # both workers are idle now: by load alone the lower worker id would take it
     history += [{"role": "assistant", "content": first["choices"][0]["message"]["content"]},
                 {"role": "user", "content": "And the tallest?"}]
+    return history, first
+
+
+def test_the_next_turn_goes_where_the_history_is_not_to_the_least_loaded(
+        pipeline: Pipeline) -> None:
+    history, first = first_turn_beside_a_long_answer(pipeline, SYSTEM)
+    # both workers are idle now: by load alone the lower worker id would take it
     second = chat(pipeline, history)
     one, two = workers_of(pipeline, [first, second])
     assert two == one, "the second turn left the worker holding the history"
+
+
+def test_schedule_knows_where_the_history_is_after_a_restart(
+        pipeline_factory: Callable[..., Pipeline]) -> None:
+    """The layers process SIGKILLed between two turns: the new scheduler sent
+    nothing, and learns from the workers' heartbeats (the blocks their caches
+    hold) where the history is."""
+    p = pipeline_factory(workers=2, contexts=2)
+    history, first = first_turn_beside_a_long_answer(p, SYSTEM.replace("lighthouses", "canals"))
+    threading.Event().wait(1.5)  # a heartbeat carries the turn's blocks
+    p.kill("layers")
+    p.respawn("layers")
+    p.wait_ready()
+    second = chat(p, history)
+    one, two = workers_of(p, [first, second])
+    assert one == "w1", "the first turn was to go beside the busy worker"
+    assert two == one, "the restarted scheduler sent the turn away from its history"
 
 
 def test_a_hot_prefix_spills_over_only_past_the_load_bound(pipeline: Pipeline) -> None:

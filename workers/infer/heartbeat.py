@@ -50,6 +50,9 @@ class Snapshot(NamedTuple):
     tpot_ms: float | None = None
     # of the models it serves, those loaded now (None: all of them)
     loaded: list[str] | None = None
+    # the prompt blocks its KV cache holds, most recent last (workers/prefix.py);
+    # None: it does not say
+    prefix_blocks: list[int] | None = None
 
 
 class Heartbeat:
@@ -77,7 +80,7 @@ class Heartbeat:
             running=now.running, queued=now.queued, ts_ms=now_ms(), host=self.host,
             gpu_utilization=gpu_util, gpu_memory_free=gpu_free,
             interactive_running=now.interactive_running, interactive_ms=now.interactive_ms,
-            prefill_tps=now.prefill_tps, tpot_ms=now.tpot_ms,
+            prefill_tps=now.prefill_tps, tpot_ms=now.tpot_ms, prefix_blocks=now.prefix_blocks,
             kv=None if now.kv is None else KvCache(
                 usage=now.kv.usage, total_blocks=now.kv.total_blocks,
                 free_blocks=now.kv.free_blocks, cached_blocks=now.kv.cached_blocks,

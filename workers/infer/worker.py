@@ -66,7 +66,7 @@ from topics.clients import COMMIT_REFUSED, KafkaError, make_producer, stop_consu
 from topics.envelope import PRIORITY_INTERACTIVE, now_ms
 from topics.shared_lookup import SharedLookup
 from workers.cancels import CancelList
-from workers.infer.engines.base import Engine
+from workers.infer.engines.base import Engine, KvState
 from workers.infer.gateways import GatewayWatch
 from workers.infer.generation import TaskRun
 from workers.infer.heartbeat import Heartbeat, Snapshot
@@ -75,6 +75,7 @@ from workers.infer.offsets import InFlightOffsets
 from workers.infer.progress import ProgressTracker
 from workers.infer.speed import Speed
 from workers.outputs import Sender
+from workers.prefix import HeldBlocks
 
 __all__ = ["InferWorker"]
 
@@ -109,6 +110,8 @@ class InferWorker:
         self.dead_lettered: Callable[[], None] = lambda: None  # metrics count each letter
         self.interactive_ms = 0  # when the last interactive task was taken (heartbeats)
         self.speed = Speed()  # measured from its generations (heartbeats; workers/infer/speed.py)
+        # the prompt blocks its engine's cache holds, as far as it can tell (heartbeats)
+        self.held = HeldBlocks(settings.prefix_report_blocks)
         self.partitions: set[TopicPartition] = set()
         # what this worker owned when the last rebalance began (the assignor keeps it)
         self.owned_before: set[TopicPartition] = set()
@@ -249,6 +252,7 @@ class InferWorker:
             # rebalance, or the task was delivered twice): that run answers for it
             same.bookings.append((tp, record.offset, epoch))
             return
+        self.held.took(task["prompt"]["prefix_blocks"])
         spec = self.registry.find(task["route"]["model"])
         gen = TaskRun(self.settings, self.engine, sender, store, self.worker_id, task,
                       upstream_model=spec.upstream_model if spec else None,
@@ -379,10 +383,20 @@ class InferWorker:
     def _snapshot(self) -> Snapshot:
         interactive = sum(1 for r in self.running.values()
                           if r.run.task["envelope"]["priority"] == PRIORITY_INTERACTIVE)
+        kv = self.engine.kv_state()
         return Snapshot([tp.partition for tp in self.partitions], len(self.running), 0,
-                        interactive, self.interactive_ms, self.engine.kv_state(),
+                        interactive, self.interactive_ms, kv,
                         self.speed.prefill_tps, self.speed.tpot_ms,
-                        getattr(self.engine, "loaded", None))
+                        getattr(self.engine, "loaded", None), self._held_blocks(kv))
+
+    def _held_blocks(self, kv: KvState | None) -> list[int] | None:
+        """The prompt blocks to report: those of the prompts it ran, no more than
+        its KV cache can hold where the engine says how much that is."""
+        if self.settings.prefix_report_blocks <= 0:
+            return None
+        if kv is not None and self.settings.prefix_block_tokens > 0:
+            self.held.trim(kv.total_blocks * kv.block_tokens // self.settings.prefix_block_tokens)
+        return self.held.blocks()
 
     async def _beat(self, heartbeat: Heartbeat) -> None:
         """One heartbeat, then wait for the next (or an early one)."""

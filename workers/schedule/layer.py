@@ -56,7 +56,7 @@ from conveyor.errors import (
 )
 from conveyor.settings import Settings
 from schemas.codec import Codec, EventType, default_codec
-from schemas.records import Envelope, ErrorInfo, Task
+from schemas.records import Envelope, ErrorInfo, Task, WorkerHeartbeat
 from topics.catalog import ROUTED, infer_topic
 from topics.envelope import PRIORITY_INTERACTIVE, now_ms, now_us, stamp
 from workers.outputs import Output, Sender, error_info, failure_reply
@@ -116,9 +116,17 @@ class ScheduleLayer:
         self._background: list[asyncio.Task[None]] = []
         # which worker took which prompt blocks (workers/prefix.py)
         self.prefix = PrefixIndex(settings.route_index_blocks, settings.route_index_ttl_s)
+        self.table.on_beat = self._heard
         self.breakers = Breakers.of(settings, clock)
         self.policy = RoutePolicy(settings.route_cache_threshold, settings.route_load_bound,
                                   settings.route_load_weight, settings.route_prefix_aware)
+
+    def _heard(self, beat: WorkerHeartbeat) -> None:
+        """A worker's heartbeat: what its cache holds, as it says."""
+        if beat["state"] == "stopped":
+            self.prefix.forget(beat["worker_id"])
+        else:
+            self.prefix.reported(beat["worker_id"], beat.get("prefix_blocks"), beat["ts_ms"])
 
     def instrument(self, meter: Meter) -> None:
         instrument(self, meter)  # workers/schedule/gauges.py

@@ -89,6 +89,8 @@ class WorkerTable:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     follower: Follower | None = None
     clock: Callable[[], int] = now_ms
+    # told of every heartbeat applied (schedule's prefix index reads the blocks)
+    on_beat: Callable[[WorkerHeartbeat], None] | None = None
 
     def seen_until_ms(self) -> int:
         """Up to when the table has seen every heartbeat written."""
@@ -116,6 +118,8 @@ class WorkerTable:
         old = self.workers.get(beat["worker_id"])
         view = WorkerView(beat, next_partition=old.next_partition if old else 0)
         self.workers[beat["worker_id"]] = view
+        if self.on_beat is not None:
+            self.on_beat(beat)
         self.changed.set()
 
     def pools(self) -> set[str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workers.prefix import PrefixIndex, RoutePolicy, WorkerLoad, block_hashes, choose
+from workers.prefix import HeldBlocks, PrefixIndex, RoutePolicy, WorkerLoad, block_hashes, choose
 
 POLICY = RoutePolicy()
 
@@ -109,3 +109,50 @@ def test_overlap_is_weighed_against_load() -> None:
     assert choose(workers, [1, 2, 3, 4], index, POLICY, 0) == workers[1]
     even = [WorkerLoad("w0", 1, 4), WorkerLoad("w1", 1, 4), WorkerLoad("w2", 1, 4)]
     assert choose(even, [1, 2, 3, 4], index, POLICY, 0) == even[0]
+
+
+def test_a_workers_report_stands_for_what_it_holds() -> None:
+    """A scheduler that sent nothing (another replica's work, or its own before
+    a restart) knows a worker's blocks from its heartbeat."""
+    index = PrefixIndex()
+    index.reported("w0", [1, 2, 3], ts_ms=1_000)
+    assert index.overlap("w0", [1, 2, 3, 4], now_ms=1_500) == 3
+    assert index.overlap("w1", [1, 2], now_ms=1_500) == 0
+    assert index.workers() == ["w0"]
+
+
+def test_a_report_covers_the_guesses_made_before_it_and_keeps_the_later_ones() -> None:
+    index = PrefixIndex(report_covers_ms=2_000)
+    index.took("w0", [1, 2], now_ms=0)  # evicted since, as the report says
+    index.took("w0", [7, 8], now_ms=9_500)  # sent after the worker's beat was taken
+    index.reported("w0", [5, 6], ts_ms=10_000)
+    assert index.overlap("w0", [1, 2], now_ms=10_000) == 0
+    assert index.overlap("w0", [7, 8], now_ms=10_000) == 2
+    assert index.overlap("w0", [5, 6], now_ms=10_000) == 2
+    # a guess and the report make one prefix together
+    index.took("w0", [5, 6, 9], now_ms=10_100)
+    assert index.overlap("w0", [5, 6, 9, 4], now_ms=10_200) == 3
+
+
+def test_a_worker_that_does_not_report_keeps_the_guesses() -> None:
+    index = PrefixIndex()
+    index.took("w0", [1, 2], now_ms=0)
+    index.reported("w0", None, ts_ms=10_000)
+    assert index.overlap("w0", [1, 2], now_ms=10_000) == 2
+
+
+def test_a_stopped_worker_is_forgotten() -> None:
+    index = PrefixIndex()
+    index.took("w0", [1], now_ms=0)
+    index.reported("w0", [2], ts_ms=0)
+    index.forget("w0")
+    assert index.size() == 0 and index.workers() == []
+
+
+def test_held_blocks_keep_the_most_recently_used() -> None:
+    held = HeldBlocks(max_blocks=4)
+    held.took([1, 2, 3])
+    held.took([1, 7, 8])  # 1 used again
+    assert held.blocks() == [3, 1, 7, 8]
+    held.trim(2)
+    assert held.blocks() == [7, 8]

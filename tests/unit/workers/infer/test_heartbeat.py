@@ -23,11 +23,11 @@ class Delivered:
         self.outputs.append(output)
 
 
-async def beat(kv: KvState | None) -> dict[str, Any]:
+async def beat(kv: KvState | None, prefix_blocks: list[int] | None = None) -> dict[str, Any]:
     sent = Delivered()
     heartbeat = Heartbeat(Settings(topic_prefix="hb"), cast(Sender, sent), "w0", "cpu",
                           "llamacpp-batch", ["smollm2"], 4,
-                          lambda: Snapshot([0, 1], 1, 0, kv=kv))
+                          lambda: Snapshot([0, 1], 1, 0, kv=kv, prefix_blocks=prefix_blocks))
     await heartbeat.beat()
     [output] = sent.outputs
     codec = default_codec()
@@ -48,3 +48,11 @@ async def test_the_kv_cache_goes_out_with_the_heartbeat() -> None:
 
 async def test_an_engine_without_a_visible_cache_sends_none() -> None:
     assert (await beat(None))["kv"] is None
+
+
+async def test_the_blocks_its_cache_holds_go_out_with_the_heartbeat() -> None:
+    """Signed 64-bit hashes survive the Avro round trip; None: the worker does
+    not say (schedule keeps its own guesses)."""
+    blocks = [-(2 ** 63), 5, 2 ** 63 - 1]
+    assert (await beat(None, blocks))["prefix_blocks"] == blocks
+    assert (await beat(None))["prefix_blocks"] is None

@@ -177,3 +177,22 @@ async def test_a_table_that_sees_again_settles_after_a_ttl(settings: Settings) -
     await sched.place_parked()
     [(_, error)] = sender.errors
     assert error["code"] == "no_worker_available"
+
+
+async def test_a_task_goes_where_a_heartbeat_says_its_prefix_is(layer: Any) -> None:
+    """What a worker's cache holds comes from its heartbeat, not only from what
+    this scheduler sent (another replica's work, or work sent before a restart);
+    a stopped worker's blocks are forgotten."""
+    sched, _ = layer
+    sched.table.apply(beat("w0", partitions=[0]))
+    holder = beat("w1", partitions=[1])
+    holder["prefix_blocks"] = [11, 12, 13]
+    sched.table.apply(holder)
+    t = task("r1")
+    t["prompt"]["prefix_blocks"] = [11, 12, 13, 14]
+    out = sched.place(t)
+    assert out is not None and out.partition == 1
+    holder = beat("w1", partitions=[1])
+    holder["state"] = "stopped"
+    sched.table.apply(holder)
+    assert sched.prefix.workers() == []
