@@ -268,13 +268,18 @@ class Serving:
             if reply is None:
                 yield sse.comment()
             else:
+                # a reply's events go out in one write: a socket write costs more
+                # than the bytes in it (on loopback, the receiver's work too)
+                frames = []
                 for chunk in reply["chunk"].split("\n") if reply["chunk"] else ():
                     seq += 1
                     if seq > after:
-                        yield sse.data(chunk, id=event_id(rid, seq) if ids else None)
+                        frames.append(sse.data(chunk, id=event_id(rid, seq) if ids else None))
                 if reply["kind"] == "final":
-                    yield sse.DONE
+                    yield b"".join(frames) + sse.DONE
                     return
+                if frames:
+                    yield b"".join(frames)
             try:
                 reply = await source.next(within=keepalive)
             except Exception as exc:  # the status is sent: the error becomes an event

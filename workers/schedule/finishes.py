@@ -30,6 +30,9 @@ __all__ = ["FinishFollower", "OnFinish"]
 
 log = logging.getLogger(__name__)
 
+_BATCH_WAIT_MS = 20
+_BATCH_BYTES = 256 * 1024
+
 # (request id, worker id, when the final chunk was written: the worker's clock,
 # ms, the generation's error or None)
 OnFinish = Callable[[str, str, int, ErrorInfo | None], None]
@@ -51,7 +54,12 @@ class FinishFollower:
     async def run(self, ready: asyncio.Event | None = None) -> None:
         """Follow until cancelled (through broker outages: see topics/follow.py);
         ``ready`` is set once every partition is positioned at its end."""
-        self.followers = [follow(self.settings, TOKENS, p, "end", poll_ms=200)
+        # the broker holds a fetch until it has _BATCH_BYTES or _BATCH_WAIT_MS
+        # passed: a slot freed is heard a few milliseconds later, and the token
+        # stream costs a fetch per partition per _BATCH_WAIT_MS under load, not
+        # one per chunk written
+        self.followers = [follow(self.settings, TOKENS, p, "end", poll_ms=200,
+                                 fetch_max_wait_ms=_BATCH_WAIT_MS, fetch_min_bytes=_BATCH_BYTES)
                           for p in range(self.partitions)]
         tasks = [asyncio.create_task(self._follow(f), name=f"finishes-{f.tp.partition}")
                  for f in self.followers]

@@ -1,0 +1,272 @@
+"""Where a request's CPU goes: per process, and per function inside each.
+
+Starts the upstream fixture and ``conveyor up --engine openai`` in front of it
+(as ``bench.overhead`` does), warms up, then sends unpaced streamed
+completions at concurrency ``--concurrency`` for ``--seconds`` while it reads
+every process's CPU time from ``/proc`` (Conveyor's processes, the Kafka
+broker, Redis, the upstream fixture and this load generator) and, with
+py-spy, samples the stacks of Conveyor's Python processes. It prints:
+
+- per process: CPU milliseconds in all, microseconds a request, share;
+- per Conveyor process: the functions holding the CPU (own time, and the
+  time spent under a few entry points that matter: aiokafka's produce and
+  fetch paths, Avro, OpenTelemetry), in microseconds a request.
+
+    python -m bench.profile [--seconds 20] [--concurrency 32] [--top 12] [--no-spy]
+
+py-spy (``pip install py-spy``, in the ``dev`` extra) needs to read other
+processes' memory: root, or ``kernel.yama.ptrace_scope`` 0. Its sampling
+costs CPU too (a few percent at 100 Hz); the per-process table without it is
+``--no-spy``. A function's figure is its share of the process's samples
+times the process's measured CPU, so the two tables add up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.client import make_client
+from bench.compare import REGISTRY, loop_factory, staged
+from bench.harness import conveyor_env, running, wait_http
+from bench.scenarios import Side
+
+__all__ = ["main"]
+
+_TICK = os.sysconf("SC_CLK_TCK")
+# frames counted inclusively: time spent under them, whatever they called
+_UNDER = {
+    "aiokafka produce": ("aiokafka/producer",),
+    "aiokafka fetch": ("aiokafka/consumer/fetcher",),
+    "aiokafka protocol": ("aiokafka/protocol", "aiokafka/record"),
+    "aiokafka conn": ("aiokafka/conn.py",),
+    "avro": ("fastavro",),
+    "opentelemetry": ("opentelemetry",),
+    "asyncio loop": ("asyncio/base_events.py",),
+}
+
+
+@dataclass
+class Proc:
+    pid: int
+    name: str
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of the process and its threads so far."""
+        try:
+            fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo += _children(p)
+    return found
+
+
+def _name(argv: list[str]) -> str:
+    """A short name: the conveyor subcommand, or the program."""
+    joined = " ".join(argv)
+    if "kafka.Kafka" in joined:
+        return "kafka broker"
+    if argv and "redis-server" in argv[0]:
+        return "redis"
+    if "bench.upstream" in joined:
+        return "upstream fixture"
+    for i, arg in enumerate(argv):
+        if arg.endswith("conveyor") or arg == "cli":
+            rest = [a for a in argv[i + 1:] if not a.startswith("-")]
+            return f"conveyor {rest[0]}" if rest else "conveyor"
+    return Path(argv[0]).name if argv else "?"
+
+
+def processes(root_pid: int) -> list[Proc]:
+    """Conveyor's processes (``root_pid`` and below), the broker, Redis and the
+    upstream fixture."""
+    pids = {p: _cmdline(p) for p in _descendants(root_pid)}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) not in pids:
+            argv = _cmdline(int(entry.name))
+            if _name(argv) in ("kafka broker", "redis", "upstream fixture"):
+                pids[int(entry.name)] = argv
+    named = [Proc(pid, _name(argv)) for pid, argv in pids.items() if argv]
+    seen: Counter[str] = Counter(p.name for p in named)
+    for p in named:
+        if seen[p.name] > 1:
+            p.name = f"{p.name} [{p.pid}]"
+    return named
+
+
+async def load(side: Side, concurrency: int, seconds: float) -> tuple[int, int]:
+    """Unpaced streams, ``concurrency`` at a time, for ``seconds``: (ok, failed)."""
+    end = time.monotonic() + seconds
+    ok = failed = 0
+
+    async def stream() -> None:
+        nonlocal ok, failed
+        while time.monotonic() < end:
+            sample = await side.one(False)
+            if sample.ok:
+                ok += 1
+            else:
+                failed += 1
+
+    await asyncio.gather(*(stream() for _ in range(concurrency)))
+    return ok, failed
+
+
+def spy(procs: list[Proc], seconds: float, folder: Path) -> list[subprocess.Popen[bytes]]:
+    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    spies = []
+    for p in procs:
+        if not p.name.startswith("conveyor"):
+            continue
+        spies.append(subprocess.Popen(
+            [exe, "record", "--pid", str(p.pid), "--duration", str(int(seconds)), "--rate", "100",
+             "--nonblocking", "--format", "raw", "--output", str(folder / f"{p.pid}.txt")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    return spies
+
+
+def _frame_name(frame: str) -> str:
+    """``fn (path/to/file.py:12)`` -> ``fn (to/file.py)``."""
+    fn, _, where = frame.partition(" (")
+    path = where.rstrip(")").rsplit(":", 1)[0]
+    short = "/".join(path.split("/")[-2:])
+    return f"{fn} ({short})"
+
+
+def read_stacks(path: Path) -> tuple[Counter[str], Counter[str], int]:
+    """Own samples by function, inclusive samples by :data:`_UNDER` group, total."""
+    own: Counter[str] = Counter()
+    under: Counter[str] = Counter()
+    total = 0
+    if not path.exists():
+        return own, under, 0
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = [f for f in stack.split(";") if f]
+        if not frames:
+            continue
+        total += count
+        own[_frame_name(frames[-1])] += count
+        for group, needles in _UNDER.items():
+            if any(n in f for f in frames for n in needles):
+                under[group] += count
+    return own, under, total
+
+
+def report(procs: list[Proc], used: dict[int, float], requests: int, seconds: float,
+           folder: Path | None, top: int) -> None:
+    total_cpu = sum(used.values())
+    print(f"\n{requests} requests in {seconds:.1f} s: {requests / seconds:.1f} req/s; "
+          f"{total_cpu:.1f} CPU s in all, {total_cpu / requests * 1e6:.0f} µs a request\n")
+    print("| process | CPU s | µs a request | share |")
+    print("|---|---|---|---|")
+    for p in sorted(procs, key=lambda p: -used[p.pid]):
+        print(f"| {p.name} | {used[p.pid]:.2f} | {used[p.pid] / requests * 1e6:.0f} | "
+              f"{used[p.pid] / total_cpu:.0%} |")
+    if folder is None:
+        return
+    for p in sorted(procs, key=lambda p: -used[p.pid]):
+        own, under, samples = read_stacks(folder / f"{p.pid}.txt")
+        if not samples:
+            continue
+        per_sample = used[p.pid] / requests * 1e6 / samples
+        print(f"\n{p.name}: {used[p.pid] / requests * 1e6:.0f} µs a request, "
+              f"{samples} samples\n")
+        print("| under | µs a request | share |")
+        print("|---|---|---|")
+        for group, n in under.most_common():
+            print(f"| {group} | {n * per_sample:.0f} | {n / samples:.0%} |")
+        print("\n| function (own time) | µs a request | share |")
+        print("|---|---|---|")
+        for fn, n in own.most_common(top):
+            print(f"| `{fn}` | {n * per_sample:.1f} | {n / samples:.0%} |")
+
+
+def run(args: argparse.Namespace) -> None:
+    with staged(args.upstream_port, {args.gateway_port: "gateway"}, REGISTRY) as (stage, stack):
+        gateway_url = f"http://127.0.0.1:{args.gateway_port}"
+        env = conveyor_env(topic_prefix=f"prof{int(time.time())}",
+                           gateway_port=args.gateway_port, models_file=stage.models)
+        argv = [str(stage.script), "up", "--engine", "openai", "--upstream", stage.upstream_url,
+                "--pool", "bench", "--capacity", "64", "--no-infra"]
+        conveyor = stack.enter_context(running("conveyor", argv, stage.work, env))
+        wait_http(f"{gateway_url}/healthz", conveyor, 180.0)
+        procs = processes(conveyor.popen.pid) + [Proc(os.getpid(), "load generator")]
+        folder = None if args.no_spy else Path(tempfile.mkdtemp(prefix="conveyor-profile-"))
+
+        async def measure() -> tuple[int, int, float, dict[int, float]]:
+            async with make_client(args.concurrency + 8) as client:
+                side = Side("conveyor", f"{gateway_url}/v1/completions",
+                            {False: "bench-unpaced", True: "bench-paced"}, client)
+                print(f"warming up ({args.warmup_s:.0f} s)...", flush=True)
+                await load(side, args.concurrency, args.warmup_s)
+                spies = [] if folder is None else spy(procs, args.seconds, folder)
+                before = {p.pid: p.cpu_s() for p in procs}
+                start = time.monotonic()
+                ok, failed = await load(side, args.concurrency, args.seconds)
+                elapsed = time.monotonic() - start
+                used = {p.pid: p.cpu_s() - before[p.pid] for p in procs}
+                for s in spies:
+                    s.wait(timeout=60)
+                return ok, failed, elapsed, used
+
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            ok, failed, elapsed, used = runner.run(measure())
+        if failed:
+            print(f"{failed} requests failed")
+        report(procs, used, ok, elapsed, folder, args.top)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.profile", description=__doc__.split(
+        "\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--warmup-s", type=float, default=5.0)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--no-spy", action="store_true", help="the per-process table only")
+    parser.add_argument("--upstream-port", type=int, default=9100)
+    parser.add_argument("--gateway-port", type=int, default=8100)
+    run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()
