@@ -28,10 +28,11 @@ from aiokafka import errors as kafka_errors
 
 from conveyor.errors import BrokerError, PermanentBrokerError, TransientBrokerError
 from conveyor.settings import Settings
-from topics.producer import Producer, breaks_sequence
+from topics.producer import EventProducer, Producer, breaks_sequence
 
-__all__ = ["make_producer", "make_consumer", "stop_consumer", "broker_error", "EventTooLarge",
-           "Producer", "KafkaError", "KafkaConnectionError", "NotAssigned", "COMMIT_REFUSED"]
+__all__ = ["EventProducer", "make_producer", "make_consumer", "stop_consumer", "broker_error",
+           "EventTooLarge", "Producer", "KafkaError", "KafkaConnectionError", "NotAssigned",
+           "COMMIT_REFUSED"]
 
 # The client's errors, for the except clauses of code outside topics/: this module
 # is the one that imports aiokafka's errors, and broker_error() says what they mean.
@@ -84,7 +85,12 @@ def broker_error(exc: BaseException) -> BrokerError:
     return PermanentBrokerError(text)
 
 
-def make_producer(settings: Settings, **overrides: Any) -> Producer:
+def make_producer(settings: Settings, **overrides: Any) -> EventProducer:
+    """The producer ``settings.kafka_producer`` names; ``overrides`` are
+    aiokafka's option names (librdkafka takes ``enable_idempotence``,
+    ``linger_ms`` and ``request_timeout_ms`` of them)."""
+    if settings.kafka_producer == "librdkafka":
+        return _rd_producer(settings, overrides)
     options: dict[str, Any] = {
         "bootstrap_servers": settings.kafka_bootstrap,
         "acks": "all",
@@ -98,6 +104,21 @@ def make_producer(settings: Settings, **overrides: Any) -> Producer:
     }
     options.update(overrides)
     return Producer(lambda: AIOKafkaProducer(**options))
+
+
+def _rd_producer(settings: Settings, overrides: dict[str, Any]) -> EventProducer:
+    from topics.rdkafka import RdProducer, rd_config
+
+    unknown = set(overrides) - {"enable_idempotence", "linger_ms", "request_timeout_ms"}
+    if unknown:
+        raise TypeError(f"the librdkafka producer does not take {sorted(unknown)}")
+    return RdProducer(rd_config(
+        settings.kafka_bootstrap,
+        idempotent=overrides.get("enable_idempotence", settings.producer_idempotent),
+        linger_ms=overrides.get("linger_ms", settings.producer_linger_ms),
+        compression=settings.producer_compression,
+        max_event_bytes=settings.max_event_bytes,
+        request_timeout_ms=overrides.get("request_timeout_ms", 30000)))
 
 
 def make_consumer(

@@ -40,7 +40,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from conveyor.settings import Settings
 from topics.clients import make_consumer, make_producer
 from topics.envelope import request_time_ms
-from topics.producer import Producer
+from topics.producer import EventProducer
 
 __all__ = ["KeyLookup", "Record", "key_partition", "parse_since", "made_window"]
 
@@ -104,7 +104,7 @@ class KeyLookup:
         self._consumer: AIOKafkaConsumer = make_consumer(settings, group=None,
                                                          fetch_max_wait_ms=_FETCH_WAIT_MS)
         # only asked for metadata: the producer knows a topic's partitions
-        self._meta: Producer = make_producer(settings, enable_idempotence=False)
+        self._meta: EventProducer = make_producer(settings, enable_idempotence=False)
         # what each find read: topic -> [(partition, first offset, next offset)]
         self.read: dict[str, list[tuple[int, int, int]]] = {}
 

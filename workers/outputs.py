@@ -32,7 +32,7 @@ from topics.backoff import Backoff, RateLimitedLog
 from topics.catalog import DLQ, REPLIES
 from topics.clients import EventTooLarge, broker_error
 from topics.envelope import now_ms
-from topics.producer import Producer
+from topics.producer import EventProducer
 
 __all__ = ["Output", "Sender", "error_info", "failure_reply"]
 
@@ -82,7 +82,7 @@ class Sender:
     """Encodes and produces outputs; remembers the acknowledgements to await."""
 
     settings: Settings
-    producer: Producer
+    producer: EventProducer
     codec: Codec
     pending: list[asyncio.Future[Any]] = field(default_factory=list)
     problems: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(log))

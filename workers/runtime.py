@@ -66,7 +66,7 @@ from topics.clients import (
     make_producer,
     stop_consumer,
 )
-from topics.producer import Producer
+from topics.producer import EventProducer
 from workers.cancels import CancelList
 from workers.failures import failure_outputs
 from workers.inflight import PartitionBook
@@ -99,7 +99,7 @@ class LayerRuntime:
     def __init__(
         self, settings: Settings, layer: Layer, codec: Codec | None = None,
         max_in_flight: int = 256, max_concurrency: int = 64,
-        commit_interval_ms: float = 100.0, producer: Producer | None = None,
+        commit_interval_ms: float = 100.0, producer: EventProducer | None = None,
         tracer: trace.Tracer | None = None, cancels: CancelList | None = None,
         settle_timeout_s: float = 20.0, metrics: LayerMetrics | None = None,
     ) -> None:

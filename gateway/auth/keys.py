@@ -45,7 +45,7 @@ from gateway.health import TaskHealth
 from schemas.codec import Codec
 from topics.backoff import RateLimitedLog
 from topics.envelope import now_ms
-from topics.producer import Producer
+from topics.producer import EventProducer
 
 __all__ = ["KeyStore", "KeyNotFound", "KeyRevoked"]
 
@@ -69,7 +69,7 @@ class KeyStore:
     """The API keys of one Conveyor (``settings.topic_prefix``)."""
 
     def __init__(self, settings: Settings, redis: aioredis.Redis,
-                 producer: Producer | None = None, *, audit: Audit | None = None,
+                 producer: EventProducer | None = None, *, audit: Audit | None = None,
                  invalidations: Invalidations | None = None, part: TaskHealth | None = None,
                  codec: Codec | None = None, negative_cache_s: float = 1.0,
                  touch_every_s: float = 60.0) -> None:

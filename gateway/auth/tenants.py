@@ -33,7 +33,7 @@ from gateway.auth.restore import Restorer
 from gateway.auth.types import Limits, TenantPolicy
 from gateway.health import TaskHealth
 from schemas.codec import Codec
-from topics.producer import Producer
+from topics.producer import EventProducer
 
 __all__ = ["TenantStore"]
 
@@ -44,7 +44,7 @@ class TenantStore:
     """The tenant policies of one Conveyor (``settings.topic_prefix``)."""
 
     def __init__(self, settings: Settings, redis: aioredis.Redis,
-                 producer: Producer | None = None, *, audit: Audit | None = None,
+                 producer: EventProducer | None = None, *, audit: Audit | None = None,
                  invalidations: Invalidations | None = None, part: TaskHealth | None = None,
                  codec: Codec | None = None) -> None:
         """``invalidations`` may be shared with a KeyStore (run it once)."""
