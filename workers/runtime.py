@@ -114,7 +114,10 @@ class LayerRuntime:
         self._shared_producer = producer
         self.tracer = tracer or trace.NoOpTracer()
         self.cancels = cancels
-        self._own_cancels = cancels is None and isinstance(layer, CancelAware)
+        # asked once: an isinstance check against a runtime-checkable Protocol
+        # walks the protocol's members every time (tens of µs an event)
+        self._cancel_aware = isinstance(layer, CancelAware)
+        self._own_cancels = cancels is None and self._cancel_aware
         if self._own_cancels:
             self.cancels = CancelList(settings, self.codec)
         self.partitions: dict[TopicPartition, PartitionBook] = {}
@@ -268,7 +271,7 @@ class LayerRuntime:
             return
         # job events (commands, results) belong to a job, not to one request
         envelope: Envelope | None = event.get("envelope")
-        if (self.cancels is not None and isinstance(layer, CancelAware) and envelope
+        if (self.cancels is not None and self._cancel_aware and envelope
                 and envelope["request_id"] in self.cancels):
             log.info("%s: request %s was cancelled; dropping its event", layer.name,
                      envelope["request_id"])
