@@ -102,6 +102,7 @@ from workers.usage.lookback import ids_before
 from workers.usage.mirror import RedisMirror
 from workers.usage.ratings import RatingCounts, RatingKey, Ratings
 from workers.usage.rows import Counts, RowKey
+from workers.usage.write_behind import WriteBehind
 
 __all__ = ["AccountingApp", "MIRROR_INTERVAL_S", "FULL_MIRROR_EVERY", "SWEEP_EVERY_MS",
            "FLUSH_TIMEOUT_S", "accounting_datadir", "changelog_configs", "conveyor_home"]
@@ -188,7 +189,10 @@ class AccountingApp:
         self.totals = self.app.Table("usage-totals", partitions=partitions,
                                      extra_topic_configs=changelog_configs(replication),
                                      help="row key -> counts (workers/usage/rows.py)")
-        self.counter = Counter(self.totals, now_ms, window)
+        # rows changelogged once a commit, not once an event (write_behind.py)
+        self.row_writes = WriteBehind(self.totals)
+        self.drain.before = self.row_writes.flush
+        self.counter = Counter(self.row_writes, now_ms, window)
         # ratings (workers/usage/ratings.py): conveyor.feedback has one partition
         self.rating_latest = self.app.Table(
             "feedback-latest", partitions=1, extra_topic_configs=changelog_configs(replication),
@@ -237,6 +241,7 @@ class AccountingApp:
             for tp in revoked:
                 if tp.topic == self.source_topic:
                     self.counter.forget(tp.partition)
+                    self.row_writes.drop(tp.partition)
 
         self.app.agent(self.source, name=f"{app_id}.account")(account)
         self.app.agent(self.feedback, name=f"{app_id}.rate")(rate)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["BufferDrain", "drain_before_commit"]
@@ -41,6 +42,9 @@ class BufferDrain:
     def __init__(self, buffer: Any, timeout_s: float) -> None:
         self.buffer = buffer
         self.timeout_s = timeout_s
+        # called as a flush begins, before it counts what it waits for: writes
+        # held back until a commit (workers/usage/write_behind.py) join the flush
+        self.before: Callable[[], object] | None = None
         self.put_count = 0
         self.handed = 0
         self._put = buffer.put
@@ -58,6 +62,8 @@ class BufferDrain:
 
     async def flush(self) -> None:
         """Return once every message put before this call is handed on."""
+        if self.before is not None:
+            self.before()
         target = self.put_count
         deadline = time.monotonic() + self.timeout_s
         while self.handed < target:

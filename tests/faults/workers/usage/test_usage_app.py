@@ -388,6 +388,57 @@ async def test_a_kill_in_the_middle_of_a_stream_loses_and_doubles_no_count(
     assert await ledger.used_tokens("soak", "day") == 3 * n
 
 
+async def test_a_member_joining_then_the_first_killed_loses_and_doubles_no_count(
+        accounting: Accounting, ledger: UsageLedger, tmp_path: Path) -> None:
+    """Rows reach the changelog once a commit (workers/usage/write_behind.py):
+    a second member joins mid-backlog (the first gives up partitions, with
+    rows it had not sent yet), then the first is SIGKILLed and the second
+    takes everything over. Every request of four tenants is counted once."""
+    s = accounting.settings
+    tenants = ["rb-a", "rb-b", "rb-c", "rb-d"]  # spread over the partitions
+    n = 1200
+    codec = default_codec()
+    producer = make_producer(s)
+    await producer.start()
+    try:
+        for i in range(n):
+            tenant = tenants[i % 4]
+            record = usage(f"rb-{i}", tenant, prompt=2, completion=1)
+            await producer.send(s.topic("usage"), codec.encode("UsageRecord", record),
+                                key=tenant.encode())
+        await producer.flush()
+    finally:
+        await producer.stop()
+
+    async def counted() -> int:
+        return sum([(await today(ledger, t))[0] for t in tenants])
+
+    async def some() -> bool:
+        return await counted() >= n // 10
+
+    await eventually(some, 60, accounting)
+    second = Accounting(s, accounting.redis, tmp_path, tmp_path / "home")
+    second.start()
+    try:
+        async def more() -> bool:
+            return await counted() >= n // 3
+
+        await eventually(more, 60, second)
+        assert accounting.signal(signal.SIGKILL) == -signal.SIGKILL
+
+        async def all_of_them() -> bool:
+            return await counted() >= n
+
+        await eventually(all_of_them, 120, second)
+        await asyncio.sleep(2)  # any late repeat would be counted by now
+        for t in tenants:
+            assert await today(ledger, t) == (n // 4, 0, n // 2, n // 4, 3 * n // 4), t
+    finally:
+        if second.proc is not None and second.proc.poll() is None:
+            second.signal(signal.SIGKILL)
+        accounting.start()  # the module's app, for the tests after this one
+
+
 async def test_ratings_survive_a_kill_mid_stream_and_a_flush_latest_once(
         accounting: Accounting, ledger: UsageLedger) -> None:
     """Ratings (workers/usage/ratings.py) under the same faults: each of 300
