@@ -45,7 +45,9 @@ clock in milliseconds; nothing sleeps.
   later iteration adds one, and it ends with the iteration that produced its
   last token, freeing its slot and KV reservation.
 
-**Calibrating** (not done here): the defaults are Dynamo's GPU fit. A CPU
+**Calibrating**: the defaults are Dynamo's GPU fit; ``python -m
+bench.calibrate`` measures the CPU engine's own step times and prints the
+flags (the README has its figures and the fleet run with them). A CPU
 worker (llama.cpp) has a near-linear prefill and a decode that barely grows
 with the cache. ``python -m bench.routing`` on two real workers prints the
 TTFT p50 of first turns (a ~600-token system prompt, prefilled whole) and of
