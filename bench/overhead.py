@@ -14,6 +14,7 @@ and one Conveyor serve every scenario: the registry maps ``bench-paced`` and
 ``bench-unpaced`` onto those upstream names.
 
     python -m bench.overhead [--quick]
+    python -m bench.overhead --soak 100000    # a long run, RSS sampled (bench/soak.py)
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from bench.harness import (
     wait_http,
 )
 from bench.scenarios import DELAY_MS, Result, Scenario, Side, scenarios
+from bench.soak import run_soak
 from bench.stats import Check, percentile
 
 __all__ = ["main"]
@@ -91,7 +93,10 @@ async def measure(plan: list[Scenario], upstream_url: str, gateway_url: str) -> 
 # Processes
 
 
-def run(quick: bool, upstream_port: int, gateway_port: int) -> list[Result]:
+def run(quick: bool, upstream_port: int, gateway_port: int,
+        soak: tuple[int, int, float] | None = None) -> list[Result]:
+    """The scenarios; with ``soak`` (requests, concurrency, sample seconds) a
+    long Conveyor-only run instead (bench/soak.py), printed, no scenarios."""
     with staged(upstream_port, {gateway_port: "gateway"}, REGISTRY) as (stage, stack):
         gateway_url = f"http://127.0.0.1:{gateway_port}"
         env = conveyor_env(topic_prefix=f"bench{int(time.time())}", gateway_port=gateway_port,
@@ -100,6 +105,9 @@ def run(quick: bool, upstream_port: int, gateway_port: int) -> list[Result]:
                          stage.upstream_url, "--pool", "bench", "--capacity", "64", "--no-infra"]
         conveyor = stack.enter_context(running("conveyor", conveyor_argv, stage.work, env))
         wait_http(f"{gateway_url}/healthz", conveyor, 180.0)
+        if soak is not None:
+            run_soak(gateway_url, conveyor.popen.pid, *soak).report()
+            return []
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
             return runner.run(measure(scenarios(quick), stage.upstream_url, gateway_url))
 
@@ -112,7 +120,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="about 5x fewer requests")
     parser.add_argument("--upstream-port", type=int, default=9100)
     parser.add_argument("--gateway-port", type=int, default=8100)
+    parser.add_argument("--soak", type=int, metavar="N",
+                        help="instead: N unpaced streams through Conveyor, RSS sampled")
+    parser.add_argument("--concurrency", type=int, default=32, help="of --soak")
+    parser.add_argument("--sample-s", type=float, default=10.0, help="of --soak")
     args = parser.parse_args(argv)
+    if args.soak:
+        run(args.quick, args.upstream_port, args.gateway_port,
+            (args.soak, args.concurrency, args.sample_s))
+        return
     report_main("bench.overhead", OVERHEAD, lambda: run(
         args.quick, args.upstream_port, args.gateway_port))
 

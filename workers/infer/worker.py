@@ -138,7 +138,7 @@ class InferWorker:
     def models(self) -> list[str]:
         """The models this worker serves: its engine's (a model set's), else its
         pool's."""
-        served = getattr(self.engine, "served", None)
+        served = self.engine.served
         if served is not None:
             return sorted(served)
         return sorted(m.name for m in self.registry.models.values() if m.pool == self.pool)
@@ -387,7 +387,7 @@ class InferWorker:
         return Snapshot([tp.partition for tp in self.partitions], len(self.running), 0,
                         interactive, self.interactive_ms, kv,
                         self.speed.prefill_tps, self.speed.tpot_ms,
-                        getattr(self.engine, "loaded", None), self._held_blocks(kv))
+                        self.engine.loaded, self._held_blocks(kv))
 
     def _held_blocks(self, kv: KvState | None) -> list[int] | None:
         """The prompt blocks to report: those of the prompts it ran, no more than

@@ -95,6 +95,16 @@ class Engine(Protocol):
     # it reports each token's log probability (Piece.logprobs)
     reports_logprobs: bool
 
+    @property
+    def served(self) -> list[str] | None:
+        """The models it serves (a model set's, vLLM's one); None: its pool's."""
+        ...
+
+    @property
+    def loaded(self) -> list[str] | None:
+        """Of those, the ones loaded now; None: all of them."""
+        ...
+
     def kv_state(self) -> KvState | None:
         """The KV cache now, or None where the engine keeps none Conveyor can see."""
         ...

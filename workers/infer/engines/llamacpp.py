@@ -142,6 +142,9 @@ class LlamaCppEngine:
         self.decodes_tools = True  # the same sampler, on the tools' grammar
         self.biases_logits = True  # llama-cpp-python's logit_bias
         self.reports_logprobs = True  # read off the logits where it samples (logprobs.py)
+        # the pool's models, all of them loaded (base.Engine)
+        self.served: list[str] | None = None
+        self.loaded: list[str] | None = None
         self.model_path = Path(model_path)
         self.n_ctx = n_ctx
         self.n_threads = n_threads

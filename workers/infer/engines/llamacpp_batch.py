@@ -161,6 +161,9 @@ class LlamaCppBatchEngine:
         self.decodes_tools = True  # the same sampler, on the tools' grammar
         self.biases_logits = True  # llama.cpp's logit-bias sampler, first in each chain
         self.reports_logprobs = True  # read off each sequence's logits (logprobs.py)
+        # the pool's models, all of them loaded (base.Engine)
+        self.served: list[str] | None = None
+        self.loaded: list[str] | None = None
         self.contexts = min(contexts, sequences)  # a context holds one sequence at least
         self.reproducible_seeds = False  # see the module notes
         self.model_path = Path(model_path)

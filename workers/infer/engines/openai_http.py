@@ -69,6 +69,9 @@ class OpenAIHttpEngine:
         self.decodes_tools = True  # tools passed on, the upstream's calls written as text
         self.biases_logits = True  # passed on as logit_bias
         self.reports_logprobs = True  # asked of the upstream, read back from its chunks
+        # the pool's models, all of them loaded (base.Engine)
+        self.served: list[str] | None = None
+        self.loaded: list[str] | None = None
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.timeout_s = timeout_s

@@ -96,6 +96,9 @@ class ScriptedEngine:
         self.decodes_tools = False
         self.biases_logits = False  # scripted text has no logits
         self.reports_logprobs = False
+        # the pool's models, all of them loaded (base.Engine)
+        self.served: list[str] | None = None
+        self.loaded: list[str] | None = None
         self.script = script
         self.text = text
         self.token_delay_s = token_delay_ms / 1000

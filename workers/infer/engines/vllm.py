@@ -151,6 +151,11 @@ class VllmEngine:
         return [self.spec.name]
 
     @property
+    def loaded(self) -> list[str] | None:
+        """None: the one model, loaded at start."""
+        return None
+
+    @property
     def running(self) -> int:
         """Generations holding a slot now."""
         return len(self._live)

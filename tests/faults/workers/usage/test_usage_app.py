@@ -31,6 +31,7 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from bench.usage_soak import send as backlog  # a backlog: sent at once, keyed by tenant
 from conveyor.settings import Settings
 from schemas.codec import default_codec
 from schemas.records import Control, Feedback, UsageRecord
@@ -358,18 +359,8 @@ async def test_a_kill_in_the_middle_of_a_stream_loses_and_doubles_no_count(
     and reads all in flight): once restarted, every request is counted once."""
     s = accounting.settings
     n = 1400
-    codec = default_codec()
-    producer = make_producer(s)
-    await producer.start()
-    try:
-        for i in range(n):
-            record = usage(f"soak-{i}", "soak", key_id=f"k{i % 7}", model=f"m{i % 3}",
-                           prompt=2, completion=1)
-            await producer.send(s.topic("usage"), codec.encode("UsageRecord", record),
-                                key=b"soak")  # keyed by tenant, as postprocess writes
-        await producer.flush()
-    finally:
-        await producer.stop()
+    await backlog(s, [usage(f"soak-{i}", "soak", key_id=f"k{i % 7}", model=f"m{i % 3}",
+                            prompt=2, completion=1) for i in range(n)])
 
     async def some() -> bool:
         return (await today(ledger, "soak"))[0] >= n // 10
@@ -397,18 +388,8 @@ async def test_a_member_joining_then_the_first_killed_loses_and_doubles_no_count
     s = accounting.settings
     tenants = ["rb-a", "rb-b", "rb-c", "rb-d"]  # spread over the partitions
     n = 1200
-    codec = default_codec()
-    producer = make_producer(s)
-    await producer.start()
-    try:
-        for i in range(n):
-            tenant = tenants[i % 4]
-            record = usage(f"rb-{i}", tenant, prompt=2, completion=1)
-            await producer.send(s.topic("usage"), codec.encode("UsageRecord", record),
-                                key=tenant.encode())
-        await producer.flush()
-    finally:
-        await producer.stop()
+    await backlog(s, [usage(f"rb-{i}", tenants[i % 4], prompt=2, completion=1)
+                      for i in range(n)])
 
     async def counted() -> int:
         return sum([(await today(ledger, t))[0] for t in tenants])
