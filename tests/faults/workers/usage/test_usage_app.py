@@ -31,7 +31,6 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from bench.usage_soak import send as backlog  # a backlog: sent at once, keyed by tenant
 from conveyor.settings import Settings
 from schemas.codec import default_codec
 from schemas.records import Control, Feedback, UsageRecord
@@ -145,6 +144,22 @@ async def produce(settings: Settings, *values: UsageRecord | tuple[str, bytes]) 
             else:
                 key, data = value["tenant"], codec.encode("UsageRecord", value)
             await producer.send_and_wait(settings.topic("usage"), data, key=key.encode())
+    finally:
+        await producer.stop()
+
+
+async def backlog(settings: Settings, records: list[UsageRecord]) -> None:
+    """Usage records sent at once, without waiting for each (a backlog the app
+    works through), keyed by tenant as postprocess writes them. (bench.usage_soak
+    has the same; tests import nothing of the benchmarks.)"""
+    codec = default_codec()
+    producer = make_producer(settings)
+    await producer.start()
+    try:
+        for record in records:
+            await producer.send(settings.topic("usage"), codec.encode("UsageRecord", record),
+                                key=record["tenant"].encode())
+        await producer.flush()
     finally:
         await producer.stop()
 
