@@ -127,7 +127,9 @@ class RdProducer:
     def _open(self) -> None:
         from confluent_kafka import Producer as RawProducer
 
-        self._producer = RawProducer({**self.config, "error_cb": self._on_error})
+        # librdkafka's own log lines go to Python's logging, not to stderr
+        self._producer = RawProducer({**self.config, "error_cb": self._on_error,
+                                      "logger": logging.getLogger("librdkafka")})
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._poll, args=(self._producer, self._stopping),
                                         name="rdkafka-poll", daemon=True)
