@@ -226,7 +226,9 @@ class Pipeline:
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         proc = self.procs[name]
         proc.send_signal(sig)
-        proc.wait(timeout=30)
+        # a killed process with a large address space (a vLLM worker) can take
+        # over 30 s to be torn down on two saturated cores
+        proc.wait(timeout=120)
 
     def tail(self, name: str, lines: int = 40) -> str:
         path = self.logs / f"{self.prefix}-{name}.log"
