@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -14,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from conveyor.errors import SchemaError
 from conveyor.settings import Settings
@@ -117,27 +116,51 @@ def test_a_huge_conversation_does_not_hold_up_a_small_request_behind_it(
     turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}"}
              for i in range(20_000)]
     turns.append({"role": "user", "content": big_marker})
-    results: dict[str, int] = {}
-
-    def post(name: str, messages: list[dict[str, str]]) -> None:
-        r = httpx.post(f"{pipeline.base_url}/v1/chat/completions", timeout=300, json={
-            "model": "smollm2", "max_tokens": 1, "messages": messages})
-        results[name] = r.status_code
-
-    big = threading.Thread(target=post, args=("big", turns))
-    big.start()
-    # the huge request is in the pipeline before the small one is sent
-    read(pipeline, "requests", "Request", lambda seen: any(
-        e["generation"]["messages"] and e["generation"]["messages"][-1]["content"] == big_marker
-        for _, e in seen))
-    post("small", [{"role": "user", "content": small_marker}])
-    big.join(timeout=300)
-    assert results == {"big": 200, "small": 200}
+    codec = default_codec()
 
     def last(event: Any) -> str:
         messages = event["generation"]["messages"]
         return str(messages[-1]["content"]) if messages else ""
 
+    async def post(client: httpx.AsyncClient, messages: list[dict[str, str]]) -> int:
+        r = await client.post(f"{pipeline.base_url}/v1/chat/completions", json={
+            "model": "smollm2", "max_tokens": 1, "messages": messages})
+        return r.status_code
+
+    async def scenario() -> dict[str, int]:
+        # the reader stands at the end of conveyor.requests before the huge request
+        # is sent, so the small one follows it within milliseconds of its arrival
+        # (a reader started afterwards, from the topic's start, took long enough
+        # on a loaded machine for preprocess to be done with the huge one)
+        topic = pipeline.settings.topic("requests")
+        consumer = AIOKafkaConsumer(bootstrap_servers=pipeline.settings.kafka_bootstrap,
+                                    enable_auto_commit=False, fetch_max_wait_ms=20,
+                                    fetch_max_bytes=64 * 1024 * 1024)
+        await consumer.start()
+        try:
+            await consumer._client.force_metadata_update()
+            parts = consumer.partitions_for_topic(topic) or set()
+            consumer.assign([TopicPartition(topic, n) for n in sorted(parts)])
+            await consumer.seek_to_end()
+            for tp in consumer.assignment():
+                await consumer.position(tp)
+            async with httpx.AsyncClient(timeout=300) as client:
+                big = asyncio.create_task(post(client, turns))
+                deadline = time.monotonic() + 60
+                arrived = False
+                while not arrived:
+                    assert time.monotonic() < deadline, "the huge request never arrived"
+                    batch = await consumer.getmany(timeout_ms=100)
+                    for records in batch.values():
+                        for r in records:
+                            with contextlib.suppress(SchemaError):
+                                arrived |= last(codec.decode(r.value, "Request")) == big_marker
+                small = await post(client, [{"role": "user", "content": small_marker}])
+                return {"big": await big, "small": small}
+        finally:
+            await consumer.stop()
+
+    assert asyncio.run(scenario()) == {"big": 200, "small": 200}
     prepared = read(pipeline, "prepared", "Prepared", lambda seen: {
         big_marker, small_marker} <= {last(e) for _, e in seen})
     left = {last(e): ts for ts, e in prepared if last(e) in (big_marker, small_marker)}

@@ -168,8 +168,12 @@ def test_interactive_first_batch_never_starves(
               f"batch ended in {batch_s:.1f} s"
               f"\nbehind {BATCH} at priority 0: ttft {[round(t, 2) for t in ttfts_fifo]}, "
               f"batch ended in {fifo_s:.1f} s")
-        # (1) not behind the batch: at most about one generation (a free slot) late
-        assert max(ttfts) <= ttft_alone + 2 * generation_s + 0.5, ttfts
+        # (1) not behind the batch: about one generation (a free slot) late, with a
+        # second's slack for a machine whose other work slows the engine's steps
+        # (a probe once measured 1.27 s against a bound of 1.22 s under the whole
+        # suite), and far ahead of where the same probe lands behind a FIFO batch
+        assert max(ttfts) <= ttft_alone + 2 * generation_s + 1.5, ttfts
+        assert max(ttfts) < max(ttfts_fifo) / 2, (ttfts, ttfts_fifo)
         # (2) the batch finished, none of it failed (no no_worker_available while busy)
         assert not errors, errors
         assert batch_s <= 1.5 * fifo_s + 5, (batch_s, fifo_s)
