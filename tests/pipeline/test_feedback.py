@@ -98,7 +98,7 @@ def test_ratings_are_counted_latest_per_request_in_usage(replicas: Replicas) -> 
     # over 30 s behind (the wait ends as soon as both ratings are counted)
     deadline = time.monotonic() + 120
     while not ratings_now() or ratings_now()[-1]["count"] != 2:
-        assert time.monotonic() < deadline, ratings_now()
+        assert time.monotonic() < deadline, (ratings_now(), replicas.p.tail("accounting", 80))
         time.sleep(0.3)
     [day] = ratings_now()
     assert day["mean"] == 0.75  # the first answer's latest rating (1) and the second's

@@ -194,13 +194,11 @@ class AccountingApp:
         self.drain.before = self.row_writes.flush
         self.counter = Counter(self.row_writes, now_ms, window)
         # ratings (workers/usage/ratings.py): conveyor.feedback has one partition
-        self.rating_latest = self.app.Table(
-            "feedback-latest", partitions=1, extra_topic_configs=changelog_configs(replication),
-            help="request id -> the rating of it counted (workers/usage/ratings.py)")
-        self.rating_totals = self.app.Table(
-            "feedback-totals", partitions=1, extra_topic_configs=changelog_configs(replication),
-            help="rating row key -> count and score sum (workers/usage/ratings.py)")
-        self.ratings = Ratings(self.rating_latest, self.rating_totals, now_ms)
+        # (rows and latest ratings in one table: one changelog, written in order)
+        self.rating_table = self.app.Table(
+            "feedback-ratings", partitions=1, extra_topic_configs=changelog_configs(replication),
+            help="rating rows and each request's latest rating (workers/usage/ratings.py)")
+        self.ratings = Ratings(self.rating_table, now_ms)
         self.feedback_topic = settings.topic("feedback")
         self.feedback = self.app.topic(self.feedback_topic, key_serializer="raw",
                                        value_serializer=UsageValueCodec(event_type="Feedback"))
@@ -351,9 +349,9 @@ class AccountingApp:
         if not owned:
             return
         if texts is None:
-            items: Iterable[tuple[str, Any]] = list(self.rating_totals.items())
+            items: Iterable[tuple[str, Any]] = list(self.ratings.rows())
         else:
-            items = [(t, self.rating_totals.get(t)) for t in texts]
+            items = [(t, self.rating_table.get(t)) for t in texts]
         for text, value in items:
             if value is not None:
                 yield RatingKey.parse(text), RatingCounts.from_value(value)
