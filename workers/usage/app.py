@@ -112,6 +112,7 @@ log = logging.getLogger(__name__)
 MIRROR_INTERVAL_S = 0.5
 FULL_MIRROR_EVERY = 10  # ticks: a full pass every 5 s
 SWEEP_EVERY_MS = 60_000
+UNREADY_WARN_S = 15.0  # the mirror says so when the tables stay unready this long
 # a commit waits this long for the changelog writes before it fails (and the
 # events are read again) rather than commit past writes that are not durable
 FLUSH_TIMEOUT_S = 120.0
@@ -214,6 +215,7 @@ class AccountingApp:
         self._ticks = 0
         self._full_due = True
         self._problems = RateLimitedLog(log)
+        self._unready_since: float | None = None
 
         async def account(stream: faust.StreamT[Any]) -> AsyncIterator[None]:
             async for event in stream.events():
@@ -359,7 +361,20 @@ class AccountingApp:
     async def mirror_once(self) -> int:
         """One tick: write the changed rows, or all of them when a full pass is due."""
         if not self.ready():
+            if self._unready_since is None:
+                self._unready_since = time.monotonic()
+            elif time.monotonic() - self._unready_since >= UNREADY_WARN_S:
+                recovery: Any = getattr(self.app.tables, "recovery", None)
+                self._problems.warning(
+                    "unready", "usage mirror: the tables have not been whole for %.0f s "
+                    "(rebalancing %s, in recovery %s, recovery complete %s); nothing mirrored",
+                    time.monotonic() - self._unready_since, self.app.rebalancing,
+                    self.app.in_recovery,
+                    recovery is not None and recovery.completed.is_set())
             return 0
+        if self._unready_since is not None:
+            self._unready_since = None
+            self._problems.resolved("unready", "usage mirror: the tables are whole again")
         self._ticks += 1
         full = self._full_due or self._ticks % FULL_MIRROR_EVERY == 0
         dirty = self.counter.take_dirty()
