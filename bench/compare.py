@@ -93,9 +93,17 @@ def paired_checks(base: str, variant: str, ttft_target_ms: float, rate_target: f
             return [FineCheck(key, f"added TTFT p50 ({variant} - {base}, paired)", added,
                               ttft_target_ms, "<=", "ms")]
         base_rate, variant_rate = result.base.rate, result.variant.rate
+        ratios = result.rate_ratios()
+        low, high = median_interval(ratios)
+        interval = "too few for an interval" if math.isnan(low) else \
+            f"95 % interval {100 * low:.1f}-{100 * high:.1f} %"
         return [Check(key, f"{variant} rate (>= {rate_target:.0%} of {base}'s "
                       f"{base_rate:.1f})", variant_rate, round(rate_target * base_rate, 1),
-                      ">=", "req/s")]
+                      ">=", "req/s"),
+                Check(key, f"{variant} rate over {base}'s, median of {len(ratios)} round "
+                      f"pairs ({interval})",
+                      round(100 * percentile(ratios, 50), 1), round(100 * rate_target, 1),
+                      ">=", "%")]
 
     return checks
 
@@ -209,8 +217,10 @@ async def _round(sc: Scenario, side: Side, tally: Tally | None, per_worker: int)
     lanes = await asyncio.gather(*(lane() for _ in range(sc.concurrency)))
     samples = [one[i] for i in range(per_worker) for one in lanes]
     if tally is not None:
+        took = time.perf_counter() - start
         tally.samples.extend(samples)
-        tally.busy_s += time.perf_counter() - start
+        tally.busy_s += took
+        tally.round_rates.append(sum(s.ok for s in samples) / took)
     return samples
 
 

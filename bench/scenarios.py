@@ -79,6 +79,8 @@ class Tally:
 
     samples: list[Sample] = field(default_factory=list)
     busy_s: float = 0.0
+    # concurrency N: each round's rate (its answered streams over its wall time)
+    round_rates: list[float] = field(default_factory=list)
 
     @property
     def ok(self) -> list[Sample]:
@@ -101,6 +103,12 @@ class Result:
     base: Tally = field(default_factory=Tally)
     variant: Tally = field(default_factory=Tally)
     pairs: list[tuple[Sample, Sample]] = field(default_factory=list)  # (base, variant)
+
+    def rate_ratios(self) -> list[float]:
+        """Concurrency N: the variant's rate over the base's, round pair by round
+        pair (each pair ran back to back, so the machine's drift mostly cancels)."""
+        return [v / b for b, v in zip(self.base.round_rates, self.variant.round_rates,
+                                      strict=False) if b > 0]
 
     def added_ttft(self) -> list[float]:
         return [v.ttft - b.ttft for b, v in self.pairs if b.ok and v.ok]
