@@ -38,9 +38,9 @@ from bench.harness import (
 from bench.scenarios import DELAY_MS, TOKENS, Result, Scenario, Side, Tally
 from bench.stats import Check, markdown_table, percentile
 
-__all__ = ["REGISTRY", "Comparison", "FineCheck", "Stage", "first_success", "loop_factory",
-           "measure", "median_interval", "plan", "report_main", "report_summary", "run_pairs",
-           "run_rounds", "staged"]
+__all__ = ["REGISTRY", "Comparison", "CpuReader", "FineCheck", "Stage", "cpu_rows",
+           "first_success", "loop_factory", "measure", "median_interval", "plan", "report_main",
+           "report_summary", "run_pairs", "run_rounds", "staged"]
 
 T = TypeVar("T")
 
@@ -207,12 +207,18 @@ async def run_pairs(sc: Scenario, base: Side, variant: Side) -> Result:
     return result
 
 
-async def _round(sc: Scenario, side: Side, tally: Tally | None, per_worker: int) -> list[Sample]:
+# CPU seconds each process has used so far, by name (bench/profile.py's cpu_reader)
+CpuReader = Callable[[], dict[str, float]]
+
+
+async def _round(sc: Scenario, side: Side, tally: Tally | None, per_worker: int,
+                 cpu: CpuReader | None = None) -> list[Sample]:
     """``sc.concurrency`` streams, each sending ``per_worker`` requests back to back."""
 
     async def lane() -> list[Sample]:
         return [await side.one(sc.paced) for _ in range(per_worker)]
 
+    used = cpu() if cpu is not None and tally is not None else {}
     start = time.perf_counter()
     lanes = await asyncio.gather(*(lane() for _ in range(sc.concurrency)))
     samples = [one[i] for i in range(per_worker) for one in lanes]
@@ -221,11 +227,19 @@ async def _round(sc: Scenario, side: Side, tally: Tally | None, per_worker: int)
         tally.samples.extend(samples)
         tally.busy_s += took
         tally.round_rates.append(sum(s.ok for s in samples) / took)
+        if cpu is not None:
+            # what the processes did after the round's last answer (settling,
+            # accounting) lands in the next round, of either side: which side
+            # goes first alternates
+            for name, seconds in cpu().items():
+                tally.cpu_s[name] = tally.cpu_s.get(name, 0.0) + seconds - used.get(name, 0.0)
     return samples
 
 
-async def run_rounds(sc: Scenario, base: Side, variant: Side) -> Result:
-    """Concurrency N: a round of N streams a side, the first side alternating."""
+async def run_rounds(sc: Scenario, base: Side, variant: Side,
+                     cpu: CpuReader | None = None) -> Result:
+    """Concurrency N: a round of N streams a side, the first side alternating;
+    with ``cpu``, each process's CPU during each side's rounds."""
     result = Result(sc)
     for _ in range(sc.warmup):
         await _round(sc, base, None, 1)
@@ -233,24 +247,27 @@ async def run_rounds(sc: Scenario, base: Side, variant: Side) -> Result:
     i = 0
     while (max(len(result.base.samples), len(result.variant.samples)) < sc.max_requests
            and max(result.base.busy_s, result.variant.busy_s) < sc.window_s):
-        b, v = await _in_turn(i, lambda: _round(sc, base, result.base, sc.per_worker),
-                              lambda: _round(sc, variant, result.variant, sc.per_worker))
+        b, v = await _in_turn(i, lambda: _round(sc, base, result.base, sc.per_worker, cpu),
+                              lambda: _round(sc, variant, result.variant, sc.per_worker, cpu))
         result.pairs.extend(zip(b, v, strict=True))
         i += 1
     return result
 
 
 async def measure(scenarios: list[Scenario], base: Side, variant: Side,
-                  comparison: Comparison, first_timeout_s: float = 90.0) -> list[Result]:
-    """Each scenario in turn, its report printed as it ends."""
+                  comparison: Comparison, first_timeout_s: float = 90.0,
+                  cpu: CpuReader | None = None) -> list[Result]:
+    """Each scenario in turn, its report printed as it ends (with ``cpu``, the
+    concurrent scenarios' CPU a request, process by process)."""
     await first_success(base, first_timeout_s)
     await first_success(variant, first_timeout_s)
     results: list[Result] = []
     for sc in scenarios:
-        runner = run_pairs if sc.concurrency == 1 else run_rounds
         print(f"running {sc.key}: {sc.title} ...", flush=True)
+        running = run_pairs(sc, base, variant) if sc.concurrency == 1 else \
+            run_rounds(sc, base, variant, cpu)
         try:
-            result = await asyncio.wait_for(runner(sc, base, variant), sc.hard_limit_s)
+            result = await asyncio.wait_for(running, sc.hard_limit_s)
         except TimeoutError as exc:
             raise BenchError(f"{sc.key} ran past {sc.hard_limit_s:.0f} s") from exc
         report_scenario(result, comparison)
@@ -334,9 +351,27 @@ def report_scenario(result: Result, c: Comparison) -> None:
                   f"not {expected}")
         if tally.failed:
             print(f"{name}: {len(tally.failed)} failed, first: {tally.failed[0].error}")
+    if result.base.cpu_s:
+        print("\nCPU a request during each side's rounds (µs; the variant's extra):")
+        print(markdown_table(["process", c.base, c.variant, "extra"], cpu_rows(result)))
     for check in c.checks(result):
         print(check.line())
     print(flush=True)
+
+
+def cpu_rows(result: Result) -> list[list[str]]:
+    """Per process (most CPU first) and in all: µs a request on each side."""
+    b_n, v_n = max(1, len(result.base.ok)), max(1, len(result.variant.ok))
+    names = sorted(result.base.cpu_s, key=lambda n: -result.base.cpu_s[n])
+    rows = []
+    for name in [*names, "all"]:
+        if name == "all":
+            b, v = sum(result.base.cpu_s.values()), sum(result.variant.cpu_s.values())
+        else:
+            b, v = result.base.cpu_s[name], result.variant.cpu_s.get(name, 0.0)
+        b_us, v_us = 1e6 * b / b_n, 1e6 * v / v_n
+        rows.append([name, f"{b_us:.0f}", f"{v_us:.0f}", f"{v_us - b_us:+.0f}"])
+    return rows
 
 
 def report_summary(results: list[Result], c: Comparison) -> None:

@@ -35,6 +35,7 @@ from bench import compare
 from bench.client import make_client
 from bench.compare import (
     Comparison,
+    CpuReader,
     first_success,
     loop_factory,
     paired_checks,
@@ -43,6 +44,7 @@ from bench.compare import (
     staged,
 )
 from bench.harness import BenchError, conveyor_env, run_cli, running, wait_http
+from bench.profile import cpu_reader
 from bench.scenarios import TOKENS, Result, Scenario, Side
 from conveyor.policy.classifier import classifier
 from conveyor.policy.pii import Redactor
@@ -115,7 +117,7 @@ def _key(script: Path, env: dict[str, str], tenant: str) -> str:
 
 
 async def measure(scenarios: list[Scenario], url: str, plain_key: str,
-                  policed_key: str) -> list[Result]:
+                  policed_key: str, cpu: CpuReader | None = None) -> list[Result]:
     async with make_client() as plain_client, make_client() as policed_client:
         plain_client.headers["Authorization"] = f"Bearer {plain_key}"
         policed_client.headers["Authorization"] = f"Bearer {policed_key}"
@@ -124,7 +126,7 @@ async def measure(scenarios: list[Scenario], url: str, plain_key: str,
         policed = Side("policed", f"{url}/v1/completions", models, policed_client, PROMPT)
         await first_success(plain, 90.0)
         await first_success(policed, 90.0)
-        return await compare.measure(scenarios, plain, policed, POLICIES)
+        return await compare.measure(scenarios, plain, policed, POLICIES, cpu=cpu)
 
 
 def run(quick: bool, upstream_port: int, gateway_port: int, control: bool = False
@@ -151,12 +153,13 @@ def run(quick: bool, upstream_port: int, gateway_port: int, control: bool = Fals
         infer_argv = [str(script), "infer", "--engine", "openai", "--upstream",
                       stage.upstream_url, "--pool", "bench", "--capacity", "64",
                       "--worker-id", "bench-0"]
-        stack.enter_context(running("layers", [str(script), "layer"], work, env))
-        stack.enter_context(running("infer", infer_argv, work, env))
+        layers = stack.enter_context(running("layers", [str(script), "layer"], work, env))
+        infer = stack.enter_context(running("infer", infer_argv, work, env))
         gateway = stack.enter_context(running("gateway", [str(script), "gateway"], work, env))
         wait_http(f"{url}/healthz", gateway, 180.0)
+        cpu = cpu_reader([p.popen.pid for p in (layers, infer, gateway)])
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
-            return runner.run(measure(plan(quick), url, plain_key, policed_key))
+            return runner.run(measure(plan(quick), url, plain_key, policed_key, cpu))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,6 +128,26 @@ def processes(root_pid: int) -> list[Proc]:
         if seen[p.name] > 1:
             p.name = f"{p.name} [{p.pid}]"
     return named
+
+
+def cpu_reader(roots: list[int]) -> Callable[[], dict[str, float]]:
+    """A reader of the CPU seconds used so far by each process under ``roots``,
+    the broker, Redis and the upstream fixture, by name (bench/compare.py's
+    per-side CPU)."""
+    found: dict[int, Proc] = {}
+    for root in roots:
+        for proc in processes(root):
+            found.setdefault(proc.pid, proc)
+    procs = list(found.values())
+    names = Counter(p.name for p in procs)
+    for p in procs:
+        if names[p.name] > 1 and not p.name.endswith("]"):
+            p.name = f"{p.name} [{p.pid}]"
+
+    def read() -> dict[str, float]:
+        return {p.name: p.cpu_s() for p in procs}
+
+    return read
 
 
 async def load(side: Side, concurrency: int, seconds: float) -> tuple[int, int]:

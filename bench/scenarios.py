@@ -81,6 +81,9 @@ class Tally:
     busy_s: float = 0.0
     # concurrency N: each round's rate (its answered streams over its wall time)
     round_rates: list[float] = field(default_factory=list)
+    # concurrency N, when the processes' CPU is read: CPU seconds each process
+    # spent during this side's rounds
+    cpu_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> list[Sample]:

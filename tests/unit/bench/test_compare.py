@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from bench.client import Sample
-from bench.compare import paired_checks, run_rounds
+from bench.compare import cpu_rows, paired_checks, run_rounds
 from bench.scenarios import Result, Scenario, Side
 
 
@@ -42,3 +42,19 @@ def test_every_round_records_its_rate() -> None:
     result = asyncio.run(run_rounds(sc, base, variant))
     assert len(result.base.round_rates) == len(result.variant.round_rates) == rounds
     assert all(r > 0 for r in result.rate_ratios())
+
+
+def test_each_side_is_billed_the_cpu_of_its_own_rounds() -> None:
+    sc = Scenario("c32-unpaced", "", 2, False, 0, 2 * 2 * 4, 60.0, 2)
+    base, variant = Counting("a"), Counting("b")
+    clock = {"gateway": 0.0}
+
+    def cpu() -> dict[str, float]:
+        # the variant's requests cost the gateway twice what the base's do
+        clock["gateway"] = 0.001 * base.sent + 0.002 * variant.sent
+        return dict(clock)
+
+    result = asyncio.run(run_rounds(sc, base, variant, cpu))
+    [gateway, whole] = cpu_rows(result)
+    assert gateway == ["gateway", "1000", "2000", "+1000"]
+    assert whole[0] == "all"
