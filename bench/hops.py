@@ -1,8 +1,11 @@
 """Where a request's time goes, hop by hop, from the envelope's per-layer stamps.
 
     python -m bench.hops --prefix PREFIX --gateway http://127.0.0.1:8000 --model NAME [-n 100]
+        [--load 32 --load-model NAME]
 
-Sends ``n`` streamed completions one at a time through a running Conveyor,
+Sends ``n`` streamed completions one at a time through a running Conveyor
+(with ``--load``, while that many other streams of ``--load-model`` run back
+to back beside them: where a request's time goes on a busy pipeline),
 reads the replies those requests produced on ``<prefix>.replies`` and prints
 p50/p99 of each hop: the time from one layer taking the event to the next
 layer taking it (a produce, a fetch and the layer's own work), then from
@@ -25,7 +28,42 @@ from schemas.codec import default_codec
 HOPS = ("gateway", "preprocess", "route", "schedule", "infer", "postprocess")
 
 
-async def measure(prefix: str, gateway: str, model: str, n: int) -> None:
+async def background(gateway: str, model: str, streams: int, stop: asyncio.Event) -> int:
+    """``streams`` streamed completions of ``model`` back to back until ``stop``;
+    how many ended."""
+    done = 0
+    limits = httpx.Limits(max_connections=streams + 4)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+        async def lane() -> None:
+            nonlocal done
+            while not stop.is_set():
+                async with client.stream("POST", f"{gateway}/v1/completions", json={
+                        "model": model, "prompt": "hi", "max_tokens": 32,
+                        "stream": True}) as r:
+                    async for _ in r.aiter_lines():
+                        pass
+                done += 1
+
+        await asyncio.gather(*(lane() for _ in range(streams)))
+    return done
+
+
+async def measure(prefix: str, gateway: str, model: str, n: int, load: int = 0,
+                  load_model: str = "") -> None:
+    stop = asyncio.Event()
+    loaded = asyncio.create_task(background(gateway, load_model or model, load, stop)) \
+        if load else None
+    try:
+        await asyncio.sleep(2.0 if load else 0.0)  # the load is under way
+        await _probe(prefix, gateway, model, n)
+    finally:
+        stop.set()
+        if loaded is not None:
+            print(f"(beside {load} streams of {load_model or model}: "
+                  f"{await loaded} ended)")
+
+
+async def _probe(prefix: str, gateway: str, model: str, n: int) -> None:
     codec = default_codec()
     consumer = AIOKafkaConsumer(f"{prefix}.replies", bootstrap_servers="127.0.0.1:9092",
                                 auto_offset_reset="latest", enable_auto_commit=False)
@@ -84,8 +122,13 @@ def main() -> None:
     parser.add_argument("--gateway", default="http://127.0.0.1:8000")
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("-n", type=int, default=100)
+    parser.add_argument("--load", type=int, default=0,
+                        help="streams running beside the probes, back to back")
+    parser.add_argument("--load-model", default="",
+                        help="the model of those streams (default: --model)")
     args = parser.parse_args()
-    asyncio.run(measure(args.prefix, args.gateway, args.model, min(args.n, 2000)))
+    asyncio.run(measure(args.prefix, args.gateway, args.model, min(args.n, 2000),
+                        min(args.load, 256), args.load_model))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ py-spy, samples the stacks of Conveyor's Python processes. It prints:
   time spent under a few entry points that matter: aiokafka's produce and
   fetch paths, Avro, OpenTelemetry), in microseconds a request.
 
-    python -m bench.profile [--seconds 20] [--concurrency 32] [--top 12] [--no-spy]
+    python -m bench.profile [--seconds 20] [--concurrency 32] [--top 12] [--no-spy] [--paced]
 
 py-spy (``pip install py-spy``, in the ``dev`` extra) needs to read other
 processes' memory: root, or ``kernel.yama.ptrace_scope`` 0. Its sampling
@@ -150,15 +150,17 @@ def cpu_reader(roots: list[int]) -> Callable[[], dict[str, float]]:
     return read
 
 
-async def load(side: Side, concurrency: int, seconds: float) -> tuple[int, int]:
-    """Unpaced streams, ``concurrency`` at a time, for ``seconds``: (ok, failed)."""
+async def load(side: Side, concurrency: int, seconds: float, paced: bool = False
+               ) -> tuple[int, int]:
+    """Streams (unpaced, or paced at the fixture's 10 ms a token), ``concurrency``
+    at a time, for ``seconds``: (ok, failed)."""
     end = time.monotonic() + seconds
     ok = failed = 0
 
     async def stream() -> None:
         nonlocal ok, failed
         while time.monotonic() < end:
-            sample = await side.one(False)
+            sample = await side.one(paced)
             if sample.ok:
                 ok += 1
             else:
@@ -258,11 +260,11 @@ def run(args: argparse.Namespace) -> None:
                 side = Side("conveyor", f"{gateway_url}/v1/completions",
                             {False: "bench-unpaced", True: "bench-paced"}, client)
                 print(f"warming up ({args.warmup_s:.0f} s)...", flush=True)
-                await load(side, args.concurrency, args.warmup_s)
+                await load(side, args.concurrency, args.warmup_s, args.paced)
                 spies = [] if folder is None else spy(procs, args.seconds, folder)
                 before = {p.pid: p.cpu_s() for p in procs}
                 start = time.monotonic()
-                ok, failed = await load(side, args.concurrency, args.seconds)
+                ok, failed = await load(side, args.concurrency, args.seconds, args.paced)
                 elapsed = time.monotonic() - start
                 used = {p.pid: p.cpu_s() - before[p.pid] for p in procs}
                 for s in spies:
@@ -284,6 +286,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--no-spy", action="store_true", help="the per-process table only")
+    parser.add_argument("--paced", action="store_true",
+                        help="paced streams (a token every 10 ms), not unpaced")
     parser.add_argument("--upstream-port", type=int, default=9100)
     parser.add_argument("--gateway-port", type=int, default=8100)
     run(parser.parse_args(argv))
