@@ -13,13 +13,14 @@ from typing import Any
 
 import httpx
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from conveyor.errors import SchemaError
 from conveyor.settings import Settings
 from schemas.codec import default_codec
 from tests.support.pipeline import Pipeline
 from tests.support.services import OwnKafka
+from tests.support.topics import from_the_end
 from topics.admin import ensure_topics
 from topics.catalog import catalog
 from topics.follow import follow
@@ -132,18 +133,10 @@ def test_a_huge_conversation_does_not_hold_up_a_small_request_behind_it(
         # is sent, so the small one follows it within milliseconds of its arrival
         # (a reader started afterwards, from the topic's start, took long enough
         # on a loaded machine for preprocess to be done with the huge one)
-        topic = pipeline.settings.topic("requests")
-        consumer = AIOKafkaConsumer(bootstrap_servers=pipeline.settings.kafka_bootstrap,
-                                    enable_auto_commit=False, fetch_max_wait_ms=20,
-                                    fetch_max_bytes=64 * 1024 * 1024)
-        await consumer.start()
+        consumer = await from_the_end(pipeline.settings.kafka_bootstrap,
+                                      pipeline.settings.topic("requests"),
+                                      fetch_max_bytes=64 * 1024 * 1024)
         try:
-            await consumer._client.force_metadata_update()
-            parts = consumer.partitions_for_topic(topic) or set()
-            consumer.assign([TopicPartition(topic, n) for n in sorted(parts)])
-            await consumer.seek_to_end()
-            for tp in consumer.assignment():
-                await consumer.position(tp)
             async with httpx.AsyncClient(timeout=300) as client:
                 big = asyncio.create_task(post(client, turns))
                 deadline = time.monotonic() + 60

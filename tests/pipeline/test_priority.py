@@ -26,12 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 
 from schemas.codec import default_codec
 from schemas.records import Request
 from tests.support.factories import generation
 from tests.support.pipeline import Pipeline
+from tests.support.topics import from_the_end
 from topics.envelope import PRIORITY_BATCH, PRIORITY_INTERACTIVE, new_envelope, now_ms
 
 BATCH = 40
@@ -49,19 +50,8 @@ class Finals:
 
 async def _watch_tokens(p: Pipeline, finals: Finals, ready: asyncio.Event) -> None:
     codec = default_codec()
-    topic = p.settings.topic("tokens")
-    consumer = AIOKafkaConsumer(bootstrap_servers=p.settings.kafka_bootstrap,
-                                enable_auto_commit=False, fetch_max_wait_ms=20)
-    await consumer.start()
+    consumer = await from_the_end(p.settings.kafka_bootstrap, p.settings.topic("tokens"))
     try:
-        parts = consumer.partitions_for_topic(topic) or set()
-        if not parts:
-            await consumer._client.force_metadata_update()
-            parts = consumer.partitions_for_topic(topic) or set()
-        consumer.assign([TopicPartition(topic, n) for n in sorted(parts)])
-        await consumer.seek_to_end()
-        for tp in consumer.assignment():
-            await consumer.position(tp)
         ready.set()
         while True:
             batch = await consumer.getmany(timeout_ms=100)

@@ -28,6 +28,23 @@ async def partitions_of(consumer: AIOKafkaConsumer, topics: list[str]) -> list[T
             for part in t["partitions"]]
 
 
+async def from_the_end(bootstrap: str, topic: str, **options: Any) -> AIOKafkaConsumer:
+    """A started consumer of every partition of ``topic``, standing at its end
+    (positions resolved): it reads only what is written after this returns."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                fetch_max_wait_ms=20, **options)
+    await consumer.start()
+    try:
+        consumer.assign(await partitions_of(consumer, [topic]))
+        await consumer.seek_to_end()
+        for tp in consumer.assignment():
+            await consumer.position(tp)
+    except BaseException:
+        await consumer.stop()
+        raise
+    return consumer
+
+
 async def records(p: Pipeline, topics: list[str]) -> list[Any]:
     """Every record of ``topics``, from the beginning to their ends now."""
     consumer = AIOKafkaConsumer(bootstrap_servers=p.settings.kafka_bootstrap,
