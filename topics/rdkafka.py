@@ -154,13 +154,23 @@ class RdProducer:
             await asyncio.gather(*list(self._outstanding), return_exceptions=True)
 
     async def partitions_for(self, topic: str) -> set[int]:
-        metadata = await asyncio.to_thread(self._producer.list_topics, topic,
-                                           self.start_timeout_s)
-        found = metadata.topics.get(topic)
-        if found is None or found.error is not None:
-            raise TransientBrokerError(f"no metadata for {topic}: "
-                                       f"{None if found is None else found.error}")
-        return set(found.partitions)
+        """The topic's partitions, asking again while the broker does not know
+        the topic yet (as aiokafka's producer waits on its metadata): a topic
+        created a moment ago reaches a broker's metadata cache a little later."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.start_timeout_s
+        pause = 0.05
+        while True:
+            left = max(0.1, deadline - loop.time())
+            metadata = await asyncio.to_thread(self._producer.list_topics, topic, left)
+            found = metadata.topics.get(topic)
+            if found is not None and found.error is None and found.partitions:
+                return set(found.partitions)
+            if loop.time() + pause >= deadline:
+                raise TransientBrokerError(f"no metadata for {topic}: "
+                                           f"{None if found is None else found.error}")
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1.0)
 
     async def send_and_wait(self, topic: str, value: bytes | None = None,
                             key: bytes | None = None, partition: int | None = None,

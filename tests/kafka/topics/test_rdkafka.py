@@ -86,3 +86,28 @@ async def test_no_broker_fails_the_start_as_passing_trouble() -> None:
     producer.start_timeout_s = 1.0
     with pytest.raises(TransientBrokerError):
         await producer.start()
+
+
+async def test_partitions_of_a_topic_created_a_moment_later_are_waited_for() -> None:
+    """A topic the broker does not know yet (created just now, its metadata not
+    yet everywhere) is asked about again, as aiokafka's producer does; one that
+    never comes is passing trouble once the wait is over."""
+    name = f"t{uuid.uuid4().hex[:10]}.rd-late"
+    producer = make_producer(SETTINGS)
+    assert isinstance(producer, RdProducer)
+    await producer.start()
+    admin = AIOKafkaAdminClient(bootstrap_servers=BOOTSTRAP)
+    await admin.start()
+    try:
+        asking = asyncio.ensure_future(producer.partitions_for(name))
+        await asyncio.sleep(0.5)
+        assert not asking.done(), asking
+        await admin.create_topics([NewTopic(name, 2, 1)])
+        assert await asyncio.wait_for(asking, 20) == {0, 1}
+        producer.start_timeout_s = 1.0
+        with pytest.raises(TransientBrokerError):
+            await producer.partitions_for(f"{name}-never")
+    finally:
+        await admin.delete_topics([name])
+        await admin.close()
+        await producer.stop()
