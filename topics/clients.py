@@ -30,9 +30,9 @@ from conveyor.errors import BrokerError, PermanentBrokerError, TransientBrokerEr
 from conveyor.settings import Settings
 from topics.producer import EventProducer, Producer, breaks_sequence
 
-__all__ = ["EventProducer", "make_producer", "make_consumer", "stop_consumer", "broker_error",
-           "EventTooLarge", "Producer", "KafkaError", "KafkaConnectionError", "NotAssigned",
-           "COMMIT_REFUSED"]
+__all__ = ["PRODUCE_TIMEOUT_MS", "EventProducer", "make_producer", "make_consumer",
+           "stop_consumer", "broker_error", "EventTooLarge", "Producer", "KafkaError",
+           "KafkaConnectionError", "NotAssigned", "COMMIT_REFUSED"]
 
 # The client's errors, for the except clauses of code outside topics/: this module
 # is the one that imports aiokafka's errors, and broker_error() says what they mean.
@@ -85,6 +85,12 @@ def broker_error(exc: BaseException) -> BrokerError:
     return PermanentBrokerError(text)
 
 
+# how long a producer holds a record before it fails its send (a partition
+# without a leader: a broker restarting); the record keeps the time it was
+# sent at (its CreateTime), so it can land this much later than that time says
+PRODUCE_TIMEOUT_MS = 30_000
+
+
 def make_producer(settings: Settings, **overrides: Any) -> EventProducer:
     """The producer ``settings.kafka_producer`` names; ``overrides`` are
     aiokafka's option names (librdkafka takes ``enable_idempotence``,
@@ -98,7 +104,7 @@ def make_producer(settings: Settings, **overrides: Any) -> EventProducer:
         "linger_ms": settings.producer_linger_ms,
         "compression_type": None if settings.producer_compression == "none"
         else settings.producer_compression,
-        "request_timeout_ms": 30000,
+        "request_timeout_ms": PRODUCE_TIMEOUT_MS,
         "max_batch_size": 1 << 20,
         "max_request_size": settings.max_event_bytes,
     }
@@ -118,7 +124,7 @@ def _rd_producer(settings: Settings, overrides: dict[str, Any]) -> EventProducer
         linger_ms=overrides.get("linger_ms", settings.producer_linger_ms),
         compression=settings.producer_compression,
         max_event_bytes=settings.max_event_bytes,
-        request_timeout_ms=overrides.get("request_timeout_ms", 30000)))
+        request_timeout_ms=overrides.get("request_timeout_ms", PRODUCE_TIMEOUT_MS)))
 
 
 def make_consumer(

@@ -51,6 +51,14 @@ def _until(c: openai.OpenAI, batch_id: str, done: Callable[[Any], bool], within:
         time.sleep(0.2)
 
 
+def _jobs_lines(p: Pipeline, lines: int = 120) -> str:
+    """The layers' log lines about jobs and the dead-letter topic (what a
+    failure of the dead-command test needs to be read)."""
+    text = p.tail("layers", 5000)
+    return "\n".join([x for x in text.splitlines()
+                      if "dead" in x or "jobs" in x or "dlq" in x][-lines:])
+
+
 def test_a_batch_completes_across_a_kafka_stop_and_restart(
         pipeline_factory: Callable[..., Pipeline], own_kafka: OwnKafka,
         tmp_path: Path) -> None:
@@ -118,5 +126,5 @@ def test_a_dead_command_after_a_kafka_restart_still_fails_its_batch(
             assert time.monotonic() < deadline, "the broker did not come back"
             time.sleep(1)
     done = _until(c, batch_id, lambda b: b.status not in ("validating", "in_progress"), 120)
-    assert done.status == "failed", done
+    assert done.status == "failed", f"{done}\n{_jobs_lines(p)}"
     assert done.errors is not None and done.errors.data[0].code == "invalid_command"

@@ -25,8 +25,11 @@ Decisions:
   from ``conveyor.job-status`` (where the gateway wrote it before the
   command; the layer's long-lived keyed lookup,
   :class:`~topics.shared_lookup.SharedLookup`, reads from the command's time
-  on, so only the traffic since then is read). A letter without a key, or whose key
-  names no job there, stays a dead letter alone: there is no job to end.
+  on, less the clock skew and the longest a producer holds a record before it
+  lands, since a record's time is when it was sent, so only the traffic since
+  then is read; the whole partition when nothing is found there). A letter
+  without a key, or whose key names no job there, stays a dead letter alone:
+  there is no job to end.
 - **Only a job that has not started.** A batch still ``validating`` (a
   background response still ``queued``) fails. A job past that already had
   its create command carried out (the dead command was a later one, most
@@ -85,6 +88,7 @@ from schemas.codec import Codec, EventType
 from schemas.records import DeadLetter, JobStatus
 from topics.backoff import Backoff, RateLimitedLog
 from topics.catalog import DLQ, JOB_STATUS, JOBS
+from topics.clients import PRODUCE_TIMEOUT_MS
 from topics.shared_lookup import SharedLookup
 from workers.job_results import job_event
 from workers.layer import Record
@@ -228,8 +232,15 @@ async def job_state(settings: Settings, codec: Codec, lookup: SharedLookup,
     jobs layer names, read from the time its command was written (the whole
     topic when that record is gone)."""
     command = await lookup.at(letter["topic"], letter["partition"], letter["offset"])
-    since = command.timestamp - settings.clock_skew_ms if command else 0
+    # the status was acknowledged before the command was sent, but its time is
+    # when it was sent: a producer waiting out a leaderless partition (a broker
+    # restarting) holds it up to PRODUCE_TIMEOUT_MS first
+    since = command.timestamp - settings.clock_skew_ms - PRODUCE_TIMEOUT_MS if command else 0
     found = await lookup.find(JOB_STATUS.at(settings), job_id, since)
+    if not found and since > 0:
+        # none in the window (a clock further off than the settings say):
+        # the whole partition, as when the command is gone; a dead command is rare
+        found = await lookup.find(JOB_STATUS.at(settings), job_id, 0)
     statuses: list[JobStatus] = []
     for record in found:
         try:

@@ -162,3 +162,34 @@ async def test_a_letter_that_fails_is_passed_over_and_not_published_again(
         await until_committed(settings, 2)
     assert len(await read_all(settings, dlq)) == 2
     assert await job_events(settings) == [("batch_ok", "invalid")]
+
+
+async def write_at(settings: Settings, topic: str, key: bytes, value: bytes,
+                   timestamp_ms: int | None = None) -> tuple[int, int]:
+    """One record stamped ``timestamp_ms`` (now when None): (partition, offset)."""
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
+    await producer.start()
+    try:
+        meta = await producer.send_and_wait(topic, value, key=key, timestamp_ms=timestamp_ms)
+        return meta.partition, meta.offset
+    finally:
+        await producer.stop()
+
+
+@pytest.mark.parametrize("held_s", [20, 3 * 3600])
+async def test_a_status_stamped_long_before_its_command_is_still_found(
+        settings: Settings, sender: Sender, held_s: int) -> None:
+    """A record's time is when its producer was handed it: a status held through
+    a broker's restart (NotLeaderForPartition for 20 s) lands stamped well before
+    the command sent after its acknowledgement, and one from a clock far off
+    further still. The follower still finds the job validating and fails it."""
+    job_id = f"batch_held_{held_s}"
+    topic, key, value = validating(settings, job_id)
+    await write_at(settings, topic, key, value, now_ms() - held_s * 1000)
+    partition, offset = await write_at(settings, JOBS.at(settings), key, b"\x00junk")
+    dead = codec.decode(letter(settings, job_id, b"\x00junk"), "DeadLetter")
+    dead["partition"], dead["offset"] = partition, offset
+    await write(settings, [(DLQ.at(settings), key, codec.encode("DeadLetter", dead))])
+    async with following(DeadCommands(settings, sender).run):
+        await until_committed(settings, 1)
+    assert await job_events(settings) == [(job_id, "invalid")]
