@@ -19,6 +19,7 @@ mark of a catalog first created against a single broker.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -104,6 +105,37 @@ async def _under_replicated(admin: AIOKafkaAdminClient, names: list[str],
                   if any(len(p["replicas"]) < factor for p in t.get("partitions", ())))
 
 
+async def _until_served(admin: AIOKafkaAdminClient, names: list[str], within: float) -> None:
+    """Wait (bounded, then only a warning) until the broker's metadata lists every
+    topic of ``names`` with a leader for each partition. A created topic reaches
+    the brokers' metadata a moment after the create is answered: a client that
+    asks in between is told the topic does not exist, and one that remembers it
+    (a consumer's subscription, Faust's check of a table's changelog) goes on
+    without it until its next metadata refresh, minutes later."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    pause = 0.05
+    waiting = names
+    while waiting:
+        try:
+            described: list[dict[str, Any]] = await admin.describe_topics(waiting)
+        except KafkaError as exc:
+            described = []
+            log.debug("describing the new topics failed for now: %r", exc)
+        served = {t["topic"] for t in described
+                  if t.get("error_code", 0) == 0 and t.get("partitions")
+                  and all(p.get("leader", -1) >= 0 for p in t["partitions"])}
+        waiting = [n for n in waiting if n not in served]
+        if not waiting:
+            return
+        if loop.time() + pause > deadline:
+            log.warning("topics created but not yet served by the broker after %.0f s: %s",
+                        within, ", ".join(waiting))
+            return
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 1.0)
+
+
 def _created(response: Any) -> list[str]:
     """The topics a create made. The broker answers with an error per topic instead
     of failing the call: an existing topic is fine (another process created it at
@@ -140,6 +172,7 @@ async def ensure_topics(settings: Settings, specs: list[TopicSpec],
                 log.info("created topics %s with replication factor %d, min.insync.replicas "
                          "%d (%d brokers)", ", ".join(created), replication.factor,
                          replication.min_insync, replication.brokers)
+            await _until_served(admin, [s.name for s in missing], within)
         weak = await _under_replicated(
             admin, [s.name for s in specs if s.name in existing], replication.factor)
         if weak:

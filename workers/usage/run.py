@@ -2,8 +2,9 @@
 
 :func:`run_accounting` creates the topics the app reads and writes and that
 Faust does not create itself (``conveyor.usage`` and ``conveyor.dlq``, as
-the catalog describes them; Faust creates its changelog topics, replicated
-as the catalog's are), then runs a :class:`faust.Worker` until SIGTERM or
+the catalog describes them) and the tables' changelog topics (replicated as
+the catalog's are; Faust would create them itself, but its consumer can then
+miss them, see the function), then runs a :class:`faust.Worker` until SIGTERM or
 SIGINT, which stop it cleanly (the consumer leaves its group, the producer
 is flushed). Faust's web server is off (``web_enabled=False``): nothing
 listens on a port, so any number of accounting processes share a host.
@@ -20,10 +21,19 @@ from conveyor.logs import setup_logging
 from conveyor.metrics import LayerProbe
 from conveyor.settings import Settings
 from topics.admin import ensure_topics
-from topics.catalog import catalog
+from topics.catalog import TopicSpec, catalog
 from workers.usage.app import AccountingApp
 
-__all__ = ["run_accounting"]
+__all__ = ["run_accounting", "changelog_specs"]
+
+
+def changelog_specs(accounting: AccountingApp) -> list[TopicSpec]:
+    """The changelog topic of each of the app's tables, compacted, with the
+    partitions and configs Faust would create it with."""
+    return [TopicSpec(name=table.changelog_topic_name, partitions=table.changelog_topic.partitions
+                      or accounting.app.conf.topic_partitions, key="the table's row key",
+                      cleanup="compact", extra=dict(table.changelog_topic.config or {}))
+            for table in accounting.app.tables.values()]
 
 
 def run_accounting(settings: Settings, probe: LayerProbe | None = None) -> None:
@@ -36,6 +46,11 @@ def run_accounting(settings: Settings, probe: LayerProbe | None = None) -> None:
     replication = loop.run_until_complete(
         ensure_topics(settings, [s for s in catalog(settings) if s.name in needed]))
     accounting = AccountingApp(settings, replication, probe=probe)
+    # the tables' changelogs made here, not by Faust as it starts: Faust's consumer
+    # may ask for metadata before the broker serves a topic Faust just made, and
+    # then runs without it (the partitions never assigned, no table recovered, a
+    # table's writes refused as having a changelog of 0 partitions)
+    loop.run_until_complete(ensure_topics(settings, changelog_specs(accounting)))
     worker = faust.Worker(accounting.app, loop=loop, loglevel=settings.log_level, quiet=True,
                           override_logging=False, redirect_stdouts=False)
     worker.spinner = None  # a terminal spinner would write escape codes into the log

@@ -25,6 +25,7 @@ from topics.clients import make_producer
 from topics.producer import Producer
 
 TIMEOUT_MS = 3000  # the batches' time to live with no leader (30 s in production)
+OUTAGES = 3
 
 
 async def steady(producer: Producer, topic: str, stop: asyncio.Event,
@@ -62,17 +63,24 @@ async def test_records_go_through_after_a_restart_that_expired_batches(
     sending = asyncio.create_task(steady(producer, topic, stop, outcomes))
     try:
         await asyncio.sleep(1)
-        await asyncio.to_thread(own_kafka.stop)
-        await asyncio.sleep(TIMEOUT_MS / 1000 + 2)  # the waiting batches expire
-        await asyncio.to_thread(own_kafka.start)
-        back = time.monotonic()
-        await asyncio.sleep(5)
+        # Whether an outage breaks the sequence depends on where the waiting
+        # batches are when they expire (only those drained to the dead broker
+        # took their numbers): outages follow one another, each checked, until
+        # one broke the first producer, as most do
+        for _ in range(OUTAGES):
+            await asyncio.to_thread(own_kafka.stop)
+            await asyncio.sleep(TIMEOUT_MS / 1000 + 2)  # the waiting batches expire
+            await asyncio.to_thread(own_kafka.start)
+            back = time.monotonic()
+            await asyncio.sleep(5)
+            after = Counter(how for sent, how in outcomes if back + 1 < sent)
+            assert after and set(after) == {"ok"}, after
+            if producer.renewals:
+                break
         stop.set()
         await sending
-        after = Counter(how for sent, how in outcomes if sent > back + 1)
-        assert after and set(after) == {"ok"}, after
         assert "OutOfOrderSequenceNumber" not in {how for _, how in outcomes}
-        assert producer.renewals >= 1  # the restart did break the first producer
+        assert producer.renewals >= 1, f"{OUTAGES} outages and none broke the producer"
     finally:
         stop.set()
         await sending
