@@ -6,6 +6,7 @@ then SIGKILL) when the benchmark leaves its ``with`` block.
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import subprocess
@@ -19,7 +20,9 @@ from types import FrameType
 
 import httpx
 
+from conveyor.settings import Settings
 from infra.services import port_answers
+from topics.admin import drop_topics
 
 __all__ = [
     "port_answers",
@@ -169,10 +172,15 @@ def run_cli(script: Path, args: list[str], env: dict[str, str]) -> str:
 def conveyor_env(
     *, topic_prefix: str, gateway_port: int, models_file: Path | None = None
 ) -> dict[str, str]:
-    """The environment of a ``conveyor up`` run: a fresh topic prefix, the port,
-    and the model registry when not the default one."""
+    """The environment of a ``conveyor up`` run: a fresh topic prefix (its
+    topics dropped when the benchmark exits), the port, and the model registry
+    when not the default one."""
     env = dict(os.environ)
     env["CONVEYOR_TOPIC_PREFIX"] = topic_prefix
+    # the run's topics go when the benchmark ends (after its finally blocks
+    # stopped `conveyor up`): runs left behind slow the broker down
+    atexit.register(drop_topics, env.get("CONVEYOR_KAFKA_BOOTSTRAP", Settings().kafka_bootstrap),
+                    topic_prefix)
     env["CONVEYOR_GATEWAY_PORT"] = str(gateway_port)
     if models_file is not None:
         env["CONVEYOR_MODELS_FILE"] = str(models_file)

@@ -20,6 +20,7 @@ mark of a catalog first created against a single broker.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +38,7 @@ from conveyor.settings import Settings
 from conveyor.startup import kafka_address, started
 from topics.catalog import TopicSpec
 
-__all__ = ["Replication", "choose_replication", "ensure_topics"]
+__all__ = ["Replication", "choose_replication", "ensure_topics", "drop_topics"]
 
 log = logging.getLogger(__name__)
 
@@ -181,3 +182,25 @@ async def ensure_topics(settings: Settings, specs: list[TopicSpec],
         return replication
     finally:
         await admin.close()
+
+
+def drop_topics(bootstrap: str, prefix: str) -> None:
+    """Delete every topic of a topic prefix (``<prefix>.*``, and Faust's
+    ``<prefix>-*`` changelogs): a finished test's or benchmark's. Runs leave
+    thousands of partitions behind otherwise, and a broker holding them all
+    starts slowly and runs short of heap. Best effort, bounded: a broker that
+    does not answer within 30 s keeps them. Not for a running prefix."""
+
+    async def drop() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+        await admin.start()
+        try:
+            names = [t for t in await admin.list_topics() if t.startswith(f"{prefix}.")
+                     or t.startswith(f"{prefix}-")]
+            if names:
+                await admin.delete_topics(names, timeout_ms=10_000)
+        finally:
+            await admin.close()
+
+    with contextlib.suppress(Exception):
+        asyncio.run(asyncio.wait_for(drop(), 30))

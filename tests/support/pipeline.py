@@ -21,12 +21,12 @@ from unittest import mock
 import httpx
 import openai
 from aiokafka import AIOKafkaConsumer
-from aiokafka.admin import AIOKafkaAdminClient
 
 from conveyor.settings import Settings
 from schemas.codec import default_codec
 from schemas.records import WorkerHeartbeat
 from tests.support.services import OwnRedis, free_port
+from topics.admin import drop_topics
 
 __all__ = ["ROOT", "TEST_MODELS", "SCRIPTED", "LLAMACPP", "Pipeline", "answers", "drop_topics"]
 
@@ -270,23 +270,3 @@ def client(p: Pipeline, timeout: float = 120.0) -> openai.OpenAI:
     """The unmodified ``openai`` client, pointed at the pipeline's gateway."""
     return openai.OpenAI(base_url=f"{p.base_url}/v1", api_key="unused", max_retries=0,
                          timeout=timeout)
-
-
-def drop_topics(bootstrap: str, prefix: str) -> None:
-    """Delete a finished test's topics (its prefix's, Faust's changelogs too): a
-    suite run makes thousands of partitions, and a broker holding them all runs
-    short of heap. Best effort, bounded: a broker that does not answer keeps them."""
-
-    async def drop() -> None:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
-        await admin.start()
-        try:
-            names = [t for t in await admin.list_topics() if t.startswith(f"{prefix}.")
-                     or t.startswith(f"{prefix}-")]
-            if names:
-                await admin.delete_topics(names, timeout_ms=10_000)
-        finally:
-            await admin.close()
-
-    with contextlib.suppress(Exception):
-        asyncio.run(asyncio.wait_for(drop(), 30))

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from conveyor.errors import ConveyorError
 from conveyor.settings import Settings
-from topics.admin import Replication, choose_replication, ensure_topics
+from topics.admin import Replication, choose_replication, drop_topics, ensure_topics
 from topics.catalog import catalog
 
 BOOTSTRAP = "127.0.0.1:9092"
@@ -158,3 +158,24 @@ async def test_the_worker_table_topic_keeps_the_latest_heartbeat_of_each_worker(
         await asyncio.sleep(2)
         records = await _read_all(workers.name)
     assert records == [(f"w{w}".encode(), b"beat 2") for w in range(5)] + [(b"w-new", b"beat 0")]
+
+
+async def test_a_prefix_is_dropped_whole_and_nothing_else(services: None) -> None:
+    """A finished run's topics go, Faust's changelogs with them; a prefix that
+    merely starts the same keeps its own."""
+    s = fresh()
+    other = f"{s.topic_prefix}x"
+    names = [s.topic("requests"), f"{s.topic_prefix}-accounting-usage-totals-changelog",
+             f"{other}.requests"]
+    admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(n, 1, 1) for n in names])
+        await asyncio.to_thread(drop_topics, s.kafka_bootstrap, s.topic_prefix)
+        deadline = time.monotonic() + 30
+        while (left := {t for t in await admin.list_topics() if t in names}) != {names[2]}:
+            assert time.monotonic() < deadline, left
+            await asyncio.sleep(0.2)
+        await asyncio.to_thread(drop_topics, s.kafka_bootstrap, other)
+    finally:
+        await admin.close()
