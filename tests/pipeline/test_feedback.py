@@ -10,14 +10,19 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from schemas.codec import default_codec
 from schemas.records import Feedback
 from tests.support.auth import Replicas, start_replicas
 from tests.support.key_backends import read_topic
+from tests.unit.workers.usage.test_usage_ratings import rating
+from workers.usage.ratings import LATEST, Ratings
 
 
 @pytest.fixture(scope="module")
@@ -106,3 +111,68 @@ def test_ratings_are_counted_latest_per_request_in_usage(replicas: Replicas) -> 
     assert day["by_deployment"] == {"smollm2": {"count": 2, "mean": 0.75}}
     shown = json.loads(replicas.p.cli("usage", "--tenant", tenant, "--json"))
     assert shown["ratings"][0]["count"] == 2 and shown["ratings"][0]["mean"] == 0.75
+
+
+def test_ratings_an_earlier_conveyor_counted_in_two_tables_survive_the_upgrade(
+        replicas: Replicas) -> None:
+    """An accounting app of the earlier Conveyor kept ratings in two tables; the
+    upgraded one, started over their changelogs, shows those ratings as its own
+    (workers/usage/migrate.py), beside the ones it had counted already."""
+    tenant = f"old{uuid.uuid4().hex[:8]}"
+    now = int(time.time() * 1000)
+    old = Ratings({}, lambda: now)
+    for offset, (rid, score) in enumerate([("x1", 1.0), ("x2", 0.0), ("x1", -1.0)]):
+        assert old.count(rating(rid, score, tenant=tenant, ts_ms=now, model="smollm2",
+                                answered_by="smollm2"), 0, offset)
+    app_id = replicas.p.settings.group("accounting")
+    tables = {"feedback-totals": [(k, v) for k, v in old.table.items()
+                                  if not k.startswith(LATEST)],
+              "feedback-latest": [(k[len(LATEST):], v) for k, v in old.table.items()
+                                  if k.startswith(LATEST)]}
+
+    async def write_old_changelogs() -> None:
+        names = {t: f"{app_id}-{t}-changelog" for t in tables}
+        admin = AIOKafkaAdminClient(bootstrap_servers=replicas.p.settings.kafka_bootstrap)
+        await admin.start()
+        producer = AIOKafkaProducer(bootstrap_servers=replicas.p.settings.kafka_bootstrap)
+        await producer.start()
+        try:
+            await admin.create_topics([NewTopic(n, 1, 1) for n in names.values()])
+            for table, items in tables.items():
+                for key, value in items:
+                    await producer.send_and_wait(names[table], json.dumps(value).encode(),
+                                                 key=json.dumps(key).encode())
+        finally:
+            await producer.stop()
+            await admin.close()
+
+    # a rating today's app counted before the upgrade
+    live_tenant_name = f"new{uuid.uuid4().hex[:8]}"
+    _, secret = replicas.key(tenant=live_tenant_name)
+    answer = post(replicas, secret, "/v1/chat/completions", {
+        "model": "smollm2", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})
+    assert answer.status_code == 200, answer.text
+    assert post(replicas, secret, "/v1/feedback",
+                {"request_id": answer.json()["id"], "score": 1}).status_code == 200
+
+    def shown(who: str) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = json.loads(
+            replicas.p.cli("usage", "--tenant", who, "--json"))["ratings"]
+        return out
+
+    def until_counted(who: str, count: int) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + 120
+        while not (days := shown(who)) or days[0]["count"] != count:
+            assert time.monotonic() < deadline, (days, replicas.p.tail("accounting", 80))
+            time.sleep(0.5)
+        return days
+
+    until_counted(live_tenant_name, 1)
+    replicas.p.kill("accounting")
+    asyncio.run(write_old_changelogs())
+    replicas.p.respawn("accounting")
+    [day] = until_counted(tenant, 2)
+    assert day["mean"] == -0.5  # x1's latest rating (-1) and x2's (0)
+    assert day["by_deployment"] == {"smollm2": {"count": 2, "mean": -0.5}}
+    [day] = shown(live_tenant_name)  # what the app had counted is still there
+    assert (day["count"], day["mean"]) == (1, 1.0)

@@ -4,7 +4,8 @@
 Faust does not create itself (``conveyor.usage`` and ``conveyor.dlq``, as
 the catalog describes them) and the tables' changelog topics (replicated as
 the catalog's are; Faust would create them itself, but its consumer can then
-miss them, see the function), then runs a :class:`faust.Worker` until SIGTERM or
+miss them, see the function), carries ratings an earlier Conveyor counted
+into today's table (workers/usage/migrate.py), then runs a :class:`faust.Worker` until SIGTERM or
 SIGINT, which stop it cleanly (the consumer leaves its group, the producer
 is flushed). Faust's web server is off (``web_enabled=False``): nothing
 listens on a port, so any number of accounting processes share a host.
@@ -23,6 +24,7 @@ from conveyor.settings import Settings
 from topics.admin import ensure_topics
 from topics.catalog import TopicSpec, catalog
 from workers.usage.app import AccountingApp
+from workers.usage.migrate import carry_old_ratings
 
 __all__ = ["run_accounting", "changelog_specs"]
 
@@ -51,6 +53,9 @@ def run_accounting(settings: Settings, probe: LayerProbe | None = None) -> None:
     # then runs without it (the partitions never assigned, no table recovered, a
     # table's writes refused as having a changelog of 0 partitions)
     loop.run_until_complete(ensure_topics(settings, changelog_specs(accounting)))
+    # ratings an earlier Conveyor counted in two tables (workers/usage/migrate.py)
+    loop.run_until_complete(carry_old_ratings(settings, accounting.app.conf.id,
+                                              accounting.rating_table.name))
     worker = faust.Worker(accounting.app, loop=loop, loglevel=settings.log_level, quiet=True,
                           override_logging=False, redirect_stdouts=False)
     worker.spinner = None  # a terminal spinner would write escape codes into the log

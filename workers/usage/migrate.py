@@ -1,0 +1,111 @@
+"""Ratings counted by an earlier Conveyor carried into the one ratings table.
+
+Conveyor once kept ratings in two Faust tables, ``feedback-totals`` (row key
+text -> row) and ``feedback-latest`` (request id -> the rating it counted).
+Their changelogs were written independently, so a SIGKILL could keep a latest
+rating without the rows it was counted into (workers/usage/ratings.py); both
+now live in one table, ``feedback-ratings``, whose rows keep their keys and
+whose latest ratings are keyed ``LATEST + request id``. A new table starts
+empty, and the app's committed offsets on ``conveyor.feedback`` are past the
+events the old tables counted: without this step an upgrade would drop every
+rating counted before it from ``/v1/usage``.
+
+:func:`carry_old_ratings` runs before Faust starts (workers/usage/run.py).
+When the old totals changelog exists it reads both old changelogs to their
+ends (compacted topics: the last record of a key wins, a tombstone deletes
+it), writes every row and then every latest rating into the new changelog,
+in Faust's own encoding (JSON keys and values), waits for the broker's
+acknowledgements, and deletes the old changelogs, ``feedback-latest``'s first.
+The old totals changelog is the sign that the step is still to do: a process
+killed before the deletes does it again on its next start, writing the same
+values (Faust has not started, so nothing newer is there to overwrite).
+Faust then restores the table from its changelog as on any start.
+
+Rolling upgrades start accounting members one at a time: a member that is
+still copying while another already counts new ratings could write an older
+row over a newer one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from aiokafka import TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from conveyor.settings import Settings
+from topics.clients import make_consumer, make_producer
+from workers.usage.ratings import LATEST
+
+__all__ = ["carry_old_ratings", "OLD_TOTALS", "OLD_LATEST"]
+
+log = logging.getLogger(__name__)
+
+OLD_TOTALS = "feedback-totals"
+OLD_LATEST = "feedback-latest"
+
+
+def _changelog(app_id: str, table: str) -> str:
+    return f"{app_id}-{table}-changelog"
+
+
+async def _last_values(settings: Settings, topic: str) -> dict[bytes, bytes]:
+    """Key -> last value of a one-partition topic read to its end (tombstoned
+    keys left out)."""
+    tp = TopicPartition(topic, 0)
+    consumer = make_consumer(settings, group=None, fetch_max_wait_ms=50)
+    await consumer.start()
+    try:
+        consumer.assign([tp])
+        end = (await consumer.end_offsets([tp]))[tp]
+        await consumer.seek_to_beginning(tp)
+        values: dict[bytes, bytes] = {}
+        while await consumer.position(tp) < end:
+            for records in (await consumer.getmany(tp, timeout_ms=500)).values():
+                for record in records:
+                    if record.offset >= end or record.key is None:
+                        continue
+                    if record.value is None:
+                        values.pop(record.key, None)
+                    else:
+                        values[record.key] = record.value
+        return values
+    finally:
+        await consumer.stop()
+
+
+async def carry_old_ratings(settings: Settings, app_id: str, new_table: str) -> int:
+    """Copy the two old ratings tables into ``new_table``'s changelog and delete
+    them; how many records were copied (0 when there is nothing to carry)."""
+    old_totals, old_latest = _changelog(app_id, OLD_TOTALS), _changelog(app_id, OLD_LATEST)
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        if old_totals not in existing:
+            return 0
+        rows = await _last_values(settings, old_totals)
+        latest = (await _last_values(settings, old_latest)) if old_latest in existing else {}
+        target = _changelog(app_id, new_table)
+        producer = make_producer(settings)
+        await producer.start()
+        try:
+            sent = [await producer.send(target, value, key=key, partition=0)
+                    for key, value in rows.items()]
+            # after the rows, as the table itself writes them (ratings.py)
+            for key, value in latest.items():
+                renamed = json.dumps(LATEST + json.loads(key)).encode()
+                sent.append(await producer.send(target, value, key=renamed, partition=0))
+            for fut in sent:
+                await fut
+        finally:
+            await producer.stop()
+        log.info("ratings: %d rows and %d latest ratings of the earlier two tables carried "
+                 "into %s", len(rows), len(latest), target)
+        gone = [t for t in (old_latest, old_totals) if t in existing]
+        for topic in gone:  # the latest ratings' first: the totals say "still to do"
+            await admin.delete_topics([topic])
+        return len(rows) + len(latest)
+    finally:
+        await admin.close()
