@@ -6,7 +6,9 @@ load bound (two workers of two slots each)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -95,22 +97,56 @@ def test_schedule_knows_where_the_history_is_after_a_restart(
     assert two == one, "the restarted scheduler sent the turn away from its history"
 
 
+def _until_idle(p: Pipeline, since_ms: int, within: float = 30.0) -> None:
+    """Until every worker's heartbeat, sent after ``since_ms``, says it runs and
+    queues nothing, and a second more for schedule to count the same (what the
+    suite ran before, and the warm-up answer, are over)."""
+    codec = default_codec()
+    deadline = time.monotonic() + within
+    while True:
+        latest: dict[str, Any] = {}
+        for record in asyncio.run(records(p, [p.settings.topic("workers")])):
+            beat = codec.decode(record.value, "WorkerHeartbeat")
+            if beat["ts_ms"] > since_ms:
+                latest[beat["worker_id"]] = beat
+        if len(latest) == len(p.workers) and all(
+                b["running"] == 0 and b["queued"] == 0 for b in latest.values()):
+            time.sleep(1.0)
+            return
+        assert time.monotonic() < deadline, latest
+        time.sleep(0.3)
+
+
+def _turn(p: Pipeline, messages: list[dict[str, str]], started: threading.Event,
+          answer: dict[str, Any]) -> None:
+    """A streamed turn: ``answer["id"]`` and ``started`` set at its first chunk
+    (it was placed on a worker), the rest read to the end."""
+    with httpx.stream("POST", f"{p.base_url}/v1/chat/completions", timeout=60, json={
+            "model": "smollm2", "messages": messages, "max_tokens": 100, "temperature": 0,
+            "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {") and not started.is_set():
+                answer["id"] = json.loads(line[len("data: "):])["id"]
+                started.set()
+
+
 def test_a_hot_prefix_spills_over_only_past_the_load_bound(pipeline: Pipeline) -> None:
     """Three turns sharing a prefix at once: the holder takes two (its mean-load
-    bound with the third counted), the other worker the third."""
+    bound with the third counted), the other worker the third. Each turn is sent
+    once the one before it streams, so they are placed in order however slow the
+    machine is."""
     base = [{"role": "system", "content": SYSTEM.replace("lighthouses", "harbours")}]
     warm = chat(pipeline, [*base, {"role": "user", "content": "Hello."}])
-    answers: list[dict[str, Any]] = [{}] * 3
-
-    def ask(i: int) -> None:
-        answers[i] = chat(pipeline, [*base, {"role": "user", "content": f"Question {i}?"}],
-                          max_tokens=100)
-
+    _until_idle(pipeline, int(time.time() * 1000))
+    answers: list[dict[str, Any]] = [{}, {}, {}]
     threads = []
-    for i in range(3):  # in order, each placed before the next is sent
-        threads.append(threading.Thread(target=ask, args=(i,)))
+    for i in range(3):
+        started = threading.Event()
+        threads.append(threading.Thread(target=_turn, args=(
+            pipeline, [*base, {"role": "user", "content": f"Question {i}?"}], started,
+            answers[i])))
         threads[-1].start()
-        threading.Event().wait(0.4)
+        assert started.wait(60), f"turn {i} did not start"
     for thread in threads:
         thread.join(60)
     holder, *placed = workers_of(pipeline, [warm, *answers])
