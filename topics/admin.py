@@ -36,6 +36,7 @@ from aiokafka.errors import (
 from conveyor.errors import BrokerError, ConveyorError, PermanentBrokerError
 from conveyor.settings import Settings
 from conveyor.startup import kafka_address, started
+from topics.backoff import Backoff
 from topics.catalog import TopicSpec
 
 __all__ = ["Replication", "choose_replication", "ensure_topics", "drop_topics"]
@@ -115,7 +116,7 @@ async def _until_served(admin: AIOKafkaAdminClient, names: list[str], within: fl
     without it until its next metadata refresh, minutes later."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
-    pause = 0.05
+    backoff = Backoff(initial_s=0.05, max_s=1.0)
     waiting = names
     while waiting:
         try:
@@ -129,12 +130,12 @@ async def _until_served(admin: AIOKafkaAdminClient, names: list[str], within: fl
         waiting = [n for n in waiting if n not in served]
         if not waiting:
             return
+        pause = backoff.next_delay()
         if loop.time() + pause > deadline:
             log.warning("topics created but not yet served by the broker after %.0f s: %s",
                         within, ", ".join(waiting))
             return
         await asyncio.sleep(pause)
-        pause = min(pause * 2, 1.0)
 
 
 def _created(response: Any) -> list[str]:

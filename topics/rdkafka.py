@@ -38,6 +38,7 @@ from functools import partial
 from typing import Any
 
 from conveyor.errors import BrokerError, PermanentBrokerError, TransientBrokerError
+from topics.backoff import Backoff
 
 __all__ = ["RdProducer", "RecordMeta", "rd_config", "translate"]
 
@@ -159,18 +160,18 @@ class RdProducer:
         created a moment ago reaches a broker's metadata cache a little later."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.start_timeout_s
-        pause = 0.05
+        backoff = Backoff(initial_s=0.05, max_s=1.0)
         while True:
             left = max(0.1, deadline - loop.time())
             metadata = await asyncio.to_thread(self._producer.list_topics, topic, left)
             found = metadata.topics.get(topic)
             if found is not None and found.error is None and found.partitions:
                 return set(found.partitions)
+            pause = backoff.next_delay()
             if loop.time() + pause >= deadline:
                 raise TransientBrokerError(f"no metadata for {topic}: "
                                            f"{None if found is None else found.error}")
             await asyncio.sleep(pause)
-            pause = min(pause * 2, 1.0)
 
     async def send_and_wait(self, topic: str, value: bytes | None = None,
                             key: bytes | None = None, partition: int | None = None,
