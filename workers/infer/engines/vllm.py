@@ -34,15 +34,16 @@ Decisions:
   ``SamplingParams``; top-k and min-p stay off, as OpenAI's API has neither,
   and the model's own ``generation_config.json`` is not applied
   (``generation_config="vllm"``). vLLM holds back the text a stop string may
-  begin with, so no piece carries text past a stop. ``GenerationRequest``
-  carries no logit bias or logprobs yet (the API refuses both).
+  begin with, so no piece carries text past a stop. ``logit_bias`` and
+  ``logprobs`` are vLLM's own (vllm_sampling).
 * **Pieces.** One piece per step (``RequestOutputKind.DELTA``), with the
   tokens the step produced: the pieces add up to vLLM's count, which includes
   the end-of-sequence token, as llama.cpp's engine counts it. A step whose
   tokens decode to no text yet (half a UTF-8 character, text held back for a
   stop string) adds its tokens to the next piece. The last piece carries the
   prompt's tokens and how many of them came from the prefix cache
-  (``cached_tokens``; Conveyor's ``Usage`` record has no field for them yet).
+  (``cached_tokens``, which the client sees as
+  ``usage.prompt_tokens_details.cached_tokens``).
 * **Prompts.** The prompt preprocess rendered (or a completion's prompt), plus
   the continuation, tokenized by vLLM. A chat without a rendered prompt is
   rendered with the model's chat template. An empty prompt is the
