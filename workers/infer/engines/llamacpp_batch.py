@@ -1,7 +1,7 @@
 """An engine that decodes its sequences together in batched llama.cpp contexts (CPU).
 
 Where :mod:`workers.infer.engines.llamacpp` gives every request a context of
-its own, this engine keeps ``contexts`` batched contexts (default 1), each
+its own, this engine keeps ``contexts`` batched contexts (default 2), each
 with its share of the ``sequences`` and a thread of its own, and advances all
 the sequences of a context with a single ``llama_decode`` per step.
 
@@ -22,6 +22,15 @@ Decisions:
   the batch, and each reads the weights every step, without a second core
   to run it. Give ``--batches 1`` on a host whose other work keeps a core.
   ``n_threads`` is per context, as in ``LlamaCppEngine``.
+* **Small batches want ggml's kernels, not tinyBLAS.** llama.cpp as
+  released multiplies any batch of 2 tokens or more with tinyBLAS, which on
+  this machine's CPU made a step of two sequences cost more than two steps
+  of one (41-45 ms against 18), so two contexts of two sequences (four
+  streams) made no more than today's engine. ``infra/llama.sh`` builds
+  llama.cpp with batches under 5 tokens on ggml's own dot products (25-32 ms
+  for two, 41-50 for four; ``GGML_SGEMM_MIN_N`` sets the bound): 0.86-0.94x
+  of ``LlamaCppEngine`` at four streams became 1.33-1.40x, and 1.21-1.32x at
+  eight became 1.61-1.73x (README, "Batching").
 * **Each context's thread owns it.** Making the context, every decode and
   sampling, and freeing run on the context's one thread (a one-worker
   executor); the model itself is loaded and closed on the first context's.
