@@ -122,6 +122,13 @@ key=$(printf '%s\n%s\n%s\n%s\n' "$flavour" "$version" "$base" "$requirements" \
 env=$envs/env-$key
 stamp_text="$key $root"
 
+# llama.cpp's build changes apart from these requirements (infra/llama.sh keys its
+# wheel on its flags and source patch): a built environment gets the current one
+# (nothing happens when it has it already)
+if [ "$(cat "$env/.conveyor-vllm-stamp" 2>/dev/null)" = "$key" ]; then
+  bash infra/llama.sh "$env/bin/python" install
+fi
+
 if [ "${1:-}" != "--force" ] && [ "$(cat "$venv/.conveyor-vllm-stamp" 2>/dev/null)" = "$stamp_text" ] \
     && [ "$(cat "$env/.conveyor-vllm-stamp" 2>/dev/null)" = "$key" ]; then
   say "ready: $venv ($flavour, vLLM $version, environment $env)"
