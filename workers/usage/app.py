@@ -243,12 +243,22 @@ class AccountingApp:
                     self.counter.forget(tp.partition)
                     self.row_writes.drop(tp.partition)
 
+        async def log_assigned(sender: Any, /, *args: Any, signal: Any, **kwargs: Any
+                               ) -> None:
+            # which member counts what: the first thing to know when counting stops
+            assigned, *_ = args
+            held = sorted(f"{tp.topic}[{tp.partition}]" for tp in assigned
+                          if tp.topic in (self.source_topic, self.feedback_topic))
+            log.info("accounting: this member now holds %s",
+                     ", ".join(held) or "no partition of usage or feedback")
+
         self.app.agent(self.source, name=f"{app_id}.account")(account)
         self.app.agent(self.feedback, name=f"{app_id}.rate")(rate)
         self.app.timer(MIRROR_INTERVAL_S, name="usage-mirror")(mirror_tick)
         self.app.on_before_shutdown.connect(close_redis)
         # a member keeps the request ids of the partitions it owns, no others
         self.app.on_partitions_revoked.connect(forget_revoked)
+        self.app.on_partitions_assigned.connect(log_assigned)
 
     # -- counting --------------------------------------------------------
 

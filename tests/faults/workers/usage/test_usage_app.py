@@ -173,7 +173,10 @@ async def eventually(check: Callable[[], Awaitable[bool]], within: float,
             return time.monotonic() - start
         assert app.proc is not None and app.proc.poll() is None, app.log()[-3000:]
         await asyncio.sleep(0.2)
-    raise AssertionError(f"not within {within} s; app log:\n{app.log()[-3000:]}")
+    log = app.log()
+    held = "\n".join(line for line in log.splitlines() if "this member now holds" in line)
+    raise AssertionError(f"not within {within} s; the app's assignments:\n{held}\n"
+                         f"app log:\n{log[-3000:]}")
 
 
 def totals(rows: list[UsageRow]) -> tuple[int, int, int, int, int]:
