@@ -171,6 +171,12 @@ async def test_a_prefix_is_dropped_whole_and_nothing_else(services: None) -> Non
     await admin.start()
     try:
         await admin.create_topics([NewTopic(n, 1, 1) for n in names])
+        # a finished run's topics are in the broker's metadata: a list made a
+        # moment after the create may not show them yet on a loaded machine
+        deadline = time.monotonic() + 30
+        while {t for t in await admin.list_topics() if t in names} != set(names):
+            assert time.monotonic() < deadline, "the new topics never showed"
+            await asyncio.sleep(0.2)
         await asyncio.to_thread(drop_topics, s.kafka_bootstrap, s.topic_prefix)
         deadline = time.monotonic() + 30
         while (left := {t for t in await admin.list_topics() if t in names}) != {names[2]}:
