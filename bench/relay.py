@@ -3,7 +3,7 @@
     python -m bench.relay [--rounds 2] [--events 20000] [--single 300] [--paced 2000]
 
 A relay process consumes ``A`` in a consumer group and produces each record
-to ``B``, as a Conveyor layer does (manual commits every 200 ms). This
+to ``B``, as a Conveyor layer does (manual commits every 200 ms, on uvloop). This
 process writes to ``A`` with aiokafka and reads ``B`` with aiokafka, the same
 for every variant; only the relay's clients change:
 
@@ -306,8 +306,10 @@ async def _main(rounds: int, single: int, events: int, paced_rate: float,
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--relay":
+        import uvloop  # the loop Conveyor's processes run on (cli/main.py)
+
         variant, source, sink, group = sys.argv[2:6]
-        asyncio.run(_relay(variant, source, sink, group))
+        uvloop.run(_relay(variant, source, sink, group))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
