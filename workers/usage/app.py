@@ -65,12 +65,9 @@ it.
 - **Poison values** go to ``conveyor.dlq`` as DeadLetters and are skipped
   (workers/usage/decode.py).
 - **Mirror.** Every ``MIRROR_INTERVAL_S`` the rows that changed are written to
-  Redis, and every ``FULL_MIRROR_EVERY`` ticks (and after a failed write)
-  every row of the partitions this member owns, so Redis heals from a
-  FLUSHALL within a few seconds. Nothing is mirrored while a rebalance or a
-  table recovery is under way: a half-restored table would write totals
-  that are too low. A failing Redis is logged (rate-limited) and retried on
-  the next tick; the tables are the record, Redis is the copy.
+  Redis, every row of the partitions this member owns now and then, nothing
+  while the tables are not whole (workers/usage/mirroring.py); the tables
+  are the record, Redis is the copy.
 """
 
 from __future__ import annotations
@@ -78,20 +75,18 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import faust
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from conveyor.metrics import LayerMetrics, LayerProbe
 from conveyor.settings import Settings
 from schemas.codec import default_codec
 from schemas.records import DeadLetter
 from topics.admin import Replication
-from topics.backoff import RateLimitedLog
 from topics.envelope import now_ms
 from workers.usage.counting import SEEN_WINDOW, Counter
 from workers.usage.decode import Undecodable, UsageValueCodec
@@ -100,8 +95,8 @@ from workers.usage.flow import hold_flow_until_resumed
 from workers.usage.layout import UsageKeys
 from workers.usage.lookback import ids_before
 from workers.usage.mirror import RedisMirror
-from workers.usage.ratings import RatingCounts, RatingKey, Ratings
-from workers.usage.rows import Counts, RowKey
+from workers.usage.mirroring import FULL_MIRROR_EVERY, MirrorPass
+from workers.usage.ratings import Ratings
 from workers.usage.write_behind import WriteBehind
 
 __all__ = ["AccountingApp", "MIRROR_INTERVAL_S", "FULL_MIRROR_EVERY", "SWEEP_EVERY_MS",
@@ -110,9 +105,7 @@ __all__ = ["AccountingApp", "MIRROR_INTERVAL_S", "FULL_MIRROR_EVERY", "SWEEP_EVE
 log = logging.getLogger(__name__)
 
 MIRROR_INTERVAL_S = 0.5
-FULL_MIRROR_EVERY = 10  # ticks: a full pass every 5 s
 SWEEP_EVERY_MS = 60_000
-UNREADY_WARN_S = 15.0  # the mirror says so when the tables stay unready this long
 # a commit waits this long for the changelog writes before it fails (and the
 # events are read again) rather than commit past writes that are not durable
 FLUSH_TIMEOUT_S = 120.0
@@ -212,10 +205,7 @@ class AccountingApp:
         self.mirror = RedisMirror(self.redis, UsageKeys(settings.topic_prefix))
         self._codec = default_codec()
         self._swept: dict[int, int] = {}
-        self._ticks = 0
-        self._full_due = True
-        self._problems = RateLimitedLog(log)
-        self._unready_since: float | None = None
+        self.mirroring = MirrorPass(self)
 
         async def account(stream: faust.StreamT[Any]) -> AsyncIterator[None]:
             async for event in stream.events():
@@ -230,7 +220,7 @@ class AccountingApp:
                 yield None
 
         async def mirror_tick() -> None:
-            await self.mirror_once()
+            await self.mirroring.mirror_once()
 
         async def close_redis(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
             await self.redis.aclose()
@@ -327,81 +317,3 @@ class AccountingApp:
                     message.topic, message.partition, message.offset, expected, error)
         ack = await self.dlq.send(key=key, value=self._codec.encode("DeadLetter", letter))
         await ack
-
-    # -- mirroring -------------------------------------------------------
-
-    def ready(self) -> bool:
-        """Whether the tables are whole: no rebalance or recovery under way."""
-        app = self.app
-        recovery: Any = getattr(app.tables, "recovery", None)
-        return (not app.rebalancing and not app.in_recovery
-                and recovery is not None and recovery.completed.is_set())
-
-    def active_partitions(self) -> set[int]:
-        return {tp.partition for tp in self.app.assignor.assigned_actives()
-                if tp.topic == self.source_topic}
-
-    def rows(self, texts: Iterable[str] | None, partitions: set[int]
-             ) -> Iterator[tuple[RowKey, Counts]]:
-        """The rows of ``texts`` (all when None) that this member owns."""
-        if texts is None:
-            items: Iterable[tuple[str, Any]] = list(self.totals.items())
-        else:
-            items = [(t, self.totals.get(t)) for t in texts]
-        for text, value in items:
-            if value is not None and value["p"] in partitions:
-                yield RowKey.parse(text), Counts.from_value(value)
-
-    def rating_rows(self, texts: Iterable[str] | None
-                    ) -> Iterator[tuple[RatingKey, RatingCounts]]:
-        """The rating rows of ``texts`` (all when None), when this member owns
-        the feedback topic's partition."""
-        owned = any(tp.topic == self.feedback_topic
-                    for tp in self.app.assignor.assigned_actives())
-        if not owned:
-            return
-        if texts is None:
-            items: Iterable[tuple[str, Any]] = list(self.ratings.rows())
-        else:
-            items = [(t, self.rating_table.get(t)) for t in texts]
-        for text, value in items:
-            if value is not None:
-                yield RatingKey.parse(text), RatingCounts.from_value(value)
-
-    async def mirror_once(self) -> int:
-        """One tick: write the changed rows, or all of them when a full pass is due."""
-        if not self.ready():
-            if self._unready_since is None:
-                self._unready_since = time.monotonic()
-            elif time.monotonic() - self._unready_since >= UNREADY_WARN_S:
-                recovery: Any = getattr(self.app.tables, "recovery", None)
-                self._problems.warning(
-                    "unready", "usage mirror: the tables have not been whole for %.0f s "
-                    "(rebalancing %s, in recovery %s, recovery complete %s); nothing mirrored",
-                    time.monotonic() - self._unready_since, self.app.rebalancing,
-                    self.app.in_recovery,
-                    recovery is not None and recovery.completed.is_set())
-            return 0
-        if self._unready_since is not None:
-            self._unready_since = None
-            self._problems.resolved("unready", "usage mirror: the tables are whole again")
-        self._ticks += 1
-        full = self._full_due or self._ticks % FULL_MIRROR_EVERY == 0
-        dirty = self.counter.take_dirty()
-        rated = self.ratings.take_dirty()
-        # read every value now (no await in between): what is written is one moment
-        rows = list(self.rows(None if full else dirty, self.active_partitions()))
-        ratings = list(self.rating_rows(None if full else rated))
-        try:
-            written = await self.mirror.write(rows)
-            written += await self.mirror.write_ratings(ratings)
-        except (RedisError, OSError) as exc:
-            self.counter.dirty |= dirty
-            self.ratings.dirty |= rated
-            self._full_due = True
-            self._problems.warning("mirror", "usage mirror: Redis failed (%r); retrying",
-                                   exc)
-            return 0
-        self._full_due = False
-        self._problems.resolved("mirror", "usage mirror: Redis answers again")
-        return written
