@@ -13,6 +13,7 @@ py-spy, samples the stacks of Conveyor's Python processes. It prints:
   fetch paths, Avro, OpenTelemetry), in microseconds a request.
 
     python -m bench.profile [--seconds 20] [--concurrency 32] [--top 12] [--no-spy] [--paced]
+    python -m bench.profile --concurrency 0    # idle: CPU a second, nothing sent
 
 py-spy (``pip install py-spy``, in the ``dev`` extra) needs to read other
 processes' memory: root, or ``kernel.yama.ptrace_scope`` 0. Its sampling
@@ -166,6 +167,8 @@ async def load(side: Side, concurrency: int, seconds: float, paced: bool = False
             else:
                 failed += 1
 
+    if concurrency == 0:  # idle: what the processes spend with nothing to do
+        await asyncio.sleep(seconds)
     await asyncio.gather(*(stream() for _ in range(concurrency)))
     return ok, failed
 
@@ -217,12 +220,14 @@ def read_stacks(path: Path) -> tuple[Counter[str], Counter[str], int]:
 def report(procs: list[Proc], used: dict[int, float], requests: int, seconds: float,
            folder: Path | None, top: int) -> None:
     total_cpu = sum(used.values())
+    # idle (no requests): the figures are a second's, not a request's
+    per, unit = (requests, "a request") if requests else (seconds, "a second")
     print(f"\n{requests} requests in {seconds:.1f} s: {requests / seconds:.1f} req/s; "
-          f"{total_cpu:.1f} CPU s in all, {total_cpu / requests * 1e6:.0f} µs a request\n")
-    print("| process | CPU s | µs a request | share |")
+          f"{total_cpu:.1f} CPU s in all, {total_cpu / per * 1e6:.0f} µs {unit}\n")
+    print(f"| process | CPU s | µs {unit} | share |")
     print("|---|---|---|---|")
     for p in sorted(procs, key=lambda p: -used[p.pid]):
-        print(f"| {p.name} | {used[p.pid]:.2f} | {used[p.pid] / requests * 1e6:.0f} | "
+        print(f"| {p.name} | {used[p.pid]:.2f} | {used[p.pid] / per * 1e6:.0f} | "
               f"{used[p.pid] / total_cpu:.0%} |")
     if folder is None:
         return
@@ -230,14 +235,13 @@ def report(procs: list[Proc], used: dict[int, float], requests: int, seconds: fl
         own, under, samples = read_stacks(folder / f"{p.pid}.txt")
         if not samples:
             continue
-        per_sample = used[p.pid] / requests * 1e6 / samples
-        print(f"\n{p.name}: {used[p.pid] / requests * 1e6:.0f} µs a request, "
-              f"{samples} samples\n")
-        print("| under | µs a request | share |")
+        per_sample = used[p.pid] / per * 1e6 / samples
+        print(f"\n{p.name}: {used[p.pid] / per * 1e6:.0f} µs {unit}, {samples} samples\n")
+        print(f"| under | µs {unit} | share |")
         print("|---|---|---|")
         for group, n in under.most_common():
             print(f"| {group} | {n * per_sample:.0f} | {n / samples:.0%} |")
-        print("\n| function (own time) | µs a request | share |")
+        print(f"\n| function (own time) | µs {unit} | share |")
         print("|---|---|---|")
         for fn, n in own.most_common(top):
             print(f"| `{fn}` | {n * per_sample:.1f} | {n / samples:.0%} |")
@@ -283,7 +287,8 @@ def main(argv: list[str] | None = None) -> None:
         "\n\n")[0])
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--warmup-s", type=float, default=5.0)
-    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--concurrency", type=int, default=32,
+                        help="0: no load, what the processes spend idle, a second")
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--no-spy", action="store_true", help="the per-process table only")
     parser.add_argument("--paced", action="store_true",
