@@ -1,5 +1,6 @@
-"""Tailing one partition, through broker outages: the one reader every
-follower of a side topic uses (heartbeats, cancels, replies, progress).
+"""Tailing a partition (or several, on one consumer), through broker
+outages: the one reader every follower of a side topic uses (heartbeats,
+cancels, replies, progress).
 
     follower = follow(settings, WORKERS, 0, "beginning")
     async for records in follower:        # non-empty lists, in offset order
@@ -10,6 +11,13 @@ follower of a side topic uses (heartbeats, cancels, replies, progress).
     follower.reachable                    # False while Kafka does not answer
     async for seeing in follower.reachability(): ...  # each change of reachable
     await follower.locate()               # fix the start now (records from here on)
+    follow(settings, TOKENS, range(4), "end")   # several partitions, one consumer
+
+A follower of several partitions hands each partition's records on as a
+list of their own (each in offset order), makes one fetch request for all
+of them (a reader that asks the broker to hold its fetches, as schedule's
+follower of every token partition does, holds one request, not one a
+partition), and is caught up once every partition is.
 
 Starts: ``"beginning"``, ``"end"``, an offset (``int``), or a wall-clock
 time (``FromTime(ms)``, found with ``offsets_for_times``; the end when
@@ -43,7 +51,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
@@ -77,22 +85,26 @@ _BROKER_TROUBLE = (KafkaError, OSError, asyncio.TimeoutError)
 
 
 class Follower:
-    """An async iterable of record batches of one partition; see the module."""
+    """An async iterable of record batches of one partition or several; see the module."""
 
-    def __init__(self, settings: Settings, topic: str, partition: int = 0,
+    def __init__(self, settings: Settings, topic: str, partition: int | Iterable[int] = 0,
                  start: Start = "beginning", *, event_type: EventType | None = None,
                  poll_ms: int = 500, probe_s: float = 1.0, probe_timeout_s: float = 2.0,
                  **consumer_options: Any) -> None:
         self.settings = settings
         self.event_type = event_type  # what events() decodes: the typed topic's event
-        self.tp = TopicPartition(topic, partition)
+        parts = [partition] if isinstance(partition, int) else list(partition)
+        if not parts:
+            raise ValueError(f"a follower of {topic} needs a partition")
+        self.tps = [TopicPartition(topic, p) for p in parts]
+        self.tp = self.tps[0]  # the first (a single-partition follower's only one)
         self.start = start
         self.poll_ms = poll_ms
         self.probe_s = probe_s
         self.probe_timeout_s = probe_timeout_s
         self.consumer_options = consumer_options
-        # the next offset to read, once known
-        self.position: int | None = None
+        # the next offset to read of each partition, once known
+        self.positions: dict[TopicPartition, int] = {}
         self.caught_up = asyncio.Event()
         self.last_contact_ms = 0
         # when contact came back after the follower had been blind (0: never lost)
@@ -100,6 +112,11 @@ class Follower:
         self._last_contact = float("-inf")
         self._contacted = asyncio.Event()
         self._problems = RateLimitedLog(log)
+
+    @property
+    def position(self) -> int | None:
+        """The next offset to read of the (first) partition, once known."""
+        return self.positions.get(self.tp)
 
     @property
     def stale_after_s(self) -> float:
@@ -141,45 +158,49 @@ class Follower:
         consumer = make_consumer(self.settings, group=None, **self.consumer_options)
         try:
             await consumer.start()
-            consumer.assign([self.tp])
+            consumer.assign(self.tps)
             await self._seek(consumer)
             self._contact()
         except _BROKER_TROUBLE as exc:
             raise broker_error(exc) from exc
         finally:
             await _stop_quietly(consumer, self.probe_timeout_s)
-        assert self.position is not None
-        return self.position
+        return self.positions[self.tp]
 
     def __aiter__(self) -> AsyncIterator[list[ConsumerRecord[bytes, bytes]]]:
         return self.batches()
 
     async def batches(self) -> AsyncIterator[list[ConsumerRecord[bytes, bytes]]]:
         backoff = Backoff(max_s=self.settings.retry_backoff_max_s)
-        tp = self.tp
+        tps = self.tps
+        where = f"{self.tp.topic}[{','.join(str(tp.partition) for tp in tps)}]"
         while True:
             consumer = make_consumer(self.settings, group=None, **self.consumer_options)
             try:
                 await consumer.start()
-                consumer.assign([tp])
+                consumer.assign(tps)
                 await self._seek(consumer)
-                end = await self._end_offset(consumer)
-                self._problems.resolved("follow", "%s: following again", tp.topic)
+                ends = await self._end_offsets(consumer)
+                self._problems.resolved("follow", "%s: following again", self.tp.topic)
                 backoff.reset()
                 while True:
-                    if not self.caught_up.is_set() and await consumer.position(tp) >= end:
+                    if not self.caught_up.is_set() and await _reached(consumer, ends):
                         self.caught_up.set()
-                    batch = await consumer.getmany(tp, timeout_ms=self.poll_ms)
-                    records = batch.get(tp, [])
-                    if records:
+                    batch = await consumer.getmany(*tps, timeout_ms=self.poll_ms)
+                    if any(batch.values()):
                         self._contact()
-                        self.position = records[-1].offset + 1
-                        yield records
+                        for tp in tps:
+                            records = batch.get(tp)
+                            if records:
+                                # moved on just before the hand-over: a reader
+                                # that stops here has what it was given
+                                self.positions[tp] = records[-1].offset + 1
+                                yield records
                     elif time.monotonic() - self._last_contact >= self.probe_s:
-                        await self._end_offset(consumer)
+                        await self._end_offsets(consumer)
             except _BROKER_TROUBLE as exc:
-                self._problems.warning("follow", "%s: cannot follow %s[%d] (%s: %s); retrying",
-                                       tp.topic, tp.topic, tp.partition, type(exc).__name__, exc)
+                self._problems.warning("follow", "%s: cannot follow %s (%s: %s); retrying",
+                                       self.tp.topic, where, type(exc).__name__, exc)
             finally:
                 await _stop_quietly(consumer, self.probe_timeout_s)
             _raise_if_cancelled()  # a cancel the client turned into broker trouble
@@ -208,31 +229,42 @@ class Follower:
                                            event_type, exc)
             yield decoded
 
-    async def _end_offset(self, consumer: Any) -> int:
-        ends = await asyncio.wait_for(consumer.end_offsets([self.tp]), self.probe_timeout_s)
+    async def _end_offsets(self, consumer: Any) -> dict[TopicPartition, int]:
+        ends = await asyncio.wait_for(consumer.end_offsets(self.tps), self.probe_timeout_s)
         self._contact()
-        return int(ends[self.tp])
+        return {tp: int(ends[tp]) for tp in self.tps}
 
     async def _seek(self, consumer: Any) -> None:
-        """To where this follower left off, else to its start."""
-        tp = self.tp
-        if self.position is not None:
-            consumer.seek(tp, self.position)
-        elif self.start == "beginning":
-            await consumer.seek_to_beginning(tp)
-        elif self.start == "end":
-            await consumer.seek_to_end(tp)
-        elif isinstance(self.start, FromTime):
+        """Each partition to where this follower left off, else to its start."""
+        found: dict[TopicPartition, Any] = {}
+        if isinstance(self.start, FromTime) and len(self.positions) < len(self.tps):
             found = await asyncio.wait_for(
-                consumer.offsets_for_times({tp: self.start.ms}), self.probe_timeout_s)
-            hit = found.get(tp)
-            if hit is None:
+                consumer.offsets_for_times({tp: self.start.ms for tp in self.tps}),
+                self.probe_timeout_s)
+        for tp in self.tps:
+            if tp in self.positions:
+                consumer.seek(tp, self.positions[tp])
+            elif self.start == "beginning":
+                await consumer.seek_to_beginning(tp)
+            elif self.start == "end":
                 await consumer.seek_to_end(tp)
+            elif isinstance(self.start, FromTime):
+                hit = found.get(tp)
+                if hit is None:
+                    await consumer.seek_to_end(tp)
+                else:
+                    consumer.seek(tp, hit.offset)
             else:
-                consumer.seek(tp, hit.offset)
-        else:
-            consumer.seek(tp, int(self.start))
-        self.position = await consumer.position(tp)
+                consumer.seek(tp, int(self.start))
+            self.positions[tp] = await consumer.position(tp)
+
+
+async def _reached(consumer: Any, ends: dict[TopicPartition, int]) -> bool:
+    """Whether the consumer's position is at ``ends`` or past it, in every partition."""
+    for tp, end in ends.items():
+        if await consumer.position(tp) < end:
+            return False
+    return True
 
 
 async def _stop_quietly(consumer: Any, timeout_s: float) -> None:
@@ -271,10 +303,11 @@ def _raise_if_cancelled() -> None:
         raise asyncio.CancelledError
 
 
-def follow(settings: Settings, topic: Topic | str, partition: int = 0,
+def follow(settings: Settings, topic: Topic | str, partition: int | Iterable[int] = 0,
            start: Start = "beginning", **options: Any) -> Follower:
-    """A :class:`Follower` of ``topic[partition]`` from ``start``; a typed topic
-    of one event type gives :meth:`Follower.events` what to decode."""
+    """A :class:`Follower` of ``topic[partition]`` (or of several partitions) from
+    ``start``; a typed topic of one event type gives :meth:`Follower.events`
+    what to decode."""
     if isinstance(topic, str):
         return Follower(settings, topic, partition, start, **options)
     event_type = topic.events[0] if len(topic.events) == 1 else None

@@ -10,6 +10,7 @@ import uuid
 from typing import Any
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from conveyor.settings import Settings
 from schemas.codec import default_codec
@@ -58,3 +59,60 @@ async def test_a_topic_of_two_event_types_has_no_single_decoding() -> None:
     follower = follow(Settings(topic_prefix="t"), KEYS)
     with pytest.raises(TypeError, match="one event type"):
         await follower.events(default_codec()).__anext__()
+
+
+async def test_a_follower_of_several_partitions_reads_each_in_order_and_resumes(
+        services: None) -> None:
+    settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    topic = CONTROL.at(settings)
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, 3, 1)])
+    finally:
+        await admin.close()
+    producer = make_producer(settings)
+    await producer.start()
+
+    async def write(values: list[tuple[int, bytes]]) -> None:
+        for partition, value in values:
+            await producer.send_and_wait(topic, value, partition=partition)
+
+    try:
+        await write([(0, b"a0"), (2, b"c0"), (0, b"a1"), (2, b"c1")])
+        follower = follow(settings, topic, [0, 2], "beginning")
+        assert [tp.partition for tp in follower.tps] == [0, 2]
+
+        async def read(n: int) -> list[list[tuple[int, bytes]]]:
+            batches: list[list[tuple[int, bytes]]] = []
+            async for records in follower:
+                batches.append([(r.partition, r.value) for r in records])
+                if sum(map(len, batches)) >= n:
+                    return batches
+            return batches
+
+        first = await asyncio.wait_for(read(4), 30)
+        assert all(len({p for p, _ in batch}) == 1 for batch in first)  # one partition each
+        by_partition = {p: [v for batch in first for q, v in batch if q == p] for p in (0, 2)}
+        assert by_partition == {0: [b"a0", b"a1"], 2: [b"c0", b"c1"]}
+        assert {tp.partition: at for tp, at in follower.positions.items()} == {0: 2, 2: 2}
+        # a new iteration (a new consumer, as after an outage) goes on where it left off
+        await write([(1, b"b0"), (2, b"c2"), (0, b"a2")])
+        again = await asyncio.wait_for(read(2), 30)
+        assert sorted(v for batch in again for _, v in batch) == [b"a2", b"c2"]
+        # caught up once every partition's backlog is read
+        fresh = follow(settings, topic, [0, 1, 2], "beginning")
+        seen: list[bytes] = []
+
+        async def drain() -> None:
+            async for records in fresh:
+                seen.extend(r.value for r in records)
+
+        draining = asyncio.create_task(drain())
+        try:
+            await asyncio.wait_for(fresh.caught_up.wait(), 30)
+            assert sorted(seen) == [b"a0", b"a1", b"a2", b"b0", b"c0", b"c1", b"c2"]
+        finally:
+            draining.cancel()
+    finally:
+        await producer.stop()

@@ -7,6 +7,7 @@ import asyncio
 import uuid
 
 import pytest
+from aiokafka.partitioner import DefaultPartitioner
 
 from conveyor.settings import Settings
 from schemas.codec import default_codec
@@ -61,7 +62,13 @@ async def test_final_and_error_chunks_of_wanted_requests_are_heard(services: Non
         assert {wid for _, wid, _ in heard} == {"w7"} and all(ts > 0 for _, _, ts in heard)
         # the breakers hear how each ended
         assert errors["failed"] == error and errors["want0"] is None
-        assert len(follower.followers) == settings.pipeline_partitions
+        # one consumer reads every partition, and the ends heard came from several
+        assert follower.follower is not None
+        assert [tp.partition for tp in follower.follower.tps] == \
+            list(range(settings.pipeline_partitions))
+        everyone = list(range(settings.pipeline_partitions))
+        assert len({DefaultPartitioner()(rid.encode(), everyone, everyone)
+                    for rid, _, _ in heard}) > 1
     finally:
         running.cancel()
         await producer.stop()
