@@ -7,9 +7,19 @@ import time
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from tests.support.pipeline import Pipeline
+
+
+async def create_topic(bootstrap: str, name: str, partitions: int = 1) -> None:
+    """Create one topic (replication 1) on the broker at ``bootstrap``."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, partitions, 1)])
+    finally:
+        await admin.close()
 
 
 async def behind(consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int]) -> bool:

@@ -14,11 +14,11 @@ import time
 import uuid
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from conveyor.errors import TransientBrokerError
 from conveyor.settings import Settings
 from tests.support.services import OwnKafka
+from tests.support.topics import create_topic
 from topics.clients import make_producer
 from topics.envelope import now_ms
 from topics.shared_lookup import SharedLookup
@@ -47,12 +47,7 @@ async def test_a_lookup_answers_again_after_the_broker_restarts(own_kafka: OwnKa
     settings = Settings(kafka_bootstrap=own_kafka.bootstrap,
                         topic_prefix=f"t{uuid.uuid4().hex[:10]}")
     topic = settings.topic("lookup")
-    admin = AIOKafkaAdminClient(bootstrap_servers=own_kafka.bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, 2, 1)])
-    finally:
-        await admin.close()
+    await create_topic(own_kafka.bootstrap, topic, 2)
     since = now_ms() - 1000
     await write(settings, topic, b"before")
     used = SharedLookup(settings, readers=2, timeout_s=TIMEOUT_S)  # called in the outage

@@ -17,10 +17,9 @@ import time
 import uuid
 from collections import Counter
 
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-
 from conveyor.settings import Settings
 from tests.support.services import OwnKafka
+from tests.support.topics import create_topic
 from topics.clients import make_producer
 from topics.producer import Producer
 
@@ -49,12 +48,7 @@ async def steady(producer: Producer, topic: str, stop: asyncio.Event,
 async def test_records_go_through_after_a_restart_that_expired_batches(
         own_kafka: OwnKafka) -> None:
     topic = f"t{uuid.uuid4().hex[:10]}.sequence"
-    admin = AIOKafkaAdminClient(bootstrap_servers=own_kafka.bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, 1, 1)])
-    finally:
-        await admin.close()
+    await create_topic(own_kafka.bootstrap, topic)
     producer = make_producer(Settings(kafka_bootstrap=own_kafka.bootstrap),
                              request_timeout_ms=TIMEOUT_MS)
     await producer.start()

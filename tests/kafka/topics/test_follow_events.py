@@ -10,11 +10,11 @@ import uuid
 from typing import Any
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from conveyor.settings import Settings
 from schemas.codec import default_codec
 from schemas.records import Control
+from tests.support.topics import create_topic
 from topics.admin import ensure_topics
 from topics.catalog import CONTROL, KEYS, catalog
 from topics.clients import make_producer
@@ -65,12 +65,7 @@ async def test_a_follower_of_several_partitions_reads_each_in_order_and_resumes(
         services: None) -> None:
     settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
     topic = CONTROL.at(settings)
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, 3, 1)])
-    finally:
-        await admin.close()
+    await create_topic(settings.kafka_bootstrap, topic, 3)
     producer = make_producer(settings)
     await producer.start()
 
