@@ -58,7 +58,7 @@ class FinishFollower:
         # it has _BATCH_BYTES or _BATCH_WAIT_MS passed: a slot freed is heard a
         # few milliseconds later, and the token stream costs one fetch each
         # _BATCH_WAIT_MS, not one per chunk written. (One consumer a partition
-        # made that a fetch per partition each 20 ms, busy or idle: four fifths
+        # made that a fetch per partition each 20 ms, busy or idle: two thirds
         # of the requests the layers process sent while idle.)
         self.follower = follow(self.settings, TOKENS, range(self.partitions), "end",
                                poll_ms=200, fetch_max_wait_ms=_BATCH_WAIT_MS,
