@@ -129,8 +129,8 @@ async def measure(scenarios: list[Scenario], url: str, plain_key: str,
         return await compare.measure(scenarios, plain, policed, POLICIES, cpu=cpu)
 
 
-def run(quick: bool, upstream_port: int, gateway_port: int, control: bool = False
-        ) -> list[Result]:
+def run(quick: bool, upstream_port: int, gateway_port: int, control: bool = False,
+        rounds: int = 20) -> list[Result]:
     costs = check_costs()
     print("check costs on this prompt, in process (µs a request):")
     for name, us in costs.items():
@@ -159,7 +159,7 @@ def run(quick: bool, upstream_port: int, gateway_port: int, control: bool = Fals
         wait_http(f"{url}/healthz", gateway, 180.0)
         cpu = cpu_reader([p.popen.pid for p in (layers, infer, gateway)])
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
-            return runner.run(measure(plan(quick), url, plain_key, policed_key, cpu))
+            return runner.run(measure(plan(quick, rounds), url, plain_key, policed_key, cpu))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -171,9 +171,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gateway-port", type=int, default=8120)
     parser.add_argument("--control", action="store_true",
                         help="set no policy: both sides plain, the comparison's own noise")
+    parser.add_argument("--rounds", type=int, default=20,
+                        help="pairs of c=32 rounds (128 requests a round; default 20)")
     args = parser.parse_args(argv)
+    if args.rounds < 4:
+        parser.error("--rounds must be at least 4")
     report_main("bench.policy_overhead", POLICIES, lambda: run(
-        args.quick, args.upstream_port, args.gateway_port, args.control))
+        args.quick, args.upstream_port, args.gateway_port, args.control, args.rounds))
 
 
 if __name__ == "__main__":

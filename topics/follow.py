@@ -235,27 +235,35 @@ class Follower:
         return {tp: int(ends[tp]) for tp in self.tps}
 
     async def _seek(self, consumer: Any) -> None:
-        """Each partition to where this follower left off, else to its start."""
+        """Each partition to where this follower left off, else to its start (the
+        partitions reset to their beginning or end in one request each)."""
         found: dict[TopicPartition, Any] = {}
         if isinstance(self.start, FromTime) and len(self.positions) < len(self.tps):
             found = await asyncio.wait_for(
                 consumer.offsets_for_times({tp: self.start.ms for tp in self.tps}),
                 self.probe_timeout_s)
+        to_beginning: list[TopicPartition] = []
+        to_end: list[TopicPartition] = []
         for tp in self.tps:
             if tp in self.positions:
                 consumer.seek(tp, self.positions[tp])
             elif self.start == "beginning":
-                await consumer.seek_to_beginning(tp)
+                to_beginning.append(tp)
             elif self.start == "end":
-                await consumer.seek_to_end(tp)
+                to_end.append(tp)
             elif isinstance(self.start, FromTime):
                 hit = found.get(tp)
                 if hit is None:
-                    await consumer.seek_to_end(tp)
+                    to_end.append(tp)
                 else:
                     consumer.seek(tp, hit.offset)
             else:
                 consumer.seek(tp, int(self.start))
+        if to_beginning:
+            await consumer.seek_to_beginning(*to_beginning)
+        if to_end:
+            await consumer.seek_to_end(*to_end)
+        for tp in self.tps:
             self.positions[tp] = await consumer.position(tp)
 
 

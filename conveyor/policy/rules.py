@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.errors import ConveyorError
-from conveyor.policy.pii import ENTITIES
+from conveyor.policy.recognisers import ENTITIES
 from conveyor.policy.safety import TermList
 
 __all__ = ["DEFAULT_SCOPE", "Policy", "PolicyBook", "PolicyDoc", "key_scope", "parse_policy",

@@ -18,12 +18,9 @@ Decisions:
   whitespace in the text (spaces, tabs, newlines) matches it: "how to make a
   bomb" catches "how to make  a\\nbomb". A term's own leading and trailing
   whitespace is dropped.
-* **Folding keeps offsets.** Text and terms are folded a character at a time,
-  each character to its NFKC compatibility form (fullwidth "ＫＩＬＬ", "①")
-  and then to lower case, each step kept only where it gives one character, so
-  every offset in the folded text is one in the original: "İ" (whose lower case
-  is two characters) stays "İ", the ligature "ﬁ" stays "ﬁ". Final sigma folds to
-  σ. Plain ASCII text takes ``str.lower`` directly.
+* **Folding keeps offsets** (folding.py): each character to its NFKC form and
+  lower case where that stays one character, so every offset in the folded
+  text is one in the original.
 * **Not caught**: "STRASSE" for "Straße" (lower case, not case folding),
   decomposed accents against composed ones ("e" + U+0301 against "é"),
   ligatures, look-alike letters from other scripts (Cyrillic "а" for Latin "a"),
@@ -79,22 +76,20 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, NamedTuple
 
 import ahocorasick
 import regex as regex_module
 
+from conveyor.policy.folding import Folded, fold
+
 __all__ = ["PATTERN_SPAN", "Match", "StreamScanner", "TermList"]
 
 PATTERN_SPAN = 256
 
-_SPACES = re.compile(r"\s(?:\s+|(?<=[^ ]))")
-_FINAL_SIGMA, _SIGMA = "ς", "σ"
-_DOTTED_I = "\u0130"
-_TABLE_SIZE = 65_536
 _PROBES = ("", "a", "0", " ", "\n", "-", "aB 0_c.-\n")
 
 
@@ -125,21 +120,9 @@ class _Pattern(NamedTuple):
 _Hit = tuple[int, int, _Entry]
 
 
-@dataclass(frozen=True)
-class _Folded:
-    """A text folded for terms, and the way back to the original's offsets."""
-
-    text: str
-    marks: tuple[int, ...] = (0,)
-    origins: tuple[int, ...] = (0,)
-
-    def origin(self, index: int) -> int:
-        k = bisect_right(self.marks, index) - 1
-        return self.origins[k] + index - self.marks[k]
-
-    def match(self, hit: _Hit) -> Match:
-        start, end, entry = hit
-        return Match(entry.category, entry.term, self.origin(start), self.origin(end - 1) + 1)
+def _matched(folded: Folded, hit: _Hit) -> Match:
+    start, end, entry = hit
+    return Match(entry.category, entry.term, folded.origin(start), folded.origin(end - 1) + 1)
 
 
 class TermList:
@@ -179,8 +162,8 @@ class TermList:
         """Every match in ``text``, ordered by start."""
         found: list[Match] = []
         if self._automaton is not None:
-            folded = _fold(text)
-            found.extend(map(folded.match, self._hits(folded.text, False, False)))
+            folded = fold(text)
+            found.extend(map(partial(_matched, folded), self._hits(folded.text, False, False)))
         for pattern in self._patterns:
             found.extend(_every(pattern, text))
         return sorted(found, key=_order)
@@ -188,9 +171,9 @@ class TermList:
     def _first_term(self, text: str) -> Match | None:
         if self._automaton is None:
             return None
-        folded = _fold(text)
+        folded = fold(text)
         hit = self._earliest(self._hits(folded.text, False, False))
-        return None if hit is None else folded.match(hit)
+        return None if hit is None else _matched(folded, hit)
 
     def _hits(self, norm: str, after_word: bool, open_end: bool) -> Iterator[_Hit]:
         """Whole-word hits in folded text, by end; ``open_end``: none that end it."""
@@ -240,9 +223,9 @@ class TermList:
 
     def _decide_terms(self, before: str, text: str, final: bool) -> tuple[Match | None, int]:
         after_word = bool(before) and _word(before[-1])
-        folded = _fold(text)
+        folded = fold(text)
         hit = self._earliest(self._hits(folded.text, after_word, not final))
-        match = None if hit is None else folded.match(hit)
+        match = None if hit is None else _matched(folded, hit)
         if final:
             return match, len(text)
         start = self._open_start(folded.text, after_word)
@@ -314,60 +297,6 @@ def _clear_before(norm: str, start: int, after_word: bool) -> bool:
     return not after_word if start == 0 else not _word(norm[start - 1])
 
 
-class _FoldTable(dict[int, str]):
-    """``str.translate``'s table of folded characters, filled as they are met."""
-
-    def __missing__(self, code: int) -> str:
-        folded = _fold_char(chr(code))
-        if len(self) < _TABLE_SIZE:
-            self[code] = folded
-        return folded
-
-
-def _fold_char(char: str) -> str:
-    compat = unicodedata.normalize("NFKC", char)
-    if len(compat) != 1:
-        compat = char
-    lower = compat.lower()
-    folded = lower if len(lower) == 1 else compat
-    return _SIGMA if folded == _FINAL_SIGMA else folded
-
-
-_FOLDED = _FoldTable()
-
-
-def _lower(text: str) -> str:
-    """``text`` in lower case and NFKC forms, one character for one."""
-    if text.isascii():
-        return text.lower()
-    if unicodedata.is_normalized("NFKC", text):
-        lower = _DOTTED_I.join(part.lower() for part in text.split(_DOTTED_I))
-        return lower.replace(_FINAL_SIGMA, _SIGMA)
-    return text.translate(_FOLDED)
-
-
-def _fold(text: str) -> _Folded:
-    """``text`` folded, each run of whitespace one space, and the offsets back."""
-    lower = _lower(text)
-    if lower.isprintable() and "  " not in lower:
-        return _Folded(lower)
-    pieces: list[str] = []
-    marks, origins = [0], [0]
-    done = size = 0
-    for run in _SPACES.finditer(lower):
-        start, end = run.span()
-        pieces += (lower[done:start], " ")
-        size += start - done + 1
-        done = end
-        if end - start > 1:
-            marks.append(size)
-            origins.append(end)
-    if not pieces:
-        return _Folded(lower)
-    pieces.append(lower[done:])
-    return _Folded("".join(pieces), tuple(marks), tuple(origins))
-
-
 def _listed(category: str, values: Iterable[str], kind: str) -> list[str]:
     if isinstance(values, str):
         raise ValueError(f"safety list {category!r}: {kind}s must be a list of strings, "
@@ -381,7 +310,7 @@ def _automaton(terms: Mapping[str, Iterable[str]]) -> tuple[Any, int]:
     longest = 0
     for category in sorted(terms):
         for term in _listed(category, terms[category], "term"):
-            key = _fold(term).text.strip()
+            key = fold(term).text.strip()
             if not key:
                 raise ValueError(f"safety list {category!r}: empty term {term!r}")
             if key not in automaton:

@@ -63,15 +63,13 @@ class FinishFollower:
         self.follower = follow(self.settings, TOKENS, range(self.partitions), "end",
                                poll_ms=200, fetch_max_wait_ms=_BATCH_WAIT_MS,
                                fetch_min_bytes=_BATCH_BYTES)
-        reading = asyncio.create_task(self._follow(self.follower), name="finishes")
         signalling = None
         if ready is not None:
             signalling = asyncio.create_task(self._signal_ready(self.follower, ready),
                                              name="finishes-ready")
         try:
-            await reading  # a failure surfaces on the layer
+            await self._follow(self.follower)  # a failure surfaces on the layer
         finally:
-            reading.cancel()
             if signalling is not None:
                 signalling.cancel()
 
