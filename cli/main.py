@@ -144,7 +144,11 @@ def cmd_gateway(settings: Settings, args: argparse.Namespace) -> int:
         raise SystemExit(f"conveyor: {exc}") from None
     registry = Registry.load(settings.models_file)
     asyncio.run(_gateway_services(settings, registry))
-    uvicorn.run(build_app(settings, registry), host=settings.gateway_host,
+    from conveyor import heap
+
+    app = build_app(settings, registry,
+                    on_ready=lambda: heap.settle(settings.gc_threshold, "gateway"))
+    uvicorn.run(app, host=settings.gateway_host,
                 port=settings.gateway_port, loop="uvloop", http="httptools",
                 log_level="warning", access_log=False, timeout_graceful_shutdown=5)
     return 0
@@ -183,6 +187,8 @@ async def _run_layers(settings: Settings, names: list[str]) -> None:
 
     _on_signals(stop)
     tasks = [asyncio.create_task(r.run(), name=r.layer.name) for r in runtimes]
+    settling = asyncio.create_task(_settle_when(settings, "+".join(names),
+                                                *(r.ready for r in runtimes)), name="settle")
     from topics.models import follow_published
 
     following = [asyncio.create_task(cancels.run(), name="cancels"),
@@ -192,15 +198,25 @@ async def _run_layers(settings: Settings, names: list[str]) -> None:
     done, _ = await asyncio.wait([*tasks, *following], return_when=asyncio.FIRST_COMPLETED)
     for r in runtimes:
         r.stop()
-    for task in following:
+    for task in [*following, settling]:
         task.cancel()
-    await asyncio.gather(*tasks, *following, return_exceptions=True)
+    await asyncio.gather(*tasks, *following, settling, return_exceptions=True)
     await producer.stop()
     tracing.shutdown()
     metrics.shutdown()
     for task in done:
         if not task.cancelled():
             task.result()
+
+
+async def _settle_when(settings: Settings, what: str, *ready: asyncio.Event) -> None:
+    """Once every one of ``ready`` is set, the process has started: its heap is
+    settled for serving (conveyor/heap.py)."""
+    from conveyor import heap
+
+    for event in ready:
+        await event.wait()
+    heap.settle(settings.gc_threshold, what)
 
 
 def cmd_layer(settings: Settings, args: argparse.Namespace) -> int:
@@ -244,10 +260,13 @@ async def _run_infer(settings: Settings, args: argparse.Namespace) -> None:
     from topics.models import follow_published
 
     models = asyncio.create_task(follow_published(settings, registry), name="models")
+    settling = asyncio.create_task(_settle_when(settings, f"infer {worker.worker_id}",
+                                                worker.ready), name="settle")
     try:
         await worker.run()
     finally:
         models.cancel()
+        settling.cancel()
         tracing.shutdown()
         metrics.shutdown()
 

@@ -84,7 +84,10 @@ def cmd_accounting(settings: Settings, args: argparse.Namespace) -> int:
     from workers.usage.run import run_accounting
 
     metrics = process_metrics(settings, "accounting")
-    run_accounting(settings, LayerMetrics(metrics.meter).layer("accounting"))
+    from conveyor import heap
+
+    run_accounting(settings, LayerMetrics(metrics.meter).layer("accounting"),
+                   on_started=lambda: heap.settle(settings.gc_threshold, "accounting"))
     return 0
 
 

@@ -31,6 +31,10 @@ class Settings(BaseSettings):
     # false: no process records or serves metrics (no /metrics on the gateway,
     # metrics_port ignored); bench.stream_overhead measures what they cost
     metrics_enabled: bool = True
+    # once a serving process has started, what it built is frozen out of the cyclic
+    # collector's scans and its youngest generation collects after this many
+    # allocations (Python's own: 700); 0 leaves the collector alone (conveyor/heap.py)
+    gc_threshold: int = 10_000
 
     # Services
     kafka_bootstrap: str = "127.0.0.1:9092"

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import redis.asyncio as aioredis
 from fastapi import FastAPI
@@ -73,7 +73,10 @@ _REDIS_TIMEOUT_S = 2.0
 _STOP_TASKS_S = 5.0
 
 
-def build_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
+def build_app(settings: Settings, registry: Registry | None = None,
+              on_ready: Callable[[], None] | None = None) -> FastAPI:
+    """The gateway's app; ``on_ready`` is called once it has started (its
+    collaborators connected), before it serves."""
     check_auth_settings(settings)
     registry = registry or Registry.load(settings.models_file)
     gateway_id = settings.gateway_id or f"gw-{uuid.uuid4().hex[:12]}"
@@ -83,6 +86,8 @@ def build_app(settings: Settings, registry: Registry | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         try:
             async with _collaborators(app, settings, gateway_id, health):
+                if on_ready is not None:
+                    on_ready()
                 yield
         except StartupTimeout as exc:  # the reason in one line, above uvicorn's traceback
             log.error("gateway %s: %s", gateway_id, exc)

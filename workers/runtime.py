@@ -127,6 +127,7 @@ class LayerRuntime:
         self._sender: Sender | None = None
         self._stopping = asyncio.Event()
         self._progress = asyncio.Event()
+        self.ready = asyncio.Event()  # set once the layer consumes
         self._slots = asyncio.Semaphore(max_concurrency)
         # (partition, key) -> the events of that key waiting, and the task handling them
         self._queues: dict[tuple[TopicPartition, object], deque[Record]] = {}
@@ -167,6 +168,7 @@ class LayerRuntime:
             await started(f"the {self.layer.name} layer to start", lambda: self.layer.start(sender),
                           within=within, log=log)
             log.info("%s: consuming %s", self.layer.name, self.layer.source_topic)
+            self.ready.set()
             await self._loop(consumer)
             await self._finish_in_flight()
             await self.commit()

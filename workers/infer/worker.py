@@ -120,6 +120,7 @@ class InferWorker:
         self._tasks: set[asyncio.Task[None]] = set()
         self._slot_freed = asyncio.Event()
         self._stopping = asyncio.Event()
+        self.ready = asyncio.Event()  # set once the worker serves its pool
         self._beat_now = asyncio.Event()
         self._consumer: AIOKafkaConsumer | None = None
         self._joined = False  # the consumer's start (its group join) finished
@@ -179,6 +180,7 @@ class InferWorker:
             self._joined = True
             log.info("worker %s: serving pool %s with %s (capacity %d)", self.worker_id,
                      self.pool, self.engine.name, self.engine.capacity)
+            self.ready.set()
             await self._consume(consumer, sender, store, background)
             await self._drain(heartbeat)
 

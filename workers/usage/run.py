@@ -15,6 +15,7 @@ Logging keeps Conveyor's format (``override_logging=False``).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import faust
 
@@ -38,9 +39,11 @@ def changelog_specs(accounting: AccountingApp) -> list[TopicSpec]:
             for table in accounting.app.tables.values()]
 
 
-def run_accounting(settings: Settings, probe: LayerProbe | None = None) -> None:
+def run_accounting(settings: Settings, probe: LayerProbe | None = None,
+                   on_started: Callable[[], None] | None = None) -> None:
     """Run the accounting app until it is told to stop; returns after a clean stop.
-    ``probe`` counts the usage events it handled and dead-lettered (metrics)."""
+    ``probe`` counts the usage events it handled and dead-lettered (metrics);
+    ``on_started`` is called once the Faust worker has started its app."""
     setup_logging(settings.log_level)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
@@ -56,6 +59,13 @@ def run_accounting(settings: Settings, probe: LayerProbe | None = None) -> None:
     # ratings an earlier Conveyor counted in two tables (workers/usage/migrate.py)
     loop.run_until_complete(carry_old_ratings(settings, accounting.app.conf.id,
                                               accounting.rating_table.name))
+    if on_started is not None:
+        started = on_started
+
+        async def call_on_started() -> None:
+            started()
+
+        accounting.app.task(call_on_started)
     worker = faust.Worker(accounting.app, loop=loop, loglevel=settings.log_level, quiet=True,
                           override_logging=False, redirect_stdouts=False)
     worker.spinner = None  # a terminal spinner would write escape codes into the log
