@@ -3,13 +3,16 @@ the pipeline wrote: audit events, token chunks, no secret anywhere)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from conveyor.settings import Settings
 from tests.support.pipeline import Pipeline
+from topics.clients import make_producer
 
 
 async def create_topic(bootstrap: str, name: str, partitions: int = 1) -> None:
@@ -20,6 +23,27 @@ async def create_topic(bootstrap: str, name: str, partitions: int = 1) -> None:
         await admin.create_topics([NewTopic(name, partitions, 1)])
     finally:
         await admin.close()
+
+
+async def send_retrying(settings: Settings, topic: str, sends: list[dict[str, Any]],
+                        within_s: float = 90) -> None:
+    """Send each of ``sends`` (``send_and_wait``'s keywords: value, key,
+    partition) in order, retrying with a fresh producer until the broker
+    takes them all (a broker that is restarting), at most ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while True:
+        producer = make_producer(settings, request_timeout_ms=5000)
+        try:
+            await producer.start()
+            for send in sends:
+                await producer.send_and_wait(topic, **send)
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(1)
+        finally:
+            await producer.stop()
 
 
 async def behind(consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int]) -> bool:

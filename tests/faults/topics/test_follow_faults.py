@@ -5,40 +5,17 @@ twice and nothing skipped."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 
 from conveyor.settings import Settings
+from tests.support.key_backends import wait_until
 from tests.support.services import OwnKafka
-from tests.support.topics import create_topic
-from topics.clients import make_producer
+from tests.support.topics import create_topic, send_retrying
 from topics.follow import follow
 
 
-async def write(settings: Settings, topic: str, records: list[tuple[int, bytes]],
-                within_s: float = 90) -> None:
-    """Write ``(partition, value)`` records, retrying until the broker takes them."""
-    deadline = time.monotonic() + within_s
-    while True:
-        producer = make_producer(settings, request_timeout_ms=5000)
-        try:
-            await producer.start()
-            for partition, value in records:
-                await producer.send_and_wait(topic, value, partition=partition)
-            return
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(1)
-        finally:
-            await producer.stop()
-
-
-async def until(check: object, within_s: float, what: str) -> None:
-    deadline = time.monotonic() + within_s
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.1)
+async def write(settings: Settings, topic: str, records: list[tuple[int, bytes]]) -> None:
+    await send_retrying(settings, topic, [{"value": v, "partition": p} for p, v in records])
 
 
 async def test_several_partitions_go_on_where_they_left_off_after_a_restart(
@@ -57,12 +34,12 @@ async def test_several_partitions_go_on_where_they_left_off_after_a_restart(
 
     reading = asyncio.create_task(read())
     try:
-        await until(lambda: len(seen) >= 3, 60, f"the first records: {seen}")
+        await wait_until(lambda: len(seen) >= 3, 60, f"the first records: {seen}")
         await asyncio.to_thread(own_kafka.stop)
-        await until(lambda: not follower.reachable, 30, "never blind with the broker down")
+        await wait_until(lambda: not follower.reachable, 30, "never blind with the broker down")
         await asyncio.to_thread(own_kafka.start)
         await write(settings, topic, [(0, b"a1"), (1, b"b1"), (2, b"c1")])
-        await until(lambda: len(seen) >= 6, 90, f"after the restart: {seen}")
+        await wait_until(lambda: len(seen) >= 6, 90, f"after the restart: {seen}")
         await asyncio.sleep(1)  # anything read twice would show by now
         assert sorted(seen) == [b"a0", b"a1", b"b0", b"b1", b"c0", b"c1"]
         assert follower.reachable

@@ -18,29 +18,16 @@ import pytest
 from conveyor.errors import TransientBrokerError
 from conveyor.settings import Settings
 from tests.support.services import OwnKafka
-from tests.support.topics import create_topic
-from topics.clients import make_producer
+from tests.support.topics import create_topic, send_retrying
 from topics.envelope import now_ms
 from topics.shared_lookup import SharedLookup
 
 TIMEOUT_S = 5.0
 
 
-async def write(settings: Settings, topic: str, value: bytes, within_s: float = 90) -> None:
+async def write(settings: Settings, topic: str, value: bytes) -> None:
     """Write one record under key ``k``, retrying until the broker takes it."""
-    deadline = time.monotonic() + within_s
-    while True:
-        producer = make_producer(settings, request_timeout_ms=5000)
-        try:
-            await producer.start()
-            await producer.send_and_wait(topic, value, key=b"k")
-            return
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(1)
-        finally:
-            await producer.stop()
+    await send_retrying(settings, topic, [{"value": value, "key": b"k"}])
 
 
 async def test_a_lookup_answers_again_after_the_broker_restarts(own_kafka: OwnKafka) -> None:
