@@ -10,8 +10,29 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from functools import lru_cache
+from typing import NamedTuple
 
 __all__ = ["Restorer"]
+
+
+class _Placeholders(NamedTuple):
+    """What a restore needs to know of a mapping's placeholders, built once per set of
+    placeholders: most requests have the same few (``<EMAIL_1>``, ``<PHONE_1>``)."""
+
+    pattern: re.Pattern[str]
+    longest: int
+    prefixes: frozenset[str]
+    first_chars: frozenset[str]
+
+
+@lru_cache(maxsize=1024)
+def _placeholders(keys: frozenset[str]) -> _Placeholders:
+    longest_first = sorted(keys, key=lambda k: (-len(k), k))
+    return _Placeholders(re.compile("|".join(map(re.escape, longest_first))),
+                         max(map(len, keys)),
+                         frozenset(p[:i] for p in keys for i in range(1, len(p))),
+                         frozenset(p[0] for p in keys))
 
 
 class Restorer:
@@ -26,12 +47,12 @@ class Restorer:
             raise ValueError("a placeholder cannot be empty")
         self._mapping = dict(mapping)
         self._pattern: re.Pattern[str] | None = None
+        self._longest = 0
+        self._prefixes: frozenset[str] = frozenset()
+        self._first_chars: frozenset[str] = frozenset()
         if self._mapping:
-            keys = sorted(self._mapping, key=len, reverse=True)
-            self._pattern = re.compile("|".join(map(re.escape, keys)))
-        self._longest = max(map(len, self._mapping), default=0)
-        self._prefixes = {p[:i] for p in self._mapping for i in range(1, len(p))}
-        self._first_chars = {p[0] for p in self._mapping}
+            self._pattern, self._longest, self._prefixes, self._first_chars = \
+                _placeholders(frozenset(self._mapping))
         self._buffer = ""
 
     @property

@@ -260,9 +260,14 @@ class StreamScanner:
 
     def flush(self) -> tuple[str, Match | None]:
         """The end of the stream: what was held, or the text before a match in it."""
+        return self.finish("")
+
+    def finish(self, text: str) -> tuple[str, Match | None]:
+        """The last ``text`` and the end of the stream in one check: what
+        :meth:`feed` then :meth:`flush` release together, or the text before a match."""
         if self._match is not None:
             return "", self._match
-        return self._check(self._held, final=True)
+        return self._check(self._held + text, final=True)
 
     def _check(self, text: str, final: bool) -> tuple[str, Match | None]:
         match, hold = self._terms._decide(self._before, text, final)

@@ -114,10 +114,8 @@ class RequestStream:
         (workers/policy_checks.py) when the request's policy has one: the text
         before a match, and the end with ``content_filter``."""
         if self.scanner is not None:
-            text, match = self.scanner.feed(text)
-            if match is None and finish_reason is not None:
-                rest, match = self.scanner.flush()
-                text += rest
+            text, match = self.scanner.feed(text) if finish_reason is None \
+                else self.scanner.finish(text)
             if match is not None:
                 self.done = True
                 self.filtered = match

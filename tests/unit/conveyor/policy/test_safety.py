@@ -312,3 +312,25 @@ def test_a_term_is_caught_however_the_text_is_cut(case: tuple[str, list[str]]) -
     assert expected is not None
     assert match == expected
     assert released == text[:expected.start]
+
+
+FINISH_TERMS = TermList({"violence": ["kill", "make a bomb"]},
+                        {"secrets": [r"\bsk-[a-z0-9]{3,}\b"]})
+
+
+@settings(max_examples=300, deadline=None)
+@given(chunked(with_term=True), st.sampled_from(["", " sk-abc", "sk-a", " ki"]))
+def test_finishing_with_the_last_chunk_is_feeding_it_then_flushing(
+        case: tuple[str, list[str]], tail: str) -> None:
+    _, chunks = case
+    *head, last = [*chunks, ""] if not chunks else chunks
+    last += tail
+    apart, together = StreamScanner(FINISH_TERMS), StreamScanner(FINISH_TERMS)
+    for chunk in head:
+        assert apart.feed(chunk) == together.feed(chunk)
+    released, match = apart.feed(last)
+    if match is None:
+        rest, match = apart.flush()
+        released += rest
+    assert together.finish(last) == (released, match)
+    assert match is not None and together.finish("more") == ("", match)  # stopped at it
