@@ -28,32 +28,17 @@ from conveyor.policy.pii import Redactor
 from conveyor.policy.restore import Restorer
 from conveyor.policy.rules import Policy
 from schemas.records import Generation, Reply
-from workers.policy_checks import redact_generation
+from workers.policy_checks import OFF_LOOP_CHARS, redact_generation, text_size
 
-__all__ = ["OFF_LOOP_CHARS", "ReplyRestorer", "redact", "text_size"]
-
-# Redaction reads every character: about 0.1-0.2 ms a thousand of prose, 0.55 ms
-# where a phone number and an email come every line (the phone matcher parses
-# each run of digits). Inline, it holds the event loop, and every other stream
-# this gateway serves, for all of that: 29 ms for 40,000 characters of such text,
-# 112 ms for 200,000, 557 ms for 1,000,000. In a worker thread the interpreter
-# lock is still one, but the loop takes it back every switch interval (5 ms):
-# the longest stall was 8, 7 and 22 ms, the redaction as long as inline. Below
-# this size the hand-off (tens of microseconds) is not worth it.
-OFF_LOOP_CHARS = 8_192
-
-
-def text_size(generation: Generation) -> int:
-    """The characters redaction reads in ``generation``."""
-    if generation["kind"] == "completion":
-        return len(generation["prompt"] or "")
-    return sum(len(m["content"]) + sum(len(c["arguments"]) for c in m.get("tool_calls") or ())
-               for m in generation["messages"])
+__all__ = ["ReplyRestorer", "redact"]
 
 
 async def redact(generation: Generation, policy: Policy) -> tuple[Generation, Redactor]:
     """``generation`` redacted as ``policy`` says (workers/policy_checks.py), in a
-    worker thread when it is large (:data:`OFF_LOOP_CHARS`)."""
+    worker thread when it is large: inline, 1,000,000 characters of dense personal
+    data (a phone number and an email every line) held the event loop, and every
+    other stream this gateway serves, for 557 ms; threaded, 22 ms at most
+    (:data:`~workers.policy_checks.OFF_LOOP_CHARS`)."""
     if text_size(generation) <= OFF_LOOP_CHARS:
         return redact_generation(generation, policy)
     return await asyncio.to_thread(redact_generation, generation, policy)

@@ -39,7 +39,7 @@ from topics.catalog import PREPARED, REQUESTS, TOKENS
 from topics.envelope import canary_key, stamp
 from topics.policies import kept_policies
 from workers.outputs import Output, Sender, error_info
-from workers.policy_checks import blocked_input, classified_input, input_refusal, policy_audit
+from workers.policy_checks import checked_input, classified_input, input_refusal, policy_audit
 from workers.prefix import block_hashes
 from workers.preprocess.normalize import (
     Fit,
@@ -112,7 +112,7 @@ class PreprocessLayer:
         envelope = stamp(event["envelope"], self.name)
         generation = normalize_generation(event["generation"])
         policy = self.policies.effective(envelope["tenant"], envelope["key_id"])
-        blocked = blocked_input(policy.input_terms, generation)
+        blocked = await checked_input(policy.input_terms, generation)
         if blocked is None and policy.classifier is not None:
             blocked = await classified_input(policy.classifier, generation)
         if blocked is not None:

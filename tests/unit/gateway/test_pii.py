@@ -4,7 +4,6 @@ placeholders included."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 from typing import Any, Literal
@@ -12,12 +11,13 @@ from typing import Any, Literal
 import pytest
 
 from conveyor.policy.rules import Policy, PolicyBook
-from gateway.pii import OFF_LOOP_CHARS, ReplyRestorer, redact, text_size
+from gateway.pii import ReplyRestorer, redact
 from schemas.openai.chunks import delta_chunk, tool_call_chunk, usage_chunk
 from schemas.records import ChunkHeader, Message, Reply, ToolCall, Usage
 from tests.support.factories import generation
+from tests.support.loop import ticks_while
 from topics.envelope import new_envelope
-from workers.policy_checks import redact_generation
+from workers.policy_checks import OFF_LOOP_CHARS, redact_generation
 
 ANN = "ann@example.com"
 BOB = "bob@example.org"
@@ -94,38 +94,10 @@ def test_a_completion_prompt_is_redacted() -> None:
     assert completion["prompt"] == f"From {ANN} ({IP}) to {BOB}; reply to {ANN}:"
 
 
-def test_the_size_is_what_redaction_reads() -> None:
-    call = ToolCall(id="call_1", name="f", arguments='{"a": 1}')
-    chat = generation([message("user", "hello"), message("assistant", "", [call])])
-    assert text_size(chat) == len("hello") + len('{"a": 1}')
-    assert text_size(generation(kind="completion", prompt="x" * 7)) == 7
-    assert text_size(generation(kind="completion", prompt=None)) == 0
-
-
-async def _ticks_while(work: asyncio.Future[Any] | Any) -> tuple[Any, int]:
-    """What ``work`` gives, and how often the loop ran something else meanwhile."""
-    ticks = 0
-    done = False
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while not done:
-            await asyncio.sleep(0)
-            ticks += 1
-
-    task = asyncio.create_task(ticker())
-    try:
-        result = await work
-    finally:
-        done = True
-        await task
-    return result, ticks
-
-
 async def test_a_large_request_is_redacted_while_the_loop_serves_others() -> None:
     line = f"call +1 415 555 0134 or write {ANN}; the belt moves boxes along the line. "
     prompt = line * (20 * OFF_LOOP_CHARS // len(line))
-    (redacted, redactor), ticks = await _ticks_while(
+    (redacted, redactor), ticks = await ticks_while(
         redact(generation(kind="completion", prompt=prompt), policy('["email", "phone"]')))
     assert redacted["prompt"] == prompt.replace("+1 415 555 0134", "<PHONE_1>") \
         .replace(ANN, "<EMAIL_1>")
@@ -135,7 +107,7 @@ async def test_a_large_request_is_redacted_while_the_loop_serves_others() -> Non
 
 async def test_a_small_request_is_redacted_at_once_on_the_loop() -> None:
     completion = generation(kind="completion", prompt=f"write to {ANN}")
-    (redacted, _), ticks = await _ticks_while(redact(completion, policy()))
+    (redacted, _), ticks = await ticks_while(redact(completion, policy()))
     assert redacted["prompt"] == "write to <EMAIL_1>"
     assert ticks == 0  # no hand-off to a thread: nothing else ran meanwhile
 

@@ -4,8 +4,16 @@ reads (level 1), and the conversation's user turns as one text (level 3)."""
 from __future__ import annotations
 
 from conveyor.policy.safety import TermList
+from schemas.records import Message, ToolCall
 from tests.support.factories import generation
-from workers.policy_checks import blocked_input, input_refusal
+from tests.support.loop import ticks_while
+from workers.policy_checks import (
+    OFF_LOOP_CHARS,
+    blocked_input,
+    checked_input,
+    input_refusal,
+    text_size,
+)
 
 TERMS = TermList({"violence": ["build a pipe bomb"]})
 
@@ -48,3 +56,29 @@ def test_the_refusal_names_the_category_not_the_term() -> None:
     refusal = input_refusal(found)
     assert refusal.status == 400 and refusal.code == "content_policy_violation"
     assert "violence" in refusal.message and "bomb" not in refusal.message
+
+
+def _message(role: str, content: str, calls: list[ToolCall] | None = None) -> Message:
+    return {"role": role, "content": content, "name": None, "tool_calls": calls,
+            "tool_call_id": None}
+
+
+def test_the_size_is_the_characters_the_checks_read() -> None:
+    call = ToolCall(id="call_1", name="f", arguments='{"a": 1}')
+    chat = generation([_message("user", "hello"), _message("assistant", "", [call])])
+    assert text_size(chat) == len("hello") + len('{"a": 1}')
+    assert text_size(generation(kind="completion", prompt="x" * 7)) == 7
+    assert text_size(generation(kind="completion", prompt=None)) == 0
+
+
+async def test_a_large_input_is_checked_while_the_loop_serves_others() -> None:
+    terms = TermList({"violence": ["kill"]}, {"secrets": [r"\bsk-[a-z0-9]{20,}\b"]})
+    prose = "the belt moves boxes along the line, and a worker checks each one. "
+    prompt = prose * (40 * OFF_LOOP_CHARS // len(prose)) + "then kill it"
+    found, ticks = await ticks_while(
+        checked_input(terms, generation(kind="completion", prompt=prompt)))
+    assert found is not None and found.term == "kill" and found.start == len(prompt) - 7
+    assert ticks >= 2  # inline, the loop could not have run anything until the end
+    small, ticks = await ticks_while(
+        checked_input(terms, generation(kind="completion", prompt="kill it")))
+    assert small is not None and ticks == 0
