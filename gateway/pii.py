@@ -20,28 +20,13 @@ shows the placeholders: nothing that could restore them was ever written.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
-from conveyor.policy.pii import Redactor
 from conveyor.policy.restore import Restorer
-from conveyor.policy.rules import Policy
-from schemas.records import Generation, Reply
-from workers.policy_checks import OFF_LOOP_CHARS, redact_generation, text_size
+from schemas.records import Reply
 
-__all__ = ["ReplyRestorer", "redact"]
-
-
-async def redact(generation: Generation, policy: Policy) -> tuple[Generation, Redactor]:
-    """``generation`` redacted as ``policy`` says (workers/policy_checks.py), in a
-    worker thread when it is large: inline, 1,000,000 characters of dense personal
-    data (a phone number and an email every line) held the event loop, and every
-    other stream this gateway serves, for 557 ms; threaded, 22 ms at most
-    (:data:`~workers.policy_checks.OFF_LOOP_CHARS`)."""
-    if text_size(generation) <= OFF_LOOP_CHARS:
-        return redact_generation(generation, policy)
-    return await asyncio.to_thread(redact_generation, generation, policy)
+__all__ = ["ReplyRestorer"]
 
 
 class ReplyRestorer:

@@ -44,7 +44,7 @@ from gateway.admission import FREE, Ticket
 from gateway.answer import Answer
 from gateway.auth.authenticate import ANONYMOUS
 from gateway.auth.types import Identity
-from gateway.pii import ReplyRestorer, redact
+from gateway.pii import ReplyRestorer
 from gateway.publisher import NotTakenInTime, Publisher
 from gateway.replies import ReplyRouter, fold_answer
 from gateway.resume import ReplySource, ResumeWatch, event_id
@@ -57,6 +57,7 @@ from schemas.tools import reads_tool_calls
 from topics.catalog import CONTROL, REQUESTS
 from topics.envelope import new_envelope, new_request_id, now_ms
 from topics.shared_lookup import SharedLookup
+from workers.policy_checks import redacted
 from workers.prompt_cache import cacheable
 
 __all__ = ["Serving", "Answer"]
@@ -125,7 +126,7 @@ class Serving:
         policy = self.policies.effective(identity.tenant, identity.key_id)
         restorer: ReplyRestorer | None = None
         if policy.redact:  # before anything is written (gateway/pii.py)
-            generation, redactor = await redact(generation, policy)
+            generation, redactor = await redacted(generation, policy)
             if policy.restore and redactor.mapping:
                 restorer = ReplyRestorer(redactor.mapping)
         envelope = new_envelope(rid, reply_gateway=self.gateway_id,

@@ -44,7 +44,7 @@ from topics.envelope import now_ms
 from workers.outputs import Output
 
 __all__ = ["CLASSIFIED", "OFF_LOOP_CHARS", "blocked_input", "checked_input", "classified_input",
-           "input_refusal", "policy_audit", "redact_generation", "text_size"]
+           "input_refusal", "policy_audit", "redact_generation", "redacted", "text_size"]
 
 # a level-2 match's "term": the classifier, and its score
 CLASSIFIED = "classifier"
@@ -161,6 +161,14 @@ def redact_generation(generation: Generation, policy: Policy) -> tuple[Generatio
             redactor
     return {**generation, "messages": [_message(m, redactor)
                                        for m in generation["messages"]]}, redactor
+
+
+async def redacted(generation: Generation, policy: Policy) -> tuple[Generation, Redactor]:
+    """:func:`redact_generation`, in a worker thread for a large request
+    (:data:`OFF_LOOP_CHARS`)."""
+    if text_size(generation) <= OFF_LOOP_CHARS:
+        return redact_generation(generation, policy)
+    return await asyncio.to_thread(redact_generation, generation, policy)
 
 
 def _message(message: Message, redactor: Redactor) -> Message:

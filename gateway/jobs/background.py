@@ -33,7 +33,7 @@ from schemas.openai.responses import ResponsesRequest
 from schemas.records import Generation, JobCommand, JobStatus
 from topics.catalog import JOB_STATUS, JOBS
 from topics.envelope import now_ms
-from workers.policy_checks import redact_generation
+from workers.policy_checks import redacted
 
 __all__ = ["BackgroundResponses"]
 
@@ -63,7 +63,7 @@ class BackgroundResponses:
         obj = response_object(response_id, int(time.time()), body, "queued")
         policy = self.policies.effective(identity.tenant, identity.key_id)
         if policy.redact:  # before the command and its status are written (gateway/pii.py)
-            generation, redactor = redact_generation(generation, policy)
+            generation, redactor = await redacted(generation, policy)
             if isinstance(obj.get("instructions"), str):
                 obj["instructions"] = redactor.redact(obj["instructions"])
         status = JobStatus(job_id=response_id, kind="response", tenant=identity.tenant,

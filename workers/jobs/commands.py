@@ -45,7 +45,7 @@ from workers.jobs.dead_commands import DeadCommands
 from workers.jobs.files import JobFiles
 from workers.jobs.lines import parse_lines
 from workers.outputs import Output, Sender
-from workers.policy_checks import redact_generation
+from workers.policy_checks import redact_generation, redacted
 
 __all__ = ["JobsLayer", "request_id_of", "RESPONSE_DEADLINE_MS"]
 
@@ -97,7 +97,7 @@ class JobsLayer:
                 return await self._create_batch(command)
             return await self._cancel_batch(command)
         if command["action"] == "create":
-            return self._create_response(command)
+            return await self._create_response(command)
         return [*self._cancels(command["job_id"], [command["job_id"]]),
                 job_event(self.settings, command["job_id"], "cancel")]
 
@@ -118,13 +118,19 @@ class JobsLayer:
         detail = json.dumps({"object": base, "total": len(lines), "tenant": command["tenant"]})
         outputs = [job_event(self.settings, job_id, "expanded", detail)]
         allowed = set(command["models"])
-        for line in lines:
+        generations = [line.generation for line in lines]
+        policy = self.policies.effective(command["tenant"], command["key_id"])
+        if policy.redact:  # a batch line enters the log here (a response did at the gateway)
+            # every line in one worker thread: the layers process serves the rest meanwhile
+            generations = await asyncio.to_thread(
+                lambda: [redact_generation(g, policy)[0] for g in generations])
+        for line, generation in zip(lines, generations, strict=True):
             rid = request_id_of(job_id, line.index)
-            if allowed and not self._allowed(line.generation["model"], allowed):
+            if allowed and not self._allowed(generation["model"], allowed):
                 outputs.append(self._not_allowed(command, rid, line.custom_id,
-                                                 line.generation["model"]))
+                                                 generation["model"]))
                 continue
-            outputs.append(self._request(command, rid, line.generation, PRIORITY_BATCH,
+            outputs.append(self._request(command, rid, generation, PRIORITY_BATCH,
                                          deadline_ms, line.custom_id))
         log.info("batch %s: %d requests", job_id, len(lines))
         return outputs
@@ -163,7 +169,7 @@ class JobsLayer:
         ids = [request_id_of(job_id, i) for i in range(count)]
         return [*self._cancels(job_id, ids), job_event(self.settings, job_id, "cancel")]
 
-    def _create_response(self, command: JobCommand) -> list[Output]:
+    async def _create_response(self, command: JobCommand) -> list[Output]:
         job_id = command["job_id"]
         generation = command["generation"]
         base = json.loads(command["body"] or "{}")
@@ -171,6 +177,9 @@ class JobsLayer:
             return [self._invalid(command, base, [{"code": "invalid_request", "line": None,
                                                   "message": "The response has no request.",
                                                   "param": None}])]
+        policy = self.policies.effective(command["tenant"], command["key_id"])
+        if policy.redact:  # as every request entering the log (the gateway did it already)
+            generation, _ = await redacted(generation, policy)
         deadline_ms = now_ms() + RESPONSE_DEADLINE_MS
         return [job_event(self.settings, job_id, "expanded",
                           json.dumps({"object": base, "total": 1,
@@ -184,9 +193,6 @@ class JobsLayer:
                                 tenant=command["tenant"], key_id=command["key_id"],
                                 deadline_ms=deadline_ms, priority=priority,
                                 job_id=command["job_id"], job_item=item)
-        policy = self.policies.effective(command["tenant"], command["key_id"])
-        if policy.redact:  # a batch line enters the log here (a response did at the gateway)
-            generation, _ = redact_generation(generation, policy)
         return Output(self._requests, "Request", Request(envelope=envelope,
                                                          generation=generation),
                       key=request_id)

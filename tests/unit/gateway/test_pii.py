@@ -11,13 +11,12 @@ from typing import Any, Literal
 import pytest
 
 from conveyor.policy.rules import Policy, PolicyBook
-from gateway.pii import ReplyRestorer, redact
+from gateway.pii import ReplyRestorer
 from schemas.openai.chunks import delta_chunk, tool_call_chunk, usage_chunk
 from schemas.records import ChunkHeader, Message, Reply, ToolCall, Usage
 from tests.support.factories import generation
-from tests.support.loop import ticks_while
 from topics.envelope import new_envelope
-from workers.policy_checks import OFF_LOOP_CHARS, redact_generation
+from workers.policy_checks import redact_generation
 
 ANN = "ann@example.com"
 BOB = "bob@example.org"
@@ -92,24 +91,6 @@ def test_a_completion_prompt_is_redacted() -> None:
     assert redacted["messages"] == []
     assert redactor.mapping == {"<EMAIL_1>": ANN, "<IP_1>": IP, "<EMAIL_2>": BOB}
     assert completion["prompt"] == f"From {ANN} ({IP}) to {BOB}; reply to {ANN}:"
-
-
-async def test_a_large_request_is_redacted_while_the_loop_serves_others() -> None:
-    line = f"call +1 415 555 0134 or write {ANN}; the belt moves boxes along the line. "
-    prompt = line * (20 * OFF_LOOP_CHARS // len(line))
-    (redacted, redactor), ticks = await ticks_while(
-        redact(generation(kind="completion", prompt=prompt), policy('["email", "phone"]')))
-    assert redacted["prompt"] == prompt.replace("+1 415 555 0134", "<PHONE_1>") \
-        .replace(ANN, "<EMAIL_1>")
-    assert redactor.mapping == {"<PHONE_1>": "+1 415 555 0134", "<EMAIL_1>": ANN}
-    assert ticks >= 2  # inline, the loop could not have run anything until the end
-
-
-async def test_a_small_request_is_redacted_at_once_on_the_loop() -> None:
-    completion = generation(kind="completion", prompt=f"write to {ANN}")
-    (redacted, _), ticks = await ticks_while(redact(completion, policy()))
-    assert redacted["prompt"] == "write to <EMAIL_1>"
-    assert ticks == 0  # no hand-off to a thread: nothing else ran meanwhile
 
 
 # --- ReplyRestorer -------------------------------------------------------------------------

@@ -3,6 +3,7 @@ reads (level 1), and the conversation's user turns as one text (level 3)."""
 
 from __future__ import annotations
 
+from conveyor.policy.rules import PolicyBook
 from conveyor.policy.safety import TermList
 from schemas.records import Message, ToolCall
 from tests.support.factories import generation
@@ -12,6 +13,7 @@ from workers.policy_checks import (
     blocked_input,
     checked_input,
     input_refusal,
+    redacted,
     text_size,
 )
 
@@ -82,3 +84,23 @@ async def test_a_large_input_is_checked_while_the_loop_serves_others() -> None:
     small, ticks = await ticks_while(
         checked_input(terms, generation(kind="completion", prompt="kill it")))
     assert small is not None and ticks == 0
+
+
+ANN = "ann@example.com"
+PHONE = "+1 415 555 0134"
+
+
+async def test_a_large_request_is_redacted_while_the_loop_serves_others() -> None:
+    book = PolicyBook()
+    book.set("tenant:acme", '[pii]\nredact = ["email", "phone"]\n')
+    line = f"call {PHONE} or write {ANN}; the belt moves boxes along the line. "
+    prompt = line * (20 * OFF_LOOP_CHARS // len(line))
+    (out, redactor), ticks = await ticks_while(
+        redacted(generation(kind="completion", prompt=prompt), book.effective("acme")))
+    assert out["prompt"] == prompt.replace(PHONE, "<PHONE_1>").replace(ANN, "<EMAIL_1>")
+    assert redactor.mapping == {"<PHONE_1>": PHONE, "<EMAIL_1>": ANN}
+    assert ticks >= 2  # inline, the loop could not have run anything until the end
+    small = generation(kind="completion", prompt=f"write to {ANN}")
+    (out, _), ticks = await ticks_while(redacted(small, book.effective("acme")))
+    assert out["prompt"] == "write to <EMAIL_1>"
+    assert ticks == 0  # no hand-off to a thread: nothing else ran meanwhile
