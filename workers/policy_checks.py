@@ -76,11 +76,13 @@ def _texts(generation: Generation) -> Iterator[str]:
         yield f"{function['name']} {function['description']}"
 
 
-def text_size(generation: Generation) -> int:
-    """The characters of a request's messages, tool-call arguments and prompt."""
+def text_size(generation: Generation, per_message: int = 0) -> int:
+    """The characters of a request's messages, tool-call arguments and prompt, and
+    ``per_message`` more for each message (what a template adds around a turn)."""
     if generation["kind"] == "completion":
         return len(generation["prompt"] or "")
-    return sum(len(m["content"]) + sum(len(c["arguments"]) for c in m.get("tool_calls") or ())
+    return sum(len(m["content"]) + per_message
+               + sum(len(c["arguments"]) for c in m.get("tool_calls") or ())
                for m in generation["messages"])
 
 

@@ -39,7 +39,13 @@ from topics.catalog import PREPARED, REQUESTS, TOKENS
 from topics.envelope import canary_key, stamp
 from topics.policies import kept_policies
 from workers.outputs import Output, Sender, error_info
-from workers.policy_checks import checked_input, classified_input, input_refusal, policy_audit
+from workers.policy_checks import (
+    checked_input,
+    classified_input,
+    input_refusal,
+    policy_audit,
+    text_size,
+)
 from workers.prefix import block_hashes
 from workers.preprocess.normalize import (
     Fit,
@@ -133,7 +139,7 @@ class PreprocessLayer:
                 # engine that renders for itself (an upstream) gets them as they are
                 generation = {**generation, "messages": tool_messages(
                     generation["messages"], generation.get("tools"))}
-            if _text_size(generation) > _INLINE_CHARS:
+            if text_size(generation, _TURN_CHARS) > _INLINE_CHARS:
                 fit, blocks = await asyncio.to_thread(self._measure, spec, tokenizer, generation)
             else:
                 fit, blocks = self._measure(spec, tokenizer, generation)
@@ -222,10 +228,3 @@ class PreprocessLayer:
             return Fit(None, tokens, max_tokens, 0, list(messages))
         prompt = generation["prompt"] or ""
         return Fit(None, self._estimate.count(prompt), max_tokens, 0, [])
-
-
-def _text_size(generation: Generation) -> int:
-    """The characters of text to fit, a rendered turn's framing included."""
-    if generation["kind"] == "completion":
-        return len(generation["prompt"] or "")
-    return sum(len(m["content"]) + _TURN_CHARS for m in generation["messages"])
