@@ -276,7 +276,7 @@ class Serving:
                     if seq > after:
                         frames.append(sse.data(chunk, id=event_id(rid, seq) if ids else None))
                 if reply["kind"] == "final":
-                    yield b"".join(frames) + sse.DONE
+                    yield sse.Last(b"".join(frames) + sse.DONE)
                     return
                 if frames:
                     yield b"".join(frames)
@@ -290,7 +290,7 @@ class Serving:
                 if seq > after:
                     yield sse.data(_json(exc.envelope()),
                                    id=event_id(rid, seq) if ids else None)
-                yield sse.DONE
+                yield sse.Last(sse.DONE)
                 return
 
 

@@ -7,11 +7,12 @@ import json
 from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from starlette.requests import HTTPConnection
 
 from conveyor.errors import InvalidRequest, ModelNotFound
 from conveyor.registry import Registry
+from gateway import sse
 from gateway.admission import Admitter
 from gateway.auth.middleware import identity_of
 from gateway.auth.types import Identity
@@ -118,8 +119,8 @@ async def _resume(serving: Serving, kind: Kind, stream_id: str, request: Request
     if where is None or where.kind != kind or (
             serving.settings.auth != "none" and where.tenant != identity_of(request).tenant):
         raise StreamNotFound(stream_id)
-    return StreamingResponse(resumed_events(serving, where, after), media_type="text/event-stream",
-                             headers={**_SSE_HEADERS, "x-request-id": rid})
+    return sse.EventStream(resumed_events(serving, where, after),
+                           headers={**_SSE_HEADERS, "x-request-id": rid})
 
 
 def _timeout(request: HTTPConnection) -> float | None:
@@ -172,9 +173,9 @@ async def _answer(serving: Serving, generation: Generation, request: Request) ->
     if first is None:  # the client left: nobody reads a status
         return Response(status_code=499)
     opening = json.loads(first["chunk"].partition("\n")[0] or "{}")
-    return StreamingResponse(serving.stream(answer, first), media_type="text/event-stream",
-                             headers={**_SSE_HEADERS, **headers, **answer.cache_headers,
-                                      **_fallback(registry, generation, opening)})
+    return sse.EventStream(serving.stream(answer, first),
+                           headers={**_SSE_HEADERS, **headers, **answer.cache_headers,
+                                    **_fallback(registry, generation, opening)})
 
 
 async def _choices(serving: Serving, generation: Generation, n: int, stored: bool,
@@ -207,10 +208,9 @@ async def _choices(serving: Serving, generation: Generation, n: int, stored: boo
             return Response(status_code=499)
         raise
     opening = json.loads(firsts[0]["chunk"].partition("\n")[0] or "{}")
-    return StreamingResponse(
+    return sse.EventStream(
         stream_choices(answers, firsts, serving.settings.sse_keepalive_s,
                        generation["include_usage"]),
-        media_type="text/event-stream",
         headers={**_SSE_HEADERS, **headers, **_fallback(registry, generation, opening)})
 
 

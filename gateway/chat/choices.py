@@ -117,7 +117,7 @@ async def stream_choices(answers: list[Answer], firsts: list[Reply], keepalive_s
             if isinstance(item, BaseException):
                 exc = item if isinstance(item, RequestError) else RequestError("Internal error.")
                 yield sse.data(_json(exc.envelope()))
-                yield sse.DONE
+                yield sse.Last(sse.DONE)
                 return
             for line in item["chunk"].split("\n") if item["chunk"] else ():
                 chunk = json.loads(line)
@@ -137,7 +137,7 @@ async def stream_choices(answers: list[Answer], firsts: list[Reply], keepalive_s
                      "total_tokens": usages[0]["prompt_tokens"] + completion}
             yield sse.data(_json({**{k: base[k] for k in ("id", "object", "created", "model")
                                      if k in base}, "choices": [], "usage": usage}))
-        yield sse.DONE
+        yield sse.Last(sse.DONE)
     finally:
         for task in pumps:
             task.cancel()

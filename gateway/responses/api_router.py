@@ -12,9 +12,10 @@ response rebuilt from the log (:func:`gateway.responses.serving.stored_response`
 from __future__ import annotations
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from conveyor.errors import InvalidRequest, RequestError
+from gateway import sse
 from gateway.auth.middleware import identity_of
 from gateway.chat.api_router import admit_and_submit
 from gateway.errors import SafeJSONResponse
@@ -67,9 +68,8 @@ async def create_response(request: Request) -> Response:
     first = await first_reply(serving, answer, body, request.is_disconnected)
     if first is None:  # the client left: nobody reads a status
         return Response(status_code=499)
-    return StreamingResponse(stream_events(serving, generation, answer, body, first),
-                             media_type="text/event-stream",
-                             headers={**_SSE_HEADERS, **headers})
+    return sse.EventStream(stream_events(serving, generation, answer, body, first),
+                           headers={**_SSE_HEADERS, **headers})
 
 
 @responses_router.get("/v1/responses/{response_id}", response_model=None,
@@ -96,5 +96,5 @@ async def retrieve_or_stream_response(
     events = await resume_response(request.app.state.serving, identity_of(request),
                                    response_id, after,
                                    getattr(request.app.state, "background_responses", None))
-    return StreamingResponse(events, media_type="text/event-stream",
-                             headers={**_SSE_HEADERS, "x-request-id": rid})
+    return sse.EventStream(events,
+                           headers={**_SSE_HEADERS, "x-request-id": rid})
