@@ -224,15 +224,19 @@ async def response_events(events: ResponseEvents, source: ReplySource, first: Re
         reply = None
 
 
+_ENDS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
 async def _sse(events: AsyncGenerator[dict[str, Any] | None, None],
                after: int = -1) -> AsyncIterator[bytes]:
-    """The events numbered above ``after`` as SSE; a keep-alive comment for a wait."""
+    """The events numbered above ``after`` as SSE; a keep-alive comment for a wait.
+    The event that ends a response is the stream's last frame (gateway/sse.py)."""
     async with contextlib.aclosing(events):
         async for event in events:
             if event is None:
                 yield sse.comment()
             elif event["sequence_number"] > after:
-                yield frame(event)
+                yield sse.Last(frame(event)) if event["type"] in _ENDS else frame(event)
 
 
 async def stream_events(serving: Serving, generation: Generation, answer: Answer,

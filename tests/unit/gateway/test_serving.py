@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from conveyor.settings import Settings
+from gateway import sse
 from gateway.replies import ReplyStream
 from gateway.serving import Answer, Serving
 from schemas.codec import default_codec
@@ -60,6 +61,8 @@ async def test_frames_keepalives_and_done() -> None:
     # and the reply's events go out in one write
     assert frames[-1] == (b'id: r1:1\ndata: {"b": 2}\n\nid: r1:2\ndata: {"c": 3}\n\n'
                           b"data: [DONE]\n\n")
+    # the last frame, which the response sends with the end of the body (gateway/sse.py)
+    assert [isinstance(f, sse.Last) for f in frames] == [False] * (len(frames) - 1) + [True]
 
 
 async def still_here() -> bool:
@@ -100,7 +103,7 @@ async def test_a_deadline_mid_stream_ends_it_with_an_error_event() -> None:
     frames = [f async for f in serving.stream(answer, reply(0, "delta", [{"a": 1}]))]
     error = json.loads(frames[-2].split(b"data: ", 1)[1])
     assert error["error"]["code"] == "deadline_exceeded"
-    assert frames[-1] == b"data: [DONE]\n\n"
+    assert frames[-1] == b"data: [DONE]\n\n" and isinstance(frames[-1], sse.Last)
     await asyncio.sleep(0.05)
     assert len(producer.sent) == 1  # and the generation is cancelled
 

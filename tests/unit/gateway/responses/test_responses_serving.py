@@ -17,6 +17,7 @@ from pydantic import TypeAdapter
 from conveyor.errors import RequestError
 from conveyor.registry import Registry
 from conveyor.settings import Settings
+from gateway import sse
 from gateway.app import build_app
 from gateway.auth.types import Identity
 from gateway.replies import ReplyStream
@@ -187,6 +188,8 @@ async def test_streamed_replies_are_the_responses_events() -> None:
     assert [e.delta for e in events if e.type == "response.output_text.delta"] == ["Par", "is."]
     assert events[-1].type == "response.completed"
     assert events[-1].response.output_text == "Paris." and events[-1].response.id == "resp_r1"
+    # the ending event is the last frame: sent with the end of the body (gateway/sse.py)
+    assert [isinstance(f, sse.Last) for f in frames] == [False] * (len(frames) - 1) + [True]
 
 
 async def test_a_failure_mid_stream_is_response_failed_and_cancels() -> None:
@@ -195,7 +198,7 @@ async def test_a_failure_mid_stream_is_response_failed_and_cancels() -> None:
     frames = [f async for f in stream_events(serving, generation_of(req), answer, req,
                                              reply(0, "delta", "Par"))]
     events = parsed(frames)
-    assert events[-1].type == "response.failed"
+    assert events[-1].type == "response.failed" and isinstance(frames[-1], sse.Last)
     failed = events[-1].response
     assert failed.status == "failed" and failed.output_text == "Par"
     assert "deadline" in failed.error.message
