@@ -335,6 +335,14 @@ class VllmEngine:
             with contextlib.suppress(Exception):
                 await llm.abort(live)
             await asyncio.sleep(0)  # the aborted streams see their end first
+        # vLLM's shutdown stops the engine core before it cancels the task that reads
+        # the core's outputs, which then logs the dead core as a failure ("AsyncLLM
+        # output_handler failed."): cancelled here first, on its own loop
+        handler = getattr(llm, "output_handler", None)
+        if isinstance(handler, asyncio.Task):
+            handler.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await handler
         await asyncio.to_thread(llm.shutdown)
         watch, self._watch = self._watch, None
         if watch is not None:
