@@ -38,12 +38,11 @@ class ReplyRestorer:
         self._text = Restorer(mapping)
         self._chunks: dict[tuple[int, str], Restorer] = {}
         self._mapping = mapping
-        self._firsts = {p[:1] for p in mapping}
 
     def apply(self, reply: Reply) -> Reply:
         final = reply["kind"] == "final"
-        if not self._held() and not any(c in reply["text"] or c in reply["chunk"]
-                                        for c in self._firsts):
+        if self._text.idle_for(reply["text"]) and self._text.idle_for(reply["chunk"]) \
+                and not any(r.held for r in self._chunks.values()):
             return reply  # no placeholder can begin in it and nothing is held
         text = self._text.feed(reply["text"]) + (self._text.flush() if final else "")
         lines = [self._chunk(line, final) for line in reply["chunk"].split("\n")] \
@@ -51,9 +50,6 @@ class ReplyRestorer:
         if final:
             lines = self._flushed(lines)
         return {**reply, "text": text, "chunk": "\n".join(lines)}
-
-    def _held(self) -> bool:
-        return self._text.held > 0 or any(r.held for r in self._chunks.values())
 
     def _restorer(self, field: tuple[int, str]) -> Restorer:
         found = self._chunks.get(field)

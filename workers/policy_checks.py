@@ -30,7 +30,9 @@ policy says what).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import TypeVar
 
 from conveyor.errors import ContentPolicyViolation
 from conveyor.policy.classifier import CATEGORY, classifier
@@ -45,6 +47,8 @@ from workers.outputs import Output
 
 __all__ = ["CLASSIFIED", "OFF_LOOP_CHARS", "blocked_input", "checked_input", "classified_input",
            "input_refusal", "policy_audit", "redact_generation", "redacted", "text_size"]
+
+T = TypeVar("T")
 
 # a level-2 match's "term": the classifier, and its score
 CLASSIFIED = "classifier"
@@ -86,12 +90,19 @@ def text_size(generation: Generation, per_message: int = 0) -> int:
                for m in generation["messages"])
 
 
+async def _sized(generation: Generation, check: Callable[[], T]) -> T:
+    """``check()`` of ``generation``: at once, or in a worker thread past
+    :data:`OFF_LOOP_CHARS`."""
+    if text_size(generation) <= OFF_LOOP_CHARS:
+        return check()
+    return await asyncio.to_thread(check)
+
+
 async def checked_input(terms: TermList, generation: Generation) -> Match | None:
-    """:func:`blocked_input`, in a worker thread for a large request
-    (:data:`OFF_LOOP_CHARS`)."""
-    if terms.empty or text_size(generation) <= OFF_LOOP_CHARS:
-        return blocked_input(terms, generation)
-    return await asyncio.to_thread(blocked_input, terms, generation)
+    """:func:`blocked_input`, in a worker thread for a large request."""
+    if terms.empty:
+        return None
+    return await _sized(generation, partial(blocked_input, terms, generation))
 
 
 def blocked_input(terms: TermList, generation: Generation) -> Match | None:
@@ -166,11 +177,8 @@ def redact_generation(generation: Generation, policy: Policy) -> tuple[Generatio
 
 
 async def redacted(generation: Generation, policy: Policy) -> tuple[Generation, Redactor]:
-    """:func:`redact_generation`, in a worker thread for a large request
-    (:data:`OFF_LOOP_CHARS`)."""
-    if text_size(generation) <= OFF_LOOP_CHARS:
-        return redact_generation(generation, policy)
-    return await asyncio.to_thread(redact_generation, generation, policy)
+    """:func:`redact_generation`, in a worker thread for a large request."""
+    return await _sized(generation, partial(redact_generation, generation, policy))
 
 
 def _message(message: Message, redactor: Redactor) -> Message:

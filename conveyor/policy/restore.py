@@ -55,6 +55,11 @@ class Restorer:
                 _placeholders(frozenset(self._mapping))
         self._buffer = ""
 
+    def idle_for(self, text: str) -> bool:
+        """Nothing held, and no placeholder of the mapping can begin in ``text``:
+        :meth:`feed` would give ``text`` back as it is."""
+        return not self._buffer and not any(c in text for c in self._first_chars)
+
     @property
     def held(self) -> int:
         """How many characters :meth:`feed` holds back (at most the longest placeholder - 1)."""

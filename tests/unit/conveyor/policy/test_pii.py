@@ -206,6 +206,17 @@ def test_a_split_placeholder_is_held_then_restored_whole() -> None:
     assert restorer.flush() == ""
 
 
+def test_idle_means_feeding_the_text_gives_it_back_as_it_is() -> None:
+    restorer = Restorer(MAPPING)
+    assert restorer.idle_for("no placeholder here") and restorer.idle_for("")
+    assert not restorer.idle_for("a <b> tag")  # "<" may begin one
+    restorer.feed("Hi <EMA")
+    assert not restorer.idle_for("plain")  # the held tail may end in it
+    restorer.feed("IL_1> done")
+    assert restorer.idle_for("plain") and restorer.feed("plain") == "plain"
+    assert Restorer({}).idle_for("<EMAIL_1>")
+
+
 def test_the_hold_back_is_bounded_by_the_longest_placeholder() -> None:
     restorer = Restorer(MAPPING)
     longest = max(map(len, MAPPING))
