@@ -169,7 +169,7 @@ say "converting the model (once) and making the engine generate a token"
 HF_HUB_OFFLINE=1 "$venv/bin/python" -m workers.infer.engines.vllm_weights smollm2
 # the engine core is a child process that imports the main module again: a module
 # run with -m (guarded by __name__), not a script read from stdin
-if ! HF_HUB_OFFLINE=1 timeout 600 "$venv/bin/python" -m workers.infer.engines.vllm smollm2 \
+if ! HF_HUB_OFFLINE=1 timeout 600 "$venv/bin/python" -m workers.infer.engines.vllm_probe smollm2 \
     --max-tokens 1
 then
   echo "vllm.sh: the vLLM engine did not generate a token (see above)" >&2

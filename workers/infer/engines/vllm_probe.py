@@ -1,0 +1,58 @@
+"""``python -m workers.infer.engines.vllm_probe``: the vLLM engine started, one
+prompt answered greedily and printed. ``bash infra/vllm.sh`` proves an install
+so. vLLM's engine core is a child process that imports the main module again,
+so this runs as a module (``-m``) whose entry point is guarded by ``__name__``,
+never as a script read from stdin."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from workers.infer.engines.base import GenerationRequest
+from workers.infer.engines.vllm import DTYPES, VllmEngine
+
+__all__ = ["main"]
+
+
+async def _say(model: str, prompt: str, max_tokens: int, options: dict[str, Any]) -> int:
+    from conveyor.registry import Registry
+    from conveyor.settings import load_settings
+
+    models_file = load_settings().models_file
+    spec = Registry.load(models_file).resolve(model)
+    engine = VllmEngine(spec, models_file=models_file, **options)
+    await engine.start()
+    try:
+        request = GenerationRequest(request_id="probe", kind="completion", model=spec.name,
+                                    max_tokens=max_tokens, temperature=0.0, prompt_text=prompt)
+        began = time.monotonic()
+        pieces = [piece async for piece in engine.generate(request)]
+    finally:
+        await engine.close()
+    tokens = sum(p.tokens for p in pieces)
+    print(f"vLLM generated {tokens} token(s) in {time.monotonic() - began:.2f} s after a "
+          f"{engine.started_s:.1f} s start: {''.join(p.text for p in pieces)!r}")
+    return 0 if tokens == max_tokens or pieces[-1].finish_reason == "stop" else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m workers.infer.engines.vllm_probe``: start the engine, answer one
+    prompt greedily, print it (``bash infra/vllm.sh`` proves the install so)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m workers.infer.engines.vllm_probe",
+                                     description=main.__doc__)
+    parser.add_argument("model", nargs="?", default="smollm2")
+    parser.add_argument("--prompt", default="Hello")
+    parser.add_argument("--max-tokens", type=int, default=1)
+    parser.add_argument("--dtype", choices=DTYPES, default="auto")
+    parser.add_argument("--max-model-len", type=int, default=512)
+    args = parser.parse_args(argv)
+    options = {"capacity": 1, "dtype": args.dtype, "max_model_len": args.max_model_len}
+    return asyncio.run(_say(args.model, args.prompt, args.max_tokens, options))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
