@@ -15,6 +15,7 @@ apt_install() {
   command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
   command -v mvn >/dev/null || missing+=(maven)
   command -v redis-server >/dev/null || missing+=(redis-server)
+  command -v patch >/dev/null || missing+=(patch)  # infra/llama.sh patches llama.cpp
   [ ${#missing[@]} -eq 0 ] && return 0
   local sudo=""
   [ "$(id -u)" = 0 ] || sudo=sudo

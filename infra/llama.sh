@@ -16,44 +16,33 @@
 # CPU of the last decade has; no AVX-512, no AMX, no -march=native),
 # CONVEYOR_WHEEL_CACHE (~/.cache/conveyor/wheels).
 #
-# One change to llama.cpp's source before the build (patch_sgemm below): its
-# tinyBLAS matrix kernels, which it uses for every batch of 2 tokens or more,
-# are slower than ggml's own dot products for small batches on this
-# machine's CPUs. A decode step of 2 sequences of SmolLM2 (f16) took 45 ms
-# through tinyBLAS against 32 ms through ggml's kernels and 18-20 ms for one
-# sequence; at 4, 63 against 49 ms; they break even at 5 and tinyBLAS wins
-# from 6 on (prompts: 100 tokens in 376 ms against 720). So batches of fewer
-# than 5 tokens go to ggml's kernels; GGML_SGEMM_MIN_N, read once when the
-# process first multiplies, sets another bound (2 is llama.cpp's own; unset or
-# empty, 5).
+# Two changes to llama.cpp's source before the build (infra/llama.cpp.patch, applied with
+# `patch`; the build fails if it no longer applies):
+#
+# * tinyBLAS from 5 tokens a batch. Its matrix kernels, which llama.cpp uses for every batch of
+#   2 tokens or more, are slower than ggml's own dot products for small batches on this
+#   machine's CPUs. A decode step of 2 sequences of SmolLM2 (f16) took 45 ms through tinyBLAS
+#   against 32 ms through ggml's kernels and 18-20 ms for one sequence; at 4, 63 against 49 ms;
+#   they break even at 5 and tinyBLAS wins from 6 on (prompts: 100 tokens in 376 ms against
+#   720). So batches of fewer than 5 tokens go to ggml's kernels; GGML_SGEMM_MIN_N, read once
+#   when the process first multiplies, sets another bound (2 is llama.cpp's own; unset or
+#   empty, 5).
+# * ggml's f16 dot product (x86 with F16C) prefetches the weights' next rows, and takes two
+#   rows by two columns in one call when a batch has an even number of tokens, converting each
+#   weight row from f16 once for both columns. Each sum is accumulated in the same order as
+#   before, so every logit is bit for bit what the unpatched build gives, alone or batched
+#   (tests/engine/test_llamacpp_kernels.py). Measured in the README ("Batching").
 set -euo pipefail
 python=${1:?usage: infra/llama.sh PYTHON install|check}
 action=${2:-install}
 version=${CONVEYOR_LLAMA_VERSION:-0.3.36}
 flags=${CONVEYOR_LLAMA_CMAKE_ARGS:--DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF}
 cache=${CONVEYOR_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/conveyor/wheels}
-patch_id=sgemm-min-n-5b
+patch=$(cd "$(dirname "$0")" && pwd)/llama.cpp.patch
+patch_id=$(sha256sum "$patch" | cut -c1-16)
 key=$(printf '%s\n%s\n%s\n%s\n' "$version" "$flags" "$(uname -m)" "$patch_id" | sha256sum | cut -c1-16)
 dir="$cache/llama-cpp-python-$version-$key"
 marker="$("$python" -c 'import sys; print(sys.prefix)')/.conveyor-llama-build"
-
-# tinyBLAS only from 5 tokens a batch (see the notes above); fails if the line moved.
-patch_sgemm() {
-  "$python" - "$1" <<'PY'
-import pathlib, sys
-path = pathlib.Path(sys.argv[1])
-text = path.read_text()
-old = "    if (n < 2)\n        return false;\n"
-new = ("    static const int64_t min_n = [] {\n"
-       "        const char * env = std::getenv(\"GGML_SGEMM_MIN_N\");\n"
-       "        return env && *env ? (int64_t) std::atoll(env) : (int64_t) 5;\n"
-       "    }();\n"
-       "    if (n < min_n)\n        return false;\n")
-if text.count(old) != 1:
-    sys.exit(f"infra/llama.sh: the line to patch is not once in {path}; update patch_sgemm")
-path.write_text("#include <cstdlib>\n" + text.replace(old, new))
-PY
-}
 
 install() {
 if ! ls "$dir"/llama_cpp_python-*.whl >/dev/null 2>&1; then
@@ -62,7 +51,7 @@ if ! ls "$dir"/llama_cpp_python-*.whl >/dev/null 2>&1; then
   "$python" -m pip download -q --no-deps --no-binary :all: -d "$dir.src" "llama-cpp-python==$version"
   tar -xzf "$dir.src"/llama_cpp_python-*.tar.gz -C "$dir.src"
   src=$(echo "$dir.src"/llama_cpp_python-*/)
-  patch_sgemm "$src/vendor/llama.cpp/ggml/src/ggml-cpu/llamafile/sgemm.cpp"
+  patch -s -p1 -d "$src/vendor/llama.cpp" <"$patch"
   CMAKE_ARGS="$flags" FORCE_CMAKE=1 "$python" -m pip wheel -q --no-deps --no-cache-dir \
     -w "$dir.tmp" "$src"
   rm -rf "$dir" "$dir.src" && mv "$dir.tmp" "$dir"
