@@ -19,19 +19,20 @@
 # Two changes to llama.cpp's source before the build (infra/llama.cpp.patch, applied with
 # `patch`; the build fails if it no longer applies):
 #
-# * tinyBLAS from 5 tokens a batch. Its matrix kernels, which llama.cpp uses for every batch of
-#   2 tokens or more, are slower than ggml's own dot products for small batches on this
-#   machine's CPUs. A decode step of 2 sequences of SmolLM2 (f16) took 45 ms through tinyBLAS
-#   against 32 ms through ggml's kernels and 18-20 ms for one sequence; at 4, 63 against 49 ms;
-#   they break even at 5 and tinyBLAS wins from 6 on (prompts: 100 tokens in 376 ms against
-#   720). So batches of fewer than 5 tokens go to ggml's kernels; GGML_SGEMM_MIN_N, read once
-#   when the process first multiplies, sets another bound (2 is llama.cpp's own; unset or
-#   empty, 5).
 # * ggml's f16 dot product (x86 with F16C) prefetches the weights' next rows, and takes two
 #   rows by two columns in one call when a batch has an even number of tokens, converting each
 #   weight row from f16 once for both columns. Each sum is accumulated in the same order as
-#   before, so every logit is bit for bit what the unpatched build gives, alone or batched
-#   (tests/engine/test_llamacpp_kernels.py). Measured in the README ("Batching").
+#   before, so every logit is bit for bit what ggml's own kernels gave, alone or batched
+#   (tests/engines/infra/test_llama_kernels.py): a decode step of SmolLM2 (f16, one thread)
+#   29.8 to 23.5 ms for one sequence, 38.6 to 28.1 for two, 54.1 to 39.6 for four.
+# * tinyBLAS from 16 tokens a batch. llama.cpp multiplies every batch of 2 tokens or more with
+#   its tinyBLAS kernels, slower here than ggml's dot products (above) for small batches: a
+#   decode step of 4 sequences 52.6 ms through tinyBLAS against 39.6, of 8 73.2 against 66.6,
+#   of 16 116.5 against 112.8; a prompt of 16 tokens is even (84 ms), one of 24 is 109 against
+#   119 ms. So batches of fewer than 16 tokens go to ggml's kernels; GGML_SGEMM_MIN_N, read
+#   once when the process first multiplies, sets another bound (2 is llama.cpp's own).
+#
+# Measured in the README ("Batching").
 set -euo pipefail
 python=${1:?usage: infra/llama.sh PYTHON install|check}
 action=${2:-install}
