@@ -20,8 +20,8 @@
 # `patch`; the build fails if it no longer applies):
 #
 # * ggml's f16 dot product (x86 with F16C) prefetches the weights' next rows, and takes two
-#   rows by two columns in one call when a batch has an even number of tokens, converting each
-#   weight row from f16 once for both columns. Each sum is accumulated in the same order as
+#   rows by two columns in one call (an odd batch's last token alone), converting each weight
+#   row from f16 once for both columns. Each sum is accumulated in the same order as
 #   before, so every logit is bit for bit what ggml's own kernels gave, alone or batched
 #   (tests/engines/infra/test_llama_kernels.py): a decode step of SmolLM2 (f16, one thread)
 #   29.8 to 23.5 ms for one sequence, 38.6 to 28.1 for two, 54.1 to 39.6 for four.
