@@ -22,15 +22,18 @@
 # * ggml's f16 dot product (x86 with F16C) prefetches the weights' next rows, and takes two
 #   rows by two columns in one call (an odd batch's last token alone), converting each weight
 #   row from f16 once for both columns. Each sum is accumulated in the same order as
-#   before, so every logit is bit for bit what ggml's own kernels gave, alone or batched
+#   before, so every logit is bit for bit what ggml's kernels gave before, alone or batched
 #   (tests/engines/infra/test_llama_kernels.py): a decode step of SmolLM2 (f16, one thread)
 #   29.8 to 23.5 ms for one sequence, 38.6 to 28.1 for two, 54.1 to 39.6 for four.
-# * tinyBLAS from 16 tokens a batch. llama.cpp multiplies every batch of 2 tokens or more with
-#   its tinyBLAS kernels, slower here than ggml's dot products (above) for small batches: a
-#   decode step of 4 sequences 52.6 ms through tinyBLAS against 39.6, of 8 73.2 against 66.6,
-#   of 16 116.5 against 112.8; a prompt of 16 tokens is even (84 ms), one of 24 is 109 against
-#   119 ms. So batches of fewer than 16 tokens go to ggml's kernels; GGML_SGEMM_MIN_N, read
-#   once when the process first multiplies, sets another bound (2 is llama.cpp's own).
+# * tinyBLAS from 5 tokens a batch. llama.cpp multiplies every batch of 2 tokens or more with
+#   its tinyBLAS kernels, slower here than ggml's dot products for small batches: before the
+#   change above, a decode step of 2 sequences took 45 ms through tinyBLAS against 32 ms and
+#   18-20 ms for one; at 4, 63 against 49 ms; they broke even at 5. With it ggml's kernels are
+#   faster up to 16 tokens, but a bound of 16 changes the arithmetic of batches of 5-15
+#   tokens (short prompts, the rest of a prompt after a cached prefix) and with it some
+#   greedy answers, so it stays at 5: every logit is the one the build before gave.
+#   GGML_SGEMM_MIN_N, read once when the process first multiplies, sets another bound (2 is
+#   llama.cpp's own; 16 is faster from 8 sequences a context, README "Batching").
 #
 # Measured in the README ("Batching").
 set -euo pipefail

@@ -34,8 +34,7 @@ Decisions:
   product prefetches the weights' next rows and takes two rows by two tokens
   in a call (each sum in the same order, every logit bit for bit the same):
   a step of one sequence 29.8 to 23.5 ms, of two 38.6 to 28.1 ms, of four
-  54.1 to 39.6 ms, and 1.45-1.51x at four streams, 1.99-2.06x at eight; with
-  it ggml's kernels beat tinyBLAS up to 16 tokens a batch, the bound now.
+  54.1 to 39.6 ms, and 1.45-1.51x at four streams, 1.99-2.06x at eight.
 * **Each context's thread owns it.** Making the context, every decode and
   sampling, and freeing run on the context's one thread (a one-worker
   executor); the model itself is loaded and closed on the first context's.
