@@ -174,9 +174,16 @@ async def eventually(check: Callable[[], Awaitable[bool]], within: float,
         assert app.proc is not None and app.proc.poll() is None, app.log()[-3000:]
         await asyncio.sleep(0.2)
     log = app.log()
-    held = "\n".join(line for line in log.splitlines() if "this member now holds" in line)
-    raise AssertionError(f"not within {within} s; the app's assignments:\n{held}\n"
-                         f"app log:\n{log[-3000:]}")
+    # the whole run's milestones, not only the log's end: a stall is decided at the
+    # last assignment or recovery, often long before the end
+    notable = "\n".join([line for line in log.splitlines()
+                         if any(mark in line for mark in _NOTABLE)][-80:])
+    raise AssertionError(f"not within {within} s; the app's assignments, recoveries and "
+                         f"warnings:\n{notable}\napp log's end:\n{log[-2000:]}")
+
+
+_NOTABLE = ("this member now holds", "Recovery", "ebalanc", "Worker ready", "dead-lettered",
+            "WARNING", "ERROR")
 
 
 def totals(rows: list[UsageRow]) -> tuple[int, int, int, int, int]:
