@@ -178,7 +178,11 @@ class JobsLayer:
                                                   "message": "The response has no request.",
                                                   "param": None}])]
         policy = self.policies.effective(command["tenant"], command["key_id"])
-        if policy.redact:  # as every request entering the log (the gateway did it already)
+        # The gateway redacted the command's generation already; this layer's policy book
+        # may be newer than that gateway's (a policy set since), and the Request it
+        # writes must follow the policy in force now. Redacting placeholders again
+        # changes nothing, and a background response is one request, not a hot path.
+        if policy.redact:
             generation, _ = await redacted(generation, policy)
         deadline_ms = now_ms() + RESPONSE_DEADLINE_MS
         return [job_event(self.settings, job_id, "expanded",
