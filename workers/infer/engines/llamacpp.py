@@ -79,6 +79,7 @@ from conveyor.errors import EngineError, RequestError
 from conveyor.registry import ModelSpec
 from schemas.records import TokenLogprob
 from workers.infer.engines.base import GenerationRequest, KvState, Piece
+from workers.infer.engines.llamacpp_cache import HostCache, common_prefix
 from workers.infer.engines.llamacpp_grammar import HeldSampler, constrained
 from workers.infer.engines.llamacpp_sampling import checked_bias, llama_seed
 from workers.infer.engines.logprobs import LoggedSampler, taken, with_logprobs
@@ -133,6 +134,7 @@ class LlamaCppEngine:
         n_ctx: int = 2048,
         n_threads: int = 1,
         name: str = "llamacpp",
+        host_cache_bytes: int = 0,
     ) -> None:
         if contexts < 1:
             raise ValueError("contexts must be at least 1")
@@ -152,12 +154,15 @@ class LlamaCppEngine:
         self._free: asyncio.Queue[_Context] | None = None
         self._chat_formatter: Jinja2ChatFormatter | None = None
         self._running: set[threading.Event] = set()
+        # the KV caches of conversations their contexts moved on from (llamacpp_cache)
+        self.host_cache = HostCache(host_cache_bytes) if host_cache_bytes > 0 else None
 
     @classmethod
-    def from_spec(cls, spec: ModelSpec, contexts: int = 2, n_threads: int = 1) -> LlamaCppEngine:
+    def from_spec(cls, spec: ModelSpec, contexts: int = 2, n_threads: int = 1,
+                  host_cache_bytes: int = 0) -> LlamaCppEngine:
         """An engine for a registry model: its GGUF file and context length."""
         return cls(spec.gguf_path(), contexts=contexts, n_ctx=spec.context_length,
-                   n_threads=n_threads)
+                   n_threads=n_threads, host_cache_bytes=host_cache_bytes)
 
     async def start(self) -> None:
         """Load every context in its own thread, one after another.
@@ -266,6 +271,13 @@ class LlamaCppEngine:
             if cancelled.is_set():
                 raise EngineError("the generation was cancelled")
             watch = _TokenWatch(cancelled)
+            prompt = _prompt_or_bos(llm, self._prompt(request))
+            if self.host_cache is not None:
+                tokens = [] if request.seed is not None else (
+                    prompt if isinstance(prompt, list)
+                    else llm.tokenize(prompt.encode("utf-8"), special=True))
+                # a seeded prompt saves what the context holds, and restores nothing
+                self.host_cache.before_prompt(llm, tokens, restore=request.seed is None)
             if request.seed is not None:
                 llm.reset()  # no prefix reuse: the same seeded request, the same answer
             constrained(llm, request)
@@ -274,7 +286,7 @@ class LlamaCppEngine:
             stream = cast(
                 Iterator[dict[str, Any]],
                 llm.create_completion(
-                    _prompt_or_bos(llm, self._prompt(request)),
+                    prompt,
                     stream=True,
                     max_tokens=max(1, request.max_tokens),
                     temperature=max(0.0, request.temperature),
@@ -354,16 +366,6 @@ async def pieces_from(queue: asyncio.Queue[_Item]) -> AsyncGenerator[Piece, None
         yield item
         if item.finish_reason is not None:
             return
-
-
-def common_prefix(cached: list[int], tokens: list[int]) -> int:
-    """How many leading ``tokens`` a cache holding ``cached`` holds already."""
-    n = 0
-    for a, b in zip(cached, tokens, strict=False):
-        if a != b:
-            break
-        n += 1
-    return n
 
 
 def reuse_score(cached: list[int], tokens: list[int]) -> int:

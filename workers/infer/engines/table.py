@@ -86,6 +86,13 @@ def _positive_int(value: str) -> int:
     return number
 
 
+def _non_negative_int(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"{value} is not 0 or a positive number")
+    return number
+
+
 def _milliseconds(value: str) -> float:
     number = float(value)
     if not number >= 0:
@@ -147,6 +154,9 @@ def _llamacpp_flags(flags: EngineFlags) -> None:
     flags.add("--contexts", **_CONTEXTS,
               help="sequences served at once, each in a llama.cpp context of its own")
     flags.add("--threads", type=_positive_int, default=1, help="threads per context")
+    flags.add("--host-cache-mib", type=_non_negative_int, default=1024, metavar="MIB",
+              help="host memory for the KV caches of conversations a context moved on "
+                   "from, restored when their next turn comes (0: none)")
     _model_set_flags(flags)
 
 
@@ -154,7 +164,8 @@ def _llamacpp(args: argparse.Namespace, registry: Registry) -> Engine:
     from workers.infer.engines.llamacpp import LlamaCppEngine
 
     return _served(args, registry, lambda spec: LlamaCppEngine.from_spec(
-        spec, contexts=args.contexts, n_threads=args.threads))
+        spec, contexts=args.contexts, n_threads=args.threads,
+        host_cache_bytes=args.host_cache_mib << 20))
 
 
 def _llamacpp_batch_flags(flags: EngineFlags) -> None:

@@ -1,0 +1,164 @@
+"""The KV caches of finished conversations, kept in host memory.
+
+A llama.cpp context holds the KV cache of one prompt: when a new
+conversation takes the context, the last one's cache is gone, and its next
+turn evaluates its whole history again (seconds on a CPU for a long system
+prompt). A GPU engine keeps many prompts' blocks (vLLM's prefix cache); this
+is the same for the CPU engine, as llama.cpp's own server keeps a prompt
+cache in RAM:
+
+* **Saved when evicted, not after every answer.** Before a context starts a
+  prompt that would throw away at least ``min_tokens`` of what it holds, the
+  sequence it holds is copied out (``llama_state_seq_get_data``: its KV cells
+  only, about 23 KB a token for SmolLM2-135M) under its tokens. An answer
+  that the next turn continues in the same context costs no copy at all.
+* **Restored when it beats the context.** A prompt whose longest cached
+  prefix here is at least ``min_tokens`` longer than what the chosen context
+  already shares with it gets that sequence copied back in
+  (``llama_state_seq_set_data``) before the prompt is evaluated; only the new
+  tokens are evaluated then. The bytes are the ones the model computed, so a
+  restored prefix gives the answer the same context would have given. A
+  restored sequence leaves the cache: its context holds it now, and saves it
+  again (grown by the turn) when it moves on.
+* **Bounded in bytes, least recently used out**, and a saved sequence that
+  is a prefix of a newer one is dropped (the newer holds it all). One lock:
+  the engine's context threads share the cache; the copies themselves run
+  outside it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import llama_cpp
+from llama_cpp import Llama
+
+__all__ = ["HostCache", "HostCacheStats", "common_prefix"]
+
+_SEQ = 0  # llama-cpp-python's Llama keeps its one sequence as sequence 0
+
+
+@dataclass
+class HostCacheStats:
+    saved: int = 0  # sequences copied out
+    restored: int = 0  # sequences copied back in
+    evicted: int = 0  # dropped for room
+    held_bytes: int = 0
+    entries: int = 0
+
+
+@dataclass
+class _Entry:
+    tokens: tuple[int, ...]
+    state: bytearray
+
+
+class HostCache:
+    """Saved sequences of one model's contexts, at most ``capacity_bytes``."""
+
+    def __init__(self, capacity_bytes: int, min_tokens: int = 64) -> None:
+        self.capacity_bytes = capacity_bytes
+        self.min_tokens = min_tokens
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[tuple[int, ...], _Entry] = OrderedDict()
+        self._bytes = 0
+        self.stats = HostCacheStats()
+
+    def before_prompt(self, llm: Llama, tokens: Sequence[int], restore: bool = True) -> None:
+        """Called on the context's own thread before it evaluates ``tokens``:
+        saves what the context holds if the prompt would throw it away, and
+        (``restore``) restores a saved sequence that shares more of the prompt."""
+        held = llm.input_ids[:llm.n_tokens].tolist()
+        shared = common_prefix(held, tokens)
+        entry = self._take(tokens, shared + self.min_tokens) if restore else None
+        if len(held) - shared >= self.min_tokens:
+            self._save(llm, held)
+        if entry is not None:
+            self._restore(llm, entry)
+
+    def _save(self, llm: Llama, held: list[int]) -> None:
+        key = tuple(held)
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                return
+        ctx = llm.ctx
+        size = llama_cpp.llama_state_seq_get_size(ctx, _SEQ)
+        if size <= 0 or size > self.capacity_bytes:
+            return
+        state = bytearray(size)
+        buffer = (ctypes.c_uint8 * size).from_buffer(state)
+        written = llama_cpp.llama_state_seq_get_data(ctx, buffer, size, _SEQ)
+        del buffer  # the bytearray may not be resized while a view exports it
+        if written <= 0:
+            return
+        del state[written:]
+        with self._lock:
+            # a saved prefix of this sequence is held by it now
+            for other in [k for k in self._entries if len(k) < len(key) and key[:len(k)] == k]:
+                self._drop(other)
+            self._entries[key] = _Entry(key, state)
+            self._bytes += len(state)
+            self.stats.saved += 1
+            while self._bytes > self.capacity_bytes and self._entries:
+                self._drop(next(iter(self._entries)))
+                self.stats.evicted += 1
+            self._count()
+
+    def _take(self, tokens: Sequence[int], at_least: int) -> _Entry | None:
+        """The saved sequence sharing the most leading tokens with ``tokens``,
+        if that is ``at_least`` tokens, out of the cache: the context it goes
+        into holds it now (and saves it again, grown, when it moves on)."""
+        best: tuple[int, ...] | None = None
+        longest = at_least - 1
+        with self._lock:
+            for key in self._entries:
+                n = common_prefix(key, tokens)
+                if n > longest:
+                    best, longest = key, n
+            if best is None:
+                return None
+            entry = self._entries[best]
+            self._drop(best)
+            return entry
+
+    def _restore(self, llm: Llama, entry: _Entry) -> None:
+        state = entry.state
+        buffer = (ctypes.c_uint8 * len(state)).from_buffer(state)
+        llm.n_tokens = 0
+        llm._ctx.kv_cache_seq_rm(-1, 0, -1)
+        try:
+            if llama_cpp.llama_state_seq_set_data(llm.ctx, buffer, len(state), _SEQ) == 0:
+                llm._ctx.kv_cache_seq_rm(-1, 0, -1)  # a partial copy is no cache
+                return
+        finally:
+            del buffer
+        n = len(entry.tokens)
+        llm.input_ids[:n] = entry.tokens
+        llm.n_tokens = n
+        llm._requires_eval = True  # the logits are not restored: decode before sampling
+        with self._lock:
+            self.stats.restored += 1
+
+    def _drop(self, key: tuple[int, ...]) -> None:
+        entry = self._entries.pop(key)
+        self._bytes -= len(entry.state)
+        self._count()
+
+    def _count(self) -> None:
+        self.stats.held_bytes = self._bytes
+        self.stats.entries = len(self._entries)
+
+
+def common_prefix(cached: Sequence[int], tokens: Sequence[int]) -> int:
+    """How many leading ``tokens`` a cache holding ``cached`` holds already."""
+    n = 0
+    for a, b in zip(cached, tokens, strict=False):
+        if a != b:
+            break
+        n += 1
+    return n
