@@ -10,10 +10,11 @@ from conveyor.settings import Settings
 from schemas.records import KvCache, WorkerHeartbeat
 from topics.catalog import WORKERS
 from topics.envelope import now_ms
-from workers.infer.engines.base import KvState
+from workers.infer.engines.base import Engine, HoldsPrompts, KvState
 from workers.outputs import Output, Sender
+from workers.prefix import HeldBlocks
 
-__all__ = ["Heartbeat", "Snapshot", "gpu_profile"]
+__all__ = ["Heartbeat", "Snapshot", "gpu_profile", "reported_blocks"]
 
 
 def gpu_profile() -> tuple[float | None, int | None]:
@@ -30,6 +31,20 @@ def gpu_profile() -> tuple[float | None, int | None]:
         return util, free
     except Exception:  # no device, no driver: a CPU worker
         return None, None
+
+
+def reported_blocks(held: HeldBlocks, engine: Engine, kv: KvState | None,
+                    settings: Settings) -> list[int] | None:
+    """The prompt blocks a worker reports: those of the prompts it ran, no more
+    than its caches can hold where the engine says how much that is (its KV
+    cache's blocks, or the tokens its contexts and host memory hold)."""
+    if settings.prefix_report_blocks <= 0:
+        return None
+    room = (kv.total_blocks * kv.block_tokens if kv is not None
+            else engine.cache_tokens() if isinstance(engine, HoldsPrompts) else None)
+    if room is not None and settings.prefix_block_tokens > 0:
+        held.trim(room // settings.prefix_block_tokens)
+    return held.blocks()
 
 
 class Snapshot(NamedTuple):

@@ -66,10 +66,10 @@ from topics.clients import COMMIT_REFUSED, KafkaError, make_producer, stop_consu
 from topics.envelope import PRIORITY_INTERACTIVE, now_ms
 from topics.shared_lookup import SharedLookup
 from workers.cancels import CancelList
-from workers.infer.engines.base import Engine, KvState
+from workers.infer.engines.base import Engine
 from workers.infer.gateways import GatewayWatch
 from workers.infer.generation import TaskRun
-from workers.infer.heartbeat import Heartbeat, Snapshot
+from workers.infer.heartbeat import Heartbeat, Snapshot, reported_blocks
 from workers.infer.membership import join_pool
 from workers.infer.offsets import InFlightOffsets
 from workers.infer.progress import ProgressTracker
@@ -389,16 +389,8 @@ class InferWorker:
         return Snapshot([tp.partition for tp in self.partitions], len(self.running), 0,
                         interactive, self.interactive_ms, kv,
                         self.speed.prefill_tps, self.speed.tpot_ms,
-                        self.engine.loaded, self._held_blocks(kv))
-
-    def _held_blocks(self, kv: KvState | None) -> list[int] | None:
-        """The prompt blocks to report: those of the prompts it ran, no more than
-        its KV cache can hold where the engine says how much that is."""
-        if self.settings.prefix_report_blocks <= 0:
-            return None
-        if kv is not None and self.settings.prefix_block_tokens > 0:
-            self.held.trim(kv.total_blocks * kv.block_tokens // self.settings.prefix_block_tokens)
-        return self.held.blocks()
+                        self.engine.loaded,
+                        reported_blocks(self.held, self.engine, kv, self.settings))
 
     async def _beat(self, heartbeat: Heartbeat) -> None:
         """One heartbeat, then wait for the next (or an early one)."""

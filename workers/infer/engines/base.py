@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 from schemas.records import Message, ResponseFormat, TokenLogprob
 
-__all__ = ["GenerationRequest", "Piece", "Engine", "KvState"]
+__all__ = ["GenerationRequest", "Piece", "Engine", "HoldsPrompts", "KvState"]
 
 
 @dataclass(frozen=True)
@@ -118,3 +118,14 @@ class Engine(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class HoldsPrompts(Protocol):
+    """An engine whose caches hold prompts without KV blocks the worker can see
+    (llama.cpp's contexts, and the host memory behind them): the worker reports
+    no more of the prompts it ran than they can hold."""
+
+    def cache_tokens(self) -> int | None:
+        """The tokens its caches hold at most; None: it cannot say."""
+        ...

@@ -79,7 +79,7 @@ from conveyor.errors import EngineError, RequestError
 from conveyor.registry import ModelSpec
 from schemas.records import TokenLogprob
 from workers.infer.engines.base import GenerationRequest, KvState, Piece
-from workers.infer.engines.llamacpp_cache import HostCache, common_prefix
+from workers.infer.engines.llamacpp_cache import HostCache, common_prefix, kv_bytes_per_token
 from workers.infer.engines.llamacpp_grammar import HeldSampler, constrained
 from workers.infer.engines.llamacpp_sampling import checked_bias, llama_seed
 from workers.infer.engines.logprobs import LoggedSampler, taken, with_logprobs
@@ -156,6 +156,7 @@ class LlamaCppEngine:
         self._running: set[threading.Event] = set()
         # the KV caches of conversations their contexts moved on from (llamacpp_cache)
         self.host_cache = HostCache(host_cache_bytes) if host_cache_bytes > 0 else None
+        self._token_bytes: int | None = None  # a token's KV, from the model's metadata
 
     @classmethod
     def from_spec(cls, spec: ModelSpec, contexts: int = 2, n_threads: int = 1,
@@ -194,6 +195,7 @@ class LlamaCppEngine:
         for context in self._contexts:
             self._free.put_nowait(context)
         self._chat_formatter = _chat_formatter(llms[0])
+        self._token_bytes = kv_bytes_per_token(llms[0].metadata)
 
     def _load(self) -> Llama:
         return Llama(
@@ -342,6 +344,14 @@ class LlamaCppEngine:
 
     def kv_state(self) -> KvState | None:
         return None  # no KV cache the worker can see (see base.Engine)
+
+    def cache_tokens(self) -> int | None:
+        """The contexts' tokens, and what the host cache holds of a model this size
+        (base.HoldsPrompts)."""
+        held = self.capacity * self.n_ctx
+        if self.host_cache is not None and self._token_bytes:
+            held += self.host_cache.capacity_bytes // self._token_bytes
+        return held
 
     async def close(self) -> None:
         """Cancel what runs, wait for the threads, free the models."""

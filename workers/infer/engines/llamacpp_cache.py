@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import llama_cpp
 from llama_cpp import Llama
 
-__all__ = ["HostCache", "HostCacheStats", "common_prefix"]
+__all__ = ["HostCache", "HostCacheStats", "common_prefix", "kv_bytes_per_token"]
 
 _SEQ = 0  # llama-cpp-python's Llama keeps its one sequence as sequence 0
 
@@ -152,6 +152,20 @@ class HostCache:
     def _count(self) -> None:
         self.stats.held_bytes = self._bytes
         self.stats.entries = len(self._entries)
+
+
+def kv_bytes_per_token(metadata: dict[str, str]) -> int | None:
+    """A token's keys and values in f16 over every layer (llama.cpp's default
+    cache type), from a GGUF's metadata; None where it lacks the keys."""
+    arch = metadata.get("general.architecture", "")
+    try:
+        layers = int(metadata[f"{arch}.block_count"])
+        heads = int(metadata[f"{arch}.attention.head_count"])
+        kv_heads = int(metadata.get(f"{arch}.attention.head_count_kv", heads))
+        width = int(metadata[f"{arch}.embedding_length"])
+    except (KeyError, ValueError):
+        return None
+    return layers * kv_heads * (width // heads) * 2 * 2 if heads else None
 
 
 def common_prefix(cached: Sequence[int], tokens: Sequence[int]) -> int:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from conveyor.errors import EngineError
 from conveyor.registry import ModelSpec
-from workers.infer.engines.base import Engine, GenerationRequest, KvState, Piece
+from workers.infer.engines.base import Engine, GenerationRequest, HoldsPrompts, KvState, Piece
 
 __all__ = ["ModelSet"]
 
@@ -102,6 +102,13 @@ class ModelSet:
         if not self._loaded:
             return None
         return next(reversed(self._loaded.values())).engine.kv_state()
+
+    def cache_tokens(self) -> int | None:
+        """What the caches of the model used last hold (base.HoldsPrompts)."""
+        if not self._loaded:
+            return None
+        engine = next(reversed(self._loaded.values())).engine
+        return engine.cache_tokens() if isinstance(engine, HoldsPrompts) else None
 
     async def start(self) -> None:
         for name in self.warm:

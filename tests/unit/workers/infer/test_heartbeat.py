@@ -8,9 +8,11 @@ from typing import Any, cast
 
 from conveyor.settings import Settings
 from schemas.codec import default_codec
-from workers.infer.engines.base import KvState
-from workers.infer.heartbeat import Heartbeat, Snapshot
+from workers.infer.engines.base import Engine, KvState
+from workers.infer.engines.llamacpp_cache import kv_bytes_per_token
+from workers.infer.heartbeat import Heartbeat, Snapshot, reported_blocks
 from workers.outputs import Output, Sender
+from workers.prefix import HeldBlocks
 
 
 @dataclass
@@ -56,3 +58,42 @@ async def test_the_blocks_its_cache_holds_go_out_with_the_heartbeat() -> None:
     blocks = [-(2 ** 63), 5, 2 ** 63 - 1]
     assert (await beat(None, blocks))["prefix_blocks"] == blocks
     assert (await beat(None))["prefix_blocks"] is None
+
+
+class Holds:
+    """An engine whose caches hold ``tokens`` (base.HoldsPrompts), nothing else."""
+
+    def __init__(self, tokens: int | None) -> None:
+        self.tokens = tokens
+
+    def cache_tokens(self) -> int | None:
+        return self.tokens
+
+
+def test_a_worker_reports_no_more_blocks_than_its_caches_hold() -> None:
+    """Of 100 blocks of 64 tokens run: all, where the engine cannot say; as
+    many as its KV cache holds; as many as its contexts and host memory hold."""
+    settings = Settings(prefix_block_tokens=64, prefix_report_blocks=1024)
+
+    def report(engine: object, kv: KvState | None) -> list[int] | None:
+        held = HeldBlocks(1024)
+        held.took(list(range(100)))
+        return reported_blocks(held, cast(Engine, engine), kv, settings)
+
+    assert report(object(), None) == list(range(100))
+    assert report(Holds(None), None) == list(range(100))
+    assert report(Holds(30 * 64 + 10), None) == list(range(70, 100))  # the most recent
+    kv = KvState(usage=0.0, total_blocks=40, free_blocks=40, cached_blocks=0, block_tokens=16,
+                 prefix_queries=0, prefix_hits=0)
+    assert report(Holds(30 * 64), kv) == list(range(90, 100))  # 640 tokens of KV: 10 blocks
+    assert reported_blocks(HeldBlocks(), cast(Engine, object()), None,
+                           Settings(prefix_report_blocks=0)) is None
+
+
+def test_a_tokens_kv_comes_from_the_models_metadata() -> None:
+    """SmolLM2-135M: 30 layers, 3 KV heads of 576 / 9 = 64, f16 keys and values."""
+    smollm2 = {"general.architecture": "llama", "llama.block_count": "30",
+               "llama.attention.head_count": "9", "llama.attention.head_count_kv": "3",
+               "llama.embedding_length": "576"}
+    assert kv_bytes_per_token(smollm2) == 23_040
+    assert kv_bytes_per_token({"general.architecture": "llama"}) is None

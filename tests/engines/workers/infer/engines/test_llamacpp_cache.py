@@ -53,6 +53,9 @@ async def test_a_conversation_finds_its_cache_after_its_context_moved_on() -> No
         assert (await ask(plain, LIGHTHOUSES))[0] == first
         assert answer == (await ask(plain, LIGHTHOUSES + QUESTION))[0]
         assert restored < whole / 3, (restored, whole)  # about 0.1 s against 2 s here
+        # what the worker reports at most: its context, and 256 MiB of 23,040-byte tokens
+        assert cached.cache_tokens() == cached.n_ctx + (256 << 20) // 23_040
+        assert plain.cache_tokens() == plain.n_ctx
     finally:
         await cached.close()
         await plain.close()
