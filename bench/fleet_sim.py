@@ -333,7 +333,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                           ("--output-tokens", 256), ("--rounds", 5), ("--system-tokens", 1024),
                           ("--user-tokens", 128), ("--answer-tokens", 256),
                           ("--max-seqs", spec.max_seqs), ("--kv-tokens", spec.kv_tokens),
-                          ("--prefill-budget", spec.prefill_budget), ("--queue-max", 256)]:
+                          ("--prefill-budget", spec.prefill_budget),
+                          ("--host-tokens", spec.host_tokens), ("--queue-max", 256)]:
         add(flag, type=int, default=default)
     add("--think-s", type=float, default=5.0, help="mean think time between chat turns")
     add("--scale", type=float, default=1.0, help="every step time multiplied by this")
@@ -365,7 +366,7 @@ def workloads(args: argparse.Namespace) -> list[sim.Workload]:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
-    spec = sim.WorkerSpec(args.max_seqs, args.kv_tokens, args.prefill_budget)
+    spec = sim.WorkerSpec(args.max_seqs, args.kv_tokens, args.prefill_budget, args.host_tokens)
     model = sim.StepModel(args.prefill_ms, args.decode_ms, args.scale)
     started = time.perf_counter()
     loads = _floats(args.rates)

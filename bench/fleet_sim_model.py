@@ -8,7 +8,12 @@ clock in milliseconds; nothing sleeps.
   the others wait in its FIFO queue.
 - Its KV cache holds ``kv_tokens`` tokens, in blocks of 64 tokens hashed in a
   chain as Conveyor hashes prompts (:func:`workers.prefix.block_hashes`).
-- **Prefix cache**: an LRU of block hashes, at most ``kv_tokens / 64`` of them.
+- **Prefix cache**: an LRU of block hashes, at most ``(kv_tokens +
+  host_tokens) / 64`` of them: ``host_tokens`` (0 by default) is a second
+  tier in host memory, as the llama.cpp engine keeps the caches of
+  conversations its contexts moved on from (``--host-cache-mib``); a block
+  found there costs nothing to bring back (a copy of some megabytes against
+  seconds of CPU prefill; on a GPU it would cost a transfer, not modelled).
   A sequence's prompt blocks enter it (or move to its recent end) when the
   sequence is admitted; its prompt-and-answer blocks when it ends (engines
   cache generated tokens too, so a chat's next turn finds the last answer).
@@ -128,6 +133,7 @@ class WorkerSpec:
     max_seqs: int = 16
     kv_tokens: int = 4096 * BLOCK_TOKENS  # settings.route_index_blocks' worth
     prefill_budget: int = 8192
+    host_tokens: int = 0  # the cache's second tier, in host memory
 
 
 @dataclass(frozen=True)
@@ -204,7 +210,7 @@ class Worker:
         self.spec = spec
         self.model = model
         self.segment_steps = segment_steps
-        self.cache = PrefixCache(spec.kv_tokens // BLOCK_TOKENS)
+        self.cache = PrefixCache((spec.kv_tokens + spec.host_tokens) // BLOCK_TOKENS)
         self.waiting: deque[Job] = deque()
         self.stepping = False
         self._running = 0

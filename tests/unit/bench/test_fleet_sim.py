@@ -98,6 +98,22 @@ def test_a_worker_finds_the_real_shared_prefix_and_its_own_answers() -> None:
     assert follow.cached_tokens == (264 // BLOCK_TOKENS) * BLOCK_TOKENS
 
 
+def test_a_host_tier_keeps_what_the_kv_cache_had_no_room_for() -> None:
+    """Two prompts of 3 blocks each on a worker whose KV cache holds 4 blocks:
+    the first is gone by the time it comes again, unless a host tier holds it."""
+    one, two = list(range(1000, 1192)), list(range(5000, 5192))
+    found = []
+    for host_tokens in (0, 4 * BLOCK_TOKENS):
+        worker = Worker(WorkerSpec(max_seqs=1, kv_tokens=4 * BLOCK_TOKENS,
+                                   host_tokens=host_tokens), StepModel())
+        for tokens in (one, two):
+            serve(worker, Job(turn_of(tokens, 192, 1), 0, 0, 0.0))
+        again = Job(turn_of(one + [7] * 8, 200, 1), 0, 1, 0.0)
+        serve(worker, again)
+        found.append(again.cached_tokens)
+    assert found == [0, 3 * BLOCK_TOKENS]
+
+
 def test_prefix_aware_finds_clearly_more_in_the_caches(tiny: Workload) -> None:
     results = run(tiny, load=0.5)
     pa = results["prefix-aware"].cache_hit
