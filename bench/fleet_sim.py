@@ -36,7 +36,8 @@ freed a slot. Workers, step times, workloads: :mod:`bench.fleet_sim_model`.
 - ``refused %``: of the requests that arrived.
 - ``load/bound``: the most a chosen worker held, the request counted, over
   choose's load bound (``load_bound`` x the mean of the workers with room, the
-  request counted, rounded up to a whole one): prefix-aware keeps to 1.
+  request counted, rounded up to a whole one, or ``load_slack`` of the
+  worker's capacity where that is more): prefix-aware keeps to 1.
 - ``LL/PA p50``: least-loaded's TTFT p50 over prefix-aware's.
 
 The checks at the end hold prefix-aware against least-loaded: TTFT p50 at
@@ -63,7 +64,7 @@ from typing import Literal
 
 from bench import fleet_sim_model as sim
 from bench.stats import Check, markdown_table, percentile
-from workers.prefix import PrefixIndex, RoutePolicy, WorkerLoad, choose
+from workers.prefix import PrefixIndex, RoutePolicy, WorkerLoad, choose, load_limit
 
 __all__ = ["POLICIES", "Cell", "FleetConfig", "Policy", "Result", "main", "simulate"]
 
@@ -215,10 +216,11 @@ class Fleet:
         return True
 
     def _note_load(self, roomy: list[int], i: int) -> None:
-        """The chosen worker's load over choose's bound for it (``_bound`` in
-        workers/prefix.py, for workers of one capacity and speed)."""
+        """The chosen worker's load over choose's bound for it (workers/prefix.py's
+        ``load_limit``)."""
         total = sum(self.busy[j] for j in roomy) + 1
-        bound = max(1, math.ceil(self.route.load_bound * total / len(roomy) - 1e-9))
+        capacity = sum(self.loads[j].weight() for j in roomy)
+        bound = load_limit(self.loads[i], total, capacity, self.route)
         self.max_load_ratio = max(self.max_load_ratio, (self.busy[i] + 1) / bound)
 
     def result(self) -> Result:

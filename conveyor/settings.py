@@ -148,14 +148,16 @@ class Settings(BaseSettings):
     # remembers which worker took which blocks (route_index_blocks a worker, for
     # route_index_ttl_s) and sends a prompt to the worker likely to hold most of
     # it, when one holds route_cache_threshold of it, among the workers under
-    # route_load_bound times the pool's mean load; a whole prompt in cache is
-    # worth route_load_weight of a worker's load (busy / capacity)
+    # route_load_bound times the pool's mean load or route_load_slack of their
+    # own capacity; a whole prompt in cache is worth route_load_weight of a
+    # worker's load (busy / capacity)
     prefix_block_tokens: int = 64
     prefix_max_blocks: int = 256
     route_prefix_aware: bool = True
     route_cache_threshold: float = 0.3
     route_load_bound: float = 1.25
     route_load_weight: float = 1.0
+    route_load_slack: float = 0.5
     route_index_blocks: int = 4096
     # a worker reports the blocks its KV cache holds (at most this many, the most
     # recently used) in each heartbeat; 0: it reports none, schedule guesses

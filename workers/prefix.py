@@ -14,7 +14,8 @@ prompts it sent there recently (least recently used first out, at most
 live workers of a pool by how much of a prompt each is likely to hold against
 how busy each is, and bounds the load so that one hot prefix cannot pile onto
 one worker (consistent hashing with bounded loads: no worker above
-``load_bound`` times the mean, counting the task being placed).
+``load_bound`` times the mean, counting the task being placed, unless it is
+within ``load_slack`` of its own capacity).
 
 A worker also says what it holds: it keeps the blocks of the prompts it ran
 (:class:`HeldBlocks`, bounded by what its KV cache can hold) and sends them in
@@ -34,7 +35,8 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["HeldBlocks", "PrefixIndex", "RoutePolicy", "WorkerLoad", "block_hashes", "choose"]
+__all__ = ["HeldBlocks", "PrefixIndex", "RoutePolicy", "WorkerLoad", "block_hashes", "choose",
+           "load_limit"]
 
 
 def block_hashes(tokens: Sequence[int], block_tokens: int, limit: int) -> list[int]:
@@ -168,6 +170,11 @@ class RoutePolicy:
     # what a whole prompt in cache is worth against a worker's load (busy / capacity)
     load_weight: float = 1.0
     prefix_aware: bool = True
+    # whatever the mean, a worker may hold this share of its capacity: with few
+    # slots and long prompts (a CPU worker), a bound of the mean alone sends a
+    # conversation's next turn away from its cache whenever the pool is quiet
+    # (SGLang's router balances only past an absolute gap too)
+    load_slack: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -201,8 +208,7 @@ def choose(candidates: Sequence[WorkerLoad], blocks: Sequence[int], index: Prefi
         return least
     total = sum(c.busy for c in candidates) + 1
     capacity = sum(c.weight() for c in candidates)
-    under = [c for c in candidates
-             if c.busy + 1 <= _bound(policy.load_bound * total * c.weight() / capacity)]
+    under = [c for c in candidates if c.busy + 1 <= load_limit(c, total, capacity, policy)]
     scored = [(index.overlap(c.worker_id, blocks, now_ms) / len(blocks), c) for c in under]
     best_share = max((share for share, _ in scored), default=0.0)
     if best_share < policy.cache_threshold:
@@ -211,6 +217,10 @@ def choose(candidates: Sequence[WorkerLoad], blocks: Sequence[int], index: Prefi
                                        load(sc[1]), sc[1].worker_id))[1]
 
 
-def _bound(value: float) -> int:
-    """A worker's task bound: at least one task, whatever the mean."""
-    return max(1, math.ceil(value - 1e-9))
+def load_limit(worker: WorkerLoad, total: int, capacity: float, policy: RoutePolicy) -> int:
+    """The most tasks ``worker`` may hold when the candidates hold ``total`` (the
+    task being placed counted) over ``capacity`` (their weights): ``load_bound``
+    times its share of the total, or ``load_slack`` of its own capacity, and at
+    least one task."""
+    share = policy.load_bound * total * worker.weight() / capacity
+    return max(1, math.ceil(share - 1e-9), math.floor(policy.load_slack * worker.capacity))

@@ -119,7 +119,8 @@ class ScheduleLayer:
         self.table.on_beat = self._heard
         self.breakers = Breakers.of(settings, clock)
         self.policy = RoutePolicy(settings.route_cache_threshold, settings.route_load_bound,
-                                  settings.route_load_weight, settings.route_prefix_aware)
+                                  settings.route_load_weight, settings.route_prefix_aware,
+                                  settings.route_load_slack)
 
     def _heard(self, beat: WorkerHeartbeat) -> None:
         """A worker's heartbeat: what its cache holds, as it says."""

@@ -99,6 +99,23 @@ def test_one_hot_prefix_cannot_pile_onto_one_worker() -> None:
                   ).worker_id == "w0"  # type: ignore[union-attr]
 
 
+def test_a_quiet_pool_lets_the_holder_fill_half_its_slots() -> None:
+    """Eight workers of 4 slots, one task running: the mean alone would bound
+    every worker to one task and send the holder's next turn elsewhere; the
+    slack (half its capacity) lets it take a second, not a third."""
+    index = PrefixIndex()
+    index.took("w0", [1, 2], now_ms=0)
+
+    def pool(holder_busy: int) -> list[WorkerLoad]:
+        return [WorkerLoad("w0", holder_busy, 4)] + [WorkerLoad(f"w{i}", 0, 4)
+                                                   for i in range(1, 8)]
+
+    assert choose(pool(1), [1, 2, 3], index, POLICY, 0).worker_id == "w0"  # type: ignore[union-attr]
+    assert choose(pool(2), [1, 2, 3], index, POLICY, 0).worker_id == "w1"  # type: ignore[union-attr]
+    strict = RoutePolicy(load_slack=0.0)
+    assert choose(pool(1), [1, 2, 3], index, strict, 0).worker_id == "w1"  # type: ignore[union-attr]
+
+
 def test_overlap_is_weighed_against_load() -> None:
     """Two holders of the prefix: the less loaded one, and a holder of a little
     less of it beats a much busier holder of a little more."""
