@@ -30,7 +30,8 @@ def check_usage(r: Any) -> None:
     assert r.usage is not None
     assert r.usage.input_tokens > 5 and r.usage.output_tokens > 0
     assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
-    assert r.usage.input_tokens_details.cached_tokens == 0
+    # the engine's prefix reuse: earlier tests' prompts share the template's system prompt
+    assert 0 <= r.usage.input_tokens_details.cached_tokens < r.usage.input_tokens
     assert r.usage.output_tokens_details.reasoning_tokens == 0
 
 

@@ -41,7 +41,11 @@ Decisions:
   change a sampled token, so the same seed gave different answers depending
   on what the context served before. Without a seed the prefix is reused:
   evaluating every prompt afresh cost 7 points of throughput in
-  ``bench.smollm2`` (88.7 % of llama.cpp alone instead of 95.3 %).
+  ``bench.smollm2`` (88.7 % of llama.cpp alone instead of 95.3 %). The
+  tokens reused are the answer's ``cached_tokens``.
+* **Host memory behind the contexts.** With ``host_cache_bytes``, the KV
+  cache of a conversation a context moves on from is kept in host memory
+  and copied back when its next turn comes (llamacpp_cache).
 * **The context holding the prompt's prefix.** Of the free contexts, a
   request without a seed takes the one whose cache begins with the longest
   part of its prompt (the next turn of a conversation finds its history
@@ -274,14 +278,18 @@ class LlamaCppEngine:
                 raise EngineError("the generation was cancelled")
             watch = _TokenWatch(cancelled)
             prompt = _prompt_or_bos(llm, self._prompt(request))
+            tokens = (prompt if isinstance(prompt, list)
+                      else llm.tokenize(prompt.encode("utf-8"), special=True))
+            seeded = request.seed is not None
             if self.host_cache is not None:
-                tokens = [] if request.seed is not None else (
-                    prompt if isinstance(prompt, list)
-                    else llm.tokenize(prompt.encode("utf-8"), special=True))
                 # a seeded prompt saves what the context holds, and restores nothing
-                self.host_cache.before_prompt(llm, tokens, restore=request.seed is None)
-            if request.seed is not None:
+                self.host_cache.before_prompt(llm, [] if seeded else tokens, restore=not seeded)
+            if seeded:
                 llm.reset()  # no prefix reuse: the same seeded request, the same answer
+            # what llama-cpp-python reuses: the shared prefix, the prompt's last token
+            # evaluated again when it is all there (it needs that token's logits)
+            cached = max(0, min(common_prefix(llm.input_ids[:llm.n_tokens].tolist(), tokens),
+                                len(tokens) - 1))
             constrained(llm, request)
             logprobs: list[TokenLogprob] = []
             with_logprobs(llm, request, logprobs)
@@ -316,7 +324,8 @@ class LlamaCppEngine:
                             "length" if reason == "length" else "stop"
                         )
                         emit(Piece(text, tokens=max(0, watch.sampled - emitted),
-                                   finish_reason=finish, logprobs=taken(logprobs)))
+                                   finish_reason=finish, cached_tokens=cached,
+                                   logprobs=taken(logprobs)))
                         return
                     if text:
                         emit(Piece(text, tokens=1, logprobs=taken(logprobs)))

@@ -27,11 +27,18 @@ def engine(host_cache_bytes: int) -> LlamaCppEngine:
 
 
 async def ask(made: LlamaCppEngine, prompt: str, seed: int | None = None) -> tuple[str, float]:
+    text, _, took = await asked(made, prompt, seed)
+    return text, took
+
+
+async def asked(made: LlamaCppEngine, prompt: str,
+                seed: int | None = None) -> tuple[str, int | None, float]:
+    """The answer, its cached_tokens, and the seconds it took."""
     req = GenerationRequest(request_id="r", kind="completion", model="smollm2",
                             max_tokens=8, temperature=0.0, seed=seed, prompt_text=prompt)
     start = time.perf_counter()
-    text = "".join([piece.text async for piece in made.generate(req)])
-    return text, time.perf_counter() - start
+    pieces = [piece async for piece in made.generate(req)]
+    return "".join(p.text for p in pieces), pieces[-1].cached_tokens, time.perf_counter() - start
 
 
 async def test_a_conversation_finds_its_cache_after_its_context_moved_on() -> None:
@@ -42,11 +49,14 @@ async def test_a_conversation_finds_its_cache_after_its_context_moved_on() -> No
     await cached.start()
     await plain.start()
     try:
-        first, whole = await ask(cached, LIGHTHOUSES)
+        first, none, whole = await asked(cached, LIGHTHOUSES)
+        assert none == 0
         await ask(cached, GLACIERS)  # takes the only context: lighthouses saved
         assert cached.host_cache is not None
         assert cached.host_cache.stats.saved == 1
-        answer, restored = await ask(cached, LIGHTHOUSES + QUESTION)
+        answer, reused, restored = await asked(cached, LIGHTHOUSES + QUESTION)
+        # the whole first prompt and its answer (less one token) came back: the usage says so
+        assert reused is not None and reused > len(LIGHTHOUSES) // 6, reused
         assert cached.host_cache.stats.restored == 1
         assert cached.host_cache.stats.entries == 1  # glaciers; lighthouses is in the context
         # the control: the next turn where the context still held the first
@@ -76,8 +86,9 @@ async def test_the_cache_keeps_to_its_bound_and_a_seeded_prompt_restores_nothing
         assert cache.stats.held_bytes <= cache.capacity_bytes
         await ask(made, GLACIERS + QUESTION)  # glaciers restored (out of the cache), tea saved
         assert (cache.stats.restored, cache.stats.entries) == (1, 1)
-        await ask(made, TEA, seed=7)  # glaciers and its turn saved, tea dropped for room
-        assert cache.stats.restored == 1  # a seeded prompt is evaluated afresh
+        # glaciers and its turn saved, tea dropped for room
+        assert (await asked(made, TEA, seed=7))[1] == 0  # a seeded prompt is evaluated afresh
+        assert cache.stats.restored == 1
         assert (cache.stats.evicted, cache.stats.entries) == (2, 1)
         (held,) = cache._entries  # noqa: SLF001
         spec_text = made._contexts[0].llm.detokenize(list(held)).decode()  # noqa: SLF001
