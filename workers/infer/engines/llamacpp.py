@@ -83,12 +83,18 @@ from conveyor.errors import EngineError, RequestError
 from conveyor.registry import ModelSpec
 from schemas.records import TokenLogprob
 from workers.infer.engines.base import GenerationRequest, KvState, Piece
-from workers.infer.engines.llamacpp_cache import HostCache, common_prefix, kv_bytes_per_token
+from workers.infer.engines.llamacpp_cache import HostCache, kv_bytes_per_token
 from workers.infer.engines.llamacpp_grammar import HeldSampler, constrained
+from workers.infer.engines.llamacpp_prompts import (
+    chat_formatter,
+    common_prefix,
+    prompt_or_bos,
+    reuse_score,
+)
 from workers.infer.engines.llamacpp_sampling import checked_bias, llama_seed
 from workers.infer.engines.logprobs import LoggedSampler, taken, with_logprobs
 
-__all__ = ["LlamaCppEngine", "common_prefix", "pieces_from", "reuse_score"]
+__all__ = ["LlamaCppEngine", "pieces_from"]
 
 # llama.cpp seeds are uint32 and 0xFFFFFFFF (LLAMA_DEFAULT_SEED) means "random".
 
@@ -198,7 +204,7 @@ class LlamaCppEngine:
         self._free = asyncio.Queue()
         for context in self._contexts:
             self._free.put_nowait(context)
-        self._chat_formatter = _chat_formatter(llms[0])
+        self._chat_formatter = chat_formatter(llms[0])
         self._token_bytes = kv_bytes_per_token(llms[0].metadata)
 
     def _load(self) -> Llama:
@@ -277,7 +283,7 @@ class LlamaCppEngine:
             if cancelled.is_set():
                 raise EngineError("the generation was cancelled")
             watch = _TokenWatch(cancelled)
-            prompt = _prompt_or_bos(llm, self._prompt(request))
+            prompt = prompt_or_bos(llm, self._prompt(request))
             tokens = (prompt if isinstance(prompt, list)
                       else llm.tokenize(prompt.encode("utf-8"), special=True))
             seeded = request.seed is not None
@@ -385,40 +391,3 @@ async def pieces_from(queue: asyncio.Queue[_Item]) -> AsyncGenerator[Piece, None
         yield item
         if item.finish_reason is not None:
             return
-
-
-def reuse_score(cached: list[int], tokens: list[int]) -> int:
-    """What a prompt of ``tokens`` gains from a cache holding ``cached``: the
-    tokens it reuses, less those of the cached prompt it throws away, and 0
-    when that is nothing (an empty cache, or one holding another
-    conversation that shares only the template's first tokens with it).
-    Among caches that score 0 the caller takes the least recently used: a
-    new conversation evicts a stale one, not one still going on."""
-    shared = common_prefix(cached, tokens)
-    return max(0, shared - (len(cached) - shared))
-
-
-def _prompt_or_bos(llm: Llama, prompt: str) -> str | list[int]:
-    """An empty prompt (OpenAI takes ``""``) starts from the beginning-of-sequence
-    token: llama.cpp cannot evaluate zero tokens, and a model whose tokenizer adds
-    no BOS itself (SmolLM2) would otherwise fail."""
-    return prompt if prompt else [llm.token_bos()]
-
-
-def _chat_formatter(llm: Llama) -> Jinja2ChatFormatter | None:
-    """The GGUF's own chat template, or None when the file has none."""
-    template = llm.metadata.get("tokenizer.chat_template")
-    if not template:
-        return None
-
-    def token_text(token: int) -> str:
-        if token < 0:
-            return ""
-        return llm.detokenize([token], special=True).decode("utf-8", errors="ignore")
-
-    return Jinja2ChatFormatter(
-        template=template,
-        eos_token=token_text(llm.token_eos()),
-        bos_token=token_text(llm.token_bos()),
-        add_generation_prompt=True,
-    )

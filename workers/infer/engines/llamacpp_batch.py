@@ -79,7 +79,7 @@ Decisions:
 * **Prefix reuse.** A finished sequence's positions stay in its slot's cache.
   A new sequence takes the free slot of its context whose cache serves it
   best: the prefix it shares with the prompt tokens, less what the slot
-  would throw away of the prompt it holds (``llamacpp.reuse_score``: a
+  would throw away of the prompt it holds (``llamacpp_prompts.reuse_score``: a
   conversation's cache is not given up for the few template tokens every
   prompt shares, an empty or stale slot is taken instead), keeps those positions
   (removing the rest with ``llama_memory_seq_rm``) and evaluates only the
@@ -145,9 +145,10 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 from conveyor.errors import EngineError
 from conveyor.registry import ModelSpec
 from workers.infer.engines.base import GenerationRequest, KvState, Piece
-from workers.infer.engines.llamacpp import _chat_formatter, _prompt_or_bos, pieces_from
+from workers.infer.engines.llamacpp import pieces_from
 from workers.infer.engines.llamacpp_batch_context import Context, Item, Sequence
 from workers.infer.engines.llamacpp_grammar import checked_prefix
+from workers.infer.engines.llamacpp_prompts import chat_formatter, prompt_or_bos
 
 __all__ = ["LlamaCppBatchEngine"]
 
@@ -214,7 +215,7 @@ class LlamaCppBatchEngine:
         contexts: list[Context] = []
         try:
             llm = self._llm = await loop.run_in_executor(executors[0], self._load_model)
-            self._chat = _chat_formatter(llm)
+            self._chat = chat_formatter(llm)
             shares = _shares(self.capacity, self.contexts)
             for executor, share in zip(executors, shares, strict=True):
                 context = Context(llm, executor, share, self.n_ctx, self.n_threads,
@@ -284,7 +285,7 @@ class LlamaCppBatchEngine:
     def _tokens(self, prompt: str) -> list[int]:
         llm = cast(Llama, self._llm)
         try:
-            given = _prompt_or_bos(llm, prompt)
+            given = prompt_or_bos(llm, prompt)
             tokens = (given if isinstance(given, list)
                       else llm.tokenize(given.encode("utf-8"), add_bos=True, special=True))
         except Exception as exc:

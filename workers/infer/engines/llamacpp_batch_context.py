@@ -23,8 +23,8 @@ from llama_cpp import Llama
 from conveyor.errors import EngineError
 from schemas.records import TokenLogprob
 from workers.infer.engines.base import GenerationRequest, Piece
-from workers.infer.engines.llamacpp import common_prefix, reuse_score
 from workers.infer.engines.llamacpp_grammar import CheckedSampling
+from workers.infer.engines.llamacpp_prompts import common_prefix, reuse_score
 from workers.infer.engines.llamacpp_sampling import sequence_sampler
 from workers.infer.engines.logprobs import logprob_of, taken
 

@@ -37,7 +37,9 @@ from dataclasses import dataclass
 import llama_cpp
 from llama_cpp import Llama
 
-__all__ = ["HostCache", "HostCacheStats", "common_prefix", "kv_bytes_per_token"]
+from workers.infer.engines.llamacpp_prompts import common_prefix
+
+__all__ = ["HostCache", "HostCacheStats", "kv_bytes_per_token"]
 
 _SEQ = 0  # llama-cpp-python's Llama keeps its one sequence as sequence 0
 
@@ -166,13 +168,3 @@ def kv_bytes_per_token(metadata: dict[str, str]) -> int | None:
     except (KeyError, ValueError):
         return None
     return layers * kv_heads * (width // heads) * 2 * 2 if heads else None
-
-
-def common_prefix(cached: Sequence[int], tokens: Sequence[int]) -> int:
-    """How many leading ``tokens`` a cache holding ``cached`` holds already."""
-    n = 0
-    for a, b in zip(cached, tokens, strict=False):
-        if a != b:
-            break
-        n += 1
-    return n
