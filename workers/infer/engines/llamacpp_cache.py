@@ -35,6 +35,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import llama_cpp
+import numpy as np
+import numpy.typing as npt
 from llama_cpp import Llama
 
 from workers.infer.engines.llamacpp_prompts import common_prefix
@@ -57,6 +59,14 @@ class HostCacheStats:
 class _Entry:
     tokens: tuple[int, ...]
     state: bytearray
+    ids: npt.NDArray[np.intc]  # the tokens again, compared at C speed
+
+
+def _shared(ids: npt.NDArray[np.intc], prompt: npt.NDArray[np.intc]) -> int:
+    """How many leading tokens two arrays share."""
+    n = min(len(ids), len(prompt))
+    differ = np.flatnonzero(ids[:n] != prompt[:n])
+    return int(differ[0]) if len(differ) else n
 
 
 class HostCache:
@@ -103,7 +113,7 @@ class HostCache:
             # a saved prefix of this sequence is held by it now
             for other in [k for k in self._entries if len(k) < len(key) and key[:len(k)] == k]:
                 self._drop(other)
-            self._entries[key] = _Entry(key, state)
+            self._entries[key] = _Entry(key, state, np.array(key, dtype=np.intc))
             self._bytes += len(state)
             self.stats.saved += 1
             while self._bytes > self.capacity_bytes and self._entries:
@@ -117,9 +127,11 @@ class HostCache:
         into holds it now (and saves it again, grown, when it moves on)."""
         best: tuple[int, ...] | None = None
         longest = at_least - 1
+        prompt = np.array(tokens, dtype=np.intc)
         with self._lock:
-            for key in self._entries:
-                n = common_prefix(key, tokens)
+            # hundreds of saved conversations may share a long system prompt
+            for key, entry in self._entries.items():
+                n = _shared(entry.ids, prompt)
                 if n > longest:
                     best, longest = key, n
             if best is None:
