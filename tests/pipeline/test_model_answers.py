@@ -132,3 +132,33 @@ def test_response_logprobs_streamed_and_not(model: Pipeline) -> None:
     assert len(final.logprobs) == len(streamed)
     plain = c.responses.create(model="smollm2", input="Name a color.", max_output_tokens=4)
     assert plain.output[0].content[0].logprobs == []  # type: ignore[union-attr]
+
+
+def test_a_conversation_whose_context_moved_on_is_served_from_host_memory(
+        model: Pipeline) -> None:
+    """Three conversations over the worker's two contexts, one after another:
+    the third takes the first one's context, whose cache goes to host memory
+    (``conveyor infer``'s default ``--host-cache-mib``); the first one's next
+    turn finds its whole history there, and the client's usage says so."""
+    c = client(model)
+
+    def system(topic: str) -> str:
+        return f"You are a guide to {topic}. " + " ".join(
+            f"Rule {i}: keep point {i} about {topic} short." for i in range(1, 16))
+
+    history: list[Any] = [{"role": "system", "content": system("lighthouses")},
+                          {"role": "user", "content": "Name one."}]
+    first = c.chat.completions.create(model="smollm2", messages=history, max_tokens=4,
+                                      temperature=0)
+    for topic in ("glaciers", "violins"):
+        c.chat.completions.create(model="smollm2", max_tokens=4, temperature=0, messages=[
+            {"role": "system", "content": system(topic)}, {"role": "user", "content": "Hi."}])
+    history += [{"role": "assistant", "content": first.choices[0].message.content},
+                {"role": "user", "content": "And another?"}]
+    again = c.chat.completions.create(model="smollm2", messages=history, max_tokens=4,
+                                      temperature=0)
+    assert first.usage is not None and again.usage is not None
+    details = again.usage.prompt_tokens_details
+    assert details is not None and details.cached_tokens is not None
+    # the whole first prompt (some 200 tokens) came back, not a template's few
+    assert details.cached_tokens >= first.usage.prompt_tokens > 150, (details, first.usage)
