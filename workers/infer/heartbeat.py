@@ -36,12 +36,13 @@ def gpu_profile() -> tuple[float | None, int | None]:
 def reported_blocks(held: HeldBlocks, engine: Engine, kv: KvState | None,
                     settings: Settings) -> list[int] | None:
     """The prompt blocks a worker reports: those of the prompts it ran, no more
-    than its caches can hold where the engine says how much that is (its KV
-    cache's blocks, or the tokens its contexts and host memory hold)."""
+    than its caches can hold where the engine says how much that is (the
+    tokens its contexts and host memory hold, or else its KV cache's blocks)."""
     if settings.prefix_report_blocks <= 0:
         return None
-    room = (kv.total_blocks * kv.block_tokens if kv is not None
-            else engine.cache_tokens() if isinstance(engine, HoldsPrompts) else None)
+    room = engine.cache_tokens() if isinstance(engine, HoldsPrompts) else None
+    if room is None and kv is not None:
+        room = kv.total_blocks * kv.block_tokens
     if room is not None and settings.prefix_block_tokens > 0:
         held.trim(room // settings.prefix_block_tokens)
     return held.blocks()

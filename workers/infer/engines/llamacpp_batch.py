@@ -86,9 +86,12 @@ Decisions:
   remainder; at least the prompt's last token is always evaluated, for its
   logits. What is reused is exactly that: the longest common token prefix
   with what the slot last held (the previous prompt and the answer tokens
-  that were decoded), never positions copied from another slot or context.
-  ``reused_tokens`` counts them, and the last piece reports them as
-  ``cached_tokens``.
+  that were decoded), or, with ``host_cache_bytes``, with a sequence some
+  slot of the engine moved on from, kept in host memory and copied back
+  into this slot (llamacpp_cache: the cells as the model computed them; a
+  slot's sequence stays within ``n_ctx`` positions, so the cells it frees
+  always make room for it). ``reused_tokens`` counts them, and the last
+  piece reports them as ``cached_tokens``.
 * **Temperature 0 means the same answer.** Measured on SmolLM2-135M: a greedy
   answer is the same alone, beside other streams, in either context, and with
   or without its prefix reused
@@ -147,6 +150,7 @@ from conveyor.registry import ModelSpec
 from workers.infer.engines.base import GenerationRequest, KvState, Piece
 from workers.infer.engines.llamacpp import pieces_from
 from workers.infer.engines.llamacpp_batch_context import Context, Item, Sequence
+from workers.infer.engines.llamacpp_cache import HostCache, kv_bytes_per_token
 from workers.infer.engines.llamacpp_grammar import checked_prefix
 from workers.infer.engines.llamacpp_prompts import chat_formatter, prompt_or_bos
 
@@ -166,6 +170,7 @@ class LlamaCppBatchEngine:
         n_threads: int = 1,
         prefill_chunk: int = 128,
         name: str = "llamacpp-batch",
+        host_cache_bytes: int = 0,
     ) -> None:
         if sequences < 1 or contexts < 1:
             raise ValueError("sequences and contexts must be at least 1")
@@ -188,13 +193,19 @@ class LlamaCppBatchEngine:
         self._chat: Jinja2ChatFormatter | None = None
         self._contexts: list[Context] = []
         self._slots_free: asyncio.Semaphore | None = None
+        # the KV caches of sequences their slots moved on from, for every context
+        # (llamacpp_cache)
+        self.host_cache = HostCache(host_cache_bytes) if host_cache_bytes > 0 else None
+        self._token_bytes: int | None = None  # a token's KV, from the model's metadata
 
     @classmethod
     def from_spec(cls, spec: ModelSpec, sequences: int = 8, contexts: int = 2,
-                  n_threads: int = 1, n_ctx: int | None = None) -> LlamaCppBatchEngine:
+                  n_threads: int = 1, n_ctx: int | None = None,
+                  host_cache_bytes: int = 0) -> LlamaCppBatchEngine:
         """An engine for a registry model: its GGUF file and context length."""
         return cls(spec.gguf_path(), sequences=sequences, contexts=contexts,
-                   n_ctx=n_ctx or spec.context_length, n_threads=n_threads)
+                   n_ctx=n_ctx or spec.context_length, n_threads=n_threads,
+                   host_cache_bytes=host_cache_bytes)
 
     @property
     def reused_tokens(self) -> int:
@@ -216,10 +227,11 @@ class LlamaCppBatchEngine:
         try:
             llm = self._llm = await loop.run_in_executor(executors[0], self._load_model)
             self._chat = chat_formatter(llm)
+            self._token_bytes = kv_bytes_per_token(llm.metadata)
             shares = _shares(self.capacity, self.contexts)
             for executor, share in zip(executors, shares, strict=True):
                 context = Context(llm, executor, share, self.n_ctx, self.n_threads,
-                                   self.prefill_chunk)
+                                   self.prefill_chunk, self.host_cache)
                 contexts.append(context)
                 await loop.run_in_executor(executor, context.load)
         except Exception as exc:
@@ -305,6 +317,14 @@ class LlamaCppBatchEngine:
         idle = max((c for c in room if c.assigned == least), key=lambda c: gains[c])
         held = max(room, key=lambda c: (gains[c], -c.assigned))
         return held if gains[held] - gains[idle] >= self.prefill_chunk else idle
+
+    def cache_tokens(self) -> int | None:
+        """Every slot's tokens, and what the host cache holds of a model this size
+        (base.HoldsPrompts)."""
+        held = self.capacity * self.n_ctx
+        if self.host_cache is not None and self._token_bytes:
+            held += self.host_cache.capacity_bytes // self._token_bytes
+        return held
 
     def kv_state(self) -> KvState | None:
         """All contexts' cells (a block is one token here): what running sequences

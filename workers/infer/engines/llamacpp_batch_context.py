@@ -23,6 +23,7 @@ from llama_cpp import Llama
 from conveyor.errors import EngineError
 from schemas.records import TokenLogprob
 from workers.infer.engines.base import GenerationRequest, Piece
+from workers.infer.engines.llamacpp_cache import HostCache
 from workers.infer.engines.llamacpp_grammar import CheckedSampling
 from workers.infer.engines.llamacpp_prompts import common_prefix, reuse_score
 from workers.infer.engines.llamacpp_sampling import sequence_sampler
@@ -101,8 +102,9 @@ class Context:
     thread that touches it."""
 
     def __init__(self, llm: Llama, executor: ThreadPoolExecutor, share: int, n_ctx: int,
-                 n_threads: int, prefill_chunk: int) -> None:
+                 n_threads: int, prefill_chunk: int, host: HostCache | None = None) -> None:
         self.llm = llm
+        self.host = host
         self.executor = executor
         self.share = share
         self.n_ctx = n_ctx
@@ -223,6 +225,8 @@ class Context:
                        key=lambda s: (reuse_score(s.cached, tokens), -s.freed) if reuse
                        else (-len(s.cached), -s.freed))
             kept = min(common_prefix(slot.cached, tokens), len(tokens) - 1) if reuse else 0
+            if self.host is not None:
+                kept = self._through_host(self.host, slot, tokens, kept, reuse)
             memory = llama_cpp.llama_get_memory(self._ctx)
             if not llama_cpp.llama_memory_seq_rm(memory, slot.seq_id, kept, -1):
                 kept = 0
@@ -238,6 +242,22 @@ class Context:
         self.reused_tokens += kept
         self.prompt_tokens += len(tokens)
         self._active.append(sequence)
+
+    def _through_host(self, host: HostCache, slot: _Slot, tokens: list[int], kept: int,
+                      reuse: bool) -> int:
+        """The slot's cache saved to host memory if the prompt throws it away, and a
+        saved sequence that serves the prompt better put in its place
+        (llamacpp_cache): what the slot keeps for the prompt then."""
+        entry = host.take(tokens, kept + host.min_tokens) if reuse else None
+        if len(slot.cached) - kept >= host.min_tokens:
+            host.save(self._ctx, slot.seq_id, slot.cached)
+        if entry is None:
+            return kept
+        if not host.restore(self._ctx, slot.seq_id, entry):
+            slot.cached.clear()
+            return 0
+        slot.cached[:] = entry.tokens
+        return min(common_prefix(slot.cached, tokens), len(tokens) - 1)
 
     def _step(self) -> None:
         """One ``llama_decode`` for every running sequence, then one token each."""

@@ -33,6 +33,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import llama_cpp
 import numpy as np
@@ -81,30 +82,38 @@ class HostCache:
         self.stats = HostCacheStats()
 
     def before_prompt(self, llm: Llama, tokens: Sequence[int], restore: bool = True) -> None:
-        """Called on the context's own thread before it evaluates ``tokens``:
-        saves what the context holds if the prompt would throw it away, and
-        (``restore``) restores a saved sequence that shares more of the prompt."""
+        """For an engine of one sequence a context (llama-cpp-python's ``Llama``),
+        on the context's own thread before it evaluates ``tokens``: saves what
+        the context holds if the prompt would throw it away, and (``restore``)
+        restores a saved sequence that shares more of the prompt."""
         held = llm.input_ids[:llm.n_tokens].tolist()
         shared = common_prefix(held, tokens)
-        entry = self._take(tokens, shared + self.min_tokens) if restore else None
+        entry = self.take(tokens, shared + self.min_tokens) if restore else None
         if len(held) - shared >= self.min_tokens:
-            self._save(llm, held)
-        if entry is not None:
-            self._restore(llm, entry)
+            self.save(llm.ctx, _SEQ, held)
+        if entry is None:
+            return
+        llm.n_tokens = 0
+        if self.restore(llm.ctx, _SEQ, entry):
+            n = len(entry.tokens)
+            llm.input_ids[:n] = entry.tokens
+            llm.n_tokens = n
+            llm._requires_eval = True  # the logits are not restored: decode before sampling
 
-    def _save(self, llm: Llama, held: list[int]) -> None:
+    def save(self, ctx: Any, seq_id: int, held: Sequence[int]) -> None:
+        """Copies sequence ``seq_id`` of ``ctx``, whose cells hold ``held``, out
+        (unless it is here already)."""
         key = tuple(held)
         with self._lock:
             if key in self._entries:
                 self._entries.move_to_end(key)
                 return
-        ctx = llm.ctx
-        size = llama_cpp.llama_state_seq_get_size(ctx, _SEQ)
+        size = llama_cpp.llama_state_seq_get_size(ctx, seq_id)
         if size <= 0 or size > self.capacity_bytes:
             return
         state = bytearray(size)
         buffer = (ctypes.c_uint8 * size).from_buffer(state)
-        written = llama_cpp.llama_state_seq_get_data(ctx, buffer, size, _SEQ)
+        written = llama_cpp.llama_state_seq_get_data(ctx, buffer, size, seq_id)
         del buffer  # the bytearray may not be resized while a view exports it
         if written <= 0:
             return
@@ -121,7 +130,7 @@ class HostCache:
                 self.stats.evicted += 1
             self._count()
 
-    def _take(self, tokens: Sequence[int], at_least: int) -> _Entry | None:
+    def take(self, tokens: Sequence[int], at_least: int) -> _Entry | None:
         """The saved sequence sharing the most leading tokens with ``tokens``,
         if that is ``at_least`` tokens, out of the cache: the context it goes
         into holds it now (and saves it again, grown, when it moves on)."""
@@ -140,23 +149,23 @@ class HostCache:
             self._drop(best)
             return entry
 
-    def _restore(self, llm: Llama, entry: _Entry) -> None:
+    def restore(self, ctx: Any, seq_id: int, entry: _Entry) -> bool:
+        """Sequence ``seq_id`` of ``ctx`` emptied and given ``entry``'s cells
+        (which hold ``entry.tokens``); False: it could not be, and stays empty."""
+        memory = llama_cpp.llama_get_memory(ctx)
+        llama_cpp.llama_memory_seq_rm(memory, seq_id, -1, -1)
         state = entry.state
         buffer = (ctypes.c_uint8 * len(state)).from_buffer(state)
-        llm.n_tokens = 0
-        llm._ctx.kv_cache_seq_rm(-1, 0, -1)
         try:
-            if llama_cpp.llama_state_seq_set_data(llm.ctx, buffer, len(state), _SEQ) == 0:
-                llm._ctx.kv_cache_seq_rm(-1, 0, -1)  # a partial copy is no cache
-                return
+            restored = llama_cpp.llama_state_seq_set_data(ctx, buffer, len(state), seq_id) > 0
         finally:
             del buffer
-        n = len(entry.tokens)
-        llm.input_ids[:n] = entry.tokens
-        llm.n_tokens = n
-        llm._requires_eval = True  # the logits are not restored: decode before sampling
+        if not restored:
+            llama_cpp.llama_memory_seq_rm(memory, seq_id, -1, -1)  # a partial copy is no cache
+            return False
         with self._lock:
             self.stats.restored += 1
+        return True
 
     def _drop(self, key: tuple[int, ...]) -> None:
         entry = self._entries.pop(key)

@@ -105,6 +105,12 @@ def _milliseconds(value: str) -> float:
 _CONTEXTS: dict[str, Any] = {"type": _positive_int, "default": 2}
 
 
+def _host_cache_flag(flags: EngineFlags) -> None:
+    flags.add("--host-cache-mib", type=_non_negative_int, default=1024, metavar="MIB",
+              help="host memory for the KV caches of conversations a context (or slot) "
+                   "moved on from, restored when their next turn comes (0: none)")
+
+
 def _model_set_flags(flags: EngineFlags) -> None:
     flags.add("--models", default=None, metavar="NAMES",
               help="the pool's models this worker serves, comma-separated, or 'all' "
@@ -154,9 +160,7 @@ def _llamacpp_flags(flags: EngineFlags) -> None:
     flags.add("--contexts", **_CONTEXTS,
               help="sequences served at once, each in a llama.cpp context of its own")
     flags.add("--threads", type=_positive_int, default=1, help="threads per context")
-    flags.add("--host-cache-mib", type=_non_negative_int, default=1024, metavar="MIB",
-              help="host memory for the KV caches of conversations a context moved on "
-                   "from, restored when their next turn comes (0: none)")
+    _host_cache_flag(flags)
     _model_set_flags(flags)
 
 
@@ -181,6 +185,7 @@ def _llamacpp_batch_flags(flags: EngineFlags) -> None:
     flags.add("--max-model-len", type=_positive_int, default=None, metavar="TOKENS",
               help="each sequence's prompt and answer together (default: the model's "
                    "context length)")
+    _host_cache_flag(flags)
     _model_set_flags(flags)
 
 
@@ -189,7 +194,7 @@ def _llamacpp_batch(args: argparse.Namespace, registry: Registry) -> Engine:
 
     return _served(args, registry, lambda spec: LlamaCppBatchEngine.from_spec(
         spec, sequences=args.contexts, contexts=args.batches, n_threads=args.threads,
-        n_ctx=args.max_model_len))
+        n_ctx=args.max_model_len, host_cache_bytes=args.host_cache_mib << 20))
 
 
 def _openai_flags(flags: EngineFlags) -> None:

@@ -85,7 +85,8 @@ def test_a_worker_reports_no_more_blocks_than_its_caches_hold() -> None:
     assert report(Holds(30 * 64 + 10), None) == list(range(70, 100))  # the most recent
     kv = KvState(usage=0.0, total_blocks=40, free_blocks=40, cached_blocks=0, block_tokens=16,
                  prefix_queries=0, prefix_hits=0)
-    assert report(Holds(30 * 64), kv) == list(range(90, 100))  # 640 tokens of KV: 10 blocks
+    assert report(Holds(None), kv) == list(range(90, 100))  # 640 tokens of KV: 10 blocks
+    assert report(Holds(30 * 64), kv) == list(range(70, 100))  # and host memory behind it
     assert reported_blocks(HeldBlocks(), cast(Engine, object()), None,
                            Settings(prefix_report_blocks=0)) is None
 

@@ -6,11 +6,15 @@ its bound."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from conveyor.registry import Registry
 from workers.infer.engines.base import GenerationRequest
 from workers.infer.engines.llamacpp import LlamaCppEngine
+from workers.infer.engines.llamacpp_batch import LlamaCppBatchEngine
 
 LIGHTHOUSES = "You are a guide to lighthouses. " + " ".join(
     f"Rule {i}: keep answer {i} short and name sources." for i in range(30))
@@ -26,12 +30,22 @@ def engine(host_cache_bytes: int) -> LlamaCppEngine:
     return LlamaCppEngine.from_spec(spec, contexts=1, host_cache_bytes=host_cache_bytes)
 
 
-async def ask(made: LlamaCppEngine, prompt: str, seed: int | None = None) -> tuple[str, float]:
+def batch_engine(host_cache_bytes: int) -> LlamaCppBatchEngine:
+    """One slot of one batched context: the slot's cache is what moves on."""
+    spec = Registry.load(Path("conveyor/models.toml")).resolve("smollm2")
+    return LlamaCppBatchEngine.from_spec(spec, sequences=1, contexts=1, n_ctx=1024,
+                                         host_cache_bytes=host_cache_bytes)
+
+
+Made = LlamaCppEngine | LlamaCppBatchEngine
+
+
+async def ask(made: Made, prompt: str, seed: int | None = None) -> tuple[str, float]:
     text, _, took = await asked(made, prompt, seed)
     return text, took
 
 
-async def asked(made: LlamaCppEngine, prompt: str,
+async def asked(made: Made, prompt: str,
                 seed: int | None = None) -> tuple[str, int | None, float]:
     """The answer, its cached_tokens, and the seconds it took."""
     req = GenerationRequest(request_id="r", kind="completion", model="smollm2",
@@ -41,11 +55,13 @@ async def asked(made: LlamaCppEngine, prompt: str,
     return "".join(p.text for p in pieces), pieces[-1].cached_tokens, time.perf_counter() - start
 
 
-async def test_a_conversation_finds_its_cache_after_its_context_moved_on() -> None:
-    """One context, two conversations in turn: the first one's next turn is
-    restored from host memory (its history is not evaluated again) and gives
-    the answer it gives where the context never left it."""
-    cached, plain = engine(256 << 20), engine(0)
+@pytest.mark.parametrize("make", [engine, batch_engine], ids=["llamacpp", "llamacpp-batch"])
+async def test_a_conversation_finds_its_cache_after_its_context_moved_on(
+        make: Callable[[int], Made]) -> None:
+    """One context (or slot), two conversations in turn: the first one's next
+    turn is restored from host memory (its history is not evaluated again) and
+    gives the answer it gives where the context never left it."""
+    cached, plain = make(256 << 20), make(0)
     await cached.start()
     await plain.start()
     try:
@@ -64,8 +80,8 @@ async def test_a_conversation_finds_its_cache_after_its_context_moved_on() -> No
         assert answer == (await ask(plain, LIGHTHOUSES + QUESTION))[0]
         assert restored < whole / 3, (restored, whole)  # about 0.1 s against 2 s here
         # what the worker reports at most: its context, and 256 MiB of 23,040-byte tokens
-        assert cached.cache_tokens() == cached.n_ctx + (256 << 20) // 23_040
-        assert plain.cache_tokens() == plain.n_ctx
+        assert cached.cache_tokens() == cached.capacity * cached.n_ctx + (256 << 20) // 23_040
+        assert plain.cache_tokens() == plain.capacity * plain.n_ctx
     finally:
         await cached.close()
         await plain.close()
