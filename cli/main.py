@@ -252,10 +252,11 @@ async def _run_infer(settings: Settings, args: argparse.Namespace) -> None:
     worker = InferWorker(settings, engine, args.pool, registry, worker_id=args.worker_id,
                          tracer=tracing.tracer)
     from conveyor.metrics import WorkerMetrics, process_metrics
+    from workers.infer.engines.base import host_cache_counts
 
     metrics = process_metrics(settings, f"infer-{args.pool}")
     worker.dead_lettered = WorkerMetrics(metrics.meter, worker.worker_id, args.pool,
-                                         worker.load).dead_letter
+                                         worker.load, host_cache_counts(engine)).dead_letter
     _on_signals(worker.stop)
     from topics.models import follow_published
 

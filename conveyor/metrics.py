@@ -285,7 +285,8 @@ class WorkerMetrics:
     at each scrape from ``load`` (capacity, running, queued), and its dead
     letters."""
 
-    def __init__(self, meter: Meter, worker_id: str, pool: str, load: Load) -> None:
+    def __init__(self, meter: Meter, worker_id: str, pool: str, load: Load,
+                 host_cache: Callable[[], Mapping[str, int] | None] | None = None) -> None:
         self._load = load
         self._attrs = {"conveyor.worker": worker_id, "conveyor.pool": pool}
         for index, (name, what) in enumerate((
@@ -295,6 +296,8 @@ class WorkerMetrics:
             meter.create_observable_gauge(f"conveyor.worker.{name}",
                                           callbacks=[self._observer(index)],
                                           unit="{request}", description=what)
+        if host_cache is not None:
+            self._host_cache_metrics(meter, host_cache)
         # infer is a layer of the pipeline: its dead letters are counted as the
         # other layers' are, under conveyor.layer="infer"
         self._dead_letters = meter.create_counter(
@@ -310,3 +313,27 @@ class WorkerMetrics:
         def observe(options: CallbackOptions) -> Iterable[Observation]:
             return [Observation(self._load()[index], self._attrs)]
         return observe
+
+    def _host_cache_metrics(self, meter: Meter,
+                            stats: Callable[[], Mapping[str, int] | None]) -> None:
+        """The llama.cpp engines' host-memory cache (``--host-cache-mib``), read at
+        each scrape: what it holds, and what it saved, restored and evicted."""
+
+        def observer(key: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+            def observe(options: CallbackOptions) -> Iterable[Observation]:
+                now = stats()
+                return [] if now is None else [Observation(now[key], self._attrs)]
+            return observe
+
+        meter.create_observable_gauge(
+            "conveyor.worker.host_cache.size", callbacks=[observer("held_bytes")], unit="By",
+            description="Bytes of KV cache the worker keeps in host memory.")
+        meter.create_observable_gauge(
+            "conveyor.worker.host_cache.entries", callbacks=[observer("entries")],
+            unit="{sequence}", description="Sequences the worker keeps in host memory.")
+        for name, what in (("saved", "copied out of a context that moved on"),
+                           ("restored", "copied back for a prompt they served"),
+                           ("evicted", "dropped for room")):
+            meter.create_observable_counter(
+                f"conveyor.worker.host_cache.{name}", callbacks=[observer(name)],
+                unit="{sequence}", description=f"Sequences of the host cache {what}.")

@@ -108,6 +108,23 @@ def test_a_worker_reports_capacity_running_and_queued_at_each_scrape() -> None:
     metrics.shutdown()
 
 
+def test_a_workers_host_cache_is_read_at_each_scrape() -> None:
+    """What the llama.cpp engines keep in host memory, and what they saved,
+    restored and evicted; nothing while the engine keeps no host cache."""
+    metrics = Metrics("infer-cpu")
+    counts: dict[str, int] | None = None
+    WorkerMetrics(metrics.meter, "w0", "cpu", lambda: (1, 0, 0), lambda: counts)
+    assert "conveyor_worker_host_cache" not in metrics.exposition().decode()
+    counts = {"saved": 5, "restored": 3, "evicted": 1, "held_bytes": 9_500_000, "entries": 4}
+    samples = _samples(metrics.exposition().decode())
+    assert _value(samples, "conveyor_worker_host_cache_size_bytes", conveyor_worker="w0") == 9.5e6
+    assert _value(samples, "conveyor_worker_host_cache_entries") == 4
+    assert _value(samples, "conveyor_worker_host_cache_saved_total") == 5
+    assert _value(samples, "conveyor_worker_host_cache_restored_total") == 3
+    assert _value(samples, "conveyor_worker_host_cache_evicted_total") == 1
+    metrics.shutdown()
+
+
 def test_a_workers_dead_letters_count_as_the_infer_layers() -> None:
     metrics = Metrics("infer-cpu")
     worker = WorkerMetrics(metrics.meter, "w0", "cpu", lambda: (1, 0, 0))

@@ -9,13 +9,14 @@ frees its slot promptly.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import asdict, dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
 from schemas.records import Message, ResponseFormat, TokenLogprob
 
-__all__ = ["GenerationRequest", "Piece", "Engine", "HoldsPrompts", "KvState"]
+__all__ = ["GenerationRequest", "Piece", "Engine", "HoldsPrompts", "HostCacheStats",
+           "KeepsHostCache", "KvState", "host_cache_counts"]
 
 
 @dataclass(frozen=True)
@@ -129,3 +130,37 @@ class HoldsPrompts(Protocol):
     def cache_tokens(self) -> int | None:
         """The tokens its caches hold at most; None: it cannot say."""
         ...
+
+
+@dataclass
+class HostCacheStats:
+    """What a llama.cpp engine's host-memory cache did (llamacpp_cache), for metrics."""
+
+    saved: int = 0  # sequences copied out
+    restored: int = 0  # sequences copied back in
+    evicted: int = 0  # dropped for room
+    held_bytes: int = 0
+    entries: int = 0
+
+
+@runtime_checkable
+class KeepsHostCache(Protocol):
+    """An engine that keeps KV caches in host memory behind its contexts."""
+
+    def host_cache_stats(self) -> HostCacheStats | None:
+        """Its counts so far; None: it keeps none (switched off)."""
+        ...
+
+
+def host_cache_counts(engine: Engine) -> Callable[[], dict[str, int] | None] | None:
+    """The engine's host-cache counts as a mapping, read at each metrics scrape;
+    None for an engine that keeps no host cache."""
+    if not isinstance(engine, KeepsHostCache):
+        return None
+    keeper = engine
+
+    def read() -> dict[str, int] | None:
+        stats = keeper.host_cache_stats()
+        return None if stats is None else asdict(stats)
+
+    return read

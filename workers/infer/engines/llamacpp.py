@@ -70,7 +70,7 @@ import asyncio
 import threading
 from collections.abc import AsyncGenerator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -82,7 +82,7 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 from conveyor.errors import EngineError, RequestError
 from conveyor.registry import ModelSpec
 from schemas.records import TokenLogprob
-from workers.infer.engines.base import GenerationRequest, KvState, Piece
+from workers.infer.engines.base import GenerationRequest, HostCacheStats, KvState, Piece
 from workers.infer.engines.llamacpp_cache import HostCache, kv_bytes_per_token
 from workers.infer.engines.llamacpp_grammar import HeldSampler, constrained
 from workers.infer.engines.llamacpp_prompts import (
@@ -359,6 +359,10 @@ class LlamaCppEngine:
 
     def kv_state(self) -> KvState | None:
         return None  # no KV cache the worker can see (see base.Engine)
+
+    def host_cache_stats(self) -> HostCacheStats | None:
+        """What its host cache did so far (base.KeepsHostCache)."""
+        return replace(self.host_cache.stats) if self.host_cache is not None else None
 
     def cache_tokens(self) -> int | None:
         """The contexts' tokens, and what the host cache holds of a model this size

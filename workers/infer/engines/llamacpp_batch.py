@@ -139,6 +139,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -147,7 +148,7 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from conveyor.errors import EngineError
 from conveyor.registry import ModelSpec
-from workers.infer.engines.base import GenerationRequest, KvState, Piece
+from workers.infer.engines.base import GenerationRequest, HostCacheStats, KvState, Piece
 from workers.infer.engines.llamacpp import pieces_from
 from workers.infer.engines.llamacpp_batch_context import Context, Item, Sequence
 from workers.infer.engines.llamacpp_cache import HostCache, kv_bytes_per_token
@@ -317,6 +318,10 @@ class LlamaCppBatchEngine:
         idle = max((c for c in room if c.assigned == least), key=lambda c: gains[c])
         held = max(room, key=lambda c: (gains[c], -c.assigned))
         return held if gains[held] - gains[idle] >= self.prefill_chunk else idle
+
+    def host_cache_stats(self) -> HostCacheStats | None:
+        """What its host cache did so far (base.KeepsHostCache)."""
+        return replace(self.host_cache.stats) if self.host_cache is not None else None
 
     def cache_tokens(self) -> int | None:
         """Every slot's tokens, and what the host cache holds of a model this size

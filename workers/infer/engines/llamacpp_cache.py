@@ -40,20 +40,12 @@ import numpy as np
 import numpy.typing as npt
 from llama_cpp import Llama
 
+from workers.infer.engines.base import HostCacheStats
 from workers.infer.engines.llamacpp_prompts import common_prefix
 
-__all__ = ["HostCache", "HostCacheStats", "kv_bytes_per_token"]
+__all__ = ["HostCache", "kv_bytes_per_token"]
 
 _SEQ = 0  # llama-cpp-python's Llama keeps its one sequence as sequence 0
-
-
-@dataclass
-class HostCacheStats:
-    saved: int = 0  # sequences copied out
-    restored: int = 0  # sequences copied back in
-    evicted: int = 0  # dropped for room
-    held_bytes: int = 0
-    entries: int = 0
 
 
 @dataclass

@@ -31,11 +31,19 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from conveyor.errors import EngineError
 from conveyor.registry import ModelSpec
-from workers.infer.engines.base import Engine, GenerationRequest, HoldsPrompts, KvState, Piece
+from workers.infer.engines.base import (
+    Engine,
+    GenerationRequest,
+    HoldsPrompts,
+    HostCacheStats,
+    KeepsHostCache,
+    KvState,
+    Piece,
+)
 
 __all__ = ["ModelSet"]
 
@@ -102,6 +110,16 @@ class ModelSet:
         if not self._loaded:
             return None
         return next(reversed(self._loaded.values())).engine.kv_state()
+
+    def host_cache_stats(self) -> HostCacheStats | None:
+        """What the loaded models' host caches did, together (base.KeepsHostCache)."""
+        found = [stats for held in self._loaded.values()
+                 if isinstance(held.engine, KeepsHostCache)
+                 and (stats := held.engine.host_cache_stats()) is not None]
+        if not found:
+            return None
+        return HostCacheStats(*(sum(getattr(stats, f.name) for stats in found)
+                                for f in fields(HostCacheStats)))
 
     def cache_tokens(self) -> int | None:
         """What the caches of the model used last hold (base.HoldsPrompts)."""

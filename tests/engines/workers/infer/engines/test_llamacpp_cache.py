@@ -82,6 +82,10 @@ async def test_a_conversation_finds_its_cache_after_its_context_moved_on(
         # what the worker reports at most: its context, and 256 MiB of 23,040-byte tokens
         assert cached.cache_tokens() == cached.capacity * cached.n_ctx + (256 << 20) // 23_040
         assert plain.cache_tokens() == plain.capacity * plain.n_ctx
+        # what the worker's metrics read
+        stats = cached.host_cache_stats()
+        assert stats is not None and (stats.saved, stats.restored) == (2, 1)
+        assert plain.host_cache_stats() is None
     finally:
         await cached.close()
         await plain.close()

@@ -11,7 +11,7 @@ import pytest
 
 from conveyor.errors import EngineError
 from conveyor.registry import ModelSpec
-from workers.infer.engines.base import GenerationRequest
+from workers.infer.engines.base import GenerationRequest, HostCacheStats, host_cache_counts
 from workers.infer.engines.model_set import ModelSet
 from workers.infer.engines.scripted import ScriptedEngine
 
@@ -103,3 +103,21 @@ async def test_a_model_larger_than_the_budget_fails_its_request() -> None:
 def test_warm_models_must_be_served() -> None:
     with pytest.raises(ValueError, match="not among"):
         made(warm=["z"])
+
+
+class Cached(Counted):
+    """A scripted engine with a host cache that saved one sequence per model letter."""
+
+    def host_cache_stats(self) -> HostCacheStats | None:
+        return HostCacheStats(saved=ord(self.model) - ord("a") + 1, held_bytes=MIB, entries=1)
+
+
+async def test_the_loaded_models_host_caches_count_together() -> None:
+    models = ModelSet(SPECS, lambda spec: Cached(spec.name), warm=["a", "c"],
+                      cost=lambda spec, engine: 100 * MIB)  # type: ignore[arg-type]
+    counts = host_cache_counts(models)
+    assert counts is not None and counts() is None  # nothing loaded yet
+    await models.start()
+    assert counts() == {"saved": 1 + 3, "restored": 0, "evicted": 0,
+                        "held_bytes": 2 * MIB, "entries": 2}
+    await models.close()
