@@ -56,7 +56,8 @@ def describe(beat: WorkerHeartbeat, settings: Settings, now: int,
         "partitions": beat["partitions"], "capacity": beat["capacity"],
         "running": beat["running"], "queued": beat["queued"], "host": beat["host"],
         "gpu_utilization": beat["gpu_utilization"], "gpu_memory_free": beat["gpu_memory_free"],
-        "kv": kv_out, "heartbeat_age_s": round(age_s, 1),
+        "kv": kv_out, "host_cache": beat.get("host_cache"),
+        "heartbeat_age_s": round(age_s, 1),
         "prefill_tps": _rounded(beat.get("prefill_tps")),
         "tpot_ms": _rounded(beat.get("tpot_ms")),
         "breaker": describe_breaker(breaker, now),
@@ -70,6 +71,14 @@ def _kv_text(kv: dict[str, Any] | None) -> str:
     hits = "" if kv["prefix_hit_rate"] is None else f" hits {kv['prefix_hit_rate']:.0%}"
     return (f"{kv['usage']:.0%} used, {kv['free_blocks']}/{kv['total_blocks']} free"
             f"{cached}{hits} ({kv['block_tokens']} tok/block)")
+
+
+def _host_cache_text(held: dict[str, Any] | None) -> str:
+    """The llama.cpp engines' caches in host memory (``--host-cache-mib``)."""
+    if held is None:
+        return "-"
+    return (f"{held['entries']} seq {held['held_bytes'] / (1 << 20):.0f} MiB, "
+            f"{held['restored']}/{held['saved']} restored")
 
 
 def _gpu_text(row: dict[str, Any]) -> str:
@@ -108,12 +117,13 @@ def render(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "no worker has sent a heartbeat"
     header = ("WORKER", "POOL", "ENGINE", "MODELS", "STATE", "LIVE", "RUN/CAP", "QUEUED",
-              "PARTS", "KV", "SPEED", "GPU", "BREAKER", "HOST", "AGE")
+              "PARTS", "KV", "HOST CACHE", "SPEED", "GPU", "BREAKER", "HOST", "AGE")
     lines = [header] + [(
         r["worker_id"], r["pool"], r["engine"], _models_text(r), r["state"],
         "yes" if r["live"] else "no",
         f"{r['running']}/{r['capacity']}", str(r["queued"]), str(len(r["partitions"])),
-        _kv_text(r["kv"]), _speed_text(r), _gpu_text(r), _breaker_text(r["breaker"]), r["host"],
+        _kv_text(r["kv"]), _host_cache_text(r["host_cache"]), _speed_text(r), _gpu_text(r),
+        _breaker_text(r["breaker"]), r["host"],
         f"{r['heartbeat_age_s']:.0f}s")
         for r in rows]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]

@@ -11,6 +11,7 @@ from typing import Literal, NotRequired, TypedDict
 
 __all__ = [
     "ChunkHeader",
+    "HostCache",
     "KvCache",
     "Control",
     "DeadLetter",
@@ -261,6 +262,14 @@ class KvCache(TypedDict):
     prefix_hits: int
 
 
+class HostCache(TypedDict):
+    held_bytes: int
+    entries: int
+    saved: int
+    restored: int
+    evicted: int
+
+
 class ModelRegistry(TypedDict):
     text: str
     digest: str
@@ -310,6 +319,7 @@ class WorkerHeartbeat(TypedDict):
     tpot_ms: NotRequired[float | None]  # measured: milliseconds a token after the first
     # the prompt blocks its KV cache holds, most recent last (None: it does not say)
     prefix_blocks: NotRequired[list[int] | None]
+    host_cache: NotRequired[HostCache | None]  # the llama.cpp engines' (None: none kept)
 
 
 class DeadLetter(TypedDict):

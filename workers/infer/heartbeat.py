@@ -7,14 +7,20 @@ from collections.abc import Callable
 from typing import Literal, NamedTuple
 
 from conveyor.settings import Settings
-from schemas.records import KvCache, WorkerHeartbeat
+from schemas.records import HostCache, KvCache, WorkerHeartbeat
 from topics.catalog import WORKERS
 from topics.envelope import now_ms
-from workers.infer.engines.base import Engine, HoldsPrompts, KvState
+from workers.infer.engines.base import (
+    Engine,
+    HoldsPrompts,
+    HostCacheStats,
+    KeepsHostCache,
+    KvState,
+)
 from workers.outputs import Output, Sender
 from workers.prefix import HeldBlocks
 
-__all__ = ["Heartbeat", "Snapshot", "gpu_profile", "reported_blocks"]
+__all__ = ["Heartbeat", "Snapshot", "gpu_profile", "host_cache_of", "reported_blocks"]
 
 
 def gpu_profile() -> tuple[float | None, int | None]:
@@ -48,6 +54,11 @@ def reported_blocks(held: HeldBlocks, engine: Engine, kv: KvState | None,
     return held.blocks()
 
 
+def host_cache_of(engine: Engine) -> HostCacheStats | None:
+    """The engine's host-memory cache counts, where it keeps one."""
+    return engine.host_cache_stats() if isinstance(engine, KeepsHostCache) else None
+
+
 class Snapshot(NamedTuple):
     """What a worker holds at a heartbeat."""
 
@@ -69,6 +80,8 @@ class Snapshot(NamedTuple):
     # the prompt blocks its KV cache holds, most recent last (workers/prefix.py);
     # None: it does not say
     prefix_blocks: list[int] | None = None
+    # the llama.cpp engines' host-memory cache (None: the engine keeps none)
+    host_cache: HostCacheStats | None = None
 
 
 class Heartbeat:
@@ -102,6 +115,10 @@ class Heartbeat:
                 free_blocks=now.kv.free_blocks, cached_blocks=now.kv.cached_blocks,
                 block_tokens=now.kv.block_tokens, prefix_queries=now.kv.prefix_queries,
                 prefix_hits=now.kv.prefix_hits),
+            host_cache=None if now.host_cache is None else HostCache(
+                held_bytes=now.host_cache.held_bytes, entries=now.host_cache.entries,
+                saved=now.host_cache.saved, restored=now.host_cache.restored,
+                evicted=now.host_cache.evicted),
         )
         await self.sender.deliver(Output(WORKERS.at(self.settings), "WorkerHeartbeat",
                                          record, key=self.worker_id))

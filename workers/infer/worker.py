@@ -69,7 +69,7 @@ from workers.cancels import CancelList
 from workers.infer.engines.base import Engine
 from workers.infer.gateways import GatewayWatch
 from workers.infer.generation import TaskRun
-from workers.infer.heartbeat import Heartbeat, Snapshot, reported_blocks
+from workers.infer.heartbeat import Heartbeat, Snapshot, host_cache_of, reported_blocks
 from workers.infer.membership import join_pool
 from workers.infer.offsets import InFlightOffsets
 from workers.infer.progress import ProgressTracker
@@ -390,7 +390,8 @@ class InferWorker:
                         interactive, self.interactive_ms, kv,
                         self.speed.prefill_tps, self.speed.tpot_ms,
                         self.engine.loaded,
-                        reported_blocks(self.held, self.engine, kv, self.settings))
+                        reported_blocks(self.held, self.engine, kv, self.settings),
+                        host_cache_of(self.engine))
 
     async def _beat(self, heartbeat: Heartbeat) -> None:
         """One heartbeat, then wait for the next (or an early one)."""

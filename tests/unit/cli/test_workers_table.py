@@ -47,3 +47,15 @@ def test_the_table_shows_each_worker_s_breaker() -> None:
     assert rows[1]["breaker"]["state"] == "closed"
     lines = render(rows).splitlines()
     assert "BREAKER" in lines[0] and "open 12s" in lines[1] and "closed" in lines[2]
+
+
+def test_the_table_shows_the_host_cache_of_a_llamacpp_worker() -> None:
+    settings = Settings(topic_prefix="workers-table")
+    now = now_ms()
+    held = {"held_bytes": 300 << 20, "entries": 12, "saved": 40, "restored": 31, "evicted": 2}
+    rows = [describe(beat("a", 500, host_cache=held), settings, now),
+            describe(beat("b", 500), settings, now)]
+    assert rows[0]["host_cache"] == held and rows[1]["host_cache"] is None
+    lines = render(rows).splitlines()
+    assert "HOST CACHE" in lines[0]
+    assert "12 seq 300 MiB, 31/40 restored" in lines[1]

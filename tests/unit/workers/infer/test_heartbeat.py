@@ -8,7 +8,7 @@ from typing import Any, cast
 
 from conveyor.settings import Settings
 from schemas.codec import default_codec
-from workers.infer.engines.base import Engine, KvState
+from workers.infer.engines.base import Engine, HostCacheStats, KvState
 from workers.infer.engines.llamacpp_cache import kv_bytes_per_token
 from workers.infer.heartbeat import Heartbeat, Snapshot, reported_blocks
 from workers.outputs import Output, Sender
@@ -25,11 +25,13 @@ class Delivered:
         self.outputs.append(output)
 
 
-async def beat(kv: KvState | None, prefix_blocks: list[int] | None = None) -> dict[str, Any]:
+async def beat(kv: KvState | None, prefix_blocks: list[int] | None = None,
+               host_cache: HostCacheStats | None = None) -> dict[str, Any]:
     sent = Delivered()
     heartbeat = Heartbeat(Settings(topic_prefix="hb"), cast(Sender, sent), "w0", "cpu",
                           "llamacpp-batch", ["smollm2"], 4,
-                          lambda: Snapshot([0, 1], 1, 0, kv=kv, prefix_blocks=prefix_blocks))
+                          lambda: Snapshot([0, 1], 1, 0, kv=kv, prefix_blocks=prefix_blocks,
+                                           host_cache=host_cache))
     await heartbeat.beat()
     [output] = sent.outputs
     codec = default_codec()
@@ -68,6 +70,13 @@ class Holds:
 
     def cache_tokens(self) -> int | None:
         return self.tokens
+
+
+async def test_the_host_cache_goes_out_with_the_heartbeat() -> None:
+    stats = HostCacheStats(saved=9, restored=4, evicted=1, held_bytes=50 << 20, entries=5)
+    assert (await beat(None, host_cache=stats))["host_cache"] == {
+        "held_bytes": 50 << 20, "entries": 5, "saved": 9, "restored": 4, "evicted": 1}
+    assert (await beat(None))["host_cache"] is None
 
 
 def test_a_worker_reports_no_more_blocks_than_its_caches_hold() -> None:
