@@ -70,7 +70,7 @@ import asyncio
 import threading
 from collections.abc import AsyncGenerator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -83,7 +83,12 @@ from conveyor.errors import EngineError, RequestError
 from conveyor.registry import ModelSpec
 from schemas.records import TokenLogprob
 from workers.infer.engines.base import GenerationRequest, HostCacheStats, KvState, Piece
-from workers.infer.engines.llamacpp_cache import HostCache, kv_bytes_per_token
+from workers.infer.engines.llamacpp_cache import (
+    HostCache,
+    held_tokens,
+    kv_bytes_per_token,
+    stats_of,
+)
 from workers.infer.engines.llamacpp_grammar import HeldSampler, constrained
 from workers.infer.engines.llamacpp_prompts import (
     chat_formatter,
@@ -361,16 +366,11 @@ class LlamaCppEngine:
         return None  # no KV cache the worker can see (see base.Engine)
 
     def host_cache_stats(self) -> HostCacheStats | None:
-        """What its host cache did so far (base.KeepsHostCache)."""
-        return replace(self.host_cache.stats) if self.host_cache is not None else None
+        return stats_of(self.host_cache)
 
     def cache_tokens(self) -> int | None:
-        """The contexts' tokens, and what the host cache holds of a model this size
-        (base.HoldsPrompts)."""
-        held = self.capacity * self.n_ctx
-        if self.host_cache is not None and self._token_bytes:
-            held += self.host_cache.capacity_bytes // self._token_bytes
-        return held
+        """The contexts' tokens, and its host cache's (base.HoldsPrompts)."""
+        return held_tokens(self.capacity * self.n_ctx, self.host_cache, self._token_bytes)
 
     async def close(self) -> None:
         """Cancel what runs, wait for the threads, free the models."""

@@ -139,7 +139,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -151,7 +150,12 @@ from conveyor.registry import ModelSpec
 from workers.infer.engines.base import GenerationRequest, HostCacheStats, KvState, Piece
 from workers.infer.engines.llamacpp import pieces_from
 from workers.infer.engines.llamacpp_batch_context import Context, Item, Sequence
-from workers.infer.engines.llamacpp_cache import HostCache, kv_bytes_per_token
+from workers.infer.engines.llamacpp_cache import (
+    HostCache,
+    held_tokens,
+    kv_bytes_per_token,
+    stats_of,
+)
 from workers.infer.engines.llamacpp_grammar import checked_prefix
 from workers.infer.engines.llamacpp_prompts import chat_formatter, prompt_or_bos
 
@@ -320,16 +324,11 @@ class LlamaCppBatchEngine:
         return held if gains[held] - gains[idle] >= self.prefill_chunk else idle
 
     def host_cache_stats(self) -> HostCacheStats | None:
-        """What its host cache did so far (base.KeepsHostCache)."""
-        return replace(self.host_cache.stats) if self.host_cache is not None else None
+        return stats_of(self.host_cache)
 
     def cache_tokens(self) -> int | None:
-        """Every slot's tokens, and what the host cache holds of a model this size
-        (base.HoldsPrompts)."""
-        held = self.capacity * self.n_ctx
-        if self.host_cache is not None and self._token_bytes:
-            held += self.host_cache.capacity_bytes // self._token_bytes
-        return held
+        """Every slot's tokens, and its host cache's (base.HoldsPrompts)."""
+        return held_tokens(self.capacity * self.n_ctx, self.host_cache, self._token_bytes)
 
     def kv_state(self) -> KvState | None:
         """All contexts' cells (a block is one token here): what running sequences

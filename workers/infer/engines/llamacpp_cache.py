@@ -32,7 +32,7 @@ import ctypes
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import llama_cpp
@@ -43,7 +43,7 @@ from llama_cpp import Llama
 from workers.infer.engines.base import HostCacheStats
 from workers.infer.engines.llamacpp_prompts import common_prefix
 
-__all__ = ["HostCache", "kv_bytes_per_token"]
+__all__ = ["HostCache", "held_tokens", "kv_bytes_per_token", "stats_of"]
 
 _SEQ = 0  # llama-cpp-python's Llama keeps its one sequence as sequence 0
 
@@ -181,3 +181,15 @@ def kv_bytes_per_token(metadata: dict[str, str]) -> int | None:
     except (KeyError, ValueError):
         return None
     return layers * kv_heads * (width // heads) * 2 * 2 if heads else None
+
+
+def held_tokens(in_contexts: int, host: HostCache | None, token_bytes: int | None) -> int:
+    """What an engine's caches hold at most (base.HoldsPrompts): its contexts'
+    (or slots') tokens, and its host cache's bytes as tokens of a model this size."""
+    return in_contexts + (host.capacity_bytes // token_bytes if host is not None and token_bytes
+                          else 0)
+
+
+def stats_of(host: HostCache | None) -> HostCacheStats | None:
+    """A copy of what ``host`` did so far (base.KeepsHostCache); None without one."""
+    return replace(host.stats) if host is not None else None
