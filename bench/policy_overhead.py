@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import secrets
 import time
 import timeit
+from collections.abc import Callable
 from pathlib import Path
 
 from bench import compare
@@ -47,7 +49,7 @@ from bench.harness import BenchError, conveyor_env, run_cli, running, wait_http
 from bench.profile import cpu_reader
 from bench.scenarios import TOKENS, Result, Scenario, Side
 from conveyor.policy.classifier import classifier
-from conveyor.policy.pii import Redactor
+from conveyor.policy.pii import FindMemo, Redactor
 from conveyor.policy.restore import Restorer
 from conveyor.policy.rules import parse_policy
 from conveyor.policy.safety import StreamScanner, TermList
@@ -57,6 +59,18 @@ __all__ = ["main", "POLICY", "PROMPT"]
 PROMPT = ("Write one short sentence about conveyor belts for jane.doe@example.com "
           "(call +1 415 555 0134 if unsure).")
 TTFT_TARGET_MS = 1.0
+
+
+def varied_prompts() -> Callable[[], str]:
+    """Each call, the prompt with an address and a phone number no earlier call had
+    (80,000 of each): no text repeats, so redaction searches every one."""
+    count = itertools.count()
+
+    def prompt() -> str:
+        n = next(count)
+        return (f"Write one short sentence about conveyor belts for user{n}@example.com "
+                f"(call +1 415 {200 + n % 800:03d} 01{n // 800 % 100:02d} if unsure).")
+    return prompt
 RATE_TARGET = 0.95
 
 
@@ -77,8 +91,13 @@ def check_costs() -> dict[str, float]:
     terms = TermList(doc.blocked, doc.patterns)
     answer = ["".join(f" word{i}" for i in range(j, j + 1)) for j in range(TOKENS)]
 
+    entities = ("email", "phone", "card", "iban", "ip")
+
     def redact() -> None:
-        Redactor(("email", "phone", "card", "iban", "ip")).redact(PROMPT)
+        Redactor(entities, memo=FindMemo(size=0)).redact(PROMPT)
+
+    def redact_seen() -> None:
+        Redactor(entities).redact(PROMPT)
 
     def stream_check() -> None:
         scanner = StreamScanner(terms)
@@ -96,6 +115,7 @@ def check_costs() -> dict[str, float]:
     runs = 200
     return {name: 1e6 * min(timeit.repeat(fn, number=runs, repeat=3)) / runs
             for name, fn in (("redact the prompt (gateway)", redact),
+                             ("redact it again (gateway, the memo of texts)", redact_seen),
                              ("check the input (preprocess)", lambda: terms.first(PROMPT)),
                              ("check 32 streamed pieces (postprocess)", stream_check),
                              ("restore 32 pieces (gateway)", restore),
@@ -117,24 +137,27 @@ def _key(script: Path, env: dict[str, str], tenant: str) -> str:
 
 
 async def measure(scenarios: list[Scenario], url: str, plain_key: str,
-                  policed_key: str, cpu: CpuReader | None = None) -> list[Result]:
+                  policed_key: str, cpu: CpuReader | None = None,
+                  vary: bool = False) -> list[Result]:
     async with make_client() as plain_client, make_client() as policed_client:
         plain_client.headers["Authorization"] = f"Bearer {plain_key}"
         policed_client.headers["Authorization"] = f"Bearer {policed_key}"
         models = {True: "bench-paced", False: "bench-unpaced"}
-        plain = Side("plain", f"{url}/v1/completions", models, plain_client, PROMPT)
-        policed = Side("policed", f"{url}/v1/completions", models, policed_client, PROMPT)
+        plain = Side("plain", f"{url}/v1/completions", models, plain_client,
+                     varied_prompts() if vary else PROMPT)
+        policed = Side("policed", f"{url}/v1/completions", models, policed_client,
+                       varied_prompts() if vary else PROMPT)
         await first_success(plain, 90.0)
         await first_success(policed, 90.0)
         return await compare.measure(scenarios, plain, policed, POLICIES, cpu=cpu)
 
 
 def run(quick: bool, upstream_port: int, gateway_port: int, control: bool = False,
-        rounds: int = 20) -> list[Result]:
+        rounds: int = 20, vary: bool = False) -> list[Result]:
     costs = check_costs()
     print("check costs on this prompt, in process (µs a request):")
     for name, us in costs.items():
-        print(f"  {name:42} {us:8.1f}")
+        print(f"  {name:44} {us:8.1f}")
     with staged(upstream_port, {gateway_port: "gateway"}) as (stage, stack):
         script, work = stage.script, stage.work
         prefix = f"benchpolicy{int(time.time())}"
@@ -159,7 +182,8 @@ def run(quick: bool, upstream_port: int, gateway_port: int, control: bool = Fals
         wait_http(f"{url}/healthz", gateway, 180.0)
         cpu = cpu_reader([p.popen.pid for p in (layers, infer, gateway)])
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
-            return runner.run(measure(plan(quick, rounds), url, plain_key, policed_key, cpu))
+            return runner.run(measure(plan(quick, rounds), url, plain_key, policed_key, cpu,
+                                      vary))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -173,11 +197,16 @@ def main(argv: list[str] | None = None) -> None:
                         help="set no policy: both sides plain, the comparison's own noise")
     parser.add_argument("--rounds", type=int, default=20,
                         help="pairs of c=32 rounds (128 requests a round; default 20)")
+    parser.add_argument("--vary", action="store_true",
+                        help="a new address and phone number in every request's prompt, so "
+                             "no text repeats (by default every request sends one prompt, "
+                             "whose redaction the gateway's memo of texts then serves)")
     args = parser.parse_args(argv)
     if args.rounds < 4:
         parser.error("--rounds must be at least 4")
     report_main("bench.policy_overhead", POLICIES, lambda: run(
-        args.quick, args.upstream_port, args.gateway_port, args.control, args.rounds))
+        args.quick, args.upstream_port, args.gateway_port, args.control, args.rounds,
+        args.vary))
 
 
 if __name__ == "__main__":

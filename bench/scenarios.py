@@ -4,6 +4,7 @@ side recorded (how they run: ``bench.compare``)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -60,12 +61,13 @@ class Side:
     url: str
     models: dict[bool, str]  # paced? -> model name
     client: httpx.AsyncClient
-    prompt: str = PROMPT
+    # one prompt for every request, or a function that makes each request's
+    prompt: str | Callable[[], str] = PROMPT
 
     async def one(self, paced: bool) -> Sample:
         body = {
             "model": self.models[paced],
-            "prompt": self.prompt,
+            "prompt": self.prompt() if callable(self.prompt) else self.prompt,
             "max_tokens": TOKENS,
             "temperature": 0,
             "stream": True,

@@ -47,16 +47,29 @@ chunked.
 
 Speed: restoring a 2,000-character answer with five placeholders takes about 2 microseconds
 whole and 0.12 ms fed in 20-character chunks (about 1 microsecond a chunk).
+
+Repeated texts: a conversation sends every earlier turn again with each new one, and an
+application sends the same system prompt with every request, so most of what a gateway
+redacts it has redacted before. What the recognisers found in a text is a function of the
+text, the entities and the region alone, so :class:`FindMemo` keeps it for the texts seen
+lately, keyed by a 128-bit BLAKE2b digest of the text (never the text: the memo holds
+spans and entity names, no personal data), bounded in entries. A text of the size of
+``bench.policy_overhead``'s prompt with an email and a phone number costs about 48 µs to
+search and about 3 µs to find in the memo (redacting it, 59 µs and 7 µs); the placeholders
+are still minted per request.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Collection
 
 from conveyor.policy.recognisers import ENTITIES, Found, checked_entities, find_checked
 
-__all__ = ["Redactor"]
+__all__ = ["FindMemo", "Redactor", "found_memo"]
 
 _TAGS: dict[str, str] = {entity: entity.upper() for entity in ENTITIES}
 _LITERAL = ""  # the entity of a typed placeholder that is replaced like a value
@@ -65,6 +78,52 @@ _PLACEHOLDER_SHAPE = re.compile(
     r"<(" + "|".join(_TAGS.values()) + r")_([1-9][0-9]*)>"
 )
 
+
+# --- what was found in texts seen lately ---------------------------------------------------
+
+
+class FindMemo:
+    """The recognisers' findings (entity and span) for the last ``size`` distinct texts
+    of at least ``min_chars`` characters; shorter texts are searched every time (the
+    cheap checks skip most recognisers on them). Safe to share between threads."""
+
+    def __init__(self, size: int = 8192, min_chars: int = 24) -> None:
+        if size < 0:
+            raise ValueError("size must be >= 0")
+        self._size = size
+        self._min_chars = min_chars
+        self._spans: OrderedDict[tuple[bytes, tuple[str, ...], str],
+                                 tuple[tuple[str, int, int], ...]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._spans)
+
+    def find(self, text: str, entities: tuple[str, ...], region: str) -> list[Found]:
+        """``find_checked(text, entities, region)``, from the memo when ``text`` was seen."""
+        if self._size == 0 or len(text) < self._min_chars:
+            return find_checked(text, entities, region)
+        digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        key = (digest, entities, region)
+        with self._lock:
+            spans = self._spans.get(key)
+            if spans is not None:
+                self._spans.move_to_end(key)
+                self.hits += 1
+        if spans is not None:
+            return [Found(entity, start, end, text[start:end]) for entity, start, end in spans]
+        found = find_checked(text, entities, region)
+        with self._lock:
+            self.misses += 1
+            self._spans[key] = tuple((f.entity, f.start, f.end) for f in found)
+            while len(self._spans) > self._size:
+                self._spans.popitem(last=False)
+        return found
+
+
+found_memo = FindMemo()  # the process's: every Redactor that is given no other
 
 
 # --- redaction ---------------------------------------------------------------------------
@@ -80,7 +139,9 @@ class Redactor:
     replaced with a fresh placeholder whose original is that literal text (module docstring).
     """
 
-    def __init__(self, entities: Collection[str] = ENTITIES, *, region: str = "US") -> None:
+    def __init__(self, entities: Collection[str] = ENTITIES, *, region: str = "US",
+                 memo: FindMemo | None = None) -> None:
+        self._memo = found_memo if memo is None else memo
         self._entities = checked_entities(entities)
         self._region = region.upper()
         self._mapping: dict[str, str] = {}
@@ -105,7 +166,7 @@ class Redactor:
         for m in literals:
             if m.group() not in self._mapping:
                 self._reserved[m.group(1)].add(int(m.group(2)))
-        found = [f for f in find_checked(text, self._entities, self._region)
+        found = [f for f in self._memo.find(text, self._entities, self._region)
                  if not any(f.start < m.end() and m.start() < f.end for m in literals)]
         # A typed placeholder that is already minted is replaced like a value.
         found += [Found(_LITERAL, m.start(), m.end(), m.group())

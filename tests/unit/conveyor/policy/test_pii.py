@@ -9,9 +9,64 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conveyor.policy.pii import Redactor
-from conveyor.policy.recognisers import find_pii
+from conveyor.policy.pii import FindMemo, Redactor
+from conveyor.policy.recognisers import ENTITIES, find_checked, find_pii
 from conveyor.policy.restore import Restorer
+
+# --- the memo of texts seen lately ---------------------------------------------------------
+
+_TEXT = "Write to jane.doe@example.com or call +1 415 555 0134 before Friday."
+
+
+def test_a_repeated_text_is_found_from_the_memo_as_it_was_searched() -> None:
+    memo = FindMemo()
+    first = memo.find(_TEXT, ENTITIES, "US")
+    again = memo.find(_TEXT, ENTITIES, "US")
+    assert first == again == find_checked(_TEXT, ENTITIES, "US")
+    assert [f.entity for f in again] == ["email", "phone"]
+    assert (memo.hits, memo.misses) == (1, 1)
+
+
+def test_the_memo_keys_entities_and_region_and_holds_no_text() -> None:
+    memo = FindMemo()
+    memo.find(_TEXT, ENTITIES, "US")
+    assert [f.entity for f in memo.find(_TEXT, ("email",), "US")] == ["email"]
+    memo.find(_TEXT, ENTITIES, "GB")
+    assert (memo.hits, memo.misses, len(memo)) == (0, 3, 3)
+    held = repr(memo._spans)
+    assert "jane" not in held and "415" not in held
+
+
+def test_the_memo_is_bounded_and_forgets_the_least_recently_found() -> None:
+    memo = FindMemo(size=2)
+    texts = [f"{_TEXT} Reference number {i}." for i in range(3)]
+    memo.find(texts[0], ENTITIES, "US")
+    memo.find(texts[1], ENTITIES, "US")
+    memo.find(texts[0], ENTITIES, "US")  # texts[1] is now the oldest
+    memo.find(texts[2], ENTITIES, "US")
+    assert len(memo) == 2
+    memo.find(texts[0], ENTITIES, "US")
+    memo.find(texts[1], ENTITIES, "US")
+    assert (memo.hits, memo.misses) == (2, 4)
+
+
+def test_short_texts_and_a_zero_size_memo_are_searched_every_time() -> None:
+    memo, off = FindMemo(min_chars=24), FindMemo(size=0)
+    for _ in range(2):
+        assert [f.entity for f in memo.find("a@example.com", ENTITIES, "US")] == ["email"]
+        off.find(_TEXT, ENTITIES, "US")
+    assert len(memo) == len(off) == 0 and memo.hits == off.hits == 0
+
+
+def test_redactors_sharing_a_memo_mint_their_own_placeholders() -> None:
+    memo = FindMemo()
+    one, two = Redactor(memo=memo), Redactor(memo=memo)
+    assert one.redact("Cc b@example.com please, it matters.") == "Cc <EMAIL_1> please, it matters."
+    assert one.redact(_TEXT) == "Write to <EMAIL_2> or call <PHONE_1> before Friday."
+    assert two.redact(_TEXT) == "Write to <EMAIL_1> or call <PHONE_1> before Friday."
+    assert one.mapping["<EMAIL_2>"] == two.mapping["<EMAIL_1>"] == "jane.doe@example.com"
+    assert (memo.hits, memo.misses) == (1, 2)
+
 
 # --- redaction ---------------------------------------------------------------------------
 
