@@ -44,16 +44,24 @@ class Child:
         return proc.pid
 
     def _forward_stderr(self, proc: subprocess.Popen[bytes]) -> None:
-        """Copy the child's stderr to ours line by line, keeping its last lines."""
+        """Copy the child's stderr to ours as it comes (one write for what one read
+        brought, not one a line), keeping its last lines."""
         assert proc.stderr is not None
         out = getattr(sys.stderr, "buffer", None)
-        for line in proc.stderr:
+        partial = b""
+        fd = proc.stderr.fileno()
+        while chunk := os.read(fd, 1 << 16):
             if out is not None:
-                out.write(line)
+                out.write(chunk)
                 out.flush()
             else:
-                sys.stderr.write(line.decode(errors="replace"))
-            self.stderr_tail.append(line.decode(errors="replace").rstrip())
+                sys.stderr.write(chunk.decode(errors="replace"))
+            *lines, partial = (partial + chunk).split(b"\n")
+            self.stderr_tail.extend(line.decode(errors="replace").rstrip()
+                                    for line in lines[-_STDERR_TAIL_LINES:])
+            partial = partial[-(1 << 16):]  # a line without an end is kept bounded
+        if partial:
+            self.stderr_tail.append(partial.decode(errors="replace").rstrip())
 
     def reap(self) -> str:
         """Why the child ended (its stderr read to the end): an exit code or a signal."""

@@ -5,17 +5,31 @@ second (every reconnect attempt of every client). :class:`RepeatFilter`
 lets the first of a kind through, then at most one per ``every_s`` seconds
 with the count of those held back, so an outage costs a few lines a minute
 and the log still says what happened.
+
+A serving process writes a line a request (the gateway's access log), and
+each line written alone is a system call that wakes whoever reads the other
+end (``conveyor up`` copies its children's stderr): 48 µs of the gateway's
+CPU a request and 31 µs of the supervisor's in ``bench.profile``.
+:class:`BatchingHandler` writes the lines below WARNING together, at most
+``interval_s`` (0.1 s) after the first of them; a warning or an error is
+written at once, with everything before it, and so is a batch that reaches
+``max_bytes``. A process that exits, even by an exception, flushes
+(``logging.shutdown``); one that is SIGKILLed loses at most the last
+``interval_s`` of its informational lines.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
+import threading
 import time
 from collections.abc import Callable
+from typing import TextIO
 
 from topics.backoff import Throttle
 
-__all__ = ["RepeatFilter", "setup_logging"]
+__all__ = ["BatchingHandler", "RepeatFilter", "setup_logging"]
 
 
 class RepeatFilter(logging.Filter):
@@ -40,8 +54,62 @@ class RepeatFilter(logging.Filter):
         return held is not None
 
 
+class BatchingHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A stream handler that writes informational lines in batches (module docstring)."""
+
+    def __init__(self, stream: TextIO | None = None, interval_s: float = 0.1,
+                 max_bytes: int = 64 * 1024) -> None:
+        super().__init__(stream if stream is not None else sys.stderr)
+        self.interval_s = interval_s
+        self.max_bytes = max_bytes
+        self._lines: list[str] = []
+        self._size = 0
+        self._pending = threading.Event()
+        self._flusher: threading.Thread | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:  # called with self.lock held
+        try:
+            line = self.format(record) + self.terminator
+        except Exception:
+            self.handleError(record)
+            return
+        self._lines.append(line)
+        self._size += len(line)
+        if record.levelno >= logging.WARNING or self._size >= self.max_bytes:
+            self._write()
+        elif not self._pending.is_set():
+            self._pending.set()
+            if self._flusher is None:
+                self._flusher = threading.Thread(target=self._flush_later, daemon=True,
+                                                 name="log-flusher")
+                self._flusher.start()
+
+    def flush(self) -> None:
+        with self.lock:  # type: ignore[union-attr]
+            self._write()
+
+    def _write(self) -> None:
+        if self._lines:
+            text = "".join(self._lines)
+            self._lines.clear()
+            self._size = 0
+            try:
+                self.stream.write(text)
+            except Exception:  # a closed or broken stream: as StreamHandler, never raise
+                pass
+        super().flush()
+
+    def _flush_later(self) -> None:
+        while True:
+            self._pending.wait()
+            time.sleep(self.interval_s)
+            with self.lock:  # type: ignore[union-attr]
+                self._pending.clear()
+                self._write()
+
+
 def setup_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(),
+    logging.basicConfig(level=level.upper(), handlers=[BatchingHandler()],
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     repeat = RepeatFilter()
     for handler in logging.getLogger().handlers:

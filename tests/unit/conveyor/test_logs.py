@@ -1,10 +1,13 @@
-"""RepeatFilter: an outage's repeated lines are held back, and counted."""
+"""RepeatFilter: an outage's repeated lines are held back, and counted. BatchingHandler:
+informational lines written together, warnings at once, nothing held past a flush."""
 
 from __future__ import annotations
 
+import io
 import logging
+import time
 
-from conveyor.logs import RepeatFilter
+from conveyor.logs import BatchingHandler, RepeatFilter
 
 
 class Clock:
@@ -41,3 +44,53 @@ def test_two_handlers_with_one_filter_show_the_same_lines() -> None:
     f = RepeatFilter(every_s=10, clock=Clock())
     r = record("Heartbeat failed")
     assert f.filter(r) and f.filter(r)  # the second handler must not see a repeat
+
+
+# --- BatchingHandler -----------------------------------------------------------------------
+
+
+def _logger(handler: logging.Handler, name: str) -> logging.Logger:
+    logger = logging.getLogger(f"conveyor.test.batching.{name}")
+    logger.handlers = [handler]
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    return logger
+
+
+def test_informational_lines_are_written_together_after_the_interval() -> None:
+    stream = io.StringIO()
+    handler = BatchingHandler(stream, interval_s=0.05)
+    logger = _logger(handler, "interval")
+    for i in range(3):
+        logger.info("request %d", i)
+    assert stream.getvalue() == ""
+    deadline = time.monotonic() + 5
+    while not stream.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert stream.getvalue() == "INFO request 0\nINFO request 1\nINFO request 2\n"
+    logger.info("later")
+    while "later" not in stream.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert stream.getvalue().endswith("INFO later\n")
+
+
+def test_a_warning_is_written_at_once_after_the_lines_before_it() -> None:
+    stream = io.StringIO()
+    logger = _logger(BatchingHandler(stream, interval_s=60), "warning")
+    logger.info("first")
+    logger.warning("broker gone")
+    assert stream.getvalue() == "INFO first\nWARNING broker gone\n"
+
+
+def test_a_full_batch_and_a_flush_write_what_is_held() -> None:
+    stream = io.StringIO()
+    handler = BatchingHandler(stream, interval_s=60, max_bytes=40)
+    logger = _logger(handler, "full")
+    logger.info("%s", "x" * 10)
+    assert stream.getvalue() == ""
+    logger.info("%s", "y" * 30)  # past 40 bytes held
+    assert stream.getvalue() == f"INFO {'x' * 10}\nINFO {'y' * 30}\n"
+    logger.info("tail")
+    handler.flush()  # what logging.shutdown does as the process exits
+    assert stream.getvalue().endswith("INFO tail\n")
