@@ -91,6 +91,7 @@ from topics.envelope import now_ms
 from workers.usage.counting import SEEN_WINDOW, Counter
 from workers.usage.decode import Undecodable, UsageValueCodec
 from workers.usage.drain import drain_before_commit
+from workers.usage.fetching import batched_fetch_transport
 from workers.usage.flow import hold_flow_until_resumed
 from workers.usage.layout import UsageKeys
 from workers.usage.lookback import ids_before
@@ -174,6 +175,9 @@ class AccountingApp:
             broker_commit_interval=1.0,
             consumer_auto_offset_reset="earliest",
         )
+        # usage is fetched in batches (workers/usage/fetching.py): set before
+        # anything (a topic, a table) asks the app for its transport
+        self.app.transport = batched_fetch_transport(self.app)
         # a source offset is committed only once its changelog writes are
         # acknowledged (workers/usage/drain.py)
         self.drain = drain_before_commit(self.app.producer.buffer, FLUSH_TIMEOUT_S)

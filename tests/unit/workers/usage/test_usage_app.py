@@ -4,11 +4,14 @@ here starts the app."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any, cast
 
 from conveyor.settings import Settings
 from topics.admin import Replication
 from workers.usage.app import AccountingApp, accounting_datadir, conveyor_home
+from workers.usage.fetching import FETCH_MAX_WAIT_MS, FETCH_MIN_BYTES
 
 
 def test_the_home_is_conveyor_home_else_dot_conveyor_in_the_current_directory() -> None:
@@ -39,3 +42,20 @@ def test_a_dead_member_leaves_the_group_at_the_settings_session_timeout(
     assert conf.broker_session_timeout == 3.0
     assert conf.broker_heartbeat_interval == 0.5
     assert conf.consumer_group_instance_id is None  # dynamic membership (see the app)
+
+
+def test_the_worker_consumer_lets_the_broker_batch_its_fetches(tmp_path: Path) -> None:
+    """Faust leaves fetch_min_bytes at 1: a fetch a usage event (workers/usage/fetching.py)."""
+    accounting = AccountingApp(Settings(topic_prefix="tfetch"), Replication(1, 1, 1),
+                               home=tmp_path)
+
+    async def made() -> tuple[int, int, str]:
+        thread = cast(Any, accounting.app.consumer)._thread
+        consumer = thread._create_worker_consumer(accounting.app.transport)
+        try:
+            return consumer._fetch_min_bytes, consumer._fetch_max_wait_ms, consumer._group_id
+        finally:
+            await consumer.stop()
+
+    # Faust's own settings (the group) kept
+    assert asyncio.run(made()) == (FETCH_MIN_BYTES, FETCH_MAX_WAIT_MS, "tfetch.accounting")
