@@ -17,26 +17,11 @@ from workers.infer.engines.base import (
     KeepsHostCache,
     KvState,
 )
+from workers.infer.gpu import gpu_profile
 from workers.outputs import Output, Sender
 from workers.prefix import HeldBlocks
 
-__all__ = ["Heartbeat", "Snapshot", "gpu_profile", "host_cache_of", "reported_blocks"]
-
-
-def gpu_profile() -> tuple[float | None, int | None]:
-    """GPU utilisation and free memory from NVML, when there is a GPU (the ``gpu`` extra)."""
-    try:
-        import pynvml  # type: ignore[import-not-found]
-    except ImportError:
-        return None, None
-    try:
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-        util = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-        free = int(pynvml.nvmlDeviceGetMemoryInfo(handle).free)
-        return util, free
-    except Exception:  # no device, no driver: a CPU worker
-        return None, None
+__all__ = ["Heartbeat", "Snapshot", "host_cache_of", "reported_blocks"]
 
 
 def reported_blocks(held: HeldBlocks, engine: Engine, kv: KvState | None,

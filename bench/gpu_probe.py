@@ -1,0 +1,113 @@
+"""The heartbeat's GPU probe (workers/infer/gpu.py) against a real NVIDIA GPU.
+
+    python -m bench.gpu_probe
+
+Needs ``nvidia-ml-py`` and ``torch`` with CUDA. Reads the probe idle, with 8 GiB
+taken on the GPU (free memory must fall by at least 7 GiB), and while bf16 matrix
+products run (utilisation must pass 50 %); times a read against the earlier
+probe's way (NVML initialised at every read); and reads it again in processes that
+see the GPU by its UUID and by a prefix of it (the same device must be read).
+Prints one line a check and exits 1 when one fails, 2 where there is no GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from workers.infer.gpu import GpuProbe
+
+GIB = 1 << 30
+_CHILD = ("import json; from workers.infer.gpu import GpuProbe; "
+          "print(json.dumps(GpuProbe().read()))")
+
+
+def _check(ok: bool, what: str) -> bool:
+    print(f"{'PASS' if ok else 'FAIL'}: {what}", flush=True)
+    return ok
+
+
+def _busy(torch: Any, seconds: float) -> None:
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for _ in range(20):
+            a @ a
+        torch.cuda.synchronize()
+
+
+def _in_child(visible: str) -> tuple[float | None, int | None]:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": visible}
+    out = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True,
+                         text=True, check=True, timeout=60).stdout
+    util, free = json.loads(out.strip().splitlines()[-1])
+    return util, free
+
+
+def main() -> int:
+    probe = GpuProbe(env={"CUDA_VISIBLE_DEVICES": "0"})
+    idle = probe.read()
+    print(f"idle: utilisation {idle[0]} %, free {idle[1]} bytes", flush=True)
+    if idle == (None, None):
+        print("no GPU (or no nvidia-ml-py) here")
+        return 2
+    import pynvml  # type: ignore[import-not-found]
+    import torch
+
+    results = []
+    taken = torch.empty(8 * GIB, dtype=torch.uint8, device="cuda:0")
+    torch.cuda.synchronize()
+    _, free_taken = probe.read()
+    drop = (idle[1] or 0) - (free_taken or 0)
+    results.append(_check(drop >= 7 * GIB, f"8 GiB taken: free fell by {drop / GIB:.2f} GiB"))
+    del taken
+    torch.cuda.empty_cache()
+
+    worker = threading.Thread(target=_busy, args=(torch, 4.0))
+    worker.start()
+    seen: list[float] = []
+    while worker.is_alive():
+        util, _ = probe.read()
+        seen.append(util or 0.0)
+        time.sleep(0.2)
+    worker.join()
+    results.append(_check(max(seen) > 50, f"under matrix products: utilisation up to "
+                          f"{max(seen):.0f} % ({len(seen)} reads)"))
+
+    n = 1000
+    start = time.perf_counter()
+    for _ in range(n):
+        probe.read()
+    kept = (time.perf_counter() - start) / n * 1e6
+    start = time.perf_counter()
+    for _ in range(100):  # the earlier probe: NVML initialised at every read
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        pynvml.nvmlDeviceGetUtilizationRates(handle)
+        pynvml.nvmlDeviceGetMemoryInfo(handle)
+    again = (time.perf_counter() - start) / 100 * 1e6
+    print(f"a read: {kept:.1f} µs with NVML kept, {again:.1f} µs initialising it each time",
+          flush=True)
+
+    uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0))
+    uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+    _, here = probe.read()
+    for visible in (uuid, uuid[:12], "0,NoSuchGpu", "-1"):
+        util, free = _in_child(visible)
+        if visible == "-1":
+            results.append(_check((util, free) == (None, None),
+                                  "CUDA_VISIBLE_DEVICES=-1: no GPU"))
+            continue
+        same = free is not None and here is not None and abs(free - here) < GIB
+        results.append(_check(same, f"CUDA_VISIBLE_DEVICES={visible}: GPU 0 read "
+                              f"({util} %, {free} bytes free)"))
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""What a worker's GPUs are doing, from NVML: the heartbeat's utilisation and free memory.
+
+NVML numbers the host's GPUs in PCI bus order and knows nothing of
+``CUDA_VISIBLE_DEVICES``, so reading device 0 reports the first GPU of the host,
+not the one the worker runs on. :class:`GpuProbe` reads the devices the worker
+can see:
+
+* ``CUDA_VISIBLE_DEVICES`` unset: every GPU of the host.
+* integers (``"3"``, ``"2,3"`` for a worker that spreads one model over two):
+  NVML indices. They equal CUDA's when ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, which a
+  multi-GPU host should set for its workers; CUDA's default order puts the
+  fastest device first and can differ on a host of mixed GPUs.
+* ``GPU-<uuid>`` and ``MIG-<uuid>``: looked up by UUID, or for a GPU by the unique
+  prefix of one that CUDA also takes (NVML does not give a MIG instance's
+  utilisation, so only its memory counts).
+* empty, ``-1`` or ``NoDevFiles``: no GPU. As CUDA does, the list ends at the
+  first entry that names no device.
+
+Several devices report the mean utilisation and the sum of free memory. NVML is
+initialised once and its handles kept (the heartbeat asks every few seconds);
+a host without NVML (no ``nvidia-ml-py``, no driver) reports ``(None, None)``
+and is asked again at most once a minute, so a driver that comes up later is seen.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["GpuProbe", "gpu_profile", "visible_entries"]
+
+_RETRY_S = 60.0
+_NONE = {"", "-1", "NoDevFiles"}
+
+
+def visible_entries(value: str | None) -> list[str] | None:
+    """The entries of ``CUDA_VISIBLE_DEVICES``: None when unset (every GPU),
+    [] for no GPU."""
+    if value is None:
+        return None
+    if value.strip() in _NONE:
+        return []
+    return [entry.strip() for entry in value.split(",")]
+
+
+class GpuProbe:
+    """Reads the visible GPUs' utilisation and free memory (module docstring)."""
+
+    def __init__(self, env: Mapping[str, str] | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 nvml: Callable[[], Any] | None = None) -> None:
+        self._env = os.environ if env is None else env
+        self._clock = clock
+        self._load = nvml or _import_pynvml
+        self._nvml: Any = None
+        self._handles: list[tuple[Any, bool]] = []  # (handle, utilisation readable)
+        self._failed_at: float | None = None
+
+    def read(self) -> tuple[float | None, int | None]:
+        """(mean utilisation in percent, free bytes summed), each None when unknown."""
+        if not self._ready():
+            return None, None
+        nvml = self._nvml
+        utils: list[float] = []
+        free: list[int] = []
+        for handle, has_util in self._handles:
+            try:
+                free.append(int(nvml.nvmlDeviceGetMemoryInfo(handle).free))
+                if has_util:
+                    utils.append(float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu))
+            except nvml.NVMLError:
+                continue  # a device that does not answer now is left out of this beat
+        return ((sum(utils) / len(utils)) if utils else None), (sum(free) if free else None)
+
+    def _ready(self) -> bool:
+        if self._nvml is not None:
+            return True
+        now = self._clock()
+        if self._failed_at is not None and now - self._failed_at < _RETRY_S:
+            return False
+        try:
+            nvml = self._load()
+            nvml.nvmlInit()
+            self._handles = _handles(nvml, visible_entries(self._env.get("CUDA_VISIBLE_DEVICES")))
+        except Exception:  # no module, no driver, no device
+            self._failed_at = now
+            return False
+        self._nvml = nvml
+        return True
+
+
+def _import_pynvml() -> Any:
+    import pynvml  # type: ignore[import-not-found]
+
+    return pynvml
+
+
+def _handles(nvml: Any, entries: list[str] | None) -> list[tuple[Any, bool]]:
+    if entries is None:
+        return [(nvml.nvmlDeviceGetHandleByIndex(i), True)
+                for i in range(nvml.nvmlDeviceGetCount())]
+    count = nvml.nvmlDeviceGetCount()
+    found: list[tuple[Any, bool]] = []
+    for entry in entries:
+        if entry.isdigit() and int(entry) < count:
+            found.append((nvml.nvmlDeviceGetHandleByIndex(int(entry)), True))
+        elif entry.startswith(("GPU-", "MIG-")):
+            handle = _by_uuid(nvml, entry, count)
+            if handle is None:
+                break
+            found.append((handle, entry.startswith("GPU-")))
+        else:
+            break  # CUDA ignores this entry and every one after it
+    return found
+
+
+def _by_uuid(nvml: Any, entry: str, count: int) -> Any:
+    """The device of a UUID, or of the one GPU whose UUID it begins (CUDA takes a
+    unique prefix); None when there is none."""
+    try:
+        return nvml.nvmlDeviceGetHandleByUUID(entry)
+    except nvml.NVMLError:
+        pass
+    matches = []
+    for i in range(count):
+        handle = nvml.nvmlDeviceGetHandleByIndex(i)
+        uuid = nvml.nvmlDeviceGetUUID(handle)
+        if (uuid.decode() if isinstance(uuid, bytes) else uuid).startswith(entry):
+            matches.append(handle)
+    return matches[0] if len(matches) == 1 else None
+
+
+_default = GpuProbe()
+
+
+def gpu_profile() -> tuple[float | None, int | None]:
+    """The process's probe: GPU utilisation and free memory, or (None, None)."""
+    return _default.read()
