@@ -44,11 +44,12 @@ class FakeUpstream:
     token_delay_s: float = 0.0
     status: int = 200  # anything else: answer with OpenAI's error envelope
     usage_extra: int = 0  # completion_tokens reported beyond the events sent
+    garbage: str | None = None  # a data line sent after the first token, as it is
     calls: list[UpstreamCall] = field(default_factory=list)
 
     def reset(self) -> None:
         self.answer_tokens, self.token_delay_s = 5, 0.0
-        self.status, self.usage_extra = 200, 0
+        self.status, self.usage_extra, self.garbage = 200, 0, None
         self.calls.clear()
 
     def wait_for(self, predicate: Any, timeout_s: float = 5.0) -> bool:
@@ -125,6 +126,8 @@ async def _events(upstream: FakeUpstream, call: UpstreamCall) -> AsyncIterator[s
                 await asyncio.sleep(upstream.token_delay_s)
             yield event(f"tok{i} ")
             call.sent += 1
+            if i == 0 and upstream.garbage is not None:
+                yield f"data: {upstream.garbage}\n\n"
         yield event(None, finish)
         usage = {"prompt_tokens": 3, "completion_tokens": n + upstream.usage_extra,
                  "total_tokens": 3 + n + upstream.usage_extra}

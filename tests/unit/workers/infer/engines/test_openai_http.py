@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
@@ -229,3 +230,16 @@ async def test_tools_are_passed_on_and_the_upstreams_calls_read_back(
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in read.tool_calls] == [
         ("get_weather", '{"city": "Paris"}'), ("get_weather", '{"city": "Rome"}')]
     assert read.content is None and not read.broken
+
+
+@pytest.mark.parametrize(("garbage", "says"), [
+    ("{not json", "unparsable"), ('{"a": NaN}', "unparsable"), ("[1, 2]", "unexpected"),
+    ('"text"', "unexpected"),
+])
+async def test_an_event_that_is_not_a_json_object_fails_the_generation_with_what_came(
+    fake_upstream: FakeUpstream, engine_factory: EngineFactory, garbage: str, says: str
+) -> None:
+    fake_upstream.garbage = garbage
+    engine = await engine_factory(fake_upstream.base_url)
+    with pytest.raises(EngineError, match=f"upstream sent {says} data: .*{re.escape(garbage[:4])}"):
+        await collect(engine, request(kind="completion", prompt_text="Once", max_tokens=3))
