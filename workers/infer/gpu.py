@@ -24,12 +24,15 @@ and is asked again at most once a minute, so a driver that comes up later is see
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 __all__ = ["GpuProbe", "gpu_profile", "visible_entries"]
+
+log = logging.getLogger(__name__)
 
 _RETRY_S = 60.0
 _NONE = {"", "-1", "NoDevFiles"}
@@ -71,7 +74,9 @@ class GpuProbe:
                 if has_util:
                     utils.append(float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu))
             except nvml.NVMLError:
-                continue  # a device that does not answer now is left out of this beat
+                # left out of this beat, but one that gives its memory and no
+                # utilisation (a GPU in MIG mode: Not Supported) counts its memory
+                continue
         return ((sum(utils) / len(utils)) if utils else None), (sum(free) if free else None)
 
     def _ready(self) -> bool:
@@ -82,9 +87,16 @@ class GpuProbe:
             return False
         try:
             nvml = self._load()
+        except ImportError:  # no nvidia-ml-py: a CPU worker, nothing to say
+            self._failed_at = now
+            return False
+        try:
             nvml.nvmlInit()
             self._handles = _handles(nvml, visible_entries(self._env.get("CUDA_VISIBLE_DEVICES")))
-        except Exception:  # no module, no driver, no device
+        except Exception as exc:  # no driver, no device
+            if self._failed_at is None:
+                log.info("no GPU figures in the heartbeat: NVML answered %r "
+                         "(asked again once a minute)", exc)
             self._failed_at = now
             return False
         self._nvml = nvml

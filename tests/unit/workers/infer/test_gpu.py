@@ -8,6 +8,7 @@ checks the probe against a real GPU."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,7 @@ class Device:
     util: float
     free: int
     broken: bool = False
+    no_util: bool = False  # NVML_ERROR_NOT_SUPPORTED, as for a GPU in MIG mode
 
 
 @dataclass
@@ -66,6 +68,8 @@ class FakeNvml:
     def nvmlDeviceGetUtilizationRates(self, handle: Device) -> Any:
         if handle.uuid.startswith("MIG-"):
             raise AssertionError("NVML gives no utilisation for a MIG instance")
+        if handle.no_util:
+            raise NVMLError("Not Supported")
         return type("Utilization", (), {"gpu": handle.util})()
 
 
@@ -123,6 +127,13 @@ def test_nvml_is_initialised_once_and_a_device_that_fails_is_left_out() -> None:
     assert gpus.read() == (10.0, 1 * GIB)
 
 
+def test_a_gpu_without_utilisation_still_counts_its_memory() -> None:
+    nvml = four_gpus()
+    nvml.devices[0].no_util = True
+    assert probe(nvml, "0,1").read() == (20.0, 3 * GIB)
+    assert probe(nvml, "0").read() == (None, 1 * GIB)
+
+
 def test_no_driver_is_none_and_asked_again_at_most_once_a_minute() -> None:
     nvml = four_gpus()
     nvml.fail_init = True
@@ -143,3 +154,30 @@ def test_no_nvml_module_is_none() -> None:
         raise ImportError("No module named 'pynvml'")
 
     assert GpuProbe(env={}, nvml=missing).read() == (None, None)
+
+
+def test_the_default_loader_imports_pynvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", four_gpus())
+    assert GpuProbe(env={"CUDA_VISIBLE_DEVICES": "2"}).read() == (30.0, 3 * GIB)
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` raises ImportError
+    assert GpuProbe(env={}).read() == (None, None)
+
+
+def test_a_missing_driver_is_said_once_and_a_missing_module_never(
+        caplog: pytest.LogCaptureFixture) -> None:
+    nvml = four_gpus()
+    nvml.fail_init = True
+    now = [0.0]
+    gpus = probe(nvml, "0", clock=lambda: now[0])
+    with caplog.at_level("INFO", logger="workers.infer.gpu"):
+        for minute in range(3):
+            now[0] = 61.0 * minute
+            assert gpus.read() == (None, None)
+
+        def missing() -> Any:
+            raise ImportError("No module named 'pynvml'")
+
+        assert GpuProbe(env={}, nvml=missing).read() == (None, None)
+    assert nvml.inits == 3
+    said = [r.getMessage() for r in caplog.records if r.name == "workers.infer.gpu"]
+    assert len(said) == 1 and "Driver Not Loaded" in said[0], said
