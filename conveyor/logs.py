@@ -10,12 +10,14 @@ A serving process writes a line a request (the gateway's access log), and
 each line written alone is a system call that wakes whoever reads the other
 end (``conveyor up`` copies its children's stderr): 48 µs of the gateway's
 CPU a request and 31 µs of the supervisor's in ``bench.profile``.
-:class:`BatchingHandler` writes the lines below WARNING together, at most
-``interval_s`` (0.1 s) after the first of them; a warning or an error is
-written at once, with everything before it, and so is a batch that reaches
-``max_bytes``. A process that exits, even by an exception, flushes
+:class:`BatchingHandler` writes the lines of such per-request loggers
+(``conveyor.access``) together, at most ``interval_s`` (0.1 s) after the
+first of them; any other line is written at once, after what is held, so
+the log keeps its order and what a process says of itself (a model loaded,
+a broker lost) is there as it happens. A batch that reaches ``max_bytes``
+is written at once too. A process that exits, even by an exception, flushes
 (``logging.shutdown``); one that is SIGKILLed loses at most the last
-``interval_s`` of its informational lines.
+``interval_s`` of its access lines.
 """
 
 from __future__ import annotations
@@ -55,11 +57,13 @@ class RepeatFilter(logging.Filter):
 
 
 class BatchingHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """A stream handler that writes informational lines in batches (module docstring)."""
+    """A stream handler that writes per-request lines in batches (module docstring)."""
 
     def __init__(self, stream: TextIO | None = None, interval_s: float = 0.1,
-                 max_bytes: int = 64 * 1024) -> None:
+                 max_bytes: int = 64 * 1024,
+                 batched: frozenset[str] = frozenset({"conveyor.access"})) -> None:
         super().__init__(stream if stream is not None else sys.stderr)
+        self.batched = batched  # the loggers whose informational lines wait
         self.interval_s = interval_s
         self.max_bytes = max_bytes
         self._lines: list[str] = []
@@ -75,7 +79,8 @@ class BatchingHandler(logging.StreamHandler):  # type: ignore[type-arg]
             return
         self._lines.append(line)
         self._size += len(line)
-        if record.levelno >= logging.WARNING or self._size >= self.max_bytes:
+        if (record.levelno >= logging.WARNING or record.name not in self.batched
+                or self._size >= self.max_bytes):
             self._write()
         elif not self._pending.is_set():
             self._pending.set()

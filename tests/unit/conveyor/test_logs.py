@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import logging
 import time
+from typing import Any
 
 from conveyor.logs import BatchingHandler, RepeatFilter
 
@@ -49,8 +50,16 @@ def test_two_handlers_with_one_filter_show_the_same_lines() -> None:
 # --- BatchingHandler -----------------------------------------------------------------------
 
 
+def _name(name: str) -> str:
+    return f"conveyor.test.batching.{name}"
+
+
+def _handler(stream: io.StringIO, *names: str, **kwargs: Any) -> BatchingHandler:
+    return BatchingHandler(stream, batched=frozenset(map(_name, names)), **kwargs)
+
+
 def _logger(handler: logging.Handler, name: str) -> logging.Logger:
-    logger = logging.getLogger(f"conveyor.test.batching.{name}")
+    logger = logging.getLogger(_name(name))
     logger.handlers = [handler]
     logger.propagate = False
     logger.setLevel(logging.INFO)
@@ -60,7 +69,7 @@ def _logger(handler: logging.Handler, name: str) -> logging.Logger:
 
 def test_informational_lines_are_written_together_after_the_interval() -> None:
     stream = io.StringIO()
-    handler = BatchingHandler(stream, interval_s=0.05)
+    handler = _handler(stream, "interval", interval_s=0.05)
     logger = _logger(handler, "interval")
     for i in range(3):
         logger.info("request %d", i)
@@ -77,7 +86,7 @@ def test_informational_lines_are_written_together_after_the_interval() -> None:
 
 def test_a_warning_is_written_at_once_after_the_lines_before_it() -> None:
     stream = io.StringIO()
-    logger = _logger(BatchingHandler(stream, interval_s=60), "warning")
+    logger = _logger(_handler(stream, "warning", interval_s=60), "warning")
     logger.info("first")
     logger.warning("broker gone")
     assert stream.getvalue() == "INFO first\nWARNING broker gone\n"
@@ -85,7 +94,7 @@ def test_a_warning_is_written_at_once_after_the_lines_before_it() -> None:
 
 def test_a_full_batch_and_a_flush_write_what_is_held() -> None:
     stream = io.StringIO()
-    handler = BatchingHandler(stream, interval_s=60, max_bytes=40)
+    handler = _handler(stream, "full", interval_s=60, max_bytes=40)
     logger = _logger(handler, "full")
     logger.info("%s", "x" * 10)
     assert stream.getvalue() == ""
@@ -94,3 +103,20 @@ def test_a_full_batch_and_a_flush_write_what_is_held() -> None:
     logger.info("tail")
     handler.flush()  # what logging.shutdown does as the process exits
     assert stream.getvalue().endswith("INFO tail\n")
+
+
+def test_a_line_of_any_other_logger_is_written_at_once_after_the_held_ones() -> None:
+    """What a process says of itself (a model evicted, a broker lost) is in its log as it
+    happens: a pipeline test read a worker's log right after an answer and found its
+    eviction line still held."""
+    stream = io.StringIO()
+    handler = _handler(stream, "access", interval_s=60)
+    access, other = _logger(handler, "access"), _logger(handler, "model_set")
+    access.info("GET /v1/models 200")
+    assert stream.getvalue() == ""
+    other.info("model evicted")
+    assert stream.getvalue() == "INFO GET /v1/models 200\nINFO model evicted\n"
+
+
+def test_the_access_log_is_what_is_batched_by_default() -> None:
+    assert BatchingHandler(io.StringIO()).batched == frozenset({"conveyor.access"})
