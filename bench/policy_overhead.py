@@ -93,11 +93,13 @@ def check_costs() -> dict[str, float]:
 
     entities = ("email", "phone", "card", "iban", "ip")
 
+    memo = FindMemo()
+
     def redact() -> None:
-        Redactor(entities, memo=FindMemo(size=0)).redact(PROMPT)
+        Redactor(entities).redact(PROMPT)
 
     def redact_seen() -> None:
-        Redactor(entities).redact(PROMPT)
+        Redactor(entities, memo=memo).redact(PROMPT)
 
     def stream_check() -> None:
         scanner = StreamScanner(terms)

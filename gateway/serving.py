@@ -36,6 +36,7 @@ from opentelemetry import trace
 
 from conveyor.errors import PipelineUnavailable, RequestError
 from conveyor.metrics import GatewayMetrics
+from conveyor.policy.pii import FindMemo
 from conveyor.policy.rules import PolicyBook
 from conveyor.settings import Settings
 from conveyor.tracing import genai_request_attributes, layer_span, trace_id_of
@@ -87,6 +88,8 @@ class Serving:
         self._watch: ResumeWatch | None = None
         # the content policies, kept current by build_app (topics/policies.py)
         self.policies = PolicyBook()
+        # what redaction found in texts it searched lately (conversations resend them)
+        self.find_memo = FindMemo()
 
     @property
     def watch(self) -> ResumeWatch:
@@ -126,7 +129,7 @@ class Serving:
         policy = self.policies.effective(identity.tenant, identity.key_id)
         restorer: ReplyRestorer | None = None
         if policy.redact:  # before anything is written (gateway/pii.py)
-            generation, redactor = await redacted(generation, policy)
+            generation, redactor = await redacted(generation, policy, self.find_memo)
             if policy.restore and redactor.mapping:
                 restorer = ReplyRestorer(redactor.mapping)
         envelope = new_envelope(rid, reply_gateway=self.gateway_id,

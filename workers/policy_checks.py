@@ -36,7 +36,7 @@ from typing import TypeVar
 
 from conveyor.errors import ContentPolicyViolation
 from conveyor.policy.classifier import CATEGORY, classifier
-from conveyor.policy.pii import Redactor
+from conveyor.policy.pii import FindMemo, Redactor
 from conveyor.policy.rules import Policy
 from conveyor.policy.safety import Match, TermList
 from conveyor.settings import Settings
@@ -164,10 +164,11 @@ def policy_audit(settings: Settings, envelope: Envelope, action: str, match: Mat
     return Output(AUDIT.at(settings), "AuditEvent", event, key=envelope["tenant"] or layer)
 
 
-def redact_generation(generation: Generation, policy: Policy) -> tuple[Generation, Redactor]:
+def redact_generation(generation: Generation, policy: Policy,
+                      memo: FindMemo | None = None) -> tuple[Generation, Redactor]:
     """``generation`` with what ``policy`` redacts replaced, and the redactor
-    (its mapping: placeholder -> original)."""
-    redactor = Redactor(policy.redact, region=policy.region)
+    (its mapping: placeholder -> original); ``memo`` serves texts searched before."""
+    redactor = Redactor(policy.redact, region=policy.region, memo=memo)
     if generation["kind"] == "completion":
         prompt = generation["prompt"]
         return {**generation, "prompt": None if prompt is None else redactor.redact(prompt)}, \
@@ -176,9 +177,10 @@ def redact_generation(generation: Generation, policy: Policy) -> tuple[Generatio
                                        for m in generation["messages"]]}, redactor
 
 
-async def redacted(generation: Generation, policy: Policy) -> tuple[Generation, Redactor]:
+async def redacted(generation: Generation, policy: Policy,
+                   memo: FindMemo | None = None) -> tuple[Generation, Redactor]:
     """:func:`redact_generation`, in a worker thread for a large request."""
-    return await _sized(generation, partial(redact_generation, generation, policy))
+    return await _sized(generation, partial(redact_generation, generation, policy, memo))
 
 
 def _message(message: Message, redactor: Redactor) -> Message:

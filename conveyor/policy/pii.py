@@ -69,7 +69,7 @@ from collections.abc import Collection
 
 from conveyor.policy.recognisers import ENTITIES, Found, checked_entities, find_checked
 
-__all__ = ["FindMemo", "Redactor", "found_memo"]
+__all__ = ["FindMemo", "Redactor"]
 
 _TAGS: dict[str, str] = {entity: entity.upper() for entity in ENTITIES}
 _LITERAL = ""  # the entity of a typed placeholder that is replaced like a value
@@ -123,7 +123,7 @@ class FindMemo:
         return found
 
 
-found_memo = FindMemo()  # the process's: every Redactor that is given no other
+_SEARCH_EVERY_TIME = FindMemo(size=0)  # keeps nothing: a Redactor given no memo
 
 
 # --- redaction ---------------------------------------------------------------------------
@@ -132,7 +132,9 @@ found_memo = FindMemo()  # the process's: every Redactor that is given no other
 class Redactor:
     """One request's redaction: the same value gets the same placeholder in every message
     of the request; placeholders are numbered per entity in order of first appearance:
-    <EMAIL_1>, <PHONE_1>, <CARD_1>, <IBAN_1>, <IP_1>, <EMAIL_2> ...
+    <EMAIL_1>, <PHONE_1>, <CARD_1>, <IBAN_1>, <IP_1>, <EMAIL_2> ... ``memo`` holds what
+    the recognisers found in texts searched before, kept by whoever redacts many
+    requests (the gateway, the jobs layer); without one every text is searched.
 
     Placeholder-shaped texts typed by the user are never confused with real placeholders:
     numbering skips those seen so far, and one typed after its number was minted is itself
@@ -141,7 +143,7 @@ class Redactor:
 
     def __init__(self, entities: Collection[str] = ENTITIES, *, region: str = "US",
                  memo: FindMemo | None = None) -> None:
-        self._memo = found_memo if memo is None else memo
+        self._memo = _SEARCH_EVERY_TIME if memo is None else memo  # an empty one is falsy
         self._entities = checked_entities(entities)
         self._region = region.upper()
         self._mapping: dict[str, str] = {}

@@ -32,6 +32,7 @@ from typing import Any
 from aiokafka import TopicPartition
 
 from conveyor.errors import RequestError
+from conveyor.policy.pii import FindMemo
 from conveyor.policy.rules import PolicyBook
 from conveyor.registry import Registry
 from conveyor.settings import Settings
@@ -69,6 +70,7 @@ class JobsLayer:
         follows ``conveyor.policies`` itself while it runs (a batch's lines are
         redacted here, workers/policy_checks.py)."""
         self.settings = settings
+        self.find_memo = FindMemo()  # batch lines often share their system prompt
         self.policies, self._follower = kept_policies(settings, policies)
         self.files = files
         self.registry = registry
@@ -123,7 +125,7 @@ class JobsLayer:
         if policy.redact:  # a batch line enters the log here (a response did at the gateway)
             # every line in one worker thread: the layers process serves the rest meanwhile
             generations = await asyncio.to_thread(
-                lambda: [redact_generation(g, policy)[0] for g in generations])
+                lambda: [redact_generation(g, policy, self.find_memo)[0] for g in generations])
         for line, generation in zip(lines, generations, strict=True):
             rid = request_id_of(job_id, line.index)
             if allowed and not self._allowed(generation["model"], allowed):
