@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["GpuProbe", "gpu_profile", "visible_entries"]
+__all__ = ["GpuProbe", "visible_entries"]
 
 log = logging.getLogger(__name__)
 
@@ -142,11 +142,3 @@ def _by_uuid(nvml: Any, entry: str, count: int) -> Any:
         if (uuid.decode() if isinstance(uuid, bytes) else uuid).startswith(entry):
             matches.append(handle)
     return matches[0] if len(matches) == 1 else None
-
-
-_default = GpuProbe()
-
-
-def gpu_profile() -> tuple[float | None, int | None]:
-    """The process's probe: GPU utilisation and free memory, or (None, None)."""
-    return _default.read()

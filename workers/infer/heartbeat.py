@@ -17,7 +17,7 @@ from workers.infer.engines.base import (
     KeepsHostCache,
     KvState,
 )
-from workers.infer.gpu import gpu_profile
+from workers.infer.gpu import GpuProbe
 from workers.outputs import Output, Sender
 from workers.prefix import HeldBlocks
 
@@ -83,10 +83,11 @@ class Heartbeat:
         self.snapshot = snapshot
         self.state: Literal["ready", "draining", "stopped"] = "ready"
         self.host = socket.gethostname()
+        self.gpu = GpuProbe()  # the GPUs this worker sees (workers/infer/gpu.py)
 
     async def beat(self) -> None:
         now = self.snapshot()
-        gpu_util, gpu_free = gpu_profile()
+        gpu_util, gpu_free = self.gpu.read()
         record = WorkerHeartbeat(
             worker_id=self.worker_id, pool=self.pool, engine=self.engine, models=self.models,
             loaded=list(now.loaded or ()), state=self.state,
