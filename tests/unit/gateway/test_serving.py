@@ -258,3 +258,27 @@ async def test_streams_not_resumable_carry_no_ids_and_a_drop_cancels_at_once() -
     [(topic, value)] = producer.sent
     assert topic == "sv.control"
     assert default_codec().decode(value, "Control")["action"] == "cancel"
+
+
+async def test_a_text_redacted_before_is_found_in_the_gateways_memo() -> None:
+    """A conversation resends its earlier turns: the gateway searches each text once."""
+    from schemas.codec import default_codec
+    from tests.support.factories import generation
+
+    sent: list[tuple[str, bytes]] = []
+
+    class Accepting(BrokerStandIn):
+        async def send_and_wait(self, topic: str, value: bytes, key: bytes | None = None,
+                                headers: Any = None) -> None:
+            sent.append((topic, value))
+
+    serving, _ = submitting(Accepting())
+    serving.policies.set("default", '[pii]\nredact = ["email", "phone"]\n')
+    turn = generation(messages=[{"role": "user",
+                                 "content": "Mail jane.doe@example.com or call +1 415 555 0134."}])
+    for _ in range(2):
+        await serving.submit(turn)
+    requests = [default_codec().decode(v, "Request") for t, v in sent if t == "sv.requests"]
+    assert [r["generation"]["messages"][0]["content"] for r in requests] == [
+        "Mail <EMAIL_1> or call <PHONE_1>."] * 2
+    assert (serving.find_memo.hits, serving.find_memo.misses) == (1, 1)
