@@ -59,6 +59,7 @@ __all__ = ["main", "POLICY", "PROMPT"]
 PROMPT = ("Write one short sentence about conveyor belts for jane.doe@example.com "
           "(call +1 415 555 0134 if unsure).")
 TTFT_TARGET_MS = 1.0
+RATE_TARGET = 0.95
 
 
 def varied_prompts() -> Callable[[], str]:
@@ -71,7 +72,6 @@ def varied_prompts() -> Callable[[], str]:
         return (f"Write one short sentence about conveyor belts for user{n}@example.com "
                 f"(call +1 415 {200 + n % 800:03d} 01{n // 800 % 100:02d} if unsure).")
     return prompt
-RATE_TARGET = 0.95
 
 
 def policy_text(terms: int = 1000) -> str:
@@ -92,7 +92,6 @@ def check_costs() -> dict[str, float]:
     answer = ["".join(f" word{i}" for i in range(j, j + 1)) for j in range(TOKENS)]
 
     entities = ("email", "phone", "card", "iban", "ip")
-
     memo = FindMemo()
 
     def redact() -> None:
