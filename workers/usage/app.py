@@ -175,9 +175,12 @@ class AccountingApp:
             broker_commit_interval=1.0,
             consumer_auto_offset_reset="earliest",
         )
-        # usage is fetched in batches (workers/usage/fetching.py): set before
-        # anything (a topic, a table) asks the app for its transport
-        self.app.transport = batched_fetch_transport(self.app)
+        self.feedback_topic = settings.topic("feedback")
+        # usage is fetched in batches, and a rebalance reads a counted partition
+        # with no commit from its beginning (workers/usage/fetching.py): set
+        # before anything (a topic, a table) asks the app for its transport
+        self.app.transport = batched_fetch_transport(
+            self.app, frozenset({self.source_topic, self.feedback_topic}))
         # a source offset is committed only once its changelog writes are
         # acknowledged (workers/usage/drain.py)
         self.drain = drain_before_commit(self.app.producer.buffer, FLUSH_TIMEOUT_S)
@@ -197,7 +200,6 @@ class AccountingApp:
             "feedback-ratings", partitions=1, extra_topic_configs=changelog_configs(replication),
             help="rating rows and each request's latest rating (workers/usage/ratings.py)")
         self.ratings = Ratings(self.rating_table, now_ms)
-        self.feedback_topic = settings.topic("feedback")
         self.feedback = self.app.topic(self.feedback_topic, key_serializer="raw",
                                        value_serializer=UsageValueCodec(event_type="Feedback"))
         self._ratings_swept = 0

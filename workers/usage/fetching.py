@@ -1,4 +1,7 @@
-"""The accounting app's consumer fetches in batches: nobody waits on a usage event.
+"""The accounting app's consumer: it fetches in batches, and a partition nothing
+was committed on starts again from its beginning after each rebalance.
+
+**Batches.** Nobody waits on a usage event.
 
 Faust's aiokafka driver makes its consumer with ``fetch_min_bytes`` left at 1, so
 the broker answers a fetch as soon as one record is there: at a few hundred
@@ -13,17 +16,38 @@ much later, in fewer and fuller fetches.
 :func:`batched_fetch_transport` is the transport the app then uses in place of
 Faust's own; it changes nothing else about the consumer (the same group,
 commits, rebalances and table recovery, whose reads fill any batch at once).
+
+**Where a rebalance resumes.** Faust ends every rebalance by seeking the stream
+partitions to their committed offsets and then clearing the agents' queues of
+what was fetched meanwhile (workers/usage/flow.py holds the flow for that). But
+aiokafka's ``seek_to_committed`` seeks only a partition whose committed offset
+is above 0: one with nothing committed yet keeps its position, past records
+fetched and then cleared from a queue, which nothing reads again while the
+member lives. That fits CI's ratings stall: a member started beside two dead
+ones held ``conveyor.feedback`` (one partition, never committed), the test's
+601 events fit in one fetch, a second rebalance (a dead member's session
+ending) can clear them, and the member then counted no rating, the poison
+event included. :func:`seek_committed_or_earliest` seeks such a partition to its
+beginning, where a member given it for the first time starts
+(``auto_offset_reset=earliest``); what it reads again there is counted once
+(each ledger row keeps the position of the last event applied to it).
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiokafka
 import faust
+from aiokafka import TopicPartition
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
-__all__ = ["FETCH_MAX_WAIT_MS", "FETCH_MIN_BYTES", "batched_fetch_transport"]
+__all__ = ["FETCH_MAX_WAIT_MS", "FETCH_MIN_BYTES", "batched_fetch_transport",
+           "seek_committed_or_earliest"]
+
+log = logging.getLogger(__name__)
 
 FETCH_MIN_BYTES = 64 * 1024
 FETCH_MAX_WAIT_MS = 100
@@ -37,6 +61,30 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS
         return consumer
 
+    async def seek_to_committed(self) -> Mapping[Any, int]:
+        counted: frozenset[str] = getattr(self.transport, "counted_topics", frozenset())
+        consumer = self._ensure_consumer()
+        return await self.call_thread(  # type: ignore[no-any-return]
+            seek_committed_or_earliest, consumer, lambda tp: tp.topic in counted)
+
+
+async def seek_committed_or_earliest(
+        consumer: aiokafka.AIOKafkaConsumer,
+        restart: Callable[[TopicPartition], bool] = lambda tp: True,
+) -> dict[TopicPartition, int | None]:
+    """Seek every assigned partition to its committed offset, and those with
+    none (or 0) for which ``restart`` holds to their beginning; the committed
+    offsets, as aiokafka's ``seek_to_committed`` returns them. (The app asks
+    it for the topics it counts: a table's changelog has no commits, and
+    Faust's recovery positions it itself.)"""
+    committed: dict[TopicPartition, int | None] = await consumer.seek_to_committed()
+    fresh = [tp for tp, offset in committed.items() if not offset and restart(tp)]
+    if fresh:
+        log.info("accounting: nothing committed on %s: read from the beginning",
+                 ", ".join(sorted(f"{tp.topic}[{tp.partition}]" for tp in fresh)))
+        await consumer.seek_to_beginning(*fresh)
+    return committed
+
 
 class _Consumer(faust_aiokafka.Consumer):
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
@@ -45,8 +93,14 @@ class _Consumer(faust_aiokafka.Consumer):
 
 class _Transport(faust_aiokafka.Transport):
     Consumer = _Consumer
+    counted_topics: frozenset[str] = frozenset()
 
 
-def batched_fetch_transport(app: faust.App) -> faust_aiokafka.Transport:
-    """A transport for ``app`` (set before it starts) whose consumer fetches in batches."""
-    return _Transport(app.conf.broker_consumer, app)
+def batched_fetch_transport(app: faust.App, counted: frozenset[str]
+                            ) -> faust_aiokafka.Transport:
+    """A transport for ``app`` (set before it starts) whose consumer fetches in
+    batches and reads the partitions of ``counted`` (the topics the app counts)
+    that have no commit from their beginning after a rebalance."""
+    transport = _Transport(app.conf.broker_consumer, app)
+    transport.counted_topics = counted
+    return transport

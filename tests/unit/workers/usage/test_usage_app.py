@@ -59,3 +59,8 @@ def test_the_worker_consumer_lets_the_broker_batch_its_fetches(tmp_path: Path) -
 
     # Faust's own settings (the group) kept
     assert asyncio.run(made()) == (FETCH_MIN_BYTES, FETCH_MAX_WAIT_MS, "tfetch.accounting")
+    # after a rebalance the counted topics' partitions with no commit are read from
+    # their beginning (tests/kafka/workers/usage/test_usage_fetching.py), not Faust's
+    # own topics or the tables' changelogs
+    assert cast(Any, accounting.app.transport).counted_topics == {"tfetch.usage",
+                                                                  "tfetch.feedback"}
