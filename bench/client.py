@@ -2,18 +2,28 @@
 
 SSE is parsed by lines; time to first token (TTFT) is taken at the first chunk
 that carries text, total latency at ``data: [DONE]``.
+
+The load generator shares the machine's two cores with what it measures, so
+it is a lean HTTP/1.1 client of its own (:class:`StreamClient`: keep-alive
+connections on asyncio's protocol callbacks, the chunked encoding and SSE
+lines parsed over a byte buffer, orjson for the events) rather than httpx,
+whose streaming cost about 1.2 ms of CPU a request: a fifth of everything
+``bench.profile`` measured, taken from the processes under test.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 import time
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from types import TracebackType
+from typing import Any, cast
+from urllib.parse import urlsplit
 
-import httpx
+import orjson
 
-__all__ = ["Sample", "make_client", "stream_completion"]
+__all__ = ["Sample", "StreamClient", "make_client", "stream_completion"]
 
 
 @dataclass(frozen=True)
@@ -30,12 +40,273 @@ class Sample:
         return self.error is None
 
 
-def make_client(connections: int = 64, timeout_s: float = 30.0) -> httpx.AsyncClient:
-    """HTTP/1.1 with keep-alive and room for ``connections`` concurrent streams."""
-    return httpx.AsyncClient(
-        limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
-        timeout=httpx.Timeout(timeout_s, connect=5.0),
-    )
+class HttpError(Exception):
+    """The connection or the response broke HTTP/1.1 (or closed early)."""
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection: what arrived waits in :attr:`buf`."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.used = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # (uvloop's transports do not derive from asyncio.Transport)
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self.closed = True
+        self._wake()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def fill(self) -> None:
+        """Wait for more bytes; HttpError once the peer has closed."""
+        if self.closed:
+            raise HttpError("the server closed the connection")
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    async def until(self, sep: bytes) -> bytes:
+        """The bytes before ``sep``, taken from the buffer with it."""
+        while (at := self.buf.find(sep)) < 0:
+            await self.fill()
+        out = bytes(self.buf[:at])
+        del self.buf[:at + len(sep)]
+        return out
+
+    async def exactly(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            await self.fill()
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+@dataclass
+class _Head:
+    status: int
+    headers: dict[str, str]
+
+    @property
+    def chunked(self) -> bool:
+        return "chunked" in self.headers.get("transfer-encoding", "").lower()
+
+    @property
+    def keep_alive(self) -> bool:
+        return self.headers.get("connection", "").lower() != "close"
+
+
+async def _head(conn: _Connection) -> _Head:
+    lines = (await conn.until(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+        raise HttpError(f"not an HTTP/1.1 status line: {lines[0][:80]!r}")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return _Head(int(parts[1]), headers)
+
+
+async def _body(conn: _Connection, head: _Head) -> AsyncIterator[bytes]:
+    """The body's bytes as they arrive, the chunked encoding undone."""
+    if head.chunked:
+        while True:
+            size = int((await conn.until(b"\r\n")).split(b";", 1)[0], 16)
+            if size == 0:
+                while await conn.until(b"\r\n"):  # trailers, then the blank line
+                    pass
+                return
+            yield await conn.exactly(size)
+            await conn.exactly(2)
+    elif "content-length" in head.headers:
+        left = int(head.headers["content-length"])
+        while left > 0:
+            if not conn.buf:
+                await conn.fill()
+            piece = bytes(conn.buf[:left])
+            del conn.buf[:len(piece)]
+            left -= len(piece)
+            yield piece
+    else:  # delimited by the connection's end
+        head.headers["connection"] = "close"
+        while not conn.closed or conn.buf:
+            if conn.buf:
+                piece = bytes(conn.buf)
+                conn.buf.clear()
+                yield piece
+            else:
+                try:
+                    await conn.fill()
+                except HttpError:
+                    return
+
+
+class StreamClient:
+    """HTTP/1.1 with keep-alive and room for ``connections`` concurrent streams
+    (an async context manager; plain ``http://`` URLs)."""
+
+    def __init__(self, connections: int = 64, timeout_s: float = 30.0) -> None:
+        self.timeout_s = timeout_s
+        self._slots = asyncio.Semaphore(connections)
+        self._idle: dict[tuple[str, int], list[_Connection]] = {}
+
+    async def __aenter__(self) -> StreamClient:
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        for conns in self._idle.values():
+            for conn in conns:
+                conn.close()
+        self._idle.clear()
+
+    async def _connect(self, host: str, port: int) -> _Connection:
+        idle = self._idle.get((host, port))
+        while idle:
+            conn = idle.pop()
+            if not conn.closed:
+                return conn
+        _, conn = await asyncio.get_running_loop().create_connection(_Connection, host, port)
+        return conn
+
+    def _release(self, host: str, port: int, conn: _Connection, reusable: bool) -> None:
+        if reusable and not conn.closed and not conn.buf:
+            conn.used = True
+            self._idle.setdefault((host, port), []).append(conn)
+        else:
+            conn.close()
+
+    async def post_sse(self, url: str, body: Mapping[str, Any], sample: _Timing,
+                       headers: Mapping[str, str] | None = None) -> None:
+        """POST ``body`` as JSON to ``url`` and feed each SSE ``data:`` payload of
+        the answer to ``sample`` (HttpError, TimeoutError or ValueError on failure)."""
+        parts = urlsplit(url)
+        host, port = parts.hostname or "127.0.0.1", parts.port or 80
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        payload = orjson.dumps(body)
+        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        request = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                   f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+                   f"Content-Length: {len(payload)}\r\n{extra}\r\n").encode() + payload
+        async with self._slots, asyncio.timeout(self.timeout_s):
+            conn, head = await self._send(host, port, request)
+            reusable = False
+            try:
+                sample.status(head.status)
+                pending = b""
+                async for piece in _body(conn, head):
+                    if sample.finished:
+                        continue  # read to the end, so the connection is reusable
+                    if head.status != 200:
+                        sample.error_body(piece)
+                        continue
+                    *lines, pending = (pending + piece).split(b"\n")
+                    for line in lines:
+                        if line.startswith(b"data:") and sample.data(line[5:].strip()):
+                            break
+                reusable = head.keep_alive
+            finally:
+                self._release(host, port, conn, reusable)
+
+    async def _send(self, host: str, port: int, request: bytes) -> tuple[_Connection, _Head]:
+        """Write ``request`` and read the answer's head. A kept-alive connection
+        the server closed while it was idle, before answering, is replaced once."""
+        for attempt in (0, 1):
+            conn = await self._connect(host, port)
+            reused = conn.used
+            try:
+                assert conn.transport is not None
+                conn.transport.write(request)
+                return conn, await _head(conn)
+            except HttpError:
+                conn.close()
+                if not (reused and attempt == 0 and not conn.buf):
+                    raise
+            except BaseException:
+                conn.close()
+                raise
+        raise AssertionError("unreachable")
+
+
+class _Timing:
+    """One streamed completion's clock and what its events said."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.first: float | None = None
+        self.chars = 0
+        self.finished = False
+        self.code = 0
+        self.error: str | None = None
+
+    def status(self, code: int) -> None:
+        self.code = code
+
+    def error_body(self, piece: bytes) -> None:
+        if self.error is None:
+            self.error = f"HTTP {self.code}: {piece[:200].decode(errors='replace')}"
+
+    def data(self, data: bytes) -> bool:
+        """One event's payload; True once the stream is done."""
+        if data == b"[DONE]":
+            self.finished = True
+            return True
+        chunk = orjson.loads(data)
+        if "error" in chunk:
+            self.error = f"error event: {orjson.dumps(chunk['error']).decode()[:200]}"
+            self.finished = True
+            return True
+        text = _text_of(chunk)
+        if text:
+            if self.first is None:
+                self.first = time.perf_counter()
+            self.chars += len(text)
+        return False
+
+    def sample(self) -> Sample:
+        end = time.perf_counter()
+        if self.code != 200:
+            return _failed(self.start, self.error or f"HTTP {self.code}")
+        if self.error is not None:
+            return _failed(self.start, self.error)
+        if not self.finished:
+            return _failed(self.start, "stream ended without [DONE]")
+        if self.first is None:
+            return _failed(self.start, "no text in the stream")
+        return Sample(ttft=self.first - self.start, total=end - self.start, chars=self.chars)
+
+
+def make_client(connections: int = 64, timeout_s: float = 30.0) -> StreamClient:
+    """The load generator's client, with room for ``connections`` concurrent streams."""
+    return StreamClient(connections, timeout_s)
 
 
 def _text_of(chunk: dict[str, Any]) -> str:
@@ -45,41 +316,15 @@ def _text_of(chunk: dict[str, Any]) -> str:
     return text
 
 
-async def stream_completion(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Sample:
+async def stream_completion(client: StreamClient, url: str, body: dict[str, Any]) -> Sample:
     """POST a streaming request and time it; failures come back as a Sample with
     ``error`` set, never raised."""
-    start = time.perf_counter()
-    first: float | None = None
-    chars = 0
-    done = False
+    timing = _Timing()
     try:
-        async with client.stream("POST", url, json=body) as response:
-            if response.status_code != 200:
-                detail = (await response.aread())[:200].decode(errors="replace")
-                return _failed(start, f"HTTP {response.status_code}: {detail}")
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    done = True
-                    break
-                chunk = json.loads(data)
-                if "error" in chunk:
-                    return _failed(start, f"error event: {json.dumps(chunk['error'])[:200]}")
-                text = _text_of(chunk)
-                if text:
-                    if first is None:
-                        first = time.perf_counter()
-                    chars += len(text)
-    except (httpx.HTTPError, json.JSONDecodeError) as exc:
-        return _failed(start, f"{type(exc).__name__}: {exc}"[:200])
-    end = time.perf_counter()
-    if not done:
-        return _failed(start, "stream ended without [DONE]")
-    if first is None:
-        return _failed(start, "no text in the stream")
-    return Sample(ttft=first - start, total=end - start, chars=chars)
+        await client.post_sse(url, body, timing)
+    except (HttpError, OSError, TimeoutError, ValueError) as exc:
+        return _failed(timing.start, f"{type(exc).__name__}: {exc}"[:200])
+    return timing.sample()
 
 
 def _failed(start: float, error: str) -> Sample:

@@ -7,9 +7,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import httpx
-
-from bench.client import Sample, stream_completion
+from bench.client import Sample, StreamClient, stream_completion
 
 __all__ = ["DELAY_MS", "PROMPT", "TOKENS", "Result", "Scenario", "Side", "Tally", "scenarios"]
 
@@ -60,7 +58,7 @@ class Side:
     name: str
     url: str
     models: dict[bool, str]  # paced? -> model name
-    client: httpx.AsyncClient
+    client: StreamClient
     # one prompt for every request, or a function that makes each request's
     prompt: str | Callable[[], str] = PROMPT
 
