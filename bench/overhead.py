@@ -62,19 +62,21 @@ upstream_model = "bench@0"
 
 
 def checks(result: Result) -> list[Check]:
-    """The pipeline's targets against the direct calls of the same run."""
+    """The pipeline's targets against the direct calls of the same run (those of
+    "The price of the log": a gateway in front of fast models must not be the
+    bottleneck, nor make the first token late)."""
     added = result.added_ttft()
     key = result.scenario.key
     if key == "c1-paced":
-        return [Check(key, "added TTFT p50", percentile(added, 50) * 1000, 10, "<=", "ms"),
-                Check(key, "added TTFT p99", percentile(added, 99) * 1000, 30, "<=", "ms")]
+        return [Check(key, "added TTFT p50", percentile(added, 50) * 1000, 5, "<=", "ms"),
+                Check(key, "added TTFT p99", percentile(added, 99) * 1000, 15, "<=", "ms")]
     if key == "c32-paced":
-        # ~99 req/s in theory (32 streams x 320 ms); the client's own cost keeps
-        # the direct side a little under that, so keep up with it within 5%.
-        return [Check(key, "Conveyor rate (~99 ideal, >= 95% of direct)", result.variant.rate,
-                      round(0.95 * result.base.rate, 1), ">=", "req/s"),
-                Check(key, "added TTFT p50", percentile(added, 50) * 1000, 20, "<=", "ms")]
-    return [Check(key, "Conveyor streamed rate", result.variant.rate, 150, ">=", "req/s")]
+        # ~99 req/s in theory (32 streams x 320 ms): keep up with the direct side
+        return [Check(key, "Conveyor rate (~99 ideal, >= 98% of direct)", result.variant.rate,
+                      round(0.98 * result.base.rate, 1), ">=", "req/s"),
+                Check(key, "added TTFT p50", percentile(added, 50) * 1000, 10, "<=", "ms")]
+    # (sustained over 100,000 requests: --soak 100000)
+    return [Check(key, "Conveyor streamed rate", result.variant.rate, 1000, ">=", "req/s")]
 
 
 OVERHEAD = Comparison("direct", "conveyor", "Overhead: Conveyor vs. the upstream called directly",

@@ -114,6 +114,8 @@ class ProgressTracker:
         self.redis_ok = True
         self._redis_run_id: str | None = None
         self._epoch_key = f"{settings.topic_prefix}:redis-epoch"
+        # EVALSHA, the script sent again only when Redis lost it (a flush, a restart)
+        self._claim = redis.register_script(_CLAIM)
 
     def _key(self, request_id: str) -> str:
         return f"{self.settings.topic_prefix}:claim:{request_id}"
@@ -161,10 +163,10 @@ class ProgressTracker:
         is when the task was written to its topic, ``entered_ms`` when the
         request entered the gateway."""
         try:
-            created, state, leased, epoch = await self.redis.eval(  # type: ignore[misc]
-                _CLAIM, 3, self._key(request_id), self._lease(request_id), self._epoch_key,
-                _STARTED + worker_id.encode(), self.settings.progress_ttl_s, worker_id,
-                int(self.settings.claim_lease_s * 1000))
+            created, state, leased, epoch = await self._claim(
+                keys=[self._key(request_id), self._lease(request_id), self._epoch_key],
+                args=[_STARTED + worker_id.encode(), self.settings.progress_ttl_s, worker_id,
+                      int(self.settings.claim_lease_s * 1000)])
         except (RedisError, OSError) as exc:
             self.redis_failed(exc)
         else:

@@ -51,3 +51,23 @@ async def test_a_run_that_kafka_interrupted_claims_its_task_again(
     finally:
         await lookup.close()
         await producer.stop()
+
+
+async def test_a_claim_loads_its_script_again_when_redis_lost_it(
+        services: None, redis: aioredis.Redis) -> None:
+    """Claims run by EVALSHA; a restarted Redis has no scripts (SCRIPT FLUSH is
+    what it starts with), and the next claim loads the script again."""
+    settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    await ensure_topics(settings, [s for s in catalog(settings)
+                                   if s.name == TOKENS.at(settings)])
+    lookup = SharedLookup(settings)
+    tracker = ProgressTracker(settings, redis, default_codec(), lookup)
+    try:
+        entered = now_ms()
+        assert (await tracker.claim("ra", "w0", entered, entered))[0] == "start"
+        await redis.script_flush()
+        assert (await tracker.claim("rb", "w0", entered, entered))[0] == "start"
+        assert (await tracker.claim("rb", "w1", entered, entered))[0] == "busy"
+        assert tracker.redis_ok
+    finally:
+        await lookup.close()
