@@ -172,6 +172,7 @@ class StreamClient:
 
     def __init__(self, connections: int = 64, timeout_s: float = 30.0) -> None:
         self.timeout_s = timeout_s
+        self.headers: dict[str, str] = {}  # sent with every request (an API key)
         self._slots = asyncio.Semaphore(connections)
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
 
@@ -204,15 +205,14 @@ class StreamClient:
         else:
             conn.close()
 
-    async def post_sse(self, url: str, body: Mapping[str, Any], sample: _Timing,
-                       headers: Mapping[str, str] | None = None) -> None:
+    async def post_sse(self, url: str, body: Mapping[str, Any], sample: _Timing) -> None:
         """POST ``body`` as JSON to ``url`` and feed each SSE ``data:`` payload of
         the answer to ``sample`` (HttpError, TimeoutError or ValueError on failure)."""
         parts = urlsplit(url)
         host, port = parts.hostname or "127.0.0.1", parts.port or 80
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         payload = orjson.dumps(body)
-        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        extra = "".join(f"{k}: {v}\r\n" for k, v in self.headers.items())
         request = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
                    f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
                    f"Content-Length: {len(payload)}\r\n{extra}\r\n").encode() + payload

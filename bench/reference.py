@@ -36,6 +36,7 @@ from typing import Any, get_args
 
 from conveyor.registry import ModelSpec, Precision, Registry, precise_gguf
 from infra.reference_prompts import PROMPTS, ReferencePrompt
+from schemas.records import Message
 
 __all__ = ["Agreement", "main"]
 
@@ -89,7 +90,9 @@ def _rendered(spec: ModelSpec) -> dict[str, str]:
     tokenizer = GgufTokenizer(spec.source_gguf_path())
     out = {}
     for p in PROMPTS:
-        rendered = tokenizer.render_chat(list(p.messages)) if p.kind == "chat" else p.prompt
+        rendered = (tokenizer.render_chat([Message(role=m["role"], content=m["content"])
+                                           for m in p.messages])
+                    if p.kind == "chat" else p.prompt)
         if rendered is None:
             raise SystemExit(f"{spec.name} has no chat template")
         out[p.id] = rendered

@@ -11,6 +11,7 @@ import time
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
+import orjson
 import pytest
 import uvicorn
 
@@ -91,3 +92,43 @@ def test_failures_come_back_as_samples(upstream: str) -> None:
     assert missing is not None and missing.startswith("HTTP 404")
     assert refused is not None and refused.startswith("ConnectionRefusedError"), refused
     assert still is None
+
+
+async def _echo_auth(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Streams the request's Authorization header back as one completion chunk."""
+    if scope["type"] != "http":
+        return
+    auth = dict(scope["headers"]).get(b"authorization", b"").decode()
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")]})
+    chunk = orjson.dumps({"choices": [{"text": auth}]})
+    await send({"type": "http.response.body", "body": b"data: " + chunk + b"\n\n",
+                "more_body": True})
+    await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+
+def test_the_client_headers_go_with_every_request() -> None:
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(_echo_auth, host="127.0.0.1", port=port,
+                                           http="httptools", log_level="critical",
+                                           lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+
+    async def go() -> list[int]:
+        async with StreamClient(connections=1) as client:
+            client.headers["Authorization"] = "Bearer sk-bench"
+            samples = [await stream_completion(client, f"http://127.0.0.1:{port}/", BODY)
+                       for _ in range(3)]
+            assert all(s.ok for s in samples), samples
+            return [s.chars for s in samples]
+
+    try:
+        assert run(go()) == [len("Bearer sk-bench")] * 3
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
