@@ -17,14 +17,21 @@ Decisions:
   becomes a final assistant message sent with vLLM's
   ``continue_final_message: true, add_generation_prompt: false``.
 * **Streaming.** Always ``stream: true`` with ``include_usage``. The SSE body
-  is read line by line, one ``orjson.loads`` per ``data:`` line and no models,
+  is read a block at a time and split into lines, one ``orjson.loads`` per
+  ``data:`` line and no models,
   to keep per-token overhead small. After ``data: [DONE]`` the rest of the
   body is still drained so the connection goes back to the pool.
-* **Pieces.** Each non-empty text delta is a :class:`Piece` with
-  ``tokens=1``; the final piece carries no text and the finish reason
-  (anything but ``"length"`` reads as ``"stop"``). When the upstream reports
-  ``usage.completion_tokens`` the final piece carries the difference, so the
-  pieces add up to the upstream's count (never a negative difference).
+* **Pieces.** The text deltas that arrive in one read of the socket are one
+  :class:`Piece` (``tokens`` = how many): a paced upstream's token is a piece
+  of its own, an answer that comes in a burst (unpaced, cached, a fast
+  model) one piece, so the worker sends its first chunk as soon as it came
+  and it holds the whole burst, not the first token alone (before, every
+  burst was two token chunks, two replies and three SSE writes: a produce, a
+  fetch and a wake-up more in three processes). The final piece carries no
+  text and the finish reason (anything but ``"length"`` reads as ``"stop"``).
+  When the upstream reports ``usage.completion_tokens`` the final piece
+  carries the difference, so the pieces add up to the upstream's count
+  (never a negative difference).
 * **Errors.** An HTTP status >= 400, an error event inside the stream, a
   transport failure, unparsable data, or a stream that ends without a finish
   reason all become :class:`~conveyor.errors.EngineError` carrying the
@@ -99,10 +106,7 @@ class OpenAIHttpEngine:
             raise EngineError(f"engine {self.name} is not started")
         path, body = _upstream_body(request)
         chat = path.endswith("/chat/completions")
-        emitted = 0
-        calls = CallsAsText()  # an upstream's tool calls, in Conveyor's format
-        finish: Literal["stop", "length"] | None = None
-        usage_tokens: int | None = None
+        reading = _Reading(chat, request.logprobs)
         try:
             async with client.post(path.lstrip("/"), json=body) as response:
                 if response.status >= 400:
@@ -110,47 +114,24 @@ class OpenAIHttpEngine:
                         f"upstream returned HTTP {response.status}: "
                         f"{await _error_message(response)}"
                     )
-                done = False
-                async for raw in response.content:
-                    if done or not raw.startswith(b"data:"):
-                        continue  # blank separators, comments, event names, the tail
-                    data = raw[5:].strip()
-                    if data == b"[DONE]":
-                        done = True
-                        continue
-                    event = _parse(data)
-                    if "error" in event:
-                        raise EngineError(f"upstream error: {_message_of(event)}")
-                    usage = event.get("usage")
-                    if usage and usage.get("completion_tokens") is not None:
-                        usage_tokens = int(usage["completion_tokens"])
-                    for choice in event.get("choices") or ():
-                        if choice.get("index", 0) != 0:
-                            continue
-                        if chat:
-                            delta = choice.get("delta") or {}
-                            text = (delta.get("content") or "") + calls.feed(
-                                delta.get("tool_calls"))
-                            if choice.get("finish_reason"):
-                                text += calls.close()
-                        else:
-                            text = choice.get("text")
-                        logprobs = _logprobs(choice.get("logprobs"), chat) \
-                            if request.logprobs else ()
-                        if text:
-                            emitted += 1
-                            yield Piece(text, tokens=1, logprobs=logprobs)
-                        reason = choice.get("finish_reason")
-                        if reason:
-                            finish = "length" if reason == "length" else "stop"
-                if not done:
+                partial = b""
+                async for block in response.content.iter_any():
+                    *lines, partial = (partial + block).split(b"\n")
+                    piece = reading.take(lines)
+                    if piece is not None:
+                        yield piece
+                piece = reading.take([partial])  # a last line with no newline
+                if piece is not None:
+                    yield piece
+                if not reading.done:
                     response.close()  # the stream ended without [DONE]: do not reuse
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise EngineError(f"upstream {self.base_url} failed: {exc!r}") from exc
-        if finish is None:
+        if reading.finish is None:
             raise EngineError("upstream stream ended without a finish_reason")
-        extra = 0 if usage_tokens is None else max(0, usage_tokens - emitted)
-        yield Piece("", tokens=extra, finish_reason=finish)
+        extra = 0 if reading.usage_tokens is None else max(
+            0, reading.usage_tokens - reading.emitted)
+        yield Piece("", tokens=extra, finish_reason=reading.finish)
 
     def kv_state(self) -> KvState | None:
         return None  # no KV cache the worker can see (see base.Engine)
@@ -159,6 +140,60 @@ class OpenAIHttpEngine:
         client, self._client = self._client, None
         if client is not None:
             await client.close()
+
+
+class _Reading:
+    """One answer's SSE events, read a block at a time: the text deltas that
+    came in one read are one :class:`Piece` (see Pieces in the module notes)."""
+
+    def __init__(self, chat: bool, logprobs: bool) -> None:
+        self.chat = chat
+        self.logprobs = logprobs
+        self.calls = CallsAsText()  # an upstream's tool calls, in Conveyor's format
+        self.done = False
+        self.emitted = 0
+        self.finish: Literal["stop", "length"] | None = None
+        self.usage_tokens: int | None = None
+
+    def take(self, lines: list[bytes]) -> Piece | None:
+        """The text of ``lines`` (complete SSE lines) as one piece, or None."""
+        texts: list[str] = []
+        logprobs: list[TokenLogprob] = []
+        for raw in lines:
+            if self.done or not raw.startswith(b"data:"):
+                continue  # blank separators, comments, event names, the tail
+            data = raw[5:].strip()
+            if data == b"[DONE]":
+                self.done = True
+                continue
+            event = _parse(data)
+            if "error" in event:
+                raise EngineError(f"upstream error: {_message_of(event)}")
+            usage = event.get("usage")
+            if usage and usage.get("completion_tokens") is not None:
+                self.usage_tokens = int(usage["completion_tokens"])
+            for choice in event.get("choices") or ():
+                if choice.get("index", 0) != 0:
+                    continue
+                if self.chat:
+                    delta = choice.get("delta") or {}
+                    text = (delta.get("content") or "") + self.calls.feed(
+                        delta.get("tool_calls"))
+                    if choice.get("finish_reason"):
+                        text += self.calls.close()
+                else:
+                    text = choice.get("text")
+                if text:
+                    texts.append(text)
+                    if self.logprobs:
+                        logprobs.extend(_logprobs(choice.get("logprobs"), self.chat))
+                reason = choice.get("finish_reason")
+                if reason:
+                    self.finish = "length" if reason == "length" else "stop"
+        if not texts:
+            return None
+        self.emitted += len(texts)
+        return Piece("".join(texts), tokens=len(texts), logprobs=tuple(logprobs))
 
 
 def _upstream_body(request: GenerationRequest) -> tuple[str, dict[str, Any]]:

@@ -45,11 +45,12 @@ class FakeUpstream:
     status: int = 200  # anything else: answer with OpenAI's error envelope
     usage_extra: int = 0  # completion_tokens reported beyond the events sent
     garbage: str | None = None  # a data line sent after the first token, as it is
+    burst: bool = False  # the whole answer in one write (an unpaced upstream's burst)
     calls: list[UpstreamCall] = field(default_factory=list)
 
     def reset(self) -> None:
         self.answer_tokens, self.token_delay_s = 5, 0.0
-        self.status, self.usage_extra, self.garbage = 200, 0, None
+        self.status, self.usage_extra, self.garbage, self.burst = 200, 0, None, False
         self.calls.clear()
 
     def wait_for(self, predicate: Any, timeout_s: float = 5.0) -> bool:
@@ -70,7 +71,15 @@ def _app(upstream: FakeUpstream) -> Starlette:
             envelope = {"error": {"message": "bad request from the fake",
                                   "type": "invalid_request_error", "param": None, "code": None}}
             return JSONResponse(envelope, status_code=upstream.status)
-        return StreamingResponse(_events(upstream, call), media_type="text/event-stream")
+        events = _events(upstream, call)
+        if upstream.burst:
+            whole = "".join([e async for e in events])
+
+            async def one_write() -> AsyncIterator[str]:
+                yield whole
+
+            events = one_write()
+        return StreamingResponse(events, media_type="text/event-stream")
 
     return Starlette(routes=[
         Route("/v1/completions", completions, methods=["POST"]),

@@ -54,6 +54,7 @@ async def until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> bool:
 async def test_completion_streams_tokens_in_order(
     fake_upstream: FakeUpstream, engine_factory: EngineFactory
 ) -> None:
+    fake_upstream.token_delay_s = 0.05  # a paced upstream: each token read alone
     engine = await engine_factory(fake_upstream.base_url)
     pieces = await collect(engine, request(kind="completion", prompt_text="Once", max_tokens=3))
 
@@ -67,6 +68,23 @@ async def test_completion_streams_tokens_in_order(
     assert call.body["stream_options"] == {"include_usage": True}
     assert call.body["max_tokens"] == 3
     assert "seed" not in call.body and "stop" not in call.body
+
+
+async def test_a_burst_comes_as_the_pieces_it_was_read_in_adding_up(
+    fake_upstream: FakeUpstream, engine_factory: EngineFactory
+) -> None:
+    """An unpaced upstream writes its whole answer at once: the deltas of one
+    read are one piece, so the worker's first chunk holds the burst."""
+    fake_upstream.burst, fake_upstream.answer_tokens = True, 12
+    engine = await engine_factory(fake_upstream.base_url)
+    req = request(kind="completion", prompt_text="Once", max_tokens=12, logprobs=True,
+                  top_logprobs=1)
+    pieces = await collect(engine, req)
+
+    text = "".join(f"tok{i} " for i in range(12))
+    assert [(p.text, p.tokens, p.finish_reason) for p in pieces] == [
+        (text, 12, None), ("", 0, "stop")]
+    assert [t["token"] for t in pieces[0].logprobs] == [f"tok{i} " for i in range(12)]
 
 
 async def test_chat_without_prompt_goes_to_chat_endpoint(
