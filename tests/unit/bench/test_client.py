@@ -6,18 +6,16 @@ returned as samples."""
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
 import orjson
 import pytest
-import uvicorn
 
 from bench.client import StreamClient, stream_completion
 from bench.compare import loop_factory
 from bench.upstream import build_app
+from tests.support.asgi import serving
 from tests.support.services import free_port
 
 T = TypeVar("T")
@@ -34,19 +32,8 @@ BODY = {"model": "bench@0", "prompt": "hi", "max_tokens": 8, "stream": True}
 
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[str]:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(32, 0.0), host="127.0.0.1", port=port,
-                                           http="httptools", log_level="critical",
-                                           timeout_keep_alive=1))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serving(build_app(32, 0.0), timeout_keep_alive=1) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 def test_streams_are_timed_and_their_text_counted_over_kept_alive_connections(
@@ -108,18 +95,7 @@ async def _echo_auth(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 def test_the_client_headers_go_with_every_request() -> None:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(_echo_auth, host="127.0.0.1", port=port,
-                                           http="httptools", log_level="critical",
-                                           lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-
-    async def go() -> list[int]:
+    async def go(port: int) -> list[int]:
         async with StreamClient(connections=1) as client:
             client.headers["Authorization"] = "Bearer sk-bench"
             samples = [await stream_completion(client, f"http://127.0.0.1:{port}/", BODY)
@@ -127,8 +103,5 @@ def test_the_client_headers_go_with_every_request() -> None:
             assert all(s.ok for s in samples), samples
             return [s.chars for s in samples]
 
-    try:
-        assert run(go()) == [len("Bearer sk-bench")] * 3
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with serving(_echo_auth, lifespan="off") as port:
+        assert run(go(port)) == [len("Bearer sk-bench")] * 3

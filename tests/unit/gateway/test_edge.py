@@ -5,21 +5,18 @@ purpose; the middleware and the handlers are the gateway's own."""
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI
 
 from conveyor.errors import InvalidRequest
 from gateway.errors import install_error_handlers
 from gateway.limits import BodyLimit
 from schemas.openai.requests import ChatCompletionRequest
-from tests.support.services import free_port
+from tests.support.asgi import serving
 
 LIMIT = 64 * 1024
 
@@ -46,18 +43,8 @@ def edge_app() -> FastAPI:
 
 @pytest.fixture(scope="module")
 def base_url() -> Iterator[str]:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(edge_app(), host="127.0.0.1", port=port,
-                                           http="httptools", log_level="critical"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serving(edge_app()) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 def local_port(r: httpx.Response) -> int:

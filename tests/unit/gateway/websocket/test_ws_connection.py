@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-import uvicorn
 from fastapi import FastAPI, WebSocket
 from pydantic import SecretStr
 from websockets.asyncio.client import connect
@@ -25,7 +23,7 @@ from gateway.auth.keys import KeyStore
 from gateway.auth.middleware import AuthMiddleware
 from gateway.websocket.connection import Connection, ConnectionState
 from gateway.websocket.protocol import FrameError
-from tests.support.services import free_port
+from tests.support.asgi import serving
 
 MAX_FRAME = 1024
 
@@ -64,18 +62,8 @@ def ws_app() -> FastAPI:
 @pytest.fixture(scope="module")
 def server() -> Iterator[tuple[FastAPI, str]]:
     app = ws_app()
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           http="httptools", log_level="critical"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    yield app, f"ws://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serving(app) as port:
+        yield app, f"ws://127.0.0.1:{port}"
 
 
 @pytest.fixture
