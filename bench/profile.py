@@ -10,7 +10,9 @@ py-spy, samples the stacks of Conveyor's Python processes. It prints:
 - per process: CPU milliseconds in all, microseconds a request, share;
 - per Conveyor process: the functions holding the CPU (own time, and the
   time spent under a few entry points that matter: aiokafka's produce and
-  fetch paths, Avro, OpenTelemetry), in microseconds a request.
+  fetch paths, Avro, OpenTelemetry), in microseconds a request;
+- the records a request wrote to each of the run's topics (their end
+  offsets before and after the measured seconds).
 
     python -m bench.profile [--seconds 20] [--concurrency 32] [--top 12] [--no-spy] [--paced]
     python -m bench.profile --concurrency 0    # idle: CPU a second, nothing sent
@@ -41,6 +43,7 @@ from bench.client import make_client
 from bench.compare import REGISTRY, loop_factory, staged
 from bench.harness import conveyor_env, running, wait_http
 from bench.scenarios import Side
+from conveyor.settings import load_settings
 
 __all__ = ["main"]
 
@@ -250,8 +253,10 @@ def report(procs: list[Proc], used: dict[int, float], requests: int, seconds: fl
 def run(args: argparse.Namespace) -> None:
     with staged(args.upstream_port, {args.gateway_port: "gateway"}, REGISTRY) as (stage, stack):
         gateway_url = f"http://127.0.0.1:{args.gateway_port}"
-        env = conveyor_env(topic_prefix=f"prof{int(time.time())}",
-                           gateway_port=args.gateway_port, models_file=stage.models)
+        prefix = f"prof{int(time.time())}"
+        env = conveyor_env(topic_prefix=prefix, gateway_port=args.gateway_port,
+                           models_file=stage.models)
+        bootstrap = env.get("CONVEYOR_KAFKA_BOOTSTRAP") or load_settings().kafka_bootstrap
         argv = [str(stage.script), "up", "--engine", "openai", "--upstream", stage.upstream_url,
                 "--pool", "bench", "--capacity", "64", "--no-infra"]
         conveyor = stack.enter_context(running("conveyor", argv, stage.work, env))
@@ -259,27 +264,59 @@ def run(args: argparse.Namespace) -> None:
         procs = processes(conveyor.popen.pid) + [Proc(os.getpid(), "load generator")]
         folder = None if args.no_spy else Path(tempfile.mkdtemp(prefix="conveyor-profile-"))
 
-        async def measure() -> tuple[int, int, float, dict[int, float]]:
+        async def measure() -> tuple[int, int, float, dict[int, float], Counter[str]]:
             async with make_client(args.concurrency + 8) as client:
                 side = Side("conveyor", f"{gateway_url}/v1/completions",
                             {False: "bench-unpaced", True: "bench-paced"}, client)
                 print(f"warming up ({args.warmup_s:.0f} s)...", flush=True)
                 await load(side, args.concurrency, args.warmup_s, args.paced)
+                offsets = await topic_offsets(bootstrap, prefix)
                 spies = [] if folder is None else spy(procs, args.seconds, folder)
                 before = {p.pid: p.cpu_s() for p in procs}
                 start = time.monotonic()
                 ok, failed = await load(side, args.concurrency, args.seconds, args.paced)
                 elapsed = time.monotonic() - start
                 used = {p.pid: p.cpu_s() - before[p.pid] for p in procs}
+                written = await topic_offsets(bootstrap, prefix)
+                written.subtract(offsets)
                 for s in spies:
                     s.wait(timeout=60)
-                return ok, failed, elapsed, used
+                return ok, failed, elapsed, used, written
 
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
-            ok, failed, elapsed, used = runner.run(measure())
+            ok, failed, elapsed, used, written = runner.run(measure())
         if failed:
             print(f"{failed} requests failed")
         report(procs, used, ok, elapsed, folder, args.top)
+        if ok:
+            print("\n" + records_line(written, prefix, ok))
+
+
+async def topic_offsets(bootstrap: str, prefix: str) -> Counter[str]:
+    """How many records each topic of the run (named under ``prefix``) holds:
+    the sum of its partitions' end offsets."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    await consumer.start()
+    try:
+        cluster = await consumer._client.fetch_all_metadata()
+        tps = [TopicPartition(topic, p) for topic in cluster.topics()
+               if topic.startswith(prefix) for p in cluster.partitions_for_topic(topic) or ()]
+        ends = await consumer.end_offsets(tps) if tps else {}
+    finally:
+        await consumer.stop()
+    out: Counter[str] = Counter()
+    for tp, end in ends.items():
+        out[tp.topic] += end
+    return out
+
+
+def records_line(written: Counter[str], prefix: str, requests: int) -> str:
+    """``records a request: tokens 2.05, replies 2.05, ...`` (topics written to, by name)."""
+    cells = [f"{topic[len(prefix):].lstrip('.-_')} {n / requests:.2f}"
+             for topic, n in sorted(written.items()) if n > 0]
+    return "records a request: " + (", ".join(cells) if cells else "none")
 
 
 def main(argv: list[str] | None = None) -> None:
