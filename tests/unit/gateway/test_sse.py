@@ -4,8 +4,11 @@ ending runs before it."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
+
+import pytest
 
 from gateway import sse
 
@@ -61,3 +64,102 @@ async def test_a_frame_after_the_last_one_is_still_sent_in_order() -> None:
         yield b"y"
 
     assert _bodies(await _sent(frames())) == [(b"x", True), (b"y", True), (b"", False)]
+
+
+# -- a server of ASGI spec 2.3 (uvicorn): the disconnect is read from receive --
+
+_SPEC_23 = {"type": "http", "asgi": {"spec_version": "2.3"}}
+
+
+class _Client:
+    """``receive`` as a server gives it once the body was read: it waits until
+    the client goes away."""
+
+    def __init__(self) -> None:
+        self.gone = asyncio.Event()
+        self.messages: list[dict[str, Any]] = []
+
+    async def receive(self) -> Any:
+        await self.gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: Any) -> None:
+        self.messages.append(dict(message))
+
+
+async def test_a_whole_stream_leaves_no_task_behind_on_a_23_server() -> None:
+    client = _Client()
+
+    async def frames() -> AsyncIterator[bytes]:
+        yield sse.data('{"a":1}')
+        yield sse.Last(sse.DONE)
+
+    before = asyncio.all_tasks()
+    await sse.EventStream(frames())(_SPEC_23, client.receive, client.send)
+    assert _bodies(client.messages) == [(b'data: {"a":1}\n\n', True), (sse.DONE, False)]
+    await asyncio.sleep(0)  # the watcher's cancellation runs
+    assert asyncio.all_tasks() == before
+
+
+async def test_a_client_that_leaves_while_the_stream_waits_closes_it() -> None:
+    client = _Client()
+    ended: list[str] = []
+    waiting = asyncio.Event()
+
+    async def frames() -> AsyncIterator[bytes]:
+        try:
+            yield sse.data('{"a":1}')
+            waiting.set()
+            await asyncio.Event().wait()  # the next reply never comes
+            yield b"never"
+        finally:
+            ended.append("stream")
+
+    streaming = asyncio.create_task(
+        sse.EventStream(frames())(_SPEC_23, client.receive, client.send))
+    await waiting.wait()
+    client.gone.set()
+    await asyncio.wait_for(streaming, 5)  # returns: the client's leaving is no error
+    assert ended == ["stream"]
+    assert _bodies(client.messages) == [(b'data: {"a":1}\n\n', True)]
+
+
+async def test_a_client_that_leaves_while_a_send_waits_closes_the_stream() -> None:
+    client = _Client()
+    ended: list[str] = []
+    stuck = asyncio.Event()
+
+    async def frames() -> AsyncIterator[bytes]:
+        try:
+            yield sse.data('{"a":1}')
+            yield b"more"
+        finally:
+            ended.append("stream")
+
+    async def send(message: Any) -> None:
+        if message["type"] == "http.response.body":
+            stuck.set()
+            await asyncio.Event().wait()  # a client that reads nothing: the write waits
+
+    streaming = asyncio.create_task(sse.EventStream(frames())(_SPEC_23, client.receive, send))
+    await stuck.wait()
+    client.gone.set()
+    await asyncio.wait_for(streaming, 5)
+    assert ended == ["stream"]
+
+
+async def test_a_stream_cancelled_from_elsewhere_is_cancelled() -> None:
+    client = _Client()
+    started = asyncio.Event()
+
+    async def frames() -> AsyncIterator[bytes]:
+        started.set()
+        await asyncio.Event().wait()
+        yield b"never"
+
+    streaming = asyncio.create_task(
+        sse.EventStream(frames())(_SPEC_23, client.receive, client.send))
+    await started.wait()
+    streaming.cancel()  # a server shutting down, say: not the client leaving
+    with pytest.raises(asyncio.CancelledError):
+        await streaming
