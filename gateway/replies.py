@@ -35,6 +35,7 @@ import contextlib
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -75,29 +76,41 @@ return 0
 
 @dataclass
 class ReplyStream:
-    """The replies of one request, in index order."""
+    """The replies of one request, in index order.
+
+    One reader waits on it. A reply that arrives wakes that reader in one turn
+    of the event loop: a future the reader awaits under ``asyncio.timeout``,
+    where an ``asyncio.Queue`` read under ``asyncio.wait_for`` made a task for
+    each wait and took three turns, behind whatever else the loop ran."""
 
     request_id: str
-    queue: asyncio.Queue[Reply] = field(default_factory=asyncio.Queue)
+    ready: deque[Reply] = field(default_factory=deque)
     next_index: int = 0
     early: dict[int, Reply] = field(default_factory=dict)
+    _waiter: asyncio.Future[None] | None = field(default=None, repr=False)
 
     async def next(self, deadline: float, within: float | None = None) -> Reply | None:
         """The next reply: one already here at once; else wait for it until
         ``deadline`` (``time.monotonic()``), DeadlineExceeded after it, or for
         ``within`` seconds, None when they passed first."""
-        if not self.queue.empty():
-            return self.queue.get_nowait()
+        if self.ready:
+            return self.ready.popleft()
         left = deadline - time.monotonic()
         if left <= 0:
             raise DeadlineExceeded(_LATE)
+        waiter = self._waiter = asyncio.get_running_loop().create_future()
         try:
-            return await asyncio.wait_for(self.queue.get(),
-                                          left if within is None else min(within, left))
+            async with asyncio.timeout(left if within is None else min(within, left)):
+                await waiter
         except TimeoutError:
+            if self.ready:  # it came as the time ran out
+                return self.ready.popleft()
             if within is not None and time.monotonic() < deadline:
                 return None
             raise DeadlineExceeded(_LATE) from None
+        finally:
+            self._waiter = None
+        return self.ready.popleft()
 
     def put(self, reply: Reply) -> None:
         index = reply["index"]
@@ -105,8 +118,11 @@ class ReplyStream:
             return
         self.early[index] = reply
         while self.next_index in self.early:
-            self.queue.put_nowait(self.early.pop(self.next_index))
+            self.ready.append(self.early.pop(self.next_index))
             self.next_index += 1
+        waiter = self._waiter
+        if self.ready and waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
 
 def reply_error(reply: Reply) -> RequestError:

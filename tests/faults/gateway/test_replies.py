@@ -27,8 +27,8 @@ def reply(index: int, text: str = "",
 
 def drain(stream: ReplyStream) -> list[int]:
     out = []
-    while not stream.queue.empty():
-        out.append(stream.queue.get_nowait()["index"])
+    while stream.ready:
+        out.append(stream.ready.popleft()["index"])
     return out
 
 
@@ -76,8 +76,9 @@ async def test_a_waiting_reader_wakes_up() -> None:
     s = ReplyStream("r1")
     s.put(reply(1))
     s.put(reply(0))
-    first = await s.queue.get()
-    second = await s.queue.get()
+    first = await s.next(time.monotonic() + 5)
+    second = await s.next(time.monotonic() + 5)
+    assert first is not None and second is not None
     assert (first["index"], second["index"]) == (0, 1)
 
 
