@@ -39,9 +39,10 @@ class EventStream(StreamingResponse):
         starlette's own call serves it. Below 2.4 (uvicorn says 2.3) a send to
         a gone client is dropped in silence, so the disconnect must be read
         from ``receive``: starlette does it with an anyio task group a
-        response, which cost the gateway 0.36 ms of CPU between the first
-        reply and its headers; here a plain task reads ``receive`` and cancels
-        the streaming task when the client leaves."""
+        response (with it the gateway spent 0.36 ms of CPU from a stream's
+        first reply to its headers at c=1, without it 0.17); here a plain task
+        reads ``receive`` and cancels the streaming task when the client
+        leaves."""
         spec = scope.get("asgi", {}).get("spec_version", "2.0")
         if scope["type"] != "http" or tuple(map(int, spec.split("."))) >= (2, 4):
             await super().__call__(scope, receive, send)

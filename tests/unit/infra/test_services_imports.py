@@ -1,8 +1,9 @@
 """Which way the dev tools' imports run: the tests and the benchmarks both
 start their services of their own from infra/services.py, so the test suite
 imports nothing of bench/ (but the tests of a benchmark itself, in
-tests/unit/bench/), and infra/ imports neither of them (nor anything of
-Conveyor's product: it drives scripts and processes)."""
+tests/unit/bench/ and, those that need the broker, tests/kafka/bench/), and
+infra/ imports neither of them (nor anything of Conveyor's product: it drives
+scripts and processes)."""
 
 from __future__ import annotations
 
@@ -25,10 +26,11 @@ def _tops(path: Path) -> set[str]:
 
 
 def test_the_tests_import_nothing_of_the_benchmarks() -> None:
-    # but the benchmarks' own tests (tests/unit/bench/: the fleet simulator's model)
-    own = ROOT / "tests" / "unit" / "bench"
+    # but the benchmarks' own tests (tests/unit/bench/: the fleet simulator's
+    # model; tests/kafka/bench/: their probes of the broker)
+    own = {ROOT / "tests" / tier / "bench" for tier in ("unit", "kafka")}
     wrong = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("*.py")
-                   if "bench" in _tops(p) and own not in p.parents)
+                   if "bench" in _tops(p) and not own & set(p.parents))
     assert wrong == [], "shared code belongs in infra/ (or the test itself): " + repr(wrong)
 
 
