@@ -5,10 +5,11 @@ ending runs before it."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+from starlette.types import Send
 
 from gateway import sse
 
@@ -101,50 +102,55 @@ async def test_a_whole_stream_leaves_no_task_behind_on_a_23_server() -> None:
     assert asyncio.all_tasks() == before
 
 
-async def test_a_client_that_leaves_while_the_stream_waits_closes_it() -> None:
-    client = _Client()
-    ended: list[str] = []
-    waiting = asyncio.Event()
+async def _frames(ended: list[str], between: Callable[[], Awaitable[None]]
+                  ) -> AsyncIterator[bytes]:
+    """Two frames with ``between`` awaited after the first; ``ended`` says
+    whether the iterator's ``finally`` ran."""
+    try:
+        yield sse.data('{"a":1}')
+        await between()
+        yield b"more"
+    finally:
+        ended.append("stream")
 
-    async def frames() -> AsyncIterator[bytes]:
-        try:
-            yield sse.data('{"a":1}')
-            waiting.set()
-            await asyncio.Event().wait()  # the next reply never comes
-            yield b"never"
-        finally:
-            ended.append("stream")
 
+async def _leave_when(moment: asyncio.Event, frames: AsyncIterator[bytes],
+                      client: _Client, send: Send | None = None) -> None:
+    """Stream on a 2.3 server; the client leaves at ``moment``. The stream must
+    then end by itself, without an error."""
     streaming = asyncio.create_task(
-        sse.EventStream(frames())(_SPEC_23, client.receive, client.send))
-    await waiting.wait()
+        sse.EventStream(frames)(_SPEC_23, client.receive, send or client.send))
+    await moment.wait()
     client.gone.set()
-    await asyncio.wait_for(streaming, 5)  # returns: the client's leaving is no error
+    await asyncio.wait_for(streaming, 5)
+
+
+async def test_a_client_that_leaves_while_the_stream_waits_closes_it() -> None:
+    client, waiting = _Client(), asyncio.Event()
+    ended: list[str] = []
+
+    async def no_next_reply() -> None:
+        waiting.set()
+        await asyncio.Event().wait()
+
+    await _leave_when(waiting, _frames(ended, no_next_reply), client)
     assert ended == ["stream"]
     assert _bodies(client.messages) == [(b'data: {"a":1}\n\n', True)]
 
 
 async def test_a_client_that_leaves_while_a_send_waits_closes_the_stream() -> None:
-    client = _Client()
+    client, stuck = _Client(), asyncio.Event()
     ended: list[str] = []
-    stuck = asyncio.Event()
 
-    async def frames() -> AsyncIterator[bytes]:
-        try:
-            yield sse.data('{"a":1}')
-            yield b"more"
-        finally:
-            ended.append("stream")
+    async def nothing() -> None:
+        pass
 
     async def send(message: Any) -> None:
         if message["type"] == "http.response.body":
             stuck.set()
             await asyncio.Event().wait()  # a client that reads nothing: the write waits
 
-    streaming = asyncio.create_task(sse.EventStream(frames())(_SPEC_23, client.receive, send))
-    await stuck.wait()
-    client.gone.set()
-    await asyncio.wait_for(streaming, 5)
+    await _leave_when(stuck, _frames(ended, nothing), client, send)
     assert ended == ["stream"]
 
 
