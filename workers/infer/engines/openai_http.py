@@ -23,11 +23,11 @@ Decisions:
   body is still drained so the connection goes back to the pool.
 * **Pieces.** The text deltas that arrive in one read of the socket are one
   :class:`Piece` (``tokens`` = how many): a paced upstream's token is a piece
-  of its own, an answer that comes in a burst (unpaced, cached, a fast
-  model) one piece, so the worker sends its first chunk as soon as it came
-  and it holds the whole burst, not the first token alone (before, every
-  burst was two token chunks, two replies and three SSE writes: a produce, a
-  fetch and a wake-up more in three processes). The final piece carries no
+  of its own, what a burst brings in one read (unpaced, cached, a fast model)
+  one piece, so the worker handles a few pieces a burst instead of one a
+  token. (The first read of a burst usually holds only its first tokens, and
+  the worker sends its first chunk at once: ``bench.profile`` still counts two
+  token chunks a request for the unpaced fixture.) The final piece carries no
   text and the finish reason (anything but ``"length"`` reads as ``"stop"``).
   When the upstream reports ``usage.completion_tokens`` the final piece
   carries the difference, so the pieces add up to the upstream's count
