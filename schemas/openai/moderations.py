@@ -11,22 +11,23 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from schemas.openai.fields import Text
 
-__all__ = ["ModerationBody", "OPENAI_CATEGORIES", "moderation_result"]
+__all__ = ["MAX_INPUTS", "ModerationBody", "ModerationText", "OPENAI_CATEGORIES",
+           "moderation_result"]
 
 OPENAI_CATEGORIES = (
     "harassment", "harassment/threatening", "hate", "hate/threatening", "illicit",
     "illicit/violent", "self-harm", "self-harm/instructions", "self-harm/intent", "sexual",
     "sexual/minors", "violence", "violence/graphic",
 )
-_MAX_INPUTS = 32
+MAX_INPUTS = 32
 _MAX_CHARS = 64_000
 
 
-class TextInput(BaseModel):
+class ModerationText(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     type: Literal["text"]
@@ -37,14 +38,23 @@ class ModerationBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     input: Annotated[Text, Field(max_length=_MAX_CHARS)] | list[
-        Annotated[Text, Field(max_length=_MAX_CHARS)]] | list[TextInput] = Field(
+        Annotated[Text, Field(max_length=_MAX_CHARS)]] | list[ModerationText] = Field(
         description="a text, a list of texts, or text input objects (images are not read)")
     model: str | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _counted(cls, value: str | list[Any]) -> str | list[Any]:
+        """Every input is read or the request is refused: never a silent cut."""
+        if isinstance(value, list) and not 1 <= len(value) <= MAX_INPUTS:
+            raise ValueError(f"input holds {len(value)} texts; from 1 to {MAX_INPUTS} "
+                             "are allowed in one request")
+        return value
 
     def texts(self) -> list[str]:
         if isinstance(self.input, str):
             return [self.input]
-        return [t if isinstance(t, str) else t.text for t in self.input][:_MAX_INPUTS]
+        return [t if isinstance(t, str) else t.text for t in self.input]
 
 
 def moderation_result(flagged: set[str], known: tuple[str, ...],

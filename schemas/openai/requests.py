@@ -53,6 +53,7 @@ from schemas.openai.feedback import FeedbackBody
 from schemas.openai.fields import FUNCTION_NAME, Text
 from schemas.openai.fields import STRICT as _STRICT
 from schemas.openai.formats import JsonSchemaSpec, ResponseFormat
+from schemas.openai.moderations import ModerationBody, ModerationText
 from schemas.openai.tool_params import (
     CalledFunction,
     FunctionSpec,
@@ -348,7 +349,7 @@ _MODELS: tuple[type[BaseModel], ...] = (ChatCompletionRequest, CompletionRequest
                                         ChatMessage, TextPart, StreamOptions, ResponseFormat,
                                         JsonSchemaSpec, Tool, FunctionSpec, NamedToolChoice,
                                         NamedFunction, MessageToolCall, CalledFunction,
-                                        FeedbackBody)
+                                        FeedbackBody, ModerationBody, ModerationText)
 
 
 @cache
