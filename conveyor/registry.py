@@ -186,63 +186,112 @@ def _convert(source: Path, target: Path, precision: Precision) -> None:
     log.info("converted %s to %s in %.1f s", source.name, precision, time.monotonic() - started)
 
 
-def _precision(value: object, spec_gguf: object) -> Precision:
-    choices = get_args(Precision)
-    if value not in choices:
-        raise ValueError(f"precision must be one of {', '.join(choices)}, not {value!r}")
-    if value != "source" and not spec_gguf:
-        raise ValueError(f"precision {value} needs a gguf file to convert")
-    return value  # type: ignore[return-value]
+# every field an entry may have, and what it must be (said when it is not)
+_FIELDS: dict[str, str] = {
+    "pool": "a pool name (text)",
+    "context_length": "a positive integer (tokens)",
+    "default_max_tokens": "a positive integer (tokens)",
+    "tokenizer": 'one of "gguf", "estimate"',
+    "gguf": 'a path or "package:NAME" (text)',
+    "upstream_model": "a model name (text)",
+    "aliases": "a list of names (text)",
+    "precision": "one of " + ", ".join(f'"{p}"' for p in get_args(Precision)),
+    "fallbacks": "a list of model names (text)",
+    "deployments": "a table of model = weight (a positive integer)",
+}
 
 
-def _spec(name: str, entry: dict[str, object]) -> ModelSpec:
-    try:
-        tokenizer = str(entry.get("tokenizer", "estimate"))
-        if tokenizer not in ("gguf", "estimate"):
-            raise ValueError(f"tokenizer must be gguf or estimate, not {tokenizer!r}")
-        aliases = entry.get("aliases", ())
-        if not isinstance(aliases, list | tuple):
-            raise ValueError("aliases must be a list of names")
-        fallbacks = entry.get("fallbacks", ())
-        if not isinstance(fallbacks, list | tuple):
-            raise ValueError("fallbacks must be a list of model names")
-        deployments = _deployments(entry.get("deployments", {}))
-        if deployments:  # the deployments' own entries say where and how they run
-            entry = {"pool": "", "context_length": 1, **entry}
-        spec = ModelSpec(
-            name=name,
-            pool=str(entry["pool"]),
-            context_length=int(entry["context_length"]),  # type: ignore[call-overload]
-            default_max_tokens=int(entry.get("default_max_tokens", 256)),  # type: ignore[call-overload]
-            tokenizer=tokenizer,  # type: ignore[arg-type]
-            gguf=str(entry["gguf"]) if entry.get("gguf") else None,
-            upstream_model=str(entry["upstream_model"]) if entry.get("upstream_model")
-            else None,
-            aliases=tuple(str(a) for a in aliases),
-            precision=_precision(entry.get("precision", "source"), spec_gguf=entry.get("gguf")),
-            fallbacks=tuple(str(f) for f in fallbacks),
-            deployments=deployments,
-        )
-    except KeyError as exc:
-        raise ConveyorError(f"model `{name}` has no `{exc.args[0]}`") from None
-    except (TypeError, ValueError) as exc:
-        raise ConveyorError(f"model `{name}`: {exc}") from None
-    if spec.context_length <= 0 or spec.default_max_tokens <= 0:
-        raise ConveyorError(f"model `{name}`: context_length and default_max_tokens must be "
-                            "positive")
-    return spec
+class _Entry:
+    """One model's table, read field by field: every wrong field is noted (with
+    what it must be) and reading goes on, so a file's faults are told at once."""
+
+    def __init__(self, name: str, entry: dict[str, object]) -> None:
+        self.name, self.entry = name, entry
+        self.faults: list[str] = [f"model `{name}`: unknown field `{key}` (fields: "
+                       f"{', '.join(_FIELDS)})" for key in entry if key not in _FIELDS]
+
+    def wrong(self, key: str, value: object, why: str | None = None) -> None:
+        self.faults.append(f"model `{self.name}`: {why or f'{key} must be {_FIELDS[key]}'}"
+                           f", not {value!r}")
+
+    def text(self, key: str, default: str | None = None) -> str | None:
+        value = self.entry.get(key, default)
+        if value is None:
+            return None
+        if not isinstance(value, str):
+            self.wrong(key, value)
+            return default
+        return value
+
+    def choice(self, key: str, default: str) -> str:
+        value = self.entry.get(key, default)
+        if value not in _choices(key):
+            self.wrong(key, value)
+            return default
+        return str(value)
+
+    def tokens(self, key: str, default: int) -> int:
+        value = self.entry.get(key, default)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            self.wrong(key, value)
+            return default
+        return value
+
+    def names(self, key: str) -> tuple[str, ...]:
+        value = self.entry.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            self.wrong(key, value)
+            return ()
+        return tuple(value)
+
+    def deployments(self) -> tuple[tuple[str, int], ...]:
+        value = self.entry.get("deployments", {})
+        if not isinstance(value, dict):
+            self.wrong("deployments", value)
+            return ()
+        out = []
+        for model, weight in value.items():
+            if not isinstance(weight, int) or isinstance(weight, bool) or weight <= 0:
+                self.wrong("deployments", weight, f"the weight of deployment `{model}` must "
+                                                  "be a positive integer")
+            else:
+                out.append((str(model), weight))
+        return tuple(out)
+
+    def required(self, key: str) -> None:
+        if key not in self.entry:
+            self.faults.append(f"model `{self.name}` has no `{key}` ({_FIELDS[key]})")
 
 
-def _deployments(value: object) -> tuple[tuple[str, int], ...]:
-    if not isinstance(value, dict):
-        raise ValueError("deployments must be a table of model = weight")
-    out = []
-    for model, weight in value.items():
-        if not isinstance(weight, int) or isinstance(weight, bool) or weight <= 0:
-            raise ValueError(f"the weight of deployment `{model}` must be a positive "
-                             f"integer, not {weight!r}")
-        out.append((str(model), weight))
-    return tuple(out)
+def _choices(key: str) -> tuple[str, ...]:
+    return get_args(Precision) if key == "precision" else ("gguf", "estimate")
+
+
+def _spec(entry: _Entry) -> ModelSpec:
+    """The model an entry names; ``entry.faults`` holds what is wrong with it
+    (the spec returned then is not to be served)."""
+    deployments = entry.deployments()
+    if not deployments and "deployments" not in entry.entry:
+        entry.required("pool")
+        entry.required("context_length")
+    gguf = entry.text("gguf")
+    precision = entry.choice("precision", "source")
+    if precision != "source" and not gguf:
+        entry.faults.append(f"model `{entry.name}`: precision {precision} needs a gguf file "
+                            "to convert")
+    return ModelSpec(
+        name=entry.name,
+        pool=entry.text("pool", "") or "",
+        context_length=entry.tokens("context_length", 1),
+        default_max_tokens=entry.tokens("default_max_tokens", 256),
+        tokenizer=entry.choice("tokenizer", "estimate"),  # type: ignore[arg-type]
+        gguf=gguf or None,
+        upstream_model=entry.text("upstream_model") or None,
+        aliases=entry.names("aliases"),
+        precision=precision,  # type: ignore[arg-type]
+        fallbacks=entry.names("fallbacks"),
+        deployments=deployments,
+    )
 
 
 class Registry:
@@ -317,9 +366,23 @@ class Registry:
         """A registry from the text of its file (``source`` names it in errors)."""
         try:
             data = tomllib.loads(text)
-            models = [_spec(name, entry) for name, entry in data.get("models", {}).items()]
+        except tomllib.TOMLDecodeError as exc:
+            raise ConveyorError(f"{source}: {exc}") from exc
+        tables = data.get("models", {})
+        if not isinstance(tables, dict) or not all(isinstance(e, dict)
+                                                   for e in tables.values()):
+            raise ConveyorError(f"{source}: `models` must hold one table per model "
+                                '([models."NAME"])')
+        entries = [_Entry(str(name), entry) for name, entry in tables.items()]
+        models = [_spec(entry) for entry in entries]
+        faults = [fault for entry in entries for fault in entry.faults]
+        if len(faults) == 1:
+            raise ConveyorError(f"{source}: {faults[0]}")
+        if faults:
+            raise ConveyorError(f"{source}: {len(faults)} faults:\n  " + "\n  ".join(faults))
+        try:
             return cls(models)
-        except (tomllib.TOMLDecodeError, ConveyorError) as exc:
+        except ConveyorError as exc:
             raise ConveyorError(f"{source}: {exc}") from exc
 
     def replace(self, other: Registry, digest: str | None) -> None:

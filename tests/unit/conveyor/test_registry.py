@@ -201,3 +201,32 @@ def test_a_canary_must_name_real_models_with_positive_weights(tmp_path: Path) ->
         path.write_text(CANARY.replace('{ "v1" = 90, "v2" = 10 }', bad))
         with pytest.raises(ConveyorError, match=why):
             Registry.load(path)
+
+
+def test_every_wrong_field_is_named_with_what_it_must_be_all_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "models.toml"
+    path.write_text('[models."a"]\npool = "cpu"\ncontext_length = "lots"\n'
+                    'default_max_tokens = -3\ntokenizer = "bpe"\n'
+                    '[models."b"]\npool = 7\ncontext_length = 100\naliases = "bee"\n'
+                    'context_lenght = 100\n[models."c"]\nprecision = "q2"\n')
+    with pytest.raises(ConveyorError) as info:
+        Registry.load(path)
+    told = str(info.value)
+    assert told.startswith(f"{path}: 9 faults:"), told
+    for fault in ("model `a`: context_length must be a positive integer (tokens), not 'lots'",
+                  "model `a`: default_max_tokens must be a positive integer (tokens), not -3",
+                  "model `a`: tokenizer must be one of \"gguf\", \"estimate\", not 'bpe'",
+                  "model `b`: pool must be a pool name (text), not 7",
+                  "model `b`: aliases must be a list of names (text), not 'bee'",
+                  "model `b`: unknown field `context_lenght`",
+                  "model `c` has no `pool`", "model `c` has no `context_length`",
+                  "model `c`: precision must be one of"):
+        assert fault in told, (fault, told)
+
+
+def test_a_whole_number_written_as_text_or_a_fraction_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "models.toml"
+    for bad in ('"2048"', "2048.5", "true", "0"):
+        path.write_text(f'[models."m"]\npool = "cpu"\ncontext_length = {bad}\n')
+        with pytest.raises(ConveyorError, match=r"context_length must be a positive integer"):
+            Registry.load(path)
