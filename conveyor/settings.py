@@ -163,6 +163,12 @@ class Settings(BaseSettings):
     # recently used) in each heartbeat; 0: it reports none, schedule guesses
     prefix_report_blocks: int = 1024
     route_index_ttl_s: float = 600.0
+    # every tenant's prompts reuse every other's cached prefixes (the engines'
+    # KV caches, the llama.cpp host cache, schedule's prefix index): for a
+    # deployment that serves one organisation. Off, a tenant reuses only its own,
+    # so usage.prompt_tokens_details.cached_tokens and timing reveal nothing of
+    # another tenant's prompts (workers/prefix.py)
+    prefix_cache_shared: bool = False
     # a worker whose engine fails breaker_failures times in a row gets no new
     # work for breaker_cooldown_s, then one probe task decides (workers/schedule/breakers.py)
     breaker_failures: int = 3

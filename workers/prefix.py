@@ -24,6 +24,15 @@ each heartbeat. Schedule takes a worker's report as the truth as of the beat
 since. Heartbeats are a compacted topic every scheduler follows from the
 start, so the picture is shared by every schedule replica (each sees what the
 others sent, one beat later) and rebuilt at once after a restart.
+
+Tenants share no prefix: a tenant's chain begins with its salt
+(:func:`tenant_salt`), so two tenants' identical prompts hash apart, routing
+never sends one tenant to another's cache, and the blocks a heartbeat reports
+match no other tenant's prompt. The engines take the same salt (vLLM's
+``cache_salt``, the llama.cpp engines' contexts and host cache), so
+``cached_tokens`` and timing tell a tenant nothing of another's prompts.
+``prefix_cache_shared`` (one organisation behind the deployment) makes the
+salt empty: every tenant's chain is then the unsalted one.
 """
 
 from __future__ import annotations
@@ -36,17 +45,28 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["HeldBlocks", "PrefixIndex", "RoutePolicy", "WorkerLoad", "block_hashes", "choose",
-           "load_limit"]
+           "load_limit", "tenant_salt"]
 
 
-def block_hashes(tokens: Sequence[int], block_tokens: int, limit: int) -> list[int]:
+def tenant_salt(tenant: str, shared: bool = False) -> str:
+    """The salt of ``tenant``'s cached prefixes: a digest of its name (an
+    upstream that takes the salt learns no tenant's name), or ``""`` where
+    caches are ``shared`` across tenants."""
+    if shared:
+        return ""
+    return hashlib.blake2b(tenant.encode(), digest_size=16, person=b"conveyor.prefix").hexdigest()
+
+
+def block_hashes(tokens: Sequence[int], block_tokens: int, limit: int,
+                 salt: str = "") -> list[int]:
     """The chained hash of each whole block of ``tokens`` (at most ``limit``),
     as signed 64-bit integers (an Avro ``long``). A last partial block has none:
-    only whole blocks are reused whole."""
+    only whole blocks are reused whole. A ``salt`` begins the chain, so every
+    block's hash covers it: the same tokens under another salt share no hash."""
     if block_tokens <= 0:
         return []
     out: list[int] = []
-    parent = b""
+    parent = salt.encode()
     for i in range(min(len(tokens) // block_tokens, limit)):
         digest = hashlib.blake2b(parent, digest_size=8)
         digest.update(array("q", tokens[i * block_tokens:(i + 1) * block_tokens]).tobytes())

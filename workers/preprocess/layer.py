@@ -4,7 +4,8 @@ Validates and normalises a request, measures its prompt with the target
 model's tokenizer, fits it to the model's context window (dropping the
 oldest turns of a conversation that is too long, keeping the system prompt
 and the tail) and names the prompt with a fingerprint for caches and with the chained hashes
-of its blocks of tokens for prefix-aware routing (workers/prefix.py).
+of its blocks of tokens for prefix-aware routing (workers/prefix.py), salted
+by its tenant unless ``prefix_cache_shared``.
 
 A model the registry does not know is not an error here: route owns that
 answer (404 ``model_not_found``). Such a request goes on with an estimated
@@ -46,7 +47,7 @@ from workers.policy_checks import (
     policy_audit,
     text_size,
 )
-from workers.prefix import block_hashes
+from workers.prefix import block_hashes, tenant_salt
 from workers.preprocess.normalize import (
     Fit,
     check_logit_bias,
@@ -139,10 +140,12 @@ class PreprocessLayer:
                 # engine that renders for itself (an upstream) gets them as they are
                 generation = {**generation, "messages": tool_messages(
                     generation["messages"], generation.get("tools"))}
+            salt = tenant_salt(envelope["tenant"], self.settings.prefix_cache_shared)
             if text_size(generation, _TURN_CHARS) > _INLINE_CHARS:
-                fit, blocks = await asyncio.to_thread(self._measure, spec, tokenizer, generation)
+                fit, blocks = await asyncio.to_thread(self._measure, spec, tokenizer, generation,
+                                                      salt)
             else:
-                fit, blocks = self._measure(spec, tokenizer, generation)
+                fit, blocks = self._measure(spec, tokenizer, generation, salt)
             model_key = spec.name
         if fit.dropped:
             log.info(
@@ -193,16 +196,17 @@ class PreprocessLayer:
         reply = self._sender.error_output(envelope, error_info(input_refusal(blocked)))
         return [audit] if reply is None else [reply, audit]
 
-    def _measure(self, spec: ModelSpec, tokenizer: Tokenizer,
-                 generation: Generation) -> tuple[Fit, list[int]]:
+    def _measure(self, spec: ModelSpec, tokenizer: Tokenizer, generation: Generation,
+                 salt: str) -> tuple[Fit, list[int]]:
         """The prompt fitted, and the chained hashes of its whole blocks of
-        tokens for prefix-aware routing (workers/prefix.py): none for a prompt
-        shorter than one block, which is not tokenized again for them."""
+        tokens for prefix-aware routing (workers/prefix.py), the chain begun
+        with the tenant's ``salt``: none for a prompt shorter than one block,
+        which is not tokenized again for them."""
         fit = self._fit(spec, tokenizer, generation)
         size, limit = self.settings.prefix_block_tokens, self.settings.prefix_max_blocks
         if fit.text is None or fit.tokens < size:
             return fit, []
-        return fit, block_hashes(tokenizer.ids(fit.text, size * limit), size, limit)
+        return fit, block_hashes(tokenizer.ids(fit.text, size * limit), size, limit, salt)
 
     @staticmethod
     def _fit(spec: ModelSpec, tokenizer: Tokenizer, generation: Generation) -> Fit:

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from workers.prefix import HeldBlocks, PrefixIndex, RoutePolicy, WorkerLoad, block_hashes, choose
+from workers.prefix import (
+    HeldBlocks,
+    PrefixIndex,
+    RoutePolicy,
+    WorkerLoad,
+    block_hashes,
+    choose,
+    tenant_salt,
+)
 
 POLICY = RoutePolicy()
 
@@ -28,6 +36,46 @@ def test_block_hashes_stop_at_the_limit_and_need_a_whole_block() -> None:
     assert len(block_hashes(tokens((0, 64 * 10)), 64, 4)) == 4
     assert block_hashes(tokens((0, 63)), 64, 4) == []
     assert block_hashes(tokens((0, 640)), 0, 4) == []
+
+
+def test_one_prompt_of_two_tenants_shares_no_block() -> None:
+    """A tenant's chain begins with its salt: the same tokens hash apart for
+    another tenant, in every block, and alike again for the same tenant."""
+    prompt = tokens((1000, 64 * 4))
+    a = block_hashes(prompt, 64, 100, tenant_salt("acme"))
+    b = block_hashes(prompt, 64, 100, tenant_salt("globex"))
+    assert len(a) == len(b) == 4
+    assert not set(a) & set(b)
+    assert a == block_hashes(prompt, 64, 100, tenant_salt("acme"))
+    assert not set(a) & set(block_hashes(prompt, 64, 100))  # nor the unsalted chain's
+    # a tenant's turns still share their leading blocks
+    assert block_hashes(prompt + tokens((7, 64)), 64, 100, tenant_salt("acme"))[:4] == a
+
+
+def test_a_tenant_s_salt_names_no_tenant_and_sharing_empties_it() -> None:
+    salt = tenant_salt("acme")
+    assert salt == tenant_salt("acme") != tenant_salt("acme2")
+    assert "acme" not in salt and len(salt) == 32
+    assert tenant_salt("acme", shared=True) == tenant_salt("globex", shared=True) == ""
+    prompt = tokens((1000, 128))
+    assert block_hashes(prompt, 64, 100, tenant_salt("acme", shared=True)) == \
+        block_hashes(prompt, 64, 100)
+
+
+def test_routing_sends_no_tenant_to_another_s_cache() -> None:
+    """w0 took tenant A's prompt; tenant B's identical prompt finds nothing
+    there, and goes to the least loaded worker; A's goes back to w0."""
+    prompt = tokens((1000, 64 * 4))
+    index = PrefixIndex()
+    a = block_hashes(prompt, 64, 100, tenant_salt("a"))
+    index.took("w0", a, now_ms=0)
+    loads = [WorkerLoad("w0", busy=0, capacity=4), WorkerLoad("w1", busy=0, capacity=4)]
+    b = block_hashes(prompt, 64, 100, tenant_salt("b"))
+    assert index.overlap("w0", b, now_ms=1) == 0
+    busy_w0 = [WorkerLoad("w0", busy=1, capacity=4), WorkerLoad("w1", busy=0, capacity=4)]
+    assert choose(busy_w0, b, index, POLICY, now_ms=1) == busy_w0[1]
+    assert choose(busy_w0, a, index, POLICY, now_ms=1) == busy_w0[0]
+    assert choose(loads, a, index, POLICY, now_ms=1) == loads[0]
 
 
 def test_the_index_counts_leading_blocks_only() -> None:

@@ -15,7 +15,7 @@ from schemas.codec import default_codec
 from schemas.records import Message, Prepared, Request
 from tests.support.factories import request as make_request
 from workers.outputs import Output
-from workers.prefix import block_hashes
+from workers.prefix import block_hashes, tenant_salt
 from workers.preprocess import PreprocessLayer
 from workers.preprocess.tokenizers import TokenizerCache
 
@@ -276,10 +276,32 @@ async def test_a_conversation_s_turns_share_their_leading_prompt_blocks(
     ids = llama.tokenize(text.encode(), add_bos=False, special=True)
     blocks = one["prompt"]["prefix_blocks"]
     assert len(blocks) == len(ids) // 64 >= 3
-    assert blocks == block_hashes(ids, 64, 256)
+    assert blocks == block_hashes(ids, 64, 256, tenant_salt("default"))  # its tenant's chain
     assert two["prompt"]["prefix_blocks"][:len(blocks) - 1] == blocks[:-1]
     other = await prepare(layer, request([message("user", "Something else entirely.")]))
     assert other["prompt"]["prefix_blocks"] == []  # shorter than one block
+
+
+async def test_two_tenants_identical_prompts_share_no_block(
+        layer: PreprocessLayer, settings: Settings, registry: Registry) -> None:
+    """Each tenant's chain begins with its salt, so schedule never takes one
+    tenant's prompt for another's; with prefix_cache_shared, one chain for all."""
+    system = message("system", "You answer questions about the history of ships. " * 20)
+
+    def asked_by(tenant: str) -> Request:
+        req = request([system, message("user", "Who built the first?")])
+        req["envelope"]["tenant"] = tenant
+        return req
+
+    a = (await prepare(layer, asked_by("acme")))["prompt"]["prefix_blocks"]
+    b = (await prepare(layer, asked_by("globex")))["prompt"]["prefix_blocks"]
+    assert len(a) == len(b) >= 3 and not set(a) & set(b)
+    assert (await prepare(layer, asked_by("acme")))["prompt"]["prefix_blocks"] == a
+    shared = PreprocessLayer(settings.model_copy(update={"prefix_cache_shared": True}),
+                             registry, layer.tokenizers)
+    one = (await prepare(shared, asked_by("acme")))["prompt"]["prefix_blocks"]
+    assert one == (await prepare(shared, asked_by("globex")))["prompt"]["prefix_blocks"]
+    assert len(one) == len(a) and not set(one) & set(a)
 
 
 async def test_a_long_text_s_blocks_are_those_of_its_beginning(layer: PreprocessLayer) -> None:
