@@ -47,6 +47,7 @@ from workers.infer.engines.base import Engine, GenerationRequest
 from workers.infer.progress import ProgressTracker
 from workers.infer.speed import Speed
 from workers.outputs import Output, Sender, error_info
+from workers.prefix import tenant_salt
 from workers.prompt_cache import Cached, PromptCache
 
 __all__ = ["TaskRun", "request_from_task"]
@@ -57,7 +58,11 @@ _BUSY_POLL_S = 0.1
 
 
 def request_from_task(task: Task, continuation: str, done_tokens: int,
-                      upstream_model: str | None) -> GenerationRequest:
+                      upstream_model: str | None, shared_prefixes: bool = False
+                      ) -> GenerationRequest:
+    """What the engine is asked for; its prompt reuses only the prefixes its
+    tenant's prompts left in the engine's caches, unless ``shared_prefixes``
+    (the setting ``prefix_cache_shared``)."""
     gen = task["generation"]
     sampling = gen["sampling"]
     prompt_text = task["prompt"]["text"]
@@ -84,6 +89,7 @@ def request_from_task(task: Task, continuation: str, done_tokens: int,
         continuation=continuation,
         upstream_model=upstream_model,
         response_format=gen.get("response_format") or _tool_format(gen),
+        cache_salt=tenant_salt(task["envelope"]["tenant"], shared_prefixes),
     )
 
 
@@ -165,7 +171,8 @@ class TaskRun:
         elif envelope["deadline_ms"] and now_ms() >= envelope["deadline_ms"]:
             await self._fail(DeadlineExceeded("The request's deadline passed."))
         else:
-            request = request_from_task(self.task, self.text, self.tokens, self.upstream_model)
+            request = request_from_task(self.task, self.text, self.tokens, self.upstream_model,
+                                        self.settings.prefix_cache_shared)
             try:
                 tools = self.task["generation"].get("tools")
                 if tools and reads_tool_calls(self.task["generation"]):

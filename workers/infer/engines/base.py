@@ -52,6 +52,11 @@ class GenerationRequest:
     # Only an engine that ``constrains_output`` is given one; a ``tool_calls``
     # format (schemas/tools.py) only one that ``decodes_tools``.
     response_format: ResponseFormat | None = None
+    # whose cached prefixes the prompt may reuse: only those cached under the
+    # same salt (the tenant's, workers/prefix.tenant_salt); "" where caches are
+    # shared across tenants. vLLM's cache_salt; the llama.cpp engines' contexts
+    # and host cache keep a prefix's salt beside its tokens
+    cache_salt: str = ""
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,11 @@ Decisions:
   conversation takes an empty or long-unused context rather than one holding
   another conversation that shares only the template's first tokens with it.
   So prefix-aware routing (workers/prefix.py) pays off here too.
+* **Tenants' prefixes apart.** A context remembers the salt of the prompt
+  it holds (the request's ``cache_salt``, its tenant's): a prompt of another
+  salt reuses none of it (nor is the context chosen for it), and the host
+  cache restores only sequences of the prompt's own salt, so
+  ``cached_tokens`` tells a tenant nothing of another's prompts.
 * **Empty prompts** begin at the beginning-of-sequence token.
 * **Structured outputs.** A request's response_format becomes llama.cpp's
   grammar sampler beside the chain llama-cpp-python builds
@@ -112,6 +117,7 @@ class _Context:
 
     llm: Llama
     executor: ThreadPoolExecutor
+    salt: str = ""  # the cache_salt of the prompts its cache holds
 
 
 class _TokenWatch:
@@ -229,7 +235,8 @@ class LlamaCppEngine:
         context = await free.get()
         try:
             if request.seed is None and not free.empty():
-                context = self._nearest(context, free, self._prompt(request))
+                context = self._nearest(context, free, self._prompt(request),
+                                        request.cache_salt)
         except BaseException:
             free.put_nowait(context)
             raise
@@ -245,7 +252,7 @@ class LlamaCppEngine:
                 cancelled.set()
 
         try:
-            context.executor.submit(self._run, context.llm, request, cancelled, emit)
+            context.executor.submit(self._run, context, request, cancelled, emit)
             async for piece in pieces_from(queue):
                 yield piece
         finally:
@@ -254,18 +261,20 @@ class LlamaCppEngine:
             free.put_nowait(context)
 
     @staticmethod
-    def _nearest(first: _Context, free: asyncio.Queue[_Context], prompt: str) -> _Context:
+    def _nearest(first: _Context, free: asyncio.Queue[_Context], prompt: str,
+                 salt: str) -> _Context:
         """Of the free contexts (``first`` and those still in ``free``), the one
-        whose cache serves ``prompt`` best; the others go back. The next turn of
-        a conversation, or another prompt with the same system prompt, then
-        costs only its new tokens."""
+        whose cache serves ``prompt`` (of ``salt``) best; the others go back.
+        The next turn of a conversation, or another prompt with the same system
+        prompt, then costs only its new tokens; a cache of another salt serves
+        it nothing."""
         tokens = list(first.llm.tokenize(prompt.encode("utf-8"), special=True)) if prompt else []
         contexts = [first]
         while not free.empty():
             contexts.append(free.get_nowait())
         # of equals, the one free longest (the queue's order): least recently used
         best = max(contexts, key=lambda c: reuse_score(
-            c.llm.input_ids[:c.llm.n_tokens].tolist(), tokens))
+            c.llm.input_ids[:c.llm.n_tokens].tolist(), tokens) if c.salt == salt else 0)
         for context in contexts:
             if context is not best:
                 free.put_nowait(context)
@@ -273,7 +282,7 @@ class LlamaCppEngine:
 
     def _run(
         self,
-        llm: Llama,
+        context: _Context,
         request: GenerationRequest,
         cancelled: threading.Event,
         emit: Callable[[_Item], None],
@@ -287,14 +296,20 @@ class LlamaCppEngine:
         try:
             if cancelled.is_set():
                 raise EngineError("the generation was cancelled")
+            llm = context.llm
             watch = _TokenWatch(cancelled)
             prompt = prompt_or_bos(llm, self._prompt(request))
             tokens = (prompt if isinstance(prompt, list)
                       else llm.tokenize(prompt.encode("utf-8"), special=True))
             seeded = request.seed is not None
+            salt, held_salt, context.salt = request.cache_salt, context.salt, request.cache_salt
             if self.host_cache is not None:
-                # a seeded prompt saves what the context holds, and restores nothing
-                self.host_cache.before_prompt(llm, [] if seeded else tokens, restore=not seeded)
+                # a seeded prompt saves what the context holds, and restores nothing;
+                # a context of another salt is saved and emptied
+                self.host_cache.before_prompt(llm, [] if seeded else tokens, restore=not seeded,
+                                              salt=salt, held_salt=held_salt)
+            elif held_salt != salt:
+                llm.reset()  # nothing of another tenant's prompt
             if seeded:
                 llm.reset()  # no prefix reuse: the same seeded request, the same answer
             # what llama-cpp-python reuses: the shared prefix, the prompt's last token

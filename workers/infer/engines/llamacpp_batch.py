@@ -91,7 +91,10 @@ Decisions:
   into this slot (llamacpp_cache: the cells as the model computed them; a
   slot's sequence stays within ``n_ctx`` positions, so the cells it frees
   always make room for it). ``reused_tokens`` counts them, and the last
-  piece reports them as ``cached_tokens``.
+  piece reports them as ``cached_tokens``. Only prompts of the same salt
+  (the request's ``cache_salt``, its tenant's) reuse each other's: a slot
+  keeps the salt of what it holds, and a slot or saved sequence of another
+  salt serves a prompt nothing, in routing as in reuse.
 * **Temperature 0 means the same answer.** Measured on SmolLM2-135M: a greedy
   answer is the same alone, beside other streams, in either context, and with
   or without its prefix reused
@@ -265,7 +268,7 @@ class LlamaCppBatchEngine:
         sequence = Sequence(request, tokens, emit, accepted=self._accepted(request))
         await slots_free.acquire()
         try:
-            context = self._route(tokens, reuse=request.seed is None)
+            context = self._route(tokens, request.cache_salt, reuse=request.seed is None)
         except EngineError:
             slots_free.release()
             raise
@@ -312,12 +315,12 @@ class LlamaCppBatchEngine:
                               f"window of {self.n_ctx} tokens a sequence has")
         return tokens
 
-    def _route(self, tokens: list[int], reuse: bool) -> Context:
-        """The context a new sequence joins (see the module notes)."""
+    def _route(self, tokens: list[int], salt: str, reuse: bool) -> Context:
+        """The context a new sequence of ``salt`` joins (see the module notes)."""
         room = [c for c in self._contexts if c.assigned < c.share]
         if not room:  # the engine closed while the request waited
             raise EngineError(f"engine {self.name} is not started")
-        gains = {c: c.reusable(tokens) if reuse else 0 for c in room}
+        gains = {c: c.reusable(tokens, salt) if reuse else 0 for c in room}
         least = min(c.assigned for c in room)
         idle = max((c for c in room if c.assigned == least), key=lambda c: gains[c])
         held = max(room, key=lambda c: (gains[c], -c.assigned))

@@ -67,6 +67,7 @@ class _Slot:
 
     seq_id: int
     cached: list[int] = field(default_factory=list)
+    salt: str = ""  # the cache_salt of the prompts ``cached`` came from
     busy: bool = False
     freed: int = 0  # when it was last freed, in the context's count of frees
 
@@ -145,10 +146,11 @@ class Context:
                 sequence.cancelled = True
             self._wake.notify()
 
-    def reusable(self, tokens: list[int]) -> int:
-        """The longest prefix of ``tokens`` a free slot holds: read while the thread
-        works, so a hint for routing (the thread picks the slot)."""
-        held = max((common_prefix(s.cached, tokens) for s in self.slots if not s.busy), default=0)
+    def reusable(self, tokens: list[int], salt: str) -> int:
+        """The longest prefix of ``tokens`` a free slot of ``salt`` holds: read while
+        the thread works, so a hint for routing (the thread picks the slot)."""
+        held = max((common_prefix(s.cached, tokens) for s in self.slots
+                    if not s.busy and s.salt == salt), default=0)
         return min(held, len(tokens) - 1)
 
     def cells(self) -> tuple[int, int]:
@@ -218,15 +220,20 @@ class Context:
         if sequence.cancelled:
             return
         request, tokens = sequence.request, sequence.prompt_tokens
+        salt = request.cache_salt
         try:
             reuse = request.seed is None
-            # the best reuse; of equals, the least recently used
+            # the best reuse (none from a slot of another salt); of equals, the least
+            # recently used
             slot = max((s for s in self.slots if not s.busy),
-                       key=lambda s: (reuse_score(s.cached, tokens), -s.freed) if reuse
+                       key=lambda s: (reuse_score(s.cached, tokens) if s.salt == salt else 0,
+                                      -s.freed) if reuse
                        else (-len(s.cached), -s.freed))
-            kept = min(common_prefix(slot.cached, tokens), len(tokens) - 1) if reuse else 0
+            kept = (min(common_prefix(slot.cached, tokens), len(tokens) - 1)
+                    if reuse and slot.salt == salt else 0)
             if self.host is not None:
-                kept = self._through_host(self.host, slot, tokens, kept, reuse)
+                kept = self._through_host(self.host, slot, tokens, kept, reuse, salt)
+            slot.salt = salt
             memory = llama_cpp.llama_get_memory(self._ctx)
             if not llama_cpp.llama_memory_seq_rm(memory, slot.seq_id, kept, -1):
                 kept = 0
@@ -244,13 +251,14 @@ class Context:
         self._active.append(sequence)
 
     def _through_host(self, host: HostCache, slot: _Slot, tokens: list[int], kept: int,
-                      reuse: bool) -> int:
-        """The slot's cache saved to host memory if the prompt throws it away, and a
-        saved sequence that serves the prompt better put in its place
-        (llamacpp_cache): what the slot keeps for the prompt then."""
-        entry = host.take(tokens, kept + host.min_tokens) if reuse else None
+                      reuse: bool, salt: str) -> int:
+        """The slot's cache saved to host memory (under its own salt) if the prompt
+        throws it away, and a saved sequence of the prompt's ``salt`` that serves
+        it better put in its place (llamacpp_cache): what the slot keeps for the
+        prompt then."""
+        entry = host.take(tokens, kept + host.min_tokens, salt) if reuse else None
         if len(slot.cached) - kept >= host.min_tokens:
-            host.save(self._ctx, slot.seq_id, slot.cached)
+            host.save(self._ctx, slot.seq_id, slot.cached, slot.salt)
         if entry is None:
             return kept
         if not host.restore(self._ctx, slot.seq_id, entry):

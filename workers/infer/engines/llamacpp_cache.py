@@ -24,6 +24,11 @@ cache in RAM:
   is a prefix of a newer one is dropped (the newer holds it all). One lock:
   the engine's context threads share the cache; the copies themselves run
   outside it.
+* **Keyed by salt and tokens.** A sequence is saved under the salt of the
+  prompts that made it (their tenant's, workers/prefix.py) and restored only
+  for a prompt of the same salt: a tenant never gets another's cells, nor
+  learns from ``cached_tokens`` what another sent. A context holding another
+  salt's sequence shares nothing with the prompt, so it is saved and emptied.
 """
 
 from __future__ import annotations
@@ -48,8 +53,12 @@ __all__ = ["HostCache", "held_tokens", "kv_bytes_per_token", "stats_of"]
 _SEQ = 0  # llama-cpp-python's Llama keeps its one sequence as sequence 0
 
 
+_Key = tuple[str, tuple[int, ...]]  # a salt and the tokens a sequence holds
+
+
 @dataclass
 class _Entry:
+    salt: str
     tokens: tuple[int, ...]
     state: bytearray
     ids: npt.NDArray[np.intc]  # the tokens again, compared at C speed
@@ -69,20 +78,25 @@ class HostCache:
         self.capacity_bytes = capacity_bytes
         self.min_tokens = min_tokens
         self._lock = threading.Lock()
-        self._entries: OrderedDict[tuple[int, ...], _Entry] = OrderedDict()
+        self._entries: OrderedDict[_Key, _Entry] = OrderedDict()
         self._bytes = 0
         self.stats = HostCacheStats()
 
-    def before_prompt(self, llm: Llama, tokens: Sequence[int], restore: bool = True) -> None:
+    def before_prompt(self, llm: Llama, tokens: Sequence[int], restore: bool = True,
+                      salt: str = "", held_salt: str = "") -> None:
         """For an engine of one sequence a context (llama-cpp-python's ``Llama``),
-        on the context's own thread before it evaluates ``tokens``: saves what
-        the context holds if the prompt would throw it away, and (``restore``)
-        restores a saved sequence that shares more of the prompt."""
+        on the context's own thread before it evaluates ``tokens`` of ``salt``:
+        saves what the context holds (cached under ``held_salt``) if the prompt
+        would throw it away, and (``restore``) restores a saved sequence of the
+        same salt that shares more of the prompt. A context of another salt is
+        left empty (or holding the restored sequence)."""
         held = llm.input_ids[:llm.n_tokens].tolist()
-        shared = common_prefix(held, tokens)
-        entry = self.take(tokens, shared + self.min_tokens) if restore else None
+        shared = common_prefix(held, tokens) if held_salt == salt else 0
+        entry = self.take(tokens, shared + self.min_tokens, salt) if restore else None
         if len(held) - shared >= self.min_tokens:
-            self.save(llm.ctx, _SEQ, held)
+            self.save(llm.ctx, _SEQ, held, held_salt)
+        if held_salt != salt:
+            llm.n_tokens = 0  # nothing of it for this prompt
         if entry is None:
             return
         llm.n_tokens = 0
@@ -92,10 +106,11 @@ class HostCache:
             llm.n_tokens = n
             llm._requires_eval = True  # the logits are not restored: decode before sampling
 
-    def save(self, ctx: Any, seq_id: int, held: Sequence[int]) -> None:
-        """Copies sequence ``seq_id`` of ``ctx``, whose cells hold ``held``, out
-        (unless it is here already)."""
-        key = tuple(held)
+    def save(self, ctx: Any, seq_id: int, held: Sequence[int], salt: str = "") -> None:
+        """Copies sequence ``seq_id`` of ``ctx``, whose cells hold ``held`` (of
+        prompts of ``salt``), out (unless it is here already)."""
+        tokens = tuple(held)
+        key = (salt, tokens)
         with self._lock:
             if key in self._entries:
                 self._entries.move_to_end(key)
@@ -111,10 +126,11 @@ class HostCache:
             return
         del state[written:]
         with self._lock:
-            # a saved prefix of this sequence is held by it now
-            for other in [k for k in self._entries if len(k) < len(key) and key[:len(k)] == k]:
+            # a saved prefix of this sequence (of its salt) is held by it now
+            for other in [k for k in self._entries if k[0] == salt and len(k[1]) < len(tokens)
+                          and tokens[:len(k[1])] == k[1]]:
                 self._drop(other)
-            self._entries[key] = _Entry(key, state, np.array(key, dtype=np.intc))
+            self._entries[key] = _Entry(salt, tokens, state, np.array(tokens, dtype=np.intc))
             self._bytes += len(state)
             self.stats.saved += 1
             while self._bytes > self.capacity_bytes and self._entries:
@@ -122,16 +138,19 @@ class HostCache:
                 self.stats.evicted += 1
             self._count()
 
-    def take(self, tokens: Sequence[int], at_least: int) -> _Entry | None:
-        """The saved sequence sharing the most leading tokens with ``tokens``,
-        if that is ``at_least`` tokens, out of the cache: the context it goes
-        into holds it now (and saves it again, grown, when it moves on)."""
-        best: tuple[int, ...] | None = None
+    def take(self, tokens: Sequence[int], at_least: int, salt: str = "") -> _Entry | None:
+        """The saved sequence of ``salt`` sharing the most leading tokens with
+        ``tokens``, if that is ``at_least`` tokens, out of the cache: the
+        context it goes into holds it now (and saves it again, grown, when it
+        moves on)."""
+        best: _Key | None = None
         longest = at_least - 1
         prompt = np.array(tokens, dtype=np.intc)
         with self._lock:
             # hundreds of saved conversations may share a long system prompt
             for key, entry in self._entries.items():
+                if entry.salt != salt:
+                    continue
                 n = _shared(entry.ids, prompt)
                 if n > longest:
                     best, longest = key, n
@@ -159,7 +178,7 @@ class HostCache:
             self.stats.restored += 1
         return True
 
-    def _drop(self, key: tuple[int, ...]) -> None:
+    def _drop(self, key: _Key) -> None:
         entry = self._entries.pop(key)
         self._bytes -= len(entry.state)
         self._count()

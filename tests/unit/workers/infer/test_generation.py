@@ -7,6 +7,7 @@ from typing import Literal
 from schemas.records import Message, Task
 from topics.envelope import new_envelope
 from workers.infer.generation import request_from_task
+from workers.prefix import tenant_salt
 
 
 def task(kind: Literal["chat", "completion"] = "chat", *, max_tokens: int = 64,
@@ -92,3 +93,13 @@ def test_a_structured_request_carries_its_format_to_the_engine() -> None:
     fmt = {"type": "json_object", "name": "", "schema": "", "strict": False}
     t["generation"]["response_format"] = fmt  # type: ignore[typeddict-item]
     assert request_from_task(t, '{"a": ', 3, None).response_format == fmt
+
+
+def test_the_prompt_reuses_only_its_tenant_s_prefixes_unless_they_are_shared() -> None:
+    acme, globex = task(), task()
+    acme["envelope"]["tenant"], globex["envelope"]["tenant"] = "acme", "globex"
+    salt = request_from_task(acme, "", 0, None).cache_salt
+    assert salt == tenant_salt("acme") != request_from_task(globex, "", 0, None).cache_salt
+    assert salt and "acme" not in salt
+    assert request_from_task(acme, "Pa", 2, None).cache_salt == salt  # a retry too
+    assert request_from_task(acme, "", 0, None, shared_prefixes=True).cache_salt == ""

@@ -125,15 +125,17 @@ class _Held:
     assigned: int
     prefix: int
 
-    def reusable(self, tokens: list[int]) -> int:
-        return self.prefix
+    salt: str = ""
+
+    def reusable(self, tokens: list[int], salt: str) -> int:
+        return self.prefix if salt == self.salt else 0
 
 
-def route(held: list[_Held], reuse: bool = True) -> int:
+def route(held: list[_Held], reuse: bool = True, salt: str = "") -> int:
     engine = LlamaCppBatchEngine(Path("model.gguf"), sequences=16, contexts=len(held),
                                  prefill_chunk=128)
     engine._contexts = cast(list[Context], held)
-    return held.index(cast(_Held, engine._route([1] * 400, reuse=reuse)))
+    return held.index(cast(_Held, engine._route([1] * 400, salt, reuse=reuse)))
 
 
 def test_a_sequence_goes_to_the_least_busy_context_the_longer_prefix_breaking_ties() -> None:
@@ -148,6 +150,11 @@ def test_a_busier_context_wins_a_sequence_by_a_prefix_a_chunk_longer() -> None:
     assert route([_Held(8, 3, 227), _Held(8, 0, 100)]) == 1
     assert route([_Held(8, 8, 300), _Held(8, 0, 0)]) == 1  # no room there
     assert route([_Held(8, 3, 300), _Held(8, 0, 0)], reuse=False) == 1
+
+
+def test_a_prefix_another_tenant_left_wins_no_sequence() -> None:
+    assert route([_Held(8, 3, 300, "a"), _Held(8, 0, 0, "b")], salt="b") == 1
+    assert route([_Held(8, 0, 37, "a"), _Held(8, 0, 30, "b")], salt="b") == 1
 
 
 # -- the engine -----------------------------------------------------------------------

@@ -110,8 +110,8 @@ async def test_the_cache_keeps_to_its_bound_and_a_seeded_prompt_restores_nothing
         assert (await asked(made, TEA, seed=7))[1] == 0  # a seeded prompt is evaluated afresh
         assert cache.stats.restored == 1
         assert (cache.stats.evicted, cache.stats.entries) == (2, 1)
-        (held,) = cache._entries  # noqa: SLF001
-        spec_text = made._contexts[0].llm.detokenize(list(held)).decode()  # noqa: SLF001
+        (held,) = cache._entries.values()  # noqa: SLF001
+        spec_text = made._contexts[0].llm.detokenize(list(held.tokens)).decode()  # noqa: SLF001
         assert spec_text.startswith(GLACIERS + QUESTION), spec_text
     finally:
         await made.close()
