@@ -36,6 +36,13 @@ Decisions:
   transport failure, unparsable data, or a stream that ends without a finish
   reason all become :class:`~conveyor.errors.EngineError` carrying the
   upstream's message.
+* **Tenants' prefixes apart.** The request's ``cache_salt`` goes in the
+  body as ``cache_salt``, which vLLM's server takes (its prefix cache then
+  serves a prompt only blocks cached under the same salt) and servers that
+  do not know it ignore (llama.cpp's, SGLang's: their prompt caches stay
+  shared by every tenant behind Conveyor). An upstream that refuses unknown
+  fields (OpenAI's own API, which shares caches within an organisation only)
+  is given none with ``cache_salt=False`` (``--no-upstream-cache-salt``).
 * **Cancellation.** The response is opened with ``async with
   session.post(...)``, so closing the generator early releases the response
   with its connection closed: the upstream sees the disconnect and stops
@@ -70,6 +77,7 @@ class OpenAIHttpEngine:
         name: str = "openai",
         api_key: str | None = None,
         timeout_s: float = 600,
+        cache_salt: bool = True,
     ) -> None:
         self.name = name
         self.capacity = capacity
@@ -83,6 +91,7 @@ class OpenAIHttpEngine:
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.timeout_s = timeout_s
+        self.cache_salt = cache_salt  # send the request's salt (see the module notes)
         self._client: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
@@ -105,6 +114,8 @@ class OpenAIHttpEngine:
         if client is None:
             raise EngineError(f"engine {self.name} is not started")
         path, body = _upstream_body(request)
+        if self.cache_salt and request.cache_salt:  # vLLM refuses an empty one
+            body["cache_salt"] = request.cache_salt
         chat = path.endswith("/chat/completions")
         reading = _Reading(chat, request.logprobs)
         try:

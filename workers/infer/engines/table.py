@@ -201,6 +201,10 @@ def _openai_flags(flags: EngineFlags) -> None:
     flags.add("--upstream", default=None, help="the upstream's base URL")
     flags.add("--capacity", type=_positive_int, default=64,
               help="requests in flight to the upstream")
+    flags.add("--no-upstream-cache-salt", action="store_true", default=False,
+              help="send the upstream no cache_salt (vLLM's server takes it to keep "
+                   "tenants' prefix caches apart; an upstream that refuses unknown fields "
+                   "does not)")
 
 
 def _openai(args: argparse.Namespace, registry: Registry) -> Engine:
@@ -208,7 +212,8 @@ def _openai(args: argparse.Namespace, registry: Registry) -> Engine:
 
     if not args.upstream:
         raise EngineSetupError("--engine openai needs --upstream URL")
-    return OpenAIHttpEngine(args.upstream, capacity=args.capacity)
+    return OpenAIHttpEngine(args.upstream, capacity=args.capacity,
+                            cache_salt=not args.no_upstream_cache_salt)
 
 
 def _positive_float(value: str) -> float:

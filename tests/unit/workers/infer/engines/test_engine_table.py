@@ -112,7 +112,11 @@ def test_the_openai_engine_from_its_flags() -> None:
         REGISTRY)
 
     assert isinstance(engine, OpenAIHttpEngine)
-    assert (engine.base_url, engine.capacity) == ("http://127.0.0.1:9", 5)
+    assert (engine.base_url, engine.capacity, engine.cache_salt) == ("http://127.0.0.1:9", 5, True)
+    quiet = engine_named("openai").make(
+        parse("--engine", "openai", "--upstream", "http://127.0.0.1:9/",
+              "--no-upstream-cache-salt"), REGISTRY)
+    assert isinstance(quiet, OpenAIHttpEngine) and quiet.cache_salt is False
 
 
 def test_up_hands_on_the_engine_flags_it_was_given() -> None:

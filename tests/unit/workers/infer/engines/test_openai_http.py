@@ -184,6 +184,22 @@ async def test_connections_are_kept_alive(
     assert first.client_port == second.client_port
 
 
+async def test_the_tenant_s_cache_salt_goes_to_the_upstream(
+    fake_upstream: FakeUpstream, engine_factory: EngineFactory
+) -> None:
+    """vLLM's server takes ``cache_salt`` on both endpoints; an empty salt (caches
+    shared) is not sent (vLLM refuses one), nor any by an engine told not to."""
+    engine = await engine_factory(fake_upstream.base_url)
+    await collect(engine, request(cache_salt="s1"))
+    await collect(engine, request(kind="completion", prompt_text="Once", cache_salt="s2"))
+    await collect(engine, request())
+    assert [c.body.get("cache_salt") for c in fake_upstream.calls] == ["s1", "s2", None]
+    assert "cache_salt" not in fake_upstream.calls[-1].body
+    quiet = await engine_factory(fake_upstream.base_url, cache_salt=False)
+    await collect(quiet, request(cache_salt="s1"))
+    assert "cache_salt" not in fake_upstream.calls[-1].body
+
+
 async def test_generate_before_start_fails() -> None:
     engine = OpenAIHttpEngine("http://127.0.0.1:1")
     with pytest.raises(EngineError, match="not started"):
