@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs what Conveyor needs on a fresh Debian machine, idempotently:
 # Java 17 and Maven (for the Kafka jars), redis-server, and a Python venv in
-# ./.venv with Conveyor and its dependencies (llama-cpp-python builds from
-# source once for a portable CPU level, see infra/llama.sh).
+# ./.venv (CONVEYOR_VENV names another) with Conveyor and the exact versions of
+# its dependencies that infra/requirements/ locks (installed by uv, infra/uv.sh;
+# llama-cpp-python builds from source once for a portable CPU level, see
+# infra/llama.sh). `bash infra/lock.sh --upgrade` moves the lock forward.
 #
-#   infra/install.sh         runtime dependencies
-#   infra/install.sh --dev   plus the test and lint tools
+#   infra/install.sh         runtime dependencies (infra/requirements/runtime.txt)
+#   infra/install.sh --dev   plus the test, lint and docs tools (infra/requirements/dev.txt)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -26,15 +28,18 @@ apt_install() {
 apt_install
 python=${PYTHON:-python3.11}
 command -v "$python" >/dev/null || python=python3
-if [ ! -x .venv/bin/python ]; then
-  "$python" -m venv .venv
-  .venv/bin/pip install -q --upgrade pip
+venv=${CONVEYOR_VENV:-.venv}
+if [ ! -x "$venv/bin/python" ]; then
+  "$python" -m venv "$venv"
 fi
-extra=""
-[ "${1:-}" = "--dev" ] && extra="[dev]"
-# llama-cpp-python first, from a wheel built for a portable CPU level (infra/llama.sh),
-# so that pip never builds (or takes from its cache) a -march=native one
-bash infra/llama.sh .venv/bin/python install
-.venv/bin/pip install -q -e ".${extra}"
-bash infra/llama.sh .venv/bin/python check
+lock=infra/requirements/runtime.txt
+[ "${1:-}" = "--dev" ] && lock=infra/requirements/dev.txt
+uv=$(bash infra/uv.sh)
+# llama-cpp-python first, from a wheel built for a portable CPU level (infra/llama.sh):
+# the lock pins the same version, so uv keeps it and never builds a -march=native one
+bash infra/llama.sh "$venv/bin/python" install
+# the lock's versions exactly, then Conveyor itself
+"$uv" pip install -q --python "$venv/bin/python" -r "$lock"
+"$uv" pip install -q --python "$venv/bin/python" --no-deps -e .
+bash infra/llama.sh "$venv/bin/python" check
 bash infra/kafka.sh fetch

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test suite, as CI runs it: installs, starts Kafka and Redis on
-# 127.0.0.1, lints and type-checks, then runs every tier (tests/unit,
+# 127.0.0.1, lints, type-checks and builds the docs site (mkdocs --strict), runs
+# the smoke of a runtime-only install (infra/smoke.sh), then runs every tier (tests/unit,
 # tests/kafka, tests/pipeline, tests/faults; the last two drive real Conveyor
 # processes against the real broker and Redis), then the vllm tier (tests/vllm:
 # vLLM's engine for real, from the environment infra/vllm.sh builds once and a
@@ -44,6 +45,10 @@ vllm_tier() {
 case "${1:-}" in
   tests/vllm*) vllm_tier "$@"; exit ;;
 esac
+# the install users get (runtime dependencies only), started and driven by the openai client
+if [ $# -eq 0 ]; then
+  bash infra/smoke.sh
+fi
 .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 \
   -n "${CONVEYOR_TEST_PROCESSES:-2}" --dist loadfile "$@"
 if [ $# -eq 0 ] && [ "${CONVEYOR_TEST_VLLM:-1}" != 0 ]; then
