@@ -38,11 +38,12 @@ Decisions:
   upstream's message.
 * **Tenants' prefixes apart.** The request's ``cache_salt`` goes in the
   body as ``cache_salt``, which vLLM's server takes (its prefix cache then
-  serves a prompt only blocks cached under the same salt) and servers that
-  do not know it ignore (llama.cpp's, SGLang's: their prompt caches stay
-  shared by every tenant behind Conveyor). An upstream that refuses unknown
-  fields (OpenAI's own API, which shares caches within an organisation only)
-  is given none with ``cache_salt=False`` (``--no-upstream-cache-salt``).
+  serves a prompt only blocks cached under the same salt). A server that
+  does not know it and ignores unknown fields (llama.cpp's) keeps one prompt
+  cache for every tenant behind Conveyor: isolation there is the upstream's
+  to give. An upstream that refuses unknown fields (OpenAI's own API, which
+  shares caches within an organisation only) is given none with
+  ``cache_salt=False`` (``--no-upstream-cache-salt``).
 * **Cancellation.** The response is opened with ``async with
   session.post(...)``, so closing the generator early releases the response
   with its connection closed: the upstream sees the disconnect and stops
