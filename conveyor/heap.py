@@ -3,12 +3,10 @@
 CPython's collector scans every tracked container object of a generation it
 collects, and a full (generation 2) collection scans them all: the imported
 modules, FastAPI's routes, aiokafka's and pydantic's classes, the registry,
-about 90,000-130,000 objects in a Conveyor process. Under load a process
-allocates enough for a full collection every two seconds or so, each one
-stopping the event loop for 40-70 ms; measured under bench.policy_overhead's
-c=32 rounds, the gateway spent 15 % of its CPU collecting and the layers and
-infer processes 5 %, nearly all of it on objects that live as long as the
-process.
+about a hundred thousand objects in a Conveyor process, nearly all of which
+live as long as the process. Under load full collections came every few
+seconds, each stopping the event loop for tens of milliseconds (measured:
+docs/decisions/0014-a-settled-heap.md).
 
 :func:`settle` is called by a serving command (gateway, layer, infer) once it
 has started, never by library code or tests: it collects once, then moves

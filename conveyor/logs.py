@@ -8,8 +8,8 @@ and the log still says what happened.
 
 A serving process writes a line a request (the gateway's access log), and
 each line written alone is a system call that wakes whoever reads the other
-end (``conveyor up`` copies its children's stderr): 48 µs of the gateway's
-CPU a request and 31 µs of the supervisor's in ``bench.profile``.
+end (``conveyor up`` copies its children's stderr; measured:
+docs/decisions/0015-fewer-writes-at-the-gateway.md).
 :class:`BatchingHandler` writes the lines of such per-request loggers
 (``conveyor.access``) together, at most ``interval_s`` (0.1 s) after the
 first of them; any other line is written at once, after what is held, so

@@ -34,10 +34,10 @@ Decisions:
 - **Buckets** are the GenAI semantic conventions' advice (TTFT, TPOT and
   request duration in seconds; token usage in powers of four); the layer
   handling time, milliseconds where a layer is healthy, has its own.
-- **Cost.** A request records two counters and at most five histogram points
-  (about 7 us each, measured with the SDK 1.45 on this machine's CPU), with
-  attribute dicts of two to four entries: no work per token, nothing that
-  grows with the answer. Consumer lag is computed only when scraped.
+- **Cost.** A request records two counters and at most five histogram points,
+  with attribute dicts of two to four entries: no work per token, nothing that
+  grows with the answer. Consumer lag is computed only when scraped. Measured:
+  docs/decisions/0025-resumable-streams-and-metrics.md.
 - **Cardinality.** The tenant labels only the request counter; the histograms
   carry the model and the operation, as the conventions ask.
 """

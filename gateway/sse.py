@@ -23,8 +23,9 @@ class EventStream(StreamingResponse):
     the body (the chunked encoding's terminator) go out in one socket write,
     where starlette's response writes the end alone. A write costs the gateway
     more than its bytes: ``bench.profile`` put uvicorn's ``send``, the socket
-    writes, at 35 % of the gateway's CPU at c=32 (452 µs a request, about four
-    writes: headers, the first reply, the last reply, the terminator).
+    writes, at a third of the gateway's CPU at c=32 (about four writes a
+    stream: headers, the first reply, the last reply, the terminator;
+    docs/decisions/0015-fewer-writes-at-the-gateway.md).
 
     It also stops the moment the client goes away without an anyio task group
     a response (see :meth:`__call__`)."""
@@ -39,9 +40,9 @@ class EventStream(StreamingResponse):
         starlette's own call serves it. Below 2.4 (uvicorn says 2.3) a send to
         a gone client is dropped in silence, so the disconnect must be read
         from ``receive``: starlette does it with an anyio task group a
-        response (with it the gateway spent 0.36 ms of CPU from a stream's
-        first reply to its headers at c=1, without it 0.17); here a plain task
-        reads ``receive`` and cancels the streaming task when the client
+        response, which cost the gateway CPU on every stream
+        (docs/decisions/0015-fewer-writes-at-the-gateway.md); here a plain
+        task reads ``receive`` and cancels the streaming task when the client
         leaves."""
         spec = scope.get("asgi", {}).get("spec_version", "2.0")
         if scope["type"] != "http" or tuple(map(int, spec.split("."))) >= (2, 4):

@@ -2,10 +2,11 @@
 :class:`topics.producer.Producer`: chosen with ``CONVEYOR_KAFKA_PRODUCER=librdkafka``.
 
 Why: aiokafka builds and writes each produce request in Python on the event
-loop; ``bench.profile`` finds a layer process spending a fifth of its CPU
-there. librdkafka batches and writes in its own C threads, and keeps
-idempotence across broker trouble itself (it bumps the producer epoch where
-aiokafka's session breaks for good, see topics/producer.py).
+loop, a large share of a layer process's CPU in ``bench.profile``. librdkafka
+batches and writes in its own C threads, and keeps idempotence across broker
+trouble itself (it bumps the producer epoch where aiokafka's session breaks
+for good, see topics/producer.py). Not the default: on two shared cores its
+threads cost more than they saved (docs/decisions/0012-aiokafka-not-librdkafka.md).
 
 How: ``produce`` queues the record in librdkafka and returns an asyncio
 future at once. One thread calls ``poll``, which runs the delivery

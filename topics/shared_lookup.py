@@ -9,10 +9,7 @@ that must connect and learn the cluster before the first read: made per
 call, that start was most of a resume's ``locate``. Here the readers are made
 on first use and kept: a call takes an idle reader, or starts one when none is
 idle and fewer than ``readers`` exist, and hands it back when it is done.
-Measured with ``python -m bench.locate`` on the shared 2-core machine (noisy;
-three runs): a locate with a lookup made per call p50 9.5-15 ms, on the shared
-lookup p50 1.8-3.5 ms; 40 locates at once 328 ms with a lookup each, 82-145 ms
-shared.
+Measured with ``python -m bench.locate``: docs/decisions/0021-one-shared-lookup.md.
 
 Why a small pool and not one reader behind a lock. A reader's assignment,
 positions and fetch buffer are single-caller state, so a reader serves one
@@ -22,12 +19,8 @@ a lock one slow call (a window of an hour over a busy partition, or a
 partition whose leader is moving) holds every other caller until its timeout.
 With ``readers`` (4) the short calls pass it; the readers exist only as the
 callers' concurrency asked for them (an idle gateway holds one or none), and
-4 of them are 8 connections. The bench's 20 locates while one call reads
-30,000 records: p50 200-370 ms behind one reader, 96-148 ms with four (on two
-cores the slow read's decoding still competes for the event loop; a slow
-broker would hold one reader's callers for the whole timeout). A burst with
-nothing slow in it is no faster with four on two cores (40 at once: 82-114 ms
-with one, 88-140 ms with four): the pool is for the slow call, not for speed.
+4 of them are 8 connections. The pool is for the slow call, not for speed:
+a burst with nothing slow in it is no faster with four readers.
 
 Restart rule. A reader goes back to the pool only after a call that
 returned normally. A broker error, a timeout or a caller's cancellation

@@ -54,16 +54,11 @@ T = TypeVar("T")
 CLASSIFIED = "classifier"
 
 # Past this many characters a request's checks run in a worker thread. Both read
-# every character: redaction about 0.1-0.2 ms a thousand of prose, 0.55 ms where
-# a phone number and an email come every line (the phone matcher parses each run
-# of digits); the level-1 input check about 0.04 ms a thousand (1,000 terms, two
-# patterns). Inline, a check holds the event loop, and every other request of the
-# process, for all of it: redaction 29 ms for 40,000 characters of such text,
-# 112 ms for 200,000, 557 ms for 1,000,000 (the input check 1.5, 8 and 41 ms). In
-# a worker thread the interpreter lock is still one, but the loop takes it back
-# every switch interval (5 ms): the longest stall redacting was 8, 7 and 22 ms,
-# the redaction as long as inline. Below this size the hand-off (tens of
-# microseconds) is not worth it.
+# every character, and inline a check holds the event loop, and every other
+# request of the process, for all of it; in a worker thread the interpreter lock
+# is still one, but the loop takes it back every switch interval. Below this size
+# the hand-off is not worth it. Measured:
+# docs/decisions/0016-personal-data-redacted-at-the-edge.md.
 OFF_LOOP_CHARS = 8_192
 
 

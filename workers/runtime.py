@@ -115,7 +115,7 @@ class LayerRuntime:
         self.tracer = tracer or trace.NoOpTracer()
         self.cancels = cancels
         # asked once: an isinstance check against a runtime-checkable Protocol
-        # walks the protocol's members every time (tens of µs an event)
+        # walks the protocol's members every time (docs/decisions/0004-many-requests-per-layer.md)
         self._cancel_aware = isinstance(layer, CancelAware)
         self._own_cancels = cancels is None and self._cancel_aware
         if self._own_cancels:

@@ -11,10 +11,11 @@ reports under OpenAI's ``harassment`` category.
   (instructions for harm, self-harm, sexual content without crude words),
   other languages, context beyond the text. It complements the lists (level
   1), it does not replace them.
-* **Cost**: loading takes about 1 s and 150 MB (scikit-learn, SciPy), once
-  per process, on the first request whose policy asks for it; a text costs
-  about 2.5 ms of CPU (measured here, ``bench.policy_overhead`` prints it),
-  so preprocess runs it in a worker thread.
+* **Cost**: loading takes a second or so and brings in scikit-learn and
+  SciPy, once per process, on the first request whose policy asks for it; a
+  text costs milliseconds of CPU (``bench.policy_overhead`` prints it), so
+  preprocess runs it in a worker thread. Measured:
+  docs/decisions/0017-safety-in-levels.md.
 * **Threshold**: the policy's ``[safety] classifier`` (0 to 1); a text
   scoring at or above it is blocked.
 """

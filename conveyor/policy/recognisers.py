@@ -36,15 +36,11 @@ When two recognisers claim overlapping spans, the span that starts first wins, t
 longer one, then the entity listed first in :data:`ENTITIES`: a card number is not also a
 phone number, and the digits of an IBAN are not a card.
 
-Speed (``timeit``, CPython 3.11, one core of the development machine, 2,000-character
-texts): with an email and a US phone number, redacting with all five recognisers takes
-about 0.14 ms, 0.10 ms of it ``phonenumbers``' matcher; with an email, a phone number, a card,
-an IBAN and an IPv4 address, about 0.64 ms, 0.53 ms of it the matcher, which parses every
-run of digits as a candidate number (about 30 microseconds each, the card's, IBAN's and
-address's digits included), against 0.07 ms for the other four together. Prose with fewer
-than 6 digits skips the matcher: about 0.013 ms with all five. The regexes start with a
-character class or are anchored on ``@`` and cheap checks (enough digits, a dot, ``::``)
-skip a recogniser that cannot match.
+Speed: ``phonenumbers``' matcher is most of a redaction's time, since it parses every run
+of digits as a candidate number (the card's, IBAN's and address's digits included); prose
+with fewer digits than a number needs skips it. The regexes start with a character class
+or are anchored on ``@``, and cheap checks (enough digits, a dot, ``::``) skip a recogniser
+that cannot match. Measured: docs/decisions/0016-personal-data-redacted-at-the-edge.md.
 """
 
 from __future__ import annotations

@@ -14,10 +14,10 @@ the sticky assignor as a fallback every join was two rounds, the second
 forced by the member itself changing its protocols, and each round asks
 every other member to rejoin within the rebalance timeout (the session
 timeout, 1.5 s); a member that misses it is dropped and joins again, two
-rounds again. Measured with two members joining at once while their event
-loops stalled up to 3 s at random (four runs each): both had partitions
-after 8-13 s with the pair, 0-7 s with one assignor. The fallback only
-served a group mixing in workers older than the busy-aware assignor.
+rounds again: two members joining at once while their event loops stalled
+took several times longer to both hold partitions with the pair
+(docs/decisions/0022-infer-failover.md). The fallback only served a group
+mixing in workers older than the busy-aware assignor.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ Decisions:
   survivor continues each answer after the chunks in the log. A short
   session timeout is cheap here: a rebalance moves nothing that runs (see
   the assignor), so a worker wrongly thought dead loses no answer.
-  ``bench.chaos`` (two streams, survivors with room): stall p99 2.7 s.
+  Measured with ``bench.chaos``: docs/decisions/0022-infer-failover.md.
 * **A rebalance does not stop generations.** A partition that comes back to
   this worker in the new assignment keeps its running tasks (the re-fetched
   task records are booked on the runs already going); only tasks of

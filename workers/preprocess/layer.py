@@ -70,7 +70,8 @@ _UNKNOWN_MODEL_MAX_TOKENS = 256
 # Above this many characters of text, fitting runs in a worker thread.
 _INLINE_CHARS = 32_768
 # What a chat template adds around each turn (ChatML: about 25 characters);
-# a turn costs llama.cpp's tokenizer about 0.3 ms however short it is.
+# a turn costs llama.cpp's tokenizer a fixed price however short it is
+# (docs/decisions/0023-preprocess-in-linear-time.md).
 _TURN_CHARS = 64
 
 

@@ -234,8 +234,8 @@ def trim_to_context(
     (the fewest drops that fit), found in O(log n) renders, not O(n), each
     of a conversation about the size of the answer; the whole conversation is
     rendered once and tokenized only when its control tokens alone do not
-    already prove it too long (4,000 short turns took 3.8 s when the whole
-    was tokenized first; 10,000 take 0.6 s now).
+    already prove it too long (measured:
+    docs/decisions/0023-preprocess-in-linear-time.md).
     Without ``max_tokens_requested`` the budget is
     ``min(default_max_tokens, room left)``, and at least one token.
 

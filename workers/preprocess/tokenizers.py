@@ -153,9 +153,8 @@ class GgufTokenizer:
         ``<|im_start|>``) counting as the one token the engine will see.
 
         llama.cpp finds control tokens by splitting the text once per
-        occurrence, which grows with the square of their number: a rendered
-        conversation of 4,000 turns took 2.4 s to count in one call, and
-        0.15 s with the control tokens written as plain text. Text between
+        occurrence, which grows with the square of their number
+        (docs/decisions/0023-preprocess-in-linear-time.md). Text between
         control tokens is tokenized on its own anyway, so a long text is
         cut just before every ``_TURNS_PER_CALL``-th turn end (the EOS
         token's text) and counted piece by piece: the same count, in
@@ -174,7 +173,7 @@ class GgufTokenizer:
         """The control tokens (BOS, EOS) written in ``text``: one token each.
         A chat template writes one or two per turn, so 10,000 turns are
         known not to fit a small context without tokenizing them (which
-        llama.cpp does at about 0.3 ms a turn)."""
+        costs llama.cpp a fixed price a turn)."""
         if self._controls is None:
             return 0
         return sum(1 for _ in self._controls.finditer(text))

@@ -22,11 +22,9 @@ it.
 - **Membership.** Dynamic, with the session timeout and heartbeat interval
   of the settings (6 s and 1 s; Faust's own 60 s would leave a SIGKILLed
   member in the group for a minute): a successor's join completes when the
-  dead member's session ends. In 20 runs of the restart test (3 s
-  sessions, two busy cores) the successor counted a new event 4.7-9.9 s
-  after it was started (median 6.4 s): about 3 s of Python start, then the
-  rest of the dead member's session and Faust's own second before the
-  join, then well under a second to restore and count. Static membership (``group.instance.id``,
+  dead member's session ends, and most of a successor's start is Python's
+  start and the rest of that session (measured:
+  docs/decisions/0002-faust-on-the-cold-path-only.md). Static membership (``group.instance.id``,
   which Faust passes to aiokafka) would let a restarted member take its
   partitions back at once, but needs an id that stays with one member
   across restarts and that no other member shares (two members with one

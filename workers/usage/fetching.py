@@ -6,9 +6,10 @@ was committed on starts again from its beginning after each rebalance.
 Faust's aiokafka driver makes its consumer with ``fetch_min_bytes`` left at 1, so
 the broker answers a fetch as soon as one record is there: at a few hundred
 requests a second that is a fetch, a response and a hand-over from Faust's
-consumer thread to its event loop for nearly every usage event, and 400 µs of
-the accounting app's CPU a request in ``bench.profile`` (40 % of it waiting in
-``select`` between them). Counting is off the request's path (the client has its
+consumer thread to its event loop for nearly every usage event, most of the
+accounting app's CPU in ``bench.profile`` (measured:
+docs/decisions/0002-faust-on-the-cold-path-only.md). Counting is off the
+request's path (the client has its
 answer), so the broker may hold a fetch until :data:`FETCH_MIN_BYTES` are
 there or :data:`FETCH_MAX_WAIT_MS` have passed: usage counts arrive up to that
 much later, in fewer and fuller fetches.

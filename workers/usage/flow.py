@@ -12,8 +12,7 @@ not taken yet are thrown away by the queue's clearing, while the consumer's
 position has moved past them. Nothing fetches them again until the next
 rebalance. A successor started right after a SIGKILL, with the events sent
 at that moment, counted nothing more (the accounting restart test failed
-now and then after its 60 s: "fetches nothing"; 7 runs of 20 once the
-agent awaited anything on its first event).
+now and then: "fetches nothing"; docs/decisions/0002-faust-on-the-cold-path-only.md).
 
 :func:`hold_flow_until_resumed` stops the consumer's flow when Faust
 announces the end of a rebalance (``on_rebalance_complete``, sent before

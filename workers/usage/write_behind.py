@@ -4,7 +4,8 @@ A Faust table writes a changelog record for every assignment. A usage event
 changes seven rows (workers/usage/rows.py), and under load the same seven
 rows (one tenant, one key, one model, this minute and this day) change with
 every event: ``bench.profile`` counted 7 changelog records a request, the
-largest share of what the log stores for one.
+largest share of what the log stored for one (measured:
+docs/decisions/0002-faust-on-the-cold-path-only.md).
 
 :class:`WriteBehind` is the mapping :class:`~workers.usage.counting.Counter`
 counts into. It changes the table's store at once (so the next event reads

@@ -4,9 +4,10 @@
 
 prints the converted file, converting only when it is not there yet. A model
 whose ``precision`` in ``conveyor/models.toml`` is not ``source`` is converted
-on its first use anyway (:func:`conveyor.registry.precise_gguf`, about 2 s for
+on its first use anyway (:func:`conveyor.registry.precise_gguf`, seconds for
 SmolLM2-135M); this command does it before a worker starts, for an image
-build or a host whose first start should not wait.
+build or a host whose first start should not wait. Why SmolLM2 runs at f16:
+docs/decisions/0008-default-model-precision.md.
 
 Decisions:
 

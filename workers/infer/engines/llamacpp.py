@@ -40,9 +40,9 @@ Decisions:
   computed in another batch shape, whose float rounding differs enough to
   change a sampled token, so the same seed gave different answers depending
   on what the context served before. Without a seed the prefix is reused:
-  evaluating every prompt afresh cost 7 points of throughput in
-  ``bench.smollm2`` (88.7 % of llama.cpp alone instead of 95.3 %). The
-  tokens reused are the answer's ``cached_tokens``.
+  evaluating every prompt afresh cost throughput in ``bench.smollm2``
+  (docs/decisions/0009-same-answer-at-temperature-0.md). The tokens reused
+  are the answer's ``cached_tokens``.
 * **Host memory behind the contexts.** With ``host_cache_bytes``, the KV
   cache of a conversation a context moves on from is kept in host memory
   and copied back when its next turn comes (llamacpp_cache).

@@ -1,140 +1,46 @@
 """An engine that decodes its sequences together in batched llama.cpp contexts (CPU).
 
 Where :mod:`workers.infer.engines.llamacpp` gives every request a context of
-its own, this engine keeps ``contexts`` batched contexts (default 2), each
-with its share of the ``sequences`` and a thread of its own, and advances all
-the sequences of a context with a single ``llama_decode`` per step.
+its own, this engine keeps ``contexts`` batched contexts (default 2, one a
+core), each with its share of the ``sequences`` and a thread of its own, and
+advances all the sequences of a context with a single ``llama_decode`` per
+step: the weights are read once a step for all of them.
 
-Decisions:
-
-* **Batched contexts, one thread each; one by default.** The weights are
-  loaded once and mmapped; every context is made from the same model, so a
-  context adds its compute buffers and a thread (see *Memory*). Two threads
-  in one context collapsed whenever other work ran (4 tokens/s instead of
-  37: llama.cpp's threads wait for each other at every operation); two
-  contexts of one thread do not wait for each other. On the two cores here,
-  with nothing else running, ``bench.engines --no-vllm --levels 1,4,8
-  --batch-contexts 1,2`` measured one context against two, 16 sequences, at
-  22.5/42.3/60.2 tokens/s against 22.5/52.5/86.8 at 1/4/8 streams: one
-  context per core, ``--batches 2``, is the default. While other processes
-  held the cores, two contexts made less than one (25.4/45.3/65.0 against
-  20.7/32.7/55.3 at 1/4/8 streams, in a busy run): a second context splits
-  the batch, and each reads the weights every step, without a second core
-  to run it. Give ``--batches 1`` on a host whose other work keeps a core.
-  ``n_threads`` is per context, as in ``LlamaCppEngine``.
-* **Small batches want ggml's kernels, not tinyBLAS.** llama.cpp as
-  released multiplies any batch of 2 tokens or more with tinyBLAS, which on
-  this machine's CPU made a step of two sequences cost more than two steps
-  of one (41-45 ms against 18), so two contexts of two sequences (four
-  streams) made no more than today's engine. ``infra/llama.sh`` builds
-  llama.cpp with batches under 5 tokens on ggml's own dot products (25-32 ms
-  for two, 41-50 for four; ``GGML_SGEMM_MIN_N`` sets the bound): 0.86-0.94x
-  of ``LlamaCppEngine`` at four streams became 1.33-1.40x, and 1.21-1.32x at
-  eight became 1.61-1.73x (README, "Batching"). The same build's f16 dot
-  product prefetches the weights' next rows and takes two rows by two tokens
-  in a call (each sum in the same order, every logit bit for bit the same):
-  a step of one sequence 29.8 to 23.5 ms, of two 38.6 to 28.1 ms, of four
-  54.1 to 39.6 ms, and 1.45-1.51x at four streams, 1.99-2.06x at eight.
-* **Each context's thread owns it.** Making the context, every decode and
-  sampling, and freeing run on the context's one thread (a one-worker
-  executor); the model itself is loaded and closed on the first context's.
-  The loop sleeps while nothing runs; a step takes the sequences that joined
-  since the last one, drops the cancelled, decodes, samples and streams the
-  pieces back with ``loop.call_soon_threadsafe`` into each request's
-  ``asyncio.Queue``. Sequences join and leave between steps, so closing a
-  generator frees its sequence within one step. Prompts are tokenized on the
-  event loop (the vocabulary is read-only, as llama.cpp's server tokenizes
-  beside its decoding), so that the engine can route them.
-* **Routing.** A new sequence goes to a context with room: to the least busy
-  (fewest running sequences), among equally busy ones to the one whose free
-  slots hold the longest prefix of its prompt tokens; a busier context wins
-  it only when the prefix it holds is longer by ``prefill_chunk`` tokens or
-  more. A shorter difference saves part of one step's prompt chunk, while
-  one more sequence in the busier context slows its every step for the whole
-  answer: a shared system prompt, which every slot soon holds, would
-  otherwise pile every stream into the context that served it first and
-  leave the other core idle. The contexts' slots are read from the event
-  loop while their threads work, so the route is a hint; the context's
-  thread then picks its slot from what it really holds.
-* **A step is one batch.** Every running sequence of a context puts its last
-  sampled token in; a sequence still reading its prompt puts in a chunk of
-  it, at most ``prefill_chunk`` prompt tokens per step and context, so a
-  long prompt delays the running streams by one chunk's evaluation a step,
-  not its whole length. Only the last prompt token asks for logits.
-* **One cache per context, a bound for each sequence.** A context's KV cache
-  is unified: it holds ``share x n_ctx`` cells, and the engine keeps every
-  sequence (with what its slot keeps cached) within ``n_ctx`` positions, so
-  the cache never runs out; a prompt of ``n_ctx`` tokens or more is refused
-  with an :class:`~conveyor.errors.EngineError`, and an answer that reaches
-  ``n_ctx`` ends with ``length``. Not one cache per sequence: llama.cpp then
-  splits every step into one batch per sequence, and 8 streams made 28
-  tokens/s in all against 60 for one stream alone.
-* **Memory.** The cells of all contexts together are ``sequences x n_ctx``
-  whatever the split (SmolLM2-135M: 22.5 KiB a cell in f16, 30 layers of
-  3 x 64 keys and values), so a second context adds no KV cache: measured
-  at 16 sequences of 2048 tokens, one context holds a 720 MiB KV buffer and
-  27.6 MiB of compute buffers, two hold 360 MiB and 26.1 MiB each; a context
-  adds about 26 MiB and a thread (the process's resident memory after start:
-  1.08 GB either way, most of the KV buffer not yet touched).
-* **Prefix reuse.** A finished sequence's positions stay in its slot's cache.
-  A new sequence takes the free slot of its context whose cache serves it
-  best: the prefix it shares with the prompt tokens, less what the slot
-  would throw away of the prompt it holds (``llamacpp_prompts.reuse_score``: a
-  conversation's cache is not given up for the few template tokens every
-  prompt shares, an empty or stale slot is taken instead), keeps those positions
-  (removing the rest with ``llama_memory_seq_rm``) and evaluates only the
-  remainder; at least the prompt's last token is always evaluated, for its
-  logits. What is reused is exactly that: the longest common token prefix
-  with what the slot last held (the previous prompt and the answer tokens
-  that were decoded), or, with ``host_cache_bytes``, with a sequence some
-  slot of the engine moved on from, kept in host memory and copied back
-  into this slot (llamacpp_cache: the cells as the model computed them; a
-  slot's sequence stays within ``n_ctx`` positions, so the cells it frees
-  always make room for it). ``reused_tokens`` counts them, and the last
-  piece reports them as ``cached_tokens``. Only prompts of the same salt
-  (the request's ``cache_salt``, its tenant's) reuse each other's: a slot
-  keeps the salt of what it holds, and a slot or saved sequence of another
-  salt serves a prompt nothing, in routing as in reuse.
-* **Temperature 0 means the same answer.** Measured on SmolLM2-135M: a greedy
-  answer is the same alone, beside other streams, in either context, and with
-  or without its prefix reused
-  (tests/unit/workers/infer/engines/test_llamacpp_batch.py asks one question
-  20 times beside other streams). A request with a ``seed`` still evaluates
-  its prompt afresh, as :mod:`~workers.infer.engines.llamacpp` does, but **a
-  seeded sample at a temperature gives up bit-for-bit repetition here**:
-  a context's sequences share one KV cache, where their cells lie depends on
-  what else is in it (running sequences, the prefixes free slots keep), and
-  flash attention's sums over the cache round a little differently with that
-  layout. Sampling turns the smallest difference in the logits into another
-  token now and then: measured, a seeded question asked 12 times beside 0-3
-  other streams got one answer 11 times and another once, while greedy got
-  one answer 12 times. ``reproducible_seeds`` is False, and a seeded request
-  that must repeat belongs on
-  :class:`~workers.infer.engines.llamacpp.LlamaCppEngine` (a context per
-  sequence) or vLLM.
-* **Flash attention as llama.cpp chooses it** ("auto": on, on a CPU). With it
-  off, 8 greedy streams of SmolLM2 made 5 tokens/s in all instead of 65 on
-  two threads. The arithmetic differs from
-  :class:`~workers.infer.engines.llamacpp.LlamaCppEngine`'s (off), so the two
-  engines' greedy answers may part after some tokens; each is stable.
-* **OpenAI sampling semantics.** A sampler chain per sequence: ``temperature
-  <= 0`` is greedy; otherwise temperature, then ``top_p`` (over the
-  distribution the temperature made, as OpenAI and vLLM apply them), then a
-  draw with the request's seed folded into llama.cpp's seed space (a fresh
-  random one without a seed). No ``top_k`` or ``min_p``. The presence and
-  frequency penalties come first in the chain, over the sequence's last
-  64 sampled tokens, as llama-cpp-python applies them.
-* **Text.** Token bytes go through an incremental UTF-8 decoder, so a
-  character split over tokens is sent whole. Text that may be the start of a
-  stop string is held back; an answer ends before the first stop string.
-* **Token counts.** Each streamed piece is ``tokens=1``; the last piece
-  carries the difference to the number of tokens sampled (the
-  end-of-generation token counted), so the pieces add up to the true usage.
-* Prompts are rendered as :class:`~workers.infer.engines.llamacpp.LlamaCppEngine`
-  renders them (the GGUF's chat template when preprocess sent none; any
-  continuation appended; an empty prompt starts at the BOS token). Every
-  failure inside llama.cpp surfaces from :meth:`generate` as an
+* Each context's thread owns it (making it, every decode and sampling,
+  freeing); sequences join and leave between steps, so closing a generator
+  frees its sequence within one step. Prompts are tokenized on the event
+  loop, so that the engine can route them.
+* A new sequence goes to the least busy context, among equally busy ones to
+  the one whose free slots hold the longest prefix of its prompt; a busier
+  context wins it only when its prefix is longer by ``prefill_chunk``
+  tokens. The route is a hint: the context's thread picks its slot from
+  what it really holds (``llamacpp_prompts.reuse_score``; with
+  ``host_cache_bytes``, from host memory too: llamacpp_cache), and the
+  reuse is reported as ``cached_tokens``.
+* A step is one batch: each running sequence's last token, and at most
+  ``prefill_chunk`` prompt tokens of sequences still reading their prompt.
+* One unified KV cache per context, every sequence kept within ``n_ctx``
+  positions: a prompt of ``n_ctx`` tokens or more is an
+  :class:`~conveyor.errors.EngineError`, an answer that reaches it ends with
+  ``length``.
+* Greedy answers are the same alone or beside other streams, but
+  ``reproducible_seeds`` is False: the sequences share a cache whose layout
+  changes flash attention's rounding, so a seeded sample may differ; a
+  seeded request that must repeat belongs on
+  :class:`~workers.infer.engines.llamacpp.LlamaCppEngine` or vLLM.
+* Flash attention as llama.cpp chooses it ("auto": on, on a CPU); OpenAI's
+  sampling order (penalties over the last 64 tokens, temperature, ``top_p``,
+  a seeded draw; greedy at ``temperature <= 0``); text through an
+  incremental UTF-8 decoder, held back where it may begin a stop string;
+  each piece ``tokens=1``, the last carrying the difference to the tokens
+  sampled. Prompts are rendered as ``LlamaCppEngine`` renders them, and
+  every failure inside llama.cpp surfaces from :meth:`generate` as an
   :class:`~conveyor.errors.EngineError`.
+
+Why batched contexts of one thread, why the patched kernels
+(``infra/llama.sh``), and what each measured:
+docs/decisions/0007-batching.md (seeded samples:
+docs/decisions/0009-same-answer-at-temperature-0.md).
 """
 
 from __future__ import annotations

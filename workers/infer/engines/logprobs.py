@@ -4,8 +4,8 @@ tokens' at its place (``top_logprobs``). They are the model's own
 distribution (a log-softmax of the raw logits), before temperature, top_p,
 penalties or a grammar shape the draw, as vLLM reports them by default.
 
-One log-softmax over SmolLM2's 49,152 logits costs some 0.1 ms, done only for
-requests that ask.
+A log-softmax over the whole vocabulary's logits at every sampled token is
+done only for requests that ask.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ Decisions:
   pool of ``capacity`` keep-alive connections (the worker never runs more
   requests than that). ``timeout_s`` bounds connecting and every wait for the
   next chunk, not the whole answer. aiohttp rather than httpx: on this hot
-  path (one SSE line per token) httpx's pure-Python stream took about a third
-  of the worker's CPU; aiohttp parses in C.
+  path (one SSE line per token) httpx's pure-Python stream took much of the
+  worker's CPU; aiohttp parses in C (docs/decisions/0020-the-http-engine.md).
 * **Endpoint.** A request with a rendered ``prompt_text`` (or any completion)
   goes to ``/v1/completions`` with the continuation appended to the prompt.
   A chat request without one goes to ``/v1/chat/completions``; a continuation
@@ -261,7 +261,8 @@ def _upstream_body(request: GenerationRequest) -> tuple[str, dict[str, Any]]:
 
 def _parse(data: bytes) -> dict[str, Any]:
     try:
-        event = orjson.loads(data)  # 0.5 µs an event against json's 2.2 (bytes) or 1.8 (str)
+        # orjson: several times json's speed (docs/decisions/0020-the-http-engine.md)
+        event = orjson.loads(data)
     except ValueError as exc:  # orjson.JSONDecodeError is a ValueError
         raise EngineError(f"upstream sent unparsable data: {data[:200]!r}") from exc
     if not isinstance(event, dict):

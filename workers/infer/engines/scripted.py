@@ -1,7 +1,7 @@
 """An engine that answers from a script instead of a model.
 
 It keeps the engine contract (base.py) as the real engines do, and passes
-the same contract tests (tests/unit/workers/infer/engines/test_contract.py), so a
+the same contract tests (tests/engines/workers/infer/engines/test_contract.py), so a
 test about the pipeline (delivery, resume, faults, the API) runs without
 loading a model; only the tests about an engine run one.
 
