@@ -48,6 +48,10 @@ Decisions:
   the continuation, tokenized by vLLM. A chat without a rendered prompt is
   rendered with the model's chat template. An empty prompt is the
   beginning-of-sequence token alone.
+* **Tenants' prefixes apart.** The request's ``cache_salt`` (its tenant's,
+  workers/prefix.py) is vLLM's own ``cache_salt`` in the prompt: vLLM folds it
+  into the first block's hash, so a prompt reuses only blocks cached under
+  the same salt.
 * **The process.** vLLM runs its engine core in a child process (the
   multiprocess executor is forced on a CPU), so a program that starts this
   engine must guard its entry point with ``if __name__ == "__main__"`` (the
@@ -316,9 +320,11 @@ class VllmEngine:
             except Exception as exc:
                 raise EngineError(f"{self.spec.name}: cannot render the chat: {exc}") from exc
             text = str(rendered) + request.continuation
-        if not text:
-            return {"prompt_token_ids": list(self._bos)}
-        return {"prompt": text}
+        prompt: dict[str, Any] = (
+            {"prompt": text} if text else {"prompt_token_ids": list(self._bos)})
+        if request.cache_salt:  # vLLM refuses an empty one
+            prompt["cache_salt"] = request.cache_salt
+        return prompt
 
     def kv_state(self) -> KvState | None:
         return self._kv.state()

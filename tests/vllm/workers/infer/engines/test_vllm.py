@@ -140,6 +140,27 @@ async def test_a_shared_prefix_is_served_from_the_cache(vllm_engine: VllmEngine)
     assert text(again) == text(cold)  # the cache changes the time, not the answer
 
 
+async def test_a_prefix_serves_only_prompts_of_its_tenant_s_salt(
+        vllm_engine: VllmEngine) -> None:
+    """The request's cache_salt reaches vLLM: the same prompt under another
+    salt (another tenant's, or none) finds none of its blocks, under its own
+    it finds them all."""
+    await vllm_engine.llm.reset_prefix_cache()
+
+    async def cached(question: str, salt: str) -> int:
+        pieces = await collect(vllm_engine, request(
+            kind="completion", prompt_text=chat(question, SHARED), messages=(), max_tokens=2,
+            cache_salt=salt))
+        assert (pieces[-1].prompt_tokens or 0) > 500
+        return pieces[-1].cached_tokens or 0
+
+    assert await cached("What is Kafka?", "tenant-a") == 0
+    assert await cached("What is Kafka?", "tenant-b") == 0  # A's prompt, B's salt
+    assert await cached("What is Kafka?", "") == 0  # nor a prompt without one
+    assert await cached("What is a consumer group?", "tenant-a") > 500  # A's own prefix
+    assert await cached("What is a topic?", "tenant-b") > 500
+
+
 async def test_the_kv_state_is_vllms_own(vllm_engine: VllmEngine) -> None:
     """What the heartbeat carries: vLLM's blocks (128 tokens each on the CPU build,
     some 90 of them in the test's KV space), the share in use, and the prompt
