@@ -17,6 +17,9 @@ step: the weights are read once a step for all of them.
   what it really holds (``llamacpp_prompts.reuse_score``; with
   ``host_cache_bytes``, from host memory too: llamacpp_cache), and the
   reuse is reported as ``cached_tokens``.
+* A prompt reuses only what prompts of its ``cache_salt`` (its tenant's)
+  left: a slot keeps the salt of what it holds, and a slot or saved
+  sequence of another salt serves it nothing, in routing as in reuse.
 * A step is one batch: each running sequence's last token, and at most
   ``prefill_chunk`` prompt tokens of sequences still reading their prompt.
 * One unified KV cache per context, every sequence kept within ``n_ctx``
