@@ -12,8 +12,9 @@ description: the comment block directly above the field plus a comment at
 the end of its line. A field without a comment of its own takes the comment
 block that names it (``route_index_ttl_s`` in the block above the routing
 fields), else that of the field on the line before it (``metrics_host``
-after ``metrics_port``). A one-line comment of at most three words after a
-blank line (``# Gateway``) is a heading: it starts a section of the page.
+after ``metrics_port``). A comment line of at most three words after a blank
+line (``# Gateway``) is a heading: it starts a section of the page, and the
+lines after it describe the field below.
 
     python docs/gen_config.py        # prints the page
 """
@@ -98,8 +99,8 @@ def _comments(cls: type) -> _Comments:
             index -= 1
         before = lines[index].strip() if index >= 0 else ""
         blank_before = not before or before.startswith("class ")
-        if len(above) == 1 and blank_before and _HEADING.match(above[0]):
-            current = above.pop().rstrip(":")
+        if above and blank_before and _HEADING.match(above[0]):
+            current = above.pop(0).rstrip(":")
         if above:
             notes.blocks.append((name, " ".join(above)))
             notes.above.add(name)
@@ -222,7 +223,9 @@ _PATHISH = re.compile(
 
 
 def _code(text: str, names: set[str]) -> str:
-    """Settings' names and paths in a comment, as code."""
+    """Settings' names (those with an underscore: ``auth`` is also a word) and
+    paths in a comment, as code."""
+    names = {name for name in names if "_" in name}
     alternatives = "|".join(sorted(map(re.escape, names), key=len, reverse=True))
     words = re.compile(rf"\b({alternatives})\b")
     pieces = text.split("`")
