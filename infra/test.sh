@@ -30,6 +30,7 @@ if [ "${1:-}" = "--fast" ]; then
   shift
   bash infra/install.sh --dev
   .venv/bin/ruff check .
+  NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
   exec .venv/bin/python -m pytest -q -p no:cacheprovider \
     -n "${CONVEYOR_TEST_PROCESSES:-3}" --dist loadfile tests/unit "$@"
 fi
@@ -38,6 +39,7 @@ bash infra/kafka.sh start
 bash infra/redis.sh start
 .venv/bin/ruff check .
 .venv/bin/mypy
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
 vllm_tier() {
   bash infra/vllm.sh
   HF_HUB_OFFLINE=1 .venv-vllm/bin/python -m pytest -q -p no:cacheprovider --durations=10 "$@"
