@@ -45,9 +45,6 @@ class Settings(BaseSettings):
     # Producer: acks=all always; the idempotent producer can be switched off
     # for brokers that do not implement it.
     producer_idempotent: bool = True
-    # the client that produces: aiokafka (the default), or librdkafka through
-    # confluent-kafka (topics/rdkafka.py; consumers stay on aiokafka either way)
-    kafka_producer: Literal["aiokafka", "librdkafka"] = "aiokafka"
     producer_linger_ms: int = 0
     # none by default: events are a few hundred bytes on loopback, where lz4 cost the
     # broker a third more CPU for nothing; choose lz4 or zstd across slow links

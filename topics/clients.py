@@ -92,11 +92,7 @@ PRODUCE_TIMEOUT_MS = 30_000
 
 
 def make_producer(settings: Settings, **overrides: Any) -> EventProducer:
-    """The producer ``settings.kafka_producer`` names; ``overrides`` are
-    aiokafka's option names (librdkafka takes ``enable_idempotence``,
-    ``linger_ms`` and ``request_timeout_ms`` of them)."""
-    if settings.kafka_producer == "librdkafka":
-        return _rd_producer(settings, overrides)
+    """Conveyor's producer on aiokafka; ``overrides`` are aiokafka's option names."""
     options: dict[str, Any] = {
         "bootstrap_servers": settings.kafka_bootstrap,
         "acks": "all",
@@ -110,21 +106,6 @@ def make_producer(settings: Settings, **overrides: Any) -> EventProducer:
     }
     options.update(overrides)
     return Producer(lambda: AIOKafkaProducer(**options))
-
-
-def _rd_producer(settings: Settings, overrides: dict[str, Any]) -> EventProducer:
-    from topics.rdkafka import RdProducer, rd_config
-
-    unknown = set(overrides) - {"enable_idempotence", "linger_ms", "request_timeout_ms"}
-    if unknown:
-        raise TypeError(f"the librdkafka producer does not take {sorted(unknown)}")
-    return RdProducer(rd_config(
-        settings.kafka_bootstrap,
-        idempotent=overrides.get("enable_idempotence", settings.producer_idempotent),
-        linger_ms=overrides.get("linger_ms", settings.producer_linger_ms),
-        compression=settings.producer_compression,
-        max_event_bytes=settings.max_event_bytes,
-        request_timeout_ms=overrides.get("request_timeout_ms", PRODUCE_TIMEOUT_MS)))
 
 
 def make_consumer(

@@ -62,8 +62,7 @@ _ATTEMPTS = 3
 
 
 class EventProducer(Protocol):
-    """What Conveyor asks of a producer: :class:`Producer` (aiokafka) or
-    :class:`topics.rdkafka.RdProducer` (librdkafka), as ``make_producer`` chooses."""
+    """What Conveyor asks of a producer: :class:`Producer`, or a test's stand-in."""
 
     renewals: int
 
