@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastavro import parse_schema
+from fastavro.schema import to_parsing_canonical_form
 
 from conveyor.errors import SchemaError
 from schemas.codec import EVENT_TYPES, MAGIC, Codec, default_codec
 from schemas.records import Request
 from topics.envelope import new_envelope
 
-HISTORY = Path(__file__).resolve().parents[3] / "schemas" / "avro" / "history"
+AVRO = Path(__file__).resolve().parents[3] / "schemas" / "avro"
 
 
 def request() -> Request:
@@ -58,34 +61,46 @@ def test_every_event_type_has_a_current_schema() -> None:
         assert codec.schema(name)["name"] == f"conveyor.{name}"
 
 
-def test_an_event_written_with_the_previous_schema_is_still_read() -> None:
-    codec = default_codec()
-    v1 = parse_schema(json.loads((HISTORY / "conveyor.Request.v1.avsc").read_text()),
-                      _write_hint=False)
-    old = {
-        "envelope": {"request_id": "old-1", "tenant": "acme", "traceparent": "", "attempt": 0,
-                     "reply_gateway": "gw", "reply_partition": 1, "stamps": {"gateway": 5}},
-        "generation": {
-            "kind": "completion", "model": "smollm2", "messages": [], "prompt": "Once",
-            "sampling": {"temperature": 0.7, "top_p": 1.0, "max_tokens": 16, "stop": [],
-                         "seed": None},
-            "stream": False,
-        },
-    }
-    data = codec.encode_with(v1, old)
-    event = codec.decode(data, "Request")
+def older(schema: Any, dropped: dict[str, set[str]]) -> Any:
+    """The schema an older producer wrote: ``schema`` in its parsing canonical
+    form with the ``dropped`` fields of each named record left out."""
+    def walk(node: Any) -> Any:
+        if isinstance(node, list):
+            return [walk(n) for n in node]
+        if not isinstance(node, dict):
+            return node
+        node = {k: walk(v) for k, v in node.items()}
+        if node.get("type") == "record":
+            gone = dropped.get(node["name"], set())
+            node["fields"] = [f for f in node["fields"] if f["name"] not in gone]
+        return node
+    return walk(json.loads(to_parsing_canonical_form(schema)))
+
+
+def test_an_event_written_with_a_schema_kept_in_history_is_read(tmp_path: Path) -> None:
+    avro = tmp_path / "avro"
+    shutil.copytree(AVRO, avro, ignore=shutil.ignore_patterns("history"))
+    v1 = older(default_codec().schema("Request"),
+               {"conveyor.Envelope": {"deadline_ms", "priority"},
+                "conveyor.Generation": {"include_usage", "created"}})
+    (avro / "history").mkdir()
+    data = default_codec().encode_with(parse_schema(v1, _write_hint=False), request())
+    with pytest.raises(SchemaError, match="unknown schema fingerprint"):
+        Codec(avro).decode(data, "Request")  # the history is what makes it readable
+    (avro / "history" / "conveyor.Request.v1.avsc").write_text(json.dumps(v1))
+    event = Codec(avro).decode(data, "Request")
     # what v1 had is kept; what it lacked takes the current schema's defaults
-    assert event["envelope"]["tenant"] == "acme"
+    assert event["envelope"]["reply_gateway"] == "gw"
     assert event["envelope"]["deadline_ms"] == 0 and event["envelope"]["priority"] == 0
-    assert event["generation"]["prompt"] == "Once"
+    assert event["generation"]["messages"] == request()["generation"]["messages"]
     assert event["generation"]["include_usage"] is False
     assert event["generation"]["created"] == 0
-    assert event["generation"]["sampling"]["frequency_penalty"] == 0.0
+    assert event["generation"]["sampling"]["frequency_penalty"] == 0.5
 
 
 def test_history_schemas_are_registered_by_fingerprint() -> None:
     codec = Codec()
-    for path in HISTORY.glob("*.avsc"):
+    for path in (AVRO / "history").glob("*.avsc"):
         assert codec.register_writer(path) in EVENT_TYPES
 
 
