@@ -1,38 +1,25 @@
-"""How a job's request ends: a :class:`~schemas.records.JobResult` on
-``conveyor.results`` (key = job id), instead of a reply to a gateway.
-
-A request whose envelope names a job (``job_id``: a batch line, a background
-response) has no client connection waiting for it. Every way it can end (an
-answer assembled by postprocess, an error from any layer) becomes one result
-event, so the job's collector (:mod:`workers.jobs.collector`) sees every
-request of the job end exactly where it reads, in order with the job's own
-events.
+"""A job's own events in its results stream: a request that belongs to a
+job, and the job-level events (expanded, invalid, cancel) written to
+``conveyor.results`` (key = job id) beside its requests' results
+(:func:`workers.outputs.result_output`), so the job's collector
+(:mod:`workers.jobs.collector`) reads them in order.
 """
 
 from __future__ import annotations
 
 from conveyor.settings import Settings
-from schemas.records import Envelope, ErrorInfo, JobResult, Usage
+from schemas.records import Envelope, JobResult
 from topics.catalog import RESULTS
 from topics.envelope import now_ms
 from workers.outputs import Output
 
-__all__ = ["is_job", "result_output", "job_event"]
+__all__ = ["is_job", "job_event"]
 
 
 def is_job(envelope: Envelope) -> bool:
+    """The request belongs to a job (a batch line, a background response): it
+    has no client connection waiting, and it ends in a result, not a reply."""
     return bool(envelope.get("job_id"))
-
-
-def result_output(settings: Settings, envelope: Envelope, *, status_code: int,
-                  body: str = "", error: ErrorInfo | None = None, text: str = "",
-                  finish_reason: str | None = None, usage: Usage | None = None) -> Output:
-    """The result of one request of a job."""
-    result = JobResult(job_id=envelope["job_id"], event="result",
-                       request_id=envelope["request_id"], job_item=envelope["job_item"],
-                       status_code=status_code, body=body, error=error, text=text,
-                       finish_reason=finish_reason, usage=usage, detail="", ts_ms=now_ms())
-    return Output(RESULTS.at(settings), "JobResult", result, key=envelope["job_id"])
 
 
 def job_event(settings: Settings, job_id: str, event: str, detail: str = "") -> Output:

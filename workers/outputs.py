@@ -1,5 +1,5 @@
-"""What a layer's handler asks the runtime to produce, and the error replies
-and dead letters every layer sends the same way.
+"""What a layer's handler asks the runtime to produce, and the error replies,
+job results and dead letters every layer sends the same way.
 
 :meth:`Sender.produce` is the one way an event's outputs reach Kafka with a
 verdict: it returns once every output is acknowledged, retries what failed
@@ -27,14 +27,14 @@ from conveyor.errors import (
 )
 from conveyor.settings import Settings
 from schemas.codec import Codec, EventType
-from schemas.records import DeadLetter, Envelope, ErrorInfo, Reply
+from schemas.records import DeadLetter, Envelope, ErrorInfo, JobResult, Reply, Usage
 from topics.backoff import Backoff, RateLimitedLog
-from topics.catalog import DLQ, REPLIES
+from topics.catalog import DLQ, REPLIES, RESULTS
 from topics.clients import EventTooLarge, broker_error
 from topics.envelope import now_ms
 from topics.producer import EventProducer
 
-__all__ = ["Output", "Sender", "error_info", "failure_reply"]
+__all__ = ["Output", "Sender", "error_info", "failure_reply", "result_output"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,21 @@ class Output:
     record: Any
     key: str | None = None
     partition: int | None = None
+
+
+def result_output(settings: Settings, envelope: Envelope, *, status_code: int,
+                  body: str = "", error: ErrorInfo | None = None, text: str = "",
+                  finish_reason: str | None = None, usage: Usage | None = None) -> Output:
+    """How a job's request ends, instead of a reply to a gateway: one
+    :class:`~schemas.records.JobResult` on ``conveyor.results`` (key = job
+    id), for an answer and for an error from any layer alike, so the job's
+    collector (:mod:`workers.jobs.collector`) sees every request of the job
+    end where it reads, in order with the job's own events."""
+    result = JobResult(job_id=envelope["job_id"], event="result",
+                       request_id=envelope["request_id"], job_item=envelope["job_item"],
+                       status_code=status_code, body=body, error=error, text=text,
+                       finish_reason=finish_reason, usage=usage, detail="", ts_ms=now_ms())
+    return Output(RESULTS.at(settings), "JobResult", result, key=envelope["job_id"])
 
 
 def error_info(exc: RequestError) -> ErrorInfo:
@@ -164,8 +179,6 @@ class Sender:
         """The reply that fails one request (the result of a job's request), or
         None for a request without a reply address (a replay)."""
         if envelope.get("job_id"):
-            from workers.job_results import result_output
-
             return result_output(self.settings, envelope, status_code=error["status"],
                                  error=error)
         if envelope["reply_partition"] < 0:

@@ -41,11 +41,11 @@ from schemas.records import Control, ErrorInfo, Generation, JobCommand, Request
 from topics.catalog import CONTROL, JOBS, REQUESTS
 from topics.envelope import PRIORITY_BACKGROUND, PRIORITY_BATCH, new_envelope, now_ms
 from topics.policies import kept_policies
-from workers.job_results import job_event, result_output
+from workers.job_results import job_event
 from workers.jobs.dead_commands import DeadCommands
 from workers.jobs.files import JobFiles
 from workers.jobs.lines import parse_lines
-from workers.outputs import Output, Sender
+from workers.outputs import Output, Sender, result_output
 from workers.policy_checks import redact_generation, redacted
 
 __all__ = ["JobsLayer", "request_id_of", "RESPONSE_DEADLINE_MS"]

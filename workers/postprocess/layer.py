@@ -41,8 +41,8 @@ from schemas.tool_calls import ToolCallReader
 from topics.catalog import CONTROL, REPLIES, TOKENS, USAGE
 from topics.envelope import now_ms, stamp
 from topics.policies import kept_policies
-from workers.job_results import is_job, result_output
-from workers.outputs import Output, Sender
+from workers.job_results import is_job
+from workers.outputs import Output, Sender, result_output
 from workers.policy_checks import policy_audit
 from workers.postprocess.stream import Emitted, RequestStream
 

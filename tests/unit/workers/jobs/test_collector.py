@@ -13,9 +13,9 @@ from aiokafka import TopicPartition
 from conveyor.files.local import LocalFileStore
 from conveyor.settings import Settings
 from topics.envelope import new_envelope
-from workers.job_results import job_event, result_output
+from workers.job_results import job_event
 from workers.jobs.collector import CANCEL_GRACE_MS, ResultsLayer, output_file_id
-from workers.outputs import Output
+from workers.outputs import Output, result_output
 
 
 class Recording:
