@@ -21,6 +21,7 @@ _DEFAULT_MODELS = Path(__file__).with_name("models.toml")
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CONVEYOR_", frozen=True, extra="ignore")
 
+    # the level of every process's log (DEBUG, INFO, WARNING, ERROR)
     log_level: str = "INFO"
     # none | console | otlp (see conveyor/tracing.py)
     trace_exporter: Literal["none", "console", "otlp"] = "none"
@@ -37,7 +38,9 @@ class Settings(BaseSettings):
     gc_threshold: int = 10_000
 
     # Services
+    # the Kafka brokers every process connects to (host:port, comma-separated)
     kafka_bootstrap: str = "127.0.0.1:9092"
+    # the Redis that holds keys, limits, leases and caches (never the only copy of anything)
     redis_url: str = "redis://127.0.0.1:6379/0"
     # Every topic and consumer group name starts with this; tests use their own.
     topic_prefix: str = "conveyor"
@@ -67,6 +70,9 @@ class Settings(BaseSettings):
     # start and soon enough for a supervisor to restart and report. An engine
     # loading its model is logged but not bounded (minutes for a large model).
     startup_timeout_s: float = 60.0
+
+    # the layers' consumer groups: a member that sends no heartbeat for the session
+    # timeout leaves its group and its partitions go to the others
     consumer_session_timeout_ms: int = 6000
     consumer_heartbeat_interval_ms: int = 1000
 
@@ -75,12 +81,16 @@ class Settings(BaseSettings):
     infer_partitions: int = 8
     reply_partitions: int = 8
 
-    # Gateway
+    # Gateway: the address it listens on
     gateway_host: str = "127.0.0.1"
     gateway_port: int = 8000
     gateway_id: str = ""  # empty: a random id per process
+    # a gateway's lease on its reply partitions (renewed every third of it); a
+    # gateway gone this long frees them for another
     reply_lease_ttl_s: float = 15.0
+    # the deadline of a request from its arrival: past it the client gets a timeout error
     request_timeout_s: float = 300.0
+    # an SSE stream with nothing to send writes a comment this often, so proxies keep it
     sse_keepalive_s: float = 10.0
     # how long a streaming client that dropped may take to resume its stream
     # (GET .../{id}/stream, on any replica) before its generation is cancelled
@@ -131,7 +141,8 @@ class Settings(BaseSettings):
     # interactive traffic counts as present this long after its last task was sent
     interactive_linger_s: float = 2.0
 
-    # Schedule
+    # Schedule: a task whose pool has had no live worker this long is refused
+    # (no_worker_available)
     no_worker_timeout_s: float = 10.0
     # an interactive task waits in schedule for a worker with room (a free slot
     # and KV for its prompt plus max_tokens) at most schedule_timeout_s, then is
@@ -139,6 +150,7 @@ class Settings(BaseSettings):
     # waiting, at once (workers/schedule/room.py)
     schedule_timeout_s: float = 5.0
     schedule_queue_max: int = 256
+    # a worker counts as live while its last heartbeat is younger than this
     worker_ttl_s: float = 3.0
     # Prefix-aware routing (workers/prefix.py): preprocess hashes each prompt's
     # first prefix_max_blocks whole blocks of prefix_block_tokens tokens; schedule
@@ -174,12 +186,15 @@ class Settings(BaseSettings):
     # for another worker (or a fallback model), at most this many times
     engine_retries: int = 2
 
-    # Infer
+    # Infer: a worker's heartbeat (its load, KV and cached blocks) every this many seconds
     heartbeat_interval_s: float = 1.0
+    # a streamed answer's tokens are gathered this long into one chunk event
     coalesce_ms: float = 40.0
     # A client that does not stream sees no chunk cadence: its chunks are only
     # the checkpoints a retry continues from, so they are gathered for longer.
     coalesce_unstreamed_ms: float = 250.0
+    # how long Redis keeps a task's claim and its finished mark (seconds): a
+    # redelivered task past it finds no claim and is judged from the log
     progress_ttl_s: int = 3600
     # how long a dead worker's task stays leased to it (renewed every fifth):
     # with the infer group's session timeout, this bounds how long a dead
