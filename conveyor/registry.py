@@ -8,11 +8,9 @@ weights.
 A model's ``precision`` names the GGUF its engines load: ``source``, the file
 as found (the default), or ``q8_0``, ``f16`` or ``f32``, made once from it on
 first use (:func:`precise_gguf`; ``python -m workers.infer.engines.gguf_precision``
-makes it ahead of time). SmolLM2 ships as Q4_1, and llama.cpp's Q4_1 kernels
-answer "What is the capital of France?" with French words about a "Grand
-Croix" where the same weights in float32 answer "The capital of France is
-Paris." (``python -m bench.reference`` measures the agreement of each
-precision and its speed).
+makes it ahead of time). SmolLM2 ships as Q4_1, whose kernels answer some
+greedy prompts unlike the same weights in float32: why it runs at f16,
+docs/decisions/0008-default-model-precision.md.
 """
 
 from __future__ import annotations
@@ -165,7 +163,7 @@ def _convert(source: Path, target: Path, precision: Precision) -> None:
     except ImportError as exc:
         raise ConveyorError(f"converting {source.name} to {precision} needs "
                             "llama-cpp-python") from exc
-    log.info("converting %s to %s once (about 2 s): %s", source.name, precision, target)
+    log.info("converting %s to %s once: %s", source.name, precision, target)
     started = time.monotonic()
     staging = target.with_name(f"{target.name}.tmp-{os.getpid()}")
     params = llama_cpp.llama_model_quantize_default_params()

@@ -49,8 +49,8 @@ class Settings(BaseSettings):
     # for brokers that do not implement it.
     producer_idempotent: bool = True
     producer_linger_ms: int = 0
-    # none by default: events are a few hundred bytes on loopback, where lz4 cost the
-    # broker a third more CPU for nothing; choose lz4 or zstd across slow links
+    # none by default: events are a few hundred bytes, where compression costs the
+    # broker CPU for nothing on loopback; choose lz4 or zstd across slow links
     producer_compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "none"
     # The largest event a topic takes (topic max.message.bytes, producer
     # max_request_size); the gateway refuses bodies that could not fit (413).

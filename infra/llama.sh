@@ -33,9 +33,9 @@
 #   tokens (short prompts, the rest of a prompt after a cached prefix) and with it some
 #   greedy answers, so it stays at 5: every logit is the one the build before gave.
 #   GGML_SGEMM_MIN_N, read once when the process first multiplies, sets another bound (2 is
-#   llama.cpp's own; 16 is faster from 8 sequences a context, README "Batching").
+#   llama.cpp's own; 16 is faster from 8 sequences a context).
 #
-# Measured in the README ("Batching").
+# Measured: docs/decisions/0007-batching.md.
 set -euo pipefail
 python=${1:?usage: infra/llama.sh PYTHON install|check}
 action=${2:-install}

@@ -171,7 +171,7 @@ def test_the_generations_of_a_dead_gateway_are_cancelled(
 def test_an_engine_failure_is_answered_and_kept_in_the_dead_letter_topic(
         services: None, tmp_path: Path) -> None:
     """An upstream engine that cannot be reached: the client gets 500 engine_error
-    and the task is kept in conveyor.dlq with the error, as the README promises."""
+    and the task is kept in conveyor.dlq with the error, as docs/api/index.md promises."""
     p = Pipeline(tmp_path)
     try:
         _check_engine_failure(p, _start_with_dead_upstream(p))

@@ -57,9 +57,8 @@ class FinishFollower:
         # one consumer for every partition, its fetch held by the broker until
         # it has _BATCH_BYTES or _BATCH_WAIT_MS passed: a slot freed is heard a
         # few milliseconds later, and the token stream costs one fetch each
-        # _BATCH_WAIT_MS, not one per chunk written. (One consumer a partition
-        # made that a fetch per partition each 20 ms, busy or idle: two thirds
-        # of the requests the layers process sent while idle.)
+        # _BATCH_WAIT_MS, not one per chunk written (one consumer a partition
+        # fetched per partition, busy or idle: docs/decisions/0013-the-price-of-the-log.md)
         self.follower = follow(self.settings, TOKENS, range(self.partitions), "end",
                                poll_ms=200, fetch_max_wait_ms=_BATCH_WAIT_MS,
                                fetch_min_bytes=_BATCH_BYTES)

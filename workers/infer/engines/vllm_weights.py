@@ -13,7 +13,7 @@ runs the same command in a child process when it starts without ``--vllm-model``
 Decisions:
 
 * **Stored in float32**, the packaged GGUF's weights dequantized as they are
-  (Q4_1 for SmolLM2-135M: 0.54 GB on disk, about 20 s on two cores), whatever
+  (Q4_1 for SmolLM2-135M; its size and time: docs/decisions/0011-vllm-in-the-worker.md), whatever
   precision the registry gives llama.cpp (``precision``: its f16 file is made
   from the same weights, so starting from it would only round them once more). vLLM casts them to
   the dtype it runs (``--dtype``), so one conversion serves float32 and
