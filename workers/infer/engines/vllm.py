@@ -175,8 +175,9 @@ class VllmEngine:
     async def start(self) -> None:
         """Find (or convert) the weights, then start vLLM's engine: its core
         process loads the model and allocates the KV cache (tens of seconds on a
-        small CPU: docs/decisions/0011-vllm-in-the-worker.md). vLLM reads its settings from the environment in
-        its own processes too, so they are set here, where the user has not."""
+        small CPU: docs/decisions/0011-vllm-in-the-worker.md). vLLM reads its
+        settings from the environment in its own processes too, so they are set
+        here, where the user has not."""
         if self._llm is not None:
             return
         missing = vllm_missing()
