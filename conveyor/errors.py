@@ -30,6 +30,8 @@ __all__ = [
     "BrokerError",
     "TransientBrokerError",
     "PermanentBrokerError",
+    "RedisUnavailable",
+    "RedisRefused",
     "StartupTimeout",
     "last_line",
 ]
@@ -185,6 +187,14 @@ class TransientBrokerError(BrokerError):
 
 class PermanentBrokerError(BrokerError):
     """Kafka or Redis refused this for good (too large, not allowed): give up on it."""
+
+
+class RedisUnavailable(TransientBrokerError):
+    """Redis is unreachable or slow for now (translated in conveyor/redis_clients.py)."""
+
+
+class RedisRefused(PermanentBrokerError):
+    """Redis refused a command (a script's error, a key of the wrong type)."""
 
 
 class StartupTimeout(ConveyorError):

@@ -1,0 +1,108 @@
+"""Redis's one door: clients made per role, and the boundary where redis-py's
+errors become Conveyor's (as topics/clients.py is for Kafka).
+
+Every Redis client of Conveyor is made by :func:`redis_client` for a role,
+whose timeouts are chosen once in :data:`ROLES`: the gateway answers clients
+and waits for Redis least; the infer worker's claims wait longer, since a
+claim that fails is looked up in the log instead; the command-line tools and
+the accounting app's mirror are off the request path. Nothing outside this
+module imports ``redis`` (tests/unit/test_layering.py holds it).
+
+Errors, for the code that waits an outage out (Redis is a cache and a lock,
+never the record): :data:`REDIS_ERRORS` is what a failing Redis raises, its
+own errors and the socket's; :data:`REDIS_REFUSALS` what one that is not up
+yet raises. For code that raises instead, :func:`redis_boundary` translates
+them into :class:`~conveyor.errors.RedisUnavailable` (retry) or
+:class:`~conveyor.errors.RedisRefused` (Redis refused the command: give up).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from conveyor.errors import BrokerError, RedisRefused, RedisUnavailable
+from conveyor.settings import Settings
+
+__all__ = ["Redis", "RedisRole", "ClientRole", "ROLES", "redis_client", "REDIS_ERRORS",
+           "REDIS_REFUSALS", "RedisError", "RedisConnectionError", "redis_error",
+           "redis_boundary"]
+
+RedisRole = Literal["gateway", "claims", "cache", "accounting", "cli"]
+
+
+@dataclass(frozen=True)
+class ClientRole:
+    """How long one kind of client waits for Redis, and whether it tries a
+    command again on a fresh connection when its pooled one was broken."""
+
+    socket_timeout_s: float  # a command's reply
+    connect_timeout_s: float  # a new connection
+    retry_broken: bool = False  # one retry, at once, after a ConnectionError
+
+
+ROLES: Mapping[RedisRole, ClientRole] = {
+    # keys, limits, the reply lease, resume tokens, usage reads: a Redis that
+    # hangs is an error the caller falls back from, soon. After a restart each
+    # pooled connection fails its next command once; the retry answers instead
+    # of a 503 while /healthz already says ok.
+    "gateway": ClientRole(2.0, 2.0, retry_broken=True),
+    # the infer worker's claims, leases and cache writes: a failed claim is
+    # decided from the log, so a slow Redis may take longer to give up on
+    "claims": ClientRole(5.0, 2.0),
+    # preprocess's prompt cache: a lookup is a miss past its own, shorter bound
+    # (workers/prompt_cache.py); the socket gives up soon after
+    "cache": ClientRole(1.0, 1.0),
+    # the usage mirror: off the request path, retried by the next tick
+    "accounting": ClientRole(5.0, 5.0),
+    # keys, tenants and usage from the shell, and the wait for Redis at start
+    "cli": ClientRole(5.0, 5.0),
+}
+
+# what a failing Redis raises: its own errors and the socket's (OSError holds
+# TimeoutError, which asyncio.wait_for raises too)
+REDIS_ERRORS: tuple[type[BaseException], ...] = (RedisError, OSError)
+# what a Redis that is not up (yet) raises: a wait for it retries these
+REDIS_REFUSALS: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeoutError,
+                                                   OSError)
+
+
+def redis_client(settings: Settings, role: RedisRole) -> Redis:
+    """A client of ``settings.redis_url`` with the timeouts of ``role``; the
+    caller closes it (``aclose``)."""
+    chosen = ROLES[role]
+    retry: dict[str, Any] = {"retry": Retry(NoBackoff(), 1),
+                             "retry_on_error": [RedisConnectionError]} \
+        if chosen.retry_broken else {}
+    client: Redis = Redis.from_url(settings.redis_url, socket_timeout=chosen.socket_timeout_s,
+                                   socket_connect_timeout=chosen.connect_timeout_s, **retry)
+    return client
+
+
+def redis_error(exc: BaseException, what: str) -> BrokerError:
+    """Translate a Redis failure while doing ``what`` into Conveyor's: a command
+    Redis refused (a script's error, a key of the wrong type) is
+    :class:`RedisRefused`, anything else :class:`RedisUnavailable`."""
+    if isinstance(exc, BrokerError):
+        return exc
+    if isinstance(exc, ResponseError):
+        return RedisRefused(f"Redis refused {what}: {exc}")
+    return RedisUnavailable(f"Redis unreachable ({what}): {exc!r}")
+
+
+@contextlib.contextmanager
+def redis_boundary(what: str) -> Iterator[None]:
+    """Raise Redis's errors inside as Conveyor's (:func:`redis_error`)."""
+    try:
+        yield
+    except REDIS_ERRORS as exc:
+        raise redis_error(exc, what) from exc
