@@ -23,9 +23,10 @@ call's id is derived from the request id and its index), and a stream
 resumed or replayed from the log is the same stream (schemas/tool_calls.py).
 
 * **At the API** (:func:`check_tools`): every function's ``parameters`` is
-  checked as a JSON Schema and compiled, ``tool_choice`` must name a function
-  given, and the grammar of the whole set compiles; each fault is a 400
-  naming the parameter.
+  held to the bounds of a schema (schemas/structured.py), checked as a JSON
+  Schema and compiled, ``tool_choice`` must name a function given, and the
+  grammar of the whole set compiles within the grammar's bounds; each fault
+  is a 400 naming the parameter.
 * **In the engines** (:func:`tools_grammar`): a llama.cpp grammar that holds
   the answer to calls of the functions allowed (``required``, a named
   function), or to either a call or text that does not begin with ``<``
@@ -114,7 +115,7 @@ def check_tools(tools: Tools, function_param: str = "tools[{}].function") -> Non
     """Raise :class:`InvalidRequest` naming the parameter at fault;
     ``function_param`` is where the i-th function is (chat nests it in
     ``function``, the Responses API does not)."""
-    from schemas.structured import _schema_fault
+    from schemas.structured import _schema_fault, grammar_fault
 
     names = [f["name"] for f in tools["functions"]]
     for i, function in enumerate(tools["functions"]):
@@ -127,7 +128,8 @@ def check_tools(tools: Tools, function_param: str = "tools[{}].function") -> Non
                 raise InvalidRequest(
                     f"Invalid parameters schema for function {function['name']!r}: {wrong}",
                     param=function_param.format(i) + ".parameters")
-            if json.loads(function["parameters"]).get("type", "object") != "object":
+            params = json.loads(function["parameters"])
+            if not isinstance(params, dict) or params.get("type", "object") != "object":
                 raise InvalidRequest(
                     f"The parameters of function {function['name']!r} must be a JSON Schema "
                     "of type 'object'.", param=function_param.format(i) + ".parameters")
@@ -136,10 +138,12 @@ def check_tools(tools: Tools, function_param: str = "tools[{}].function") -> Non
             f"tool_choice names the function {tools['function']!r}, which is not in tools.",
             param="tool_choice")
     try:
-        _grammar(_canonical(tools))
+        wrong = grammar_fault(_grammar(_canonical(tools)))
     except ValueError as exc:
-        raise InvalidRequest(f"The tools cannot be compiled to a grammar: {exc}",
-                             param="tools") from None
+        wrong = str(exc)
+    if wrong is not None:
+        raise InvalidRequest(f"The tools cannot be compiled to a grammar: {wrong}",
+                             param="tools")
 
 
 # -- the prompt ----------------------------------------------------------------
@@ -236,16 +240,13 @@ def _gbnf_literal(text: str) -> str:
 
 @lru_cache(maxsize=_GRAMMARS_KEPT)
 def _grammar(tools_text: str) -> str:
-    from llama_cpp.llama_grammar import SchemaConverter
-
-    from schemas.structured import _json_strings
+    from schemas.structured import _json_strings, schema_converter
 
     tools = json.loads(tools_text)
     functions = tools["functions"]
     if tools["choice"] == "function":
         functions = [f for f in functions if f["name"] == tools["function"]]
-    converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False,
-                                raw_pattern=False)
+    converter = schema_converter()
     calls = []
     for i, function in enumerate(functions):
         params = json.loads(function["parameters"]) if function["parameters"] \
@@ -253,7 +254,7 @@ def _grammar(tools_text: str) -> str:
         try:
             params = converter.resolve_refs(params, f"tools{i}")
             args = converter.visit(params, f"tool{i}-arguments")
-        except (AssertionError, KeyError, TypeError, ValueError, RecursionError) as exc:
+        except Exception as exc:  # the compiler's asserts, lookups, recursion: the schema's
             message = str(exc) or type(exc).__name__
             raise ValueError(f"function {function['name']!r}: {message}") from None
         head = _gbnf_literal('{"name": "' + function["name"] + '", "arguments": ')
@@ -279,7 +280,10 @@ def tools_violation(fmt: ResponseFormat, text: str) -> str | None:
     from schemas.tool_calls import read_tool_calls
 
     tools = json.loads(fmt["schema"])
-    read = read_tool_calls("check", text)
+    try:
+        read = read_tool_calls("check", text)
+    except RecursionError:
+        return "a tool call is nested too deeply to read"
     if read.broken:
         return f"a tool call is not a JSON object with a name and arguments: {read.broken[0]!r}"
     functions = {f["name"]: f for f in tools["functions"]}
@@ -292,6 +296,8 @@ def tools_violation(fmt: ResponseFormat, text: str) -> str | None:
             return f"the answer calls the function {name!r}, which it may not call"
         try:
             arguments = json.loads(call["function"]["arguments"])
+        except RecursionError:
+            return f"the arguments of the call of {name!r} are nested too deeply to read"
         except ValueError as exc:
             return f"the arguments of the call of {name!r} are not JSON: {exc}"
         if not isinstance(arguments, dict):
@@ -300,7 +306,11 @@ def tools_violation(fmt: ResponseFormat, text: str) -> str | None:
             from jsonschema import Draft202012Validator
 
             validator = Draft202012Validator(json.loads(function["parameters"]))
-            error = next(iter(validator.iter_errors(arguments)), None)
+            try:
+                error = next(iter(validator.iter_errors(arguments)), None)
+            except RecursionError:
+                return (f"the arguments of the call of {name!r} are nested too deeply to "
+                        "check against its parameters")
             if error is not None:
                 where = "/".join(str(p) for p in error.absolute_path) or "(the root)"
                 return (f"the arguments of the call of {name!r} do not match its "

@@ -307,6 +307,8 @@ def parse_request(raw: bytes) -> ResponsesRequest:
     naming its ``param``."""
     try:
         data = json.loads(raw)
+    except RecursionError:
+        raise InvalidRequest("The request body is nested too deeply to read.") from None
     except (ValueError, UnicodeDecodeError):
         raise InvalidRequest("The request body is not valid JSON.") from None
     if not isinstance(data, dict):

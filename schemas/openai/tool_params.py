@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from schemas.openai.fields import FUNCTION_NAME, STRICT, Text
 from schemas.records import Function as FunctionRecord
 from schemas.records import ToolCall as ToolCallRecord
+from schemas.structured import schema_bounds_fault
 
 __all__ = ["CalledFunction", "MessageToolCall", "FunctionSpec", "Tool", "NamedFunction",
            "NamedToolChoice"]
@@ -47,6 +48,17 @@ class FunctionSpec(BaseModel):
     description: Text | None = None
     parameters: dict[Text, Any] | None = None
     strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _within_bounds(cls, v: dict[str, Any] | None,
+                       info: ValidationInfo) -> dict[str, Any] | None:
+        """Conveyor's bounds, before anything recurses into the schema."""
+        wrong = schema_bounds_fault(v) if v is not None else None
+        if wrong is not None:
+            raise ValueError(f"Invalid parameters schema for function "
+                             f"{info.data.get('name')!r}: {wrong}")
+        return v
 
     def record(self) -> FunctionRecord:
         return FunctionRecord(name=self.name, description=self.description or "",
