@@ -154,3 +154,25 @@ def test_n_past_the_limit_or_with_store_is_refused_naming_n(pipeline: Pipeline) 
             c.chat.completions.create(model="smollm2", messages=QUESTION, max_tokens=4,
                                       **extra)  # type: ignore[arg-type]
         assert info.value.body["param"] == "n", info.value.body  # type: ignore[index]
+
+
+def test_a_schema_past_a_bound_is_refused_naming_it(pipeline: Pipeline) -> None:
+    """A schema nested 100 levels (a checker's RecursionError, a 500, before
+    Conveyor bounded it) and an enum of 10,001 values: 400s naming the schema
+    and the bound, through the official client."""
+    deep: dict[str, object] = {"type": "string"}
+    for _ in range(99):
+        deep = {"type": "object", "properties": {"a": deep}, "required": ["a"],
+                "additionalProperties": False}
+    many = {"type": "object", "properties": {"v": {"enum": [f"v{i}" for i in range(10_001)]}},
+            "required": ["v"], "additionalProperties": False}
+    for schema, says in ((deep, "nested 100 levels deep; at most 64"),
+                         (many, "10,001 enum values in all; at most 10,000")):
+        with pytest.raises(openai.BadRequestError) as info:
+            client(pipeline).chat.completions.create(
+                model="smollm2", messages=QUESTION, max_tokens=4,
+                response_format={"type": "json_schema",
+                                 "json_schema": {"name": "s", "schema": schema}})
+        body = info.value.body
+        assert body["param"] == "response_format.json_schema.schema", body  # type: ignore[index]
+        assert says in body["message"], body  # type: ignore[index]
