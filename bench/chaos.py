@@ -5,20 +5,13 @@ one answer identical to what the log holds, or a clear error.
     .venv/bin/python -m bench.chaos [--quick] [--faults worker,redis-flush]
                                     [--time-limit 420] [--max-requests 600]
 
-It starts a redis-server (append-only file on) and a single-node Kafka of its
-own on free ports, never the shared ones, and on them ``conveyor layer`` (every
-layer), two ``conveyor infer --pool cpu --engine llamacpp --contexts 2``
-workers and ``conveyor gateway`` (model ``smollm2``). Clients stream greedy
-chat answers while the faults of ``bench.chaos_faults`` strike one after
-another with a quiet period between. It prints the outcome counts and the
-stalls per fault, each failure with its request id, and a verdict line; the
-exit code is 1 when any request was lost, duplicated or corrupted. Everything
-it started is stopped on exit, Ctrl-C or SIGTERM; the logs stay in the folder
-it prints.
-
-Bounds: no fault starts after ``--time-limit`` seconds (startup included);
+Its Kafka and Redis are its own, on free ports; on them ``conveyor layer``,
+two ``conveyor infer --engine llamacpp --contexts 2`` workers and a gateway.
+The faults (``bench.chaos_faults``), the outcomes and the verdict:
+docs/benchmarks/index.md. No fault starts after ``--time-limit`` seconds;
 requests then in flight get their client deadline (the gateway's request
-timeout plus 20 s), so the run ends within the limit plus that deadline.
+timeout plus 20 s). Exit code 1 when a request was lost, duplicated or
+corrupted, 2 when the run could not start.
 """
 
 from __future__ import annotations
@@ -42,8 +35,9 @@ from bench.chaos_check import judge, read_tokens
 from bench.chaos_faults import FAULTS, Chaos, Heartbeats, Injected
 from bench.chaos_load import Load, Record
 from bench.chaos_report import Report
-from bench.chaos_services import ChaosKafka, ChaosRedis, Conveyor, free_port
+from bench.chaos_services import Conveyor
 from bench.harness import BenchError, exit_on_sigterm
+from infra.services import OwnKafka, OwnRedis, ServiceError, free_port
 
 __all__ = ["main"]
 
@@ -88,7 +82,7 @@ def _options(argv: Sequence[str] | None) -> argparse.Namespace:
     return opts
 
 
-def _env(redis: ChaosRedis, kafka: ChaosKafka, prefix: str, port: int,
+def _env(redis: OwnRedis, kafka: OwnKafka, prefix: str, port: int,
          request_timeout: float) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
     env.update({
@@ -167,8 +161,8 @@ async def _drive(opts: argparse.Namespace, chaos: Chaos, t0: float) -> tuple[
     return chaos.injected, skipped
 
 
-async def _run(opts: argparse.Namespace, conveyor: Conveyor, redis: ChaosRedis,
-               kafka: ChaosKafka, base_url: str, prefix: str, t0: float) -> bool:
+async def _run(opts: argparse.Namespace, conveyor: Conveyor, redis: OwnRedis,
+               kafka: OwnKafka, base_url: str, prefix: str, t0: float) -> bool:
     beats = Heartbeats(kafka.bootstrap, f"{prefix}.workers")
     load = Load(base_url, opts.clients, opts.max_tokens, opts.max_requests,
                 client_deadline_s=opts.request_timeout + 20.0)
@@ -212,9 +206,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     print(f"chaos: faults {','.join(opts.fault_names)}; logs in {logs}", flush=True)
     with ExitStack() as stack:
-        redis = ChaosRedis(workdir)
+        redis = OwnRedis(workdir)
         stack.callback(redis.stop, signal.SIGKILL)
-        kafka = ChaosKafka(workdir)
+        kafka = OwnKafka(workdir)
         stack.callback(kafka.close)
         redis.start()
         kafka.link_jars()
@@ -236,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except BenchError as exc:
+    except (BenchError, ServiceError) as exc:
         print(f"chaos: {exc}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:

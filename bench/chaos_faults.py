@@ -1,26 +1,14 @@
-"""The faults the chaos run injects, one after another, and how each is undone.
+"""The faults the chaos run injects, one after another, and how each is undone
+(as an operator or a supervisor would), injected while streams run:
 
-Each fault is injected while streams are running (the run waits, a bounded
-time, until most clients are mid-answer), then undone the way an operator or
-a supervisor would: a killed process is started again, a stopped service
-comes back. ``injected_at`` is the moment the fault struck; the stall of the
-streams in flight then is measured from the client side.
-
-- ``worker``: SIGKILL the busiest infer worker, start it again 3 s later.
-- ``layers``: SIGKILL the process of every layer, start it again 2 s later.
-- ``redis-stop``: stop Redis for 3 s (SIGKILL: nothing is written on the way
-  out; the append-only file is what comes back).
-- ``redis-flush``: FLUSHALL: claims, leases and caches are gone at once.
-- ``worker-redis-down``: stop Redis, SIGKILL the busiest worker 1 s later,
-  bring Redis back 2 s after that, the worker 3 s after the kill.
-- ``redis-flush-worker``: FLUSHALL, then SIGKILL the busiest worker: the
-  task's redelivery finds no claim at all, so only the log can tell that it is
-  a retry and where it continues.
+- ``worker``: SIGKILL the busiest infer worker, start it again 3 s later;
+- ``layers``: SIGKILL the process of every layer, start it again 2 s later;
+- ``redis-stop``: SIGKILL Redis for 3 s (its append-only file comes back);
+- ``redis-flush``: FLUSHALL: claims, leases and caches gone at once;
+- ``worker-redis-down``: Redis down, the busiest worker SIGKILLed meanwhile;
+- ``redis-flush-worker``: FLUSHALL, then SIGKILL the busiest worker: only the
+  log can tell its redelivered task is a retry and where it continues;
 - ``kafka``: SIGKILL the broker, start it again 5 s later.
-
-After each, the run waits (90 s at most) until the gateway is healthy, both
-workers heartbeat ready and a one-token completion comes back; a fault after
-which that never happens is marked "NOT answering again".
 """
 
 from __future__ import annotations
@@ -37,7 +25,8 @@ import httpx
 from aiokafka import AIOKafkaConsumer
 
 from bench.chaos_load import Load
-from bench.chaos_services import ChaosKafka, ChaosRedis, Conveyor
+from bench.chaos_services import Conveyor
+from infra.services import OwnKafka, OwnRedis
 from schemas.codec import default_codec
 
 __all__ = ["FAULTS", "Chaos", "Heartbeats", "Injected"]
@@ -105,8 +94,8 @@ class Chaos:
     """Everything a fault may break or wait for."""
 
     conveyor: Conveyor
-    redis: ChaosRedis
-    kafka: ChaosKafka
+    redis: OwnRedis
+    kafka: OwnKafka
     load: Load
     beats: Heartbeats
     base_url: str
@@ -190,7 +179,7 @@ async def _redis_stop(c: Chaos) -> Injected:
 
 async def _redis_flush(c: Chaos) -> Injected:
     event = c.strike("redis-flush", "Redis FLUSHALL")
-    await asyncio.to_thread(c.redis.flushall)
+    await asyncio.to_thread(c.redis.flush)
     return event
 
 
@@ -217,7 +206,7 @@ async def _worker_redis_down(c: Chaos) -> Injected:
 
 async def _redis_flush_worker(c: Chaos) -> Injected:
     event = c.strike("redis-flush-worker", "Redis FLUSHALL")
-    await asyncio.to_thread(c.redis.flushall)
+    await asyncio.to_thread(c.redis.flush)
     await c.kill_worker(event, "redis-flush-worker")
     await c.restart_worker(event, 3.0)
     return event

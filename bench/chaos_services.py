@@ -1,12 +1,8 @@
-"""What the chaos run breaks: a redis-server and a single-node Kafka of its own
-on free loopback ports, and a Conveyor made of real processes on them.
-
-The shared Kafka (9092) and Redis (6379) are never touched: the run may stop,
-flush or SIGKILL its own services at will. The services are infra/services.py's
-(the fault tests start theirs from there too); here a failed start becomes a
-:class:`BenchError`, which the run reports and exits 2 on. Every process runs
-in its own process group; :meth:`Conveyor.close` and :meth:`ChaosKafka.close`
-kill them all (the JVM and redis-server included), and are safe to call twice.
+"""The Conveyor of the chaos run, made of real processes (every layer in one,
+infer workers, a gateway), each in its own process group, started, killed
+and restarted by name. Its Kafka and Redis are its own, on free loopback
+ports (infra/services.py's ``OwnKafka`` and ``OwnRedis``): the shared ones
+(9092, 6379) are never touched.
 """
 
 from __future__ import annotations
@@ -15,47 +11,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Self
 
 from bench.harness import BenchError, Proc, repo_root
-from infra.services import OwnKafka, OwnRedis, ServiceError, free_port, kill_group, port_answers
+from infra.services import kill_group
 
-__all__ = ["ChaosKafka", "ChaosRedis", "Conveyor", "free_port", "port_answers"]
-
-
-@contextmanager
-def _as_bench_error() -> Iterator[None]:
-    try:
-        yield
-    except ServiceError as exc:
-        raise BenchError(str(exc)) from exc
-
-
-class ChaosRedis(OwnRedis):
-    """The run's redis-server, with its append-only file on."""
-
-    def start(self) -> Self:
-        with _as_bench_error():
-            return super().start()
-
-    def flushall(self) -> None:
-        self.flush()
-
-
-class ChaosKafka(OwnKafka):
-    """The run's single-node KRaft broker from ``infra/kafka.sh``."""
-
-    def link_jars(self) -> None:
-        with _as_bench_error():
-            super().link_jars()
-
-    def start(self) -> Self:
-        with _as_bench_error():
-            return super().start()
+__all__ = ["Conveyor"]
 
 
 @dataclass

@@ -2,36 +2,18 @@
 
     python -m bench.engines [--quick] [--levels 1,4,8,16] [--batch-contexts 1,2] [--no-vllm]
 
-In this process, loaded together and measured in turn at each level (never
-both generating at once):
+Loaded together and measured in turn at each level (never two generating at
+once, the order reversed at every other level): (a) ``llamacpp``, two
+contexts of one thread, as the worker runs it; (b) ``llamacpp-batch xN``, 16
+sequences over N batched contexts (``--batch-contexts``, default 2). Where
+``.venv-vllm/bin/python`` exists, a child process of it runs (c) Conveyor's
+vLLM adapter, (d) vLLM alone with the same arguments and sampling, and (e) a
+second (d), the control: how far (e) lands from (d) is this run's noise.
 
-(a) ``llamacpp``: :class:`~workers.infer.engines.llamacpp.LlamaCppEngine` as
-    the worker runs it, two contexts of one thread each;
-(b) ``llamacpp-batch xN``: :class:`~workers.infer.engines.llamacpp_batch.
-    LlamaCppBatchEngine` with 16 sequences dealt out over N batched contexts
-    of one thread each (``--batch-contexts``, a side for each N given;
-    ``--batch-threads``), by default N = 2, the engine's default (one
-    context a core: two threads of one context collapsed whenever other work
-    ran, 4 tokens/s instead of 37 at one stream; the engine's notes give the
-    figures for one context against two).
-
-Where ``.venv-vllm/bin/python`` exists, a child process of that Python runs
-(c) Conveyor's :class:`~workers.infer.engines.vllm.VllmEngine` (float32, 16
-sequences) and (d) vLLM alone, ``AsyncLLM`` built with the same arguments
-and the same sampling, on the same converted model directory, and (e) a
-second copy of (d), the control: all three started, each level run on one
-after another, the order reversed at every other level (as for every set of
-sides). How far (e) lands from (d) is the noise of the comparison in this
-run: an earlier run found (c) at 90 % of (d) at 1 and 4 streams, and a run
-with the control found the two copies of (d) 5-19 % apart at those levels,
-with (c) within that spread.
-
-A level runs ``streams`` lanes, each sending its chats one after another,
-until the level's requests are done or its time is up (no lane starts a
-chat after that). The figures: completion tokens over the level's wall time,
-the p50 of the time to the first piece with text, and, at 1 stream, the
-time per token after the first. Targets: (b)/(a) >= 1.5 at 4 and 8 streams
-with (b)'s time per token at 1 stream no worse than (a)'s; (c)/(d) >= 0.95.
+Printed: completion tokens over each level's wall time, TTFT p50, and at 1
+stream the time per token. Targets: (b)/(a) >= 1.5 at 4 and 8 streams with
+(b)'s time per token at 1 stream no worse than (a)'s; (c)/(d) >= 0.95.
+Results: docs/benchmarks/results/engines.md.
 """
 
 from __future__ import annotations
@@ -47,13 +29,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.harness import BenchError, exit_on_sigterm, repo_root
-from bench.smollm2 import QUESTIONS
 from bench.stats import Check, markdown_table, percentile
 
 __all__ = ["main"]
 
 SEQUENCES = 16  # (b), (c) and (d) hold every stream of the highest level
 VLLM_COPY = "vllm copy"  # (d) again: the control of the vLLM comparison
+QUESTIONS = [
+    "Explain what a message queue is in two sentences.",
+    "Write a haiku about autumn leaves.",
+    "List three uses of a paperclip.",
+    "What is the capital of France, and why is it famous?",
+    "Describe how a bicycle works to a child.",
+    "Give me a short recipe for scrambled eggs.",
+    "Why is the sky blue?",
+    "Write a limerick about a cat who loves coffee.",
+]
 
 
 def chat(question: str) -> str:

@@ -5,44 +5,10 @@ side by side, from a few workers to many, below and past saturation.
         [--workers 8,32,128] [--rates 0.25,0.5,0.75,0.9,1.0,1.2] [--requests 10000]
         [--scale 1.0] [--json PATH]
 
-**Real**: the routing. Least-loaded and prefix-aware are
-:func:`workers.prefix.choose` itself (``RoutePolicy(prefix_aware=False)``,
-``RoutePolicy()``) over a :class:`~workers.prefix.PrefixIndex` of settings'
-defaults; random picks uniformly among the workers with room. Whatever the
-policy, schedule records ``index.took(worker, blocks, now_ms)`` when it sends
-a prompt; the blocks are preprocess's (64 tokens, at most 256 blocks).
-
-**Simulated** (as :mod:`workers.schedule.layer` admits interactive requests):
-a request goes at once to a worker with a free slot (``busy < max_seqs``,
-``busy`` being what schedule sent it less the ends it heard of, at once),
-else waits in schedule's queue and goes, in arrival order, when a slot frees;
-it is refused after ``--schedule-timeout-s`` there or on finding
-``--queue-max`` waiting. Only workers with room are candidates, so once the
-fleet is full every policy sends the head of the queue to the worker that
-freed a slot. Workers, step times, workloads: :mod:`bench.fleet_sim_model`.
-
-**Reading the tables**, one per workload and fleet size, a row per rate and policy:
-
-- ``load``: the rate over the fleet's estimated capacity
-  (:func:`~bench.fleet_sim_model.worker_rate` x workers: every slot busy,
-  nothing cached; 1.0 saturates a fleet that reuses nothing); ``req/s``: the
-  rate (Poisson arrivals of requests; for chat, of conversations at rate / R);
-  ``sent/s``: what arrived over the time it arrived in (a chat's later turns
-  wait for its answers, so with few conversations for the fleet it falls short).
-- ``hit %``: cached prompt tokens / prompt tokens of the requests answered.
-- ``TTFT p50/p99``: logical ms from arrival at schedule to the end of the
-  iteration that produced the first token, of the requests answered.
-- ``out tok/s``: tokens generated / (last answer's end - first arrival).
-- ``refused %``: of the requests that arrived.
-- ``load/bound``: the most a chosen worker held, the request counted, over
-  choose's load bound (``load_bound`` x the mean of the workers with room, the
-  request counted, rounded up to a whole one, or ``load_slack`` of the
-  worker's capacity where that is more): prefix-aware keeps to 1.
-- ``LL/PA p50``: least-loaded's TTFT p50 over prefix-aware's.
-
-The checks at the end hold prefix-aware against least-loaded: TTFT p50 at
-least 3x lower (the lowest and highest ratio over the rates), p99 no worse,
-nothing refused below load 1.0, no worker over the load bound.
+The routing is real (:func:`workers.prefix.choose` over a
+:class:`~workers.prefix.PrefixIndex`); schedule's queue, the workers and the
+workloads are simulated on a logical clock (:mod:`bench.fleet_sim_model`).
+The model, how to read the tables and the checks: docs/benchmarks/index.md.
 """
 
 from __future__ import annotations

@@ -1,82 +1,9 @@
 """The simulated world of :mod:`bench.fleet_sim`: workers with prefix caches and
-step times, and the workloads played on them. Everything runs on a logical
-clock in milliseconds; nothing sleeps.
-
-**A worker** is one engine with continuous batching:
-
-- ``max_seqs`` sequences run at once (its capacity, as schedule counts it);
-  the others wait in its FIFO queue.
-- Its KV cache holds ``kv_tokens`` tokens, in blocks of 64 tokens hashed in a
-  chain as Conveyor hashes prompts (:func:`workers.prefix.block_hashes`).
-- **Prefix cache**: an LRU of block hashes, at most ``(kv_tokens +
-  host_tokens) / 64`` of them: ``host_tokens`` (0 by default) is a second
-  tier in host memory, as the llama.cpp engine keeps the caches of
-  conversations its contexts moved on from (``--host-cache-mib``); a block
-  found there costs nothing to bring back (a copy of some megabytes against
-  seconds of CPU prefill; on a GPU it would cost a transfer, not modelled).
-  A sequence's prompt blocks enter it (or move to its recent end) when the
-  sequence is admitted; its prompt-and-answer blocks when it ends (engines
-  cache generated tokens too, so a chat's next turn finds the last answer).
-  A prompt's cached tokens are 64 x its longest run of leading blocks present
-  in that worker's cache: the worker's real cache, of which schedule's
-  :class:`~workers.prefix.PrefixIndex` is only a guess (it hears of prompts,
-  never of answers, and forgets on its own). Blocks are not pinned while their
-  sequence runs; with the defaults a worker's cache turns over in tens of
-  seconds and a sequence runs a few.
-- **Admission**, in FIFO order at the start of an iteration, while fewer than
-  ``max_seqs`` run, the KV reserved by the running sequences (prompt plus
-  output tokens each, as schedule's ``kv_need``) leaves room for the next, and
-  the iteration's new prompt tokens stay within ``prefill_budget`` (8192,
-  the mocker's and vLLM's ``max_num_batched_tokens``; a first sequence always
-  goes). Prefill is whole, not chunked: a sequence admitted at an iteration's
-  start has its whole uncached prompt computed in that iteration (at least
-  one token, as engines recompute the last token of a prompt fully cached).
-- **An iteration** is the prefill of the sequences just admitted plus one
-  decode token for every sequence admitted before, and lasts::
-
-      step_ms   = scale * (prefill_ms(T) + decode_ms(p))
-      prefill_ms(T) = 4.209989e-07 T^2 + 1.518344e-02 T + 16.50142   (0 when T = 0)
-      decode_ms(p)  = max(1, -25.74 p^2 + 54.01 p + 5.74)           (0 with none decoding)
-
-  T: the uncached prompt tokens of the sequences admitted at its start (the
-  quadratic is taken over their sum, as the mocker does); p: the tokens held by
-  the decoding sequences (prompt plus tokens generated so far) over
-  ``kv_tokens``, at most 1. Both polynomials are the default ("Polynomial")
-  performance model of NVIDIA Dynamo's mocker (``lib/mocker``,
-  ``polynomial_prefill_time`` and ``polynomial_decode_time``), fitted there to
-  a GPU engine; ``scale`` stretches every step (the mocker's ``speedup_ratio``
-  inverted), and the coefficients can be replaced (:class:`StepModel`).
-- A sequence's first token comes at the end of its prefill iteration, each
-  later iteration adds one, and it ends with the iteration that produced its
-  last token, freeing its slot and KV reservation.
-
-**Calibrating**: the defaults are Dynamo's GPU fit; ``python -m
-bench.calibrate`` measures the CPU engine's own step times and prints the
-flags (the README has its figures and the fleet run with them). A CPU
-worker (llama.cpp) has a near-linear prefill and a decode that barely grows
-with the cache. ``python -m bench.routing`` on two real workers prints the
-TTFT p50 of first turns (a ~600-token system prompt, prefilled whole) and of
-later turns (the history cached, some 30 new tokens), and tokens/s. From two
-TTFTs at two uncached lengths T1 and T2: ``b = (ttft1 - ttft2) / (T1 - T2)``,
-``c = ttft1 - b T1``, so ``--prefill-ms 0,b,c``; from tokens/s per context,
-``--decode-ms 0,0,1000/rate``. Then a fleet like that one (``--workers 2
---max-seqs 4 --kv-tokens 8192 --system-tokens 600 --user-tokens 30
---answer-tokens 24``) should give bench.routing's TTFT ratio back before
-larger fleets are believed; llama.cpp's per-context cache (each slot keeps
-its last prompt) is only approximated by the LRU here.
-
-**Workloads** are generated from a seeded :class:`random.Random` as token ids
-(random 16-bit integers) and kept as their block hashes only:
-
-- ``shared-prefix``: SGLang's generated-shared-prefix shape. A round is G groups
-  x P prompts, each group a shared prefix of S tokens, each prompt that prefix
-  and a question of Q tokens of its own, answered in O tokens, the round's
-  prompts shuffled (as SGLang's ``bench_serving`` does). Rounds repeat, each
-  with prefixes of its own, until there are enough requests.
-- ``chat``: C conversations of R turns; each turn's prompt is the
-  conversation's system prompt of its own, every earlier question and answer,
-  and a new question; the next turn comes a think time (exponential) after the
-  answer ended. A turn refused by schedule ends its conversation.
+step times, and the workloads played on them, on a logical clock in
+milliseconds (nothing sleeps). The model is described in
+docs/benchmarks/index.md ("The fleet simulator's model"); the step times'
+defaults are NVIDIA Dynamo mocker's polynomials (``lib/mocker``), fitted
+there to a GPU engine; the CPU engine's are on the routing results page.
 """
 
 from __future__ import annotations
@@ -103,7 +30,7 @@ ALL_BLOCKS = 1 << 20  # a worker's cache sees every block of a sequence
 
 @dataclass(frozen=True)
 class StepModel:
-    """Step times in ms (module docstring): Dynamo mocker's polynomials by default."""
+    """Step times in ms: Dynamo mocker's polynomials by default."""
 
     prefill: tuple[float, float, float] = (4.209989e-07, 1.518344e-02, 16.50142)  # T^2, T, 1
     decode: tuple[float, float, float] = (-25.74, 54.01, 5.74)  # p^2, p, 1
@@ -198,7 +125,7 @@ class PrefixCache:
 
 
 class Worker:
-    """One engine (module docstring). Iterations run in segments, each up to the
+    """One engine (its model: docs/benchmarks/index.md). Iterations run in segments, each up to the
     next sequence's end, so that a stretch of plain decode steps costs one event:
     ``start`` opens a segment, ``cut`` shortens it to the iteration in progress
     when a request comes in (it joins at that iteration's end, as it would
@@ -284,7 +211,7 @@ class Worker:
         return finished
 
     def _admit(self) -> int:
-        """Admit from the queue (module docstring): the new prompt tokens to compute."""
+        """Admit from the queue (docs/benchmarks/index.md): the new prompt tokens to compute."""
         spec, new_tokens = self.spec, 0
         while self.waiting and self._running < spec.max_seqs:
             job = self.waiting[0]
@@ -343,7 +270,7 @@ def _turn(tokens: list[int], prompt: int, output: int, think_ms: float = 0.0,
 
 def shared_prefix(requests: int, groups: int = 64, prompts: int = 16, prefix: int = 2048,
                   question: int = 128, output: int = 256, seed: int = 1) -> Workload:
-    """Rounds of ``groups`` x ``prompts`` (module docstring), at least ``requests`` in all."""
+    """Rounds of ``groups`` x ``prompts``, at least ``requests`` in all."""
     rng = random.Random(f"{seed}/shared-prefix")
     rounds = max(1, math.ceil(requests / (groups * prompts)))
     sessions: list[tuple[Turn, ...]] = []
@@ -364,7 +291,7 @@ def shared_prefix(requests: int, groups: int = 64, prompts: int = 16, prefix: in
 
 def chat(requests: int, rounds: int = 5, system: int = 1024, user: int = 128,
          answer: int = 256, think_s: float = 5.0, seed: int = 1) -> Workload:
-    """``ceil(requests / rounds)`` conversations of ``rounds`` turns (module docstring)."""
+    """``ceil(requests / rounds)`` conversations of ``rounds`` turns (docs/benchmarks/index.md)."""
     rng = random.Random(f"{seed}/chat")
     clients = max(1, math.ceil(requests / rounds))
     sessions = []

@@ -1,18 +1,22 @@
 """Subprocesses a benchmark starts (the upstream fixture, ``conveyor up``) and
 their lifecycle: each runs in its own process group with its output in a log
 file, is waited for over HTTP, and is always stopped (SIGTERM to the group,
-then SIGKILL) when the benchmark leaves its ``with`` block.
+then SIGKILL) when the benchmark leaves its ``with`` block. :func:`pipeline`
+is the stage most benchmarks share: the upstream fixture with ``conveyor up
+--engine openai`` in front of it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,18 +29,29 @@ from infra.services import port_answers
 from topics.admin import drop_topics
 
 __all__ = [
-    "port_answers",
     "BenchError",
+    "Pipeline",
     "Proc",
     "check_infra",
     "check_port_free",
     "conveyor_env",
     "conveyor_script",
     "exit_on_sigterm",
+    "loop_factory",
+    "pipeline",
     "repo_root",
     "running",
     "wait_http",
 ]
+
+# the fixture upstream's answers: TOKENS tokens, DELAY_MS apart when paced
+TOKENS = 32
+DELAY_MS = 10
+# the registry of a Conveyor in front of the fixture: the pacing is in the model name
+REGISTRY = "\n".join(
+    f'[models."{name}"]\npool = "bench"\ncontext_length = 8192\ndefault_max_tokens = 64\n'
+    f'tokenizer = "estimate"\nupstream_model = "{upstream}"\n'
+    for name, upstream in (("bench-paced", f"bench@{DELAY_MS}"), ("bench-unpaced", "bench@0")))
 
 
 class BenchError(Exception):
@@ -196,3 +211,53 @@ def _raise_exit(signum: int, frame: FrameType | None) -> None:
 def exit_on_sigterm() -> None:
     """Turn SIGTERM into SystemExit so ``finally`` blocks stop the subprocesses."""
     signal.signal(signal.SIGTERM, _raise_exit)
+
+
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop when it is installed (as the gateway runs on it)."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """The upstream fixture and a Conveyor in front of it, serving."""
+
+    upstream_url: str
+    gateway_url: str
+    conveyor: Proc
+    prefix: str  # the topic prefix of the run
+    bootstrap: str  # Kafka's
+
+
+@contextmanager
+def pipeline(upstream_port: int, gateway_port: int, name: str = "bench") -> Iterator[Pipeline]:
+    """Kafka and Redis answer and both ports are free; the upstream fixture serves
+    on ``upstream_port`` and ``conveyor up --engine openai`` (models
+    ``bench-paced`` and ``bench-unpaced``, on a topic prefix of its own) in front
+    of it on ``gateway_port``. Both are stopped when the block ends."""
+    check_infra()
+    check_port_free(upstream_port, "upstream")
+    check_port_free(gateway_port, "gateway")
+    script = conveyor_script()
+    work = Path(tempfile.mkdtemp(prefix="conveyor-bench-"))
+    print(f"logs and registry in {work}", flush=True)
+    models = work / "models.toml"
+    models.write_text(REGISTRY)
+    upstream_url = f"http://127.0.0.1:{upstream_port}"
+    gateway_url = f"http://127.0.0.1:{gateway_port}"
+    prefix = f"{name}{int(time.time())}"
+    env = conveyor_env(topic_prefix=prefix, gateway_port=gateway_port, models_file=models)
+    fixture = [sys.executable, "-m", "bench.upstream", "--port", str(upstream_port),
+               "--tokens", str(TOKENS), "--delay-ms", str(DELAY_MS)]
+    up = [str(script), "up", "--engine", "openai", "--upstream", upstream_url, "--pool",
+          "bench", "--capacity", "64", "--no-infra"]
+    with running("upstream", fixture, work) as upstream:
+        wait_http(f"{upstream_url}/v1/models", upstream, 30.0)
+        with running("conveyor", up, work, env) as conveyor:
+            wait_http(f"{gateway_url}/healthz", conveyor, 180.0)
+            bootstrap = env.get("CONVEYOR_KAFKA_BOOTSTRAP") or Settings().kafka_bootstrap
+            yield Pipeline(upstream_url, gateway_url, conveyor, prefix, bootstrap)

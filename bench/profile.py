@@ -1,27 +1,17 @@
 """Where a request's CPU goes: per process, and per function inside each.
 
-Starts the upstream fixture and ``conveyor up --engine openai`` in front of it
-(as ``bench.overhead`` does), warms up, then sends unpaced streamed
-completions at concurrency ``--concurrency`` for ``--seconds`` while it reads
-every process's CPU time from ``/proc`` (Conveyor's processes, the Kafka
-broker, Redis, the upstream fixture and this load generator) and, with
-py-spy, samples the stacks of Conveyor's Python processes. It prints:
-
-- per process: CPU milliseconds in all, microseconds a request, share;
-- per Conveyor process: the functions holding the CPU (own time, and the
-  time spent under a few entry points that matter: aiokafka's produce and
-  fetch paths, Avro, OpenTelemetry), in microseconds a request;
-- the records a request wrote to each of the run's topics (their end
-  offsets before and after the measured seconds).
-
     python -m bench.profile [--seconds 20] [--concurrency 32] [--top 12] [--no-spy] [--paced]
     python -m bench.profile --concurrency 0    # idle: CPU a second, nothing sent
 
-py-spy (``pip install py-spy``, in the ``dev`` extra) needs to read other
-processes' memory: root, or ``kernel.yama.ptrace_scope`` 0. Its sampling
-costs CPU too (a few percent at 100 Hz); the per-process table without it is
-``--no-spy``. A function's figure is its share of the process's samples
-times the process's measured CPU, so the two tables add up.
+On the stage of ``bench.overhead`` (``bench.harness.pipeline``), streams at
+``--concurrency`` for ``--seconds`` while it reads every process's CPU from
+``/proc`` (Conveyor's, the broker, Redis, the fixture, this load generator)
+and samples the stacks of Conveyor's processes with py-spy (root, or
+``kernel.yama.ptrace_scope`` 0; ``--no-spy`` without). It prints CPU a
+request per process, per function (own time, and time under aiokafka's
+produce and fetch paths, Avro, OpenTelemetry: a function's share of its
+process's samples times the process's CPU, so the tables add up), and the
+records a request wrote to each of the run's topics.
 """
 
 from __future__ import annotations
@@ -35,15 +25,12 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench.client import make_client
-from bench.compare import REGISTRY, loop_factory, staged
-from bench.harness import conveyor_env, running, wait_http
-from bench.scenarios import Side
-from conveyor.settings import load_settings
+from bench.compare import Side
+from bench.harness import loop_factory, pipeline
 
 __all__ = ["main"]
 
@@ -132,26 +119,6 @@ def processes(root_pid: int) -> list[Proc]:
         if seen[p.name] > 1:
             p.name = f"{p.name} [{p.pid}]"
     return named
-
-
-def cpu_reader(roots: list[int]) -> Callable[[], dict[str, float]]:
-    """A reader of the CPU seconds used so far by each process under ``roots``,
-    the broker, Redis and the upstream fixture, by name (bench/compare.py's
-    per-side CPU)."""
-    found: dict[int, Proc] = {}
-    for root in roots:
-        for proc in processes(root):
-            found.setdefault(proc.pid, proc)
-    procs = list(found.values())
-    names = Counter(p.name for p in procs)
-    for p in procs:
-        if names[p.name] > 1 and not p.name.endswith("]"):
-            p.name = f"{p.name} [{p.pid}]"
-
-    def read() -> dict[str, float]:
-        return {p.name: p.cpu_s() for p in procs}
-
-    return read
 
 
 async def load(side: Side, concurrency: int, seconds: float, paced: bool = False
@@ -251,33 +218,24 @@ def report(procs: list[Proc], used: dict[int, float], requests: int, seconds: fl
 
 
 def run(args: argparse.Namespace) -> None:
-    with staged(args.upstream_port, {args.gateway_port: "gateway"}, REGISTRY) as (stage, stack):
-        gateway_url = f"http://127.0.0.1:{args.gateway_port}"
-        prefix = f"prof{int(time.time())}"
-        env = conveyor_env(topic_prefix=prefix, gateway_port=args.gateway_port,
-                           models_file=stage.models)
-        bootstrap = env.get("CONVEYOR_KAFKA_BOOTSTRAP") or load_settings().kafka_bootstrap
-        argv = [str(stage.script), "up", "--engine", "openai", "--upstream", stage.upstream_url,
-                "--pool", "bench", "--capacity", "64", "--no-infra"]
-        conveyor = stack.enter_context(running("conveyor", argv, stage.work, env))
-        wait_http(f"{gateway_url}/healthz", conveyor, 180.0)
-        procs = processes(conveyor.popen.pid) + [Proc(os.getpid(), "load generator")]
+    with pipeline(args.upstream_port, args.gateway_port, "prof") as stage:
+        procs = processes(stage.conveyor.popen.pid) + [Proc(os.getpid(), "load generator")]
         folder = None if args.no_spy else Path(tempfile.mkdtemp(prefix="conveyor-profile-"))
 
         async def measure() -> tuple[int, int, float, dict[int, float], Counter[str]]:
             async with make_client(args.concurrency + 8) as client:
-                side = Side("conveyor", f"{gateway_url}/v1/completions",
+                side = Side("conveyor", f"{stage.gateway_url}/v1/completions",
                             {False: "bench-unpaced", True: "bench-paced"}, client)
                 print(f"warming up ({args.warmup_s:.0f} s)...", flush=True)
                 await load(side, args.concurrency, args.warmup_s, args.paced)
-                offsets = await topic_offsets(bootstrap, prefix)
+                offsets = await topic_offsets(stage.bootstrap, stage.prefix)
                 spies = [] if folder is None else spy(procs, args.seconds, folder)
                 before = {p.pid: p.cpu_s() for p in procs}
                 start = time.monotonic()
                 ok, failed = await load(side, args.concurrency, args.seconds, args.paced)
                 elapsed = time.monotonic() - start
                 used = {p.pid: p.cpu_s() - before[p.pid] for p in procs}
-                written = await topic_offsets(bootstrap, prefix)
+                written = await topic_offsets(stage.bootstrap, stage.prefix)
                 written.subtract(offsets)
                 for s in spies:
                     s.wait(timeout=60)
@@ -289,7 +247,7 @@ def run(args: argparse.Namespace) -> None:
             print(f"{failed} requests failed")
         report(procs, used, ok, elapsed, folder, args.top)
         if ok:
-            print("\n" + records_line(written, prefix, ok))
+            print("\n" + records_line(written, stage.prefix, ok))
 
 
 async def topic_offsets(bootstrap: str, prefix: str) -> Counter[str]:

@@ -1,25 +1,15 @@
-"""Does the default model answer what its weights say? Greedy agreement with a
-float32 reference, and the speed of each precision.
+"""Does the default model answer what its weights say? Greedy agreement of
+each GGUF precision with a float32 reference.
 
-    .venv/bin/python -m bench.reference [--precisions source,q8_0,f16,f32] [--no-speed]
+    .venv/bin/python -m bench.reference [--precisions source,q8_0,f16,f32] [--json PATH]
 
 Every prompt of ``infra.reference_prompts`` runs greedily (its first
-``--tokens``, 16) through Conveyor's llama.cpp engine (``LlamaCppEngine``, two
-contexts of one thread, as ``conveyor infer`` starts it) once per GGUF
-precision of the registry model (``source``: the file as packaged, Q4_1 for
-SmolLM2), chat prompts rendered by preprocess's tokenizer from the GGUF's own
-chat template, as the pipeline does. The reference is the same weights
-dequantized to float32 and run by transformers (the directory the vLLM engine
-converts once), in a child process under ``.venv-vllm`` (this environment has
-no torch), fed the very token ids llama.cpp evaluates. A prompt agrees when the
-two texts are equal; where they are not, the table says after how many tokens
-they part.
-
-The speed part runs the same chat prompts (``--speed-tokens``, 48) one at a
-time and two at a time through each precision's engine, in alternating rounds
-(never two engines generating at once), and prints completion tokens per
-second of wall time, beside the source file's. ``--json`` writes everything
-(texts included) for a test to read.
+``--tokens``) through Conveyor's llama.cpp engine once per precision, chat
+prompts rendered as preprocess renders them; the reference is the same
+weights dequantized to float32 and run by transformers in a child process
+under ``.venv-vllm``, fed the very token ids llama.cpp evaluates. Where two
+texts differ, the table says after how many tokens they part. Why f16 is the
+default: docs/decisions/0008-default-model-precision.md.
 """
 
 from __future__ import annotations
@@ -29,7 +19,6 @@ import asyncio
 import json
 import os
 import sys
-import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, get_args
@@ -42,7 +31,6 @@ __all__ = ["Agreement", "main"]
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
-SPEED_PROMPTS = 4  # chat prompts a speed phase runs (twice as many two at a time)
 
 
 @dataclass
@@ -170,42 +158,6 @@ def _decoded(vocab: Any, ids: list[int]) -> str:
     return str(vocab.detokenize(ids).decode("utf-8", errors="replace"))
 
 
-# -- speed ------------------------------------------------------------------------
-
-
-async def _phase(engine: Any, chats: list[tuple[ReferencePrompt, str]], lanes: int,
-                 max_tokens: int) -> tuple[int, float]:
-    pending = list(chats)
-    total = 0
-
-    async def lane() -> None:
-        nonlocal total
-        while pending:
-            prompt, text = pending.pop(0)
-            total += (await _answer(engine, prompt, text, max_tokens))[1]
-
-    started = time.monotonic()
-    await asyncio.gather(*(lane() for _ in range(lanes)))
-    return total, time.monotonic() - started
-
-
-async def _speed(engines: dict[str, Any], rendered: dict[str, str], rounds: int,
-                 max_tokens: int) -> dict[str, dict[str, float]]:
-    chats = [(p, rendered[p.id]) for p in PROMPTS if p.kind == "chat" and not p.readme]
-    one, two = chats[:SPEED_PROMPTS], chats[:2 * SPEED_PROMPTS]
-    sums = {name: [0, 0.0, 0, 0.0] for name in engines}
-    for _ in range(rounds):
-        for name, engine in engines.items():
-            tokens, wall = await _phase(engine, one, 1, max_tokens)
-            sums[name][0] += tokens
-            sums[name][1] += wall
-            tokens, wall = await _phase(engine, two, 2, max_tokens)
-            sums[name][2] += tokens
-            sums[name][3] += wall
-    return {name: {"one_stream": s[0] / s[1], "two_streams": s[2] / s[3]}
-            for name, s in sums.items()}
-
-
 # -- the run -----------------------------------------------------------------------
 
 
@@ -231,8 +183,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                                        args.tokens))[0] for p in PROMPTS}
         reference_ids = await reference_task
         reference = {k: _decoded(vocab, v) for k, v in reference_ids.items()}
-        speed = (await _speed(engines, rendered, args.rounds, args.speed_tokens)
-                 if args.speed else {})
     finally:
         reference_task.cancel()
         for engine in engines.values():
@@ -243,8 +193,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"model": spec.name, "source_file": source_file, "default": spec.precision,
             "tokens": args.tokens, "reference": reference,
             "agreement": {a.side.removeprefix("llama.cpp "): asdict(a) for a in agreements},
-            "speed": speed, "readme": [p.id for p in PROMPTS if p.readme],
-            "speed_tokens": args.speed_tokens, "rounds": args.rounds}
+            "readme": [p.id for p in PROMPTS if p.readme]}
 
 
 def report(result: dict[str, Any]) -> str:
@@ -259,17 +208,6 @@ def report(result: dict[str, Any]) -> str:
         mark = " (default)" if precision == result["default"] else ""
         lines.append(f"| llama.cpp {precision}{mark} | {len(a['agreed'])} of {total} | "
                      f"{parted} |")
-    if result["speed"]:
-        base = result["speed"].get("source")
-        lines += ["", f"tokens/s, chat prompts, at most {result['speed_tokens']} tokens, "
-                  f"{result['rounds']} alternating rounds (LlamaCppEngine: 2 contexts, "
-                  "1 thread each):", "",
-                  "| precision | 1 stream | 2 streams | of source's (1 / 2) |", "|---|---|---|---|"]
-        for precision, s in result["speed"].items():
-            share = (f"{100 * s['one_stream'] / base['one_stream']:.0f} % / "
-                     f"{100 * s['two_streams'] / base['two_streams']:.0f} %") if base else ""
-            lines.append(f"| {precision} | {s['one_stream']:.1f} | {s['two_streams']:.1f} | "
-                         f"{share} |")
     lines += ["", "The README's examples, greedy:"]
     for key in result["readme"]:
         lines.append(f"  {key}: reference {result['reference'][key]!r}")
@@ -286,9 +224,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precisions", default=",".join(get_args(Precision)),
                         help="comma-separated; 'default' is the registry's (default: all)")
     parser.add_argument("--tokens", type=int, default=16)
-    parser.add_argument("--speed", action=argparse.BooleanOptionalAction, default=True)
-    parser.add_argument("--speed-tokens", type=int, default=48)
-    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--reference-python", type=Path, default=REFERENCE_PYTHON)
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

@@ -1,28 +1,19 @@
 """Prefix-aware routing against least-loaded, on two real llama.cpp workers.
 
-Starts ``conveyor up --workers 2 --contexts 4 --no-infra`` twice (schedule
-least-loaded, ``CONVEYOR_ROUTE_PREFIX_AWARE=false``, then prefix-aware; the
-order alternates over ``--rounds``), and plays the same kind of workload on
-each: conversations of several turns, each with a long system prompt of its
-own (about 600 tokens), every turn carrying the history so far. Each client
-holds ``--interleave`` conversations and asks a turn of each in turn, as a
-person does who switches between chats, reading each answer for up to
-``--think-s`` seconds; with the defaults all 16 conversations are open at once
-over 8 contexts (two workers of four). Each worker keeps the caches of the
-conversations its contexts moved on from in ``--host-cache-mib`` of host
-memory: 160 MiB by default, room for about half of the conversations on each
-worker, so that the two workers together hold them all and one does not (the
-case routing is for; with room for every conversation on every worker, a
-conversation misses at most once on each). A turn routed to the worker holding
-its history costs only its new tokens; one routed elsewhere evaluates the
-whole prompt again. Printed: TTFT p50/p90 of every turn, of the first turns
-and of the later ones, and completion tokens/s over the run.
-
     python -m bench.routing [--conversations 16] [--turns 4] [--clients 8] [--interleave 2]
 
-Each phase uses system prompts of its own, so no phase finds the last one's
-prompts in a cache. Target (the fleet issue): prefix-aware TTFT p50 at most
-half of least-loaded's, tokens/s no lower.
+Starts ``conveyor up --workers 2 --contexts 4 --no-infra`` once with
+schedule least-loaded (``CONVEYOR_ROUTE_PREFIX_AWARE=false``) and once
+prefix-aware (the order alternating over ``--rounds``), and plays on each
+conversations of several turns, each with a long system prompt of its own
+(about 600 tokens, new in every phase), every turn carrying the history.
+Each client holds ``--interleave`` conversations and asks a turn of each in
+turn, reading each answer up to ``--think-s``; each worker keeps the caches
+of conversations its contexts moved on from in ``--host-cache-mib`` (by
+default room for about half of them: the two workers together hold them
+all, one does not). Printed: TTFT p50/p90 of every turn, of the first and of
+the later turns, and tokens/s. Target: prefix-aware TTFT p50 at most half of
+least-loaded's, tokens/s no lower.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ class Settings(BaseSettings):
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
     # false: no process records or serves metrics (no /metrics on the gateway,
-    # metrics_port ignored); bench.stream_overhead measures what they cost
+    # metrics_port ignored); what they cost: docs/decisions/0025-resumable-streams-and-metrics.md
     metrics_enabled: bool = True
     # once a serving process has started, what it built is frozen out of the cyclic
     # collector's scans and its youngest generation collects after this many

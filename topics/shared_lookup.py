@@ -9,7 +9,7 @@ that must connect and learn the cluster before the first read: made per
 call, that start was most of a resume's ``locate``. Here the readers are made
 on first use and kept: a call takes an idle reader, or starts one when none is
 idle and fewer than ``readers`` exist, and hands it back when it is done.
-Measured with ``python -m bench.locate``: docs/decisions/0021-one-shared-lookup.md.
+Measured: docs/decisions/0021-one-shared-lookup.md.
 
 Why a small pool and not one reader behind a lock. A reader's assignment,
 positions and fetch buffer are single-caller state, so a reader serves one

@@ -13,7 +13,7 @@ reports under OpenAI's ``harassment`` category.
   1), it does not replace them.
 * **Cost**: loading takes a second or so and brings in scikit-learn and
   SciPy, once per process, on the first request whose policy asks for it; a
-  text costs milliseconds of CPU (``bench.policy_overhead`` prints it), so
+  text costs milliseconds of CPU (docs/benchmarks/results/policy.md), so
   preprocess runs it in a worker thread. Measured:
   docs/decisions/0017-safety-in-levels.md.
 * **Threshold**: the policy's ``[safety] classifier`` (0 to 1); a text

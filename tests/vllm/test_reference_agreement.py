@@ -37,7 +37,7 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     out = tmp_path_factory.mktemp("reference") / "result.json"
     run = subprocess.run(
         [str(CONVEYOR_PYTHON), "-m", "bench.reference", "--precisions", "default",
-         "--no-speed", "--json", str(out), "--reference-python", sys.executable],
+         "--json", str(out), "--reference-python", sys.executable],
         cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert run.returncode == 0, run.stderr[-2000:]
     loaded: dict[str, object] = json.loads(out.read_text())

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from bench.client import StreamClient, stream_completion
-from bench.compare import loop_factory
+from bench.harness import loop_factory
 from bench.upstream import build_app
 from tests.support.asgi import serving
 from tests.support.services import free_port

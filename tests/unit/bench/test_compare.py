@@ -1,60 +1,43 @@
-"""The c=32 share of a comparison: each round pair's ratio, and their median
-with its interval beside the ratio of the totals."""
+"""The concurrent scenarios of a comparison: each round pair's rate, and the
+sides taking turns at going first."""
 
 from __future__ import annotations
 
 import asyncio
 
 from bench.client import Sample
-from bench.compare import cpu_rows, paired_checks, run_rounds
-from bench.scenarios import Result, Scenario, Side
-
-
-def test_the_share_is_the_median_of_the_round_pairs_ratios() -> None:
-    result = Result(Scenario("c32-unpaced", "", 32, False, 0, 100, 1.0))
-    # the machine drifts: the whole run's ratio of totals is pulled by one slow pair
-    result.base.round_rates = [100.0] * 11 + [300.0]
-    result.variant.round_rates = [97.0] * 11 + [150.0]
-    result.base.busy_s = result.variant.busy_s = 1.0
-    result.base.samples = [Sample(0.01, 0.02, 4)] * 400
-    result.variant.samples = [Sample(0.01, 0.02, 4)] * 320
-    assert result.rate_ratios()[:2] == [0.97, 0.97]
-    total, paired = paired_checks("plain", "policed", 1.0, 0.95)(result)
-    assert not total.met  # 320 against 400: 80 %
-    assert paired.value == 97.0 and paired.met
-    assert "median of 12 round pairs (95 % interval" in paired.label
+from bench.compare import Scenario, Side, median_interval, run_pairs, run_rounds
 
 
 class Counting(Side):
-    def __init__(self, name: str) -> None:
-        self.name, self.sent = name, 0
+    def __init__(self, name: str, order: list[str]) -> None:
+        self.name, self.sent, self.order = name, 0, order
 
     async def one(self, paced: bool) -> Sample:
         self.sent += 1
+        self.order.append(self.name)
         await asyncio.sleep(0.001)
         return Sample(0.001, 0.001, 4)
 
 
 def test_every_round_records_its_rate() -> None:
     rounds = 3
-    sc = Scenario("c32-unpaced", "", 4, False, 1, 4 * 2 * rounds, 60.0, 2)
-    base, variant = Counting("a"), Counting("b")
-    result = asyncio.run(run_rounds(sc, base, variant))
+    sc = Scenario("c4-unpaced", "", 4, False, 1, 4 * 2 * rounds, 60.0, 2)
+    order: list[str] = []
+    result = asyncio.run(run_rounds(sc, Counting("a", order), Counting("b", order)))
     assert len(result.base.round_rates) == len(result.variant.round_rates) == rounds
     assert all(r > 0 for r in result.rate_ratios())
 
 
-def test_each_side_is_billed_the_cpu_of_its_own_rounds() -> None:
-    sc = Scenario("c32-unpaced", "", 2, False, 0, 2 * 2 * 4, 60.0, 2)
-    base, variant = Counting("a"), Counting("b")
-    clock = {"gateway": 0.0}
+def test_which_side_goes_first_alternates() -> None:
+    sc = Scenario("c1-paced", "", 1, True, 0, 4, 60.0)
+    order: list[str] = []
+    result = asyncio.run(run_pairs(sc, Counting("a", order), Counting("b", order)))
+    assert order == ["a", "b", "b", "a", "a", "b", "b", "a"]
+    assert len(result.pairs) == 4 and result.added_ttft() == [0.0] * 4
 
-    def cpu() -> dict[str, float]:
-        # the variant's requests cost the gateway twice what the base's do
-        clock["gateway"] = 0.001 * base.sent + 0.002 * variant.sent
-        return dict(clock)
 
-    result = asyncio.run(run_rounds(sc, base, variant, cpu))
-    [gateway, whole] = cpu_rows(result)
-    assert gateway == ["gateway", "1000", "2000", "+1000"]
-    assert whole[0] == "all"
+def test_the_median_interval_needs_ten_values_and_holds_the_median() -> None:
+    assert all(x != x for x in median_interval([1.0] * 9))  # NaN
+    low, high = median_interval([float(i) for i in range(100)])
+    assert low < 49.5 < high and (low, high) == (40.0, 60.0)

@@ -40,7 +40,7 @@ Decisions:
   computed in another batch shape, whose float rounding differs enough to
   change a sampled token, so the same seed gave different answers depending
   on what the context served before. Without a seed the prefix is reused:
-  evaluating every prompt afresh cost throughput in ``bench.smollm2``
+  evaluating every prompt afresh cost 7 points of throughput against llama.cpp alone
   (docs/decisions/0009-same-answer-at-temperature-0.md). The tokens reused
   are the answer's ``cached_tokens``.
 * **Host memory behind the contexts.** With ``host_cache_bytes``, the KV

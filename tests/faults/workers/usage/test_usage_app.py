@@ -150,8 +150,7 @@ async def produce(settings: Settings, *values: UsageRecord | tuple[str, bytes]) 
 
 async def backlog(settings: Settings, records: list[UsageRecord]) -> None:
     """Usage records sent at once, without waiting for each (a backlog the app
-    works through), keyed by tenant as postprocess writes them. (bench.usage_soak
-    has the same; tests import nothing of the benchmarks.)"""
+    works through), keyed by tenant as postprocess writes them."""
     codec = default_codec()
     producer = make_producer(settings)
     await producer.start()
