@@ -1,26 +1,12 @@
 """The chaos run's judge: what ``conveyor.tokens`` holds for each request, and
 whether what its client got is that, once.
 
-The log is read whole (the run's own prefix, from the beginning) and each
-request's answer rebuilt from it by the rule postprocess answers with
-(:class:`workers.chunk_order.ChunkOrder`: one run's chunk at each ``seq``, a
-new run only where it began), up to the first chunk that finishes or fails.
-Two chunks of the *same run* with the same ``seq`` and different contents
-would mean a run wrote over itself, so such a request is corrupted even when
-the client's text matches the rebuild.
-
-Outcomes, one per request:
-
-- ``answered``: exactly one answer, its text identical to the log's, usage
-  equal to the log's token count, a finish reason that fits;
-- ``errored``: a clear error (an HTTP status other than 200, an OpenAI error
-  event in the stream), possibly after some text;
-- ``lost``: neither an answer nor an error (a hang past the client's deadline,
-  a stream cut without an error);
-- ``duplicated``: two finals, two usages, events after ``[DONE]``, or the
-  answer's text repeated;
-- ``corrupted``: text unlike the log's, usage that does not match, ``length``
-  before ``max_tokens``, a log whose runs disagree, an answer the log lacks.
+The log is read whole and each request's answer rebuilt from it by the rule
+postprocess answers with (:class:`workers.chunk_order.ChunkOrder`), up to the
+first chunk that finishes or fails; two chunks of one run with the same
+``seq`` and different contents make a request corrupted even when the
+client's text matches. Each request is answered, errored, lost, duplicated
+or corrupted (what each means: docs/benchmarks/index.md).
 """
 
 from __future__ import annotations

@@ -28,12 +28,15 @@ __all__ = ["Sample", "StreamClient", "make_client", "stream_completion"]
 
 @dataclass(frozen=True)
 class Sample:
-    """One request: seconds to the first text chunk and to ``[DONE]``."""
+    """One request: seconds to the first text chunk and to ``[DONE]``, and the
+    answer (its text, and its completion tokens where the usage said)."""
 
     ttft: float
     total: float
     chars: int
     error: str | None = None
+    text: str = ""
+    tokens: int = 0
 
     @property
     def ok(self) -> bool:
@@ -263,6 +266,8 @@ class _Timing:
         self.start = time.perf_counter()
         self.first: float | None = None
         self.chars = 0
+        self.pieces: list[str] = []
+        self.tokens = 0
         self.finished = False
         self.code = 0
         self.error: str | None = None
@@ -289,6 +294,9 @@ class _Timing:
             if self.first is None:
                 self.first = time.perf_counter()
             self.chars += len(text)
+            self.pieces.append(text)
+        if chunk.get("usage"):
+            self.tokens = int(chunk["usage"].get("completion_tokens") or 0)
         return False
 
     def sample(self) -> Sample:
@@ -301,7 +309,8 @@ class _Timing:
             return _failed(self.start, "stream ended without [DONE]")
         if self.first is None:
             return _failed(self.start, "no text in the stream")
-        return Sample(ttft=self.first - self.start, total=end - self.start, chars=self.chars)
+        return Sample(ttft=self.first - self.start, total=end - self.start, chars=self.chars,
+                      text="".join(self.pieces), tokens=self.tokens)
 
 
 def make_client(connections: int = 64, timeout_s: float = 30.0) -> StreamClient:

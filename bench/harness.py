@@ -174,16 +174,6 @@ def conveyor_script() -> Path:
     return script
 
 
-def run_cli(script: Path, args: list[str], env: dict[str, str]) -> str:
-    """Run a ``conveyor`` command; its stdout (BenchError with its stderr if it fails)."""
-    done = subprocess.run([str(script), *args], capture_output=True, env=env, timeout=120,
-                          cwd=repo_root())
-    if done.returncode != 0:
-        detail = (done.stderr or done.stdout).decode(errors="replace").strip()[-600:]
-        raise BenchError(f"`conveyor {' '.join(args[:2])}` failed:\n{detail}")
-    return done.stdout.decode()
-
-
 def conveyor_env(
     *, topic_prefix: str, gateway_port: int, models_file: Path | None = None
 ) -> dict[str, str]:

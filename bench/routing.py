@@ -20,17 +20,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import httpx
-
+from bench.client import Sample, StreamClient, make_client, stream_completion
 from bench.harness import (
     BenchError,
     check_infra,
@@ -83,35 +80,15 @@ class Phase:
         return sum(t.tokens for t in self.turns) / self.wall_s if self.wall_s else 0.0
 
 
-async def ask(client: httpx.AsyncClient, url: str, messages: list[dict[str, str]],
-              max_tokens: int) -> tuple[float, str, int]:
-    """One streamed chat turn: (seconds to the first text, the answer, completion tokens)."""
-    body: dict[str, Any] = {"model": MODEL, "messages": messages, "max_tokens": max_tokens,
-                            "temperature": 0, "stream": True,
-                            "stream_options": {"include_usage": True}}
-    start = time.perf_counter()
-    first: float | None = None
-    text, tokens = "", 0
-    async with client.stream("POST", url, json=body) as response:
-        if response.status_code != 200:
-            detail = (await response.aread())[:300].decode(errors="replace")
-            raise BenchError(f"HTTP {response.status_code}: {detail}")
-        async for line in response.aiter_lines():
-            if not line.startswith("data:") or line.strip() == "data: [DONE]":
-                continue
-            chunk = json.loads(line[5:])
-            if "error" in chunk:
-                raise BenchError(f"error event: {chunk['error']}")
-            for choice in chunk.get("choices") or ():
-                piece = (choice.get("delta") or {}).get("content") or ""
-                if piece and first is None:
-                    first = time.perf_counter()
-                text += piece
-            if chunk.get("usage"):
-                tokens = int(chunk["usage"]["completion_tokens"])
-    if first is None:
-        raise BenchError("a turn streamed no text")
-    return first - start, text, tokens
+async def ask(client: StreamClient, url: str, messages: list[dict[str, str]],
+              max_tokens: int) -> Sample:
+    """One streamed chat turn, timed (BenchError when it failed)."""
+    body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    sample = await stream_completion(client, url, body)
+    if sample.error is not None:
+        raise BenchError(sample.error)
+    return sample
 
 
 async def play(gateway_url: str, phase: Phase, conversations: int, turns: int, clients: int,
@@ -119,7 +96,7 @@ async def play(gateway_url: str, phase: Phase, conversations: int, turns: int, c
     url = f"{gateway_url}/v1/chat/completions"
     pending = list(range(conversations))
     pause = random.Random(7)  # the same pauses in every phase
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0)) as client:
+    async with make_client(clients + 4, timeout_s=600.0) as client:
 
         async def one_client() -> None:
             while pending:
@@ -132,9 +109,9 @@ async def play(gateway_url: str, phase: Phase, conversations: int, turns: int, c
                     for messages in talks:
                         messages.append({"role": "user",
                                          "content": QUESTIONS[t % len(QUESTIONS)]})
-                        ttft, answer, tokens = await ask(client, url, messages, max_tokens)
-                        phase.turns.append(Turn(ttft, tokens, first=t == 0))
-                        messages.append({"role": "assistant", "content": answer})
+                        answer = await ask(client, url, messages, max_tokens)
+                        phase.turns.append(Turn(answer.ttft, answer.tokens, first=t == 0))
+                        messages.append({"role": "assistant", "content": answer.text})
                         await asyncio.sleep(pause.uniform(0, think_s))
 
         start = time.perf_counter()
@@ -145,13 +122,13 @@ async def play(gateway_url: str, phase: Phase, conversations: int, turns: int, c
 async def warm_up(gateway_url: str, timeout_s: float) -> None:
     """Until one request succeeds (the workers may still be joining)."""
     deadline = time.monotonic() + timeout_s
-    async with httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=5.0)) as client:
+    async with make_client(1, timeout_s=120.0) as client:
         while True:
             try:
                 await ask(client, f"{gateway_url}/v1/chat/completions",
                           [{"role": "user", "content": "Say hi."}], 4)
                 return
-            except (BenchError, httpx.HTTPError) as exc:
+            except BenchError as exc:
                 if time.monotonic() > deadline:
                     raise BenchError(f"Conveyor did not answer in {timeout_s:.0f} s: {exc}") \
                         from exc

@@ -67,6 +67,18 @@ def test_a_connection_the_server_closed_while_idle_is_replaced(upstream: str) ->
     assert run(go()) == [True, True, True]
 
 
+def test_a_sample_keeps_the_answer_and_the_usage_tokens(upstream: str) -> None:
+    body = {"model": "bench@0", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}
+
+    async def go() -> tuple[str, int]:
+        async with StreamClient(connections=1) as client:
+            sample = await stream_completion(client, f"{upstream}/v1/chat/completions", body)
+        return sample.text, sample.tokens
+
+    assert run(go()) == (" tok" * 3, 3)
+
+
 def test_failures_come_back_as_samples(upstream: str) -> None:
     async def go() -> list[str | None]:
         async with StreamClient(connections=2, timeout_s=5) as client:
