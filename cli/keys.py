@@ -34,9 +34,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-import redis.asyncio as aioredis
-
 from conveyor.errors import ConveyorError, TransientBrokerError
+from conveyor.redis_clients import redis_client
 from conveyor.settings import Settings
 from gateway.audit import Audit, cli_actor
 from gateway.auth.keys import KeyStore
@@ -46,7 +45,6 @@ from gateway.auth.types import KeyRecord, Limits, TenantPolicy
 
 __all__ = ["register", "parse_duration", "describe_key", "describe_tenant"]
 
-_REDIS_TIMEOUT_S = 5.0
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -131,8 +129,7 @@ async def _with_stores(settings: Settings, action: Callable[[_Stores], Awaitable
     await ensure_topics(settings, catalog(settings))
     producer = make_producer(settings)
     await producer.start()
-    redis = aioredis.from_url(settings.redis_url, socket_timeout=_REDIS_TIMEOUT_S,
-                              socket_connect_timeout=_REDIS_TIMEOUT_S)
+    redis = redis_client(settings, "cli")
     try:
         audit = Audit(settings, producer, actor=cli_actor())
         stores = _Stores(keys=KeyStore(settings, redis, producer, audit=audit),

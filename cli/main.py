@@ -69,11 +69,10 @@ async def _ensure_topics(settings: Settings, registry: Registry) -> None:
 async def _redis_answers(settings: Settings) -> None:
     """Wait (logged, bounded) until Redis answers: the gateway leases its reply
     partition there as it starts."""
-    import redis.asyncio as aioredis
+    from conveyor.redis_clients import REDIS_REFUSALS, redis_client
+    from conveyor.startup import redis_address, started
 
-    from conveyor.startup import REDIS_REFUSALS, redis_address, started
-
-    client = aioredis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2)
+    client = redis_client(settings, "cli")
     try:
         await started("Redis to answer", client.ping, within=settings.startup_timeout_s,
                       log=log, where=redis_address(settings.redis_url),
@@ -373,9 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.metrics_port is not None:
         settings = settings.model_copy(update={"metrics_port": args.metrics_port})
     _setup_logging(settings)
-    from redis.exceptions import ConnectionError as RedisConnectionError
-
     from conveyor.errors import StartupTimeout
+    from conveyor.redis_clients import RedisConnectionError
     from topics.clients import KafkaConnectionError
 
     try:

@@ -24,9 +24,8 @@ import re
 import sys
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from conveyor.errors import RequestError
+from conveyor.redis_clients import redis_client
 from conveyor.settings import Settings
 
 __all__ = ["register", "parse_time", "cmd_accounting", "cmd_usage"]
@@ -121,7 +120,7 @@ async def _report(settings: Settings, args: argparse.Namespace, since: int,
     kept per model and deployment)."""
     from workers.usage.ledger import UsageLedger
 
-    redis = aioredis.from_url(settings.redis_url)
+    redis = redis_client(settings, "cli")
     try:
         ledger = UsageLedger(settings, redis)
         rows = await ledger.report(args.tenant, since_ms=since, until_ms=until, by=args.by,

@@ -29,16 +29,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
 from conveyor.errors import StartupTimeout
 
-__all__ = ["started", "redis_address", "kafka_address", "REDIS_REFUSALS"]
-
-# what a Redis that is not up (yet) raises: a wait for it retries these
-REDIS_REFUSALS: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeoutError,
-                                                   OSError)
+__all__ = ["started", "redis_address", "kafka_address"]
 
 T = TypeVar("T")
 

@@ -17,14 +17,11 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 
-import redis.asyncio as aioredis
 from fastapi import FastAPI
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from conveyor.errors import StartupTimeout
 from conveyor.files.local import LocalFileStore
+from conveyor.redis_clients import Redis, RedisConnectionError, redis_client
 from conveyor.registry import Registry
 from conveyor.settings import Settings
 from conveyor.startup import kafka_address, redis_address, started
@@ -69,7 +66,6 @@ __all__ = ["build_app", "check_auth_settings"]
 
 log = logging.getLogger(__name__)
 
-_REDIS_TIMEOUT_S = 2.0
 _STOP_TASKS_S = 5.0
 
 
@@ -123,13 +119,8 @@ def build_app(settings: Settings, registry: Registry | None = None,
 async def _collaborators(app: FastAPI, settings: Settings, gateway_id: str,
                          health: Health) -> AsyncIterator[None]:
     codec = default_codec()
-    # one retry on a broken connection: after Redis restarts, each pooled connection
-    # fails its next command once ("Connection closed by server"); a retry on a fresh
-    # one answers instead of a 503 while /healthz already says ok
-    redis = aioredis.from_url(settings.redis_url, socket_timeout=_REDIS_TIMEOUT_S,
-                              socket_connect_timeout=_REDIS_TIMEOUT_S,
-                              retry=Retry(NoBackoff(), 1),
-                              retry_on_error=[RedisConnectionError])
+    # the gateway's role: short timeouts, one retry on a connection a restart broke
+    redis = redis_client(settings, "gateway")
     # the gateway's one producer: requests, cancels, job commands and audit events
     publisher = Publisher(settings, make_producer(settings), codec)
     kafka, within = kafka_address(settings.kafka_bootstrap), settings.startup_timeout_s
@@ -196,7 +187,7 @@ async def _collaborators(app: FastAPI, settings: Settings, gateway_id: str,
         log.info("gateway %s: stopped in %.1f s", gateway_id, time.monotonic() - stopping)
 
 
-def _identity(app: FastAPI, settings: Settings, redis: aioredis.Redis, audit: Audit,
+def _identity(app: FastAPI, settings: Settings, redis: Redis, audit: Audit,
               gateway_id: str, health: Health) -> None:
     """Keys or JWTs, tenants and limits, with their background tasks. The key and
     tenant caches share one pub/sub subscription for their invalidations."""

@@ -26,11 +26,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from conveyor.errors import InvalidRequest, PipelineUnavailable, RequestError
+from conveyor.redis_clients import RedisError
 from schemas.openai.requests import param_of
 from topics.clients import KafkaError
 

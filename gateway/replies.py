@@ -40,10 +40,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
-
 from conveyor.errors import BrokerError, DeadlineExceeded, RequestError
+from conveyor.redis_clients import REDIS_ERRORS, Redis
 from conveyor.settings import Settings
 from gateway.health import TaskHealth
 from schemas.codec import Codec
@@ -185,7 +183,7 @@ async def fold_answer(source: ReplySource, within: float | None = None,
 
 
 class ReplyLease:
-    def __init__(self, settings: Settings, redis: aioredis.Redis, gateway_id: str,
+    def __init__(self, settings: Settings, redis: Redis, gateway_id: str,
                  health: TaskHealth | None = None) -> None:
         self.settings = settings
         self.redis = redis
@@ -221,7 +219,7 @@ class ReplyLease:
             pause = retry.next_delay()
             try:
                 await asyncio.wait_for(self.renew(), timeout=max(1.0, self._renew_every_s))
-            except (RedisError, OSError, TimeoutError) as exc:
+            except REDIS_ERRORS as exc:
                 if self.health.set("degraded", f"Redis unreachable: {exc!r}"):
                     log.warning("reply lease on partition %d: Redis unreachable (%r); "
                                 "retrying", self.partition, exc)

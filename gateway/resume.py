@@ -51,8 +51,6 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-import redis.asyncio as aioredis
-
 from conveyor.errors import (
     BrokerError,
     InvalidRequest,
@@ -60,6 +58,7 @@ from conveyor.errors import (
     RequestError,
     SchemaError,
 )
+from conveyor.redis_clients import Redis
 from conveyor.settings import Settings
 from gateway.replies import ReplySource, ReplyStream, reply_error
 from schemas.codec import Codec
@@ -300,7 +299,7 @@ class ResumeWatch:
     """``{prefix}:resume-watch:{request id}``: the reader of a resumed stream
     (see the module). Every call may raise Redis errors; callers decide."""
 
-    def __init__(self, settings: Settings, redis: aioredis.Redis) -> None:
+    def __init__(self, settings: Settings, redis: Redis) -> None:
         self.settings = settings
         self.redis = redis
         self.ttl_ms = int(settings.reply_lease_ttl_s * 1000)

@@ -42,9 +42,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
-
+from conveyor.redis_clients import REDIS_ERRORS, Redis, redis_client
 from conveyor.settings import Settings
 from schemas.records import ChunkHeader, Envelope, Generation, Prompt, TokenChunk
 from schemas.tools import reads_tool_calls
@@ -106,18 +104,16 @@ class PromptCache:
     """Entries under ``{prefix}:cache:{tenant}:{digest}``, each tenant's written
     times in ``{prefix}:cache-index:{tenant}``."""
 
-    def __init__(self, settings: Settings, redis: aioredis.Redis | None = None) -> None:
+    def __init__(self, settings: Settings, redis: Redis | None = None) -> None:
         self.settings = settings
         self._redis = redis
         self._owned = redis is None
         self._problems = RateLimitedLog(log)
 
     @property
-    def redis(self) -> aioredis.Redis:
+    def redis(self) -> Redis:
         if self._redis is None:
-            self._redis = aioredis.from_url(self.settings.redis_url,
-                                            socket_timeout=_TIMEOUT_S * 4,
-                                            socket_connect_timeout=_TIMEOUT_S * 4)
+            self._redis = redis_client(self.settings, "cache")
         return self._redis
 
     def _entry(self, key: str) -> str:
@@ -129,7 +125,7 @@ class PromptCache:
     async def get(self, key: str) -> Cached | None:
         try:
             raw = await asyncio.wait_for(self.redis.get(self._entry(key)), _TIMEOUT_S)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except REDIS_ERRORS as exc:
             self._problems.warning("get", "prompt cache: Redis failed (%r); a miss", exc)
             return None
         return None if raw is None else Cached.parse(raw)
@@ -156,7 +152,7 @@ class PromptCache:
                 members = [entry[0] for entry in oldest if isinstance(entry, tuple | list)]
                 if members:
                     await self.redis.delete(*members)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except REDIS_ERRORS as exc:
             self._problems.warning("put", "prompt cache: Redis failed (%r); not kept", exc)
             return False
         return True

@@ -27,10 +27,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
-
 from conveyor.errors import TransientBrokerError
+from conveyor.redis_clients import REDIS_ERRORS, Redis
 from conveyor.settings import Settings
 from gateway.auth.redis_copy import EVERYTHING, KeyNames
 from gateway.health import TaskHealth
@@ -41,6 +39,8 @@ __all__ = ["Invalidations"]
 log = logging.getLogger(__name__)
 
 Listener = Callable[[str], None]
+# a Redis that fails, or stops answering the pings: the subscription is made again
+_OUTAGE: tuple[type[BaseException], ...] = (*REDIS_ERRORS, TransientBrokerError)
 
 
 def _text(value: Any) -> str:
@@ -50,7 +50,7 @@ def _text(value: Any) -> str:
 class Invalidations:
     """One subscription to the change channel, shared by any number of caches."""
 
-    def __init__(self, settings: Settings, redis: aioredis.Redis,
+    def __init__(self, settings: Settings, redis: Redis,
                  part: TaskHealth | None = None, *, ping_s: float = 5.0) -> None:
         self.settings = settings
         self.redis = redis
@@ -84,7 +84,7 @@ class Invalidations:
             try:
                 await pubsub.subscribe(self.channel)
                 await self._listen(pubsub, retry)
-            except (TimeoutError, RedisError, OSError, TransientBrokerError) as exc:
+            except _OUTAGE as exc:
                 self.subscribed.clear()
                 if self.health.set("degraded", f"Redis unreachable: {exc!r}"):
                     log.warning("key invalidations: Redis unreachable (%r); cached keys "

@@ -28,9 +28,8 @@ import logging
 import time
 from dataclasses import replace
 
-import redis.asyncio as aioredis
-
 from conveyor.errors import BrokerError, ConveyorError, TransientBrokerError
+from conveyor.redis_clients import Redis
 from conveyor.settings import Settings
 from gateway.audit import Audit, audit_event
 from gateway.auth.cache import LocalCache
@@ -68,7 +67,7 @@ def _limits_detail(limits: Limits) -> dict[str, str]:
 class KeyStore:
     """The API keys of one Conveyor (``settings.topic_prefix``)."""
 
-    def __init__(self, settings: Settings, redis: aioredis.Redis,
+    def __init__(self, settings: Settings, redis: Redis,
                  producer: EventProducer | None = None, *, audit: Audit | None = None,
                  invalidations: Invalidations | None = None, part: TaskHealth | None = None,
                  codec: Codec | None = None, negative_cache_s: float = 1.0,

@@ -50,10 +50,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
-
 from conveyor.errors import PipelineUnavailable, QuotaExceeded, RateLimited
+from conveyor.redis_clients import REDIS_ERRORS, Redis
 from conveyor.settings import Settings
 from gateway.auth.ratelimit_check import Check, Scope, Verdict
 from gateway.auth.ratelimit_local import LocalWindows
@@ -67,7 +65,7 @@ __all__ = ["Admission", "RateLimiter", "format_duration"]
 log = logging.getLogger(__name__)
 
 # what makes Redis unusable for a moment: the limiter falls back, never a 500
-_OUTAGE = (RedisError, OSError, TimeoutError)
+_OUTAGE = REDIS_ERRORS
 
 
 def format_duration(ms: int) -> str:
@@ -105,7 +103,7 @@ class RateLimiter:
     redis_timeout_s = 1.0  # an admission waits no longer for Redis
     probe_every_s = 0.5  # while Redis is down, how often it is tried again
 
-    def __init__(self, settings: Settings, redis: aioredis.Redis, gateway_id: str) -> None:
+    def __init__(self, settings: Settings, redis: Redis, gateway_id: str) -> None:
         self.settings = settings
         self.redis = redis
         self.gateway_id = gateway_id

@@ -34,8 +34,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import redis.asyncio as aioredis
-
+from conveyor.redis_clients import Redis
 from gateway.auth.ratelimit_check import KINDS, WINDOW_MS, Check, Measure, Scope, Verdict
 
 __all__ = ["RedisWindows", "ADMIT_LUA", "SETTLE_LUA"]
@@ -211,7 +210,7 @@ def _none_as(value: int | None) -> int:
 class RedisWindows:
     """The windows of every scope in one Redis, shared by all gateways."""
 
-    def __init__(self, redis: aioredis.Redis, prefix: str) -> None:
+    def __init__(self, redis: Redis, prefix: str) -> None:
         self.prefix = prefix
         self._admit = redis.register_script(ADMIT_LUA)
         self._settle = redis.register_script(SETTLE_LUA)

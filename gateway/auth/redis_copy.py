@@ -23,27 +23,26 @@ the one stored, so a restore that reads an older record, or two writers that
 race, never replace a newer record with an older one. A limit of ``None`` is
 stored as an empty string; models as a JSON list.
 
-Redis's own errors stop at this module's boundary: an unreachable or slow
-Redis is :class:`~conveyor.errors.TransientBrokerError`, a command Redis
-refuses is :class:`~conveyor.errors.PermanentBrokerError`.
+Redis's own errors stop at this module's calls (conveyor/redis_clients.py's
+boundary): an unreachable or slow Redis is
+:class:`~conveyor.errors.RedisUnavailable` (a
+:class:`~conveyor.errors.TransientBrokerError`), a command Redis refuses is
+:class:`~conveyor.errors.RedisRefused` (a
+:class:`~conveyor.errors.PermanentBrokerError`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError, ResponseError
-
-from conveyor.errors import PermanentBrokerError, TransientBrokerError
+from conveyor.redis_clients import Redis, redis_boundary
 from conveyor.settings import Settings
 from gateway.auth.types import KeyRecord, Limits, TenantPolicy
 
-__all__ = ["KeyNames", "RedisCopy", "redis_boundary", "key_fields", "key_from_fields",
+__all__ = ["KeyNames", "RedisCopy", "key_fields", "key_from_fields",
            "tenant_fields", "tenant_from_fields", "TENANT_PREFIX", "EVERYTHING"]
 
 # the record key (and pub/sub message) of a tenant's policy: tenant:<name>
@@ -84,17 +83,6 @@ local cur = tonumber(redis.call('HGET', KEYS[1], 'last_used_ms') or '0') or 0
 if tonumber(ARGV[1]) > cur then redis.call('HSET', KEYS[1], 'last_used_ms', ARGV[1]) end
 return 1
 """
-
-
-@contextlib.contextmanager
-def redis_boundary(what: str) -> Iterator[None]:
-    """Translate Redis's errors into Conveyor's (retry, or give up)."""
-    try:
-        yield
-    except ResponseError as exc:
-        raise PermanentBrokerError(f"Redis refused {what}: {exc}") from exc
-    except (TimeoutError, RedisError, OSError) as exc:
-        raise TransientBrokerError(f"Redis unreachable ({what}): {exc!r}") from exc
 
 
 @dataclass(frozen=True)
@@ -212,7 +200,7 @@ def _flat(fields: dict[str, str]) -> list[str]:
 class RedisCopy:
     """Reads and version-guarded writes of the Redis copy of one prefix."""
 
-    def __init__(self, settings: Settings, redis: aioredis.Redis) -> None:
+    def __init__(self, settings: Settings, redis: Redis) -> None:
         self.redis = redis
         self.names = KeyNames(settings.topic_prefix)
         self._put_key = redis.register_script(_PUT_KEY)

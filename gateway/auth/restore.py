@@ -28,8 +28,9 @@ import secrets
 import time
 
 from conveyor.errors import TransientBrokerError
+from conveyor.redis_clients import redis_boundary
 from gateway.auth.keys_topic import KeysTopic, Snapshot
-from gateway.auth.redis_copy import EVERYTHING, RedisCopy, redis_boundary
+from gateway.auth.redis_copy import EVERYTHING, RedisCopy
 
 __all__ = ["Restorer"]
 

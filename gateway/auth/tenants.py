@@ -19,9 +19,8 @@ from __future__ import annotations
 import builtins
 import logging
 
-import redis.asyncio as aioredis
-
 from conveyor.errors import BrokerError, TransientBrokerError
+from conveyor.redis_clients import Redis
 from conveyor.settings import Settings
 from gateway.audit import Audit, audit_event
 from gateway.auth.cache import LocalCache
@@ -43,7 +42,7 @@ log = logging.getLogger(__name__)
 class TenantStore:
     """The tenant policies of one Conveyor (``settings.topic_prefix``)."""
 
-    def __init__(self, settings: Settings, redis: aioredis.Redis,
+    def __init__(self, settings: Settings, redis: Redis,
                  producer: EventProducer | None = None, *, audit: Audit | None = None,
                  invalidations: Invalidations | None = None, part: TaskHealth | None = None,
                  codec: Codec | None = None) -> None:

@@ -19,8 +19,9 @@ BELOW = {"conveyor": set(), "schemas": {"conveyor"}, "topics": {"conveyor", "sch
          "gateway": {"conveyor", "schemas", "topics", "workers"}}
 
 
-def imports() -> list[tuple[str, str]]:
-    """(importing module, imported top package) for every import of ours."""
+def imports(tops: tuple[str, ...] = PACKAGES) -> list[tuple[str, str]]:
+    """(importing module, imported top package) for every import of ours of a
+    package in ``tops``."""
     found = []
     for package in PACKAGES:
         for path in (ROOT / package).rglob("*.py"):
@@ -30,7 +31,7 @@ def imports() -> list[tuple[str, str]]:
                     [node.module] if isinstance(node, ast.ImportFrom) and node.module \
                     and node.level == 0 else []
                 found += [(module, n.split(".")[0]) for n in names
-                          if n.split(".")[0] in PACKAGES]
+                          if n.split(".")[0] in tops]
     return found
 
 
@@ -58,3 +59,11 @@ def test_kafka_client_errors_are_imported_in_topics_alone() -> None:
             if "aiokafka.errors" in text or "from aiokafka import errors" in text:
                 outside.append(str(path.relative_to(ROOT)))
     assert outside == []
+
+
+def test_redis_is_imported_in_its_door_alone() -> None:
+    """Redis is touched in one module: elsewhere its clients (made per role),
+    its client type and its errors come from conveyor.redis_clients, which
+    says what the errors mean."""
+    outside = sorted({m for m, _ in imports(("redis",)) if m != "conveyor.redis_clients"})
+    assert outside == [], "redis imported outside conveyor/redis_clients.py: " + repr(outside)

@@ -19,8 +19,7 @@ from __future__ import annotations
 import logging
 import time
 
-import redis.asyncio as aioredis
-
+from conveyor.redis_clients import Redis
 from conveyor.settings import Settings
 from workers.infer.generation import TaskRun
 
@@ -34,7 +33,7 @@ def _text(value: bytes | str) -> str:
 
 
 class GatewayWatch:
-    def __init__(self, settings: Settings, redis: aioredis.Redis) -> None:
+    def __init__(self, settings: Settings, redis: Redis) -> None:
         self.settings = settings
         self.redis = redis
         # (gateway id, reply partition) -> when its lease was first seen missing

@@ -32,10 +32,8 @@ import logging
 from dataclasses import dataclass
 from typing import Literal
 
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
-
 from conveyor.errors import BrokerError, TransientBrokerError
+from conveyor.redis_clients import REDIS_ERRORS, Redis
 from conveyor.settings import Settings
 from schemas.codec import Codec
 from schemas.records import TokenChunk
@@ -103,7 +101,7 @@ def progress_of(chunks: list[TokenChunk]) -> Progress:
 
 
 class ProgressTracker:
-    def __init__(self, settings: Settings, redis: aioredis.Redis, codec: Codec,
+    def __init__(self, settings: Settings, redis: Redis, codec: Codec,
                  lookup: SharedLookup) -> None:
         self.settings = settings
         self.redis = redis
@@ -142,7 +140,7 @@ class ProgressTracker:
         """Notice a restart of Redis (a new run id): what it held may be older."""
         try:
             info = await self.redis.info("server")
-        except (RedisError, OSError) as exc:
+        except REDIS_ERRORS as exc:
             self.redis_failed(exc)
             return
         self._redis_answered()
@@ -167,7 +165,7 @@ class ProgressTracker:
                 keys=[self._key(request_id), self._lease(request_id), self._epoch_key],
                 args=[_STARTED + worker_id.encode(), self.settings.progress_ttl_s, worker_id,
                       int(self.settings.claim_lease_s * 1000)])
-        except (RedisError, OSError) as exc:
+        except REDIS_ERRORS as exc:
             self.redis_failed(exc)
         else:
             self._redis_answered()
@@ -191,14 +189,14 @@ class ProgressTracker:
                 for rid in request_ids:
                     pipe.set(self._lease(rid), worker_id, px=lease_ms)
                 await pipe.execute()
-        except (RedisError, OSError) as exc:
+        except REDIS_ERRORS as exc:
             self.redis_failed(exc)
 
     async def release(self, request_id: str) -> None:
         """Give the lease up (the task was handed off): its next owner need not wait."""
         try:
             await self.redis.delete(self._lease(request_id))
-        except (RedisError, OSError) as exc:
+        except REDIS_ERRORS as exc:
             self.redis_failed(exc)
 
     async def finish(self, request_id: str, worker_id: str) -> None:
@@ -209,7 +207,7 @@ class ProgressTracker:
                          ex=self.settings.progress_ttl_s)
                 pipe.delete(self._lease(request_id))
                 await pipe.execute()
-        except (RedisError, OSError) as exc:
+        except REDIS_ERRORS as exc:
             self.redis_failed(exc)  # a later redelivery finds the end in the log
 
     # -- the log ----------------------------------------------------------

@@ -48,16 +48,15 @@ import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from opentelemetry import trace
-from redis.exceptions import RedisError
 
 from conveyor.errors import BrokerError, SchemaError
 from conveyor.metrics import partition_lag
+from conveyor.redis_clients import REDIS_ERRORS, REDIS_REFUSALS, redis_client
 from conveyor.registry import Registry
 from conveyor.settings import Settings
-from conveyor.startup import REDIS_REFUSALS, kafka_address, redis_address, started
+from conveyor.startup import kafka_address, redis_address, started
 from conveyor.tracing import layer_span, trace_id_of
 from schemas.codec import Codec, default_codec
 from topics.backoff import retry_every
@@ -82,7 +81,7 @@ __all__ = ["InferWorker"]
 log = logging.getLogger(__name__)
 
 # what a background concern may meet and wait out
-_TRANSIENT = (KafkaError, RedisError, OSError, BrokerError, asyncio.TimeoutError)
+_TRANSIENT = (KafkaError, *REDIS_ERRORS, BrokerError, asyncio.TimeoutError)
 _BEAT_TIMEOUT_S = 5.0
 
 
@@ -155,8 +154,7 @@ class InferWorker:
             stack.push_async_callback(producer.stop)
             await started("the Kafka producer to connect", producer.start, within=within,
                           log=log, where=kafka)
-            redis = aioredis.from_url(self.settings.redis_url, socket_timeout=5,
-                                      socket_connect_timeout=2)
+            redis = redis_client(self.settings, "claims")
             stack.push_async_callback(redis.aclose)
             await started("Redis to answer (task claims)", redis.ping, within=within, log=log,
                           where=redis_address(self.settings.redis_url), retry_on=REDIS_REFUSALS)

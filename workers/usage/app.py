@@ -78,9 +78,9 @@ from pathlib import Path
 from typing import Any
 
 import faust
-import redis.asyncio as aioredis
 
 from conveyor.metrics import LayerMetrics, LayerProbe
+from conveyor.redis_clients import Redis, redis_client
 from conveyor.settings import Settings
 from schemas.codec import default_codec
 from schemas.records import DeadLetter
@@ -141,7 +141,7 @@ class AccountingApp:
     """One Faust app for one Settings, with its tables, agent and mirror timer."""
 
     def __init__(self, settings: Settings, replication: Replication,
-                 redis: aioredis.Redis | None = None, probe: LayerProbe | None = None,
+                 redis: Redis | None = None, probe: LayerProbe | None = None,
                  window: int = SEEN_WINDOW, home: Path | None = None) -> None:
         self.settings = settings
         self.probe = probe or LayerMetrics.off().layer("accounting")
@@ -205,7 +205,7 @@ class AccountingApp:
                                      value_serializer=UsageValueCodec())
         self.dlq = self.app.topic(settings.topic("dlq"), key_serializer="raw",
                                   value_serializer="raw")
-        self.redis = redis or aioredis.from_url(settings.redis_url)
+        self.redis = redis or redis_client(settings, "accounting")
         self.mirror = RedisMirror(self.redis, UsageKeys(settings.topic_prefix))
         self._codec = default_codec()
         self._swept: dict[int, int] = {}

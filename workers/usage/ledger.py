@@ -19,9 +19,8 @@ import datetime as dt
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-import redis.asyncio as aioredis
-
 from conveyor.errors import InvalidRequest
+from conveyor.redis_clients import Redis
 from conveyor.settings import Settings
 from topics.envelope import now_ms
 from workers.usage.buckets import DAY_MS, RETENTION_MS, bucket_start, next_bucket
@@ -80,7 +79,7 @@ def _ratings_day(start: int, fields: dict[Any, Any], model: str | None) -> Ratin
 
 
 class UsageLedger:
-    def __init__(self, settings: Settings, redis: aioredis.Redis) -> None:
+    def __init__(self, settings: Settings, redis: Redis) -> None:
         self.settings = settings
         self.redis = redis
         self.keys = UsageKeys(settings.topic_prefix)

@@ -18,8 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import redis.asyncio as aioredis
-
+from conveyor.redis_clients import Redis
 from workers.usage.buckets import expires_at
 from workers.usage.layout import UsageKeys, encode_counts, encode_ratings
 from workers.usage.ratings import RatingCounts, RatingKey
@@ -29,7 +28,7 @@ __all__ = ["RedisMirror"]
 
 
 class RedisMirror:
-    def __init__(self, redis: aioredis.Redis, keys: UsageKeys, batch: int = 1000) -> None:
+    def __init__(self, redis: Redis, keys: UsageKeys, batch: int = 1000) -> None:
         self.redis = redis
         self.keys = keys
         self.batch = batch

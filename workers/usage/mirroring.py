@@ -17,8 +17,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import RedisError
-
+from conveyor.redis_clients import REDIS_ERRORS
 from topics.backoff import RateLimitedLog
 from workers.usage.ratings import RatingCounts, RatingKey
 from workers.usage.rows import Counts, RowKey
@@ -109,7 +108,7 @@ class MirrorPass:
         try:
             written = await self.owner.mirror.write(rows)
             written += await self.owner.mirror.write_ratings(ratings)
-        except (RedisError, OSError) as exc:
+        except REDIS_ERRORS as exc:
             self.owner.counter.dirty |= dirty
             self.owner.ratings.dirty |= rated
             self._full_due = True
