@@ -1,14 +1,10 @@
-"""The benchmark's HTTP client: one streamed completion, timed.
+"""The load generator: one streamed completion, timed (TTFT at the first chunk
+with text, total at ``data: [DONE]``).
 
-SSE is parsed by lines; time to first token (TTFT) is taken at the first chunk
-that carries text, total latency at ``data: [DONE]``.
-
-The load generator shares the machine's two cores with what it measures, so
-it is a lean HTTP/1.1 client of its own (:class:`StreamClient`: keep-alive
-connections on asyncio's protocol callbacks, the chunked encoding and SSE
-lines parsed over a byte buffer, orjson for the events) rather than httpx,
-whose streaming cost about 1.2 ms of CPU a request: a fifth of everything
-``bench.profile`` measured, taken from the processes under test.
+It shares the machine with what it measures, so it is a lean HTTP/1.1 client
+of its own (keep-alive connections on asyncio's protocol callbacks, the
+chunked encoding and the SSE lines parsed over a byte buffer, orjson for the
+events) rather than httpx, whose streaming cost about 1.2 ms of CPU a request.
 """
 
 from __future__ import annotations

@@ -1,17 +1,13 @@
-"""A fast OpenAI-compatible upstream: the engine the overhead benchmark measures against.
+"""A fast OpenAI-compatible upstream: the engine the pipeline benchmarks put
+behind Conveyor, so that what they measure is the pipeline.
 
-A raw ASGI callable (no framework) serving ``POST /v1/completions`` and
-``POST /v1/chat/completions``, streaming (SSE in OpenAI's chunk format, ending
-with ``data: [DONE]``) or not, plus ``GET /v1/models`` and ``GET /health``.
-
-Every request emits ``min(tokens, max_tokens)`` tokens of text ``" tok"``. The
-n-th token is due ``n * delay`` after the request arrived (deadline pacing, so
-sleep overshoot does not accumulate): 32 tokens at 10 ms take 320 ms, and the
-first token comes after one step. A delay of 0 emits everything at once.
-
-The delay can be chosen per request through the model name, since an HTTP
-engine forwards the model but no custom header: ``"bench@10"`` paces at 10 ms a
-token, ``"bench@0"`` is unpaced, a name without ``@`` uses the app's default.
+A raw ASGI callable serving ``POST /v1/completions`` and ``/v1/chat/completions``
+(streamed as OpenAI's SSE chunks, or not), ``GET /v1/models`` and ``/health``.
+Every request emits ``min(tokens, max_tokens)`` tokens ``" tok"``, the n-th due
+``n * delay`` after the request arrived (deadline pacing: sleep overshoot does
+not accumulate). The model name sets the delay, since an HTTP engine forwards
+the model but no custom header: ``bench@10`` 10 ms a token, ``bench@0``
+unpaced, a name without ``@`` the app's default.
 
     python -m bench.upstream --port 9100 --tokens 32 --delay-ms 10
 """
