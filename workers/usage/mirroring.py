@@ -15,17 +15,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from conveyor.redis_clients import REDIS_ERRORS
 from topics.backoff import RateLimitedLog
-from workers.usage.ratings import RatingCounts, RatingKey
+from workers.usage.counting import Counter
+from workers.usage.mirror import RedisMirror
+from workers.usage.ratings import RatingCounts, RatingKey, Ratings
 from workers.usage.rows import Counts, RowKey
 
-if TYPE_CHECKING:
-    from workers.usage.app import AccountingApp
-
-__all__ = ["MirrorPass", "FULL_MIRROR_EVERY", "UNREADY_WARN_S"]
+__all__ = ["MirrorPass", "MirrorSource", "FULL_MIRROR_EVERY", "UNREADY_WARN_S"]
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +32,23 @@ FULL_MIRROR_EVERY = 10  # ticks: a full pass every 5 s
 UNREADY_WARN_S = 15.0  # the mirror says so when the tables stay unready this long
 
 
-class MirrorPass:
-    """The tick of one :class:`~workers.usage.app.AccountingApp`."""
+class MirrorSource(Protocol):
+    """What a tick reads of the accounting app that owns it (workers/usage/app.py)."""
 
-    def __init__(self, owner: AccountingApp) -> None:
+    app: Any  # the Faust app: rebalancing, recovery, the partitions it holds
+    source_topic: str
+    feedback_topic: str
+    totals: Any  # the usage-totals table
+    rating_table: Any  # the feedback-ratings table
+    counter: Counter
+    ratings: Ratings
+    mirror: RedisMirror
+
+
+class MirrorPass:
+    """The tick of one accounting app (:class:`MirrorSource`)."""
+
+    def __init__(self, owner: MirrorSource) -> None:
         self.owner = owner
         self._ticks = 0
         self._full_due = True
