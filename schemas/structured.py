@@ -46,7 +46,8 @@ from schemas.records import ResponseFormat
 
 __all__ = ["check_format", "format_record", "grammar_of", "violation", "wire_format",
            "schema_bounds_fault", "grammar_fault", "SCHEMA_PARAM", "BOUNDS",
-           "MAX_SCHEMA_DEPTH", "MAX_OBJECT_PROPERTIES", "MAX_ENUM_VALUES", "MAX_SCHEMA_CHARS",
+           "MAX_SCHEMA_DEPTH", "MAX_OBJECT_PROPERTIES", "MAX_ENUM_VALUES",
+           "MAX_UNION_BRANCHES", "MAX_SCHEMA_CHARS",
            "MAX_GRAMMAR_REPEAT", "MAX_GRAMMAR_CHARS", "MAX_GRAMMAR_NESTING"]
 
 SCHEMA_PARAM = "response_format.json_schema.schema"
@@ -63,8 +64,13 @@ MAX_SCHEMA_DEPTH = 64
 # Object properties in all (OpenAI's bound).
 MAX_OBJECT_PROPERTIES = 5_000
 # Enum values in all, over every enum of the schema (OpenAI allows 1,000; an
-# enum's grammar is a trie, which decodes 10,000 values near the free rate).
+# enum's grammar is a trie, which decodes 10,000 values near the free rate). The
+# constants of a union of constants count as enum values: it compiles alike.
 MAX_ENUM_VALUES = 10_000
+# Alternatives of one anyOf or oneOf (not of constants): llama.cpp's sampler
+# carries every alternative still open from token to token, so a token costs
+# in proportion to the widest union.
+MAX_UNION_BRANCHES = 256
 # Characters of every property name, definition name, enum value and const
 # value together (OpenAI's bound).
 MAX_SCHEMA_CHARS = 120_000
@@ -83,6 +89,7 @@ BOUNDS: tuple[tuple[str, int, str], ...] = (
     ("MAX_SCHEMA_DEPTH", MAX_SCHEMA_DEPTH, "levels of nesting of a schema"),
     ("MAX_OBJECT_PROPERTIES", MAX_OBJECT_PROPERTIES, "object properties in all"),
     ("MAX_ENUM_VALUES", MAX_ENUM_VALUES, "enum values in all"),
+    ("MAX_UNION_BRANCHES", MAX_UNION_BRANCHES, "alternatives of one anyOf or oneOf"),
     ("MAX_SCHEMA_CHARS", MAX_SCHEMA_CHARS,
      "characters of property names, definition names, enum and const values"),
     ("MAX_GRAMMAR_REPEAT", MAX_GRAMMAR_REPEAT,
@@ -171,6 +178,7 @@ class _Tally:
     properties: int = 0
     enum_values: int = 0
     chars: int = 0
+    widest_union: int = 0
 
 
 def schema_bounds_fault(schema: Any) -> str | None:
@@ -188,6 +196,9 @@ def schema_bounds_fault(schema: Any) -> str | None:
     if tally.enum_values > MAX_ENUM_VALUES:
         return (f"it has {tally.enum_values:,} enum values in all; at most "
                 f"{MAX_ENUM_VALUES:,} are allowed")
+    if tally.widest_union > MAX_UNION_BRANCHES:
+        return (f"it has a union (anyOf or oneOf) of {tally.widest_union:,} alternatives; "
+                f"at most {MAX_UNION_BRANCHES} are allowed (a union of constants is an enum)")
     if tally.chars > MAX_SCHEMA_CHARS:
         return (f"its property names, definition names, enum and const values are "
                 f"{tally.chars:,} characters in all; at most {MAX_SCHEMA_CHARS:,} are allowed")
@@ -242,6 +253,11 @@ def _schema_parts(node: dict[str, Any], root: dict[str, Any],
                 tally.chars += sum(len(name) for name in value)
         elif key in _SUBSCHEMA_LISTS and isinstance(value, list):
             subs = value
+            if key in ("anyOf", "oneOf"):
+                if all(_literal_only(branch) for branch in value):  # a trie, as an enum
+                    tally.enum_values += sum("const" in branch for branch in value)
+                else:
+                    tally.widest_union = max(tally.widest_union, len(value))
         elif key in _SUBSCHEMA:
             subs = [value]
         elif key == "$ref" and isinstance(value, str):
@@ -260,6 +276,14 @@ def _schema_parts(node: dict[str, Any], root: dict[str, Any],
             else:
                 extra = max(extra, _value(sub)[0] - 1)
     return children, extra
+
+
+def _literal_only(branch: Any) -> bool:
+    """Whether a union's branch allows only constants (as :func:`_literal_texts`
+    reads it)."""
+    return (isinstance(branch, dict) and "$ref" not in branch and "anyOf" not in branch
+            and "oneOf" not in branch and not isinstance(branch.get("type"), list)
+            and ("const" in branch or isinstance(branch.get("enum"), list)))
 
 
 def _target(root: dict[str, Any], ref: str) -> Any:
@@ -388,17 +412,9 @@ def _literal_texts(schema: dict[str, Any]) -> list[str] | None:
         return None
     if "oneOf" in schema or "anyOf" in schema:
         branches = schema.get("oneOf") or schema["anyOf"]
-        if not isinstance(branches, list):
+        if not isinstance(branches, list) or not all(_literal_only(b) for b in branches):
             return None
-        texts: list[str] = []
-        for branch in branches:
-            if not isinstance(branch, dict) or "oneOf" in branch or "anyOf" in branch:
-                return None
-            own = _literal_texts(branch)
-            if own is None:
-                return None
-            texts += own
-        return texts
+        return [text for branch in branches for text in _literal_texts(branch) or ()]
     if isinstance(schema.get("type"), list):
         return None
     if "const" in schema:

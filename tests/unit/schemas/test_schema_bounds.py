@@ -29,6 +29,7 @@ from schemas.structured import (
     MAX_OBJECT_PROPERTIES,
     MAX_SCHEMA_CHARS,
     MAX_SCHEMA_DEPTH,
+    MAX_UNION_BRANCHES,
     check_format,
     grammar_fault,
     grammar_of,
@@ -129,6 +130,22 @@ def test_enum_values_count_over_the_whole_schema() -> None:
     two = {"type": "object", "properties": {
         "a": {"enum": list(range(half))}, "b": {"enum": list(range(half))}}}
     assert "enum values in all" in (schema_bounds_fault(two) or "")
+
+
+def test_a_union_wider_than_the_bound_is_refused_unless_it_is_of_constants() -> None:
+    """Every alternative of a union stays open in llama.cpp's sampler until the
+    answer tells them apart, and each costs its share of every token."""
+    wide: dict[str, Any] = {"type": "array", "items": {"anyOf": [
+        {"type": "object", "properties": {f"k{i}": {"type": "integer"}}, "required": [f"k{i}"]}
+        for i in range(MAX_UNION_BRANCHES + 1)]}}
+    message = refused_format(wide)
+    assert f"of {MAX_UNION_BRANCHES + 1} alternatives; at most {MAX_UNION_BRANCHES}" in message
+    wide["items"]["anyOf"].pop()
+    assert chat_format(wide) is not None
+    constants: dict[str, Any] = {"anyOf": [{"const": f"c{i}"} for i in range(MAX_ENUM_VALUES)]}
+    assert schema_bounds_fault(constants) is None  # compiled as an enum: a trie
+    constants["anyOf"].append({"const": "one more"})
+    assert "enum values in all" in (schema_bounds_fault(constants) or "")
 
 
 def test_too_many_properties_are_refused() -> None:
