@@ -47,7 +47,7 @@ from schemas.records import ResponseFormat
 __all__ = ["check_format", "format_record", "grammar_of", "violation", "wire_format",
            "schema_bounds_fault", "grammar_fault", "SCHEMA_PARAM", "BOUNDS",
            "MAX_SCHEMA_DEPTH", "MAX_OBJECT_PROPERTIES", "MAX_ENUM_VALUES",
-           "MAX_UNION_BRANCHES", "MAX_SCHEMA_CHARS",
+           "MAX_ALTERNATIVES", "MAX_SCHEMA_CHARS",
            "MAX_GRAMMAR_REPEAT", "MAX_GRAMMAR_CHARS", "MAX_GRAMMAR_NESTING"]
 
 SCHEMA_PARAM = "response_format.json_schema.schema"
@@ -67,10 +67,11 @@ MAX_OBJECT_PROPERTIES = 5_000
 # enum's grammar is a trie, which decodes 10,000 values near the free rate). The
 # constants of a union of constants count as enum values: it compiles alike.
 MAX_ENUM_VALUES = 10_000
-# Alternatives of one anyOf or oneOf (not of constants): llama.cpp's sampler
-# carries every alternative still open from token to token, so a token costs
-# in proportion to the widest union.
-MAX_UNION_BRANCHES = 256
+# Alternatives open at once: of one anyOf or oneOf (not of constants), and the
+# optional properties of one object (any of them may come next). llama.cpp's
+# sampler carries every alternative still open from token to token, so a token
+# costs in proportion to the widest.
+MAX_ALTERNATIVES = 256
 # Characters of every property name, definition name, enum value and const
 # value together (OpenAI's bound).
 MAX_SCHEMA_CHARS = 120_000
@@ -89,7 +90,8 @@ BOUNDS: tuple[tuple[str, int, str], ...] = (
     ("MAX_SCHEMA_DEPTH", MAX_SCHEMA_DEPTH, "levels of nesting of a schema"),
     ("MAX_OBJECT_PROPERTIES", MAX_OBJECT_PROPERTIES, "object properties in all"),
     ("MAX_ENUM_VALUES", MAX_ENUM_VALUES, "enum values in all"),
-    ("MAX_UNION_BRANCHES", MAX_UNION_BRANCHES, "alternatives of one anyOf or oneOf"),
+    ("MAX_ALTERNATIVES", MAX_ALTERNATIVES,
+     "alternatives of one anyOf or oneOf, optional properties of one object"),
     ("MAX_SCHEMA_CHARS", MAX_SCHEMA_CHARS,
      "characters of property names, definition names, enum and const values"),
     ("MAX_GRAMMAR_REPEAT", MAX_GRAMMAR_REPEAT,
@@ -179,6 +181,7 @@ class _Tally:
     enum_values: int = 0
     chars: int = 0
     widest_union: int = 0
+    most_optional: int = 0
 
 
 def schema_bounds_fault(schema: Any) -> str | None:
@@ -196,9 +199,12 @@ def schema_bounds_fault(schema: Any) -> str | None:
     if tally.enum_values > MAX_ENUM_VALUES:
         return (f"it has {tally.enum_values:,} enum values in all; at most "
                 f"{MAX_ENUM_VALUES:,} are allowed")
-    if tally.widest_union > MAX_UNION_BRANCHES:
+    if tally.widest_union > MAX_ALTERNATIVES:
         return (f"it has a union (anyOf or oneOf) of {tally.widest_union:,} alternatives; "
-                f"at most {MAX_UNION_BRANCHES} are allowed (a union of constants is an enum)")
+                f"at most {MAX_ALTERNATIVES} are allowed (a union of constants is an enum)")
+    if tally.most_optional > MAX_ALTERNATIVES:
+        return (f"it has an object of {tally.most_optional:,} optional properties; at most "
+                f"{MAX_ALTERNATIVES} are allowed (list the others in 'required')")
     if tally.chars > MAX_SCHEMA_CHARS:
         return (f"its property names, definition names, enum and const values are "
                 f"{tally.chars:,} characters in all; at most {MAX_SCHEMA_CHARS:,} are allowed")
@@ -249,6 +255,9 @@ def _schema_parts(node: dict[str, Any], root: dict[str, Any],
             subs = list(value.values())
             if key == "properties":
                 tally.properties += len(value)
+                required = node.get("required")
+                named = set(required) & set(value) if isinstance(required, list) else set()
+                tally.most_optional = max(tally.most_optional, len(value) - len(named))
             if key in ("properties", "$defs", "definitions"):
                 tally.chars += sum(len(name) for name in value)
         elif key in _SUBSCHEMA_LISTS and isinstance(value, list):

@@ -22,6 +22,7 @@ from schemas.openai.requests import ChatCompletionRequest, param_of
 from schemas.openai.responses import parse_request
 from schemas.records import Function, ResponseFormat, Tools
 from schemas.structured import (
+    MAX_ALTERNATIVES,
     MAX_ENUM_VALUES,
     MAX_GRAMMAR_CHARS,
     MAX_GRAMMAR_NESTING,
@@ -29,7 +30,6 @@ from schemas.structured import (
     MAX_OBJECT_PROPERTIES,
     MAX_SCHEMA_CHARS,
     MAX_SCHEMA_DEPTH,
-    MAX_UNION_BRANCHES,
     check_format,
     grammar_fault,
     grammar_of,
@@ -137,15 +137,28 @@ def test_a_union_wider_than_the_bound_is_refused_unless_it_is_of_constants() -> 
     answer tells them apart, and each costs its share of every token."""
     wide: dict[str, Any] = {"type": "array", "items": {"anyOf": [
         {"type": "object", "properties": {f"k{i}": {"type": "integer"}}, "required": [f"k{i}"]}
-        for i in range(MAX_UNION_BRANCHES + 1)]}}
+        for i in range(MAX_ALTERNATIVES + 1)]}}
     message = refused_format(wide)
-    assert f"of {MAX_UNION_BRANCHES + 1} alternatives; at most {MAX_UNION_BRANCHES}" in message
+    assert f"of {MAX_ALTERNATIVES + 1} alternatives; at most {MAX_ALTERNATIVES}" in message
     wide["items"]["anyOf"].pop()
     assert chat_format(wide) is not None
     constants: dict[str, Any] = {"anyOf": [{"const": f"c{i}"} for i in range(MAX_ENUM_VALUES)]}
     assert schema_bounds_fault(constants) is None  # compiled as an enum: a trie
     constants["anyOf"].append({"const": "one more"})
     assert "enum values in all" in (schema_bounds_fault(constants) or "")
+
+
+def test_an_object_of_more_optional_properties_than_the_bound_is_refused() -> None:
+    """Any optional property may come next, so each is an alternative too (and
+    the compiler nests a rule per optional property: a RecursionError past 900)."""
+    def of(optional: int) -> dict[str, Any]:
+        properties = {f"p{i}": {"type": "integer"} for i in range(optional + 10)}
+        return {"type": "object", "properties": properties, "required": list(properties)[:10]}
+
+    message = refused_format(of(MAX_ALTERNATIVES + 1))
+    assert f"{MAX_ALTERNATIVES + 1} optional properties; at most {MAX_ALTERNATIVES}" in message
+    assert chat_format(of(MAX_ALTERNATIVES)) is not None
+    assert "optional properties" in refused_format(of(1_000))
 
 
 def test_too_many_properties_are_refused() -> None:
