@@ -204,7 +204,7 @@ def schema_bounds_fault(schema: Any) -> str | None:
                 f"at most {MAX_ALTERNATIVES} are allowed (a union of constants is an enum)")
     if tally.most_optional > MAX_ALTERNATIVES:
         return (f"it has an object of {tally.most_optional:,} optional properties; at most "
-                f"{MAX_ALTERNATIVES} are allowed (list the others in 'required')")
+                f"{MAX_ALTERNATIVES} are allowed (the others must be required)")
     if tally.chars > MAX_SCHEMA_CHARS:
         return (f"its property names, definition names, enum and const values are "
                 f"{tally.chars:,} characters in all; at most {MAX_SCHEMA_CHARS:,} are allowed")
@@ -256,7 +256,8 @@ def _schema_parts(node: dict[str, Any], root: dict[str, Any],
             if key == "properties":
                 tally.properties += len(value)
                 required = node.get("required")
-                named = set(required) & set(value) if isinstance(required, list) else set()
+                named = {r for r in required if isinstance(r, str) and r in value} \
+                    if isinstance(required, list) else set()
                 tally.most_optional = max(tally.most_optional, len(value) - len(named))
             if key in ("properties", "$defs", "definitions"):
                 tally.chars += sum(len(name) for name in value)

@@ -14,6 +14,8 @@ import re
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from conveyor.errors import InvalidRequest
@@ -232,6 +234,33 @@ def test_an_answer_nested_past_the_parser_is_a_violation_not_an_exception() -> N
                               choice="auto", function="", parallel=True))
     call = '<tool_call>\n{"name": "f", "arguments": {"a": ' + deep + "}}\n</tool_call>"
     assert "nested too deeply" in (violation(tools, call) or "")
+
+
+KEYWORDS = st.sampled_from([
+    "type", "properties", "items", "anyOf", "oneOf", "allOf", "enum", "const", "$ref", "$defs",
+    "required", "additionalProperties", "minLength", "maxLength", "minItems", "maxItems",
+    "pattern", "format", "prefixItems", "not", "minimum", "patternProperties", "if", "then"])
+SCALARS = (st.none() | st.booleans() | st.integers(-5, 3_000) | st.text(max_size=4)
+           | st.sampled_from(["object", "string", "integer", "array", "number", "null", "#",
+                              "#/$defs/a", "#/properties/a", "^a+$", "date", "uuid", "a{2,4}"]))
+SCHEMAS = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+    KEYWORDS | st.sampled_from(["a", "b"]), inner, max_size=5), max_leaves=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(SCHEMAS)
+def test_any_schema_is_served_or_a_400_and_nothing_else(schema: Any) -> None:
+    """Whatever JSON a client sends as a schema, the checks and the compiler
+    either take it (and then its grammar compiles and answers are checked) or
+    refuse it with a 400: no other exception."""
+    fmt = schema_format(schema)
+    try:
+        check_format(fmt)
+    except InvalidRequest:
+        return
+    grammar_of(fmt)
+    for answer in ("{}", '"a"', "[1", "null"):
+        violation(fmt, answer)
 
 
 # -- every path a schema arrives by ---------------------------------------------------------
