@@ -109,17 +109,18 @@ class Codec:
         schemaless_writer(buf, writer_schema, record)
         return buf.getvalue()
 
-    def decode(self, data: bytes | None, expected: EventType) -> Any:
-        """Decode a value into the current shape of ``expected``."""
+    def decode(self, data: bytes | None, expected: EventType | tuple[EventType, ...]) -> Any:
+        """Decode a value into the current shape of ``expected`` (one of them:
+        the value's own type). Typed: :meth:`topics.catalog.Topic.decode`."""
         if not data or len(data) < _HEADER or data[:2] != MAGIC:
             raise SchemaError("not an Avro single-object encoded value")
         known = self._known.get(data[2:_HEADER])
         if known is None:
             raise SchemaError(f"unknown schema fingerprint {data[2:_HEADER].hex()}")
         name, writer = known
-        if name != expected:
-            raise SchemaError(f"expected a {expected} event, got a {name}")
-        reader = self._current[expected][1]
+        if name != expected and (isinstance(expected, str) or name not in expected):
+            raise SchemaError(f"expected a {' or '.join(_names(expected))} event, got a {name}")
+        reader = self._current[name][1]
         try:
             return schemaless_reader(
                 io.BytesIO(data[_HEADER:]),
@@ -127,7 +128,11 @@ class Codec:
                 None if writer is reader else reader,
             )
         except Exception as exc:  # fastavro raises many kinds on corrupt bytes
-            raise SchemaError(f"cannot decode {expected}: {exc}") from exc
+            raise SchemaError(f"cannot decode {name}: {exc}") from exc
+
+
+def _names(expected: EventType | tuple[EventType, ...]) -> tuple[str, ...]:
+    return (expected,) if isinstance(expected, str) else expected
 
 
 @lru_cache(maxsize=1)

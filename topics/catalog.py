@@ -1,5 +1,7 @@
 """The topics, declared once: each a :class:`Topic` with its name under the
-prefix, the event types it carries, its key, how many partitions it has, and
+prefix, the event types it carries (their typed mirrors in schemas/records.py,
+so ``Topic[T]`` tells mypy what a topic holds and :meth:`Topic.decode`
+returns a ``T``), its key, how many partitions it has, and
 how long it keeps events. Readers and writers name a topic by its object
 (``TOKENS.at(settings)``), never by a string, so a topic's name and what
 travels on it are stated in one place; :func:`catalog` turns the table into
@@ -15,31 +17,71 @@ round trip, and the two cannot disagree.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Generic, Literal, TypeVar, cast
 
 from conveyor.settings import Settings
-from schemas.codec import EventType
+from schemas.codec import Codec, EventType
+from schemas.records import (
+    ApiKey,
+    AuditEvent,
+    BreakerState,
+    Control,
+    DeadLetter,
+    Feedback,
+    JobCommand,
+    JobResult,
+    JobStatus,
+    ModelRegistry,
+    PolicyDocument,
+    Prepared,
+    Reply,
+    Request,
+    Task,
+    TenantPolicy,
+    TokenChunk,
+    UsageRecord,
+    WorkerHeartbeat,
+)
 
 __all__ = ["Topic", "TopicSpec", "TOPICS", "catalog", "infer_topic", "topic_named",
-           "REQUESTS", "PREPARED", "ROUTED", "TOKENS", "REPLIES", "CONTROL", "WORKERS",
+           "INFER", "REQUESTS", "PREPARED", "ROUTED", "TOKENS", "REPLIES", "CONTROL", "WORKERS",
            "JOBS", "JOB_STATUS", "RESULTS", "DLQ", "FEEDBACK", "USAGE", "AUDIT", "KEYS",
            "BREAKERS", "MODELS"]
 
 _DAY_MS = 24 * 3600 * 1000
 
 Sizing = Literal["pipeline", "replies", "one"]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class Topic:
-    """One topic of the catalog (the pools' task topics are :func:`infer_topic`)."""
+class Topic(Generic[T]):
+    """One topic of the catalog (the pools' task topics are :func:`infer_topic`),
+    typed by the event it carries: ``Topic[Task]``."""
 
     name: str  # under the prefix: settings.topic(name)
-    events: tuple[EventType, ...]  # what travels on it; () for none yet
+    types: tuple[type[T], ...]  # the typed mirrors of what travels on it
     key: str
     sizing: Sizing = "pipeline"  # pipeline_partitions, reply_partitions, or 1
     cleanup: Literal["delete", "compact"] = "delete"
     retention_ms: int = _DAY_MS
+
+    @property
+    def events(self) -> tuple[EventType, ...]:
+        """The Avro names of the event types it carries (a mirror is named as its schema)."""
+        return tuple(cast(EventType, t.__name__) for t in self.types)
+
+    def decode(self, codec: Codec, value: bytes | None) -> T:
+        """One value of this topic as its event; SchemaError for anything else."""
+        return cast(T, codec.decode(value, self.events))
+
+    def encode(self, codec: Codec, event: T, event_type: EventType | None = None) -> bytes:
+        """``event`` in the encoding of its type (named when the topic carries several)."""
+        if event_type is None:
+            if len(self.types) != 1:
+                raise ValueError(f"{self.name} carries {self.events}: name the event type")
+            event_type = self.events[0]
+        return codec.encode(event_type, cast(Any, event))
 
     def at(self, settings: Settings) -> str:
         """The topic's full name under ``settings``' prefix."""
@@ -55,37 +97,40 @@ class Topic:
                          max_message_bytes=settings.max_event_bytes)
 
 
-REQUESTS = Topic("requests", ("Request",), "request id")
-PREPARED = Topic("prepared", ("Prepared",), "request id")
-ROUTED = Topic("routed", ("Task",), "request id")
-TOKENS = Topic("tokens", ("TokenChunk",), "request id")
-REPLIES = Topic("replies", ("Reply",),
+REQUESTS = Topic("requests", (Request,), "request id")
+PREPARED = Topic("prepared", (Prepared,), "request id")
+ROUTED = Topic("routed", (Task,), "request id")
+TOKENS = Topic("tokens", (TokenChunk,), "request id")
+REPLIES = Topic("replies", (Reply,),
                 "request id; partition = the gateway's leased reply partition", "replies")
-CONTROL = Topic("control", ("Control",), "request id", "one")
-WORKERS = Topic("workers", ("WorkerHeartbeat",), "worker id", "one", "compact", -1)
+CONTROL = Topic("control", (Control,), "request id", "one")
+WORKERS = Topic("workers", (WorkerHeartbeat,), "worker id", "one", "compact", -1)
 # jobs: commands in, the latest state of each job, and each request's result
-JOBS = Topic("jobs", ("JobCommand",), "job id", retention_ms=30 * _DAY_MS)
-JOB_STATUS = Topic("job-status", ("JobStatus",), "job id", "one", "compact", -1)
-RESULTS = Topic("results", ("JobResult",), "job id", retention_ms=30 * _DAY_MS)
-DLQ = Topic("dlq", ("DeadLetter",), "original key", "one", retention_ms=30 * _DAY_MS)
-FEEDBACK = Topic("feedback", ("Feedback",), "request id", "one", retention_ms=30 * _DAY_MS)
+JOBS = Topic("jobs", (JobCommand,), "job id", retention_ms=30 * _DAY_MS)
+JOB_STATUS = Topic("job-status", (JobStatus,), "job id", "one", "compact", -1)
+RESULTS = Topic("results", (JobResult,), "job id", retention_ms=30 * _DAY_MS)
+DLQ = Topic("dlq", (DeadLetter,), "original key", "one", retention_ms=30 * _DAY_MS)
+FEEDBACK = Topic("feedback", (Feedback,), "request id", "one", retention_ms=30 * _DAY_MS)
 # one UsageRecord per finished request; the accounting app aggregates it
-USAGE = Topic("usage", ("UsageRecord",), "tenant", retention_ms=35 * _DAY_MS)
-AUDIT = Topic("audit", ("AuditEvent",), "tenant (or actor)", "one",
+USAGE = Topic("usage", (UsageRecord,), "tenant", retention_ms=35 * _DAY_MS)
+AUDIT = Topic("audit", (AuditEvent,), "tenant (or actor)", "one",
               retention_ms=365 * _DAY_MS)
 # the record of API keys and tenant policies; Redis holds a copy to look up
-KEYS = Topic("keys", ("ApiKey", "TenantPolicy"), "key id, or tenant:<name>", "one",
-             "compact", -1)
+KEYS: Topic[ApiKey | TenantPolicy] = Topic("keys", (ApiKey, TenantPolicy),
+                                           "key id, or tenant:<name>", "one", "compact", -1)
 
 # schedule's circuit breaker of each worker, written at every change of state
-BREAKERS = Topic("breakers", ("BreakerState",), "worker id", "one", "compact", -1)
+BREAKERS = Topic("breakers", (BreakerState,), "worker id", "one", "compact", -1)
 # the model registry `conveyor models apply` published; every process follows it
-MODELS = Topic("models", ("ModelRegistry",), "\"registry\"", "one", "compact", -1)
+MODELS = Topic("models", (ModelRegistry,), "\"registry\"", "one", "compact", -1)
 # content policies `conveyor policies set` published (conveyor/policy); every process follows it
-POLICIES = Topic("policies", ("PolicyDocument",), "the scope: default, tenant:<name>, key:<id>",
+POLICIES = Topic("policies", (PolicyDocument,), "the scope: default, tenant:<name>, key:<id>",
                  "one", "compact", -1)
 
-TOPICS: tuple[Topic, ...] = (REQUESTS, PREPARED, ROUTED, TOKENS, REPLIES, CONTROL, WORKERS,
+# every pool's task topic carries what schedule writes (infer_topic names one)
+INFER = Topic("infer.<pool>", (Task,), "request id; partition = the chosen worker's")
+
+TOPICS: tuple[Topic[Any], ...] = (REQUESTS, PREPARED, ROUTED, TOKENS, REPLIES, CONTROL, WORKERS,
                              JOBS, JOB_STATUS, RESULTS, DLQ, FEEDBACK, USAGE, AUDIT, KEYS,
                              BREAKERS, MODELS, POLICIES)
 
@@ -110,7 +155,7 @@ class TopicSpec:
         return out
 
 
-def topic_named(settings: Settings, name: str) -> Topic | None:
+def topic_named(settings: Settings, name: str) -> Topic[Any] | None:
     """The catalog's topic whose full name under ``settings``' prefix is ``name``."""
     return next((topic for topic in TOPICS if topic.at(settings) == name), None)
 
@@ -125,5 +170,5 @@ def catalog(settings: Settings, pools: tuple[str, ...] = ()) -> list[TopicSpec]:
     specs = [topic.spec(settings) for topic in TOPICS]
     for pool in pools:
         specs.append(TopicSpec(infer_topic(settings, pool), settings.infer_partitions,
-                               key="request id; partition = the chosen worker's"))
+                               key=INFER.key))
     return [replace(s, max_message_bytes=settings.max_event_bytes) for s in specs]

@@ -3,10 +3,16 @@ it carries, and the catalog, the dead-letter tools and every reader go by it."""
 
 from __future__ import annotations
 
+from typing import Any, cast
+
+import pytest
+
 from cli.dlq import event_type_of
+from conveyor.errors import SchemaError
 from conveyor.settings import Settings
-from schemas.codec import EVENT_TYPES
-from topics.catalog import KEYS, REQUESTS, TOKENS, TOPICS, catalog, topic_named
+from schemas.codec import EVENT_TYPES, default_codec
+from schemas.records import Control
+from topics.catalog import CONTROL, KEYS, REQUESTS, TOKENS, TOPICS, catalog, topic_named
 
 
 def test_names_are_unique_and_events_are_known() -> None:
@@ -29,3 +35,15 @@ def test_a_topic_is_found_by_its_full_name_and_gives_its_event_type() -> None:
     assert event_type_of(s, "tt.tokens") == "TokenChunk"
     assert event_type_of(s, "tt.infer.gpu") == "Task"
     assert event_type_of(s, "tt.keys") is None  # two event types: the letter's must say
+
+
+def test_a_topic_decodes_its_own_events_and_refuses_others() -> None:
+    codec = default_codec()
+    control: Control = {"request_id": "r1", "action": "cancel", "reason": "", "ts_ms": 1}
+    value = CONTROL.encode(codec, control)
+    assert CONTROL.decode(codec, value) == control
+    with pytest.raises(SchemaError, match="expected a TokenChunk"):
+        TOKENS.decode(codec, value)
+    assert KEYS.events == ("ApiKey", "TenantPolicy")
+    with pytest.raises(ValueError, match="name the event type"):
+        KEYS.encode(codec, cast(Any, {}))
