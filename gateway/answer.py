@@ -7,32 +7,42 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from conveyor.errors import DeadlineExceeded
+from conveyor.metrics import GatewayMetrics
 from conveyor.tracing import GENAI_OPERATIONS
 from gateway.admission import FREE, Ticket
+from gateway.cancels import Cancels
 from gateway.pii import ReplyRestorer
-from gateway.replies import ReplyStream, reply_error
-from schemas.records import Reply, Usage
+from gateway.replies import ReplyRouter, ReplyStream, fold_answer, reply_error
+from schemas.openai.chunks import full_response
+from schemas.openai.logprobs import asks_logprobs
+from schemas.records import Generation, Reply, Usage
+from schemas.tools import reads_tool_calls
 
-if TYPE_CHECKING:
-    from gateway.serving import Serving
-
-__all__ = ["Answer"]
+__all__ = ["Answer", "Disconnected", "collect"]
 
 access_log = logging.getLogger("conveyor.access")
 
+Disconnected = Callable[[], Awaitable[bool]]
+
+# how often a request still waiting for its first reply checks its client
+_DISCONNECT_POLL_S = 0.5
 
 
 class Answer:
     """The replies of one submitted request, read with its deadline; when it is
     closed it writes the request's access-log line."""
 
-    def __init__(self, serving: Serving, stream: ReplyStream, deadline: float,
+    def __init__(self, stream: ReplyStream, deadline: float, router: ReplyRouter,
+                 cancels: Cancels, metrics: GatewayMetrics | None = None,
                  access: dict[str, Any] | None = None, ticket: Ticket = FREE,
                  restorer: ReplyRestorer | None = None) -> None:
-        self.serving = serving
+        self.router = router  # whose stream this is: closed with the answer
+        self.cancels = cancels
+        self.metrics = metrics or GatewayMetrics.off()
         self.restorer = restorer  # personal data put back (gateway/pii.py)
         # the prompt cache: "" not asked, "miss", or "hit" once a reply says so
         self.cache = ""
@@ -81,6 +91,22 @@ class Answer:
             self.usage = reply["usage"]
         return reply
 
+    async def first(self, disconnected: Disconnected) -> Reply | None:
+        """The first reply, before the response status is chosen; None when the
+        client left first (its request is cancelled at once, wherever it waits:
+        queued behind busy workers, say, not only once a worker takes it)."""
+        try:
+            while True:
+                reply = await self.next(within=_DISCONNECT_POLL_S)
+                if reply is not None:
+                    return reply
+                if await disconnected():
+                    self.close("client disconnected before the first token")
+                    return None
+        except BaseException:
+            self.close("failed before the first token")
+            raise
+
     @property
     def cache_headers(self) -> dict[str, str]:
         """``x-conveyor-cache: hit|miss`` where the prompt cache was asked."""
@@ -89,10 +115,10 @@ class Answer:
     def close(self, reason: str, grace_s: float = 0.0) -> None:
         """Stop reading; an unfinished generation is cancelled, after ``grace_s``
         unless a resumed stream reads it by then."""
-        self.serving.router.close(self.request_id)
+        self.router.close(self.request_id)
         if not self.finished:
             self.finished = True
-            self.serving.cancel(self.request_id, reason, grace_s=grace_s)
+            self.cancels.cancel(self.request_id, reason, grace_s=grace_s)
         self.ticket.settle(self.usage, self.produced)
         if not self._logged:
             self._logged = True
@@ -117,10 +143,30 @@ class Answer:
 
     def _measure(self, now: float) -> None:
         usage = self.usage
-        self.serving.metrics.request_ended(
+        self.metrics.request_ended(
             status=self.status or 499, model=self.access.get("model", ""),
             tenant=self.access.get("tenant", ""), operation=GENAI_OPERATIONS.get(
                 self.access.get("kind", ""), "chat"),
             started=self.started, first_at=self.first_at, ended=now,
             input_tokens=usage["prompt_tokens"] if usage else None,
             output_tokens=usage["completion_tokens"] if usage else None)
+
+
+async def collect(generation: Generation, answer: Answer, disconnected: Disconnected,
+                  read_calls: bool = True) -> dict[str, Any]:
+    """The whole answer (non-streaming) as chat/completions' object, watching for
+    a disconnect ({} when the client left first). ``read_calls`` False leaves an
+    answer read for tool calls as the text the model wrote (the Responses API
+    reads it into its own items)."""
+    try:
+        folded = await fold_answer(answer, within=1.0, idle=disconnected)
+        if folded is None:
+            answer.close("client disconnected")
+            return {}
+    finally:
+        answer.close("gateway stopped waiting")
+    return full_response(generation["kind"], folded.model or generation["model"],
+                         generation["created"], answer.request_id, folded.text,
+                         folded.finish_reason, folded.usage,
+                         tool_calls=read_calls and reads_tool_calls(generation),
+                         logprobs=folded.logprobs if asks_logprobs(generation) else None)

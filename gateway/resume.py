@@ -12,7 +12,7 @@ Where the replies are. A request's replies all go to one partition of
 ``conveyor.replies``: the reply partition of the gateway that submitted it,
 named in the request's envelope. The ``conveyor.requests`` event is keyed by
 request id, so the gateway's one keyed lookup
-(:class:`~topics.shared_lookup.SharedLookup`, ``Serving.lookup``) finds it
+(:class:`~topics.shared_lookup.SharedLookup`) finds it
 in one partition, at the time its id was made (a request id begins with it)
 and else in a recent window, then the longest deadline a request can have; its
 envelope gives the tenant, the deadline and the reply partition, and its
@@ -27,16 +27,9 @@ The Responses API's streams (``resp_`` and the request id) are resumed the
 same way (:mod:`gateway.responses.serving`): only the framing differs, given
 to :func:`resumed_events` as a :data:`Framer`.
 
-Who keeps the generation alive. ``{prefix}:resume-watch:{request id}`` names
-the reader of a resumed stream (a random token), renewed every third of
-``reply_lease_ttl_s`` while it streams. A dropped client leaves its gateway
-``resume_grace_s`` before the generation is cancelled; past it the cancel is
-sent only when no *other* reader holds the watch key. Infer workers
-(:class:`~workers.infer.gateways.GatewayWatch`) do not cancel a generation
-whose gateway is gone while its watch key exists, so a stream resumed on
-another replica after the first was killed runs to its end. A reader whose
-gateway is itself killed stops renewing and its key lapses within one lease
-period; the generation is then cancelled as any orphan is.
+Who keeps the generation alive: a resumed stream holds the request's watch
+key while it streams, and a dropped client's cancel waits ``resume_grace_s``
+for another reader (:mod:`gateway.cancels`).
 """
 
 from __future__ import annotations
@@ -49,7 +42,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from conveyor.errors import (
     BrokerError,
@@ -58,8 +51,8 @@ from conveyor.errors import (
     RequestError,
     SchemaError,
 )
-from conveyor.redis_clients import Redis
 from conveyor.settings import Settings
+from gateway.cancels import Cancels
 from gateway.replies import ReplySource, ReplyStream, reply_error
 from schemas.codec import Codec
 from schemas.records import Generation, Reply, Request
@@ -69,10 +62,7 @@ from topics.follow import FromTime, follow
 from topics.lookup import made_window
 from topics.shared_lookup import SharedLookup
 
-if TYPE_CHECKING:
-    from gateway.serving import Serving
-
-__all__ = ["ReplySource", "Recorded", "RecordedReplies", "ResumeWatch", "StreamNotFound",
+__all__ = ["ReplySource", "Recorded", "RecordedReplies", "StreamNotFound",
            "Framer", "event_id", "request_id_of", "resume_after", "locate", "lookup_windows",
            "resumed_events"]
 
@@ -258,30 +248,29 @@ class RecordedReplies:
 
 
 #: how a resumed stream is written: its SSE frames from the recorded replies,
-#: those after event ``after`` sent (chat and completions: :meth:`Serving.frames`)
+#: those after event ``after`` sent
 Framer = Callable[[RecordedReplies, int], AsyncIterator[bytes]]
 
 
-async def resumed_events(serving: Serving, where: Recorded, after: int,
-                         framer: Framer | None = None) -> AsyncIterator[bytes]:
+async def resumed_events(settings: Settings, codec: Codec, cancels: Cancels, where: Recorded,
+                         after: int, framer: Framer) -> AsyncIterator[bytes]:
     """The SSE events of a recorded stream after event ``after`` (-1: all), read
-    from the log, then live. While it streams it holds the request's watch; a
-    client that leaves it gets the same grace as on the first stream. ``framer``
-    writes another API's events (the Responses API's) from the same replies."""
-    replies = RecordedReplies(serving.settings, serving.codec, where)
+    from the log, then live, written by ``framer`` (each API frames the same
+    replies its own way). While it streams it holds the request's watch; a
+    client that leaves it gets the same grace as on the first stream."""
+    replies = RecordedReplies(settings, codec, where)
     rid = where.request_id
     reader = uuid.uuid4().hex
+    watch = cancels.watch
     try:
-        await serving.watch.renew(rid, reader)
+        await watch.renew(rid, reader)
     except Exception as exc:  # the stream is still served; the keeper retries
         log.warning("resume %s: naming its reader failed: %r", rid, exc)
-    keeper = asyncio.create_task(serving.watch.keep(rid, reader), name=f"watch-{rid}")
+    keeper = asyncio.create_task(watch.keep(rid, reader), name=f"watch-{rid}")
     replies.start()
     ended = False
     try:
-        frames = (serving.frames(replies, None, after) if framer is None
-                  else framer(replies, after))
-        async for frame in frames:
+        async for frame in framer(replies, after):
             yield frame
         ended = True
     finally:
@@ -289,54 +278,7 @@ async def resumed_events(serving: Serving, where: Recorded, after: int,
         await replies.close()
         if ended or replies.finished:
             with contextlib.suppress(Exception):
-                await serving.watch.detach(rid, reader)
+                await watch.detach(rid, reader)
         else:
-            serving.cancel(rid, "resumed client disconnected",
-                           grace_s=serving.settings.resume_grace_s, reader=reader)
-
-
-class ResumeWatch:
-    """``{prefix}:resume-watch:{request id}``: the reader of a resumed stream
-    (see the module). Every call may raise Redis errors; callers decide."""
-
-    def __init__(self, settings: Settings, redis: Redis) -> None:
-        self.settings = settings
-        self.redis = redis
-        self.ttl_ms = int(settings.reply_lease_ttl_s * 1000)
-
-    def key(self, request_id: str) -> str:
-        return f"{self.settings.topic_prefix}:resume-watch:{request_id}"
-
-    async def attach(self, request_id: str) -> str:
-        """Name a new reader of the request; its token."""
-        token = uuid.uuid4().hex
-        await self.renew(request_id, token)
-        return token
-
-    async def renew(self, request_id: str, token: str) -> None:
-        # the last reader to renew holds the key: any reader there keeps it alive
-        await self.redis.set(self.key(request_id), token, px=self.ttl_ms)
-
-    async def keep(self, request_id: str, token: str) -> None:
-        """Renew until cancelled; a Redis error is logged and retried at the pace."""
-        while True:
-            await asyncio.sleep(self.ttl_ms / 3000)
-            try:
-                await self.renew(request_id, token)
-            except Exception as exc:  # an outage: the next renewal may get through
-                log.warning("resume %s: renewing its watch failed: %r", request_id, exc)
-
-    async def detach(self, request_id: str, token: str) -> None:
-        """Forget this reader, unless another has taken the key since."""
-        key = self.key(request_id)
-        held = await self.redis.get(key)
-        if held is not None and _text(held) == token:
-            await self.redis.delete(key)
-
-    async def watched_by_another(self, request_id: str, token: str | None = None) -> bool:
-        held = await self.redis.get(self.key(request_id))
-        return held is not None and _text(held) != token
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+            cancels.cancel(rid, "resumed client disconnected",
+                           grace_s=settings.resume_grace_s, reader=reader)

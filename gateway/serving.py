@@ -24,12 +24,11 @@ request's path, a cancel as a send that must arrive.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from opentelemetry import trace
@@ -42,20 +41,18 @@ from conveyor.settings import Settings
 from conveyor.tracing import genai_request_attributes, layer_span, trace_id_of
 from gateway import sse
 from gateway.admission import FREE, Ticket
-from gateway.answer import Answer
+from gateway.answer import Answer, Disconnected, collect
 from gateway.auth.authenticate import ANONYMOUS
 from gateway.auth.types import Identity
+from gateway.cancels import Cancels, ResumeWatch
 from gateway.pii import ReplyRestorer
 from gateway.publisher import NotTakenInTime, Publisher
-from gateway.replies import ReplyRouter, fold_answer
-from gateway.resume import ReplySource, ResumeWatch, event_id
-from schemas.openai.chunks import full_response
+from gateway.replies import ReplyRouter
+from gateway.resume import ReplySource, event_id
 from schemas.openai.generations import chat_generation, completion_generation
-from schemas.openai.logprobs import asks_logprobs
 from schemas.openai.requests import ChatCompletionRequest, CompletionRequest
-from schemas.records import Control, Generation, Reply, Request
-from schemas.tools import reads_tool_calls
-from topics.catalog import CONTROL, REQUESTS
+from schemas.records import Generation, Reply, Request
+from topics.catalog import REQUESTS
 from topics.envelope import new_envelope, new_request_id, now_ms
 from topics.shared_lookup import SharedLookup
 from workers.policy_checks import redacted
@@ -63,11 +60,6 @@ from workers.prompt_cache import cacheable
 
 __all__ = ["Serving", "Answer"]
 
-Disconnected = Callable[[], Awaitable[bool]]
-
-
-# how often a request still waiting for its first reply checks its client
-_DISCONNECT_POLL_S = 0.5
 log = logging.getLogger(__name__)
 
 
@@ -84,19 +76,27 @@ class Serving:
         self.gateway_id = gateway_id
         self.tracer = tracer or trace.NoOpTracer()
         self.metrics = GatewayMetrics.off()  # build_app sets the process's
-        self._graces: set[asyncio.Task[None]] = set()  # cancels waiting out resume_grace_s
-        self._watch: ResumeWatch | None = None
+        self._cancels: Cancels | None = None
         # the content policies, kept current by build_app (topics/policies.py)
         self.policies = PolicyBook()
         # what redaction found in texts it searched lately (conversations resend them)
         self.find_memo = FindMemo()
 
     @property
+    def cancels(self) -> Cancels:
+        """Cancels, asking who reads resumed streams in the Redis the reply lease uses."""
+        if self._cancels is None:
+            self._cancels = Cancels(self.settings, self.publisher,
+                                    ResumeWatch(self.settings, self.router.lease.redis))
+        return self._cancels
+
+    @property
     def watch(self) -> ResumeWatch:
-        """Who reads resumed streams, in the Redis the reply lease uses."""
-        if self._watch is None:
-            self._watch = ResumeWatch(self.settings, self.router.lease.redis)
-        return self._watch
+        return self.cancels.watch
+
+    def resume_frames(self, replies: ReplySource, after: int) -> AsyncIterator[bytes]:
+        """A resumed chat/completions stream's events (a :data:`gateway.resume.Framer`)."""
+        return self.frames(replies, None, after)
 
     # -- submission -------------------------------------------------------
 
@@ -150,7 +150,8 @@ class Serving:
                   "model": generation["model"], "kind": generation["kind"],
                   "stream": generation["stream"], "prompt_sha256": _prompt_hash(generation),
                   "trace": trace_id_of(envelope)}
-        answer = Answer(self, stream, started + timeout, access, ticket, restorer)
+        answer = Answer(stream, started + timeout, self.router, self.cancels, self.metrics,
+                        access, ticket, restorer)
         answer.started = started
         if policy.cache and cacheable(generation):
             answer.cache = "miss"
@@ -173,76 +174,16 @@ class Serving:
 
     def cancel(self, request_id: str, reason: str, grace_s: float = 0.0,
                reader: str | None = None, deadline_ms: int | None = None) -> None:
-        """Tell the pipeline to stop this request. The cancel must arrive: the
-        publisher sends it in the background (it is often asked for from a response
-        that is being cancelled, the client gone, where any await of ours would be
-        cancelled too) and again while Kafka does not take it, until the request's
-        ``deadline_ms`` (default ``request_timeout_s`` from now), past which the
-        workers stop the generation themselves. With ``grace_s`` the cancel waits
-        that long and is dropped when a resumed stream other than ``reader`` (a
-        watch token) reads the request by then."""
-        if grace_s <= 0:
-            self._send_cancel(request_id, reason, deadline_ms)
-            return
-        task = asyncio.create_task(
-            self._cancel_unless_resumed(request_id, reason, grace_s, reader, deadline_ms))
-        self._graces.add(task)
-        task.add_done_callback(self._graces.discard)
-
-    async def _cancel_unless_resumed(self, request_id: str, reason: str, grace_s: float,
-                                     reader: str | None, deadline_ms: int | None) -> None:
-        await asyncio.sleep(grace_s)
-        try:
-            if await self.watch.watched_by_another(request_id, reader):
-                return
-            if reader is not None:
-                await self.watch.detach(request_id, reader)
-        except Exception as exc:  # Redis cannot say: cancel, as without resumption
-            log.warning("request %s: whether a resumed stream reads it is unknown (%r); "
-                        "cancelling", request_id, exc)
-        self._send_cancel(request_id, f"{reason} (not resumed within {grace_s:g} s)",
-                          deadline_ms)
-
-    def _send_cancel(self, request_id: str, reason: str, deadline_ms: int | None) -> None:
-        control = Control(request_id=request_id, action="cancel", reason=reason, ts_ms=now_ms())
-        self.publisher.deliver(CONTROL, control, request_id, until_ms=deadline_ms,
-                               what=f"the cancel of request {request_id}")
+        self.cancels.cancel(request_id, reason, grace_s, reader, deadline_ms)
 
     # -- answers ------------------------------------------------------------
 
     async def collect(self, generation: Generation, answer: Answer,
                       disconnected: Disconnected, read_calls: bool = True) -> dict[str, Any]:
-        """Wait for the whole answer (non-streaming), watching for a disconnect.
-        ``read_calls`` False leaves an answer read for tool calls as the text
-        the model wrote (the Responses API reads it into its own items)."""
-        try:
-            folded = await fold_answer(answer, within=1.0, idle=disconnected)
-            if folded is None:
-                answer.close("client disconnected")
-                return {}
-        finally:
-            answer.close("gateway stopped waiting")
-        return full_response(generation["kind"], folded.model or generation["model"],
-                             generation["created"], answer.request_id, folded.text,
-                             folded.finish_reason, folded.usage,
-                             tool_calls=read_calls and reads_tool_calls(generation),
-                             logprobs=folded.logprobs if asks_logprobs(generation) else None)
+        return await collect(generation, answer, disconnected, read_calls)
 
     async def first(self, answer: Answer, disconnected: Disconnected) -> Reply | None:
-        """The first reply, before the response status is chosen; None when the
-        client left first (its request is cancelled at once, wherever it waits:
-        queued behind busy workers, say, not only once a worker takes it)."""
-        try:
-            while True:
-                reply = await answer.next(within=_DISCONNECT_POLL_S)
-                if reply is not None:
-                    return reply
-                if await disconnected():
-                    answer.close("client disconnected before the first token")
-                    return None
-        except BaseException:
-            answer.close("failed before the first token")
-            raise
+        return await answer.first(disconnected)
 
     async def stream(self, answer: Answer, first: Reply) -> AsyncIterator[bytes]:
         """SSE frames: OpenAI chunks, keep-alive comments while waiting, then [DONE].

@@ -119,7 +119,9 @@ async def _resume(serving: Serving, kind: Kind, stream_id: str, request: Request
     if where is None or where.kind != kind or (
             serving.settings.auth != "none" and where.tenant != identity_of(request).tenant):
         raise StreamNotFound(stream_id)
-    return sse.EventStream(resumed_events(serving, where, after),
+    events = resumed_events(serving.settings, serving.codec, serving.cancels, where, after,
+                            serving.resume_frames)
+    return sse.EventStream(events,
                            headers={**_SSE_HEADERS, "x-request-id": rid})
 
 

@@ -364,7 +364,8 @@ async def resume_response(serving: Serving, identity: Identity, response_id: str
     mine = serving.settings.auth == "none" or where.tenant == identity.tenant
     if where.kind != "chat" or where.generation is None or not mine:
         raise ResponseNotFound(response_id)
-    return resumed_events(serving, where, after, _framer(serving, where, where.generation))
+    return resumed_events(serving.settings, serving.codec, serving.cancels, where, after,
+                          _framer(serving, where, where.generation))
 
 
 async def stored_response(serving: Serving, identity: Identity, response_id: str

@@ -26,6 +26,7 @@ from conveyor.registry import Registry
 from conveyor.settings import Settings
 from gateway.app import build_app
 from gateway.auth.types import Identity
+from gateway.cancels import ResumeWatch
 from gateway.replies import ReplyStream
 from gateway.responses.events import ResponseEvents
 from gateway.responses.objects import response_object
@@ -38,7 +39,6 @@ from gateway.responses.serving import (
     resume_response,
     stream_events,
 )
-from gateway.resume import ResumeWatch
 from gateway.serving import Answer, Serving
 from schemas.codec import default_codec
 from schemas.openai.responses import ResponsesRequest, parse_request
@@ -96,7 +96,7 @@ async def events_of(replies: list[Reply], req: ResponsesRequest, pause_s: float 
                     within: float | None = None) -> list[dict[str, Any] | None]:
     """What the loop yields for ``replies``, each put after ``pause_s``."""
     s, _ = serving()
-    answer = Answer(s, ReplyStream("r1"), time.monotonic() + 5)
+    answer = Answer(ReplyStream("r1"), time.monotonic() + 5, s.router, s.cancels)
 
     async def feed() -> None:
         for r in replies:
@@ -146,7 +146,7 @@ async def test_the_sse_stream_frames_the_loops_events() -> None:
     req = body()
     s, _ = serving()
     replies = [reply(0, "delta", "Par"), reply(1, "final", "is.", "stop", USAGE)]
-    answer = Answer(s, ReplyStream("r1"), time.monotonic() + 5)
+    answer = Answer(ReplyStream("r1"), time.monotonic() + 5, s.router, s.cancels)
     for r in replies:
         answer.stream.put(r)
     first = await answer.next()
@@ -191,7 +191,7 @@ def test_a_response_id_names_its_request() -> None:
 async def dropped(s: Serving) -> None:
     """A Responses stream whose client leaves after its first event."""
     req = body()
-    answer = Answer(s, ReplyStream("r1"), time.monotonic() + 5)
+    answer = Answer(ReplyStream("r1"), time.monotonic() + 5, s.router, s.cancels)
     frames = stream_events(s, generation_of(req), answer, req, reply(0, "delta", "Par"))
     assert (await frames.__anext__()).startswith(b"event: response.created\n")
     await frames.aclose()

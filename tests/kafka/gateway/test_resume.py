@@ -17,10 +17,10 @@ import redis.asyncio as aioredis
 from conveyor.errors import InvalidRequest
 from conveyor.settings import Settings
 from gateway import sse
+from gateway.cancels import ResumeWatch
 from gateway.replies import ReplyStream
 from gateway.resume import (
     _LOOKUP_WINDOWS_S,
-    ResumeWatch,
     StreamNotFound,
     lookup_windows,
     request_id_of,
@@ -79,7 +79,7 @@ def serving(redis: aioredis.Redis, grace_s: float) -> tuple[Serving, RecordingPr
 
 async def test_events_are_numbered_per_chunk_object(redis: aioredis.Redis) -> None:
     s, _ = serving(redis, 0)
-    answer = Answer(s, ReplyStream("r1"), time.monotonic() + 5)
+    answer = Answer(ReplyStream("r1"), time.monotonic() + 5, s.router, s.cancels)
     answer.stream.put(reply(0, "delta", [{"a": 1}, {"b": 2}]))
     answer.stream.put(reply(1, "final", [{"c": 3}]))
     first = await answer.next()
@@ -93,7 +93,7 @@ async def test_events_are_numbered_per_chunk_object(redis: aioredis.Redis) -> No
 async def test_a_dropped_stream_is_cancelled_only_after_the_grace(redis: aioredis.Redis
                                                                    ) -> None:
     s, producer = serving(redis, 0.4)
-    answer = Answer(s, ReplyStream("r1"), time.monotonic() + 5)
+    answer = Answer(ReplyStream("r1"), time.monotonic() + 5, s.router, s.cancels)
     frames = s.stream(answer, reply(0, "delta", [{"a": 1}]))
     await frames.__anext__()
     await frames.aclose()  # the client went away
@@ -110,7 +110,7 @@ async def test_a_stream_resumed_within_the_grace_is_not_cancelled(redis: aioredi
                                                                    ) -> None:
     s, producer = serving(redis, 0.3)
     watch = ResumeWatch(s.settings, redis)
-    answer = Answer(s, ReplyStream("r1"), time.monotonic() + 5)
+    answer = Answer(ReplyStream("r1"), time.monotonic() + 5, s.router, s.cancels)
     frames = s.stream(answer, reply(0, "delta", [{"a": 1}]))
     await frames.__anext__()
     await frames.aclose()

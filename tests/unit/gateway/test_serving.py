@@ -38,7 +38,8 @@ def setup(keepalive: float = 0.05, deadline_s: float = 5.0, grace_s: float = 0,
                         resumable_streams=resumable)
     serving = Serving(settings, publisher(settings, producer), Router(),  # type: ignore[arg-type]
                       "g")
-    answer = Answer(serving, ReplyStream("r1"), time.monotonic() + deadline_s)
+    answer = Answer(ReplyStream("r1"), time.monotonic() + deadline_s, serving.router,
+                    serving.cancels)
     return serving, answer, producer
 
 
@@ -116,8 +117,8 @@ def test_the_access_line_has_a_prompt_hash_never_the_prompt(caplog: Any) -> None
     digest = _prompt_hash(secret)
     assert len(digest) == 16 and digest == _prompt_hash(secret)
     serving, _, _ = setup()
-    answer = Answer(serving, ReplyStream("r9"), time.monotonic() + 5,
-                    {"model": "smollm2", "kind": "chat", "prompt_sha256": digest})
+    answer = Answer(ReplyStream("r9"), time.monotonic() + 5, serving.router, serving.cancels,
+                    access={"model": "smollm2", "kind": "chat", "prompt_sha256": digest})
     final = reply(0, "final")
     final["usage"] = {"prompt_tokens": 7, "completion_tokens": 3}
     answer.stream.put(final)

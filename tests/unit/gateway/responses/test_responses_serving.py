@@ -122,7 +122,9 @@ def setup(deadline_s: float = 5.0, keepalive: float = 0.05
     settings = Settings(topic_prefix="rs", sse_keepalive_s=keepalive)
     serving = Serving(settings, publisher(settings, producer), Router(),  # type: ignore[arg-type]
                       "g")
-    return serving, Answer(serving, ReplyStream("r1"), time.monotonic() + deadline_s), producer
+    answer = Answer(ReplyStream("r1"), time.monotonic() + deadline_s, serving.router,
+                    serving.cancels)
+    return serving, answer, producer
 
 
 async def still_here() -> bool:
