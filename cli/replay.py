@@ -159,7 +159,7 @@ async def _run(settings: Settings, scratch: Settings, names: list[str],
             inputs = [o.record for o in step.replayed if o.event_type == wanted]
     for step in steps:  # compared as records, like the recorded ones
         step.replayed = [o.record for o in step.replayed
-                         if o.event_type in stage(step.layer).replayed]
+                         if o.event_type in stage(step.layer).replayed_types]
 
 
 _POLICIES_WITHIN_S = 30.0

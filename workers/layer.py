@@ -9,7 +9,7 @@ from typing import Any, Protocol, TypeAlias, runtime_checkable
 from aiokafka import ConsumerRecord, TopicPartition
 from opentelemetry.metrics import Meter
 
-from schemas.codec import EventType
+from topics.catalog import Topic
 from workers.outputs import Output, Sender
 
 __all__ = ["AssignmentAware", "CancelAware", "Instrumented", "Layer", "Record"]
@@ -21,8 +21,7 @@ class Layer(Protocol):
     """What a layer provides; the runtime does the rest."""
 
     name: str
-    source_topic: str
-    source_type: EventType
+    source: Topic[Any]  # the topic it consumes, and so the event it handles
 
     async def start(self, sender: Sender) -> None:
         """Called once before consuming; a layer that produces on its own (not

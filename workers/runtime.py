@@ -143,7 +143,8 @@ class LayerRuntime:
 
     async def run(self) -> None:
         consumer = make_consumer(self.settings, group=self.settings.group(self.layer.name))
-        consumer.subscribe([self.layer.source_topic], listener=_Rebalance(self))
+        source = self.layer.source.at(self.settings)
+        consumer.subscribe([source], listener=_Rebalance(self))
         producer = self._shared_producer or make_producer(self.settings)
         background: list[asyncio.Task[None]] = []
         kafka = kafka_address(self.settings.kafka_bootstrap)
@@ -153,7 +154,7 @@ class LayerRuntime:
                           log=log, where=kafka)
         try:
             await started(f"consumer group {self.settings.group(self.layer.name)} to assign "
-                          f"partitions of {self.layer.source_topic}", consumer.start,
+                          f"partitions of {source}", consumer.start,
                           within=within, log=log, where=kafka)
         except StartupTimeout:
             await stop_consumer(consumer, within=5.0)  # its JoinGroup may be in flight
@@ -167,7 +168,7 @@ class LayerRuntime:
         try:
             await started(f"the {self.layer.name} layer to start", lambda: self.layer.start(sender),
                           within=within, log=log)
-            log.info("%s: consuming %s", self.layer.name, self.layer.source_topic)
+            log.info("%s: consuming %s", self.layer.name, source)
             self.ready.set()
             await self._loop(consumer)
             await self._finish_in_flight()
@@ -266,7 +267,7 @@ class LayerRuntime:
     async def _handle_record(self, record: Record) -> None:
         layer = self.layer
         try:
-            event = self.codec.decode(record.value, layer.source_type)
+            event = layer.source.decode(self.codec, record.value)
         except SchemaError as exc:
             log.warning("%s: poison event %s@%d: %s", layer.name, record.topic, record.offset, exc)
             await self._fail(record, None, exc, f"SchemaError: {exc}")

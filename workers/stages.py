@@ -1,8 +1,9 @@
 """The pipeline's layers, declared once.
 
-Each :class:`Stage` names a layer, the topic it consumes and the event type
-on it, the topics it writes, what ``conveyor replay`` compares of its
-outputs, and a factory typed to :class:`~workers.layer.Layer`. ``conveyor
+Each :class:`Stage` names a layer, the topic it consumes (a typed
+:class:`~topics.catalog.Topic`, so the event it handles), the topics it
+writes, those of its outputs ``conveyor replay`` compares, and a factory
+typed to :class:`~workers.layer.Layer`. ``conveyor
 layer`` runs stages by name, ``conveyor replay`` builds the replayable ones
 afresh under a scratch prefix, and the tests check every stage's factory
 against its declaration (source topic and event type). Adding a layer is
@@ -18,11 +19,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from conveyor.errors import ConveyorError
 from conveyor.registry import Registry
 from conveyor.settings import Settings
 from schemas.codec import EventType
+from topics.catalog import (
+    CONTROL,
+    DLQ,
+    INFER,
+    JOB_STATUS,
+    JOBS,
+    PREPARED,
+    REPLIES,
+    REQUESTS,
+    RESULTS,
+    ROUTED,
+    TOKENS,
+    USAGE,
+    Topic,
+)
 from workers.layer import Layer
 
 __all__ = ["STAGES", "Stage", "UnknownStage", "stage", "stage_names"]
@@ -35,13 +52,21 @@ class UnknownStage(ConveyorError):
 @dataclass(frozen=True)
 class Stage:
     name: str
-    source: str  # the topic it consumes, without the prefix (settings.topic(source))
-    source_type: EventType
-    outputs: tuple[str, ...]  # the topics it writes to, without the prefix
+    source: Topic[Any]  # the topic it consumes
+    outputs: tuple[Topic[Any], ...]  # the topics it writes to
     make: Callable[[Settings, Registry], Layer]
-    # what ``conveyor replay`` compares of its outputs; () when it is not replayed
+    # the outputs ``conveyor replay`` compares; () when it is not replayed
     # (schedule and infer need live workers, the jobs layers write files)
-    replayed: tuple[EventType, ...] = ()
+    replayed: tuple[Topic[Any], ...] = ()
+
+    @property
+    def source_type(self) -> EventType:
+        """The event it handles (a layer's source carries one type)."""
+        return self.source.events[0]
+
+    @property
+    def replayed_types(self) -> tuple[EventType, ...]:
+        return tuple(e for topic in self.replayed for e in topic.events)
 
     @property
     def replayable(self) -> bool:
@@ -88,18 +113,14 @@ def _results(settings: Settings, registry: Registry) -> Layer:
 
 
 STAGES: tuple[Stage, ...] = (
-    Stage("preprocess", "requests", "Request", ("prepared", "replies", "results", "dlq"),
-          _preprocess, replayed=("Prepared",)),
-    Stage("route", "prepared", "Prepared", ("routed", "replies", "results", "dlq"),
-          _route, replayed=("Task",)),
-    Stage("schedule", "routed", "Task", ("infer.<pool>", "replies", "results", "dlq"),
-          _schedule),
-    Stage("postprocess", "tokens", "TokenChunk",
-          ("replies", "results", "usage", "control", "dlq"), _postprocess,
-          replayed=("Reply", "JobResult")),
-    Stage("jobs", "jobs", "JobCommand",
-          ("requests", "results", "control", "job-status", "dlq"), _jobs),
-    Stage("results", "results", "JobResult", ("job-status", "dlq"), _results),
+    Stage("preprocess", REQUESTS, (PREPARED, REPLIES, RESULTS, DLQ), _preprocess,
+          replayed=(PREPARED,)),
+    Stage("route", PREPARED, (ROUTED, REPLIES, RESULTS, DLQ), _route, replayed=(ROUTED,)),
+    Stage("schedule", ROUTED, (INFER, REPLIES, RESULTS, DLQ), _schedule),
+    Stage("postprocess", TOKENS, (REPLIES, RESULTS, USAGE, CONTROL, DLQ), _postprocess,
+          replayed=(REPLIES, RESULTS)),
+    Stage("jobs", JOBS, (REQUESTS, RESULTS, CONTROL, JOB_STATUS, DLQ), _jobs),
+    Stage("results", RESULTS, (JOB_STATUS, DLQ), _results),
 )
 
 

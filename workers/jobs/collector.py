@@ -34,7 +34,6 @@ from typing import Any
 from aiokafka import TopicPartition
 
 from conveyor.settings import Settings
-from schemas.codec import EventType
 from schemas.records import JobResult, JobStatus
 from topics.catalog import JOB_STATUS, RESULTS
 from topics.envelope import now_ms
@@ -65,12 +64,11 @@ def output_file_id(job_id: str, which: str, created_s: int) -> str:
 
 class ResultsLayer:
     name = "results"
-    source_type: EventType = "JobResult"
+    source = RESULTS
 
     def __init__(self, settings: Settings, files: JobFiles) -> None:
         self.settings = settings
         self.files = files
-        self.source_topic = RESULTS.at(settings)
         self._status_topic = JOB_STATUS.at(settings)
         self.folds: dict[str, Fold] = {}
         self._first: dict[str, tuple[TopicPartition, int]] = {}

@@ -36,7 +36,6 @@ from conveyor.policy.pii import FindMemo
 from conveyor.policy.rules import PolicyBook
 from conveyor.registry import Registry
 from conveyor.settings import Settings
-from schemas.codec import EventType
 from schemas.records import Control, ErrorInfo, Generation, JobCommand, Request
 from topics.catalog import CONTROL, JOBS, REQUESTS
 from topics.envelope import PRIORITY_BACKGROUND, PRIORITY_BATCH, new_envelope, now_ms
@@ -62,7 +61,7 @@ def request_id_of(job_id: str, index: int) -> str:
 
 class JobsLayer:
     name = "jobs"
-    source_type: EventType = "JobCommand"
+    source = JOBS
 
     def __init__(self, settings: Settings, files: JobFiles,
                  registry: Registry | None = None, policies: PolicyBook | None = None) -> None:
@@ -74,7 +73,6 @@ class JobsLayer:
         self.policies, self._follower = kept_policies(settings, policies)
         self.files = files
         self.registry = registry
-        self.source_topic = JOBS.at(settings)
         self._requests = REQUESTS.at(settings)
         self._control = CONTROL.at(settings)
         self._dead: asyncio.Task[None] | None = None

@@ -84,7 +84,7 @@ from aiokafka import TopicPartition
 
 from conveyor.errors import SchemaError, StartupTimeout, TransientBrokerError, last_line
 from conveyor.settings import Settings
-from schemas.codec import Codec, EventType
+from schemas.codec import Codec
 from schemas.records import DeadLetter, JobStatus
 from topics.backoff import Backoff, RateLimitedLog
 from topics.catalog import DLQ, JOB_STATUS, JOBS
@@ -155,12 +155,11 @@ class DeadLetters:
     are there; see the module."""
 
     name = DEAD_COMMANDS_GROUP
-    source_type: EventType = "DeadLetter"
+    source = DLQ
 
     def __init__(self, settings: Settings, codec: Codec) -> None:
         self.settings = settings
         self.codec = codec
-        self.source_topic = DLQ.at(settings)
         # the process's keyed lookup, kept for the layer's life (one reader: a
         # dead command is rare, and the runtime handles few letters at once)
         self.lookup = SharedLookup(settings, readers=1, timeout_s=_LOOKUP_TIMEOUT_S)

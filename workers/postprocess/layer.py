@@ -24,7 +24,6 @@ from aiokafka import TopicPartition
 from conveyor.policy.rules import PolicyBook
 from conveyor.policy.safety import StreamScanner
 from conveyor.settings import Settings
-from schemas.codec import EventType
 from schemas.openai.chunks import delta_chunk, full_response, tool_call_chunk, usage_chunk
 from schemas.openai.logprobs import chat_logprobs, completion_logprobs
 from schemas.records import (
@@ -54,14 +53,13 @@ _EXPIRE_GRACE_MS = 60_000
 
 class PostprocessLayer:
     name = "postprocess"
-    source_type: EventType = "TokenChunk"
+    source = TOKENS
 
     def __init__(self, settings: Settings, policies: PolicyBook | None = None) -> None:
         """``policies``: a book kept current by the caller; without one the layer
         follows ``conveyor.policies`` itself while it runs."""
         self.settings = settings
         self.policies, self._follower = kept_policies(settings, policies)
-        self.source_topic = TOKENS.at(settings)
         self._replies = REPLIES.at(settings)
         self._control = CONTROL.at(settings)
         self._usage = USAGE.at(settings)

@@ -33,7 +33,6 @@ from conveyor.policy.rules import Policy, PolicyBook
 from conveyor.policy.safety import Match
 from conveyor.registry import ModelSpec, Registry
 from conveyor.settings import Settings
-from schemas.codec import EventType
 from schemas.records import Envelope, Generation, Prepared, Prompt, Request
 from schemas.tools import tool_messages
 from topics.catalog import PREPARED, REQUESTS, TOKENS
@@ -77,7 +76,7 @@ _TURN_CHARS = 64
 
 class PreprocessLayer:
     name = "preprocess"
-    source_type: EventType = "Request"
+    source = REQUESTS
 
     def __init__(
         self, settings: Settings, registry: Registry, tokenizers: TokenizerCache | None = None,
@@ -88,7 +87,6 @@ class PreprocessLayer:
         self.settings = settings
         self.registry = registry
         self.tokenizers = tokenizers if tokenizers is not None else TokenizerCache()
-        self.source_topic = REQUESTS.at(settings)
         self._estimate = EstimateTokenizer()
         self.policies, self._follower = kept_policies(settings, policies)
         self.cache = cache if cache is not None else PromptCache(settings)

@@ -20,7 +20,6 @@ from aiokafka import TopicPartition
 
 from conveyor.registry import Registry
 from conveyor.settings import Settings
-from schemas.codec import EventType
 from schemas.records import Fallback, Prepared, Route, Task
 from topics.catalog import PREPARED, ROUTED
 from topics.envelope import canary_key, stamp
@@ -31,12 +30,11 @@ __all__ = ["RouteLayer"]
 
 class RouteLayer:
     name = "route"
-    source_type: EventType = "Prepared"
+    source = PREPARED
 
     def __init__(self, settings: Settings, registry: Registry) -> None:
         self.settings = settings
         self.registry = registry
-        self.source_topic = PREPARED.at(settings)
         self._sink = ROUTED.at(settings)
 
     async def start(self, sender: Sender) -> None:

@@ -55,7 +55,7 @@ from conveyor.errors import (
     SchemaError,
 )
 from conveyor.settings import Settings
-from schemas.codec import Codec, EventType, default_codec
+from schemas.codec import Codec, default_codec
 from schemas.records import Envelope, ErrorInfo, Task, WorkerHeartbeat
 from topics.catalog import ROUTED, infer_topic
 from topics.envelope import PRIORITY_INTERACTIVE, now_ms, now_us, stamp
@@ -96,14 +96,13 @@ _RECHECK_S = 0.25
 
 class ScheduleLayer:
     name = "schedule"
-    source_type: EventType = "Task"
+    source = ROUTED
 
     def __init__(self, settings: Settings, table: WorkerTable | None = None,
                  clock: Callable[[], int] = now_ms, *, prefetch: int = 0,
                  linger_s: float = LINGER_S, codec: Codec | None = None) -> None:
         self.settings = settings
         self.table = table or WorkerTable(settings)
-        self.source_topic = ROUTED.at(settings)
         self.parked: list[Parked] = []
         self.held = HeldQueue()
         self.outstanding = Outstanding(clock)

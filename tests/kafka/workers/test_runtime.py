@@ -21,7 +21,7 @@ from schemas.codec import EventType, default_codec
 from schemas.records import Control, Request
 from tests.support.factories import request
 from topics.admin import ensure_topics
-from topics.catalog import catalog
+from topics.catalog import REQUESTS, catalog
 from topics.envelope import now_ms
 from workers.cancels import CancelList
 from workers.inflight import PartitionBook
@@ -38,11 +38,10 @@ class ScriptedLayer:
     ``release``, ``bad*`` an output its schema cannot encode."""
 
     name = "scripted"
-    source_type: EventType = "Request"
+    source = REQUESTS
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.source_topic = settings.topic("requests")
         self.release = asyncio.Event()
         self.handled: list[str] = []
 

@@ -23,8 +23,7 @@ async def test_each_factory_builds_the_layer_its_stage_declares(
     layer: Layer = declared.make(settings, Registry.load(TEST_MODELS))
     try:
         assert layer.name == declared.name
-        assert layer.source_topic == settings.topic(declared.source)
-        assert layer.source_type == declared.source_type
+        assert layer.source is declared.source
     finally:
         await layer.stop()
 

@@ -14,6 +14,7 @@ from conveyor.settings import Settings, load_settings
 from schemas.codec import default_codec
 from schemas.records import Message, Prepared, Request
 from tests.support.factories import request as make_request
+from topics.catalog import REQUESTS
 from workers.outputs import Output
 from workers.prefix import block_hashes, tenant_salt
 from workers.preprocess import PreprocessLayer
@@ -75,8 +76,7 @@ async def prepare(layer: PreprocessLayer, req: Request) -> Prepared:
 
 def test_layer_contract(layer: PreprocessLayer) -> None:
     assert layer.name == "preprocess"
-    assert layer.source_topic == "pptest.requests"
-    assert layer.source_type == "Request"
+    assert layer.source is REQUESTS and layer.source.at(layer.settings) == "pptest.requests"
     assert layer.committable(TopicPartition("pptest.requests", 0), 42) == 42
 
 
