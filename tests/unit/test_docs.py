@@ -268,3 +268,11 @@ def test_the_configuration_reference_reads_the_comments_of_the_code() -> None:
     assert found["files"].default == "`.conveyor/files`"
     assert found["tuning.linger_ms"].env == "CONVEYOR_TUNING__LINGER_MS"
     assert found["tuning.linger_ms"].description == "how long a produce waits"
+
+
+def test_the_structured_output_bounds_are_documented_with_their_values() -> None:
+    from schemas.structured import BOUNDS
+
+    page = (ROOT / "docs" / "api" / "tools.md").read_text()
+    for name, value, _ in BOUNDS:
+        assert f"| `{name}` | {value:,} |" in page, name
