@@ -119,7 +119,7 @@ class ToolCallReader:
         self._state = "content"
         try:
             value = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # nested past the parser: not a call either
             value = None
         if not (isinstance(value, dict) and isinstance(value.get("name"), str)):
             self.broken.append(f"{OPEN}{body}{CLOSE}")

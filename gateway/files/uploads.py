@@ -110,6 +110,9 @@ class UploadCheck:
         except json.JSONDecodeError as exc:
             raise InvalidRequest(f"Line {n} of the file is not valid JSON: {exc.msg} "
                                  f"(column {exc.colno}).", param="file") from None
+        except RecursionError:
+            raise InvalidRequest(f"Line {n} of the file is nested too deeply to read.",
+                                 param="file") from None
         if not isinstance(value, dict):
             raise InvalidRequest(f"Line {n} of the file is not a JSON object.", param="file")
 

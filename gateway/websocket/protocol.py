@@ -104,6 +104,8 @@ def _object(text: str) -> dict[str, Any]:
         data = json.loads(text)
     except ValueError:
         raise FrameError(INVALID_PAYLOAD, "the message is not JSON") from None
+    except RecursionError:
+        raise FrameError(INVALID_PAYLOAD, "the message is nested too deeply") from None
     if not isinstance(data, dict):
         raise FrameError(INVALID_PAYLOAD, "the message must be a JSON object")
     return data

@@ -249,3 +249,9 @@ def test_the_answer_is_checked_against_the_tools(choice: Any, text: str,
     found = tools_violation(fmt, text)
     assert found == wrong if wrong is None else wrong in (found or "")
     assert violation(fmt, text) == found
+
+
+def test_a_call_nested_past_the_json_parser_is_not_a_call_and_no_crash() -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    read = read_tool_calls("r", f'<tool_call>{{"arguments": {deep}, "name": "x"}}</tool_call>')
+    assert read.tool_calls == []

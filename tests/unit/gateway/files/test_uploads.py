@@ -101,3 +101,10 @@ async def test_a_refused_upload_leaves_nothing_in_the_store(tmp_path: Path) -> N
 
 async def _once(data: bytes) -> AsyncIterator[bytes]:
     yield data
+
+
+def test_a_line_nested_past_the_json_parser_is_a_400_naming_it() -> None:
+    data = b'{"a": 1}\n' + b"[" * 100_000 + b"]" * 100_000 + b"\n"
+    with pytest.raises(InvalidRequest) as info:
+        run(data, chunk=4096, settings=Settings(max_file_bytes=1_000_000, batch_max_lines=3))
+    assert "Line 2" in str(info.value) and info.value.param == "file"

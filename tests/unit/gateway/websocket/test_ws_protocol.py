@@ -98,3 +98,9 @@ def test_a_body_is_validated_as_over_http_and_always_streams() -> None:
     with pytest.raises(InvalidRequest) as not_object:
         validated("chat", ["no"])
     assert not_object.value.param == "body"
+
+
+def test_a_message_nested_past_the_json_parser_is_a_frame_error() -> None:
+    with pytest.raises(FrameError) as info:
+        parse_multiplexed("[" * 100_000 + "]" * 100_000)
+    assert info.value.code == INVALID_PAYLOAD and "nested" in str(info.value)
