@@ -5,8 +5,8 @@ cancels, replies, progress).
     follower = follow(settings, WORKERS, 0, "beginning")
     async for records in follower:        # non-empty lists, in offset order
         for record in records: ...
-    async for batch in follower.events(codec):  # or decoded as the topic's type,
-        for record, heartbeat in batch: ...     # poison logged and skipped
+    async for batch in follower.events(codec):  # or decoded as the topic's type
+        for record, heartbeat in batch: ...     # (topics/reader.py: poison reported)
     follower.caught_up                    # set once the backlog seen at start is read
     follower.reachable                    # False while Kafka does not answer
     async for seeing in follower.reachability(): ...  # each change of reachable
@@ -53,18 +53,18 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias
+from typing import Any, Generic, Literal, TypeAlias, TypeVar, overload
 
 from aiokafka import ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 
-from conveyor.errors import SchemaError
 from conveyor.settings import Settings
-from schemas.codec import Codec, EventType
+from schemas.codec import Codec
 from topics.backoff import Backoff, RateLimitedLog
 from topics.catalog import Topic
 from topics.clients import broker_error, make_consumer
 from topics.envelope import now_ms
+from topics.reader import PoisonReport, decoded
 
 __all__ = ["FromTime", "Follower", "Record", "Start", "apply_all", "follow", "snapshot"]
 
@@ -80,19 +80,20 @@ class FromTime:
 
 Start = Literal["beginning", "end"] | int | FromTime
 Record: TypeAlias = "ConsumerRecord[bytes, bytes]"
+T = TypeVar("T")
 
 _BROKER_TROUBLE = (KafkaError, OSError, asyncio.TimeoutError)
 
 
-class Follower:
+class Follower(Generic[T]):
     """An async iterable of record batches of one partition or several; see the module."""
 
     def __init__(self, settings: Settings, topic: str, partition: int | Iterable[int] = 0,
-                 start: Start = "beginning", *, event_type: EventType | None = None,
+                 start: Start = "beginning", *, typed: Topic[T] | None = None,
                  poll_ms: int = 500, probe_s: float = 1.0, probe_timeout_s: float = 2.0,
                  **consumer_options: Any) -> None:
         self.settings = settings
-        self.event_type = event_type  # what events() decodes: the typed topic's event
+        self.typed = typed  # what events() decodes: the topic's events
         parts = [partition] if isinstance(partition, int) else list(partition)
         if not parts:
             raise ValueError(f"a follower of {topic} needs a partition")
@@ -207,27 +208,18 @@ class Follower:
             await backoff.wait()
 
     async def events(self, codec: Codec, *, keep: Callable[[Record], bool] | None = None
-                     ) -> AsyncIterator[list[tuple[Record, Any]]]:
-        """The batches decoded as the topic's event type: (record, event) pairs of
+                     ) -> AsyncIterator[list[tuple[Record, T]]]:
+        """The batches decoded as the topic's events: (record, event) pairs of
         the records ``keep`` accepts (all by default). A record that does not
-        decode is logged (one line per ten seconds) and skipped: a poison event
-        never stops a follower. A batch may come out empty when ``keep`` took
-        nothing of it, so a reader still looks at its state after each batch."""
-        if self.event_type is None:
-            raise TypeError(f"{self.tp.topic}: events() needs a typed topic with one event type")
-        event_type = self.event_type
+        decode is reported (topics/reader.py) and skipped: a poison event never
+        stops a follower. A batch may come out empty when ``keep`` took nothing
+        of it, so a reader still looks at its state after each batch."""
+        if self.typed is None:
+            raise TypeError(f"{self.tp.topic}: events() needs a topic of the catalog")
+        typed, poison = self.typed, PoisonReport(log, self.typed)
         async for records in self.batches():
-            decoded: list[tuple[Record, Any]] = []
-            for record in records:
-                if keep is not None and not keep(record):
-                    continue
-                try:
-                    decoded.append((record, codec.decode(record.value, event_type)))
-                except SchemaError as exc:
-                    self._problems.warning("poison", "%s[%d]@%d: skipping what is not a %s: %s",
-                                           record.topic, record.partition, record.offset,
-                                           event_type, exc)
-            yield decoded
+            kept = records if keep is None else [r for r in records if keep(r)]
+            yield decoded(typed, codec, kept, poison)
 
     async def _end_offsets(self, consumer: Any) -> dict[TopicPartition, int]:
         ends = await asyncio.wait_for(consumer.end_offsets(self.tps), self.probe_timeout_s)
@@ -311,19 +303,27 @@ def _raise_if_cancelled() -> None:
         raise asyncio.CancelledError
 
 
-def follow(settings: Settings, topic: Topic | str, partition: int | Iterable[int] = 0,
-           start: Start = "beginning", **options: Any) -> Follower:
+@overload
+def follow(settings: Settings, topic: Topic[T], partition: int | Iterable[int] = 0,
+           start: Start = "beginning", **options: Any) -> Follower[T]: ...
+
+
+@overload
+def follow(settings: Settings, topic: str, partition: int | Iterable[int] = 0,
+           start: Start = "beginning", **options: Any) -> Follower[Any]: ...
+
+
+def follow(settings: Settings, topic: Topic[T] | str, partition: int | Iterable[int] = 0,
+           start: Start = "beginning", **options: Any) -> Follower[T] | Follower[Any]:
     """A :class:`Follower` of ``topic[partition]`` (or of several partitions) from
-    ``start``; a typed topic of one event type gives :meth:`Follower.events`
-    what to decode."""
+    ``start``; a topic of the catalog gives :meth:`Follower.events` what to
+    decode (a ``Follower[T]`` of a ``Topic[T]``)."""
     if isinstance(topic, str):
         return Follower(settings, topic, partition, start, **options)
-    event_type = topic.events[0] if len(topic.events) == 1 else None
-    return Follower(settings, topic.at(settings), partition, start, event_type=event_type,
-                    **options)
+    return Follower(settings, topic.at(settings), partition, start, typed=topic, **options)
 
 
-async def apply_all(follower: Follower, codec: Codec, apply: Callable[[Any], object],
+async def apply_all(follower: Follower[T], codec: Codec, apply: Callable[[T], object],
                     caught_up: Callable[[], None] | None = None) -> None:
     """Hand every event of ``follower`` to ``apply``, for ever (through broker
     outages); ``caught_up`` is called once the events written before the start
@@ -344,7 +344,7 @@ async def apply_all(follower: Follower, codec: Codec, apply: Callable[[Any], obj
         signalling.cancel()
 
 
-async def snapshot(follower: Follower, codec: Codec, apply: Callable[[Any], object],
+async def snapshot(follower: Follower[T], codec: Codec, apply: Callable[[T], object],
                    within_s: float) -> None:
     """Hand the events written before now to ``apply``, then stop (a command
     reading a compacted topic's state once); TimeoutError past ``within_s``."""

@@ -16,7 +16,7 @@ from schemas.codec import default_codec
 from schemas.records import Control
 from tests.support.topics import create_topic
 from topics.admin import ensure_topics
-from topics.catalog import CONTROL, KEYS, catalog
+from topics.catalog import CONTROL, catalog
 from topics.clients import make_producer
 from topics.follow import follow
 
@@ -55,9 +55,9 @@ async def test_events_skip_poison_and_keep_what_is_asked(
     assert await asyncio.wait_for(read(keep=lambda r: r.key == b"c"), 30) == ["c"]
 
 
-async def test_a_topic_of_two_event_types_has_no_single_decoding() -> None:
-    follower = follow(Settings(topic_prefix="t"), KEYS)
-    with pytest.raises(TypeError, match="one event type"):
+async def test_a_topic_named_by_a_string_has_no_decoding() -> None:
+    follower = follow(Settings(topic_prefix="t"), "t.keys")
+    with pytest.raises(TypeError, match="a topic of the catalog"):
         await follower.events(default_codec()).__anext__()
 
 
