@@ -15,13 +15,12 @@ from pydantic import (
     Discriminator,
     Field,
     Tag,
-    ValidationInfo,
     field_validator,
 )
 
 from schemas.openai.requests import FUNCTION_NAME, Text
+from schemas.openai.tool_params import parameters_within_bounds
 from schemas.records import Function, Message, ToolCall
-from schemas.structured import schema_bounds_fault
 
 __all__ = ["InputText", "InputMessage", "FunctionCallItem", "FunctionCallOutputItem",
            "InputItem", "FunctionTool", "FunctionChoice", "conversation"]
@@ -108,16 +107,7 @@ class FunctionTool(BaseModel):
     parameters: dict[Text, Any] | None = None
     strict: bool | None = None
 
-    @field_validator("parameters")
-    @classmethod
-    def _within_bounds(cls, v: dict[str, Any] | None,
-                       info: ValidationInfo) -> dict[str, Any] | None:
-        """Conveyor's bounds, before anything recurses into the schema."""
-        wrong = schema_bounds_fault(v) if v is not None else None
-        if wrong is not None:
-            raise ValueError(f"Invalid parameters schema for function "
-                             f"{info.data.get('name')!r}: {wrong}")
-        return v
+    _within_bounds = field_validator("parameters")(parameters_within_bounds)
 
     def record(self) -> Function:
         return Function(name=self.name, description=self.description or "",

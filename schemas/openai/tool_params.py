@@ -20,6 +20,17 @@ __all__ = ["CalledFunction", "MessageToolCall", "FunctionSpec", "Tool", "NamedFu
 _STRICT = STRICT
 
 
+
+def parameters_within_bounds(cls: type, v: dict[str, Any] | None,
+                             info: ValidationInfo) -> dict[str, Any] | None:
+    """A function's ``parameters`` within Conveyor's bounds on a schema, checked
+    before anything recurses into it (chat's tools and the Responses API's)."""
+    wrong = schema_bounds_fault(v) if v is not None else None
+    if wrong is not None:
+        raise ValueError(f"Invalid parameters schema for function "
+                         f"{info.data.get('name')!r}: {wrong}")
+    return v
+
 class CalledFunction(BaseModel):
     model_config = _STRICT
 
@@ -49,16 +60,7 @@ class FunctionSpec(BaseModel):
     parameters: dict[Text, Any] | None = None
     strict: bool | None = None
 
-    @field_validator("parameters")
-    @classmethod
-    def _within_bounds(cls, v: dict[str, Any] | None,
-                       info: ValidationInfo) -> dict[str, Any] | None:
-        """Conveyor's bounds, before anything recurses into the schema."""
-        wrong = schema_bounds_fault(v) if v is not None else None
-        if wrong is not None:
-            raise ValueError(f"Invalid parameters schema for function "
-                             f"{info.data.get('name')!r}: {wrong}")
-        return v
+    _within_bounds = field_validator("parameters")(parameters_within_bounds)
 
     def record(self) -> FunctionRecord:
         return FunctionRecord(name=self.name, description=self.description or "",
