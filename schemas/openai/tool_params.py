@@ -15,7 +15,7 @@ from schemas.records import ToolCall as ToolCallRecord
 from schemas.structured import schema_bounds_fault
 
 __all__ = ["CalledFunction", "MessageToolCall", "FunctionSpec", "Tool", "NamedFunction",
-           "NamedToolChoice"]
+           "NamedToolChoice", "parameters_within_bounds"]
 
 _STRICT = STRICT
 
