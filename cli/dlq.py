@@ -123,13 +123,13 @@ def _check(settings: Settings, codec: Codec, letter: DeadLetter) -> str | None:
 async def _job_ended(settings: Settings, codec: Codec, letter: DeadLetter) -> str | None:
     """Why a jobs-layer letter is not sent back: its job has ended, so a create
     command would run its lines while the job shows it ended (None: it has not)."""
-    from topics.shared_lookup import SharedLookup
+    from topics.lookup import SharedLookup
     from workers.jobs.dead_commands import ended, job_id_of, job_state
 
     job_id = job_id_of(settings, letter)
     if job_id is None:
         return None
-    lookup = SharedLookup(settings, readers=1)
+    lookup = SharedLookup(settings, readers=1, codec=codec)
     try:
         state = ended(await job_state(settings, codec, lookup, letter, job_id))
     finally:

@@ -12,7 +12,7 @@ Where the replies are. A request's replies all go to one partition of
 ``conveyor.replies``: the reply partition of the gateway that submitted it,
 named in the request's envelope. The ``conveyor.requests`` event is keyed by
 request id, so the gateway's one keyed lookup
-(:class:`~topics.shared_lookup.SharedLookup`) finds it
+(:class:`~topics.lookup.SharedLookup`) finds it
 in one partition, at the time its id was made (a request id begins with it)
 and else in a recent window, then the longest deadline a request can have; its
 envelope gives the tenant, the deadline and the reply partition, and its
@@ -49,18 +49,16 @@ from conveyor.errors import (
     InvalidRequest,
     PipelineUnavailable,
     RequestError,
-    SchemaError,
 )
 from conveyor.settings import Settings
 from gateway.cancels import Cancels
 from gateway.replies import ReplySource, ReplyStream, reply_error
 from schemas.codec import Codec
-from schemas.records import Generation, Reply, Request
+from schemas.records import Generation, Reply
 from topics.catalog import REPLIES, REQUESTS
 from topics.envelope import now_ms
 from topics.follow import FromTime, follow
-from topics.lookup import made_window
-from topics.shared_lookup import SharedLookup
+from topics.lookup import SharedLookup, made_window
 
 __all__ = ["ReplySource", "Recorded", "RecordedReplies", "StreamNotFound",
            "Framer", "event_id", "request_id_of", "resume_after", "locate", "lookup_windows",
@@ -170,13 +168,9 @@ def lookup_windows(settings: Settings, request_id: str, now: int) -> list[tuple[
 async def _locate(lookup: SharedLookup, codec: Codec, request_id: str,
                   timeout_s: float) -> Recorded | None:
     settings = lookup.settings
-    topic = REQUESTS.at(settings)
     for since, until in lookup_windows(settings, request_id, now_ms()):
-        for record in await lookup.find(topic, request_id, since, until, timeout_s=timeout_s):
-            try:
-                request: Request = codec.decode(record.value, "Request")
-            except SchemaError:
-                continue
+        for record, request in await lookup.find(REQUESTS, request_id, since, until,
+                                                 timeout_s=timeout_s):
             envelope = request["envelope"]
             if envelope["request_id"] != request_id or envelope.get("job_id"):
                 continue

@@ -22,7 +22,7 @@ by the same rule postprocess answers with
 (:class:`~workers.chunk_order.ChunkOrder`). Losing Redis's data therefore
 never changes an answer: at worst a retry reads a few seconds of one
 partition. The read goes through the worker's one keyed lookup
-(:class:`~topics.shared_lookup.SharedLookup`), which the worker makes and
+(:class:`~topics.lookup.SharedLookup`), which the worker makes and
 closes: a retry costs the read, not a consumer's start.
 """
 
@@ -39,7 +39,7 @@ from schemas.codec import Codec
 from schemas.records import TokenChunk
 from topics.catalog import TOKENS
 from topics.envelope import now_ms
-from topics.shared_lookup import SharedLookup
+from topics.lookup import SharedLookup
 from workers.chunk_order import ChunkOrder
 
 __all__ = ["Progress", "ProgressTracker", "progress_of", "Claim"]
@@ -214,14 +214,15 @@ class ProgressTracker:
 
     async def recover(self, request_id: str, entered_ms: int) -> Progress:
         """Read back what earlier runs put on ``conveyor.tokens``."""
-        topic = TOKENS.at(self.settings)
         since = max(0, entered_ms - self.settings.clock_skew_ms)
         try:
-            records = await self.lookup.find(topic, request_id, since,
-                                             timeout_s=_READ_TIMEOUT_S)
+            found = await self.lookup.find(TOKENS, request_id, since,
+                                           timeout_s=_READ_TIMEOUT_S)
         except BrokerError as exc:
             raise TransientBrokerError(f"cannot read {request_id}'s tokens: {exc}") from exc
-        chunks: list[TokenChunk] = [self.codec.decode(r.value, "TokenChunk") for r in records]
-        log.info("recovered %d chunks of %s from %s[%s]", len(chunks), request_id, topic,
-                 records[0].partition if records else "-")
+        # a chunk that does not decode was reported and left out: the answer
+        # continues after the chunks that do (ChunkOrder waits for none)
+        chunks = [chunk for _, chunk in found]
+        log.info("recovered %d chunks of %s from %s[%s]", len(chunks), request_id,
+                 TOKENS.at(self.settings), found[0][0].partition if found else "-")
         return progress_of(chunks)

@@ -63,7 +63,7 @@ from topics.backoff import retry_every
 from topics.catalog import infer_topic
 from topics.clients import COMMIT_REFUSED, KafkaError, make_producer, stop_consumer
 from topics.envelope import PRIORITY_INTERACTIVE, now_ms
-from topics.shared_lookup import SharedLookup
+from topics.lookup import SharedLookup
 from workers.cancels import CancelList
 from workers.infer.engines.base import Engine
 from workers.infer.gateways import GatewayWatch
@@ -159,7 +159,8 @@ class InferWorker:
             await started("Redis to answer (task claims)", redis.ping, within=within, log=log,
                           where=redis_address(self.settings.redis_url), retry_on=REDIS_REFUSALS)
             sender = Sender(self.settings, producer, self.codec)
-            lookup = SharedLookup(self.settings)  # the worker's one keyed reader of the log
+            # the worker's one keyed reader of the log
+            lookup = SharedLookup(self.settings, codec=self.codec)
             stack.push_async_callback(lookup.close)
             store = ProgressTracker(self.settings, redis, self.codec, lookup)
             heartbeat = Heartbeat(self.settings, sender, self.worker_id, self.pool,

@@ -24,7 +24,7 @@ Decisions:
 - **Which job.** The record's key is its job id. Its latest state is read
   from ``conveyor.job-status`` (where the gateway wrote it before the
   command; the layer's long-lived keyed lookup,
-  :class:`~topics.shared_lookup.SharedLookup`, reads from the command's time
+  :class:`~topics.lookup.SharedLookup`, reads from the command's time
   on, less the clock skew and the longest a producer holds a record before it
   lands, since a record's time is when it was sent, so only the traffic since
   then is read; the whole partition when nothing is found there). A letter
@@ -89,7 +89,7 @@ from schemas.records import DeadLetter, JobStatus
 from topics.backoff import Backoff, RateLimitedLog
 from topics.catalog import DLQ, JOB_STATUS, JOBS
 from topics.clients import PRODUCE_TIMEOUT_MS
-from topics.shared_lookup import SharedLookup
+from topics.lookup import SharedLookup
 from workers.job_results import job_event
 from workers.layer import Record
 from workers.outputs import Output, Sender
@@ -162,7 +162,8 @@ class DeadLetters:
         self.codec = codec
         # the process's keyed lookup, kept for the layer's life (one reader: a
         # dead command is rare, and the runtime handles few letters at once)
-        self.lookup = SharedLookup(settings, readers=1, timeout_s=_LOOKUP_TIMEOUT_S)
+        self.lookup = SharedLookup(settings, readers=1, timeout_s=_LOOKUP_TIMEOUT_S,
+                                   codec=codec)
 
     async def start(self, sender: Sender) -> None:
         return None
@@ -235,18 +236,12 @@ async def job_state(settings: Settings, codec: Codec, lookup: SharedLookup,
     # when it was sent: a producer waiting out a leaderless partition (a broker
     # restarting) holds it up to PRODUCE_TIMEOUT_MS first
     since = command.timestamp - settings.clock_skew_ms - PRODUCE_TIMEOUT_MS if command else 0
-    found = await lookup.find(JOB_STATUS.at(settings), job_id, since)
+    found = await lookup.find(JOB_STATUS, job_id, since)
     if not found and since > 0:
         # none in the window (a clock further off than the settings say):
         # the whole partition, as when the command is gone; a dead command is rare
-        found = await lookup.find(JOB_STATUS.at(settings), job_id, 0)
-    statuses: list[JobStatus] = []
-    for record in found:
-        try:
-            statuses.append(codec.decode(record.value, "JobStatus"))
-        except SchemaError as exc:
-            log.warning("dead commands: a bad job status at %d: %s", record.offset, exc)
-    return max(statuses, key=lambda s: s["version"]) if statuses else None
+        found = await lookup.find(JOB_STATUS, job_id, 0)
+    return max((status for _, status in found), key=lambda s: s["version"], default=None)
 
 
 def ended(status: JobStatus | None) -> str | None:

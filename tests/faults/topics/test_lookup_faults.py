@@ -20,7 +20,7 @@ from conveyor.settings import Settings
 from tests.support.services import OwnKafka
 from tests.support.topics import create_topic, send_retrying
 from topics.envelope import now_ms
-from topics.shared_lookup import SharedLookup
+from topics.lookup import SharedLookup
 
 TIMEOUT_S = 5.0
 
@@ -41,12 +41,12 @@ async def test_a_lookup_answers_again_after_the_broker_restarts(own_kafka: OwnKa
     idle = SharedLookup(settings, readers=2, timeout_s=TIMEOUT_S)  # not called in it
     try:
         for lookup in (used, idle):
-            found = await asyncio.gather(*(lookup.find(topic, "k", since) for _ in range(2)))
+            found = await asyncio.gather(*(lookup.records(topic, "k", since) for _ in range(2)))
             assert [[r.value for r in f] for f in found] == [[b"before"]] * 2
         await asyncio.to_thread(own_kafka.stop)
         started = time.monotonic()
         with pytest.raises(TransientBrokerError, match=f"no answer within {TIMEOUT_S:g} s"):
-            await used.find(topic, "k", since)
+            await used.records(topic, "k", since)
         # Ended by its own timeout, not by aiokafka's (a 40 s request timeout,
         # then retries). Quiet, the call takes 5.00 s; a CI run with every
         # tier in parallel on two cores once saw 7.01 s of it, the event loop
@@ -57,9 +57,9 @@ async def test_a_lookup_answers_again_after_the_broker_restarts(own_kafka: OwnKa
         await asyncio.to_thread(own_kafka.start)
         await write(settings, topic, b"after")  # the partition has a leader again
         for lookup in (used, idle):
-            found_after = await lookup.find(topic, "k", since, timeout_s=30)
+            found_after = await lookup.records(topic, "k", since, timeout_s=30)
             assert [r.value for r in found_after] == [b"before", b"after"]
-        again = await idle.find(topic, "k", since)
+        again = await idle.records(topic, "k", since)
         assert [r.value for r in again] == [b"before", b"after"]
     finally:
         await used.close()

@@ -1,6 +1,7 @@
 """The process's keyed lookup on the real broker: many tasks at once each get
-their own key's records, whichever reader served them, and a reader kept for
-later calls fetches nothing while it waits."""
+their own key's records, whichever reader served them, a reader kept for
+later calls fetches nothing while it waits, and ``find`` gives a topic's
+events decoded, passing over what does not decode."""
 
 from __future__ import annotations
 
@@ -13,11 +14,14 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from conveyor.settings import Settings
+from schemas.codec import default_codec
+from schemas.records import Control
 from tests.support.pipeline import drop_topics
+from topics.admin import ensure_topics
+from topics.catalog import CONTROL, catalog
 from topics.clients import make_producer
 from topics.envelope import now_ms
-from topics.lookup import KeyLookup, key_partition
-from topics.shared_lookup import SharedLookup
+from topics.lookup import KeyLookup, SharedLookup, key_partition
 
 PARTITIONS = 4
 KEYS = 24
@@ -71,7 +75,7 @@ async def test_concurrent_finds_from_many_tasks_get_their_own_records(written: W
     asks = [(topic, f"key-{k}") for _ in range(2) for topic in written.topics
             for k in range(KEYS)]
     try:
-        found = await asyncio.gather(*(lookup.find(topic, key, written.since_ms)
+        found = await asyncio.gather(*(lookup.records(topic, key, written.since_ms)
                                        for topic, key in asks))
         for (topic, key), records in zip(asks, found, strict=True):
             assert [r.value for r in records] == [v for _, v in written.values[topic, key]]
@@ -92,13 +96,13 @@ async def test_at_first_and_partitions_share_the_readers_too(written: Written) -
             partition = key_partition(key.encode(), PARTITIONS)
             record = await lookup.at(topic, partition, offset)
             assert record is not None and record.value == value
-            [first] = await lookup.find(topic, key, written.since_ms, first=True)
+            [first] = await lookup.records(topic, key, written.since_ms, first=True)
             assert first.value == value
             assert await lookup.partitions(topic) == list(range(PARTITIONS))
 
         await asyncio.gather(*(one(k) for k in range(KEYS)))
         assert await lookup.at(topic, 0, 10_000) is None
-        assert await lookup.find(topic, "key-0", now_ms() + 60_000) == []
+        assert await lookup.records(topic, "key-0", now_ms() + 60_000) == []
     finally:
         await lookup.close()
 
@@ -116,3 +120,26 @@ async def test_a_kept_reader_fetches_nothing_between_calls(written: Written) -> 
         assert consumer.paused() == consumer.assignment()
         assert await lookup.find(topic, "key-3", now_ms() + 60_000) == []
         assert consumer.paused() == consumer.assignment()
+
+
+async def test_find_gives_the_topics_events_and_passes_over_poison(services: None) -> None:
+    settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    await ensure_topics(settings, [s for s in catalog(settings) if s.name == CONTROL.at(settings)])
+    codec = default_codec()
+    events = [Control(request_id="r1", action="cancel", reason=str(n), ts_ms=n) for n in (1, 2)]
+    since = now_ms() - 1000
+    producer = make_producer(settings)
+    await producer.start()
+    try:
+        for value in (CONTROL.encode(codec, events[0]), b"junk", CONTROL.encode(codec, events[1])):
+            await producer.send_and_wait(CONTROL.at(settings), value, key=b"r1")
+    finally:
+        await producer.stop()
+    lookup = SharedLookup(settings, timeout_s=30)
+    try:
+        found = await lookup.find(CONTROL, "r1", since)
+        assert [event for _, event in found] == events
+        assert [record.offset for record, _ in found] == [0, 2]
+    finally:
+        await lookup.close()
+        await asyncio.to_thread(drop_topics, settings.kafka_bootstrap, settings.topic_prefix)

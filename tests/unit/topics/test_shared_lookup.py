@@ -13,8 +13,7 @@ from aiokafka.errors import KafkaConnectionError, NodeNotReadyError
 
 from conveyor.errors import TransientBrokerError
 from conveyor.settings import Settings
-from topics.lookup import Record
-from topics.shared_lookup import LookupClosed, SharedLookup
+from topics.lookup import LookupClosed, Record, SharedLookup
 
 Behaviour = Callable[["ScriptedReader", str | None], Awaitable[list[Any]]]
 
@@ -92,8 +91,8 @@ async def test_readers_are_made_on_first_use_and_reused() -> None:
     readers = Readers()
     lookup = shared(readers)
     assert readers.made == []  # nothing connects until a call needs it
-    assert await lookup.find("t", "a", 0) == ["a@0"]
-    assert await lookup.find("t", "b", 0) == ["b@0"]
+    assert await lookup.records("t", "a", 0) == ["a@0"]
+    assert await lookup.records("t", "b", 0) == ["b@0"]
     assert len(readers.made) == 1 and lookup.started == 1
     assert readers.made[0].read == {}  # what one call read is not kept for the next
     await lookup.close()
@@ -104,7 +103,7 @@ async def test_concurrent_calls_never_share_a_reader_and_stay_within_the_pool() 
     readers = Readers()
     lookup = shared(readers, size=3)
     keys = [f"k{i}" for i in range(20)]
-    found = await asyncio.gather(*(lookup.find("t", key, 0) for key in keys))
+    found = await asyncio.gather(*(lookup.records("t", key, 0) for key in keys))
     assert [hit[0].split("@")[0] for hit in found] == keys
     assert len(readers.made) == 3 and readers.most_in_use == 3
     assert lookup.idle == 3
@@ -118,10 +117,10 @@ async def test_a_reader_that_failed_is_closed_and_never_used_again() -> None:
     readers = Readers(broken)
     lookup = shared(readers)
     with pytest.raises(TransientBrokerError, match="NodeNotReady"):
-        await lookup.find("t", "a", 0)  # a fresh reader's failure is the caller's
+        await lookup.records("t", "a", 0)  # a fresh reader's failure is the caller's
     await asyncio.sleep(0.05)  # the failed reader closes in the background
     assert readers.made[0].closed and lookup.discarded == 1
-    assert await lookup.find("t", "b", 0) == ["b@1"]
+    assert await lookup.records("t", "b", 0) == ["b@1"]
     await lookup.close()
 
 
@@ -137,8 +136,8 @@ async def test_a_reused_reader_that_fails_is_replaced_within_the_same_call() -> 
 
     readers = Readers(dies_on_second_use)
     lookup = shared(readers)
-    assert await lookup.find("t", "a", 0) == ["a@0"]
-    assert await lookup.find("t", "b", 0) == ["b@1"]
+    assert await lookup.records("t", "a", 0) == ["a@0"]
+    assert await lookup.records("t", "b", 0) == ["b@1"]
     assert readers.made[0].closed and lookup.started == 2
     await lookup.close()
 
@@ -152,11 +151,11 @@ async def test_a_call_is_bounded_by_its_timeout_and_its_reader_replaced() -> Non
     lookup = shared(readers, timeout_s=0.2)
     started = asyncio.get_running_loop().time()
     with pytest.raises(TransientBrokerError, match="no answer within 0.2 s"):
-        await lookup.find("t", "a", 0)
+        await lookup.records("t", "a", 0)
     assert asyncio.get_running_loop().time() - started < 1.0
     await asyncio.sleep(0.05)  # the failed reader closes in the background
     assert readers.made[0].closed
-    assert await lookup.find("t", "b", 0, timeout_s=1.0) == ["b@1"]
+    assert await lookup.records("t", "b", 0, timeout_s=1.0) == ["b@1"]
     await lookup.close()
 
 
@@ -166,10 +165,10 @@ async def test_waiting_for_a_reader_counts_against_the_timeout() -> None:
         return ["slow"]
 
     lookup = shared(Readers(slow), size=1)
-    first = asyncio.create_task(lookup.find("t", "a", 0, timeout_s=2.0))
+    first = asyncio.create_task(lookup.records("t", "a", 0, timeout_s=2.0))
     await asyncio.sleep(0.05)
     with pytest.raises(TransientBrokerError):
-        await lookup.find("t", "b", 0, timeout_s=0.1)  # the one reader is busy
+        await lookup.records("t", "b", 0, timeout_s=0.1)  # the one reader is busy
     assert await first == ["slow"]
     await lookup.close()
 
@@ -181,14 +180,14 @@ async def test_a_call_its_caller_cancelled_leaves_no_half_used_reader() -> None:
 
     readers = Readers(hangs)
     lookup = shared(readers)
-    call = asyncio.create_task(lookup.find("t", "a", 0))
+    call = asyncio.create_task(lookup.records("t", "a", 0))
     await asyncio.sleep(0.05)
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
     await asyncio.sleep(0.05)  # the failed reader closes in the background
     assert readers.made[0].closed and lookup.idle == 0
-    assert await lookup.find("t", "b", 0) == ["b@1"]
+    assert await lookup.records("t", "b", 0) == ["b@1"]
     await lookup.close()
 
 
@@ -197,10 +196,10 @@ async def test_a_reader_that_cannot_start_is_closed_and_the_next_call_starts_ano
     readers = Readers(start_fails=(0,))
     lookup = shared(readers)
     with pytest.raises(TransientBrokerError, match="no broker"):
-        await lookup.find("t", "a", 0)
+        await lookup.records("t", "a", 0)
     await asyncio.sleep(0.05)  # the failed reader closes in the background
     assert readers.made[0].closed and lookup.started == 0
-    assert await lookup.find("t", "b", 0) == ["b@1"]
+    assert await lookup.records("t", "b", 0) == ["b@1"]
     await lookup.close()
 
 
@@ -211,7 +210,7 @@ async def test_an_error_of_another_kind_is_raised_as_it_is() -> None:
     readers = Readers(wrong)
     lookup = shared(readers)
     with pytest.raises(ValueError):
-        await lookup.find("t", "a", 0)
+        await lookup.records("t", "a", 0)
     await asyncio.sleep(0.05)  # the failed reader closes in the background
     assert readers.made[0].closed
     await lookup.close()
@@ -224,15 +223,15 @@ async def test_close_stops_every_reader_and_refuses_later_calls() -> None:
 
     readers = Readers(answer, slow)
     lookup = shared(readers)
-    await lookup.find("t", "a", 0)  # reader 0 is idle now
-    busy = asyncio.create_task(lookup.find("t", "b", 0, timeout_s=1.0))
-    second = asyncio.create_task(lookup.find("t", "c", 0))
+    await lookup.records("t", "a", 0)  # reader 0 is idle now
+    busy = asyncio.create_task(lookup.records("t", "b", 0, timeout_s=1.0))
+    second = asyncio.create_task(lookup.records("t", "c", 0))
     await asyncio.sleep(0.05)
     await lookup.close()
     assert all(r.closed for r in readers.made)
     await asyncio.gather(busy, second, return_exceptions=True)
     with pytest.raises(LookupClosed):
-        await lookup.find("t", "d", 0)
+        await lookup.records("t", "d", 0)
     assert isinstance(LookupClosed("x"), TransientBrokerError)
 
 

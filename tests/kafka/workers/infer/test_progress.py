@@ -14,7 +14,7 @@ from topics.admin import ensure_topics
 from topics.catalog import TOKENS, catalog
 from topics.clients import make_producer
 from topics.envelope import now_ms
-from topics.shared_lookup import SharedLookup
+from topics.lookup import SharedLookup
 from workers.infer.progress import ProgressTracker
 
 
