@@ -34,8 +34,9 @@ from typing import Any
 
 from conveyor.registry import Registry
 from schemas import structured
+from schemas.answer_format import grammar_of, violation
 from schemas.records import ResponseFormat
-from schemas.structured import _schema_grammar, grammar_of, violation
+from schemas.structured import _schema_grammar
 from workers.infer.engines.base import Engine, GenerationRequest
 from workers.infer.engines.llamacpp import LlamaCppEngine
 from workers.infer.engines.llamacpp_batch import LlamaCppBatchEngine

@@ -6,13 +6,13 @@ be, checked where it is asked and where it is answered.
   compiled to the grammar the CPU engines decode with, which llama.cpp must
   parse; a schema that fails any of these is a 400 naming the part of it that
   fails, before anything is queued.
-* **In the engines** (:func:`grammar_of`): llama.cpp's GBNF grammar of the
+* **In the engines** (:func:`json_grammar`): llama.cpp's GBNF grammar of the
   format, compiled once per schema text (``json_object``: any JSON object).
   Decoding is constrained to it, so a finished answer always parses; the
   schema's keywords a grammar cannot express (``minimum``, ``format``, ...)
   are checked after, and so are lengths and item counts above
   :data:`MAX_GRAMMAR_REPEAT`.
-* **Once answered** (:func:`violation`): the answer against the schema, with
+* **Once answered** (:func:`json_violation`): the answer against the schema, with
   ``jsonschema``: what an engine that constrains nothing, or a keyword the
   grammar ignored, let through.
 
@@ -44,7 +44,7 @@ from typing import Any
 from conveyor.errors import InvalidRequest
 from schemas.records import ResponseFormat
 
-__all__ = ["check_format", "format_record", "grammar_of", "violation", "wire_format",
+__all__ = ["check_format", "format_record", "json_grammar", "json_violation", "wire_format",
            "schema_bounds_fault", "grammar_fault", "SCHEMA_PARAM", "BOUNDS",
            "MAX_SCHEMA_DEPTH", "MAX_OBJECT_PROPERTIES", "MAX_ENUM_VALUES",
            "MAX_ALTERNATIVES", "MAX_SCHEMA_CHARS",
@@ -337,15 +337,12 @@ def _value(value: Any) -> tuple[int, int]:
 # -- the grammar ---------------------------------------------------------------------
 
 
-def grammar_of(fmt: ResponseFormat) -> str:
-    """The GBNF grammar of a format: text the llama.cpp sampler takes. Raises
-    ValueError (saying what it could not compile) for a schema it cannot."""
+def json_grammar(fmt: ResponseFormat) -> str:
+    """The GBNF grammar of a JSON format (``json_object``, ``json_schema``):
+    text the llama.cpp sampler takes. Raises ValueError (saying what it could
+    not compile) for a schema it cannot."""
     if fmt["type"] == "json_object":
         return _json_object_grammar()
-    if fmt["type"] == "tool_calls":
-        from schemas.tools import tools_grammar
-
-        return tools_grammar(fmt)
     return _schema_grammar(fmt["schema"])
 
 
@@ -530,12 +527,8 @@ def _llama_parses(grammar: str) -> bool:
 # -- the answer ----------------------------------------------------------------------
 
 
-def violation(fmt: ResponseFormat, text: str) -> str | None:
-    """What is wrong with an answer given in ``fmt``, or None when it is right."""
-    if fmt["type"] == "tool_calls":
-        from schemas.tools import tools_violation
-
-        return tools_violation(fmt, text)
+def json_violation(fmt: ResponseFormat, text: str) -> str | None:
+    """What is wrong with an answer given in a JSON format, or None when it is right."""
     try:
         value = json.loads(text)
     except RecursionError:

@@ -13,9 +13,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from schemas.tools import CLOSE, OPEN
+__all__ = ["ToolCallReader", "ToolEvent", "ReadCalls", "call_id", "read_tool_calls", "OPEN",
+           "CLOSE"]
 
-__all__ = ["ToolCallReader", "ToolEvent", "ReadCalls", "call_id", "read_tool_calls"]
+# the tags around one call in an answer's text
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 
 def call_id(request_id: str, index: int) -> str:

@@ -45,6 +45,8 @@ from typing import Any
 
 from conveyor.errors import InvalidRequest
 from schemas.records import Function, Generation, Message, ResponseFormat, ToolCall, Tools
+from schemas.structured import _json_strings, _schema_fault, grammar_fault, schema_converter
+from schemas.tool_calls import CLOSE, OPEN, read_tool_calls
 
 __all__ = [
     "check_tools",
@@ -54,12 +56,9 @@ __all__ = [
     "tool_messages",
     "tools_grammar",
     "tools_violation",
-    "OPEN",
-    "CLOSE",
     "MAX_TOOLS",
 ]
 
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
 RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 # OpenAI's bound on the functions of one request
 MAX_TOOLS = 128
@@ -115,8 +114,6 @@ def check_tools(tools: Tools, function_param: str = "tools[{}].function") -> Non
     """Raise :class:`InvalidRequest` naming the parameter at fault;
     ``function_param`` is where the i-th function is (chat nests it in
     ``function``, the Responses API does not)."""
-    from schemas.structured import _schema_fault, grammar_fault
-
     names = [f["name"] for f in tools["functions"]]
     for i, function in enumerate(tools["functions"]):
         if names.index(function["name"]) != i:
@@ -240,8 +237,6 @@ def _gbnf_literal(text: str) -> str:
 
 @lru_cache(maxsize=_GRAMMARS_KEPT)
 def _grammar(tools_text: str) -> str:
-    from schemas.structured import _json_strings, schema_converter
-
     tools = json.loads(tools_text)
     functions = tools["functions"]
     if tools["choice"] == "function":
@@ -277,8 +272,6 @@ def tools_violation(fmt: ResponseFormat, text: str) -> str | None:
     given (the one ``tool_choice`` names), its arguments are a JSON object,
     valid against the function's parameters when it is ``strict``; a
     ``required`` choice made at least one call."""
-    from schemas.tool_calls import read_tool_calls
-
     tools = json.loads(fmt["schema"])
     try:
         read = read_tool_calls("check", text)

@@ -30,6 +30,7 @@ from conveyor.errors import (
 )
 from conveyor.settings import Settings
 from conveyor.tracing import genai_request_attributes
+from schemas.answer_format import violation
 from schemas.records import (
     ChunkHeader,
     ErrorInfo,
@@ -39,7 +40,7 @@ from schemas.records import (
     TokenChunk,
     TokenLogprob,
 )
-from schemas.structured import check_format, violation
+from schemas.structured import check_format
 from schemas.tools import check_tools, reads_tool_calls, tool_format
 from topics.catalog import ROUTED, TOKENS
 from topics.envelope import now_ms, stamp

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from conveyor.errors import InvalidRequest
+from schemas.answer_format import grammar_of, violation
 from schemas.openai.generations import chat_generation
 from schemas.openai.requests import ChatCompletionRequest, param_of
 from schemas.openai.responses import parse_request
@@ -34,10 +35,8 @@ from schemas.structured import (
     MAX_SCHEMA_DEPTH,
     check_format,
     grammar_fault,
-    grammar_of,
     literal_trie,
     schema_bounds_fault,
-    violation,
 )
 from schemas.tools import check_tools, tool_format
 

@@ -11,10 +11,11 @@ import pytest
 from pydantic import ValidationError
 
 from conveyor.errors import InvalidRequest
+from schemas.answer_format import grammar_of, violation
 from schemas.openai.generations import chat_generation
 from schemas.openai.requests import ChatCompletionRequest
 from schemas.records import ResponseFormat
-from schemas.structured import check_format, grammar_of, violation, wire_format
+from schemas.structured import check_format, wire_format
 
 POINT = {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0},
                                           "label": {"type": "string"}},

@@ -12,11 +12,11 @@ import pytest
 from pydantic import ValidationError
 
 from conveyor.errors import InvalidRequest
+from schemas.answer_format import grammar_of, violation
 from schemas.openai.chunks import full_response
 from schemas.openai.generations import chat_generation
 from schemas.openai.requests import ChatCompletionRequest
 from schemas.records import Message, Tools
-from schemas.structured import grammar_of, violation
 from schemas.tool_calls import ToolCallReader, call_id, read_tool_calls
 from schemas.tools import tool_format, tool_messages, tools_violation
 

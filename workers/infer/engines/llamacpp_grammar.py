@@ -28,8 +28,8 @@ import llama_cpp
 from llama_cpp import Llama
 
 from conveyor.errors import EngineError
+from schemas.answer_format import grammar_of
 from schemas.records import ResponseFormat
-from schemas.structured import grammar_of
 from workers.infer.engines.base import GenerationRequest
 
 __all__ = ["grammar_sampler", "checked_prefix", "CheckedSampling", "HeldSampler", "constrained"]

@@ -62,7 +62,7 @@ import orjson
 from conveyor.errors import EngineError
 from schemas.records import ResponseFormat, TokenLogprob, TopLogprob
 from schemas.structured import wire_format
-from schemas.tools import CLOSE, OPEN
+from schemas.tool_calls import CLOSE, OPEN
 from workers.infer.engines.base import GenerationRequest, KvState, Piece
 
 __all__ = ["OpenAIHttpEngine"]

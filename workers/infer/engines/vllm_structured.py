@@ -18,7 +18,7 @@ import json
 from typing import Any
 
 from conveyor.errors import EngineError
-from schemas.structured import grammar_of
+from schemas.answer_format import grammar_of
 from workers.infer.engines.base import GenerationRequest
 
 __all__ = ["structured_outputs"]

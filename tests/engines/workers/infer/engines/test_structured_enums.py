@@ -21,8 +21,8 @@ from llama_cpp import Llama
 
 from conveyor.errors import EngineError
 from conveyor.registry import Registry
+from schemas.answer_format import violation
 from schemas.records import ResponseFormat
-from schemas.structured import violation
 from workers.infer.engines.base import Engine, GenerationRequest
 from workers.infer.engines.llamacpp_grammar import checked_prefix, grammar_sampler
 
