@@ -1,6 +1,8 @@
 """What an event a layer gave up on becomes: a dead letter on ``conveyor.dlq``
 (the original bytes and the error) and, when the event belongs to a request,
-the error reply that fails it (:mod:`workers.runtime` produces them).
+the error reply that fails it (:mod:`workers.runtime` produces them; an infer
+worker dead-letters a task that does not decode the same way,
+:func:`dead_letter`).
 
 An event read from the DLQ itself gets no letter: a letter of a letter would
 put the DLQ's own poison back into the DLQ, which a follower of the DLQ (the
@@ -10,14 +12,15 @@ logged and passed over; the record stays where it is, in the DLQ.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
-from conveyor.errors import last_line
+from conveyor.errors import PermanentBrokerError, SchemaError, last_line
 from schemas.records import Envelope
 from workers.layer import Record
 from workers.outputs import Output, Sender, error_info, failure_reply
 
-__all__ = ["failure_outputs"]
+__all__ = ["dead_letter", "failure_outputs"]
 
 log = logging.getLogger(__name__)
 
@@ -39,3 +42,16 @@ def failure_outputs(sender: Sender, layer: str, record: Record, envelope: Envelo
         if reply is not None:
             outputs.append(reply)
     return outputs
+
+
+async def dead_letter(sender: Sender, layer: str, record: Record, exc: BaseException,
+                      stopping: asyncio.Event | None = None) -> None:
+    """Dead-letter ``record`` (an event that does not decode: no request to
+    fail) and wait for the broker to have the letter; one that can never be
+    produced is logged. TransientBrokerError: ``stopping`` was set while the
+    broker did not take it (the event stays uncommitted)."""
+    outputs = failure_outputs(sender, layer, record, None, exc, f"{type(exc).__name__}: {exc}")
+    try:
+        await sender.produce(outputs, stopping)
+    except (PermanentBrokerError, SchemaError) as again:
+        log.error("%s: cannot dead-letter %s@%d: %s", layer, record.topic, record.offset, again)

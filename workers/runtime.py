@@ -67,6 +67,7 @@ from topics.clients import (
     stop_consumer,
 )
 from topics.producer import EventProducer
+from topics.reader import fetch
 from workers.cancels import CancelList
 from workers.failures import failure_outputs
 from workers.inflight import PartitionBook
@@ -184,14 +185,8 @@ class LayerRuntime:
     async def _loop(self, consumer: Any) -> None:
         backoff = Backoff(max_s=self.settings.retry_backoff_max_s)
         while not self._stopping.is_set():
-            try:
-                batch = await consumer.getmany(timeout_ms=200, max_records=self.max_in_flight)
-            except KafkaError as exc:
-                self._problems.warning("poll", "%s: fetching failed (%s); retrying",
-                                       self.layer.name, broker_error(exc))
-                await backoff.wait()
-                continue
-            backoff.reset()
+            batch = await fetch(consumer, backoff, self._problems, self.layer.name,
+                                timeout_ms=200, max_records=self.max_in_flight)
             for records in batch.values():
                 for record in records:
                     self._dispatch(record)

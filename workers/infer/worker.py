@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from opentelemetry import trace
 
-from conveyor.errors import BrokerError, SchemaError
+from conveyor.errors import BrokerError, SchemaError, TransientBrokerError
 from conveyor.metrics import partition_lag
 from conveyor.redis_clients import REDIS_ERRORS, REDIS_REFUSALS, redis_client
 from conveyor.registry import Registry
@@ -59,12 +59,14 @@ from conveyor.settings import Settings
 from conveyor.startup import kafka_address, redis_address, started
 from conveyor.tracing import layer_span, trace_id_of
 from schemas.codec import Codec, default_codec
-from topics.backoff import retry_every
-from topics.catalog import infer_topic
+from topics.backoff import Backoff, RateLimitedLog, retry_every
+from topics.catalog import INFER, infer_topic
 from topics.clients import COMMIT_REFUSED, KafkaError, make_producer, stop_consumer
 from topics.envelope import PRIORITY_INTERACTIVE, now_ms
 from topics.lookup import SharedLookup
+from topics.reader import fetch
 from workers.cancels import CancelList
+from workers.failures import dead_letter
 from workers.infer.engines.base import Engine
 from workers.infer.gateways import GatewayWatch
 from workers.infer.generation import TaskRun
@@ -128,6 +130,7 @@ class InferWorker:
         self.commit_interval_s = 0.1
         self._cancels: CancelList | None = None
         self._taken: dict[TopicPartition, int] = {}  # the next offset to take (metrics)
+        self._problems = RateLimitedLog(log)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -214,6 +217,7 @@ class InferWorker:
 
     async def _consume(self, consumer: AIOKafkaConsumer, sender: Sender, store: ProgressTracker,
                        background: list[asyncio.Task[None]]) -> None:
+        backoff = Backoff(max_s=self.settings.retry_backoff_max_s)
         while not self._stopping.is_set():
             for task in background:
                 if task.done():
@@ -227,7 +231,8 @@ class InferWorker:
                 continue
             if consumer.paused():
                 consumer.resume(*consumer.paused())
-            batch = await consumer.getmany(timeout_ms=200, max_records=free)
+            batch = await fetch(consumer, backoff, self._problems, f"worker {self.worker_id}",
+                                timeout_ms=200, max_records=free)
             for tp, records in batch.items():
                 for record in records:
                     await self._take(tp, record, sender, store)
@@ -235,11 +240,15 @@ class InferWorker:
     async def _take(self, tp: TopicPartition, record: ConsumerRecord[bytes, bytes],
                     sender: Sender, store: ProgressTracker) -> None:
         try:
-            task = self.codec.decode(record.value, "Task")
-        except SchemaError as exc:
+            task = INFER.decode(self.codec, record.value)
+        except SchemaError as exc:  # poison: the runtime's path (workers/failures.py)
+            log.warning("worker %s: poison event %s[%d]@%d: %s", self.worker_id, record.topic,
+                        record.partition, record.offset, exc)
+            try:
+                await dead_letter(sender, "infer", record, exc, self._stopping)
+            except TransientBrokerError:
+                return  # stopping before the letter was taken: read again after a restart
             self.dead_lettered()
-            await sender.dead_letter("infer", record.topic, record.partition, record.offset,
-                                     record.key, record.value, f"SchemaError: {exc}")
             self._done(tp, record.offset, self.offsets.start(tp, record.offset))
             return
         rid = task["envelope"]["request_id"]
@@ -280,7 +289,7 @@ class InferWorker:
 
     async def _generate(self, gen: TaskRun, record: ConsumerRecord[bytes, bytes]) -> None:
         rid = gen.request_id
-        delay = 0.2
+        backoff = Backoff(initial_s=0.2, max_s=self.settings.retry_backoff_max_s)
         try:
             while True:
                 try:
@@ -298,8 +307,7 @@ class InferWorker:
                         break
                     log.warning("worker %s: %s interrupted by %r; resuming it from the log",
                                 self.worker_id, rid, exc)
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, self.settings.retry_backoff_max_s)
+                    await backoff.wait()
             # kept for the record even when the task went to another worker (a
             # redrive of it then finds the request done: the progress claim)
             if gen.engine_failure is not None:

@@ -39,6 +39,7 @@ from aiokafka import TopicPartition
 
 from schemas.codec import Codec
 from schemas.records import Task
+from topics.catalog import ROUTED
 
 __all__ = ["Held", "HeldQueue"]
 
@@ -67,7 +68,7 @@ class Held:
         """The task, decoded again from the bytes read (stamped by ``layer`` then)."""
         if not isinstance(self.payload, bytes):
             return self.payload
-        task: Task = codec.decode(self.payload, "Task")
+        task = ROUTED.decode(codec, self.payload)
         task["envelope"]["stamps"].setdefault(layer, self.stamped_us)
         return task
 
