@@ -13,6 +13,8 @@ import threading
 import time
 from collections import deque
 
+from topics.backoff import Backoff
+
 __all__ = ["Child", "Supervisor"]
 
 _STDERR_TAIL_LINES = 8
@@ -152,8 +154,9 @@ class Supervisor:
                       f"times in a row within {self.healthy_after_s:.0f} s of its start: "
                       f"giving up, stopping everything{tail}")
             return 1
-        delay = min(self.backoff_max_s,
-                    self.backoff_first_s * 2 ** (child.quick_deaths - 1))
+        # without jitter: one supervisor restarts its own children
+        delay = Backoff(self.backoff_first_s, self.backoff_max_s,
+                        attempts=child.quick_deaths - 1, rand=lambda: 1.0).next_delay()
         # formatted here, not by logging: the repeat filter holds back records of one
         # template, and every death must be told
         log.error(f"{child.name} (pid {pid}) {why} after {ran:.1f} s; "

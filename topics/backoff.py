@@ -115,15 +115,15 @@ async def retry_every(name: str, step: Callable[[], Awaitable[None]], every_s: f
                       max_backoff_s: float, transient: tuple[type[BaseException], ...],
                       logger: logging.Logger) -> None:
     """Run ``step`` every ``every_s`` for ever; a ``transient`` failure (Kafka,
-    Redis) is logged and retried after a wait that doubles up to
-    ``max_backoff_s``; anything else surfaces."""
-    delay = every_s
+    Redis) is logged and retried after a :class:`Backoff` (from twice
+    ``every_s`` up to ``max_backoff_s``); anything else surfaces."""
+    backoff = Backoff(initial_s=max(2 * every_s, 0.1), max_s=max_backoff_s)
     while True:
         try:
             await step()
         except transient as exc:
             logger.warning("%s: %r; retrying", name, exc)
-            delay = min(max(delay * 2, 0.1), max_backoff_s)
+            await backoff.wait()
         else:
-            delay = every_s
-        await asyncio.sleep(delay)
+            backoff.reset()
+            await asyncio.sleep(every_s)
