@@ -21,6 +21,10 @@ stream cannot keep a flush from ending. A flush that cannot finish within
 ``timeout_s`` raises instead of returning: the commit fails and the events
 are read again, which the ledger's counting rules make harmless
 (workers/usage/counting.py).
+
+Written against faust-streaming 0.15.3 (``faust/transport/producer.py``); the
+methods replaced and the callers that reach them are pinned by
+tests/unit/workers/usage/test_faust_patches.py.
 """
 
 from __future__ import annotations

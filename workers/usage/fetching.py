@@ -32,6 +32,13 @@ event included. :func:`seek_committed_or_earliest` seeks such a partition to its
 beginning, where a member given it for the first time starts
 (``auto_offset_reset=earliest``); what it reads again there is counted once
 (each ledger row keeps the position of the last event applied to it).
+
+**Faust's internals.** Written against faust-streaming 0.15.3 and aiokafka 0.14.0:
+the consumer thread's ``_create_worker_consumer`` and ``seek_to_committed``
+are overridden, aiokafka's private ``_fetch_min_bytes`` and
+``_fetch_max_wait_ms`` set before its ``start()`` reads them, and the
+transport's ``Consumer`` class replaced; each is pinned by
+tests/unit/workers/usage/test_faust_patches.py.
 """
 
 from __future__ import annotations
@@ -55,6 +62,9 @@ FETCH_MAX_WAIT_MS = 100
 
 
 class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    # Faust's consumer thread makes the aiokafka consumer here, with every
+    # setting from the app's configuration but the fetch sizes, which Faust
+    # does not pass on
     def _create_worker_consumer(self, transport: Any) -> aiokafka.AIOKafkaConsumer:
         consumer = super()._create_worker_consumer(transport)
         # read by AIOKafkaConsumer.start() when it makes its fetcher
@@ -62,6 +72,9 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS
         return consumer
 
+    # Faust's Consumer.perform_seek (every rebalance's end) calls this through
+    # the consumer it delegates to; Faust's own calls aiokafka's, which skips
+    # a partition with no commit
     async def seek_to_committed(self) -> Mapping[Any, int]:
         counted: frozenset[str] = getattr(self.transport, "counted_topics", frozenset())
         consumer = self._ensure_consumer()
@@ -88,12 +101,13 @@ async def seek_committed_or_earliest(
 
 
 class _Consumer(faust_aiokafka.Consumer):
+    # the one seam Faust gives to choose the consumer thread's class
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
 
 class _Transport(faust_aiokafka.Transport):
-    Consumer = _Consumer
+    Consumer = _Consumer  # Transport.create_consumer makes self.Consumer
     counted_topics: frozenset[str] = frozenset()
 
 

@@ -19,6 +19,10 @@ announces the end of a rebalance (``on_rebalance_complete``, sent before
 that resume-seek-clear sequence): nothing is handed to an agent until
 Faust's own ``resume_flow()``, after the clearing, and what was fetched
 meanwhile is read again from the committed offsets by the seek.
+
+Written against faust-streaming 0.15.3 (``faust/tables/recovery.py``); the
+order it relies on (the signal before the seek and the clearing) is pinned
+by tests/unit/workers/usage/test_faust_patches.py.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ def hold_flow_until_resumed(app: Any) -> None:
     """Connect the hold to ``app`` (a faust.App, before it starts)."""
 
     async def hold(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        # Consumer.stop_flow: getmany waits for resume_flow, and what a fetch
+        # returns meanwhile is not handed on but read again (perform_seek)
         app.consumer.stop_flow()
 
     app.on_rebalance_complete.connect(hold)

@@ -57,6 +57,8 @@ class MirrorPass:
 
     def ready(self) -> bool:
         """Whether the tables are whole: no rebalance or recovery under way."""
+        # Faust's own flags (faust-streaming 0.15.3: App.rebalancing, App.in_recovery,
+        # Recovery.completed), read only; tests/unit/workers/usage/test_faust_patches.py
         app = self.owner.app
         recovery: Any = getattr(app.tables, "recovery", None)
         return (not app.rebalancing and not app.in_recovery

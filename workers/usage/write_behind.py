@@ -23,6 +23,12 @@ the store too: the new owner reads those events again, and this member must
 neither overwrite the owner's rows later nor, if the partition comes back,
 trust a row that never reached the changelog (the restore puts the
 changelog's version back).
+
+It uses two of the Faust table's internals (faust-streaming 0.15.3): its
+store, ``table.data`` (a dict for ``memory://``), written directly so that no
+changelog record is sent, where ``Table.__setitem__`` would send one a write;
+and ``table.send_changelog(partition, key, value, ...)``, which Faust's own
+writes call. Both are pinned by tests/unit/workers/usage/test_faust_patches.py.
 """
 
 from __future__ import annotations
