@@ -12,7 +12,8 @@ rating counted before it from ``/v1/usage``.
 
 :func:`carry_old_ratings` runs before Faust starts (workers/usage/run.py).
 When the old totals changelog exists it reads both old changelogs to their
-ends (compacted topics: the last record of a key wins, a tombstone deletes
+ends with the keyed lookup's raw read (compacted topics of Faust's JSON, not
+events of the catalog: the last record of a key wins, a tombstone deletes
 it), writes every row and then every latest rating into the new changelog,
 in Faust's own encoding (JSON keys and values), waits for the broker's
 acknowledgements, and deletes the old changelogs, ``feedback-latest``'s first.
@@ -31,11 +32,11 @@ from __future__ import annotations
 import json
 import logging
 
-from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from conveyor.settings import Settings
-from topics.clients import make_consumer, make_producer
+from topics.clients import make_producer
+from topics.lookup import KeyLookup
 from workers.usage.ratings import LATEST
 
 __all__ = ["carry_old_ratings", "OLD_TOTALS", "OLD_LATEST"]
@@ -44,6 +45,9 @@ log = logging.getLogger(__name__)
 
 OLD_TOTALS = "feedback-totals"
 OLD_LATEST = "feedback-latest"
+# an old changelog is read once, at the upgrade: bounded, generously (the step
+# is done again at the next start when it fails)
+_READ_WITHIN_S = 600.0
 
 
 def _changelog(app_id: str, table: str) -> str:
@@ -52,27 +56,19 @@ def _changelog(app_id: str, table: str) -> str:
 
 async def _last_values(settings: Settings, topic: str) -> dict[bytes, bytes]:
     """Key -> last value of a one-partition topic read to its end (tombstoned
-    keys left out)."""
-    tp = TopicPartition(topic, 0)
-    consumer = make_consumer(settings, group=None, fetch_max_wait_ms=50)
-    await consumer.start()
-    try:
-        consumer.assign([tp])
-        end = (await consumer.end_offsets([tp]))[tp]
-        await consumer.seek_to_beginning(tp)
-        values: dict[bytes, bytes] = {}
-        while await consumer.position(tp) < end:
-            for records in (await consumer.getmany(tp, timeout_ms=500)).values():
-                for record in records:
-                    if record.offset >= end or record.key is None:
-                        continue
-                    if record.value is None:
-                        values.pop(record.key, None)
-                    else:
-                        values[record.key] = record.value
-        return values
-    finally:
-        await consumer.stop()
+    keys left out), through the keyed lookup's reader: every key, from the
+    first record to the end offset seen when the read began."""
+    async with KeyLookup(settings, timeout_s=_READ_WITHIN_S) as look:
+        records = await look.find(topic, None, 0, partitions=[0])
+    values: dict[bytes, bytes] = {}
+    for record in records:
+        if record.key is None:
+            continue
+        if record.value is None:
+            values.pop(record.key, None)
+        else:
+            values[record.key] = record.value
+    return values
 
 
 async def carry_old_ratings(settings: Settings, app_id: str, new_table: str) -> int:
