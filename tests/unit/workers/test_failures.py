@@ -3,6 +3,7 @@ and no letter at all for an event of the DLQ itself (the DLQ would feed itself).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -12,8 +13,8 @@ from conveyor.errors import SchemaError
 from conveyor.settings import Settings
 from schemas.codec import default_codec
 from tests.support.factories import request
-from workers.failures import failure_outputs
-from workers.outputs import Sender
+from workers.failures import dead_letter, failure_outputs
+from workers.outputs import Output, Sender
 
 SETTINGS = Settings(topic_prefix="t")
 
@@ -44,3 +45,20 @@ def test_an_event_of_the_dlq_is_passed_over_not_dead_lettered_again(
     [line] = [r.getMessage() for r in caplog.records if r.name == "workers.failures"]
     assert line == ("jobs-dead-letters: passing over t.dlq@5, not dead-lettered again: "
                     "SchemaError: bad")
+
+
+async def test_a_task_that_does_not_decode_is_dead_lettered_and_acknowledged() -> None:
+    """An infer worker's poison takes the runtime's path: the letter alone (no
+    request to fail), produced and acknowledged before the offset is done."""
+    produced: list[list[Output]] = []
+
+    class Acked(Sender):
+        async def produce(self, outputs: list[Output],
+                          stopping: asyncio.Event | None = None) -> None:
+            produced.append(outputs)
+
+    acked = Acked(SETTINGS, None, default_codec())  # type: ignore[arg-type]
+    await dead_letter(acked, "infer", record("t.infer.cpu"), SchemaError("bad"))
+    [[letter]] = produced
+    assert (letter.topic, letter.record["layer"]) == ("t.dlq", "infer")
+    assert letter.record["error"] == "SchemaError: bad"
