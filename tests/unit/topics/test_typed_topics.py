@@ -12,12 +12,14 @@ from conveyor.errors import SchemaError
 from conveyor.settings import Settings
 from schemas.codec import EVENT_TYPES, default_codec
 from schemas.records import Control
-from topics.catalog import CONTROL, KEYS, REQUESTS, TOKENS, TOPICS, catalog, topic_named
+from topics.catalog import CONTROL, INFER, KEYS, REQUESTS, TOKENS, TOPICS, catalog, topic_named
 
 
 def test_names_are_unique_and_events_are_known() -> None:
     assert len({t.name for t in TOPICS}) == len(TOPICS)
     assert all(e in EVENT_TYPES for t in TOPICS for e in t.events)
+    # and every event type the codec knows travels on a topic: none is declared for nothing
+    assert set(EVENT_TYPES) == {e for t in (*TOPICS, INFER) for e in t.events}
 
 
 def test_the_catalog_is_the_table_plus_the_pools() -> None:
