@@ -166,7 +166,7 @@ class GatewayMetrics:
 
     @classmethod
     def off(cls) -> GatewayMetrics:
-        """Instruments that record nothing (a Serving built without metrics)."""
+        """Instruments that record nothing (a gateway built without metrics)."""
         return cls(NoOpMeterProvider().get_meter("conveyor"))
 
     def request_ended(self, *, status: int, model: str, tenant: str, operation: str,

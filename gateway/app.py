@@ -1,4 +1,7 @@
-"""``build_app``: the FastAPI application, its collaborators and their lifetimes.
+"""``build_app``: the FastAPI application, its services and their lifetimes.
+
+The lifespan connects the gateway's collaborators and makes its
+:class:`~gateway.services.Services`, which routes are handed by dependency.
 
 The background tasks (the reply-partition lease and the reply follower) live
 as long as the application and report in :class:`~gateway.health.Health`,
@@ -18,9 +21,12 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI
+from starlette.types import Scope
 
 from conveyor.errors import StartupTimeout
 from conveyor.files.local import LocalFileStore
+from conveyor.metrics import GatewayMetrics
+from conveyor.policy.rules import PolicyBook
 from conveyor.redis_clients import Redis, RedisConnectionError, redis_client
 from conveyor.registry import Registry
 from conveyor.settings import Settings
@@ -35,7 +41,9 @@ from gateway.auth.keys import KeyStore
 from gateway.auth.middleware import AuthMiddleware
 from gateway.auth.ratelimit import RateLimiter
 from gateway.auth.tenants import TenantStore
+from gateway.cancels import Cancels, ResumeWatch
 from gateway.chat.api_router import router
+from gateway.chat.serving import ChatServing
 from gateway.errors import install_error_handlers
 from gateway.feedback import feedback_router
 from gateway.files.api_router import files_router, upload_limits
@@ -51,7 +59,10 @@ from gateway.openapi import install_openapi
 from gateway.publisher import Publisher
 from gateway.replies import ReplyLease, ReplyRouter
 from gateway.responses.api_router import responses_router
-from gateway.serving import Serving
+from gateway.responses.serving import ResponsesServing
+from gateway.services import Services
+from gateway.stored import StoredAnswers
+from gateway.submission import Submitter
 from gateway.usage_api import usage_router
 from gateway.websocket.api_router import websocket_router
 from schemas.codec import default_codec
@@ -72,16 +83,17 @@ _STOP_TASKS_S = 5.0
 def build_app(settings: Settings, registry: Registry | None = None,
               on_ready: Callable[[], None] | None = None) -> FastAPI:
     """The gateway's app; ``on_ready`` is called once it has started (its
-    collaborators connected), before it serves."""
+    services made), before it serves."""
     check_auth_settings(settings)
-    registry = registry or Registry.load(settings.models_file)
+    known = registry or Registry.load(settings.models_file)
     gateway_id = settings.gateway_id or f"gw-{uuid.uuid4().hex[:12]}"
     health = Health(gateway_id)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         try:
-            async with _collaborators(app, settings, gateway_id, health):
+            async with _services(settings, known, gateway_id, health, metrics) as services:
+                app.state.services = services
                 if on_ready is not None:
                     on_ready()
                 yield
@@ -91,15 +103,10 @@ def build_app(settings: Settings, registry: Registry | None = None,
 
     app = FastAPI(title="Conveyor", version="0.1.0", lifespan=lifespan,
                   description="An OpenAI-compatible API in front of an event pipeline.")
-    app.state.registry = registry
-    app.state.health = health
-    # auth=none needs nothing from outside; keys and JWTs wait for the lifespan
-    app.state.authenticator = Authenticator(settings) if settings.auth == "none" else None
-    app.state.admitter = Admitter(registry)
-    app.state.files = LocalFileStore(settings)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
                        uploads=upload_limits(settings))
-    app.add_middleware(AuthMiddleware)  # outside the body limit: 401 before a body is read
+    # outside the body limit: 401 before a body is read
+    app.add_middleware(AuthMiddleware, authenticator=_authenticator)
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(responses_router)
@@ -109,15 +116,19 @@ def build_app(settings: Settings, registry: Registry | None = None,
     app.include_router(files_router)
     app.include_router(jobs_router)
     app.include_router(websocket_router)
-    install_metrics(app, settings)
-    app.state.admin_token = settings.admin_token.get_secret_value()
+    _, metrics = install_metrics(app, settings)
     install_openapi(app)
     return app
 
 
+def _authenticator(scope: Scope) -> Authenticator | None:
+    services: Services | None = getattr(scope["app"].state, "services", None)
+    return services.authenticator if services is not None else None
+
+
 @contextlib.asynccontextmanager
-async def _collaborators(app: FastAPI, settings: Settings, gateway_id: str,
-                         health: Health) -> AsyncIterator[None]:
+async def _services(settings: Settings, registry: Registry, gateway_id: str, health: Health,
+                    metrics: GatewayMetrics) -> AsyncIterator[Services]:
     codec = default_codec()
     # the gateway's role: short timeouts, one retry on a connection a restart broke
     redis = redis_client(settings, "gateway")
@@ -134,36 +145,41 @@ async def _collaborators(app: FastAPI, settings: Settings, gateway_id: str,
                   where=f"{redis_address(settings.redis_url)}, {kafka}")
     tracing = make_tracer(settings.trace_exporter, "gateway")
     lookup = SharedLookup(settings)  # the gateway's one keyed reader of the log
-    app.state.serving = Serving(settings, publisher, router_, gateway_id, tracing.tracer,
-                                lookup=lookup)
-    app.state.serving.metrics = app.state.gateway_metrics
     # `conveyor policies set`: what each tenant's requests may hold (topics/policies.py)
-    policies = app.state.serving.policies
+    policies = PolicyBook()
     await started("the content policies (conveyor.policies)",
                   lambda: adopt_policies(settings, policies), within=within, log=log,
                   where=kafka)
     audit = Audit(settings, publisher, actor=gateway_id)
-    app.state.usage = UsageLedger(settings, redis)
     board = JobBoard(settings, codec)
-    app.state.batches = Batches(settings, publisher, board, app.state.files)
     breakers = Breakers.of(settings)  # the fleet's breakers, as /healthz shows them
     health.extras["breakers"] = breakers.report
     health.tasks.extend([
         asyncio.create_task(breakers.follow(), name="breakers"),
         # `conveyor models apply`: the registry every route here serves by
-        asyncio.create_task(follow_published(settings, app.state.registry), name="models"),
+        asyncio.create_task(follow_published(settings, registry), name="models"),
         asyncio.create_task(follow_policies(settings, policies), name="policies"),
         asyncio.create_task(router_.run(), name="replies"),
         asyncio.create_task(lease.keep(), name="reply-lease"),
         asyncio.create_task(board.run(health.part("jobs")), name="jobs"),
     ])
-    if settings.auth != "none":
-        _identity(app, settings, redis, audit, gateway_id, health)
-    app.state.background_responses = BackgroundResponses(settings, publisher, board,
-                                                         app.state.admitter, policies)
+    authenticator, admitter = _identity(settings, registry, redis, audit, gateway_id, health)
+    cancels = Cancels(settings, publisher, ResumeWatch(settings, redis))
+    submitter = Submitter(settings, publisher, router_, cancels, admitter, policies,
+                          gateway_id, tracing.tracer, metrics)
+    stored = StoredAnswers(settings, lookup, codec)
+    files = LocalFileStore(settings)
+    background = BackgroundResponses(settings, publisher, board, admitter, policies)
+    services = Services(
+        settings=settings, health=health, registry=registry, authenticator=authenticator,
+        policies=policies, publisher=publisher, submitter=submitter, stored=stored,
+        chat=ChatServing(settings, submitter, stored, cancels, registry),
+        responses=ResponsesServing(settings, submitter, stored, cancels, background),
+        files=files, batches=Batches(settings, publisher, board, files),
+        background=background, usage=UsageLedger(settings, redis))
     log.info("gateway %s: reply partition %d", gateway_id, router_.partition)
     try:
-        yield
+        yield services
     finally:
         stopping = time.monotonic()
         log.info("gateway %s: stopping", gateway_id)
@@ -180,17 +196,20 @@ async def _collaborators(app: FastAPI, settings: Settings, gateway_id: str,
                         ", ".join(sorted(t.get_name() for t in stuck)), _STOP_TASKS_S)
         await router_.stop()
         await lookup.close()
-        await app.state.admitter.drain()
+        await admitter.drain()
         await publisher.close()  # what must arrive (cancels) has produce_timeout_s to go
         await redis.aclose()
         tracing.shutdown()
         log.info("gateway %s: stopped in %.1f s", gateway_id, time.monotonic() - stopping)
 
 
-def _identity(app: FastAPI, settings: Settings, redis: Redis, audit: Audit,
-              gateway_id: str, health: Health) -> None:
-    """Keys or JWTs, tenants and limits, with their background tasks. The key and
-    tenant caches share one pub/sub subscription for their invalidations."""
+def _identity(settings: Settings, registry: Registry, redis: Redis, audit: Audit,
+              gateway_id: str, health: Health) -> tuple[Authenticator, Admitter]:
+    """Who is asking, and what they may send: keys or JWTs, tenants and limits,
+    with their background tasks (none without auth). The key and tenant caches
+    share one pub/sub subscription for their invalidations."""
+    if settings.auth == "none":
+        return Authenticator(settings), Admitter(registry)
     invalidations = Invalidations(settings, redis)
     tenants = TenantStore(settings, redis, invalidations=invalidations)
     keys: KeyStore | None = None
@@ -203,10 +222,8 @@ def _identity(app: FastAPI, settings: Settings, redis: Redis, audit: Audit,
         invalidations.run(health.part("key-cache")), name="key-cache"))
     limiter = RateLimiter(settings, redis, gateway_id)
     health.tasks.append(asyncio.create_task(limiter.run(health.part("limits")), name="limits"))
-    app.state.authenticator = Authenticator(settings, keys=keys, tokens=tokens, audit=audit,
-                                            actor=gateway_id)
-    app.state.admitter = Admitter(app.state.registry, limiter, tenants, audit,
-                                  actor=gateway_id)
+    return (Authenticator(settings, keys=keys, tokens=tokens, audit=audit, actor=gateway_id),
+            Admitter(registry, limiter, tenants, audit, actor=gateway_id))
 
 
 def check_auth_settings(settings: Settings) -> None:

@@ -20,16 +20,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
+from starlette.requests import HTTPConnection
 
 from conveyor.errors import RequestError
 from gateway.auth.middleware import identity_of
 from gateway.errors import SafeJSONResponse
-from gateway.resume import StreamNotFound, locate, request_id_of
-from gateway.serving import Serving
-from gateway.stored import read_answer
+from gateway.provide import services_of
+from gateway.publisher import Publisher
+from gateway.resume import StreamNotFound, request_id_of
+from gateway.stored import StoredAnswers
 from schemas.openai.feedback import FeedbackBody
 from schemas.records import Feedback
 from topics.catalog import FEEDBACK
@@ -37,6 +39,17 @@ from topics.catalog import FEEDBACK
 __all__ = ["feedback_router"]
 
 feedback_router = APIRouter()
+
+
+def _stored(connection: HTTPConnection) -> StoredAnswers:
+    stored: StoredAnswers = services_of(connection).stored
+    return stored
+
+
+def _publisher(connection: HTTPConnection) -> Publisher:
+    publisher: Publisher = services_of(connection).publisher
+    return publisher
+
 
 # how long a rating waits for the answer it rates to end (it is kept either way)
 _ANSWER_WAIT_S = 2.0
@@ -64,19 +77,18 @@ def _request_id(named: str) -> str:
 
 
 @feedback_router.post("/v1/feedback", response_model=None)
-async def feedback(body: FeedbackBody, request: Request) -> SafeJSONResponse:
+async def feedback(body: FeedbackBody, request: Request,
+                   stored: Annotated[StoredAnswers, Depends(_stored)],
+                   publisher: Annotated[Publisher, Depends(_publisher)]) -> SafeJSONResponse:
     """Rate an answer (see the module)."""
-    serving: Serving = request.app.state.serving
     identity = identity_of(request)
     rid = _request_id(body.request_id)
-    where = await locate(serving.lookup, serving.codec, rid)
-    mine = where is not None and (serving.settings.auth == "none"
-                                  or where.tenant == identity.tenant)
-    if where is None or where.generation is None or not mine:
+    where = await stored.locate(rid)
+    if where is None or where.generation is None or not stored.mine(where, identity):
         raise RequestNotFound(body.request_id)
     answered_by, latency_ms = "", None
     with contextlib.suppress(RequestError, TimeoutError):
-        folded, ended_ms = await asyncio.wait_for(read_answer(serving, where), _ANSWER_WAIT_S)
+        folded, ended_ms = await asyncio.wait_for(stored.read(where), _ANSWER_WAIT_S)
         answered_by = folded.model or where.generation["model"]
         if ended_ms is not None:
             latency_ms = max(0, ended_ms - where.submitted_ms)
@@ -85,7 +97,7 @@ async def feedback(body: FeedbackBody, request: Request) -> SafeJSONResponse:
                      score=float(body.score), labels=list(body.labels), comment=body.comment,
                      model=where.generation["model"], answered_by=answered_by,
                      latency_ms=latency_ms, ts_ms=now_ms)
-    await serving.publisher.publish(FEEDBACK, event, rid, what="the feedback")
+    await publisher.publish(FEEDBACK, event, rid, what="the feedback")
     out: dict[str, Any] = {"object": "feedback", "request_id": rid, "score": event["score"],
                            "labels": event["labels"], "comment": event["comment"],
                            "model": event["model"], "answered_by": answered_by,

@@ -10,40 +10,33 @@ from __future__ import annotations
 
 import time
 
-from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi import FastAPI, Response
 from opentelemetry.metrics import Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from conveyor.metrics import CONTENT_TYPE, DURATION_BUCKETS, GatewayMetrics, Metrics
 from conveyor.settings import Settings
 
-__all__ = ["install_metrics", "metrics_router"]
-
-metrics_router = APIRouter()
+__all__ = ["install_metrics"]
 
 
-@metrics_router.get("/metrics", include_in_schema=False)
-async def metrics(request: Request) -> Response:
-    exposition: bytes = request.app.state.metrics.exposition()
-    return Response(exposition, media_type=CONTENT_TYPE)
-
-
-def install_metrics(app: FastAPI, settings: Settings) -> None:
-    """The gateway's meter (``app.state.metrics``), the instruments ``Serving``
-    records each request in (``app.state.gateway_metrics``), and the route; with
-    ``metrics_enabled`` false, a meter that records nothing and no route."""
+def install_metrics(app: FastAPI, settings: Settings) -> tuple[Metrics, GatewayMetrics]:
+    """The gateway's meter, the instruments each request is recorded in, and the
+    route; with ``metrics_enabled`` false, a meter that records nothing and no route."""
     if not settings.metrics_enabled:
-        app.state.metrics = Metrics("gateway", enabled=False)
-        app.state.gateway_metrics = GatewayMetrics.off()
-        return
-    app.state.metrics = Metrics("gateway")
-    app.state.gateway_metrics = GatewayMetrics(app.state.metrics.meter)
-    app.include_router(metrics_router)
-    duration = app.state.metrics.meter.create_histogram(
+        return Metrics("gateway", enabled=False), GatewayMetrics.off()
+    metrics = Metrics("gateway")
+
+    @app.get("/metrics", include_in_schema=False)
+    async def exposition() -> Response:
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE)
+
+    duration = metrics.meter.create_histogram(
         "http.server.request.duration", unit="s",
         description="Duration of HTTP server requests, every answer (refusals too).",
         explicit_bucket_boundaries_advisory=DURATION_BUCKETS)
     app.add_middleware(HttpMetrics, duration=duration)
+    return metrics, GatewayMetrics(metrics.meter)
 
 
 class HttpMetrics:

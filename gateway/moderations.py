@@ -13,18 +13,27 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Annotated
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
+from starlette.requests import HTTPConnection
 
 from conveyor.policy.classifier import CATEGORY, classifier
+from conveyor.policy.rules import PolicyBook
 from gateway.auth.middleware import identity_of
 from gateway.errors import SafeJSONResponse
-from gateway.serving import Serving
+from gateway.provide import services_of
 from schemas.openai.moderations import ModerationBody, moderation_result
 
 __all__ = ["FLAG_THRESHOLD", "moderations_router", "MODERATION_MODEL"]
 
 moderations_router = APIRouter()
+
+
+def _policies(connection: HTTPConnection) -> PolicyBook:
+    policies: PolicyBook = services_of(connection).policies
+    return policies
+
 
 MODERATION_MODEL = "conveyor-policy"
 # where no policy sets level 2's threshold, a moderation flags harassment from here
@@ -32,10 +41,10 @@ FLAG_THRESHOLD = 0.8
 
 
 @moderations_router.post("/v1/moderations", response_model=None)
-async def moderations(body: ModerationBody, request: Request) -> SafeJSONResponse:
-    serving: Serving = request.app.state.serving
+async def moderations(body: ModerationBody, request: Request,
+                      policies: Annotated[PolicyBook, Depends(_policies)]) -> SafeJSONResponse:
     identity = identity_of(request)
-    policy = serving.policies.effective(identity.tenant, identity.key_id)
+    policy = policies.effective(identity.tenant, identity.key_id)
     terms, texts = policy.input_terms, body.texts()
     model = await asyncio.to_thread(classifier)
     scores = await asyncio.to_thread(model.scores, texts)

@@ -6,7 +6,7 @@ body; Conveyor answers 400 with OpenAI's error envelope instead, and also
 so each operation lists its real responses: 200 with the response object
 (or, for ``stream: true``, ``text/event-stream``), and every error status with
 :class:`ErrorResponse`. The response models here describe what
-:mod:`gateway.serving` builds; the fuzz test checks every answer against them
+:mod:`gateway.chat.serving` builds; the fuzz test checks every answer against them
 through the document.
 """
 

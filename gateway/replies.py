@@ -24,7 +24,7 @@ liveness rule: Kafka counts as unreachable once the follower has heard
 nothing for its ``stale_after_s`` (3.5 s with the defaults; an idle
 partition is probed every second). Health shows it as ``degraded`` the
 moment it turns (``Follower.reachability``), and
-:class:`~gateway.serving.Serving` asks :meth:`ReplyRouter.kafka_unreachable`
+:class:`~gateway.submission.Submitter` asks :meth:`ReplyRouter.kafka_unreachable`
 to refuse new requests at once instead of letting them wait.
 """
 

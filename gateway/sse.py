@@ -8,9 +8,11 @@ import contextlib
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-__all__ = ["DONE", "EventStream", "Last", "comment", "data"]
+__all__ = ["DONE", "HEADERS", "EventStream", "Last", "comment", "data"]
 
 DONE = b"data: [DONE]\n\n"
+# what every event stream is sent with: no cache, and no proxy buffering it
+HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 class Last(bytes):

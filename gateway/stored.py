@@ -37,9 +37,10 @@ Decisions:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from conveyor.errors import RequestError
+from conveyor.settings import Settings
 from gateway.auth.types import Identity
 from gateway.jobs.batches import page
 from gateway.replies import Folded, fold_answer
@@ -50,15 +51,13 @@ from gateway.resume import (
     locate,
     request_id_of,
 )
+from schemas.codec import Codec
 from schemas.openai.chunks import full_response
 from schemas.openai.logprobs import asks_logprobs
 from schemas.tools import reads_tool_calls
+from topics.shared_lookup import SharedLookup
 
-if TYPE_CHECKING:
-    from gateway.serving import Serving
-
-__all__ = ["CompletionNotFound", "find_stored", "read_answer", "stored_chat_completion",
-           "stored_messages"]
+__all__ = ["CompletionNotFound", "StoredAnswers"]
 
 
 class CompletionNotFound(RequestError):
@@ -73,74 +72,82 @@ class CompletionNotFound(RequestError):
                          + (f" {why}" if why else ""), param="completion_id")
 
 
-async def find_stored(serving: Serving, identity: Identity, request_id: str,
-                      api: str) -> Recorded | None:
-    """The recorded request ``request_id`` when ``api`` stored it and it is the
-    caller's."""
-    where = await locate(serving.lookup, serving.codec, request_id)
-    if where is None or where.generation is None:
-        return None
-    generation = where.generation
-    if not generation.get("store", False) or generation.get("api") != api:
-        return None
-    if serving.settings.auth != "none" and where.tenant != identity.tenant:
-        return None
-    return where
+class StoredAnswers:
+    """Requests and their answers as the log records them, found by id through
+    the gateway's one keyed lookup (the lifespan closes it)."""
 
+    def __init__(self, settings: Settings, lookup: SharedLookup, codec: Codec) -> None:
+        self.settings = settings
+        self.lookup = lookup
+        self.codec = codec
 
-async def read_answer(serving: Serving, where: Recorded) -> tuple[Folded, int | None]:
-    """The recorded answer (waited for, up to its deadline) and when it ended
-    (epoch milliseconds of its final reply); an error reply raises."""
-    replies = RecordedReplies(serving.settings, serving.codec, where)
-    replies.start()
-    try:
-        folded = await fold_answer(replies)
-    finally:
-        await replies.close()
-    assert folded is not None  # no idle callback: only the final reply ends it
-    return folded, replies.ended_ms
+    async def locate(self, request_id: str) -> Recorded | None:
+        """The request's recorded address (:func:`gateway.resume.locate`)."""
+        return await locate(self.lookup, self.codec, request_id)
 
+    def mine(self, where: Recorded, identity: Identity) -> bool:
+        """Whether the caller may see the request: its tenant's (any, without auth)."""
+        return self.settings.auth == "none" or where.tenant == identity.tenant
 
-async def _stored_chat(serving: Serving, identity: Identity, completion_id: str) -> Recorded:
-    try:
-        rid = request_id_of(completion_id, "chat")
-    except StreamNotFound:
-        raise CompletionNotFound(completion_id) from None
-    where = await find_stored(serving, identity, rid, "chat.completions")
-    if where is None:
-        raise CompletionNotFound(completion_id)
-    return where
+    async def find(self, identity: Identity, request_id: str, api: str) -> Recorded | None:
+        """The recorded request ``request_id`` when ``api`` stored it and it is the
+        caller's."""
+        where = await self.locate(request_id)
+        if where is None or where.generation is None:
+            return None
+        generation = where.generation
+        if not generation.get("store", False) or generation.get("api") != api:
+            return None
+        return where if self.mine(where, identity) else None
 
+    async def read(self, where: Recorded) -> tuple[Folded, int | None]:
+        """The recorded answer (waited for, up to its deadline) and when it ended
+        (epoch milliseconds of its final reply); an error reply raises."""
+        replies = RecordedReplies(self.settings, self.codec, where)
+        replies.start()
+        try:
+            folded = await fold_answer(replies)
+        finally:
+            await replies.close()
+        assert folded is not None  # no idle callback: only the final reply ends it
+        return folded, replies.ended_ms
 
-async def stored_chat_completion(serving: Serving, identity: Identity,
-                                 completion_id: str) -> dict[str, Any]:
-    """The ``chat.completion`` a stored request answered."""
-    where = await _stored_chat(serving, identity, completion_id)
-    try:
-        folded, _ = await read_answer(serving, where)
-    except RequestError as exc:
-        raise CompletionNotFound(completion_id, f"It ended in an error and holds no answer: "
-                                                f"{exc.message}") from None
-    generation = where.generation
-    assert generation is not None  # find_stored checked it
-    return full_response("chat", generation["model"], generation["created"],
-                         where.request_id, folded.text, folded.finish_reason, folded.usage,
-                         tool_calls=reads_tool_calls(generation),
-                         logprobs=folded.logprobs if asks_logprobs(generation) else None)
+    async def chat_completion(self, identity: Identity, completion_id: str) -> dict[str, Any]:
+        """The ``chat.completion`` a stored request answered."""
+        where = await self._stored_chat(identity, completion_id)
+        try:
+            folded, _ = await self.read(where)
+        except RequestError as exc:
+            raise CompletionNotFound(completion_id, f"It ended in an error and holds no "
+                                                    f"answer: {exc.message}") from None
+        generation = where.generation
+        assert generation is not None  # find checked it
+        return full_response("chat", generation["model"], generation["created"],
+                             where.request_id, folded.text, folded.finish_reason,
+                             folded.usage, tool_calls=reads_tool_calls(generation),
+                             logprobs=folded.logprobs if asks_logprobs(generation) else None)
 
+    async def messages(self, identity: Identity, completion_id: str, after: str | None,
+                       limit: int, order: Literal["asc", "desc"]) -> dict[str, Any]:
+        """The messages a stored chat completion was asked with, as OpenAI pages them."""
+        where = await self._stored_chat(identity, completion_id)
+        generation = where.generation
+        assert generation is not None
+        stem = f"chatcmpl-{where.request_id}"
+        items: list[dict[str, Any]] = [
+            {"id": f"{stem}-{index}", "role": m["role"], "content": m["content"],
+             "name": m.get("name"), "content_parts": None}
+            for index, m in enumerate(generation["messages"])]
+        if order == "desc":
+            items.reverse()
+        return page(items, after, limit)
 
-async def stored_messages(serving: Serving, identity: Identity, completion_id: str,
-                          after: str | None, limit: int,
-                          order: Literal["asc", "desc"]) -> dict[str, Any]:
-    """The messages a stored chat completion was asked with, as OpenAI pages them."""
-    where = await _stored_chat(serving, identity, completion_id)
-    generation = where.generation
-    assert generation is not None
-    stem = f"chatcmpl-{where.request_id}"
-    items: list[dict[str, Any]] = [
-        {"id": f"{stem}-{index}", "role": m["role"], "content": m["content"],
-         "name": m.get("name"), "content_parts": None}
-        for index, m in enumerate(generation["messages"])]
-    if order == "desc":
-        items.reverse()
-    return page(items, after, limit)
+    async def _stored_chat(self, identity: Identity, completion_id: str) -> Recorded:
+        try:
+            rid = request_id_of(completion_id, "chat")
+        except StreamNotFound:
+            raise CompletionNotFound(completion_id) from None
+        where = await self.find(identity, rid, "chat.completions")
+        if where is None:
+            raise CompletionNotFound(completion_id)
+        return where

@@ -23,18 +23,32 @@ from __future__ import annotations
 
 import hmac
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
+from starlette.requests import HTTPConnection
 
 from conveyor.errors import InvalidApiKey, InvalidRequest, RequestError
 from gateway.auth.middleware import identity_of
 from gateway.errors import SafeJSONResponse
+from gateway.provide import services_of
 from workers.usage.ledger import UsageLedger, UsageRow
 
 __all__ = ["usage_router"]
 
 usage_router = APIRouter()
+
+
+def _ledger(connection: HTTPConnection) -> UsageLedger:
+    ledger: UsageLedger = services_of(connection).usage
+    return ledger
+
+
+def _admin_token(connection: HTTPConnection) -> str:
+    """The operator's token (``CONVEYOR_ADMIN_TOKEN``); empty: no admin endpoint."""
+    token: str = services_of(connection).settings.admin_token.get_secret_value()
+    return token
+
 
 _WIDTHS: dict[str, tuple[Literal["minute", "day"], int]] = {
     "1m": ("minute", 60_000), "1d": ("day", 86_400_000)}
@@ -42,29 +56,30 @@ _DEFAULT_SPAN_MS = {"1m": 3_600_000, "1d": 30 * 86_400_000}
 
 
 @usage_router.get("/v1/usage")
-async def own_usage(request: Request, start_time: int | None = None,
-                    end_time: int | None = None, bucket_width: str = "1d",
-                    key_id: str | None = None, model: str | None = None) -> SafeJSONResponse:
+async def own_usage(request: Request, ledger: Annotated[UsageLedger, Depends(_ledger)],
+                    start_time: int | None = None, end_time: int | None = None,
+                    bucket_width: str = "1d", key_id: str | None = None, model: str | None = None
+                    ) -> SafeJSONResponse:
     identity = identity_of(request)
-    return await _report(request, identity.tenant, start_time, end_time, bucket_width,
+    return await _report(ledger, identity.tenant, start_time, end_time, bucket_width,
                          key_id, model)
 
 
 @usage_router.get("/admin/usage", include_in_schema=False)
-async def admin_usage(request: Request, tenant: str, start_time: int | None = None,
-                      end_time: int | None = None, bucket_width: str = "1d",
-                      key_id: str | None = None, model: str | None = None
+async def admin_usage(request: Request, ledger: Annotated[UsageLedger, Depends(_ledger)],
+                      token: Annotated[str, Depends(_admin_token)], tenant: str,
+                      start_time: int | None = None, end_time: int | None = None,
+                      bucket_width: str = "1d", key_id: str | None = None, model: str | None = None
                       ) -> SafeJSONResponse:
-    token = request.app.state.admin_token
     if not token:
         raise RequestError("Not Found", status=404, type="invalid_request_error")
     given = request.headers.get("authorization", "")
     if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
         raise InvalidApiKey("This endpoint needs the admin token.")
-    return await _report(request, tenant, start_time, end_time, bucket_width, key_id, model)
+    return await _report(ledger, tenant, start_time, end_time, bucket_width, key_id, model)
 
 
-async def _report(request: Request, tenant: str, start_time: int | None,
+async def _report(ledger: UsageLedger, tenant: str, start_time: int | None,
                   end_time: int | None, bucket_width: str, key_id: str | None,
                   model: str | None) -> SafeJSONResponse:
     if bucket_width not in _WIDTHS:
@@ -75,7 +90,6 @@ async def _report(request: Request, tenant: str, start_time: int | None,
         until_ms - _DEFAULT_SPAN_MS[bucket_width]
     if since_ms >= until_ms:
         raise InvalidRequest("start_time must be before end_time.", param="start_time")
-    ledger: UsageLedger = request.app.state.usage
     rows = await ledger.report(tenant, since_ms=since_ms, until_ms=until_ms, by=by,
                                key_id=key_id, model=model)
     out: dict[str, Any] = {"object": "list", "tenant": tenant, "bucket_width": bucket_width,

@@ -5,8 +5,8 @@ route reads its body, so an unauthenticated client learns nothing but 401.
 including the ones later features add) that puts the caller's
 :class:`~gateway.auth.types.Identity` in the request's state, where routes
 read it with :func:`identity_of`. The authenticator is built with the
-application's collaborators, so the middleware finds it in the
-application's state when a request arrives.
+application's collaborators, after the middleware: ``authenticator`` finds it
+when a request arrives (none yet: 503, the gateway is starting).
 
 A WebSocket handshake is identified the same way (the ``Authorization``
 header). An HTTP answer is no way to refuse one that the route never
@@ -18,6 +18,8 @@ check now (503).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -27,22 +29,26 @@ from gateway.auth.types import Identity
 from gateway.errors import error_response
 from gateway.websocket.protocol import close_code_of, close_reason
 
-__all__ = ["AuthMiddleware", "identity_of"]
+__all__ = ["AuthMiddleware", "FindAuthenticator", "identity_of"]
 
 _PROTECTED = "/v1/"
 
 
+#: the authenticator of the application a request reached (None: not made yet)
+FindAuthenticator = Callable[[Scope], "Authenticator | None"]
+
+
 class AuthMiddleware:
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, authenticator: FindAuthenticator) -> None:
         self.app = app
+        self.authenticator = authenticator
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket") or \
                 not str(scope.get("path", "")).startswith(_PROTECTED):
             await self.app(scope, receive, send)
             return
-        authenticator: Authenticator | None = getattr(scope["app"].state, "authenticator",
-                                                      None)
+        authenticator = self.authenticator(scope)
         if authenticator is None:  # keys or JWTs cannot be checked yet: nothing is served
             await _refuse(PipelineUnavailable("The gateway is starting; try again shortly."),
                           scope, receive, send)

@@ -30,14 +30,19 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from conveyor.errors import RequestError
+from fastapi.responses import Response
+from starlette.requests import Request
+
+from conveyor.errors import InvalidRequest, RequestError
 from gateway import sse
-from gateway.answer import Answer
-from gateway.serving import Serving
+from gateway.answer import Answer, collect
+from gateway.errors import SafeJSONResponse
+from gateway.submission import Submitter
 from schemas.openai.requests import MAX_INT64, MIN_INT64
 from schemas.records import Generation, Reply
 
-__all__ = ["choice_generations", "merged_response", "collect_choices", "stream_choices"]
+__all__ = ["answer_choices", "choice_generations", "merged_response", "collect_choices",
+           "stream_choices"]
 
 Disconnected = Callable[[], Awaitable[bool]]
 
@@ -65,10 +70,51 @@ def merged_response(results: list[dict[str, Any]]) -> dict[str, Any]:
     return {**first, "choices": choices, "usage": usage}
 
 
-async def collect_choices(serving: Serving, generations: list[Generation],
-                          answers: list[Answer], disconnected: Disconnected) -> dict[str, Any]:
+async def answer_choices(submitter: Submitter, generation: Generation, n: int, store: bool,
+                         request: Request, keepalive_s: float,
+                         fallback: Callable[[dict[str, Any]], dict[str, str]]) -> Response:
+    """``n`` choices of ``generation``, each admitted and submitted, answered as one
+    (see the module); ``fallback`` names the model that answered, if not the one
+    asked for, in headers."""
+    if store:
+        raise InvalidRequest("store=true is supported with n=1 only.", param="n")
+    generations = choice_generations(generation, n)
+    answers: list[Answer] = []
+    try:
+        for each in generations:
+            answers.append(await submitter.admit_and_submit(each, request))
+        headers = {**answers[0].ticket.headers, "x-request-id": answers[0].request_id}
+        if not generation["stream"]:
+            result = await collect_choices(generations, answers, request.is_disconnected)
+            return SafeJSONResponse(result, headers={
+                **headers, **fallback(result)})
+        firsts = []
+        for answer in answers:
+            first = await answer.first(request.is_disconnected)
+            if first is None:  # the client left: nobody reads a status
+                raise _ClientLeft
+            firsts.append(first)
+    except BaseException as exc:
+        for answer in answers:
+            answer.close("another choice failed, or the client left")
+        if isinstance(exc, _ClientLeft):
+            return Response(status_code=499)
+        raise
+    opening = json.loads(firsts[0]["chunk"].partition("\n")[0] or "{}")
+    return sse.EventStream(
+        stream_choices(answers, firsts, keepalive_s,
+                       generation["include_usage"]),
+        headers={**sse.HEADERS, **headers, **fallback(opening)})
+
+
+class _ClientLeft(Exception):
+    """The client went away before every choice's first reply."""
+
+
+async def collect_choices(generations: list[Generation], answers: list[Answer],
+                          disconnected: Disconnected) -> dict[str, Any]:
     """Every choice's whole answer, as one ({} when the client left first)."""
-    tasks = [asyncio.create_task(serving.collect(g, a, disconnected))
+    tasks = [asyncio.create_task(collect(g, a, disconnected))
              for g, a in zip(generations, answers, strict=True)]
     try:
         results = await asyncio.gather(*tasks)

@@ -1,6 +1,6 @@
 """The Files API routes (OpenAI's ``/v1/files``). They only dispatch: the upload
 rules are in :mod:`gateway.files.uploads`, storage behind the
-:class:`~conveyor.files.store.FileStore` on ``app.state.files``, the shapes in
+:class:`~conveyor.files.store.FileStore` of the gateway's services, the shapes in
 :mod:`schemas.openai.files`. Every route serves the caller's own tenant.
 
 ``POST /v1/files`` takes a body of up to ``max_file_bytes`` plus
@@ -14,10 +14,11 @@ no upload is ever held in memory, and the multipart parsing is Starlette's.
 
 from __future__ import annotations
 
-from typing import Any, cast, get_args
+from typing import Annotated, Any, cast, get_args
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
+from starlette.requests import HTTPConnection
 
 from conveyor.errors import InvalidRequest
 from conveyor.files.store import LIST_LIMIT_MAX, FileOrder, FileStore, is_file_id
@@ -26,6 +27,7 @@ from gateway.auth.middleware import identity_of
 from gateway.errors import SafeJSONResponse
 from gateway.files.uploads import upload
 from gateway.openapi import ErrorResponse
+from gateway.provide import services_of
 from schemas.openai.files import (
     FileDeleted,
     FileList,
@@ -43,6 +45,11 @@ UPLOAD_PATH = "/v1/files"
 # room in an upload's body for the multipart framing around the file (boundaries,
 # part headers, the purpose field); the file itself is held to max_file_bytes exactly
 MULTIPART_ALLOWANCE = 64 * 1024
+
+
+def _files(connection: HTTPConnection) -> FileStore:
+    files: FileStore = services_of(connection).files
+    return files
 
 
 def upload_limits(settings: Settings) -> dict[str, int]:
@@ -64,56 +71,55 @@ _UPLOAD_BODY = {"requestBody": {"required": True, "content": {"multipart/form-da
 _BINARY = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
 
 
-def _store(request: Request) -> FileStore:
-    store: FileStore = request.app.state.files
-    return store
-
-
 @files_router.post(UPLOAD_PATH, response_model=OpenAIFile, openapi_extra=_UPLOAD_BODY,
                    responses={400: _error("A purpose other than batch, an empty file, or a "
                                           "line that is not a JSON object (named)."),
                               413: _error("The file is larger than max_file_bytes "
                                           "(code request_too_large).")})
-async def create_file(request: Request) -> SafeJSONResponse:
+async def create_file(request: Request, store: Annotated[FileStore, Depends(_files)]
+                      ) -> SafeJSONResponse:
     tenant = identity_of(request).tenant
     async with request.form(max_files=1, max_fields=16) as form:
-        created = await upload(_store(request), tenant, form)
+        created = await upload(store, tenant, form)
     return SafeJSONResponse(file_json(created))
 
 
 @files_router.get("/v1/files", response_model=FileList,
                   responses={400: _error("limit, order or after is not valid.")})
-async def list_files(request: Request, purpose: str | None = None,
-                     limit: int = LIST_LIMIT_MAX, after: str | None = None,
-                     order: str = "desc") -> SafeJSONResponse:
+async def list_files(request: Request, store: Annotated[FileStore, Depends(_files)],
+                     purpose: str | None = None, limit: int = LIST_LIMIT_MAX,
+                     after: str | None = None, order: str = "desc") -> SafeJSONResponse:
     if not 1 <= limit <= LIST_LIMIT_MAX:
         raise InvalidRequest(f"limit must be from 1 to {LIST_LIMIT_MAX}.", param="limit")
     if order not in get_args(FileOrder):
         raise InvalidRequest("order must be asc or desc.", param="order")
     if after is not None and not is_file_id(after):
         raise InvalidRequest("after must be a file id (file-...).", param="after")
-    page = await _store(request).list(identity_of(request).tenant, purpose=purpose,
+    page = await store.list(identity_of(request).tenant, purpose=purpose,
                                       limit=limit, after=after,
                                       order=cast(FileOrder, order))
     return SafeJSONResponse(page_json(page))
 
 
 @files_router.get("/v1/files/{file_id}", response_model=OpenAIFile, responses=_NOT_FOUND)
-async def retrieve_file(file_id: str, request: Request) -> SafeJSONResponse:
-    found = await _store(request).get(identity_of(request).tenant, file_id)
+async def retrieve_file(file_id: str, request: Request, store: Annotated[FileStore, Depends(_files)]
+                        ) -> SafeJSONResponse:
+    found = await store.get(identity_of(request).tenant, file_id)
     return SafeJSONResponse(file_json(found))
 
 
 @files_router.get("/v1/files/{file_id}/content", response_class=StreamingResponse,
                   responses={200: {"content": _BINARY, "description": "The file's bytes."},
                              **_NOT_FOUND})
-async def file_content(file_id: str, request: Request) -> StreamingResponse:
-    found, chunks = await _store(request).open(identity_of(request).tenant, file_id)
+async def file_content(file_id: str, request: Request, store: Annotated[FileStore, Depends(_files)]
+                       ) -> StreamingResponse:
+    found, chunks = await store.open(identity_of(request).tenant, file_id)
     return StreamingResponse(chunks, media_type="application/octet-stream",
                              headers={"Content-Length": str(found.bytes)})
 
 
 @files_router.delete("/v1/files/{file_id}", response_model=FileDeleted, responses=_NOT_FOUND)
-async def delete_file(file_id: str, request: Request) -> SafeJSONResponse:
-    deleted = await _store(request).delete(identity_of(request).tenant, file_id)
+async def delete_file(file_id: str, request: Request, store: Annotated[FileStore, Depends(_files)]
+                      ) -> SafeJSONResponse:
+    deleted = await store.delete(identity_of(request).tenant, file_id)
     return SafeJSONResponse(deleted_json(deleted))

@@ -3,7 +3,7 @@
 A Responses request becomes a chat :class:`~schemas.records.Generation`:
 ``instructions`` first as a system message, then the input's messages (a
 string input is one user message). It is admitted and submitted as chat
-requests are (:func:`gateway.chat.api_router.admit_and_submit`), and answered from
+requests are (:meth:`gateway.submission.Submitter.admit_and_submit`), and answered from
 the same replies: collected into one Response object, or streamed as the
 Responses API's events (:mod:`gateway.responses.events`). The response id is
 ``resp_`` and the pipeline's request id, so the log finds it.
@@ -22,12 +22,12 @@ One loop, two transports. :func:`response_events` turns a source of replies
 (the live answer, or the replies read back from the log) into the events as
 dicts: the opening, one delta per piece of text, then the closing or
 ``response.failed``; None marks a wait of ``within`` seconds without a reply.
-:func:`stream_events` writes them as SSE (None: a keep-alive comment), the
+:meth:`ResponsesServing.stream` writes them as SSE (None: a keep-alive comment), the
 WebSocket session (:mod:`gateway.websocket.responses`) sends each as a JSON
 message.
 
 Resuming (``GET /v1/responses/{id}?stream=true&starting_after=N``, as OpenAI
-names it; :func:`resume_response`). The request is found in the log from its
+names it; :meth:`ResponsesServing.resume`). The request is found in the log from its
 id and its replies are read from its reply partition, recorded then live, by
 :mod:`gateway.resume`, exactly as a chat stream is resumed; the events are
 built again from the first reply on and those numbered above ``N`` are sent
@@ -57,7 +57,7 @@ joins the first with no gap and no repeat. Decisions:
   Responses events (``resp_`` and its id), since requests recorded before
   the log named their API do not say which asked for it.
 
-Reading a stored response back without ``stream`` (:func:`stored_response`,
+Reading a stored response back without ``stream`` (:meth:`ResponsesServing.stored_response`,
 gateway/stored.py): a direct response kept unless ``store: false``, found
 only through the Responses API that made it, rebuilt as its create call
 answered it.
@@ -70,26 +70,34 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Any
+
+from fastapi.responses import Response
+from starlette.requests import Request
 
 from conveyor.errors import InvalidRequest, RequestError
+from conveyor.settings import Settings
 from gateway import sse
+from gateway.answer import Answer, Disconnected, collect
+from gateway.auth.middleware import identity_of
 from gateway.auth.types import Identity
+from gateway.cancels import Cancels
+from gateway.errors import SafeJSONResponse
 from gateway.responses.events import ResponseEvents, frame
 from gateway.responses.objects import is_stored, new_response_id, response_object
+from gateway.responses.types import BackgroundResponses
 from gateway.resume import (
     Framer,
     Recorded,
     RecordedReplies,
     ReplySource,
     StreamNotFound,
-    locate,
     request_id_of,
     resumed_events,
 )
-from gateway.serving import Answer, Serving
-from gateway.stored import find_stored, read_answer
+from gateway.stored import StoredAnswers
+from gateway.submission import Submitter
 from schemas.openai.logprobs import chat_logprobs
 from schemas.openai.responses import (
     LOGPROBS_INCLUDE,
@@ -100,14 +108,10 @@ from schemas.openai.responses import (
 )
 from schemas.records import ErrorInfo, Generation, Reply, Sampling, Usage
 
-__all__ = ["generation_of", "input_param", "collect_response", "first_reply",
-           "response_events", "stream_events", "StoredResponses", "ResponseNotFound",
-           "response_request_id", "sequence_after", "recorded_request", "resume_response",
-           "stored_response"]
+__all__ = ["ResponsesServing", "generation_of", "input_param", "response_events",
+           "ResponseNotFound", "response_request_id", "sequence_after", "recorded_request"]
 
 log = logging.getLogger(__name__)
-
-Disconnected = Callable[[], Awaitable[bool]]
 
 _MESSAGE_PARAM = re.compile(r"^messages\[(\d+)\]")
 _RENAMED = {"messages": "input", "max_tokens": "max_output_tokens"}
@@ -153,38 +157,6 @@ def _translated(exc: RequestError, body: ResponsesRequest) -> RequestError:
 def _error_info(exc: RequestError) -> ErrorInfo:
     return ErrorInfo(status=exc.status, type=exc.type, code=exc.code, param=exc.param,
                      message=exc.message)
-
-
-async def collect_response(serving: Serving, generation: Generation, answer: Answer,
-                           body: ResponsesRequest,
-                           disconnected: Disconnected) -> dict[str, Any]:
-    """The whole answer as one Response object ({} when the client left first)."""
-    try:
-        chat = await serving.collect(generation, answer, disconnected, read_calls=False)
-    except RequestError as exc:
-        raise _translated(exc, body) from None
-    if not chat:
-        return {}
-    choice = chat["choices"][0]
-    usage = chat["usage"]
-    return response_object(new_response_id(answer.request_id), generation["created"], body,
-                           "completed", text=choice["message"]["content"],
-                           usage=Usage(prompt_tokens=usage["prompt_tokens"],
-                                       completion_tokens=usage["completion_tokens"],
-                                       cached_tokens=usage["prompt_tokens_details"]
-                                       ["cached_tokens"]),
-                           finish_reason=choice["finish_reason"],
-                           completed_at=int(time.time()),
-                           logprobs=(choice.get("logprobs") or {}).get("content"))
-
-
-async def first_reply(serving: Serving, answer: Answer, body: ResponsesRequest,
-                      disconnected: Disconnected) -> Reply | None:
-    """The first reply, before the status is chosen (None: the client left)."""
-    try:
-        return await serving.first(answer, disconnected)
-    except RequestError as exc:
-        raise _translated(exc, body) from None
 
 
 async def response_events(events: ResponseEvents, source: ReplySource, first: Reply | None,
@@ -239,32 +211,7 @@ async def _sse(events: AsyncGenerator[dict[str, Any] | None, None],
                 yield sse.Last(frame(event)) if event["type"] in _ENDS else frame(event)
 
 
-async def stream_events(serving: Serving, generation: Generation, answer: Answer,
-                        body: ResponsesRequest, first: Reply) -> AsyncIterator[bytes]:
-    """SSE frames of the Responses API's events, keep-alive comments while waiting.
-    Closing the iterator early (the client went away) cancels the generation after
-    ``resume_grace_s``, unless a resumed stream reads it by then."""
-    events = ResponseEvents(new_response_id(answer.request_id), generation["created"], body)
-    settings = serving.settings
-    ended = False
-    try:
-        async for event in _sse(response_events(events, answer, first, body,
-                                                settings.sse_keepalive_s)):
-            yield event
-        ended = True
-    finally:
-        resumable = settings.resumable_streams and not ended
-        answer.close("client disconnected",
-                     grace_s=settings.resume_grace_s if resumable else 0.0)
-
-
 # -- resuming ---------------------------------------------------------------------
-
-class StoredResponses(Protocol):
-    """What holds background responses (:class:`gateway.jobs.background.BackgroundResponses`)."""
-
-    async def retrieve(self, identity: Identity, response_id: str) -> dict[str, Any]: ...
-
 
 class ResponseNotFound(RequestError):
     """404 for a response that does not exist, or is not the caller's to see."""
@@ -328,72 +275,173 @@ def recorded_request(generation: Generation) -> ResponsesRequest:
         metadata=generation.get("metadata") or None)
 
 
-def _framer(serving: Serving, where: Recorded, generation: Generation) -> Framer:
-    body = recorded_request(generation)
+class ResponsesServing:
+    """``/v1/responses``: what its routes dispatch to. ``background`` takes the
+    requests with ``background: true`` (none: they are refused with a 400)."""
 
-    def frames(replies: RecordedReplies, after: int) -> AsyncIterator[bytes]:
-        events = ResponseEvents(new_response_id(where.request_id), generation["created"],
+    def __init__(self, settings: Settings, submitter: Submitter, stored: StoredAnswers,
+                 cancels: Cancels, background: BackgroundResponses | None = None) -> None:
+        self.settings = settings
+        self.submitter = submitter
+        self.stored = stored
+        self.cancels = cancels
+        self.background = background
+
+    async def create(self, body: ResponsesRequest, request: Request) -> Response:
+        """The response as one object, as SSE events, or (``background``) queued."""
+        generation = generation_of(body)
+        if body.background:
+            if self.background is None:
+                raise InvalidRequest("background responses are not enabled",
+                                     param="background")
+            created = await self.background.create(identity_of(request), body, generation)
+            return SafeJSONResponse(created)
+        answer = await self.submitter.admit_and_submit(generation, request)
+        headers = answer.ticket.headers
+        if not body.stream:
+            result = await self.collect(generation, answer, body, request.is_disconnected)
+            return SafeJSONResponse(result, headers=headers or None)
+        first = await self.first(answer, body, request.is_disconnected)
+        if first is None:  # the client left: nobody reads a status
+            return Response(status_code=499)
+        return sse.EventStream(self.stream(generation, answer, body, first),
+                               headers={**sse.HEADERS, **headers})
+
+    async def retrieve(self, response_id: str, request: Request, stream: bool,
+                       starting_after: str | None) -> Response:
+        """A background response or a stored one (without ``stream``), or a
+        response's events after ``starting_after`` (all without it), from the log
+        then live (``stream``)."""
+        identity = identity_of(request)
+        if not stream:
+            if self.background is not None:
+                try:
+                    return SafeJSONResponse(await self.background.retrieve(identity,
+                                                                           response_id))
+                except RequestError as exc:
+                    if exc.status != 404:
+                        raise
+            response_request_id(response_id)  # 404 for what is no response id, before the log
+            return SafeJSONResponse(await self.stored_response(identity, response_id))
+        rid = response_request_id(response_id)
+        after = sequence_after(starting_after)
+        events = await self.resume(identity, response_id, after)
+        return sse.EventStream(events, headers={**sse.HEADERS, "x-request-id": rid})
+
+    async def collect(self, generation: Generation, answer: Answer, body: ResponsesRequest,
+                      disconnected: Disconnected) -> dict[str, Any]:
+        """The whole answer as one Response object ({} when the client left first)."""
+        try:
+            chat = await collect(generation, answer, disconnected, read_calls=False)
+        except RequestError as exc:
+            raise _translated(exc, body) from None
+        if not chat:
+            return {}
+        choice = chat["choices"][0]
+        usage = chat["usage"]
+        return response_object(new_response_id(answer.request_id), generation["created"], body,
+                               "completed", text=choice["message"]["content"],
+                               usage=Usage(prompt_tokens=usage["prompt_tokens"],
+                                           completion_tokens=usage["completion_tokens"],
+                                           cached_tokens=usage["prompt_tokens_details"]
+                                           ["cached_tokens"]),
+                               finish_reason=choice["finish_reason"],
+                               completed_at=int(time.time()),
+                               logprobs=(choice.get("logprobs") or {}).get("content"))
+
+
+    async def first(self, answer: Answer, body: ResponsesRequest,
+                    disconnected: Disconnected) -> Reply | None:
+        """The first reply, before the status is chosen (None: the client left)."""
+        try:
+            return await answer.first(disconnected)
+        except RequestError as exc:
+            raise _translated(exc, body) from None
+
+    async def stream(self, generation: Generation, answer: Answer, body: ResponsesRequest,
+                     first: Reply) -> AsyncIterator[bytes]:
+        """SSE frames of the Responses API's events, keep-alive comments while waiting.
+        Closing the iterator early (the client went away) cancels the generation after
+        ``resume_grace_s``, unless a resumed stream reads it by then."""
+        events = ResponseEvents(new_response_id(answer.request_id), generation["created"],
                                 body)
+        settings = self.settings
+        ended = False
+        try:
+            async for event in _sse(response_events(events, answer, first, body,
+                                                    settings.sse_keepalive_s)):
+                yield event
+            ended = True
+        finally:
+            resumable = settings.resumable_streams and not ended
+            answer.close("client disconnected",
+                         grace_s=settings.resume_grace_s if resumable else 0.0)
 
-        def completed_at() -> int:
-            ended_ms = replies.ended_ms
-            return ended_ms // 1000 if ended_ms is not None else int(time.time())
+    async def resume(self, identity: Identity, response_id: str, after: int
+                     ) -> AsyncIterator[bytes]:
+        """The SSE events of a response numbered above ``after`` (-1: all), from the
+        log then live; 404 when it is not the caller's, 400 for a background one."""
+        rid = response_request_id(response_id)
+        where = await self.stored.locate(rid)
+        if where is None:
+            if self.background is not None and await _is_background(
+                    self.background, identity, response_id):
+                raise InvalidRequest(
+                    f"Response '{response_id}' is a background response, which cannot be "
+                    "streamed: it runs as a job whose replies are kept as its result, not "
+                    "in the reply log streams are read from. Retrieve it without "
+                    f"stream=true (GET /v1/responses/{response_id}) until its status is "
+                    "final.", param="stream")
+            raise ResponseNotFound(response_id)
+        if where.kind != "chat" or where.generation is None or not self.stored.mine(
+                where, identity):
+            raise ResponseNotFound(response_id)
+        return resumed_events(self.settings, self.stored.codec, self.cancels, where, after,
+                              self._framer(where, where.generation))
 
-        return _sse(response_events(events, replies, None, body,
-                                    serving.settings.sse_keepalive_s, completed_at), after)
+    def _framer(self, where: Recorded, generation: Generation) -> Framer:
+        body = recorded_request(generation)
+        keepalive_s = self.settings.sse_keepalive_s
 
-    return frames
+        def frames(replies: RecordedReplies, after: int) -> AsyncIterator[bytes]:
+            events = ResponseEvents(new_response_id(where.request_id), generation["created"],
+                                    body)
+
+            def completed_at() -> int:
+                ended_ms = replies.ended_ms
+                return ended_ms // 1000 if ended_ms is not None else int(time.time())
+
+            return _sse(response_events(events, replies, None, body, keepalive_s,
+                                        completed_at), after)
+
+        return frames
+
+    async def stored_response(self, identity: Identity, response_id: str) -> dict[str, Any]:
+        """A direct (not background) response that was stored, rebuilt from the log
+        (gateway/stored.py); 404 when it was not stored or is not the caller's."""
+        rid = response_request_id(response_id)
+        where = await self.stored.find(identity, rid, "responses")
+        if where is None or where.generation is None:
+            raise ResponseNotFound(response_id)
+        generation = where.generation
+        body = recorded_request(generation)
+        try:
+            folded, ended_ms = await self.stored.read(where)
+        except RequestError as exc:
+            return response_object(response_id, generation["created"], body, "failed",
+                                   error=_error_info(_translated(exc, body)))
+        return response_object(
+            response_id, generation["created"], body, "completed", text=folded.text,
+            usage=folded.usage, finish_reason=folded.finish_reason,
+            completed_at=ended_ms // 1000 if ended_ms is not None else int(time.time()),
+            logprobs=chat_logprobs(folded.logprobs)["content"] if body.logprobs_asked()[0]
+            else None)
 
 
-async def resume_response(serving: Serving, identity: Identity, response_id: str,
-                          after: int, stored: StoredResponses | None
-                          ) -> AsyncIterator[bytes]:
-    """The SSE events of a response numbered above ``after`` (-1: all), from the log
-    then live; 404 when it is not the caller's, 400 for a background response."""
-    rid = response_request_id(response_id)
-    where = await locate(serving.lookup, serving.codec, rid)
-    if where is None:
-        if stored is not None and await _is_stored(stored, identity, response_id):
-            raise InvalidRequest(
-                f"Response '{response_id}' is a background response, which cannot be "
-                "streamed: it runs as a job whose replies are kept as its result, not in "
-                "the reply log streams are read from. Retrieve it without stream=true "
-                f"(GET /v1/responses/{response_id}) until its status is final.",
-                param="stream")
-        raise ResponseNotFound(response_id)
-    mine = serving.settings.auth == "none" or where.tenant == identity.tenant
-    if where.kind != "chat" or where.generation is None or not mine:
-        raise ResponseNotFound(response_id)
-    return resumed_events(serving.settings, serving.codec, serving.cancels, where, after,
-                          _framer(serving, where, where.generation))
-
-
-async def stored_response(serving: Serving, identity: Identity, response_id: str
-                          ) -> dict[str, Any]:
-    """A direct (not background) response that was stored, rebuilt from the log
-    (gateway/stored.py); 404 when it was not stored or is not the caller's."""
-    rid = response_request_id(response_id)
-    where = await find_stored(serving, identity, rid, "responses")
-    if where is None or where.generation is None:
-        raise ResponseNotFound(response_id)
-    generation = where.generation
-    body = recorded_request(generation)
+async def _is_background(background: BackgroundResponses, identity: Identity,
+                         response_id: str) -> bool:
     try:
-        folded, ended_ms = await read_answer(serving, where)
-    except RequestError as exc:
-        return response_object(response_id, generation["created"], body, "failed",
-                               error=_error_info(_translated(exc, body)))
-    return response_object(
-        response_id, generation["created"], body, "completed", text=folded.text,
-        usage=folded.usage, finish_reason=folded.finish_reason,
-        completed_at=ended_ms // 1000 if ended_ms is not None else int(time.time()),
-        logprobs=chat_logprobs(folded.logprobs)["content"] if body.logprobs_asked()[0]
-        else None)
-
-
-async def _is_stored(stored: StoredResponses, identity: Identity, response_id: str) -> bool:
-    try:
-        await stored.retrieve(identity, response_id)
+        await background.retrieve(identity, response_id)
     except RequestError as exc:
         if exc.status == 404:
             return False

@@ -10,12 +10,15 @@ Authentication ran before the handshake was accepted
 
 from __future__ import annotations
 
-from fastapi import APIRouter, WebSocket
+from typing import Annotated
 
-from gateway.serving import Serving
+from fastapi import APIRouter, Depends, WebSocket
+from starlette.requests import HTTPConnection
+
+from gateway.provide import services_of
+from gateway.submission import Submitter
 from gateway.websocket.chat import Multiplexer
 from gateway.websocket.connection import Connection
-from gateway.websocket.protocol import Endpoint
 from gateway.websocket.responses import ResponsesSession
 
 __all__ = ["websocket_router"]
@@ -23,28 +26,39 @@ __all__ = ["websocket_router"]
 websocket_router = APIRouter()
 
 
-async def _open(websocket: WebSocket) -> tuple[Connection, Serving]:
+def _submitter(connection: HTTPConnection) -> Submitter:
+    submitter: Submitter = services_of(connection).submitter
+    return submitter
+
+
+def _max_bytes(connection: HTTPConnection) -> int:
+    """The largest message a connection takes: the HTTP body limit."""
+    max_bytes: int = services_of(connection).settings.max_body_bytes
+    return max_bytes
+
+
+async def _open(websocket: WebSocket, max_bytes: int) -> Connection:
     await websocket.accept()
-    serving: Serving = websocket.app.state.serving
-    return Connection(websocket, serving.settings.max_body_bytes), serving
-
-
-async def _multiplex(websocket: WebSocket, endpoint: Endpoint) -> None:
-    connection, serving = await _open(websocket)
-    await Multiplexer(connection, serving, websocket, endpoint).run()
+    return Connection(websocket, max_bytes)
 
 
 @websocket_router.websocket("/v1/chat/completions")
-async def chat_completions_ws(websocket: WebSocket) -> None:
-    await _multiplex(websocket, "chat")
+async def chat_completions_ws(websocket: WebSocket,
+                              submitter: Annotated[Submitter, Depends(_submitter)],
+                              max_bytes: Annotated[int, Depends(_max_bytes)]) -> None:
+    connection = await _open(websocket, max_bytes)
+    await Multiplexer(connection, submitter, websocket, "chat").run()
 
 
 @websocket_router.websocket("/v1/completions")
-async def completions_ws(websocket: WebSocket) -> None:
-    await _multiplex(websocket, "completion")
+async def completions_ws(websocket: WebSocket, submitter: Annotated[Submitter, Depends(_submitter)],
+                         max_bytes: Annotated[int, Depends(_max_bytes)]) -> None:
+    connection = await _open(websocket, max_bytes)
+    await Multiplexer(connection, submitter, websocket, "completion").run()
 
 
 @websocket_router.websocket("/v1/responses")
-async def responses_ws(websocket: WebSocket) -> None:
-    connection, serving = await _open(websocket)
-    await ResponsesSession(connection, serving, websocket).run()
+async def responses_ws(websocket: WebSocket, submitter: Annotated[Submitter, Depends(_submitter)],
+                       max_bytes: Annotated[int, Depends(_max_bytes)]) -> None:
+    connection = await _open(websocket, max_bytes)
+    await ResponsesSession(connection, submitter, websocket).run()

@@ -5,7 +5,7 @@ its client gave it (:mod:`gateway.websocket.protocol` has the messages).
 of its own; :class:`Generation` holds one request's state (its id, its
 :class:`GenerationState`, its task and answer), never parallel lists. A
 request is validated, admitted and submitted as its HTTP twin is
-(:func:`gateway.chat.api_router.admit_and_submit`, with the handshake's headers:
+(:meth:`gateway.submission.Submitter.admit_and_submit`, with the handshake's headers:
 ``X-Conveyor-Timeout``, ``traceparent``), then streamed: over a WebSocket
 every request streams, whatever its ``stream`` says, and its chunks are the
 SSE stream's chunk objects.
@@ -35,8 +35,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import HTTPConnection
 
 from conveyor.errors import InvalidRequest, RateLimited, RequestError
-from gateway.chat.api_router import admit_and_submit
-from gateway.serving import Answer, Serving
+from gateway.answer import Answer
+from gateway.submission import Submitter
 from gateway.websocket.connection import Connection
 from gateway.websocket.protocol import (
     INTERNAL_ERROR,
@@ -123,13 +123,13 @@ class Generation:
         if self.state is GenerationState.STREAMING and self.task is not None:
             self.task.cancel()
 
-    async def run(self, serving: Serving, request: HTTPConnection, endpoint: Endpoint,
+    async def run(self, submitter: Submitter, request: HTTPConnection, endpoint: Endpoint,
                   body: Any) -> None:
         """Serve the request to its one terminal message. A task cancelled by
         anything but the client's ``cancel`` (the connection is over) stays
         cancelled."""
         try:
-            await self._serve(serving, request, endpoint, body)
+            await self._serve(submitter, request, endpoint, body)
         except asyncio.CancelledError:
             if not self.cancel_requested or not self.connection.open:
                 raise
@@ -148,10 +148,10 @@ class Generation:
             if self.state is not GenerationState.ENDED:
                 self._move(GenerationState.ENDED)
 
-    async def _serve(self, serving: Serving, request: HTTPConnection, endpoint: Endpoint,
+    async def _serve(self, submitter: Submitter, request: HTTPConnection, endpoint: Endpoint,
                      body: Any) -> None:
         generation = validated(endpoint, body)
-        self.answer = await admit_and_submit(serving, generation, request)
+        self.answer = await submitter.admit_and_submit(generation, request)
         self._move(GenerationState.STREAMING)
         if self.cancel_requested:
             raise _ClientCancelled
@@ -175,10 +175,10 @@ class Generation:
 class Multiplexer:
     """The requests of one connection; :meth:`run` lasts as long as the connection."""
 
-    def __init__(self, connection: Connection, serving: Serving, request: HTTPConnection,
+    def __init__(self, connection: Connection, submitter: Submitter, request: HTTPConnection,
                  endpoint: Endpoint, max_in_flight: int = MAX_IN_FLIGHT) -> None:
         self.connection = connection
-        self.serving = serving
+        self.submitter = submitter
         self.request = request  # the handshake (an HTTPConnection): identity, headers
         self.endpoint = endpoint
         self.max_in_flight = max_in_flight
@@ -218,7 +218,7 @@ class Multiplexer:
         generation = Generation(message.id, self.connection)
         self.in_flight[message.id] = generation
         generation.task = asyncio.create_task(
-            generation.run(self.serving, self.request, self.endpoint, message.body),
+            generation.run(self.submitter, self.request, self.endpoint, message.body),
             name=f"ws-request-{message.id}")
         generation.task.add_done_callback(lambda _: self._ended(generation))
 

@@ -31,11 +31,11 @@ import logging
 from starlette.requests import HTTPConnection
 
 from conveyor.errors import InvalidRequest, RateLimited, RequestError
-from gateway.chat.api_router import admit_and_submit
+from gateway.answer import Answer
 from gateway.responses.events import ResponseEvents
 from gateway.responses.objects import new_response_id
 from gateway.responses.serving import generation_of, input_param, response_events
-from gateway.serving import Answer, Serving
+from gateway.submission import Submitter
 from gateway.websocket.connection import Connection
 from gateway.websocket.protocol import (
     ResponseCreate,
@@ -61,10 +61,10 @@ def _translated(exc: RequestError, body: ResponsesRequest | None) -> RequestErro
 class ResponsesSession:
     """The responses of one connection; :meth:`run` lasts as long as the connection."""
 
-    def __init__(self, connection: Connection, serving: Serving,
+    def __init__(self, connection: Connection, submitter: Submitter,
                  request: HTTPConnection) -> None:
         self.connection = connection
-        self.serving = serving
+        self.submitter = submitter
         self.request = request
         self.queue: asyncio.Queue[ResponseCreate] = asyncio.Queue(MAX_QUEUED)
 
@@ -114,7 +114,7 @@ class ResponsesSession:
         body = parse_request(json.dumps(create.fields).encode())
         generation = generation_of(body)
         try:
-            answer = await admit_and_submit(self.serving, generation, self.request)
+            answer = await self.submitter.admit_and_submit(generation, self.request)
         except RequestError as exc:
             raise _translated(exc, body) from None
         try:

@@ -1,21 +1,46 @@
 """What a gateway test stands in at the Kafka seam: the producer the
 gateway's publisher sends cancels and requests with, and the reply router
 (with the lease whose Redis it reads). The real Redis stays real (the
-``redis`` fixture in tests/conftest.py)."""
+``redis`` fixture in tests/conftest.py). With them, the gateway's own parts
+as the lifespan wires them (:func:`submitter`, :func:`chat_serving`,
+:func:`responses_serving`), and :func:`offline_services` for an application
+whose lifespan does not run."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
 
+from conveyor.files.local import LocalFileStore
+from conveyor.policy.rules import PolicyBook
+from conveyor.registry import Registry
 from conveyor.settings import Settings
+from gateway.admission import Admitter
+from gateway.auth.authenticate import Authenticator
+from gateway.cancels import Cancels, ResumeWatch
+from gateway.chat.serving import ChatServing
+from gateway.health import Health
+from gateway.jobs.background import BackgroundResponses
+from gateway.jobs.batches import Batches
+from gateway.jobs.board import JobBoard
 from gateway.publisher import Publisher
+from gateway.responses.serving import ResponsesServing
+from gateway.responses.types import BackgroundResponses as Background
+from gateway.services import Services
+from gateway.stored import StoredAnswers
+from gateway.submission import Submitter
 from schemas.codec import default_codec
+from topics.shared_lookup import SharedLookup
+from workers.usage.ledger import UsageLedger
 
-__all__ = ["HANG", "Lease", "RecordingProducer", "Router", "ScriptedProducer", "publisher"]
+__all__ = ["HANG", "Lease", "RecordingProducer", "Router", "ScriptedProducer", "publisher",
+           "cancels", "submitter", "chat_serving", "responses_serving", "offline_services"]
+
+_MODELS = Path(__file__).resolve().parents[1] / "data" / "models.toml"
 
 HANG: Literal["hang"] = "hang"
 
@@ -84,3 +109,61 @@ class Router:
 
     def close(self, request_id: str) -> None:
         self.closed.append(request_id)
+
+
+def cancels(settings: Settings, producer: Any, redis: aioredis.Redis | None = None) -> Cancels:
+    """The gateway's cancels over a stand-in producer, the watch in ``redis``."""
+    return Cancels(settings, publisher(settings, producer),
+                   ResumeWatch(settings, redis))  # type: ignore[arg-type]
+
+
+def submitter(settings: Settings, producer: Any, router: Any = None,
+              redis: aioredis.Redis | None = None) -> Submitter:
+    """The gateway's submitter over a stand-in producer and reply router, every
+    model of tests/data/models.toml admitted without limits."""
+    out = publisher(settings, producer)
+    return Submitter(settings, out, router or Router(),
+                     Cancels(settings, out, ResumeWatch(settings, redis)),  # type: ignore[arg-type]
+                     Admitter(Registry.load(_MODELS)), PolicyBook(), "g")
+
+
+def _stored(settings: Settings, lookup: SharedLookup | None) -> StoredAnswers:
+    return StoredAnswers(settings, lookup or SharedLookup(settings), default_codec())
+
+
+def chat_serving(settings: Settings, producer: Any, redis: aioredis.Redis | None = None,
+                 lookup: SharedLookup | None = None) -> ChatServing:
+    """Chat completions' serving as the lifespan wires it, over the stand-ins."""
+    made = submitter(settings, producer, redis=redis)
+    return ChatServing(settings, made, _stored(settings, lookup), made.cancels,
+                       Registry.load(_MODELS))
+
+
+def responses_serving(settings: Settings, producer: Any, redis: aioredis.Redis | None = None,
+                      lookup: SharedLookup | None = None,
+                      background: Background | None = None) -> ResponsesServing:
+    """The Responses API's serving as the lifespan wires it, over the stand-ins."""
+    made = submitter(settings, producer, redis=redis)
+    return ResponsesServing(settings, made, _stored(settings, lookup), made.cancels, background)
+
+
+def offline_services(settings: Settings, registry: Registry | None = None) -> Services:
+    """The services of an application whose lifespan does not run: the edge and
+    what needs no broker are real (auth ``none``, the files store, the models),
+    Kafka is a recording stand-in, and background responses are not enabled."""
+    registry = registry or Registry.load(_MODELS)
+    producer = RecordingProducer()
+    made = submitter(settings, producer)
+    stored = _stored(settings, None)
+    files = LocalFileStore(settings)
+    board = JobBoard(settings, default_codec())
+    background = BackgroundResponses(settings, made.publisher, board)
+    return Services(
+        settings=settings, health=Health("g"), registry=registry,
+        authenticator=Authenticator(settings), policies=made.policies,
+        publisher=made.publisher, submitter=made, stored=stored,
+        chat=ChatServing(settings, made, stored, made.cancels, registry),
+        responses=ResponsesServing(settings, made, stored, made.cancels, None),
+        files=files, batches=Batches(settings, made.publisher, board, files),
+        background=background,
+        usage=UsageLedger(settings, aioredis.from_url(settings.redis_url)))

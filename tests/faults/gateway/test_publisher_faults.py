@@ -14,9 +14,9 @@ import time
 import uuid
 
 from conveyor.settings import Settings
-from gateway.serving import Serving
+from gateway.cancels import Cancels
 from schemas.codec import default_codec
-from tests.support.gateway_fakes import Router, publisher
+from tests.support.gateway_fakes import cancels
 from tests.support.services import OwnKafka
 from topics.admin import ensure_topics
 from topics.catalog import CONTROL, catalog
@@ -47,12 +47,12 @@ async def cancels_on(settings: Settings, wanted: set[str], within: float) -> lis
     return found
 
 
-async def cancel_steadily(serving: Serving, stop: asyncio.Event, asked: list[str]) -> None:
+async def cancel_steadily(gateway: Cancels, stop: asyncio.Event, asked: list[str]) -> None:
     """A gateway under load: a cancel every 50 ms, so that the broker's controlled
     shutdown is seen (NotLeaderForPartition: the control partition has no leader)."""
     while not stop.is_set():
         asked.append(f"r-steady-{len(asked)}")
-        serving.cancel(asked[-1], "client disconnected")
+        gateway.cancel(asked[-1], "client disconnected")
         await asyncio.sleep(0.05)
 
 
@@ -64,17 +64,16 @@ async def test_a_cancel_asked_for_while_kafka_is_down_arrives_after_it_is_back(
                                    if s.name == CONTROL.at(settings)])
     producer = make_producer(settings, request_timeout_ms=TIMEOUT_MS)
     await producer.start()
-    serving = Serving(settings, publisher(settings, producer), Router(),  # type: ignore[arg-type]
-                      "g")
+    gateway = cancels(settings, producer)
     asked: list[str] = []
     stop = asyncio.Event()
-    steady = asyncio.create_task(cancel_steadily(serving, stop, asked))
+    steady = asyncio.create_task(cancel_steadily(gateway, stop, asked))
     try:
         await asyncio.sleep(1)
         await asyncio.to_thread(own_kafka.stop)
         stop.set()
         await steady
-        serving.cancel("r-outage", "client disconnected")
+        gateway.cancel("r-outage", "client disconnected")
         await asyncio.sleep(TIMEOUT_MS / 1000 + 2)  # its first attempt has expired by now
         await asyncio.to_thread(own_kafka.start)
         back = time.monotonic()

@@ -24,6 +24,7 @@ from pydantic import TypeAdapter
 from conveyor.errors import InvalidRequest, RequestError
 from conveyor.registry import Registry
 from conveyor.settings import Settings
+from gateway.answer import Answer
 from gateway.app import build_app
 from gateway.auth.types import Identity
 from gateway.cancels import ResumeWatch
@@ -32,18 +33,21 @@ from gateway.responses.events import ResponseEvents
 from gateway.responses.objects import response_object
 from gateway.responses.serving import (
     ResponseNotFound,
+    ResponsesServing,
     generation_of,
     recorded_request,
     response_events,
     response_request_id,
-    resume_response,
-    stream_events,
 )
-from gateway.serving import Answer, Serving
 from schemas.codec import default_codec
 from schemas.openai.responses import ResponsesRequest, parse_request
 from schemas.records import ErrorInfo, Generation, Reply, Request, Usage
-from tests.support.gateway_fakes import Lease, RecordingProducer, Router, publisher
+from tests.support.gateway_fakes import (
+    RecordingProducer,
+    Router,
+    offline_services,
+    responses_serving,
+)
 from tests.support.pipeline import TEST_MODELS, drop_topics
 from topics.admin import ensure_topics
 from topics.catalog import catalog
@@ -85,18 +89,18 @@ def parsed(frames: list[bytes]) -> list[Any]:
 # -- the one loop ---------------------------------------------------------------
 
 def serving(redis: aioredis.Redis | None = None, **settings: Any
-            ) -> tuple[Serving, RecordingProducer]:
+            ) -> tuple[ResponsesServing, RecordingProducer]:
     producer = RecordingProducer()
     s = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}", **settings)
-    return Serving(s, publisher(s, producer),
-                   Router(Lease(redis)), "g"), producer  # type: ignore[arg-type]
+    return responses_serving(s, producer, redis), producer
 
 
 async def events_of(replies: list[Reply], req: ResponsesRequest, pause_s: float = 0.0,
                     within: float | None = None) -> list[dict[str, Any] | None]:
     """What the loop yields for ``replies``, each put after ``pause_s``."""
     s, _ = serving()
-    answer = Answer(ReplyStream("r1"), time.monotonic() + 5, s.router, s.cancels)
+    answer = Answer(ReplyStream("r1"), time.monotonic() + 5,
+                    Router(), s.cancels)  # type: ignore[arg-type]
 
     async def feed() -> None:
         for r in replies:
@@ -146,12 +150,13 @@ async def test_the_sse_stream_frames_the_loops_events() -> None:
     req = body()
     s, _ = serving()
     replies = [reply(0, "delta", "Par"), reply(1, "final", "is.", "stop", USAGE)]
-    answer = Answer(ReplyStream("r1"), time.monotonic() + 5, s.router, s.cancels)
+    answer = Answer(ReplyStream("r1"), time.monotonic() + 5,
+                    Router(), s.cancels)  # type: ignore[arg-type]
     for r in replies:
         answer.stream.put(r)
     first = await answer.next()
     assert first is not None
-    frames = [f async for f in stream_events(s, generation_of(req), answer, req, first)]
+    frames = [f async for f in s.stream(generation_of(req), answer, req, first)]
     looped = await events_of(replies, req)
     sent = [json.loads(f.split(b"\ndata: ", 1)[1]) for f in frames]
     for a, b in zip(sent, looped, strict=True):
@@ -188,11 +193,12 @@ def test_a_response_id_names_its_request() -> None:
 
 # -- the grace of a dropped stream, on the real Redis -------------------------------
 
-async def dropped(s: Serving) -> None:
+async def dropped(s: ResponsesServing) -> None:
     """A Responses stream whose client leaves after its first event."""
     req = body()
-    answer = Answer(ReplyStream("r1"), time.monotonic() + 5, s.router, s.cancels)
-    frames = stream_events(s, generation_of(req), answer, req, reply(0, "delta", "Par"))
+    answer = Answer(ReplyStream("r1"), time.monotonic() + 5,
+                    Router(), s.cancels)  # type: ignore[arg-type]
+    frames = s.stream(generation_of(req), answer, req, reply(0, "delta", "Par"))
     assert (await frames.__anext__()).startswith(b"event: response.created\n")
     await frames.aclose()
 
@@ -245,21 +251,25 @@ class Stored:
 @pytest.fixture(scope="module")
 def http() -> TestClient:
     """The gateway's own application, without its pipeline (no lifespan runs)."""
-    return TestClient(build_app(Settings(topic_prefix="rr"), Registry.load(TEST_MODELS)))
+    settings, registry = Settings(topic_prefix="rr"), Registry.load(TEST_MODELS)
+    app = build_app(settings, registry)
+    app.state.services = offline_services(settings, registry)
+    return TestClient(app)
 
 
 def test_without_stream_the_route_is_the_background_retrieve(http: TestClient) -> None:
     held = response_object("resp_bg1", 1700000000, body(background=True, stream=False),
                            "queued")
     stored = Stored(held)
-    http.app.state.background_responses = stored  # type: ignore[attr-defined]
+    responses = http.app.state.services.responses  # type: ignore[attr-defined]
+    responses.background = stored
     try:
         assert http.get("/v1/responses/resp_bg1").json() == held
         assert http.get("/v1/responses/resp_bg1?stream=false").json() == held
         # not a background response, nor a response id at all: 404 without the log
         missing = http.get("/v1/responses/other")
     finally:
-        del http.app.state.background_responses  # type: ignore[attr-defined]
+        responses.background = None
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
     assert stored.asked == [("default", "resp_bg1")] * 2 + [("default", "other")]
 
@@ -313,11 +323,10 @@ async def log(services: None) -> AsyncIterator[Log]:
         await asyncio.to_thread(drop_topics, settings.kafka_bootstrap, settings.topic_prefix)
 
 
-def resume_serving(log: Log, redis: aioredis.Redis, **update: Any) -> Serving:
+def resume_serving(log: Log, redis: aioredis.Redis, background: Any = None,
+                   **update: Any) -> ResponsesServing:
     settings = log.settings.model_copy(update=update)
-    return Serving(settings, publisher(settings, log.producer),
-                   Router(Lease(redis)), "g",  # type: ignore[arg-type]
-                   lookup=log.lookup)
+    return responses_serving(settings, log.producer, redis, log.lookup, background)
 
 
 async def test_a_response_resumes_from_the_log_then_live(log: Log,
@@ -329,7 +338,7 @@ async def test_a_response_resumes_from_the_log_then_live(log: Log,
         await log.reply(r)
     s = resume_serving(log, redis)
     me = Identity(tenant="default", key_id="")
-    frames = await resume_response(s, me, f"resp_{rid}", 4, None)
+    frames = await s.resume(me, f"resp_{rid}", 4)
     got: list[bytes] = []
 
     async def read() -> None:
@@ -351,7 +360,7 @@ async def test_a_response_resumes_from_the_log_then_live(log: Log,
     assert final.id == f"resp_{rid}" and final.output_text == "Paris."
     assert final.instructions == "Be brief." and final.max_output_tokens == 8
     assert final.completed_at is not None and abs(final.completed_at - time.time()) < 60
-    whole = parsed([f async for f in await resume_response(s, me, f"resp_{rid}", -1, None)])
+    whole = parsed([f async for f in await s.resume(me, f"resp_{rid}", -1)])
     assert [e.sequence_number for e in whole] == list(range(11))
     assert [e.model_dump() for e in whole[5:]] == [e.model_dump() for e in events]
 
@@ -364,12 +373,13 @@ async def test_a_response_of_another_tenant_or_a_background_one_is_not_streamed(
     await log.request(job, {**g, "stream": False}, tenant="owner", job_id=job)
     s = resume_serving(log, redis, auth="keys")
     with pytest.raises(ResponseNotFound):
-        await resume_response(s, Identity(tenant="stranger", key_id=""), f"resp_{rid}", -1, None)
-    assert await resume_response(s, Identity(tenant="owner", key_id=""), f"resp_{rid}", -1, None)
+        await s.resume(Identity(tenant="stranger", key_id=""), f"resp_{rid}", -1)
+    assert await s.resume(Identity(tenant="owner", key_id=""), f"resp_{rid}", -1)
     stored = Stored(response_object(job, 1700000000, body(background=True, stream=False),
                                     "in_progress"))
+    with_background = resume_serving(log, redis, stored, auth="keys")
     with pytest.raises(InvalidRequest) as info:
-        await resume_response(s, Identity(tenant="owner", key_id=""), job, -1, stored)
+        await with_background.resume(Identity(tenant="owner", key_id=""), job, -1)
     assert info.value.param == "stream" and "background" in info.value.message
     with pytest.raises(ResponseNotFound):
-        await resume_response(s, Identity(tenant="owner", key_id=""), job, -1, None)
+        await s.resume(Identity(tenant="owner", key_id=""), job, -1)

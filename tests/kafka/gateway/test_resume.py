@@ -17,7 +17,9 @@ import redis.asyncio as aioredis
 from conveyor.errors import InvalidRequest
 from conveyor.settings import Settings
 from gateway import sse
+from gateway.answer import Answer
 from gateway.cancels import ResumeWatch
+from gateway.chat.serving import ChatServing
 from gateway.replies import ReplyStream
 from gateway.resume import (
     _LOOKUP_WINDOWS_S,
@@ -26,10 +28,9 @@ from gateway.resume import (
     request_id_of,
     resume_after,
 )
-from gateway.serving import Answer, Serving
 from schemas.codec import default_codec
 from schemas.records import Reply
-from tests.support.gateway_fakes import Lease, RecordingProducer, Router, publisher
+from tests.support.gateway_fakes import RecordingProducer, Router, chat_serving
 from topics.envelope import new_envelope, now_ms
 from workers.infer.gateways import GatewayWatch
 
@@ -69,17 +70,17 @@ def reply(index: int, kind: str, chunks: list[dict[str, Any]]) -> Reply:
                  finish_reason=None, usage=None, error=None)
 
 
-def serving(redis: aioredis.Redis, grace_s: float) -> tuple[Serving, RecordingProducer]:
+def serving(redis: aioredis.Redis, grace_s: float) -> tuple[ChatServing, RecordingProducer]:
     producer = RecordingProducer()
     settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}", resume_grace_s=grace_s,
                         sse_keepalive_s=5)
-    return Serving(settings, publisher(settings, producer),
-                   Router(Lease(redis)), "g"), producer  # type: ignore[arg-type]
+    return chat_serving(settings, producer, redis), producer
 
 
 async def test_events_are_numbered_per_chunk_object(redis: aioredis.Redis) -> None:
     s, _ = serving(redis, 0)
-    answer = Answer(ReplyStream("r1"), time.monotonic() + 5, s.router, s.cancels)
+    answer = Answer(ReplyStream("r1"), time.monotonic() + 5,
+                    Router(), s.cancels)  # type: ignore[arg-type]
     answer.stream.put(reply(0, "delta", [{"a": 1}, {"b": 2}]))
     answer.stream.put(reply(1, "final", [{"c": 3}]))
     first = await answer.next()
@@ -93,7 +94,8 @@ async def test_events_are_numbered_per_chunk_object(redis: aioredis.Redis) -> No
 async def test_a_dropped_stream_is_cancelled_only_after_the_grace(redis: aioredis.Redis
                                                                    ) -> None:
     s, producer = serving(redis, 0.4)
-    answer = Answer(ReplyStream("r1"), time.monotonic() + 5, s.router, s.cancels)
+    answer = Answer(ReplyStream("r1"), time.monotonic() + 5,
+                    Router(), s.cancels)  # type: ignore[arg-type]
     frames = s.stream(answer, reply(0, "delta", [{"a": 1}]))
     await frames.__anext__()
     await frames.aclose()  # the client went away
@@ -110,7 +112,8 @@ async def test_a_stream_resumed_within_the_grace_is_not_cancelled(redis: aioredi
                                                                    ) -> None:
     s, producer = serving(redis, 0.3)
     watch = ResumeWatch(s.settings, redis)
-    answer = Answer(ReplyStream("r1"), time.monotonic() + 5, s.router, s.cancels)
+    answer = Answer(ReplyStream("r1"), time.monotonic() + 5,
+                    Router(), s.cancels)  # type: ignore[arg-type]
     frames = s.stream(answer, reply(0, "delta", [{"a": 1}]))
     await frames.__anext__()
     await frames.aclose()
@@ -119,7 +122,7 @@ async def test_a_stream_resumed_within_the_grace_is_not_cancelled(redis: aioredi
         await asyncio.sleep(0.6)
         assert producer.sent == []
         # that reader leaves too: its own grace ends in a cancel, and its watch is gone
-        s.cancel("r1", "resumed client disconnected", grace_s=0.2, reader=reader)
+        s.cancels.cancel("r1", "resumed client disconnected", grace_s=0.2, reader=reader)
         await asyncio.sleep(0.5)
         assert len(producer.sent) == 1
         assert await redis.get(watch.key("r1")) is None

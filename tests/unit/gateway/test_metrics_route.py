@@ -8,36 +8,36 @@ import httpx
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from conveyor.metrics import process_metrics
+from conveyor.metrics import Metrics, process_metrics
 from conveyor.settings import Settings
 from gateway.metrics_route import install_metrics
 
 
-def _app(**settings: object) -> FastAPI:
+def _app(**settings: object) -> tuple[FastAPI, Metrics]:
     app = FastAPI()
 
     @app.get("/v1/ping")
     async def ping() -> dict[str, str]:
         return {"ok": "yes"}
 
-    install_metrics(app, Settings(**settings))  # type: ignore[arg-type]
-    return app
+    metrics, _ = install_metrics(app, Settings(**settings))  # type: ignore[arg-type]
+    return app, metrics
 
 
 def test_every_answer_is_timed_by_route_and_status() -> None:
-    with TestClient(_app()) as client:
+    with TestClient(_app()[0]) as client:
         assert client.get("/v1/ping").status_code == 200
         text = client.get("/metrics").text
     assert 'http_route="/v1/ping"' in text and 'http_response_status_code="200"' in text
 
 
 def test_metrics_off_records_nothing_and_serves_no_route() -> None:
-    app = _app(metrics_enabled=False)
+    app, metrics = _app(metrics_enabled=False)
     with TestClient(app) as client:
         assert client.get("/v1/ping").status_code == 200
         assert client.get("/metrics").status_code == 404
-    assert not app.state.metrics.enabled
-    assert b"http_server" not in app.state.metrics.exposition()
+    assert not metrics.enabled
+    assert b"http_server" not in metrics.exposition()
 
 
 def test_metrics_off_leaves_a_process_port_unserved() -> None:

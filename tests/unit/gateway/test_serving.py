@@ -1,4 +1,5 @@
-"""Serving.stream: SSE framing, keep-alive comments, cancel on early close, deadline.
+"""ChatServing.stream: SSE framing, keep-alive comments, cancel on early close,
+deadline; the Submitter: what the broker does to a request.
 
 These run with ``resume_grace_s=0``: the cancel of a stream closed early is
 then sent at once, as before streams could be resumed; the grace itself is
@@ -16,11 +17,20 @@ import pytest
 
 from conveyor.settings import Settings
 from gateway import sse
+from gateway.answer import Answer
+from gateway.chat.serving import ChatServing
 from gateway.replies import ReplyStream
-from gateway.serving import Answer, Serving
+from gateway.submission import Submitter
 from schemas.codec import default_codec
 from schemas.records import Reply
-from tests.support.gateway_fakes import RecordingProducer, Router, ScriptedProducer, publisher
+from tests.support.gateway_fakes import (
+    RecordingProducer,
+    Router,
+    ScriptedProducer,
+    cancels,
+    chat_serving,
+    submitter,
+)
 from topics.envelope import new_envelope
 
 
@@ -32,14 +42,13 @@ def reply(index: int, kind: str, chunks: list[dict[str, Any]] | None = None) -> 
 
 
 def setup(keepalive: float = 0.05, deadline_s: float = 5.0, grace_s: float = 0,
-          resumable: bool = True) -> tuple[Serving, Answer, RecordingProducer]:
+          resumable: bool = True) -> tuple[ChatServing, Answer, RecordingProducer]:
     producer = RecordingProducer()
     settings = Settings(topic_prefix="sv", sse_keepalive_s=keepalive, resume_grace_s=grace_s,
                         resumable_streams=resumable)
-    serving = Serving(settings, publisher(settings, producer), Router(),  # type: ignore[arg-type]
-                      "g")
-    answer = Answer(ReplyStream("r1"), time.monotonic() + deadline_s, serving.router,
-                    serving.cancels)
+    serving = chat_serving(settings, producer)
+    answer = Answer(ReplyStream("r1"), time.monotonic() + deadline_s,
+                    Router(), serving.cancels)  # type: ignore[arg-type]
     return serving, answer, producer
 
 
@@ -51,7 +60,7 @@ async def test_frames_keepalives_and_done() -> None:
         answer.stream.put(reply(1, "final", [{"b": 2}, {"c": 3}]))
 
     answer.stream.put(reply(0, "delta", [{"a": 1}]))
-    first = await serving.first(answer, still_here)
+    first = await answer.first(still_here)
     assert first is not None
     feeder = asyncio.create_task(later())
     frames = [f async for f in serving.stream(answer, first)]
@@ -79,7 +88,7 @@ async def test_a_client_gone_before_the_first_reply_cancels_at_once() -> None:
         return True
 
     started = time.monotonic()
-    assert await serving.first(answer, gone) is None
+    assert await answer.first(gone) is None
     assert time.monotonic() - started < 5
     await asyncio.sleep(0.05)
     [(topic, value)] = producer.sent
@@ -110,14 +119,15 @@ async def test_a_deadline_mid_stream_ends_it_with_an_error_event() -> None:
 
 
 def test_the_access_line_has_a_prompt_hash_never_the_prompt(caplog: Any) -> None:
-    from gateway.serving import _prompt_hash
+    from gateway.submission import _prompt_hash
     from tests.support.factories import generation
 
     secret = generation([{"role": "user", "content": "my password is hunter2", "name": None}])
     digest = _prompt_hash(secret)
     assert len(digest) == 16 and digest == _prompt_hash(secret)
     serving, _, _ = setup()
-    answer = Answer(ReplyStream("r9"), time.monotonic() + 5, serving.router, serving.cancels,
+    answer = Answer(ReplyStream("r9"), time.monotonic() + 5,
+                    Router(), serving.cancels,  # type: ignore[arg-type]
                     access={"model": "smollm2", "kind": "chat", "prompt_sha256": digest})
     final = reply(0, "final")
     final["usage"] = {"prompt_tokens": 7, "completion_tokens": 3}
@@ -175,11 +185,10 @@ class BrokerStandIn:
 
 
 def submitting(producer: BrokerStandIn, unreachable: bool = False,
-               **settings: Any) -> tuple[Serving, SubmitRouter]:
+               **settings: Any) -> tuple[Submitter, SubmitRouter]:
     router = SubmitRouter(unreachable=unreachable)
     s = Settings(topic_prefix="sv", produce_timeout_s=0.2, **settings)
-    serving = Serving(s, publisher(s, producer), router, "g")  # type: ignore[arg-type]
-    return serving, router
+    return submitter(s, producer, router), router
 
 
 async def test_a_broker_that_does_not_answer_is_a_prompt_503() -> None:
@@ -206,8 +215,7 @@ async def test_a_cancel_kafka_refuses_for_now_still_arrives() -> None:
 
     producer = ScriptedProducer([KafkaConnectionError("refused"), NotLeaderForPartitionError()])
     settings = Settings(topic_prefix="sv", retry_backoff_max_s=0.02)
-    serving = Serving(settings, publisher(settings, producer), Router(), "g")  # type: ignore[arg-type]
-    serving.cancel("r1", "client disconnected")
+    cancels(settings, producer).cancel("r1", "client disconnected")
     for _ in range(200):
         if producer.sent:
             break

@@ -24,6 +24,7 @@ from conveyor.settings import Settings
 from gateway.app import build_app
 from gateway.files.api_router import MULTIPART_ALLOWANCE
 from gateway.limits import BodyLimit
+from tests.support.gateway_fakes import offline_services
 
 MAX_FILE = 64 * 1024
 MAX_BODY = 16 * 1024
@@ -31,8 +32,11 @@ MAX_BODY = 16 * 1024
 
 @pytest.fixture
 def app(tmp_path: Path) -> FastAPI:
-    return build_app(Settings(files_dir=tmp_path / "files", max_file_bytes=MAX_FILE,
-                              max_body_bytes=MAX_BODY))
+    settings = Settings(files_dir=tmp_path / "files", max_file_bytes=MAX_FILE,
+                        max_body_bytes=MAX_BODY)
+    app = build_app(settings)
+    app.state.services = offline_services(settings)
+    return app
 
 
 @pytest.fixture

@@ -18,22 +18,21 @@ from conveyor.errors import RequestError
 from conveyor.registry import Registry
 from conveyor.settings import Settings
 from gateway import sse
+from gateway.answer import Answer
 from gateway.app import build_app
 from gateway.auth.types import Identity
 from gateway.replies import ReplyStream
 from gateway.responses.objects import new_response_id, response_object
-from gateway.responses.serving import (
-    collect_response,
-    first_reply,
-    generation_of,
-    input_param,
-    stream_events,
-)
-from gateway.serving import Answer, Serving
+from gateway.responses.serving import ResponsesServing, generation_of, input_param
 from schemas.codec import default_codec
 from schemas.openai.responses import ResponsesRequest, parse_request
 from schemas.records import ErrorInfo, Generation, Reply, Request, Usage
-from tests.support.gateway_fakes import RecordingProducer, Router, publisher
+from tests.support.gateway_fakes import (
+    RecordingProducer,
+    Router,
+    offline_services,
+    responses_serving,
+)
 from tests.support.pipeline import TEST_MODELS
 from topics.envelope import new_envelope
 
@@ -117,13 +116,12 @@ def reply(index: int, kind: str, text: str = "", finish: str | None = None,
 
 
 def setup(deadline_s: float = 5.0, keepalive: float = 0.05
-          ) -> tuple[Serving, Answer, RecordingProducer]:
+          ) -> tuple[ResponsesServing, Answer, RecordingProducer]:
     producer = RecordingProducer()
     settings = Settings(topic_prefix="rs", sse_keepalive_s=keepalive)
-    serving = Serving(settings, publisher(settings, producer), Router(),  # type: ignore[arg-type]
-                      "g")
-    answer = Answer(ReplyStream("r1"), time.monotonic() + deadline_s, serving.router,
-                    serving.cancels)
+    serving = responses_serving(settings, producer)
+    answer = Answer(ReplyStream("r1"), time.monotonic() + deadline_s,
+                    Router(), serving.cancels)  # type: ignore[arg-type]
     return serving, answer, producer
 
 
@@ -150,7 +148,7 @@ async def test_collected_replies_are_one_response_object() -> None:
     answer.stream.put(reply(0, "delta", "Once"))
     answer.stream.put(reply(1, "final", " upon", "length",
                             Usage(prompt_tokens=9, completion_tokens=2)))
-    obj = await collect_response(serving, g, answer, req, still_here)
+    obj = await serving.collect(g, answer, req, still_here)
     r = Response.model_validate(obj)
     assert r.id == "resp_r1" and r.output_text == "Once upon" and r.status == "incomplete"
     assert r.usage is not None and r.usage.total_tokens == 11
@@ -164,7 +162,7 @@ async def test_an_error_before_the_first_token_names_the_responses_param() -> No
                       param="messages[1].content", message="Invalid content.")
     answer.stream.put(reply(0, "error", error=error))
     with pytest.raises(RequestError) as info:
-        await first_reply(serving, answer, req, still_here)
+        await serving.first(answer, req, still_here)
     assert info.value.status == 400 and info.value.param == "input[0].content"
 
 
@@ -179,10 +177,10 @@ async def test_streamed_replies_are_the_responses_events() -> None:
                                 Usage(prompt_tokens=4, completion_tokens=2)))
 
     answer.stream.put(reply(0, "delta", "Par"))
-    first = await first_reply(serving, answer, req, still_here)
+    first = await serving.first(answer, req, still_here)
     assert first is not None
     feeder = asyncio.create_task(later())
-    frames = [f async for f in stream_events(serving, g, answer, req, first)]
+    frames = [f async for f in serving.stream(g, answer, req, first)]
     await feeder
     assert b": keep-alive\n\n" in frames
     events = parsed(frames)
@@ -197,7 +195,7 @@ async def test_streamed_replies_are_the_responses_events() -> None:
 async def test_a_failure_mid_stream_is_response_failed_and_cancels() -> None:
     serving, answer, producer = setup(deadline_s=0.2, keepalive=5.0)
     req = body(stream=True)
-    frames = [f async for f in stream_events(serving, generation_of(req), answer, req,
+    frames = [f async for f in serving.stream(generation_of(req), answer, req,
                                              reply(0, "delta", "Par"))]
     events = parsed(frames)
     assert events[-1].type == "response.failed" and isinstance(frames[-1], sse.Last)
@@ -214,7 +212,7 @@ async def test_a_client_that_leaves_mid_stream_cancels_the_generation() -> None:
     serving, answer, producer = setup()
     serving.settings = serving.settings.model_copy(update={"resumable_streams": False})
     req = body(stream=True)
-    frames = stream_events(serving, generation_of(req), answer, req, reply(0, "delta", "Par"))
+    frames = serving.stream(generation_of(req), answer, req, reply(0, "delta", "Par"))
     assert (await frames.__anext__()).startswith(b"event: response.created\n")
     await frames.aclose()
     await asyncio.sleep(0.05)
@@ -238,7 +236,9 @@ class TakenInBackground:
 @pytest.fixture(scope="module")
 def http() -> TestClient:
     """The gateway's own application, without its pipeline (no lifespan runs)."""
-    app = build_app(Settings(topic_prefix="rs"), Registry.load(TEST_MODELS))
+    settings, registry = Settings(topic_prefix="rs"), Registry.load(TEST_MODELS)
+    app = build_app(settings, registry)
+    app.state.services = offline_services(settings, registry)
     return TestClient(app)
 
 
@@ -251,11 +251,12 @@ def test_background_goes_to_the_hook_or_is_refused(http: TestClient) -> None:
                                        "type": "invalid_request_error",
                                        "param": "background", "code": None}
     hook = TakenInBackground()
-    http.app.state.background_responses = hook  # type: ignore[attr-defined]
+    responses = http.app.state.services.responses  # type: ignore[attr-defined]
+    responses.background = hook
     try:
         answered = http.post("/v1/responses", json=request)
     finally:
-        del http.app.state.background_responses  # type: ignore[attr-defined]
+        responses.background = None
     assert answered.status_code == 200
     r = Response.model_validate(answered.json())
     assert r.status == "queued" and r.background is True and r.instructions == "Be brief."

@@ -30,7 +30,9 @@ MAX_FRAME = 1024
 
 def ws_app() -> FastAPI:
     app = FastAPI()
-    app.add_middleware(AuthMiddleware)
+    app.add_middleware(AuthMiddleware,
+                       authenticator=lambda scope: getattr(scope["app"].state, "authenticator",
+                                                           None))
     app.state.after_close = []
     app.state.closed = threading.Event()
 

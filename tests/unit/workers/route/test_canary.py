@@ -10,7 +10,7 @@ from typing import Any
 
 from conveyor.registry import Registry
 from conveyor.settings import Settings
-from gateway.chat.api_router import _fallback
+from gateway.chat.serving import _fallback
 from schemas.records import Prepared
 from tests.support.schedule_tasks import full_task
 from workers.route.layer import RouteLayer

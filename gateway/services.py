@@ -1,0 +1,47 @@
+"""The gateway's services: one frozen, typed object that the lifespan makes
+once its collaborators are connected (gateway/app.py). Each router's
+dependencies hand its routes the part they use
+(:func:`gateway.provide.services_of`): a route names what it needs
+(``chat: ChatDep``), never where it is kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from conveyor.files.store import FileStore
+from conveyor.policy.rules import PolicyBook
+from conveyor.registry import Registry
+from conveyor.settings import Settings
+from gateway.auth.authenticate import Authenticator
+from gateway.chat.serving import ChatServing
+from gateway.health import Health
+from gateway.jobs.background import BackgroundResponses
+from gateway.jobs.batches import Batches
+from gateway.publisher import Publisher
+from gateway.responses.serving import ResponsesServing
+from gateway.stored import StoredAnswers
+from gateway.submission import Submitter
+from workers.usage.ledger import UsageLedger
+
+__all__ = ["Services"]
+
+
+@dataclass(frozen=True)
+class Services:
+    """What the gateway's routes are served by, made in the lifespan."""
+
+    settings: Settings
+    health: Health
+    registry: Registry
+    authenticator: Authenticator
+    policies: PolicyBook
+    publisher: Publisher
+    submitter: Submitter
+    stored: StoredAnswers
+    chat: ChatServing
+    responses: ResponsesServing
+    files: FileStore
+    batches: Batches
+    background: BackgroundResponses
+    usage: UsageLedger
