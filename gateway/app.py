@@ -67,9 +67,9 @@ from gateway.usage_api import usage_router
 from gateway.websocket.api_router import websocket_router
 from schemas.codec import default_codec
 from topics.clients import make_producer
+from topics.lookup import SharedLookup
 from topics.models import follow_published
 from topics.policies import adopt_policies, follow_policies
-from topics.shared_lookup import SharedLookup
 from workers.schedule.breakers import Breakers
 from workers.usage.ledger import UsageLedger
 

@@ -55,7 +55,7 @@ from schemas.codec import Codec
 from schemas.openai.chunks import full_response
 from schemas.openai.logprobs import asks_logprobs
 from schemas.tools import reads_tool_calls
-from topics.shared_lookup import SharedLookup
+from topics.lookup import SharedLookup
 
 __all__ = ["CompletionNotFound", "StoredAnswers"]
 

@@ -34,7 +34,7 @@ from gateway.services import Services
 from gateway.stored import StoredAnswers
 from gateway.submission import Submitter
 from schemas.codec import default_codec
-from topics.shared_lookup import SharedLookup
+from topics.lookup import SharedLookup
 from workers.usage.ledger import UsageLedger
 
 __all__ = ["HANG", "Lease", "RecordingProducer", "Router", "ScriptedProducer", "publisher",

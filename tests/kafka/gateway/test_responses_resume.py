@@ -53,7 +53,7 @@ from topics.admin import ensure_topics
 from topics.catalog import catalog
 from topics.clients import make_producer
 from topics.envelope import new_envelope
-from topics.shared_lookup import SharedLookup
+from topics.lookup import SharedLookup
 
 EVENT = TypeAdapter(ResponseStreamEvent)
 USAGE = Usage(prompt_tokens=5, completion_tokens=3)
