@@ -6,6 +6,10 @@
 #
 #   infra/redis.sh start | stop | status
 #
+# stop stops only a Redis this script started under the same CONVEYOR_HOME (its
+# pid file), as infra/kafka.sh does: a clone's CI run that found Redis already
+# running leaves it running.
+#
 # Environment: CONVEYOR_HOME (default ./.conveyor), REDIS_PORT (6379).
 set -euo pipefail
 home=${CONVEYOR_HOME:-$(pwd)/.conveyor}
@@ -34,7 +38,12 @@ start() {
   echo "redis did not answer" >&2; return 1
 }
 
-stop() { answers && redis-cli -h 127.0.0.1 -p "$port" shutdown >/dev/null 2>&1 || true; }
+stop() {
+  local pidfile="$rdir/redis-$port.pid"
+  if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+    redis-cli -h 127.0.0.1 -p "$port" shutdown >/dev/null 2>&1 || true
+  fi
+}
 
 case "${1:-}" in
   start) start ;;

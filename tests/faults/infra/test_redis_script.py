@@ -34,3 +34,21 @@ def test_a_sigkilled_redis_comes_back_with_its_keys(tmp_path: Path) -> None:
         assert _cli(port, "get", "conveyor:claim:r1") == "started:w0"
     finally:
         subprocess.run(["bash", script, "stop"], env=env, capture_output=True)
+
+
+def test_stop_leaves_a_redis_another_home_started(tmp_path: Path) -> None:
+    port = free_port()
+    script = str(ROOT / "infra" / "redis.sh")
+    mine = {**os.environ, "CONVEYOR_HOME": str(tmp_path / "mine"), "REDIS_PORT": str(port)}
+    other = {**os.environ, "CONVEYOR_HOME": str(tmp_path / "other"), "REDIS_PORT": str(port)}
+    subprocess.run(["bash", script, "start"], env=mine, check=True, capture_output=True)
+    try:
+        said = subprocess.run(["bash", script, "start"], env=other, check=True,
+                              capture_output=True, text=True).stdout
+        assert "already running" in said
+        subprocess.run(["bash", script, "stop"], env=other, check=True, capture_output=True)
+        assert _cli(port, "ping") == "PONG"  # another clone's stop left it alone
+    finally:
+        subprocess.run(["bash", script, "stop"], env=mine, check=True, capture_output=True)
+    assert subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True,
+                          text=True).stdout.strip() != "PONG"
