@@ -62,6 +62,9 @@ it.
   loses no count.
 - **Poison values** go to ``conveyor.dlq`` as DeadLetters and are skipped
   (workers/usage/decode.py).
+- **Progress.** A held usage or feedback partition with events waiting and
+  none counted for 20 s is a warning with Faust's state of it (flow,
+  offsets read and committed, generation; workers/usage/progress.py).
 - **Mirror.** Every ``MIRROR_INTERVAL_S`` the rows that changed are written to
   Redis, every row of the partitions this member owns now and then, nothing
   while the tables are not whole (workers/usage/mirroring.py); the tables
@@ -85,6 +88,7 @@ from conveyor.settings import Settings
 from schemas.codec import default_codec
 from schemas.records import DeadLetter
 from topics.admin import Replication
+from topics.backoff import RateLimitedLog
 from topics.envelope import now_ms
 from workers.usage.counting import SEEN_WINDOW, Counter
 from workers.usage.decode import Undecodable, UsageValueCodec
@@ -95,6 +99,7 @@ from workers.usage.layout import UsageKeys
 from workers.usage.lookback import ids_before
 from workers.usage.mirror import RedisMirror
 from workers.usage.mirroring import FULL_MIRROR_EVERY, MirrorPass
+from workers.usage.progress import Progress, committed, consumer_state, highwater
 from workers.usage.ratings import Ratings
 from workers.usage.write_behind import WriteBehind
 
@@ -104,6 +109,7 @@ __all__ = ["AccountingApp", "MIRROR_INTERVAL_S", "FULL_MIRROR_EVERY", "SWEEP_EVE
 log = logging.getLogger(__name__)
 
 MIRROR_INTERVAL_S = 0.5
+PROGRESS_CHECK_S = 5.0  # how often the app looks for a partition it stopped counting
 SWEEP_EVERY_MS = 60_000
 # a commit waits this long for the changelog writes before it fails (and the
 # events are read again) rather than commit past writes that are not durable
@@ -210,6 +216,9 @@ class AccountingApp:
         self._codec = default_codec()
         self._swept: dict[int, int] = {}
         self.mirroring = MirrorPass(self)
+        # says so when a held partition stops being counted (workers/usage/progress.py)
+        self.progress = Progress()
+        self._stalls = RateLimitedLog(log)
 
         async def account(stream: faust.StreamT[Any]) -> AsyncIterator[None]:
             async for event in stream.events():
@@ -225,6 +234,9 @@ class AccountingApp:
 
         async def mirror_tick() -> None:
             await self.mirroring.mirror_once()
+
+        async def progress_tick() -> None:
+            self.check_progress()
 
         async def close_redis(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
             await self.redis.aclose()
@@ -249,6 +261,7 @@ class AccountingApp:
         self.app.agent(self.source, name=f"{app_id}.account")(account)
         self.app.agent(self.feedback, name=f"{app_id}.rate")(rate)
         self.app.timer(MIRROR_INTERVAL_S, name="usage-mirror")(mirror_tick)
+        self.app.timer(PROGRESS_CHECK_S, name="usage-progress")(progress_tick)
         self.app.on_before_shutdown.connect(close_redis)
         # a member keeps the request ids of the partitions it owns, no others
         self.app.on_partitions_revoked.connect(forget_revoked)
@@ -256,8 +269,26 @@ class AccountingApp:
 
     # -- counting --------------------------------------------------------
 
+    def check_progress(self) -> None:
+        """Warn (rate-limited) of each held usage or feedback partition with
+        events waiting and none counted for a while, with Faust's state of it."""
+        held = [tp for tp in self.app.assignor.assigned_actives()
+                if tp.topic in (self.source_topic, self.feedback_topic)]
+        stalls = self.progress.stalls(
+            (tp.topic, tp.partition, highwater(self.app, tp), committed(self.app, tp))
+            for tp in held)
+        for stall in stalls:
+            tp = next(tp for tp in held
+                      if (tp.topic, tp.partition) == (stall.topic, stall.partition))
+            self._stalls.warning(
+                f"stall {stall.topic}[{stall.partition}]",
+                "accounting: %s[%d] holds events up to %d, the last handled %s, none "
+                "handled for %.0f s (%s)", stall.topic, stall.partition, stall.highwater,
+                stall.handled, stall.idle_s, consumer_state(self.app, tp))
+
     async def on_event(self, event: Any) -> None:
         message = event.message
+        self.progress.handled(message.topic, message.partition, message.offset)
         if self.counter.needs_window(message.partition, message.offset):
             await self.read_back(message.partition, message.offset)
         value = event.value
@@ -282,6 +313,7 @@ class AccountingApp:
         """One rating (workers/usage/ratings.py); a value that is not one is
         dead-lettered."""
         message = event.message
+        self.progress.handled(message.topic, message.partition, message.offset)
         value = event.value
         if not isinstance(value, dict):
             data = value.data if isinstance(value, Undecodable) else message.value
