@@ -165,7 +165,7 @@ async def _run_layers(settings: Settings, names: list[str]) -> None:
     producer = make_producer(settings)
     await started("the Kafka producer to connect", producer.start, log=log,
                   within=settings.startup_timeout_s, where=kafka_address(settings.kafka_bootstrap))
-    from conveyor.tracing import make_tracer
+    from topics.tracing import make_tracer
 
     tracing = make_tracer(settings.trace_exporter, "+".join(names))
     from workers.cancels import CancelList
@@ -245,7 +245,7 @@ async def _run_infer(settings: Settings, args: argparse.Namespace) -> None:
     await _ensure_topics(settings, registry)
     await _adopt_published(settings, registry)  # the engine loads what the fleet serves
     engine = _make_engine(args, settings, registry)
-    from conveyor.tracing import make_tracer
+    from topics.tracing import make_tracer
 
     tracing = make_tracer(settings.trace_exporter, f"infer-{args.pool}")
     worker = InferWorker(settings, engine, args.pool, registry, worker_id=args.worker_id,

@@ -29,10 +29,38 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from topics.backoff import Throttle
+__all__ = ["BatchingHandler", "RepeatFilter", "Throttle", "setup_logging"]
 
-__all__ = ["BatchingHandler", "RepeatFilter", "setup_logging"]
 
+
+class Throttle:
+    """Lets each key through at most once per ``interval_s`` and counts what it
+    held back; the counting core of the log filter every process has
+    (:class:`RepeatFilter`) and of :class:`topics.backoff.RateLimitedLog`."""
+
+    def __init__(self, interval_s: float = 10.0, clock: Callable[[], float] = time.monotonic,
+                 max_keys: int = 10_000) -> None:
+        self.interval_s = interval_s
+        self.clock = clock
+        self.max_keys = max_keys  # past this many keys all are forgotten: memory is bounded
+        self._seen: dict[object, tuple[float, int]] = {}  # key -> (last let through, held)
+
+    def admit(self, key: object) -> int | None:
+        """None: held back (counted). Otherwise let through, with how many of
+        ``key`` were held back since the last one that was."""
+        now = self.clock()
+        seen = self._seen.get(key)
+        if seen is not None and now - seen[0] < self.interval_s:
+            self._seen[key] = (seen[0], seen[1] + 1)
+            return None
+        if len(self._seen) >= self.max_keys:
+            self._seen.clear()
+        self._seen[key] = (now, 0)
+        return seen[1] if seen is not None else 0
+
+    def forget(self, key: object) -> bool:
+        """Start ``key`` afresh; whether it had been seen."""
+        return self._seen.pop(key, None) is not None
 
 class RepeatFilter(logging.Filter):
     """Passes a (logger, level, message template) at most once per ``every_s``."""

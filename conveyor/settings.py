@@ -23,7 +23,7 @@ class Settings(BaseSettings):
 
     # the level of every process's log (DEBUG, INFO, WARNING, ERROR)
     log_level: str = "INFO"
-    # none | console | otlp (see conveyor/tracing.py)
+    # none | console | otlp (see topics/tracing.py)
     trace_exporter: Literal["none", "console", "otlp"] = "none"
     # Prometheus metrics of layers, infer workers and accounting (see conveyor/metrics.py):
     # the port they are served on, 0 = none; the gateway serves /metrics on its own port

@@ -12,7 +12,6 @@ from typing import Any
 
 from conveyor.errors import DeadlineExceeded
 from conveyor.metrics import GatewayMetrics
-from conveyor.tracing import GENAI_OPERATIONS
 from gateway.admission import FREE, Ticket
 from gateway.cancels import Cancels
 from gateway.pii import ReplyRestorer
@@ -21,6 +20,7 @@ from schemas.openai.chunks import full_response
 from schemas.openai.logprobs import asks_logprobs
 from schemas.records import Generation, Reply, Usage
 from schemas.tools import reads_tool_calls
+from topics.tracing import GENAI_OPERATIONS
 
 __all__ = ["Answer", "Disconnected", "collect"]
 

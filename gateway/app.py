@@ -31,7 +31,6 @@ from conveyor.redis_clients import Redis, RedisConnectionError, redis_client
 from conveyor.registry import Registry
 from conveyor.settings import Settings
 from conveyor.startup import kafka_address, redis_address, started
-from conveyor.tracing import make_tracer
 from gateway.admission import Admitter
 from gateway.audit import Audit
 from gateway.auth.authenticate import Authenticator
@@ -70,6 +69,7 @@ from topics.clients import make_producer
 from topics.lookup import SharedLookup
 from topics.models import follow_published
 from topics.policies import adopt_policies, follow_policies
+from topics.tracing import make_tracer
 from workers.schedule.breakers import Breakers
 from workers.usage.ledger import UsageLedger
 

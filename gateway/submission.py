@@ -26,7 +26,6 @@ from conveyor.metrics import GatewayMetrics
 from conveyor.policy.pii import FindMemo
 from conveyor.policy.rules import PolicyBook
 from conveyor.settings import Settings
-from conveyor.tracing import genai_request_attributes, layer_span, trace_id_of
 from gateway.admission import FREE, Admitter, Ticket
 from gateway.answer import Answer
 from gateway.auth.authenticate import ANONYMOUS
@@ -39,6 +38,7 @@ from gateway.replies import ReplyRouter
 from schemas.records import Generation, Request
 from topics.catalog import REQUESTS
 from topics.envelope import new_envelope, new_request_id, now_ms
+from topics.tracing import genai_request_attributes, layer_span, trace_id_of
 from workers.policy_checks import redacted
 from workers.prompt_cache import cacheable
 

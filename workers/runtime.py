@@ -53,7 +53,6 @@ from conveyor.errors import (
 from conveyor.metrics import LayerMetrics, partition_lag
 from conveyor.settings import Settings
 from conveyor.startup import kafka_address, started
-from conveyor.tracing import layer_span, trace_id_of
 from schemas.codec import Codec, default_codec
 from schemas.records import Envelope
 from topics.backoff import Backoff, RateLimitedLog
@@ -68,6 +67,7 @@ from topics.clients import (
 )
 from topics.producer import EventProducer
 from topics.reader import fetch
+from topics.tracing import layer_span, trace_id_of
 from workers.cancels import CancelList
 from workers.failures import failure_outputs
 from workers.inflight import PartitionBook

@@ -10,10 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("cli", "conveyor", "schemas", "topics", "workers", "gateway")
 # the arrows docs/architecture.md names, each with its reason
-NAMED = {
-    ("conveyor.logs", "topics"),
-    ("conveyor.tracing", "schemas"),
-}
+NAMED: set[tuple[str, str]] = set()
 BELOW = {"conveyor": set(), "schemas": {"conveyor"}, "topics": {"conveyor", "schemas"},
          "workers": {"conveyor", "schemas", "topics"},
          "gateway": {"conveyor", "schemas", "topics", "workers"}}

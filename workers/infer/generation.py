@@ -29,7 +29,6 @@ from conveyor.errors import (
     RequestError,
 )
 from conveyor.settings import Settings
-from conveyor.tracing import genai_request_attributes
 from schemas.answer_format import violation
 from schemas.records import (
     ChunkHeader,
@@ -44,6 +43,7 @@ from schemas.structured import check_format
 from schemas.tools import check_tools, reads_tool_calls, tool_format
 from topics.catalog import ROUTED, TOKENS
 from topics.envelope import now_ms, stamp
+from topics.tracing import genai_request_attributes
 from workers.infer.engines.base import Engine, GenerationRequest
 from workers.infer.progress import ProgressTracker
 from workers.infer.speed import Speed

@@ -57,7 +57,6 @@ from conveyor.redis_clients import REDIS_ERRORS, REDIS_REFUSALS, redis_client
 from conveyor.registry import Registry
 from conveyor.settings import Settings
 from conveyor.startup import kafka_address, redis_address, started
-from conveyor.tracing import layer_span, trace_id_of
 from schemas.codec import Codec, default_codec
 from topics.backoff import Backoff, RateLimitedLog, retry_every
 from topics.catalog import INFER, infer_topic
@@ -65,6 +64,7 @@ from topics.clients import COMMIT_REFUSED, KafkaError, make_producer, stop_consu
 from topics.envelope import PRIORITY_INTERACTIVE, now_ms
 from topics.lookup import SharedLookup
 from topics.reader import fetch
+from topics.tracing import layer_span, trace_id_of
 from workers.cancels import CancelList
 from workers.failures import dead_letter
 from workers.infer.engines.base import Engine

@@ -7,7 +7,8 @@ import logging
 
 import pytest
 
-from topics.backoff import RateLimitedLog, Throttle
+from conveyor.logs import Throttle
+from topics.backoff import RateLimitedLog
 
 
 class Clock:

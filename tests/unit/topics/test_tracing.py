@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from conveyor.tracing import layer_span, make_tracer, trace_id_of
 from topics.envelope import new_envelope
+from topics.tracing import layer_span, make_tracer, trace_id_of
 
 
 def test_spans_chain_through_the_envelope() -> None:
