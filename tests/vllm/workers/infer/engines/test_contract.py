@@ -1,8 +1,11 @@
 """The engine contract (workers/infer/engines/base.py) on the vLLM engine: the
 contract tests the scripted and llama.cpp engines pass
 (tests/engines/workers/infer/engines/test_contract.py), run here against vLLM's
-async engine with SmolLM2 in float32. The engine is the tier's (capacity 2);
-the test of ``close`` starts one of its own.
+async engine with SmolLM2 in float32. The engine is the tier's (capacity 2).
+The contract's test of ``close``
+(``test_close_ends_a_running_generation_with_an_engine_error``) is not
+collected here: test_vllm.py's test of close makes the same checks on the one
+engine of its own it starts (a vLLM start, some 21 s, saved).
 
 The contract's long request is its question with ``max_tokens=400``, which
 greedy SmolLM2 in float32 answers in 8 tokens ("The capital of France is
@@ -11,13 +14,10 @@ ended; test_vllm.py aborts answers that run on (a counting prompt)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 import pytest
 
 from conveyor.errors import EngineError
 from tests.engines.workers.infer.engines.test_contract import (
-    MakeEngine,
     collect,
     request,
     test_a_closed_consumer_task_frees_its_slot,
@@ -26,7 +26,6 @@ from tests.engines.workers.infer.engines.test_contract import (
     test_an_answer_is_pieces_then_a_finish_reason,
     test_an_empty_completion_prompt_is_answered,
     test_chat_messages_alone_are_answered,
-    test_close_ends_a_running_generation_with_an_engine_error,
     test_closing_a_generation_frees_its_slot,
     test_concurrent_generations_give_the_same_answer,
     test_max_tokens_ends_with_length_and_the_tokens_add_up,
@@ -44,7 +43,6 @@ __all__ = [  # the contract's tests, collected here against vLLM
     "test_an_answer_is_pieces_then_a_finish_reason",
     "test_an_empty_completion_prompt_is_answered",
     "test_chat_messages_alone_are_answered",
-    "test_close_ends_a_running_generation_with_an_engine_error",
     "test_closing_a_generation_frees_its_slot",
     "test_concurrent_generations_give_the_same_answer",
     "test_max_tokens_ends_with_length_and_the_tokens_add_up",
@@ -56,14 +54,6 @@ __all__ = [  # the contract's tests, collected here against vLLM
 @pytest.fixture
 def engine(vllm_engine: VllmEngine) -> Engine:
     return vllm_engine
-
-
-@pytest.fixture
-def make_engine(vllm_engines: Callable[..., Awaitable[VllmEngine]]) -> MakeEngine:
-    async def make(capacity: int) -> Engine:
-        return await vllm_engines(capacity)
-
-    return make
 
 
 async def test_an_engine_not_started_refuses_with_an_engine_error() -> None:

@@ -187,18 +187,29 @@ async def test_a_prompt_beyond_max_model_len_is_an_engine_error(vllm_engine: Vll
 
 async def test_close_while_a_generation_waits_for_a_slot(
         vllm_engines: Callable[..., Awaitable[VllmEngine]]) -> None:
+    """Close, with one generation running and one waiting for its slot, ends
+    both with an engine error. It is also the contract's test of close
+    (test_close_ends_a_running_generation_with_an_engine_error: the running
+    generation, drained while close runs, ends with an engine error, and close
+    returns), on the same engine of its own: each engine a test closes costs the
+    tier a vLLM start (some 21 s), so test_contract.py leaves that one out."""
     engine = await vllm_engines(1)
     running = engine.generate(COUNTING)
     await anext(running)
     waiting: AsyncGenerator[Piece, None] = engine.generate(request(max_tokens=3))
     queued = asyncio.create_task(anext(waiting))
     await asyncio.sleep(0.2)
-    await engine.close()
+    closing = asyncio.create_task(engine.close())
+
+    async def drain() -> None:
+        async for _piece in running:
+            pass
 
     with pytest.raises(EngineError, match="cancelled"):
-        await asyncio.wait_for(queued, timeout=10)
+        await asyncio.wait_for(drain(), timeout=10)
+    await asyncio.wait_for(closing, timeout=10)
     with pytest.raises(EngineError, match="cancelled"):
-        await asyncio.wait_for(anext(running), timeout=10)
+        await asyncio.wait_for(queued, timeout=10)
 
 
 def test_the_engines_table_makes_it_from_its_flags() -> None:
