@@ -21,7 +21,7 @@ def test_every_layer_adds_a_span_to_the_clients_trace(
                    headers={"traceparent": f"00-{TRACE_ID}-00f067aa0ba902b7-01"},
                    json={"model": "smollm2", "prompt": "Hello", "max_tokens": 4})
     assert r.status_code == 200
-    traced.close()  # the processes flush their spans as they exit
+    traced.close(grace_s=10.0)  # the processes flush their spans as they exit
     text = "\n".join((traced.logs / f"{traced.prefix}-{name}.log").read_text(errors="replace")
                      for name in traced.procs)
     # ConsoleSpanExporter writes each span as an indented JSON object
