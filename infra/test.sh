@@ -23,6 +23,12 @@
 # delivered at 7.0 s of 5, a topic list that missed new topics, a read that
 # got nothing in 20 s), each passing at once alone: the third process's
 # minutes are not worth a red run.
+#
+# The full run overlaps the vllm tier (some 3 min, most of it vLLM's engines
+# starting) with the steps that have no timing to keep: lint, types, docs, the
+# smoke and the unit tier; the broker tiers (kafka, pipeline, faults, engines),
+# whose fault tests count seconds, start after both and run alone in their two
+# processes. The vllm tier's output is kept in a file and printed when it ends.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -37,22 +43,55 @@ fi
 bash infra/install.sh --dev
 bash infra/kafka.sh start
 bash infra/redis.sh start
-.venv/bin/ruff check .
-.venv/bin/mypy
-NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
+checks() {
+  .venv/bin/ruff check . &&
+    .venv/bin/mypy &&
+    NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
+}
 vllm_tier() {
-  bash infra/vllm.sh
+  # the tier's tests start the engine at once: vllm.sh's one-token proof is a start more
+  CONVEYOR_VLLM_PROBE=0 bash infra/vllm.sh
   HF_HUB_OFFLINE=1 .venv-vllm/bin/python -m pytest -q -p no:cacheprovider --durations=10 "$@"
 }
-case "${1:-}" in
-  tests/vllm*) vllm_tier "$@"; exit ;;
-esac
-# the install users get (runtime dependencies only), started and driven by the openai client
-if [ $# -eq 0 ]; then
-  bash infra/smoke.sh
+broker_tiers() {
+  .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 \
+    -n "${CONVEYOR_TEST_PROCESSES:-2}" --dist loadfile "$@"
+}
+if [ $# -gt 0 ]; then
+  checks
+  case "$1" in
+    tests/vllm*) vllm_tier "$@" ;;
+    *) broker_tiers "$@" ;;
+  esac
+  exit
 fi
-.venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 \
-  -n "${CONVEYOR_TEST_PROCESSES:-2}" --dist loadfile "$@"
-if [ $# -eq 0 ] && [ "${CONVEYOR_TEST_VLLM:-1}" != 0 ]; then
-  vllm_tier tests/vllm
+# the full run: the vllm tier in the background, beside the steps that keep no time
+vllm_pid=
+if [ "${CONVEYOR_TEST_VLLM:-1}" != 0 ]; then
+  vllm_log=$(mktemp "${TMPDIR:-/tmp}/conveyor-vllm-tier.XXXXXX")
+  (set -e; vllm_tier tests/vllm) >"$vllm_log" 2>&1 &
+  vllm_pid=$!
 fi
+vllm_done() {
+  [ -n "$vllm_pid" ] || return 0
+  local code=0
+  wait "$vllm_pid" || code=$?
+  echo "--- the vllm tier (tests/vllm, run beside the steps before): exit $code"
+  cat "$vllm_log"
+  rm -f "$vllm_log"
+  return $code
+}
+status=0
+# lint, types, docs, and the install users get (runtime dependencies only,
+# started and driven by the openai client): a failure ends the run
+if ! { checks && bash infra/smoke.sh; }; then
+  vllm_done || true
+  exit 1
+fi
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=5 \
+  -n "${CONVEYOR_TEST_PROCESSES:-2}" --dist loadfile tests/unit || status=$?
+vllm_done || status=$?
+# the broker tiers, alone on the machine now; the faults first and the kafka
+# tier's many small files last, so that the two processes end together
+broker_tiers tests/faults tests/pipeline tests/engines tests/kafka || status=$?
+exit $status
