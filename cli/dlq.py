@@ -218,7 +218,7 @@ def _cmd_show(settings: Settings, args: argparse.Namespace) -> int:
     d = x.letter
     sent = asyncio.run(redriven(settings, d["ts_ms"])).get(x.offset)
     value = d["value"] or b""
-    print(f"letter {x.offset} of {settings.topic('dlq')}, written {_iso(d['ts_ms'])}")
+    print(f"letter {x.offset} of {settings.kafka.topic('dlq')}, written {_iso(d['ts_ms'])}")
     print(f"layer    {d['layer']}\nsource   {x.source}")
     print(f"key      {(d['key'] or b'').decode(errors='replace')}")
     print(f"value    {len(value)} bytes, schema fingerprint {value[2:10].hex() or '-'}")

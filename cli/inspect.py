@@ -117,7 +117,7 @@ async def find_journey(settings: Settings, request_id: str, since_ms: int,
     journey = Journey(request_id, since_ms)
     async with KeyLookup(settings) as look:
         first: list[Any] = []
-        made = made_window(request_id, settings.clock_skew_ms, now_ms())
+        made = made_window(request_id, settings.process.clock_skew_ms, now_ms())
         if made is not None:  # the id says when: a few records, whatever --since says
             first = await look.find(REQUESTS.at(settings), request_id, *made, first=True)
         if not first:
@@ -129,10 +129,10 @@ async def find_journey(settings: Settings, request_id: str, since_ms: int,
         envelope = request["envelope"] if request else {}
         entered_ms = (envelope.get("stamps", {}).get("gateway", first[0].timestamp * 1000)
                       // 1000)
-        skew = settings.clock_skew_ms
+        skew = settings.process.clock_skew_ms
         start = entered_ms - skew
         until = max(envelope.get("deadline_ms") or 0,
-                    entered_ms + int(settings.request_timeout_s * 1000)) + skew
+                    entered_ms + int(settings.gateway.request_timeout_s * 1000)) + skew
 
         async def read(topic: Topic, key: str | None = request_id, **kw: Any) -> list[Found]:
             """The request's events on ``topic``, decoded as the one type it carries."""

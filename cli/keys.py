@@ -144,8 +144,8 @@ def _run(settings: Settings, action: Callable[[_Stores], Awaitable[int]]) -> int
     try:
         return asyncio.run(_with_stores(settings, action))
     except TransientBrokerError as exc:
-        print(f"conveyor: {exc} (Kafka at {settings.kafka_bootstrap}, Redis at "
-              f"{settings.redis_url}); if a change reached the topic but not Redis, "
+        print(f"conveyor: {exc} (Kafka at {settings.kafka.bootstrap}, Redis at "
+              f"{settings.redis.url}); if a change reached the topic but not Redis, "
               "`conveyor keys restore` brings Redis up to date", file=sys.stderr)
         return 1
     except (ConveyorError, ValueError) as exc:
@@ -209,7 +209,7 @@ def cmd_keys_restore(settings: Settings, args: argparse.Namespace) -> int:
     async def restore(stores: _Stores) -> int:
         keys, tenants = await stores.keys.restore()
         print(f"restored {keys} keys and {tenants} tenant policies from "
-              f"{settings.topic('keys')} into Redis")
+              f"{settings.kafka.topic('keys')} into Redis")
         return 0
 
     return _run(settings, restore)

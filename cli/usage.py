@@ -86,7 +86,7 @@ def cmd_accounting(settings: Settings, args: argparse.Namespace) -> int:
     from conveyor import heap
 
     run_accounting(settings, LayerMetrics(metrics.meter).layer("accounting"),
-                   on_started=lambda: heap.settle(settings.gc_threshold, "accounting"))
+                   on_started=lambda: heap.settle(settings.process.gc_threshold, "accounting"))
     return 0
 
 

@@ -131,8 +131,8 @@ def serve_metrics(service: str, host: str, port: int) -> Metrics:
 def process_metrics(settings: Settings, service: str) -> Metrics:
     """The metrics of a process that is not the gateway, as its settings say:
     served on ``metrics_port`` (none when 0, or when metrics are disabled)."""
-    port = settings.metrics_port if settings.metrics_enabled else 0
-    return serve_metrics(service, settings.metrics_host, port)
+    port = settings.telemetry.metrics_port if settings.telemetry.metrics_enabled else 0
+    return serve_metrics(service, settings.telemetry.metrics_host, port)
 
 
 # -- the gateway -----------------------------------------------------------------

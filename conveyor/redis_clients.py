@@ -77,13 +77,13 @@ REDIS_REFUSALS: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTi
 
 
 def redis_client(settings: Settings, role: RedisRole) -> Redis:
-    """A client of ``settings.redis_url`` with the timeouts of ``role``; the
+    """A client of ``settings.redis.url`` with the timeouts of ``role``; the
     caller closes it (``aclose``)."""
     chosen = ROLES[role]
     retry: dict[str, Any] = {"retry": Retry(NoBackoff(), 1),
                              "retry_on_error": [RedisConnectionError]} \
         if chosen.retry_broken else {}
-    client: Redis = Redis.from_url(settings.redis_url, socket_timeout=chosen.socket_timeout_s,
+    client: Redis = Redis.from_url(settings.redis.url, socket_timeout=chosen.socket_timeout_s,
                                    socket_connect_timeout=chosen.connect_timeout_s, **retry)
     return client
 

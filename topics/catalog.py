@@ -7,7 +7,7 @@ how long it keeps events. Readers and writers name a topic by its object
 travels on it are stated in one place; :func:`catalog` turns the table into
 what topic creation needs (docs/architecture.md lists it).
 
-Every topic takes events up to ``settings.max_event_bytes``
+Every topic takes events up to ``settings.kafka.max_event_bytes``
 (``max.message.bytes``), the same limit the producers enforce
 (``max_request_size``, topics/clients.py): an event is refused by the
 producer, which says so at once, before the broker would refuse it after a
@@ -59,7 +59,7 @@ class Topic(Generic[T]):
     """One topic of the catalog (the pools' task topics are :func:`infer_topic`),
     typed by the event it carries: ``Topic[Task]``."""
 
-    name: str  # under the prefix: settings.topic(name)
+    name: str  # under the prefix: settings.kafka.topic(name)
     types: tuple[type[T], ...]  # the typed mirrors of what travels on it
     key: str
     sizing: Sizing = "pipeline"  # pipeline_partitions, reply_partitions, or 1
@@ -85,16 +85,16 @@ class Topic(Generic[T]):
 
     def at(self, settings: Settings) -> str:
         """The topic's full name under ``settings``' prefix."""
-        return settings.topic(self.name)
+        return settings.kafka.topic(self.name)
 
     def partitions(self, settings: Settings) -> int:
-        return {"pipeline": settings.pipeline_partitions,
-                "replies": settings.reply_partitions, "one": 1}[self.sizing]
+        return {"pipeline": settings.kafka.pipeline_partitions,
+                "replies": settings.kafka.reply_partitions, "one": 1}[self.sizing]
 
     def spec(self, settings: Settings) -> TopicSpec:
         return TopicSpec(self.at(settings), self.partitions(settings), key=self.key,
                          cleanup=self.cleanup, retention_ms=self.retention_ms,
-                         max_message_bytes=settings.max_event_bytes)
+                         max_message_bytes=settings.kafka.max_event_bytes)
 
 
 REQUESTS = Topic("requests", (Request,), "request id")
@@ -162,13 +162,13 @@ def topic_named(settings: Settings, name: str) -> Topic[Any] | None:
 
 def infer_topic(settings: Settings, pool: str) -> str:
     """The task topic of one worker pool; its partitions are spread over the pool's workers."""
-    return settings.topic(f"infer.{pool}")
+    return settings.kafka.topic(f"infer.{pool}")
 
 
 def catalog(settings: Settings, pools: tuple[str, ...] = ()) -> list[TopicSpec]:
     """Every topic Conveyor uses, with the pools' task topics."""
     specs = [topic.spec(settings) for topic in TOPICS]
     for pool in pools:
-        specs.append(TopicSpec(infer_topic(settings, pool), settings.infer_partitions,
+        specs.append(TopicSpec(infer_topic(settings, pool), settings.kafka.infer_partitions,
                                key=INFER.key))
-    return [replace(s, max_message_bytes=settings.max_event_bytes) for s in specs]
+    return [replace(s, max_message_bytes=settings.kafka.max_event_bytes) for s in specs]

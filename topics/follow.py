@@ -24,7 +24,7 @@ time (``FromTime(ms)``, found with ``offsets_for_times``; the end when
 nothing is that recent).
 
 A follower never raises for the broker: when Kafka cannot be reached it
-closes its consumer, backs off (``settings.retry_backoff_max_s`` at most),
+closes its consumer, backs off (``settings.process.retry_backoff_max_s`` at most),
 logs one line per kind of failure per ten seconds, and reconnects where it
 left off, so no record is skipped. An idle partition returns nothing, and
 aiokafka's fetch returns nothing during an outage too, so while no record
@@ -172,7 +172,7 @@ class Follower(Generic[T]):
         return self.batches()
 
     async def batches(self) -> AsyncIterator[list[ConsumerRecord[bytes, bytes]]]:
-        backoff = Backoff(max_s=self.settings.retry_backoff_max_s)
+        backoff = Backoff(max_s=self.settings.process.retry_backoff_max_s)
         tps = self.tps
         where = f"{self.tp.topic}[{','.join(str(tp.partition) for tp in tps)}]"
         while True:

@@ -24,7 +24,7 @@ chosen worker's; replies: partition = the gateway's) are read the same way
 over the partitions the caller names (``partitions=``).
 
 Record times are the producers' clocks (``CreateTime``), so callers widen the
-window by ``settings.clock_skew_ms`` on both sides.
+window by ``settings.process.clock_skew_ms`` on both sides.
 
 What a :class:`SharedLookup` finds comes out decoded, through the one
 decode step of every reader (topics/reader.py): a value that does not decode

@@ -87,7 +87,7 @@ async def published(settings: Settings, within_s: float) -> ModelRegistry | None
 async def adopt_published(settings: Settings, registry: Registry) -> ModelRegistry | None:
     """Serve by the registry applied last, if one was; the record adopted. (The
     caller bounds the wait by the start-up timeout, and says what it waits for.)"""
-    record = await published(settings, 2 * settings.startup_timeout_s)
+    record = await published(settings, 2 * settings.process.startup_timeout_s)
     if record is not None:
         _adopt(registry, record)
     return record

@@ -139,7 +139,7 @@ class Sender:
         that can never be produced; the outputs before it may have gone out
         (consumers are idempotent on request id).
         """
-        backoff = Backoff(max_s=self.settings.retry_backoff_max_s)
+        backoff = Backoff(max_s=self.settings.process.retry_backoff_max_s)
         todo = list(outputs)
         while todo:
             acks: list[tuple[Output, asyncio.Future[Any] | BaseException]] = []
@@ -200,7 +200,7 @@ class Sender:
                       key: bytes | None, value: bytes | None, error: str) -> Output:
         """A dead letter that fits in one event: a value too large keeps its
         head, and the error says how much was cut."""
-        room = max(0, self.settings.max_event_bytes - _LETTER_OVERHEAD)
+        room = max(0, self.settings.kafka.max_event_bytes - _LETTER_OVERHEAD)
         if value is not None and len(value) > room:
             error = (f"[value truncated to {room} of {len(value)} bytes] " + error)
             value = value[:room]

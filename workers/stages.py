@@ -88,8 +88,8 @@ def _route(settings: Settings, registry: Registry) -> Layer:
 def _schedule(settings: Settings, registry: Registry) -> Layer:
     from workers.schedule import ScheduleLayer
 
-    return ScheduleLayer(settings, prefetch=settings.batch_prefetch,
-                         linger_s=settings.interactive_linger_s)
+    return ScheduleLayer(settings, prefetch=settings.schedule.batch_prefetch,
+                         linger_s=settings.schedule.interactive_linger_s)
 
 
 def _postprocess(settings: Settings, registry: Registry) -> Layer:

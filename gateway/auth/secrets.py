@@ -44,7 +44,7 @@ def new_key_id() -> str:
 
 def hash_secret(settings: Settings, secret: str) -> str:
     """The hex HMAC-SHA-256 of ``secret`` under the server secret."""
-    server = settings.auth_secret.get_secret_value()
+    server = settings.auth.secret.get_secret_value()
     if not server:
         raise AuthSecretMissing(
             "auth_secret is empty: set CONVEYOR_AUTH_SECRET (a long random string, the "

@@ -54,7 +54,7 @@ def _files(connection: HTTPConnection) -> FileStore:
 
 def upload_limits(settings: Settings) -> dict[str, int]:
     """The body limits of the upload paths, for :class:`~gateway.limits.BodyLimit`."""
-    return {UPLOAD_PATH: settings.max_file_bytes + MULTIPART_ALLOWANCE}
+    return {UPLOAD_PATH: settings.jobs.max_file_bytes + MULTIPART_ALLOWANCE}
 
 
 def _error(description: str) -> dict[str, Any]:

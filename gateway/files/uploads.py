@@ -5,9 +5,9 @@
   machinery; assistants, fine-tuning, vision and user data are not served).
   Anything else is a 400 naming ``purpose``.
 - The file must not be empty (400) and may hold at most
-  ``settings.max_file_bytes`` (413 ``request_too_large``).
+  ``settings.jobs.max_file_bytes`` (413 ``request_too_large``).
 - A ``batch`` file is UTF-8 JSON Lines: every non-empty line a JSON object,
-  at most ``settings.batch_max_lines`` of them. The first bad line is named by
+  at most ``settings.jobs.batch_max_lines`` of them. The first bad line is named by
   its number (counting every line from 1, empty ones included, as an editor
   does). Whether each object is a valid request (``custom_id``, ``method``,
   ``url``, ``body``) is checked when a batch is created from the file.
@@ -51,8 +51,8 @@ class UploadCheck:
     """The checks of one upload, fed its bytes in order; raises at the first fault."""
 
     def __init__(self, settings: Settings, purpose: FilePurpose) -> None:
-        self.max_bytes = settings.max_file_bytes
-        self.max_lines = settings.batch_max_lines
+        self.max_bytes = settings.jobs.max_file_bytes
+        self.max_lines = settings.jobs.batch_max_lines
         self.jsonl = purpose == "batch"
         self.size = 0
         self.line_number = 0  # lines seen, empty ones included

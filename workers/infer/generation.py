@@ -173,7 +173,7 @@ class TaskRun:
             await self._fail(DeadlineExceeded("The request's deadline passed."))
         else:
             request = request_from_task(self.task, self.text, self.tokens, self.upstream_model,
-                                        self.settings.prefix_cache_shared)
+                                        self.settings.prefix.cache_shared)
             try:
                 tools = self.task["generation"].get("tools")
                 if tools and reads_tool_calls(self.task["generation"]):
@@ -229,7 +229,7 @@ class TaskRun:
         fallback model's), at most ``engine_retries`` times. Whether it did."""
         route = self.task["route"]
         failed = list(route.get("failed_workers") or [])
-        if self.seq != 0 or len(failed) >= self.settings.engine_retries:
+        if self.seq != 0 or len(failed) >= self.settings.schedule.engine_retries:
             return False
         if self.task["envelope"]["deadline_ms"] and \
                 now_ms() >= self.task["envelope"]["deadline_ms"]:
@@ -251,8 +251,8 @@ class TaskRun:
 
     async def _stream(self, request: GenerationRequest) -> None:
         streamed = self.task["generation"]["stream"]
-        interval = (self.settings.coalesce_ms if streamed
-                    else self.settings.coalesce_unstreamed_ms) / 1000
+        interval = (self.settings.infer.coalesce_ms if streamed
+                    else self.settings.infer.coalesce_unstreamed_ms) / 1000
         buf: list[str] = []
         buf_logprobs: list[TokenLogprob] = []
         buf_tokens = 0

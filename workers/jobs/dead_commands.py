@@ -213,7 +213,7 @@ class DeadCommands:
 
     async def run(self) -> None:
         """Follow for ever (until cancelled); see the module for what is retried."""
-        backoff = Backoff(max_s=self.settings.retry_backoff_max_s)
+        backoff = Backoff(max_s=self.settings.process.retry_backoff_max_s)
         while True:
             try:
                 await self.runtime().run()
@@ -235,7 +235,8 @@ async def job_state(settings: Settings, codec: Codec, lookup: SharedLookup,
     # the status was acknowledged before the command was sent, but its time is
     # when it was sent: a producer waiting out a leaderless partition (a broker
     # restarting) holds it up to PRODUCE_TIMEOUT_MS first
-    since = command.timestamp - settings.clock_skew_ms - PRODUCE_TIMEOUT_MS if command else 0
+    skew = settings.process.clock_skew_ms
+    since = command.timestamp - skew - PRODUCE_TIMEOUT_MS if command else 0
     found = await lookup.find(JOB_STATUS, job_id, since)
     if not found and since > 0:
         # none in the window (a clock further off than the settings say):

@@ -52,7 +52,7 @@ class Breakers:
 
     @classmethod
     def of(cls, settings: Settings, clock: Callable[[], int] = now_ms) -> Breakers:
-        return cls(settings.breaker_failures, settings.breaker_cooldown_s, clock,
+        return cls(settings.schedule.breaker_failures, settings.schedule.breaker_cooldown_s, clock,
                    settings=settings)
 
     def apply(self, state: BreakerState) -> None:

@@ -75,7 +75,7 @@ async def carry_old_ratings(settings: Settings, app_id: str, new_table: str) -> 
     """Copy the two old ratings tables into ``new_table``'s changelog and delete
     them; how many records were copied (0 when there is nothing to carry)."""
     old_totals, old_latest = _changelog(app_id, OLD_TOTALS), _changelog(app_id, OLD_LATEST)
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap)
     await admin.start()
     try:
         existing = set(await admin.list_topics())

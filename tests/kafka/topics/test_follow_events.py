@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from schemas.codec import default_codec
 from schemas.records import Control
 from tests.support.topics import create_topic
@@ -23,7 +23,7 @@ from topics.follow import follow
 
 async def test_events_skip_poison_and_keep_what_is_asked(
         services: None, caplog: pytest.LogCaptureFixture) -> None:
-    settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    settings = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
     await ensure_topics(settings, [s for s in catalog(settings) if s.name == CONTROL.at(settings)])
     codec = default_codec()
     producer = make_producer(settings)
@@ -56,16 +56,16 @@ async def test_events_skip_poison_and_keep_what_is_asked(
 
 
 async def test_a_topic_named_by_a_string_has_no_decoding() -> None:
-    follower = follow(Settings(topic_prefix="t"), "t.keys")
+    follower = follow(load_settings(topic_prefix="t"), "t.keys")
     with pytest.raises(TypeError, match="a topic of the catalog"):
         await follower.events(default_codec()).__anext__()
 
 
 async def test_a_follower_of_several_partitions_reads_each_in_order_and_resumes(
         services: None) -> None:
-    settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    settings = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
     topic = CONTROL.at(settings)
-    await create_topic(settings.kafka_bootstrap, topic, 3)
+    await create_topic(settings.kafka.bootstrap, topic, 3)
     producer = make_producer(settings)
     await producer.start()
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conveyor.registry import Registry
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from tests.support.pipeline import drop_topics
 from topics.admin import ensure_topics
 from topics.catalog import MODELS, catalog
@@ -26,12 +26,12 @@ LIVE = FILE.read_text().replace('aliases = ["smollm2"]', 'aliases = ["smollm2", 
 
 @pytest.fixture
 async def settings() -> AsyncIterator[Settings]:
-    made = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    made = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
     await ensure_topics(made, catalog(made))
     try:
         yield made
     finally:
-        await asyncio.to_thread(drop_topics, made.kafka_bootstrap, made.topic_prefix)
+        await asyncio.to_thread(drop_topics, made.kafka.bootstrap, made.kafka.topic_prefix)
 
 
 async def until(check: object, within_s: float = 10.0) -> None:

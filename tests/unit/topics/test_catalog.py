@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from topics.catalog import TopicSpec, catalog, infer_topic
 
 DESIGN_TOPICS = ["requests", "prepared", "routed", "tokens", "replies", "control", "workers",
@@ -16,7 +16,7 @@ DESIGN_TOPICS = ["requests", "prepared", "routed", "tokens", "replies", "control
 
 @pytest.fixture
 def settings() -> Settings:
-    return Settings(topic_prefix="tcat")
+    return load_settings(topic_prefix="tcat")
 
 
 def by_name(specs: list[TopicSpec]) -> dict[str, TopicSpec]:
@@ -32,7 +32,7 @@ def test_every_design_topic_is_present_with_the_prefix(settings: Settings) -> No
 
 
 def test_partition_counts_follow_the_settings() -> None:
-    s = Settings(topic_prefix="tcat", pipeline_partitions=3, reply_partitions=5,
+    s = load_settings(topic_prefix="tcat", pipeline_partitions=3, reply_partitions=5,
                  infer_partitions=6)
     specs = by_name(catalog(s, ("cpu",)))
     assert specs["tcat.requests"].partitions == 3

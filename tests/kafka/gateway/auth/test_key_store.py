@@ -81,7 +81,7 @@ async def test_only_the_keyed_hash_is_kept_anywhere() -> None:
         await store.touch(record)
         redis = b.redis()
         kept: list[Any] = []
-        async for name in redis.scan_iter(match=f"{settings.topic_prefix}:*"):
+        async for name in redis.scan_iter(match=f"{settings.kafka.topic_prefix}:*"):
             kept.append(name)
             kind = await redis.type(name)
             if kind == b"hash":
@@ -98,7 +98,7 @@ async def test_only_the_keyed_hash_is_kept_anywhere() -> None:
             assert secret.encode() not in where
             assert secret[4:].encode() not in where
         assert record.hash.encode() in redis_bytes and record.hash.encode() in topic_bytes
-        names = KeyNames(settings.topic_prefix)
+        names = KeyNames(settings.kafka.topic_prefix)
         assert await redis.get(names.keyhash(record.hash)) == record.id.encode()
         # the hash depends on the server secret: another secret, another hash
         other = key_settings(auth_secret=SecretStr("another-server-secret"))

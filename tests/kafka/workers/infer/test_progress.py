@@ -6,7 +6,7 @@ import uuid
 
 import redis.asyncio as aioredis
 
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from schemas.codec import default_codec
 from schemas.records import TokenChunk
 from tests.support.schedule_tasks import full_task
@@ -29,7 +29,7 @@ async def test_a_run_that_kafka_interrupted_claims_its_task_again(
     """The worker still renews the lease of a run that failed for a passing reason
     (a chunk's batch expired while the broker was away): its retry is not a
     duplicate waiting for that lease, it continues from the log at once."""
-    settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    settings = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
     await ensure_topics(settings, [s for s in catalog(settings)
                                    if s.name == TOKENS.at(settings)])
     producer = make_producer(settings)
@@ -57,7 +57,7 @@ async def test_a_claim_loads_its_script_again_when_redis_lost_it(
         services: None, redis: aioredis.Redis) -> None:
     """Claims run by EVALSHA; a restarted Redis has no scripts (SCRIPT FLUSH is
     what it starts with), and the next claim loads the script again."""
-    settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    settings = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
     await ensure_topics(settings, [s for s in catalog(settings)
                                    if s.name == TOKENS.at(settings)])
     lookup = SharedLookup(settings)

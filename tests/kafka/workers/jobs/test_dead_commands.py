@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from schemas.codec import default_codec
 from schemas.records import DeadLetter, JobResult, JobStatus
 from topics.admin import ensure_topics
@@ -33,7 +33,7 @@ codec = default_codec()
 
 @pytest.fixture
 async def settings(services: None) -> Settings:
-    s = Settings(topic_prefix=f"dc{uuid.uuid4().hex[:10]}", retry_backoff_max_s=0.5)
+    s = load_settings(topic_prefix=f"dc{uuid.uuid4().hex[:10]}", retry_backoff_max_s=0.5)
     wanted = {t.at(s) for t in (DLQ, JOB_STATUS, JOBS, RESULTS)}
     await ensure_topics(s, [t for t in catalog(s) if t.name in wanted])
     return s
@@ -56,7 +56,7 @@ def letter(settings: Settings, job_id: str, value: bytes) -> bytes:
 
 
 async def write(settings: Settings, records: list[tuple[str, bytes, bytes]]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap)
     await producer.start()
     try:
         for topic, key, value in records:
@@ -73,7 +73,7 @@ def validating(settings: Settings, job_id: str) -> tuple[str, bytes, bytes]:
 
 async def read_all(settings: Settings, topic: str, partitions: int = 1) -> list[bytes]:
     """Every value of ``topic``, partition after partition."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap,
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka.bootstrap,
                                 enable_auto_commit=False)
     await consumer.start()
     try:
@@ -93,14 +93,14 @@ async def read_all(settings: Settings, topic: str, partitions: int = 1) -> list[
 
 async def job_events(settings: Settings) -> list[tuple[str, str]]:
     """(job id, event) of every job result written."""
-    values = await read_all(settings, RESULTS.at(settings), settings.pipeline_partitions)
+    values = await read_all(settings, RESULTS.at(settings), settings.kafka.pipeline_partitions)
     results: list[JobResult] = [codec.decode(v, "JobResult") for v in values]
     return [(r["job_id"], r["event"]) for r in results]
 
 
 async def committed(settings: Settings) -> int:
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap,
-                                group_id=settings.group(DEAD_COMMANDS_GROUP),
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka.bootstrap,
+                                group_id=settings.kafka.group(DEAD_COMMANDS_GROUP),
                                 enable_auto_commit=False)
     await consumer.start()
     try:
@@ -167,7 +167,7 @@ async def test_a_letter_that_fails_is_passed_over_and_not_published_again(
 async def write_at(settings: Settings, topic: str, key: bytes, value: bytes,
                    timestamp_ms: int | None = None) -> tuple[int, int]:
     """One record stamped ``timestamp_ms`` (now when None): (partition, offset)."""
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap)
     await producer.start()
     try:
         meta = await producer.send_and_wait(topic, value, key=key, timestamp_ms=timestamp_ms)

@@ -11,10 +11,10 @@ import pytest
 from conveyor.errors import InvalidRequest, RequestTooLarge
 from conveyor.files.local import LocalFileStore
 from conveyor.files.store import FilePurpose
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from gateway.files.uploads import UploadCheck, check_purpose, checked
 
-SETTINGS = Settings(max_file_bytes=1000, batch_max_lines=3)
+SETTINGS = load_settings(max_file_bytes=1000, batch_max_lines=3)
 
 
 def run(data: bytes, chunk: int = 7, purpose: FilePurpose = "batch",
@@ -81,7 +81,7 @@ def test_only_batch_files_are_uploaded(purpose: object) -> None:
 
 
 async def test_a_refused_upload_leaves_nothing_in_the_store(tmp_path: Path) -> None:
-    store = LocalFileStore(Settings(files_dir=tmp_path, max_file_bytes=1000))
+    store = LocalFileStore(load_settings(files_dir=tmp_path, max_file_bytes=1000))
 
     async def body() -> AsyncIterator[bytes]:
         yield b'{"a": 1}\n{"b": 2}\n'
@@ -106,5 +106,5 @@ async def _once(data: bytes) -> AsyncIterator[bytes]:
 def test_a_line_nested_past_the_json_parser_is_a_400_naming_it() -> None:
     data = b'{"a": 1}\n' + b"[" * 100_000 + b"]" * 100_000 + b"\n"
     with pytest.raises(InvalidRequest) as info:
-        run(data, chunk=4096, settings=Settings(max_file_bytes=1_000_000, batch_max_lines=3))
+        run(data, chunk=4096, settings=load_settings(max_file_bytes=1_000_000, batch_max_lines=3))
     assert "Line 2" in str(info.value) and info.value.param == "file"
