@@ -126,10 +126,10 @@ async def _with_stores(settings: Settings, action: Callable[[_Stores], Awaitable
     from topics.catalog import catalog
     from topics.clients import make_producer
 
-    await ensure_topics(settings, catalog(settings))
-    producer = make_producer(settings)
+    await ensure_topics(settings, catalog(settings.kafka))
+    producer = make_producer(settings.kafka)
     await producer.start()
-    redis = redis_client(settings, "cli")
+    redis = redis_client(settings.redis, "cli")
     try:
         audit = Audit(settings, producer, actor=cli_actor())
         stores = _Stores(keys=KeyStore(settings, redis, producer, audit=audit),
@@ -157,7 +157,7 @@ def _run(settings: Settings, action: Callable[[_Stores], Awaitable[int]]) -> int
 
 def cmd_keys_create(settings: Settings, args: argparse.Namespace) -> int:
     try:
-        hash_secret(settings, "")  # an empty auth_secret fails before anything is written
+        hash_secret(settings.auth, "")  # an empty auth_secret fails before anything is written
     except ConveyorError as exc:
         print(f"conveyor: {exc}", file=sys.stderr)
         return 1

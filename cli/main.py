@@ -63,7 +63,7 @@ async def _ensure_topics(settings: Settings, registry: Registry) -> None:
     from topics.admin import ensure_topics
     from topics.catalog import catalog
 
-    await ensure_topics(settings, catalog(settings, registry.pools()))
+    await ensure_topics(settings, catalog(settings.kafka, registry.pools()))
 
 
 async def _redis_answers(settings: Settings) -> None:
@@ -72,7 +72,7 @@ async def _redis_answers(settings: Settings) -> None:
     from conveyor.redis_clients import REDIS_REFUSALS, redis_client
     from conveyor.startup import redis_address, started
 
-    client = redis_client(settings, "cli")
+    client = redis_client(settings.redis, "cli")
     try:
         await started("Redis to answer", client.ping, within=settings.process.startup_timeout_s,
                       log=log, where=redis_address(settings.redis.url),
@@ -162,7 +162,7 @@ async def _run_layers(settings: Settings, names: list[str]) -> None:
     from conveyor.startup import kafka_address, started
     from topics.clients import make_producer
 
-    producer = make_producer(settings)
+    producer = make_producer(settings.kafka)
     await started("the Kafka producer to connect", producer.start, log=log,
                   within=settings.process.startup_timeout_s,
                   where=kafka_address(settings.kafka.bootstrap))
@@ -174,7 +174,7 @@ async def _run_layers(settings: Settings, names: list[str]) -> None:
     cancels = CancelList(settings)  # one follower of conveyor.control for every layer here
     from conveyor.metrics import LayerMetrics, process_metrics
 
-    metrics = process_metrics(settings, "+".join(names))
+    metrics = process_metrics(settings.telemetry, "+".join(names))
     layer_metrics = LayerMetrics(metrics.meter)
     runtimes = [LayerRuntime(settings, stage(n).make(settings, registry),
                              producer=producer, tracer=tracing.tracer, cancels=cancels,
@@ -254,7 +254,7 @@ async def _run_infer(settings: Settings, args: argparse.Namespace) -> None:
     from conveyor.metrics import WorkerMetrics, process_metrics
     from workers.infer.engines.base import host_cache_counts
 
-    metrics = process_metrics(settings, f"infer-{args.pool}")
+    metrics = process_metrics(settings.telemetry, f"infer-{args.pool}")
     worker.dead_lettered = WorkerMetrics(metrics.meter, worker.worker_id, args.pool,
                                          worker.load, host_cache_counts(engine)).dead_letter
     _on_signals(worker.stop)

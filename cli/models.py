@@ -72,7 +72,7 @@ def cmd_models_apply(settings: Settings, args: argparse.Namespace) -> int:
     from topics.catalog import catalog
 
     async def apply() -> None:
-        await ensure_topics(settings, catalog(settings, registry.pools()))  # new pools' first
+        await ensure_topics(settings, catalog(settings.kafka, registry.pools()))  # new pools' first
         await publish(settings, record)
 
     asyncio.run(apply())

@@ -183,8 +183,9 @@ def cmd_workers(settings: Settings, args: argparse.Namespace) -> int:
     try:
         asyncio.run(_read(settings, beats, breakers))
     except TimeoutError:
-        print(f"conveyor workers: {WORKERS.at(settings)} and {BREAKERS.at(settings)} were "
-              f"not read within {_READ_WITHIN_S:.0f} s", file=sys.stderr)
+        topics = f"{WORKERS.at(settings.kafka)} and {BREAKERS.at(settings.kafka)}"
+        print(f"conveyor workers: {topics} were not read within {_READ_WITHIN_S:.0f} s",
+              file=sys.stderr)
         return 3
     rows = _rows(beats, breakers, settings, args.pool)
     print(json.dumps(rows, indent=2) if args.json else render(rows))

@@ -104,7 +104,7 @@ def build_app(settings: Settings, registry: Registry | None = None,
     app = FastAPI(title="Conveyor", version="0.1.0", lifespan=lifespan,
                   description="An OpenAI-compatible API in front of an event pipeline.")
     app.add_middleware(BodyLimit, max_bytes=settings.gateway.max_body_bytes,
-                       uploads=upload_limits(settings))
+                       uploads=upload_limits(settings.jobs))
     # outside the body limit: 401 before a body is read
     app.add_middleware(AuthMiddleware, authenticator=_authenticator)
     install_error_handlers(app)
@@ -131,9 +131,9 @@ async def _services(settings: Settings, registry: Registry, gateway_id: str, hea
                     metrics: GatewayMetrics) -> AsyncIterator[Services]:
     codec = default_codec()
     # the gateway's role: short timeouts, one retry on a connection a restart broke
-    redis = redis_client(settings, "gateway")
+    redis = redis_client(settings.redis, "gateway")
     # the gateway's one producer: requests, cancels, job commands and audit events
-    publisher = Publisher(settings, make_producer(settings), codec)
+    publisher = Publisher(settings, make_producer(settings.kafka), codec)
     kafka, within = kafka_address(settings.kafka.bootstrap), settings.process.startup_timeout_s
     await started("the Kafka producer to connect", publisher.start, within=within, log=log,
                   where=kafka)
@@ -168,7 +168,7 @@ async def _services(settings: Settings, registry: Registry, gateway_id: str, hea
     submitter = Submitter(settings, publisher, router_, cancels, admitter, policies,
                           gateway_id, tracing.tracer, metrics)
     stored = StoredAnswers(settings, lookup, codec)
-    files = LocalFileStore(settings)
+    files = LocalFileStore(settings.jobs)
     background = BackgroundResponses(settings, publisher, board, admitter, policies)
     services = Services(
         settings=settings, health=health, registry=registry, authenticator=authenticator,

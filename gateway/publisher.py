@@ -111,7 +111,7 @@ class Publisher:
         value = self.encode(topic, record, event_type, what)
         try:
             await asyncio.wait_for(
-                self.producer.send_and_wait(topic.at(self.settings), value, key=key.encode(),
+                self.producer.send_and_wait(topic.at(self.settings.kafka), value, key=key.encode(),
                                             headers=headers),
                 self.settings.gateway.produce_timeout_s)
         except TimeoutError:
@@ -152,7 +152,7 @@ class Publisher:
         bound_ms = until_ms if until_ms is not None else (
             now_ms() + int(self.settings.gateway.request_timeout_s * 1000))
         until = time.monotonic() + (bound_ms - now_ms()) / 1000
-        return self._track(self._deliver(topic.at(self.settings), value, key.encode(), until,
+        return self._track(self._deliver(topic.at(self.settings.kafka), value, key.encode(), until,
                                          what))
 
     def publish_soon(self, topic: Topic, record: Any, key: str, *,
@@ -245,7 +245,7 @@ class Publisher:
 
     async def _send_once(self, topic: Topic, record: Any, key: str,
                          event_type: EventType | None, what: str) -> bool:
-        name = topic.at(self.settings)
+        name = topic.at(self.settings.kafka)
         try:
             value = self.codec.encode(_event_type(topic, event_type), record)
             await self.producer.send_and_wait(name, value, key=key.encode(), headers=None)

@@ -156,7 +156,7 @@ class Follower(Generic[T]):
         """Resolve the start to an offset now (see the module) and return it;
         the iteration reads from there. Broker trouble is raised, translated
         (:func:`~topics.clients.broker_error`)."""
-        consumer = make_consumer(self.settings, group=None, **self.consumer_options)
+        consumer = make_consumer(self.settings.kafka, group=None, **self.consumer_options)
         try:
             await consumer.start()
             consumer.assign(self.tps)
@@ -176,7 +176,7 @@ class Follower(Generic[T]):
         tps = self.tps
         where = f"{self.tp.topic}[{','.join(str(tp.partition) for tp in tps)}]"
         while True:
-            consumer = make_consumer(self.settings, group=None, **self.consumer_options)
+            consumer = make_consumer(self.settings.kafka, group=None, **self.consumer_options)
             try:
                 await consumer.start()
                 consumer.assign(tps)
@@ -320,7 +320,7 @@ def follow(settings: Settings, topic: Topic[T] | str, partition: int | Iterable[
     decode (a ``Follower[T]`` of a ``Topic[T]``)."""
     if isinstance(topic, str):
         return Follower(settings, topic, partition, start, **options)
-    return Follower(settings, topic.at(settings), partition, start, typed=topic, **options)
+    return Follower(settings, topic.at(settings.kafka), partition, start, typed=topic, **options)
 
 
 async def apply_all(follower: Follower[T], codec: Codec, apply: Callable[[T], object],

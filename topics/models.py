@@ -67,10 +67,10 @@ async def publish_one(settings: Settings, topic: Topic, event_type: EventType, r
     """Write one event (a command's) and wait for the broker to have it."""
     from topics.clients import make_producer
 
-    producer = make_producer(settings)
+    producer = make_producer(settings.kafka)
     await producer.start()
     try:
-        await producer.send_and_wait(topic.at(settings),
+        await producer.send_and_wait(topic.at(settings.kafka),
                                      default_codec().encode(event_type, record), key=key)
     finally:
         await producer.stop()

@@ -64,7 +64,7 @@ def result_output(settings: Settings, envelope: Envelope, *, status_code: int,
                        request_id=envelope["request_id"], job_item=envelope["job_item"],
                        status_code=status_code, body=body, error=error, text=text,
                        finish_reason=finish_reason, usage=usage, detail="", ts_ms=now_ms())
-    return Output(RESULTS.at(settings), "JobResult", result, key=envelope["job_id"])
+    return Output(RESULTS.at(settings.kafka), "JobResult", result, key=envelope["job_id"])
 
 
 def error_info(exc: RequestError) -> ErrorInfo:
@@ -193,7 +193,7 @@ class Sender:
             usage=None,
             error=error,
         )
-        return Output(REPLIES.at(self.settings), "Reply", reply,
+        return Output(REPLIES.at(self.settings.kafka), "Reply", reply,
                       key=envelope["request_id"], partition=envelope["reply_partition"])
 
     def letter_output(self, layer: str, topic: str, partition: int, offset: int,
@@ -206,7 +206,7 @@ class Sender:
             value = value[:room]
         letter = DeadLetter(layer=layer, topic=topic, partition=partition, offset=offset,
                             key=key, value=value, error=error[:_ERROR_CHARS], ts_ms=now_ms())
-        return Output(DLQ.at(self.settings), "DeadLetter", letter,
+        return Output(DLQ.at(self.settings.kafka), "DeadLetter", letter,
                       key=key.decode(errors="replace") if key else None)
 
     async def error_reply(self, envelope: Envelope, error: ErrorInfo, index: int = 0) -> None:

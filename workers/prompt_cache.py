@@ -113,7 +113,7 @@ class PromptCache:
     @property
     def redis(self) -> Redis:
         if self._redis is None:
-            self._redis = redis_client(self.settings, "cache")
+            self._redis = redis_client(self.settings.redis, "cache")
         return self._redis
 
     def _entry(self, key: str) -> str:

@@ -143,10 +143,11 @@ class LayerRuntime:
         self._stopping.set()
 
     async def run(self) -> None:
-        consumer = make_consumer(self.settings, group=self.settings.kafka.group(self.layer.name))
-        source = self.layer.source.at(self.settings)
+        consumer = make_consumer(self.settings.kafka,
+                                 group=self.settings.kafka.group(self.layer.name))
+        source = self.layer.source.at(self.settings.kafka)
         consumer.subscribe([source], listener=_Rebalance(self))
-        producer = self._shared_producer or make_producer(self.settings)
+        producer = self._shared_producer or make_producer(self.settings.kafka)
         background: list[asyncio.Task[None]] = []
         kafka = kafka_address(self.settings.kafka.bootstrap)
         within = self.settings.process.startup_timeout_s

@@ -102,14 +102,14 @@ def _jobs(settings: Settings, registry: Registry) -> Layer:
     from conveyor.files.local import LocalFileStore
     from workers.jobs.commands import JobsLayer
 
-    return JobsLayer(settings, LocalFileStore(settings), registry)
+    return JobsLayer(settings, LocalFileStore(settings.jobs), registry)
 
 
 def _results(settings: Settings, registry: Registry) -> Layer:
     from conveyor.files.local import LocalFileStore
     from workers.jobs.collector import ResultsLayer
 
-    return ResultsLayer(settings, LocalFileStore(settings))
+    return ResultsLayer(settings, LocalFileStore(settings.jobs))
 
 
 STAGES: tuple[Stage, ...] = (

@@ -108,7 +108,7 @@ class KeyStore:
         """The key of ``secret`` (usable or not: check ``usable``), None if unknown."""
         if not secret.startswith(SECRET_PREFIX):
             return None
-        key_hash = hash_secret(self.settings, secret)
+        key_hash = hash_secret(self.settings.auth, secret)
         hit, cached = self.cache.get(key_hash)
         if hit and self.cache.trusted(self.healthy):
             return cached
@@ -170,7 +170,7 @@ class KeyStore:
         secret = new_secret()
         now = now_ms()
         record = KeyRecord(
-            id=new_key_id(), tenant=tenant, name=name, hash=hash_secret(self.settings, secret),
+            id=new_key_id(), tenant=tenant, name=name, hash=hash_secret(self.settings.auth, secret),
             limits=merge_limits(Limits(), limits), models=tuple(m for m in models if m),
             created_ms=now, expires_ms=now + int(expires_in_s * 1000) if expires_in_s else 0,
             version=1)

@@ -167,7 +167,7 @@ async def test_a_follower_sees_its_own_blindness_and_does_not_flood_the_log(
     per ten seconds."""
     settings = load_settings(kafka_bootstrap=own_kafka.bootstrap, retry_backoff_max_s=1.0,
                         topic_prefix=f"f{uuid.uuid4().hex[:8]}")
-    await ensure_topics(settings, catalog(settings))
+    await ensure_topics(settings, catalog(settings.kafka))
     topic = settings.kafka.topic("workers")
 
     async def produce(values: list[bytes]) -> None:

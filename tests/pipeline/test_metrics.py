@@ -74,7 +74,7 @@ def test_a_layers_process_serves_metrics_on_its_port(pipeline: Pipeline) -> None
     settings = pipeline.settings.replace(topic_prefix=prefix)
 
     async def produce() -> None:
-        producer = make_producer(settings)
+        producer = make_producer(settings.kafka)
         await producer.start()
         try:
             await producer.send_and_wait(settings.kafka.topic("requests"), b"not avro", key=b"x")

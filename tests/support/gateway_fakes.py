@@ -155,7 +155,7 @@ def offline_services(settings: Settings, registry: Registry | None = None) -> Se
     producer = RecordingProducer()
     made = submitter(settings, producer)
     stored = _stored(settings, None)
-    files = LocalFileStore(settings)
+    files = LocalFileStore(settings.jobs)
     board = JobBoard(settings, default_codec())
     background = BackgroundResponses(settings, made.publisher, board)
     return Services(

@@ -87,8 +87,8 @@ class Backends:
 @asynccontextmanager
 async def backends(settings: Settings) -> AsyncIterator[Backends]:
     wanted = {settings.kafka.topic("keys"), settings.kafka.topic("audit")}
-    await ensure_topics(settings, [s for s in catalog(settings) if s.name in wanted])
-    producer = make_producer(settings)
+    await ensure_topics(settings, [s for s in catalog(settings.kafka) if s.name in wanted])
+    producer = make_producer(settings.kafka)
     await producer.start()
     b = Backends(settings, producer, Audit(settings, producer, actor="test"))
     try:

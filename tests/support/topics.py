@@ -32,7 +32,7 @@ async def send_retrying(settings: Settings, topic: str, sends: list[dict[str, An
     takes them all (a broker that is restarting), at most ``within_s``."""
     deadline = time.monotonic() + within_s
     while True:
-        producer = make_producer(settings, request_timeout_ms=5000)
+        producer = make_producer(settings.kafka, request_timeout_ms=5000)
         try:
             await producer.start()
             for send in sends:

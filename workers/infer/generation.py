@@ -239,7 +239,7 @@ class TaskRun:
                      route={**route, "failed_workers": [*failed, self.worker_id],
                             "failure": error_info(exc), "worker_id": "", "partition": -1})
         self._acks.append(await self.sender.send_nowait(
-            Output(ROUTED.at(self.settings), "Task", again, key=self.request_id)))
+            Output(ROUTED.at(self.settings.kafka), "Task", again, key=self.request_id)))
         self.retried = True
         self.finish_reason = "retried"
         return True
@@ -345,7 +345,7 @@ class TaskRun:
                            cached_tokens=self.cached_tokens if finish is not None else None,
                            logprobs=list(logprobs or ()))
         self._acks.append(await self.sender.send_nowait(
-            Output(TOKENS.at(self.settings), "TokenChunk", chunk, key=self.request_id)))
+            Output(TOKENS.at(self.settings.kafka), "TokenChunk", chunk, key=self.request_id)))
         self.seq += 1
         self.tokens += tokens
         if self.task["prompt"].get("cache_key"):

@@ -106,5 +106,5 @@ class Heartbeat:
                 saved=now.host_cache.saved, restored=now.host_cache.restored,
                 evicted=now.host_cache.evicted),
         )
-        await self.sender.deliver(Output(WORKERS.at(self.settings), "WorkerHeartbeat",
+        await self.sender.deliver(Output(WORKERS.at(self.settings.kafka), "WorkerHeartbeat",
                                          record, key=self.worker_id))

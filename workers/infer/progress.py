@@ -225,5 +225,5 @@ class ProgressTracker:
         # continues after the chunks that do (ChunkOrder waits for none)
         chunks = [chunk for _, chunk in found]
         log.info("recovered %d chunks of %s from %s[%s]", len(chunks), request_id,
-                 TOKENS.at(self.settings), found[0][0].partition if found else "-")
+                 TOKENS.at(self.settings.kafka), found[0][0].partition if found else "-")
         return progress_of(chunks)

@@ -153,11 +153,11 @@ class InferWorker:
             await started(f"the {self.engine.name} engine to start", self.engine.start,
                           within=None, log=log)  # a model loads as long as it takes: no bound
             stack.push_async_callback(self.engine.close)
-            producer = make_producer(self.settings)
+            producer = make_producer(self.settings.kafka)
             stack.push_async_callback(producer.stop)
             await started("the Kafka producer to connect", producer.start, within=within,
                           log=log, where=kafka)
-            redis = redis_client(self.settings, "claims")
+            redis = redis_client(self.settings.redis, "claims")
             stack.push_async_callback(redis.aclose)
             await started("Redis to answer (task claims)", redis.ping, within=within, log=log,
                           where=redis_address(self.settings.redis.url), retry_on=REDIS_REFUSALS)
@@ -178,7 +178,7 @@ class InferWorker:
             stack.push_async_callback(self._stop_background, background, heartbeat)
             group = self.settings.kafka.group(f"infer.{self.pool}")
             await started(f"consumer group {group} to assign "
-                          f"partitions of {infer_topic(self.settings, self.pool)}",
+                          f"partitions of {infer_topic(self.settings.kafka, self.pool)}",
                           consumer.start, within=within, log=log, where=kafka)
             self._joined = True
             log.info("worker %s: serving pool %s with %s (capacity %d)", self.worker_id,

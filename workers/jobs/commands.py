@@ -73,8 +73,8 @@ class JobsLayer:
         self.policies, self._follower = kept_policies(settings, policies)
         self.files = files
         self.registry = registry
-        self._requests = REQUESTS.at(settings)
-        self._control = CONTROL.at(settings)
+        self._requests = REQUESTS.at(settings.kafka)
+        self._control = CONTROL.at(settings.kafka)
         self._dead: asyncio.Task[None] | None = None
 
     async def start(self, sender: Sender) -> None:

@@ -114,7 +114,7 @@ _CONCURRENCY = 4
 def job_id_of(settings: Settings, letter: DeadLetter) -> str | None:
     """The job a letter of the jobs layer is keyed by (None: not such a letter,
     or no key to name a job)."""
-    if letter["layer"] != "jobs" or letter["topic"] != JOBS.at(settings):
+    if letter["layer"] != "jobs" or letter["topic"] != JOBS.at(settings.kafka):
         return None
     try:
         key = (letter["key"] or b"").decode()
@@ -219,10 +219,10 @@ class DeadCommands:
                 await self.runtime().run()
             except (StartupTimeout, TransientBrokerError) as exc:
                 self._problems.warning("start", "dead commands: cannot follow %s (%s); "
-                                       "retrying", DLQ.at(self.settings), exc)
+                                       "retrying", DLQ.at(self.settings.kafka), exc)
             except Exception:
                 log.exception("dead commands: following %s failed; starting again from the "
-                              "last commit", DLQ.at(self.settings))
+                              "last commit", DLQ.at(self.settings.kafka))
             await backoff.wait()
 
 

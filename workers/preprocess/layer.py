@@ -170,14 +170,14 @@ class PreprocessLayer:
         if key is not None:
             cached = await self.cache.get(key)
             if cached is not None:  # answered from the cache: no worker
-                return [Output(TOKENS.at(self.settings), "TokenChunk",
+                return [Output(TOKENS.at(self.settings.kafka), "TokenChunk",
                                hit_chunk(envelope, generation, prompt, cached),
                                key=envelope["request_id"])]
             prompt["cache_key"], prompt["cache_ttl_s"] = key, policy.cache_ttl_s
         prepared = Prepared(envelope=envelope, generation=generation, prompt=prompt)
         return [
             Output(
-                PREPARED.at(self.settings),
+                PREPARED.at(self.settings.kafka),
                 "Prepared",
                 prepared,
                 key=envelope["request_id"],

@@ -131,7 +131,8 @@ class Breakers:
         others (and for its successor)."""
         if state is None or sender is None or self.settings is None:
             return
-        out = Output(BREAKERS.at(self.settings), "BreakerState", state, key=state["worker_id"])
+        out = Output(BREAKERS.at(self.settings.kafka), "BreakerState", state,
+                     key=state["worker_id"])
         task = asyncio.get_running_loop().create_task(sender.produce([out]))
         self._writing.add(task)
         task.add_done_callback(self._written)

@@ -287,7 +287,7 @@ class ScheduleLayer:
         self.outstanding.add(envelope["request_id"], view.beat["worker_id"],
                              task["route"]["pool"], envelope["priority"],
                              expiry_ms(envelope, self.settings))
-        return Output(infer_topic(self.settings, task["route"]["pool"]), "Task", task,
+        return Output(infer_topic(self.settings.kafka, task["route"]["pool"]), "Task", task,
                       key=envelope["request_id"], partition=partition)
 
     # -- what happens to tasks ------------------------------------------------

@@ -211,7 +211,7 @@ class AccountingApp:
                                      value_serializer=UsageValueCodec())
         self.dlq = self.app.topic(settings.kafka.topic("dlq"), key_serializer="raw",
                                   value_serializer="raw")
-        self.redis = redis or redis_client(settings, "accounting")
+        self.redis = redis or redis_client(settings.redis, "accounting")
         self.mirror = RedisMirror(self.redis, UsageKeys(settings.kafka.topic_prefix))
         self._codec = default_codec()
         self._swept: dict[int, int] = {}

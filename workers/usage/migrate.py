@@ -84,7 +84,7 @@ async def carry_old_ratings(settings: Settings, app_id: str, new_table: str) -> 
         rows = await _last_values(settings, old_totals)
         latest = (await _last_values(settings, old_latest)) if old_latest in existing else {}
         target = _changelog(app_id, new_table)
-        producer = make_producer(settings)
+        producer = make_producer(settings.kafka)
         await producer.start()
         try:
             sent = [await producer.send(target, value, key=key, partition=0)

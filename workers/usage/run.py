@@ -49,7 +49,7 @@ def run_accounting(settings: Settings, probe: LayerProbe | None = None,
     asyncio.set_event_loop(loop)
     needed = {settings.kafka.topic("usage"), settings.kafka.topic("dlq")}
     replication = loop.run_until_complete(
-        ensure_topics(settings, [s for s in catalog(settings) if s.name in needed]))
+        ensure_topics(settings, [s for s in catalog(settings.kafka) if s.name in needed]))
     accounting = AccountingApp(settings, replication, probe=probe)
     # the tables' changelogs made here, not by Faust as it starts: Faust's consumer
     # may ask for metadata before the broker serves a topic Faust just made, and

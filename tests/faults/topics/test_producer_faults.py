@@ -49,7 +49,7 @@ async def test_records_go_through_after_a_restart_that_expired_batches(
         own_kafka: OwnKafka) -> None:
     topic = f"t{uuid.uuid4().hex[:10]}.sequence"
     await create_topic(own_kafka.bootstrap, topic)
-    producer = make_producer(load_settings(kafka_bootstrap=own_kafka.bootstrap),
+    producer = make_producer(load_settings(kafka_bootstrap=own_kafka.bootstrap).kafka,
                              request_timeout_ms=TIMEOUT_MS)
     await producer.start()
     outcomes: list[tuple[float, str]] = []

@@ -25,8 +25,8 @@ def batch(job_id: str, status: str, done: int, total: int) -> dict[str, object]:
 
 
 async def publish(settings: Settings, states: list[tuple[str, int, dict[str, object]]]) -> None:
-    await ensure_topics(settings, catalog(settings))
-    producer = make_producer(settings)
+    await ensure_topics(settings, catalog(settings.kafka))
+    producer = make_producer(settings.kafka)
     await producer.start()
     try:
         for tenant, version, obj in states:

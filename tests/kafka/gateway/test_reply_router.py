@@ -37,9 +37,9 @@ def reply(request_id: str, index: int, kind: Literal["delta", "final"] = "delta"
 async def test_replies_reach_their_streams_in_order_once_and_poison_is_skipped(
         services: None, redis: aioredis.Redis, caplog: pytest.LogCaptureFixture) -> None:
     settings = load_settings(topic_prefix=f"rr{uuid.uuid4().hex[:10]}", reply_partitions=1)
-    await ensure_topics(settings, [t for t in catalog(settings)
-                                   if t.name == REPLIES.at(settings)])
-    topic = REPLIES.at(settings)
+    await ensure_topics(settings, [t for t in catalog(settings.kafka)
+                                   if t.name == REPLIES.at(settings.kafka)])
+    topic = REPLIES.at(settings.kafka)
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap)
     await producer.start()
     await producer.send_and_wait(topic, reply("r1", 0), partition=0)  # before start: not ours

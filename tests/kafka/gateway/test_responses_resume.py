@@ -311,8 +311,8 @@ class Log:
 async def log(services: None) -> AsyncIterator[Log]:
     settings = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}", sse_keepalive_s=0.2)
     wanted = {settings.kafka.topic("requests"), settings.kafka.topic("replies")}
-    await ensure_topics(settings, [s for s in catalog(settings) if s.name in wanted])
-    producer = make_producer(settings)
+    await ensure_topics(settings, [s for s in catalog(settings.kafka) if s.name in wanted])
+    producer = make_producer(settings.kafka)
     await producer.start()
     lookup = SharedLookup(settings)
     try:

@@ -76,7 +76,7 @@ async def _describe(settings: Settings, names: list[str]
 async def test_created_topics_carry_their_policies_on_the_broker(
         services: None, caplog: pytest.LogCaptureFixture) -> None:
     s = fresh()
-    specs = catalog(s, ("cpu",))
+    specs = catalog(s.kafka, ("cpu",))
     with caplog.at_level(logging.INFO, logger="topics.admin"):
         chosen = await ensure_topics(s, specs)
         again = await ensure_topics(s, specs)  # idempotent: a second process starting
@@ -107,7 +107,7 @@ async def test_more_replicas_than_brokers_is_refused_before_anything_is_created(
         services: None) -> None:
     s = fresh(replication_factor=3)
     with pytest.raises(ConveyorError, match="needs at least 3 brokers"):
-        await ensure_topics(s, catalog(s))
+        await ensure_topics(s, catalog(s.kafka))
     admin = AIOKafkaAdminClient(bootstrap_servers=BOOTSTRAP)
     await admin.start()
     try:
@@ -140,7 +140,7 @@ async def test_the_worker_table_topic_keeps_the_latest_heartbeat_of_each_worker(
     latest stays (so the table a reader rebuilds is small and current). Segments
     roll every 200 ms here instead of ten minutes, so compaction is seen in a test."""
     s = fresh()
-    [workers] = [spec for spec in catalog(s) if spec.name == s.kafka.topic("workers")]
+    [workers] = [spec for spec in catalog(s.kafka) if spec.name == s.kafka.topic("workers")]
     await ensure_topics(s, [dataclasses.replace(workers, extra={"segment.ms": "200"})])
     producer = AIOKafkaProducer(bootstrap_servers=BOOTSTRAP, acks="all")
     await producer.start()

@@ -27,7 +27,7 @@ LIVE = FILE.read_text().replace('aliases = ["smollm2"]', 'aliases = ["smollm2", 
 @pytest.fixture
 async def settings() -> AsyncIterator[Settings]:
     made = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
-    await ensure_topics(made, catalog(made))
+    await ensure_topics(made, catalog(made.kafka))
     try:
         yield made
     finally:
@@ -59,10 +59,10 @@ async def test_an_applied_registry_is_adopted_at_start_and_swapped_in_while_runn
         await until(lambda: running.find("smollm2-live") is not None)
         # poison first (not a record; a record whose text does not parse), then
         # a good one: the follower passes over the first two and takes the third
-        producer = make_producer(settings)
+        producer = make_producer(settings.kafka)
         await producer.start()
         try:
-            await producer.send_and_wait(MODELS.at(settings), b"not avro", key=b"registry")
+            await producer.send_and_wait(MODELS.at(settings.kafka), b"not avro", key=b"registry")
         finally:
             await producer.stop()
         broken = {**first, "text": "[models.x]\npool = ", "digest": "0badf00d0bad"}

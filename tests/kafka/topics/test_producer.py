@@ -43,7 +43,7 @@ def punch_hole(producer: AIOKafkaProducer, topic: str) -> None:
 
 
 async def read_back(settings: Settings, topic: str, count: int) -> list[bytes]:
-    consumer = make_consumer(settings)
+    consumer = make_consumer(settings.kafka)
     await consumer.start()
     try:
         tp = TopicPartition(topic, 0)
@@ -77,7 +77,7 @@ async def test_aiokafkas_own_producer_is_refused_for_good_after_a_hole(topic: st
 
 async def test_conveyors_producer_delivers_each_record_once_after_a_hole(topic: str) -> None:
     settings = load_settings(kafka_bootstrap=BOOTSTRAP)
-    producer = make_producer(settings)
+    producer = make_producer(settings.kafka)
     await producer.start()
     try:
         await producer.send_and_wait(topic, b"m0", partition=0)

@@ -50,7 +50,7 @@ async def written(services: None) -> AsyncIterator[Written]:
     finally:
         await admin.close()
     since = now_ms() - 1000
-    producer = make_producer(settings)
+    producer = make_producer(settings.kafka)
     await producer.start()
     values: dict[tuple[str, str], list[tuple[int, bytes]]] = {}
     try:
@@ -124,15 +124,16 @@ async def test_a_kept_reader_fetches_nothing_between_calls(written: Written) -> 
 
 async def test_find_gives_the_topics_events_and_passes_over_poison(services: None) -> None:
     settings = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
-    await ensure_topics(settings, [s for s in catalog(settings) if s.name == CONTROL.at(settings)])
+    control = CONTROL.at(settings.kafka)
+    await ensure_topics(settings, [s for s in catalog(settings.kafka) if s.name == control])
     codec = default_codec()
     events = [Control(request_id="r1", action="cancel", reason=str(n), ts_ms=n) for n in (1, 2)]
     since = now_ms() - 1000
-    producer = make_producer(settings)
+    producer = make_producer(settings.kafka)
     await producer.start()
     try:
         for value in (CONTROL.encode(codec, events[0]), b"junk", CONTROL.encode(codec, events[1])):
-            await producer.send_and_wait(CONTROL.at(settings), value, key=b"r1")
+            await producer.send_and_wait(CONTROL.at(settings.kafka), value, key=b"r1")
     finally:
         await producer.stop()
     lookup = SharedLookup(settings, timeout_s=30)

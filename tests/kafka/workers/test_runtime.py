@@ -78,7 +78,7 @@ class CancellingLayer(ScriptedLayer):
 @pytest.fixture
 async def settings(services: None) -> Settings:
     s = load_settings(topic_prefix=f"rt{uuid.uuid4().hex[:10]}", max_event_bytes=MAX_EVENT)
-    await ensure_topics(s, catalog(s))
+    await ensure_topics(s, catalog(s.kafka))
     return s
 
 

@@ -52,7 +52,7 @@ def newer_request_schema(tmp: Path) -> Path:
 
 
 async def produce(settings: Settings, key: str, value: bytes) -> None:
-    producer = make_producer(settings)
+    producer = make_producer(settings.kafka)
     await producer.start()
     try:
         await producer.send_and_wait(settings.kafka.topic("requests"), value, key=key.encode())

@@ -52,10 +52,10 @@ def test_every_pool_has_a_task_topic_in_the_catalog(models_file: Path) -> None:
     registry: a model whose pool had no topic could never be scheduled."""
     settings = load_settings(topic_prefix="treg")
     registry = Registry.load(models_file)
-    topics = {spec.name for spec in catalog(settings, registry.pools())}
+    topics = {spec.name for spec in catalog(settings.kafka, registry.pools())}
     for spec in registry.models.values():
         for served in [registry.resolve(d) for d, _ in spec.deployments] or [spec]:
-            assert infer_topic(settings, served.pool) in topics, spec.name
+            assert infer_topic(settings.kafka, served.pool) in topics, spec.name
 
 
 def test_every_default_answer_fits_its_context(models_file: Path) -> None:

@@ -44,7 +44,8 @@ def test_metrics_off_leaves_a_process_port_unserved() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    metrics = process_metrics(load_settings(metrics_enabled=False, metrics_port=port), "layers")
+    metrics = process_metrics(load_settings(metrics_enabled=False, metrics_port=port).telemetry,
+                              "layers")
     try:
         assert not metrics.enabled
         try:

@@ -102,7 +102,7 @@ def accounting(services: None, tmp_path_factory: pytest.TempPathFactory
     settings = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
     needed = {settings.kafka.topic("usage"), settings.kafka.topic("dlq"),
               settings.kafka.topic("feedback")}
-    asyncio.run(ensure_topics(settings, [s for s in catalog(settings) if s.name in needed]))
+    asyncio.run(ensure_topics(settings, [s for s in catalog(settings.kafka) if s.name in needed]))
     redis = OwnRedis(tmp_path_factory.mktemp("redis")).start()
     app = Accounting(settings, redis, tmp_path_factory.mktemp("logs"),
                      tmp_path_factory.mktemp("home"))
@@ -136,7 +136,7 @@ def usage(rid: str, tenant: str, *, key_id: str = "k1", model: str = "m1",
 async def produce(settings: Settings, *values: UsageRecord | tuple[str, bytes]) -> None:
     """Usage records (keyed by tenant, as postprocess writes them), or raw (key, bytes)."""
     codec = default_codec()
-    producer = make_producer(settings)
+    producer = make_producer(settings.kafka)
     await producer.start()
     try:
         for value in values:
@@ -153,7 +153,7 @@ async def backlog(settings: Settings, records: list[UsageRecord]) -> None:
     """Usage records sent at once, without waiting for each (a backlog the app
     works through), keyed by tenant as postprocess writes them."""
     codec = default_codec()
-    producer = make_producer(settings)
+    producer = make_producer(settings.kafka)
     await producer.start()
     try:
         for record in records:
@@ -455,7 +455,7 @@ async def test_ratings_survive_a_kill_mid_stream_and_a_flush_latest_once(
     s = accounting.settings
     n = 300
     codec = default_codec()
-    producer = make_producer(s)
+    producer = make_producer(s.kafka)
     await producer.start()
     try:
         # a value that is not a Feedback: dead-lettered, counting goes on

@@ -30,9 +30,9 @@ async def test_a_run_that_kafka_interrupted_claims_its_task_again(
     (a chunk's batch expired while the broker was away): its retry is not a
     duplicate waiting for that lease, it continues from the log at once."""
     settings = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
-    await ensure_topics(settings, [s for s in catalog(settings)
-                                   if s.name == TOKENS.at(settings)])
-    producer = make_producer(settings)
+    await ensure_topics(settings, [s for s in catalog(settings.kafka)
+                                   if s.name == TOKENS.at(settings.kafka)])
+    producer = make_producer(settings.kafka)
     await producer.start()
     lookup = SharedLookup(settings)
     tracker = ProgressTracker(settings, redis, default_codec(), lookup)
@@ -41,7 +41,7 @@ async def test_a_run_that_kafka_interrupted_claims_its_task_again(
         claim, done = await tracker.claim(rid, "w0", entered, entered)
         assert (claim, done.next_seq) == ("start", 0)
         for seq, text in enumerate([" 6,", " 7,"]):
-            await producer.send_and_wait(TOKENS.at(settings), default_codec().encode(
+            await producer.send_and_wait(TOKENS.at(settings.kafka), default_codec().encode(
                 "TokenChunk", chunk(rid, seq, text)), key=rid.encode())
         await tracker.keep([rid], "w0")  # the worker renews it while the run retries
         claim, done = await tracker.claim(rid, "w0", entered, entered)
@@ -58,8 +58,8 @@ async def test_a_claim_loads_its_script_again_when_redis_lost_it(
     """Claims run by EVALSHA; a restarted Redis has no scripts (SCRIPT FLUSH is
     what it starts with), and the next claim loads the script again."""
     settings = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
-    await ensure_topics(settings, [s for s in catalog(settings)
-                                   if s.name == TOKENS.at(settings)])
+    await ensure_topics(settings, [s for s in catalog(settings.kafka)
+                                   if s.name == TOKENS.at(settings.kafka)])
     lookup = SharedLookup(settings)
     tracker = ProgressTracker(settings, redis, default_codec(), lookup)
     try:

@@ -28,7 +28,7 @@ def chunk(rid: str, seq: int, finish: str | None, error: ErrorInfo | None = None
 
 async def test_final_and_error_chunks_of_wanted_requests_are_heard(services: None) -> None:
     settings = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
-    await ensure_topics(settings, [s for s in catalog(settings)
+    await ensure_topics(settings, [s for s in catalog(settings.kafka)
                                    if s.name == settings.kafka.topic("tokens")])
     heard: list[tuple[str, str, int]] = []
     errors: dict[str, ErrorInfo | None] = {}
@@ -41,7 +41,7 @@ async def test_final_and_error_chunks_of_wanted_requests_are_heard(services: Non
     follower = FinishFollower(settings, wanted.__contains__, on_finish)
     ready = asyncio.Event()
     running = asyncio.create_task(follower.run(ready))
-    producer = make_producer(settings)
+    producer = make_producer(settings.kafka)
     await producer.start()
     codec = default_codec()
     try:

@@ -36,7 +36,7 @@ def faust(value: Any) -> bytes:
 
 async def read(settings: Settings, topic: str) -> list[tuple[bytes, bytes]]:
     tp = TopicPartition(topic, 0)
-    consumer = make_consumer(settings, group=None)
+    consumer = make_consumer(settings.kafka, group=None)
     await consumer.start()
     try:
         consumer.assign([tp])
@@ -196,7 +196,7 @@ async def kill_mid_copy(settings: Settings, names: dict[str, str], total: int,
     ``total`` records are in the new changelog: how many were (its end offset,
     after the kill), or None when the kill came too late (the copy had ended)."""
     tp = TopicPartition(names[NEW], 0)
-    consumer = make_consumer(settings, group=None)
+    consumer = make_consumer(settings.kafka, group=None)
     await consumer.start()
     child = start_copy(settings, stderr)
     try:

@@ -30,7 +30,7 @@ LINES = b'{"custom_id": "a"}\n{"custom_id": "b"}\n'
 
 
 def make_store(tmp_path: Path) -> LocalFileStore:
-    return LocalFileStore(load_settings(files_dir=tmp_path / "files"))
+    return LocalFileStore(load_settings(files_dir=tmp_path / "files").jobs)
 
 
 async def pieces(data: bytes, size: int) -> AsyncIterator[bytes]:

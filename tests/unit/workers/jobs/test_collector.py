@@ -35,7 +35,7 @@ class Rec:
 
 def setup(tmp_path: Path) -> tuple[Settings, ResultsLayer, LocalFileStore]:
     settings = load_settings(topic_prefix="x", files_dir=tmp_path)
-    files = LocalFileStore(settings)
+    files = LocalFileStore(settings.jobs)
     return settings, ResultsLayer(settings, files), files
 
 

@@ -151,7 +151,7 @@ async def handle_all(layer: PostprocessLayer, chunks: list[TokenChunk]) -> list[
     outputs: list[Output] = []
     codec = default_codec()
     for offset, c in enumerate(chunks):
-        out = await layer.handle(c, Record(layer.source.at(layer.settings), 0, offset))
+        out = await layer.handle(c, Record(layer.source.at(layer.settings.kafka), 0, offset))
         for o in out:  # every output is an event the log takes
             assert codec.decode(codec.encode(o.event_type, o.record), o.event_type) == o.record
         outputs.extend(out)

@@ -47,7 +47,7 @@ class Feeder:
 
     def __init__(self, layer: PostprocessLayer, partition: int = 0) -> None:
         self.layer = layer
-        self.tp = TopicPartition(layer.source.at(layer.settings), partition)
+        self.tp = TopicPartition(layer.source.at(layer.settings.kafka), partition)
         self.offset = 0
 
     async def __call__(self, event: TokenChunk) -> list[Output]:

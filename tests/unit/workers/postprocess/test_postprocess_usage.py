@@ -46,7 +46,7 @@ def chunk(seq: int, text: str = "", *, tokens: int = 1, finish: str | None = Non
 class Feeder:
     def __init__(self, layer: PostprocessLayer) -> None:
         self.layer = layer
-        self.tp = TopicPartition(layer.source.at(layer.settings), 0)
+        self.tp = TopicPartition(layer.source.at(layer.settings.kafka), 0)
         self.offset = 0
         self.codec = default_codec()
 

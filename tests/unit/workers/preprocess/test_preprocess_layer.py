@@ -76,7 +76,7 @@ async def prepare(layer: PreprocessLayer, req: Request) -> Prepared:
 
 def test_layer_contract(layer: PreprocessLayer) -> None:
     assert layer.name == "preprocess"
-    assert layer.source is REQUESTS and layer.source.at(layer.settings) == "pptest.requests"
+    assert layer.source is REQUESTS and layer.source.at(layer.settings.kafka) == "pptest.requests"
     assert layer.committable(TopicPartition("pptest.requests", 0), 42) == 42
 
 
