@@ -1,23 +1,11 @@
 """An infer worker's membership of its pool's consumer group.
 
 :func:`join_pool` makes the consumer of ``conveyor.infer.<pool>`` in group
-``conveyor.infer.<pool>``: the infer group's short session timeout (a dead
-worker's partitions move within about 1.5 s), the busy-aware assignor
-(workers/infer/assignor.py) and :class:`Rebalance`, the listener that
-commits what finished before partitions are revoked and hands off the
+``conveyor.infer.<pool>``: the infer group's short session timeout, the
+busy-aware assignor alone (workers/infer/assignor.py; why alone:
+docs/decisions/0022-infer-failover.md) and :class:`Rebalance`, the listener
+that commits what finished before partitions are revoked and hands off the
 generations of partitions that went to another member.
-
-**One assignor only.** aiokafka 0.14 sends one JoinGroup request per
-assignor offered (the send sits inside its loop over the assignors:
-aio-libs/aiokafka#1168), the first naming only the first assignor. With
-the sticky assignor as a fallback every join was two rounds, the second
-forced by the member itself changing its protocols, and each round asks
-every other member to rejoin within the rebalance timeout (the session
-timeout, 1.5 s); a member that misses it is dropped and joins again, two
-rounds again: two members joining at once while their event loops stalled
-took several times longer to both hold partitions with the pair
-(docs/decisions/0022-infer-failover.md). The fallback only served a group
-mixing in workers older than the busy-aware assignor.
 """
 
 from __future__ import annotations

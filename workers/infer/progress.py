@@ -1,29 +1,20 @@
 """Whether a task is a first attempt or a retry, and where a retry continues.
 
 The tokens a client has seen are in ``conveyor.tokens``: that log, not Redis,
-is the record. Redis holds two things that only make it faster:
+is the record (docs/decisions/0001-the-log-is-the-record.md). Redis holds a
+*claim* per task (``started:<worker>``, then ``done:<worker>``) and a short
+*lease*, renewed while the task runs, that tells a duplicate (another worker
+runs it now: wait) from a retry (nobody does: continue it).
 
-* a *claim* per task (``started:<worker>``, then ``done:<worker>``), one round
-  trip when a run starts and one when it ends, nothing per chunk;
-* a short *lease* per running task, renewed while it runs, that tells a
-  duplicate (another worker runs the task now: wait) from a retry (nobody
-  does: continue it).
-
-A claim that Redis *creates* says "never started" only if Redis cannot have
-lost the earlier claim: the task must have been written after Redis's
-*epoch* (a key stamped with Redis's clock the first time it is missing, so
-a flush or a restart that lost data moves it), after this worker last saw
-Redis fail or restart (a new ``run_id``), and after this worker started,
+A claim that Redis *creates* says "never started" only if the task was
+written after Redis's *epoch* (a key stamped with Redis's clock the first
+time it is missing, so a flush or a data-losing restart moves it), after
+this worker last saw Redis fail or restart, and after this worker started,
 each with ``clock_skew_ms`` to spare. Any other task, and every task while
-Redis is unreachable, is looked up in the log: the request's partition of
-``conveyor.tokens`` is read from shortly before the request entered the
-gateway (``offsets_for_times``) to its end, and the chunks found are added up
-by the same rule postprocess answers with
-(:class:`~workers.chunk_order.ChunkOrder`). Losing Redis's data therefore
-never changes an answer: at worst a retry reads a few seconds of one
-partition. The read goes through the worker's one keyed lookup
-(:class:`~topics.lookup.SharedLookup`), which the worker makes and
-closes: a retry costs the read, not a consumer's start.
+Redis is unreachable, is looked up in the request's partition of
+``conveyor.tokens`` from shortly before it entered the gateway, through the
+worker's :class:`~topics.lookup.SharedLookup`, and the chunks found are
+added up by postprocess's rule (:class:`~workers.chunk_order.ChunkOrder`).
 """
 
 from __future__ import annotations

@@ -3,38 +3,15 @@
 It takes tasks from the partitions the group gives it, never more at once
 than the engine's capacity (partitions are paused while it is full), streams
 each generation to ``conveyor.tokens``, and commits a task's offset only when
-its generation has ended and every chunk of it is acknowledged. It
-heartbeats its partitions and load to ``conveyor.workers`` and stops a
-generation when a cancel arrives.
-
-Decisions:
-
-* **Failover in about two seconds.** The infer group's session timeout is
-  ``infer_session_timeout_ms`` (1.5 s) and a task's Redis lease
-  ``claim_lease_s`` (2 s, renewed every fifth), so a SIGKILLed worker's
-  partitions and tasks pass to a survivor within about that time; the
-  survivor continues each answer after the chunks in the log. A short
-  session timeout is cheap here: a rebalance moves nothing that runs (see
-  the assignor), so a worker wrongly thought dead loses no answer.
-  Measured with ``bench.chaos``: docs/decisions/0022-infer-failover.md.
-* **A rebalance does not stop generations.** A partition that comes back to
-  this worker in the new assignment keeps its running tasks (the re-fetched
-  task records are booked on the runs already going); only tasks of
-  partitions that went to another member are handed off, once the new
-  assignment is known. The group's assignor
-  (:class:`~workers.infer.assignor.BusyAwareAssignor`) keeps partitions where
-  they are and balances with idle ones first, so a worker that joins takes
-  no running answer from another.
-* **Outages are waited out, never crashed on.** Every background concern
-  (heartbeats, leases, commits, cancels) retries Redis and Kafka with
-  backoff; a generation whose chunks Kafka did not acknowledge is run again
-  from the log (it is not committed), until its deadline.
-* **Cancels reach queued tasks.** The cancels of the last
-  ``request_timeout_s`` are read at start and kept; a task taken after its
-  cancel is never generated.
-* **A gateway that died takes its generations with it.** When the reply
-  partition lease of a request's gateway has been gone for a whole lease
-  period, nobody can receive the answer, and the generation is cancelled.
+its generation has ended and every chunk of it is acknowledged. It heartbeats
+its partitions and load to ``conveyor.workers`` and stops a generation at a
+cancel (the cancels of the last ``request_timeout_s`` are read at start, so a
+task taken after its cancel is never generated) or when its gateway is gone
+(workers/infer/gateways.py). Every background concern waits out Redis and
+Kafka outages with backoff; a generation whose chunks Kafka did not
+acknowledge is run again from the log until its deadline. A rebalance stops
+only the generations of partitions that went to another member, which
+continues them (docs/decisions/0022-infer-failover.md).
 """
 
 from __future__ import annotations
@@ -331,9 +308,9 @@ class InferWorker:
                            error: str) -> None:
         self.dead_lettered()
         with contextlib.suppress(Exception):
-            await gen.sender.dead_letter("infer", record.topic, record.partition,
-                                         record.offset, record.key, record.value, error)
-            await gen.sender.flush()
+            await gen.sender.deliver(gen.sender.letter_output(
+                "infer", record.topic, record.partition, record.offset, record.key,
+                record.value, error))
 
     def _done(self, tp: TopicPartition, offset: int, epoch: int) -> None:
         self.offsets.finish(tp, offset, epoch)

@@ -29,8 +29,6 @@ import json
 import logging
 from typing import Any
 
-from aiokafka import TopicPartition
-
 from conveyor.errors import RequestError
 from conveyor.policy.pii import FindMemo
 from conveyor.policy.rules import PolicyBook
@@ -40,11 +38,11 @@ from schemas.records import Control, ErrorInfo, Generation, JobCommand, Request
 from topics.catalog import CONTROL, JOBS, REQUESTS
 from topics.envelope import PRIORITY_BACKGROUND, PRIORITY_BATCH, new_envelope, now_ms
 from topics.policies import kept_policies
-from workers.job_results import job_event
 from workers.jobs.dead_commands import DeadCommands
 from workers.jobs.files import JobFiles
 from workers.jobs.lines import parse_lines
-from workers.outputs import Output, Sender, result_output
+from workers.layer import Layer
+from workers.outputs import Output, Sender, job_event, result_output
 from workers.policy_checks import redact_generation, redacted
 
 __all__ = ["JobsLayer", "request_id_of", "RESPONSE_DEADLINE_MS"]
@@ -59,7 +57,7 @@ def request_id_of(job_id: str, index: int) -> str:
     return f"{job_id}-{index}"
 
 
-class JobsLayer:
+class JobsLayer(Layer):
     name = "jobs"
     source = JOBS
 
@@ -207,9 +205,3 @@ class JobsLayer:
                        Control(request_id=rid, action="cancel",
                                reason=f"job {job_id} cancelled", ts_ms=ts), key=rid)
                 for rid in request_ids]
-
-    def committable(self, tp: TopicPartition, next_offset: int) -> int:
-        return next_offset
-
-    def revoked(self, partitions: list[TopicPartition]) -> None:
-        return None

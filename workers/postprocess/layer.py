@@ -40,7 +40,6 @@ from schemas.tool_calls import ToolCallReader
 from topics.catalog import CONTROL, REPLIES, TOKENS, USAGE
 from topics.envelope import now_ms, stamp
 from topics.policies import kept_policies
-from workers.job_results import is_job
 from workers.outputs import Output, Sender, result_output
 from workers.policy_checks import policy_audit
 from workers.postprocess.stream import Emitted, RequestStream
@@ -106,7 +105,7 @@ class PostprocessLayer:
         """At most one reply per applied chunk: every OpenAI chunk object it
         releases (role, content, finish, usage) travels in that one event."""
         rid = stream.envelope["request_id"]
-        if is_job(stream.envelope):
+        if stream.envelope.get("job_id"):
             return self._job_outputs(stream, e)
         if e.error is not None:
             return [self._reply(stream, "error", error=e.error),

@@ -1,40 +1,28 @@
-"""Schedule: send each task to a live worker of its pool, interactive first.
+"""Schedule: send each task to a live worker of its pool, interactive first
+(docs/decisions/0005-schedule-holds-the-queue.md).
 
-**Interactive tasks** (``envelope.priority`` 0) go at once to a live worker
-whose breaker is closed (:mod:`~workers.schedule.breakers`) and that has room
-for them (:mod:`~workers.schedule.room`: a slot, and KV for prompt plus
-max_tokens): the one likely to hold the longest prefix of the prompt, under
-the load bound, else the least loaded (:mod:`workers.prefix`). Otherwise the
-task is parked, placed in arrival order as soon as a worker has room, or sent
-to a fallback model's pool (:mod:`~workers.schedule.fallback`) when its own
-has no open worker or gave it no room in time. It is refused with 503
-``server_overloaded`` after ``schedule_timeout_s`` (or when the pool's queue
-is full), ``no_worker_available`` after ``no_worker_timeout_s`` with no worker.
+**Interactive tasks** (priority 0) go at once to an open worker
+(:mod:`~workers.schedule.breakers`) with room for them
+(:mod:`~workers.schedule.room`), chosen by :func:`workers.prefix.choose`;
+otherwise they are parked, placed in arrival order as soon as a worker has
+room, or sent to a fallback's pool (:mod:`~workers.schedule.fallback`). A
+parked task is refused with 503 ``server_overloaded`` after
+``schedule_timeout_s`` (or at a full queue), ``no_worker_available`` after
+``no_worker_timeout_s`` with no worker, and ``pipeline_unavailable`` when the
+worker table cannot see the heartbeats.
 
-**Background and batch tasks** (priority 1 and 2) are held here
-(:mod:`workers.schedule.held`) and released one at a time, only while a
-worker has room for them (:mod:`workers.schedule.admission`: the batch
-share of ``settings.schedule.batch_max_share`` while interactive traffic is around,
-every slot when it is not): a worker's partition is a queue it takes from
-in order, and an interactive task must never wait behind a batch there. A
-held task waits for a slot until its own deadline (504 then), whether the
-workers are busy or, for a while, gone; never ``no_worker_timeout_s``. An
-idle pool takes one at once, without holding it.
+**Background and batch tasks** (priority 1 and 2) are held
+(:mod:`~workers.schedule.held`) and released one at a time while a worker
+has room for them (:mod:`~workers.schedule.admission`), until their own
+deadline: a worker's partition is a FIFO, and an interactive task must never
+wait behind a batch there.
 
-Loads are known between heartbeats: schedule counts what it sent to each
-worker (:mod:`~workers.schedule.outstanding`) and hears each generation's end
-(:mod:`~workers.schedule.finishes`), so a freed slot is refilled at once.
-
-Parked and held tasks' offsets are not committed (``committable``), so a
-scheduler that dies leaves them to its successor. A request whose deadline
-has passed fails with 504 instead of being sent to a worker.
-
-A cancelled request's parked or held task is dropped (``cancel``): no task
-for it reaches infer after the cancel. When the worker table cannot see the
-heartbeats (Kafka unreachable, or contact regained too recently to have
-heard every worker), an interactive task out of time fails with 503
-``pipeline_unavailable``, not ``no_worker_available``: the workers may well
-be alive.
+Loads are known between heartbeats from what schedule sent
+(:mod:`~workers.schedule.outstanding`) and each generation's end
+(:mod:`~workers.schedule.finishes`). Parked and held tasks' offsets are not
+committed, so a scheduler that dies leaves them to its successor; a
+cancelled request's parked or held task is dropped; a request past its
+deadline fails with 504.
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
 """The tasks this scheduler sent to workers that have not finished yet.
 
-Heartbeats say what a worker runs once a second, and an infer worker does
-not count the tasks waiting in its partitions (``queued`` is 0): between
-beats, and for tasks not yet taken, schedule would be blind. This book
-counts every task schedule sent, per worker and per pool, until the
-generation's final chunk appears on ``conveyor.tokens``
-(:mod:`workers.schedule.finishes`), so a released batch task frees its
-place within milliseconds of its end, and the next one goes out at once.
-
-A final chunk can fail to come (a task cancelled before it started, a
-duplicate the worker skips, a generation that crashed): such an entry would
-take a slot for ever. Three things bound that:
-
-* ``forget`` drops a cancelled request's entry (the worker stops it);
-* ``reconcile`` trusts a heartbeat that shows room: a worker with a free
-  slot has taken every task that was sent to it ``slack_ms`` before the
-  beat, so of those it runs at most ``running``; entries beyond that
-  (oldest first) are dropped;
-* ``expire`` drops entries past their request's deadline (plus a grace).
-
-With several scheduler members each counts only what it sent; heartbeats
-(via :meth:`WorkerTable.busy`) cover the rest.
+Heartbeats come once a second and a worker does not count the tasks waiting
+in its partitions, so schedule counts every task it sent, per worker and per
+pool, until the generation's final chunk appears on ``conveyor.tokens``
+(:mod:`workers.schedule.finishes`). An entry whose final chunk never comes
+is dropped by ``forget`` (a cancel), by ``reconcile`` (a heartbeat with room
+proves the tasks sent ``slack_ms`` before it taken: of those it runs at most
+``running``) or by ``expire`` (past its request's deadline plus a grace).
+With several scheduler members each counts only what it sent.
 """
 
 from __future__ import annotations

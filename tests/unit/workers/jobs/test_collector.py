@@ -13,9 +13,8 @@ from aiokafka import TopicPartition
 from conveyor.files.local import LocalFileStore
 from conveyor.settings import Settings, load_settings
 from topics.envelope import new_envelope
-from workers.job_results import job_event
 from workers.jobs.collector import CANCEL_GRACE_MS, ResultsLayer, output_file_id
-from workers.outputs import Output, result_output
+from workers.outputs import Output, job_event, result_output
 
 
 class Recording:
