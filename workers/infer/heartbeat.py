@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
-from typing import Literal, NamedTuple
+from dataclasses import asdict
+from typing import Literal, NamedTuple, cast
 
 from conveyor.settings import Settings
 from schemas.records import HostCache, KvCache, WorkerHeartbeat
@@ -96,15 +97,9 @@ class Heartbeat:
             gpu_utilization=gpu_util, gpu_memory_free=gpu_free,
             interactive_running=now.interactive_running, interactive_ms=now.interactive_ms,
             prefill_tps=now.prefill_tps, tpot_ms=now.tpot_ms, prefix_blocks=now.prefix_blocks,
-            kv=None if now.kv is None else KvCache(
-                usage=now.kv.usage, total_blocks=now.kv.total_blocks,
-                free_blocks=now.kv.free_blocks, cached_blocks=now.kv.cached_blocks,
-                block_tokens=now.kv.block_tokens, prefix_queries=now.kv.prefix_queries,
-                prefix_hits=now.kv.prefix_hits),
-            host_cache=None if now.host_cache is None else HostCache(
-                held_bytes=now.host_cache.held_bytes, entries=now.host_cache.entries,
-                saved=now.host_cache.saved, restored=now.host_cache.restored,
-                evicted=now.host_cache.evicted),
+            # the engine's dataclasses have the records' fields
+            kv=None if now.kv is None else cast(KvCache, asdict(now.kv)),
+            host_cache=None if now.host_cache is None else cast(HostCache, asdict(now.host_cache)),
         )
         await self.sender.deliver(Output(WORKERS.at(self.settings.kafka), "WorkerHeartbeat",
                                          record, key=self.worker_id))

@@ -1,24 +1,15 @@
 """The jobs layer: a job's commands (``conveyor.jobs``) become its requests.
 
 ``create`` of a batch reads its input file, checks every line
-(:mod:`workers.jobs.lines`) and either fails the batch (an ``invalid``
-event with OpenAI's errors list: no line runs) or puts one request per line
-on ``conveyor.requests`` (priority batch, the job and custom id in the
-envelope, the completion window as deadline) after an ``expanded`` event.
-``create`` of a background response puts its one request there (priority
-background). ``cancel`` cancels every request of the job on
-``conveyor.control`` and tells the collector (a ``cancel`` event).
-
-Request ids are the job id and the line number (``batch_…-17``), so a
-command handled twice (a crash before its offset was committed) sends the
-same requests again: the pipeline treats a request id it has seen as a
-retry of the same request (infer continues or skips it from the log), and the
-collector keeps one result per request id. Nothing runs twice for a client.
-
-A command the layer cannot decode (or handle) goes to ``conveyor.dlq``; the
-layer's background :class:`~workers.jobs.dead_commands.DeadCommands` follows
-the DLQ and fails the job it is keyed by while that job has not started, so
-no batch waits in ``validating`` for ever.
+(:mod:`workers.jobs.lines`) and either fails the batch (an ``invalid`` event:
+no line runs) or puts one request per line on ``conveyor.requests`` (priority
+batch, the completion window as deadline) after an ``expanded`` event;
+``create`` of a background response puts its one request there. ``cancel``
+cancels every request of the job on ``conveyor.control`` and tells the
+collector. Request ids are the job id and the line number, so a command
+handled twice sends the same requests again, which the pipeline treats as
+retries. A command the layer gives up on ends its job through
+:class:`~workers.jobs.dead_commands.DeadCommands`.
 """
 
 from __future__ import annotations

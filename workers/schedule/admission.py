@@ -25,9 +25,6 @@ from topics.envelope import now_ms
 
 __all__ = ["BatchAdmission", "Candidate"]
 
-# the default linger after the last interactive task
-LINGER_S = 2.0
-
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
@@ -42,7 +39,7 @@ class Candidate:
 class BatchAdmission:
     share: float
     prefetch: int = 0
-    linger_s: float = LINGER_S
+    linger_s: float = 2.0
     clock: Callable[[], int] = now_ms
     # the part of the source topic's partitions this member is assigned (1: all)
     fraction: float = 1.0

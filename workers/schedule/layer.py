@@ -49,7 +49,7 @@ from topics.catalog import ROUTED, infer_topic
 from topics.envelope import PRIORITY_INTERACTIVE, now_ms, now_us, stamp
 from workers.outputs import Output, Sender, error_info, failure_reply
 from workers.prefix import PrefixIndex, RoutePolicy, WorkerLoad, choose
-from workers.schedule.admission import LINGER_S, BatchAdmission, Candidate
+from workers.schedule.admission import BatchAdmission, Candidate
 from workers.schedule.breakers import Breakers
 from workers.schedule.fallback import fall_back, others_can_take
 from workers.schedule.finishes import FinishFollower
@@ -87,15 +87,15 @@ class ScheduleLayer:
     source = ROUTED
 
     def __init__(self, settings: Settings, table: WorkerTable | None = None,
-                 clock: Callable[[], int] = now_ms, *, prefetch: int = 0,
-                 linger_s: float = LINGER_S, codec: Codec | None = None) -> None:
+                 clock: Callable[[], int] = now_ms, *, codec: Codec | None = None) -> None:
         self.settings = settings
         self.table = table or WorkerTable(settings)
         self.parked: list[Parked] = []
         self.held = HeldQueue()
         self.outstanding = Outstanding(clock)
-        self.admission = BatchAdmission(settings.schedule.batch_max_share, prefetch, linger_s,
-                                        clock)
+        plan = settings.schedule
+        self.admission = BatchAdmission(plan.batch_max_share, plan.batch_prefetch,
+                                        plan.interactive_linger_s, clock)
         self.codec = codec or default_codec()
         self.clock = clock
         self.finishes = FinishFollower(settings, self.outstanding.__contains__, self.finished,
@@ -107,7 +107,6 @@ class ScheduleLayer:
                                   settings.schedule.route_index_ttl_s)
         self.table.on_beat = self._heard
         self.breakers = Breakers.of(settings, clock)
-        plan = settings.schedule
         self.policy = RoutePolicy(plan.route_cache_threshold, plan.route_load_bound,
                                   plan.route_load_weight, plan.route_prefix_aware,
                                   plan.route_load_slack)
