@@ -183,8 +183,6 @@ class LayerRuntime:
             if not batch or time.monotonic() - self._last_commit >= self.commit_interval_s:
                 await self.commit()
 
-    # -- dispatch: one drainer per key, in offset order ----------------------
-
     def _dispatch(self, record: Record) -> None:
         tp = TopicPartition(record.topic, record.partition)
         self.partitions.setdefault(tp, PartitionBook()).take(record.offset)
@@ -235,8 +233,6 @@ class LayerRuntime:
                 self._paused.add(tp)
                 with contextlib.suppress(NotAssigned):
                     self._consumer.pause(tp)
-
-    # -- one event -----------------------------------------------------------
 
     def lag(self) -> list[tuple[int, int]]:
         """(partition, events in its log not taken yet), for the metrics."""
@@ -329,8 +325,6 @@ class LayerRuntime:
     def _sender_(self) -> Sender:
         assert self._sender is not None, "the runtime has not started"
         return self._sender
-
-    # -- commits and rebalances ---------------------------------------------
 
     async def commit(self) -> None:
         """Commit, for every partition, what the layer says is safe below the

@@ -112,8 +112,6 @@ class ProgressTracker:
     def _lease(self, request_id: str) -> str:
         return f"{self.settings.kafka.topic_prefix}:lease:{request_id}"
 
-    # -- Redis's health ---------------------------------------------------
-
     def redis_failed(self, exc: BaseException) -> None:
         """Redis failed underneath: claims written around now may be lost."""
         if self.redis_ok:
@@ -140,8 +138,6 @@ class ProgressTracker:
             log.warning("redis restarted: retries of older tasks are decided from the log")
             self.distrust_before_ms = now_ms()
         self._redis_run_id = run_id
-
-    # -- claims -----------------------------------------------------------
 
     async def claim(self, request_id: str, worker_id: str, written_ms: int,
                     entered_ms: int) -> tuple[Claim, Progress]:
@@ -201,8 +197,6 @@ class ProgressTracker:
                 await pipe.execute()
         except REDIS_ERRORS as exc:
             self.redis_failed(exc)  # a later redelivery finds the end in the log
-
-    # -- the log ----------------------------------------------------------
 
     async def recover(self, request_id: str, entered_ms: int) -> Progress:
         """Read back what earlier runs put on ``conveyor.tokens``."""

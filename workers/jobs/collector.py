@@ -158,8 +158,6 @@ class ResultsLayer:
         while len(self._finished) > _FINISHED_MEMORY:
             self._finished.popitem(last=False)
 
-    # -- the tick -------------------------------------------------------------
-
     async def _tick_loop(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
@@ -193,8 +191,6 @@ class ResultsLayer:
                     if fold.final:
                         finished.append(job_id)
         return outputs, finished
-
-    # -- offsets ----------------------------------------------------------------
 
     def committable(self, tp: TopicPartition, next_offset: int) -> int:
         """Never commit past the first event of a job still open on ``tp``."""

@@ -29,8 +29,7 @@ from schemas.records import Message
 __all__ = ["EstimateTokenizer", "GgufTokenizer", "Tokenizer", "TokenizerCache", "load_tokenizer"]
 
 CHARS_PER_TOKEN = 4
-# GgufTokenizer.count: texts longer than this are counted in pieces of this
-# many turns (see its docstring)
+# GgufTokenizer._pieces: texts longer than this are tokenized in pieces of this many turns
 _SPLIT_ABOVE_CHARS = 4096
 _TURNS_PER_CALL = 32
 # GgufTokenizer.ids: the characters a token takes at most, for reading no more

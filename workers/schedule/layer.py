@@ -149,8 +149,6 @@ class ScheduleLayer:
             if task.done():
                 task.result()  # re-raise on the caller, never lost
 
-    # -- taking tasks -----------------------------------------------------------
-
     async def handle(self, event: Task, record: Any) -> list[Output]:
         self._check_background()
         envelope = stamp(event["envelope"], self.name)
@@ -277,8 +275,6 @@ class ScheduleLayer:
         return Output(infer_topic(self.settings.kafka, task["route"]["pool"]), "Task", task,
                       key=envelope["request_id"], partition=partition)
 
-    # -- what happens to tasks ------------------------------------------------
-
     def finished(self, request_id: str, worker_id: str, written_ms: int,
                  error: ErrorInfo | None = None, pool: str | None = None) -> None:
         """A generation this scheduler sent ended (its final chunk was written
@@ -386,8 +382,6 @@ class ScheduleLayer:
                 await self.release_held()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.table.changed.wait(), _RECHECK_S)
-
-    # -- offsets ----------------------------------------------------------------
 
     def committable(self, tp: TopicPartition, next_offset: int) -> int:
         """Never commit past a task still parked or held on ``tp``."""
