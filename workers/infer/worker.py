@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
 from opentelemetry import trace
 
 from conveyor.errors import BrokerError, SchemaError, TransientBrokerError
@@ -37,18 +38,24 @@ from conveyor.startup import kafka_address, redis_address, started
 from schemas.codec import Codec, default_codec
 from topics.backoff import Backoff, RateLimitedLog, retry_every
 from topics.catalog import INFER, infer_topic
-from topics.clients import COMMIT_REFUSED, KafkaError, make_producer, stop_consumer
+from topics.clients import (
+    COMMIT_REFUSED,
+    KafkaError,
+    make_consumer,
+    make_producer,
+    stop_consumer,
+)
 from topics.envelope import PRIORITY_INTERACTIVE, now_ms
 from topics.lookup import SharedLookup
 from topics.reader import fetch
 from topics.tracing import layer_span, trace_id_of
 from workers.cancels import CancelList
 from workers.failures import dead_letter
+from workers.infer.assignor import BusyAwareAssignor
 from workers.infer.engines.base import Engine
 from workers.infer.gateways import GatewayWatch
 from workers.infer.generation import TaskRun
 from workers.infer.heartbeat import Heartbeat, Snapshot, host_cache_of, reported_blocks
-from workers.infer.membership import join_pool
 from workers.infer.offsets import InFlightOffsets
 from workers.infer.progress import ProgressTracker
 from workers.infer.speed import Speed
@@ -71,6 +78,26 @@ class _Running:
     run: TaskRun
     job: asyncio.Task[None]
     bookings: list[tuple[TopicPartition, int, int]] = field(default_factory=list)
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    """Commits what finished before partitions are revoked; hands off the
+    generations of partitions that went to another member."""
+
+    def __init__(self, worker: InferWorker) -> None:
+        self.worker = worker
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        worker = self.worker
+        worker.owned_before = set(worker.partitions)
+        await worker.commit()
+        worker.offsets.forget(list(revoked))
+        worker.partitions -= set(revoked)
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        self.worker.partitions |= set(assigned)
+        await self.worker.hand_off_unassigned()
+        self.worker.beat_soon()
 
 
 class InferWorker:
@@ -148,14 +175,21 @@ class InferWorker:
                                   self._snapshot)
             self._cancels = CancelList(self.settings, self.codec)
             self._cancels.subscribe(self._on_cancel)
-            consumer = self._consumer = join_pool(self.settings, self.pool, self)
+            # the infer group's short session timeout and the busy-aware assignor alone
+            # (why alone: docs/decisions/0022-infer-failover.md)
+            group, topic = self.settings.kafka.group(f"infer.{self.pool}"), infer_topic(
+                self.settings.kafka, self.pool)
+            consumer = self._consumer = make_consumer(
+                self.settings.kafka, group=group,
+                session_timeout_ms=self.settings.infer.session_timeout_ms,
+                heartbeat_interval_ms=self.settings.infer.heartbeat_interval_ms,
+                partition_assignment_strategy=(BusyAwareAssignor(self.assignor_state),))
+            consumer.subscribe([topic], listener=_Rebalance(self))
             stack.push_async_callback(self._leave, consumer)
             background = self._background(self._cancels, heartbeat, store,
                                           GatewayWatch(self.settings, redis))
             stack.push_async_callback(self._stop_background, background, heartbeat)
-            group = self.settings.kafka.group(f"infer.{self.pool}")
-            await started(f"consumer group {group} to assign "
-                          f"partitions of {infer_topic(self.settings.kafka, self.pool)}",
+            await started(f"consumer group {group} to assign partitions of {topic}",
                           consumer.start, within=within, log=log, where=kafka)
             self._joined = True
             log.info("worker %s: serving pool %s with %s (capacity %d)", self.worker_id,
