@@ -213,6 +213,21 @@ async def test_a_prefix_in_the_cache_is_reused(engine: LlamaCppBatchEngine) -> N
     assert text(reused) == text(fresh)
 
 
+async def test_a_repeated_prompt_reuses_its_slot_after_a_longer_answer(
+        engine: LlamaCppBatchEngine) -> None:
+    # its answer (24 tokens) longer than it: the slot holding it scored 0 once, and
+    # the repeat was evaluated afresh in another slot
+    ask = request("In a quiet village by the sea there lived", kind="completion",
+                  max_tokens=24)
+    first = await collect(engine, ask)
+    again = await collect(engine, ask)
+
+    prompt = first[-1].prompt_tokens
+    assert prompt is not None and first[-1].finish_reason == "length"
+    assert again[-1].cached_tokens == prompt - 1  # all but the last prompt token
+    assert text(again) == text(first)
+
+
 async def test_the_kv_state_counts_cells_running_kept_and_reused(
         engine: LlamaCppBatchEngine) -> None:
     await collect(engine, request())
