@@ -1,6 +1,7 @@
 """Engines side by side: the same greedy SmolLM2 chats at 1, 4, 8 and 16 streams.
 
-    python -m bench.engines [--quick] [--levels 1,4,8,16] [--batch-contexts 1,2] [--no-vllm]
+    python -m bench.engines [--quick] [--levels 1,4,8,16] [--runs 1] [--batch-contexts 1,2]
+                            [--no-vllm]
 
 Loaded together and measured in turn at each level (never two generating at
 once, the order reversed at every other level): (a) ``llamacpp``, two
@@ -9,6 +10,11 @@ sequences over N batched contexts (``--batch-contexts``, default 2). Where
 ``.venv-vllm/bin/python`` exists, a child process of it runs (c) Conveyor's
 vLLM adapter, (d) vLLM alone with the same arguments and sampling, and (e) a
 second (d), the control: how far (e) lands from (d) is this run's noise.
+
+Every question is new to the engines (numbered, so that only the system
+prompt is found in a cache). ``--runs N`` measures every level N times over,
+each run after the other on the same loaded engines, and prints the medians
+over the runs.
 
 Printed: completion tokens over each level's wall time, TTFT p50, and at 1
 stream the time per token. Targets: (b)/(a) >= 1.5 at 4 and 8 streams with
@@ -22,6 +28,7 @@ import argparse
 import asyncio
 import json
 import math
+import statistics
 import subprocess
 import time
 from collections.abc import AsyncIterator, Callable
@@ -45,6 +52,9 @@ QUESTIONS = [
     "Why is the sky blue?",
     "Write a limerick about a cat who loves coffee.",
 ]
+
+
+_ASKED = iter(range(1 << 30))  # numbers the questions: none is a repeat
 
 
 def chat(question: str) -> str:
@@ -105,7 +115,8 @@ async def timed(stream: Stream, prompt: str, max_tokens: int) -> Answer:
 
 
 async def run_level(stream: Stream, streams: int, plan: Plan) -> Level:
-    prompts = [chat(QUESTIONS[i % len(QUESTIONS)]) for i in range(streams * plan.rounds)]
+    prompts = [chat(f"({next(_ASKED)}) {QUESTIONS[i % len(QUESTIONS)]}")
+               for i in range(streams * plan.rounds)]
     answers: list[Answer] = []
     began = time.monotonic()
 
@@ -133,28 +144,42 @@ def _engine_stream(engine: Any) -> Stream:
     return stream
 
 
-async def measure(sides: dict[str, Stream], plan: Plan) -> dict[str, list[Level]]:
+async def measure(sides: dict[str, Stream], plan: Plan,
+                  runs: int = 1) -> dict[str, list[Level]]:
     """Each side warmed up, then every level on each side in turn, the order of the
-    sides reversed at every other level, so that no side always runs first (or
-    last) in whatever the machine's load does meanwhile."""
+    sides reversed at every other level (and run), so that no side always runs
+    first (or last) in whatever the machine's load does meanwhile; ``runs``
+    times over, each figure the median over the runs."""
     for stream in sides.values():
         await timed(stream, chat(QUESTIONS[0]), 4)
-    results: dict[str, list[Level]] = {name: [] for name in sides}
-    for i, streams in enumerate(plan.levels):
-        order = list(sides.items())
-        for name, stream in order if i % 2 == 0 else reversed(order):
-            level = await run_level(stream, streams, plan)
-            results[name].append(level)
-            print(f"  {name:>15} {streams:>2} streams: {level.rate:6.1f} tok/s, TTFT p50 "
-                  f"{level.ttft_p50_s * 1000:.0f} ms", flush=True)
-    return results
+    results: dict[str, list[list[Level]]] = {name: [[] for _ in plan.levels] for name in sides}
+    for run in range(runs):
+        for i, streams in enumerate(plan.levels):
+            order = list(sides.items())
+            for name, stream in order if (i + run) % 2 == 0 else reversed(order):
+                level = await run_level(stream, streams, plan)
+                results[name][i].append(level)
+                print(f"  {name:>15} {streams:>2} streams: {level.rate:6.1f} tok/s, TTFT p50 "
+                      f"{level.ttft_p50_s * 1000:.0f} ms", flush=True)
+    return {name: [median_level(runs_) for runs_ in levels] for name, levels in results.items()}
+
+
+def median_level(runs: list[Level]) -> Level:
+    """One level's runs as one: each figure the median over the runs."""
+    def mid(values: list[float]) -> float:
+        return statistics.median(v for v in values if not math.isnan(v)) if any(
+            not math.isnan(v) for v in values) else math.nan
+    rates = mid([r.rate for r in runs])
+    wall = mid([r.wall_s for r in runs])
+    return Level(runs[0].streams, round(rates * wall), wall, mid([r.ttft_p50_s for r in runs]),
+                 mid([r.per_token_s for r in runs]))
 
 
 # -- (a) and (b): llama.cpp in this process ---------------------------------------------
 
 
 async def llamacpp_sides(plan: Plan, batch_contexts: tuple[int, ...],
-                         batch_threads: int) -> dict[str, list[Level]]:
+                         batch_threads: int, runs: int) -> dict[str, list[Level]]:
     from conveyor.registry import Registry
     from workers.infer.engines.llamacpp import LlamaCppEngine
     from workers.infer.engines.llamacpp_batch import LlamaCppBatchEngine
@@ -170,7 +195,8 @@ async def llamacpp_sides(plan: Plan, batch_contexts: tuple[int, ...],
         for engine in engines.values():
             await engine.start()
             started.append(engine)
-        return await measure({name: _engine_stream(e) for name, e in engines.items()}, plan)
+        return await measure({name: _engine_stream(e) for name, e in engines.items()}, plan,
+                             runs)
     finally:
         for engine in reversed(started):
             await engine.close()
@@ -301,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="one request a stream, 32 tokens")
     parser.add_argument("--levels", default="1,4,8,16", help="streams at once, comma-separated")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="the llama.cpp levels measured this many times; medians printed")
     parser.add_argument("--batch-contexts", default="2",
                         help="(b)'s batched contexts, comma-separated: a side for each")
     parser.add_argument("--batch-threads", type=int, default=1,
@@ -321,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     batch_contexts = tuple(int(n) for n in args.batch_contexts.split(","))
     if min(batch_contexts) < 1:
         parser.error("--batch-contexts are 1 or more")
-    llamacpp = asyncio.run(llamacpp_sides(plan, batch_contexts, args.batch_threads))
+    llamacpp = asyncio.run(llamacpp_sides(plan, batch_contexts, args.batch_threads,
+                                          max(1, args.runs)))
     checks = report(llamacpp, "llamacpp", [batch_side(n) for n in batch_contexts])
     found = None if args.no_vllm else vllm_in_child(args.quick, levels)
     if found is not None:
