@@ -39,8 +39,8 @@ if TYPE_CHECKING:
     from conveyor.registry import ModelSpec, Registry
     from workers.infer.engines.base import Engine
 
-__all__ = ["ENGINES", "EngineEntry", "EngineFlags", "EngineSetupError", "add_engine_flags",
-           "engine_argv", "engine_named"]
+__all__ = ["ALIASES", "ENGINES", "EngineEntry", "EngineFlags", "EngineSetupError",
+           "add_engine_flags", "engine_argv", "engine_named"]
 
 
 class EngineSetupError(ConveyorError):
@@ -157,22 +157,6 @@ def _served(args: argparse.Namespace, registry: Registry,
 
 
 def _llamacpp_flags(flags: EngineFlags) -> None:
-    flags.add("--contexts", **_CONTEXTS,
-              help="sequences served at once, each in a llama.cpp context of its own")
-    flags.add("--threads", type=_positive_int, default=1, help="threads per context")
-    _host_cache_flag(flags)
-    _model_set_flags(flags)
-
-
-def _llamacpp(args: argparse.Namespace, registry: Registry) -> Engine:
-    from workers.infer.engines.llamacpp import LlamaCppEngine
-
-    return _served(args, registry, lambda spec: LlamaCppEngine.from_spec(
-        spec, contexts=args.contexts, n_threads=args.threads,
-        host_cache_bytes=args.host_cache_mib << 20))
-
-
-def _llamacpp_batch_flags(flags: EngineFlags) -> None:
     # --contexts stays what it is for every engine, the requests served at once;
     # the batched contexts they are dealt out over are --batches
     flags.add("--contexts", **_CONTEXTS,
@@ -189,7 +173,7 @@ def _llamacpp_batch_flags(flags: EngineFlags) -> None:
     _model_set_flags(flags)
 
 
-def _llamacpp_batch(args: argparse.Namespace, registry: Registry) -> Engine:
+def _llamacpp(args: argparse.Namespace, registry: Registry) -> Engine:
     from workers.infer.engines.llamacpp_batch import LlamaCppBatchEngine
 
     return _served(args, registry, lambda spec: LlamaCppBatchEngine.from_spec(
@@ -284,11 +268,9 @@ def _scripted(args: argparse.Namespace, registry: Registry) -> Engine:
 
 
 ENGINES: tuple[EngineEntry, ...] = (
-    EngineEntry("llamacpp", "a GGUF model in this process, on the CPU (llama-cpp-python)",
-                _llamacpp_flags, _llamacpp),
-    EngineEntry("llamacpp-batch", "a GGUF model in this process, on the CPU, its sequences "
+    EngineEntry("llamacpp", "a GGUF model in this process, on the CPU, its sequences "
                 "decoded together in a few batched contexts (llama-cpp-python)",
-                _llamacpp_batch_flags, _llamacpp_batch),
+                _llamacpp_flags, _llamacpp),
     EngineEntry("openai", "an OpenAI-compatible HTTP upstream (vLLM, SGLang, llama.cpp's "
                 "server)", _openai_flags, _openai),
     EngineEntry("vllm", "vLLM's async engine in this process (bash infra/vllm.sh installs "
@@ -301,7 +283,16 @@ ENGINES: tuple[EngineEntry, ...] = (
 # -- reading the table --------------------------------------------------------------
 
 
+# names an engine had before: still typed, the same engine (docs/decisions/0028)
+ALIASES = {"llamacpp-batch": "llamacpp"}
+
+
+def _engine_name(name: str) -> str:
+    return ALIASES.get(name, name)
+
+
 def engine_named(name: str) -> EngineEntry:
+    name = _engine_name(name)
     for entry in ENGINES:
         if entry.name == name:
             return entry
@@ -318,7 +309,9 @@ def _declare(flags: EngineFlags) -> None:
 def add_engine_flags(parser: argparse.ArgumentParser, default: str = "llamacpp") -> None:
     """``--engine`` and every engine's flags."""
     parser.add_argument("--engine", choices=[e.name for e in ENGINES], default=default,
-                        help="; ".join(f"{e.name}: {e.summary}" for e in ENGINES))
+                        type=_engine_name,
+                        help="; ".join(f"{e.name}: {e.summary}" for e in ENGINES)
+                        + "; " + ", ".join(f"{old}: {new}" for old, new in ALIASES.items()))
     _declare(EngineFlags(parser))
 
 

@@ -103,9 +103,9 @@ def test_the_table_reads_sequences_from_contexts_and_contexts_from_batches() -> 
     parser.add_argument("--pool", default="cpu")
     add_engine_flags(parser)
     registry = Registry.load(Path("conveyor/models.toml"))
-    made_set = engine_named("llamacpp-batch").make(
+    made_set = engine_named("llamacpp").make(
         parser.parse_args(["--contexts", "16", "--batches", "3", "--threads", "2"]), registry)
-    default_set = engine_named("llamacpp-batch").make(parser.parse_args([]), registry)
+    default_set = engine_named("llamacpp").make(parser.parse_args([]), registry)
     # the worker's models, an engine each (workers/infer/engines/model_set.py)
     assert isinstance(made_set, ModelSet) and isinstance(default_set, ModelSet)
     assert made_set.served == default_set.served == ["smollm2-135m-instruct"]

@@ -34,9 +34,11 @@ def parse(*argv: str) -> argparse.Namespace:
 
 def test_every_engine_is_declared_once() -> None:
     names = [e.name for e in ENGINES]
-    assert sorted(names) == sorted(set(names)) == [
-        "llamacpp", "llamacpp-batch", "openai", "scripted", "vllm"]
+    assert sorted(names) == sorted(set(names)) == ["llamacpp", "openai", "scripted", "vllm"]
     assert parse().engine == "llamacpp"
+    # the batching engine's former name is the one llama.cpp engine
+    assert parse("--engine", "llamacpp-batch").engine == "llamacpp"
+    assert engine_named("llamacpp-batch") is engine_named("llamacpp")
     with pytest.raises(SystemExit):
         parse("--engine", "nope")
     with pytest.raises(EngineSetupError, match="unknown engine"):
