@@ -4,31 +4,24 @@
                             [--no-vllm]
 
 Loaded together and measured in turn at each level (never two generating at
-once, the order reversed at every other level): (a) ``llamacpp``, 16
-sequences over ``--batches`` batched contexts of one thread (the worker's
-default is 2); where ``.venv-vllm/bin/python`` exists, a child process of it
-runs (b) Conveyor's vLLM adapter, (c) vLLM alone with the same arguments and
-sampling, and (d) a second (c), the control: how far (d) lands from (c) is
-this run's noise.
+once, the order reversed at every other level and run): (a) ``llamacpp``, 16
+sequences over ``--batches`` batched contexts of one thread; where
+``.venv-vllm/bin/python`` exists, a child process of it runs (b) Conveyor's
+vLLM adapter, (c) vLLM alone with the same arguments and sampling, and (d) a
+second (c), the control: how far (d) lands from (c) is this run's noise.
+Every question is new (numbered: only the system prompt is found in a
+cache); ``--runs N`` measures every level N times and prints the medians.
 
-Every question is new to the engines (numbered, so that only the system
-prompt is found in a cache). ``--runs N`` measures every level N times over,
-each run after the other on the same loaded engines, and prints the medians
-over the runs.
-
-Printed: completion tokens over each level's wall time, TTFT p50, and at 1
-stream the time per token. Target: (b)/(c) >= 0.95. Results:
-docs/benchmarks/results/engines.md; the engine of a context per request
-measured against (a): docs/decisions/0028-one-llama-cpp-engine.md.
+Printed: completion tokens over each level's wall time, TTFT p50 and time per
+token p50. Target: (b)/(c) >= 0.95. Results: docs/benchmarks/results/engines.md
+and, against the engine of a context per request, docs/decisions/0028-one-llama-cpp-engine.md.
 """
-
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
 import math
-import statistics
 import subprocess
 import time
 from collections.abc import AsyncIterator, Callable
@@ -144,12 +137,10 @@ def _engine_stream(engine: Any) -> Stream:
     return stream
 
 
-async def measure(sides: dict[str, Stream], plan: Plan,
-                  runs: int = 1) -> dict[str, list[Level]]:
-    """Each side warmed up, then every level on each side in turn, the order of the
-    sides reversed at every other level (and run), so that no side always runs
-    first (or last) in whatever the machine's load does meanwhile; ``runs``
-    times over, each figure the median over the runs."""
+async def measure(sides: dict[str, Stream], plan: Plan, runs: int) -> dict[str, list[Level]]:
+    """Each side warmed up, then every level on each side in turn, ``runs`` times
+    over, the order reversed at every other level and run so that no side always
+    runs first in whatever the machine's load does; each figure the runs' median."""
     for stream in sides.values():
         await timed(stream, chat(QUESTIONS[0]), 4)
     results: dict[str, list[list[Level]]] = {name: [[] for _ in plan.levels] for name in sides}
@@ -165,13 +156,11 @@ async def measure(sides: dict[str, Stream], plan: Plan,
 
 
 def median_level(runs: list[Level]) -> Level:
-    """One level's runs as one: each figure the median over the runs."""
     def mid(values: list[float]) -> float:
-        return statistics.median(v for v in values if not math.isnan(v)) if any(
-            not math.isnan(v) for v in values) else math.nan
-    rates = mid([r.rate for r in runs])
-    wall = mid([r.wall_s for r in runs])
-    return Level(runs[0].streams, round(rates * wall), wall, mid([r.ttft_p50_s for r in runs]),
+        return percentile([v for v in values if not math.isnan(v)], 50)
+
+    rate, wall = mid([r.rate for r in runs]), mid([r.wall_s for r in runs])
+    return Level(runs[0].streams, round(rate * wall), wall, mid([r.ttft_p50_s for r in runs]),
                  mid([r.per_token_s for r in runs]))
 
 
@@ -194,7 +183,7 @@ async def llamacpp_side(plan: Plan, batches: int, runs: int) -> dict[str, list[L
 # -- (b), (c) and (d): vLLM, in a child process of .venv-vllm ---------------------------
 
 
-async def vllm_sides(plan: Plan) -> dict[str, list[Level]]:
+async def vllm_sides(plan: Plan, runs: int) -> dict[str, list[Level]]:
     """Run in .venv-vllm: Conveyor's adapter and vLLM alone, both started, measured
     level by level in turn."""
     from vllm import SamplingParams
@@ -235,22 +224,22 @@ async def vllm_sides(plan: Plan) -> dict[str, list[Level]]:
         # second copy of vLLM alone is the control: how far two identical engines
         # land apart in this run
         return await measure({"conveyor+vllm": _engine_stream(adapter),
-                              "vllm": alone(llms[0]), VLLM_COPY: alone(llms[1])}, plan)
+                              "vllm": alone(llms[0]), VLLM_COPY: alone(llms[1])}, plan, runs)
     finally:
         for llm in llms:
             llm.shutdown()
         await adapter.close()
 
 
-def vllm_in_child(quick: bool, levels: tuple[int, ...]) -> dict[str, list[Level]] | None:
+def vllm_in_child(quick: bool, levels: tuple[int, ...],
+                  runs: int) -> dict[str, list[Level]] | None:
     python = repo_root() / ".venv-vllm/bin/python"
     if not python.exists():
         print("no .venv-vllm/bin/python: vLLM rows left out (bash infra/vllm.sh builds it)")
         return None
-    argv = [str(python), "-m", "bench.engines", "--vllm-child",
+    argv = [str(python), "-m", "bench.engines", "--vllm-child", f"--runs={runs}",
             "--levels", ",".join(map(str, levels)), *(["--quick"] if quick else [])]
-    plan = Plan.of(quick, levels)
-    limit = 300 + 2 * len(levels) * (plan.level_s + 120)
+    limit = 300 + 3 * max(1, runs) * len(levels) * (Plan.of(quick, levels).level_s + 120)
     done = subprocess.run(argv, cwd=repo_root(), stdout=subprocess.PIPE, text=True,
                           timeout=limit, check=False)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -258,18 +247,16 @@ def vllm_in_child(quick: bool, levels: tuple[int, ...]) -> dict[str, list[Level]
     if done.returncode != 0 or not lines:
         raise BenchError(f"the vLLM child failed with code {done.returncode}")
     raw: dict[str, list[dict[str, float]]] = json.loads(lines[-1].removeprefix("RESULT "))
-    return {name: [Level(**cast_level(d)) for d in levels_] for name, levels_ in raw.items()}
-
-
-def cast_level(d: dict[str, float]) -> dict[str, Any]:
-    return {**d, "streams": int(d["streams"]), "tokens": int(d["tokens"])}
+    return {name: [Level(int(d["streams"]), int(d["tokens"]), d["wall_s"], d["ttft_p50_s"],
+                         d["per_token_s"]) for d in levels_] for name, levels_ in raw.items()}
 
 
 # -- the report ------------------------------------------------------------------------
 
 
 def report(results: dict[str, list[Level]], base: str, others: list[str]) -> list[Check]:
-    """One table of every side against ``base``, and the checks of the targets."""
+    """One table of every side against ``base``, and the checks of the targets: each
+    of ``others`` but the control at 95 % of ``base``'s rate at least."""
     rows = []
     for i, a in enumerate(results[base]):
         row = [str(a.streams), f"{a.rate:.1f}"]
@@ -285,19 +272,10 @@ def report(results: dict[str, list[Level]], base: str, others: list[str]) -> lis
     header += [f"{n} TTFT p50 ms" for n in [base, *others]]
     header += [f"{n} ms/token p50" for n in [base, *others]]
     print(markdown_table(header, rows))
-    checks = []
-    for other in others:
-        for a, b in zip(results[base], results[other], strict=True):
-            checks += level_checks(a, b, base, other)
-    return checks
-
-
-def level_checks(a: Level, b: Level, base: str, other: str) -> list[Check]:
-    if base != "vllm" or other == VLLM_COPY:
-        return []
-    ratio = b.rate / a.rate if a.rate else math.nan
-    return [Check("engines", f"{other}/{base} at {a.streams} streams", ratio * 100, 95, ">=",
-                  "%")]
+    return [Check("engines", f"{other}/{base} at {a.streams} streams",
+                  b.rate / a.rate * 100 if a.rate else math.nan, 95, ">=", "%")
+            for other in others if other != VLLM_COPY
+            for a, b in zip(results[base], results[other], strict=True)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -306,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="one request a stream, 32 tokens")
     parser.add_argument("--levels", default="1,4,8,16", help="streams at once, comma-separated")
     parser.add_argument("--runs", type=int, default=1,
-                        help="the llama.cpp levels measured this many times; medians printed")
+                        help="every level measured this many times; medians printed")
     parser.add_argument("--batches", type=int, default=2, help="(a)'s batched contexts")
     parser.add_argument("--no-vllm", action="store_true", help="leave (b), (c) and (d) out")
     parser.add_argument("--vllm-child", action="store_true", help=argparse.SUPPRESS)
@@ -317,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"levels are 1 to {SEQUENCES} streams")
     plan = Plan.of(args.quick, levels)
     if args.vllm_child:
-        measured = asyncio.run(vllm_sides(plan))
+        measured = asyncio.run(vllm_sides(plan, max(1, args.runs)))
         print("RESULT " + json.dumps({k: [vars(v) for v in vs] for k, vs in measured.items()}))
         return 0
     print(f"{plan.max_tokens} tokens a chat, {plan.rounds} chat(s) a stream, levels {levels}")
@@ -325,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--batches is 1 or more")
     checks = report(asyncio.run(llamacpp_side(plan, args.batches, max(1, args.runs))),
                     "llamacpp", [])
-    found = None if args.no_vllm else vllm_in_child(args.quick, levels)
+    found = None if args.no_vllm else vllm_in_child(args.quick, levels, args.runs)
     if found is not None:
         checks += report(found, "vllm", ["conveyor+vllm", VLLM_COPY])
     for check in checks:

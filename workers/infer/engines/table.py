@@ -283,7 +283,8 @@ ENGINES: tuple[EngineEntry, ...] = (
 # -- reading the table --------------------------------------------------------------
 
 
-# names an engine had before: still typed, the same engine (docs/decisions/0028)
+# names an engine had before: still typed, the same engine
+# (docs/decisions/0028-one-llama-cpp-engine.md)
 ALIASES = {"llamacpp-batch": "llamacpp"}
 
 
