@@ -12,7 +12,7 @@ from conveyor.settings import load_settings
 
 
 async def test_the_records_of_every_partition_of_the_runs_topics_are_counted() -> None:
-    bootstrap = load_settings().kafka_bootstrap
+    bootstrap = load_settings().kafka.bootstrap
     prefix = f"t{uuid.uuid4().hex[:8]}"
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
