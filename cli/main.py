@@ -231,10 +231,10 @@ def cmd_layer(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _make_engine(args: argparse.Namespace, settings: Settings, registry: Registry) -> Engine:
-    from workers.infer.engines.table import EngineSetupError, engine_named
+    from workers.infer.engines.table import EngineOptions, EngineSetupError
 
     try:
-        return engine_named(args.engine).make(args, registry)
+        return EngineOptions.from_args(args).make(registry)
     except EngineSetupError as exc:
         raise SystemExit(str(exc)) from None
 
@@ -293,9 +293,9 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
     registry = Registry.load(settings.process.models_file)
     asyncio.run(_ensure_topics(settings, registry))
     exe = [sys.executable, "-m", "cli"]
-    from workers.infer.engines.table import engine_argv
+    from workers.infer.engines.table import EngineOptions
 
-    infer = ["infer", "--pool", args.pool, "--engine", args.engine, *engine_argv(args)]
+    infer = ["infer", *EngineOptions.from_args(args).argv()]
     port = settings.telemetry.metrics_port  # layers on it, accounting on the next, then each worker
 
     def on(offset: int) -> list[str]:
@@ -324,10 +324,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def engine_args(p: argparse.ArgumentParser) -> None:
-        from workers.infer.engines.table import add_engine_flags
+        from workers.infer.engines.table import EngineOptions
 
-        p.add_argument("--pool", default="cpu")
-        add_engine_flags(p)  # --engine and each engine's flags, from the engines table
+        EngineOptions.add_flags(p)  # --engine, --pool and each engine's options
 
     up = sub.add_parser("up", help="run everything on this host")
     engine_args(up)

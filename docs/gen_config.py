@@ -229,7 +229,35 @@ def render(cls: type | None = None) -> str:
             parts.append(f"| `{s.env}` | `{s.name}` | {s.type} | {_cell(s.default)} "
                          f"| {_cell(s.description)} |")
         parts.append("")
-    return "\n".join(parts)
+    return "\n".join(parts + _engine_options())
+
+
+def _engine_options() -> list[str]:
+    """The engine options (``workers/infer/engines/table.py``): flags of
+    ``conveyor infer`` and ``conveyor up``, not settings."""
+    from dataclasses import MISSING, fields
+
+    from workers.infer.engines.table import ENGINES, EngineOptions
+
+    parts = ["## Engine options", "",
+             "Flags of `conveyor infer` and `conveyor up` (which hands them on to its workers),",
+             "made from `EngineOptions` in `workers/infer/engines/table.py`; the engines:",
+             ""]
+    parts += [f"- `{e.name}`: {e.summary}" for e in ENGINES]
+    parts += ["", "| flag | read by | default | what it does |", "|---|---|---|---|"]
+    for f in fields(EngineOptions):
+        readers = EngineOptions.readers(f.name)
+        text = f.metadata["help"]
+        if not isinstance(text, str):
+            text = EngineOptions.help(f.name)
+        default = "(none)" if f.default in (None, MISSING) else f"`{f.default}`"
+        if isinstance(f.default, bool):
+            default = "off"
+        engines = "every engine" if readers is None else ", ".join(f"`{r}`" for r in readers)
+        parts.append(f"| `{EngineOptions.flag(f.name)}` | {engines} | {default} "
+                     f"| {_cell(_code(text, set()))} |")
+    parts.append("")
+    return parts
 
 
 def on_files(files: Any, config: Any) -> Any:
