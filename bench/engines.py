@@ -269,8 +269,7 @@ def report(results: dict[str, list[Level]], base: str, others: list[str]) -> lis
     header = ["streams", f"{base} tok/s"]
     for other in others:
         header += [f"{other} tok/s", f"{other}/{base}"]
-    header += [f"{n} TTFT p50 ms" for n in [base, *others]]
-    header += [f"{n} ms/token p50" for n in [base, *others]]
+    header += [f"{n} {what}" for what in ("TTFT p50 ms", "ms/token p50") for n in [base, *others]]
     print(markdown_table(header, rows))
     return [Check("engines", f"{other}/{base} at {a.streams} streams",
                   b.rate / a.rate * 100 if a.rate else math.nan, 95, ">=", "%")

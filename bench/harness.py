@@ -24,7 +24,7 @@ from types import FrameType
 
 import httpx
 
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from infra.services import port_answers
 from topics.admin import drop_topics
 
@@ -184,7 +184,8 @@ def conveyor_env(
     env["CONVEYOR_TOPIC_PREFIX"] = topic_prefix
     # the run's topics go when the benchmark ends (after its finally blocks
     # stopped `conveyor up`): runs left behind slow the broker down
-    atexit.register(drop_topics, env.get("CONVEYOR_KAFKA_BOOTSTRAP", Settings().kafka_bootstrap),
+    atexit.register(drop_topics, env.get("CONVEYOR_KAFKA_BOOTSTRAP",
+                                         load_settings().kafka.bootstrap),
                     topic_prefix)
     env["CONVEYOR_GATEWAY_PORT"] = str(gateway_port)
     if models_file is not None:
@@ -249,5 +250,5 @@ def pipeline(upstream_port: int, gateway_port: int, name: str = "bench") -> Iter
         wait_http(f"{upstream_url}/v1/models", upstream, 30.0)
         with running("conveyor", up, work, env) as conveyor:
             wait_http(f"{gateway_url}/healthz", conveyor, 180.0)
-            bootstrap = env.get("CONVEYOR_KAFKA_BOOTSTRAP") or Settings().kafka_bootstrap
+            bootstrap = env.get("CONVEYOR_KAFKA_BOOTSTRAP") or load_settings().kafka.bootstrap
             yield Pipeline(upstream_url, gateway_url, conveyor, prefix, bootstrap)

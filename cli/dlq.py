@@ -69,9 +69,9 @@ class Redriven:
 
 def event_type_of(settings: Settings, topic: str) -> EventType | None:
     """The event type a Conveyor topic carries (None for one it does not know)."""
-    if topic.startswith(infer_topic(settings, "")):
+    if topic.startswith(infer_topic(settings.kafka, "")):
         return "Task"
-    declared = topic_named(settings, topic)
+    declared = topic_named(settings.kafka, topic)
     return declared.events[0] if declared is not None and len(declared.events) == 1 else None
 
 
@@ -79,7 +79,7 @@ async def read_letters(settings: Settings, since_ms: int, offsets: list[int] | N
                        codec: Codec | None = None) -> list[Letter]:
     """The letters written since ``since_ms``, or those at ``offsets``."""
     codec = codec or default_codec()
-    topic = DLQ.at(settings)
+    topic = DLQ.at(settings.kafka)
     async with KeyLookup(settings) as look:
         if offsets is None:
             records = await look.find(topic, None, since_ms, partitions=[0])
@@ -93,10 +93,10 @@ async def redriven(settings: Settings, since_ms: int, codec: Codec | None = None
                    ) -> dict[int, AuditEvent]:
     """The letters sent back since ``since_ms``: DLQ offset -> its audit event."""
     codec = codec or default_codec()
-    dlq = DLQ.at(settings)
+    dlq = DLQ.at(settings.kafka)
     out: dict[int, AuditEvent] = {}
     async with KeyLookup(settings) as look:
-        for r in await look.find(AUDIT.at(settings), None, since_ms, partitions=[0]):
+        for r in await look.find(AUDIT.at(settings.kafka), None, since_ms, partitions=[0]):
             try:
                 event: AuditEvent = codec.decode(r.value, "AuditEvent")
             except Exception:  # another writer's event this reader cannot read
@@ -151,7 +151,7 @@ async def redrive(settings: Settings, letters: list[Letter], *, force: bool = Fa
     done = await redriven(settings, min((x.letter["ts_ms"] for x in letters), default=0),
                           codec) if letters else {}
     results: list[Redriven] = []
-    producer = make_producer(settings)
+    producer = make_producer(settings.kafka)
     await producer.start()
     try:
         audit = Audit(settings, producer, codec, actor=cli_actor())
@@ -175,7 +175,7 @@ async def redrive(settings: Settings, letters: list[Letter], *, force: bool = Fa
             where = f"{d['topic']}[{meta.partition}]@{meta.offset}"
             key = (d["key"] or b"").decode(errors="replace")
             await audit.write(audit_event(REDRIVE_ACTION, request_id=key, detail={
-                "dlq": DLQ.at(settings), "dlq_offset": str(x.offset),
+                "dlq": DLQ.at(settings.kafka), "dlq_offset": str(x.offset),
                 "layer": d["layer"], "source": x.source, "sent_to": where}))
             results.append(Redriven(x.offset, True, where))
     finally:
@@ -218,7 +218,7 @@ def _cmd_show(settings: Settings, args: argparse.Namespace) -> int:
     d = x.letter
     sent = asyncio.run(redriven(settings, d["ts_ms"])).get(x.offset)
     value = d["value"] or b""
-    print(f"letter {x.offset} of {settings.topic('dlq')}, written {_iso(d['ts_ms'])}")
+    print(f"letter {x.offset} of {settings.kafka.topic('dlq')}, written {_iso(d['ts_ms'])}")
     print(f"layer    {d['layer']}\nsource   {x.source}")
     print(f"key      {(d['key'] or b'').decode(errors='replace')}")
     print(f"value    {len(value)} bytes, schema fingerprint {value[2:10].hex() or '-'}")

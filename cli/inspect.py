@@ -117,11 +117,11 @@ async def find_journey(settings: Settings, request_id: str, since_ms: int,
     journey = Journey(request_id, since_ms)
     async with KeyLookup(settings) as look:
         first: list[Any] = []
-        made = made_window(request_id, settings.clock_skew_ms, now_ms())
+        made = made_window(request_id, settings.process.clock_skew_ms, now_ms())
         if made is not None:  # the id says when: a few records, whatever --since says
-            first = await look.find(REQUESTS.at(settings), request_id, *made, first=True)
+            first = await look.find(REQUESTS.at(settings.kafka), request_id, *made, first=True)
         if not first:
-            first = await look.find(REQUESTS.at(settings), request_id, since_ms, first=True)
+            first = await look.find(REQUESTS.at(settings.kafka), request_id, since_ms, first=True)
         if not first:
             return None
         journey.by_layer["gateway"] = _decode(codec, first, "Request")
@@ -129,14 +129,14 @@ async def find_journey(settings: Settings, request_id: str, since_ms: int,
         envelope = request["envelope"] if request else {}
         entered_ms = (envelope.get("stamps", {}).get("gateway", first[0].timestamp * 1000)
                       // 1000)
-        skew = settings.clock_skew_ms
+        skew = settings.process.clock_skew_ms
         start = entered_ms - skew
         until = max(envelope.get("deadline_ms") or 0,
-                    entered_ms + int(settings.request_timeout_s * 1000)) + skew
+                    entered_ms + int(settings.gateway.request_timeout_s * 1000)) + skew
 
         async def read(topic: Topic, key: str | None = request_id, **kw: Any) -> list[Found]:
             """The request's events on ``topic``, decoded as the one type it carries."""
-            found = await look.find(topic.at(settings), key, start, until, **kw)
+            found = await look.find(topic.at(settings.kafka), key, start, until, **kw)
             return _decode(codec, found, topic.events[0])
 
         journey.by_layer["preprocess"] = await read(PREPARED)
@@ -147,7 +147,7 @@ async def find_journey(settings: Settings, request_id: str, since_ms: int,
         stamps = journey.stamps()
         routed = [f.record for f in journey.by_layer["route"] if f.record]
         if routed:  # the task's partition is the worker's: every partition, a short window
-            pool_topic = infer_topic(settings, routed[0]["route"]["pool"])
+            pool_topic = infer_topic(settings.kafka, routed[0]["route"]["pool"])
             lo = stamps.get("route", stamps.get("gateway", entered_ms * 1000)) // 1000 - skew
             hi = stamps["infer"] // 1000 + skew if "infer" in stamps else until
             tasks = await look.find(pool_topic, request_id, lo, hi,

@@ -126,10 +126,10 @@ async def _with_stores(settings: Settings, action: Callable[[_Stores], Awaitable
     from topics.catalog import catalog
     from topics.clients import make_producer
 
-    await ensure_topics(settings, catalog(settings))
-    producer = make_producer(settings)
+    await ensure_topics(settings, catalog(settings.kafka))
+    producer = make_producer(settings.kafka)
     await producer.start()
-    redis = redis_client(settings, "cli")
+    redis = redis_client(settings.redis, "cli")
     try:
         audit = Audit(settings, producer, actor=cli_actor())
         stores = _Stores(keys=KeyStore(settings, redis, producer, audit=audit),
@@ -144,8 +144,8 @@ def _run(settings: Settings, action: Callable[[_Stores], Awaitable[int]]) -> int
     try:
         return asyncio.run(_with_stores(settings, action))
     except TransientBrokerError as exc:
-        print(f"conveyor: {exc} (Kafka at {settings.kafka_bootstrap}, Redis at "
-              f"{settings.redis_url}); if a change reached the topic but not Redis, "
+        print(f"conveyor: {exc} (Kafka at {settings.kafka.bootstrap}, Redis at "
+              f"{settings.redis.url}); if a change reached the topic but not Redis, "
               "`conveyor keys restore` brings Redis up to date", file=sys.stderr)
         return 1
     except (ConveyorError, ValueError) as exc:
@@ -157,7 +157,7 @@ def _run(settings: Settings, action: Callable[[_Stores], Awaitable[int]]) -> int
 
 def cmd_keys_create(settings: Settings, args: argparse.Namespace) -> int:
     try:
-        hash_secret(settings, "")  # an empty auth_secret fails before anything is written
+        hash_secret(settings.auth, "")  # an empty auth_secret fails before anything is written
     except ConveyorError as exc:
         print(f"conveyor: {exc}", file=sys.stderr)
         return 1
@@ -209,7 +209,7 @@ def cmd_keys_restore(settings: Settings, args: argparse.Namespace) -> int:
     async def restore(stores: _Stores) -> int:
         keys, tenants = await stores.keys.restore()
         print(f"restored {keys} keys and {tenants} tenant policies from "
-              f"{settings.topic('keys')} into Redis")
+              f"{settings.kafka.topic('keys')} into Redis")
         return 0
 
     return _run(settings, restore)

@@ -72,7 +72,7 @@ def cmd_models_apply(settings: Settings, args: argparse.Namespace) -> int:
     from topics.catalog import catalog
 
     async def apply() -> None:
-        await ensure_topics(settings, catalog(settings, registry.pools()))  # new pools' first
+        await ensure_topics(settings, catalog(settings.kafka, registry.pools()))  # new pools' first
         await publish(settings, record)
 
     asyncio.run(apply())
@@ -90,8 +90,8 @@ def cmd_models_show(settings: Settings, args: argparse.Namespace) -> int:
               f"{_READ_WITHIN_S:.0f} s", file=sys.stderr)
         return 3
     if record is None:
-        registry = Registry.load(settings.models_file)
-        origin: dict[str, Any] = {"applied": None, "file": str(settings.models_file)}
+        registry = Registry.load(settings.process.models_file)
+        origin: dict[str, Any] = {"applied": None, "file": str(settings.process.models_file)}
     else:
         registry = Registry.parse(record["text"], record["source"])
         origin = {"applied": {"digest": record["digest"], "source": record["source"],
@@ -103,7 +103,7 @@ def cmd_models_show(settings: Settings, args: argparse.Namespace) -> int:
             registry.models.values(), key=lambda s: s.name)]}, indent=2))
         return 0
     applied = origin["applied"]
-    print(f"serving {settings.models_file} (nothing applied)" if applied is None else
+    print(f"serving {settings.process.models_file} (nothing applied)" if applied is None else
           f"serving {applied['digest']}, applied by {applied['applied_by']} at "
           f"{applied['applied_at']} from {applied['source']}")
     print(render(registry))

@@ -52,7 +52,7 @@ def _publish(settings: Settings, scope: str, text: str, source: str, dry_run: bo
         return 0
 
     async def publish() -> None:
-        await ensure_topics(settings, [POLICIES.spec(settings)])
+        await ensure_topics(settings, [POLICIES.spec(settings.kafka)])
         await publish_policy(settings, document)
 
     asyncio.run(publish())

@@ -109,7 +109,7 @@ def parse_through(text: str) -> list[str]:
 def scratch_settings(settings: Settings, now_ms: int | None = None) -> Settings:
     """The settings with a scratch topic prefix, ``replay<epoch ms>``."""
     stamp = int(time.time() * 1000) if now_ms is None else now_ms
-    return settings.model_copy(update={"topic_prefix": f"replay{stamp}"})
+    return settings.replace(topic_prefix=f"replay{stamp}")
 
 
 def _reply_error(error: dict[str, Any]) -> str:
@@ -127,7 +127,7 @@ def _blank_reply(event: Any) -> Any:
 async def _run(settings: Settings, scratch: Settings, names: list[str],
                inputs: list[Any], steps: list[Step]) -> None:
     """Feed ``inputs`` to fresh instances of ``names`` in turn, filling ``steps``."""
-    registry = Registry.load(settings.models_file)
+    registry = Registry.load(settings.process.models_file)
     policies = await _policies(settings)
     for i, (name, step) in enumerate(zip(names, steps, strict=True)):
         layer = stage(name).make(scratch, registry)
@@ -146,9 +146,10 @@ async def _run(settings: Settings, scratch: Settings, names: list[str],
                     step.replayed_error = last_line(traceback.format_exc())
                     break
                 for out in outputs:
-                    if not out.topic.startswith(scratch.topic("")):
-                        raise ReplayError(f"{name} addressed an output to {out.topic}, "
-                                          f"outside the scratch prefix {scratch.topic_prefix}")
+                    if not out.topic.startswith(scratch.kafka.topic("")):
+                        raise ReplayError(
+                            f"{name} addressed an output to {out.topic}, "
+                            f"outside the scratch prefix {scratch.kafka.topic_prefix}")
                     step.replayed.append(out)
         finally:
             await layer.stop()
@@ -171,7 +172,7 @@ async def _policies(settings: Settings) -> PolicyBook:
     try:
         documents = await published_policies(settings, _POLICIES_WITHIN_S)
     except TimeoutError:
-        print(f"conveyor replay: {settings.topic('policies')} was not read within "
+        print(f"conveyor replay: {settings.kafka.topic('policies')} was not read within "
               f"{_POLICIES_WITHIN_S:.0f} s; replaying with no content policy", file=sys.stderr)
         return book
     for scope, document in documents.items():
@@ -205,7 +206,7 @@ async def replay_request(settings: Settings, request_id: str, names: list[str],
     if not found:
         raise ReplayError(f"no recorded input of {first} for request {request_id}")
     unreadable = [f for f in found if f.record is None]
-    rep = Replay(request_id, scratch.topic_prefix, "log")
+    rep = Replay(request_id, scratch.kafka.topic_prefix, "log")
     errors = {d.record["layer"]: last_line(d.record["error"])
               for d in journey.letters if d.record}
     error_replies = [_reply_error(f.record["error"]) for f in journey.replies
@@ -232,7 +233,7 @@ async def replay_letter(settings: Settings, request_id: str, offset: int,
     codec = codec or default_codec()
     letters = await read_letters(settings, 0, [offset], codec)
     if not letters:
-        raise ReplayError(f"no letter at offset {offset} of {settings.topic('dlq')}")
+        raise ReplayError(f"no letter at offset {offset} of {settings.kafka.topic('dlq')}")
     letter = letters[0].letter
     key = (letter["key"] or b"").decode(errors="replace")
     if key != request_id:
@@ -243,8 +244,8 @@ async def replay_letter(settings: Settings, request_id: str, offset: int,
         raise ReplayError(f"the letter at offset {offset} was written by {letter['layer']}: "
                           f"--through must begin with it")
     scratch = scratch_settings(settings)
-    rep = Replay(request_id, scratch.topic_prefix, f"dlq@{offset}")
-    source = f"{settings.topic('dlq')}[0]@{offset} ({letters[0].source})"
+    rep = Replay(request_id, scratch.kafka.topic_prefix, f"dlq@{offset}")
+    source = f"{settings.kafka.topic('dlq')}[0]@{offset} ({letters[0].source})"
     for i, name in enumerate(names):
         rep.steps.append(Step(name, [source] if i == 0 else [f"replayed {names[i - 1]}"]))
     rep.steps[0].recorded_error = last_line(letter["error"])

@@ -45,5 +45,5 @@ def print_report(rep: dict[str, Any], as_json: bool,
 
 
 def not_found(command: str, settings: Settings, request_id: str, since: str) -> str:
-    return (f"conveyor {command}: no request {request_id} in {REQUESTS.at(settings)} "
+    return (f"conveyor {command}: no request {request_id} in {REQUESTS.at(settings.kafka)} "
             f"since {since} (widen --since)")

@@ -82,11 +82,11 @@ def cmd_accounting(settings: Settings, args: argparse.Namespace) -> int:
     from conveyor.metrics import LayerMetrics, process_metrics
     from workers.usage.run import run_accounting
 
-    metrics = process_metrics(settings, "accounting")
+    metrics = process_metrics(settings.telemetry, "accounting")
     from conveyor import heap
 
     run_accounting(settings, LayerMetrics(metrics.meter).layer("accounting"),
-                   on_started=lambda: heap.settle(settings.gc_threshold, "accounting"))
+                   on_started=lambda: heap.settle(settings.process.gc_threshold, "accounting"))
     return 0
 
 
@@ -120,7 +120,7 @@ async def _report(settings: Settings, args: argparse.Namespace, since: int,
     kept per model and deployment)."""
     from workers.usage.ledger import UsageLedger
 
-    redis = redis_client(settings, "cli")
+    redis = redis_client(settings.redis, "cli")
     try:
         ledger = UsageLedger(settings, redis)
         rows = await ledger.report(args.tenant, since_ms=since, until_ms=until, by=args.by,

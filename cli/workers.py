@@ -52,7 +52,7 @@ def describe(beat: WorkerHeartbeat, settings: Settings, now: int,
         "worker_id": beat["worker_id"], "pool": beat["pool"], "engine": beat["engine"],
         "models": beat["models"], "loaded": beat.get("loaded") or beat["models"],
         "state": beat["state"],
-        "live": beat["state"] == "ready" and age_s <= settings.worker_ttl_s,
+        "live": beat["state"] == "ready" and age_s <= settings.schedule.worker_ttl_s,
         "partitions": beat["partitions"], "capacity": beat["capacity"],
         "running": beat["running"], "queued": beat["queued"], "host": beat["host"],
         "gpu_utilization": beat["gpu_utilization"], "gpu_memory_free": beat["gpu_memory_free"],
@@ -183,8 +183,9 @@ def cmd_workers(settings: Settings, args: argparse.Namespace) -> int:
     try:
         asyncio.run(_read(settings, beats, breakers))
     except TimeoutError:
-        print(f"conveyor workers: {WORKERS.at(settings)} and {BREAKERS.at(settings)} were "
-              f"not read within {_READ_WITHIN_S:.0f} s", file=sys.stderr)
+        topics = f"{WORKERS.at(settings.kafka)} and {BREAKERS.at(settings.kafka)}"
+        print(f"conveyor workers: {topics} were not read within {_READ_WITHIN_S:.0f} s",
+              file=sys.stderr)
         return 3
     rows = _rows(beats, breakers, settings, args.pool)
     print(json.dumps(rows, indent=2) if args.json else render(rows))

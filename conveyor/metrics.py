@@ -57,7 +57,7 @@ from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from conveyor.settings import Settings
+from conveyor.settings import TelemetrySettings
 
 __all__ = [
     "CONTENT_TYPE", "DURATION_BUCKETS", "TOKEN_BUCKETS", "TPOT_BUCKETS", "TTFT_BUCKETS",
@@ -128,11 +128,11 @@ def serve_metrics(service: str, host: str, port: int) -> Metrics:
     return metrics
 
 
-def process_metrics(settings: Settings, service: str) -> Metrics:
+def process_metrics(telemetry: TelemetrySettings, service: str) -> Metrics:
     """The metrics of a process that is not the gateway, as its settings say:
     served on ``metrics_port`` (none when 0, or when metrics are disabled)."""
-    port = settings.metrics_port if settings.metrics_enabled else 0
-    return serve_metrics(service, settings.metrics_host, port)
+    port = telemetry.metrics_port if telemetry.metrics_enabled else 0
+    return serve_metrics(service, telemetry.metrics_host, port)
 
 
 # -- the gateway -----------------------------------------------------------------

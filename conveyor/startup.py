@@ -5,7 +5,7 @@ answer, its consumer group to hand it partitions, Redis, an engine to load.
 Each such wait goes through :func:`started`, which logs ``waiting for X``
 once the wait passes ``note_after_s`` (2 s) and again every ``note_every_s``
 (5 s) with the time so far, and after ``within`` seconds
-(``settings.startup_timeout_s``) cancels the wait and raises
+(``settings.process.startup_timeout_s``) cancels the wait and raises
 :class:`~conveyor.errors.StartupTimeout` naming what it waited for, for how
 long, and where (an address, never a password: :func:`redis_address`). The
 CLI turns that error into one sentence and exit code 3.

@@ -42,10 +42,10 @@ class ResumeWatch:
     def __init__(self, settings: Settings, redis: Redis) -> None:
         self.settings = settings
         self.redis = redis
-        self.ttl_ms = int(settings.reply_lease_ttl_s * 1000)
+        self.ttl_ms = int(settings.gateway.reply_lease_ttl_s * 1000)
 
     def key(self, request_id: str) -> str:
-        return f"{self.settings.topic_prefix}:resume-watch:{request_id}"
+        return f"{self.settings.kafka.topic_prefix}:resume-watch:{request_id}"
 
     async def attach(self, request_id: str) -> str:
         """Name a new reader of the request; its token."""

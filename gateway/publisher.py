@@ -111,9 +111,9 @@ class Publisher:
         value = self.encode(topic, record, event_type, what)
         try:
             await asyncio.wait_for(
-                self.producer.send_and_wait(topic.at(self.settings), value, key=key.encode(),
+                self.producer.send_and_wait(topic.at(self.settings.kafka), value, key=key.encode(),
                                             headers=headers),
-                self.settings.produce_timeout_s)
+                self.settings.gateway.produce_timeout_s)
         except TimeoutError:
             raise NotTakenInTime(f"The pipeline is unavailable (Kafka did not take {what} in "
                                  "time); try again later.") from None
@@ -134,9 +134,9 @@ class Publisher:
         except SchemaError as exc:
             raise InvalidRequest(f"{_sentence(what)} holds a value the pipeline cannot "
                                  f"carry: {exc}") from exc
-        if len(value) > self.settings.max_event_bytes:
+        if len(value) > self.settings.kafka.max_event_bytes:
             raise RequestTooLarge(f"{_sentence(what)} is {len(value)} bytes as an event; at "
-                                  f"most {self.settings.max_event_bytes} fit.")
+                                  f"most {self.settings.kafka.max_event_bytes} fit.")
         return value
 
     # -- in the background --------------------------------------------------------
@@ -150,9 +150,9 @@ class Publisher:
         whether it was delivered. A record that cannot be encoded raises here."""
         value = self.codec.encode(_event_type(topic, event_type), record)
         bound_ms = until_ms if until_ms is not None else (
-            now_ms() + int(self.settings.request_timeout_s * 1000))
+            now_ms() + int(self.settings.gateway.request_timeout_s * 1000))
         until = time.monotonic() + (bound_ms - now_ms()) / 1000
-        return self._track(self._deliver(topic.at(self.settings), value, key.encode(), until,
+        return self._track(self._deliver(topic.at(self.settings.kafka), value, key.encode(), until,
                                          what))
 
     def publish_soon(self, topic: Topic, record: Any, key: str, *,
@@ -166,7 +166,7 @@ class Publisher:
     async def drain(self, within_s: float | None = None) -> None:
         """Wait for the background sends, at most ``within_s`` (default
         ``produce_timeout_s``); those still waiting then are given up, in one line."""
-        within = self.settings.produce_timeout_s if within_s is None else within_s
+        within = self.settings.gateway.produce_timeout_s if within_s is None else within_s
         pending = set(self._pending)
         if not pending:
             return
@@ -195,7 +195,7 @@ class Publisher:
 
     async def _deliver(self, topic: str, value: bytes, key: bytes, until: float,
                        what: str) -> bool:
-        backoff = Backoff(max_s=self.settings.retry_backoff_max_s)
+        backoff = Backoff(max_s=self.settings.process.retry_backoff_max_s)
         kind = f"deliver:{topic}"
         while True:
             try:
@@ -233,7 +233,7 @@ class Publisher:
                 if left <= 0:
                     raise _PastBound
                 done, _ = await asyncio.wait(
-                    {send}, timeout=min(left, self.settings.produce_timeout_s))
+                    {send}, timeout=min(left, self.settings.gateway.produce_timeout_s))
                 if done:
                     send.result()
                     return
@@ -245,7 +245,7 @@ class Publisher:
 
     async def _send_once(self, topic: Topic, record: Any, key: str,
                          event_type: EventType | None, what: str) -> bool:
-        name = topic.at(self.settings)
+        name = topic.at(self.settings.kafka)
         try:
             value = self.codec.encode(_event_type(topic, event_type), record)
             await self.producer.send_and_wait(name, value, key=key.encode(), headers=None)

@@ -190,14 +190,14 @@ class ReplyLease:
         self.gateway_id = gateway_id
         self.partition: int | None = None
         self.health = health or TaskHealth("reply-lease")
-        self._ttl_ms = int(settings.reply_lease_ttl_s * 1000)
-        self._renew_every_s = settings.reply_lease_ttl_s / 3
+        self._ttl_ms = int(settings.gateway.reply_lease_ttl_s * 1000)
+        self._renew_every_s = settings.gateway.reply_lease_ttl_s / 3
 
     def _key(self, partition: int) -> str:
-        return f"{self.settings.topic_prefix}:reply-lease:{partition}"
+        return f"{self.settings.kafka.topic_prefix}:reply-lease:{partition}"
 
     async def acquire(self) -> int:
-        n = self.settings.reply_partitions
+        n = self.settings.kafka.reply_partitions
         start = hash(self.gateway_id) % n
         for i in range(n):
             p = (start + i) % n
@@ -212,7 +212,7 @@ class ReplyLease:
         (health ``degraded``); a vanished key is taken again; a partition held by
         another gateway is ``failed`` and retried at the renewal pace."""
         assert self.partition is not None
-        retry = Backoff(max_s=min(self.settings.retry_backoff_max_s, self._renew_every_s))
+        retry = Backoff(max_s=min(self.settings.process.retry_backoff_max_s, self._renew_every_s))
         pause = self._renew_every_s
         while True:
             await asyncio.sleep(pause)

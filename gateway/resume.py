@@ -156,7 +156,7 @@ def lookup_windows(settings: Settings, request_id: str, now: int) -> list[tuple[
     """Where to look for the request event, as (since, until) record times: at
     the time its id was made (ids from topics.envelope.new_request_id), then
     the recent windows."""
-    skew = settings.clock_skew_ms
+    skew = settings.process.clock_skew_ms
     windows: list[tuple[int, int | None]] = []
     made = made_window(request_id, skew, now)
     if made is not None:
@@ -196,8 +196,8 @@ class RecordedReplies:
         self._last: int | None = None  # the index of the final (or error) reply
         self.ended_ms: int | None = None  # the record time of the final (or error) reply
         deadline_ms = where.deadline_ms or (
-            where.submitted_ms + int(settings.request_timeout_s * 1000))
-        left_s = (deadline_ms + settings.clock_skew_ms - now_ms()) / 1000
+            where.submitted_ms + int(settings.gateway.request_timeout_s * 1000))
+        left_s = (deadline_ms + settings.process.clock_skew_ms - now_ms()) / 1000
         self.deadline = time.monotonic() + left_s
         self._pump: asyncio.Task[None] | None = None
 
@@ -218,7 +218,7 @@ class RecordedReplies:
         where = self.where
         key = where.request_id.encode()
         follower = follow(self.settings, REPLIES, where.reply_partition,
-                          FromTime(where.submitted_ms - self.settings.clock_skew_ms))
+                          FromTime(where.submitted_ms - self.settings.process.clock_skew_ms))
         async for batch in follower.events(self.codec, keep=lambda r: r.key == key):
             for record, reply in batch:
                 if reply["kind"] in ("final", "error"):
@@ -275,4 +275,4 @@ async def resumed_events(settings: Settings, codec: Codec, cancels: Cancels, whe
                 await watch.detach(rid, reader)
         else:
             cancels.cancel(rid, "resumed client disconnected",
-                           grace_s=settings.resume_grace_s, reader=reader)
+                           grace_s=settings.gateway.resume_grace_s, reader=reader)

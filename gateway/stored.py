@@ -87,7 +87,7 @@ class StoredAnswers:
 
     def mine(self, where: Recorded, identity: Identity) -> bool:
         """Whether the caller may see the request: its tenant's (any, without auth)."""
-        return self.settings.auth == "none" or where.tenant == identity.tenant
+        return self.settings.auth.mode == "none" or where.tenant == identity.tenant
 
     async def find(self, identity: Identity, request_id: str, api: str) -> Recorded | None:
         """The recorded request ``request_id`` when ``api`` stored it and it is the

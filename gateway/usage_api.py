@@ -46,7 +46,7 @@ def _ledger(connection: HTTPConnection) -> UsageLedger:
 
 def _admin_token(connection: HTTPConnection) -> str:
     """The operator's token (``CONVEYOR_ADMIN_TOKEN``); empty: no admin endpoint."""
-    token: str = services_of(connection).settings.admin_token.get_secret_value()
+    token: str = services_of(connection).settings.auth.admin_token.get_secret_value()
     return token
 
 

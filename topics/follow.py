@@ -24,7 +24,7 @@ time (``FromTime(ms)``, found with ``offsets_for_times``; the end when
 nothing is that recent).
 
 A follower never raises for the broker: when Kafka cannot be reached it
-closes its consumer, backs off (``settings.retry_backoff_max_s`` at most),
+closes its consumer, backs off (``settings.process.retry_backoff_max_s`` at most),
 logs one line per kind of failure per ten seconds, and reconnects where it
 left off, so no record is skipped. An idle partition returns nothing, and
 aiokafka's fetch returns nothing during an outage too, so while no record
@@ -156,7 +156,7 @@ class Follower(Generic[T]):
         """Resolve the start to an offset now (see the module) and return it;
         the iteration reads from there. Broker trouble is raised, translated
         (:func:`~topics.clients.broker_error`)."""
-        consumer = make_consumer(self.settings, group=None, **self.consumer_options)
+        consumer = make_consumer(self.settings.kafka, group=None, **self.consumer_options)
         try:
             await consumer.start()
             consumer.assign(self.tps)
@@ -172,11 +172,11 @@ class Follower(Generic[T]):
         return self.batches()
 
     async def batches(self) -> AsyncIterator[list[ConsumerRecord[bytes, bytes]]]:
-        backoff = Backoff(max_s=self.settings.retry_backoff_max_s)
+        backoff = Backoff(max_s=self.settings.process.retry_backoff_max_s)
         tps = self.tps
         where = f"{self.tp.topic}[{','.join(str(tp.partition) for tp in tps)}]"
         while True:
-            consumer = make_consumer(self.settings, group=None, **self.consumer_options)
+            consumer = make_consumer(self.settings.kafka, group=None, **self.consumer_options)
             try:
                 await consumer.start()
                 consumer.assign(tps)
@@ -320,7 +320,7 @@ def follow(settings: Settings, topic: Topic[T] | str, partition: int | Iterable[
     decode (a ``Follower[T]`` of a ``Topic[T]``)."""
     if isinstance(topic, str):
         return Follower(settings, topic, partition, start, **options)
-    return Follower(settings, topic.at(settings), partition, start, typed=topic, **options)
+    return Follower(settings, topic.at(settings.kafka), partition, start, typed=topic, **options)
 
 
 async def apply_all(follower: Follower[T], codec: Codec, apply: Callable[[T], object],

@@ -24,7 +24,7 @@ chosen worker's; replies: partition = the gateway's) are read the same way
 over the partitions the caller names (``partitions=``).
 
 Record times are the producers' clocks (``CreateTime``), so callers widen the
-window by ``settings.clock_skew_ms`` on both sides.
+window by ``settings.process.clock_skew_ms`` on both sides.
 
 What a :class:`SharedLookup` finds comes out decoded, through the one
 decode step of every reader (topics/reader.py): a value that does not decode
@@ -137,10 +137,10 @@ class KeyLookup:
         self.timeout_s = timeout_s
         # a lookup reads up to an end offset it knows: it never waits for new
         # records, and a short wait frees the connection at once for the next call
-        self._consumer: AIOKafkaConsumer = make_consumer(settings, group=None,
+        self._consumer: AIOKafkaConsumer = make_consumer(settings.kafka, group=None,
                                                          fetch_max_wait_ms=_FETCH_WAIT_MS)
         # only asked for metadata: the producer knows a topic's partitions
-        self._meta: EventProducer = make_producer(settings, enable_idempotence=False)
+        self._meta: EventProducer = make_producer(settings.kafka, enable_idempotence=False)
         # what each find read: topic -> [(partition, first offset, next offset)]
         self.read: dict[str, list[tuple[int, int, int]]] = {}
 
@@ -314,7 +314,7 @@ class SharedLookup:
         """The events of ``key`` on ``topic`` between two times (see
         :meth:`records`), decoded: (record, event) pairs; a value that does not
         decode is reported and left out (topics/reader.py)."""
-        found = await self.records(topic.at(self.settings), key, since_ms, until_ms,
+        found = await self.records(topic.at(self.settings.kafka), key, since_ms, until_ms,
                                    partitions=partitions, first=first, timeout_s=timeout_s)
         return decoded(topic, self.codec, found, PoisonReport(log, topic))
 

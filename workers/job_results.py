@@ -27,4 +27,4 @@ def job_event(settings: Settings, job_id: str, event: str, detail: str = "") -> 
     record = JobResult(job_id=job_id, event=event, request_id="", job_item="",  # type: ignore[typeddict-item]
                        status_code=0, body="", error=None, text="", finish_reason=None,
                        usage=None, detail=detail, ts_ms=now_ms())
-    return Output(RESULTS.at(settings), "JobResult", record, key=job_id)
+    return Output(RESULTS.at(settings.kafka), "JobResult", record, key=job_id)

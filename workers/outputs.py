@@ -64,7 +64,7 @@ def result_output(settings: Settings, envelope: Envelope, *, status_code: int,
                        request_id=envelope["request_id"], job_item=envelope["job_item"],
                        status_code=status_code, body=body, error=error, text=text,
                        finish_reason=finish_reason, usage=usage, detail="", ts_ms=now_ms())
-    return Output(RESULTS.at(settings), "JobResult", result, key=envelope["job_id"])
+    return Output(RESULTS.at(settings.kafka), "JobResult", result, key=envelope["job_id"])
 
 
 def error_info(exc: RequestError) -> ErrorInfo:
@@ -139,7 +139,7 @@ class Sender:
         that can never be produced; the outputs before it may have gone out
         (consumers are idempotent on request id).
         """
-        backoff = Backoff(max_s=self.settings.retry_backoff_max_s)
+        backoff = Backoff(max_s=self.settings.process.retry_backoff_max_s)
         todo = list(outputs)
         while todo:
             acks: list[tuple[Output, asyncio.Future[Any] | BaseException]] = []
@@ -193,20 +193,20 @@ class Sender:
             usage=None,
             error=error,
         )
-        return Output(REPLIES.at(self.settings), "Reply", reply,
+        return Output(REPLIES.at(self.settings.kafka), "Reply", reply,
                       key=envelope["request_id"], partition=envelope["reply_partition"])
 
     def letter_output(self, layer: str, topic: str, partition: int, offset: int,
                       key: bytes | None, value: bytes | None, error: str) -> Output:
         """A dead letter that fits in one event: a value too large keeps its
         head, and the error says how much was cut."""
-        room = max(0, self.settings.max_event_bytes - _LETTER_OVERHEAD)
+        room = max(0, self.settings.kafka.max_event_bytes - _LETTER_OVERHEAD)
         if value is not None and len(value) > room:
             error = (f"[value truncated to {room} of {len(value)} bytes] " + error)
             value = value[:room]
         letter = DeadLetter(layer=layer, topic=topic, partition=partition, offset=offset,
                             key=key, value=value, error=error[:_ERROR_CHARS], ts_ms=now_ms())
-        return Output(DLQ.at(self.settings), "DeadLetter", letter,
+        return Output(DLQ.at(self.settings.kafka), "DeadLetter", letter,
                       key=key.decode(errors="replace") if key else None)
 
     async def error_reply(self, envelope: Envelope, error: ErrorInfo, index: int = 0) -> None:

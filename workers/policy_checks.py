@@ -156,7 +156,7 @@ def policy_audit(settings: Settings, envelope: Envelope, action: str, match: Mat
                                "scopes": ",".join(policy.scopes) or "default",
                                **({"score": match.term.split()[-1]}
                                   if match.term.startswith(CLASSIFIED) else {})})
-    return Output(AUDIT.at(settings), "AuditEvent", event, key=envelope["tenant"] or layer)
+    return Output(AUDIT.at(settings.kafka), "AuditEvent", event, key=envelope["tenant"] or layer)
 
 
 def redact_generation(generation: Generation, policy: Policy,

@@ -113,14 +113,14 @@ class PromptCache:
     @property
     def redis(self) -> Redis:
         if self._redis is None:
-            self._redis = redis_client(self.settings, "cache")
+            self._redis = redis_client(self.settings.redis, "cache")
         return self._redis
 
     def _entry(self, key: str) -> str:
-        return f"{self.settings.topic_prefix}:cache:{key}"
+        return f"{self.settings.kafka.topic_prefix}:cache:{key}"
 
     def _index(self, key: str) -> str:
-        return f"{self.settings.topic_prefix}:cache-index:{key.split(':', 1)[0]}"
+        return f"{self.settings.kafka.topic_prefix}:cache-index:{key.split(':', 1)[0]}"
 
     async def get(self, key: str) -> Cached | None:
         try:

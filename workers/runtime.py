@@ -143,18 +143,19 @@ class LayerRuntime:
         self._stopping.set()
 
     async def run(self) -> None:
-        consumer = make_consumer(self.settings, group=self.settings.group(self.layer.name))
-        source = self.layer.source.at(self.settings)
+        consumer = make_consumer(self.settings.kafka,
+                                 group=self.settings.kafka.group(self.layer.name))
+        source = self.layer.source.at(self.settings.kafka)
         consumer.subscribe([source], listener=_Rebalance(self))
-        producer = self._shared_producer or make_producer(self.settings)
+        producer = self._shared_producer or make_producer(self.settings.kafka)
         background: list[asyncio.Task[None]] = []
-        kafka = kafka_address(self.settings.kafka_bootstrap)
-        within = self.settings.startup_timeout_s
+        kafka = kafka_address(self.settings.kafka.bootstrap)
+        within = self.settings.process.startup_timeout_s
         if self._shared_producer is None:
             await started("the Kafka producer to connect", producer.start, within=within,
                           log=log, where=kafka)
         try:
-            await started(f"consumer group {self.settings.group(self.layer.name)} to assign "
+            await started(f"consumer group {self.settings.kafka.group(self.layer.name)} to assign "
                           f"partitions of {source}", consumer.start,
                           within=within, log=log, where=kafka)
         except StartupTimeout:
@@ -183,7 +184,7 @@ class LayerRuntime:
                 await producer.stop()
 
     async def _loop(self, consumer: Any) -> None:
-        backoff = Backoff(max_s=self.settings.retry_backoff_max_s)
+        backoff = Backoff(max_s=self.settings.process.retry_backoff_max_s)
         while not self._stopping.is_set():
             batch = await fetch(consumer, backoff, self._problems, self.layer.name,
                                 timeout_ms=200, max_records=self.max_in_flight)
@@ -290,7 +291,7 @@ class LayerRuntime:
         """The handler's outputs (an error reply for a RequestError), or None
         when the event went to the DLQ."""
         layer = self.layer
-        backoff = Backoff(max_s=self.settings.retry_backoff_max_s)
+        backoff = Backoff(max_s=self.settings.process.retry_backoff_max_s)
         while True:
             try:
                 if envelope is None:

@@ -88,8 +88,8 @@ def _route(settings: Settings, registry: Registry) -> Layer:
 def _schedule(settings: Settings, registry: Registry) -> Layer:
     from workers.schedule import ScheduleLayer
 
-    return ScheduleLayer(settings, prefetch=settings.batch_prefetch,
-                         linger_s=settings.interactive_linger_s)
+    return ScheduleLayer(settings, prefetch=settings.schedule.batch_prefetch,
+                         linger_s=settings.schedule.interactive_linger_s)
 
 
 def _postprocess(settings: Settings, registry: Registry) -> Layer:
@@ -102,14 +102,14 @@ def _jobs(settings: Settings, registry: Registry) -> Layer:
     from conveyor.files.local import LocalFileStore
     from workers.jobs.commands import JobsLayer
 
-    return JobsLayer(settings, LocalFileStore(settings), registry)
+    return JobsLayer(settings, LocalFileStore(settings.jobs), registry)
 
 
 def _results(settings: Settings, registry: Registry) -> Layer:
     from conveyor.files.local import LocalFileStore
     from workers.jobs.collector import ResultsLayer
 
-    return ResultsLayer(settings, LocalFileStore(settings))
+    return ResultsLayer(settings, LocalFileStore(settings.jobs))
 
 
 STAGES: tuple[Stage, ...] = (

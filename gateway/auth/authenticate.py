@@ -55,7 +55,7 @@ class Authenticator:
     def __init__(self, settings: Settings, *, keys: KeyLookup | None = None,
                  tokens: TokenVerifier | None = None, audit: Audit | None = None,
                  actor: str = "") -> None:
-        self.mode = settings.auth
+        self.mode = settings.auth.mode
         if self.mode == "keys" and keys is None:
             raise ValueError("CONVEYOR_AUTH=keys needs a key store")
         if self.mode == "jwt" and tokens is None:
@@ -64,7 +64,7 @@ class Authenticator:
         self.tokens = tokens
         self.audit = audit
         self.actor = actor
-        self._secret = settings.auth_secret.get_secret_value().encode()
+        self._secret = settings.auth.secret.get_secret_value().encode()
         # hash prefix -> (last written, failures held back since)
         self._failures: dict[str, tuple[float, int]] = {}
 

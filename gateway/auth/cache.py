@@ -1,6 +1,6 @@
 """The in-process cache in front of the Redis copy: answers without a round trip.
 
-An entry is trusted for at most ``ttl_s`` (``settings.key_cache_s``); a
+An entry is trusted for at most ``ttl_s`` (``settings.auth.key_cache_s``); a
 negative one ("no such key") for ``negative_ttl_s`` (1 s), long enough that a
 flood of bad keys costs Redis one read per distinct key per second, short
 enough that a key just created works at once. Changes reach the cache through

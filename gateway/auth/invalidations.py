@@ -12,7 +12,7 @@ subscription starts, the first one or one after an outage (Redis's client
 may reconnect by itself, which shows as another ``subscribe`` confirmation),
 every listener is told ``*``: the caches are cleared, and what they held is
 looked up afresh. While Redis cannot be reached the task retries with
-backoff (up to ``settings.retry_backoff_max_s``), its health part is
+backoff (up to ``settings.process.retry_backoff_max_s``), its health part is
 ``degraded``, and cached entries still serve until they expire. A PING every
 ``ping_s`` with no answer within three of them counts as an outage too, so a
 connection that went silent is noticed.
@@ -54,7 +54,7 @@ class Invalidations:
                  part: TaskHealth | None = None, *, ping_s: float = 5.0) -> None:
         self.settings = settings
         self.redis = redis
-        self.channel = KeyNames(settings.topic_prefix).channel
+        self.channel = KeyNames(settings.kafka.topic_prefix).channel
         self.health = part or TaskHealth("key-invalidations")
         self.ping_s = ping_s
         self.subscribed = asyncio.Event()
@@ -78,7 +78,7 @@ class Invalidations:
         ``part``, when given, is where the state is reported from now on."""
         if part is not None:
             self.health = part
-        retry = Backoff(max_s=self.settings.retry_backoff_max_s)
+        retry = Backoff(max_s=self.settings.process.retry_backoff_max_s)
         while True:
             pubsub = self.redis.pubsub()
             try:

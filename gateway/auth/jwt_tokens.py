@@ -203,25 +203,25 @@ class JwtVerifier:
     """Verifies bearer tokens against the settings' secret and JWKS file (see the module)."""
 
     def __init__(self, settings: Settings) -> None:
-        secret = settings.jwt_secret.get_secret_value().encode()
-        if not secret and settings.jwt_jwks_file is None:
+        secret = settings.auth.jwt_secret.get_secret_value().encode()
+        if not secret and settings.auth.jwt_jwks_file is None:
             raise ValueError("CONVEYOR_AUTH=jwt needs CONVEYOR_JWT_SECRET (HS256) or "
                              "CONVEYOR_JWT_JWKS_FILE (RS256/ES256); neither is set")
         if secret and len(secret) < MIN_HMAC_SECRET_BYTES:
             raise ValueError(f"CONVEYOR_JWT_SECRET must be at least {MIN_HMAC_SECRET_BYTES} "
                              "bytes for HS256")
-        if not settings.jwt_tenant_claim:
+        if not settings.auth.jwt_tenant_claim:
             raise ValueError("CONVEYOR_JWT_TENANT_CLAIM must name a claim")
-        if settings.jwt_leeway_s < 0:
+        if settings.auth.jwt_leeway_s < 0:
             raise ValueError("CONVEYOR_JWT_LEEWAY_S must not be negative")
         self._secret = secret
-        self._audience = settings.jwt_audience or None
-        self._issuer = settings.jwt_issuer or None
-        self._tenant_claim = settings.jwt_tenant_claim
-        self._leeway_s = settings.jwt_leeway_s
+        self._audience = settings.auth.jwt_audience or None
+        self._issuer = settings.auth.jwt_issuer or None
+        self._tenant_claim = settings.auth.jwt_tenant_claim
+        self._leeway_s = settings.auth.jwt_leeway_s
         self._required = ["exp", "sub", *(["aud"] if self._audience else []),
                           *(["iss"] if self._issuer else [])]
-        self._jwks_file = settings.jwt_jwks_file
+        self._jwks_file = settings.auth.jwt_jwks_file
         self._keys: _KeySet | None = None
         self._stamp: tuple[int, int, int] | None = None
         self._checked_at = time.monotonic()

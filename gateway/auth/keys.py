@@ -7,7 +7,7 @@ the topic when it has lost its data (gateway/auth/restore.py); a revoked key
 keeps its record, so a restore never brings it back.
 
 :meth:`KeyStore.lookup` is the gateway's per-request call. It answers from an
-in-process cache (gateway/auth/cache.py: ``settings.key_cache_s`` for a known
+in-process cache (gateway/auth/cache.py: ``settings.auth.key_cache_s`` for a known
 key, 1 s for an unknown one), else from Redis. It returns the record of any
 key it knows, revoked and expired ones included, so the caller can say why it
 refuses one: **the caller must check** :meth:`KeyRecord.usable`. When Redis
@@ -65,7 +65,7 @@ def _limits_detail(limits: Limits) -> dict[str, str]:
 
 
 class KeyStore:
-    """The API keys of one Conveyor (``settings.topic_prefix``)."""
+    """The API keys of one Conveyor (``settings.kafka.topic_prefix``)."""
 
     def __init__(self, settings: Settings, redis: Redis,
                  producer: EventProducer | None = None, *, audit: Audit | None = None,
@@ -79,7 +79,7 @@ class KeyStore:
         self.topic = KeysTopic(settings, producer, codec)
         self.restorer = Restorer(self.copy, self.topic)
         self.audit = audit
-        self.cache: LocalCache[KeyRecord] = LocalCache(settings.key_cache_s, negative_cache_s)
+        self.cache: LocalCache[KeyRecord] = LocalCache(settings.auth.key_cache_s, negative_cache_s)
         self.invalidations = invalidations or Invalidations(settings, redis, part)
         self.invalidations.add(self._on_change)
         self.touch_every_s = touch_every_s
@@ -108,7 +108,7 @@ class KeyStore:
         """The key of ``secret`` (usable or not: check ``usable``), None if unknown."""
         if not secret.startswith(SECRET_PREFIX):
             return None
-        key_hash = hash_secret(self.settings, secret)
+        key_hash = hash_secret(self.settings.auth, secret)
         hit, cached = self.cache.get(key_hash)
         if hit and self.cache.trusted(self.healthy):
             return cached
@@ -170,7 +170,7 @@ class KeyStore:
         secret = new_secret()
         now = now_ms()
         record = KeyRecord(
-            id=new_key_id(), tenant=tenant, name=name, hash=hash_secret(self.settings, secret),
+            id=new_key_id(), tenant=tenant, name=name, hash=hash_secret(self.settings.auth, secret),
             limits=merge_limits(Limits(), limits), models=tuple(m for m in models if m),
             created_ms=now, expires_ms=now + int(expires_in_s * 1000) if expires_in_s else 0,
             version=1)

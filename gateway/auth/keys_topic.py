@@ -98,7 +98,7 @@ class KeysTopic:
     def __init__(self, settings: Settings, producer: EventProducer | None = None,
                  codec: Codec | None = None) -> None:
         self.settings = settings
-        self.topic = KEYS.at(settings)
+        self.topic = KEYS.at(settings.kafka)
         self.producer = producer
         self.codec = codec or default_codec()
 

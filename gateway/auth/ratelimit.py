@@ -108,10 +108,10 @@ class RateLimiter:
         self.redis = redis
         self.gateway_id = gateway_id
         self.health = TaskHealth("limits")
-        self.windows = RedisWindows(redis, settings.topic_prefix)
+        self.windows = RedisWindows(redis, settings.kafka.topic_prefix)
         self.local = LocalWindows()
         self.live_gateways = 1  # last counted while Redis answered
-        self.count_every_s = max(0.2, settings.reply_lease_ttl_s / 3)
+        self.count_every_s = max(0.2, settings.gateway.reply_lease_ttl_s / 3)
         self.redis_up = True
         self._next_probe = 0.0
         self._log = RateLimitedLog(log)
@@ -129,7 +129,7 @@ class RateLimiter:
         _refuse_never_fitting(scopes, tokens)
         if deadline_ms <= 0:  # no deadline given: the gateway's own request timeout
             deadline_ms = time.time_ns() // 1_000_000 + int(
-                self.settings.request_timeout_s * 1000)
+                self.settings.gateway.request_timeout_s * 1000)
         today = datetime.now(UTC)
         check = Check(member=member, tokens=tokens, deadline_ms=deadline_ms, scopes=scopes,
                       daily_tokens=tenant.daily_tokens, monthly_tokens=tenant.monthly_tokens,
@@ -144,7 +144,7 @@ class RateLimiter:
             else:
                 self._came_back()
                 return _decide(check, verdict, "redis", request_id)
-        if self.settings.limits_when_redis_down == "closed":
+        if self.settings.auth.limits_when_redis_down == "closed":
             raise PipelineUnavailable(
                 "Rate limits cannot be checked: Redis is unreachable, and this gateway "
                 "refuses limited requests until it answers again. Please retry shortly.",
@@ -206,7 +206,7 @@ class RateLimiter:
 
     async def count_gateways(self) -> int:
         """How many gateways hold a reply-partition lease now (at least 1)."""
-        pattern = _glob_escape(f"{self.settings.topic_prefix}:reply-lease:") + "*"
+        pattern = _glob_escape(f"{self.settings.kafka.topic_prefix}:reply-lease:") + "*"
         count = 0
         async for _ in self.redis.scan_iter(match=pattern, count=1000):
             count += 1
@@ -223,7 +223,7 @@ class RateLimiter:
 
     def _went_down(self, exc: BaseException) -> None:
         self._next_probe = time.monotonic() + self.probe_every_s
-        if self.settings.limits_when_redis_down == "closed":
+        if self.settings.auth.limits_when_redis_down == "closed":
             then = "refusing limited requests (503) until it answers"
         else:
             then = (f"each limit is enforced here, divided by {self.live_gateways} "

@@ -1,6 +1,6 @@
 """The rate-limit windows in Redis: one Lua script checks and counts an admission.
 
-Key layout (``P`` is ``settings.topic_prefix``, ``S`` a scope id,
+Key layout (``P`` is ``settings.kafka.topic_prefix``, ``S`` a scope id,
 ``key:<key id>`` or ``tenant:<name>``):
 
 - ``P:ratelimit:S:requests``: ZSET, admissions scored by their time (ms, by

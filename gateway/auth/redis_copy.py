@@ -2,7 +2,7 @@
 
 The topic is the record; Redis is a lookup copy of it, rebuilt from the topic
 when it is lost (gateway/auth/restore.py). Its keys, under ``{prefix}``
-(``settings.topic_prefix``):
+(``settings.kafka.topic_prefix``):
 
 ==================================  ==============================================
 ``{prefix}:key:{id}``               hash: one key's fields (:func:`key_fields`),
@@ -202,7 +202,7 @@ class RedisCopy:
 
     def __init__(self, settings: Settings, redis: Redis) -> None:
         self.redis = redis
-        self.names = KeyNames(settings.topic_prefix)
+        self.names = KeyNames(settings.kafka.topic_prefix)
         self._put_key = redis.register_script(_PUT_KEY)
         self._put_tenant = redis.register_script(_PUT_TENANT)
         self._find = redis.register_script(_FIND)

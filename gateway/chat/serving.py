@@ -106,7 +106,7 @@ class ChatServing:
                        request: Request) -> Response:
         """``n`` > 1: a request of each choice, answered as one (gateway/chat/choices.py)."""
         return await answer_choices(self.submitter, generation, n, store, request,
-                                    self.settings.sse_keepalive_s,
+                                    self.settings.gateway.sse_keepalive_s,
                                     lambda answered: _fallback(self.registry, generation,
                                                                answered))
 
@@ -120,17 +120,17 @@ class ChatServing:
                 yield frame
             ended = True
         finally:
-            resumable = self.settings.resumable_streams and not ended
+            resumable = self.settings.gateway.resumable_streams and not ended
             answer.close("client disconnected",
-                         grace_s=self.settings.resume_grace_s if resumable else 0.0)
+                         grace_s=self.settings.gateway.resume_grace_s if resumable else 0.0)
 
     async def frames(self, source: ReplySource, first: Reply | None,
                      after: int) -> AsyncIterator[bytes]:
         """Data events numbered from 0 (``id: {request id}:{seq}``), those after
         ``after`` sent; keep-alive comments while waiting; an error as an event."""
-        keepalive = self.settings.sse_keepalive_s
+        keepalive = self.settings.gateway.sse_keepalive_s
         rid = source.request_id
-        ids = self.settings.resumable_streams
+        ids = self.settings.gateway.resumable_streams
         seq = -1
         reply: Reply | None = first
         while True:

@@ -22,7 +22,7 @@ from starlette.requests import HTTPConnection
 
 from conveyor.errors import InvalidRequest
 from conveyor.files.store import LIST_LIMIT_MAX, FileOrder, FileStore, is_file_id
-from conveyor.settings import Settings
+from conveyor.settings import JobsSettings
 from gateway.auth.middleware import identity_of
 from gateway.errors import SafeJSONResponse
 from gateway.files.uploads import upload
@@ -52,9 +52,9 @@ def _files(connection: HTTPConnection) -> FileStore:
     return files
 
 
-def upload_limits(settings: Settings) -> dict[str, int]:
+def upload_limits(jobs: JobsSettings) -> dict[str, int]:
     """The body limits of the upload paths, for :class:`~gateway.limits.BodyLimit`."""
-    return {UPLOAD_PATH: settings.max_file_bytes + MULTIPART_ALLOWANCE}
+    return {UPLOAD_PATH: jobs.max_file_bytes + MULTIPART_ALLOWANCE}
 
 
 def _error(description: str) -> dict[str, Any]:

@@ -369,13 +369,13 @@ class ResponsesServing:
         ended = False
         try:
             async for event in _sse(response_events(events, answer, first, body,
-                                                    settings.sse_keepalive_s)):
+                                                    settings.gateway.sse_keepalive_s)):
                 yield event
             ended = True
         finally:
-            resumable = settings.resumable_streams and not ended
+            resumable = settings.gateway.resumable_streams and not ended
             answer.close("client disconnected",
-                         grace_s=settings.resume_grace_s if resumable else 0.0)
+                         grace_s=settings.gateway.resume_grace_s if resumable else 0.0)
 
     async def resume(self, identity: Identity, response_id: str, after: int
                      ) -> AsyncIterator[bytes]:
@@ -401,7 +401,7 @@ class ResponsesServing:
 
     def _framer(self, where: Recorded, generation: Generation) -> Framer:
         body = recorded_request(generation)
-        keepalive_s = self.settings.sse_keepalive_s
+        keepalive_s = self.settings.gateway.sse_keepalive_s
 
         def frames(replies: RecordedReplies, after: int) -> AsyncIterator[bytes]:
             events = ResponseEvents(new_response_id(where.request_id), generation["created"],

@@ -33,7 +33,7 @@ def _submitter(connection: HTTPConnection) -> Submitter:
 
 def _max_bytes(connection: HTTPConnection) -> int:
     """The largest message a connection takes: the HTTP body limit."""
-    max_bytes: int = services_of(connection).settings.max_body_bytes
+    max_bytes: int = services_of(connection).settings.gateway.max_body_bytes
     return max_bytes
 
 

@@ -51,7 +51,7 @@ class GatewayWatch:
             return
         ordered = sorted(addresses)
         holders = await self.redis.mget(
-            [f"{self.settings.topic_prefix}:reply-lease:{p}" for _, p in ordered])
+            [f"{self.settings.kafka.topic_prefix}:reply-lease:{p}" for _, p in ordered])
         now = time.monotonic()
         gone: set[tuple[str, int]] = set()
         for (gateway, partition), holder in zip(ordered, holders, strict=True):
@@ -59,12 +59,12 @@ class GatewayWatch:
                 self.gone_since.pop((gateway, partition), None)
                 continue
             since = self.gone_since.setdefault((gateway, partition), now)
-            if now - since >= self.settings.reply_lease_ttl_s:
+            if now - since >= self.settings.gateway.reply_lease_ttl_s:
                 gone.add((gateway, partition))
         orphans = [r for r in runs if (r.task["envelope"]["reply_gateway"],
                                        r.task["envelope"]["reply_partition"]) in gone]
         watched = await self.redis.mget(
-            [f"{self.settings.topic_prefix}:resume-watch:{r.request_id}" for r in orphans]
+            [f"{self.settings.kafka.topic_prefix}:resume-watch:{r.request_id}" for r in orphans]
         ) if orphans else []
         for run, watcher in zip(orphans, watched, strict=True):
             envelope = run.task["envelope"]

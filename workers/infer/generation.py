@@ -173,7 +173,7 @@ class TaskRun:
             await self._fail(DeadlineExceeded("The request's deadline passed."))
         else:
             request = request_from_task(self.task, self.text, self.tokens, self.upstream_model,
-                                        self.settings.prefix_cache_shared)
+                                        self.settings.prefix.cache_shared)
             try:
                 tools = self.task["generation"].get("tools")
                 if tools and reads_tool_calls(self.task["generation"]):
@@ -229,7 +229,7 @@ class TaskRun:
         fallback model's), at most ``engine_retries`` times. Whether it did."""
         route = self.task["route"]
         failed = list(route.get("failed_workers") or [])
-        if self.seq != 0 or len(failed) >= self.settings.engine_retries:
+        if self.seq != 0 or len(failed) >= self.settings.schedule.engine_retries:
             return False
         if self.task["envelope"]["deadline_ms"] and \
                 now_ms() >= self.task["envelope"]["deadline_ms"]:
@@ -239,7 +239,7 @@ class TaskRun:
                      route={**route, "failed_workers": [*failed, self.worker_id],
                             "failure": error_info(exc), "worker_id": "", "partition": -1})
         self._acks.append(await self.sender.send_nowait(
-            Output(ROUTED.at(self.settings), "Task", again, key=self.request_id)))
+            Output(ROUTED.at(self.settings.kafka), "Task", again, key=self.request_id)))
         self.retried = True
         self.finish_reason = "retried"
         return True
@@ -251,8 +251,8 @@ class TaskRun:
 
     async def _stream(self, request: GenerationRequest) -> None:
         streamed = self.task["generation"]["stream"]
-        interval = (self.settings.coalesce_ms if streamed
-                    else self.settings.coalesce_unstreamed_ms) / 1000
+        interval = (self.settings.infer.coalesce_ms if streamed
+                    else self.settings.infer.coalesce_unstreamed_ms) / 1000
         buf: list[str] = []
         buf_logprobs: list[TokenLogprob] = []
         buf_tokens = 0
@@ -345,7 +345,7 @@ class TaskRun:
                            cached_tokens=self.cached_tokens if finish is not None else None,
                            logprobs=list(logprobs or ()))
         self._acks.append(await self.sender.send_nowait(
-            Output(TOKENS.at(self.settings), "TokenChunk", chunk, key=self.request_id)))
+            Output(TOKENS.at(self.settings.kafka), "TokenChunk", chunk, key=self.request_id)))
         self.seq += 1
         self.tokens += tokens
         if self.task["prompt"].get("cache_key"):

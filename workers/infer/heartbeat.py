@@ -29,13 +29,13 @@ def reported_blocks(held: HeldBlocks, engine: Engine, kv: KvState | None,
     """The prompt blocks a worker reports: those of the prompts it ran, no more
     than its caches can hold where the engine says how much that is (the
     tokens its contexts and host memory hold, or else its KV cache's blocks)."""
-    if settings.prefix_report_blocks <= 0:
+    if settings.prefix.report_blocks <= 0:
         return None
     room = engine.cache_tokens() if isinstance(engine, HoldsPrompts) else None
     if room is None and kv is not None:
         room = kv.total_blocks * kv.block_tokens
-    if room is not None and settings.prefix_block_tokens > 0:
-        held.trim(room // settings.prefix_block_tokens)
+    if room is not None and settings.prefix.block_tokens > 0:
+        held.trim(room // settings.prefix.block_tokens)
     return held.blocks()
 
 
@@ -106,5 +106,5 @@ class Heartbeat:
                 saved=now.host_cache.saved, restored=now.host_cache.restored,
                 evicted=now.host_cache.evicted),
         )
-        await self.sender.deliver(Output(WORKERS.at(self.settings), "WorkerHeartbeat",
+        await self.sender.deliver(Output(WORKERS.at(self.settings.kafka), "WorkerHeartbeat",
                                          record, key=self.worker_id))

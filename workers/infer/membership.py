@@ -72,9 +72,9 @@ class Rebalance(ConsumerRebalanceListener):
 def join_pool(settings: Settings, pool: str, member: Member) -> AIOKafkaConsumer:
     """The (not yet started) consumer of ``pool``'s tasks for ``member``."""
     consumer = make_consumer(
-        settings, group=settings.group(f"infer.{pool}"),
-        session_timeout_ms=settings.infer_session_timeout_ms,
-        heartbeat_interval_ms=settings.infer_heartbeat_interval_ms,
+        settings.kafka, group=settings.kafka.group(f"infer.{pool}"),
+        session_timeout_ms=settings.infer.session_timeout_ms,
+        heartbeat_interval_ms=settings.infer.heartbeat_interval_ms,
         partition_assignment_strategy=(BusyAwareAssignor(member.assignor_state),))
-    consumer.subscribe([infer_topic(settings, pool)], listener=Rebalance(member))
+    consumer.subscribe([infer_topic(settings.kafka, pool)], listener=Rebalance(member))
     return consumer

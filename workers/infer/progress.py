@@ -111,15 +111,15 @@ class ProgressTracker:
         self.distrust_before_ms = now_ms()
         self.redis_ok = True
         self._redis_run_id: str | None = None
-        self._epoch_key = f"{settings.topic_prefix}:redis-epoch"
+        self._epoch_key = f"{settings.kafka.topic_prefix}:redis-epoch"
         # EVALSHA, the script sent again only when Redis lost it (a flush, a restart)
         self._claim = redis.register_script(_CLAIM)
 
     def _key(self, request_id: str) -> str:
-        return f"{self.settings.topic_prefix}:claim:{request_id}"
+        return f"{self.settings.kafka.topic_prefix}:claim:{request_id}"
 
     def _lease(self, request_id: str) -> str:
-        return f"{self.settings.topic_prefix}:lease:{request_id}"
+        return f"{self.settings.kafka.topic_prefix}:lease:{request_id}"
 
     # -- Redis's health ---------------------------------------------------
 
@@ -163,8 +163,8 @@ class ProgressTracker:
         try:
             created, state, leased, epoch = await self._claim(
                 keys=[self._key(request_id), self._lease(request_id), self._epoch_key],
-                args=[_STARTED + worker_id.encode(), self.settings.progress_ttl_s, worker_id,
-                      int(self.settings.claim_lease_s * 1000)])
+                args=[_STARTED + worker_id.encode(), self.settings.infer.progress_ttl_s, worker_id,
+                      int(self.settings.infer.claim_lease_s * 1000)])
         except REDIS_ERRORS as exc:
             self.redis_failed(exc)
         else:
@@ -173,7 +173,8 @@ class ProgressTracker:
                 return "done", Progress(finished=True)
             if not leased:
                 return "busy", Progress()
-            trusted_from = max(int(epoch), self.distrust_before_ms) + self.settings.clock_skew_ms
+            trusted_from = max(int(epoch),
+                               self.distrust_before_ms) + self.settings.process.clock_skew_ms
             if created and written_ms >= trusted_from:
                 return "start", Progress()
         progress = await self.recover(request_id, entered_ms)
@@ -183,7 +184,7 @@ class ProgressTracker:
         """Renew the leases of the tasks this worker runs."""
         if not request_ids:
             return
-        lease_ms = int(self.settings.claim_lease_s * 1000)
+        lease_ms = int(self.settings.infer.claim_lease_s * 1000)
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
                 for rid in request_ids:
@@ -204,7 +205,7 @@ class ProgressTracker:
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.set(self._key(request_id), _DONE + worker_id.encode(),
-                         ex=self.settings.progress_ttl_s)
+                         ex=self.settings.infer.progress_ttl_s)
                 pipe.delete(self._lease(request_id))
                 await pipe.execute()
         except REDIS_ERRORS as exc:
@@ -214,7 +215,7 @@ class ProgressTracker:
 
     async def recover(self, request_id: str, entered_ms: int) -> Progress:
         """Read back what earlier runs put on ``conveyor.tokens``."""
-        since = max(0, entered_ms - self.settings.clock_skew_ms)
+        since = max(0, entered_ms - self.settings.process.clock_skew_ms)
         try:
             found = await self.lookup.find(TOKENS, request_id, since,
                                            timeout_s=_READ_TIMEOUT_S)
@@ -224,5 +225,5 @@ class ProgressTracker:
         # continues after the chunks that do (ChunkOrder waits for none)
         chunks = [chunk for _, chunk in found]
         log.info("recovered %d chunks of %s from %s[%s]", len(chunks), request_id,
-                 TOKENS.at(self.settings), found[0][0].partition if found else "-")
+                 TOKENS.at(self.settings.kafka), found[0][0].partition if found else "-")
         return progress_of(chunks)

@@ -112,7 +112,7 @@ class InferWorker:
         self.interactive_ms = 0  # when the last interactive task was taken (heartbeats)
         self.speed = Speed()  # measured from its generations (heartbeats; workers/infer/speed.py)
         # the prompt blocks its engine's cache holds, as far as it can tell (heartbeats)
-        self.held = HeldBlocks(settings.prefix_report_blocks)
+        self.held = HeldBlocks(settings.prefix.report_blocks)
         self.partitions: set[TopicPartition] = set()
         # what this worker owned when the last rebalance began (the assignor keeps it)
         self.owned_before: set[TopicPartition] = set()
@@ -147,20 +147,20 @@ class InferWorker:
         return sorted(m.name for m in self.registry.models.values() if m.pool == self.pool)
 
     async def run(self) -> None:
-        kafka = kafka_address(self.settings.kafka_bootstrap)
-        within = self.settings.startup_timeout_s
+        kafka = kafka_address(self.settings.kafka.bootstrap)
+        within = self.settings.process.startup_timeout_s
         async with contextlib.AsyncExitStack() as stack:  # what started stops, in reverse
             await started(f"the {self.engine.name} engine to start", self.engine.start,
                           within=None, log=log)  # a model loads as long as it takes: no bound
             stack.push_async_callback(self.engine.close)
-            producer = make_producer(self.settings)
+            producer = make_producer(self.settings.kafka)
             stack.push_async_callback(producer.stop)
             await started("the Kafka producer to connect", producer.start, within=within,
                           log=log, where=kafka)
-            redis = redis_client(self.settings, "claims")
+            redis = redis_client(self.settings.redis, "claims")
             stack.push_async_callback(redis.aclose)
             await started("Redis to answer (task claims)", redis.ping, within=within, log=log,
-                          where=redis_address(self.settings.redis_url), retry_on=REDIS_REFUSALS)
+                          where=redis_address(self.settings.redis.url), retry_on=REDIS_REFUSALS)
             sender = Sender(self.settings, producer, self.codec)
             # the worker's one keyed reader of the log
             lookup = SharedLookup(self.settings, codec=self.codec)
@@ -176,8 +176,9 @@ class InferWorker:
             background = self._background(self._cancels, heartbeat, store,
                                           GatewayWatch(self.settings, redis))
             stack.push_async_callback(self._stop_background, background, heartbeat)
-            await started(f"consumer group {self.settings.group(f'infer.{self.pool}')} to assign "
-                          f"partitions of {infer_topic(self.settings, self.pool)}",
+            group = self.settings.kafka.group(f"infer.{self.pool}")
+            await started(f"consumer group {group} to assign "
+                          f"partitions of {infer_topic(self.settings.kafka, self.pool)}",
                           consumer.start, within=within, log=log, where=kafka)
             self._joined = True
             log.info("worker %s: serving pool %s with %s (capacity %d)", self.worker_id,
@@ -201,7 +202,7 @@ class InferWorker:
     def _background(self, cancels: CancelList, heartbeat: Heartbeat, store: ProgressTracker,
                     gateways: GatewayWatch) -> list[asyncio.Task[None]]:
         """The worker's background concerns, each retrying Redis and Kafka on its own."""
-        backoff = self.settings.retry_backoff_max_s
+        backoff = self.settings.process.retry_backoff_max_s
 
         def every(name: str, step: Callable[[], Awaitable[None]],
                   every_s: float) -> asyncio.Task[None]:
@@ -211,13 +212,14 @@ class InferWorker:
         return [asyncio.create_task(cancels.run(), name="cancels"),
                 every("heartbeat", lambda: self._beat(heartbeat), 0.0),
                 asyncio.create_task(self._commit_loop(), name="commits"),
-                every("leases", lambda: self._keep_leases(store), self.settings.claim_lease_s / 5),
+                every("leases", lambda: self._keep_leases(store),
+                      self.settings.infer.claim_lease_s / 5),
                 every("gateways", lambda: gateways.check(self._runs()),
-                      self.settings.reply_lease_ttl_s / 3)]
+                      self.settings.gateway.reply_lease_ttl_s / 3)]
 
     async def _consume(self, consumer: AIOKafkaConsumer, sender: Sender, store: ProgressTracker,
                        background: list[asyncio.Task[None]]) -> None:
-        backoff = Backoff(max_s=self.settings.retry_backoff_max_s)
+        backoff = Backoff(max_s=self.settings.process.retry_backoff_max_s)
         while not self._stopping.is_set():
             for task in background:
                 if task.done():
@@ -289,7 +291,7 @@ class InferWorker:
 
     async def _generate(self, gen: TaskRun, record: ConsumerRecord[bytes, bytes]) -> None:
         rid = gen.request_id
-        backoff = Backoff(initial_s=0.2, max_s=self.settings.retry_backoff_max_s)
+        backoff = Backoff(initial_s=0.2, max_s=self.settings.process.retry_backoff_max_s)
         try:
             while True:
                 try:
@@ -405,7 +407,7 @@ class InferWorker:
         await asyncio.wait_for(heartbeat.beat(), _BEAT_TIMEOUT_S)
         self._beat_now.clear()
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._beat_now.wait(), self.settings.heartbeat_interval_s)
+            await asyncio.wait_for(self._beat_now.wait(), self.settings.infer.heartbeat_interval_s)
 
     async def _drain(self, heartbeat: Heartbeat) -> None:
         """Stop taking tasks, let the running ones end (bounded), commit them."""

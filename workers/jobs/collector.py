@@ -69,7 +69,7 @@ class ResultsLayer:
     def __init__(self, settings: Settings, files: JobFiles) -> None:
         self.settings = settings
         self.files = files
-        self._status_topic = JOB_STATUS.at(settings)
+        self._status_topic = JOB_STATUS.at(settings.kafka)
         self.folds: dict[str, Fold] = {}
         self._first: dict[str, tuple[TopicPartition, int]] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()

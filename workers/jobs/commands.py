@@ -73,8 +73,8 @@ class JobsLayer:
         self.policies, self._follower = kept_policies(settings, policies)
         self.files = files
         self.registry = registry
-        self._requests = REQUESTS.at(settings)
-        self._control = CONTROL.at(settings)
+        self._requests = REQUESTS.at(settings.kafka)
+        self._control = CONTROL.at(settings.kafka)
         self._dead: asyncio.Task[None] | None = None
 
     async def start(self, sender: Sender) -> None:
@@ -111,7 +111,7 @@ class JobsLayer:
                                                   "message": exc.message,
                                                   "param": "input_file_id"}])]
         lines, errors = await asyncio.to_thread(parse_lines, data, command["endpoint"],
-                                                self.settings.batch_max_lines)
+                                                self.settings.jobs.batch_max_lines)
         if errors:
             return [self._invalid(command, base, errors)]
         deadline_ms = int(base.get("expires_at") or 0) * 1000 or now_ms() + 24 * 3600 * 1000

@@ -114,7 +114,7 @@ _CONCURRENCY = 4
 def job_id_of(settings: Settings, letter: DeadLetter) -> str | None:
     """The job a letter of the jobs layer is keyed by (None: not such a letter,
     or no key to name a job)."""
-    if letter["layer"] != "jobs" or letter["topic"] != JOBS.at(settings):
+    if letter["layer"] != "jobs" or letter["topic"] != JOBS.at(settings.kafka):
         return None
     try:
         key = (letter["key"] or b"").decode()
@@ -213,16 +213,16 @@ class DeadCommands:
 
     async def run(self) -> None:
         """Follow for ever (until cancelled); see the module for what is retried."""
-        backoff = Backoff(max_s=self.settings.retry_backoff_max_s)
+        backoff = Backoff(max_s=self.settings.process.retry_backoff_max_s)
         while True:
             try:
                 await self.runtime().run()
             except (StartupTimeout, TransientBrokerError) as exc:
                 self._problems.warning("start", "dead commands: cannot follow %s (%s); "
-                                       "retrying", DLQ.at(self.settings), exc)
+                                       "retrying", DLQ.at(self.settings.kafka), exc)
             except Exception:
                 log.exception("dead commands: following %s failed; starting again from the "
-                              "last commit", DLQ.at(self.settings))
+                              "last commit", DLQ.at(self.settings.kafka))
             await backoff.wait()
 
 
@@ -235,7 +235,8 @@ async def job_state(settings: Settings, codec: Codec, lookup: SharedLookup,
     # the status was acknowledged before the command was sent, but its time is
     # when it was sent: a producer waiting out a leaderless partition (a broker
     # restarting) holds it up to PRODUCE_TIMEOUT_MS first
-    since = command.timestamp - settings.clock_skew_ms - PRODUCE_TIMEOUT_MS if command else 0
+    skew = settings.process.clock_skew_ms
+    since = command.timestamp - skew - PRODUCE_TIMEOUT_MS if command else 0
     found = await lookup.find(JOB_STATUS, job_id, since)
     if not found and since > 0:
         # none in the window (a clock further off than the settings say):

@@ -60,9 +60,9 @@ class PostprocessLayer:
         follows ``conveyor.policies`` itself while it runs."""
         self.settings = settings
         self.policies, self._follower = kept_policies(settings, policies)
-        self._replies = REPLIES.at(settings)
-        self._control = CONTROL.at(settings)
-        self._usage = USAGE.at(settings)
+        self._replies = REPLIES.at(settings.kafka)
+        self._control = CONTROL.at(settings.kafka)
+        self._usage = USAGE.at(settings.kafka)
         self.streams: dict[str, RequestStream] = {}
         # request id -> (topic partition, offset of its first chunk there)
         self._first: dict[str, tuple[TopicPartition, int]] = {}

@@ -139,7 +139,7 @@ class PreprocessLayer:
                 # engine that renders for itself (an upstream) gets them as they are
                 generation = {**generation, "messages": tool_messages(
                     generation["messages"], generation.get("tools"))}
-            salt = tenant_salt(envelope["tenant"], self.settings.prefix_cache_shared)
+            salt = tenant_salt(envelope["tenant"], self.settings.prefix.cache_shared)
             if text_size(generation, _TURN_CHARS) > _INLINE_CHARS:
                 fit, blocks = await asyncio.to_thread(self._measure, spec, tokenizer, generation,
                                                       salt)
@@ -170,14 +170,14 @@ class PreprocessLayer:
         if key is not None:
             cached = await self.cache.get(key)
             if cached is not None:  # answered from the cache: no worker
-                return [Output(TOKENS.at(self.settings), "TokenChunk",
+                return [Output(TOKENS.at(self.settings.kafka), "TokenChunk",
                                hit_chunk(envelope, generation, prompt, cached),
                                key=envelope["request_id"])]
             prompt["cache_key"], prompt["cache_ttl_s"] = key, policy.cache_ttl_s
         prepared = Prepared(envelope=envelope, generation=generation, prompt=prompt)
         return [
             Output(
-                PREPARED.at(self.settings),
+                PREPARED.at(self.settings.kafka),
                 "Prepared",
                 prepared,
                 key=envelope["request_id"],
@@ -202,7 +202,7 @@ class PreprocessLayer:
         with the tenant's ``salt``: none for a prompt shorter than one block,
         which is not tokenized again for them."""
         fit = self._fit(spec, tokenizer, generation)
-        size, limit = self.settings.prefix_block_tokens, self.settings.prefix_max_blocks
+        size, limit = self.settings.prefix.block_tokens, self.settings.prefix.max_blocks
         if fit.text is None or fit.tokens < size:
             return fit, []
         return fit, block_hashes(tokenizer.ids(fit.text, size * limit), size, limit, salt)

@@ -35,7 +35,7 @@ class RouteLayer:
     def __init__(self, settings: Settings, registry: Registry) -> None:
         self.settings = settings
         self.registry = registry
-        self._sink = ROUTED.at(settings)
+        self._sink = ROUTED.at(settings.kafka)
 
     async def start(self, sender: Sender) -> None:
         return None

@@ -9,7 +9,7 @@ not seen finish):
   that schedule sent has not finished, or one was sent less than
   ``linger_s`` ago. Then background and batch tasks together may hold at
   most ``floor(pool capacity * share)`` slots of the pool
-  (``settings.batch_max_share``; a pool of capacity 4 keeps one slot free,
+  (``settings.schedule.batch_max_share``; a pool of capacity 4 keeps one slot free,
   capacity 2 keeps one, capacity 1 keeps its only one), and a task goes only
   to a worker with a free slot: it never waits in a partition, so an
   interactive task never queues behind one, and waits at most for a slot to

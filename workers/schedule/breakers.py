@@ -52,7 +52,7 @@ class Breakers:
 
     @classmethod
     def of(cls, settings: Settings, clock: Callable[[], int] = now_ms) -> Breakers:
-        return cls(settings.breaker_failures, settings.breaker_cooldown_s, clock,
+        return cls(settings.schedule.breaker_failures, settings.schedule.breaker_cooldown_s, clock,
                    settings=settings)
 
     def apply(self, state: BreakerState) -> None:
@@ -131,7 +131,8 @@ class Breakers:
         others (and for its successor)."""
         if state is None or sender is None or self.settings is None:
             return
-        out = Output(BREAKERS.at(self.settings), "BreakerState", state, key=state["worker_id"])
+        out = Output(BREAKERS.at(self.settings.kafka), "BreakerState", state,
+                     key=state["worker_id"])
         task = asyncio.get_running_loop().create_task(sender.produce([out]))
         self._writing.add(task)
         task.add_done_callback(self._written)

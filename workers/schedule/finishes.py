@@ -48,7 +48,7 @@ class FinishFollower:
         self.wanted = wanted
         self.on_finish = on_finish
         self.codec = codec or default_codec()
-        self.partitions = settings.pipeline_partitions if partitions is None else partitions
+        self.partitions = settings.kafka.pipeline_partitions if partitions is None else partitions
         self.follower: Follower | None = None
 
     async def run(self, ready: asyncio.Event | None = None) -> None:

@@ -14,7 +14,7 @@ is full), ``no_worker_available`` after ``no_worker_timeout_s`` with no worker.
 **Background and batch tasks** (priority 1 and 2) are held here
 (:mod:`workers.schedule.held`) and released one at a time, only while a
 worker has room for them (:mod:`workers.schedule.admission`: the batch
-share of ``settings.batch_max_share`` while interactive traffic is around,
+share of ``settings.schedule.batch_max_share`` while interactive traffic is around,
 every slot when it is not): a worker's partition is a queue it takes from
 in order, and an interactive task must never wait behind a batch there. A
 held task waits for a slot until its own deadline (504 then), whether the
@@ -106,7 +106,8 @@ class ScheduleLayer:
         self.parked: list[Parked] = []
         self.held = HeldQueue()
         self.outstanding = Outstanding(clock)
-        self.admission = BatchAdmission(settings.batch_max_share, prefetch, linger_s, clock)
+        self.admission = BatchAdmission(settings.schedule.batch_max_share, prefetch, linger_s,
+                                        clock)
         self.codec = codec or default_codec()
         self.clock = clock
         self.finishes = FinishFollower(settings, self.outstanding.__contains__, self.finished,
@@ -114,12 +115,14 @@ class ScheduleLayer:
         self._sender: Sender | None = None
         self._background: list[asyncio.Task[None]] = []
         # which worker took which prompt blocks (workers/prefix.py)
-        self.prefix = PrefixIndex(settings.route_index_blocks, settings.route_index_ttl_s)
+        self.prefix = PrefixIndex(settings.schedule.route_index_blocks,
+                                  settings.schedule.route_index_ttl_s)
         self.table.on_beat = self._heard
         self.breakers = Breakers.of(settings, clock)
-        self.policy = RoutePolicy(settings.route_cache_threshold, settings.route_load_bound,
-                                  settings.route_load_weight, settings.route_prefix_aware,
-                                  settings.route_load_slack)
+        plan = settings.schedule
+        self.policy = RoutePolicy(plan.route_cache_threshold, plan.route_load_bound,
+                                  plan.route_load_weight, plan.route_prefix_aware,
+                                  plan.route_load_slack)
 
     def _heard(self, beat: WorkerHeartbeat) -> None:
         """A worker's heartbeat: what its cache holds, as it says."""
@@ -141,7 +144,7 @@ class ScheduleLayer:
             follower, asyncio.create_task(self.breakers.follow(breakers), name="breakers"),
             asyncio.create_task(self.finishes.run(), name="finishes")]
         waiter: asyncio.Future[Any] = asyncio.gather(ready.wait(), breakers.wait())
-        await asyncio.wait([waiter, follower], timeout=self.settings.no_worker_timeout_s,
+        await asyncio.wait([waiter, follower], timeout=self.settings.schedule.no_worker_timeout_s,
                            return_when=asyncio.FIRST_COMPLETED)
         waiter.cancel()
         if follower.done():
@@ -175,7 +178,7 @@ class ScheduleLayer:
             placed = self.place(event)
             if placed is not None:
                 return [placed]
-        elif waiting >= self.settings.schedule_queue_max:
+        elif waiting >= self.settings.schedule.queue_max:
             raise overloaded(event, None)
         tp = TopicPartition(record.topic, record.partition) if record is not None else None
         self.parked.append(Parked(event, tp, record.offset if record is not None else -1,
@@ -284,7 +287,7 @@ class ScheduleLayer:
         self.outstanding.add(envelope["request_id"], view.beat["worker_id"],
                              task["route"]["pool"], envelope["priority"],
                              expiry_ms(envelope, self.settings))
-        return Output(infer_topic(self.settings, task["route"]["pool"]), "Task", task,
+        return Output(infer_topic(self.settings.kafka, task["route"]["pool"]), "Task", task,
                       key=envelope["request_id"], partition=partition)
 
     # -- what happens to tasks ------------------------------------------------
@@ -381,8 +384,8 @@ class ScheduleLayer:
     def reconcile(self) -> None:
         """Let new heartbeats correct the count of tasks sent (see outstanding;
         the beat's time is the worker's clock, the entries' the scheduler's)."""
-        slack_ms = int(2 * self.settings.heartbeat_interval_s * 1000) + \
-            self.settings.clock_skew_ms
+        slack_ms = int(2 * self.settings.infer.heartbeat_interval_s * 1000) + \
+            self.settings.process.clock_skew_ms
         self.outstanding.reconcile_beats([v.beat for v in self.table.workers.values()],
                                          slack_ms)
 
@@ -407,7 +410,7 @@ class ScheduleLayer:
 
     def assigned(self, partitions: list[TopicPartition]) -> None:
         """This member's partitions now: its part of the batch share."""
-        total = max(1, self.settings.pipeline_partitions)
+        total = max(1, self.settings.kafka.pipeline_partitions)
         self.admission.fraction = min(1.0, len(partitions) / total)
 
     def revoked(self, partitions: list[TopicPartition]) -> None:

@@ -53,7 +53,7 @@ class Parked:
         """When it is refused: ``schedule_timeout_s`` after it entered while its
         pool has open workers (``served``, with no room), ``no_worker_timeout_s``
         while it has none; its deadline, if sooner."""
-        wait_s = settings.schedule_timeout_s if served else settings.no_worker_timeout_s
+        wait_s = settings.schedule.timeout_s if served else settings.schedule.no_worker_timeout_s
         at = self.entered_ms + int(wait_s * 1000)
         deadline = self.task["envelope"]["deadline_ms"]
         return min(at, deadline) if deadline else at
@@ -127,7 +127,7 @@ def out_of_time(parked: Parked, served: bool, settling: bool,
     again too recently), or no live worker at all."""
     pool = parked.task["route"]["pool"]
     if served:
-        return overloaded(parked.task, settings.schedule_timeout_s)
+        return overloaded(parked.task, settings.schedule.timeout_s)
     if settling:
         return PipelineUnavailable(
             "The pipeline is unavailable: the scheduler cannot reach Kafka to see the "
@@ -147,4 +147,4 @@ def expiry_ms(envelope: Envelope, settings: Settings) -> int:
     if envelope["deadline_ms"]:
         return envelope["deadline_ms"]
     entered_ms = envelope["stamps"].get("gateway", now_us()) // 1000
-    return entered_ms + int(settings.request_timeout_s * 1000)
+    return entered_ms + int(settings.gateway.request_timeout_s * 1000)

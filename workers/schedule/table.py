@@ -112,7 +112,7 @@ class WorkerTable:
             return False
         if self.blind():
             return True
-        return self.clock() - self.follower.regained_ms < self.settings.worker_ttl_s * 1000
+        return self.clock() - self.follower.regained_ms < self.settings.schedule.worker_ttl_s * 1000
 
     def apply(self, beat: WorkerHeartbeat) -> None:
         old = self.workers.get(beat["worker_id"])
@@ -127,7 +127,7 @@ class WorkerTable:
         return {w.beat["pool"] for w in list(self.workers.values())}
 
     def live(self, pool: str) -> list[WorkerView]:
-        horizon = self.seen_until_ms() - int(self.settings.worker_ttl_s * 1000)
+        horizon = self.seen_until_ms() - int(self.settings.schedule.worker_ttl_s * 1000)
         return [
             w
             for w in self.workers.values()

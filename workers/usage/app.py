@@ -9,7 +9,7 @@ path is cold (a usage event is written after the client has its answer).
 The app only reads ``conveyor.usage``; nothing on the token path waits for
 it.
 
-- **Names.** The app id and consumer group are ``settings.group("accounting")``
+- **Names.** The app id and consumer group are ``settings.kafka.group("accounting")``
   (``conveyor.accounting``), so a deployment (or a test) with its own
   ``topic_prefix`` has its own group and its own changelog topics
   (``<app id>-usage-totals-changelog``).
@@ -151,16 +151,16 @@ class AccountingApp:
                  window: int = SEEN_WINDOW, home: Path | None = None) -> None:
         self.settings = settings
         self.probe = probe or LayerMetrics.off().layer("accounting")
-        self.source_topic = settings.topic("usage")
-        partitions = settings.pipeline_partitions
-        app_id = settings.group("accounting")
+        self.source_topic = settings.kafka.topic("usage")
+        partitions = settings.kafka.pipeline_partitions
+        app_id = settings.kafka.group("accounting")
         self.datadir = accounting_datadir(
             conveyor_home(os.environ) if home is None else home, app_id)
         # Faust makes the data directory at start, but not the ones above it
         self.datadir.parent.mkdir(parents=True, exist_ok=True)
         self.app = faust.App(
             app_id,
-            broker=_brokers(settings.kafka_bootstrap),
+            broker=_brokers(settings.kafka.bootstrap),
             datadir=self.datadir,
             store="memory://",
             web_enabled=False,
@@ -173,13 +173,13 @@ class AccountingApp:
             # go to the broker in one request (the path is cold: the client has
             # its answer)
             producer_linger=PRODUCER_LINGER_S,
-            producer_max_request_size=settings.max_event_bytes,
-            broker_session_timeout=settings.consumer_session_timeout_ms / 1000,
-            broker_heartbeat_interval=settings.consumer_heartbeat_interval_ms / 1000,
+            producer_max_request_size=settings.kafka.max_event_bytes,
+            broker_session_timeout=settings.kafka.consumer_session_timeout_ms / 1000,
+            broker_heartbeat_interval=settings.kafka.consumer_heartbeat_interval_ms / 1000,
             broker_commit_interval=1.0,
             consumer_auto_offset_reset="earliest",
         )
-        self.feedback_topic = settings.topic("feedback")
+        self.feedback_topic = settings.kafka.topic("feedback")
         # usage is fetched in batches, and a rebalance reads a counted partition
         # with no commit from its beginning (workers/usage/fetching.py): set
         # before anything (a topic, a table) asks the app for its transport
@@ -209,10 +209,10 @@ class AccountingApp:
         self._ratings_swept = 0
         self.source = self.app.topic(self.source_topic, key_serializer="raw",
                                      value_serializer=UsageValueCodec())
-        self.dlq = self.app.topic(settings.topic("dlq"), key_serializer="raw",
+        self.dlq = self.app.topic(settings.kafka.topic("dlq"), key_serializer="raw",
                                   value_serializer="raw")
-        self.redis = redis or redis_client(settings, "accounting")
-        self.mirror = RedisMirror(self.redis, UsageKeys(settings.topic_prefix))
+        self.redis = redis or redis_client(settings.redis, "accounting")
+        self.mirror = RedisMirror(self.redis, UsageKeys(settings.kafka.topic_prefix))
         self._codec = default_codec()
         self._swept: dict[int, int] = {}
         self.mirroring = MirrorPass(self)
@@ -340,7 +340,7 @@ class AccountingApp:
 
     async def dead_letter(self, message: Any, data: bytes | None, error: str,
                           expected: str = "UsageRecord") -> None:
-        room = max(0, self.settings.max_event_bytes - _LETTER_OVERHEAD)
+        room = max(0, self.settings.kafka.max_event_bytes - _LETTER_OVERHEAD)
         if data is not None and len(data) > room:
             error = f"[value truncated to {room} of {len(data)} bytes] " + error
             data = data[:room]

@@ -2,7 +2,7 @@
 (workers/usage/mirror.py), read by :class:`~workers.usage.ledger.UsageLedger`
 and, for the two quota keys, by the rate limiter's admission script.
 
-``P`` is ``settings.topic_prefix``; days and months are UTC; ``B`` is a
+``P`` is ``settings.kafka.topic_prefix``; days and months are UTC; ``B`` is a
 bucket start in epoch milliseconds.
 
 - ``P:usage:<tenant>:day:<YYYY-MM-DD>``: STRING, the tenant's prompt plus

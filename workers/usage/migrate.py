@@ -75,7 +75,7 @@ async def carry_old_ratings(settings: Settings, app_id: str, new_table: str) -> 
     """Copy the two old ratings tables into ``new_table``'s changelog and delete
     them; how many records were copied (0 when there is nothing to carry)."""
     old_totals, old_latest = _changelog(app_id, OLD_TOTALS), _changelog(app_id, OLD_LATEST)
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
@@ -84,7 +84,7 @@ async def carry_old_ratings(settings: Settings, app_id: str, new_table: str) -> 
         rows = await _last_values(settings, old_totals)
         latest = (await _last_values(settings, old_latest)) if old_latest in existing else {}
         target = _changelog(app_id, new_table)
-        producer = make_producer(settings)
+        producer = make_producer(settings.kafka)
         await producer.start()
         try:
             sent = [await producer.send(target, value, key=key, partition=0)

@@ -44,12 +44,12 @@ def run_accounting(settings: Settings, probe: LayerProbe | None = None,
     """Run the accounting app until it is told to stop; returns after a clean stop.
     ``probe`` counts the usage events it handled and dead-lettered (metrics);
     ``on_started`` is called once the Faust worker has started its app."""
-    setup_logging(settings.log_level)
+    setup_logging(settings.telemetry.log_level)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    needed = {settings.topic("usage"), settings.topic("dlq")}
+    needed = {settings.kafka.topic("usage"), settings.kafka.topic("dlq")}
     replication = loop.run_until_complete(
-        ensure_topics(settings, [s for s in catalog(settings) if s.name in needed]))
+        ensure_topics(settings, [s for s in catalog(settings.kafka) if s.name in needed]))
     accounting = AccountingApp(settings, replication, probe=probe)
     # the tables' changelogs made here, not by Faust as it starts: Faust's consumer
     # may ask for metadata before the broker serves a topic Faust just made, and
@@ -66,7 +66,8 @@ def run_accounting(settings: Settings, probe: LayerProbe | None = None,
             started()
 
         accounting.app.task(call_on_started)
-    worker = faust.Worker(accounting.app, loop=loop, loglevel=settings.log_level, quiet=True,
+    worker = faust.Worker(accounting.app, loop=loop, loglevel=settings.telemetry.log_level,
+                          quiet=True,
                           override_logging=False, redirect_stdouts=False)
     worker.spinner = None  # a terminal spinner would write escape codes into the log
     try:

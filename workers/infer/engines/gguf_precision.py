@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.models is None:
         from conveyor.settings import load_settings
 
-        args.models = load_settings().models_file
+        args.models = load_settings().process.models_file
     try:
         spec = Registry.load(args.models).resolve(args.model)
         precision: Precision = args.type or spec.precision

@@ -11,7 +11,7 @@ from typing import Any
 from aiokafka import TopicPartition
 
 from conveyor.files.local import LocalFileStore
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from topics.envelope import new_envelope
 from workers.job_results import job_event
 from workers.jobs.collector import CANCEL_GRACE_MS, ResultsLayer, output_file_id
@@ -34,8 +34,8 @@ class Rec:
 
 
 def setup(tmp_path: Path) -> tuple[Settings, ResultsLayer, LocalFileStore]:
-    settings = Settings(topic_prefix="x", files_dir=tmp_path)
-    files = LocalFileStore(settings)
+    settings = load_settings(topic_prefix="x", files_dir=tmp_path)
+    files = LocalFileStore(settings.jobs)
     return settings, ResultsLayer(settings, files), files
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.registry import Registry
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from gateway.chat.serving import _fallback
 from schemas.records import Prepared
 from tests.support.schedule_tasks import full_task
@@ -45,7 +45,7 @@ async def routes(layer: RouteLayer, rid: str, tenant: str, model: str = "chat-la
 async def test_each_tenant_gets_one_deployment_and_the_route_says_which(tmp_path: Path) -> None:
     (tmp_path / "models.toml").write_text(MODELS)
     registry = Registry.load(tmp_path / "models.toml")
-    layer = RouteLayer(Settings(topic_prefix="r"), registry)
+    layer = RouteLayer(load_settings(topic_prefix="r"), registry)
     seen: dict[str, set[str]] = {}
     for i in range(40):
         tenant = f"t{i % 8}"

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 from aiokafka import TopicPartition
 
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from tests.support.schedule_tasks import RecordingSender, beat, full_task, record_of
 from topics.envelope import PRIORITY_BACKGROUND, PRIORITY_BATCH, now_ms
 from workers.schedule.layer import ScheduleLayer
@@ -32,7 +32,7 @@ def clock() -> Clock:
 @pytest.fixture
 def make(clock: Clock) -> Callable[..., tuple[ScheduleLayer, RecordingSender]]:
     def make(**options: object) -> tuple[ScheduleLayer, RecordingSender]:
-        settings = Settings(topic_prefix="sched", no_worker_timeout_s=5, batch_max_share=0.75)
+        settings = load_settings(topic_prefix="sched", no_worker_timeout_s=5, batch_max_share=0.75)
         layer = ScheduleLayer(settings, clock=clock, **options)  # type: ignore[arg-type]
         layer.table.clock = clock
         sender = RecordingSender()

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from aiokafka import TopicPartition
 
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from schemas.records import Task, WorkerHeartbeat
 from tests.support.schedule_tasks import RecordingSender
 from topics.envelope import new_envelope, now_ms
@@ -47,7 +47,7 @@ def beat(worker: str, pool: str = "cpu", partitions: list[int] | None = None) ->
 
 @pytest.fixture
 def settings() -> Settings:
-    return Settings(topic_prefix="sched", no_worker_timeout_s=5)
+    return load_settings(topic_prefix="sched", no_worker_timeout_s=5)
 
 
 @pytest.fixture
@@ -168,7 +168,7 @@ async def test_a_table_that_sees_again_settles_after_a_ttl(settings: Settings) -
     sched.table.follower = BlindFollower(  # type: ignore[assignment]
         reachable=True, last_contact_ms=clock[0], regained_ms=clock[0])
     assert sched.table.settling()
-    clock[0] += int(settings.worker_ttl_s * 1000) + 1
+    clock[0] += int(settings.schedule.worker_ttl_s * 1000) + 1
     assert not sched.table.settling()
     sender = RecordingSender()
     sched._sender = sender  # type: ignore[assignment]

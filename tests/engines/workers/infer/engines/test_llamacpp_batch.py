@@ -23,7 +23,7 @@ from workers.infer.engines.base import GenerationRequest, Piece
 from workers.infer.engines.llamacpp_batch import LlamaCppBatchEngine, _shares
 from workers.infer.engines.llamacpp_batch_context import Context, Text
 from workers.infer.engines.model_set import ModelSet
-from workers.infer.engines.table import add_engine_flags, engine_named
+from workers.infer.engines.table import EngineOptions
 
 SEQUENCES = 4
 
@@ -100,12 +100,12 @@ def test_the_sequences_are_dealt_out_over_the_contexts() -> None:
 
 def test_the_table_reads_sequences_from_contexts_and_contexts_from_batches() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--pool", default="cpu")
-    add_engine_flags(parser)
+    EngineOptions.add_flags(parser)
     registry = Registry.load(Path("conveyor/models.toml"))
-    made_set = engine_named("llamacpp").make(
-        parser.parse_args(["--contexts", "16", "--batches", "3", "--threads", "2"]), registry)
-    default_set = engine_named("llamacpp").make(parser.parse_args([]), registry)
+    made_set = EngineOptions.from_args(parser.parse_args(
+        ["--engine", "llamacpp", "--contexts", "16", "--batches", "3", "--threads", "2"]
+    )).make(registry)
+    default_set = EngineOptions().make(registry)
     # the worker's models, an engine each (workers/infer/engines/model_set.py)
     assert isinstance(made_set, ModelSet) and isinstance(default_set, ModelSet)
     assert made_set.served == default_set.served == ["smollm2-135m-instruct"]
