@@ -32,11 +32,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from conveyor.settings import TelemetrySettings
 
-__all__ = [
-    "CONTENT_TYPE", "DURATION_BUCKETS", "TOKEN_BUCKETS", "TPOT_BUCKETS", "TTFT_BUCKETS",
-    "GatewayMetrics", "LayerMetrics", "LayerProbe", "Metrics", "WorkerMetrics",
-    "partition_lag", "process_metrics", "serve_metrics",
-]
+__all__ = ["CONTENT_TYPE", "DURATION_BUCKETS", "TOKEN_BUCKETS", "TPOT_BUCKETS", "TTFT_BUCKETS",
+           "GatewayMetrics", "LayerMetrics", "LayerProbe", "Metrics", "WorkerMetrics",
+           "partition_lag", "process_metrics", "serve_metrics"]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 

@@ -45,9 +45,8 @@ from conveyor.errors import InvalidRequest
 from schemas.records import ResponseFormat
 
 __all__ = ["check_format", "format_record", "json_grammar", "json_violation", "wire_format",
-           "schema_bounds_fault", "grammar_fault", "SCHEMA_PARAM", "BOUNDS",
-           "MAX_SCHEMA_DEPTH", "MAX_OBJECT_PROPERTIES", "MAX_ENUM_VALUES",
-           "MAX_ALTERNATIVES", "MAX_SCHEMA_CHARS",
+           "schema_bounds_fault", "grammar_fault", "SCHEMA_PARAM", "BOUNDS", "MAX_SCHEMA_DEPTH",
+           "MAX_OBJECT_PROPERTIES", "MAX_ENUM_VALUES", "MAX_ALTERNATIVES", "MAX_SCHEMA_CHARS",
            "MAX_GRAMMAR_REPEAT", "MAX_GRAMMAR_CHARS", "MAX_GRAMMAR_NESTING"]
 
 SCHEMA_PARAM = "response_format.json_schema.schema"

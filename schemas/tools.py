@@ -48,16 +48,8 @@ from schemas.records import Function, Generation, Message, ResponseFormat, ToolC
 from schemas.structured import _json_strings, _schema_fault, grammar_fault, schema_converter
 from schemas.tool_calls import CLOSE, OPEN, read_tool_calls
 
-__all__ = [
-    "check_tools",
-    "tools_of",
-    "reads_tool_calls",
-    "tool_format",
-    "tool_messages",
-    "tools_grammar",
-    "tools_violation",
-    "MAX_TOOLS",
-]
+__all__ = ["check_tools", "tools_of", "reads_tool_calls", "tool_format", "tool_messages",
+           "tools_grammar", "tools_violation", "MAX_TOOLS"]
 
 RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 # OpenAI's bound on the functions of one request

@@ -49,14 +49,7 @@ from functools import lru_cache
 
 import phonenumbers
 
-__all__ = [
-    "ENTITIES",
-    "IBAN_LENGTHS",
-    "Found",
-    "checked_entities",
-    "find_checked",
-    "find_pii",
-]
+__all__ = ["ENTITIES", "IBAN_LENGTHS", "Found", "checked_entities", "find_checked", "find_pii"]
 
 ENTITIES: tuple[str, ...] = ("email", "phone", "card", "iban", "ip")
 
