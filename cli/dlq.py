@@ -31,12 +31,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
 import sys
 from dataclasses import dataclass
 
-from cli.text import plain
+from cli.text import iso, plain
 from conveyor.errors import last_line
 from conveyor.settings import Settings
 from schemas.codec import Codec, EventType, default_codec
@@ -162,7 +161,7 @@ async def redrive(settings: Settings, letters: list[Letter], *, force: bool = Fa
                 continue
             if x.offset in done and not force:
                 results.append(Redriven(x.offset, False, "already redriven at "
-                                        f"{_iso(done[x.offset]['ts_ms'])} (--force to resend)"))
+                                        f"{iso(done[x.offset]['ts_ms'])} (--force to resend)"))
                 continue
             problem = _check(settings, codec, d)
             if problem is None and not force:
@@ -183,27 +182,23 @@ async def redrive(settings: Settings, letters: list[Letter], *, force: bool = Fa
     return results
 
 
-def _iso(ms: int) -> str:
-    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).isoformat(timespec="seconds")
-
-
 def _cmd_list(settings: Settings, args: argparse.Namespace, since: int) -> int:
     letters = [x for x in asyncio.run(read_letters(settings, since))
                if args.layer is None or x.letter["layer"] == args.layer]
     sent = asyncio.run(redriven(settings, since)) if letters else {}
     if args.json:
-        print(json.dumps([{"offset": x.offset, "time": _iso(x.letter["ts_ms"]),
+        print(json.dumps([{"offset": x.offset, "time": iso(x.letter["ts_ms"]),
                            "layer": x.letter["layer"], "source": x.source,
                            "key": (x.letter["key"] or b"").decode(errors="replace"),
                            "redriven": x.offset in sent, "error": last_line(x.letter["error"])}
                           for x in letters], indent=2))
         return 0
     if not letters:
-        print(f"no dead letters since {_iso(since)}")
+        print(f"no dead letters since {iso(since)}")
     for x in letters:
         key = (x.letter["key"] or b"").decode(errors="replace")
         mark = "  [redriven]" if x.offset in sent else ""
-        print(f"{x.offset:>6}  {_iso(x.letter['ts_ms'])}  {x.letter['layer']:<11} "
+        print(f"{x.offset:>6}  {iso(x.letter['ts_ms'])}  {x.letter['layer']:<11} "
               f"{x.source}  {key}{mark}  {last_line(x.letter['error'])}")
     return 0
 
@@ -218,14 +213,14 @@ def _cmd_show(settings: Settings, args: argparse.Namespace) -> int:
     d = x.letter
     sent = asyncio.run(redriven(settings, d["ts_ms"])).get(x.offset)
     value = d["value"] or b""
-    print(f"letter {x.offset} of {settings.kafka.topic('dlq')}, written {_iso(d['ts_ms'])}")
+    print(f"letter {x.offset} of {settings.kafka.topic('dlq')}, written {iso(d['ts_ms'])}")
     print(f"layer    {d['layer']}\nsource   {x.source}")
     print(f"key      {(d['key'] or b'').decode(errors='replace')}")
     print(f"value    {len(value)} bytes, schema fingerprint {value[2:10].hex() or '-'}")
     problem = _check(settings, codec, d)
     print("decodes  " + ("yes, it can be redriven" if problem is None else f"no: {problem}"))
     if sent is not None:
-        print(f"redriven {_iso(sent['ts_ms'])} by {sent['actor']} to {sent['detail']['sent_to']}")
+        print(f"redriven {iso(sent['ts_ms'])} by {sent['actor']} to {sent['detail']['sent_to']}")
     print("error:\n" + d["error"].rstrip())
     event_type = event_type_of(settings, d["topic"])
     if args.show_content and problem is None and event_type is not None:

@@ -28,14 +28,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
 import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from cli.text import add_report_flags, not_found, plain, print_report
+from cli.text import add_report_flags, iso, not_found, plain, print_report
 from conveyor.errors import last_line
 from conveyor.settings import Settings
 from schemas.codec import Codec, EventType, default_codec
@@ -214,7 +213,7 @@ def report(journey: Journey, show_content: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {
         "request_id": journey.request_id,
         "found": bool(request),
-        "entered": _iso(zero_us // 1000),
+        "entered": iso(zero_us // 1000, "milliseconds"),
         "tenant": envelope.get("tenant"),
         "job_id": envelope.get("job_id") or None,
         "model": (request or {}).get("generation", {}).get("model"),
@@ -271,10 +270,6 @@ def _policy(request: dict[str, Any] | None, chunks: list[dict[str, Any]],
     return out
 
 
-def _iso(ms: int) -> str:
-    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).isoformat(timespec="milliseconds")
-
-
 def render(rep: dict[str, Any]) -> str:
     """The report for a person: a header, the waterfall, then the rest."""
     lines = [f"request {rep['request_id']}  tenant {rep['tenant']}  model {rep['model']}  "
@@ -322,7 +317,8 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
         return 2
     journey = asyncio.run(find_journey(settings, args.request_id, since))
     if journey is None:
-        print(not_found("inspect", settings, args.request_id, _iso(since)), file=sys.stderr)
+        print(not_found("inspect", settings, args.request_id, iso(since, "milliseconds")),
+              file=sys.stderr)
         return 1
     return print_report(report(journey, args.show_content), args.json, render)
 

@@ -34,6 +34,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from cli.text import utc
 from conveyor.errors import ConveyorError, TransientBrokerError
 from conveyor.redis_clients import redis_client
 from conveyor.settings import Settings
@@ -71,10 +72,6 @@ def _models(text: str) -> tuple[str, ...]:
     return tuple(m.strip() for m in text.split(",") if m.strip())
 
 
-def _when(ms: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000))
-
-
 def _opt(value: int | None) -> str:
     return "-" if value is None else str(value)
 
@@ -94,9 +91,9 @@ def describe_key(record: KeyRecord, now_ms: int) -> str:
     return "  ".join([
         record.id, f"name={record.name}", f"tenant={record.tenant}", _limits(record.limits),
         f"models={','.join(record.models) or '*'}",
-        f"expires={_when(record.expires_ms) if record.expires_ms else 'never'}",
+        f"expires={utc(record.expires_ms) if record.expires_ms else 'never'}",
         _state(record, now_ms),
-        f"last_used={_when(record.last_used_ms) if record.last_used_ms else 'never'}"])
+        f"last_used={utc(record.last_used_ms) if record.last_used_ms else 'never'}"])
 
 
 def describe_tenant(policy: TenantPolicy) -> str:

@@ -23,9 +23,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 from typing import Any
 
+from cli.text import READ_WITHIN_S, table, unread
 from conveyor.settings import Settings
 from schemas.codec import default_codec
 from schemas.records import BreakerState, WorkerHeartbeat
@@ -35,8 +35,6 @@ from topics.follow import apply_all, follow, snapshot
 from workers.schedule.breakers import describe as describe_breaker
 
 __all__ = ["cmd_workers", "describe", "register", "render"]
-
-_READ_WITHIN_S = 30.0
 
 
 def describe(beat: WorkerHeartbeat, settings: Settings, now: int,
@@ -126,9 +124,7 @@ def render(rows: list[dict[str, Any]]) -> str:
         _breaker_text(r["breaker"]), r["host"],
         f"{r['heartbeat_age_s']:.0f}s")
         for r in rows]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True))
-                     .rstrip() for line in lines)
+    return table(lines)
 
 
 async def _read(settings: Settings, beats: dict[str, WorkerHeartbeat],
@@ -136,10 +132,10 @@ async def _read(settings: Settings, beats: dict[str, WorkerHeartbeat],
     codec = default_codec()
     await asyncio.gather(
         snapshot(follow(settings, WORKERS), codec,
-                 lambda beat: beats.__setitem__(beat["worker_id"], beat), _READ_WITHIN_S),
+                 lambda beat: beats.__setitem__(beat["worker_id"], beat), READ_WITHIN_S),
         snapshot(follow(settings, BREAKERS), codec,
                  lambda state: breakers.__setitem__(state["worker_id"], state),
-                 _READ_WITHIN_S))
+                 READ_WITHIN_S))
 
 
 def _rows(beats: dict[str, WorkerHeartbeat], breakers: dict[str, BreakerState],
@@ -160,7 +156,7 @@ async def _watch(settings: Settings, args: argparse.Namespace) -> None:
             lambda state: breakers.__setitem__(state["worker_id"], state)))]
     try:
         await asyncio.wait_for(asyncio.gather(follower.caught_up.wait(),
-                                              cut_off.caught_up.wait()), _READ_WITHIN_S)
+                                              cut_off.caught_up.wait()), READ_WITHIN_S)
         while True:
             rows = _rows(beats, breakers, settings, args.pool)
             print(json.dumps(rows) if args.json else "\x1b[2J\x1b[H" + render(rows),
@@ -183,10 +179,8 @@ def cmd_workers(settings: Settings, args: argparse.Namespace) -> int:
     try:
         asyncio.run(_read(settings, beats, breakers))
     except TimeoutError:
-        topics = f"{WORKERS.at(settings.kafka)} and {BREAKERS.at(settings.kafka)}"
-        print(f"conveyor workers: {topics} were not read within {_READ_WITHIN_S:.0f} s",
-              file=sys.stderr)
-        return 3
+        return unread("workers", f"{WORKERS.at(settings.kafka)} and "
+                                 f"{BREAKERS.at(settings.kafka)} were")
     rows = _rows(beats, breakers, settings, args.pool)
     print(json.dumps(rows, indent=2) if args.json else render(rows))
     return 0
