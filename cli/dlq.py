@@ -5,26 +5,10 @@
     conveyor dlq redrive OFFSET... [--force]       back to where each came from
     conveyor dlq redrive --all --layer L [--since 24h]
 
-A letter is named by its offset in ``conveyor.dlq`` (one partition). Listing
-reads the DLQ from ``--since`` on (``offsets_for_times``), never the whole
-topic.
-
-A redrive produces the letter's original key and value, byte for byte, to its
-original topic *and partition* (for a keyed topic that is the key's own
-partition; for a pool's task topic it is the worker's, which the pool's
-group still reads; for replies, the gateway's), so the event is handled as
-it was first sent, by code that has been fixed since. Before sending, the
-value is decoded with this Conveyor's codec as the type its topic carries: a
-value that still does not decode would only come back to the DLQ, so it is
-refused unless ``--force``. A letter whose value was truncated to fit the
-DLQ is never sent back. A command of the jobs layer whose job has ended
-(failed because of that very letter, say) is refused unless ``--force``:
-its lines would run while the job shows it ended, and nobody would see them.
-
-Each redrive is recorded on ``conveyor.audit`` (action ``dlq.redrive``, with
-the letter's offset and where the event went), and a letter already
-redriven is refused unless ``--force``: the audit topic is read from the
-oldest chosen letter's time on, so the check too is bounded by time.
+A letter is named by its offset in ``conveyor.dlq`` (one partition); listing
+reads from ``--since`` on. A redrive sends the letter's key and value, byte for
+byte, to its original topic and partition and records it on ``conveyor.audit``;
+what it refuses without ``--force``: docs/operating/log-tools.md.
 """
 
 from __future__ import annotations

@@ -5,23 +5,11 @@
     conveyor inspect 3f2a… --json          the same for machines
     conveyor inspect 3f2a… --show-content  with the prompt and the answer's text
 
-How a request is found among millions without scanning a topic
-(:mod:`topics.lookup`): the request topic is keyed by request id, so the
-request is in one partition, murmur2 of its id. A request id begins with the
-time it was made, so reading starts there (``offsets_for_times``) and spans
-a couple of minutes; for an id of another shape ``--since`` bounds where
-reading starts. Reading stops at the first record with the id. Its
-envelope's gateway stamp then fixes the request's time, and every other
-topic is read only between that time (less ``clock_skew_ms``) and the
-request's deadline (or ``request_timeout_s``): ``prepared``, ``routed``,
-``tokens``, ``control`` and ``dlq`` in the id's partition; the pool's task
-topic (its partition is the chosen worker's) in every partition but only
-between the route and infer stamps; replies in the gateway's reply partition
-named in the envelope; a job's result in its job id's partition of
-``results``. The report lists what was read (topic, partition, offsets).
-
-Prompts and answers are content: they are printed only with
-``--show-content``; without it the report gives sizes and counts.
+The request is found in its id's partition of the requests topic from the
+time its id says (or ``--since``), and every other topic is read only in the
+request's partitions and time window (:mod:`topics.lookup`; how:
+docs/operating/log-tools.md). Prompts and answers are printed only with
+``--show-content``.
 """
 
 from __future__ import annotations
