@@ -166,9 +166,13 @@ async def redrive(settings: Settings, letters: list[Letter], *, force: bool = Fa
     return results
 
 
+def _of_layer(settings: Settings, since: int, layer: str | None) -> list[Letter]:
+    return [x for x in asyncio.run(read_letters(settings, since))
+            if layer is None or x.letter["layer"] == layer]
+
+
 def _cmd_list(settings: Settings, args: argparse.Namespace, since: int) -> int:
-    letters = [x for x in asyncio.run(read_letters(settings, since))
-               if args.layer is None or x.letter["layer"] == args.layer]
+    letters = _of_layer(settings, since, args.layer)
     sent = asyncio.run(redriven(settings, since)) if letters else {}
     if args.json:
         print(json.dumps([{"offset": x.offset, "time": iso(x.letter["ts_ms"]),
@@ -228,8 +232,7 @@ def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     if args.all:
-        letters = [x for x in asyncio.run(read_letters(settings, since))
-                   if args.layer is None or x.letter["layer"] == args.layer]
+        letters = _of_layer(settings, since, args.layer)
     else:
         letters = asyncio.run(read_letters(settings, 0, args.offsets))
         missing = set(args.offsets) - {x.offset for x in letters}

@@ -79,10 +79,6 @@ class Journey:
     def events(self) -> list[Found]:
         return [f for fs in self.by_layer.values() for f in fs] + self.chunks + self.replies
 
-    def stamps(self) -> dict[str, int]:
-        """Each layer's first stamp (µs) over every envelope seen."""
-        return _stamps(self.events())
-
 
 def _decode(codec: Codec, records: list[Any], event_type: EventType) -> list[Found]:
     found = []
@@ -131,7 +127,7 @@ async def find_journey(settings: Settings, request_id: str, since_ms: int,
         journey.chunks = await read(TOKENS)
         journey.cancels = await read(CONTROL)
         journey.letters = await read(DLQ)
-        stamps = journey.stamps()
+        stamps = _stamps(journey.events())
         routed = [f.record for f in journey.by_layer["route"] if f.record]
         if routed:  # the task's partition is the worker's: every partition, a short window
             pool_topic = infer_topic(settings.kafka, routed[0]["route"]["pool"])
