@@ -4,12 +4,15 @@
 **Interactive tasks** (priority 0) go at once to an open worker
 (:mod:`~workers.schedule.breakers`) with room for them
 (:mod:`~workers.schedule.room`), chosen by :func:`workers.prefix.choose`;
-otherwise they are parked, placed in arrival order as soon as a worker has
-room, or sent to a fallback's pool (:mod:`~workers.schedule.fallback`). A
-parked task is refused with 503 ``server_overloaded`` after
-``schedule_timeout_s`` (or at a full queue), ``no_worker_available`` after
-``no_worker_timeout_s`` with no worker, and ``pipeline_unavailable`` when the
-worker table cannot see the heartbeats.
+otherwise they are parked and placed as soon as a worker has room, or sent
+to a fallback's pool (:mod:`~workers.schedule.fallback`). Parked tasks are
+placed fairly between tenants (:func:`fair_order`): the tenant with the
+fewest interactive tasks running in the pool goes first; a tenant's own
+tasks keep their arrival order. A parked task is refused with 503
+``server_overloaded`` after ``schedule_timeout_s`` (or when its tenant
+already has ``schedule_queue_max`` tasks waiting in the pool),
+``no_worker_available`` after ``no_worker_timeout_s`` with no worker, and
+``pipeline_unavailable`` when the worker table cannot see the heartbeats.
 
 **Background and batch tasks** (priority 1 and 2) are held
 (:mod:`~workers.schedule.held`) and released one at a time while a worker
@@ -75,7 +78,7 @@ from workers.schedule.table import (
     warm_first,
 )
 
-__all__ = ["ScheduleLayer", "Parked"]
+__all__ = ["ScheduleLayer", "Parked", "fair_order"]
 
 log = logging.getLogger(__name__)
 
@@ -158,12 +161,12 @@ class ScheduleLayer:
         if envelope["priority"] > PRIORITY_INTERACTIVE:
             return self._hold(event, record)
         entered_ms = envelope["stamps"].get("gateway", envelope["stamps"][self.name]) // 1000
-        waiting = sum(p.task["route"]["pool"] == pool for p in self.parked)
-        if not waiting:  # keep arrival order: behind tasks of the pool already parked
-            placed = self.place(event)
+        if not any(p.task["route"]["pool"] == pool for p in self.parked):
+            placed = self.place(event)  # else it waits its turn among the parked
             if placed is not None:
                 return [placed]
-        elif waiting >= self.settings.schedule.queue_max:
+        elif sum(p.task["route"]["pool"] == pool and p.task["envelope"]["tenant"] ==
+                 envelope["tenant"] for p in self.parked) >= self.settings.schedule.queue_max:
             raise overloaded(event, None)
         tp = TopicPartition(record.topic, record.partition) if record is not None else None
         self.parked.append(Parked(event, tp, record.offset if record is not None else -1,
@@ -271,7 +274,7 @@ class ScheduleLayer:
         task["route"]["partition"] = partition
         self.outstanding.add(envelope["request_id"], view.beat["worker_id"],
                              task["route"]["pool"], envelope["priority"],
-                             expiry_ms(envelope, self.settings))
+                             expiry_ms(envelope, self.settings), envelope["tenant"])
         return Output(infer_topic(self.settings.kafka, task["route"]["pool"]), "Task", task,
                       key=envelope["request_id"], partition=partition)
 
@@ -305,7 +308,7 @@ class ScheduleLayer:
         sender = self._sender
         assert sender is not None
         blocked: set[str] = set()
-        for parked in list(self.parked):
+        for parked in fair_order(self.parked, self.outstanding.of_tenant):
             if not any(p is parked for p in self.parked):
                 continue  # cancelled while an earlier one was being sent
             pool = parked.task["route"]["pool"]
@@ -399,3 +402,23 @@ class ScheduleLayer:
         gone = set(partitions)
         self.parked = [p for p in self.parked if p.tp not in gone]
         self.held.revoked(gone)
+
+
+def fair_order(parked: list[Parked], running: Callable[[str, str], int]) -> list[Parked]:
+    """``parked`` in the order they are offered room: in each pool, the next
+    task is the oldest of the tenant with the fewest tasks running
+    (``running(pool, tenant)``) plus taken before it in this order, so tenants
+    take turns; a tenant's own tasks keep their arrival order."""
+    queues: dict[tuple[str, str], list[Parked]] = {}
+    for p in parked:
+        queues.setdefault((p.task["route"]["pool"], p.task["envelope"]["tenant"]), []).append(p)
+    taken = {key: running(*key) for key in queues}
+    arrival = {id(p): i for i, p in enumerate(parked)}
+    out: list[Parked] = []
+    while queues:
+        key = min(queues, key=lambda k: (taken[k], arrival[id(queues[k][0])]))
+        out.append(queues[key].pop(0))
+        taken[key] += 1
+        if not queues[key]:
+            del queues[key]
+    return out
