@@ -237,6 +237,7 @@ FAULTS: dict[str, Callable[[Chaos], Awaitable[Injected]]] = {
 }
 
 
+@dataclass
 class Conveyor:
     """``conveyor layer`` (every layer), infer workers and a gateway, started and
     restarted by name; their output goes to ``<logs>/<name>.log`` (appended to on
