@@ -28,21 +28,9 @@ from conveyor.settings import load_settings
 from infra.services import port_answers
 from topics.admin import drop_topics
 
-__all__ = [
-    "BenchError",
-    "Pipeline",
-    "Proc",
-    "check_infra",
-    "check_port_free",
-    "conveyor_env",
-    "conveyor_script",
-    "exit_on_sigterm",
-    "loop_factory",
-    "pipeline",
-    "repo_root",
-    "running",
-    "wait_http",
-]
+__all__ = ["BenchError", "Pipeline", "Proc", "check_infra", "check_port_free", "conveyor_env",
+           "conveyor_script", "exit_on_sigterm", "loop_factory", "pipeline", "repo_root",
+           "running", "wait_http"]
 
 # the fixture upstream's answers: TOKENS tokens, DELAY_MS apart when paced
 TOKENS = 32
@@ -99,22 +87,15 @@ class Proc:
 
 
 @contextmanager
-def running(
-    name: str, argv: list[str], log_dir: Path, env: Mapping[str, str] | None = None
-) -> Iterator[Proc]:
+def running(name: str, argv: list[str], log_dir: Path,
+            env: Mapping[str, str] | None = None) -> Iterator[Proc]:
     """Start ``argv`` in a new process group, its output in ``log_dir/name.log``;
     stop the whole group on exit."""
     log_path = log_dir / f"{name}.log"
     with log_path.open("wb") as log:
-        popen = subprocess.Popen(
-            argv,
-            cwd=repo_root(),
-            env=dict(env) if env is not None else None,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        popen = subprocess.Popen(argv, cwd=repo_root(), env=dict(env) if env is not None else None,
+                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
     proc = Proc(name, popen, log_path)
     try:
         yield proc
@@ -130,10 +111,8 @@ def wait_http(url: str, proc: Proc, timeout_s: float) -> None:
         while time.monotonic() < deadline:
             code = proc.exited()
             if code is not None:
-                raise BenchError(
-                    f"{proc.name} exited with code {code} before {url} answered "
-                    f"(log {proc.log_path}):\n{proc.log_tail()}"
-                )
+                raise BenchError(f"{proc.name} exited with code {code} before {url} answered "
+                                 f"(log {proc.log_path}):\n{proc.log_tail()}")
             try:
                 response = client.get(url)
                 if response.status_code == 200:
@@ -142,22 +121,16 @@ def wait_http(url: str, proc: Proc, timeout_s: float) -> None:
             except httpx.HTTPError as exc:
                 last = type(exc).__name__
             time.sleep(0.25)
-    raise BenchError(
-        f"{proc.name}: {url} not ready after {timeout_s:.0f} s ({last}); "
-        f"log {proc.log_path}:\n{proc.log_tail()}"
-    )
+    raise BenchError(f"{proc.name}: {url} not ready after {timeout_s:.0f} s ({last}); "
+                     f"log {proc.log_path}:\n{proc.log_tail()}")
 
 
 def check_infra(kafka_port: int = 9092, redis_port: int = 6379) -> None:
     """Conveyor runs with ``--no-infra``: Kafka and Redis must already be up."""
-    if not port_answers(kafka_port):
-        raise BenchError(
-            f"Kafka is not answering on 127.0.0.1:{kafka_port}: run `bash infra/kafka.sh start`"
-        )
-    if not port_answers(redis_port):
-        raise BenchError(
-            f"Redis is not answering on 127.0.0.1:{redis_port}: run `bash infra/redis.sh start`"
-        )
+    for what, port in (("kafka", kafka_port), ("redis", redis_port)):
+        if not port_answers(port):
+            raise BenchError(f"{what.capitalize()} is not answering on 127.0.0.1:{port}: "
+                             f"run `bash infra/{what}.sh start`")
 
 
 def check_port_free(port: int, what: str) -> None:
@@ -170,18 +143,16 @@ def conveyor_script() -> Path:
     script = Path(sys.executable).parent / "conveyor"
     if not script.exists():
         raise BenchError(f"{script} not found: install the project (`pip install -e .`)")
-    probe = subprocess.run(
-        [str(script), "up", "--help"], capture_output=True, timeout=60, cwd=repo_root()
-    )
+    probe = subprocess.run([str(script), "up", "--help"], capture_output=True, timeout=60,
+                           cwd=repo_root())
     if probe.returncode != 0:
         detail = (probe.stderr or probe.stdout).decode(errors="replace").strip()[-600:]
         raise BenchError(f"`conveyor up` is not available yet ({script}):\n{detail}")
     return script
 
 
-def conveyor_env(
-    *, topic_prefix: str, gateway_port: int, models_file: Path | None = None
-) -> dict[str, str]:
+def conveyor_env(*, topic_prefix: str, gateway_port: int,
+                 models_file: Path | None = None) -> dict[str, str]:
     """The environment of a ``conveyor up`` run: a fresh topic prefix (its
     topics dropped when the benchmark exits), the port, and the model registry
     when not the default one."""

@@ -5,7 +5,7 @@ stop, flush, restart or SIGKILL without touching the shared ones (9092,
 6379) everything else uses.
 
 Callers: the fault tests' fixtures (tests/support/services.py) and
-bench/chaos_services.py; it lives here so that neither imports the other.
+bench/chaos_faults.py; it lives here so that neither imports the other.
 Nothing of Conveyor's product (the packages the wheel ships) imports it.
 
 The broker gets ``CONVEYOR_HOME`` set to a folder of its own, with the jar

@@ -1,15 +1,11 @@
 """Running the accounting app in the current process: ``conveyor accounting``.
 
-:func:`run_accounting` creates the topics the app reads and writes and that
-Faust does not create itself (``conveyor.usage`` and ``conveyor.dlq``, as
-the catalog describes them) and the tables' changelog topics (replicated as
-the catalog's are; Faust would create them itself, but its consumer can then
-miss them, see the function), carries ratings an earlier Conveyor counted
-into today's table (workers/usage/migrate.py), then runs a :class:`faust.Worker` until SIGTERM or
-SIGINT, which stop it cleanly (the consumer leaves its group, the producer
-is flushed). Faust's web server is off (``web_enabled=False``): nothing
-listens on a port, so any number of accounting processes share a host.
-Logging keeps Conveyor's format (``override_logging=False``).
+:func:`run_accounting` creates the topics the app needs before Faust starts
+(``conveyor.usage``, ``conveyor.dlq`` and the tables' changelogs), carries
+ratings an earlier Conveyor counted (workers/usage/migrate.py), then runs a
+:class:`faust.Worker` until SIGTERM or SIGINT stop it cleanly. Faust's web
+server is off, so any number of accounting processes share a host; logging
+keeps Conveyor's format.
 """
 
 from __future__ import annotations

@@ -1,34 +1,23 @@
 """The KV caches of finished conversations, kept in host memory.
 
-A slot of a llama.cpp context (one sequence of it) holds the KV cache of one
-prompt: when a new conversation takes the slot, the last one's cache is
-gone, and its next turn evaluates its whole history again (seconds on a CPU for a long system
-prompt). A GPU engine keeps many prompts' blocks (vLLM's prefix cache); this
-is the same for the CPU engine, as llama.cpp's own server keeps a prompt
-cache in RAM:
+A slot of a llama.cpp context holds one prompt's KV cache; when a new
+conversation takes it, the last one's next turn would evaluate its whole
+history again. As vLLM's prefix cache and llama.cpp's server prompt cache:
 
-* **Saved when evicted, not after every answer.** Before a slot starts a
-  prompt that would throw away at least ``min_tokens`` of what it holds, the
-  sequence it holds is copied out (``llama_state_seq_get_data``: its KV cells
-  only, about 23 KB a token for SmolLM2-135M) under its tokens. An answer
-  that the next turn continues in the same slot costs no copy at all.
-* **Restored when it beats the slot.** A prompt whose longest cached
-  prefix here is at least ``min_tokens`` longer than what the chosen slot
-  already shares with it gets that sequence copied back in
-  (``llama_state_seq_set_data``) before the prompt is evaluated; only the new
-  tokens are evaluated then. The bytes are the ones the model computed, so a
-  restored prefix gives the answer the same slot would have given. A
-  restored sequence leaves the cache: its slot holds it now, and saves it
-  again (grown by the turn) when it moves on.
-* **Bounded in bytes, least recently used out**, and a saved sequence that
-  is a prefix of a newer one is dropped (the newer holds it all). One lock:
-  the engine's context threads share the cache; the copies themselves run
-  outside it.
-* **Keyed by salt and tokens.** A sequence is saved under the salt of the
-  prompts that made it (their tenant's, workers/prefix.py) and restored only
-  for a prompt of the same salt: a tenant never gets another's cells, nor
-  learns from ``cached_tokens`` what another sent. A slot holding another
-  salt's sequence shares nothing with the prompt, so it is saved and emptied.
+* **Saved when evicted.** Before a slot starts a prompt that throws away at
+  least ``min_tokens`` of what it holds, its sequence's KV cells are copied
+  out (``llama_state_seq_get_data``) under its tokens. A next turn in the
+  same slot costs no copy.
+* **Restored when it beats the slot.** A prompt whose longest saved prefix
+  is ``min_tokens`` longer than what the chosen slot shares with it gets that
+  sequence copied in (``llama_state_seq_set_data``); the model's own bytes,
+  so the same answer. A restored sequence leaves the cache (its slot saves it
+  again, grown, when it moves on).
+* **Bounded in bytes**, least recently used out; a saved prefix of a newer
+  sequence is dropped. One lock; the copies run outside it.
+* **Keyed by salt and tokens**: restored only for a prompt of the same salt
+  (its tenant's, workers/prefix.py), so no tenant gets another's cells or
+  learns from ``cached_tokens`` what another sent.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""What both llama.cpp engines do with a prompt: render it with the GGUF's own
-chat template, start an empty one at the beginning-of-sequence token, and
-weigh what a cached sequence is worth to it."""
+"""What the llama.cpp engine does with a prompt: render it with the GGUF's chat
+template, start an empty one at the beginning-of-sequence token, and weigh
+what a cached sequence is worth to it.
+"""
 
 from __future__ import annotations
 

@@ -2,17 +2,11 @@
 declaration of what they are made from.
 
 Each field of :class:`EngineOptions` is a flag of ``conveyor infer`` and
-``conveyor up`` (``max_model_len`` is ``--max-model-len``), with its default,
-its parser, and a help text per engine that reads it; the flags, the
-configuration reference (``docs/gen_config.py``) and the words ``conveyor up``
-hands on to its workers (:meth:`EngineOptions.argv`) are all made from the
-fields. An entry of :data:`ENGINES` names an engine and makes it from the
-options. Adding an engine is its module, its entry, and its fields' help.
-
-Building the flags loads no engine library: a factory imports its engine
-only when called, so ``conveyor keys`` loads neither llama.cpp nor aiohttp.
-Options that make no working engine (a missing flag, a flag the engine does
-not read, no model for the pool, an engine this host cannot run) raise
+``conveyor up``, with its default, parser and help per engine that reads it;
+the flags, the configuration reference (``docs/gen_config.py``) and what
+``conveyor up`` hands on (:meth:`EngineOptions.argv`) are made from the
+fields. An entry of :data:`ENGINES` makes an engine from the options,
+importing its library only then. Options that make no working engine raise
 :class:`EngineSetupError` with a message for the person who typed them.
 """
 
