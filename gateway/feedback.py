@@ -23,12 +23,11 @@ import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
-from starlette.requests import HTTPConnection
 
 from conveyor.errors import RequestError
 from gateway.auth.middleware import identity_of
 from gateway.errors import SafeJSONResponse
-from gateway.provide import services_of
+from gateway.provide import service
 from gateway.publisher import Publisher
 from gateway.resume import StreamNotFound, request_id_of
 from gateway.stored import StoredAnswers
@@ -39,16 +38,6 @@ from topics.catalog import FEEDBACK
 __all__ = ["feedback_router"]
 
 feedback_router = APIRouter()
-
-
-def _stored(connection: HTTPConnection) -> StoredAnswers:
-    stored: StoredAnswers = services_of(connection).stored
-    return stored
-
-
-def _publisher(connection: HTTPConnection) -> Publisher:
-    publisher: Publisher = services_of(connection).publisher
-    return publisher
 
 
 # how long a rating waits for the answer it rates to end (it is kept either way)
@@ -78,8 +67,9 @@ def _request_id(named: str) -> str:
 
 @feedback_router.post("/v1/feedback", response_model=None)
 async def feedback(body: FeedbackBody, request: Request,
-                   stored: Annotated[StoredAnswers, Depends(_stored)],
-                   publisher: Annotated[Publisher, Depends(_publisher)]) -> SafeJSONResponse:
+                   stored: Annotated[StoredAnswers, Depends(service("stored"))],
+                   publisher: Annotated[Publisher, Depends(service("publisher"))]
+                   ) -> SafeJSONResponse:
     """Rate an answer (see the module)."""
     identity = identity_of(request)
     rid = _request_id(body.request_id)

@@ -38,7 +38,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from conveyor.errors import BrokerError, DeadlineExceeded, RequestError
 from conveyor.redis_clients import REDIS_ERRORS, Redis
@@ -51,7 +51,7 @@ from topics.catalog import REPLIES
 from topics.follow import Follower, follow
 
 __all__ = ["ReplyRouter", "ReplyStream", "ReplyLease", "ReplySource", "Folded", "fold_answer",
-           "reply_error"]
+           "opening", "reply_error"]
 
 _LATE = "The request did not finish within its deadline."
 RETRY_AFTER_S = 1  # what a 503 of the pipeline asks a client to wait
@@ -135,6 +135,11 @@ def reply_error(reply: Reply) -> RequestError:
                         status=err["status"], type=err["type"], headers=headers)
 
 
+def opening(reply: Reply) -> dict[str, Any]:
+    """The first chunk object a reply carries ({} when none)."""
+    return dict(json.loads(reply["chunk"].partition("\n")[0] or "{}"))
+
+
 class ReplySource(Protocol):
     """What a request's replies are read from: a live answer or recorded replies."""
 
@@ -172,7 +177,7 @@ async def fold_answer(source: ReplySource, within: float | None = None,
                 return None
             continue
         if model is None and reply["chunk"]:
-            model = json.loads(reply["chunk"].partition("\n")[0]).get("model")
+            model = opening(reply).get("model")
         if reply["text"]:
             text.append(reply["text"])
         logprobs.extend(reply.get("logprobs") or ())

@@ -31,7 +31,7 @@ from starlette.requests import HTTPConnection
 from conveyor.errors import InvalidApiKey, InvalidRequest, RequestError
 from gateway.auth.middleware import identity_of
 from gateway.errors import SafeJSONResponse
-from gateway.provide import services_of
+from gateway.provide import service, services_of
 from workers.usage.ledger import UsageLedger, UsageRow
 
 __all__ = ["usage_router"]
@@ -39,9 +39,7 @@ __all__ = ["usage_router"]
 usage_router = APIRouter()
 
 
-def _ledger(connection: HTTPConnection) -> UsageLedger:
-    ledger: UsageLedger = services_of(connection).usage
-    return ledger
+Ledger = Annotated[UsageLedger, Depends(service("usage"))]
 
 
 def _admin_token(connection: HTTPConnection) -> str:
@@ -56,7 +54,7 @@ _DEFAULT_SPAN_MS = {"1m": 3_600_000, "1d": 30 * 86_400_000}
 
 
 @usage_router.get("/v1/usage")
-async def own_usage(request: Request, ledger: Annotated[UsageLedger, Depends(_ledger)],
+async def own_usage(request: Request, ledger: Ledger,
                     start_time: int | None = None, end_time: int | None = None,
                     bucket_width: str = "1d", key_id: str | None = None, model: str | None = None
                     ) -> SafeJSONResponse:
@@ -66,7 +64,7 @@ async def own_usage(request: Request, ledger: Annotated[UsageLedger, Depends(_le
 
 
 @usage_router.get("/admin/usage", include_in_schema=False)
-async def admin_usage(request: Request, ledger: Annotated[UsageLedger, Depends(_ledger)],
+async def admin_usage(request: Request, ledger: Ledger,
                       token: Annotated[str, Depends(_admin_token)], tenant: str,
                       start_time: int | None = None, end_time: int | None = None,
                       bucket_width: str = "1d", key_id: str | None = None, model: str | None = None

@@ -17,7 +17,6 @@ the events after one from the log, on any replica.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any, Literal
@@ -25,17 +24,17 @@ from typing import Any, Literal
 from fastapi.responses import Response
 from starlette.requests import Request
 
-from conveyor.errors import RequestError
+from conveyor.errors import InvalidRequest, RequestError
 from conveyor.registry import Registry
 from conveyor.settings import Settings
 from gateway import sse
-from gateway.answer import Answer, collect
+from gateway.answer import Answer, answered_by, collect
 from gateway.auth.middleware import identity_of
 from gateway.auth.types import Identity
 from gateway.cancels import Cancels
 from gateway.chat.choices import answer_choices
 from gateway.errors import SafeJSONResponse
-from gateway.replies import ReplySource
+from gateway.replies import ReplySource, opening
 from gateway.resume import (
     Kind,
     StreamNotFound,
@@ -71,44 +70,36 @@ class ChatServing:
         """A chat completion (``n`` choices of it), as JSON or SSE."""
         n = body.choices()
         generation = chat_generation(body.model_copy(update={"n": 1}) if n > 1 else body)
-        if n > 1:
-            return await self._choices(generation, n, bool(body.store), request)
-        return await self._answer(generation, request)
+        if n > 1 and body.store:
+            raise InvalidRequest("store=true is supported with n=1 only.", param="n")
+        return await self._answer(generation, n, request)
 
     async def create_completion(self, body: CompletionRequest, request: Request) -> Response:
         """A completion (``n`` choices of it), as JSON or SSE."""
         n = body.choices()
         generation = completion_generation(body.model_copy(update={"n": 1}) if n > 1 else body)
-        if n > 1:
-            return await self._choices(generation, n, False, request)
-        return await self._answer(generation, request)
+        return await self._answer(generation, n, request)
 
-    async def _answer(self, generation: Generation, request: Request) -> Response:
+    async def _answer(self, generation: Generation, n: int, request: Request) -> Response:
         """Admit and submit, then answer as JSON or SSE; the admission's
-        ``x-ratelimit-*`` headers and the request's ``x-request-id`` go on the response."""
+        ``x-ratelimit-*`` headers, the request's ``x-request-id`` (what inspect and
+        the log know it by) and the model that answered go on the response."""
+        if n > 1:
+            return await answer_choices(self.submitter, generation, n, request,
+                                        self.settings.gateway.sse_keepalive_s, self.registry)
         answer = await self.submitter.admit_and_submit(generation, request)
-        # the request's id, as OpenAI names it: what inspect and the log know it by
-        headers = {**answer.ticket.headers, "x-request-id": answer.request_id}
+        headers = {**answer.ticket.headers, "x-request-id": answer.request_id,
+                   **answer.cache_headers}
         if not generation["stream"]:
             result = await collect(generation, answer, request.is_disconnected)
-            fallback = _fallback(self.registry, generation, result)
-            return SafeJSONResponse(result, headers={**headers, **answer.cache_headers,
-                                                     **fallback})
+            return SafeJSONResponse(result, headers={
+                **headers, **answered_by(self.registry, generation["model"], result.get("model"))})
         first = await answer.first(request.is_disconnected)
         if first is None:  # the client left: nobody reads a status
             return Response(status_code=499)
-        opening = json.loads(first["chunk"].partition("\n")[0] or "{}")
-        return sse.EventStream(self.stream(answer, first),
-                               headers={**sse.HEADERS, **headers, **answer.cache_headers,
-                                        **_fallback(self.registry, generation, opening)})
-
-    async def _choices(self, generation: Generation, n: int, store: bool,
-                       request: Request) -> Response:
-        """``n`` > 1: a request of each choice, answered as one (gateway/chat/choices.py)."""
-        return await answer_choices(self.submitter, generation, n, store, request,
-                                    self.settings.gateway.sse_keepalive_s,
-                                    lambda answered: _fallback(self.registry, generation,
-                                                               answered))
+        return sse.EventStream(self.stream(answer, first), headers={
+            **sse.HEADERS, **headers, **answered_by(self.registry, generation["model"],
+                                                  opening(first).get("model"))})
 
     async def stream(self, answer: Answer, first: Reply) -> AsyncIterator[bytes]:
         """SSE frames: OpenAI chunks, keep-alive comments while waiting, then [DONE].
@@ -157,8 +148,7 @@ class ChatServing:
                     exc = RequestError("Internal error.")
                 seq += 1
                 if seq > after:
-                    yield sse.data(_json(exc.envelope()),
-                                   id=event_id(rid, seq) if ids else None)
+                    yield sse.json_data(exc.envelope(), id=event_id(rid, seq) if ids else None)
                 yield sse.Last(sse.DONE)
                 return
 
@@ -188,20 +178,3 @@ class ChatServing:
         """The messages a stored chat completion was asked with."""
         return await self.stored.messages(identity, completion_id, after, limit, order)
 
-
-def _fallback(registry: Registry, generation: Generation, answer: dict[str, Any]
-              ) -> dict[str, str]:
-    """``x-conveyor-deployment: <model>`` when a canary's deployment answered,
-    ``x-conveyor-fallback: <model>`` when a fallback model did (the answer's
-    ``model`` names it) instead of the model asked for."""
-    model = answer.get("model")
-    if not isinstance(model, str) or not model or model == generation["model"]:
-        return {}
-    asked = registry.find(generation["model"])
-    if asked is not None and model in dict(asked.deployments):
-        return {"x-conveyor-deployment": model}
-    return {"x-conveyor-fallback": model}
-
-
-def _json(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
