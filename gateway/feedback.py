@@ -1,19 +1,8 @@
 """``POST /v1/feedback``: a client's rating of one answer, kept on
-``conveyor.feedback`` (key = request id) like every other event.
-
-The body names the request (its id as the answer gave it: ``chatcmpl-...``,
-``cmpl-...``, ``resp_...``, or the bare request id), a ``score`` from -1
-(bad) to 1 (good), and optionally ``labels`` (up to 16, 64 characters each)
-and a ``comment`` (up to 4,000 characters). Only the request's tenant may
-rate it: for anyone else the request does not exist (404, as for a stream or
-a stored answer). The event carries what answered: the model asked for, the
-model that answered (a canary's deployment or a fallback, read from the
-answer's chunks) and the latency from the request's entry to its answer's
-end, read from the log when the rating comes (waiting at most a moment for
-an answer still running; then those stay empty). Rating again writes another
-event; the latest is the request's rating. Kafka not taking the event in
-time is a 503, as for any request.
-"""
+``conveyor.feedback`` (key = request id); the contract is
+docs/api/feedback.md. Only the request's tenant may rate it (else 404). The
+event carries the model asked for, the model that answered and the latency,
+read from the log when the rating comes; the latest rating counts."""
 
 from __future__ import annotations
 

@@ -1,32 +1,14 @@
-"""The gateway's reply path: a leased reply partition and the streams waiting on it.
+"""The gateway's reply path: a leased reply partition and the streams waiting on it
+(docs/decisions/0003-reply-partitions-leased.md).
 
-Each gateway instance leases one partition of ``conveyor.replies`` in Redis
-(``SET NX PX``, renewed by a background task), so that every reply of a
-request lands on the instance that holds its connection. It reads that
-partition directly (assigned, no consumer group) from the end, and hands each
-reply to the :class:`ReplyStream` of its request. Replies carry an index:
-repeats (after a layer replayed its log) are dropped, and early ones wait.
-
-The lease key is ``{prefix}:reply-lease:{partition}`` and its value is the
-gateway id: infer workers read it to learn whether the gateway a generation
-answers to is still alive. Both background tasks outlive an outage of the
-service under them. The lease retries a Redis that does not answer with
-backoff (``retry_backoff_max_s``), and takes its partition again with
-``SET NX`` when the key is gone (Redis restarted without its data, or was
-flushed); only another gateway holding the partition is a failure that
-retrying does not cure, and it shows in health as ``failed``.
-
-The partition is read by the shared follower (:mod:`topics.follow`), so the
-reply path has the follower's retry and backoff through a Kafka outage (it
-reconnects where it left off: no reply is skipped), its decoding (a record
-that is not a Reply is logged, rate-limited, and skipped) and its one
-liveness rule: Kafka counts as unreachable once the follower has heard
-nothing for its ``stale_after_s`` (3.5 s with the defaults; an idle
-partition is probed every second). Health shows it as ``degraded`` the
-moment it turns (``Follower.reachability``), and
-:class:`~gateway.submission.Submitter` asks :meth:`ReplyRouter.kafka_unreachable`
-to refuse new requests at once instead of letting them wait.
-"""
+Each gateway leases one partition of ``conveyor.replies`` in Redis
+(``{prefix}:reply-lease:{partition}`` = the gateway id, ``SET NX PX``, renewed
+in the background; infer workers read it to know the gateway is alive), reads
+it from the end with the shared follower (:mod:`topics.follow`) and hands each
+reply to the :class:`ReplyStream` of its request, repeats dropped and early
+ones held. A lease key gone is taken again; another gateway holding it is
+``failed``. Kafka silent for ``stale_after_s`` shows as ``degraded`` and
+:meth:`ReplyRouter.kafka_unreachable` makes new requests refused at once."""
 
 from __future__ import annotations
 

@@ -1,36 +1,17 @@
-"""Resuming an SSE stream: where a request's replies are recorded, how to read
-them again from any gateway replica, and who still watches the generation.
+"""Resuming an SSE stream (docs/api/streams.md): where a request's replies are
+recorded, how to read them again from any replica, and who still watches
+the generation.
 
-Every data event of a chat/completions stream carries ``id: {request id}:{seq}``,
-``seq`` counting the stream's data events from 0. Events are numbered per
-event, not per reply: one reply may carry several chunk objects (the role and
-the first text, or the finish and the usage), and a client cut off between
-two of them must get the second again, not lose it. The numbering is a pure
-function of the recorded replies, so every replica counts the same.
-
-Where the replies are. A request's replies all go to one partition of
-``conveyor.replies``: the reply partition of the gateway that submitted it,
-named in the request's envelope. The ``conveyor.requests`` event is keyed by
-request id, so the gateway's one keyed lookup
-(:class:`~topics.lookup.SharedLookup`) finds it
-in one partition, at the time its id was made (a request id begins with it)
-and else in a recent window, then the longest deadline a request can have; its
-envelope gives the tenant, the deadline and the reply partition, and its
-record time bounds where that partition's replies of the request begin. A
-resumed stream then follows that partition from that time, keeps the records
-keyed by the request id and puts them in index order (repeats dropped, as the
-live path does): the recorded events first, then the live rest, with no gap
-and no repeat, on whichever replica the client reached. It reads the
-partition itself and never touches the submitting gateway's router, so it
-works the same whether that gateway is alive, dead or the one serving it.
-The Responses API's streams (``resp_`` and the request id) are resumed the
-same way (:mod:`gateway.responses.serving`): only the framing differs, given
-to :func:`resumed_events` as a :data:`Framer`.
-
-Who keeps the generation alive: a resumed stream holds the request's watch
-key while it streams, and a dropped client's cancel waits ``resume_grace_s``
-for another reader (:mod:`gateway.cancels`).
-"""
+Every data event carries ``id: {request id}:{seq}``, ``seq`` counting the
+stream's data events (not replies) from 0: a pure function of the recorded
+replies, so every replica counts the same. The request event (keyed by
+request id, found by the shared lookup near the time its id was made, then
+in recent windows) gives the tenant, the deadline and the reply partition;
+:class:`RecordedReplies` follows that partition from the request's time,
+keeps its records in index order, the recorded then the live ones, without
+touching the submitting gateway. Each API frames the replies its own way
+(a :data:`Framer`). A resumed stream holds the request's watch key
+(:mod:`gateway.cancels`)."""
 
 from __future__ import annotations
 

@@ -1,23 +1,8 @@
-"""Usage reports over HTTP, read from the ledger the accounting app keeps.
-
-- ``GET /v1/usage``: the caller's own tenant (a key sees its tenant's usage,
-  or with ``key_id=`` one of the tenant's keys, or with ``model=`` one model).
-- ``GET /admin/usage?tenant=T``: any tenant, for an operator holding
-  ``CONVEYOR_ADMIN_TOKEN`` (``Authorization: Bearer <token>``). Without an
-  admin token configured, the admin endpoint does not exist (404).
-
-Query: ``start_time`` / ``end_time`` (Unix seconds; default the last hour by
-minute, the last 30 days by day), ``bucket_width`` ``1m`` or ``1d``
-(default ``1d``). The answer is a list object of buckets, oldest first:
-``{"object": "list", "tenant", "bucket_width", "data": [{"start_time",
-"end_time", "requests", "errors", "prompt_tokens", "completion_tokens",
-"total_tokens"}]}``, and (unless ``key_id`` is given) ``ratings``: the
-answers' ratings by UTC day, each day's latest rating of each request
-(``POST /v1/feedback``), ``{"start_time", "end_time", "count", "mean",
-"by_model": {model: {"count", "mean"}}, "by_deployment": {...}}`` (with
-``model=``: that model's alone). Figures lag the answers by a second or so:
-the accounting app counts them from ``conveyor.usage`` and ``conveyor.feedback``.
-"""
+"""Usage reports over HTTP, read from the ledger the accounting app keeps
+(docs/api/feedback.md#usage): ``GET /v1/usage`` for the caller's own tenant,
+``GET /admin/usage?tenant=T`` for a holder of ``CONVEYOR_ADMIN_TOKEN`` (404
+without one configured). Buckets of ``1m`` or ``1d``, oldest first, and
+(unless ``key_id`` is given) the ratings by UTC day."""
 
 from __future__ import annotations
 

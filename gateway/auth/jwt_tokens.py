@@ -1,52 +1,15 @@
 """Signed bearer tokens (``CONVEYOR_AUTH=jwt``): a JWT in, an :class:`Identity` out.
 
-Which keys verify what (decided by the key, never by the token's header):
-
-- HS256 with ``CONVEYOR_JWT_SECRET``, and only when that secret is set. The
-  secret must be at least 32 bytes (RFC 7518 3.2: an HS256 key is at least
-  as long as the hash).
-- RS256 and ES256 with the public keys of the JWKS file
-  ``CONVEYOR_JWT_JWKS_FILE``: an RSA key (2048 bits or more) verifies RS256
-  only, an EC P-256 key ES256 only. The key is chosen by the token's ``kid``;
-  a JWKS of a single key also verifies tokens without a ``kid``. Symmetric
-  (``oct``) keys, encryption keys (``use: enc``) and other curves in the file
-  are skipped: HS256 comes from the secret alone. A private key in the file is
-  used by its public half, with a warning.
-- ``none`` and every other algorithm are refused. An HS256 token is checked
-  against the shared secret only, so a token "signed" with an RSA public key's
-  PEM as its HMAC secret (algorithm confusion) never meets that key.
-- ``jku``/``x5u`` headers are ignored: Conveyor never fetches keys a token
-  names.
-
-The JWKS file is re-read when its mtime (or size or inode, which catches an
-atomic rename) changes, checked at most once a second, so keys rotate without
-a restart. A file that cannot be read or parsed at start is a
-``ValueError``; later, the last good key set stays in force (and the failure
-is logged) until the file parses again.
-
-Required claims: ``exp``, ``sub`` and the tenant claim
-(``CONVEYOR_JWT_TENANT_CLAIM``); ``aud`` and ``iss`` when
-``CONVEYOR_JWT_AUDIENCE`` / ``CONVEYOR_JWT_ISSUER`` are set (and ignored when
-they are not). ``exp``, ``nbf`` and ``iat`` allow ``CONVEYOR_JWT_LEEWAY_S``.
-Optional claims narrow the token's limits: ``rpm``, ``tpm``, ``concurrency``
-(positive integers below 2**53; JSON ``null`` reads as absent) and ``models``
-(a non-empty list of model names; absent means every model). A tenant is 1 to
-64 characters of ``[A-Za-z0-9._-]``; a ``sub`` is 1 to 256 printable
-characters.
-
-Every failure is an :class:`InvalidJwt`, a 401 ``invalid_api_key`` whose
-message says what is wrong without echoing the token or any value taken from
-it, and whose ``reason`` (a :data:`JwtFailure`) is the short code the caller
-writes to the audit trail.
-
-Cost: verification runs on every request, so a successful verification is
-cached by token string until the token expires (plus the leeway) or for 30 s,
-whichever comes first, in a dict of at most 10,000 entries from which the
-oldest is dropped (about 10 MB at 1 KB a token). A JWKS reload empties the
-cache, so a key taken out of the file stops verifying within about a second.
-Failures are not cached: an RS256 or ES256 check costs tens of microseconds.
-The verifier is not thread-safe: it is meant for one event loop.
-"""
+The key decides the algorithm, never the token's header: HS256 only with
+``CONVEYOR_JWT_SECRET`` (32 bytes at least), RS256/ES256 only with the
+matching RSA (2048 bits or more) or EC P-256 key of ``CONVEYOR_JWT_JWKS_FILE``,
+chosen by ``kid``; ``none`` and every other algorithm are refused, and keys a
+token names (``jku``/``x5u``) are never fetched. The JWKS file is re-read when
+it changes (checked at most once a second; the last good set stays in force).
+Claims, and the rules in full: docs/operating/keys-and-limits.md. Every
+failure is an :class:`InvalidJwt` (401, its ``reason`` for the audit trail)
+that never echoes the token. A verified token is cached until it expires or
+30 s; the verifier is meant for one event loop."""
 
 from __future__ import annotations
 

@@ -1,26 +1,12 @@
 """``n`` > 1: several choices of one chat completion or completion.
 
-Each choice is a request of its own through the pipeline (admitted, routed,
-scheduled and generated alone, so two choices may run on two workers at
-once); the gateway asks for them together and answers with one object:
-
-* The answer's ``id`` is the first choice's request's; ``choices[i]`` is the
-  i-th request's answer with ``index`` i. ``usage`` counts the prompt once
-  and the completion tokens of every choice, as OpenAI does (the usage
-  ledger counts each choice's request, prompt included: each was computed).
-* A streamed answer interleaves the choices' chunks as they come, each with
-  its ``index``, then one usage chunk (with ``stream_options.include_usage``)
-  and ``[DONE]`` once every choice has ended. Its events carry no ``id:``: a
-  stream of several choices is not resumable.
-* With a ``seed``, choice i samples with seed + i, so that the choices differ
-  and the same request gives the same choices again; at temperature 0 they
-  are all the greedy answer, as with OpenAI.
-* One choice failing fails the answer (the others are cancelled); a client
-  that leaves cancels them all.
-
-Batches, stored completions and the WebSocket API take ``n`` = 1 only
-(schemas/openai/generations.py says so with a 400 naming ``n``).
-"""
+Each choice is a request of its own through the pipeline (choice i seeded
+with seed + i); the answer's ``id`` is the first choice's, ``choices[i]`` the
+i-th answer, ``usage`` counts the prompt once and every choice's completion.
+A stream interleaves the choices' chunks with their ``index``, then the usage
+and ``[DONE]``; it carries no event ids (not resumable). One choice failing,
+or the client leaving, ends them all. Batches, stored completions and the
+WebSocket API take ``n`` = 1 only."""
 
 from __future__ import annotations
 

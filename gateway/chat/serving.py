@@ -1,19 +1,14 @@
 """Serving chat completions and completions: a generation admitted and
-submitted (:class:`~gateway.submission.Submitter`), then answered from the
-replies that come back, as JSON or as an SSE stream; ``n`` > 1 as several
-requests answered as one (:mod:`gateway.chat.choices`); a stream resumed
-from the log; a stored chat completion read back (:mod:`gateway.stored`).
+submitted (:class:`~gateway.submission.Submitter`), then answered from its
+replies as JSON or SSE; ``n`` > 1 as several requests answered as one
+(:mod:`gateway.chat.choices`); a stream resumed from the log; a stored chat
+completion read back (:mod:`gateway.stored`).
 
-A stream starts only when the first reply is in, so a request that fails
-before its first token still gets the right HTTP status and OpenAI's error
-envelope. A deadline (``request_timeout_s``) bounds every wait: past it the
-client gets 504 and the generation is cancelled. A client that disconnects
-cancels its generation too: at once before the stream began (it has seen no
-event id to resume from), and after ``resume_grace_s`` once it streamed, unless
-a resumed stream (:mod:`gateway.resume`) is reading it by then. Every data
-event carries ``id: {request id}:{seq}``; :meth:`ChatServing.resume` serves
-the events after one from the log, on any replica.
-"""
+A stream starts only with the first reply, so a request that fails before it
+gets the right status and error envelope. Past ``request_timeout_s`` the
+client gets 504 and the generation is cancelled; a client that leaves
+cancels it at once before the stream began, else after ``resume_grace_s``
+unless a resumed stream reads it (docs/api/streams.md)."""
 
 from __future__ import annotations
 

@@ -1,67 +1,21 @@
-"""Serving a Responses API request through the chat pipeline.
+"""Serving a Responses API request through the chat pipeline (docs/api/responses.md).
 
-A Responses request becomes a chat :class:`~schemas.records.Generation`:
-``instructions`` first as a system message, then the input's messages (a
-string input is one user message). It is admitted and submitted as chat
-requests are (:meth:`gateway.submission.Submitter.admit_and_submit`), and answered from
-the same replies: collected into one Response object, or streamed as the
-Responses API's events (:mod:`gateway.responses.events`). The response id is
-``resp_`` and the pipeline's request id, so the log finds it.
+A request becomes a chat :class:`~schemas.records.Generation`
+(``instructions`` as a first system message), admitted and submitted as chat
+requests are, answered as one Response object or as the API's events. The
+response id is ``resp_`` and the request id, so the log finds it. As for
+chat, a stream starts only with the first reply; preprocess's
+``messages[k]`` param is translated back to ``instructions`` or ``input[j]``.
 
-As for chat, a stream starts only when the first reply is in: a request that
-fails before its first token is an HTTP error in OpenAI's envelope. The
-preprocess layer names a faulty message ``messages[k]``; that ``param`` is
-translated back to the field the client sent (``instructions`` or
-``input[j]``). A failure after the stream began is a ``response.failed``
-event. A client that leaves an unstreamed request cancels its generation at
-once (the collector sees the disconnect); one that leaves a stream gets the
-grace chat streams get (``resume_grace_s``, when ``resumable_streams``): it
-may resume within it, on any replica, before the generation is cancelled.
-
-One loop, two transports. :func:`response_events` turns a source of replies
-(the live answer, or the replies read back from the log) into the events as
-dicts: the opening, one delta per piece of text, then the closing or
-``response.failed``; None marks a wait of ``within`` seconds without a reply.
-:meth:`ResponsesServing.stream` writes them as SSE (None: a keep-alive comment), the
-WebSocket session (:mod:`gateway.websocket.responses`) sends each as a JSON
-message.
-
-Resuming (``GET /v1/responses/{id}?stream=true&starting_after=N``, as OpenAI
-names it; :meth:`ResponsesServing.resume`). The request is found in the log from its
-id and its replies are read from its reply partition, recorded then live, by
-:mod:`gateway.resume`, exactly as a chat stream is resumed; the events are
-built again from the first reply on and those numbered above ``N`` are sent
-(all of them without ``starting_after``). The numbering depends only on the
-replies (4 opening events, one per reply with text, 4 closing ones or one
-``response.failed``), so every replica numbers alike and a resumed stream
-joins the first with no gap and no repeat. Decisions:
-
-* The response objects inside the events are rebuilt from the recorded
-  generation (:func:`recorded_request`): model, ``temperature``, ``top_p``,
-  ``max_output_tokens`` and ``created_at`` are exact. ``instructions`` is a
-  system message that comes first, before others (the log cannot tell it
-  from an input system message in that place); ``metadata`` and ``store``
-  are recorded; ``user``, ``safety_identifier`` and ``prompt_cache_key`` are
-  not in the log and read empty in a resumed stream. ``completed_at`` is the record time of the
-  final reply (the live stream's is when its gateway read it: the same second
-  but for a boundary between them).
-* A request that failed before its first token had no stream (its client got
-  an HTTP error); read back, it is the opening events and ``response.failed``.
-* Only the tenant that made a response may stream it: any other caller gets
-  404, as for a response that does not exist.
-* A background response is a job: its replies go to the job's results, not
-  to ``conveyor.replies``, so there is nothing to stream. ``stream=true`` on
-  one is a 400 naming ``stream`` that says to poll it (OpenAI streams those
-  only when they were created with ``stream: true``, which Conveyor refuses).
-* Any chat request of the caller's, streamed or not, can be read as
-  Responses events (``resp_`` and its id), since requests recorded before
-  the log named their API do not say which asked for it.
-
-Reading a stored response back without ``stream`` (:meth:`ResponsesServing.stored_response`,
-gateway/stored.py): a direct response kept unless ``store: false``, found
-only through the Responses API that made it, rebuilt as its create call
-answered it.
-"""
+:func:`response_events` turns a source of replies (the live answer, or the
+replies read back by :mod:`gateway.resume`) into the events, for SSE and the
+WebSocket mode alike; their numbering depends only on the replies, so a
+resumed stream (``?stream=true&starting_after=N``) joins the first on any
+replica. A resumed stream's response objects are rebuilt from the recorded
+generation (:func:`recorded_request`: ``user``, ``safety_identifier`` and
+``prompt_cache_key`` are not in the log and read empty). Only the tenant
+may stream or read a response (else 404); a background response is a job
+and cannot be streamed (400 naming ``stream``)."""
 
 from __future__ import annotations
 

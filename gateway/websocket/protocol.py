@@ -1,32 +1,10 @@
 """The WebSocket messages of the gateway: what a client may send, what the server
-sends back, the close codes, and how a message becomes a text frame.
-
-Multiplexed generations (``ws /v1/chat/completions`` and ``ws /v1/completions``;
-the path says which kind of body a request holds, as over HTTP):
-
-* client: ``{"type": "request", "id": "<client id>", "body": {<request body>}}``
-  and ``{"type": "cancel", "id": "<client id>"}``;
-* server: ``{"type": "chunk", "id", "data": <OpenAI chunk object>}``,
-  ``{"type": "done", "id"}`` and
-  ``{"type": "error", "id", "status": <HTTP status>, "error": <OpenAI error object>}``.
-
-Every request id ends with exactly one ``done`` or ``error``; a cancelled
-request ends with the error ``request_cancelled``, and no chunk follows it.
-
-Responses mode (``ws /v1/responses``), as OpenAI's openai-python types it
-(``ResponsesClientEventParam``): ``{"type": "response.create", <the fields of a
-POST /v1/responses body>}``; the realtime shape, the body under
-``"response"``, is taken too. ``stream`` is implicit (whatever is sent) and
-``background`` is refused, as OpenAI refuses it over a WebSocket. The server
-sends the events of the SSE stream, one JSON message each; a request refused
-before its stream began is ``{"type": "error", "code", "message", "param",
-"status", "sequence_number": 0}`` (OpenAI's ``ResponseErrorEvent``).
-
-A frame that is not one of these (binary, not JSON, an unknown ``type``, a
-request without an id) closes the connection with a close code and a reason:
-there is no request to answer. A problem with one request's body is an error
-message for that request, and the connection stays open.
-"""
+sends back, the close codes, and how a message becomes a text frame. The
+contract is docs/api/websocket.md: multiplexed ``request``/``cancel`` in,
+``chunk``/``done``/``error`` out, each id ending with exactly one ``done`` or
+``error``; Responses mode takes ``response.create`` and sends the SSE stream's
+events. A frame that is none of these closes the connection with a code and a
+reason; a bad body is an error for that request alone."""
 
 from __future__ import annotations
 

@@ -1,25 +1,13 @@
 """OpenAI's Responses API in WebSocket mode (``ws /v1/responses``).
 
-The client sends ``response.create`` events (:mod:`gateway.websocket.protocol`);
-each is validated as ``POST /v1/responses`` validates its body
-(:func:`schemas.openai.responses.parse_request`), admitted and submitted as
-a chat generation (:func:`gateway.responses.serving.generation_of`), and
-answered with the same events as the SSE stream, from the same loop
-(:func:`gateway.responses.serving.response_events`), one JSON message each.
-
-Decisions:
-
-* One response at a time per connection, in the order they were asked for
-  (OpenAI's WebSocket mode processes a connection's responses FIFO); at most
-  :data:`MAX_QUEUED` wait behind the one running, and one more is refused
-  with an ``error`` event. Parallel responses take parallel connections, or
-  the multiplexed ``ws /v1/chat/completions``.
-* A refusal before the stream began (a bad body, 429, no worker) is OpenAI's
-  ``error`` event with the HTTP status added; a failure after it began is
-  ``response.failed``, as over SSE. The connection stays open for the next.
-* The connection closing cancels the response that runs and drops the ones
-  waiting.
-"""
+Each ``response.create`` is validated as ``POST /v1/responses`` is, submitted
+as a chat generation and answered with the SSE stream's events from the same
+loop (:func:`gateway.responses.serving.response_events`), one JSON message
+each. One response at a time per connection, first come first served, at most
+:data:`MAX_QUEUED` waiting (one more is refused with an ``error`` event). A
+refusal before the stream began is OpenAI's ``error`` event with the HTTP
+status; the connection closing cancels the running response and drops the
+waiting ones."""
 
 from __future__ import annotations
 
