@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from conveyor.errors import DeadlineExceeded
 from conveyor.metrics import GatewayMetrics
 from conveyor.registry import Registry
+from conveyor.settings import GatewaySettings
 from gateway.admission import FREE, Ticket
 from gateway.cancels import Cancels
 from gateway.pii import ReplyRestorer
@@ -124,6 +125,21 @@ class Answer:
         if not self._logged:
             self._logged = True
             self._log_access()
+
+    async def relay(self, frames: AsyncIterator[bytes], gateway: GatewaySettings
+                    ) -> AsyncIterator[bytes]:
+        """``frames``, then the answer closed. Closed early (the client went
+        away), the generation is cancelled after ``resume_grace_s`` when streams
+        are resumable, unless a resumed stream reads it by then."""
+        ended = False
+        try:
+            async for frame in frames:
+                yield frame
+            ended = True
+        finally:
+            resumable = gateway.resumable_streams and not ended
+            self.close("client disconnected",
+                       grace_s=gateway.resume_grace_s if resumable else 0.0)
 
     def _log_access(self) -> None:
         """One line a request: what, how it ended, how long; a hash of the prompt,

@@ -96,19 +96,10 @@ class ChatServing:
             **sse.HEADERS, **headers, **answered_by(self.registry, generation["model"],
                                                   opening(first).get("model"))})
 
-    async def stream(self, answer: Answer, first: Reply) -> AsyncIterator[bytes]:
-        """SSE frames: OpenAI chunks, keep-alive comments while waiting, then [DONE].
-        Closing the iterator early (the client went away) cancels the generation
-        after ``resume_grace_s``, unless a resumed stream reads it by then."""
-        ended = False
-        try:
-            async for frame in self.frames(answer, first, after=-1):
-                yield frame
-            ended = True
-        finally:
-            resumable = self.settings.gateway.resumable_streams and not ended
-            answer.close("client disconnected",
-                         grace_s=self.settings.gateway.resume_grace_s if resumable else 0.0)
+    def stream(self, answer: Answer, first: Reply) -> AsyncIterator[bytes]:
+        """SSE frames: OpenAI chunks, keep-alive comments while waiting, then [DONE]
+        (:meth:`gateway.answer.Answer.relay` says what leaving early does)."""
+        return answer.relay(self.frames(answer, first, after=-1), self.settings.gateway)
 
     async def frames(self, source: ReplySource, first: Reply | None,
                      after: int) -> AsyncIterator[bytes]:

@@ -62,7 +62,7 @@ from schemas.openai.responses import (
 )
 from schemas.records import ErrorInfo, Generation, Reply, Sampling, Usage
 
-__all__ = ["ResponsesServing", "generation_of", "input_param", "response_events",
+__all__ = ["ResponsesServing", "generation_of", "input_param", "translated", "response_events",
            "ResponseNotFound", "response_request_id", "sequence_after", "recorded_request"]
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,8 @@ def input_param(param: str | None, body: ResponsesRequest) -> str | None:
     return f"input[{index}]" + param[match.end():]
 
 
-def _translated(exc: RequestError, body: ResponsesRequest) -> RequestError:
+def translated(exc: RequestError, body: ResponsesRequest) -> RequestError:
+    """``exc`` naming the Responses field its chat ``param`` came from."""
     exc.param = input_param(exc.param, body)
     return exc
 
@@ -134,7 +135,7 @@ async def response_events(events: ResponseEvents, source: ReplySource, first: Re
                 if not isinstance(exc, RequestError):
                     log.error("stream %s failed", source.request_id, exc_info=exc)
                     exc = RequestError("Internal error.")
-                for event in events.failure(_error_info(_translated(exc, body))):
+                for event in events.failure(_error_info(translated(exc, body))):
                     yield event
                 return
             if reply is None:
@@ -268,13 +269,9 @@ class ResponsesServing:
         then live (``stream``)."""
         identity = identity_of(request)
         if not stream:
-            if self.background is not None:
-                try:
-                    return SafeJSONResponse(await self.background.retrieve(identity,
-                                                                           response_id))
-                except RequestError as exc:
-                    if exc.status != 404:
-                        raise
+            found = await _background(self.background, identity, response_id)
+            if found is not None:
+                return SafeJSONResponse(found)
             response_request_id(response_id)  # 404 for what is no response id, before the log
             return SafeJSONResponse(await self.stored_response(identity, response_id))
         rid = response_request_id(response_id)
@@ -288,7 +285,7 @@ class ResponsesServing:
         try:
             chat = await collect(generation, answer, disconnected, read_calls=False)
         except RequestError as exc:
-            raise _translated(exc, body) from None
+            raise translated(exc, body) from None
         if not chat:
             return {}
         choice = chat["choices"][0]
@@ -310,26 +307,17 @@ class ResponsesServing:
         try:
             return await answer.first(disconnected)
         except RequestError as exc:
-            raise _translated(exc, body) from None
+            raise translated(exc, body) from None
 
-    async def stream(self, generation: Generation, answer: Answer, body: ResponsesRequest,
-                     first: Reply) -> AsyncIterator[bytes]:
-        """SSE frames of the Responses API's events, keep-alive comments while waiting.
-        Closing the iterator early (the client went away) cancels the generation after
-        ``resume_grace_s``, unless a resumed stream reads it by then."""
+    def stream(self, generation: Generation, answer: Answer, body: ResponsesRequest,
+               first: Reply) -> AsyncIterator[bytes]:
+        """SSE frames of the Responses API's events, keep-alive comments while waiting
+        (:meth:`gateway.answer.Answer.relay` says what leaving early does)."""
         events = ResponseEvents(new_response_id(answer.request_id), generation["created"],
                                 body)
-        settings = self.settings
-        ended = False
-        try:
-            async for event in _sse(response_events(events, answer, first, body,
-                                                    settings.gateway.sse_keepalive_s)):
-                yield event
-            ended = True
-        finally:
-            resumable = settings.gateway.resumable_streams and not ended
-            answer.close("client disconnected",
-                         grace_s=settings.gateway.resume_grace_s if resumable else 0.0)
+        gateway = self.settings.gateway
+        return answer.relay(_sse(response_events(events, answer, first, body,
+                                                 gateway.sse_keepalive_s)), gateway)
 
     async def resume(self, identity: Identity, response_id: str, after: int
                      ) -> AsyncIterator[bytes]:
@@ -338,8 +326,7 @@ class ResponsesServing:
         rid = response_request_id(response_id)
         where = await self.stored.locate(rid)
         if where is None:
-            if self.background is not None and await _is_background(
-                    self.background, identity, response_id):
+            if await _background(self.background, identity, response_id) is not None:
                 raise InvalidRequest(
                     f"Response '{response_id}' is a background response, which cannot be "
                     "streamed: it runs as a job whose replies are kept as its result, not "
@@ -383,7 +370,7 @@ class ResponsesServing:
             folded, ended_ms = await self.stored.read(where)
         except RequestError as exc:
             return response_object(response_id, generation["created"], body, "failed",
-                                   error=_error_info(_translated(exc, body)))
+                                   error=_error_info(translated(exc, body)))
         return response_object(
             response_id, generation["created"], body, "completed", text=folded.text,
             usage=folded.usage, finish_reason=folded.finish_reason,
@@ -392,12 +379,14 @@ class ResponsesServing:
             else None)
 
 
-async def _is_background(background: BackgroundResponses, identity: Identity,
-                         response_id: str) -> bool:
+async def _background(background: BackgroundResponses | None, identity: Identity,
+                      response_id: str) -> dict[str, Any] | None:
+    """The caller's background response ``response_id``; None when there is none."""
+    if background is None:
+        return None
     try:
-        await background.retrieve(identity, response_id)
+        return await background.retrieve(identity, response_id)
     except RequestError as exc:
         if exc.status == 404:
-            return False
+            return None
         raise
-    return True

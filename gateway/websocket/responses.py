@@ -22,7 +22,7 @@ from conveyor.errors import InvalidRequest, RateLimited, RequestError
 from gateway.answer import Answer
 from gateway.responses.events import ResponseEvents
 from gateway.responses.objects import new_response_id
-from gateway.responses.serving import generation_of, input_param, response_events
+from gateway.responses.serving import generation_of, response_events, translated
 from gateway.submission import Submitter
 from gateway.websocket.connection import Connection
 from gateway.websocket.protocol import (
@@ -38,12 +38,6 @@ __all__ = ["MAX_QUEUED", "ResponsesSession"]
 log = logging.getLogger(__name__)
 
 MAX_QUEUED = 8
-
-
-def _translated(exc: RequestError, body: ResponsesRequest | None) -> RequestError:
-    if body is not None:
-        exc.param = input_param(exc.param, body)
-    return exc
 
 
 class ResponsesSession:
@@ -104,7 +98,7 @@ class ResponsesSession:
         try:
             answer = await self.submitter.admit_and_submit(generation, self.request)
         except RequestError as exc:
-            raise _translated(exc, body) from None
+            raise translated(exc, body) from None
         try:
             await self._stream(answer, body, generation["created"])
         finally:
@@ -114,7 +108,7 @@ class ResponsesSession:
         try:
             first = await answer.next()
         except RequestError as exc:  # before the stream began: an error event
-            raise _translated(exc, body) from None
+            raise translated(exc, body) from None
         events = ResponseEvents(new_response_id(answer.request_id), created, body)
         # no ``within``: a reply, the end or a failure, never a keep-alive wait
         async with contextlib.aclosing(response_events(events, answer, first, body,
