@@ -30,6 +30,14 @@ __all__ = ["install_error_handlers", "error_response", "SafeJSONResponse", "Catc
 log = logging.getLogger(__name__)
 
 
+class NotFound(RequestError):
+    """404 for what does not exist, or is not the caller's to see (the same answer)."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
 class SafeJSONResponse(JSONResponse):
     """JSON that always encodes: UTF-8 as is, or ASCII escapes for what UTF-8 cannot
     hold (lone surrogates)."""

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends, Request
 
 from conveyor.errors import RequestError
 from gateway.auth.middleware import identity_of
-from gateway.errors import SafeJSONResponse
+from gateway.errors import NotFound, SafeJSONResponse
 from gateway.provide import service
 from gateway.publisher import Publisher
 from gateway.resume import StreamNotFound, request_id_of
@@ -33,12 +33,8 @@ feedback_router = APIRouter()
 _ANSWER_WAIT_S = 2.0
 
 
-class RequestNotFound(RequestError):
+class RequestNotFound(NotFound):
     """404 for a request that is not in the log, or is not the caller's."""
-
-    status = 404
-    type = "invalid_request_error"
-    code = "not_found"
 
     def __init__(self, named: str) -> None:
         super().__init__(f"No request found with id '{named}'.", param="request_id")

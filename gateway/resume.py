@@ -29,10 +29,10 @@ from conveyor.errors import (
     BrokerError,
     InvalidRequest,
     PipelineUnavailable,
-    RequestError,
 )
 from conveyor.settings import Settings
 from gateway.cancels import Cancels
+from gateway.errors import NotFound
 from gateway.replies import ReplySource, ReplyStream, reply_error
 from schemas.codec import Codec
 from schemas.records import Generation, Reply
@@ -57,12 +57,8 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 _LOOKUP_WINDOWS_S = (120, 3600)
 
 
-class StreamNotFound(RequestError):
+class StreamNotFound(NotFound):
     """404 for a stream that does not exist, or is not the caller's to see."""
-
-    status = 404
-    type = "invalid_request_error"
-    code = "not_found"
 
     def __init__(self, stream_id: str) -> None:
         super().__init__(f"No stream {stream_id!r} was found.", param="id")

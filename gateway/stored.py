@@ -16,6 +16,7 @@ from typing import Any, Literal
 from conveyor.errors import RequestError
 from conveyor.settings import Settings
 from gateway.auth.types import Identity
+from gateway.errors import NotFound
 from gateway.jobs.batches import page
 from gateway.replies import Folded, fold_answer
 from gateway.resume import (
@@ -34,12 +35,8 @@ from topics.lookup import SharedLookup
 __all__ = ["CompletionNotFound", "StoredAnswers"]
 
 
-class CompletionNotFound(RequestError):
+class CompletionNotFound(NotFound):
     """404 for a chat completion that was not stored, or is not the caller's."""
-
-    status = 404
-    type = "invalid_request_error"
-    code = "not_found"
 
     def __init__(self, completion_id: str, why: str = "") -> None:
         super().__init__(f"No stored chat completion found with id '{completion_id}'."

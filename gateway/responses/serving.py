@@ -37,7 +37,7 @@ from gateway.answer import Answer, Disconnected, collect
 from gateway.auth.middleware import identity_of
 from gateway.auth.types import Identity
 from gateway.cancels import Cancels
-from gateway.errors import SafeJSONResponse
+from gateway.errors import NotFound, SafeJSONResponse
 from gateway.responses.events import ResponseEvents, frame
 from gateway.responses.objects import is_stored, new_response_id, response_object
 from gateway.responses.types import BackgroundResponses
@@ -168,12 +168,8 @@ async def _sse(events: AsyncGenerator[dict[str, Any] | None, None],
 
 # -- resuming ---------------------------------------------------------------------
 
-class ResponseNotFound(RequestError):
+class ResponseNotFound(NotFound):
     """404 for a response that does not exist, or is not the caller's to see."""
-
-    status = 404
-    type = "invalid_request_error"
-    code = "not_found"
 
     def __init__(self, response_id: str) -> None:
         super().__init__(f"Response with id '{response_id}' not found.")
