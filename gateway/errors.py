@@ -49,6 +49,15 @@ class SafeJSONResponse(JSONResponse):
             return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode()
 
 
+def for_client(exc: BaseException, what: str) -> RequestError:
+    """``exc`` as a client hears of it: a :class:`RequestError` as it is, anything
+    else (a bug) as "Internal error.", logged in full as ``what`` failing."""
+    if isinstance(exc, RequestError):
+        return exc
+    log.error("%s failed", what, exc_info=exc)
+    return RequestError("Internal error.")
+
+
 def error_response(exc: RequestError) -> SafeJSONResponse:
     return SafeJSONResponse(exc.envelope(), status_code=exc.status, headers=exc.headers or None)
 

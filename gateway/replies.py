@@ -56,12 +56,8 @@ return 0
 
 @dataclass
 class ReplyStream:
-    """The replies of one request, in index order.
-
-    One reader waits on it. A reply that arrives wakes that reader in one turn
-    of the event loop: a future the reader awaits under ``asyncio.timeout``,
-    where an ``asyncio.Queue`` read under ``asyncio.wait_for`` made a task for
-    each wait and took three turns, behind whatever else the loop ran."""
+    """The replies of one request, in index order, for one reader, woken by a
+    future (docs/decisions/0015-fewer-writes-at-the-gateway.md)."""
 
     request_id: str
     ready: deque[Reply] = field(default_factory=deque)

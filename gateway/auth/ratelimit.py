@@ -151,13 +151,10 @@ class RateLimiter:
 
     async def run(self, health: TaskHealth | None = None) -> None:
         """Count the live gateways (their reply-partition leases) while Redis
-        answers, for the share of each limit this gateway keeps when it does not;
-        while it does not, probe it every :attr:`probe_every_s`. The admission
-        scripts are loaded first, and again whenever Redis comes back, so that
-        the first admissions do not spend their budget loading them (a cold
-        limiter on a loaded machine fell back to its local share for them).
-        Survives outages.
-        ``health`` (``degraded`` while Redis is down) replaces :attr:`health`."""
+        answers, for this gateway's share of each limit when it does not; then
+        probe it every :attr:`probe_every_s`. The scripts are loaded first and
+        whenever Redis comes back (decision 0026). Survives outages. ``health``
+        (``degraded`` while Redis is down) replaces :attr:`health`."""
         if health is not None:
             self.health = health
         warm = False  # the scripts are loaded since Redis last answered

@@ -19,11 +19,10 @@ from typing import Any
 from fastapi.responses import Response
 from starlette.requests import Request
 
-from conveyor.errors import RequestError
 from conveyor.registry import Registry
 from gateway import sse
 from gateway.answer import Answer, Disconnected, answered_by, collect
-from gateway.errors import SafeJSONResponse
+from gateway.errors import SafeJSONResponse, for_client
 from gateway.replies import opening
 from gateway.submission import Submitter
 from schemas.openai.requests import MAX_INT64, MIN_INT64
@@ -143,8 +142,7 @@ async def stream_choices(answers: list[Answer], firsts: list[Reply], keepalive_s
                 yield sse.comment()
                 continue
             if isinstance(item, BaseException):
-                exc = item if isinstance(item, RequestError) else RequestError("Internal error.")
-                yield sse.json_data(exc.envelope())
+                yield sse.json_data(for_client(item, f"choice {i} of {primary}").envelope())
                 yield sse.Last(sse.DONE)
                 return
             for line in item["chunk"].split("\n") if item["chunk"] else ():

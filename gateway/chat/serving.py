@@ -12,14 +12,13 @@ unless a resumed stream reads it (docs/api/streams.md)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from fastapi.responses import Response
 from starlette.requests import Request
 
-from conveyor.errors import InvalidRequest, RequestError
+from conveyor.errors import InvalidRequest
 from conveyor.registry import Registry
 from conveyor.settings import Settings
 from gateway import sse
@@ -28,7 +27,7 @@ from gateway.auth.middleware import identity_of
 from gateway.auth.types import Identity
 from gateway.cancels import Cancels
 from gateway.chat.choices import answer_choices
-from gateway.errors import SafeJSONResponse
+from gateway.errors import SafeJSONResponse, for_client
 from gateway.replies import ReplySource, opening
 from gateway.resume import (
     Kind,
@@ -45,8 +44,6 @@ from schemas.openai.requests import ChatCompletionRequest, CompletionRequest
 from schemas.records import Generation, Reply
 
 __all__ = ["ChatServing"]
-
-log = logging.getLogger(__name__)
 
 
 class ChatServing:
@@ -129,12 +126,10 @@ class ChatServing:
             try:
                 reply = await source.next(within=keepalive)
             except Exception as exc:  # the status is sent: the error becomes an event
-                if not isinstance(exc, RequestError):
-                    log.error("stream %s failed", rid, exc_info=exc)
-                    exc = RequestError("Internal error.")
                 seq += 1
                 if seq > after:
-                    yield sse.json_data(exc.envelope(), id=event_id(rid, seq) if ids else None)
+                    yield sse.json_data(for_client(exc, f"stream {rid}").envelope(),
+                                        id=event_id(rid, seq) if ids else None)
                 yield sse.Last(sse.DONE)
                 return
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -37,7 +36,7 @@ from gateway.answer import Answer, Disconnected, collect
 from gateway.auth.middleware import identity_of
 from gateway.auth.types import Identity
 from gateway.cancels import Cancels
-from gateway.errors import NotFound, SafeJSONResponse
+from gateway.errors import NotFound, SafeJSONResponse, for_client
 from gateway.responses.events import ResponseEvents, frame
 from gateway.responses.objects import is_stored, new_response_id, response_object
 from gateway.responses.types import BackgroundResponses
@@ -64,8 +63,6 @@ from schemas.records import ErrorInfo, Generation, Reply, Sampling, Usage
 
 __all__ = ["ResponsesServing", "generation_of", "input_param", "translated", "response_events",
            "ResponseNotFound", "response_request_id", "sequence_after", "recorded_request"]
-
-log = logging.getLogger(__name__)
 
 _MESSAGE_PARAM = re.compile(r"^messages\[(\d+)\]")
 _RENAMED = {"messages": "input", "max_tokens": "max_output_tokens"}
@@ -132,10 +129,8 @@ async def response_events(events: ResponseEvents, source: ReplySource, first: Re
             try:
                 reply = await source.next(within=within)
             except Exception as exc:  # the stream began: the error becomes an event
-                if not isinstance(exc, RequestError):
-                    log.error("stream %s failed", source.request_id, exc_info=exc)
-                    exc = RequestError("Internal error.")
-                for event in events.failure(_error_info(translated(exc, body))):
+                error = for_client(exc, f"stream {source.request_id}")
+                for event in events.failure(_error_info(translated(error, body))):
                     yield event
                 return
             if reply is None:

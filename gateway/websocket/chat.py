@@ -21,6 +21,7 @@ from starlette.requests import HTTPConnection
 
 from conveyor.errors import InvalidRequest, RateLimited, RequestError
 from gateway.answer import Answer
+from gateway.errors import for_client
 from gateway.submission import Submitter
 from gateway.websocket.connection import Connection
 from gateway.websocket.protocol import (
@@ -121,11 +122,8 @@ class Generation:
             await self._end(error_message(self.id, _CANCELLED))
         except _ClientCancelled:
             await self._end(error_message(self.id, _CANCELLED))
-        except RequestError as exc:
-            await self._end(error_message(self.id, exc))
-        except Exception as exc:  # a bug: the client hears of it, the log has it all
-            log.error("websocket request %s failed", self.id, exc_info=exc)
-            await self._end(error_message(self.id, RequestError("Internal error.")))
+        except Exception as exc:
+            await self._end(error_message(self.id, for_client(exc, f"websocket request {self.id}")))
         finally:
             if self.answer is not None:
                 self.answer.close("client cancelled" if self.cancel_requested

@@ -20,6 +20,7 @@ from starlette.requests import HTTPConnection
 
 from conveyor.errors import InvalidRequest, RateLimited, RequestError
 from gateway.answer import Answer
+from gateway.errors import for_client
 from gateway.responses.events import ResponseEvents
 from gateway.responses.objects import new_response_id
 from gateway.responses.serving import generation_of, response_events, translated
@@ -80,11 +81,8 @@ class ResponsesSession:
             create = await self.queue.get()
             try:
                 await self._respond(create)
-            except RequestError as exc:
-                await self._send_error(exc)
-            except Exception as exc:  # a bug: the client hears of it, the log has it all
-                log.error("websocket response failed", exc_info=exc)
-                await self._send_error(RequestError("Internal error."))
+            except Exception as exc:
+                await self._send_error(for_client(exc, "websocket response"))
 
     async def _send_error(self, exc: RequestError) -> None:
         await self.connection.send(encode(response_error_event(exc)))
