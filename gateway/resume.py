@@ -117,16 +117,28 @@ class Recorded:
     generation: Generation | None = None
 
 
-async def locate(lookup: SharedLookup, codec: Codec, request_id: str,
+async def locate(lookup: SharedLookup, request_id: str,
                  *, timeout_s: float = 10.0) -> Recorded | None:
     """The request's recorded address, or None when no such request (or a job's,
     whose answer is not a stream) is in the log; 503 when Kafka cannot say within
     ``timeout_s`` (each window's read is bounded by it)."""
-    try:
-        return await _locate(lookup, codec, request_id, timeout_s)
-    except BrokerError as exc:
-        raise PipelineUnavailable(f"The pipeline is unavailable ({exc}); "
-                                  "try again later.") from exc
+    for since, until in lookup_windows(lookup.settings, request_id, now_ms()):
+        try:
+            found = await lookup.find(REQUESTS, request_id, since, until, timeout_s=timeout_s)
+        except BrokerError as exc:
+            raise PipelineUnavailable(f"The pipeline is unavailable ({exc}); "
+                                      "try again later.") from exc
+        for record, request in found:
+            envelope = request["envelope"]
+            if envelope["request_id"] != request_id or envelope.get("job_id"):
+                continue
+            return Recorded(request_id=request_id, tenant=envelope["tenant"],
+                            kind=request["generation"]["kind"],
+                            reply_partition=envelope["reply_partition"],
+                            submitted_ms=record.timestamp,
+                            deadline_ms=envelope["deadline_ms"],
+                            generation=request["generation"])
+    return None
 
 
 def lookup_windows(settings: Settings, request_id: str, now: int) -> list[tuple[int, int | None]]:
@@ -140,24 +152,6 @@ def lookup_windows(settings: Settings, request_id: str, now: int) -> list[tuple[
         windows.append(made)
     windows += [(now - window_s * 1000 - skew, None) for window_s in _LOOKUP_WINDOWS_S]
     return windows
-
-
-async def _locate(lookup: SharedLookup, codec: Codec, request_id: str,
-                  timeout_s: float) -> Recorded | None:
-    settings = lookup.settings
-    for since, until in lookup_windows(settings, request_id, now_ms()):
-        for record, request in await lookup.find(REQUESTS, request_id, since, until,
-                                                 timeout_s=timeout_s):
-            envelope = request["envelope"]
-            if envelope["request_id"] != request_id or envelope.get("job_id"):
-                continue
-            return Recorded(request_id=request_id, tenant=envelope["tenant"],
-                            kind=request["generation"]["kind"],
-                            reply_partition=envelope["reply_partition"],
-                            submitted_ms=record.timestamp,
-                            deadline_ms=envelope["deadline_ms"],
-                            generation=request["generation"])
-    return None
 
 
 class RecordedReplies:

@@ -54,7 +54,7 @@ class StoredAnswers:
 
     async def locate(self, request_id: str) -> Recorded | None:
         """The request's recorded address (:func:`gateway.resume.locate`)."""
-        return await locate(self.lookup, self.codec, request_id)
+        return await locate(self.lookup, request_id)
 
     def mine(self, where: Recorded, identity: Identity) -> bool:
         """Whether the caller may see the request: its tenant's (any, without auth)."""

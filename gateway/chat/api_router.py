@@ -67,7 +67,8 @@ async def retrieve_chat_completion(
         completion_id: str, request: Request,
         chat: Annotated[ChatServing, Depends(service("chat"))]) -> SafeJSONResponse:
     """A chat completion created with ``store: true``, rebuilt from the log."""
-    return SafeJSONResponse(await chat.stored_completion(identity_of(request), completion_id))
+    return SafeJSONResponse(await chat.stored.chat_completion(identity_of(request),
+                                                                 completion_id))
 
 
 @router.get("/v1/chat/completions/{completion_id}/messages", response_model=None,
@@ -78,7 +79,7 @@ async def list_chat_completion_messages(
         after: str | None = None, limit: int = 20,
         order: Literal["asc", "desc"] = "asc") -> SafeJSONResponse:
     """The messages a stored chat completion was asked with."""
-    return SafeJSONResponse(await chat.stored_messages(identity_of(request), completion_id,
+    return SafeJSONResponse(await chat.stored.messages(identity_of(request), completion_id,
                                                        after, limit, order))
 
 

@@ -13,7 +13,6 @@ unless a resumed stream reads it (docs/api/streams.md)."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any, Literal
 
 from fastapi.responses import Response
 from starlette.requests import Request
@@ -24,7 +23,6 @@ from conveyor.settings import Settings
 from gateway import sse
 from gateway.answer import Answer, answered_by, collect
 from gateway.auth.middleware import identity_of
-from gateway.auth.types import Identity
 from gateway.cancels import Cancels
 from gateway.chat.choices import answer_choices
 from gateway.errors import SafeJSONResponse, for_client
@@ -147,15 +145,4 @@ class ChatServing:
         events = resumed_events(self.settings, self.stored.codec, self.cancels, where, after,
                                 lambda replies, after: self.frames(replies, None, after))
         return sse.EventStream(events, headers={**sse.HEADERS, "x-request-id": rid})
-
-    async def stored_completion(self, identity: Identity, completion_id: str
-                                ) -> dict[str, Any]:
-        """A chat completion created with ``store: true``, rebuilt from the log."""
-        return await self.stored.chat_completion(identity, completion_id)
-
-    async def stored_messages(self, identity: Identity, completion_id: str,
-                              after: str | None, limit: int,
-                              order: Literal["asc", "desc"]) -> dict[str, Any]:
-        """The messages a stored chat completion was asked with."""
-        return await self.stored.messages(identity, completion_id, after, limit, order)
 
