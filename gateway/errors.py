@@ -43,10 +43,16 @@ class SafeJSONResponse(JSONResponse):
     hold (lone surrogates)."""
 
     def render(self, content: Any) -> bytes:
-        try:
-            return json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode()
-        except UnicodeEncodeError:
-            return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode()
+        return safe_json(content)
+
+
+def safe_json(content: Any) -> bytes:
+    """Compact JSON as UTF-8, or with ASCII escapes for what UTF-8 cannot hold (a
+    lone surrogate echoed from a request)."""
+    try:
+        return json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode()
 
 
 def for_client(exc: BaseException, what: str) -> RequestError:

@@ -26,20 +26,9 @@ from schemas.openai.response_items import (
 from schemas.openai.responses import ResponsesRequest, response_usage
 from schemas.records import ErrorInfo, Usage
 
-__all__ = [
-    "ResponseStatus",
-    "new_response_id",
-    "message_id",
-    "message_item",
-    "output_text_part",
-    "usage_object",
-    "error_object",
-    "response_object",
-    "is_stored",
-    "OutputBuilder",
-    "Step",
-    "call_item",
-]
+__all__ = ["ResponseStatus", "new_response_id", "message_id", "message_item", "output_text_part",
+           "usage_object", "error_object", "response_object", "is_stored", "OutputBuilder", "Step",
+           "call_item"]
 
 ResponseStatus = Literal["queued", "in_progress", "completed", "incomplete", "failed",
                          "cancelled"]

@@ -13,30 +13,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from conveyor.errors import RequestError
+from gateway.errors import safe_json
 
-__all__ = [
-    "Endpoint",
-    "UNSUPPORTED_DATA",
-    "INVALID_PAYLOAD",
-    "POLICY_VIOLATION",
-    "MESSAGE_TOO_BIG",
-    "INTERNAL_ERROR",
-    "TRY_AGAIN_LATER",
-    "MAX_ID_CHARS",
-    "FrameError",
-    "RequestMessage",
-    "CancelMessage",
-    "ResponseCreate",
-    "parse_multiplexed",
-    "parse_response_create",
-    "close_reason",
-    "encode",
-    "chunk_frame",
-    "done_message",
-    "error_message",
-    "response_error_event",
-    "close_code_of",
-]
+__all__ = ["Endpoint", "UNSUPPORTED_DATA", "INVALID_PAYLOAD", "POLICY_VIOLATION", "MESSAGE_TOO_BIG",
+           "INTERNAL_ERROR", "TRY_AGAIN_LATER", "MAX_ID_CHARS", "FrameError", "RequestMessage",
+           "CancelMessage", "ResponseCreate", "parse_multiplexed", "parse_response_create",
+           "close_reason", "encode", "chunk_frame", "done_message", "error_message",
+           "response_error_event", "close_code_of"]
 
 # RFC 6455 section 7.4.1 and the IANA registry
 UNSUPPORTED_DATA = 1003  # a binary frame: this protocol is text
@@ -132,14 +115,8 @@ def close_code_of(exc: RequestError) -> int:
 
 
 def encode(message: dict[str, Any]) -> str:
-    """A message as one text frame: UTF-8 as is, or ASCII escapes for what UTF-8
-    cannot hold (a lone surrogate echoed from a request)."""
-    text = json.dumps(message, ensure_ascii=False, separators=(",", ":"))
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return json.dumps(message, ensure_ascii=True, separators=(",", ":"))
-    return text
+    """A message as one text frame (:func:`gateway.errors.safe_json`)."""
+    return safe_json(message).decode()
 
 
 def chunk_frame(rid: str, chunk_json: str) -> str:
