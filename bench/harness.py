@@ -47,11 +47,16 @@ __all__ = [
 # the fixture upstream's answers: TOKENS tokens, DELAY_MS apart when paced
 TOKENS = 32
 DELAY_MS = 10
-# the registry of a Conveyor in front of the fixture: the pacing is in the model name
-REGISTRY = "\n".join(
-    f'[models."{name}"]\npool = "bench"\ncontext_length = 8192\ndefault_max_tokens = 64\n'
-    f'tokenizer = "estimate"\nupstream_model = "{upstream}"\n'
-    for name, upstream in (("bench-paced", f"bench@{DELAY_MS}"), ("bench-unpaced", "bench@0")))
+
+
+def registry(paces_ms: tuple[int, ...] = ()) -> str:
+    """The registry of a Conveyor in front of the fixture: the pacing is in the
+    model name (``bench-paced``, ``bench-unpaced``, and ``bench-<ms>`` a pace)."""
+    models = [("bench-paced", f"bench@{DELAY_MS}"), ("bench-unpaced", "bench@0")]
+    models += [(f"bench-{ms}", f"bench@{ms}") for ms in paces_ms]
+    return "\n".join(
+        f'[models."{name}"]\npool = "bench"\ncontext_length = 8192\ndefault_max_tokens = 64\n'
+        f'tokenizer = "estimate"\nupstream_model = "{upstream}"\n' for name, upstream in models)
 
 
 class BenchError(Exception):
@@ -220,16 +225,20 @@ class Pipeline:
     upstream_url: str
     gateway_url: str
     conveyor: Proc
+    upstream: Proc
     prefix: str  # the topic prefix of the run
     bootstrap: str  # Kafka's
 
 
 @contextmanager
-def pipeline(upstream_port: int, gateway_port: int, name: str = "bench") -> Iterator[Pipeline]:
+def pipeline(upstream_port: int, gateway_port: int, name: str = "bench", *,
+             tokens: int = TOKENS, capacity: int = 64,
+             paces_ms: tuple[int, ...] = ()) -> Iterator[Pipeline]:
     """Kafka and Redis answer and both ports are free; the upstream fixture serves
     on ``upstream_port`` and ``conveyor up --engine openai`` (models
-    ``bench-paced`` and ``bench-unpaced``, on a topic prefix of its own) in front
-    of it on ``gateway_port``. Both are stopped when the block ends."""
+    ``bench-paced`` and ``bench-unpaced``, and ``bench-<ms>`` for ``paces_ms``, on
+    a topic prefix of its own; ``capacity`` requests in flight to the upstream)
+    in front of it on ``gateway_port``. Both are stopped when the block ends."""
     check_infra()
     check_port_free(upstream_port, "upstream")
     check_port_free(gateway_port, "gateway")
@@ -237,18 +246,18 @@ def pipeline(upstream_port: int, gateway_port: int, name: str = "bench") -> Iter
     work = Path(tempfile.mkdtemp(prefix="conveyor-bench-"))
     print(f"logs and registry in {work}", flush=True)
     models = work / "models.toml"
-    models.write_text(REGISTRY)
+    models.write_text(registry(paces_ms))
     upstream_url = f"http://127.0.0.1:{upstream_port}"
     gateway_url = f"http://127.0.0.1:{gateway_port}"
     prefix = f"{name}{int(time.time())}"
     env = conveyor_env(topic_prefix=prefix, gateway_port=gateway_port, models_file=models)
     fixture = [sys.executable, "-m", "bench.upstream", "--port", str(upstream_port),
-               "--tokens", str(TOKENS), "--delay-ms", str(DELAY_MS)]
+               "--tokens", str(max(tokens, TOKENS)), "--delay-ms", str(DELAY_MS)]
     up = [str(script), "up", "--engine", "openai", "--upstream", upstream_url, "--pool",
-          "bench", "--capacity", "64", "--no-infra"]
+          "bench", "--capacity", str(capacity), "--no-infra"]
     with running("upstream", fixture, work) as upstream:
         wait_http(f"{upstream_url}/v1/models", upstream, 30.0)
         with running("conveyor", up, work, env) as conveyor:
             wait_http(f"{gateway_url}/healthz", conveyor, 180.0)
             bootstrap = env.get("CONVEYOR_KAFKA_BOOTSTRAP") or load_settings().kafka.bootstrap
-            yield Pipeline(upstream_url, gateway_url, conveyor, prefix, bootstrap)
+            yield Pipeline(upstream_url, gateway_url, conveyor, upstream, prefix, bootstrap)

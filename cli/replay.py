@@ -13,40 +13,10 @@ value (:func:`cli.dlq.read_letters`), decoded with this Conveyor's
 codec as the first layer's input, and what was recorded is the letter's
 error.
 
-Decisions:
-
-- **Fresh layers, in this process, producing nothing.** Each layer is built
-  anew (``workers.stages``) with settings whose topic prefix is a
-  scratch one, ``replay<epoch ms>``, and its ``handle`` is called directly
-  with the recorded input; the outputs stay in memory and the next layer of
-  ``--through`` takes them as its input. Nothing is produced, so no live
-  topic, consumer group or user ever sees a replay, and no scratch topic is
-  left on the broker. As a second guard every input's reply address is
-  blanked (``reply_partition`` -1, what an error reply is never sent to),
-  and an output addressed to any topic outside the scratch prefix stops the
-  replay with an error.
-- **Content policies** are those set on the live prefix now (read from its
-  ``conveyor.policies``), so a blocked or filtered request is blocked again,
-  and a replay after a policy changed shows what the new policy would do.
-  The prompt cache is not read (the scratch prefix has none): a request the
-  cache answered replays as a miss.
-- **Which layers.** preprocess, route and postprocess turn events into
-  outputs and nothing else (their ``start`` keeps no sender), so their
-  replay reproduces what they wrote. ``--through`` names consecutive layers
-  of the flow. schedule is refused: its answer is the worker partition the
-  live heartbeats chose at that moment, and without workers a fresh
-  scheduler could only park the task; infer needs an engine and the model.
-- **What is compared.** Each layer's outputs are paired in order with the
-  recorded ones (preprocess: the Prepared event, route: the Task on
-  ``routed``, postprocess: the replies, or a job's results) and every field
-  is compared after flattening (``generation.messages[0].content``), except
-  ``envelope.stamps`` (when a layer took the event: a replay's clock),
-  ``envelope.attempt`` (deliveries, not content) and
-  ``envelope.reply_partition`` (blanked above). A layer's error is compared
-  by its summary: the last line of the dead letter's traceback, or
-  ``status type/code: message`` of an error reply.
-- **Content** (messages, prompts, texts, chunks) is printed only with
-  ``--show-content``; without it a differing content field shows sizes.
+Nothing is produced: fresh layers run in this process under a scratch topic
+prefix (``replay<epoch ms>``) with every input's reply address blanked, and an
+output addressed outside the scratch prefix stops the replay. What is replayed,
+compared and shown: docs/operating/log-tools.md.
 """
 
 from __future__ import annotations

@@ -34,8 +34,7 @@ from conveyor.errors import BrokerError, RedisRefused, RedisUnavailable
 from conveyor.settings import RedisSettings
 
 __all__ = ["Redis", "RedisRole", "ClientRole", "ROLES", "redis_client", "REDIS_ERRORS",
-           "REDIS_REFUSALS", "RedisError", "RedisConnectionError", "redis_error",
-           "redis_boundary"]
+           "REDIS_REFUSALS", "RedisError", "RedisConnectionError", "redis_error", "redis_boundary"]
 
 RedisRole = Literal["gateway", "claims", "cache", "accounting", "cli"]
 

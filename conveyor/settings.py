@@ -201,8 +201,9 @@ class ScheduleSettings(Section):
     no_worker_timeout_s: float = 10.0
     # an interactive task waits in schedule for a worker with room (a free slot
     # and KV for its prompt plus max_tokens) at most schedule_timeout_s, then is
-    # refused with 503 and Retry-After; past schedule_queue_max tasks of a pool
-    # waiting, at once (workers/schedule/room.py)
+    # refused with 503 and Retry-After; past schedule_queue_max tasks of one
+    # tenant waiting in a pool, at once (workers/schedule/room.py); the waiting
+    # tasks of a pool take turns between tenants (workers/schedule/layer.py)
     timeout_s: float = Field(5.0, alias="schedule_timeout_s")
     queue_max: int = Field(256, alias="schedule_queue_max")
     # a worker counts as live while its last heartbeat is younger than this

@@ -15,10 +15,6 @@ its step (``retry_on``) every ``pause_s`` until the bound, and the last
 refusal is part of the notes and of the error. A wait whose length depends
 on the work rather than on a service (an engine loading a model) passes
 ``within=None``: it is logged, never cut short.
-
-Why: a process that sat four minutes in ``consumer.start()`` without a line
-(bench.chaos, two infer workers joining their group) could only be told from
-a hung one by attaching a debugger.
 """
 
 from __future__ import annotations

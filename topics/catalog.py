@@ -43,10 +43,10 @@ from schemas.records import (
     WorkerHeartbeat,
 )
 
-__all__ = ["Topic", "TopicSpec", "TOPICS", "catalog", "infer_topic", "topic_named",
-           "INFER", "REQUESTS", "PREPARED", "ROUTED", "TOKENS", "REPLIES", "CONTROL", "WORKERS",
-           "JOBS", "JOB_STATUS", "RESULTS", "DLQ", "FEEDBACK", "USAGE", "AUDIT", "KEYS",
-           "BREAKERS", "MODELS"]
+__all__ = ["Topic", "TopicSpec", "TOPICS", "catalog", "infer_topic", "topic_named", "INFER",
+           "REQUESTS", "PREPARED", "ROUTED", "TOKENS", "REPLIES", "CONTROL", "WORKERS", "JOBS",
+           "JOB_STATUS", "RESULTS", "DLQ", "FEEDBACK", "USAGE", "AUDIT", "KEYS", "BREAKERS",
+           "MODELS"]
 
 _DAY_MS = 24 * 3600 * 1000
 

@@ -5,11 +5,15 @@ whose breaker is closed (:mod:`~workers.schedule.breakers`) and that has room
 for them (:mod:`~workers.schedule.room`: a slot, and KV for prompt plus
 max_tokens): the one likely to hold the longest prefix of the prompt, under
 the load bound, else the least loaded (:mod:`workers.prefix`). Otherwise the
-task is parked, placed in arrival order as soon as a worker has room, or sent
-to a fallback model's pool (:mod:`~workers.schedule.fallback`) when its own
-has no open worker or gave it no room in time. It is refused with 503
-``server_overloaded`` after ``schedule_timeout_s`` (or when the pool's queue
-is full), ``no_worker_available`` after ``no_worker_timeout_s`` with no worker.
+task is parked and placed as soon as a worker has room, or sent to a
+fallback model's pool (:mod:`~workers.schedule.fallback`) when its own has no
+open worker or gave it no room in time. Parked tasks are placed fairly
+between tenants (:func:`fair_order`): the tenant with the fewest interactive
+tasks running in the pool goes first, so one tenant's flood never starves
+another's first request; a tenant's own tasks keep their arrival order. A
+task is refused with 503 ``server_overloaded`` after ``schedule_timeout_s``
+(or when its tenant already has ``schedule_queue_max`` tasks waiting in the
+pool), ``no_worker_available`` after ``no_worker_timeout_s`` with no worker.
 
 **Background and batch tasks** (priority 1 and 2) are held here
 (:mod:`workers.schedule.held`) and released one at a time, only while a
@@ -87,7 +91,7 @@ from workers.schedule.table import (
     warm_first,
 )
 
-__all__ = ["ScheduleLayer", "Parked"]
+__all__ = ["ScheduleLayer", "Parked", "fair_order"]
 
 log = logging.getLogger(__name__)
 
@@ -173,12 +177,12 @@ class ScheduleLayer:
         if envelope["priority"] > PRIORITY_INTERACTIVE:
             return self._hold(event, record)
         entered_ms = envelope["stamps"].get("gateway", envelope["stamps"][self.name]) // 1000
-        waiting = sum(p.task["route"]["pool"] == pool for p in self.parked)
-        if not waiting:  # keep arrival order: behind tasks of the pool already parked
-            placed = self.place(event)
+        if not any(p.task["route"]["pool"] == pool for p in self.parked):
+            placed = self.place(event)  # else it waits its turn among the parked
             if placed is not None:
                 return [placed]
-        elif waiting >= self.settings.schedule.queue_max:
+        elif sum(p.task["route"]["pool"] == pool and p.task["envelope"]["tenant"] ==
+                 envelope["tenant"] for p in self.parked) >= self.settings.schedule.queue_max:
             raise overloaded(event, None)
         tp = TopicPartition(record.topic, record.partition) if record is not None else None
         self.parked.append(Parked(event, tp, record.offset if record is not None else -1,
@@ -286,7 +290,7 @@ class ScheduleLayer:
         task["route"]["partition"] = partition
         self.outstanding.add(envelope["request_id"], view.beat["worker_id"],
                              task["route"]["pool"], envelope["priority"],
-                             expiry_ms(envelope, self.settings))
+                             expiry_ms(envelope, self.settings), envelope["tenant"])
         return Output(infer_topic(self.settings.kafka, task["route"]["pool"]), "Task", task,
                       key=envelope["request_id"], partition=partition)
 
@@ -322,7 +326,7 @@ class ScheduleLayer:
         sender = self._sender
         assert sender is not None
         blocked: set[str] = set()
-        for parked in list(self.parked):
+        for parked in fair_order(self.parked, self.outstanding.of_tenant):
             if not any(p is parked for p in self.parked):
                 continue  # cancelled while an earlier one was being sent
             pool = parked.task["route"]["pool"]
@@ -418,3 +422,23 @@ class ScheduleLayer:
         gone = set(partitions)
         self.parked = [p for p in self.parked if p.tp not in gone]
         self.held.revoked(gone)
+
+
+def fair_order(parked: list[Parked], running: Callable[[str, str], int]) -> list[Parked]:
+    """``parked`` in the order they are offered room: in each pool, the next
+    task is the oldest of the tenant with the fewest tasks running
+    (``running(pool, tenant)``) plus taken before it in this order, so tenants
+    take turns; a tenant's own tasks keep their arrival order."""
+    queues: dict[tuple[str, str], list[Parked]] = {}
+    for p in parked:
+        queues.setdefault((p.task["route"]["pool"], p.task["envelope"]["tenant"]), []).append(p)
+    taken = {key: running(*key) for key in queues}
+    arrival = {id(p): i for i, p in enumerate(parked)}
+    out: list[Parked] = []
+    while queues:
+        key = min(queues, key=lambda k: (taken[k], arrival[id(queues[k][0])]))
+        out.append(queues[key].pop(0))
+        taken[key] += 1
+        if not queues[key]:
+            del queues[key]
+    return out

@@ -47,6 +47,7 @@ class Sent:
     priority: int
     sent_ms: int
     give_up_ms: int
+    tenant: str = ""
 
 
 class Outstanding:
@@ -59,6 +60,7 @@ class Outstanding:
         self._by_worker: dict[str, dict[str, Sent]] = {}
         self._low: dict[str, int] = {}
         self._interactive: dict[str, int] = {}
+        self._tenants: dict[tuple[str, str], int] = {}  # (pool, tenant) -> interactive
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -83,14 +85,21 @@ class Outstanding:
         """Interactive tasks of ``pool`` sent and not finished."""
         return self._interactive.get(pool, 0)
 
+    def of_tenant(self, pool: str, tenant: str) -> int:
+        """Interactive tasks of ``tenant`` in ``pool`` sent and not finished."""
+        return self._tenants.get((pool, tenant), 0)
+
     def add(self, request_id: str, worker_id: str, pool: str, priority: int,
-            give_up_ms: int) -> None:
+            give_up_ms: int, tenant: str = "") -> None:
         self.forget(request_id)  # sent again (a redelivery): count it once
-        sent = Sent(request_id, worker_id, pool, priority, self.clock(), give_up_ms)
+        sent = Sent(request_id, worker_id, pool, priority, self.clock(), give_up_ms, tenant)
         self._by_id[request_id] = sent
         self._by_worker.setdefault(worker_id, {})[request_id] = sent
         counts = self._interactive if priority <= PRIORITY_INTERACTIVE else self._low
         counts[pool] = counts.get(pool, 0) + 1
+        if priority <= PRIORITY_INTERACTIVE:
+            key = (pool, tenant)
+            self._tenants[key] = self._tenants.get(key, 0) + 1
 
     def forget(self, request_id: str) -> Sent | None:
         """The request finished (or was cancelled): its entry, if there was one."""
@@ -104,6 +113,11 @@ class Outstanding:
                 del self._by_worker[sent.worker_id]
         counts = self._interactive if sent.priority <= PRIORITY_INTERACTIVE else self._low
         counts[sent.pool] -= 1
+        if sent.priority <= PRIORITY_INTERACTIVE:
+            key = (sent.pool, sent.tenant)
+            self._tenants[key] -= 1
+            if not self._tenants[key]:
+                del self._tenants[key]
         return sent
 
     def reconcile(self, worker_id: str, running: int, capacity: int, beat_ms: int,

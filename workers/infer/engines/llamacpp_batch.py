@@ -1,10 +1,13 @@
 """An engine that decodes its sequences together in batched llama.cpp contexts (CPU).
 
-Where :mod:`workers.infer.engines.llamacpp` gives every request a context of
-its own, this engine keeps ``contexts`` batched contexts (default 2, one a
-core), each with its share of the ``sequences`` and a thread of its own, and
-advances all the sequences of a context with a single ``llama_decode`` per
-step: the weights are read once a step for all of them.
+The one llama.cpp engine (``--engine llamacpp``; ``llamacpp-batch`` is the same
+engine by its former name). It keeps ``contexts`` batched contexts (default
+2, one a core), each with its share of the ``sequences`` and a thread of its
+own, and advances all the sequences of a context with a single
+``llama_decode`` per step: the weights are read once a step for all of them.
+It is as fast as a context per request at one stream and faster from two
+on, so the engine of a context per request is gone
+(docs/decisions/0028-one-llama-cpp-engine.md).
 
 * Each context's thread owns it (making it, every decode and sampling,
   freeing); sequences join and leave between steps, so closing a generator
@@ -29,16 +32,16 @@ step: the weights are read once a step for all of them.
 * Greedy answers are the same alone or beside other streams, but
   ``reproducible_seeds`` is False: the sequences share a cache whose layout
   changes flash attention's rounding, so a seeded sample may differ; a
-  seeded request that must repeat belongs on
-  :class:`~workers.infer.engines.llamacpp.LlamaCppEngine` or vLLM.
+  seeded request that must repeat belongs on vLLM.
 * Flash attention as llama.cpp chooses it ("auto": on, on a CPU); OpenAI's
   sampling order (penalties over the last 64 tokens, temperature, ``top_p``,
   a seeded draw; greedy at ``temperature <= 0``); text through an
   incremental UTF-8 decoder, held back where it may begin a stop string;
   each piece ``tokens=1``, the last carrying the difference to the tokens
-  sampled. Prompts are rendered as ``LlamaCppEngine`` renders them, and
-  every failure inside llama.cpp surfaces from :meth:`generate` as an
-  :class:`~conveyor.errors.EngineError`.
+  sampled. A chat that preprocess did not render is rendered with the
+  GGUF's own chat template, and every failure inside llama.cpp surfaces from
+  :meth:`generate` as an :class:`~conveyor.errors.EngineError` (a request's
+  own fault, a :class:`~conveyor.errors.RequestError`, as itself).
 
 Why batched contexts of one thread, why the patched kernels
 (``infra/llama.sh``), and what each measured:
@@ -57,10 +60,9 @@ from typing import Any, cast
 from llama_cpp import Llama
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from conveyor.errors import EngineError
+from conveyor.errors import EngineError, RequestError
 from conveyor.registry import ModelSpec
 from workers.infer.engines.base import GenerationRequest, HostCacheStats, KvState, Piece
-from workers.infer.engines.llamacpp import pieces_from
 from workers.infer.engines.llamacpp_batch_context import Context, Item, Sequence
 from workers.infer.engines.llamacpp_cache import (
     HostCache,
@@ -86,7 +88,7 @@ class LlamaCppBatchEngine:
         n_ctx: int = 2048,
         n_threads: int = 1,
         prefill_chunk: int = 128,
-        name: str = "llamacpp-batch",
+        name: str = "llamacpp",
         host_cache_bytes: int = 0,
     ) -> None:
         if sequences < 1 or contexts < 1:
@@ -284,6 +286,21 @@ class LlamaCppBatchEngine:
         self._llm = self._chat = None
         for executor in executors:
             executor.shutdown(wait=True)
+
+
+async def pieces_from(queue: asyncio.Queue[Item]) -> AsyncGenerator[Piece, None]:
+    """The pieces a context's thread puts on ``queue`` up to the last one; an
+    exception it puts there is raised as an EngineError (a request's own fault,
+    a RequestError, as itself)."""
+    while True:
+        item = await queue.get()
+        if isinstance(item, (EngineError, RequestError)):
+            raise item
+        if isinstance(item, BaseException):
+            raise EngineError(f"llama.cpp failed: {item}") from item
+        yield item
+        if item.finish_reason is not None:
+            return
 
 
 def _shares(sequences: int, contexts: int) -> list[int]:

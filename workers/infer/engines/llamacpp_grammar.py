@@ -73,7 +73,7 @@ class CheckedSampling:
     grammar, and only when the grammar refuses it is the grammar applied to
     every token of the vocabulary (49,152 for SmolLM2) and the chain run again
     on what it allows. Applying the grammar to the whole vocabulary at every
-    step cost about a fifth of the decode rate (bench.structured).
+    step cost about a fifth of the decode rate (docs/benchmarks/results/structured.md).
 
     ``chain`` and ``grammar`` are llama.cpp sampler pointers; :meth:`free`
     frees the grammar, and the chain too when ``owns_chain`` (a chain

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from workers.infer.engines.base import Engine
     from workers.infer.engines.vllm import Dtype
 
-__all__ = ["ENGINES", "EngineEntry", "EngineOptions", "EngineSetupError", "engine_named"]
+__all__ = ["ALIASES", "ENGINES", "EngineEntry", "EngineOptions", "EngineSetupError",
+           "engine_named"]
 
 
 class EngineSetupError(ConveyorError):
@@ -75,7 +76,7 @@ def _option(default: Any, help: str | dict[str, str], *, parse: Callable[[str], 
                                             "choices": choices})
 
 
-_LLAMA = ("llamacpp", "llamacpp-batch")
+_LLAMA = ("llamacpp",)
 _HOST_CACHE = ("host memory for the KV caches of conversations a context (or slot) moved on "
                "from, restored when their next turn comes (0: none)")
 _MODELS = ("the pool's models this worker serves, comma-separated, or 'all' (default: the "
@@ -89,21 +90,21 @@ _BUDGET = ("memory the loaded models may take (GGUF file and KV cache); the leas
 class EngineOptions:
     """What an infer worker's engine is made from."""
 
-    engine: str = _option("llamacpp", "the engine (see the list above)")
+    engine: str = _option("llamacpp", "the engine (see the list above; llamacpp-batch, its "
+                                      "former name, is llamacpp)", parse=lambda v: _alias(v))
     pool: str = _option("cpu", "the pool whose tasks this worker takes")
     contexts: int = _option(2, {
-        "llamacpp": "sequences served at once, each in a llama.cpp context of its own",
-        "llamacpp-batch": "sequences served at once, dealt out over the --batches contexts",
+        "llamacpp": "sequences served at once, dealt out over the --batches contexts",
         "vllm": "sequences decoded together in one batch (vLLM's max_num_seqs)",
         "scripted": "answers served at once"}, parse=_positive_int)
     batches: int = _option(2, {
-        "llamacpp-batch": "batched llama.cpp contexts, each with a thread of its own and its "
-                          "share of the sequences decoded together (one per free core)"},
+        "llamacpp": "batched llama.cpp contexts, each with a thread of its own and its "
+                    "share of the sequences decoded together (one per free core)"},
         parse=_positive_int, metavar="N")
     threads: int = _option(1, dict.fromkeys(_LLAMA, "threads per context"), parse=_positive_int)
     max_model_len: int | None = _option(None, {
-        "llamacpp-batch": "each sequence's prompt and answer together (default: the model's "
-                          "context length)",
+        "llamacpp": "each sequence's prompt and answer together (default: the model's "
+                    "context length)",
         "vllm": "longest prompt and answer together (default: the model's context length)"},
         parse=_positive_int, metavar="TOKENS")
     host_cache_mib: int = _option(1024, dict.fromkeys(_LLAMA, _HOST_CACHE),
@@ -195,7 +196,7 @@ class EngineOptions:
     def make(self, registry: Registry) -> Engine:
         entry = engine_named(self.engine)
         unread = [self.flag(name) for name in self.given()
-                  if (readers := self.readers(name)) is not None and self.engine not in readers]
+                  if (readers := self.readers(name)) is not None and entry.name not in readers]
         if unread:
             raise EngineSetupError(f"--engine {self.engine} reads no {', '.join(unread)}")
         return entry.make(self, registry)
@@ -243,13 +244,6 @@ def _served(o: EngineOptions, registry: Registry, make: Callable[[ModelSpec], En
 
 
 def _llamacpp(o: EngineOptions, registry: Registry) -> Engine:
-    from workers.infer.engines.llamacpp import LlamaCppEngine
-
-    return _served(o, registry, lambda spec: LlamaCppEngine.from_spec(
-        spec, contexts=o.contexts, n_threads=o.threads, host_cache_bytes=o.host_cache_mib << 20))
-
-
-def _llamacpp_batch(o: EngineOptions, registry: Registry) -> Engine:
     from workers.infer.engines.llamacpp_batch import LlamaCppBatchEngine
 
     return _served(o, registry, lambda spec: LlamaCppBatchEngine.from_spec(
@@ -295,10 +289,8 @@ def _scripted(o: EngineOptions, registry: Registry) -> Engine:
 
 
 ENGINES: tuple[EngineEntry, ...] = (
-    EngineEntry("llamacpp", "a GGUF model in this process, on the CPU (llama-cpp-python)",
-                _llamacpp),
-    EngineEntry("llamacpp-batch", "a GGUF model in this process, on the CPU, its sequences "
-                "decoded together in a few batched contexts (llama-cpp-python)", _llamacpp_batch),
+    EngineEntry("llamacpp", "a GGUF model in this process, on the CPU, its sequences "
+                "decoded together in a few batched contexts (llama-cpp-python)", _llamacpp),
     EngineEntry("openai", "an OpenAI-compatible HTTP upstream (vLLM, SGLang, llama.cpp's "
                 "server)", _openai),
     EngineEntry("vllm", "vLLM's async engine in this process (bash infra/vllm.sh installs "
@@ -307,7 +299,17 @@ ENGINES: tuple[EngineEntry, ...] = (
 )
 
 
+# names an engine had before: still typed, the same engine
+# (docs/decisions/0028-one-llama-cpp-engine.md)
+ALIASES = {"llamacpp-batch": "llamacpp"}
+
+
+def _alias(name: str) -> str:
+    return ALIASES.get(name, name)
+
+
 def engine_named(name: str) -> EngineEntry:
+    name = _alias(name)
     for entry in ENGINES:
         if entry.name == name:
             return entry

@@ -239,7 +239,7 @@ async def test_each_request_is_counted_once_by_tenant_key_and_model_per_minute_a
 async def test_faust_keeps_its_data_directory_under_the_conveyor_home(
         accounting: Accounting) -> None:
     """Not in the directory the app was started from (the repository here)."""
-    app_id = accounting.settings.group("accounting")
+    app_id = accounting.settings.kafka.group("accounting")
 
     async def made() -> bool:  # at Faust's first start
         return (accounting.home / "accounting" / app_id / "v1").is_dir()

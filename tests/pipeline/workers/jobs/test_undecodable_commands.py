@@ -295,7 +295,7 @@ def test_an_undecodable_create_fails_its_batch_and_stays_in_the_dlq(
     assert error.message
     letters = [x for x in _letters(conveyor) if x["key"] == batch_id]
     assert len(letters) == 1 and "SchemaError" in letters[0]["error"], letters
-    assert letters[0]["source"].startswith(conveyor.settings.topic("jobs"))
+    assert letters[0]["source"].startswith(conveyor.settings.kafka.topic("jobs"))
 
 
 def test_a_redelivered_undecodable_command_fails_its_batch_once(conveyor: Pipeline) -> None:
@@ -361,7 +361,7 @@ def test_a_command_of_an_ended_job_is_not_redriven(conveyor: Pipeline) -> None:
                          metadata={}, generation=None, models=[], body="")
     [letter] = [x for x in _letters(conveyor) if x["key"] == batch_id]
     partition, offset = re.fullmatch(r".*\[(\d+)\]@(\d+)", letter["source"]).groups()  # type: ignore[union-attr]
-    fixed = DeadLetter(layer="jobs", topic=conveyor.settings.topic("jobs"),
+    fixed = DeadLetter(layer="jobs", topic=conveyor.settings.kafka.topic("jobs"),
                        partition=int(partition), offset=int(offset),
                        key=batch_id.encode(), value=default_codec().encode("JobCommand", command),
                        error="SchemaError: since fixed", ts_ms=int(time.time() * 1000))
