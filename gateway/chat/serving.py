@@ -78,18 +78,17 @@ class ChatServing:
             return await answer_choices(self.submitter, generation, n, request,
                                         self.settings.gateway.sse_keepalive_s, self.registry)
         answer = await self.submitter.admit_and_submit(generation, request)
-        headers = {**answer.ticket.headers, "x-request-id": answer.request_id,
-                   **answer.cache_headers}
+        headers = {**answer.ticket.headers, "x-request-id": answer.request_id}
         if not generation["stream"]:
             result = await collect(generation, answer, request.is_disconnected)
-            return SafeJSONResponse(result, headers={
-                **headers, **answered_by(self.registry, generation["model"], result.get("model"))})
+            served = answered_by(self.registry, generation["model"], result.get("model"))
+            return SafeJSONResponse(result, headers={**headers, **answer.cache_headers, **served})
         first = await answer.first(request.is_disconnected)
         if first is None:  # the client left: nobody reads a status
             return Response(status_code=499)
+        served = answered_by(self.registry, generation["model"], opening(first).get("model"))
         return sse.EventStream(self.stream(answer, first), headers={
-            **sse.HEADERS, **headers, **answered_by(self.registry, generation["model"],
-                                                  opening(first).get("model"))})
+            **sse.HEADERS, **headers, **answer.cache_headers, **served})
 
     def stream(self, answer: Answer, first: Reply) -> AsyncIterator[bytes]:
         """SSE frames: OpenAI chunks, keep-alive comments while waiting, then [DONE]
