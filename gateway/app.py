@@ -108,14 +108,10 @@ def build_app(settings: Settings, registry: Registry | None = None,
     # outside the body limit: 401 before a body is read
     app.add_middleware(AuthMiddleware, authenticator=_authenticator)
     install_error_handlers(app)
-    app.include_router(router)
-    app.include_router(responses_router)
-    app.include_router(usage_router)
-    app.include_router(feedback_router)
-    app.include_router(moderations_router)
-    app.include_router(files_router)
-    app.include_router(jobs_router)
-    app.include_router(websocket_router)
+    # the Responses router before the jobs router: GET /v1/responses/{id} is its
+    for api in (router, responses_router, usage_router, feedback_router, moderations_router,
+                files_router, jobs_router, websocket_router):
+        app.include_router(api)
     _, metrics = install_metrics(app, settings)
     install_openapi(app)
     return app

@@ -1,39 +1,15 @@
 """The gateway's one way to write to Kafka: :class:`Publisher`, the twin of the
-workers' :class:`~workers.outputs.Sender`.
+workers' :class:`~workers.outputs.Sender`. aiokafka's errors become Conveyor's
+here and nowhere else in the gateway. Three policies
+(docs/architecture.md#delivery says when each is used):
 
-It owns the gateway's producer and the codec, names topics by their catalog
-object (``topics/catalog.py``), and offers the three policies the gateway
-needs, each written here once; aiokafka's errors become Conveyor's here
-(through :func:`topics.clients.broker_error`) and nowhere else in the gateway.
-
-=================  ===================================  =====================================
-policy             what goes through it                 when Kafka fails
-=================  ===================================  =====================================
-``publish``        a request, a job's first state and   the caller gets a client error: 400 for
-(on a request's    its commands, an audit event the     a record the schema cannot hold, 413
-path)              CLI waits for                        over ``max_event_bytes`` or refused as
-                                                        too large, 503 when Kafka does not take
-                                                        it within ``produce_timeout_s``
-                                                        (:class:`NotTakenInTime`: it may still
-                                                        arrive) or refuses it
-``deliver``        cancels (``control``)                sent again with the one backoff until
-(must arrive,                                           the broker takes it or its bound (the
-background)                                             request's deadline) passes; one
-                                                        rate-limited warning while it waits
-``publish_soon``   audit events on a request's path     one send (aiokafka retries within its
-(fire and forget,                                       request timeout); a drop is a rate-
-background)                                             limited warning line
-=================  ===================================  =====================================
-
-Audit events on a request's path are fire-and-forget rather than must-arrive:
-most are written for traffic the gateway refuses (``auth.failed``, limits),
-so during an outage a stranger's refused attempts would each hold a retrying
-task for as long as the bound; the audit events that must not be lost (key
-and tenant changes) are written by the CLI, which waits for them.
-
-:meth:`close` waits at most ``produce_timeout_s`` for the background sends,
-says how many it gave up, and stops the producer.
-"""
+- ``publish`` (a request's path): the caller gets 400 for a record the schema
+  cannot hold, 413 when too large, 503 when Kafka does not take it within
+  ``produce_timeout_s`` (:class:`NotTakenInTime`) or refuses it;
+- ``deliver`` (cancels; must arrive): sent again with backoff until taken or
+  its bound (the request's deadline) passes;
+- ``publish_soon`` (audit events on a request's path; fire and forget): one
+  send, a drop is a rate-limited warning."""
 
 from __future__ import annotations
 

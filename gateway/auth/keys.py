@@ -1,25 +1,13 @@
 """API keys: made, changed and revoked through the ``keys`` topic; looked up per request.
 
-Every change is written whole to the ``keys`` topic (acks=all) first, then to
-the Redis copy (version-guarded), then announced on ``{prefix}:keys:changed``
-so every replica drops its cached entry, then audited. Redis is rebuilt from
-the topic when it has lost its data (gateway/auth/restore.py); a revoked key
-keeps its record, so a restore never brings it back.
-
-:meth:`KeyStore.lookup` is the gateway's per-request call. It answers from an
-in-process cache (gateway/auth/cache.py: ``settings.auth.key_cache_s`` for a known
-key, 1 s for an unknown one), else from Redis. It returns the record of any
-key it knows, revoked and expired ones included, so the caller can say why it
-refuses one: **the caller must check** :meth:`KeyRecord.usable`. When Redis
-cannot be reached a cached key keeps working until its entry expires; an
-uncached one raises :class:`~conveyor.errors.TransientBrokerError` (503, never
-401: the key may well be good). A string that does not start with ``cvy-`` is
-no key and costs no round trip.
-
-Limits follow gateway/auth/limit_changes.py: ``None`` keeps, ``0`` clears.
-The store without a producer (a gateway) can look up, list and touch keys;
-changing them needs one (the CLI).
-"""
+A change goes to the topic first, then the Redis copy (version-guarded), then
+is announced on ``{prefix}:keys:changed`` and audited. :meth:`KeyStore.lookup`
+answers from the in-process cache (gateway/auth/cache.py), else Redis, and
+returns revoked and expired keys too: **the caller must check**
+:meth:`KeyRecord.usable`. Redis unreachable: a cached key still works, an
+uncached one raises :class:`~conveyor.errors.TransientBrokerError` (503). A
+string without ``cvy-`` costs no round trip. Limits follow
+gateway/auth/limit_changes.py; changing keys needs a producer (the CLI)."""
 
 from __future__ import annotations
 

@@ -1,21 +1,11 @@
 """What a client may upload to ``POST /v1/files``, checked while the file is stored.
 
-- ``purpose`` must be ``batch``: the only purpose of OpenAI's that Conveyor
-  serves to uploads (``batch_output`` files are written by the batch
-  machinery; assistants, fine-tuning, vision and user data are not served).
-  Anything else is a 400 naming ``purpose``.
-- The file must not be empty (400) and may hold at most
-  ``jobs.max_file_bytes`` (413 ``request_too_large``).
-- A ``batch`` file is UTF-8 JSON Lines: every non-empty line a JSON object,
-  at most ``jobs.batch_max_lines`` of them. The first bad line is named by
-  its number (counting every line from 1, empty ones included, as an editor
-  does). Whether each object is a valid request (``custom_id``, ``method``,
-  ``url``, ``body``) is checked when a batch is created from the file.
-
-:class:`UploadCheck` sees the file chunk by chunk as it streams into the store
-(:func:`checked`), so a bad file is refused without being held whole, and the
-store keeps nothing of it. The line checks run in a thread, off the event loop.
-"""
+``purpose`` must be ``batch`` (else 400 naming it); the file must not be empty
+and may hold at most ``jobs.max_file_bytes`` (413); it is UTF-8 JSON Lines of
+at most ``jobs.batch_max_lines`` objects, the first bad line named by its
+number (counting from 1, empty lines included). Each request is checked when
+a batch is made of it. :class:`UploadCheck` sees the file chunk by chunk as it
+streams into the store (:func:`checked`), the line checks in a thread."""
 
 from __future__ import annotations
 
