@@ -199,17 +199,19 @@ class Pipeline:
     upstream: Proc
     prefix: str  # the topic prefix of the run
     bootstrap: str  # Kafka's
+    env: dict[str, str]  # Conveyor's environment
 
 
 @contextmanager
 def pipeline(upstream_port: int, gateway_port: int, name: str = "bench", *,
-             tokens: int = TOKENS, capacity: int = 64,
-             paces_ms: tuple[int, ...] = ()) -> Iterator[Pipeline]:
+             tokens: int = TOKENS, capacity: int = 64, paces_ms: tuple[int, ...] = (),
+             extra_env: Mapping[str, str] | None = None) -> Iterator[Pipeline]:
     """Kafka and Redis answer and both ports are free; the upstream fixture serves
     on ``upstream_port`` and ``conveyor up --engine openai`` (models
     ``bench-paced`` and ``bench-unpaced``, and ``bench-<ms>`` for ``paces_ms``, on
     a topic prefix of its own; ``capacity`` requests in flight to the upstream)
-    in front of it on ``gateway_port``. Both are stopped when the block ends."""
+    in front of it on ``gateway_port``, ``extra_env`` added to its environment.
+    Both are stopped when the block ends."""
     check_infra()
     check_port_free(upstream_port, "upstream")
     check_port_free(gateway_port, "gateway")
@@ -222,6 +224,7 @@ def pipeline(upstream_port: int, gateway_port: int, name: str = "bench", *,
     gateway_url = f"http://127.0.0.1:{gateway_port}"
     prefix = f"{name}{int(time.time())}"
     env = conveyor_env(topic_prefix=prefix, gateway_port=gateway_port, models_file=models)
+    env.update(extra_env or {})
     fixture = [sys.executable, "-m", "bench.upstream", "--port", str(upstream_port),
                "--tokens", str(max(tokens, TOKENS)), "--delay-ms", str(DELAY_MS)]
     up = [str(script), "up", "--engine", "openai", "--upstream", upstream_url, "--pool",
@@ -231,4 +234,5 @@ def pipeline(upstream_port: int, gateway_port: int, name: str = "bench", *,
         with running("conveyor", up, work, env) as conveyor:
             wait_http(f"{gateway_url}/healthz", conveyor, 180.0)
             bootstrap = env.get("CONVEYOR_KAFKA_BOOTSTRAP") or load_settings().kafka.bootstrap
-            yield Pipeline(upstream_url, gateway_url, conveyor, upstream, prefix, bootstrap)
+            yield Pipeline(upstream_url, gateway_url, conveyor, upstream, prefix, bootstrap,
+                           env)

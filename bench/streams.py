@@ -11,7 +11,13 @@ process spent per streamed token (read from ``/proc``: Conveyor's processes,
 the upstream, the broker, Redis, this load generator), then the targets of
 the issue that asked for it ("Carry 512 streams").
 
+``--tenants 2`` measures fairness instead: API keys of two tenants, a pool
+of ``--capacity`` slots, and a small tenant's short requests one after
+another, alone, then beside a large tenant's flood of ``--flood`` streams,
+then sent with the large tenant's own key (as one tenant would queue them).
+
     python -m bench.streams [--levels 64,128,256,512] [--token-ms 33] [--rounds 2]
+    python -m bench.streams --tenants 2 [--capacity 32] [--flood 128]
 """
 
 from __future__ import annotations
@@ -20,13 +26,22 @@ import argparse
 import asyncio
 import math
 import os
+import secrets
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.client import Sample, make_client
 from bench.compare import Side
-from bench.harness import BenchError, Pipeline, exit_on_sigterm, loop_factory, pipeline
+from bench.harness import (
+    BenchError,
+    Pipeline,
+    conveyor_script,
+    exit_on_sigterm,
+    loop_factory,
+    pipeline,
+)
 from bench.stats import Check, markdown_table, ms, percentile
 
 __all__ = ["main"]
@@ -176,6 +191,65 @@ def checks(results: dict[int, dict[str, Tally]]) -> list[Check]:
     ]
 
 
+def create_key(stage: Pipeline, tenant: str) -> str:
+    done = subprocess.run([str(conveyor_script()), "keys", "create", "--tenant", tenant],
+                          env=stage.env, capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        raise BenchError(f"conveyor keys create: {done.stderr.strip()[-400:]}")
+    return done.stdout.strip().splitlines()[-1]
+
+
+async def tenants(args: argparse.Namespace, stage: Pipeline) -> list[Check]:
+    """The small tenant's TTFT alone, beside the large tenant's flood, and
+    queued as the large tenant; the target: beside the flood, within 2x of alone."""
+    url, model = f"{stage.gateway_url}/v1/completions", f"bench-{args.token_ms}"
+    keys = {tenant: create_key(stage, tenant) for tenant in ("large", "small")}
+    async with make_client(args.flood + 8, timeout_s=300.0) as large_client, \
+            make_client(4, timeout_s=300.0) as small_client:
+        large_client.headers["Authorization"] = f"Bearer {keys['large']}"
+        large = Side("large", url, {True: model}, large_client, args.tokens)
+
+        async def small(key: str) -> list[float]:
+            small_client.headers["Authorization"] = f"Bearer {key}"
+            side = Side("small", url, {True: model}, small_client, 16)
+            samples = [await side.one(True) for _ in range(args.small_requests)]
+            failed = [s.error for s in samples if not s.ok]
+            if failed:
+                raise BenchError(f"the small tenant's requests failed: {failed[0]}")
+            return [s.ttft for s in samples]
+
+        async def beside_flood(key: str) -> list[float]:
+            stop = asyncio.Event()
+
+            async def lane() -> None:
+                while not stop.is_set():
+                    await large.one(True)
+            lanes = [asyncio.create_task(lane()) for _ in range(args.flood)]
+            await asyncio.sleep(2 * args.tokens * args.token_ms / 1000)  # the pool fills
+            try:
+                return await small(key)
+            finally:
+                stop.set()
+                await asyncio.gather(*lanes)
+
+        alone = await small(keys["small"])
+        print(f"alone: TTFT p50 {ms(percentile(alone, 50))} ms", flush=True)
+        fair = await beside_flood(keys["small"])
+        print(f"beside the flood: TTFT p50 {ms(percentile(fair, 50))} ms", flush=True)
+        queued = await beside_flood(keys["large"])
+    rows = [[name, ms(percentile(t, 50)), ms(percentile(t, 99)),
+             f"{percentile(t, 50) / percentile(alone, 50):.1f}x"]
+            for name, t in (("alone", alone), ("beside the large tenant's flood", fair),
+                            ("with the large tenant's key", queued))]
+    print(f"\n## A small tenant's TTFT, {args.flood} streams of a large one, "
+          f"{args.capacity} slots\n")
+    print(markdown_table(["small tenant's requests", "TTFT p50 ms", "TTFT p99 ms", "vs alone"],
+                         rows))
+    return [Check("2 tenants", "small tenant's TTFT p50 beside a flood (<= 2x alone)",
+                  percentile(fair, 50) * 1000, round(2 * percentile(alone, 50) * 1000, 1),
+                  "<=", "ms")]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.streams", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -184,15 +258,33 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--token-ms", type=int, default=33, help="time between tokens")
     parser.add_argument("--tokens", type=int, default=128, help="tokens a stream")
     parser.add_argument("--rounds", type=int, default=2, help="rounds a side at each level")
+    parser.add_argument("--tenants", type=int, choices=(1, 2), default=1,
+                        help="2: the fairness scenario between two tenants")
+    parser.add_argument("--capacity", type=int, default=32,
+                        help="--tenants 2: the pool's slots (requests in flight upstream)")
+    parser.add_argument("--flood", type=int, default=128,
+                        help="--tenants 2: the large tenant's streams at once")
+    parser.add_argument("--small-requests", type=int, default=10,
+                        help="--tenants 2: the small tenant's requests in each case")
     parser.add_argument("--upstream-port", type=int, default=9100)
     parser.add_argument("--gateway-port", type=int, default=8100)
     args = parser.parse_args(argv)
     args.levels = sorted(int(n) for n in args.levels.split(","))
     exit_on_sigterm()
+    auth = {"CONVEYOR_AUTH": "keys", "CONVEYOR_AUTH_SECRET": secrets.token_hex(16)}
     try:
         with pipeline(args.upstream_port, args.gateway_port, "streams", tokens=args.tokens,
-                      capacity=max(args.levels), paces_ms=(args.token_ms,)) as stage, \
+                      capacity=args.capacity if args.tenants == 2 else max(args.levels),
+                      paces_ms=(args.token_ms,),
+                      extra_env=auth if args.tenants == 2 else None) as stage, \
                 asyncio.Runner(loop_factory=loop_factory()) as runner:
+            if args.tenants == 2:
+                found = runner.run(tenants(args, stage))
+                print()
+                print(markdown_table(["scenario", "figure", "measured", "target", "met"],
+                                     [[k.scenario, k.label, k.measured(), k.target(),
+                                       "yes" if k.met else "no"] for k in found]))
+                return
             watched = processes(stage, stage.upstream.popen.pid)
             results = runner.run(measure(args, stage, watched))
     except BenchError as exc:
