@@ -7,12 +7,15 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-if TYPE_CHECKING:
-    from workers.schedule.layer import ScheduleLayer
+from workers.schedule.breakers import Breakers
+from workers.schedule.held import HeldQueue
+from workers.schedule.outstanding import Outstanding
+from workers.schedule.room import Parked
+from workers.schedule.table import WorkerTable
 
 __all__ = ["instrument"]
 
@@ -21,7 +24,18 @@ _BREAKER_LEVEL = {"closed": 0, "half_open": 1, "open": 2}
 Observe = Callable[[CallbackOptions], Iterable[Observation]]
 
 
-def instrument(layer: ScheduleLayer, meter: Meter) -> None:
+class Observed(Protocol):
+    """What the gauges read of the schedule layer (no import of the layer,
+    which imports this module)."""
+
+    breakers: Breakers
+    parked: list[Parked]
+    held: HeldQueue
+    outstanding: Outstanding
+    table: WorkerTable
+
+
+def instrument(layer: Observed, meter: Meter) -> None:
     """Make schedule's gauges on ``meter``, observing ``layer``."""
 
     def breakers(options: CallbackOptions) -> Iterable[Observation]:
