@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -29,13 +28,9 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
-import httpx
-
-from bench.chaos_check import judge, read_tokens
-from bench.chaos_faults import FAULTS, Chaos, Heartbeats, Injected
+from bench.chaos_check import Report, judge, read_tokens
+from bench.chaos_faults import FAULTS, Chaos, Conveyor, Heartbeats, Injected
 from bench.chaos_load import Load, Record
-from bench.chaos_report import Report
-from bench.chaos_services import Conveyor
 from bench.harness import BenchError, exit_on_sigterm
 from infra.services import OwnKafka, OwnRedis, ServiceError, free_port
 
@@ -95,25 +90,6 @@ def _env(redis: OwnRedis, kafka: OwnKafka, prefix: str, port: int,
     return env
 
 
-async def _wait_ready(c: Chaos, within: float = 240.0) -> None:
-    """The gateway answers a real completion and every worker heartbeats ready."""
-    deadline = time.monotonic() + within
-    async with httpx.AsyncClient(timeout=60.0) as client:
-        while time.monotonic() < deadline:
-            for name, proc in c.conveyor.procs.items():
-                if proc.exited() is not None:
-                    raise BenchError(f"{name} exited early:\n{proc.log_tail()}")
-            with contextlib.suppress(httpx.HTTPError):
-                r = await client.post(f"{c.base_url}/v1/completions", json={
-                    "model": "smollm2", "prompt": "Hi", "max_tokens": 1})
-                if r.status_code == 200 and all(c.beats.ready(w, 0.0)
-                                                for w in c.conveyor.workers):
-                    return
-            await asyncio.sleep(1.0)
-    raise BenchError("Conveyor did not become ready:\n" + "\n".join(
-        p.log_tail(15) for p in c.conveyor.procs.values()))
-
-
 async def _supervise(conveyor: Conveyor) -> None:
     """Start again what died on its own, as a supervisor would (and say so)."""
     while True:
@@ -169,7 +145,9 @@ async def _run(opts: argparse.Namespace, conveyor: Conveyor, redis: OwnRedis,
     chaos = Chaos(conveyor, redis, kafka, load, beats, base_url)
     background = [asyncio.create_task(beats.follow()), asyncio.create_task(_supervise(conveyor))]
     try:
-        await _wait_ready(chaos)
+        if not await chaos.recovered(within=240.0, starting=True):
+            raise BenchError("Conveyor did not become ready:\n" + "\n".join(
+                p.log_tail(15) for p in conveyor.procs.values()))
         log.info("Conveyor ready after %.0f s", time.monotonic() - t0)
         try:
             injected, skipped = await _drive(opts, chaos, t0)

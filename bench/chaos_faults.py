@@ -1,5 +1,5 @@
-"""The faults the chaos run injects, one after another, and how each is undone
-(as an operator or a supervisor would), injected while streams run:
+"""The Conveyor of the chaos run and the faults injected into it, one after
+another, each undone as an operator or a supervisor would, while streams run:
 
 - ``worker``: SIGKILL the busiest infer worker, start it again 3 s later;
 - ``layers``: SIGKILL the process of every layer, start it again 2 s later;
@@ -9,6 +9,11 @@
 - ``redis-flush-worker``: FLUSHALL, then SIGKILL the busiest worker: only the
   log can tell its redelivered task is a retry and where it continues;
 - ``kafka``: SIGKILL the broker, start it again 5 s later.
+
+:class:`Conveyor` is real processes (every layer in one, infer workers, a
+gateway), each in its own process group, started, killed and restarted by
+name; its Kafka and Redis are its own, on free loopback ports
+(infra/services.py), never the shared ones.
 """
 
 from __future__ import annotations
@@ -17,19 +22,22 @@ import asyncio
 import contextlib
 import logging
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 from aiokafka import AIOKafkaConsumer
 
 from bench.chaos_load import Load
-from bench.chaos_services import Conveyor
-from infra.services import OwnKafka, OwnRedis
+from bench.harness import BenchError, Proc, repo_root
+from infra.services import OwnKafka, OwnRedis, kill_group
 from schemas.codec import default_codec
 
-__all__ = ["FAULTS", "Chaos", "Heartbeats", "Injected"]
+__all__ = ["FAULTS", "Chaos", "Heartbeats", "Injected", "Conveyor"]
 
 log = logging.getLogger("bench.chaos")
 
@@ -133,14 +141,18 @@ class Chaos:
         await asyncio.sleep(after)
         await asyncio.to_thread(self.conveyor.start, worker)
 
-    async def recovered(self, within: float = 90.0) -> bool:
+    async def recovered(self, within: float = 90.0, starting: bool = False) -> bool:
         """Until the gateway is healthy, every worker heartbeats ready again and a
         one-token completion comes back through the whole pipeline (health alone
-        can say ok while a layer is stuck)."""
-        since = time.monotonic()
-        deadline = since + within
+        can say ok while a layer is stuck). ``starting``: any heartbeat counts, and
+        a process that exits is a BenchError."""
+        since = 0.0 if starting else time.monotonic()
+        deadline = time.monotonic() + within
         async with httpx.AsyncClient(timeout=5.0) as client:
             while time.monotonic() < deadline:
+                for name, proc in self.conveyor.procs.items():
+                    if starting and proc.exited() is not None:
+                        raise BenchError(f"{name} exited early:\n{proc.log_tail()}")
                 with contextlib.suppress(httpx.HTTPError):
                     healthy = (await client.get(f"{self.base_url}/healthz")).status_code == 200
                     if healthy and all(self.beats.ready(w, since)
@@ -223,3 +235,91 @@ FAULTS: dict[str, Callable[[Chaos], Awaitable[Injected]]] = {
     "redis-flush-worker": _redis_flush_worker,
     "kafka": _kafka,
 }
+
+
+@dataclass
+class Conveyor:
+    """``conveyor layer`` (every layer), infer workers and a gateway, started and
+    restarted by name; their output goes to ``<logs>/<name>.log`` (appended to on
+    a restart, after a marker line)."""
+
+    logs: Path
+    env: dict[str, str]
+    workers: list[str]
+    contexts: int = 2
+    procs: dict[str, Proc] = field(default_factory=dict)
+    # exits the run did not cause: (monotonic time, name, exit code)
+    unexpected: list[tuple[float, str, int]] = field(default_factory=list)
+    _killed: set[str] = field(default_factory=set)
+
+    def argv(self, name: str) -> list[str]:
+        if name == "layers":
+            args = ["layer"]
+        elif name == "gateway":
+            args = ["gateway"]
+        else:
+            args = ["infer", "--pool", "cpu", "--engine", "llamacpp", "--contexts",
+                    str(self.contexts), "--worker-id", name]
+        return [sys.executable, "-m", "cli", *args]
+
+    def names(self) -> list[str]:
+        return ["layers", *self.workers, "gateway"]
+
+    def topics(self) -> None:
+        done = subprocess.run([sys.executable, "-m", "cli", "topics"], env=self.env,
+                              cwd=repo_root(), capture_output=True, timeout=120)
+        if done.returncode != 0:
+            raise BenchError("conveyor topics failed:\n" +
+                             (done.stderr or done.stdout).decode(errors="replace")[-2000:])
+
+    def start(self, name: str) -> None:
+        log_path = self.logs / f"{name}.log"
+        with log_path.open("ab") as log:
+            log.write(f"\n===== chaos: start {name} at {time.strftime('%H:%M:%S')}\n".encode())
+            log.flush()
+            popen = subprocess.Popen(self.argv(name), cwd=repo_root(), env=self.env,
+                                     stdin=subprocess.DEVNULL, stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[name] = Proc(name, popen, log_path)
+        self._killed.discard(name)
+
+    def start_all(self) -> None:
+        for name in self.names():
+            self.start(name)
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Signal the process group of ``name`` and wait for it to exit."""
+        proc = self.procs[name]
+        self._killed.add(name)
+        if proc.exited() is None:
+            kill_group(proc.popen.pid, sig)
+            proc.popen.wait(timeout=30)
+
+    def restart(self, name: str) -> None:
+        if self.procs[name].exited() is None:
+            self.kill(name)
+        self.start(name)
+
+    def reap(self) -> list[str]:
+        """The processes that exited without being killed by the run (recorded in
+        ``unexpected``); the caller restarts them, as a supervisor would."""
+        died = []
+        for name, proc in self.procs.items():
+            code = proc.exited()
+            if code is not None and name not in self._killed:
+                self.unexpected.append((time.monotonic(), name, code))
+                self._killed.add(name)
+                died.append(name)
+        return died
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.exited() is None:
+                kill_group(proc.popen.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for proc in self.procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            kill_group(proc.popen.pid)  # stragglers of the group, too
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.popen.wait(timeout=5)

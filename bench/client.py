@@ -33,6 +33,7 @@ class Sample:
     error: str | None = None
     text: str = ""
     tokens: int = 0
+    gaps: tuple[float, ...] = ()  # seconds between successive chunks with text
 
     @property
     def ok(self) -> bool:
@@ -261,6 +262,8 @@ class _Timing:
     def __init__(self) -> None:
         self.start = time.perf_counter()
         self.first: float | None = None
+        self.last = 0.0
+        self.gaps: list[float] = []
         self.chars = 0
         self.pieces: list[str] = []
         self.tokens = 0
@@ -287,8 +290,12 @@ class _Timing:
             return True
         text = _text_of(chunk)
         if text:
+            now = time.perf_counter()
             if self.first is None:
-                self.first = time.perf_counter()
+                self.first = now
+            else:
+                self.gaps.append(now - self.last)
+            self.last = now
             self.chars += len(text)
             self.pieces.append(text)
         if chunk.get("usage"):
@@ -306,7 +313,7 @@ class _Timing:
         if self.first is None:
             return _failed(self.start, "no text in the stream")
         return Sample(ttft=self.first - self.start, total=end - self.start, chars=self.chars,
-                      text="".join(self.pieces), tokens=self.tokens)
+                      text="".join(self.pieces), tokens=self.tokens, gaps=tuple(self.gaps))
 
 
 def make_client(connections: int = 64, timeout_s: float = 30.0) -> StreamClient:

@@ -57,9 +57,10 @@ class Side:
     url: str
     models: dict[bool, str]  # paced? -> model name
     client: StreamClient
+    max_tokens: int = TOKENS
 
     async def one(self, paced: bool) -> Sample:
-        body = {"model": self.models[paced], "prompt": PROMPT, "max_tokens": TOKENS,
+        body = {"model": self.models[paced], "prompt": PROMPT, "max_tokens": self.max_tokens,
                 "temperature": 0, "stream": True}
         return await stream_completion(self.client, self.url, body)
 

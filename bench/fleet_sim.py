@@ -43,10 +43,10 @@ class FleetConfig:
     workers: int
     spec: sim.WorkerSpec = field(default_factory=sim.WorkerSpec)
     model: sim.StepModel = field(default_factory=sim.StepModel)
-    schedule_timeout_s: float = 5.0  # settings.schedule_timeout_s
-    queue_max: int = 256  # settings.schedule_queue_max
-    index_blocks: int = 4096  # settings.route_index_blocks
-    index_ttl_s: float = 600.0  # settings.route_index_ttl_s
+    schedule_timeout_s: float = 5.0  # settings.schedule.timeout_s
+    queue_max: int = 256  # settings.schedule.queue_max
+    index_blocks: int = 4096  # settings.schedule.route_index_blocks
+    index_ttl_s: float = 600.0  # settings.schedule.route_index_ttl_s
     segment_steps: int = 64  # a worker's iterations an event at most: speed only (Worker)
 
 

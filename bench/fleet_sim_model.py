@@ -23,8 +23,8 @@ from workers.prefix import block_hashes
 __all__ = ["BLOCK_TOKENS", "SCHEDULE_BLOCKS", "Job", "PrefixCache", "StepModel", "Turn", "Worker",
            "WorkerSpec", "Workload", "chat", "shared_prefix", "worker_rate"]
 
-BLOCK_TOKENS = 64  # settings.prefix_block_tokens
-SCHEDULE_BLOCKS = 256  # settings.prefix_max_blocks: how many of a prompt's blocks schedule sees
+BLOCK_TOKENS = 64  # settings.prefix.block_tokens
+SCHEDULE_BLOCKS = 256  # settings.prefix.max_blocks: how many of a prompt's blocks schedule sees
 ALL_BLOCKS = 1 << 20  # a worker's cache sees every block of a sequence
 
 
@@ -53,12 +53,12 @@ class WorkerSpec:
     """A worker's limits. 16 sequences is a choice, not a measurement: few enough
     that 128 workers fill up within 10,000 requests of 256-token answers (at 64
     they would not), against a KV cache (4096 blocks, what
-    ``settings.route_index_blocks`` takes a worker to hold) that running
+    ``settings.schedule.route_index_blocks`` takes a worker to hold) that running
     sequences fill a fifth of at most. Conveyor's OpenAI-upstream engine
     defaults to 64 slots, vLLM and the mocker to 256 sequences."""
 
     max_seqs: int = 16
-    kv_tokens: int = 4096 * BLOCK_TOKENS  # settings.route_index_blocks' worth
+    kv_tokens: int = 4096 * BLOCK_TOKENS  # settings.schedule.route_index_blocks' worth
     prefill_budget: int = 8192
     host_tokens: int = 0  # the cache's second tier, in host memory
 

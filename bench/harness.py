@@ -24,34 +24,27 @@ from types import FrameType
 
 import httpx
 
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from infra.services import port_answers
 from topics.admin import drop_topics
 
-__all__ = [
-    "BenchError",
-    "Pipeline",
-    "Proc",
-    "check_infra",
-    "check_port_free",
-    "conveyor_env",
-    "conveyor_script",
-    "exit_on_sigterm",
-    "loop_factory",
-    "pipeline",
-    "repo_root",
-    "running",
-    "wait_http",
-]
+__all__ = ["BenchError", "Pipeline", "Proc", "check_infra", "check_port_free", "conveyor_env",
+           "conveyor_script", "exit_on_sigterm", "loop_factory", "pipeline", "repo_root",
+           "running", "wait_http"]
 
 # the fixture upstream's answers: TOKENS tokens, DELAY_MS apart when paced
 TOKENS = 32
 DELAY_MS = 10
-# the registry of a Conveyor in front of the fixture: the pacing is in the model name
-REGISTRY = "\n".join(
-    f'[models."{name}"]\npool = "bench"\ncontext_length = 8192\ndefault_max_tokens = 64\n'
-    f'tokenizer = "estimate"\nupstream_model = "{upstream}"\n'
-    for name, upstream in (("bench-paced", f"bench@{DELAY_MS}"), ("bench-unpaced", "bench@0")))
+
+
+def registry(paces_ms: tuple[int, ...] = ()) -> str:
+    """The registry of a Conveyor in front of the fixture: the pacing is in the
+    model name (``bench-paced``, ``bench-unpaced``, and ``bench-<ms>`` a pace)."""
+    models = [("bench-paced", f"bench@{DELAY_MS}"), ("bench-unpaced", "bench@0")]
+    models += [(f"bench-{ms}", f"bench@{ms}") for ms in paces_ms]
+    return "\n".join(
+        f'[models."{name}"]\npool = "bench"\ncontext_length = 8192\ndefault_max_tokens = 64\n'
+        f'tokenizer = "estimate"\nupstream_model = "{upstream}"\n' for name, upstream in models)
 
 
 class BenchError(Exception):
@@ -94,22 +87,15 @@ class Proc:
 
 
 @contextmanager
-def running(
-    name: str, argv: list[str], log_dir: Path, env: Mapping[str, str] | None = None
-) -> Iterator[Proc]:
+def running(name: str, argv: list[str], log_dir: Path,
+            env: Mapping[str, str] | None = None) -> Iterator[Proc]:
     """Start ``argv`` in a new process group, its output in ``log_dir/name.log``;
     stop the whole group on exit."""
     log_path = log_dir / f"{name}.log"
     with log_path.open("wb") as log:
-        popen = subprocess.Popen(
-            argv,
-            cwd=repo_root(),
-            env=dict(env) if env is not None else None,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        popen = subprocess.Popen(argv, cwd=repo_root(), env=dict(env) if env is not None else None,
+                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
     proc = Proc(name, popen, log_path)
     try:
         yield proc
@@ -125,10 +111,8 @@ def wait_http(url: str, proc: Proc, timeout_s: float) -> None:
         while time.monotonic() < deadline:
             code = proc.exited()
             if code is not None:
-                raise BenchError(
-                    f"{proc.name} exited with code {code} before {url} answered "
-                    f"(log {proc.log_path}):\n{proc.log_tail()}"
-                )
+                raise BenchError(f"{proc.name} exited with code {code} before {url} answered "
+                                 f"(log {proc.log_path}):\n{proc.log_tail()}")
             try:
                 response = client.get(url)
                 if response.status_code == 200:
@@ -137,22 +121,16 @@ def wait_http(url: str, proc: Proc, timeout_s: float) -> None:
             except httpx.HTTPError as exc:
                 last = type(exc).__name__
             time.sleep(0.25)
-    raise BenchError(
-        f"{proc.name}: {url} not ready after {timeout_s:.0f} s ({last}); "
-        f"log {proc.log_path}:\n{proc.log_tail()}"
-    )
+    raise BenchError(f"{proc.name}: {url} not ready after {timeout_s:.0f} s ({last}); "
+                     f"log {proc.log_path}:\n{proc.log_tail()}")
 
 
 def check_infra(kafka_port: int = 9092, redis_port: int = 6379) -> None:
     """Conveyor runs with ``--no-infra``: Kafka and Redis must already be up."""
-    if not port_answers(kafka_port):
-        raise BenchError(
-            f"Kafka is not answering on 127.0.0.1:{kafka_port}: run `bash infra/kafka.sh start`"
-        )
-    if not port_answers(redis_port):
-        raise BenchError(
-            f"Redis is not answering on 127.0.0.1:{redis_port}: run `bash infra/redis.sh start`"
-        )
+    for what, port in (("kafka", kafka_port), ("redis", redis_port)):
+        if not port_answers(port):
+            raise BenchError(f"{what.capitalize()} is not answering on 127.0.0.1:{port}: "
+                             f"run `bash infra/{what}.sh start`")
 
 
 def check_port_free(port: int, what: str) -> None:
@@ -165,18 +143,16 @@ def conveyor_script() -> Path:
     script = Path(sys.executable).parent / "conveyor"
     if not script.exists():
         raise BenchError(f"{script} not found: install the project (`pip install -e .`)")
-    probe = subprocess.run(
-        [str(script), "up", "--help"], capture_output=True, timeout=60, cwd=repo_root()
-    )
+    probe = subprocess.run([str(script), "up", "--help"], capture_output=True, timeout=60,
+                           cwd=repo_root())
     if probe.returncode != 0:
         detail = (probe.stderr or probe.stdout).decode(errors="replace").strip()[-600:]
         raise BenchError(f"`conveyor up` is not available yet ({script}):\n{detail}")
     return script
 
 
-def conveyor_env(
-    *, topic_prefix: str, gateway_port: int, models_file: Path | None = None
-) -> dict[str, str]:
+def conveyor_env(*, topic_prefix: str, gateway_port: int,
+                 models_file: Path | None = None) -> dict[str, str]:
     """The environment of a ``conveyor up`` run: a fresh topic prefix (its
     topics dropped when the benchmark exits), the port, and the model registry
     when not the default one."""
@@ -184,7 +160,8 @@ def conveyor_env(
     env["CONVEYOR_TOPIC_PREFIX"] = topic_prefix
     # the run's topics go when the benchmark ends (after its finally blocks
     # stopped `conveyor up`): runs left behind slow the broker down
-    atexit.register(drop_topics, env.get("CONVEYOR_KAFKA_BOOTSTRAP", Settings().kafka_bootstrap),
+    atexit.register(drop_topics, env.get("CONVEYOR_KAFKA_BOOTSTRAP",
+                                         load_settings().kafka.bootstrap),
                     topic_prefix)
     env["CONVEYOR_GATEWAY_PORT"] = str(gateway_port)
     if models_file is not None:
@@ -219,16 +196,22 @@ class Pipeline:
     upstream_url: str
     gateway_url: str
     conveyor: Proc
+    upstream: Proc
     prefix: str  # the topic prefix of the run
     bootstrap: str  # Kafka's
+    env: dict[str, str]  # Conveyor's environment
 
 
 @contextmanager
-def pipeline(upstream_port: int, gateway_port: int, name: str = "bench") -> Iterator[Pipeline]:
+def pipeline(upstream_port: int, gateway_port: int, name: str = "bench", *,
+             tokens: int = TOKENS, capacity: int = 64, paces_ms: tuple[int, ...] = (),
+             extra_env: Mapping[str, str] | None = None) -> Iterator[Pipeline]:
     """Kafka and Redis answer and both ports are free; the upstream fixture serves
     on ``upstream_port`` and ``conveyor up --engine openai`` (models
-    ``bench-paced`` and ``bench-unpaced``, on a topic prefix of its own) in front
-    of it on ``gateway_port``. Both are stopped when the block ends."""
+    ``bench-paced`` and ``bench-unpaced``, and ``bench-<ms>`` for ``paces_ms``, on
+    a topic prefix of its own; ``capacity`` requests in flight to the upstream)
+    in front of it on ``gateway_port``, ``extra_env`` added to its environment.
+    Both are stopped when the block ends."""
     check_infra()
     check_port_free(upstream_port, "upstream")
     check_port_free(gateway_port, "gateway")
@@ -236,18 +219,20 @@ def pipeline(upstream_port: int, gateway_port: int, name: str = "bench") -> Iter
     work = Path(tempfile.mkdtemp(prefix="conveyor-bench-"))
     print(f"logs and registry in {work}", flush=True)
     models = work / "models.toml"
-    models.write_text(REGISTRY)
+    models.write_text(registry(paces_ms))
     upstream_url = f"http://127.0.0.1:{upstream_port}"
     gateway_url = f"http://127.0.0.1:{gateway_port}"
     prefix = f"{name}{int(time.time())}"
     env = conveyor_env(topic_prefix=prefix, gateway_port=gateway_port, models_file=models)
+    env.update(extra_env or {})
     fixture = [sys.executable, "-m", "bench.upstream", "--port", str(upstream_port),
-               "--tokens", str(TOKENS), "--delay-ms", str(DELAY_MS)]
+               "--tokens", str(max(tokens, TOKENS)), "--delay-ms", str(DELAY_MS)]
     up = [str(script), "up", "--engine", "openai", "--upstream", upstream_url, "--pool",
-          "bench", "--capacity", "64", "--no-infra"]
+          "bench", "--capacity", str(capacity), "--no-infra"]
     with running("upstream", fixture, work) as upstream:
         wait_http(f"{upstream_url}/v1/models", upstream, 30.0)
         with running("conveyor", up, work, env) as conveyor:
             wait_http(f"{gateway_url}/healthz", conveyor, 180.0)
-            bootstrap = env.get("CONVEYOR_KAFKA_BOOTSTRAP") or Settings().kafka_bootstrap
-            yield Pipeline(upstream_url, gateway_url, conveyor, prefix, bootstrap)
+            bootstrap = env.get("CONVEYOR_KAFKA_BOOTSTRAP") or load_settings().kafka.bootstrap
+            yield Pipeline(upstream_url, gateway_url, conveyor, upstream, prefix, bootstrap,
+                           env)

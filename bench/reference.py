@@ -64,9 +64,10 @@ async def _answer(engine: Any, prompt: ReferencePrompt, text: str,
 
 
 async def _start(path: Path, spec: ModelSpec) -> Any:
-    from workers.infer.engines.llamacpp import LlamaCppEngine
+    from workers.infer.engines.llamacpp_batch import LlamaCppBatchEngine
 
-    engine = LlamaCppEngine(path, n_ctx=spec.context_length)  # the worker's defaults
+    # the worker's defaults: two sequences, each in a batched context of its own
+    engine = LlamaCppBatchEngine(path, sequences=2, contexts=2, n_ctx=spec.context_length)
     await engine.start()
     return engine
 

@@ -35,10 +35,8 @@ Kind = Literal["completion", "chat"]
 
 _TOKEN = " tok"
 _MAX_BODY = 1 << 20
-_SSE_HEADERS = [
-    (b"content-type", b"text/event-stream; charset=utf-8"),
-    (b"cache-control", b"no-cache"),
-]
+_SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"),
+                (b"cache-control", b"no-cache")]
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
@@ -103,11 +101,8 @@ def _parse(kind: Kind, body: dict[str, Any], tokens: int, delay_s: float) -> _Jo
 
 
 def _usage(job: _Job) -> dict[str, int]:
-    return {
-        "prompt_tokens": job.prompt_tokens,
-        "completion_tokens": job.n_tokens,
-        "total_tokens": job.prompt_tokens + job.n_tokens,
-    }
+    return {"prompt_tokens": job.prompt_tokens, "completion_tokens": job.n_tokens,
+            "total_tokens": job.prompt_tokens + job.n_tokens}
 
 
 class _Frames:
@@ -177,9 +172,8 @@ async def _read_body(receive: Receive) -> bytes:
             return b"".join(chunks)
 
 
-async def _respond(
-    send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes
-) -> None:
+async def _respond(send: Send, status: int, headers: list[tuple[bytes, bytes]],
+                   body: bytes) -> None:
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -222,15 +216,10 @@ def build_app(tokens: int, delay_s: float) -> ASGIApp:
     if tokens < 1:
         raise ValueError("tokens must be at least 1")
     # Both with and without the /v1 prefix, whichever way a client joins its base URL.
-    routes: dict[str, Kind] = {
-        "/v1/completions": "completion",
-        "/v1/chat/completions": "chat",
-        "/completions": "completion",
-        "/chat/completions": "chat",
-    }
-    models_body = _dumps(
-        {"object": "list", "data": [{"id": "bench", "object": "model", "owned_by": "bench"}]}
-    )
+    routes: dict[str, Kind] = {"/v1/completions": "completion", "/v1/chat/completions": "chat",
+                               "/completions": "completion", "/chat/completions": "chat"}
+    models_body = _dumps({"object": "list", "data": [
+        {"id": "bench", "object": "model", "owned_by": "bench"}]})
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -278,9 +267,8 @@ def build_app(tokens: int, delay_s: float) -> ASGIApp:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.upstream", description="A fast OpenAI-compatible upstream."
-    )
+    parser = argparse.ArgumentParser(prog="python -m bench.upstream",
+                                     description="A fast OpenAI-compatible upstream.")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9100)
     parser.add_argument("--tokens", type=int, default=32, help="tokens a request at most")

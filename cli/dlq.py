@@ -5,38 +5,21 @@
     conveyor dlq redrive OFFSET... [--force]       back to where each came from
     conveyor dlq redrive --all --layer L [--since 24h]
 
-A letter is named by its offset in ``conveyor.dlq`` (one partition). Listing
-reads the DLQ from ``--since`` on (``offsets_for_times``), never the whole
-topic.
-
-A redrive produces the letter's original key and value, byte for byte, to its
-original topic *and partition* (for a keyed topic that is the key's own
-partition; for a pool's task topic it is the worker's, which the pool's
-group still reads; for replies, the gateway's), so the event is handled as
-it was first sent, by code that has been fixed since. Before sending, the
-value is decoded with this Conveyor's codec as the type its topic carries: a
-value that still does not decode would only come back to the DLQ, so it is
-refused unless ``--force``. A letter whose value was truncated to fit the
-DLQ is never sent back. A command of the jobs layer whose job has ended
-(failed because of that very letter, say) is refused unless ``--force``:
-its lines would run while the job shows it ended, and nobody would see them.
-
-Each redrive is recorded on ``conveyor.audit`` (action ``dlq.redrive``, with
-the letter's offset and where the event went), and a letter already
-redriven is refused unless ``--force``: the audit topic is read from the
-oldest chosen letter's time on, so the check too is bounded by time.
+A letter is named by its offset in ``conveyor.dlq`` (one partition); listing
+reads from ``--since`` on. A redrive sends the letter's key and value, byte for
+byte, to its original topic and partition and records it on ``conveyor.audit``;
+what it refuses without ``--force``: docs/operating/log-tools.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
 import sys
 from dataclasses import dataclass
 
-from cli.text import plain
+from cli.text import iso, plain
 from conveyor.errors import last_line
 from conveyor.settings import Settings
 from schemas.codec import Codec, EventType, default_codec
@@ -69,9 +52,9 @@ class Redriven:
 
 def event_type_of(settings: Settings, topic: str) -> EventType | None:
     """The event type a Conveyor topic carries (None for one it does not know)."""
-    if topic.startswith(infer_topic(settings, "")):
+    if topic.startswith(infer_topic(settings.kafka, "")):
         return "Task"
-    declared = topic_named(settings, topic)
+    declared = topic_named(settings.kafka, topic)
     return declared.events[0] if declared is not None and len(declared.events) == 1 else None
 
 
@@ -79,7 +62,7 @@ async def read_letters(settings: Settings, since_ms: int, offsets: list[int] | N
                        codec: Codec | None = None) -> list[Letter]:
     """The letters written since ``since_ms``, or those at ``offsets``."""
     codec = codec or default_codec()
-    topic = DLQ.at(settings)
+    topic = DLQ.at(settings.kafka)
     async with KeyLookup(settings) as look:
         if offsets is None:
             records = await look.find(topic, None, since_ms, partitions=[0])
@@ -93,10 +76,10 @@ async def redriven(settings: Settings, since_ms: int, codec: Codec | None = None
                    ) -> dict[int, AuditEvent]:
     """The letters sent back since ``since_ms``: DLQ offset -> its audit event."""
     codec = codec or default_codec()
-    dlq = DLQ.at(settings)
+    dlq = DLQ.at(settings.kafka)
     out: dict[int, AuditEvent] = {}
     async with KeyLookup(settings) as look:
-        for r in await look.find(AUDIT.at(settings), None, since_ms, partitions=[0]):
+        for r in await look.find(AUDIT.at(settings.kafka), None, since_ms, partitions=[0]):
             try:
                 event: AuditEvent = codec.decode(r.value, "AuditEvent")
             except Exception:  # another writer's event this reader cannot read
@@ -151,7 +134,7 @@ async def redrive(settings: Settings, letters: list[Letter], *, force: bool = Fa
     done = await redriven(settings, min((x.letter["ts_ms"] for x in letters), default=0),
                           codec) if letters else {}
     results: list[Redriven] = []
-    producer = make_producer(settings)
+    producer = make_producer(settings.kafka)
     await producer.start()
     try:
         audit = Audit(settings, producer, codec, actor=cli_actor())
@@ -162,7 +145,7 @@ async def redrive(settings: Settings, letters: list[Letter], *, force: bool = Fa
                 continue
             if x.offset in done and not force:
                 results.append(Redriven(x.offset, False, "already redriven at "
-                                        f"{_iso(done[x.offset]['ts_ms'])} (--force to resend)"))
+                                        f"{iso(done[x.offset]['ts_ms'])} (--force to resend)"))
                 continue
             problem = _check(settings, codec, d)
             if problem is None and not force:
@@ -175,7 +158,7 @@ async def redrive(settings: Settings, letters: list[Letter], *, force: bool = Fa
             where = f"{d['topic']}[{meta.partition}]@{meta.offset}"
             key = (d["key"] or b"").decode(errors="replace")
             await audit.write(audit_event(REDRIVE_ACTION, request_id=key, detail={
-                "dlq": DLQ.at(settings), "dlq_offset": str(x.offset),
+                "dlq": DLQ.at(settings.kafka), "dlq_offset": str(x.offset),
                 "layer": d["layer"], "source": x.source, "sent_to": where}))
             results.append(Redriven(x.offset, True, where))
     finally:
@@ -183,27 +166,27 @@ async def redrive(settings: Settings, letters: list[Letter], *, force: bool = Fa
     return results
 
 
-def _iso(ms: int) -> str:
-    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).isoformat(timespec="seconds")
+def _of_layer(settings: Settings, since: int, layer: str | None) -> list[Letter]:
+    return [x for x in asyncio.run(read_letters(settings, since))
+            if layer is None or x.letter["layer"] == layer]
 
 
 def _cmd_list(settings: Settings, args: argparse.Namespace, since: int) -> int:
-    letters = [x for x in asyncio.run(read_letters(settings, since))
-               if args.layer is None or x.letter["layer"] == args.layer]
+    letters = _of_layer(settings, since, args.layer)
     sent = asyncio.run(redriven(settings, since)) if letters else {}
     if args.json:
-        print(json.dumps([{"offset": x.offset, "time": _iso(x.letter["ts_ms"]),
+        print(json.dumps([{"offset": x.offset, "time": iso(x.letter["ts_ms"]),
                            "layer": x.letter["layer"], "source": x.source,
                            "key": (x.letter["key"] or b"").decode(errors="replace"),
                            "redriven": x.offset in sent, "error": last_line(x.letter["error"])}
                           for x in letters], indent=2))
         return 0
     if not letters:
-        print(f"no dead letters since {_iso(since)}")
+        print(f"no dead letters since {iso(since)}")
     for x in letters:
         key = (x.letter["key"] or b"").decode(errors="replace")
         mark = "  [redriven]" if x.offset in sent else ""
-        print(f"{x.offset:>6}  {_iso(x.letter['ts_ms'])}  {x.letter['layer']:<11} "
+        print(f"{x.offset:>6}  {iso(x.letter['ts_ms'])}  {x.letter['layer']:<11} "
               f"{x.source}  {key}{mark}  {last_line(x.letter['error'])}")
     return 0
 
@@ -218,14 +201,14 @@ def _cmd_show(settings: Settings, args: argparse.Namespace) -> int:
     d = x.letter
     sent = asyncio.run(redriven(settings, d["ts_ms"])).get(x.offset)
     value = d["value"] or b""
-    print(f"letter {x.offset} of {settings.topic('dlq')}, written {_iso(d['ts_ms'])}")
+    print(f"letter {x.offset} of {settings.kafka.topic('dlq')}, written {iso(d['ts_ms'])}")
     print(f"layer    {d['layer']}\nsource   {x.source}")
     print(f"key      {(d['key'] or b'').decode(errors='replace')}")
     print(f"value    {len(value)} bytes, schema fingerprint {value[2:10].hex() or '-'}")
     problem = _check(settings, codec, d)
     print("decodes  " + ("yes, it can be redriven" if problem is None else f"no: {problem}"))
     if sent is not None:
-        print(f"redriven {_iso(sent['ts_ms'])} by {sent['actor']} to {sent['detail']['sent_to']}")
+        print(f"redriven {iso(sent['ts_ms'])} by {sent['actor']} to {sent['detail']['sent_to']}")
     print("error:\n" + d["error"].rstrip())
     event_type = event_type_of(settings, d["topic"])
     if args.show_content and problem is None and event_type is not None:
@@ -249,8 +232,7 @@ def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     if args.all:
-        letters = [x for x in asyncio.run(read_letters(settings, since))
-                   if args.layer is None or x.letter["layer"] == args.layer]
+        letters = _of_layer(settings, since, args.layer)
     else:
         letters = asyncio.run(read_letters(settings, 0, args.offsets))
         missing = set(args.offsets) - {x.offset for x in letters}

@@ -5,37 +5,24 @@
     conveyor inspect 3f2a… --json          the same for machines
     conveyor inspect 3f2a… --show-content  with the prompt and the answer's text
 
-How a request is found among millions without scanning a topic
-(:mod:`topics.lookup`): the request topic is keyed by request id, so the
-request is in one partition, murmur2 of its id. A request id begins with the
-time it was made, so reading starts there (``offsets_for_times``) and spans
-a couple of minutes; for an id of another shape ``--since`` bounds where
-reading starts. Reading stops at the first record with the id. Its
-envelope's gateway stamp then fixes the request's time, and every other
-topic is read only between that time (less ``clock_skew_ms``) and the
-request's deadline (or ``request_timeout_s``): ``prepared``, ``routed``,
-``tokens``, ``control`` and ``dlq`` in the id's partition; the pool's task
-topic (its partition is the chosen worker's) in every partition but only
-between the route and infer stamps; replies in the gateway's reply partition
-named in the envelope; a job's result in its job id's partition of
-``results``. The report lists what was read (topic, partition, offsets).
-
-Prompts and answers are content: they are printed only with
-``--show-content``; without it the report gives sizes and counts.
+The request is found in its id's partition of the requests topic from the
+time its id says (or ``--since``), and every other topic is read only in the
+request's partitions and time window (:mod:`topics.lookup`; how:
+docs/operating/log-tools.md). Prompts and answers are printed only with
+``--show-content``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
 import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from cli.text import add_report_flags, not_found, plain, print_report
+from cli.text import add_report_flags, iso, not_found, plain, print_report
 from conveyor.errors import last_line
 from conveyor.settings import Settings
 from schemas.codec import Codec, EventType, default_codec
@@ -92,10 +79,6 @@ class Journey:
     def events(self) -> list[Found]:
         return [f for fs in self.by_layer.values() for f in fs] + self.chunks + self.replies
 
-    def stamps(self) -> dict[str, int]:
-        """Each layer's first stamp (µs) over every envelope seen."""
-        return _stamps(self.events())
-
 
 def _decode(codec: Codec, records: list[Any], event_type: EventType) -> list[Found]:
     found = []
@@ -117,11 +100,11 @@ async def find_journey(settings: Settings, request_id: str, since_ms: int,
     journey = Journey(request_id, since_ms)
     async with KeyLookup(settings) as look:
         first: list[Any] = []
-        made = made_window(request_id, settings.clock_skew_ms, now_ms())
+        made = made_window(request_id, settings.process.clock_skew_ms, now_ms())
         if made is not None:  # the id says when: a few records, whatever --since says
-            first = await look.find(REQUESTS.at(settings), request_id, *made, first=True)
+            first = await look.find(REQUESTS.at(settings.kafka), request_id, *made, first=True)
         if not first:
-            first = await look.find(REQUESTS.at(settings), request_id, since_ms, first=True)
+            first = await look.find(REQUESTS.at(settings.kafka), request_id, since_ms, first=True)
         if not first:
             return None
         journey.by_layer["gateway"] = _decode(codec, first, "Request")
@@ -129,14 +112,14 @@ async def find_journey(settings: Settings, request_id: str, since_ms: int,
         envelope = request["envelope"] if request else {}
         entered_ms = (envelope.get("stamps", {}).get("gateway", first[0].timestamp * 1000)
                       // 1000)
-        skew = settings.clock_skew_ms
+        skew = settings.process.clock_skew_ms
         start = entered_ms - skew
         until = max(envelope.get("deadline_ms") or 0,
-                    entered_ms + int(settings.request_timeout_s * 1000)) + skew
+                    entered_ms + int(settings.gateway.request_timeout_s * 1000)) + skew
 
         async def read(topic: Topic, key: str | None = request_id, **kw: Any) -> list[Found]:
             """The request's events on ``topic``, decoded as the one type it carries."""
-            found = await look.find(topic.at(settings), key, start, until, **kw)
+            found = await look.find(topic.at(settings.kafka), key, start, until, **kw)
             return _decode(codec, found, topic.events[0])
 
         journey.by_layer["preprocess"] = await read(PREPARED)
@@ -144,10 +127,10 @@ async def find_journey(settings: Settings, request_id: str, since_ms: int,
         journey.chunks = await read(TOKENS)
         journey.cancels = await read(CONTROL)
         journey.letters = await read(DLQ)
-        stamps = journey.stamps()
+        stamps = _stamps(journey.events())
         routed = [f.record for f in journey.by_layer["route"] if f.record]
         if routed:  # the task's partition is the worker's: every partition, a short window
-            pool_topic = infer_topic(settings, routed[0]["route"]["pool"])
+            pool_topic = infer_topic(settings.kafka, routed[0]["route"]["pool"])
             lo = stamps.get("route", stamps.get("gateway", entered_ms * 1000)) // 1000 - skew
             hi = stamps["infer"] // 1000 + skew if "infer" in stamps else until
             tasks = await look.find(pool_topic, request_id, lo, hi,
@@ -214,7 +197,7 @@ def report(journey: Journey, show_content: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {
         "request_id": journey.request_id,
         "found": bool(request),
-        "entered": _iso(zero_us // 1000),
+        "entered": iso(zero_us // 1000, "milliseconds"),
         "tenant": envelope.get("tenant"),
         "job_id": envelope.get("job_id") or None,
         "model": (request or {}).get("generation", {}).get("model"),
@@ -271,10 +254,6 @@ def _policy(request: dict[str, Any] | None, chunks: list[dict[str, Any]],
     return out
 
 
-def _iso(ms: int) -> str:
-    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).isoformat(timespec="milliseconds")
-
-
 def render(rep: dict[str, Any]) -> str:
     """The report for a person: a header, the waterfall, then the rest."""
     lines = [f"request {rep['request_id']}  tenant {rep['tenant']}  model {rep['model']}  "
@@ -322,7 +301,8 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
         return 2
     journey = asyncio.run(find_journey(settings, args.request_id, since))
     if journey is None:
-        print(not_found("inspect", settings, args.request_id, _iso(since)), file=sys.stderr)
+        print(not_found("inspect", settings, args.request_id, iso(since, "milliseconds")),
+              file=sys.stderr)
         return 1
     return print_report(report(journey, args.show_content), args.json, render)
 

@@ -34,6 +34,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from cli.text import utc
 from conveyor.errors import ConveyorError, TransientBrokerError
 from conveyor.redis_clients import redis_client
 from conveyor.settings import Settings
@@ -71,10 +72,6 @@ def _models(text: str) -> tuple[str, ...]:
     return tuple(m.strip() for m in text.split(",") if m.strip())
 
 
-def _when(ms: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000))
-
-
 def _opt(value: int | None) -> str:
     return "-" if value is None else str(value)
 
@@ -94,9 +91,9 @@ def describe_key(record: KeyRecord, now_ms: int) -> str:
     return "  ".join([
         record.id, f"name={record.name}", f"tenant={record.tenant}", _limits(record.limits),
         f"models={','.join(record.models) or '*'}",
-        f"expires={_when(record.expires_ms) if record.expires_ms else 'never'}",
+        f"expires={utc(record.expires_ms) if record.expires_ms else 'never'}",
         _state(record, now_ms),
-        f"last_used={_when(record.last_used_ms) if record.last_used_ms else 'never'}"])
+        f"last_used={utc(record.last_used_ms) if record.last_used_ms else 'never'}"])
 
 
 def describe_tenant(policy: TenantPolicy) -> str:
@@ -121,119 +118,101 @@ class _Stores:
     tenants: TenantStore
 
 
-async def _with_stores(settings: Settings, action: Callable[[_Stores], Awaitable[int]]) -> int:
+async def _with_stores(settings: Settings,
+                       action: Callable[[_Stores], Awaitable[None]]) -> None:
     from topics.admin import ensure_topics
     from topics.catalog import catalog
     from topics.clients import make_producer
 
-    await ensure_topics(settings, catalog(settings))
-    producer = make_producer(settings)
+    await ensure_topics(settings, catalog(settings.kafka))
+    producer = make_producer(settings.kafka)
     await producer.start()
-    redis = redis_client(settings, "cli")
+    redis = redis_client(settings.redis, "cli")
     try:
         audit = Audit(settings, producer, actor=cli_actor())
         stores = _Stores(keys=KeyStore(settings, redis, producer, audit=audit),
                          tenants=TenantStore(settings, redis, producer, audit=audit))
-        return await action(stores)
+        await action(stores)
     finally:
         await redis.aclose()
         await producer.stop()
 
 
-def _run(settings: Settings, action: Callable[[_Stores], Awaitable[int]]) -> int:
-    try:
-        return asyncio.run(_with_stores(settings, action))
-    except TransientBrokerError as exc:
-        print(f"conveyor: {exc} (Kafka at {settings.kafka_bootstrap}, Redis at "
-              f"{settings.redis_url}); if a change reached the topic but not Redis, "
-              "`conveyor keys restore` brings Redis up to date", file=sys.stderr)
-        return 1
-    except (ConveyorError, ValueError) as exc:
-        print(f"conveyor: {exc}", file=sys.stderr)
-        return 1
+def _command(action: Callable[[_Stores, argparse.Namespace], Awaitable[None]]
+             ) -> Callable[[Settings, argparse.Namespace], int]:
+    """A subcommand that runs ``action`` on the stores; its errors are one line."""
+    def run(settings: Settings, args: argparse.Namespace) -> int:
+        try:
+            asyncio.run(_with_stores(settings, lambda stores: action(stores, args)))
+        except TransientBrokerError as exc:
+            print(f"conveyor: {exc} (Kafka at {settings.kafka.bootstrap}, Redis at "
+                  f"{settings.redis.url}); if a change reached the topic but not Redis, "
+                  "`conveyor keys restore` brings Redis up to date", file=sys.stderr)
+            return 1
+        except (ConveyorError, ValueError) as exc:
+            print(f"conveyor: {exc}", file=sys.stderr)
+            return 1
+        return 0
+
+    return run
 
 
 # -- conveyor keys --------------------------------------------------------------------
 
 def cmd_keys_create(settings: Settings, args: argparse.Namespace) -> int:
     try:
-        hash_secret(settings, "")  # an empty auth_secret fails before anything is written
+        hash_secret(settings.auth, "")  # an empty auth_secret fails before anything is written
     except ConveyorError as exc:
         print(f"conveyor: {exc}", file=sys.stderr)
         return 1
-
-    async def create(stores: _Stores) -> int:
-        record, secret = await stores.keys.create(
-            args.tenant, args.name, _limits_of(args), models=args.models or (),
-            expires_in_s=args.expires_in, actor=cli_actor())
-        print(f"created {describe_key(record, _now_ms())}")
-        print("secret (shown this once; Conveyor keeps only its hash):")
-        print(secret, flush=True)
-        return 0
-
-    return _run(settings, create)
+    return _command(_create)(settings, args)
 
 
-def cmd_keys_list(settings: Settings, args: argparse.Namespace) -> int:
-    async def listing(stores: _Stores) -> int:
-        now = _now_ms()
-        for record in await stores.keys.list(args.tenant):
-            print(describe_key(record, now))
-        return 0
-
-    return _run(settings, listing)
-
-
-def cmd_keys_update(settings: Settings, args: argparse.Namespace) -> int:
-    async def update(stores: _Stores) -> int:
-        limits = _limits_of(args)
-        record = await stores.keys.update(
-            args.id, limits=None if limits.unlimited else limits, models=args.models,
-            name=args.name, actor=cli_actor())
-        print(f"updated {describe_key(record, _now_ms())}")
-        return 0
-
-    return _run(settings, update)
+async def _create(stores: _Stores, args: argparse.Namespace) -> None:
+    record, secret = await stores.keys.create(
+        args.tenant, args.name, _limits_of(args), models=args.models or (),
+        expires_in_s=args.expires_in, actor=cli_actor())
+    print(f"created {describe_key(record, _now_ms())}")
+    print("secret (shown this once; Conveyor keeps only its hash):")
+    print(secret, flush=True)
 
 
-def cmd_keys_revoke(settings: Settings, args: argparse.Namespace) -> int:
-    async def revoke(stores: _Stores) -> int:
-        record = await stores.keys.revoke(args.id, actor=cli_actor())
-        print(f"revoked {describe_key(record, _now_ms())}")
-        return 0
-
-    return _run(settings, revoke)
+async def _list_keys(stores: _Stores, args: argparse.Namespace) -> None:
+    now = _now_ms()
+    for record in await stores.keys.list(args.tenant):
+        print(describe_key(record, now))
 
 
-def cmd_keys_restore(settings: Settings, args: argparse.Namespace) -> int:
-    async def restore(stores: _Stores) -> int:
-        keys, tenants = await stores.keys.restore()
-        print(f"restored {keys} keys and {tenants} tenant policies from "
-              f"{settings.topic('keys')} into Redis")
-        return 0
+async def _update(stores: _Stores, args: argparse.Namespace) -> None:
+    limits = _limits_of(args)
+    record = await stores.keys.update(
+        args.id, limits=None if limits.unlimited else limits, models=args.models,
+        name=args.name, actor=cli_actor())
+    print(f"updated {describe_key(record, _now_ms())}")
 
-    return _run(settings, restore)
+
+async def _revoke(stores: _Stores, args: argparse.Namespace) -> None:
+    record = await stores.keys.revoke(args.id, actor=cli_actor())
+    print(f"revoked {describe_key(record, _now_ms())}")
+
+
+async def _restore(stores: _Stores, args: argparse.Namespace) -> None:
+    keys, tenants = await stores.keys.restore()
+    print(f"restored {keys} keys and {tenants} tenant policies from "
+          f"{stores.keys.settings.kafka.topic('keys')} into Redis")
 
 
 # -- conveyor tenants -----------------------------------------------------------------
 
-def cmd_tenants_set(settings: Settings, args: argparse.Namespace) -> int:
-    async def set_policy(stores: _Stores) -> int:
-        policy = await stores.tenants.set(args.name, _limits_of(args), args.daily_tokens,
-                                          args.monthly_tokens, actor=cli_actor())
-        print(f"set {describe_tenant(policy)}")
-        return 0
-
-    return _run(settings, set_policy)
+async def _set_tenant(stores: _Stores, args: argparse.Namespace) -> None:
+    policy = await stores.tenants.set(args.name, _limits_of(args), args.daily_tokens,
+                                      args.monthly_tokens, actor=cli_actor())
+    print(f"set {describe_tenant(policy)}")
 
 
-def cmd_tenants_list(settings: Settings, args: argparse.Namespace) -> int:
-    async def listing(stores: _Stores) -> int:
-        for policy in await stores.tenants.list():
-            print(describe_tenant(policy))
-        return 0
-
-    return _run(settings, listing)
+async def _list_tenants(stores: _Stores, args: argparse.Namespace) -> None:
+    for policy in await stores.tenants.list():
+        print(describe_tenant(policy))
 
 
 # -- the parsers ----------------------------------------------------------------------
@@ -262,7 +241,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     listing = ksub.add_parser("list", help="every key, one a line (never a secret)")
     listing.add_argument("--tenant", default=None)
-    listing.set_defaults(func=cmd_keys_list)
+    listing.set_defaults(func=_command(_list_keys))
 
     update = ksub.add_parser("update", help="change a key's limits, models or name")
     update.add_argument("id")
@@ -270,14 +249,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     update.add_argument("--models", type=_models, default=None,
                         help="comma-separated models ('' : every model)")
     update.add_argument("--name", default=None)
-    update.set_defaults(func=cmd_keys_update)
+    update.set_defaults(func=_command(_update))
 
     revoke = ksub.add_parser("revoke", help="revoke a key for good")
     revoke.add_argument("id")
-    revoke.set_defaults(func=cmd_keys_revoke)
+    revoke.set_defaults(func=_command(_revoke))
 
     restore = ksub.add_parser("restore", help="rebuild Redis's copy from the keys topic")
-    restore.set_defaults(func=cmd_keys_restore)
+    restore.set_defaults(func=_command(_restore))
 
     tenants = sub.add_parser("tenants", help="tenant limits and token quotas")
     tsub = tenants.add_subparsers(dest="tenants_command", required=True)
@@ -288,6 +267,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                       help="tokens per UTC day (0: no quota)")
     tset.add_argument("--monthly-tokens", type=_limit, default=None,
                       help="tokens per UTC calendar month (0: no quota)")
-    tset.set_defaults(func=cmd_tenants_set)
+    tset.set_defaults(func=_command(_set_tenant))
     tlist = tsub.add_parser("list", help="every tenant with a policy")
-    tlist.set_defaults(func=cmd_tenants_list)
+    tlist.set_defaults(func=_command(_list_tenants))

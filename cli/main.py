@@ -40,7 +40,7 @@ log = logging.getLogger("conveyor")
 def _setup_logging(settings: Settings) -> None:
     from conveyor.logs import setup_logging
 
-    setup_logging(settings.log_level)
+    setup_logging(settings.telemetry.log_level)
 
 
 def _run(main: Coroutine[Any, Any, None]) -> None:
@@ -63,7 +63,7 @@ async def _ensure_topics(settings: Settings, registry: Registry) -> None:
     from topics.admin import ensure_topics
     from topics.catalog import catalog
 
-    await ensure_topics(settings, catalog(settings, registry.pools()))
+    await ensure_topics(settings, catalog(settings.kafka, registry.pools()))
 
 
 async def _redis_answers(settings: Settings) -> None:
@@ -72,10 +72,10 @@ async def _redis_answers(settings: Settings) -> None:
     from conveyor.redis_clients import REDIS_REFUSALS, redis_client
     from conveyor.startup import redis_address, started
 
-    client = redis_client(settings, "cli")
+    client = redis_client(settings.redis, "cli")
     try:
-        await started("Redis to answer", client.ping, within=settings.startup_timeout_s,
-                      log=log, where=redis_address(settings.redis_url),
+        await started("Redis to answer", client.ping, within=settings.process.startup_timeout_s,
+                      log=log, where=redis_address(settings.redis.url),
                       retry_on=REDIS_REFUSALS)
     finally:
         await client.aclose()
@@ -94,15 +94,15 @@ async def _adopt_published(settings: Settings, registry: Registry) -> None:
 
     await started("the applied model registry (conveyor.models)",
                   lambda: adopt_published(settings, registry), log=log,
-                  within=settings.startup_timeout_s,
-                  where=kafka_address(settings.kafka_bootstrap))
+                  within=settings.process.startup_timeout_s,
+                  where=kafka_address(settings.kafka.bootstrap))
 
 
 # -- subcommands ----------------------------------------------------------------
 
 
 def cmd_topics(settings: Settings, args: argparse.Namespace) -> int:
-    registry = Registry.load(settings.models_file)
+    registry = Registry.load(settings.process.models_file)
     asyncio.run(_ensure_topics(settings, registry))
     return 0
 
@@ -119,14 +119,14 @@ def _loopback(host: str) -> bool:
 def check_exposure(settings: Settings, insecure_no_auth: bool = False) -> None:
     """Refuse to serve without authentication anywhere but loopback, unless told
     so: nobody should expose an open gateway by accident."""
-    if settings.auth != "none" or _loopback(settings.gateway_host):
+    if settings.auth.mode != "none" or _loopback(settings.gateway.host):
         return
-    if insecure_no_auth or settings.insecure_no_auth:
+    if insecure_no_auth or settings.auth.insecure_no_auth:
         log.warning("serving WITHOUT authentication on %s (--insecure-no-auth)",
-                    settings.gateway_host)
+                    settings.gateway.host)
         return
     raise SystemExit(
-        f"conveyor: refusing to bind {settings.gateway_host} without authentication. "
+        f"conveyor: refusing to bind {settings.gateway.host} without authentication. "
         "Set CONVEYOR_AUTH=keys (or jwt), bind 127.0.0.1, or pass --insecure-no-auth "
         "(CONVEYOR_INSECURE_NO_AUTH=1) if an open gateway is really what you want.")
 
@@ -141,14 +141,14 @@ def cmd_gateway(settings: Settings, args: argparse.Namespace) -> int:
         check_auth_settings(settings)
     except ValueError as exc:
         raise SystemExit(f"conveyor: {exc}") from None
-    registry = Registry.load(settings.models_file)
+    registry = Registry.load(settings.process.models_file)
     asyncio.run(_gateway_services(settings, registry))
     from conveyor import heap
 
     app = build_app(settings, registry,
-                    on_ready=lambda: heap.settle(settings.gc_threshold, "gateway"))
-    uvicorn.run(app, host=settings.gateway_host,
-                port=settings.gateway_port, loop="uvloop", http="httptools",
+                    on_ready=lambda: heap.settle(settings.process.gc_threshold, "gateway"))
+    uvicorn.run(app, host=settings.gateway.host,
+                port=settings.gateway.port, loop="uvloop", http="httptools",
                 log_level="warning", access_log=False, timeout_graceful_shutdown=5)
     return 0
 
@@ -156,24 +156,25 @@ def cmd_gateway(settings: Settings, args: argparse.Namespace) -> int:
 async def _run_layers(settings: Settings, names: list[str]) -> None:
     from workers.runtime import LayerRuntime
 
-    registry = Registry.load(settings.models_file)
+    registry = Registry.load(settings.process.models_file)
     await _ensure_topics(settings, registry)
     await _adopt_published(settings, registry)
     from conveyor.startup import kafka_address, started
     from topics.clients import make_producer
 
-    producer = make_producer(settings)
+    producer = make_producer(settings.kafka)
     await started("the Kafka producer to connect", producer.start, log=log,
-                  within=settings.startup_timeout_s, where=kafka_address(settings.kafka_bootstrap))
+                  within=settings.process.startup_timeout_s,
+                  where=kafka_address(settings.kafka.bootstrap))
     from topics.tracing import make_tracer
 
-    tracing = make_tracer(settings.trace_exporter, "+".join(names))
+    tracing = make_tracer(settings.telemetry.trace_exporter, "+".join(names))
     from workers.cancels import CancelList
 
     cancels = CancelList(settings)  # one follower of conveyor.control for every layer here
     from conveyor.metrics import LayerMetrics, process_metrics
 
-    metrics = process_metrics(settings, "+".join(names))
+    metrics = process_metrics(settings.telemetry, "+".join(names))
     layer_metrics = LayerMetrics(metrics.meter)
     runtimes = [LayerRuntime(settings, stage(n).make(settings, registry),
                              producer=producer, tracer=tracing.tracer, cancels=cancels,
@@ -215,7 +216,7 @@ async def _settle_when(settings: Settings, what: str, *ready: asyncio.Event) -> 
 
     for event in ready:
         await event.wait()
-    heap.settle(settings.gc_threshold, what)
+    heap.settle(settings.process.gc_threshold, what)
 
 
 def cmd_layer(settings: Settings, args: argparse.Namespace) -> int:
@@ -230,10 +231,10 @@ def cmd_layer(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _make_engine(args: argparse.Namespace, settings: Settings, registry: Registry) -> Engine:
-    from workers.infer.engines.table import EngineSetupError, engine_named
+    from workers.infer.engines.table import EngineOptions, EngineSetupError
 
     try:
-        return engine_named(args.engine).make(args, registry)
+        return EngineOptions.from_args(args).make(registry)
     except EngineSetupError as exc:
         raise SystemExit(str(exc)) from None
 
@@ -241,19 +242,19 @@ def _make_engine(args: argparse.Namespace, settings: Settings, registry: Registr
 async def _run_infer(settings: Settings, args: argparse.Namespace) -> None:
     from workers.infer.worker import InferWorker
 
-    registry = Registry.load(settings.models_file)
+    registry = Registry.load(settings.process.models_file)
     await _ensure_topics(settings, registry)
     await _adopt_published(settings, registry)  # the engine loads what the fleet serves
     engine = _make_engine(args, settings, registry)
     from topics.tracing import make_tracer
 
-    tracing = make_tracer(settings.trace_exporter, f"infer-{args.pool}")
+    tracing = make_tracer(settings.telemetry.trace_exporter, f"infer-{args.pool}")
     worker = InferWorker(settings, engine, args.pool, registry, worker_id=args.worker_id,
                          tracer=tracing.tracer)
     from conveyor.metrics import WorkerMetrics, process_metrics
     from workers.infer.engines.base import host_cache_counts
 
-    metrics = process_metrics(settings, f"infer-{args.pool}")
+    metrics = process_metrics(settings.telemetry, f"infer-{args.pool}")
     worker.dead_lettered = WorkerMetrics(metrics.meter, worker.worker_id, args.pool,
                                          worker.load, host_cache_counts(engine)).dead_letter
     _on_signals(worker.stop)
@@ -289,13 +290,13 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
     if not args.no_infra:
         _infra("kafka.sh", "start")
         _infra("redis.sh", "start")
-    registry = Registry.load(settings.models_file)
+    registry = Registry.load(settings.process.models_file)
     asyncio.run(_ensure_topics(settings, registry))
     exe = [sys.executable, "-m", "cli"]
-    from workers.infer.engines.table import engine_argv
+    from workers.infer.engines.table import EngineOptions
 
-    infer = ["infer", "--pool", args.pool, "--engine", args.engine, *engine_argv(args)]
-    port = settings.metrics_port  # layers on it, accounting on the next, then each worker
+    infer = ["infer", *EngineOptions.from_args(args).argv()]
+    port = settings.telemetry.metrics_port  # layers on it, accounting on the next, then each worker
 
     def on(offset: int) -> list[str]:
         return exe + (["--metrics-port", str(port + offset)] if port else [])
@@ -309,7 +310,7 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
     supervisor = Supervisor(children, restart_limit=args.restart_limit)
     signal.signal(signal.SIGINT, supervisor.stop)
     signal.signal(signal.SIGTERM, supervisor.stop)
-    print(f"conveyor: serving on http://{settings.gateway_host}:{settings.gateway_port}/v1",
+    print(f"conveyor: serving on http://{settings.gateway.host}:{settings.gateway.port}/v1",
           flush=True)
     return supervisor.run()
 
@@ -323,10 +324,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def engine_args(p: argparse.ArgumentParser) -> None:
-        from workers.infer.engines.table import add_engine_flags
+        from workers.infer.engines.table import EngineOptions
 
-        p.add_argument("--pool", default="cpu")
-        add_engine_flags(p)  # --engine and each engine's flags, from the engines table
+        EngineOptions.add_flags(p)  # --engine, --pool and each engine's options
 
     up = sub.add_parser("up", help="run everything on this host")
     engine_args(up)
@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     settings = load_settings()
     if args.metrics_port is not None:
-        settings = settings.model_copy(update={"metrics_port": args.metrics_port})
+        settings = settings.replace(metrics_port=args.metrics_port)
     _setup_logging(settings)
     from conveyor.errors import StartupTimeout
     from conveyor.redis_clients import RedisConnectionError
@@ -382,11 +382,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"conveyor {args.command}: {exc}", file=sys.stderr)
         return 3
     except KafkaConnectionError as exc:  # a tool run while the broker is down: say so
-        print(f"conveyor {args.command}: Kafka at {settings.kafka_bootstrap} cannot be "
+        print(f"conveyor {args.command}: Kafka at {settings.kafka.bootstrap} cannot be "
               f"reached ({exc}); is it running?", file=sys.stderr)
         return 3
     except RedisConnectionError as exc:
-        where = settings.redis_url.rpartition("@")[2]  # never a password on the screen
+        where = settings.redis.url.rpartition("@")[2]  # never a password on the screen
         print(f"conveyor {args.command}: Redis at {where} cannot be reached "
               f"({exc}); is it running?", file=sys.stderr)
         return 3

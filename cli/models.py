@@ -20,15 +20,13 @@ import argparse
 import asyncio
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
+from cli.text import READ_WITHIN_S, unread, utc
 from conveyor.errors import ConveyorError
 from conveyor.registry import ModelSpec, Registry
 from conveyor.settings import Settings
-
-_READ_WITHIN_S = 30.0
 
 
 def describe(spec: ModelSpec) -> dict[str, Any]:
@@ -72,7 +70,7 @@ def cmd_models_apply(settings: Settings, args: argparse.Namespace) -> int:
     from topics.catalog import catalog
 
     async def apply() -> None:
-        await ensure_topics(settings, catalog(settings, registry.pools()))  # new pools' first
+        await ensure_topics(settings, catalog(settings.kafka, registry.pools()))  # new pools' first
         await publish(settings, record)
 
     asyncio.run(apply())
@@ -84,26 +82,23 @@ def cmd_models_show(settings: Settings, args: argparse.Namespace) -> int:
     from topics.models import published
 
     try:
-        record = asyncio.run(published(settings, _READ_WITHIN_S))
+        record = asyncio.run(published(settings, READ_WITHIN_S))
     except TimeoutError:
-        print(f"conveyor models show: conveyor.models was not read within "
-              f"{_READ_WITHIN_S:.0f} s", file=sys.stderr)
-        return 3
+        return unread("models show", "conveyor.models was")
     if record is None:
-        registry = Registry.load(settings.models_file)
-        origin: dict[str, Any] = {"applied": None, "file": str(settings.models_file)}
+        registry = Registry.load(settings.process.models_file)
+        origin: dict[str, Any] = {"applied": None, "file": str(settings.process.models_file)}
     else:
         registry = Registry.parse(record["text"], record["source"])
         origin = {"applied": {"digest": record["digest"], "source": record["source"],
                               "applied_by": record["applied_by"],
-                              "applied_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(
-                                  record["ts_ms"] / 1000))}}
+                              "applied_at": utc(record["ts_ms"])}}
     if args.json:
         print(json.dumps({**origin, "models": [describe(s) for s in sorted(
             registry.models.values(), key=lambda s: s.name)]}, indent=2))
         return 0
     applied = origin["applied"]
-    print(f"serving {settings.models_file} (nothing applied)" if applied is None else
+    print(f"serving {settings.process.models_file} (nothing applied)" if applied is None else
           f"serving {applied['digest']}, applied by {applied['applied_by']} at "
           f"{applied['applied_at']} from {applied['source']}")
     print(render(registry))

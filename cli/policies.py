@@ -19,14 +19,12 @@ import argparse
 import asyncio
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
+from cli.text import READ_WITHIN_S, unread, utc
 from conveyor.errors import ConveyorError
 from conveyor.settings import Settings
-
-_READ_WITHIN_S = 30.0
 
 
 def _scope(args: argparse.Namespace) -> str:
@@ -52,7 +50,7 @@ def _publish(settings: Settings, scope: str, text: str, source: str, dry_run: bo
         return 0
 
     async def publish() -> None:
-        await ensure_topics(settings, [POLICIES.spec(settings)])
+        await ensure_topics(settings, [POLICIES.spec(settings.kafka)])
         await publish_policy(settings, document)
 
     asyncio.run(publish())
@@ -99,11 +97,9 @@ def cmd_policies_show(settings: Settings, args: argparse.Namespace) -> int:
     from topics.policies import published_policies
 
     try:
-        documents = asyncio.run(published_policies(settings, _READ_WITHIN_S))
+        documents = asyncio.run(published_policies(settings, READ_WITHIN_S))
     except TimeoutError:
-        print(f"conveyor policies show: conveyor.policies was not read within "
-              f"{_READ_WITHIN_S:.0f} s", file=sys.stderr)
-        return 3
+        return unread("policies show", "conveyor.policies was")
     documents = {s: d for s, d in documents.items() if d["text"].strip()}
     if args.tenant:
         out = _effective(settings, args, documents)
@@ -116,8 +112,7 @@ def cmd_policies_show(settings: Settings, args: argparse.Namespace) -> int:
     if not documents:
         print("no policy set: nothing is blocked, redacted or cached")
     for scope, d in sorted(documents.items()):
-        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(d["ts_ms"] / 1000))
-        print(f"== {scope}: {d['digest']}, set by {d['applied_by']} at {when} from "
+        print(f"== {scope}: {d['digest']}, set by {d['applied_by']} at {utc(d['ts_ms'])} from "
               f"{d['source']}\n{d['text'].rstrip()}")
     return 0
 

@@ -13,40 +13,10 @@ value (:func:`cli.dlq.read_letters`), decoded with this Conveyor's
 codec as the first layer's input, and what was recorded is the letter's
 error.
 
-Decisions:
-
-- **Fresh layers, in this process, producing nothing.** Each layer is built
-  anew (``workers.stages``) with settings whose topic prefix is a
-  scratch one, ``replay<epoch ms>``, and its ``handle`` is called directly
-  with the recorded input; the outputs stay in memory and the next layer of
-  ``--through`` takes them as its input. Nothing is produced, so no live
-  topic, consumer group or user ever sees a replay, and no scratch topic is
-  left on the broker. As a second guard every input's reply address is
-  blanked (``reply_partition`` -1, what an error reply is never sent to),
-  and an output addressed to any topic outside the scratch prefix stops the
-  replay with an error.
-- **Content policies** are those set on the live prefix now (read from its
-  ``conveyor.policies``), so a blocked or filtered request is blocked again,
-  and a replay after a policy changed shows what the new policy would do.
-  The prompt cache is not read (the scratch prefix has none): a request the
-  cache answered replays as a miss.
-- **Which layers.** preprocess, route and postprocess turn events into
-  outputs and nothing else (their ``start`` keeps no sender), so their
-  replay reproduces what they wrote. ``--through`` names consecutive layers
-  of the flow. schedule is refused: its answer is the worker partition the
-  live heartbeats chose at that moment, and without workers a fresh
-  scheduler could only park the task; infer needs an engine and the model.
-- **What is compared.** Each layer's outputs are paired in order with the
-  recorded ones (preprocess: the Prepared event, route: the Task on
-  ``routed``, postprocess: the replies, or a job's results) and every field
-  is compared after flattening (``generation.messages[0].content``), except
-  ``envelope.stamps`` (when a layer took the event: a replay's clock),
-  ``envelope.attempt`` (deliveries, not content) and
-  ``envelope.reply_partition`` (blanked above). A layer's error is compared
-  by its summary: the last line of the dead letter's traceback, or
-  ``status type/code: message`` of an error reply.
-- **Content** (messages, prompts, texts, chunks) is printed only with
-  ``--show-content``; without it a differing content field shows sizes.
+Nothing is produced: fresh layers run in this process under a scratch topic
+prefix (``replay<epoch ms>``) with every input's reply address blanked, and an
+output addressed outside the scratch prefix stops the replay. What is replayed,
+compared and shown: docs/operating/log-tools.md.
 """
 
 from __future__ import annotations
@@ -109,7 +79,7 @@ def parse_through(text: str) -> list[str]:
 def scratch_settings(settings: Settings, now_ms: int | None = None) -> Settings:
     """The settings with a scratch topic prefix, ``replay<epoch ms>``."""
     stamp = int(time.time() * 1000) if now_ms is None else now_ms
-    return settings.model_copy(update={"topic_prefix": f"replay{stamp}"})
+    return settings.replace(topic_prefix=f"replay{stamp}")
 
 
 def _reply_error(error: dict[str, Any]) -> str:
@@ -127,7 +97,7 @@ def _blank_reply(event: Any) -> Any:
 async def _run(settings: Settings, scratch: Settings, names: list[str],
                inputs: list[Any], steps: list[Step]) -> None:
     """Feed ``inputs`` to fresh instances of ``names`` in turn, filling ``steps``."""
-    registry = Registry.load(settings.models_file)
+    registry = Registry.load(settings.process.models_file)
     policies = await _policies(settings)
     for i, (name, step) in enumerate(zip(names, steps, strict=True)):
         layer = stage(name).make(scratch, registry)
@@ -146,9 +116,10 @@ async def _run(settings: Settings, scratch: Settings, names: list[str],
                     step.replayed_error = last_line(traceback.format_exc())
                     break
                 for out in outputs:
-                    if not out.topic.startswith(scratch.topic("")):
-                        raise ReplayError(f"{name} addressed an output to {out.topic}, "
-                                          f"outside the scratch prefix {scratch.topic_prefix}")
+                    if not out.topic.startswith(scratch.kafka.topic("")):
+                        raise ReplayError(
+                            f"{name} addressed an output to {out.topic}, "
+                            f"outside the scratch prefix {scratch.kafka.topic_prefix}")
                     step.replayed.append(out)
         finally:
             await layer.stop()
@@ -171,7 +142,7 @@ async def _policies(settings: Settings) -> PolicyBook:
     try:
         documents = await published_policies(settings, _POLICIES_WITHIN_S)
     except TimeoutError:
-        print(f"conveyor replay: {settings.topic('policies')} was not read within "
+        print(f"conveyor replay: {settings.kafka.topic('policies')} was not read within "
               f"{_POLICIES_WITHIN_S:.0f} s; replaying with no content policy", file=sys.stderr)
         return book
     for scope, document in documents.items():
@@ -205,7 +176,7 @@ async def replay_request(settings: Settings, request_id: str, names: list[str],
     if not found:
         raise ReplayError(f"no recorded input of {first} for request {request_id}")
     unreadable = [f for f in found if f.record is None]
-    rep = Replay(request_id, scratch.topic_prefix, "log")
+    rep = Replay(request_id, scratch.kafka.topic_prefix, "log")
     errors = {d.record["layer"]: last_line(d.record["error"])
               for d in journey.letters if d.record}
     error_replies = [_reply_error(f.record["error"]) for f in journey.replies
@@ -232,7 +203,7 @@ async def replay_letter(settings: Settings, request_id: str, offset: int,
     codec = codec or default_codec()
     letters = await read_letters(settings, 0, [offset], codec)
     if not letters:
-        raise ReplayError(f"no letter at offset {offset} of {settings.topic('dlq')}")
+        raise ReplayError(f"no letter at offset {offset} of {settings.kafka.topic('dlq')}")
     letter = letters[0].letter
     key = (letter["key"] or b"").decode(errors="replace")
     if key != request_id:
@@ -243,8 +214,8 @@ async def replay_letter(settings: Settings, request_id: str, offset: int,
         raise ReplayError(f"the letter at offset {offset} was written by {letter['layer']}: "
                           f"--through must begin with it")
     scratch = scratch_settings(settings)
-    rep = Replay(request_id, scratch.topic_prefix, f"dlq@{offset}")
-    source = f"{settings.topic('dlq')}[0]@{offset} ({letters[0].source})"
+    rep = Replay(request_id, scratch.kafka.topic_prefix, f"dlq@{offset}")
+    source = f"{settings.kafka.topic('dlq')}[0]@{offset} ({letters[0].source})"
     for i, name in enumerate(names):
         rep.steps.append(Step(name, [source] if i == 0 else [f"replayed {names[i - 1]}"]))
     rep.steps[0].recorded_error = last_line(letter["error"])

@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import argparse
 import base64
+import datetime as dt
 import json
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from conveyor.settings import Settings
 from topics.catalog import REQUESTS
 
-__all__ = ["plain", "add_report_flags", "print_report", "not_found"]
+__all__ = ["READ_WITHIN_S", "add_report_flags", "iso", "not_found", "plain", "print_report",
+           "table", "unread", "utc"]
+
+READ_WITHIN_S = 30.0  # how long a command waits to read a compacted topic's state
 
 SINCE_HELP = ("how long ago the request may have entered: 24h, 90m, 2d, an ISO time or "
               "epoch ms (default 24h)")
@@ -45,5 +50,30 @@ def print_report(rep: dict[str, Any], as_json: bool,
 
 
 def not_found(command: str, settings: Settings, request_id: str, since: str) -> str:
-    return (f"conveyor {command}: no request {request_id} in {REQUESTS.at(settings)} "
+    return (f"conveyor {command}: no request {request_id} in {REQUESTS.at(settings.kafka)} "
             f"since {since} (widen --since)")
+
+
+def iso(ms: int, timespec: str = "seconds") -> str:
+    """Epoch milliseconds as an ISO 8601 UTC time (``+00:00``)."""
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).isoformat(timespec=timespec)
+
+
+def utc(ms: int) -> str:
+    """Epoch milliseconds as ``2026-11-01T12:30:00Z``."""
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def table(lines: Sequence[Sequence[str]], left: int | None = None) -> str:
+    """Rows as columns two spaces apart: the first ``left`` columns (all when None)
+    aligned left, the others right."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    return "\n".join("  ".join(c.ljust(w) if left is None or i < left else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(line, widths, strict=True)))
+                     .rstrip() for line in lines)
+
+
+def unread(command: str, what: str) -> int:
+    """Say that ``what`` was not read within :data:`READ_WITHIN_S`; exit status 3."""
+    print(f"conveyor {command}: {what} not read within {READ_WITHIN_S:.0f} s", file=sys.stderr)
+    return 3

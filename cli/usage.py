@@ -24,6 +24,7 @@ import re
 import sys
 from typing import Any
 
+from cli.text import table
 from conveyor.errors import RequestError
 from conveyor.redis_clients import redis_client
 from conveyor.settings import Settings
@@ -82,11 +83,11 @@ def cmd_accounting(settings: Settings, args: argparse.Namespace) -> int:
     from conveyor.metrics import LayerMetrics, process_metrics
     from workers.usage.run import run_accounting
 
-    metrics = process_metrics(settings, "accounting")
+    metrics = process_metrics(settings.telemetry, "accounting")
     from conveyor import heap
 
     run_accounting(settings, LayerMetrics(metrics.meter).layer("accounting"),
-                   on_started=lambda: heap.settle(settings.gc_threshold, "accounting"))
+                   on_started=lambda: heap.settle(settings.process.gc_threshold, "accounting"))
     return 0
 
 
@@ -120,7 +121,7 @@ async def _report(settings: Settings, args: argparse.Namespace, since: int,
     kept per model and deployment)."""
     from workers.usage.ledger import UsageLedger
 
-    redis = redis_client(settings, "cli")
+    redis = redis_client(settings.redis, "cli")
     try:
         ledger = UsageLedger(settings, redis)
         rows = await ledger.report(args.tenant, since_ms=since, until_ms=until, by=args.by,
@@ -138,14 +139,11 @@ def _ratings_table(days: list[Any]) -> str:
     for d in days:
         day = dt.datetime.fromtimestamp(d.bucket_start_ms / 1000, tz=dt.UTC).strftime("%Y-%m-%d")
         lines.append((day, "all", str(d.count), f"{d.mean:+.2f}"))
-        for kind, table in (("model", d.by_model), ("deployment", d.by_deployment)):
-            for name, c in sorted(table.items()):
+        for kind, counts in (("model", d.by_model), ("deployment", d.by_deployment)):
+            for name, c in sorted(counts.items()):
                 lines.append(("", f"{kind} {name or '(unfinished)'}", str(c["count"]),
                               f"{c['mean']:+.2f}"))
-    widths = [max(len(line[i]) for line in lines) for i in range(4)]
-    return "\n".join("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
-                               for i, (c, w) in enumerate(zip(line, widths, strict=True)))
-                     for line in lines)
+    return table(lines, left=2)
 
 
 _FIELDS = ("requests", "errors", "prompt_tokens", "completion_tokens", "total_tokens")
@@ -170,8 +168,4 @@ def _as_table(by: str, rows: list[Any]) -> str:
         start = dt.datetime.fromtimestamp(r.bucket_start_ms / 1000, tz=dt.UTC)
         lines.append((start.strftime(fmt), *(str(getattr(r, f)) for f in _FIELDS)))
     lines.append(("total", *(str(v) for v in _totals(rows).values())))
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                  for i, (c, w) in enumerate(zip(line, widths, strict=True)))
-        for line in lines)
+    return table(lines, left=1)

@@ -23,20 +23,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 from typing import Any
 
+from cli.text import READ_WITHIN_S, table, unread
 from conveyor.settings import Settings
 from schemas.codec import default_codec
 from schemas.records import BreakerState, WorkerHeartbeat
 from topics.catalog import BREAKERS, WORKERS
 from topics.envelope import now_ms
-from topics.follow import apply_all, follow, snapshot
+from topics.follow import apply_all, follow
 from workers.schedule.breakers import describe as describe_breaker
 
 __all__ = ["cmd_workers", "describe", "register", "render"]
-
-_READ_WITHIN_S = 30.0
 
 
 def describe(beat: WorkerHeartbeat, settings: Settings, now: int,
@@ -52,7 +50,7 @@ def describe(beat: WorkerHeartbeat, settings: Settings, now: int,
         "worker_id": beat["worker_id"], "pool": beat["pool"], "engine": beat["engine"],
         "models": beat["models"], "loaded": beat.get("loaded") or beat["models"],
         "state": beat["state"],
-        "live": beat["state"] == "ready" and age_s <= settings.worker_ttl_s,
+        "live": beat["state"] == "ready" and age_s <= settings.schedule.worker_ttl_s,
         "partitions": beat["partitions"], "capacity": beat["capacity"],
         "running": beat["running"], "queued": beat["queued"], "host": beat["host"],
         "gpu_utilization": beat["gpu_utilization"], "gpu_memory_free": beat["gpu_memory_free"],
@@ -126,20 +124,7 @@ def render(rows: list[dict[str, Any]]) -> str:
         _breaker_text(r["breaker"]), r["host"],
         f"{r['heartbeat_age_s']:.0f}s")
         for r in rows]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True))
-                     .rstrip() for line in lines)
-
-
-async def _read(settings: Settings, beats: dict[str, WorkerHeartbeat],
-                breakers: dict[str, BreakerState]) -> None:
-    codec = default_codec()
-    await asyncio.gather(
-        snapshot(follow(settings, WORKERS), codec,
-                 lambda beat: beats.__setitem__(beat["worker_id"], beat), _READ_WITHIN_S),
-        snapshot(follow(settings, BREAKERS), codec,
-                 lambda state: breakers.__setitem__(state["worker_id"], state),
-                 _READ_WITHIN_S))
+    return table(lines)
 
 
 def _rows(beats: dict[str, WorkerHeartbeat], breakers: dict[str, BreakerState],
@@ -149,20 +134,23 @@ def _rows(beats: dict[str, WorkerHeartbeat], breakers: dict[str, BreakerState],
             if pool is None or b["pool"] == pool]
 
 
-async def _watch(settings: Settings, args: argparse.Namespace) -> None:
+async def _show(settings: Settings, args: argparse.Namespace) -> None:
+    """Print the table once the topics are read, then (``--watch``) again and again."""
     beats: dict[str, WorkerHeartbeat] = {}
     breakers: dict[str, BreakerState] = {}
-    follower, cut_off = follow(settings, WORKERS), follow(settings, BREAKERS)
-    reading = [asyncio.create_task(apply_all(
-        follower, default_codec(), lambda beat: beats.__setitem__(beat["worker_id"], beat))),
-        asyncio.create_task(apply_all(
-            cut_off, default_codec(),
-            lambda state: breakers.__setitem__(state["worker_id"], state)))]
+    beating, breaking = follow(settings, WORKERS), follow(settings, BREAKERS)
+    reading = [asyncio.create_task(apply_all(beating, default_codec(), lambda beat: beats.
+                                             __setitem__(beat["worker_id"], beat))),
+               asyncio.create_task(apply_all(breaking, default_codec(), lambda state: breakers.
+                                             __setitem__(state["worker_id"], state)))]
     try:
-        await asyncio.wait_for(asyncio.gather(follower.caught_up.wait(),
-                                              cut_off.caught_up.wait()), _READ_WITHIN_S)
+        await asyncio.wait_for(asyncio.gather(beating.caught_up.wait(),
+                                              breaking.caught_up.wait()), READ_WITHIN_S)
         while True:
             rows = _rows(beats, breakers, settings, args.pool)
+            if args.watch is None:
+                print(json.dumps(rows, indent=2) if args.json else render(rows))
+                return
             print(json.dumps(rows) if args.json else "\x1b[2J\x1b[H" + render(rows),
                   flush=True)
             await asyncio.sleep(args.watch)
@@ -172,22 +160,13 @@ async def _watch(settings: Settings, args: argparse.Namespace) -> None:
 
 
 def cmd_workers(settings: Settings, args: argparse.Namespace) -> int:
-    if args.watch is not None:
-        try:
-            asyncio.run(_watch(settings, args))
-        except KeyboardInterrupt:
-            pass
-        return 0
-    beats: dict[str, WorkerHeartbeat] = {}
-    breakers: dict[str, BreakerState] = {}
     try:
-        asyncio.run(_read(settings, beats, breakers))
+        asyncio.run(_show(settings, args))
+    except KeyboardInterrupt:
+        pass
     except TimeoutError:
-        print(f"conveyor workers: {WORKERS.at(settings)} and {BREAKERS.at(settings)} were "
-              f"not read within {_READ_WITHIN_S:.0f} s", file=sys.stderr)
-        return 3
-    rows = _rows(beats, breakers, settings, args.pool)
-    print(json.dumps(rows, indent=2) if args.json else render(rows))
+        return unread("workers", f"{WORKERS.at(settings.kafka)} and "
+                                 f"{BREAKERS.at(settings.kafka)} were")
     return 0
 
 

@@ -9,32 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = [
-    "ConveyorError",
-    "RequestError",
-    "InvalidRequest",
-    "ContentPolicyViolation",
-    "InvalidOutput",
-    "ModelNotFound",
-    "ContextLengthExceeded",
-    "NoWorkerAvailable",
-    "Overloaded",
-    "DeadlineExceeded",
-    "EngineError",
-    "RequestTooLarge",
-    "InvalidApiKey",
-    "RateLimited",
-    "QuotaExceeded",
-    "PipelineUnavailable",
-    "SchemaError",
-    "BrokerError",
-    "TransientBrokerError",
-    "PermanentBrokerError",
-    "RedisUnavailable",
-    "RedisRefused",
-    "StartupTimeout",
-    "last_line",
-]
+__all__ = ["ConveyorError", "RequestError", "InvalidRequest", "ContentPolicyViolation",
+           "InvalidOutput", "ModelNotFound", "ContextLengthExceeded", "NoWorkerAvailable",
+           "Overloaded", "DeadlineExceeded", "EngineError", "RequestTooLarge", "InvalidApiKey",
+           "RateLimited", "QuotaExceeded", "PipelineUnavailable", "SchemaError", "BrokerError",
+           "TransientBrokerError", "PermanentBrokerError", "RedisUnavailable", "RedisRefused",
+           "StartupTimeout", "last_line"]
 
 
 class ConveyorError(Exception):

@@ -1,23 +1,15 @@
 """Logging for every Conveyor process: one format, and floods held back.
 
-A broker or Redis outage makes the same line repeat thousands of times a
-second (every reconnect attempt of every client). :class:`RepeatFilter`
-lets the first of a kind through, then at most one per ``every_s`` seconds
-with the count of those held back, so an outage costs a few lines a minute
-and the log still says what happened.
+:class:`RepeatFilter` lets the first line of a kind through, then at most one per
+``every_s`` seconds with the count of those held back, so a broker or Redis
+outage costs a few lines a minute and the log still says what happened.
 
-A serving process writes a line a request (the gateway's access log), and
-each line written alone is a system call that wakes whoever reads the other
-end (``conveyor up`` copies its children's stderr; measured:
-docs/decisions/0015-fewer-writes-at-the-gateway.md).
-:class:`BatchingHandler` writes the lines of such per-request loggers
-(``conveyor.access``) together, at most ``interval_s`` (0.1 s) after the
-first of them; any other line is written at once, after what is held, so
-the log keeps its order and what a process says of itself (a model loaded,
-a broker lost) is there as it happens. A batch that reaches ``max_bytes``
-is written at once too. A process that exits, even by an exception, flushes
+:class:`BatchingHandler` writes the lines of per-request loggers
+(``conveyor.access``) together, at most ``interval_s`` (0.1 s) after the first of
+them or once a batch reaches ``max_bytes``; any other line is written at once,
+after what is held, so the log keeps its order. A process that exits flushes
 (``logging.shutdown``); one that is SIGKILLed loses at most the last
-``interval_s`` of its access lines.
+``interval_s`` of its access lines. Why: docs/decisions/0015-fewer-writes-at-the-gateway.md.
 """
 
 from __future__ import annotations

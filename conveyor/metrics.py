@@ -1,45 +1,18 @@
 """Prometheus metrics of every Conveyor process, through OpenTelemetry.
 
 The instruments are OpenTelemetry instruments on one ``MeterProvider`` a
-process; ``opentelemetry-exporter-prometheus`` (a ``PrometheusMetricReader``
-on a ``prometheus_client`` registry of the process's own) turns them into the
-Prometheus text format at each scrape. Names are therefore the ones the OTel
-Prometheus exporter gives: dots become underscores, a unit of seconds adds
-``_seconds``, counters end in ``_total``, and curly-brace units (``{token}``)
-add nothing::
+process; ``opentelemetry-exporter-prometheus`` turns them into the Prometheus
+text format at each scrape, so names are the ones that exporter gives (dots
+become underscores, a unit of seconds adds ``_seconds``, counters end in
+``_total``). docs/operating/observability.md lists them.
 
-    gen_ai_server_time_to_first_token_seconds     histogram  gateway
-    gen_ai_server_time_per_output_token_seconds   histogram  gateway
-    gen_ai_server_request_duration_seconds        histogram  gateway
-    gen_ai_client_token_usage                     histogram  gateway (gen_ai_token_type)
-    conveyor_gateway_requests_total               counter    gateway (status, model, tenant)
-    conveyor_layer_events_total                   counter    layers
-    conveyor_layer_handle_duration_seconds        histogram  layers
-    conveyor_layer_dead_letters_total             counter    layers
-    conveyor_layer_consumer_lag                   gauge      layers (per partition)
-    conveyor_worker_capacity / _running / _queued gauge      infer workers
-    conveyor_schedule_breaker_state / _waiting    gauge      layers (workers/schedule/gauges.py)
-    conveyor_schedule_held / _sent                gauge      layers
-    process_*                                     gauge      every process
-
-Decisions:
-
-- **Where they are served.** The gateway answers ``GET /metrics`` on its own
-  port (gateway/metrics_route.py). Layers, infer workers and accounting serve
-  them on ``metrics_port`` (``CONVEYOR_METRICS_PORT``, or ``conveyor
-  --metrics-port N <command>``) from a ``prometheus_client`` server thread; 0
-  (the default) serves nothing and records nothing (a no-op meter). ``conveyor
-  up`` with a metrics port gives the layers that port, accounting the next and
-  infer worker *i* the one after ``port + 1 + i``.
-- **Buckets** are the GenAI semantic conventions' advice (TTFT, TPOT and
-  request duration in seconds; token usage in powers of four); the layer
-  handling time, milliseconds where a layer is healthy, has its own.
-- **Cost.** A request records two counters and at most five histogram points,
-  with attribute dicts of two to four entries: no work per token, nothing that
-  grows with the answer. Consumer lag is computed only when scraped. Measured:
-  docs/decisions/0025-resumable-streams-and-metrics.md.
-- **Cardinality.** The tenant labels only the request counter; the histograms
-  carry the model and the operation, as the conventions ask.
+The gateway answers ``GET /metrics`` on its own port (gateway/metrics_route.py).
+Layers, infer workers and accounting serve them on ``metrics_port`` from a
+``prometheus_client`` server thread; 0 (the default) serves nothing and records
+nothing (a no-op meter). Buckets are the GenAI semantic conventions' advice; the
+tenant labels only the request counter. A request records two counters and at
+most five histogram points, nothing per token; consumer lag is computed only
+when scraped (docs/decisions/0025-resumable-streams-and-metrics.md).
 """
 
 from __future__ import annotations
@@ -57,13 +30,11 @@ from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from conveyor.settings import Settings
+from conveyor.settings import TelemetrySettings
 
-__all__ = [
-    "CONTENT_TYPE", "DURATION_BUCKETS", "TOKEN_BUCKETS", "TPOT_BUCKETS", "TTFT_BUCKETS",
-    "GatewayMetrics", "LayerMetrics", "LayerProbe", "Metrics", "WorkerMetrics",
-    "partition_lag", "process_metrics", "serve_metrics",
-]
+__all__ = ["CONTENT_TYPE", "DURATION_BUCKETS", "TOKEN_BUCKETS", "TPOT_BUCKETS", "TTFT_BUCKETS",
+           "GatewayMetrics", "LayerMetrics", "LayerProbe", "Metrics", "WorkerMetrics",
+           "partition_lag", "process_metrics", "serve_metrics"]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -128,11 +99,11 @@ def serve_metrics(service: str, host: str, port: int) -> Metrics:
     return metrics
 
 
-def process_metrics(settings: Settings, service: str) -> Metrics:
+def process_metrics(telemetry: TelemetrySettings, service: str) -> Metrics:
     """The metrics of a process that is not the gateway, as its settings say:
     served on ``metrics_port`` (none when 0, or when metrics are disabled)."""
-    port = settings.metrics_port if settings.metrics_enabled else 0
-    return serve_metrics(service, settings.metrics_host, port)
+    port = telemetry.metrics_port if telemetry.metrics_enabled else 0
+    return serve_metrics(service, telemetry.metrics_host, port)
 
 
 # -- the gateway -----------------------------------------------------------------

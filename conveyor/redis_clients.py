@@ -31,11 +31,10 @@ from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from conveyor.errors import BrokerError, RedisRefused, RedisUnavailable
-from conveyor.settings import Settings
+from conveyor.settings import RedisSettings
 
 __all__ = ["Redis", "RedisRole", "ClientRole", "ROLES", "redis_client", "REDIS_ERRORS",
-           "REDIS_REFUSALS", "RedisError", "RedisConnectionError", "redis_error",
-           "redis_boundary"]
+           "REDIS_REFUSALS", "RedisError", "RedisConnectionError", "redis_error", "redis_boundary"]
 
 RedisRole = Literal["gateway", "claims", "cache", "accounting", "cli"]
 
@@ -76,14 +75,14 @@ REDIS_REFUSALS: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTi
                                                    OSError)
 
 
-def redis_client(settings: Settings, role: RedisRole) -> Redis:
-    """A client of ``settings.redis_url`` with the timeouts of ``role``; the
+def redis_client(redis: RedisSettings, role: RedisRole) -> Redis:
+    """A client of ``redis.url`` with the timeouts of ``role``; the
     caller closes it (``aclose``)."""
     chosen = ROLES[role]
     retry: dict[str, Any] = {"retry": Retry(NoBackoff(), 1),
                              "retry_on_error": [RedisConnectionError]} \
         if chosen.retry_broken else {}
-    client: Redis = Redis.from_url(settings.redis_url, socket_timeout=chosen.socket_timeout_s,
+    client: Redis = Redis.from_url(redis.url, socket_timeout=chosen.socket_timeout_s,
                                    socket_connect_timeout=chosen.connect_timeout_s, **retry)
     return client
 

@@ -8,9 +8,8 @@ weights.
 A model's ``precision`` names the GGUF its engines load: ``source``, the file
 as found (the default), or ``q8_0``, ``f16`` or ``f32``, made once from it on
 first use (:func:`precise_gguf`; ``python -m workers.infer.engines.gguf_precision``
-makes it ahead of time). SmolLM2 ships as Q4_1, whose kernels answer some
-greedy prompts unlike the same weights in float32: why it runs at f16,
-docs/decisions/0008-default-model-precision.md.
+makes it ahead of time). Why the default model
+runs at f16: docs/decisions/0008-default-model-precision.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,47 @@
-"""One frozen settings object, built once at start and passed in.
+"""Conveyor's settings: one frozen object of sections, built once at start
+and passed in; a component takes the section it reads.
 
-Every field can be set from the environment with the ``CONVEYOR_`` prefix
-(``CONVEYOR_KAFKA_BOOTSTRAP=127.0.0.1:9092``). Nothing reads the environment
-at import time: :func:`load_settings` is called by the CLI and by tests.
+Every setting has one flat name, its environment variable without the
+``CONVEYOR_`` prefix (``CONVEYOR_KAFKA_BOOTSTRAP`` is ``kafka_bootstrap``,
+read as ``settings.kafka.bootstrap``). :func:`load_settings` reads the
+environment and takes explicit overrides by the same flat names; nothing reads
+the environment at import time. ``docs/gen_config.py`` makes the configuration
+reference from the sections below, their comments included.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-__all__ = ["Settings", "load_settings"]
+__all__ = ["AuthSettings", "GatewaySettings", "InferSettings", "JobsSettings", "KafkaSettings",
+           "PrefixSettings", "ProcessSettings", "RedisSettings", "ScheduleSettings", "Settings",
+           "TelemetrySettings", "load_settings"]
 
 _DEFAULT_MODELS = Path(__file__).with_name("models.toml")
+ENV_PREFIX = "CONVEYOR_"
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="CONVEYOR_", frozen=True, extra="ignore")
+class Section(BaseModel):
+    """A group of settings. A field's flat name is its alias where it has one
+    (``bootstrap`` is ``kafka_bootstrap``), else its own name."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_by_name=True,
+                              validate_by_alias=True)
+    title: ClassVar[str] = ""
+
+    @classmethod
+    def flat_names(cls) -> dict[str, str]:
+        """flat name -> field name."""
+        return {(info.alias or name): name for name, info in cls.model_fields.items()}
+
+
+class TelemetrySettings(Section):
+    title = "Telemetry"
 
     # the level of every process's log (DEBUG, INFO, WARNING, ERROR)
     log_level: str = "INFO"
@@ -32,19 +54,41 @@ class Settings(BaseSettings):
     # false: no process records or serves metrics (no /metrics on the gateway,
     # metrics_port ignored); what they cost: docs/decisions/0025-resumable-streams-and-metrics.md
     metrics_enabled: bool = True
+
+
+class ProcessSettings(Section):
+    title = "Processes"
+
     # once a serving process has started, what it built is frozen out of the cyclic
     # collector's scans and its youngest generation collects after this many
     # allocations (Python's own: 700); 0 leaves the collector alone (conveyor/heap.py)
     gc_threshold: int = 10_000
+    # Background tasks (leases, heartbeats, followers) retry a failing Redis or
+    # Kafka with exponential backoff up to this many seconds.
+    retry_backoff_max_s: float = 5.0
+    # How long a process waits at start for something it needs (the broker, its
+    # consumer group, Redis) before it exits (code 3) saying what it waited for;
+    # meanwhile it logs the wait every few seconds (conveyor/startup.py). 60 s:
+    # a cold local broker answers within about 10 s and a group join takes
+    # seconds (session timeouts of 1.5-6 s), so a minute is past any healthy
+    # start and soon enough for a supervisor to restart and report. An engine
+    # loading its model is logged but not bounded (minutes for a large model).
+    startup_timeout_s: float = 60.0
+    # how far clocks of different hosts may disagree: lookups of a request's
+    # events by time start this much earlier, and a claim is trusted only for
+    # tasks written this long after Redis was last seen to lose data
+    clock_skew_ms: int = 2000
+    # the model registry (route, preprocess and infer read it)
+    models_file: Path = _DEFAULT_MODELS
 
-    # Services
+
+class KafkaSettings(Section):
+    title = "Kafka"
+
     # the Kafka brokers every process connects to (host:port, comma-separated)
-    kafka_bootstrap: str = "127.0.0.1:9092"
-    # the Redis that holds keys, limits, leases and caches (never the only copy of anything)
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    bootstrap: str = Field("127.0.0.1:9092", alias="kafka_bootstrap")
     # Every topic and consumer group name starts with this; tests use their own.
     topic_prefix: str = "conveyor"
-
     # Producer: acks=all always; the idempotent producer can be switched off
     # for brokers that do not implement it.
     producer_idempotent: bool = True
@@ -59,32 +103,39 @@ class Settings(BaseSettings):
     # cluster has, at most 3; min.insync.replicas 0 = 2 when replicated 3+, else 1.
     replication_factor: int = 0
     min_insync_replicas: int = 0
-    # Background tasks (leases, heartbeats, followers) retry a failing Redis or
-    # Kafka with exponential backoff up to this many seconds.
-    retry_backoff_max_s: float = 5.0
-    # How long a process waits at start for something it needs (the broker, its
-    # consumer group, Redis) before it exits (code 3) saying what it waited for;
-    # meanwhile it logs the wait every few seconds (conveyor/startup.py). 60 s:
-    # a cold local broker answers within about 10 s and a group join takes
-    # seconds (session timeouts of 1.5-6 s), so a minute is past any healthy
-    # start and soon enough for a supervisor to restart and report. An engine
-    # loading its model is logged but not bounded (minutes for a large model).
-    startup_timeout_s: float = 60.0
-
     # the layers' consumer groups: a member that sends no heartbeat for the session
     # timeout leaves its group and its partitions go to the others
     consumer_session_timeout_ms: int = 6000
     consumer_heartbeat_interval_ms: int = 1000
-
     # Partition counts of the catalog (see topics/catalog.py)
     pipeline_partitions: int = 4
     infer_partitions: int = 8
     reply_partitions: int = 8
 
-    # Gateway: the address it listens on
-    gateway_host: str = "127.0.0.1"
-    gateway_port: int = 8000
-    gateway_id: str = ""  # empty: a random id per process
+    def topic(self, name: str) -> str:
+        """The full name of a catalog topic (``requests`` -> ``conveyor.requests``)."""
+        return f"{self.topic_prefix}.{name}"
+
+    def group(self, layer: str) -> str:
+        """The consumer group of a layer (``preprocess`` -> ``conveyor.preprocess``)."""
+        return f"{self.topic_prefix}.{layer}"
+
+
+class RedisSettings(Section):
+    title = "Redis"
+
+    # the Redis that holds keys, limits, leases and caches (never the only copy of anything)
+    url: str = Field("redis://127.0.0.1:6379/0", alias="redis_url")
+
+
+class GatewaySettings(Section):
+    title = "Gateway"
+
+    # the address the gateway listens on
+    host: str = Field("127.0.0.1", alias="gateway_host")
+    port: int = Field(8000, alias="gateway_port")
+    # empty: a random id per process
+    id: str = Field("", alias="gateway_id")
     # a gateway's lease on its reply partitions (renewed every third of it); a
     # gateway gone this long frees them for another
     reply_lease_ttl_s: float = 15.0
@@ -105,13 +156,17 @@ class Settings(BaseSettings):
     # with the pipeline's additions, in one event of max_event_bytes.
     max_body_bytes: int = 2 * 1024 * 1024
 
-    # Auth (gateway/auth): none | keys (API keys in Redis) | jwt (signed bearer tokens).
+
+class AuthSettings(Section):
+    title = "Auth"
+
+    # none | keys (API keys in Redis) | jwt (signed bearer tokens) (gateway/auth).
     # With none the gateway binds only to loopback unless insecure_no_auth is set.
-    auth: Literal["none", "keys", "jwt"] = "none"
+    mode: Literal["none", "keys", "jwt"] = Field("none", alias="auth")
     insecure_no_auth: bool = False
     # the server secret API keys are hashed with (HMAC-SHA-256); needed by auth=keys
     # and by `conveyor keys`; changing it invalidates every key
-    auth_secret: SecretStr = SecretStr("")
+    secret: SecretStr = Field(SecretStr(""), alias="auth_secret")
     # how long a gateway trusts a key it looked up (revocations arrive at once by
     # pub/sub; this only bounds a missed message)
     key_cache_s: float = 30.0
@@ -128,10 +183,31 @@ class Settings(BaseSettings):
     # bearer token of the operator endpoints (/admin/usage); empty: they do not exist
     admin_token: SecretStr = SecretStr("")
 
-    # Jobs: files (batch input and output), batches and background responses
+
+class JobsSettings(Section):
+    title = "Files and batches"
+
+    # where uploaded files (batch input) and batch output are kept
     files_dir: Path = Path(".conveyor/files")
     max_file_bytes: int = 100 * 1024 * 1024
     batch_max_lines: int = 50_000
+
+
+class ScheduleSettings(Section):
+    title = "Schedule"
+
+    # a task whose pool has had no live worker this long is refused
+    # (no_worker_available)
+    no_worker_timeout_s: float = 10.0
+    # an interactive task waits in schedule for a worker with room (a free slot
+    # and KV for its prompt plus max_tokens) at most schedule_timeout_s, then is
+    # refused with 503 and Retry-After; past schedule_queue_max tasks of one
+    # tenant waiting in a pool, at once (workers/schedule/room.py); the waiting
+    # tasks of a pool take turns between tenants (workers/schedule/layer.py)
+    timeout_s: float = Field(5.0, alias="schedule_timeout_s")
+    queue_max: int = Field(256, alias="schedule_queue_max")
+    # a worker counts as live while its last heartbeat is younger than this
+    worker_ttl_s: float = 3.0
     # the share of a pool's capacity batch work may hold; the rest stays free for
     # interactive requests (batch still uses everything when nothing else waits)
     batch_max_share: float = 0.75
@@ -140,44 +216,19 @@ class Settings(BaseSettings):
     batch_prefetch: int = 0
     # interactive traffic counts as present this long after its last task was sent
     interactive_linger_s: float = 2.0
-
-    # Schedule: a task whose pool has had no live worker this long is refused
-    # (no_worker_available)
-    no_worker_timeout_s: float = 10.0
-    # an interactive task waits in schedule for a worker with room (a free slot
-    # and KV for its prompt plus max_tokens) at most schedule_timeout_s, then is
-    # refused with 503 and Retry-After; past schedule_queue_max tasks of a pool
-    # waiting, at once (workers/schedule/room.py)
-    schedule_timeout_s: float = 5.0
-    schedule_queue_max: int = 256
-    # a worker counts as live while its last heartbeat is younger than this
-    worker_ttl_s: float = 3.0
-    # Prefix-aware routing (workers/prefix.py): preprocess hashes each prompt's
-    # first prefix_max_blocks whole blocks of prefix_block_tokens tokens; schedule
-    # remembers which worker took which blocks (route_index_blocks a worker, for
-    # route_index_ttl_s) and sends a prompt to the worker likely to hold most of
-    # it, when one holds route_cache_threshold of it, among the workers under
-    # route_load_bound times the pool's mean load or route_load_slack of their
-    # own capacity; a whole prompt in cache is worth route_load_weight of a
-    # worker's load (busy / capacity)
-    prefix_block_tokens: int = 64
-    prefix_max_blocks: int = 256
+    # Prefix-aware routing (workers/prefix.py): schedule remembers which worker
+    # took which blocks (route_index_blocks a worker, for route_index_ttl_s) and
+    # sends a prompt to the worker likely to hold most of it, when one holds
+    # route_cache_threshold of it, among the workers under route_load_bound times
+    # the pool's mean load or route_load_slack of their own capacity; a whole
+    # prompt in cache is worth route_load_weight of a worker's load (busy / capacity)
     route_prefix_aware: bool = True
     route_cache_threshold: float = 0.3
     route_load_bound: float = 1.25
     route_load_weight: float = 1.0
     route_load_slack: float = 0.5
     route_index_blocks: int = 4096
-    # a worker reports the blocks its KV cache holds (at most this many, the most
-    # recently used) in each heartbeat; 0: it reports none, schedule guesses
-    prefix_report_blocks: int = 1024
     route_index_ttl_s: float = 600.0
-    # every tenant's prompts reuse every other's cached prefixes (the engines'
-    # KV caches, the llama.cpp host cache, schedule's prefix index): for a
-    # deployment that serves one organisation. Off, a tenant reuses only its own,
-    # so usage.prompt_tokens_details.cached_tokens and timing reveal nothing of
-    # another tenant's prompts (workers/prefix.py)
-    prefix_cache_shared: bool = False
     # a worker whose engine fails breaker_failures times in a row gets no new
     # work for breaker_cooldown_s, then one probe task decides (workers/schedule/breakers.py)
     breaker_failures: int = 3
@@ -186,7 +237,29 @@ class Settings(BaseSettings):
     # for another worker (or a fallback model), at most this many times
     engine_retries: int = 2
 
-    # Infer: a worker's heartbeat (its load, KV and cached blocks) every this many seconds
+
+class PrefixSettings(Section):
+    title = "Prefix caches"
+
+    # preprocess hashes each prompt's first prefix_max_blocks whole blocks of
+    # prefix_block_tokens tokens (workers/prefix.py); schedule routes by them
+    block_tokens: int = Field(64, alias="prefix_block_tokens")
+    max_blocks: int = Field(256, alias="prefix_max_blocks")
+    # a worker reports the blocks its KV cache holds (at most this many, the most
+    # recently used) in each heartbeat; 0: it reports none, schedule guesses
+    report_blocks: int = Field(1024, alias="prefix_report_blocks")
+    # every tenant's prompts reuse every other's cached prefixes (the engines'
+    # KV caches, the llama.cpp host cache, schedule's prefix index): for a
+    # deployment that serves one organisation. Off, a tenant reuses only its own,
+    # so usage.prompt_tokens_details.cached_tokens and timing reveal nothing of
+    # another tenant's prompts (workers/prefix.py)
+    cache_shared: bool = Field(False, alias="prefix_cache_shared")
+
+
+class InferSettings(Section):
+    title = "Infer workers"
+
+    # a worker's heartbeat (its load, KV and cached blocks) every this many seconds
     heartbeat_interval_s: float = 1.0
     # a streamed answer's tokens are gathered this long into one chunk event
     coalesce_ms: float = 40.0
@@ -202,25 +275,66 @@ class Settings(BaseSettings):
     claim_lease_s: float = 2.0
     # infer workers leave their group this soon after they stop heartbeating
     # (SIGKILL): a survivor takes their partitions over within about this time
-    infer_session_timeout_ms: int = 1500
-    infer_heartbeat_interval_ms: int = 300
-    # how far clocks of different hosts may disagree: lookups of a request's
-    # events by time start this much earlier, and a claim is trusted only for
-    # tasks written this long after Redis was last seen to lose data
-    clock_skew_ms: int = 2000
+    session_timeout_ms: int = Field(1500, alias="infer_session_timeout_ms")
+    heartbeat_interval_ms: int = Field(300, alias="infer_heartbeat_interval_ms")
 
-    # Model registry (route, preprocess and infer read it)
-    models_file: Path = _DEFAULT_MODELS
 
-    def topic(self, name: str) -> str:
-        """The full name of a catalog topic (``requests`` -> ``conveyor.requests``)."""
-        return f"{self.topic_prefix}.{name}"
+class Settings(BaseModel):
+    """Every section; ``settings.kafka`` is what a Kafka client needs, and so on."""
 
-    def group(self, layer: str) -> str:
-        """The consumer group of a layer (``preprocess`` -> ``conveyor.preprocess``)."""
-        return f"{self.topic_prefix}.{layer}"
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    telemetry: TelemetrySettings = TelemetrySettings.model_validate({})
+    process: ProcessSettings = ProcessSettings.model_validate({})
+    kafka: KafkaSettings = KafkaSettings.model_validate({})
+    redis: RedisSettings = RedisSettings.model_validate({})
+    gateway: GatewaySettings = GatewaySettings.model_validate({})
+    auth: AuthSettings = AuthSettings.model_validate({})
+    jobs: JobsSettings = JobsSettings.model_validate({})
+    schedule: ScheduleSettings = ScheduleSettings.model_validate({})
+    prefix: PrefixSettings = PrefixSettings.model_validate({})
+    infer: InferSettings = InferSettings.model_validate({})
+
+    SECTIONS: ClassVar[dict[str, type[Section]]]
+    FLAT: ClassVar[dict[str, tuple[str, str]]]
+
+    @classmethod
+    def from_flat(cls, values: Mapping[str, object]) -> Settings:
+        """Settings from flat names (``kafka_bootstrap``); unknown names raise."""
+        unknown = sorted(set(values) - cls.FLAT.keys())
+        if unknown:
+            raise TypeError(f"unknown settings: {', '.join(unknown)}")
+        parts: dict[str, dict[str, object]] = {name: {} for name in cls.SECTIONS}
+        for flat, value in values.items():
+            section, _ = cls.FLAT[flat]
+            parts[section][flat] = value
+        return cls.model_validate({name: cls.SECTIONS[name].model_validate(part)
+                                   for name, part in parts.items()})
+
+    def flat(self) -> dict[str, Any]:
+        """Every setting by its flat name."""
+        out: dict[str, Any] = {}
+        for name in self.SECTIONS:
+            out.update(getattr(self, name).model_dump(by_alias=True))
+        return out
+
+    def replace(self, **flat: object) -> Settings:
+        """A copy with some settings changed, by flat name, validated."""
+        return self.from_flat({**self.flat(), **flat})
+
+
+Settings.SECTIONS = {name: info.annotation for name, info in Settings.model_fields.items()
+                     if isinstance(info.annotation, type) and issubclass(info.annotation, Section)}
+Settings.FLAT = {flat: (section, field) for section, cls in Settings.SECTIONS.items()
+                 for flat, field in cls.flat_names().items()}
 
 
 def load_settings(**overrides: object) -> Settings:
-    """Build the settings from the environment, with explicit overrides on top."""
-    return Settings(**overrides)  # type: ignore[arg-type]
+    """The settings of the environment (``CONVEYOR_<FLAT NAME>``), with
+    explicit overrides by flat name on top."""
+    values: dict[str, object] = {}
+    for key, value in os.environ.items():
+        flat = key[len(ENV_PREFIX):].lower()
+        if key.upper().startswith(ENV_PREFIX) and flat in Settings.FLAT:
+            values[flat] = value
+    return Settings.from_flat({**values, **overrides})

@@ -5,7 +5,7 @@ answer, its consumer group to hand it partitions, Redis, an engine to load.
 Each such wait goes through :func:`started`, which logs ``waiting for X``
 once the wait passes ``note_after_s`` (2 s) and again every ``note_every_s``
 (5 s) with the time so far, and after ``within`` seconds
-(``settings.startup_timeout_s``) cancels the wait and raises
+(``settings.process.startup_timeout_s``) cancels the wait and raises
 :class:`~conveyor.errors.StartupTimeout` naming what it waited for, for how
 long, and where (an address, never a password: :func:`redis_address`). The
 CLI turns that error into one sentence and exit code 3.
@@ -15,10 +15,6 @@ its step (``retry_on``) every ``pause_s`` until the bound, and the last
 refusal is part of the notes and of the error. A wait whose length depends
 on the work rather than on a service (an engine loading a model) passes
 ``within=None``: it is logged, never cut short.
-
-Why: a process that sat four minutes in ``consumer.start()`` without a line
-(bench.chaos, two infer workers joining their group) could only be told from
-a hung one by attaching a debugger.
 """
 
 from __future__ import annotations

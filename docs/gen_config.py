@@ -5,16 +5,13 @@ adds the page ``operating/configuration.md``, rendered from
 :class:`conveyor.settings.Settings` itself, so the page cannot drift from the
 code: a setting added to the class is on the next build's page.
 
-For every field the page gives its environment variable (``CONVEYOR_`` and
-the name in capitals; a nested section's fields join their section's name
-with the settings' nested delimiter), its type, its default, and its
-description: the comment block directly above the field plus a comment at
-the end of its line. A field without a comment of its own takes the comment
-block that names it (``route_index_ttl_s`` in the block above the routing
-fields), else that of the field on the line before it (``metrics_host``
-after ``metrics_port``). A comment line of at most three words after a blank
-line (``# Gateway``) is a heading: it starts a section of the page, and the
-lines after it describe the field below.
+A page section per settings section; for every field its environment
+variable (``CONVEYOR_`` and its flat name in capitals), its type, its
+default, and its description: the comment block directly above the field
+plus a comment at the end of its line. A field without a comment of its own
+takes the comment block that names it (``route_index_ttl_s`` in the block
+above the routing fields), else that of the field on the line before it
+(``metrics_host`` after ``metrics_port``).
 
     python docs/gen_config.py        # prints the page
 """
@@ -37,9 +34,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = "operating/configuration.md"
-
-_HEADING = re.compile(r"^[A-Z][\w/-]*( [\w/-]+){0,2}:?$")
-
 
 @dataclass
 class Setting:
@@ -64,7 +58,6 @@ class _Comments:
     above: set[str]  # the fields with a comment block above them
     blocks: list[tuple[str, str]]  # every comment block above a field: (the field, the block)
     follows: dict[str, str]  # a field -> the field on the line before it (no blank between)
-    heading: dict[str, str]  # a field -> the heading that starts its section
 
 
 def _settings_class() -> type:
@@ -84,8 +77,7 @@ def _comments(cls: type) -> _Comments:
             inline[tok.start[0]] = tok.string.lstrip("#").strip()
     body = ast.parse(source).body[0]
     assert isinstance(body, ast.ClassDef)
-    notes = _Comments({}, set(), [], {}, {})
-    current = ""
+    notes = _Comments({}, set(), [], {})
     previous: tuple[str, int] | None = None
     for node in body.body:
         if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
@@ -97,10 +89,6 @@ def _comments(cls: type) -> _Comments:
         while index >= 0 and lines[index].strip().startswith("#"):
             above.insert(0, lines[index].strip().lstrip("#").strip())
             index -= 1
-        before = lines[index].strip() if index >= 0 else ""
-        blank_before = not before or before.startswith("class ")
-        if above and blank_before and _HEADING.match(above[0]):
-            current = above.pop(0).rstrip(":")
         if above:
             notes.blocks.append((name, " ".join(above)))
             notes.above.add(name)
@@ -109,7 +97,6 @@ def _comments(cls: type) -> _Comments:
             notes.own[name] = text
         if previous is not None and not above and previous[1] == node.lineno - 1:
             notes.follows[name] = previous[0]
-        notes.heading[name] = current
         previous = (name, node.end_lineno or node.lineno)
     return notes
 
@@ -173,49 +160,27 @@ def _default(info: Any) -> str:
     return f"`{value}`"
 
 
-def _is_section(annotation: Any) -> bool:
-    from pydantic import BaseModel
-
-    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
-
-
 def sections(cls: type | None = None) -> list[Section]:
     """Every setting of ``cls`` (default: :class:`conveyor.settings.Settings`),
-    grouped as the class's headings (or nested sections) group them."""
+    a page section per settings section, in the class's order."""
     cls = cls or _settings_class()
-    config = getattr(cls, "model_config", {})
-    prefix = str(config.get("env_prefix", "")).upper()
-    delimiter = str(config.get("env_nested_delimiter") or "__")
+    envs = {flat: f"CONVEYOR_{flat.upper()}" for flat in cls.FLAT}  # type: ignore[attr-defined]
     out: list[Section] = []
-    _collect(cls, prefix, delimiter, "", "", out)
-    return [s for s in out if s.settings]
-
-
-def _collect(cls: type, prefix: str, delimiter: str, path: str, title: str,
-             out: list[Section]) -> None:
-    notes = _comments(cls)
-    envs: dict[str, str] = {}
-    for name, info in cls.model_fields.items():  # type: ignore[attr-defined]
-        alias = info.validation_alias if isinstance(info.validation_alias, str) else None
-        envs[name] = alias.upper() if alias else f"{prefix}{name.upper()}"
-    section: Section | None = None
-    for name, info in cls.model_fields.items():  # type: ignore[attr-defined]
-        text, shared = _describe(name, notes)
-        if _is_section(info.annotation):
-            _collect(info.annotation, envs[name] + delimiter, delimiter, f"{path}{name}.",
-                     text or name, out)
-            section = None
-            continue
-        wanted = notes.heading.get(name, "") or title or "General"
-        if section is None or section.title != wanted:
-            section = Section(wanted)
-            out.append(section)
-        if shared:
-            text = f"described with `{envs[shared]}`"
-        elif not text:
-            text = info.description or ""
-        section.settings.append(Setting(f"{path}{name}", envs[name], _type(info.annotation),
-                                        _default(info), _code(text, set(envs))))
+    for key, section_cls in cls.SECTIONS.items():  # type: ignore[attr-defined]
+        notes = _comments(section_cls)
+        flat_of = {field: flat for flat, field in section_cls.flat_names().items()}
+        section = Section(section_cls.title or key)
+        for name, info in section_cls.model_fields.items():
+            text, shared = _describe(name, notes)
+            if shared:
+                text = f"described with `{envs[flat_of[shared]]}`"
+            elif not text:
+                text = info.description or ""
+            section.settings.append(Setting(f"{key}.{name}", envs[flat_of[name]],
+                                            _type(info.annotation), _default(info),
+                                            _code(text, set(flat_of.values()))))
+        out.append(section)
+    return out
 
 
 _PATHISH = re.compile(
@@ -257,12 +222,42 @@ def render(cls: type | None = None) -> str:
         "",
     ]
     for section in sections(cls):
-        parts += [f"## {section.title}", "", "| variable | type | default | what it does |",
-                  "|---|---|---|---|"]
+        parts += [f"## {section.title}", "",
+                  "| variable | in code | type | default | what it does |",
+                  "|---|---|---|---|---|"]
         for s in section.settings:
-            parts.append(f"| `{s.env}` | {s.type} | {_cell(s.default)} | {_cell(s.description)} |")
+            parts.append(f"| `{s.env}` | `{s.name}` | {s.type} | {_cell(s.default)} "
+                         f"| {_cell(s.description)} |")
         parts.append("")
-    return "\n".join(parts)
+    return "\n".join(parts + _engine_options())
+
+
+def _engine_options() -> list[str]:
+    """The engine options (``workers/infer/engines/table.py``): flags of
+    ``conveyor infer`` and ``conveyor up``, not settings."""
+    from dataclasses import MISSING, fields
+
+    from workers.infer.engines.table import ENGINES, EngineOptions
+
+    parts = ["## Engine options", "",
+             "Flags of `conveyor infer` and `conveyor up` (which hands them on to its workers),",
+             "made from `EngineOptions` in `workers/infer/engines/table.py`; the engines:",
+             ""]
+    parts += [f"- `{e.name}`: {e.summary}" for e in ENGINES]
+    parts += ["", "| flag | read by | default | what it does |", "|---|---|---|---|"]
+    for f in fields(EngineOptions):
+        readers = EngineOptions.readers(f.name)
+        text = f.metadata["help"]
+        if not isinstance(text, str):
+            text = EngineOptions.help(f.name)
+        default = "(none)" if f.default in (None, MISSING) else f"`{f.default}`"
+        if isinstance(f.default, bool):
+            default = "off"
+        engines = "every engine" if readers is None else ", ".join(f"`{r}`" for r in readers)
+        parts.append(f"| `{EngineOptions.flag(f.name)}` | {engines} | {default} "
+                     f"| {_cell(_code(text, set()))} |")
+    parts.append("")
+    return parts
 
 
 def on_files(files: Any, config: Any) -> Any:

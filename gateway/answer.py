@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from conveyor.errors import DeadlineExceeded
 from conveyor.metrics import GatewayMetrics
+from conveyor.registry import Registry
+from conveyor.settings import GatewaySettings
 from gateway.admission import FREE, Ticket
 from gateway.cancels import Cancels
 from gateway.pii import ReplyRestorer
@@ -22,7 +24,7 @@ from schemas.records import Generation, Reply, Usage
 from schemas.tools import reads_tool_calls
 from topics.tracing import GENAI_OPERATIONS
 
-__all__ = ["Answer", "Disconnected", "collect"]
+__all__ = ["Answer", "Disconnected", "answered_by", "collect"]
 
 access_log = logging.getLogger("conveyor.access")
 
@@ -124,6 +126,21 @@ class Answer:
             self._logged = True
             self._log_access()
 
+    async def relay(self, frames: AsyncIterator[bytes], gateway: GatewaySettings
+                    ) -> AsyncIterator[bytes]:
+        """``frames``, then the answer closed. Closed early (the client went
+        away), the generation is cancelled after ``resume_grace_s`` when streams
+        are resumable, unless a resumed stream reads it by then."""
+        ended = False
+        try:
+            async for frame in frames:
+                yield frame
+            ended = True
+        finally:
+            resumable = gateway.resumable_streams and not ended
+            self.close("client disconnected",
+                       grace_s=gateway.resume_grace_s if resumable else 0.0)
+
     def _log_access(self) -> None:
         """One line a request: what, how it ended, how long; a hash of the prompt,
         never the prompt. Status 499: the client went away first."""
@@ -170,3 +187,15 @@ async def collect(generation: Generation, answer: Answer, disconnected: Disconne
                          folded.finish_reason, folded.usage,
                          tool_calls=read_calls and reads_tool_calls(generation),
                          logprobs=folded.logprobs if asks_logprobs(generation) else None)
+
+
+def answered_by(registry: Registry, asked: str, answered: object) -> dict[str, str]:
+    """``x-conveyor-deployment: <model>`` when a canary's deployment of the model
+    ``asked`` for answered, ``x-conveyor-fallback: <model>`` when a fallback
+    model did (``answered``: the model the answer names)."""
+    if not isinstance(answered, str) or not answered or answered == asked:
+        return {}
+    spec = registry.find(asked)
+    if spec is not None and answered in dict(spec.deployments):
+        return {"x-conveyor-deployment": answered}
+    return {"x-conveyor-fallback": answered}

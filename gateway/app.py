@@ -85,8 +85,8 @@ def build_app(settings: Settings, registry: Registry | None = None,
     """The gateway's app; ``on_ready`` is called once it has started (its
     services made), before it serves."""
     check_auth_settings(settings)
-    known = registry or Registry.load(settings.models_file)
-    gateway_id = settings.gateway_id or f"gw-{uuid.uuid4().hex[:12]}"
+    known = registry or Registry.load(settings.process.models_file)
+    gateway_id = settings.gateway.id or f"gw-{uuid.uuid4().hex[:12]}"
     health = Health(gateway_id)
 
     @contextlib.asynccontextmanager
@@ -103,19 +103,15 @@ def build_app(settings: Settings, registry: Registry | None = None,
 
     app = FastAPI(title="Conveyor", version="0.1.0", lifespan=lifespan,
                   description="An OpenAI-compatible API in front of an event pipeline.")
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
-                       uploads=upload_limits(settings))
+    app.add_middleware(BodyLimit, max_bytes=settings.gateway.max_body_bytes,
+                       uploads=upload_limits(settings.jobs))
     # outside the body limit: 401 before a body is read
     app.add_middleware(AuthMiddleware, authenticator=_authenticator)
     install_error_handlers(app)
-    app.include_router(router)
-    app.include_router(responses_router)
-    app.include_router(usage_router)
-    app.include_router(feedback_router)
-    app.include_router(moderations_router)
-    app.include_router(files_router)
-    app.include_router(jobs_router)
-    app.include_router(websocket_router)
+    # the Responses router before the jobs router: GET /v1/responses/{id} is its
+    for api in (router, responses_router, usage_router, feedback_router, moderations_router,
+                files_router, jobs_router, websocket_router):
+        app.include_router(api)
     _, metrics = install_metrics(app, settings)
     install_openapi(app)
     return app
@@ -131,10 +127,10 @@ async def _services(settings: Settings, registry: Registry, gateway_id: str, hea
                     metrics: GatewayMetrics) -> AsyncIterator[Services]:
     codec = default_codec()
     # the gateway's role: short timeouts, one retry on a connection a restart broke
-    redis = redis_client(settings, "gateway")
+    redis = redis_client(settings.redis, "gateway")
     # the gateway's one producer: requests, cancels, job commands and audit events
-    publisher = Publisher(settings, make_producer(settings), codec)
-    kafka, within = kafka_address(settings.kafka_bootstrap), settings.startup_timeout_s
+    publisher = Publisher(settings, make_producer(settings.kafka), codec)
+    kafka, within = kafka_address(settings.kafka.bootstrap), settings.process.startup_timeout_s
     await started("the Kafka producer to connect", publisher.start, within=within, log=log,
                   where=kafka)
     lease = ReplyLease(settings, redis, gateway_id, health.part("reply-lease"))
@@ -142,8 +138,8 @@ async def _services(settings: Settings, registry: Registry, gateway_id: str, hea
     # a refused Redis fails the lease, before anything else is made: tried again
     await started("a reply partition (leased in Redis, then found in Kafka)", router_.start,
                   within=within, log=log, retry_on=(RedisConnectionError,),
-                  where=f"{redis_address(settings.redis_url)}, {kafka}")
-    tracing = make_tracer(settings.trace_exporter, "gateway")
+                  where=f"{redis_address(settings.redis.url)}, {kafka}")
+    tracing = make_tracer(settings.telemetry.trace_exporter, "gateway")
     lookup = SharedLookup(settings)  # the gateway's one keyed reader of the log
     # `conveyor policies set`: what each tenant's requests may hold (topics/policies.py)
     policies = PolicyBook()
@@ -168,7 +164,7 @@ async def _services(settings: Settings, registry: Registry, gateway_id: str, hea
     submitter = Submitter(settings, publisher, router_, cancels, admitter, policies,
                           gateway_id, tracing.tracer, metrics)
     stored = StoredAnswers(settings, lookup, codec)
-    files = LocalFileStore(settings)
+    files = LocalFileStore(settings.jobs)
     background = BackgroundResponses(settings, publisher, board, admitter, policies)
     services = Services(
         settings=settings, health=health, registry=registry, authenticator=authenticator,
@@ -208,13 +204,13 @@ def _identity(settings: Settings, registry: Registry, redis: Redis, audit: Audit
     """Who is asking, and what they may send: keys or JWTs, tenants and limits,
     with their background tasks (none without auth). The key and tenant caches
     share one pub/sub subscription for their invalidations."""
-    if settings.auth == "none":
+    if settings.auth.mode == "none":
         return Authenticator(settings), Admitter(registry)
     invalidations = Invalidations(settings, redis)
     tenants = TenantStore(settings, redis, invalidations=invalidations)
     keys: KeyStore | None = None
     tokens: JwtVerifier | None = None
-    if settings.auth == "keys":
+    if settings.auth.mode == "keys":
         keys = KeyStore(settings, redis, audit=audit, invalidations=invalidations)
     else:
         tokens = JwtVerifier(settings)
@@ -228,8 +224,8 @@ def _identity(settings: Settings, registry: Registry, redis: Redis, audit: Audit
 
 def check_auth_settings(settings: Settings) -> None:
     """Fail at start, with a message, on an auth configuration that cannot work."""
-    if settings.auth == "keys" and not settings.auth_secret.get_secret_value():
+    if settings.auth.mode == "keys" and not settings.auth.secret.get_secret_value():
         raise ValueError("CONVEYOR_AUTH=keys needs CONVEYOR_AUTH_SECRET: the server secret "
                          "API keys are hashed with")
-    if settings.auth == "jwt":
+    if settings.auth.mode == "jwt":
         JwtVerifier(settings)

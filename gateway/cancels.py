@@ -1,21 +1,12 @@
 """Cancelling a generation, at once or after a grace in which a resumed stream
 may take it over, and the watch key that says who reads a resumed stream.
 
-``{prefix}:resume-watch:{request id}`` names the reader of a resumed stream
-(a random token), renewed every third of ``reply_lease_ttl_s`` while it
-streams. A dropped client leaves its gateway ``resume_grace_s`` before the
-generation is cancelled; past it the cancel is sent only when no *other*
-reader holds the watch key. Infer workers
-(:class:`~workers.infer.gateways.GatewayWatch`) do not cancel a generation
-whose gateway is gone while its watch key exists, so a stream resumed on
-another replica after the first was killed runs to its end. A reader whose
-gateway is itself killed stops renewing and its key lapses within one lease
-period; the generation is then cancelled as any orphan is.
-
-A cancel must arrive: the publisher sends it in the background and again
-while Kafka does not take it, until the request's deadline, past which the
-workers stop the generation themselves.
-"""
+``{prefix}:resume-watch:{request id}`` names a resumed stream's reader,
+renewed every third of ``reply_lease_ttl_s``. A dropped client's cancel waits
+``resume_grace_s`` and is then sent only when no other reader holds the key;
+infer workers (:class:`~workers.infer.gateways.GatewayWatch`) keep a
+generation whose gateway is gone while the key exists. A cancel must arrive:
+the publisher delivers it until the request's deadline."""
 
 from __future__ import annotations
 
@@ -42,10 +33,10 @@ class ResumeWatch:
     def __init__(self, settings: Settings, redis: Redis) -> None:
         self.settings = settings
         self.redis = redis
-        self.ttl_ms = int(settings.reply_lease_ttl_s * 1000)
+        self.ttl_ms = int(settings.gateway.reply_lease_ttl_s * 1000)
 
     def key(self, request_id: str) -> str:
-        return f"{self.settings.topic_prefix}:resume-watch:{request_id}"
+        return f"{self.settings.kafka.topic_prefix}:resume-watch:{request_id}"
 
     async def attach(self, request_id: str) -> str:
         """Name a new reader of the request; its token."""

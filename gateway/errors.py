@@ -1,20 +1,11 @@
 """One place where every failure becomes OpenAI's error envelope with its status.
 
-Lower-layer errors (validation, Kafka, Redis) are translated here; nothing
-reaches a client as a bare 500 with a stack trace, and no failure costs the
-client its connection.
-
-Why a failure once dropped the connection: Starlette sends the response of
-an ``Exception`` handler from its outermost middleware and then raises the
-exception again, for the server to log; uvicorn, seeing an exception after
-the response started, closes the transport, and the client's next request on
-that kept-alive connection was reset. So the catch-all here is
-:class:`CatchAll`, an ASGI middleware inside Starlette's, which answers with
-the envelope and lets nothing escape. Responses are rendered by
-:class:`SafeJSONResponse`, which falls back to ASCII escapes when a string
-cannot be encoded as UTF-8 (a lone surrogate echoed from a request), since a
-response that fails to encode is an exception after the route has returned.
-"""
+Lower-layer errors are translated here; no failure reaches a client as a bare
+500 or costs it its connection: the catch-all is :class:`CatchAll`, an ASGI
+middleware inside Starlette's (whose ``Exception`` handler re-raises after
+answering, and uvicorn then closes a kept-alive connection).
+:class:`SafeJSONResponse` falls back to ASCII escapes for text UTF-8 cannot
+hold."""
 
 from __future__ import annotations
 
@@ -39,15 +30,38 @@ __all__ = ["install_error_handlers", "error_response", "SafeJSONResponse", "Catc
 log = logging.getLogger(__name__)
 
 
+class NotFound(RequestError):
+    """404 for what does not exist, or is not the caller's to see (the same answer)."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
 class SafeJSONResponse(JSONResponse):
     """JSON that always encodes: UTF-8 as is, or ASCII escapes for what UTF-8 cannot
     hold (lone surrogates)."""
 
     def render(self, content: Any) -> bytes:
-        try:
-            return json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode()
-        except UnicodeEncodeError:
-            return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode()
+        return safe_json(content)
+
+
+def safe_json(content: Any) -> bytes:
+    """Compact JSON as UTF-8, or with ASCII escapes for what UTF-8 cannot hold (a
+    lone surrogate echoed from a request)."""
+    try:
+        return json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode()
+
+
+def for_client(exc: BaseException, what: str) -> RequestError:
+    """``exc`` as a client hears of it: a :class:`RequestError` as it is, anything
+    else (a bug) as "Internal error.", logged in full as ``what`` failing."""
+    if isinstance(exc, RequestError):
+        return exc
+    log.error("%s failed", what, exc_info=exc)
+    return RequestError("Internal error.")
 
 
 def error_response(exc: RequestError) -> SafeJSONResponse:

@@ -1,19 +1,8 @@
 """``POST /v1/feedback``: a client's rating of one answer, kept on
-``conveyor.feedback`` (key = request id) like every other event.
-
-The body names the request (its id as the answer gave it: ``chatcmpl-...``,
-``cmpl-...``, ``resp_...``, or the bare request id), a ``score`` from -1
-(bad) to 1 (good), and optionally ``labels`` (up to 16, 64 characters each)
-and a ``comment`` (up to 4,000 characters). Only the request's tenant may
-rate it: for anyone else the request does not exist (404, as for a stream or
-a stored answer). The event carries what answered: the model asked for, the
-model that answered (a canary's deployment or a fallback, read from the
-answer's chunks) and the latency from the request's entry to its answer's
-end, read from the log when the rating comes (waiting at most a moment for
-an answer still running; then those stay empty). Rating again writes another
-event; the latest is the request's rating. Kafka not taking the event in
-time is a 503, as for any request.
-"""
+``conveyor.feedback`` (key = request id); the contract is
+docs/api/feedback.md. Only the request's tenant may rate it (else 404). The
+event carries the model asked for, the model that answered and the latency,
+read from the log when the rating comes; the latest rating counts."""
 
 from __future__ import annotations
 
@@ -23,12 +12,11 @@ import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
-from starlette.requests import HTTPConnection
 
 from conveyor.errors import RequestError
 from gateway.auth.middleware import identity_of
-from gateway.errors import SafeJSONResponse
-from gateway.provide import services_of
+from gateway.errors import NotFound, SafeJSONResponse
+from gateway.provide import service
 from gateway.publisher import Publisher
 from gateway.resume import StreamNotFound, request_id_of
 from gateway.stored import StoredAnswers
@@ -41,26 +29,12 @@ __all__ = ["feedback_router"]
 feedback_router = APIRouter()
 
 
-def _stored(connection: HTTPConnection) -> StoredAnswers:
-    stored: StoredAnswers = services_of(connection).stored
-    return stored
-
-
-def _publisher(connection: HTTPConnection) -> Publisher:
-    publisher: Publisher = services_of(connection).publisher
-    return publisher
-
-
 # how long a rating waits for the answer it rates to end (it is kept either way)
 _ANSWER_WAIT_S = 2.0
 
 
-class RequestNotFound(RequestError):
+class RequestNotFound(NotFound):
     """404 for a request that is not in the log, or is not the caller's."""
-
-    status = 404
-    type = "invalid_request_error"
-    code = "not_found"
 
     def __init__(self, named: str) -> None:
         super().__init__(f"No request found with id '{named}'.", param="request_id")
@@ -78,8 +52,9 @@ def _request_id(named: str) -> str:
 
 @feedback_router.post("/v1/feedback", response_model=None)
 async def feedback(body: FeedbackBody, request: Request,
-                   stored: Annotated[StoredAnswers, Depends(_stored)],
-                   publisher: Annotated[Publisher, Depends(_publisher)]) -> SafeJSONResponse:
+                   stored: Annotated[StoredAnswers, Depends(service("stored"))],
+                   publisher: Annotated[Publisher, Depends(service("publisher"))]
+                   ) -> SafeJSONResponse:
     """Rate an answer (see the module)."""
     identity = identity_of(request)
     rid = _request_id(body.request_id)

@@ -1,21 +1,11 @@
 """The request body limit: a body over ``max_body_bytes`` is refused with 413
-before anything parses it or puts it into the pipeline.
+before anything parses it.
 
-:class:`BodyLimit` is an ASGI middleware, so the limit holds in one place for
-every route. A ``Content-Length`` over the limit is refused before a byte of
-the body is read; a chunked body is counted while it is read, and refused as
-soon as it passes the limit, so the gateway never holds more than
-``max_body_bytes`` of one request. The body it read is then handed on to the
-route as one message.
-
-Upload paths (``uploads``: a POST path and its own, larger limit, such as
-``/v1/files`` with ``max_file_bytes``) are not buffered: their body streams
-through to the route as it arrives, so a 100 MiB file is never held in memory
-here. A ``Content-Length`` over the path's limit is refused at once as
-above; past that the bytes are counted as the route reads them, and the read
-that passes the limit raises :class:`~conveyor.errors.RequestTooLarge` in the
-route, whose handler answers 413.
-"""
+:class:`BodyLimit` is an ASGI middleware: a ``Content-Length`` over the limit is
+refused before the body is read, a chunked body as soon as it passes it; the
+body is then handed on as one message. Upload paths (``uploads``: a path and
+its own limit) stream through unbuffered, and the read that passes the limit
+raises :class:`~conveyor.errors.RequestTooLarge` in the route."""
 
 from __future__ import annotations
 

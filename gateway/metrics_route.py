@@ -23,7 +23,7 @@ __all__ = ["install_metrics"]
 def install_metrics(app: FastAPI, settings: Settings) -> tuple[Metrics, GatewayMetrics]:
     """The gateway's meter, the instruments each request is recorded in, and the
     route; with ``metrics_enabled`` false, a meter that records nothing and no route."""
-    if not settings.metrics_enabled:
+    if not settings.telemetry.metrics_enabled:
         return Metrics("gateway", enabled=False), GatewayMetrics.off()
     metrics = Metrics("gateway")
 

@@ -16,23 +16,17 @@ import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
-from starlette.requests import HTTPConnection
 
 from conveyor.policy.classifier import CATEGORY, classifier
 from conveyor.policy.rules import PolicyBook
 from gateway.auth.middleware import identity_of
 from gateway.errors import SafeJSONResponse
-from gateway.provide import services_of
+from gateway.provide import service
 from schemas.openai.moderations import ModerationBody, moderation_result
 
 __all__ = ["FLAG_THRESHOLD", "moderations_router", "MODERATION_MODEL"]
 
 moderations_router = APIRouter()
-
-
-def _policies(connection: HTTPConnection) -> PolicyBook:
-    policies: PolicyBook = services_of(connection).policies
-    return policies
 
 
 MODERATION_MODEL = "conveyor-policy"
@@ -42,7 +36,8 @@ FLAG_THRESHOLD = 0.8
 
 @moderations_router.post("/v1/moderations", response_model=None)
 async def moderations(body: ModerationBody, request: Request,
-                      policies: Annotated[PolicyBook, Depends(_policies)]) -> SafeJSONResponse:
+                      policies: Annotated[PolicyBook, Depends(service("policies"))]
+                      ) -> SafeJSONResponse:
     identity = identity_of(request)
     policy = policies.effective(identity.tenant, identity.key_id)
     terms, texts = policy.input_terms, body.texts()

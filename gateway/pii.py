@@ -1,22 +1,10 @@
-"""Personal data kept out of the log: a request's texts redacted before its
-event is written, the originals put back into its answer on the way out.
-
-The gateway is the one place this can happen: ``conveyor.requests`` is the
-first topic a request reaches, and everything after it (every topic, every
-layer's log line, Redis) sees only placeholders (``<EMAIL_1>``; see
-conveyor/policy/pii.py for what is found). What a request's policy redacts
-(``[pii] redact``) is replaced in every message's content, in the arguments
-of earlier tool calls and in a completion's prompt, one placeholder per
-distinct value across them all, so the model can still tell two addresses
-apart and repeat one.
-
-The originals live only in the memory of the gateway holding the connection
-(:class:`ReplyRestorer`, when the policy says ``restore``): they are put back
-into the answer's text and into its OpenAI chunks as they stream, a
-placeholder split across two replies restored whole. So an answer read any
-other way (a resumed stream, a stored answer, a batch's results, a replay)
-shows the placeholders: nothing that could restore them was ever written.
-"""
+"""Personal data kept out of the log
+(docs/decisions/0016-personal-data-redacted-at-the-edge.md): a request's texts
+redacted before its event is written, one placeholder per distinct value, and
+the originals put back into its answer on the way out (:class:`ReplyRestorer`,
+when the policy says ``restore``; a placeholder split across replies is
+restored whole). The originals live only in this gateway's memory, so an
+answer read any other way shows the placeholders."""
 
 from __future__ import annotations
 

@@ -1,18 +1,18 @@
-"""How routes are handed the gateway's services: :func:`services_of` is where
-every router's dependencies read the one services object the lifespan made
-(:class:`gateway.services.Services`), each taking the part its routes use.
-It sits below the routers, so that no router imports what builds the
-services, and answers 503 while the gateway is still starting."""
+"""How routes are handed the gateway's services: a router's dependency
+(``Depends(service("chat"))``) reads one part of the services object the
+lifespan made (:class:`gateway.services.Services`). It sits below the
+routers, so that no router imports what builds the services."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from starlette.requests import HTTPConnection
 
 from conveyor.errors import PipelineUnavailable
 
-__all__ = ["services_of"]
+__all__ = ["service", "services_of"]
 
 
 def services_of(connection: HTTPConnection) -> Any:
@@ -22,3 +22,10 @@ def services_of(connection: HTTPConnection) -> Any:
     if services is None:
         raise PipelineUnavailable("The gateway is starting; try again shortly.")
     return services
+
+
+def service(name: str) -> Callable[[HTTPConnection], Any]:
+    """A dependency handing a route the services' part ``name``."""
+    def part(connection: HTTPConnection) -> Any:
+        return getattr(services_of(connection), name)
+    return part

@@ -1,39 +1,15 @@
 """The gateway's one way to write to Kafka: :class:`Publisher`, the twin of the
-workers' :class:`~workers.outputs.Sender`.
+workers' :class:`~workers.outputs.Sender`. aiokafka's errors become Conveyor's
+here and nowhere else in the gateway. Three policies
+(docs/architecture.md#delivery says when each is used):
 
-It owns the gateway's producer and the codec, names topics by their catalog
-object (``topics/catalog.py``), and offers the three policies the gateway
-needs, each written here once; aiokafka's errors become Conveyor's here
-(through :func:`topics.clients.broker_error`) and nowhere else in the gateway.
-
-=================  ===================================  =====================================
-policy             what goes through it                 when Kafka fails
-=================  ===================================  =====================================
-``publish``        a request, a job's first state and   the caller gets a client error: 400 for
-(on a request's    its commands, an audit event the     a record the schema cannot hold, 413
-path)              CLI waits for                        over ``max_event_bytes`` or refused as
-                                                        too large, 503 when Kafka does not take
-                                                        it within ``produce_timeout_s``
-                                                        (:class:`NotTakenInTime`: it may still
-                                                        arrive) or refuses it
-``deliver``        cancels (``control``)                sent again with the one backoff until
-(must arrive,                                           the broker takes it or its bound (the
-background)                                             request's deadline) passes; one
-                                                        rate-limited warning while it waits
-``publish_soon``   audit events on a request's path     one send (aiokafka retries within its
-(fire and forget,                                       request timeout); a drop is a rate-
-background)                                             limited warning line
-=================  ===================================  =====================================
-
-Audit events on a request's path are fire-and-forget rather than must-arrive:
-most are written for traffic the gateway refuses (``auth.failed``, limits),
-so during an outage a stranger's refused attempts would each hold a retrying
-task for as long as the bound; the audit events that must not be lost (key
-and tenant changes) are written by the CLI, which waits for them.
-
-:meth:`close` waits at most ``produce_timeout_s`` for the background sends,
-says how many it gave up, and stops the producer.
-"""
+- ``publish`` (a request's path): the caller gets 400 for a record the schema
+  cannot hold, 413 when too large, 503 when Kafka does not take it within
+  ``produce_timeout_s`` (:class:`NotTakenInTime`) or refuses it;
+- ``deliver`` (cancels; must arrive): sent again with backoff until taken or
+  its bound (the request's deadline) passes;
+- ``publish_soon`` (audit events on a request's path; fire and forget): one
+  send, a drop is a rate-limited warning."""
 
 from __future__ import annotations
 
@@ -111,9 +87,9 @@ class Publisher:
         value = self.encode(topic, record, event_type, what)
         try:
             await asyncio.wait_for(
-                self.producer.send_and_wait(topic.at(self.settings), value, key=key.encode(),
+                self.producer.send_and_wait(topic.at(self.settings.kafka), value, key=key.encode(),
                                             headers=headers),
-                self.settings.produce_timeout_s)
+                self.settings.gateway.produce_timeout_s)
         except TimeoutError:
             raise NotTakenInTime(f"The pipeline is unavailable (Kafka did not take {what} in "
                                  "time); try again later.") from None
@@ -134,9 +110,9 @@ class Publisher:
         except SchemaError as exc:
             raise InvalidRequest(f"{_sentence(what)} holds a value the pipeline cannot "
                                  f"carry: {exc}") from exc
-        if len(value) > self.settings.max_event_bytes:
+        if len(value) > self.settings.kafka.max_event_bytes:
             raise RequestTooLarge(f"{_sentence(what)} is {len(value)} bytes as an event; at "
-                                  f"most {self.settings.max_event_bytes} fit.")
+                                  f"most {self.settings.kafka.max_event_bytes} fit.")
         return value
 
     # -- in the background --------------------------------------------------------
@@ -150,9 +126,9 @@ class Publisher:
         whether it was delivered. A record that cannot be encoded raises here."""
         value = self.codec.encode(_event_type(topic, event_type), record)
         bound_ms = until_ms if until_ms is not None else (
-            now_ms() + int(self.settings.request_timeout_s * 1000))
+            now_ms() + int(self.settings.gateway.request_timeout_s * 1000))
         until = time.monotonic() + (bound_ms - now_ms()) / 1000
-        return self._track(self._deliver(topic.at(self.settings), value, key.encode(), until,
+        return self._track(self._deliver(topic.at(self.settings.kafka), value, key.encode(), until,
                                          what))
 
     def publish_soon(self, topic: Topic, record: Any, key: str, *,
@@ -166,7 +142,7 @@ class Publisher:
     async def drain(self, within_s: float | None = None) -> None:
         """Wait for the background sends, at most ``within_s`` (default
         ``produce_timeout_s``); those still waiting then are given up, in one line."""
-        within = self.settings.produce_timeout_s if within_s is None else within_s
+        within = self.settings.gateway.produce_timeout_s if within_s is None else within_s
         pending = set(self._pending)
         if not pending:
             return
@@ -195,7 +171,7 @@ class Publisher:
 
     async def _deliver(self, topic: str, value: bytes, key: bytes, until: float,
                        what: str) -> bool:
-        backoff = Backoff(max_s=self.settings.retry_backoff_max_s)
+        backoff = Backoff(max_s=self.settings.process.retry_backoff_max_s)
         kind = f"deliver:{topic}"
         while True:
             try:
@@ -233,7 +209,7 @@ class Publisher:
                 if left <= 0:
                     raise _PastBound
                 done, _ = await asyncio.wait(
-                    {send}, timeout=min(left, self.settings.produce_timeout_s))
+                    {send}, timeout=min(left, self.settings.gateway.produce_timeout_s))
                 if done:
                     send.result()
                     return
@@ -245,7 +221,7 @@ class Publisher:
 
     async def _send_once(self, topic: Topic, record: Any, key: str,
                          event_type: EventType | None, what: str) -> bool:
-        name = topic.at(self.settings)
+        name = topic.at(self.settings.kafka)
         try:
             value = self.codec.encode(_event_type(topic, event_type), record)
             await self.producer.send_and_wait(name, value, key=key.encode(), headers=None)

@@ -1,32 +1,14 @@
-"""The gateway's reply path: a leased reply partition and the streams waiting on it.
+"""The gateway's reply path: a leased reply partition and the streams waiting on it
+(docs/decisions/0003-reply-partitions-leased.md).
 
-Each gateway instance leases one partition of ``conveyor.replies`` in Redis
-(``SET NX PX``, renewed by a background task), so that every reply of a
-request lands on the instance that holds its connection. It reads that
-partition directly (assigned, no consumer group) from the end, and hands each
-reply to the :class:`ReplyStream` of its request. Replies carry an index:
-repeats (after a layer replayed its log) are dropped, and early ones wait.
-
-The lease key is ``{prefix}:reply-lease:{partition}`` and its value is the
-gateway id: infer workers read it to learn whether the gateway a generation
-answers to is still alive. Both background tasks outlive an outage of the
-service under them. The lease retries a Redis that does not answer with
-backoff (``retry_backoff_max_s``), and takes its partition again with
-``SET NX`` when the key is gone (Redis restarted without its data, or was
-flushed); only another gateway holding the partition is a failure that
-retrying does not cure, and it shows in health as ``failed``.
-
-The partition is read by the shared follower (:mod:`topics.follow`), so the
-reply path has the follower's retry and backoff through a Kafka outage (it
-reconnects where it left off: no reply is skipped), its decoding (a record
-that is not a Reply is logged, rate-limited, and skipped) and its one
-liveness rule: Kafka counts as unreachable once the follower has heard
-nothing for its ``stale_after_s`` (3.5 s with the defaults; an idle
-partition is probed every second). Health shows it as ``degraded`` the
-moment it turns (``Follower.reachability``), and
-:class:`~gateway.submission.Submitter` asks :meth:`ReplyRouter.kafka_unreachable`
-to refuse new requests at once instead of letting them wait.
-"""
+Each gateway leases one partition of ``conveyor.replies`` in Redis
+(``{prefix}:reply-lease:{partition}`` = the gateway id, ``SET NX PX``, renewed
+in the background; infer workers read it to know the gateway is alive), reads
+it from the end with the shared follower (:mod:`topics.follow`) and hands each
+reply to the :class:`ReplyStream` of its request, repeats dropped and early
+ones held. A lease key gone is taken again; another gateway holding it is
+``failed``. Kafka silent for ``stale_after_s`` shows as ``degraded`` and
+:meth:`ReplyRouter.kafka_unreachable` makes new requests refused at once."""
 
 from __future__ import annotations
 
@@ -38,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from conveyor.errors import BrokerError, DeadlineExceeded, RequestError
 from conveyor.redis_clients import REDIS_ERRORS, Redis
@@ -51,7 +33,7 @@ from topics.catalog import REPLIES
 from topics.follow import Follower, follow
 
 __all__ = ["ReplyRouter", "ReplyStream", "ReplyLease", "ReplySource", "Folded", "fold_answer",
-           "reply_error"]
+           "opening", "reply_error"]
 
 _LATE = "The request did not finish within its deadline."
 RETRY_AFTER_S = 1  # what a 503 of the pipeline asks a client to wait
@@ -74,12 +56,8 @@ return 0
 
 @dataclass
 class ReplyStream:
-    """The replies of one request, in index order.
-
-    One reader waits on it. A reply that arrives wakes that reader in one turn
-    of the event loop: a future the reader awaits under ``asyncio.timeout``,
-    where an ``asyncio.Queue`` read under ``asyncio.wait_for`` made a task for
-    each wait and took three turns, behind whatever else the loop ran."""
+    """The replies of one request, in index order, for one reader, woken by a
+    future (docs/decisions/0015-fewer-writes-at-the-gateway.md)."""
 
     request_id: str
     ready: deque[Reply] = field(default_factory=deque)
@@ -135,6 +113,11 @@ def reply_error(reply: Reply) -> RequestError:
                         status=err["status"], type=err["type"], headers=headers)
 
 
+def opening(reply: Reply) -> dict[str, Any]:
+    """The first chunk object a reply carries ({} when none)."""
+    return dict(json.loads(reply["chunk"].partition("\n")[0] or "{}"))
+
+
 class ReplySource(Protocol):
     """What a request's replies are read from: a live answer or recorded replies."""
 
@@ -172,7 +155,7 @@ async def fold_answer(source: ReplySource, within: float | None = None,
                 return None
             continue
         if model is None and reply["chunk"]:
-            model = json.loads(reply["chunk"].partition("\n")[0]).get("model")
+            model = opening(reply).get("model")
         if reply["text"]:
             text.append(reply["text"])
         logprobs.extend(reply.get("logprobs") or ())
@@ -190,14 +173,14 @@ class ReplyLease:
         self.gateway_id = gateway_id
         self.partition: int | None = None
         self.health = health or TaskHealth("reply-lease")
-        self._ttl_ms = int(settings.reply_lease_ttl_s * 1000)
-        self._renew_every_s = settings.reply_lease_ttl_s / 3
+        self._ttl_ms = int(settings.gateway.reply_lease_ttl_s * 1000)
+        self._renew_every_s = settings.gateway.reply_lease_ttl_s / 3
 
     def _key(self, partition: int) -> str:
-        return f"{self.settings.topic_prefix}:reply-lease:{partition}"
+        return f"{self.settings.kafka.topic_prefix}:reply-lease:{partition}"
 
     async def acquire(self) -> int:
-        n = self.settings.reply_partitions
+        n = self.settings.kafka.reply_partitions
         start = hash(self.gateway_id) % n
         for i in range(n):
             p = (start + i) % n
@@ -212,7 +195,7 @@ class ReplyLease:
         (health ``degraded``); a vanished key is taken again; a partition held by
         another gateway is ``failed`` and retried at the renewal pace."""
         assert self.partition is not None
-        retry = Backoff(max_s=min(self.settings.retry_backoff_max_s, self._renew_every_s))
+        retry = Backoff(max_s=min(self.settings.process.retry_backoff_max_s, self._renew_every_s))
         pause = self._renew_every_s
         while True:
             await asyncio.sleep(pause)

@@ -1,36 +1,17 @@
-"""Resuming an SSE stream: where a request's replies are recorded, how to read
-them again from any gateway replica, and who still watches the generation.
+"""Resuming an SSE stream (docs/api/streams.md): where a request's replies are
+recorded, how to read them again from any replica, and who still watches
+the generation.
 
-Every data event of a chat/completions stream carries ``id: {request id}:{seq}``,
-``seq`` counting the stream's data events from 0. Events are numbered per
-event, not per reply: one reply may carry several chunk objects (the role and
-the first text, or the finish and the usage), and a client cut off between
-two of them must get the second again, not lose it. The numbering is a pure
-function of the recorded replies, so every replica counts the same.
-
-Where the replies are. A request's replies all go to one partition of
-``conveyor.replies``: the reply partition of the gateway that submitted it,
-named in the request's envelope. The ``conveyor.requests`` event is keyed by
-request id, so the gateway's one keyed lookup
-(:class:`~topics.lookup.SharedLookup`) finds it
-in one partition, at the time its id was made (a request id begins with it)
-and else in a recent window, then the longest deadline a request can have; its
-envelope gives the tenant, the deadline and the reply partition, and its
-record time bounds where that partition's replies of the request begin. A
-resumed stream then follows that partition from that time, keeps the records
-keyed by the request id and puts them in index order (repeats dropped, as the
-live path does): the recorded events first, then the live rest, with no gap
-and no repeat, on whichever replica the client reached. It reads the
-partition itself and never touches the submitting gateway's router, so it
-works the same whether that gateway is alive, dead or the one serving it.
-The Responses API's streams (``resp_`` and the request id) are resumed the
-same way (:mod:`gateway.responses.serving`): only the framing differs, given
-to :func:`resumed_events` as a :data:`Framer`.
-
-Who keeps the generation alive: a resumed stream holds the request's watch
-key while it streams, and a dropped client's cancel waits ``resume_grace_s``
-for another reader (:mod:`gateway.cancels`).
-"""
+Every data event carries ``id: {request id}:{seq}``, ``seq`` counting the
+stream's data events (not replies) from 0: a pure function of the recorded
+replies, so every replica counts the same. The request event (keyed by
+request id, found by the shared lookup near the time its id was made, then
+in recent windows) gives the tenant, the deadline and the reply partition;
+:class:`RecordedReplies` follows that partition from the request's time,
+keeps its records in index order, the recorded then the live ones, without
+touching the submitting gateway. Each API frames the replies its own way
+(a :data:`Framer`). A resumed stream holds the request's watch key
+(:mod:`gateway.cancels`)."""
 
 from __future__ import annotations
 
@@ -48,10 +29,10 @@ from conveyor.errors import (
     BrokerError,
     InvalidRequest,
     PipelineUnavailable,
-    RequestError,
 )
 from conveyor.settings import Settings
 from gateway.cancels import Cancels
+from gateway.errors import NotFound
 from gateway.replies import ReplySource, ReplyStream, reply_error
 from schemas.codec import Codec
 from schemas.records import Generation, Reply
@@ -76,12 +57,8 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 _LOOKUP_WINDOWS_S = (120, 3600)
 
 
-class StreamNotFound(RequestError):
+class StreamNotFound(NotFound):
     """404 for a stream that does not exist, or is not the caller's to see."""
-
-    status = 404
-    type = "invalid_request_error"
-    code = "not_found"
 
     def __init__(self, stream_id: str) -> None:
         super().__init__(f"No stream {stream_id!r} was found.", param="id")
@@ -140,37 +117,18 @@ class Recorded:
     generation: Generation | None = None
 
 
-async def locate(lookup: SharedLookup, codec: Codec, request_id: str,
+async def locate(lookup: SharedLookup, request_id: str,
                  *, timeout_s: float = 10.0) -> Recorded | None:
     """The request's recorded address, or None when no such request (or a job's,
     whose answer is not a stream) is in the log; 503 when Kafka cannot say within
     ``timeout_s`` (each window's read is bounded by it)."""
-    try:
-        return await _locate(lookup, codec, request_id, timeout_s)
-    except BrokerError as exc:
-        raise PipelineUnavailable(f"The pipeline is unavailable ({exc}); "
-                                  "try again later.") from exc
-
-
-def lookup_windows(settings: Settings, request_id: str, now: int) -> list[tuple[int, int | None]]:
-    """Where to look for the request event, as (since, until) record times: at
-    the time its id was made (ids from topics.envelope.new_request_id), then
-    the recent windows."""
-    skew = settings.clock_skew_ms
-    windows: list[tuple[int, int | None]] = []
-    made = made_window(request_id, skew, now)
-    if made is not None:
-        windows.append(made)
-    windows += [(now - window_s * 1000 - skew, None) for window_s in _LOOKUP_WINDOWS_S]
-    return windows
-
-
-async def _locate(lookup: SharedLookup, codec: Codec, request_id: str,
-                  timeout_s: float) -> Recorded | None:
-    settings = lookup.settings
-    for since, until in lookup_windows(settings, request_id, now_ms()):
-        for record, request in await lookup.find(REQUESTS, request_id, since, until,
-                                                 timeout_s=timeout_s):
+    for since, until in lookup_windows(lookup.settings, request_id, now_ms()):
+        try:
+            found = await lookup.find(REQUESTS, request_id, since, until, timeout_s=timeout_s)
+        except BrokerError as exc:
+            raise PipelineUnavailable(f"The pipeline is unavailable ({exc}); "
+                                      "try again later.") from exc
+        for record, request in found:
             envelope = request["envelope"]
             if envelope["request_id"] != request_id or envelope.get("job_id"):
                 continue
@@ -181,6 +139,19 @@ async def _locate(lookup: SharedLookup, codec: Codec, request_id: str,
                             deadline_ms=envelope["deadline_ms"],
                             generation=request["generation"])
     return None
+
+
+def lookup_windows(settings: Settings, request_id: str, now: int) -> list[tuple[int, int | None]]:
+    """Where to look for the request event, as (since, until) record times: at
+    the time its id was made (ids from topics.envelope.new_request_id), then
+    the recent windows."""
+    skew = settings.process.clock_skew_ms
+    windows: list[tuple[int, int | None]] = []
+    made = made_window(request_id, skew, now)
+    if made is not None:
+        windows.append(made)
+    windows += [(now - window_s * 1000 - skew, None) for window_s in _LOOKUP_WINDOWS_S]
+    return windows
 
 
 class RecordedReplies:
@@ -196,8 +167,8 @@ class RecordedReplies:
         self._last: int | None = None  # the index of the final (or error) reply
         self.ended_ms: int | None = None  # the record time of the final (or error) reply
         deadline_ms = where.deadline_ms or (
-            where.submitted_ms + int(settings.request_timeout_s * 1000))
-        left_s = (deadline_ms + settings.clock_skew_ms - now_ms()) / 1000
+            where.submitted_ms + int(settings.gateway.request_timeout_s * 1000))
+        left_s = (deadline_ms + settings.process.clock_skew_ms - now_ms()) / 1000
         self.deadline = time.monotonic() + left_s
         self._pump: asyncio.Task[None] | None = None
 
@@ -218,7 +189,7 @@ class RecordedReplies:
         where = self.where
         key = where.request_id.encode()
         follower = follow(self.settings, REPLIES, where.reply_partition,
-                          FromTime(where.submitted_ms - self.settings.clock_skew_ms))
+                          FromTime(where.submitted_ms - self.settings.process.clock_skew_ms))
         async for batch in follower.events(self.codec, keep=lambda r: r.key == key):
             for record, reply in batch:
                 if reply["kind"] in ("final", "error"):
@@ -275,4 +246,4 @@ async def resumed_events(settings: Settings, codec: Codec, cancels: Cancels, whe
                 await watch.detach(rid, reader)
         else:
             cancels.cancel(rid, "resumed client disconnected",
-                           grace_s=settings.resume_grace_s, reader=reader)
+                           grace_s=settings.gateway.resume_grace_s, reader=reader)

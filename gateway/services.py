@@ -1,9 +1,6 @@
-"""The gateway's services: one frozen, typed object that the lifespan makes
-once its collaborators are connected (gateway/app.py). Each router's
-dependencies hand its routes the part they use
-(:func:`gateway.provide.services_of`): a route names what it needs
-(``chat: ChatDep``), never where it is kept.
-"""
+"""The gateway's services: one frozen, typed object that the lifespan makes once
+its collaborators are connected (gateway/app.py); a route takes the part it
+uses by dependency (``Depends(service("chat"))``, gateway/provide.py)."""
 
 from __future__ import annotations
 

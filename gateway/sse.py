@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+from typing import Any
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-__all__ = ["DONE", "HEADERS", "EventStream", "Last", "comment", "data"]
+__all__ = ["DONE", "HEADERS", "EventStream", "Last", "comment", "data", "json_data"]
 
 DONE = b"data: [DONE]\n\n"
 # what every event stream is sent with: no cache, and no proxy buffering it
@@ -21,31 +23,18 @@ class Last(bytes):
 
 
 class EventStream(StreamingResponse):
-    """A ``text/event-stream`` response whose :class:`Last` frame and the end of
-    the body (the chunked encoding's terminator) go out in one socket write,
-    where starlette's response writes the end alone. A write costs the gateway
-    more than its bytes: ``bench.profile`` put uvicorn's ``send``, the socket
-    writes, at a third of the gateway's CPU at c=32 (about four writes a
-    stream: headers, the first reply, the last reply, the terminator;
-    docs/decisions/0015-fewer-writes-at-the-gateway.md).
-
-    It also stops the moment the client goes away without an anyio task group
-    a response (see :meth:`__call__`)."""
+    """A ``text/event-stream`` response that sends its :class:`Last` frame with
+    the end of the body in one write, and stops the moment the client goes
+    away without a task group a response
+    (docs/decisions/0015-fewer-writes-at-the-gateway.md)."""
 
     media_type = "text/event-stream"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Stream; a client that disconnects stops the stream at once (the
-        iterator is closed, and its ``finally`` cancels the generation).
-
-        A server of ASGI spec 2.4 raises on a send to a gone client, and
-        starlette's own call serves it. Below 2.4 (uvicorn says 2.3) a send to
-        a gone client is dropped in silence, so the disconnect must be read
-        from ``receive``: starlette does it with an anyio task group a
-        response, which cost the gateway CPU on every stream
-        (docs/decisions/0015-fewer-writes-at-the-gateway.md); here a plain
-        task reads ``receive`` and cancels the streaming task when the client
-        leaves."""
+        """Stream; a client that disconnects closes the iterator at once (its
+        ``finally`` cancels the generation). Below ASGI 2.4 a send to a gone
+        client is dropped in silence, so one task reads ``receive`` and cancels
+        the streaming task when the client leaves; from 2.4 starlette serves."""
         spec = scope.get("asgi", {}).get("spec_version", "2.0")
         if scope["type"] != "http" or tuple(map(int, spec.split("."))) >= (2, 4):
             await super().__call__(scope, receive, send)
@@ -104,6 +93,11 @@ def data(payload: str, event: str | None = None, id: str | None = None) -> bytes
     if id is not None:
         named += b"id: " + id.encode() + b"\n"
     return named + b"data: " + payload.encode("utf-8", "replace") + b"\n\n"
+
+
+def json_data(obj: Any, event: str | None = None, id: str | None = None) -> bytes:
+    """One event whose data is ``obj`` as compact JSON."""
+    return data(json.dumps(obj, ensure_ascii=False, separators=(",", ":")), event, id)
 
 
 def comment(text: str = "keep-alive") -> bytes:

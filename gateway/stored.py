@@ -1,39 +1,13 @@
-"""Stored answers, read back by id from the log.
+"""Stored answers, read back by id from the log (docs/api/chat.md#stored-answers).
 
-A chat completion created with ``store: true``, and a Responses API response
-not created with ``store: false``, is kept by the log itself: the request
-event records the flag and the metadata (``Generation.store`` and
-``metadata``), and the replies are recorded in the reply log. Reading one
-back finds the request event as a resumed stream does
-(:func:`gateway.resume.locate`) and folds its recorded replies into the
-object the create call answered, on whichever replica is asked, with no
-store of its own to fill, lose or keep consistent.
-
-- ``GET /v1/chat/completions/{id}``: the ``chat.completion`` object.
-- ``GET /v1/chat/completions/{id}/messages``: the request's messages, as
-  OpenAI lists them (``after``, ``limit``, ``order``).
-- ``GET /v1/responses/{id}`` of a direct (not background) response: the
-  Response object (gateway/responses/api_router.py asks here when the job
-  board does not hold the id).
-
-Decisions:
-
-* Only the request's tenant may read it, through the API that created it;
-  any other caller, an id that was not stored, a job's request and an
-  unknown id all get the same 404.
-* An answer still being generated is waited for, up to the request's
-  deadline (the create call would have waited as long); one that ended in
-  an error has no answer: 404 for a chat completion (saying so), and a
-  ``failed`` Response object with the error for the Responses API, as its
-  create call showed it.
-* It is kept as long as the topics keep it (the retention of
-  ``conveyor.requests`` and ``conveyor.replies``: a day by default, set per
-  topic). Finding it reads a few records whatever its age: a request id
-  begins with the time it was made (topics.envelope.new_request_id), and
-  the lookup seeks there. Listing, updating and deleting stored chat
-  completions would need an index the log does not have, and are not
-  offered.
-"""
+A chat completion created with ``store: true``, or a Responses API response not
+created with ``store: false``, is kept by the log itself: the request event
+records the flag and the metadata, and the replies are in the reply log. A
+read finds the request event as a resumed stream does
+(:func:`gateway.resume.locate`) and folds its replies into the object the
+create call answered, on any replica. Only the request's tenant may read it,
+through the API that created it (else 404); an answer still running is waited
+for up to its deadline."""
 
 from __future__ import annotations
 
@@ -42,6 +16,7 @@ from typing import Any, Literal
 from conveyor.errors import RequestError
 from conveyor.settings import Settings
 from gateway.auth.types import Identity
+from gateway.errors import NotFound
 from gateway.jobs.batches import page
 from gateway.replies import Folded, fold_answer
 from gateway.resume import (
@@ -60,12 +35,8 @@ from topics.lookup import SharedLookup
 __all__ = ["CompletionNotFound", "StoredAnswers"]
 
 
-class CompletionNotFound(RequestError):
+class CompletionNotFound(NotFound):
     """404 for a chat completion that was not stored, or is not the caller's."""
-
-    status = 404
-    type = "invalid_request_error"
-    code = "not_found"
 
     def __init__(self, completion_id: str, why: str = "") -> None:
         super().__init__(f"No stored chat completion found with id '{completion_id}'."
@@ -83,11 +54,11 @@ class StoredAnswers:
 
     async def locate(self, request_id: str) -> Recorded | None:
         """The request's recorded address (:func:`gateway.resume.locate`)."""
-        return await locate(self.lookup, self.codec, request_id)
+        return await locate(self.lookup, request_id)
 
     def mine(self, where: Recorded, identity: Identity) -> bool:
         """Whether the caller may see the request: its tenant's (any, without auth)."""
-        return self.settings.auth == "none" or where.tenant == identity.tenant
+        return self.settings.auth.mode == "none" or where.tenant == identity.tenant
 
     async def find(self, identity: Identity, request_id: str, api: str) -> Recorded | None:
         """The recorded request ``request_id`` when ``api`` stored it and it is the

@@ -87,7 +87,7 @@ class Submitter:
             raise
 
     def deadline_ms(self, timeout_s: float | None) -> int:
-        return now_ms() + int((timeout_s or self.settings.request_timeout_s) * 1000)
+        return now_ms() + int((timeout_s or self.settings.gateway.request_timeout_s) * 1000)
 
     async def submit(self, generation: Generation, identity: Identity = ANONYMOUS,
                      timeout_s: float | None = None, traceparent: str | None = None,
@@ -101,7 +101,7 @@ class Submitter:
             raise PipelineUnavailable("The pipeline is unavailable (Kafka does not answer); "
                                       "try again later.")
         rid = request_id or new_request_id()
-        timeout = timeout_s or self.settings.request_timeout_s
+        timeout = timeout_s or self.settings.gateway.request_timeout_s
         policy = self.policies.effective(identity.tenant, identity.key_id)
         restorer: ReplyRestorer | None = None
         if policy.redact:  # before anything is written (gateway/pii.py)

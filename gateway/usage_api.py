@@ -1,23 +1,8 @@
-"""Usage reports over HTTP, read from the ledger the accounting app keeps.
-
-- ``GET /v1/usage``: the caller's own tenant (a key sees its tenant's usage,
-  or with ``key_id=`` one of the tenant's keys, or with ``model=`` one model).
-- ``GET /admin/usage?tenant=T``: any tenant, for an operator holding
-  ``CONVEYOR_ADMIN_TOKEN`` (``Authorization: Bearer <token>``). Without an
-  admin token configured, the admin endpoint does not exist (404).
-
-Query: ``start_time`` / ``end_time`` (Unix seconds; default the last hour by
-minute, the last 30 days by day), ``bucket_width`` ``1m`` or ``1d``
-(default ``1d``). The answer is a list object of buckets, oldest first:
-``{"object": "list", "tenant", "bucket_width", "data": [{"start_time",
-"end_time", "requests", "errors", "prompt_tokens", "completion_tokens",
-"total_tokens"}]}``, and (unless ``key_id`` is given) ``ratings``: the
-answers' ratings by UTC day, each day's latest rating of each request
-(``POST /v1/feedback``), ``{"start_time", "end_time", "count", "mean",
-"by_model": {model: {"count", "mean"}}, "by_deployment": {...}}`` (with
-``model=``: that model's alone). Figures lag the answers by a second or so:
-the accounting app counts them from ``conveyor.usage`` and ``conveyor.feedback``.
-"""
+"""Usage reports over HTTP, read from the ledger the accounting app keeps
+(docs/api/feedback.md#usage): ``GET /v1/usage`` for the caller's own tenant,
+``GET /admin/usage?tenant=T`` for a holder of ``CONVEYOR_ADMIN_TOKEN`` (404
+without one configured). Buckets of ``1m`` or ``1d``, oldest first, and
+(unless ``key_id`` is given) the ratings by UTC day."""
 
 from __future__ import annotations
 
@@ -31,7 +16,7 @@ from starlette.requests import HTTPConnection
 from conveyor.errors import InvalidApiKey, InvalidRequest, RequestError
 from gateway.auth.middleware import identity_of
 from gateway.errors import SafeJSONResponse
-from gateway.provide import services_of
+from gateway.provide import service, services_of
 from workers.usage.ledger import UsageLedger, UsageRow
 
 __all__ = ["usage_router"]
@@ -39,14 +24,12 @@ __all__ = ["usage_router"]
 usage_router = APIRouter()
 
 
-def _ledger(connection: HTTPConnection) -> UsageLedger:
-    ledger: UsageLedger = services_of(connection).usage
-    return ledger
+Ledger = Annotated[UsageLedger, Depends(service("usage"))]
 
 
 def _admin_token(connection: HTTPConnection) -> str:
     """The operator's token (``CONVEYOR_ADMIN_TOKEN``); empty: no admin endpoint."""
-    token: str = services_of(connection).settings.admin_token.get_secret_value()
+    token: str = services_of(connection).settings.auth.admin_token.get_secret_value()
     return token
 
 
@@ -56,7 +39,7 @@ _DEFAULT_SPAN_MS = {"1m": 3_600_000, "1d": 30 * 86_400_000}
 
 
 @usage_router.get("/v1/usage")
-async def own_usage(request: Request, ledger: Annotated[UsageLedger, Depends(_ledger)],
+async def own_usage(request: Request, ledger: Ledger,
                     start_time: int | None = None, end_time: int | None = None,
                     bucket_width: str = "1d", key_id: str | None = None, model: str | None = None
                     ) -> SafeJSONResponse:
@@ -66,7 +49,7 @@ async def own_usage(request: Request, ledger: Annotated[UsageLedger, Depends(_le
 
 
 @usage_router.get("/admin/usage", include_in_schema=False)
-async def admin_usage(request: Request, ledger: Annotated[UsageLedger, Depends(_ledger)],
+async def admin_usage(request: Request, ledger: Ledger,
                       token: Annotated[str, Depends(_admin_token)], tenant: str,
                       start_time: int | None = None, end_time: int | None = None,
                       bucket_width: str = "1d", key_id: str | None = None, model: str | None = None

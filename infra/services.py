@@ -4,14 +4,9 @@ a single-node KRaft broker from ``infra/kafka.sh``, which the caller may
 stop, flush, restart or SIGKILL without touching the shared ones (9092,
 6379) everything else uses.
 
-Two kinds of callers start them: the fault tests (``tests/support/
-services.py``, the fixtures' ``own_kafka`` and ``own_redis``) and the
-benchmark that breaks things (``bench/chaos_services.py``). The code lives
-here, beside the scripts it drives, because both may import infra/ and
-neither should import the other: a test suite that needs a benchmark to run
-breaks when the benchmark changes, and a benchmark that imports the test
-suite makes the tests a library. Nothing of
-Conveyor's product (the packages the wheel ships) imports it.
+Callers: the fault tests' fixtures (tests/support/services.py) and
+bench/chaos_faults.py; it lives here so that neither imports the other.
+Nothing of Conveyor's product (the packages the wheel ships) imports it.
 
 The broker gets ``CONVEYOR_HOME`` set to a folder of its own, with the jar
 folder linked to the shared one (``<repository>/.conveyor/kafka/libs``), so

@@ -203,8 +203,11 @@ class Smoke:
     def resumed_stream(self) -> str:
         """A stream dropped after three events, resumed after the last one it had,
         joins into the stream as recorded (read whole from its start). Sampled
-        (temperature 1, no seed), so the prompt cache does not answer it at once."""
+        (temperature 1, no seed), so the prompt cache does not answer it at once;
+        SmolLM2's end tokens (0, 2) biased away, so a sample never ends within the
+        three events."""
         body = {"model": MODEL, "max_tokens": 128, "temperature": 1.0, "stream": True,
+                "logit_bias": {"0": -100, "2": -100},
                 "messages": [{"role": "user",
                               "content": "Count from 1 to 60, one number per line."}]}
         first = sse(self.http, "POST", "/v1/chat/completions", json=body, limit=3)

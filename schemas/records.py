@@ -9,45 +9,12 @@ from __future__ import annotations
 
 from typing import Literal, NotRequired, TypedDict
 
-__all__ = [
-    "ChunkHeader",
-    "HostCache",
-    "KvCache",
-    "Control",
-    "DeadLetter",
-    "Envelope",
-    "ErrorInfo",
-    "Generation",
-    "Message",
-    "Prepared",
-    "Prompt",
-    "Reply",
-    "Request",
-    "Route",
-    "Fallback",
-    "ResponseFormat",
-    "ToolCall",
-    "TokenLogprob",
-    "TopLogprob",
-    "Function",
-    "Tools",
-    "Sampling",
-    "Task",
-    "TokenChunk",
-    "Usage",
-    "WorkerHeartbeat",
-    "JobCommand",
-    "JobStatus",
-    "JobResult",
-    "UsageRecord",
-    "AuditEvent",
-    "Feedback",
-    "ApiKey",
-    "TenantPolicy",
-    "BreakerState",
-    "ModelRegistry",
-    "PolicyDocument",
-]
+__all__ = ["ChunkHeader", "HostCache", "KvCache", "Control", "DeadLetter", "Envelope", "ErrorInfo",
+           "Generation", "Message", "Prepared", "Prompt", "Reply", "Request", "Route", "Fallback",
+           "ResponseFormat", "ToolCall", "TokenLogprob", "TopLogprob", "Function", "Tools",
+           "Sampling", "Task", "TokenChunk", "Usage", "WorkerHeartbeat", "JobCommand", "JobStatus",
+           "JobResult", "UsageRecord", "AuditEvent", "Feedback", "ApiKey", "TenantPolicy",
+           "BreakerState", "ModelRegistry", "PolicyDocument"]
 
 
 class Envelope(TypedDict):

@@ -16,17 +16,10 @@ be, checked where it is asked and where it is answered.
   ``jsonschema``: what an engine that constrains nothing, or a keyword the
   grammar ignored, let through.
 
-The bounds are where a schema's cost would stop being bounded: nesting past
-what the checkers' recursion takes, a grammar llama.cpp cannot parse (or that
-it parses again for every request), a union so wide that every token walks
-all of it. Where OpenAI documents a limit for structured outputs, the bound
-is OpenAI's (object properties, the characters of names and values); where
-Conveyor can serve more it takes more (enum values, nesting).
-
-An enum, or a union of constants, compiles to a trie of its values' JSON
-texts rather than one alternative per value: llama.cpp's grammar sampler
-carries every alternative still open from token to token, and a flat
-alternation of thousands of values kept thousands open at every step.
+The bounds (:data:`BOUNDS`) are where a schema's cost would stop being bounded
+(docs/api/tools.md); an enum, or a union of constants, compiles to a trie of its
+values' JSON texts, not one alternative per value
+(docs/decisions/0018-structured-outputs-by-grammar.md).
 
 The grammar compiler is llama.cpp's own (``llama_cpp.llama_grammar``): the
 GBNF it writes is the one llama.cpp's sampler reads, and it ships with the
@@ -45,45 +38,27 @@ from conveyor.errors import InvalidRequest
 from schemas.records import ResponseFormat
 
 __all__ = ["check_format", "format_record", "json_grammar", "json_violation", "wire_format",
-           "schema_bounds_fault", "grammar_fault", "SCHEMA_PARAM", "BOUNDS",
-           "MAX_SCHEMA_DEPTH", "MAX_OBJECT_PROPERTIES", "MAX_ENUM_VALUES",
-           "MAX_ALTERNATIVES", "MAX_SCHEMA_CHARS",
+           "schema_bounds_fault", "grammar_fault", "SCHEMA_PARAM", "BOUNDS", "MAX_SCHEMA_DEPTH",
+           "MAX_OBJECT_PROPERTIES", "MAX_ENUM_VALUES", "MAX_ALTERNATIVES", "MAX_SCHEMA_CHARS",
            "MAX_GRAMMAR_REPEAT", "MAX_GRAMMAR_CHARS", "MAX_GRAMMAR_NESTING"]
 
 SCHEMA_PARAM = "response_format.json_schema.schema"
 # grammars kept compiled: a schema's text is the key
 _GRAMMARS_KEPT = 256
 
-# -- the bounds on a schema (each a 400 naming it) -----------------------------
-# Levels of nesting: a subschema (under properties, items, anyOf, $defs, ..., or
-# reached through a $ref) is one level below its schema, and so is a value nested
-# inside an enum, const or default value. OpenAI allows 10 levels of objects;
-# these levels count every subschema: 10 objects, each an array's items under an
-# anyOf, take 30.
+# -- the bounds on a schema (each a 400 naming it; docs/api/tools.md says why) -------
+# A subschema (under properties, items, anyOf, $defs, ..., or through a $ref) is one
+# level below its schema, and so is a value nested in an enum, const or default.
 MAX_SCHEMA_DEPTH = 64
-# Object properties in all (OpenAI's bound).
-MAX_OBJECT_PROPERTIES = 5_000
-# Enum values in all, over every enum of the schema (OpenAI allows 1,000; an
-# enum's grammar is a trie, which decodes 10,000 values near the free rate). The
-# constants of a union of constants count as enum values: it compiles alike.
+MAX_OBJECT_PROPERTIES = 5_000  # OpenAI's bound
+# over every enum; the constants of a union of constants count (it compiles alike)
 MAX_ENUM_VALUES = 10_000
-# Alternatives open at once: of one anyOf or oneOf (not of constants), and the
-# optional properties of one object (any of them may come next). llama.cpp's
-# sampler carries every alternative still open from token to token, so a token
-# costs in proportion to the widest.
+# llama.cpp's sampler carries every open alternative from token to token
 MAX_ALTERNATIVES = 256
-# Characters of every property name, definition name, enum value and const
-# value together (OpenAI's bound).
-MAX_SCHEMA_CHARS = 120_000
-# The largest minLength, maxLength, minItems or maxItems a grammar holds; a
-# larger one is left out of the grammar and checked on the answer (llama.cpp
-# refuses a grammar of more than 1,000 nested repetitions).
+MAX_SCHEMA_CHARS = 120_000  # OpenAI's bound
+# llama.cpp refuses a grammar of more than 1,000 nested repetitions or groups
 MAX_GRAMMAR_REPEAT = 1_000
-# The compiled grammar's size, in characters: llama.cpp parses it again for
-# every request that decodes with it.
-MAX_GRAMMAR_CHARS = 1_000_000
-# Groups nested in the compiled grammar (a pattern's repetitions nest; llama.cpp
-# refuses more than 1,000, and far deeper ones overflow its parser's stack).
+MAX_GRAMMAR_CHARS = 1_000_000  # llama.cpp parses the grammar for every request
 MAX_GRAMMAR_NESTING = 1_000
 
 BOUNDS: tuple[tuple[str, int, str], ...] = (

@@ -8,19 +8,11 @@ prompt (:func:`tool_messages`) and calls one by writing::
     {"name": "get_weather", "arguments": {"city": "Paris"}}
     </tool_call>
 
-one block per call (the format Hermes- and Qwen-style models are trained on;
-a model whose own template has another format still reads and writes this
-one, since Conveyor renders tools the same way for every model). An
-assistant turn of the history with ``tool_calls`` is rendered in the same
-blocks, and a ``tool`` message as a ``<tool_response>`` block in a user turn.
-
-Everything past the engine is text: the token chunks carry what the model
-wrote, and the answer's ``tool_calls`` are read from it where the answer is
-shaped (:class:`ToolCallReader`, in postprocess for streams and job results,
-in the gateway for a collected or stored answer). The reader is
-deterministic, so every place reads the same calls with the same ids (a
-call's id is derived from the request id and its index), and a stream
-resumed or replayed from the log is the same stream (schemas/tool_calls.py).
+one block per call, the same for every model; a ``tool`` message is rendered as
+a ``<tool_response>`` block. The answer's ``tool_calls`` are read from its text
+where the answer is shaped (:class:`ToolCallReader`), deterministically, so a
+stream resumed or replayed from the log is the same stream (schemas/tool_calls.py;
+why: docs/decisions/0019-tool-calls-as-text.md).
 
 * **At the API** (:func:`check_tools`): every function's ``parameters`` is
   held to the bounds of a schema (schemas/structured.py), checked as a JSON
@@ -48,16 +40,8 @@ from schemas.records import Function, Generation, Message, ResponseFormat, ToolC
 from schemas.structured import _json_strings, _schema_fault, grammar_fault, schema_converter
 from schemas.tool_calls import CLOSE, OPEN, read_tool_calls
 
-__all__ = [
-    "check_tools",
-    "tools_of",
-    "reads_tool_calls",
-    "tool_format",
-    "tool_messages",
-    "tools_grammar",
-    "tools_violation",
-    "MAX_TOOLS",
-]
+__all__ = ["check_tools", "tools_of", "reads_tool_calls", "tool_format", "tool_messages",
+           "tools_grammar", "tools_violation", "MAX_TOOLS"]
 
 RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 # OpenAI's bound on the functions of one request

@@ -66,13 +66,13 @@ def choose_replication(settings: Settings, brokers: int) -> Replication:
     """
     if brokers < 1:
         raise BrokerError("the Kafka cluster reports no broker")
-    factor = settings.replication_factor or min(brokers, _AUTO_MAX_REPLICAS)
+    factor = settings.kafka.replication_factor or min(brokers, _AUTO_MAX_REPLICAS)
     if factor > brokers:
         raise ConveyorError(
             f"replication_factor={factor} needs at least {factor} brokers; the cluster at "
-            f"{settings.kafka_bootstrap} has {brokers} (set CONVEYOR_REPLICATION_FACTOR=0 "
+            f"{settings.kafka.bootstrap} has {brokers} (set CONVEYOR_REPLICATION_FACTOR=0 "
             "to follow the cluster)")
-    min_insync = settings.min_insync_replicas or (2 if factor >= 3 else 1)
+    min_insync = settings.kafka.min_insync_replicas or (2 if factor >= 3 else 1)
     if min_insync > factor:
         raise ConveyorError(
             f"min_insync_replicas={min_insync} is more than replication_factor={factor}: "
@@ -83,7 +83,7 @@ def choose_replication(settings: Settings, brokers: int) -> Replication:
 async def _start(admin: AIOKafkaAdminClient, settings: Settings, wait_s: float) -> None:
     """Connect, waiting (logged, bounded) while the broker refuses connections."""
     await started("the broker to answer, to create the topics", admin.start, within=wait_s,
-                  log=log, where=kafka_address(settings.kafka_bootstrap),
+                  log=log, where=kafka_address(settings.kafka.bootstrap),
                   retry_on=(KafkaConnectionError,))
 
 
@@ -153,10 +153,10 @@ def _created(response: Any) -> list[str]:
 async def ensure_topics(settings: Settings, specs: list[TopicSpec],
                         wait_s: float | None = None) -> Replication:
     """Create every topic of ``specs`` that does not exist yet (waits for the broker
-    ``wait_s``, default ``settings.startup_timeout_s``); returns the replication
+    ``wait_s``, default ``settings.process.startup_timeout_s``); returns the replication
     chosen for the cluster."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
-    within = settings.startup_timeout_s if wait_s is None else wait_s
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap)
+    within = settings.process.startup_timeout_s if wait_s is None else wait_s
     await _start(admin, settings, within)
     try:
         replication = choose_replication(settings, await _count_brokers(admin))
@@ -168,7 +168,7 @@ async def ensure_topics(settings: Settings, specs: list[TopicSpec],
                    for s in missing]
             created = _created(await started(
                 f"Kafka to create {len(new)} topics", lambda: admin.create_topics(new),
-                within=within, log=log, where=kafka_address(settings.kafka_bootstrap)))
+                within=within, log=log, where=kafka_address(settings.kafka.bootstrap)))
             if created:
                 log.info("created topics %s with replication factor %d, min.insync.replicas "
                          "%d (%d brokers)", ", ".join(created), replication.factor,

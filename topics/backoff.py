@@ -1,7 +1,7 @@
 """Retrying a failing broker without spinning, and saying so without flooding the log.
 
 :class:`Backoff` is the wait between attempts: exponential from ``initial_s``
-up to ``max_s`` (``settings.retry_backoff_max_s``), with jitter so that many
+up to ``max_s`` (``settings.process.retry_backoff_max_s``), with jitter so that many
 clients that lost the same broker do not come back at the same instant, and
 reset by the first success.
 

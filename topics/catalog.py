@@ -3,11 +3,11 @@ prefix, the event types it carries (their typed mirrors in schemas/records.py,
 so ``Topic[T]`` tells mypy what a topic holds and :meth:`Topic.decode`
 returns a ``T``), its key, how many partitions it has, and
 how long it keeps events. Readers and writers name a topic by its object
-(``TOKENS.at(settings)``), never by a string, so a topic's name and what
+(``TOKENS.at(settings.kafka)``), never by a string, so a topic's name and what
 travels on it are stated in one place; :func:`catalog` turns the table into
 what topic creation needs (docs/architecture.md lists it).
 
-Every topic takes events up to ``settings.max_event_bytes``
+Every topic takes events up to ``settings.kafka.max_event_bytes``
 (``max.message.bytes``), the same limit the producers enforce
 (``max_request_size``, topics/clients.py): an event is refused by the
 producer, which says so at once, before the broker would refuse it after a
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Literal, TypeVar, cast
 
-from conveyor.settings import Settings
+from conveyor.settings import KafkaSettings
 from schemas.codec import Codec, EventType
 from schemas.records import (
     ApiKey,
@@ -43,10 +43,10 @@ from schemas.records import (
     WorkerHeartbeat,
 )
 
-__all__ = ["Topic", "TopicSpec", "TOPICS", "catalog", "infer_topic", "topic_named",
-           "INFER", "REQUESTS", "PREPARED", "ROUTED", "TOKENS", "REPLIES", "CONTROL", "WORKERS",
-           "JOBS", "JOB_STATUS", "RESULTS", "DLQ", "FEEDBACK", "USAGE", "AUDIT", "KEYS",
-           "BREAKERS", "MODELS"]
+__all__ = ["Topic", "TopicSpec", "TOPICS", "catalog", "infer_topic", "topic_named", "INFER",
+           "REQUESTS", "PREPARED", "ROUTED", "TOKENS", "REPLIES", "CONTROL", "WORKERS", "JOBS",
+           "JOB_STATUS", "RESULTS", "DLQ", "FEEDBACK", "USAGE", "AUDIT", "KEYS", "BREAKERS",
+           "MODELS"]
 
 _DAY_MS = 24 * 3600 * 1000
 
@@ -59,7 +59,7 @@ class Topic(Generic[T]):
     """One topic of the catalog (the pools' task topics are :func:`infer_topic`),
     typed by the event it carries: ``Topic[Task]``."""
 
-    name: str  # under the prefix: settings.topic(name)
+    name: str  # under the prefix: kafka.topic(name)
     types: tuple[type[T], ...]  # the typed mirrors of what travels on it
     key: str
     sizing: Sizing = "pipeline"  # pipeline_partitions, reply_partitions, or 1
@@ -83,18 +83,18 @@ class Topic(Generic[T]):
             event_type = self.events[0]
         return codec.encode(event_type, cast(Any, event))
 
-    def at(self, settings: Settings) -> str:
-        """The topic's full name under ``settings``' prefix."""
-        return settings.topic(self.name)
+    def at(self, kafka: KafkaSettings) -> str:
+        """The topic's full name under the topic prefix."""
+        return kafka.topic(self.name)
 
-    def partitions(self, settings: Settings) -> int:
-        return {"pipeline": settings.pipeline_partitions,
-                "replies": settings.reply_partitions, "one": 1}[self.sizing]
+    def partitions(self, kafka: KafkaSettings) -> int:
+        return {"pipeline": kafka.pipeline_partitions,
+                "replies": kafka.reply_partitions, "one": 1}[self.sizing]
 
-    def spec(self, settings: Settings) -> TopicSpec:
-        return TopicSpec(self.at(settings), self.partitions(settings), key=self.key,
+    def spec(self, kafka: KafkaSettings) -> TopicSpec:
+        return TopicSpec(self.at(kafka), self.partitions(kafka), key=self.key,
                          cleanup=self.cleanup, retention_ms=self.retention_ms,
-                         max_message_bytes=settings.max_event_bytes)
+                         max_message_bytes=kafka.max_event_bytes)
 
 
 REQUESTS = Topic("requests", (Request,), "request id")
@@ -155,20 +155,20 @@ class TopicSpec:
         return out
 
 
-def topic_named(settings: Settings, name: str) -> Topic[Any] | None:
-    """The catalog's topic whose full name under ``settings``' prefix is ``name``."""
-    return next((topic for topic in TOPICS if topic.at(settings) == name), None)
+def topic_named(kafka: KafkaSettings, name: str) -> Topic[Any] | None:
+    """The catalog's topic whose full name under the topic prefix is ``name``."""
+    return next((topic for topic in TOPICS if topic.at(kafka) == name), None)
 
 
-def infer_topic(settings: Settings, pool: str) -> str:
+def infer_topic(kafka: KafkaSettings, pool: str) -> str:
     """The task topic of one worker pool; its partitions are spread over the pool's workers."""
-    return settings.topic(f"infer.{pool}")
+    return kafka.topic(f"infer.{pool}")
 
 
-def catalog(settings: Settings, pools: tuple[str, ...] = ()) -> list[TopicSpec]:
+def catalog(kafka: KafkaSettings, pools: tuple[str, ...] = ()) -> list[TopicSpec]:
     """Every topic Conveyor uses, with the pools' task topics."""
-    specs = [topic.spec(settings) for topic in TOPICS]
+    specs = [topic.spec(kafka) for topic in TOPICS]
     for pool in pools:
-        specs.append(TopicSpec(infer_topic(settings, pool), settings.infer_partitions,
+        specs.append(TopicSpec(infer_topic(kafka, pool), kafka.infer_partitions,
                                key=INFER.key))
-    return [replace(s, max_message_bytes=settings.max_event_bytes) for s in specs]
+    return [replace(s, max_message_bytes=kafka.max_event_bytes) for s in specs]

@@ -1,7 +1,7 @@
 """Kafka client factories with Conveyor's production settings.
 
 Producers: acks=all, idempotent (switchable for brokers without it), a small
-linger, and events up to ``settings.max_event_bytes`` (the topics' own
+linger, and events up to ``settings.kafka.max_event_bytes`` (the topics' own
 ``max.message.bytes``, topics/catalog.py), each held by a
 :class:`~topics.producer.Producer` that starts afresh when the broker refuses
 its producer id or sequence. Consumers: manual commits, fetch
@@ -27,7 +27,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import errors as kafka_errors
 
 from conveyor.errors import BrokerError, PermanentBrokerError, TransientBrokerError
-from conveyor.settings import Settings
+from conveyor.settings import KafkaSettings
 from topics.producer import EventProducer, Producer, breaks_sequence
 
 __all__ = ["PRODUCE_TIMEOUT_MS", "EventProducer", "make_producer", "make_consumer",
@@ -91,28 +91,28 @@ def broker_error(exc: BaseException) -> BrokerError:
 PRODUCE_TIMEOUT_MS = 30_000
 
 
-def make_producer(settings: Settings, **overrides: Any) -> EventProducer:
+def make_producer(kafka: KafkaSettings, **overrides: Any) -> EventProducer:
     """Conveyor's producer on aiokafka; ``overrides`` are aiokafka's option names."""
     options: dict[str, Any] = {
-        "bootstrap_servers": settings.kafka_bootstrap,
+        "bootstrap_servers": kafka.bootstrap,
         "acks": "all",
-        "enable_idempotence": settings.producer_idempotent,
-        "linger_ms": settings.producer_linger_ms,
-        "compression_type": None if settings.producer_compression == "none"
-        else settings.producer_compression,
+        "enable_idempotence": kafka.producer_idempotent,
+        "linger_ms": kafka.producer_linger_ms,
+        "compression_type": None if kafka.producer_compression == "none"
+        else kafka.producer_compression,
         "request_timeout_ms": PRODUCE_TIMEOUT_MS,
         "max_batch_size": 1 << 20,
-        "max_request_size": settings.max_event_bytes,
+        "max_request_size": kafka.max_event_bytes,
     }
     options.update(overrides)
     return Producer(lambda: AIOKafkaProducer(**options))
 
 
 def make_consumer(
-    settings: Settings, *topics: str, group: str | None = None, **overrides: Any
+    kafka: KafkaSettings, *topics: str, group: str | None = None, **overrides: Any
 ) -> AIOKafkaConsumer:
     options: dict[str, Any] = {
-        "bootstrap_servers": settings.kafka_bootstrap,
+        "bootstrap_servers": kafka.bootstrap,
         "group_id": group,
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",
@@ -120,8 +120,8 @@ def make_consumer(
         # the broker answers a fetch as soon as one record is there; the wait
         # only bounds how often an idle consumer asks
         "fetch_max_wait_ms": 500,
-        "session_timeout_ms": settings.consumer_session_timeout_ms,
-        "heartbeat_interval_ms": settings.consumer_heartbeat_interval_ms,
+        "session_timeout_ms": kafka.consumer_session_timeout_ms,
+        "heartbeat_interval_ms": kafka.consumer_heartbeat_interval_ms,
         "max_poll_interval_ms": 300000,
         "isolation_level": "read_uncommitted",
     }

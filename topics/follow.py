@@ -13,36 +13,23 @@ cancels, replies, progress).
     await follower.locate()               # fix the start now (records from here on)
     follow(settings, TOKENS, range(4), "end")   # several partitions, one consumer
 
-A follower of several partitions hands each partition's records on as a
-list of their own (each in offset order), makes one fetch request for all
-of them (a reader that asks the broker to hold its fetches, as schedule's
-follower of every token partition does, holds one request, not one a
-partition), and is caught up once every partition is.
+A follower of several partitions makes one fetch request for all of them and
+hands each partition's records on as a list of their own; it is caught up once
+every partition is. Starts: ``"beginning"``, ``"end"``, an offset, or
+``FromTime(ms)`` (``offsets_for_times``; the end when nothing is that recent).
 
-Starts: ``"beginning"``, ``"end"``, an offset (``int``), or a wall-clock
-time (``FromTime(ms)``, found with ``offsets_for_times``; the end when
-nothing is that recent).
+A follower never raises for the broker: it closes its consumer, backs off
+(``settings.process.retry_backoff_max_s`` at most), logs one line per kind per
+ten seconds, and reconnects where it left off, so no record is skipped. While no
+record arrives it asks for the end offsets every ``probe_s`` (bounded by
+``probe_timeout_s``), so ``reachable`` and ``last_contact_ms`` tell "nothing
+happened" from "I cannot see": blind once ``stale_after_s`` (probe_s +
+probe_timeout_s + poll_ms) passes without a record or an answer.
 
-A follower never raises for the broker: when Kafka cannot be reached it
-closes its consumer, backs off (``settings.retry_backoff_max_s`` at most),
-logs one line per kind of failure per ten seconds, and reconnects where it
-left off, so no record is skipped. An idle partition returns nothing, and
-aiokafka's fetch returns nothing during an outage too, so while no record
-arrives the follower asks the broker for the partition's end offset every
-``probe_s`` (bounded by ``probe_timeout_s``): ``reachable`` and
-``last_contact_ms`` are what a reader needs to tell "nothing happened" from
-"I cannot see" (the schedule layer's worker table does). That is the one
-liveness rule of every follower: blind once ``stale_after_s`` (probe_s +
-probe_timeout_s + poll_ms) passes without a record or a probe's answer.
-A reader that shows its sight rather than asking for it (the gateway's
-health) iterates :meth:`Follower.reachability`, which wakes at each change.
-
-A start is resolved when the follower first connects. A reader that needs
-every record written after a moment, however late its iteration begins
-(the gateway's reply router: a reply to a request sent right after start
-must not fall before the follower's start), calls :meth:`Follower.locate`
-at that moment; it raises the broker's error as Conveyor's, so a start-up
-step can retry it.
+A start is resolved when the follower first connects; a reader that needs every
+record written after a moment, however late its iteration begins (the gateway's
+reply router), calls :meth:`Follower.locate` then, which raises the broker's
+error as Conveyor's so a start-up step can retry it.
 """
 
 from __future__ import annotations
@@ -156,7 +143,7 @@ class Follower(Generic[T]):
         """Resolve the start to an offset now (see the module) and return it;
         the iteration reads from there. Broker trouble is raised, translated
         (:func:`~topics.clients.broker_error`)."""
-        consumer = make_consumer(self.settings, group=None, **self.consumer_options)
+        consumer = make_consumer(self.settings.kafka, group=None, **self.consumer_options)
         try:
             await consumer.start()
             consumer.assign(self.tps)
@@ -172,11 +159,11 @@ class Follower(Generic[T]):
         return self.batches()
 
     async def batches(self) -> AsyncIterator[list[ConsumerRecord[bytes, bytes]]]:
-        backoff = Backoff(max_s=self.settings.retry_backoff_max_s)
+        backoff = Backoff(max_s=self.settings.process.retry_backoff_max_s)
         tps = self.tps
         where = f"{self.tp.topic}[{','.join(str(tp.partition) for tp in tps)}]"
         while True:
-            consumer = make_consumer(self.settings, group=None, **self.consumer_options)
+            consumer = make_consumer(self.settings.kafka, group=None, **self.consumer_options)
             try:
                 await consumer.start()
                 consumer.assign(tps)
@@ -320,7 +307,7 @@ def follow(settings: Settings, topic: Topic[T] | str, partition: int | Iterable[
     decode (a ``Follower[T]`` of a ``Topic[T]``)."""
     if isinstance(topic, str):
         return Follower(settings, topic, partition, start, **options)
-    return Follower(settings, topic.at(settings), partition, start, typed=topic, **options)
+    return Follower(settings, topic.at(settings.kafka), partition, start, typed=topic, **options)
 
 
 async def apply_all(follower: Follower[T], codec: Codec, apply: Callable[[T], object],

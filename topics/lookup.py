@@ -8,47 +8,26 @@
     async with KeyLookup(settings) as look:  # one reader, raw records (the CLI's)
         records = await look.find("conveyor.tokens", request_id, since_ms)
 
-A keyed topic holds every event of a key in one partition: the one Kafka's
-default partitioner picks, murmur2 of the key's bytes modulo the topic's
-partition count (:func:`key_partition`, the same function every Conveyor
-producer partitions with: ``make_producer`` keeps aiokafka's
-``DefaultPartitioner``, which is the Java client's). Within that partition the
-event's time bounds the offsets: ``offsets_for_times(since_ms)`` gives the
-first offset written at or after ``since_ms``, and reading stops at the
-partition's end offset seen when the lookup began, or at the first record
-stamped after ``until_ms``, whichever comes first. What is read is therefore
-one partition's traffic between two times, whatever the topic's size.
+A keyed topic holds every event of a key in the partition Kafka's default
+partitioner picks (:func:`key_partition`: murmur2, as every Conveyor producer
+partitions). Within it ``offsets_for_times(since_ms)`` gives the first offset to
+read, and reading stops at the partition's end offset seen when the lookup
+began, or at the first record stamped after ``until_ms``: one partition's
+traffic between two times, whatever the topic's size. Topics whose partition is
+not the key's (a pool's tasks, replies) are read over the partitions the caller
+names (``partitions=``). Record times are the producers' clocks, so callers
+widen the window by ``settings.process.clock_skew_ms``. A :class:`SharedLookup`
+decodes what it finds as every reader does (topics/reader.py).
 
-Topics whose partition is not the key's (a pool's task topic: partition = the
-chosen worker's; replies: partition = the gateway's) are read the same way
-over the partitions the caller names (``partitions=``).
-
-Record times are the producers' clocks (``CreateTime``), so callers widen the
-window by ``settings.clock_skew_ms`` on both sides.
-
-What a :class:`SharedLookup` finds comes out decoded, through the one
-decode step of every reader (topics/reader.py): a value that does not decode
-is reported and left out, as a follower does.
-
-The process's one keyed lookup. A :class:`KeyLookup` costs a consumer and a
-metadata producer that must connect and learn the cluster before the first
-read: made per call, that start was most of a resume's ``locate``. A
-:class:`SharedLookup` makes its readers on first use and keeps them: a call
-takes an idle reader, or starts one when none is idle and fewer than
-``readers`` exist, and hands it back when it is done
-(docs/decisions/0021-one-shared-lookup.md says why a small pool and not one
-reader behind a lock: a slow call must not hold the short ones).
-
-Restart rule. A reader goes back to the pool only after a call that
-returned normally. A broker error, a timeout or a caller's cancellation
-leaves a reader whose assignment and fetches may be half done: it is closed
-(in the background, bounded) and forgotten, and the next call starts a fresh
-one. A call whose *reused* reader fails with a broker error is tried again
-on the next reader, until one that was started for it answers or fails, all
-within the call's time. Every call is bounded by its ``timeout_s`` (the
-waiting for a reader included), and aiokafka's errors leave here as
-Conveyor's (:func:`~topics.clients.broker_error`):
-:class:`TransientBrokerError` for a broker that does not answer in time.
+A :class:`SharedLookup` keeps up to ``readers`` started readers for the process
+(docs/decisions/0021-one-shared-lookup.md): a call takes an idle one or starts
+one. A reader goes back to the pool only after a call that returned normally; a
+broker error, a timeout or a cancellation closes it in the background, and a
+call whose *reused* reader fails with a broker error is tried again on the next,
+until one started for it answers or fails. Every call is bounded by its
+``timeout_s`` (the wait for a reader included), and aiokafka's errors leave as
+Conveyor's (:func:`~topics.clients.broker_error`; no answer in time:
+:class:`TransientBrokerError`).
 """
 
 from __future__ import annotations
@@ -137,10 +116,10 @@ class KeyLookup:
         self.timeout_s = timeout_s
         # a lookup reads up to an end offset it knows: it never waits for new
         # records, and a short wait frees the connection at once for the next call
-        self._consumer: AIOKafkaConsumer = make_consumer(settings, group=None,
+        self._consumer: AIOKafkaConsumer = make_consumer(settings.kafka, group=None,
                                                          fetch_max_wait_ms=_FETCH_WAIT_MS)
         # only asked for metadata: the producer knows a topic's partitions
-        self._meta: EventProducer = make_producer(settings, enable_idempotence=False)
+        self._meta: EventProducer = make_producer(settings.kafka, enable_idempotence=False)
         # what each find read: topic -> [(partition, first offset, next offset)]
         self.read: dict[str, list[tuple[int, int, int]]] = {}
 
@@ -314,7 +293,7 @@ class SharedLookup:
         """The events of ``key`` on ``topic`` between two times (see
         :meth:`records`), decoded: (record, event) pairs; a value that does not
         decode is reported and left out (topics/reader.py)."""
-        found = await self.records(topic.at(self.settings), key, since_ms, until_ms,
+        found = await self.records(topic.at(self.settings.kafka), key, since_ms, until_ms,
                                    partitions=partitions, first=first, timeout_s=timeout_s)
         return decoded(topic, self.codec, found, PoisonReport(log, topic))
 

@@ -67,10 +67,10 @@ async def publish_one(settings: Settings, topic: Topic, event_type: EventType, r
     """Write one event (a command's) and wait for the broker to have it."""
     from topics.clients import make_producer
 
-    producer = make_producer(settings)
+    producer = make_producer(settings.kafka)
     await producer.start()
     try:
-        await producer.send_and_wait(topic.at(settings),
+        await producer.send_and_wait(topic.at(settings.kafka),
                                      default_codec().encode(event_type, record), key=key)
     finally:
         await producer.stop()
@@ -87,7 +87,7 @@ async def published(settings: Settings, within_s: float) -> ModelRegistry | None
 async def adopt_published(settings: Settings, registry: Registry) -> ModelRegistry | None:
     """Serve by the registry applied last, if one was; the record adopted. (The
     caller bounds the wait by the start-up timeout, and says what it waits for.)"""
-    record = await published(settings, 2 * settings.startup_timeout_s)
+    record = await published(settings, 2 * settings.process.startup_timeout_s)
     if record is not None:
         _adopt(registry, record)
     return record

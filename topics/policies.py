@@ -72,7 +72,8 @@ async def published_policies(settings: Settings, within_s: float) -> dict[str, P
 
 async def adopt_policies(settings: Settings, book: PolicyBook) -> int:
     """Serve by every document set before now; how many scopes hold one."""
-    for document in (await published_policies(settings, 2 * settings.startup_timeout_s)).values():
+    for document in (await published_policies(settings,
+                                              2 * settings.process.startup_timeout_s)).values():
         _adopt(book, document)
     return len(book.scopes())
 
@@ -116,8 +117,8 @@ class PolicyFollower:
 
         await started("the content policies (conveyor.policies)",
                       lambda: adopt_policies(self.settings, self.book), log=log,
-                      within=self.settings.startup_timeout_s,
-                      where=kafka_address(self.settings.kafka_bootstrap))
+                      within=self.settings.process.startup_timeout_s,
+                      where=kafka_address(self.settings.kafka.bootstrap))
         self._task = asyncio.create_task(follow_policies(self.settings, self.book),
                                          name="policies")
 

@@ -1,31 +1,17 @@
 """The one producer of a process, which outlives a broken idempotent session.
 
-aiokafka 0.14's idempotent producer numbers each partition's batches and
-cannot take a number back. A batch that waits for a partition with no
-leader longer than ``request_timeout_ms`` is failed in the accumulator
-(``MessageAccumulator.drain_by_nodes``) *after* it took its sequence
-numbers: a broker's controlled shutdown answers NotLeaderForPartition, the
-metadata then says "no leader", and an outage longer than the timeout
-expires every batch of that partition. Once the broker is back it expects
-the first lost number, every later batch of that partition is refused with
-OutOfOrderSequenceNumber (not retriable), and aiokafka never resets the
-producer id as the Java client does (KAFKA-5793, KIP-360): the partition is
-closed to that producer for good. A sender routine that died (it re-raises
-ProducerFenced and OutOfOrderSequenceNumber) fails every later send the
-same way.
-
-:class:`Producer` holds an ``AIOKafkaProducer`` and replaces it when the
-broker refuses its producer id or sequence (:func:`breaks_sequence`) or
-its sender routine is dead: the next send starts a fresh one (a new
-producer id, sequences from 0), the old one is stopped in the background
-(it still delivers what it holds for healthy partitions), and each record
-the broker refused is sent once more on the fresh producer. A refused
-batch was not written, so the resend doubles nothing; the future the
-caller holds resolves with the resend's outcome. Records still in flight
-on the old producer and records sent on the fresh one may land in a
-partition out of send order: readers order token chunks by seq
-(workers/chunk_order.py), and the layers wait for each event's
-acknowledgements before the next event of its request.
+:class:`Producer` holds an ``AIOKafkaProducer`` and replaces it when the broker
+refuses its producer id or sequence (:func:`breaks_sequence`) or its sender
+routine is dead (aiokafka never resets a producer id after an outage:
+docs/decisions/0012-aiokafka-not-librdkafka.md): the next send starts a fresh
+one (a new producer id, sequences from 0), the old one is stopped in the
+background (it still delivers what it holds for healthy partitions), and each
+record the broker refused is sent once more on the fresh producer. A refused
+batch was not written, so the resend doubles nothing; the future the caller
+holds resolves with the resend's outcome. Records still in flight on the old
+producer and records sent on the fresh one may land out of send order: readers
+order token chunks by seq (workers/chunk_order.py), and the layers wait for
+each event's acknowledgements before the next event of its request.
 """
 
 from __future__ import annotations

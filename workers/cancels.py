@@ -35,7 +35,7 @@ class CancelList:
                  lookback_s: float | None = None, remember: int = _REMEMBER) -> None:
         self.settings = settings
         self.codec = codec or default_codec()
-        self.lookback_s = settings.request_timeout_s if lookback_s is None else lookback_s
+        self.lookback_s = settings.gateway.request_timeout_s if lookback_s is None else lookback_s
         self.remember = remember
         self.cancelled: OrderedDict[str, None] = OrderedDict()
         self._listeners: list[Callable[[str], None]] = []

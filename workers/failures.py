@@ -1,13 +1,7 @@
 """What an event a layer gave up on becomes: a dead letter on ``conveyor.dlq``
 (the original bytes and the error) and, when the event belongs to a request,
-the error reply that fails it (:mod:`workers.runtime` produces them; an infer
-worker dead-letters a task that does not decode the same way,
-:func:`dead_letter`).
-
-An event read from the DLQ itself gets no letter: a letter of a letter would
-put the DLQ's own poison back into the DLQ, which a follower of the DLQ (the
-jobs layer's dead commands) would read again, for ever. Such an event is
-logged and passed over; the record stays where it is, in the DLQ.
+the error reply that fails it. An event read from the DLQ itself gets no
+letter (the DLQ would feed itself): it is logged and passed over.
 """
 
 from __future__ import annotations

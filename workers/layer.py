@@ -18,7 +18,8 @@ Record: TypeAlias = "ConsumerRecord[bytes, bytes]"
 
 
 class Layer(Protocol):
-    """What a layer provides; the runtime does the rest."""
+    """What a layer provides; the runtime does the rest. A layer that subclasses
+    it explicitly inherits the defaults of a stateless one."""
 
     name: str
     source: Topic[Any]  # the topic it consumes, and so the event it handles
@@ -26,9 +27,10 @@ class Layer(Protocol):
     async def start(self, sender: Sender) -> None:
         """Called once before consuming; a layer that produces on its own (not
         only as the result of ``handle``) keeps the sender."""
-        ...
+        return None
 
-    async def stop(self) -> None: ...
+    async def stop(self) -> None:
+        return None
 
     async def handle(self, event: Any, record: Record) -> list[Output]:
         """Turn one event into outputs. Raise RequestError to fail the request.
@@ -39,11 +41,11 @@ class Layer(Protocol):
     def committable(self, tp: TopicPartition, next_offset: int) -> int:
         """The offset safe to commit on ``tp`` once everything before
         ``next_offset`` has been handled (a stateful layer may hold it back)."""
-        ...
+        return next_offset
 
     def revoked(self, partitions: list[TopicPartition]) -> None:
         """The partitions went to another member: forget what was held for them."""
-        ...
+        return None
 
 
 @runtime_checkable

@@ -3,11 +3,9 @@ job results and dead letters every layer sends the same way.
 
 :meth:`Sender.produce` is the one way an event's outputs reach Kafka with a
 verdict: it returns once every output is acknowledged, retries what failed
-for a passing reason (the broker unreachable, a leader moving: with backoff,
-never dead-lettered, as the event is fine) and raises
-:class:`PermanentBrokerError` (:class:`EventTooLarge` for size) or
-:class:`SchemaError` for what will never go through. A dead letter too large
-to carry keeps the head of the original value and says so in its error.
+for a passing reason (with backoff, never dead-lettered: the event is fine)
+and raises :class:`PermanentBrokerError` (:class:`EventTooLarge` for size) or
+:class:`SchemaError` for what will never go through.
 """
 
 from __future__ import annotations
@@ -34,7 +32,7 @@ from topics.clients import EventTooLarge, broker_error
 from topics.envelope import now_ms
 from topics.producer import EventProducer
 
-__all__ = ["Output", "Sender", "error_info", "failure_reply", "result_output"]
+__all__ = ["Output", "Sender", "error_info", "failure_reply", "job_event", "result_output"]
 
 log = logging.getLogger(__name__)
 
@@ -57,14 +55,21 @@ def result_output(settings: Settings, envelope: Envelope, *, status_code: int,
                   finish_reason: str | None = None, usage: Usage | None = None) -> Output:
     """How a job's request ends, instead of a reply to a gateway: one
     :class:`~schemas.records.JobResult` on ``conveyor.results`` (key = job
-    id), for an answer and for an error from any layer alike, so the job's
-    collector (:mod:`workers.jobs.collector`) sees every request of the job
-    end where it reads, in order with the job's own events."""
+    id), for an answer and an error alike, so the job's collector
+    (:mod:`workers.jobs.collector`) reads it in order with the job's own events."""
     result = JobResult(job_id=envelope["job_id"], event="result",
                        request_id=envelope["request_id"], job_item=envelope["job_item"],
                        status_code=status_code, body=body, error=error, text=text,
                        finish_reason=finish_reason, usage=usage, detail="", ts_ms=now_ms())
-    return Output(RESULTS.at(settings), "JobResult", result, key=envelope["job_id"])
+    return Output(RESULTS.at(settings.kafka), "JobResult", result, key=envelope["job_id"])
+
+
+def job_event(settings: Settings, job_id: str, event: str, detail: str = "") -> Output:
+    """A job-level event (expanded, invalid, cancel) in the job's results stream."""
+    record = JobResult(job_id=job_id, event=event, request_id="", job_item="",  # type: ignore[typeddict-item]
+                       status_code=0, body="", error=None, text="", finish_reason=None,
+                       usage=None, detail=detail, ts_ms=now_ms())
+    return Output(RESULTS.at(settings.kafka), "JobResult", record, key=job_id)
 
 
 def error_info(exc: RequestError) -> ErrorInfo:
@@ -94,16 +99,12 @@ def _headers(out: Output) -> list[tuple[str, bytes]] | None:
 
 @dataclass
 class Sender:
-    """Encodes and produces outputs; remembers the acknowledgements to await."""
+    """Encodes and produces outputs."""
 
     settings: Settings
     producer: EventProducer
     codec: Codec
-    pending: list[asyncio.Future[Any]] = field(default_factory=list)
     problems: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(log))
-
-    async def send(self, out: Output) -> None:
-        self.pending.append(await self.send_nowait(out))
 
     async def send_nowait(self, out: Output) -> asyncio.Future[Any]:
         """Produce one output; the caller owns (and awaits) its acknowledgement."""
@@ -122,27 +123,20 @@ class Sender:
         """Produce one output and wait for its acknowledgement alone."""
         await (await self.send_nowait(out))
 
-    async def flush(self) -> None:
-        """Wait until everything sent so far is acknowledged (raises on failure)."""
-        pending, self.pending = self.pending, []
-        if pending:
-            await asyncio.gather(*pending)
-
     async def produce(self, outputs: list[Output],
                       stopping: asyncio.Event | None = None) -> None:
         """Produce ``outputs`` and wait for every acknowledgement.
 
         An output that fails for a passing reason is sent again after a
         backoff (until ``stopping`` is set: then the transient error is
-        raised and the event stays uncommitted). Raises
-        :class:`PermanentBrokerError` or :class:`SchemaError` for an output
-        that can never be produced; the outputs before it may have gone out
-        (consumers are idempotent on request id).
+        raised and the event stays uncommitted). The outputs before one that
+        can never be produced may have gone out (consumers are idempotent on
+        request id).
         """
-        backoff = Backoff(max_s=self.settings.retry_backoff_max_s)
+        backoff = Backoff(max_s=self.settings.process.retry_backoff_max_s)
         todo = list(outputs)
         while todo:
-            acks: list[tuple[Output, asyncio.Future[Any] | BaseException]] = []
+            acks: list[tuple[Output, asyncio.Future[Any] | Exception]] = []
             for out in todo:
                 try:
                     acks.append((out, await self.send_nowait(out)))
@@ -152,24 +146,21 @@ class Sender:
                     acks.append((out, exc))
             failed: list[Output] = []
             for out, ack in acks:
-                error: BaseException | None = ack if isinstance(ack, BaseException) else None
-                if error is None:
-                    assert not isinstance(ack, BaseException)
-                    try:
-                        await ack
-                    except Exception as exc:
-                        error = exc
-                if error is None:
+                try:
+                    if isinstance(ack, Exception):
+                        raise ack
+                    await ack
                     continue
-                translated = broker_error(error)
-                if isinstance(translated, PermanentBrokerError):
-                    raise translated from error
+                except Exception as error:
+                    translated = broker_error(error)
+                    if isinstance(translated, PermanentBrokerError):
+                        raise translated from error
+                    self.problems.warning(
+                        f"produce:{type(error).__name__}",
+                        "producing to %s failed for now, retrying: %s", out.topic, translated)
+                    if stopping is not None and stopping.is_set():
+                        raise translated from error
                 failed.append(out)
-                self.problems.warning(
-                    f"produce:{type(error).__name__}",
-                    "producing to %s failed for now, retrying: %s", out.topic, translated)
-                if stopping is not None and stopping.is_set():
-                    raise translated from error
             todo = failed
             if todo:
                 await backoff.wait()
@@ -183,46 +174,20 @@ class Sender:
                                  error=error)
         if envelope["reply_partition"] < 0:
             return None
-        reply = Reply(
-            envelope=envelope,
-            index=index,
-            kind="error",
-            text="",
-            chunk="",
-            finish_reason=None,
-            usage=None,
-            error=error,
-        )
-        return Output(REPLIES.at(self.settings), "Reply", reply,
+        reply = Reply(envelope=envelope, index=index, kind="error", text="", chunk="",
+                      finish_reason=None, usage=None, error=error)
+        return Output(REPLIES.at(self.settings.kafka), "Reply", reply,
                       key=envelope["request_id"], partition=envelope["reply_partition"])
 
     def letter_output(self, layer: str, topic: str, partition: int, offset: int,
                       key: bytes | None, value: bytes | None, error: str) -> Output:
         """A dead letter that fits in one event: a value too large keeps its
         head, and the error says how much was cut."""
-        room = max(0, self.settings.max_event_bytes - _LETTER_OVERHEAD)
+        room = max(0, self.settings.kafka.max_event_bytes - _LETTER_OVERHEAD)
         if value is not None and len(value) > room:
             error = (f"[value truncated to {room} of {len(value)} bytes] " + error)
             value = value[:room]
         letter = DeadLetter(layer=layer, topic=topic, partition=partition, offset=offset,
                             key=key, value=value, error=error[:_ERROR_CHARS], ts_ms=now_ms())
-        return Output(DLQ.at(self.settings), "DeadLetter", letter,
+        return Output(DLQ.at(self.settings.kafka), "DeadLetter", letter,
                       key=key.decode(errors="replace") if key else None)
-
-    async def error_reply(self, envelope: Envelope, error: ErrorInfo, index: int = 0) -> None:
-        """Fail one request: its gateway answers the client with the error."""
-        reply = self.error_output(envelope, error, index)
-        if reply is not None:
-            await self.send(reply)
-
-    async def dead_letter(
-        self,
-        layer: str,
-        topic: str,
-        partition: int,
-        offset: int,
-        key: bytes | None,
-        value: bytes | None,
-        error: str,
-    ) -> None:
-        await self.send(self.letter_output(layer, topic, partition, offset, key, value, error))

@@ -1,30 +1,19 @@
-"""The level-1 safety checks of the pipeline: a request's input in preprocess,
-its answer in postprocess (conveyor/policy/safety.py matches; the tenant's
-policy says what).
+"""The safety checks of the pipeline: a request's input in preprocess, its
+answer in postprocess (conveyor/policy/safety.py matches; the tenant's policy
+says what; docs/decisions/0017-safety-in-levels.md).
 
-* **Input** is every text a model would read: the messages' contents, the
-  arguments of earlier tool calls, a completion's prompt, the tools' names and
-  descriptions; and, as the conversation's context (level 3), its user turns
-  read as one text, so a term spread over two turns ("how do I build a pipe",
-  then "bomb") is caught as if it were said at once. A match fails the request with OpenAI's 400
-  ``content_policy_violation``, naming the category, never the term (the
-  client should not learn the list by probing it).
-* **Level 2**, where the policy sets a threshold, is the classifier's score
-  (conveyor/policy/classifier.py) of what the user wrote; at or above the
-  threshold the request fails as above, under the ``harassment`` category.
-  Answers are not classified (a whole answer is known only once it is sent).
-* **Output** is checked as it streams (workers/postprocess/stream.py): the
-  answer is cut before the match, ends with ``finish_reason: "content_filter"``
-  and the worker is told to stop.
+* **Input** is every text a model would read (the messages, earlier tool
+  calls' arguments, a completion's prompt, the tools' names and
+  descriptions) and, as level 3, the user turns read as one text. A match
+  fails the request with a 400 ``content_policy_violation`` naming the
+  category, never the term. **Level 2** is the classifier's score of what
+  the user wrote, against the policy's threshold.
+* **Output** is checked as it streams (workers/postprocess/stream.py).
 * **Personal data** a policy redacts is replaced by :func:`redact_generation`
-  wherever a request enters the log: at the gateway (gateway/pii.py, which
-  also restores it in the answer), and in the jobs layer for a batch's lines,
-  which come from a file, not from a topic (their results keep the
-  placeholders: no process holds the originals).
-* **Both are audited**: an ``AuditEvent`` on ``conveyor.audit``
-  (``policy.input_blocked`` / ``policy.output_blocked``) with the request id,
-  the tenant, the key, the category and which scopes' policy applied; the term
-  itself stays out of the log too.
+  wherever a request enters the log: at the gateway, and in the jobs layer
+  for a batch's lines (docs/decisions/0016-personal-data-redacted-at-the-edge.md).
+* **Both are audited** on ``conveyor.audit`` (:func:`policy_audit`), the term
+  left out.
 """
 
 from __future__ import annotations
@@ -53,12 +42,8 @@ T = TypeVar("T")
 # a level-2 match's "term": the classifier, and its score
 CLASSIFIED = "classifier"
 
-# Past this many characters a request's checks run in a worker thread. Both read
-# every character, and inline a check holds the event loop, and every other
-# request of the process, for all of it; in a worker thread the interpreter lock
-# is still one, but the loop takes it back every switch interval. Below this size
-# the hand-off is not worth it. Measured:
-# docs/decisions/0016-personal-data-redacted-at-the-edge.md.
+# Past this many characters a request's checks run in a worker thread, so the
+# event loop serves other requests (docs/decisions/0016-personal-data-redacted-at-the-edge.md).
 OFF_LOOP_CHARS = 8_192
 
 
@@ -156,7 +141,7 @@ def policy_audit(settings: Settings, envelope: Envelope, action: str, match: Mat
                                "scopes": ",".join(policy.scopes) or "default",
                                **({"score": match.term.split()[-1]}
                                   if match.term.startswith(CLASSIFIED) else {})})
-    return Output(AUDIT.at(settings), "AuditEvent", event, key=envelope["tenant"] or layer)
+    return Output(AUDIT.at(settings.kafka), "AuditEvent", event, key=envelope["tenant"] or layer)
 
 
 def redact_generation(generation: Generation, policy: Policy,

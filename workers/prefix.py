@@ -1,38 +1,18 @@
-"""Prompts as chains of token blocks, and routing that follows them.
+"""Prompts as chains of token blocks, and routing that follows them
+(docs/decisions/0006-prefix-aware-routing.md).
 
-A worker that served a prompt keeps its tokens in its KV cache for a while; a
-later prompt that begins the same way (the next turn of a conversation, the
-same long system prompt) costs only its new tokens there. To route by that,
-preprocess cuts each prompt's tokens into blocks of ``block_tokens`` and hashes
-them in a chain (block *i*'s hash covers every token before it too), so two
-prompts share their first *n* hashes exactly when they share their first *n*
-blocks of tokens.
+Preprocess cuts each prompt's tokens into blocks of ``block_tokens`` and
+hashes them in a chain (block *i*'s hash covers every token before it), so
+two prompts share their first *n* hashes exactly when they share their first
+*n* blocks. Schedule keeps a :class:`PrefixIndex` of which worker holds which
+blocks: each worker's heartbeat report (:class:`HeldBlocks`) as the truth as
+of the beat, and its own guesses for what it sent since. :func:`choose`
+scores the live workers by how much of a prompt each likely holds against
+how busy each is, under a bound on load.
 
-Schedule keeps a :class:`PrefixIndex`: for each worker, the blocks of the
-prompts it sent there recently (least recently used first out, at most
-``max_blocks`` a worker, none older than ``ttl_s``). :func:`choose` scores the
-live workers of a pool by how much of a prompt each is likely to hold against
-how busy each is, and bounds the load so that one hot prefix cannot pile onto
-one worker (consistent hashing with bounded loads: no worker above
-``load_bound`` times the mean, counting the task being placed, unless it is
-within ``load_slack`` of its own capacity).
-
-A worker also says what it holds: it keeps the blocks of the prompts it ran
-(:class:`HeldBlocks`, bounded by what its KV cache can hold) and sends them in
-each heartbeat. Schedule takes a worker's report as the truth as of the beat
-(:meth:`PrefixIndex.reported`) and its own guesses only for what it sent
-since. Heartbeats are a compacted topic every scheduler follows from the
-start, so the picture is shared by every schedule replica (each sees what the
-others sent, one beat later) and rebuilt at once after a restart.
-
-Tenants share no prefix: a tenant's chain begins with its salt
-(:func:`tenant_salt`), so two tenants' identical prompts hash apart, routing
-never sends one tenant to another's cache, and the blocks a heartbeat reports
-match no other tenant's prompt. The engines take the same salt (vLLM's
-``cache_salt``, the llama.cpp engines' contexts and host cache), so
-``cached_tokens`` and timing tell a tenant nothing of another's prompts.
-``prefix_cache_shared`` (one organisation behind the deployment) makes the
-salt empty: every tenant's chain is then the unsalted one.
+A tenant's chain begins with its salt (:func:`tenant_salt`), so tenants share
+no prefix unless ``prefix_cache_shared``
+(docs/decisions/0027-tenants-prefix-caches-apart.md).
 """
 
 from __future__ import annotations
@@ -190,10 +170,7 @@ class RoutePolicy:
     # what a whole prompt in cache is worth against a worker's load (busy / capacity)
     load_weight: float = 1.0
     prefix_aware: bool = True
-    # whatever the mean, a worker may hold this share of its capacity: with few
-    # slots and long prompts (a CPU worker), a bound of the mean alone sends a
-    # conversation's next turn away from its cache whenever the pool is quiet
-    # (SGLang's router balances only past an absolute gap too)
+    # whatever the mean, a worker may hold this share of its capacity
     load_slack: float = 0.5
 
 

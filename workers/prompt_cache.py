@@ -1,35 +1,23 @@
 """The exact prompt cache: a repeated request answered without a worker.
 
-* **What is cached.** An answer that would be the same again: temperature 0
-  or a fixed seed, without logprobs (they are the engine's, of one run). The
-  key is the tenant, the model preprocess resolved (a canary's deployment
-  included), the prompt's fingerprint, and everything else that shapes the
-  text: the kind, every sampling field, the answer's budget, the
-  response_format and the tools. Tenants never share an entry.
-* **Who writes it.** Preprocess names the key in the task's ``Prompt``
-  (``cache_key``, ``cache_ttl_s``) when the request's policy turns the cache
-  on (conveyor/policy/rules.py). The infer worker that finishes the answer
-  (``stop`` or ``length``; never a cancelled, failed or handed-off one) writes
-  the whole raw text, as the engine made it, with the model that answered and
-  the token counts. A worker that continues an answer after another's death
-  writes the whole answer too: it holds the text already sent.
-* **Who answers from it.** Preprocess, on a hit, writes the answer to
-  ``conveyor.tokens`` itself as one chunk (worker id ``cache``), so
-  postprocess shapes it like any answer (stop sequences, tool calls, the
-  output's safety check, usage with every prompt token ``cached_tokens``) and
-  the log holds it: ``conveyor inspect`` shows it, replay reproduces it. A
-  streamed answer arrives at once. The reply says ``cached``, and the gateway
-  answers with ``x-conveyor-cache: hit`` (``miss`` when the cache was asked
-  and had nothing).
-* **Bounds.** Each entry lives ``cache_ttl_s`` (the policy's, 600 s by
-  default); a tenant keeps at most ``MAX_ENTRIES`` (its entries are indexed by
-  when they expire, in a sorted set per tenant, and those due first are
-  dropped first: with one ``ttl_s`` for the tenant, the oldest written) and an
-  answer longer than ``MAX_TEXT_CHARS`` is not kept.
-* **Redis is a cache here too.** A lookup or a write that fails (Redis down,
-  or slow past ``_TIMEOUT_S``) is a miss, logged at most every 10 s; a flush
-  empties the cache and changes no answer. Nothing in it is personal data the
-  policy redacts: the gateway replaced it before preprocess saw the prompt.
+* **What.** An answer that would be the same again (temperature 0 or a fixed
+  seed, no logprobs), keyed by the tenant, the model preprocess resolved,
+  the prompt's fingerprint and everything else that shapes the text
+  (:func:`cache_key`). Tenants never share an entry.
+* **Who writes it.** Preprocess names the key in the task's ``Prompt`` when
+  the request's policy turns the cache on; the infer worker that finishes
+  the answer (``stop`` or ``length``; one that continued another's holds the
+  text already sent) writes the whole raw text, the model that answered and
+  the token counts. Nothing in it is personal data a policy redacts.
+* **Who answers.** Preprocess, on a hit, writes the answer to
+  ``conveyor.tokens`` as one chunk (worker id ``cache``, :func:`hit_chunk`),
+  so postprocess shapes it like any answer and the log holds it; the gateway
+  answers ``x-conveyor-cache: hit`` (``miss`` when asked and empty).
+* **Bounds.** Each entry lives ``cache_ttl_s``; a tenant keeps at most
+  ``MAX_ENTRIES`` (indexed by expiry in a sorted set, those due first dropped
+  first); an answer longer than ``MAX_TEXT_CHARS`` is not kept.
+* **Redis is a cache here too.** A lookup or write that fails or is slower
+  than ``_TIMEOUT_S`` is a miss; a flush changes no answer.
 """
 
 from __future__ import annotations
@@ -113,14 +101,14 @@ class PromptCache:
     @property
     def redis(self) -> Redis:
         if self._redis is None:
-            self._redis = redis_client(self.settings, "cache")
+            self._redis = redis_client(self.settings.redis, "cache")
         return self._redis
 
     def _entry(self, key: str) -> str:
-        return f"{self.settings.topic_prefix}:cache:{key}"
+        return f"{self.settings.kafka.topic_prefix}:cache:{key}"
 
     def _index(self, key: str) -> str:
-        return f"{self.settings.topic_prefix}:cache-index:{key.split(':', 1)[0]}"
+        return f"{self.settings.kafka.topic_prefix}:cache-index:{key.split(':', 1)[0]}"
 
     async def get(self, key: str) -> Cached | None:
         try:

@@ -1,32 +1,20 @@
-"""The small consumer runtime every layer but infer runs on.
+"""The small consumer runtime every layer but infer runs on: poll -> decode ->
+handle -> produce -> wait for the acks -> commit, for several events at once
+(docs/decisions/0004-many-requests-per-layer.md).
 
-poll -> decode -> handle -> produce -> wait for the acks -> commit, for
-several events at once. Decisions:
-
-- **Concurrency.** Events with the same key (a request id) are handled one
-  after another, in offset order (postprocess needs a request's chunks in
-  order); events with different keys are handled concurrently, up to
-  ``max_concurrency`` handlers at a time, and a partition stops being
-  fetched (paused) while ``max_in_flight`` of its events are unfinished. A
-  request of 10,000 messages no longer holds up the small one behind it.
-- **Commits.** An offset is committed only below the lowest unfinished
-  event of its partition, and never past what the layer allows
-  (``Layer.committable``: a stateful layer holds its commits back and
-  rebuilds its state from the log). Commits are spaced by
-  ``commit_interval_ms`` while events keep coming and made at once when the
-  partitions go quiet or are revoked. A rebalance waits (a bounded time) for
-  the revoked partitions' events in hand.
-- **Nothing poisons the pipeline.** Every failure to decode, handle, encode
-  or produce an event ends in ``conveyor.dlq`` (the original bytes and the
-  error) plus an error reply to the client: 413 ``request_too_large`` for an
-  event larger than the topics carry, 500 otherwise; an event of the DLQ
-  itself is logged and passed over, never dead-lettered again (the DLQ
-  would feed itself). A handler's :class:`RequestError` is an error reply
-  alone. A failure that passes (the broker unreachable, a leader moving)
-  is retried with backoff and never dead-lettered: the event is fine.
-- **Cancels.** A layer with a ``cancel(request_id)`` method (preprocess,
-  route, schedule) drops the events of cancelled requests and hears of each
-  cancel (schedule drops a parked task); see workers/cancels.py.
+- Events of one key (a request id) are handled in offset order, different
+  keys side by side (``max_concurrency`` at a time); a partition with
+  ``max_in_flight`` unfinished events is paused.
+- An offset is committed only below the lowest unfinished event of its
+  partition and never past ``Layer.committable``; commits are spaced by
+  ``commit_interval_ms``, and a rebalance waits (bounded) for the revoked
+  partitions' events.
+- Every failure to decode, handle, encode or produce an event ends in
+  ``conveyor.dlq`` plus an error reply (workers/failures.py); a handler's
+  :class:`RequestError` is an error reply alone; passing broker trouble is
+  retried with backoff, never dead-lettered.
+- A layer with a ``cancel(request_id)`` method drops the events of cancelled
+  requests and hears of each cancel (workers/cancels.py).
 """
 
 from __future__ import annotations
@@ -37,6 +25,7 @@ import logging
 import time
 import traceback
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from aiokafka import TopicPartition
@@ -115,8 +104,7 @@ class LayerRuntime:
         self._shared_producer = producer
         self.tracer = tracer or trace.NoOpTracer()
         self.cancels = cancels
-        # asked once: an isinstance check against a runtime-checkable Protocol
-        # walks the protocol's members every time (docs/decisions/0004-many-requests-per-layer.md)
+        # asked once: an isinstance check against a Protocol is slow
         self._cancel_aware = isinstance(layer, CancelAware)
         self._own_cancels = cancels is None and self._cancel_aware
         if self._own_cancels:
@@ -143,18 +131,19 @@ class LayerRuntime:
         self._stopping.set()
 
     async def run(self) -> None:
-        consumer = make_consumer(self.settings, group=self.settings.group(self.layer.name))
-        source = self.layer.source.at(self.settings)
+        consumer = make_consumer(self.settings.kafka,
+                                 group=self.settings.kafka.group(self.layer.name))
+        source = self.layer.source.at(self.settings.kafka)
         consumer.subscribe([source], listener=_Rebalance(self))
-        producer = self._shared_producer or make_producer(self.settings)
+        producer = self._shared_producer or make_producer(self.settings.kafka)
         background: list[asyncio.Task[None]] = []
-        kafka = kafka_address(self.settings.kafka_bootstrap)
-        within = self.settings.startup_timeout_s
+        kafka = kafka_address(self.settings.kafka.bootstrap)
+        within = self.settings.process.startup_timeout_s
         if self._shared_producer is None:
             await started("the Kafka producer to connect", producer.start, within=within,
                           log=log, where=kafka)
         try:
-            await started(f"consumer group {self.settings.group(self.layer.name)} to assign "
+            await started(f"consumer group {self.settings.kafka.group(self.layer.name)} to assign "
                           f"partitions of {source}", consumer.start,
                           within=within, log=log, where=kafka)
         except StartupTimeout:
@@ -172,7 +161,7 @@ class LayerRuntime:
             log.info("%s: consuming %s", self.layer.name, source)
             self.ready.set()
             await self._loop(consumer)
-            await self._finish_in_flight()
+            await self._wait_while(lambda: bool(self._drainers))
             await self.commit()
         finally:
             for task in [*background, *self._drainers.values()]:
@@ -183,7 +172,7 @@ class LayerRuntime:
                 await producer.stop()
 
     async def _loop(self, consumer: Any) -> None:
-        backoff = Backoff(max_s=self.settings.retry_backoff_max_s)
+        backoff = Backoff(max_s=self.settings.process.retry_backoff_max_s)
         while not self._stopping.is_set():
             batch = await fetch(consumer, backoff, self._problems, self.layer.name,
                                 timeout_ms=200, max_records=self.max_in_flight)
@@ -193,8 +182,6 @@ class LayerRuntime:
             self._pause_full()
             if not batch or time.monotonic() - self._last_commit >= self.commit_interval_s:
                 await self.commit()
-
-    # -- dispatch: one drainer per key, in offset order ----------------------
 
     def _dispatch(self, record: Record) -> None:
         tp = TopicPartition(record.topic, record.partition)
@@ -214,7 +201,9 @@ class LayerRuntime:
                 record = queue[0]
                 try:
                     async with self._slots:
-                        await self.handle_record(record)
+                        started = time.perf_counter()
+                        await self._handle_record(record)
+                        self.probe.handled(time.perf_counter() - started)
                 except _Abandoned:
                     return  # uncommitted: handled again after the restart
                 except Exception:  # a bug of the runtime itself: never a stuck partition
@@ -245,21 +234,14 @@ class LayerRuntime:
                 with contextlib.suppress(NotAssigned):
                     self._consumer.pause(tp)
 
-    # -- one event -----------------------------------------------------------
-
-    async def handle_record(self, record: Record) -> None:
-        """Decode, handle and produce one event; every failure ends in the DLQ
-        and an error reply, or (passing broker trouble) in a retry."""
-        started = time.perf_counter()
-        await self._handle_record(record)
-        self.probe.handled(time.perf_counter() - started)
-
     def lag(self) -> list[tuple[int, int]]:
         """(partition, events in its log not taken yet), for the metrics."""
         return partition_lag(self._consumer,
                              {tp: part.next for tp, part in list(self.partitions.items())})
 
     async def _handle_record(self, record: Record) -> None:
+        """Decode, handle and produce one event; every failure ends in the DLQ
+        and an error reply, or (passing broker trouble) in a retry."""
         layer = self.layer
         try:
             event = layer.source.decode(self.codec, record.value)
@@ -290,7 +272,7 @@ class LayerRuntime:
         """The handler's outputs (an error reply for a RequestError), or None
         when the event went to the DLQ."""
         layer = self.layer
-        backoff = Backoff(max_s=self.settings.retry_backoff_max_s)
+        backoff = Backoff(max_s=self.settings.process.retry_backoff_max_s)
         while True:
             try:
                 if envelope is None:
@@ -344,8 +326,6 @@ class LayerRuntime:
         assert self._sender is not None, "the runtime has not started"
         return self._sender
 
-    # -- commits and rebalances ---------------------------------------------
-
     async def commit(self) -> None:
         """Commit, for every partition, what the layer says is safe below the
         lowest unfinished event."""
@@ -369,11 +349,7 @@ class LayerRuntime:
     async def settle(self, revoked: list[TopicPartition]) -> None:
         """Wait (bounded) for the revoked partitions' events, commit, forget them."""
         gone = set(revoked)
-        deadline = time.monotonic() + self.settle_timeout_s
-        while any(k[0] in gone for k in self._drainers) and time.monotonic() < deadline:
-            self._progress.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._progress.wait(), 0.5)
+        await self._wait_while(lambda: any(k[0] in gone for k in self._drainers))
         for key, task in list(self._drainers.items()):
             if key[0] in gone:
                 task.cancel()  # still waiting on a broker: the new owner takes it again
@@ -384,9 +360,10 @@ class LayerRuntime:
             self._paused.discard(tp)
         self.layer.revoked(list(revoked))
 
-    async def _finish_in_flight(self) -> None:
+    async def _wait_while(self, busy: Callable[[], bool]) -> None:
+        """Wait while ``busy()``, at most ``settle_timeout_s``."""
         deadline = time.monotonic() + self.settle_timeout_s
-        while self._drainers and time.monotonic() < deadline:
+        while busy() and time.monotonic() < deadline:
             self._progress.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._progress.wait(), 0.5)

@@ -1,18 +1,8 @@
-"""The pipeline's layers, declared once.
-
-Each :class:`Stage` names a layer, the topic it consumes (a typed
-:class:`~topics.catalog.Topic`, so the event it handles), the topics it
-writes, those of its outputs ``conveyor replay`` compares, and a factory
-typed to :class:`~workers.layer.Layer`. ``conveyor
-layer`` runs stages by name, ``conveyor replay`` builds the replayable ones
-afresh under a scratch prefix, and the tests check every stage's factory
-against its declaration (source topic and event type). Adding a layer is
-its module plus one line in :data:`STAGES`.
-
-The factories import their layer when called, so reading the table (as the
-command line does for every command) loads no layer's dependencies.
-Infer is not a stage: its workers are a consumer group of their own per
-pool, with an engine (workers/infer/engines/table.py).
+"""The pipeline's layers, declared once: each :class:`Stage` names a layer, the
+topic it consumes, the topics it writes, those of its outputs ``conveyor
+replay`` compares, and a factory that imports its layer when called (reading
+the table loads no layer). Infer is not a stage: its workers are a consumer
+group per pool (workers/infer/engines/table.py).
 """
 
 from __future__ import annotations
@@ -88,8 +78,7 @@ def _route(settings: Settings, registry: Registry) -> Layer:
 def _schedule(settings: Settings, registry: Registry) -> Layer:
     from workers.schedule import ScheduleLayer
 
-    return ScheduleLayer(settings, prefetch=settings.batch_prefetch,
-                         linger_s=settings.interactive_linger_s)
+    return ScheduleLayer(settings)
 
 
 def _postprocess(settings: Settings, registry: Registry) -> Layer:
@@ -102,14 +91,14 @@ def _jobs(settings: Settings, registry: Registry) -> Layer:
     from conveyor.files.local import LocalFileStore
     from workers.jobs.commands import JobsLayer
 
-    return JobsLayer(settings, LocalFileStore(settings), registry)
+    return JobsLayer(settings, LocalFileStore(settings.jobs), registry)
 
 
 def _results(settings: Settings, registry: Registry) -> Layer:
     from conveyor.files.local import LocalFileStore
     from workers.jobs.collector import ResultsLayer
 
-    return ResultsLayer(settings, LocalFileStore(settings))
+    return ResultsLayer(settings, LocalFileStore(settings.jobs))
 
 
 STAGES: tuple[Stage, ...] = (

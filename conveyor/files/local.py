@@ -1,5 +1,5 @@
 """:class:`LocalFileStore`: the file store in a local directory
-(``settings.files_dir``), shared safely by the gateway replicas of one host.
+(``settings.jobs.files_dir``), shared safely by the gateway replicas of one host.
 
 Layout: one directory per tenant, named by a hash of the tenant (a tenant name
 never becomes a path), holding per file its content ``<id>`` and its record
@@ -55,7 +55,7 @@ from conveyor.files.store import (
     is_file_id,
     new_file_id,
 )
-from conveyor.settings import Settings
+from conveyor.settings import JobsSettings
 
 __all__ = ["LocalFileStore"]
 
@@ -63,11 +63,11 @@ _RECORD = re.compile(r"(file-[0-9a-f]{24})\.json")
 
 
 class LocalFileStore:
-    """A :class:`~conveyor.files.store.FileStore` under ``settings.files_dir``."""
+    """A :class:`~conveyor.files.store.FileStore` under ``jobs.files_dir``."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.root = Path(settings.files_dir)
+    def __init__(self, jobs: JobsSettings) -> None:
+        self.jobs = jobs
+        self.root = Path(jobs.files_dir)
 
     def tenant_dir(self, tenant: str) -> Path:
         digest = hashlib.sha256(tenant.encode("utf-8", "surrogatepass")).hexdigest()

@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal, Protocol, get_args
 
 from conveyor.errors import RequestError
-from conveyor.settings import Settings
+from conveyor.settings import JobsSettings
 
 __all__ = ["FileStore", "FileObject", "FilePage", "FilePurpose", "FileOrder", "FileContent",
            "FileNotFound", "new_file_id", "is_file_id", "LIST_LIMIT_MAX", "CHUNK_BYTES"]
@@ -132,7 +132,7 @@ class FileStore(Protocol):
     """Where a tenant's files live; see the module's docstring for the contract."""
 
     # the settings the store was built with: uploads are checked against its limits
-    settings: Settings
+    jobs: JobsSettings
 
     async def create(self, tenant: str, purpose: FilePurpose, filename: str,
                      content: FileContent, file_id: str | None = None) -> FileObject: ...

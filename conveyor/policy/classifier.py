@@ -11,11 +11,9 @@ reports under OpenAI's ``harassment`` category.
   (instructions for harm, self-harm, sexual content without crude words),
   other languages, context beyond the text. It complements the lists (level
   1), it does not replace them.
-* **Cost**: loading takes a second or so and brings in scikit-learn and
-  SciPy, once per process, on the first request whose policy asks for it; a
-  text costs milliseconds of CPU (docs/benchmarks/results/policy.md), so
-  preprocess runs it in a worker thread. Measured:
-  docs/decisions/0017-safety-in-levels.md.
+* **Cost**: it loads (scikit-learn, SciPy) on the first request whose policy
+  asks for it; a text costs milliseconds of CPU, so preprocess runs it in a
+  worker thread (docs/decisions/0017-safety-in-levels.md).
 * **Threshold**: the policy's ``[safety] classifier`` (0 to 1); a text
   scoring at or above it is blocked.
 """

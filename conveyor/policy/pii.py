@@ -1,57 +1,19 @@
 """Personal data in a request: found, replaced with placeholders, and put back into the answer.
 
 A tenant's ``[pii]`` policy names the entities to redact. Before a request reaches the model
-(and the logs), a :class:`Redactor` replaces each value the recognisers find (recognisers.py
-says what each catches and misses) with a placeholder such as ``<EMAIL_1>``; a
-:class:`Restorer` (restore.py) built from the redactor's mapping puts the originals back
-into the answer, whole or as it streams.
+(and the logs), a :class:`Redactor` replaces each value the recognisers find (recognisers.py)
+with a placeholder ``<ENTITY_n>``, ``n`` counted per entity from 1 in order of first
+appearance in one request; the same text gets the same placeholder in every message of the
+request. Values are compared as written, so a restore always puts back exactly the text the
+user wrote at that place. A :class:`Restorer` (restore.py) built from the redactor's mapping
+puts the originals back, whole or as the answer streams.
 
-Placeholders are ``<ENTITY_n>`` with the entity in capitals and ``n`` counted per entity
-from 1 in order of first appearance in one request (one :class:`Redactor`). The same text
-gets the same placeholder in every message of the request, so the model can still tell
-that two mentions are one person. Values are compared as written: ``+1 202 555 0143`` and
-``(202) 555-0143`` get two placeholders, so a restore always puts back exactly the text the
-user wrote at that place.
-
-A user may type something that looks like a placeholder (``<EMAIL_1>``). A restore must
-never put a value where the user did not have one, so the redactor guarantees that every
-placeholder of its mapping stands, in everything it has returned, only where it replaced
-that value:
-
-* numbering skips every placeholder-shaped text (``<EMAIL_7>``) seen in the texts redacted
-  so far, this one included, so a minted placeholder never equals something a user typed
-  before it was minted; such texts are left as they are and the restorer leaves them alone,
-  since it only restores placeholders of its mapping;
-* a text that types a placeholder already minted (``<EMAIL_1>`` after an address got it) has
-  that text replaced like a value, with a fresh placeholder (``<EMAIL_2>``) whose original
-  is the literal ``<EMAIL_1>``: the restore puts back what the user typed. Such literals
-  are not counted in :attr:`Redactor.counts`.
-
-A placeholder cannot arise across the edge of a replacement either: ``<`` and ``>`` appear
-in a placeholder only at its ends. Values are never looked for inside a placeholder-shaped
-text. What is left is the model inventing a placeholder it never saw, which no redactor
-can tell from a real one.
-
-Restoring replaces only exact placeholders of the mapping, in one pass (a restored value
-that looks like a placeholder is not restored again). Models sometimes alter placeholders
-(``<Email_1>``, ``<EMAIL 1>``, ``EMAIL_1``); those are left as they are: the user then sees a
-placeholder, never a value guessed into the wrong place.
-
-Streaming: an answer arrives in chunks and a placeholder may be split across two of them
-(``"<EMA"`` + ``"IL_1>"``). ``Restorer.feed`` sends at once everything that can no longer
-become part of a placeholder, and holds back only a tail that is the start of one of the
-mapping's placeholders: at most the longest placeholder's length minus one characters, so
-the client waits for a few characters, never for the whole answer, and memory stays
-bounded. Streamed output equals ``Restorer.restore`` of the whole answer, however it is
-chunked.
-
-Repeated texts: a conversation sends every earlier turn again with each new one, and an
-application sends the same system prompt with every request, so most of what a gateway
-redacts it has redacted before. What the recognisers found in a text is a function of the
-text, the entities and the region alone, so :class:`FindMemo` keeps it for the texts seen
-lately, keyed by a 128-bit BLAKE2b digest of the text (never the text: the memo holds
-spans and entity names, no personal data), bounded in entries; the placeholders are still
-minted per request. What redaction, restoration and the memo cost:
+A restore never puts a value where the user did not have one: numbering skips every
+placeholder-shaped text seen in the request so far, and a typed placeholder already minted
+is replaced like a value, with a fresh placeholder whose original is that literal (not
+counted in :attr:`Redactor.counts`). :class:`FindMemo` keeps what the recognisers found in
+texts seen lately (a conversation sends every earlier turn again), keyed by a 128-bit
+BLAKE2b digest of the text, never the text. Why, and what it costs:
 docs/decisions/0016-personal-data-redacted-at-the-edge.md.
 """
 

@@ -13,9 +13,8 @@ What each recogniser catches, and what it misses on purpose:
   numbers (``+44 20 7946 0958``) of any country, and national numbers of the default
   ``region`` (``"US"`` unless the policy says otherwise). Only numbers the library's metadata
   says are valid, so ``(123) 456-7890`` is not one. An unknown region finds only
-  international numbers. The matcher is the slow part (see Speed), so a text with fewer
-  digits than the shortest valid number (6 internationally, e.g. ``+98 9601``, fewer if the
-  region has shorter national numbers) skips it.
+  international numbers. A text with fewer digits than the
+  shortest valid number (6 internationally, fewer in some regions) skips the slow matcher.
 * ``card``: 13-19 digits, written as one run or in groups of 3-8 digits separated by one
   space or one dash (the same separator throughout), that pass the Luhn checksum. A run
   of groups that is too long (a card number followed by its CVV) is searched for the
@@ -36,11 +35,8 @@ When two recognisers claim overlapping spans, the span that starts first wins, t
 longer one, then the entity listed first in :data:`ENTITIES`: a card number is not also a
 phone number, and the digits of an IBAN are not a card.
 
-Speed: ``phonenumbers``' matcher is most of a redaction's time, since it parses every run
-of digits as a candidate number (the card's, IBAN's and address's digits included); prose
-with fewer digits than a number needs skips it. The regexes start with a character class
-or are anchored on ``@``, and cheap checks (enough digits, a dot, ``::``) skip a recogniser
-that cannot match. Measured: docs/decisions/0016-personal-data-redacted-at-the-edge.md.
+Cheap checks (enough digits, a dot, ``::``) skip a recogniser that cannot match; what
+redaction costs: docs/decisions/0016-personal-data-redacted-at-the-edge.md.
 """
 
 from __future__ import annotations
@@ -53,14 +49,7 @@ from functools import lru_cache
 
 import phonenumbers
 
-__all__ = [
-    "ENTITIES",
-    "IBAN_LENGTHS",
-    "Found",
-    "checked_entities",
-    "find_checked",
-    "find_pii",
-]
+__all__ = ["ENTITIES", "IBAN_LENGTHS", "Found", "checked_entities", "find_checked", "find_pii"]
 
 ENTITIES: tuple[str, ...] = ("email", "phone", "card", "iban", "ip")
 

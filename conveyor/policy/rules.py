@@ -4,7 +4,14 @@ process serves by.
 A policy is a TOML document, set for everyone (``default``), for a tenant
 (``tenant:<name>``) or for one API key (``key:<id>``) with
 ``conveyor policies set``; every process follows them on ``conveyor.policies``
-(topics/policies.py) and serves by the newest without a restart. ::
+(topics/policies.py) and serves by the newest without a restart.
+
+Scopes add up for safety (the union of the lists; the strictest classifier
+threshold) and override for the rest (``[pii]`` and ``[cache]`` field by field
+from the most specific scope that sets them). Nothing set means nothing done. A
+bad document is refused whole when set (ConveyorError naming the section and
+field); one that reaches a process anyway is logged and passed over, and the
+scope keeps what it had. For operators: docs/operating/policies.md. A document::
 
     [safety]                      # level 1: keyword and pattern lists
     blocked = { violence = ["how to make a bomb"] }   # input and output
@@ -21,22 +28,6 @@ A policy is a TOML document, set for everyone (``default``), for a tenant
     [cache]                       # the exact prompt cache
     enabled = true
     ttl_s = 600
-
-Decisions:
-
-* **Scopes add up for safety, override for the rest.** The effective policy of
-  a request is the default's, then its tenant's, then its key's. Safety lists
-  are the union of all three: a tenant adds its own terms and cannot remove the
-  platform's; the classifier's threshold is the strictest (lowest) one set.
-  ``[pii]`` and ``[cache]`` settings are taken field by field from the most
-  specific scope that sets them, so a tenant may switch redaction or the cache
-  off for itself.
-* **Nothing set means nothing done**: no lists, no redaction, no cache. The
-  cache answers without a model, so an operator turns it on (for everyone with
-  ``conveyor policies set --default``).
-* **A bad document is refused whole** when it is set (ConveyorError naming the
-  section and field); one that reaches a process anyway (written by hand or by
-  another version) is logged and passed over, and the scope keeps what it had.
 """
 
 from __future__ import annotations

@@ -3,70 +3,17 @@
 A :class:`TermList` holds a policy's lists, each under a category ("violence",
 "custom", ...): literal *terms* and regular-expression *patterns*.
 :meth:`TermList.first` and :meth:`TermList.all` check a whole text (a request's
-input); a :class:`StreamScanner` checks an answer as it streams. A
-:class:`Match` names the category and the term or pattern as configured, with
-offsets into the text as given.
+input); a :class:`StreamScanner` checks an answer as it streams, holding back
+only what a match could still include (at most :attr:`TermList.window`), and
+stops at the first match it can decide. A :class:`Match` names the category and
+the term or pattern as configured, with offsets into the text as given (in a
+stream, from its beginning).
 
-Decisions:
-
-* **Terms match whole words, case-insensitively.** The character before a match
-  and the one after must not be a letter or digit (``str.isalnum``) or a
-  combining mark (so "cafe" is not found in a decomposed "café", nor a Hindi
-  word in a longer one through its vowel signs): "ass" is found in "ass," and
-  "ASS", never in "class" or "assess". The text's edges count as boundaries.
-* **Whitespace is loose.** A term's whitespace is one space, and any run of
-  whitespace in the text (spaces, tabs, newlines) matches it: "how to make a
-  bomb" catches "how to make  a\\nbomb". A term's own leading and trailing
-  whitespace is dropped.
-* **Folding keeps offsets** (folding.py): each character to its NFKC form and
-  lower case where that stays one character, so every offset in the folded
-  text is one in the original.
-* **Not caught**: "STRASSE" for "Straße" (lower case, not case folding),
-  decomposed accents against composed ones ("e" + U+0301 against "é"),
-  ligatures, look-alike letters from other scripts (Cyrillic "а" for Latin "a"),
-  letters spaced out ("k i l l") or joined by zero-width characters, leetspeak.
-  Level 1 is a list, not a classifier.
-* **One Aho-Corasick automaton** holds every term of every category; a term
-  found under two categories (after folding) is reported under the first in
-  sorted order. Of two matches the earlier start wins, then the shorter, then
-  the category and term in sorted order. :meth:`TermList.all` reports every
-  occurrence of every term, overlapping ones included.
-* **Patterns** are Python regexes compiled with ``re.IGNORECASE`` and run on the
-  original text (no folding, no whitespace rule, no word rule: the author
-  writes ``\\b`` where wanted). :meth:`TermList.all` reports each pattern's
-  non-overlapping matches. A pattern that does not compile, or that matches the
-  empty string (at the start of a few probe texts: ``x*``, ``\\b``, ``(?=a)``),
-  is refused with ValueError; an empty match that a pattern finds anyway is
-  ignored.
-* **Streams hold back as little as they can.** Text is released once no match
-  can include it whatever comes next. For terms that is exact: only a tail that
-  begins a term at a word boundary is held (at most the longest term, counted
-  in folded characters where a run of whitespace is one), and a whole term at
-  the very end waits for the next character to show it is a whole word. A
-  pattern, the ``regex`` module's partial matching says where a match that
-  more text could complete begins, and only from there is text held (at most
-  the last ``PATTERN_SPAN - 1`` characters; one more while a match that long
-  touches the end): ``\\bsk-[a-z0-9]{20,}`` holds "sk-ab" at the end of a piece,
-  not the 255 characters before it. A pattern match found in a stream is final once text
-  follows it: a lookahead beyond the next character, or ``$`` before a final
-  newline, may see it differently than the whole answer would (``\\Z`` waits for
-  the end). A pattern match longer than ``PATTERN_SPAN`` is reported on a whole
-  text, but a stream may release its beginning before its end arrives.
-  :attr:`TermList.window` is the bound: the longest term, or ``PATTERN_SPAN``
-  with patterns (not one less: a whole term at the end is held until the next
-  character). Held text is measured in folded characters, so a held run of
-  whitespace inside a term counts one however long it is. As look-behind a
-  stream keeps the last character it released (the last ``PATTERN_SPAN`` with
-  patterns, for ``\b`` and regex look-behinds).
-* **A stream stops at the first match it can decide.** A longer term that began
-  earlier and is still incomplete is not waited for. Offsets of a stream's
-  match count from the beginning of the stream; each feed scans what is held
-  and the new text, never the whole answer again.
-
-Speed: a check costs tens of microseconds for a few thousand characters and a
-thousand terms; text that is not already in NFKC form (a no-break space is
-enough) is folded through a table and costs about twice as much. Measured:
-docs/decisions/0017-safety-in-levels.md.
+Terms match whole words, case-insensitively, any run of whitespace for a space,
+on text folded with offsets kept (folding.py). Patterns are Python regexes
+(``re.IGNORECASE``) on the original text; one that does not compile or can
+match the empty string is refused with ValueError. The full matching rules, what
+level 1 does not catch, and its cost: docs/decisions/0017-safety-in-levels.md.
 """
 
 from __future__ import annotations

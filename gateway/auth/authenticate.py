@@ -1,20 +1,10 @@
-"""Who is asking: the ``Authorization`` header turned into an :class:`Identity`.
+"""Who is asking: the ``Authorization`` header turned into an :class:`Identity`,
+as ``CONVEYOR_AUTH`` says: ``none`` (the ``default`` tenant), ``keys``
+(:mod:`gateway.auth.keys`) or ``jwt`` (:mod:`gateway.auth.jwt_tokens`).
 
-``CONVEYOR_AUTH`` chooses how:
-
-- ``none`` (the local default): every request is the ``default`` tenant, no key.
-- ``keys``: ``Bearer cvy-...``, looked up by its keyed hash (:mod:`gateway.auth.keys`).
-- ``jwt``: a signed bearer token whose claims name the tenant
-  (:mod:`gateway.auth.jwt_tokens`).
-
-A missing, unknown, revoked or expired credential is a 401
-``invalid_api_key``; the failure is recorded on ``conveyor.audit`` with the
-first hex digits of the credential's keyed hash, never the credential. A
-flood of failures from one credential is written once per ten seconds with a
-count, so a client that retries a bad key for ever cannot flood the audit
-topic. Redis unreachable is a 503 for a key that is not cached (never a 401:
-the key may well be good).
-"""
+A bad credential is a 401 ``invalid_api_key``, audited by the first hex digits
+of its keyed hash (once per ten seconds per credential, with a count); Redis
+unreachable is a 503 for a key not cached."""
 
 from __future__ import annotations
 
@@ -55,7 +45,7 @@ class Authenticator:
     def __init__(self, settings: Settings, *, keys: KeyLookup | None = None,
                  tokens: TokenVerifier | None = None, audit: Audit | None = None,
                  actor: str = "") -> None:
-        self.mode = settings.auth
+        self.mode = settings.auth.mode
         if self.mode == "keys" and keys is None:
             raise ValueError("CONVEYOR_AUTH=keys needs a key store")
         if self.mode == "jwt" and tokens is None:
@@ -64,7 +54,7 @@ class Authenticator:
         self.tokens = tokens
         self.audit = audit
         self.actor = actor
-        self._secret = settings.auth_secret.get_secret_value().encode()
+        self._secret = settings.auth.secret.get_secret_value().encode()
         # hash prefix -> (last written, failures held back since)
         self._failures: dict[str, tuple[float, int]] = {}
 

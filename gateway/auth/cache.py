@@ -1,25 +1,12 @@
 """The in-process cache in front of the Redis copy: answers without a round trip.
 
-An entry is trusted for at most ``ttl_s`` (``settings.key_cache_s``); a
-negative one ("no such key") for ``negative_ttl_s`` (1 s), long enough that a
-flood of bad keys costs Redis one read per distinct key per second, short
-enough that a key just created works at once. Changes reach the cache through
-:meth:`drop` (by the tag of an entry: a key id or ``tenant:<name>``), which
-the invalidation subscriber calls for every message on the change channel.
-
-A read that started before an invalidation must not put back what the
-invalidation dropped, so :meth:`put` takes the :attr:`generation` seen before
-the read and stores nothing if any invalidation came since. The cache holds
-at most ``max_entries``; past that the oldest entries go first.
-
-A hit is only as good as the subscription that would have dropped it. While
-the replica is not subscribed (an outage, or the moments after Redis is back
-and before the subscription is), :meth:`trusted` says to read Redis first and
-answer from the cache only when that read fails: a key revoked the moment
-Redis answers again is refused at once, not when the subscription catches
-up. After a failed read the cache answers alone for ``distrust_retry_s``, so
-a Redis that hangs costs one timeout per second, not one per request.
-"""
+An entry is trusted for ``ttl_s`` (``key_cache_s``), a negative one for
+``negative_ttl_s`` (1 s); :meth:`drop` removes entries by tag (a key id or
+``tenant:<name>``) for each invalidation. :meth:`put` takes the
+:attr:`generation` seen before its read and stores nothing if an invalidation
+came since. While the replica is not subscribed, :meth:`trusted` says to read
+Redis first and use the cache only when that read fails (then alone for
+``distrust_retry_s``), so a key revoked as Redis returns is refused at once."""
 
 from __future__ import annotations
 

@@ -1,22 +1,11 @@
 """Changes of keys and tenants reaching every replica's cache at once, through pub/sub.
 
-Every change is published on ``{prefix}:keys:changed`` after it is in the
-topic and in Redis: the message is a key id, ``tenant:<name>``, or ``*``
-(everything, after a restore). :meth:`Invalidations.run` subscribes and hands
-each message to every listener (the caches of the key and tenant stores),
-so a revoked key stops working on every gateway within a round trip, not
-after its cache entry's ``key_cache_s``.
-
-Pub/sub does not keep messages for a subscriber that is away. So whenever a
-subscription starts, the first one or one after an outage (Redis's client
-may reconnect by itself, which shows as another ``subscribe`` confirmation),
-every listener is told ``*``: the caches are cleared, and what they held is
-looked up afresh. While Redis cannot be reached the task retries with
-backoff (up to ``settings.retry_backoff_max_s``), its health part is
-``degraded``, and cached entries still serve until they expire. A PING every
-``ping_s`` with no answer within three of them counts as an outage too, so a
-connection that went silent is noticed.
-"""
+A change is published on ``{prefix}:keys:changed`` (a key id, ``tenant:<name>``
+or ``*``) after it is in the topic and in Redis; :meth:`Invalidations.run`
+hands each message to every listener. Pub/sub keeps nothing for an absent
+subscriber, so every (re)subscription tells the listeners ``*``. Outages are
+retried with backoff (health ``degraded``); a PING unanswered for three
+``ping_s`` counts as one."""
 
 from __future__ import annotations
 
@@ -54,7 +43,7 @@ class Invalidations:
                  part: TaskHealth | None = None, *, ping_s: float = 5.0) -> None:
         self.settings = settings
         self.redis = redis
-        self.channel = KeyNames(settings.topic_prefix).channel
+        self.channel = KeyNames(settings.kafka.topic_prefix).channel
         self.health = part or TaskHealth("key-invalidations")
         self.ping_s = ping_s
         self.subscribed = asyncio.Event()
@@ -78,7 +67,7 @@ class Invalidations:
         ``part``, when given, is where the state is reported from now on."""
         if part is not None:
             self.health = part
-        retry = Backoff(max_s=self.settings.retry_backoff_max_s)
+        retry = Backoff(max_s=self.settings.process.retry_backoff_max_s)
         while True:
             pubsub = self.redis.pubsub()
             try:

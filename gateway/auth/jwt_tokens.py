@@ -1,52 +1,15 @@
 """Signed bearer tokens (``CONVEYOR_AUTH=jwt``): a JWT in, an :class:`Identity` out.
 
-Which keys verify what (decided by the key, never by the token's header):
-
-- HS256 with ``CONVEYOR_JWT_SECRET``, and only when that secret is set. The
-  secret must be at least 32 bytes (RFC 7518 3.2: an HS256 key is at least
-  as long as the hash).
-- RS256 and ES256 with the public keys of the JWKS file
-  ``CONVEYOR_JWT_JWKS_FILE``: an RSA key (2048 bits or more) verifies RS256
-  only, an EC P-256 key ES256 only. The key is chosen by the token's ``kid``;
-  a JWKS of a single key also verifies tokens without a ``kid``. Symmetric
-  (``oct``) keys, encryption keys (``use: enc``) and other curves in the file
-  are skipped: HS256 comes from the secret alone. A private key in the file is
-  used by its public half, with a warning.
-- ``none`` and every other algorithm are refused. An HS256 token is checked
-  against the shared secret only, so a token "signed" with an RSA public key's
-  PEM as its HMAC secret (algorithm confusion) never meets that key.
-- ``jku``/``x5u`` headers are ignored: Conveyor never fetches keys a token
-  names.
-
-The JWKS file is re-read when its mtime (or size or inode, which catches an
-atomic rename) changes, checked at most once a second, so keys rotate without
-a restart. A file that cannot be read or parsed at start is a
-``ValueError``; later, the last good key set stays in force (and the failure
-is logged) until the file parses again.
-
-Required claims: ``exp``, ``sub`` and the tenant claim
-(``CONVEYOR_JWT_TENANT_CLAIM``); ``aud`` and ``iss`` when
-``CONVEYOR_JWT_AUDIENCE`` / ``CONVEYOR_JWT_ISSUER`` are set (and ignored when
-they are not). ``exp``, ``nbf`` and ``iat`` allow ``CONVEYOR_JWT_LEEWAY_S``.
-Optional claims narrow the token's limits: ``rpm``, ``tpm``, ``concurrency``
-(positive integers below 2**53; JSON ``null`` reads as absent) and ``models``
-(a non-empty list of model names; absent means every model). A tenant is 1 to
-64 characters of ``[A-Za-z0-9._-]``; a ``sub`` is 1 to 256 printable
-characters.
-
-Every failure is an :class:`InvalidJwt`, a 401 ``invalid_api_key`` whose
-message says what is wrong without echoing the token or any value taken from
-it, and whose ``reason`` (a :data:`JwtFailure`) is the short code the caller
-writes to the audit trail.
-
-Cost: verification runs on every request, so a successful verification is
-cached by token string until the token expires (plus the leeway) or for 30 s,
-whichever comes first, in a dict of at most 10,000 entries from which the
-oldest is dropped (about 10 MB at 1 KB a token). A JWKS reload empties the
-cache, so a key taken out of the file stops verifying within about a second.
-Failures are not cached: an RS256 or ES256 check costs tens of microseconds.
-The verifier is not thread-safe: it is meant for one event loop.
-"""
+The key decides the algorithm, never the token's header: HS256 only with
+``CONVEYOR_JWT_SECRET`` (32 bytes at least), RS256/ES256 only with the
+matching RSA (2048 bits or more) or EC P-256 key of ``CONVEYOR_JWT_JWKS_FILE``,
+chosen by ``kid``; ``none`` and every other algorithm are refused, and keys a
+token names (``jku``/``x5u``) are never fetched. The JWKS file is re-read when
+it changes (checked at most once a second; the last good set stays in force).
+Claims, and the rules in full: docs/operating/keys-and-limits.md. Every
+failure is an :class:`InvalidJwt` (401, its ``reason`` for the audit trail)
+that never echoes the token. A verified token is cached until it expires or
+30 s; the verifier is meant for one event loop."""
 
 from __future__ import annotations
 
@@ -98,6 +61,20 @@ _TENANT = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _ASYMMETRIC = ("RS256", "ES256")
 
 
+# what PyJWT's errors are called here, the first that matches
+_DECODE_ERRORS: tuple[tuple[type[jwt.PyJWTError], JwtFailure, str], ...] = (
+    (jwt.InvalidSignatureError, "bad_signature", "JWT signature does not verify"),
+    (jwt.ExpiredSignatureError, "expired", "JWT has expired"),
+    (jwt.ImmatureSignatureError, "not_yet_valid", "JWT is not valid yet"),
+    (jwt.InvalidAudienceError, "wrong_audience", "JWT audience is not accepted"),
+    (jwt.InvalidIssuerError, "wrong_issuer", "JWT issuer is not accepted"),
+    (jwt.InvalidAlgorithmError, "alg_mismatch", "JWT algorithm does not match its key"),
+    (jwt.PyJWTError, "malformed", "JWT is malformed"),
+)
+_MISSING: dict[str, JwtFailure] = {"exp": "no_exp", "sub": "no_sub", "aud": "wrong_audience",
+                                   "iss": "wrong_issuer"}
+
+
 class InvalidJwt(InvalidApiKey):
     """A bearer token that does not verify; ``reason`` is for the audit trail."""
 
@@ -118,10 +95,6 @@ class _KeySet:
     by_kid: dict[str, _Key]
     only: _Key | None  # the set's key when it holds exactly one
     count: int
-
-
-def _fail(reason: JwtFailure, message: str) -> InvalidJwt:
-    return InvalidJwt(reason, message)
 
 
 def _load_jwks(path: Path) -> _KeySet:
@@ -185,7 +158,7 @@ def _limit(claims: dict[str, Any], name: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < _MAX_LIMIT:
-        raise _fail("malformed", f"JWT claim {name!r} must be a positive integer")
+        raise InvalidJwt("malformed", f"JWT claim {name!r} must be a positive integer")
     return value
 
 
@@ -195,7 +168,7 @@ def _models(claims: dict[str, Any]) -> frozenset[str] | None:
         return None
     if (not isinstance(value, list) or not value or len(value) > MAX_MODELS
             or not all(isinstance(m, str) and 0 < len(m) <= 256 for m in value)):
-        raise _fail("malformed", "JWT claim 'models' must be a non-empty list of model names")
+        raise InvalidJwt("malformed", "JWT claim 'models' must be a non-empty list of model names")
     return frozenset(value)
 
 
@@ -203,25 +176,25 @@ class JwtVerifier:
     """Verifies bearer tokens against the settings' secret and JWKS file (see the module)."""
 
     def __init__(self, settings: Settings) -> None:
-        secret = settings.jwt_secret.get_secret_value().encode()
-        if not secret and settings.jwt_jwks_file is None:
+        secret = settings.auth.jwt_secret.get_secret_value().encode()
+        if not secret and settings.auth.jwt_jwks_file is None:
             raise ValueError("CONVEYOR_AUTH=jwt needs CONVEYOR_JWT_SECRET (HS256) or "
                              "CONVEYOR_JWT_JWKS_FILE (RS256/ES256); neither is set")
         if secret and len(secret) < MIN_HMAC_SECRET_BYTES:
             raise ValueError(f"CONVEYOR_JWT_SECRET must be at least {MIN_HMAC_SECRET_BYTES} "
                              "bytes for HS256")
-        if not settings.jwt_tenant_claim:
+        if not settings.auth.jwt_tenant_claim:
             raise ValueError("CONVEYOR_JWT_TENANT_CLAIM must name a claim")
-        if settings.jwt_leeway_s < 0:
+        if settings.auth.jwt_leeway_s < 0:
             raise ValueError("CONVEYOR_JWT_LEEWAY_S must not be negative")
         self._secret = secret
-        self._audience = settings.jwt_audience or None
-        self._issuer = settings.jwt_issuer or None
-        self._tenant_claim = settings.jwt_tenant_claim
-        self._leeway_s = settings.jwt_leeway_s
+        self._audience = settings.auth.jwt_audience or None
+        self._issuer = settings.auth.jwt_issuer or None
+        self._tenant_claim = settings.auth.jwt_tenant_claim
+        self._leeway_s = settings.auth.jwt_leeway_s
         self._required = ["exp", "sub", *(["aud"] if self._audience else []),
                           *(["iss"] if self._issuer else [])]
-        self._jwks_file = settings.jwt_jwks_file
+        self._jwks_file = settings.auth.jwt_jwks_file
         self._keys: _KeySet | None = None
         self._stamp: tuple[int, int, int] | None = None
         self._checked_at = time.monotonic()
@@ -286,29 +259,29 @@ class JwtVerifier:
         if alg == "HS256" and self._secret:
             return self._secret, "HS256"
         if alg not in _ASYMMETRIC or self._keys is None:
-            raise _fail("unsupported_alg", "JWT algorithm is not accepted")
+            raise InvalidJwt("unsupported_alg", "JWT algorithm is not accepted")
         kid = header.get("kid")
         if kid is None:
             key = self._keys.only
             if key is None:
-                raise _fail("unknown_kid", "JWT has no kid and the JWKS holds several keys")
+                raise InvalidJwt("unknown_kid", "JWT has no kid and the JWKS holds several keys")
         else:
             key = self._keys.by_kid.get(kid)
             if key is None:
-                raise _fail("unknown_kid", "JWT kid matches no key in the JWKS")
+                raise InvalidJwt("unknown_kid", "JWT kid matches no key in the JWKS")
         if alg != key.alg:
-            raise _fail("alg_mismatch", "JWT algorithm does not match its key")
+            raise InvalidJwt("alg_mismatch", "JWT algorithm does not match its key")
         return key.key, key.alg
 
     def _decode(self, token: str) -> dict[str, Any]:
         if not isinstance(token, str) or not token or len(token) > MAX_TOKEN_CHARS:
-            raise _fail("malformed", "JWT is malformed")
+            raise InvalidJwt("malformed", "JWT is malformed")
         try:
             header = jwt.get_unverified_header(token)
         except jwt.PyJWTError:
-            raise _fail("malformed", "JWT is malformed") from None
+            raise InvalidJwt("malformed", "JWT is malformed") from None
         if not isinstance(header.get("alg"), str):
-            raise _fail("malformed", "JWT header names no algorithm")
+            raise InvalidJwt("malformed", "JWT header names no algorithm")
         key, alg = self._key_for(header)
         try:
             return jwt.decode(
@@ -317,45 +290,24 @@ class JwtVerifier:
                 options={"require": self._required, "verify_aud": self._audience is not None,
                          "enforce_minimum_key_length": True},
             )
-        except jwt.InvalidSignatureError:
-            raise _fail("bad_signature", "JWT signature does not verify") from None
-        except jwt.ExpiredSignatureError:
-            raise _fail("expired", "JWT has expired") from None
-        except jwt.ImmatureSignatureError:
-            raise _fail("not_yet_valid", "JWT is not valid yet") from None
-        except jwt.InvalidAudienceError:
-            raise _fail("wrong_audience", "JWT audience is not accepted") from None
-        except jwt.InvalidIssuerError:
-            raise _fail("wrong_issuer", "JWT issuer is not accepted") from None
         except jwt.MissingRequiredClaimError as exc:
-            raise self._missing(exc.claim) from None
-        except jwt.InvalidAlgorithmError:
-            raise _fail("alg_mismatch", "JWT algorithm does not match its key") from None
-        except jwt.PyJWTError:
-            raise _fail("malformed", "JWT is malformed") from None
-
-    def _missing(self, claim: str) -> InvalidJwt:
-        if claim == "exp":
-            return _fail("no_exp", "JWT has no exp claim")
-        if claim == "sub":
-            return _fail("no_sub", "JWT has no sub claim")
-        if claim == "aud":
-            return _fail("wrong_audience", "JWT has no aud claim")
-        if claim == "iss":
-            return _fail("wrong_issuer", "JWT has no iss claim")
-        return _fail("malformed", f"JWT has no {claim} claim")
+            raise InvalidJwt(_MISSING.get(exc.claim, "malformed"),
+                             f"JWT has no {exc.claim} claim") from None
+        except jwt.PyJWTError as exc:
+            raise next(InvalidJwt(reason, message) for kind, reason, message in _DECODE_ERRORS
+                       if isinstance(exc, kind)) from None
 
     def _identity(self, claims: dict[str, Any]) -> Identity:
         sub = claims["sub"]
         if not isinstance(sub, str) or not sub:
-            raise _fail("no_sub", "JWT has no sub claim")
+            raise InvalidJwt("no_sub", "JWT has no sub claim")
         if len(sub) > 256 or not sub.isprintable():
-            raise _fail("malformed", "JWT claim 'sub' must be 1 to 256 printable characters")
+            raise InvalidJwt("malformed", "JWT claim 'sub' must be 1 to 256 printable characters")
         tenant = claims.get(self._tenant_claim)
         if tenant is None or tenant == "":
-            raise _fail("no_tenant", f"JWT has no {self._tenant_claim!r} claim (the tenant)")
+            raise InvalidJwt("no_tenant", f"JWT has no {self._tenant_claim!r} claim (the tenant)")
         if not isinstance(tenant, str) or not _TENANT.fullmatch(tenant):
-            raise _fail("bad_tenant", f"JWT claim {self._tenant_claim!r} must be 1 to 64 "
+            raise InvalidJwt("bad_tenant", f"JWT claim {self._tenant_claim!r} must be 1 to 64 "
                                       "characters of A-Z a-z 0-9 . _ -")
         limits = Limits(rpm=_limit(claims, "rpm"), tpm=_limit(claims, "tpm"),
                         concurrency=_limit(claims, "concurrency"))

@@ -1,25 +1,13 @@
 """API keys: made, changed and revoked through the ``keys`` topic; looked up per request.
 
-Every change is written whole to the ``keys`` topic (acks=all) first, then to
-the Redis copy (version-guarded), then announced on ``{prefix}:keys:changed``
-so every replica drops its cached entry, then audited. Redis is rebuilt from
-the topic when it has lost its data (gateway/auth/restore.py); a revoked key
-keeps its record, so a restore never brings it back.
-
-:meth:`KeyStore.lookup` is the gateway's per-request call. It answers from an
-in-process cache (gateway/auth/cache.py: ``settings.key_cache_s`` for a known
-key, 1 s for an unknown one), else from Redis. It returns the record of any
-key it knows, revoked and expired ones included, so the caller can say why it
-refuses one: **the caller must check** :meth:`KeyRecord.usable`. When Redis
-cannot be reached a cached key keeps working until its entry expires; an
-uncached one raises :class:`~conveyor.errors.TransientBrokerError` (503, never
-401: the key may well be good). A string that does not start with ``cvy-`` is
-no key and costs no round trip.
-
-Limits follow gateway/auth/limit_changes.py: ``None`` keeps, ``0`` clears.
-The store without a producer (a gateway) can look up, list and touch keys;
-changing them needs one (the CLI).
-"""
+A change goes to the topic first, then the Redis copy (version-guarded), then
+is announced on ``{prefix}:keys:changed`` and audited. :meth:`KeyStore.lookup`
+answers from the in-process cache (gateway/auth/cache.py), else Redis, and
+returns revoked and expired keys too: **the caller must check**
+:meth:`KeyRecord.usable`. Redis unreachable: a cached key still works, an
+uncached one raises :class:`~conveyor.errors.TransientBrokerError` (503). A
+string without ``cvy-`` costs no round trip. Limits follow
+gateway/auth/limit_changes.py; changing keys needs a producer (the CLI)."""
 
 from __future__ import annotations
 
@@ -65,7 +53,7 @@ def _limits_detail(limits: Limits) -> dict[str, str]:
 
 
 class KeyStore:
-    """The API keys of one Conveyor (``settings.topic_prefix``)."""
+    """The API keys of one Conveyor (``settings.kafka.topic_prefix``)."""
 
     def __init__(self, settings: Settings, redis: Redis,
                  producer: EventProducer | None = None, *, audit: Audit | None = None,
@@ -79,7 +67,7 @@ class KeyStore:
         self.topic = KeysTopic(settings, producer, codec)
         self.restorer = Restorer(self.copy, self.topic)
         self.audit = audit
-        self.cache: LocalCache[KeyRecord] = LocalCache(settings.key_cache_s, negative_cache_s)
+        self.cache: LocalCache[KeyRecord] = LocalCache(settings.auth.key_cache_s, negative_cache_s)
         self.invalidations = invalidations or Invalidations(settings, redis, part)
         self.invalidations.add(self._on_change)
         self.touch_every_s = touch_every_s
@@ -108,7 +96,7 @@ class KeyStore:
         """The key of ``secret`` (usable or not: check ``usable``), None if unknown."""
         if not secret.startswith(SECRET_PREFIX):
             return None
-        key_hash = hash_secret(self.settings, secret)
+        key_hash = hash_secret(self.settings.auth, secret)
         hit, cached = self.cache.get(key_hash)
         if hit and self.cache.trusted(self.healthy):
             return cached
@@ -170,7 +158,7 @@ class KeyStore:
         secret = new_secret()
         now = now_ms()
         record = KeyRecord(
-            id=new_key_id(), tenant=tenant, name=name, hash=hash_secret(self.settings, secret),
+            id=new_key_id(), tenant=tenant, name=name, hash=hash_secret(self.settings.auth, secret),
             limits=merge_limits(Limits(), limits), models=tuple(m for m in models if m),
             created_ms=now, expires_ms=now + int(expires_in_s * 1000) if expires_in_s else 0,
             version=1)

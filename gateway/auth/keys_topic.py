@@ -1,29 +1,12 @@
 """The ``keys`` topic: the record of every API key and tenant policy.
 
-The topic is compacted with one partition (topics/catalog.py). Each change
-writes the whole record, acknowledged by every in-sync replica, before Redis
-is touched: what Redis shows was first made durable here. A key's record has
-the key id as its Kafka key and an ``ApiKey`` value; a tenant's has
-``tenant:<name>`` and a ``TenantPolicy`` value. Nothing is ever deleted (a
-revoked key keeps its record with ``revoked_ms`` set), so compaction keeps
-the newest record of each and a restore reads everything there is.
-
-:meth:`KeysTopic.read_all` reads the partition from its beginning to the end
-offset seen at the start (a record written meanwhile may be read too: it is
-only newer) and keeps, per id, the record with the highest version (the
-later one when two share a version). A value that does not decode is
-skipped with an error line: one poison record must not keep every other key
-out of Redis.
-
-The read is the one follower of topics/follow.py (it seeks, knows when the
-backlog seen at its start is read, and rides out broker outages), bounded
-by ``timeout_s``: a broker that does not answer within it is a
-:class:`~conveyor.errors.TransientBrokerError`, as any broker failure is, since
-the follower retries them all. Not :func:`topics.follow.snapshot`, which hands
-its ``apply`` the decoded event alone: the topic carries two event types,
-told apart by the record's key, and ``records_read`` counts every record,
-the skipped ones too.
-"""
+Compacted, one partition. Each change writes the whole record (acks=all)
+before Redis is touched. A key's record is keyed by its id (``ApiKey``), a
+tenant's by ``tenant:<name>`` (``TenantPolicy``); nothing is deleted (a revoked
+key keeps ``revoked_ms``). :meth:`KeysTopic.read_all` reads to the end offset
+seen at its start with the shared follower (topics/follow.py), keeps the
+highest version per id, skips a value that does not decode, and raises
+:class:`~conveyor.errors.TransientBrokerError` past ``timeout_s``."""
 
 from __future__ import annotations
 
@@ -98,7 +81,7 @@ class KeysTopic:
     def __init__(self, settings: Settings, producer: EventProducer | None = None,
                  codec: Codec | None = None) -> None:
         self.settings = settings
-        self.topic = KEYS.at(settings)
+        self.topic = KEYS.at(settings.kafka)
         self.producer = producer
         self.codec = codec or default_codec()
 

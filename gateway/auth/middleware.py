@@ -1,20 +1,11 @@
 """Authentication at the edge: every ``/v1/`` request is identified before any
-route reads its body, so an unauthenticated client learns nothing but 401.
+route reads its body.
 
-:class:`AuthMiddleware` is an ASGI middleware (one place for every route,
-including the ones later features add) that puts the caller's
-:class:`~gateway.auth.types.Identity` in the request's state, where routes
-read it with :func:`identity_of`. The authenticator is built with the
-application's collaborators, after the middleware: ``authenticator`` finds it
-when a request arrives (none yet: 503, the gateway is starting).
-
-A WebSocket handshake is identified the same way (the ``Authorization``
-header). An HTTP answer is no way to refuse one that the route never
-accepted, so a refused handshake is accepted and closed at once, before any
-message is read: 1008 (policy violation) with the error's message as the
-reason for a bad credential, 1013 (try again later) when the gateway cannot
-check now (503).
-"""
+:class:`AuthMiddleware` puts the caller's :class:`~gateway.auth.types.Identity`
+in the request's state (:func:`identity_of` reads it); its authenticator is
+set once the application's collaborators exist (none yet: 503). A refused
+WebSocket handshake is accepted and closed at once: 1008 with the error's
+message for a bad credential, 1013 when the gateway cannot check now."""
 
 from __future__ import annotations
 

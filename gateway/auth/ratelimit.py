@@ -1,43 +1,17 @@
-"""Rate limits and quotas: exact across gateway replicas, counted atomically in Redis.
+"""Rate limits and quotas, exact across gateway replicas, counted atomically in Redis
+(docs/operating/keys-and-limits.md#limits).
 
-A request counts against its key's limits (``identity.limits``) and its
-tenant's (``tenant.limits``); it is admitted only when every limit of both
-has room, and is then counted in all of them. One Lua script per admission
-checks and counts everything (:mod:`gateway.auth.ratelimit_lua`, which also
-documents the Redis keys), so any number of gateways together admit exactly
-each limit. A key and tenant with no limits and no quotas never reach Redis.
-
-- **rpm**: an exact rolling minute of admissions, timed by Redis's clock.
-- **tpm**: ``tokens`` (prompt + max_tokens) are reserved at admission in a
-  rolling minute; :meth:`RateLimiter.settle` corrects the reservation to the
-  tokens used, so a short answer gives the rest back. A reservation larger
-  than a tpm limit could never pass and is refused as such.
-- **concurrency**: requests in flight; settle frees the slot, and a slot
-  that is never settled (its gateway died) lapses at the request's deadline.
-- **quotas**: ``tenant.daily_tokens`` / ``monthly_tokens`` against the totals
-  that usage accounting mirrors from the log into Redis (UTC day and month).
-  The mirror lags the log by a few seconds, so a tenant can pass its quota by
-  what its requests use in that time.
-
-A refusal is a 429 (:class:`~conveyor.errors.RateLimited` naming the limit
-and its scope, or :class:`~conveyor.errors.QuotaExceeded`) with
-``Retry-After``. Responses carry OpenAI's ``x-ratelimit-*`` headers of the
-tighter scope (the smaller remaining); ``reset`` is when the oldest entry of
-the rolling window leaves it (when ``remaining`` next grows), or on a refusal
-when this request would fit.
-
-When Redis cannot be used (no connection, a timeout after
-:attr:`RateLimiter.redis_timeout_s`, an error), a client never sees a 500:
-with ``limits_when_redis_down = "closed"`` it gets a 503, with ``"share"``
-this gateway enforces its share of each limit in memory
-(:mod:`gateway.auth.ratelimit_local`) and checks no quota. While Redis is
-down, one admission every :attr:`RateLimiter.probe_every_s` tries it again,
-and :meth:`RateLimiter.run` probes it too, so the first answer switches back.
-Settling never raises: an admission Redis could not settle heals by its
-window and its deadline. An admission whose script ran but whose answer came
-too late is counted in Redis as well as locally: the window and the deadline
-heal that too.
-"""
+A request counts against its key's and its tenant's limits (rpm, tpm,
+concurrency, daily and monthly token quotas) and is admitted only when all
+have room, by one Lua script (:mod:`gateway.auth.ratelimit_lua`). tpm
+reserves prompt + ``max_tokens`` and :meth:`RateLimiter.settle` corrects it to
+what was used; a slot never settled lapses at the deadline. A refusal is a 429
+with ``Retry-After``; responses carry OpenAI's ``x-ratelimit-*`` headers of the
+tighter scope. When Redis cannot be used a client never sees a 500:
+``limits_when_redis_down`` ``closed`` answers 503, ``share`` enforces this
+gateway's share in memory (:mod:`gateway.auth.ratelimit_local`), without
+quotas, probing Redis every :attr:`RateLimiter.probe_every_s`. Settling never
+raises: the windows and deadlines heal what it could not do."""
 
 from __future__ import annotations
 
@@ -108,10 +82,10 @@ class RateLimiter:
         self.redis = redis
         self.gateway_id = gateway_id
         self.health = TaskHealth("limits")
-        self.windows = RedisWindows(redis, settings.topic_prefix)
+        self.windows = RedisWindows(redis, settings.kafka.topic_prefix)
         self.local = LocalWindows()
         self.live_gateways = 1  # last counted while Redis answered
-        self.count_every_s = max(0.2, settings.reply_lease_ttl_s / 3)
+        self.count_every_s = max(0.2, settings.gateway.reply_lease_ttl_s / 3)
         self.redis_up = True
         self._next_probe = 0.0
         self._log = RateLimitedLog(log)
@@ -129,7 +103,7 @@ class RateLimiter:
         _refuse_never_fitting(scopes, tokens)
         if deadline_ms <= 0:  # no deadline given: the gateway's own request timeout
             deadline_ms = time.time_ns() // 1_000_000 + int(
-                self.settings.request_timeout_s * 1000)
+                self.settings.gateway.request_timeout_s * 1000)
         today = datetime.now(UTC)
         check = Check(member=member, tokens=tokens, deadline_ms=deadline_ms, scopes=scopes,
                       daily_tokens=tenant.daily_tokens, monthly_tokens=tenant.monthly_tokens,
@@ -144,7 +118,7 @@ class RateLimiter:
             else:
                 self._came_back()
                 return _decide(check, verdict, "redis", request_id)
-        if self.settings.limits_when_redis_down == "closed":
+        if self.settings.auth.limits_when_redis_down == "closed":
             raise PipelineUnavailable(
                 "Rate limits cannot be checked: Redis is unreachable, and this gateway "
                 "refuses limited requests until it answers again. Please retry shortly.",
@@ -177,13 +151,10 @@ class RateLimiter:
 
     async def run(self, health: TaskHealth | None = None) -> None:
         """Count the live gateways (their reply-partition leases) while Redis
-        answers, for the share of each limit this gateway keeps when it does not;
-        while it does not, probe it every :attr:`probe_every_s`. The admission
-        scripts are loaded first, and again whenever Redis comes back, so that
-        the first admissions do not spend their budget loading them (a cold
-        limiter on a loaded machine fell back to its local share for them).
-        Survives outages.
-        ``health`` (``degraded`` while Redis is down) replaces :attr:`health`."""
+        answers, for this gateway's share of each limit when it does not; then
+        probe it every :attr:`probe_every_s`. The scripts are loaded first and
+        whenever Redis comes back (decision 0026). Survives outages. ``health``
+        (``degraded`` while Redis is down) replaces :attr:`health`."""
         if health is not None:
             self.health = health
         warm = False  # the scripts are loaded since Redis last answered
@@ -206,7 +177,7 @@ class RateLimiter:
 
     async def count_gateways(self) -> int:
         """How many gateways hold a reply-partition lease now (at least 1)."""
-        pattern = _glob_escape(f"{self.settings.topic_prefix}:reply-lease:") + "*"
+        pattern = _glob_escape(f"{self.settings.kafka.topic_prefix}:reply-lease:") + "*"
         count = 0
         async for _ in self.redis.scan_iter(match=pattern, count=1000):
             count += 1
@@ -223,7 +194,7 @@ class RateLimiter:
 
     def _went_down(self, exc: BaseException) -> None:
         self._next_probe = time.monotonic() + self.probe_every_s
-        if self.settings.limits_when_redis_down == "closed":
+        if self.settings.auth.limits_when_redis_down == "closed":
             then = "refusing limited requests (503) until it answers"
         else:
             then = (f"each limit is enforced here, divided by {self.live_gateways} "

@@ -1,34 +1,13 @@
 """The rate-limit windows in Redis: one Lua script checks and counts an admission.
 
-Key layout (``P`` is ``settings.topic_prefix``, ``S`` a scope id,
-``key:<key id>`` or ``tenant:<name>``):
-
-- ``P:ratelimit:S:requests``: ZSET, admissions scored by their time (ms, by
-  Redis's clock); the exact rolling minute of rpm.
-- ``P:ratelimit:S:tokens``: ZSET, admissions scored by their time; and
-  ``P:ratelimit:S:tokens:n``: HASH, each admission's tokens plus the field
-  ``#sum``, their total (so a check reads one number, not the window).
-- ``P:ratelimit:S:inflight``: ZSET, requests in flight scored by their
-  deadline (epoch ms): a slot that is never settled (its gateway died)
-  lapses at the deadline.
-- ``P:usage:<tenant>:day:<YYYY-MM-DD>`` and ``P:usage:<tenant>:month:<YYYY-MM>``
-  (UTC): integer token totals that usage accounting mirrors from the log;
-  only read here.
-
-The admission script reads the time from Redis (``TIME``), so the clocks of
-the gateways do not matter for the windows; deadlines and quota dates are
-the gateway's. It trims every window, checks every limit of every scope and
-the quotas, and counts the admission in all of them only when all have room,
-in one atomic step: N gateways together admit exactly the limit. Every key
-gets a TTL a little past what it holds, so idle scopes leave nothing behind.
-
-Missing keys read as empty, so a Redis that lost its data (FLUSHALL, restart
-without its file) starts counting afresh; settling an admission whose entries
-are gone changes nothing, and the token total never goes below zero. An empty
-token window deletes its hash, which heals a hash that outlived its window.
-All keys of one admission are touched by one script, so they must live on
-one Redis (not a cluster of shards): Conveyor uses one ``redis_url``.
-"""
+Its keys (per scope ``key:<id>`` or ``tenant:<name>``: an rpm ZSET, a tpm ZSET
+with a HASH of tokens and their ``#sum``, an in-flight ZSET scored by
+deadline; the usage totals it reads for quotas) are laid out in
+docs/decisions/0026-keys-and-limits-in-redis.md. The script takes the time
+from Redis, trims, checks every limit and counts the admission in all of them
+only when all have room, atomically; every key gets a TTL, missing keys read
+as empty (a flushed Redis counts afresh), and all keys must live on one
+Redis."""
 
 from __future__ import annotations
 

@@ -1,35 +1,12 @@
 """The Redis copy of the ``keys`` topic: what the gateway looks keys and tenants up in.
 
-The topic is the record; Redis is a lookup copy of it, rebuilt from the topic
-when it is lost (gateway/auth/restore.py). Its keys, under ``{prefix}``
-(``settings.topic_prefix``):
-
-==================================  ==============================================
-``{prefix}:key:{id}``               hash: one key's fields (:func:`key_fields`),
-                                    plus ``last_used_ms``, which only Redis keeps
-``{prefix}:keyhash:{hmac}``         string: key id of the keyed hash of a secret
-``{prefix}:keys:tenant:{tenant}``   set: the ids of a tenant's keys
-``{prefix}:keys:all``               set: every key id
-``{prefix}:tenant:{name}``          hash: one tenant's policy (:func:`tenant_fields`)
-``{prefix}:tenants``                set: every tenant with a policy
-``{prefix}:keys:restored``          string: present once Redis holds the whole topic
-``{prefix}:keys:restore-lock``      string: the replica rebuilding Redis (SET NX PX)
-``{prefix}:keys:changed``           pub/sub channel: a key id, ``tenant:<name>`` or
-                                    ``*`` (everything) changed
-==================================  ==============================================
-
-Every write goes through a Lua script that refuses a version not newer than
-the one stored, so a restore that reads an older record, or two writers that
-race, never replace a newer record with an older one. A limit of ``None`` is
-stored as an empty string; models as a JSON list.
-
-Redis's own errors stop at this module's calls (conveyor/redis_clients.py's
-boundary): an unreachable or slow Redis is
-:class:`~conveyor.errors.RedisUnavailable` (a
-:class:`~conveyor.errors.TransientBrokerError`), a command Redis refuses is
-:class:`~conveyor.errors.RedisRefused` (a
-:class:`~conveyor.errors.PermanentBrokerError`).
-"""
+The topic is the record; Redis a lookup copy, rebuilt from it when lost
+(gateway/auth/restore.py). Its key layout is in
+docs/decisions/0026-keys-and-limits-in-redis.md. Every write goes through a Lua
+script that refuses a version not newer than the one stored, so a restore or
+a racing writer never replaces a newer record. Redis's errors stop here:
+:class:`~conveyor.errors.RedisUnavailable` (transient) or
+:class:`~conveyor.errors.RedisRefused` (permanent)."""
 
 from __future__ import annotations
 
@@ -202,7 +179,7 @@ class RedisCopy:
 
     def __init__(self, settings: Settings, redis: Redis) -> None:
         self.redis = redis
-        self.names = KeyNames(settings.topic_prefix)
+        self.names = KeyNames(settings.kafka.topic_prefix)
         self._put_key = redis.register_script(_PUT_KEY)
         self._put_tenant = redis.register_script(_PUT_TENANT)
         self._find = redis.register_script(_FIND)

@@ -1,24 +1,12 @@
 """Rebuilding the Redis copy from the ``keys`` topic after Redis lost its data.
 
-Redis is only a copy; losing it (a FLUSHALL, a server that came back without
-its files) must neither lose a key nor bring a revoked one back. The marker
-``{prefix}:keys:restored`` says "Redis holds the whole topic": only a restore
-sets it, so it disappears with the data it vouches for. A lookup that misses
-while the marker is absent cannot tell "unknown key" from "forgotten key", so
-it calls :meth:`Restorer.ensure` and looks again.
-
-One replica at a time restores: the lock ``{prefix}:keys:restore-lock`` is
-taken with ``SET NX PX`` (it lapses by itself if its holder dies), and the
-others poll for the marker (or for the lock to be free again) for at most
-``wait_s`` before giving up with :class:`~conveyor.errors.TransientBrokerError`
-(the gateway answers 503 and the client retries). Within one process an
-asyncio lock keeps concurrent lookups from all trying at once.
-
-Every record is written with the copy's version guard, so a restore racing a
-live change (which reaches Redis after the topic) never undoes it. When done,
-the restorer publishes ``*`` on the change channel: short-lived "unknown key"
-answers cached by the replicas are dropped.
-"""
+The marker ``{prefix}:keys:restored`` (set only by a restore, so it goes with
+the data) says Redis holds the whole topic; a lookup that misses without it
+calls :meth:`Restorer.ensure` and looks again. One replica restores under the
+lock ``{prefix}:keys:restore-lock`` (``SET NX PX``); the others wait for the
+marker up to ``wait_s``, then raise
+:class:`~conveyor.errors.TransientBrokerError`. Writes are version-guarded, and
+a finished restore publishes ``*`` so cached "unknown key" answers go."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ import hmac
 import secrets
 
 from conveyor.errors import ConveyorError
-from conveyor.settings import Settings
+from conveyor.settings import AuthSettings
 
 __all__ = ["SECRET_PREFIX", "AuthSecretMissing", "new_secret", "new_key_id", "hash_secret",
            "hash_prefix"]
@@ -42,9 +42,9 @@ def new_key_id() -> str:
     return "key_" + secrets.token_hex(8)
 
 
-def hash_secret(settings: Settings, secret: str) -> str:
+def hash_secret(auth: AuthSettings, secret: str) -> str:
     """The hex HMAC-SHA-256 of ``secret`` under the server secret."""
-    server = settings.auth_secret.get_secret_value()
+    server = auth.secret.get_secret_value()
     if not server:
         raise AuthSecretMissing(
             "auth_secret is empty: set CONVEYOR_AUTH_SECRET (a long random string, the "

@@ -8,7 +8,7 @@ never set has no limits and no quotas: ``TenantPolicy(name)``.
 
 :meth:`TenantStore.set` changes what is given, like a key's update: ``None``
 keeps, ``0`` clears, a positive value replaces (gateway/auth/limit_changes.py).
-:meth:`TenantStore.get` is cached in process for ``settings.key_cache_s``
+:meth:`TenantStore.get` is cached in process for ``settings.auth.key_cache_s``
 (a tenant never set too: setting it drops the entry everywhere); when Redis
 cannot be reached a cached policy still serves and an uncached one raises
 :class:`~conveyor.errors.TransientBrokerError`.
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 
 class TenantStore:
-    """The tenant policies of one Conveyor (``settings.topic_prefix``)."""
+    """The tenant policies of one Conveyor (``settings.kafka.topic_prefix``)."""
 
     def __init__(self, settings: Settings, redis: Redis,
                  producer: EventProducer | None = None, *, audit: Audit | None = None,
@@ -52,7 +52,7 @@ class TenantStore:
         self.topic = KeysTopic(settings, producer, codec)
         self.restorer = Restorer(self.copy, self.topic)
         self.audit = audit
-        self.cache: LocalCache[TenantPolicy] = LocalCache(settings.key_cache_s)
+        self.cache: LocalCache[TenantPolicy] = LocalCache(settings.auth.key_cache_s)
         self.invalidations = invalidations or Invalidations(settings, redis, part)
         self.invalidations.add(self._on_change)
 

@@ -8,7 +8,6 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
-from starlette.requests import HTTPConnection
 
 from conveyor.errors import ModelNotFound
 from conveyor.registry import Registry
@@ -28,7 +27,7 @@ from gateway.openapi import (
     generation_responses,
     stored_responses,
 )
-from gateway.provide import services_of
+from gateway.provide import service
 from schemas.openai.requests import ChatCompletionRequest, CompletionRequest, model_list
 
 __all__ = ["router"]
@@ -36,38 +35,26 @@ __all__ = ["router"]
 router = APIRouter()
 
 
-def _chat(connection: HTTPConnection) -> ChatServing:
-    chat: ChatServing = services_of(connection).chat
-    return chat
-
-
-def _registry(connection: HTTPConnection) -> Registry:
-    registry: Registry = services_of(connection).registry
-    return registry
-
-
-def _health(connection: HTTPConnection) -> Health:
-    health: Health = services_of(connection).health
-    return health
+Models = Annotated[Registry, Depends(service("registry"))]
 
 
 @router.post("/v1/chat/completions", response_model=None,
              responses=generation_responses(ChatCompletion))
 async def chat_completions(body: ChatCompletionRequest, request: Request,
-                           chat: Annotated[ChatServing, Depends(_chat)]) -> Response:
+                           chat: Annotated[ChatServing, Depends(service("chat"))]) -> Response:
     return await chat.create_chat_completion(body, request)
 
 
 @router.post("/v1/completions", response_model=None,
              responses=generation_responses(Completion))
 async def completions(body: CompletionRequest, request: Request,
-                      chat: Annotated[ChatServing, Depends(_chat)]) -> Response:
+                      chat: Annotated[ChatServing, Depends(service("chat"))]) -> Response:
     return await chat.create_completion(body, request)
 
 
 @router.get("/v1/chat/completions/{stream_id}/stream", response_model=None)
 async def resume_chat_completion(stream_id: str, request: Request,
-                                 chat: Annotated[ChatServing, Depends(_chat)],
+                                 chat: Annotated[ChatServing, Depends(service("chat"))],
                                  starting_after: str | None = Query(None)) -> Response:
     """The events of a chat completion stream after ``Last-Event-ID`` (or
     ``?starting_after=N``), from the log then live; without either, all of them."""
@@ -78,25 +65,27 @@ async def resume_chat_completion(stream_id: str, request: Request,
             responses=stored_responses(ChatCompletion))
 async def retrieve_chat_completion(
         completion_id: str, request: Request,
-        chat: Annotated[ChatServing, Depends(_chat)]) -> SafeJSONResponse:
+        chat: Annotated[ChatServing, Depends(service("chat"))]) -> SafeJSONResponse:
     """A chat completion created with ``store: true``, rebuilt from the log."""
-    return SafeJSONResponse(await chat.stored_completion(identity_of(request), completion_id))
+    return SafeJSONResponse(await chat.stored.chat_completion(identity_of(request),
+                                                                 completion_id))
 
 
 @router.get("/v1/chat/completions/{completion_id}/messages", response_model=None,
             responses=stored_responses(None))
 async def list_chat_completion_messages(
-        completion_id: str, request: Request, chat: Annotated[ChatServing, Depends(_chat)],
+        completion_id: str, request: Request,
+        chat: Annotated[ChatServing, Depends(service("chat"))],
         after: str | None = None, limit: int = 20,
         order: Literal["asc", "desc"] = "asc") -> SafeJSONResponse:
     """The messages a stored chat completion was asked with."""
-    return SafeJSONResponse(await chat.stored_messages(identity_of(request), completion_id,
+    return SafeJSONResponse(await chat.stored.messages(identity_of(request), completion_id,
                                                        after, limit, order))
 
 
 @router.get("/v1/completions/{stream_id}/stream", response_model=None)
 async def resume_completion(stream_id: str, request: Request,
-                            chat: Annotated[ChatServing, Depends(_chat)],
+                            chat: Annotated[ChatServing, Depends(service("chat"))],
                             starting_after: str | None = Query(None)) -> Response:
     """As for chat completions, for a completion stream (``cmpl-...``)."""
     return await chat.resume("completion", stream_id, request, starting_after)
@@ -104,7 +93,7 @@ async def resume_completion(stream_id: str, request: Request,
 
 @router.get("/v1/models", response_model=ModelList)
 async def models(request: Request,
-                 registry: Annotated[Registry, Depends(_registry)]) -> SafeJSONResponse:
+                 registry: Models) -> SafeJSONResponse:
     """The models the caller may use (every model, or its key's allow-list),
     each by its name and by each of its aliases."""
     identity = identity_of(request)
@@ -115,7 +104,7 @@ async def models(request: Request,
 @router.get("/v1/models/{model:path}", response_model=ModelCard,
             responses={404: {"model": ErrorResponse}})
 async def model(model: str, request: Request,
-                registry: Annotated[Registry, Depends(_registry)]) -> SafeJSONResponse:
+                registry: Models) -> SafeJSONResponse:
     """One model by its name or an alias (``client.models.retrieve``); 404
     ``model_not_found`` for one the registry does not know or the caller may
     not use, as a request for it would get."""
@@ -127,7 +116,7 @@ async def model(model: str, request: Request,
 
 
 @router.get("/healthz", response_model=HealthReport, responses=HEALTH_RESPONSES)
-async def healthz(health: Annotated[Health, Depends(_health)]) -> SafeJSONResponse:
+async def healthz(health: Annotated[Health, Depends(service("health"))]) -> SafeJSONResponse:
     ok, body = health.report()
     return SafeJSONResponse(body, status_code=200 if ok else 503)
 

@@ -1,50 +1,35 @@
 """``n`` > 1: several choices of one chat completion or completion.
 
-Each choice is a request of its own through the pipeline (admitted, routed,
-scheduled and generated alone, so two choices may run on two workers at
-once); the gateway asks for them together and answers with one object:
-
-* The answer's ``id`` is the first choice's request's; ``choices[i]`` is the
-  i-th request's answer with ``index`` i. ``usage`` counts the prompt once
-  and the completion tokens of every choice, as OpenAI does (the usage
-  ledger counts each choice's request, prompt included: each was computed).
-* A streamed answer interleaves the choices' chunks as they come, each with
-  its ``index``, then one usage chunk (with ``stream_options.include_usage``)
-  and ``[DONE]`` once every choice has ended. Its events carry no ``id:``: a
-  stream of several choices is not resumable.
-* With a ``seed``, choice i samples with seed + i, so that the choices differ
-  and the same request gives the same choices again; at temperature 0 they
-  are all the greedy answer, as with OpenAI.
-* One choice failing fails the answer (the others are cancelled); a client
-  that leaves cancels them all.
-
-Batches, stored completions and the WebSocket API take ``n`` = 1 only
-(schemas/openai/generations.py says so with a 400 naming ``n``).
-"""
+Each choice is a request of its own through the pipeline (choice i seeded
+with seed + i); the answer's ``id`` is the first choice's, ``choices[i]`` the
+i-th answer, ``usage`` counts the prompt once and every choice's completion.
+A stream interleaves the choices' chunks with their ``index``, then the usage
+and ``[DONE]``; it carries no event ids (not resumable). One choice failing,
+or the client leaving, ends them all. Batches, stored completions and the
+WebSocket API take ``n`` = 1 only."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi.responses import Response
 from starlette.requests import Request
 
-from conveyor.errors import InvalidRequest, RequestError
+from conveyor.registry import Registry
 from gateway import sse
-from gateway.answer import Answer, collect
-from gateway.errors import SafeJSONResponse
+from gateway.answer import Answer, Disconnected, answered_by, collect
+from gateway.errors import SafeJSONResponse, for_client
+from gateway.replies import opening
 from gateway.submission import Submitter
 from schemas.openai.requests import MAX_INT64, MIN_INT64
 from schemas.records import Generation, Reply
 
 __all__ = ["answer_choices", "choice_generations", "merged_response", "collect_choices",
            "stream_choices"]
-
-Disconnected = Callable[[], Awaitable[bool]]
 
 
 def choice_generations(generation: Generation, n: int) -> list[Generation]:
@@ -70,14 +55,10 @@ def merged_response(results: list[dict[str, Any]]) -> dict[str, Any]:
     return {**first, "choices": choices, "usage": usage}
 
 
-async def answer_choices(submitter: Submitter, generation: Generation, n: int, store: bool,
-                         request: Request, keepalive_s: float,
-                         fallback: Callable[[dict[str, Any]], dict[str, str]]) -> Response:
+async def answer_choices(submitter: Submitter, generation: Generation, n: int,
+                         request: Request, keepalive_s: float, registry: Registry) -> Response:
     """``n`` choices of ``generation``, each admitted and submitted, answered as one
-    (see the module); ``fallback`` names the model that answered, if not the one
-    asked for, in headers."""
-    if store:
-        raise InvalidRequest("store=true is supported with n=1 only.", param="n")
+    (see the module)."""
     generations = choice_generations(generation, n)
     answers: list[Answer] = []
     try:
@@ -87,7 +68,7 @@ async def answer_choices(submitter: Submitter, generation: Generation, n: int, s
         if not generation["stream"]:
             result = await collect_choices(generations, answers, request.is_disconnected)
             return SafeJSONResponse(result, headers={
-                **headers, **fallback(result)})
+                **headers, **answered_by(registry, generation["model"], result.get("model"))})
         firsts = []
         for answer in answers:
             first = await answer.first(request.is_disconnected)
@@ -100,11 +81,11 @@ async def answer_choices(submitter: Submitter, generation: Generation, n: int, s
         if isinstance(exc, _ClientLeft):
             return Response(status_code=499)
         raise
-    opening = json.loads(firsts[0]["chunk"].partition("\n")[0] or "{}")
     return sse.EventStream(
-        stream_choices(answers, firsts, keepalive_s,
-                       generation["include_usage"]),
-        headers={**sse.HEADERS, **headers, **fallback(opening)})
+        stream_choices(answers, firsts, keepalive_s, generation["include_usage"]),
+        headers={**sse.HEADERS, **headers,
+                 **answered_by(registry, generation["model"],
+                                  opening(firsts[0]).get("model"))})
 
 
 class _ClientLeft(Exception):
@@ -161,8 +142,7 @@ async def stream_choices(answers: list[Answer], firsts: list[Reply], keepalive_s
                 yield sse.comment()
                 continue
             if isinstance(item, BaseException):
-                exc = item if isinstance(item, RequestError) else RequestError("Internal error.")
-                yield sse.data(_json(exc.envelope()))
+                yield sse.json_data(for_client(item, f"choice {i} of {primary}").envelope())
                 yield sse.Last(sse.DONE)
                 return
             for line in item["chunk"].split("\n") if item["chunk"] else ():
@@ -174,15 +154,15 @@ async def stream_choices(answers: list[Answer], firsts: list[Reply], keepalive_s
                 chunk["id"] = base["id"]
                 for choice in chunk.get("choices") or ():
                     choice["index"] = i
-                yield sse.data(_json(chunk))
+                yield sse.json_data(chunk)
             if item["kind"] == "final":
                 open_choices -= 1
         if include_usage and usages:
             completion = sum(u["completion_tokens"] for u in usages)
             usage = {**usages[0], "completion_tokens": completion,
                      "total_tokens": usages[0]["prompt_tokens"] + completion}
-            yield sse.data(_json({**{k: base[k] for k in ("id", "object", "created", "model")
-                                     if k in base}, "choices": [], "usage": usage}))
+            yield sse.json_data({**{k: base[k] for k in ("id", "object", "created", "model")
+                                 if k in base}, "choices": [], "usage": usage})
         yield sse.Last(sse.DONE)
     finally:
         for task in pumps:
@@ -192,6 +172,3 @@ async def stream_choices(answers: list[Answer], firsts: list[Reply], keepalive_s
         for answer in answers:
             answer.close(f"the stream of {primary}'s choices ended or its client left")
 
-
-def _json(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))

@@ -1,41 +1,32 @@
 """Serving chat completions and completions: a generation admitted and
-submitted (:class:`~gateway.submission.Submitter`), then answered from the
-replies that come back, as JSON or as an SSE stream; ``n`` > 1 as several
-requests answered as one (:mod:`gateway.chat.choices`); a stream resumed
-from the log; a stored chat completion read back (:mod:`gateway.stored`).
+submitted (:class:`~gateway.submission.Submitter`), then answered from its
+replies as JSON or SSE; ``n`` > 1 as several requests answered as one
+(:mod:`gateway.chat.choices`); a stream resumed from the log; a stored chat
+completion read back (:mod:`gateway.stored`).
 
-A stream starts only when the first reply is in, so a request that fails
-before its first token still gets the right HTTP status and OpenAI's error
-envelope. A deadline (``request_timeout_s``) bounds every wait: past it the
-client gets 504 and the generation is cancelled. A client that disconnects
-cancels its generation too: at once before the stream began (it has seen no
-event id to resume from), and after ``resume_grace_s`` once it streamed, unless
-a resumed stream (:mod:`gateway.resume`) is reading it by then. Every data
-event carries ``id: {request id}:{seq}``; :meth:`ChatServing.resume` serves
-the events after one from the log, on any replica.
-"""
+A stream starts only with the first reply, so a request that fails before it
+gets the right status and error envelope. Past ``request_timeout_s`` the
+client gets 504 and the generation is cancelled; a client that leaves
+cancels it at once before the stream began, else after ``resume_grace_s``
+unless a resumed stream reads it (docs/api/streams.md)."""
 
 from __future__ import annotations
 
-import json
-import logging
 from collections.abc import AsyncIterator
-from typing import Any, Literal
 
 from fastapi.responses import Response
 from starlette.requests import Request
 
-from conveyor.errors import RequestError
+from conveyor.errors import InvalidRequest
 from conveyor.registry import Registry
 from conveyor.settings import Settings
 from gateway import sse
-from gateway.answer import Answer, collect
+from gateway.answer import Answer, answered_by, collect
 from gateway.auth.middleware import identity_of
-from gateway.auth.types import Identity
 from gateway.cancels import Cancels
 from gateway.chat.choices import answer_choices
-from gateway.errors import SafeJSONResponse
-from gateway.replies import ReplySource
+from gateway.errors import SafeJSONResponse, for_client
+from gateway.replies import ReplySource, opening
 from gateway.resume import (
     Kind,
     StreamNotFound,
@@ -51,8 +42,6 @@ from schemas.openai.requests import ChatCompletionRequest, CompletionRequest
 from schemas.records import Generation, Reply
 
 __all__ = ["ChatServing"]
-
-log = logging.getLogger(__name__)
 
 
 class ChatServing:
@@ -71,66 +60,48 @@ class ChatServing:
         """A chat completion (``n`` choices of it), as JSON or SSE."""
         n = body.choices()
         generation = chat_generation(body.model_copy(update={"n": 1}) if n > 1 else body)
-        if n > 1:
-            return await self._choices(generation, n, bool(body.store), request)
-        return await self._answer(generation, request)
+        if n > 1 and body.store:
+            raise InvalidRequest("store=true is supported with n=1 only.", param="n")
+        return await self._answer(generation, n, request)
 
     async def create_completion(self, body: CompletionRequest, request: Request) -> Response:
         """A completion (``n`` choices of it), as JSON or SSE."""
         n = body.choices()
         generation = completion_generation(body.model_copy(update={"n": 1}) if n > 1 else body)
-        if n > 1:
-            return await self._choices(generation, n, False, request)
-        return await self._answer(generation, request)
+        return await self._answer(generation, n, request)
 
-    async def _answer(self, generation: Generation, request: Request) -> Response:
+    async def _answer(self, generation: Generation, n: int, request: Request) -> Response:
         """Admit and submit, then answer as JSON or SSE; the admission's
-        ``x-ratelimit-*`` headers and the request's ``x-request-id`` go on the response."""
+        ``x-ratelimit-*`` headers, the request's ``x-request-id`` (what inspect and
+        the log know it by) and the model that answered go on the response."""
+        if n > 1:
+            return await answer_choices(self.submitter, generation, n, request,
+                                        self.settings.gateway.sse_keepalive_s, self.registry)
         answer = await self.submitter.admit_and_submit(generation, request)
-        # the request's id, as OpenAI names it: what inspect and the log know it by
         headers = {**answer.ticket.headers, "x-request-id": answer.request_id}
         if not generation["stream"]:
             result = await collect(generation, answer, request.is_disconnected)
-            fallback = _fallback(self.registry, generation, result)
-            return SafeJSONResponse(result, headers={**headers, **answer.cache_headers,
-                                                     **fallback})
+            served = answered_by(self.registry, generation["model"], result.get("model"))
+            return SafeJSONResponse(result, headers={**headers, **answer.cache_headers, **served})
         first = await answer.first(request.is_disconnected)
         if first is None:  # the client left: nobody reads a status
             return Response(status_code=499)
-        opening = json.loads(first["chunk"].partition("\n")[0] or "{}")
-        return sse.EventStream(self.stream(answer, first),
-                               headers={**sse.HEADERS, **headers, **answer.cache_headers,
-                                        **_fallback(self.registry, generation, opening)})
+        served = answered_by(self.registry, generation["model"], opening(first).get("model"))
+        return sse.EventStream(self.stream(answer, first), headers={
+            **sse.HEADERS, **headers, **answer.cache_headers, **served})
 
-    async def _choices(self, generation: Generation, n: int, store: bool,
-                       request: Request) -> Response:
-        """``n`` > 1: a request of each choice, answered as one (gateway/chat/choices.py)."""
-        return await answer_choices(self.submitter, generation, n, store, request,
-                                    self.settings.sse_keepalive_s,
-                                    lambda answered: _fallback(self.registry, generation,
-                                                               answered))
-
-    async def stream(self, answer: Answer, first: Reply) -> AsyncIterator[bytes]:
-        """SSE frames: OpenAI chunks, keep-alive comments while waiting, then [DONE].
-        Closing the iterator early (the client went away) cancels the generation
-        after ``resume_grace_s``, unless a resumed stream reads it by then."""
-        ended = False
-        try:
-            async for frame in self.frames(answer, first, after=-1):
-                yield frame
-            ended = True
-        finally:
-            resumable = self.settings.resumable_streams and not ended
-            answer.close("client disconnected",
-                         grace_s=self.settings.resume_grace_s if resumable else 0.0)
+    def stream(self, answer: Answer, first: Reply) -> AsyncIterator[bytes]:
+        """SSE frames: OpenAI chunks, keep-alive comments while waiting, then [DONE]
+        (:meth:`gateway.answer.Answer.relay` says what leaving early does)."""
+        return answer.relay(self.frames(answer, first, after=-1), self.settings.gateway)
 
     async def frames(self, source: ReplySource, first: Reply | None,
                      after: int) -> AsyncIterator[bytes]:
         """Data events numbered from 0 (``id: {request id}:{seq}``), those after
         ``after`` sent; keep-alive comments while waiting; an error as an event."""
-        keepalive = self.settings.sse_keepalive_s
+        keepalive = self.settings.gateway.sse_keepalive_s
         rid = source.request_id
-        ids = self.settings.resumable_streams
+        ids = self.settings.gateway.resumable_streams
         seq = -1
         reply: Reply | None = first
         while True:
@@ -152,13 +123,10 @@ class ChatServing:
             try:
                 reply = await source.next(within=keepalive)
             except Exception as exc:  # the status is sent: the error becomes an event
-                if not isinstance(exc, RequestError):
-                    log.error("stream %s failed", rid, exc_info=exc)
-                    exc = RequestError("Internal error.")
                 seq += 1
                 if seq > after:
-                    yield sse.data(_json(exc.envelope()),
-                                   id=event_id(rid, seq) if ids else None)
+                    yield sse.json_data(for_client(exc, f"stream {rid}").envelope(),
+                                        id=event_id(rid, seq) if ids else None)
                 yield sse.Last(sse.DONE)
                 return
 
@@ -177,31 +145,3 @@ class ChatServing:
                                 lambda replies, after: self.frames(replies, None, after))
         return sse.EventStream(events, headers={**sse.HEADERS, "x-request-id": rid})
 
-    async def stored_completion(self, identity: Identity, completion_id: str
-                                ) -> dict[str, Any]:
-        """A chat completion created with ``store: true``, rebuilt from the log."""
-        return await self.stored.chat_completion(identity, completion_id)
-
-    async def stored_messages(self, identity: Identity, completion_id: str,
-                              after: str | None, limit: int,
-                              order: Literal["asc", "desc"]) -> dict[str, Any]:
-        """The messages a stored chat completion was asked with."""
-        return await self.stored.messages(identity, completion_id, after, limit, order)
-
-
-def _fallback(registry: Registry, generation: Generation, answer: dict[str, Any]
-              ) -> dict[str, str]:
-    """``x-conveyor-deployment: <model>`` when a canary's deployment answered,
-    ``x-conveyor-fallback: <model>`` when a fallback model did (the answer's
-    ``model`` names it) instead of the model asked for."""
-    model = answer.get("model")
-    if not isinstance(model, str) or not model or model == generation["model"]:
-        return {}
-    asked = registry.find(generation["model"])
-    if asked is not None and model in dict(asked.deployments):
-        return {"x-conveyor-deployment": model}
-    return {"x-conveyor-fallback": model}
-
-
-def _json(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))

@@ -18,16 +18,15 @@ from typing import Annotated, Any, cast, get_args
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
-from starlette.requests import HTTPConnection
 
 from conveyor.errors import InvalidRequest
 from conveyor.files.store import LIST_LIMIT_MAX, FileOrder, FileStore, is_file_id
-from conveyor.settings import Settings
+from conveyor.settings import JobsSettings
 from gateway.auth.middleware import identity_of
 from gateway.errors import SafeJSONResponse
 from gateway.files.uploads import upload
 from gateway.openapi import ErrorResponse
-from gateway.provide import services_of
+from gateway.provide import service
 from schemas.openai.files import (
     FileDeleted,
     FileList,
@@ -47,14 +46,12 @@ UPLOAD_PATH = "/v1/files"
 MULTIPART_ALLOWANCE = 64 * 1024
 
 
-def _files(connection: HTTPConnection) -> FileStore:
-    files: FileStore = services_of(connection).files
-    return files
+Files = Annotated[FileStore, Depends(service("files"))]
 
 
-def upload_limits(settings: Settings) -> dict[str, int]:
+def upload_limits(jobs: JobsSettings) -> dict[str, int]:
     """The body limits of the upload paths, for :class:`~gateway.limits.BodyLimit`."""
-    return {UPLOAD_PATH: settings.max_file_bytes + MULTIPART_ALLOWANCE}
+    return {UPLOAD_PATH: jobs.max_file_bytes + MULTIPART_ALLOWANCE}
 
 
 def _error(description: str) -> dict[str, Any]:
@@ -76,7 +73,7 @@ _BINARY = {"application/octet-stream": {"schema": {"type": "string", "format": "
                                           "line that is not a JSON object (named)."),
                               413: _error("The file is larger than max_file_bytes "
                                           "(code request_too_large).")})
-async def create_file(request: Request, store: Annotated[FileStore, Depends(_files)]
+async def create_file(request: Request, store: Files
                       ) -> SafeJSONResponse:
     tenant = identity_of(request).tenant
     async with request.form(max_files=1, max_fields=16) as form:
@@ -86,7 +83,7 @@ async def create_file(request: Request, store: Annotated[FileStore, Depends(_fil
 
 @files_router.get("/v1/files", response_model=FileList,
                   responses={400: _error("limit, order or after is not valid.")})
-async def list_files(request: Request, store: Annotated[FileStore, Depends(_files)],
+async def list_files(request: Request, store: Files,
                      purpose: str | None = None, limit: int = LIST_LIMIT_MAX,
                      after: str | None = None, order: str = "desc") -> SafeJSONResponse:
     if not 1 <= limit <= LIST_LIMIT_MAX:
@@ -102,7 +99,7 @@ async def list_files(request: Request, store: Annotated[FileStore, Depends(_file
 
 
 @files_router.get("/v1/files/{file_id}", response_model=OpenAIFile, responses=_NOT_FOUND)
-async def retrieve_file(file_id: str, request: Request, store: Annotated[FileStore, Depends(_files)]
+async def retrieve_file(file_id: str, request: Request, store: Files
                         ) -> SafeJSONResponse:
     found = await store.get(identity_of(request).tenant, file_id)
     return SafeJSONResponse(file_json(found))
@@ -111,7 +108,7 @@ async def retrieve_file(file_id: str, request: Request, store: Annotated[FileSto
 @files_router.get("/v1/files/{file_id}/content", response_class=StreamingResponse,
                   responses={200: {"content": _BINARY, "description": "The file's bytes."},
                              **_NOT_FOUND})
-async def file_content(file_id: str, request: Request, store: Annotated[FileStore, Depends(_files)]
+async def file_content(file_id: str, request: Request, store: Files
                        ) -> StreamingResponse:
     found, chunks = await store.open(identity_of(request).tenant, file_id)
     return StreamingResponse(chunks, media_type="application/octet-stream",
@@ -119,7 +116,7 @@ async def file_content(file_id: str, request: Request, store: Annotated[FileStor
 
 
 @files_router.delete("/v1/files/{file_id}", response_model=FileDeleted, responses=_NOT_FOUND)
-async def delete_file(file_id: str, request: Request, store: Annotated[FileStore, Depends(_files)]
+async def delete_file(file_id: str, request: Request, store: Files
                       ) -> SafeJSONResponse:
     deleted = await store.delete(identity_of(request).tenant, file_id)
     return SafeJSONResponse(deleted_json(deleted))

@@ -1,21 +1,11 @@
 """What a client may upload to ``POST /v1/files``, checked while the file is stored.
 
-- ``purpose`` must be ``batch``: the only purpose of OpenAI's that Conveyor
-  serves to uploads (``batch_output`` files are written by the batch
-  machinery; assistants, fine-tuning, vision and user data are not served).
-  Anything else is a 400 naming ``purpose``.
-- The file must not be empty (400) and may hold at most
-  ``settings.max_file_bytes`` (413 ``request_too_large``).
-- A ``batch`` file is UTF-8 JSON Lines: every non-empty line a JSON object,
-  at most ``settings.batch_max_lines`` of them. The first bad line is named by
-  its number (counting every line from 1, empty ones included, as an editor
-  does). Whether each object is a valid request (``custom_id``, ``method``,
-  ``url``, ``body``) is checked when a batch is created from the file.
-
-:class:`UploadCheck` sees the file chunk by chunk as it streams into the store
-(:func:`checked`), so a bad file is refused without being held whole, and the
-store keeps nothing of it. The line checks run in a thread, off the event loop.
-"""
+``purpose`` must be ``batch`` (else 400 naming it); the file must not be empty
+and may hold at most ``jobs.max_file_bytes`` (413); it is UTF-8 JSON Lines of
+at most ``jobs.batch_max_lines`` objects, the first bad line named by its
+number (counting from 1, empty lines included). Each request is checked when
+a batch is made of it. :class:`UploadCheck` sees the file chunk by chunk as it
+streams into the store (:func:`checked`), the line checks in a thread."""
 
 from __future__ import annotations
 
@@ -28,7 +18,7 @@ from starlette.datastructures import FormData, UploadFile
 
 from conveyor.errors import InvalidRequest, RequestTooLarge
 from conveyor.files.store import CHUNK_BYTES, FileObject, FilePurpose, FileStore
-from conveyor.settings import Settings
+from conveyor.settings import JobsSettings
 
 __all__ = ["UPLOAD_PURPOSES", "check_purpose", "UploadCheck", "checked", "upload"]
 
@@ -50,9 +40,9 @@ def check_purpose(purpose: object) -> FilePurpose:
 class UploadCheck:
     """The checks of one upload, fed its bytes in order; raises at the first fault."""
 
-    def __init__(self, settings: Settings, purpose: FilePurpose) -> None:
-        self.max_bytes = settings.max_file_bytes
-        self.max_lines = settings.batch_max_lines
+    def __init__(self, jobs: JobsSettings, purpose: FilePurpose) -> None:
+        self.max_bytes = jobs.max_file_bytes
+        self.max_lines = jobs.batch_max_lines
         self.jsonl = purpose == "batch"
         self.size = 0
         self.line_number = 0  # lines seen, empty ones included
@@ -139,6 +129,6 @@ async def upload(store: FileStore, tenant: str, form: FormData) -> FileObject:
     if not isinstance(file, UploadFile):
         raise InvalidRequest("The 'file' field is required: send the file as a part of a "
                              "multipart/form-data body, with a filename.", param="file")
-    check = UploadCheck(store.settings, purpose)
+    check = UploadCheck(store.jobs, purpose)
     return await store.create(tenant, purpose, file.filename or "upload.jsonl",
                               checked(_read(file), check))

@@ -1,19 +1,11 @@
 """Background responses (``POST /v1/responses`` with ``background: true``):
-taken at once as ``queued``, run in the pipeline at background priority,
-read back with ``GET /v1/responses/{id}``, stopped with ``.../cancel``.
+taken at once as ``queued``, run at background priority, read back with
+``GET /v1/responses/{id}``, stopped with ``.../cancel``.
 
-Like a batch, a background response is a job: its first state goes to
-``conveyor.job-status`` and its ``create`` command (with the Generation the
-gateway built) to ``conveyor.jobs``, through the gateway's publisher on the
-request's path; the results layer publishes its later
-states, which the :class:`~gateway.jobs.board.JobBoard` serves. Only
-background responses are kept: an answered-at-once response cannot be read
-back (``store`` is accepted and ignored for those).
-
-The request is admitted against the caller's limits when it is taken, as an
-interactive one would be, and its reservation is kept (its gateway does not
-see it end). Streaming a background response is refused: poll it instead.
-"""
+A background response is a job: its first state goes to ``conveyor.job-status``
+and its ``create`` command to ``conveyor.jobs``; the results layer publishes
+its later states, which the :class:`~gateway.jobs.board.JobBoard` serves. It
+is admitted against the caller's limits when taken, and its reservation kept."""
 
 from __future__ import annotations
 

@@ -13,9 +13,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
-from starlette.requests import HTTPConnection
 
-from gateway.provide import services_of
+from gateway.provide import service
 from gateway.responses.openapi import (
     RESPONSES_OPENAPI,
     RESPONSES_RESPONSES,
@@ -29,15 +28,13 @@ __all__ = ["responses_router"]
 responses_router = APIRouter()
 
 
-def _responses(connection: HTTPConnection) -> ResponsesServing:
-    responses: ResponsesServing = services_of(connection).responses
-    return responses
+Responses = Annotated[ResponsesServing, Depends(service("responses"))]
 
 
 @responses_router.post("/v1/responses", response_model=None, responses=RESPONSES_RESPONSES,
                        openapi_extra=RESPONSES_OPENAPI)
 async def create_response(request: Request,
-                          responses: Annotated[ResponsesServing, Depends(_responses)]) -> Response:
+                          responses: Responses) -> Response:
     return await responses.create(parse_request(await request.body()), request)
 
 
@@ -45,7 +42,7 @@ async def create_response(request: Request,
                       responses=RETRIEVE_RESPONSES)
 async def retrieve_or_stream_response(
         response_id: str, request: Request,
-        responses: Annotated[ResponsesServing, Depends(_responses)], stream: bool = False,
+        responses: Responses, stream: bool = False,
         starting_after: str | None = Query(None, description=(
             "With stream=true: the sequence_number after which events are sent."))
 ) -> Response:

@@ -1,33 +1,13 @@
 """The events of a streamed response, in OpenAI's order and numbered.
 
-One :class:`ResponseEvents` holds one stream's state (its id, the text so
-far, the next ``sequence_number``) and builds each event as a dict; the
-lifecycle events carry the whole Response object from
-:func:`gateway.responses.objects.response_object`. The order is OpenAI's:
-
-``response.created``, ``response.in_progress``, ``response.output_item.added``,
-``response.content_part.added``, then one ``response.output_text.delta`` per
-piece of text, then ``response.output_text.done``,
-``response.content_part.done``, ``response.output_item.done``, and last
-``response.completed`` (or ``response.incomplete`` when the output budget
-ran out).
-
-With function tools the items open as the answer's text shows them
-(:class:`~gateway.responses.objects.OutputBuilder`): a message as above for
-text, and for each call ``response.output_item.added`` (a ``function_call``
-item with empty arguments), one ``response.function_call_arguments.delta``
-per piece of its arguments, ``response.function_call_arguments.done`` and
-``response.output_item.done``; ``response.completed`` follows the last item.
-
-A failure after the stream began ends it with ``response.failed``, whose
-response carries the error and the text produced so far as an incomplete
-message; no ``done`` events precede it, as with OpenAI. Numbers start at 0
-and rise by one for each event.
-
-:func:`frame` writes an event as SSE with its ``event:`` line (the event's
-type), as OpenAI does; there is no ``[DONE]`` at the end of this API's
-stream.
-"""
+One :class:`ResponseEvents` holds one stream's state and builds each event as
+a dict: ``response.created``, ``response.in_progress``, the output item and
+content part added, one ``response.output_text.delta`` per piece, their
+``done`` events and ``response.completed`` (or ``response.incomplete``). With
+function tools the items open as the text shows them, a call's arguments as
+``response.function_call_arguments.delta``/``done``. A failure after the
+stream began is ``response.failed`` alone. ``sequence_number`` counts from 0;
+:func:`frame` writes an event as SSE with its ``event:`` line (no ``[DONE]``)."""
 
 from __future__ import annotations
 

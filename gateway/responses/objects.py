@@ -1,38 +1,13 @@
 """The Response object of OpenAI's Responses API, built in one place.
 
-:func:`response_object` serves every path that shows a response: the answer
-of ``POST /v1/responses``, each lifecycle event of its stream, and the
-background responses that are read back later. It is a pure function of what
-it is given, so the same response reads the same wherever it is built; the
-output message's id is derived from the response id (``resp_X`` has the
-message ``msg_X``) for the same reason.
-
-Decisions:
-
-* ``status`` ``completed`` with ``finish_reason`` ``length`` becomes
-  ``incomplete`` with ``incomplete_details.reason`` ``max_output_tokens``, as
-  OpenAI answers when the output budget ran out (``max_output_tokens``, or
-  the model's default budget when the request set none).
-* ``output_text`` is not a field: OpenAI's clients compute it from
-  ``output``.
-* ``store`` reports what is kept (:func:`is_stored`): every response but
-  one asked with ``store: false``, as OpenAI's default is to store. A
-  background response is kept as its job's result; a direct one is read
-  again from the log (gateway/stored.py), so ``GET /v1/responses/{id}``
-  finds it while the topics retain it.
-* With function tools, the answer's text is read for calls
-  (:class:`OutputBuilder`, schemas/tools.py): the output is its items in the
-  order the model wrote them, a message for text (``msg_X``, then ``msg_X_1``
-  for text after a call) and a ``function_call`` item for each call (its
-  ``call_id`` the one chat would give, its id ``fc_`` and the same suffix).
-  A stream builds the same items as they come, so the streamed and the
-  collected response agree.
-* ``tools``, ``tool_choice`` and ``parallel_tool_calls`` echo the request
-  (an empty list, ``auto`` and true when it left them out); ``truncation``
-  is disabled and ``text.format`` text, whatever the request left out.
-* ``error`` carries OpenAI's codes: ``rate_limit_exceeded`` stays, every
-  other failure is ``server_error``; the message says what happened.
-"""
+:func:`response_object` is a pure function, so a response reads the same in
+the create call's answer, its stream's events and a read back; ids derive
+from the response id (``resp_X`` has the message ``msg_X``). ``completed``
+with ``finish_reason`` ``length`` is ``incomplete`` (``max_output_tokens``);
+``store`` reports what is kept (:func:`is_stored`); with function tools the
+output is the answer's items in order (:class:`OutputBuilder`); ``tools``,
+``tool_choice`` and ``parallel_tool_calls`` echo the request; ``error`` keeps
+``rate_limit_exceeded`` and is ``server_error`` otherwise."""
 
 from __future__ import annotations
 
@@ -51,20 +26,9 @@ from schemas.openai.response_items import (
 from schemas.openai.responses import ResponsesRequest, response_usage
 from schemas.records import ErrorInfo, Usage
 
-__all__ = [
-    "ResponseStatus",
-    "new_response_id",
-    "message_id",
-    "message_item",
-    "output_text_part",
-    "usage_object",
-    "error_object",
-    "response_object",
-    "is_stored",
-    "OutputBuilder",
-    "Step",
-    "call_item",
-]
+__all__ = ["ResponseStatus", "new_response_id", "message_id", "message_item", "output_text_part",
+           "usage_object", "error_object", "response_object", "is_stored", "OutputBuilder", "Step",
+           "call_item"]
 
 ResponseStatus = Literal["queued", "in_progress", "completed", "incomplete", "failed",
                          "cancelled"]

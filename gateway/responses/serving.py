@@ -1,73 +1,26 @@
-"""Serving a Responses API request through the chat pipeline.
+"""Serving a Responses API request through the chat pipeline (docs/api/responses.md).
 
-A Responses request becomes a chat :class:`~schemas.records.Generation`:
-``instructions`` first as a system message, then the input's messages (a
-string input is one user message). It is admitted and submitted as chat
-requests are (:meth:`gateway.submission.Submitter.admit_and_submit`), and answered from
-the same replies: collected into one Response object, or streamed as the
-Responses API's events (:mod:`gateway.responses.events`). The response id is
-``resp_`` and the pipeline's request id, so the log finds it.
+A request becomes a chat :class:`~schemas.records.Generation`
+(``instructions`` as a first system message), admitted and submitted as chat
+requests are, answered as one Response object or as the API's events. The
+response id is ``resp_`` and the request id, so the log finds it. As for
+chat, a stream starts only with the first reply; preprocess's
+``messages[k]`` param is translated back to ``instructions`` or ``input[j]``.
 
-As for chat, a stream starts only when the first reply is in: a request that
-fails before its first token is an HTTP error in OpenAI's envelope. The
-preprocess layer names a faulty message ``messages[k]``; that ``param`` is
-translated back to the field the client sent (``instructions`` or
-``input[j]``). A failure after the stream began is a ``response.failed``
-event. A client that leaves an unstreamed request cancels its generation at
-once (the collector sees the disconnect); one that leaves a stream gets the
-grace chat streams get (``resume_grace_s``, when ``resumable_streams``): it
-may resume within it, on any replica, before the generation is cancelled.
-
-One loop, two transports. :func:`response_events` turns a source of replies
-(the live answer, or the replies read back from the log) into the events as
-dicts: the opening, one delta per piece of text, then the closing or
-``response.failed``; None marks a wait of ``within`` seconds without a reply.
-:meth:`ResponsesServing.stream` writes them as SSE (None: a keep-alive comment), the
-WebSocket session (:mod:`gateway.websocket.responses`) sends each as a JSON
-message.
-
-Resuming (``GET /v1/responses/{id}?stream=true&starting_after=N``, as OpenAI
-names it; :meth:`ResponsesServing.resume`). The request is found in the log from its
-id and its replies are read from its reply partition, recorded then live, by
-:mod:`gateway.resume`, exactly as a chat stream is resumed; the events are
-built again from the first reply on and those numbered above ``N`` are sent
-(all of them without ``starting_after``). The numbering depends only on the
-replies (4 opening events, one per reply with text, 4 closing ones or one
-``response.failed``), so every replica numbers alike and a resumed stream
-joins the first with no gap and no repeat. Decisions:
-
-* The response objects inside the events are rebuilt from the recorded
-  generation (:func:`recorded_request`): model, ``temperature``, ``top_p``,
-  ``max_output_tokens`` and ``created_at`` are exact. ``instructions`` is a
-  system message that comes first, before others (the log cannot tell it
-  from an input system message in that place); ``metadata`` and ``store``
-  are recorded; ``user``, ``safety_identifier`` and ``prompt_cache_key`` are
-  not in the log and read empty in a resumed stream. ``completed_at`` is the record time of the
-  final reply (the live stream's is when its gateway read it: the same second
-  but for a boundary between them).
-* A request that failed before its first token had no stream (its client got
-  an HTTP error); read back, it is the opening events and ``response.failed``.
-* Only the tenant that made a response may stream it: any other caller gets
-  404, as for a response that does not exist.
-* A background response is a job: its replies go to the job's results, not
-  to ``conveyor.replies``, so there is nothing to stream. ``stream=true`` on
-  one is a 400 naming ``stream`` that says to poll it (OpenAI streams those
-  only when they were created with ``stream: true``, which Conveyor refuses).
-* Any chat request of the caller's, streamed or not, can be read as
-  Responses events (``resp_`` and its id), since requests recorded before
-  the log named their API do not say which asked for it.
-
-Reading a stored response back without ``stream`` (:meth:`ResponsesServing.stored_response`,
-gateway/stored.py): a direct response kept unless ``store: false``, found
-only through the Responses API that made it, rebuilt as its create call
-answered it.
-"""
+:func:`response_events` turns a source of replies (the live answer, or the
+replies read back by :mod:`gateway.resume`) into the events, for SSE and the
+WebSocket mode alike; their numbering depends only on the replies, so a
+resumed stream (``?stream=true&starting_after=N``) joins the first on any
+replica. A resumed stream's response objects are rebuilt from the recorded
+generation (:func:`recorded_request`: ``user``, ``safety_identifier`` and
+``prompt_cache_key`` are not in the log and read empty). Only the tenant
+may stream or read a response (else 404); a background response is a job
+and cannot be streamed (400 naming ``stream``)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -83,7 +36,7 @@ from gateway.answer import Answer, Disconnected, collect
 from gateway.auth.middleware import identity_of
 from gateway.auth.types import Identity
 from gateway.cancels import Cancels
-from gateway.errors import SafeJSONResponse
+from gateway.errors import NotFound, SafeJSONResponse, for_client
 from gateway.responses.events import ResponseEvents, frame
 from gateway.responses.objects import is_stored, new_response_id, response_object
 from gateway.responses.types import BackgroundResponses
@@ -108,10 +61,8 @@ from schemas.openai.responses import (
 )
 from schemas.records import ErrorInfo, Generation, Reply, Sampling, Usage
 
-__all__ = ["ResponsesServing", "generation_of", "input_param", "response_events",
+__all__ = ["ResponsesServing", "generation_of", "input_param", "translated", "response_events",
            "ResponseNotFound", "response_request_id", "sequence_after", "recorded_request"]
-
-log = logging.getLogger(__name__)
 
 _MESSAGE_PARAM = re.compile(r"^messages\[(\d+)\]")
 _RENAMED = {"messages": "input", "max_tokens": "max_output_tokens"}
@@ -149,7 +100,8 @@ def input_param(param: str | None, body: ResponsesRequest) -> str | None:
     return f"input[{index}]" + param[match.end():]
 
 
-def _translated(exc: RequestError, body: ResponsesRequest) -> RequestError:
+def translated(exc: RequestError, body: ResponsesRequest) -> RequestError:
+    """``exc`` naming the Responses field its chat ``param`` came from."""
     exc.param = input_param(exc.param, body)
     return exc
 
@@ -177,10 +129,8 @@ async def response_events(events: ResponseEvents, source: ReplySource, first: Re
             try:
                 reply = await source.next(within=within)
             except Exception as exc:  # the stream began: the error becomes an event
-                if not isinstance(exc, RequestError):
-                    log.error("stream %s failed", source.request_id, exc_info=exc)
-                    exc = RequestError("Internal error.")
-                for event in events.failure(_error_info(_translated(exc, body))):
+                error = for_client(exc, f"stream {source.request_id}")
+                for event in events.failure(_error_info(translated(error, body))):
                     yield event
                 return
             if reply is None:
@@ -213,12 +163,8 @@ async def _sse(events: AsyncGenerator[dict[str, Any] | None, None],
 
 # -- resuming ---------------------------------------------------------------------
 
-class ResponseNotFound(RequestError):
+class ResponseNotFound(NotFound):
     """404 for a response that does not exist, or is not the caller's to see."""
-
-    status = 404
-    type = "invalid_request_error"
-    code = "not_found"
 
     def __init__(self, response_id: str) -> None:
         super().__init__(f"Response with id '{response_id}' not found.")
@@ -314,13 +260,9 @@ class ResponsesServing:
         then live (``stream``)."""
         identity = identity_of(request)
         if not stream:
-            if self.background is not None:
-                try:
-                    return SafeJSONResponse(await self.background.retrieve(identity,
-                                                                           response_id))
-                except RequestError as exc:
-                    if exc.status != 404:
-                        raise
+            found = await _background(self.background, identity, response_id)
+            if found is not None:
+                return SafeJSONResponse(found)
             response_request_id(response_id)  # 404 for what is no response id, before the log
             return SafeJSONResponse(await self.stored_response(identity, response_id))
         rid = response_request_id(response_id)
@@ -334,7 +276,7 @@ class ResponsesServing:
         try:
             chat = await collect(generation, answer, disconnected, read_calls=False)
         except RequestError as exc:
-            raise _translated(exc, body) from None
+            raise translated(exc, body) from None
         if not chat:
             return {}
         choice = chat["choices"][0]
@@ -356,26 +298,17 @@ class ResponsesServing:
         try:
             return await answer.first(disconnected)
         except RequestError as exc:
-            raise _translated(exc, body) from None
+            raise translated(exc, body) from None
 
-    async def stream(self, generation: Generation, answer: Answer, body: ResponsesRequest,
-                     first: Reply) -> AsyncIterator[bytes]:
-        """SSE frames of the Responses API's events, keep-alive comments while waiting.
-        Closing the iterator early (the client went away) cancels the generation after
-        ``resume_grace_s``, unless a resumed stream reads it by then."""
+    def stream(self, generation: Generation, answer: Answer, body: ResponsesRequest,
+               first: Reply) -> AsyncIterator[bytes]:
+        """SSE frames of the Responses API's events, keep-alive comments while waiting
+        (:meth:`gateway.answer.Answer.relay` says what leaving early does)."""
         events = ResponseEvents(new_response_id(answer.request_id), generation["created"],
                                 body)
-        settings = self.settings
-        ended = False
-        try:
-            async for event in _sse(response_events(events, answer, first, body,
-                                                    settings.sse_keepalive_s)):
-                yield event
-            ended = True
-        finally:
-            resumable = settings.resumable_streams and not ended
-            answer.close("client disconnected",
-                         grace_s=settings.resume_grace_s if resumable else 0.0)
+        gateway = self.settings.gateway
+        return answer.relay(_sse(response_events(events, answer, first, body,
+                                                 gateway.sse_keepalive_s)), gateway)
 
     async def resume(self, identity: Identity, response_id: str, after: int
                      ) -> AsyncIterator[bytes]:
@@ -384,8 +317,7 @@ class ResponsesServing:
         rid = response_request_id(response_id)
         where = await self.stored.locate(rid)
         if where is None:
-            if self.background is not None and await _is_background(
-                    self.background, identity, response_id):
+            if await _background(self.background, identity, response_id) is not None:
                 raise InvalidRequest(
                     f"Response '{response_id}' is a background response, which cannot be "
                     "streamed: it runs as a job whose replies are kept as its result, not "
@@ -401,7 +333,7 @@ class ResponsesServing:
 
     def _framer(self, where: Recorded, generation: Generation) -> Framer:
         body = recorded_request(generation)
-        keepalive_s = self.settings.sse_keepalive_s
+        keepalive_s = self.settings.gateway.sse_keepalive_s
 
         def frames(replies: RecordedReplies, after: int) -> AsyncIterator[bytes]:
             events = ResponseEvents(new_response_id(where.request_id), generation["created"],
@@ -429,7 +361,7 @@ class ResponsesServing:
             folded, ended_ms = await self.stored.read(where)
         except RequestError as exc:
             return response_object(response_id, generation["created"], body, "failed",
-                                   error=_error_info(_translated(exc, body)))
+                                   error=_error_info(translated(exc, body)))
         return response_object(
             response_id, generation["created"], body, "completed", text=folded.text,
             usage=folded.usage, finish_reason=folded.finish_reason,
@@ -438,12 +370,14 @@ class ResponsesServing:
             else None)
 
 
-async def _is_background(background: BackgroundResponses, identity: Identity,
-                         response_id: str) -> bool:
+async def _background(background: BackgroundResponses | None, identity: Identity,
+                      response_id: str) -> dict[str, Any] | None:
+    """The caller's background response ``response_id``; None when there is none."""
+    if background is None:
+        return None
     try:
-        await background.retrieve(identity, response_id)
+        return await background.retrieve(identity, response_id)
     except RequestError as exc:
         if exc.status == 404:
-            return False
+            return None
         raise
-    return True

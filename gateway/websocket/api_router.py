@@ -13,9 +13,8 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, WebSocket
-from starlette.requests import HTTPConnection
 
-from gateway.provide import services_of
+from gateway.provide import service, services_of
 from gateway.submission import Submitter
 from gateway.websocket.chat import Multiplexer
 from gateway.websocket.connection import Connection
@@ -25,40 +24,32 @@ __all__ = ["websocket_router"]
 
 websocket_router = APIRouter()
 
-
-def _submitter(connection: HTTPConnection) -> Submitter:
-    submitter: Submitter = services_of(connection).submitter
-    return submitter
+Submitting = Annotated[Submitter, Depends(service("submitter"))]
 
 
-def _max_bytes(connection: HTTPConnection) -> int:
-    """The largest message a connection takes: the HTTP body limit."""
-    max_bytes: int = services_of(connection).settings.max_body_bytes
-    return max_bytes
-
-
-async def _open(websocket: WebSocket, max_bytes: int) -> Connection:
+async def _accepted(websocket: WebSocket) -> Connection:
+    """The connection, accepted; its largest message is the HTTP body limit."""
+    max_bytes: int = services_of(websocket).settings.gateway.max_body_bytes
     await websocket.accept()
     return Connection(websocket, max_bytes)
 
 
+Accepted = Annotated[Connection, Depends(_accepted)]
+
+
 @websocket_router.websocket("/v1/chat/completions")
-async def chat_completions_ws(websocket: WebSocket,
-                              submitter: Annotated[Submitter, Depends(_submitter)],
-                              max_bytes: Annotated[int, Depends(_max_bytes)]) -> None:
-    connection = await _open(websocket, max_bytes)
+async def chat_completions_ws(websocket: WebSocket, submitter: Submitting,
+                              connection: Accepted) -> None:
     await Multiplexer(connection, submitter, websocket, "chat").run()
 
 
 @websocket_router.websocket("/v1/completions")
-async def completions_ws(websocket: WebSocket, submitter: Annotated[Submitter, Depends(_submitter)],
-                         max_bytes: Annotated[int, Depends(_max_bytes)]) -> None:
-    connection = await _open(websocket, max_bytes)
+async def completions_ws(websocket: WebSocket, submitter: Submitting,
+                         connection: Accepted) -> None:
     await Multiplexer(connection, submitter, websocket, "completion").run()
 
 
 @websocket_router.websocket("/v1/responses")
-async def responses_ws(websocket: WebSocket, submitter: Annotated[Submitter, Depends(_submitter)],
-                       max_bytes: Annotated[int, Depends(_max_bytes)]) -> None:
-    connection = await _open(websocket, max_bytes)
+async def responses_ws(websocket: WebSocket, submitter: Submitting,
+                       connection: Accepted) -> None:
     await ResponsesSession(connection, submitter, websocket).run()

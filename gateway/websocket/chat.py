@@ -1,28 +1,13 @@
 """Several chat (or completion) generations on one WebSocket, each under the id
 its client gave it (:mod:`gateway.websocket.protocol` has the messages).
 
-:class:`Multiplexer` reads the client's frames and gives each request a task
-of its own; :class:`Generation` holds one request's state (its id, its
-:class:`GenerationState`, its task and answer), never parallel lists. A
-request is validated, admitted and submitted as its HTTP twin is
-(:meth:`gateway.submission.Submitter.admit_and_submit`, with the handshake's headers:
-``X-Conveyor-Timeout``, ``traceparent``), then streamed: over a WebSocket
-every request streams, whatever its ``stream`` says, and its chunks are the
-SSE stream's chunk objects.
-
-Decisions:
-
-* At most :data:`MAX_IN_FLIGHT` requests run at once on a connection; one
-  more is refused with a 429 error message for its id (the others go on).
-  An id already in flight is refused the same way, with 400.
-* ``cancel`` stops that one generation: its answer is closed, which tells
-  the pipeline to cancel it. A cancel that arrives while the request is
-  still being produced takes effect the moment it is submitted (cancelling
-  a produce half-way would leave a generation nobody listens to). A cancel
-  for an id that is not in flight (already done, or never sent) is ignored:
-  it raced the end.
-* The connection closing, from either side, cancels every generation on it.
-"""
+:class:`Multiplexer` reads the frames and gives each request a task;
+:class:`Generation` holds one request's state. A request is admitted and
+submitted as its HTTP twin is, with the handshake's headers, and always
+streams. At most :data:`MAX_IN_FLIGHT` run at once (one more: 429 for its
+id; an id already in flight: 400). ``cancel`` closes that answer (one that
+arrives mid-produce takes effect once it is submitted; one for an unknown id
+is ignored); the connection closing cancels them all."""
 
 from __future__ import annotations
 
@@ -36,6 +21,7 @@ from starlette.requests import HTTPConnection
 
 from conveyor.errors import InvalidRequest, RateLimited, RequestError
 from gateway.answer import Answer
+from gateway.errors import for_client
 from gateway.submission import Submitter
 from gateway.websocket.connection import Connection
 from gateway.websocket.protocol import (
@@ -136,11 +122,8 @@ class Generation:
             await self._end(error_message(self.id, _CANCELLED))
         except _ClientCancelled:
             await self._end(error_message(self.id, _CANCELLED))
-        except RequestError as exc:
-            await self._end(error_message(self.id, exc))
-        except Exception as exc:  # a bug: the client hears of it, the log has it all
-            log.error("websocket request %s failed", self.id, exc_info=exc)
-            await self._end(error_message(self.id, RequestError("Internal error.")))
+        except Exception as exc:
+            await self._end(error_message(self.id, for_client(exc, f"websocket request {self.id}")))
         finally:
             if self.answer is not None:
                 self.answer.close("client cancelled" if self.cancel_requested

@@ -54,7 +54,6 @@ class Connection:
         self.websocket = websocket
         self.max_frame_bytes = max_frame_bytes
         self.state = ConnectionState.OPEN
-        self.close_code: int | None = None
         self._lock = asyncio.Lock()
 
     def _move(self, to: ConnectionState) -> None:
@@ -74,7 +73,6 @@ class Connection:
             return None
         message = await self.websocket.receive()
         if message["type"] == "websocket.disconnect":
-            self.close_code = int(message.get("code", 1005))
             if self.state is not ConnectionState.CLOSED:
                 self._move(ConnectionState.CLOSED)
             return None
@@ -117,7 +115,6 @@ class Connection:
             if not self.open:
                 return
             self._move(ConnectionState.CLOSING)
-            self.close_code = code
             try:
                 await self.websocket.close(code, close_reason(reason))
             except (WebSocketDisconnect, RuntimeError, OSError) as exc:

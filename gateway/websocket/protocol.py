@@ -1,32 +1,10 @@
 """The WebSocket messages of the gateway: what a client may send, what the server
-sends back, the close codes, and how a message becomes a text frame.
-
-Multiplexed generations (``ws /v1/chat/completions`` and ``ws /v1/completions``;
-the path says which kind of body a request holds, as over HTTP):
-
-* client: ``{"type": "request", "id": "<client id>", "body": {<request body>}}``
-  and ``{"type": "cancel", "id": "<client id>"}``;
-* server: ``{"type": "chunk", "id", "data": <OpenAI chunk object>}``,
-  ``{"type": "done", "id"}`` and
-  ``{"type": "error", "id", "status": <HTTP status>, "error": <OpenAI error object>}``.
-
-Every request id ends with exactly one ``done`` or ``error``; a cancelled
-request ends with the error ``request_cancelled``, and no chunk follows it.
-
-Responses mode (``ws /v1/responses``), as OpenAI's openai-python types it
-(``ResponsesClientEventParam``): ``{"type": "response.create", <the fields of a
-POST /v1/responses body>}``; the realtime shape, the body under
-``"response"``, is taken too. ``stream`` is implicit (whatever is sent) and
-``background`` is refused, as OpenAI refuses it over a WebSocket. The server
-sends the events of the SSE stream, one JSON message each; a request refused
-before its stream began is ``{"type": "error", "code", "message", "param",
-"status", "sequence_number": 0}`` (OpenAI's ``ResponseErrorEvent``).
-
-A frame that is not one of these (binary, not JSON, an unknown ``type``, a
-request without an id) closes the connection with a close code and a reason:
-there is no request to answer. A problem with one request's body is an error
-message for that request, and the connection stays open.
-"""
+sends back, the close codes, and how a message becomes a text frame. The
+contract is docs/api/websocket.md: multiplexed ``request``/``cancel`` in,
+``chunk``/``done``/``error`` out, each id ending with exactly one ``done`` or
+``error``; Responses mode takes ``response.create`` and sends the SSE stream's
+events. A frame that is none of these closes the connection with a code and a
+reason; a bad body is an error for that request alone."""
 
 from __future__ import annotations
 
@@ -35,30 +13,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from conveyor.errors import RequestError
+from gateway.errors import safe_json
 
-__all__ = [
-    "Endpoint",
-    "UNSUPPORTED_DATA",
-    "INVALID_PAYLOAD",
-    "POLICY_VIOLATION",
-    "MESSAGE_TOO_BIG",
-    "INTERNAL_ERROR",
-    "TRY_AGAIN_LATER",
-    "MAX_ID_CHARS",
-    "FrameError",
-    "RequestMessage",
-    "CancelMessage",
-    "ResponseCreate",
-    "parse_multiplexed",
-    "parse_response_create",
-    "close_reason",
-    "encode",
-    "chunk_frame",
-    "done_message",
-    "error_message",
-    "response_error_event",
-    "close_code_of",
-]
+__all__ = ["Endpoint", "UNSUPPORTED_DATA", "INVALID_PAYLOAD", "POLICY_VIOLATION", "MESSAGE_TOO_BIG",
+           "INTERNAL_ERROR", "TRY_AGAIN_LATER", "MAX_ID_CHARS", "FrameError", "RequestMessage",
+           "CancelMessage", "ResponseCreate", "parse_multiplexed", "parse_response_create",
+           "close_reason", "encode", "chunk_frame", "done_message", "error_message",
+           "response_error_event", "close_code_of"]
 
 # RFC 6455 section 7.4.1 and the IANA registry
 UNSUPPORTED_DATA = 1003  # a binary frame: this protocol is text
@@ -154,14 +115,8 @@ def close_code_of(exc: RequestError) -> int:
 
 
 def encode(message: dict[str, Any]) -> str:
-    """A message as one text frame: UTF-8 as is, or ASCII escapes for what UTF-8
-    cannot hold (a lone surrogate echoed from a request)."""
-    text = json.dumps(message, ensure_ascii=False, separators=(",", ":"))
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return json.dumps(message, ensure_ascii=True, separators=(",", ":"))
-    return text
+    """A message as one text frame (:func:`gateway.errors.safe_json`)."""
+    return safe_json(message).decode()
 
 
 def chunk_frame(rid: str, chunk_json: str) -> str:

@@ -1,25 +1,13 @@
 """OpenAI's Responses API in WebSocket mode (``ws /v1/responses``).
 
-The client sends ``response.create`` events (:mod:`gateway.websocket.protocol`);
-each is validated as ``POST /v1/responses`` validates its body
-(:func:`schemas.openai.responses.parse_request`), admitted and submitted as
-a chat generation (:func:`gateway.responses.serving.generation_of`), and
-answered with the same events as the SSE stream, from the same loop
-(:func:`gateway.responses.serving.response_events`), one JSON message each.
-
-Decisions:
-
-* One response at a time per connection, in the order they were asked for
-  (OpenAI's WebSocket mode processes a connection's responses FIFO); at most
-  :data:`MAX_QUEUED` wait behind the one running, and one more is refused
-  with an ``error`` event. Parallel responses take parallel connections, or
-  the multiplexed ``ws /v1/chat/completions``.
-* A refusal before the stream began (a bad body, 429, no worker) is OpenAI's
-  ``error`` event with the HTTP status added; a failure after it began is
-  ``response.failed``, as over SSE. The connection stays open for the next.
-* The connection closing cancels the response that runs and drops the ones
-  waiting.
-"""
+Each ``response.create`` is validated as ``POST /v1/responses`` is, submitted
+as a chat generation and answered with the SSE stream's events from the same
+loop (:func:`gateway.responses.serving.response_events`), one JSON message
+each. One response at a time per connection, first come first served, at most
+:data:`MAX_QUEUED` waiting (one more is refused with an ``error`` event). A
+refusal before the stream began is OpenAI's ``error`` event with the HTTP
+status; the connection closing cancels the running response and drops the
+waiting ones."""
 
 from __future__ import annotations
 
@@ -32,9 +20,10 @@ from starlette.requests import HTTPConnection
 
 from conveyor.errors import InvalidRequest, RateLimited, RequestError
 from gateway.answer import Answer
+from gateway.errors import for_client
 from gateway.responses.events import ResponseEvents
 from gateway.responses.objects import new_response_id
-from gateway.responses.serving import generation_of, input_param, response_events
+from gateway.responses.serving import generation_of, response_events, translated
 from gateway.submission import Submitter
 from gateway.websocket.connection import Connection
 from gateway.websocket.protocol import (
@@ -50,12 +39,6 @@ __all__ = ["MAX_QUEUED", "ResponsesSession"]
 log = logging.getLogger(__name__)
 
 MAX_QUEUED = 8
-
-
-def _translated(exc: RequestError, body: ResponsesRequest | None) -> RequestError:
-    if body is not None:
-        exc.param = input_param(exc.param, body)
-    return exc
 
 
 class ResponsesSession:
@@ -98,11 +81,8 @@ class ResponsesSession:
             create = await self.queue.get()
             try:
                 await self._respond(create)
-            except RequestError as exc:
-                await self._send_error(exc)
-            except Exception as exc:  # a bug: the client hears of it, the log has it all
-                log.error("websocket response failed", exc_info=exc)
-                await self._send_error(RequestError("Internal error."))
+            except Exception as exc:
+                await self._send_error(for_client(exc, "websocket response"))
 
     async def _send_error(self, exc: RequestError) -> None:
         await self.connection.send(encode(response_error_event(exc)))
@@ -116,7 +96,7 @@ class ResponsesSession:
         try:
             answer = await self.submitter.admit_and_submit(generation, self.request)
         except RequestError as exc:
-            raise _translated(exc, body) from None
+            raise translated(exc, body) from None
         try:
             await self._stream(answer, body, generation["created"])
         finally:
@@ -126,7 +106,7 @@ class ResponsesSession:
         try:
             first = await answer.next()
         except RequestError as exc:  # before the stream began: an error event
-            raise _translated(exc, body) from None
+            raise translated(exc, body) from None
         events = ResponseEvents(new_response_id(answer.request_id), created, body)
         # no ``within``: a reply, the end or a failure, never a keep-alive wait
         async with contextlib.aclosing(response_events(events, answer, first, body,

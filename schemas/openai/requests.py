@@ -65,21 +65,9 @@ from schemas.openai.tool_params import (
 from schemas.records import Tools as ToolsRecord
 from schemas.tools import MAX_TOOLS, tools_of
 
-__all__ = [
-    "ChatMessage",
-    "ChatCompletionRequest",
-    "CompletionRequest",
-    "StreamOptions",
-    "TextPart",
-    "Text",
-    "field_names",
-    "model_list",
-    "MAX_INT32",
-    "MIN_INT64",
-    "MAX_INT64",
-    "FUNCTION_NAME",
-    "checked_metadata",
-]
+__all__ = ["ChatMessage", "ChatCompletionRequest", "CompletionRequest", "StreamOptions",
+           "TextPart", "Text", "field_names", "model_list", "MAX_INT32", "MIN_INT64", "MAX_INT64",
+           "FUNCTION_NAME", "checked_metadata"]
 
 MAX_INT32 = 2**31 - 1
 # OpenAI's bound on the tokens one logit_bias may bias

@@ -79,19 +79,9 @@ from schemas.records import ResponseFormat as ResponseFormatRecord
 from schemas.structured import format_record
 from schemas.tools import tools_of
 
-__all__ = [
-    "response_usage",
-    "InputText",
-    "InputMessage",
-    "FunctionCallItem",
-    "FunctionCallOutputItem",
-    "FunctionTool",
-    "TextFormat",
-    "TextConfig",
-    "ResponsesRequest",
-    "parse_request",
-    "param_of",
-]
+__all__ = ["response_usage", "InputText", "InputMessage", "FunctionCallItem",
+           "FunctionCallOutputItem", "FunctionTool", "TextFormat", "TextConfig",
+           "ResponsesRequest", "parse_request", "param_of"]
 
 _STRICT = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 

@@ -58,7 +58,7 @@ def test_a_waiting_request_outlives_a_killed_scheduler_and_is_answered_once(
     codec = default_codec()
     rid = waiting[0].headers["x-request-id"]
     chunks = [codec.decode(r.value, "TokenChunk")
-              for r in asyncio.run(records(p, [p.settings.topic("tokens")]))
+              for r in asyncio.run(records(p, [p.settings.kafka.topic("tokens")]))
               if r.key == rid.encode()]
     assert len({c["run_id"] for c in chunks}) == 1, chunks
     assert sum(c["finish_reason"] is not None for c in chunks) == 1

@@ -65,11 +65,11 @@ def create(c: openai.OpenAI, lines: list[dict[str, Any]]) -> Any:
 
 async def _consumer(p: Pipeline, name: str) -> tuple[AIOKafkaConsumer, list[TopicPartition]]:
     """A consumer of every partition of a pipeline topic (requests, tokens)."""
-    topic = p.settings.topic(name)
-    consumer = AIOKafkaConsumer(bootstrap_servers=p.settings.kafka_bootstrap,
+    topic = p.settings.kafka.topic(name)
+    consumer = AIOKafkaConsumer(bootstrap_servers=p.settings.kafka.bootstrap,
                                 enable_auto_commit=False, fetch_max_wait_ms=10)
     await consumer.start()
-    tps = [TopicPartition(topic, n) for n in range(p.settings.pipeline_partitions)]
+    tps = [TopicPartition(topic, n) for n in range(p.settings.kafka.pipeline_partitions)]
     consumer.assign(tps)
     return consumer, tps
 
@@ -131,7 +131,7 @@ def in_flight(p: Pipeline, batch_id: str, lines: int) -> dict[str, str]:
     """The batch's lines being generated now (request id -> worker id): leased
     to a worker (``{prefix}:lease:<id>``) and not done (``{prefix}:claim:<id>``)."""
     ids = [f"{batch_id}-{i}" for i in range(lines)]
-    r = redis.Redis.from_url(p.settings.redis_url, decode_responses=True)
+    r = redis.Redis.from_url(p.settings.redis.url, decode_responses=True)
     try:
         leases = r.mget([f"{p.prefix}:lease:{i}" for i in ids])
         claims = r.mget([f"{p.prefix}:claim:{i}" for i in ids])

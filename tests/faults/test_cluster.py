@@ -203,8 +203,9 @@ def test_a_broker_killed_mid_stream_loses_no_answer(
         cluster: Cluster, pipeline_factory: Callable[..., Pipeline]) -> None:
     p = pipeline_factory(workers=1, contexts=STREAMS, CONVEYOR_KAFKA_BOOTSTRAP=cluster.bootstrap)
     s = p.settings
-    hot = [s.topic("requests"), s.topic("prepared"), s.topic("routed"), s.topic("tokens"),
-           s.topic("replies"), s.topic("infer.cpu")]
+    hot = [s.kafka.topic("requests"), s.kafka.topic("prepared"), s.kafka.topic("routed"),
+           s.kafka.topic("tokens"),
+           s.kafka.topic("replies"), s.kafka.topic("infer.cpu")]
     ports, topics = asyncio.run(_topology(cluster.bootstrap, hot))
     # the catalog was created replicated three times, min.insync.replicas 2
     for name, topic in topics.items():
@@ -233,8 +234,8 @@ def test_a_broker_killed_mid_stream_loses_no_answer(
         answers = [f.result(timeout=150) for f in futures]
     stall_s = time.monotonic() - killed_at
 
-    chunks = asyncio.run(_chunks(s.kafka_bootstrap, s.topic("tokens"),
-                                 len(topics[s.topic("tokens")]["partitions"])))
+    chunks = asyncio.run(_chunks(s.kafka.bootstrap, s.kafka.topic("tokens"),
+                                 len(topics[s.kafka.topic("tokens")]["partitions"])))
     for answer in answers:
         assert answer.dones == 1 and answer.after_done == 0, answer
         assert answer.finishes in (["length"], ["stop"]), answer

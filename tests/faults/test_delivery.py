@@ -80,10 +80,10 @@ def test_poison_event_goes_to_dlq_and_the_pipeline_keeps_serving(pipeline: Pipel
     garbage = b"\x00not an avro event\xff"
 
     async def produce() -> None:
-        producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)
+        producer = AIOKafkaProducer(bootstrap_servers=s.kafka.bootstrap)
         await producer.start()
         try:
-            await producer.send_and_wait(s.topic("requests"), garbage, key=b"poison-1")
+            await producer.send_and_wait(s.kafka.topic("requests"), garbage, key=b"poison-1")
         finally:
             await producer.stop()
 
@@ -92,12 +92,12 @@ def test_poison_event_goes_to_dlq_and_the_pipeline_keeps_serving(pipeline: Pipel
     letters = []
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and not letters:
-        values = asyncio.run(_read_topic(s.kafka_bootstrap, s.topic("dlq"), 10))
+        values = asyncio.run(_read_topic(s.kafka.bootstrap, s.kafka.topic("dlq"), 10))
         letters = [d for d in (codec.decode(v, "DeadLetter") for v in values)
                    if d["value"] == garbage]
     assert letters, "the poison event did not reach the dead-letter topic"
     letter = letters[0]
-    assert letter["layer"] == "preprocess" and letter["topic"] == s.topic("requests")
+    assert letter["layer"] == "preprocess" and letter["topic"] == s.kafka.topic("requests")
     assert letter["key"] == b"poison-1" and "SchemaError" in letter["error"]
     r = httpx.post(f"{pipeline.base_url}/v1/completions", timeout=60,
                    json={"model": "smollm2", "prompt": "Hello", "max_tokens": 4})
@@ -119,8 +119,8 @@ def test_client_disconnect_cancels_the_generation(pipeline: Pipeline) -> None:
         progress = progress_of(_chunks_of(pipeline, rid))
     assert progress.finished
     assert progress.tokens < 1500
-    values = asyncio.run(_read_topic(pipeline.settings.kafka_bootstrap,
-                                     pipeline.settings.topic("control"), 5))
+    values = asyncio.run(_read_topic(pipeline.settings.kafka.bootstrap,
+                                     pipeline.settings.kafka.topic("control"), 5))
     cancels = [default_codec().decode(v, "Control") for v in values]
     assert any(c["request_id"] == rid for c in cancels)
 
@@ -191,7 +191,7 @@ def test_killed_worker_request_is_finished_by_another_once(p: Pipeline) -> None:
 
 def _worker_of(p: Pipeline, request_id: str) -> str:
     """The worker that holds the request's claim (the one generating it)."""
-    client = redis.Redis.from_url(p.settings.redis_url)
+    client = redis.Redis.from_url(p.settings.redis.url)
     holder = client.get(f"{p.prefix}:lease:{request_id}")
     if holder:
         return str(holder.decode())
@@ -202,7 +202,8 @@ def _worker_of(p: Pipeline, request_id: str) -> str:
 
 def _chunks_of(p: Pipeline, request_id: str) -> list[TokenChunk]:
     codec = default_codec()
-    values = asyncio.run(_read_topic(p.settings.kafka_bootstrap, p.settings.topic("tokens"), 20))
+    values = asyncio.run(_read_topic(p.settings.kafka.bootstrap, p.settings.kafka.topic("tokens"),
+                                     20))
     chunks = [codec.decode(v, "TokenChunk") for v in values]
     return [c for c in chunks if c["envelope"]["request_id"] == request_id]
 
@@ -332,18 +333,18 @@ async def _send_task_again(p: Pipeline, request_id: str, running_on: str) -> str
     """Copy the request's task onto a partition of the other worker; its id."""
     s = p.settings
     codec = default_codec()
-    values = await _read_topic(s.kafka_bootstrap, s.topic("infer.cpu"), 10)
+    values = await _read_topic(s.kafka.bootstrap, s.kafka.topic("infer.cpu"), 10)
     [task] = [v for v in values if codec.decode(v, "Task")["envelope"]["request_id"]
               == request_id]
     beats: dict[str, WorkerHeartbeat] = {}
-    for value in await _read_topic(s.kafka_bootstrap, s.topic("workers"), 10):
+    for value in await _read_topic(s.kafka.bootstrap, s.kafka.topic("workers"), 10):
         beat = codec.decode(value, "WorkerHeartbeat")
         beats[beat["worker_id"]] = beat
     [other] = [b for w, b in beats.items() if w != running_on and b["state"] == "ready"]
-    producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)
+    producer = AIOKafkaProducer(bootstrap_servers=s.kafka.bootstrap)
     await producer.start()
     try:
-        await producer.send_and_wait(s.topic("infer.cpu"), task, key=request_id.encode(),
+        await producer.send_and_wait(s.kafka.topic("infer.cpu"), task, key=request_id.encode(),
                                      partition=other["partitions"][0])
     finally:
         await producer.stop()

@@ -140,7 +140,7 @@ def test_a_cancelled_queued_task_is_never_generated(
 def _request_ids(p: Pipeline) -> set[str]:
     """The requests that entered since the readiness probe."""
     codec = default_codec()
-    values = asyncio.run(_read_topic(p.settings.kafka_bootstrap, p.settings.topic("requests"),
+    values = asyncio.run(_read_topic(p.settings.kafka.bootstrap, p.settings.kafka.topic("requests"),
                                      10))
     requests = [codec.decode(v, "Request") for v in values]
     return {r["envelope"]["request_id"] for r in requests if r["generation"]["prompt"] != "Hi"}
@@ -207,7 +207,8 @@ def _check_engine_failure(p: Pipeline, metrics_port: int) -> None:
     letters: list[DeadLetter] = []
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and not letters:
-        values = asyncio.run(_read_topic(p.settings.kafka_bootstrap, p.settings.topic("dlq"), 10))
+        values = asyncio.run(_read_topic(p.settings.kafka.bootstrap,
+                                         p.settings.kafka.topic("dlq"), 10))
         letters = [d for d in (codec.decode(v, "DeadLetter") for v in values)
                    if d["layer"] == "infer"]
     assert letters, "the engine failure was not kept in the dead-letter topic"

@@ -16,7 +16,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from conveyor.errors import SchemaError
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from schemas.codec import default_codec
 from tests.support.pipeline import Pipeline
 from tests.support.services import OwnKafka
@@ -52,8 +52,8 @@ async def _read(p: Pipeline, topic: str, event_type: str,
                 ) -> list[tuple[int, Any]]:
     """(record timestamp, event) of ``topic`` from the start until ``done``."""
     codec = default_codec()
-    consumer = AIOKafkaConsumer(p.settings.topic(topic),
-                                bootstrap_servers=p.settings.kafka_bootstrap,
+    consumer = AIOKafkaConsumer(p.settings.kafka.topic(topic),
+                                bootstrap_servers=p.settings.kafka.bootstrap,
                                 auto_offset_reset="earliest", enable_auto_commit=False,
                                 fetch_max_bytes=64 * 1024 * 1024)
     await consumer.start()
@@ -98,7 +98,7 @@ def test_a_request_too_large_for_the_pipeline_is_refused_and_the_next_is_answere
     letters = read(p, "dlq", "DeadLetter",
                    lambda seen: any(e["layer"] == "preprocess" for _, e in seen))
     [letter] = [e for _, e in letters if e["layer"] == "preprocess"]
-    assert letter["topic"] == p.settings.topic("requests")
+    assert letter["topic"] == p.settings.kafka.topic("requests")
     assert "MessageSizeTooLarge" in letter["error"]
     assert letter["value"] and len(letter["value"]) > len(text)
     # the pipeline keeps moving, and the layers process never died
@@ -133,8 +133,8 @@ def test_a_huge_conversation_does_not_hold_up_a_small_request_behind_it(
         # is sent, so the small one follows it within milliseconds of its arrival
         # (a reader started afterwards, from the topic's start, took long enough
         # on a loaded machine for preprocess to be done with the huge one)
-        consumer = await from_the_end(pipeline.settings.kafka_bootstrap,
-                                      pipeline.settings.topic("requests"),
+        consumer = await from_the_end(pipeline.settings.kafka.bootstrap,
+                                      pipeline.settings.kafka.topic("requests"),
                                       fetch_max_bytes=64 * 1024 * 1024)
         try:
             async with httpx.AsyncClient(timeout=300) as client:
@@ -165,13 +165,13 @@ async def test_a_follower_sees_its_own_blindness_and_does_not_flood_the_log(
     """A Kafka outage: the follower says it cannot see (the worker table then
     answers pipeline_unavailable) and backs off with one log line per kind
     per ten seconds."""
-    settings = Settings(kafka_bootstrap=own_kafka.bootstrap, retry_backoff_max_s=1.0,
+    settings = load_settings(kafka_bootstrap=own_kafka.bootstrap, retry_backoff_max_s=1.0,
                         topic_prefix=f"f{uuid.uuid4().hex[:8]}")
-    await ensure_topics(settings, catalog(settings))
-    topic = settings.topic("workers")
+    await ensure_topics(settings, catalog(settings.kafka))
+    topic = settings.kafka.topic("workers")
 
     async def produce(values: list[bytes]) -> None:
-        producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
+        producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap)
         await producer.start()
         try:
             for v in values:

@@ -194,8 +194,8 @@ def test_tenant_and_key_travel_in_the_envelope(replicas: Replicas) -> None:
     rid = r.json()["id"].removeprefix("cmpl-")
 
     async def envelope() -> dict[str, Any]:
-        topic = replicas.p.settings.topic("requests")
-        consumer = AIOKafkaConsumer(bootstrap_servers=replicas.p.settings.kafka_bootstrap,
+        topic = replicas.p.settings.kafka.topic("requests")
+        consumer = AIOKafkaConsumer(bootstrap_servers=replicas.p.settings.kafka.bootstrap,
                                     enable_auto_commit=False)
         await consumer.start()
         try:
@@ -344,7 +344,7 @@ def test_the_audit_topic_records_keys_failures_and_rejections(replicas: Replicas
     time.sleep(1.0)  # the gateway writes audit events in the background
     codec = default_codec()
     events = [codec.decode(r.value, "AuditEvent")
-              for r in asyncio.run(records(replicas.p, [replicas.p.settings.topic("audit")]))]
+              for r in asyncio.run(records(replicas.p, [replicas.p.settings.kafka.topic("audit")]))]
     mine = [(e["action"], e["reason"]) for e in events if e["key_id"] == key_id]
     actions = [a for a, _ in mine]
     assert actions.count("key.created") == 1 and actions.count("key.revoked") == 1

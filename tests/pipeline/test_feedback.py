@@ -124,7 +124,7 @@ def test_ratings_an_earlier_conveyor_counted_in_two_tables_survive_the_upgrade(
     for offset, (rid, score) in enumerate([("x1", 1.0), ("x2", 0.0), ("x1", -1.0)]):
         assert old.count(rating(rid, score, tenant=tenant, ts_ms=now, model="smollm2",
                                 answered_by="smollm2"), 0, offset)
-    app_id = replicas.p.settings.group("accounting")
+    app_id = replicas.p.settings.kafka.group("accounting")
     tables = {"feedback-totals": [(k, v) for k, v in old.table.items()
                                   if not k.startswith(LATEST)],
               "feedback-latest": [(k[len(LATEST):], v) for k, v in old.table.items()
@@ -132,9 +132,9 @@ def test_ratings_an_earlier_conveyor_counted_in_two_tables_survive_the_upgrade(
 
     async def write_old_changelogs() -> None:
         names = {t: f"{app_id}-{t}-changelog" for t in tables}
-        admin = AIOKafkaAdminClient(bootstrap_servers=replicas.p.settings.kafka_bootstrap)
+        admin = AIOKafkaAdminClient(bootstrap_servers=replicas.p.settings.kafka.bootstrap)
         await admin.start()
-        producer = AIOKafkaProducer(bootstrap_servers=replicas.p.settings.kafka_bootstrap)
+        producer = AIOKafkaProducer(bootstrap_servers=replicas.p.settings.kafka.bootstrap)
         await producer.start()
         try:
             await admin.create_topics([NewTopic(n, 1, 1) for n in names.values()])

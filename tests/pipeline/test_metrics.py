@@ -71,13 +71,13 @@ def test_a_layers_process_serves_metrics_on_its_port(pipeline: Pipeline) -> None
             pass
         assert time.monotonic() < deadline, "the metrics port never answered"
         time.sleep(0.3)
-    settings = pipeline.settings.model_copy(update={"topic_prefix": prefix})
+    settings = pipeline.settings.replace(topic_prefix=prefix)
 
     async def produce() -> None:
-        producer = make_producer(settings)
+        producer = make_producer(settings.kafka)
         await producer.start()
         try:
-            await producer.send_and_wait(settings.topic("requests"), b"not avro", key=b"x")
+            await producer.send_and_wait(settings.kafka.topic("requests"), b"not avro", key=b"x")
         finally:
             await producer.stop()
 

@@ -64,7 +64,7 @@ def ask(p: Pipeline, model: str) -> httpx.Response:
 def beats(p: Pipeline) -> dict[str, WorkerHeartbeat]:
     codec = default_codec()
     out: dict[str, WorkerHeartbeat] = {}
-    for record in asyncio.run(records(p, [p.settings.topic("workers")])):
+    for record in asyncio.run(records(p, [p.settings.kafka.topic("workers")])):
         beat = codec.decode(record.value, "WorkerHeartbeat")
         out[beat["worker_id"]] = beat
     return out

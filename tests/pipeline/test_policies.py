@@ -138,7 +138,7 @@ def test_a_streamed_answer_is_cut_before_a_term_split_across_chunks(
     assert whole.choices[0].finish_reason == "content_filter"
     assert whole.choices[0].message.content.strip() == "alpha bravo"
     # the term came in several chunks: the check held them back, never sent them
-    chunks = [r for r in asyncio.run(records(p, [p.settings.topic("tokens")]))
+    chunks = [r for r in asyncio.run(records(p, [p.settings.kafka.topic("tokens")]))
               if b"charlie" in (r.value or b"") or b"delta" in (r.value or b"")]
     assert len(chunks) >= 2
     assert [e for e in audits(p, "policy.output_blocked") if e["tenant"] == tenant]
@@ -161,7 +161,7 @@ def test_personal_data_is_redacted_in_every_topic_and_restored(
     def probe_redacted() -> bool:  # the gateway has the policy: a probe's address is gone
         probe = f"probe-{uuid.uuid4().hex[:6]}@example.net"
         assert chat(p, secret, f"hi {probe}").status_code == 200
-        logged = asyncio.run(records(p, [p.settings.topic("requests")]))
+        logged = asyncio.run(records(p, [p.settings.kafka.topic("requests")]))
         return not any(probe.encode() in (r.value or b"") for r in logged)
 
     until(probe_redacted)
@@ -175,7 +175,8 @@ def test_personal_data_is_redacted_in_every_topic_and_restored(
     assert "personal data redacted: 3 placeholders" in shown and "<EMAIL_1>" in shown
     leaks = traces_of(p, [EMAIL.encode(), PHONE.encode(), CARD.encode()], logs=True)
     assert leaks == [], leaks
-    requests = [r.value or b"" for r in asyncio.run(records(p, [p.settings.topic("requests")]))]
+    requests = [r.value or b"" for r in asyncio.run(records(p,
+                                                            [p.settings.kafka.topic("requests")]))]
     assert any(b"<EMAIL_1>" in v and b"<PHONE_1>" in v and b"<CARD_1>" in v for v in requests)
 
 

@@ -50,7 +50,7 @@ class Finals:
 
 async def _watch_tokens(p: Pipeline, finals: Finals, ready: asyncio.Event) -> None:
     codec = default_codec()
-    consumer = await from_the_end(p.settings.kafka_bootstrap, p.settings.topic("tokens"))
+    consumer = await from_the_end(p.settings.kafka.bootstrap, p.settings.kafka.topic("tokens"))
     try:
         ready.set()
         while True:
@@ -77,10 +77,10 @@ def _request(rid: str, priority: int) -> Request:
 
 async def _submit(p: Pipeline, ids: list[str], priority: int) -> None:
     codec = default_codec()
-    producer = AIOKafkaProducer(bootstrap_servers=p.settings.kafka_bootstrap, linger_ms=5)
+    producer = AIOKafkaProducer(bootstrap_servers=p.settings.kafka.bootstrap, linger_ms=5)
     await producer.start()
     try:
-        futures = [await producer.send(p.settings.topic("requests"),
+        futures = [await producer.send(p.settings.kafka.topic("requests"),
                                        codec.encode("Request", _request(rid, priority)),
                                        key=rid.encode()) for rid in ids]
         await asyncio.gather(*futures)
@@ -184,10 +184,10 @@ def test_the_workers_heartbeats_tell_of_interactive_traffic(pipeline: Pipeline) 
     deadline = time.monotonic() + 15
     taken: list[int] = []
     while time.monotonic() < deadline and not taken:
-        values = asyncio.run(_read_topic(pipeline.settings.kafka_bootstrap,
-                                         pipeline.settings.topic("workers"), 10))
+        values = asyncio.run(_read_topic(pipeline.settings.kafka.bootstrap,
+                                         pipeline.settings.kafka.topic("workers"), 10))
         taken = [b["interactive_ms"] for b in (codec.decode(v, "WorkerHeartbeat")
                                                for v in values)
-                 if b["interactive_ms"] >= started - pipeline.settings.clock_skew_ms]
+                 if b["interactive_ms"] >= started - pipeline.settings.process.clock_skew_ms]
         time.sleep(0.5)
     assert taken, "no heartbeat told of the interactive task"

@@ -36,7 +36,7 @@ def workers_of(p: Pipeline, answers: list[dict[str, Any]]) -> list[str]:
     codec = default_codec()
     ids = [a["id"].removeprefix("chatcmpl-") for a in answers]
     found: dict[str, str] = {}
-    for record in asyncio.run(records(p, [p.settings.topic("tokens")])):
+    for record in asyncio.run(records(p, [p.settings.kafka.topic("tokens")])):
         chunk = codec.decode(record.value, "TokenChunk")
         found.setdefault(chunk["envelope"]["request_id"], chunk["worker_id"])
     return [found[i] for i in ids]
@@ -110,7 +110,7 @@ def _until_idle(p: Pipeline, since_ms: int, within: float = 30.0) -> None:
     deadline = time.monotonic() + within
     while True:
         latest: dict[str, Any] = {}
-        for record in asyncio.run(records(p, [p.settings.topic("workers")])):
+        for record in asyncio.run(records(p, [p.settings.kafka.topic("workers")])):
             beat = codec.decode(record.value, "WorkerHeartbeat")
             if beat["ts_ms"] > since_ms:
                 latest[beat["worker_id"]] = beat

@@ -32,8 +32,8 @@ def chat(prompt: str, max_tokens: int) -> dict[str, Any]:
 async def cancels_on_control(p: Pipeline, wanted: str, within_s: float = 15.0) -> set[str]:
     """The request ids cancelled on ``conveyor.control``, read until ``wanted`` is
     among them or ``within_s`` passes."""
-    consumer = AIOKafkaConsumer(p.settings.topic("control"),
-                                bootstrap_servers=p.settings.kafka_bootstrap,
+    consumer = AIOKafkaConsumer(p.settings.kafka.topic("control"),
+                                bootstrap_servers=p.settings.kafka.bootstrap,
                                 auto_offset_reset="earliest", enable_auto_commit=False)
     await consumer.start()
     seen: set[str] = set()

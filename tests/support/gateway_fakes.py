@@ -155,7 +155,7 @@ def offline_services(settings: Settings, registry: Registry | None = None) -> Se
     producer = RecordingProducer()
     made = submitter(settings, producer)
     stored = _stored(settings, None)
-    files = LocalFileStore(settings)
+    files = LocalFileStore(settings.jobs)
     board = JobBoard(settings, default_codec())
     background = BackgroundResponses(settings, made.publisher, board)
     return Services(
@@ -166,4 +166,4 @@ def offline_services(settings: Settings, registry: Registry | None = None) -> Se
         responses=ResponsesServing(settings, made, stored, made.cancels, None),
         files=files, batches=Batches(settings, made.publisher, board, files),
         background=background,
-        usage=UsageLedger(settings, aioredis.from_url(settings.redis_url)))
+        usage=UsageLedger(settings, aioredis.from_url(settings.redis.url)))

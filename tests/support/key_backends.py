@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
 from pydantic import SecretStr
 
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from gateway.audit import Audit
 from gateway.auth.keys import KeyStore
 from gateway.auth.tenants import TenantStore
@@ -36,7 +36,7 @@ def key_settings(redis_url: str = SHARED_REDIS, **overrides: Any) -> Settings:
         "topic_prefix": f"ks{uuid.uuid4().hex[:10]}", "redis_url": redis_url,
         "auth_secret": SecretStr("server-secret-of-the-key-tests"),
         "retry_backoff_max_s": 0.2, **overrides}
-    return Settings(**values)
+    return load_settings(**values)
 
 
 async def wait_until(predicate: Any, within: float, what: str) -> float:
@@ -61,7 +61,7 @@ class Backends:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     def redis(self) -> aioredis.Redis:
-        client = aioredis.from_url(self.settings.redis_url, socket_timeout=1,
+        client = aioredis.from_url(self.settings.redis.url, socket_timeout=1,
                                    socket_connect_timeout=1)
         self.clients.append(client)
         return client
@@ -86,9 +86,9 @@ class Backends:
 
 @asynccontextmanager
 async def backends(settings: Settings) -> AsyncIterator[Backends]:
-    wanted = {settings.topic("keys"), settings.topic("audit")}
-    await ensure_topics(settings, [s for s in catalog(settings) if s.name in wanted])
-    producer = make_producer(settings)
+    wanted = {settings.kafka.topic("keys"), settings.kafka.topic("audit")}
+    await ensure_topics(settings, [s for s in catalog(settings.kafka) if s.name in wanted])
+    producer = make_producer(settings.kafka)
     await producer.start()
     b = Backends(settings, producer, Audit(settings, producer, actor="test"))
     try:
@@ -98,10 +98,10 @@ async def backends(settings: Settings) -> AsyncIterator[Backends]:
             task.cancel()
         await asyncio.gather(*b.tasks, return_exceptions=True)
         await producer.stop()
-        cleaner = aioredis.from_url(settings.redis_url, socket_timeout=1,
+        cleaner = aioredis.from_url(settings.redis.url, socket_timeout=1,
                                     socket_connect_timeout=1)
         try:
-            async for key in cleaner.scan_iter(match=f"{settings.topic_prefix}:*"):
+            async for key in cleaner.scan_iter(match=f"{settings.kafka.topic_prefix}:*"):
                 await cleaner.delete(key)
         except Exception:  # an own Redis the test stopped: nothing to clean
             pass
@@ -113,7 +113,7 @@ async def backends(settings: Settings) -> AsyncIterator[Backends]:
 
 async def read_topic(settings: Settings, name: str) -> list[tuple[bytes, bytes]]:
     """Every (key, value) of partition 0 of a topic, as raw bytes."""
-    follower = follow(settings, settings.topic(name), 0, "beginning")
+    follower = follow(settings, settings.kafka.topic(name), 0, "beginning")
     out: list[tuple[bytes, bytes]] = []
 
     async def read() -> None:

@@ -22,7 +22,7 @@ import httpx
 import openai
 from aiokafka import AIOKafkaConsumer
 
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from schemas.codec import default_codec
 from schemas.records import WorkerHeartbeat
 from tests.support.services import OwnRedis, free_port
@@ -69,7 +69,7 @@ class Pipeline:
             "CONVEYOR_SCHEDULE_TIMEOUT_S": "60",
             **env,
         }
-        self.settings = Settings(
+        self.settings = load_settings(
             topic_prefix=self.prefix, models_file=models,
             kafka_bootstrap=self.env.get("CONVEYOR_KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
             redis_url=self.env.get("CONVEYOR_REDIS_URL", "redis://127.0.0.1:6379/0"),
@@ -156,8 +156,8 @@ class Pipeline:
 
     async def _wait_workers(self, n: int, within: float, pool: str) -> None:
         codec = default_codec()
-        topic = self.settings.topic("workers")
-        consumer = AIOKafkaConsumer(topic, bootstrap_servers=self.settings.kafka_bootstrap,
+        topic = self.settings.kafka.topic("workers")
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=self.settings.kafka.bootstrap,
                                     auto_offset_reset="earliest", enable_auto_commit=False)
         await consumer.start()
         beats: dict[str, WorkerHeartbeat] = {}
@@ -173,7 +173,7 @@ class Pipeline:
                 ready = [b for b in beats.values() if b["state"] == "ready" and b["partitions"]]
                 owned = [p for b in ready for p in b["partitions"]]
                 if len(ready) == n and sorted(owned) == list(
-                        range(self.settings.infer_partitions)):
+                        range(self.settings.kafka.infer_partitions)):
                     return
         finally:
             await consumer.stop()
@@ -253,7 +253,7 @@ class Pipeline:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
-        drop_topics(self.settings.kafka_bootstrap, self.prefix)
+        drop_topics(self.settings.kafka.bootstrap, self.prefix)
 
 
 @contextlib.contextmanager

@@ -22,11 +22,11 @@ __all__ = ["OwnRedis", "OwnKafka", "free_port", "prefix_redis"]
 async def prefix_redis(settings: Settings) -> AsyncIterator[aioredis.Redis]:
     """A client of the shared Redis, and every key of ``settings``' prefix
     deleted after it."""
-    client = aioredis.from_url(settings.redis_url)
+    client = aioredis.from_url(settings.redis.url)
     try:
         yield client
     finally:
-        keys = [k async for k in client.scan_iter(match=f"{settings.topic_prefix}:*")]
+        keys = [k async for k in client.scan_iter(match=f"{settings.kafka.topic_prefix}:*")]
         if keys:
             await client.delete(*keys)
         await client.aclose()

@@ -32,7 +32,7 @@ async def send_retrying(settings: Settings, topic: str, sends: list[dict[str, An
     takes them all (a broker that is restarting), at most ``within_s``."""
     deadline = time.monotonic() + within_s
     while True:
-        producer = make_producer(settings, request_timeout_ms=5000)
+        producer = make_producer(settings.kafka, request_timeout_ms=5000)
         try:
             await producer.start()
             for send in sends:
@@ -81,7 +81,7 @@ async def from_the_end(bootstrap: str, topic: str, **options: Any) -> AIOKafkaCo
 
 async def records(p: Pipeline, topics: list[str]) -> list[Any]:
     """Every record of ``topics``, from the beginning to their ends now."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=p.settings.kafka_bootstrap,
+    consumer = AIOKafkaConsumer(bootstrap_servers=p.settings.kafka.bootstrap,
                                 enable_auto_commit=False)
     await consumer.start()
     out: list[Any] = []
@@ -101,7 +101,7 @@ async def records(p: Pipeline, topics: list[str]) -> list[Any]:
 
 async def topic_names(p: Pipeline) -> list[str]:
     """Every topic of the test Conveyor's prefix."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=p.settings.kafka_bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=p.settings.kafka.bootstrap)
     await admin.start()
     try:
         return [t for t in await admin.list_topics() if t.startswith(p.prefix)]
@@ -121,7 +121,7 @@ def traces_of(p: Pipeline, needles: list[bytes], logs: bool = True) -> list[str]
         for path in (f for f in p.logs.iterdir() if f.is_file()):
             data = path.read_bytes()
             found += [f"log {path.name}" for n in needles if n in data]
-    client = redis.Redis.from_url(p.settings.redis_url)
+    client = redis.Redis.from_url(p.settings.redis.url)
     try:
         for key in client.scan_iter(match=f"{p.prefix}:*", count=1000):
             dumped = client.dump(key) or b""

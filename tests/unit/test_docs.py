@@ -25,13 +25,12 @@ import tokenize
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Literal
+from typing import ClassVar, Literal
 
 import pytest
-from pydantic import BaseModel, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, Field, SecretStr
 
-from conveyor.settings import Settings
+from conveyor.settings import Section, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 TOP_DIRS = ("cli", "conveyor", "topics", "schemas", "workers", "gateway", "infra", "bench",
@@ -206,41 +205,30 @@ def test_every_path_a_product_module_names_exists() -> None:
 # -- the configuration reference ------------------------------------------------------------
 
 
-def _fields(model: type[BaseModel], prefix: str = "") -> dict[str, str]:
-    """Every leaf field of a settings class, by its dotted name, with its
-    environment variable (a nested section's fields joined by ``__``)."""
+def _fields() -> dict[str, str]:
+    """Every setting by its dotted name in code, with its environment variable."""
     out: dict[str, str] = {}
-    for name, info in model.model_fields.items():
-        kind = info.annotation
-        if isinstance(kind, type) and issubclass(kind, BaseModel):
-            inner = _fields(kind, f"{prefix}{name}.")
-            out.update({k: f"CONVEYOR_{name.upper()}__{v.removeprefix('CONVEYOR_')}"
-                        for k, v in inner.items()})
-        else:
-            out[f"{prefix}{name}"] = f"CONVEYOR_{name.upper()}"
+    for key, section in Settings.SECTIONS.items():
+        for name, info in section.model_fields.items():
+            out[f"{key}.{name}"] = f"CONVEYOR_{(info.alias or name).upper()}"
     return out
 
 
 def test_the_configuration_reference_lists_every_setting() -> None:
     gen = _gen_config()
     listed = {s.name: s.env for section in gen.sections(Settings) for s in section.settings}
-    assert listed == _fields(Settings)
+    assert listed == _fields()
+    assert len(listed) == len(Settings.FLAT)
     page = gen.render(Settings)
     missing = [env for env in listed.values() if f"`{env}`" not in page]
     assert missing == [], f"not on the configuration page: {missing}"
 
 
-class _Tuning(BaseModel):
-    # how long a produce waits
-    linger_ms: int = 0
+class _Gateway(Section):
+    title = "Gateway"
 
-
-class _Example(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="CONVEYOR_", env_nested_delimiter="__")
-
-    # Gateway
     # the secret keys are hashed with; `conveyor keys` needs it too
-    secret: SecretStr = SecretStr("")
+    secret: SecretStr = Field(SecretStr(""), alias="gateway_secret")
     mode: Literal["none", "keys"] = "none"  # none: every request is tenant default
     # a task waits at most wait_s, then past queue_max a 503 at once
     wait_s: float = 5.0
@@ -248,26 +236,39 @@ class _Example(BaseSettings):
     port: int = 8000
     files: Path = Path(".conveyor/files")
 
-    # Kafka: the producer's tuning
-    tuning: _Tuning = _Tuning()
+
+class _Kafka(Section):
+    # how long a produce waits
+    linger_ms: int = 0
+
+
+class _Example(BaseModel):
+    gateway: _Gateway = _Gateway.model_validate({})
+    kafka: _Kafka = _Kafka.model_validate({})
+
+    SECTIONS: ClassVar[dict[str, type[Section]]] = {"gateway": _Gateway, "kafka": _Kafka}
+    FLAT: ClassVar[dict[str, tuple[str, str]]] = {
+        flat: (key, field) for key, cls in SECTIONS.items()
+        for flat, field in cls.flat_names().items()}
 
 
 def test_the_configuration_reference_reads_the_comments_of_the_code() -> None:
     gen = _gen_config()
     found = {s.name: s for section in gen.sections(_Example) for s in section.settings}
     titles = [section.title for section in gen.sections(_Example)]
-    assert titles == ["Gateway", "Kafka: the producer's tuning"]
-    assert found["secret"].description == (
-        "the secret keys are hashed with; `conveyor keys` needs it too")
-    assert (found["secret"].type, found["secret"].default) == ("secret", "(empty)")
-    assert found["mode"].description == "none: every request is tenant default"
-    assert found["mode"].type == "`none` \\| `keys`"
+    assert titles == ["Gateway", "kafka"]
+    secret = found["gateway.secret"]
+    assert secret.description == "the secret keys are hashed with; `conveyor keys` needs it too"
+    assert (secret.env, secret.type, secret.default) == (
+        "CONVEYOR_GATEWAY_SECRET", "secret", "(empty)")
+    assert found["gateway.mode"].description == "none: every request is tenant default"
+    assert found["gateway.mode"].type == "`none` \\| `keys`"
     # named in another field's comment, or under the same comment with no blank line
-    assert found["queue_max"].description == "described with `CONVEYOR_WAIT_S`"
-    assert found["port"].description == "described with `CONVEYOR_WAIT_S`"
-    assert found["files"].default == "`.conveyor/files`"
-    assert found["tuning.linger_ms"].env == "CONVEYOR_TUNING__LINGER_MS"
-    assert found["tuning.linger_ms"].description == "how long a produce waits"
+    assert found["gateway.queue_max"].description == "described with `CONVEYOR_WAIT_S`"
+    assert found["gateway.port"].description == "described with `CONVEYOR_WAIT_S`"
+    assert found["gateway.files"].default == "`.conveyor/files`"
+    assert found["kafka.linger_ms"].env == "CONVEYOR_LINGER_MS"
+    assert found["kafka.linger_ms"].description == "how long a produce waits"
 
 
 def test_the_structured_output_bounds_are_documented_with_their_values() -> None:

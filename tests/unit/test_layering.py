@@ -64,3 +64,40 @@ def test_redis_is_imported_in_its_door_alone() -> None:
     says what the errors mean."""
     outside = sorted({m for m, _ in imports(("redis",)) if m != "conveyor.redis_clients"})
     assert outside == [], "redis imported outside conveyor/redis_clients.py: " + repr(outside)
+
+
+def _module_imports() -> dict[str, set[str]]:
+    """Every product module -> the product modules it imports (at any depth,
+    type-checking imports included: a circle of types is still a circle)."""
+    modules = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+               for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        out: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                out |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        graph[module] = {m for m in out if m in modules and m != module}
+    return graph
+
+
+def test_no_module_imports_itself_round_a_circle() -> None:
+    graph = _module_imports()
+    circles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                circles.append(path[path.index(target):] + [target])
+            elif target not in state:
+                visit(target, [*path, target])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert circles == [], f"import circles: {circles}"

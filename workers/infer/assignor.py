@@ -1,20 +1,13 @@
 """How the infer group shares its partitions: running answers stay where they are.
 
-A rebalance (a worker joins, dies, or misses a heartbeat) revokes every
-partition of every member and assigns them again. Any partition that moves
-while a generation runs on it is handed off: the answer stalls until the new
-owner has read it back from the log and started its engine. Kafka's own
-assignors know nothing of that: round robin reshuffles everything, sticky
-keeps what it can but moves any partition to balance the load.
-
-This assignor is told, by each member in its join request, which partitions
-it owned and which of them hold running generations (``busy``). It keeps
-every member's partitions where they are, gives the partitions nobody owns
-(a dead member's) to the members with the fewest, and balances the counts by
-moving *idle* partitions first, so that a worker that joins takes no running
-answer from another as long as idle partitions can make up its share. Members
-that bring more busy partitions get the larger shares when the counts cannot
-be even.
+A rebalance revokes every partition and assigns them again; a partition
+that moves while a generation runs on it stalls the answer until the new
+owner has read it back from the log. Each member says in its join request
+which partitions it owned and which of them run generations (``busy``). The
+assignor keeps every member's partitions where they are, gives the
+partitions nobody owns to the members with the fewest, and balances the
+counts by moving *idle* partitions first; members with more busy
+partitions get the larger shares when the counts cannot be even.
 """
 
 from __future__ import annotations

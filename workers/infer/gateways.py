@@ -1,17 +1,11 @@
 """Whether the gateway a generation answers is still alive.
 
-A gateway holds a lease on its reply partition in Redis
-(``{prefix}:reply-lease:{partition}`` = its id, see ``gateway/replies.py``).
-When that lease has been gone, or held by another gateway, for a whole
-lease period, the gateway died and nobody can receive the answer: the
-generation is cancelled instead of running to its end for nobody. A lease
-that comes back within the period (a gateway taking it again after a Redis
-flush) clears it.
-
-A generation whose stream a client resumed on another replica is not
-orphaned: while ``{prefix}:resume-watch:{request id}`` exists (renewed by the
-replica serving the resumed stream, see ``gateway/resume.py``) it runs on,
-even with its gateway gone.
+When the reply-partition lease of a generation's gateway
+(``{prefix}:reply-lease:{partition}``, gateway/replies.py) has been gone, or
+held by another gateway, for a whole lease period, nobody can receive the
+answer and the generation is cancelled; a lease back within the period
+clears it. A generation whose stream a client resumed elsewhere runs on while
+``{prefix}:resume-watch:{request id}`` exists (gateway/resume.py).
 """
 
 from __future__ import annotations
@@ -51,7 +45,7 @@ class GatewayWatch:
             return
         ordered = sorted(addresses)
         holders = await self.redis.mget(
-            [f"{self.settings.topic_prefix}:reply-lease:{p}" for _, p in ordered])
+            [f"{self.settings.kafka.topic_prefix}:reply-lease:{p}" for _, p in ordered])
         now = time.monotonic()
         gone: set[tuple[str, int]] = set()
         for (gateway, partition), holder in zip(ordered, holders, strict=True):
@@ -59,12 +53,12 @@ class GatewayWatch:
                 self.gone_since.pop((gateway, partition), None)
                 continue
             since = self.gone_since.setdefault((gateway, partition), now)
-            if now - since >= self.settings.reply_lease_ttl_s:
+            if now - since >= self.settings.gateway.reply_lease_ttl_s:
                 gone.add((gateway, partition))
         orphans = [r for r in runs if (r.task["envelope"]["reply_gateway"],
                                        r.task["envelope"]["reply_partition"]) in gone]
         watched = await self.redis.mget(
-            [f"{self.settings.topic_prefix}:resume-watch:{r.request_id}" for r in orphans]
+            [f"{self.settings.kafka.topic_prefix}:resume-watch:{r.request_id}" for r in orphans]
         ) if orphans else []
         for run, watcher in zip(orphans, watched, strict=True):
             envelope = run.task["envelope"]

@@ -173,30 +173,9 @@ class TaskRun:
             await self._fail(DeadlineExceeded("The request's deadline passed."))
         else:
             request = request_from_task(self.task, self.text, self.tokens, self.upstream_model,
-                                        self.settings.prefix_cache_shared)
+                                        self.settings.prefix.cache_shared)
             try:
-                tools = self.task["generation"].get("tools")
-                if tools and reads_tool_calls(self.task["generation"]):
-                    check_tools(tools)  # the API checked them; an event may be forged
-                    if not self.engine.decodes_tools:
-                        raise InvalidRequest(
-                            f"tools are not supported by the {self.engine.name} engine "
-                            f"serving {request.model}", param="tools")
-                elif request.response_format:  # the API checked it; an event may be forged
-                    check_format(request.response_format, param="response_format")
-                if request.logprobs and not self.engine.reports_logprobs:
-                    raise InvalidRequest(
-                        f"logprobs is not supported by the {self.engine.name} engine "
-                        f"serving {request.model}", param="logprobs")
-                if request.logit_bias and not self.engine.biases_logits:
-                    raise InvalidRequest(
-                        f"logit_bias is not supported by the {self.engine.name} engine "
-                        f"serving {request.model}", param="logit_bias")
-                if request.response_format and not self.engine.constrains_output:
-                    raise InvalidRequest(
-                        f"response_format {request.response_format['type']!r} is not "
-                        f"supported by the {self.engine.name} engine serving "
-                        f"{request.model}", param="response_format")
+                self._check(request)
                 await self._stream(request)
             except EngineError as exc:
                 self.engine_failure = traceback.format_exc()
@@ -211,6 +190,27 @@ class TaskRun:
             await self.progress.release(self.request_id)
         else:
             await self.progress.finish(self.request_id, self.worker_id)
+
+    def _check(self, request: GenerationRequest) -> None:
+        """Refuse what the engine cannot do; check the tools and the format again
+        (the API checked them; an event may be forged)."""
+        tools, fmt, engine = self.task["generation"].get("tools"), request.response_format, \
+            self.engine
+        reads_tools = bool(tools) and reads_tool_calls(self.task["generation"])
+        if tools and reads_tools:
+            check_tools(tools)
+        elif fmt:
+            check_format(fmt, param="response_format")
+        for what, param, refused in (
+                ("tools are", "tools", reads_tools and not engine.decodes_tools),
+                ("logprobs is", "logprobs", request.logprobs and not engine.reports_logprobs),
+                ("logit_bias is", "logit_bias",
+                 bool(request.logit_bias) and not engine.biases_logits),
+                (f"response_format {fmt['type']!r} is" if fmt else "", "response_format",
+                 bool(fmt) and not engine.constrains_output)):
+            if refused:
+                raise InvalidRequest(f"{what} not supported by the {engine.name} engine "
+                                     f"serving {request.model}", param=param)
 
     async def _keep_in_cache(self) -> None:
         """A whole answer whose request named a cache key goes into the prompt
@@ -229,7 +229,7 @@ class TaskRun:
         fallback model's), at most ``engine_retries`` times. Whether it did."""
         route = self.task["route"]
         failed = list(route.get("failed_workers") or [])
-        if self.seq != 0 or len(failed) >= self.settings.engine_retries:
+        if self.seq != 0 or len(failed) >= self.settings.schedule.engine_retries:
             return False
         if self.task["envelope"]["deadline_ms"] and \
                 now_ms() >= self.task["envelope"]["deadline_ms"]:
@@ -239,7 +239,7 @@ class TaskRun:
                      route={**route, "failed_workers": [*failed, self.worker_id],
                             "failure": error_info(exc), "worker_id": "", "partition": -1})
         self._acks.append(await self.sender.send_nowait(
-            Output(ROUTED.at(self.settings), "Task", again, key=self.request_id)))
+            Output(ROUTED.at(self.settings.kafka), "Task", again, key=self.request_id)))
         self.retried = True
         self.finish_reason = "retried"
         return True
@@ -251,8 +251,8 @@ class TaskRun:
 
     async def _stream(self, request: GenerationRequest) -> None:
         streamed = self.task["generation"]["stream"]
-        interval = (self.settings.coalesce_ms if streamed
-                    else self.settings.coalesce_unstreamed_ms) / 1000
+        interval = (self.settings.infer.coalesce_ms if streamed
+                    else self.settings.infer.coalesce_unstreamed_ms) / 1000
         buf: list[str] = []
         buf_logprobs: list[TokenLogprob] = []
         buf_tokens = 0
@@ -345,7 +345,7 @@ class TaskRun:
                            cached_tokens=self.cached_tokens if finish is not None else None,
                            logprobs=list(logprobs or ()))
         self._acks.append(await self.sender.send_nowait(
-            Output(TOKENS.at(self.settings), "TokenChunk", chunk, key=self.request_id)))
+            Output(TOKENS.at(self.settings.kafka), "TokenChunk", chunk, key=self.request_id)))
         self.seq += 1
         self.tokens += tokens
         if self.task["prompt"].get("cache_key"):

@@ -1,25 +1,14 @@
 """What a worker's GPUs are doing, from NVML: the heartbeat's utilisation and free memory.
 
-NVML numbers the host's GPUs in PCI bus order and knows nothing of
-``CUDA_VISIBLE_DEVICES``, so reading device 0 reports the first GPU of the host,
-not the one the worker runs on. :class:`GpuProbe` reads the devices the worker
-can see:
-
-* ``CUDA_VISIBLE_DEVICES`` unset: every GPU of the host.
-* integers (``"3"``, ``"2,3"`` for a worker that spreads one model over two):
-  NVML indices. They equal CUDA's when ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, which a
-  multi-GPU host should set for its workers; CUDA's default order puts the
-  fastest device first and can differ on a host of mixed GPUs.
-* ``GPU-<uuid>`` and ``MIG-<uuid>``: looked up by UUID, or for a GPU by the unique
-  prefix of one that CUDA also takes (NVML does not give a MIG instance's
-  utilisation, so only its memory counts).
-* empty, ``-1`` or ``NoDevFiles``: no GPU. As CUDA does, the list ends at the
-  first entry that names no device.
-
-Several devices report the mean utilisation and the sum of free memory. NVML is
-initialised once and its handles kept (the heartbeat asks every few seconds);
-a host without NVML (no ``nvidia-ml-py``, no driver) reports ``(None, None)``
-and is asked again at most once a minute, so a driver that comes up later is seen.
+NVML numbers GPUs in PCI bus order and knows nothing of
+``CUDA_VISIBLE_DEVICES``, so :class:`GpuProbe` reads the devices that
+variable names: unset, every GPU; integers, NVML indices (equal to CUDA's
+under ``CUDA_DEVICE_ORDER=PCI_BUS_ID``); ``GPU-<uuid>`` (or a unique prefix)
+and ``MIG-<uuid>`` by UUID (a MIG instance gives no utilisation, only
+memory); empty, ``-1`` or ``NoDevFiles``, none. As in CUDA, the list ends at
+the first entry that names no device. Several devices report the mean
+utilisation and the sum of free memory; a host without NVML reports
+``(None, None)`` and is asked again at most once a minute.
 """
 
 from __future__ import annotations

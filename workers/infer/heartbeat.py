@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
-from typing import Literal, NamedTuple
+from dataclasses import asdict
+from typing import Literal, NamedTuple, cast
 
 from conveyor.settings import Settings
 from schemas.records import HostCache, KvCache, WorkerHeartbeat
@@ -29,13 +30,13 @@ def reported_blocks(held: HeldBlocks, engine: Engine, kv: KvState | None,
     """The prompt blocks a worker reports: those of the prompts it ran, no more
     than its caches can hold where the engine says how much that is (the
     tokens its contexts and host memory hold, or else its KV cache's blocks)."""
-    if settings.prefix_report_blocks <= 0:
+    if settings.prefix.report_blocks <= 0:
         return None
     room = engine.cache_tokens() if isinstance(engine, HoldsPrompts) else None
     if room is None and kv is not None:
         room = kv.total_blocks * kv.block_tokens
-    if room is not None and settings.prefix_block_tokens > 0:
-        held.trim(room // settings.prefix_block_tokens)
+    if room is not None and settings.prefix.block_tokens > 0:
+        held.trim(room // settings.prefix.block_tokens)
     return held.blocks()
 
 
@@ -96,15 +97,9 @@ class Heartbeat:
             gpu_utilization=gpu_util, gpu_memory_free=gpu_free,
             interactive_running=now.interactive_running, interactive_ms=now.interactive_ms,
             prefill_tps=now.prefill_tps, tpot_ms=now.tpot_ms, prefix_blocks=now.prefix_blocks,
-            kv=None if now.kv is None else KvCache(
-                usage=now.kv.usage, total_blocks=now.kv.total_blocks,
-                free_blocks=now.kv.free_blocks, cached_blocks=now.kv.cached_blocks,
-                block_tokens=now.kv.block_tokens, prefix_queries=now.kv.prefix_queries,
-                prefix_hits=now.kv.prefix_hits),
-            host_cache=None if now.host_cache is None else HostCache(
-                held_bytes=now.host_cache.held_bytes, entries=now.host_cache.entries,
-                saved=now.host_cache.saved, restored=now.host_cache.restored,
-                evicted=now.host_cache.evicted),
+            # the engine's dataclasses have the records' fields
+            kv=None if now.kv is None else cast(KvCache, asdict(now.kv)),
+            host_cache=None if now.host_cache is None else cast(HostCache, asdict(now.host_cache)),
         )
-        await self.sender.deliver(Output(WORKERS.at(self.settings), "WorkerHeartbeat",
+        await self.sender.deliver(Output(WORKERS.at(self.settings.kafka), "WorkerHeartbeat",
                                          record, key=self.worker_id))

@@ -1,10 +1,6 @@
-"""Which offsets an infer worker may commit.
-
-A task's offset is committed only when its generation has ended, and never
-past a task still running, so a worker that dies leaves every unfinished task
-to be redelivered to another member of its group. Each partition's offsets
-are kept in a :class:`~workers.inflight.PartitionBook`, the book the layers'
-runtime keeps; what infer adds is the epoch of an assignment.
+"""Which offsets an infer worker may commit: per partition a
+:class:`~workers.inflight.PartitionBook` (below the lowest task still
+running), plus the epoch of an assignment.
 """
 
 from __future__ import annotations

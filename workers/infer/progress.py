@@ -1,29 +1,20 @@
 """Whether a task is a first attempt or a retry, and where a retry continues.
 
 The tokens a client has seen are in ``conveyor.tokens``: that log, not Redis,
-is the record. Redis holds two things that only make it faster:
+is the record (docs/decisions/0001-the-log-is-the-record.md). Redis holds a
+*claim* per task (``started:<worker>``, then ``done:<worker>``) and a short
+*lease*, renewed while the task runs, that tells a duplicate (another worker
+runs it now: wait) from a retry (nobody does: continue it).
 
-* a *claim* per task (``started:<worker>``, then ``done:<worker>``), one round
-  trip when a run starts and one when it ends, nothing per chunk;
-* a short *lease* per running task, renewed while it runs, that tells a
-  duplicate (another worker runs the task now: wait) from a retry (nobody
-  does: continue it).
-
-A claim that Redis *creates* says "never started" only if Redis cannot have
-lost the earlier claim: the task must have been written after Redis's
-*epoch* (a key stamped with Redis's clock the first time it is missing, so
-a flush or a restart that lost data moves it), after this worker last saw
-Redis fail or restart (a new ``run_id``), and after this worker started,
+A claim that Redis *creates* says "never started" only if the task was
+written after Redis's *epoch* (a key stamped with Redis's clock the first
+time it is missing, so a flush or a data-losing restart moves it), after
+this worker last saw Redis fail or restart, and after this worker started,
 each with ``clock_skew_ms`` to spare. Any other task, and every task while
-Redis is unreachable, is looked up in the log: the request's partition of
-``conveyor.tokens`` is read from shortly before the request entered the
-gateway (``offsets_for_times``) to its end, and the chunks found are added up
-by the same rule postprocess answers with
-(:class:`~workers.chunk_order.ChunkOrder`). Losing Redis's data therefore
-never changes an answer: at worst a retry reads a few seconds of one
-partition. The read goes through the worker's one keyed lookup
-(:class:`~topics.lookup.SharedLookup`), which the worker makes and
-closes: a retry costs the read, not a consumer's start.
+Redis is unreachable, is looked up in the request's partition of
+``conveyor.tokens`` from shortly before it entered the gateway, through the
+worker's :class:`~topics.lookup.SharedLookup`, and the chunks found are
+added up by postprocess's rule (:class:`~workers.chunk_order.ChunkOrder`).
 """
 
 from __future__ import annotations
@@ -111,17 +102,15 @@ class ProgressTracker:
         self.distrust_before_ms = now_ms()
         self.redis_ok = True
         self._redis_run_id: str | None = None
-        self._epoch_key = f"{settings.topic_prefix}:redis-epoch"
+        self._epoch_key = f"{settings.kafka.topic_prefix}:redis-epoch"
         # EVALSHA, the script sent again only when Redis lost it (a flush, a restart)
         self._claim = redis.register_script(_CLAIM)
 
     def _key(self, request_id: str) -> str:
-        return f"{self.settings.topic_prefix}:claim:{request_id}"
+        return f"{self.settings.kafka.topic_prefix}:claim:{request_id}"
 
     def _lease(self, request_id: str) -> str:
-        return f"{self.settings.topic_prefix}:lease:{request_id}"
-
-    # -- Redis's health ---------------------------------------------------
+        return f"{self.settings.kafka.topic_prefix}:lease:{request_id}"
 
     def redis_failed(self, exc: BaseException) -> None:
         """Redis failed underneath: claims written around now may be lost."""
@@ -150,8 +139,6 @@ class ProgressTracker:
             self.distrust_before_ms = now_ms()
         self._redis_run_id = run_id
 
-    # -- claims -----------------------------------------------------------
-
     async def claim(self, request_id: str, worker_id: str, written_ms: int,
                     entered_ms: int) -> tuple[Claim, Progress]:
         """Take the task's lease and say where to start: ``start`` with the
@@ -163,8 +150,8 @@ class ProgressTracker:
         try:
             created, state, leased, epoch = await self._claim(
                 keys=[self._key(request_id), self._lease(request_id), self._epoch_key],
-                args=[_STARTED + worker_id.encode(), self.settings.progress_ttl_s, worker_id,
-                      int(self.settings.claim_lease_s * 1000)])
+                args=[_STARTED + worker_id.encode(), self.settings.infer.progress_ttl_s, worker_id,
+                      int(self.settings.infer.claim_lease_s * 1000)])
         except REDIS_ERRORS as exc:
             self.redis_failed(exc)
         else:
@@ -173,7 +160,8 @@ class ProgressTracker:
                 return "done", Progress(finished=True)
             if not leased:
                 return "busy", Progress()
-            trusted_from = max(int(epoch), self.distrust_before_ms) + self.settings.clock_skew_ms
+            trusted_from = max(int(epoch),
+                               self.distrust_before_ms) + self.settings.process.clock_skew_ms
             if created and written_ms >= trusted_from:
                 return "start", Progress()
         progress = await self.recover(request_id, entered_ms)
@@ -183,7 +171,7 @@ class ProgressTracker:
         """Renew the leases of the tasks this worker runs."""
         if not request_ids:
             return
-        lease_ms = int(self.settings.claim_lease_s * 1000)
+        lease_ms = int(self.settings.infer.claim_lease_s * 1000)
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
                 for rid in request_ids:
@@ -204,17 +192,15 @@ class ProgressTracker:
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.set(self._key(request_id), _DONE + worker_id.encode(),
-                         ex=self.settings.progress_ttl_s)
+                         ex=self.settings.infer.progress_ttl_s)
                 pipe.delete(self._lease(request_id))
                 await pipe.execute()
         except REDIS_ERRORS as exc:
             self.redis_failed(exc)  # a later redelivery finds the end in the log
 
-    # -- the log ----------------------------------------------------------
-
     async def recover(self, request_id: str, entered_ms: int) -> Progress:
         """Read back what earlier runs put on ``conveyor.tokens``."""
-        since = max(0, entered_ms - self.settings.clock_skew_ms)
+        since = max(0, entered_ms - self.settings.process.clock_skew_ms)
         try:
             found = await self.lookup.find(TOKENS, request_id, since,
                                            timeout_s=_READ_TIMEOUT_S)
@@ -224,5 +210,5 @@ class ProgressTracker:
         # continues after the chunks that do (ChunkOrder waits for none)
         chunks = [chunk for _, chunk in found]
         log.info("recovered %d chunks of %s from %s[%s]", len(chunks), request_id,
-                 TOKENS.at(self.settings), found[0][0].partition if found else "-")
+                 TOKENS.at(self.settings.kafka), found[0][0].partition if found else "-")
         return progress_of(chunks)

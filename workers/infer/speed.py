@@ -1,17 +1,10 @@
 """How fast a worker is, measured from the generations it ran: its prefill rate
-(prompt tokens its engine did not hold in cache, over the time to the first
-token) and its time per output token (the time from the first token to the
-last, over the tokens after the first). Both are exponentially weighted
-moving averages (each generation counts ``ALPHA``), sent in every heartbeat;
-schedule weighs a worker's capacity by its speed against its pool's
-(workers/schedule/layer.py), so a slower worker gets less of the work.
-
-Generations too short to say anything are not counted: a prefill of fewer
-than ``MIN_PREFILL_TOKENS`` uncached tokens (a prompt found in cache measures
-the engine's overhead, not its prefill), a decode of fewer than
-``MIN_DECODE_TOKENS`` tokens. The time to the first token measured here
-starts when the engine is asked, so it includes a wait for a free context
-inside the engine: admission (workers/schedule/room.py) keeps that short.
+(uncached prompt tokens over the time to the first token, measured from when
+the engine is asked) and its time per output token after the first, each an
+exponentially weighted moving average (weight ``ALPHA``) sent in every
+heartbeat; schedule weighs a worker's capacity by its speed against its
+pool's. Generations too short to say anything (under ``MIN_PREFILL_TOKENS``
+uncached or ``MIN_DECODE_TOKENS`` generated) are not counted.
 """
 
 from __future__ import annotations

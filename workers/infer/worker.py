@@ -3,38 +3,15 @@
 It takes tasks from the partitions the group gives it, never more at once
 than the engine's capacity (partitions are paused while it is full), streams
 each generation to ``conveyor.tokens``, and commits a task's offset only when
-its generation has ended and every chunk of it is acknowledged. It
-heartbeats its partitions and load to ``conveyor.workers`` and stops a
-generation when a cancel arrives.
-
-Decisions:
-
-* **Failover in about two seconds.** The infer group's session timeout is
-  ``infer_session_timeout_ms`` (1.5 s) and a task's Redis lease
-  ``claim_lease_s`` (2 s, renewed every fifth), so a SIGKILLed worker's
-  partitions and tasks pass to a survivor within about that time; the
-  survivor continues each answer after the chunks in the log. A short
-  session timeout is cheap here: a rebalance moves nothing that runs (see
-  the assignor), so a worker wrongly thought dead loses no answer.
-  Measured with ``bench.chaos``: docs/decisions/0022-infer-failover.md.
-* **A rebalance does not stop generations.** A partition that comes back to
-  this worker in the new assignment keeps its running tasks (the re-fetched
-  task records are booked on the runs already going); only tasks of
-  partitions that went to another member are handed off, once the new
-  assignment is known. The group's assignor
-  (:class:`~workers.infer.assignor.BusyAwareAssignor`) keeps partitions where
-  they are and balances with idle ones first, so a worker that joins takes
-  no running answer from another.
-* **Outages are waited out, never crashed on.** Every background concern
-  (heartbeats, leases, commits, cancels) retries Redis and Kafka with
-  backoff; a generation whose chunks Kafka did not acknowledge is run again
-  from the log (it is not committed), until its deadline.
-* **Cancels reach queued tasks.** The cancels of the last
-  ``request_timeout_s`` are read at start and kept; a task taken after its
-  cancel is never generated.
-* **A gateway that died takes its generations with it.** When the reply
-  partition lease of a request's gateway has been gone for a whole lease
-  period, nobody can receive the answer, and the generation is cancelled.
+its generation has ended and every chunk of it is acknowledged. It heartbeats
+its partitions and load to ``conveyor.workers`` and stops a generation at a
+cancel (the cancels of the last ``request_timeout_s`` are read at start, so a
+task taken after its cancel is never generated) or when its gateway is gone
+(workers/infer/gateways.py). Every background concern waits out Redis and
+Kafka outages with backoff; a generation whose chunks Kafka did not
+acknowledge is run again from the log until its deadline. A rebalance stops
+only the generations of partitions that went to another member, which
+continues them (docs/decisions/0022-infer-failover.md).
 """
 
 from __future__ import annotations
@@ -49,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
 from opentelemetry import trace
 
 from conveyor.errors import BrokerError, SchemaError, TransientBrokerError
@@ -60,18 +38,24 @@ from conveyor.startup import kafka_address, redis_address, started
 from schemas.codec import Codec, default_codec
 from topics.backoff import Backoff, RateLimitedLog, retry_every
 from topics.catalog import INFER, infer_topic
-from topics.clients import COMMIT_REFUSED, KafkaError, make_producer, stop_consumer
+from topics.clients import (
+    COMMIT_REFUSED,
+    KafkaError,
+    make_consumer,
+    make_producer,
+    stop_consumer,
+)
 from topics.envelope import PRIORITY_INTERACTIVE, now_ms
 from topics.lookup import SharedLookup
 from topics.reader import fetch
 from topics.tracing import layer_span, trace_id_of
 from workers.cancels import CancelList
 from workers.failures import dead_letter
+from workers.infer.assignor import BusyAwareAssignor
 from workers.infer.engines.base import Engine
 from workers.infer.gateways import GatewayWatch
 from workers.infer.generation import TaskRun
 from workers.infer.heartbeat import Heartbeat, Snapshot, host_cache_of, reported_blocks
-from workers.infer.membership import join_pool
 from workers.infer.offsets import InFlightOffsets
 from workers.infer.progress import ProgressTracker
 from workers.infer.speed import Speed
@@ -96,6 +80,26 @@ class _Running:
     bookings: list[tuple[TopicPartition, int, int]] = field(default_factory=list)
 
 
+class _Rebalance(ConsumerRebalanceListener):
+    """Commits what finished before partitions are revoked; hands off the
+    generations of partitions that went to another member."""
+
+    def __init__(self, worker: InferWorker) -> None:
+        self.worker = worker
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        worker = self.worker
+        worker.owned_before = set(worker.partitions)
+        await worker.commit()
+        worker.offsets.forget(list(revoked))
+        worker.partitions -= set(revoked)
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        self.worker.partitions |= set(assigned)
+        await self.worker.hand_off_unassigned()
+        self.worker.beat_soon()
+
+
 class InferWorker:
     def __init__(self, settings: Settings, engine: Engine, pool: str, registry: Registry,
                  worker_id: str | None = None, codec: Codec | None = None,
@@ -112,7 +116,7 @@ class InferWorker:
         self.interactive_ms = 0  # when the last interactive task was taken (heartbeats)
         self.speed = Speed()  # measured from its generations (heartbeats; workers/infer/speed.py)
         # the prompt blocks its engine's cache holds, as far as it can tell (heartbeats)
-        self.held = HeldBlocks(settings.prefix_report_blocks)
+        self.held = HeldBlocks(settings.prefix.report_blocks)
         self.partitions: set[TopicPartition] = set()
         # what this worker owned when the last rebalance began (the assignor keeps it)
         self.owned_before: set[TopicPartition] = set()
@@ -147,20 +151,20 @@ class InferWorker:
         return sorted(m.name for m in self.registry.models.values() if m.pool == self.pool)
 
     async def run(self) -> None:
-        kafka = kafka_address(self.settings.kafka_bootstrap)
-        within = self.settings.startup_timeout_s
+        kafka = kafka_address(self.settings.kafka.bootstrap)
+        within = self.settings.process.startup_timeout_s
         async with contextlib.AsyncExitStack() as stack:  # what started stops, in reverse
             await started(f"the {self.engine.name} engine to start", self.engine.start,
                           within=None, log=log)  # a model loads as long as it takes: no bound
             stack.push_async_callback(self.engine.close)
-            producer = make_producer(self.settings)
+            producer = make_producer(self.settings.kafka)
             stack.push_async_callback(producer.stop)
             await started("the Kafka producer to connect", producer.start, within=within,
                           log=log, where=kafka)
-            redis = redis_client(self.settings, "claims")
+            redis = redis_client(self.settings.redis, "claims")
             stack.push_async_callback(redis.aclose)
             await started("Redis to answer (task claims)", redis.ping, within=within, log=log,
-                          where=redis_address(self.settings.redis_url), retry_on=REDIS_REFUSALS)
+                          where=redis_address(self.settings.redis.url), retry_on=REDIS_REFUSALS)
             sender = Sender(self.settings, producer, self.codec)
             # the worker's one keyed reader of the log
             lookup = SharedLookup(self.settings, codec=self.codec)
@@ -171,13 +175,21 @@ class InferWorker:
                                   self._snapshot)
             self._cancels = CancelList(self.settings, self.codec)
             self._cancels.subscribe(self._on_cancel)
-            consumer = self._consumer = join_pool(self.settings, self.pool, self)
+            # the infer group's short session timeout and the busy-aware assignor alone
+            # (why alone: docs/decisions/0022-infer-failover.md)
+            group, topic = self.settings.kafka.group(f"infer.{self.pool}"), infer_topic(
+                self.settings.kafka, self.pool)
+            consumer = self._consumer = make_consumer(
+                self.settings.kafka, group=group,
+                session_timeout_ms=self.settings.infer.session_timeout_ms,
+                heartbeat_interval_ms=self.settings.infer.heartbeat_interval_ms,
+                partition_assignment_strategy=(BusyAwareAssignor(self.assignor_state),))
+            consumer.subscribe([topic], listener=_Rebalance(self))
             stack.push_async_callback(self._leave, consumer)
             background = self._background(self._cancels, heartbeat, store,
                                           GatewayWatch(self.settings, redis))
             stack.push_async_callback(self._stop_background, background, heartbeat)
-            await started(f"consumer group {self.settings.group(f'infer.{self.pool}')} to assign "
-                          f"partitions of {infer_topic(self.settings, self.pool)}",
+            await started(f"consumer group {group} to assign partitions of {topic}",
                           consumer.start, within=within, log=log, where=kafka)
             self._joined = True
             log.info("worker %s: serving pool %s with %s (capacity %d)", self.worker_id,
@@ -201,7 +213,7 @@ class InferWorker:
     def _background(self, cancels: CancelList, heartbeat: Heartbeat, store: ProgressTracker,
                     gateways: GatewayWatch) -> list[asyncio.Task[None]]:
         """The worker's background concerns, each retrying Redis and Kafka on its own."""
-        backoff = self.settings.retry_backoff_max_s
+        backoff = self.settings.process.retry_backoff_max_s
 
         def every(name: str, step: Callable[[], Awaitable[None]],
                   every_s: float) -> asyncio.Task[None]:
@@ -211,13 +223,14 @@ class InferWorker:
         return [asyncio.create_task(cancels.run(), name="cancels"),
                 every("heartbeat", lambda: self._beat(heartbeat), 0.0),
                 asyncio.create_task(self._commit_loop(), name="commits"),
-                every("leases", lambda: self._keep_leases(store), self.settings.claim_lease_s / 5),
+                every("leases", lambda: self._keep_leases(store),
+                      self.settings.infer.claim_lease_s / 5),
                 every("gateways", lambda: gateways.check(self._runs()),
-                      self.settings.reply_lease_ttl_s / 3)]
+                      self.settings.gateway.reply_lease_ttl_s / 3)]
 
     async def _consume(self, consumer: AIOKafkaConsumer, sender: Sender, store: ProgressTracker,
                        background: list[asyncio.Task[None]]) -> None:
-        backoff = Backoff(max_s=self.settings.retry_backoff_max_s)
+        backoff = Backoff(max_s=self.settings.process.retry_backoff_max_s)
         while not self._stopping.is_set():
             for task in background:
                 if task.done():
@@ -289,7 +302,7 @@ class InferWorker:
 
     async def _generate(self, gen: TaskRun, record: ConsumerRecord[bytes, bytes]) -> None:
         rid = gen.request_id
-        backoff = Backoff(initial_s=0.2, max_s=self.settings.retry_backoff_max_s)
+        backoff = Backoff(initial_s=0.2, max_s=self.settings.process.retry_backoff_max_s)
         try:
             while True:
                 try:
@@ -329,9 +342,9 @@ class InferWorker:
                            error: str) -> None:
         self.dead_lettered()
         with contextlib.suppress(Exception):
-            await gen.sender.dead_letter("infer", record.topic, record.partition,
-                                         record.offset, record.key, record.value, error)
-            await gen.sender.flush()
+            await gen.sender.deliver(gen.sender.letter_output(
+                "infer", record.topic, record.partition, record.offset, record.key,
+                record.value, error))
 
     def _done(self, tp: TopicPartition, offset: int, epoch: int) -> None:
         self.offsets.finish(tp, offset, epoch)
@@ -405,7 +418,7 @@ class InferWorker:
         await asyncio.wait_for(heartbeat.beat(), _BEAT_TIMEOUT_S)
         self._beat_now.clear()
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._beat_now.wait(), self.settings.heartbeat_interval_s)
+            await asyncio.wait_for(self._beat_now.wait(), self.settings.infer.heartbeat_interval_s)
 
     async def _drain(self, heartbeat: Heartbeat) -> None:
         """Stop taking tasks, let the running ones end (bounded), commit them."""

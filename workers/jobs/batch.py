@@ -1,20 +1,12 @@
 """One batch's state, folded from its events on ``conveyor.results``, and the
 OpenAI ``Batch`` object it shows.
 
-The events of a job arrive in order on one partition (key = job id):
-``expanded`` (with the batch as created and its number of requests) or
-``invalid`` (with OpenAI's errors list; it fails only a batch still
-validating: after ``expanded`` the lines are running and keep their answers),
-``cancel``, and one ``result`` per request. Folding them again from the log
-gives the same state, which is how a collector that crashed recovers. A
-result repeated by a redelivery is counted once (the first per request id); a
-499 result (a generation stopped by the batch's cancel) is a request that did
-not run: it is in neither file.
-
-Statuses follow OpenAI: validating -> in_progress -> finalizing -> completed;
-validating -> failed; in_progress -> cancelling -> cancelled; and expired
-when the completion window ends first. Output and error files are written in
-the order of the input lines.
+Events: ``expanded`` (the batch and its number of requests), ``invalid``
+(fails only a batch still validating), ``cancel``, and one ``result`` per
+request (the first per request id counts; a 499, stopped by the cancel, is in
+neither file). Statuses follow OpenAI: validating -> in_progress ->
+finalizing -> completed; validating -> failed; in_progress -> cancelling ->
+cancelled; expired when the window ends first.
 """
 
 from __future__ import annotations

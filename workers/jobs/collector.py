@@ -1,23 +1,14 @@
 """The results layer: folds each job's events (``conveyor.results``, key = job
-id) into its state, publishes that state on ``conveyor.job-status`` (the
-gateways serve it), and finishes batches by writing their output and error
-files.
+id) into its state, publishes it on ``conveyor.job-status``, and finishes
+batches by writing their output and error files (ids derived from the batch
+id, so finishing twice writes the same files).
 
-State lives in memory and is rebuilt from the log, as postprocess does: the
-committed offset of a results partition never passes the first event of a
-job that is not final there, so a collector that crashes (or loses the
-partition) leaves the whole job to be folded again by the next owner. The
-output files have ids derived from the batch id, so finishing a batch twice
-writes the same files again rather than two copies.
-
-Status updates are coalesced: a change of status is published at once, a
-change of counts at most every :data:`PUBLISH_EVERY_S` per job. A background
-tick publishes what was held back (at once for a job that just ended),
-finishes cancelled batches once their requests have gone quiet for
-:data:`CANCEL_GRACE_MS` (a request cancelled before it started never
-reports), and expires batches past their window.
-Each published state carries a version that grows with time (microseconds),
-so a reader keeps the newest across collector restarts.
+State is rebuilt from the log, as in postprocess: a partition's commit never
+passes the first event of a job not final there. A change of status is
+published at once, of counts at most every :data:`PUBLISH_EVERY_S`; a tick
+publishes what was held back, finishes cancelled batches quiet for
+:data:`CANCEL_GRACE_MS` and expires batches past their window. Each state
+carries a version (microseconds) so a reader keeps the newest.
 """
 
 from __future__ import annotations
@@ -69,7 +60,7 @@ class ResultsLayer:
     def __init__(self, settings: Settings, files: JobFiles) -> None:
         self.settings = settings
         self.files = files
-        self._status_topic = JOB_STATUS.at(settings)
+        self._status_topic = JOB_STATUS.at(settings.kafka)
         self.folds: dict[str, Fold] = {}
         self._first: dict[str, tuple[TopicPartition, int]] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
@@ -167,8 +158,6 @@ class ResultsLayer:
         while len(self._finished) > _FINISHED_MEMORY:
             self._finished.popitem(last=False)
 
-    # -- the tick -------------------------------------------------------------
-
     async def _tick_loop(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
@@ -202,8 +191,6 @@ class ResultsLayer:
                     if fold.final:
                         finished.append(job_id)
         return outputs, finished
-
-    # -- offsets ----------------------------------------------------------------
 
     def committable(self, tp: TopicPartition, next_offset: int) -> int:
         """Never commit past the first event of a job still open on ``tp``."""

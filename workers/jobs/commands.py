@@ -1,24 +1,15 @@
 """The jobs layer: a job's commands (``conveyor.jobs``) become its requests.
 
 ``create`` of a batch reads its input file, checks every line
-(:mod:`workers.jobs.lines`) and either fails the batch (an ``invalid``
-event with OpenAI's errors list: no line runs) or puts one request per line
-on ``conveyor.requests`` (priority batch, the job and custom id in the
-envelope, the completion window as deadline) after an ``expanded`` event.
-``create`` of a background response puts its one request there (priority
-background). ``cancel`` cancels every request of the job on
-``conveyor.control`` and tells the collector (a ``cancel`` event).
-
-Request ids are the job id and the line number (``batch_…-17``), so a
-command handled twice (a crash before its offset was committed) sends the
-same requests again: the pipeline treats a request id it has seen as a
-retry of the same request (infer continues or skips it from the log), and the
-collector keeps one result per request id. Nothing runs twice for a client.
-
-A command the layer cannot decode (or handle) goes to ``conveyor.dlq``; the
-layer's background :class:`~workers.jobs.dead_commands.DeadCommands` follows
-the DLQ and fails the job it is keyed by while that job has not started, so
-no batch waits in ``validating`` for ever.
+(:mod:`workers.jobs.lines`) and either fails the batch (an ``invalid`` event:
+no line runs) or puts one request per line on ``conveyor.requests`` (priority
+batch, the completion window as deadline) after an ``expanded`` event;
+``create`` of a background response puts its one request there. ``cancel``
+cancels every request of the job on ``conveyor.control`` and tells the
+collector. Request ids are the job id and the line number, so a command
+handled twice sends the same requests again, which the pipeline treats as
+retries. A command the layer gives up on ends its job through
+:class:`~workers.jobs.dead_commands.DeadCommands`.
 """
 
 from __future__ import annotations
@@ -29,8 +20,6 @@ import json
 import logging
 from typing import Any
 
-from aiokafka import TopicPartition
-
 from conveyor.errors import RequestError
 from conveyor.policy.pii import FindMemo
 from conveyor.policy.rules import PolicyBook
@@ -40,11 +29,11 @@ from schemas.records import Control, ErrorInfo, Generation, JobCommand, Request
 from topics.catalog import CONTROL, JOBS, REQUESTS
 from topics.envelope import PRIORITY_BACKGROUND, PRIORITY_BATCH, new_envelope, now_ms
 from topics.policies import kept_policies
-from workers.job_results import job_event
 from workers.jobs.dead_commands import DeadCommands
 from workers.jobs.files import JobFiles
 from workers.jobs.lines import parse_lines
-from workers.outputs import Output, Sender, result_output
+from workers.layer import Layer
+from workers.outputs import Output, Sender, job_event, result_output
 from workers.policy_checks import redact_generation, redacted
 
 __all__ = ["JobsLayer", "request_id_of", "RESPONSE_DEADLINE_MS"]
@@ -59,7 +48,7 @@ def request_id_of(job_id: str, index: int) -> str:
     return f"{job_id}-{index}"
 
 
-class JobsLayer:
+class JobsLayer(Layer):
     name = "jobs"
     source = JOBS
 
@@ -73,8 +62,8 @@ class JobsLayer:
         self.policies, self._follower = kept_policies(settings, policies)
         self.files = files
         self.registry = registry
-        self._requests = REQUESTS.at(settings)
-        self._control = CONTROL.at(settings)
+        self._requests = REQUESTS.at(settings.kafka)
+        self._control = CONTROL.at(settings.kafka)
         self._dead: asyncio.Task[None] | None = None
 
     async def start(self, sender: Sender) -> None:
@@ -111,7 +100,7 @@ class JobsLayer:
                                                   "message": exc.message,
                                                   "param": "input_file_id"}])]
         lines, errors = await asyncio.to_thread(parse_lines, data, command["endpoint"],
-                                                self.settings.batch_max_lines)
+                                                self.settings.jobs.batch_max_lines)
         if errors:
             return [self._invalid(command, base, errors)]
         deadline_ms = int(base.get("expires_at") or 0) * 1000 or now_ms() + 24 * 3600 * 1000
@@ -207,9 +196,3 @@ class JobsLayer:
                        Control(request_id=rid, action="cancel",
                                reason=f"job {job_id} cancelled", ts_ms=ts), key=rid)
                 for rid in request_ids]
-
-    def committable(self, tp: TopicPartition, next_offset: int) -> int:
-        return next_offset
-
-    def revoked(self, partitions: list[TopicPartition]) -> None:
-        return None

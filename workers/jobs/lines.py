@@ -1,12 +1,9 @@
 """A batch input file, checked line by line and turned into Generations.
 
-OpenAI's format: one JSON object a line, ``{"custom_id", "method": "POST",
-"url", "body"}``, where ``url`` is the batch's endpoint and ``body`` a request
-to it. Every line is checked before any runs: the body goes through the same
-protocol models (and the same conversion) as a request sent alone, a stream
-request is refused (a batch line has nobody to stream to), and custom ids
-must be unique. A file with any bad line fails as a whole, with OpenAI's
-``errors`` list naming each bad line (the first :data:`MAX_ERRORS`).
+OpenAI's format: one ``{"custom_id", "method": "POST", "url", "body"}`` a
+line. Every line is checked before any runs (the same protocol models as a
+request sent alone, no streaming, unique custom ids); a file with any bad
+line fails whole, naming the first :data:`MAX_ERRORS` bad lines.
 """
 
 from __future__ import annotations

@@ -40,7 +40,6 @@ from schemas.tool_calls import ToolCallReader
 from topics.catalog import CONTROL, REPLIES, TOKENS, USAGE
 from topics.envelope import now_ms, stamp
 from topics.policies import kept_policies
-from workers.job_results import is_job
 from workers.outputs import Output, Sender, result_output
 from workers.policy_checks import policy_audit
 from workers.postprocess.stream import Emitted, RequestStream
@@ -60,9 +59,9 @@ class PostprocessLayer:
         follows ``conveyor.policies`` itself while it runs."""
         self.settings = settings
         self.policies, self._follower = kept_policies(settings, policies)
-        self._replies = REPLIES.at(settings)
-        self._control = CONTROL.at(settings)
-        self._usage = USAGE.at(settings)
+        self._replies = REPLIES.at(settings.kafka)
+        self._control = CONTROL.at(settings.kafka)
+        self._usage = USAGE.at(settings.kafka)
         self.streams: dict[str, RequestStream] = {}
         # request id -> (topic partition, offset of its first chunk there)
         self._first: dict[str, tuple[TopicPartition, int]] = {}
@@ -106,12 +105,12 @@ class PostprocessLayer:
         """At most one reply per applied chunk: every OpenAI chunk object it
         releases (role, content, finish, usage) travels in that one event."""
         rid = stream.envelope["request_id"]
-        if is_job(stream.envelope):
+        if stream.envelope.get("job_id"):
             return self._job_outputs(stream, e)
         if e.error is not None:
             return [self._reply(stream, "error", error=e.error),
                     self._usage_output(stream, "error")]
-        header = stream.header or _fallback_header(stream)
+        header = stream.header or _NO_HEADER
         chunks: list[str] = []
         if stream.reply_index == 0 and header["kind"] == "chat":
             chunks.append(delta_chunk(header, rid, "", role=True))
@@ -138,12 +137,18 @@ class PostprocessLayer:
         chunks.append(delta_chunk(header, rid, "", reason))
         if header["include_usage"]:
             chunks.append(usage_chunk(header, rid, usage))
-        out = [self._reply(stream, "final", text=e.text, chunk="\n".join(chunks),
-                           finish_reason=reason, usage=usage, logprobs=e.logprobs),
-               self._usage_output(stream, "completed")]
+        return [self._reply(stream, "final", text=e.text, chunk="\n".join(chunks),
+                            finish_reason=reason, usage=usage, logprobs=e.logprobs),
+                *self._completed(stream, e)]
+
+    def _completed(self, stream: RequestStream, e: Emitted) -> list[Output]:
+        """The usage record of an answer, and the cancel that stops its worker
+        when the answer ended early (a stop sequence, the content filter)."""
+        out = [self._usage_output(stream, "completed")]
         if e.stopped_early:
-            cancel = Control(request_id=rid, action="cancel", reason=_stopped_by(e),
-                             ts_ms=now_ms())
+            rid = stream.envelope["request_id"]
+            why = "content filter" if e.finish_reason == "content_filter" else "stop sequence"
+            cancel = Control(request_id=rid, action="cancel", reason=why, ts_ms=now_ms())
             out.append(Output(self._control, "Control", cancel, key=rid))
         return out
 
@@ -181,31 +186,24 @@ class PostprocessLayer:
         stream.collected_logprobs.extend(e.logprobs)
         if e.finish_reason is None:
             return []
-        header = stream.header or _fallback_header(stream)
+        header = stream.header or _NO_HEADER
         usage = usage_of(header, stream)
         text = "".join(stream.collected)
-        out: list[Output]
         if e.finish_reason == "cancelled":
             cancelled = ErrorInfo(status=499, type="cancelled", code="cancelled", param=None,
                                   message="The request was cancelled.")
-            out = [result_output(self.settings, envelope, status_code=499, error=cancelled,
-                                 text=text, finish_reason="cancelled", usage=usage)]
+            result = result_output(self.settings, envelope, status_code=499, error=cancelled,
+                                   text=text, finish_reason="cancelled", usage=usage)
         else:
             body = full_response(header["kind"], header["model"], header["created"],
                                  envelope["request_id"], text, e.finish_reason, usage,
                                  tool_calls=bool(header.get("tool_calls")),
                                  logprobs=stream.collected_logprobs if header.get("logprobs")
                                  else None)
-            out = [result_output(self.settings, envelope, status_code=200,
-                                 body=json.dumps(body, ensure_ascii=False), text=text,
-                                 finish_reason=e.finish_reason, usage=usage)]
-        out.append(self._usage_output(stream, "completed"))
-        if e.stopped_early:
-            rid = envelope["request_id"]
-            cancel = Control(request_id=rid, action="cancel", reason=_stopped_by(e),
-                             ts_ms=now_ms())
-            out.append(Output(self._control, "Control", cancel, key=rid))
-        return out
+            result = result_output(self.settings, envelope, status_code=200,
+                                   body=json.dumps(body, ensure_ascii=False), text=text,
+                                   finish_reason=e.finish_reason, usage=usage)
+        return [result, *self._completed(stream, e)]
 
     def _reply(self, stream: RequestStream, kind: str, *, text: str = "", chunk: str = "",
                finish_reason: str | None = None, usage: Usage | None = None,
@@ -264,14 +262,9 @@ class PostprocessLayer:
                 self._finish(rid)
 
 
-def _stopped_by(e: Emitted) -> str:
-    """Why postprocess stops a worker that is still generating."""
-    return "content filter" if e.finish_reason == "content_filter" else "stop sequence"
-
-
-def _fallback_header(stream: RequestStream) -> ChunkHeader:
-    return ChunkHeader(kind="chat", model="", created=0, stop=[], stream=True,
-                       include_usage=False, prompt_tokens=0)
+# the header of a stream whose first chunk never came (an error before it)
+_NO_HEADER = ChunkHeader(kind="chat", model="", created=0, stop=[], stream=True,
+                         include_usage=False, prompt_tokens=0)
 
 
 def usage_of(header: ChunkHeader, stream: RequestStream) -> Usage:

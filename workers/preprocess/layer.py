@@ -1,25 +1,13 @@
 """The preprocess layer: ``conveyor.requests`` -> ``conveyor.prepared``.
 
-Validates and normalises a request, measures its prompt with the target
-model's tokenizer, fits it to the model's context window (dropping the
-oldest turns of a conversation that is too long, keeping the system prompt
-and the tail) and names the prompt with a fingerprint for caches and with the chained hashes
-of its blocks of tokens for prefix-aware routing (workers/prefix.py), salted
-by its tenant unless ``prefix_cache_shared``.
-
-A model the registry does not know is not an error here: route owns that
-answer (404 ``model_not_found``). Such a request goes on with an estimated
-count and no context checks.
-
-Tokenizers load lazily, on the first request for their model, in a worker
-thread. Counting and rendering run on the event loop: for the prompts a
-small model takes (a few thousand tokens) they cost well under a
-millisecond, less than a thread hop would. A request whose text is larger
-than ``_INLINE_CHARS`` (a long history to trim: tokenizing 300k tokens takes
-about half a second; many short turns cost more than their characters say)
-is fitted in a worker thread instead; llama.cpp's tokenizer releases the
-GIL, so the event loop keeps serving, and the runtime handles other
-requests meanwhile.
+Validates and normalises a request, runs the input's safety checks, measures
+its prompt with the target model's tokenizer, fits it to the model's context
+window (workers/preprocess/normalize.py), names it with a fingerprint and
+with the chained hashes of its token blocks (workers/prefix.py), and answers
+it from the prompt cache on a hit (workers/prompt_cache.py). A model the
+registry does not know is route's to refuse: such a request goes on with an
+estimated count. A request larger than ``_INLINE_CHARS`` is fitted in a
+worker thread (docs/decisions/0023-preprocess-in-linear-time.md).
 """
 
 from __future__ import annotations
@@ -27,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from aiokafka import ConsumerRecord, TopicPartition
+from aiokafka import ConsumerRecord
 
 from conveyor.policy.rules import Policy, PolicyBook
 from conveyor.policy.safety import Match
@@ -38,6 +26,7 @@ from schemas.tools import tool_messages
 from topics.catalog import PREPARED, REQUESTS, TOKENS
 from topics.envelope import canary_key, stamp
 from topics.policies import kept_policies
+from workers.layer import Layer
 from workers.outputs import Output, Sender, error_info
 from workers.policy_checks import (
     checked_input,
@@ -63,18 +52,15 @@ __all__ = ["PreprocessLayer"]
 
 log = logging.getLogger(__name__)
 
-# The completion budget of a model the registry does not know (route will
-# reject it; the field must still be filled).
+# The completion budget of a model the registry does not know (route rejects it).
 _UNKNOWN_MODEL_MAX_TOKENS = 256
-# Above this many characters of text, fitting runs in a worker thread.
+# Above this many characters of text (a turn counted _TURN_CHARS more), fitting
+# runs in a worker thread.
 _INLINE_CHARS = 32_768
-# What a chat template adds around each turn (ChatML: about 25 characters);
-# a turn costs llama.cpp's tokenizer a fixed price however short it is
-# (docs/decisions/0023-preprocess-in-linear-time.md).
 _TURN_CHARS = 64
 
 
-class PreprocessLayer:
+class PreprocessLayer(Layer):
     name = "preprocess"
     source = REQUESTS
 
@@ -102,14 +88,8 @@ class PreprocessLayer:
             await self._follower.stop()
         await self.cache.close()
 
-    def committable(self, tp: TopicPartition, next_offset: int) -> int:
-        return next_offset  # stateless: everything handled may be committed
-
     def cancel(self, request_id: str) -> None:
         """Nothing is held per request: the runtime drops a cancelled request's events."""
-        return None
-
-    def revoked(self, partitions: list[TopicPartition]) -> None:
         return None
 
     async def handle(
@@ -139,7 +119,7 @@ class PreprocessLayer:
                 # engine that renders for itself (an upstream) gets them as they are
                 generation = {**generation, "messages": tool_messages(
                     generation["messages"], generation.get("tools"))}
-            salt = tenant_salt(envelope["tenant"], self.settings.prefix_cache_shared)
+            salt = tenant_salt(envelope["tenant"], self.settings.prefix.cache_shared)
             if text_size(generation, _TURN_CHARS) > _INLINE_CHARS:
                 fit, blocks = await asyncio.to_thread(self._measure, spec, tokenizer, generation,
                                                       salt)
@@ -147,42 +127,27 @@ class PreprocessLayer:
                 fit, blocks = self._measure(spec, tokenizer, generation, salt)
             model_key = spec.name
         if fit.dropped:
-            log.info(
-                "request %s trace %s: dropped the %d oldest messages to fit %s",
-                envelope["request_id"], envelope["traceparent"], fit.dropped, model_key,
-            )
+            log.info("request %s trace %s: dropped the %d oldest messages to fit %s",
+                     envelope["request_id"], envelope["traceparent"], fit.dropped, model_key)
         if generation["kind"] == "chat":
             generation = {**generation, "messages": fit.messages}
         raw_prompt = generation["prompt"] if generation["kind"] == "completion" else None
-        prompt = Prompt(
-            text=fit.text,
-            tokens=fit.tokens,
-            exact=tokenizer.exact,
-            max_tokens=fit.max_tokens,
-            dropped_messages=fit.dropped,
-            fingerprint=fingerprint(model_key, fit.text, fit.messages, raw_prompt),
-            prefix_blocks=blocks,
-            cache_key="",
-            cache_ttl_s=0,
-        )
+        prompt = Prompt(text=fit.text, tokens=fit.tokens, exact=tokenizer.exact,
+                        max_tokens=fit.max_tokens, dropped_messages=fit.dropped,
+                        fingerprint=fingerprint(model_key, fit.text, fit.messages, raw_prompt),
+                        prefix_blocks=blocks, cache_key="", cache_ttl_s=0)
         key = cache_key(envelope["tenant"], model_key, prompt["fingerprint"], generation,
                         fit.max_tokens) if policy.cache and spec is not None else None
         if key is not None:
             cached = await self.cache.get(key)
             if cached is not None:  # answered from the cache: no worker
-                return [Output(TOKENS.at(self.settings), "TokenChunk",
+                return [Output(TOKENS.at(self.settings.kafka), "TokenChunk",
                                hit_chunk(envelope, generation, prompt, cached),
                                key=envelope["request_id"])]
             prompt["cache_key"], prompt["cache_ttl_s"] = key, policy.cache_ttl_s
         prepared = Prepared(envelope=envelope, generation=generation, prompt=prompt)
-        return [
-            Output(
-                PREPARED.at(self.settings),
-                "Prepared",
-                prepared,
-                key=envelope["request_id"],
-            )
-        ]
+        return [Output(PREPARED.at(self.settings.kafka), "Prepared", prepared,
+                       key=envelope["request_id"])]
 
     def _refused(self, envelope: Envelope, blocked: Match, policy: Policy) -> list[Output]:
         """A blocked input: the 400 for its client and the audit event."""
@@ -202,7 +167,7 @@ class PreprocessLayer:
         with the tenant's ``salt``: none for a prompt shorter than one block,
         which is not tokenized again for them."""
         fit = self._fit(spec, tokenizer, generation)
-        size, limit = self.settings.prefix_block_tokens, self.settings.prefix_max_blocks
+        size, limit = self.settings.prefix.block_tokens, self.settings.prefix.max_blocks
         if fit.text is None or fit.tokens < size:
             return fit, []
         return fit, block_hashes(tokenizer.ids(fit.text, size * limit), size, limit, salt)
@@ -211,15 +176,11 @@ class PreprocessLayer:
     def _fit(spec: ModelSpec, tokenizer: Tokenizer, generation: Generation) -> Fit:
         requested = generation["sampling"]["max_tokens"]
         if generation["kind"] == "chat":
-            return trim_to_context(
-                generation["messages"], tokenizer, spec.context_length, requested,
-                spec.default_max_tokens,
-            )
+            return trim_to_context(generation["messages"], tokenizer, spec.context_length,
+                                   requested, spec.default_max_tokens)
         assert generation["prompt"] is not None  # normalize_generation checked it
-        return fit_prompt(
-            generation["prompt"], tokenizer, spec.context_length, requested,
-            spec.default_max_tokens,
-        )
+        return fit_prompt(generation["prompt"], tokenizer, spec.context_length, requested,
+                          spec.default_max_tokens)
 
     def _measure_unchecked(self, generation: Generation) -> Fit:
         """An estimate for a model the registry does not know; no context checks."""

@@ -1,16 +1,10 @@
-"""Validation, normalisation and length fitting of a generation request.
-
-Pure functions: no I/O, no Kafka, no clock. The layer calls them in order:
-
-1. :func:`normalize_generation` checks the request (an :class:`InvalidRequest`
-   names the offending field in ``param``, like OpenAI's ``messages[2].role``),
-   and returns a copy with every text in Unicode NFC and NUL characters
-   removed.
-2. :func:`trim_to_context` (chat) or :func:`fit_prompt` (completion) measures
-   the prompt with the model's tokenizer and fixes the completion budget;
-   a conversation too long for the context window loses its oldest turns,
-   keeping the system prompt and the tail.
-3. :func:`fingerprint` names the exact prompt for caches.
+"""Validation, normalisation and length fitting of a generation request, as
+pure functions: :func:`normalize_generation` checks a request (an
+:class:`InvalidRequest` names the field in ``param``, like OpenAI's
+``messages[2].role``) and returns a copy in Unicode NFC without NULs;
+:func:`trim_to_context` (chat) or :func:`fit_prompt` (completion) measures the
+prompt and fixes the completion budget, a conversation too long losing its
+oldest turns; :func:`fingerprint` names the exact prompt for caches.
 """
 
 from __future__ import annotations
@@ -24,17 +18,8 @@ from conveyor.errors import ContextLengthExceeded, InvalidRequest
 from schemas.records import Generation, Message, ToolCall
 from workers.preprocess.tokenizers import Tokenizer
 
-__all__ = [
-    "ROLES",
-    "check_logit_bias",
-    "Fit",
-    "fingerprint",
-    "fit_prompt",
-    "measure_messages",
-    "normalize_generation",
-    "normalize_text",
-    "trim_to_context",
-]
+__all__ = ["ROLES", "check_logit_bias", "Fit", "fingerprint", "fit_prompt", "measure_messages",
+           "normalize_generation", "normalize_text", "trim_to_context"]
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 # Never dropped by trimming.
@@ -58,20 +43,15 @@ class Fit(NamedTuple):
     messages: list[Message]  # the messages kept (empty for a completion)
 
 
-# -- validation and normalisation -------------------------------------------
-
-
 def normalize_text(text: str, param: str) -> str:
     """NFC, without NUL characters. A string that is not valid text (a lone
     UTF-16 surrogate, which no UTF-8 byte sequence can carry) is rejected."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise InvalidRequest(
-            f"Invalid '{param}': the string is not valid Unicode text "
-            f"(character {exc.start} is an unpaired surrogate).",
-            param=param,
-        ) from exc
+        raise InvalidRequest(f"Invalid '{param}': the string is not valid Unicode text "
+                             f"(character {exc.start} is an unpaired surrogate).",
+                             param=param) from exc
     return unicodedata.normalize("NFC", text.replace("\x00", ""))
 
 
@@ -81,31 +61,20 @@ def _normalize_message(message: object, index: int) -> Message:
         raise InvalidRequest(f"Invalid '{where}': expected an object.", param=where)
     role = message.get("role")
     if role not in ROLES:
-        raise InvalidRequest(
-            f"Invalid value for '{where}.role': {role!r}. Supported values are: "
-            + ", ".join(f"'{r}'" for r in sorted(ROLES))
-            + ".",
-            param=f"{where}.role",
-        )
+        raise InvalidRequest(f"Invalid value for '{where}.role': {role!r}. Supported values "
+                             f"are: {', '.join(repr(r) for r in sorted(ROLES))}.",
+                             param=f"{where}.role")
     content = message.get("content")
     if not isinstance(content, str):
-        raise InvalidRequest(
-            f"Invalid type for '{where}.content': expected a string, "
-            f"got {type(content).__name__}.",
-            param=f"{where}.content",
-        )
+        raise InvalidRequest(f"Invalid type for '{where}.content': expected a string, "
+                             f"got {type(content).__name__}.", param=f"{where}.content")
     name = message.get("name")
     if name is not None and not isinstance(name, str):
-        raise InvalidRequest(
-            f"Invalid type for '{where}.name': expected a string.", param=f"{where}.name"
-        )
-    out = Message(
-        role=role,
-        content=normalize_text(content, f"{where}.content"),
-        name=normalize_text(name, f"{where}.name") if name is not None else None,
-        tool_calls=None,
-        tool_call_id=None,
-    )
+        raise InvalidRequest(f"Invalid type for '{where}.name': expected a string.",
+                             param=f"{where}.name")
+    out = Message(role=role, content=normalize_text(content, f"{where}.content"),
+                  name=normalize_text(name, f"{where}.name") if name is not None else None,
+                  tool_calls=None, tool_call_id=None)
     calls = message.get("tool_calls")
     if calls:
         if not isinstance(calls, list) or role != "assistant":
@@ -136,25 +105,19 @@ def normalize_generation(generation: Generation) -> Generation:
     """Validate ``generation`` and return a normalised copy (the input is not changed)."""
     max_tokens = generation["sampling"].get("max_tokens")
     if max_tokens is not None and max_tokens < 1:
-        raise InvalidRequest(
-            f"Invalid 'max_tokens': integer below minimum value. Expected a value >= 1, "
-            f"but got {max_tokens} instead.",
-            param="max_tokens",
-        )
+        raise InvalidRequest("Invalid 'max_tokens': integer below minimum value. Expected a "
+                             f"value >= 1, but got {max_tokens} instead.", param="max_tokens")
     if generation["kind"] == "chat":
         messages = generation.get("messages")
         if not isinstance(messages, list) or not messages:
-            raise InvalidRequest(
-                "Invalid 'messages': a chat completion needs at least one message.",
-                param="messages",
-            )
-        normalized = [_normalize_message(m, i) for i, m in enumerate(messages)]
-        return {**generation, "messages": normalized}
+            raise InvalidRequest("Invalid 'messages': a chat completion needs at least one "
+                                 "message.", param="messages")
+        return {**generation,
+                "messages": [_normalize_message(m, i) for i, m in enumerate(messages)]}
     prompt = generation.get("prompt")
     if not isinstance(prompt, str):
-        raise InvalidRequest(
-            "Invalid 'prompt': a completion needs a prompt string.", param="prompt"
-        )
+        raise InvalidRequest("Invalid 'prompt': a completion needs a prompt string.",
+                             param="prompt")
     return {**generation, "prompt": normalize_text(prompt, "prompt")}
 
 
@@ -172,21 +135,14 @@ def check_logit_bias(generation: Generation, vocab_size: int | None) -> None:
                 param="logit_bias")
 
 
-# -- measuring and fitting --------------------------------------------------
-
-
-def measure_messages(
-    messages: list[Message], tokenizer: Tokenizer
-) -> tuple[str | None, int]:
+def measure_messages(messages: list[Message], tokenizer: Tokenizer) -> tuple[str | None, int]:
     """The rendered prompt (or None) and its token count. Without a local
     template the count is the contents plus a few tokens of framing each."""
     text = tokenizer.render_chat(messages)
     if text is not None:
         return text, tokenizer.count(text)
-    tokens = _TOKENS_PER_REPLY + sum(
-        _TOKENS_PER_MESSAGE + tokenizer.count(m["content"]) for m in messages
-    )
-    return None, tokens
+    return None, _TOKENS_PER_REPLY + sum(_TOKENS_PER_MESSAGE + tokenizer.count(m["content"])
+                                         for m in messages)
 
 
 def _fits(tokens: int, requested: int | None, context_length: int) -> bool:
@@ -206,9 +162,8 @@ def _drop_plans(messages: list[Message]) -> tuple[list[int], list[int]]:
     the conversation would open with an assistant or tool turn is skipped:
     that turn goes together with the one before it."""
     last = len(messages) - 1
-    droppable = [
-        i for i, m in enumerate(messages) if i != last and m["role"] not in _PINNED_ROLES
-    ]
+    droppable = [i for i, m in enumerate(messages)
+                 if i != last and m["role"] not in _PINNED_ROLES]
     counts: list[int] = []
     for k in range(1, len(droppable) + 1):
         # The first kept turn after the system prompt.
@@ -219,28 +174,18 @@ def _drop_plans(messages: list[Message]) -> tuple[list[int], list[int]]:
     return droppable, counts
 
 
-def trim_to_context(
-    messages: list[Message],
-    tokenizer: Tokenizer,
-    context_length: int,
-    max_tokens_requested: int | None,
-    default_max_tokens: int,
-) -> Fit:
+def trim_to_context(messages: list[Message], tokenizer: Tokenizer, context_length: int,
+                    max_tokens_requested: int | None, default_max_tokens: int) -> Fit:
     """Render and measure a conversation, dropping its oldest turns if the
     prompt and the completion budget do not fit in ``context_length``.
 
     Every system and developer message and the last message are always kept.
-    The result is the one dropping oldest turns one at a time would give
-    (the fewest drops that fit), found in O(log n) renders, not O(n), each
-    of a conversation about the size of the answer; the whole conversation is
-    rendered once and tokenized only when its control tokens alone do not
-    already prove it too long (measured:
-    docs/decisions/0023-preprocess-in-linear-time.md).
-    Without ``max_tokens_requested`` the budget is
-    ``min(default_max_tokens, room left)``, and at least one token.
-
-    Raises :class:`ContextLengthExceeded` when even the shortest conversation
-    does not fit.
+    The result is the fewest drops of the oldest turns that fit, found in
+    O(log n) renders (docs/decisions/0023-preprocess-in-linear-time.md).
+    Without ``max_tokens_requested`` the budget is ``min(default_max_tokens,
+    room left)``, and at least one token. Raises
+    :class:`ContextLengthExceeded` when even the shortest conversation does
+    not fit.
     """
     rendered = tokenizer.render_chat(messages)
     if rendered is not None and not _fits(
@@ -289,13 +234,8 @@ def trim_to_context(
     return best
 
 
-def fit_prompt(
-    prompt: str,
-    tokenizer: Tokenizer,
-    context_length: int,
-    max_tokens_requested: int | None,
-    default_max_tokens: int,
-) -> Fit:
+def fit_prompt(prompt: str, tokenizer: Tokenizer, context_length: int,
+               max_tokens_requested: int | None, default_max_tokens: int) -> Fit:
     """Measure a raw completion prompt. A raw prompt has no turns to drop:
     one that does not fit is rejected."""
     tokens = tokenizer.count(prompt)
@@ -305,30 +245,22 @@ def fit_prompt(
     return Fit(prompt if tokenizer.exact else None, tokens, budget, 0, [])
 
 
-def _context_error(
-    context_length: int, tokens: int, requested: int | None, param: str
-) -> ContextLengthExceeded:
+def _context_error(context_length: int, tokens: int, requested: int | None,
+                   param: str) -> ContextLengthExceeded:
     """OpenAI's wording for each case."""
-    limit = f"This model's maximum context length is {context_length} tokens."
-    if param == "prompt":
-        if requested is None:
-            detail = f"However, your prompt resulted in {tokens} tokens."
-        else:
-            detail = (
-                f"However, you requested {tokens + requested} tokens "
-                f"({tokens} in your prompt; {requested} for the completion)."
-            )
-        advice = "Please reduce your prompt; or completion length."
+    prompt = param == "prompt"
+    if requested is None:
+        detail = f"However, your {'prompt' if prompt else 'messages'} resulted in {tokens} tokens."
+    elif prompt:
+        detail = (f"However, you requested {tokens + requested} tokens ({tokens} in your "
+                  f"prompt; {requested} for the completion).")
     else:
-        if requested is None:
-            detail = f"However, your messages resulted in {tokens} tokens."
-        else:
-            detail = (
-                f"However, you requested {tokens + requested} tokens "
-                f"({tokens} in the messages, {requested} in the completion)."
-            )
-        advice = "Please reduce the length of the messages or completion."
-    return ContextLengthExceeded(f"{limit} {detail} {advice}", param=param)
+        detail = (f"However, you requested {tokens + requested} tokens ({tokens} in the "
+                  f"messages, {requested} in the completion).")
+    advice = ("Please reduce your prompt; or completion length." if prompt
+              else "Please reduce the length of the messages or completion.")
+    return ContextLengthExceeded(f"This model's maximum context length is {context_length} "
+                                 f"tokens. {detail} {advice}", param=param)
 
 
 def fingerprint(model: str, text: str | None, messages: list[Message], prompt: str | None) -> str:
@@ -340,14 +272,7 @@ def fingerprint(model: str, text: str | None, messages: list[Message], prompt: s
     elif prompt is not None:
         material = prompt
     else:
-        material = json.dumps(
-            [{"role": m["role"], "content": m["content"], "name": m.get("name")}
-             for m in messages],
-            ensure_ascii=False,
-            separators=(",", ":"),
-        )
-    digest = hashlib.sha256()
-    digest.update(model.encode("utf-8"))
-    digest.update(b"\x00")
-    digest.update(material.encode("utf-8"))
-    return digest.hexdigest()[:32]
+        material = json.dumps([{"role": m["role"], "content": m["content"],
+                                "name": m.get("name")} for m in messages],
+                              ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(model.encode() + b"\x00" + material.encode()).hexdigest()[:32]

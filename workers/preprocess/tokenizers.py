@@ -1,15 +1,9 @@
-"""The tokenizer of a target model, behind a tiny interface.
-
-Preprocess measures prompts with it and renders chat conversations into the
-model's prompt text. Two implementations:
-
-- :class:`GgufTokenizer` reads the vocabulary and the chat template from the
-  model's GGUF file (``vocab_only``: no weights are loaded, a few tens of
-  milliseconds and a few megabytes). Counts are exact: they are what
-  llama.cpp will count when it runs the same text.
-- :class:`EstimateTokenizer` is for models whose tokenizer is not local (an
-  HTTP upstream): about four characters a token, and no template.
-
+"""The tokenizer of a target model, behind a tiny interface: preprocess measures
+prompts with it and renders chat conversations into the model's prompt text.
+:class:`GgufTokenizer` reads the vocabulary and chat template of the model's
+GGUF file (no weights), counting exactly what llama.cpp will;
+:class:`EstimateTokenizer`, for a tokenizer that is not local (an HTTP
+upstream), counts about four characters a token and has no template.
 :class:`TokenizerCache` builds each model's tokenizer once, off the event loop.
 """
 
@@ -32,17 +26,10 @@ from conveyor.errors import InvalidRequest
 from conveyor.registry import ModelSpec
 from schemas.records import Message
 
-__all__ = [
-    "EstimateTokenizer",
-    "GgufTokenizer",
-    "Tokenizer",
-    "TokenizerCache",
-    "load_tokenizer",
-]
+__all__ = ["EstimateTokenizer", "GgufTokenizer", "Tokenizer", "TokenizerCache", "load_tokenizer"]
 
 CHARS_PER_TOKEN = 4
-# GgufTokenizer.count: texts longer than this are counted in pieces of this
-# many turns (see its docstring)
+# GgufTokenizer._pieces: texts longer than this are tokenized in pieces of this many turns
 _SPLIT_ABOVE_CHARS = 4096
 _TURNS_PER_CALL = 32
 # GgufTokenizer.ids: the characters a token takes at most, for reading no more
@@ -100,9 +87,8 @@ def _template_environment() -> ImmutableSandboxedEnvironment:
     """The environment Hugging Face's ``apply_chat_template`` renders in, so a
     template written for it renders the same here. Sandboxed: the template
     comes from a model file, and a file is untrusted input."""
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
-    )
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -115,13 +101,8 @@ _TEMPLATE_ROLES = {"developer": "system"}
 
 
 class GgufTokenizer:
-    """Exact counts and the chat template of a GGUF model file.
-
-    Loading reads the vocabulary only (blocking file I/O: call it through
-    :class:`TokenizerCache`, which runs it in a thread). Counting and
-    rendering afterwards are pure CPU work of microseconds for prompts of a
-    few thousand tokens, fine to run on the event loop.
-    """
+    """Exact counts and the chat template of a GGUF model file (loading is
+    blocking file I/O: :class:`TokenizerCache` runs it in a thread)."""
 
     exact: bool = True
 
@@ -148,38 +129,26 @@ class GgufTokenizer:
             return ""
         return self._llm.detokenize([token], special=True).decode("utf-8", errors="replace")
 
+    def _pieces(self, text: str) -> list[str]:
+        """A long ``text`` cut just before every ``_TURNS_PER_CALL``-th turn end
+        (the EOS token's text): llama.cpp tokenizes the text between control
+        tokens on its own anyway, so the pieces count the same, in linear time
+        (docs/decisions/0023-preprocess-in-linear-time.md)."""
+        if len(text) <= _SPLIT_ABOVE_CHARS or self._turn_end is None:
+            return [text]
+        cuts = [m.start() for m in self._turn_end.finditer(text)][_TURNS_PER_CALL::_TURNS_PER_CALL]
+        return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+
     def count(self, text: str) -> int:
         """Tokens of ``text``, control tokens written in it (the template's
-        ``<|im_start|>``) counting as the one token the engine will see.
-
-        llama.cpp finds control tokens by splitting the text once per
-        occurrence, which grows with the square of their number
-        (docs/decisions/0023-preprocess-in-linear-time.md). Text between
-        control tokens is tokenized on its own anyway, so a long text is
-        cut just before every ``_TURNS_PER_CALL``-th turn end (the EOS
-        token's text) and counted piece by piece: the same count, in
-        linear time.
-        """
-        if len(text) <= _SPLIT_ABOVE_CHARS or self._turn_end is None:
-            return self._count_one(text)
-        cuts = [m.start() for m in self._turn_end.finditer(text)][_TURNS_PER_CALL::_TURNS_PER_CALL]
-        total, start = 0, 0
-        for cut in cuts:
-            total += self._count_one(text[start:cut])
-            start = cut
-        return total + self._count_one(text[start:])
+        ``<|im_start|>``) counting as the one token the engine will see."""
+        return sum(len(self._tokenize(piece)) for piece in self._pieces(text))
 
     def min_count(self, text: str) -> int:
-        """The control tokens (BOS, EOS) written in ``text``: one token each.
-        A chat template writes one or two per turn, so 10,000 turns are
-        known not to fit a small context without tokenizing them (which
-        costs llama.cpp a fixed price a turn)."""
+        """The control tokens (BOS, EOS) written in ``text``: one token each."""
         if self._controls is None:
             return 0
         return sum(1 for _ in self._controls.finditer(text))
-
-    def _count_one(self, text: str) -> int:
-        return len(self._tokenize(text))
 
     def _tokenize(self, text: str) -> list[int]:
         return list(self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True))
@@ -191,16 +160,9 @@ class GgufTokenizer:
         was cut may differ from the whole text's, so they are left out."""
         margin = _CHARS_PER_ID_AT_MOST
         cut = len(text) > (limit + margin) * margin
-        text = text[:(limit + margin) * margin]
-        ends = []
-        if len(text) > _SPLIT_ABOVE_CHARS and self._turn_end is not None:
-            ends = [m.start() for m in self._turn_end.finditer(text)][_TURNS_PER_CALL::
-                                                                      _TURNS_PER_CALL]
         out: list[int] = []
-        start = 0
-        for end in [*ends, len(text)]:
-            out.extend(self._tokenize(text[start:end]))
-            start = end
+        for piece in self._pieces(text[:(limit + margin) * margin]):
+            out.extend(self._tokenize(piece))
             if len(out) >= limit + margin:
                 break
         return (out[:-margin] if cut else out)[:limit]
@@ -208,26 +170,14 @@ class GgufTokenizer:
     def render_chat(self, messages: list[Message]) -> str | None:
         if self._template is None:
             return None
-        rendered = [
-            {
-                "role": _TEMPLATE_ROLES.get(m["role"], m["role"]),
-                "content": m["content"],
-                **({"name": m["name"]} if m.get("name") else {}),
-            }
-            for m in messages
-        ]
+        rendered = [{"role": _TEMPLATE_ROLES.get(m["role"], m["role"]), "content": m["content"],
+                     **({"name": m["name"]} if m.get("name") else {})} for m in messages]
         try:
-            return self._template.render(
-                messages=rendered,
-                add_generation_prompt=True,
-                bos_token=self.bos_token,
-                eos_token=self.eos_token,
-            )
+            return self._template.render(messages=rendered, add_generation_prompt=True,
+                                         bos_token=self.bos_token, eos_token=self.eos_token)
         except _TemplateRejected as exc:
-            raise InvalidRequest(
-                f"The model's chat template does not accept these messages: {exc.message}",
-                param="messages",
-            ) from exc
+            raise InvalidRequest("The model's chat template does not accept these messages: "
+                                 f"{exc.message}", param="messages") from exc
 
 
 class EstimateTokenizer:
@@ -258,11 +208,8 @@ def load_tokenizer(spec: ModelSpec) -> Tokenizer:
 
 
 class TokenizerCache:
-    """One tokenizer per model name, built on first use in a worker thread.
-
-    Concurrent first uses of a model share one load; a load that fails is
-    forgotten, so the next request tries again.
-    """
+    """One tokenizer per model name, built on first use in a worker thread:
+    concurrent first uses share one load; a load that fails is tried again."""
 
     def __init__(self, loader: Callable[[ModelSpec], Tokenizer] = load_tokenizer) -> None:
         self._loader = loader

@@ -16,32 +16,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from aiokafka import TopicPartition
-
 from conveyor.registry import Registry
 from conveyor.settings import Settings
 from schemas.records import Fallback, Prepared, Route, Task
 from topics.catalog import PREPARED, ROUTED
 from topics.envelope import canary_key, stamp
-from workers.outputs import Output, Sender
+from workers.layer import Layer
+from workers.outputs import Output
 
 __all__ = ["RouteLayer"]
 
 
-class RouteLayer:
+class RouteLayer(Layer):
     name = "route"
     source = PREPARED
 
     def __init__(self, settings: Settings, registry: Registry) -> None:
         self.settings = settings
         self.registry = registry
-        self._sink = ROUTED.at(settings)
-
-    async def start(self, sender: Sender) -> None:
-        return None
-
-    async def stop(self) -> None:
-        return None
+        self._sink = ROUTED.at(settings.kafka)
 
     async def handle(self, event: Prepared, record: Any) -> list[Output]:
         envelope = stamp(event["envelope"], self.name)
@@ -61,12 +54,6 @@ class RouteLayer:
         )
         return [Output(self._sink, "Task", task, key=envelope["request_id"])]
 
-    def committable(self, tp: TopicPartition, next_offset: int) -> int:
-        return next_offset
-
     def cancel(self, request_id: str) -> None:
         """Nothing is held per request: the runtime drops a cancelled request's events."""
-        return None
-
-    def revoked(self, partitions: list[TopicPartition]) -> None:
         return None

@@ -1,17 +1,11 @@
-"""A circuit breaker per infer worker: a worker whose engine keeps failing gets
-no new work for a while, then one probe decides.
+"""A circuit breaker per infer worker (docs/decisions/0010-breakers-and-fallbacks.md).
 
-After ``failures`` engine failures in a row (a generation's final chunk with
-``engine_error``; a cancel, a deadline or a client's mistake is not the
-worker's failure) the breaker opens: schedule sends the worker nothing for
-``cooldown_s``. Then it lets one task through, the probe (half open): its
-success closes the breaker, its failure opens it again for another cool-down.
-A success at any time resets the count.
-
-Every change of state is an event on ``conveyor.breakers`` (compacted, keyed
-by worker id) that every scheduler follows from its start: a restarted
-scheduler, or another replica, knows which workers are cut off, and
-``conveyor workers`` shows it.
+After ``failures`` engine failures in a row (a final chunk with
+``engine_error``) the breaker opens: the worker gets nothing for
+``cooldown_s``, then one probe (half open) whose success closes it and whose
+failure opens it again. A success resets the count. Every change of state
+is an event on ``conveyor.breakers`` (compacted, keyed by worker id) that
+every scheduler follows from its start.
 """
 
 from __future__ import annotations
@@ -52,7 +46,7 @@ class Breakers:
 
     @classmethod
     def of(cls, settings: Settings, clock: Callable[[], int] = now_ms) -> Breakers:
-        return cls(settings.breaker_failures, settings.breaker_cooldown_s, clock,
+        return cls(settings.schedule.breaker_failures, settings.schedule.breaker_cooldown_s, clock,
                    settings=settings)
 
     def apply(self, state: BreakerState) -> None:
@@ -131,7 +125,8 @@ class Breakers:
         others (and for its successor)."""
         if state is None or sender is None or self.settings is None:
             return
-        out = Output(BREAKERS.at(self.settings), "BreakerState", state, key=state["worker_id"])
+        out = Output(BREAKERS.at(self.settings.kafka), "BreakerState", state,
+                     key=state["worker_id"])
         task = asyncio.get_running_loop().create_task(sender.produce([out]))
         self._writing.add(task)
         task.add_done_callback(self._written)

@@ -1,10 +1,7 @@
-"""Fallbacks: a task whose model's pool cannot take it (no live worker, every
-breaker open) goes to the first of its fallbacks whose pool can (route lists
-them, those whose context fits the prompt). Its route then names the model
-that answers, and ``fallback_from`` the one asked for: the answer's ``model``
-names the first, and the gateway says a fallback happened. One hop: a
-fallback's own fallbacks are not followed. It happens only when the task is
-placed, before any token, never after."""
+"""Fallbacks: a task whose model's pool cannot take it goes to the first of its
+fallbacks whose pool can (one hop, only when it is placed, before any
+token). Its route then names the model that answers, and ``fallback_from``
+the one asked for (docs/decisions/0010-breakers-and-fallbacks.md)."""
 
 from __future__ import annotations
 

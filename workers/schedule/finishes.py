@@ -1,17 +1,7 @@
-"""Generations' ends, read from ``conveyor.tokens``: when a task sent to a
-worker has finished, so its slot is free again.
-
-Heartbeats come once a second; a held batch task released only at the next
-beat after a slot freed would leave the slot idle for half a second on
-average, a large share of a short generation. The final chunk of every
-generation (``finish_reason`` set, or an error) is in ``conveyor.tokens`` a
-few milliseconds after the end, so schedule follows that topic (every
-partition, from its end when schedule starts) and hears of each end at
-once.
-
-Only chunks of requests schedule is waiting for are decoded (``wanted``,
-checked on the record's key, the request id): the rest of the token stream
-costs a dictionary lookup per record.
+"""Generations' ends, read from ``conveyor.tokens`` (every partition, from its
+end when schedule starts): a slot freed is heard within milliseconds, not at
+the next heartbeat. Only chunks of requests schedule waits for (``wanted``,
+checked on the record's key) are decoded.
 """
 
 from __future__ import annotations
@@ -48,39 +38,31 @@ class FinishFollower:
         self.wanted = wanted
         self.on_finish = on_finish
         self.codec = codec or default_codec()
-        self.partitions = settings.pipeline_partitions if partitions is None else partitions
+        self.partitions = settings.kafka.pipeline_partitions if partitions is None else partitions
         self.follower: Follower | None = None
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         """Follow until cancelled (through broker outages: see topics/follow.py);
         ``ready`` is set once every partition is positioned at its end."""
-        # one consumer for every partition, its fetch held by the broker until
-        # it has _BATCH_BYTES or _BATCH_WAIT_MS passed: a slot freed is heard a
-        # few milliseconds later, and the token stream costs one fetch each
-        # _BATCH_WAIT_MS, not one per chunk written (one consumer a partition
-        # fetched per partition, busy or idle: docs/decisions/0013-the-price-of-the-log.md)
-        self.follower = follow(self.settings, TOKENS, range(self.partitions), "end",
-                               poll_ms=200, fetch_max_wait_ms=_BATCH_WAIT_MS,
-                               fetch_min_bytes=_BATCH_BYTES)
-        signalling = None
-        if ready is not None:
-            signalling = asyncio.create_task(self._signal_ready(self.follower, ready),
-                                             name="finishes-ready")
-        try:
-            await self._follow(self.follower)  # a failure surfaces on the layer
+        # one consumer for every partition, its fetch held by the broker until it
+        # has _BATCH_BYTES or _BATCH_WAIT_MS passed: one fetch each _BATCH_WAIT_MS,
+        # not one per chunk (docs/decisions/0013-the-price-of-the-log.md)
+        follower = self.follower = follow(
+            self.settings, TOKENS, range(self.partitions), "end", poll_ms=200,
+            fetch_max_wait_ms=_BATCH_WAIT_MS, fetch_min_bytes=_BATCH_BYTES)
+
+        async def signal_ready(ready: asyncio.Event) -> None:
+            await follower.caught_up.wait()
+            ready.set()
+
+        signalling = None if ready is None else asyncio.create_task(signal_ready(ready))
+        try:  # a failure surfaces on the layer
+            async for batch in follower.events(self.codec, keep=self.wants):
+                for record, chunk in batch:
+                    self.read(record, chunk)
         finally:
             if signalling is not None:
                 signalling.cancel()
-
-    @staticmethod
-    async def _signal_ready(follower: Follower, ready: asyncio.Event) -> None:
-        await follower.caught_up.wait()
-        ready.set()
-
-    async def _follow(self, follower: Follower) -> None:
-        async for batch in follower.events(self.codec, keep=self.wants):
-            for record, chunk in batch:
-                self.read(record, chunk)
 
     def wants(self, record: Record) -> bool:
         """A chunk of a generation ``wanted`` accepts (only those are decoded)."""

@@ -1,12 +1,6 @@
-"""Schedule's gauges, read at each scrape of the layers process's metrics:
-
-    conveyor_schedule_breaker_state     0 closed, 1 half-open, 2 open (worker, pool)
-    conveyor_schedule_waiting           interactive tasks waiting for room (pool)
-    conveyor_schedule_held              batch and background tasks held back (pool)
-    conveyor_schedule_sent              tasks sent to a worker and not finished (worker)
-
-All of them are what this scheduler member knows: several members each
-report their own waiting, held and sent tasks, and the breakers they read.
+"""Schedule's gauges (``conveyor.schedule.*``), read at each scrape of the
+layers process's metrics: what this scheduler member knows (several members
+each report their own waiting, held and sent tasks, and the breakers they read).
 """
 
 from __future__ import annotations
@@ -23,7 +17,7 @@ from workers.schedule.outstanding import Outstanding
 from workers.schedule.room import Parked
 from workers.schedule.table import WorkerTable
 
-__all__ = ["Observed", "instrument"]
+__all__ = ["instrument"]
 
 _BREAKER_LEVEL = {"closed": 0, "half_open": 1, "open": 2}
 
@@ -31,22 +25,14 @@ Observe = Callable[[CallbackOptions], Iterable[Observation]]
 
 
 class Observed(Protocol):
-    """What the gauges read of the schedule layer, afresh at each scrape."""
+    """What the gauges read of the schedule layer (no import of the layer,
+    which imports this module)."""
 
-    @property
-    def breakers(self) -> Breakers: ...
-
-    @property
-    def parked(self) -> list[Parked]: ...
-
-    @property
-    def held(self) -> HeldQueue: ...
-
-    @property
-    def outstanding(self) -> Outstanding: ...
-
-    @property
-    def table(self) -> WorkerTable: ...
+    breakers: Breakers
+    parked: list[Parked]
+    held: HeldQueue
+    outstanding: Outstanding
+    table: WorkerTable
 
 
 def instrument(layer: Observed, meter: Meter) -> None:

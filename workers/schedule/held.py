@@ -1,31 +1,14 @@
-"""The low-priority tasks schedule holds back until a worker has room for them.
+"""The background and batch tasks schedule holds back until a worker has room.
 
-Background (priority 1) and batch (priority 2) tasks are not sent to a
-worker's partition as they arrive: a partition is a FIFO the worker takes
-from only when its engine has a free slot, so an interactive task behind 500
-batch tasks there would wait for all of them. Schedule keeps them here
-instead and releases them one by one as slots free up
-(:mod:`workers.schedule.admission` says when).
-
-Decisions:
-
-* **Order.** Per pool, lowest priority number first, then arrival order
-  (a batch's lines go out in the order they were submitted).
+* **Order.** Per pool, lowest priority number first, then arrival order.
 * **Compact.** A held task keeps its encoded bytes as read from
-  ``conveyor.routed`` (about 270 bytes for a one-line prompt) and a few
-  fields (about 420 bytes with its heap entries), not the decoded dict
-  (about 2.4 KB for the same task): 50,000 held tasks of short prompts take
-  about 35 MB. It is decoded again when released.
-* **Nothing is lost.** A held task's offset is never committed (``low``
-  gives the lowest held offset of a partition), so a scheduler that dies
-  leaves its held tasks to its successor.
+  ``conveyor.routed`` and a few fields, not the decoded dict (about a sixth
+  of the memory); it is decoded again when released.
+* **Nothing is lost.** A held task's offset is never committed (``low``).
 * **Time.** A held task waits until its own deadline (``give_up_ms``), not
-  ``no_worker_timeout_s``: busy workers, or none at all for a while (a
-  restart), are what a batch is for. ``expired`` hands back those whose time
-  is up.
-* **Every operation is O(log n)**: heaps with lazy removal (a removed entry
-  is marked and skipped when it reaches the top), and dictionaries by
-  request id and by partition.
+  ``no_worker_timeout_s``; ``expired`` hands back those whose time is up.
+* **Every operation is O(log n)**: heaps with lazy removal, and
+  dictionaries by request id and by partition.
 """
 
 from __future__ import annotations

@@ -1,40 +1,31 @@
-"""Schedule: send each task to a live worker of its pool, interactive first.
+"""Schedule: send each task to a live worker of its pool, interactive first
+(docs/decisions/0005-schedule-holds-the-queue.md).
 
-**Interactive tasks** (``envelope.priority`` 0) go at once to a live worker
-whose breaker is closed (:mod:`~workers.schedule.breakers`) and that has room
-for them (:mod:`~workers.schedule.room`: a slot, and KV for prompt plus
-max_tokens): the one likely to hold the longest prefix of the prompt, under
-the load bound, else the least loaded (:mod:`workers.prefix`). Otherwise the
-task is parked, placed in arrival order as soon as a worker has room, or sent
-to a fallback model's pool (:mod:`~workers.schedule.fallback`) when its own
-has no open worker or gave it no room in time. It is refused with 503
-``server_overloaded`` after ``schedule_timeout_s`` (or when the pool's queue
-is full), ``no_worker_available`` after ``no_worker_timeout_s`` with no worker.
+**Interactive tasks** (priority 0) go at once to an open worker
+(:mod:`~workers.schedule.breakers`) with room for them
+(:mod:`~workers.schedule.room`), chosen by :func:`workers.prefix.choose`;
+otherwise they are parked and placed as soon as a worker has room, or sent
+to a fallback's pool (:mod:`~workers.schedule.fallback`). Parked tasks are
+placed fairly between tenants (:func:`fair_order`): the tenant with the
+fewest interactive tasks running in the pool goes first; a tenant's own
+tasks keep their arrival order. A parked task is refused with 503
+``server_overloaded`` after ``schedule_timeout_s`` (or when its tenant
+already has ``schedule_queue_max`` tasks waiting in the pool),
+``no_worker_available`` after ``no_worker_timeout_s`` with no worker, and
+``pipeline_unavailable`` when the worker table cannot see the heartbeats.
 
-**Background and batch tasks** (priority 1 and 2) are held here
-(:mod:`workers.schedule.held`) and released one at a time, only while a
-worker has room for them (:mod:`workers.schedule.admission`: the batch
-share of ``settings.batch_max_share`` while interactive traffic is around,
-every slot when it is not): a worker's partition is a queue it takes from
-in order, and an interactive task must never wait behind a batch there. A
-held task waits for a slot until its own deadline (504 then), whether the
-workers are busy or, for a while, gone; never ``no_worker_timeout_s``. An
-idle pool takes one at once, without holding it.
+**Background and batch tasks** (priority 1 and 2) are held
+(:mod:`~workers.schedule.held`) and released one at a time while a worker
+has room for them (:mod:`~workers.schedule.admission`), until their own
+deadline: a worker's partition is a FIFO, and an interactive task must never
+wait behind a batch there.
 
-Loads are known between heartbeats: schedule counts what it sent to each
-worker (:mod:`~workers.schedule.outstanding`) and hears each generation's end
-(:mod:`~workers.schedule.finishes`), so a freed slot is refilled at once.
-
-Parked and held tasks' offsets are not committed (``committable``), so a
-scheduler that dies leaves them to its successor. A request whose deadline
-has passed fails with 504 instead of being sent to a worker.
-
-A cancelled request's parked or held task is dropped (``cancel``): no task
-for it reaches infer after the cancel. When the worker table cannot see the
-heartbeats (Kafka unreachable, or contact regained too recently to have
-heard every worker), an interactive task out of time fails with 503
-``pipeline_unavailable``, not ``no_worker_available``: the workers may well
-be alive.
+Loads are known between heartbeats from what schedule sent
+(:mod:`~workers.schedule.outstanding`) and each generation's end
+(:mod:`~workers.schedule.finishes`). Parked and held tasks' offsets are not
+committed, so a scheduler that dies leaves them to its successor; a
+cancelled request's parked or held task is dropped; a request past its
+deadline fails with 504.
 """
 
 from __future__ import annotations
@@ -61,7 +52,7 @@ from topics.catalog import ROUTED, infer_topic
 from topics.envelope import PRIORITY_INTERACTIVE, now_ms, now_us, stamp
 from workers.outputs import Output, Sender, error_info, failure_reply
 from workers.prefix import PrefixIndex, RoutePolicy, WorkerLoad, choose
-from workers.schedule.admission import LINGER_S, BatchAdmission, Candidate
+from workers.schedule.admission import BatchAdmission, Candidate
 from workers.schedule.breakers import Breakers
 from workers.schedule.fallback import fall_back, others_can_take
 from workers.schedule.finishes import FinishFollower
@@ -87,7 +78,7 @@ from workers.schedule.table import (
     warm_first,
 )
 
-__all__ = ["ScheduleLayer", "Parked"]
+__all__ = ["ScheduleLayer", "Parked", "fair_order"]
 
 log = logging.getLogger(__name__)
 
@@ -99,14 +90,15 @@ class ScheduleLayer:
     source = ROUTED
 
     def __init__(self, settings: Settings, table: WorkerTable | None = None,
-                 clock: Callable[[], int] = now_ms, *, prefetch: int = 0,
-                 linger_s: float = LINGER_S, codec: Codec | None = None) -> None:
+                 clock: Callable[[], int] = now_ms, *, codec: Codec | None = None) -> None:
         self.settings = settings
         self.table = table or WorkerTable(settings)
         self.parked: list[Parked] = []
         self.held = HeldQueue()
         self.outstanding = Outstanding(clock)
-        self.admission = BatchAdmission(settings.batch_max_share, prefetch, linger_s, clock)
+        plan = settings.schedule
+        self.admission = BatchAdmission(plan.batch_max_share, plan.batch_prefetch,
+                                        plan.interactive_linger_s, clock)
         self.codec = codec or default_codec()
         self.clock = clock
         self.finishes = FinishFollower(settings, self.outstanding.__contains__, self.finished,
@@ -114,12 +106,13 @@ class ScheduleLayer:
         self._sender: Sender | None = None
         self._background: list[asyncio.Task[None]] = []
         # which worker took which prompt blocks (workers/prefix.py)
-        self.prefix = PrefixIndex(settings.route_index_blocks, settings.route_index_ttl_s)
+        self.prefix = PrefixIndex(settings.schedule.route_index_blocks,
+                                  settings.schedule.route_index_ttl_s)
         self.table.on_beat = self._heard
         self.breakers = Breakers.of(settings, clock)
-        self.policy = RoutePolicy(settings.route_cache_threshold, settings.route_load_bound,
-                                  settings.route_load_weight, settings.route_prefix_aware,
-                                  settings.route_load_slack)
+        self.policy = RoutePolicy(plan.route_cache_threshold, plan.route_load_bound,
+                                  plan.route_load_weight, plan.route_prefix_aware,
+                                  plan.route_load_slack)
 
     def _heard(self, beat: WorkerHeartbeat) -> None:
         """A worker's heartbeat: what its cache holds, as it says."""
@@ -141,7 +134,7 @@ class ScheduleLayer:
             follower, asyncio.create_task(self.breakers.follow(breakers), name="breakers"),
             asyncio.create_task(self.finishes.run(), name="finishes")]
         waiter: asyncio.Future[Any] = asyncio.gather(ready.wait(), breakers.wait())
-        await asyncio.wait([waiter, follower], timeout=self.settings.no_worker_timeout_s,
+        await asyncio.wait([waiter, follower], timeout=self.settings.schedule.no_worker_timeout_s,
                            return_when=asyncio.FIRST_COMPLETED)
         waiter.cancel()
         if follower.done():
@@ -159,8 +152,6 @@ class ScheduleLayer:
             if task.done():
                 task.result()  # re-raise on the caller, never lost
 
-    # -- taking tasks -----------------------------------------------------------
-
     async def handle(self, event: Task, record: Any) -> list[Output]:
         self._check_background()
         envelope = stamp(event["envelope"], self.name)
@@ -170,12 +161,12 @@ class ScheduleLayer:
         if envelope["priority"] > PRIORITY_INTERACTIVE:
             return self._hold(event, record)
         entered_ms = envelope["stamps"].get("gateway", envelope["stamps"][self.name]) // 1000
-        waiting = sum(p.task["route"]["pool"] == pool for p in self.parked)
-        if not waiting:  # keep arrival order: behind tasks of the pool already parked
-            placed = self.place(event)
+        if not any(p.task["route"]["pool"] == pool for p in self.parked):
+            placed = self.place(event)  # else it waits its turn among the parked
             if placed is not None:
                 return [placed]
-        elif waiting >= self.settings.schedule_queue_max:
+        elif sum(p.task["route"]["pool"] == pool and p.task["envelope"]["tenant"] ==
+                 envelope["tenant"] for p in self.parked) >= self.settings.schedule.queue_max:
             raise overloaded(event, None)
         tp = TopicPartition(record.topic, record.partition) if record is not None else None
         self.parked.append(Parked(event, tp, record.offset if record is not None else -1,
@@ -283,11 +274,9 @@ class ScheduleLayer:
         task["route"]["partition"] = partition
         self.outstanding.add(envelope["request_id"], view.beat["worker_id"],
                              task["route"]["pool"], envelope["priority"],
-                             expiry_ms(envelope, self.settings))
-        return Output(infer_topic(self.settings, task["route"]["pool"]), "Task", task,
+                             expiry_ms(envelope, self.settings), envelope["tenant"])
+        return Output(infer_topic(self.settings.kafka, task["route"]["pool"]), "Task", task,
                       key=envelope["request_id"], partition=partition)
-
-    # -- what happens to tasks ------------------------------------------------
 
     def finished(self, request_id: str, worker_id: str, written_ms: int,
                  error: ErrorInfo | None = None, pool: str | None = None) -> None:
@@ -319,7 +308,7 @@ class ScheduleLayer:
         sender = self._sender
         assert sender is not None
         blocked: set[str] = set()
-        for parked in list(self.parked):
+        for parked in fair_order(self.parked, self.outstanding.of_tenant):
             if not any(p is parked for p in self.parked):
                 continue  # cancelled while an earlier one was being sent
             pool = parked.task["route"]["pool"]
@@ -381,8 +370,8 @@ class ScheduleLayer:
     def reconcile(self) -> None:
         """Let new heartbeats correct the count of tasks sent (see outstanding;
         the beat's time is the worker's clock, the entries' the scheduler's)."""
-        slack_ms = int(2 * self.settings.heartbeat_interval_s * 1000) + \
-            self.settings.clock_skew_ms
+        slack_ms = int(2 * self.settings.infer.heartbeat_interval_s * 1000) + \
+            self.settings.process.clock_skew_ms
         self.outstanding.reconcile_beats([v.beat for v in self.table.workers.values()],
                                          slack_ms)
 
@@ -397,8 +386,6 @@ class ScheduleLayer:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.table.changed.wait(), _RECHECK_S)
 
-    # -- offsets ----------------------------------------------------------------
-
     def committable(self, tp: TopicPartition, next_offset: int) -> int:
         """Never commit past a task still parked or held on ``tp``."""
         held = self.held.low(tp)
@@ -407,7 +394,7 @@ class ScheduleLayer:
 
     def assigned(self, partitions: list[TopicPartition]) -> None:
         """This member's partitions now: its part of the batch share."""
-        total = max(1, self.settings.pipeline_partitions)
+        total = max(1, self.settings.kafka.pipeline_partitions)
         self.admission.fraction = min(1.0, len(partitions) / total)
 
     def revoked(self, partitions: list[TopicPartition]) -> None:
@@ -415,3 +402,23 @@ class ScheduleLayer:
         gone = set(partitions)
         self.parked = [p for p in self.parked if p.tp not in gone]
         self.held.revoked(gone)
+
+
+def fair_order(parked: list[Parked], running: Callable[[str, str], int]) -> list[Parked]:
+    """``parked`` in the order they are offered room: in each pool, the next
+    task is the oldest of the tenant with the fewest tasks running
+    (``running(pool, tenant)``) plus taken before it in this order, so tenants
+    take turns; a tenant's own tasks keep their arrival order."""
+    queues: dict[tuple[str, str], list[Parked]] = {}
+    for p in parked:
+        queues.setdefault((p.task["route"]["pool"], p.task["envelope"]["tenant"]), []).append(p)
+    taken = {key: running(*key) for key in queues}
+    arrival = {id(p): i for i, p in enumerate(parked)}
+    out: list[Parked] = []
+    while queues:
+        key = min(queues, key=lambda k: (taken[k], arrival[id(queues[k][0])]))
+        out.append(queues[key].pop(0))
+        taken[key] += 1
+        if not queues[key]:
+            del queues[key]
+    return out

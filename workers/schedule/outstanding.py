@@ -1,26 +1,13 @@
 """The tasks this scheduler sent to workers that have not finished yet.
 
-Heartbeats say what a worker runs once a second, and an infer worker does
-not count the tasks waiting in its partitions (``queued`` is 0): between
-beats, and for tasks not yet taken, schedule would be blind. This book
-counts every task schedule sent, per worker and per pool, until the
-generation's final chunk appears on ``conveyor.tokens``
-(:mod:`workers.schedule.finishes`), so a released batch task frees its
-place within milliseconds of its end, and the next one goes out at once.
-
-A final chunk can fail to come (a task cancelled before it started, a
-duplicate the worker skips, a generation that crashed): such an entry would
-take a slot for ever. Three things bound that:
-
-* ``forget`` drops a cancelled request's entry (the worker stops it);
-* ``reconcile`` trusts a heartbeat that shows room: a worker with a free
-  slot has taken every task that was sent to it ``slack_ms`` before the
-  beat, so of those it runs at most ``running``; entries beyond that
-  (oldest first) are dropped;
-* ``expire`` drops entries past their request's deadline (plus a grace).
-
-With several scheduler members each counts only what it sent; heartbeats
-(via :meth:`WorkerTable.busy`) cover the rest.
+Heartbeats come once a second and a worker does not count the tasks waiting
+in its partitions, so schedule counts every task it sent, per worker and per
+pool, until the generation's final chunk appears on ``conveyor.tokens``
+(:mod:`workers.schedule.finishes`). An entry whose final chunk never comes
+is dropped by ``forget`` (a cancel), by ``reconcile`` (a heartbeat with room
+proves the tasks sent ``slack_ms`` before it taken: of those it runs at most
+``running``) or by ``expire`` (past its request's deadline plus a grace).
+With several scheduler members each counts only what it sent.
 """
 
 from __future__ import annotations
@@ -47,6 +34,7 @@ class Sent:
     priority: int
     sent_ms: int
     give_up_ms: int
+    tenant: str = ""
 
 
 class Outstanding:
@@ -59,6 +47,7 @@ class Outstanding:
         self._by_worker: dict[str, dict[str, Sent]] = {}
         self._low: dict[str, int] = {}
         self._interactive: dict[str, int] = {}
+        self._tenants: dict[tuple[str, str], int] = {}  # (pool, tenant) -> interactive
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -83,14 +72,21 @@ class Outstanding:
         """Interactive tasks of ``pool`` sent and not finished."""
         return self._interactive.get(pool, 0)
 
+    def of_tenant(self, pool: str, tenant: str) -> int:
+        """Interactive tasks of ``tenant`` in ``pool`` sent and not finished."""
+        return self._tenants.get((pool, tenant), 0)
+
     def add(self, request_id: str, worker_id: str, pool: str, priority: int,
-            give_up_ms: int) -> None:
+            give_up_ms: int, tenant: str = "") -> None:
         self.forget(request_id)  # sent again (a redelivery): count it once
-        sent = Sent(request_id, worker_id, pool, priority, self.clock(), give_up_ms)
+        sent = Sent(request_id, worker_id, pool, priority, self.clock(), give_up_ms, tenant)
         self._by_id[request_id] = sent
         self._by_worker.setdefault(worker_id, {})[request_id] = sent
         counts = self._interactive if priority <= PRIORITY_INTERACTIVE else self._low
         counts[pool] = counts.get(pool, 0) + 1
+        if priority <= PRIORITY_INTERACTIVE:
+            key = (pool, tenant)
+            self._tenants[key] = self._tenants.get(key, 0) + 1
 
     def forget(self, request_id: str) -> Sent | None:
         """The request finished (or was cancelled): its entry, if there was one."""
@@ -104,6 +100,11 @@ class Outstanding:
                 del self._by_worker[sent.worker_id]
         counts = self._interactive if sent.priority <= PRIORITY_INTERACTIVE else self._low
         counts[sent.pool] -= 1
+        if sent.priority <= PRIORITY_INTERACTIVE:
+            key = (sent.pool, sent.tenant)
+            self._tenants[key] -= 1
+            if not self._tenants[key]:
+                del self._tenants[key]
         return sent
 
     def reconcile(self, worker_id: str, running: int, capacity: int, beat_ms: int,

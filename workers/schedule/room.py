@@ -1,21 +1,10 @@
-"""Admission of interactive tasks: a task goes to a worker only when the worker
-has room for it, a free slot and, where the worker reports its KV cache, free
-KV for the prompt plus ``max_tokens``; otherwise it waits in schedule.
-
-A worker's free KV is what its last heartbeat said, less what this scheduler
-sent it since (``WorkerView.kv_since_beat``: the tokens those tasks may
-take). That is conservative: a generation that ended since the beat gives
-nothing back until the next beat, a second later. Where a worker reports no
-KV (the per-context llama.cpp engine, the scripted one, an upstream), a free
-slot is room: each slot holds the model's whole context, and route already
-refused a prompt longer than that.
-
-A task that waits in schedule longer than ``schedule_timeout_s`` (or that
-finds ``schedule_queue_max`` tasks of its pool waiting already) is refused
-with 503 ``server_overloaded``, which the gateway answers with
-``Retry-After``: a client retries a loaded fleet later rather than queueing
-behind it for ever. A task that can never fit (more than any live worker's
-whole KV) is a 400 naming the limit, at once.
+"""Admission of interactive tasks: a task goes to a worker only with a free
+slot and, where the worker reports its KV cache, free KV for the prompt plus
+``max_tokens``: the last heartbeat's free KV less what this scheduler sent
+since (``WorkerView.kv_since_beat``). A worker that reports no KV has room
+whenever it has a slot. A task that waits past ``schedule_timeout_s`` (or
+finds ``schedule_queue_max`` waiting) is a 503 ``server_overloaded``; one
+more than any live worker's whole KV is a 400 at once.
 """
 
 from __future__ import annotations
@@ -53,7 +42,7 @@ class Parked:
         """When it is refused: ``schedule_timeout_s`` after it entered while its
         pool has open workers (``served``, with no room), ``no_worker_timeout_s``
         while it has none; its deadline, if sooner."""
-        wait_s = settings.schedule_timeout_s if served else settings.no_worker_timeout_s
+        wait_s = settings.schedule.timeout_s if served else settings.schedule.no_worker_timeout_s
         at = self.entered_ms + int(wait_s * 1000)
         deadline = self.task["envelope"]["deadline_ms"]
         return min(at, deadline) if deadline else at
@@ -127,7 +116,7 @@ def out_of_time(parked: Parked, served: bool, settling: bool,
     again too recently), or no live worker at all."""
     pool = parked.task["route"]["pool"]
     if served:
-        return overloaded(parked.task, settings.schedule_timeout_s)
+        return overloaded(parked.task, settings.schedule.timeout_s)
     if settling:
         return PipelineUnavailable(
             "The pipeline is unavailable: the scheduler cannot reach Kafka to see the "
@@ -147,4 +136,4 @@ def expiry_ms(envelope: Envelope, settings: Settings) -> int:
     if envelope["deadline_ms"]:
         return envelope["deadline_ms"]
     entered_ms = envelope["stamps"].get("gateway", now_us()) // 1000
-    return entered_ms + int(settings.request_timeout_s * 1000)
+    return entered_ms + int(settings.gateway.request_timeout_s * 1000)

@@ -1,17 +1,11 @@
-"""The live worker table, built from ``conveyor.workers`` heartbeats.
+"""The live worker table, built from ``conveyor.workers`` heartbeats (compacted,
+keyed by worker id: reading it from the start rebuilds the table).
 
-The topic is compacted and keyed by worker id, so reading it from the start
-rebuilds the table after a restart: the log is the changelog. A worker is
-live while its last heartbeat is younger than ``worker_ttl_s`` and its state
-is ``ready``.
-
-"Younger" is measured against the last moment the table could see the
-topic, not against the clock: while Kafka cannot be reached no heartbeat
-arrives, and a table that judged by the clock would declare every worker
-dead because of its own blindness. :meth:`settling` says when the view is
-not to be trusted (no contact now, or contact regained less than a
-heartbeat TTL ago), so schedule can answer "the pipeline is unavailable"
-instead of "no worker".
+A worker is live while its state is ``ready`` and its last heartbeat is
+younger than ``worker_ttl_s``, measured against the last moment the table
+could see the topic, not the clock: a table blind to Kafka would otherwise
+declare every worker dead. :meth:`settling` says when the view is not to be
+trusted, so schedule answers "the pipeline is unavailable", not "no worker".
 """
 
 from __future__ import annotations
@@ -112,7 +106,7 @@ class WorkerTable:
             return False
         if self.blind():
             return True
-        return self.clock() - self.follower.regained_ms < self.settings.worker_ttl_s * 1000
+        return self.clock() - self.follower.regained_ms < self.settings.schedule.worker_ttl_s * 1000
 
     def apply(self, beat: WorkerHeartbeat) -> None:
         old = self.workers.get(beat["worker_id"])
@@ -127,7 +121,7 @@ class WorkerTable:
         return {w.beat["pool"] for w in list(self.workers.values())}
 
     def live(self, pool: str) -> list[WorkerView]:
-        horizon = self.seen_until_ms() - int(self.settings.worker_ttl_s * 1000)
+        horizon = self.seen_until_ms() - int(self.settings.schedule.worker_ttl_s * 1000)
         return [
             w
             for w in self.workers.values()

@@ -1,74 +1,35 @@
 """The accounting app: a Faust application that turns ``conveyor.usage`` into
 the usage ledger (per key, tenant and model, by minute and by day) and
-mirrors it into Redis.
+``conveyor.feedback`` into ratings, and mirrors both into Redis.
 
-Faust is here, and only here, because this is where its state handling
-pays: the tables live in memory (``memory://``) and are restored from their
-changelog topics when the app starts or takes over a partition, and the
-path is cold (a usage event is written after the client has its answer).
-The app only reads ``conveyor.usage``; nothing on the token path waits for
-it.
+Faust is here, and only here, because its tables restored from changelogs
+pay on this cold path (docs/decisions/0002-faust-on-the-cold-path-only.md,
+with what each guard below fixed and measured).
 
-- **Names.** The app id and consumer group are ``settings.group("accounting")``
-  (``conveyor.accounting``), so a deployment (or a test) with its own
-  ``topic_prefix`` has its own group and its own changelog topics
-  (``<app id>-usage-totals-changelog``).
-- **Data directory.** Faust makes one at start even for memory tables (by
-  default ``<app id>-data`` in the current directory, which left one in
-  every directory the app was started from). It is
-  ``<home>/accounting/<app id>`` (:func:`accounting_datadir`), under
-  Conveyor's home: ``CONVEYOR_HOME`` as the infra/ scripts read it, else
-  ``.conveyor`` in the current directory (:func:`conveyor_home`).
-- **Membership.** Dynamic, with the session timeout and heartbeat interval
-  of the settings (6 s and 1 s; Faust's own 60 s would leave a SIGKILLed
-  member in the group for a minute): a successor's join completes when the
-  dead member's session ends, and most of a successor's start is Python's
-  start and the rest of that session (measured:
-  docs/decisions/0002-faust-on-the-cold-path-only.md). Static membership (``group.instance.id``,
-  which Faust passes to aiokafka) would let a restarted member take its
-  partitions back at once, but needs an id that stays with one member
-  across restarts and that no other member shares (two members with one
-  id fence each other), which ``conveyor accounting`` processes do not
-  have: any number of them run on a host, all alike; and a static member
-  does not leave its group when it stops cleanly, so a scale-down would
-  wait out the session timeout.
-- **Table.** ``usage-totals`` (row key -> counts), partitioned like the
-  usage topic (key = tenant); counting rules in workers/usage/counting.py,
-  rows in workers/usage/rows.py. No standby replicas: a memory store
-  rebuilds a partition from its changelog when it is assigned, and a
-  standby copy would only be a stale row for the mirror to avoid.
-- **Repeats.** The request ids of each partition's last ``window`` offsets
-  (workers/usage/seen.py) are kept in memory, not in a table: when a
-  partition's events start somewhere new (start, rebalance, replay) they
-  are read back from the usage topic before its first event is counted
-  (workers/usage/lookback.py). Memory and restore time are bounded by the
-  window, not by the traffic of the last days.
-- **Changelog.** Compacted (a restore needs one record per row) in 1 MiB
-  segments: Kafka compacts only closed segments, and with its 1 GiB default
-  a restart read back every row write since the topic began, seven per
-  event (after 40,000 events, 280,000 records: over two minutes). Now it
-  reads the live rows, the newest segment and what the broker's cleaner has
-  not reached yet. Tombstones of swept rows are kept an hour (a day by
-  default). These configs apply when Faust creates the topic; an existing
-  changelog keeps its own until they are set on it (``kafka-configs --alter``).
-- **Rebalances.** The consumer's flow is held from the end of a table
-  recovery until Faust resumes it (workers/usage/flow.py): Faust's own
-  order let the first events after a restart be fetched, queued, and
-  cleared from the agent's queue, lost until the next rebalance.
-- **Retention.** Each event's partition is swept at most once a minute
-  (a table can only be changed while an event of its partition is in hand).
-- **Commits.** A source offset is committed only after every changelog
-  write before it is acknowledged (workers/usage/drain.py), so a SIGKILL
-  loses no count.
-- **Poison values** go to ``conveyor.dlq`` as DeadLetters and are skipped
-  (workers/usage/decode.py).
-- **Progress.** A held usage or feedback partition with events waiting and
-  none counted for 20 s is a warning with Faust's state of it (flow,
-  offsets read and committed, generation; workers/usage/progress.py).
-- **Mirror.** Every ``MIRROR_INTERVAL_S`` the rows that changed are written to
-  Redis, every row of the partitions this member owns now and then, nothing
-  while the tables are not whole (workers/usage/mirroring.py); the tables
-  are the record, Redis is the copy.
+- **Names.** App id and group ``settings.kafka.group("accounting")``, so a
+  ``topic_prefix`` has its own group and changelogs; Faust's data directory
+  is ``<home>/accounting/<app id>`` (:func:`accounting_datadir`, under
+  :func:`conveyor_home`).
+- **Membership.** Dynamic, with the settings' session timeout and heartbeat.
+- **Tables.** ``usage-totals`` (workers/usage/rows.py, counting.py),
+  partitioned like the usage topic, and ``feedback-ratings`` (ratings.py); in
+  memory, no standby replicas. Changelogs compacted in 1 MiB segments
+  (Kafka compacts only closed ones), tombstones kept an hour; these configs
+  apply when the topic is created.
+- **Repeats.** A window of request ids per partition, in memory, read back
+  from the usage topic when a partition's events start somewhere new
+  (workers/usage/seen.py).
+- **Faust's failures guarded**: the flow held through a rebalance's end
+  (flow.py), batched fetches and never-committed partitions read again
+  (fetching.py), rows changelogged once a commit (write_behind.py), a commit
+  only after its changelog writes are acknowledged (drain.py).
+- **Retention.** Each partition swept at most once a minute, while one of its
+  events is in hand (a table changes only then).
+- **Poison values** go to ``conveyor.dlq`` as DeadLetters (decode.py).
+- **Progress.** A held partition with events waiting and none counted for
+  20 s is a warning with Faust's state of it (progress.py).
+- **Mirror.** Every ``MIRROR_INTERVAL_S`` (mirroring.py); the tables are the
+  record, Redis is the copy.
 """
 
 from __future__ import annotations
@@ -96,11 +57,11 @@ from workers.usage.drain import drain_before_commit
 from workers.usage.fetching import batched_fetch_transport
 from workers.usage.flow import hold_flow_until_resumed
 from workers.usage.layout import UsageKeys
-from workers.usage.lookback import ids_before
 from workers.usage.mirror import RedisMirror
 from workers.usage.mirroring import FULL_MIRROR_EVERY, MirrorPass
 from workers.usage.progress import Progress, committed, consumer_state, highwater
 from workers.usage.ratings import Ratings
+from workers.usage.seen import ids_before
 from workers.usage.write_behind import WriteBehind
 
 __all__ = ["AccountingApp", "MIRROR_INTERVAL_S", "FULL_MIRROR_EVERY", "SWEEP_EVERY_MS",
@@ -151,16 +112,16 @@ class AccountingApp:
                  window: int = SEEN_WINDOW, home: Path | None = None) -> None:
         self.settings = settings
         self.probe = probe or LayerMetrics.off().layer("accounting")
-        self.source_topic = settings.topic("usage")
-        partitions = settings.pipeline_partitions
-        app_id = settings.group("accounting")
+        self.source_topic = settings.kafka.topic("usage")
+        partitions = settings.kafka.pipeline_partitions
+        app_id = settings.kafka.group("accounting")
         self.datadir = accounting_datadir(
             conveyor_home(os.environ) if home is None else home, app_id)
         # Faust makes the data directory at start, but not the ones above it
         self.datadir.parent.mkdir(parents=True, exist_ok=True)
         self.app = faust.App(
             app_id,
-            broker=_brokers(settings.kafka_bootstrap),
+            broker=_brokers(settings.kafka.bootstrap),
             datadir=self.datadir,
             store="memory://",
             web_enabled=False,
@@ -173,13 +134,13 @@ class AccountingApp:
             # go to the broker in one request (the path is cold: the client has
             # its answer)
             producer_linger=PRODUCER_LINGER_S,
-            producer_max_request_size=settings.max_event_bytes,
-            broker_session_timeout=settings.consumer_session_timeout_ms / 1000,
-            broker_heartbeat_interval=settings.consumer_heartbeat_interval_ms / 1000,
+            producer_max_request_size=settings.kafka.max_event_bytes,
+            broker_session_timeout=settings.kafka.consumer_session_timeout_ms / 1000,
+            broker_heartbeat_interval=settings.kafka.consumer_heartbeat_interval_ms / 1000,
             broker_commit_interval=1.0,
             consumer_auto_offset_reset="earliest",
         )
-        self.feedback_topic = settings.topic("feedback")
+        self.feedback_topic = settings.kafka.topic("feedback")
         # usage is fetched in batches, and a rebalance reads a counted partition
         # with no commit from its beginning (workers/usage/fetching.py): set
         # before anything (a topic, a table) asks the app for its transport
@@ -209,10 +170,10 @@ class AccountingApp:
         self._ratings_swept = 0
         self.source = self.app.topic(self.source_topic, key_serializer="raw",
                                      value_serializer=UsageValueCodec())
-        self.dlq = self.app.topic(settings.topic("dlq"), key_serializer="raw",
+        self.dlq = self.app.topic(settings.kafka.topic("dlq"), key_serializer="raw",
                                   value_serializer="raw")
-        self.redis = redis or redis_client(settings, "accounting")
-        self.mirror = RedisMirror(self.redis, UsageKeys(settings.topic_prefix))
+        self.redis = redis or redis_client(settings.redis, "accounting")
+        self.mirror = RedisMirror(self.redis, UsageKeys(settings.kafka.topic_prefix))
         self._codec = default_codec()
         self._swept: dict[int, int] = {}
         self.mirroring = MirrorPass(self)
@@ -294,9 +255,7 @@ class AccountingApp:
         value = event.value
         if not isinstance(value, dict):
             self.counter.skip(message.partition, message.offset)
-            data = value.data if isinstance(value, Undecodable) else message.value
-            error = value.error if isinstance(value, Undecodable) else "an empty value"
-            await self.dead_letter(message, data, error)
+            await self.dead_letter(message, value)
             return
         counted = self.counter.count(value, message.partition, message.offset)
         log.debug("usage %s of %s: %s", value["request_id"], value["tenant"],
@@ -316,9 +275,7 @@ class AccountingApp:
         self.progress.handled(message.topic, message.partition, message.offset)
         value = event.value
         if not isinstance(value, dict):
-            data = value.data if isinstance(value, Undecodable) else message.value
-            error = value.error if isinstance(value, Undecodable) else "an empty value"
-            await self.dead_letter(message, data, error, "Feedback")
+            await self.dead_letter(message, value, "Feedback")
             return
         counted = self.ratings.count(value, message.partition, message.offset)
         log.debug("rating of %s by %s: %s", value["request_id"], value["tenant"],
@@ -338,9 +295,12 @@ class AccountingApp:
                  len(self.counter.windows[partition]), self.source_topic, partition, offset,
                  time.perf_counter() - started)
 
-    async def dead_letter(self, message: Any, data: bytes | None, error: str,
+    async def dead_letter(self, message: Any, value: Any,
                           expected: str = "UsageRecord") -> None:
-        room = max(0, self.settings.max_event_bytes - _LETTER_OVERHEAD)
+        """``value`` (an :class:`Undecodable`, or None for an empty one) to the DLQ."""
+        data = value.data if isinstance(value, Undecodable) else message.value
+        error = value.error if isinstance(value, Undecodable) else "an empty value"
+        room = max(0, self.settings.kafka.max_event_bytes - _LETTER_OVERHEAD)
         if data is not None and len(data) > room:
             error = f"[value truncated to {room} of {len(data)} bytes] " + error
             data = data[:room]

@@ -17,19 +17,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Literal, get_args
 
-__all__ = [
-    "Granularity",
-    "GRANULARITIES",
-    "MINUTE_MS",
-    "DAY_MS",
-    "RETENTION_MS",
-    "bucket_start",
-    "next_bucket",
-    "expires_at",
-    "is_expired",
-    "day_label",
-    "month_label",
-]
+__all__ = ["Granularity", "GRANULARITIES", "MINUTE_MS", "DAY_MS", "RETENTION_MS", "bucket_start",
+           "next_bucket", "expires_at", "is_expired", "day_label", "month_label"]
 
 # what a report is bucketed by; "month" exists only for the tenant's quota total
 Granularity = Literal["minute", "day", "month"]

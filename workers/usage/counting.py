@@ -1,30 +1,20 @@
 """Counting one UsageRecord into the ledger's tables, exactly once.
 
-Two different repeats reach the accounting app, and each has its guard:
+- **Postprocess wrote the record twice**: a record whose request id is among
+  the :data:`SEEN_WINDOW` offsets before it in its partition is dropped
+  (workers/usage/seen.py). The window is kept in memory and read back after
+  a restart or a rebalance (:meth:`Counter.needs_window`,
+  :meth:`Counter.load_window`).
+- **The app replays events** (at-least-once: after a SIGKILL it starts from
+  the last commit, and the changelog may already hold some rows' effect of
+  later events). Each row stores the position of the last event counted in
+  it; an event at or before it in the same partition leaves the row alone.
+  A changelog record is a whole row, so every row is consistent with itself
+  and the replay completes the rest. A replayed event meets the same window,
+  so the two guards never disagree.
 
-- **Postprocess wrote the record twice** (it rebuilt a request from the log
-  after a crash). Both copies carry the same request id and, as the topic is
-  keyed by tenant, sit in the same partition, a bounded number of records
-  apart. A record whose request id appears among the :data:`SEEN_WINDOW`
-  offsets before it in its partition is dropped (the window and the
-  reasoning behind its size: workers/usage/seen.py). The window is a
-  function of the log alone, so it is kept in memory only and read back
-  from the usage topic after a restart or a rebalance
-  (:meth:`Counter.needs_window`, :meth:`Counter.load_window`).
-- **The app itself replays events** (Faust is at-least-once: after a
-  SIGKILL it starts again from the last committed offset, and the changelog
-  may already hold the effect of events after it, for some rows and not
-  others, since each table write is a record of its own). So each row
-  stores, with its counts, the position of the last event counted in it;
-  an event at or before that position in the same partition has been
-  counted there already and leaves the row alone. Each changelog record is
-  a whole row, so whatever subset of the writes survived a crash, every row
-  is consistent with itself and the replay completes the rest. A replayed
-  event is judged a repeat or not exactly as the first time (the window
-  before it holds the same ids), so the two guards never disagree.
-
-:class:`Counter` only needs a mutable mapping for the rows, so the rules are
-tested on dicts and run on a Faust table unchanged.
+:class:`Counter` needs only a mutable mapping: tested on dicts, run on a
+Faust table.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""Reading ``conveyor.usage`` values in Faust with Conveyor's own codec.
-
-A Faust value serializer that raises stops the agent (Faust throws the
-decode error into the stream), so one bad value would halt accounting.
-:class:`UsageValueCodec` never raises: a value that does not decode as a
-UsageRecord comes out as :class:`Undecodable`, with its bytes and the
-reason, and the agent sends it to ``conveyor.dlq`` as a DeadLetter and goes
-on, as every layer's runtime does (workers/runtime.py).
+"""Reading ``conveyor.usage`` (and ``conveyor.feedback``) values in Faust with
+Conveyor's own codec. A Faust serializer that raises stops the agent, so
+:class:`UsageValueCodec` never raises: a value that does not decode comes out
+as :class:`Undecodable`, which the app dead-letters, as every layer does.
 """
 
 from __future__ import annotations

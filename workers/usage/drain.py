@@ -1,30 +1,20 @@
 """A producer-buffer flush that waits for every buffered changelog write.
 
-Faust commits a source offset (``processing_guarantee="at_least_once"``)
-right after ``app.producer.flush()``, which drains Faust's own
-ProducerBuffer (where every table write waits as a changelog message) and
-then aiokafka's. faust-streaming's ``ProducerBuffer.flush`` returns as soon
-as 0.1 s pass without a message handed on, and it does not count the
-message being handed to aiokafka at that moment. On a busy host the
-accounting app could therefore commit a usage event's offset while the
-event's changelog writes still sat in the buffer; a SIGKILL then lost the
-count for good (the restarted app neither reads the event again nor finds
-the write in the changelog).
+Faust commits a source offset right after ``app.producer.flush()``, and
+faust-streaming's ``ProducerBuffer.flush`` returns once 0.1 s pass without a
+message handed on, not counting the one being handed over: an offset could
+be committed while its changelog writes still sat in the buffer, and a
+SIGKILL then lost the count (docs/decisions/0002-faust-on-the-cold-path-only.md).
 
 :func:`drain_before_commit` replaces the buffer's ``flush`` with one that
-returns once every message put into the buffer before the flush began has
-been handed to aiokafka (the buffer hands them on one at a time, in order),
-so the aiokafka flush that follows waits for each of those changelog writes'
-acknowledgement before the offset is committed. Writes put after the flush
-began belong to events whose offsets that commit does not cover, so a busy
-stream cannot keep a flush from ending. A flush that cannot finish within
-``timeout_s`` raises instead of returning: the commit fails and the events
-are read again, which the ledger's counting rules make harmless
-(workers/usage/counting.py).
+returns once every message put before the flush began has been handed to
+aiokafka, whose flush then waits for their acknowledgements. Later writes
+belong to events the commit does not cover, so a busy stream cannot keep a
+flush from ending. A flush not done within ``timeout_s`` raises: the commit
+fails and the events are read again, which the counting rules make harmless.
 
-Written against faust-streaming 0.15.3 (``faust/transport/producer.py``); the
-methods replaced and the callers that reach them are pinned by
-tests/unit/workers/usage/test_faust_patches.py.
+Written against faust-streaming 0.15.3 (``faust/transport/producer.py``);
+pinned by tests/unit/workers/usage/test_faust_patches.py.
 """
 
 from __future__ import annotations

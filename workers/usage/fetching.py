@@ -1,43 +1,23 @@
 """The accounting app's consumer: it fetches in batches, and a partition nothing
 was committed on starts again from its beginning after each rebalance.
 
-**Batches.** Nobody waits on a usage event.
+**Batches.** Faust makes its aiokafka consumer with ``fetch_min_bytes`` 1, so
+the broker answered a fetch for nearly every usage event. Nobody waits on a
+usage count, so the broker may hold a fetch until :data:`FETCH_MIN_BYTES` are
+there or :data:`FETCH_MAX_WAIT_MS` have passed (measured:
+docs/decisions/0002-faust-on-the-cold-path-only.md). Nothing else about the
+consumer changes.
 
-Faust's aiokafka driver makes its consumer with ``fetch_min_bytes`` left at 1, so
-the broker answers a fetch as soon as one record is there: at a few hundred
-requests a second that is a fetch, a response and a hand-over from Faust's
-consumer thread to its event loop for nearly every usage event, most of the
-accounting app's CPU in ``bench.profile`` (measured:
-docs/decisions/0002-faust-on-the-cold-path-only.md). Counting is off the
-request's path (the client has its
-answer), so the broker may hold a fetch until :data:`FETCH_MIN_BYTES` are
-there or :data:`FETCH_MAX_WAIT_MS` have passed: usage counts arrive up to that
-much later, in fewer and fuller fetches.
+**Where a rebalance resumes.** aiokafka's ``seek_to_committed`` seeks only a
+partition whose committed offset is above 0: one with nothing committed keeps
+its position, past records fetched and then cleared from an agent's queue
+(workers/usage/flow.py). :func:`seek_committed_or_earliest` seeks such a
+partition to its beginning; what is read again is counted once.
 
-:func:`batched_fetch_transport` is the transport the app then uses in place of
-Faust's own; it changes nothing else about the consumer (the same group,
-commits, rebalances and table recovery, whose reads fill any batch at once).
-
-**Where a rebalance resumes.** Faust ends every rebalance by seeking the stream
-partitions to their committed offsets and then clearing the agents' queues of
-what was fetched meanwhile (workers/usage/flow.py holds the flow for that). But
-aiokafka's ``seek_to_committed`` seeks only a partition whose committed offset
-is above 0: one with nothing committed yet keeps its position, past records
-fetched and then cleared from a queue, which nothing reads again while the
-member lives. That fits CI's ratings stall: a member started beside two dead
-ones held ``conveyor.feedback`` (one partition, never committed), the test's
-601 events fit in one fetch, a second rebalance (a dead member's session
-ending) can clear them, and the member then counted no rating, the poison
-event included. :func:`seek_committed_or_earliest` seeks such a partition to its
-beginning, where a member given it for the first time starts
-(``auto_offset_reset=earliest``); what it reads again there is counted once
-(each ledger row keeps the position of the last event applied to it).
-
-**Faust's internals.** Written against faust-streaming 0.15.3 and aiokafka 0.14.0:
-the consumer thread's ``_create_worker_consumer`` and ``seek_to_committed``
-are overridden, aiokafka's private ``_fetch_min_bytes`` and
-``_fetch_max_wait_ms`` set before its ``start()`` reads them, and the
-transport's ``Consumer`` class replaced; each is pinned by
+Written against faust-streaming 0.15.3 and aiokafka 0.14.0: the consumer
+thread's ``_create_worker_consumer`` and ``seek_to_committed`` overridden,
+aiokafka's private ``_fetch_min_bytes`` and ``_fetch_max_wait_ms`` set before
+``start()`` reads them, the transport's ``Consumer`` replaced; each pinned by
 tests/unit/workers/usage/test_faust_patches.py.
 """
 

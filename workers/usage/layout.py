@@ -2,7 +2,7 @@
 (workers/usage/mirror.py), read by :class:`~workers.usage.ledger.UsageLedger`
 and, for the two quota keys, by the rate limiter's admission script.
 
-``P`` is ``settings.topic_prefix``; days and months are UTC; ``B`` is a
+``P`` is ``settings.kafka.topic_prefix``; days and months are UTC; ``B`` is a
 bucket start in epoch milliseconds.
 
 - ``P:usage:<tenant>:day:<YYYY-MM-DD>``: STRING, the tenant's prompt plus
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from workers.usage.buckets import Granularity, day_label, month_label
 from workers.usage.ratings import RatingCounts
-from workers.usage.rows import Counts, Dimension
+from workers.usage.rows import Counts
 
 __all__ = ["UsageKeys", "encode_counts", "decode_counts", "encode_ratings", "decode_ratings"]
 
@@ -51,7 +51,7 @@ class UsageKeys:
         return f"{self.prefix}:usage:{tenant}:by-{by}:{bucket_ms}"
 
     @staticmethod
-    def field(dim: Dimension, ident: str = "") -> str:
+    def field(dim: str, ident: str = "") -> str:
         return "tenant" if dim == "tenant" else f"{dim}:{ident}"
 
     def ratings(self, tenant: str, day_ms: int) -> str:

@@ -82,7 +82,7 @@ class UsageLedger:
     def __init__(self, settings: Settings, redis: Redis) -> None:
         self.settings = settings
         self.redis = redis
-        self.keys = UsageKeys(settings.topic_prefix)
+        self.keys = UsageKeys(settings.kafka.topic_prefix)
 
     async def report(self, tenant: str, *, since_ms: int, until_ms: int,
                      by: ReportBy = "day", key_id: str | None = None,

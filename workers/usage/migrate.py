@@ -1,30 +1,21 @@
 """Ratings counted by an earlier Conveyor carried into the one ratings table.
 
-Conveyor once kept ratings in two Faust tables, ``feedback-totals`` (row key
-text -> row) and ``feedback-latest`` (request id -> the rating it counted).
-Their changelogs were written independently, so a SIGKILL could keep a latest
-rating without the rows it was counted into (workers/usage/ratings.py); both
-now live in one table, ``feedback-ratings``, whose rows keep their keys and
-whose latest ratings are keyed ``LATEST + request id``. A new table starts
-empty, and the app's committed offsets on ``conveyor.feedback`` are past the
-events the old tables counted: without this step an upgrade would drop every
-rating counted before it from ``/v1/usage``.
+Ratings were once kept in two Faust tables, ``feedback-totals`` (rows) and
+``feedback-latest`` (request id -> the rating it counted); both now live in
+``feedback-ratings``, the latest ratings keyed ``LATEST + request id``
+(workers/usage/ratings.py). Without this step an upgrade would drop every
+earlier rating from ``/v1/usage``: the new table starts empty and the app's
+commits are past those events.
 
-:func:`carry_old_ratings` runs before Faust starts (workers/usage/run.py).
-When the old totals changelog exists it reads both old changelogs to their
-ends with the keyed lookup's raw read (compacted topics of Faust's JSON, not
-events of the catalog: the last record of a key wins, a tombstone deletes
-it), writes every row and then every latest rating into the new changelog,
-in Faust's own encoding (JSON keys and values), waits for the broker's
-acknowledgements, and deletes the old changelogs, ``feedback-latest``'s first.
-The old totals changelog is the sign that the step is still to do: a process
-killed before the deletes does it again on its next start, writing the same
-values (Faust has not started, so nothing newer is there to overwrite).
-Faust then restores the table from its changelog as on any start.
-
-Rolling upgrades start accounting members one at a time: a member that is
-still copying while another already counts new ratings could write an older
-row over a newer one.
+:func:`carry_old_ratings` runs before Faust starts (workers/usage/run.py). When
+the old totals changelog exists it reads both old changelogs to their ends
+(the last record of a key wins, a tombstone deletes it), writes the rows and
+then the latest ratings into the new changelog in Faust's JSON encoding,
+waits for the acknowledgements, and deletes the old changelogs,
+``feedback-latest``'s first: the old totals changelog means "still to do", so
+a process killed before the deletes does it again. Rolling upgrades start
+members one at a time (a member still copying could write an older row over
+a newer one).
 """
 
 from __future__ import annotations
@@ -75,7 +66,7 @@ async def carry_old_ratings(settings: Settings, app_id: str, new_table: str) -> 
     """Copy the two old ratings tables into ``new_table``'s changelog and delete
     them; how many records were copied (0 when there is nothing to carry)."""
     old_totals, old_latest = _changelog(app_id, OLD_TOTALS), _changelog(app_id, OLD_LATEST)
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
@@ -84,7 +75,7 @@ async def carry_old_ratings(settings: Settings, app_id: str, new_table: str) -> 
         rows = await _last_values(settings, old_totals)
         latest = (await _last_values(settings, old_latest)) if old_latest in existing else {}
         target = _changelog(app_id, new_table)
-        producer = make_producer(settings)
+        producer = make_producer(settings.kafka)
         await producer.start()
         try:
             sent = [await producer.send(target, value, key=key, partition=0)

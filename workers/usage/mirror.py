@@ -1,21 +1,15 @@
 """The ledger's copy in Redis: every row of the accounting tables written whole.
 
 Readers (the CLI, the admin endpoint, the quota check) read Redis, never
-Faust. The accounting app calls :meth:`RedisMirror.write` with the rows that
-changed about twice a second, and with every row it owns every few seconds
-(see workers/usage/app.py): SET and HSET of absolute values, never INCR, so
-writing a row twice is harmless, a row written from a stale read is put
-right by the next pass, and a Redis that lost its data (FLUSHALL, a restart
-without its file) is whole again after one full pass, with no new traffic.
-
-Commands go in pipelines of ``batch`` (no transaction: each write stands on
-its own). A full pass of 20,000 rows is 20 round trips of 1,000 commands,
-tens of milliseconds on loopback.
+Faust. SET and HSET of absolute values, never INCR: writing a row twice is
+harmless, a stale write is put right by the next pass, and a Redis that lost
+its data is whole after one full pass (workers/usage/mirroring.py says
+when). Commands go in pipelines of ``batch``, without a transaction.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from conveyor.redis_clients import Redis
@@ -36,33 +30,33 @@ class RedisMirror:
     async def write(self, rows: Iterable[tuple[RowKey, Counts]]) -> int:
         """Write ``rows`` to Redis; returns how many. Raises redis's errors
         (the caller keeps the rows to write them again)."""
-        written = 0
-        pipe = self.redis.pipeline(transaction=False)
         expiring: set[str] = set()
-        for key, counts in rows:
-            self._queue(pipe, key, counts, expiring)
-            written += 1
-            if len(pipe) >= self.batch:
-                await pipe.execute()
-                pipe = self.redis.pipeline(transaction=False)
-                expiring.clear()
-        if len(pipe):
-            await pipe.execute()
-        return written
+        return await self._pipelined(
+            lambda pipe, key, counts: self._queue(pipe, key, counts, expiring),
+            rows, expiring.clear)
 
     async def write_ratings(self, rows: Iterable[tuple[RatingKey, RatingCounts]]) -> int:
         """Write the rating rows (workers/usage/ratings.py); how many."""
+
+        def queue(pipe: Any, key: RatingKey, counts: RatingCounts) -> None:
+            name = self.keys.ratings(key.tenant, key.day_ms)
+            pipe.hset(name, UsageKeys.field(key.dim, key.ident), encode_ratings(counts))
+            pipe.pexpireat(name, key.expires_ms)
+
+        return await self._pipelined(queue, rows)
+
+    async def _pipelined(self, queue: Callable[[Any, Any, Any], None],
+                         rows: Iterable[tuple[Any, Any]],
+                         on_execute: Callable[[], None] = lambda: None) -> int:
         written = 0
         pipe = self.redis.pipeline(transaction=False)
         for key, counts in rows:
-            name = self.keys.ratings(key.tenant, key.day_ms)
-            field = "tenant" if key.dim == "tenant" else f"{key.dim}:{key.ident}"
-            pipe.hset(name, field, encode_ratings(counts))
-            pipe.pexpireat(name, key.expires_ms)
+            queue(pipe, key, counts)
             written += 1
             if len(pipe) >= self.batch:
                 await pipe.execute()
                 pipe = self.redis.pipeline(transaction=False)
+                on_execute()
         if len(pipe):
             await pipe.execute()
         return written

@@ -1,13 +1,11 @@
 """The accounting app's mirror tick: which rows it writes to Redis, and when.
 
-Every ``MIRROR_INTERVAL_S`` (workers/usage/app.py) the rows that changed
-since the last tick are written; every ``FULL_MIRROR_EVERY`` ticks, and after
-a failed write, every row of the partitions the member owns, so Redis heals
-from a FLUSHALL within a few seconds (workers/usage/mirror.py writes them).
-Nothing is written while a rebalance or a table recovery is under way: a
-half-restored table would write totals that are too low; tables unready for
-``UNREADY_WARN_S`` are said so in the log. A failing Redis is logged
-(rate-limited) and the rows are kept for the next tick.
+Every ``MIRROR_INTERVAL_S`` (workers/usage/app.py) the rows changed since the
+last tick; every ``FULL_MIRROR_EVERY`` ticks, and after a failed write, every
+row of the partitions the member owns, so Redis heals from a FLUSHALL within
+seconds. Nothing while a rebalance or a table recovery is under way (a
+half-restored table would write totals too low; said in the log after
+``UNREADY_WARN_S``). A failing Redis is logged and the rows kept for the next tick.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """Whether the accounting app still counts what it holds, and if not, why.
 
-A member that holds a usage or feedback partition with events past the last
-one it handled, and has handled none of them for :data:`STALL_AFTER_S`, says
-so in the log (rate-limited), with the state of Faust's consumer for that
-partition: the flow (the consumer's and the agents'), whether the partition
-is fetched or paused, the offsets Faust last read and last committed, the
-broker's high-water mark, the consumer generation and whether a rebalance is
-under way. A stall seen only in CI (the ratings fault test, a restarted
-member counting nothing more) was otherwise silent: the test's failure shows
-the app's assignments and warnings, and this is the warning that says where
-the events stopped.
-
-:class:`Progress` keeps the last offset handled of each partition;
-:func:`consumer_state` reads Faust's (faust-streaming 0.15.3, read only,
-pinned by tests/unit/workers/usage/test_faust_patches.py).
+A member holding a usage or feedback partition with events past the last one
+it handled, none handled for :data:`STALL_AFTER_S`, says so in the log
+(rate-limited) with Faust's consumer state of that partition (the flows,
+fetched or paused, offsets read and committed, high-water mark, generation,
+rebalancing). :func:`consumer_state` reads Faust's internals (faust-streaming
+0.15.3, read only, pinned by tests/unit/workers/usage/test_faust_patches.py).
 """
 
 from __future__ import annotations

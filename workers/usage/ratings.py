@@ -1,31 +1,22 @@
 """Ratings in the usage ledger: ``conveyor.feedback`` counted per tenant, per
 model asked for and per deployment that answered, by day.
 
-* **A request's latest rating counts**, once. Rating again moves the request's
-  rating: its earlier score leaves the rows it was in (the day it was given,
-  its model and deployment) and the new one enters the rows of its own day.
-  So a client that rates an answer ten times weighs as one rating.
-* **What a rating is joined to** came with it: the gateway read the model
-  asked for, the model that answered (a canary's deployment or a fallback)
-  and the latency from the log when the rating came (gateway/feedback.py). A
-  rating of an answer that had not ended counts under ``answered_by`` "".
-* **Exactly once across crashes**, as the usage counts (workers/usage/counting.py):
-  each row keeps the position of the last event applied to it, so an event
-  the app replays after a SIGKILL leaves alone the rows it already changed and
-  completes the rest; the request's latest rating is written after its rows,
-  so a replay finds the earlier rating still there to take out. That order
-  holds after a crash only because rows and latest ratings are one table, so
-  one changelog partition, and what survives a SIGKILL is a prefix of its
-  writes: in two tables (two changelogs, sent independently) a latest rating
-  could survive without its rows, and the replay then passed over an event
-  whose counts were lost (CI's kill test saw 300 requests never settle).
-* **Retention**: 400 days, as the usage by day; a request's latest rating is
-  forgotten with it.
+* **A request's latest rating counts**, once: rating again takes the earlier
+  score out of its rows (its day, model and deployment) and puts the new one
+  into those of its own day, so ten ratings of an answer weigh as one.
+* **What a rating is joined to** came with it (gateway/feedback.py): the model
+  asked for, the one that answered (a canary or a fallback; "" when the
+  answer had not ended) and the latency.
+* **Exactly once across crashes**, as usage (workers/usage/counting.py): each
+  row keeps the position of the last event applied to it, and a request's
+  latest rating is written after its rows. Rows and latest ratings are one
+  table, one changelog partition, so what survives a SIGKILL is a prefix of
+  the writes and a replay finds the earlier rating still there to take out
+  (why: docs/decisions/0002-faust-on-the-cold-path-only.md).
+* **Retention**: 400 days, as the usage by day; a latest rating goes with it.
 
-:class:`Ratings` only needs a mutable mapping, so the rules are tested on a
-dict and run on a Faust table unchanged. A row's key is its
-:meth:`RatingKey.text` (a JSON array); a request's latest rating is under
-``LATEST + request id``.
+:class:`Ratings` needs only a mutable mapping (tested on a dict). A row's key
+is :meth:`RatingKey.text` (a JSON array); a latest rating's ``LATEST + request id``.
 """
 
 from __future__ import annotations

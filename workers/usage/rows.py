@@ -1,22 +1,16 @@
 """The rows of the usage ledger: what is counted, and under which key.
 
-A row is one (granularity, bucket, dimension, tenant, id) with four counts.
-The dimensions are the tenant itself, one API key of the tenant and one
-model used by the tenant; every dimension carries the tenant, so all rows of
-a tenant live in the partition of the tenant's usage events. Months are
-counted for the tenant alone: they only feed the monthly quota.
+A row is one (granularity, bucket, dimension, tenant, id) with four counts;
+the dimensions are the tenant, one of its API keys and one model it used.
+Every row carries the tenant, so it lives in the partition of the tenant's
+usage events. Months are counted for the tenant alone (the monthly quota).
 
-Rows are plain tables keyed with the bucket start in the key, not Faust's
-windowed tables: the key says everything (the Redis mirror and the sweep
-read it without Faust's window machinery), retention is a plain comparison,
-and the value can carry the position of the last event counted in it (see
-workers/usage/counting.py), which is what makes a replay after a crash
-count nothing twice.
-
-In the tables a key is the JSON text of ``[by, dim, bucket_ms, tenant, id]``
-(a string: Faust's JSON changelog would turn a tuple into a list) and a value
-a small dict with short names, both read back by :meth:`RowKey.parse` and
-:meth:`Counts.from_value`.
+Rows are plain tables with the bucket start in the key, not Faust's windowed
+tables: the mirror and the sweep read the key alone, retention is a
+comparison, and the value carries the position of the last event counted in
+it (workers/usage/counting.py). A key is the JSON text of ``[by, dim,
+bucket_ms, tenant, id]`` (:meth:`RowKey.parse`), a value a small dict of
+short names (:meth:`Counts.from_value`).
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Running the accounting app in the current process: ``conveyor accounting``.
 
-:func:`run_accounting` creates the topics the app reads and writes and that
-Faust does not create itself (``conveyor.usage`` and ``conveyor.dlq``, as
-the catalog describes them) and the tables' changelog topics (replicated as
-the catalog's are; Faust would create them itself, but its consumer can then
-miss them, see the function), carries ratings an earlier Conveyor counted
-into today's table (workers/usage/migrate.py), then runs a :class:`faust.Worker` until SIGTERM or
-SIGINT, which stop it cleanly (the consumer leaves its group, the producer
-is flushed). Faust's web server is off (``web_enabled=False``): nothing
-listens on a port, so any number of accounting processes share a host.
-Logging keeps Conveyor's format (``override_logging=False``).
+:func:`run_accounting` creates the topics the app needs before Faust starts
+(``conveyor.usage``, ``conveyor.dlq`` and the tables' changelogs), carries
+ratings an earlier Conveyor counted (workers/usage/migrate.py), then runs a
+:class:`faust.Worker` until SIGTERM or SIGINT stop it cleanly. Faust's web
+server is off, so any number of accounting processes share a host; logging
+keeps Conveyor's format.
 """
 
 from __future__ import annotations
@@ -44,12 +40,12 @@ def run_accounting(settings: Settings, probe: LayerProbe | None = None,
     """Run the accounting app until it is told to stop; returns after a clean stop.
     ``probe`` counts the usage events it handled and dead-lettered (metrics);
     ``on_started`` is called once the Faust worker has started its app."""
-    setup_logging(settings.log_level)
+    setup_logging(settings.telemetry.log_level)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    needed = {settings.topic("usage"), settings.topic("dlq")}
+    needed = {settings.kafka.topic("usage"), settings.kafka.topic("dlq")}
     replication = loop.run_until_complete(
-        ensure_topics(settings, [s for s in catalog(settings) if s.name in needed]))
+        ensure_topics(settings, [s for s in catalog(settings.kafka) if s.name in needed]))
     accounting = AccountingApp(settings, replication, probe=probe)
     # the tables' changelogs made here, not by Faust as it starts: Faust's consumer
     # may ask for metadata before the broker serves a topic Faust just made, and
@@ -66,7 +62,8 @@ def run_accounting(settings: Settings, probe: LayerProbe | None = None,
             started()
 
         accounting.app.task(call_on_started)
-    worker = faust.Worker(accounting.app, loop=loop, loglevel=settings.log_level, quiet=True,
+    worker = faust.Worker(accounting.app, loop=loop, loglevel=settings.telemetry.log_level,
+                          quiet=True,
                           override_logging=False, redirect_stdouts=False)
     worker.spinner = None  # a terminal spinner would write escape codes into the log
     try:

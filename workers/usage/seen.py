@@ -2,48 +2,36 @@
 checked against.
 
 Postprocess writes a request's UsageRecord again only when it rebuilds the
-request from ``conveyor.tokens`` after a crash or a rebalance (see
-workers/postprocess/layer.py). Both copies carry the request id and, as the
-usage topic is keyed by tenant, land in the same partition, and the second
-one lands a bounded number of records after the first:
+request from ``conveyor.tokens`` after a crash or a rebalance
+(workers/postprocess/layer.py). Both copies land in the same partition (the
+topic is keyed by tenant), the second a bounded number of records after the
+first: postprocess never commits past the first chunk of a request still
+open and forgets one 60 s after its deadline, so what lies between the
+copies is that partition's usage traffic in about the request's time limit
+plus 60 s, the takeover and the replay (time postprocess is down adds none).
 
-- postprocess commits a tokens partition every 100 ms, but never past the
-  first chunk of a request still open there, and forgets an open request
-  ``60 s`` after its deadline. A replay therefore starts no earlier than the
-  first chunk of a request that was open at the last commit, and that
-  request began at most ``L`` (its time limit plus 60 s) before the crash;
-- so everything between the two copies (what postprocess wrote after the
-  first copy until the crash, what the replay writes again before it comes
-  back to this request, what the other members write meanwhile) is the
-  usage traffic of that partition in about ``L`` plus the takeover (the
-  session timeout) plus the replay itself. Time during which postprocess
-  is down adds nothing: nothing is written then.
+A repeat is recognised among the ids of the ``size`` offsets before it
+(:data:`SEEN_WINDOW`, 100,000): the default 300 s limit at up to about 250
+usage events a second into one partition. A copy further back (an hour-long
+``X-Conveyor-Timeout`` at full rate) is counted again; memory is bounded
+instead (about 17 MB a full partition).
 
-A repeat is therefore recognised by its request id among the ids of the
-``size`` offsets before it in its partition (:data:`SEEN_WINDOW`, 100,000):
-that covers the replays of requests with the default 300 s limit at up to
-about 250 usage events a second into one partition (one tenant's whole
-traffic), and proportionally longer limits at lower rates. A copy that lands
-further back than that (a request held open in postprocess for longer than
-the window's traffic: an hour-long ``X-Conveyor-Timeout`` at full rate, or a
-batch line whose pool vanished mid-answer) is counted again; the memory is
-bounded instead (at most ``size`` ids a partition, about 170 bytes each with
-the id itself: 17 MB a partition).
-
-The rule looks only at the log: "the same request id at an offset in
-``[offset - size, offset)``" gives the same answer however often the app
-restarts, so a window is never stored anywhere. After a restart or a
-rebalance it is read back from the usage topic itself (the accounting app
-does it when a partition's first event arrives, workers/usage/lookback.py),
-and a replay of events after the committed offset is judged exactly as the
-first run judged it.
+The rule looks only at the log, so the window is never stored: after a
+restart or a rebalance it is read back from the usage topic
+(:func:`ids_before`), and a replay is judged exactly as the first run was.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import AsyncGenerator
+from typing import Any, cast
 
-__all__ = ["SeenWindow", "SEEN_WINDOW"]
+from conveyor.settings import Settings
+from schemas.codec import Codec, default_codec
+from topics.follow import follow
+
+__all__ = ["SeenWindow", "SEEN_WINDOW", "ids_before", "request_id_of"]
 
 SEEN_WINDOW = 100_000
 
@@ -94,3 +82,43 @@ class SeenWindow:
                     self._copies[gone] = left
                 else:
                     del self._copies[gone]
+
+
+# what ids_before reads is bounded by its count: 100,000 records are about 20 MB
+_FETCH_BYTES = 8 * 1024 * 1024
+
+
+def request_id_of(value: bytes | None, codec: Codec) -> str | None:
+    """The request id of a usage value; None when it is not a UsageRecord."""
+    try:
+        return str(codec.decode(value, "UsageRecord")["request_id"])
+    except Exception:  # a poison value holds no request id
+        return None
+
+
+async def ids_before(settings: Settings, topic: str, partition: int, offset: int,
+                     count: int, codec: Codec | None = None
+                     ) -> list[tuple[int, str | None]]:
+    """``(offset, request id or None)`` of the records of ``topic[partition]`` in
+    ``[offset - count, offset)`` (from the partition's start when that is
+    later), in offset order."""
+    start = max(0, offset - count)
+    if start >= offset:
+        return []
+    codec = codec or default_codec()
+    follower = follow(settings, topic, partition, start,
+                      max_partition_fetch_bytes=_FETCH_BYTES)
+    found: list[tuple[int, str | None]] = []
+    # a generator, closed here so that its consumer stops now, not when collected
+    batches = cast(AsyncGenerator[list[Any], None], follower.batches())
+    try:
+        async for records in batches:
+            for record in records:
+                if record.offset >= offset:
+                    return found
+                found.append((record.offset, request_id_of(record.value, codec)))
+            if records[-1].offset + 1 >= offset:
+                return found
+    finally:
+        await batches.aclose()
+    return found

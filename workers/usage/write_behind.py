@@ -1,34 +1,20 @@
 """Ledger rows written to their changelog once a commit, not once an event.
 
-A Faust table writes a changelog record for every assignment. A usage event
-changes seven rows (workers/usage/rows.py), and under load the same seven
-rows (one tenant, one key, one model, this minute and this day) change with
-every event: ``bench.profile`` counted 7 changelog records a request, the
-largest share of what the log stored for one (measured:
-docs/decisions/0002-faust-on-the-cold-path-only.md).
+A Faust table writes a changelog record for every assignment, and a usage
+event changes seven rows (workers/usage/rows.py), under load the same seven
+each event (measured: docs/decisions/0002-faust-on-the-cold-path-only.md).
+:class:`WriteBehind` is the mapping the Counter counts into: it changes the
+table's store at once and remembers which rows changed; :meth:`WriteBehind.flush`
+sends each once, to the changelog partition the row names (its ``p``). The app
+calls it as Faust is about to commit (workers/usage/drain.py waits for those
+writes), so a committed offset still covers only events whose rows are in
+the changelog. When a partition goes to another member its unsent rows are
+dropped, from the store too: the new owner reads those events again.
 
-:class:`WriteBehind` is the mapping :class:`~workers.usage.counting.Counter`
-counts into. It changes the table's store at once (so the next event reads
-the new row) and remembers which rows changed; :meth:`WriteBehind.flush`
-sends each changed row once, as it is then, to the changelog partition the
-row names (its ``p``). The accounting app calls it when Faust is about to
-commit (workers/usage/drain.py: the flush runs first, and the drain then
-waits for those writes' acknowledgements), so a committed offset still only
-covers events whose rows are in the changelog, which is all the counting
-rules need (workers/usage/counting.py): after a SIGKILL the events past the
-commit are read again, and a row restored without them counts them then.
-
-When a partition goes to another member, its unsent rows are dropped, from
-the store too: the new owner reads those events again, and this member must
-neither overwrite the owner's rows later nor, if the partition comes back,
-trust a row that never reached the changelog (the restore puts the
-changelog's version back).
-
-It uses two of the Faust table's internals (faust-streaming 0.15.3): its
-store, ``table.data`` (a dict for ``memory://``), written directly so that no
-changelog record is sent, where ``Table.__setitem__`` would send one a write;
-and ``table.send_changelog(partition, key, value, ...)``, which Faust's own
-writes call. Both are pinned by tests/unit/workers/usage/test_faust_patches.py.
+It uses two Faust internals (faust-streaming 0.15.3): the store ``table.data``,
+written directly so no changelog record is sent, and
+``table.send_changelog(partition, key, value, ...)``; both pinned by
+tests/unit/workers/usage/test_faust_patches.py.
 """
 
 from __future__ import annotations

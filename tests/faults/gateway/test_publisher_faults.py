@@ -13,7 +13,7 @@ import asyncio
 import time
 import uuid
 
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from gateway.cancels import Cancels
 from schemas.codec import default_codec
 from tests.support.gateway_fakes import cancels
@@ -58,11 +58,11 @@ async def cancel_steadily(gateway: Cancels, stop: asyncio.Event, asked: list[str
 
 async def test_a_cancel_asked_for_while_kafka_is_down_arrives_after_it_is_back(
         own_kafka: OwnKafka) -> None:
-    settings = Settings(kafka_bootstrap=own_kafka.bootstrap, retry_backoff_max_s=1.0,
+    settings = load_settings(kafka_bootstrap=own_kafka.bootstrap, retry_backoff_max_s=1.0,
                         topic_prefix=f"t{uuid.uuid4().hex[:10]}")
-    await ensure_topics(settings, [s for s in catalog(settings)
-                                   if s.name == CONTROL.at(settings)])
-    producer = make_producer(settings, request_timeout_ms=TIMEOUT_MS)
+    await ensure_topics(settings, [s for s in catalog(settings.kafka)
+                                   if s.name == CONTROL.at(settings.kafka)])
+    producer = make_producer(settings.kafka, request_timeout_ms=TIMEOUT_MS)
     await producer.start()
     gateway = cancels(settings, producer)
     asked: list[str] = []

@@ -10,7 +10,7 @@ from typing import Literal
 
 import redis.asyncio as aioredis
 
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from gateway.health import TaskHealth
 from gateway.replies import ReplyLease, ReplyStream
 from schemas.records import Reply
@@ -85,7 +85,7 @@ async def test_a_waiting_reader_wakes_up() -> None:
 # -- the reply-partition lease against a Redis of the test's own ---------------
 
 def lease_settings(url: str) -> Settings:
-    return Settings(topic_prefix=f"lt{uuid.uuid4().hex[:6]}", redis_url=url,
+    return load_settings(topic_prefix=f"lt{uuid.uuid4().hex[:6]}", redis_url=url,
                     reply_lease_ttl_s=0.6, retry_backoff_max_s=0.2, reply_partitions=2)
 
 
@@ -98,13 +98,13 @@ async def wait_state(health: TaskHealth, state: str, within: float = 15.0) -> No
 
 async def test_the_lease_is_taken_again_after_a_flush(own_redis: OwnRedis) -> None:
     settings = lease_settings(own_redis.url)
-    redis = aioredis.from_url(settings.redis_url)
+    redis = aioredis.from_url(settings.redis.url)
     lease = ReplyLease(settings, redis, "gw-a")
     partition = await lease.acquire()
     keeper = asyncio.create_task(lease.keep())
     try:
         own_redis.flush()
-        key = f"{settings.topic_prefix}:reply-lease:{partition}"
+        key = f"{settings.kafka.topic_prefix}:reply-lease:{partition}"
         deadline = time.monotonic() + 10
         while await redis.get(key) != b"gw-a":
             assert time.monotonic() < deadline and not keeper.done()
@@ -119,7 +119,7 @@ async def test_the_lease_is_taken_again_after_a_flush(own_redis: OwnRedis) -> No
 
 async def test_the_lease_outlives_a_redis_outage(own_redis: OwnRedis) -> None:
     settings = lease_settings(own_redis.url)
-    redis = aioredis.from_url(settings.redis_url, socket_timeout=1,
+    redis = aioredis.from_url(settings.redis.url, socket_timeout=1,
                               socket_connect_timeout=1)
     lease = ReplyLease(settings, redis, "gw-b")
     await lease.acquire()
@@ -139,12 +139,12 @@ async def test_the_lease_outlives_a_redis_outage(own_redis: OwnRedis) -> None:
 async def test_another_gateway_on_our_partition_is_a_failure_shown(
         own_redis: OwnRedis) -> None:
     settings = lease_settings(own_redis.url)
-    redis = aioredis.from_url(settings.redis_url)
+    redis = aioredis.from_url(settings.redis.url)
     lease = ReplyLease(settings, redis, "gw-c")
     partition = await lease.acquire()
     keeper = asyncio.create_task(lease.keep())
     try:
-        await redis.set(f"{settings.topic_prefix}:reply-lease:{partition}", "gw-other",
+        await redis.set(f"{settings.kafka.topic_prefix}:reply-lease:{partition}", "gw-other",
                         px=60000)
         await wait_state(lease.health, "failed")
         assert "gw-other" in lease.health.detail and not keeper.done()

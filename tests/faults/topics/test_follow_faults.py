@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from tests.support.key_backends import wait_until
 from tests.support.services import OwnKafka
 from tests.support.topics import create_topic, send_retrying
@@ -20,9 +20,9 @@ async def write(settings: Settings, topic: str, records: list[tuple[int, bytes]]
 
 async def test_several_partitions_go_on_where_they_left_off_after_a_restart(
         own_kafka: OwnKafka) -> None:
-    settings = Settings(kafka_bootstrap=own_kafka.bootstrap,
+    settings = load_settings(kafka_bootstrap=own_kafka.bootstrap,
                         topic_prefix=f"t{uuid.uuid4().hex[:10]}")
-    topic = settings.topic("several")
+    topic = settings.kafka.topic("several")
     await create_topic(own_kafka.bootstrap, topic, 3)
     await write(settings, topic, [(0, b"a0"), (1, b"b0"), (2, b"c0")])
     follower = follow(settings, topic, range(3), "beginning")

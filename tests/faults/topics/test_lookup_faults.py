@@ -16,7 +16,7 @@ import uuid
 import pytest
 
 from conveyor.errors import TransientBrokerError
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from tests.support.services import OwnKafka
 from tests.support.topics import create_topic, send_retrying
 from topics.envelope import now_ms
@@ -31,9 +31,9 @@ async def write(settings: Settings, topic: str, value: bytes) -> None:
 
 
 async def test_a_lookup_answers_again_after_the_broker_restarts(own_kafka: OwnKafka) -> None:
-    settings = Settings(kafka_bootstrap=own_kafka.bootstrap,
+    settings = load_settings(kafka_bootstrap=own_kafka.bootstrap,
                         topic_prefix=f"t{uuid.uuid4().hex[:10]}")
-    topic = settings.topic("lookup")
+    topic = settings.kafka.topic("lookup")
     await create_topic(own_kafka.bootstrap, topic, 2)
     since = now_ms() - 1000
     await write(settings, topic, b"before")

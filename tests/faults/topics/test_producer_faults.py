@@ -17,7 +17,7 @@ import time
 import uuid
 from collections import Counter
 
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from tests.support.services import OwnKafka
 from tests.support.topics import create_topic
 from topics.clients import make_producer
@@ -49,7 +49,7 @@ async def test_records_go_through_after_a_restart_that_expired_batches(
         own_kafka: OwnKafka) -> None:
     topic = f"t{uuid.uuid4().hex[:10]}.sequence"
     await create_topic(own_kafka.bootstrap, topic)
-    producer = make_producer(Settings(kafka_bootstrap=own_kafka.bootstrap),
+    producer = make_producer(load_settings(kafka_bootstrap=own_kafka.bootstrap).kafka,
                              request_timeout_ms=TIMEOUT_MS)
     await producer.start()
     outcomes: list[tuple[float, str]] = []

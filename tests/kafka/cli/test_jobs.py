@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from cli import jobs as cli_jobs
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from schemas.codec import default_codec
 from schemas.records import JobStatus
 from topics.admin import ensure_topics
@@ -25,14 +25,14 @@ def batch(job_id: str, status: str, done: int, total: int) -> dict[str, object]:
 
 
 async def publish(settings: Settings, states: list[tuple[str, int, dict[str, object]]]) -> None:
-    await ensure_topics(settings, catalog(settings))
-    producer = make_producer(settings)
+    await ensure_topics(settings, catalog(settings.kafka))
+    producer = make_producer(settings.kafka)
     await producer.start()
     try:
         for tenant, version, obj in states:
             status = JobStatus(job_id=str(obj["id"]), kind="batch", tenant=tenant,
                                version=version, ts_ms=0, object=json.dumps(obj))
-            await producer.send_and_wait(settings.topic("job-status"),
+            await producer.send_and_wait(settings.kafka.topic("job-status"),
                                          default_codec().encode("JobStatus", status),
                                          key=str(obj["id"]).encode())
     finally:
@@ -55,7 +55,7 @@ def test_progress_line_draws_a_bar() -> None:
 
 def test_list_and_watch_read_the_newest_state(services: None,
                                               capsys: pytest.CaptureFixture[str]) -> None:
-    settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    settings = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
     asyncio.run(publish(settings, [
         ("acme", 1, batch("batch_a", "in_progress", 1, 4)),
         ("acme", 3, batch("batch_a", "completed", 4, 4)),

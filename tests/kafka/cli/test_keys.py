@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 from pydantic import SecretStr
 
 from cli import keys as cli_keys
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from gateway.auth.keys import KeyStore
 from gateway.auth.types import KeyRecord
 
@@ -32,7 +32,7 @@ def run(settings: Settings, capsys: pytest.CaptureFixture[str], *argv: str
 
 
 async def lookup(settings: Settings, secret: str) -> KeyRecord | None:
-    redis = aioredis.from_url(settings.redis_url)
+    redis = aioredis.from_url(settings.redis.url)
     try:
         return await KeyStore(settings, redis).lookup(secret)
     finally:
@@ -40,9 +40,9 @@ async def lookup(settings: Settings, secret: str) -> KeyRecord | None:
 
 
 async def forget(settings: Settings) -> None:
-    redis = aioredis.from_url(settings.redis_url)
+    redis = aioredis.from_url(settings.redis.url)
     try:
-        async for key in redis.scan_iter(match=f"{settings.topic_prefix}:*"):
+        async for key in redis.scan_iter(match=f"{settings.kafka.topic_prefix}:*"):
             await redis.delete(key)
     finally:
         await redis.aclose()
@@ -50,7 +50,7 @@ async def forget(settings: Settings) -> None:
 
 @pytest.fixture
 def settings() -> Iterator[Settings]:
-    made = Settings(topic_prefix=f"kc{uuid.uuid4().hex[:10]}",
+    made = load_settings(topic_prefix=f"kc{uuid.uuid4().hex[:10]}",
                     auth_secret=SecretStr("server-secret-of-the-cli-tests"))
     yield made
     asyncio.run(forget(made))
@@ -101,7 +101,7 @@ def test_an_unknown_key_id_is_a_clear_error(settings: Settings,
 
 
 def test_create_needs_the_server_secret(capsys: pytest.CaptureFixture[str]) -> None:
-    settings = Settings(topic_prefix=f"kc{uuid.uuid4().hex[:10]}")
+    settings = load_settings(topic_prefix=f"kc{uuid.uuid4().hex[:10]}")
     code, out, err = run(settings, capsys, "keys", "create", "--tenant", "acme")
     assert code == 1 and out == "" and "CONVEYOR_AUTH_SECRET" in err
 

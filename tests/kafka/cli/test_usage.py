@@ -17,7 +17,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from cli.usage import cmd_accounting, cmd_usage, parse_time, register
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from topics.envelope import now_ms
 from workers.usage.buckets import DAY_MS, MINUTE_MS, bucket_start
 from workers.usage.layout import UsageKeys
@@ -43,7 +43,7 @@ def parser() -> argparse.ArgumentParser:
 
 @pytest.fixture
 def written(services: None) -> Iterator[Written]:
-    s = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    s = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
     now = now_ms()
     M0, D0 = bucket_start(now, "minute"), bucket_start(now, "day")
     rows = [
@@ -56,13 +56,13 @@ def written(services: None) -> Iterator[Written]:
     ]
 
     async def write() -> None:
-        redis = aioredis.from_url(s.redis_url)
-        await RedisMirror(redis, UsageKeys(s.topic_prefix)).write(rows)
+        redis = aioredis.from_url(s.redis.url)
+        await RedisMirror(redis, UsageKeys(s.kafka.topic_prefix)).write(rows)
         await redis.aclose()
 
     async def clean() -> None:
-        redis = aioredis.from_url(s.redis_url)
-        keys = [k async for k in redis.scan_iter(match=f"{s.topic_prefix}:*")]
+        redis = aioredis.from_url(s.redis.url)
+        keys = [k async for k in redis.scan_iter(match=f"{s.kafka.topic_prefix}:*")]
         if keys:
             await redis.delete(*keys)
         await redis.aclose()

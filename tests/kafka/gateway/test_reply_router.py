@@ -16,7 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaProducer
 
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from gateway.replies import ReplyLease, ReplyRouter
 from schemas.codec import default_codec
 from schemas.records import Reply
@@ -36,11 +36,11 @@ def reply(request_id: str, index: int, kind: Literal["delta", "final"] = "delta"
 
 async def test_replies_reach_their_streams_in_order_once_and_poison_is_skipped(
         services: None, redis: aioredis.Redis, caplog: pytest.LogCaptureFixture) -> None:
-    settings = Settings(topic_prefix=f"rr{uuid.uuid4().hex[:10]}", reply_partitions=1)
-    await ensure_topics(settings, [t for t in catalog(settings)
-                                   if t.name == REPLIES.at(settings)])
-    topic = REPLIES.at(settings)
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
+    settings = load_settings(topic_prefix=f"rr{uuid.uuid4().hex[:10]}", reply_partitions=1)
+    await ensure_topics(settings, [t for t in catalog(settings.kafka)
+                                   if t.name == REPLIES.at(settings.kafka)])
+    topic = REPLIES.at(settings.kafka)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap)
     await producer.start()
     await producer.send_and_wait(topic, reply("r1", 0), partition=0)  # before start: not ours
     router = ReplyRouter(settings, codec, ReplyLease(settings, redis, "gw-test"))

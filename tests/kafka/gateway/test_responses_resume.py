@@ -23,7 +23,7 @@ from pydantic import TypeAdapter
 
 from conveyor.errors import InvalidRequest, RequestError
 from conveyor.registry import Registry
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from gateway.answer import Answer
 from gateway.app import build_app
 from gateway.auth.types import Identity
@@ -91,7 +91,7 @@ def parsed(frames: list[bytes]) -> list[Any]:
 def serving(redis: aioredis.Redis | None = None, **settings: Any
             ) -> tuple[ResponsesServing, RecordingProducer]:
     producer = RecordingProducer()
-    s = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}", **settings)
+    s = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}", **settings)
     return responses_serving(s, producer, redis), producer
 
 
@@ -251,7 +251,7 @@ class Stored:
 @pytest.fixture(scope="module")
 def http() -> TestClient:
     """The gateway's own application, without its pipeline (no lifespan runs)."""
-    settings, registry = Settings(topic_prefix="rr"), Registry.load(TEST_MODELS)
+    settings, registry = load_settings(topic_prefix="rr"), Registry.load(TEST_MODELS)
     app = build_app(settings, registry)
     app.state.services = offline_services(settings, registry)
     return TestClient(app)
@@ -297,22 +297,22 @@ class Log:
         envelope = new_envelope(rid, reply_gateway="g", reply_partition=0, tenant=tenant,
                                 job_id=job_id, deadline_ms=int(time.time() * 1000) + 30_000)
         await self.producer.send_and_wait(
-            self.settings.topic("requests"),
+            self.settings.kafka.topic("requests"),
             default_codec().encode("Request", Request(envelope=envelope, generation=generation)),
             key=rid.encode())
 
     async def reply(self, r: Reply) -> None:
-        await self.producer.send_and_wait(self.settings.topic("replies"),
+        await self.producer.send_and_wait(self.settings.kafka.topic("replies"),
                                           default_codec().encode("Reply", r),
                                           key=r["envelope"]["request_id"].encode(), partition=0)
 
 
 @pytest.fixture
 async def log(services: None) -> AsyncIterator[Log]:
-    settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}", sse_keepalive_s=0.2)
-    wanted = {settings.topic("requests"), settings.topic("replies")}
-    await ensure_topics(settings, [s for s in catalog(settings) if s.name in wanted])
-    producer = make_producer(settings)
+    settings = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}", sse_keepalive_s=0.2)
+    wanted = {settings.kafka.topic("requests"), settings.kafka.topic("replies")}
+    await ensure_topics(settings, [s for s in catalog(settings.kafka) if s.name in wanted])
+    producer = make_producer(settings.kafka)
     await producer.start()
     lookup = SharedLookup(settings)
     try:
@@ -320,12 +320,12 @@ async def log(services: None) -> AsyncIterator[Log]:
     finally:
         await lookup.close()
         await producer.stop()
-        await asyncio.to_thread(drop_topics, settings.kafka_bootstrap, settings.topic_prefix)
+        await asyncio.to_thread(drop_topics, settings.kafka.bootstrap, settings.kafka.topic_prefix)
 
 
 def resume_serving(log: Log, redis: aioredis.Redis, background: Any = None,
                    **update: Any) -> ResponsesServing:
-    settings = log.settings.model_copy(update=update)
+    settings = log.settings.replace(**update)
     return responses_serving(settings, log.producer, redis, log.lookup, background)
 
 

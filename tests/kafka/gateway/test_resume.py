@@ -15,7 +15,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from conveyor.errors import InvalidRequest
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from gateway import sse
 from gateway.answer import Answer
 from gateway.cancels import ResumeWatch
@@ -72,7 +72,7 @@ def reply(index: int, kind: str, chunks: list[dict[str, Any]]) -> Reply:
 
 def serving(redis: aioredis.Redis, grace_s: float) -> tuple[ChatServing, RecordingProducer]:
     producer = RecordingProducer()
-    settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}", resume_grace_s=grace_s,
+    settings = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}", resume_grace_s=grace_s,
                         sse_keepalive_s=5)
     return chat_serving(settings, producer, redis), producer
 
@@ -141,10 +141,10 @@ class Run:
 
 async def test_workers_keep_a_watched_generation_of_a_gone_gateway(redis: aioredis.Redis
                                                                    ) -> None:
-    settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}", reply_lease_ttl_s=0.05)
+    settings = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}", reply_lease_ttl_s=0.05)
     runs = [Run(rid, {"envelope": new_envelope(rid, reply_gateway="dead", reply_partition=3)})
             for rid in ("kept", "orphan")]
-    watch = ResumeWatch(settings.model_copy(update={"reply_lease_ttl_s": 15.0}), redis)
+    watch = ResumeWatch(settings.replace(reply_lease_ttl_s=15.0), redis)
     await watch.attach("kept")
     try:
         gateways = GatewayWatch(settings, redis)
@@ -162,7 +162,7 @@ DAY_MS = 24 * 3600 * 1000
 
 
 def test_the_log_is_searched_first_where_the_id_was_made() -> None:
-    settings = Settings(clock_skew_ms=2000)
+    settings = load_settings(clock_skew_ms=2000)
     now = now_ms()
     rid = f"{now - 2 * DAY_MS:012x}" + "0" * 20  # made two days ago
     windows = lookup_windows(settings, rid, now)
@@ -173,7 +173,7 @@ def test_the_log_is_searched_first_where_the_id_was_made() -> None:
 
 
 def test_a_random_id_is_searched_in_the_recent_windows_only() -> None:
-    settings = Settings()
+    settings = load_settings()
     now = now_ms()
     # a random id whose leading digits read as a time far from now (any id not
     # made by new_request_id; one in about 10^5 random ones reads as a recent time)

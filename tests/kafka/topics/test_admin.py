@@ -18,7 +18,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from conveyor.errors import ConveyorError
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from topics.admin import Replication, choose_replication, drop_topics, ensure_topics
 from topics.catalog import catalog
 
@@ -26,7 +26,7 @@ BOOTSTRAP = "127.0.0.1:9092"
 
 
 def fresh(**overrides: Any) -> Settings:
-    return Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}", kafka_bootstrap=BOOTSTRAP,
+    return load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}", kafka_bootstrap=BOOTSTRAP,
                     **overrides)
 
 
@@ -36,21 +36,21 @@ def fresh(**overrides: Any) -> Settings:
 @pytest.mark.parametrize(("brokers", "factor", "min_insync"),
                          [(1, 1, 1), (2, 2, 1), (3, 3, 2), (5, 3, 2)])
 def test_replication_follows_the_cluster(brokers: int, factor: int, min_insync: int) -> None:
-    assert choose_replication(Settings(), brokers) == Replication(factor, min_insync, brokers)
+    assert choose_replication(load_settings(), brokers) == Replication(factor, min_insync, brokers)
 
 
 def test_replication_from_the_settings() -> None:
-    assert choose_replication(Settings(replication_factor=2), 5) == Replication(2, 1, 5)
-    assert choose_replication(Settings(min_insync_replicas=1), 3) == Replication(3, 1, 3)
-    assert choose_replication(Settings(replication_factor=3, min_insync_replicas=3),
+    assert choose_replication(load_settings(replication_factor=2), 5) == Replication(2, 1, 5)
+    assert choose_replication(load_settings(min_insync_replicas=1), 3) == Replication(3, 1, 3)
+    assert choose_replication(load_settings(replication_factor=3, min_insync_replicas=3),
                               3) == Replication(3, 3, 3)
 
 
 def test_replication_the_cluster_cannot_give_is_refused_clearly() -> None:
     with pytest.raises(ConveyorError, match="needs at least 3 brokers.*has 1"):
-        choose_replication(Settings(replication_factor=3), 1)
+        choose_replication(load_settings(replication_factor=3), 1)
     with pytest.raises(ConveyorError, match="min_insync_replicas=3 is more than"):
-        choose_replication(Settings(replication_factor=2, min_insync_replicas=3), 2)
+        choose_replication(load_settings(replication_factor=2, min_insync_replicas=3), 2)
 
 
 # -- on the broker -------------------------------------------------------------------
@@ -58,7 +58,7 @@ def test_replication_the_cluster_cannot_give_is_refused_clearly() -> None:
 
 async def _describe(settings: Settings, names: list[str]
                     ) -> tuple[dict[str, dict[str, str]], dict[str, list[Any]]]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap)
     await admin.start()
     try:
         responses = await admin.describe_configs(
@@ -76,7 +76,7 @@ async def _describe(settings: Settings, names: list[str]
 async def test_created_topics_carry_their_policies_on_the_broker(
         services: None, caplog: pytest.LogCaptureFixture) -> None:
     s = fresh()
-    specs = catalog(s, ("cpu",))
+    specs = catalog(s.kafka, ("cpu",))
     with caplog.at_level(logging.INFO, logger="topics.admin"):
         chosen = await ensure_topics(s, specs)
         again = await ensure_topics(s, specs)  # idempotent: a second process starting
@@ -91,27 +91,28 @@ async def test_created_topics_carry_their_policies_on_the_broker(
     # and the content policies applied) is compacted; the event streams are
     # deleted by age
     compacted = {n for n, c in configs.items() if c["cleanup.policy"] == "compact"}
-    assert compacted == {s.topic("workers"), s.topic("job-status"), s.topic("keys"),
-                         s.topic("breakers"), s.topic("models"), s.topic("policies")}
+    assert compacted == {s.kafka.topic(name) for name in (
+        "workers", "job-status", "keys", "breakers", "models", "policies")}
     # a worker's last heartbeat is never deleted by age, only replaced
-    assert int(configs[s.topic("workers")]["retention.ms"]) == -1
+    assert int(configs[s.kafka.topic("workers")]["retention.ms"]) == -1
     # a retry continues from conveyor.tokens: it must outlive a task's claim
-    assert int(configs[s.topic("tokens")]["retention.ms"]) >= s.progress_ttl_s * 1000
+    assert int(configs[s.kafka.topic("tokens")]["retention.ms"]) >= s.infer.progress_ttl_s * 1000
     # a finished job's result can be fetched for days, a dead letter examined for weeks
-    assert int(configs[s.topic("results")]["retention.ms"]) >= 24 * 3600 * 1000
-    assert int(configs[s.topic("dlq")]["retention.ms"]) >= 7 * 24 * 3600 * 1000
-    assert len(partitions[s.topic("infer.cpu")]) == s.infer_partitions
+    assert int(configs[s.kafka.topic("results")]["retention.ms"]) >= 24 * 3600 * 1000
+    assert int(configs[s.kafka.topic("dlq")]["retention.ms"]) >= 7 * 24 * 3600 * 1000
+    assert len(partitions[s.kafka.topic("infer.cpu")]) == s.kafka.infer_partitions
 
 
 async def test_more_replicas_than_brokers_is_refused_before_anything_is_created(
         services: None) -> None:
     s = fresh(replication_factor=3)
     with pytest.raises(ConveyorError, match="needs at least 3 brokers"):
-        await ensure_topics(s, catalog(s))
+        await ensure_topics(s, catalog(s.kafka))
     admin = AIOKafkaAdminClient(bootstrap_servers=BOOTSTRAP)
     await admin.start()
     try:
-        assert not [t for t in await admin.list_topics() if t.startswith(s.topic_prefix + ".")]
+        left = [t for t in await admin.list_topics() if t.startswith(s.kafka.topic_prefix + ".")]
+        assert not left
     finally:
         await admin.close()
 
@@ -139,7 +140,7 @@ async def test_the_worker_table_topic_keeps_the_latest_heartbeat_of_each_worker(
     latest stays (so the table a reader rebuilds is small and current). Segments
     roll every 200 ms here instead of ten minutes, so compaction is seen in a test."""
     s = fresh()
-    [workers] = [spec for spec in catalog(s) if spec.name == s.topic("workers")]
+    [workers] = [spec for spec in catalog(s.kafka) if spec.name == s.kafka.topic("workers")]
     await ensure_topics(s, [dataclasses.replace(workers, extra={"segment.ms": "200"})])
     producer = AIOKafkaProducer(bootstrap_servers=BOOTSTRAP, acks="all")
     await producer.start()
@@ -164,10 +165,10 @@ async def test_a_prefix_is_dropped_whole_and_nothing_else(services: None) -> Non
     """A finished run's topics go, Faust's changelogs with them; a prefix that
     merely starts the same keeps its own."""
     s = fresh()
-    other = f"{s.topic_prefix}x"
-    names = [s.topic("requests"), f"{s.topic_prefix}-accounting-usage-totals-changelog",
+    other = f"{s.kafka.topic_prefix}x"
+    names = [s.kafka.topic("requests"), f"{s.kafka.topic_prefix}-accounting-usage-totals-changelog",
              f"{other}.requests"]
-    admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka_bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka.bootstrap)
     await admin.start()
     try:
         await admin.create_topics([NewTopic(n, 1, 1) for n in names])
@@ -177,11 +178,11 @@ async def test_a_prefix_is_dropped_whole_and_nothing_else(services: None) -> Non
         while {t for t in await admin.list_topics() if t in names} != set(names):
             assert time.monotonic() < deadline, "the new topics never showed"
             await asyncio.sleep(0.2)
-        await asyncio.to_thread(drop_topics, s.kafka_bootstrap, s.topic_prefix)
+        await asyncio.to_thread(drop_topics, s.kafka.bootstrap, s.kafka.topic_prefix)
         deadline = time.monotonic() + 30
         while (left := {t for t in await admin.list_topics() if t in names}) != {names[2]}:
             assert time.monotonic() < deadline, left
             await asyncio.sleep(0.2)
-        await asyncio.to_thread(drop_topics, s.kafka_bootstrap, other)
+        await asyncio.to_thread(drop_topics, s.kafka.bootstrap, other)
     finally:
         await admin.close()

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from schemas.codec import default_codec
 from schemas.records import Control
 from tests.support.topics import create_topic
@@ -23,10 +23,11 @@ from topics.follow import follow
 
 async def test_events_skip_poison_and_keep_what_is_asked(
         services: None, caplog: pytest.LogCaptureFixture) -> None:
-    settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
-    await ensure_topics(settings, [s for s in catalog(settings) if s.name == CONTROL.at(settings)])
+    settings = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    control = CONTROL.at(settings.kafka)
+    await ensure_topics(settings, [s for s in catalog(settings.kafka) if s.name == control])
     codec = default_codec()
-    producer = make_producer(settings)
+    producer = make_producer(settings.kafka)
     await producer.start()
     try:
         for value, key in [(codec.encode("Control", Control(request_id="a", action="cancel",
@@ -34,7 +35,7 @@ async def test_events_skip_poison_and_keep_what_is_asked(
                            (b"not an event", b"b"),
                            (codec.encode("Control", Control(request_id="c", action="cancel",
                                                             ts_ms=2)), b"c")]:
-            await producer.send_and_wait(CONTROL.at(settings), value, key=key)
+            await producer.send_and_wait(CONTROL.at(settings.kafka), value, key=key)
     finally:
         await producer.stop()
 
@@ -51,22 +52,23 @@ async def test_events_skip_poison_and_keep_what_is_asked(
         assert await asyncio.wait_for(read(), 30) == ["a", "c"]
     skipped = [r.getMessage() for r in caplog.records if "skipping" in r.getMessage()]
     assert len(skipped) == 1
-    assert skipped[0].startswith(f"{CONTROL.at(settings)}[0]@1: skipping what is not a Control")
+    control = CONTROL.at(settings.kafka)
+    assert skipped[0].startswith(f"{control}[0]@1: skipping what is not a Control")
     assert await asyncio.wait_for(read(keep=lambda r: r.key == b"c"), 30) == ["c"]
 
 
 async def test_a_topic_named_by_a_string_has_no_decoding() -> None:
-    follower = follow(Settings(topic_prefix="t"), "t.keys")
+    follower = follow(load_settings(topic_prefix="t"), "t.keys")
     with pytest.raises(TypeError, match="a topic of the catalog"):
         await follower.events(default_codec()).__anext__()
 
 
 async def test_a_follower_of_several_partitions_reads_each_in_order_and_resumes(
         services: None) -> None:
-    settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
-    topic = CONTROL.at(settings)
-    await create_topic(settings.kafka_bootstrap, topic, 3)
-    producer = make_producer(settings)
+    settings = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    topic = CONTROL.at(settings.kafka)
+    await create_topic(settings.kafka.bootstrap, topic, 3)
+    producer = make_producer(settings.kafka)
     await producer.start()
 
     async def write(values: list[tuple[int, bytes]]) -> None:

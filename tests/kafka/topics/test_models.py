@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conveyor.registry import Registry
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from tests.support.pipeline import drop_topics
 from topics.admin import ensure_topics
 from topics.catalog import MODELS, catalog
@@ -26,12 +26,12 @@ LIVE = FILE.read_text().replace('aliases = ["smollm2"]', 'aliases = ["smollm2", 
 
 @pytest.fixture
 async def settings() -> AsyncIterator[Settings]:
-    made = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
-    await ensure_topics(made, catalog(made))
+    made = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    await ensure_topics(made, catalog(made.kafka))
     try:
         yield made
     finally:
-        await asyncio.to_thread(drop_topics, made.kafka_bootstrap, made.topic_prefix)
+        await asyncio.to_thread(drop_topics, made.kafka.bootstrap, made.kafka.topic_prefix)
 
 
 async def until(check: object, within_s: float = 10.0) -> None:
@@ -59,10 +59,10 @@ async def test_an_applied_registry_is_adopted_at_start_and_swapped_in_while_runn
         await until(lambda: running.find("smollm2-live") is not None)
         # poison first (not a record; a record whose text does not parse), then
         # a good one: the follower passes over the first two and takes the third
-        producer = make_producer(settings)
+        producer = make_producer(settings.kafka)
         await producer.start()
         try:
-            await producer.send_and_wait(MODELS.at(settings), b"not avro", key=b"registry")
+            await producer.send_and_wait(MODELS.at(settings.kafka), b"not avro", key=b"registry")
         finally:
             await producer.stop()
         broken = {**first, "text": "[models.x]\npool = ", "digest": "0badf00d0bad"}

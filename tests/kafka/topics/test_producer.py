@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import OutOfOrderSequenceNumber
 
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from topics.clients import make_consumer, make_producer
 
 BOOTSTRAP = "127.0.0.1:9092"
@@ -43,7 +43,7 @@ def punch_hole(producer: AIOKafkaProducer, topic: str) -> None:
 
 
 async def read_back(settings: Settings, topic: str, count: int) -> list[bytes]:
-    consumer = make_consumer(settings)
+    consumer = make_consumer(settings.kafka)
     await consumer.start()
     try:
         tp = TopicPartition(topic, 0)
@@ -76,8 +76,8 @@ async def test_aiokafkas_own_producer_is_refused_for_good_after_a_hole(topic: st
 
 
 async def test_conveyors_producer_delivers_each_record_once_after_a_hole(topic: str) -> None:
-    settings = Settings(kafka_bootstrap=BOOTSTRAP)
-    producer = make_producer(settings)
+    settings = load_settings(kafka_bootstrap=BOOTSTRAP)
+    producer = make_producer(settings.kafka)
     await producer.start()
     try:
         await producer.send_and_wait(topic, b"m0", partition=0)

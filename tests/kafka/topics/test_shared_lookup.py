@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from schemas.codec import default_codec
 from schemas.records import Control
 from tests.support.pipeline import drop_topics
@@ -41,16 +41,16 @@ class Written:
 async def written(services: None) -> AsyncIterator[Written]:
     """Two topics of ``PARTITIONS`` partitions, ``PER_KEY`` records for each of
     ``KEYS`` keys in each, the keys' records interleaved."""
-    settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
-    topics = [settings.topic("one"), settings.topic("two")]
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    settings = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    topics = [settings.kafka.topic("one"), settings.kafka.topic("two")]
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap)
     await admin.start()
     try:
         await admin.create_topics([NewTopic(t, PARTITIONS, 1) for t in topics])
     finally:
         await admin.close()
     since = now_ms() - 1000
-    producer = make_producer(settings)
+    producer = make_producer(settings.kafka)
     await producer.start()
     values: dict[tuple[str, str], list[tuple[int, bytes]]] = {}
     try:
@@ -66,7 +66,7 @@ async def written(services: None) -> AsyncIterator[Written]:
     try:
         yield Written(settings, topics, since, values)
     finally:
-        await asyncio.to_thread(drop_topics, settings.kafka_bootstrap, settings.topic_prefix)
+        await asyncio.to_thread(drop_topics, settings.kafka.bootstrap, settings.kafka.topic_prefix)
 
 
 async def test_concurrent_finds_from_many_tasks_get_their_own_records(written: Written
@@ -123,16 +123,17 @@ async def test_a_kept_reader_fetches_nothing_between_calls(written: Written) -> 
 
 
 async def test_find_gives_the_topics_events_and_passes_over_poison(services: None) -> None:
-    settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
-    await ensure_topics(settings, [s for s in catalog(settings) if s.name == CONTROL.at(settings)])
+    settings = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    control = CONTROL.at(settings.kafka)
+    await ensure_topics(settings, [s for s in catalog(settings.kafka) if s.name == control])
     codec = default_codec()
     events = [Control(request_id="r1", action="cancel", reason=str(n), ts_ms=n) for n in (1, 2)]
     since = now_ms() - 1000
-    producer = make_producer(settings)
+    producer = make_producer(settings.kafka)
     await producer.start()
     try:
         for value in (CONTROL.encode(codec, events[0]), b"junk", CONTROL.encode(codec, events[1])):
-            await producer.send_and_wait(CONTROL.at(settings), value, key=b"r1")
+            await producer.send_and_wait(CONTROL.at(settings.kafka), value, key=b"r1")
     finally:
         await producer.stop()
     lookup = SharedLookup(settings, timeout_s=30)
@@ -142,4 +143,4 @@ async def test_find_gives_the_topics_events_and_passes_over_poison(services: Non
         assert [record.offset for record, _ in found] == [0, 2]
     finally:
         await lookup.close()
-        await asyncio.to_thread(drop_topics, settings.kafka_bootstrap, settings.topic_prefix)
+        await asyncio.to_thread(drop_topics, settings.kafka.bootstrap, settings.kafka.topic_prefix)

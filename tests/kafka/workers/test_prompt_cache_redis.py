@@ -13,7 +13,7 @@ import pytest
 import redis.asyncio as aioredis
 
 import workers.prompt_cache as prompt_cache
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from tests.support.services import prefix_redis
 from workers.prompt_cache import MAX_TEXT_CHARS, Cached, PromptCache
 
@@ -23,7 +23,7 @@ ENTRY = Cached(text="Kafka is a distributed log. «ü»", tokens=9, finish_reaso
 
 @pytest.fixture
 def settings(services: None) -> Settings:
-    return Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    return load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
 
 
 @pytest.fixture
@@ -53,26 +53,26 @@ async def test_an_entry_is_kept_and_read_back(cache: PromptCache, settings: Sett
     assert await cache.put(key, ENTRY, 600) is True
     assert await cache.get(key) == ENTRY
     # stored where the module says, as the entry's value
-    raw = await client.get(f"{settings.topic_prefix}:cache:{key}")
+    raw = await client.get(f"{settings.kafka.topic_prefix}:cache:{key}")
     assert raw is not None and Cached.parse(raw) == ENTRY
-    assert await client.zrange(f"{settings.topic_prefix}:cache-index:acme", 0, -1) == \
-        [f"{settings.topic_prefix}:cache:{key}".encode()]
+    assert await client.zrange(f"{settings.kafka.topic_prefix}:cache-index:acme", 0, -1) == \
+        [f"{settings.kafka.topic_prefix}:cache:{key}".encode()]
     # another tenant's key is another entry
     assert await cache.get(f"globex:{digest(1)}") is None
     # a second write replaces the first
     newer = Cached(text="Kafka is a log.", tokens=5, finish_reason="length", model="m2")
     assert await cache.put(key, newer, 600) is True
     assert await cache.get(key) == newer
-    assert await client.zcard(f"{settings.topic_prefix}:cache-index:acme") == 1
+    assert await client.zcard(f"{settings.kafka.topic_prefix}:cache-index:acme") == 1
 
 
 async def test_an_entry_and_its_index_live_the_ttl(cache: PromptCache, settings: Settings,
                                                    client: aioredis.Redis) -> None:
     key = f"acme:{digest(2)}"
     assert await cache.put(key, ENTRY, 120)
-    ttl = await client.ttl(f"{settings.topic_prefix}:cache:{key}")
+    ttl = await client.ttl(f"{settings.kafka.topic_prefix}:cache:{key}")
     assert 110 <= ttl <= 120
-    index_ttl = await client.ttl(f"{settings.topic_prefix}:cache-index:acme")
+    index_ttl = await client.ttl(f"{settings.kafka.topic_prefix}:cache-index:acme")
     assert 110 <= index_ttl <= 121  # its longest-lived entry, and a second
 
 
@@ -88,9 +88,9 @@ async def test_a_tenants_oldest_entries_beyond_the_bound_are_dropped(
     assert await cache.put(other, ENTRY, 600)  # a tenant of its own bound
 
     assert [await cache.get(key) for key in keys] == [None, None, ENTRY, ENTRY, ENTRY]
-    assert await client.exists(*(f"{settings.topic_prefix}:cache:{k}" for k in keys[:2])) == 0
-    index = await client.zrange(f"{settings.topic_prefix}:cache-index:acme", 0, -1)
-    assert index == [f"{settings.topic_prefix}:cache:{k}".encode() for k in keys[2:]]
+    assert await client.exists(*(f"{settings.kafka.topic_prefix}:cache:{k}" for k in keys[:2])) == 0
+    index = await client.zrange(f"{settings.kafka.topic_prefix}:cache-index:acme", 0, -1)
+    assert index == [f"{settings.kafka.topic_prefix}:cache:{k}".encode() for k in keys[2:]]
     assert await cache.get(other) == ENTRY
 
 
@@ -102,7 +102,7 @@ async def test_an_answer_too_long_or_a_ttl_of_nothing_is_not_kept(
     assert await cache.get(f"acme:{digest(3)}") is None
     assert await cache.put(f"acme:{digest(4)}", ENTRY, 0) is False
     assert await cache.get(f"acme:{digest(4)}") is None
-    assert [k async for k in client.scan_iter(match=f"{settings.topic_prefix}:*")] == []
+    assert [k async for k in client.scan_iter(match=f"{settings.kafka.topic_prefix}:*")] == []
     # the bound itself is kept
     edge = Cached(text="y" * MAX_TEXT_CHARS, tokens=1, finish_reason="length", model="m")
     assert await cache.put(f"acme:{digest(5)}", edge, 600) is True
@@ -110,7 +110,7 @@ async def test_an_answer_too_long_or_a_ttl_of_nothing_is_not_kept(
 
 
 async def test_a_redis_that_does_not_answer_is_a_miss() -> None:
-    settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}",
+    settings = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}",
                         redis_url="redis://127.0.0.1:1/0")
     cache = PromptCache(settings)
     try:
@@ -137,5 +137,5 @@ async def test_the_bound_holds_when_a_tenants_entries_have_different_ttls(
     for n in range(20, 23):
         assert await cache.put(f"acme:{digest(n)}", ENTRY, 600)
 
-    live = [k async for k in client.scan_iter(match=f"{settings.topic_prefix}:cache:acme:*")]
+    live = [k async for k in client.scan_iter(match=f"{settings.kafka.topic_prefix}:cache:acme:*")]
     assert len(live) <= 3, f"{len(live)} entries live for a tenant bound to 3"

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from schemas.codec import EventType, default_codec
 from schemas.records import Control, Request
 from tests.support.factories import request
@@ -61,7 +61,7 @@ class ScriptedLayer:
         record_out: Any = event
         if rid.startswith("bad"):
             record_out = {"envelope": event["envelope"]}
-        return [Output(self.settings.topic("prepared"), "Request", record_out, key=rid)]
+        return [Output(self.settings.kafka.topic("prepared"), "Request", record_out, key=rid)]
 
     def committable(self, tp: TopicPartition, next_offset: int) -> int:
         return next_offset
@@ -77,14 +77,14 @@ class CancellingLayer(ScriptedLayer):
 
 @pytest.fixture
 async def settings(services: None) -> Settings:
-    s = Settings(topic_prefix=f"rt{uuid.uuid4().hex[:10]}", max_event_bytes=MAX_EVENT)
-    await ensure_topics(s, catalog(s))
+    s = load_settings(topic_prefix=f"rt{uuid.uuid4().hex[:10]}", max_event_bytes=MAX_EVENT)
+    await ensure_topics(s, catalog(s.kafka))
     return s
 
 
 @pytest.fixture
 async def producer(settings: Settings) -> AsyncIterator[AIOKafkaProducer]:
-    p = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
+    p = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap)
     await p.start()
     yield p
     await p.stop()
@@ -106,7 +106,7 @@ async def running(settings: Settings, layer: ScriptedLayer, **options: Any
 async def send(producer: AIOKafkaProducer, settings: Settings, rid: str, partition: int = 0,
                prompt: str = "hello") -> int:
     event = request(request_id=rid, kind="completion", prompt=prompt)
-    meta = await producer.send_and_wait(settings.topic("requests"),
+    meta = await producer.send_and_wait(settings.kafka.topic("requests"),
                                         codec.encode("Request", event), key=rid.encode(),
                                         partition=partition)
     return int(meta.offset)
@@ -114,12 +114,12 @@ async def send(producer: AIOKafkaProducer, settings: Settings, rid: str, partiti
 
 async def read_until(settings: Settings, topic: str, event_type: EventType,
                      done: Callable[[list[Any]], bool], within: float = 60.0) -> list[Any]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap,
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka.bootstrap,
                                 auto_offset_reset="earliest", enable_auto_commit=False)
     await consumer.start()
     seen: list[Any] = []
     try:
-        consumer.subscribe([settings.topic(topic)])
+        consumer.subscribe([settings.kafka.topic(topic)])
         deadline = time.monotonic() + within
         while time.monotonic() < deadline and not done(seen):
             batch = await consumer.getmany(timeout_ms=300)
@@ -132,8 +132,8 @@ async def read_until(settings: Settings, topic: str, event_type: EventType,
 
 
 async def committed(settings: Settings, layer: str, tp: TopicPartition) -> int | None:
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap,
-                                group_id=settings.group(layer), enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka.bootstrap,
+                                group_id=settings.kafka.group(layer), enable_auto_commit=False)
     await consumer.start()
     try:
         return await consumer.committed(tp)
@@ -188,7 +188,7 @@ async def test_an_output_too_large_goes_to_the_dlq_with_a_413_and_the_runtime_go
         assert codec.decode(big["value"], "Request")["envelope"]["request_id"] == "big-1"
         assert "MessageSizeTooLarge" in big["error"]
         assert any(x["key"] == b"bad-1" and "SchemaError" in x["error"] for x in letters)
-        tp = TopicPartition(settings.topic("requests"), 0)
+        tp = TopicPartition(settings.kafka.topic("requests"), 0)
         assert await committed_reaches(settings, tp, 3)
         assert not runtime._stopping.is_set()
 
@@ -196,7 +196,7 @@ async def test_an_output_too_large_goes_to_the_dlq_with_a_413_and_the_runtime_go
 async def test_a_slow_request_does_not_hold_up_the_others_nor_the_commit_past_it(
         settings: Settings, producer: AIOKafkaProducer) -> None:
     layer = ScriptedLayer(settings)
-    tp = TopicPartition(settings.topic("requests"), 0)
+    tp = TopicPartition(settings.kafka.topic("requests"), 0)
     async with running(settings, layer):
         slow = await send(producer, settings, "slow-1")
         await send(producer, settings, "fast-1")
@@ -229,7 +229,7 @@ async def test_events_of_one_request_keep_their_order(
 async def test_a_cancelled_request_is_dropped(
         settings: Settings, producer: AIOKafkaProducer) -> None:
     cancel = Control(request_id="gone", action="cancel", reason="client left", ts_ms=now_ms())
-    await producer.send_and_wait(settings.topic("control"), codec.encode("Control", cancel),
+    await producer.send_and_wait(settings.kafka.topic("control"), codec.encode("Control", cancel),
                                  key=b"gone")
     cancels = CancelList(settings)
     follower = asyncio.create_task(cancels.run())
@@ -266,8 +266,8 @@ async def test_an_assignment_aware_layer_hears_its_whole_assignment_after_each_r
     """Two members of one group: each hears what it holds, and together all of it
     (what the schedule layer's part of the batch share is computed from)."""
     first, second = CountingAssignments(settings), CountingAssignments(settings)
-    every = {TopicPartition(settings.topic("requests"), p)
-             for p in range(settings.pipeline_partitions)}
+    every = {TopicPartition(settings.kafka.topic("requests"), p)
+             for p in range(settings.kafka.pipeline_partitions)}
 
     async def until(check: Callable[[], bool]) -> None:
         for _ in range(200):

@@ -26,7 +26,7 @@ from fastavro import parse_schema
 from fastavro.schema import to_parsing_canonical_form
 
 from cli import dlq as cli_dlq
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from schemas.codec import Codec, default_codec
 from tests.support.factories import request as make_request
 from tests.support.pipeline import Pipeline
@@ -52,10 +52,10 @@ def newer_request_schema(tmp: Path) -> Path:
 
 
 async def produce(settings: Settings, key: str, value: bytes) -> None:
-    producer = make_producer(settings)
+    producer = make_producer(settings.kafka)
     await producer.start()
     try:
-        await producer.send_and_wait(settings.topic("requests"), value, key=key.encode())
+        await producer.send_and_wait(settings.kafka.topic("requests"), value, key=key.encode())
     finally:
         await producer.stop()
 
@@ -70,7 +70,7 @@ async def record_at(settings: Settings, where: str) -> tuple[bytes | None, bytes
 
 
 def test_event_type_of_names_what_each_topic_carries() -> None:
-    s = Settings(topic_prefix="x")
+    s = load_settings(topic_prefix="x")
     assert cli_dlq.event_type_of(s, "x.requests") == "Request"
     assert cli_dlq.event_type_of(s, "x.infer.cpu") == "Task"
     assert cli_dlq.event_type_of(s, "y.requests") is None
@@ -97,7 +97,7 @@ def test_a_poison_fixed_by_a_schema_upgrade_is_redriven_once(
             time.sleep(0.5)
     assert letter is not None, "the poison did not reach the DLQ"
     assert letter["layer"] == "preprocess" and not letter["redriven"]
-    assert letter["source"].startswith(settings.topic("requests") + "[")
+    assert letter["source"].startswith(settings.kafka.topic("requests") + "[")
     assert "unknown schema fingerprint" in letter["error"]
     offset = letter["offset"]
 

@@ -61,11 +61,11 @@ def test_inspect_names_every_layer_of_a_finished_request(
     assert "prompt" not in rep and "pumpkin" not in json.dumps(rep)
     # the gateway's producer put the request in its id's murmur2 partition,
     # and the lookup read that partition only
-    requests = [x for x in rep["read"] if x["topic"] == settings.topic("requests")]
+    requests = [x for x in rep["read"] if x["topic"] == settings.kafka.topic("requests")]
     assert [x["partition"] for x in requests] == [
-        key_partition(rid.encode(), settings.pipeline_partitions)]
+        key_partition(rid.encode(), settings.kafka.pipeline_partitions)]
     assert rep["layers"]["gateway"][0].startswith(
-        f"{settings.topic('requests')}[{requests[0]['partition']}]@")
+        f"{settings.kafka.topic('requests')}[{requests[0]['partition']}]@")
 
     assert run(settings, rid, "--show-content") == 0
     text = capsys.readouterr().out

@@ -24,7 +24,7 @@ import pytest
 
 from cli import replay as cli_replay
 from cli.dlq import read_letters
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from schemas.codec import default_codec
 from tests.pipeline.cli.test_dlq import newer_request_schema, produce
 from tests.support.factories import request as make_request
@@ -53,10 +53,10 @@ def test_through_names_consecutive_replayable_layers() -> None:
 
 
 def test_scratch_settings_keep_everything_but_the_prefix() -> None:
-    s = Settings(topic_prefix="live")
+    s = load_settings(topic_prefix="live")
     scratch = cli_replay.scratch_settings(s, now_ms=1234)
-    assert scratch.topic("prepared") == "replay1234.prepared"
-    assert scratch.kafka_bootstrap == s.kafka_bootstrap and s.topic_prefix == "live"
+    assert scratch.kafka.topic("prepared") == "replay1234.prepared"
+    assert scratch.kafka.bootstrap == s.kafka.bootstrap and s.kafka.topic_prefix == "live"
 
 
 def _layer(rep: dict[str, Any], name: str) -> dict[str, Any]:
@@ -80,11 +80,11 @@ def test_a_finished_request_replays_to_its_recorded_outputs(
     assert rep["same"] and rep["scratch_prefix"].startswith("replay")
     assert rep["ignored"] == ["envelope.stamps", "envelope.attempt", "envelope.reply_partition"]
     pre = _layer(rep, "preprocess")
-    assert pre["inputs"][0].startswith(settings.topic("requests") + "[")
+    assert pre["inputs"][0].startswith(settings.kafka.topic("requests") + "[")
     assert pre["error"] == {"recorded": None, "replayed": None, "same": True}
     [pair] = pre["outputs"]
     assert pair["same"] and pair["differ"] == []
-    assert pair["recorded_at"].startswith(settings.topic("prepared") + "[")
+    assert pair["recorded_at"].startswith(settings.kafka.topic("prepared") + "[")
     recorded, replayed = pair["recorded"], pair["replayed"]
     for f in ("text", "tokens", "fingerprint", "max_tokens", "exact"):
         assert replayed["prompt"][f] == recorded["prompt"][f], f
@@ -102,7 +102,7 @@ def test_a_finished_request_replays_to_its_recorded_outputs(
     route = _layer(rep, "route")
     assert rep["same"] and route["inputs"] == ["replayed preprocess"]
     assert route["outputs"][0]["same"]
-    assert route["outputs"][0]["recorded_at"].startswith(settings.topic("routed") + "[")
+    assert route["outputs"][0]["recorded_at"].startswith(settings.kafka.topic("routed") + "[")
     assert "mango" not in out  # no content without --show-content
 
     code, out, _ = run(settings, capsys, rid, "--through", "preprocess,route")
@@ -112,10 +112,10 @@ def test_a_finished_request_replays_to_its_recorded_outputs(
     code, out, err = run(settings, capsys, rid, "--through", "postprocess", "--json")
     assert code == 0, err
     post = _layer(json.loads(out), "postprocess")
-    assert post["inputs"][0].startswith(settings.topic("tokens") + "[")
+    assert post["inputs"][0].startswith(settings.kafka.topic("tokens") + "[")
     assert post["recorded_outputs"] == post["replayed_outputs"] >= 1
     assert post["same"], json.dumps(post, indent=1)
-    assert post["outputs"][-1]["recorded_at"].startswith(settings.topic("replies") + "[")
+    assert post["outputs"][-1]["recorded_at"].startswith(settings.kafka.topic("replies") + "[")
 
     code, _, err = run(settings, capsys, rid, "--through", "schedule")
     assert code == 2 and "worker partition" in err

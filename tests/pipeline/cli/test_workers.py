@@ -17,7 +17,8 @@ def test_every_worker_of_the_pipeline_is_listed_live(pipeline: Pipeline) -> None
         row = by_id[worker]
         assert row["live"] and row["state"] == "ready" and row["pool"] == "cpu"
         assert row["engine"] == "scripted" and row["capacity"] == 2 and row["partitions"]
-        assert row["kv"] is None and row["heartbeat_age_s"] < pipeline.settings.worker_ttl_s
+        assert row["kv"] is None
+        assert row["heartbeat_age_s"] < pipeline.settings.schedule.worker_ttl_s
     assert json.loads(pipeline.cli("workers", "--json", "--pool", "gpu")) == []
     table = pipeline.cli("workers").splitlines()
     assert table[0].split()[:3] == ["WORKER", "POOL", "ENGINE"]

@@ -4,7 +4,7 @@ heartbeats made here: who is live, what the KV cache holds, the GPU."""
 from __future__ import annotations
 
 from cli.workers import describe, render
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from schemas.records import WorkerHeartbeat
 from topics.envelope import now_ms
 
@@ -20,7 +20,7 @@ def beat(worker: str, age_ms: int, **fields: object) -> WorkerHeartbeat:
 
 
 def test_the_table_shows_kv_gpu_and_who_is_gone() -> None:
-    settings = Settings(topic_prefix="workers-table")
+    settings = load_settings(topic_prefix="workers-table")
     now = now_ms()
     kv = {"usage": 0.25, "total_blocks": 4096, "free_blocks": 3072, "cached_blocks": 500,
           "block_tokens": 1, "prefix_queries": 1000, "prefix_hits": 400}
@@ -36,7 +36,7 @@ def test_the_table_shows_kv_gpu_and_who_is_gone() -> None:
 
 
 def test_the_table_shows_each_worker_s_breaker() -> None:
-    settings = Settings(topic_prefix="workers-table")
+    settings = load_settings(topic_prefix="workers-table")
     now = now_ms()
     opened = {"worker_id": "a", "pool": "cpu", "state": "open", "failures": 3,
               "until_ms": now + 12_000, "reason": "upstream refused", "ts_ms": now}
@@ -50,7 +50,7 @@ def test_the_table_shows_each_worker_s_breaker() -> None:
 
 
 def test_the_table_shows_the_host_cache_of_a_llamacpp_worker() -> None:
-    settings = Settings(topic_prefix="workers-table")
+    settings = load_settings(topic_prefix="workers-table")
     now = now_ms()
     held = {"held_bytes": 300 << 20, "entries": 12, "saved": 40, "restored": 31, "evicted": 2}
     rows = [describe(beat("a", 500, host_cache=held), settings, now),

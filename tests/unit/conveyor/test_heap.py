@@ -14,7 +14,7 @@ import pytest
 
 import cli.main as cli_main
 from conveyor import heap
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 
 _PROBE = """
 import gc, json, sys
@@ -54,7 +54,7 @@ def test_a_process_settles_once_every_part_of_it_has_started(
     async def scenario() -> None:
         first, second = asyncio.Event(), asyncio.Event()
         settling = asyncio.create_task(
-            cli_main._settle_when(Settings(gc_threshold=5_000), "layers", first, second))
+            cli_main._settle_when(load_settings(gc_threshold=5_000), "layers", first, second))
         first.set()
         await asyncio.sleep(0.01)
         assert calls == []  # one part is still starting

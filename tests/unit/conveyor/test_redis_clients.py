@@ -27,7 +27,7 @@ from conveyor.redis_clients import (
     redis_client,
     redis_error,
 )
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 
 
 def dead_url() -> str:
@@ -39,9 +39,9 @@ def dead_url() -> str:
 
 def test_every_role_has_its_timeouts() -> None:
     assert set(ROLES) == set(get_args(RedisRole))
-    settings = Settings()
+    settings = load_settings()
     for role, chosen in ROLES.items():
-        client = redis_client(settings, role)
+        client = redis_client(settings.redis, role)
         made = client.connection_pool.connection_kwargs
         assert made["socket_timeout"] == chosen.socket_timeout_s, role
         assert made["socket_connect_timeout"] == chosen.connect_timeout_s, role
@@ -91,7 +91,7 @@ def test_the_boundary_translates_and_keeps_the_cause() -> None:
 
 def test_a_redis_that_is_not_there_is_unavailable() -> None:
     async def ping() -> None:
-        client = redis_client(Settings(redis_url=dead_url()), "cli")
+        client = redis_client(load_settings(redis_url=dead_url()).redis, "cli")
         try:
             with redis_boundary("pinging"):
                 await client.ping()

@@ -12,7 +12,7 @@ import pytest
 
 from conveyor.errors import ConveyorError, ModelNotFound
 from conveyor.registry import ModelSpec, Registry, locate_gguf
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from topics.catalog import catalog, infer_topic
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -27,7 +27,7 @@ def models_file(request: pytest.FixtureRequest) -> Path:
 
 
 def test_the_default_settings_load_a_registry_with_a_model() -> None:
-    registry = Registry.load(Settings().models_file)
+    registry = Registry.load(load_settings().process.models_file)
     assert registry.models
 
 
@@ -50,12 +50,12 @@ def test_no_name_is_given_to_two_models(models_file: Path) -> None:
 def test_every_pool_has_a_task_topic_in_the_catalog(models_file: Path) -> None:
     """``conveyor topics`` creates infer.<pool> for the pools it reads from the
     registry: a model whose pool had no topic could never be scheduled."""
-    settings = Settings(topic_prefix="treg")
+    settings = load_settings(topic_prefix="treg")
     registry = Registry.load(models_file)
-    topics = {spec.name for spec in catalog(settings, registry.pools())}
+    topics = {spec.name for spec in catalog(settings.kafka, registry.pools())}
     for spec in registry.models.values():
         for served in [registry.resolve(d) for d, _ in spec.deployments] or [spec]:
-            assert infer_topic(settings, served.pool) in topics, spec.name
+            assert infer_topic(settings.kafka, served.pool) in topics, spec.name
 
 
 def test_every_default_answer_fits_its_context(models_file: Path) -> None:

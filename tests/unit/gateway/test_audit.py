@@ -10,13 +10,13 @@ import pytest
 from aiokafka.errors import KafkaConnectionError
 
 from conveyor.errors import PipelineUnavailable
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from gateway.audit import Audit, audit_event
 from gateway.publisher import Publisher
 from schemas.codec import default_codec
 from tests.support.gateway_fakes import ScriptedProducer, publisher
 
-SETTINGS = Settings(topic_prefix="au", produce_timeout_s=0.2)
+SETTINGS = load_settings(topic_prefix="au", produce_timeout_s=0.2)
 
 
 async def test_write_fills_the_actor_and_keys_by_tenant_else_actor() -> None:

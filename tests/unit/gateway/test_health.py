@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from gateway.health import Health
 from workers.schedule.breakers import Breakers
 
@@ -59,7 +59,7 @@ async def test_a_task_that_ended_is_failed_whatever_it_said() -> None:
 def test_the_fleets_open_breakers_are_shown_and_leave_the_gateway_healthy() -> None:
     health = Health("gw-1")
     health.part("replies").set("ok")
-    breakers = Breakers.of(Settings(topic_prefix="h"), clock=lambda: 10_000)
+    breakers = Breakers.of(load_settings(topic_prefix="h"), clock=lambda: 10_000)
     health.extras["breakers"] = breakers.report
     assert health.report() == (True, {"status": "ok", "gateway": "gw-1", "tasks": {
         "replies": health.parts[0].as_dict()}, "breakers": {}})

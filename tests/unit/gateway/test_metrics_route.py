@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from conveyor.metrics import Metrics, process_metrics
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from gateway.metrics_route import install_metrics
 
 
@@ -20,7 +20,7 @@ def _app(**settings: object) -> tuple[FastAPI, Metrics]:
     async def ping() -> dict[str, str]:
         return {"ok": "yes"}
 
-    metrics, _ = install_metrics(app, Settings(**settings))  # type: ignore[arg-type]
+    metrics, _ = install_metrics(app, load_settings(**settings))  # type: ignore[arg-type]
     return app, metrics
 
 
@@ -44,7 +44,8 @@ def test_metrics_off_leaves_a_process_port_unserved() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    metrics = process_metrics(Settings(metrics_enabled=False, metrics_port=port), "layers")
+    metrics = process_metrics(load_settings(metrics_enabled=False, metrics_port=port).telemetry,
+                              "layers")
     try:
         assert not metrics.enabled
         try:

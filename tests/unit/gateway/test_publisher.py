@@ -21,7 +21,7 @@ from conveyor.errors import (
     SchemaError,
     TransientBrokerError,
 )
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from gateway.publisher import NotTakenInTime, Publisher
 from schemas.codec import default_codec
 from schemas.records import Control, Request
@@ -37,7 +37,7 @@ def make(*script: Any, **settings: Any) -> tuple[Publisher, ScriptedProducer]:
     producer = ScriptedProducer(list(script))
     values: dict[str, Any] = {"topic_prefix": "pb", "produce_timeout_s": 0.2,
                               "retry_backoff_max_s": 0.02, **settings}
-    return Publisher(Settings(**values), producer, default_codec()), producer  # type: ignore[arg-type]
+    return Publisher(load_settings(**values), producer, default_codec()), producer  # type: ignore[arg-type]
 
 
 def request(rid: str = "r1") -> Request:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from gateway.replies import ReplyStream
 from gateway.submission import Submitter
 from schemas.codec import default_codec
@@ -52,7 +52,7 @@ class BrokerStandIn:
 def submitting(producer: BrokerStandIn, unreachable: bool = False,
                **settings: Any) -> tuple[Submitter, SubmitRouter]:
     router = SubmitRouter(unreachable=unreachable)
-    s = Settings(topic_prefix="sv", produce_timeout_s=0.2, **settings)
+    s = load_settings(topic_prefix="sv", produce_timeout_s=0.2, **settings)
     return submitter(s, producer, router), router
 
 
@@ -79,7 +79,7 @@ async def test_a_cancel_kafka_refuses_for_now_still_arrives() -> None:
     from aiokafka.errors import KafkaConnectionError, NotLeaderForPartitionError
 
     producer = ScriptedProducer([KafkaConnectionError("refused"), NotLeaderForPartitionError()])
-    settings = Settings(topic_prefix="sv", retry_backoff_max_s=0.02)
+    settings = load_settings(topic_prefix="sv", retry_backoff_max_s=0.02)
     cancels(settings, producer).cancel("r1", "client disconnected")
     for _ in range(200):
         if producer.sent:

@@ -8,13 +8,13 @@ from __future__ import annotations
 import asyncio
 import time
 
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from topics.follow import Follower
 
 
 def quick_follower() -> Follower:
     # blind 0.3 s after the last answer
-    return Follower(Settings(topic_prefix="t"), "t.replies", 0, "end", poll_ms=100,
+    return Follower(load_settings(topic_prefix="t"), "t.replies", 0, "end", poll_ms=100,
                     probe_s=0.1, probe_timeout_s=0.1)
 
 

@@ -12,7 +12,7 @@ import pytest
 from aiokafka.errors import KafkaConnectionError, NodeNotReadyError
 
 from conveyor.errors import TransientBrokerError
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from topics.lookup import LookupClosed, Record, SharedLookup
 
 Behaviour = Callable[["ScriptedReader", str | None], Awaitable[list[Any]]]
@@ -83,7 +83,7 @@ class Readers:
 
 
 def shared(readers: Readers, size: int = 4, timeout_s: float = 2.0) -> SharedLookup:
-    return SharedLookup(Settings(topic_prefix="lk"), readers=size, timeout_s=timeout_s,
+    return SharedLookup(load_settings(topic_prefix="lk"), readers=size, timeout_s=timeout_s,
                         make_reader=readers)
 
 
@@ -237,4 +237,4 @@ async def test_close_stops_every_reader_and_refuses_later_calls() -> None:
 
 def test_a_lookup_needs_a_reader() -> None:
     with pytest.raises(ValueError):
-        SharedLookup(Settings(topic_prefix="lk"), readers=0)
+        SharedLookup(load_settings(topic_prefix="lk"), readers=0)

@@ -9,7 +9,7 @@ import pytest
 
 from cli.dlq import event_type_of
 from conveyor.errors import SchemaError
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from schemas.codec import EVENT_TYPES, default_codec
 from schemas.records import Control
 from topics.catalog import CONTROL, INFER, KEYS, REQUESTS, TOKENS, TOPICS, catalog, topic_named
@@ -23,17 +23,17 @@ def test_names_are_unique_and_events_are_known() -> None:
 
 
 def test_the_catalog_is_the_table_plus_the_pools() -> None:
-    s = Settings(topic_prefix="tt", pipeline_partitions=3, reply_partitions=5)
-    specs = {spec.name: spec for spec in catalog(s, ("cpu",))}
-    assert set(specs) == {t.at(s) for t in TOPICS} | {"tt.infer.cpu"}
-    assert specs[TOKENS.at(s)].partitions == 3 and specs["tt.replies"].partitions == 5
-    assert specs[KEYS.at(s)].configs()["cleanup.policy"] == "compact"
+    s = load_settings(topic_prefix="tt", pipeline_partitions=3, reply_partitions=5)
+    specs = {spec.name: spec for spec in catalog(s.kafka, ("cpu",))}
+    assert set(specs) == {t.at(s.kafka) for t in TOPICS} | {"tt.infer.cpu"}
+    assert specs[TOKENS.at(s.kafka)].partitions == 3 and specs["tt.replies"].partitions == 5
+    assert specs[KEYS.at(s.kafka)].configs()["cleanup.policy"] == "compact"
 
 
 def test_a_topic_is_found_by_its_full_name_and_gives_its_event_type() -> None:
-    s = Settings(topic_prefix="tt")
-    assert topic_named(s, "tt.requests") is REQUESTS
-    assert topic_named(s, "other.requests") is None
+    s = load_settings(topic_prefix="tt")
+    assert topic_named(s.kafka, "tt.requests") is REQUESTS
+    assert topic_named(s.kafka, "other.requests") is None
     assert event_type_of(s, "tt.tokens") == "TokenChunk"
     assert event_type_of(s, "tt.infer.gpu") == "Task"
     assert event_type_of(s, "tt.keys") is None  # two event types: the letter's must say

@@ -10,13 +10,13 @@ import pytest
 from aiokafka import ConsumerRecord
 
 from conveyor.errors import SchemaError
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from schemas.codec import default_codec
 from tests.support.factories import request
 from workers.failures import dead_letter, failure_outputs
 from workers.outputs import Output, Sender
 
-SETTINGS = Settings(topic_prefix="t")
+SETTINGS = load_settings(topic_prefix="t")
 
 
 def record(topic: str) -> Any:

@@ -3,7 +3,7 @@ output still goes through, none is given up (dead-lettered) for it."""
 
 from __future__ import annotations
 
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from schemas.codec import default_codec
 from schemas.records import Control
 from tests.unit.topics.test_producer import FakeKafkaProducer, producer_over
@@ -21,7 +21,7 @@ async def test_outputs_refused_for_a_broken_sequence_are_produced_not_given_up()
     broken, fresh = FakeKafkaProducer("old", refuse_from=1), FakeKafkaProducer("new")
     producer = producer_over(broken, fresh)
     await producer.start()
-    sender = Sender(Settings(retry_backoff_max_s=0.01), producer, default_codec())
+    sender = Sender(load_settings(retry_backoff_max_s=0.01), producer, default_codec())
     await sender.produce([cancel(0), cancel(1)])
     await sender.produce([cancel(2)])
     assert len(broken.written) == 1 and len(fresh.written) == 2
@@ -32,5 +32,5 @@ async def test_a_second_refusal_is_retried_by_the_sender() -> None:
     producer = producer_over(FakeKafkaProducer("a", refuse_from=0),
                              FakeKafkaProducer("b", refuse_from=0), FakeKafkaProducer("c"))
     await producer.start()
-    sender = Sender(Settings(retry_backoff_max_s=0.01), producer, default_codec())
+    sender = Sender(load_settings(retry_backoff_max_s=0.01), producer, default_codec())
     await sender.produce([cancel(0)])

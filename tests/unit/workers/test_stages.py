@@ -9,7 +9,7 @@ import pytest
 from cli.main import _parser
 from cli.replay import REPLAYABLE
 from conveyor.registry import Registry
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from tests.support.pipeline import TEST_MODELS
 from workers.layer import Layer
 from workers.stages import STAGES, Stage, UnknownStage, stage, stage_names
@@ -18,7 +18,7 @@ from workers.stages import STAGES, Stage, UnknownStage, stage, stage_names
 @pytest.mark.parametrize("declared", STAGES, ids=lambda s: s.name)
 async def test_each_factory_builds_the_layer_its_stage_declares(
         declared: Stage, tmp_path: Path) -> None:
-    settings = Settings(topic_prefix="tstages", models_file=TEST_MODELS,
+    settings = load_settings(topic_prefix="tstages", models_file=TEST_MODELS,
                         files_dir=tmp_path)
     layer: Layer = declared.make(settings, Registry.load(TEST_MODELS))
     try:

@@ -3,21 +3,11 @@
     python -m workers.infer.engines.gguf_precision smollm2 --type f16
 
 prints the converted file, converting only when it is not there yet. A model
-whose ``precision`` in ``conveyor/models.toml`` is not ``source`` is converted
-on its first use anyway (:func:`conveyor.registry.precise_gguf`, seconds for
-SmolLM2-135M); this command does it before a worker starts, for an image
-build or a host whose first start should not wait. Why SmolLM2 runs at f16:
-docs/decisions/0008-default-model-precision.md.
-
-Decisions:
-
-* **llama.cpp's own converter**, not the ``gguf`` package: llama-cpp-python
-  is already a dependency of every worker, its converter dequantizes any
-  source type (Q4_1 here) and keeps every metadata key (the tokenizer and
-  the chat template), and the worker's first start needs it in the ground
-  (``conveyor/``), below any package that could hold a second converter.
-* **The same cache as the vLLM engine's weights** (``CONVEYOR_MODEL_CACHE``,
-  else ``~/.cache/conveyor/models``), keyed on the source file's sha256.
+whose ``precision`` is not ``source`` is converted on first use anyway
+(:func:`conveyor.registry.precise_gguf`); this does it before a worker starts
+(why f16: docs/decisions/0008-default-model-precision.md). It uses llama.cpp's
+own converter (every worker has it; it dequantizes any source type and keeps
+every metadata key) and the vLLM weights' cache, keyed on the source's sha256.
 """
 
 from __future__ import annotations
@@ -52,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.models is None:
         from conveyor.settings import load_settings
 
-        args.models = load_settings().models_file
+        args.models = load_settings().process.models_file
     try:
         spec = Registry.load(args.models).resolve(args.model)
         precision: Precision = args.type or spec.precision

@@ -1,49 +1,32 @@
 """An engine that decodes its sequences together in batched llama.cpp contexts (CPU).
 
-Where :mod:`workers.infer.engines.llamacpp` gives every request a context of
-its own, this engine keeps ``contexts`` batched contexts (default 2, one a
-core), each with its share of the ``sequences`` and a thread of its own, and
-advances all the sequences of a context with a single ``llama_decode`` per
-step: the weights are read once a step for all of them.
+The one llama.cpp engine (``--engine llamacpp``; ``llamacpp-batch`` is its
+former name). ``contexts`` batched contexts (default 2, one a core), each with
+its share of the ``sequences`` and a thread of its own, advance all their
+sequences with one ``llama_decode`` a step. Why, and what each choice
+measured: docs/decisions/0007-batching.md, 0028-one-llama-cpp-engine.md.
 
-* Each context's thread owns it (making it, every decode and sampling,
-  freeing); sequences join and leave between steps, so closing a generator
-  frees its sequence within one step. Prompts are tokenized on the event
-  loop, so that the engine can route them.
-* A new sequence goes to the least busy context, among equally busy ones to
-  the one whose free slots hold the longest prefix of its prompt; a busier
-  context wins it only when its prefix is longer by ``prefill_chunk``
-  tokens. The route is a hint: the context's thread picks its slot from
-  what it really holds (``llamacpp_prompts.reuse_score``; with
-  ``host_cache_bytes``, from host memory too: llamacpp_cache), and the
-  reuse is reported as ``cached_tokens``.
-* A prompt reuses only what prompts of its ``cache_salt`` (its tenant's)
-  left: a slot keeps the salt of what it holds, and a slot or saved
-  sequence of another salt serves it nothing, in routing as in reuse.
-* A step is one batch: each running sequence's last token, and at most
-  ``prefill_chunk`` prompt tokens of sequences still reading their prompt.
-* One unified KV cache per context, every sequence kept within ``n_ctx``
-  positions: a prompt of ``n_ctx`` tokens or more is an
-  :class:`~conveyor.errors.EngineError`, an answer that reaches it ends with
-  ``length``.
-* Greedy answers are the same alone or beside other streams, but
-  ``reproducible_seeds`` is False: the sequences share a cache whose layout
-  changes flash attention's rounding, so a seeded sample may differ; a
-  seeded request that must repeat belongs on
-  :class:`~workers.infer.engines.llamacpp.LlamaCppEngine` or vLLM.
-* Flash attention as llama.cpp chooses it ("auto": on, on a CPU); OpenAI's
-  sampling order (penalties over the last 64 tokens, temperature, ``top_p``,
-  a seeded draw; greedy at ``temperature <= 0``); text through an
-  incremental UTF-8 decoder, held back where it may begin a stop string;
-  each piece ``tokens=1``, the last carrying the difference to the tokens
-  sampled. Prompts are rendered as ``LlamaCppEngine`` renders them, and
-  every failure inside llama.cpp surfaces from :meth:`generate` as an
-  :class:`~conveyor.errors.EngineError`.
-
-Why batched contexts of one thread, why the patched kernels
-(``infra/llama.sh``), and what each measured:
-docs/decisions/0007-batching.md (seeded samples:
-docs/decisions/0009-same-answer-at-temperature-0.md).
+* Each context's thread owns it (making, decoding, sampling, freeing);
+  sequences join and leave between steps, so a closed generator frees its
+  sequence within one step. Prompts are tokenized on the event loop.
+* A new sequence goes to the least busy context, among equals to the one
+  whose free slots hold the longest prefix of its prompt; a busier context
+  wins only with a prefix longer by ``prefill_chunk`` tokens. The context's
+  thread picks the slot (``llamacpp_prompts.reuse_score``, and host memory
+  with ``host_cache_bytes``: llamacpp_cache); the reuse is ``cached_tokens``.
+  A prompt reuses only what prompts of its ``cache_salt`` left.
+* A step is each running sequence's last token and at most ``prefill_chunk``
+  prompt tokens. One unified KV cache per context, each sequence within
+  ``n_ctx`` positions: a longer prompt is an :class:`~conveyor.errors.EngineError`,
+  an answer that reaches it ends with ``length``.
+* Greedy answers are the same alone or beside other streams; seeded samples
+  may differ (``reproducible_seeds`` False: docs/decisions/0009-same-answer-at-temperature-0.md).
+* OpenAI's sampling order (llamacpp_sampling); text through an incremental
+  UTF-8 decoder, held back where it may begin a stop string; each piece
+  ``tokens=1``, the last carrying the rest of the tokens sampled. A chat
+  preprocess did not render gets the GGUF's chat template. Failures inside
+  llama.cpp surface from :meth:`generate` as EngineError (a request's own
+  fault, a :class:`~conveyor.errors.RequestError`, as itself).
 """
 
 from __future__ import annotations
@@ -57,10 +40,9 @@ from typing import Any, cast
 from llama_cpp import Llama
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from conveyor.errors import EngineError
+from conveyor.errors import EngineError, RequestError
 from conveyor.registry import ModelSpec
 from workers.infer.engines.base import GenerationRequest, HostCacheStats, KvState, Piece
-from workers.infer.engines.llamacpp import pieces_from
 from workers.infer.engines.llamacpp_batch_context import Context, Item, Sequence
 from workers.infer.engines.llamacpp_cache import (
     HostCache,
@@ -86,7 +68,7 @@ class LlamaCppBatchEngine:
         n_ctx: int = 2048,
         n_threads: int = 1,
         prefill_chunk: int = 128,
-        name: str = "llamacpp-batch",
+        name: str = "llamacpp",
         host_cache_bytes: int = 0,
     ) -> None:
         if sequences < 1 or contexts < 1:
@@ -284,6 +266,21 @@ class LlamaCppBatchEngine:
         self._llm = self._chat = None
         for executor in executors:
             executor.shutdown(wait=True)
+
+
+async def pieces_from(queue: asyncio.Queue[Item]) -> AsyncGenerator[Piece, None]:
+    """The pieces a context's thread puts on ``queue`` up to the last one; an
+    exception it puts there is raised as an EngineError (a request's own fault,
+    a RequestError, as itself)."""
+    while True:
+        item = await queue.get()
+        if isinstance(item, (EngineError, RequestError)):
+            raise item
+        if isinstance(item, BaseException):
+            raise EngineError(f"llama.cpp failed: {item}") from item
+        yield item
+        if item.finish_reason is not None:
+            return
 
 
 def _shares(sequences: int, contexts: int) -> list[int]:

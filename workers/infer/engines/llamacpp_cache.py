@@ -1,34 +1,23 @@
 """The KV caches of finished conversations, kept in host memory.
 
-A llama.cpp context holds the KV cache of one prompt: when a new
-conversation takes the context, the last one's cache is gone, and its next
-turn evaluates its whole history again (seconds on a CPU for a long system
-prompt). A GPU engine keeps many prompts' blocks (vLLM's prefix cache); this
-is the same for the CPU engine, as llama.cpp's own server keeps a prompt
-cache in RAM:
+A slot of a llama.cpp context holds one prompt's KV cache; when a new
+conversation takes it, the last one's next turn would evaluate its whole
+history again. As vLLM's prefix cache and llama.cpp's server prompt cache:
 
-* **Saved when evicted, not after every answer.** Before a context starts a
-  prompt that would throw away at least ``min_tokens`` of what it holds, the
-  sequence it holds is copied out (``llama_state_seq_get_data``: its KV cells
-  only, about 23 KB a token for SmolLM2-135M) under its tokens. An answer
-  that the next turn continues in the same context costs no copy at all.
-* **Restored when it beats the context.** A prompt whose longest cached
-  prefix here is at least ``min_tokens`` longer than what the chosen context
-  already shares with it gets that sequence copied back in
-  (``llama_state_seq_set_data``) before the prompt is evaluated; only the new
-  tokens are evaluated then. The bytes are the ones the model computed, so a
-  restored prefix gives the answer the same context would have given. A
-  restored sequence leaves the cache: its context holds it now, and saves it
-  again (grown by the turn) when it moves on.
-* **Bounded in bytes, least recently used out**, and a saved sequence that
-  is a prefix of a newer one is dropped (the newer holds it all). One lock:
-  the engine's context threads share the cache; the copies themselves run
-  outside it.
-* **Keyed by salt and tokens.** A sequence is saved under the salt of the
-  prompts that made it (their tenant's, workers/prefix.py) and restored only
-  for a prompt of the same salt: a tenant never gets another's cells, nor
-  learns from ``cached_tokens`` what another sent. A context holding another
-  salt's sequence shares nothing with the prompt, so it is saved and emptied.
+* **Saved when evicted.** Before a slot starts a prompt that throws away at
+  least ``min_tokens`` of what it holds, its sequence's KV cells are copied
+  out (``llama_state_seq_get_data``) under its tokens. A next turn in the
+  same slot costs no copy.
+* **Restored when it beats the slot.** A prompt whose longest saved prefix
+  is ``min_tokens`` longer than what the chosen slot shares with it gets that
+  sequence copied in (``llama_state_seq_set_data``); the model's own bytes,
+  so the same answer. A restored sequence leaves the cache (its slot saves it
+  again, grown, when it moves on).
+* **Bounded in bytes**, least recently used out; a saved prefix of a newer
+  sequence is dropped. One lock; the copies run outside it.
+* **Keyed by salt and tokens**: restored only for a prompt of the same salt
+  (its tenant's, workers/prefix.py), so no tenant gets another's cells or
+  learns from ``cached_tokens`` what another sent.
 """
 
 from __future__ import annotations
@@ -43,15 +32,10 @@ from typing import Any
 import llama_cpp
 import numpy as np
 import numpy.typing as npt
-from llama_cpp import Llama
 
 from workers.infer.engines.base import HostCacheStats
-from workers.infer.engines.llamacpp_prompts import common_prefix
 
 __all__ = ["HostCache", "held_tokens", "kv_bytes_per_token", "stats_of"]
-
-_SEQ = 0  # llama-cpp-python's Llama keeps its one sequence as sequence 0
-
 
 _Key = tuple[str, tuple[int, ...]]  # a salt and the tokens a sequence holds
 
@@ -81,30 +65,6 @@ class HostCache:
         self._entries: OrderedDict[_Key, _Entry] = OrderedDict()
         self._bytes = 0
         self.stats = HostCacheStats()
-
-    def before_prompt(self, llm: Llama, tokens: Sequence[int], restore: bool = True,
-                      salt: str = "", held_salt: str = "") -> None:
-        """For an engine of one sequence a context (llama-cpp-python's ``Llama``),
-        on the context's own thread before it evaluates ``tokens`` of ``salt``:
-        saves what the context holds (cached under ``held_salt``) if the prompt
-        would throw it away, and (``restore``) restores a saved sequence of the
-        same salt that shares more of the prompt. A context of another salt is
-        left empty (or holding the restored sequence)."""
-        held = llm.input_ids[:llm.n_tokens].tolist()
-        shared = common_prefix(held, tokens) if held_salt == salt else 0
-        entry = self.take(tokens, shared + self.min_tokens, salt) if restore else None
-        if len(held) - shared >= self.min_tokens:
-            self.save(llm.ctx, _SEQ, held, held_salt)
-        if held_salt != salt:
-            llm.n_tokens = 0  # nothing of it for this prompt
-        if entry is None:
-            return
-        llm.n_tokens = 0
-        if self.restore(llm.ctx, _SEQ, entry):
-            n = len(entry.tokens)
-            llm.input_ids[:n] = entry.tokens
-            llm.n_tokens = n
-            llm._requires_eval = True  # the logits are not restored: decode before sampling
 
     def save(self, ctx: Any, seq_id: int, held: Sequence[int], salt: str = "") -> None:
         """Copies sequence ``seq_id`` of ``ctx``, whose cells hold ``held`` (of

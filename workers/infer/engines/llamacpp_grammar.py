@@ -1,21 +1,14 @@
-"""Decoding within a response_format on the llama.cpp engines: the format's
-GBNF grammar (schemas/structured.py) as a llama.cpp grammar sampler, and the
-walk of a continuation through it.
+"""Decoding within a response_format on the llama.cpp engine: the format's GBNF
+grammar (schemas/structured.py) as a llama.cpp grammar sampler, and the walk
+of a continuation through it.
 
-A retry continues an answer another run began (the worker's death, a
-handover). The grammar must then stand where that answer stopped, so the
-continuation's tokens are accepted into the sampler before the first new
-token is sampled. llama.cpp aborts the process when a sampler accepts a token
-its grammar forbids, so each token is first offered to a grammar of its own
-(``llama_sampler_apply`` on that one token, which masks and never fails): a
-continuation the grammar does not allow, written by an engine that held the
-answer to nothing, is an :class:`EngineError`, not a crash.
-
-Sampling checks the chain's draw against the grammar and applies the grammar
-to the whole vocabulary only when it refuses the draw
-(:class:`CheckedSampling`), as llama.cpp's own server samples. Both engines
-use it: the batching engine in each sequence's sampler, the other through the
-sampler llama-cpp-python asks for (:func:`constrained`).
+A retried answer's continuation is accepted into the sampler before the first
+new token. llama.cpp aborts the process when a sampler accepts a token its
+grammar forbids, so each token is first offered to a grammar of its own
+(``llama_sampler_apply`` masks, never fails): a continuation the grammar does
+not allow is an :class:`EngineError`, not a crash. :class:`CheckedSampling`
+applies the grammar to the whole vocabulary only when it refuses the chain's
+draw, as llama.cpp's server does.
 """
 
 from __future__ import annotations
@@ -25,14 +18,12 @@ import math
 from typing import Any, cast
 
 import llama_cpp
-from llama_cpp import Llama
 
 from conveyor.errors import EngineError
 from schemas.answer_format import grammar_of
 from schemas.records import ResponseFormat
-from workers.infer.engines.base import GenerationRequest
 
-__all__ = ["grammar_sampler", "checked_prefix", "CheckedSampling", "HeldSampler", "constrained"]
+__all__ = ["grammar_sampler", "checked_prefix", "CheckedSampling"]
 
 _ROOT = b"root"
 
@@ -67,24 +58,18 @@ def checked_prefix(vocab: Any, fmt: ResponseFormat, tokens: list[int]) -> None:
 
 
 class CheckedSampling:
-    """Sampling held to a grammar the way llama.cpp's own server does it: the
-    sampler chain (penalties, temperature, top_p, the draw) picks a token from
-    the whole vocabulary with no grammar; only that token is offered to the
-    grammar, and only when the grammar refuses it is the grammar applied to
-    every token of the vocabulary (49,152 for SmolLM2) and the chain run again
-    on what it allows. Applying the grammar to the whole vocabulary at every
-    step cost about a fifth of the decode rate (bench.structured).
+    """Sampling held to a grammar as llama.cpp's server does it: the chain
+    (penalties, temperature, top_p, the draw) picks a token with no grammar;
+    only when the grammar refuses that token is it applied to the whole
+    vocabulary and the chain run again (applying it every step cost about a
+    fifth of the decode rate: docs/benchmarks/results/structured.md).
+    ``chain`` (holding no grammar) and ``grammar`` are llama.cpp sampler
+    pointers, both freed by :meth:`free`."""
 
-    ``chain`` and ``grammar`` are llama.cpp sampler pointers; :meth:`free`
-    frees the grammar, and the chain too when ``owns_chain`` (a chain
-    llama-cpp-python built is freed by its own object). The chain must not hold
-    a grammar itself."""
-
-    def __init__(self, chain: Any, grammar: Any, n_vocab: int, owns_chain: bool = True) -> None:
+    def __init__(self, chain: Any, grammar: Any, n_vocab: int) -> None:
         import numpy as np
 
         self.chain, self.grammar, self.n_vocab = chain, grammar, n_vocab
-        self.owns_chain = owns_chain
         self._all = (llama_cpp.llama_token_data * n_vocab)()
         self._view = np.frombuffer(memoryview(self._all), dtype=np.dtype(
             [("id", np.int32), ("logit", np.float32), ("p", np.float32)]))
@@ -138,50 +123,6 @@ class CheckedSampling:
     def free(self) -> None:
         if self.grammar is not None:
             llama_cpp.llama_sampler_free(self.grammar)
-        if self.chain is not None and self.owns_chain:
+        if self.chain is not None:
             llama_cpp.llama_sampler_free(self.chain)
         self.grammar = self.chain = None
-
-
-class HeldSampler:
-    """The sampler llama-cpp-python asks for a structured request: its own chain
-    (built without the grammar, and freed by its own object) drawing first, the
-    grammar checking the draw (:class:`CheckedSampling`)."""
-
-    def __init__(self, inner: Any, checked: CheckedSampling) -> None:
-        self.inner, self.checked = inner, checked
-
-    def sample(self, ctx: Any, idx: int = -1) -> int:
-        return self.checked.sample(ctx.ctx, idx)
-
-    def close(self) -> None:
-        self.checked.free()
-        self.inner.close()
-
-
-def constrained(llm: Llama, request: GenerationRequest) -> None:
-    """Hold the generation to the request's response_format, if it has one: the
-    sampler llama-cpp-python builds for it becomes a :class:`HeldSampler`,
-    which has taken a continued answer's tokens (walked through the grammar
-    first: :func:`checked_prefix`) before it samples, so the grammar stands where
-    the answer stopped."""
-    fmt = request.response_format
-    if fmt is None:
-        return
-    vocab = llm._model.vocab
-    tokens: list[int] = []
-    if request.continuation:
-        tokens = llm.tokenize(request.continuation.encode(), add_bos=False, special=False)
-        checked_prefix(vocab, fmt, tokens)
-    grammar_of(fmt)  # compiled (and its failure raised) before the sampler is built
-    build = llm._init_sampler
-
-    def init_sampler(**kwargs: Any) -> Any:
-        inner = build(**{**kwargs, "grammar": None})
-        checked = CheckedSampling(inner.sampler, grammar_sampler(vocab, fmt), llm.n_vocab(),
-                                  owns_chain=False)
-        for token in tokens:
-            checked.accept(token)
-        return HeldSampler(inner, checked)
-
-    llm._init_sampler = init_sampler  # type: ignore[method-assign,assignment]

@@ -1,6 +1,7 @@
-"""What both llama.cpp engines do with a prompt: render it with the GGUF's own
-chat template, start an empty one at the beginning-of-sequence token, and
-weigh what a cached sequence is worth to it."""
+"""What the llama.cpp engine does with a prompt: render it with the GGUF's chat
+template, start an empty one at the beginning-of-sequence token, and weigh
+what a cached sequence is worth to it.
+"""
 
 from __future__ import annotations
 
@@ -28,8 +29,17 @@ def reuse_score(cached: Sequence[int], tokens: Sequence[int]) -> int:
     when that is nothing (an empty cache, or one holding another
     conversation that shares only the template's first tokens with it).
     Among caches that score 0 the caller takes the least recently used: a
-    new conversation evicts a stale one, not one still going on."""
+    new conversation evicts a stale one, not one still going on.
+
+    A cache holding the whole prompt (all but its last token, which is always
+    evaluated) is worth all of it, however long the answer after it: a
+    repeated or regenerated prompt would otherwise score 0 once its earlier
+    answer was longer than it, and be evaluated afresh in another slot or
+    context (its first token 2-5x later), while the answer it throws away is
+    the one it is about to give again."""
     shared = common_prefix(cached, tokens)
+    if shared and shared >= len(tokens) - 1:
+        return shared
     return max(0, shared - (len(cached) - shared))
 
 

@@ -1,9 +1,9 @@
-"""The llama.cpp sampling both CPU engines share: the seed, a request's
-logit_bias checked against the vocabulary (llama.cpp's logit-bias sampler
-indexes the logits by token id: a token outside it would write out of
-bounds), and the batching engine's sampler chain of a sequence (logit bias,
-penalties, temperature, top_p, the draw; a structured answer's grammar checks
-the draw)."""
+"""The llama.cpp engine's sampling: the seed, a request's logit_bias checked
+against the vocabulary (llama.cpp's logit-bias sampler indexes logits by token
+id: a token outside would write out of bounds), and a sequence's sampler
+chain (logit bias, penalties, temperature, top_p, the draw; a structured
+answer's grammar checks the draw).
+"""
 
 from __future__ import annotations
 

@@ -1,27 +1,17 @@
 """Several models on one worker: loaded warm, lazily, and evicted under a budget.
 
-``conveyor infer --models a,b,c --warm a --model-budget-mib 600`` serves three
-models of the pool from one worker, one engine per model made by the
-worker's engine factory (the llama.cpp engines):
+``conveyor infer --models a,b,c --warm a --model-budget-mib 600``: one engine
+per model, made by the worker's engine factory (so they share the flags that
+say what requests they take).
 
-* **Warm** models load at start, before the worker joins its pool.
-* **Lazy** ones load on their first request, in a worker thread: that request
-  waits for the load (its time to the first token says so, a second or two
-  for SmolLM2), and the others go on meanwhile. A load that fails fails that
-  request (an engine error, so schedule's breaker and fallbacks hear of it).
-* **The budget** bounds what is loaded: each model counts its GGUF file's
-  size plus its contexts' KV cache (the engine's own estimate where it has
-  one). Before a model loads, the least recently used idle models are closed
-  until it fits; a model with a generation running is never closed, so a
-  load waits for one to go idle (``0``: no budget, nothing is evicted).
-* **The heartbeat** lists the models the worker serves and those it has
-  loaded; schedule sends a model's requests only to workers that serve it,
-  and to those that have it loaded while one of them has room
-  (workers/schedule/layer.py).
-
-Every engine the set makes must share the flags that say what requests it
-takes (structured outputs, tools, logit bias, logprobs): one factory makes
-them all.
+* **Warm** models load before the worker joins its pool; **lazy** ones on
+  their first request, in a thread, which that request waits for (a failed
+  load fails it with an engine error, for schedule's breaker).
+* **The budget** counts each model's GGUF file plus its contexts' KV cache;
+  the least recently used idle models are closed until a new one fits, and a
+  busy one never is, so a load may wait (``0``: no budget).
+* **The heartbeat** lists the models served and loaded; schedule prefers
+  workers that have a model loaded (workers/schedule/layer.py).
 """
 
 from __future__ import annotations

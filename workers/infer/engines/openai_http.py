@@ -1,53 +1,29 @@
-"""An engine that forwards to an OpenAI-compatible HTTP upstream.
+"""An engine that forwards to an OpenAI-compatible HTTP upstream (vLLM, SGLang,
+llama.cpp's server); why each choice: docs/decisions/0020-the-http-engine.md.
 
-vLLM, SGLang and llama.cpp's server all speak this protocol; Conveyor then
-adds its queueing, retries and streaming fan-out in front of them.
-
-Decisions:
-
-* **One shared ``aiohttp.ClientSession``** created by :meth:`start`, with a
-  pool of ``capacity`` keep-alive connections (the worker never runs more
-  requests than that). ``timeout_s`` bounds connecting and every wait for the
-  next chunk, not the whole answer. aiohttp rather than httpx: on this hot
-  path (one SSE line per token) httpx's pure-Python stream took much of the
-  worker's CPU; aiohttp parses in C (docs/decisions/0020-the-http-engine.md).
-* **Endpoint.** A request with a rendered ``prompt_text`` (or any completion)
-  goes to ``/v1/completions`` with the continuation appended to the prompt.
-  A chat request without one goes to ``/v1/chat/completions``; a continuation
-  becomes a final assistant message sent with vLLM's
-  ``continue_final_message: true, add_generation_prompt: false``.
-* **Streaming.** Always ``stream: true`` with ``include_usage``. The SSE body
-  is read a block at a time and split into lines, one ``orjson.loads`` per
-  ``data:`` line and no models,
-  to keep per-token overhead small. After ``data: [DONE]`` the rest of the
-  body is still drained so the connection goes back to the pool.
-* **Pieces.** The text deltas that arrive in one read of the socket are one
-  :class:`Piece` (``tokens`` = how many): a paced upstream's token is a piece
-  of its own, what a burst brings in one read (unpaced, cached, a fast model)
-  one piece, so the worker handles a few pieces a burst instead of one a
-  token. (The first read of a burst usually holds only its first tokens, and
-  the worker sends its first chunk at once: ``bench.profile`` still counts two
-  token chunks a request for the unpaced fixture.) The final piece carries no
-  text and the finish reason (anything but ``"length"`` reads as ``"stop"``).
-  When the upstream reports ``usage.completion_tokens`` the final piece
-  carries the difference, so the pieces add up to the upstream's count
-  (never a negative difference).
-* **Errors.** An HTTP status >= 400, an error event inside the stream, a
-  transport failure, unparsable data, or a stream that ends without a finish
-  reason all become :class:`~conveyor.errors.EngineError` carrying the
-  upstream's message.
-* **Tenants' prefixes apart.** The request's ``cache_salt`` goes in the
-  body as ``cache_salt``, which vLLM's server takes (its prefix cache then
-  serves a prompt only blocks cached under the same salt). A server that
-  does not know it and ignores unknown fields (llama.cpp's) keeps one prompt
-  cache for every tenant behind Conveyor: isolation there is the upstream's
-  to give. An upstream that refuses unknown fields (OpenAI's own API, which
-  shares caches within an organisation only) is given none with
-  ``cache_salt=False`` (``--no-upstream-cache-salt``).
-* **Cancellation.** The response is opened with ``async with
-  session.post(...)``, so closing the generator early releases the response
-  with its connection closed: the upstream sees the disconnect and stops
-  generating.
+* **One ``aiohttp.ClientSession``** opened by :meth:`start`, ``capacity``
+  keep-alive connections; ``timeout_s`` bounds connecting and each wait for
+  the next chunk, not the whole answer.
+* **Endpoint.** A rendered ``prompt_text`` (or any completion) goes to
+  ``/v1/completions`` with the continuation appended; a chat without one to
+  ``/v1/chat/completions``, a continuation as a final assistant message with
+  vLLM's ``continue_final_message: true, add_generation_prompt: false``.
+* **Streaming.** ``stream: true`` with ``include_usage``; the body is read a
+  block at a time, one ``orjson.loads`` per ``data:`` line; after ``[DONE]``
+  the rest is drained so the connection goes back to the pool.
+* **Pieces.** The text deltas of one socket read are one :class:`Piece`
+  (``tokens`` = how many). The final piece carries no text and the finish
+  reason (anything but ``"length"`` is ``"stop"``), and, when the upstream
+  reports ``usage.completion_tokens``, the difference to it (never negative).
+* **Errors.** An HTTP status >= 400, an error event, a transport failure,
+  unparsable data or a stream without a finish reason are
+  :class:`~conveyor.errors.EngineError` with the upstream's message.
+* **Tenants' prefixes apart.** The request's ``cache_salt`` goes in the body
+  (vLLM keeps prefix caches apart by it; a server that ignores it shares
+  one). ``cache_salt=False`` (``--no-upstream-cache-salt``) sends none, for an
+  upstream that refuses unknown fields.
+* **Cancellation.** Closing the generator early closes the response's
+  connection: the upstream sees the disconnect and stops.
 """
 
 from __future__ import annotations

@@ -1,47 +1,33 @@
 """An engine that answers from a script instead of a model.
 
-It keeps the engine contract (base.py) as the real engines do, and passes
-the same contract tests (tests/engines/workers/infer/engines/test_contract.py), so a
-test about the pipeline (delivery, resume, faults, the API) runs without
-loading a model; only the tests about an engine run one.
+It keeps the engine contract (base.py) and passes the same contract tests
+(tests/engines/workers/infer/engines/test_contract.py), so pipeline tests run
+without a model.
 
-Decisions:
-
-* **Scripts.** ``echo`` answers with the request's own words: the last user
-  message of a chat (or the rendered prompt when it has no messages), the
-  prompt of a completion. ``count`` goes on counting after the last number
-  in that text (``"1, 2, 3,"`` is answered ``" 4, 5, 6, ..."``) and never
-  ends on its own, so an answer runs to ``max_tokens``: a long answer whose
-  every piece shows whether a retry continued it or started over. ``text``
-  answers every request with one fixed text.
-* **Deterministic.** The answer depends on the script and the request's
-  prompt or messages, ``max_tokens``, ``stop`` and ``continuation``, and
-  on nothing else: ``temperature``, ``top_p`` and ``seed`` are ignored, so
-  a request sampled at temperature 1 without a seed gets the same answer
-  every time, and two different seeds get the same answer too.
-* **Tokens.** A token is a run of whitespace and the word after it (the
-  pattern ``\\s*\\S+``), so the pieces join back into the script's text.
-  Each piece carries one token. An answer that ends by itself ends with an
-  empty piece of one token, the end-of-script token, as llama.cpp and vLLM
-  count the end-of-sequence token: an answer of ``n`` words needs
-  ``max_tokens > n`` to end with ``"stop"``, and ends with ``"length"``
-  after ``max_tokens`` words otherwise.
-* **Stop strings** are looked for in the text after the continuation (as a
-  real engine sees only the text it generates); the answer ends just before
-  the first one, with ``"stop"``, and the token in which it began counts.
-* **Continuation.** The answer continues after the first piece boundary at
-  or past ``len(continuation)`` characters of the script's answer. A
-  continuation this engine sent itself ends on a boundary, so a retried
-  answer is exactly the rest of the uninterrupted one (``max_tokens`` is
-  what remains, as ``request_from_task`` asks).
-* **Capacity.** At most ``capacity`` generations hold a slot; more wait for
-  one, in order. A slot is taken before the first piece and given back the
-  moment the generation ends, is closed (``aclose()``) or its consumer is
+* **Scripts.** ``echo``: the last user message of a chat (else the rendered
+  prompt), or a completion's prompt. ``count``: counting on after the last
+  number in that text (``"1, 2, 3,"`` -> ``" 4, 5, 6, ..."``), never ending,
+  so every piece shows whether a retry continued or started over. ``text``:
+  one fixed text.
+* **Deterministic.** The answer depends only on the script, the prompt or
+  messages, ``max_tokens``, ``stop`` and ``continuation``; ``temperature``,
+  ``top_p`` and ``seed`` are ignored.
+* **Tokens.** A token is whitespace and the word after it (``\\s*\\S+``), one
+  a piece. An answer that ends by itself ends with an empty piece of one
+  token (the end-of-sequence token, as real engines count it): ``n`` words
+  end with ``"stop"`` only when ``max_tokens > n``, else ``"length"``.
+* **Stop strings** are looked for in the text after the continuation; the
+  answer ends just before the first, with ``"stop"``, and the token it began
+  in counts.
+* **Continuation.** The answer goes on after the first piece boundary at or
+  past ``len(continuation)`` characters, so a retry of this engine's own
+  answer is exactly its rest.
+* **Capacity.** At most ``capacity`` generations hold a slot, the rest wait
+  in order; a slot is given back when its generation ends, is closed or
   cancelled.
-* **Pace.** Each piece, the last included, comes ``token_delay_ms`` after
-  the one before (the first after that long too); with no delay each piece
-  still yields to the event loop. :meth:`close` ends running generations
-  with :class:`~conveyor.errors.EngineError` at their next piece.
+* **Pace.** Each piece comes ``token_delay_ms`` after the one before (the
+  first too); :meth:`close` ends running generations with
+  :class:`~conveyor.errors.EngineError` at their next piece.
 """
 
 from __future__ import annotations

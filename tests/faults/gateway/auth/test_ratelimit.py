@@ -19,7 +19,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from conveyor.errors import PipelineUnavailable, QuotaExceeded, RateLimited
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from gateway.auth.ratelimit import Admission, RateLimiter, format_duration
 from gateway.auth.types import Identity, Limits, TenantPolicy
 from tests.support.services import OwnRedis
@@ -44,7 +44,7 @@ def duration_ms(text: str) -> float:
 
 
 def settings(url: str = SHARED_REDIS, **overrides: Any) -> Settings:
-    return Settings(topic_prefix=f"rl{uuid.uuid4().hex[:10]}", redis_url=url, **overrides)
+    return load_settings(topic_prefix=f"rl{uuid.uuid4().hex[:10]}", redis_url=url, **overrides)
 
 
 @asynccontextmanager
@@ -54,7 +54,7 @@ async def replicas(config: Settings, n: int = 2, warm: bool = True
     the prefix's keys are removed afterwards."""
     # generous timeouts: a Redis of the test's own that is stopped refuses at once,
     # and the shared one on a loaded machine once took over 2 s to answer
-    clients = [aioredis.from_url(config.redis_url, socket_timeout=5.0,
+    clients = [aioredis.from_url(config.redis.url, socket_timeout=5.0,
                                  socket_connect_timeout=5.0) for _ in range(n)]
     limiters = [RateLimiter(config, c, f"gw-{i}") for i, c in enumerate(clients)]
     for limiter in limiters:
@@ -70,7 +70,7 @@ async def replicas(config: Settings, n: int = 2, warm: bool = True
         yield limiters
     finally:
         try:
-            async for key in clients[0].scan_iter(match=f"{config.topic_prefix}:*"):
+            async for key in clients[0].scan_iter(match=f"{config.kafka.topic_prefix}:*"):
                 await clients[0].delete(key)
         except (OSError, aioredis.RedisError):
             pass  # a Redis of the test's own, stopped: it goes with the test
@@ -208,7 +208,7 @@ async def test_a_refused_request_counts_nowhere() -> None:
         admitted, refused = split(await admit_many(limiters, key, 5, tenant=tenant))
         assert len(admitted) == 2 and len(refused) == 3
         assert "(key key_narrow)" in refused[0].message
-        tenant_window = f"{config.topic_prefix}:ratelimit:tenant:wide-t:requests"
+        tenant_window = f"{config.kafka.topic_prefix}:ratelimit:tenant:wide-t:requests"
         assert await limiters[0].redis.zcard(tenant_window) == 2
 
 
@@ -217,8 +217,8 @@ async def test_quotas_read_the_usage_mirror() -> None:
     tenant = TenantPolicy("quota-t", daily_tokens=1000, monthly_tokens=50_000)
     key = Identity("quota-t", "key_q")  # no rate limits: quotas alone still check
     today = datetime.now(UTC)
-    day = f"{config.topic_prefix}:usage:quota-t:day:{today:%Y-%m-%d}"
-    month = f"{config.topic_prefix}:usage:quota-t:month:{today:%Y-%m}"
+    day = f"{config.kafka.topic_prefix}:usage:quota-t:day:{today:%Y-%m-%d}"
+    month = f"{config.kafka.topic_prefix}:usage:quota-t:month:{today:%Y-%m}"
     async with replicas(config, n=1) as (limiter,):
         assert (await limiter.admit(key, tenant, "q0", 10, now_ms() + 1000)).headers == {}
         await limiter.redis.set(day, 999)
@@ -251,7 +251,7 @@ async def test_redis_down_shares_or_closes_and_recovery_returns_to_redis(
     key = Identity("acme", "key_down", Limits(rpm=30))
     async with replicas(config) as (a, b):
         for p in range(2):  # two live gateways hold reply leases
-            await a.redis.set(f"{config.topic_prefix}:reply-lease:{p}", f"gw-{p}", px=60_000)
+            await a.redis.set(f"{config.kafka.topic_prefix}:reply-lease:{p}", f"gw-{p}", px=60_000)
         runners = [asyncio.create_task(limiter.run()) for limiter in (a, b)]
         try:
             await wait_for(lambda: a.live_gateways == 2 and b.live_gateways == 2)
@@ -266,7 +266,7 @@ async def test_redis_down_shares_or_closes_and_recovery_returns_to_redis(
                 assert len(admitted) == 15 and {x.backend for x in admitted} == {"local"}
                 assert "This gateway's share" in refused[0].message
             assert not a.redis_up and a.health.state == "degraded"
-            closing = config.model_copy(update={"limits_when_redis_down": "closed"})
+            closing = config.replace(limits_when_redis_down="closed")
             async with replicas(closing, n=1) as (closed,):
                 with pytest.raises(PipelineUnavailable, match="Redis is unreachable"):
                     await closed.admit(key, NOBODY, "closed", 1, now_ms() + 60_000)
@@ -286,7 +286,7 @@ async def test_redis_down_shares_or_closes_and_recovery_returns_to_redis(
             while not await admitted_by_redis():
                 assert time.monotonic() < deadline, "never went back to Redis"
                 await asyncio.sleep(0.05)
-            counted = await a.redis.zcard(f"{config.topic_prefix}:ratelimit:key:key_back:"
+            counted = await a.redis.zcard(f"{config.kafka.topic_prefix}:ratelimit:key:key_back:"
                                           "requests")
             assert counted == 1 and a.redis_up
             await wait_for(lambda: b.redis_up and b.health.state == "ok")
@@ -301,13 +301,13 @@ async def test_a_flush_mid_flight_neither_goes_negative_nor_stops_admissions(
         own_redis: OwnRedis) -> None:
     config = settings(own_redis.url)
     key = Identity("acme", "key_flush", Limits(tpm=1000, concurrency=5))
-    tokens_n = f"{config.topic_prefix}:ratelimit:key:key_flush:tokens:n"
+    tokens_n = f"{config.kafka.topic_prefix}:ratelimit:key:key_flush:tokens:n"
     async with replicas(config) as (a, b):
         before, _ = split(await admit_many([a, b], key, 3, tokens=200))
         assert len(before) == 3
         own_redis.flush()
         await a.settle(before[0], 50)  # its entries are gone: nothing to correct
-        assert await a.redis.keys(f"{config.topic_prefix}:*") == []
+        assert await a.redis.keys(f"{config.kafka.topic_prefix}:*") == []
         after, refused = split(await admit_many([a, b], key, 6, tokens=200))
         assert len(after) == 5 and len(refused) == 1  # a fresh window, full again
         for admission in before[1:]:
@@ -315,7 +315,7 @@ async def test_a_flush_mid_flight_neither_goes_negative_nor_stops_admissions(
         assert await a.redis.hget(tokens_n, "#sum") == b"1000"
         await a.settle(after[0], 40)
         assert await a.redis.hget(tokens_n, "#sum") == b"840"
-        assert await a.redis.zcard(f"{config.topic_prefix}:ratelimit:key:key_flush:"
+        assert await a.redis.zcard(f"{config.kafka.topic_prefix}:ratelimit:key:key_flush:"
                                    "inflight") == 4
 
 

@@ -31,7 +31,7 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from schemas.codec import default_codec
 from schemas.records import Control, Feedback, UsageRecord
 from tests.support.pipeline import ROOT
@@ -74,9 +74,9 @@ class Accounting:
     metrics_port: int = field(default_factory=free_port)
 
     def start(self) -> None:
-        env = {**os.environ, "CONVEYOR_TOPIC_PREFIX": self.settings.topic_prefix,
+        env = {**os.environ, "CONVEYOR_TOPIC_PREFIX": self.settings.kafka.topic_prefix,
                "CONVEYOR_REDIS_URL": self.redis.url,
-               "CONVEYOR_KAFKA_BOOTSTRAP": self.settings.kafka_bootstrap,
+               "CONVEYOR_KAFKA_BOOTSTRAP": self.settings.kafka.bootstrap,
                "CONVEYOR_HOME": str(self.home),
                # a SIGKILLed member leaves the group after this, so a restart is quick
                "CONVEYOR_CONSUMER_SESSION_TIMEOUT_MS": "3000",
@@ -99,9 +99,10 @@ class Accounting:
 @pytest.fixture(scope="module")
 def accounting(services: None, tmp_path_factory: pytest.TempPathFactory
                ) -> Iterator[Accounting]:
-    settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
-    needed = {settings.topic("usage"), settings.topic("dlq"), settings.topic("feedback")}
-    asyncio.run(ensure_topics(settings, [s for s in catalog(settings) if s.name in needed]))
+    settings = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    needed = {settings.kafka.topic("usage"), settings.kafka.topic("dlq"),
+              settings.kafka.topic("feedback")}
+    asyncio.run(ensure_topics(settings, [s for s in catalog(settings.kafka) if s.name in needed]))
     redis = OwnRedis(tmp_path_factory.mktemp("redis")).start()
     app = Accounting(settings, redis, tmp_path_factory.mktemp("logs"),
                      tmp_path_factory.mktemp("home"))
@@ -135,7 +136,7 @@ def usage(rid: str, tenant: str, *, key_id: str = "k1", model: str = "m1",
 async def produce(settings: Settings, *values: UsageRecord | tuple[str, bytes]) -> None:
     """Usage records (keyed by tenant, as postprocess writes them), or raw (key, bytes)."""
     codec = default_codec()
-    producer = make_producer(settings)
+    producer = make_producer(settings.kafka)
     await producer.start()
     try:
         for value in values:
@@ -143,7 +144,7 @@ async def produce(settings: Settings, *values: UsageRecord | tuple[str, bytes]) 
                 key, data = value
             else:
                 key, data = value["tenant"], codec.encode("UsageRecord", value)
-            await producer.send_and_wait(settings.topic("usage"), data, key=key.encode())
+            await producer.send_and_wait(settings.kafka.topic("usage"), data, key=key.encode())
     finally:
         await producer.stop()
 
@@ -152,11 +153,11 @@ async def backlog(settings: Settings, records: list[UsageRecord]) -> None:
     """Usage records sent at once, without waiting for each (a backlog the app
     works through), keyed by tenant as postprocess writes them."""
     codec = default_codec()
-    producer = make_producer(settings)
+    producer = make_producer(settings.kafka)
     await producer.start()
     try:
         for record in records:
-            await producer.send(settings.topic("usage"), codec.encode("UsageRecord", record),
+            await producer.send(settings.kafka.topic("usage"), codec.encode("UsageRecord", record),
                                 key=record["tenant"].encode())
         await producer.flush()
     finally:
@@ -238,7 +239,7 @@ async def test_each_request_is_counted_once_by_tenant_key_and_model_per_minute_a
 async def test_faust_keeps_its_data_directory_under_the_conveyor_home(
         accounting: Accounting) -> None:
     """Not in the directory the app was started from (the repository here)."""
-    app_id = accounting.settings.group("accounting")
+    app_id = accounting.settings.kafka.group("accounting")
 
     async def made() -> bool:  # at Faust's first start
         return (accounting.home / "accounting" / app_id / "v1").is_dir()
@@ -261,8 +262,8 @@ async def test_a_poison_value_goes_to_the_dlq_and_counting_goes_on(
     await eventually(counted, 20, accounting)
     letters = await dead_letters(s, want=2)
     assert [(d["layer"], d["topic"], d["key"], d["value"]) for d in letters] == [
-        ("accounting", s.topic("usage"), b"poison", b"not an event"),
-        ("accounting", s.topic("usage"), b"poison", control)]
+        ("accounting", s.kafka.topic("usage"), b"poison", b"not an event"),
+        ("accounting", s.kafka.topic("usage"), b"poison", control)]
     assert "Control" in letters[1]["error"]
     assert letters[0]["offset"] + 1 == letters[1]["offset"]
     assert await today(ledger, "poison") == (1, 0, 3, 4, 7)
@@ -282,7 +283,8 @@ def _metric(text: str, name: str) -> float:
 
 async def dead_letters(settings: Settings, want: int) -> list[dict[str, Any]]:
     codec = default_codec()
-    consumer = AIOKafkaConsumer(settings.topic("dlq"), bootstrap_servers=settings.kafka_bootstrap,
+    consumer = AIOKafkaConsumer(settings.kafka.topic("dlq"),
+                                bootstrap_servers=settings.kafka.bootstrap,
                                 auto_offset_reset="earliest", enable_auto_commit=False)
     await consumer.start()
     found: list[dict[str, Any]] = []
@@ -361,15 +363,15 @@ async def test_a_killed_app_restores_its_totals_from_the_changelog(
 async def committed_to_end(settings: Settings) -> bool:
     """Whether the app's group has committed every partition of the usage topic
     up to its end."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap)
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka.bootstrap)
     await admin.start()
     await consumer.start()
     try:
-        tps = [TopicPartition(settings.topic("usage"), p)
-               for p in range(settings.pipeline_partitions)]
+        tps = [TopicPartition(settings.kafka.topic("usage"), p)
+               for p in range(settings.kafka.pipeline_partitions)]
         ends = await consumer.end_offsets(tps)
-        done = await admin.list_consumer_group_offsets(settings.group("accounting"))
+        done = await admin.list_consumer_group_offsets(settings.kafka.group("accounting"))
         return all(ends[tp] == 0 or (tp in done and done[tp].offset == ends[tp])
                    for tp in tps)
     finally:
@@ -453,11 +455,11 @@ async def test_ratings_survive_a_kill_mid_stream_and_a_flush_latest_once(
     s = accounting.settings
     n = 300
     codec = default_codec()
-    producer = make_producer(s)
+    producer = make_producer(s.kafka)
     await producer.start()
     try:
         # a value that is not a Feedback: dead-lettered, counting goes on
-        await producer.send(s.topic("feedback"), b"not a rating", key=b"poison")
+        await producer.send(s.kafka.topic("feedback"), b"not a rating", key=b"poison")
         for round_ in (0, 1):
             for i in range(n):
                 rid = f"rated-{i}"
@@ -465,7 +467,7 @@ async def test_ratings_survive_a_kill_mid_stream_and_a_flush_latest_once(
                                  score=-1.0 if round_ == 0 else (1.0 if i % 3 else 0.5),
                                  comment="", model="m", answered_by=f"m-v{i % 2}",
                                  latency_ms=10, ts_ms=int(time.time() * 1000))
-                await producer.send(s.topic("feedback"), codec.encode("Feedback", event),
+                await producer.send(s.kafka.topic("feedback"), codec.encode("Feedback", event),
                                     key=rid.encode())
         await producer.flush()
     finally:
@@ -494,7 +496,7 @@ async def test_ratings_survive_a_kill_mid_stream_and_a_flush_latest_once(
     assert (day.count, day.mean) == (n, round((100 * 0.5 + 200 * 1.0) / n, 4))
     assert day.by_model == {"m": {"count": n, "mean": day.mean}}
     assert {d: c["count"] for d, c in day.by_deployment.items()} == {"m-v0": 150, "m-v1": 150}
-    letters = [d for d in await dead_letters(s, want=3) if d["topic"] == s.topic("feedback")]
+    letters = [d for d in await dead_letters(s, want=3) if d["topic"] == s.kafka.topic("feedback")]
     # (a replay after the kill may write the letter again: at-least-once, as the layers)
     assert letters and {(d["layer"], d["key"], d["value"]) for d in letters} == {
         ("accounting", b"poison", b"not a rating")}

@@ -31,7 +31,7 @@ async def test_create_lookup_list_update_revoke() -> None:
                                             models=("smollm2",), actor="alice")
         assert re.fullmatch(r"key_[0-9a-f]{16}", record.id)
         assert re.fullmatch(r"cvy-[A-Za-z0-9_-]{40}", secret)
-        assert record.hash == hash_secret(settings, secret) and record.version == 1
+        assert record.hash == hash_secret(settings.auth, secret) and record.version == 1
         assert (record.tenant, record.name, record.models) == ("acme", "ci", ("smollm2",))
 
         found = await b.gateway_keys(subscribe=False).lookup(secret)
@@ -81,7 +81,7 @@ async def test_only_the_keyed_hash_is_kept_anywhere() -> None:
         await store.touch(record)
         redis = b.redis()
         kept: list[Any] = []
-        async for name in redis.scan_iter(match=f"{settings.topic_prefix}:*"):
+        async for name in redis.scan_iter(match=f"{settings.kafka.topic_prefix}:*"):
             kept.append(name)
             kind = await redis.type(name)
             if kind == b"hash":
@@ -98,11 +98,11 @@ async def test_only_the_keyed_hash_is_kept_anywhere() -> None:
             assert secret.encode() not in where
             assert secret[4:].encode() not in where
         assert record.hash.encode() in redis_bytes and record.hash.encode() in topic_bytes
-        names = KeyNames(settings.topic_prefix)
+        names = KeyNames(settings.kafka.topic_prefix)
         assert await redis.get(names.keyhash(record.hash)) == record.id.encode()
         # the hash depends on the server secret: another secret, another hash
         other = key_settings(auth_secret=SecretStr("another-server-secret"))
-        assert hash_secret(other, secret) != record.hash
+        assert hash_secret(other.auth, secret) != record.hash
 
 
 async def test_every_change_is_in_the_topic_and_the_audit() -> None:
@@ -191,7 +191,7 @@ async def test_unknown_keys_are_remembered_briefly() -> None:
         store = b.gateway_keys(subscribe=False, negative_cache_s=0.2)
         bogus = "cvy-" + "A" * 40
         assert await store.lookup(bogus) is None
-        key_hash = hash_secret(settings, bogus)
+        key_hash = hash_secret(settings.auth, bogus)
         assert store.cache.get(key_hash) == (True, None)
         await asyncio.sleep(0.25)
         assert store.cache.get(key_hash) == (False, None)

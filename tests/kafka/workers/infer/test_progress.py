@@ -6,7 +6,7 @@ import uuid
 
 import redis.asyncio as aioredis
 
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from schemas.codec import default_codec
 from schemas.records import TokenChunk
 from tests.support.schedule_tasks import full_task
@@ -29,10 +29,10 @@ async def test_a_run_that_kafka_interrupted_claims_its_task_again(
     """The worker still renews the lease of a run that failed for a passing reason
     (a chunk's batch expired while the broker was away): its retry is not a
     duplicate waiting for that lease, it continues from the log at once."""
-    settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
-    await ensure_topics(settings, [s for s in catalog(settings)
-                                   if s.name == TOKENS.at(settings)])
-    producer = make_producer(settings)
+    settings = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    await ensure_topics(settings, [s for s in catalog(settings.kafka)
+                                   if s.name == TOKENS.at(settings.kafka)])
+    producer = make_producer(settings.kafka)
     await producer.start()
     lookup = SharedLookup(settings)
     tracker = ProgressTracker(settings, redis, default_codec(), lookup)
@@ -41,7 +41,7 @@ async def test_a_run_that_kafka_interrupted_claims_its_task_again(
         claim, done = await tracker.claim(rid, "w0", entered, entered)
         assert (claim, done.next_seq) == ("start", 0)
         for seq, text in enumerate([" 6,", " 7,"]):
-            await producer.send_and_wait(TOKENS.at(settings), default_codec().encode(
+            await producer.send_and_wait(TOKENS.at(settings.kafka), default_codec().encode(
                 "TokenChunk", chunk(rid, seq, text)), key=rid.encode())
         await tracker.keep([rid], "w0")  # the worker renews it while the run retries
         claim, done = await tracker.claim(rid, "w0", entered, entered)
@@ -57,9 +57,9 @@ async def test_a_claim_loads_its_script_again_when_redis_lost_it(
         services: None, redis: aioredis.Redis) -> None:
     """Claims run by EVALSHA; a restarted Redis has no scripts (SCRIPT FLUSH is
     what it starts with), and the next claim loads the script again."""
-    settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
-    await ensure_topics(settings, [s for s in catalog(settings)
-                                   if s.name == TOKENS.at(settings)])
+    settings = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    await ensure_topics(settings, [s for s in catalog(settings.kafka)
+                                   if s.name == TOKENS.at(settings.kafka)])
     lookup = SharedLookup(settings)
     tracker = ProgressTracker(settings, redis, default_codec(), lookup)
     try:

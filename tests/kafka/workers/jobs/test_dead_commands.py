@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from schemas.codec import default_codec
 from schemas.records import DeadLetter, JobResult, JobStatus
 from topics.admin import ensure_topics
@@ -33,15 +33,15 @@ codec = default_codec()
 
 @pytest.fixture
 async def settings(services: None) -> Settings:
-    s = Settings(topic_prefix=f"dc{uuid.uuid4().hex[:10]}", retry_backoff_max_s=0.5)
-    wanted = {t.at(s) for t in (DLQ, JOB_STATUS, JOBS, RESULTS)}
-    await ensure_topics(s, [t for t in catalog(s) if t.name in wanted])
+    s = load_settings(topic_prefix=f"dc{uuid.uuid4().hex[:10]}", retry_backoff_max_s=0.5)
+    wanted = {t.at(s.kafka) for t in (DLQ, JOB_STATUS, JOBS, RESULTS)}
+    await ensure_topics(s, [t for t in catalog(s.kafka) if t.name in wanted])
     return s
 
 
 @pytest.fixture
 async def sender(settings: Settings) -> AsyncIterator[Sender]:
-    producer = make_producer(settings)
+    producer = make_producer(settings.kafka)
     await producer.start()
     try:
         yield Sender(settings, producer, codec)
@@ -51,12 +51,12 @@ async def sender(settings: Settings) -> AsyncIterator[Sender]:
 
 def letter(settings: Settings, job_id: str, value: bytes) -> bytes:
     return codec.encode("DeadLetter", DeadLetter(
-        layer="jobs", topic=JOBS.at(settings), partition=0, offset=0, key=job_id.encode(),
+        layer="jobs", topic=JOBS.at(settings.kafka), partition=0, offset=0, key=job_id.encode(),
         value=value, error="SchemaError: not an Avro value", ts_ms=now_ms()))
 
 
 async def write(settings: Settings, records: list[tuple[str, bytes, bytes]]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap)
     await producer.start()
     try:
         for topic, key, value in records:
@@ -68,12 +68,12 @@ async def write(settings: Settings, records: list[tuple[str, bytes, bytes]]) -> 
 def validating(settings: Settings, job_id: str) -> tuple[str, bytes, bytes]:
     status = JobStatus(job_id=job_id, kind="batch", tenant="acme", version=0, ts_ms=now_ms(),
                        object=json.dumps({"id": job_id, "status": "validating"}))
-    return JOB_STATUS.at(settings), job_id.encode(), codec.encode("JobStatus", status)
+    return JOB_STATUS.at(settings.kafka), job_id.encode(), codec.encode("JobStatus", status)
 
 
 async def read_all(settings: Settings, topic: str, partitions: int = 1) -> list[bytes]:
     """Every value of ``topic``, partition after partition."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap,
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka.bootstrap,
                                 enable_auto_commit=False)
     await consumer.start()
     try:
@@ -93,18 +93,19 @@ async def read_all(settings: Settings, topic: str, partitions: int = 1) -> list[
 
 async def job_events(settings: Settings) -> list[tuple[str, str]]:
     """(job id, event) of every job result written."""
-    values = await read_all(settings, RESULTS.at(settings), settings.pipeline_partitions)
+    values = await read_all(settings, RESULTS.at(settings.kafka),
+                            settings.kafka.pipeline_partitions)
     results: list[JobResult] = [codec.decode(v, "JobResult") for v in values]
     return [(r["job_id"], r["event"]) for r in results]
 
 
 async def committed(settings: Settings) -> int:
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap,
-                                group_id=settings.group(DEAD_COMMANDS_GROUP),
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka.bootstrap,
+                                group_id=settings.kafka.group(DEAD_COMMANDS_GROUP),
                                 enable_auto_commit=False)
     await consumer.start()
     try:
-        return await consumer.committed(TopicPartition(DLQ.at(settings), 0)) or -1
+        return await consumer.committed(TopicPartition(DLQ.at(settings.kafka), 0)) or -1
     finally:
         await consumer.stop()
 
@@ -129,7 +130,7 @@ async def until_committed(settings: Settings, offset: int, within: float = 60.0)
 
 async def test_poison_in_the_dlq_is_passed_over_and_not_published_again(
         settings: Settings, sender: Sender) -> None:
-    dlq = DLQ.at(settings)
+    dlq = DLQ.at(settings.kafka)
     await write(settings, [validating(settings, "batch_a"),
                            (dlq, b"batch_p", b"\x00not a dead letter"),
                            (dlq, b"batch_a", letter(settings, "batch_a", b"\x00junk"))])
@@ -152,7 +153,7 @@ class FailingLetters(DeadLetters):
 
 async def test_a_letter_that_fails_is_passed_over_and_not_published_again(
         settings: Settings, sender: Sender) -> None:
-    dlq = DLQ.at(settings)
+    dlq = DLQ.at(settings.kafka)
     await write(settings, [validating(settings, "batch_ok"),
                            (dlq, b"batch_bug", letter(settings, "batch_bug", b"\x00x")),
                            (dlq, b"batch_ok", letter(settings, "batch_ok", b"\x00y"))])
@@ -167,7 +168,7 @@ async def test_a_letter_that_fails_is_passed_over_and_not_published_again(
 async def write_at(settings: Settings, topic: str, key: bytes, value: bytes,
                    timestamp_ms: int | None = None) -> tuple[int, int]:
     """One record stamped ``timestamp_ms`` (now when None): (partition, offset)."""
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap)
     await producer.start()
     try:
         meta = await producer.send_and_wait(topic, value, key=key, timestamp_ms=timestamp_ms)
@@ -186,10 +187,10 @@ async def test_a_status_stamped_long_before_its_command_is_still_found(
     job_id = f"batch_held_{held_s}"
     topic, key, value = validating(settings, job_id)
     await write_at(settings, topic, key, value, now_ms() - held_s * 1000)
-    partition, offset = await write_at(settings, JOBS.at(settings), key, b"\x00junk")
+    partition, offset = await write_at(settings, JOBS.at(settings.kafka), key, b"\x00junk")
     dead = codec.decode(letter(settings, job_id, b"\x00junk"), "DeadLetter")
     dead["partition"], dead["offset"] = partition, offset
-    await write(settings, [(DLQ.at(settings), key, codec.encode("DeadLetter", dead))])
+    await write(settings, [(DLQ.at(settings.kafka), key, codec.encode("DeadLetter", dead))])
     async with following(DeadCommands(settings, sender).run):
         await until_committed(settings, 1)
     assert await job_events(settings) == [(job_id, "invalid")]

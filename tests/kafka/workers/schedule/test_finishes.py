@@ -9,7 +9,7 @@ import uuid
 import pytest
 from aiokafka.partitioner import DefaultPartitioner
 
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from schemas.codec import default_codec
 from schemas.records import ErrorInfo, TokenChunk
 from tests.support.schedule_tasks import full_task
@@ -27,9 +27,9 @@ def chunk(rid: str, seq: int, finish: str | None, error: ErrorInfo | None = None
 
 
 async def test_final_and_error_chunks_of_wanted_requests_are_heard(services: None) -> None:
-    settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
-    await ensure_topics(settings, [s for s in catalog(settings)
-                                   if s.name == settings.topic("tokens")])
+    settings = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    await ensure_topics(settings, [s for s in catalog(settings.kafka)
+                                   if s.name == settings.kafka.topic("tokens")])
     heard: list[tuple[str, str, int]] = []
     errors: dict[str, ErrorInfo | None] = {}
 
@@ -41,7 +41,7 @@ async def test_final_and_error_chunks_of_wanted_requests_are_heard(services: Non
     follower = FinishFollower(settings, wanted.__contains__, on_finish)
     ready = asyncio.Event()
     running = asyncio.create_task(follower.run(ready))
-    producer = make_producer(settings)
+    producer = make_producer(settings.kafka)
     await producer.start()
     codec = default_codec()
     try:
@@ -52,7 +52,8 @@ async def test_final_and_error_chunks_of_wanted_requests_are_heard(services: Non
         chunks += [chunk("other", 0, None), chunk("other", 1, "length"),
                    chunk("failed", 0, None, error)]
         for c in chunks:
-            await producer.send_and_wait(settings.topic("tokens"), codec.encode("TokenChunk", c),
+            await producer.send_and_wait(settings.kafka.topic("tokens"),
+                                         codec.encode("TokenChunk", c),
                                          key=c["envelope"]["request_id"].encode())
         for _ in range(100):
             if len(heard) >= 9:
@@ -65,8 +66,8 @@ async def test_final_and_error_chunks_of_wanted_requests_are_heard(services: Non
         # one consumer reads every partition, and the ends heard came from several
         assert follower.follower is not None
         assert [tp.partition for tp in follower.follower.tps] == \
-            list(range(settings.pipeline_partitions))
-        everyone = list(range(settings.pipeline_partitions))
+            list(range(settings.kafka.pipeline_partitions))
+        everyone = list(range(settings.kafka.pipeline_partitions))
         assert len({DefaultPartitioner()(rid.encode(), everyone, everyone)
                     for rid, _, _ in heard}) > 1
     finally:

@@ -10,7 +10,7 @@ import uuid
 
 from aiokafka import TopicPartition
 
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from topics.admin import ensure_topics
 from topics.catalog import catalog
 from topics.clients import make_consumer, make_producer, stop_consumer
@@ -19,11 +19,11 @@ from workers.usage.fetching import seek_committed_or_earliest
 
 async def test_a_partition_never_committed_is_read_again_from_its_beginning(
         services: None) -> None:
-    settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
-    feedback, usage = settings.topic("feedback"), settings.topic("usage")
-    await ensure_topics(settings, [s for s in catalog(settings)
+    settings = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    feedback, usage = settings.kafka.topic("feedback"), settings.kafka.topic("usage")
+    await ensure_topics(settings, [s for s in catalog(settings.kafka)
                                    if s.name in (feedback, usage)])
-    producer = make_producer(settings)
+    producer = make_producer(settings.kafka)
     await producer.start()
     try:
         for i in range(5):
@@ -31,7 +31,8 @@ async def test_a_partition_never_committed_is_read_again_from_its_beginning(
             await producer.send_and_wait(usage, f"u{i}".encode(), partition=0)
     finally:
         await producer.stop()
-    consumer = make_consumer(settings, feedback, usage, group=settings.group("accounting"))
+    consumer = make_consumer(settings.kafka, feedback, usage,
+                             group=settings.kafka.group("accounting"))
     await consumer.start()
     try:
         fb, us = TopicPartition(feedback, 0), TopicPartition(usage, 0)

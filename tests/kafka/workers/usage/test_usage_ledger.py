@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from conveyor.errors import InvalidRequest
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from tests.support.services import prefix_redis
 from topics.envelope import now_ms
 from workers.usage import UsageLedger, UsageRow
@@ -28,7 +28,7 @@ MONTH = bucket_start(NOW, "month")
 
 @pytest.fixture
 def settings(services: None) -> Settings:
-    return Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    return load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
 
 
 @pytest.fixture
@@ -61,8 +61,8 @@ def rows() -> list[tuple[RowKey, Counts]]:
 
 async def test_the_quota_keys_hold_integer_totals_under_the_rate_limiters_names(
         settings: Settings, redis: aioredis.Redis) -> None:
-    assert await RedisMirror(redis, UsageKeys(settings.topic_prefix)).write(rows()) == 18
-    p = settings.topic_prefix
+    assert await RedisMirror(redis, UsageKeys(settings.kafka.topic_prefix)).write(rows()) == 18
+    p = settings.kafka.topic_prefix
     today = dt.datetime.fromtimestamp(NOW / 1000, tz=dt.UTC)
     assert await redis.get(f"{p}:usage:acme:day:{today:%Y-%m-%d}") == b"360"
     assert await redis.get(f"{p}:usage:acme:month:{today:%Y-%m}") == b"1080"
@@ -81,7 +81,7 @@ async def test_the_quota_keys_hold_integer_totals_under_the_rate_limiters_names(
 
 async def test_reports_by_day_and_minute_for_the_tenant_a_key_and_a_model(
         settings: Settings, redis: aioredis.Redis) -> None:
-    await RedisMirror(redis, UsageKeys(settings.topic_prefix)).write(rows())
+    await RedisMirror(redis, UsageKeys(settings.kafka.topic_prefix)).write(rows())
     ledger = UsageLedger(settings, redis)
     by_day = await ledger.report("acme", since_ms=NOW - 7 * DAY_MS, until_ms=NOW)
     assert by_day == [
@@ -112,7 +112,7 @@ async def test_reports_by_day_and_minute_for_the_tenant_a_key_and_a_model(
 
 async def test_writing_again_changes_nothing(settings: Settings,
                                             redis: aioredis.Redis) -> None:
-    mirror = RedisMirror(redis, UsageKeys(settings.topic_prefix), batch=7)
+    mirror = RedisMirror(redis, UsageKeys(settings.kafka.topic_prefix), batch=7)
     await mirror.write(rows())
     ledger = UsageLedger(settings, redis)
     first = await ledger.report("acme", since_ms=0, until_ms=NOW + 1, by="minute")

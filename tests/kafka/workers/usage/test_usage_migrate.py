@@ -19,7 +19,7 @@ import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from tests.unit.workers.usage.test_usage_ratings import NOW, Changelog, rating
 from topics.admin import drop_topics
 from topics.clients import make_consumer
@@ -36,7 +36,7 @@ def faust(value: Any) -> bytes:
 
 async def read(settings: Settings, topic: str) -> list[tuple[bytes, bytes]]:
     tp = TopicPartition(topic, 0)
-    consumer = make_consumer(settings, group=None)
+    consumer = make_consumer(settings.kafka, group=None)
     await consumer.start()
     try:
         consumer.assign([tp])
@@ -51,8 +51,8 @@ async def read(settings: Settings, topic: str) -> list[tuple[bytes, bytes]]:
 
 
 async def test_the_two_old_tables_become_the_one(services: None) -> None:
-    settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
-    app_id = settings.group("accounting")
+    settings = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    app_id = settings.kafka.group("accounting")
     # what today's table holds after these ratings; the old tables held the same
     # rows, and each latest rating under the bare request id
     today = Ratings({}, lambda: NOW)
@@ -61,9 +61,9 @@ async def test_the_two_old_tables_become_the_one(services: None) -> None:
     rows = {k: v for k, v in today.table.items() if not k.startswith(LATEST)}
     latest = {k[len(LATEST):]: v for k, v in today.table.items() if k.startswith(LATEST)}
     names = {t: f"{app_id}-{t}-changelog" for t in (OLD_TOTALS, OLD_LATEST, NEW)}
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap)
     await admin.start()
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap)
     await producer.start()
     try:
         await admin.create_topics([NewTopic(n, 1, 1) for n in names.values()])
@@ -90,7 +90,7 @@ async def test_the_two_old_tables_become_the_one(services: None) -> None:
     finally:
         await producer.stop()
         await admin.close()
-        await asyncio.to_thread(drop_topics, settings.kafka_bootstrap, settings.topic_prefix)
+        await asyncio.to_thread(drop_topics, settings.kafka.bootstrap, settings.kafka.topic_prefix)
 
 
 # --- a start killed part-way (the module's docstring) ------------------------------
@@ -98,9 +98,9 @@ async def test_the_two_old_tables_become_the_one(services: None) -> None:
 ROOT = Path(__file__).resolve().parents[4]
 # a start of the accounting app that gets as far as the copy: prefix, app id, table
 CHILD = ("import asyncio, sys\n"
-         "from conveyor.settings import Settings\n"
+         "from conveyor.settings import load_settings\n"
          "from workers.usage.migrate import carry_old_ratings\n"
-         "asyncio.run(carry_old_ratings(Settings(topic_prefix=sys.argv[1]), sys.argv[2],"
+         "asyncio.run(carry_old_ratings(load_settings(topic_prefix=sys.argv[1]), sys.argv[2],"
          " sys.argv[3]))\n")
 
 
@@ -134,10 +134,10 @@ async def old_tables(settings: Settings, requests: int
     """The changelogs of the old tables (and the new one, empty) of a prefix of
     its own, the old ones written as ``history(requests)`` says: the topic of each
     table, what the new table should hold, the old writes."""
-    app_id = settings.group("accounting")
+    app_id = settings.kafka.group("accounting")
     names = {t: f"{app_id}-{t}-changelog" for t in (OLD_TOTALS, OLD_LATEST, NEW)}
     table, old = history(requests)
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap)
     await admin.start()
     try:
         await admin.create_topics([NewTopic(n, 1, 1) for n in names.values()])
@@ -149,7 +149,7 @@ async def old_tables(settings: Settings, requests: int
 
 async def write(settings: Settings, records: Writes) -> None:
     """``records`` (topic, key, value) in their order, acknowledged."""
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, linger_ms=5,
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap, linger_ms=5,
                                 enable_idempotence=True)
     await producer.start()
     try:
@@ -181,7 +181,8 @@ def restored(carried: list[tuple[bytes, bytes]]) -> dict[str, Any]:
 def start_copy(settings: Settings, stderr: Path) -> subprocess.Popen[bytes]:
     with stderr.open("wb") as err:
         return subprocess.Popen(
-            [sys.executable, "-c", CHILD, settings.topic_prefix, settings.group("accounting"),
+            [sys.executable, "-c", CHILD, settings.kafka.topic_prefix,
+             settings.kafka.group("accounting"),
              NEW], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
 
 
@@ -195,7 +196,7 @@ async def kill_mid_copy(settings: Settings, names: dict[str, str], total: int,
     ``total`` records are in the new changelog: how many were (its end offset,
     after the kill), or None when the kill came too late (the copy had ended)."""
     tp = TopicPartition(names[NEW], 0)
-    consumer = make_consumer(settings, group=None)
+    consumer = make_consumer(settings.kafka, group=None)
     await consumer.start()
     child = start_copy(settings, stderr)
     try:
@@ -233,19 +234,19 @@ async def test_a_copy_killed_mid_way_is_done_again_on_the_next_start(
     try:
         # a kill must land mid-copy; a copy that ended first is tried again, larger
         for requests in (4000, 8000, 16000):
-            settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
-            prefixes.append(settings.topic_prefix)
+            settings = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+            prefixes.append(settings.kafka.topic_prefix)
             names, table, old = await old_tables(settings, requests)
             total = len(table)
             killed_at = await kill_mid_copy(settings, names, total,
-                                            tmp_path / f"{settings.topic_prefix}.stderr")
+                                            tmp_path / f"{settings.kafka.topic_prefix}.stderr")
             if killed_at is not None:
                 break
         else:
             pytest.fail("every copy ended before it could be killed part-way")
         assert 0 < killed_at < total
-        app_id = settings.group("accounting")
-        admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+        app_id = settings.kafka.group("accounting")
+        admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap)
         await admin.start()
         # killed before the deletes: the old totals say the copy is still to do
         assert {names[OLD_TOTALS], names[OLD_LATEST]} <= set(await admin.list_topics())
@@ -266,13 +267,13 @@ async def test_a_copy_killed_mid_way_is_done_again_on_the_next_start(
         if admin is not None:
             await admin.close()
         for prefix in prefixes:
-            await asyncio.to_thread(drop_topics, Settings().kafka_bootstrap, prefix)
+            await asyncio.to_thread(drop_topics, load_settings().kafka.bootstrap, prefix)
 
 
 async def test_a_start_between_the_two_deletes_carries_the_rows_again(services: None) -> None:
-    settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
-    app_id = settings.group("accounting")
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    settings = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    app_id = settings.kafka.group("accounting")
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap)
     await admin.start()
     try:
         names, table, old = await old_tables(settings, 200)
@@ -305,4 +306,4 @@ async def test_a_start_between_the_two_deletes_carries_the_rows_again(services: 
         assert len(await read(settings, names[NEW])) == len(carried)
     finally:
         await admin.close()
-        await asyncio.to_thread(drop_topics, settings.kafka_bootstrap, settings.topic_prefix)
+        await asyncio.to_thread(drop_topics, settings.kafka.bootstrap, settings.kafka.topic_prefix)

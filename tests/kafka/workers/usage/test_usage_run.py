@@ -14,7 +14,7 @@ from typing import Any
 import faust
 import pytest
 
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from tests.kafka.topics.test_admin import _describe
 from tests.support.pipeline import drop_topics
 from workers.usage import run
@@ -22,9 +22,9 @@ from workers.usage import run
 
 def test_the_changelogs_are_served_before_faust_starts(
         services: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
-    app_id = settings.group("accounting")
-    wanted = {f"{app_id}-usage-totals-changelog": settings.pipeline_partitions,
+    settings = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    app_id = settings.kafka.group("accounting")
+    wanted = {f"{app_id}-usage-totals-changelog": settings.kafka.pipeline_partitions,
               f"{app_id}-feedback-ratings-changelog": 1}
     seen: list[Any] = []
 
@@ -46,4 +46,4 @@ def test_the_changelogs_are_served_before_faust_starts(
             assert all(p["leader"] >= 0 for p in served[name]), served
             assert configs[name]["cleanup.policy"] == "compact", configs
     finally:
-        drop_topics(settings.kafka_bootstrap, settings.topic_prefix)
+        drop_topics(settings.kafka.bootstrap, settings.kafka.topic_prefix)

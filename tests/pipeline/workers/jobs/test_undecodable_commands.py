@@ -20,14 +20,14 @@ import openai
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from schemas.codec import default_codec
 from schemas.records import DeadLetter, JobResult, JobStatus
 from tests.support.pipeline import Pipeline
-from workers.job_results import job_event
 from workers.jobs.batch import BatchFold
 from workers.jobs.dead_commands import DEAD_COMMANDS_GROUP, failure_event
 from workers.jobs.response import ResponseFold
+from workers.outputs import job_event
 
 TENANT = "default"  # the tenant of an unauthenticated gateway
 
@@ -35,7 +35,7 @@ TENANT = "default"  # the tenant of an unauthenticated gateway
 # -- the folds and the decision -----------------------------------------------------
 
 def _event(kind: str, **detail: Any) -> JobResult:
-    record: JobResult = job_event(Settings(topic_prefix="x"), "batch_1", kind,
+    record: JobResult = job_event(load_settings(topic_prefix="x"), "batch_1", kind,
                                   json.dumps(detail)).record
     return record
 
@@ -52,7 +52,7 @@ def _status(state: str, kind: str = "batch", job_id: str = "batch_1") -> JobStat
 
 
 def test_a_rejected_command_fails_a_batch_that_is_still_validating() -> None:
-    settings = Settings(topic_prefix="x")
+    settings = load_settings(topic_prefix="x")
     out = failure_event(settings, default_codec(), _letter(b"\x00junk"), _status("validating"))
     assert out is not None and out.key == "batch_1" and out.topic == "x.results"
     fold = BatchFold("batch_1")
@@ -68,7 +68,7 @@ def test_a_rejected_command_fails_a_batch_that_is_still_validating() -> None:
 
 
 def test_a_command_that_decodes_but_failed_is_named_so() -> None:
-    settings = Settings(topic_prefix="x")
+    settings = load_settings(topic_prefix="x")
     good = default_codec().encode("JobCommand", {
         "job_id": "batch_1", "kind": "batch", "action": "create", "tenant": "acme",
         "key_id": "", "ts_ms": 1, "input_file_id": "f", "endpoint": "/v1/chat/completions",
@@ -85,12 +85,12 @@ def test_a_command_that_decodes_but_failed_is_named_so() -> None:
 @pytest.mark.parametrize("state", ["in_progress", "cancelling", "completed", "failed"])
 def test_a_job_past_validating_is_left_alone(state: str) -> None:
     """A running batch keeps its answers: only a command never carried out fails it."""
-    settings = Settings(topic_prefix="x")
+    settings = load_settings(topic_prefix="x")
     assert failure_event(settings, default_codec(), _letter(b"x"), _status(state)) is None
 
 
 def test_the_dead_letter_alone_when_the_key_names_no_job() -> None:
-    settings = Settings(topic_prefix="x")
+    settings = load_settings(topic_prefix="x")
     codec = default_codec()
     assert failure_event(settings, codec, _letter(b"x", key=None), _status("validating")) is None
     assert failure_event(settings, codec, _letter(b"x"), None) is None  # no job the board knows
@@ -103,7 +103,7 @@ def test_the_dead_letter_alone_when_the_key_names_no_job() -> None:
 
 
 def test_a_background_response_fails_with_the_error_when_queued() -> None:
-    settings = Settings(topic_prefix="x")
+    settings = load_settings(topic_prefix="x")
     status = _status("queued", kind="response", job_id="resp_1")
     out = failure_event(settings, default_codec(), _letter(b"junk", key=b"resp_1"), status)
     assert out is not None
@@ -190,11 +190,11 @@ def _newer_schema_command(batch_id: str) -> bytes:
 
 async def _write(p: Pipeline, records: list[tuple[str, bytes | None, bytes]]) -> None:
     """Produce ``(topic name, key, value)`` in order, each acknowledged."""
-    producer = AIOKafkaProducer(bootstrap_servers=p.settings.kafka_bootstrap)
+    producer = AIOKafkaProducer(bootstrap_servers=p.settings.kafka.bootstrap)
     await producer.start()
     try:
         for name, key, value in records:
-            await producer.send_and_wait(p.settings.topic(name), value, key=key)
+            await producer.send_and_wait(p.settings.kafka.topic(name), value, key=key)
     finally:
         await producer.stop()
 
@@ -227,12 +227,12 @@ def _letters(p: Pipeline) -> list[dict[str, Any]]:
 async def _dlq_done(p: Pipeline) -> int:
     """The next DLQ offset the jobs layer's dead-command follower has committed
     (-1 before its first commit)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=p.settings.kafka_bootstrap,
-                                group_id=p.settings.group(DEAD_COMMANDS_GROUP),
+    consumer = AIOKafkaConsumer(bootstrap_servers=p.settings.kafka.bootstrap,
+                                group_id=p.settings.kafka.group(DEAD_COMMANDS_GROUP),
                                 enable_auto_commit=False)
     await consumer.start()
     try:
-        committed = await consumer.committed(TopicPartition(p.settings.topic("dlq"), 0))
+        committed = await consumer.committed(TopicPartition(p.settings.kafka.topic("dlq"), 0))
         return -1 if committed is None else committed
     finally:
         await consumer.stop()
@@ -251,13 +251,13 @@ def _until_letters_handled(p: Pipeline, within: float = 60.0) -> list[dict[str, 
 
 def _results_of(p: Pipeline, job_id: str) -> list[JobResult]:
     async def read() -> list[JobResult]:
-        consumer = AIOKafkaConsumer(bootstrap_servers=p.settings.kafka_bootstrap,
+        consumer = AIOKafkaConsumer(bootstrap_servers=p.settings.kafka.bootstrap,
                                     enable_auto_commit=False)
         await consumer.start()
-        topic = p.settings.topic("results")
+        topic = p.settings.kafka.topic("results")
         found: list[JobResult] = []
         try:
-            tps = [TopicPartition(topic, n) for n in range(p.settings.pipeline_partitions)]
+            tps = [TopicPartition(topic, n) for n in range(p.settings.kafka.pipeline_partitions)]
             consumer.assign(tps)
             await consumer.seek_to_beginning(*tps)
             ends = await consumer.end_offsets(tps)
@@ -295,7 +295,7 @@ def test_an_undecodable_create_fails_its_batch_and_stays_in_the_dlq(
     assert error.message
     letters = [x for x in _letters(conveyor) if x["key"] == batch_id]
     assert len(letters) == 1 and "SchemaError" in letters[0]["error"], letters
-    assert letters[0]["source"].startswith(conveyor.settings.topic("jobs"))
+    assert letters[0]["source"].startswith(conveyor.settings.kafka.topic("jobs"))
 
 
 def test_a_redelivered_undecodable_command_fails_its_batch_once(conveyor: Pipeline) -> None:
@@ -361,7 +361,7 @@ def test_a_command_of_an_ended_job_is_not_redriven(conveyor: Pipeline) -> None:
                          metadata={}, generation=None, models=[], body="")
     [letter] = [x for x in _letters(conveyor) if x["key"] == batch_id]
     partition, offset = re.fullmatch(r".*\[(\d+)\]@(\d+)", letter["source"]).groups()  # type: ignore[union-attr]
-    fixed = DeadLetter(layer="jobs", topic=conveyor.settings.topic("jobs"),
+    fixed = DeadLetter(layer="jobs", topic=conveyor.settings.kafka.topic("jobs"),
                        partition=int(partition), offset=int(offset),
                        key=batch_id.encode(), value=default_codec().encode("JobCommand", command),
                        error="SchemaError: since fixed", ts_ms=int(time.time() * 1000))

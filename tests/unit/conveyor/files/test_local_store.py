@@ -24,13 +24,13 @@ from conveyor.files.store import (
     FileStore,
     new_file_id,
 )
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 
 LINES = b'{"custom_id": "a"}\n{"custom_id": "b"}\n'
 
 
 def make_store(tmp_path: Path) -> LocalFileStore:
-    return LocalFileStore(Settings(files_dir=tmp_path / "files"))
+    return LocalFileStore(load_settings(files_dir=tmp_path / "files").jobs)
 
 
 async def pieces(data: bytes, size: int) -> AsyncIterator[bytes]:

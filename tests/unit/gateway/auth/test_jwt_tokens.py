@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from pydantic import SecretStr
 
 from conveyor.errors import InvalidApiKey
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from gateway.auth.jwt_tokens import CACHE_ENTRIES, InvalidJwt, JwtVerifier
 from gateway.auth.types import Identity, Limits
 
@@ -76,11 +76,11 @@ def hand_signed_hs256(payload: dict[str, Any], secret: bytes, kid: str | None = 
 
 
 def hs_verifier(**settings: Any) -> JwtVerifier:
-    return JwtVerifier(Settings(auth="jwt", jwt_secret=SecretStr(SECRET), **settings))
+    return JwtVerifier(load_settings(auth="jwt", jwt_secret=SecretStr(SECRET), **settings))
 
 
 def jwks_verifier(path: Path, **settings: Any) -> JwtVerifier:
-    return JwtVerifier(Settings(auth="jwt", jwt_jwks_file=path, **settings))
+    return JwtVerifier(load_settings(auth="jwt", jwt_jwks_file=path, **settings))
 
 
 @pytest.fixture
@@ -304,12 +304,12 @@ def test_error_messages_never_contain_the_token_or_its_parts(
 
 def test_neither_secret_nor_jwks_is_a_startup_error() -> None:
     with pytest.raises(ValueError, match="CONVEYOR_JWT_SECRET.*CONVEYOR_JWT_JWKS_FILE"):
-        JwtVerifier(Settings(auth="jwt"))
+        JwtVerifier(load_settings(auth="jwt"))
 
 
 def test_a_short_secret_is_a_startup_error() -> None:
     with pytest.raises(ValueError, match="CONVEYOR_JWT_SECRET"):
-        JwtVerifier(Settings(auth="jwt", jwt_secret=SecretStr("short")))
+        JwtVerifier(load_settings(auth="jwt", jwt_secret=SecretStr("short")))
 
 
 def test_an_unusable_jwks_file_is_a_startup_error(tmp_path: Path) -> None:

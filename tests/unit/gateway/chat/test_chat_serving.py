@@ -12,7 +12,7 @@ import json
 import time
 from typing import Any
 
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from gateway import sse
 from gateway.answer import Answer
 from gateway.chat.serving import ChatServing
@@ -33,7 +33,7 @@ def reply(index: int, kind: str, chunks: list[dict[str, Any]] | None = None) -> 
 def setup(keepalive: float = 0.05, deadline_s: float = 5.0, grace_s: float = 0,
           resumable: bool = True) -> tuple[ChatServing, Answer, RecordingProducer]:
     producer = RecordingProducer()
-    settings = Settings(topic_prefix="sv", sse_keepalive_s=keepalive, resume_grace_s=grace_s,
+    settings = load_settings(topic_prefix="sv", sse_keepalive_s=keepalive, resume_grace_s=grace_s,
                         resumable_streams=resumable)
     serving = chat_serving(settings, producer)
     answer = Answer(ReplyStream("r1"), time.monotonic() + deadline_s,

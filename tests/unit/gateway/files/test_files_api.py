@@ -20,7 +20,7 @@ from fastapi import FastAPI
 from openai.resources.files import AsyncFiles
 from starlette.types import Message, Receive, Scope, Send
 
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from gateway.app import build_app
 from gateway.files.api_router import MULTIPART_ALLOWANCE
 from gateway.limits import BodyLimit
@@ -32,7 +32,7 @@ MAX_BODY = 16 * 1024
 
 @pytest.fixture
 def app(tmp_path: Path) -> FastAPI:
-    settings = Settings(files_dir=tmp_path / "files", max_file_bytes=MAX_FILE,
+    settings = load_settings(files_dir=tmp_path / "files", max_file_bytes=MAX_FILE,
                         max_body_bytes=MAX_BODY)
     app = build_app(settings)
     app.state.services = offline_services(settings)

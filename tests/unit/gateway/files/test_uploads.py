@@ -11,15 +11,15 @@ import pytest
 from conveyor.errors import InvalidRequest, RequestTooLarge
 from conveyor.files.local import LocalFileStore
 from conveyor.files.store import FilePurpose
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from gateway.files.uploads import UploadCheck, check_purpose, checked
 
-SETTINGS = Settings(max_file_bytes=1000, batch_max_lines=3)
+SETTINGS = load_settings(max_file_bytes=1000, batch_max_lines=3)
 
 
 def run(data: bytes, chunk: int = 7, purpose: FilePurpose = "batch",
         settings: Settings = SETTINGS) -> UploadCheck:
-    check = UploadCheck(settings, purpose)
+    check = UploadCheck(settings.jobs, purpose)
     for start in range(0, len(data), chunk):
         check.feed(data[start:start + chunk])
     check.finish()
@@ -81,19 +81,19 @@ def test_only_batch_files_are_uploaded(purpose: object) -> None:
 
 
 async def test_a_refused_upload_leaves_nothing_in_the_store(tmp_path: Path) -> None:
-    store = LocalFileStore(Settings(files_dir=tmp_path, max_file_bytes=1000))
+    store = LocalFileStore(load_settings(files_dir=tmp_path, max_file_bytes=1000).jobs)
 
     async def body() -> AsyncIterator[bytes]:
         yield b'{"a": 1}\n{"b": 2}\n'
         yield b"oops\n"
         yield b'{"c": 3}\n'
 
-    check = UploadCheck(store.settings, "batch")
+    check = UploadCheck(store.jobs, "batch")
     with pytest.raises(InvalidRequest, match="Line 3"):
         await store.create("acme", "batch", "in.jsonl", checked(body(), check))
     assert list(store.tenant_dir("acme").iterdir()) == []
 
-    good = UploadCheck(store.settings, "batch")
+    good = UploadCheck(store.jobs, "batch")
     created = await store.create("acme", "batch", "in.jsonl",
                                  checked(_once(b'{"a": 1}\n'), good))
     assert await store.read("acme", created.id) == b'{"a": 1}\n'
@@ -106,5 +106,5 @@ async def _once(data: bytes) -> AsyncIterator[bytes]:
 def test_a_line_nested_past_the_json_parser_is_a_400_naming_it() -> None:
     data = b'{"a": 1}\n' + b"[" * 100_000 + b"]" * 100_000 + b"\n"
     with pytest.raises(InvalidRequest) as info:
-        run(data, chunk=4096, settings=Settings(max_file_bytes=1_000_000, batch_max_lines=3))
+        run(data, chunk=4096, settings=load_settings(max_file_bytes=1_000_000, batch_max_lines=3))
     assert "Line 2" in str(info.value) and info.value.param == "file"

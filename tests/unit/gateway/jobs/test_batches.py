@@ -10,14 +10,14 @@ import pytest
 from aiokafka.errors import KafkaConnectionError
 
 from conveyor.errors import PipelineUnavailable
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from gateway.auth.types import Identity
 from gateway.jobs.batches import BatchCreateRequest, Batches
 from gateway.jobs.board import JobBoard
 from schemas.codec import default_codec
 from tests.support.gateway_fakes import HANG, ScriptedProducer, publisher
 
-SETTINGS = Settings(topic_prefix="bt", produce_timeout_s=0.2)
+SETTINGS = load_settings(topic_prefix="bt", produce_timeout_s=0.2)
 ACME = Identity(tenant="acme", key_id="k1")
 BODY = BatchCreateRequest(input_file_id="file-1", endpoint="/v1/chat/completions",
                           completion_window="24h")

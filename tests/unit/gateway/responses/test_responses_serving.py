@@ -16,7 +16,7 @@ from pydantic import TypeAdapter
 
 from conveyor.errors import RequestError
 from conveyor.registry import Registry
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from gateway import sse
 from gateway.answer import Answer
 from gateway.app import build_app
@@ -118,7 +118,7 @@ def reply(index: int, kind: str, text: str = "", finish: str | None = None,
 def setup(deadline_s: float = 5.0, keepalive: float = 0.05
           ) -> tuple[ResponsesServing, Answer, RecordingProducer]:
     producer = RecordingProducer()
-    settings = Settings(topic_prefix="rs", sse_keepalive_s=keepalive)
+    settings = load_settings(topic_prefix="rs", sse_keepalive_s=keepalive)
     serving = responses_serving(settings, producer)
     answer = Answer(ReplyStream("r1"), time.monotonic() + deadline_s,
                     Router(), serving.cancels)  # type: ignore[arg-type]
@@ -210,7 +210,7 @@ async def test_a_client_that_leaves_mid_stream_cancels_the_generation() -> None:
     """At once when streams are not resumable (after the grace otherwise: see
     tests/kafka/gateway/test_responses_resume.py)."""
     serving, answer, producer = setup()
-    serving.settings = serving.settings.model_copy(update={"resumable_streams": False})
+    serving.settings = serving.settings.replace(resumable_streams=False)
     req = body(stream=True)
     frames = serving.stream(generation_of(req), answer, req, reply(0, "delta", "Par"))
     assert (await frames.__anext__()).startswith(b"event: response.created\n")
@@ -236,7 +236,7 @@ class TakenInBackground:
 @pytest.fixture(scope="module")
 def http() -> TestClient:
     """The gateway's own application, without its pipeline (no lifespan runs)."""
-    settings, registry = Settings(topic_prefix="rs"), Registry.load(TEST_MODELS)
+    settings, registry = load_settings(topic_prefix="rs"), Registry.load(TEST_MODELS)
     app = build_app(settings, registry)
     app.state.services = offline_services(settings, registry)
     return TestClient(app)

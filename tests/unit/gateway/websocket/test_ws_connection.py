@@ -17,7 +17,7 @@ from pydantic import SecretStr
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from gateway.auth.authenticate import Authenticator
 from gateway.auth.keys import KeyStore
 from gateway.auth.middleware import AuthMiddleware
@@ -71,7 +71,7 @@ def server() -> Iterator[tuple[FastAPI, str]]:
 @pytest.fixture
 def open_app(server: tuple[FastAPI, str]) -> str:
     app, url = server
-    app.state.authenticator = Authenticator(Settings())
+    app.state.authenticator = Authenticator(load_settings())
     return url
 
 
@@ -122,9 +122,9 @@ async def test_a_starting_gateway_closes_handshakes_with_1013(
 async def test_a_bad_or_missing_key_closes_with_1008_before_any_message(
         server: tuple[FastAPI, str]) -> None:
     app, url = server
-    settings = Settings(auth="keys", auth_secret=SecretStr("s" * 32),
+    settings = load_settings(auth="keys", auth_secret=SecretStr("s" * 32),
                         topic_prefix=f"t{uuid.uuid4().hex[:10]}")
-    redis = aioredis.from_url(settings.redis_url)
+    redis = aioredis.from_url(settings.redis.url)
     app.state.authenticator = Authenticator(settings, keys=KeyStore(settings, redis))
     try:
         code, reason = await closed_with(f"{url}/v1/echo")

@@ -3,8 +3,8 @@ mapped to NVML's devices (indices, UUIDs and their prefixes, MIG instances, the 
 ended at the first entry naming no device), several devices averaged and summed, NVML
 initialised once and asked again at most once a minute where it is missing.
 
-No GPU is here, so NVML is a stand-in with NVML's calls and errors; bench/gpu_probe.py
-checks the probe against a real GPU."""
+No GPU is here, so NVML is a stand-in with NVML's calls and errors; the probe was
+checked against a real GPU once (docs/decisions/0011-vllm-in-the-worker.md)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from schemas.codec import default_codec
 from workers.infer.engines.base import Engine, HostCacheStats, KvState
 from workers.infer.engines.llamacpp_cache import kv_bytes_per_token
@@ -28,7 +28,7 @@ class Delivered:
 async def beat(kv: KvState | None, prefix_blocks: list[int] | None = None,
                host_cache: HostCacheStats | None = None) -> dict[str, Any]:
     sent = Delivered()
-    heartbeat = Heartbeat(Settings(topic_prefix="hb"), cast(Sender, sent), "w0", "cpu",
+    heartbeat = Heartbeat(load_settings(topic_prefix="hb"), cast(Sender, sent), "w0", "cpu",
                           "llamacpp-batch", ["smollm2"], 4,
                           lambda: Snapshot([0, 1], 1, 0, kv=kv, prefix_blocks=prefix_blocks,
                                            host_cache=host_cache))
@@ -82,7 +82,7 @@ async def test_the_host_cache_goes_out_with_the_heartbeat() -> None:
 def test_a_worker_reports_no_more_blocks_than_its_caches_hold() -> None:
     """Of 100 blocks of 64 tokens run: all, where the engine cannot say; as
     many as its KV cache holds; as many as its contexts and host memory hold."""
-    settings = Settings(prefix_block_tokens=64, prefix_report_blocks=1024)
+    settings = load_settings(prefix_block_tokens=64, prefix_report_blocks=1024)
 
     def report(engine: object, kv: KvState | None) -> list[int] | None:
         held = HeldBlocks(1024)
@@ -97,7 +97,7 @@ def test_a_worker_reports_no_more_blocks_than_its_caches_hold() -> None:
     assert report(Holds(None), kv) == list(range(90, 100))  # 640 tokens of KV: 10 blocks
     assert report(Holds(30 * 64), kv) == list(range(70, 100))  # and host memory behind it
     assert reported_blocks(HeldBlocks(), cast(Engine, object()), None,
-                           Settings(prefix_report_blocks=0)) is None
+                           load_settings(prefix_report_blocks=0)) is None
 
 
 def test_a_tokens_kv_comes_from_the_models_metadata() -> None:

@@ -10,7 +10,7 @@ from typing import Any, cast
 import pytest
 
 from cli.workers import describe, render
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from schemas.codec import default_codec
 from tests.support.schedule_tasks import beat
 from workers.infer.heartbeat import Heartbeat, Snapshot
@@ -39,7 +39,7 @@ async def test_the_heartbeat_carries_the_speed() -> None:
         async def deliver(self, output: Output) -> None:
             sent.append(output)
 
-    heartbeat = Heartbeat(Settings(topic_prefix="hb"), cast(Sender, Delivered()), "w0", "cpu",
+    heartbeat = Heartbeat(load_settings(topic_prefix="hb"), cast(Sender, Delivered()), "w0", "cpu",
                           "llamacpp", ["smollm2"], 2,
                           lambda: Snapshot([0], 1, 0, prefill_tps=850.0, tpot_ms=21.5))
     await heartbeat.beat()
@@ -68,7 +68,7 @@ def test_a_faster_worker_weighs_more_and_gets_the_task_at_equal_load() -> None:
 
 
 def test_conveyor_workers_shows_the_speed() -> None:
-    settings = Settings(topic_prefix="speed")
+    settings = load_settings(topic_prefix="speed")
     row = describe({**beat("a"), "prefill_tps": 812.44, "tpot_ms": 21.06},  # type: ignore[typeddict-item]
                    settings, 0)
     assert (row["prefill_tps"], row["tpot_ms"]) == (812.4, 21.1)

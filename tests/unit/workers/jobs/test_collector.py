@@ -11,11 +11,10 @@ from typing import Any
 from aiokafka import TopicPartition
 
 from conveyor.files.local import LocalFileStore
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from topics.envelope import new_envelope
-from workers.job_results import job_event
 from workers.jobs.collector import CANCEL_GRACE_MS, ResultsLayer, output_file_id
-from workers.outputs import Output, result_output
+from workers.outputs import Output, job_event, result_output
 
 
 class Recording:
@@ -34,8 +33,8 @@ class Rec:
 
 
 def setup(tmp_path: Path) -> tuple[Settings, ResultsLayer, LocalFileStore]:
-    settings = Settings(topic_prefix="x", files_dir=tmp_path)
-    files = LocalFileStore(settings)
+    settings = load_settings(topic_prefix="x", files_dir=tmp_path)
+    files = LocalFileStore(settings.jobs)
     return settings, ResultsLayer(settings, files), files
 
 

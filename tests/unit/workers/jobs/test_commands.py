@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from conveyor.policy.rules import PolicyBook
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from schemas.records import Generation, JobCommand, Request
 from tests.support.factories import generation
 from workers.jobs.commands import JobsLayer
@@ -33,7 +33,7 @@ class Files:
 def _layer(content: bytes = b"") -> JobsLayer:
     book = PolicyBook()
     book.set("tenant:acme", '[pii]\nredact = ["email", "phone"]\n')
-    return JobsLayer(Settings(), Files(content), policies=book)
+    return JobsLayer(load_settings(), Files(content), policies=book)
 
 
 def _command(kind: str, generation: Generation | None = None) -> JobCommand:

@@ -12,7 +12,7 @@ import pytest
 
 from conveyor.policy.rules import PolicyBook
 from conveyor.policy.safety import Match, StreamScanner, TermList
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from schemas.codec import default_codec
 from schemas.records import ChunkHeader, Prompt, TokenChunk
 from tests.support.factories import Record, generation
@@ -132,7 +132,7 @@ SECRET = "internal use only"
 
 @pytest.fixture
 def settings() -> Settings:
-    return Settings(topic_prefix="pptest")
+    return load_settings(topic_prefix="pptest")
 
 
 @pytest.fixture
@@ -151,7 +151,7 @@ async def handle_all(layer: PostprocessLayer, chunks: list[TokenChunk]) -> list[
     outputs: list[Output] = []
     codec = default_codec()
     for offset, c in enumerate(chunks):
-        out = await layer.handle(c, Record(layer.source.at(layer.settings), 0, offset))
+        out = await layer.handle(c, Record(layer.source.at(layer.settings.kafka), 0, offset))
         for o in out:  # every output is an event the log takes
             assert codec.decode(codec.encode(o.event_type, o.record), o.event_type) == o.record
         outputs.extend(out)
@@ -197,7 +197,7 @@ async def test_a_blocked_answer_ends_with_content_filter_and_is_audited(
     assert audit["detail"] == {"category": "leaks", "level": "1", "scopes": "tenant:acme"}
     assert audit["reason"] == "content policy: leaks"
     audit_output = next(o for o in outputs if o.event_type == "AuditEvent")
-    assert audit_output.topic == settings.topic("audit") and audit_output.key == "acme"
+    assert audit_output.topic == settings.kafka.topic("audit") and audit_output.key == "acme"
     # the term is nowhere in the log's copy of the block
     for word in ("internal", "use only", SECRET):
         assert word not in json.dumps(audit)

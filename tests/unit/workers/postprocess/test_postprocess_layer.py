@@ -8,7 +8,7 @@ from typing import Any, Literal, cast
 import pytest
 from aiokafka import TopicPartition
 
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from schemas.codec import default_codec
 from schemas.records import ChunkHeader, ErrorInfo, TokenChunk
 from tests.support.factories import Record
@@ -21,7 +21,7 @@ REPLY_PARTITION = 3
 
 @pytest.fixture
 def settings() -> Settings:
-    return Settings()
+    return load_settings()
 
 
 @pytest.fixture
@@ -47,7 +47,7 @@ class Feeder:
 
     def __init__(self, layer: PostprocessLayer, partition: int = 0) -> None:
         self.layer = layer
-        self.tp = TopicPartition(layer.source.at(layer.settings), partition)
+        self.tp = TopicPartition(layer.source.at(layer.settings.kafka), partition)
         self.offset = 0
 
     async def __call__(self, event: TokenChunk) -> list[Output]:
@@ -78,7 +78,7 @@ async def test_replies_go_to_the_gateways_partition_with_increasing_index(
     # the final chunk also yields the request's usage record (test_usage_output.py)
     outputs = [o for o in outputs if o.event_type == "Reply"]
     for out in outputs:
-        assert out.topic == settings.topic("replies")
+        assert out.topic == settings.kafka.topic("replies")
         assert out.partition == REPLY_PARTITION
         assert out.key == "r1"
     assert [r["index"] for r in replies(outputs)] == list(range(len(outputs)))
@@ -166,7 +166,7 @@ async def test_an_early_stop_sequence_cancels_the_generation(
     controls = [o for o in outputs if o.event_type == "Control"]
     assert len(controls) == 1
     control = controls[0]
-    assert control.topic == settings.topic("control")
+    assert control.topic == settings.kafka.topic("control")
     assert control.key == "r1"
     assert control.record["request_id"] == "r1" and control.record["action"] == "cancel"
     rs = replies(outputs)

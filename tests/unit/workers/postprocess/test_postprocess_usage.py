@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from aiokafka import TopicPartition
 
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from schemas.codec import default_codec
 from schemas.records import ChunkHeader, ErrorInfo, TokenChunk, UsageRecord
 from tests.support.factories import Record
@@ -21,7 +21,7 @@ ENTERED_US = 1_790_000_000_123_456
 
 @pytest.fixture
 def settings() -> Settings:
-    return Settings(topic_prefix="pp-usage")
+    return load_settings(topic_prefix="pp-usage")
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def chunk(seq: int, text: str = "", *, tokens: int = 1, finish: str | None = Non
 class Feeder:
     def __init__(self, layer: PostprocessLayer) -> None:
         self.layer = layer
-        self.tp = TopicPartition(layer.source.at(layer.settings), 0)
+        self.tp = TopicPartition(layer.source.at(layer.settings.kafka), 0)
         self.offset = 0
         self.codec = default_codec()
 
@@ -77,7 +77,7 @@ async def test_a_finished_request_writes_one_usage_record_keyed_by_tenant(
     records = [o for o in outputs if o.event_type == "UsageRecord"]
     assert len(records) == 1
     out = records[0]
-    assert out.topic == settings.topic("usage")
+    assert out.topic == settings.kafka.topic("usage")
     assert out.key == TENANT and out.partition is None
     rec = out.record
     assert {k: v for k, v in rec.items() if k != "finished_ms"} == {
@@ -116,7 +116,7 @@ async def test_an_error_before_any_token_counts_the_request_with_no_completion(
     assert [o.record["kind"] for o in outputs if o.event_type == "Reply"] == ["error"]
     records = [o for o in outputs if o.event_type == "UsageRecord"]
     assert len(records) == 1
-    assert records[0].key == TENANT and records[0].topic == settings.topic("usage")
+    assert records[0].key == TENANT and records[0].topic == settings.kafka.topic("usage")
     rec = records[0].record
     assert rec["status"] == "error"
     assert rec["completion_tokens"] == 0 and rec["prompt_tokens"] == 11

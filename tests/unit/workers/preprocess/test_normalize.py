@@ -36,7 +36,7 @@ DEFAULT_MAX = 256
 
 @pytest.fixture(scope="module")
 def smollm2() -> ModelSpec:
-    spec = Registry.load(load_settings().models_file).find("smollm2")
+    spec = Registry.load(load_settings().process.models_file).find("smollm2")
     assert spec is not None and spec.tokenizer == "gguf"
     return spec
 

@@ -46,7 +46,7 @@ def book() -> PolicyBook:
 
 @pytest.fixture(scope="module")
 def layer(settings: Settings, book: PolicyBook) -> PreprocessLayer:
-    return PreprocessLayer(settings, Registry.load(settings.models_file), TokenizerCache(),
+    return PreprocessLayer(settings, Registry.load(settings.process.models_file), TokenizerCache(),
                            policies=book)
 
 
@@ -139,7 +139,7 @@ async def test_another_tenants_request_passes(layer: PreprocessLayer) -> None:
 
 async def test_with_a_sender_the_refusal_is_an_error_reply_and_an_audit(
         settings: Settings, book: PolicyBook) -> None:
-    layer = PreprocessLayer(settings, Registry.load(settings.models_file), TokenizerCache(),
+    layer = PreprocessLayer(settings, Registry.load(settings.process.models_file), TokenizerCache(),
                             policies=book)
     # a Sender that never produces: handle only builds outputs with it
     await layer.start(Sender(settings, None, default_codec()))  # type: ignore[arg-type]
@@ -162,7 +162,7 @@ async def test_with_a_sender_the_refusal_is_an_error_reply_and_an_audit(
                                                                        "r-policy")
     assert audit["actor"] == "preprocess"
     assert audit["detail"] == {"category": "custom", "level": "1", "scopes": "tenant:acme"}
-    assert outputs[1].topic == settings.topic("audit") and outputs[1].key == "acme"
+    assert outputs[1].topic == settings.kafka.topic("audit") and outputs[1].key == "acme"
     for out in outputs:
         assert "nightingale" not in json.dumps(out.record, default=str).lower()
 

@@ -30,7 +30,7 @@ def settings() -> Settings:
 
 @pytest.fixture(scope="module")
 def registry(settings: Settings) -> Registry:
-    return Registry.load(settings.models_file)
+    return Registry.load(settings.process.models_file)
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ async def prepare(layer: PreprocessLayer, req: Request) -> Prepared:
 
 def test_layer_contract(layer: PreprocessLayer) -> None:
     assert layer.name == "preprocess"
-    assert layer.source is REQUESTS and layer.source.at(layer.settings) == "pptest.requests"
+    assert layer.source is REQUESTS and layer.source.at(layer.settings.kafka) == "pptest.requests"
     assert layer.committable(TopicPartition("pptest.requests", 0), 42) == 42
 
 
@@ -297,7 +297,7 @@ async def test_two_tenants_identical_prompts_share_no_block(
     b = (await prepare(layer, asked_by("globex")))["prompt"]["prefix_blocks"]
     assert len(a) == len(b) >= 3 and not set(a) & set(b)
     assert (await prepare(layer, asked_by("acme")))["prompt"]["prefix_blocks"] == a
-    shared = PreprocessLayer(settings.model_copy(update={"prefix_cache_shared": True}),
+    shared = PreprocessLayer(settings.replace(prefix_cache_shared=True),
                              registry, layer.tokenizers)
     one = (await prepare(shared, asked_by("acme")))["prompt"]["prefix_blocks"]
     assert one == (await prepare(shared, asked_by("globex")))["prompt"]["prefix_blocks"]

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.registry import Registry
-from conveyor.settings import Settings
-from gateway.chat.serving import _fallback
+from conveyor.settings import load_settings
+from gateway.answer import answered_by
 from schemas.records import Prepared
 from tests.support.schedule_tasks import full_task
 from workers.route.layer import RouteLayer
@@ -45,7 +45,7 @@ async def routes(layer: RouteLayer, rid: str, tenant: str, model: str = "chat-la
 async def test_each_tenant_gets_one_deployment_and_the_route_says_which(tmp_path: Path) -> None:
     (tmp_path / "models.toml").write_text(MODELS)
     registry = Registry.load(tmp_path / "models.toml")
-    layer = RouteLayer(Settings(topic_prefix="r"), registry)
+    layer = RouteLayer(load_settings(topic_prefix="r"), registry)
     seen: dict[str, set[str]] = {}
     for i in range(40):
         tenant = f"t{i % 8}"
@@ -66,11 +66,9 @@ async def test_each_tenant_gets_one_deployment_and_the_route_says_which(tmp_path
 def test_the_gateway_names_a_deployment_apart_from_a_fallback(tmp_path: Path) -> None:
     (tmp_path / "models.toml").write_text(MODELS)
     registry = Registry.load(tmp_path / "models.toml")
-    asked: Any = {"model": "chat"}
-    assert _fallback(registry, asked, {"model": "v2"}) == {"x-conveyor-deployment": "v2"}
-    assert _fallback(registry, {"model": "v2"}, {"model": "v1"}) == \
-        {"x-conveyor-fallback": "v1"}
-    assert _fallback(registry, asked, {"model": "chat"}) == {}
+    assert answered_by(registry, "chat", "v2") == {"x-conveyor-deployment": "v2"}
+    assert answered_by(registry, "v2", "v1") == {"x-conveyor-fallback": "v1"}
+    assert answered_by(registry, "chat", "chat") == {}
 
 
 def test_a_tenant_keeps_its_deployment_and_an_anonymous_request_is_its_own_key() -> None:

@@ -43,12 +43,12 @@ def test_interactive_traffic_another_member_sent_is_seen_in_the_heartbeats() -> 
 def test_the_schedule_layer_takes_its_part_from_its_assignment() -> None:
     from aiokafka import TopicPartition
 
-    from conveyor.settings import Settings
+    from conveyor.settings import load_settings
     from workers.schedule.layer import ScheduleLayer
 
-    settings = Settings(topic_prefix="frac", pipeline_partitions=4)
+    settings = load_settings(topic_prefix="frac", pipeline_partitions=4)
     layer = ScheduleLayer(settings)
-    topic = settings.topic("routed")
+    topic = settings.kafka.topic("routed")
     layer.assigned([TopicPartition(topic, 0), TopicPartition(topic, 3)])
     assert layer.admission.fraction == 0.5
     layer.assigned([TopicPartition(topic, p) for p in range(4)])

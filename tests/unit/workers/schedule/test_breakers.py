@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from schemas.codec import default_codec
 from tests.support.schedule_tasks import RecordingSender, beat, full_task
 from topics.envelope import now_ms
@@ -99,7 +99,7 @@ def test_a_state_from_the_log_is_taken_unless_older_than_its_own() -> None:
 
 async def test_schedule_sends_nothing_to_an_open_worker_and_probes_it_later() -> None:
     clock = Clock()
-    sched = ScheduleLayer(Settings(topic_prefix="sched", breaker_cooldown_s=5), clock=clock)
+    sched = ScheduleLayer(load_settings(topic_prefix="sched", breaker_cooldown_s=5), clock=clock)
     sender = RecordingSender()
     sched._sender = sender  # type: ignore[assignment]
     sched.table.apply(beat("w0", partitions=[0], capacity=4))

@@ -10,7 +10,7 @@ import pytest
 
 from conveyor.errors import RequestError
 from conveyor.registry import Registry
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from schemas.records import Prepared
 from tests.support.schedule_tasks import RecordingSender, beat, full_task
 from workers.infer.generation import request_from_task
@@ -34,7 +34,7 @@ context_length = 512
 
 async def test_route_lists_the_fallbacks_the_prompt_fits(tmp_path: Path) -> None:
     (tmp_path / "models.toml").write_text(MODELS)
-    layer = RouteLayer(Settings(topic_prefix="r"), Registry.load(tmp_path / "models.toml"))
+    layer = RouteLayer(load_settings(topic_prefix="r"), Registry.load(tmp_path / "models.toml"))
     task = full_task("r1")
     prepared = Prepared(envelope=task["envelope"], generation={**task["generation"],
                                                                "model": "big"},
@@ -47,7 +47,7 @@ async def test_route_lists_the_fallbacks_the_prompt_fits(tmp_path: Path) -> None
 
 
 def schedule() -> ScheduleLayer:
-    sched = ScheduleLayer(Settings(topic_prefix="s"))
+    sched = ScheduleLayer(load_settings(topic_prefix="s"))
     sched._sender = RecordingSender()  # type: ignore[assignment]
     return sched
 

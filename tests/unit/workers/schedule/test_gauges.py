@@ -7,14 +7,14 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from conveyor.metrics import Metrics
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from tests.support.schedule_tasks import RecordingSender, beat, full_task, record_of
 from workers.schedule.layer import ScheduleLayer
 
 
 async def test_breakers_waiting_held_and_sent_are_gauges_of_the_layers_process() -> None:
     metrics = Metrics("layers")
-    sched = ScheduleLayer(Settings(topic_prefix="g"))
+    sched = ScheduleLayer(load_settings(topic_prefix="g"))
     sched._sender = RecordingSender()  # type: ignore[assignment]
     sched.instrument(metrics.meter)
     sched.table.apply(beat("w1", capacity=1))

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 from aiokafka import TopicPartition
 
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from tests.support.schedule_tasks import RecordingSender, beat, full_task, record_of
 from topics.envelope import PRIORITY_BACKGROUND, PRIORITY_BATCH, now_ms
 from workers.schedule.layer import ScheduleLayer
@@ -32,8 +32,9 @@ def clock() -> Clock:
 @pytest.fixture
 def make(clock: Clock) -> Callable[..., tuple[ScheduleLayer, RecordingSender]]:
     def make(**options: object) -> tuple[ScheduleLayer, RecordingSender]:
-        settings = Settings(topic_prefix="sched", no_worker_timeout_s=5, batch_max_share=0.75)
-        layer = ScheduleLayer(settings, clock=clock, **options)  # type: ignore[arg-type]
+        settings = load_settings(topic_prefix="sched", no_worker_timeout_s=5, batch_max_share=0.75,
+                                 **options)
+        layer = ScheduleLayer(settings, clock=clock)
         layer.table.clock = clock
         sender = RecordingSender()
         layer._sender = sender  # type: ignore[assignment]
@@ -82,7 +83,7 @@ async def test_an_interactive_task_is_never_held_behind_batch(
 
 async def test_while_interactive_traffic_is_around_batch_keeps_to_its_share(
         make: Callable[..., tuple[ScheduleLayer, RecordingSender]], clock: Clock) -> None:
-    layer, sender = make(linger_s=2.0)
+    layer, sender = make(interactive_linger_s=2.0)
     for w, part in (("w1", 1), ("w2", 2)):  # capacity 4: the batch share is 3
         layer.table.apply(beat(w, capacity=2, partitions=[part], ts_ms=clock.ms))
     assert len(await submit(layer, 10)) == 4

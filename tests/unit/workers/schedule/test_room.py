@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from conveyor.errors import ContextLengthExceeded, Overloaded
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from schemas.records import KvCache, Task, WorkerHeartbeat
 from tests.support.schedule_tasks import RecordingSender, beat, full_task, record_of
 from topics.envelope import now_ms
@@ -53,7 +53,7 @@ def clock() -> Clock:
 
 
 def make(clock: Clock, **settings: Any) -> tuple[ScheduleLayer, RecordingSender]:
-    sched = ScheduleLayer(Settings(topic_prefix="sched", **settings), clock=clock)
+    sched = ScheduleLayer(load_settings(topic_prefix="sched", **settings), clock=clock)
     sender = RecordingSender()
     sched._sender = sender  # type: ignore[assignment]
     return sched, sender

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from schemas.records import Task
 from tests.support.schedule_tasks import RecordingSender, beat, full_task
 from workers.schedule.layer import ScheduleLayer
@@ -11,7 +11,7 @@ SYSTEM = [11, 12, 13]  # the blocks of a long system prompt
 
 
 def layer(**settings: object) -> ScheduleLayer:
-    sched = ScheduleLayer(Settings(topic_prefix="sched", **settings))  # type: ignore[arg-type]
+    sched = ScheduleLayer(load_settings(topic_prefix="sched", **settings))  # type: ignore[arg-type]
     sched._sender = RecordingSender()  # type: ignore[assignment]
     sched.table.apply(beat("w0", partitions=[0], capacity=2))
     sched.table.apply(beat("w1", partitions=[1], capacity=2))

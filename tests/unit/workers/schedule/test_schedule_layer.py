@@ -8,11 +8,13 @@ from typing import Any
 import pytest
 from aiokafka import TopicPartition
 
-from conveyor.settings import Settings
+from conveyor.errors import RequestError
+from conveyor.settings import Settings, load_settings
 from schemas.records import Task, WorkerHeartbeat
 from tests.support.schedule_tasks import RecordingSender
 from topics.envelope import new_envelope, now_ms
-from workers.schedule.layer import ScheduleLayer
+from workers.schedule.layer import ScheduleLayer, fair_order
+from workers.schedule.room import Parked
 
 
 @dataclass
@@ -47,7 +49,7 @@ def beat(worker: str, pool: str = "cpu", partitions: list[int] | None = None) ->
 
 @pytest.fixture
 def settings() -> Settings:
-    return Settings(topic_prefix="sched", no_worker_timeout_s=5)
+    return load_settings(topic_prefix="sched", no_worker_timeout_s=5)
 
 
 @pytest.fixture
@@ -168,7 +170,7 @@ async def test_a_table_that_sees_again_settles_after_a_ttl(settings: Settings) -
     sched.table.follower = BlindFollower(  # type: ignore[assignment]
         reachable=True, last_contact_ms=clock[0], regained_ms=clock[0])
     assert sched.table.settling()
-    clock[0] += int(settings.worker_ttl_s * 1000) + 1
+    clock[0] += int(settings.schedule.worker_ttl_s * 1000) + 1
     assert not sched.table.settling()
     sender = RecordingSender()
     sched._sender = sender  # type: ignore[assignment]
@@ -196,3 +198,45 @@ async def test_a_task_goes_where_a_heartbeat_says_its_prefix_is(layer: Any) -> N
     holder["state"] = "stopped"
     sched.table.apply(holder)
     assert sched.prefix.workers() == []
+
+
+def tenant_task(rid: str, tenant: str) -> Task:
+    made = task(rid)
+    made["envelope"]["tenant"] = tenant
+    return made
+
+
+async def test_a_tenants_first_request_is_not_starved_by_anothers_flood(layer: Any) -> None:
+    """Tenant a fills the worker's two slots and parks eight more; tenant b's one
+    request, parked after them, takes the first slot that frees."""
+    sched, sender = layer
+    sched.table.apply(beat("w1"))
+    for i in range(10):
+        await sched.handle(tenant_task(f"a{i}", "a"), Rec("sched.routed", 0, i))
+    await sched.handle(tenant_task("b0", "b"), Rec("sched.routed", 0, 10))
+    assert sender.sent == []  # a0 and a1 went out as handle()'s outputs
+    assert len(sched.parked) == 9
+    sched.finished("a0", "w1", now_ms())
+    await sched.place_parked()
+    assert [o.record["envelope"]["request_id"] for o in sender.sent] == ["b0"]
+    sched.finished("a1", "w1", now_ms())
+    await sched.place_parked()
+    assert [o.record["envelope"]["request_id"] for o in sender.sent] == ["b0", "a2"]
+
+
+async def test_the_queue_limit_is_a_tenants_own(settings: Settings) -> None:
+    sched = ScheduleLayer(settings.replace(schedule_queue_max=2))
+    sched._sender = RecordingSender()  # type: ignore[assignment]
+    for i in range(2):
+        await sched.handle(tenant_task(f"a{i}", "a"), Rec("sched.routed", 0, i))
+    with pytest.raises(RequestError, match="overloaded|capacity"):
+        await sched.handle(tenant_task("a2", "a"), Rec("sched.routed", 0, 2))
+    assert await sched.handle(tenant_task("b0", "b"), Rec("sched.routed", 0, 3)) == []
+
+
+def test_fair_order_takes_turns_and_counts_what_runs() -> None:
+    parked = [Parked(tenant_task(rid, rid[0]), None, i, 0)
+              for i, rid in enumerate(["a0", "a1", "a2", "b0", "b1", "c0"])]
+    order = fair_order(parked, lambda pool, tenant: {"a": 0, "b": 1, "c": 3}[tenant])
+    assert [p.task["envelope"]["request_id"] for p in order] == [
+        "a0", "a1", "b0", "a2", "b1", "c0"]

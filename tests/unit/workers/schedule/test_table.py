@@ -6,7 +6,7 @@ from typing import Literal
 
 import pytest
 
-from conveyor.settings import Settings
+from conveyor.settings import Settings, load_settings
 from schemas.records import WorkerHeartbeat
 from topics.envelope import now_ms
 from workers.schedule.table import WorkerTable
@@ -14,7 +14,7 @@ from workers.schedule.table import WorkerTable
 
 @pytest.fixture
 def settings() -> Settings:
-    return Settings()
+    return load_settings()
 
 
 @pytest.fixture
@@ -75,7 +75,7 @@ def test_ties_go_to_the_lowest_worker_id(table: WorkerTable) -> None:
 
 
 def test_a_stale_heartbeat_is_not_live(table: WorkerTable, settings: Settings) -> None:
-    ttl_ms = int(settings.worker_ttl_s * 1000)
+    ttl_ms = int(settings.schedule.worker_ttl_s * 1000)
     table.apply(beat("old", age_ms=ttl_ms + 1000))
     table.apply(beat("fresh", age_ms=ttl_ms // 2))
     assert ids(table) == ["fresh"]

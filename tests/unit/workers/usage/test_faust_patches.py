@@ -22,7 +22,7 @@ from faust.transport import consumer as faust_consumer
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.transport.producer import Producer, ProducerBuffer
 
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from topics.admin import Replication
 from workers.usage import fetching
 from workers.usage.app import AccountingApp
@@ -50,7 +50,7 @@ def in_order(text: str, *parts: str) -> bool:
 
 
 def accounting(tmp_path: Path, prefix: str) -> AccountingApp:
-    return AccountingApp(Settings(topic_prefix=prefix), Replication(1, 1, 1), home=tmp_path)
+    return AccountingApp(load_settings(topic_prefix=prefix), Replication(1, 1, 1), home=tmp_path)
 
 
 # -- workers/usage/flow.py: the flow held from on_rebalance_complete ---------

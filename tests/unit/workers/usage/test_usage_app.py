@@ -8,7 +8,7 @@ import asyncio
 from pathlib import Path
 from typing import Any, cast
 
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from topics.admin import Replication
 from workers.usage.app import AccountingApp, accounting_datadir, conveyor_home
 from workers.usage.fetching import FETCH_MAX_WAIT_MS, FETCH_MIN_BYTES
@@ -22,7 +22,7 @@ def test_the_home_is_conveyor_home_else_dot_conveyor_in_the_current_directory() 
 
 
 def test_faust_keeps_its_data_directory_under_the_home(tmp_path: Path) -> None:
-    accounting = AccountingApp(Settings(topic_prefix="tdata"), Replication(1, 1, 1),
+    accounting = AccountingApp(load_settings(topic_prefix="tdata"), Replication(1, 1, 1),
                                home=tmp_path)
     expected = tmp_path / "accounting" / "tdata.accounting"
     assert accounting.datadir == expected == accounting_datadir(tmp_path, "tdata.accounting")
@@ -36,7 +36,7 @@ def test_a_dead_member_leaves_the_group_at_the_settings_session_timeout(
         tmp_path: Path) -> None:
     """Faust's own 60 s would keep a SIGKILLed member's partitions from its
     successor for a minute."""
-    settings = Settings(topic_prefix="tsession", consumer_session_timeout_ms=3000,
+    settings = load_settings(topic_prefix="tsession", consumer_session_timeout_ms=3000,
                         consumer_heartbeat_interval_ms=500)
     conf = AccountingApp(settings, Replication(1, 1, 1), home=tmp_path).app.conf
     assert conf.broker_session_timeout == 3.0
@@ -46,7 +46,7 @@ def test_a_dead_member_leaves_the_group_at_the_settings_session_timeout(
 
 def test_the_worker_consumer_lets_the_broker_batch_its_fetches(tmp_path: Path) -> None:
     """Faust leaves fetch_min_bytes at 1: a fetch a usage event (workers/usage/fetching.py)."""
-    accounting = AccountingApp(Settings(topic_prefix="tfetch"), Replication(1, 1, 1),
+    accounting = AccountingApp(load_settings(topic_prefix="tfetch"), Replication(1, 1, 1),
                                home=tmp_path)
 
     async def made() -> tuple[int, int, str]:

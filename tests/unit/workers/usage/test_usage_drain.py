@@ -14,7 +14,7 @@ from typing import Any
 import faust
 import pytest
 
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from topics.admin import Replication
 from workers.usage.app import AccountingApp
 from workers.usage.drain import drain_before_commit
@@ -94,6 +94,6 @@ async def test_an_empty_buffer_flushes_at_once(buffer: Any) -> None:
 
 
 def test_the_accounting_app_flushes_its_buffer_fully(tmp_path: Path) -> None:
-    accounting = AccountingApp(Settings(topic_prefix="drain"), Replication(1, 1, 1),
+    accounting = AccountingApp(load_settings(topic_prefix="drain"), Replication(1, 1, 1),
                                home=tmp_path)
     assert accounting.app.producer.buffer.flush == accounting.drain.flush

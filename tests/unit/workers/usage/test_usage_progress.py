@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from aiokafka import TopicPartition
 
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from topics.admin import Replication
 from workers.usage.app import AccountingApp
 from workers.usage.progress import Progress, consumer_state
@@ -58,7 +58,7 @@ def test_a_partition_never_handled_waits_from_when_it_is_first_seen() -> None:
 
 def test_the_app_says_which_partition_stopped_and_faust_s_state_of_it(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    app = AccountingApp(Settings(topic_prefix="tprog"), Replication(1, 1, 1), home=tmp_path)
+    app = AccountingApp(load_settings(topic_prefix="tprog"), Replication(1, 1, 1), home=tmp_path)
     tp = TopicPartition("tprog.feedback", 0)
     assert consumer_state(app.app, tp) == (
         "flow on, agents' flow off, fetched, read None, committed None, generation 0, "

@@ -22,7 +22,6 @@ from conveyor.errors import EngineError
 from conveyor.registry import Registry
 from schemas.records import Message
 from workers.infer.engines.base import Engine, GenerationRequest, Piece
-from workers.infer.engines.llamacpp import LlamaCppEngine
 from workers.infer.engines.llamacpp_batch import LlamaCppBatchEngine
 from workers.infer.engines.scripted import ScriptedEngine
 
@@ -40,11 +39,6 @@ MakeEngine = Callable[[int], Awaitable[Engine]]
 
 def _llamacpp(contexts: int) -> Engine:
     spec = Registry.load(Path("conveyor/models.toml")).resolve("smollm2")
-    return LlamaCppEngine.from_spec(spec, contexts=contexts)
-
-
-def _llamacpp_batch(contexts: int) -> Engine:
-    spec = Registry.load(Path("conveyor/models.toml")).resolve("smollm2")
     return LlamaCppBatchEngine.from_spec(spec, sequences=contexts)
 
 
@@ -59,8 +53,7 @@ def _scripted_count(contexts: int) -> Engine:
 
 
 ENGINES: dict[str, Callable[[int], Engine]] = {
-    "scripted": _scripted, "scripted-count": _scripted_count, "llamacpp": _llamacpp,
-    "llamacpp-batch": _llamacpp_batch}
+    "scripted": _scripted, "scripted-count": _scripted_count, "llamacpp": _llamacpp}
 
 
 @pytest.fixture(scope="module", params=list(ENGINES))

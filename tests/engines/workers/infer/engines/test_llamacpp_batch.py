@@ -23,7 +23,7 @@ from workers.infer.engines.base import GenerationRequest, Piece
 from workers.infer.engines.llamacpp_batch import LlamaCppBatchEngine, _shares
 from workers.infer.engines.llamacpp_batch_context import Context, Text
 from workers.infer.engines.model_set import ModelSet
-from workers.infer.engines.table import add_engine_flags, engine_named
+from workers.infer.engines.table import EngineOptions
 
 SEQUENCES = 4
 
@@ -100,12 +100,12 @@ def test_the_sequences_are_dealt_out_over_the_contexts() -> None:
 
 def test_the_table_reads_sequences_from_contexts_and_contexts_from_batches() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--pool", default="cpu")
-    add_engine_flags(parser)
+    EngineOptions.add_flags(parser)
     registry = Registry.load(Path("conveyor/models.toml"))
-    made_set = engine_named("llamacpp-batch").make(
-        parser.parse_args(["--contexts", "16", "--batches", "3", "--threads", "2"]), registry)
-    default_set = engine_named("llamacpp-batch").make(parser.parse_args([]), registry)
+    made_set = EngineOptions.from_args(parser.parse_args(
+        ["--engine", "llamacpp", "--contexts", "16", "--batches", "3", "--threads", "2"]
+    )).make(registry)
+    default_set = EngineOptions().make(registry)
     # the worker's models, an engine each (workers/infer/engines/model_set.py)
     assert isinstance(made_set, ModelSet) and isinstance(default_set, ModelSet)
     assert made_set.served == default_set.served == ["smollm2-135m-instruct"]
@@ -211,6 +211,21 @@ async def test_a_prefix_in_the_cache_is_reused(engine: LlamaCppBatchEngine) -> N
     assert cached is not None and 30 <= cached < 37  # the last prompt token is evaluated
     assert engine.reused_tokens - before == cached
     assert text(reused) == text(fresh)
+
+
+async def test_a_repeated_prompt_reuses_its_slot_after_a_longer_answer(
+        engine: LlamaCppBatchEngine) -> None:
+    # its answer (24 tokens) longer than it: the slot holding it scored 0 once, and
+    # the repeat was evaluated afresh in another slot
+    ask = request("In a quiet village by the sea there lived", kind="completion",
+                  max_tokens=24)
+    first = await collect(engine, ask)
+    again = await collect(engine, ask)
+
+    prompt = first[-1].prompt_tokens
+    assert prompt is not None and first[-1].finish_reason == "length"
+    assert again[-1].cached_tokens == prompt - 1  # all but the last prompt token
+    assert text(again) == text(first)
 
 
 async def test_the_kv_state_counts_cells_running_kept_and_reused(

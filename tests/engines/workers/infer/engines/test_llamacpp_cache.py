@@ -1,19 +1,15 @@
 """The llama.cpp engine's host-memory cache of conversations (llamacpp_cache),
-with the real SmolLM2-135M GGUF: a conversation whose context moved on finds
+with the real SmolLM2-135M GGUF: a conversation whose slot moved on finds
 its KV cache again, answers as if it had never left, and the cache keeps to
 its bound."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
-
-import pytest
 
 from conveyor.registry import Registry
 from workers.infer.engines.base import GenerationRequest
-from workers.infer.engines.llamacpp import LlamaCppEngine
 from workers.infer.engines.llamacpp_batch import LlamaCppBatchEngine
 
 LIGHTHOUSES = "You are a guide to lighthouses. " + " ".join(
@@ -25,19 +21,14 @@ TEA = "You are a guide to tea. " + " ".join(
 QUESTION = " Question: what is a lens?"
 
 
-def engine(host_cache_bytes: int) -> LlamaCppEngine:
-    spec = Registry.load(Path("conveyor/models.toml")).resolve("smollm2")
-    return LlamaCppEngine.from_spec(spec, contexts=1, host_cache_bytes=host_cache_bytes)
-
-
-def batch_engine(host_cache_bytes: int) -> LlamaCppBatchEngine:
+def engine(host_cache_bytes: int) -> LlamaCppBatchEngine:
     """One slot of one batched context: the slot's cache is what moves on."""
     spec = Registry.load(Path("conveyor/models.toml")).resolve("smollm2")
     return LlamaCppBatchEngine.from_spec(spec, sequences=1, contexts=1, n_ctx=1024,
                                          host_cache_bytes=host_cache_bytes)
 
 
-Made = LlamaCppEngine | LlamaCppBatchEngine
+Made = LlamaCppBatchEngine
 
 
 async def ask(made: Made, prompt: str, seed: int | None = None) -> tuple[str, float]:
@@ -55,13 +46,11 @@ async def asked(made: Made, prompt: str,
     return "".join(p.text for p in pieces), pieces[-1].cached_tokens, time.perf_counter() - start
 
 
-@pytest.mark.parametrize("make", [engine, batch_engine], ids=["llamacpp", "llamacpp-batch"])
-async def test_a_conversation_finds_its_cache_after_its_context_moved_on(
-        make: Callable[[int], Made]) -> None:
-    """One context (or slot), two conversations in turn: the first one's next
+async def test_a_conversation_finds_its_cache_after_its_slot_moved_on() -> None:
+    """One slot, two conversations in turn: the first one's next
     turn is restored from host memory (its history is not evaluated again) and
     gives the answer it gives where the context never left it."""
-    cached, plain = make(256 << 20), make(0)
+    cached, plain = engine(256 << 20), engine(0)
     await cached.start()
     await plain.start()
     try:

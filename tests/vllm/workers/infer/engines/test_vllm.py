@@ -19,7 +19,7 @@ from conveyor.errors import EngineError
 from conveyor.registry import Registry
 from tests.engines.workers.infer.engines.test_contract import collect, request, text
 from workers.infer.engines.base import Piece
-from workers.infer.engines.table import add_engine_flags, engine_named
+from workers.infer.engines.table import EngineOptions
 from workers.infer.engines.vllm import VllmEngine
 
 # greedy SmolLM2 in float32 answers the contract's question in 8 tokens and stops;
@@ -214,13 +214,12 @@ async def test_close_while_a_generation_waits_for_a_slot(
 
 def test_the_engines_table_makes_it_from_its_flags() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--pool", default="cpu")
-    add_engine_flags(parser)
+    EngineOptions.add_flags(parser)
     args = parser.parse_args(["--engine", "vllm", "--contexts", "6", "--dtype", "bfloat16",
                               "--max-model-len", "1024", "--kv-cache-gib", "0.25",
                               "--vllm-model", "/models/smollm2"])
     registry = Registry.load(Path("conveyor/models.toml"))
-    engine = engine_named("vllm").make(args, registry)
+    engine = EngineOptions.from_args(args).make(registry)
 
     assert isinstance(engine, VllmEngine)
     assert (engine.capacity, engine.dtype, engine.max_model_len, engine.kv_cache_gib) == (

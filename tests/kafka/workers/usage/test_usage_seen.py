@@ -1,18 +1,18 @@
 """Reading back the request ids before an offset of the usage topic, on the real
-Kafka (workers/usage/lookback.py): what the accounting app's window of recent
+Kafka (workers/usage/seen.py): what the accounting app's window of recent
 request ids is rebuilt from after a restart or a rebalance."""
 
 from __future__ import annotations
 
 import uuid
 
-from conveyor.settings import Settings
+from conveyor.settings import load_settings
 from schemas.codec import default_codec
 from schemas.records import UsageRecord
 from topics.admin import ensure_topics
 from topics.catalog import catalog
 from topics.clients import make_producer
-from workers.usage.lookback import ids_before
+from workers.usage.seen import ids_before
 
 
 def usage(rid: str) -> UsageRecord:
@@ -23,13 +23,13 @@ def usage(rid: str) -> UsageRecord:
 
 async def test_the_ids_before_an_offset_come_back_in_order_with_gaps_for_poison(
         services: None) -> None:
-    settings = Settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
-    topic = settings.topic("usage")
-    await ensure_topics(settings, [s for s in catalog(settings) if s.name == topic])
+    settings = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    topic = settings.kafka.topic("usage")
+    await ensure_topics(settings, [s for s in catalog(settings.kafka) if s.name == topic])
     codec = default_codec()
     values = [codec.encode("UsageRecord", usage(f"r{i}")) for i in range(6)]
     values[2] = b"not a usage record"
-    producer = make_producer(settings)
+    producer = make_producer(settings.kafka)
     await producer.start()
     try:
         for value in values:

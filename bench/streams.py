@@ -1,0 +1,301 @@
+"""Many streams at once at a GPU's decode rate: the upstream fixture called
+directly against Conveyor in front of it, alternating round by round.
+
+At each level (64, 128, 256, 512 streams by default) every stream is one
+streamed completion of ``--tokens`` tokens (128) paced ``--token-ms`` apart
+(33 ms, about 30 tokens/s), all started together (closed loop: a round ends
+when its last stream does); ``--rounds`` rounds a side (2), the first side
+alternating. For each side and level it prints TTFT p50/p99, the gaps
+between a stream's chunks p50/p99, streams/s, errors, and the CPU each
+process spent per streamed token (read from ``/proc``: Conveyor's processes,
+the upstream, the broker, Redis, this load generator), then the targets of
+the issue that asked for it ("Carry 512 streams").
+
+``--tenants 2`` measures fairness instead: API keys of two tenants, a pool
+of ``--capacity`` slots, and a small tenant's short requests one after
+another, alone, then beside a large tenant's flood of ``--flood`` streams,
+then sent with the large tenant's own key (as one tenant would queue them).
+
+    python -m bench.streams [--levels 64,128,256,512] [--token-ms 33] [--rounds 2]
+    python -m bench.streams --tenants 2 [--capacity 32] [--flood 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import secrets
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.client import Sample, make_client
+from bench.compare import Side
+from bench.harness import (
+    BenchError,
+    Pipeline,
+    conveyor_script,
+    exit_on_sigterm,
+    loop_factory,
+    pipeline,
+)
+from bench.stats import Check, markdown_table, ms, percentile
+
+__all__ = ["main"]
+
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+_TOKEN_CHARS = len(" tok")  # the fixture's answer: " tok" a token
+
+
+def _stat(pid: int) -> tuple[int, float] | None:
+    """(parent pid, CPU seconds so far) of ``pid``, None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) * _TICK_S
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _label(cmdline: str) -> str:
+    """A Conveyor process's part, from its command line (``python -m cli infer ...``)."""
+    for part in ("gateway", "layer", "accounting", "infer"):
+        if f" {part}" in cmdline:
+            return part
+    return "up"
+
+
+def processes(stage: Pipeline, upstream_pid: int) -> dict[str, list[int]]:
+    """The pids to watch, by label: Conveyor's processes, the upstream, the
+    broker, Redis and this process."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
+            parents[int(entry.name)] = stat[0]
+    out: dict[str, list[int]] = {"upstream": [upstream_pid], "loadgen": [os.getpid()]}
+    tree = [stage.conveyor.popen.pid]
+    while tree:
+        pid = tree.pop()
+        out.setdefault(_label(_cmdline(pid)), []).append(pid)
+        tree += [child for child, parent in parents.items() if parent == pid]
+    for pid in parents:
+        line = _cmdline(pid)
+        if "kafka.Kafka" in line:
+            out.setdefault("broker", []).append(pid)
+        elif line.startswith("redis-server"):
+            out.setdefault("redis", []).append(pid)
+    return out
+
+
+def cpu_now(watched: dict[str, list[int]]) -> dict[str, float]:
+    return {label: sum(s[1] for pid in pids if (s := _stat(pid)) is not None)
+            for label, pids in watched.items()}
+
+
+@dataclass
+class Tally:
+    """One side at one level: its streams, rounds' wall times and CPU."""
+
+    samples: list[Sample] = field(default_factory=list)
+    wall_s: float = 0.0
+    cpu_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> list[Sample]:
+        return [s for s in self.samples if s.ok]
+
+    @property
+    def rate(self) -> float:
+        return len(self.ok) / self.wall_s if self.wall_s else math.nan
+
+    @property
+    def tokens(self) -> int:
+        return sum(s.chars // _TOKEN_CHARS for s in self.ok)
+
+    def cpu_ms_per_token(self, label: str) -> float:
+        return 1000 * self.cpu_s.get(label, 0.0) / self.tokens if self.tokens else math.nan
+
+
+async def one_round(side: Side, streams: int, tally: Tally,
+                    watched: dict[str, list[int]]) -> None:
+    before = cpu_now(watched)
+    start = time.perf_counter()
+    tally.samples += await asyncio.gather(*(side.one(True) for _ in range(streams)))
+    tally.wall_s += time.perf_counter() - start
+    for label, spent in cpu_now(watched).items():
+        tally.cpu_s[label] = tally.cpu_s.get(label, 0.0) + spent - before.get(label, 0.0)
+
+
+async def measure(args: argparse.Namespace, stage: Pipeline,
+                  watched: dict[str, list[int]]) -> dict[int, dict[str, Tally]]:
+    results: dict[int, dict[str, Tally]] = {}
+    async with make_client(max(args.levels) + 8, timeout_s=120.0) as direct_client, \
+            make_client(max(args.levels) + 8, timeout_s=120.0) as conveyor_client:
+        sides = [Side("direct", f"{stage.upstream_url}/v1/completions",
+                      {True: f"bench@{args.token_ms}"}, direct_client, args.tokens),
+                 Side("conveyor", f"{stage.gateway_url}/v1/completions",
+                      {True: f"bench-{args.token_ms}"}, conveyor_client, args.tokens)]
+        for side in sides:  # warm: connections, consumer groups, caches
+            await one_round(side, 8, Tally(), {})
+        for level in args.levels:
+            print(f"{level} streams ...", flush=True)
+            tallies = {side.name: Tally() for side in sides}
+            for i in range(args.rounds * 2):
+                side = sides[(i + i // 2) % 2]  # direct, conveyor, conveyor, direct, ...
+                await one_round(side, level, tallies[side.name], watched)
+            results[level] = tallies
+            print(markdown_table(*_rows({level: tallies}, sorted(watched))), flush=True)
+    return results
+
+
+def _rows(results: dict[int, dict[str, Tally]],
+          labels: list[str]) -> tuple[list[str], list[list[str]]]:
+    header = ["streams", "side", "TTFT p50 ms", "TTFT p99 ms", "gap p50 ms", "gap p99 ms",
+              "streams/s", "errors", *(f"{label} CPU ms/tok" for label in labels)]
+    rows = []
+    for level, tallies in results.items():
+        for name, t in tallies.items():
+            ttft = [s.ttft for s in t.ok]
+            gaps = [g for s in t.ok for g in s.gaps]
+            rows.append([str(level), name, ms(percentile(ttft, 50)), ms(percentile(ttft, 99)),
+                         ms(percentile(gaps, 50)), ms(percentile(gaps, 99)), f"{t.rate:.1f}",
+                         str(len(t.samples) - len(t.ok)),
+                         *(f"{t.cpu_ms_per_token(label):.3f}" for label in labels)])
+    return header, rows
+
+
+def checks(results: dict[int, dict[str, Tally]]) -> list[Check]:
+    """At the highest level: Conveyor's rate at least 90 % of direct's, TTFT p50
+    at most direct's + 100 ms, chunk gaps p99 at most 80 ms, no errors."""
+    level = max(results)
+    direct, conveyor = results[level]["direct"], results[level]["conveyor"]
+    key = f"{level} streams"
+    ttft = percentile([s.ttft for s in conveyor.ok], 50) * 1000
+    return [
+        Check(key, "Conveyor streams/s (>= 90 % of direct)", conveyor.rate,
+              round(0.9 * direct.rate, 1), ">=", "/s"),
+        Check(key, "Conveyor TTFT p50 (<= direct + 100 ms)", ttft,
+              round(percentile([s.ttft for s in direct.ok], 50) * 1000 + 100, 1), "<=", "ms"),
+        Check(key, "Conveyor chunk gap p99", percentile(
+            [g for s in conveyor.ok for g in s.gaps], 99) * 1000, 80, "<=", "ms"),
+        Check(key, "Conveyor errors", len(conveyor.samples) - len(conveyor.ok), 0, "<=", ""),
+    ]
+
+
+def create_key(stage: Pipeline, tenant: str) -> str:
+    done = subprocess.run([str(conveyor_script()), "keys", "create", "--tenant", tenant],
+                          env=stage.env, capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        raise BenchError(f"conveyor keys create: {done.stderr.strip()[-400:]}")
+    return done.stdout.strip().splitlines()[-1]
+
+
+async def tenants(args: argparse.Namespace, stage: Pipeline) -> list[Check]:
+    """The small tenant's TTFT alone, beside the large tenant's flood, and
+    queued as the large tenant; the target: beside the flood, within 2x of alone."""
+    url, model = f"{stage.gateway_url}/v1/completions", f"bench-{args.token_ms}"
+    keys = {tenant: create_key(stage, tenant) for tenant in ("large", "small")}
+    async with make_client(args.flood + 8, timeout_s=300.0) as large_client, \
+            make_client(4, timeout_s=300.0) as small_client:
+        large_client.headers["Authorization"] = f"Bearer {keys['large']}"
+        large = Side("large", url, {True: model}, large_client, args.tokens)
+
+        async def small(key: str) -> list[float]:
+            small_client.headers["Authorization"] = f"Bearer {key}"
+            side = Side("small", url, {True: model}, small_client, 16)
+            samples = [await side.one(True) for _ in range(args.small_requests)]
+            failed = [s.error for s in samples if not s.ok]
+            if failed:
+                raise BenchError(f"the small tenant's requests failed: {failed[0]}")
+            return [s.ttft for s in samples]
+
+        async def beside_flood(key: str) -> list[float]:
+            stop = asyncio.Event()
+
+            async def lane() -> None:
+                while not stop.is_set():
+                    await large.one(True)
+            lanes = [asyncio.create_task(lane()) for _ in range(args.flood)]
+            await asyncio.sleep(2 * args.tokens * args.token_ms / 1000)  # the pool fills
+            try:
+                return await small(key)
+            finally:
+                stop.set()
+                await asyncio.gather(*lanes)
+
+        alone = await small(keys["small"])
+        print(f"alone: TTFT p50 {ms(percentile(alone, 50))} ms", flush=True)
+        fair = await beside_flood(keys["small"])
+        print(f"beside the flood: TTFT p50 {ms(percentile(fair, 50))} ms", flush=True)
+        queued = await beside_flood(keys["large"])
+    rows = [[name, ms(percentile(t, 50)), ms(percentile(t, 99)),
+             f"{percentile(t, 50) / percentile(alone, 50):.1f}x"]
+            for name, t in (("alone", alone), ("beside the large tenant's flood", fair),
+                            ("with the large tenant's key", queued))]
+    print(f"\n## A small tenant's TTFT, {args.flood} streams of a large one, "
+          f"{args.capacity} slots\n")
+    print(markdown_table(["small tenant's requests", "TTFT p50 ms", "TTFT p99 ms", "vs alone"],
+                         rows))
+    return [Check("2 tenants", "small tenant's TTFT p50 beside a flood (<= 2x alone)",
+                  percentile(fair, 50) * 1000, round(2 * percentile(alone, 50) * 1000, 1),
+                  "<=", "ms")]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.streams", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--levels", default="64,128,256,512",
+                        help="streams at once, comma-separated")
+    parser.add_argument("--token-ms", type=int, default=33, help="time between tokens")
+    parser.add_argument("--tokens", type=int, default=128, help="tokens a stream")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds a side at each level")
+    parser.add_argument("--tenants", type=int, choices=(1, 2), default=1,
+                        help="2: the fairness scenario between two tenants")
+    parser.add_argument("--capacity", type=int, default=32,
+                        help="--tenants 2: the pool's slots (requests in flight upstream)")
+    parser.add_argument("--flood", type=int, default=128,
+                        help="--tenants 2: the large tenant's streams at once")
+    parser.add_argument("--small-requests", type=int, default=10,
+                        help="--tenants 2: the small tenant's requests in each case")
+    parser.add_argument("--upstream-port", type=int, default=9100)
+    parser.add_argument("--gateway-port", type=int, default=8100)
+    args = parser.parse_args(argv)
+    args.levels = sorted(int(n) for n in args.levels.split(","))
+    exit_on_sigterm()
+    auth = {"CONVEYOR_AUTH": "keys", "CONVEYOR_AUTH_SECRET": secrets.token_hex(16)}
+    try:
+        with pipeline(args.upstream_port, args.gateway_port, "streams", tokens=args.tokens,
+                      capacity=args.capacity if args.tenants == 2 else max(args.levels),
+                      paces_ms=(args.token_ms,),
+                      extra_env=auth if args.tenants == 2 else None) as stage, \
+                asyncio.Runner(loop_factory=loop_factory()) as runner:
+            if args.tenants == 2:
+                found = runner.run(tenants(args, stage))
+                print()
+                print(markdown_table(["scenario", "figure", "measured", "target", "met"],
+                                     [[k.scenario, k.label, k.measured(), k.target(),
+                                       "yes" if k.met else "no"] for k in found]))
+                return
+            watched = processes(stage, stage.upstream.popen.pid)
+            results = runner.run(measure(args, stage, watched))
+    except BenchError as exc:
+        raise SystemExit(f"bench.streams: {exc}") from exc
+    print(f"\n## Streams at {1000 / args.token_ms:.0f} tokens/s, {args.tokens} tokens each\n")
+    print(markdown_table(*_rows(results, sorted(watched))))
+    print()
+    print(markdown_table(["scenario", "figure", "measured", "target", "met"],
+                         [[k.scenario, k.label, k.measured(), k.target(),
+                           "yes" if k.met else "no"] for k in checks(results)]))
+
+
+if __name__ == "__main__":
+    main()
