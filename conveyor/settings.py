@@ -261,7 +261,9 @@ class InferSettings(Section):
 
     # a worker's heartbeat (its load, KV and cached blocks) every this many seconds
     heartbeat_interval_s: float = 1.0
-    # a streamed answer's tokens are gathered this long into one chunk event
+    # a streamed answer's tokens are gathered at most this long into one chunk event:
+    # the window is this times 1 - 1/streams, the streams its worker runs (a stream
+    # alone gets each piece at once; workers/infer/generation.py)
     coalesce_ms: float = 40.0
     # A client that does not stream sees no chunk cadence: its chunks are only
     # the checkpoints a retry continues from, so they are gathered for longer.

@@ -1,8 +1,10 @@
 """One task run: engine pieces -> coalesced TokenChunk events.
 
 The first piece is produced at once (time to first token matters most);
-after that pieces are coalesced for ``coalesce_ms`` so the pipeline carries
-tens of chunks a second per request, not one event per token. A request that
+after that pieces are coalesced for a window that grows with the streams
+the worker runs, ``coalesce_ms`` times (1 - 1/streams): a stream alone gets
+each piece at once, and under load the pipeline carries tens of chunks a
+second per request, not one event per token. A request that
 is not streamed is coalesced for ``coalesce_unstreamed_ms``: its chunks are
 only checkpoints for a retry to continue from. Every chunk names its run
 (``run_id``, and ``run_start``, the seq the run began at), so that readers of
@@ -16,6 +18,7 @@ import contextlib
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -126,6 +129,8 @@ class TaskRun:
     speed: Speed | None = None
     # the engine failed before the first token: the task went to schedule again
     retried: bool = False
+    # the streams the worker runs now (this one included): the coalescing window grows with it
+    streams: Callable[[], int] = lambda: 1
 
     @property
     def request_id(self) -> str:
@@ -251,8 +256,8 @@ class TaskRun:
 
     async def _stream(self, request: GenerationRequest) -> None:
         streamed = self.task["generation"]["stream"]
-        interval = (self.settings.infer.coalesce_ms if streamed
-                    else self.settings.infer.coalesce_unstreamed_ms) / 1000
+        unstreamed_s = self.settings.infer.coalesce_unstreamed_ms / 1000
+        coalesce_s = self.settings.infer.coalesce_ms / 1000
         buf: list[str] = []
         buf_logprobs: list[TokenLogprob] = []
         buf_tokens = 0
@@ -282,6 +287,8 @@ class TaskRun:
                 if self.handed_off:
                     break
                 now = time.monotonic()
+                interval = coalesce_s * (1 - 1 / max(1, self.streams())) if streamed \
+                    else unstreamed_s
                 if self.seq == self.run_start or now - last_flush >= interval:
                     await self._emit("".join(buf), buf_tokens, None, logprobs=buf_logprobs)
                     buf, buf_logprobs, buf_tokens, last_flush = [], [], 0, now

@@ -279,7 +279,8 @@ class InferWorker:
         spec = self.registry.find(task["route"]["model"])
         gen = TaskRun(self.settings, self.engine, sender, store, self.worker_id, task,
                       upstream_model=spec.upstream_model if spec else None,
-                      written_ms=record.timestamp, speed=self.speed)
+                      written_ms=record.timestamp, speed=self.speed,
+                      streams=lambda: len(self.running))
         if self._cancels is not None and rid in self._cancels:
             gen.cancelled = True  # cancelled while it waited: never generated
         job = asyncio.create_task(self._generate(gen, record), name=f"gen-{rid}")

@@ -103,3 +103,44 @@ def test_the_prompt_reuses_only_its_tenant_s_prefixes_unless_they_are_shared() -
     assert salt and "acme" not in salt
     assert request_from_task(acme, "Pa", 2, None).cache_salt == salt  # a retry too
     assert request_from_task(acme, "", 0, None, shared_prefixes=True).cache_salt == ""
+
+
+async def _chunks_of(streams: int, token_delay_ms: float = 20.0) -> list[int]:
+    """The tokens of each chunk a run emits for 12 scripted tokens ``token_delay_ms``
+    apart while its worker runs ``streams`` streams (coalesce_ms 40)."""
+    from typing import Any
+
+    from conveyor.settings import load_settings
+    from workers.infer.engines.scripted import ScriptedEngine
+    from workers.infer.generation import TaskRun
+
+    made = task(max_tokens=12)
+    made["generation"]["messages"] = [
+        {"role": "user", "content": "1 2 3 4 5 6 7 8 9 10 11 12", "name": None}]
+    engine = ScriptedEngine("echo", token_delay_ms=token_delay_ms)
+    await engine.start()
+    run = TaskRun(load_settings(coalesce_ms=40), engine, None, None, "w0",  # type: ignore[arg-type]
+                  made, streams=lambda: streams)
+    run.seq = run.run_start = 0
+    emitted: list[int] = []
+
+    async def emit(text: str, tokens: int, finish: str | None, **_: Any) -> None:
+        emitted.append(tokens)
+        run.seq += 1
+
+    run._emit = emit  # type: ignore[method-assign]
+    await run._stream(request_from_task(made, "", 0, None))
+    await engine.close()
+    return [n for n in emitted if n]
+
+
+async def test_a_stream_alone_gets_each_piece_at_once() -> None:
+    alone = await _chunks_of(streams=1)
+    assert alone == [1] * len(alone) and len(alone) >= 10
+
+
+async def test_under_load_pieces_fill_a_window() -> None:
+    alone = await _chunks_of(streams=1)
+    busy = await _chunks_of(streams=64)  # a window of 39 ms: about two 20-ms tokens a chunk
+    assert sum(busy) == sum(alone)
+    assert len(busy) <= len(alone) * 2 // 3
