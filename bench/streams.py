@@ -154,6 +154,10 @@ async def measure(args: argparse.Namespace, stage: Pipeline,
                 await one_round(side, level, tallies[side.name], watched)
             results[level] = tallies
             print(markdown_table(*_rows({level: tallies}, sorted(watched))), flush=True)
+            for name, tally in tallies.items():
+                failed = [s.error for s in tally.samples if not s.ok]
+                if failed:
+                    print(f"{name}: {len(failed)} failed, the first: {failed[0]}", flush=True)
     return results
 
 
