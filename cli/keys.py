@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -43,19 +42,24 @@ from gateway.auth.keys import KeyStore
 from gateway.auth.secrets import hash_secret
 from gateway.auth.tenants import TenantStore
 from gateway.auth.types import KeyRecord, Limits, TenantPolicy
+from topics.lookup import parse_since
 
 __all__ = ["register", "parse_duration", "describe_key", "describe_tenant"]
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def parse_duration(text: str) -> float:
     """``30d``, ``12h``, ``90m``, ``3600s`` (or plain seconds) in seconds."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
-    if match is None or float(match.group(1)) <= 0:
+    ago = "".join(text.split())
+    if ago.replace(".", "", 1).isdigit():
+        ago += "s"
+    try:
+        seconds = -parse_since(ago, now_ms=0) / 1000 if ago[-1:] in "smhd" else 0.0
+    except ValueError:
+        seconds = 0.0
+    if seconds <= 0:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a duration like 30d, 12h, 90m or 3600s")
-    return float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    return seconds
 
 
 def _limit(text: str) -> int:
