@@ -81,11 +81,6 @@ class KeyStore:
         """True while changes reach this replica's cache at once (subscribed)."""
         return self.invalidations.healthy
 
-    async def run_invalidations(self, part: TaskHealth | None = None) -> None:
-        """The background task that keeps the cache honest (see invalidations.py); it
-        reports to ``part`` when given (else to the part given at construction)."""
-        await self.invalidations.run(part)
-
     def _on_change(self, message: str) -> None:
         if message == EVERYTHING:
             self.cache.clear()

@@ -60,10 +60,6 @@ class TenantStore:
     def healthy(self) -> bool:
         return self.invalidations.healthy
 
-    async def run_invalidations(self, part: TaskHealth | None = None) -> None:
-        """The background task that keeps the cache honest; it reports to ``part``."""
-        await self.invalidations.run(part)
-
     def _on_change(self, message: str) -> None:
         if message == EVERYTHING:
             self.cache.clear()
