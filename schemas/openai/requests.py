@@ -11,7 +11,7 @@ Only what Conveyor serves is accepted, and only values the pipeline can carry:
   cannot be written into an event and is refused with the field's ``param``.
 * ``response_format`` may ask for free text, any JSON object or JSON matching
   a schema (schemas/structured.py checks the schema here).
-* ``n`` asks for up to 8 choices (gateway/chat/choices.py).
+* ``n`` asks for up to 8 choices (gateway/chat/serving.py).
 * ``logprobs`` (chat: with ``top_logprobs`` up to 20; completions: the
   number of alternatives, up to 5) asks for each token's log probability.
 * ``logit_bias`` maps token ids to a bias in -100..100 (preprocess checks the
@@ -176,7 +176,7 @@ class _Sampling(BaseModel):
         return v or 1
 
     def choices(self) -> int:
-        """How many choices are asked for (gateway/chat/choices.py serves more than one)."""
+        """How many choices are asked for (gateway/chat/serving.py serves more than one)."""
         return self.n or 1
 
     @field_validator("logit_bias")
