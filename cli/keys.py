@@ -1,28 +1,14 @@
-"""``conveyor keys`` and ``conveyor tenants``: API keys and tenant policies from the shell.
+"""``conveyor keys`` and ``conveyor tenants``: API keys and tenant policies from
+the shell (usage: docs/operating/keys-and-limits.md).
 
-    conveyor keys create --tenant acme --name ci [--rpm N] [--tpm N] [--concurrency N]
-                         [--models a,b] [--expires-in 30d|12h|90m|3600s]
-    conveyor keys list [--tenant T]
-    conveyor keys update ID [--rpm N] [--tpm N] [--concurrency N] [--models a,b] [--name N]
-    conveyor keys revoke ID
-    conveyor keys restore                 rebuild Redis's copy from the keys topic
-    conveyor tenants set acme [--rpm N] [--tpm N] [--concurrency N]
-                              [--daily-tokens N] [--monthly-tokens N]
-    conveyor tenants list
-
-A limit or quota flag that is left out keeps what is there; ``0`` clears it
-(no limit); a positive number sets it. ``--models ''`` allows every model.
+A limit or quota flag left out keeps what is there; ``0`` clears it; a
+positive number sets it. ``--models ''`` allows every model.
 
 ``keys create`` prints the key and then its secret, alone on the last line of
-stdout (``conveyor keys create ... | tail -n1``); Conveyor keeps only its
-keyed hash, so it is shown this once. Nothing else ever prints a secret or a
-hash. Errors (an unknown key id, an empty ``CONVEYOR_AUTH_SECRET``, a
-service that cannot be reached) are one line on stderr and exit status 1.
-
-Every command makes sure the topic catalog exists, writes through the
-stores of gateway/auth (topic first, then Redis, then the change channel)
-and audits each change as ``cli@<host>``.
-"""
+stdout; Conveyor keeps only its keyed hash, so it is shown this once. Nothing
+else ever prints a secret or a hash. Errors are one line on stderr and exit
+status 1. Every change writes through the stores of gateway/auth and is
+audited as ``cli@<host>``."""
 
 from __future__ import annotations
 

@@ -1,18 +1,9 @@
 """``conveyor accounting`` and ``conveyor usage``: run the usage ledger, read it.
 
-    conveyor accounting                                    the accounting app (Faust)
-    conveyor usage --tenant T [--key ID | --model M]       a tenant's usage, one bucket
-                   [--since 2026-11-01|24h|90m] [--until ...] [--by minute|day] [--json]
-
-``--since`` and ``--until`` take a UTC date (``2026-11-01``), a UTC time
-(``2026-11-01T12:30``, ``...Z`` or an offset), a time before now (``90s``,
-``90m``, ``24h``, ``7d``), epoch ms or ``now``. Without ``--since`` a report
-covers the last hour by minute and the last 30 days by day; ``--until`` is now.
-A bucket is shown when it overlaps the range and saw requests.
-
-:func:`register` adds both commands to the ``conveyor`` parser; each runs as
-``func(settings, args) -> exit status``.
-"""
+``--since`` and ``--until`` take a UTC date or time (ISO 8601), a time before
+now (``90m``, ``24h``, ``7d``), epoch ms or ``now``. Without ``--since`` a
+report covers the last hour by minute and the last 30 days by day. A bucket is
+shown when it overlaps the range and saw requests."""
 
 from __future__ import annotations
 
