@@ -67,7 +67,7 @@ def _opt(value: int | None) -> str:
 
 
 def _limits(limits: Limits) -> str:
-    return f"rpm={_opt(limits.rpm)} tpm={_opt(limits.tpm)} concurrency={_opt(limits.concurrency)}"
+    return " ".join(f"{k}={v}" for k, v in limits.described().items())
 
 
 def _state(record: KeyRecord, now_ms: int) -> str:

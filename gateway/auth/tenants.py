@@ -111,11 +111,9 @@ class TenantStore:
         except BrokerError as exc:
             log.warning("change of tenant %s not announced: %s", name, exc)
         if self.audit is not None:
-            detail = {k: "-" if v is None else str(v) for k, v in (
-                ("rpm", policy.limits.rpm), ("tpm", policy.limits.tpm),
-                ("concurrency", policy.limits.concurrency),
-                ("daily_tokens", policy.daily_tokens),
-                ("monthly_tokens", policy.monthly_tokens))}
+            quotas = {"daily_tokens": policy.daily_tokens, "monthly_tokens": policy.monthly_tokens}
+            detail = {**policy.limits.described(),
+                      **{k: "-" if v is None else str(v) for k, v in quotas.items()}}
             try:
                 await self.audit.write(audit_event("tenant.set", tenant=name, actor=actor,
                                                    detail=detail))

@@ -25,6 +25,11 @@ class Limits:
     def unlimited(self) -> bool:
         return self.rpm is None and self.tpm is None and self.concurrency is None
 
+    def described(self) -> dict[str, str]:
+        """Each limit as text, ``-`` for none (audit details, the CLI's lines)."""
+        return {k: "-" if v is None else str(v) for k, v in
+                (("rpm", self.rpm), ("tpm", self.tpm), ("concurrency", self.concurrency))}
+
 
 @dataclass(frozen=True)
 class KeyRecord:
