@@ -50,8 +50,7 @@ from pydantic import (
 
 from conveyor.errors import InvalidRequest
 from schemas.openai.feedback import FeedbackBody
-from schemas.openai.fields import FUNCTION_NAME, Text
-from schemas.openai.fields import STRICT as _STRICT
+from schemas.openai.fields import FUNCTION_NAME, STRICT, Text
 from schemas.openai.formats import JsonSchemaSpec, ResponseFormat
 from schemas.openai.moderations import ModerationBody, ModerationText
 from schemas.openai.tool_params import (
@@ -80,13 +79,13 @@ MIN_INT64, MAX_INT64 = -(2**63), 2**63 - 1
 
 
 class StreamOptions(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
 
     include_usage: bool = False
 
 
 class TextPart(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
 
     type: Literal["text"]
     text: Text
@@ -140,7 +139,7 @@ def _unsupported(name: str) -> ValueError:
 
 
 class _Sampling(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
 
     model: Text = Field(min_length=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
