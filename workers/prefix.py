@@ -143,13 +143,6 @@ class PrefixIndex:
             matched += 1
         return matched
 
-    def size(self) -> int:
-        return (sum(len(held) for held in self._blocks.values())
-                + sum(len(report) for report in self._reported.values()))
-
-    def workers(self) -> list[str]:
-        return sorted(set(self._blocks) | {w for w, r in self._reported.items() if r})
-
     def _age(self, held: OrderedDict[int, int], now_ms: int, ttl_ms: int | None = None) -> None:
         horizon = now_ms - (int(self.ttl_s * 1000) if ttl_ms is None else ttl_ms)
         while held:
