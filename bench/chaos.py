@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
 import sys
 import tempfile
@@ -31,7 +30,7 @@ from pathlib import Path
 from bench.chaos_check import Report, judge, read_tokens
 from bench.chaos_faults import FAULTS, Chaos, Conveyor, Heartbeats, Injected
 from bench.chaos_load import Load, Record
-from bench.harness import BenchError, exit_on_sigterm
+from bench.harness import BenchError, conveyor_env, exit_on_sigterm
 from infra.services import OwnKafka, OwnRedis, ServiceError, free_port
 
 __all__ = ["main"]
@@ -75,19 +74,6 @@ def _options(argv: Sequence[str] | None) -> argparse.Namespace:
     opts.quiet = opts.quiet if opts.quiet is not None else (5.0 if opts.quick else 12.0)
     opts.baseline = opts.baseline if opts.baseline is not None else (8.0 if opts.quick else 15.0)
     return opts
-
-
-def _env(redis: OwnRedis, kafka: OwnKafka, prefix: str, port: int,
-         request_timeout: float) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
-    env.update({
-        "CONVEYOR_KAFKA_BOOTSTRAP": kafka.bootstrap,
-        "CONVEYOR_REDIS_URL": redis.url,
-        "CONVEYOR_TOPIC_PREFIX": prefix,
-        "CONVEYOR_GATEWAY_PORT": str(port),
-        "CONVEYOR_REQUEST_TIMEOUT_S": str(request_timeout),
-    })
-    return env
 
 
 async def _supervise(conveyor: Conveyor) -> None:
@@ -139,7 +125,7 @@ async def _drive(opts: argparse.Namespace, chaos: Chaos, t0: float) -> tuple[
 
 async def _run(opts: argparse.Namespace, conveyor: Conveyor, redis: OwnRedis,
                kafka: OwnKafka, base_url: str, prefix: str, t0: float) -> bool:
-    beats = Heartbeats(kafka.bootstrap, f"{prefix}.workers")
+    beats = Heartbeats(kafka.bootstrap, prefix)
     load = Load(base_url, opts.clients, opts.max_tokens, opts.max_requests,
                 client_deadline_s=opts.request_timeout + 20.0)
     chaos = Chaos(conveyor, redis, kafka, load, beats, base_url)
@@ -194,8 +180,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.info("own Redis on %s, own Kafka on %s", redis.url, kafka.bootstrap)
         prefix = f"chaos{int(time.time())}"
         port = free_port()
-        conveyor = Conveyor(logs, _env(redis, kafka, prefix, port, opts.request_timeout),
-                            list(WORKERS))
+        env = conveyor_env(topic_prefix=prefix, gateway_port=port, services={
+            "CONVEYOR_KAFKA_BOOTSTRAP": kafka.bootstrap, "CONVEYOR_REDIS_URL": redis.url,
+            "CONVEYOR_REQUEST_TIMEOUT_S": str(opts.request_timeout)})
+        conveyor = Conveyor(logs, env, list(WORKERS))
         stack.callback(conveyor.close)
         conveyor.topics()
         conveyor.start_all()

@@ -30,12 +30,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from aiokafka import AIOKafkaConsumer
 
 from bench.chaos_load import Load
 from bench.harness import BenchError, Proc, repo_root
+from conveyor.settings import load_settings
 from infra.services import OwnKafka, OwnRedis, kill_group
 from schemas.codec import default_codec
+from schemas.records import WorkerHeartbeat
+from topics.catalog import WORKERS
+from topics.follow import follow
 
 __all__ = ["FAULTS", "Chaos", "Heartbeats", "Injected", "Conveyor"]
 
@@ -47,46 +50,25 @@ class Heartbeats:
     """The latest heartbeat of each worker, read from ``conveyor.workers``."""
 
     bootstrap: str
-    topic: str
-    beats: dict[str, dict[str, object]] = field(default_factory=dict)
+    topic_prefix: str
+    beats: dict[str, WorkerHeartbeat] = field(default_factory=dict)
     seen_at: dict[str, float] = field(default_factory=dict)
 
     async def follow(self) -> None:
-        codec = default_codec()
-        while True:
-            consumer = AIOKafkaConsumer(self.topic, bootstrap_servers=self.bootstrap,
-                                        auto_offset_reset="latest", enable_auto_commit=False)
-            try:
-                await consumer.start()
-                while True:
-                    batch = await consumer.getmany(timeout_ms=500)
-                    for records in batch.values():
-                        for rec in records:
-                            if rec.value is None:
-                                continue
-                            beat = codec.decode(rec.value, "WorkerHeartbeat")
-                            self.beats[beat["worker_id"]] = beat
-                            self.seen_at[beat["worker_id"]] = time.monotonic()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the broker is down: try again
-                log.debug("heartbeat follower: %s", exc)
-                await asyncio.sleep(1.0)
-            finally:
-                with contextlib.suppress(Exception):
-                    await consumer.stop()
+        """For ever, from the end at the start (through the broker's outages)."""
+        settings = load_settings(kafka_bootstrap=self.bootstrap, topic_prefix=self.topic_prefix)
+        async for batch in follow(settings, WORKERS, 0, "end").events(default_codec()):
+            for _, beat in batch:
+                self.beats[beat["worker_id"]] = beat
+                self.seen_at[beat["worker_id"]] = time.monotonic()
 
     def busiest(self, workers: list[str]) -> str:
-        def running(w: str) -> int:
-            value = self.beats.get(w, {}).get("running", 0)
-            return value if isinstance(value, int) else 0
-
-        return max(workers, key=running)
+        return max(workers, key=lambda w: self.beats[w]["running"] if w in self.beats else 0)
 
     def ready(self, worker: str, since: float) -> bool:
         beat = self.beats.get(worker)
         return (beat is not None and self.seen_at.get(worker, 0.0) > since
-                and beat.get("state") == "ready" and bool(beat.get("partitions")))
+                and beat["state"] == "ready" and bool(beat["partitions"]))
 
 
 @dataclass
@@ -126,7 +108,8 @@ class Chaos:
 
     async def kill_worker(self, event: Injected | None, name: str) -> Injected:
         worker = self.beats.busiest(self.conveyor.workers)
-        running = self.beats.beats.get(worker, {}).get("running")
+        beat = self.beats.beats.get(worker)
+        running = beat["running"] if beat is not None else None
         note = f"SIGKILL worker {worker} (running {running})"
         if event is None:
             event = self.strike(name, note)
@@ -294,11 +277,6 @@ class Conveyor:
         if proc.exited() is None:
             kill_group(proc.popen.pid, sig)
             proc.popen.wait(timeout=30)
-
-    def restart(self, name: str) -> None:
-        if self.procs[name].exited() is None:
-            self.kill(name)
-        self.start(name)
 
     def reap(self) -> list[str]:
         """The processes that exited without being killed by the run (recorded in

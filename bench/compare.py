@@ -22,7 +22,7 @@ from typing import TypeVar
 
 from bench.client import Sample, StreamClient, stream_completion
 from bench.harness import DELAY_MS, TOKENS, BenchError, exit_on_sigterm
-from bench.stats import Check, markdown_table, percentile
+from bench.stats import Check, check_table, markdown_table, ms, percentile
 
 __all__ = ["DELAY_MS", "PROMPT", "TOKENS", "Comparison", "Result", "Scenario", "Side", "Tally",
            "first_success", "measure", "median_interval", "report_main", "run_pairs",
@@ -67,12 +67,14 @@ class Side:
 
 @dataclass
 class Tally:
-    """A side's recorded requests and the wall time spent sending them."""
+    """A side's recorded requests, the wall time spent sending them and, where
+    measured, the CPU each watched process spent meanwhile."""
 
     samples: list[Sample] = field(default_factory=list)
     busy_s: float = 0.0
     # concurrency N: each round's rate (its answered streams over its wall time)
     round_rates: list[float] = field(default_factory=list)
+    cpu_s: dict[str, float] = field(default_factory=dict)  # by process label
 
     @property
     def ok(self) -> list[Sample]:
@@ -85,6 +87,14 @@ class Tally:
     @property
     def rate(self) -> float:
         return len(self.ok) / self.busy_s if self.busy_s > 0 else math.nan
+
+    @property
+    def tokens(self) -> int:
+        """The fixture's tokens the answered streams carried (``" tok"`` each)."""
+        return sum(s.chars // len(" tok") for s in self.ok)
+
+    def cpu_ms_per_token(self, label: str) -> float:
+        return 1000 * self.cpu_s.get(label, 0.0) / self.tokens if self.tokens else math.nan
 
 
 @dataclass
@@ -244,17 +254,13 @@ def median_interval(values: list[float]) -> tuple[float, float]:
     return ordered[max(0, math.floor(n / 2 - half))], ordered[min(n - 1, math.ceil(n / 2 + half))]
 
 
-def _ms(seconds: float) -> str:
-    return "-" if math.isnan(seconds) else f"{seconds * 1000:.1f}"
-
-
 def _side_row(sc: Scenario, name: str, tally: Tally) -> list[str]:
     ttft = [s.ttft for s in tally.ok]
     total = [s.total for s in tally.ok]
     return [sc.key, name,
             f"{len(tally.ok)}" + (f" (+{len(tally.failed)} failed)" if tally.failed else ""),
-            _ms(percentile(ttft, 50)), _ms(percentile(ttft, 99)),
-            _ms(percentile(total, 50)), _ms(percentile(total, 99)),
+            ms(percentile(ttft, 50)), ms(percentile(ttft, 99)),
+            ms(percentile(total, 50)), ms(percentile(total, 99)),
             "-" if math.isnan(tally.rate) else f"{tally.rate:.1f}"]
 
 
@@ -265,8 +271,8 @@ def _added_row(result: Result) -> list[str]:
     if result.base.rate > 0 and not math.isnan(result.variant.rate):
         rate = f"{100 * (result.variant.rate / result.base.rate - 1):+.1f} %"
     return [result.scenario.key, "added (paired)", str(len(added)),
-            _ms(percentile(added, 50)), _ms(percentile(added, 99)),
-            _ms(percentile(added_total, 50)), _ms(percentile(added_total, 99)), rate]
+            ms(percentile(added, 50)), ms(percentile(added, 99)),
+            ms(percentile(added_total, 50)), ms(percentile(added_total, 99)), rate]
 
 
 def _rows(result: Result, c: Comparison) -> list[list[str]]:
@@ -286,8 +292,8 @@ def report_scenario(result: Result, c: Comparison) -> None:
     added = result.added_ttft()
     low, high = median_interval(added)
     print(f"added TTFT ({c.variant} - {c.base}, {len(added)} pairs): "
-          f"p50 {_ms(percentile(added, 50))} ms (95% interval [{_ms(low)}, {_ms(high)}]), "
-          f"p99 {_ms(percentile(added, 99))} ms")
+          f"p50 {ms(percentile(added, 50))} ms (95% interval [{ms(low)}, {ms(high)}]), "
+          f"p99 {ms(percentile(added, 99))} ms")
     ratios = result.rate_ratios()
     low, high = median_interval(ratios)
     if not math.isnan(low):
@@ -313,7 +319,4 @@ def report_summary(results: list[Result], c: Comparison) -> None:
     print(f"## {c.title}\n")
     print(markdown_table(HEADER, rows))
     print()
-    print(markdown_table(
-        ["scenario", "figure", "measured", "target", "met"],
-        [[k.scenario, k.label, k.measured(), k.target(), "yes" if k.met else "no"]
-         for k in found]))
+    print(check_table(found))

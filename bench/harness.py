@@ -151,18 +151,22 @@ def conveyor_script() -> Path:
     return script
 
 
-def conveyor_env(*, topic_prefix: str, gateway_port: int,
-                 models_file: Path | None = None) -> dict[str, str]:
-    """The environment of a ``conveyor up`` run: a fresh topic prefix (its
-    topics dropped when the benchmark exits), the port, and the model registry
-    when not the default one."""
+def conveyor_env(*, topic_prefix: str, gateway_port: int, models_file: Path | None = None,
+                 services: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a Conveyor run: a fresh topic prefix, the port, and the
+    model registry when not the default one. ``services``: the settings of a
+    Kafka and a Redis of its own, and no other ``CONVEYOR_`` variable of this
+    environment; without them, the run's topics are dropped when the benchmark
+    exits (after its finally blocks stopped Conveyor: runs left behind slow the
+    broker down)."""
     env = dict(os.environ)
+    if services is None:
+        atexit.register(drop_topics, env.get("CONVEYOR_KAFKA_BOOTSTRAP",
+                                             load_settings().kafka.bootstrap),
+                        topic_prefix)
+    else:
+        env = {k: v for k, v in env.items() if not k.startswith("CONVEYOR_")} | dict(services)
     env["CONVEYOR_TOPIC_PREFIX"] = topic_prefix
-    # the run's topics go when the benchmark ends (after its finally blocks
-    # stopped `conveyor up`): runs left behind slow the broker down
-    atexit.register(drop_topics, env.get("CONVEYOR_KAFKA_BOOTSTRAP",
-                                         load_settings().kafka.bootstrap),
-                    topic_prefix)
     env["CONVEYOR_GATEWAY_PORT"] = str(gateway_port)
     if models_file is not None:
         env["CONVEYOR_MODELS_FILE"] = str(models_file)
