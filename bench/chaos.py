@@ -31,6 +31,7 @@ from bench.chaos_check import Report, judge, read_tokens
 from bench.chaos_faults import FAULTS, Chaos, Conveyor, Heartbeats, Injected
 from bench.chaos_load import Load, Record
 from bench.harness import BenchError, conveyor_env, exit_on_sigterm
+from conveyor.settings import Settings
 from infra.services import OwnKafka, OwnRedis, ServiceError, free_port
 
 __all__ = ["main"]
@@ -124,8 +125,10 @@ async def _drive(opts: argparse.Namespace, chaos: Chaos, t0: float) -> tuple[
 
 
 async def _run(opts: argparse.Namespace, conveyor: Conveyor, redis: OwnRedis,
-               kafka: OwnKafka, base_url: str, prefix: str, t0: float) -> bool:
-    beats = Heartbeats(kafka.bootstrap, prefix)
+               kafka: OwnKafka, base_url: str, t0: float) -> bool:
+    settings = Settings.from_flat({k.removeprefix("CONVEYOR_").lower(): v
+                                   for k, v in conveyor.env.items() if k.startswith("CONVEYOR_")})
+    beats = Heartbeats(settings)
     load = Load(base_url, opts.clients, opts.max_tokens, opts.max_requests,
                 client_deadline_s=opts.request_timeout + 20.0)
     chaos = Chaos(conveyor, redis, kafka, load, beats, base_url)
@@ -147,7 +150,7 @@ async def _run(opts: argparse.Namespace, conveyor: Conveyor, redis: OwnRedis,
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
-    logged = await read_tokens(kafka.bootstrap, f"{prefix}.tokens")
+    logged = await read_tokens(settings)
     first = injected[0].injected_at if injected else float("inf")
     verdicts = judge(load.records, logged, _reference(load.records, first))
     report = Report(verdicts, injected, conveyor.unexpected, skipped)
@@ -187,8 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stack.callback(conveyor.close)
         conveyor.topics()
         conveyor.start_all()
-        ok = asyncio.run(_run(opts, conveyor, redis, kafka, f"http://127.0.0.1:{port}",
-                              prefix, t0))
+        ok = asyncio.run(_run(opts, conveyor, redis, kafka, f"http://127.0.0.1:{port}", t0))
     print(f"chaos: done in {time.monotonic() - t0:.0f} s; logs in {logs}", flush=True)
     return 0 if ok else 1
 

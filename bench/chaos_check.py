@@ -21,15 +21,16 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
-
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from typing import Literal
 
 from bench.chaos_faults import Injected
 from bench.chaos_load import Record
 from bench.stats import markdown_table, percentile
+from conveyor.settings import Settings
 from schemas.codec import default_codec
+from schemas.records import TokenChunk
+from topics.catalog import TOKENS
+from topics.follow import follow, snapshot
 from workers.chunk_order import ChunkOrder
 
 __all__ = ["Logged", "Outcome", "Verdict", "judge", "read_tokens", "WORKER_STALL_TARGET_S",
@@ -44,7 +45,7 @@ class Logged:
 
     request_id: str
     trace_id: str = ""
-    chunks: list[dict[str, Any]] = field(default_factory=list)
+    chunks: list[TokenChunk] = field(default_factory=list)
 
     def rebuilt(self) -> tuple[str, int, str | None, bool]:
         """(text, completion tokens, finish reason or ``error``, finished) as
@@ -53,7 +54,7 @@ class Logged:
         tokens = 0
         text: list[str] = []
         for chunk in self.chunks:
-            for c in order.offer(chunk):  # type: ignore[arg-type]
+            for c in order.offer(chunk):
                 if c["error"] is not None:
                     return "".join(text), tokens, "error", True
                 text.append(c["text"])
@@ -82,43 +83,18 @@ class Logged:
         return out
 
 
-async def read_tokens(bootstrap: str, topic: str) -> dict[str, Logged]:
-    """Every chunk of ``topic`` from the beginning to its end now, by request id."""
-    codec = default_codec()
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        described = await admin.describe_topics([topic])
-    finally:
-        await admin.close()
-    parts = sorted(p["partition"] for d in described for p in d.get("partitions") or ())
-    if not parts:
-        raise RuntimeError(f"topic {topic} not found on {bootstrap}")
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                auto_offset_reset="earliest", request_timeout_ms=15000)
-    await consumer.start()
+async def read_tokens(settings: Settings) -> dict[str, Logged]:
+    """Every chunk of ``conveyor.tokens`` written until now, by request id."""
     out: dict[str, Logged] = {}
-    try:
-        tps = [TopicPartition(topic, p) for p in parts]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        left = {tp for tp in tps if ends[tp] > 0}
-        while left:
-            batch = await consumer.getmany(*left, timeout_ms=2000)
-            for records in batch.values():
-                for rec in records:
-                    chunk = codec.decode(rec.value, "TokenChunk")
-                    env = chunk["envelope"]
-                    rid = env["request_id"]
-                    logged = out.setdefault(rid, Logged(rid))
-                    logged.trace_id = logged.trace_id or _trace_id(env["traceparent"])
-                    logged.chunks.append(chunk)
-            for tp in list(left):
-                if await consumer.position(tp) >= ends[tp]:
-                    left.discard(tp)
-    finally:
-        await consumer.stop()
+
+    def add(chunk: TokenChunk) -> None:
+        rid = chunk["envelope"]["request_id"]
+        logged = out.setdefault(rid, Logged(rid))
+        logged.trace_id = logged.trace_id or _trace_id(chunk["envelope"]["traceparent"])
+        logged.chunks.append(chunk)
+
+    every = range(TOKENS.partitions(settings.kafka))
+    await snapshot(follow(settings, TOKENS, every, "beginning"), default_codec(), add, 600.0)
     return out
 
 

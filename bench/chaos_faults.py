@@ -33,7 +33,7 @@ import httpx
 
 from bench.chaos_load import Load
 from bench.harness import BenchError, Proc, repo_root
-from conveyor.settings import load_settings
+from conveyor.settings import Settings
 from infra.services import OwnKafka, OwnRedis, kill_group
 from schemas.codec import default_codec
 from schemas.records import WorkerHeartbeat
@@ -49,15 +49,13 @@ log = logging.getLogger("bench.chaos")
 class Heartbeats:
     """The latest heartbeat of each worker, read from ``conveyor.workers``."""
 
-    bootstrap: str
-    topic_prefix: str
+    settings: Settings
     beats: dict[str, WorkerHeartbeat] = field(default_factory=dict)
     seen_at: dict[str, float] = field(default_factory=dict)
 
     async def follow(self) -> None:
         """For ever, from the end at the start (through the broker's outages)."""
-        settings = load_settings(kafka_bootstrap=self.bootstrap, topic_prefix=self.topic_prefix)
-        async for batch in follow(settings, WORKERS, 0, "end").events(default_codec()):
+        async for batch in follow(self.settings, WORKERS, 0, "end").events(default_codec()):
             for _, beat in batch:
                 self.beats[beat["worker_id"]] = beat
                 self.seen_at[beat["worker_id"]] = time.monotonic()
