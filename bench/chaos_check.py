@@ -17,6 +17,7 @@ stall its streams at most ``WORKER_STALL_TARGET_S`` at p99.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -166,7 +167,8 @@ def _against_log(r: Record, logged: Logged) -> tuple[Outcome, str]:
         head = text[:32]
         if head and r.text.count(head) > text.count(head):
             return "duplicated", f"text repeated ({len(r.text)} chars, log {len(text)})"
-        return "corrupted", (f"text differs from the log at char {_diverge(r.text, text)} "
+        at = len(os.path.commonprefix([r.text, text]))
+        return "corrupted", (f"text differs from the log at char {at} "
                              f"({len(r.text)} vs {len(text)} chars; runs {logged.runs()})")
     if conflicts:
         return "corrupted", (f"the log holds different chunks for seq {conflicts[:5]} "
@@ -186,15 +188,6 @@ def _against_log(r: Record, logged: Logged) -> tuple[Outcome, str]:
     if reason != expected:
         return "corrupted", f"finish_reason {reason} but the log ends with {finish}"
     return "answered", ""
-
-
-def _diverge(a: str, b: str) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def by_fault(verdicts: list[Verdict], faults: list[tuple[str, float]]) -> dict[str, list[Verdict]]:

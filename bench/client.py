@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-__all__ = ["Sample", "StreamClient", "make_client", "stream_completion"]
+__all__ = ["Sample", "StreamClient", "stream_completion"]
 
 
 @dataclass(frozen=True)
@@ -314,11 +314,6 @@ class _Timing:
             return _failed(self.start, "no text in the stream")
         return Sample(ttft=self.first - self.start, total=end - self.start, chars=self.chars,
                       text="".join(self.pieces), tokens=self.tokens, gaps=tuple(self.gaps))
-
-
-def make_client(connections: int = 64, timeout_s: float = 30.0) -> StreamClient:
-    """The load generator's client, with room for ``connections`` concurrent streams."""
-    return StreamClient(connections, timeout_s)
 
 
 def _text_of(chunk: dict[str, Any]) -> str:

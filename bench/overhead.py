@@ -22,7 +22,7 @@ import argparse
 import asyncio
 
 from bench import compare
-from bench.client import make_client
+from bench.client import StreamClient
 from bench.compare import Comparison, Result, Scenario, Side, report_main
 from bench.harness import DELAY_MS, TOKENS, loop_factory, pipeline
 from bench.stats import Check, percentile
@@ -67,8 +67,8 @@ OVERHEAD = Comparison("direct", "conveyor", "Overhead: Conveyor vs. the upstream
 
 async def measure(plan: list[Scenario], upstream_url: str, gateway_url: str,
                   connections: int) -> list[Result]:
-    async with make_client(connections) as direct_client, \
-            make_client(connections) as conveyor_client:
+    async with StreamClient(connections) as direct_client, \
+            StreamClient(connections) as conveyor_client:
         direct = Side("direct", f"{upstream_url}/v1/completions",
                       {True: f"bench@{DELAY_MS}", False: "bench@0"}, direct_client)
         conveyor = Side("conveyor", f"{gateway_url}/v1/completions",

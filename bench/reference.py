@@ -143,12 +143,7 @@ def _compare(side: str, answers: dict[str, str], reference: dict[str, str],
             result.agreed.append(key)
             continue
         ours = vocab.tokenize(text.encode(), add_bos=False, special=False)
-        shared = 0
-        for a, b in zip(ours, reference_ids[key], strict=False):
-            if a != b:
-                break
-            shared += 1
-        result.disagreed[key] = shared
+        result.disagreed[key] = len(os.path.commonprefix([ours, reference_ids[key]]))
     return result
 
 

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.client import Sample, StreamClient, make_client, stream_completion
+from bench.client import Sample, StreamClient, stream_completion
 from bench.harness import (
     BenchError,
     check_infra,
@@ -96,7 +96,7 @@ async def play(gateway_url: str, phase: Phase, conversations: int, turns: int, c
     url = f"{gateway_url}/v1/chat/completions"
     pending = list(range(conversations))
     pause = random.Random(7)  # the same pauses in every phase
-    async with make_client(clients + 4, timeout_s=600.0) as client:
+    async with StreamClient(clients + 4, timeout_s=600.0) as client:
 
         async def one_client() -> None:
             while pending:
@@ -122,7 +122,7 @@ async def play(gateway_url: str, phase: Phase, conversations: int, turns: int, c
 async def warm_up(gateway_url: str, timeout_s: float) -> None:
     """Until one request succeeds (the workers may still be joining)."""
     deadline = time.monotonic() + timeout_s
-    async with make_client(1, timeout_s=120.0) as client:
+    async with StreamClient(1, timeout_s=120.0) as client:
         while True:
             try:
                 await ask(client, f"{gateway_url}/v1/chat/completions",

@@ -30,7 +30,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from bench.client import make_client
+from bench.client import StreamClient
 from bench.compare import Side, Tally
 from bench.harness import (
     BenchError,
@@ -111,8 +111,8 @@ async def one_round(side: Side, streams: int, tally: Tally,
 async def measure(args: argparse.Namespace, stage: Pipeline,
                   watched: dict[str, list[int]]) -> dict[int, dict[str, Tally]]:
     results: dict[int, dict[str, Tally]] = {}
-    async with make_client(max(args.levels) + 8, timeout_s=120.0) as direct_client, \
-            make_client(max(args.levels) + 8, timeout_s=120.0) as conveyor_client:
+    async with StreamClient(max(args.levels) + 8, timeout_s=120.0) as direct_client, \
+            StreamClient(max(args.levels) + 8, timeout_s=120.0) as conveyor_client:
         sides = [Side("direct", f"{stage.upstream_url}/v1/completions",
                       {True: f"bench@{args.token_ms}"}, direct_client, args.tokens),
                  Side("conveyor", f"{stage.gateway_url}/v1/completions",
@@ -181,8 +181,8 @@ async def tenants(args: argparse.Namespace, stage: Pipeline) -> list[Check]:
     queued as the large tenant; the target: beside the flood, within 2x of alone."""
     url, model = f"{stage.gateway_url}/v1/completions", f"bench-{args.token_ms}"
     keys = {tenant: create_key(stage, tenant) for tenant in ("large", "small")}
-    async with make_client(args.flood + 8, timeout_s=300.0) as large_client, \
-            make_client(4, timeout_s=300.0) as small_client:
+    async with StreamClient(args.flood + 8, timeout_s=300.0) as large_client, \
+            StreamClient(4, timeout_s=300.0) as small_client:
         large_client.headers["Authorization"] = f"Bearer {keys['large']}"
         large = Side("large", url, {True: model}, large_client, args.tokens)
 

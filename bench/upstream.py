@@ -222,15 +222,7 @@ def build_app(tokens: int, delay_s: float) -> ASGIApp:
         {"id": "bench", "object": "model", "owned_by": "bench"}]})
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        if scope["type"] != "http":
+        if scope["type"] != "http":  # no lifespan: uvicorn runs it with lifespan="off"
             return
         start = time.perf_counter()
         path, method = scope["path"], scope["method"]
@@ -285,7 +277,7 @@ def main(argv: list[str] | None = None) -> None:
         http="httptools",
         log_level="warning",
         access_log=False,
-        lifespan="on",
+        lifespan="off",
     )
 
 
