@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, cast
@@ -19,7 +19,9 @@ from urllib.parse import urlsplit
 
 import orjson
 
-__all__ = ["Sample", "StreamClient", "stream_completion"]
+from bench.harness import BenchError
+
+__all__ = ["Sample", "StreamClient", "first_success", "stream_completion"]
 
 
 @dataclass(frozen=True)
@@ -337,3 +339,19 @@ async def stream_completion(client: StreamClient, url: str, body: dict[str, Any]
 def _failed(start: float, error: str) -> Sample:
     elapsed = time.perf_counter() - start
     return Sample(ttft=elapsed, total=elapsed, chars=0, error=error)
+
+
+async def first_success(name: str, attempt: Callable[[], Awaitable[Sample]],
+                        timeout_s: float) -> None:
+    """Until ``attempt`` answers (a pipeline's first request can fail while its
+    consumers join their groups); BenchError naming the last error past
+    ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    last = "no attempt"
+    while time.monotonic() < deadline:
+        sample = await attempt()
+        if sample.ok:
+            return
+        last = sample.error or ""
+        await asyncio.sleep(0.5)
+    raise BenchError(f"{name}: no successful request within {timeout_s:.0f} s: {last}")

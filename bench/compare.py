@@ -13,6 +13,7 @@ after it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import sys
 import time
@@ -20,12 +21,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from bench.client import Sample, StreamClient, stream_completion
+from bench.client import Sample, StreamClient, first_success, stream_completion
 from bench.harness import DELAY_MS, TOKENS, BenchError, exit_on_sigterm
 from bench.stats import Check, check_table, markdown_table, ms, percentile
 
 __all__ = ["DELAY_MS", "PROMPT", "TOKENS", "Comparison", "Result", "Scenario", "Side", "Tally",
-           "first_success", "measure", "median_interval", "report_main", "run_pairs",
+           "measure", "median_interval", "report_main", "run_pairs",
            "run_rounds"]
 
 T = TypeVar("T")
@@ -142,19 +143,6 @@ def report_main(prog: str, comparison: Comparison, run: Callable[[], list[Result
 # -- measurement -------------------------------------------------------------------
 
 
-async def first_success(side: Side, timeout_s: float) -> None:
-    """A pipeline's first request can fail while its consumers join their groups."""
-    deadline = time.monotonic() + timeout_s
-    last = "no attempt"
-    while time.monotonic() < deadline:
-        sample = await side.one(paced=False)
-        if sample.ok:
-            return
-        last = sample.error or ""
-        await asyncio.sleep(0.5)
-    raise BenchError(f"{side.name}: no successful request within {timeout_s:.0f} s: {last}")
-
-
 async def _timed(side: Side, paced: bool, tally: Tally) -> Sample:
     start = time.perf_counter()
     sample = await side.one(paced)
@@ -224,8 +212,8 @@ async def run_rounds(sc: Scenario, base: Side, variant: Side) -> Result:
 async def measure(scenarios: list[Scenario], base: Side, variant: Side,
                   comparison: Comparison, first_timeout_s: float = 90.0) -> list[Result]:
     """Each scenario in turn, its report printed as it ends."""
-    await first_success(base, first_timeout_s)
-    await first_success(variant, first_timeout_s)
+    for side in (base, variant):
+        await first_success(side.name, functools.partial(side.one, False), first_timeout_s)
     results: list[Result] = []
     for sc in scenarios:
         print(f"running {sc.key}: {sc.title} ...", flush=True)

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.client import Sample, StreamClient, stream_completion
+from bench.client import Sample, StreamClient, first_success, stream_completion
 from bench.harness import (
     BenchError,
     check_infra,
@@ -121,18 +121,11 @@ async def play(gateway_url: str, phase: Phase, conversations: int, turns: int, c
 
 async def warm_up(gateway_url: str, timeout_s: float) -> None:
     """Until one request succeeds (the workers may still be joining)."""
-    deadline = time.monotonic() + timeout_s
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi."}],
+            "max_tokens": 4, "stream": True}
     async with StreamClient(1, timeout_s=120.0) as client:
-        while True:
-            try:
-                await ask(client, f"{gateway_url}/v1/chat/completions",
-                          [{"role": "user", "content": "Say hi."}], 4)
-                return
-            except BenchError as exc:
-                if time.monotonic() > deadline:
-                    raise BenchError(f"Conveyor did not answer in {timeout_s:.0f} s: {exc}") \
-                        from exc
-            await asyncio.sleep(1.0)
+        await first_success("Conveyor", lambda: stream_completion(
+            client, f"{gateway_url}/v1/chat/completions", body), timeout_s)
 
 
 def run_phase(name: str, prefix_aware: bool, args: argparse.Namespace) -> Phase:
