@@ -5,13 +5,9 @@ one answer identical to what the log holds, or a clear error.
     .venv/bin/python -m bench.chaos [--quick] [--faults worker,redis-flush]
                                     [--time-limit 420] [--max-requests 600]
 
-Its Kafka and Redis are its own, on free ports; on them ``conveyor layer``,
-two ``conveyor infer --engine llamacpp --contexts 2`` workers and a gateway.
-The faults (``bench.chaos_faults``), the outcomes and the verdict:
-docs/benchmarks/index.md. No fault starts after ``--time-limit`` seconds;
-requests then in flight get their client deadline (the gateway's request
-timeout plus 20 s). Exit code 1 when a request was lost, duplicated or
-corrupted, 2 when the run could not start.
+The set-up, the faults, the outcomes and the exit codes: docs/benchmarks/index.md.
+No fault starts after ``--time-limit`` seconds; requests then in flight get
+their client deadline (the gateway's request timeout plus 20 s).
 """
 
 from __future__ import annotations

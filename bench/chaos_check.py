@@ -1,18 +1,10 @@
-"""The chaos run's judge and report: what ``conveyor.tokens`` holds for each
-request, whether what its client got is that, once, and what the run prints.
-
-The log is read whole and each request's answer rebuilt from it by the rule
-postprocess answers with (:class:`workers.chunk_order.ChunkOrder`), up to the
-first chunk that finishes or fails; two chunks of one run with the same
-``seq`` and different contents make a request corrupted even when the
-client's text matches. Each request is answered, errored, lost, duplicated
-or corrupted (what each means: docs/benchmarks/index.md).
-
-:class:`Report` prints outcomes and stalls per fault, the failures one by
-one, and a verdict line. A fault's stall is measured on the streams in flight
-when it struck: each one's longest wait between consecutive events (start,
-each SSE data event, end), p50 and p99 over them; a worker's SIGKILL should
-stall its streams at most ``WORKER_STALL_TARGET_S`` at p99.
+"""The chaos run's judge and report: each request's answer rebuilt from
+``conveyor.tokens`` by the rule postprocess answers with
+(:class:`workers.chunk_order.ChunkOrder`), whether its client got that, once,
+and the outcomes (docs/benchmarks/index.md). Two chunks of one run with the
+same ``seq`` and different contents make a request corrupted even when the
+client's text matches. A fault's stall is each stream in flight when it
+struck's longest wait between consecutive events, p50 and p99 over them.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
-"""The Conveyor of the chaos run and the faults injected into it, one after
-another, each undone as an operator or a supervisor would, while streams run:
-
-- ``worker``: SIGKILL the busiest infer worker, start it again 3 s later;
-- ``layers``: SIGKILL the process of every layer, start it again 2 s later;
-- ``redis-stop``: SIGKILL Redis for 3 s (its append-only file comes back);
-- ``redis-flush``: FLUSHALL: claims, leases and caches gone at once;
-- ``worker-redis-down``: Redis down, the busiest worker SIGKILLed meanwhile;
-- ``redis-flush-worker``: FLUSHALL, then SIGKILL the busiest worker: only the
-  log can tell its redelivered task is a retry and where it continues;
-- ``kafka``: SIGKILL the broker, start it again 5 s later.
-
-:class:`Conveyor` is real processes (every layer in one, infer workers, a
-gateway), each in its own process group, started, killed and restarted by
-name; its Kafka and Redis are its own, on free loopback ports
-(infra/services.py), never the shared ones.
+"""The Conveyor of the chaos run and the faults injected into it (:data:`FAULTS`,
+described in docs/benchmarks/index.md), each undone as an operator or a
+supervisor would, while streams run. :class:`Conveyor` is real processes
+(every layer in one, infer workers, a gateway), each in its own process
+group, on a Kafka and a Redis of their own (infra/services.py).
 """
 
 from __future__ import annotations
