@@ -1,10 +1,6 @@
 """The load generator: one streamed completion, timed (TTFT at the first chunk
-with text, total at ``data: [DONE]``).
-
-It shares the machine with what it measures, so it is a lean HTTP/1.1 client
-of its own (keep-alive connections on asyncio's protocol callbacks, the
-chunked encoding and the SSE lines parsed over a byte buffer, orjson for the
-events) rather than httpx, whose streaming cost about 1.2 ms of CPU a request.
+with text, total at ``data: [DONE]``), over a lean HTTP/1.1 client of its own
+(why not httpx: docs/benchmarks/index.md).
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """Two ways to serve the same streamed completions, measured side by side in
-one run (``bench.overhead``: the upstream fixture called directly against
-Conveyor in front of it).
-
-The machine is shared and noisy, so the figures are paired: at concurrency 1
-each request of one side is followed by one of the other, and at concurrency
-N a round of N streams of one side by a round of the other. Which side goes
-first alternates from pair to pair and round to round (A B, B A, ...): work a
-side does after its answer has ended would otherwise be billed to the side
-after it.
+one run, paired: at concurrency 1 request by request, at concurrency N round
+by round, the first side alternating (A B, B A, ...) so that work a side does
+after its answer is not billed to the side after it.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""Subprocesses a benchmark starts (the upstream fixture, ``conveyor up``) and
-their lifecycle: each runs in its own process group with its output in a log
-file, is waited for over HTTP, and is always stopped (SIGTERM to the group,
-then SIGKILL) when the benchmark leaves its ``with`` block. :func:`pipeline`
-is the stage most benchmarks share: the upstream fixture with ``conveyor up
---engine openai`` in front of it.
+"""The processes a benchmark starts, each in its own process group with a log
+file, waited for over HTTP and always stopped (SIGTERM, then SIGKILL) when its
+``with`` block ends; :func:`pipeline` is the stage most benchmarks share (the
+upstream fixture behind ``conveyor up --engine openai``).
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
-"""What Conveyor's pipeline adds over calling an engine directly.
-
-Starts the upstream fixture (``bench.upstream``) and ``conveyor up --engine
-openai`` in front of it (``bench.harness.pipeline``), then sends the same
-streamed completions directly to the upstream and through Conveyor, side by
-side (``bench.compare``):
-
-- ``c1-paced``: concurrency 1, 32 tokens 10 ms apart, in alternating pairs;
-- ``cN-paced``: N concurrent streams (``--concurrency``, 32), alternating rounds;
-- ``cN-unpaced``: the same with an unpaced upstream (the pipeline's own limit).
-
-Pacing travels in the model name (``bench@10``, ``bench@0``), so one upstream
-and one Conveyor serve every scenario. Targets: "The price of the log"
-(docs/decisions/0013-the-price-of-the-log.md).
+"""What Conveyor's pipeline adds over calling an engine directly: the same
+streamed completions sent to the upstream fixture and through ``conveyor up
+--engine openai`` in front of it, side by side (:mod:`bench.compare`), at
+concurrency 1 (paced), and at ``--concurrency`` paced and unpaced (the
+pipeline's own limit). Targets: docs/decisions/0013-the-price-of-the-log.md.
 
     python -m bench.overhead [--quick] [--concurrency 32]
 """

@@ -1,15 +1,10 @@
 """A fast OpenAI-compatible upstream: the engine the pipeline benchmarks put
 behind Conveyor, so that what they measure is the pipeline.
 
-A raw ASGI callable serving ``POST /v1/completions`` and ``/v1/chat/completions``
-(streamed as OpenAI's SSE chunks, or not), ``GET /v1/models`` and ``/health``.
-Every request emits ``min(tokens, max_tokens)`` tokens ``" tok"``, the n-th due
-``n * delay`` after the request arrived (deadline pacing: sleep overshoot does
-not accumulate). The model name sets the delay, since an HTTP engine forwards
-the model but no custom header: ``bench@10`` 10 ms a token, ``bench@0``
-unpaced, a name without ``@`` the app's default.
-
-    python -m bench.upstream --port 9100 --tokens 32 --delay-ms 10
+What it serves and how it paces: docs/benchmarks/index.md. The n-th token is
+due ``n * delay`` after the request arrived, so sleep overshoot does not
+accumulate; the delay travels in the model name, since an HTTP engine
+forwards the model but no custom header.
 """
 
 from __future__ import annotations
