@@ -19,7 +19,7 @@ from bench.client import Sample, StreamClient, first_success, stream_completion
 from bench.harness import DELAY_MS, TOKENS, BenchError, exit_on_sigterm
 from bench.stats import Check, check_table, markdown_table, ms, percentile
 
-__all__ = ["DELAY_MS", "PROMPT", "TOKENS", "Comparison", "Result", "Scenario", "Side", "Tally",
+__all__ = ["DELAY_MS", "PROMPT", "TOKENS", "Result", "Scenario", "Side", "Tally",
            "measure", "median_interval", "report_main", "run_pairs",
            "run_rounds"]
 
@@ -65,6 +65,7 @@ class Tally:
     """A side's recorded requests, the wall time spent sending them and, where
     measured, the CPU each watched process spent meanwhile."""
 
+    name: str = ""  # the side's
     samples: list[Sample] = field(default_factory=list)
     busy_s: float = 0.0
     # concurrency N: each round's rate (its answered streams over its wall time)
@@ -111,17 +112,10 @@ class Result:
         return [v.ttft - b.ttft for b, v in self.pairs if b.ok and v.ok]
 
 
-@dataclass(frozen=True)
-class Comparison:
-    """What is compared: the sides' names, the report's title, the targets."""
-
-    base: str
-    variant: str
-    title: str
-    checks: Callable[[Result], list[Check]]
+Checks = Callable[[Result], list[Check]]  # a scenario's targets
 
 
-def report_main(prog: str, comparison: Comparison, run: Callable[[], list[Result]]) -> None:
+def report_main(prog: str, title: str, checks: Checks, run: Callable[[], list[Result]]) -> None:
     """Run a comparison as a script: SIGTERM stops its processes, a failure to
     set it up exits 2 with the reason, the summary tables come last."""
     exit_on_sigterm()
@@ -131,7 +125,7 @@ def report_main(prog: str, comparison: Comparison, run: Callable[[], list[Result
         print(f"{prog}: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
     print()
-    report_summary(results, comparison)
+    report_summary(results, title, checks)
 
 
 # -- measurement -------------------------------------------------------------------
@@ -157,7 +151,7 @@ async def _in_turn(i: int, base_step: Callable[[], Awaitable[T]],
 
 async def run_pairs(sc: Scenario, base: Side, variant: Side) -> Result:
     """Concurrency 1: pairs of one request a side, the first side alternating."""
-    result = Result(sc)
+    result = Result(sc, Tally(base.name), Tally(variant.name))
     for _ in range(sc.warmup):
         await base.one(sc.paced)
         await variant.one(sc.paced)
@@ -189,7 +183,7 @@ async def _round(sc: Scenario, side: Side, tally: Tally | None, per_worker: int)
 
 async def run_rounds(sc: Scenario, base: Side, variant: Side) -> Result:
     """Concurrency N: a round of N streams a side, the first side alternating."""
-    result = Result(sc)
+    result = Result(sc, Tally(base.name), Tally(variant.name))
     for _ in range(sc.warmup):
         await _round(sc, base, None, 1)
         await _round(sc, variant, None, 1)
@@ -203,8 +197,8 @@ async def run_rounds(sc: Scenario, base: Side, variant: Side) -> Result:
     return result
 
 
-async def measure(scenarios: list[Scenario], base: Side, variant: Side,
-                  comparison: Comparison, first_timeout_s: float = 90.0) -> list[Result]:
+async def measure(scenarios: list[Scenario], base: Side, variant: Side, checks: Checks,
+                  first_timeout_s: float = 90.0) -> list[Result]:
     """Each scenario in turn, its report printed as it ends."""
     for side in (base, variant):
         await first_success(side.name, functools.partial(side.one, False), first_timeout_s)
@@ -217,7 +211,7 @@ async def measure(scenarios: list[Scenario], base: Side, variant: Side,
             result = await asyncio.wait_for(running, sc.hard_limit_s)
         except TimeoutError as exc:
             raise BenchError(f"{sc.key} ran past {sc.hard_limit_s:.0f} s") from exc
-        report_scenario(result, comparison)
+        report_scenario(result, checks)
         results.append(result)
     return results
 
@@ -236,10 +230,10 @@ def median_interval(values: list[float]) -> tuple[float, float]:
     return ordered[max(0, math.floor(n / 2 - half))], ordered[min(n - 1, math.ceil(n / 2 + half))]
 
 
-def _side_row(sc: Scenario, name: str, tally: Tally) -> list[str]:
+def _side_row(sc: Scenario, tally: Tally) -> list[str]:
     ttft = [s.ttft for s in tally.ok]
     total = [s.total for s in tally.ok]
-    return [sc.key, name,
+    return [sc.key, tally.name,
             f"{len(tally.ok)}" + (f" (+{len(tally.failed)} failed)" if tally.failed else ""),
             ms(percentile(ttft, 50)), ms(percentile(ttft, 99)),
             ms(percentile(total, 50)), ms(percentile(total, 99)),
@@ -257,48 +251,47 @@ def _added_row(result: Result) -> list[str]:
             ms(percentile(added_total, 50)), ms(percentile(added_total, 99)), rate]
 
 
-def _rows(result: Result, c: Comparison) -> list[list[str]]:
+def _rows(result: Result) -> list[list[str]]:
     sc = result.scenario
-    return [_side_row(sc, c.base, result.base), _side_row(sc, c.variant, result.variant),
-            _added_row(result)]
+    return [_side_row(sc, result.base), _side_row(sc, result.variant), _added_row(result)]
 
 
 HEADER = ["scenario", "side", "requests", "TTFT p50 ms", "TTFT p99 ms", "total p50 ms",
           "total p99 ms", "req/s"]
 
 
-def report_scenario(result: Result, c: Comparison) -> None:
-    sc = result.scenario
+def report_scenario(result: Result, checks: Checks) -> None:
+    sc, base, variant = result.scenario, result.base.name, result.variant.name
     print(f"\n== {sc.key}: {sc.title} ==")
-    print(markdown_table(HEADER, _rows(result, c)))
+    print(markdown_table(HEADER, _rows(result)))
     added = result.added_ttft()
     low, high = median_interval(added)
-    print(f"added TTFT ({c.variant} - {c.base}, {len(added)} pairs): "
+    print(f"added TTFT ({variant} - {base}, {len(added)} pairs): "
           f"p50 {ms(percentile(added, 50))} ms (95% interval [{ms(low)}, {ms(high)}]), "
           f"p99 {ms(percentile(added, 99))} ms")
     ratios = result.rate_ratios()
     low, high = median_interval(ratios)
     if not math.isnan(low):
-        print(f"{c.variant} rate over {c.base}'s, median of {len(ratios)} round pairs: "
+        print(f"{variant} rate over {base}'s, median of {len(ratios)} round pairs: "
               f"{100 * percentile(ratios, 50):.1f} % (95 % interval {100 * low:.1f}-"
               f"{100 * high:.1f} %)")
     expected = TOKENS * len(" tok")
-    for tally, name in ((result.base, c.base), (result.variant, c.variant)):
+    for tally in (result.base, result.variant):
         short = [s for s in tally.ok if s.chars != expected]
         if short:
-            print(f"warning: {len(short)} {name} streams had {short[0].chars} characters, "
-                  f"not {expected}")
+            print(f"warning: {len(short)} {tally.name} streams had {short[0].chars} "
+                  f"characters, not {expected}")
         if tally.failed:
-            print(f"{name}: {len(tally.failed)} failed, first: {tally.failed[0].error}")
-    for check in c.checks(result):
+            print(f"{tally.name}: {len(tally.failed)} failed, first: {tally.failed[0].error}")
+    for check in checks(result):
         print(check.line())
     print(flush=True)
 
 
-def report_summary(results: list[Result], c: Comparison) -> None:
-    rows = [row for result in results for row in _rows(result, c)]
-    found = [check for result in results for check in c.checks(result)]
-    print(f"## {c.title}\n")
+def report_summary(results: list[Result], title: str, checks: Checks) -> None:
+    rows = [row for result in results for row in _rows(result)]
+    found = [check for result in results for check in checks(result)]
+    print(f"## {title}\n")
     print(markdown_table(HEADER, rows))
     print()
     print(check_table(found))

@@ -14,7 +14,7 @@ import asyncio
 
 from bench import compare
 from bench.client import StreamClient
-from bench.compare import Comparison, Result, Scenario, Side, report_main
+from bench.compare import Result, Scenario, Side, report_main
 from bench.harness import DELAY_MS, TOKENS, loop_factory, pipeline
 from bench.stats import Check, percentile
 
@@ -52,8 +52,7 @@ def checks(result: Result) -> list[Check]:
     return [Check(sc.key, "Conveyor streamed rate", result.variant.rate, 1000, ">=", "req/s")]
 
 
-OVERHEAD = Comparison("direct", "conveyor", "Overhead: Conveyor vs. the upstream called directly",
-                      checks)
+TITLE = "Overhead: Conveyor vs. the upstream called directly"
 
 
 async def measure(plan: list[Scenario], upstream_url: str, gateway_url: str,
@@ -64,7 +63,7 @@ async def measure(plan: list[Scenario], upstream_url: str, gateway_url: str,
                       {True: f"bench@{DELAY_MS}", False: "bench@0"}, direct_client)
         conveyor = Side("conveyor", f"{gateway_url}/v1/completions",
                         {True: "bench-paced", False: "bench-unpaced"}, conveyor_client)
-        return await compare.measure(plan, direct, conveyor, OVERHEAD)
+        return await compare.measure(plan, direct, conveyor, checks)
 
 
 def run(args: argparse.Namespace) -> list[Result]:
@@ -86,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.concurrency < 2:
         parser.error("--concurrency is 2 or more")
-    report_main("bench.overhead", OVERHEAD, lambda: run(args))
+    report_main("bench.overhead", TITLE, checks, lambda: run(args))
 
 
 if __name__ == "__main__":
