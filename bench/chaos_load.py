@@ -13,6 +13,7 @@ request id (an error before the first chunk).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -168,7 +169,8 @@ class Load:
                 raw = (await response.aread()).decode(errors="replace")
                 record.error_kind = "http"
                 record.error = f"HTTP {response.status_code}: {raw[:300]}"
-                record.error_code = _error_code(raw)
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    record.error_code = _error_code(json.loads(raw)["error"])
                 return
             async for line in response.aiter_lines():
                 if line.startswith("data:"):
@@ -189,8 +191,7 @@ def _take(record: Record, data: str) -> None:
     if "error" in chunk:
         record.error_kind = "event"
         record.error = f"error event: {json.dumps(chunk['error'])[:300]}"
-        record.error_code = (chunk["error"] or {}).get("code") or (chunk["error"] or {}).get(
-            "type")
+        record.error_code = _error_code(chunk["error"])
         return
     cid = chunk.get("id")
     if isinstance(cid, str):
@@ -205,12 +206,9 @@ def _take(record: Record, data: str) -> None:
         record.usages.append(chunk["usage"])
 
 
-def _error_code(raw: str) -> str | None:
-    try:
-        err = json.loads(raw)["error"]
-    except (ValueError, KeyError, TypeError):
+def _error_code(error: Any) -> str | None:
+    """An OpenAI error object's code, else its type."""
+    if not isinstance(error, dict):
         return None
-    if not isinstance(err, dict):
-        return None
-    code = err.get("code") or err.get("type")
+    code = error.get("code") or error.get("type")
     return str(code) if code is not None else None

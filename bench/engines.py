@@ -246,9 +246,8 @@ def vllm_in_child(quick: bool, levels: tuple[int, ...],
     print("\n".join(ln for ln in done.stdout.splitlines() if not ln.startswith("RESULT ")))
     if done.returncode != 0 or not lines:
         raise BenchError(f"the vLLM child failed with code {done.returncode}")
-    raw: dict[str, list[dict[str, float]]] = json.loads(lines[-1].removeprefix("RESULT "))
-    return {name: [Level(int(d["streams"]), int(d["tokens"]), d["wall_s"], d["ttft_p50_s"],
-                         d["per_token_s"]) for d in levels_] for name, levels_ in raw.items()}
+    raw: dict[str, list[dict[str, Any]]] = json.loads(lines[-1].removeprefix("RESULT "))
+    return {name: [Level(**d) for d in levels_] for name, levels_ in raw.items()}
 
 
 # -- the report ------------------------------------------------------------------------
