@@ -68,12 +68,8 @@ class Logged:
 
     def runs(self) -> list[str]:
         """Who wrote the chunks, in order of first appearance: ``worker/run@start``."""
-        out: list[str] = []
-        for c in self.chunks:
-            tag = f"{c['worker_id']}/{c.get('run_id', '')}@{c.get('run_start', 0)}"
-            if tag not in out:
-                out.append(tag)
-        return out
+        return list(dict.fromkeys(f"{c['worker_id']}/{c.get('run_id', '')}@"
+                                  f"{c.get('run_start', 0)}" for c in self.chunks))
 
 
 async def read_tokens(settings: Settings) -> dict[str, Logged]:

@@ -109,13 +109,6 @@ class _Head:
     status: int
     headers: dict[str, str]
 
-    @property
-    def chunked(self) -> bool:
-        return "chunked" in self.headers.get("transfer-encoding", "").lower()
-
-    @property
-    def keep_alive(self) -> bool:
-        return self.headers.get("connection", "").lower() != "close"
 
 
 async def _head(conn: _Connection) -> _Head:
@@ -132,7 +125,7 @@ async def _head(conn: _Connection) -> _Head:
 
 async def _body(conn: _Connection, head: _Head) -> AsyncIterator[bytes]:
     """The body's bytes as they arrive, the chunked encoding undone."""
-    if head.chunked:
+    if "chunked" in head.headers.get("transfer-encoding", "").lower():
         while True:
             size = int((await conn.until(b"\r\n")).split(b";", 1)[0], 16)
             if size == 0:
@@ -218,7 +211,7 @@ class StreamClient:
             conn, head = await self._send(host, port, request)
             reusable = False
             try:
-                sample.status(head.status)
+                sample.code = head.status
                 pending = b""
                 async for piece in _body(conn, head):
                     if sample.finished:
@@ -230,7 +223,7 @@ class StreamClient:
                     for line in lines:
                         if line.startswith(b"data:") and sample.data(line[5:].strip()):
                             break
-                reusable = head.keep_alive
+                reusable = head.headers.get("connection", "").lower() != "close"
             finally:
                 self._release(host, port, conn, reusable)
 
@@ -268,9 +261,6 @@ class _Timing:
         self.finished = False
         self.code = 0
         self.error: str | None = None
-
-    def status(self, code: int) -> None:
-        self.code = code
 
     def error_body(self, piece: bytes) -> None:
         if self.error is None:
