@@ -71,6 +71,7 @@ class Tally:
     # concurrency N: each round's rate (its answered streams over its wall time)
     round_rates: list[float] = field(default_factory=list)
     cpu_s: dict[str, float] = field(default_factory=dict)  # by process label
+    cpu: Callable[[], dict[str, float]] = dict  # the watched processes' CPU seconds so far
 
     @property
     def ok(self) -> list[Sample]:
@@ -170,6 +171,7 @@ async def _round(sc: Scenario, side: Side, tally: Tally | None, per_worker: int)
     async def lane() -> list[Sample]:
         return [await side.one(sc.paced) for _ in range(per_worker)]
 
+    before = tally.cpu() if tally is not None else {}
     start = time.perf_counter()
     lanes = await asyncio.gather(*(lane() for _ in range(sc.concurrency)))
     samples = [one[i] for i in range(per_worker) for one in lanes]
@@ -178,12 +180,16 @@ async def _round(sc: Scenario, side: Side, tally: Tally | None, per_worker: int)
         tally.samples.extend(samples)
         tally.busy_s += took
         tally.round_rates.append(sum(s.ok for s in samples) / took)
+        for label, spent in tally.cpu().items():
+            tally.cpu_s[label] = tally.cpu_s.get(label, 0.0) + spent - before.get(label, 0.0)
     return samples
 
 
-async def run_rounds(sc: Scenario, base: Side, variant: Side) -> Result:
-    """Concurrency N: a round of N streams a side, the first side alternating."""
-    result = Result(sc, Tally(base.name), Tally(variant.name))
+async def run_rounds(sc: Scenario, base: Side, variant: Side,
+                     cpu: Callable[[], dict[str, float]] = dict) -> Result:
+    """Concurrency N: a round of N streams a side, the first side alternating
+    (``cpu``: what the tallies measure the processes' CPU with)."""
+    result = Result(sc, Tally(base.name, cpu=cpu), Tally(variant.name, cpu=cpu))
     for _ in range(sc.warmup):
         await _round(sc, base, None, 1)
         await _round(sc, variant, None, 1)

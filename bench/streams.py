@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import secrets
 import subprocess
-import time
 from pathlib import Path
 
 from bench.client import StreamClient
-from bench.compare import Side, Tally
+from bench.compare import Scenario, Side, Tally, run_rounds
 from bench.harness import (
     BenchError,
     Pipeline,
@@ -98,34 +98,22 @@ def cpu_now(watched: dict[str, list[int]]) -> dict[str, float]:
             for label, pids in watched.items()}
 
 
-async def one_round(side: Side, streams: int, tally: Tally,
-                    watched: dict[str, list[int]]) -> None:
-    before = cpu_now(watched)
-    start = time.perf_counter()
-    tally.samples += await asyncio.gather(*(side.one(True) for _ in range(streams)))
-    tally.busy_s += time.perf_counter() - start
-    for label, spent in cpu_now(watched).items():
-        tally.cpu_s[label] = tally.cpu_s.get(label, 0.0) + spent - before.get(label, 0.0)
-
-
 async def measure(args: argparse.Namespace, stage: Pipeline,
                   watched: dict[str, list[int]]) -> dict[int, dict[str, Tally]]:
     results: dict[int, dict[str, Tally]] = {}
     async with StreamClient(max(args.levels) + 8, timeout_s=120.0) as direct_client, \
             StreamClient(max(args.levels) + 8, timeout_s=120.0) as conveyor_client:
-        sides = [Side("direct", f"{stage.upstream_url}/v1/completions",
-                      {True: f"bench@{args.token_ms}"}, direct_client, args.tokens),
-                 Side("conveyor", f"{stage.gateway_url}/v1/completions",
-                      {True: f"bench-{args.token_ms}"}, conveyor_client, args.tokens)]
-        for side in sides:  # warm: connections, consumer groups, caches
-            await one_round(side, 8, Tally(), {})
+        direct = Side("direct", f"{stage.upstream_url}/v1/completions",
+                      {True: f"bench@{args.token_ms}"}, direct_client, args.tokens)
+        conveyor = Side("conveyor", f"{stage.gateway_url}/v1/completions",
+                        {True: f"bench-{args.token_ms}"}, conveyor_client, args.tokens)
         for level in args.levels:
             print(f"{level} streams ...", flush=True)
-            tallies = {side.name: Tally() for side in sides}
-            for i in range(args.rounds * 2):
-                side = sides[(i + i // 2) % 2]  # direct, conveyor, conveyor, direct, ...
-                await one_round(side, level, tallies[side.name], watched)
-            results[level] = tallies
+            # the first level's first round a side warms connections, groups and caches
+            sc = Scenario(f"{level} streams", "", level, True, int(level == args.levels[0]),
+                          level * args.rounds, math.inf)
+            run = await run_rounds(sc, direct, conveyor, lambda: cpu_now(watched))
+            tallies = results[level] = {t.name: t for t in (run.base, run.variant)}
             print(markdown_table(*_rows({level: tallies}, sorted(watched))), flush=True)
             for name, tally in tallies.items():
                 if tally.failed:
