@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 
 from bench.chaos_load import Load
-from bench.harness import BenchError, Proc, repo_root
+from bench.harness import BenchError, Proc, repo_root, spawn
 from conveyor.settings import Settings
 from infra.services import OwnKafka, OwnRedis, kill_group
 from schemas.codec import default_codec
@@ -243,14 +243,7 @@ class Conveyor:
                              (done.stderr or done.stdout).decode(errors="replace")[-2000:])
 
     def start(self, name: str) -> None:
-        log_path = self.logs / f"{name}.log"
-        with log_path.open("ab") as log:
-            log.write(f"\n===== chaos: start {name} at {time.strftime('%H:%M:%S')}\n".encode())
-            log.flush()
-            popen = subprocess.Popen(self.argv(name), cwd=repo_root(), env=self.env,
-                                     stdin=subprocess.DEVNULL, stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-        self.procs[name] = Proc(name, popen, log_path)
+        self.procs[name] = spawn(name, self.argv(name), self.logs, self.env)
         self._killed.discard(name)
 
     def start_all(self) -> None:

@@ -23,12 +23,12 @@ from types import FrameType
 import httpx
 
 from conveyor.settings import load_settings
-from infra.services import port_answers
+from infra.services import kill_group, port_answers
 from topics.admin import drop_topics
 
 __all__ = ["BenchError", "Pipeline", "Proc", "check_infra", "check_port_free", "conveyor_env",
            "conveyor_script", "exit_on_sigterm", "loop_factory", "pipeline", "repo_root",
-           "running", "wait_http"]
+           "running", "spawn", "wait_http"]
 
 # the fixture upstream's answers: TOKENS tokens, DELAY_MS apart when paced
 TOKENS = 32
@@ -73,28 +73,33 @@ class Proc:
         """SIGTERM the process group, SIGKILL it after ``grace_s``."""
         if self.popen.poll() is not None:
             return
-        pgid = self.popen.pid  # start_new_session: the group id is the child's pid
+        kill_group(self.popen.pid, signal.SIGTERM)  # start_new_session: the group is its pid
         try:
-            os.killpg(pgid, signal.SIGTERM)
             self.popen.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
-            os.killpg(pgid, signal.SIGKILL)
+            kill_group(self.popen.pid)
             self.popen.wait(timeout=5.0)
-        except ProcessLookupError:
-            pass
+
+
+def spawn(name: str, argv: list[str], log_dir: Path,
+          env: Mapping[str, str] | None = None) -> Proc:
+    """Start ``argv`` in a new process group, its output appended to
+    ``log_dir/name.log`` after a line that says when it started."""
+    log_path = log_dir / f"{name}.log"
+    with log_path.open("ab") as log:
+        log.write(f"===== start {name} at {time.strftime('%H:%M:%S')}\n".encode())
+        log.flush()
+        popen = subprocess.Popen(argv, cwd=repo_root(), env=dict(env) if env is not None else None,
+                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    return Proc(name, popen, log_path)
 
 
 @contextmanager
 def running(name: str, argv: list[str], log_dir: Path,
             env: Mapping[str, str] | None = None) -> Iterator[Proc]:
-    """Start ``argv`` in a new process group, its output in ``log_dir/name.log``;
-    stop the whole group on exit."""
-    log_path = log_dir / f"{name}.log"
-    with log_path.open("wb") as log:
-        popen = subprocess.Popen(argv, cwd=repo_root(), env=dict(env) if env is not None else None,
-                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
-    proc = Proc(name, popen, log_path)
+    """:func:`spawn`, the whole group stopped on exit."""
+    proc = spawn(name, argv, log_dir, env)
     try:
         yield proc
     finally:
