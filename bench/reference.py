@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, get_args
 
+from bench.engines import engine_stream
 from conveyor.registry import ModelSpec, Precision, Registry, precise_gguf
 from infra.reference_prompts import PROMPTS, ReferencePrompt
 from schemas.records import Message
@@ -47,20 +48,9 @@ class Agreement:
 # -- the llama.cpp side (this process) ----------------------------------------------
 
 
-def _request(prompt: ReferencePrompt, text: str, max_tokens: int) -> Any:
-    from workers.infer.engines.base import GenerationRequest
-
-    return GenerationRequest(request_id=prompt.id, kind=prompt.kind, model="reference",
-                             max_tokens=max_tokens, temperature=0.0, prompt_text=text)
-
-
-async def _answer(engine: Any, prompt: ReferencePrompt, text: str,
-                  max_tokens: int) -> tuple[str, int]:
-    parts, tokens = [], 0
-    async for piece in engine.generate(_request(prompt, text, max_tokens)):
-        parts.append(piece.text)
-        tokens += piece.tokens
-    return "".join(parts), tokens
+async def _answer(engine: Any, prompt: ReferencePrompt, text: str, max_tokens: int) -> str:
+    stream = engine_stream(engine, prompt.kind)
+    return "".join([piece async for piece, _ in stream(text, max_tokens)])
 
 
 async def _start(path: Path, spec: ModelSpec) -> Any:
@@ -175,8 +165,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for precision in dict.fromkeys(precisions):
             path = precise_gguf(spec.source_gguf_path(), precision, prefix=spec.name)
             engine = engines[precision] = await _start(path, spec)
-            answers[precision] = {p.id: (await _answer(engine, p, rendered[p.id],
-                                                       args.tokens))[0] for p in PROMPTS}
+            answers[precision] = {p.id: await _answer(engine, p, rendered[p.id], args.tokens)
+                                  for p in PROMPTS}
         reference_ids = await reference_task
         reference = {k: _decoded(vocab, v) for k, v in reference_ids.items()}
     finally:
