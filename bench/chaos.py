@@ -86,11 +86,8 @@ async def _supervise(conveyor: Conveyor) -> None:
 
 def _reference(records: list[Record], before: float) -> dict[int, str]:
     """Each prompt's first complete answer before any fault."""
-    out: dict[int, str] = {}
-    for r in records:
-        if r.ended is not None and r.ended < before and r.finished and r.error is None:
-            out.setdefault(r.prompt, r.text)
-    return out
+    return {r.prompt: r.text for r in reversed(records)  # the first one written last
+            if r.ended is not None and r.ended < before and r.finished and r.error is None}
 
 
 async def _drive(opts: argparse.Namespace, chaos: Chaos, t0: float) -> tuple[

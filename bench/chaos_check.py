@@ -239,10 +239,6 @@ class Report:
                      "", "", "", ""])
         return markdown_table(header, rows)
 
-    def worker_stall_p99(self) -> float:
-        stalls = [s for e in self.injected if e.name in _WORKER_FAULTS for s in self.stalls(e)]
-        return percentile(stalls, 99)
-
     def calm(self) -> str:
         """Figures of the requests no fault struck while they ran, to read stalls against."""
         calm = [v.record for v in self.verdicts if v.outcome == "answered"
@@ -297,7 +293,8 @@ class Report:
     def verdict(self) -> tuple[bool, str]:
         c = self.counts(self.verdicts)
         bad = c["lost"] + c["duplicated"] + c["corrupted"]
-        p99 = self.worker_stall_p99()
+        p99 = percentile([s for e in self.injected if e.name in _WORKER_FAULTS
+                          for s in self.stalls(e)], 99)
         stall = ("worker stall p99 -" if p99 != p99 else
                  f"worker stall p99 {p99:.1f} s (target <= {WORKER_STALL_TARGET_S:g} s: "
                  f"{'met' if p99 <= WORKER_STALL_TARGET_S else 'MISSED'})")

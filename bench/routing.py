@@ -153,20 +153,21 @@ def run_phase(name: str, prefix_aware: bool, args: argparse.Namespace) -> Phase:
 
 
 def report(phases: list[Phase]) -> None:
-    by: dict[str, list[Phase]] = {}
+    by: dict[str, Phase] = {}  # each routing's rounds together
     for phase in phases:
-        by.setdefault(phase.name, []).append(phase)
+        into = by.setdefault(phase.name, Phase(phase.name))
+        into.wall_s += phase.wall_s
+        into.turns += phase.turns
     rows, p50, later_p50, rate = [], {}, {}, {}
-    for name, runs in by.items():
-        every = [t.ttft_s for run in runs for t in run.turns]
-        later = [t for run in runs for t in run.later_ttfts()]
-        firsts = [t.ttft_s for run in runs for t in run.turns if t.first]
+    for name, p in by.items():
+        every = [t.ttft_s for t in p.turns]
+        later = p.later_ttfts()
         p50[name] = percentile(every, 50)
         later_p50[name] = percentile(later, 50)
-        rate[name] = sum(sum(t.tokens for t in r.turns) for r in runs) / sum(r.wall_s for r in runs)
+        rate[name] = p.rate()
         rows.append([name, str(len(every)), ms(p50[name]), ms(percentile(every, 90)),
-                     ms(percentile(firsts, 50)), ms(later_p50[name]), ms(percentile(later, 90)),
-                     f"{rate[name]:.1f}"])
+                     ms(percentile([t.ttft_s for t in p.turns if t.first], 50)),
+                     ms(later_p50[name]), ms(percentile(later, 90)), f"{rate[name]:.1f}"])
     print(markdown_table(["routing", "turns", "TTFT p50 ms", "p90 ms", "first turns p50 ms",
                           "later turns p50 ms", "later p90 ms", "tokens/s"], rows))
     if {"least-loaded", "prefix-aware"} <= by.keys():
