@@ -18,7 +18,7 @@ from typing import Literal
 
 from bench.chaos_faults import Injected
 from bench.chaos_load import Record
-from bench.stats import markdown_table, percentile
+from bench.stats import fmt, markdown_table, percentile
 from conveyor.settings import Settings
 from schemas.codec import default_codec
 from schemas.records import TokenChunk
@@ -112,10 +112,8 @@ def judge(records: list[Record], log: dict[str, Logged],
         if logged is not None and r.request_id is None:
             r.request_id = logged.request_id
         outcome, why = _outcome(r, logged)
-        v = Verdict(r, outcome, why, logged)
-        ref = reference.get(r.prompt)
-        v.unlike_reference = outcome == "answered" and ref is not None and r.text != ref
-        verdicts.append(v)
+        unlike = outcome == "answered" and r.text != reference.get(r.prompt, r.text)
+        verdicts.append(Verdict(r, outcome, why, logged, unlike))
     return verdicts
 
 
@@ -197,10 +195,6 @@ WORKER_STALL_TARGET_S = 3.0
 _WORKER_FAULTS = ("worker", "worker-redis-down", "redis-flush-worker")
 
 
-def _s(value: float) -> str:
-    return "-" if value != value else f"{value:.1f}"  # NaN: no stream in flight
-
-
 class Report:
     def __init__(self, verdicts: list[Verdict], injected: Sequence[Injected],
                  unexpected: Sequence[tuple[float, str, int]], skipped: Sequence[str]) -> None:
@@ -232,8 +226,8 @@ class Report:
             event = next((e for e in self.injected if e.name == name), None)
             stalls = self.stalls(event) if event is not None else []
             rows.append([name, str(len(group)), *(str(c[o]) for o in OUTCOMES),
-                         str(len(stalls)) if event else "-", _s(percentile(stalls, 50)),
-                         _s(percentile(stalls, 99)), _s(max(stalls, default=float("nan")))])
+                         str(len(stalls)) if event else "-", fmt(percentile(stalls, 50)),
+                         fmt(percentile(stalls, 99)), fmt(max(stalls, default=float("nan")))])
         c = self.counts(self.verdicts)
         rows.append(["overall", str(len(self.verdicts)), *(str(c[o]) for o in OUTCOMES),
                      "", "", "", ""])
@@ -249,8 +243,8 @@ class Report:
         ttft = [r.events[0] - r.started for r in calm if r.events]
         gaps = [r.longest_gap(self.now) for r in calm]
         return (f"requests no fault struck ({len(calm)}): duration p50 "
-                f"{_s(percentile(total, 50))} s, TTFT p50 {_s(percentile(ttft, 50))} s, "
-                f"longest gap p50 {_s(percentile(gaps, 50))} s, p99 {_s(percentile(gaps, 99))} s")
+                f"{fmt(percentile(total, 50))} s, TTFT p50 {fmt(percentile(ttft, 50))} s, "
+                f"longest gap p50 {fmt(percentile(gaps, 50))} s, p99 {fmt(percentile(gaps, 99))} s")
 
     def lines(self) -> list[str]:
         out = [self.table(), "", self.calm()]

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["Check", "check_table", "markdown_table", "ms", "percentile"]
+__all__ = ["Check", "check_table", "fmt", "markdown_table", "ms", "percentile"]
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -21,9 +21,14 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
+def fmt(value: float, digits: int = 1) -> str:
+    """``value`` with ``digits`` decimals, ``-`` when missing (NaN)."""
+    return "-" if math.isnan(value) else f"{value:.{digits}f}"
+
+
 def ms(seconds: float) -> str:
     """Seconds as milliseconds with one decimal, ``-`` when missing."""
-    return "-" if math.isnan(seconds) else f"{seconds * 1000:.1f}"
+    return fmt(seconds * 1000)
 
 
 @dataclass(frozen=True)
