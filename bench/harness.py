@@ -204,8 +204,6 @@ class Pipeline:
     gateway_url: str
     conveyor: Proc
     upstream: Proc
-    prefix: str  # the topic prefix of the run
-    bootstrap: str  # Kafka's
     env: dict[str, str]  # Conveyor's environment
 
 
@@ -229,8 +227,8 @@ def pipeline(upstream_port: int, gateway_port: int, name: str = "bench", *,
     models.write_text(registry(paces_ms))
     upstream_url = f"http://127.0.0.1:{upstream_port}"
     gateway_url = f"http://127.0.0.1:{gateway_port}"
-    prefix = f"{name}{int(time.time())}"
-    env = conveyor_env(topic_prefix=prefix, gateway_port=gateway_port, models_file=models)
+    env = conveyor_env(topic_prefix=f"{name}{int(time.time())}", gateway_port=gateway_port,
+                       models_file=models)
     env.update(extra_env or {})
     fixture = [sys.executable, "-m", "bench.upstream", "--port", str(upstream_port),
                "--tokens", str(max(tokens, TOKENS)), "--delay-ms", str(DELAY_MS)]
@@ -240,6 +238,4 @@ def pipeline(upstream_port: int, gateway_port: int, name: str = "bench", *,
         wait_http(f"{upstream_url}/v1/models", upstream, 30.0)
         with running("conveyor", up, work, env) as conveyor:
             wait_http(f"{gateway_url}/healthz", conveyor, 180.0)
-            bootstrap = env.get("CONVEYOR_KAFKA_BOOTSTRAP") or load_settings().kafka.bootstrap
-            yield Pipeline(upstream_url, gateway_url, conveyor, upstream, prefix, bootstrap,
-                           env)
+            yield Pipeline(upstream_url, gateway_url, conveyor, upstream, env)
