@@ -212,9 +212,6 @@ class Report:
     def counts(self, verdicts: Sequence[Verdict]) -> Counter[str]:
         return Counter(v.outcome for v in verdicts)
 
-    def failures(self) -> list[Verdict]:
-        return [v for v in self.verdicts if v.outcome in ("lost", "duplicated", "corrupted")]
-
     def table(self) -> str:
         header = ["fault", "requests", *OUTCOMES, "in flight", "stall p50 s", "stall p99 s",
                   "stall max s"]
@@ -278,7 +275,7 @@ class Report:
                     f"{len(v.logged.chunks)} chunks in the log, runs {v.logged.runs()}")
                 out.append(f"errored [{groups[id(v)]}] request {r.request_id or '?'} "
                            f"(trace {r.trace_id}): {(r.error or '')[:120]}; {held}")
-        for v in self.failures():
+        for v in (v for v in self.verdicts if v.outcome in ("lost", "duplicated", "corrupted")):
             r = v.record
             out.append(f"{v.outcome.upper()} [{groups[id(v)]}] request {r.request_id or '?'} "
                        f"(trace {r.trace_id}, client {r.client} #{r.number}): {v.why}")

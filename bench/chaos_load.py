@@ -1,13 +1,9 @@
 """The chaos run's load: a few clients, each sending streamed chat requests one
 after another, every one of them recorded whole.
 
-A request's record keeps each SSE data event with its arrival time, the text,
-every ``finish_reason`` and usage object seen, ``[DONE]`` and anything after
-it, and the error: an HTTP status with its body, an error event in the stream,
-or nothing at all (a hang past the client's deadline, a stream cut without an
-error). The client sends a ``traceparent`` of its own, so its trace id finds
-the request's events in the log even when the answer never named the
-request id (an error before the first chunk).
+A client sends a ``traceparent`` of its own, so its trace id finds the
+request's events in the log even when the answer never named the request id
+(an error before the first chunk).
 """
 
 from __future__ import annotations
@@ -47,7 +43,6 @@ class Record:
     trace_id: str
     started: float  # time.monotonic()
     ended: float | None = None
-    status: int | None = None
     request_id: str | None = None
     ids: set[str] = field(default_factory=set)
     events: list[float] = field(default_factory=list)  # arrival of each SSE data event
@@ -164,7 +159,6 @@ class Load:
         headers = {"traceparent": traceparent}
         async with self._client.stream("POST", url, json=self.body(record.prompt),
                                        headers=headers) as response:
-            record.status = response.status_code
             if response.status_code != 200:
                 raw = (await response.aread()).decode(errors="replace")
                 record.error_kind = "http"

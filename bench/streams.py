@@ -8,8 +8,7 @@ when its last stream does); ``--rounds`` rounds a side (2), the first side
 alternating. For each side and level it prints TTFT p50/p99, the gaps
 between a stream's chunks p50/p99, streams/s, errors, and the CPU each
 process spent per streamed token (read from ``/proc``: Conveyor's processes,
-the upstream, the broker, Redis, this load generator), then the targets of
-the issue that asked for it ("Carry 512 streams").
+the upstream, the broker, Redis, this load generator), then its targets.
 
 ``--tenants 2`` measures fairness instead: API keys of two tenants, a pool
 of ``--capacity`` slots, and a small tenant's short requests one after
