@@ -36,8 +36,7 @@ log = logging.getLogger("bench.chaos")
 
 QUICK_FAULTS = ("worker", "redis-stop", "redis-flush-worker")
 # about how long a fault takes from its strike to a healthy pipeline, quiet period aside
-_FAULT_COST_S = {"kafka": 45.0}
-_DEFAULT_COST_S = 25.0
+_FAULT_COST_S = {"kafka": 45.0}  # the others about 25 s
 WORKERS = ["w0", "w1"]
 
 
@@ -99,7 +98,7 @@ async def _drive(opts: argparse.Namespace, chaos: Chaos, t0: float) -> tuple[
     await asyncio.sleep(opts.baseline)
     skipped: list[str] = []
     for name in opts.fault_names:
-        cost = _FAULT_COST_S.get(name, _DEFAULT_COST_S) + opts.quiet
+        cost = _FAULT_COST_S.get(name, 25.0) + opts.quiet
         if time.monotonic() - t0 + cost > opts.time_limit or chaos.load.exhausted:
             skipped.append(name)
             continue
@@ -171,8 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         kafka = OwnKafka(workdir)
         stack.callback(kafka.close)
         redis.start()
-        kafka.link_jars()
-        kafka.start()
+        kafka.start()  # the jars linked (fetched once) first
         log.info("own Redis on %s, own Kafka on %s", redis.url, kafka.bootstrap)
         prefix = f"chaos{int(time.time())}"
         port = free_port()

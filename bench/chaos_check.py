@@ -24,6 +24,7 @@ from schemas.codec import default_codec
 from schemas.records import TokenChunk
 from topics.catalog import TOKENS
 from topics.follow import follow, snapshot
+from topics.tracing import trace_id_of
 from workers.chunk_order import ChunkOrder
 
 __all__ = ["Logged", "Outcome", "Verdict", "judge", "read_tokens", "WORKER_STALL_TARGET_S",
@@ -79,17 +80,12 @@ async def read_tokens(settings: Settings) -> dict[str, Logged]:
     def add(chunk: TokenChunk) -> None:
         rid = chunk["envelope"]["request_id"]
         logged = out.setdefault(rid, Logged(rid))
-        logged.trace_id = logged.trace_id or _trace_id(chunk["envelope"]["traceparent"])
+        logged.trace_id = logged.trace_id or trace_id_of(chunk["envelope"])
         logged.chunks.append(chunk)
 
     every = range(TOKENS.partitions(settings.kafka))
     await snapshot(follow(settings, TOKENS, every, "beginning"), default_codec(), add, 600.0)
     return out
-
-
-def _trace_id(traceparent: str) -> str:
-    parts = traceparent.split("-")
-    return parts[1] if len(parts) == 4 else ""
 
 
 @dataclass

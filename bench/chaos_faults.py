@@ -232,9 +232,6 @@ class Conveyor:
                     str(self.contexts), "--worker-id", name]
         return [sys.executable, "-m", "cli", *args]
 
-    def names(self) -> list[str]:
-        return ["layers", *self.workers, "gateway"]
-
     def topics(self) -> None:
         done = subprocess.run([sys.executable, "-m", "cli", "topics"], env=self.env,
                               cwd=repo_root(), capture_output=True, timeout=120)
@@ -247,7 +244,7 @@ class Conveyor:
         self._killed.discard(name)
 
     def start_all(self) -> None:
-        for name in self.names():
+        for name in ["layers", *self.workers, "gateway"]:
             self.start(name)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:

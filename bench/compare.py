@@ -16,12 +16,11 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from bench.client import Sample, StreamClient, first_success, stream_completion
-from bench.harness import DELAY_MS, TOKENS, BenchError, exit_on_sigterm
+from bench.harness import TOKENS, BenchError, exit_on_sigterm
 from bench.stats import Check, check_table, markdown_table, ms, percentile
 
-__all__ = ["DELAY_MS", "PROMPT", "TOKENS", "Result", "Scenario", "Side", "Tally",
-           "measure", "median_interval", "report_main", "run_pairs",
-           "run_rounds"]
+__all__ = ["Result", "Scenario", "Side", "Tally", "measure", "median_interval", "report_main",
+           "run_pairs", "run_rounds"]
 
 T = TypeVar("T")
 
@@ -38,10 +37,6 @@ class Scenario:
     max_requests: int  # a side, after warm-up
     window_s: float  # a side's busy time, after warm-up
     per_worker: int = 1  # requests each of the concurrent streams sends in one round
-
-    @property
-    def hard_limit_s(self) -> float:
-        return 2 * self.window_s + 120.0
 
 
 @dataclass
@@ -213,10 +208,11 @@ async def measure(scenarios: list[Scenario], base: Side, variant: Side, checks: 
         print(f"running {sc.key}: {sc.title} ...", flush=True)
         running = run_pairs(sc, base, variant) if sc.concurrency == 1 else \
             run_rounds(sc, base, variant)
+        limit_s = 2 * sc.window_s + 120.0
         try:
-            result = await asyncio.wait_for(running, sc.hard_limit_s)
+            result = await asyncio.wait_for(running, limit_s)
         except TimeoutError as exc:
-            raise BenchError(f"{sc.key} ran past {sc.hard_limit_s:.0f} s") from exc
+            raise BenchError(f"{sc.key} ran past {limit_s:.0f} s") from exc
         report_scenario(result, checks)
         results.append(result)
     return results

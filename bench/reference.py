@@ -24,14 +24,14 @@ from pathlib import Path
 from typing import Any, get_args
 
 from bench.engines import engine_stream
+from bench.harness import repo_root
 from conveyor.registry import ModelSpec, Precision, Registry, precise_gguf
 from infra.reference_prompts import PROMPTS, ReferencePrompt
 from schemas.records import Message
 
 __all__ = ["Agreement", "main"]
 
-ROOT = Path(__file__).resolve().parents[1]
-REFERENCE_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+REFERENCE_PYTHON = repo_root() / ".venv-vllm" / "bin" / "python"
 
 
 @dataclass
@@ -85,7 +85,7 @@ async def _reference(spec: ModelSpec, models: Path, ids: dict[str, list[int]], t
                      python: Path) -> dict[str, list[int]]:
     child = await asyncio.create_subprocess_exec(
         str(python), "-m", "bench.reference", "--child", "--models", str(models),
-        "--model", spec.name, "--tokens", str(tokens), cwd=str(ROOT),
+        "--model", spec.name, "--tokens", str(tokens), cwd=str(repo_root()),
         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE)
@@ -205,7 +205,7 @@ def report(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.reference",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", type=Path, default=ROOT / "conveyor" / "models.toml")
+    parser.add_argument("--models", type=Path, default=repo_root() / "conveyor" / "models.toml")
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--precisions", default=",".join(get_args(Precision)),
                         help="comma-separated; 'default' is the registry's (default: all)")
