@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import datetime as dt
 import json
-import re
 import sys
 from typing import Any
 
@@ -28,31 +27,11 @@ from cli.text import table
 from conveyor.errors import RequestError
 from conveyor.redis_clients import redis_client
 from conveyor.settings import Settings
+from topics.lookup import parse_since
 
-__all__ = ["register", "parse_time", "cmd_accounting", "cmd_usage"]
+__all__ = ["register", "cmd_accounting", "cmd_usage"]
 
-_UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_AGO = re.compile(r"^(\d+)([smhd])$")
 _DEFAULT_SPAN_MS = {"minute": 3_600_000, "day": 30 * 86_400_000}
-
-
-def parse_time(text: str, now_ms: int) -> int:
-    """Epoch ms of a date, a time, a duration before ``now_ms`` or ``now``."""
-    text = text.strip()
-    if text == "now":
-        return now_ms
-    ago = _AGO.match(text)
-    if ago:
-        return now_ms - int(ago.group(1)) * _UNITS_MS[ago.group(2)]
-    try:
-        moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a date (2026-11-01), a time (2026-11-01T12:30Z), a duration "
-            "before now (90m, 24h, 7d) or 'now'") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=dt.UTC)
-    return int(moment.timestamp() * 1000)
 
 
 def _now_ms() -> int:
@@ -94,10 +73,10 @@ def cmd_accounting(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_usage(settings: Settings, args: argparse.Namespace) -> int:
     now = _now_ms()
     try:
-        until = parse_time(args.until, now)
-        since = (parse_time(args.since, now) if args.since is not None
+        until = parse_since(args.until, now)
+        since = (parse_since(args.since, now) if args.since is not None
                  else until - _DEFAULT_SPAN_MS[args.by])
-    except argparse.ArgumentTypeError as exc:
+    except ValueError as exc:
         print(f"conveyor usage: {exc}", file=sys.stderr)
         return 2
     try:
