@@ -1,18 +1,9 @@
 """``conveyor accounting`` and ``conveyor usage``: run the usage ledger, read it.
 
-    conveyor accounting                                    the accounting app (Faust)
-    conveyor usage --tenant T [--key ID | --model M]       a tenant's usage, one bucket
-                   [--since 2026-11-01|24h|90m] [--until ...] [--by minute|day] [--json]
-
-``--since`` and ``--until`` take a UTC date (``2026-11-01``), a UTC time
-(``2026-11-01T12:30``, ``...Z`` or an offset), a time before now (``90s``,
-``90m``, ``24h``, ``7d``) or ``now``. Without ``--since`` a report covers the
-last hour by minute and the last 30 days by day; ``--until`` is now. A bucket
-is shown when it overlaps the range and saw requests.
-
-:func:`register` adds both commands to the ``conveyor`` parser; each runs as
-``func(settings, args) -> exit status``.
-"""
+``--since`` and ``--until`` take a UTC date or time (ISO 8601), a time before
+now (``90m``, ``24h``, ``7d``), epoch ms or ``now``. Without ``--since`` a
+report covers the last hour by minute and the last 30 days by day. A bucket is
+shown when it overlaps the range and saw requests."""
 
 from __future__ import annotations
 
@@ -29,9 +20,21 @@ from conveyor.redis_clients import redis_client
 from conveyor.settings import Settings
 from topics.lookup import parse_since
 
-__all__ = ["register", "cmd_accounting", "cmd_usage"]
+__all__ = ["register", "parse_time", "cmd_accounting", "cmd_usage"]
 
 _DEFAULT_SPAN_MS = {"minute": 3_600_000, "day": 30 * 86_400_000}
+
+
+def parse_time(text: str, now_ms: int) -> int:
+    """Epoch ms of ``now`` or of what :func:`topics.lookup.parse_since` reads."""
+    if text.strip() == "now":
+        return now_ms
+    try:
+        return parse_since(text, now_ms)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a date (2026-11-01), a time (2026-11-01T12:30Z), a duration "
+            "before now (90m, 24h, 7d) or 'now'") from None
 
 
 def _now_ms() -> int:
@@ -73,10 +76,10 @@ def cmd_accounting(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_usage(settings: Settings, args: argparse.Namespace) -> int:
     now = _now_ms()
     try:
-        until = parse_since(args.until, now)
-        since = (parse_since(args.since, now) if args.since is not None
+        until = parse_time(args.until, now)
+        since = (parse_time(args.since, now) if args.since is not None
                  else until - _DEFAULT_SPAN_MS[args.by])
-    except ValueError as exc:
+    except argparse.ArgumentTypeError as exc:
         print(f"conveyor usage: {exc}", file=sys.stderr)
         return 2
     try:
