@@ -5,13 +5,9 @@ one answer identical to what the log holds, or a clear error.
     .venv/bin/python -m bench.chaos [--quick] [--faults worker,redis-flush]
                                     [--time-limit 420] [--max-requests 600]
 
-Its Kafka and Redis are its own, on free ports; on them ``conveyor layer``,
-two ``conveyor infer --engine llamacpp --contexts 2`` workers and a gateway.
-The faults (``bench.chaos_faults``), the outcomes and the verdict:
-docs/benchmarks/index.md. No fault starts after ``--time-limit`` seconds;
-requests then in flight get their client deadline (the gateway's request
-timeout plus 20 s). Exit code 1 when a request was lost, duplicated or
-corrupted, 2 when the run could not start.
+The set-up, the faults, the outcomes and the exit codes: docs/benchmarks/index.md.
+No fault starts after ``--time-limit`` seconds; requests then in flight get
+their client deadline (the gateway's request timeout plus 20 s).
 """
 
 from __future__ import annotations
@@ -19,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
 import sys
 import tempfile
@@ -31,7 +26,8 @@ from pathlib import Path
 from bench.chaos_check import Report, judge, read_tokens
 from bench.chaos_faults import FAULTS, Chaos, Conveyor, Heartbeats, Injected
 from bench.chaos_load import Load, Record
-from bench.harness import BenchError, exit_on_sigterm
+from bench.harness import BenchError, conveyor_env, exit_on_sigterm
+from conveyor.settings import Settings
 from infra.services import OwnKafka, OwnRedis, ServiceError, free_port
 
 __all__ = ["main"]
@@ -40,8 +36,7 @@ log = logging.getLogger("bench.chaos")
 
 QUICK_FAULTS = ("worker", "redis-stop", "redis-flush-worker")
 # about how long a fault takes from its strike to a healthy pipeline, quiet period aside
-_FAULT_COST_S = {"kafka": 45.0}
-_DEFAULT_COST_S = 25.0
+_FAULT_COST_S = {"kafka": 45.0}  # the others about 25 s
 WORKERS = ["w0", "w1"]
 
 
@@ -77,19 +72,6 @@ def _options(argv: Sequence[str] | None) -> argparse.Namespace:
     return opts
 
 
-def _env(redis: OwnRedis, kafka: OwnKafka, prefix: str, port: int,
-         request_timeout: float) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
-    env.update({
-        "CONVEYOR_KAFKA_BOOTSTRAP": kafka.bootstrap,
-        "CONVEYOR_REDIS_URL": redis.url,
-        "CONVEYOR_TOPIC_PREFIX": prefix,
-        "CONVEYOR_GATEWAY_PORT": str(port),
-        "CONVEYOR_REQUEST_TIMEOUT_S": str(request_timeout),
-    })
-    return env
-
-
 async def _supervise(conveyor: Conveyor) -> None:
     """Start again what died on its own, as a supervisor would (and say so)."""
     while True:
@@ -103,11 +85,8 @@ async def _supervise(conveyor: Conveyor) -> None:
 
 def _reference(records: list[Record], before: float) -> dict[int, str]:
     """Each prompt's first complete answer before any fault."""
-    out: dict[int, str] = {}
-    for r in records:
-        if r.ended is not None and r.ended < before and r.finished and r.error is None:
-            out.setdefault(r.prompt, r.text)
-    return out
+    return {r.prompt: r.text for r in reversed(records)  # the first one written last
+            if r.ended is not None and r.ended < before and r.finished and r.error is None}
 
 
 async def _drive(opts: argparse.Namespace, chaos: Chaos, t0: float) -> tuple[
@@ -119,7 +98,7 @@ async def _drive(opts: argparse.Namespace, chaos: Chaos, t0: float) -> tuple[
     await asyncio.sleep(opts.baseline)
     skipped: list[str] = []
     for name in opts.fault_names:
-        cost = _FAULT_COST_S.get(name, _DEFAULT_COST_S) + opts.quiet
+        cost = _FAULT_COST_S.get(name, 25.0) + opts.quiet
         if time.monotonic() - t0 + cost > opts.time_limit or chaos.load.exhausted:
             skipped.append(name)
             continue
@@ -138,8 +117,10 @@ async def _drive(opts: argparse.Namespace, chaos: Chaos, t0: float) -> tuple[
 
 
 async def _run(opts: argparse.Namespace, conveyor: Conveyor, redis: OwnRedis,
-               kafka: OwnKafka, base_url: str, prefix: str, t0: float) -> bool:
-    beats = Heartbeats(kafka.bootstrap, f"{prefix}.workers")
+               kafka: OwnKafka, base_url: str, t0: float) -> bool:
+    settings = Settings.from_flat({k.removeprefix("CONVEYOR_").lower(): v
+                                   for k, v in conveyor.env.items() if k.startswith("CONVEYOR_")})
+    beats = Heartbeats(settings)
     load = Load(base_url, opts.clients, opts.max_tokens, opts.max_requests,
                 client_deadline_s=opts.request_timeout + 20.0)
     chaos = Chaos(conveyor, redis, kafka, load, beats, base_url)
@@ -161,7 +142,7 @@ async def _run(opts: argparse.Namespace, conveyor: Conveyor, redis: OwnRedis,
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
-    logged = await read_tokens(kafka.bootstrap, f"{prefix}.tokens")
+    logged = await read_tokens(settings)
     first = injected[0].injected_at if injected else float("inf")
     verdicts = judge(load.records, logged, _reference(load.records, first))
     report = Report(verdicts, injected, conveyor.unexpected, skipped)
@@ -189,18 +170,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         kafka = OwnKafka(workdir)
         stack.callback(kafka.close)
         redis.start()
-        kafka.link_jars()
-        kafka.start()
+        kafka.start()  # the jars linked (fetched once) first
         log.info("own Redis on %s, own Kafka on %s", redis.url, kafka.bootstrap)
         prefix = f"chaos{int(time.time())}"
         port = free_port()
-        conveyor = Conveyor(logs, _env(redis, kafka, prefix, port, opts.request_timeout),
-                            list(WORKERS))
+        env = conveyor_env(topic_prefix=prefix, gateway_port=port, services={
+            "CONVEYOR_KAFKA_BOOTSTRAP": kafka.bootstrap, "CONVEYOR_REDIS_URL": redis.url,
+            "CONVEYOR_REQUEST_TIMEOUT_S": str(opts.request_timeout)})
+        conveyor = Conveyor(logs, env, list(WORKERS))
         stack.callback(conveyor.close)
         conveyor.topics()
         conveyor.start_all()
-        ok = asyncio.run(_run(opts, conveyor, redis, kafka, f"http://127.0.0.1:{port}",
-                              prefix, t0))
+        ok = asyncio.run(_run(opts, conveyor, redis, kafka, f"http://127.0.0.1:{port}", t0))
     print(f"chaos: done in {time.monotonic() - t0:.0f} s; logs in {logs}", flush=True)
     return 0 if ok else 1
 

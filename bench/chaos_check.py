@@ -1,36 +1,30 @@
-"""The chaos run's judge and report: what ``conveyor.tokens`` holds for each
-request, whether what its client got is that, once, and what the run prints.
-
-The log is read whole and each request's answer rebuilt from it by the rule
-postprocess answers with (:class:`workers.chunk_order.ChunkOrder`), up to the
-first chunk that finishes or fails; two chunks of one run with the same
-``seq`` and different contents make a request corrupted even when the
-client's text matches. Each request is answered, errored, lost, duplicated
-or corrupted (what each means: docs/benchmarks/index.md).
-
-:class:`Report` prints outcomes and stalls per fault, the failures one by
-one, and a verdict line. A fault's stall is measured on the streams in flight
-when it struck: each one's longest wait between consecutive events (start,
-each SSE data event, end), p50 and p99 over them; a worker's SIGKILL should
-stall its streams at most ``WORKER_STALL_TARGET_S`` at p99.
+"""The chaos run's judge and report: each request's answer rebuilt from
+``conveyor.tokens`` by the rule postprocess answers with
+(:class:`workers.chunk_order.ChunkOrder`), whether its client got that, once,
+and the outcomes (docs/benchmarks/index.md). Two chunks of one run with the
+same ``seq`` and different contents make a request corrupted even when the
+client's text matches. A fault's stall is each stream in flight when it
+struck's longest wait between consecutive events, p50 and p99 over them.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
-
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from typing import Literal
 
 from bench.chaos_faults import Injected
 from bench.chaos_load import Record
-from bench.stats import markdown_table, percentile
+from bench.stats import fmt, markdown_table, percentile
+from conveyor.settings import Settings
 from schemas.codec import default_codec
+from schemas.records import TokenChunk
 from topics.catalog import TOKENS
+from topics.follow import follow, snapshot
+from topics.tracing import trace_id_of
 from workers.chunk_order import ChunkOrder
 
 __all__ = ["Logged", "Outcome", "Verdict", "judge", "read_tokens", "WORKER_STALL_TARGET_S",
@@ -45,7 +39,7 @@ class Logged:
 
     request_id: str
     trace_id: str = ""
-    chunks: list[dict[str, Any]] = field(default_factory=list)
+    chunks: list[TokenChunk] = field(default_factory=list)
 
     def rebuilt(self) -> tuple[str, int, str | None, bool]:
         """(text, completion tokens, finish reason or ``error``, finished) as
@@ -54,7 +48,7 @@ class Logged:
         tokens = 0
         text: list[str] = []
         for chunk in self.chunks:
-            for c in order.offer(chunk):  # type: ignore[arg-type]
+            for c in order.offer(chunk):
                 if c["error"] is not None:
                     return "".join(text), tokens, "error", True
                 text.append(c["text"])
@@ -75,57 +69,23 @@ class Logged:
 
     def runs(self) -> list[str]:
         """Who wrote the chunks, in order of first appearance: ``worker/run@start``."""
-        out: list[str] = []
-        for c in self.chunks:
-            tag = f"{c['worker_id']}/{c.get('run_id', '')}@{c.get('run_start', 0)}"
-            if tag not in out:
-                out.append(tag)
-        return out
+        return list(dict.fromkeys(f"{c['worker_id']}/{c.get('run_id', '')}@"
+                                  f"{c.get('run_start', 0)}" for c in self.chunks))
 
 
-async def read_tokens(bootstrap: str, topic: str) -> dict[str, Logged]:
-    """Every chunk of ``topic`` from the beginning to its end now, by request id."""
-    codec = default_codec()
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        described = await admin.describe_topics([topic])
-    finally:
-        await admin.close()
-    parts = sorted(p["partition"] for d in described for p in d.get("partitions") or ())
-    if not parts:
-        raise RuntimeError(f"topic {topic} not found on {bootstrap}")
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                auto_offset_reset="earliest", request_timeout_ms=15000)
-    await consumer.start()
+async def read_tokens(settings: Settings) -> dict[str, Logged]:
+    """Every chunk of ``conveyor.tokens`` written until now, by request id."""
     out: dict[str, Logged] = {}
-    try:
-        tps = [TopicPartition(topic, p) for p in parts]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        left = {tp for tp in tps if ends[tp] > 0}
-        while left:
-            batch = await consumer.getmany(*left, timeout_ms=2000)
-            for records in batch.values():
-                for rec in records:
-                    for chunk in TOKENS.unpack(codec, rec.value):
-                        env = chunk["envelope"]
-                        rid = env["request_id"]
-                        logged = out.setdefault(rid, Logged(rid))
-                        logged.trace_id = logged.trace_id or _trace_id(env["traceparent"])
-                        logged.chunks.append(dict(chunk))
-            for tp in list(left):
-                if await consumer.position(tp) >= ends[tp]:
-                    left.discard(tp)
-    finally:
-        await consumer.stop()
+
+    def add(chunk: TokenChunk) -> None:
+        rid = chunk["envelope"]["request_id"]
+        logged = out.setdefault(rid, Logged(rid))
+        logged.trace_id = logged.trace_id or trace_id_of(chunk["envelope"])
+        logged.chunks.append(chunk)
+
+    every = range(TOKENS.partitions(settings.kafka))
+    await snapshot(follow(settings, TOKENS, every, "beginning"), default_codec(), add, 600.0)
     return out
-
-
-def _trace_id(traceparent: str) -> str:
-    parts = traceparent.split("-")
-    return parts[1] if len(parts) == 4 else ""
 
 
 @dataclass
@@ -148,10 +108,8 @@ def judge(records: list[Record], log: dict[str, Logged],
         if logged is not None and r.request_id is None:
             r.request_id = logged.request_id
         outcome, why = _outcome(r, logged)
-        v = Verdict(r, outcome, why, logged)
-        ref = reference.get(r.prompt)
-        v.unlike_reference = outcome == "answered" and ref is not None and r.text != ref
-        verdicts.append(v)
+        unlike = outcome == "answered" and r.text != reference.get(r.prompt, r.text)
+        verdicts.append(Verdict(r, outcome, why, logged, unlike))
     return verdicts
 
 
@@ -191,7 +149,8 @@ def _against_log(r: Record, logged: Logged) -> tuple[Outcome, str]:
         head = text[:32]
         if head and r.text.count(head) > text.count(head):
             return "duplicated", f"text repeated ({len(r.text)} chars, log {len(text)})"
-        return "corrupted", (f"text differs from the log at char {_diverge(r.text, text)} "
+        at = len(os.path.commonprefix([r.text, text]))
+        return "corrupted", (f"text differs from the log at char {at} "
                              f"({len(r.text)} vs {len(text)} chars; runs {logged.runs()})")
     if conflicts:
         return "corrupted", (f"the log holds different chunks for seq {conflicts[:5]} "
@@ -213,15 +172,6 @@ def _against_log(r: Record, logged: Logged) -> tuple[Outcome, str]:
     return "answered", ""
 
 
-def _diverge(a: str, b: str) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def by_fault(verdicts: list[Verdict], faults: list[tuple[str, float]]) -> dict[str, list[Verdict]]:
     """Each verdict under the first fault injected while its request was in flight,
     else the latest one injected before it started (its recovery), else baseline."""
@@ -241,10 +191,6 @@ WORKER_STALL_TARGET_S = 3.0
 _WORKER_FAULTS = ("worker", "worker-redis-down", "redis-flush-worker")
 
 
-def _s(value: float) -> str:
-    return "-" if value != value else f"{value:.1f}"  # NaN: no stream in flight
-
-
 class Report:
     def __init__(self, verdicts: list[Verdict], injected: Sequence[Injected],
                  unexpected: Sequence[tuple[float, str, int]], skipped: Sequence[str]) -> None:
@@ -262,9 +208,6 @@ class Report:
     def counts(self, verdicts: Sequence[Verdict]) -> Counter[str]:
         return Counter(v.outcome for v in verdicts)
 
-    def failures(self) -> list[Verdict]:
-        return [v for v in self.verdicts if v.outcome in ("lost", "duplicated", "corrupted")]
-
     def table(self) -> str:
         header = ["fault", "requests", *OUTCOMES, "in flight", "stall p50 s", "stall p99 s",
                   "stall max s"]
@@ -276,16 +219,12 @@ class Report:
             event = next((e for e in self.injected if e.name == name), None)
             stalls = self.stalls(event) if event is not None else []
             rows.append([name, str(len(group)), *(str(c[o]) for o in OUTCOMES),
-                         str(len(stalls)) if event else "-", _s(percentile(stalls, 50)),
-                         _s(percentile(stalls, 99)), _s(max(stalls, default=float("nan")))])
+                         str(len(stalls)) if event else "-", fmt(percentile(stalls, 50)),
+                         fmt(percentile(stalls, 99)), fmt(max(stalls, default=float("nan")))])
         c = self.counts(self.verdicts)
         rows.append(["overall", str(len(self.verdicts)), *(str(c[o]) for o in OUTCOMES),
                      "", "", "", ""])
         return markdown_table(header, rows)
-
-    def worker_stall_p99(self) -> float:
-        stalls = [s for e in self.injected if e.name in _WORKER_FAULTS for s in self.stalls(e)]
-        return percentile(stalls, 99)
 
     def calm(self) -> str:
         """Figures of the requests no fault struck while they ran, to read stalls against."""
@@ -297,8 +236,8 @@ class Report:
         ttft = [r.events[0] - r.started for r in calm if r.events]
         gaps = [r.longest_gap(self.now) for r in calm]
         return (f"requests no fault struck ({len(calm)}): duration p50 "
-                f"{_s(percentile(total, 50))} s, TTFT p50 {_s(percentile(ttft, 50))} s, "
-                f"longest gap p50 {_s(percentile(gaps, 50))} s, p99 {_s(percentile(gaps, 99))} s")
+                f"{fmt(percentile(total, 50))} s, TTFT p50 {fmt(percentile(ttft, 50))} s, "
+                f"longest gap p50 {fmt(percentile(gaps, 50))} s, p99 {fmt(percentile(gaps, 99))} s")
 
     def lines(self) -> list[str]:
         out = [self.table(), "", self.calm()]
@@ -332,7 +271,7 @@ class Report:
                     f"{len(v.logged.chunks)} chunks in the log, runs {v.logged.runs()}")
                 out.append(f"errored [{groups[id(v)]}] request {r.request_id or '?'} "
                            f"(trace {r.trace_id}): {(r.error or '')[:120]}; {held}")
-        for v in self.failures():
+        for v in (v for v in self.verdicts if v.outcome in ("lost", "duplicated", "corrupted")):
             r = v.record
             out.append(f"{v.outcome.upper()} [{groups[id(v)]}] request {r.request_id or '?'} "
                        f"(trace {r.trace_id}, client {r.client} #{r.number}): {v.why}")
@@ -341,7 +280,8 @@ class Report:
     def verdict(self) -> tuple[bool, str]:
         c = self.counts(self.verdicts)
         bad = c["lost"] + c["duplicated"] + c["corrupted"]
-        p99 = self.worker_stall_p99()
+        p99 = percentile([s for e in self.injected if e.name in _WORKER_FAULTS
+                          for s in self.stalls(e)], 99)
         stall = ("worker stall p99 -" if p99 != p99 else
                  f"worker stall p99 {p99:.1f} s (target <= {WORKER_STALL_TARGET_S:g} s: "
                  f"{'met' if p99 <= WORKER_STALL_TARGET_S else 'MISSED'})")

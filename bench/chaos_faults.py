@@ -1,19 +1,8 @@
-"""The Conveyor of the chaos run and the faults injected into it, one after
-another, each undone as an operator or a supervisor would, while streams run:
-
-- ``worker``: SIGKILL the busiest infer worker, start it again 3 s later;
-- ``layers``: SIGKILL the process of every layer, start it again 2 s later;
-- ``redis-stop``: SIGKILL Redis for 3 s (its append-only file comes back);
-- ``redis-flush``: FLUSHALL: claims, leases and caches gone at once;
-- ``worker-redis-down``: Redis down, the busiest worker SIGKILLed meanwhile;
-- ``redis-flush-worker``: FLUSHALL, then SIGKILL the busiest worker: only the
-  log can tell its redelivered task is a retry and where it continues;
-- ``kafka``: SIGKILL the broker, start it again 5 s later.
-
-:class:`Conveyor` is real processes (every layer in one, infer workers, a
-gateway), each in its own process group, started, killed and restarted by
-name; its Kafka and Redis are its own, on free loopback ports
-(infra/services.py), never the shared ones.
+"""The Conveyor of the chaos run and the faults injected into it (:data:`FAULTS`,
+described in docs/benchmarks/index.md), each undone as an operator or a
+supervisor would, while streams run. :class:`Conveyor` is real processes
+(every layer in one, infer workers, a gateway), each in its own process
+group, on a Kafka and a Redis of their own (infra/services.py).
 """
 
 from __future__ import annotations
@@ -30,12 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from aiokafka import AIOKafkaConsumer
 
 from bench.chaos_load import Load
-from bench.harness import BenchError, Proc, repo_root
+from bench.harness import BenchError, Proc, repo_root, spawn
+from conveyor.settings import Settings
 from infra.services import OwnKafka, OwnRedis, kill_group
 from schemas.codec import default_codec
+from schemas.records import WorkerHeartbeat
+from topics.catalog import WORKERS
+from topics.follow import follow
 
 __all__ = ["FAULTS", "Chaos", "Heartbeats", "Injected", "Conveyor"]
 
@@ -46,47 +38,24 @@ log = logging.getLogger("bench.chaos")
 class Heartbeats:
     """The latest heartbeat of each worker, read from ``conveyor.workers``."""
 
-    bootstrap: str
-    topic: str
-    beats: dict[str, dict[str, object]] = field(default_factory=dict)
+    settings: Settings
+    beats: dict[str, WorkerHeartbeat] = field(default_factory=dict)
     seen_at: dict[str, float] = field(default_factory=dict)
 
     async def follow(self) -> None:
-        codec = default_codec()
-        while True:
-            consumer = AIOKafkaConsumer(self.topic, bootstrap_servers=self.bootstrap,
-                                        auto_offset_reset="latest", enable_auto_commit=False)
-            try:
-                await consumer.start()
-                while True:
-                    batch = await consumer.getmany(timeout_ms=500)
-                    for records in batch.values():
-                        for rec in records:
-                            if rec.value is None:
-                                continue
-                            beat = codec.decode(rec.value, "WorkerHeartbeat")
-                            self.beats[beat["worker_id"]] = beat
-                            self.seen_at[beat["worker_id"]] = time.monotonic()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the broker is down: try again
-                log.debug("heartbeat follower: %s", exc)
-                await asyncio.sleep(1.0)
-            finally:
-                with contextlib.suppress(Exception):
-                    await consumer.stop()
+        """For ever, from the end at the start (through the broker's outages)."""
+        async for batch in follow(self.settings, WORKERS, 0, "end").events(default_codec()):
+            for _, beat in batch:
+                self.beats[beat["worker_id"]] = beat
+                self.seen_at[beat["worker_id"]] = time.monotonic()
 
     def busiest(self, workers: list[str]) -> str:
-        def running(w: str) -> int:
-            value = self.beats.get(w, {}).get("running", 0)
-            return value if isinstance(value, int) else 0
-
-        return max(workers, key=running)
+        return max(workers, key=lambda w: self.beats[w]["running"] if w in self.beats else 0)
 
     def ready(self, worker: str, since: float) -> bool:
         beat = self.beats.get(worker)
         return (beat is not None and self.seen_at.get(worker, 0.0) > since
-                and beat.get("state") == "ready" and bool(beat.get("partitions")))
+                and beat["state"] == "ready" and bool(beat["partitions"]))
 
 
 @dataclass
@@ -126,7 +95,8 @@ class Chaos:
 
     async def kill_worker(self, event: Injected | None, name: str) -> Injected:
         worker = self.beats.busiest(self.conveyor.workers)
-        running = self.beats.beats.get(worker, {}).get("running")
+        beat = self.beats.beats.get(worker)
+        running = beat["running"] if beat is not None else None
         note = f"SIGKILL worker {worker} (running {running})"
         if event is None:
             event = self.strike(name, note)
@@ -262,9 +232,6 @@ class Conveyor:
                     str(self.contexts), "--worker-id", name]
         return [sys.executable, "-m", "cli", *args]
 
-    def names(self) -> list[str]:
-        return ["layers", *self.workers, "gateway"]
-
     def topics(self) -> None:
         done = subprocess.run([sys.executable, "-m", "cli", "topics"], env=self.env,
                               cwd=repo_root(), capture_output=True, timeout=120)
@@ -273,18 +240,11 @@ class Conveyor:
                              (done.stderr or done.stdout).decode(errors="replace")[-2000:])
 
     def start(self, name: str) -> None:
-        log_path = self.logs / f"{name}.log"
-        with log_path.open("ab") as log:
-            log.write(f"\n===== chaos: start {name} at {time.strftime('%H:%M:%S')}\n".encode())
-            log.flush()
-            popen = subprocess.Popen(self.argv(name), cwd=repo_root(), env=self.env,
-                                     stdin=subprocess.DEVNULL, stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-        self.procs[name] = Proc(name, popen, log_path)
+        self.procs[name] = spawn(name, self.argv(name), self.logs, self.env)
         self._killed.discard(name)
 
     def start_all(self) -> None:
-        for name in self.names():
+        for name in ["layers", *self.workers, "gateway"]:
             self.start(name)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
@@ -294,11 +254,6 @@ class Conveyor:
         if proc.exited() is None:
             kill_group(proc.popen.pid, sig)
             proc.popen.wait(timeout=30)
-
-    def restart(self, name: str) -> None:
-        if self.procs[name].exited() is None:
-            self.kill(name)
-        self.start(name)
 
     def reap(self) -> list[str]:
         """The processes that exited without being killed by the run (recorded in

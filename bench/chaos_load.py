@@ -1,18 +1,15 @@
 """The chaos run's load: a few clients, each sending streamed chat requests one
 after another, every one of them recorded whole.
 
-A request's record keeps each SSE data event with its arrival time, the text,
-every ``finish_reason`` and usage object seen, ``[DONE]`` and anything after
-it, and the error: an HTTP status with its body, an error event in the stream,
-or nothing at all (a hang past the client's deadline, a stream cut without an
-error). The client sends a ``traceparent`` of its own, so its trace id finds
-the request's events in the log even when the answer never named the
-request id (an error before the first chunk).
+A client sends a ``traceparent`` of its own, so its trace id finds the
+request's events in the log even when the answer never named the request id
+(an error before the first chunk).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -46,7 +43,6 @@ class Record:
     trace_id: str
     started: float  # time.monotonic()
     ended: float | None = None
-    status: int | None = None
     request_id: str | None = None
     ids: set[str] = field(default_factory=set)
     events: list[float] = field(default_factory=list)  # arrival of each SSE data event
@@ -163,12 +159,12 @@ class Load:
         headers = {"traceparent": traceparent}
         async with self._client.stream("POST", url, json=self.body(record.prompt),
                                        headers=headers) as response:
-            record.status = response.status_code
             if response.status_code != 200:
                 raw = (await response.aread()).decode(errors="replace")
                 record.error_kind = "http"
                 record.error = f"HTTP {response.status_code}: {raw[:300]}"
-                record.error_code = _error_code(raw)
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    record.error_code = _error_code(json.loads(raw)["error"])
                 return
             async for line in response.aiter_lines():
                 if line.startswith("data:"):
@@ -189,8 +185,7 @@ def _take(record: Record, data: str) -> None:
     if "error" in chunk:
         record.error_kind = "event"
         record.error = f"error event: {json.dumps(chunk['error'])[:300]}"
-        record.error_code = (chunk["error"] or {}).get("code") or (chunk["error"] or {}).get(
-            "type")
+        record.error_code = _error_code(chunk["error"])
         return
     cid = chunk.get("id")
     if isinstance(cid, str):
@@ -205,12 +200,9 @@ def _take(record: Record, data: str) -> None:
         record.usages.append(chunk["usage"])
 
 
-def _error_code(raw: str) -> str | None:
-    try:
-        err = json.loads(raw)["error"]
-    except (ValueError, KeyError, TypeError):
+def _error_code(error: Any) -> str | None:
+    """An OpenAI error object's code, else its type."""
+    if not isinstance(error, dict):
         return None
-    if not isinstance(err, dict):
-        return None
-    code = err.get("code") or err.get("type")
+    code = error.get("code") or error.get("type")
     return str(code) if code is not None else None

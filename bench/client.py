@@ -1,17 +1,13 @@
 """The load generator: one streamed completion, timed (TTFT at the first chunk
-with text, total at ``data: [DONE]``).
-
-It shares the machine with what it measures, so it is a lean HTTP/1.1 client
-of its own (keep-alive connections on asyncio's protocol callbacks, the
-chunked encoding and the SSE lines parsed over a byte buffer, orjson for the
-events) rather than httpx, whose streaming cost about 1.2 ms of CPU a request.
+with text, total at ``data: [DONE]``), over a lean HTTP/1.1 client of its own
+(why not httpx: docs/benchmarks/index.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, cast
@@ -19,7 +15,9 @@ from urllib.parse import urlsplit
 
 import orjson
 
-__all__ = ["Sample", "StreamClient", "make_client", "stream_completion"]
+from bench.harness import BenchError
+
+__all__ = ["Sample", "StreamClient", "first_success", "stream_completion"]
 
 
 @dataclass(frozen=True)
@@ -111,13 +109,6 @@ class _Head:
     status: int
     headers: dict[str, str]
 
-    @property
-    def chunked(self) -> bool:
-        return "chunked" in self.headers.get("transfer-encoding", "").lower()
-
-    @property
-    def keep_alive(self) -> bool:
-        return self.headers.get("connection", "").lower() != "close"
 
 
 async def _head(conn: _Connection) -> _Head:
@@ -134,7 +125,7 @@ async def _head(conn: _Connection) -> _Head:
 
 async def _body(conn: _Connection, head: _Head) -> AsyncIterator[bytes]:
     """The body's bytes as they arrive, the chunked encoding undone."""
-    if head.chunked:
+    if "chunked" in head.headers.get("transfer-encoding", "").lower():
         while True:
             size = int((await conn.until(b"\r\n")).split(b";", 1)[0], 16)
             if size == 0:
@@ -220,7 +211,7 @@ class StreamClient:
             conn, head = await self._send(host, port, request)
             reusable = False
             try:
-                sample.status(head.status)
+                sample.code = head.status
                 pending = b""
                 async for piece in _body(conn, head):
                     if sample.finished:
@@ -232,7 +223,7 @@ class StreamClient:
                     for line in lines:
                         if line.startswith(b"data:") and sample.data(line[5:].strip()):
                             break
-                reusable = head.keep_alive
+                reusable = head.headers.get("connection", "").lower() != "close"
             finally:
                 self._release(host, port, conn, reusable)
 
@@ -270,9 +261,6 @@ class _Timing:
         self.finished = False
         self.code = 0
         self.error: str | None = None
-
-    def status(self, code: int) -> None:
-        self.code = code
 
     def error_body(self, piece: bytes) -> None:
         if self.error is None:
@@ -316,11 +304,6 @@ class _Timing:
                       text="".join(self.pieces), tokens=self.tokens, gaps=tuple(self.gaps))
 
 
-def make_client(connections: int = 64, timeout_s: float = 30.0) -> StreamClient:
-    """The load generator's client, with room for ``connections`` concurrent streams."""
-    return StreamClient(connections, timeout_s)
-
-
 def _text_of(chunk: dict[str, Any]) -> str:
     text = ""
     for choice in chunk.get("choices") or ():
@@ -342,3 +325,19 @@ async def stream_completion(client: StreamClient, url: str, body: dict[str, Any]
 def _failed(start: float, error: str) -> Sample:
     elapsed = time.perf_counter() - start
     return Sample(ttft=elapsed, total=elapsed, chars=0, error=error)
+
+
+async def first_success(name: str, attempt: Callable[[], Awaitable[Sample]],
+                        timeout_s: float) -> None:
+    """Until ``attempt`` answers (a pipeline's first request can fail while its
+    consumers join their groups); BenchError naming the last error past
+    ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    last = "no attempt"
+    while time.monotonic() < deadline:
+        sample = await attempt()
+        if sample.ok:
+            return
+        last = sample.error or ""
+        await asyncio.sleep(0.5)
+    raise BenchError(f"{name}: no successful request within {timeout_s:.0f} s: {last}")

@@ -1,18 +1,13 @@
 """Two ways to serve the same streamed completions, measured side by side in
-one run (``bench.overhead``: the upstream fixture called directly against
-Conveyor in front of it).
-
-The machine is shared and noisy, so the figures are paired: at concurrency 1
-each request of one side is followed by one of the other, and at concurrency
-N a round of N streams of one side by a round of the other. Which side goes
-first alternates from pair to pair and round to round (A B, B A, ...): work a
-side does after its answer has ended would otherwise be billed to the side
-after it.
+one run, paired: at concurrency 1 request by request, at concurrency N round
+by round, the first side alternating (A B, B A, ...) so that work a side does
+after its answer is not billed to the side after it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import sys
 import time
@@ -20,13 +15,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from bench.client import Sample, StreamClient, stream_completion
-from bench.harness import DELAY_MS, TOKENS, BenchError, exit_on_sigterm
-from bench.stats import Check, markdown_table, percentile
+from bench.client import Sample, StreamClient, first_success, stream_completion
+from bench.harness import TOKENS, BenchError, exit_on_sigterm
+from bench.stats import Check, check_table, markdown_table, ms, percentile
 
-__all__ = ["DELAY_MS", "PROMPT", "TOKENS", "Comparison", "Result", "Scenario", "Side", "Tally",
-           "first_success", "measure", "median_interval", "report_main", "run_pairs",
-           "run_rounds"]
+__all__ = ["Result", "Scenario", "Side", "Tally", "measure", "median_interval", "report_main",
+           "run_pairs", "run_rounds"]
 
 T = TypeVar("T")
 
@@ -43,10 +37,6 @@ class Scenario:
     max_requests: int  # a side, after warm-up
     window_s: float  # a side's busy time, after warm-up
     per_worker: int = 1  # requests each of the concurrent streams sends in one round
-
-    @property
-    def hard_limit_s(self) -> float:
-        return 2 * self.window_s + 120.0
 
 
 @dataclass
@@ -67,12 +57,16 @@ class Side:
 
 @dataclass
 class Tally:
-    """A side's recorded requests and the wall time spent sending them."""
+    """A side's recorded requests, the wall time spent sending them and, where
+    measured, the CPU each watched process spent meanwhile."""
 
+    name: str = ""  # the side's
     samples: list[Sample] = field(default_factory=list)
     busy_s: float = 0.0
     # concurrency N: each round's rate (its answered streams over its wall time)
     round_rates: list[float] = field(default_factory=list)
+    cpu_s: dict[str, float] = field(default_factory=dict)  # by process label
+    cpu: Callable[[], dict[str, float]] = dict  # the watched processes' CPU seconds so far
 
     @property
     def ok(self) -> list[Sample]:
@@ -85,6 +79,14 @@ class Tally:
     @property
     def rate(self) -> float:
         return len(self.ok) / self.busy_s if self.busy_s > 0 else math.nan
+
+    @property
+    def tokens(self) -> int:
+        """The fixture's tokens the answered streams carried (``" tok"`` each)."""
+        return sum(s.chars // len(" tok") for s in self.ok)
+
+    def cpu_ms_per_token(self, label: str) -> float:
+        return 1000 * self.cpu_s.get(label, 0.0) / self.tokens if self.tokens else math.nan
 
 
 @dataclass
@@ -106,17 +108,10 @@ class Result:
         return [v.ttft - b.ttft for b, v in self.pairs if b.ok and v.ok]
 
 
-@dataclass(frozen=True)
-class Comparison:
-    """What is compared: the sides' names, the report's title, the targets."""
-
-    base: str
-    variant: str
-    title: str
-    checks: Callable[[Result], list[Check]]
+Checks = Callable[[Result], list[Check]]  # a scenario's targets
 
 
-def report_main(prog: str, comparison: Comparison, run: Callable[[], list[Result]]) -> None:
+def report_main(prog: str, title: str, checks: Checks, run: Callable[[], list[Result]]) -> None:
     """Run a comparison as a script: SIGTERM stops its processes, a failure to
     set it up exits 2 with the reason, the summary tables come last."""
     exit_on_sigterm()
@@ -126,23 +121,10 @@ def report_main(prog: str, comparison: Comparison, run: Callable[[], list[Result
         print(f"{prog}: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
     print()
-    report_summary(results, comparison)
+    report_summary(results, title, checks)
 
 
 # -- measurement -------------------------------------------------------------------
-
-
-async def first_success(side: Side, timeout_s: float) -> None:
-    """A pipeline's first request can fail while its consumers join their groups."""
-    deadline = time.monotonic() + timeout_s
-    last = "no attempt"
-    while time.monotonic() < deadline:
-        sample = await side.one(paced=False)
-        if sample.ok:
-            return
-        last = sample.error or ""
-        await asyncio.sleep(0.5)
-    raise BenchError(f"{side.name}: no successful request within {timeout_s:.0f} s: {last}")
 
 
 async def _timed(side: Side, paced: bool, tally: Tally) -> Sample:
@@ -165,7 +147,7 @@ async def _in_turn(i: int, base_step: Callable[[], Awaitable[T]],
 
 async def run_pairs(sc: Scenario, base: Side, variant: Side) -> Result:
     """Concurrency 1: pairs of one request a side, the first side alternating."""
-    result = Result(sc)
+    result = Result(sc, Tally(base.name), Tally(variant.name))
     for _ in range(sc.warmup):
         await base.one(sc.paced)
         await variant.one(sc.paced)
@@ -184,6 +166,7 @@ async def _round(sc: Scenario, side: Side, tally: Tally | None, per_worker: int)
     async def lane() -> list[Sample]:
         return [await side.one(sc.paced) for _ in range(per_worker)]
 
+    before = tally.cpu() if tally is not None else {}
     start = time.perf_counter()
     lanes = await asyncio.gather(*(lane() for _ in range(sc.concurrency)))
     samples = [one[i] for i in range(per_worker) for one in lanes]
@@ -192,12 +175,16 @@ async def _round(sc: Scenario, side: Side, tally: Tally | None, per_worker: int)
         tally.samples.extend(samples)
         tally.busy_s += took
         tally.round_rates.append(sum(s.ok for s in samples) / took)
+        for label, spent in tally.cpu().items():
+            tally.cpu_s[label] = tally.cpu_s.get(label, 0.0) + spent - before.get(label, 0.0)
     return samples
 
 
-async def run_rounds(sc: Scenario, base: Side, variant: Side) -> Result:
-    """Concurrency N: a round of N streams a side, the first side alternating."""
-    result = Result(sc)
+async def run_rounds(sc: Scenario, base: Side, variant: Side,
+                     cpu: Callable[[], dict[str, float]] = dict) -> Result:
+    """Concurrency N: a round of N streams a side, the first side alternating
+    (``cpu``: what the tallies measure the processes' CPU with)."""
+    result = Result(sc, Tally(base.name, cpu=cpu), Tally(variant.name, cpu=cpu))
     for _ in range(sc.warmup):
         await _round(sc, base, None, 1)
         await _round(sc, variant, None, 1)
@@ -211,21 +198,22 @@ async def run_rounds(sc: Scenario, base: Side, variant: Side) -> Result:
     return result
 
 
-async def measure(scenarios: list[Scenario], base: Side, variant: Side,
-                  comparison: Comparison, first_timeout_s: float = 90.0) -> list[Result]:
+async def measure(scenarios: list[Scenario], base: Side, variant: Side, checks: Checks,
+                  first_timeout_s: float = 90.0) -> list[Result]:
     """Each scenario in turn, its report printed as it ends."""
-    await first_success(base, first_timeout_s)
-    await first_success(variant, first_timeout_s)
+    for side in (base, variant):
+        await first_success(side.name, functools.partial(side.one, False), first_timeout_s)
     results: list[Result] = []
     for sc in scenarios:
         print(f"running {sc.key}: {sc.title} ...", flush=True)
         running = run_pairs(sc, base, variant) if sc.concurrency == 1 else \
             run_rounds(sc, base, variant)
+        limit_s = 2 * sc.window_s + 120.0
         try:
-            result = await asyncio.wait_for(running, sc.hard_limit_s)
+            result = await asyncio.wait_for(running, limit_s)
         except TimeoutError as exc:
-            raise BenchError(f"{sc.key} ran past {sc.hard_limit_s:.0f} s") from exc
-        report_scenario(result, comparison)
+            raise BenchError(f"{sc.key} ran past {limit_s:.0f} s") from exc
+        report_scenario(result, checks)
         results.append(result)
     return results
 
@@ -244,17 +232,13 @@ def median_interval(values: list[float]) -> tuple[float, float]:
     return ordered[max(0, math.floor(n / 2 - half))], ordered[min(n - 1, math.ceil(n / 2 + half))]
 
 
-def _ms(seconds: float) -> str:
-    return "-" if math.isnan(seconds) else f"{seconds * 1000:.1f}"
-
-
-def _side_row(sc: Scenario, name: str, tally: Tally) -> list[str]:
+def _side_row(sc: Scenario, tally: Tally) -> list[str]:
     ttft = [s.ttft for s in tally.ok]
     total = [s.total for s in tally.ok]
-    return [sc.key, name,
+    return [sc.key, tally.name,
             f"{len(tally.ok)}" + (f" (+{len(tally.failed)} failed)" if tally.failed else ""),
-            _ms(percentile(ttft, 50)), _ms(percentile(ttft, 99)),
-            _ms(percentile(total, 50)), _ms(percentile(total, 99)),
+            ms(percentile(ttft, 50)), ms(percentile(ttft, 99)),
+            ms(percentile(total, 50)), ms(percentile(total, 99)),
             "-" if math.isnan(tally.rate) else f"{tally.rate:.1f}"]
 
 
@@ -265,55 +249,51 @@ def _added_row(result: Result) -> list[str]:
     if result.base.rate > 0 and not math.isnan(result.variant.rate):
         rate = f"{100 * (result.variant.rate / result.base.rate - 1):+.1f} %"
     return [result.scenario.key, "added (paired)", str(len(added)),
-            _ms(percentile(added, 50)), _ms(percentile(added, 99)),
-            _ms(percentile(added_total, 50)), _ms(percentile(added_total, 99)), rate]
+            ms(percentile(added, 50)), ms(percentile(added, 99)),
+            ms(percentile(added_total, 50)), ms(percentile(added_total, 99)), rate]
 
 
-def _rows(result: Result, c: Comparison) -> list[list[str]]:
+def _rows(result: Result) -> list[list[str]]:
     sc = result.scenario
-    return [_side_row(sc, c.base, result.base), _side_row(sc, c.variant, result.variant),
-            _added_row(result)]
+    return [_side_row(sc, result.base), _side_row(sc, result.variant), _added_row(result)]
 
 
 HEADER = ["scenario", "side", "requests", "TTFT p50 ms", "TTFT p99 ms", "total p50 ms",
           "total p99 ms", "req/s"]
 
 
-def report_scenario(result: Result, c: Comparison) -> None:
-    sc = result.scenario
+def report_scenario(result: Result, checks: Checks) -> None:
+    sc, base, variant = result.scenario, result.base.name, result.variant.name
     print(f"\n== {sc.key}: {sc.title} ==")
-    print(markdown_table(HEADER, _rows(result, c)))
+    print(markdown_table(HEADER, _rows(result)))
     added = result.added_ttft()
     low, high = median_interval(added)
-    print(f"added TTFT ({c.variant} - {c.base}, {len(added)} pairs): "
-          f"p50 {_ms(percentile(added, 50))} ms (95% interval [{_ms(low)}, {_ms(high)}]), "
-          f"p99 {_ms(percentile(added, 99))} ms")
+    print(f"added TTFT ({variant} - {base}, {len(added)} pairs): "
+          f"p50 {ms(percentile(added, 50))} ms (95% interval [{ms(low)}, {ms(high)}]), "
+          f"p99 {ms(percentile(added, 99))} ms")
     ratios = result.rate_ratios()
     low, high = median_interval(ratios)
     if not math.isnan(low):
-        print(f"{c.variant} rate over {c.base}'s, median of {len(ratios)} round pairs: "
+        print(f"{variant} rate over {base}'s, median of {len(ratios)} round pairs: "
               f"{100 * percentile(ratios, 50):.1f} % (95 % interval {100 * low:.1f}-"
               f"{100 * high:.1f} %)")
     expected = TOKENS * len(" tok")
-    for tally, name in ((result.base, c.base), (result.variant, c.variant)):
+    for tally in (result.base, result.variant):
         short = [s for s in tally.ok if s.chars != expected]
         if short:
-            print(f"warning: {len(short)} {name} streams had {short[0].chars} characters, "
-                  f"not {expected}")
+            print(f"warning: {len(short)} {tally.name} streams had {short[0].chars} "
+                  f"characters, not {expected}")
         if tally.failed:
-            print(f"{name}: {len(tally.failed)} failed, first: {tally.failed[0].error}")
-    for check in c.checks(result):
+            print(f"{tally.name}: {len(tally.failed)} failed, first: {tally.failed[0].error}")
+    for check in checks(result):
         print(check.line())
     print(flush=True)
 
 
-def report_summary(results: list[Result], c: Comparison) -> None:
-    rows = [row for result in results for row in _rows(result, c)]
-    found = [check for result in results for check in c.checks(result)]
-    print(f"## {c.title}\n")
+def report_summary(results: list[Result], title: str, checks: Checks) -> None:
+    rows = [row for result in results for row in _rows(result)]
+    found = [check for result in results for check in checks(result)]
+    print(f"## {title}\n")
     print(markdown_table(HEADER, rows))
     print()
-    print(markdown_table(
-        ["scenario", "figure", "measured", "target", "met"],
-        [[k.scenario, k.label, k.measured(), k.target(), "yes" if k.met else "no"]
-         for k in found]))
+    print(check_table(found))

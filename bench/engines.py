@@ -26,12 +26,12 @@ import subprocess
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from bench.harness import BenchError, exit_on_sigterm, repo_root
 from bench.stats import Check, markdown_table, percentile
 
-__all__ = ["main"]
+__all__ = ["engine_stream", "main"]
 
 SEQUENCES = 16  # every side holds every stream of the highest level
 VLLM_COPY = "vllm copy"  # (c) again: the control of the vLLM comparison
@@ -125,11 +125,12 @@ async def run_level(stream: Stream, streams: int, plan: Plan) -> Level:
                  percentile([a.ttft_s for a in answers], 50), percentile(per_token, 50))
 
 
-def _engine_stream(engine: Any) -> Stream:
+def engine_stream(engine: Any, kind: Literal["chat", "completion"] = "chat") -> Stream:
+    """A Conveyor engine's greedy answers to prompts of ``kind``, as a side streams them."""
     from workers.infer.engines.base import GenerationRequest
 
     async def stream(prompt: str, max_tokens: int) -> AsyncIterator[tuple[str, int]]:
-        request = GenerationRequest(request_id="bench", kind="chat", model="smollm2",
+        request = GenerationRequest(request_id="bench", kind=kind, model="smollm2",
                                     max_tokens=max_tokens, temperature=0.0, prompt_text=prompt)
         async for piece in engine.generate(request):
             yield piece.text, piece.tokens
@@ -175,7 +176,7 @@ async def llamacpp_side(plan: Plan, batches: int, runs: int) -> dict[str, list[L
     engine = LlamaCppBatchEngine.from_spec(spec, sequences=SEQUENCES, contexts=batches)
     await engine.start()
     try:
-        return await measure({"llamacpp": _engine_stream(engine)}, plan, runs)
+        return await measure({"llamacpp": engine_stream(engine)}, plan, runs)
     finally:
         await engine.close()
 
@@ -223,7 +224,7 @@ async def vllm_sides(plan: Plan, runs: int) -> dict[str, list[Level]]:
         # all three up at once, each level on one after another (see measure); the
         # second copy of vLLM alone is the control: how far two identical engines
         # land apart in this run
-        return await measure({"conveyor+vllm": _engine_stream(adapter),
+        return await measure({"conveyor+vllm": engine_stream(adapter),
                               "vllm": alone(llms[0]), VLLM_COPY: alone(llms[1])}, plan, runs)
     finally:
         for llm in llms:
@@ -246,9 +247,8 @@ def vllm_in_child(quick: bool, levels: tuple[int, ...],
     print("\n".join(ln for ln in done.stdout.splitlines() if not ln.startswith("RESULT ")))
     if done.returncode != 0 or not lines:
         raise BenchError(f"the vLLM child failed with code {done.returncode}")
-    raw: dict[str, list[dict[str, float]]] = json.loads(lines[-1].removeprefix("RESULT "))
-    return {name: [Level(int(d["streams"]), int(d["tokens"]), d["wall_s"], d["ttft_p50_s"],
-                         d["per_token_s"]) for d in levels_] for name, levels_ in raw.items()}
+    raw: dict[str, list[dict[str, Any]]] = json.loads(lines[-1].removeprefix("RESULT "))
+    return {name: [Level(**d) for d in levels_] for name, levels_ in raw.items()}
 
 
 # -- the report ------------------------------------------------------------------------

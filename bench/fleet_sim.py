@@ -29,7 +29,7 @@ from statistics import fmean
 from typing import Literal
 
 from bench import fleet_sim_model as sim
-from bench.stats import Check, markdown_table, percentile
+from bench.stats import Check, fmt, markdown_table, percentile
 from workers.prefix import PrefixIndex, RoutePolicy, WorkerLoad, choose, load_limit
 
 __all__ = ["POLICIES", "Cell", "FleetConfig", "Policy", "Result", "main", "simulate"]
@@ -228,10 +228,6 @@ def run_cell(workload: sim.Workload, config: FleetConfig, load: float, seed: int
     return Cell(workload.name, config.workers, load, load * capacity, capacity, results)
 
 
-def _fmt(value: float, digits: int = 1) -> str:
-    return "-" if math.isnan(value) else f"{value:.{digits}f}"
-
-
 def ratio(num: float, den: float) -> float:
     return num / den if den > 0 and not math.isnan(num) else math.nan
 
@@ -242,11 +238,11 @@ def table(cells: Sequence[Cell]) -> str:
         ll, pa = cell.result("least-loaded"), cell.result("prefix-aware")
         for r in cell.results:
             rows.append([
-                f"{cell.load:g}", _fmt(cell.rate_rps), _fmt(r.offered_rps), r.policy,
-                _fmt(100 * r.cache_hit),
-                _fmt(r.ttft_p50_ms), _fmt(r.ttft_p99_ms), _fmt(r.tokens_per_s, 0),
-                _fmt(100 * r.refused_share, 2), _fmt(r.max_load_ratio, 2),
-                _fmt(ratio(ll.ttft_p50_ms, pa.ttft_p50_ms), 2) if r is pa else ""])
+                f"{cell.load:g}", fmt(cell.rate_rps), fmt(r.offered_rps), r.policy,
+                fmt(100 * r.cache_hit),
+                fmt(r.ttft_p50_ms), fmt(r.ttft_p99_ms), fmt(r.tokens_per_s, 0),
+                fmt(100 * r.refused_share, 2), fmt(r.max_load_ratio, 2),
+                fmt(ratio(ll.ttft_p50_ms, pa.ttft_p50_ms), 2) if r is pa else ""])
     return markdown_table(["load", "req/s", "sent/s", "policy", "hit %", "TTFT p50 ms",
                            "TTFT p99 ms", "out tok/s", "refused %", "load/bound", "LL/PA p50"],
                           rows)

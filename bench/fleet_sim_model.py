@@ -50,12 +50,7 @@ class StepModel:
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """A worker's limits. 16 sequences is a choice, not a measurement: few enough
-    that 128 workers fill up within 10,000 requests of 256-token answers (at 64
-    they would not), against a KV cache (4096 blocks, what
-    ``settings.schedule.route_index_blocks`` takes a worker to hold) that running
-    sequences fill a fifth of at most. Conveyor's OpenAI-upstream engine
-    defaults to 64 slots, vLLM and the mocker to 256 sequences."""
+    """A worker's limits (why 16 sequences: docs/benchmarks/index.md)."""
 
     max_seqs: int = 16
     kv_tokens: int = 4096 * BLOCK_TOKENS  # settings.schedule.route_index_blocks' worth

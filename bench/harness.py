@@ -1,9 +1,7 @@
-"""Subprocesses a benchmark starts (the upstream fixture, ``conveyor up``) and
-their lifecycle: each runs in its own process group with its output in a log
-file, is waited for over HTTP, and is always stopped (SIGTERM to the group,
-then SIGKILL) when the benchmark leaves its ``with`` block. :func:`pipeline`
-is the stage most benchmarks share: the upstream fixture with ``conveyor up
---engine openai`` in front of it.
+"""The processes a benchmark starts, each in its own process group with a log
+file, waited for over HTTP and always stopped (SIGTERM, then SIGKILL) when its
+``with`` block ends; :func:`pipeline` is the stage most benchmarks share (the
+upstream fixture behind ``conveyor up --engine openai``).
 """
 
 from __future__ import annotations
@@ -25,12 +23,12 @@ from types import FrameType
 import httpx
 
 from conveyor.settings import load_settings
-from infra.services import port_answers
+from infra.services import kill_group, port_answers
 from topics.admin import drop_topics
 
 __all__ = ["BenchError", "Pipeline", "Proc", "check_infra", "check_port_free", "conveyor_env",
            "conveyor_script", "exit_on_sigterm", "loop_factory", "pipeline", "repo_root",
-           "running", "wait_http"]
+           "running", "spawn", "wait_http"]
 
 # the fixture upstream's answers: TOKENS tokens, DELAY_MS apart when paced
 TOKENS = 32
@@ -75,28 +73,33 @@ class Proc:
         """SIGTERM the process group, SIGKILL it after ``grace_s``."""
         if self.popen.poll() is not None:
             return
-        pgid = self.popen.pid  # start_new_session: the group id is the child's pid
+        kill_group(self.popen.pid, signal.SIGTERM)  # start_new_session: the group is its pid
         try:
-            os.killpg(pgid, signal.SIGTERM)
             self.popen.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
-            os.killpg(pgid, signal.SIGKILL)
+            kill_group(self.popen.pid)
             self.popen.wait(timeout=5.0)
-        except ProcessLookupError:
-            pass
+
+
+def spawn(name: str, argv: list[str], log_dir: Path,
+          env: Mapping[str, str] | None = None) -> Proc:
+    """Start ``argv`` in a new process group, its output appended to
+    ``log_dir/name.log`` after a line that says when it started."""
+    log_path = log_dir / f"{name}.log"
+    with log_path.open("ab") as log:
+        log.write(f"===== start {name} at {time.strftime('%H:%M:%S')}\n".encode())
+        log.flush()
+        popen = subprocess.Popen(argv, cwd=repo_root(), env=dict(env) if env is not None else None,
+                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    return Proc(name, popen, log_path)
 
 
 @contextmanager
 def running(name: str, argv: list[str], log_dir: Path,
             env: Mapping[str, str] | None = None) -> Iterator[Proc]:
-    """Start ``argv`` in a new process group, its output in ``log_dir/name.log``;
-    stop the whole group on exit."""
-    log_path = log_dir / f"{name}.log"
-    with log_path.open("wb") as log:
-        popen = subprocess.Popen(argv, cwd=repo_root(), env=dict(env) if env is not None else None,
-                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
-    proc = Proc(name, popen, log_path)
+    """:func:`spawn`, the whole group stopped on exit."""
+    proc = spawn(name, argv, log_dir, env)
     try:
         yield proc
     finally:
@@ -151,18 +154,22 @@ def conveyor_script() -> Path:
     return script
 
 
-def conveyor_env(*, topic_prefix: str, gateway_port: int,
-                 models_file: Path | None = None) -> dict[str, str]:
-    """The environment of a ``conveyor up`` run: a fresh topic prefix (its
-    topics dropped when the benchmark exits), the port, and the model registry
-    when not the default one."""
+def conveyor_env(*, topic_prefix: str, gateway_port: int, models_file: Path | None = None,
+                 services: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a Conveyor run: a fresh topic prefix, the port, and the
+    model registry when not the default one. ``services``: the settings of a
+    Kafka and a Redis of its own, and no other ``CONVEYOR_`` variable of this
+    environment; without them, the run's topics are dropped when the benchmark
+    exits (after its finally blocks stopped Conveyor: runs left behind slow the
+    broker down)."""
     env = dict(os.environ)
+    if services is None:
+        atexit.register(drop_topics, env.get("CONVEYOR_KAFKA_BOOTSTRAP",
+                                             load_settings().kafka.bootstrap),
+                        topic_prefix)
+    else:
+        env = {k: v for k, v in env.items() if not k.startswith("CONVEYOR_")} | dict(services)
     env["CONVEYOR_TOPIC_PREFIX"] = topic_prefix
-    # the run's topics go when the benchmark ends (after its finally blocks
-    # stopped `conveyor up`): runs left behind slow the broker down
-    atexit.register(drop_topics, env.get("CONVEYOR_KAFKA_BOOTSTRAP",
-                                         load_settings().kafka.bootstrap),
-                    topic_prefix)
     env["CONVEYOR_GATEWAY_PORT"] = str(gateway_port)
     if models_file is not None:
         env["CONVEYOR_MODELS_FILE"] = str(models_file)
@@ -197,8 +204,6 @@ class Pipeline:
     gateway_url: str
     conveyor: Proc
     upstream: Proc
-    prefix: str  # the topic prefix of the run
-    bootstrap: str  # Kafka's
     env: dict[str, str]  # Conveyor's environment
 
 
@@ -222,8 +227,8 @@ def pipeline(upstream_port: int, gateway_port: int, name: str = "bench", *,
     models.write_text(registry(paces_ms))
     upstream_url = f"http://127.0.0.1:{upstream_port}"
     gateway_url = f"http://127.0.0.1:{gateway_port}"
-    prefix = f"{name}{int(time.time())}"
-    env = conveyor_env(topic_prefix=prefix, gateway_port=gateway_port, models_file=models)
+    env = conveyor_env(topic_prefix=f"{name}{int(time.time())}", gateway_port=gateway_port,
+                       models_file=models)
     env.update(extra_env or {})
     fixture = [sys.executable, "-m", "bench.upstream", "--port", str(upstream_port),
                "--tokens", str(max(tokens, TOKENS)), "--delay-ms", str(DELAY_MS)]
@@ -233,6 +238,4 @@ def pipeline(upstream_port: int, gateway_port: int, name: str = "bench", *,
         wait_http(f"{upstream_url}/v1/models", upstream, 30.0)
         with running("conveyor", up, work, env) as conveyor:
             wait_http(f"{gateway_url}/healthz", conveyor, 180.0)
-            bootstrap = env.get("CONVEYOR_KAFKA_BOOTSTRAP") or load_settings().kafka.bootstrap
-            yield Pipeline(upstream_url, gateway_url, conveyor, upstream, prefix, bootstrap,
-                           env)
+            yield Pipeline(upstream_url, gateway_url, conveyor, upstream, env)

@@ -1,17 +1,8 @@
-"""What Conveyor's pipeline adds over calling an engine directly.
-
-Starts the upstream fixture (``bench.upstream``) and ``conveyor up --engine
-openai`` in front of it (``bench.harness.pipeline``), then sends the same
-streamed completions directly to the upstream and through Conveyor, side by
-side (``bench.compare``):
-
-- ``c1-paced``: concurrency 1, 32 tokens 10 ms apart, in alternating pairs;
-- ``cN-paced``: N concurrent streams (``--concurrency``, 32), alternating rounds;
-- ``cN-unpaced``: the same with an unpaced upstream (the pipeline's own limit).
-
-Pacing travels in the model name (``bench@10``, ``bench@0``), so one upstream
-and one Conveyor serve every scenario. Targets: "The price of the log"
-(docs/decisions/0013-the-price-of-the-log.md).
+"""What Conveyor's pipeline adds over calling an engine directly: the same
+streamed completions sent to the upstream fixture and through ``conveyor up
+--engine openai`` in front of it, side by side (:mod:`bench.compare`), at
+concurrency 1 (paced), and at ``--concurrency`` paced and unpaced (the
+pipeline's own limit). Targets: docs/decisions/0013-the-price-of-the-log.md.
 
     python -m bench.overhead [--quick] [--concurrency 32]
 """
@@ -22,8 +13,8 @@ import argparse
 import asyncio
 
 from bench import compare
-from bench.client import make_client
-from bench.compare import Comparison, Result, Scenario, Side, report_main
+from bench.client import StreamClient
+from bench.compare import Result, Scenario, Side, report_main
 from bench.harness import DELAY_MS, TOKENS, loop_factory, pipeline
 from bench.stats import Check, percentile
 
@@ -61,19 +52,18 @@ def checks(result: Result) -> list[Check]:
     return [Check(sc.key, "Conveyor streamed rate", result.variant.rate, 1000, ">=", "req/s")]
 
 
-OVERHEAD = Comparison("direct", "conveyor", "Overhead: Conveyor vs. the upstream called directly",
-                      checks)
+TITLE = "Overhead: Conveyor vs. the upstream called directly"
 
 
 async def measure(plan: list[Scenario], upstream_url: str, gateway_url: str,
                   connections: int) -> list[Result]:
-    async with make_client(connections) as direct_client, \
-            make_client(connections) as conveyor_client:
+    async with StreamClient(connections) as direct_client, \
+            StreamClient(connections) as conveyor_client:
         direct = Side("direct", f"{upstream_url}/v1/completions",
                       {True: f"bench@{DELAY_MS}", False: "bench@0"}, direct_client)
         conveyor = Side("conveyor", f"{gateway_url}/v1/completions",
                         {True: "bench-paced", False: "bench-unpaced"}, conveyor_client)
-        return await compare.measure(plan, direct, conveyor, OVERHEAD)
+        return await compare.measure(plan, direct, conveyor, checks)
 
 
 def run(args: argparse.Namespace) -> list[Result]:
@@ -95,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.concurrency < 2:
         parser.error("--concurrency is 2 or more")
-    report_main("bench.overhead", OVERHEAD, lambda: run(args))
+    report_main("bench.overhead", TITLE, checks, lambda: run(args))
 
 
 if __name__ == "__main__":

@@ -23,14 +23,15 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, get_args
 
+from bench.engines import engine_stream
+from bench.harness import repo_root
 from conveyor.registry import ModelSpec, Precision, Registry, precise_gguf
 from infra.reference_prompts import PROMPTS, ReferencePrompt
 from schemas.records import Message
 
 __all__ = ["Agreement", "main"]
 
-ROOT = Path(__file__).resolve().parents[1]
-REFERENCE_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+REFERENCE_PYTHON = repo_root() / ".venv-vllm" / "bin" / "python"
 
 
 @dataclass
@@ -47,20 +48,9 @@ class Agreement:
 # -- the llama.cpp side (this process) ----------------------------------------------
 
 
-def _request(prompt: ReferencePrompt, text: str, max_tokens: int) -> Any:
-    from workers.infer.engines.base import GenerationRequest
-
-    return GenerationRequest(request_id=prompt.id, kind=prompt.kind, model="reference",
-                             max_tokens=max_tokens, temperature=0.0, prompt_text=text)
-
-
-async def _answer(engine: Any, prompt: ReferencePrompt, text: str,
-                  max_tokens: int) -> tuple[str, int]:
-    parts, tokens = [], 0
-    async for piece in engine.generate(_request(prompt, text, max_tokens)):
-        parts.append(piece.text)
-        tokens += piece.tokens
-    return "".join(parts), tokens
+async def _answer(engine: Any, prompt: ReferencePrompt, text: str, max_tokens: int) -> str:
+    stream = engine_stream(engine, prompt.kind)
+    return "".join([piece async for piece, _ in stream(text, max_tokens)])
 
 
 async def _start(path: Path, spec: ModelSpec) -> Any:
@@ -95,7 +85,7 @@ async def _reference(spec: ModelSpec, models: Path, ids: dict[str, list[int]], t
                      python: Path) -> dict[str, list[int]]:
     child = await asyncio.create_subprocess_exec(
         str(python), "-m", "bench.reference", "--child", "--models", str(models),
-        "--model", spec.name, "--tokens", str(tokens), cwd=str(ROOT),
+        "--model", spec.name, "--tokens", str(tokens), cwd=str(repo_root()),
         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE)
@@ -143,12 +133,7 @@ def _compare(side: str, answers: dict[str, str], reference: dict[str, str],
             result.agreed.append(key)
             continue
         ours = vocab.tokenize(text.encode(), add_bos=False, special=False)
-        shared = 0
-        for a, b in zip(ours, reference_ids[key], strict=False):
-            if a != b:
-                break
-            shared += 1
-        result.disagreed[key] = shared
+        result.disagreed[key] = len(os.path.commonprefix([ours, reference_ids[key]]))
     return result
 
 
@@ -180,8 +165,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for precision in dict.fromkeys(precisions):
             path = precise_gguf(spec.source_gguf_path(), precision, prefix=spec.name)
             engine = engines[precision] = await _start(path, spec)
-            answers[precision] = {p.id: (await _answer(engine, p, rendered[p.id],
-                                                       args.tokens))[0] for p in PROMPTS}
+            answers[precision] = {p.id: await _answer(engine, p, rendered[p.id], args.tokens)
+                                  for p in PROMPTS}
         reference_ids = await reference_task
         reference = {k: _decoded(vocab, v) for k, v in reference_ids.items()}
     finally:
@@ -220,7 +205,7 @@ def report(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.reference",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", type=Path, default=ROOT / "conveyor" / "models.toml")
+    parser.add_argument("--models", type=Path, default=repo_root() / "conveyor" / "models.toml")
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--precisions", default=",".join(get_args(Precision)),
                         help="comma-separated; 'default' is the registry's (default: all)")

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.client import Sample, StreamClient, make_client, stream_completion
+from bench.client import Sample, StreamClient, first_success, stream_completion
 from bench.harness import (
     BenchError,
     check_infra,
@@ -96,7 +96,7 @@ async def play(gateway_url: str, phase: Phase, conversations: int, turns: int, c
     url = f"{gateway_url}/v1/chat/completions"
     pending = list(range(conversations))
     pause = random.Random(7)  # the same pauses in every phase
-    async with make_client(clients + 4, timeout_s=600.0) as client:
+    async with StreamClient(clients + 4, timeout_s=600.0) as client:
 
         async def one_client() -> None:
             while pending:
@@ -121,18 +121,11 @@ async def play(gateway_url: str, phase: Phase, conversations: int, turns: int, c
 
 async def warm_up(gateway_url: str, timeout_s: float) -> None:
     """Until one request succeeds (the workers may still be joining)."""
-    deadline = time.monotonic() + timeout_s
-    async with make_client(1, timeout_s=120.0) as client:
-        while True:
-            try:
-                await ask(client, f"{gateway_url}/v1/chat/completions",
-                          [{"role": "user", "content": "Say hi."}], 4)
-                return
-            except BenchError as exc:
-                if time.monotonic() > deadline:
-                    raise BenchError(f"Conveyor did not answer in {timeout_s:.0f} s: {exc}") \
-                        from exc
-            await asyncio.sleep(1.0)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi."}],
+            "max_tokens": 4, "stream": True}
+    async with StreamClient(1, timeout_s=120.0) as client:
+        await first_success("Conveyor", lambda: stream_completion(
+            client, f"{gateway_url}/v1/chat/completions", body), timeout_s)
 
 
 def run_phase(name: str, prefix_aware: bool, args: argparse.Namespace) -> Phase:
@@ -160,20 +153,21 @@ def run_phase(name: str, prefix_aware: bool, args: argparse.Namespace) -> Phase:
 
 
 def report(phases: list[Phase]) -> None:
-    by: dict[str, list[Phase]] = {}
+    by: dict[str, Phase] = {}  # each routing's rounds together
     for phase in phases:
-        by.setdefault(phase.name, []).append(phase)
+        into = by.setdefault(phase.name, Phase(phase.name))
+        into.wall_s += phase.wall_s
+        into.turns += phase.turns
     rows, p50, later_p50, rate = [], {}, {}, {}
-    for name, runs in by.items():
-        every = [t.ttft_s for run in runs for t in run.turns]
-        later = [t for run in runs for t in run.later_ttfts()]
-        firsts = [t.ttft_s for run in runs for t in run.turns if t.first]
+    for name, p in by.items():
+        every = [t.ttft_s for t in p.turns]
+        later = p.later_ttfts()
         p50[name] = percentile(every, 50)
         later_p50[name] = percentile(later, 50)
-        rate[name] = sum(sum(t.tokens for t in r.turns) for r in runs) / sum(r.wall_s for r in runs)
+        rate[name] = p.rate()
         rows.append([name, str(len(every)), ms(p50[name]), ms(percentile(every, 90)),
-                     ms(percentile(firsts, 50)), ms(later_p50[name]), ms(percentile(later, 90)),
-                     f"{rate[name]:.1f}"])
+                     ms(percentile([t.ttft_s for t in p.turns if t.first], 50)),
+                     ms(later_p50[name]), ms(percentile(later, 90)), f"{rate[name]:.1f}"])
     print(markdown_table(["routing", "turns", "TTFT p50 ms", "p90 ms", "first turns p50 ms",
                           "later turns p50 ms", "later p90 ms", "tokens/s"], rows))
     if {"least-loaded", "prefix-aware"} <= by.keys():

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["Check", "markdown_table", "ms", "percentile"]
+__all__ = ["Check", "check_table", "fmt", "markdown_table", "ms", "percentile"]
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -21,9 +21,14 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
+def fmt(value: float, digits: int = 1) -> str:
+    """``value`` with ``digits`` decimals, ``-`` when missing (NaN)."""
+    return "-" if math.isnan(value) else f"{value:.{digits}f}"
+
+
 def ms(seconds: float) -> str:
     """Seconds as milliseconds with one decimal, ``-`` when missing."""
-    return "-" if math.isnan(seconds) else f"{seconds * 1000:.1f}"
+    return fmt(seconds * 1000)
 
 
 @dataclass(frozen=True)
@@ -64,3 +69,10 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
     rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
     return "\n".join([fmt(header), rule, *(fmt(r) for r in rows)])
+
+
+def check_table(checks: Sequence[Check]) -> str:
+    """The checks as a Markdown table: each figure against its target."""
+    return markdown_table(["scenario", "figure", "measured", "target", "met"],
+                          [[k.scenario, k.label, k.measured(), k.target(),
+                            "yes" if k.met else "no"] for k in checks])

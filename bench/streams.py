@@ -8,8 +8,7 @@ when its last stream does); ``--rounds`` rounds a side (2), the first side
 alternating. For each side and level it prints TTFT p50/p99, the gaps
 between a stream's chunks p50/p99, streams/s, errors, and the CPU each
 process spent per streamed token (read from ``/proc``: Conveyor's processes,
-the upstream, the broker, Redis, this load generator), then the targets of
-the issue that asked for it ("Carry 512 streams").
+the upstream, the broker, Redis, this load generator), then its targets.
 
 ``--tenants 2`` measures fairness instead: API keys of two tenants, a pool
 of ``--capacity`` slots, and a small tenant's short requests one after
@@ -28,12 +27,10 @@ import math
 import os
 import secrets
 import subprocess
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.client import Sample, make_client
-from bench.compare import Side
+from bench.client import StreamClient
+from bench.compare import Scenario, Side, Tally, run_rounds
 from bench.harness import (
     BenchError,
     Pipeline,
@@ -42,12 +39,11 @@ from bench.harness import (
     loop_factory,
     pipeline,
 )
-from bench.stats import Check, markdown_table, ms, percentile
+from bench.stats import Check, check_table, markdown_table, ms, percentile
 
 __all__ = ["main"]
 
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
-_TOKEN_CHARS = len(" tok")  # the fixture's answer: " tok" a token
 
 
 def _stat(pid: int) -> tuple[int, float] | None:
@@ -101,63 +97,27 @@ def cpu_now(watched: dict[str, list[int]]) -> dict[str, float]:
             for label, pids in watched.items()}
 
 
-@dataclass
-class Tally:
-    """One side at one level: its streams, rounds' wall times and CPU."""
-
-    samples: list[Sample] = field(default_factory=list)
-    wall_s: float = 0.0
-    cpu_s: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> list[Sample]:
-        return [s for s in self.samples if s.ok]
-
-    @property
-    def rate(self) -> float:
-        return len(self.ok) / self.wall_s if self.wall_s else math.nan
-
-    @property
-    def tokens(self) -> int:
-        return sum(s.chars // _TOKEN_CHARS for s in self.ok)
-
-    def cpu_ms_per_token(self, label: str) -> float:
-        return 1000 * self.cpu_s.get(label, 0.0) / self.tokens if self.tokens else math.nan
-
-
-async def one_round(side: Side, streams: int, tally: Tally,
-                    watched: dict[str, list[int]]) -> None:
-    before = cpu_now(watched)
-    start = time.perf_counter()
-    tally.samples += await asyncio.gather(*(side.one(True) for _ in range(streams)))
-    tally.wall_s += time.perf_counter() - start
-    for label, spent in cpu_now(watched).items():
-        tally.cpu_s[label] = tally.cpu_s.get(label, 0.0) + spent - before.get(label, 0.0)
-
-
 async def measure(args: argparse.Namespace, stage: Pipeline,
                   watched: dict[str, list[int]]) -> dict[int, dict[str, Tally]]:
     results: dict[int, dict[str, Tally]] = {}
-    async with make_client(max(args.levels) + 8, timeout_s=120.0) as direct_client, \
-            make_client(max(args.levels) + 8, timeout_s=120.0) as conveyor_client:
-        sides = [Side("direct", f"{stage.upstream_url}/v1/completions",
-                      {True: f"bench@{args.token_ms}"}, direct_client, args.tokens),
-                 Side("conveyor", f"{stage.gateway_url}/v1/completions",
-                      {True: f"bench-{args.token_ms}"}, conveyor_client, args.tokens)]
-        for side in sides:  # warm: connections, consumer groups, caches
-            await one_round(side, 8, Tally(), {})
+    async with StreamClient(max(args.levels) + 8, timeout_s=120.0) as direct_client, \
+            StreamClient(max(args.levels) + 8, timeout_s=120.0) as conveyor_client:
+        direct = Side("direct", f"{stage.upstream_url}/v1/completions",
+                      {True: f"bench@{args.token_ms}"}, direct_client, args.tokens)
+        conveyor = Side("conveyor", f"{stage.gateway_url}/v1/completions",
+                        {True: f"bench-{args.token_ms}"}, conveyor_client, args.tokens)
         for level in args.levels:
             print(f"{level} streams ...", flush=True)
-            tallies = {side.name: Tally() for side in sides}
-            for i in range(args.rounds * 2):
-                side = sides[(i + i // 2) % 2]  # direct, conveyor, conveyor, direct, ...
-                await one_round(side, level, tallies[side.name], watched)
-            results[level] = tallies
+            # the first level's first round a side warms connections, groups and caches
+            sc = Scenario(f"{level} streams", "", level, True, int(level == args.levels[0]),
+                          level * args.rounds, math.inf)
+            run = await run_rounds(sc, direct, conveyor, lambda: cpu_now(watched))
+            tallies = results[level] = {t.name: t for t in (run.base, run.variant)}
             print(markdown_table(*_rows({level: tallies}, sorted(watched))), flush=True)
             for name, tally in tallies.items():
-                failed = [s.error for s in tally.samples if not s.ok]
-                if failed:
-                    print(f"{name}: {len(failed)} failed, the first: {failed[0]}", flush=True)
+                if tally.failed:
+                    print(f"{name}: {len(tally.failed)} failed, the first: "
+                          f"{tally.failed[0].error}", flush=True)
     return results
 
 
@@ -172,7 +132,7 @@ def _rows(results: dict[int, dict[str, Tally]],
             gaps = [g for s in t.ok for g in s.gaps]
             rows.append([str(level), name, ms(percentile(ttft, 50)), ms(percentile(ttft, 99)),
                          ms(percentile(gaps, 50)), ms(percentile(gaps, 99)), f"{t.rate:.1f}",
-                         str(len(t.samples) - len(t.ok)),
+                         str(len(t.failed)),
                          *(f"{t.cpu_ms_per_token(label):.3f}" for label in labels)])
     return header, rows
 
@@ -191,7 +151,7 @@ def checks(results: dict[int, dict[str, Tally]]) -> list[Check]:
               round(percentile([s.ttft for s in direct.ok], 50) * 1000 + 100, 1), "<=", "ms"),
         Check(key, "Conveyor chunk gap p99", percentile(
             [g for s in conveyor.ok for g in s.gaps], 99) * 1000, 80, "<=", "ms"),
-        Check(key, "Conveyor errors", len(conveyor.samples) - len(conveyor.ok), 0, "<=", ""),
+        Check(key, "Conveyor errors", len(conveyor.failed), 0, "<=", ""),
     ]
 
 
@@ -208,8 +168,8 @@ async def tenants(args: argparse.Namespace, stage: Pipeline) -> list[Check]:
     queued as the large tenant; the target: beside the flood, within 2x of alone."""
     url, model = f"{stage.gateway_url}/v1/completions", f"bench-{args.token_ms}"
     keys = {tenant: create_key(stage, tenant) for tenant in ("large", "small")}
-    async with make_client(args.flood + 8, timeout_s=300.0) as large_client, \
-            make_client(4, timeout_s=300.0) as small_client:
+    async with StreamClient(args.flood + 8, timeout_s=300.0) as large_client, \
+            StreamClient(4, timeout_s=300.0) as small_client:
         large_client.headers["Authorization"] = f"Bearer {keys['large']}"
         large = Side("large", url, {True: model}, large_client, args.tokens)
 
@@ -283,11 +243,8 @@ def main(argv: list[str] | None = None) -> None:
                       extra_env=auth if args.tenants == 2 else None) as stage, \
                 asyncio.Runner(loop_factory=loop_factory()) as runner:
             if args.tenants == 2:
-                found = runner.run(tenants(args, stage))
                 print()
-                print(markdown_table(["scenario", "figure", "measured", "target", "met"],
-                                     [[k.scenario, k.label, k.measured(), k.target(),
-                                       "yes" if k.met else "no"] for k in found]))
+                print(check_table(runner.run(tenants(args, stage))))
                 return
             watched = processes(stage, stage.upstream.popen.pid)
             results = runner.run(measure(args, stage, watched))
@@ -296,9 +253,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\n## Streams at {1000 / args.token_ms:.0f} tokens/s, {args.tokens} tokens each\n")
     print(markdown_table(*_rows(results, sorted(watched))))
     print()
-    print(markdown_table(["scenario", "figure", "measured", "target", "met"],
-                         [[k.scenario, k.label, k.measured(), k.target(),
-                           "yes" if k.met else "no"] for k in checks(results)]))
+    print(check_table(checks(results)))
 
 
 if __name__ == "__main__":

@@ -1,15 +1,10 @@
 """A fast OpenAI-compatible upstream: the engine the pipeline benchmarks put
 behind Conveyor, so that what they measure is the pipeline.
 
-A raw ASGI callable serving ``POST /v1/completions`` and ``/v1/chat/completions``
-(streamed as OpenAI's SSE chunks, or not), ``GET /v1/models`` and ``/health``.
-Every request emits ``min(tokens, max_tokens)`` tokens ``" tok"``, the n-th due
-``n * delay`` after the request arrived (deadline pacing: sleep overshoot does
-not accumulate). The model name sets the delay, since an HTTP engine forwards
-the model but no custom header: ``bench@10`` 10 ms a token, ``bench@0``
-unpaced, a name without ``@`` the app's default.
-
-    python -m bench.upstream --port 9100 --tokens 32 --delay-ms 10
+What it serves and how it paces: docs/benchmarks/index.md. The n-th token is
+due ``n * delay`` after the request arrived, so sleep overshoot does not
+accumulate; the delay travels in the model name, since an HTTP engine
+forwards the model but no custom header.
 """
 
 from __future__ import annotations
@@ -105,30 +100,35 @@ def _usage(job: _Job) -> dict[str, int]:
             "total_tokens": job.prompt_tokens + job.n_tokens}
 
 
+def _head(job: _Job, streamed: bool) -> dict[str, Any]:
+    """What every response object and chunk begins with."""
+    chat = job.kind == "chat"
+    kind = ("chat.completion.chunk" if streamed else "chat.completion") if chat \
+        else "text_completion"
+    return {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", "object": kind,
+            "created": int(time.time()), "model": job.model}
+
+
+def _choice(job: _Job, chat: tuple[str, dict[str, str]], text: str,
+            finish: str | None) -> dict[str, Any]:
+    """A chat's choice holds ``chat`` (a delta or a message), a completion's ``text``."""
+    if job.kind == "chat":
+        return {"index": 0, chat[0]: chat[1], "finish_reason": finish}
+    return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+
+
 class _Frames:
     """The SSE frames of one streamed response, each encoded once."""
 
     def __init__(self, job: _Job) -> None:
         self.job = job
-        chat = job.kind == "chat"
-        self.head = {
-            "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
-            "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": int(time.time()),
-            "model": job.model,
-        }
+        self.head = _head(job, streamed=True)
         self.first = self._chunk({"role": "assistant", "content": _TOKEN}, _TOKEN, None)
         self.token = self._chunk({"content": _TOKEN}, _TOKEN, None)
         self.last = self._chunk({}, "", job.finish_reason)
 
     def _chunk(self, delta: dict[str, str], text: str, finish: str | None) -> bytes:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
-        if self.job.kind == "chat":
-            choice["delta"] = delta
-        else:
-            choice["text"] = text
-            choice["logprobs"] = None
-        return _sse({**self.head, "choices": [choice]})
+        return _sse({**self.head, "choices": [_choice(self.job, ("delta", delta), text, finish)]})
 
     def usage(self) -> bytes:
         return _sse({**self.head, "choices": [], "usage": _usage(self.job)})
@@ -136,24 +136,9 @@ class _Frames:
 
 def _full_response(job: _Job) -> dict[str, Any]:
     text = _TOKEN * job.n_tokens
-    if job.kind == "chat":
-        choice: dict[str, Any] = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "finish_reason": job.finish_reason,
-        }
-        kind, prefix = "chat.completion", "chatcmpl"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": job.finish_reason}
-        kind, prefix = "text_completion", "cmpl"
-    return {
-        "id": f"{prefix}-{uuid.uuid4().hex[:24]}",
-        "object": kind,
-        "created": int(time.time()),
-        "model": job.model,
-        "choices": [choice],
-        "usage": _usage(job),
-    }
+    message = ("message", {"role": "assistant", "content": text})
+    return {**_head(job, streamed=False),
+            "choices": [_choice(job, message, text, job.finish_reason)], "usage": _usage(job)}
 
 
 async def _read_body(receive: Receive) -> bytes:
@@ -222,15 +207,7 @@ def build_app(tokens: int, delay_s: float) -> ASGIApp:
         {"id": "bench", "object": "model", "owned_by": "bench"}]})
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        if scope["type"] != "http":
+        if scope["type"] != "http":  # no lifespan: uvicorn runs it with lifespan="off"
             return
         start = time.perf_counter()
         path, method = scope["path"], scope["method"]
@@ -285,7 +262,7 @@ def main(argv: list[str] | None = None) -> None:
         http="httptools",
         log_level="warning",
         access_log=False,
-        lifespan="on",
+        lifespan="off",
     )
 
 

@@ -31,10 +31,8 @@ __all__ = ["OwnKafka", "OwnRedis", "ServiceError", "free_port", "kill_group", "p
 REPO = Path(__file__).resolve().parent.parent
 KAFKA_SH = REPO / "infra" / "kafka.sh"
 SHARED_JARS = REPO / ".conveyor" / "kafka" / "libs"
-# the JVM flags of the brokers tests and benchmarks start, stop and restart:
-# C1 only and the serial collector start a broker in about 8 s instead of 13 on
-# two busy cores (measured side by side); their broker does little work, so the
-# peak speed C2 would reach later does not matter. The shared broker keeps G1.
+# the JVM flags of the brokers tests and benchmarks start, stop and restart: they
+# start sooner (docs/decisions/0024-the-broker-on-two-cores.md); the shared one keeps G1
 QUICK_START_JVM = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xshare:auto"
 # a cold JVM on two busy cores takes 20-40 s; the jar fetch, minutes
 KAFKA_START_S = 180.0

@@ -89,10 +89,13 @@ def made_window(request_id: str, skew_ms: int, now_ms: int) -> tuple[int, int] |
 
 
 def parse_since(text: str, now_ms: int | None = None) -> int:
-    """A time hint as epoch milliseconds: ``24h``/``90m``/``2d``/``30s`` ago, an
-    ISO 8601 time (UTC unless it says otherwise), or epoch milliseconds."""
+    """A time the CLI is given, as epoch milliseconds: ``now``, ``24h``/``90m``/
+    ``2d``/``30s`` ago, an ISO 8601 date or time (UTC unless it says otherwise),
+    or epoch milliseconds; ValueError for anything else."""
     now = int(time.time() * 1000) if now_ms is None else now_ms
     text = text.strip()
+    if text == "now":
+        return now
     ago = _AGO.match(text)
     if ago:
         return now - int(float(ago.group(1)) * _UNITS_S[ago.group(2)] * 1000)
@@ -101,8 +104,8 @@ def parse_since(text: str, now_ms: int | None = None) -> int:
     try:
         moment = dt.datetime.fromisoformat(text)
     except ValueError as exc:
-        raise ValueError(f"not a time: {text!r} (say 24h, 90m, 2d, an ISO time or epoch ms)"
-                         ) from exc
+        raise ValueError(f"{text!r} is not a date (2026-11-01), a time (2026-11-01T12:30Z), "
+                         "a duration before now (90m, 24h, 7d), 'now' or epoch ms") from exc
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=dt.UTC)
     return int(moment.timestamp() * 1000)

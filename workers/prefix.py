@@ -23,6 +23,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import takewhile
 
 __all__ = ["HeldBlocks", "PrefixIndex", "RoutePolicy", "WorkerLoad", "block_hashes", "choose",
            "load_limit", "tenant_salt"]
@@ -136,19 +137,7 @@ class PrefixIndex:
         elif not report:
             return 0
         guessed: Mapping[int, int] = held or {}
-        matched = 0
-        for block in blocks:
-            if block not in report and block not in guessed:
-                break
-            matched += 1
-        return matched
-
-    def size(self) -> int:
-        return (sum(len(held) for held in self._blocks.values())
-                + sum(len(report) for report in self._reported.values()))
-
-    def workers(self) -> list[str]:
-        return sorted(set(self._blocks) | {w for w, r in self._reported.items() if r})
+        return sum(1 for _ in takewhile(lambda b: b in report or b in guessed, blocks))
 
     def _age(self, held: OrderedDict[int, int], now_ms: int, ttl_ms: int | None = None) -> None:
         horizon = now_ms - (int(self.ttl_s * 1000) if ttl_ms is None else ttl_ms)

@@ -9,8 +9,21 @@ from schemas.codec import default_codec
 from schemas.records import ErrorInfo, Task, WorkerHeartbeat
 from topics.envelope import new_envelope, now_ms
 from workers.outputs import Output
+from workers.prefix import PrefixIndex
 
-__all__ = ["Rec", "RecordingSender", "beat", "full_task", "record_of"]
+__all__ = ["Rec", "RecordingSender", "beat", "full_task", "indexed_blocks", "indexed_workers",
+           "record_of"]
+
+
+def indexed_workers(index: PrefixIndex) -> list[str]:
+    """The workers ``index`` knows blocks of, guessed or reported."""
+    return sorted(set(index._blocks) | {w for w, r in index._reported.items() if r})
+
+
+def indexed_blocks(index: PrefixIndex) -> int:
+    """The blocks ``index`` holds, guessed and reported, over all its workers."""
+    return (sum(len(held) for held in index._blocks.values())
+            + sum(len(report) for report in index._reported.values()))
 
 
 @dataclass

@@ -27,7 +27,6 @@ class ResponseFold:
     base: dict[str, Any] = field(default_factory=dict)
     status: str = "queued"
     result: JobResult | None = None
-    cancel_asked: bool = False
     errors: list[dict[str, Any]] = field(default_factory=list)  # why it was invalid
     last_event_ms: int = 0
     tenant: str = ""
@@ -57,7 +56,6 @@ class ResponseFold:
             self.errors = [e for e in errors if isinstance(e, dict)]
             return True
         if kind == "cancel":
-            self.cancel_asked = True
             self.status = "cancelled"
             return True
         self.result = event

@@ -55,10 +55,6 @@ class Breakers:
         if mine is None or state["ts_ms"] >= mine["ts_ms"]:
             self.states[state["worker_id"]] = state
 
-    def stage(self, worker_id: str) -> str:
-        state = self.states.get(worker_id)
-        return "closed" if state is None else state["state"]
-
     def allows(self, worker_id: str) -> bool:
         """May a new task go to ``worker_id`` now: closed, or open with its
         cool-down over and no probe out yet."""

@@ -72,9 +72,6 @@ class HeldQueue:
     def __len__(self) -> int:
         return len(self._by_id)
 
-    def __contains__(self, request_id: object) -> bool:
-        return request_id in self._by_id
-
     def count(self, pool: str) -> int:
         return self._pool_count.get(pool, 0)
 

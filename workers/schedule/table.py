@@ -45,9 +45,6 @@ class WorkerView:
         return max(0, b["running"] + b["queued"] + self.sent_since_beat
                    - self.finished_since_beat)
 
-    def load(self) -> float:
-        return self.busy() / max(1, self.beat["capacity"])
-
 
 def serves(view: WorkerView, model: str) -> bool:
     """Whether the worker serves ``model`` (a worker that names no models serves
@@ -137,17 +134,6 @@ class WorkerTable:
         live = self.live(pool)
         return (sum(w.beat["interactive_running"] for w in live),
                 max((w.beat["interactive_ms"] for w in live), default=0))
-
-    def choose(self, pool: str, load: Callable[[WorkerView], float] | None = None
-               ) -> tuple[WorkerView, int] | None:
-        """The least loaded live worker of ``pool`` and one of its partitions
-        (``load``: a better estimate than the heartbeat's, when schedule has one)."""
-        candidates = self.live(pool)
-        if not candidates:
-            return None
-        measure = load or WorkerView.load
-        best = min(candidates, key=lambda w: (measure(w), w.beat["worker_id"]))
-        return best, self.address(best)
 
     @staticmethod
     def address(view: WorkerView) -> int:

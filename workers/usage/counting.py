@@ -72,10 +72,6 @@ class Counter:
         if seen is not None and seen.next_offset == offset:
             seen.add(offset, None)
 
-    def remembered(self) -> int:
-        """How many request ids the windows hold, all partitions together."""
-        return sum(len(seen) for seen in self.windows.values())
-
     def count(self, record: Any, partition: int, offset: int) -> bool:
         """Count ``record``, read at ``offset`` of ``partition`` (whose window must
         end there: :meth:`needs_window`); False when it was a repeat of a request

@@ -32,13 +32,8 @@ ReportBy = Literal["minute", "day"]
 
 
 @dataclass(frozen=True)
-class UsageRow:
+class _Bucket:
     bucket_start_ms: int
-    requests: int
-    errors: int
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
 
     def as_dict(self) -> dict[str, Any]:
         """For JSON: the fields, and the bucket start as UTC ISO 8601 too."""
@@ -47,16 +42,35 @@ class UsageRow:
 
 
 @dataclass(frozen=True)
-class RatingsDay:
-    bucket_start_ms: int
+class UsageRow(_Bucket):
+    requests: int
+    errors: int
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+@dataclass(frozen=True)
+class RatingsDay(_Bucket):
     count: int
     mean: float | None
     by_model: dict[str, dict[str, Any]]
     by_deployment: dict[str, dict[str, Any]]
 
-    def as_dict(self) -> dict[str, Any]:
-        start = dt.datetime.fromtimestamp(self.bucket_start_ms / 1000, tz=dt.UTC)
-        return {"bucket_start": start.isoformat().replace("+00:00", "Z"), **asdict(self)}
+
+def _bucket_starts(since_ms: int, until_ms: int, by: ReportBy) -> list[int]:
+    """The starts of the buckets of ``by`` that overlap ``[since_ms, until_ms)``
+    and may still exist (see the module)."""
+    if until_ms <= since_ms:
+        return []
+    now = now_ms()
+    start = bucket_start(max(since_ms, now - RETENTION_MS[by]), by)
+    end = min(until_ms, now + DAY_MS)
+    starts: list[int] = []
+    while start < end:
+        starts.append(start)
+        start = next_bucket(start, by)
+    return starts
 
 
 def _ratings_day(start: int, fields: dict[Any, Any], model: str | None) -> RatingsDay | None:
@@ -101,15 +115,7 @@ class UsageLedger:
             field = self.keys.field("model", model)
         else:
             field = self.keys.field("tenant")
-        if until_ms <= since_ms:
-            return []
-        now = now_ms()
-        start = bucket_start(max(since_ms, now - RETENTION_MS[by]), by)
-        end = min(until_ms, now + DAY_MS)
-        starts: list[int] = []
-        while start < end:
-            starts.append(start)
-            start = next_bucket(start, by)
+        starts = _bucket_starts(since_ms, until_ms, by)
         if not starts:
             return []
         pipe = self.redis.pipeline(transaction=False)
@@ -132,15 +138,7 @@ class UsageLedger:
         """The tenant's ratings by day (workers/usage/ratings.py): each day that
         has some, with the count and mean score in all, per model asked for and
         per deployment that answered (with ``model``: that model's alone)."""
-        if until_ms <= since_ms:
-            return []
-        now = now_ms()
-        start = bucket_start(max(since_ms, now - RETENTION_MS["day"]), "day")
-        end = min(until_ms, now + DAY_MS)
-        starts: list[int] = []
-        while start < end:
-            starts.append(start)
-            start = next_bucket(start, "day")
+        starts = _bucket_starts(since_ms, until_ms, "day")
         if not starts:
             return []
         pipe = self.redis.pipeline(transaction=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tests.support.schedule_tasks import indexed_blocks, indexed_workers
 from workers.prefix import (
     HeldBlocks,
     PrefixIndex,
@@ -90,7 +91,7 @@ def test_the_index_is_bounded_per_worker_and_drops_the_least_recently_used() -> 
     index = PrefixIndex(max_blocks=4)
     index.took("w0", [1, 2, 3], now_ms=0)
     index.took("w0", [1, 7, 8], now_ms=1)  # 1 used again: 2 is the oldest now
-    assert index.size() == 4
+    assert indexed_blocks(index) == 4
     assert index.overlap("w0", [1, 7, 8], now_ms=1) == 3
     assert index.overlap("w0", [1, 2, 3], now_ms=1) == 1
 
@@ -110,7 +111,7 @@ def test_a_worker_whose_blocks_all_aged_out_leaves_nothing_behind() -> None:
     for i in range(100):
         index.took(f"gone{i}", [i, i + 1], now_ms=i)
     index.took("w0", [7], now_ms=20_000)
-    assert index.workers() == ["w0"] and index.size() == 1
+    assert indexed_workers(index) == ["w0"] and indexed_blocks(index) == 1
 
 
 def test_without_blocks_the_least_loaded_worker_gets_it() -> None:
@@ -183,7 +184,7 @@ def test_a_workers_report_stands_for_what_it_holds() -> None:
     index.reported("w0", [1, 2, 3], ts_ms=1_000)
     assert index.overlap("w0", [1, 2, 3, 4], now_ms=1_500) == 3
     assert index.overlap("w1", [1, 2], now_ms=1_500) == 0
-    assert index.workers() == ["w0"]
+    assert indexed_workers(index) == ["w0"]
 
 
 def test_a_report_covers_the_guesses_made_before_it_and_keeps_the_later_ones() -> None:
@@ -211,7 +212,7 @@ def test_a_stopped_worker_is_forgotten() -> None:
     index.took("w0", [1], now_ms=0)
     index.reported("w0", [2], ts_ms=0)
     index.forget("w0")
-    assert index.size() == 0 and index.workers() == []
+    assert indexed_blocks(index) == 0 and indexed_workers(index) == []
 
 
 def test_held_blocks_keep_the_most_recently_used() -> None:

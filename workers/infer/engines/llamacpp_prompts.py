@@ -5,7 +5,7 @@ what a cached sequence is worth to it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
 
 from llama_cpp import Llama
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
@@ -13,17 +13,12 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 __all__ = ["chat_formatter", "common_prefix", "prompt_or_bos", "reuse_score"]
 
 
-def common_prefix(cached: Sequence[int], tokens: Sequence[int]) -> int:
+def common_prefix(cached: list[int], tokens: list[int]) -> int:
     """How many leading ``tokens`` a cache holding ``cached`` holds already."""
-    n = 0
-    for a, b in zip(cached, tokens, strict=False):
-        if a != b:
-            break
-        n += 1
-    return n
+    return len(os.path.commonprefix([cached, tokens]))
 
 
-def reuse_score(cached: Sequence[int], tokens: Sequence[int]) -> int:
+def reuse_score(cached: list[int], tokens: list[int]) -> int:
     """What a prompt of ``tokens`` gains from a cache holding ``cached``: the
     tokens it reuses, less those of the cached prompt it throws away, and 0
     when that is nothing (an empty cache, or one holding another

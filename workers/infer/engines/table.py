@@ -34,32 +34,24 @@ class EngineSetupError(ConveyorError):
     """The options do not make a working engine."""
 
 
-def _positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive number")
-    return number
+def _number(kind: Callable[[str], float], least: float, strict: bool,
+            what: str) -> Callable[[str], Any]:
+    """A flag's parser: a ``kind`` number of at least ``least`` (above it when
+    ``strict``), else an error saying it is not ``what``."""
+
+    def parse(value: str) -> Any:
+        number = kind(value)
+        if not (number > least if strict else number >= least):  # NaN is neither
+            raise argparse.ArgumentTypeError(f"{value} is not {what}")
+        return number
+
+    return parse
 
 
-def _non_negative_int(value: str) -> int:
-    number = int(value)
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"{value} is not 0 or a positive number")
-    return number
-
-
-def _positive_float(value: str) -> float:
-    number = float(value)
-    if not number > 0:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive number")
-    return number
-
-
-def _milliseconds(value: str) -> float:
-    number = float(value)
-    if not number >= 0:
-        raise argparse.ArgumentTypeError(f"{value} is not a time in milliseconds")
-    return number
+_positive_int = _number(int, 1, False, "a positive number")
+_non_negative_int = _number(int, 0, False, "0 or a positive number")
+_positive_float = _number(float, 0, True, "a positive number")
+_milliseconds = _number(float, 0, False, "a time in milliseconds")
 
 
 def _option(default: Any, help: str | dict[str, str], *, parse: Callable[[str], Any] = str,

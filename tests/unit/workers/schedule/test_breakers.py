@@ -21,6 +21,11 @@ class Clock:
         return self.ms
 
 
+def stage(b: Breakers, worker: str) -> str:
+    state = b.states.get(worker)
+    return "closed" if state is None else state["state"]
+
+
 def failing(b: Breakers, worker: str, times: int, first: int = 0) -> None:
     for i in range(times):
         b.sent(worker, "cpu", f"r{first + i}")
@@ -31,9 +36,9 @@ def test_three_failures_in_a_row_open_it_until_the_cool_down_then_one_probe() ->
     clock = Clock()
     b = Breakers(failures=3, cooldown_s=30, clock=clock)
     failing(b, "w0", 2)
-    assert b.allows("w0") and b.stage("w0") == "closed"
+    assert b.allows("w0") and stage(b, "w0") == "closed"
     failing(b, "w0", 1, first=2)
-    assert b.stage("w0") == "open" and not b.allows("w0")
+    assert stage(b, "w0") == "open" and not b.allows("w0")
     assert b.states["w0"]["reason"] == "upstream refused"
     clock.ms += 29_000
     assert not b.allows("w0")
@@ -65,7 +70,7 @@ def test_a_success_resets_the_count_and_other_errors_do_not_count() -> None:
     failing(b, "w0", 2, first=10)
     for code in ("deadline_exceeded", "invalid_request_error", "cancelled"):
         assert b.ended("w0", "cpu", "x", code) is None
-    assert b.stage("w0") == "closed" and b.states["w0"]["failures"] == 2
+    assert stage(b, "w0") == "closed" and b.states["w0"]["failures"] == 2
 
 
 def test_tasks_sent_before_it_opened_do_not_decide() -> None:
@@ -74,7 +79,7 @@ def test_tasks_sent_before_it_opened_do_not_decide() -> None:
     failing(b, "w0", 3)
     assert b.ended("w0", "cpu", "older-ok", None) is None  # only the probe closes it
     assert b.ended("w0", "cpu", "older-failed", ENGINE_FAILURE) is None
-    assert b.stage("w0") == "open"
+    assert stage(b, "w0") == "open"
 
 
 def test_a_state_from_the_log_is_taken_unless_older_than_its_own() -> None:
@@ -86,7 +91,7 @@ def test_a_state_from_the_log_is_taken_unless_older_than_its_own() -> None:
     assert not b.allows("w0")
     stale = {**opened.states["w0"], "state": "closed", "ts_ms": clock.ms - 1}
     b.apply(stale)  # type: ignore[arg-type]
-    assert b.stage("w0") == "open"
+    assert stage(b, "w0") == "open"
     # a probe sent by someone else that never reported: another may go a cool-down later
     half = {**opened.states["w0"], "state": "half_open", "ts_ms": clock.ms}
     b.apply(half)  # type: ignore[arg-type]
@@ -122,7 +127,7 @@ async def test_schedule_sends_nothing_to_an_open_worker_and_probes_it_later() ->
     assert place("probe") == "w0"
     assert place("after") == "w1"  # the probe is out: nothing else for w0 yet
     sched.finished("probe", "w0", now_ms() + 1)
-    assert sched.breakers.stage("w0") == "closed"
+    assert stage(sched.breakers, "w0") == "closed"
     await asyncio.sleep(0)  # the states are written in the background
     written = [(o.key, o.record["state"], o.record["failures"]) for o in sender.sent
                if o.event_type == "BreakerState"]
@@ -143,5 +148,5 @@ def test_a_probe_whose_end_is_never_heard_does_not_cut_the_worker_off_for_good()
     assert b.allows("w0")  # one more probe, a cool-down later
     b.sent("w0", "cpu", "probe2")
     assert not b.allows("w0")
-    assert b.ended("w0", "cpu", "probe2", None) is not None and b.stage("w0") == "closed"
+    assert b.ended("w0", "cpu", "probe2", None) is not None and stage(b, "w0") == "closed"
 

@@ -11,7 +11,7 @@ from aiokafka import TopicPartition
 from conveyor.errors import RequestError
 from conveyor.settings import Settings, load_settings
 from schemas.records import Task, WorkerHeartbeat
-from tests.support.schedule_tasks import RecordingSender
+from tests.support.schedule_tasks import RecordingSender, indexed_workers
 from topics.envelope import new_envelope, now_ms
 from workers.schedule.layer import ScheduleLayer, fair_order
 from workers.schedule.room import Parked
@@ -197,7 +197,7 @@ async def test_a_task_goes_where_a_heartbeat_says_its_prefix_is(layer: Any) -> N
     holder = beat("w1", partitions=[1])
     holder["state"] = "stopped"
     sched.table.apply(holder)
-    assert sched.prefix.workers() == []
+    assert indexed_workers(sched.prefix) == []
 
 
 def tenant_task(rid: str, tenant: str) -> Task:

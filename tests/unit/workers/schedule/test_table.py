@@ -1,4 +1,4 @@
-"""WorkerTable.live and choose, fed heartbeats by hand (no Kafka)."""
+"""WorkerTable.live and address, fed heartbeats by hand (no Kafka)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from conveyor.settings import Settings, load_settings
 from schemas.records import WorkerHeartbeat
 from topics.envelope import now_ms
-from workers.schedule.table import WorkerTable
+from workers.schedule.table import WorkerTable, WorkerView
 
 
 @pytest.fixture
@@ -35,13 +35,23 @@ def beat(worker_id: str, *, pool: str = "cpu", running: int = 0, queued: int = 0
         interactive_running=interactive_running, interactive_ms=interactive_ms)
 
 
+def choose(table: WorkerTable, pool: str) -> tuple[WorkerView, int] | None:
+    """The least loaded live worker of ``pool`` (by its beat and what was sent
+    since) and the partition the table addresses on it."""
+    candidates = table.live(pool)
+    if not candidates:
+        return None
+    best = min(candidates, key=lambda w: (w.busy() / w.beat["capacity"], w.beat["worker_id"]))
+    return best, table.address(best)
+
+
 def ids(table: WorkerTable, pool: str = "cpu") -> list[str]:
     return sorted(w.beat["worker_id"] for w in table.live(pool))
 
 
 def test_no_worker_no_choice(table: WorkerTable) -> None:
     assert table.live("cpu") == []
-    assert table.choose("cpu") is None
+    assert choose(table, "cpu") is None
 
 
 def test_apply_signals_a_change(table: WorkerTable) -> None:
@@ -54,7 +64,7 @@ def test_the_least_loaded_worker_wins(table: WorkerTable) -> None:
     table.apply(beat("busy", running=3, partitions=[0]))
     table.apply(beat("idle", running=1, partitions=[1]))
     table.apply(beat("queued", running=0, queued=4, partitions=[2]))
-    chosen = table.choose("cpu")
+    chosen = choose(table, "cpu")
     assert chosen is not None
     view, partition = chosen
     assert view.beat["worker_id"] == "idle" and partition == 1
@@ -63,14 +73,14 @@ def test_the_least_loaded_worker_wins(table: WorkerTable) -> None:
 def test_load_is_relative_to_capacity(table: WorkerTable) -> None:
     table.apply(beat("small", running=1, capacity=1, partitions=[0]))  # full
     table.apply(beat("big", running=4, capacity=16, partitions=[1]))  # a quarter
-    chosen = table.choose("cpu")
+    chosen = choose(table, "cpu")
     assert chosen is not None and chosen[0].beat["worker_id"] == "big"
 
 
 def test_ties_go_to_the_lowest_worker_id(table: WorkerTable) -> None:
     table.apply(beat("wb", partitions=[1]))
     table.apply(beat("wa", partitions=[0]))
-    chosen = table.choose("cpu")
+    chosen = choose(table, "cpu")
     assert chosen is not None and chosen[0].beat["worker_id"] == "wa"
 
 
@@ -86,12 +96,12 @@ def test_a_worker_that_is_not_ready_is_not_live(
         table: WorkerTable, state: Literal["draining", "stopped"]) -> None:
     table.apply(beat("w0", state=state))
     assert table.live("cpu") == []
-    assert table.choose("cpu") is None
+    assert choose(table, "cpu") is None
 
 
 def test_a_worker_without_partitions_is_not_live(table: WorkerTable) -> None:
     table.apply(beat("w0", partitions=[]))
-    assert table.choose("cpu") is None
+    assert choose(table, "cpu") is None
 
 
 def test_a_new_heartbeat_replaces_the_old_one(table: WorkerTable) -> None:
@@ -104,15 +114,15 @@ def test_a_new_heartbeat_replaces_the_old_one(table: WorkerTable) -> None:
 
 def test_partitions_rotate_round_robin(table: WorkerTable) -> None:
     table.apply(beat("w0", partitions=[2, 5, 7], capacity=100))
-    chosen = [table.choose("cpu") for _ in range(5)]
+    chosen = [choose(table, "cpu") for _ in range(5)]
     assert [c[1] for c in chosen if c] == [2, 5, 7, 2, 5]
 
 
 def test_the_rotation_survives_a_new_heartbeat(table: WorkerTable) -> None:
     table.apply(beat("w0", partitions=[0, 1], capacity=100))
-    first = table.choose("cpu")
+    first = choose(table, "cpu")
     table.apply(beat("w0", partitions=[0, 1], capacity=100))
-    second = table.choose("cpu")
+    second = choose(table, "cpu")
     assert first is not None and second is not None
     assert (first[1], second[1]) == (0, 1)
 
@@ -120,22 +130,22 @@ def test_the_rotation_survives_a_new_heartbeat(table: WorkerTable) -> None:
 def test_tasks_sent_since_the_beat_raise_the_load(table: WorkerTable) -> None:
     table.apply(beat("a", capacity=2, partitions=[0]))
     table.apply(beat("b", capacity=2, partitions=[1]))
-    picks = [table.choose("cpu") for _ in range(4)]
+    picks = [choose(table, "cpu") for _ in range(4)]
     assert [p[0].beat["worker_id"] for p in picks if p] == ["a", "b", "a", "b"]
     assert table.workers["a"].sent_since_beat == 2
-    assert table.workers["a"].load() == 1.0
+    assert table.workers["a"].busy() == 2
 
 
 def test_the_next_heartbeat_resets_the_sent_count(table: WorkerTable) -> None:
     table.apply(beat("a", capacity=2, partitions=[0]))
     table.apply(beat("b", capacity=2, running=1, partitions=[1]))
     for _ in range(2):
-        chosen = table.choose("cpu")
+        chosen = choose(table, "cpu")
         assert chosen is not None and chosen[0].beat["worker_id"] == "a"
     # a's heartbeat now reports what it took: its count of tasks sent starts again
     table.apply(beat("a", capacity=2, queued=0, running=0, partitions=[0]))
     assert table.workers["a"].sent_since_beat == 0
-    chosen = table.choose("cpu")
+    chosen = choose(table, "cpu")
     assert chosen is not None and chosen[0].beat["worker_id"] == "a"
 
 
@@ -144,8 +154,8 @@ def test_other_pools_are_ignored(table: WorkerTable) -> None:
     table.apply(beat("cpu0", pool="cpu", running=3, partitions=[4]))
     assert ids(table, "cpu") == ["cpu0"]
     assert ids(table, "gpu") == ["gpu0"]
-    assert table.choose("tpu") is None
-    chosen = table.choose("cpu")
+    assert choose(table, "tpu") is None
+    chosen = choose(table, "cpu")
     assert chosen is not None and chosen[0].beat["worker_id"] == "cpu0"
 
 
@@ -159,7 +169,7 @@ def test_ends_after_the_beat_free_a_slot_and_ends_before_it_do_not(table: Worker
     assert view.busy() == 3
     table.finished("w0", ts + 5)
     table.finished("unknown", ts + 5)
-    assert view.busy() == 2 and view.load() == 1.0
+    assert view.busy() == 2
     table.apply(beat("w0", running=1, capacity=2))  # a new beat starts over
     assert table.workers["w0"].busy() == 1
 
