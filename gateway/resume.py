@@ -40,6 +40,7 @@ from topics.catalog import REPLIES, REQUESTS
 from topics.envelope import now_ms
 from topics.follow import FromTime, follow
 from topics.lookup import SharedLookup, made_window
+from topics.reader import holds
 
 __all__ = ["ReplySource", "Recorded", "RecordedReplies", "StreamNotFound",
            "Framer", "event_id", "request_id_of", "resume_after", "locate", "lookup_windows",
@@ -190,8 +191,10 @@ class RecordedReplies:
         key = where.request_id.encode()
         follower = follow(self.settings, REPLIES, where.reply_partition,
                           FromTime(where.submitted_ms - self.settings.process.clock_skew_ms))
-        async for batch in follower.events(self.codec, keep=lambda r: r.key == key):
+        async for batch in follower.events(self.codec, keep=lambda r: holds(r, key)):
             for record, reply in batch:
+                if reply["envelope"]["request_id"] != where.request_id:
+                    continue  # another request's, in the same record
                 if reply["kind"] in ("final", "error"):
                     self._last = reply["index"]
                     self.ended_ms = record.timestamp

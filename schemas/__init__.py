@@ -20,6 +20,7 @@ from schemas.records import (
     Prepared,
     Prompt,
     Reply,
+    ReplyBatch,
     Request,
     Route,
     Sampling,
@@ -34,7 +35,6 @@ from schemas.records import (
 
 __all__ = ["Codec", "EventType", "default_codec", "ChunkHeader", "Control", "DeadLetter",
            "Envelope", "ErrorInfo", "Generation", "JobCommand", "JobResult", "JobStatus",
-           "Message", "Prepared", "Prompt", "Reply", "Request", "Route", "Sampling", "Task",
-           "TokenBatch", "TokenChunk", "Usage", "WorkerHeartbeat", "UsageRecord", "AuditEvent",
-           "ApiKey",
-           "TenantPolicy"]
+           "Message", "Prepared", "Prompt", "Reply", "ReplyBatch", "Request", "Route",
+           "Sampling", "Task", "TokenBatch", "TokenChunk", "Usage", "WorkerHeartbeat",
+           "UsageRecord", "AuditEvent", "ApiKey", "TenantPolicy"]

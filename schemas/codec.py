@@ -35,6 +35,7 @@ EventType = Literal[
     "TokenChunk",
     "TokenBatch",
     "Reply",
+    "ReplyBatch",
     "Control",
     "WorkerHeartbeat",
     "DeadLetter",

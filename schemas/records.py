@@ -12,7 +12,7 @@ from typing import Literal, NotRequired, TypedDict
 __all__ = ["ChunkHeader", "HostCache", "KvCache", "Control", "DeadLetter", "Envelope", "ErrorInfo",
            "Generation", "Message", "Prepared", "Prompt", "Reply", "Request", "Route", "Fallback",
            "ResponseFormat", "ToolCall", "TokenLogprob", "TopLogprob", "Function", "Tools",
-           "Sampling", "Task", "TokenBatch", "TokenChunk", "Usage", "WorkerHeartbeat",
+           "ReplyBatch", "Sampling", "Task", "TokenBatch", "TokenChunk", "Usage", "WorkerHeartbeat",
            "JobCommand", "JobStatus",
            "JobResult", "UsageRecord", "AuditEvent", "Feedback", "ApiKey", "TenantPolicy",
            "BreakerState", "ModelRegistry", "PolicyDocument"]
@@ -215,6 +215,10 @@ class Reply(TypedDict):
     error: ErrorInfo | None
     logprobs: NotRequired[list[TokenLogprob]]
     cached: NotRequired[bool]  # from the prompt cache, not a worker
+
+
+class ReplyBatch(TypedDict):
+    replies: list[Reply]
 
 
 class Control(TypedDict):

@@ -35,6 +35,7 @@ from schemas.records import (
     PolicyDocument,
     Prepared,
     Reply,
+    ReplyBatch,
     Request,
     Task,
     TenantPolicy,
@@ -123,7 +124,9 @@ TOKENS = Topic("tokens", (TokenChunk,), "none: a record holds the chunks of the 
                "id's partition it is in, named in its request-ids header",
                batch=(TokenBatch, "chunks"))
 REPLIES = Topic("replies", (Reply,),
-                "request id; partition = the gateway's leased reply partition", "replies")
+                "none: a record holds replies bound for one gateway, its leased reply "
+                "partition, naming their requests in its request-ids header", "replies",
+                batch=(ReplyBatch, "replies"))
 CONTROL = Topic("control", (Control,), "request id", "one")
 WORKERS = Topic("workers", (WorkerHeartbeat,), "worker id", "one", "compact", -1)
 # jobs: commands in, the latest state of each job, and each request's result

@@ -11,6 +11,7 @@ and raises :class:`PermanentBrokerError` (:class:`EventTooLarge` for size) or
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,9 +28,10 @@ from conveyor.settings import KafkaSettings, Settings
 from schemas.codec import Codec, EventType
 from schemas.records import DeadLetter, Envelope, ErrorInfo, JobResult, Reply, Usage
 from topics.backoff import Backoff, RateLimitedLog
-from topics.catalog import DLQ, REPLIES, RESULTS, Topic
+from topics.catalog import DLQ, REPLIES, RESULTS, TOPICS, Topic
 from topics.clients import EventTooLarge, broker_error
 from topics.envelope import now_ms
+from topics.lookup import key_partition
 from topics.producer import EventProducer
 from topics.reader import request_ids_header
 
@@ -73,6 +75,36 @@ def batch_output(kafka: KafkaSettings, topic: Topic[Any], events: list[Any],
     ids = request_ids_header(e["envelope"]["request_id"] for e in events)
     return Output(topic.at(kafka), topic.events[0], topic.pack(events), partition=partition,
                   headers=(ids,))
+
+
+def packed(kafka: KafkaSettings, outputs: list[Output]) -> list[Output]:
+    """``outputs`` with the events bound for a topic of batches (tokens,
+    replies) gathered into one record a partition, placed where the first of
+    them was; the others as they are. Order within a partition is kept."""
+    batched = _batched(kafka)
+    if not any(o.topic in batched for o in outputs):
+        return outputs
+    out: list[Output | tuple[Topic[Any], int]] = []
+    groups: dict[tuple[str, int], list[Any]] = {}
+    for o in outputs:
+        topic = batched.get(o.topic)
+        if topic is None or o.event_type == topic.events[0]:
+            out.append(o)
+            continue
+        partition = o.partition if o.partition is not None else key_partition(
+            (o.key or "").encode(), topic.partitions(kafka))
+        events = groups.get((o.topic, partition))
+        if events is None:
+            events = groups[(o.topic, partition)] = []
+            out.append((topic, partition))
+        events.append(o.record)
+    return [o if isinstance(o, Output) else
+            batch_output(kafka, o[0], groups[(o[0].at(kafka), o[1])], o[1]) for o in out]
+
+
+@functools.lru_cache(maxsize=8)
+def _batched(kafka: KafkaSettings) -> dict[str, Topic[Any]]:
+    return {t.at(kafka): t for t in TOPICS if t.batch is not None}
 
 
 def job_event(settings: Settings, job_id: str, event: str, detail: str = "") -> Output:
@@ -121,7 +153,9 @@ class Sender:
     problems: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(log))
 
     async def send_nowait(self, out: Output) -> asyncio.Future[Any]:
-        """Produce one output; the caller owns (and awaits) its acknowledgement."""
+        """Produce one output (an event of a topic of batches in a record of its
+        own); the caller owns (and awaits) its acknowledgement."""
+        out = packed(self.settings.kafka, [out])[0]
         try:
             value = self.codec.encode(out.event_type, out.record)
         except SchemaError:
@@ -148,7 +182,7 @@ class Sender:
         request id).
         """
         backoff = Backoff(max_s=self.settings.process.retry_backoff_max_s)
-        todo = list(outputs)
+        todo = packed(self.settings.kafka, outputs)
         while todo:
             acks: list[tuple[Output, asyncio.Future[Any] | Exception]] = []
             for out in todo:

@@ -27,11 +27,13 @@ from topics.envelope import new_envelope
 codec = default_codec()
 
 
-def reply(request_id: str, index: int, kind: Literal["delta", "final"] = "delta") -> bytes:
-    return codec.encode("Reply", Reply(
+def reply(request_id: str, index: int, kind: Literal["delta", "final"] = "delta",
+          *also: Reply) -> bytes:
+    """A record of ``request_id``'s reply (after the replies ``also``, of others)."""
+    return REPLIES.encode(codec, REPLIES.pack([*also, Reply(
         envelope=new_envelope(request_id, reply_gateway="g", reply_partition=0),
         index=index, kind=kind, text=f"t{index}", chunk="", finish_reason=None, usage=None,
-        error=None))
+        error=None)]))
 
 
 async def test_replies_reach_their_streams_in_order_once_and_poison_is_skipped(
@@ -46,12 +48,14 @@ async def test_replies_reach_their_streams_in_order_once_and_poison_is_skipped(
     router = ReplyRouter(settings, codec, ReplyLease(settings, redis, "gw-test"))
     await router.start()
     assert router.partition == 0 and not router.kafka_unreachable()
-    stream = router.open("r1")
+    stream, other = router.open("r1"), router.open("other")
     running: asyncio.Task[None] | None = None
     try:
         # written before run() begins: the start was fixed by start()
         for value in [reply("r1", 1), b"\x00not a reply", reply("r1", 0), reply("r1", 0),
-                      reply("other", 0), reply("r1", 2, "final")]:
+                      # one record, two requests' replies: each goes to its stream
+                      reply("r1", 2, "final", codec.decode(reply("other", 0), "ReplyBatch")[
+                          "replies"][0])]:
             await producer.send_and_wait(topic, value, partition=0)
         with caplog.at_level(logging.WARNING, logger="topics.follow"):
             running = asyncio.create_task(router.run())
@@ -59,8 +63,10 @@ async def test_replies_reach_their_streams_in_order_once_and_poison_is_skipped(
             got = [await stream.next(deadline) for _ in range(3)]
         assert [(r["index"], r["text"]) for r in got if r] == [(0, "t0"), (1, "t1"), (2, "t2")]
         assert not stream.ready and stream.early == {}
+        assert [(r["index"], r["text"]) for r in [await other.next(deadline)] if r] == [
+            (0, "t0")]
         skipped = [r.getMessage() for r in caplog.records if "skipping" in r.getMessage()]
-        assert len(skipped) == 1 and "not a Reply" in skipped[0], skipped
+        assert len(skipped) == 1 and "not a ReplyBatch" in skipped[0], skipped
         while router.health.state != "ok":  # the follower's sight, shown as health
             assert time.monotonic() < deadline, router.health
             await asyncio.sleep(0.05)

@@ -50,10 +50,11 @@ from tests.support.gateway_fakes import (
 )
 from tests.support.pipeline import TEST_MODELS, drop_topics
 from topics.admin import ensure_topics
-from topics.catalog import catalog
+from topics.catalog import REPLIES, catalog
 from topics.clients import make_producer
 from topics.envelope import new_envelope
 from topics.lookup import SharedLookup
+from topics.reader import request_ids_header
 
 EVENT = TypeAdapter(ResponseStreamEvent)
 USAGE = Usage(prompt_tokens=5, completion_tokens=3)
@@ -302,9 +303,9 @@ class Log:
             key=rid.encode())
 
     async def reply(self, r: Reply) -> None:
-        await self.producer.send_and_wait(self.settings.kafka.topic("replies"),
-                                          default_codec().encode("Reply", r),
-                                          key=r["envelope"]["request_id"].encode(), partition=0)
+        await self.producer.send_and_wait(
+            self.settings.kafka.topic("replies"), REPLIES.encode(default_codec(), REPLIES.pack([r])),
+            partition=0, headers=[request_ids_header([r["envelope"]["request_id"]])])
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from schemas.codec import EventType, default_codec
 from schemas.records import Control, Request
 from tests.support.factories import request
 from topics.admin import ensure_topics
-from topics.catalog import REQUESTS, catalog
+from topics.catalog import REQUESTS, catalog, topic_named
 from topics.envelope import now_ms
 from workers.cancels import CancelList
 from workers.inflight import PartitionBook
@@ -112,6 +112,14 @@ async def send(producer: AIOKafkaProducer, settings: Settings, rid: str, partiti
     return int(meta.offset)
 
 
+def unpacked(settings: Settings, topic: str, value: bytes, event_type: EventType) -> list[Any]:
+    """A record's events: itself, or those of a record of many (conveyor.replies)."""
+    typed = topic_named(settings.kafka, settings.kafka.topic(topic))
+    if typed is not None and typed.batch is not None:
+        return typed.unpack(codec, value)
+    return [codec.decode(value, event_type)]
+
+
 async def read_until(settings: Settings, topic: str, event_type: EventType,
                      done: Callable[[list[Any]], bool], within: float = 60.0) -> list[Any]:
     consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka.bootstrap,
@@ -124,7 +132,8 @@ async def read_until(settings: Settings, topic: str, event_type: EventType,
         while time.monotonic() < deadline and not done(seen):
             batch = await consumer.getmany(timeout_ms=300)
             for records in batch.values():
-                seen.extend(codec.decode(r.value, event_type) for r in records)
+                seen.extend(e for r in records for e in unpacked(settings, topic, r.value,
+                                                                  event_type))
     finally:
         await consumer.stop()
     assert done(seen), f"gave up on {topic}: {seen!r:.2000}"
