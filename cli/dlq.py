@@ -1,15 +1,7 @@
-"""``conveyor dlq``: dead letters, their errors, and sending them back.
-
-    conveyor dlq list [--layer L] [--since 24h]    one letter a line, with its error
-    conveyor dlq show OFFSET [--show-content]      one letter in full
-    conveyor dlq redrive OFFSET... [--force]       back to where each came from
-    conveyor dlq redrive --all --layer L [--since 24h]
-
-A letter is named by its offset in ``conveyor.dlq`` (one partition); listing
-reads from ``--since`` on. A redrive sends the letter's key and value, byte for
-byte, to its original topic and partition and records it on ``conveyor.audit``;
-what it refuses without ``--force``: docs/operating/log-tools.md.
-"""
+"""``conveyor dlq``: list dead letters with their errors, show one, and redrive
+them to where they came from (recorded on ``conveyor.audit``). A letter is
+named by its offset in ``conveyor.dlq``; usage and what a redrive refuses
+without ``--force``: docs/operating/log-tools.md."""
 
 from __future__ import annotations
 

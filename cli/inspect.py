@@ -1,16 +1,10 @@
-"""``conveyor inspect REQUEST_ID``: one request's journey, read from the topics.
-
-    conveyor inspect 3f2a…                 waterfall, worker, attempts, chunks, usage, DLQ
-    conveyor inspect 3f2a… --since 2h      how far back the request may be (default 24h)
-    conveyor inspect 3f2a… --json          the same for machines
-    conveyor inspect 3f2a… --show-content  with the prompt and the answer's text
+"""``conveyor inspect REQUEST_ID``: one request's journey, read from the topics
+(usage: docs/operating/log-tools.md).
 
 The request is found in its id's partition of the requests topic from the
 time its id says (or ``--since``), and every other topic is read only in the
-request's partitions and time window (:mod:`topics.lookup`; how:
-docs/operating/log-tools.md). Prompts and answers are printed only with
-``--show-content``.
-"""
+request's partitions and time window (:mod:`topics.lookup`). Prompts and
+answers are printed only with ``--show-content``."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""``conveyor jobs``: the batches (and background responses) in the log.
-
-    conveyor jobs [--tenant T] [--all]     one batch a line, with a progress bar
-    conveyor jobs watch BATCH_ID           follow one batch until it ends
-
-Read straight from ``conveyor.job-status`` (every job's latest state), so it
-works from any host that reaches Kafka, whatever the gateways are doing.
-"""
+"""``conveyor jobs``: the batches (and background responses) in the log, one a
+line or one followed until it ends (``watch``). Read straight from
+``conveyor.job-status``, so it works from any host that reaches Kafka."""
 
 from __future__ import annotations
 

@@ -1,34 +1,19 @@
-"""``conveyor keys`` and ``conveyor tenants``: API keys and tenant policies from the shell.
+"""``conveyor keys`` and ``conveyor tenants``: API keys and tenant policies from
+the shell (usage: docs/operating/keys-and-limits.md).
 
-    conveyor keys create --tenant acme --name ci [--rpm N] [--tpm N] [--concurrency N]
-                         [--models a,b] [--expires-in 30d|12h|90m|3600s]
-    conveyor keys list [--tenant T]
-    conveyor keys update ID [--rpm N] [--tpm N] [--concurrency N] [--models a,b] [--name N]
-    conveyor keys revoke ID
-    conveyor keys restore                 rebuild Redis's copy from the keys topic
-    conveyor tenants set acme [--rpm N] [--tpm N] [--concurrency N]
-                              [--daily-tokens N] [--monthly-tokens N]
-    conveyor tenants list
-
-A limit or quota flag that is left out keeps what is there; ``0`` clears it
-(no limit); a positive number sets it. ``--models ''`` allows every model.
+A limit or quota flag left out keeps what is there; ``0`` clears it; a
+positive number sets it. ``--models ''`` allows every model.
 
 ``keys create`` prints the key and then its secret, alone on the last line of
-stdout (``conveyor keys create ... | tail -n1``); Conveyor keeps only its
-keyed hash, so it is shown this once. Nothing else ever prints a secret or a
-hash. Errors (an unknown key id, an empty ``CONVEYOR_AUTH_SECRET``, a
-service that cannot be reached) are one line on stderr and exit status 1.
-
-Every command makes sure the topic catalog exists, writes through the
-stores of gateway/auth (topic first, then Redis, then the change channel)
-and audits each change as ``cli@<host>``.
-"""
+stdout; Conveyor keeps only its keyed hash, so it is shown this once. Nothing
+else ever prints a secret or a hash. Errors are one line on stderr and exit
+status 1. Every change writes through the stores of gateway/auth and is
+audited as ``cli@<host>``."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -43,19 +28,24 @@ from gateway.auth.keys import KeyStore
 from gateway.auth.secrets import hash_secret
 from gateway.auth.tenants import TenantStore
 from gateway.auth.types import KeyRecord, Limits, TenantPolicy
+from topics.lookup import parse_since
 
 __all__ = ["register", "parse_duration", "describe_key", "describe_tenant"]
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def parse_duration(text: str) -> float:
     """``30d``, ``12h``, ``90m``, ``3600s`` (or plain seconds) in seconds."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
-    if match is None or float(match.group(1)) <= 0:
+    ago = "".join(text.split())
+    if ago.replace(".", "", 1).isdigit():
+        ago += "s"
+    try:
+        seconds = -parse_since(ago, now_ms=0) / 1000 if ago[-1:] in "smhd" else 0.0
+    except ValueError:
+        seconds = 0.0
+    if seconds <= 0:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a duration like 30d, 12h, 90m or 3600s")
-    return float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    return seconds
 
 
 def _limit(text: str) -> int:
@@ -77,7 +67,7 @@ def _opt(value: int | None) -> str:
 
 
 def _limits(limits: Limits) -> str:
-    return f"rpm={_opt(limits.rpm)} tpm={_opt(limits.tpm)} concurrency={_opt(limits.concurrency)}"
+    return " ".join(f"{k}={v}" for k, v in limits.described().items())
 
 
 def _state(record: KeyRecord, now_ms: int) -> str:

@@ -1,16 +1,7 @@
-"""``conveyor``: run the whole pipeline in one go, or each process alone.
-
-    conveyor up [--engine NAME] ...              Kafka topics, layers, an infer worker, gateway
-    conveyor gateway                             the HTTP/SSE API
-    conveyor layer preprocess route ...          one or more layers in one process
-    conveyor infer --pool cpu --engine llamacpp  one infer worker
-    conveyor topics                              create the topic catalog
-    conveyor workers [--watch 2]                 every infer worker: load, KV cache, GPU
-
-Every process reads the same settings (``CONVEYOR_*`` environment
-variables), so the same commands spread over many hosts against one Kafka
-cluster give a multi-node deployment.
-"""
+"""``conveyor``: run the whole pipeline in one go (``up``), or each process alone
+(docs/operating/processes.md). Every process reads the same settings
+(``CONVEYOR_*`` environment variables), so the same commands spread over many
+hosts against one Kafka cluster give a multi-node deployment."""
 
 from __future__ import annotations
 

@@ -1,18 +1,8 @@
-"""``conveyor models``: the model registry the fleet serves, changed live.
-
-    conveyor models apply FILE [--dry-run]   validate FILE whole, create the task
-                                             topics of its pools, publish it
-    conveyor models show [--json]            the registry served now
-
-``apply`` refuses a bad file whole, naming the model and the field (a model
-without a pool, a fallback or deployment that is not a model, a name given
-twice), and publishes nothing then. Once published on ``conveyor.models``,
-every gateway, layer and infer worker serves by it within a second, without a
-restart, and a process started later reads it before it serves
-(topics/models.py). ``show`` prints the registry applied last (its digest, who
-applied it from which file, when), or says that the processes serve their
-``CONVEYOR_MODELS_FILE``.
-"""
+"""``conveyor models``: the model registry the fleet serves, changed live
+(docs/operating/registry.md). ``apply`` refuses a bad file whole, naming the
+model and the field, and publishes nothing then; once published on
+``conveyor.models`` every process serves by it without a restart
+(topics/models.py)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,8 @@
-"""``conveyor policies``: the content policies every process applies, changed live.
-
-    conveyor policies set (--default | --tenant T | --key K) FILE [--dry-run]
-    conveyor policies clear (--default | --tenant T | --key K)
-    conveyor policies show [--tenant T [--key K]] [--json]
-
-``set`` refuses a bad document whole (an unknown section or field, a regex
-that does not compile, an entity that is not one of email, phone, card, iban,
-ip), naming what is wrong, and publishes nothing then. Once published on
-``conveyor.policies`` every gateway and layer applies it within a second,
-without a restart (topics/policies.py; the format in conveyor/policy/rules.py).
-``show`` lists every scope set, or with ``--tenant`` what applies to that
-tenant's requests (its key's with ``--key``).
-"""
+"""``conveyor policies``: the content policies every process applies, changed
+live (docs/operating/policies.md; the format in conveyor/policy/rules.py).
+``set`` refuses a bad document whole, naming what is wrong, and publishes
+nothing then; ``show`` lists every scope set, or what applies to a tenant's
+(or key's) requests."""
 
 from __future__ import annotations
 

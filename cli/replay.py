@@ -1,23 +1,12 @@
-"""``conveyor replay REQUEST_ID``: run a recorded request through fresh layers again.
-
-    conveyor replay 3f2a… --through preprocess            the recorded Request again
-    conveyor replay 3f2a… --through preprocess,route      and its new Prepared into route
-    conveyor replay 3f2a… --through postprocess           the recorded token chunks again
-    conveyor replay 3f2a… --from-dlq 17                   the DLQ letter at offset 17
-    conveyor replay 3f2a… ... --json [--show-content]     for machines, with the events
+"""``conveyor replay REQUEST_ID``: run a recorded request (or a dead letter,
+``--from-dlq``) through fresh layers again, ``--through`` the layers named.
 
 The request's events are found as ``conveyor inspect`` finds them
-(:func:`cli.inspect.find_journey`: its id's partitions, between its
-times; no topic is scanned); with ``--from-dlq`` the event is the letter's
-value (:func:`cli.dlq.read_letters`), decoded with this Conveyor's
-codec as the first layer's input, and what was recorded is the letter's
-error.
-
-Nothing is produced: fresh layers run in this process under a scratch topic
-prefix (``replay<epoch ms>``) with every input's reply address blanked, and an
-output addressed outside the scratch prefix stops the replay. What is replayed,
-compared and shown: docs/operating/log-tools.md.
-"""
+(:func:`cli.inspect.find_journey`); a letter's value is decoded as the first
+layer's input. Nothing is produced: fresh layers run in this process under a
+scratch topic prefix (``replay<epoch ms>``) with every input's reply address
+blanked, and an output addressed outside the scratch prefix stops the replay.
+What is replayed, compared and shown: docs/operating/log-tools.md."""
 
 from __future__ import annotations
 

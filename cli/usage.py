@@ -1,18 +1,9 @@
 """``conveyor accounting`` and ``conveyor usage``: run the usage ledger, read it.
 
-    conveyor accounting                                    the accounting app (Faust)
-    conveyor usage --tenant T [--key ID | --model M]       a tenant's usage, one bucket
-                   [--since 2026-11-01|24h|90m] [--until ...] [--by minute|day] [--json]
-
-``--since`` and ``--until`` take a UTC date (``2026-11-01``), a UTC time
-(``2026-11-01T12:30``, ``...Z`` or an offset), a time before now (``90s``,
-``90m``, ``24h``, ``7d``) or ``now``. Without ``--since`` a report covers the
-last hour by minute and the last 30 days by day; ``--until`` is now. A bucket
-is shown when it overlaps the range and saw requests.
-
-:func:`register` adds both commands to the ``conveyor`` parser; each runs as
-``func(settings, args) -> exit status``.
-"""
+``--since`` and ``--until`` take a UTC date or time (ISO 8601), a time before
+now (``90m``, ``24h``, ``7d``), epoch ms or ``now``. Without ``--since`` a
+report covers the last hour by minute and the last 30 days by day. A bucket is
+shown when it overlaps the range and saw requests."""
 
 from __future__ import annotations
 
@@ -20,7 +11,6 @@ import argparse
 import asyncio
 import datetime as dt
 import json
-import re
 import sys
 from typing import Any
 
@@ -28,31 +18,23 @@ from cli.text import table
 from conveyor.errors import RequestError
 from conveyor.redis_clients import redis_client
 from conveyor.settings import Settings
+from topics.lookup import parse_since
 
 __all__ = ["register", "parse_time", "cmd_accounting", "cmd_usage"]
 
-_UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_AGO = re.compile(r"^(\d+)([smhd])$")
 _DEFAULT_SPAN_MS = {"minute": 3_600_000, "day": 30 * 86_400_000}
 
 
 def parse_time(text: str, now_ms: int) -> int:
-    """Epoch ms of a date, a time, a duration before ``now_ms`` or ``now``."""
-    text = text.strip()
-    if text == "now":
+    """Epoch ms of ``now`` or of what :func:`topics.lookup.parse_since` reads."""
+    if text.strip() == "now":
         return now_ms
-    ago = _AGO.match(text)
-    if ago:
-        return now_ms - int(ago.group(1)) * _UNITS_MS[ago.group(2)]
     try:
-        moment = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+        return parse_since(text, now_ms)
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a date (2026-11-01), a time (2026-11-01T12:30Z), a duration "
             "before now (90m, 24h, 7d) or 'now'") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=dt.UTC)
-    return int(moment.timestamp() * 1000)
 
 
 def _now_ms() -> int:

@@ -1,22 +1,7 @@
-"""``conveyor workers``: every infer worker as its last heartbeat tells.
-
-    conveyor workers [--pool P] [--json]       once, from ``conveyor.workers``
-    conveyor workers --watch 2                 again every 2 s, until Ctrl-C
-
-One line a worker: pool, engine, models, state, whether it is live (``ready``
-and a heartbeat younger than ``worker_ttl_s``, as schedule judges it), its
-partitions, running / capacity and queued, its engine's KV cache where the
-engine reports one (share in use, free and total blocks, free blocks holding
-a reusable prefix, and the share of prompt tokens found in the prefix cache
-since the engine started), the GPU's utilisation and free memory where it has
-one, its circuit breaker (schedule's, from ``conveyor.breakers``: ``closed``,
-``open`` with the seconds left of its cool-down, or ``half_open`` while a probe
-task decides; the failures in a row and the last one's message in ``--json``),
-its host, and the age of its last heartbeat.
-
-The topic is compacted (key = worker id), so a worker that stopped for good
-stays listed with its last state; its age says how long ago that was.
-"""
+"""``conveyor workers``: every infer worker as its last heartbeat tells, once or
+every ``--watch`` seconds (the columns: docs/operating/processes.md). The
+topic is compacted (key = worker id), so a worker that stopped for good stays
+listed with its last state; its age says how long ago that was."""
 
 from __future__ import annotations
 

@@ -12,7 +12,6 @@ from typing import Any
 
 from conveyor.errors import DeadlineExceeded
 from conveyor.metrics import GatewayMetrics
-from conveyor.registry import Registry
 from conveyor.settings import GatewaySettings
 from gateway.admission import FREE, Ticket
 from gateway.cancels import Cancels
@@ -24,7 +23,7 @@ from schemas.records import Generation, Reply, Usage
 from schemas.tools import reads_tool_calls
 from topics.tracing import GENAI_OPERATIONS
 
-__all__ = ["Answer", "Disconnected", "answered_by", "collect"]
+__all__ = ["Answer", "Disconnected", "collect"]
 
 access_log = logging.getLogger("conveyor.access")
 
@@ -187,15 +186,3 @@ async def collect(generation: Generation, answer: Answer, disconnected: Disconne
                          folded.finish_reason, folded.usage,
                          tool_calls=read_calls and reads_tool_calls(generation),
                          logprobs=folded.logprobs if asks_logprobs(generation) else None)
-
-
-def answered_by(registry: Registry, asked: str, answered: object) -> dict[str, str]:
-    """``x-conveyor-deployment: <model>`` when a canary's deployment of the model
-    ``asked`` for answered, ``x-conveyor-fallback: <model>`` when a fallback
-    model did (``answered``: the model the answer names)."""
-    if not isinstance(answered, str) or not answered or answered == asked:
-        return {}
-    spec = registry.find(asked)
-    if spec is not None and answered in dict(spec.deployments):
-        return {"x-conveyor-deployment": answered}
-    return {"x-conveyor-fallback": answered}

@@ -53,36 +53,35 @@ class AssistantMessage(BaseModel):
     content: str | None
 
 
-class ChatChoice(BaseModel):
+class _Choice(BaseModel):
     index: int
+    logprobs: None
+    finish_reason: str | None
+
+
+class ChatChoice(_Choice):
     message: AssistantMessage
-    logprobs: None
-    finish_reason: str | None
 
 
-class ChatCompletion(BaseModel):
-    id: str
-    object: Literal["chat.completion"]
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-
-
-class CompletionChoice(BaseModel):
-    index: int
+class CompletionChoice(_Choice):
     text: str
-    logprobs: None
-    finish_reason: str | None
 
 
-class Completion(BaseModel):
+class _Answer(BaseModel):
     id: str
-    object: Literal["text_completion"]
     created: int
     model: str
-    choices: list[CompletionChoice]
     usage: Usage
+
+
+class ChatCompletion(_Answer):
+    object: Literal["chat.completion"]
+    choices: list[ChatChoice]
+
+
+class Completion(_Answer):
+    object: Literal["text_completion"]
+    choices: list[CompletionChoice]
 
 
 class ModelCard(BaseModel):

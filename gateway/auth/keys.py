@@ -47,11 +47,6 @@ class KeyRevoked(ConveyorError):
     """The key is revoked: it can no longer be changed."""
 
 
-def _limits_detail(limits: Limits) -> dict[str, str]:
-    return {k: "-" if v is None else str(v) for k, v in
-            (("rpm", limits.rpm), ("tpm", limits.tpm), ("concurrency", limits.concurrency))}
-
-
 class KeyStore:
     """The API keys of one Conveyor (``settings.kafka.topic_prefix``)."""
 
@@ -80,11 +75,6 @@ class KeyStore:
     def healthy(self) -> bool:
         """True while changes reach this replica's cache at once (subscribed)."""
         return self.invalidations.healthy
-
-    async def run_invalidations(self, part: TaskHealth | None = None) -> None:
-        """The background task that keeps the cache honest (see invalidations.py); it
-        reports to ``part`` when given (else to the part given at construction)."""
-        await self.invalidations.run(part)
 
     def _on_change(self, message: str) -> None:
         if message == EVERYTHING:
@@ -212,7 +202,7 @@ class KeyStore:
             log.warning("change of key %s not announced: %s", record.id, exc)
         if self.audit is not None:
             detail = {"name": record.name, "models": ",".join(record.models),
-                      "expires_ms": str(record.expires_ms), **_limits_detail(record.limits)}
+                      "expires_ms": str(record.expires_ms), **record.limits.described()}
             try:
                 await self.audit.write(audit_event(action, tenant=record.tenant,
                                                    key_id=record.id, actor=actor,

@@ -60,10 +60,6 @@ class TenantStore:
     def healthy(self) -> bool:
         return self.invalidations.healthy
 
-    async def run_invalidations(self, part: TaskHealth | None = None) -> None:
-        """The background task that keeps the cache honest; it reports to ``part``."""
-        await self.invalidations.run(part)
-
     def _on_change(self, message: str) -> None:
         if message == EVERYTHING:
             self.cache.clear()
@@ -115,11 +111,9 @@ class TenantStore:
         except BrokerError as exc:
             log.warning("change of tenant %s not announced: %s", name, exc)
         if self.audit is not None:
-            detail = {k: "-" if v is None else str(v) for k, v in (
-                ("rpm", policy.limits.rpm), ("tpm", policy.limits.tpm),
-                ("concurrency", policy.limits.concurrency),
-                ("daily_tokens", policy.daily_tokens),
-                ("monthly_tokens", policy.monthly_tokens))}
+            quotas = {"daily_tokens": policy.daily_tokens, "monthly_tokens": policy.monthly_tokens}
+            detail = {**policy.limits.described(),
+                      **{k: "-" if v is None else str(v) for k, v in quotas.items()}}
             try:
                 await self.audit.write(audit_event("tenant.set", tenant=name, actor=actor,
                                                    detail=detail))

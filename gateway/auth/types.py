@@ -15,28 +15,20 @@ __all__ = ["Limits", "KeyRecord", "TenantPolicy", "Identity", "ANONYMOUS_TENANT"
 ANONYMOUS_TENANT = "default"
 
 
-def _least(a: int | None, b: int | None) -> int | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return min(a, b)
-
-
 @dataclass(frozen=True)
 class Limits:
     rpm: int | None = None  # requests per minute
     tpm: int | None = None  # tokens per minute (prompt + max_tokens reserved, then settled)
     concurrency: int | None = None  # requests in flight at once
 
-    def narrowed(self, other: Limits) -> Limits:
-        """The tighter of the two, limit by limit."""
-        return Limits(rpm=_least(self.rpm, other.rpm), tpm=_least(self.tpm, other.tpm),
-                      concurrency=_least(self.concurrency, other.concurrency))
-
     @property
     def unlimited(self) -> bool:
         return self.rpm is None and self.tpm is None and self.concurrency is None
+
+    def described(self) -> dict[str, str]:
+        """Each limit as text, ``-`` for none (audit details, the CLI's lines)."""
+        return {k: "-" if v is None else str(v) for k, v in
+                (("rpm", self.rpm), ("tpm", self.tpm), ("concurrency", self.concurrency))}
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,15 @@
 """Serving chat completions and completions: a generation admitted and
 submitted (:class:`~gateway.submission.Submitter`), then answered from its
-replies as JSON or SSE; ``n`` > 1 as several requests answered as one
-(:mod:`gateway.chat.choices`); a stream resumed from the log; a stored chat
+replies as JSON or SSE; a stream resumed from the log; a stored chat
 completion read back (:mod:`gateway.stored`).
+
+``n`` > 1: each choice is a request of its own through the pipeline (choice i
+seeded with seed + i); the answer's ``id`` is the first choice's,
+``choices[i]`` the i-th answer, ``usage`` counts the prompt once and every
+choice's completion. A stream interleaves the choices' chunks with their
+``index``, then the usage and ``[DONE]``; it carries no event ids (not
+resumable). One choice failing, or the client leaving, ends them all.
+Batches, stored completions and the WebSocket API take ``n`` = 1 only.
 
 A stream starts only with the first reply, so a request that fails before it
 gets the right status and error envelope. Past ``request_timeout_s`` the
@@ -12,7 +19,11 @@ unless a resumed stream reads it (docs/api/streams.md)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi.responses import Response
 from starlette.requests import Request
@@ -21,10 +32,9 @@ from conveyor.errors import InvalidRequest
 from conveyor.registry import Registry
 from conveyor.settings import Settings
 from gateway import sse
-from gateway.answer import Answer, answered_by, collect
+from gateway.answer import Answer, Disconnected, collect
 from gateway.auth.middleware import identity_of
 from gateway.cancels import Cancels
-from gateway.chat.choices import answer_choices
 from gateway.errors import SafeJSONResponse, for_client
 from gateway.replies import ReplySource, opening
 from gateway.resume import (
@@ -38,10 +48,10 @@ from gateway.resume import (
 from gateway.stored import StoredAnswers
 from gateway.submission import Submitter
 from schemas.openai.generations import chat_generation, completion_generation
-from schemas.openai.requests import ChatCompletionRequest, CompletionRequest
+from schemas.openai.requests import MAX_INT64, MIN_INT64, ChatCompletionRequest, CompletionRequest
 from schemas.records import Generation, Reply
 
-__all__ = ["ChatServing"]
+__all__ = ["ChatServing", "answered_by", "choice_generations", "merged_response"]
 
 
 class ChatServing:
@@ -71,24 +81,37 @@ class ChatServing:
         return await self._answer(generation, n, request)
 
     async def _answer(self, generation: Generation, n: int, request: Request) -> Response:
-        """Admit and submit, then answer as JSON or SSE; the admission's
-        ``x-ratelimit-*`` headers, the request's ``x-request-id`` (what inspect and
+        """Admit and submit each choice, then answer as JSON or SSE; the first
+        admission's ``x-ratelimit-*`` headers, its ``x-request-id`` (what inspect and
         the log know it by) and the model that answered go on the response."""
-        if n > 1:
-            return await answer_choices(self.submitter, generation, n, request,
-                                        self.settings.gateway.sse_keepalive_s, self.registry)
-        answer = await self.submitter.admit_and_submit(generation, request)
-        headers = {**answer.ticket.headers, "x-request-id": answer.request_id}
-        if not generation["stream"]:
-            result = await collect(generation, answer, request.is_disconnected)
-            served = answered_by(self.registry, generation["model"], result.get("model"))
-            return SafeJSONResponse(result, headers={**headers, **answer.cache_headers, **served})
-        first = await answer.first(request.is_disconnected)
-        if first is None:  # the client left: nobody reads a status
-            return Response(status_code=499)
-        served = answered_by(self.registry, generation["model"], opening(first).get("model"))
-        return sse.EventStream(self.stream(answer, first), headers={
-            **sse.HEADERS, **headers, **answer.cache_headers, **served})
+        generations = choice_generations(generation, n)
+        answers: list[Answer] = []
+        try:
+            for each in generations:
+                answers.append(await self.submitter.admit_and_submit(each, request))
+            headers = {**answers[0].ticket.headers, "x-request-id": answers[0].request_id}
+            if not generation["stream"]:
+                result = await _collect_choices(generations, answers, request.is_disconnected)
+                return SafeJSONResponse(result, headers={
+                    **headers, **answers[0].cache_headers,
+                    **answered_by(self.registry, generation["model"], result.get("model"))})
+            firsts = []
+            for answer in answers:
+                first = await answer.first(request.is_disconnected)
+                if first is None:  # the client left: nobody reads a status
+                    raise _ClientLeft
+                firsts.append(first)
+        except BaseException as exc:
+            for answer in answers:
+                answer.close("another choice failed, or the client left")
+            if isinstance(exc, _ClientLeft):
+                return Response(status_code=499)
+            raise
+        frames = self.stream(answers[0], firsts[0]) if n == 1 else _stream_choices(
+            answers, firsts, self.settings.gateway.sse_keepalive_s, generation["include_usage"])
+        return sse.EventStream(frames, headers={
+            **sse.HEADERS, **headers, **answers[0].cache_headers,
+            **answered_by(self.registry, generation["model"], opening(firsts[0]).get("model"))})
 
     def stream(self, answer: Answer, first: Reply) -> AsyncIterator[bytes]:
         """SSE frames: OpenAI chunks, keep-alive comments while waiting, then [DONE]
@@ -144,4 +167,124 @@ class ChatServing:
         events = resumed_events(self.settings, self.stored.codec, self.cancels, where, after,
                                 lambda replies, after: self.frames(replies, None, after))
         return sse.EventStream(events, headers={**sse.HEADERS, "x-request-id": rid})
+
+
+def answered_by(registry: Registry, asked: str, answered: object) -> dict[str, str]:
+    """``x-conveyor-deployment: <model>`` when a canary's deployment of the model
+    ``asked`` for answered, ``x-conveyor-fallback: <model>`` when a fallback
+    model did (``answered``: the model the answer names)."""
+    if not isinstance(answered, str) or not answered or answered == asked:
+        return {}
+    spec = registry.find(asked)
+    if spec is not None and answered in dict(spec.deployments):
+        return {"x-conveyor-deployment": answered}
+    return {"x-conveyor-fallback": answered}
+
+
+def choice_generations(generation: Generation, n: int) -> list[Generation]:
+    """The generation of each choice: the same, but for a seed, which is the
+    request's plus the choice's index (kept within Avro's long)."""
+    out: list[Generation] = []
+    seed = generation["sampling"]["seed"]
+    for i in range(n):
+        sampling = dict(generation["sampling"])
+        if seed is not None:
+            sampling["seed"] = (seed + i - MIN_INT64) % (MAX_INT64 - MIN_INT64 + 1) + MIN_INT64
+        out.append({**generation, "sampling": sampling})  # type: ignore[typeddict-item]
+    return out
+
+
+def merged_response(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One answer of the choices' answers (see the module)."""
+    choices = [{**r["choices"][0], "index": i} for i, r in enumerate(results)]
+    return {**results[0], "choices": choices, "usage": _summed([r["usage"] for r in results])}
+
+
+def _summed(usages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first choice's usage with every choice's completion tokens."""
+    completion = sum(u["completion_tokens"] for u in usages)
+    return {**usages[0], "completion_tokens": completion,
+            "total_tokens": usages[0]["prompt_tokens"] + completion}
+
+
+class _ClientLeft(Exception):
+    """The client went away before every choice's first reply."""
+
+
+async def _collect_choices(generations: list[Generation], answers: list[Answer],
+                           disconnected: Disconnected) -> dict[str, Any]:
+    """Every choice's whole answer, as one ({} when the client left first)."""
+    tasks = [asyncio.create_task(collect(g, a, disconnected))
+             for g, a in zip(generations, answers, strict=True)]
+    try:
+        results = await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        for answer in answers:
+            answer.close("another choice failed, or the client left")
+    if any(not r for r in results):
+        return {}
+    return merged_response(results)
+
+
+async def _stream_choices(answers: list[Answer], firsts: list[Reply], keepalive_s: float,
+                         include_usage: bool) -> AsyncIterator[bytes]:
+    """SSE frames of every choice's chunks, each with its index, then the usage
+    and ``[DONE]`` (see the module); keep-alive comments while none comes."""
+    queue: asyncio.Queue[tuple[int, Reply | BaseException]] = asyncio.Queue()
+
+    async def pump(i: int, answer: Answer, first: Reply) -> None:
+        reply: Reply | None = first
+        while True:
+            if reply is not None:
+                await queue.put((i, reply))
+                if reply["kind"] == "final":
+                    return
+            try:
+                reply = await answer.next(within=keepalive_s)
+            except Exception as exc:  # an error reply, or the pipeline's failure
+                await queue.put((i, exc))
+                return
+
+    primary = answers[0].request_id
+    pumps = [asyncio.create_task(pump(i, a, f))
+             for i, (a, f) in enumerate(zip(answers, firsts, strict=True))]
+    usages: list[dict[str, Any]] = []
+    base: dict[str, Any] = {}
+    open_choices = len(answers)
+    try:
+        while open_choices:
+            try:
+                i, item = await asyncio.wait_for(queue.get(), keepalive_s)
+            except TimeoutError:
+                yield sse.comment()
+                continue
+            if isinstance(item, BaseException):
+                yield sse.json_data(for_client(item, f"choice {i} of {primary}").envelope())
+                yield sse.Last(sse.DONE)
+                return
+            for line in item["chunk"].split("\n") if item["chunk"] else ():
+                chunk = json.loads(line)
+                if not chunk.get("choices") and chunk.get("usage"):
+                    usages.append(chunk["usage"])
+                    continue
+                base = base or chunk
+                chunk["id"] = base["id"]
+                for choice in chunk.get("choices") or ():
+                    choice["index"] = i
+                yield sse.json_data(chunk)
+            if item["kind"] == "final":
+                open_choices -= 1
+        if include_usage and usages:
+            yield sse.json_data({**{k: base[k] for k in ("id", "object", "created", "model")
+                                 if k in base}, "choices": [], "usage": _summed(usages)})
+        yield sse.Last(sse.DONE)
+    finally:
+        for task in pumps:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for answer in answers:
+            answer.close(f"the stream of {primary}'s choices ended or its client left")
 

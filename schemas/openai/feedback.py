@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from schemas.openai.fields import Text
+from schemas.openai.fields import STRICT, Text
 
 __all__ = ["FeedbackBody"]
 
 
 class FeedbackBody(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+    model_config = STRICT
 
     request_id: Text = Field(min_length=1, max_length=160)
     score: float | int = Field(ge=-1, le=1)

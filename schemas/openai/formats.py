@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from schemas.openai.fields import Text
+from schemas.openai.fields import STRICT, Text
 from schemas.records import ResponseFormat as ResponseFormatRecord
 from schemas.structured import format_record
 
@@ -32,7 +32,7 @@ class ResponseFormat(BaseModel):
     A schema that is not a JSON Schema, or that Conveyor cannot compile, is
     refused (schemas/structured.py)."""
 
-    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+    model_config = STRICT
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaSpec | None = None

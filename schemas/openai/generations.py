@@ -42,7 +42,7 @@ def completion_generation(body: CompletionRequest) -> Generation:
 
 def _one_choice(body: ChatCompletionRequest | CompletionRequest) -> None:
     """The generation is one choice's: the HTTP routes ask for each of several
-    choices alone (gateway/chat/choices.py); batches and the WebSocket API
+    choices alone (gateway/chat/serving.py); batches and the WebSocket API
     serve one."""
     if body.choices() > 1:
         raise InvalidRequest("n > 1 is served by POST /v1/chat/completions and "

@@ -11,7 +11,7 @@ Only what Conveyor serves is accepted, and only values the pipeline can carry:
   cannot be written into an event and is refused with the field's ``param``.
 * ``response_format`` may ask for free text, any JSON object or JSON matching
   a schema (schemas/structured.py checks the schema here).
-* ``n`` asks for up to 8 choices (gateway/chat/choices.py).
+* ``n`` asks for up to 8 choices (gateway/chat/serving.py).
 * ``logprobs`` (chat: with ``top_logprobs`` up to 20; completions: the
   number of alternatives, up to 5) asks for each token's log probability.
 * ``logit_bias`` maps token ids to a bias in -100..100 (preprocess checks the
@@ -50,8 +50,7 @@ from pydantic import (
 
 from conveyor.errors import InvalidRequest
 from schemas.openai.feedback import FeedbackBody
-from schemas.openai.fields import FUNCTION_NAME, Text
-from schemas.openai.fields import STRICT as _STRICT
+from schemas.openai.fields import FUNCTION_NAME, STRICT, Text
 from schemas.openai.formats import JsonSchemaSpec, ResponseFormat
 from schemas.openai.moderations import ModerationBody, ModerationText
 from schemas.openai.tool_params import (
@@ -80,13 +79,13 @@ MIN_INT64, MAX_INT64 = -(2**63), 2**63 - 1
 
 
 class StreamOptions(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
 
     include_usage: bool = False
 
 
 class TextPart(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
 
     type: Literal["text"]
     text: Text
@@ -140,7 +139,7 @@ def _unsupported(name: str) -> ValueError:
 
 
 class _Sampling(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
 
     model: Text = Field(min_length=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -176,7 +175,7 @@ class _Sampling(BaseModel):
         return v or 1
 
     def choices(self) -> int:
-        """How many choices are asked for (gateway/chat/choices.py serves more than one)."""
+        """How many choices are asked for (gateway/chat/serving.py serves more than one)."""
         return self.n or 1
 
     @field_validator("logit_bias")

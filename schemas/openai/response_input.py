@@ -11,34 +11,31 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Discriminator,
     Field,
     Tag,
     field_validator,
 )
 
-from schemas.openai.requests import FUNCTION_NAME, Text
+from schemas.openai.fields import FUNCTION_NAME, STRICT, Text
 from schemas.openai.tool_params import parameters_within_bounds
 from schemas.records import Function, Message, ToolCall
 
 __all__ = ["InputText", "InputMessage", "FunctionCallItem", "FunctionCallOutputItem",
            "InputItem", "FunctionTool", "FunctionChoice", "conversation"]
 
-_STRICT = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
-
 Role = Literal["user", "assistant", "system", "developer"]
 
 
 class InputText(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
 
     type: Literal["input_text", "output_text"]
     text: Text
 
 
 class InputMessage(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
 
     type: Literal["message"] = "message"
     role: Role
@@ -53,7 +50,7 @@ class InputMessage(BaseModel):
 class FunctionCallItem(BaseModel):
     """A call a previous response made, sent back as part of the conversation."""
 
-    model_config = _STRICT
+    model_config = STRICT
 
     type: Literal["function_call"]
     call_id: Text = Field(min_length=1)
@@ -69,7 +66,7 @@ class FunctionCallItem(BaseModel):
 class FunctionCallOutputItem(BaseModel):
     """A call's result."""
 
-    model_config = _STRICT
+    model_config = STRICT
 
     type: Literal["function_call_output"]
     call_id: Text = Field(min_length=1)
@@ -99,7 +96,7 @@ InputItem = Annotated[
 class FunctionTool(BaseModel):
     """A function the model may call (the Responses API's flat shape)."""
 
-    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+    model_config = STRICT
 
     type: Literal["function"]
     name: Text = Field(pattern=FUNCTION_NAME)
@@ -116,7 +113,7 @@ class FunctionTool(BaseModel):
 
 
 class FunctionChoice(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
 
     type: Literal["function"]
     name: Text

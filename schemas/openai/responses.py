@@ -62,6 +62,7 @@ from pydantic import (
 )
 
 from conveyor.errors import InvalidRequest
+from schemas.openai.fields import STRICT
 from schemas.openai.requests import MAX_INT32, Text, checked_metadata
 from schemas.openai.requests import param_of as requests_param_of
 from schemas.openai.response_input import (
@@ -82,8 +83,6 @@ from schemas.tools import tools_of
 __all__ = ["response_usage", "InputText", "InputMessage", "FunctionCallItem",
            "FunctionCallOutputItem", "FunctionTool", "TextFormat", "TextConfig",
            "ResponsesRequest", "parse_request", "param_of"]
-
-_STRICT = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 Role = Literal["user", "assistant", "system", "developer"]
 
@@ -136,7 +135,7 @@ class TextFormat(BaseModel):
 
 
 class TextConfig(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
 
     format: TextFormat | None = None
     verbosity: Any = None
@@ -152,7 +151,7 @@ class TextConfig(BaseModel):
 class ResponsesRequest(BaseModel):
     """The body of ``POST /v1/responses``: what Conveyor serves of it."""
 
-    model_config = _STRICT
+    model_config = STRICT
 
     model: Text = Field(min_length=1)
     input: Text | list[InputItem]

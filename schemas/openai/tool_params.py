@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
 from schemas.openai.fields import FUNCTION_NAME, STRICT, Text
 from schemas.records import Function as FunctionRecord
@@ -16,8 +16,6 @@ from schemas.structured import schema_bounds_fault
 
 __all__ = ["CalledFunction", "MessageToolCall", "FunctionSpec", "Tool", "NamedFunction",
            "NamedToolChoice", "parameters_within_bounds"]
-
-_STRICT = STRICT
 
 
 
@@ -32,7 +30,7 @@ def parameters_within_bounds(cls: type, v: dict[str, Any] | None,
     return v
 
 class CalledFunction(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
 
     name: Text = Field(pattern=FUNCTION_NAME)
     arguments: Text
@@ -41,7 +39,7 @@ class CalledFunction(BaseModel):
 class MessageToolCall(BaseModel):
     """A call an assistant turn of the history made."""
 
-    model_config = _STRICT
+    model_config = STRICT
 
     id: Text = Field(min_length=1)
     type: Literal["function"] = "function"
@@ -53,7 +51,7 @@ class MessageToolCall(BaseModel):
 
 
 class FunctionSpec(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+    model_config = STRICT
 
     name: Text = Field(pattern=FUNCTION_NAME)
     description: Text | None = None
@@ -69,20 +67,20 @@ class FunctionSpec(BaseModel):
 
 
 class Tool(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+    model_config = STRICT
 
     type: Literal["function"]
     function: FunctionSpec
 
 
 class NamedFunction(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
 
     name: Text
 
 
 class NamedToolChoice(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
 
     type: Literal["function"]
     function: NamedFunction

@@ -74,13 +74,13 @@ class Backends:
         """A key store as a gateway builds it: no producer; its invalidations run."""
         store = KeyStore(self.settings, self.redis(), **options)
         if subscribe:
-            self.tasks.append(asyncio.create_task(store.run_invalidations()))
+            self.tasks.append(asyncio.create_task(store.invalidations.run()))
         return store
 
     def tenants(self, subscribe: bool = False) -> TenantStore:
         store = TenantStore(self.settings, self.redis(), self.producer, audit=self.audit)
         if subscribe:
-            self.tasks.append(asyncio.create_task(store.run_invalidations()))
+            self.tasks.append(asyncio.create_task(store.invalidations.run()))
         return store
 
 

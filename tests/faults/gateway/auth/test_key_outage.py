@@ -28,7 +28,7 @@ async def test_cached_keys_outlive_a_redis_outage(own_redis: OwnRedis) -> None:
         await b.tenants().set("acme", Limits(rpm=10))
         part = TaskHealth("keys")
         gateway = b.gateway_keys(subscribe=False)
-        b.tasks.append(asyncio.create_task(gateway.run_invalidations(part)))
+        b.tasks.append(asyncio.create_task(gateway.invalidations.run(part)))
         await asyncio.wait_for(gateway.invalidations.subscribed.wait(), 5)
         assert part.state == "ok" and gateway.healthy
         tenants = b.tenants(subscribe=False)

@@ -1,11 +1,11 @@
-"""n > 1 (gateway/chat/choices.py): each choice's generation, and the answers
+"""n > 1 (gateway/chat/serving.py): each choice's generation, and the answers
 put together as one."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gateway.chat.choices import choice_generations, merged_response
+from gateway.chat.serving import choice_generations, merged_response
 from schemas.openai.requests import MAX_INT64, MIN_INT64
 from tests.support.factories import generation
 

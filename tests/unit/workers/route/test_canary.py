@@ -10,7 +10,7 @@ from typing import Any
 
 from conveyor.registry import Registry
 from conveyor.settings import load_settings
-from gateway.answer import answered_by
+from gateway.chat.serving import answered_by
 from schemas.records import Prepared
 from tests.support.schedule_tasks import full_task
 from workers.route.layer import RouteLayer
