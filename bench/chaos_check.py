@@ -30,6 +30,7 @@ from bench.chaos_faults import Injected
 from bench.chaos_load import Record
 from bench.stats import markdown_table, percentile
 from schemas.codec import default_codec
+from topics.catalog import TOKENS
 from workers.chunk_order import ChunkOrder
 
 __all__ = ["Logged", "Outcome", "Verdict", "judge", "read_tokens", "WORKER_STALL_TARGET_S",
@@ -108,12 +109,12 @@ async def read_tokens(bootstrap: str, topic: str) -> dict[str, Logged]:
             batch = await consumer.getmany(*left, timeout_ms=2000)
             for records in batch.values():
                 for rec in records:
-                    chunk = codec.decode(rec.value, "TokenChunk")
-                    env = chunk["envelope"]
-                    rid = env["request_id"]
-                    logged = out.setdefault(rid, Logged(rid))
-                    logged.trace_id = logged.trace_id or _trace_id(env["traceparent"])
-                    logged.chunks.append(chunk)
+                    for chunk in TOKENS.unpack(codec, rec.value):
+                        env = chunk["envelope"]
+                        rid = env["request_id"]
+                        logged = out.setdefault(rid, Logged(rid))
+                        logged.trace_id = logged.trace_id or _trace_id(env["traceparent"])
+                        logged.chunks.append(dict(chunk))
             for tp in list(left):
                 if await consumer.position(tp) >= ends[tp]:
                     left.discard(tp)

@@ -14,7 +14,7 @@ import json
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from cli.text import add_report_flags, iso, not_found, plain, print_report
 from conveyor.errors import last_line
@@ -74,7 +74,10 @@ class Journey:
         return [f for fs in self.by_layer.values() for f in fs] + self.chunks + self.replies
 
 
-def _decode(codec: Codec, records: list[Any], event_type: EventType) -> list[Found]:
+def _decode(codec: Codec, records: list[Any], event_type: EventType,
+            unpack: tuple[Topic[Any], str] | None = None) -> list[Found]:
+    """The records as events of ``event_type``; with ``unpack`` (a topic of
+    batches and a request id), the events of that request each record holds."""
     found = []
     for r in records:
         item = Found(r.topic, r.partition, r.offset, r.timestamp, event_type)
@@ -82,7 +85,14 @@ def _decode(codec: Codec, records: list[Any], event_type: EventType) -> list[Fou
             item.record = codec.decode(r.value, event_type)
         except Exception as exc:  # an event a layer dead-letters is shown, not fatal
             item.error = f"{type(exc).__name__}: {exc}"
-        found.append(item)
+        if unpack is None or item.record is None:
+            found.append(item)
+            continue
+        topic, request_id = unpack
+        each = cast(EventType, topic.types[0].__name__)
+        found.extend(Found(r.topic, r.partition, r.offset, r.timestamp, each, event)
+                     for event in item.record[topic.batch[1]]  # type: ignore[index]
+                     if event["envelope"]["request_id"] == request_id)
     return found
 
 
@@ -114,7 +124,8 @@ async def find_journey(settings: Settings, request_id: str, since_ms: int,
         async def read(topic: Topic, key: str | None = request_id, **kw: Any) -> list[Found]:
             """The request's events on ``topic``, decoded as the one type it carries."""
             found = await look.find(topic.at(settings.kafka), key, start, until, **kw)
-            return _decode(codec, found, topic.events[0])
+            unpack = (topic, request_id) if topic.batch is not None else None
+            return _decode(codec, found, topic.events[0], unpack)
 
         journey.by_layer["preprocess"] = await read(PREPARED)
         journey.by_layer["route"] = await read(ROUTED)

@@ -25,6 +25,7 @@ from schemas.records import (
     Sampling,
     Task,
     TenantPolicy,
+    TokenBatch,
     TokenChunk,
     Usage,
     UsageRecord,
@@ -34,5 +35,6 @@ from schemas.records import (
 __all__ = ["Codec", "EventType", "default_codec", "ChunkHeader", "Control", "DeadLetter",
            "Envelope", "ErrorInfo", "Generation", "JobCommand", "JobResult", "JobStatus",
            "Message", "Prepared", "Prompt", "Reply", "Request", "Route", "Sampling", "Task",
-           "TokenChunk", "Usage", "WorkerHeartbeat", "UsageRecord", "AuditEvent", "ApiKey",
+           "TokenBatch", "TokenChunk", "Usage", "WorkerHeartbeat", "UsageRecord", "AuditEvent",
+           "ApiKey",
            "TenantPolicy"]

@@ -33,6 +33,7 @@ EventType = Literal[
     "Prepared",
     "Task",
     "TokenChunk",
+    "TokenBatch",
     "Reply",
     "Control",
     "WorkerHeartbeat",

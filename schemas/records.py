@@ -12,7 +12,8 @@ from typing import Literal, NotRequired, TypedDict
 __all__ = ["ChunkHeader", "HostCache", "KvCache", "Control", "DeadLetter", "Envelope", "ErrorInfo",
            "Generation", "Message", "Prepared", "Prompt", "Reply", "Request", "Route", "Fallback",
            "ResponseFormat", "ToolCall", "TokenLogprob", "TopLogprob", "Function", "Tools",
-           "Sampling", "Task", "TokenChunk", "Usage", "WorkerHeartbeat", "JobCommand", "JobStatus",
+           "Sampling", "Task", "TokenBatch", "TokenChunk", "Usage", "WorkerHeartbeat",
+           "JobCommand", "JobStatus",
            "JobResult", "UsageRecord", "AuditEvent", "Feedback", "ApiKey", "TenantPolicy",
            "BreakerState", "ModelRegistry", "PolicyDocument"]
 
@@ -197,6 +198,10 @@ class TokenChunk(TypedDict):
     run_start: int
     cached_tokens: NotRequired[int | None]
     logprobs: NotRequired[list[TokenLogprob]]
+
+
+class TokenBatch(TypedDict):
+    chunks: list[TokenChunk]
 
 
 class Reply(TypedDict):

@@ -38,6 +38,7 @@ from schemas.records import (
     Request,
     Task,
     TenantPolicy,
+    TokenBatch,
     TokenChunk,
     UsageRecord,
     WorkerHeartbeat,
@@ -65,15 +66,33 @@ class Topic(Generic[T]):
     sizing: Sizing = "pipeline"  # pipeline_partitions, reply_partitions, or 1
     cleanup: Literal["delete", "compact"] = "delete"
     retention_ms: int = _DAY_MS
+    # records that hold many requests' events: the record's type and its list
+    # field (docs/decisions/0032-many-streams-a-record.md)
+    batch: tuple[type[Any], str] | None = None
 
     @property
     def events(self) -> tuple[EventType, ...]:
-        """The Avro names of the event types it carries (a mirror is named as its schema)."""
-        return tuple(cast(EventType, t.__name__) for t in self.types)
+        """The Avro names of what its records decode as (a mirror is named as its
+        schema): its events' types, or its batch's."""
+        types = self.types if self.batch is None else (self.batch[0],)
+        return tuple(cast(EventType, t.__name__) for t in types)
 
     def decode(self, codec: Codec, value: bytes | None) -> T:
         """One value of this topic as its event; SchemaError for anything else."""
+        if self.batch is not None:
+            raise TypeError(f"{self.name}: a record holds many events: unpack() it")
         return cast(T, codec.decode(value, self.events))
+
+    def unpack(self, codec: Codec, value: bytes | None) -> list[T]:
+        """The events one value holds, in order: itself, or a batch's."""
+        event = codec.decode(value, self.events)
+        return [event] if self.batch is None else list(event[self.batch[1]])
+
+    def pack(self, events: list[T]) -> Any:
+        """The batch record holding ``events`` (a topic of batches only)."""
+        if self.batch is None:
+            raise TypeError(f"{self.name} holds one event a record")
+        return {self.batch[1]: events}
 
     def encode(self, codec: Codec, event: T, event_type: EventType | None = None) -> bytes:
         """``event`` in the encoding of its type (named when the topic carries several)."""
@@ -100,7 +119,9 @@ class Topic(Generic[T]):
 REQUESTS = Topic("requests", (Request,), "request id")
 PREPARED = Topic("prepared", (Prepared,), "request id")
 ROUTED = Topic("routed", (Task,), "request id")
-TOKENS = Topic("tokens", (TokenChunk,), "request id")
+TOKENS = Topic("tokens", (TokenChunk,), "none: a record holds the chunks of the requests whose "
+               "id's partition it is in, named in its request-ids header",
+               batch=(TokenBatch, "chunks"))
 REPLIES = Topic("replies", (Reply,),
                 "request id; partition = the gateway's leased reply partition", "replies")
 CONTROL = Topic("control", (Control,), "request id", "one")

@@ -51,7 +51,7 @@ from topics.catalog import Topic
 from topics.clients import KafkaError, broker_error, make_consumer, make_producer
 from topics.envelope import request_time_ms
 from topics.producer import EventProducer
-from topics.reader import PoisonReport, Record, decoded
+from topics.reader import PoisonReport, Record, decoded, holds
 
 __all__ = ["KeyLookup", "LookupClosed", "Reader", "Record", "SharedLookup", "key_partition",
            "parse_since", "made_window"]
@@ -208,7 +208,7 @@ class KeyLookup:
                         if record.offset >= end or (until_ms is not None
                                                     and record.timestamp > until_ms):
                             return found
-                        if key is None or record.key == key:
+                        if key is None or holds(record, key):
                             found.append(record)
                             if first:
                                 return found
@@ -295,7 +295,7 @@ class SharedLookup:
         decode is reported and left out (topics/reader.py)."""
         found = await self.records(topic.at(self.settings.kafka), key, since_ms, until_ms,
                                    partitions=partitions, first=first, timeout_s=timeout_s)
-        return decoded(topic, self.codec, found, PoisonReport(log, topic))
+        return decoded(topic, self.codec, found, PoisonReport(log, topic), key)
 
     async def records(self, topic: str, key: str | None, since_ms: int,
                       until_ms: int | None = None, *, partitions: list[int] | None = None,

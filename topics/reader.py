@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeAlias, TypeVar, cast
 
 from aiokafka import ConsumerRecord, TopicPartition
 
@@ -28,7 +28,10 @@ from topics.backoff import Backoff, RateLimitedLog
 from topics.catalog import Topic
 from topics.clients import KafkaError, broker_error
 
-__all__ = ["Poison", "PoisonReport", "Record", "decoded", "fetch"]
+__all__ = ["Poison", "PoisonReport", "REQUEST_IDS", "Record", "decoded", "fetch", "holds",
+           "request_ids", "request_ids_header"]
+
+REQUEST_IDS = "request-ids"
 
 Record: TypeAlias = "ConsumerRecord[bytes, bytes]"
 Poison = Callable[[Record, SchemaError], object]
@@ -36,16 +39,41 @@ T = TypeVar("T")
 
 
 def decoded(topic: Topic[T], codec: Codec, records: Iterable[Record],
-            poison: Poison) -> list[tuple[Record, T]]:
+            poison: Poison, key: str | None = None) -> list[tuple[Record, T]]:
     """The records that decode as ``topic``'s events, with their events, in
-    order; each one that does not goes to ``poison``."""
+    order (a record of many requests' events gives a pair for each, of ``key``'s
+    request only when given); each one that does not decode goes to ``poison``."""
     out: list[tuple[Record, T]] = []
     for record in records:
         try:
-            out.append((record, topic.decode(codec, record.value)))
+            events = topic.unpack(codec, record.value)
         except SchemaError as exc:
             poison(record, exc)
+            continue
+        if key is not None and topic.batch is not None:
+            events = [e for e in events if cast(Any, e)["envelope"]["request_id"] == key]
+        out.extend((record, event) for event in events)
     return out
+
+
+def request_ids_header(ids: Iterable[str]) -> tuple[str, bytes]:
+    """The header naming the requests whose events a record of many holds."""
+    return REQUEST_IDS, ",".join(dict.fromkeys(ids)).encode()
+
+
+def request_ids(record: Record) -> list[bytes]:
+    """The requests a record holds events of: those its request-ids header
+    names, else its key's."""
+    for name, value in record.headers or ():
+        if name == REQUEST_IDS:
+            return value.split(b",")
+    return [record.key] if record.key is not None else []
+
+
+def holds(record: Record, key: bytes) -> bool:
+    """Whether ``record`` is ``key``'s: its key, or a request its
+    request-ids header names."""
+    return record.key == key or key in request_ids(record)
 
 
 class PoisonReport:

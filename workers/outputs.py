@@ -23,14 +23,15 @@ from conveyor.errors import (
     SchemaError,
     TransientBrokerError,
 )
-from conveyor.settings import Settings
+from conveyor.settings import KafkaSettings, Settings
 from schemas.codec import Codec, EventType
 from schemas.records import DeadLetter, Envelope, ErrorInfo, JobResult, Reply, Usage
 from topics.backoff import Backoff, RateLimitedLog
-from topics.catalog import DLQ, REPLIES, RESULTS
+from topics.catalog import DLQ, REPLIES, RESULTS, Topic
 from topics.clients import EventTooLarge, broker_error
 from topics.envelope import now_ms
 from topics.producer import EventProducer
+from topics.reader import request_ids_header
 
 __all__ = ["Output", "Sender", "error_info", "failure_reply", "job_event", "result_output"]
 
@@ -48,6 +49,7 @@ class Output:
     record: Any
     key: str | None = None
     partition: int | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 def result_output(settings: Settings, envelope: Envelope, *, status_code: int,
@@ -62,6 +64,15 @@ def result_output(settings: Settings, envelope: Envelope, *, status_code: int,
                        status_code=status_code, body=body, error=error, text=text,
                        finish_reason=finish_reason, usage=usage, detail="", ts_ms=now_ms())
     return Output(RESULTS.at(settings.kafka), "JobResult", result, key=envelope["job_id"])
+
+
+def batch_output(kafka: KafkaSettings, topic: Topic[Any], events: list[Any],
+                 partition: int) -> Output:
+    """One record of ``topic`` holding ``events`` of several requests (in
+    order), on ``partition``, their requests named in its request-ids header."""
+    ids = request_ids_header(e["envelope"]["request_id"] for e in events)
+    return Output(topic.at(kafka), topic.events[0], topic.pack(events), partition=partition,
+                  headers=(ids,))
 
 
 def job_event(settings: Settings, job_id: str, event: str, detail: str = "") -> Output:
@@ -92,9 +103,12 @@ def failure_reply(exc: BaseException, layer: str) -> RequestError:
 
 
 def _headers(out: Output) -> list[tuple[str, bytes]] | None:
-    """The W3C trace context as a Kafka header, for events that belong to a request."""
+    """The output's own headers, and the W3C trace context for an event that
+    belongs to a request."""
     envelope = out.record.get("envelope") if isinstance(out.record, dict) else None
-    return [("traceparent", envelope["traceparent"].encode())] if envelope else None
+    headers = [*out.headers, ("traceparent", envelope["traceparent"].encode())] if envelope \
+        else list(out.headers)
+    return headers or None
 
 
 @dataclass

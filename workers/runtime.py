@@ -61,7 +61,7 @@ from workers.cancels import CancelList
 from workers.failures import failure_outputs
 from workers.inflight import PartitionBook
 from workers.layer import AssignmentAware, CancelAware, Instrumented, Layer, Record
-from workers.outputs import Output, Sender, error_info
+from workers.outputs import Output, Sender, error_info, failure_reply
 
 __all__ = ["LayerRuntime"]
 
@@ -106,6 +106,7 @@ class LayerRuntime:
         self.cancels = cancels
         # asked once: an isinstance check against a Protocol is slow
         self._cancel_aware = isinstance(layer, CancelAware)
+        self._batched = layer.source.batch is not None
         self._own_cancels = cancels is None and self._cancel_aware
         if self._own_cancels:
             self.cancels = CancelList(settings, self.codec)
@@ -186,7 +187,9 @@ class LayerRuntime:
     def _dispatch(self, record: Record) -> None:
         tp = TopicPartition(record.topic, record.partition)
         self.partitions.setdefault(tp, PartitionBook()).take(record.offset)
-        key = (tp, record.key if record.key is not None else record.offset)
+        # a record of many requests' events is handled in its partition's order
+        key = (tp, None if self._batched else
+               record.key if record.key is not None else record.offset)
         queue = self._queues.get(key)
         if queue is not None:
             queue.append(record)
@@ -240,32 +243,45 @@ class LayerRuntime:
                              {tp: part.next for tp, part in list(self.partitions.items())})
 
     async def _handle_record(self, record: Record) -> None:
-        """Decode, handle and produce one event; every failure ends in the DLQ
-        and an error reply, or (passing broker trouble) in a retry."""
+        """Decode, handle and produce one record's events (several requests'
+        on a topic of batches), their outputs produced together; every failure
+        ends in the DLQ and an error reply, or (passing broker trouble) in a retry."""
         layer = self.layer
         try:
-            event = layer.source.decode(self.codec, record.value)
+            events = layer.source.unpack(self.codec, record.value)
         except SchemaError as exc:
             log.warning("%s: poison event %s@%d: %s", layer.name, record.topic, record.offset, exc)
             await self._fail(record, None, exc, f"SchemaError: {exc}")
             return
-        # job events (commands, results) belong to a job, not to one request
-        envelope: Envelope | None = event.get("envelope")
-        if (self.cancels is not None and self._cancel_aware and envelope
-                and envelope["request_id"] in self.cancels):
-            log.info("%s: request %s was cancelled; dropping its event", layer.name,
-                     envelope["request_id"])
-            return
-        outputs = await self._outputs(event, envelope, record)
-        if outputs is None:
+        outputs: list[Output] = []
+        envelopes: list[Envelope | None] = []
+        for event in events:
+            # job events (commands, results) belong to a job, not to one request
+            envelope: Envelope | None = event.get("envelope")
+            if (self.cancels is not None and self._cancel_aware and envelope
+                    and envelope["request_id"] in self.cancels):
+                log.info("%s: request %s was cancelled; dropping its event", layer.name,
+                         envelope["request_id"])
+                continue
+            handled = await self._outputs(event, envelope, record)
+            if handled:
+                outputs.extend(handled)
+                envelopes.append(envelope)
+        if not outputs:
             return
         try:
             await self._produce(outputs)
         except (PermanentBrokerError, SchemaError) as exc:
+            envelope = envelopes[0] if len(envelopes) == 1 else None
             log.error("%s: cannot produce the outputs of %s@%d (request %s, trace %s): %s",
                       layer.name, record.topic, record.offset, _rid(envelope),
                       _trace(envelope), exc)
-            await self._fail(record, envelope, exc, f"{type(exc).__name__}: {exc}")
+            await self._fail(record, envelopes[0], exc, f"{type(exc).__name__}: {exc}")
+            for other in envelopes[1:]:  # one letter of the record, a reply to each request
+                reply = self._sender_().error_output(
+                    other, error_info(failure_reply(exc, layer.name))) if other else None
+                with contextlib.suppress(PermanentBrokerError, SchemaError):
+                    await self._produce([reply] if reply is not None else [])
 
     async def _outputs(self, event: Any, envelope: Envelope | None, record: Record
                        ) -> list[Output] | None:

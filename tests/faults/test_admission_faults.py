@@ -15,6 +15,7 @@ import pytest
 from schemas.codec import default_codec
 from tests.support.pipeline import Pipeline
 from tests.support.topics import records
+from topics.catalog import TOKENS
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +58,8 @@ def test_a_waiting_request_outlives_a_killed_scheduler_and_is_answered_once(
     # generated once: one run of it on the tokens topic, one final chunk
     codec = default_codec()
     rid = waiting[0].headers["x-request-id"]
-    chunks = [codec.decode(r.value, "TokenChunk")
-              for r in asyncio.run(records(p, [p.settings.kafka.topic("tokens")]))
-              if r.key == rid.encode()]
+    chunks = [c for r in asyncio.run(records(p, [p.settings.kafka.topic("tokens")]))
+              for c in TOKENS.unpack(codec, r.value) if c["envelope"]["request_id"] == rid]
     assert len({c["run_id"] for c in chunks}) == 1, chunks
     assert sum(c["finish_reason"] is not None for c in chunks) == 1
     assert long_answer  # the stream that held the slot went on to its end

@@ -39,6 +39,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from schemas.codec import default_codec
 from tests.pipeline.test_batches import client, line, lines_of, upload, wait
 from tests.support.pipeline import Pipeline
+from topics.catalog import TOKENS
+from topics.reader import REQUEST_IDS
 
 LINES = 36
 MAX_TOKENS = 8
@@ -75,7 +77,10 @@ async def _consumer(p: Pipeline, name: str) -> tuple[AIOKafkaConsumer, list[Topi
 
 
 def _is_of(batch_id: str, record: Any) -> bool:
-    return bool((record.key or b"").startswith(f"{batch_id}-".encode()))
+    """A record of the batch's requests: by its key, or (conveyor.tokens, whose
+    records hold many requests' chunks) by the request ids it names."""
+    ids = dict(record.headers or ()).get(REQUEST_IDS, record.key or b"").split(b",")
+    return any(i.startswith(f"{batch_id}-".encode()) for i in ids)
 
 
 async def _read_all(p: Pipeline, name: str, batch_id: str) -> list[Any]:
@@ -121,9 +126,11 @@ def runs_of(p: Pipeline, batch_id: str) -> Runs:
     codec = default_codec()
     lines: dict[str, dict[str, tuple[str, int]]] = {}
     for record in asyncio.run(_read_all(p, "tokens", batch_id)):
-        chunk = codec.decode(record.value, "TokenChunk")
-        lines.setdefault(chunk["envelope"]["request_id"], {})[chunk["run_id"]] = (
-            chunk["worker_id"], chunk["run_start"])
+        for chunk in TOKENS.unpack(codec, record.value):
+            if not chunk["envelope"]["request_id"].startswith(f"{batch_id}-"):
+                continue
+            lines.setdefault(chunk["envelope"]["request_id"], {})[chunk["run_id"]] = (
+                chunk["worker_id"], chunk["run_start"])
     return Runs(lines)
 
 

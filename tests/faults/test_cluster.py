@@ -28,6 +28,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from schemas.codec import default_codec
 from tests.support.pipeline import ROOT, Pipeline
 from tests.support.services import free_port
+from topics.catalog import TOKENS
 from workers.infer.progress import progress_of
 
 PROMPT = "1, 2, 3, 4, 5,"
@@ -193,7 +194,7 @@ async def _chunks(bootstrap: str, topic: str, partitions: int) -> list[Any]:
             if all([await consumer.position(tp) >= ends[tp] for tp in tps]):
                 break
             for records in (await consumer.getmany(timeout_ms=500)).values():
-                values.extend(codec.decode(r.value, "TokenChunk") for r in records)
+                values.extend(c for r in records for c in TOKENS.unpack(codec, r.value))
         return values
     finally:
         await consumer.stop()

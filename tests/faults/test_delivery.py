@@ -22,6 +22,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from schemas.codec import default_codec
 from schemas.records import TokenChunk, WorkerHeartbeat
 from tests.support.pipeline import Pipeline
+from topics.catalog import TOKENS
 from workers.infer.progress import progress_of
 
 COUNTING: dict[str, Any] = {"model": "smollm2", "prompt": "1, 2, 3, 4, 5,", "temperature": 0,
@@ -204,7 +205,7 @@ def _chunks_of(p: Pipeline, request_id: str) -> list[TokenChunk]:
     codec = default_codec()
     values = asyncio.run(_read_topic(p.settings.kafka.bootstrap, p.settings.kafka.topic("tokens"),
                                      20))
-    chunks = [codec.decode(v, "TokenChunk") for v in values]
+    chunks = [c for v in values for c in TOKENS.unpack(codec, v)]
     return [c for c in chunks if c["envelope"]["request_id"] == request_id]
 
 

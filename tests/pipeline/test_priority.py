@@ -33,6 +33,7 @@ from schemas.records import Request
 from tests.support.factories import generation
 from tests.support.pipeline import Pipeline
 from tests.support.topics import from_the_end
+from topics.catalog import TOKENS
 from topics.envelope import PRIORITY_BATCH, PRIORITY_INTERACTIVE, new_envelope, now_ms
 
 BATCH = 40
@@ -56,8 +57,7 @@ async def _watch_tokens(p: Pipeline, finals: Finals, ready: asyncio.Event) -> No
         while True:
             batch = await consumer.getmany(timeout_ms=100)
             for records in batch.values():
-                for record in records:
-                    chunk = codec.decode(record.value, "TokenChunk")
+                for chunk in (c for r in records for c in TOKENS.unpack(codec, r.value)):
                     rid = chunk["envelope"]["request_id"]
                     finals.started.setdefault(rid, time.monotonic())
                     if chunk["finish_reason"] is not None or chunk["error"] is not None:

@@ -17,6 +17,7 @@ import httpx
 from schemas.codec import default_codec
 from tests.support.pipeline import Pipeline
 from tests.support.topics import records
+from topics.catalog import TOKENS
 
 # about 250 tokens: three whole blocks of 64 the turns share
 SYSTEM = "You are a guide to lighthouses. " + " ".join(
@@ -37,8 +38,8 @@ def workers_of(p: Pipeline, answers: list[dict[str, Any]]) -> list[str]:
     ids = [a["id"].removeprefix("chatcmpl-") for a in answers]
     found: dict[str, str] = {}
     for record in asyncio.run(records(p, [p.settings.kafka.topic("tokens")])):
-        chunk = codec.decode(record.value, "TokenChunk")
-        found.setdefault(chunk["envelope"]["request_id"], chunk["worker_id"])
+        for chunk in TOKENS.unpack(codec, record.value):
+            found.setdefault(chunk["envelope"]["request_id"], chunk["worker_id"])
     return [found[i] for i in ids]
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from schemas.records import Generation, Message, Request
+from schemas.records import Generation, Message, Request, TokenChunk
 from topics.envelope import new_envelope
 
-__all__ = ["Record", "generation", "request"]
+__all__ = ["Record", "chunk", "generation", "request"]
 
 
 def generation(
@@ -68,3 +68,12 @@ class Record:
     topic: str
     partition: int
     offset: int
+
+
+def chunk(request_id: str, seq: int, text: str = "", *, tokens: int = 1,
+          finish: str | None = None, run_id: str = "run-a") -> TokenChunk:
+    """One chunk of ``request_id``'s answer, as a worker writes it."""
+    return TokenChunk(envelope=new_envelope(request_id, reply_gateway="g", reply_partition=0),
+                      seq=seq, text=text, tokens=tokens, finish_reason=finish, worker_id="w0",
+                      header=None, error=None, run_id=run_id, run_start=0, cached_tokens=None,
+                      logprobs=[])

@@ -1,14 +1,13 @@
-"""One task run: engine pieces -> coalesced TokenChunk events.
+"""One task run: engine pieces -> TokenChunk events, through the worker's
+records on conveyor.tokens (workers/infer/token_records.py).
 
-The first piece is produced at once (time to first token matters most);
-after that pieces are coalesced for a window that grows with the streams
-the worker runs, ``coalesce_ms`` times (1 - 1/streams): a stream alone gets
-each piece at once, and under load the pipeline carries tens of chunks a
-second per request, not one event per token. A request that
-is not streamed is coalesced for ``coalesce_unstreamed_ms``: its chunks are
-only checkpoints for a retry to continue from. Every chunk names its run
-(``run_id``, and ``run_start``, the seq the run began at), so that readers of
-the log apply one run's chunks at each seq (:mod:`workers.chunk_order`).
+The first chunk goes out at once (time to first token matters most); after
+that a streamed answer's pieces are held until the worker's next tick, which
+takes them as one chunk into the record of every stream on that partition. A
+request that is not streamed is coalesced for ``coalesce_unstreamed_ms``: its
+chunks are only checkpoints for a retry to continue from. Every chunk names
+its run (``run_id``, and ``run_start``, the seq the run began at), so that
+readers of the log apply one run's chunks at each seq (:mod:`workers.chunk_order`).
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import contextlib
 import time
 import traceback
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,12 +42,13 @@ from schemas.records import (
 )
 from schemas.structured import check_format
 from schemas.tools import check_tools, reads_tool_calls, tool_format
-from topics.catalog import ROUTED, TOKENS
+from topics.catalog import ROUTED
 from topics.envelope import now_ms, stamp
 from topics.tracing import genai_request_attributes
 from workers.infer.engines.base import Engine, GenerationRequest
 from workers.infer.progress import ProgressTracker
 from workers.infer.speed import Speed
+from workers.infer.token_records import TokenRecords
 from workers.outputs import Output, Sender, error_info
 from workers.prefix import tenant_salt
 from workers.prompt_cache import Cached, PromptCache
@@ -129,8 +128,8 @@ class TaskRun:
     speed: Speed | None = None
     # the engine failed before the first token: the task went to schedule again
     retried: bool = False
-    # the streams the worker runs now (this one included): the coalescing window grows with it
-    streams: Callable[[], int] = lambda: 1
+    # the worker's records on conveyor.tokens, which every chunk goes out in
+    records: TokenRecords | None = None
 
     @property
     def request_id(self) -> str:
@@ -153,6 +152,11 @@ class TaskRun:
         self.run_id = uuid.uuid4().hex[:12]
         self.seq, self.run_start, self.text, self.tokens = 0, 0, "", 0
         self._acks: list[asyncio.Future[Any]] = []
+        # pieces not yet in a chunk, and the partition of the request's chunks
+        self._held: list[str] = []
+        self._held_logprobs: list[TokenLogprob] = []
+        self._held_tokens = 0
+        self._partition: int | None = None
         entered_ms = envelope["stamps"].get("gateway", now_ms() * 1000) // 1000
         claim, done = await self.progress.claim(self.request_id, self.worker_id,
                                                 self.written_ms, entered_ms)
@@ -173,7 +177,7 @@ class TaskRun:
         self.run_start = self.seq
         if self.cancelled:
             if self.seq:  # close the answer an earlier run left open
-                await self._emit("", 0, "cancelled")
+                self._emit("", 0, "cancelled")
         elif envelope["deadline_ms"] and now_ms() >= envelope["deadline_ms"]:
             await self._fail(DeadlineExceeded("The request's deadline passed."))
         else:
@@ -257,10 +261,6 @@ class TaskRun:
     async def _stream(self, request: GenerationRequest) -> None:
         streamed = self.task["generation"]["stream"]
         unstreamed_s = self.settings.infer.coalesce_unstreamed_ms / 1000
-        coalesce_s = self.settings.infer.coalesce_ms / 1000
-        buf: list[str] = []
-        buf_logprobs: list[TokenLogprob] = []
-        buf_tokens = 0
         last_flush = 0.0
         finish: str | None = None
         asked, first, produced = time.monotonic(), 0.0, 0
@@ -269,11 +269,11 @@ class TaskRun:
         pieces = self.engine.generate(request)
         try:
             async for piece in pieces:
-                buf.append(piece.text)
-                buf_logprobs.extend(piece.logprobs)
+                self._held.append(piece.text)
+                self._held_logprobs.extend(piece.logprobs)
                 if answer is not None:
                     answer.append(piece.text)
-                buf_tokens += piece.tokens
+                self._held_tokens += piece.tokens
                 produced += piece.tokens
                 if not first and piece.tokens:
                     first = time.monotonic()
@@ -287,17 +287,20 @@ class TaskRun:
                 if self.handed_off:
                     break
                 now = time.monotonic()
-                interval = coalesce_s * (1 - 1 / max(1, self.streams())) if streamed \
-                    else unstreamed_s
-                if self.seq == self.run_start or now - last_flush >= interval:
-                    await self._emit("".join(buf), buf_tokens, None, logprobs=buf_logprobs)
-                    buf, buf_logprobs, buf_tokens, last_flush = [], [], 0, now
+                if self.seq == self.run_start:  # the first chunk: at once
+                    self._emit_held(None)
+                    last_flush = now
+                elif streamed:  # the worker's next tick takes what is held
+                    self._records().wants(self)
+                elif now - last_flush >= unstreamed_s:  # a checkpoint of an unstreamed answer
+                    self._emit_held(None, at_once=False)
+                    last_flush = now
         finally:
             with contextlib.suppress(Exception):
                 await pieces.aclose()
         if finish is None and self.handed_off:
-            if buf_tokens:
-                await self._emit("".join(buf), buf_tokens, None, logprobs=buf_logprobs)
+            if self._held_tokens:
+                self._emit_held(None)
             return
         if finish is None:
             finish = "cancelled" if self.cancelled else "stop"
@@ -309,7 +312,7 @@ class TaskRun:
         wrong = violation(fmt, "".join(answer)) if fmt and answer is not None \
             and finish == "stop" else None
         if wrong is not None:  # what the grammar could not hold the engine to
-            await self._emit("".join(buf), buf_tokens, None, logprobs=buf_logprobs)
+            self._emit_held(None)
             tool_calls = fmt is not None and fmt["type"] == "tool_calls"
             await self._fail(InvalidOutput(
                 f"The model's tool calls are not valid: {wrong}." if tool_calls else
@@ -317,7 +320,7 @@ class TaskRun:
                 param="tools" if tool_calls else "response_format",
                 code="invalid_tool_call" if tool_calls else None))
             return
-        await self._emit("".join(buf), buf_tokens, finish, logprobs=buf_logprobs)
+        self._emit_held(finish)
 
     @property
     def answered_by(self) -> str:
@@ -338,28 +341,57 @@ class TaskRun:
                            tool_calls=reads_tool_calls(gen),
                            logprobs=bool(gen["sampling"].get("logprobs")))
 
-    async def _emit(self, text: str, tokens: int, finish: str | None,
-                    error: ErrorInfo | None = None,
-                    logprobs: list[TokenLogprob] | None = None) -> None:
-        """Produce one chunk without waiting for its acknowledgement: the idempotent
-        producer keeps a partition's order (all but across its renewal,
-        topics/producer.py, where readers order chunks by seq), and run() waits
-        for all of them."""
+    def _records(self) -> TokenRecords:
+        assert self.records is not None, "a run writes its chunks through the worker's records"
+        return self.records
+
+    def _chunk(self, text: str, tokens: int, finish: str | None, error: ErrorInfo | None = None,
+               logprobs: list[TokenLogprob] | None = None) -> TokenChunk:
+        """The next chunk of the answer (its seq taken)."""
         chunk = TokenChunk(envelope=self.task["envelope"], seq=self.seq, text=text,
                            tokens=tokens, finish_reason=finish, worker_id=self.worker_id,
                            header=self._header(), error=error, run_id=self.run_id,
                            run_start=self.run_start,
                            cached_tokens=self.cached_tokens if finish is not None else None,
                            logprobs=list(logprobs or ()))
-        self._acks.append(await self.sender.send_nowait(
-            Output(TOKENS.at(self.settings.kafka), "TokenChunk", chunk, key=self.request_id)))
         self.seq += 1
         self.tokens += tokens
         if self.task["prompt"].get("cache_key"):
             self.text += text
         if finish is not None:
             self.finish_reason = finish
+        return chunk
+
+    def _emit(self, text: str, tokens: int, finish: str | None, error: ErrorInfo | None = None,
+              logprobs: list[TokenLogprob] | None = None, at_once: bool = True) -> None:
+        """Hand one chunk to the worker's records (workers/infer/token_records.py)
+        without waiting for it to be in the log: run() waits for all of them."""
+        records = self._records()
+        if self._partition is None:
+            self._partition = records.partition(self.request_id)
+        chunk = self._chunk(text, tokens, finish, error, logprobs)
+        self._acks.append(records.add(chunk, self._partition, at_once))
+
+    def _emit_held(self, finish: str | None, at_once: bool = True) -> None:
+        """The pieces held (none, for a last chunk that only ends) as one chunk."""
+        text, tokens, logprobs = "".join(self._held), self._held_tokens, self._held_logprobs
+        self._held, self._held_tokens, self._held_logprobs = [], 0, []
+        self._emit(text, tokens, finish, logprobs=logprobs, at_once=at_once)
+
+    def take(self) -> tuple[TokenChunk, int, asyncio.Future[None]] | None:
+        """The pieces held, as one chunk, for the worker's tick (None: none held)."""
+        if not self._held_tokens and not any(self._held):
+            return None
+        text, tokens, logprobs = "".join(self._held), self._held_tokens, self._held_logprobs
+        self._held, self._held_tokens, self._held_logprobs = [], 0, []
+        chunk = self._chunk(text, tokens, None, logprobs=logprobs)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._acks.append(done)
+        assert self._partition is not None  # the first chunk went out before any tick
+        return chunk, self._partition, done
 
     async def _fail(self, exc: RequestError) -> None:
-        await self._emit("", 0, None, error=error_info(exc))
+        if self._held_tokens or any(self._held):  # what came before the failure, in order
+            self._emit_held(None)
+        self._emit("", 0, None, error=error_info(exc))
 

@@ -59,6 +59,7 @@ from workers.infer.heartbeat import Heartbeat, Snapshot, host_cache_of, reported
 from workers.infer.offsets import InFlightOffsets
 from workers.infer.progress import ProgressTracker
 from workers.infer.speed import Speed
+from workers.infer.token_records import TokenRecords
 from workers.outputs import Sender
 from workers.prefix import HeldBlocks
 
@@ -121,6 +122,7 @@ class InferWorker:
         # what this worker owned when the last rebalance began (the assignor keeps it)
         self.owned_before: set[TopicPartition] = set()
         self.offsets = InFlightOffsets()
+        self.records: TokenRecords | None = None  # made once the producer is
         self.running: dict[str, _Running] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._slot_freed = asyncio.Event()
@@ -166,6 +168,10 @@ class InferWorker:
             await started("Redis to answer (task claims)", redis.ping, within=within, log=log,
                           where=redis_address(self.settings.redis.url), retry_on=REDIS_REFUSALS)
             sender = Sender(self.settings, producer, self.codec)
+            # every run's chunks, one record a partition a tick
+            self.records = TokenRecords(self.settings, sender, lambda: len(self.running))
+            self.records.start()
+            stack.push_async_callback(self.records.close)
             # the worker's one keyed reader of the log
             lookup = SharedLookup(self.settings, codec=self.codec)
             stack.push_async_callback(lookup.close)
@@ -279,8 +285,7 @@ class InferWorker:
         spec = self.registry.find(task["route"]["model"])
         gen = TaskRun(self.settings, self.engine, sender, store, self.worker_id, task,
                       upstream_model=spec.upstream_model if spec else None,
-                      written_ms=record.timestamp, speed=self.speed,
-                      streams=lambda: len(self.running))
+                      written_ms=record.timestamp, speed=self.speed, records=self.records)
         if self._cancels is not None and rid in self._cancels:
             gen.cancelled = True  # cancelled while it waited: never generated
         job = asyncio.create_task(self._generate(gen, record), name=f"gen-{rid}")

@@ -25,9 +25,10 @@ from schemas.records import Envelope, Generation, Prepared, Prompt, Request
 from schemas.tools import tool_messages
 from topics.catalog import PREPARED, REQUESTS, TOKENS
 from topics.envelope import canary_key, stamp
+from topics.lookup import key_partition
 from topics.policies import kept_policies
 from workers.layer import Layer
-from workers.outputs import Output, Sender, error_info
+from workers.outputs import Output, Sender, batch_output, error_info
 from workers.policy_checks import (
     checked_input,
     classified_input,
@@ -141,9 +142,10 @@ class PreprocessLayer(Layer):
         if key is not None:
             cached = await self.cache.get(key)
             if cached is not None:  # answered from the cache: no worker
-                return [Output(TOKENS.at(self.settings.kafka), "TokenChunk",
-                               hit_chunk(envelope, generation, prompt, cached),
-                               key=envelope["request_id"])]
+                kafka = self.settings.kafka
+                where = key_partition(envelope["request_id"].encode(), TOKENS.partitions(kafka))
+                return [batch_output(kafka, TOKENS,
+                                     [hit_chunk(envelope, generation, prompt, cached)], where)]
             prompt["cache_key"], prompt["cache_ttl_s"] = key, policy.cache_ttl_s
         prepared = Prepared(envelope=envelope, generation=generation, prompt=prompt)
         return [Output(PREPARED.at(self.settings.kafka), "Prepared", prepared,

@@ -1,7 +1,7 @@
 """Generations' ends, read from ``conveyor.tokens`` (every partition, from its
 end when schedule starts): a slot freed is heard within milliseconds, not at
 the next heartbeat. Only chunks of requests schedule waits for (``wanted``,
-checked on the record's key) are decoded.
+checked on the request ids a record names) are decoded.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from schemas.codec import Codec, default_codec
 from schemas.records import ErrorInfo, TokenChunk
 from topics.catalog import TOKENS
 from topics.follow import Follower, Record, follow
+from topics.reader import request_ids
 
 __all__ = ["FinishFollower", "OnFinish"]
 
@@ -65,12 +66,13 @@ class FinishFollower:
                 signalling.cancel()
 
     def wants(self, record: Record) -> bool:
-        """A chunk of a generation ``wanted`` accepts (only those are decoded)."""
-        return record.key is not None and self.wanted(record.key.decode(errors="replace"))
+        """A record holding a chunk of a generation ``wanted`` accepts (only
+        those are decoded)."""
+        return any(self.wanted(rid.decode(errors="replace")) for rid in request_ids(record))
 
     def read(self, record: Record, chunk: TokenChunk) -> None:
         """Hand on the end of a wanted generation."""
         ended = chunk["finish_reason"] is not None or chunk["error"] is not None
-        if ended and record.key is not None:
-            self.on_finish(record.key.decode(errors="replace"), chunk["worker_id"],
-                           record.timestamp, chunk["error"])
+        rid = chunk["envelope"]["request_id"]
+        if ended and self.wanted(rid):
+            self.on_finish(rid, chunk["worker_id"], record.timestamp, chunk["error"])

@@ -36,7 +36,7 @@ def test_events_come_out_typed_and_poison_goes_to_the_handler(
     assert [o for o, _ in poisoned] == [1]
     # another topic's event is poison too: it names what was expected
     assert decoded(TOKENS, codec, records[:1], poison) == []
-    assert "expected a TokenChunk" in poisoned[-1][1]
+    assert "expected a TokenBatch" in poisoned[-1][1]
 
     report = PoisonReport(logging.getLogger("test.reader"), CONTROL)
     with caplog.at_level(logging.WARNING, logger="test.reader"):

@@ -18,8 +18,10 @@ from topics.catalog import CONTROL, INFER, KEYS, REQUESTS, TOKENS, TOPICS, catal
 def test_names_are_unique_and_events_are_known() -> None:
     assert len({t.name for t in TOPICS}) == len(TOPICS)
     assert all(e in EVENT_TYPES for t in TOPICS for e in t.events)
-    # and every event type the codec knows travels on a topic: none is declared for nothing
-    assert set(EVENT_TYPES) == {e for t in (*TOPICS, INFER) for e in t.events}
+    # and every event type the codec knows travels on a topic, alone or in a batch
+    # record (the chunks of conveyor.tokens): none is declared for nothing
+    assert set(EVENT_TYPES) == {e for t in (*TOPICS, INFER)
+                                for e in (*t.events, *(x.__name__ for x in t.types))}
 
 
 def test_the_catalog_is_the_table_plus_the_pools() -> None:
@@ -34,7 +36,7 @@ def test_a_topic_is_found_by_its_full_name_and_gives_its_event_type() -> None:
     s = load_settings(topic_prefix="tt")
     assert topic_named(s.kafka, "tt.requests") is REQUESTS
     assert topic_named(s.kafka, "other.requests") is None
-    assert event_type_of(s, "tt.tokens") == "TokenChunk"
+    assert event_type_of(s, "tt.tokens") == "TokenBatch"
     assert event_type_of(s, "tt.infer.gpu") == "Task"
     assert event_type_of(s, "tt.keys") is None  # two event types: the letter's must say
 
@@ -44,8 +46,23 @@ def test_a_topic_decodes_its_own_events_and_refuses_others() -> None:
     control: Control = {"request_id": "r1", "action": "cancel", "reason": "", "ts_ms": 1}
     value = CONTROL.encode(codec, control)
     assert CONTROL.decode(codec, value) == control
-    with pytest.raises(SchemaError, match="expected a TokenChunk"):
-        TOKENS.decode(codec, value)
+    with pytest.raises(SchemaError, match="expected a TokenBatch"):
+        TOKENS.unpack(codec, value)
     assert KEYS.events == ("ApiKey", "TenantPolicy")
     with pytest.raises(ValueError, match="name the event type"):
         KEYS.encode(codec, cast(Any, {}))
+
+
+def test_a_topic_of_batches_unpacks_its_records_into_their_events() -> None:
+    from tests.support.factories import chunk
+
+    codec = default_codec()
+    chunks = [chunk("r1", 0, "a"), chunk("r2", 0, "b"), chunk("r1", 1, "c")]
+    value = TOKENS.encode(codec, TOKENS.pack(chunks))
+    assert TOKENS.events == ("TokenBatch",)
+    assert TOKENS.unpack(codec, value) == chunks
+    with pytest.raises(TypeError, match="unpack"):
+        TOKENS.decode(codec, value)
+    assert CONTROL.unpack(codec, CONTROL.encode(codec, cast(Control, {
+        "request_id": "r", "action": "cancel", "reason": "", "ts_ms": 1}))) == [
+        {"request_id": "r", "action": "cancel", "reason": "", "ts_ms": 1}]

@@ -14,7 +14,8 @@ from topics.admin import ensure_topics
 from topics.catalog import TOKENS, catalog
 from topics.clients import make_producer
 from topics.envelope import now_ms
-from topics.lookup import SharedLookup
+from topics.lookup import SharedLookup, key_partition
+from topics.reader import request_ids_header
 from workers.infer.progress import ProgressTracker
 
 
@@ -40,9 +41,12 @@ async def test_a_run_that_kafka_interrupted_claims_its_task_again(
     try:
         claim, done = await tracker.claim(rid, "w0", entered, entered)
         assert (claim, done.next_seq) == ("start", 0)
-        for seq, text in enumerate([" 6,", " 7,"]):
-            await producer.send_and_wait(TOKENS.at(settings.kafka), default_codec().encode(
-                "TokenChunk", chunk(rid, seq, text)), key=rid.encode())
+        for seq, text in enumerate([" 6,", " 7,"]):  # each beside another request's chunk
+            chunks = [chunk(f"{rid}-other", seq, " 0,"), chunk(rid, seq, text)]
+            await producer.send_and_wait(
+                TOKENS.at(settings.kafka), TOKENS.encode(default_codec(), TOKENS.pack(chunks)),
+                partition=key_partition(rid.encode(), TOKENS.partitions(settings.kafka)),
+                headers=[request_ids_header(c["envelope"]["request_id"] for c in chunks)])
         await tracker.keep([rid], "w0")  # the worker renews it while the run retries
         claim, done = await tracker.claim(rid, "w0", entered, entered)
         assert (claim, done.next_seq, done.text) == ("start", 2, " 6, 7,")

@@ -16,6 +16,8 @@ from tests.support.schedule_tasks import full_task
 from topics.admin import ensure_topics
 from topics.catalog import catalog
 from topics.clients import make_producer
+from workers.infer.token_records import TokenRecords
+from workers.outputs import Sender
 from workers.schedule.finishes import FinishFollower
 
 
@@ -51,10 +53,13 @@ async def test_final_and_error_chunks_of_wanted_requests_are_heard(services: Non
         chunks += [chunk(f"want{i}", 1, "stop") for i in range(8)]
         chunks += [chunk("other", 0, None), chunk("other", 1, "length"),
                    chunk("failed", 0, None, error)]
-        for c in chunks:
-            await producer.send_and_wait(settings.kafka.topic("tokens"),
-                                         codec.encode("TokenChunk", c),
-                                         key=c["envelope"]["request_id"].encode())
+        # as a worker writes them: one record a partition, holding several requests' chunks
+        records = TokenRecords(settings, Sender(settings, producer, codec))
+        written = [records.add(c, records.partition(c["envelope"]["request_id"]), False)
+                   for c in chunks]
+        await records.flush(tick=True)
+        await asyncio.gather(*written)
+        assert records.records <= settings.kafka.pipeline_partitions < len(chunks)
         for _ in range(100):
             if len(heard) >= 9:
                 break

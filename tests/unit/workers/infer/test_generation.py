@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import asyncio
+from typing import Any, Literal
 
 from schemas.records import Message, Task
 from topics.envelope import new_envelope
@@ -105,42 +106,74 @@ def test_the_prompt_reuses_only_its_tenant_s_prefixes_unless_they_are_shared() -
     assert request_from_task(acme, "", 0, None, shared_prefixes=True).cache_salt == ""
 
 
-async def _chunks_of(streams: int, token_delay_ms: float = 20.0) -> list[int]:
-    """The tokens of each chunk a run emits for 12 scripted tokens ``token_delay_ms``
-    apart while its worker runs ``streams`` streams (coalesce_ms 40)."""
-    from typing import Any
+class Captured:
+    """What a worker's records hand its producer: the outputs, each taken at once."""
 
+    def __init__(self) -> None:
+        self.outs: list[Any] = []
+
+    async def send_nowait(self, out: Any) -> asyncio.Future[None]:
+        self.outs.append(out)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+
+async def _chunks_of(streams: int, token_delay_ms: float = 20.0, runs: int = 1
+                     ) -> tuple[list[int], list[int]]:
+    """The tokens of each chunk ``runs`` runs write for 12 scripted tokens
+    ``token_delay_ms`` apart while their worker runs ``streams`` streams
+    (coalesce_ms 40), and the chunks each record held."""
     from conveyor.settings import load_settings
     from workers.infer.engines.scripted import ScriptedEngine
     from workers.infer.generation import TaskRun
+    from workers.infer.token_records import TokenRecords
 
-    made = task(max_tokens=12)
-    made["generation"]["messages"] = [
-        {"role": "user", "content": "1 2 3 4 5 6 7 8 9 10 11 12", "name": None}]
-    engine = ScriptedEngine("echo", token_delay_ms=token_delay_ms)
+    settings = load_settings(coalesce_ms=40, pipeline_partitions=1)
+    engine = ScriptedEngine("echo", token_delay_ms=token_delay_ms, capacity=runs)
     await engine.start()
-    run = TaskRun(load_settings(coalesce_ms=40), engine, None, None, "w0",  # type: ignore[arg-type]
-                  made, streams=lambda: streams)
-    run.seq = run.run_start = 0
-    emitted: list[int] = []
+    captured = Captured()
+    records = TokenRecords(settings, captured, lambda: streams)  # type: ignore[arg-type]
+    records.start()
 
-    async def emit(text: str, tokens: int, finish: str | None, **_: Any) -> None:
-        emitted.append(tokens)
-        run.seq += 1
+    async def one(i: int) -> None:
+        made = task(max_tokens=12)
+        made["envelope"]["request_id"] = f"r{i}"
+        made["generation"]["messages"] = [
+            {"role": "user", "content": "1 2 3 4 5 6 7 8 9 10 11 12", "name": None}]
+        run = TaskRun(settings, engine, None, None, "w0", made,  # type: ignore[arg-type]
+                      records=records)
+        run.seq = run.run_start = 0
+        run.run_id, run.text, run.tokens, run._acks = "run", "", 0, []
+        run._held, run._held_logprobs, run._held_tokens, run._partition = [], [], 0, None
+        await run._stream(request_from_task(made, "", 0, None))
+        await asyncio.gather(*run._acks)
 
-    run._emit = emit  # type: ignore[method-assign]
-    await run._stream(request_from_task(made, "", 0, None))
+    await asyncio.gather(*(one(i) for i in range(runs)))
+    await records.close()
     await engine.close()
-    return [n for n in emitted if n]
+    chunks = [c for out in captured.outs for c in out.record["chunks"]]
+    held = [len(out.record["chunks"]) for out in captured.outs]
+    return [c["tokens"] for c in chunks if c["tokens"]], held
 
 
 async def test_a_stream_alone_gets_each_piece_at_once() -> None:
-    alone = await _chunks_of(streams=1)
+    alone, records = await _chunks_of(streams=1)
     assert alone == [1] * len(alone) and len(alone) >= 10
+    assert records == [1] * len(alone)  # the last piece ends the answer
 
 
 async def test_under_load_pieces_fill_a_window() -> None:
-    alone = await _chunks_of(streams=1)
-    busy = await _chunks_of(streams=64)  # a window of 39 ms: about two 20-ms tokens a chunk
+    alone, _ = await _chunks_of(streams=1)
+    busy, _ = await _chunks_of(streams=64)  # a window of 39 ms: about two 20-ms tokens a chunk
     assert sum(busy) == sum(alone)
     assert len(busy) <= len(alone) * 2 // 3
+
+
+async def test_the_streams_of_one_partition_share_their_records() -> None:
+    """Eight runs at once, each 12 tokens: a tick writes one record holding the
+    pieces of all eight; only a first or a last chunk goes out without waiting."""
+    tokens, records = await _chunks_of(streams=8, runs=8)
+    assert sum(tokens) == 8 * 12
+    assert sum(records) == len(tokens) and len(records) * 2 <= len(tokens)
+    assert max(records) == 8

@@ -1,0 +1,162 @@
+"""An infer worker's records on ``conveyor.tokens``: the chunks of every stream
+it runs, one record a partition a window (docs/decisions/0032-many-streams-a-record.md).
+
+A run hands over a chunk whole (:meth:`TokenRecords.add`: its first, its last,
+an error, an unstreamed answer's checkpoint) or says it holds pieces
+(:meth:`TokenRecords.wants`), which the next tick takes from it as one chunk
+(:class:`Pieces`). A tick comes every ``coalesce_ms`` times (1 - 1/streams): a
+stream alone gets each piece at once, and under load one record carries a
+window's pieces of every stream whose request id falls in its partition. A
+chunk given ``at_once`` (a first or a last one) goes out without waiting for
+the tick, with whatever else is ready; the pieces held wait for the tick.
+
+Each chunk's future is done when the record holding it is in the log, so a run
+still commits its task only once all its chunks are. The records of one
+partition leave in the order their chunks were given, one tick after another,
+through one idempotent producer: a request's chunks stay in seq order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from conveyor.settings import Settings
+from schemas.records import TokenChunk
+from topics.catalog import TOKENS
+from topics.lookup import key_partition
+from workers.outputs import Output, Sender, batch_output
+
+__all__ = ["Pieces", "TokenRecords"]
+
+log = logging.getLogger(__name__)
+
+_Given = tuple[TokenChunk, int, "asyncio.Future[None]"]
+
+
+class Pieces(Protocol):
+    """A run holding pieces not yet in a chunk."""
+
+    def take(self) -> _Given | None:
+        """Its held pieces as one chunk, with its partition and future (None: none held)."""
+
+
+class TokenRecords:
+    def __init__(self, settings: Settings, sender: Sender,
+                 streams: Callable[[], int] = lambda: 1) -> None:
+        self.settings = settings
+        self.sender = sender
+        self.streams = streams
+        self.coalesce_s = settings.infer.coalesce_ms / 1000
+        self.partitions = TOKENS.partitions(settings.kafka)
+        self._ready: list[_Given] = []
+        self._holding: dict[int, Pieces] = {}
+        self._wake = asyncio.Event()
+        self._at_once = asyncio.Event()
+        self._last_tick = 0.0
+        self._task: asyncio.Task[None] | None = None
+        self.records = 0  # records written, for the benchmarks' figures
+
+    def partition(self, request_id: str) -> int:
+        """The partition of ``request_id``'s chunks: its key's, as a keyed record's."""
+        return key_partition(request_id.encode(), self.partitions)
+
+    def window_s(self) -> float:
+        return self.coalesce_s * (1 - 1 / max(1, self.streams()))
+
+    def add(self, chunk: TokenChunk, partition: int, at_once: bool) -> asyncio.Future[None]:
+        """Give a whole chunk; done once its record is in the log."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._ready.append((chunk, partition, done))
+        self._wake.set()
+        if at_once:
+            self._at_once.set()
+        return done
+
+    def wants(self, pieces: Pieces) -> None:
+        """``pieces`` holds pieces for the next tick to take."""
+        self._holding[id(pieces)] = pieces
+        self._wake.set()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="token-records")
+
+    async def close(self) -> None:
+        """Stop ticking and write what is held and ready (best effort: a worker
+        stopping hands its answers over through the log)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.flush(tick=True), 5.0)
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if not self._at_once.is_set():
+                due = self._last_tick + self.window_s() - time.monotonic()
+                if due > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._at_once.wait(), due)
+            self._at_once.clear()
+            now = time.monotonic()
+            tick = now >= self._last_tick + self.window_s()
+            if tick:
+                self._last_tick = now
+            try:
+                await self.flush(tick)
+            except Exception:  # each chunk's future holds the failure; never stop ticking
+                log.exception("token records: a write failed")
+            if self._ready or self._holding:
+                self._wake.set()
+
+    async def flush(self, tick: bool) -> None:
+        """Write what is ready (and, on a tick, the pieces held) as one record
+        a partition."""
+        given, self._ready = self._ready, []
+        if tick:
+            holding, self._holding = self._holding, {}
+            for pieces in holding.values():
+                taken = pieces.take()
+                if taken is not None:
+                    given.append(taken)
+        by_partition: dict[int, list[_Given]] = {}
+        for item in given:
+            by_partition.setdefault(item[1], []).append(item)
+        for partition, items in by_partition.items():
+            out = batch_output(self.settings.kafka, TOKENS, [c for c, _, _ in items], partition)
+            await self._send(out, [d for _, _, d in items])
+
+    async def _send(self, out: Output, done: list[asyncio.Future[None]]) -> None:
+        try:
+            ack = await self.sender.send_nowait(out)
+        except Exception as exc:
+            _settle(done, None, exc)
+            return
+        self.records += 1
+
+        def settled(fut: asyncio.Future[Any]) -> None:
+            exc = None if fut.cancelled() else fut.exception()
+            _settle(done, fut if fut.cancelled() else None, exc)
+
+        ack.add_done_callback(settled)
+
+
+def _settle(done: list[asyncio.Future[None]], cancelled: Any,
+            exc: BaseException | None) -> None:
+    for fut in done:
+        if fut.done():
+            continue
+        if cancelled is not None:
+            fut.cancel()
+        elif exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(None)
