@@ -19,10 +19,11 @@ with what each guard below fixed and measured).
 - **Repeats.** A window of request ids per partition, in memory, read back
   from the usage topic when a partition's events start somewhere new
   (workers/usage/seen.py).
-- **Faust's failures guarded**: the flow held through a rebalance's end
-  (flow.py), batched fetches and never-committed partitions read again
-  (fetching.py), rows changelogged once a commit (write_behind.py), a commit
-  only after its changelog writes are acknowledged (drain.py).
+- **Faust's failures guarded**: the flow held through a rebalance's end, and
+  a recovery that ends inside the next rebalance resumes nothing (flow.py),
+  batched fetches and never-committed partitions read again (fetching.py),
+  rows changelogged once a commit (write_behind.py), a commit only after its
+  changelog writes are acknowledged (drain.py).
 - **Retention.** Each partition swept at most once a minute, while one of its
   events is in hand (a table changes only then).
 - **Poison values** go to ``conveyor.dlq`` as DeadLetters (decode.py).

@@ -72,6 +72,7 @@ class Accounting:
     proc: subprocess.Popen[bytes] | None = None
     runs: int = 0
     metrics_port: int = field(default_factory=free_port)
+    script: str = RUN_ACCOUNTING  # what the process runs (a test may patch Faust first)
 
     def start(self) -> None:
         env = {**os.environ, "CONVEYOR_TOPIC_PREFIX": self.settings.kafka.topic_prefix,
@@ -84,7 +85,7 @@ class Accounting:
                "CONVEYOR_METRICS_PORT": str(self.metrics_port)}
         self.runs += 1
         log = open(self.logs / f"accounting-{self.runs}.log", "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen([sys.executable, "-c", RUN_ACCOUNTING], env=env,
+        self.proc = subprocess.Popen([sys.executable, "-c", self.script], env=env,
                                      stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
 
     def signal(self, sig: int, timeout: float = 30.0) -> int:

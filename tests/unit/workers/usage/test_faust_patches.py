@@ -16,8 +16,10 @@ from typing import Any, cast
 
 import aiokafka
 import faust
+import pytest
+from faust.app.base import App
 from faust.tables.base import Collection
-from faust.tables.recovery import Recovery
+from faust.tables.recovery import RebalanceAgain, Recovery
 from faust.transport import consumer as faust_consumer
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.transport.producer import Producer, ProducerBuffer
@@ -88,6 +90,59 @@ async def test_the_hold_stops_the_consumer_s_flow_when_faust_announces_the_end(
     await app.on_rebalance_complete.send()
     assert app.consumer.flow_active is False
     assert not app.consumer.can_resume_flow.is_set()
+
+
+def test_faust_checks_the_generation_only_after_announcing_the_end() -> None:
+    """Why the hold must notice a newer rebalance itself: the generation moves
+    when an assignment arrives (the listener sets it before Faust's handler
+    runs), so an ending after a revocation and before its assignment passes
+    Faust's check and resumes everything."""
+    assert in_order(source(Recovery.on_recovery_completed), "on_rebalance_complete.send()",
+                    "consumer_generation_id != generation_id", "consumer.resume_partitions(",
+                    "flow_control.resume()", "app.on_rebalance_end()")
+    assert in_order(source(faust_aiokafka.ConsumerRebalanceListener.on_partitions_assigned),
+                    "app.consumer_generation_id = generation",
+                    "thread.on_partitions_assigned(")
+
+
+def test_a_rebalance_is_counted_as_its_revocation_begins() -> None:
+    """The hold compares App.rebalancing_count, which the aiokafka listener's
+    revocation raises before anything else, with its value at the last
+    assignment, which App._on_partitions_assigned announces after the tables'
+    on_rebalance started that generation's recovery."""
+    assert "self.rebalancing_count += 1" in source(App.on_rebalance_start)
+    assert in_order(source(faust_aiokafka.ConsumerRebalanceListener.on_partitions_revoked),
+                    "app.on_rebalance_start()", "thread.on_partitions_revoked(")
+    assert in_order(source(App._on_partitions_assigned), "self.tables.on_rebalance",
+                    "self.on_partitions_assigned.send")
+
+
+def test_faust_s_recovery_loop_drops_an_ending_that_raises_rebalance_again() -> None:
+    """RebalanceAgain raised from the signal ends that recovery the way an
+    assignment interrupting it does: the loop waits for the next one."""
+    loop = source(Recovery._restart_recovery)
+    assert in_order(loop, "try:", "self._resume_streams", "self.on_recovery_completed",
+                    "except RebalanceAgain", "continue")
+    assert in_order(loop, "while not self.should_stop:", "self.signal_recovery_start")
+
+
+async def test_the_hold_ends_a_recovery_that_a_newer_rebalance_overtook(
+        tmp_path: Path) -> None:
+    app = faust.App("flow-pin-again", broker="kafka://127.0.0.1:9092", web_enabled=False,
+                    datadir=tmp_path)
+    hold_flow_until_resumed(app)
+    app.rebalancing_count += 1  # a revocation, then its assignment
+    await app.on_partitions_assigned.send(set())
+    app.consumer.resume_flow()
+    await app.on_rebalance_complete.send()  # that generation's end: held only
+    assert app.consumer.flow_active is False
+    app.rebalancing_count += 1  # the next revocation, its assignment not yet here
+    app.consumer.resume_flow()
+    with pytest.raises(RebalanceAgain):
+        await app.on_rebalance_complete.send()
+    assert app.consumer.flow_active is False
+    await app.on_partitions_assigned.send(set())  # that assignment's recovery ends
+    await app.on_rebalance_complete.send()
 
 
 # -- workers/usage/drain.py: the producer buffer's put, hand-on and flush ------
