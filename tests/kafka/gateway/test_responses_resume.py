@@ -305,7 +305,8 @@ class Log:
     async def reply(self, r: Reply) -> None:
         await self.producer.send_and_wait(
             self.settings.kafka.topic("replies"),
-            REPLIES.encode(default_codec(), REPLIES.pack([r])), partition=0, headers=[request_ids_header([r["envelope"]["request_id"]])])
+            REPLIES.encode(default_codec(), REPLIES.pack([r])), partition=0,
+            headers=[request_ids_header([r["envelope"]["request_id"]])])
 
 
 @pytest.fixture
