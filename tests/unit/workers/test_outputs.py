@@ -34,3 +34,37 @@ async def test_a_second_refusal_is_retried_by_the_sender() -> None:
     await producer.start()
     sender = Sender(load_settings(retry_backoff_max_s=0.01), producer, default_codec())
     await sender.produce([cancel(0)])
+
+
+def test_replies_bound_for_one_gateway_go_out_as_one_record_in_order() -> None:
+    """A layer's outputs for one record it handled: the replies of each reply
+    partition become one record (where the first of them was, naming their
+    requests), other events pass as they are, and a reply alone is a record
+    of one."""
+    from conveyor.settings import load_settings
+    from schemas.records import Reply
+    from topics.catalog import REPLIES
+    from topics.envelope import new_envelope
+    from topics.reader import REQUEST_IDS
+    from workers.outputs import Output, packed
+
+    kafka = load_settings(topic_prefix="t").kafka
+
+    def reply(rid: str, partition: int, index: int) -> Output:
+        envelope = new_envelope(rid, reply_gateway="g", reply_partition=partition)
+        return Output(REPLIES.at(kafka), "Reply", Reply(
+            envelope=envelope, index=index, kind="delta", text=f"{rid}{index}", chunk="",
+            finish_reason=None, usage=None, error=None), key=rid, partition=partition)
+
+    usage = Output("t.usage", "UsageRecord", {"tenant": "x"}, key="x")
+    out = packed(kafka, [reply("a", 0, 0), reply("b", 1, 0), usage, reply("a", 0, 1),
+                         reply("c", 0, 0)])
+    assert [(o.event_type, o.partition) for o in out] == [
+        ("ReplyBatch", 0), ("ReplyBatch", 1), ("UsageRecord", None)]
+    assert [r["text"] for r in out[0].record["replies"]] == ["a0", "a1", "c0"]
+    assert dict(out[0].headers)[REQUEST_IDS] == b"a,c" and out[0].key is None
+    assert out[2] is usage
+    d5 = reply("d", 2, 5)
+    [alone] = packed(kafka, [d5])
+    assert alone.record == {"replies": [d5.record]} and alone.partition == 2
+    assert packed(kafka, [usage]) == [usage]
