@@ -41,5 +41,11 @@ bash infra/llama.sh "$venv/bin/python" install
 # the lock's versions exactly, then Conveyor itself
 "$uv" pip install -q --python "$venv/bin/python" -r "$lock"
 "$uv" pip install -q --python "$venv/bin/python" --no-deps -e .
+# every module's bytecode up front (uv writes none, and nothing is written where
+# PYTHONDONTWRITEBYTECODE is set): a process that compiles fastapi, redis and the rest
+# from source at each start took twice as long to start (docs/operating/install.md)
+site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+"$venv/bin/python" -m compileall -q -j0 "$site" cli conveyor gateway schemas topics workers bench \
+  >/dev/null || true
 bash infra/llama.sh "$venv/bin/python" check
 bash infra/kafka.sh fetch
