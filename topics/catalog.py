@@ -78,6 +78,11 @@ class Topic(Generic[T]):
         types = self.types if self.batch is None else (self.batch[0],)
         return tuple(cast(EventType, t.__name__) for t in types)
 
+    @property
+    def handled(self) -> tuple[EventType, ...]:
+        """The Avro names of the events a reader handles (a batch's items)."""
+        return tuple(cast(EventType, t.__name__) for t in self.types)
+
     def decode(self, codec: Codec, value: bytes | None) -> T:
         """One value of this topic as its event; SchemaError for anything else."""
         if self.batch is not None:

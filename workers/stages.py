@@ -52,11 +52,11 @@ class Stage:
     @property
     def source_type(self) -> EventType:
         """The event it handles (a layer's source carries one type)."""
-        return self.source.events[0]
+        return self.source.handled[0]
 
     @property
     def replayed_types(self) -> tuple[EventType, ...]:
-        return tuple(e for topic in self.replayed for e in topic.events)
+        return tuple(e for topic in self.replayed for e in topic.handled)
 
     @property
     def replayable(self) -> bool:
