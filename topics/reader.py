@@ -28,10 +28,12 @@ from topics.backoff import Backoff, RateLimitedLog
 from topics.catalog import Topic
 from topics.clients import KafkaError, broker_error
 
-__all__ = ["Poison", "PoisonReport", "REQUEST_IDS", "Record", "decoded", "fetch", "holds",
-           "request_ids", "request_ids_header"]
+__all__ = ["ENDED_IDS", "Poison", "PoisonReport", "REQUEST_IDS", "Record", "decoded",
+           "ended_ids", "ended_ids_header", "fetch", "holds", "request_ids",
+           "request_ids_header"]
 
 REQUEST_IDS = "request-ids"
+ENDED_IDS = "ended-ids"
 
 Record: TypeAlias = "ConsumerRecord[bytes, bytes]"
 Poison = Callable[[Record, SchemaError], object]
@@ -59,6 +61,20 @@ def decoded(topic: Topic[T], codec: Codec, records: Iterable[Record],
 def request_ids_header(ids: Iterable[str]) -> tuple[str, bytes]:
     """The header naming the requests whose events a record of many holds."""
     return REQUEST_IDS, ",".join(dict.fromkeys(ids)).encode()
+
+
+def ended_ids_header(ids: Iterable[str]) -> tuple[str, bytes]:
+    """The header naming the requests whose last chunk (an end or an error) a
+    conveyor.tokens record holds: what schedule's finish follower reads."""
+    return ENDED_IDS, ",".join(dict.fromkeys(ids)).encode()
+
+
+def ended_ids(record: Record) -> list[bytes] | None:
+    """The requests a tokens record ends (None: the record does not say)."""
+    for name, value in record.headers or ():
+        if name == ENDED_IDS:
+            return value.split(b",") if value else []
+    return None
 
 
 def request_ids(record: Record) -> list[bytes]:

@@ -15,7 +15,7 @@ from schemas.codec import Codec, default_codec
 from schemas.records import ErrorInfo, TokenChunk
 from topics.catalog import TOKENS
 from topics.follow import Follower, Record, follow
-from topics.reader import request_ids
+from topics.reader import ended_ids, request_ids
 
 __all__ = ["FinishFollower", "OnFinish"]
 
@@ -66,9 +66,12 @@ class FinishFollower:
                 signalling.cancel()
 
     def wants(self, record: Record) -> bool:
-        """A record holding a chunk of a generation ``wanted`` accepts (only
-        those are decoded)."""
-        return any(self.wanted(rid.decode(errors="replace")) for rid in request_ids(record))
+        """A record that ends a generation ``wanted`` accepts (only those are
+        decoded): by its ended-ids header, or any of its requests' when it has
+        none (a prompt cache hit's chunk, written alone)."""
+        ids = ended_ids(record)
+        return any(self.wanted(rid.decode(errors="replace"))
+                   for rid in (request_ids(record) if ids is None else ids))
 
     def read(self, record: Record, chunk: TokenChunk) -> None:
         """Hand on the end of a wanted generation."""
