@@ -88,15 +88,17 @@ class TokenRecords:
         self._task = asyncio.create_task(self._run(), name="token-records")
 
     async def close(self) -> None:
-        """Stop ticking and write what is held and ready (best effort: a worker
-        stopping hands its answers over through the log)."""
+        """Stop ticking and write the chunks given (best effort: a worker
+        stopping hands its answers over through the log). Pieces runs still
+        hold are not taken: those runs were stopped, and the task's next owner
+        generates them again after the last chunk in the log."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.flush(tick=True), 5.0)
+            await asyncio.wait_for(self.flush(tick=False), 5.0)
 
     async def _run(self) -> None:
         while True:
