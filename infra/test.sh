@@ -14,15 +14,14 @@
 #
 # Test files run in parallel processes (pytest-xdist, a file's tests in one
 # process, so its module fixtures are built once): CONVEYOR_TEST_PROCESSES,
-# default 2 on two cores for the tiers that use the broker, 3 for the unit
-# tier; 0 runs everything in this process. Three took the kafka, pipeline,
-# faults and engines tiers in 12 min 42 s against 17 min 32 s in two (much
-# of a fault test is waiting, which a third process fills), but on two
-# cores each of the last three full runs in three processes failed one test
-# whose broker call or event loop was seconds late (a lookup's timeout
-# delivered at 7.0 s of 5, a topic list that missed new topics, a read that
-# got nothing in 20 s), each passing at once alone: the third process's
-# minutes are not worth a red run.
+# default 3 for the tiers that use the broker and for the unit tier alone
+# (--fast; 2 in the full run, beside the vllm tier); 0 runs everything in this
+# process. Much of a fault test is waiting, which a third
+# process fills: on two cores the kafka, pipeline, faults and engines tiers
+# took 6 min 33 s in three against 8 min 45 s in two. (Before the install
+# wrote every module's bytecode, each process compiled its imports at every
+# start, and three processes on two cores made a broker call or an event
+# loop seconds late in each of three full runs; see docs/operating/install.md.)
 #
 # The full run overlaps the vllm tier (some 3 min, most of it vLLM's engines
 # starting) with the steps that have no timing to keep: lint, types, docs, the
@@ -55,7 +54,7 @@ vllm_tier() {
 }
 broker_tiers() {
   .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 \
-    -n "${CONVEYOR_TEST_PROCESSES:-2}" --dist loadfile "$@"
+    -n "${CONVEYOR_TEST_PROCESSES:-3}" --dist loadfile "$@"
 }
 if [ $# -gt 0 ]; then
   checks
@@ -92,6 +91,6 @@ fi
   -n "${CONVEYOR_TEST_PROCESSES:-2}" --dist loadfile tests/unit || status=$?
 vllm_done || status=$?
 # the broker tiers, alone on the machine now; the faults first and the kafka
-# tier's many small files last, so that the two processes end together
+# tier's many small files last, so that the processes end together
 broker_tiers tests/faults tests/pipeline tests/engines tests/kafka || status=$?
 exit $status
