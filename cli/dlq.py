@@ -12,12 +12,13 @@ import sys
 from dataclasses import dataclass
 
 from cli.text import iso, plain
-from conveyor.errors import last_line
+from conveyor.errors import SchemaError, last_line
 from conveyor.settings import Settings
 from schemas.codec import Codec, EventType, default_codec
 from schemas.records import AuditEvent, DeadLetter
 from topics.catalog import AUDIT, DLQ, infer_topic, topic_named
 from topics.lookup import KeyLookup, parse_since
+from workers.outputs import batch_output
 
 __all__ = ["Letter", "Redriven", "event_type_of", "read_letters", "redriven", "redrive",
            "register"]
@@ -115,6 +116,21 @@ async def _job_ended(settings: Settings, codec: Codec, letter: DeadLetter) -> st
             "job again (--force to send it anyway)")
 
 
+def _headers(settings: Settings, codec: Codec, letter: DeadLetter
+             ) -> list[tuple[str, bytes]] | None:
+    """The headers a record of many requests' events was written with (its
+    request ids, and what it ends), made again from its value: the letter
+    keeps key, value and partition only."""
+    topic = topic_named(settings.kafka, letter["topic"])
+    if topic is None or topic.batch is None:
+        return None
+    try:
+        events = topic.unpack(codec, letter["value"])
+    except SchemaError:
+        return None
+    return list(batch_output(settings.kafka, topic, events, letter["partition"]).headers)
+
+
 async def redrive(settings: Settings, letters: list[Letter], *, force: bool = False,
                   codec: Codec | None = None) -> list[Redriven]:
     """Send each letter's key and value back to its topic and partition, and
@@ -146,7 +162,8 @@ async def redrive(settings: Settings, letters: list[Letter], *, force: bool = Fa
                 results.append(Redriven(x.offset, False, problem))
                 continue
             meta = await producer.send_and_wait(d["topic"], d["value"], key=d["key"],
-                                                partition=d["partition"])
+                                                partition=d["partition"],
+                                                headers=_headers(settings, codec, d))
             where = f"{d['topic']}[{meta.partition}]@{meta.offset}"
             key = (d["key"] or b"").decode(errors="replace")
             await audit.write(audit_event(REDRIVE_ACTION, request_id=key, detail={

@@ -28,12 +28,12 @@ from conveyor.settings import KafkaSettings, Settings
 from schemas.codec import Codec, EventType
 from schemas.records import DeadLetter, Envelope, ErrorInfo, JobResult, Reply, Usage
 from topics.backoff import Backoff, RateLimitedLog
-from topics.catalog import DLQ, REPLIES, RESULTS, TOPICS, Topic
+from topics.catalog import DLQ, REPLIES, RESULTS, TOKENS, TOPICS, Topic
 from topics.clients import EventTooLarge, broker_error
 from topics.envelope import now_ms
 from topics.lookup import key_partition
 from topics.producer import EventProducer
-from topics.reader import request_ids_header
+from topics.reader import ended_ids_header, request_ids_header
 
 __all__ = ["Output", "Sender", "error_info", "failure_reply", "job_event", "result_output"]
 
@@ -71,10 +71,15 @@ def result_output(settings: Settings, envelope: Envelope, *, status_code: int,
 def batch_output(kafka: KafkaSettings, topic: Topic[Any], events: list[Any],
                  partition: int) -> Output:
     """One record of ``topic`` holding ``events`` of several requests (in
-    order), on ``partition``, their requests named in its request-ids header."""
-    ids = request_ids_header(e["envelope"]["request_id"] for e in events)
+    order), on ``partition``, their requests named in its request-ids header
+    (and, on conveyor.tokens, those it ends in its ended-ids header)."""
+    headers = [request_ids_header(e["envelope"]["request_id"] for e in events)]
+    if topic is TOKENS:
+        headers.append(ended_ids_header(
+            e["envelope"]["request_id"] for e in events
+            if e["finish_reason"] is not None or e["error"] is not None))
     return Output(topic.at(kafka), topic.events[0], topic.pack(events), partition=partition,
-                  headers=(ids,))
+                  headers=tuple(headers))
 
 
 def packed(kafka: KafkaSettings, outputs: list[Output]) -> list[Output]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -30,7 +29,6 @@ from conveyor.settings import Settings
 from schemas.records import TokenChunk
 from topics.catalog import TOKENS
 from topics.lookup import key_partition
-from topics.reader import ended_ids_header
 from workers.outputs import Output, Sender, batch_output
 
 __all__ = ["Pieces", "TokenRecords"]
@@ -135,11 +133,7 @@ class TokenRecords:
         for item in given:
             by_partition.setdefault(item[1], []).append(item)
         for partition, items in by_partition.items():
-            chunks = [c for c, _, _ in items]
-            out = batch_output(self.settings.kafka, TOKENS, chunks, partition)
-            ended = ended_ids_header(c["envelope"]["request_id"] for c in chunks
-                                     if c["finish_reason"] is not None or c["error"] is not None)
-            out = dataclasses.replace(out, headers=(*out.headers, ended))
+            out = batch_output(self.settings.kafka, TOKENS, [c for c, _, _ in items], partition)
             await self._send(out, [d for _, _, d in items])
 
     async def _send(self, out: Output, done: list[asyncio.Future[None]]) -> None:
