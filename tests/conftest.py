@@ -9,6 +9,7 @@ runs the real llama.cpp engines on the packaged model, with no service either.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import os
 import signal
@@ -18,7 +19,10 @@ from typing import Any, TypeVar
 
 import pytest
 import redis.asyncio as aioredis
+from aiokafka.admin import AIOKafkaAdminClient
 
+import topics.admin
+from conveyor.settings import Settings
 from tests.support.pipeline import LLAMACPP, Pipeline, answers
 from tests.support.services import OwnKafka, OwnRedis
 from workers.infer.engines.base import Engine
@@ -28,6 +32,49 @@ E = TypeVar("E", bound=Engine)
 TIERS = ("unit", "engines", "kafka", "pipeline", "faults", "vllm")
 # vLLM is not in .venv (infra/vllm.sh): its tier runs from .venv-vllm (infra/test.sh)
 collect_ignore = ["vllm"] if importlib.util.find_spec("vllm") is None else []
+
+
+# the topic prefixes this test process created topics under, on the shared broker
+_created: set[str] = set()
+_ensure_topics = topics.admin.ensure_topics
+
+
+async def _recording_ensure_topics(settings: Settings, *args: Any, **kwargs: Any) -> Any:
+    """``topics.admin.ensure_topics``, its prefix kept to drop at the session's end."""
+    if settings.kafka.bootstrap == os.environ.get("CONVEYOR_KAFKA_BOOTSTRAP", "127.0.0.1:9092"):
+        _created.add(settings.kafka.topic_prefix)
+    return await _ensure_topics(settings, *args, **kwargs)
+
+
+# bound before the test modules import it (a module's own broker is not recorded)
+topics.admin.ensure_topics = _recording_ensure_topics  # type: ignore[assignment]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Drop the topics this process's tests created on the shared broker: a run
+    left about 1,200 partitions behind, and a broker that kept them ran out of
+    file descriptors after some twenty runs. Each test process drops only its
+    own prefixes (the others may still be running), never ``conveyor``."""
+    prefixes = tuple(f"{p}{sep}" for p in _created - {"conveyor"} for sep in ".-")
+    if not prefixes:
+        return
+
+    async def drop() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=os.environ.get(
+            "CONVEYOR_KAFKA_BOOTSTRAP", "127.0.0.1:9092"), request_timeout_ms=20_000)
+        await admin.start()
+        try:
+            names = [t for t in await admin.list_topics() if t.startswith(prefixes)]
+            for at in range(0, len(names), 500):
+                await admin.delete_topics(names[at:at + 500], timeout_ms=20_000)
+        finally:
+            await admin.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(drop(), 60))
+    except Exception as exc:  # the topics stay: a later run is no worse than before
+        print(f"\nconftest: the topics of {len(_created)} test prefixes were not dropped: "
+              f"{exc!r}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
