@@ -19,9 +19,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from conveyor.settings import Settings, load_settings
 from schemas.codec import EventType, default_codec
 from schemas.records import Control, Request
-from tests.support.factories import request
+from tests.support.factories import chunk, request
 from topics.admin import ensure_topics
-from topics.catalog import REQUESTS, catalog, topic_named
+from topics.catalog import REQUESTS, TOKENS, catalog, topic_named
 from topics.envelope import now_ms
 from workers.cancels import CancelList
 from workers.inflight import PartitionBook
@@ -292,3 +292,39 @@ async def test_an_assignment_aware_layer_hears_its_whole_assignment_after_each_r
                         and set(first.assignment) | set(second.assignment) == every
                         and not set(first.assignment) & set(second.assignment))
         await until(lambda: set(first.assignment) == every)  # the second left
+
+
+class ChunkLayer(ScriptedLayer):
+    """Reads conveyor.tokens: a cancel out for each chunk, a bug on ``boom*``'s."""
+
+    source = TOKENS  # type: ignore[assignment]
+
+    async def handle(self, event: Any, record: Any) -> list[Output]:
+        rid = event["envelope"]["request_id"]
+        if rid.startswith("boom"):
+            raise RuntimeError("a bug on one request's chunk")
+        self.handled.append(rid)
+        cancel = Control(request_id=rid, action="cancel", reason="seen", ts_ms=1)
+        return [Output(self.settings.kafka.topic("control"), "Control", cancel, key=rid)]
+
+
+async def test_a_record_of_many_requests_fails_only_the_request_whose_chunk_fails(
+        settings: Settings, producer: AIOKafkaProducer) -> None:
+    """One bad chunk in a tokens record: its request gets a 500 reply and the record
+    a dead letter, the other requests' chunks are handled; a record that does not
+    decode is dead-lettered; the runtime goes on and commits past both."""
+    layer = ChunkLayer(settings)
+    topic = TOKENS.at(settings.kafka)
+    chunks = [chunk("ok-1", 0, "a"), chunk("boom-1", 0, "b"), chunk("ok-2", 0, "c")]
+    async with running(settings, layer):
+        await producer.send_and_wait(topic, b"junk", partition=0)
+        await producer.send_and_wait(topic, TOKENS.encode(codec, TOKENS.pack(chunks)),
+                                     partition=0)
+        controls = await read_until(settings, "control", "Control",
+                                    lambda seen: len(seen) >= 2)
+        assert [c["request_id"] for c in controls] == ["ok-1", "ok-2"]
+        [reply] = await read_until(settings, "replies", "Reply", lambda seen: len(seen) >= 1)
+        assert reply["envelope"]["request_id"] == "boom-1" and reply["error"]["status"] == 500
+        letters = await read_until(settings, "dlq", "DeadLetter", lambda seen: len(seen) >= 2)
+        assert sorted(x["offset"] for x in letters) == [0, 1]
+        assert await committed_reaches(settings, TopicPartition(topic, 0), 2)
