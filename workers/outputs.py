@@ -86,7 +86,7 @@ def packed(kafka: KafkaSettings, outputs: list[Output]) -> list[Output]:
     """``outputs`` with the events bound for a topic of batches (tokens,
     replies) gathered into one record a partition, placed where the first of
     them was; the others as they are. Order within a partition is kept."""
-    batched = _batched(kafka)
+    batched = _batched(kafka.topic_prefix)
     if not any(o.topic in batched for o in outputs):
         return outputs
     out: list[Output | tuple[Topic[Any], int]] = []
@@ -107,9 +107,11 @@ def packed(kafka: KafkaSettings, outputs: list[Output]) -> list[Output]:
             batch_output(kafka, o[0], groups[(o[0].at(kafka), o[1])], o[1]) for o in out]
 
 
-@functools.lru_cache(maxsize=8)
-def _batched(kafka: KafkaSettings) -> dict[str, Topic[Any]]:
-    return {t.at(kafka): t for t in TOPICS if t.batch is not None}
+@functools.lru_cache(maxsize=64)
+def _batched(topic_prefix: str) -> dict[str, Topic[Any]]:
+    """The topics of batches by full name (keyed by the prefix: a string hashes
+    cheaply, the settings' dataclass field by field on every output)."""
+    return {f"{topic_prefix}.{t.name}": t for t in TOPICS if t.batch is not None}
 
 
 def job_event(settings: Settings, job_id: str, event: str, detail: str = "") -> Output:
