@@ -204,7 +204,7 @@ async def soak(args: argparse.Namespace, stage: Pipeline,
     print(f"\n## {args.soak:,} streams, {max(args.levels)} at once: {failed} failed, "
           f"{elapsed:.0f} s, {args.soak / elapsed:.1f} streams/s\n")
     print(markdown_table(["process", f"RSS MiB at {fifth[1]:,}", "at the end", "highest"],
-                         rows))
+                         rows) + "\n")
     conveyor = [label for label in watched if label in ("gateway", "layer", "infer",
                                                           "accounting", "up")]
     return [Check("soak", f"{label} RSS at the end (<= 1.1 x at a fifth)",
@@ -307,7 +307,6 @@ def main(argv: list[str] | None = None) -> None:
                 return
             watched = processes(stage, stage.upstream.popen.pid)
             if args.soak:
-                print()
                 print(check_table(runner.run(soak(args, stage, watched))))
                 return
             results = runner.run(measure(args, stage, watched))
