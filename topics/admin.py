@@ -1,20 +1,9 @@
-"""Creates the catalog's topics idempotently at start, replicated as the cluster allows.
-
-Replication is what makes ``acks=all`` mean anything: with one replica a
-partition vanishes with its broker, and "all in-sync replicas" is that one
-broker. So the replication factor and ``min.insync.replicas`` come from
-:class:`~conveyor.settings.Settings`, where 0 means "choose from the cluster":
-as many replicas as there are brokers, at most 3, and ``min.insync.replicas``
-2 once there are 3 replicas (a write survives the loss of any one broker and
-the partition keeps taking writes while one is down), else 1. A single local
-broker therefore gets 1/1 and a three-broker cluster 3/2, without anybody
-setting anything; what was chosen is logged.
-
-``min.insync.replicas`` is set on each topic rather than left to the broker's
-default, so a topic carries its durability with it. Topics that exist already
-are left alone (their replication cannot be raised by a create), but one that
-is replicated less than the settings ask is reported at WARNING: it is the
-mark of a catalog first created against a single broker.
+"""Creates the catalog's topics idempotently at start, replicated as the
+cluster allows: the replication factor and ``min.insync.replicas`` come from
+the settings, 0 meaning "choose from the cluster" (as many replicas as
+brokers, at most 3; min.insync 2 once 3 replicas, else 1), set on each topic.
+An existing topic replicated less than asked is reported at WARNING.
+Operators' view: docs/operating/processes.md#replication.
 """
 
 from __future__ import annotations

@@ -4,8 +4,24 @@ process serves by. A policy is a TOML document set for everyone
 on ``conveyor.policies`` (topics/policies.py). Scopes add up for safety and
 override field by field for ``[pii]`` and ``[cache]``; a bad document is
 refused whole when set (ConveyorError naming section and field), and one that
-reaches a process anyway is logged and passed over. The format and an
-example: docs/operating/policies.md.
+reaches a process anyway is logged and passed over. For operators:
+docs/operating/policies.md. A document::
+
+    [safety]                      # level 1: keyword and pattern lists
+    blocked = { violence = ["how to make a bomb"] }   # input and output
+    input = { custom = ["project nightingale"] }      # input only
+    output = { custom = ["internal use only"] }       # answers only
+    patterns = { secrets = ['\\bsk-[a-z0-9]{20,}\\b'] }  # regexes, both ways
+    classifier = 0.9              # level 2: block input the classifier scores >= 0.9
+
+    [pii]                         # personal data replaced before the log sees it
+    redact = ["email", "phone", "card", "iban", "ip"]   # [] redacts nothing
+    restore = true                # the originals put back into the answer
+    region = "US"                 # phone numbers without a country code
+
+    [cache]                       # the exact prompt cache
+    enabled = true
+    ttl_s = 600
 """
 
 from __future__ import annotations
