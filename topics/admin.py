@@ -47,12 +47,9 @@ class Replication:
 
 
 def choose_replication(settings: Settings, brokers: int) -> Replication:
-    """The replication for a cluster of ``brokers`` (0 in the settings = choose).
-
-    Raises :class:`ConveyorError` when the settings ask for what the cluster
-    cannot give: more replicas than brokers (Kafka would refuse every topic),
-    or more in-sync replicas than replicas (every ``acks=all`` write would fail).
-    """
+    """The replication for a cluster of ``brokers`` (0 in the settings = choose);
+    ConveyorError for more replicas than brokers or more in-sync replicas than
+    replicas (every topic, or every ``acks=all`` write, would fail)."""
     if brokers < 1:
         raise BrokerError("the Kafka cluster reports no broker")
     factor = settings.kafka.replication_factor or min(brokers, _AUTO_MAX_REPLICAS)
@@ -96,12 +93,9 @@ async def _under_replicated(admin: AIOKafkaAdminClient, names: list[str],
 
 
 async def _until_served(admin: AIOKafkaAdminClient, names: list[str], within: float) -> None:
-    """Wait (bounded, then only a warning) until the broker's metadata lists every
-    topic of ``names`` with a leader for each partition. A created topic reaches
-    the brokers' metadata a moment after the create is answered: a client that
-    asks in between is told the topic does not exist, and one that remembers it
-    (a consumer's subscription, Faust's check of a table's changelog) goes on
-    without it until its next metadata refresh, minutes later."""
+    """Wait (bounded, then only a warning) until the metadata lists every topic of
+    ``names`` with a leader for each partition: a client that asks just after the
+    create is told the topic does not exist, and may not ask again for minutes."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
     backoff = Backoff(initial_s=0.05, max_s=1.0)

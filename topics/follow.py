@@ -225,13 +225,10 @@ async def _reached(consumer: Any, ends: dict[TopicPartition, int]) -> bool:
 
 
 async def _stop_quietly(consumer: Any, timeout_s: float) -> None:
-    """Close a consumer that may be half broken, in ``timeout_s`` at most. aiokafka's
-    ``stop`` can raise the CancelledError of its own fetch task after an outage:
-    that one is not ours and must not end the follower; a cancel of the follower
-    itself still does, at once. The stop runs as a task of its own, waited for
-    without ``wait_for``: a cancelled ``wait_for`` waits for its inner work to
-    end, and a ``stop`` that swallows its cancel against a broker that is gone
-    would hold the follower's cancel (and whoever awaits it) for ever."""
+    """Close a consumer that may be half broken, in ``timeout_s`` at most. The stop
+    runs as a task of its own, never under ``wait_for``: aiokafka's ``stop`` may
+    raise its fetch task's CancelledError (not ours), or swallow our cancel
+    against a broker that is gone and hold the follower's own cancel for ever."""
     stopping = asyncio.ensure_future(consumer.stop())
     try:
         done, _ = await asyncio.wait({stopping}, timeout=timeout_s)

@@ -199,12 +199,9 @@ class KeyLookup:
             self._idle(tp)
 
     def _idle(self, tp: TopicPartition) -> None:
-        """Stop fetching ``tp`` once a read is done. The partition stays assigned
-        (assigning another topic asks the broker for metadata), but a lookup kept
-        for later calls polls nothing, and the next call's offset requests do not
-        queue behind a fetch waiting at the partition's end (a broker answers one
-        request of a connection at a time: that wait cost each reused lookup's
-        ``offsets_for_times`` 100 ms)."""
+        """Stop fetching ``tp`` once a read is done (it stays assigned): an idle
+        fetch at the partition's end would hold the connection, and the next
+        call's offset requests would queue behind it."""
         if tp in self._consumer.assignment():
             self._consumer.pause(tp)
 
