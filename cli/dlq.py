@@ -8,10 +8,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 from dataclasses import dataclass
 
-from cli.text import iso, plain
+from cli.text import fail, iso, plain
 from conveyor.errors import SchemaError, last_line
 from conveyor.settings import Settings
 from schemas.codec import Codec, EventType, default_codec
@@ -204,8 +203,7 @@ def _cmd_show(settings: Settings, args: argparse.Namespace) -> int:
     codec = default_codec()
     found = asyncio.run(read_letters(settings, 0, args.offsets[:1]))
     if not args.offsets or not found:
-        print(f"conveyor dlq: no letter at offset {args.offsets[:1]}", file=sys.stderr)
-        return 1
+        return fail(f"conveyor dlq: no letter at offset {args.offsets[:1]}", 1)
     x = found[0]
     d = x.letter
     sent = asyncio.run(redriven(settings, d["ts_ms"])).get(x.offset)
@@ -230,24 +228,20 @@ def cmd_dlq(settings: Settings, args: argparse.Namespace) -> int:
     try:
         since = parse_since(args.since)
     except ValueError as exc:
-        print(f"conveyor dlq: {exc}", file=sys.stderr)
-        return 2
+        return fail(f"conveyor dlq: {exc}")
     if args.action == "list":
         return _cmd_list(settings, args, since)
     if args.action == "show":
         return _cmd_show(settings, args)
     if args.all == bool(args.offsets):
-        print("conveyor dlq redrive: name letters by OFFSET, or --all (with --layer)",
-              file=sys.stderr)
-        return 2
+        return fail("conveyor dlq redrive: name letters by OFFSET, or --all (with --layer)")
     if args.all:
         letters = _of_layer(settings, since, args.layer)
     else:
         letters = asyncio.run(read_letters(settings, 0, args.offsets))
         missing = set(args.offsets) - {x.offset for x in letters}
         if missing:
-            print(f"conveyor dlq: no letter at offset(s) {sorted(missing)}", file=sys.stderr)
-            return 1
+            return fail(f"conveyor dlq: no letter at offset(s) {sorted(missing)}", 1)
     results = asyncio.run(redrive(settings, letters, force=args.force))
     for r in results:
         print(f"{r.offset:>6}  " + (f"redriven to {r.detail}" if r.sent

@@ -8,11 +8,10 @@ import argparse
 import asyncio
 import json
 import re
-import sys
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from cli.text import add_report_flags, iso, not_found, plain, print_report
+from cli.text import add_report_flags, fail, iso, not_found, plain, print_report
 from conveyor.errors import last_line
 from conveyor.settings import Settings
 from schemas.codec import Codec, EventType, default_codec
@@ -298,13 +297,10 @@ def cmd_inspect(settings: Settings, args: argparse.Namespace) -> int:
     try:
         since = parse_since(args.since)
     except ValueError as exc:
-        print(f"conveyor inspect: {exc}", file=sys.stderr)
-        return 2
+        return fail(f"conveyor inspect: {exc}")
     journey = asyncio.run(find_journey(settings, args.request_id, since))
     if journey is None:
-        print(not_found("inspect", settings, args.request_id, iso(since, "milliseconds")),
-              file=sys.stderr)
-        return 1
+        return fail(not_found("inspect", settings, args.request_id, iso(since, "milliseconds")), 1)
     return print_report(report(journey, args.show_content), args.json, render)
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import time
 from typing import Any
 
+from cli.text import fail
 from conveyor.settings import Settings
 from schemas.records import JobStatus
 from topics.catalog import JOB_STATUS
@@ -67,16 +67,13 @@ def cmd_jobs(settings: Settings, args: argparse.Namespace) -> int:
 
 def _watch(settings: Settings, job_id: str | None, interval: float) -> int:
     if not job_id:
-        print("conveyor jobs watch: which batch? (conveyor jobs watch BATCH_ID)",
-              file=sys.stderr)
-        return 2
+        return fail("conveyor jobs watch: which batch? (conveyor jobs watch BATCH_ID)")
     deadline = time.monotonic() + 48 * 3600
     last = ""
     while time.monotonic() < deadline:
         found = asyncio.run(read_statuses(settings)).get(job_id)
         if found is None:
-            print(f"conveyor: no job {job_id}", file=sys.stderr)
-            return 1
+            return fail(f"conveyor: no job {job_id}", 1)
         tenant, job = found
         line = progress_line(job, tenant)
         if line != last:

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from cli.text import utc
+from cli.text import fail, utc
 from conveyor.errors import ConveyorError, TransientBrokerError
 from conveyor.redis_clients import redis_client
 from conveyor.settings import Settings
@@ -125,13 +124,11 @@ def _command(action: Callable[[_Stores, argparse.Namespace], Awaitable[None]]
         try:
             asyncio.run(_with_stores(settings, lambda stores: action(stores, args)))
         except TransientBrokerError as exc:
-            print(f"conveyor: {exc} (Kafka at {settings.kafka.bootstrap}, Redis at "
-                  f"{settings.redis.url}); if a change reached the topic but not Redis, "
-                  "`conveyor keys restore` brings Redis up to date", file=sys.stderr)
-            return 1
+            return fail(f"conveyor: {exc} (Kafka at {settings.kafka.bootstrap}, Redis at "
+                        f"{settings.redis.url}); if a change reached the topic but not Redis, "
+                        "`conveyor keys restore` brings Redis up to date", 1)
         except (ConveyorError, ValueError) as exc:
-            print(f"conveyor: {exc}", file=sys.stderr)
-            return 1
+            return fail(f"conveyor: {exc}", 1)
         return 0
 
     return run
@@ -143,8 +140,7 @@ def cmd_keys_create(settings: Settings, args: argparse.Namespace) -> int:
     try:
         hash_secret(settings.auth, "")  # an empty auth_secret fails before anything is written
     except ConveyorError as exc:
-        print(f"conveyor: {exc}", file=sys.stderr)
-        return 1
+        return fail(f"conveyor: {exc}", 1)
     return _command(_create)(settings, args)
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cli.text import fail
 from conveyor.registry import Registry
 from conveyor.settings import Settings, load_settings
 from workers.stages import UnknownStage, stage, stage_names
@@ -369,17 +370,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result: int = args.func(settings, args)
     except StartupTimeout as exc:  # it says what it waited for, how long, and where
-        print(f"conveyor {args.command}: {exc}", file=sys.stderr)
-        return 3
+        return fail(f"conveyor {args.command}: {exc}", 3)
     except KafkaConnectionError as exc:  # a tool run while the broker is down: say so
-        print(f"conveyor {args.command}: Kafka at {settings.kafka.bootstrap} cannot be "
-              f"reached ({exc}); is it running?", file=sys.stderr)
-        return 3
+        return fail(f"conveyor {args.command}: Kafka at {settings.kafka.bootstrap} cannot be "
+                    f"reached ({exc}); is it running?", 3)
     except RedisConnectionError as exc:
         where = settings.redis.url.rpartition("@")[2]  # never a password on the screen
-        print(f"conveyor {args.command}: Redis at {where} cannot be reached "
-              f"({exc}); is it running?", file=sys.stderr)
-        return 3
+        return fail(f"conveyor {args.command}: Redis at {where} cannot be reached "
+                    f"({exc}); is it running?", 3)
     return result
 
 

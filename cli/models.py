@@ -9,11 +9,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
-from cli.text import READ_WITHIN_S, unread, utc
+from cli.text import READ_WITHIN_S, fail, unread, utc
 from conveyor.errors import ConveyorError
 from conveyor.registry import ModelSpec, Registry
 from conveyor.settings import Settings
@@ -49,8 +48,7 @@ def cmd_models_apply(settings: Settings, args: argparse.Namespace) -> int:
         record = record_of(path.read_text(), str(path.resolve()))
     except (OSError, ConveyorError) as exc:
         detail = str(exc) if isinstance(exc, ConveyorError) else f"{path}: {exc}"
-        print(f"conveyor models apply: refused, nothing published: {detail}", file=sys.stderr)
-        return 2
+        return fail(f"conveyor models apply: refused, nothing published: {detail}")
     registry = Registry.parse(record["text"], record["source"])
     print(render(registry))
     if args.dry_run:

@@ -9,11 +9,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
-from cli.text import READ_WITHIN_S, unread, utc
+from cli.text import READ_WITHIN_S, fail, unread, utc
 from conveyor.errors import ConveyorError
 from conveyor.settings import Settings
 
@@ -34,8 +33,7 @@ def _publish(settings: Settings, scope: str, text: str, source: str, dry_run: bo
     try:
         document = document_of(scope, text, source)
     except ConveyorError as exc:
-        print(f"conveyor policies: refused, nothing published: {exc}", file=sys.stderr)
-        return 2
+        return fail(f"conveyor policies: refused, nothing published: {exc}")
     if dry_run:
         print(f"valid ({document['digest']}); --dry-run: nothing published")
         return 0
@@ -55,12 +53,10 @@ def cmd_policies_set(settings: Settings, args: argparse.Namespace) -> int:
     try:
         text = path.read_text()
     except OSError as exc:
-        print(f"conveyor policies set: {path}: {exc}", file=sys.stderr)
-        return 2
+        return fail(f"conveyor policies set: {path}: {exc}")
     if not text.strip():
-        print("conveyor policies set: the file is empty (`conveyor policies clear` clears "
-              "a scope)", file=sys.stderr)
-        return 2
+        return fail("conveyor policies set: the file is empty (`conveyor policies clear` "
+                    "clears a scope)")
     return _publish(settings, _scope(args), text, str(path.resolve()), args.dry_run)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from cli.dlq import read_letters
 from cli.inspect import Found, find_journey
 from cli.replay_report import Replay, Step, render, report
-from cli.text import add_report_flags, not_found, print_report
+from cli.text import add_report_flags, fail, not_found, print_report
 from conveyor.errors import ConveyorError, RequestError, last_line
 from conveyor.policy.rules import PolicyBook
 from conveyor.registry import Registry
@@ -223,14 +223,11 @@ def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
             found = asyncio.run(replay_request(settings, args.request_id,
                                                names or ["preprocess"], since))
             if found is None:
-                print(not_found("replay", settings, args.request_id, args.since),
-                      file=sys.stderr)
-                return 1
+                return fail(not_found("replay", settings, args.request_id, args.since), 1)
         else:
             found = asyncio.run(replay_letter(settings, args.request_id, args.from_dlq, names))
     except (ValueError, ReplayError) as exc:
-        print(f"conveyor replay: {exc}", file=sys.stderr)
-        return 2
+        return fail(f"conveyor replay: {exc}")
     return print_report(report(found, args.show_content), args.json, render)
 
 

@@ -15,8 +15,8 @@ from typing import Any
 from conveyor.settings import Settings
 from topics.catalog import REQUESTS
 
-__all__ = ["READ_WITHIN_S", "add_report_flags", "iso", "not_found", "plain", "print_report",
-           "table", "unread", "utc"]
+__all__ = ["READ_WITHIN_S", "add_report_flags", "fail", "iso", "not_found", "plain",
+           "print_report", "table", "unread", "utc"]
 
 READ_WITHIN_S = 30.0  # how long a command waits to read a compacted topic's state
 
@@ -73,7 +73,12 @@ def table(lines: Sequence[Sequence[str]], left: int | None = None) -> str:
                      .rstrip() for line in lines)
 
 
+def fail(message: str, status: int = 2) -> int:
+    """Say ``message`` on stderr; the exit status ``status``."""
+    print(message, file=sys.stderr)
+    return status
+
+
 def unread(command: str, what: str) -> int:
     """Say that ``what`` was not read within :data:`READ_WITHIN_S`; exit status 3."""
-    print(f"conveyor {command}: {what} not read within {READ_WITHIN_S:.0f} s", file=sys.stderr)
-    return 3
+    return fail(f"conveyor {command}: {what} not read within {READ_WITHIN_S:.0f} s", 3)

@@ -6,10 +6,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 from typing import Any
 
-from cli.text import table, utc
+from cli.text import fail, table, utc
 from conveyor.errors import RequestError
 from conveyor.redis_clients import redis_client
 from conveyor.settings import Settings
@@ -70,13 +69,11 @@ def cmd_usage(settings: Settings, args: argparse.Namespace) -> int:
         since = (parse_time(args.since, now) if args.since is not None
                  else until - _DEFAULT_SPAN_MS[args.by])
     except argparse.ArgumentTypeError as exc:
-        print(f"conveyor usage: {exc}", file=sys.stderr)
-        return 2
+        return fail(f"conveyor usage: {exc}")
     try:
         rows, ratings = asyncio.run(_report(settings, args, since, until))
     except RequestError as exc:
-        print(f"conveyor usage: {exc.message}", file=sys.stderr)
-        return 2
+        return fail(f"conveyor usage: {exc.message}")
     if args.json:
         print(json.dumps({**_as_json(args, since, until, rows),
                           "ratings": [d.as_dict() for d in ratings]}, indent=2))
