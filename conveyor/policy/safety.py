@@ -4,8 +4,9 @@ A :class:`TermList` holds a policy's literal terms and regex patterns by
 category; :meth:`TermList.first` and :meth:`TermList.all` check a whole text,
 a :class:`StreamScanner` an answer as it streams, holding back only what a
 match could still include. Terms match whole words, case-insensitively, on
-folded text (folding.py); patterns are ``re.IGNORECASE`` regexes on the
-original. The rules in full, and what is not caught:
+folded text (:func:`fold`: lower case and compatibility forms one character for
+one, whitespace runs as one space, offsets traced back); patterns are
+``re.IGNORECASE`` regexes on the original. The rules in full, and what is not caught:
 docs/decisions/0017-safety-in-levels.md#level-1s-rules-in-detail.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
@@ -21,13 +23,87 @@ from typing import Any, NamedTuple
 import ahocorasick
 import regex as regex_module
 
-from conveyor.policy.folding import Folded, fold
-
-__all__ = ["PATTERN_SPAN", "Match", "StreamScanner", "TermList"]
+__all__ = ["PATTERN_SPAN", "Folded", "Match", "StreamScanner", "TermList", "fold"]
 
 PATTERN_SPAN = 256
 
 _PROBES = ("", "a", "0", " ", "\n", "-", "aB 0_c.-\n")
+
+
+# -- folding: text and terms compared one character for one ---------------------------
+
+_SPACES = re.compile(r"\s(?:\s+|(?<=[^ ]))")
+_FINAL_SIGMA, _SIGMA = "ς", "σ"
+_DOTTED_I = "\u0130"
+_TABLE_SIZE = 65_536
+
+
+@dataclass(frozen=True)
+class Folded:
+    """A text folded for terms, and the way back to the original's offsets."""
+
+    text: str
+    marks: tuple[int, ...] = (0,)
+    origins: tuple[int, ...] = (0,)
+
+    def origin(self, index: int) -> int:
+        """The original's offset of the folded text's ``index``."""
+        k = bisect_right(self.marks, index) - 1
+        return self.origins[k] + index - self.marks[k]
+
+
+class _Table(dict[int, str]):
+    """``str.translate``'s table of folded characters, filled as they are met."""
+
+    def __missing__(self, code: int) -> str:
+        folded = _fold_char(chr(code))
+        if len(self) < _TABLE_SIZE:
+            self[code] = folded
+        return folded
+
+
+def _fold_char(char: str) -> str:
+    compat = unicodedata.normalize("NFKC", char)
+    if len(compat) != 1:
+        compat = char
+    lower = compat.lower()
+    folded = lower if len(lower) == 1 else compat
+    return _SIGMA if folded == _FINAL_SIGMA else folded
+
+
+_TABLE = _Table()
+
+
+def _lower(text: str) -> str:
+    """``text`` in lower case and NFKC forms, one character for one."""
+    if text.isascii():
+        return text.lower()
+    if unicodedata.is_normalized("NFKC", text):
+        lower = _DOTTED_I.join(part.lower() for part in text.split(_DOTTED_I))
+        return lower.replace(_FINAL_SIGMA, _SIGMA)
+    return text.translate(_TABLE)
+
+
+def fold(text: str) -> Folded:
+    """``text`` folded, each run of whitespace one space, and the offsets back."""
+    lowered = _lower(text)
+    if lowered.isprintable() and "  " not in lowered:
+        return Folded(lowered)
+    pieces: list[str] = []
+    marks, origins = [0], [0]
+    done = size = 0
+    for run in _SPACES.finditer(lowered):
+        start, end = run.span()
+        pieces += (lowered[done:start], " ")
+        size += start - done + 1
+        done = end
+        if end - start > 1:
+            marks.append(size)
+            origins.append(end)
+    if not pieces:
+        return Folded(lowered)
+    pieces.append(lowered[done:])
+    return Folded("".join(pieces), tuple(marks), tuple(origins))
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ original."""
 
 from __future__ import annotations
 
-from conveyor.policy.folding import fold
+from conveyor.policy.safety import fold
 
 
 def test_ascii_text_is_lowered_and_keeps_its_offsets() -> None:
