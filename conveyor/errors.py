@@ -74,8 +74,6 @@ class ContentPolicyViolation(InvalidRequest):
 class InvalidOutput(RequestError):
     """The model's finished answer is not what the request's response_format
     asked for (a schema keyword its grammar could not hold it to)."""
-    status = 500
-    type = "server_error"
     code = "invalid_structured_output"
 
 
@@ -109,8 +107,6 @@ class DeadlineExceeded(RequestError):
 
 
 class EngineError(RequestError):
-    status = 500
-    type = "server_error"
     code = "engine_error"
 
 

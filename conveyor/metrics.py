@@ -16,7 +16,7 @@ from typing import Any
 
 from aiokafka import TopicPartition
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.metrics import CallbackOptions, Meter, NoOpMeterProvider, Observation
+from opentelemetry.metrics import CallbackOptions, Counter, Meter, NoOpMeterProvider, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
@@ -161,6 +161,12 @@ class GatewayMetrics:
 LagSource = Callable[[], Iterable[tuple[int, int]]]
 
 
+def _dead_letters(meter: Meter) -> Counter:
+    """The dead-letter counter every layer (infer included) adds to."""
+    return meter.create_counter("conveyor.layer.dead_letters", unit="{event}",
+                                description="Events a layer sent to the dead-letter topic.")
+
+
 @dataclass(frozen=True)
 class LayerProbe:
     """One layer's instruments, with its attributes made once."""
@@ -192,9 +198,7 @@ class LayerMetrics:
             "conveyor.layer.handle.duration", unit="s",
             description="How long a layer took over one event (decode, handle, produce).",
             explicit_bucket_boundaries_advisory=HANDLE_BUCKETS)
-        self.dead_letters = self.meter.create_counter(
-            "conveyor.layer.dead_letters", unit="{event}",
-            description="Events a layer sent to the dead-letter topic.")
+        self.dead_letters = _dead_letters(self.meter)
         self.meter.create_observable_gauge(
             "conveyor.layer.consumer_lag", callbacks=[self._observe_lag], unit="{event}",
             description="Events in a partition's log that the layer has not taken yet.")
@@ -263,9 +267,7 @@ class WorkerMetrics:
             self._host_cache_metrics(meter, host_cache)
         # infer is a layer of the pipeline: its dead letters are counted as the
         # other layers' are, under conveyor.layer="infer"
-        self._dead_letters = meter.create_counter(
-            "conveyor.layer.dead_letters", unit="{event}",
-            description="Events a layer sent to the dead-letter topic.")
+        self._dead_letters = _dead_letters(meter)
         self._layer = {"conveyor.layer": "infer", **self._attrs}
 
     def dead_letter(self) -> None:
