@@ -3,7 +3,7 @@ asked for, and the report for a person."""
 
 from __future__ import annotations
 
-from cli.replay_report import Replay, Step, diff, render, report
+from cli.replay import Replay, Step, diff, render, report
 
 
 def test_diff_names_differing_fields_only_and_hides_content() -> None:
