@@ -24,6 +24,8 @@ __all__ = ["Letter", "Redriven", "event_type_of", "read_letters", "redriven", "r
 
 REDRIVE_ACTION = "dlq.redrive"
 _TRUNCATED = "[value truncated"
+
+
 @dataclass(frozen=True)
 class Letter:
     offset: int

@@ -17,7 +17,6 @@ from typing import TextIO
 __all__ = ["BatchingHandler", "RepeatFilter", "Throttle", "setup_logging"]
 
 
-
 class Throttle:
     """Lets each key through at most once per ``interval_s`` and counts what it
     held back; the counting core of the log filter every process has
@@ -46,6 +45,7 @@ class Throttle:
     def forget(self, key: object) -> bool:
         """Start ``key`` afresh; whether it had been seen."""
         return self._seen.pop(key, None) is not None
+
 
 class RepeatFilter(logging.Filter):
     """Passes a (logger, level, message template) at most once per ``every_s``."""

@@ -72,6 +72,7 @@ _IPV6 = re.compile(
 _HEX_DIGIT = re.compile(r"[0-9A-Fa-f]")
 _DIGIT = re.compile(r"\d")
 
+
 @dataclass(frozen=True)
 class Found:
     """One value found: its entity, its span in the text, and the text of the span."""
