@@ -2,7 +2,7 @@
 
 :class:`UsageLedger` is what the CLI (``conveyor usage``), the admin API and
 the quota check read; it never talks to Faust or Kafka, only to the copy the
-accounting app keeps in Redis (layout in workers/usage/layout.py). Redis
+accounting app keeps in Redis (layout in workers/usage/mirror.py). Redis
 errors are not caught here: the caller's boundary translates them (the
 gateway answers 503).
 
@@ -23,8 +23,8 @@ from conveyor.errors import InvalidRequest
 from conveyor.redis_clients import Redis
 from conveyor.settings import Settings
 from topics.envelope import now_ms
-from workers.usage.buckets import DAY_MS, RETENTION_MS, bucket_start, next_bucket
-from workers.usage.layout import UsageKeys, decode_counts, decode_ratings
+from workers.usage.mirror import UsageKeys, decode_counts, decode_ratings
+from workers.usage.rows import DAY_MS, RETENTION_MS, bucket_start, next_bucket
 
 __all__ = ["UsageLedger", "UsageRow", "RatingsDay", "ReportBy"]
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from workers.usage.buckets import bucket_start, expires_at, is_expired
+from workers.usage.rows import bucket_start, expires_at, is_expired
 
 __all__ = ["LATEST", "RatingKey", "RatingCounts", "Ratings", "RatingDim"]
 
