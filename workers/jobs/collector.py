@@ -28,9 +28,8 @@ from conveyor.settings import Settings
 from schemas.records import JobResult, JobStatus
 from topics.catalog import JOB_STATUS, RESULTS
 from topics.envelope import now_ms
-from workers.jobs.batch import BatchFold
 from workers.jobs.files import JobFiles
-from workers.jobs.response import ResponseFold
+from workers.jobs.folds import BatchFold, ResponseFold
 from workers.outputs import Output, Sender
 
 __all__ = ["ResultsLayer", "output_file_id", "PUBLISH_EVERY_S", "CANCEL_GRACE_MS"]

@@ -1,7 +1,7 @@
 """The jobs layer: a job's commands (``conveyor.jobs``) become its requests.
 
 ``create`` of a batch reads its input file, checks every line
-(:mod:`workers.jobs.lines`) and either fails the batch (an ``invalid`` event:
+(:mod:`workers.jobs.files`) and either fails the batch (an ``invalid`` event:
 no line runs) or puts one request per line on ``conveyor.requests`` (priority
 batch, the completion window as deadline) after an ``expanded`` event;
 ``create`` of a background response puts its one request there. ``cancel``
@@ -30,8 +30,7 @@ from topics.catalog import CONTROL, JOBS, REQUESTS
 from topics.envelope import PRIORITY_BACKGROUND, PRIORITY_BATCH, new_envelope, now_ms
 from topics.policies import kept_policies
 from workers.jobs.dead_commands import DeadCommands
-from workers.jobs.files import JobFiles
-from workers.jobs.lines import parse_lines
+from workers.jobs.files import JobFiles, parse_lines
 from workers.layer import Layer
 from workers.outputs import Output, Sender, job_event, result_output
 from workers.policy_checks import redact_generation, redacted
