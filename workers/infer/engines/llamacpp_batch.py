@@ -57,6 +57,9 @@ __all__ = ["LlamaCppBatchEngine"]
 class LlamaCppBatchEngine:
     """Serves ``sequences`` generations at once, decoded together in ``contexts``
     batched contexts of ``n_threads`` threads each."""
+    # a grammar sampler and llama.cpp's logit-bias sampler in each sequence's chain;
+    # logprobs read off each sequence's logits (logprobs.py)
+    constrains_output = decodes_tools = biases_logits = reports_logprobs = True
 
     def __init__(
         self,
@@ -73,10 +76,6 @@ class LlamaCppBatchEngine:
             raise ValueError("sequences and contexts must be at least 1")
         self.name = name
         self.capacity = sequences
-        self.constrains_output = True  # a grammar sampler in each sequence's chain
-        self.decodes_tools = True  # the same sampler, on the tools' grammar
-        self.biases_logits = True  # llama.cpp's logit-bias sampler, first in each chain
-        self.reports_logprobs = True  # read off each sequence's logits (logprobs.py)
         # the pool's models, all of them loaded (base.Engine)
         self.served: list[str] | None = None
         self.loaded: list[str] | None = None

@@ -46,6 +46,9 @@ __all__ = ["OpenAIHttpEngine"]
 
 class OpenAIHttpEngine:
     """Generates through an OpenAI-compatible server at ``base_url``."""
+    # response_format, tools and logit_bias passed on (the upstream's calls written
+    # as text), logprobs asked of the upstream and read back from its chunks
+    constrains_output = decodes_tools = biases_logits = reports_logprobs = True
 
     def __init__(
         self,
@@ -58,10 +61,6 @@ class OpenAIHttpEngine:
     ) -> None:
         self.name = name
         self.capacity = capacity
-        self.constrains_output = True  # the upstream gets response_format and constrains itself
-        self.decodes_tools = True  # tools passed on, the upstream's calls written as text
-        self.biases_logits = True  # passed on as logit_bias
-        self.reports_logprobs = True  # asked of the upstream, read back from its chunks
         # the pool's models, all of them loaded (base.Engine)
         self.served: list[str] | None = None
         self.loaded: list[str] | None = None

@@ -61,6 +61,8 @@ def pieces_of(text: str) -> list[str]:
 
 class ScriptedEngine:
     """Serves ``capacity`` scripted answers at once (see the module notes)."""
+    # scripted text follows no format and has no logits
+    constrains_output = decodes_tools = biases_logits = reports_logprobs = False
 
     def __init__(
         self,
@@ -78,10 +80,6 @@ class ScriptedEngine:
             raise ValueError("token_delay_ms must not be negative")
         self.name = name
         self.capacity = capacity
-        self.constrains_output = False  # scripted text follows no format
-        self.decodes_tools = False
-        self.biases_logits = False  # scripted text has no logits
-        self.reports_logprobs = False
         # the pool's models, all of them loaded (base.Engine)
         self.served: list[str] | None = None
         self.loaded: list[str] | None = None

@@ -72,6 +72,8 @@ def vllm_missing() -> str | None:
 
 class VllmEngine:
     """Serves ``capacity`` sequences at once from vLLM's async engine."""
+    # vLLM's own structured outputs (the tools' grammar too), logit_bias and logprobs
+    constrains_output = decodes_tools = biases_logits = reports_logprobs = True
 
     def __init__(
         self,
@@ -94,10 +96,6 @@ class VllmEngine:
             raise ValueError("kv_cache_gib must be positive")
         self.name = name
         self.capacity = capacity
-        self.constrains_output = True  # vLLM's structured outputs
-        self.decodes_tools = True  # the tools' grammar, as vLLM's structured outputs
-        self.biases_logits = True  # vLLM's own logit_bias
-        self.reports_logprobs = True  # vLLM's own logprobs
         self.spec = spec
         self.model = model
         self.dtype = dtype
