@@ -19,7 +19,7 @@ an interactive task must never wait behind a batch there.
 
 Loads are known between heartbeats from what schedule sent
 (:mod:`~workers.schedule.outstanding`) and each generation's end
-(:mod:`~workers.schedule.finishes`). Parked and held tasks' offsets are not
+(:mod:`~workers.schedule.outstanding`). Parked and held tasks' offsets are not
 committed, so a dying scheduler leaves them to its successor; a cancelled
 request's task is dropped; one past its deadline fails with 504.
 """
@@ -45,9 +45,8 @@ from topics.envelope import PRIORITY_INTERACTIVE, now_ms, now_us, stamp
 from workers.outputs import Output, Sender, error_info, failure_reply
 from workers.prefix import PrefixIndex, RoutePolicy, WorkerLoad, choose
 from workers.schedule.breakers import Breakers
-from workers.schedule.finishes import FinishFollower
 from workers.schedule.held import BatchAdmission, Candidate, Held, HeldQueue
-from workers.schedule.outstanding import Outstanding
+from workers.schedule.outstanding import FinishFollower, Outstanding
 from workers.schedule.room import (
     Parked,
     check_deadline,

@@ -58,7 +58,7 @@ class LlamaCppBatchEngine:
     """Serves ``sequences`` generations at once, decoded together in ``contexts``
     batched contexts of ``n_threads`` threads each."""
     # a grammar sampler and llama.cpp's logit-bias sampler in each sequence's chain;
-    # logprobs read off each sequence's logits (logprobs.py)
+    # logprobs read off each sequence's logits (logprob_of)
     constrains_output = decodes_tools = biases_logits = reports_logprobs = True
 
     def __init__(

@@ -5,7 +5,10 @@ their text (UTF-8 across tokens, stop strings held back), what a cached
 sequence is worth to a prompt (:func:`reuse_score`), and each sequence's
 sampler chain in OpenAI's order (logit bias checked against the vocabulary,
 penalties, temperature, top_p, the draw; a structured answer's grammar checks
-the draw). The module notes of ``llamacpp_batch`` give the decisions.
+the draw). Log probabilities (:func:`logprob_of`) are the model's own
+distribution, a log-softmax of the raw logits before sampling shapes it (as
+vLLM reports them), computed only for requests that ask. The module notes of
+``llamacpp_batch`` give the decisions.
 """
 
 from __future__ import annotations
@@ -22,18 +25,19 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 import llama_cpp
+import numpy as np
 from llama_cpp import Llama
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from conveyor.errors import EngineError, InvalidRequest
-from schemas.records import TokenLogprob
+from schemas.records import TokenLogprob, TopLogprob
 from workers.infer.engines.base import GenerationRequest, Piece
 from workers.infer.engines.llamacpp_cache import HostCache
 from workers.infer.engines.llamacpp_grammar import CheckedSampling, grammar_sampler
-from workers.infer.engines.logprobs import logprob_of, taken
 
 __all__ = ["Context", "Sequence", "Text", "chat_formatter", "common_prefix", "prompt_or_bos",
-           "reuse_score", "llama_seed", "checked_bias", "bias_sampler", "sequence_sampler"]
+           "reuse_score", "llama_seed", "checked_bias", "bias_sampler", "sequence_sampler",
+           "logprob_of", "token_bytes", "LoggedSampler", "with_logprobs", "taken"]
 
 
 Item = Piece | BaseException
@@ -489,3 +493,76 @@ def bias_sampler(request: GenerationRequest, n_vocab: int) -> Any:
         entry = cast(Any, biases[i])
         entry.token, entry.bias = token, value
     return llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(bias), biases)
+
+
+def token_bytes(vocab: Any, token: int) -> bytes:
+    """A token's text as llama.cpp writes it (special tokens as nothing)."""
+    buffer = ctypes.create_string_buffer(64)
+    n = llama_cpp.llama_token_to_piece(vocab, token, buffer, 64, 0, False)
+    if n < 0:
+        buffer = ctypes.create_string_buffer(-n)
+        n = llama_cpp.llama_token_to_piece(vocab, token, buffer, -n, 0, False)
+    return buffer.raw[:max(0, n)]
+
+
+def logprob_of(ctx: Any, index: int, n_vocab: int, token: int, top: int,
+               piece: Callable[[int], bytes]) -> TokenLogprob:
+    """The log probability of ``token`` at output ``index`` of ``ctx``, and the
+    ``top`` most likely tokens there."""
+    logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, index),
+                                   shape=(n_vocab,)).astype(np.float64)
+    peak = float(logits.max())
+    total = peak + float(np.log(np.exp(logits - peak).sum()))
+    best: list[TopLogprob] = []
+    if top > 0:
+        ids = np.argpartition(-logits, top)[:top]
+        for i in sorted(ids.tolist(), key=lambda i: -logits[i]):
+            data = piece(i)
+            best.append(TopLogprob(token=data.decode("utf-8", "replace"), bytes=data,
+                                   logprob=float(logits[i]) - total))
+    data = piece(token)
+    return TokenLogprob(token=data.decode("utf-8", "replace"), bytes=data,
+                        logprob=float(logits[token]) - total, top=best)
+
+
+class LoggedSampler:
+    """The sampler llama-cpp-python asks for, wrapped: each token it samples
+    (but the end of the answer) has its log probability put in ``sink``."""
+
+    def __init__(self, inner: Any, vocab: Any, n_vocab: int, top: int,
+                 sink: list[TokenLogprob]) -> None:
+        self.inner, self.vocab, self.n_vocab, self.top, self.sink = inner, vocab, n_vocab, \
+            top, sink
+
+    def sample(self, ctx: Any, idx: int = -1) -> int:
+        token = int(self.inner.sample(ctx, idx))
+        if not llama_cpp.llama_vocab_is_eog(self.vocab, token):
+            self.sink.append(logprob_of(ctx.ctx, idx, self.n_vocab, token, self.top,
+                                        lambda t: token_bytes(self.vocab, t)))
+        return token
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def with_logprobs(llm: Any, request: Any, sink: list[TokenLogprob]) -> None:
+    """Have ``llm`` (a llama-cpp-python ``Llama``) report the log probability of
+    every token it samples for ``request`` into ``sink``, if the request asks:
+    the sampler it builds (its own, or a structured one) is wrapped in a
+    :class:`LoggedSampler`."""
+    if not request.logprobs:
+        return
+    build = llm._init_sampler
+    vocab = llm._model.vocab
+
+    def init_sampler(**kwargs: Any) -> Any:
+        return LoggedSampler(build(**kwargs), vocab, llm.n_vocab(), request.top_logprobs, sink)
+
+    llm._init_sampler = init_sampler
+
+
+def taken(pending: list[TokenLogprob]) -> tuple[TokenLogprob, ...]:
+    """The log probabilities sampled since the last piece, for this one (emptied)."""
+    out = tuple(pending)
+    pending.clear()
+    return out
