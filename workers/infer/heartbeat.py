@@ -69,7 +69,7 @@ class Snapshot(NamedTuple):
     interactive_ms: int = 0
     # the engine's KV cache, where it keeps one the worker can see
     kv: KvState | None = None
-    # its measured speed (workers/infer/heartbeat.py); None until measured
+    # its measured speed (Speed); None until measured
     prefill_tps: float | None = None
     tpot_ms: float | None = None
     # of the models it serves, those loaded now (None: all of them)
@@ -95,7 +95,7 @@ class Heartbeat:
         self.snapshot = snapshot
         self.state: Literal["ready", "draining", "stopped"] = "ready"
         self.host = socket.gethostname()
-        self.gpu = GpuProbe()  # the GPUs this worker sees (workers/infer/heartbeat.py)
+        self.gpu = GpuProbe()  # the GPUs this worker sees
 
     async def beat(self) -> None:
         now = self.snapshot()
