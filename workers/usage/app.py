@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ import faust
 from faust.serializers.codecs import Codec as FaustCodec
 
 from conveyor.metrics import LayerMetrics, LayerProbe
-from conveyor.redis_clients import Redis, redis_client
+from conveyor.redis_clients import REDIS_ERRORS, Redis, redis_client
 from conveyor.settings import Settings
 from schemas.codec import Codec, EventType, default_codec
 from schemas.records import DeadLetter
@@ -38,11 +38,13 @@ from topics.envelope import now_ms
 from workers.usage.changelog import WriteBehind, drain_before_commit
 from workers.usage.counting import SEEN_WINDOW, Counter, ids_before
 from workers.usage.flow import batched_fetch_transport, hold_flow_until_resumed
-from workers.usage.mirror import FULL_MIRROR_EVERY, MirrorPass, RedisMirror, UsageKeys
-from workers.usage.ratings import Ratings
+from workers.usage.mirror import RedisMirror, UsageKeys
+from workers.usage.ratings import RatingCounts, RatingKey, Ratings
+from workers.usage.rows import Counts, RowKey
 
 __all__ = ["AccountingApp", "MIRROR_INTERVAL_S", "FULL_MIRROR_EVERY", "SWEEP_EVERY_MS",
-           "FLUSH_TIMEOUT_S", "accounting_datadir", "changelog_configs", "conveyor_home",
+           "FLUSH_TIMEOUT_S", "MirrorPass", "UNREADY_WARN_S", "accounting_datadir",
+           "changelog_configs", "conveyor_home",
            "Undecodable", "UsageValueCodec", "STALL_AFTER_S", "Progress", "Stall", "committed",
            "consumer_state", "highwater"]
 
@@ -60,6 +62,8 @@ CHANGELOG_SEGMENT_BYTES = 1024 * 1024
 TOMBSTONES_KEPT_MS = 3_600_000
 # room a dead letter keeps for its own fields (as workers/outputs.py)
 _LETTER_OVERHEAD = 16 * 1024
+FULL_MIRROR_EVERY = 10  # ticks: a full pass every 5 s
+UNREADY_WARN_S = 15.0  # the mirror says so when the tables stay unready this long
 
 
 def changelog_configs(replication: Replication) -> dict[str, str]:
@@ -391,3 +395,93 @@ def consumer_state(app: Any, tp: Any) -> str:
             f"read {consumer._read_offset.get(tp)}, committed "
             f"{consumer._committed_offset.get(tp)}, generation "
             f"{app.consumer_generation_id}, rebalancing {app.rebalancing}")
+
+
+class MirrorPass:
+    """The mirror tick of one accounting app (workers/usage/mirror.py says what it
+    writes, and when)."""
+
+    def __init__(self, owner: AccountingApp) -> None:
+        self.owner = owner
+        self._ticks = 0
+        self._full_due = True
+        self._problems = RateLimitedLog(log)
+        self._unready_since: float | None = None
+
+    def ready(self) -> bool:
+        """Whether the tables are whole: no rebalance or recovery under way."""
+        # Faust's own flags (faust-streaming 0.15.3: App.rebalancing, App.in_recovery,
+        # Recovery.completed), read only; tests/unit/workers/usage/test_faust_patches.py
+        app = self.owner.app
+        recovery: Any = getattr(app.tables, "recovery", None)
+        return (not app.rebalancing and not app.in_recovery
+                and recovery is not None and recovery.completed.is_set())
+
+    def active_partitions(self) -> set[int]:
+        return {tp.partition for tp in self.owner.app.assignor.assigned_actives()
+                if tp.topic == self.owner.source_topic}
+
+    def rows(self, texts: Iterable[str] | None, partitions: set[int]
+             ) -> Iterator[tuple[RowKey, Counts]]:
+        """The rows of ``texts`` (all when None) that this member owns."""
+        if texts is None:
+            items: Iterable[tuple[str, Any]] = list(self.owner.totals.items())
+        else:
+            items = [(t, self.owner.totals.get(t)) for t in texts]
+        for text, value in items:
+            if value is not None and value["p"] in partitions:
+                yield RowKey.parse(text), Counts.from_value(value)
+
+    def rating_rows(self, texts: Iterable[str] | None
+                    ) -> Iterator[tuple[RatingKey, RatingCounts]]:
+        """The rating rows of ``texts`` (all when None), when this member owns
+        the feedback topic's partition."""
+        owned = any(tp.topic == self.owner.feedback_topic
+                    for tp in self.owner.app.assignor.assigned_actives())
+        if not owned:
+            return
+        if texts is None:
+            items: Iterable[tuple[str, Any]] = list(self.owner.ratings.rows())
+        else:
+            items = [(t, self.owner.rating_table.get(t)) for t in texts]
+        for text, value in items:
+            if value is not None:
+                yield RatingKey.parse(text), RatingCounts.from_value(value)
+
+    async def mirror_once(self) -> int:
+        """One tick: write the changed rows, or all of them when a full pass is due."""
+        if not self.ready():
+            if self._unready_since is None:
+                self._unready_since = time.monotonic()
+            elif time.monotonic() - self._unready_since >= UNREADY_WARN_S:
+                recovery: Any = getattr(self.owner.app.tables, "recovery", None)
+                self._problems.warning(
+                    "unready", "usage mirror: the tables have not been whole for %.0f s "
+                    "(rebalancing %s, in recovery %s, recovery complete %s); nothing mirrored",
+                    time.monotonic() - self._unready_since, self.owner.app.rebalancing,
+                    self.owner.app.in_recovery,
+                    recovery is not None and recovery.completed.is_set())
+            return 0
+        if self._unready_since is not None:
+            self._unready_since = None
+            self._problems.resolved("unready", "usage mirror: the tables are whole again")
+        self._ticks += 1
+        full = self._full_due or self._ticks % FULL_MIRROR_EVERY == 0
+        dirty = self.owner.counter.take_dirty()
+        rated = self.owner.ratings.take_dirty()
+        # read every value now (no await in between): what is written is one moment
+        rows = list(self.rows(None if full else dirty, self.active_partitions()))
+        ratings = list(self.rating_rows(None if full else rated))
+        try:
+            written = await self.owner.mirror.write(rows)
+            written += await self.owner.mirror.write_ratings(ratings)
+        except REDIS_ERRORS as exc:
+            self.owner.counter.dirty |= dirty
+            self.owner.ratings.dirty |= rated
+            self._full_due = True
+            self._problems.warning("mirror", "usage mirror: Redis failed (%r); retrying",
+                                   exc)
+            return 0
+        self._full_due = False
+        self._problems.resolved("mirror", "usage mirror: Redis answers again")
+        return written

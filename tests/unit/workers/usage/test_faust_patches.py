@@ -233,7 +233,7 @@ def test_a_table_has_the_store_and_changelog_send_write_behind_uses(tmp_path: Pa
     assert app.row_writes.flush() == 1 and sent == [(2, "k", {"p": 2, "o": 1})]
 
 
-# -- workers/usage/mirror.py: what the mirror reads of Faust's state ------------
+# -- workers/usage/app.py (MirrorPass): what the mirror reads of Faust's state -
 
 
 def test_faust_keeps_the_state_the_mirror_reads(tmp_path: Path) -> None:
