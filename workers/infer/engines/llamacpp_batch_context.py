@@ -176,7 +176,7 @@ class Context:
         params.n_batch = params.n_ubatch = self.prefill_chunk + self.share
         params.n_seq_max = self.share
         params.n_threads = params.n_threads_batch = self.n_threads
-        params.kv_unified = True  # see the module notes
+        params.kv_unified = True  # one KV cache for all its sequences, each within n_ctx
         params.no_perf = True
         self._ctx = llama_cpp.llama_init_from_model(self.llm.model, params)
         if not self._ctx:

@@ -122,7 +122,7 @@ class OpenAIHttpEngine:
 
 class _Reading:
     """One answer's SSE events, read a block at a time: the text deltas that
-    came in one read are one :class:`Piece` (see Pieces in the module notes)."""
+    came in one read are one :class:`Piece` (see the module notes)."""
 
     def __init__(self, chat: bool, logprobs: bool) -> None:
         self.chat = chat
