@@ -34,7 +34,7 @@ from conveyor.startup import kafka_address, redis_address, started
 from gateway.admission import Admitter
 from gateway.audit import Audit
 from gateway.auth.authenticate import Authenticator
-from gateway.auth.invalidations import Invalidations
+from gateway.auth.cache import Invalidations
 from gateway.auth.jwt_tokens import JwtVerifier
 from gateway.auth.keys import KeyStore
 from gateway.auth.middleware import AuthMiddleware

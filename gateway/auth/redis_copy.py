@@ -1,7 +1,7 @@
 """The Redis copy of the ``keys`` topic: what the gateway looks keys and tenants up in.
 
 The topic is the record; Redis a lookup copy, rebuilt from it when lost
-(gateway/auth/restore.py). Its key layout is in
+(:class:`~gateway.auth.keys_topic.Restorer`). Its key layout is in
 docs/decisions/0026-keys-and-limits-in-redis.md. Every write goes through a Lua
 script that refuses a version not newer than the one stored, so a restore or
 a racing writer never replaces a newer record. Redis's errors stop here:
