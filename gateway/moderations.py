@@ -21,7 +21,7 @@ from conveyor.policy.classifier import CATEGORY, classifier
 from conveyor.policy.rules import PolicyBook
 from gateway.auth.middleware import identity_of
 from gateway.errors import SafeJSONResponse
-from gateway.provide import service
+from gateway.services import service
 from schemas.openai.moderations import ModerationBody, moderation_result
 
 __all__ = ["FLAG_THRESHOLD", "moderations_router", "MODERATION_MODEL"]

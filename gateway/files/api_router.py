@@ -26,7 +26,7 @@ from gateway.auth.middleware import identity_of
 from gateway.errors import SafeJSONResponse
 from gateway.files.uploads import upload
 from gateway.openapi import ErrorResponse
-from gateway.provide import service
+from gateway.services import service
 from schemas.openai.files import (
     FileDeleted,
     FileList,

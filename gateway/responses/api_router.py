@@ -14,13 +14,13 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 
-from gateway.provide import service
-from gateway.responses.openapi import (
+from gateway.openapi import (
     RESPONSES_OPENAPI,
     RESPONSES_RESPONSES,
     RETRIEVE_RESPONSES,
 )
 from gateway.responses.serving import ResponsesServing
+from gateway.services import service
 from schemas.openai.responses import parse_request
 
 __all__ = ["responses_router"]

@@ -37,9 +37,9 @@ from gateway.auth.middleware import identity_of
 from gateway.auth.types import Identity
 from gateway.cancels import Cancels
 from gateway.errors import NotFound, SafeJSONResponse, for_client
+from gateway.jobs.background import BackgroundResponses
 from gateway.responses.events import ResponseEvents, frame
 from gateway.responses.objects import is_stored, new_response_id, response_object
-from gateway.responses.types import BackgroundResponses
 from gateway.resume import (
     Framer,
     Recorded,

@@ -14,7 +14,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, WebSocket
 
-from gateway.provide import service, services_of
+from gateway.services import service, services_of
 from gateway.submission import Submitter
 from gateway.websocket.chat import Multiplexer
 from gateway.websocket.connection import Connection
