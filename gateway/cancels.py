@@ -1,12 +1,9 @@
-"""Cancelling a generation, at once or after a grace in which a resumed stream
-may take it over, and the watch key that says who reads a resumed stream.
-
-``{prefix}:resume-watch:{request id}`` names a resumed stream's reader,
-renewed every third of ``reply_lease_ttl_s``. A dropped client's cancel waits
-``resume_grace_s`` and is then sent only when no other reader holds the key;
-infer workers (:class:`~workers.infer.gateways.GatewayWatch`) keep a
-generation whose gateway is gone while the key exists. A cancel must arrive:
-the publisher delivers it until the request's deadline."""
+"""Cancelling a generation, at once or after a grace in which a resumed stream may
+take it over. ``{prefix}:resume-watch:{request id}`` names a resumed stream's
+reader (renewed every third of ``reply_lease_ttl_s``); a dropped client's
+cancel waits ``resume_grace_s`` and is sent only when no other reader holds
+it, and infer workers keep a generation whose gateway is gone while it exists.
+A cancel must arrive: it is delivered until the request's deadline."""
 
 from __future__ import annotations
 

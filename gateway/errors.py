@@ -1,11 +1,7 @@
-"""One place where every failure becomes OpenAI's error envelope with its status.
-
-Lower-layer errors are translated here; no failure reaches a client as a bare
-500 or costs it its connection: the catch-all is :class:`CatchAll`, an ASGI
-middleware inside Starlette's (whose ``Exception`` handler re-raises after
-answering, and uvicorn then closes a kept-alive connection).
-:class:`SafeJSONResponse` falls back to ASCII escapes for text UTF-8 cannot
-hold."""
+"""One place where every failure becomes OpenAI's error envelope with its status;
+lower-layer errors are translated here. No failure reaches a client as a bare
+500 or costs it its connection: :class:`CatchAll` is an ASGI middleware inside
+Starlette's (whose handler re-raises, and uvicorn then closes the connection)."""
 
 from __future__ import annotations
 

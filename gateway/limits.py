@@ -1,11 +1,8 @@
-"""The request body limit: a body over ``max_body_bytes`` is refused with 413
-before anything parses it.
-
-:class:`BodyLimit` is an ASGI middleware: a ``Content-Length`` over the limit is
-refused before the body is read, a chunked body as soon as it passes it; the
-body is then handed on as one message. Upload paths (``uploads``: a path and
-its own limit) stream through unbuffered, and the read that passes the limit
-raises :class:`~conveyor.errors.RequestTooLarge` in the route."""
+"""The request body limit: :class:`BodyLimit` (ASGI) refuses a ``Content-Length``
+over ``max_body_bytes`` with 413 before reading, a chunked body as soon as it
+passes it, and hands the body on as one message. Upload paths stream through
+with their own limit; the read past it raises
+:class:`~conveyor.errors.RequestTooLarge` in the route."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""``GET /metrics``: the gateway's Prometheus metrics, on the API's own port.
-
-The route is outside ``/v1`` and so outside authentication, like
-``/healthz``: Prometheus scrapes it without a key. Bind the gateway to a
-network the scraper shares, or keep /metrics off the public path at the proxy.
-What is recorded, and under which names, is in :mod:`conveyor.metrics`.
-"""
+"""``GET /metrics``: the gateway's Prometheus metrics (:mod:`conveyor.metrics`) on
+the API's port, outside ``/v1`` and so outside authentication, like ``/healthz``."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
-"""The gateway's one way to write to Kafka: :class:`Publisher`, the twin of the
-workers' :class:`~workers.outputs.Sender`. aiokafka's errors become Conveyor's
-here and nowhere else in the gateway. Three policies
-(docs/architecture.md#delivery says when each is used):
-
-- ``publish`` (a request's path): the caller gets 400 for a record the schema
-  cannot hold, 413 when too large, 503 when Kafka does not take it within
-  ``produce_timeout_s`` (:class:`NotTakenInTime`) or refuses it;
-- ``deliver`` (cancels; must arrive): sent again with backoff until taken or
-  its bound (the request's deadline) passes;
-- ``publish_soon`` (audit events on a request's path; fire and forget): one
-  send, a drop is a rate-limited warning."""
+"""The gateway's one way to write to Kafka, the twin of the workers'
+:class:`~workers.outputs.Sender`; aiokafka's errors become Conveyor's here.
+Three policies (docs/architecture.md#delivery): ``publish`` on a request's path
+(400, 413, or 503 when not taken within ``produce_timeout_s``), ``deliver``
+must arrive (sent again until its bound), ``publish_soon`` fire and forget."""
 
 from __future__ import annotations
 

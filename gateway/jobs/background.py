@@ -1,11 +1,7 @@
-"""Background responses (``POST /v1/responses`` with ``background: true``):
-taken at once as ``queued``, run at background priority, read back with
-``GET /v1/responses/{id}``, stopped with ``.../cancel``.
-
-A background response is a job: its first state goes to ``conveyor.job-status``
-and its ``create`` command to ``conveyor.jobs``; the results layer publishes
-its later states, which the :class:`~gateway.jobs.board.JobBoard` serves. It
-is admitted against the caller's limits when taken, and its reservation kept."""
+"""Background responses (``POST /v1/responses`` with ``background: true``): a job,
+taken at once as ``queued`` (its first state to ``conveyor.job-status``, its
+``create`` command to ``conveyor.jobs``), admitted against the caller's limits
+(the reservation kept), read back from the :class:`~gateway.jobs.board.JobBoard`."""
 
 from __future__ import annotations
 

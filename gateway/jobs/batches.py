@@ -1,15 +1,9 @@
 """The Batch API at the gateway: create, retrieve, list and cancel batches.
-
-Creating a batch checks what can be checked at once (the input file is the
-tenant's and was uploaded for batches, the endpoint and window are ones
-Conveyor serves), then writes the batch's first state (``validating``) to
-``conveyor.job-status`` and its ``create`` command to ``conveyor.jobs`` (through
-the gateway's publisher, on the request's path: 503 when Kafka does not take
-them within ``produce_timeout_s``), and answers with the Batch object.
-Everything after that (checking every line, running them, writing the output)
-happens in the pipeline's jobs layers; the state a client reads comes from the
-:class:`~gateway.jobs.board.JobBoard`.
-"""
+Creating checks what can be checked at once (the input file is the tenant's,
+for batches; the endpoint and window are served), writes the first state and
+the ``create`` command (503 when Kafka does not take them in time) and answers
+the Batch object; the jobs layers do the rest, the
+:class:`~gateway.jobs.board.JobBoard` serves the states."""
 
 from __future__ import annotations
 

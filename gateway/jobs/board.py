@@ -1,14 +1,7 @@
-"""Every job's latest state, as the gateway serves it: a follower of the
-compacted ``conveyor.job-status`` topic, from its beginning, in memory.
-
-The topic is the record (the collector publishes each job's state there, the
-gateway a new job's first state), so a gateway needs no Redis for jobs and
-a new one knows every job once it has read the topic. A state is kept only
-when its version is newer than the one held. A job this gateway has not seen
-yet (another replica took it a moment ago) is waited for briefly before it is
-reported missing. Jobs of another tenant are missing, never forbidden: a
-tenant cannot learn that another's job exists.
-"""
+"""Every job's latest state, followed in memory from the compacted
+``conveyor.job-status`` topic (the record: no Redis for jobs), keeping only
+newer versions. A job not seen yet is waited for briefly before it is missing;
+another tenant's job is missing, never forbidden."""
 
 from __future__ import annotations
 

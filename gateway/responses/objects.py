@@ -1,13 +1,7 @@
-"""The Response object of OpenAI's Responses API, built in one place.
-
-:func:`response_object` is a pure function, so a response reads the same in
-the create call's answer, its stream's events and a read back; ids derive
-from the response id (``resp_X`` has the message ``msg_X``). ``completed``
-with ``finish_reason`` ``length`` is ``incomplete`` (``max_output_tokens``);
-``store`` reports what is kept (:func:`is_stored`); with function tools the
-output is the answer's items in order (:class:`OutputBuilder`); ``tools``,
-``tool_choice`` and ``parallel_tool_calls`` echo the request; ``error`` keeps
-``rate_limit_exceeded`` and is ``server_error`` otherwise."""
+"""The Response object of OpenAI's Responses API, built in one pure function so it
+reads the same in the create call, the stream and a read back. ``completed``
+with ``length`` is ``incomplete``; ``error`` keeps ``rate_limit_exceeded``,
+else ``server_error``."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""The WebSocket routes. They accept the connection and only dispatch.
-
-``/v1/chat/completions`` and ``/v1/completions`` multiplex generations
-(:mod:`gateway.websocket.chat`); ``/v1/responses`` is OpenAI's Responses
-WebSocket mode (:mod:`gateway.websocket.responses`). The paths are those of
-the HTTP routes: a WebSocket handshake and a POST never meet on one route.
-Authentication ran before the handshake was accepted
-(:class:`gateway.auth.middleware.AuthMiddleware`); limits apply per request.
-"""
+"""The WebSocket routes, on the HTTP routes' paths: multiplexed chat and
+completions, and the Responses WebSocket mode. They accept and only dispatch;
+authentication ran before the handshake, limits apply per request."""
 
 from __future__ import annotations
 

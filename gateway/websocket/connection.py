@@ -1,16 +1,7 @@
-"""One accepted WebSocket as the gateway uses it: frames in, messages out, one close.
-
-:class:`Connection` is the only place that touches the ASGI WebSocket after
-``accept``. Its life is a :class:`ConnectionState` whose transitions are
-checked (``OPEN`` to ``CLOSING`` when the server closes, to ``CLOSED`` when
-either side is done; nothing leaves ``CLOSED``), so that no message is sent
-after a close and the close is sent once, with its code and reason.
-
-Several generations send on one connection at once; a lock keeps their
-messages whole and in the order they were sent. A send to a client that has
-gone is dropped (the reader sees the disconnect and cancels what is left),
-never an exception in a generation's task.
-"""
+"""One accepted WebSocket: frames in, messages out, one close. Its
+:class:`ConnectionState` transitions are checked, so nothing is sent after
+the close and it is sent once; a lock keeps concurrent messages whole and in
+order, and a send to a gone client is dropped, never raised."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""The WebSocket messages of the gateway: what a client may send, what the server
-sends back, the close codes, and how a message becomes a text frame. The
-contract is docs/api/websocket.md: multiplexed ``request``/``cancel`` in,
-``chunk``/``done``/``error`` out, each id ending with exactly one ``done`` or
-``error``; Responses mode takes ``response.create`` and sends the SSE stream's
-events. A frame that is none of these closes the connection with a code and a
-reason; a bad body is an error for that request alone."""
+"""The WebSocket messages (docs/api/websocket.md), close codes and framing:
+``request``/``cancel`` in, ``chunk``/``done``/``error`` out (one ``done`` or
+``error`` per id), or ``response.create`` in Responses mode. A frame that is
+none of these closes the connection; a bad body fails its request alone."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""OpenAI's Responses API in WebSocket mode (``ws /v1/responses``).
-
-Each ``response.create`` is validated as ``POST /v1/responses`` is, submitted
-as a chat generation and answered with the SSE stream's events from the same
-loop (:func:`gateway.responses.serving.response_events`), one JSON message
-each. One response at a time per connection, first come first served, at most
-:data:`MAX_QUEUED` waiting (one more is refused with an ``error`` event). A
-refusal before the stream began is OpenAI's ``error`` event with the HTTP
-status; the connection closing cancels the running response and drops the
-waiting ones."""
+"""OpenAI's Responses API in WebSocket mode (``ws /v1/responses``): each
+``response.create`` validated as over HTTP and answered with the stream's
+events, one message each; one response at a time, at most :data:`MAX_QUEUED`
+waiting. A refusal before the stream is an ``error`` event with the HTTP status."""
 
 from __future__ import annotations
 
