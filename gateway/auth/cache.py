@@ -1,18 +1,10 @@
-"""The in-process cache in front of the Redis copy, and the pub/sub channel that
-drops its entries on every replica at once.
-
-An entry is trusted for ``ttl_s`` (``key_cache_s``), a negative one for
-``negative_ttl_s``; :meth:`LocalCache.drop` removes entries by tag (a key id
-or ``tenant:<name>``), and :meth:`LocalCache.put` stores nothing if an
-invalidation came since its read began. While the replica is not subscribed,
-a hit answers only when reading Redis fails (then alone for
-``distrust_retry_s``), so a key revoked as Redis returns is refused at once.
-
-A change is published on ``{prefix}:keys:changed`` (a key id, ``tenant:<name>``
-or ``*``) once it is in the topic and in Redis. Pub/sub keeps nothing for an
-absent subscriber, so every (re)subscription tells the listeners ``*``;
-outages are retried with backoff (health ``degraded``), and a PING unanswered
-for three ``ping_s`` counts as one."""
+"""The in-process cache in front of the Redis copy, and the pub/sub channel
+``{prefix}:keys:changed`` (a key id, ``tenant:<name>`` or ``*``) that drops its
+entries on every replica. :meth:`LocalCache.put` stores nothing if an
+invalidation came since its read began; while not subscribed, a hit answers
+only when Redis fails (then for ``distrust_retry_s``), so a key revoked as
+Redis returns is refused. Every (re)subscription delivers ``*`` (pub/sub keeps
+nothing); outages retry with backoff, and three ``ping_s`` unanswered are one."""
 
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
-"""API keys: made, changed and revoked through the ``keys`` topic; looked up per request.
-
-A change goes to the topic first, then the Redis copy (version-guarded), then
-is announced on ``{prefix}:keys:changed`` and audited. :meth:`KeyStore.lookup`
-answers from the in-process cache, else Redis, and returns revoked and expired
-keys too: **the caller must check** :meth:`KeyRecord.usable`. Redis
-unreachable: a cached key still works, an uncached one raises
-:class:`~conveyor.errors.TransientBrokerError` (503). A string without
-``cvy-`` costs no round trip. Changing keys needs a producer (the CLI)."""
+"""API keys: made, changed and revoked through the ``keys`` topic, then the Redis
+copy, then announced and audited; looked up per request from the cache, else
+Redis. :meth:`KeyStore.lookup` returns revoked and expired keys too: **the
+caller must check** :meth:`KeyRecord.usable`. Redis unreachable, a cached key
+still works and an uncached one raises
+:class:`~conveyor.errors.TransientBrokerError` (503)."""
 
 from __future__ import annotations
 

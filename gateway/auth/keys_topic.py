@@ -1,17 +1,9 @@
-"""The ``keys`` topic, the record of every API key and tenant policy, and the
-Redis copy rebuilt from it when Redis lost its data.
-
-Compacted, one partition; each change writes the whole record (acks=all)
-before Redis is touched: a key keyed by its id (``ApiKey``), a tenant by
-``tenant:<name>`` (``TenantPolicy``); nothing is deleted. :meth:`KeysTopic.read_all`
-reads to the end offset seen at its start, keeps the highest version per id
-and skips a value that does not decode.
-
-The marker ``{prefix}:keys:restored`` (set only by a restore, so it goes with
-the data) says Redis holds the whole topic; a lookup that misses without it
-calls :meth:`Restorer.ensure`. One replica restores under
-``{prefix}:keys:restore-lock`` (``SET NX PX``), the others wait for the marker
-up to ``wait_s``; a finished restore publishes ``*``."""
+"""The compacted ``keys`` topic, the record of every API key (keyed by id) and
+tenant policy (``tenant:<name>``), written whole before Redis is touched, and
+the Redis copy rebuilt from it. ``{prefix}:keys:restored`` (set by a restore,
+so it goes with the data) says Redis holds the whole topic; without it a miss
+calls :meth:`Restorer.ensure`, which one replica runs under a lock while the
+others wait; a finished restore publishes ``*``."""
 
 from __future__ import annotations
 

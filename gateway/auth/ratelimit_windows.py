@@ -1,15 +1,9 @@
 """The rate-limit windows that answer a :class:`Check` with a :class:`Verdict`:
-:class:`RedisWindows`, shared by every gateway, or :class:`LocalWindows`, this
-process's own while Redis cannot be reached (``limits_when_redis_down =
-"share"``). Both answer in one shape, so headers and errors are written once
-(:mod:`gateway.auth.ratelimit`).
-
-In Redis one Lua script takes the time from Redis, trims, checks every limit
-and counts the admission in all only when all have room, atomically; every key
-gets a TTL, missing keys read as empty, and all keys live on one Redis (layout:
-docs/decisions/0026-keys-and-limits-in-redis.md). In memory each gateway
-enforces its share of each limit (the limit divided by the live gateways, at
-least 1) over the same windows, started empty, without quotas."""
+:class:`RedisWindows`, one Lua script shared by every gateway that checks and
+counts atomically on Redis's clock (layout:
+docs/decisions/0026-keys-and-limits-in-redis.md), or :class:`LocalWindows`,
+this process's share of each limit while Redis cannot be reached (without
+quotas, started empty). Both answer in one shape."""
 
 from __future__ import annotations
 

@@ -1,16 +1,7 @@
-"""API key secrets and ids: how they are made, and the only form a secret is kept in.
-
-A secret is ``cvy-`` + 40 url-safe random characters (240 bits from
-:func:`secrets.token_urlsafe`), shown to its owner once and never stored.
-Conveyor keeps only ``hex(HMAC-SHA-256(auth_secret, secret))``: a copy of
-Redis or of the ``keys`` topic is useless without the server secret, and a
-lookup is one hash and one index read (no slow password hash is needed, the
-secret has far more entropy than any password). A key id (``key_`` + 16 hex)
-is public: it names a key in lists, logs and audit events.
-
-An empty ``auth_secret`` would make the hash a plain keyed-by-nothing digest,
-so every operation that hashes refuses it with :class:`AuthSecretMissing`.
-"""
+"""API key secrets and ids. A secret is ``cvy-`` + 40 url-safe random characters,
+shown once; only its ``HMAC-SHA-256(auth_secret, secret)`` is kept (why:
+docs/decisions/0026-keys-and-limits-in-redis.md), and an empty ``auth_secret``
+is refused (:class:`AuthSecretMissing`). A key id (``key_`` + 16 hex) is public."""
 
 from __future__ import annotations
 

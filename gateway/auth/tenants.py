@@ -1,11 +1,6 @@
-"""Tenant policies: the limits and token quotas every key of a tenant shares.
-
-Stored like keys (:mod:`gateway.auth.keys`), under ``tenant:<name>``, audited
-as ``tenant.set``. A tenant never set has no limits and no quotas:
-``TenantPolicy(name)``. :meth:`TenantStore.set` changes what is given, as a
-key's update does (gateway/auth/types.py). :meth:`TenantStore.get` is cached
-as keys are; Redis unreachable, a cached policy serves and an uncached one
-raises :class:`~conveyor.errors.TransientBrokerError`."""
+"""Tenant policies: the limits and token quotas every key of a tenant shares,
+stored, cached and audited (``tenant.set``) as keys are. A tenant never set
+has none: ``TenantPolicy(name)``."""
 
 from __future__ import annotations
 
