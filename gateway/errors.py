@@ -64,7 +64,6 @@ def error_response(exc: RequestError) -> SafeJSONResponse:
     return SafeJSONResponse(exc.envelope(), status_code=exc.status, headers=exc.headers or None)
 
 
-
 def _most_telling(errors: Sequence[Any]) -> dict[str, Any]:
     """The error to tell the client: the first field's, and of a union's branches the
     one that got furthest (``content`` given as parts, one part's text invalid)

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, WebSocket
 from gateway.services import service, services_of
 from gateway.submission import Submitter
 from gateway.websocket.chat import Multiplexer
-from gateway.websocket.connection import Connection
+from gateway.websocket.protocol import Connection
 from gateway.websocket.responses import ResponsesSession
 
 __all__ = ["websocket_router"]

@@ -17,10 +17,10 @@ from conveyor.errors import InvalidRequest, RateLimited, RequestError
 from gateway.answer import Answer
 from gateway.errors import for_client
 from gateway.submission import Submitter
-from gateway.websocket.connection import Connection
 from gateway.websocket.protocol import (
     INTERNAL_ERROR,
     CancelMessage,
+    Connection,
     Endpoint,
     RequestMessage,
     chunk_frame,

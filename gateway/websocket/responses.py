@@ -19,8 +19,8 @@ from gateway.responses.events import ResponseEvents
 from gateway.responses.objects import new_response_id
 from gateway.responses.serving import generation_of, response_events, translated
 from gateway.submission import Submitter
-from gateway.websocket.connection import Connection
 from gateway.websocket.protocol import (
+    Connection,
     ResponseCreate,
     encode,
     parse_response_create,
