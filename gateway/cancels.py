@@ -78,12 +78,9 @@ class Cancels:
 
     def cancel(self, request_id: str, reason: str, grace_s: float = 0.0,
                reader: str | None = None, deadline_ms: int | None = None) -> None:
-        """Stop this request. The publisher sends the cancel in the background (it
-        is often asked for from a response that is being cancelled, the client
-        gone, where any await of ours would be cancelled too) until the request's
-        ``deadline_ms`` (default ``request_timeout_s`` from now). With ``grace_s``
-        the cancel waits that long and is dropped when a resumed stream other than
-        ``reader`` (a watch token) reads the request by then."""
+        """Stop this request, sent in the background (often from a response being
+        cancelled) until ``deadline_ms``; with ``grace_s`` it waits that long and is
+        dropped if a resumed stream other than ``reader`` reads the request by then."""
         if grace_s <= 0:
             self._send(request_id, reason, deadline_ms)
             return

@@ -35,10 +35,8 @@ def install_metrics(app: FastAPI, settings: Settings) -> tuple[Metrics, GatewayM
 
 
 class HttpMetrics:
-    """Every HTTP answer by route and status, refusals at the edge included
-    (401, 413, 429, 503 never reach a generation's own metrics). The route is
-    the matched template (``/v1/batches/{batch_id}``), never a raw path, so ids
-    do not multiply the series."""
+    """Every HTTP answer by route template (never a raw path) and status, refusals
+    at the edge included."""
 
     def __init__(self, app: ASGIApp, duration: Histogram) -> None:
         self.app = app

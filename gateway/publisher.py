@@ -113,10 +113,9 @@ class Publisher:
     def deliver(self, topic: Topic, record: Any, key: str, *, until_ms: int | None = None,
                 event_type: EventType | None = None,
                 what: str = "an event") -> asyncio.Task[bool]:
-        """Produce ``record`` in the background until Kafka takes it, sending it
-        again with backoff after each passing failure, until ``until_ms`` (epoch
-        ms; default ``request_timeout_s`` from now). The task's result says
-        whether it was delivered. A record that cannot be encoded raises here."""
+        """Produce ``record`` in the background, again with backoff, until Kafka takes
+        it or ``until_ms`` passes (default ``request_timeout_s`` from now); the task
+        says whether it was delivered. A record that cannot be encoded raises here."""
         value = self.codec.encode(_event_type(topic, event_type), record)
         bound_ms = until_ms if until_ms is not None else (
             now_ms() + int(self.settings.gateway.request_timeout_s * 1000))

@@ -220,10 +220,8 @@ Framer = Callable[[RecordedReplies, int], AsyncIterator[bytes]]
 
 async def resumed_events(settings: Settings, codec: Codec, cancels: Cancels, where: Recorded,
                          after: int, framer: Framer) -> AsyncIterator[bytes]:
-    """The SSE events of a recorded stream after event ``after`` (-1: all), read
-    from the log, then live, written by ``framer`` (each API frames the same
-    replies its own way). While it streams it holds the request's watch; a
-    client that leaves it gets the same grace as on the first stream."""
+    """The SSE events of a recorded stream after event ``after`` (-1: all), framed by
+    ``framer``, holding the request's watch; a client leaving gets the usual grace."""
     replies = RecordedReplies(settings, codec, where)
     rid = where.request_id
     reader = uuid.uuid4().hex

@@ -85,10 +85,8 @@ class Submitter:
     async def submit(self, generation: Generation, identity: Identity = ANONYMOUS,
                      timeout_s: float | None = None, traceparent: str | None = None,
                      request_id: str | None = None, ticket: Ticket = FREE) -> Answer:
-        """Put the request on ``conveyor.requests``; ``traceparent`` continues the
-        client's trace (W3C header), else the request starts its own. The caller's
-        tenant and key id travel in the envelope; ``ticket`` is settled when the
-        answer is closed."""
+        """Put the request on ``conveyor.requests``, continuing the client's
+        ``traceparent``; ``ticket`` is settled when the answer is closed."""
         started = time.monotonic()
         if self.router.kafka_unreachable():
             raise PipelineUnavailable("The pipeline is unavailable (Kafka does not answer); "

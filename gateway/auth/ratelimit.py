@@ -143,11 +143,9 @@ class RateLimiter:
     # -- Redis up or down ----------------------------------------------------
 
     async def run(self, health: TaskHealth | None = None) -> None:
-        """Count the live gateways (their reply-partition leases) while Redis
-        answers, for this gateway's share of each limit when it does not; then
-        probe it every :attr:`probe_every_s`. The scripts are loaded first and
-        whenever Redis comes back (decision 0026). Survives outages. ``health``
-        (``degraded`` while Redis is down) replaces :attr:`health`."""
+        """Count the live gateways while Redis answers (this gateway's share when it
+        does not), else probe it; load the scripts first and whenever Redis comes
+        back. Survives outages; ``health`` (``degraded`` while down) replaces :attr:`health`."""
         if health is not None:
             self.health = health
         warm = False  # the scripts are loaded since Redis last answered

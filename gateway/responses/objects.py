@@ -66,12 +66,8 @@ def response_object(response_id: str, created_at: int, body: ResponsesRequest,
                     error: ErrorInfo | None = None,
                     completed_at: int | None = None,
                     logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The Response object of ``body`` in ``status``.
-
-    ``text`` None leaves ``output`` empty (a response not started, or one that
-    failed before its first token); any text, even empty, is the one output
-    message. ``completed_at`` is set only for a completed response.
-    """
+    """The Response object of ``body`` in ``status``; ``text`` None leaves ``output``
+    empty, any text is the output message."""
     if status not in get_args(ResponseStatus):
         raise ValueError(f"unknown response status {status!r}")
     if status == "completed" and finish_reason == "length":

@@ -106,12 +106,9 @@ async def response_events(events: ResponseEvents, source: ReplySource, first: Re
                           body: ResponsesRequest, within: float | None,
                           completed_at: Callable[[], int] = lambda: int(time.time())
                           ) -> AsyncGenerator[dict[str, Any] | None, None]:
-    """The events of one response from its replies: the opening, one delta per
-    reply with text, then the closing (at the final reply) or ``response.failed``
-    (an error reply, the deadline, a failure here). ``first`` is the reply already
-    read, if any; None is yielded when ``within`` seconds passed without a reply
-    (never with ``within`` None). A pure function of the replies but for
-    ``completed_at``."""
+    """The events of one response from its replies: the opening, the deltas, then
+    the closing or ``response.failed``; None when ``within`` passed without a
+    reply. ``first`` is a reply already read."""
     for event in events.opening():
         yield event
     reply = first
