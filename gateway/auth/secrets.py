@@ -12,8 +12,7 @@ import secrets
 from conveyor.errors import ConveyorError
 from conveyor.settings import AuthSettings
 
-__all__ = ["SECRET_PREFIX", "AuthSecretMissing", "new_secret", "new_key_id", "hash_secret",
-           "hash_prefix"]
+__all__ = ["SECRET_PREFIX", "AuthSecretMissing", "new_secret", "new_key_id", "hash_secret"]
 
 SECRET_PREFIX = "cvy-"
 _SECRET_BYTES = 30  # token_urlsafe(30) is 40 characters
@@ -41,8 +40,3 @@ def hash_secret(auth: AuthSettings, secret: str) -> str:
             "auth_secret is empty: set CONVEYOR_AUTH_SECRET (a long random string, the "
             "same on every gateway and wherever `conveyor keys` runs) to hash API keys")
     return hmac.new(server.encode(), secret.encode(), hashlib.sha256).hexdigest()
-
-
-def hash_prefix(key_hash: str) -> str:
-    """What an audit event may say of an unknown key: the first 12 hex digits."""
-    return key_hash[:12]
