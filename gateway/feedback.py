@@ -17,8 +17,9 @@ from conveyor.errors import RequestError
 from gateway.auth.middleware import identity_of
 from gateway.errors import NotFound, SafeJSONResponse
 from gateway.publisher import Publisher
+from gateway.resume import StreamNotFound, request_id_of
 from gateway.services import service
-from gateway.stored import StoredAnswers, StreamNotFound, request_id_of
+from gateway.stored import StoredAnswers
 from schemas.openai.feedback import FeedbackBody
 from schemas.records import Feedback
 from topics.catalog import FEEDBACK

@@ -28,15 +28,15 @@ from gateway.auth.middleware import identity_of
 from gateway.cancels import Cancels
 from gateway.errors import SafeJSONResponse, for_client
 from gateway.replies import ReplySource, opening
-from gateway.stored import (
+from gateway.resume import (
     Kind,
-    StoredAnswers,
     StreamNotFound,
     event_id,
     request_id_of,
     resume_after,
     resumed_events,
 )
+from gateway.stored import StoredAnswers
 from gateway.submission import Submitter
 from schemas.openai.generations import chat_generation, completion_generation
 from schemas.openai.requests import MAX_INT64, MIN_INT64, ChatCompletionRequest, CompletionRequest

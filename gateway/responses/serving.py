@@ -31,16 +31,16 @@ from gateway.errors import NotFound, SafeJSONResponse, for_client
 from gateway.jobs.background import BackgroundResponses
 from gateway.responses.events import ResponseEvents, frame
 from gateway.responses.objects import is_stored, new_response_id, response_object
-from gateway.stored import (
+from gateway.resume import (
     Framer,
     Recorded,
     RecordedReplies,
     ReplySource,
-    StoredAnswers,
     StreamNotFound,
     request_id_of,
     resumed_events,
 )
+from gateway.stored import StoredAnswers
 from gateway.submission import Submitter
 from schemas.openai.logprobs import chat_logprobs
 from schemas.openai.responses import (

@@ -21,7 +21,7 @@ from gateway.answer import Answer
 from gateway.cancels import ResumeWatch
 from gateway.chat.serving import ChatServing
 from gateway.replies import ReplyStream
-from gateway.stored import (
+from gateway.resume import (
     _LOOKUP_WINDOWS_S,
     StreamNotFound,
     lookup_windows,

@@ -1,5 +1,5 @@
 """Request ids: unique, and carrying the moment they were made, so that the log
-is searched for a request at that moment (gateway/stored.py, whose tests check
+is searched for a request at that moment (gateway/resume.py, whose tests check
 the search)."""
 
 from __future__ import annotations
