@@ -15,8 +15,13 @@ of ``--capacity`` slots, and a small tenant's short requests one after
 another, alone, then beside a large tenant's flood of ``--flood`` streams,
 then sent with the large tenant's own key (as one tenant would queue them).
 
+``--soak N`` sends N streams through Conveyor alone, the highest level at
+once, and samples every process's RSS every 10 s: no Conveyor process may
+grow from a fifth of the run to its end.
+
     python -m bench.streams [--levels 64,128,256,512] [--token-ms 33] [--rounds 2]
     python -m bench.streams --tenants 2 [--capacity 32] [--flood 128]
+    python -m bench.streams --soak 100000 --levels 64 --tokens 16 --token-ms 1
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import math
 import os
 import secrets
 import subprocess
+import time
 from pathlib import Path
 
 from bench.client import StreamClient
@@ -44,6 +50,7 @@ from bench.stats import Check, check_table, markdown_table, ms, percentile
 __all__ = ["main"]
 
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+_PAGE_MIB = os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def _stat(pid: int) -> tuple[int, float] | None:
@@ -90,6 +97,16 @@ def processes(stage: Pipeline, upstream_pid: int) -> dict[str, list[int]]:
         elif line.startswith("redis-server"):
             out.setdefault("redis", []).append(pid)
     return out
+
+
+def rss_mib(watched: dict[str, list[int]]) -> dict[str, float]:
+    """Resident memory by label, MiB (a gone process counts nothing)."""
+    def rss(pid: int) -> float:
+        try:
+            return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE_MIB
+        except OSError:
+            return 0.0
+    return {label: sum(rss(pid) for pid in pids) for label, pids in watched.items()}
 
 
 def cpu_now(watched: dict[str, list[int]]) -> dict[str, float]:
@@ -153,6 +170,46 @@ def checks(results: dict[int, dict[str, Tally]]) -> list[Check]:
             [g for s in conveyor.ok for g in s.gaps], 99) * 1000, 80, "<=", "ms"),
         Check(key, "Conveyor errors", len(conveyor.failed), 0, "<=", ""),
     ]
+
+
+async def soak(args: argparse.Namespace, stage: Pipeline,
+               watched: dict[str, list[int]]) -> list[Check]:
+    """``args.soak`` streams, ``max(args.levels)`` at once, RSS every 10 s."""
+    url, model = f"{stage.gateway_url}/v1/completions", f"bench-{args.token_ms}"
+    sent, failed, started = 0, 0, time.monotonic()
+    samples: list[tuple[float, int, dict[str, float]]] = []  # (s, answered, RSS by label)
+    async with StreamClient(max(args.levels) + 8, timeout_s=120.0) as client:
+        side = Side("conveyor", url, {True: model}, client, args.tokens)
+
+        async def lane() -> None:
+            nonlocal sent, failed
+            while sent < args.soak:
+                sent += 1
+                failed += not (await side.one(True)).ok
+
+        async def sample() -> None:
+            while True:
+                samples.append((time.monotonic() - started, sent, rss_mib(watched)))
+                print(f"{samples[-1][0]:6.0f} s {sent:>8} sent, {failed} failed", flush=True)
+                await asyncio.sleep(10.0)
+
+        sampler = asyncio.create_task(sample())
+        await asyncio.gather(*(lane() for _ in range(max(args.levels))))
+        sampler.cancel()
+    elapsed = time.monotonic() - started
+    samples.append((elapsed, sent, rss_mib(watched)))
+    fifth = next(s for s in samples if s[1] >= args.soak / 5)
+    rows = [[label, f"{fifth[2][label]:.0f}", f"{samples[-1][2][label]:.0f}",
+             f"{max(s[2][label] for s in samples):.0f}"] for label in sorted(watched)]
+    print(f"\n## {args.soak:,} streams, {max(args.levels)} at once: {failed} failed, "
+          f"{elapsed:.0f} s, {args.soak / elapsed:.1f} streams/s\n")
+    print(markdown_table(["process", f"RSS MiB at {fifth[1]:,}", "at the end", "highest"],
+                         rows) + "\n")
+    conveyor = [label for label in watched if label in ("gateway", "layer", "infer",
+                                                          "accounting", "up")]
+    return [Check("soak", f"{label} RSS at the end (<= 1.1 x at a fifth)",
+                  samples[-1][2][label], round(1.1 * fifth[2][label], 1), "<=", "MiB")
+            for label in sorted(conveyor)] + [Check("soak", "failed", failed, 0, "<=", "")]
 
 
 def create_key(stage: Pipeline, tenant: str) -> str:
@@ -230,6 +287,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="--tenants 2: the large tenant's streams at once")
     parser.add_argument("--small-requests", type=int, default=10,
                         help="--tenants 2: the small tenant's requests in each case")
+    parser.add_argument("--soak", type=int, default=0,
+                        help="streams to send through Conveyor alone, RSS sampled")
     parser.add_argument("--upstream-port", type=int, default=9100)
     parser.add_argument("--gateway-port", type=int, default=8100)
     args = parser.parse_args(argv)
@@ -247,6 +306,9 @@ def main(argv: list[str] | None = None) -> None:
                 print(check_table(runner.run(tenants(args, stage))))
                 return
             watched = processes(stage, stage.upstream.popen.pid)
+            if args.soak:
+                print(check_table(runner.run(soak(args, stage, watched))))
+                return
             results = runner.run(measure(args, stage, watched))
     except BenchError as exc:
         raise SystemExit(f"bench.streams: {exc}") from exc

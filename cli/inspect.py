@@ -1,10 +1,6 @@
-"""``conveyor inspect REQUEST_ID``: one request's journey, read from the topics
-(usage: docs/operating/log-tools.md).
-
-The request is found in its id's partition of the requests topic from the
-time its id says (or ``--since``), and every other topic is read only in the
-request's partitions and time window (:mod:`topics.lookup`). Prompts and
-answers are printed only with ``--show-content``."""
+"""``conveyor inspect REQUEST_ID``: one request's journey, read from its
+partitions and time window of each topic (:mod:`topics.lookup`), never a
+scan; content only with ``--show-content``. Usage: docs/operating/log-tools.md."""
 
 from __future__ import annotations
 

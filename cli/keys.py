@@ -1,21 +1,14 @@
 """``conveyor keys`` and ``conveyor tenants``: API keys and tenant policies from
-the shell (usage: docs/operating/keys-and-limits.md).
-
-A limit or quota flag left out keeps what is there; ``0`` clears it; a
-positive number sets it. ``--models ''`` allows every model.
-
-``keys create`` prints the key and then its secret, alone on the last line of
-stdout; Conveyor keeps only its keyed hash, so it is shown this once. Nothing
-else ever prints a secret or a hash. Errors are one line on stderr and exit
-status 1. Every change writes through the stores of gateway/auth and is
-audited as ``cli@<host>``."""
+the shell, written through gateway/auth's stores and audited as ``cli@<host>``.
+A limit flag left out keeps what is there, ``0`` clears it; ``keys create``
+prints the secret once, alone on the last line. Usage:
+docs/operating/keys-and-limits.md."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -28,6 +21,7 @@ from gateway.auth.keys import KeyStore
 from gateway.auth.secrets import hash_secret
 from gateway.auth.tenants import TenantStore
 from gateway.auth.types import KeyRecord, Limits, TenantPolicy
+from topics.envelope import now_ms
 from topics.lookup import parse_since
 
 __all__ = ["register", "parse_duration", "describe_key", "describe_tenant"]
@@ -96,10 +90,6 @@ def _limits_of(args: argparse.Namespace) -> Limits:
     return Limits(rpm=args.rpm, tpm=args.tpm, concurrency=args.concurrency)
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 # -- one connection to Kafka and Redis per command ------------------------------------
 
 @dataclass
@@ -162,13 +152,13 @@ async def _create(stores: _Stores, args: argparse.Namespace) -> None:
     record, secret = await stores.keys.create(
         args.tenant, args.name, _limits_of(args), models=args.models or (),
         expires_in_s=args.expires_in, actor=cli_actor())
-    print(f"created {describe_key(record, _now_ms())}")
+    print(f"created {describe_key(record, now_ms())}")
     print("secret (shown this once; Conveyor keeps only its hash):")
     print(secret, flush=True)
 
 
 async def _list_keys(stores: _Stores, args: argparse.Namespace) -> None:
-    now = _now_ms()
+    now = now_ms()
     for record in await stores.keys.list(args.tenant):
         print(describe_key(record, now))
 
@@ -178,12 +168,12 @@ async def _update(stores: _Stores, args: argparse.Namespace) -> None:
     record = await stores.keys.update(
         args.id, limits=None if limits.unlimited else limits, models=args.models,
         name=args.name, actor=cli_actor())
-    print(f"updated {describe_key(record, _now_ms())}")
+    print(f"updated {describe_key(record, now_ms())}")
 
 
 async def _revoke(stores: _Stores, args: argparse.Namespace) -> None:
     record = await stores.keys.revoke(args.id, actor=cli_actor())
-    print(f"revoked {describe_key(record, _now_ms())}")
+    print(f"revoked {describe_key(record, now_ms())}")
 
 
 async def _restore(stores: _Stores, args: argparse.Namespace) -> None:

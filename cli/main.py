@@ -72,21 +72,25 @@ async def _redis_answers(settings: Settings) -> None:
         await client.aclose()
 
 
-async def _gateway_services(settings: Settings, registry: Registry) -> None:
-    await _ensure_topics(settings, registry)
-    await _adopt_published(settings, registry)
-    await _redis_answers(settings)
-
-
-async def _adopt_published(settings: Settings, registry: Registry) -> None:
-    """Serve by the registry ``conveyor models apply`` published, if one was."""
+async def _serving_registry(settings: Settings) -> Registry:
+    """The topics made, and the registry a serving process starts with: its file's,
+    or the one ``conveyor models apply`` published, if one was."""
     from conveyor.startup import kafka_address, started
     from topics.models import adopt_published
 
+    registry = Registry.load(settings.process.models_file)
+    await _ensure_topics(settings, registry)
     await started("the applied model registry (conveyor.models)",
                   lambda: adopt_published(settings, registry), log=log,
                   within=settings.process.startup_timeout_s,
                   where=kafka_address(settings.kafka.bootstrap))
+    return registry
+
+
+async def _gateway_services(settings: Settings) -> Registry:
+    registry = await _serving_registry(settings)
+    await _redis_answers(settings)
+    return registry
 
 
 # -- subcommands ----------------------------------------------------------------
@@ -132,8 +136,7 @@ def cmd_gateway(settings: Settings, args: argparse.Namespace) -> int:
         check_auth_settings(settings)
     except ValueError as exc:
         raise SystemExit(f"conveyor: {exc}") from None
-    registry = Registry.load(settings.process.models_file)
-    asyncio.run(_gateway_services(settings, registry))
+    registry = asyncio.run(_gateway_services(settings))
     from conveyor import heap
 
     app = build_app(settings, registry,
@@ -147,9 +150,7 @@ def cmd_gateway(settings: Settings, args: argparse.Namespace) -> int:
 async def _run_layers(settings: Settings, names: list[str]) -> None:
     from workers.runtime import LayerRuntime
 
-    registry = Registry.load(settings.process.models_file)
-    await _ensure_topics(settings, registry)
-    await _adopt_published(settings, registry)
+    registry = await _serving_registry(settings)
     from conveyor.startup import kafka_address, started
     from topics.clients import make_producer
 
@@ -233,9 +234,7 @@ def _make_engine(args: argparse.Namespace, settings: Settings, registry: Registr
 async def _run_infer(settings: Settings, args: argparse.Namespace) -> None:
     from workers.infer.worker import InferWorker
 
-    registry = Registry.load(settings.process.models_file)
-    await _ensure_topics(settings, registry)
-    await _adopt_published(settings, registry)  # the engine loads what the fleet serves
+    registry = await _serving_registry(settings)  # the engine loads what the fleet serves
     engine = _make_engine(args, settings, registry)
     from topics.tracing import make_tracer
 

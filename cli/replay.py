@@ -1,12 +1,8 @@
 """``conveyor replay REQUEST_ID``: run a recorded request (or a dead letter,
-``--from-dlq``) through fresh layers again, ``--through`` the layers named.
-
-The request's events are found as ``conveyor inspect`` finds them
-(:func:`cli.inspect.find_journey`); a letter's value is decoded as the first
-layer's input. Nothing is produced: fresh layers run in this process under a
-scratch topic prefix (``replay<epoch ms>``) with every input's reply address
-blanked, and an output addressed outside the scratch prefix stops the replay.
-What is replayed, compared and shown: docs/operating/log-tools.md."""
+``--from-dlq``) through fresh layers in this process, under a scratch topic
+prefix with every reply address blanked, and diff their outputs with the
+recorded ones (cli/replay_report.py). What is replayed and compared:
+docs/operating/log-tools.md."""
 
 from __future__ import annotations
 

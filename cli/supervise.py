@@ -96,18 +96,11 @@ class Child:
 
 
 class Supervisor:
-    """Keeps ``conveyor up``'s processes running.
-
-    A child that dies is started again after a backoff that doubles from 1 s
-    to 30 s with each quick death in a row (one within 60 s of its start); a
-    child that ran longer starts from 1 s again. Each death is logged with the
-    child's name, pid, exit code or signal (SIGKILL, SIGILL...) and the last
-    lines of its stderr, which still reaches the terminal as it is written.
-    Only a child that dies quickly ``restart_limit`` times in a row makes
-    Conveyor give up: everything is stopped and ``up`` exits 1 (a child that
-    cannot start, such as a bad engine option or a CPU the build does not
-    fit, never gets better by being started forever). SIGINT and SIGTERM stop
-    every child (gateway first, so no new request enters) and exit 0.
+    """Keeps ``conveyor up``'s processes running: a child that dies is started
+    again after a backoff doubling from 1 s to 30 s while it dies within 60 s of
+    its start; ``restart_limit`` such deaths in a row stop everything (exit 1).
+    SIGINT and SIGTERM stop every child, gateway first (exit 0). For operators:
+    docs/operating/processes.md.
     """
 
     backoff_first_s = 1.0

@@ -59,9 +59,9 @@ def iso(ms: int, timespec: str = "seconds") -> str:
     return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).isoformat(timespec=timespec)
 
 
-def utc(ms: int) -> str:
-    """Epoch milliseconds as ``2026-11-01T12:30:00Z``."""
-    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def utc(ms: int, fmt: str = "%Y-%m-%dT%H:%M:%SZ") -> str:
+    """Epoch milliseconds as a UTC time in ``fmt`` (``2026-11-01T12:30:00Z``)."""
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).strftime(fmt)
 
 
 def table(lines: Sequence[Sequence[str]], left: int | None = None) -> str:

@@ -1,23 +1,19 @@
-"""``conveyor accounting`` and ``conveyor usage``: run the usage ledger, read it.
-
-``--since`` and ``--until`` take a UTC date or time (ISO 8601), a time before
-now (``90m``, ``24h``, ``7d``), epoch ms or ``now``. Without ``--since`` a
-report covers the last hour by minute and the last 30 days by day. A bucket is
-shown when it overlaps the range and saw requests."""
+"""``conveyor accounting`` and ``conveyor usage``: run the usage ledger, read it
+(without ``--since``: the last hour by minute, the last 30 days by day)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
 import sys
 from typing import Any
 
-from cli.text import table
+from cli.text import table, utc
 from conveyor.errors import RequestError
 from conveyor.redis_clients import redis_client
 from conveyor.settings import Settings
+from topics.envelope import now_ms
 from topics.lookup import parse_since
 
 __all__ = ["register", "parse_time", "cmd_accounting", "cmd_usage"]
@@ -26,19 +22,13 @@ _DEFAULT_SPAN_MS = {"minute": 3_600_000, "day": 30 * 86_400_000}
 
 
 def parse_time(text: str, now_ms: int) -> int:
-    """Epoch ms of ``now`` or of what :func:`topics.lookup.parse_since` reads."""
-    if text.strip() == "now":
-        return now_ms
+    """Epoch ms of what :func:`topics.lookup.parse_since` reads."""
     try:
         return parse_since(text, now_ms)
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a date (2026-11-01), a time (2026-11-01T12:30Z), a duration "
             "before now (90m, 24h, 7d) or 'now'") from None
-
-
-def _now_ms() -> int:
-    return int(dt.datetime.now(tz=dt.UTC).timestamp() * 1000)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -74,7 +64,7 @@ def cmd_accounting(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_usage(settings: Settings, args: argparse.Namespace) -> int:
-    now = _now_ms()
+    now = now_ms()
     try:
         until = parse_time(args.until, now)
         since = (parse_time(args.since, now) if args.since is not None
@@ -119,8 +109,7 @@ def _ratings_table(days: list[Any]) -> str:
     """Each day's ratings: in all, per model asked for, per deployment that answered."""
     lines = [("ratings (UTC day)", "of", "count", "mean")]
     for d in days:
-        day = dt.datetime.fromtimestamp(d.bucket_start_ms / 1000, tz=dt.UTC).strftime("%Y-%m-%d")
-        lines.append((day, "all", str(d.count), f"{d.mean:+.2f}"))
+        lines.append((utc(d.bucket_start_ms, "%Y-%m-%d"), "all", str(d.count), f"{d.mean:+.2f}"))
         for kind, counts in (("model", d.by_model), ("deployment", d.by_deployment)):
             for name, c in sorted(counts.items()):
                 lines.append(("", f"{kind} {name or '(unfinished)'}", str(c["count"]),
@@ -147,7 +136,6 @@ def _as_table(by: str, rows: list[Any]) -> str:
     header = ("bucket (UTC)", "requests", "errors", "prompt", "completion", "total")
     lines: list[tuple[str, ...]] = [header]
     for r in rows:
-        start = dt.datetime.fromtimestamp(r.bucket_start_ms / 1000, tz=dt.UTC)
-        lines.append((start.strftime(fmt), *(str(getattr(r, f)) for f in _FIELDS)))
+        lines.append((utc(r.bucket_start_ms, fmt), *(str(getattr(r, f)) for f in _FIELDS)))
     lines.append(("total", *(str(v) for v in _totals(rows).values())))
     return table(lines, left=1)

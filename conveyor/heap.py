@@ -1,11 +1,7 @@
-"""The cyclic garbage collector of a serving process, set once it has started.
-
-:func:`settle` is called by a serving command (gateway, layer, infer, accounting)
-once it has started, never by library code or tests: it collects once, moves
-everything alive into the permanent generation (:func:`gc.freeze`), which no
-collection scans, and raises the youngest generation's threshold to
-``CONVEYOR_GC_THRESHOLD`` (0 leaves the collector as Python sets it). Why, and
-what full collections cost before: docs/decisions/0014-a-settled-heap.md.
+"""The cyclic garbage collector of a serving process, set once it has started:
+:func:`settle` (called by serving commands only, never by library code or
+tests) freezes what start-up built and raises the youngest generation's
+threshold. Why: docs/decisions/0014-a-settled-heap.md.
 """
 
 from __future__ import annotations

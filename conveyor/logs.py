@@ -1,15 +1,8 @@
 """Logging for every Conveyor process: one format, and floods held back.
-
-:class:`RepeatFilter` lets the first line of a kind through, then at most one per
-``every_s`` seconds with the count of those held back, so a broker or Redis
-outage costs a few lines a minute and the log still says what happened.
-
-:class:`BatchingHandler` writes the lines of per-request loggers
-(``conveyor.access``) together, at most ``interval_s`` (0.1 s) after the first of
-them or once a batch reaches ``max_bytes``; any other line is written at once,
-after what is held, so the log keeps its order. A process that exits flushes
-(``logging.shutdown``); one that is SIGKILLed loses at most the last
-``interval_s`` of its access lines. Why: docs/decisions/0015-fewer-writes-at-the-gateway.md.
+:class:`RepeatFilter` lets one line of a kind through per ``every_s`` with the
+count held back; :class:`BatchingHandler` writes per-request loggers' lines
+(``conveyor.access``) together, at most ``interval_s`` late, keeping the log's
+order. Why: docs/decisions/0015-fewer-writes-at-the-gateway.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
-"""Prometheus metrics of every Conveyor process, through OpenTelemetry.
-
-The instruments are OpenTelemetry instruments on one ``MeterProvider`` a
-process; ``opentelemetry-exporter-prometheus`` turns them into the Prometheus
-text format at each scrape, so names are the ones that exporter gives (dots
-become underscores, a unit of seconds adds ``_seconds``, counters end in
-``_total``). docs/operating/observability.md lists them.
-
-The gateway answers ``GET /metrics`` on its own port (gateway/metrics_route.py).
-Layers, infer workers and accounting serve them on ``metrics_port`` from a
-``prometheus_client`` server thread; 0 (the default) serves nothing and records
-nothing (a no-op meter). Buckets are the GenAI semantic conventions' advice; the
-tenant labels only the request counter. A request records two counters and at
-most five histogram points, nothing per token; consumer lag is computed only
-when scraped (docs/decisions/0025-resumable-streams-and-metrics.md).
+"""Prometheus metrics of every Conveyor process, through OpenTelemetry: one
+``MeterProvider`` a process, turned into the Prometheus text format at each
+scrape (so dots become underscores, seconds add ``_seconds``, counters end in
+``_total``). The gateway serves ``GET /metrics`` on its own port, other
+processes on ``metrics_port`` (0: a no-op meter). The list:
+docs/operating/observability.md; the cost:
+docs/decisions/0025-resumable-streams-and-metrics.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
-"""Redis's one door: clients made per role, and the boundary where redis-py's
-errors become Conveyor's (as topics/clients.py is for Kafka).
-
-Every Redis client of Conveyor is made by :func:`redis_client` for a role,
-whose timeouts are chosen once in :data:`ROLES`: the gateway answers clients
-and waits for Redis least; the infer worker's claims wait longer, since a
-claim that fails is looked up in the log instead; the command-line tools and
-the accounting app's mirror are off the request path. Nothing outside this
-module imports ``redis`` (tests/unit/test_layering.py holds it).
-
-Errors, for the code that waits an outage out (Redis is a cache and a lock,
-never the record): :data:`REDIS_ERRORS` is what a failing Redis raises, its
-own errors and the socket's; :data:`REDIS_REFUSALS` what one that is not up
-yet raises. For code that raises instead, :func:`redis_boundary` translates
-them into :class:`~conveyor.errors.RedisUnavailable` (retry) or
-:class:`~conveyor.errors.RedisRefused` (Redis refused the command: give up).
+"""Redis's one door: clients made per role (:data:`ROLES` sets each role's
+timeouts) and the boundary where redis-py's errors become Conveyor's, as
+topics/clients.py is for Kafka. Nothing else imports ``redis``
+(tests/unit/test_layering.py). :data:`REDIS_ERRORS` is what a failing Redis
+raises, :data:`REDIS_REFUSALS` what one not up yet raises;
+:func:`redis_boundary` raises them as :class:`~conveyor.errors.RedisUnavailable`
+(retry) or :class:`~conveyor.errors.RedisRefused` (give up).
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""The model registry: names, aliases, context length, pool and tokenizer.
-
-Loaded from a TOML file (``models.toml`` beside this module by default, or
-``Settings.models_file``). Route resolves a request's model through it,
-preprocess learns the context window and tokenizer, infer workers find the
-weights.
-
-A model's ``precision`` names the GGUF its engines load: ``source``, the file
-as found (the default), or ``q8_0``, ``f16`` or ``f32``, made once from it on
-first use (:func:`precise_gguf`; ``python -m workers.infer.engines.gguf_precision``
-makes it ahead of time). Why the default model
-runs at f16: docs/decisions/0008-default-model-precision.md.
+"""The model registry: names, aliases, context length, pool, tokenizer,
+fallbacks and canaries, loaded from a TOML file (``models.toml`` beside this
+module, or ``models_file``). A model's ``precision`` names the GGUF its
+engines load (:func:`precise_gguf`). Format: docs/operating/registry.md; why
+f16 by default: docs/decisions/0008-default-model-precision.md.
 """
 
 from __future__ import annotations
@@ -98,18 +91,11 @@ def model_cache() -> Path:
 
 def precise_gguf(source: Path, precision: Precision, prefix: str = "model",
                  cache: Path | None = None, lock_timeout_s: float = 120.0) -> Path:
-    """``source`` at ``precision``, converted once and kept in :func:`model_cache`.
-
-    * **Keyed on the content**: ``<prefix>-<sha256 of source, 12 hex>.<precision>.gguf``,
-      so a new package version converts anew and a reinstall does not.
-    * **Whole or absent**: written beside its final name and renamed into place.
-    * **Once**: a lock file makes processes that start together convert once;
-      the others wait for it, at most ``lock_timeout_s`` (a holder that dies
-      releases the lock), and say in the log what they wait for.
-    * **llama.cpp's own converter** (``llama_model_quantize``, which keeps every
-      metadata key: the tokenizer and the chat template): for SmolLM2-135M
-      about 1.5 s on one core, 0.13 GB (q8_0), 0.27 GB (f16) or 0.54 GB (f32).
-    """
+    """``source`` at ``precision``, converted once with llama.cpp's own
+    converter (it keeps the tokenizer and chat template) and kept in
+    :func:`model_cache` under a name keyed on the source's content; written
+    beside its name and renamed, and converted by one process at a time (a lock
+    file, waited for at most ``lock_timeout_s``)."""
     if precision == "source":
         return source
     target_dir = cache or model_cache()

@@ -1,20 +1,11 @@
 """Waiting at start-up: say what a process waits for, and give up after a bound.
 
-A process that starts needs things it does not control: the broker to
-answer, its consumer group to hand it partitions, Redis, an engine to load.
-Each such wait goes through :func:`started`, which logs ``waiting for X``
-once the wait passes ``note_after_s`` (2 s) and again every ``note_every_s``
-(5 s) with the time so far, and after ``within`` seconds
-(``settings.process.startup_timeout_s``) cancels the wait and raises
-:class:`~conveyor.errors.StartupTimeout` naming what it waited for, for how
-long, and where (an address, never a password: :func:`redis_address`). The
-CLI turns that error into one sentence and exit code 3.
-
-A wait for a service that refuses connections (not started yet) retries
-its step (``retry_on``) every ``pause_s`` until the bound, and the last
-refusal is part of the notes and of the error. A wait whose length depends
-on the work rather than on a service (an engine loading a model) passes
-``within=None``: it is logged, never cut short.
+:func:`started` runs one wait (the broker, a consumer group, Redis, an engine
+loading), logs ``waiting for X`` after ``note_after_s`` and every
+``note_every_s``, retries a refused step (``retry_on``) every ``pause_s``, and
+after ``within`` seconds raises :class:`~conveyor.errors.StartupTimeout`
+naming what, how long and where (never a password); ``within=None`` never cuts
+the wait short. The CLI turns the error into one sentence and exit code 3.
 """
 
 from __future__ import annotations

@@ -23,14 +23,17 @@
 # start, and three processes on two cores made a broker call or an event
 # loop seconds late in each of three full runs; see docs/operating/install.md.)
 #
-# The full run overlaps the vllm tier (some 3 min, most of it vLLM's engines
-# starting) with the steps that have no timing to keep: lint, types, docs, the
-# smoke and the unit tier; the broker tiers (kafka, pipeline, faults, engines),
+# The full run overlaps the vllm tier (some 3 min in one process, most of it
+# vLLM's engines starting; two processes by default, CONVEYOR_TEST_VLLM_PROCESSES,
+# the files sharing one engine kept together) with the steps that have no
+# timing to keep: lint, types, docs, the smoke and the unit tier; the broker tiers (kafka, pipeline, faults, engines),
 # whose fault tests count seconds, start after both and run alone in their two
 # processes. The vllm tier's output is kept in a file and printed when it ends.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+# when each step of the full run ended, in seconds from the start: where CI's time goes
+mark() { echo "--- $1 at ${SECONDS} s"; }
 if [ "${1:-}" = "--fast" ]; then
   shift
   bash infra/install.sh --dev
@@ -42,6 +45,7 @@ fi
 bash infra/install.sh --dev
 bash infra/kafka.sh start
 bash infra/redis.sh start
+mark "the install, Kafka and Redis"
 checks() {
   .venv/bin/ruff check . &&
     .venv/bin/mypy &&
@@ -50,7 +54,8 @@ checks() {
 vllm_tier() {
   # the tier's tests start the engine at once: vllm.sh's one-token proof is a start more
   CONVEYOR_VLLM_PROBE=0 bash infra/vllm.sh
-  HF_HUB_OFFLINE=1 .venv-vllm/bin/python -m pytest -q -p no:cacheprovider --durations=10 "$@"
+  HF_HUB_OFFLINE=1 .venv-vllm/bin/python -m pytest -q -p no:cacheprovider --durations=10 \
+    -n "${CONVEYOR_TEST_VLLM_PROCESSES:-2}" --dist loadgroup "$@"
 }
 broker_tiers() {
   .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 \
@@ -83,14 +88,18 @@ vllm_done() {
 status=0
 # lint, types, docs, and the install users get (runtime dependencies only,
 # started and driven by the openai client): a failure ends the run
-if ! { checks && bash infra/smoke.sh; }; then
+if ! { checks && mark "lint, types and docs" && bash infra/smoke.sh; }; then
   vllm_done || true
   exit 1
 fi
+mark "the smoke"
 .venv/bin/python -m pytest -q -p no:cacheprovider --durations=5 \
   -n "${CONVEYOR_TEST_PROCESSES:-2}" --dist loadfile tests/unit || status=$?
+mark "the unit tier"
 vllm_done || status=$?
+mark "the vllm tier"
 # the broker tiers, alone on the machine now; the faults first and the kafka
 # tier's many small files last, so that the processes end together
 broker_tiers tests/faults tests/pipeline tests/engines tests/kafka || status=$?
+mark "the broker tiers"
 exit $status

@@ -1,29 +1,10 @@
 """Structured outputs: what an answer asked for with ``response_format`` must
-be, checked where it is asked and where it is answered.
-
-* **At the API** (:func:`check_format`): a JSON Schema is held to Conveyor's
-  bounds (:data:`BOUNDS`), checked against the JSON Schema meta-schema and
-  compiled to the grammar the CPU engines decode with, which llama.cpp must
-  parse; a schema that fails any of these is a 400 naming the part of it that
-  fails, before anything is queued.
-* **In the engines** (:func:`json_grammar`): llama.cpp's GBNF grammar of the
-  format, compiled once per schema text (``json_object``: any JSON object).
-  Decoding is constrained to it, so a finished answer always parses; the
-  schema's keywords a grammar cannot express (``minimum``, ``format``, ...)
-  are checked after, and so are lengths and item counts above
-  :data:`MAX_GRAMMAR_REPEAT`.
-* **Once answered** (:func:`json_violation`): the answer against the schema, with
-  ``jsonschema``: what an engine that constrains nothing, or a keyword the
-  grammar ignored, let through.
-
-The bounds (:data:`BOUNDS`) are where a schema's cost would stop being bounded
-(docs/api/tools.md); an enum, or a union of constants, compiles to a trie of its
-values' JSON texts, not one alternative per value
-(docs/decisions/0018-structured-outputs-by-grammar.md).
-
-The grammar compiler is llama.cpp's own (``llama_cpp.llama_grammar``): the
-GBNF it writes is the one llama.cpp's sampler reads, and it ships with the
-CPU engine already; it is imported on the first structured request.
+be, checked at the API (:func:`check_format`: Conveyor's :data:`BOUNDS`, the
+meta-schema, and a grammar llama.cpp must parse), in the engines
+(:func:`json_grammar`, llama.cpp's own compiler with enums as tries) and once
+answered (:func:`json_violation`, what a grammar could not hold). Why and how:
+docs/decisions/0018-structured-outputs-by-grammar.md; the bounds:
+docs/api/tools.md#bounds-on-a-schema.
 """
 
 from __future__ import annotations

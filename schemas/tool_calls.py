@@ -1,9 +1,6 @@
 """Reading an answer's text into OpenAI's tool calls, as it streams or whole
-(the format is schemas/tools.py's: ``<tool_call>`` blocks of a JSON object
-with the function's name and arguments). One deterministic reader serves
-postprocess (streams, job results) and the gateway (collected and stored
-answers, the Responses API's items), so they all read the same calls with the
-same ids."""
+(schemas/tools.py's ``<tool_call>`` blocks): one deterministic reader for
+postprocess and the gateway, so they all read the same calls with the same ids."""
 
 from __future__ import annotations
 
@@ -44,14 +41,8 @@ _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\
 
 @dataclass
 class ToolCallReader:
-    """Reads an answer's text, as it streams, into content and tool calls.
-
-    Content is released as soon as it cannot be the start of a ``<tool_call>``
-    tag; whitespace before, between and after calls is not content. Inside a
-    block, the call's start is released once its name is read, and its
-    arguments as they come (their JSON scanned, so the block's closing brace
-    and tag are not part of them). A block whose head is not in the usual
-    order is released whole when it closes."""
+    """Reads an answer's text, as it streams, into content and tool calls
+    (what it releases when: docs/decisions/0019-tool-calls-as-text.md)."""
 
     request_id: str
     calls: int = 0

@@ -1,32 +1,9 @@
-"""Tool calls: what a chat request's ``tools`` ask of the answer, and how the
-answer's text becomes OpenAI's ``tool_calls``.
-
-Conveyor's tool-call format. The model is shown the functions in its system
-prompt (:func:`tool_messages`) and calls one by writing::
-
-    <tool_call>
-    {"name": "get_weather", "arguments": {"city": "Paris"}}
-    </tool_call>
-
-one block per call, the same for every model; a ``tool`` message is rendered as
-a ``<tool_response>`` block. The answer's ``tool_calls`` are read from its text
-where the answer is shaped (:class:`ToolCallReader`), deterministically, so a
-stream resumed or replayed from the log is the same stream (schemas/tool_calls.py;
-why: docs/decisions/0019-tool-calls-as-text.md).
-
-* **At the API** (:func:`check_tools`): every function's ``parameters`` is
-  held to the bounds of a schema (schemas/structured.py), checked as a JSON
-  Schema and compiled, ``tool_choice`` must name a function given, and the
-  grammar of the whole set compiles within the grammar's bounds; each fault
-  is a 400 naming the parameter.
-* **In the engines** (:func:`tools_grammar`): a llama.cpp grammar that holds
-  the answer to calls of the functions allowed (``required``, a named
-  function), or to either a call or text that does not begin with ``<``
-  (``auto``). Arguments are decoded inside each function's parameters, so
-  they always parse.
-* **Once answered** (:func:`tools_violation`): the calls read back, each
-  naming a function given, its arguments a JSON object, and valid against
-  its parameters when the function is ``strict``.
+"""Tool calls: what a chat request's ``tools`` ask of the answer. The functions
+are shown in the system prompt (:func:`tool_messages`) and the model calls one
+with a ``<tool_call>`` block of ``{"name", "arguments"}``; checked at the API
+(:func:`check_tools`), held by a grammar in the engines (:func:`tools_grammar`)
+and checked once answered (:func:`tools_violation`). The calls are read from
+the text by schemas/tool_calls.py. Why: docs/decisions/0019-tool-calls-as-text.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
-"""Creates the catalog's topics idempotently at start, replicated as the cluster allows.
-
-Replication is what makes ``acks=all`` mean anything: with one replica a
-partition vanishes with its broker, and "all in-sync replicas" is that one
-broker. So the replication factor and ``min.insync.replicas`` come from
-:class:`~conveyor.settings.Settings`, where 0 means "choose from the cluster":
-as many replicas as there are brokers, at most 3, and ``min.insync.replicas``
-2 once there are 3 replicas (a write survives the loss of any one broker and
-the partition keeps taking writes while one is down), else 1. A single local
-broker therefore gets 1/1 and a three-broker cluster 3/2, without anybody
-setting anything; what was chosen is logged.
-
-``min.insync.replicas`` is set on each topic rather than left to the broker's
-default, so a topic carries its durability with it. Topics that exist already
-are left alone (their replication cannot be raised by a create), but one that
-is replicated less than the settings ask is reported at WARNING: it is the
-mark of a catalog first created against a single broker.
+"""Creates the catalog's topics idempotently at start, replicated as the
+cluster allows: the replication factor and ``min.insync.replicas`` come from
+the settings, 0 meaning "choose from the cluster" (as many replicas as
+brokers, at most 3; min.insync 2 once 3 replicas, else 1), set on each topic.
+An existing topic replicated less than asked is reported at WARNING.
+Operators' view: docs/operating/processes.md#replication.
 """
 
 from __future__ import annotations
@@ -58,12 +47,9 @@ class Replication:
 
 
 def choose_replication(settings: Settings, brokers: int) -> Replication:
-    """The replication for a cluster of ``brokers`` (0 in the settings = choose).
-
-    Raises :class:`ConveyorError` when the settings ask for what the cluster
-    cannot give: more replicas than brokers (Kafka would refuse every topic),
-    or more in-sync replicas than replicas (every ``acks=all`` write would fail).
-    """
+    """The replication for a cluster of ``brokers`` (0 in the settings = choose);
+    ConveyorError for more replicas than brokers or more in-sync replicas than
+    replicas (every topic, or every ``acks=all`` write, would fail)."""
     if brokers < 1:
         raise BrokerError("the Kafka cluster reports no broker")
     factor = settings.kafka.replication_factor or min(brokers, _AUTO_MAX_REPLICAS)
@@ -107,12 +93,9 @@ async def _under_replicated(admin: AIOKafkaAdminClient, names: list[str],
 
 
 async def _until_served(admin: AIOKafkaAdminClient, names: list[str], within: float) -> None:
-    """Wait (bounded, then only a warning) until the broker's metadata lists every
-    topic of ``names`` with a leader for each partition. A created topic reaches
-    the brokers' metadata a moment after the create is answered: a client that
-    asks in between is told the topic does not exist, and one that remembers it
-    (a consumer's subscription, Faust's check of a table's changelog) goes on
-    without it until its next metadata refresh, minutes later."""
+    """Wait (bounded, then only a warning) until the metadata lists every topic of
+    ``names`` with a leader for each partition: a client that asks just after the
+    create is told the topic does not exist, and may not ask again for minutes."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
     backoff = Backoff(initial_s=0.05, max_s=1.0)

@@ -1,14 +1,7 @@
-"""Retrying a failing broker without spinning, and saying so without flooding the log.
-
-:class:`Backoff` is the wait between attempts: exponential from ``initial_s``
-up to ``max_s`` (``settings.process.retry_backoff_max_s``), with jitter so that many
-clients that lost the same broker do not come back at the same instant, and
-reset by the first success.
-
-:class:`RateLimitedLog` writes the first line of each kind at once and then
-at most one line per ``interval_s`` with the count of the lines it held
-back. During a Kafka outage every follower, producer and loop fails several
-times a second; one line per kind per ten seconds says as much.
+"""Retrying a failing broker without spinning, and saying so without flooding
+the log: :class:`Backoff`, exponential with jitter up to ``max_s`` and reset
+by the first success; :class:`RateLimitedLog`, the first line of each kind at
+once, then one per ``interval_s`` with the count held back.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """The topics, declared once: each a :class:`Topic` with its name under the
-prefix, the event types it carries (their typed mirrors in schemas/records.py,
-so ``Topic[T]`` tells mypy what a topic holds and :meth:`Topic.decode`
-returns a ``T``), its key, how many partitions it has, and
-how long it keeps events. Readers and writers name a topic by its object
-(``TOKENS.at(settings.kafka)``), never by a string, so a topic's name and what
-travels on it are stated in one place; :func:`catalog` turns the table into
-what topic creation needs (docs/architecture.md lists it).
-
-Every topic takes events up to ``settings.kafka.max_event_bytes``
-(``max.message.bytes``), the same limit the producers enforce
-(``max_request_size``, topics/clients.py): an event is refused by the
-producer, which says so at once, before the broker would refuse it after a
-round trip, and the two cannot disagree.
+prefix, the event types it carries (``Topic[T]``: :meth:`Topic.decode`
+returns a ``T``), its key, partitions and retention. Readers and writers name
+a topic by its object (``TOKENS.at(settings.kafka)``), never a string. Every
+topic takes events up to ``max_event_bytes``, the producers' own limit.
+The table: docs/architecture.md#topics.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
-"""Kafka client factories with Conveyor's production settings.
-
-Producers: acks=all, idempotent (switchable for brokers without it), a small
-linger, and events up to ``settings.kafka.max_event_bytes`` (the topics' own
-``max.message.bytes``, topics/catalog.py), each held by a
-:class:`~topics.producer.Producer` that starts afresh when the broker refuses
-its producer id or sequence. Consumers: manual commits, fetch
-returning as soon as one record is there (tuned for loopback latency),
-read-committed off.
-
-:func:`broker_error` is the boundary where aiokafka's errors become
-Conveyor's: :class:`TransientBrokerError` (the broker is unreachable, slow,
-or between leaders: retry with backoff) or :class:`PermanentBrokerError`
-(the broker refused this event for good: an event too large, a topic that is
-not allowed; give up on the event and dead-letter it). A refused producer id
-or sequence (OutOfOrderSequenceNumber, ...) is transient: the producer that
-got it is replaced, and the event goes through on its successor.
+"""Kafka client factories with Conveyor's production settings (producers:
+acks=all, idempotent, events up to ``max_event_bytes``; consumers: manual
+commits, fetches answered at the first record), and :func:`broker_error`, the
+boundary where aiokafka's errors become Conveyor's: transient (retry with
+backoff; a refused producer id or sequence included, its producer is
+replaced) or permanent (give up on the event and dead-letter it).
 """
 
 from __future__ import annotations
@@ -32,12 +21,14 @@ from topics.producer import EventProducer, Producer, breaks_sequence
 
 __all__ = ["PRODUCE_TIMEOUT_MS", "EventProducer", "make_producer", "make_consumer",
            "stop_consumer", "broker_error", "EventTooLarge", "Producer", "KafkaError",
-           "KafkaConnectionError", "NotAssigned", "COMMIT_REFUSED"]
+           "KafkaConnectionError", "NotAssigned", "COMMIT_REFUSED", "BROKER_TROUBLE"]
 
 # The client's errors, for the except clauses of code outside topics/: this module
 # is the one that imports aiokafka's errors, and broker_error() says what they mean.
 KafkaError = kafka_errors.KafkaError
 KafkaConnectionError = kafka_errors.KafkaConnectionError
+# what a client raises while the broker is unreachable or failing
+BROKER_TROUBLE = (KafkaError, OSError, TimeoutError)
 # an operation on a partition the consumer no longer holds
 NotAssigned = kafka_errors.IllegalStateError
 # a commit the group refused: a rebalance gave the partition to another member

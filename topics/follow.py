@@ -1,35 +1,9 @@
-"""Tailing a partition (or several, on one consumer), through broker
-outages: the one reader every follower of a side topic uses (heartbeats,
-cancels, replies, progress).
-
-    follower = follow(settings, WORKERS, 0, "beginning")
-    async for records in follower:        # non-empty lists, in offset order
-        for record in records: ...
-    async for batch in follower.events(codec):  # or decoded as the topic's type
-        for record, heartbeat in batch: ...     # (topics/reader.py: poison reported)
-    follower.caught_up                    # set once the backlog seen at start is read
-    follower.reachable                    # False while Kafka does not answer
-    async for seeing in follower.reachability(): ...  # each change of reachable
-    await follower.locate()               # fix the start now (records from here on)
-    follow(settings, TOKENS, range(4), "end")   # several partitions, one consumer
-
-A follower of several partitions makes one fetch request for all of them and
-hands each partition's records on as a list of their own; it is caught up once
-every partition is. Starts: ``"beginning"``, ``"end"``, an offset, or
-``FromTime(ms)`` (``offsets_for_times``; the end when nothing is that recent).
-
-A follower never raises for the broker: it closes its consumer, backs off
-(``settings.process.retry_backoff_max_s`` at most), logs one line per kind per
-ten seconds, and reconnects where it left off, so no record is skipped. While no
-record arrives it asks for the end offsets every ``probe_s`` (bounded by
-``probe_timeout_s``), so ``reachable`` and ``last_contact_ms`` tell "nothing
-happened" from "I cannot see": blind once ``stale_after_s`` (probe_s +
-probe_timeout_s + poll_ms) passes without a record or an answer.
-
-A start is resolved when the follower first connects; a reader that needs every
-record written after a moment, however late its iteration begins (the gateway's
-reply router), calls :meth:`Follower.locate` then, which raises the broker's
-error as Conveyor's so a start-up step can retry it.
+"""Tailing a partition (or several, on one consumer) through broker outages:
+the one reader every follower of a side topic uses (heartbeats, cancels,
+replies, progress). A :class:`Follower` yields record batches (or decoded
+events), never raises for the broker (it backs off and reconnects where it
+left off), and tells "nothing happened" from "I cannot see" (``reachable``).
+Usage and the rules: docs/architecture.md#reading-the-log.
 """
 
 from __future__ import annotations
@@ -40,18 +14,17 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeAlias, TypeVar, overload
+from typing import Any, Generic, Literal, TypeVar, overload
 
-from aiokafka import ConsumerRecord, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka import TopicPartition
 
 from conveyor.settings import Settings
 from schemas.codec import Codec
 from topics.backoff import Backoff, RateLimitedLog
 from topics.catalog import Topic
-from topics.clients import broker_error, make_consumer
+from topics.clients import BROKER_TROUBLE, broker_error, make_consumer
 from topics.envelope import now_ms
-from topics.reader import PoisonReport, decoded
+from topics.reader import PoisonReport, Record, decoded
 
 __all__ = ["FromTime", "Follower", "Record", "Start", "apply_all", "follow", "snapshot"]
 
@@ -66,10 +39,7 @@ class FromTime:
 
 
 Start = Literal["beginning", "end"] | int | FromTime
-Record: TypeAlias = "ConsumerRecord[bytes, bytes]"
 T = TypeVar("T")
-
-_BROKER_TROUBLE = (KafkaError, OSError, asyncio.TimeoutError)
 
 
 class Follower(Generic[T]):
@@ -149,16 +119,16 @@ class Follower(Generic[T]):
             consumer.assign(self.tps)
             await self._seek(consumer)
             self._contact()
-        except _BROKER_TROUBLE as exc:
+        except BROKER_TROUBLE as exc:
             raise broker_error(exc) from exc
         finally:
             await _stop_quietly(consumer, self.probe_timeout_s)
         return self.positions[self.tp]
 
-    def __aiter__(self) -> AsyncIterator[list[ConsumerRecord[bytes, bytes]]]:
+    def __aiter__(self) -> AsyncIterator[list[Record]]:
         return self.batches()
 
-    async def batches(self) -> AsyncIterator[list[ConsumerRecord[bytes, bytes]]]:
+    async def batches(self) -> AsyncIterator[list[Record]]:
         backoff = Backoff(max_s=self.settings.process.retry_backoff_max_s)
         tps = self.tps
         where = f"{self.tp.topic}[{','.join(str(tp.partition) for tp in tps)}]"
@@ -186,7 +156,7 @@ class Follower(Generic[T]):
                                 yield records
                     elif time.monotonic() - self._last_contact >= self.probe_s:
                         await self._end_offsets(consumer)
-            except _BROKER_TROUBLE as exc:
+            except BROKER_TROUBLE as exc:
                 self._problems.warning("follow", "%s: cannot follow %s (%s: %s); retrying",
                                        self.tp.topic, where, type(exc).__name__, exc)
             finally:
@@ -255,13 +225,10 @@ async def _reached(consumer: Any, ends: dict[TopicPartition, int]) -> bool:
 
 
 async def _stop_quietly(consumer: Any, timeout_s: float) -> None:
-    """Close a consumer that may be half broken, in ``timeout_s`` at most. aiokafka's
-    ``stop`` can raise the CancelledError of its own fetch task after an outage:
-    that one is not ours and must not end the follower; a cancel of the follower
-    itself still does, at once. The stop runs as a task of its own, waited for
-    without ``wait_for``: a cancelled ``wait_for`` waits for its inner work to
-    end, and a ``stop`` that swallows its cancel against a broker that is gone
-    would hold the follower's cancel (and whoever awaits it) for ever."""
+    """Close a consumer that may be half broken, in ``timeout_s`` at most. The stop
+    runs as a task of its own, never under ``wait_for``: aiokafka's ``stop`` may
+    raise its fetch task's CancelledError (not ours), or swallow our cancel
+    against a broker that is gone and hold the follower's own cancel for ever."""
     stopping = asyncio.ensure_future(consumer.stop())
     try:
         done, _ = await asyncio.wait({stopping}, timeout=timeout_s)

@@ -1,33 +1,10 @@
-"""Finding one key's events in a topic from a time, without scanning the topic.
-
-    lookup = SharedLookup(settings)          # made at start; nothing connects yet
-    found = await lookup.find(TOKENS, request_id, since_ms, until_ms)
-    for record, chunk in found: ...          # decoded as the topic's events
-    await lookup.close()                     # at shutdown
-
-    async with KeyLookup(settings) as look:  # one reader, raw records (the CLI's)
-        records = await look.find("conveyor.tokens", request_id, since_ms)
-
-A keyed topic holds every event of a key in the partition Kafka's default
-partitioner picks (:func:`key_partition`: murmur2, as every Conveyor producer
-partitions). Within it ``offsets_for_times(since_ms)`` gives the first offset to
-read, and reading stops at the partition's end offset seen when the lookup
-began, or at the first record stamped after ``until_ms``: one partition's
-traffic between two times, whatever the topic's size. Topics whose partition is
-not the key's (a pool's tasks, replies) are read over the partitions the caller
-names (``partitions=``). Record times are the producers' clocks, so callers
-widen the window by ``settings.process.clock_skew_ms``. A :class:`SharedLookup`
-decodes what it finds as every reader does (topics/reader.py).
-
-A :class:`SharedLookup` keeps up to ``readers`` started readers for the process
-(docs/decisions/0021-one-shared-lookup.md): a call takes an idle one or starts
-one. A reader goes back to the pool only after a call that returned normally; a
-broker error, a timeout or a cancellation closes it in the background, and a
-call whose *reused* reader fails with a broker error is tried again on the next,
-until one started for it answers or fails. Every call is bounded by its
-``timeout_s`` (the wait for a reader included), and aiokafka's errors leave as
-Conveyor's (:func:`~topics.clients.broker_error`; no answer in time:
-:class:`TransientBrokerError`).
+"""Finding one key's events in a topic between two times, without scanning
+the topic: ``offsets_for_times`` in the key's partition (murmur2, as every
+producer partitions), read up to the end offset seen when the lookup began.
+:class:`KeyLookup` is one reader; :class:`SharedLookup` the process's pool of
+them (docs/decisions/0021-one-shared-lookup.md), every call bounded by its
+timeout and aiokafka's errors raised as Conveyor's. Usage:
+docs/architecture.md#reading-the-log.
 """
 
 from __future__ import annotations
@@ -48,7 +25,7 @@ from conveyor.errors import BrokerError, TransientBrokerError
 from conveyor.settings import Settings
 from schemas.codec import Codec, default_codec
 from topics.catalog import Topic
-from topics.clients import KafkaError, broker_error, make_consumer, make_producer
+from topics.clients import BROKER_TROUBLE, KafkaError, broker_error, make_consumer, make_producer
 from topics.envelope import request_time_ms
 from topics.producer import EventProducer
 from topics.reader import PoisonReport, Record, decoded, holds
@@ -222,12 +199,9 @@ class KeyLookup:
             self._idle(tp)
 
     def _idle(self, tp: TopicPartition) -> None:
-        """Stop fetching ``tp`` once a read is done. The partition stays assigned
-        (assigning another topic asks the broker for metadata), but a lookup kept
-        for later calls polls nothing, and the next call's offset requests do not
-        queue behind a fetch waiting at the partition's end (a broker answers one
-        request of a connection at a time: that wait cost each reused lookup's
-        ``offsets_for_times`` 100 ms)."""
+        """Stop fetching ``tp`` once a read is done (it stays assigned): an idle
+        fetch at the partition's end would hold the connection, and the next
+        call's offset requests would queue behind it."""
         if tp in self._consumer.assignment():
             self._consumer.pause(tp)
 
@@ -238,7 +212,6 @@ class KeyLookup:
                 for topic, spans in read.items() for p, a, b in spans]
 
 
-_BROKER_TROUBLE = (KafkaError, OSError, TimeoutError)
 _CLOSE_WITHIN_S = 5.0
 
 
@@ -305,26 +278,19 @@ class SharedLookup:
                       first: bool = False, timeout_s: float | None = None) -> list[Record]:
         """:meth:`KeyLookup.find` on a shared reader, within ``timeout_s`` (the
         lookup's own when None): the records as they are."""
-        async def use(reader: Reader) -> list[Record]:
-            return await reader.find(topic, key, since_ms, until_ms,
-                                     partitions=partitions, first=first)
-
-        return await self._call(f"finding {key!r} in {topic}", use, timeout_s)
+        return await self._call(f"finding {key!r} in {topic}", lambda reader: reader.find(
+            topic, key, since_ms, until_ms, partitions=partitions, first=first), timeout_s)
 
     async def at(self, topic: str, partition: int, offset: int, *,
                  timeout_s: float | None = None) -> Record | None:
         """The record at one offset, or None when there is none (any more)."""
-        async def use(reader: Reader) -> Record | None:
-            return await reader.at(topic, partition, offset)
-
-        return await self._call(f"reading {topic}[{partition}]@{offset}", use, timeout_s)
+        return await self._call(f"reading {topic}[{partition}]@{offset}",
+                                lambda reader: reader.at(topic, partition, offset), timeout_s)
 
     async def partitions(self, topic: str, *, timeout_s: float | None = None) -> list[int]:
         """The topic's partitions."""
-        async def use(reader: Reader) -> list[int]:
-            return await reader.partitions(topic)
-
-        return await self._call(f"the partitions of {topic}", use, timeout_s)
+        return await self._call(f"the partitions of {topic}",
+                                lambda reader: reader.partitions(topic), timeout_s)
 
     async def close(self) -> None:
         """Close every reader, idle or busy (a busy call then fails); later calls
@@ -358,7 +324,7 @@ class SharedLookup:
                 reader, fresh = await self._take()
                 try:
                     result = await use(reader)
-                except _BROKER_TROUBLE as exc:
+                except BROKER_TROUBLE as exc:
                     self._discard(reader)
                     if fresh:
                         raise

@@ -1,18 +1,9 @@
-"""The live model registry: ``conveyor models apply FILE`` publishes a registry
-file to ``conveyor.models`` (compacted, one record), and every process that
-serves by the registry (the gateway, the layers, infer workers) follows it and
-swaps its :class:`~conveyor.registry.Registry` in place, without a restart.
-
-* **At start** a process reads its ``CONVEYOR_MODELS_FILE``, then the topic
-  (:func:`adopt_published`): a registry that was applied wins over the file, so
-  a process started after an apply serves what the fleet serves.
-* **A bad record** (it does not decode or parse: written by another version,
-  or by hand) is logged and passed over; the registry in use stays. An apply
-  validates the file whole before it publishes it.
-* **What changes live**: names and aliases, fallbacks, canaries and their
-  weights, context lengths and default answer lengths, new models on pools
-  that have workers. A worker does not load other weights when its model's
-  file changes; that takes a restart of the worker.
+"""The live model registry: ``conveyor models apply`` publishes a registry
+file to ``conveyor.models`` (compacted, one record); every process that serves
+by it reads it at start (:func:`adopt_published`, winning over its file) and
+follows it, swapping its :class:`~conveyor.registry.Registry` in place. A bad
+record is logged and passed over. What changes live:
+docs/operating/registry.md#changing-it-live.
 """
 
 from __future__ import annotations

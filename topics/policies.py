@@ -1,15 +1,9 @@
 """The live content policies: ``conveyor policies set`` publishes one scope's
-document to ``conveyor.policies`` (compacted, key = the scope), and every
-process that applies policies (the gateway, the layers) follows the topic into
-its :class:`~conveyor.policy.rules.PolicyBook`, without a restart.
-
-* **At start** a process reads what was set before (:func:`adopt_policies`),
-  bounded by its start-up timeout, then follows (:func:`follow_policies`).
-* **A bad document** (it does not decode or parse) is logged and passed over;
-  the scope keeps what it had. ``set`` validates the document whole before it
-  publishes it.
-* **Clearing** a scope publishes its empty document (not a tombstone: a
-  follower that has the older document must hear that it is gone).
+document to ``conveyor.policies`` (compacted, key = the scope); every process
+that applies policies reads them at start (:func:`adopt_policies`) and follows
+them (:func:`follow_policies`) into its :class:`~conveyor.policy.rules.PolicyBook`.
+A bad document is logged and passed over; clearing a scope publishes its
+empty document, not a tombstone.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
-"""The one producer of a process, which outlives a broken idempotent session.
-
-:class:`Producer` holds an ``AIOKafkaProducer`` and replaces it when the broker
-refuses its producer id or sequence (:func:`breaks_sequence`) or its sender
-routine is dead (aiokafka never resets a producer id after an outage:
-docs/decisions/0012-aiokafka-not-librdkafka.md): the next send starts a fresh
-one (a new producer id, sequences from 0), the old one is stopped in the
-background (it still delivers what it holds for healthy partitions), and each
-record the broker refused is sent once more on the fresh producer. A refused
-batch was not written, so the resend doubles nothing; the future the caller
-holds resolves with the resend's outcome. Records still in flight on the old
-producer and records sent on the fresh one may land out of send order: readers
-order token chunks by seq (workers/chunk_order.py), and the layers wait for
-each event's acknowledgements before the next event of its request.
+"""The one producer of a process, which outlives a broken idempotent session:
+:class:`Producer` replaces its ``AIOKafkaProducer`` when the broker refuses its
+producer id or sequence or its sender is dead, and sends each refused record
+once more on the fresh one (it was not written, so nothing doubles). Records
+may then land out of send order; readers order chunks by seq. Why:
+docs/decisions/0012-aiokafka-not-librdkafka.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
-"""Reading records as their topic's events: the one fetch step and the one
-decode step every Conveyor reader of Kafka shares (the layer runtime, an
-infer worker's claim loop, the followers and the keyed lookup).
-
-:func:`fetch` is a consumer's ``getmany`` that waits a failing broker out:
-the failure is logged (one line per kind per ten seconds) and the next
-fetch comes after :class:`~topics.backoff.Backoff`'s wait, reset by the
-first fetch that works. :func:`decoded` turns records into
-``(record, event)`` pairs typed by the topic (``Topic[T]`` gives ``T``);
-a value that does not decode is handed to ``poison`` and left out, so a
-poison event never stops a reader. What ``poison`` does is the reader's
-one choice: a consumer group that owns its records dead-letters it
-(:func:`workers.failures.failure_outputs`); a reader of records it does
-not own (a follower, a lookup) reports it with :class:`PoisonReport`.
+"""Reading records as their topic's events: the fetch step (:func:`fetch`, a
+``getmany`` that waits a failing broker out) and the decode step
+(:func:`decoded`, ``(record, event)`` pairs typed by the topic) every reader
+of Kafka shares. A value that does not decode goes to ``poison``: dead-lettered
+by a consumer group that owns its records, reported (:class:`PoisonReport`) by
+a reader that does not.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
-"""One trace per request across every layer (OpenTelemetry, W3C trace context).
-
-The gateway starts the trace; each layer that takes the request's event opens
-a span whose parent is the ``traceparent`` in the envelope, then writes its
-own span's context back into the envelope, so the next layer's span is its
-child. Produced events also carry ``traceparent`` as a Kafka header, for tools
-that read headers rather than Avro.
-
-``CONVEYOR_TRACE_EXPORTER``: ``none`` (the default: no spans are recorded,
-nothing costs), ``console`` (finished spans as JSON on stdout), or ``otlp``
-(needs ``opentelemetry-exporter-otlp``; the endpoint comes from the standard
-``OTEL_EXPORTER_OTLP_ENDPOINT``).
+"""One trace per request across every layer (OpenTelemetry, W3C trace
+context): each layer's span is the child of the ``traceparent`` in the
+envelope and writes its own back; produced events carry it as a Kafka header
+too. Exporters (``CONVEYOR_TRACE_EXPORTER``): docs/operating/observability.md.
 """
 
 from __future__ import annotations

@@ -1,32 +1,8 @@
 """:class:`LocalFileStore`: the file store in a local directory
-(``settings.jobs.files_dir``), shared safely by the gateway replicas of one host.
-
-Layout: one directory per tenant, named by a hash of the tenant (a tenant name
-never becomes a path), holding per file its content ``<id>`` and its record
-``<id>.json``::
-
-    files_dir/<sha256(tenant)[:32]>/file-0194c1a2b3c4d5e6f7a8b9c0
-    files_dir/<sha256(tenant)[:32]>/file-0194c1a2b3c4d5e6f7a8b9c0.json
-
-Decisions:
-
-- A file exists when its record exists. ``create`` writes the content to a
-  hidden temporary name (``.<id>.<random>.tmp``), fsyncs it and renames it into
-  place, then does the same with the record, then fsyncs the directory. A crash
-  at any point leaves at most a temporary file or a content file without a
-  record, and neither is ever seen: readers go by records, and listing knows
-  only names of the ``<id>.json`` form. (Such leftovers are not swept here:
-  another replica may be writing that very temporary file.)
-- ``delete`` removes the record first (the file is gone at that instant), then
-  the content.
-- An id is checked against ``file-`` + 24 hex digits before any path is built
-  from it, so ``../`` and the like never reach the disk; a tenant's directory
-  name is a hash, so a tenant cannot name another's directory either. The
-  record also names its tenant, and a mismatch is answered as not found.
-- All disk I/O runs in a thread (``asyncio.to_thread``): a 100 MiB upload or
-  download never stalls the event loop. ``open`` opens the content before it
-  returns, so a download that started is not cut by a concurrent delete
-  (POSIX keeps an unlinked, open file readable).
+(``settings.jobs.files_dir``), one directory per tenant (named by a hash), each
+file's content and record written to a temporary name, fsynced and renamed; a
+file exists when its record does. Layout and decisions:
+docs/api/jobs.md#the-local-directory.
 """
 
 from __future__ import annotations

@@ -1,42 +1,8 @@
-"""The file store's contract: what the Files API and the batch machinery need
-from wherever files live (a local directory now, S3 or the like later).
-
-A file belongs to one tenant. Every method takes the caller's tenant, and a
-file of another tenant is answered exactly as one that does not exist
-(:class:`FileNotFound`, a 404 ``File not found``), so a tenant can never learn
-that another tenant's file exists. A deleted file is gone the same way.
-
-What an implementation of :class:`FileStore` must guarantee:
-
-- ``create(tenant, purpose, filename, content)`` stores ``content`` (bytes,
-  or an async iterable of byte chunks consumed once, in order) under a new id
-  from :func:`new_file_id` and answers its :class:`FileObject`. It is all or
-  nothing: until it returns, no reader (``get``, ``open``, ``list``) sees the
-  file, and if iterating ``content`` raises (an upload check refusing the
-  file, a client that left) or the store fails, nothing of the file stays
-  visible and the exception propagates unchanged. The store checks nothing
-  about the content: the upload rules live in :mod:`gateway.files.uploads`,
-  and trusted writers (the batch machinery writing ``batch_output`` files)
-  pass bytes straight in.
-- ``get(tenant, file_id)`` answers the record; ``open`` answers the record
-  and the content as chunks (the content of a file deleted after ``open``
-  returned may still be read to its end, or may fail: it is never mixed with
-  another file's bytes); ``read`` answers the whole content as bytes.
-- ``delete(tenant, file_id)`` answers the record it removed; afterwards the
-  file is gone for every method.
-- ``list(tenant, purpose=, limit=, after=, order=)`` answers a
-  :class:`FilePage` of the tenant's files in creation order (``asc``) or its
-  reverse (``desc``, the default). Ids are ordered as their creation time
-  (:func:`new_file_id` puts the millisecond first), so the order is the order
-  of ids and ``after`` is a cursor that stays valid when its file is deleted:
-  the page holds the files strictly after it in the chosen order.
-- An id that does not match ``file-`` + 24 hex digits is refused with
-  :class:`FileNotFound` before anything is looked up, so no id reaches a path,
-  key or query unchecked.
-- Every method is a coroutine that never blocks the event loop on I/O.
-
-The tenant travels with every record (:attr:`FileObject.tenant`) but is never
-shown to a client: :mod:`schemas.openai.files` builds the OpenAI shapes.
+"""The file store's contract (:class:`FileStore`): what the Files API and the
+batch machinery need from wherever files live. A file belongs to one tenant;
+another tenant's file, a deleted one or a malformed id are all
+:class:`FileNotFound`. Creation is all or nothing, ids sort by creation time.
+The contract in full: docs/api/jobs.md#the-file-stores-contract.
 """
 
 from __future__ import annotations

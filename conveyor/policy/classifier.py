@@ -1,21 +1,7 @@
-"""Level 2 of the content policy: a classifier of abusive language.
-
-The model is ``alt-profanity-check``'s: a linear SVM over TF-IDF features,
-trained on about 200,000 labelled comments, shipped inside its PyPI wheel
-(0.9 MB of weights, scikit-learn's), so nothing is fetched at run time. It
-gives the probability that a text is profane or abusive, which Conveyor
-reports under OpenAI's ``harassment`` category.
-
-* **What it is good for**: insults and profanity, in English, whatever the
-  words a tenant thought to list. **What it misses**: anything polite
-  (instructions for harm, self-harm, sexual content without crude words),
-  other languages, context beyond the text. It complements the lists (level
-  1), it does not replace them.
-* **Cost**: it loads (scikit-learn, SciPy) on the first request whose policy
-  asks for it; a text costs milliseconds of CPU, so preprocess runs it in a
-  worker thread (docs/decisions/0017-safety-in-levels.md).
-* **Threshold**: the policy's ``[safety] classifier`` (0 to 1); a text
-  scoring at or above it is blocked.
+"""Level 2 of the content policy: ``alt-profanity-check``'s classifier of
+abusive language (a linear SVM shipped in its wheel, nothing fetched), its
+score reported under OpenAI's ``harassment`` category; loaded on first use.
+What it catches, misses and costs: docs/decisions/0017-safety-in-levels.md.
 """
 
 from __future__ import annotations

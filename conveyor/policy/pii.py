@@ -1,19 +1,10 @@
-"""Personal data in a request: found, replaced with placeholders, and put back into the answer.
-
-A tenant's ``[pii]`` policy names the entities to redact. Before a request reaches the model
-(and the logs), a :class:`Redactor` replaces each value the recognisers find (recognisers.py)
-with a placeholder ``<ENTITY_n>``, ``n`` counted per entity from 1 in order of first
-appearance in one request; the same text gets the same placeholder in every message of the
-request. Values are compared as written, so a restore always puts back exactly the text the
-user wrote at that place. A :class:`Restorer` (restore.py) built from the redactor's mapping
-puts the originals back, whole or as the answer streams.
-
-A restore never puts a value where the user did not have one: numbering skips every
-placeholder-shaped text seen in the request so far, and a typed placeholder already minted
-is replaced like a value, with a fresh placeholder whose original is that literal (not
-counted in :attr:`Redactor.counts`). :class:`FindMemo` keeps what the recognisers found in
-texts seen lately (a conversation sends every earlier turn again), keyed by a 128-bit
-BLAKE2b digest of the text, never the text. Why, and what it costs:
+"""Personal data in a request: found (recognisers.py), replaced with
+placeholders ``<ENTITY_n>`` by a :class:`Redactor`, and put back by a
+:class:`~conveyor.policy.restore.Restorer` built from its mapping. Values are
+compared as written, so a restore puts back exactly the user's text; a
+restore never puts a value where the user had none (placeholder-shaped text is
+skipped or replaced itself). :class:`FindMemo` keeps recent findings by a
+digest of the text, never the text. Why and what it costs:
 docs/decisions/0016-personal-data-redacted-at-the-edge.md.
 """
 
@@ -85,15 +76,10 @@ class FindMemo:
 
 
 class Redactor:
-    """One request's redaction: the same value gets the same placeholder in every message
-    of the request; placeholders are numbered per entity in order of first appearance:
-    <EMAIL_1>, <PHONE_1>, <CARD_1>, <IBAN_1>, <IP_1>, <EMAIL_2> ... ``memo`` holds what
-    the recognisers found in texts searched before, kept by whoever redacts many
-    requests (the gateway, the jobs layer); without one every text is searched.
-
-    Placeholder-shaped texts typed by the user are never confused with real placeholders:
-    numbering skips those seen so far, and one typed after its number was minted is itself
-    replaced with a fresh placeholder whose original is that literal text (module docstring).
+    """One request's redaction: the same value gets the same placeholder in every
+    message, numbered per entity in order of first appearance (<EMAIL_1>,
+    <PHONE_1>, <EMAIL_2> ...). ``memo`` holds what was found in texts searched
+    before (kept by whoever redacts many requests); without one every text is searched.
     """
 
     def __init__(self, entities: Collection[str] = ENTITIES, *, region: str = "US",

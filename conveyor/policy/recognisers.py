@@ -1,42 +1,8 @@
-"""Personal data in a text: the recognisers behind redaction (pii.py), and what each
-finds. Pure Python: the standard library and ``phonenumbers``.
-
-What each recogniser catches, and what it misses on purpose:
-
-* ``email``: a pragmatic RFC 5322 subset, ``local@domain.tld``: a dot-atom local part
-  (letters, digits and ``!#$%&'*+/=?^_`{|}~-``, single dots between), dot-separated domain
-  labels and an alphabetic top-level domain of 2-63 letters, not inside a longer word.
-  Missed: quoted local parts (``"john doe"@x.com``), IP-literal domains (``a@[10.0.0.1]``),
-  non-ASCII addresses, local parts over RFC 5321's 64 characters, and names without a TLD
-  (``root@localhost``).
-* ``phone``: ``phonenumbers.PhoneNumberMatcher`` with leniency ``VALID``: international
-  numbers (``+44 20 7946 0958``) of any country, and national numbers of the default
-  ``region`` (``"US"`` unless the policy says otherwise). Only numbers the library's metadata
-  says are valid, so ``(123) 456-7890`` is not one. An unknown region finds only
-  international numbers. A text with fewer digits than the
-  shortest valid number (6 internationally, fewer in some regions) skips the slow matcher.
-* ``card``: 13-19 digits, written as one run or in groups of 3-8 digits separated by one
-  space or one dash (the same separator throughout), that pass the Luhn checksum. A run
-  of groups that is too long (a card number followed by its CVV) is searched for the
-  longest valid run of consecutive groups. Missed: cards written with dots or odd spacing,
-  and any number that fails Luhn (a typo, or a test number such as ...1112).
-* ``iban``: two capital letters, two check digits and 11-30 capitals or digits, written
-  compact or in groups of four separated by one space. Kept only when the country is in
-  :data:`IBAN_LENGTHS` (the SEPA countries and some others; an unknown country is rejected),
-  the length is that country's, the check digits are 02-98 and the ISO 13616 mod-97 check
-  gives 1. Missed: lower-case IBANs and IBANs of countries not in the table.
-* ``ip``: IPv4 dotted quads (each part 0-255, no leading zeros) and IPv6 addresses
-  (with ``::`` and an embedded IPv4 tail), each checked with :mod:`ipaddress`, and not part
-  of a longer token: the ``1.2.3.4`` of a version string ``1.2.3.4.5`` or ``v1.2.3.4`` is not
-  an address. ``::`` alone and zone indexes (``fe80::1%eth0``: the address is found, the
-  zone left) are not addresses; MAC addresses and clock times do not parse as IPv6.
-
-When two recognisers claim overlapping spans, the span that starts first wins, then the
-longer one, then the entity listed first in :data:`ENTITIES`: a card number is not also a
-phone number, and the digits of an IBAN are not a card.
-
-Cheap checks (enough digits, a dot, ``::``) skip a recogniser that cannot match; what
-redaction costs: docs/decisions/0016-personal-data-redacted-at-the-edge.md.
+"""Personal data in a text: the recognisers behind redaction (pii.py): email,
+phone, card, iban and ip, pure Python (the standard library and
+``phonenumbers``). Of overlapping spans the one that starts first wins, then
+the longer, then the entity listed first in :data:`ENTITIES`. What each
+catches and misses on purpose: docs/operating/policies.md#what-each-recogniser-finds.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """Content policies: what they say, how scopes combine, and the book of them a
-process serves by.
-
-A policy is a TOML document, set for everyone (``default``), for a tenant
-(``tenant:<name>``) or for one API key (``key:<id>``) with
-``conveyor policies set``; every process follows them on ``conveyor.policies``
-(topics/policies.py) and serves by the newest without a restart.
-
-Scopes add up for safety (the union of the lists; the strictest classifier
-threshold) and override for the rest (``[pii]`` and ``[cache]`` field by field
-from the most specific scope that sets them). Nothing set means nothing done. A
-bad document is refused whole when set (ConveyorError naming the section and
-field); one that reaches a process anyway is logged and passed over, and the
-scope keeps what it had. For operators: docs/operating/policies.md. A document::
+process serves by. A policy is a TOML document set for everyone
+(``default``), a tenant (``tenant:<name>``) or a key (``key:<id>``), followed
+on ``conveyor.policies`` (topics/policies.py). Scopes add up for safety and
+override field by field for ``[pii]`` and ``[cache]``; a bad document is
+refused whole when set (ConveyorError naming section and field), and one that
+reaches a process anyway is logged and passed over. For operators:
+docs/operating/policies.md. A document::
 
     [safety]                      # level 1: keyword and pattern lists
     blocked = { violence = ["how to make a bomb"] }   # input and output

@@ -1,19 +1,12 @@
 """Level 1 of the content policy: keyword and pattern lists, on a text or on a stream.
 
-A :class:`TermList` holds a policy's lists, each under a category ("violence",
-"custom", ...): literal *terms* and regular-expression *patterns*.
-:meth:`TermList.first` and :meth:`TermList.all` check a whole text (a request's
-input); a :class:`StreamScanner` checks an answer as it streams, holding back
-only what a match could still include (at most :attr:`TermList.window`), and
-stops at the first match it can decide. A :class:`Match` names the category and
-the term or pattern as configured, with offsets into the text as given (in a
-stream, from its beginning).
-
-Terms match whole words, case-insensitively, any run of whitespace for a space,
-on text folded with offsets kept (folding.py). Patterns are Python regexes
-(``re.IGNORECASE``) on the original text; one that does not compile or can
-match the empty string is refused with ValueError. The full matching rules, what
-level 1 does not catch, and its cost: docs/decisions/0017-safety-in-levels.md.
+A :class:`TermList` holds a policy's literal terms and regex patterns by
+category; :meth:`TermList.first` and :meth:`TermList.all` check a whole text,
+a :class:`StreamScanner` an answer as it streams, holding back only what a
+match could still include. Terms match whole words, case-insensitively, on
+folded text (folding.py); patterns are ``re.IGNORECASE`` regexes on the
+original. The rules in full, and what is not caught:
+docs/decisions/0017-safety-in-levels.md#level-1s-rules-in-detail.
 """
 
 from __future__ import annotations

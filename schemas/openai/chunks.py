@@ -25,14 +25,17 @@ def completion_id(header: ChunkHeader, request_id: str) -> str:
     return prefix + request_id
 
 
-def _base(header: ChunkHeader, request_id: str) -> dict[str, Any]:
+def _chunk(header: ChunkHeader, request_id: str, choices: list[dict[str, Any]],
+           usage: Usage | None = None) -> str:
+    """One chunk as JSON text; with ``include_usage`` every chunk carries a usage."""
     chat = header["kind"] == "chat"
-    return {
-        "id": completion_id(header, request_id),
-        "object": "chat.completion.chunk" if chat else "text_completion",
-        "created": header["created"],
-        "model": header["model"],
-    }
+    out: dict[str, Any] = {"id": completion_id(header, request_id),
+                           "object": "chat.completion.chunk" if chat else "text_completion",
+                           "created": header["created"], "model": header["model"],
+                           "choices": choices}
+    if header["include_usage"]:
+        out["usage"] = None if usage is None else usage_object(usage)
+    return json.dumps(out, ensure_ascii=False, separators=(",", ":"))
 
 
 def delta_chunk(
@@ -45,7 +48,6 @@ def delta_chunk(
 ) -> str:
     """A chunk of text (or the role, or the finish); ``logprobs`` is the
     object of its tokens (schemas/openai/logprobs.py) when they were asked for."""
-    out = _base(header, request_id)
     choice: dict[str, Any]
     if header["kind"] == "chat":
         delta: dict[str, Any] = {"role": "assistant", "content": text} if role else {}
@@ -56,10 +58,7 @@ def delta_chunk(
     else:
         choice = {"index": 0, "text": text, "logprobs": logprobs,
                   "finish_reason": finish_reason}
-    out["choices"] = [choice]
-    if header["include_usage"]:
-        out["usage"] = None
-    return json.dumps(out, ensure_ascii=False, separators=(",", ":"))
+    return _chunk(header, request_id, [choice])
 
 
 def tool_call_chunk(header: ChunkHeader, request_id: str, index: int, arguments: str,
@@ -67,17 +66,13 @@ def tool_call_chunk(header: ChunkHeader, request_id: str, index: int, arguments:
     """A chat chunk with one ``tool_calls`` delta: a call's start (its id, type
     and name, with empty arguments) or more of its arguments, as OpenAI
     streams them."""
-    out = _base(header, request_id)
     call: dict[str, Any] = {"index": index}
     if call_id is not None:
         call.update(id=call_id, type="function", function={"name": name, "arguments": arguments})
     else:
         call["function"] = {"arguments": arguments}
-    out["choices"] = [{"index": 0, "delta": {"tool_calls": [call]}, "logprobs": None,
-                       "finish_reason": None}]
-    if header["include_usage"]:
-        out["usage"] = None
-    return json.dumps(out, ensure_ascii=False, separators=(",", ":"))
+    return _chunk(header, request_id, [{"index": 0, "delta": {"tool_calls": [call]},
+                                        "logprobs": None, "finish_reason": None}])
 
 
 def usage_object(usage: Usage) -> dict[str, Any]:
@@ -92,10 +87,8 @@ def usage_object(usage: Usage) -> dict[str, Any]:
 
 
 def usage_chunk(header: ChunkHeader, request_id: str, usage: Usage) -> str:
-    out = _base(header, request_id)
-    out["choices"] = []
-    out["usage"] = usage_object(usage)
-    return json.dumps(out, ensure_ascii=False, separators=(",", ":"))
+    """The last chunk of a stream asked for its usage: no choices, the usage."""
+    return _chunk({**header, "include_usage": True}, request_id, [], usage)
 
 
 def full_response(kind: str, model: str, created: int, request_id: str, text: str,
@@ -106,8 +99,9 @@ def full_response(kind: str, model: str, created: int, request_id: str, text: st
     With ``tool_calls`` the text is read for calls (schemas/tools.py): the
     message carries them, and an answer that made one finished with
     ``tool_calls``. ``logprobs`` (None: not asked for) are the answer's tokens'."""
-    usage_out = usage_object(usage or Usage(prompt_tokens=0, completion_tokens=0))
-    if kind == "chat":
+    chat = kind == "chat"
+    choice: dict[str, Any] = {"index": 0}
+    if chat:
         message: dict[str, Any] = {"role": "assistant", "content": text}
         if tool_calls:
             read = read_tool_calls(request_id, text)
@@ -116,23 +110,13 @@ def full_response(kind: str, model: str, created: int, request_id: str, text: st
                 message["tool_calls"] = read.tool_calls
                 finish_reason = "tool_calls" if finish_reason in ("stop", "tool_calls") \
                     else finish_reason
-        return {
-            "id": f"chatcmpl-{request_id}",
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": [{"index": 0, "message": message,
-                         "logprobs": None if logprobs is None else chat_logprobs(logprobs),
-                         "finish_reason": finish_reason}],
-            "usage": usage_out,
-        }
-    return {
-        "id": f"cmpl-{request_id}",
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "text": text,
-                     "logprobs": None if logprobs is None else completion_logprobs(logprobs, 0),
-                     "finish_reason": finish_reason}],
-        "usage": usage_out,
-    }
+        choice.update(message=message,
+                      logprobs=None if logprobs is None else chat_logprobs(logprobs))
+    else:
+        choice.update(text=text, logprobs=None if logprobs is None
+                      else completion_logprobs(logprobs, 0))
+    choice["finish_reason"] = finish_reason
+    return {"id": f"{'chatcmpl' if chat else 'cmpl'}-{request_id}",
+            "object": "chat.completion" if chat else "text_completion", "created": created,
+            "model": model, "choices": [choice],
+            "usage": usage_object(usage or Usage(prompt_tokens=0, completion_tokens=0))}

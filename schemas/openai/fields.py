@@ -4,11 +4,11 @@ refused with its field's ``param``), and the strict model configuration."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, ConfigDict
 
-__all__ = ["Text", "STRICT", "FUNCTION_NAME"]
+__all__ = ["Text", "STRICT", "FUNCTION_NAME", "joined"]
 
 
 def _utf8(value: str) -> str:
@@ -26,3 +26,10 @@ STRICT = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 # a function's name, as OpenAI allows it
 FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
+
+
+def joined(content: Any) -> str:
+    """A content field's text: a string, None (empty) or a list of text parts."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "".join(part.text for part in content)

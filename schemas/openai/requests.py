@@ -1,39 +1,13 @@
-"""OpenAI's request protocol at the edge, as pydantic models.
+"""OpenAI's chat and completion request bodies, as strict pydantic models.
 
-Only what Conveyor serves is accepted, and only values the pipeline can carry:
-
-* Types are strict: ``"stream": "yes"``, ``"max_tokens": 1.5`` or
-  ``"seed": true`` are refused, not coerced.
-* Numbers fit their Avro field and the engine: ``max_tokens`` is an Avro
-  ``int`` (signed 32-bit); ``seed`` an Avro ``long`` (signed 64-bit), which
-  llama.cpp folds into its 32-bit seed space, so every such seed works.
-* Every string is text UTF-8 can hold: a lone surrogate (JSON ``"\\ud800"``)
-  cannot be written into an event and is refused with the field's ``param``.
-* ``response_format`` may ask for free text, any JSON object or JSON matching
-  a schema (schemas/structured.py checks the schema here).
-* ``n`` asks for up to 8 choices (gateway/chat/serving.py).
-* ``logprobs`` (chat: with ``top_logprobs`` up to 20; completions: the
-  number of alternatives, up to 5) asks for each token's log probability.
-* ``logit_bias`` maps token ids to a bias in -100..100 (preprocess checks the
-  ids against the model's vocabulary).
-* ``tools`` (functions), ``tool_choice`` and ``parallel_tool_calls`` ask for
-  tool calls (schemas/tools.py checks the functions' parameters here), and a
-  conversation may hold assistant turns with ``tool_calls`` and ``tool``
-  turns answering them.
-* Parameters that would change the answer in ways Conveyor cannot honour
-  (``echo``, the older ``functions``, ``suffix``, ...) are refused with a
-  400 naming the parameter, never silently ignored. Harmless ones the official
-  ``openai`` client sends (``user``, ``stream_options``, ``service_tier``) are
-  accepted. ``store: true`` keeps a chat completion to be read again by id
-  (gateway/stored.py), with its ``metadata``; completions refuse it. Fields OpenAI does not
-  define are ignored, as other OpenAI-compatible servers do, so that clients
-  with vendor extensions keep working.
-* An empty ``prompt`` is accepted, as OpenAI accepts it: the model continues
-  from nothing.
+Only values the pipeline can carry are accepted (strict types, numbers that fit
+their Avro field, text UTF-8 can hold); a parameter Conveyor cannot honour is a
+400 naming it, never silently ignored. The rules: docs/api/chat.md#how-a-request-is-checked.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from functools import cache
 from typing import Annotated, Any, Literal
@@ -50,23 +24,20 @@ from pydantic import (
 
 from conveyor.errors import InvalidRequest
 from schemas.openai.feedback import FeedbackBody
-from schemas.openai.fields import FUNCTION_NAME, STRICT, Text
-from schemas.openai.formats import JsonSchemaSpec, ResponseFormat
+from schemas.openai.fields import FUNCTION_NAME, STRICT, Text, joined
 from schemas.openai.moderations import ModerationBody, ModerationText
-from schemas.openai.tool_params import (
-    CalledFunction,
-    FunctionSpec,
-    MessageToolCall,
-    NamedFunction,
-    NamedToolChoice,
-    Tool,
-)
+from schemas.records import Function as FunctionRecord
+from schemas.records import ResponseFormat as ResponseFormatRecord
+from schemas.records import ToolCall as ToolCallRecord
 from schemas.records import Tools as ToolsRecord
+from schemas.structured import format_record, schema_bounds_fault
 from schemas.tools import MAX_TOOLS, tools_of
 
 __all__ = ["ChatMessage", "ChatCompletionRequest", "CompletionRequest", "StreamOptions",
            "TextPart", "Text", "field_names", "model_list", "MAX_INT32", "MIN_INT64", "MAX_INT64",
-           "FUNCTION_NAME", "checked_metadata"]
+           "FUNCTION_NAME", "checked_metadata", "Metadata", "model_field_names", "unsupported",
+           "JsonSchemaSpec", "ResponseFormat", "CalledFunction", "MessageToolCall",
+           "FunctionSpec", "Tool", "NamedFunction", "NamedToolChoice", "parameters_within_bounds"]
 
 MAX_INT32 = 2**31 - 1
 # OpenAI's bound on the tokens one logit_bias may bias
@@ -76,6 +47,111 @@ MAX_TOP_LOGPROBS = 20
 # the most choices one request may ask for (n), each a request of its own
 MAX_CHOICES = 8
 MIN_INT64, MAX_INT64 = -(2**63), 2**63 - 1
+
+
+class JsonSchemaSpec(BaseModel):
+    """``response_format.json_schema``: a named JSON Schema the answer must match."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False,
+                              populate_by_name=True)
+
+    name: Text = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
+    description: Text | None = None
+    # OpenAI's field is ``schema``, a name pydantic's models keep for themselves
+    schema_: dict[Text, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """``response_format``: free text, any JSON object, or JSON matching a schema.
+    A schema that is not a JSON Schema, or that Conveyor cannot compile, is
+    refused (schemas/structured.py)."""
+
+    model_config = STRICT
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+    @model_validator(mode="after")
+    def _schema_when_asked(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type 'json_schema' needs its "
+                             "'json_schema' object (name, schema, strict)")
+        return self
+
+    def record(self) -> ResponseFormatRecord | None:
+        """The format as the pipeline carries it, checked; None for free text."""
+        spec = self.json_schema
+        return format_record(self.type, spec.name if spec else None,
+                             spec.schema_ if spec else None, spec.strict if spec else None)
+
+
+def parameters_within_bounds(cls: type, v: dict[str, Any] | None,
+                             info: ValidationInfo) -> dict[str, Any] | None:
+    """A function's ``parameters`` within Conveyor's bounds on a schema, checked
+    before anything recurses into it (chat's tools and the Responses API's)."""
+    wrong = schema_bounds_fault(v) if v is not None else None
+    if wrong is not None:
+        raise ValueError(f"Invalid parameters schema for function "
+                         f"{info.data.get('name')!r}: {wrong}")
+    return v
+
+
+class CalledFunction(BaseModel):
+    model_config = STRICT
+
+    name: Text = Field(pattern=FUNCTION_NAME)
+    arguments: Text
+
+
+class MessageToolCall(BaseModel):
+    """A call an assistant turn of the history made."""
+
+    model_config = STRICT
+
+    id: Text = Field(min_length=1)
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+    def record(self) -> ToolCallRecord:
+        return ToolCallRecord(id=self.id, name=self.function.name,
+                              arguments=self.function.arguments)
+
+
+class FunctionSpec(BaseModel):
+    model_config = STRICT
+
+    name: Text = Field(pattern=FUNCTION_NAME)
+    description: Text | None = None
+    parameters: dict[Text, Any] | None = None
+    strict: bool | None = None
+
+    _within_bounds = field_validator("parameters")(parameters_within_bounds)
+
+    def record(self) -> FunctionRecord:
+        return FunctionRecord(name=self.name, description=self.description or "",
+                              parameters=json.dumps(self.parameters) if self.parameters
+                              is not None else "", strict=bool(self.strict))
+
+
+class Tool(BaseModel):
+    model_config = STRICT
+
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class NamedFunction(BaseModel):
+    model_config = STRICT
+
+    name: Text
+
+
+class NamedToolChoice(BaseModel):
+    model_config = STRICT
+
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class StreamOptions(BaseModel):
@@ -109,11 +185,7 @@ class ChatMessage(BaseModel):
         return self
 
     def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
+        return joined(self.content)
 
 
 METADATA_PAIRS = 16
@@ -134,7 +206,10 @@ def checked_metadata(v: dict[str, str] | None) -> dict[str, str] | None:
     return v
 
 
-def _unsupported(name: str) -> ValueError:
+Metadata = Annotated[dict[Text, Text] | None, AfterValidator(checked_metadata)]
+
+
+def unsupported(name: str) -> ValueError:
     return ValueError(f"{name} is not supported by this server")
 
 
@@ -153,7 +228,7 @@ class _Sampling(BaseModel):
     n: int | None = 1
     user: Text | None = None
     # kept with a stored chat completion (store: true); refused on completions
-    metadata: Annotated[dict[Text, Text] | None, AfterValidator(checked_metadata)] = None
+    metadata: Metadata = None
     store: bool | None = None
     # accepted and without effect here
     service_tier: Text | None = None
@@ -243,14 +318,14 @@ class ChatCompletionRequest(_Sampling):
     @classmethod
     def _nothing(cls, v: Any, info: ValidationInfo) -> None:
         if v is not None and v != []:
-            raise _unsupported(str(info.field_name))
+            raise unsupported(str(info.field_name))
         return None
 
     @field_validator("function_call")
     @classmethod
     def _no_call(cls, v: Any, info: ValidationInfo) -> None:
         if v not in (None, "none"):
-            raise _unsupported(str(info.field_name))
+            raise unsupported(str(info.field_name))
         return None
 
     @field_validator("tool_choice")
@@ -308,7 +383,7 @@ class CompletionRequest(_Sampling):
     @classmethod
     def _no_suffix(cls, v: str | None) -> None:
         if v:
-            raise _unsupported("suffix")
+            raise unsupported("suffix")
         return None
 
     @field_validator("best_of")
@@ -340,10 +415,15 @@ _MODELS: tuple[type[BaseModel], ...] = (ChatCompletionRequest, CompletionRequest
 
 
 @cache
-def field_names() -> frozenset[str]:
-    """Every field name of the request models: what may appear in a ``param``."""
-    return frozenset(field.alias or name for model in _MODELS
+def model_field_names(*models: type[BaseModel]) -> frozenset[str]:
+    """Every field name of ``models``: what may appear in a ``param``."""
+    return frozenset(field.alias or name for model in models
                      for name, field in model.model_fields.items())
+
+
+def field_names() -> frozenset[str]:
+    """Every field name of the chat and completion request models."""
+    return model_field_names(*_MODELS)
 
 
 def param_of(loc: Sequence[int | str], names: frozenset[str] | None = None) -> str | None:

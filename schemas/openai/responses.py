@@ -1,60 +1,24 @@
-"""OpenAI's Responses API request (``POST /v1/responses``), text only, as pydantic models.
-
-The rules are those of :mod:`schemas.openai.requests` for chat:
-
-* Types are strict (``"stream": "yes"`` or ``"max_output_tokens": 1.5`` are
-  refused, not coerced), numbers fit the event schema, and every string is
-  text UTF-8 can hold.
-* ``input`` is a string, or a list of message items ``{role, content}`` with
-  roles user, assistant, system or developer, whose content is a string or a
-  list of ``input_text`` parts. ``output_text`` parts are taken too, so that a
-  client can send a previous response's output message back as an assistant
-  turn; so are ``function_call`` items (a previous response's calls) and
-  ``function_call_output`` items (their results). Any other item (reasoning,
-  item references, other tools' calls) is refused, naming the item's ``type``.
-* ``tools`` (function tools, in the Responses API's flat shape),
-  ``tool_choice`` and ``parallel_tool_calls`` ask for calls as chat's do
-  (schemas/tools.py).
-* What would change the answer in ways Conveyor cannot honour is refused with
-  a 400 naming the parameter, unless it asks for nothing (``null``, ``[]``,
-  ``{}``): ``include`` other than ``message.output_text.logprobs`` (with
-  ``top_logprobs``, up to 20: the output text's log probabilities),
-  ``previous_response_id``, ``conversation``, ``prompt``, ``reasoning``,
-  ``max_tool_calls``, ``truncation`` other than ``disabled``, tools other
-  than functions,
-  ``text.verbosity``, and the newer knobs
-  (``context_management``, ``background_options``, ``moderation``, ``image``, ``access_programs``,
-  ``prompt_cache_options``).
-* ``text.format`` may ask for free text, any JSON object or JSON matching a
-  schema, as chat's ``response_format`` (schemas/structured.py).
-* Accepted and without effect: ``user``, ``safety_identifier``,
-  ``prompt_cache_key``, ``prompt_cache_retention``, ``service_tier``,
-  ``stream_options`` (Conveyor does not pad deltas, so ``include_obfuscation``
-  changes nothing), ``metadata`` (echoed in the response object, at most 16
-  pairs as OpenAI allows), and ``store`` (see
-  :mod:`gateway.responses.objects`). Fields OpenAI does not define are
-  ignored, as for chat.
-* ``background: true`` with ``store: false`` is refused (``store``), as
-  OpenAI refuses it: a background response is read back later, so it must be
-  kept.
-
-Validation runs here rather than in FastAPI's body parsing, so that a 400
-names the Responses API's own parameter (``input[1].content``,
-``max_output_tokens``), which the chat error handler's field list does not
-know.
+"""OpenAI's Responses API request (``POST /v1/responses``), text only, as
+strict pydantic models: the rules of chat's (:mod:`schemas.openai.requests`),
+the input items (messages, function calls and their outputs) and the
+conversation they make as chat turns (:func:`conversation`). What is served
+and refused: docs/api/responses.md#how-a-request-is-checked. Validation runs
+here, not in FastAPI's body parsing, so a 400 names the Responses API's own
+parameter (``input[1].content``, ``max_output_tokens``).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from functools import cache
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -62,41 +26,148 @@ from pydantic import (
 )
 
 from conveyor.errors import InvalidRequest
-from schemas.openai.fields import STRICT
-from schemas.openai.requests import MAX_INT32, Text, checked_metadata
-from schemas.openai.requests import param_of as requests_param_of
-from schemas.openai.response_input import (
-    FunctionCallItem,
-    FunctionCallOutputItem,
-    FunctionChoice,
-    FunctionTool,
-    InputItem,
-    InputMessage,
-    InputText,
-    conversation,
+from schemas.openai.fields import FUNCTION_NAME, STRICT, Text, joined
+from schemas.openai.requests import (
+    MAX_INT32,
+    Metadata,
+    model_field_names,
+    parameters_within_bounds,
+    unsupported,
 )
-from schemas.records import Message, Tools, Usage
+from schemas.openai.requests import param_of as requests_param_of
+from schemas.records import Function, Message, ToolCall, Tools, Usage
 from schemas.records import ResponseFormat as ResponseFormatRecord
 from schemas.structured import format_record
 from schemas.tools import tools_of
 
 __all__ = ["response_usage", "InputText", "InputMessage", "FunctionCallItem",
-           "FunctionCallOutputItem", "FunctionTool", "TextFormat", "TextConfig",
-           "ResponsesRequest", "parse_request", "param_of"]
+           "FunctionCallOutputItem", "InputItem", "FunctionTool", "FunctionChoice",
+           "conversation", "TextFormat", "TextConfig", "ResponsesRequest", "parse_request",
+           "param_of"]
 
 Role = Literal["user", "assistant", "system", "developer"]
-
 
 # what ``include`` may name: the output text's log probabilities
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 
-def _unsupported(name: str) -> ValueError:
-    return ValueError(f"{name} is not supported by this server")
-
-
 def _asks_nothing(value: Any) -> bool:
     return value is None or value == [] or value == {}
+
+
+class InputText(BaseModel):
+    model_config = STRICT
+
+    type: Literal["input_text", "output_text"]
+    text: Text
+
+
+class InputMessage(BaseModel):
+    model_config = STRICT
+
+    type: Literal["message"] = "message"
+    role: Role
+    content: Text | list[InputText]
+
+    def text(self) -> str:
+        return joined(self.content)
+
+
+class FunctionCallItem(BaseModel):
+    """A call a previous response made, sent back as part of the conversation."""
+
+    model_config = STRICT
+
+    type: Literal["function_call"]
+    call_id: Text = Field(min_length=1)
+    name: Text = Field(pattern=FUNCTION_NAME)
+    arguments: Text
+    id: Text | None = None
+    status: Text | None = None
+
+    def record(self) -> ToolCall:
+        return ToolCall(id=self.call_id, name=self.name, arguments=self.arguments)
+
+
+class FunctionCallOutputItem(BaseModel):
+    """A call's result."""
+
+    model_config = STRICT
+
+    type: Literal["function_call_output"]
+    call_id: Text = Field(min_length=1)
+    output: Text | list[InputText]
+    id: Text | None = None
+    status: Text | None = None
+
+    def text(self) -> str:
+        return joined(self.output)
+
+
+def _item_kind(item: Any) -> str:
+    """Which model reads an input item: a call, a call's output, or (any other
+    type, which it then refuses naming the type) a message."""
+    kind = item.get("type", "message") if isinstance(item, dict) else getattr(item, "type", "")
+    return kind if kind in ("function_call", "function_call_output") else "message"
+
+
+InputItem = Annotated[
+    Annotated[InputMessage, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    Discriminator(_item_kind)]
+
+
+class FunctionTool(BaseModel):
+    """A function the model may call (the Responses API's flat shape)."""
+
+    model_config = STRICT
+
+    type: Literal["function"]
+    name: Text = Field(pattern=FUNCTION_NAME)
+    description: Text | None = None
+    parameters: dict[Text, Any] | None = None
+    strict: bool | None = None
+
+    _within_bounds = field_validator("parameters")(parameters_within_bounds)
+
+    def record(self) -> Function:
+        return Function(name=self.name, description=self.description or "",
+                        parameters=json.dumps(self.parameters) if self.parameters is not None
+                        else "", strict=bool(self.strict))
+
+
+class FunctionChoice(BaseModel):
+    model_config = STRICT
+
+    type: Literal["function"]
+    name: Text
+
+
+def conversation(instructions: str | None, items: str | list[InputItem]) -> list[Message]:
+    """The conversation as chat turns: ``instructions`` first as a system
+    message (as OpenAI puts them before the input), each message item a turn,
+    function calls joined to the assistant turn they follow (or one of their
+    own), and each call's output a tool turn."""
+    turns = [_turn("system", instructions)] if instructions is not None else []
+    if isinstance(items, str):
+        return [*turns, _turn("user", items)]
+    for item in items:
+        if isinstance(item, FunctionCallItem):
+            last = turns[-1] if turns else None
+            if last is None or last["role"] != "assistant":
+                last = _turn("assistant", "")
+                turns.append(last)
+            last["tool_calls"] = [*(last.get("tool_calls") or []), item.record()]
+        elif isinstance(item, FunctionCallOutputItem):
+            turns.append(_turn("tool", item.text(), tool_call_id=item.call_id))
+        else:
+            turns.append(_turn(item.role, item.text()))
+    return turns
+
+
+def _turn(role: str, content: str, tool_call_id: str | None = None) -> Message:
+    return Message(role=role, content=content, name=None, tool_calls=None,
+                   tool_call_id=tool_call_id)
 
 
 class TextFormat(BaseModel):
@@ -144,7 +215,7 @@ class TextConfig(BaseModel):
     @classmethod
     def _no_verbosity(cls, v: Any) -> None:
         if v is not None:
-            raise _unsupported("text.verbosity")
+            raise unsupported("text.verbosity")
         return None
 
 
@@ -162,7 +233,7 @@ class ResponsesRequest(BaseModel):
     stream: bool | None = False
     background: bool | None = False
     store: bool | None = None
-    metadata: dict[Text, Text] | None = None
+    metadata: Metadata = None
     text: TextConfig | None = None
     # accepted and without effect here
     user: Text | None = None
@@ -196,11 +267,6 @@ class ResponsesRequest(BaseModel):
         if isinstance(v, list) and not v:
             raise ValueError("input must hold at least one message")
         return v
-
-    @field_validator("metadata")
-    @classmethod
-    def _metadata(cls, v: dict[str, str] | None) -> dict[str, str] | None:
-        return checked_metadata(v)
 
     @field_validator("truncation")
     @classmethod
@@ -236,7 +302,7 @@ class ResponsesRequest(BaseModel):
     @classmethod
     def _nothing(cls, v: Any, info: ValidationInfo) -> None:
         if not _asks_nothing(v):
-            raise _unsupported(str(info.field_name))
+            raise unsupported(str(info.field_name))
         return None
 
     def messages(self) -> list[Message]:
@@ -272,15 +338,9 @@ class ResponsesRequest(BaseModel):
 def param_of(loc: Sequence[int | str]) -> str | None:
     """The ``param`` of a Responses request's validation error location, as
     OpenAI writes it (``input[0].content[1].text``)."""
-    return requests_param_of(loc, _field_names())
-
-
-@cache
-def _field_names() -> frozenset[str]:
-    models = (ResponsesRequest, InputMessage, InputText, TextConfig, TextFormat, FunctionTool,
-              FunctionChoice, FunctionCallItem, FunctionCallOutputItem)
-    return frozenset(field.alias or name for model in models
-                     for name, field in model.model_fields.items())
+    return requests_param_of(loc, model_field_names(
+        ResponsesRequest, InputMessage, InputText, TextConfig, TextFormat, FunctionTool,
+        FunctionChoice, FunctionCallItem, FunctionCallOutputItem))
 
 
 def _telling(errors: Sequence[Any]) -> Any:
