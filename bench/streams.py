@@ -16,8 +16,8 @@ another, alone, then beside a large tenant's flood of ``--flood`` streams,
 then sent with the large tenant's own key (as one tenant would queue them).
 
 ``--soak N`` sends N streams through Conveyor alone, the highest level at
-once, and samples every process's RSS every 10 s: no Conveyor process may
-grow from a fifth of the run to its end.
+once, and samples every process's RSS every 10 s: no serving process may
+grow over the last third of the run.
 
     python -m bench.streams [--levels 64,128,256,512] [--token-ms 33] [--rounds 2]
     python -m bench.streams --tenants 2 [--capacity 32] [--flood 128]
@@ -174,10 +174,14 @@ def checks(results: dict[int, dict[str, Tally]]) -> list[Check]:
 
 async def soak(args: argparse.Namespace, stage: Pipeline,
                watched: dict[str, list[int]]) -> list[Check]:
-    """``args.soak`` streams, ``max(args.levels)`` at once, RSS every 10 s."""
+    """``args.soak`` streams, ``max(args.levels)`` at once, RSS every 10 s. The
+    serving processes are checked from two thirds of the run to its end (the
+    layers fill their memory of finished requests for a deadline and a grace
+    first); the accounting app's window of request ids (100,000 offsets a
+    partition) fills far later: it is shown, not checked."""
     url, model = f"{stage.gateway_url}/v1/completions", f"bench-{args.token_ms}"
     sent, failed, started = 0, 0, time.monotonic()
-    samples: list[tuple[float, int, dict[str, float]]] = []  # (s, answered, RSS by label)
+    samples: list[tuple[float, int, dict[str, float]]] = []  # (s, sent, RSS by label)
     async with StreamClient(max(args.levels) + 8, timeout_s=120.0) as client:
         side = Side("conveyor", url, {True: model}, client, args.tokens)
 
@@ -190,7 +194,9 @@ async def soak(args: argparse.Namespace, stage: Pipeline,
         async def sample() -> None:
             while True:
                 samples.append((time.monotonic() - started, sent, rss_mib(watched)))
-                print(f"{samples[-1][0]:6.0f} s {sent:>8} sent, {failed} failed", flush=True)
+                print(f"{samples[-1][0]:6.0f} s {sent:>8} sent, {failed} failed, RSS MiB "
+                      + " ".join(f"{k} {v:.0f}" for k, v in sorted(samples[-1][2].items())),
+                      flush=True)
                 await asyncio.sleep(10.0)
 
         sampler = asyncio.create_task(sample())
@@ -198,18 +204,18 @@ async def soak(args: argparse.Namespace, stage: Pipeline,
         sampler.cancel()
     elapsed = time.monotonic() - started
     samples.append((elapsed, sent, rss_mib(watched)))
-    fifth = next(s for s in samples if s[1] >= args.soak / 5)
-    rows = [[label, f"{fifth[2][label]:.0f}", f"{samples[-1][2][label]:.0f}",
+    fifth, late = (next(s for s in samples if s[1] >= args.soak * share)
+                   for share in (0.2, 2 / 3))
+    rows = [[label, *(f"{s[2][label]:.0f}" for s in (fifth, late, samples[-1])),
              f"{max(s[2][label] for s in samples):.0f}"] for label in sorted(watched)]
     print(f"\n## {args.soak:,} streams, {max(args.levels)} at once: {failed} failed, "
           f"{elapsed:.0f} s, {args.soak / elapsed:.1f} streams/s\n")
-    print(markdown_table(["process", f"RSS MiB at {fifth[1]:,}", "at the end", "highest"],
-                         rows) + "\n")
-    conveyor = [label for label in watched if label in ("gateway", "layer", "infer",
-                                                          "accounting", "up")]
-    return [Check("soak", f"{label} RSS at the end (<= 1.1 x at a fifth)",
-                  samples[-1][2][label], round(1.1 * fifth[2][label], 1), "<=", "MiB")
-            for label in sorted(conveyor)] + [Check("soak", "failed", failed, 0, "<=", "")]
+    print(markdown_table(["process", f"RSS MiB at {fifth[1]:,}", f"at {late[1]:,}",
+                          "at the end", "highest"], rows) + "\n")
+    serving = [label for label in ("gateway", "layer", "infer", "up") if label in watched]
+    return [Check("soak", f"{label} RSS at the end (<= 1.05 x at two thirds)",
+                  samples[-1][2][label], round(1.05 * late[2][label], 1), "<=", "MiB")
+            for label in serving] + [Check("soak", "failed", failed, 0, "<=", "")]
 
 
 def create_key(stage: Pipeline, tenant: str) -> str:

@@ -1,25 +1,17 @@
-"""Admission: may this caller send this request now?
+"""Admission: may this caller send this request now? The model must be one the
+caller's key allows (else 404, as if it did not exist), then the limits and
+quotas of the key and its tenant must have room (:mod:`gateway.auth.ratelimit`).
+A :class:`Ticket` is the grant: its headers go on the response and
+:meth:`Ticket.settle` gives back what the answer did not use.
 
-In order: the model must be one the caller's key allows (else 404, as if the
-model did not exist), then the rate limits and quotas of the key and of its
-tenant must have room (:mod:`gateway.auth.ratelimit`, exact across gateway
-replicas). A :class:`Ticket` is what admission granted: its headers go on
-the response, and :meth:`Ticket.settle` gives back what the request did not
-use when its answer ends.
-
-Tokens are reserved before the prompt is tokenized (that happens in the
-preprocess layer): the gateway counts a prompt as one token per
-:data:`CHARS_PER_TOKEN` characters (about what BPE tokenizers average on
-English; settling corrects it to the real count), plus ``max_tokens``, or
-the model's context length when the request sets no ``max_tokens``.
-"""
+Tokens are reserved before preprocess tokenizes the prompt: one per
+:data:`CHARS_PER_TOKEN` characters (about BPE's average on English; settling
+corrects it), plus ``max_tokens`` or else the model's context length."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from typing import Any, Protocol
 
 from conveyor.errors import (
     ModelNotFound,
@@ -30,24 +22,17 @@ from conveyor.errors import (
 )
 from conveyor.registry import Registry
 from gateway.audit import Audit
-from gateway.auth.authenticate import TenantLookup
+from gateway.auth.ratelimit import Admission, RateLimiter
+from gateway.auth.tenants import TenantStore
 from gateway.auth.types import Identity, TenantPolicy
 from schemas.records import Generation, Usage
 
-__all__ = ["Admitter", "Ticket", "Limiter", "CHARS_PER_TOKEN", "estimate_tokens"]
+__all__ = ["Admitter", "Ticket", "CHARS_PER_TOKEN", "estimate_tokens"]
 
 log = logging.getLogger(__name__)
 
 CHARS_PER_TOKEN = 4
 _AUDIT_EVERY_S = 1.0
-_AUDIT_MEMORY = 4096
-
-
-class Limiter(Protocol):
-    async def admit(self, identity: Identity, tenant: TenantPolicy, request_id: str,
-                    tokens: int, deadline_ms: int) -> Any: ...
-
-    async def settle(self, admission: Any, used_tokens: int) -> None: ...
 
 
 def estimate_tokens(generation: Generation, registry: Registry) -> int:
@@ -67,12 +52,12 @@ def estimate_tokens(generation: Generation, registry: Registry) -> int:
 class Ticket:
     """One admitted request's grant: its response headers, and the settlement."""
 
-    def __init__(self, admitter: Admitter | None = None, admission: Any = None,
+    def __init__(self, admitter: Admitter | None = None, admission: Admission | None = None,
                  reserved: int = 0) -> None:
         self.admitter = admitter
         self.admission = admission
         self.reserved = reserved
-        self.headers: dict[str, str] = dict(getattr(admission, "headers", None) or {})
+        self.headers: dict[str, str] = dict(admission.headers) if admission else {}
         self._settled = False
 
     def settle(self, usage: Usage | None, produced: bool) -> None:
@@ -93,8 +78,8 @@ FREE = Ticket()
 
 
 class Admitter:
-    def __init__(self, registry: Registry, limiter: Limiter | None = None,
-                 tenants: TenantLookup | None = None, audit: Audit | None = None,
+    def __init__(self, registry: Registry, limiter: RateLimiter | None = None,
+                 tenants: TenantStore | None = None, audit: Audit | None = None,
                  actor: str = "") -> None:
         self.registry = registry
         self.limiter = limiter
@@ -102,8 +87,6 @@ class Admitter:
         self.audit = audit
         self.actor = actor
         self._settling: set[asyncio.Task[None]] = set()
-        # (key id, action) -> (last audited, rejections held back since)
-        self._rejections: dict[tuple[str, str], tuple[float, int]] = {}
 
     async def admit(self, identity: Identity, generation: Generation, request_id: str,
                     deadline_ms: int) -> Ticket:
@@ -131,26 +114,15 @@ class Admitter:
 
     def _audit_rejection(self, identity: Identity, exc: RateLimited | QuotaExceeded,
                          request_id: str, model: str) -> None:
-        """One audit event a second per key and kind; the ones held back are
-        counted in the next (a client hammering past its limit cannot flood
-        ``conveyor.audit``)."""
         if self.audit is None:
             return
         action = "quota.rejected" if isinstance(exc, QuotaExceeded) else "limit.rejected"
-        now = time.monotonic()
-        last, held = self._rejections.get((identity.key_id, action), (0.0, 0))
-        if now - last < _AUDIT_EVERY_S:
-            self._rejections[(identity.key_id, action)] = (last, held + 1)
-            return
-        if len(self._rejections) >= _AUDIT_MEMORY:
-            self._rejections.clear()
-        self._rejections[(identity.key_id, action)] = (now, 0)
-        detail = {"model": model, **({"held_back": str(held)} if held else {})}
-        self.audit.record(action, tenant=identity.tenant, key_id=identity.key_id,
-                          actor=self.actor, reason=exc.message, request_id=request_id,
-                          detail=detail)
+        self.audit.record_throttled(f"{action}:{identity.key_id}", _AUDIT_EVERY_S, action,
+                                    tenant=identity.tenant, key_id=identity.key_id,
+                                    actor=self.actor, reason=exc.message,
+                                    request_id=request_id, detail={"model": model})
 
-    def settle_later(self, admission: Any, used: int) -> None:
+    def settle_later(self, admission: Admission, used: int) -> None:
         """Settle in the background: it is asked for when a response ends, often
         from a response that is being cancelled (the client left)."""
         assert self.limiter is not None

@@ -170,10 +170,8 @@ class Answer:
 
 async def collect(generation: Generation, answer: Answer, disconnected: Disconnected,
                   read_calls: bool = True) -> dict[str, Any]:
-    """The whole answer (non-streaming) as chat/completions' object, watching for
-    a disconnect ({} when the client left first). ``read_calls`` False leaves an
-    answer read for tool calls as the text the model wrote (the Responses API
-    reads it into its own items)."""
+    """The whole answer as chat/completions' object ({} when the client left first);
+    ``read_calls`` False leaves tool calls as the text (the Responses API reads it)."""
     try:
         folded = await fold_answer(answer, within=1.0, idle=disconnected)
         if folded is None:

@@ -1,15 +1,8 @@
-"""``build_app``: the FastAPI application, its services and their lifetimes.
-
-The lifespan connects the gateway's collaborators and makes its
-:class:`~gateway.services.Services`, which routes are handed by dependency.
-
-The background tasks (the reply-partition lease and the reply follower) live
-as long as the application and report in :class:`~gateway.health.Health`,
-which ``/healthz`` shows. The Redis client times out its socket operations,
-so that a Redis that hangs is an error the lease retries, not a wait for ever.
-(Repeated warnings, aiokafka's reconnect lines above all, are held back by
-:class:`conveyor.logs.RepeatFilter`, which the CLI puts on every process.)
-"""
+"""``build_app``: the FastAPI application, its services and their lifetimes. The
+lifespan connects the collaborators and makes the
+:class:`~gateway.services.Services` routes are handed; the background tasks
+live as long as the application and report in :class:`~gateway.health.Health`
+(``/healthz``)."""
 
 from __future__ import annotations
 
@@ -34,7 +27,7 @@ from conveyor.startup import kafka_address, redis_address, started
 from gateway.admission import Admitter
 from gateway.audit import Audit
 from gateway.auth.authenticate import Authenticator
-from gateway.auth.invalidations import Invalidations
+from gateway.auth.cache import Invalidations
 from gateway.auth.jwt_tokens import JwtVerifier
 from gateway.auth.keys import KeyStore
 from gateway.auth.middleware import AuthMiddleware

@@ -1,17 +1,15 @@
 """``conveyor.audit``: a record of who changed keys and limits, and who was refused.
 
-Events never hold a secret: a key is named by its id, or by the first 12
-hex digits of its keyed hash when it is unknown. The gateway's audit events
-(refusals, on a request's path) go through its publisher fire-and-forget
-(:meth:`~gateway.publisher.Publisher.publish_soon`): writing one never fails
-or slows the request that caused it, and a broker that cannot take it costs a
-rate-limited warning line (why not a send that must arrive: see
-gateway/publisher.py). The CLI waits for its events (:meth:`Audit.write`).
-"""
+Events never hold a secret: a key is named by its id, or by the first 12 hex
+digits of its keyed hash when it is unknown. The gateway's events (refusals,
+on a request's path) are fire-and-forget, at most one a period per caller
+(:meth:`Audit.record_throttled`), so that writing one never fails or slows a
+request; the CLI waits for its events (:meth:`Audit.write`)."""
 
 from __future__ import annotations
 
 import socket
+import time
 from typing import Any
 
 from conveyor.settings import Settings
@@ -23,6 +21,8 @@ from topics.envelope import now_ms
 from topics.producer import EventProducer
 
 __all__ = ["Audit", "audit_event", "cli_actor"]
+
+_THROTTLE_MEMORY = 4096  # callers whose last event is remembered
 
 def cli_actor() -> str:
     """Who acts from the command line: ``cli@<host>``."""
@@ -47,6 +47,8 @@ class Audit:
         self.publisher = publisher if isinstance(publisher, Publisher) else Publisher(
             settings, publisher, codec or default_codec())
         self.actor = actor
+        # throttle key -> (last written, events held back since)
+        self._throttled: dict[str, tuple[float, int]] = {}
 
     async def write(self, event: AuditEvent) -> None:
         """Produce and wait for the broker (the CLI, which must not exit first);
@@ -60,6 +62,22 @@ class Audit:
         event = audit_event(action, **fields)
         self.publisher.publish_soon(AUDIT, event, self._keyed(event),
                                     what=f"the audit event {action}")
+
+    def record_throttled(self, key: str, every_s: float, action: str, **fields: Any) -> None:
+        """As :meth:`record`, at most once per ``every_s`` for ``key``; the next event
+        counts those held back in ``detail["held_back"]`` (a client hammering with a
+        bad key or past its limit cannot flood ``conveyor.audit``)."""
+        now = time.monotonic()
+        last, held = self._throttled.get(key, (0.0, 0))
+        if now - last < every_s:
+            self._throttled[key] = (last, held + 1)
+            return
+        if len(self._throttled) >= _THROTTLE_MEMORY:
+            self._throttled.clear()
+        self._throttled[key] = (now, 0)
+        if held:
+            fields["detail"] = {**(fields.get("detail") or {}), "held_back": str(held)}
+        self.record(action, **fields)
 
     def _keyed(self, event: AuditEvent) -> str:
         """The event's Kafka key (its tenant, else its actor), its actor filled in."""

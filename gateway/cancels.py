@@ -1,12 +1,9 @@
-"""Cancelling a generation, at once or after a grace in which a resumed stream
-may take it over, and the watch key that says who reads a resumed stream.
-
-``{prefix}:resume-watch:{request id}`` names a resumed stream's reader,
-renewed every third of ``reply_lease_ttl_s``. A dropped client's cancel waits
-``resume_grace_s`` and is then sent only when no other reader holds the key;
-infer workers (:class:`~workers.infer.gateways.GatewayWatch`) keep a
-generation whose gateway is gone while the key exists. A cancel must arrive:
-the publisher delivers it until the request's deadline."""
+"""Cancelling a generation, at once or after a grace in which a resumed stream may
+take it over. ``{prefix}:resume-watch:{request id}`` names a resumed stream's
+reader (renewed every third of ``reply_lease_ttl_s``); a dropped client's
+cancel waits ``resume_grace_s`` and is sent only when no other reader holds
+it, and infer workers keep a generation whose gateway is gone while it exists.
+A cancel must arrive: it is delivered until the request's deadline."""
 
 from __future__ import annotations
 
@@ -81,12 +78,9 @@ class Cancels:
 
     def cancel(self, request_id: str, reason: str, grace_s: float = 0.0,
                reader: str | None = None, deadline_ms: int | None = None) -> None:
-        """Stop this request. The publisher sends the cancel in the background (it
-        is often asked for from a response that is being cancelled, the client
-        gone, where any await of ours would be cancelled too) until the request's
-        ``deadline_ms`` (default ``request_timeout_s`` from now). With ``grace_s``
-        the cancel waits that long and is dropped when a resumed stream other than
-        ``reader`` (a watch token) reads the request by then."""
+        """Stop this request, sent in the background (often from a response being
+        cancelled) until ``deadline_ms``; with ``grace_s`` it waits that long and is
+        dropped if a resumed stream other than ``reader`` reads the request by then."""
         if grace_s <= 0:
             self._send(request_id, reason, deadline_ms)
             return

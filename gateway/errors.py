@@ -1,11 +1,7 @@
-"""One place where every failure becomes OpenAI's error envelope with its status.
-
-Lower-layer errors are translated here; no failure reaches a client as a bare
-500 or costs it its connection: the catch-all is :class:`CatchAll`, an ASGI
-middleware inside Starlette's (whose ``Exception`` handler re-raises after
-answering, and uvicorn then closes a kept-alive connection).
-:class:`SafeJSONResponse` falls back to ASCII escapes for text UTF-8 cannot
-hold."""
+"""One place where every failure becomes OpenAI's error envelope with its status;
+lower-layer errors are translated here. No failure reaches a client as a bare
+500 or costs it its connection: :class:`CatchAll` is an ASGI middleware inside
+Starlette's (whose handler re-raises, and uvicorn then closes the connection)."""
 
 from __future__ import annotations
 
@@ -68,12 +64,9 @@ def error_response(exc: RequestError) -> SafeJSONResponse:
     return SafeJSONResponse(exc.envelope(), status_code=exc.status, headers=exc.headers or None)
 
 
-
 def _most_telling(errors: Sequence[Any]) -> dict[str, Any]:
-    """The error to tell the client: the first field's, and of a union's branches the
-    one that got furthest (``content`` given as parts, one part's text invalid)
-    rather than "Input should be a valid string" from the branch that did not apply:
-    a wrong value before a wrong type, then the deepest location."""
+    """The first field's error; of a union's branches the one that got furthest (a
+    wrong value before a wrong type, then the deepest location)."""
     if not errors:
         return {}
     field = errors[0]["loc"][:2]
@@ -113,10 +106,8 @@ def _backend(request: Request, exc: Exception) -> SafeJSONResponse:
 
 
 class CatchAll:
-    """The last word on any exception: OpenAI's envelope with 500, never a
-    re-raise (which would cost the client its connection). An exception after
-    the response started cannot change it: it is logged, and the server ends the
-    cut-short response."""
+    """The last word on any exception: a 500 envelope, never a re-raise; after the
+    response started, it is logged and the server ends the response."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app

@@ -16,9 +16,9 @@ from fastapi import APIRouter, Depends, Request
 from conveyor.errors import RequestError
 from gateway.auth.middleware import identity_of
 from gateway.errors import NotFound, SafeJSONResponse
-from gateway.provide import service
 from gateway.publisher import Publisher
 from gateway.resume import StreamNotFound, request_id_of
+from gateway.services import service
 from gateway.stored import StoredAnswers
 from schemas.openai.feedback import FeedbackBody
 from schemas.records import Feedback

@@ -1,15 +1,8 @@
-"""The state of the gateway's background tasks, as ``/healthz`` reports it.
-
-Each background task (the reply-partition lease, the reply follower) owns one
-:class:`TaskHealth` and says what it is doing: ``starting``, ``ok``,
-``degraded`` (a transient outage of Redis or Kafka: it retries with backoff
-and will be ``ok`` again when the service returns) or ``failed`` (a failure
-that retrying does not cure, such as another gateway holding our reply
-partition). A task never dies of an outage; if one stops all the same, the
-health says so. ``/healthz`` answers 200 only while every task is ``ok``: a
-gateway that cannot be sure its replies reach it should be taken out of a load
-balancer's rotation, and put back when it recovers.
-"""
+"""The state of the gateway's background tasks, as ``/healthz`` reports it. Each
+task owns a :class:`TaskHealth`: ``starting``, ``ok``, ``degraded`` (an outage
+it retries) or ``failed`` (what retrying does not cure); one that stops says
+so. ``/healthz`` answers 200 only while every task is ``ok``, so a load
+balancer takes a gateway unsure of its replies out of rotation."""
 
 from __future__ import annotations
 

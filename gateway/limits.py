@@ -1,11 +1,8 @@
-"""The request body limit: a body over ``max_body_bytes`` is refused with 413
-before anything parses it.
-
-:class:`BodyLimit` is an ASGI middleware: a ``Content-Length`` over the limit is
-refused before the body is read, a chunked body as soon as it passes it; the
-body is then handed on as one message. Upload paths (``uploads``: a path and
-its own limit) stream through unbuffered, and the read that passes the limit
-raises :class:`~conveyor.errors.RequestTooLarge` in the route."""
+"""The request body limit: :class:`BodyLimit` (ASGI) refuses a ``Content-Length``
+over ``max_body_bytes`` with 413 before reading, a chunked body as soon as it
+passes it, and hands the body on as one message. Upload paths stream through
+with their own limit; the read past it raises
+:class:`~conveyor.errors.RequestTooLarge` in the route."""
 
 from __future__ import annotations
 
@@ -39,7 +36,7 @@ class BodyLimit:
             if scope.get("method") == "POST" else None
         limit = self.max_bytes if upload_limit is None else upload_limit
         if declared > limit:
-            await self._too_large(declared, limit, scope, receive, send)
+            await error_response(_too_large(declared, limit))(scope, receive, send)
             return
         if upload_limit is not None:
             await self.app(scope, _counted(receive, upload_limit), send)
@@ -51,7 +48,7 @@ class BodyLimit:
                 return
             body += message.get("body", b"")
             if len(body) > self.max_bytes:
-                await self._too_large(None, self.max_bytes, scope, receive, send)
+                await error_response(_too_large(None, self.max_bytes))(scope, receive, send)
                 return
             if not message.get("more_body", False):
                 break
@@ -66,13 +63,8 @@ class BodyLimit:
                 return int(text) if text.isdigit() else None
         return 0
 
-    @staticmethod
-    async def _too_large(declared: int | None, limit: int, scope: Scope, receive: Receive,
-                         send: Send) -> None:
-        await error_response(_too_large_error(declared, limit))(scope, receive, send)
 
-
-def _too_large_error(declared: int | None, limit: int) -> RequestTooLarge:
+def _too_large(declared: int | None, limit: int) -> RequestTooLarge:
     size = f"{declared} bytes" if declared is not None else "more than that"
     return RequestTooLarge(f"The request body is {size}; at most {limit} bytes are accepted.")
 
@@ -88,7 +80,7 @@ def _counted(receive: Receive, limit: int) -> Receive:
         if message["type"] == "http.request":
             seen += len(message.get("body", b""))
             if seen > limit:
-                raise _too_large_error(None, limit)
+                raise _too_large(None, limit)
         return message
 
     return counted

@@ -1,10 +1,5 @@
-"""``GET /metrics``: the gateway's Prometheus metrics, on the API's own port.
-
-The route is outside ``/v1`` and so outside authentication, like
-``/healthz``: Prometheus scrapes it without a key. Bind the gateway to a
-network the scraper shares, or keep /metrics off the public path at the proxy.
-What is recorded, and under which names, is in :mod:`conveyor.metrics`.
-"""
+"""``GET /metrics``: the gateway's Prometheus metrics (:mod:`conveyor.metrics`) on
+the API's port, outside ``/v1`` and so outside authentication, like ``/healthz``."""
 
 from __future__ import annotations
 
@@ -40,10 +35,8 @@ def install_metrics(app: FastAPI, settings: Settings) -> tuple[Metrics, GatewayM
 
 
 class HttpMetrics:
-    """Every HTTP answer by route and status, refusals at the edge included
-    (401, 413, 429, 503 never reach a generation's own metrics). The route is
-    the matched template (``/v1/batches/{batch_id}``), never a raw path, so ids
-    do not multiply the series."""
+    """Every HTTP answer by route template (never a raw path) and status, refusals
+    at the edge included."""
 
     def __init__(self, app: ASGIApp, duration: Histogram) -> None:
         self.app = app

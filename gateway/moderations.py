@@ -1,13 +1,7 @@
-"""``POST /v1/moderations``: OpenAI's moderation endpoint, answered from the
-same checks that block a request's input (workers/policy_checks.py), under
-the caller's policy (its tenant's and key's lists on top of the default):
-each list's category, and the level-2 classifier's score as ``harassment``
-(flagged at the policy's threshold, or at 0.8 where none is set; the
-classifier loads on the first moderation, about a second). It runs in the
-gateway, with no served model and no event: a moderation is a question about
-text, not a request to the fleet. An input longer than
-64,000 characters or more than 32 inputs is a 400 (the body's limits).
-"""
+"""``POST /v1/moderations``, answered in the gateway from the checks that block a
+request's input (workers/policy_checks.py) under the caller's policy: each
+list's category, and the classifier's score as ``harassment`` (flagged at the
+policy's threshold, else 0.8). No model, no event: it asks about text."""
 
 from __future__ import annotations
 
@@ -21,7 +15,7 @@ from conveyor.policy.classifier import CATEGORY, classifier
 from conveyor.policy.rules import PolicyBook
 from gateway.auth.middleware import identity_of
 from gateway.errors import SafeJSONResponse
-from gateway.provide import service
+from gateway.services import service
 from schemas.openai.moderations import ModerationBody, moderation_result
 
 __all__ = ["FLAG_THRESHOLD", "moderations_router", "MODERATION_MODEL"]

@@ -1,10 +1,7 @@
-"""Personal data kept out of the log
-(docs/decisions/0016-personal-data-redacted-at-the-edge.md): a request's texts
-redacted before its event is written, one placeholder per distinct value, and
-the originals put back into its answer on the way out (:class:`ReplyRestorer`,
-when the policy says ``restore``; a placeholder split across replies is
-restored whole). The originals live only in this gateway's memory, so an
-answer read any other way shows the placeholders."""
+"""Personal data kept out of the log (docs/decisions/0016-personal-data-redacted-at-the-edge.md):
+the originals of a redacted request's placeholders put back into its answer
+(:class:`ReplyRestorer`, a placeholder split across replies restored whole).
+They live only in this gateway's memory."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
-"""The gateway's one way to write to Kafka: :class:`Publisher`, the twin of the
-workers' :class:`~workers.outputs.Sender`. aiokafka's errors become Conveyor's
-here and nowhere else in the gateway. Three policies
-(docs/architecture.md#delivery says when each is used):
-
-- ``publish`` (a request's path): the caller gets 400 for a record the schema
-  cannot hold, 413 when too large, 503 when Kafka does not take it within
-  ``produce_timeout_s`` (:class:`NotTakenInTime`) or refuses it;
-- ``deliver`` (cancels; must arrive): sent again with backoff until taken or
-  its bound (the request's deadline) passes;
-- ``publish_soon`` (audit events on a request's path; fire and forget): one
-  send, a drop is a rate-limited warning."""
+"""The gateway's one way to write to Kafka, the twin of the workers'
+:class:`~workers.outputs.Sender`; aiokafka's errors become Conveyor's here.
+Three policies (docs/architecture.md#delivery): ``publish`` on a request's path
+(400, 413, or 503 when not taken within ``produce_timeout_s``), ``deliver``
+must arrive (sent again until its bound), ``publish_soon`` fire and forget."""
 
 from __future__ import annotations
 
@@ -120,10 +113,9 @@ class Publisher:
     def deliver(self, topic: Topic, record: Any, key: str, *, until_ms: int | None = None,
                 event_type: EventType | None = None,
                 what: str = "an event") -> asyncio.Task[bool]:
-        """Produce ``record`` in the background until Kafka takes it, sending it
-        again with backoff after each passing failure, until ``until_ms`` (epoch
-        ms; default ``request_timeout_s`` from now). The task's result says
-        whether it was delivered. A record that cannot be encoded raises here."""
+        """Produce ``record`` in the background, again with backoff, until Kafka takes
+        it or ``until_ms`` passes (default ``request_timeout_s`` from now); the task
+        says whether it was delivered. A record that cannot be encoded raises here."""
         value = self.codec.encode(_event_type(topic, event_type), record)
         bound_ms = until_ms if until_ms is not None else (
             now_ms() + int(self.settings.gateway.request_timeout_s * 1000))

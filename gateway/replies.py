@@ -1,14 +1,8 @@
-"""The gateway's reply path: a leased reply partition and the streams waiting on it
-(docs/decisions/0003-reply-partitions-leased.md).
-
-Each gateway leases one partition of ``conveyor.replies`` in Redis
-(``{prefix}:reply-lease:{partition}`` = the gateway id, ``SET NX PX``, renewed
-in the background; infer workers read it to know the gateway is alive), reads
-it from the end with the shared follower (:mod:`topics.follow`) and hands each
-reply to the :class:`ReplyStream` of its request, repeats dropped and early
-ones held. A lease key gone is taken again; another gateway holding it is
-``failed``. Kafka silent for ``stale_after_s`` shows as ``degraded`` and
-:meth:`ReplyRouter.kafka_unreachable` makes new requests refused at once."""
+"""The gateway's reply path (docs/decisions/0003-reply-partitions-leased.md): a
+partition of ``conveyor.replies`` leased in Redis (``{prefix}:reply-lease:{p}``,
+renewed; taken again when gone, ``failed`` when another gateway holds it), read
+from its end, each reply handed to its request's :class:`ReplyStream`. Kafka
+silent for ``stale_after_s`` is ``degraded``, and new requests are refused."""
 
 from __future__ import annotations
 

@@ -1,17 +1,9 @@
-"""Resuming an SSE stream (docs/api/streams.md): where a request's replies are
-recorded, how to read them again from any replica, and who still watches
-the generation.
-
-Every data event carries ``id: {request id}:{seq}``, ``seq`` counting the
-stream's data events (not replies) from 0: a pure function of the recorded
-replies, so every replica counts the same. The request event (keyed by
-request id, found by the shared lookup near the time its id was made, then
-in recent windows) gives the tenant, the deadline and the reply partition;
-:class:`RecordedReplies` follows that partition from the request's time,
-keeps its records in index order, the recorded then the live ones, without
-touching the submitting gateway. Each API frames the replies its own way
-(a :data:`Framer`). A resumed stream holds the request's watch key
-(:mod:`gateway.cancels`)."""
+"""Resuming an SSE stream (docs/api/streams.md) on any replica. Data events carry
+``id: {request id}:{seq}``, ``seq`` counting data events from 0, a pure function
+of the replies. The request event (found near when its id was made, then in
+recent windows) gives the tenant, deadline and reply partition;
+:class:`RecordedReplies` reads that partition from the request's time, the
+recorded replies then the live ones. A resumed stream holds the watch key."""
 
 from __future__ import annotations
 
@@ -222,10 +214,8 @@ Framer = Callable[[RecordedReplies, int], AsyncIterator[bytes]]
 
 async def resumed_events(settings: Settings, codec: Codec, cancels: Cancels, where: Recorded,
                          after: int, framer: Framer) -> AsyncIterator[bytes]:
-    """The SSE events of a recorded stream after event ``after`` (-1: all), read
-    from the log, then live, written by ``framer`` (each API frames the same
-    replies its own way). While it streams it holds the request's watch; a
-    client that leaves it gets the same grace as on the first stream."""
+    """The SSE events of a recorded stream after event ``after`` (-1: all), framed by
+    ``framer``, holding the request's watch; a client leaving gets the usual grace."""
     replies = RecordedReplies(settings, codec, where)
     rid = where.request_id
     reader = uuid.uuid4().hex

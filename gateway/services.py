@@ -1,11 +1,17 @@
 """The gateway's services: one frozen, typed object that the lifespan makes once
 its collaborators are connected (gateway/app.py); a route takes the part it
-uses by dependency (``Depends(service("chat"))``, gateway/provide.py)."""
+uses by dependency (``Depends(service("chat"))``). Nothing here imports a
+router or what builds the services."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+from starlette.requests import HTTPConnection
+
+from conveyor.errors import PipelineUnavailable
 from conveyor.files.store import FileStore
 from conveyor.policy.rules import PolicyBook
 from conveyor.registry import Registry
@@ -21,7 +27,7 @@ from gateway.stored import StoredAnswers
 from gateway.submission import Submitter
 from workers.usage.ledger import UsageLedger
 
-__all__ = ["Services"]
+__all__ = ["Services", "service", "services_of"]
 
 
 @dataclass(frozen=True)
@@ -42,3 +48,18 @@ class Services:
     batches: Batches
     background: BackgroundResponses
     usage: UsageLedger
+
+
+def services_of(connection: HTTPConnection) -> Services:
+    """The application's services; 503 before the lifespan has made them."""
+    services: Services | None = getattr(connection.app.state, "services", None)
+    if services is None:
+        raise PipelineUnavailable("The gateway is starting; try again shortly.")
+    return services
+
+
+def service(name: str) -> Callable[[HTTPConnection], Any]:
+    """A dependency handing a route the services' part ``name``."""
+    def part(connection: HTTPConnection) -> Any:
+        return getattr(services_of(connection), name)
+    return part

@@ -23,18 +23,14 @@ class Last(bytes):
 
 
 class EventStream(StreamingResponse):
-    """A ``text/event-stream`` response that sends its :class:`Last` frame with
-    the end of the body in one write, and stops the moment the client goes
-    away without a task group a response
-    (docs/decisions/0015-fewer-writes-at-the-gateway.md)."""
+    """A ``text/event-stream`` response sending its :class:`Last` frame with the end
+    of the body in one write (docs/decisions/0015-fewer-writes-at-the-gateway.md)."""
 
     media_type = "text/event-stream"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Stream; a client that disconnects closes the iterator at once (its
-        ``finally`` cancels the generation). Below ASGI 2.4 a send to a gone
-        client is dropped in silence, so one task reads ``receive`` and cancels
-        the streaming task when the client leaves; from 2.4 starlette serves."""
+        """Stream; a client that leaves closes the iterator at once. Below ASGI 2.4 a
+        task watches ``receive`` for that; from 2.4 starlette does."""
         spec = scope.get("asgi", {}).get("spec_version", "2.0")
         if scope["type"] != "http" or tuple(map(int, spec.split("."))) >= (2, 4):
             await super().__call__(scope, receive, send)
@@ -85,10 +81,8 @@ class EventStream(StreamingResponse):
 
 
 def data(payload: str, event: str | None = None, id: str | None = None) -> bytes:
-    """One event (named by ``event`` when given, as the Responses API's are;
-    ``id`` is what a reconnecting client sends back as ``Last-Event-ID``).
-    Text UTF-8 cannot hold (a lone surrogate) is sent as "?" rather than failing
-    mid-stream."""
+    """One event, named by ``event``, with ``id`` (a client's ``Last-Event-ID``);
+    text UTF-8 cannot hold is sent as "?"."""
     named = b"event: " + event.encode() + b"\n" if event else b""
     if id is not None:
         named += b"id: " + id.encode() + b"\n"

@@ -1,13 +1,8 @@
-"""Stored answers, read back by id from the log (docs/api/chat.md#stored-answers).
-
-A chat completion created with ``store: true``, or a Responses API response not
-created with ``store: false``, is kept by the log itself: the request event
-records the flag and the metadata, and the replies are in the reply log. A
-read finds the request event as a resumed stream does
-(:func:`gateway.resume.locate`) and folds its replies into the object the
-create call answered, on any replica. Only the request's tenant may read it,
-through the API that created it (else 404); an answer still running is waited
-for up to its deadline."""
+"""Stored answers, read back by id from the log (docs/api/chat.md#stored-answers):
+the request event records ``store`` and the metadata, the replies are in the
+reply log; a read finds the event as a resume does and folds the replies, on
+any replica. Only the tenant, through the API that created it (else 404); an
+answer still running is waited for up to its deadline."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
-"""Submitting a request: the caller's generation admitted (model access,
-limits), redacted where its policy asks, then put on ``conveyor.requests``
-with its deadline, trace and reply address; what comes back is its
-:class:`~gateway.answer.Answer`. Every generation route starts here, the
-WebSocket ones too.
-
-A broker that does not take the request within ``produce_timeout_s``, or that
-the reply follower sees as unreachable, is a 503 ``pipeline_unavailable`` at
-once: the client hears "the pipeline is unavailable", not a wait that ends in
-a misleading ``no_worker_available``. An encoded event over
-``max_event_bytes`` (or one the broker refuses as too large) is a 413.
-"""
+"""Submitting a request, for every generation route: the generation admitted,
+redacted where its policy asks, put on ``conveyor.requests`` with its
+deadline, trace and reply address; what comes back is its
+:class:`~gateway.answer.Answer`. Kafka not taking it within
+``produce_timeout_s``, or unreachable, is a 503 at once; too large is a 413."""
 
 from __future__ import annotations
 
@@ -92,10 +85,8 @@ class Submitter:
     async def submit(self, generation: Generation, identity: Identity = ANONYMOUS,
                      timeout_s: float | None = None, traceparent: str | None = None,
                      request_id: str | None = None, ticket: Ticket = FREE) -> Answer:
-        """Put the request on ``conveyor.requests``; ``traceparent`` continues the
-        client's trace (W3C header), else the request starts its own. The caller's
-        tenant and key id travel in the envelope; ``ticket`` is settled when the
-        answer is closed."""
+        """Put the request on ``conveyor.requests``, continuing the client's
+        ``traceparent``; ``ticket`` is settled when the answer is closed."""
         started = time.monotonic()
         if self.router.kafka_unreachable():
             raise PipelineUnavailable("The pipeline is unavailable (Kafka does not answer); "

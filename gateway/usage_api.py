@@ -16,7 +16,7 @@ from starlette.requests import HTTPConnection
 from conveyor.errors import InvalidApiKey, InvalidRequest, RequestError
 from gateway.auth.middleware import identity_of
 from gateway.errors import SafeJSONResponse
-from gateway.provide import service, services_of
+from gateway.services import service, services_of
 from workers.usage.ledger import UsageLedger, UsageRow
 
 __all__ = ["usage_router"]

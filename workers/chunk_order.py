@@ -1,21 +1,13 @@
 """Which chunk of a request's token log the client sees at each sequence number.
 
-Every attempt at a task is a *run* with an id of its own. A run that begins a
-request writes seq 0, 1, 2, ...; a run that continues a request after an
-earlier one stopped (its worker died, its partition moved) reads the log
-first and writes from the next seq on, saying where it began (``run_start``).
-Two runs may still write the same seq: a duplicated task generated twice
-while Redis had lost its lease, or a retry that raced a run that was still
-alive. The rule that keeps the answer whole is applied by everyone who reads
-the log (postprocess to answer, infer to continue, tools to inspect), in log
-order, so they all see the same text:
-
-* at each seq, a chunk of the run applied so far wins;
-* else a chunk of a run that *began* at this seq (a retry continuing here);
-* a chunk of any other run is never applied (it would splice a second,
-  different answer into the first).
-
-Chunks written before runs were named carry ``run_id == ""`` and form one run.
+Every attempt at a task is a *run* with an id of its own; a run that
+continues a request reads the log first and writes from the next seq on,
+saying where it began (``run_start``). Two runs may still write the same seq
+(a duplicated task while Redis had lost its lease, a retry that raced a live
+run). Everyone who reads the log (postprocess, infer, tools) applies, in log
+order, at each seq: a chunk of the run applied so far; else one of a run that
+*began* at this seq; never one of any other run (it would splice a second
+answer into the first). Chunks with ``run_id == ""`` form one run.
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
-"""The safety checks of the pipeline: a request's input in preprocess, its
-answer in postprocess (conveyor/policy/safety.py matches; the tenant's policy
-says what; docs/decisions/0017-safety-in-levels.md).
+"""The safety checks of the pipeline: a request's input in preprocess, its answer
+in postprocess (workers/postprocess/stream.py), as the tenant's policy says
+(conveyor/policy/safety.py; docs/decisions/0017-safety-in-levels.md).
 
-* **Input** is every text a model would read (the messages, earlier tool
-  calls' arguments, a completion's prompt, the tools' names and
-  descriptions) and, as level 3, the user turns read as one text. A match
-  fails the request with a 400 ``content_policy_violation`` naming the
-  category, never the term. **Level 2** is the classifier's score of what
-  the user wrote, against the policy's threshold.
-* **Output** is checked as it streams (workers/postprocess/stream.py).
-* **Personal data** a policy redacts is replaced by :func:`redact_generation`
-  wherever a request enters the log: at the gateway, and in the jobs layer
-  for a batch's lines (docs/decisions/0016-personal-data-redacted-at-the-edge.md).
-* **Both are audited** on ``conveyor.audit`` (:func:`policy_audit`), the term
-  left out.
+Input is every text a model would read and, as level 3, the user turns as one
+text; a match fails the request with 400 ``content_policy_violation`` naming
+the category, never the term. Level 2 is the classifier's score of what the
+user wrote. Personal data a policy redacts is replaced by
+:func:`redact_generation` wherever a request enters the log
+(docs/decisions/0016-personal-data-redacted-at-the-edge.md). Both are audited
+on ``conveyor.audit`` (:func:`policy_audit`), the term left out.
 """
 
 from __future__ import annotations

@@ -1,23 +1,15 @@
 """The exact prompt cache: a repeated request answered without a worker.
 
-* **What.** An answer that would be the same again (temperature 0 or a fixed
-  seed, no logprobs), keyed by the tenant, the model preprocess resolved,
-  the prompt's fingerprint and everything else that shapes the text
-  (:func:`cache_key`). Tenants never share an entry.
-* **Who writes it.** Preprocess names the key in the task's ``Prompt`` when
-  the request's policy turns the cache on; the infer worker that finishes
-  the answer (``stop`` or ``length``; one that continued another's holds the
-  text already sent) writes the whole raw text, the model that answered and
-  the token counts. Nothing in it is personal data a policy redacts.
-* **Who answers.** Preprocess, on a hit, writes the answer to
-  ``conveyor.tokens`` as one chunk (worker id ``cache``, :func:`hit_chunk`),
-  so postprocess shapes it like any answer and the log holds it; the gateway
-  answers ``x-conveyor-cache: hit`` (``miss`` when asked and empty).
-* **Bounds.** Each entry lives ``cache_ttl_s``; a tenant keeps at most
-  ``MAX_ENTRIES`` (indexed by expiry in a sorted set, those due first dropped
-  first); an answer longer than ``MAX_TEXT_CHARS`` is not kept.
-* **Redis is a cache here too.** A lookup or write that fails or is slower
-  than ``_TIMEOUT_S`` is a miss; a flush changes no answer.
+An answer that would be the same again (temperature 0 or a fixed seed, no
+logprobs) is keyed by the tenant, the resolved model, the prompt's
+fingerprint and everything else that shapes the text (:func:`cache_key`).
+Preprocess names the key in the task's ``Prompt`` when the policy turns the
+cache on; the infer worker that finishes the answer writes it whole; on a hit
+preprocess writes it to ``conveyor.tokens`` as one chunk (worker id
+``cache``, :func:`hit_chunk`), so postprocess shapes it like any answer.
+Entries live ``cache_ttl_s``, at most ``MAX_ENTRIES`` a tenant (due first
+dropped first), none longer than ``MAX_TEXT_CHARS``. A lookup or write that
+fails or takes longer than ``_TIMEOUT_S`` is a miss.
 """
 
 from __future__ import annotations

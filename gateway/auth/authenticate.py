@@ -1,49 +1,32 @@
 """Who is asking: the ``Authorization`` header turned into an :class:`Identity`,
-as ``CONVEYOR_AUTH`` says: ``none`` (the ``default`` tenant), ``keys``
-(:mod:`gateway.auth.keys`) or ``jwt`` (:mod:`gateway.auth.jwt_tokens`).
-
+as ``CONVEYOR_AUTH`` says: ``none`` (the ``default`` tenant), ``keys`` or ``jwt``.
 A bad credential is a 401 ``invalid_api_key``, audited by the first hex digits
-of its keyed hash (once per ten seconds per credential, with a count); Redis
-unreachable is a 503 for a key not cached."""
+of its keyed hash (once per ten seconds per credential); Redis unreachable is
+a 503 for a key not cached."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import time
-from typing import Protocol
 
 from conveyor.errors import InvalidApiKey, PipelineUnavailable, TransientBrokerError
 from conveyor.settings import Settings
 from gateway.audit import Audit
-from gateway.auth.types import ANONYMOUS_TENANT, Identity, KeyRecord, TenantPolicy
+from gateway.auth.jwt_tokens import JwtVerifier
+from gateway.auth.keys import KeyStore
+from gateway.auth.types import ANONYMOUS_TENANT, Identity, KeyRecord
 
-__all__ = ["Authenticator", "KeyLookup", "TenantLookup", "TokenVerifier"]
+__all__ = ["ANONYMOUS", "Authenticator"]
 
 _AUDIT_EVERY_S = 10.0
-_AUDIT_MEMORY = 4096
-
-
-class KeyLookup(Protocol):
-    async def lookup(self, secret: str) -> KeyRecord | None: ...
-
-    async def touch(self, record: KeyRecord) -> None: ...
-
-
-class TenantLookup(Protocol):
-    async def get(self, name: str) -> TenantPolicy: ...
-
-
-class TokenVerifier(Protocol):
-    def verify(self, token: str) -> Identity: ...
-
 
 ANONYMOUS = Identity(tenant=ANONYMOUS_TENANT, key_id="")
 
 
 class Authenticator:
-    def __init__(self, settings: Settings, *, keys: KeyLookup | None = None,
-                 tokens: TokenVerifier | None = None, audit: Audit | None = None,
+    def __init__(self, settings: Settings, *, keys: KeyStore | None = None,
+                 tokens: JwtVerifier | None = None, audit: Audit | None = None,
                  actor: str = "") -> None:
         self.mode = settings.auth.mode
         if self.mode == "keys" and keys is None:
@@ -55,8 +38,6 @@ class Authenticator:
         self.audit = audit
         self.actor = actor
         self._secret = settings.auth.secret.get_secret_value().encode()
-        # hash prefix -> (last written, failures held back since)
-        self._failures: dict[str, tuple[float, int]] = {}
 
     async def identify(self, authorization: str | None) -> Identity:
         if self.mode == "none":
@@ -109,18 +90,11 @@ class Authenticator:
         if self.audit is None:
             return
         prefix = self.hash_prefix(credential)
-        now = time.monotonic()
-        last, held = self._failures.get(prefix + reason, (0.0, 0))
-        if now - last < _AUDIT_EVERY_S:
-            self._failures[prefix + reason] = (last, held + 1)
-            return
-        if len(self._failures) >= _AUDIT_MEMORY:
-            self._failures.clear()
-        self._failures[prefix + reason] = (now, 0)
-        self.audit.record("auth.failed", tenant=record.tenant if record else "",
-                          key_id=record.id if record else "",
-                          hash_prefix="" if record else prefix, actor=self.actor,
-                          reason=reason, detail={"held_back": str(held)} if held else None)
+        self.audit.record_throttled(f"auth:{prefix}{reason}", _AUDIT_EVERY_S, "auth.failed",
+                                    tenant=record.tenant if record else "",
+                                    key_id=record.id if record else "",
+                                    hash_prefix="" if record else prefix, actor=self.actor,
+                                    reason=reason)
 
 
 def _bearer(authorization: str | None) -> str | None:

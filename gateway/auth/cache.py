@@ -1,24 +1,37 @@
-"""The in-process cache in front of the Redis copy: answers without a round trip.
-
-An entry is trusted for ``ttl_s`` (``key_cache_s``), a negative one for
-``negative_ttl_s`` (1 s); :meth:`drop` removes entries by tag (a key id or
-``tenant:<name>``) for each invalidation. :meth:`put` takes the
-:attr:`generation` seen before its read and stores nothing if an invalidation
-came since. While the replica is not subscribed, :meth:`trusted` says to read
-Redis first and use the cache only when that read fails (then alone for
-``distrust_retry_s``), so a key revoked as Redis returns is refused at once."""
+"""The in-process cache in front of the Redis copy, and the pub/sub channel
+``{prefix}:keys:changed`` (a key id, ``tenant:<name>`` or ``*``) that drops its
+entries on every replica. :meth:`LocalCache.put` stores nothing if an
+invalidation came since its read began; while not subscribed, a hit answers
+only when Redis fails (then for ``distrust_retry_s``), so a key revoked as
+Redis returns is refused. Every (re)subscription delivers ``*`` (pub/sub keeps
+nothing); outages retry with backoff, and three ``ping_s`` unanswered are one."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-__all__ = ["LocalCache"]
+from conveyor.errors import TransientBrokerError
+from conveyor.redis_clients import REDIS_ERRORS, Redis
+from conveyor.settings import Settings
+from gateway.auth.redis_copy import EVERYTHING, KeyNames
+from gateway.health import TaskHealth
+from topics.backoff import Backoff, RateLimitedLog
+
+__all__ = ["LocalCache", "Invalidations"]
+
+log = logging.getLogger(__name__)
 
 V = TypeVar("V")
+Listener = Callable[[str], None]
+# a Redis that fails, or stops answering the pings: the subscription is made again
+_OUTAGE: tuple[type[BaseException], ...] = (*REDIS_ERRORS, TransientBrokerError)
 
 
 @dataclass
@@ -69,6 +82,25 @@ class LocalCache(Generic[V]):
     def read_succeeded(self) -> None:
         self._read_failed_at = None
 
+    async def read_through(self, key: str, read: Callable[[], Awaitable[V | None]],
+                           tag: Callable[[V | None], str], subscribed: bool) -> V | None:
+        """A trusted hit, else ``read()`` remembered under ``tag(value)``; when the
+        read raises :class:`TransientBrokerError` (Redis unreachable) a hit serves."""
+        hit, cached = self.get(key)
+        if hit and self.trusted(subscribed):
+            return cached
+        generation = self.generation
+        try:
+            value = await read()
+        except TransientBrokerError:
+            if not hit:
+                raise
+            self.read_failed()
+            return cached
+        self.read_succeeded()
+        self.put(key, value, tag(value), generation)
+        return value
+
     def put(self, key: str, value: V | None, tag: str, generation: int) -> None:
         """Remember ``value`` unless an invalidation came after ``generation`` was read."""
         if generation != self.generation:
@@ -103,3 +135,78 @@ class LocalCache(Generic[V]):
                 keys.discard(key)
                 if not keys:
                     del self._by_tag[entry.tag]
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+class Invalidations:
+    """One subscription to the change channel, shared by any number of caches."""
+
+    def __init__(self, settings: Settings, redis: Redis,
+                 part: TaskHealth | None = None, *, ping_s: float = 5.0) -> None:
+        self.settings = settings
+        self.redis = redis
+        self.channel = KeyNames(settings.kafka.topic_prefix).channel
+        self.health = part or TaskHealth("key-invalidations")
+        self.ping_s = ping_s
+        self.subscribed = asyncio.Event()
+        self._listeners: list[Listener] = []
+        self._problems = RateLimitedLog(log)
+
+    @property
+    def healthy(self) -> bool:
+        """True while subscribed: changes reach this replica at once."""
+        return self.health.state == "ok"
+
+    def add(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def deliver(self, message: str) -> None:
+        for listener in self._listeners:
+            listener(message)
+
+    async def run(self, part: TaskHealth | None = None) -> None:
+        """Subscribe and deliver until cancelled; outages are retried, never raised.
+        ``part``, when given, is where the state is reported from now on."""
+        if part is not None:
+            self.health = part
+        retry = Backoff(max_s=self.settings.process.retry_backoff_max_s)
+        while True:
+            pubsub = self.redis.pubsub()
+            try:
+                await pubsub.subscribe(self.channel)
+                await self._listen(pubsub, retry)
+            except _OUTAGE as exc:
+                self.subscribed.clear()
+                if self.health.set("degraded", f"Redis unreachable: {exc!r}"):
+                    log.warning("key invalidations: Redis unreachable (%r); cached keys "
+                                "serve until they expire, retrying", exc)
+                self._problems.warning("redis", "key invalidations: %r", exc)
+                await retry.wait()
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+
+    async def _listen(self, pubsub: Any, retry: Backoff) -> None:
+        last_heard = last_ping = time.monotonic()
+        while True:
+            message = await pubsub.get_message(timeout=min(1.0, self.ping_s))
+            now = time.monotonic()
+            if message is not None:
+                last_heard = now
+                kind = message["type"]
+                if kind == "subscribe":  # a new subscription: what came before is unknown
+                    self.deliver(EVERYTHING)
+                    retry.reset()
+                    self.subscribed.set()
+                    if self.health.set("ok", f"subscribed to {self.channel}"):
+                        self._problems.resolved("redis", "key invalidations: subscribed again")
+                elif kind == "message":
+                    self.deliver(_text(message["data"]))
+            if now - last_heard > 3 * self.ping_s:
+                raise TransientBrokerError(f"no answer from Redis for {now - last_heard:.0f} s")
+            if now - last_ping >= self.ping_s:
+                last_ping = now
+                await pubsub.ping()

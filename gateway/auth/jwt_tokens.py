@@ -1,15 +1,11 @@
-"""Signed bearer tokens (``CONVEYOR_AUTH=jwt``): a JWT in, an :class:`Identity` out.
-
-The key decides the algorithm, never the token's header: HS256 only with
-``CONVEYOR_JWT_SECRET`` (32 bytes at least), RS256/ES256 only with the
-matching RSA (2048 bits or more) or EC P-256 key of ``CONVEYOR_JWT_JWKS_FILE``,
-chosen by ``kid``; ``none`` and every other algorithm are refused, and keys a
-token names (``jku``/``x5u``) are never fetched. The JWKS file is re-read when
-it changes (checked at most once a second; the last good set stays in force).
-Claims, and the rules in full: docs/operating/keys-and-limits.md. Every
-failure is an :class:`InvalidJwt` (401, its ``reason`` for the audit trail)
-that never echoes the token. A verified token is cached until it expires or
-30 s; the verifier is meant for one event loop."""
+"""Signed bearer tokens (``CONVEYOR_AUTH=jwt``): a JWT in, an :class:`Identity` out
+(claims and rules: docs/operating/keys-and-limits.md). The key decides the
+algorithm, never the header: HS256 with ``CONVEYOR_JWT_SECRET`` (32 bytes or
+more), RS256/ES256 with an RSA (2048+ bits) or P-256 key of the JWKS file by
+``kid``; nothing else, and no key a token names is fetched. The JWKS file is
+re-read when it changes (the last good set stays). A failure is an
+:class:`InvalidJwt` (401) never echoing the token; a verified token is cached
+until it expires or 30 s. For one event loop."""
 
 from __future__ import annotations
 

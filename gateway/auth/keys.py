@@ -1,13 +1,9 @@
-"""API keys: made, changed and revoked through the ``keys`` topic; looked up per request.
-
-A change goes to the topic first, then the Redis copy (version-guarded), then
-is announced on ``{prefix}:keys:changed`` and audited. :meth:`KeyStore.lookup`
-answers from the in-process cache (gateway/auth/cache.py), else Redis, and
-returns revoked and expired keys too: **the caller must check**
-:meth:`KeyRecord.usable`. Redis unreachable: a cached key still works, an
-uncached one raises :class:`~conveyor.errors.TransientBrokerError` (503). A
-string without ``cvy-`` costs no round trip. Limits follow
-gateway/auth/limit_changes.py; changing keys needs a producer (the CLI)."""
+"""API keys: made, changed and revoked through the ``keys`` topic, then the Redis
+copy, then announced and audited; looked up per request from the cache, else
+Redis. :meth:`KeyStore.lookup` returns revoked and expired keys too: **the
+caller must check** :meth:`KeyRecord.usable`. Redis unreachable, a cached key
+still works and an uncached one raises
+:class:`~conveyor.errors.TransientBrokerError` (503)."""
 
 from __future__ import annotations
 
@@ -15,28 +11,29 @@ import builtins
 import logging
 import time
 from dataclasses import replace
+from typing import Generic, TypeVar
 
-from conveyor.errors import BrokerError, ConveyorError, TransientBrokerError
+from conveyor.errors import BrokerError, ConveyorError
 from conveyor.redis_clients import Redis
 from conveyor.settings import Settings
 from gateway.audit import Audit, audit_event
-from gateway.auth.cache import LocalCache
-from gateway.auth.invalidations import Invalidations
-from gateway.auth.keys_topic import KeysTopic
-from gateway.auth.limit_changes import check_limit, merge_limits
+from gateway.auth.cache import Invalidations, LocalCache
+from gateway.auth.keys_topic import KeysTopic, Restorer
 from gateway.auth.redis_copy import EVERYTHING, TENANT_PREFIX, RedisCopy
-from gateway.auth.restore import Restorer
 from gateway.auth.secrets import SECRET_PREFIX, hash_secret, new_key_id, new_secret
-from gateway.auth.types import KeyRecord, Limits
+from gateway.auth.types import KeyRecord, Limits, check_limit, merge_limits
 from gateway.health import TaskHealth
 from schemas.codec import Codec
+from schemas.records import AuditEvent
 from topics.backoff import RateLimitedLog
 from topics.envelope import now_ms
 from topics.producer import EventProducer
 
-__all__ = ["KeyStore", "KeyNotFound", "KeyRevoked"]
+__all__ = ["KeyStore", "KeyNotFound", "KeyRevoked", "RecordStore"]
 
 log = logging.getLogger(__name__)
+
+R = TypeVar("R")
 
 
 class KeyNotFound(ConveyorError):
@@ -47,29 +44,24 @@ class KeyRevoked(ConveyorError):
     """The key is revoked: it can no longer be changed."""
 
 
-class KeyStore:
-    """The API keys of one Conveyor (``settings.kafka.topic_prefix``)."""
+class RecordStore(Generic[R]):
+    """What the key and tenant stores share: the topic, its Redis copy and restore,
+    a cache of ``R`` kept current by ``invalidations`` (shareable between stores:
+    run it once; without it the store makes its own, reporting to ``part``)."""
 
-    def __init__(self, settings: Settings, redis: Redis,
-                 producer: EventProducer | None = None, *, audit: Audit | None = None,
-                 invalidations: Invalidations | None = None, part: TaskHealth | None = None,
-                 codec: Codec | None = None, negative_cache_s: float = 1.0,
-                 touch_every_s: float = 60.0) -> None:
-        """``invalidations`` may be shared with a TenantStore (one subscription for
-        both; run it once); without it the store makes its own, reporting to ``part``."""
+    _tenants = False  # whose changes drop entries here: tenants' or keys'
+
+    def __init__(self, settings: Settings, redis: Redis, producer: EventProducer | None,
+                 audit: Audit | None, invalidations: Invalidations | None,
+                 part: TaskHealth | None, codec: Codec | None, negative_cache_s: float) -> None:
         self.settings = settings
         self.copy = RedisCopy(settings, redis)
         self.topic = KeysTopic(settings, producer, codec)
         self.restorer = Restorer(self.copy, self.topic)
         self.audit = audit
-        self.cache: LocalCache[KeyRecord] = LocalCache(settings.auth.key_cache_s, negative_cache_s)
+        self.cache: LocalCache[R] = LocalCache(settings.auth.key_cache_s, negative_cache_s)
         self.invalidations = invalidations or Invalidations(settings, redis, part)
         self.invalidations.add(self._on_change)
-        self.touch_every_s = touch_every_s
-        self._touched: dict[str, float] = {}
-        self._problems = RateLimitedLog(log)
-
-    # -- the gateway's side ----------------------------------------------------------
 
     @property
     def healthy(self) -> bool:
@@ -79,31 +71,54 @@ class KeyStore:
     def _on_change(self, message: str) -> None:
         if message == EVERYTHING:
             self.cache.clear()
-        elif not message.startswith(TENANT_PREFIX):
+        elif message.startswith(TENANT_PREFIX) == self._tenants:
             self.cache.drop(message)
+
+    async def _announce(self, tag: str, what: str, event: AuditEvent) -> None:
+        """A change is written: drop it here, tell every replica, audit it (a
+        failure of either is a warning: caches expire in ``key_cache_s``)."""
+        self.cache.drop(tag)
+        try:
+            await self.copy.publish(tag)
+        except BrokerError as exc:
+            log.warning("change of %s not announced: %s", what, exc)
+        if self.audit is not None:
+            try:
+                await self.audit.write(event)
+            except Exception as exc:  # the change is made; say the audit missed it
+                log.warning("audit event %s of %s not written: %r", event["action"], what,
+                            exc)
+
+
+class KeyStore(RecordStore[KeyRecord]):
+    """The API keys of one Conveyor (``settings.kafka.topic_prefix``)."""
+
+    def __init__(self, settings: Settings, redis: Redis,
+                 producer: EventProducer | None = None, *, audit: Audit | None = None,
+                 invalidations: Invalidations | None = None, part: TaskHealth | None = None,
+                 codec: Codec | None = None, negative_cache_s: float = 1.0,
+                 touch_every_s: float = 60.0) -> None:
+        super().__init__(settings, redis, producer, audit, invalidations, part, codec,
+                         negative_cache_s)
+        self.touch_every_s = touch_every_s
+        self._touched: dict[str, float] = {}
+        self._problems = RateLimitedLog(log)
 
     async def lookup(self, secret: str) -> KeyRecord | None:
         """The key of ``secret`` (usable or not: check ``usable``), None if unknown."""
         if not secret.startswith(SECRET_PREFIX):
             return None
         key_hash = hash_secret(self.settings.auth, secret)
-        hit, cached = self.cache.get(key_hash)
-        if hit and self.cache.trusted(self.healthy):
-            return cached
-        generation = self.cache.generation
-        try:
+
+        async def read() -> KeyRecord | None:
             record, restored = await self.copy.find(key_hash)
             if record is None and not restored:
                 await self.restorer.ensure()
                 record, _ = await self.copy.find(key_hash)
-        except TransientBrokerError:
-            if not hit:
-                raise
-            self.cache.read_failed()  # Redis unreachable: the cached entry serves
-            return cached
-        self.cache.read_succeeded()
-        self.cache.put(key_hash, record, record.id if record else "", generation)
-        return record
+            return record
+
+        return await self.cache.read_through(key_hash, read, lambda r: r.id if r else "",
+                                             self.healthy)
 
     async def touch(self, record: KeyRecord) -> None:
         """Remember that the key was used now: at most once per ``touch_every_s`` per key
@@ -119,8 +134,6 @@ class KeyStore:
             self._problems.warning("touch", "last use of key %s not recorded: %s",
                                    record.id, exc)
 
-    # -- reading -----------------------------------------------------------------------
-
     async def get(self, key_id: str) -> KeyRecord | None:
         record = await self.copy.get_key(key_id)
         if record is None and await self.restorer.ensure():
@@ -131,8 +144,6 @@ class KeyStore:
         """Every key (of ``tenant``), revoked ones included, by id."""
         await self.restorer.ensure()
         return await self.copy.list_keys(tenant)
-
-    # -- changing ----------------------------------------------------------------------
 
     async def create(self, tenant: str, name: str, limits: Limits,
                      models: tuple[str, ...] = (), expires_in_s: float | None = None,
@@ -195,17 +206,7 @@ class KeyStore:
     async def _write(self, record: KeyRecord, action: str, actor: str) -> None:
         await self.topic.write_key(record)
         await self.copy.put_key(record)
-        self.cache.drop(record.id)
-        try:
-            await self.copy.publish(record.id)
-        except BrokerError as exc:  # the record is written; caches expire in key_cache_s
-            log.warning("change of key %s not announced: %s", record.id, exc)
-        if self.audit is not None:
-            detail = {"name": record.name, "models": ",".join(record.models),
-                      "expires_ms": str(record.expires_ms), **record.limits.described()}
-            try:
-                await self.audit.write(audit_event(action, tenant=record.tenant,
-                                                   key_id=record.id, actor=actor,
-                                                   detail=detail))
-            except Exception as exc:  # the change is made; say the audit missed it
-                log.warning("audit event %s of key %s not written: %r", action, record.id, exc)
+        await self._announce(record.id, f"key {record.id}", audit_event(
+            action, tenant=record.tenant, key_id=record.id, actor=actor,
+            detail={"name": record.name, "models": ",".join(record.models),
+                    "expires_ms": str(record.expires_ms), **record.limits.described()}))

@@ -1,11 +1,7 @@
-"""Authentication at the edge: every ``/v1/`` request is identified before any
-route reads its body.
-
-:class:`AuthMiddleware` puts the caller's :class:`~gateway.auth.types.Identity`
-in the request's state (:func:`identity_of` reads it); its authenticator is
-set once the application's collaborators exist (none yet: 503). A refused
-WebSocket handshake is accepted and closed at once: 1008 with the error's
-message for a bad credential, 1013 when the gateway cannot check now."""
+"""Authentication at the edge: every ``/v1/`` request is identified before a route
+reads its body, its :class:`~gateway.auth.types.Identity` put in the request's
+state (:func:`identity_of`); 503 before the authenticator exists. A refused
+WebSocket handshake is accepted and closed: 1008, or 1013 when it cannot check."""
 
 from __future__ import annotations
 

@@ -1,17 +1,12 @@
-"""Rate limits and quotas, exact across gateway replicas, counted atomically in Redis
+"""Rate limits and quotas of a key and its tenant, exact across gateway replicas
 (docs/operating/keys-and-limits.md#limits).
 
-A request counts against its key's and its tenant's limits (rpm, tpm,
-concurrency, daily and monthly token quotas) and is admitted only when all
-have room, by one Lua script (:mod:`gateway.auth.ratelimit_lua`). tpm
-reserves prompt + ``max_tokens`` and :meth:`RateLimiter.settle` corrects it to
-what was used; a slot never settled lapses at the deadline. A refusal is a 429
-with ``Retry-After``; responses carry OpenAI's ``x-ratelimit-*`` headers of the
-tighter scope. When Redis cannot be used a client never sees a 500:
-``limits_when_redis_down`` ``closed`` answers 503, ``share`` enforces this
-gateway's share in memory (:mod:`gateway.auth.ratelimit_local`), without
-quotas, probing Redis every :attr:`RateLimiter.probe_every_s`. Settling never
-raises: the windows and deadlines heal what it could not do."""
+A request is admitted only when every limit (rpm, tpm, concurrency, daily and
+monthly token quotas) has room; tpm reserves prompt + ``max_tokens`` and
+:meth:`RateLimiter.settle` corrects it (never raising: the windows heal). A
+refusal is a 429 with ``Retry-After`` and OpenAI's ``x-ratelimit-*`` headers.
+Redis unusable is never a 500: ``limits_when_redis_down`` ``closed`` answers
+503, ``share`` counts this gateway's share in memory, probing Redis again."""
 
 from __future__ import annotations
 
@@ -27,9 +22,7 @@ from typing import Literal
 from conveyor.errors import PipelineUnavailable, QuotaExceeded, RateLimited
 from conveyor.redis_clients import REDIS_ERRORS, Redis
 from conveyor.settings import Settings
-from gateway.auth.ratelimit_check import Check, Scope, Verdict
-from gateway.auth.ratelimit_local import LocalWindows
-from gateway.auth.ratelimit_lua import RedisWindows
+from gateway.auth.ratelimit_windows import Check, LocalWindows, RedisWindows, Scope, Verdict
 from gateway.auth.types import Identity, TenantPolicy
 from gateway.health import TaskHealth
 from topics.backoff import RateLimitedLog
@@ -150,11 +143,9 @@ class RateLimiter:
     # -- Redis up or down ----------------------------------------------------
 
     async def run(self, health: TaskHealth | None = None) -> None:
-        """Count the live gateways (their reply-partition leases) while Redis
-        answers, for this gateway's share of each limit when it does not; then
-        probe it every :attr:`probe_every_s`. The scripts are loaded first and
-        whenever Redis comes back (decision 0026). Survives outages. ``health``
-        (``degraded`` while Redis is down) replaces :attr:`health`."""
+        """Count the live gateways while Redis answers (this gateway's share when it
+        does not), else probe it; load the scripts first and whenever Redis comes
+        back. Survives outages; ``health`` (``degraded`` while down) replaces :attr:`health`."""
         if health is not None:
             self.health = health
         warm = False  # the scripts are loaded since Redis last answered

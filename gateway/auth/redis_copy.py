@@ -1,12 +1,7 @@
-"""The Redis copy of the ``keys`` topic: what the gateway looks keys and tenants up in.
-
-The topic is the record; Redis a lookup copy, rebuilt from it when lost
-(gateway/auth/restore.py). Its key layout is in
-docs/decisions/0026-keys-and-limits-in-redis.md. Every write goes through a Lua
-script that refuses a version not newer than the one stored, so a restore or
-a racing writer never replaces a newer record. Redis's errors stop here:
-:class:`~conveyor.errors.RedisUnavailable` (transient) or
-:class:`~conveyor.errors.RedisRefused` (permanent)."""
+"""The Redis copy of the ``keys`` topic that keys and tenants are looked up in
+(layout: docs/decisions/0026-keys-and-limits-in-redis.md). Every write is a Lua
+script refusing a version not newer than the stored one; Redis's errors stop
+here as :class:`~conveyor.errors.RedisUnavailable` or ``RedisRefused``."""
 
 from __future__ import annotations
 

@@ -2,14 +2,17 @@
 
 A key's or a JWT's limits narrow its tenant's, never widen them: a request
 is admitted only when both the key's and the tenant's limits have room.
-``None`` means "no limit".
+``None`` means "no limit". A change of limits (keys, tenants, the CLI's flags)
+keeps what it does not give (``None``), replaces with a positive value and
+clears with ``0`` (a zero limit would only block, which revoking is for).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Limits", "KeyRecord", "TenantPolicy", "Identity", "ANONYMOUS_TENANT"]
+__all__ = ["Limits", "KeyRecord", "TenantPolicy", "Identity", "ANONYMOUS_TENANT",
+           "check_limit", "merge_limit", "merge_limits"]
 
 # the tenant of every request when auth is off
 ANONYMOUS_TENANT = "default"
@@ -71,3 +74,25 @@ class Identity:
 
     def may_use(self, model: str) -> bool:
         return self.models is None or model in self.models
+
+
+def check_limit(name: str, value: int | None) -> int | None:
+    if value is not None and value < 0:
+        raise ValueError(f"{name} must be 0 (no limit) or positive, not {value}")
+    return value
+
+
+def merge_limit(name: str, current: int | None, change: int | None) -> int | None:
+    """``change`` None: keep ``current``; 0: no limit; positive: the new limit."""
+    check_limit(name, change)
+    if change is None:
+        return current
+    return change or None
+
+
+def merge_limits(current: Limits, change: Limits) -> Limits:
+    """``current`` with every limit ``change`` gives replaced (0 clears it)."""
+    return Limits(rpm=merge_limit("rpm", current.rpm, change.rpm),
+                  tpm=merge_limit("tpm", current.tpm, change.tpm),
+                  concurrency=merge_limit("concurrency", current.concurrency,
+                                          change.concurrency))

@@ -27,7 +27,7 @@ from gateway.openapi import (
     generation_responses,
     stored_responses,
 )
-from gateway.provide import service
+from gateway.services import service
 from schemas.openai.requests import ChatCompletionRequest, CompletionRequest, model_list
 
 __all__ = ["router"]
@@ -36,25 +36,23 @@ router = APIRouter()
 
 
 Models = Annotated[Registry, Depends(service("registry"))]
+Chat = Annotated[ChatServing, Depends(service("chat"))]
 
 
 @router.post("/v1/chat/completions", response_model=None,
              responses=generation_responses(ChatCompletion))
-async def chat_completions(body: ChatCompletionRequest, request: Request,
-                           chat: Annotated[ChatServing, Depends(service("chat"))]) -> Response:
+async def chat_completions(body: ChatCompletionRequest, request: Request, chat: Chat) -> Response:
     return await chat.create_chat_completion(body, request)
 
 
 @router.post("/v1/completions", response_model=None,
              responses=generation_responses(Completion))
-async def completions(body: CompletionRequest, request: Request,
-                      chat: Annotated[ChatServing, Depends(service("chat"))]) -> Response:
+async def completions(body: CompletionRequest, request: Request, chat: Chat) -> Response:
     return await chat.create_completion(body, request)
 
 
 @router.get("/v1/chat/completions/{stream_id}/stream", response_model=None)
-async def resume_chat_completion(stream_id: str, request: Request,
-                                 chat: Annotated[ChatServing, Depends(service("chat"))],
+async def resume_chat_completion(stream_id: str, request: Request, chat: Chat,
                                  starting_after: str | None = Query(None)) -> Response:
     """The events of a chat completion stream after ``Last-Event-ID`` (or
     ``?starting_after=N``), from the log then live; without either, all of them."""
@@ -63,9 +61,8 @@ async def resume_chat_completion(stream_id: str, request: Request,
 
 @router.get("/v1/chat/completions/{completion_id}", response_model=None,
             responses=stored_responses(ChatCompletion))
-async def retrieve_chat_completion(
-        completion_id: str, request: Request,
-        chat: Annotated[ChatServing, Depends(service("chat"))]) -> SafeJSONResponse:
+async def retrieve_chat_completion(completion_id: str, request: Request,
+                                   chat: Chat) -> SafeJSONResponse:
     """A chat completion created with ``store: true``, rebuilt from the log."""
     return SafeJSONResponse(await chat.stored.chat_completion(identity_of(request),
                                                                  completion_id))
@@ -74,26 +71,22 @@ async def retrieve_chat_completion(
 @router.get("/v1/chat/completions/{completion_id}/messages", response_model=None,
             responses=stored_responses(None))
 async def list_chat_completion_messages(
-        completion_id: str, request: Request,
-        chat: Annotated[ChatServing, Depends(service("chat"))],
-        after: str | None = None, limit: int = 20,
-        order: Literal["asc", "desc"] = "asc") -> SafeJSONResponse:
+        completion_id: str, request: Request, chat: Chat, after: str | None = None,
+        limit: int = 20, order: Literal["asc", "desc"] = "asc") -> SafeJSONResponse:
     """The messages a stored chat completion was asked with."""
     return SafeJSONResponse(await chat.stored.messages(identity_of(request), completion_id,
                                                        after, limit, order))
 
 
 @router.get("/v1/completions/{stream_id}/stream", response_model=None)
-async def resume_completion(stream_id: str, request: Request,
-                            chat: Annotated[ChatServing, Depends(service("chat"))],
+async def resume_completion(stream_id: str, request: Request, chat: Chat,
                             starting_after: str | None = Query(None)) -> Response:
     """As for chat completions, for a completion stream (``cmpl-...``)."""
     return await chat.resume("completion", stream_id, request, starting_after)
 
 
 @router.get("/v1/models", response_model=ModelList)
-async def models(request: Request,
-                 registry: Models) -> SafeJSONResponse:
+async def models(request: Request, registry: Models) -> SafeJSONResponse:
     """The models the caller may use (every model, or its key's allow-list),
     each by its name and by each of its aliases."""
     identity = identity_of(request)
@@ -103,8 +96,7 @@ async def models(request: Request,
 
 @router.get("/v1/models/{model:path}", response_model=ModelCard,
             responses={404: {"model": ErrorResponse}})
-async def model(model: str, request: Request,
-                registry: Models) -> SafeJSONResponse:
+async def model(model: str, request: Request, registry: Models) -> SafeJSONResponse:
     """One model by its name or an alias (``client.models.retrieve``); 404
     ``model_not_found`` for one the registry does not know or the caller may
     not use, as a request for it would get."""

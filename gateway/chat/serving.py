@@ -1,21 +1,12 @@
-"""Serving chat completions and completions: a generation admitted and
-submitted (:class:`~gateway.submission.Submitter`), then answered from its
-replies as JSON or SSE; a stream resumed from the log; a stored chat
-completion read back (:mod:`gateway.stored`).
+"""Serving chat completions and completions: a generation admitted and submitted,
+answered from its replies as JSON or SSE; a stream resumed from the log; a
+stored chat completion read back (docs/api/chat.md, docs/api/streams.md).
 
-``n`` > 1: each choice is a request of its own through the pipeline (choice i
-seeded with seed + i); the answer's ``id`` is the first choice's,
-``choices[i]`` the i-th answer, ``usage`` counts the prompt once and every
-choice's completion. A stream interleaves the choices' chunks with their
-``index``, then the usage and ``[DONE]``; it carries no event ids (not
-resumable). One choice failing, or the client leaving, ends them all.
-Batches, stored completions and the WebSocket API take ``n`` = 1 only.
-
-A stream starts only with the first reply, so a request that fails before it
-gets the right status and error envelope. Past ``request_timeout_s`` the
-client gets 504 and the generation is cancelled; a client that leaves
-cancels it at once before the stream began, else after ``resume_grace_s``
-unless a resumed stream reads it (docs/api/streams.md)."""
+``n`` > 1: each choice is a request of its own (seeded with seed + i); the
+answer's ``id`` is the first choice's and ``usage`` counts the prompt once. A
+stream interleaves the choices' chunks by ``index`` and is not resumable; one
+choice failing, or the client leaving, ends them all. A stream starts only
+with the first reply, so an early failure gets its real status."""
 
 from __future__ import annotations
 

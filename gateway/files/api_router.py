@@ -1,16 +1,9 @@
-"""The Files API routes (OpenAI's ``/v1/files``). They only dispatch: the upload
-rules are in :mod:`gateway.files.uploads`, storage behind the
-:class:`~conveyor.files.store.FileStore` of the gateway's services, the shapes in
-:mod:`schemas.openai.files`. Every route serves the caller's own tenant.
-
-``POST /v1/files`` takes a body of up to ``max_file_bytes`` plus
-:data:`MULTIPART_ALLOWANCE` (:func:`upload_limits`, which ``build_app`` hands
-to :class:`~gateway.limits.BodyLimit`); the body streams through unbuffered,
-and the form parser spools the file part to a temporary file (in memory up to
-1 MiB, then on disk), from which it is checked and copied into the store
-chunk by chunk. The cost is one extra disk write of the file; the gain is that
-no upload is ever held in memory, and the multipart parsing is Starlette's.
-"""
+"""The Files API routes (OpenAI's ``/v1/files``); they only dispatch, and serve the
+caller's own tenant. ``POST /v1/files`` takes up to ``max_file_bytes`` plus
+:data:`MULTIPART_ALLOWANCE` (:func:`upload_limits`, for
+:class:`~gateway.limits.BodyLimit`) and streams unbuffered: the form parser
+spools the file part (in memory up to 1 MiB, then on disk), from which it is
+checked and copied into the store chunk by chunk, never held in memory."""
 
 from __future__ import annotations
 
@@ -26,7 +19,7 @@ from gateway.auth.middleware import identity_of
 from gateway.errors import SafeJSONResponse
 from gateway.files.uploads import upload
 from gateway.openapi import ErrorResponse
-from gateway.provide import service
+from gateway.services import service
 from schemas.openai.files import (
     FileDeleted,
     FileList,

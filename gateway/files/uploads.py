@@ -1,11 +1,8 @@
-"""What a client may upload to ``POST /v1/files``, checked while the file is stored.
-
-``purpose`` must be ``batch`` (else 400 naming it); the file must not be empty
-and may hold at most ``jobs.max_file_bytes`` (413); it is UTF-8 JSON Lines of
-at most ``jobs.batch_max_lines`` objects, the first bad line named by its
-number (counting from 1, empty lines included). Each request is checked when
-a batch is made of it. :class:`UploadCheck` sees the file chunk by chunk as it
-streams into the store (:func:`checked`), the line checks in a thread."""
+"""What a client may upload to ``POST /v1/files``, checked while the file is
+stored: ``purpose`` ``batch`` (else 400), not empty, at most
+``jobs.max_file_bytes`` (413), UTF-8 JSON Lines of at most
+``jobs.batch_max_lines`` objects, the first bad line named by its number (from
+1). :class:`UploadCheck` sees the file chunk by chunk (:func:`checked`)."""
 
 from __future__ import annotations
 

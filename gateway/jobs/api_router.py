@@ -12,7 +12,7 @@ from gateway.auth.middleware import identity_of
 from gateway.errors import SafeJSONResponse
 from gateway.jobs.background import BackgroundResponses
 from gateway.jobs.batches import BatchCreateRequest, Batches
-from gateway.provide import service
+from gateway.services import service
 
 __all__ = ["jobs_router"]
 

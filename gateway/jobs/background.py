@@ -1,11 +1,7 @@
-"""Background responses (``POST /v1/responses`` with ``background: true``):
-taken at once as ``queued``, run at background priority, read back with
-``GET /v1/responses/{id}``, stopped with ``.../cancel``.
-
-A background response is a job: its first state goes to ``conveyor.job-status``
-and its ``create`` command to ``conveyor.jobs``; the results layer publishes
-its later states, which the :class:`~gateway.jobs.board.JobBoard` serves. It
-is admitted against the caller's limits when taken, and its reservation kept."""
+"""Background responses (``POST /v1/responses`` with ``background: true``): a job,
+taken at once as ``queued`` (its first state to ``conveyor.job-status``, its
+``create`` command to ``conveyor.jobs``), admitted against the caller's limits
+(the reservation kept), read back from the :class:`~gateway.jobs.board.JobBoard`."""
 
 from __future__ import annotations
 
@@ -14,16 +10,17 @@ import time
 import uuid
 from typing import Any
 
-from conveyor.errors import InvalidRequest, RequestError
+from conveyor.errors import InvalidRequest
 from conveyor.policy.rules import PolicyBook
 from conveyor.settings import Settings
+from gateway.admission import Admitter
 from gateway.auth.types import Identity
-from gateway.jobs.board import JobBoard
+from gateway.jobs.board import JobBoard, JobDesk
 from gateway.publisher import Publisher
 from gateway.responses.objects import new_response_id, response_object
 from schemas.openai.responses import ResponsesRequest
-from schemas.records import Generation, JobCommand, JobStatus
-from topics.catalog import JOB_STATUS, JOBS
+from schemas.records import Generation
+from topics.catalog import JOBS
 from topics.envelope import now_ms
 from workers.policy_checks import redacted
 
@@ -32,13 +29,14 @@ __all__ = ["BackgroundResponses"]
 _RUNNING = ("queued", "in_progress")
 
 
-class BackgroundResponses:
+class BackgroundResponses(JobDesk):
+    kind = "response"
+    missing = "Response with id '{}' not found."
+
     def __init__(self, settings: Settings, publisher: Publisher, board: JobBoard,
-                 admitter: Any = None, policies: PolicyBook | None = None) -> None:
-        self.settings = settings
+                 admitter: Admitter | None = None, policies: PolicyBook | None = None) -> None:
+        super().__init__(settings, publisher, board)
         self.policies = policies or PolicyBook()
-        self.publisher = publisher
-        self.board = board
         self.admitter = admitter
 
     async def create(self, identity: Identity, body: ResponsesRequest,
@@ -58,23 +56,9 @@ class BackgroundResponses:
             generation, redactor = await redacted(generation, policy)
             if isinstance(obj.get("instructions"), str):
                 obj["instructions"] = redactor.redact(obj["instructions"])
-        status = JobStatus(job_id=response_id, kind="response", tenant=identity.tenant,
-                           version=0, ts_ms=now_ms(), object=json.dumps(obj))
-        command = JobCommand(job_id=response_id, kind="response", action="create",
-                             tenant=identity.tenant, key_id=identity.key_id, ts_ms=now_ms(),
-                             input_file_id="", endpoint="/v1/responses", completion_window="",
-                             metadata={}, generation=generation, models=[],
-                             body=json.dumps(obj))
-        await self.publisher.publish(JOB_STATUS, status, response_id, what="the response")
-        await self.publisher.publish(JOBS, command, response_id, what="the response")
-        self.board.put(status)
-        return obj
-
-    async def retrieve(self, identity: Identity, response_id: str) -> dict[str, Any]:
-        obj = await self.board.get(identity.tenant, response_id, "response")
-        if obj is None:
-            raise RequestError(f"Response with id '{response_id}' not found.", status=404,
-                               type="invalid_request_error", code="not_found")
+        await self.open(identity, response_id, obj, self.command(
+            identity, response_id, "create", "/v1/responses", generation=generation,
+            body=json.dumps(obj)))
         return obj
 
     async def cancel(self, identity: Identity, response_id: str) -> dict[str, Any]:
@@ -82,12 +66,8 @@ class BackgroundResponses:
         if obj["status"] == "cancelled":
             return obj
         if obj["status"] not in _RUNNING:
-            raise RequestError(f"Cannot cancel a response that is {obj['status']}.",
-                               status=409, type="invalid_request_error", code=None)
-        command = JobCommand(job_id=response_id, kind="response", action="cancel",
-                             tenant=identity.tenant, key_id=identity.key_id, ts_ms=now_ms(),
-                             input_file_id="", endpoint="/v1/responses", completion_window="",
-                             metadata={}, generation=None, models=[], body="")
-        await self.publisher.publish(JOBS, command, response_id,
-                                     what="the response's cancel")
+            raise self.not_cancellable(obj["status"])
+        await self.publisher.publish(JOBS, self.command(identity, response_id, "cancel",
+                                                        "/v1/responses"),
+                                     response_id, what="the response's cancel")
         return {**obj, "status": "cancelled"}

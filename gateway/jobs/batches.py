@@ -1,15 +1,9 @@
 """The Batch API at the gateway: create, retrieve, list and cancel batches.
-
-Creating a batch checks what can be checked at once (the input file is the
-tenant's and was uploaded for batches, the endpoint and window are ones
-Conveyor serves), then writes the batch's first state (``validating``) to
-``conveyor.job-status`` and its ``create`` command to ``conveyor.jobs`` (through
-the gateway's publisher, on the request's path: 503 when Kafka does not take
-them within ``produce_timeout_s``), and answers with the Batch object.
-Everything after that (checking every line, running them, writing the output)
-happens in the pipeline's jobs layers; the state a client reads comes from the
-:class:`~gateway.jobs.board.JobBoard`.
-"""
+Creating checks what can be checked at once (the input file is the tenant's,
+for batches; the endpoint and window are served), writes the first state and
+the ``create`` command (503 when Kafka does not take them in time) and answers
+the Batch object; the jobs layers do the rest, the
+:class:`~gateway.jobs.board.JobBoard` serves the states."""
 
 from __future__ import annotations
 
@@ -23,11 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from conveyor.errors import InvalidRequest, RequestError
 from conveyor.settings import Settings
 from gateway.auth.types import Identity
-from gateway.jobs.board import JobBoard
+from gateway.jobs.board import JobBoard, JobDesk
 from gateway.publisher import Publisher
-from schemas.records import JobCommand, JobStatus
-from topics.catalog import JOB_STATUS, JOBS
-from topics.envelope import now_ms
+from schemas.records import JobCommand
+from topics.catalog import JOBS
 
 __all__ = ["Batches", "BatchCreateRequest", "page"]
 
@@ -69,12 +62,13 @@ def page(items: list[dict[str, Any]], after: str | None, limit: int) -> dict[str
             "last_id": data[-1]["id"] if data else None, "has_more": len(items) > limit}
 
 
-class Batches:
+class Batches(JobDesk):
+    kind = "batch"
+    missing = "No batch found with id '{}'."
+
     def __init__(self, settings: Settings, publisher: Publisher, board: JobBoard,
                  files: Any) -> None:
-        self.settings = settings
-        self.publisher = publisher
-        self.board = board
+        super().__init__(settings, publisher, board)
         self.files = files
 
     async def create(self, identity: Identity, body: BatchCreateRequest) -> dict[str, Any]:
@@ -98,22 +92,9 @@ class Batches:
             "cancelling_at": None, "cancelled_at": None,
             "request_counts": {"total": 0, "completed": 0, "failed": 0},
             "metadata": body.metadata}
-        # version 0: whatever the collector publishes later wins, whatever the clocks
-        status = JobStatus(job_id=batch["id"], kind="batch", tenant=identity.tenant, version=0,
-                           ts_ms=now_ms(), object=json.dumps(batch))
-        command = self._command(identity, batch["id"], "create", body.input_file_id,
-                                body.endpoint, body.completion_window, body.metadata or {},
-                                json.dumps(batch))
-        await self.publisher.publish(JOB_STATUS, status, batch["id"], what="the batch")
-        await self.publisher.publish(JOBS, command, batch["id"], what="the batch")
-        self.board.put(status)
-        return batch
-
-    async def retrieve(self, identity: Identity, batch_id: str) -> dict[str, Any]:
-        batch = await self.board.get(identity.tenant, batch_id, "batch")
-        if batch is None:
-            raise RequestError(f"No batch found with id '{batch_id}'.", status=404,
-                               type="invalid_request_error", code="not_found")
+        await self.open(identity, batch["id"], batch, self._command(
+            identity, batch["id"], "create", body.input_file_id, body.endpoint,
+            body.completion_window, body.metadata or {}, json.dumps(batch)))
         return batch
 
     def listing(self, identity: Identity, after: str | None, limit: int) -> dict[str, Any]:
@@ -124,8 +105,7 @@ class Batches:
         if batch["status"] in ("cancelling", "cancelled"):
             return batch
         if batch["status"] not in _CANCELLABLE:
-            raise RequestError(f"Cannot cancel a batch that is {batch['status']}.",
-                               status=409, type="invalid_request_error", code=None)
+            raise self.not_cancellable(batch["status"])
         command = self._command(identity, batch_id, "cancel", batch["input_file_id"],
                                 batch["endpoint"], batch["completion_window"], {}, "")
         await self.publisher.publish(JOBS, command, batch_id, what="the batch's cancel")
@@ -134,7 +114,6 @@ class Batches:
     def _command(self, identity: Identity, job_id: str, action: Literal["create", "cancel"],
                  input_file_id: str, endpoint: str, window: str, metadata: dict[str, str],
                  body: str) -> JobCommand:
-        return JobCommand(job_id=job_id, kind="batch", action=action, tenant=identity.tenant,
-                          key_id=identity.key_id, ts_ms=now_ms(), input_file_id=input_file_id,
-                          endpoint=endpoint, completion_window=window, metadata=metadata,
-                          generation=None, models=sorted(identity.models or ()), body=body)
+        return self.command(identity, job_id, action, endpoint, input_file_id=input_file_id,
+                            completion_window=window, metadata=metadata,
+                            models=sorted(identity.models or ()), body=body)

@@ -1,14 +1,7 @@
-"""Every job's latest state, as the gateway serves it: a follower of the
-compacted ``conveyor.job-status`` topic, from its beginning, in memory.
-
-The topic is the record (the collector publishes each job's state there, the
-gateway a new job's first state), so a gateway needs no Redis for jobs and
-a new one knows every job once it has read the topic. A state is kept only
-when its version is newer than the one held. A job this gateway has not seen
-yet (another replica took it a moment ago) is waited for briefly before it is
-reported missing. Jobs of another tenant are missing, never forbidden: a
-tenant cannot learn that another's job exists.
-"""
+"""Every job's latest state, followed in memory from the compacted
+``conveyor.job-status`` topic (the record: no Redis for jobs), keeping only
+newer versions. A job not seen yet is waited for briefly before it is missing;
+another tenant's job is missing, never forbidden."""
 
 from __future__ import annotations
 
@@ -18,14 +11,18 @@ import logging
 import time
 from typing import Any, Literal
 
+from conveyor.errors import RequestError
 from conveyor.settings import Settings
+from gateway.auth.types import Identity
 from gateway.health import TaskHealth
+from gateway.publisher import Publisher
 from schemas.codec import Codec
-from schemas.records import JobStatus
-from topics.catalog import JOB_STATUS
+from schemas.records import Generation, JobCommand, JobStatus
+from topics.catalog import JOB_STATUS, JOBS
+from topics.envelope import now_ms
 from topics.follow import apply_all, follow
 
-__all__ = ["JobBoard"]
+__all__ = ["JobBoard", "JobDesk"]
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +35,6 @@ class JobBoard:
         self.codec = codec
         self.statuses: dict[str, JobStatus] = {}
         self.changed = asyncio.Event()
-        self.caught_up = asyncio.Event()
 
     def put(self, status: JobStatus) -> bool:
         """Keep ``status`` if it is newer than what is held; True when kept."""
@@ -53,7 +49,6 @@ class JobBoard:
     async def run(self, part: TaskHealth | None = None) -> None:
         """Follow the topic for ever (the follower survives Kafka outages)."""
         def caught_up() -> None:
-            self.caught_up.set()
             if part is not None:
                 part.set("ok")
 
@@ -79,26 +74,53 @@ class JobBoard:
             except TimeoutError:
                 return None
 
-    async def wait_for(self, tenant: str, job_id: str, kind: Literal["batch", "response"],
-                       statuses: tuple[str, ...], timeout_s: float) -> dict[str, Any] | None:
-        """The job's object once its status is one of ``statuses`` (or at the timeout)."""
-        deadline = time.monotonic() + timeout_s
-        obj = await self.get(tenant, job_id, kind)
-        while obj is not None and obj.get("status") not in statuses:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            with_change = self.changed
-            try:
-                await asyncio.wait_for(with_change.wait(), left)
-            except TimeoutError:
-                break
-            obj = await self.get(tenant, job_id, kind)
-        return obj
-
     def listing(self, tenant: str, kind: Literal["batch", "response"]) -> list[dict[str, Any]]:
         """The tenant's jobs of a kind, newest first."""
         objs = [json.loads(s["object"]) for s in self.statuses.values()
                 if s["tenant"] == tenant and s["kind"] == kind]
         return sorted(objs, key=lambda o: (o.get("created_at") or 0, o.get("id", "")),
                       reverse=True)
+
+
+class JobDesk:
+    """What the Batch API and background responses share: a job's first state and
+    its commands written through the gateway's publisher (503 when Kafka does
+    not take them in time), its state read from the board."""
+
+    kind: Literal["batch", "response"]
+    missing: str  # the 404's message, ``{}`` the job's id
+
+    def __init__(self, settings: Settings, publisher: Publisher, board: JobBoard) -> None:
+        self.settings = settings
+        self.publisher = publisher
+        self.board = board
+
+    async def open(self, identity: Identity, job_id: str, obj: dict[str, Any],
+                   command: JobCommand) -> None:
+        # version 0: whatever the collector publishes later wins, whatever the clocks
+        status = JobStatus(job_id=job_id, kind=self.kind, tenant=identity.tenant, version=0,
+                           ts_ms=now_ms(), object=json.dumps(obj))
+        await self.publisher.publish(JOB_STATUS, status, job_id, what=f"the {self.kind}")
+        await self.publisher.publish(JOBS, command, job_id, what=f"the {self.kind}")
+        self.board.put(status)
+
+    async def retrieve(self, identity: Identity, job_id: str) -> dict[str, Any]:
+        obj = await self.board.get(identity.tenant, job_id, self.kind)
+        if obj is None:
+            raise RequestError(self.missing.format(job_id), status=404,
+                               type="invalid_request_error", code="not_found")
+        return obj
+
+    def command(self, identity: Identity, job_id: str, action: Literal["create", "cancel"],
+                endpoint: str, *, input_file_id: str = "", completion_window: str = "",
+                metadata: dict[str, str] | None = None, generation: Generation | None = None,
+                models: list[str] | None = None, body: str = "") -> JobCommand:
+        return JobCommand(job_id=job_id, kind=self.kind, action=action, tenant=identity.tenant,
+                          key_id=identity.key_id, ts_ms=now_ms(), input_file_id=input_file_id,
+                          endpoint=endpoint, completion_window=completion_window,
+                          metadata=metadata or {}, generation=generation, models=models or [],
+                          body=body)
+
+    def not_cancellable(self, status: str) -> RequestError:
+        return RequestError(f"Cannot cancel a {self.kind} that is {status}.", status=409,
+                            type="invalid_request_error", code=None)

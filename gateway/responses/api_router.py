@@ -1,11 +1,7 @@
 """``POST /v1/responses`` and ``GET /v1/responses/{id}``: they only dispatch to
-:class:`~gateway.responses.serving.ResponsesServing` (which hands
-``background: true`` to the background responses).
-
-``GET /v1/responses/{id}`` with ``stream=true`` streams a response's events
-again, after ``starting_after``. Without it, it is the background response
-(this route is the one that matches, this router being included before the
-jobs router), or else a stored direct response rebuilt from the log."""
+:class:`~gateway.responses.serving.ResponsesServing`. The GET streams again with
+``stream=true``; without it, it is a background response (this router goes
+before the jobs router) or a stored one."""
 
 from __future__ import annotations
 
@@ -14,13 +10,13 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 
-from gateway.provide import service
-from gateway.responses.openapi import (
+from gateway.openapi import (
     RESPONSES_OPENAPI,
     RESPONSES_RESPONSES,
     RETRIEVE_RESPONSES,
 )
 from gateway.responses.serving import ResponsesServing
+from gateway.services import service
 from schemas.openai.responses import parse_request
 
 __all__ = ["responses_router"]

@@ -1,13 +1,7 @@
-"""The events of a streamed response, in OpenAI's order and numbered.
-
-One :class:`ResponseEvents` holds one stream's state and builds each event as
-a dict: ``response.created``, ``response.in_progress``, the output item and
-content part added, one ``response.output_text.delta`` per piece, their
-``done`` events and ``response.completed`` (or ``response.incomplete``). With
-function tools the items open as the text shows them, a call's arguments as
-``response.function_call_arguments.delta``/``done``. A failure after the
-stream began is ``response.failed`` alone. ``sequence_number`` counts from 0;
-:func:`frame` writes an event as SSE with its ``event:`` line (no ``[DONE]``)."""
+"""The events of a streamed response, in OpenAI's order, ``sequence_number`` from 0:
+one :class:`ResponseEvents` per stream builds each as a dict (function calls
+open their items as the text shows them); a failure after the stream began is
+``response.failed`` alone. :func:`frame` writes one as SSE."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""The Response object of OpenAI's Responses API, built in one place.
-
-:func:`response_object` is a pure function, so a response reads the same in
-the create call's answer, its stream's events and a read back; ids derive
-from the response id (``resp_X`` has the message ``msg_X``). ``completed``
-with ``finish_reason`` ``length`` is ``incomplete`` (``max_output_tokens``);
-``store`` reports what is kept (:func:`is_stored`); with function tools the
-output is the answer's items in order (:class:`OutputBuilder`); ``tools``,
-``tool_choice`` and ``parallel_tool_calls`` echo the request; ``error`` keeps
-``rate_limit_exceeded`` and is ``server_error`` otherwise."""
+"""The Response object of OpenAI's Responses API, built in one pure function so it
+reads the same in the create call, the stream and a read back. ``completed``
+with ``length`` is ``incomplete``; ``error`` keeps ``rate_limit_exceeded``,
+else ``server_error``."""
 
 from __future__ import annotations
 
@@ -72,12 +66,8 @@ def response_object(response_id: str, created_at: int, body: ResponsesRequest,
                     error: ErrorInfo | None = None,
                     completed_at: int | None = None,
                     logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The Response object of ``body`` in ``status``.
-
-    ``text`` None leaves ``output`` empty (a response not started, or one that
-    failed before its first token); any text, even empty, is the one output
-    message. ``completed_at`` is set only for a completed response.
-    """
+    """The Response object of ``body`` in ``status``; ``text`` None leaves ``output``
+    empty, any text is the output message."""
     if status not in get_args(ResponseStatus):
         raise ValueError(f"unknown response status {status!r}")
     if status == "completed" and finish_reason == "length":

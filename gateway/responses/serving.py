@@ -1,21 +1,12 @@
-"""Serving a Responses API request through the chat pipeline (docs/api/responses.md).
+"""Serving a Responses API request through the chat pipeline (docs/api/responses.md):
+a chat generation (``instructions`` first), admitted and submitted as chat is,
+answered as one Response object or its events; the id is ``resp_`` and the
+request id, and a chat ``messages[k]`` param is named as its Responses field.
 
-A request becomes a chat :class:`~schemas.records.Generation`
-(``instructions`` as a first system message), admitted and submitted as chat
-requests are, answered as one Response object or as the API's events. The
-response id is ``resp_`` and the request id, so the log finds it. As for
-chat, a stream starts only with the first reply; preprocess's
-``messages[k]`` param is translated back to ``instructions`` or ``input[j]``.
-
-:func:`response_events` turns a source of replies (the live answer, or the
-replies read back by :mod:`gateway.resume`) into the events, for SSE and the
-WebSocket mode alike; their numbering depends only on the replies, so a
-resumed stream (``?stream=true&starting_after=N``) joins the first on any
-replica. A resumed stream's response objects are rebuilt from the recorded
-generation (:func:`recorded_request`: ``user``, ``safety_identifier`` and
-``prompt_cache_key`` are not in the log and read empty). Only the tenant
-may stream or read a response (else 404); a background response is a job
-and cannot be streamed (400 naming ``stream``)."""
+:func:`response_events` makes the events of any reply source, live or read
+back, numbered only by the replies, so a resumed stream joins on any replica;
+its objects are rebuilt from the recorded generation (:func:`recorded_request`).
+Only the tenant may read a response (else 404); a background one cannot stream."""
 
 from __future__ import annotations
 
@@ -37,9 +28,9 @@ from gateway.auth.middleware import identity_of
 from gateway.auth.types import Identity
 from gateway.cancels import Cancels
 from gateway.errors import NotFound, SafeJSONResponse, for_client
+from gateway.jobs.background import BackgroundResponses
 from gateway.responses.events import ResponseEvents, frame
 from gateway.responses.objects import is_stored, new_response_id, response_object
-from gateway.responses.types import BackgroundResponses
 from gateway.resume import (
     Framer,
     Recorded,
@@ -115,12 +106,9 @@ async def response_events(events: ResponseEvents, source: ReplySource, first: Re
                           body: ResponsesRequest, within: float | None,
                           completed_at: Callable[[], int] = lambda: int(time.time())
                           ) -> AsyncGenerator[dict[str, Any] | None, None]:
-    """The events of one response from its replies: the opening, one delta per
-    reply with text, then the closing (at the final reply) or ``response.failed``
-    (an error reply, the deadline, a failure here). ``first`` is the reply already
-    read, if any; None is yielded when ``within`` seconds passed without a reply
-    (never with ``within`` None). A pure function of the replies but for
-    ``completed_at``."""
+    """The events of one response from its replies: the opening, the deltas, then
+    the closing or ``response.failed``; None when ``within`` passed without a
+    reply. ``first`` is a reply already read."""
     for event in events.opening():
         yield event
     reply = first

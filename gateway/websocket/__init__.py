@@ -1,6 +1,5 @@
 """WebSocket endpoints: multiplexed chat and completions, and the Responses API's
-WebSocket mode. ``protocol`` holds the messages and their framing,
-``connection`` one accepted socket and its checked state, ``chat`` and
-``responses`` the two modes, ``api_router`` the routes."""
+WebSocket mode. ``protocol`` holds the messages, their framing and the
+connection, ``chat`` and ``responses`` the two modes, ``api_router`` the routes."""
 
 __all__: list[str] = []

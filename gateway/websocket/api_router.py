@@ -1,12 +1,6 @@
-"""The WebSocket routes. They accept the connection and only dispatch.
-
-``/v1/chat/completions`` and ``/v1/completions`` multiplex generations
-(:mod:`gateway.websocket.chat`); ``/v1/responses`` is OpenAI's Responses
-WebSocket mode (:mod:`gateway.websocket.responses`). The paths are those of
-the HTTP routes: a WebSocket handshake and a POST never meet on one route.
-Authentication ran before the handshake was accepted
-(:class:`gateway.auth.middleware.AuthMiddleware`); limits apply per request.
-"""
+"""The WebSocket routes, on the HTTP routes' paths: multiplexed chat and
+completions, and the Responses WebSocket mode. They accept and only dispatch;
+authentication ran before the handshake, limits apply per request."""
 
 from __future__ import annotations
 
@@ -14,10 +8,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, WebSocket
 
-from gateway.provide import service, services_of
+from gateway.services import service, services_of
 from gateway.submission import Submitter
 from gateway.websocket.chat import Multiplexer
-from gateway.websocket.connection import Connection
+from gateway.websocket.protocol import Connection
 from gateway.websocket.responses import ResponsesSession
 
 __all__ = ["websocket_router"]

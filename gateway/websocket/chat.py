@@ -1,13 +1,7 @@
-"""Several chat (or completion) generations on one WebSocket, each under the id
-its client gave it (:mod:`gateway.websocket.protocol` has the messages).
-
-:class:`Multiplexer` reads the frames and gives each request a task;
-:class:`Generation` holds one request's state. A request is admitted and
-submitted as its HTTP twin is, with the handshake's headers, and always
-streams. At most :data:`MAX_IN_FLIGHT` run at once (one more: 429 for its
-id; an id already in flight: 400). ``cancel`` closes that answer (one that
-arrives mid-produce takes effect once it is submitted; one for an unknown id
-is ignored); the connection closing cancels them all."""
+"""Several chat (or completion) generations on one WebSocket, each under its
+client's id, admitted and submitted as over HTTP and always streamed. At most
+:data:`MAX_IN_FLIGHT` at once (then 429; an id in flight: 400); ``cancel`` ends
+one (once it is submitted), the connection closing ends them all."""
 
 from __future__ import annotations
 
@@ -23,10 +17,10 @@ from conveyor.errors import InvalidRequest, RateLimited, RequestError
 from gateway.answer import Answer
 from gateway.errors import for_client
 from gateway.submission import Submitter
-from gateway.websocket.connection import Connection
 from gateway.websocket.protocol import (
     INTERNAL_ERROR,
     CancelMessage,
+    Connection,
     Endpoint,
     RequestMessage,
     chunk_frame,

@@ -1,13 +1,7 @@
-"""OpenAI's Responses API in WebSocket mode (``ws /v1/responses``).
-
-Each ``response.create`` is validated as ``POST /v1/responses`` is, submitted
-as a chat generation and answered with the SSE stream's events from the same
-loop (:func:`gateway.responses.serving.response_events`), one JSON message
-each. One response at a time per connection, first come first served, at most
-:data:`MAX_QUEUED` waiting (one more is refused with an ``error`` event). A
-refusal before the stream began is OpenAI's ``error`` event with the HTTP
-status; the connection closing cancels the running response and drops the
-waiting ones."""
+"""OpenAI's Responses API in WebSocket mode (``ws /v1/responses``): each
+``response.create`` validated as over HTTP and answered with the stream's
+events, one message each; one response at a time, at most :data:`MAX_QUEUED`
+waiting. A refusal before the stream is an ``error`` event with the HTTP status."""
 
 from __future__ import annotations
 
@@ -25,8 +19,8 @@ from gateway.responses.events import ResponseEvents
 from gateway.responses.objects import new_response_id
 from gateway.responses.serving import generation_of, response_events, translated
 from gateway.submission import Submitter
-from gateway.websocket.connection import Connection
 from gateway.websocket.protocol import (
+    Connection,
     ResponseCreate,
     encode,
     parse_response_create,

@@ -117,7 +117,7 @@ def test_ratings_an_earlier_conveyor_counted_in_two_tables_survive_the_upgrade(
         replicas: Replicas) -> None:
     """An accounting app of the earlier Conveyor kept ratings in two tables; the
     upgraded one, started over their changelogs, shows those ratings as its own
-    (workers/usage/migrate.py), beside the ones it had counted already."""
+    (workers/usage/run.py), beside the ones it had counted already."""
     tenant = f"old{uuid.uuid4().hex[:8]}"
     now = int(time.time() * 1000)
     old = Ratings({}, lambda: now)

@@ -29,7 +29,6 @@ from gateway.jobs.batches import Batches
 from gateway.jobs.board import JobBoard
 from gateway.publisher import Publisher
 from gateway.responses.serving import ResponsesServing
-from gateway.responses.types import BackgroundResponses as Background
 from gateway.services import Services
 from gateway.stored import StoredAnswers
 from gateway.submission import Submitter
@@ -141,7 +140,7 @@ def chat_serving(settings: Settings, producer: Any, redis: aioredis.Redis | None
 
 def responses_serving(settings: Settings, producer: Any, redis: aioredis.Redis | None = None,
                       lookup: SharedLookup | None = None,
-                      background: Background | None = None) -> ResponsesServing:
+                      background: BackgroundResponses | None = None) -> ResponsesServing:
     """The Responses API's serving as the lifespan wires it, over the stand-ins."""
     made = submitter(settings, producer, redis=redis)
     return ResponsesServing(settings, made, _stored(settings, lookup), made.cancels, background)

@@ -46,8 +46,8 @@ from topics.catalog import ROUTED
 from topics.envelope import now_ms, stamp
 from topics.tracing import genai_request_attributes
 from workers.infer.engines.base import Engine, GenerationRequest
+from workers.infer.heartbeat import Speed
 from workers.infer.progress import ProgressTracker
-from workers.infer.speed import Speed
 from workers.infer.token_records import TokenRecords
 from workers.outputs import Output, Sender, error_info
 from workers.prefix import tenant_salt

@@ -1,20 +1,14 @@
 """Whether a task is a first attempt or a retry, and where a retry continues.
 
-The tokens a client has seen are in ``conveyor.tokens``: that log, not Redis,
-is the record (docs/decisions/0001-the-log-is-the-record.md). Redis holds a
-*claim* per task (``started:<worker>``, then ``done:<worker>``) and a short
-*lease*, renewed while the task runs, that tells a duplicate (another worker
-runs it now: wait) from a retry (nobody does: continue it).
-
-A claim that Redis *creates* says "never started" only if the task was
-written after Redis's *epoch* (a key stamped with Redis's clock the first
-time it is missing, so a flush or a data-losing restart moves it), after
-this worker last saw Redis fail or restart, and after this worker started,
-each with ``clock_skew_ms`` to spare. Any other task, and every task while
-Redis is unreachable, is looked up in the request's partition of
-``conveyor.tokens`` from shortly before it entered the gateway, through the
-worker's :class:`~topics.lookup.SharedLookup`, and the chunks found are
-added up by postprocess's rule (:class:`~workers.chunk_order.ChunkOrder`).
+The tokens a client has seen are in ``conveyor.tokens``, the record
+(docs/decisions/0001-the-log-is-the-record.md). Redis holds a *claim* per task
+(``started:<worker>``, then ``done:<worker>``) and a short *lease*, renewed
+while the task runs, that tells a duplicate (wait) from a retry (continue).
+A claim Redis *creates* means "never started" only for a task written after
+Redis's epoch (stamped the first time it is missing), after this worker last
+saw Redis fail or restart, and after it started, each with ``clock_skew_ms``
+to spare; any other task is looked up in ``conveyor.tokens`` and its chunks
+added up by :class:`~workers.chunk_order.ChunkOrder`.
 """
 
 from __future__ import annotations

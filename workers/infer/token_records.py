@@ -1,19 +1,14 @@
 """An infer worker's records on ``conveyor.tokens``: the chunks of every stream
-it runs, one record a partition a window (docs/decisions/0032-many-streams-a-record.md).
+it runs, one record a partition a tick
+(docs/decisions/0032-many-streams-a-record.md).
 
-A run hands over a chunk whole (:meth:`TokenRecords.add`: its first, its last,
-an error, an unstreamed answer's checkpoint) or says it holds pieces
-(:meth:`TokenRecords.wants`), which the next tick takes from it as one chunk
-(:class:`Pieces`). A tick comes every ``coalesce_ms`` times (1 - 1/streams): a
-stream alone gets each piece at once, and under load one record carries a
-window's pieces of every stream whose request id falls in its partition. A
-chunk given ``at_once`` (a first or a last one) goes out without waiting for
-the tick, with whatever else is ready; the pieces held wait for the tick.
-
-Each chunk's future is done when the record holding it is in the log, so a run
-still commits its task only once all its chunks are. The records of one
-partition leave in the order their chunks were given, one tick after another,
-through one idempotent producer: a request's chunks stay in seq order.
+A run hands over a chunk whole (:meth:`TokenRecords.add`) or says it holds
+pieces (:meth:`TokenRecords.wants`), which the next tick takes as one chunk. A
+tick comes every ``coalesce_ms`` times (1 - 1/streams); a chunk given
+``at_once`` (a first or a last one) does not wait for it. Each chunk's future
+is done when its record is in the log. A partition's records leave in the
+order their chunks were given, through one idempotent producer, so a
+request's chunks stay in seq order.
 """
 
 from __future__ import annotations

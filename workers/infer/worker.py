@@ -55,11 +55,10 @@ from workers.infer.assignor import BusyAwareAssignor
 from workers.infer.engines.base import Engine
 from workers.infer.gateways import GatewayWatch
 from workers.infer.generation import TaskRun
-from workers.infer.heartbeat import Heartbeat, Snapshot, host_cache_of, reported_blocks
-from workers.infer.offsets import InFlightOffsets
+from workers.infer.heartbeat import Heartbeat, Snapshot, Speed, host_cache_of, reported_blocks
 from workers.infer.progress import ProgressTracker
-from workers.infer.speed import Speed
 from workers.infer.token_records import TokenRecords
+from workers.inflight import InFlightOffsets
 from workers.outputs import Sender
 from workers.prefix import HeldBlocks
 
@@ -115,7 +114,7 @@ class InferWorker:
         self.tracer = tracer or trace.NoOpTracer()
         self.dead_lettered: Callable[[], None] = lambda: None  # metrics count each letter
         self.interactive_ms = 0  # when the last interactive task was taken (heartbeats)
-        self.speed = Speed()  # measured from its generations (heartbeats; workers/infer/speed.py)
+        self.speed = Speed()  # measured from its generations (heartbeats)
         # the prompt blocks its engine's cache holds, as far as it can tell (heartbeats)
         self.held = HeldBlocks(settings.prefix.report_blocks)
         self.partitions: set[TopicPartition] = set()

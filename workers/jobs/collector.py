@@ -1,14 +1,13 @@
 """The results layer: folds each job's events (``conveyor.results``, key = job
-id) into its state, publishes it on ``conveyor.job-status``, and finishes
+id) into its state, publishes it on ``conveyor.job-status`` and finishes
 batches by writing their output and error files (ids derived from the batch
 id, so finishing twice writes the same files).
 
-State is rebuilt from the log, as in postprocess: a partition's commit never
-passes the first event of a job not final there. A change of status is
-published at once, of counts at most every :data:`PUBLISH_EVERY_S`; a tick
-publishes what was held back, finishes cancelled batches quiet for
-:data:`CANCEL_GRACE_MS` and expires batches past their window. Each state
-carries a version (microseconds) so a reader keeps the newest.
+A partition's commit never passes the first event of a job not final there.
+A change of status is published at once, of counts at most every
+:data:`PUBLISH_EVERY_S`; a tick publishes what was held back, finishes
+cancelled batches quiet for :data:`CANCEL_GRACE_MS` and expires batches past
+their window. Each state carries a version (microseconds).
 """
 
 from __future__ import annotations
@@ -28,9 +27,8 @@ from conveyor.settings import Settings
 from schemas.records import JobResult, JobStatus
 from topics.catalog import JOB_STATUS, RESULTS
 from topics.envelope import now_ms
-from workers.jobs.batch import BatchFold
 from workers.jobs.files import JobFiles
-from workers.jobs.response import ResponseFold
+from workers.jobs.folds import BatchFold, ResponseFold
 from workers.outputs import Output, Sender
 
 __all__ = ["ResultsLayer", "output_file_id", "PUBLISH_EVERY_S", "CANCEL_GRACE_MS"]

@@ -1,14 +1,13 @@
 """The jobs layer: a job's commands (``conveyor.jobs``) become its requests.
 
-``create`` of a batch reads its input file, checks every line
-(:mod:`workers.jobs.lines`) and either fails the batch (an ``invalid`` event:
-no line runs) or puts one request per line on ``conveyor.requests`` (priority
-batch, the completion window as deadline) after an ``expanded`` event;
-``create`` of a background response puts its one request there. ``cancel``
-cancels every request of the job on ``conveyor.control`` and tells the
-collector. Request ids are the job id and the line number, so a command
-handled twice sends the same requests again, which the pipeline treats as
-retries. A command the layer gives up on ends its job through
+``create`` of a batch checks every line of its input file
+(:mod:`workers.jobs.files`) and either fails the batch (``invalid``) or, after
+an ``expanded`` event, puts one request per line on ``conveyor.requests``
+(priority batch, the completion window as deadline); ``create`` of a
+background response puts its one request there. ``cancel`` cancels every
+request of the job on ``conveyor.control``. Request ids are the job id and
+the line number, so a command handled twice sends retries. A command the
+layer gives up on ends its job through
 :class:`~workers.jobs.dead_commands.DeadCommands`.
 """
 
@@ -30,8 +29,7 @@ from topics.catalog import CONTROL, JOBS, REQUESTS
 from topics.envelope import PRIORITY_BACKGROUND, PRIORITY_BATCH, new_envelope, now_ms
 from topics.policies import kept_policies
 from workers.jobs.dead_commands import DeadCommands
-from workers.jobs.files import JobFiles
-from workers.jobs.lines import parse_lines
+from workers.jobs.files import JobFiles, parse_lines
 from workers.layer import Layer
 from workers.outputs import Output, Sender, job_event, result_output
 from workers.policy_checks import redact_generation, redacted

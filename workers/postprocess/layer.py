@@ -1,16 +1,11 @@
 """Postprocess: turn each request's token chunks into the replies its client sees.
 
-State is per request id (:class:`RequestStream`) and lives in memory; it
-survives a restart because the log is replayed: the committed offset of a
-``conveyor.tokens`` partition never passes the first chunk of a request that
-is still open there, so a new owner of the partition rebuilds the state from
-the chunks. Replies carry an index and the gateway drops repeats, so the
-replay is invisible to clients.
-
-Each request that ends (its final reply or its error reply) also yields one
-:class:`UsageRecord` on ``conveyor.usage``, keyed by tenant, for the usage
-ledger (workers/usage). A replay after a crash may write it again; the
-ledger counts each request id once.
+State is per request id (:class:`RequestStream`), in memory, rebuilt by replay:
+the committed offset of a ``conveyor.tokens`` partition never passes the
+first chunk of a request still open there. Replies carry an index and the
+gateway drops repeats. Each request that ends also yields one
+:class:`UsageRecord` on ``conveyor.usage``, keyed by tenant; the ledger counts
+a replayed one once.
 """
 
 from __future__ import annotations

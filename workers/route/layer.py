@@ -1,15 +1,11 @@
-"""Route: resolve the request's model (or alias) in the registry to a pool.
+"""Route: resolve the request's model (or alias) in the registry to a pool; an
+unknown model fails with 404 ``model_not_found``.
 
-An unknown model fails the request with 404 ``model_not_found``. The task
-also carries the model's fallbacks (the registry's ``fallbacks``, in order),
-those whose context the prompt and its completion budget fit: schedule sends
-the task to the first one whose pool can take it when the model's own pool
-cannot (no live worker, every breaker open).
-
-A canary (a registry entry with ``deployments``) is served by one of its
-deployments, picked by weight from a hash of the tenant
-(:func:`topics.envelope.canary_key`), so a tenant sees one version; the route
-names it, and ``deployment_of`` the name asked for.
+The task carries the model's fallbacks that fit the prompt and its completion
+budget, in order (schedule uses them when the model's pool cannot take it). A
+canary (an entry with ``deployments``) is served by one deployment, picked by
+weight from a hash of the tenant (:func:`topics.envelope.canary_key`); the
+route names it, and ``deployment_of`` the name asked for.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The background and batch tasks schedule holds back until a worker has room.
+"""The background and batch tasks schedule holds back until a worker has room,
+and when one may go (:class:`BatchAdmission`).
 
 * **Order.** Per pool, lowest priority number first, then arrival order.
 * **Compact.** A held task keeps its encoded bytes as read from
@@ -9,13 +10,21 @@
   ``no_worker_timeout_s``; ``expired`` hands back those whose time is up.
 * **Every operation is O(log n)**: heaps with lazy removal, and
   dictionaries by request id and by partition.
+* **Admission** (docs/decisions/0005-schedule-holds-the-queue.md). While
+  interactive traffic is around on a pool (an interactive task this member
+  sent is unfinished or went less than ``linger_s`` ago, or the heartbeats
+  say one runs or was taken that recently), held tasks together take at
+  most ``floor(capacity * share * fraction)`` slots (``fraction``: this
+  member's part of the source partitions), and only free ones; otherwise
+  every slot plus ``prefetch`` per worker.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterable
+import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from aiokafka import TopicPartition
@@ -23,8 +32,9 @@ from aiokafka import TopicPartition
 from schemas.codec import Codec
 from schemas.records import Task
 from topics.catalog import ROUTED
+from topics.envelope import now_ms
 
-__all__ = ["Held", "HeldQueue"]
+__all__ = ["Held", "HeldQueue", "BatchAdmission", "Candidate"]
 
 
 @dataclass(eq=False, slots=True)
@@ -163,3 +173,60 @@ class HeldQueue:
         if len(self._by_deadline) > 64 and len(self._by_deadline) > 4 * len(self._by_id):
             self._by_deadline = [e for e in self._by_deadline if not e[2].gone]
             heapq.heapify(self._by_deadline)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A live worker of the pool: its id, capacity and load as schedule knows it."""
+
+    worker_id: str
+    capacity: int
+    load: int
+
+
+@dataclass
+class BatchAdmission:
+    share: float
+    prefetch: int = 0
+    linger_s: float = 2.0
+    clock: Callable[[], int] = now_ms
+    # the part of the source topic's partitions this member is assigned (1: all)
+    fraction: float = 1.0
+    _last_interactive_ms: dict[str, int] = field(default_factory=dict)
+
+    def interactive_sent(self, pool: str) -> None:
+        """An interactive task of ``pool`` went to a worker just now."""
+        self._last_interactive_ms[pool] = self.clock()
+
+    def interactive_around(self, pool: str, interactive_outstanding: int,
+                           seen: tuple[int, int] = (0, 0)) -> bool:
+        """Whether interactive traffic is about on ``pool``: this member's
+        (``interactive_outstanding``, its last send) or, from the workers'
+        heartbeats, anyone's (``seen``: running, when the last was taken)."""
+        running, taken_ms = seen
+        if interactive_outstanding > 0 or running > 0:
+            return True
+        last = max(self._last_interactive_ms.get(pool, 0), taken_ms)
+        return last > 0 and self.clock() - last < self.linger_s * 1000
+
+    def cap(self, capacity: int) -> int:
+        """The slots background and batch tasks this member sent may hold in a
+        pool of ``capacity`` while interactive traffic is around."""
+        return math.floor(capacity * self.share * self.fraction + 1e-9)
+
+    def choose(self, pool: str, candidates: list[Candidate], low_outstanding: int,
+               interactive_outstanding: int, seen: tuple[int, int] = (0, 0)
+               ) -> Candidate | None:
+        """The worker the next held task of ``pool`` goes to now, or None (it
+        stays held)."""
+        if not candidates:
+            return None
+        prefetch = self.prefetch
+        if self.interactive_around(pool, interactive_outstanding, seen):
+            if low_outstanding >= self.cap(sum(c.capacity for c in candidates)):
+                return None
+            prefetch = 0
+        room = [c for c in candidates if c.load < c.capacity + prefetch]
+        if not room:
+            return None
+        return min(room, key=lambda c: (c.load / max(1, c.capacity), c.worker_id))

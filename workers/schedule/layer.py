@@ -2,30 +2,26 @@
 (docs/decisions/0005-schedule-holds-the-queue.md).
 
 **Interactive tasks** (priority 0) go at once to an open worker
-(:mod:`~workers.schedule.breakers`) with room for them
-(:mod:`~workers.schedule.room`), chosen by :func:`workers.prefix.choose`;
-otherwise they are parked and placed as soon as a worker has room, or sent
-to a fallback's pool (:mod:`~workers.schedule.fallback`). Parked tasks are
-placed fairly between tenants (:func:`fair_order`): the tenant with the
-fewest interactive tasks running in the pool goes first; a tenant's own
-tasks keep their arrival order. A parked task is refused with 503
-``server_overloaded`` after ``schedule_timeout_s`` (or when its tenant
-already has ``schedule_queue_max`` tasks waiting in the pool),
-``no_worker_available`` after ``no_worker_timeout_s`` with no worker, and
-``pipeline_unavailable`` when the worker table cannot see the heartbeats.
+(:mod:`~workers.schedule.breakers`) with room (:mod:`~workers.schedule.room`),
+chosen by :func:`workers.prefix.choose`; otherwise they are parked until one
+has room, or go to the first fallback whose pool can (:func:`fall_back`: one
+hop, before any token; ``fallback_from`` names the model asked for). Parked
+tasks are placed fairly between tenants (:func:`fair_order`), and refused
+with 503 ``server_overloaded`` after ``schedule_timeout_s`` (or past
+``schedule_queue_max`` of the tenant's waiting), ``no_worker_available``
+after ``no_worker_timeout_s`` with no worker, ``pipeline_unavailable`` when
+the heartbeats cannot be seen.
 
 **Background and batch tasks** (priority 1 and 2) are held
-(:mod:`~workers.schedule.held`) and released one at a time while a worker
-has room for them (:mod:`~workers.schedule.admission`), until their own
-deadline: a worker's partition is a FIFO, and an interactive task must never
-wait behind a batch there.
+(:mod:`~workers.schedule.held`) and released one at a time while a worker has
+room for them, until their own deadline: a worker's partition is a FIFO, and
+an interactive task must never wait behind a batch there.
 
 Loads are known between heartbeats from what schedule sent
 (:mod:`~workers.schedule.outstanding`) and each generation's end
-(:mod:`~workers.schedule.finishes`). Parked and held tasks' offsets are not
-committed, so a scheduler that dies leaves them to its successor; a
-cancelled request's parked or held task is dropped; a request past its
-deadline fails with 504.
+(:mod:`~workers.schedule.outstanding`). Parked and held tasks' offsets are not
+committed, so a dying scheduler leaves them to its successor; a cancelled
+request's task is dropped; one past its deadline fails with 504.
 """
 
 from __future__ import annotations
@@ -33,18 +29,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from aiokafka import TopicPartition
-from opentelemetry.metrics import Meter
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from conveyor.errors import (
-    DeadlineExceeded,
-    PermanentBrokerError,
-    RequestError,
-    SchemaError,
-)
+from conveyor.errors import DeadlineExceeded, PermanentBrokerError, RequestError, SchemaError
 from conveyor.settings import Settings
 from schemas.codec import Codec, default_codec
 from schemas.records import Envelope, ErrorInfo, Task, WorkerHeartbeat
@@ -52,13 +44,9 @@ from topics.catalog import ROUTED, infer_topic
 from topics.envelope import PRIORITY_INTERACTIVE, now_ms, now_us, stamp
 from workers.outputs import Output, Sender, error_info, failure_reply
 from workers.prefix import PrefixIndex, RoutePolicy, WorkerLoad, choose
-from workers.schedule.admission import BatchAdmission, Candidate
 from workers.schedule.breakers import Breakers
-from workers.schedule.fallback import fall_back, others_can_take
-from workers.schedule.finishes import FinishFollower
-from workers.schedule.gauges import instrument
-from workers.schedule.held import Held, HeldQueue
-from workers.schedule.outstanding import Outstanding
+from workers.schedule.held import BatchAdmission, Candidate, Held, HeldQueue
+from workers.schedule.outstanding import FinishFollower, Outstanding
 from workers.schedule.room import (
     Parked,
     check_deadline,
@@ -70,17 +58,12 @@ from workers.schedule.room import (
     out_of_time,
     overloaded,
 )
-from workers.schedule.table import (
-    WorkerTable,
-    WorkerView,
-    relative_speeds,
-    serves,
-    warm_first,
-)
+from workers.schedule.table import WorkerTable, WorkerView, relative_speeds, serves, warm_first
 
-__all__ = ["ScheduleLayer", "Parked", "fair_order"]
+__all__ = ["ScheduleLayer", "Parked", "fair_order", "fall_back", "others_can_take", "instrument"]
 
 log = logging.getLogger(__name__)
+
 
 _RECHECK_S = 0.25
 
@@ -122,7 +105,7 @@ class ScheduleLayer:
             self.prefix.reported(beat["worker_id"], beat.get("prefix_blocks"), beat["ts_ms"])
 
     def instrument(self, meter: Meter) -> None:
-        instrument(self, meter)  # workers/schedule/gauges.py
+        instrument(self, meter)
 
     async def start(self, sender: Sender) -> None:
         """Read the heartbeats and breakers written so far before scheduling (a
@@ -422,3 +405,81 @@ def fair_order(parked: list[Parked], running: Callable[[str, str], int]) -> list
         if not queues[key]:
             del queues[key]
     return out
+
+
+W = TypeVar("W")
+
+
+def fall_back(task: Task, open_workers: Callable[[str, str], list[W]]) -> list[W]:
+    """The workers of the first fallback whose pool has some open to work
+    (``open_workers(pool, model)``), the task rerouted there; none: unchanged."""
+    route = task["route"]
+    for fallback in route.get("fallbacks", []):
+        workers = open_workers(fallback["pool"], fallback["model"])
+        if workers:
+            log.info("request %s: model %s cannot be served now; %s answers it",
+                     task["envelope"]["request_id"], route["model"], fallback["model"])
+            route["fallback_from"] = route["model"]
+            route["model"], route["pool"] = fallback["model"], fallback["pool"]
+            route["fallbacks"] = []
+            return workers
+    return []
+
+
+def others_can_take(task: Task, open_workers: Callable[[str, str], list[W]],
+                    worker_id: Callable[[W], str]) -> bool:
+    """Whether a task an engine failed before its first token has somewhere
+    else to go: an open worker of its pool that has not failed it, or a
+    fallback with an open worker. Said in the log either way."""
+    route = task["route"]
+    failed = list(route.get("failed_workers") or ())
+    others = [w for w in open_workers(route["pool"], route["model"])
+              if worker_id(w) not in failed]
+    fallbacks = [f for f in route.get("fallbacks", []) if open_workers(f["pool"], f["model"])]
+    failure = route.get("failure")
+    log.info("request %s: the engine of worker %s failed before the first token (%s); %s",
+             task["envelope"]["request_id"], failed[-1] if failed else "?",
+             failure["message"] if failure else "",
+             "another worker takes it" if others or fallbacks else "no other can")
+    return bool(others or fallbacks)
+
+
+_BREAKER_LEVEL = {"closed": 0, "half_open": 1, "open": 2}
+
+Observe = Callable[[CallbackOptions], Iterable[Observation]]
+
+
+def instrument(layer: ScheduleLayer, meter: Meter) -> None:
+    """Make schedule's gauges on ``meter``, observing ``layer``."""
+
+    def breakers(options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(_BREAKER_LEVEL.get(s["state"], 0),
+                            {"conveyor.worker": s["worker_id"], "conveyor.pool": s["pool"]})
+                for s in list(layer.breakers.states.values())]
+
+    def waiting(options: CallbackOptions) -> Iterable[Observation]:
+        pools = Counter(p.task["route"]["pool"] for p in list(layer.parked))
+        for pool in layer.table.pools():
+            pools.setdefault(pool, 0)
+        return [Observation(n, {"conveyor.pool": pool}) for pool, n in pools.items()]
+
+    def held(options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(layer.held.count(pool), {"conveyor.pool": pool})
+                for pool in {*layer.held.pools(), *layer.table.pools()}]
+
+    def sent(options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(layer.outstanding.at(wid), {"conveyor.worker": wid})
+                for wid in list(layer.table.workers)]
+
+    gauges: tuple[tuple[str, Observe, str, str], ...] = (
+        ("breaker_state", breakers, "1",
+         "Each worker's circuit breaker: 0 closed, 1 half-open (a probe out), 2 open."),
+        ("waiting", waiting, "{request}",
+         "Interactive tasks waiting in schedule for a worker with room."),
+        ("held", held, "{request}", "Batch and background tasks held back in schedule."),
+        ("sent", sent, "{request}",
+         "Tasks this scheduler sent to a worker whose generation has not ended."),
+    )
+    for name, callback, unit, description in gauges:
+        meter.create_observable_gauge(f"conveyor.schedule.{name}", callbacks=[callback],
+                                      unit=unit, description=description)

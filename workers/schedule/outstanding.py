@@ -3,22 +3,34 @@
 Heartbeats come once a second and a worker does not count the tasks waiting
 in its partitions, so schedule counts every task it sent, per worker and per
 pool, until the generation's final chunk appears on ``conveyor.tokens``
-(:mod:`workers.schedule.finishes`). An entry whose final chunk never comes
-is dropped by ``forget`` (a cancel), by ``reconcile`` (a heartbeat with room
-proves the tasks sent ``slack_ms`` before it taken: of those it runs at most
-``running``) or by ``expire`` (past its request's deadline plus a grace).
-With several scheduler members each counts only what it sent.
+(:class:`FinishFollower`: every partition, from its end when schedule starts,
+decoding only the records that end a generation schedule waits for). An entry
+whose final chunk never comes is dropped by ``forget`` (a cancel), by
+``reconcile`` (a heartbeat with room proves the tasks sent ``slack_ms``
+before it taken: of those it runs at most ``running``) or by ``expire`` (past
+its request's deadline plus a grace). Each scheduler member counts only what
+it sent.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from schemas.records import WorkerHeartbeat
+from conveyor.settings import Settings
+from schemas.codec import Codec, default_codec
+from schemas.records import ErrorInfo, TokenChunk, WorkerHeartbeat
+from topics.catalog import TOKENS
 from topics.envelope import PRIORITY_INTERACTIVE, now_ms
+from topics.follow import Follower, Record, follow
+from topics.reader import ended_ids, request_ids
 
-__all__ = ["Outstanding", "Sent"]
+__all__ = ["Outstanding", "Sent", "FinishFollower", "OnFinish"]
+
+log = logging.getLogger(__name__)
+
 
 # an entry outlives its request's deadline by this much before it is dropped
 # (a worker gives a generation up a minute after its deadline)
@@ -141,3 +153,63 @@ class Outstanding:
         for request_id in stale:
             self.forget(request_id)
         return stale
+
+
+_BATCH_WAIT_MS = 20
+_BATCH_BYTES = 256 * 1024
+
+# (request id, worker id, when the final chunk was written: the worker's clock,
+# ms, the generation's error or None)
+OnFinish = Callable[[str, str, int, ErrorInfo | None], None]
+
+
+class FinishFollower:
+    """Follows every partition of ``conveyor.tokens``; calls ``on_finish`` for
+    the final chunk of each request ``wanted`` accepts."""
+
+    def __init__(self, settings: Settings, wanted: Callable[[str], bool], on_finish: OnFinish,
+                 codec: Codec | None = None, partitions: int | None = None) -> None:
+        self.settings = settings
+        self.wanted = wanted
+        self.on_finish = on_finish
+        self.codec = codec or default_codec()
+        self.partitions = settings.kafka.pipeline_partitions if partitions is None else partitions
+        self.follower: Follower | None = None
+
+    async def run(self, ready: asyncio.Event | None = None) -> None:
+        """Follow until cancelled (through broker outages: see topics/follow.py);
+        ``ready`` is set once every partition is positioned at its end."""
+        # one consumer for every partition, its fetch held by the broker until it
+        # has _BATCH_BYTES or _BATCH_WAIT_MS passed: one fetch each _BATCH_WAIT_MS,
+        # not one per chunk (docs/decisions/0013-the-price-of-the-log.md)
+        follower = self.follower = follow(
+            self.settings, TOKENS, range(self.partitions), "end", poll_ms=200,
+            fetch_max_wait_ms=_BATCH_WAIT_MS, fetch_min_bytes=_BATCH_BYTES)
+
+        async def signal_ready(ready: asyncio.Event) -> None:
+            await follower.caught_up.wait()
+            ready.set()
+
+        signalling = None if ready is None else asyncio.create_task(signal_ready(ready))
+        try:  # a failure surfaces on the layer
+            async for batch in follower.events(self.codec, keep=self.wants):
+                for record, chunk in batch:
+                    self.read(record, chunk)
+        finally:
+            if signalling is not None:
+                signalling.cancel()
+
+    def wants(self, record: Record) -> bool:
+        """A record that ends a generation ``wanted`` accepts (only those are
+        decoded): by its ended-ids header, or any of its requests' when it has
+        none (a prompt cache hit's chunk, written alone)."""
+        ids = ended_ids(record)
+        return any(self.wanted(rid.decode(errors="replace"))
+                   for rid in (request_ids(record) if ids is None else ids))
+
+    def read(self, record: Record, chunk: TokenChunk) -> None:
+        """Hand on the end of a wanted generation."""
+        ended = chunk["finish_reason"] is not None or chunk["error"] is not None
+        rid = chunk["envelope"]["request_id"]
+        if ended and self.wanted(rid):
+            self.on_finish(rid, chunk["worker_id"], record.timestamp, chunk["error"])

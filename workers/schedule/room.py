@@ -74,7 +74,7 @@ def has_room(view: WorkerView, busy: int, need: int) -> bool:
 def interactive_busy(view: WorkerView, busy: int, low_sent: int) -> int:
     """A worker's tasks (``busy``) less its batch and background ones (by its beat,
     or the ``low_sent`` this scheduler sent it): those keep to their share
-    (admission.py) and never keep an interactive task from a slot."""
+    (held.py, BatchAdmission) and never keep an interactive task from a slot."""
     low = max(view.beat["running"] - view.beat["interactive_running"], low_sent)
     return max(0, busy - low)
 

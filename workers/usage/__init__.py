@@ -5,7 +5,7 @@ Postprocess writes one UsageRecord per finished request to
 application run by :func:`run_accounting`) counts each request once into
 tables by minute and by day and mirrors them into Redis; the
 :class:`UsageLedger` reads Redis for the CLI, the admin API and reports.
-Redis key layout: :mod:`workers.usage.layout`.
+Redis key layout: :mod:`workers.usage.mirror`.
 """
 
 from workers.usage.ledger import UsageLedger, UsageRow

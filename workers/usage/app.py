@@ -2,35 +2,16 @@
 the usage ledger (per key, tenant and model, by minute and by day) and
 ``conveyor.feedback`` into ratings, and mirrors both into Redis.
 
-Faust is here, and only here, because its tables restored from changelogs
-pay on this cold path (docs/decisions/0002-faust-on-the-cold-path-only.md,
-with what each guard below fixed and measured).
-
-- **Names.** App id and group ``settings.kafka.group("accounting")``, so a
-  ``topic_prefix`` has its own group and changelogs; Faust's data directory
-  is ``<home>/accounting/<app id>`` (:func:`accounting_datadir`, under
-  :func:`conveyor_home`).
-- **Membership.** Dynamic, with the settings' session timeout and heartbeat.
-- **Tables.** ``usage-totals`` (workers/usage/rows.py, counting.py),
-  partitioned like the usage topic, and ``feedback-ratings`` (ratings.py); in
-  memory, no standby replicas. Changelogs compacted in 1 MiB segments
-  (Kafka compacts only closed ones), tombstones kept an hour; these configs
-  apply when the topic is created.
-- **Repeats.** A window of request ids per partition, in memory, read back
-  from the usage topic when a partition's events start somewhere new
-  (workers/usage/seen.py).
-- **Faust's failures guarded**: the flow held through a rebalance's end, and
-  a recovery that ends inside the next rebalance resumes nothing (flow.py),
-  batched fetches and never-committed partitions read again (fetching.py),
-  rows changelogged once a commit (write_behind.py), a commit only after its
-  changelog writes are acknowledged (drain.py).
-- **Retention.** Each partition swept at most once a minute, while one of its
-  events is in hand (a table changes only then).
-- **Poison values** go to ``conveyor.dlq`` as DeadLetters (decode.py).
-- **Progress.** A held partition with events waiting and none counted for
-  20 s is a warning with Faust's state of it (progress.py).
-- **Mirror.** Every ``MIRROR_INTERVAL_S`` (mirroring.py); the tables are the
-  record, Redis is the copy.
+Faust is here, and only here, because its tables restored from changelogs pay
+on this cold path; what each guard against Faust's failures fixed (flow.py,
+changelog.py) and measured: docs/decisions/0002-faust-on-the-cold-path-only.md.
+App id and group are ``settings.kafka.group("accounting")``, its data under
+``<home>/accounting/<app id>``. Tables (``usage-totals``, partitioned like the
+usage topic, and ``feedback-ratings``) live in memory with compacted
+changelogs. Each partition is swept at most once a minute; poison values go
+to ``conveyor.dlq`` (:class:`UsageValueCodec` never raises); a held partition
+with events waiting and none counted for 20 s is a warning with Faust's state
+of it (:class:`Progress`).
 """
 
 from __future__ import annotations
@@ -38,37 +19,37 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import faust
+from faust.serializers.codecs import Codec as FaustCodec
 
 from conveyor.metrics import LayerMetrics, LayerProbe
-from conveyor.redis_clients import Redis, redis_client
+from conveyor.redis_clients import REDIS_ERRORS, Redis, redis_client
 from conveyor.settings import Settings
-from schemas.codec import default_codec
+from schemas.codec import Codec, EventType, default_codec
 from schemas.records import DeadLetter
 from topics.admin import Replication
 from topics.backoff import RateLimitedLog
 from topics.envelope import now_ms
-from workers.usage.counting import SEEN_WINDOW, Counter
-from workers.usage.decode import Undecodable, UsageValueCodec
-from workers.usage.drain import drain_before_commit
-from workers.usage.fetching import batched_fetch_transport
-from workers.usage.flow import hold_flow_until_resumed
-from workers.usage.layout import UsageKeys
-from workers.usage.mirror import RedisMirror
-from workers.usage.mirroring import FULL_MIRROR_EVERY, MirrorPass
-from workers.usage.progress import Progress, committed, consumer_state, highwater
-from workers.usage.ratings import Ratings
-from workers.usage.seen import ids_before
-from workers.usage.write_behind import WriteBehind
+from workers.usage.changelog import WriteBehind, drain_before_commit
+from workers.usage.counting import SEEN_WINDOW, Counter, ids_before
+from workers.usage.flow import batched_fetch_transport, hold_flow_until_resumed
+from workers.usage.mirror import RedisMirror, UsageKeys
+from workers.usage.ratings import RatingCounts, RatingKey, Ratings
+from workers.usage.rows import Counts, RowKey
 
 __all__ = ["AccountingApp", "MIRROR_INTERVAL_S", "FULL_MIRROR_EVERY", "SWEEP_EVERY_MS",
-           "FLUSH_TIMEOUT_S", "accounting_datadir", "changelog_configs", "conveyor_home"]
+           "FLUSH_TIMEOUT_S", "MirrorPass", "UNREADY_WARN_S", "accounting_datadir",
+           "changelog_configs", "conveyor_home",
+           "Undecodable", "UsageValueCodec", "STALL_AFTER_S", "Progress", "Stall", "committed",
+           "consumer_state", "highwater"]
 
 log = logging.getLogger(__name__)
+
 
 MIRROR_INTERVAL_S = 0.5
 PROGRESS_CHECK_S = 5.0  # how often the app looks for a partition it stopped counting
@@ -81,6 +62,8 @@ CHANGELOG_SEGMENT_BYTES = 1024 * 1024
 TOMBSTONES_KEPT_MS = 3_600_000
 # room a dead letter keeps for its own fields (as workers/outputs.py)
 _LETTER_OVERHEAD = 16 * 1024
+FULL_MIRROR_EVERY = 10  # ticks: a full pass every 5 s
+UNREADY_WARN_S = 15.0  # the mirror says so when the tables stay unready this long
 
 
 def changelog_configs(replication: Replication) -> dict[str, str]:
@@ -143,12 +126,12 @@ class AccountingApp:
         )
         self.feedback_topic = settings.kafka.topic("feedback")
         # usage is fetched in batches, and a rebalance reads a counted partition
-        # with no commit from its beginning (workers/usage/fetching.py): set
+        # with no commit from its beginning (workers/usage/flow.py): set
         # before anything (a topic, a table) asks the app for its transport
         self.app.transport = batched_fetch_transport(
             self.app, frozenset({self.source_topic, self.feedback_topic}))
         # a source offset is committed only once its changelog writes are
-        # acknowledged (workers/usage/drain.py)
+        # acknowledged (workers/usage/changelog.py)
         self.drain = drain_before_commit(self.app.producer.buffer, FLUSH_TIMEOUT_S)
         # no event is handed to the agent between a rebalance's seek and the
         # clearing of its queue (workers/usage/flow.py)
@@ -156,7 +139,7 @@ class AccountingApp:
         self.totals = self.app.Table("usage-totals", partitions=partitions,
                                      extra_topic_configs=changelog_configs(replication),
                                      help="row key -> counts (workers/usage/rows.py)")
-        # rows changelogged once a commit, not once an event (write_behind.py)
+        # rows changelogged once a commit, not once an event (changelog.py)
         self.row_writes = WriteBehind(self.totals)
         self.drain.before = self.row_writes.flush
         self.counter = Counter(self.row_writes, now_ms, window)
@@ -178,7 +161,7 @@ class AccountingApp:
         self._codec = default_codec()
         self._swept: dict[int, int] = {}
         self.mirroring = MirrorPass(self)
-        # says so when a held partition stops being counted (workers/usage/progress.py)
+        # says so when a held partition stops being counted (Progress)
         self.progress = Progress()
         self._stalls = RateLimitedLog(log)
 
@@ -314,3 +297,191 @@ class AccountingApp:
                     message.topic, message.partition, message.offset, expected, error)
         ack = await self.dlq.send(key=key, value=self._codec.encode("DeadLetter", letter))
         await ack
+
+
+@dataclass(frozen=True)
+class Undecodable:
+    """A value of the usage topic that is not a UsageRecord."""
+
+    data: bytes
+    error: str
+
+
+class UsageValueCodec(FaustCodec):
+    """bytes -> UsageRecord dict (or :class:`Undecodable`); the reverse for tests.
+    ``event_type`` "Feedback" reads ``conveyor.feedback`` the same way."""
+
+    def __init__(self, codec: Codec | None = None,
+                 event_type: EventType = "UsageRecord") -> None:
+        super().__init__()
+        self.codec = codec or default_codec()
+        self.event_type: EventType = event_type
+
+    def _loads(self, s: bytes) -> Any:
+        try:
+            return self.codec.decode(s, self.event_type)
+        except Exception as exc:  # any failure to read is a poison value, not a crash
+            return Undecodable(data=bytes(s), error=f"{type(exc).__name__}: {exc}")
+
+    def _dumps(self, s: Any) -> bytes:
+        return self.codec.encode(self.event_type, s)
+
+
+STALL_AFTER_S = 20.0
+
+
+@dataclass(frozen=True)
+class Stall:
+    topic: str
+    partition: int
+    handled: int | None  # the last offset handled, None when none yet
+    highwater: int
+    idle_s: float
+
+
+@dataclass
+class Progress:
+    """The last offset handled of each partition and when it changed."""
+
+    clock: Callable[[], float] = time.monotonic
+    stall_after_s: float = STALL_AFTER_S
+    _last: dict[tuple[str, int], tuple[int | None, float]] = field(default_factory=dict)
+
+    def handled(self, topic: str, partition: int, offset: int) -> None:
+        self._last[(topic, partition)] = (offset, self.clock())
+
+    def stalls(self, held: Iterable[tuple[str, int, int | None, int | None]]
+               ) -> list[Stall]:
+        """The partitions of ``held`` (topic, partition, high-water mark and
+        committed offset, each None when unknown) with events past the last
+        handled and the commit, and none handled for ``stall_after_s``; a
+        partition seen here for the first time starts its wait now."""
+        now = self.clock()
+        found = []
+        for topic, partition, highwater, committed in held:
+            key = (topic, partition)
+            if key not in self._last:
+                self._last[key] = (None, now)
+            offset, since = self._last[key]
+            done = max(0 if offset is None else offset + 1, committed or 0)
+            if highwater is None or highwater <= done:
+                self._last[key] = (offset, now)  # nothing waiting: not idle
+                continue
+            if now - since >= self.stall_after_s:
+                found.append(Stall(topic, partition, offset, highwater, now - since))
+        return found
+
+
+def highwater(app: Any, tp: Any) -> int | None:
+    """The broker's high-water mark of ``tp`` as the consumer last fetched it."""
+    try:
+        return int(app.consumer.highwater(tp))
+    except Exception:  # not assigned (any more), or not fetched yet
+        return None
+
+
+def committed(app: Any, tp: Any) -> int | None:
+    """The offset Faust last committed (or sought to) on ``tp``."""
+    offset = app.consumer._committed_offset.get(tp)
+    return None if offset is None else int(offset)
+
+
+def consumer_state(app: Any, tp: Any) -> str:
+    """Faust's consumer state for ``tp``, for a log line."""
+    consumer = app.consumer
+    return (f"flow {'on' if consumer.flow_active else 'off'}, agents' flow "
+            f"{'on' if app.flow_control.is_active() else 'off'}, "
+            f"{'paused' if tp in consumer._paused_partitions else 'fetched'}, "
+            f"read {consumer._read_offset.get(tp)}, committed "
+            f"{consumer._committed_offset.get(tp)}, generation "
+            f"{app.consumer_generation_id}, rebalancing {app.rebalancing}")
+
+
+class MirrorPass:
+    """The mirror tick of one accounting app (workers/usage/mirror.py says what it
+    writes, and when)."""
+
+    def __init__(self, owner: AccountingApp) -> None:
+        self.owner = owner
+        self._ticks = 0
+        self._full_due = True
+        self._problems = RateLimitedLog(log)
+        self._unready_since: float | None = None
+
+    def ready(self) -> bool:
+        """Whether the tables are whole: no rebalance or recovery under way."""
+        # Faust's own flags (faust-streaming 0.15.3: App.rebalancing, App.in_recovery,
+        # Recovery.completed), read only; tests/unit/workers/usage/test_faust_patches.py
+        app = self.owner.app
+        recovery: Any = getattr(app.tables, "recovery", None)
+        return (not app.rebalancing and not app.in_recovery
+                and recovery is not None and recovery.completed.is_set())
+
+    def active_partitions(self) -> set[int]:
+        return {tp.partition for tp in self.owner.app.assignor.assigned_actives()
+                if tp.topic == self.owner.source_topic}
+
+    def rows(self, texts: Iterable[str] | None, partitions: set[int]
+             ) -> Iterator[tuple[RowKey, Counts]]:
+        """The rows of ``texts`` (all when None) that this member owns."""
+        if texts is None:
+            items: Iterable[tuple[str, Any]] = list(self.owner.totals.items())
+        else:
+            items = [(t, self.owner.totals.get(t)) for t in texts]
+        for text, value in items:
+            if value is not None and value["p"] in partitions:
+                yield RowKey.parse(text), Counts.from_value(value)
+
+    def rating_rows(self, texts: Iterable[str] | None
+                    ) -> Iterator[tuple[RatingKey, RatingCounts]]:
+        """The rating rows of ``texts`` (all when None), when this member owns
+        the feedback topic's partition."""
+        owned = any(tp.topic == self.owner.feedback_topic
+                    for tp in self.owner.app.assignor.assigned_actives())
+        if not owned:
+            return
+        if texts is None:
+            items: Iterable[tuple[str, Any]] = list(self.owner.ratings.rows())
+        else:
+            items = [(t, self.owner.rating_table.get(t)) for t in texts]
+        for text, value in items:
+            if value is not None:
+                yield RatingKey.parse(text), RatingCounts.from_value(value)
+
+    async def mirror_once(self) -> int:
+        """One tick: write the changed rows, or all of them when a full pass is due."""
+        if not self.ready():
+            if self._unready_since is None:
+                self._unready_since = time.monotonic()
+            elif time.monotonic() - self._unready_since >= UNREADY_WARN_S:
+                recovery: Any = getattr(self.owner.app.tables, "recovery", None)
+                self._problems.warning(
+                    "unready", "usage mirror: the tables have not been whole for %.0f s "
+                    "(rebalancing %s, in recovery %s, recovery complete %s); nothing mirrored",
+                    time.monotonic() - self._unready_since, self.owner.app.rebalancing,
+                    self.owner.app.in_recovery,
+                    recovery is not None and recovery.completed.is_set())
+            return 0
+        if self._unready_since is not None:
+            self._unready_since = None
+            self._problems.resolved("unready", "usage mirror: the tables are whole again")
+        self._ticks += 1
+        full = self._full_due or self._ticks % FULL_MIRROR_EVERY == 0
+        dirty = self.owner.counter.take_dirty()
+        rated = self.owner.ratings.take_dirty()
+        # read every value now (no await in between): what is written is one moment
+        rows = list(self.rows(None if full else dirty, self.active_partitions()))
+        ratings = list(self.rating_rows(None if full else rated))
+        try:
+            written = await self.owner.mirror.write(rows)
+            written += await self.owner.mirror.write_ratings(ratings)
+        except REDIS_ERRORS as exc:
+            self.owner.counter.dirty |= dirty
+            self.owner.ratings.dirty |= rated
+            self._full_due = True
+            self._problems.warning("mirror", "usage mirror: Redis failed (%r); retrying",
+                                   exc)
+            return 0
+        self._full_due = False
+        self._problems.resolved("mirror", "usage mirror: Redis answers again")
+        return written

@@ -1,17 +1,14 @@
 """Counting one UsageRecord into the ledger's tables, exactly once.
 
-- **Postprocess wrote the record twice**: a record whose request id is among
-  the :data:`SEEN_WINDOW` offsets before it in its partition is dropped
-  (workers/usage/seen.py). The window is kept in memory and read back after
-  a restart or a rebalance (:meth:`Counter.needs_window`,
-  :meth:`Counter.load_window`).
-- **The app replays events** (at-least-once: after a SIGKILL it starts from
-  the last commit, and the changelog may already hold some rows' effect of
-  later events). Each row stores the position of the last event counted in
-  it; an event at or before it in the same partition leaves the row alone.
-  A changelog record is a whole row, so every row is consistent with itself
-  and the replay completes the rest. A replayed event meets the same window,
-  so the two guards never disagree.
+- **A record postprocess wrote twice** is dropped when its request id is
+  among the :data:`SEEN_WINDOW` offsets before it in its partition
+  (:class:`SeenWindow`). The window is never stored: after a restart or a
+  rebalance it is read back from the usage topic (:func:`ids_before`), so a
+  replay is judged as the first run was. Why 100,000 offsets suffice:
+  docs/decisions/0002-faust-on-the-cold-path-only.md.
+- **A replayed event** (at-least-once) leaves alone every row that stores a
+  position at or after its own in the same partition; a changelog record is
+  a whole row, so each row is consistent with itself.
 
 :class:`Counter` needs only a mutable mapping: tested on dicts, run on a
 Faust table.
@@ -19,14 +16,107 @@ Faust table.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, MutableMapping
-from typing import Any
+from collections import deque
+from collections.abc import AsyncGenerator, Callable, Iterable, MutableMapping
+from typing import Any, cast
 
-from workers.usage.buckets import is_expired
-from workers.usage.rows import Counts, RowKey, rows_of
-from workers.usage.seen import SEEN_WINDOW, SeenWindow
+from conveyor.settings import Settings
+from schemas.codec import Codec, default_codec
+from topics.follow import follow
+from workers.usage.rows import Counts, RowKey, is_expired, rows_of
 
-__all__ = ["Counter", "SEEN_WINDOW"]
+__all__ = ["SeenWindow", "SEEN_WINDOW", "ids_before", "request_id_of", "Counter", "SEEN_WINDOW"]
+
+
+SEEN_WINDOW = 100_000
+
+
+class SeenWindow:
+    """The request ids at the offsets ``[next_offset - size, next_offset)`` of one
+    partition (None where the value was not a UsageRecord)."""
+
+    def __init__(self, size: int, next_offset: int) -> None:
+        if size < 1:
+            raise ValueError(f"a seen window holds at least one offset, not {size}")
+        self.size = size
+        self.next_offset = next_offset
+        self._ids: deque[str | None] = deque()  # one entry per offset, oldest first
+        self._copies: dict[str, int] = {}  # id -> how many of its copies are in _ids
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._copies
+
+    def __len__(self) -> int:
+        """How many distinct request ids the window holds."""
+        return len(self._copies)
+
+    def add(self, offset: int, request_id: str | None) -> None:
+        """The id read at ``offset`` (None: no UsageRecord there); offsets only
+        grow, and any skipped between hold nothing."""
+        if offset < self.next_offset:
+            raise ValueError(f"offset {offset} is behind the window's next, {self.next_offset}")
+        gap = offset - self.next_offset
+        if gap >= self.size:
+            self._ids.clear()
+            self._copies.clear()
+        else:
+            for _ in range(gap):
+                self._push(None)
+        self._push(request_id)
+        self.next_offset = offset + 1
+
+    def _push(self, request_id: str | None) -> None:
+        self._ids.append(request_id)
+        if request_id is not None:
+            self._copies[request_id] = self._copies.get(request_id, 0) + 1
+        if len(self._ids) > self.size:
+            gone = self._ids.popleft()
+            if gone is not None:
+                left = self._copies[gone] - 1
+                if left:
+                    self._copies[gone] = left
+                else:
+                    del self._copies[gone]
+
+
+# what ids_before reads is bounded by its count: 100,000 records are about 20 MB
+_FETCH_BYTES = 8 * 1024 * 1024
+
+
+def request_id_of(value: bytes | None, codec: Codec) -> str | None:
+    """The request id of a usage value; None when it is not a UsageRecord."""
+    try:
+        return str(codec.decode(value, "UsageRecord")["request_id"])
+    except Exception:  # a poison value holds no request id
+        return None
+
+
+async def ids_before(settings: Settings, topic: str, partition: int, offset: int,
+                     count: int, codec: Codec | None = None
+                     ) -> list[tuple[int, str | None]]:
+    """``(offset, request id or None)`` of the records of ``topic[partition]`` in
+    ``[offset - count, offset)`` (from the partition's start when that is
+    later), in offset order."""
+    start = max(0, offset - count)
+    if start >= offset:
+        return []
+    codec = codec or default_codec()
+    follower = follow(settings, topic, partition, start,
+                      max_partition_fetch_bytes=_FETCH_BYTES)
+    found: list[tuple[int, str | None]] = []
+    # a generator, closed here so that its consumer stops now, not when collected
+    batches = cast(AsyncGenerator[list[Any], None], follower.batches())
+    try:
+        async for records in batches:
+            for record in records:
+                if record.offset >= offset:
+                    return found
+                found.append((record.offset, request_id_of(record.value, codec)))
+            if records[-1].offset + 1 >= offset:
+                return found
+    finally:
+        await batches.aclose()
+    return found
 
 
 class Counter:

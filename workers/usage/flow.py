@@ -1,45 +1,38 @@
-"""Keep Faust from dropping the first events after a rebalance, and from
-ending a rebalance in the middle of the next one.
+"""The accounting app's consumer around a rebalance, and its fetches.
 
-**The hold.** faust-streaming ends a rebalance by resuming the stream
-partitions, seeking them to their committed offsets, then
-``app.flow_control.resume()`` (which empties every agent's queue), then
-``consumer.resume_flow()``. The flow is already on, so events fetched during
-the seek were cleared from the queues while the position moved past them
-(docs/decisions/0002-faust-on-the-cold-path-only.md). :func:`hold_flow_until_resumed`
-stops the consumer's flow on ``on_rebalance_complete`` (sent before that
-sequence): nothing reaches an agent until Faust's own ``resume_flow()``, and
-the seek reads again what was fetched meanwhile.
+- **The hold** (:func:`hold_flow_until_resumed`): faust-streaming ends a
+  rebalance by seeking the stream partitions to their commits, then emptying
+  the agents' queues, then resuming the consumer's flow; the flow is stopped
+  on ``on_rebalance_complete`` (sent before that sequence), so events fetched
+  during the seek are read again, not dropped. When a rebalance began
+  (``App.rebalancing_count``) after the last assignment, the hold raises
+  Faust's ``RebalanceAgain``: a recovery ending inside the next rebalance
+  resumes nothing, and the next assignment's recovery resumes everything.
+- **Batches** (:func:`batched_fetch_transport`): the broker may hold a fetch
+  until :data:`FETCH_MIN_BYTES` or :data:`FETCH_MAX_WAIT_MS` (Faust asks for
+  every byte at once), and a counted partition nothing was committed on is
+  read from its beginning after each rebalance
+  (:func:`seek_committed_or_earliest`; aiokafka's seek skips it).
 
-**An end in the middle of the next rebalance.** Faust ends a generation's
-recovery unless the consumer's generation has changed, and the generation
-changes when the next assignment arrives, not when its revocation begins: a
-recovery that ended between the two (the join between them waits for every
-member the group still counts, a dead one up to its session's end) resumed
-the partitions, both flows and the rebalance's end there. The next assignment
-then made every partition it assigned fetchable before pausing them, so a
-record could reach the agents before that generation's tables were restored;
-of a partition the process never held, it reached Faust's conductor before
-its index knew the partition (a KeyError, and the app crashed). The hold now
-also raises Faust's own ``RebalanceAgain`` when a rebalance began
-(``App.rebalancing_count``, counted as aiokafka revokes) after the last
-assignment: Faust's recovery loop drops that ending as it does when an
-assignment interrupts a recovery, and the next assignment's recovery resumes
-everything. Reproduced by tests/faults/workers/usage/test_ratings_rebalance.py.
-
-Written against faust-streaming 0.15.3 (``faust/tables/recovery.py``,
-``faust/app/base.py``); the order it relies on is pinned by
-tests/unit/workers/usage/test_faust_patches.py.
+What each fixed: docs/decisions/0002-faust-on-the-cold-path-only.md. Written
+against faust-streaming 0.15.3 and aiokafka 0.14.0; the internals relied on
+are pinned by tests/unit/workers/usage/test_faust_patches.py.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import aiokafka
+import faust
+from aiokafka import TopicPartition
 from faust.tables.recovery import RebalanceAgain
+from faust.transport.drivers import aiokafka as faust_aiokafka
 
-__all__ = ["hold_flow_until_resumed"]
+__all__ = ["hold_flow_until_resumed", "FETCH_MAX_WAIT_MS", "FETCH_MIN_BYTES",
+           "batched_fetch_transport", "seek_committed_or_earliest"]
 
 log = logging.getLogger(__name__)
 
@@ -73,3 +66,67 @@ def hold_flow_until_resumed(app: Any) -> None:
     hold = _Hold(app)
     app.on_partitions_assigned.connect(hold.on_assigned)
     app.on_rebalance_complete.connect(hold.on_complete)
+
+
+FETCH_MIN_BYTES = 64 * 1024
+FETCH_MAX_WAIT_MS = 100
+
+
+class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    # Faust's consumer thread makes the aiokafka consumer here, with every
+    # setting from the app's configuration but the fetch sizes, which Faust
+    # does not pass on
+    def _create_worker_consumer(self, transport: Any) -> aiokafka.AIOKafkaConsumer:
+        consumer = super()._create_worker_consumer(transport)
+        # read by AIOKafkaConsumer.start() when it makes its fetcher
+        consumer._fetch_min_bytes = FETCH_MIN_BYTES
+        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS
+        return consumer
+
+    # Faust's Consumer.perform_seek (every rebalance's end) calls this through
+    # the consumer it delegates to; Faust's own calls aiokafka's, which skips
+    # a partition with no commit
+    async def seek_to_committed(self) -> Mapping[Any, int]:
+        counted: frozenset[str] = getattr(self.transport, "counted_topics", frozenset())
+        consumer = self._ensure_consumer()
+        return await self.call_thread(  # type: ignore[no-any-return]
+            seek_committed_or_earliest, consumer, lambda tp: tp.topic in counted)
+
+
+async def seek_committed_or_earliest(
+        consumer: aiokafka.AIOKafkaConsumer,
+        restart: Callable[[TopicPartition], bool] = lambda tp: True,
+) -> dict[TopicPartition, int | None]:
+    """Seek every assigned partition to its committed offset, and those with
+    none (or 0) for which ``restart`` holds to their beginning; the committed
+    offsets, as aiokafka's ``seek_to_committed`` returns them. (The app asks
+    it for the topics it counts: a table's changelog has no commits, and
+    Faust's recovery positions it itself.)"""
+    committed: dict[TopicPartition, int | None] = await consumer.seek_to_committed()
+    fresh = [tp for tp, offset in committed.items() if not offset and restart(tp)]
+    if fresh:
+        log.info("accounting: nothing committed on %s: read from the beginning",
+                 ", ".join(sorted(f"{tp.topic}[{tp.partition}]" for tp in fresh)))
+        await consumer.seek_to_beginning(*fresh)
+    return committed
+
+
+class _Consumer(faust_aiokafka.Consumer):
+    # the one seam Faust gives to choose the consumer thread's class
+    def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
+        return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+
+class _Transport(faust_aiokafka.Transport):
+    Consumer = _Consumer  # Transport.create_consumer makes self.Consumer
+    counted_topics: frozenset[str] = frozenset()
+
+
+def batched_fetch_transport(app: faust.App, counted: frozenset[str]
+                            ) -> faust_aiokafka.Transport:
+    """A transport for ``app`` (set before it starts) whose consumer fetches in
+    batches and reads the partitions of ``counted`` (the topics the app counts)
+    that have no commit from their beginning after a rebalance."""
+    transport = _Transport(app.conf.broker_consumer, app)
+    transport.counted_topics = counted
+    return transport

@@ -1,16 +1,11 @@
 """Reading the usage ledger from Redis: reports and quota totals.
 
 :class:`UsageLedger` is what the CLI (``conveyor usage``), the admin API and
-the quota check read; it never talks to Faust or Kafka, only to the copy the
-accounting app keeps in Redis (layout in workers/usage/layout.py). Redis
-errors are not caught here: the caller's boundary translates them (the
-gateway answers 503).
-
-A report has one row per bucket that saw requests, oldest first; a bucket
-is in it when it overlaps ``[since_ms, until_ms)``. Buckets older than their
-retention (two days of minutes, 400 days of days) are gone, so the range is
-cut to what can still exist, which also bounds a report to about 2,900
-buckets whatever range is asked.
+the quota check read: only the copy the accounting app keeps in Redis
+(workers/usage/mirror.py), whose errors the caller's boundary translates. A
+report has one row per bucket that saw requests and overlaps
+``[since_ms, until_ms)``, oldest first; the range is cut to the buckets'
+retention, so a report holds at most about 2,900 buckets.
 """
 
 from __future__ import annotations
@@ -23,8 +18,8 @@ from conveyor.errors import InvalidRequest
 from conveyor.redis_clients import Redis
 from conveyor.settings import Settings
 from topics.envelope import now_ms
-from workers.usage.buckets import DAY_MS, RETENTION_MS, bucket_start, next_bucket
-from workers.usage.layout import UsageKeys, decode_counts, decode_ratings
+from workers.usage.mirror import UsageKeys, decode_counts, decode_ratings
+from workers.usage.rows import DAY_MS, RETENTION_MS, bucket_start, next_bucket
 
 __all__ = ["UsageLedger", "UsageRow", "RatingsDay", "ReportBy"]
 

@@ -1,24 +1,91 @@
-"""The ledger's copy in Redis: every row of the accounting tables written whole.
+"""The ledger's copy in Redis: its key layout, and the writer of the rows of
+the accounting tables, each whole. Read by
+:class:`~workers.usage.ledger.UsageLedger` and, for the two quota keys, by
+the rate limiter's admission script.
 
-Readers (the CLI, the admin endpoint, the quota check) read Redis, never
-Faust. SET and HSET of absolute values, never INCR: writing a row twice is
-harmless, a stale write is put right by the next pass, and a Redis that lost
-its data is whole after one full pass (workers/usage/mirroring.py says
-when). Commands go in pipelines of ``batch``, without a transaction.
+``P`` is ``settings.kafka.topic_prefix``; days and months are UTC; ``B`` is a
+bucket start in epoch milliseconds.
+
+- ``P:usage:<tenant>:day:<YYYY-MM-DD>``: STRING, the tenant's prompt plus
+  completion tokens of that day (an integer). Read by the quota check.
+- ``P:usage:<tenant>:month:<YYYY-MM>``: STRING, the same for the month.
+- ``P:usage:<tenant>:by-minute:<B>`` and ``P:usage:<tenant>:by-day:<B>``:
+  HASH, one field per row of that bucket: ``tenant`` (the tenant's own
+  total), ``key:<key id>`` and ``model:<model>``; each value is
+  ``"<requests> <errors> <prompt tokens> <completion tokens>"``.
+
+- ``P:ratings:<tenant>:by-day:<B>``: HASH, the ratings of that day
+  (workers/usage/ratings.py): ``tenant``, ``model:<model asked for>`` and
+  ``deployment:<model that answered>``; each value is ``"<count> <score sum>"``.
+
+Every key is written whole with SET/HSET (never INCR), in pipelines without
+a transaction: writing it again is harmless, a stale write is put right by
+the next pass. Every key expires with its bucket (``PXAT``/``PEXPIREAT``).
+The accounting app's tick (``MirrorPass``, workers/usage/app.py) writes, every
+``MIRROR_INTERVAL_S``, the rows changed since the last tick; every
+``FULL_MIRROR_EVERY`` ticks, and after a failed write, every row the member
+owns, so Redis heals from a FLUSHALL within seconds; nothing while a
+rebalance or a table recovery is under way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from conveyor.redis_clients import Redis
-from workers.usage.buckets import expires_at
-from workers.usage.layout import UsageKeys, encode_counts, encode_ratings
 from workers.usage.ratings import RatingCounts, RatingKey
-from workers.usage.rows import Counts, RowKey
+from workers.usage.rows import Counts, Granularity, RowKey, day_label, expires_at, month_label
 
-__all__ = ["RedisMirror"]
+__all__ = ["UsageKeys", "encode_counts", "decode_counts", "encode_ratings", "decode_ratings",
+           "RedisMirror"]
+
+
+@dataclass(frozen=True)
+class UsageKeys:
+    prefix: str
+
+    def quota(self, tenant: str, period: Granularity, at_ms: int) -> str:
+        """The quota total of the day or month that holds ``at_ms``."""
+        if period == "day":
+            return f"{self.prefix}:usage:{tenant}:day:{day_label(at_ms)}"
+        if period == "month":
+            return f"{self.prefix}:usage:{tenant}:month:{month_label(at_ms)}"
+        raise ValueError(f"no quota total by {period}")
+
+    def bucket(self, tenant: str, by: Granularity, bucket_ms: int) -> str:
+        """The hash of one minute or day of a tenant."""
+        return f"{self.prefix}:usage:{tenant}:by-{by}:{bucket_ms}"
+
+    @staticmethod
+    def field(dim: str, ident: str = "") -> str:
+        return "tenant" if dim == "tenant" else f"{dim}:{ident}"
+
+    def ratings(self, tenant: str, day_ms: int) -> str:
+        """The hash of one day's ratings of a tenant."""
+        return f"{self.prefix}:ratings:{tenant}:by-day:{day_ms}"
+
+
+def encode_counts(counts: Counts) -> str:
+    return (f"{counts.requests} {counts.errors} {counts.prompt_tokens} "
+            f"{counts.completion_tokens}")
+
+
+def encode_ratings(counts: RatingCounts) -> str:
+    return f"{counts.count} {counts.score_sum}"
+
+
+def decode_ratings(text: str | bytes) -> RatingCounts:
+    raw = text.decode() if isinstance(text, bytes) else text
+    count, score_sum = raw.split()
+    return RatingCounts(int(count), float(score_sum))
+
+
+def decode_counts(text: str | bytes) -> Counts:
+    raw = text.decode() if isinstance(text, bytes) else text
+    requests, errors, prompt, completion = (int(v) for v in raw.split())
+    return Counts(requests, errors, prompt, completion)
 
 
 class RedisMirror:

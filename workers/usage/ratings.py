@@ -1,22 +1,15 @@
 """Ratings in the usage ledger: ``conveyor.feedback`` counted per tenant, per
-model asked for and per deployment that answered, by day.
+model asked for and per deployment that answered (as gateway/feedback.py
+joined them), by day, kept 400 days.
 
-* **A request's latest rating counts**, once: rating again takes the earlier
-  score out of its rows (its day, model and deployment) and puts the new one
-  into those of its own day, so ten ratings of an answer weigh as one.
-* **What a rating is joined to** came with it (gateway/feedback.py): the model
-  asked for, the one that answered (a canary or a fallback; "" when the
-  answer had not ended) and the latency.
-* **Exactly once across crashes**, as usage (workers/usage/counting.py): each
-  row keeps the position of the last event applied to it, and a request's
-  latest rating is written after its rows. Rows and latest ratings are one
-  table, one changelog partition, so what survives a SIGKILL is a prefix of
-  the writes and a replay finds the earlier rating still there to take out
-  (why: docs/decisions/0002-faust-on-the-cold-path-only.md).
-* **Retention**: 400 days, as the usage by day; a latest rating goes with it.
-
-:class:`Ratings` needs only a mutable mapping (tested on a dict). A row's key
-is :meth:`RatingKey.text` (a JSON array); a latest rating's ``LATEST + request id``.
+A request's latest rating counts, once: rating again takes the earlier score
+out of its rows and puts the new one into those of its own day. Exactly once
+across crashes, as usage: each row keeps the position of the last event
+applied to it, and a request's latest rating (``LATEST + request id``) is
+written after its rows in the same one-partition table, so a replay finds
+the earlier rating still there to take out
+(docs/decisions/0002-faust-on-the-cold-path-only.md). :class:`Ratings` needs
+only a mutable mapping; a row's key is :meth:`RatingKey.text`.
 """
 
 from __future__ import annotations
@@ -26,7 +19,7 @@ from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from workers.usage.buckets import bucket_start, expires_at, is_expired
+from workers.usage.rows import bucket_start, expires_at, is_expired
 
 __all__ = ["LATEST", "RatingKey", "RatingCounts", "Ratings", "RatingDim"]
 

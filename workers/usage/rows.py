@@ -1,27 +1,92 @@
-"""The rows of the usage ledger: what is counted, and under which key.
+"""The rows of the usage ledger and their time buckets.
+
+A request is counted in the UTC minute, day and month buckets of the time it
+*finished* (``UsageRecord.finished_ms``), each named by its start in epoch
+ms. Minutes are kept two days, days 400, months as long as days plus the
+month itself; a bucket is gone once ``start + retention`` has passed.
 
 A row is one (granularity, bucket, dimension, tenant, id) with four counts;
-the dimensions are the tenant, one of its API keys and one model it used.
-Every row carries the tenant, so it lives in the partition of the tenant's
-usage events. Months are counted for the tenant alone (the monthly quota).
-
-Rows are plain tables with the bucket start in the key, not Faust's windowed
-tables: the mirror and the sweep read the key alone, retention is a
-comparison, and the value carries the position of the last event counted in
-it (workers/usage/counting.py). A key is the JSON text of ``[by, dim,
-bucket_ms, tenant, id]`` (:meth:`RowKey.parse`), a value a small dict of
-short names (:meth:`Counts.from_value`).
+the dimensions are the tenant, one of its API keys and one model it used
+(months for the tenant alone: the monthly quota). Rows carry the tenant, so
+they live in the partition of its usage events. A key is the JSON text of
+``[by, dim, bucket_ms, tenant, id]`` (:meth:`RowKey.parse`), a value a small
+dict of short names holding the position of the last event counted in it
+(:meth:`Counts.from_value`).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from workers.usage.buckets import Granularity, bucket_start
+__all__ = ["Granularity", "GRANULARITIES", "MINUTE_MS", "DAY_MS", "RETENTION_MS", "bucket_start",
+           "next_bucket", "expires_at", "is_expired", "day_label", "month_label", "Dimension",
+           "DIMENSIONS", "RowKey", "Counts", "rows_of"]
 
-__all__ = ["Dimension", "DIMENSIONS", "RowKey", "Counts", "rows_of"]
+
+# what a report is bucketed by; "month" exists only for the tenant's quota total
+Granularity = Literal["minute", "day", "month"]
+GRANULARITIES: tuple[Granularity, ...] = get_args(Granularity)
+
+MINUTE_MS = 60_000
+DAY_MS = 24 * 3600 * 1000
+
+RETENTION_MS: dict[Granularity, int] = {
+    "minute": 2 * DAY_MS,
+    "day": 400 * DAY_MS,
+    "month": 431 * DAY_MS,
+}
+
+
+def _utc(ms: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC)
+
+
+def _ms(moment: dt.datetime) -> int:
+    return int(moment.timestamp()) * 1000
+
+
+def bucket_start(ms: int, by: Granularity) -> int:
+    """The start (epoch ms) of the bucket of ``by`` that holds ``ms``."""
+    if by == "minute":
+        return ms - ms % MINUTE_MS
+    if by == "day":
+        return ms - ms % DAY_MS
+    moment = _utc(ms)
+    return _ms(dt.datetime(moment.year, moment.month, 1, tzinfo=dt.UTC))
+
+
+def next_bucket(start: int, by: Granularity) -> int:
+    """The start of the bucket after the one that starts at ``start``."""
+    if by == "minute":
+        return start + MINUTE_MS
+    if by == "day":
+        return start + DAY_MS
+    moment = _utc(start)
+    year, month = (moment.year + 1, 1) if moment.month == 12 else (moment.year, moment.month + 1)
+    return _ms(dt.datetime(year, month, 1, tzinfo=dt.UTC))
+
+
+def expires_at(start: int, by: Granularity) -> int:
+    """When the bucket that starts at ``start`` is dropped (epoch ms)."""
+    return start + RETENTION_MS[by]
+
+
+def is_expired(start: int, by: Granularity, now_ms: int) -> bool:
+    return expires_at(start, by) <= now_ms
+
+
+def day_label(ms: int) -> str:
+    """``YYYY-MM-DD`` (UTC) of ``ms``: the name of the day in the quota keys."""
+    return _utc(ms).strftime("%Y-%m-%d")
+
+
+def month_label(ms: int) -> str:
+    """``YYYY-MM`` (UTC) of ``ms``: the name of the month in the quota keys."""
+    return _utc(ms).strftime("%Y-%m")
+
 
 Dimension = Literal["tenant", "key", "model"]
 DIMENSIONS: tuple[Dimension, ...] = get_args(Dimension)

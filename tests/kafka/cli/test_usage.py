@@ -19,10 +19,8 @@ import redis.asyncio as aioredis
 from cli.usage import cmd_accounting, cmd_usage, parse_time, register
 from conveyor.settings import Settings, load_settings
 from topics.envelope import now_ms
-from workers.usage.buckets import DAY_MS, MINUTE_MS, bucket_start
-from workers.usage.layout import UsageKeys
-from workers.usage.mirror import RedisMirror
-from workers.usage.rows import Counts, RowKey
+from workers.usage.mirror import RedisMirror, UsageKeys
+from workers.usage.rows import DAY_MS, MINUTE_MS, Counts, RowKey, bucket_start
 
 
 @dataclass(frozen=True)

@@ -3,30 +3,23 @@
 The one llama.cpp engine (``--engine llamacpp``; ``llamacpp-batch`` is its
 former name). ``contexts`` batched contexts (default 2, one a core), each with
 its share of the ``sequences`` and a thread of its own, advance all their
-sequences with one ``llama_decode`` a step. Why, and what each choice
+sequences with one ``llama_decode`` a step: each running sequence's last token
+and at most ``prefill_chunk`` prompt tokens. Why, and what each choice
 measured: docs/decisions/0007-batching.md, 0028-one-llama-cpp-engine.md.
 
-* Each context's thread owns it (making, decoding, sampling, freeing);
-  sequences join and leave between steps, so a closed generator frees its
-  sequence within one step. Prompts are tokenized on the event loop.
-* A new sequence goes to the least busy context, among equals to the one
-  whose free slots hold the longest prefix of its prompt; a busier context
-  wins only with a prefix longer by ``prefill_chunk`` tokens. The context's
-  thread picks the slot (``llamacpp_prompts.reuse_score``, and host memory
-  with ``host_cache_bytes``: llamacpp_cache); the reuse is ``cached_tokens``.
-  A prompt reuses only what prompts of its ``cache_salt`` left.
-* A step is each running sequence's last token and at most ``prefill_chunk``
-  prompt tokens. One unified KV cache per context, each sequence within
-  ``n_ctx`` positions: a longer prompt is an :class:`~conveyor.errors.EngineError`,
-  an answer that reaches it ends with ``length``.
-* Greedy answers are the same alone or beside other streams; seeded samples
-  may differ (``reproducible_seeds`` False: docs/decisions/0009-same-answer-at-temperature-0.md).
-* OpenAI's sampling order (llamacpp_sampling); text through an incremental
-  UTF-8 decoder, held back where it may begin a stop string; each piece
-  ``tokens=1``, the last carrying the rest of the tokens sampled. A chat
-  preprocess did not render gets the GGUF's chat template. Failures inside
-  llama.cpp surface from :meth:`generate` as EngineError (a request's own
-  fault, a :class:`~conveyor.errors.RequestError`, as itself).
+* A new sequence goes to the least busy context, among equals to the one whose
+  free slots hold the longest prefix of its prompt (of its own ``cache_salt``);
+  a busier context wins only with a prefix longer by ``prefill_chunk`` tokens.
+  The context's thread picks the slot (and host memory with
+  ``host_cache_bytes``: llamacpp_cache); the reuse is ``cached_tokens``.
+* Each sequence has ``n_ctx`` positions: a longer prompt is an
+  :class:`~conveyor.errors.EngineError`, an answer that reaches it ends with
+  ``length``. Greedy answers are the same alone or beside other streams;
+  seeded samples may differ (docs/decisions/0009-same-answer-at-temperature-0.md).
+* Each piece ``tokens=1``, the last carrying the rest of the tokens sampled; a
+  chat preprocess did not render gets the GGUF's chat template. Failures
+  inside llama.cpp surface from :meth:`generate` as EngineError (a request's
+  own fault, a :class:`~conveyor.errors.RequestError`, as itself).
 """
 
 from __future__ import annotations
@@ -43,7 +36,13 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 from conveyor.errors import EngineError, RequestError
 from conveyor.registry import ModelSpec
 from workers.infer.engines.base import GenerationRequest, HostCacheStats, KvState, Piece
-from workers.infer.engines.llamacpp_batch_context import Context, Item, Sequence
+from workers.infer.engines.llamacpp_batch_context import (
+    Context,
+    Item,
+    Sequence,
+    chat_formatter,
+    prompt_or_bos,
+)
 from workers.infer.engines.llamacpp_cache import (
     HostCache,
     held_tokens,
@@ -51,7 +50,6 @@ from workers.infer.engines.llamacpp_cache import (
     stats_of,
 )
 from workers.infer.engines.llamacpp_grammar import checked_prefix
-from workers.infer.engines.llamacpp_prompts import chat_formatter, prompt_or_bos
 
 __all__ = ["LlamaCppBatchEngine"]
 
@@ -59,6 +57,9 @@ __all__ = ["LlamaCppBatchEngine"]
 class LlamaCppBatchEngine:
     """Serves ``sequences`` generations at once, decoded together in ``contexts``
     batched contexts of ``n_threads`` threads each."""
+    # a grammar sampler and llama.cpp's logit-bias sampler in each sequence's chain;
+    # logprobs read off each sequence's logits (logprob_of)
+    constrains_output = decodes_tools = biases_logits = reports_logprobs = True
 
     def __init__(
         self,
@@ -75,10 +76,6 @@ class LlamaCppBatchEngine:
             raise ValueError("sequences and contexts must be at least 1")
         self.name = name
         self.capacity = sequences
-        self.constrains_output = True  # a grammar sampler in each sequence's chain
-        self.decodes_tools = True  # the same sampler, on the tools' grammar
-        self.biases_logits = True  # llama.cpp's logit-bias sampler, first in each chain
-        self.reports_logprobs = True  # read off each sequence's logits (logprobs.py)
         # the pool's models, all of them loaded (base.Engine)
         self.served: list[str] | None = None
         self.loaded: list[str] | None = None

@@ -1,9 +1,14 @@
 """The engine-thread side of :mod:`workers.infer.engines.llamacpp_batch`: one
 batched llama.cpp context, the only thread that touches it, its slots (a
 sequence id each and the tokens its cache holds), the sequences it decodes,
-their text (UTF-8 across tokens, stop strings held back) and their samplers.
-The module notes of ``llamacpp_batch`` give the decisions; this is where they
-are carried out.
+their text (UTF-8 across tokens, stop strings held back), what a cached
+sequence is worth to a prompt (:func:`reuse_score`), and each sequence's
+sampler chain in OpenAI's order (logit bias checked against the vocabulary,
+penalties, temperature, top_p, the draw; a structured answer's grammar checks
+the draw). Log probabilities (:func:`logprob_of`) are the model's own
+distribution, a log-softmax of the raw logits before sampling shapes it (as
+vLLM reports them), computed only for requests that ask. The module notes of
+``llamacpp_batch`` give the decisions.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import codecs
 import ctypes
+import os
+import secrets
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -18,18 +25,20 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 import llama_cpp
+import numpy as np
 from llama_cpp import Llama
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from conveyor.errors import EngineError
-from schemas.records import TokenLogprob
+from conveyor.errors import EngineError, InvalidRequest
+from schemas.records import TokenLogprob, TopLogprob
 from workers.infer.engines.base import GenerationRequest, Piece
 from workers.infer.engines.llamacpp_cache import HostCache
-from workers.infer.engines.llamacpp_grammar import CheckedSampling
-from workers.infer.engines.llamacpp_prompts import common_prefix, reuse_score
-from workers.infer.engines.llamacpp_sampling import sequence_sampler
-from workers.infer.engines.logprobs import logprob_of, taken
+from workers.infer.engines.llamacpp_grammar import CheckedSampling, grammar_sampler
 
-__all__ = ["Context", "Sequence", "Text"]
+__all__ = ["Context", "Sequence", "Text", "chat_formatter", "common_prefix", "prompt_or_bos",
+           "reuse_score", "llama_seed", "checked_bias", "bias_sampler", "sequence_sampler",
+           "logprob_of", "token_bytes", "LoggedSampler", "with_logprobs", "taken"]
+
 
 Item = Piece | BaseException
 _Finish = Literal["stop", "length"]
@@ -167,7 +176,7 @@ class Context:
         params.n_batch = params.n_ubatch = self.prefill_chunk + self.share
         params.n_seq_max = self.share
         params.n_threads = params.n_threads_batch = self.n_threads
-        params.kv_unified = True  # see the module notes
+        params.kv_unified = True  # one KV cache for all its sequences, each within n_ctx
         params.no_perf = True
         self._ctx = llama_cpp.llama_init_from_model(self.llm.model, params)
         if not self._ctx:
@@ -376,3 +385,184 @@ class Context:
             buffer = ctypes.create_string_buffer(-n)
             n = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, -n, 0, False)
         return buffer.raw[:max(0, n)]
+
+
+def common_prefix(cached: list[int], tokens: list[int]) -> int:
+    """How many leading ``tokens`` a cache holding ``cached`` holds already."""
+    return len(os.path.commonprefix([cached, tokens]))
+
+
+def reuse_score(cached: list[int], tokens: list[int]) -> int:
+    """What a prompt of ``tokens`` gains from a cache holding ``cached``: the
+    tokens it reuses less those of the cached sequence it throws away, 0 when
+    that is nothing (the caller then takes the least recently used cache), and
+    all of it when the cache holds the whole prompt (all but its last token),
+    however long the answer after it (docs/decisions/0028-one-llama-cpp-engine.md)."""
+    shared = common_prefix(cached, tokens)
+    if shared and shared >= len(tokens) - 1:
+        return shared
+    return max(0, shared - (len(cached) - shared))
+
+
+def prompt_or_bos(llm: Llama, prompt: str) -> str | list[int]:
+    """An empty prompt (OpenAI takes ``""``) starts from the beginning-of-sequence
+    token: llama.cpp cannot evaluate zero tokens, and a model whose tokenizer adds
+    no BOS itself (SmolLM2) would otherwise fail."""
+    return prompt if prompt else [llm.token_bos()]
+
+
+def chat_formatter(llm: Llama) -> Jinja2ChatFormatter | None:
+    """The GGUF's own chat template, or None when the file has none."""
+    template = llm.metadata.get("tokenizer.chat_template")
+    if not template:
+        return None
+
+    def token_text(token: int) -> str:
+        if token < 0:
+            return ""
+        return llm.detokenize([token], special=True).decode("utf-8", errors="ignore")
+
+    return Jinja2ChatFormatter(
+        template=template,
+        eos_token=token_text(llm.token_eos()),
+        bos_token=token_text(llm.token_bos()),
+        add_generation_prompt=True,
+    )
+
+
+_SEED_SPACE = 0xFFFFFFFF
+# the sampled tokens the presence and frequency penalties look back over
+_PENALTY_WINDOW = 64
+
+
+def llama_seed(seed: int | None) -> int:
+    """llama.cpp's 32-bit seed of a request's (any 64-bit) seed; random without one."""
+    if seed is None:
+        return secrets.randbelow(_SEED_SPACE)
+    return seed % _SEED_SPACE
+
+
+def checked_bias(request: GenerationRequest, n_vocab: int) -> dict[int, float] | None:
+    """The request's logit_bias, each token checked against the vocabulary
+    (preprocess checked it; an event may be forged); None without one."""
+    if not request.logit_bias:
+        return None
+    for token, _ in request.logit_bias:
+        if not 0 <= token < n_vocab:
+            raise InvalidRequest(f"Invalid 'logit_bias': token {token} is not in the "
+                                 "model's vocabulary.", param="logit_bias")
+    return dict(request.logit_bias)
+
+
+def sequence_sampler(request: GenerationRequest, vocab: Any, accepted: list[int]) -> Any:
+    n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
+    bias = bias_sampler(request, n_vocab) if request.logit_bias else None  # raises first
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    if bias is not None:
+        llama_cpp.llama_sampler_chain_add(chain, bias)
+    if request.presence_penalty or request.frequency_penalty:
+        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_penalties(
+            n_vocab, _PENALTY_WINDOW, 1.0, request.frequency_penalty,
+            request.presence_penalty))
+    if request.temperature <= 0:
+        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
+    else:
+        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_temp(
+            request.temperature))
+        if request.top_p < 1.0:
+            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_p(
+                request.top_p, 1))
+        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(
+            llama_seed(request.seed)))
+    if request.response_format is not None:  # the grammar checks the chain's draw
+        checked = CheckedSampling(chain, grammar_sampler(vocab, request.response_format),
+                                  n_vocab)
+        for token in accepted:
+            checked.accept(token)
+        return checked
+    for token in accepted:
+        llama_cpp.llama_sampler_accept(chain, token)
+    return chain
+
+
+def bias_sampler(request: GenerationRequest, n_vocab: int) -> Any:
+    """llama.cpp's logit-bias sampler of the request's logit_bias (checked)."""
+    bias = checked_bias(request, n_vocab) or {}
+    biases = (llama_cpp.llama_logit_bias * len(bias))()
+    for i, (token, value) in enumerate(bias.items()):
+        entry = cast(Any, biases[i])
+        entry.token, entry.bias = token, value
+    return llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(bias), biases)
+
+
+def token_bytes(vocab: Any, token: int) -> bytes:
+    """A token's text as llama.cpp writes it (special tokens as nothing)."""
+    buffer = ctypes.create_string_buffer(64)
+    n = llama_cpp.llama_token_to_piece(vocab, token, buffer, 64, 0, False)
+    if n < 0:
+        buffer = ctypes.create_string_buffer(-n)
+        n = llama_cpp.llama_token_to_piece(vocab, token, buffer, -n, 0, False)
+    return buffer.raw[:max(0, n)]
+
+
+def logprob_of(ctx: Any, index: int, n_vocab: int, token: int, top: int,
+               piece: Callable[[int], bytes]) -> TokenLogprob:
+    """The log probability of ``token`` at output ``index`` of ``ctx``, and the
+    ``top`` most likely tokens there."""
+    logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, index),
+                                   shape=(n_vocab,)).astype(np.float64)
+    peak = float(logits.max())
+    total = peak + float(np.log(np.exp(logits - peak).sum()))
+    best: list[TopLogprob] = []
+    if top > 0:
+        ids = np.argpartition(-logits, top)[:top]
+        for i in sorted(ids.tolist(), key=lambda i: -logits[i]):
+            data = piece(i)
+            best.append(TopLogprob(token=data.decode("utf-8", "replace"), bytes=data,
+                                   logprob=float(logits[i]) - total))
+    data = piece(token)
+    return TokenLogprob(token=data.decode("utf-8", "replace"), bytes=data,
+                        logprob=float(logits[token]) - total, top=best)
+
+
+class LoggedSampler:
+    """The sampler llama-cpp-python asks for, wrapped: each token it samples
+    (but the end of the answer) has its log probability put in ``sink``."""
+
+    def __init__(self, inner: Any, vocab: Any, n_vocab: int, top: int,
+                 sink: list[TokenLogprob]) -> None:
+        self.inner, self.vocab, self.n_vocab, self.top, self.sink = inner, vocab, n_vocab, \
+            top, sink
+
+    def sample(self, ctx: Any, idx: int = -1) -> int:
+        token = int(self.inner.sample(ctx, idx))
+        if not llama_cpp.llama_vocab_is_eog(self.vocab, token):
+            self.sink.append(logprob_of(ctx.ctx, idx, self.n_vocab, token, self.top,
+                                        lambda t: token_bytes(self.vocab, t)))
+        return token
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def with_logprobs(llm: Any, request: Any, sink: list[TokenLogprob]) -> None:
+    """Have ``llm`` (a llama-cpp-python ``Llama``) report the log probability of
+    every token it samples for ``request`` into ``sink``, if the request asks:
+    the sampler it builds (its own, or a structured one) is wrapped in a
+    :class:`LoggedSampler`."""
+    if not request.logprobs:
+        return
+    build = llm._init_sampler
+    vocab = llm._model.vocab
+
+    def init_sampler(**kwargs: Any) -> Any:
+        return LoggedSampler(build(**kwargs), vocab, llm.n_vocab(), request.top_logprobs, sink)
+
+    llm._init_sampler = init_sampler
+
+
+def taken(pending: list[TokenLogprob]) -> tuple[TokenLogprob, ...]:
+    """The log probabilities sampled since the last piece, for this one (emptied)."""
+    out = tuple(pending)
+    pending.clear()
+    return out

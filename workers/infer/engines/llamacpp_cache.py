@@ -1,23 +1,15 @@
 """The KV caches of finished conversations, kept in host memory.
 
-A slot of a llama.cpp context holds one prompt's KV cache; when a new
-conversation takes it, the last one's next turn would evaluate its whole
-history again. As vLLM's prefix cache and llama.cpp's server prompt cache:
-
-* **Saved when evicted.** Before a slot starts a prompt that throws away at
-  least ``min_tokens`` of what it holds, its sequence's KV cells are copied
-  out (``llama_state_seq_get_data``) under its tokens. A next turn in the
-  same slot costs no copy.
-* **Restored when it beats the slot.** A prompt whose longest saved prefix
-  is ``min_tokens`` longer than what the chosen slot shares with it gets that
-  sequence copied in (``llama_state_seq_set_data``); the model's own bytes,
-  so the same answer. A restored sequence leaves the cache (its slot saves it
-  again, grown, when it moves on).
-* **Bounded in bytes**, least recently used out; a saved prefix of a newer
-  sequence is dropped. One lock; the copies run outside it.
+* **Saved when evicted**: a slot about to throw away at least ``min_tokens``
+  of what it holds copies its sequence's cells out
+  (``llama_state_seq_get_data``) under its tokens.
+* **Restored when it beats the slot**: a saved prefix ``min_tokens`` longer
+  than what the chosen slot shares with the prompt is copied in
+  (``llama_state_seq_set_data``; the model's own bytes, the same answer) and
+  leaves the cache.
+* **Bounded in bytes**, least recently used out; one lock, copies outside it.
 * **Keyed by salt and tokens**: restored only for a prompt of the same salt
-  (its tenant's, workers/prefix.py), so no tenant gets another's cells or
-  learns from ``cached_tokens`` what another sent.
+  (workers/prefix.py), so no tenant gets another's cells.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
-"""Several models on one worker: loaded warm, lazily, and evicted under a budget.
-
-``conveyor infer --models a,b,c --warm a --model-budget-mib 600``: one engine
-per model, made by the worker's engine factory (so they share the flags that
-say what requests they take).
-
-* **Warm** models load before the worker joins its pool; **lazy** ones on
-  their first request, in a thread, which that request waits for (a failed
-  load fails it with an engine error, for schedule's breaker).
-* **The budget** counts each model's GGUF file plus its contexts' KV cache;
-  the least recently used idle models are closed until a new one fits, and a
-  busy one never is, so a load may wait (``0``: no budget).
-* **The heartbeat** lists the models served and loaded; schedule prefers
-  workers that have a model loaded (workers/schedule/layer.py).
+"""Several models on one worker (``conveyor infer --models a,b,c --warm a
+--model-budget-mib 600``): one engine per model, made by the worker's engine
+factory. Warm models load before the worker joins its pool, lazy ones on
+their first request, in a thread (a failed load fails that request with an
+engine error). The budget counts each model's GGUF file plus its KV cache;
+the least recently used idle models are closed until a new one fits, never a
+busy one (``0``: no budget). The heartbeat lists the models served and
+loaded; schedule prefers workers that have a model loaded.
 """
 
 from __future__ import annotations

@@ -1,29 +1,20 @@
 """An engine that forwards to an OpenAI-compatible HTTP upstream (vLLM, SGLang,
 llama.cpp's server); why each choice: docs/decisions/0020-the-http-engine.md.
 
-* **One ``aiohttp.ClientSession``** opened by :meth:`start`, ``capacity``
-  keep-alive connections; ``timeout_s`` bounds connecting and each wait for
-  the next chunk, not the whole answer.
-* **Endpoint.** A rendered ``prompt_text`` (or any completion) goes to
-  ``/v1/completions`` with the continuation appended; a chat without one to
-  ``/v1/chat/completions``, a continuation as a final assistant message with
-  vLLM's ``continue_final_message: true, add_generation_prompt: false``.
-* **Streaming.** ``stream: true`` with ``include_usage``; the body is read a
-  block at a time, one ``orjson.loads`` per ``data:`` line; after ``[DONE]``
-  the rest is drained so the connection goes back to the pool.
-* **Pieces.** The text deltas of one socket read are one :class:`Piece`
-  (``tokens`` = how many). The final piece carries no text and the finish
-  reason (anything but ``"length"`` is ``"stop"``), and, when the upstream
-  reports ``usage.completion_tokens``, the difference to it (never negative).
-* **Errors.** An HTTP status >= 400, an error event, a transport failure,
-  unparsable data or a stream without a finish reason are
-  :class:`~conveyor.errors.EngineError` with the upstream's message.
-* **Tenants' prefixes apart.** The request's ``cache_salt`` goes in the body
-  (vLLM keeps prefix caches apart by it; a server that ignores it shares
-  one). ``cache_salt=False`` (``--no-upstream-cache-salt``) sends none, for an
-  upstream that refuses unknown fields.
-* **Cancellation.** Closing the generator early closes the response's
-  connection: the upstream sees the disconnect and stops.
+* One ``aiohttp.ClientSession`` of ``capacity`` keep-alive connections;
+  ``timeout_s`` bounds connecting and each wait for the next chunk.
+* A rendered ``prompt_text`` (or any completion) goes to ``/v1/completions``
+  with the continuation appended; a chat without one to
+  ``/v1/chat/completions``, a continuation as a final assistant message
+  (``continue_final_message``). Streamed with ``include_usage``.
+* The text deltas of one socket read are one :class:`Piece`; the final piece
+  carries the finish reason (anything but ``"length"`` is ``"stop"``) and the
+  difference to the upstream's ``usage.completion_tokens`` (never negative).
+* An HTTP status >= 400, an error event, a transport failure, unparsable data
+  or a stream without a finish reason is an EngineError with the upstream's
+  message. Closing the generator early closes the connection.
+* The request's ``cache_salt`` goes in the body (``cache_salt=False``,
+  ``--no-upstream-cache-salt``: none, for an upstream refusing unknown fields).
 """
 
 from __future__ import annotations
@@ -46,6 +37,9 @@ __all__ = ["OpenAIHttpEngine"]
 
 class OpenAIHttpEngine:
     """Generates through an OpenAI-compatible server at ``base_url``."""
+    # response_format, tools and logit_bias passed on (the upstream's calls written
+    # as text), logprobs asked of the upstream and read back from its chunks
+    constrains_output = decodes_tools = biases_logits = reports_logprobs = True
 
     def __init__(
         self,
@@ -58,10 +52,6 @@ class OpenAIHttpEngine:
     ) -> None:
         self.name = name
         self.capacity = capacity
-        self.constrains_output = True  # the upstream gets response_format and constrains itself
-        self.decodes_tools = True  # tools passed on, the upstream's calls written as text
-        self.biases_logits = True  # passed on as logit_bias
-        self.reports_logprobs = True  # asked of the upstream, read back from its chunks
         # the pool's models, all of them loaded (base.Engine)
         self.served: list[str] | None = None
         self.loaded: list[str] | None = None
@@ -132,7 +122,7 @@ class OpenAIHttpEngine:
 
 class _Reading:
     """One answer's SSE events, read a block at a time: the text deltas that
-    came in one read are one :class:`Piece` (see Pieces in the module notes)."""
+    came in one read are one :class:`Piece` (see the module notes)."""
 
     def __init__(self, chat: bool, logprobs: bool) -> None:
         self.chat = chat

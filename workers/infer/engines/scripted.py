@@ -1,33 +1,21 @@
-"""An engine that answers from a script instead of a model.
-
-It keeps the engine contract (base.py) and passes the same contract tests
-(tests/engines/workers/infer/engines/test_contract.py), so pipeline tests run
-without a model.
+"""An engine that answers from a script instead of a model; it keeps the engine
+contract and passes the contract tests, so pipeline tests run without a model.
 
 * **Scripts.** ``echo``: the last user message of a chat (else the rendered
   prompt), or a completion's prompt. ``count``: counting on after the last
-  number in that text (``"1, 2, 3,"`` -> ``" 4, 5, 6, ..."``), never ending,
-  so every piece shows whether a retry continued or started over. ``text``:
-  one fixed text.
-* **Deterministic.** The answer depends only on the script, the prompt or
-  messages, ``max_tokens``, ``stop`` and ``continuation``; ``temperature``,
-  ``top_p`` and ``seed`` are ignored.
+  number in that text (``"1, 2, 3,"`` -> ``" 4, 5, 6, ..."``), never ending.
+  ``text``: one fixed text. The answer depends only on the script, the
+  prompt, ``max_tokens``, ``stop`` and ``continuation`` (sampling is ignored).
 * **Tokens.** A token is whitespace and the word after it (``\\s*\\S+``), one
-  a piece. An answer that ends by itself ends with an empty piece of one
-  token (the end-of-sequence token, as real engines count it): ``n`` words
-  end with ``"stop"`` only when ``max_tokens > n``, else ``"length"``.
-* **Stop strings** are looked for in the text after the continuation; the
-  answer ends just before the first, with ``"stop"``, and the token it began
-  in counts.
+  a piece; an answer that ends by itself ends with an empty piece of one token
+  (the end-of-sequence token): ``n`` words end with ``"stop"`` only when
+  ``max_tokens > n``. A stop string (looked for after the continuation) ends
+  the answer just before it; the token it began in counts.
 * **Continuation.** The answer goes on after the first piece boundary at or
-  past ``len(continuation)`` characters, so a retry of this engine's own
-  answer is exactly its rest.
-* **Capacity.** At most ``capacity`` generations hold a slot, the rest wait
-  in order; a slot is given back when its generation ends, is closed or
-  cancelled.
-* **Pace.** Each piece comes ``token_delay_ms`` after the one before (the
-  first too); :meth:`close` ends running generations with
-  :class:`~conveyor.errors.EngineError` at their next piece.
+  past ``len(continuation)``, so a retry of its own answer is exactly its rest.
+* **Capacity and pace.** At most ``capacity`` generations hold a slot, the rest
+  wait in order; each piece comes ``token_delay_ms`` after the one before;
+  :meth:`close` ends running generations with an EngineError.
 """
 
 from __future__ import annotations
@@ -61,6 +49,8 @@ def pieces_of(text: str) -> list[str]:
 
 class ScriptedEngine:
     """Serves ``capacity`` scripted answers at once (see the module notes)."""
+    # scripted text follows no format and has no logits
+    constrains_output = decodes_tools = biases_logits = reports_logprobs = False
 
     def __init__(
         self,
@@ -78,10 +68,6 @@ class ScriptedEngine:
             raise ValueError("token_delay_ms must not be negative")
         self.name = name
         self.capacity = capacity
-        self.constrains_output = False  # scripted text follows no format
-        self.decodes_tools = False
-        self.biases_logits = False  # scripted text has no logits
-        self.reports_logprobs = False
         # the pool's models, all of them loaded (base.Engine)
         self.served: list[str] | None = None
         self.loaded: list[str] | None = None

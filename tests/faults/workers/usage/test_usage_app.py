@@ -408,7 +408,7 @@ async def test_a_kill_in_the_middle_of_a_stream_loses_and_doubles_no_count(
 
 async def test_a_member_joining_then_the_first_killed_loses_and_doubles_no_count(
         accounting: Accounting, ledger: UsageLedger, tmp_path: Path) -> None:
-    """Rows reach the changelog once a commit (workers/usage/write_behind.py):
+    """Rows reach the changelog once a commit (workers/usage/changelog.py):
     a second member joins mid-backlog (the first gives up partitions, with
     rows it had not sent yet), then the first is SIGKILLed and the second
     takes everything over. Every request of four tenants is counted once."""

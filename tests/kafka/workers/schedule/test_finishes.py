@@ -18,7 +18,7 @@ from topics.catalog import catalog
 from topics.clients import make_producer
 from workers.infer.token_records import TokenRecords
 from workers.outputs import Sender
-from workers.schedule.finishes import FinishFollower
+from workers.schedule.outstanding import FinishFollower
 
 
 def chunk(rid: str, seq: int, finish: str | None, error: ErrorInfo | None = None

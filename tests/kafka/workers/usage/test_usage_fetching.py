@@ -1,5 +1,5 @@
 """Where the accounting app's consumer resumes after a rebalance, on the real
-Kafka (workers/usage/fetching.py): a partition with nothing committed goes back
+Kafka (workers/usage/flow.py): a partition with nothing committed goes back
 to its beginning, so records fetched and then cleared from Faust's queues are
 read again."""
 
@@ -14,7 +14,7 @@ from conveyor.settings import load_settings
 from topics.admin import ensure_topics
 from topics.catalog import catalog
 from topics.clients import make_consumer, make_producer, stop_consumer
-from workers.usage.fetching import seek_committed_or_earliest
+from workers.usage.flow import seek_committed_or_earliest
 
 
 async def test_a_partition_never_committed_is_read_again_from_its_beginning(

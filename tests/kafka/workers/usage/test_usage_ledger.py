@@ -15,10 +15,16 @@ from conveyor.settings import Settings, load_settings
 from tests.support.services import prefix_redis
 from topics.envelope import now_ms
 from workers.usage import UsageLedger, UsageRow
-from workers.usage.buckets import DAY_MS, MINUTE_MS, Granularity, bucket_start, expires_at
-from workers.usage.layout import UsageKeys
-from workers.usage.mirror import RedisMirror
-from workers.usage.rows import Counts, RowKey
+from workers.usage.mirror import RedisMirror, UsageKeys
+from workers.usage.rows import (
+    DAY_MS,
+    MINUTE_MS,
+    Counts,
+    Granularity,
+    RowKey,
+    bucket_start,
+    expires_at,
+)
 
 NOW = now_ms()
 M0 = bucket_start(NOW, "minute")

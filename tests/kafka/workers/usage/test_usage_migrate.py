@@ -1,5 +1,5 @@
 """Ratings an earlier Conveyor counted in two tables carried into the one
-ratings table on the real broker (workers/usage/migrate.py): every row and
+ratings table on the real broker (workers/usage/run.py): every row and
 latest rating as the old changelogs last held them, rows first, the old
 changelogs deleted, and a second start that finds nothing to do."""
 
@@ -23,8 +23,8 @@ from conveyor.settings import Settings, load_settings
 from tests.unit.workers.usage.test_usage_ratings import NOW, Changelog, rating
 from topics.admin import drop_topics
 from topics.clients import make_consumer
-from workers.usage.migrate import OLD_LATEST, OLD_TOTALS, carry_old_ratings
 from workers.usage.ratings import LATEST, Ratings
+from workers.usage.run import OLD_LATEST, OLD_TOTALS, carry_old_ratings
 
 NEW = "feedback-ratings"
 
@@ -99,7 +99,7 @@ ROOT = Path(__file__).resolve().parents[4]
 # a start of the accounting app that gets as far as the copy: prefix, app id, table
 CHILD = ("import asyncio, sys\n"
          "from conveyor.settings import load_settings\n"
-         "from workers.usage.migrate import carry_old_ratings\n"
+         "from workers.usage.run import carry_old_ratings\n"
          "asyncio.run(carry_old_ratings(load_settings(topic_prefix=sys.argv[1]), sys.argv[2],"
          " sys.argv[3]))\n")
 

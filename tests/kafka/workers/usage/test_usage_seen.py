@@ -1,5 +1,5 @@
 """Reading back the request ids before an offset of the usage topic, on the real
-Kafka (workers/usage/seen.py): what the accounting app's window of recent
+Kafka (workers/usage/counting.py): what the accounting app's window of recent
 request ids is rebuilt from after a restart or a rebalance."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from schemas.records import UsageRecord
 from topics.admin import ensure_topics
 from topics.catalog import catalog
 from topics.clients import make_producer
-from workers.usage.seen import ids_before
+from workers.usage.counting import ids_before
 
 
 def usage(rid: str) -> UsageRecord:

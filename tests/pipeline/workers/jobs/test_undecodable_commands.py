@@ -24,9 +24,8 @@ from conveyor.settings import load_settings
 from schemas.codec import default_codec
 from schemas.records import DeadLetter, JobResult, JobStatus
 from tests.support.pipeline import Pipeline
-from workers.jobs.batch import BatchFold
 from workers.jobs.dead_commands import DEAD_COMMANDS_GROUP, failure_event
-from workers.jobs.response import ResponseFold
+from workers.jobs.folds import BatchFold, ResponseFold
 from workers.outputs import job_event
 
 TENANT = "default"  # the tenant of an unauthenticated gateway

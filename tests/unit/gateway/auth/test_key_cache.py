@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.auth.cache import LocalCache
-from gateway.auth.limit_changes import merge_limit, merge_limits
-from gateway.auth.types import Limits
+from gateway.auth.types import Limits, merge_limit, merge_limits
 
 
 class Clock:

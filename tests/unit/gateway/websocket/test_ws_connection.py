@@ -21,8 +21,7 @@ from conveyor.settings import load_settings
 from gateway.auth.authenticate import Authenticator
 from gateway.auth.keys import KeyStore
 from gateway.auth.middleware import AuthMiddleware
-from gateway.websocket.connection import Connection, ConnectionState
-from gateway.websocket.protocol import FrameError
+from gateway.websocket.protocol import Connection, ConnectionState, FrameError
 from tests.support.asgi import serving
 
 MAX_FRAME = 1024

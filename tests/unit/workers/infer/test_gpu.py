@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from workers.infer.gpu import GpuProbe, visible_entries
+from workers.infer.heartbeat import GpuProbe, visible_entries
 
 
 class NVMLError(Exception):
@@ -169,7 +169,7 @@ def test_a_missing_driver_is_said_once_and_a_missing_module_never(
     nvml.fail_init = True
     now = [0.0]
     gpus = probe(nvml, "0", clock=lambda: now[0])
-    with caplog.at_level("INFO", logger="workers.infer.gpu"):
+    with caplog.at_level("INFO", logger="workers.infer.heartbeat"):
         for minute in range(3):
             now[0] = 61.0 * minute
             assert gpus.read() == (None, None)
@@ -179,5 +179,5 @@ def test_a_missing_driver_is_said_once_and_a_missing_module_never(
 
         assert GpuProbe(env={}, nvml=missing).read() == (None, None)
     assert nvml.inits == 3
-    said = [r.getMessage() for r in caplog.records if r.name == "workers.infer.gpu"]
+    said = [r.getMessage() for r in caplog.records if r.name == "workers.infer.heartbeat"]
     assert len(said) == 1 and "Driver Not Loaded" in said[0], said

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiokafka import TopicPartition
 
-from workers.infer.offsets import InFlightOffsets
+from workers.inflight import InFlightOffsets
 
 TP = TopicPartition("conveyor.infer.cpu", 0)
 TP1 = TopicPartition("conveyor.infer.cpu", 1)
@@ -83,7 +83,7 @@ def test_forget_drops_revoked_partitions() -> None:
 def test_a_generation_that_outlived_its_partition_does_not_free_a_retaken_offset() -> None:
     from aiokafka import TopicPartition
 
-    from workers.infer.offsets import InFlightOffsets
+    from workers.inflight import InFlightOffsets
 
     tp = TopicPartition("t", 0)
     books = InFlightOffsets()

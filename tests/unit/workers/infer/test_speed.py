@@ -1,4 +1,4 @@
-"""A worker's measured speed (workers/infer/speed.py): moving averages of its
+"""A worker's measured speed (workers/infer/heartbeat.py): moving averages of its
 prefill rate and time per output token, what is too short to measure left out;
 they travel in its heartbeat, schedule weighs workers by them, and ``conveyor
 workers`` shows them."""
@@ -13,8 +13,7 @@ from cli.workers import describe, render
 from conveyor.settings import load_settings
 from schemas.codec import default_codec
 from tests.support.schedule_tasks import beat
-from workers.infer.heartbeat import Heartbeat, Snapshot
-from workers.infer.speed import ALPHA, Speed
+from workers.infer.heartbeat import ALPHA, Heartbeat, Snapshot, Speed
 from workers.outputs import Output, Sender
 from workers.prefix import PrefixIndex, RoutePolicy, WorkerLoad, choose
 from workers.schedule.table import WorkerView, relative_speeds

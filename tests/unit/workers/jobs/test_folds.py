@@ -6,8 +6,7 @@ import json
 from typing import Any
 
 from schemas.records import JobResult
-from workers.jobs.batch import BatchFold
-from workers.jobs.response import ResponseFold
+from workers.jobs.folds import BatchFold, ResponseFold
 
 
 def event(kind: str, request_id: str = "", status: int = 0, detail: Any = None,

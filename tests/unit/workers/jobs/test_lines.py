@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from workers.jobs.lines import parse_lines
+from workers.jobs.files import parse_lines
 
 CHAT = "/v1/chat/completions"
 

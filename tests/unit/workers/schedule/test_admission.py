@@ -3,7 +3,7 @@ the pool when it is not."""
 
 from __future__ import annotations
 
-from workers.schedule.admission import BatchAdmission, Candidate
+from workers.schedule.held import BatchAdmission, Candidate
 
 
 def cands(*loads: int, capacity: int = 2) -> list[Candidate]:

@@ -1,5 +1,5 @@
 """Schedule's finish follower decodes only the tokens records that end a
-generation it waits for (workers/schedule/finishes.py), by their headers."""
+generation it waits for (workers/schedule/outstanding.py), by their headers."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from conveyor.settings import load_settings
 from tests.support.factories import chunk
 from topics.reader import ended_ids_header, request_ids_header
-from workers.schedule.finishes import FinishFollower
+from workers.schedule.outstanding import FinishFollower
 
 
 def record(chunks: list[Any], ended: bool = True) -> Any:

@@ -1,4 +1,4 @@
-"""Schedule's gauges (workers/schedule/gauges.py) under the Prometheus names:
+"""Schedule's gauges (workers/schedule/layer.py) under the Prometheus names:
 each worker's breaker, the interactive tasks waiting for room, the batch tasks
 held, the tasks sent and not finished."""
 

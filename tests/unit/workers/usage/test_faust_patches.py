@@ -26,7 +26,7 @@ from faust.transport.producer import Producer, ProducerBuffer
 
 from conveyor.settings import load_settings
 from topics.admin import Replication
-from workers.usage import fetching
+from workers.usage import flow
 from workers.usage.app import AccountingApp
 from workers.usage.flow import hold_flow_until_resumed
 
@@ -145,7 +145,7 @@ async def test_the_hold_ends_a_recovery_that_a_newer_rebalance_overtook(
     await app.on_rebalance_complete.send()
 
 
-# -- workers/usage/drain.py: the producer buffer's put, hand-on and flush ------
+# -- workers/usage/changelog.py: the producer buffer's put, hand-on and flush ------
 
 
 def test_the_producer_buffer_has_what_the_drain_replaces() -> None:
@@ -176,11 +176,11 @@ def test_table_writes_reach_the_buffer_through_put_and_commits_flush_it(
     buffer = app.app.producer.buffer
     assert (buffer.put, buffer._send_pending, buffer.flush) == (
         app.drain.put, app.drain.send_pending, app.drain.flush)
-    # the drain flushes the write-behind rows first (workers/usage/write_behind.py)
+    # the drain flushes the write-behind rows first (workers/usage/changelog.py)
     assert app.drain.before == app.row_writes.flush
 
 
-# -- workers/usage/fetching.py: the consumer thread and the transport -----------
+# -- workers/usage/flow.py: the consumer thread and the transport -----------
 
 
 def test_faust_makes_its_worker_consumer_where_the_app_s_transport_says() -> None:
@@ -197,7 +197,7 @@ def test_faust_makes_its_worker_consumer_where_the_app_s_transport_says() -> Non
 def test_faust_s_seek_to_committed_goes_through_the_consumer_thread() -> None:
     thread = faust_aiokafka.AIOKafkaConsumerThread
     assert inspect.iscoroutinefunction(thread.seek_to_committed)
-    assert params(thread.seek_to_committed) == params(fetching._ConsumerThread.seek_to_committed)
+    assert params(thread.seek_to_committed) == params(flow._ConsumerThread.seek_to_committed)
     assert "await self.seek_to_committed()" in source(faust_consumer.Consumer.perform_seek)
     assert "self._thread.seek_to_committed()" in source(
         faust_consumer.ThreadDelegateConsumer.seek_to_committed)
@@ -210,12 +210,12 @@ def test_faust_s_seek_to_committed_goes_through_the_consumer_thread() -> None:
 
 def test_the_accounting_app_s_consumer_is_the_batched_one(tmp_path: Path) -> None:
     app = accounting(tmp_path, "tpin-fetch")
-    assert isinstance(app.app.transport, fetching._Transport)
-    assert isinstance(app.app.consumer, fetching._Consumer)
-    assert isinstance(cast(Any, app.app.consumer)._thread, fetching._ConsumerThread)
+    assert isinstance(app.app.transport, flow._Transport)
+    assert isinstance(app.app.consumer, flow._Consumer)
+    assert isinstance(cast(Any, app.app.consumer)._thread, flow._ConsumerThread)
 
 
-# -- workers/usage/write_behind.py: the table's store and its changelog ----------
+# -- workers/usage/changelog.py: the table's store and its changelog ----------
 
 
 def test_a_table_has_the_store_and_changelog_send_write_behind_uses(tmp_path: Path) -> None:
@@ -233,7 +233,7 @@ def test_a_table_has_the_store_and_changelog_send_write_behind_uses(tmp_path: Pa
     assert app.row_writes.flush() == 1 and sent == [(2, "k", {"p": 2, "o": 1})]
 
 
-# -- workers/usage/mirroring.py: what the mirror reads of Faust's state ------------
+# -- workers/usage/app.py (MirrorPass): what the mirror reads of Faust's state -
 
 
 def test_faust_keeps_the_state_the_mirror_reads(tmp_path: Path) -> None:

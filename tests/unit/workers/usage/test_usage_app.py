@@ -11,7 +11,7 @@ from typing import Any, cast
 from conveyor.settings import load_settings
 from topics.admin import Replication
 from workers.usage.app import AccountingApp, accounting_datadir, conveyor_home
-from workers.usage.fetching import FETCH_MAX_WAIT_MS, FETCH_MIN_BYTES
+from workers.usage.flow import FETCH_MAX_WAIT_MS, FETCH_MIN_BYTES
 
 
 def test_the_home_is_conveyor_home_else_dot_conveyor_in_the_current_directory() -> None:
@@ -45,7 +45,7 @@ def test_a_dead_member_leaves_the_group_at_the_settings_session_timeout(
 
 
 def test_the_worker_consumer_lets_the_broker_batch_its_fetches(tmp_path: Path) -> None:
-    """Faust leaves fetch_min_bytes at 1: a fetch a usage event (workers/usage/fetching.py)."""
+    """Faust leaves fetch_min_bytes at 1: a fetch a usage event (workers/usage/flow.py)."""
     accounting = AccountingApp(load_settings(topic_prefix="tfetch"), Replication(1, 1, 1),
                                home=tmp_path)
 

@@ -9,18 +9,20 @@ import datetime as dt
 import random
 from typing import Any
 
-from workers.usage.buckets import (
+from workers.usage.counting import Counter
+from workers.usage.mirror import decode_counts, encode_counts
+from workers.usage.rows import (
     DAY_MS,
     MINUTE_MS,
+    Counts,
+    RowKey,
     bucket_start,
     day_label,
     expires_at,
     month_label,
     next_bucket,
+    rows_of,
 )
-from workers.usage.counting import Counter
-from workers.usage.layout import decode_counts, encode_counts
-from workers.usage.rows import Counts, RowKey, rows_of
 
 T0 = int(dt.datetime(2026, 11, 30, 23, 59, 30, tzinfo=dt.UTC).timestamp() * 1000)
 

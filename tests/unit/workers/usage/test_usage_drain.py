@@ -1,4 +1,4 @@
-"""The accounting app's producer-buffer flush (workers/usage/drain.py) on
+"""The accounting app's producer-buffer flush (workers/usage/changelog.py) on
 faust's real ProducerBuffer: Faust commits a source offset right after this
 flush, so it must not return while a changelog write is still buffered or
 being handed to aiokafka, however slow the hand-off is."""
@@ -17,7 +17,7 @@ import pytest
 from conveyor.settings import load_settings
 from topics.admin import Replication
 from workers.usage.app import AccountingApp
-from workers.usage.drain import drain_before_commit
+from workers.usage.changelog import drain_before_commit
 
 HAND_OFF_S = 0.25  # slower than the 0.1 s faust's own flush waits for a send
 

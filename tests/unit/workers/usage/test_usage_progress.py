@@ -1,5 +1,5 @@
 """The accounting app's watch for a partition it stopped counting
-(workers/usage/progress.py)."""
+(workers/usage/app.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from aiokafka import TopicPartition
 
 from conveyor.settings import load_settings
 from topics.admin import Replication
-from workers.usage.app import AccountingApp
-from workers.usage.progress import Progress, consumer_state
+from workers.usage.app import AccountingApp, Progress, consumer_state
 
 
 class Clock:

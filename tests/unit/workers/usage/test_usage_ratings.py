@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers.usage.buckets import DAY_MS
 from workers.usage.ratings import RatingCounts, RatingKey, Ratings
+from workers.usage.rows import DAY_MS
 
 NOW = 1_790_000_000_000
 DAY = NOW - NOW % DAY_MS

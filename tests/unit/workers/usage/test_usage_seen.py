@@ -1,10 +1,10 @@
-"""The window of recent request ids of one usage partition (workers/usage/seen.py)."""
+"""The window of recent request ids of one usage partition (workers/usage/counting.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from workers.usage.seen import SeenWindow
+from workers.usage.counting import SeenWindow
 
 
 def test_the_window_holds_the_ids_of_its_last_offsets() -> None:

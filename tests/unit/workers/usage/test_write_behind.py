@@ -1,4 +1,4 @@
-"""The ledger's rows changelogged once a flush (workers/usage/write_behind.py),
+"""The ledger's rows changelogged once a flush (workers/usage/changelog.py),
 on a stand-in for the Faust table's two seams: its store and send_changelog."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from workers.usage.changelog import WriteBehind
 from workers.usage.counting import Counter
-from workers.usage.write_behind import WriteBehind
 
 NOW = 1_796_000_000_000
 

@@ -1,9 +1,9 @@
-"""What a cached sequence is worth to a prompt (llamacpp_prompts): the arithmetic
+"""What a cached sequence is worth to a prompt (llamacpp_batch_context): the arithmetic
 both llama.cpp engines choose a context or slot by."""
 
 from __future__ import annotations
 
-from workers.infer.engines.llamacpp_prompts import common_prefix, reuse_score
+from workers.infer.engines.llamacpp_batch_context import common_prefix, reuse_score
 
 
 def test_the_common_prefix_stops_at_the_first_difference() -> None:

@@ -252,7 +252,7 @@ async def test_a_schema_holds_the_answer_and_json_object_makes_an_object(
 
 async def test_a_structured_answer_another_run_began_is_an_engine_error(
         vllm_engine: VllmEngine) -> None:
-    """vLLM's structured outputs start at the schema's beginning (vllm_structured)."""
+    """vLLM's structured outputs start at the schema's beginning (vllm.structured_outputs)."""
     continued = request(prompt_text=chat("Any JSON."), max_tokens=20, continuation='{"a": ',
                         response_format={"type": "json_object", "name": "", "schema": "",
                                          "strict": False})
