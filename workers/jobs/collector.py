@@ -1,14 +1,8 @@
-"""The results layer: folds each job's events (``conveyor.results``, key = job
-id) into its state, publishes it on ``conveyor.job-status`` and finishes
-batches by writing their output and error files (ids derived from the batch
-id, so finishing twice writes the same files).
-
-A partition's commit never passes the first event of a job not final there.
-A change of status is published at once, of counts at most every
-:data:`PUBLISH_EVERY_S`; a tick publishes what was held back, finishes
-cancelled batches quiet for :data:`CANCEL_GRACE_MS` and expires batches past
-their window. Each state carries a version (microseconds).
-"""
+"""The results layer: folds each job's events (``conveyor.results``) into its
+state, publishes it on ``conveyor.job-status`` (a status change at once,
+counts at most every :data:`PUBLISH_EVERY_S`) and finishes batches by
+writing their output and error files under ids derived from the batch id;
+a partition's commit never passes the first event of a job not final there."""
 
 from __future__ import annotations
 

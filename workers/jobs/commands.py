@@ -1,15 +1,9 @@
-"""The jobs layer: a job's commands (``conveyor.jobs``) become its requests.
-
-``create`` of a batch checks every line of its input file
-(:mod:`workers.jobs.files`) and either fails the batch (``invalid``) or, after
-an ``expanded`` event, puts one request per line on ``conveyor.requests``
-(priority batch, the completion window as deadline); ``create`` of a
-background response puts its one request there. ``cancel`` cancels every
-request of the job on ``conveyor.control``. Request ids are the job id and
-the line number, so a command handled twice sends retries. A command the
-layer gives up on ends its job through
-:class:`~workers.jobs.dead_commands.DeadCommands`.
-"""
+"""The jobs layer: a job's commands (``conveyor.jobs``) become its requests:
+``create`` checks a batch's input file (:mod:`workers.jobs.files`) and puts
+one request per line on ``conveyor.requests`` (ids: job id and line, so a
+command handled twice sends retries), or a background response's one
+request; ``cancel`` cancels them on ``conveyor.control``; a command given up
+on ends its job (:class:`~workers.jobs.dead_commands.DeadCommands`)."""
 
 from __future__ import annotations
 

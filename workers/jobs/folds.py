@@ -1,23 +1,16 @@
-"""A job's state folded from its events on ``conveyor.results``.
-
-:class:`BatchFold`, the OpenAI ``Batch`` it shows: ``expanded`` (the batch and
-its number of requests), ``invalid`` (fails only a batch still validating),
-``cancel``, and one ``result`` per request (the first per request id counts;
-a 499, stopped by the cancel, is in neither file). Statuses follow OpenAI:
-validating -> in_progress -> finalizing -> completed; validating -> failed;
-in_progress -> cancelling -> cancelled; expired when the window ends first.
-
-:class:`ResponseFold`, a background response: queued -> in_progress ->
-completed (or incomplete, failed, cancelled), the Response the gateway built
-filled in as it ends; ``invalid`` fails one still queued.
-"""
+"""A job's state folded from its events on ``conveyor.results``:
+:class:`BatchFold`, the OpenAI ``Batch`` it shows (validating -> in_progress
+-> finalizing -> completed; failed, cancelling -> cancelled, expired), and
+:class:`ResponseFold`, a background response (queued -> in_progress ->
+completed, incomplete, failed or cancelled). ``invalid`` fails only a job not
+started; the first result per request id counts (docs/api/jobs.md)."""
 
 from __future__ import annotations
 
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from schemas.openai.response_items import output_items
 from schemas.openai.responses import response_usage
@@ -34,9 +27,38 @@ def _s(ms: int) -> int:
 
 
 @dataclass
-class BatchFold:
+class _Fold:
+    """What both folds share: the job's object as created, its status and tenant."""
+
     job_id: str
-    base: dict[str, Any] = field(default_factory=dict)  # the Batch as created
+    base: dict[str, Any] = field(default_factory=dict)  # the object as created
+    status: str = ""
+    last_event_ms: int = 0
+    tenant: str = ""
+    ends: ClassVar[tuple[str, ...]]  # the final statuses
+
+    @property
+    def final(self) -> bool:
+        return self.status in self.ends
+
+    def _opened(self, event: JobResult, first: str) -> dict[str, Any] | None:
+        """The common start of ``apply``: None when ``event`` changes nothing
+        (the job is final, or ``invalid`` after its ``first`` status), else its
+        detail, the object and tenant taken from ``expanded`` and ``invalid``."""
+        self.last_event_ms = max(self.last_event_ms, event["ts_ms"])
+        if self.final or (event["event"] == "invalid" and self.status != first):
+            return None  # an invalid job that started already ends with its results
+        if event["event"] not in ("expanded", "invalid"):
+            return {}
+        detail: dict[str, Any] = json.loads(event["detail"] or "{}")
+        self.base = detail.get("object", self.base)
+        self.tenant = detail.get("tenant", self.tenant)
+        return detail
+
+
+@dataclass
+class BatchFold(_Fold):
+    ends: ClassVar[tuple[str, ...]] = FINAL
     status: str = "validating"
     total: int = 0
     results: dict[str, JobResult] = field(default_factory=dict)  # request id -> first
@@ -44,25 +66,14 @@ class BatchFold:
     errors: list[dict[str, Any]] | None = None
     output_file_id: str | None = None
     error_file_id: str | None = None
-    last_event_ms: int = 0
-    tenant: str = ""
-
-    @property
-    def final(self) -> bool:
-        return self.status in FINAL
 
     def apply(self, event: JobResult) -> bool:
         """Fold one event; True when the visible state changed."""
-        self.last_event_ms = max(self.last_event_ms, event["ts_ms"])
-        if self.final:
+        detail = self._opened(event, "validating")
+        if detail is None:
             return False
         kind = event["event"]
-        if kind == "invalid" and self.status != "validating":
-            return False  # expanded (or cancelled) already: its lines run to their end
         if kind in ("expanded", "invalid"):
-            detail = json.loads(event["detail"] or "{}")
-            self.base = detail.get("object", self.base)
-            self.tenant = detail.get("tenant", self.tenant)
             if kind == "invalid":
                 self.errors = detail.get("errors", [])
                 self._to("failed", event["ts_ms"])
@@ -149,41 +160,25 @@ def _line_of(request_id: str) -> int:
     return int(tail) if tail.isdigit() else 0
 
 
-_FINAL = ("completed", "incomplete", "failed", "cancelled")
-
-
 @dataclass
-class ResponseFold:
-    job_id: str
-    base: dict[str, Any] = field(default_factory=dict)
+class ResponseFold(_Fold):
+    ends: ClassVar[tuple[str, ...]] = ("completed", "incomplete", "failed", "cancelled")
     status: str = "queued"
     result: JobResult | None = None
     errors: list[dict[str, Any]] = field(default_factory=list)  # why it was invalid
-    last_event_ms: int = 0
-    tenant: str = ""
-
-    @property
-    def final(self) -> bool:
-        return self.status in _FINAL
 
     def apply(self, event: JobResult) -> bool:
-        self.last_event_ms = max(self.last_event_ms, event["ts_ms"])
-        if self.final:
+        detail = self._opened(event, "queued")
+        if detail is None:
             return False
         kind = event["event"]
-        if kind == "invalid" and self.status != "queued":
-            return False  # its request runs already: it ends with its result
-        if kind in ("expanded", "invalid"):
-            detail = json.loads(event["detail"] or "{}")
-            self.base = detail.get("object", self.base)
-            self.tenant = detail.get("tenant", self.tenant)
         if kind == "expanded":
             if self.status == "queued":
                 self.status = "in_progress"
             return True
         if kind == "invalid":
             self.status = "failed"
-            errors = json.loads(event["detail"] or "{}").get("errors") or []
+            errors = detail.get("errors") or []
             self.errors = [e for e in errors if isinstance(e, dict)]
             return True
         if kind == "cancel":

@@ -1,14 +1,9 @@
-"""The preprocess layer: ``conveyor.requests`` -> ``conveyor.prepared``.
-
-Validates and normalises a request, runs the input's safety checks, measures
-its prompt with the target model's tokenizer, fits it to the model's context
-window (workers/preprocess/normalize.py), names it with a fingerprint and
-with the chained hashes of its token blocks (workers/prefix.py), and answers
-it from the prompt cache on a hit (workers/prompt_cache.py). A model the
-registry does not know is route's to refuse: such a request goes on with an
-estimated count. A request larger than ``_INLINE_CHARS`` is fitted in a
-worker thread (docs/decisions/0023-preprocess-in-linear-time.md).
-"""
+"""The preprocess layer: ``conveyor.requests`` -> ``conveyor.prepared``. Validates,
+normalises, safety-checks, measures and fits a request to its model's context
+(workers/preprocess/normalize.py), names its prompt blocks (workers/prefix.py)
+and answers prompt-cache hits (workers/prompt_cache.py); an unknown model goes
+on with an estimate, for route to refuse
+(docs/decisions/0023-preprocess-in-linear-time.md)."""
 
 from __future__ import annotations
 

@@ -176,17 +176,11 @@ def _drop_plans(messages: list[Message]) -> tuple[list[int], list[int]]:
 
 def trim_to_context(messages: list[Message], tokenizer: Tokenizer, context_length: int,
                     max_tokens_requested: int | None, default_max_tokens: int) -> Fit:
-    """Render and measure a conversation, dropping its oldest turns if the
-    prompt and the completion budget do not fit in ``context_length``.
-
-    Every system and developer message and the last message are always kept.
-    The result is the fewest drops of the oldest turns that fit, found in
-    O(log n) renders (docs/decisions/0023-preprocess-in-linear-time.md).
-    Without ``max_tokens_requested`` the budget is ``min(default_max_tokens,
-    room left)``, and at least one token. Raises
-    :class:`ContextLengthExceeded` when even the shortest conversation does
-    not fit.
-    """
+    """Render and measure a conversation, dropping the fewest oldest turns (never
+    a system or developer message, nor the last) for the prompt and the budget
+    (``max_tokens_requested``, else ``min(default_max_tokens, room left)``, at
+    least one) to fit ``context_length``, in O(log n) renders;
+    :class:`ContextLengthExceeded` when none does."""
     rendered = tokenizer.render_chat(messages)
     if rendered is not None and not _fits(
             tokenizer.min_count(rendered), max_tokens_requested, context_length):

@@ -1,12 +1,7 @@
-"""Route: resolve the request's model (or alias) in the registry to a pool; an
-unknown model fails with 404 ``model_not_found``.
-
-The task carries the model's fallbacks that fit the prompt and its completion
-budget, in order (schedule uses them when the model's pool cannot take it). A
-canary (an entry with ``deployments``) is served by one deployment, picked by
-weight from a hash of the tenant (:func:`topics.envelope.canary_key`); the
-route names it, and ``deployment_of`` the name asked for.
-"""
+"""Route: resolve the request's model (or alias) in the registry to a pool (an
+unknown model is a 404 ``model_not_found``), with the fallbacks that fit the
+request, in order, and a canary's deployment picked by weight from a hash of
+the tenant (:func:`topics.envelope.canary_key`)."""
 
 from __future__ import annotations
 

@@ -1,23 +1,7 @@
-"""The background and batch tasks schedule holds back until a worker has room,
-and when one may go (:class:`BatchAdmission`).
-
-* **Order.** Per pool, lowest priority number first, then arrival order.
-* **Compact.** A held task keeps its encoded bytes as read from
-  ``conveyor.routed`` and a few fields, not the decoded dict (about a sixth
-  of the memory); it is decoded again when released.
-* **Nothing is lost.** A held task's offset is never committed (``low``).
-* **Time.** A held task waits until its own deadline (``give_up_ms``), not
-  ``no_worker_timeout_s``; ``expired`` hands back those whose time is up.
-* **Every operation is O(log n)**: heaps with lazy removal, and
-  dictionaries by request id and by partition.
-* **Admission** (docs/decisions/0005-schedule-holds-the-queue.md). While
-  interactive traffic is around on a pool (an interactive task this member
-  sent is unfinished or went less than ``linger_s`` ago, or the heartbeats
-  say one runs or was taken that recently), held tasks together take at
-  most ``floor(capacity * share * fraction)`` slots (``fraction``: this
-  member's part of the source partitions), and only free ones; otherwise
-  every slot plus ``prefetch`` per worker.
-"""
+"""The background and batch tasks schedule holds back until a worker has room
+(:class:`HeldQueue`: per pool, by priority then arrival, kept encoded, each
+until its own deadline), and when one may go beside interactive traffic
+(:class:`BatchAdmission`; docs/decisions/0005-schedule-holds-the-queue.md)."""
 
 from __future__ import annotations
 

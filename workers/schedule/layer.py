@@ -1,28 +1,7 @@
-"""Schedule: send each task to a live worker of its pool, interactive first
-(docs/decisions/0005-schedule-holds-the-queue.md).
-
-**Interactive tasks** (priority 0) go at once to an open worker
-(:mod:`~workers.schedule.breakers`) with room (:mod:`~workers.schedule.room`),
-chosen by :func:`workers.prefix.choose`; otherwise they are parked until one
-has room, or go to the first fallback whose pool can (:func:`fall_back`: one
-hop, before any token; ``fallback_from`` names the model asked for). Parked
-tasks are placed fairly between tenants (:func:`fair_order`), and refused
-with 503 ``server_overloaded`` after ``schedule_timeout_s`` (or past
-``schedule_queue_max`` of the tenant's waiting), ``no_worker_available``
-after ``no_worker_timeout_s`` with no worker, ``pipeline_unavailable`` when
-the heartbeats cannot be seen.
-
-**Background and batch tasks** (priority 1 and 2) are held
-(:mod:`~workers.schedule.held`) and released one at a time while a worker has
-room for them, until their own deadline: a worker's partition is a FIFO, and
-an interactive task must never wait behind a batch there.
-
-Loads are known between heartbeats from what schedule sent
-(:mod:`~workers.schedule.outstanding`) and each generation's end
-(:mod:`~workers.schedule.outstanding`). Parked and held tasks' offsets are not
-committed, so a dying scheduler leaves them to its successor; a cancelled
-request's task is dropped; one past its deadline fails with 504.
-"""
+"""Schedule: send each task to a live worker of its pool with room, interactive
+first; park interactive tasks (fairly between tenants, or to a fallback's
+pool) and hold background and batch ones until a worker has room, their
+offsets uncommitted (docs/decisions/0005-schedule-holds-the-queue.md)."""
 
 from __future__ import annotations
 
@@ -60,12 +39,15 @@ from workers.schedule.room import (
 )
 from workers.schedule.table import WorkerTable, WorkerView, relative_speeds, serves, warm_first
 
-__all__ = ["ScheduleLayer", "Parked", "fair_order", "fall_back", "others_can_take", "instrument"]
+__all__ = ["ScheduleLayer", "Parked", "fair_order", "fall_back", "others_can_take"]
 
 log = logging.getLogger(__name__)
 
 
 _RECHECK_S = 0.25
+_BREAKER_LEVEL = {"closed": 0, "half_open": 1, "open": 2}
+
+Observe = Callable[[CallbackOptions], Iterable[Observation]]
 
 
 class ScheduleLayer:
@@ -97,15 +79,47 @@ class ScheduleLayer:
                                   plan.route_load_weight, plan.route_prefix_aware,
                                   plan.route_load_slack)
 
+    def instrument(self, meter: Meter) -> None:
+        """Make schedule's gauges on ``meter``, observing this layer."""
+
+        def breakers(options: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(_BREAKER_LEVEL.get(s["state"], 0),
+                                {"conveyor.worker": s["worker_id"], "conveyor.pool": s["pool"]})
+                    for s in list(self.breakers.states.values())]
+
+        def waiting(options: CallbackOptions) -> Iterable[Observation]:
+            pools = Counter(p.task["route"]["pool"] for p in list(self.parked))
+            for pool in self.table.pools():
+                pools.setdefault(pool, 0)
+            return [Observation(n, {"conveyor.pool": pool}) for pool, n in pools.items()]
+
+        def held(options: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(self.held.count(pool), {"conveyor.pool": pool})
+                    for pool in {*self.held.pools(), *self.table.pools()}]
+
+        def sent(options: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(self.outstanding.at(wid), {"conveyor.worker": wid})
+                    for wid in list(self.table.workers)]
+
+        gauges: tuple[tuple[str, Observe, str, str], ...] = (
+            ("breaker_state", breakers, "1",
+             "Each worker's circuit breaker: 0 closed, 1 half-open (a probe out), 2 open."),
+            ("waiting", waiting, "{request}",
+             "Interactive tasks waiting in schedule for a worker with room."),
+            ("held", held, "{request}", "Batch and background tasks held back in schedule."),
+            ("sent", sent, "{request}",
+             "Tasks this scheduler sent to a worker whose generation has not ended."),
+        )
+        for name, callback, unit, description in gauges:
+            meter.create_observable_gauge(f"conveyor.schedule.{name}", callbacks=[callback],
+                                          unit=unit, description=description)
+
     def _heard(self, beat: WorkerHeartbeat) -> None:
         """A worker's heartbeat: what its cache holds, as it says."""
         if beat["state"] == "stopped":
             self.prefix.forget(beat["worker_id"])
         else:
             self.prefix.reported(beat["worker_id"], beat.get("prefix_blocks"), beat["ts_ms"])
-
-    def instrument(self, meter: Meter) -> None:
-        instrument(self, meter)
 
     async def start(self, sender: Sender) -> None:
         """Read the heartbeats and breakers written so far before scheduling (a
@@ -443,43 +457,3 @@ def others_can_take(task: Task, open_workers: Callable[[str, str], list[W]],
              "another worker takes it" if others or fallbacks else "no other can")
     return bool(others or fallbacks)
 
-
-_BREAKER_LEVEL = {"closed": 0, "half_open": 1, "open": 2}
-
-Observe = Callable[[CallbackOptions], Iterable[Observation]]
-
-
-def instrument(layer: ScheduleLayer, meter: Meter) -> None:
-    """Make schedule's gauges on ``meter``, observing ``layer``."""
-
-    def breakers(options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(_BREAKER_LEVEL.get(s["state"], 0),
-                            {"conveyor.worker": s["worker_id"], "conveyor.pool": s["pool"]})
-                for s in list(layer.breakers.states.values())]
-
-    def waiting(options: CallbackOptions) -> Iterable[Observation]:
-        pools = Counter(p.task["route"]["pool"] for p in list(layer.parked))
-        for pool in layer.table.pools():
-            pools.setdefault(pool, 0)
-        return [Observation(n, {"conveyor.pool": pool}) for pool, n in pools.items()]
-
-    def held(options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(layer.held.count(pool), {"conveyor.pool": pool})
-                for pool in {*layer.held.pools(), *layer.table.pools()}]
-
-    def sent(options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(layer.outstanding.at(wid), {"conveyor.worker": wid})
-                for wid in list(layer.table.workers)]
-
-    gauges: tuple[tuple[str, Observe, str, str], ...] = (
-        ("breaker_state", breakers, "1",
-         "Each worker's circuit breaker: 0 closed, 1 half-open (a probe out), 2 open."),
-        ("waiting", waiting, "{request}",
-         "Interactive tasks waiting in schedule for a worker with room."),
-        ("held", held, "{request}", "Batch and background tasks held back in schedule."),
-        ("sent", sent, "{request}",
-         "Tasks this scheduler sent to a worker whose generation has not ended."),
-    )
-    for name, callback, unit, description in gauges:
-        meter.create_observable_gauge(f"conveyor.schedule.{name}", callbacks=[callback],
-                                      unit=unit, description=description)

@@ -1,16 +1,7 @@
-"""The tasks this scheduler sent to workers that have not finished yet.
-
-Heartbeats come once a second and a worker does not count the tasks waiting
-in its partitions, so schedule counts every task it sent, per worker and per
-pool, until the generation's final chunk appears on ``conveyor.tokens``
-(:class:`FinishFollower`: every partition, from its end when schedule starts,
-decoding only the records that end a generation schedule waits for). An entry
-whose final chunk never comes is dropped by ``forget`` (a cancel), by
-``reconcile`` (a heartbeat with room proves the tasks sent ``slack_ms``
-before it taken: of those it runs at most ``running``) or by ``expire`` (past
-its request's deadline plus a grace). Each scheduler member counts only what
-it sent.
-"""
+"""The tasks this scheduler sent to workers that have not finished yet, counted
+until their generation's final chunk appears on ``conveyor.tokens``
+(:class:`FinishFollower`), or a cancel, a heartbeat or their deadline drops
+them (docs/decisions/0005-schedule-holds-the-queue.md)."""
 
 from __future__ import annotations
 

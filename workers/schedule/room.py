@@ -1,11 +1,7 @@
-"""Admission of interactive tasks: a task goes to a worker only with a free
-slot and, where the worker reports its KV cache, free KV for the prompt plus
-``max_tokens``: the last heartbeat's free KV less what this scheduler sent
-since (``WorkerView.kv_since_beat``). A worker that reports no KV has room
-whenever it has a slot. A task that waits past ``schedule_timeout_s`` (or
-finds ``schedule_queue_max`` waiting) is a 503 ``server_overloaded``; one
-more than any live worker's whole KV is a 400 at once.
-"""
+"""Admission of interactive tasks: a free slot and, where the worker reports
+its KV cache, free KV for the prompt plus ``max_tokens``; the refusals of a
+task that waits too long or can never fit
+(docs/decisions/0005-schedule-holds-the-queue.md)."""
 
 from __future__ import annotations
 

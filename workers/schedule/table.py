@@ -1,12 +1,7 @@
-"""The live worker table, built from ``conveyor.workers`` heartbeats (compacted,
-keyed by worker id: reading it from the start rebuilds the table).
-
-A worker is live while its state is ``ready`` and its last heartbeat is
-younger than ``worker_ttl_s``, measured against the last moment the table
-could see the topic, not the clock: a table blind to Kafka would otherwise
-declare every worker dead. :meth:`settling` says when the view is not to be
-trusted, so schedule answers "the pipeline is unavailable", not "no worker".
-"""
+"""The live worker table, built from the compacted ``conveyor.workers``
+heartbeats; liveness is measured against the last moment the table could see
+the topic, and :meth:`WorkerTable.settling` says when the view is not to be
+trusted (docs/decisions/0005-schedule-holds-the-queue.md)."""
 
 from __future__ import annotations
 

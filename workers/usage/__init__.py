@@ -1,12 +1,6 @@
-"""Usage accounting: the ledger of what each tenant, key and model used.
-
-Postprocess writes one UsageRecord per finished request to
-``conveyor.usage``; the accounting app (:mod:`workers.usage.app`, a Faust
-application run by :func:`run_accounting`) counts each request once into
-tables by minute and by day and mirrors them into Redis; the
-:class:`UsageLedger` reads Redis for the CLI, the admin API and reports.
-Redis key layout: :mod:`workers.usage.mirror`.
-"""
+"""Usage accounting: the accounting app (:mod:`workers.usage.app`) counts
+``conveyor.usage`` into tables and mirrors them into Redis, where
+:class:`UsageLedger` reads them for the CLI, the admin API and reports."""
 
 from workers.usage.ledger import UsageLedger, UsageRow
 

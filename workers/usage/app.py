@@ -1,18 +1,8 @@
-"""The accounting app: a Faust application that turns ``conveyor.usage`` into
-the usage ledger (per key, tenant and model, by minute and by day) and
-``conveyor.feedback`` into ratings, and mirrors both into Redis.
-
-Faust is here, and only here, because its tables restored from changelogs pay
-on this cold path; what each guard against Faust's failures fixed (flow.py,
-changelog.py) and measured: docs/decisions/0002-faust-on-the-cold-path-only.md.
-App id and group are ``settings.kafka.group("accounting")``, its data under
-``<home>/accounting/<app id>``. Tables (``usage-totals``, partitioned like the
-usage topic, and ``feedback-ratings``) live in memory with compacted
-changelogs. Each partition is swept at most once a minute; poison values go
-to ``conveyor.dlq`` (:class:`UsageValueCodec` never raises); a held partition
-with events waiting and none counted for 20 s is a warning with Faust's state
-of it (:class:`Progress`).
-"""
+"""The accounting app: a Faust application that counts ``conveyor.usage`` into
+the usage ledger and ``conveyor.feedback`` into ratings, and mirrors both
+into Redis. Its data lives under ``<home>/accounting/<app id>``; why Faust
+here and how each of its failures is guarded:
+docs/decisions/0002-faust-on-the-cold-path-only.md."""
 
 from __future__ import annotations
 

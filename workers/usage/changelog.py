@@ -1,20 +1,10 @@
-"""The ledger's changelog writes, and a commit only once they are acknowledged.
-
-- :class:`WriteBehind` is the mapping the Counter counts into: it changes
-  the table's store (``table.data``) at once and remembers which rows
-  changed; :meth:`WriteBehind.flush` sends each once a commit, not once a
-  write, with ``table.send_changelog`` (a usage event changes seven rows).
-  A partition that goes to another member has its unsent rows dropped, from
-  the store too: the new owner reads those events again.
-- :func:`drain_before_commit` replaces the producer buffer's ``flush``
-  (faust-streaming's returns after 0.1 s without a send) with one that waits
-  until every message put before it began is handed to aiokafka, whose flush
-  waits for the acknowledgements; past ``timeout_s`` it raises, the commit
-  fails and the events are read again (harmless: workers/usage/counting.py).
-
-Measured: docs/decisions/0002-faust-on-the-cold-path-only.md. Written against
-faust-streaming 0.15.3; pinned by tests/unit/workers/usage/test_faust_patches.py.
-"""
+"""The ledger's changelog writes, and a commit only once they are acknowledged:
+:class:`WriteBehind` changes the table's store at once and sends each changed
+row once a commit; :func:`drain_before_commit` makes the producer buffer's
+flush wait for every message put before it (past ``timeout_s`` the commit
+fails and the events are read again). Why, and the internals relied on:
+docs/decisions/0002-faust-on-the-cold-path-only.md; pinned by
+tests/unit/workers/usage/test_faust_patches.py."""
 
 from __future__ import annotations
 

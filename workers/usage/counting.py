@@ -1,18 +1,10 @@
-"""Counting one UsageRecord into the ledger's tables, exactly once.
-
-- **A record postprocess wrote twice** is dropped when its request id is
-  among the :data:`SEEN_WINDOW` offsets before it in its partition
-  (:class:`SeenWindow`). The window is never stored: after a restart or a
-  rebalance it is read back from the usage topic (:func:`ids_before`), so a
-  replay is judged as the first run was. Why 100,000 offsets suffice:
-  docs/decisions/0002-faust-on-the-cold-path-only.md.
-- **A replayed event** (at-least-once) leaves alone every row that stores a
-  position at or after its own in the same partition; a changelog record is
-  a whole row, so each row is consistent with itself.
-
-:class:`Counter` needs only a mutable mapping: tested on dicts, run on a
-Faust table.
-"""
+"""Counting one UsageRecord into the ledger's tables, exactly once: a record
+postprocess wrote twice is dropped when its request id is among the
+:data:`SEEN_WINDOW` offsets before it (:class:`SeenWindow`, read back from
+the log after a restart or a rebalance: :func:`ids_before`), and a replayed
+event leaves alone every row that stores its position or a later one
+(docs/decisions/0002-faust-on-the-cold-path-only.md). :class:`Counter` needs
+only a mutable mapping."""
 
 from __future__ import annotations
 
@@ -25,7 +17,7 @@ from schemas.codec import Codec, default_codec
 from topics.follow import follow
 from workers.usage.rows import Counts, RowKey, is_expired, rows_of
 
-__all__ = ["SeenWindow", "SEEN_WINDOW", "ids_before", "request_id_of", "Counter", "SEEN_WINDOW"]
+__all__ = ["SeenWindow", "SEEN_WINDOW", "ids_before", "request_id_of", "Counter"]
 
 
 SEEN_WINDOW = 100_000

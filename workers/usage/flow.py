@@ -1,23 +1,11 @@
-"""The accounting app's consumer around a rebalance, and its fetches.
-
-- **The hold** (:func:`hold_flow_until_resumed`): faust-streaming ends a
-  rebalance by seeking the stream partitions to their commits, then emptying
-  the agents' queues, then resuming the consumer's flow; the flow is stopped
-  on ``on_rebalance_complete`` (sent before that sequence), so events fetched
-  during the seek are read again, not dropped. When a rebalance began
-  (``App.rebalancing_count``) after the last assignment, the hold raises
-  Faust's ``RebalanceAgain``: a recovery ending inside the next rebalance
-  resumes nothing, and the next assignment's recovery resumes everything.
-- **Batches** (:func:`batched_fetch_transport`): the broker may hold a fetch
-  until :data:`FETCH_MIN_BYTES` or :data:`FETCH_MAX_WAIT_MS` (Faust asks for
-  every byte at once), and a counted partition nothing was committed on is
-  read from its beginning after each rebalance
-  (:func:`seek_committed_or_earliest`; aiokafka's seek skips it).
-
-What each fixed: docs/decisions/0002-faust-on-the-cold-path-only.md. Written
-against faust-streaming 0.15.3 and aiokafka 0.14.0; the internals relied on
-are pinned by tests/unit/workers/usage/test_faust_patches.py.
-"""
+"""The accounting app's consumer around a rebalance, and its fetches:
+:func:`hold_flow_until_resumed` holds the flow from Faust's end of a
+rebalance until its own resume (raising ``RebalanceAgain`` when another
+began), :func:`batched_fetch_transport` fetches in batches and reads a
+partition never committed from its beginning
+(:func:`seek_committed_or_earliest`). Why, and the internals relied on:
+docs/decisions/0002-faust-on-the-cold-path-only.md; pinned by
+tests/unit/workers/usage/test_faust_patches.py."""
 
 from __future__ import annotations
 

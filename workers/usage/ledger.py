@@ -1,12 +1,6 @@
-"""Reading the usage ledger from Redis: reports and quota totals.
-
-:class:`UsageLedger` is what the CLI (``conveyor usage``), the admin API and
-the quota check read: only the copy the accounting app keeps in Redis
-(workers/usage/mirror.py), whose errors the caller's boundary translates. A
-report has one row per bucket that saw requests and overlaps
-``[since_ms, until_ms)``, oldest first; the range is cut to the buckets'
-retention, so a report holds at most about 2,900 buckets.
-"""
+"""Reading the usage ledger from Redis (workers/usage/mirror.py): reports
+(a row per bucket that saw requests in ``[since_ms, until_ms)``, oldest
+first, cut to the buckets' retention), ratings and quota totals."""
 
 from __future__ import annotations
 

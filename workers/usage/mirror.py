@@ -1,32 +1,8 @@
-"""The ledger's copy in Redis: its key layout, and the writer of the rows of
-the accounting tables, each whole. Read by
-:class:`~workers.usage.ledger.UsageLedger` and, for the two quota keys, by
-the rate limiter's admission script.
-
-``P`` is ``settings.kafka.topic_prefix``; days and months are UTC; ``B`` is a
-bucket start in epoch milliseconds.
-
-- ``P:usage:<tenant>:day:<YYYY-MM-DD>``: STRING, the tenant's prompt plus
-  completion tokens of that day (an integer). Read by the quota check.
-- ``P:usage:<tenant>:month:<YYYY-MM>``: STRING, the same for the month.
-- ``P:usage:<tenant>:by-minute:<B>`` and ``P:usage:<tenant>:by-day:<B>``:
-  HASH, one field per row of that bucket: ``tenant`` (the tenant's own
-  total), ``key:<key id>`` and ``model:<model>``; each value is
-  ``"<requests> <errors> <prompt tokens> <completion tokens>"``.
-
-- ``P:ratings:<tenant>:by-day:<B>``: HASH, the ratings of that day
-  (workers/usage/ratings.py): ``tenant``, ``model:<model asked for>`` and
-  ``deployment:<model that answered>``; each value is ``"<count> <score sum>"``.
-
-Every key is written whole with SET/HSET (never INCR), in pipelines without
-a transaction: writing it again is harmless, a stale write is put right by
-the next pass. Every key expires with its bucket (``PXAT``/``PEXPIREAT``).
-The accounting app's tick (``MirrorPass``, workers/usage/app.py) writes, every
-``MIRROR_INTERVAL_S``, the rows changed since the last tick; every
-``FULL_MIRROR_EVERY`` ticks, and after a failed write, every row the member
-owns, so Redis heals from a FLUSHALL within seconds; nothing while a
-rebalance or a table recovery is under way.
-"""
+"""The ledger's copy in Redis: its key layout (:class:`UsageKeys`), and the
+writer of the accounting tables' rows, each whole (:class:`RedisMirror`).
+Read by :class:`~workers.usage.ledger.UsageLedger` and, for the quota keys,
+by the rate limiter; the layout and when rows are written:
+docs/decisions/0002-faust-on-the-cold-path-only.md."""
 
 from __future__ import annotations
 

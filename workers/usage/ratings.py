@@ -1,16 +1,7 @@
-"""Ratings in the usage ledger: ``conveyor.feedback`` counted per tenant, per
-model asked for and per deployment that answered (as gateway/feedback.py
-joined them), by day, kept 400 days.
-
-A request's latest rating counts, once: rating again takes the earlier score
-out of its rows and puts the new one into those of its own day. Exactly once
-across crashes, as usage: each row keeps the position of the last event
-applied to it, and a request's latest rating (``LATEST + request id``) is
-written after its rows in the same one-partition table, so a replay finds
-the earlier rating still there to take out
-(docs/decisions/0002-faust-on-the-cold-path-only.md). :class:`Ratings` needs
-only a mutable mapping; a row's key is :meth:`RatingKey.text`.
-"""
+"""Ratings in the usage ledger: ``conveyor.feedback`` counted per tenant, model
+and deployment by day, a request's latest rating once and exactly once across
+crashes (docs/decisions/0002-faust-on-the-cold-path-only.md). :class:`Ratings`
+needs only a mutable mapping."""
 
 from __future__ import annotations
 

@@ -1,18 +1,8 @@
-"""The rows of the usage ledger and their time buckets.
-
-A request is counted in the UTC minute, day and month buckets of the time it
-*finished* (``UsageRecord.finished_ms``), each named by its start in epoch
-ms. Minutes are kept two days, days 400, months as long as days plus the
-month itself; a bucket is gone once ``start + retention`` has passed.
-
-A row is one (granularity, bucket, dimension, tenant, id) with four counts;
-the dimensions are the tenant, one of its API keys and one model it used
-(months for the tenant alone: the monthly quota). Rows carry the tenant, so
-they live in the partition of its usage events. A key is the JSON text of
-``[by, dim, bucket_ms, tenant, id]`` (:meth:`RowKey.parse`), a value a small
-dict of short names holding the position of the last event counted in it
-(:meth:`Counts.from_value`).
-"""
+"""The rows of the usage ledger and their UTC time buckets (minute, day, month;
+each named by its start in epoch ms, dropped past its retention). A key is
+the JSON text of ``[by, dim, bucket_ms, tenant, id]``, a value the counts
+and the position of the last event counted in it
+(docs/decisions/0002-faust-on-the-cold-path-only.md)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""Running the accounting app in the current process: ``conveyor accounting``.
-
-:func:`run_accounting` creates the topics the app needs before Faust starts
-(``conveyor.usage``, ``conveyor.dlq`` and the tables' changelogs), carries
-ratings an earlier Conveyor counted in two tables into the one ratings table
+"""``conveyor accounting``: :func:`run_accounting` creates the app's topics,
+carries ratings of an earlier Conveyor into the one ratings table
 (:func:`carry_old_ratings`), then runs a :class:`faust.Worker` until SIGTERM
-or SIGINT stop it cleanly. Faust's web server is off, so any number of
-accounting processes share a host; logging keeps Conveyor's format.
-"""
+or SIGINT (Faust's web server off)."""
 
 from __future__ import annotations
 
