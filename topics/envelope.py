@@ -10,7 +10,7 @@ from schemas.records import Envelope
 
 __all__ = ["PRIORITY_INTERACTIVE", "PRIORITY_BACKGROUND", "PRIORITY_BATCH", "canary_key",
            "new_envelope", "new_request_id", "request_time_ms", "new_traceparent", "stamp",
-           "now_ms", "now_us"]
+           "now_ms", "now_us", "unstamped"]
 
 
 # envelope.priority: lower is sooner (schedule admits in this order)
@@ -97,3 +97,10 @@ def stamp(envelope: Envelope, layer: str) -> Envelope:
     """Record when ``layer`` took the event (the first time only: redelivery keeps it)."""
     envelope["stamps"].setdefault(layer, now_us())
     return envelope
+
+
+def unstamped(envelope: Envelope) -> Envelope:
+    """``envelope`` without its stamps: what a stream's chunks and replies carry
+    between its first and its last, which hold the request's journey
+    (docs/decisions/0032-many-streams-a-record.md)."""
+    return Envelope(**{**envelope, "stamps": {}})  # type: ignore[typeddict-item]

@@ -43,7 +43,7 @@ from schemas.records import (
 from schemas.structured import check_format
 from schemas.tools import check_tools, reads_tool_calls, tool_format
 from topics.catalog import ROUTED
-from topics.envelope import now_ms, stamp
+from topics.envelope import now_ms, stamp, unstamped
 from topics.tracing import genai_request_attributes
 from workers.infer.engines.base import Engine, GenerationRequest
 from workers.infer.heartbeat import Speed
@@ -348,7 +348,10 @@ class TaskRun:
     def _chunk(self, text: str, tokens: int, finish: str | None, error: ErrorInfo | None = None,
                logprobs: list[TokenLogprob] | None = None) -> TokenChunk:
         """The next chunk of the answer (its seq taken)."""
-        chunk = TokenChunk(envelope=self.task["envelope"], seq=self.seq, text=text,
+        # a chunk between the run's first and its last carries no stamps
+        middle = self.seq != self.run_start and finish is None and error is None
+        envelope = unstamped(self.task["envelope"]) if middle else self.task["envelope"]
+        chunk = TokenChunk(envelope=envelope, seq=self.seq, text=text,
                            tokens=tokens, finish_reason=finish, worker_id=self.worker_id,
                            header=self._header(), error=error, run_id=self.run_id,
                            run_start=self.run_start,

@@ -203,7 +203,10 @@ class PostprocessLayer:
     def _reply(self, stream: RequestStream, kind: str, *, text: str = "", chunk: str = "",
                finish_reason: str | None = None, usage: Usage | None = None,
                error: Any = None, logprobs: list[TokenLogprob] | None = None) -> Output:
-        reply = Reply(envelope=stream.envelope, index=stream.reply_index, kind=kind,  # type: ignore[typeddict-item]
+        # a reply between the first and the last carries no stamps
+        envelope = stream.envelope if stream.reply_index == 0 or kind != "delta" \
+            else stream.unstamped
+        reply = Reply(envelope=envelope, index=stream.reply_index, kind=kind,  # type: ignore[typeddict-item]
                       text=text, chunk=chunk, finish_reason=finish_reason, usage=usage,
                       error=error, logprobs=list(logprobs or ()), cached=stream.from_cache)
         stream.reply_index += 1

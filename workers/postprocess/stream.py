@@ -10,11 +10,13 @@ that could still begin a stop sequence; the answer's safety check
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from conveyor.policy.safety import Match, StreamScanner
 from schemas.records import ChunkHeader, Envelope, ErrorInfo, TokenChunk, TokenLogprob
 from schemas.tool_calls import ToolCallReader
+from topics.envelope import unstamped
 from workers.chunk_order import ChunkOrder
 from workers.prompt_cache import CACHE_WORKER
 
@@ -64,6 +66,10 @@ class RequestStream:
     filtered: Match | None = None
     # answered from the prompt cache (workers/prompt_cache.py), not by a worker
     from_cache: bool = False
+
+    @functools.cached_property
+    def unstamped(self) -> Envelope:
+        return unstamped(self.envelope)
 
     @property
     def next_seq(self) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Literal
 
-from schemas.records import Message, Task
+from schemas.records import Message, Task, TokenChunk
 from topics.envelope import new_envelope
 from workers.infer.generation import request_from_task
 from workers.prefix import tenant_salt
@@ -119,11 +119,11 @@ class Captured:
         return done
 
 
-async def _chunks_of(streams: int, token_delay_ms: float = 20.0, runs: int = 1
-                     ) -> tuple[list[int], list[int]]:
-    """The tokens of each chunk ``runs`` runs write for 12 scripted tokens
-    ``token_delay_ms`` apart while their worker runs ``streams`` streams
-    (coalesce_ms 40), and the chunks each record held."""
+async def _written(streams: int, token_delay_ms: float = 20.0, runs: int = 1
+                   ) -> tuple[list[TokenChunk], list[int]]:
+    """The chunks ``runs`` runs write for 12 scripted tokens ``token_delay_ms``
+    apart while their worker runs ``streams`` streams (coalesce_ms 40), and the
+    chunks each record held."""
     from conveyor.settings import load_settings
     from workers.infer.engines.scripted import ScriptedEngine
     from workers.infer.generation import TaskRun
@@ -153,7 +153,13 @@ async def _chunks_of(streams: int, token_delay_ms: float = 20.0, runs: int = 1
     await records.close()
     await engine.close()
     chunks = [c for out in captured.outs for c in out.record["chunks"]]
-    held = [len(out.record["chunks"]) for out in captured.outs]
+    return chunks, [len(out.record["chunks"]) for out in captured.outs]
+
+
+async def _chunks_of(streams: int, token_delay_ms: float = 20.0, runs: int = 1
+                     ) -> tuple[list[int], list[int]]:
+    """The tokens of each chunk that carries some, and the chunks each record held."""
+    chunks, held = await _written(streams, token_delay_ms, runs)
     return [c["tokens"] for c in chunks if c["tokens"]], held
 
 
@@ -177,3 +183,15 @@ async def test_the_streams_of_one_partition_share_their_records() -> None:
     assert sum(tokens) == 8 * 12
     assert sum(records) == len(tokens) and len(records) * 2 <= len(tokens)
     assert max(records) == 8
+
+
+async def test_only_a_runs_first_and_last_chunks_carry_the_stamps() -> None:
+    chunks, _ = await _written(streams=8)
+    assert len(chunks) >= 4
+    first, *middle, last = chunks
+    assert "gateway" in first["envelope"]["stamps"] and last["finish_reason"] is not None
+    assert last["envelope"]["stamps"] == first["envelope"]["stamps"]
+    assert all(c["envelope"]["stamps"] == {} for c in middle)
+    # the rest of the envelope (the reply address, the trace) travels with every chunk
+    assert all(c["envelope"] == {**first["envelope"], "stamps": c["envelope"]["stamps"]}
+               for c in chunks)

@@ -86,6 +86,24 @@ async def test_replies_go_to_the_gateways_partition_with_increasing_index(
     assert "postprocess" in replies(outputs)[0]["envelope"]["stamps"]
 
 
+async def test_only_a_streams_first_and_last_replies_carry_the_stamps(
+        layer: PostprocessLayer) -> None:
+    feed = Feeder(layer)
+    middle = chunk(1, "lo")
+    middle["envelope"]["stamps"] = {}  # as a worker writes a chunk between its first and last
+    outputs = [*await feed(chunk(0, "Hel")), *await feed(middle), *await feed(chunk(2, "!")),
+               *await feed(chunk(3, "", finish="stop"))]
+    sent = replies(outputs)
+    assert [r["kind"] for r in sent] == ["delta", "delta", "delta", "final"]
+    assert {"gateway", "postprocess"} <= set(sent[0]["envelope"]["stamps"])
+    assert [r["envelope"]["stamps"] for r in sent[1:3]] == [{}, {}]
+    assert sent[-1]["envelope"]["stamps"] == sent[0]["envelope"]["stamps"]
+    # everything else of the envelope travels with every reply
+    assert all(r["envelope"]["reply_gateway"] == "g" and r["envelope"]["request_id"] == "r1"
+               and r["envelope"]["traceparent"] == sent[0]["envelope"]["traceparent"]
+               for r in sent)
+
+
 async def test_a_chat_request_starts_with_a_role_chunk(layer: PostprocessLayer) -> None:
     feed = Feeder(layer)
     first = replies(await feed(chunk(0, "Hi")))
