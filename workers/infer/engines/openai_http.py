@@ -1,8 +1,10 @@
 """An engine that forwards to an OpenAI-compatible HTTP upstream (vLLM, SGLang,
 llama.cpp's server); why each choice: docs/decisions/0020-the-http-engine.md.
 
-* One ``aiohttp.ClientSession`` of ``capacity`` keep-alive connections;
-  ``timeout_s`` bounds connecting and each wait for the next chunk.
+* One ``aiohttp.ClientSession`` of ``capacity`` keep-alive connections, idle
+  at most 4 s; ``timeout_s`` bounds connecting and each wait for the next
+  chunk. A request whose pooled connection the upstream closed before
+  answering is sent again, once.
 * A rendered ``prompt_text`` (or any completion) goes to ``/v1/completions``
   with the continuation appended; a chat without one to
   ``/v1/chat/completions``, a continuation as a final assistant message
@@ -20,6 +22,7 @@ llama.cpp's server); why each choice: docs/decisions/0020-the-http-engine.md.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncGenerator
 from typing import Any, Literal
 
@@ -33,6 +36,10 @@ from schemas.tool_calls import CLOSE, OPEN
 from workers.infer.engines.base import GenerationRequest, KvState, Piece
 
 __all__ = ["OpenAIHttpEngine"]
+
+log = logging.getLogger(__name__)
+
+_KEEPALIVE_S = 4.0
 
 
 class OpenAIHttpEngine:
@@ -69,7 +76,10 @@ class OpenAIHttpEngine:
         self._client = aiohttp.ClientSession(
             base_url=self.base_url + "/",
             headers=headers,
-            connector=aiohttp.TCPConnector(limit=self.capacity, keepalive_timeout=60),
+            # idle connections closed before an upstream's own keep-alive ends them
+            # (uvicorn's and so vLLM's: 5 s), never reused as the upstream closes them
+            connector=aiohttp.TCPConnector(limit=self.capacity,
+                                           keepalive_timeout=_KEEPALIVE_S),
             timeout=aiohttp.ClientTimeout(total=None, connect=self.timeout_s,
                                           sock_read=self.timeout_s),
             json_serialize=json.dumps,
@@ -86,7 +96,7 @@ class OpenAIHttpEngine:
         chat = path.endswith("/chat/completions")
         reading = _Reading(chat, request.logprobs)
         try:
-            async with client.post(path.lstrip("/"), json=body) as response:
+            async with await _posted(client, path.lstrip("/"), body) as response:
                 if response.status >= 400:
                     raise EngineError(
                         f"upstream returned HTTP {response.status}: "
@@ -118,6 +128,21 @@ class OpenAIHttpEngine:
         client, self._client = self._client, None
         if client is not None:
             await client.close()
+
+
+async def _posted(client: aiohttp.ClientSession, path: str,
+                  body: dict[str, Any]) -> aiohttp.ClientResponse:
+    """The upstream's response to ``body``; sent again, once, when the pooled
+    connection it went out on was closed before any answer came (the upstream
+    ended it as it sat idle): the upstream answered nothing, the client saw
+    nothing."""
+    try:
+        return await client.post(path, json=body)
+    except aiohttp.ClientConnectorError:
+        raise  # no connection was made: nothing to send again on
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+        log.info("upstream closed a pooled connection (%r): sending again", exc)
+        return await client.post(path, json=body)
 
 
 class _Reading:

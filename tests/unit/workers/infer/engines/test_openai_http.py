@@ -277,3 +277,73 @@ async def test_an_event_that_is_not_a_json_object_fails_the_generation_with_what
     engine = await engine_factory(fake_upstream.base_url)
     with pytest.raises(EngineError, match=f"upstream sent {says} data: .*{re.escape(garbage[:4])}"):
         await collect(engine, request(kind="completion", prompt_text="Once", max_tokens=3))
+
+
+class ClosingUpstream:
+    """An upstream on a bare socket that closes the connection of each of its
+    first ``drops`` requests unanswered (a pooled connection ended as the
+    request went out) and answers the others with one streamed completion."""
+
+    ANSWER = b"".join(b"data: %s\n\n" % line for line in (
+        b'{"choices": [{"index": 0, "text": "Paris", "finish_reason": null}]}',
+        b'{"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]}', b"[DONE]"))
+
+    def __init__(self, drops: int) -> None:
+        self.drops = drops
+        self.requests = 0
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = re.search(rb"(?i)content-length: *(\d+)", head)
+                await reader.readexactly(int(length.group(1)) if length else 0)
+                self.requests += 1
+                if self.requests <= self.drops:
+                    return
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                             b"content-length: %d\r\n\r\n%s" % (len(self.ANSWER), self.ANSWER))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+async def test_a_connection_the_upstream_closed_unanswered_is_sent_on_again_once(
+    engine_factory: EngineFactory
+) -> None:
+    completion = request(kind="completion", prompt_text="The capital of France is")
+    async with ClosingUpstream(drops=1) as base_url:
+        engine = await engine_factory(base_url)
+        pieces = await collect(engine, completion)
+    assert "".join(p.text for p in pieces) == "Paris" and pieces[-1].finish_reason == "stop"
+    async with ClosingUpstream(drops=2) as base_url:  # closed twice: the request fails
+        engine = await engine_factory(base_url)
+        with pytest.raises(EngineError, match="upstream"):
+            await collect(engine, completion)
+
+
+async def test_an_idle_connection_is_not_kept_past_the_keep_alive(
+    fake_upstream: FakeUpstream, engine_factory: EngineFactory,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Below an upstream's own keep-alive (uvicorn's and vLLM's 5 s, here a
+    tenth of a second), so that no request goes out on a connection the
+    upstream is closing."""
+    monkeypatch.setattr("workers.infer.engines.openai_http._KEEPALIVE_S", 0.1)
+    engine = await engine_factory(fake_upstream.base_url)
+    await collect(engine, request())
+    await asyncio.sleep(0.3)
+    await collect(engine, request())
+    first, second = fake_upstream.calls
+    assert first.client_port != second.client_port
