@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -24,7 +24,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from conveyor.errors import BrokerError, RedisRefused, RedisUnavailable
 from conveyor.settings import RedisSettings
 
-__all__ = ["Redis", "RedisRole", "ClientRole", "ROLES", "redis_client", "REDIS_ERRORS",
+__all__ = ["Redis", "RedisRole", "ClientRole", "ROLES", "POOL_SIZE", "redis_client", "REDIS_ERRORS",
            "REDIS_REFUSALS", "RedisError", "RedisConnectionError", "redis_error", "redis_boundary"]
 
 RedisRole = Literal["gateway", "claims", "cache", "accounting", "cli"]
@@ -66,6 +66,13 @@ REDIS_REFUSALS: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTi
                                                    OSError)
 
 
+# connections a client opens at most; past them a command waits for one (as
+# long as a new connection may take), where redis-py's own pool of 100 refused
+# at once: an infer worker of 512 slots, or a gateway holding as many
+# requests, asks that many things of Redis together
+POOL_SIZE = 1024
+
+
 def redis_client(redis: RedisSettings, role: RedisRole) -> Redis:
     """A client of ``redis.url`` with the timeouts of ``role``; the
     caller closes it (``aclose``)."""
@@ -73,8 +80,11 @@ def redis_client(redis: RedisSettings, role: RedisRole) -> Redis:
     retry: dict[str, Any] = {"retry": Retry(NoBackoff(), 1),
                              "retry_on_error": [RedisConnectionError]} \
         if chosen.retry_broken else {}
-    client: Redis = Redis.from_url(redis.url, socket_timeout=chosen.socket_timeout_s,
-                                   socket_connect_timeout=chosen.connect_timeout_s, **retry)
+    pool = BlockingConnectionPool.from_url(
+        redis.url, max_connections=POOL_SIZE, timeout=chosen.connect_timeout_s,
+        socket_timeout=chosen.socket_timeout_s,
+        socket_connect_timeout=chosen.connect_timeout_s, **retry)
+    client: Redis = Redis.from_pool(pool)
     return client
 
 
