@@ -24,11 +24,12 @@
 # loop seconds late in each of three full runs; see docs/operating/install.md.)
 #
 # The full run overlaps the vllm tier (some 3 min in one process, most of it
-# vLLM's engines starting; two processes by default, CONVEYOR_TEST_VLLM_PROCESSES,
-# the files sharing one engine kept together) with the steps that have no
-# timing to keep: lint, types, docs, the smoke and the unit tier; the broker tiers (kafka, pipeline, faults, engines),
-# whose fault tests count seconds, start after both and run alone in their two
-# processes. The vllm tier's output is kept in a file and printed when it ends.
+# vLLM's engines starting; in two processes its files' module fixtures and the
+# shared engine were set up once a process: 4 min 30 s) with the steps that
+# keep no time: lint, types, docs, the smoke, the unit tier, then the kafka and
+# engines tiers (two processes). The pipeline and fault tiers, whose tests
+# count seconds, start after all of them and run alone in their processes.
+# The vllm tier's output is kept in a file and printed when it ends.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -54,8 +55,7 @@ checks() {
 vllm_tier() {
   # the tier's tests start the engine at once: vllm.sh's one-token proof is a start more
   CONVEYOR_VLLM_PROBE=0 bash infra/vllm.sh
-  HF_HUB_OFFLINE=1 .venv-vllm/bin/python -m pytest -q -p no:cacheprovider --durations=10 \
-    -n "${CONVEYOR_TEST_VLLM_PROCESSES:-2}" --dist loadgroup "$@"
+  HF_HUB_OFFLINE=1 .venv-vllm/bin/python -m pytest -q -p no:cacheprovider --durations=10 "$@"
 }
 broker_tiers() {
   .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 \
@@ -96,10 +96,13 @@ mark "the smoke"
 .venv/bin/python -m pytest -q -p no:cacheprovider --durations=5 \
   -n "${CONVEYOR_TEST_PROCESSES:-2}" --dist loadfile tests/unit || status=$?
 mark "the unit tier"
+# the kafka and engines tiers (no Conveyor started, no fault timed) in the time
+# the vllm tier still takes
+broker_tiers tests/kafka tests/engines -n 2 || status=$?
+mark "the kafka and engines tiers"
 vllm_done || status=$?
 mark "the vllm tier"
-# the broker tiers, alone on the machine now; the faults first and the kafka
-# tier's many small files last, so that the processes end together
-broker_tiers tests/faults tests/pipeline tests/engines tests/kafka || status=$?
-mark "the broker tiers"
+# the fault and pipeline tiers, alone on the machine now, the faults first
+broker_tiers tests/faults tests/pipeline || status=$?
+mark "the fault and pipeline tiers"
 exit $status

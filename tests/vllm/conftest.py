@@ -7,10 +7,6 @@ GPU), run from the environment ``bash infra/vllm.sh`` builds:
 engine in float32 (the tests compare text; SmolLM2's greedy answers change with
 the arithmetic's precision) serves the engine tests of the whole tier; a test
 that needs an engine of its own starts it through ``vllm_engines``.
-
-In CI the tier runs in two processes (``--dist loadgroup``): the files that
-share the session's engine are one group, so that one process starts it, and
-every other file is a group of its own.
 """
 
 from __future__ import annotations
@@ -28,15 +24,6 @@ from workers.infer.engines.vllm import VllmEngine
 # holds about 11,000 float32 tokens of SmolLM2, far more than any test sends
 CAPACITY = 2
 OPTIONS: dict[str, Any] = {"dtype": "float32", "kv_cache_gib": 0.5}
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """One xdist group a file, and one for every file using ``vllm_engine``."""
-    shared = {item.path for item in items
-              if "vllm_engine" in getattr(item, "fixturenames", ())}
-    for item in items:
-        group = "vllm_engine" if item.path in shared else str(item.path)
-        item.add_marker(pytest.mark.xdist_group(group))
 
 
 def smollm2() -> ModelSpec:
