@@ -27,9 +27,8 @@
 # vLLM's engines starting; in two processes its files' module fixtures and the
 # shared engine were set up once a process: 4 min 30 s) with the steps that
 # keep no time: lint, types, docs, the smoke, the unit tier, then the kafka and
-# engines tiers and the pipeline files that time nothing (two processes). The
-# pipeline and fault tiers, whose tests count seconds, start after all of them
-# and run alone in their processes.
+# engines tiers (two processes). The pipeline and fault tiers, whose tests
+# count seconds, start after all of them and run alone in their processes.
 # The vllm tier's output is kept in a file and printed when it ends.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -97,16 +96,13 @@ mark "the smoke"
 .venv/bin/python -m pytest -q -p no:cacheprovider --durations=5 \
   -n "${CONVEYOR_TEST_PROCESSES:-2}" --dist loadfile tests/unit || status=$?
 mark "the unit tier"
-# in the time the vllm tier still takes, the tests that time nothing: the kafka
-# and engines tiers, and the pipeline tier's files that only check answers
-untimed=(tests/pipeline/test_errors.py tests/pipeline/test_openai_api.py
-  tests/pipeline/test_model_answers.py tests/pipeline/test_canary.py
-  tests/pipeline/test_tracing.py tests/pipeline/test_files.py)
-broker_tiers tests/kafka tests/engines "${untimed[@]}" -n 2 || status=$?
-mark "the kafka and engines tiers, and the untimed pipeline files"
+# the kafka and engines tiers (no Conveyor started, no fault timed) in the time
+# the vllm tier still takes
+broker_tiers tests/kafka tests/engines -n 2 || status=$?
+mark "the kafka and engines tiers"
 vllm_done || status=$?
 mark "the vllm tier"
 # the fault and pipeline tiers, alone on the machine now, the faults first
-broker_tiers tests/faults tests/pipeline "${untimed[@]/#/--ignore=}" || status=$?
+broker_tiers tests/faults tests/pipeline || status=$?
 mark "the fault and pipeline tiers"
 exit $status
