@@ -5,7 +5,7 @@ When the reply-partition lease of a generation's gateway
 held by another gateway, for a whole lease period, nobody can receive the
 answer and the generation is cancelled; a lease back within the period
 clears it. A generation whose stream a client resumed elsewhere runs on while
-``{prefix}:resume-watch:{request id}`` exists (gateway/resume.py).
+``{prefix}:resume-watch:{request id}`` exists (gateway/cancels.py).
 """
 
 from __future__ import annotations
