@@ -261,10 +261,11 @@ def _engine_options() -> list[str]:
 
 
 def on_files(files: Any, config: Any) -> Any:
-    """mkdocs hook: add the generated page to the site's files."""
-    from mkdocs.structure.files import File
-
-    files.append(File.generated(config, PAGE, content=render()))
+    """mkdocs hook: add the generated page to the site's files (made by the
+    class of the files mkdocs hands in: nothing here imports mkdocs, which only
+    the docs build installs)."""
+    file_class = type(next(iter(files)))
+    files.append(file_class.generated(config, PAGE, content=render()))
     return files
 
 
