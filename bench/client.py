@@ -110,7 +110,6 @@ class _Head:
     headers: dict[str, str]
 
 
-
 async def _head(conn: _Connection) -> _Head:
     lines = (await conn.until(b"\r\n\r\n")).decode("latin-1").split("\r\n")
     parts = lines[0].split(" ", 2)

@@ -35,6 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = "operating/configuration.md"
 
+
 @dataclass
 class Setting:
     name: str  # the attribute path, ``kafka_bootstrap`` or ``section.field``

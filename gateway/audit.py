@@ -24,6 +24,7 @@ __all__ = ["Audit", "audit_event", "cli_actor"]
 
 _THROTTLE_MEMORY = 4096  # callers whose last event is remembered
 
+
 def cli_actor() -> str:
     """Who acts from the command line: ``cli@<host>``."""
     return f"cli@{socket.gethostname()}"

@@ -67,6 +67,7 @@ __all__ = ["LayerRuntime"]
 
 log = logging.getLogger(__name__)
 
+
 class _Abandoned(Exception):
     """The runtime stops while an event waits on a broker: it stays uncommitted."""
 

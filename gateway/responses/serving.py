@@ -279,7 +279,6 @@ class ResponsesServing:
                                completed_at=int(time.time()),
                                logprobs=(choice.get("logprobs") or {}).get("content"))
 
-
     async def first(self, answer: Answer, body: ResponsesRequest,
                     disconnected: Disconnected) -> Reply | None:
         """The first reply, before the status is chosen (None: the client left)."""
