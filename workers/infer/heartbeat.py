@@ -19,14 +19,14 @@ import os
 import socket
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
-from typing import Any, Literal, NamedTuple, cast
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
 
 from conveyor.settings import Settings
 from schemas.records import HostCache, KvCache, WorkerHeartbeat
 from topics.catalog import WORKERS
 from topics.envelope import now_ms
-from workers.infer.engines.base import Engine, HoldsPrompts, HostCacheStats, KeepsHostCache, KvState
+from workers.infer.engines.base import Engine, HoldsPrompts, KeepsHostCache
 from workers.outputs import Output, Sender
 from workers.prefix import HeldBlocks
 
@@ -36,7 +36,7 @@ __all__ = ["Heartbeat", "Snapshot", "host_cache_of", "reported_blocks", "GpuProb
 log = logging.getLogger(__name__)
 
 
-def reported_blocks(held: HeldBlocks, engine: Engine, kv: KvState | None,
+def reported_blocks(held: HeldBlocks, engine: Engine, kv: KvCache | None,
                     settings: Settings) -> list[int] | None:
     """The prompt blocks a worker reports: those of the prompts it ran, no more
     than its caches can hold where the engine says how much that is (the
@@ -45,13 +45,13 @@ def reported_blocks(held: HeldBlocks, engine: Engine, kv: KvState | None,
         return None
     room = engine.cache_tokens() if isinstance(engine, HoldsPrompts) else None
     if room is None and kv is not None:
-        room = kv.total_blocks * kv.block_tokens
+        room = kv["total_blocks"] * kv["block_tokens"]
     if room is not None and settings.prefix.block_tokens > 0:
         held.trim(room // settings.prefix.block_tokens)
     return held.blocks()
 
 
-def host_cache_of(engine: Engine) -> HostCacheStats | None:
+def host_cache_of(engine: Engine) -> HostCache | None:
     """The engine's host-memory cache counts, where it keeps one."""
     return engine.host_cache_stats() if isinstance(engine, KeepsHostCache) else None
 
@@ -68,7 +68,7 @@ class Snapshot(NamedTuple):
     interactive_running: int = 0
     interactive_ms: int = 0
     # the engine's KV cache, where it keeps one the worker can see
-    kv: KvState | None = None
+    kv: KvCache | None = None
     # its measured speed (Speed); None until measured
     prefill_tps: float | None = None
     tpot_ms: float | None = None
@@ -78,7 +78,7 @@ class Snapshot(NamedTuple):
     # None: it does not say
     prefix_blocks: list[int] | None = None
     # the llama.cpp engines' host-memory cache (None: the engine keeps none)
-    host_cache: HostCacheStats | None = None
+    host_cache: HostCache | None = None
 
 
 class Heartbeat:
@@ -108,9 +108,7 @@ class Heartbeat:
             gpu_utilization=gpu_util, gpu_memory_free=gpu_free,
             interactive_running=now.interactive_running, interactive_ms=now.interactive_ms,
             prefill_tps=now.prefill_tps, tpot_ms=now.tpot_ms, prefix_blocks=now.prefix_blocks,
-            # the engine's dataclasses have the records' fields
-            kv=None if now.kv is None else cast(KvCache, asdict(now.kv)),
-            host_cache=None if now.host_cache is None else cast(HostCache, asdict(now.host_cache)),
+            kv=now.kv, host_cache=now.host_cache,
         )
         await self.sender.deliver(Output(WORKERS.at(self.settings.kafka), "WorkerHeartbeat",
                                          record, key=self.worker_id))

@@ -9,14 +9,14 @@ frees its slot promptly.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable
-from dataclasses import asdict, dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from collections.abc import AsyncGenerator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, cast, runtime_checkable
 
-from schemas.records import Message, ResponseFormat, TokenLogprob
+from schemas.records import HostCache, KvCache, Message, ResponseFormat, TokenLogprob
 
-__all__ = ["GenerationRequest", "Piece", "Engine", "HoldsPrompts", "HostCacheStats",
-           "KeepsHostCache", "KvState", "host_cache_counts"]
+__all__ = ["GenerationRequest", "Piece", "Engine", "HoldsPrompts", "KeepsHostCache",
+           "host_cache_counts"]
 
 
 @dataclass(frozen=True)
@@ -73,20 +73,6 @@ class Piece:
     logprobs: tuple[TokenLogprob, ...] = ()
 
 
-@dataclass(frozen=True)
-class KvState:
-    """What an engine's KV cache holds now, for the worker's heartbeat (engines
-    that keep one in process: vLLM, the batching llama.cpp engine)."""
-
-    usage: float  # the share of the cache the running sequences hold, 0..1
-    total_blocks: int
-    free_blocks: int  # not held by a running sequence (cached prefixes count as free)
-    cached_blocks: int | None  # free, and holding a prefix a new prompt may reuse
-    block_tokens: int  # tokens a block holds
-    prefix_queries: int  # prompt tokens looked up in the prefix cache since the start
-    prefix_hits: int  # of them, found there
-
-
 class Engine(Protocol):
     name: str
     capacity: int
@@ -111,8 +97,11 @@ class Engine(Protocol):
         """Of those, the ones loaded now; None: all of them."""
         ...
 
-    def kv_state(self) -> KvState | None:
-        """The KV cache now, or None where the engine keeps none Conveyor can see."""
+    def kv_state(self) -> KvCache | None:
+        """The KV cache now (as the heartbeat carries it: what the running
+        sequences hold, and the prefix cache's blocks and lookups), or None
+        where the engine keeps none Conveyor can see (vLLM and the llama.cpp
+        engine keep one in process)."""
         ...
 
     async def start(self) -> None:
@@ -137,35 +126,19 @@ class HoldsPrompts(Protocol):
         ...
 
 
-@dataclass
-class HostCacheStats:
-    """What a llama.cpp engine's host-memory cache did (llamacpp_cache), for metrics."""
-
-    saved: int = 0  # sequences copied out
-    restored: int = 0  # sequences copied back in
-    evicted: int = 0  # dropped for room
-    held_bytes: int = 0
-    entries: int = 0
-
-
 @runtime_checkable
 class KeepsHostCache(Protocol):
     """An engine that keeps KV caches in host memory behind its contexts."""
 
-    def host_cache_stats(self) -> HostCacheStats | None:
-        """Its counts so far; None: it keeps none (switched off)."""
+    def host_cache_stats(self) -> HostCache | None:
+        """Its counts so far, as the heartbeat carries them (llamacpp_cache);
+        None: it keeps none (switched off)."""
         ...
 
 
-def host_cache_counts(engine: Engine) -> Callable[[], dict[str, int] | None] | None:
-    """The engine's host-cache counts as a mapping, read at each metrics scrape;
-    None for an engine that keeps no host cache."""
+def host_cache_counts(engine: Engine) -> Callable[[], Mapping[str, int] | None] | None:
+    """The engine's host-cache counts (every one an int), read at each metrics
+    scrape; None for an engine that keeps no host cache."""
     if not isinstance(engine, KeepsHostCache):
         return None
-    keeper = engine
-
-    def read() -> dict[str, int] | None:
-        stats = keeper.host_cache_stats()
-        return None if stats is None else asdict(stats)
-
-    return read
+    return cast(Callable[[], Mapping[str, int] | None], engine.host_cache_stats)

@@ -35,7 +35,8 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from conveyor.errors import EngineError, RequestError
 from conveyor.registry import ModelSpec
-from workers.infer.engines.base import GenerationRequest, HostCacheStats, KvState, Piece
+from schemas import records
+from workers.infer.engines.base import GenerationRequest, Piece
 from workers.infer.engines.llamacpp_batch_context import (
     Context,
     Item,
@@ -214,14 +215,14 @@ class LlamaCppBatchEngine:
         held = max(room, key=lambda c: (gains[c], -c.assigned))
         return held if gains[held] - gains[idle] >= self.prefill_chunk else idle
 
-    def host_cache_stats(self) -> HostCacheStats | None:
+    def host_cache_stats(self) -> records.HostCache | None:
         return stats_of(self.host_cache)
 
     def cache_tokens(self) -> int | None:
         """Every slot's tokens, and its host cache's (base.HoldsPrompts)."""
         return held_tokens(self.capacity * self.n_ctx, self.host_cache, self._token_bytes)
 
-    def kv_state(self) -> KvState | None:
+    def kv_state(self) -> records.KvCache | None:
         """All contexts' cells (a block is one token here): what running sequences
         hold, and the prefixes free slots keep for reuse. Read from the event loop
         while the threads work, so a heartbeat may be a step behind."""
@@ -230,9 +231,9 @@ class LlamaCppBatchEngine:
         total = self.capacity * self.n_ctx
         cells = [c.cells() for c in self._contexts]
         used, kept = sum(u for u, _ in cells), sum(k for _, k in cells)
-        return KvState(usage=used / total, total_blocks=total, free_blocks=total - used,
-                       cached_blocks=kept, block_tokens=1, prefix_queries=self.prompt_tokens,
-                       prefix_hits=self.reused_tokens)
+        return records.KvCache(usage=used / total, total_blocks=total,
+                               free_blocks=total - used, cached_blocks=kept, block_tokens=1,
+                               prefix_queries=self.prompt_tokens, prefix_hits=self.reused_tokens)
 
     async def close(self) -> None:
         """Cancel what runs, stop the threads, free the contexts and the model."""

@@ -18,14 +18,14 @@ import ctypes
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import llama_cpp
 import numpy as np
 import numpy.typing as npt
 
-from workers.infer.engines.base import HostCacheStats
+from schemas import records
 
 __all__ = ["HostCache", "held_tokens", "kv_bytes_per_token", "stats_of"]
 
@@ -56,7 +56,7 @@ class HostCache:
         self._lock = threading.Lock()
         self._entries: OrderedDict[_Key, _Entry] = OrderedDict()
         self._bytes = 0
-        self.stats = HostCacheStats()
+        self.stats = records.HostCache(held_bytes=0, entries=0, saved=0, restored=0, evicted=0)
 
     def save(self, ctx: Any, seq_id: int, held: Sequence[int], salt: str = "") -> None:
         """Copies sequence ``seq_id`` of ``ctx``, whose cells hold ``held`` (of
@@ -84,10 +84,10 @@ class HostCache:
                 self._drop(other)
             self._entries[key] = _Entry(salt, tokens, state, np.array(tokens, dtype=np.intc))
             self._bytes += len(state)
-            self.stats.saved += 1
+            self.stats["saved"] += 1
             while self._bytes > self.capacity_bytes and self._entries:
                 self._drop(next(iter(self._entries)))
-                self.stats.evicted += 1
+                self.stats["evicted"] += 1
             self._count()
 
     def take(self, tokens: Sequence[int], at_least: int, salt: str = "") -> _Entry | None:
@@ -127,7 +127,7 @@ class HostCache:
             llama_cpp.llama_memory_seq_rm(memory, seq_id, -1, -1)  # a partial copy is no cache
             return False
         with self._lock:
-            self.stats.restored += 1
+            self.stats["restored"] += 1
         return True
 
     def _drop(self, key: _Key) -> None:
@@ -136,8 +136,8 @@ class HostCache:
         self._count()
 
     def _count(self) -> None:
-        self.stats.held_bytes = self._bytes
-        self.stats.entries = len(self._entries)
+        self.stats["held_bytes"] = self._bytes
+        self.stats["entries"] = len(self._entries)
 
 
 def kv_bytes_per_token(metadata: dict[str, str]) -> int | None:
@@ -161,6 +161,6 @@ def held_tokens(in_contexts: int, host: HostCache | None, token_bytes: int | Non
                           else 0)
 
 
-def stats_of(host: HostCache | None) -> HostCacheStats | None:
+def stats_of(host: HostCache | None) -> records.HostCache | None:
     """A copy of what ``host`` did so far (base.KeepsHostCache); None without one."""
-    return replace(host.stats) if host is not None else None
+    return records.HostCache(**host.stats) if host is not None else None

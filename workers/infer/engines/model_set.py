@@ -15,17 +15,17 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+from typing import cast
 
 from conveyor.errors import EngineError
 from conveyor.registry import ModelSpec
+from schemas.records import HostCache, KvCache
 from workers.infer.engines.base import (
     Engine,
     GenerationRequest,
     HoldsPrompts,
-    HostCacheStats,
     KeepsHostCache,
-    KvState,
     Piece,
 )
 
@@ -89,21 +89,22 @@ class ModelSet:
         held = self._loaded.get(name)
         return held.engine if held is not None else self._made.get(name)
 
-    def kv_state(self) -> KvState | None:
+    def kv_state(self) -> KvCache | None:
         """The KV cache of the model used last (the one prefix routing follows)."""
         if not self._loaded:
             return None
         return next(reversed(self._loaded.values())).engine.kv_state()
 
-    def host_cache_stats(self) -> HostCacheStats | None:
+    def host_cache_stats(self) -> HostCache | None:
         """What the loaded models' host caches did, together (base.KeepsHostCache)."""
         found = [stats for held in self._loaded.values()
                  if isinstance(held.engine, KeepsHostCache)
                  and (stats := held.engine.host_cache_stats()) is not None]
         if not found:
             return None
-        return HostCacheStats(*(sum(getattr(stats, f.name) for stats in found)
-                                for f in fields(HostCacheStats)))
+        # every count an int: summed key by key
+        return cast(HostCache, {name: sum(stats[name] for stats in found)  # type: ignore[literal-required]
+                                for name in found[0]})
 
     def cache_tokens(self) -> int | None:
         """What the caches of the model used last hold (base.HoldsPrompts)."""

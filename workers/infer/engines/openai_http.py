@@ -30,10 +30,10 @@ import aiohttp
 import orjson
 
 from conveyor.errors import EngineError
-from schemas.records import ResponseFormat, TokenLogprob, TopLogprob
+from schemas.records import KvCache, ResponseFormat, TokenLogprob, TopLogprob
 from schemas.structured import wire_format
 from schemas.tool_calls import CLOSE, OPEN
-from workers.infer.engines.base import GenerationRequest, KvState, Piece
+from workers.infer.engines.base import GenerationRequest, Piece
 
 __all__ = ["OpenAIHttpEngine"]
 
@@ -121,7 +121,7 @@ class OpenAIHttpEngine:
             0, reading.usage_tokens - reading.emitted)
         yield Piece("", tokens=extra, finish_reason=reading.finish)
 
-    def kv_state(self) -> KvState | None:
+    def kv_state(self) -> KvCache | None:
         return None  # no KV cache the worker can see (see base.Engine)
 
     async def close(self) -> None:

@@ -27,7 +27,8 @@ from collections.abc import AsyncGenerator, Iterator
 from typing import Literal, get_args
 
 from conveyor.errors import EngineError
-from workers.infer.engines.base import GenerationRequest, KvState, Piece
+from schemas.records import KvCache
+from workers.infer.engines.base import GenerationRequest, Piece
 
 __all__ = ["SCRIPTS", "DEFAULT_TEXT", "Script", "ScriptedEngine", "pieces_of"]
 
@@ -141,7 +142,7 @@ class ScriptedEngine:
         finally:
             self._live.discard(cancelled)
 
-    def kv_state(self) -> KvState | None:
+    def kv_state(self) -> KvCache | None:
         return None  # no KV cache the worker can see (see base.Engine)
 
     async def close(self) -> None:

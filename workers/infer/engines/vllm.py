@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from conveyor.errors import EngineError
 from conveyor.registry import ModelSpec
 from schemas.answer_format import grammar_of
-from schemas.records import TokenLogprob, TopLogprob
-from workers.infer.engines.base import GenerationRequest, KvState, Piece
+from schemas.records import KvCache, TokenLogprob, TopLogprob
+from workers.infer.engines.base import GenerationRequest, Piece
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
@@ -291,7 +291,7 @@ class VllmEngine:
             prompt["cache_salt"] = request.cache_salt
         return prompt
 
-    def kv_state(self) -> KvState | None:
+    def kv_state(self) -> KvCache | None:
         return self._kv.state()
 
     async def close(self) -> None:
@@ -402,11 +402,11 @@ class KvWatch:
         self.queries = 0
         self.hits = 0
 
-    def state(self) -> KvState | None:
+    def state(self) -> KvCache | None:
         if self.usage is None or not self.total_blocks:
             return None
         free = self.total_blocks - round(self.usage * self.total_blocks)
-        return KvState(usage=self.usage, total_blocks=self.total_blocks, free_blocks=free,
+        return KvCache(usage=self.usage, total_blocks=self.total_blocks, free_blocks=free,
                        cached_blocks=None, block_tokens=self.block_tokens,
                        prefix_queries=self.queries, prefix_hits=self.hits)
 

@@ -8,7 +8,8 @@ from typing import Any, cast
 
 from conveyor.settings import load_settings
 from schemas.codec import default_codec
-from workers.infer.engines.base import Engine, HostCacheStats, KvState
+from schemas.records import HostCache, KvCache
+from workers.infer.engines.base import Engine
 from workers.infer.engines.llamacpp_cache import kv_bytes_per_token
 from workers.infer.heartbeat import Heartbeat, Snapshot, reported_blocks
 from workers.outputs import Output, Sender
@@ -25,8 +26,8 @@ class Delivered:
         self.outputs.append(output)
 
 
-async def beat(kv: KvState | None, prefix_blocks: list[int] | None = None,
-               host_cache: HostCacheStats | None = None) -> dict[str, Any]:
+async def beat(kv: KvCache | None, prefix_blocks: list[int] | None = None,
+               host_cache: HostCache | None = None) -> dict[str, Any]:
     sent = Delivered()
     heartbeat = Heartbeat(load_settings(topic_prefix="hb"), cast(Sender, sent), "w0", "cpu",
                           "llamacpp-batch", ["smollm2"], 4,
@@ -41,7 +42,7 @@ async def beat(kv: KvState | None, prefix_blocks: list[int] | None = None,
 
 
 async def test_the_kv_cache_goes_out_with_the_heartbeat() -> None:
-    kv = KvState(usage=0.25, total_blocks=2048, free_blocks=1536, cached_blocks=300,
+    kv = KvCache(usage=0.25, total_blocks=2048, free_blocks=1536, cached_blocks=300,
                  block_tokens=1, prefix_queries=900, prefix_hits=400)
     record = await beat(kv)
     assert record["kv"] == {"usage": 0.25, "total_blocks": 2048, "free_blocks": 1536,
@@ -73,7 +74,7 @@ class Holds:
 
 
 async def test_the_host_cache_goes_out_with_the_heartbeat() -> None:
-    stats = HostCacheStats(saved=9, restored=4, evicted=1, held_bytes=50 << 20, entries=5)
+    stats = HostCache(saved=9, restored=4, evicted=1, held_bytes=50 << 20, entries=5)
     assert (await beat(None, host_cache=stats))["host_cache"] == {
         "held_bytes": 50 << 20, "entries": 5, "saved": 9, "restored": 4, "evicted": 1}
     assert (await beat(None))["host_cache"] is None
@@ -84,7 +85,7 @@ def test_a_worker_reports_no_more_blocks_than_its_caches_hold() -> None:
     many as its KV cache holds; as many as its contexts and host memory hold."""
     settings = load_settings(prefix_block_tokens=64, prefix_report_blocks=1024)
 
-    def report(engine: object, kv: KvState | None) -> list[int] | None:
+    def report(engine: object, kv: KvCache | None) -> list[int] | None:
         held = HeldBlocks(1024)
         held.took(list(range(100)))
         return reported_blocks(held, cast(Engine, engine), kv, settings)
@@ -92,7 +93,7 @@ def test_a_worker_reports_no_more_blocks_than_its_caches_hold() -> None:
     assert report(object(), None) == list(range(100))
     assert report(Holds(None), None) == list(range(100))
     assert report(Holds(30 * 64 + 10), None) == list(range(70, 100))  # the most recent
-    kv = KvState(usage=0.0, total_blocks=40, free_blocks=40, cached_blocks=0, block_tokens=16,
+    kv = KvCache(usage=0.0, total_blocks=40, free_blocks=40, cached_blocks=0, block_tokens=16,
                  prefix_queries=0, prefix_hits=0)
     assert report(Holds(None), kv) == list(range(90, 100))  # 640 tokens of KV: 10 blocks
     assert report(Holds(30 * 64), kv) == list(range(70, 100))  # and host memory behind it

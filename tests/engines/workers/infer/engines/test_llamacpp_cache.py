@@ -58,12 +58,12 @@ async def test_a_conversation_finds_its_cache_after_its_slot_moved_on() -> None:
         assert none == 0
         await ask(cached, GLACIERS)  # takes the only context: lighthouses saved
         assert cached.host_cache is not None
-        assert cached.host_cache.stats.saved == 1
+        assert cached.host_cache.stats["saved"] == 1
         answer, reused, restored = await asked(cached, LIGHTHOUSES + QUESTION)
         # the whole first prompt and its answer (less one token) came back: the usage says so
         assert reused is not None and reused > len(LIGHTHOUSES) // 6, reused
-        assert cached.host_cache.stats.restored == 1
-        assert cached.host_cache.stats.entries == 1  # glaciers; lighthouses is in the context
+        assert cached.host_cache.stats["restored"] == 1
+        assert cached.host_cache.stats["entries"] == 1  # glaciers; lighthouses is in the context
         # the control: the next turn where the context still held the first
         assert (await ask(plain, LIGHTHOUSES))[0] == first
         assert answer == (await ask(plain, LIGHTHOUSES + QUESTION))[0]
@@ -76,7 +76,7 @@ async def test_a_conversation_finds_its_cache_after_its_slot_moved_on() -> None:
         assert plain.cache_tokens() == plain.capacity * plain.n_ctx
         # what the worker's metrics read
         stats = cached.host_cache_stats()
-        assert stats is not None and (stats.saved, stats.restored) == (2, 1)
+        assert stats is not None and (stats["saved"], stats["restored"]) == (2, 1)
         assert plain.host_cache_stats() is None
     finally:
         await cached.close()
@@ -94,14 +94,15 @@ async def test_the_cache_keeps_to_its_bound_and_a_seeded_prompt_restores_nothing
         await ask(made, LIGHTHOUSES)
         await ask(made, GLACIERS)  # lighthouses saved
         await ask(made, TEA)  # glaciers saved, lighthouses dropped for room
-        assert (cache.stats.saved, cache.stats.evicted, cache.stats.entries) == (2, 1, 1)
-        assert cache.stats.held_bytes <= cache.capacity_bytes
+        stats = cache.stats
+        assert (stats["saved"], stats["evicted"], stats["entries"]) == (2, 1, 1)
+        assert cache.stats["held_bytes"] <= cache.capacity_bytes
         await ask(made, GLACIERS + QUESTION)  # glaciers restored (out of the cache), tea saved
-        assert (cache.stats.restored, cache.stats.entries) == (1, 1)
+        assert (cache.stats["restored"], cache.stats["entries"]) == (1, 1)
         # glaciers and its turn saved, tea dropped for room
         assert (await asked(made, TEA, seed=7))[1] == 0  # a seeded prompt is evaluated afresh
-        assert cache.stats.restored == 1
-        assert (cache.stats.evicted, cache.stats.entries) == (2, 1)
+        assert cache.stats["restored"] == 1
+        assert (cache.stats["evicted"], cache.stats["entries"]) == (2, 1)
         (held,) = cache._entries.values()  # noqa: SLF001
         spec_text = made._contexts[0].llm.detokenize(list(held.tokens)).decode()  # noqa: SLF001
         assert spec_text.startswith(GLACIERS + QUESTION), spec_text

@@ -11,7 +11,8 @@ import pytest
 
 from conveyor.errors import EngineError
 from conveyor.registry import ModelSpec
-from workers.infer.engines.base import GenerationRequest, HostCacheStats, host_cache_counts
+from schemas.records import HostCache
+from workers.infer.engines.base import GenerationRequest, host_cache_counts
 from workers.infer.engines.model_set import ModelSet
 from workers.infer.engines.scripted import ScriptedEngine
 
@@ -108,8 +109,9 @@ def test_warm_models_must_be_served() -> None:
 class Cached(Counted):
     """A scripted engine with a host cache that saved one sequence per model letter."""
 
-    def host_cache_stats(self) -> HostCacheStats | None:
-        return HostCacheStats(saved=ord(self.model) - ord("a") + 1, held_bytes=MIB, entries=1)
+    def host_cache_stats(self) -> HostCache | None:
+        return HostCache(saved=ord(self.model) - ord("a") + 1, restored=0, evicted=0,
+                         held_bytes=MIB, entries=1)
 
 
 async def test_the_loaded_models_host_caches_count_together() -> None:

@@ -169,12 +169,13 @@ async def test_the_kv_state_is_vllms_own(vllm_engine: VllmEngine) -> None:
     await timed(vllm_engine, chat("What is a topic?", SHARED), 2)
     await timed(vllm_engine, chat("What is a partition?", SHARED), 2)  # the shared prefix
     state = vllm_engine.kv_state()
-    assert state is not None and state.block_tokens in (16, 128)  # vLLM's GPU, CPU block
-    assert state.total_blocks * state.block_tokens >= 8192
-    assert 0.0 <= state.usage < 1.0 and state.cached_blocks is None
-    assert state.free_blocks == state.total_blocks - round(state.usage * state.total_blocks)
-    queried = state.prefix_queries - (before.prefix_queries if before else 0)
-    found = state.prefix_hits - (before.prefix_hits if before else 0)
+    assert state is not None and state["block_tokens"] in (16, 128)  # vLLM's GPU, CPU block
+    assert state["total_blocks"] * state["block_tokens"] >= 8192
+    assert 0.0 <= state["usage"] < 1.0 and state["cached_blocks"] is None
+    used = round(state["usage"] * state["total_blocks"])
+    assert state["free_blocks"] == state["total_blocks"] - used
+    queried = state["prefix_queries"] - (before["prefix_queries"] if before else 0)
+    found = state["prefix_hits"] - (before["prefix_hits"] if before else 0)
     assert queried > 500 and found > 0, (queried, found)
 
 
