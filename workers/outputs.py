@@ -35,7 +35,8 @@ from topics.lookup import key_partition
 from topics.producer import EventProducer
 from topics.reader import ended_ids_header, request_ids_header
 
-__all__ = ["Output", "Sender", "error_info", "failure_reply", "job_event", "result_output"]
+__all__ = ["Output", "Sender", "dead_letter_record", "error_info", "failure_reply", "job_event",
+           "result_output"]
 
 log = logging.getLogger(__name__)
 
@@ -236,13 +237,21 @@ class Sender:
 
     def letter_output(self, layer: str, topic: str, partition: int, offset: int,
                       key: bytes | None, value: bytes | None, error: str) -> Output:
-        """A dead letter that fits in one event: a value too large keeps its
-        head, and the error says how much was cut."""
-        room = max(0, self.settings.kafka.max_event_bytes - _LETTER_OVERHEAD)
-        if value is not None and len(value) > room:
-            error = (f"[value truncated to {room} of {len(value)} bytes] " + error)
-            value = value[:room]
-        letter = DeadLetter(layer=layer, topic=topic, partition=partition, offset=offset,
-                            key=key, value=value, error=error[:_ERROR_CHARS], ts_ms=now_ms())
+        """The dead letter of a record (:func:`dead_letter_record`) on ``conveyor.dlq``."""
+        letter = dead_letter_record(self.settings.kafka, layer, topic, partition, offset, key,
+                                    value, error)
         return Output(DLQ.at(self.settings.kafka), "DeadLetter", letter,
                       key=key.decode(errors="replace") if key else None)
+
+
+def dead_letter_record(kafka: KafkaSettings, layer: str, topic: str, partition: int,
+                       offset: int, key: bytes | None, value: bytes | None,
+                       error: str) -> DeadLetter:
+    """A dead letter that fits in one event: a value too large keeps its head,
+    and the error says how much was cut."""
+    room = max(0, kafka.max_event_bytes - _LETTER_OVERHEAD)
+    if value is not None and len(value) > room:
+        error = (f"[value truncated to {room} of {len(value)} bytes] " + error)
+        value = value[:room]
+    return DeadLetter(layer=layer, topic=topic, partition=partition, offset=offset, key=key,
+                      value=value, error=error[:_ERROR_CHARS], ts_ms=now_ms())

@@ -21,10 +21,10 @@ from conveyor.metrics import LayerMetrics, LayerProbe
 from conveyor.redis_clients import REDIS_ERRORS, Redis, redis_client
 from conveyor.settings import Settings
 from schemas.codec import Codec, EventType, default_codec
-from schemas.records import DeadLetter
 from topics.admin import Replication
 from topics.backoff import RateLimitedLog
 from topics.envelope import now_ms
+from workers.outputs import dead_letter_record
 from workers.usage.changelog import WriteBehind, drain_before_commit
 from workers.usage.counting import SEEN_WINDOW, Counter, ids_before
 from workers.usage.flow import batched_fetch_transport, hold_flow_until_resumed
@@ -50,8 +50,6 @@ FLUSH_TIMEOUT_S = 120.0
 PRODUCER_LINGER_S = 0.01  # the changelog producer batches for 10 ms
 CHANGELOG_SEGMENT_BYTES = 1024 * 1024
 TOMBSTONES_KEPT_MS = 3_600_000
-# room a dead letter keeps for its own fields (as workers/outputs.py)
-_LETTER_OVERHEAD = 16 * 1024
 FULL_MIRROR_EVERY = 10  # ticks: a full pass every 5 s
 UNREADY_WARN_S = 15.0  # the mirror says so when the tables stay unready this long
 
@@ -274,17 +272,12 @@ class AccountingApp:
         """``value`` (an :class:`Undecodable`, or None for an empty one) to the DLQ."""
         data = value.data if isinstance(value, Undecodable) else message.value
         error = value.error if isinstance(value, Undecodable) else "an empty value"
-        room = max(0, self.settings.kafka.max_event_bytes - _LETTER_OVERHEAD)
-        if data is not None and len(data) > room:
-            error = f"[value truncated to {room} of {len(data)} bytes] " + error
-            data = data[:room]
         key: bytes | None = message.key
-        letter = DeadLetter(layer="accounting", topic=message.topic,
-                            partition=message.partition, offset=message.offset, key=key,
-                            value=data, error=error[:4000], ts_ms=now_ms())
+        letter = dead_letter_record(self.settings.kafka, "accounting", message.topic,
+                                    message.partition, message.offset, key, data, error)
         self.probe.dead_letter()
         log.warning("usage: a value at %s[%d]@%d is not a %s (%s); dead-lettered",
-                    message.topic, message.partition, message.offset, expected, error)
+                    message.topic, message.partition, message.offset, expected, letter["error"])
         ack = await self.dlq.send(key=key, value=self._codec.encode("DeadLetter", letter))
         await ack
 
