@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal, cast
 
 import llama_cpp
@@ -37,7 +38,7 @@ from workers.infer.engines.llamacpp_grammar import CheckedSampling, grammar_samp
 
 __all__ = ["Context", "Sequence", "Text", "chat_formatter", "common_prefix", "prompt_or_bos",
            "reuse_score", "llama_seed", "checked_bias", "bias_sampler", "sequence_sampler",
-           "logprob_of", "token_bytes", "LoggedSampler", "with_logprobs", "taken"]
+           "logprob_of", "token_bytes", "taken"]
 
 
 Item = Piece | BaseException
@@ -321,7 +322,8 @@ class Context:
             request = sequence.request
             if request.logprobs and not llama_cpp.llama_vocab_is_eog(self._vocab, token):
                 sequence.logprobs.append(logprob_of(self._ctx, index, self._n_vocab, token,
-                                                    request.top_logprobs, self._piece))
+                                                    request.top_logprobs,
+                                                    partial(token_bytes, self._vocab)))
             self._took(sequence, token)
 
     def _took(self, sequence: Sequence, token: int) -> None:
@@ -330,7 +332,7 @@ class Context:
         if llama_cpp.llama_vocab_is_eog(self._vocab, token):
             self._finish(sequence, sequence.text.flush(), "stop")
             return
-        text, stopped = sequence.text.push(self._piece(token))
+        text, stopped = sequence.text.push(token_bytes(self._vocab, token))
         if stopped:
             self._finish(sequence, text, "stop")
         elif (sequence.sampled >= max(1, sequence.request.max_tokens)
@@ -377,14 +379,6 @@ class Context:
             if not slot.busy and slot.cached:
                 llama_cpp.llama_memory_seq_rm(memory, slot.seq_id, -1, -1)
                 slot.cached.clear()
-
-    def _piece(self, token: int) -> bytes:
-        buffer = ctypes.create_string_buffer(64)
-        n = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, 64, 0, False)
-        if n < 0:
-            buffer = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(self._vocab, token, buffer, -n, 0, False)
-        return buffer.raw[:max(0, n)]
 
 
 def common_prefix(cached: list[int], tokens: list[int]) -> int:
@@ -523,42 +517,6 @@ def logprob_of(ctx: Any, index: int, n_vocab: int, token: int, top: int,
     data = piece(token)
     return TokenLogprob(token=data.decode("utf-8", "replace"), bytes=data,
                         logprob=float(logits[token]) - total, top=best)
-
-
-class LoggedSampler:
-    """The sampler llama-cpp-python asks for, wrapped: each token it samples
-    (but the end of the answer) has its log probability put in ``sink``."""
-
-    def __init__(self, inner: Any, vocab: Any, n_vocab: int, top: int,
-                 sink: list[TokenLogprob]) -> None:
-        self.inner, self.vocab, self.n_vocab, self.top, self.sink = inner, vocab, n_vocab, \
-            top, sink
-
-    def sample(self, ctx: Any, idx: int = -1) -> int:
-        token = int(self.inner.sample(ctx, idx))
-        if not llama_cpp.llama_vocab_is_eog(self.vocab, token):
-            self.sink.append(logprob_of(ctx.ctx, idx, self.n_vocab, token, self.top,
-                                        lambda t: token_bytes(self.vocab, t)))
-        return token
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-def with_logprobs(llm: Any, request: Any, sink: list[TokenLogprob]) -> None:
-    """Have ``llm`` (a llama-cpp-python ``Llama``) report the log probability of
-    every token it samples for ``request`` into ``sink``, if the request asks:
-    the sampler it builds (its own, or a structured one) is wrapped in a
-    :class:`LoggedSampler`."""
-    if not request.logprobs:
-        return
-    build = llm._init_sampler
-    vocab = llm._model.vocab
-
-    def init_sampler(**kwargs: Any) -> Any:
-        return LoggedSampler(build(**kwargs), vocab, llm.n_vocab(), request.top_logprobs, sink)
-
-    llm._init_sampler = init_sampler
 
 
 def taken(pending: list[TokenLogprob]) -> tuple[TokenLogprob, ...]:
