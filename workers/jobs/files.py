@@ -19,7 +19,7 @@ from schemas.openai.generations import chat_generation, completion_generation
 from schemas.openai.requests import ChatCompletionRequest, CompletionRequest, param_of
 from schemas.records import Generation
 
-__all__ = ["JobFiles", "Line", "ENDPOINTS", "MAX_ERRORS", "parse_lines"]
+__all__ = ["JobFiles", "Line", "MAX_ERRORS", "parse_lines"]
 
 
 class JobFiles(Protocol):
@@ -29,7 +29,6 @@ class JobFiles(Protocol):
                      file_id: str | None = None) -> Any: ...
 
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 MAX_ERRORS = 100
 
 

@@ -9,16 +9,15 @@ from __future__ import annotations
 import datetime as dt
 import json
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
-__all__ = ["Granularity", "GRANULARITIES", "MINUTE_MS", "DAY_MS", "RETENTION_MS", "bucket_start",
-           "next_bucket", "expires_at", "is_expired", "day_label", "month_label", "Dimension",
-           "DIMENSIONS", "RowKey", "Counts", "rows_of"]
+__all__ = ["Granularity", "MINUTE_MS", "DAY_MS", "RETENTION_MS", "bucket_start", "next_bucket",
+           "expires_at", "is_expired", "day_label", "month_label", "Dimension", "RowKey",
+           "Counts", "rows_of"]
 
 
 # what a report is bucketed by; "month" exists only for the tenant's quota total
 Granularity = Literal["minute", "day", "month"]
-GRANULARITIES: tuple[Granularity, ...] = get_args(Granularity)
 
 MINUTE_MS = 60_000
 DAY_MS = 24 * 3600 * 1000
@@ -79,7 +78,6 @@ def month_label(ms: int) -> str:
 
 
 Dimension = Literal["tenant", "key", "model"]
-DIMENSIONS: tuple[Dimension, ...] = get_args(Dimension)
 _REPORTED: tuple[Granularity, ...] = ("minute", "day")
 
 

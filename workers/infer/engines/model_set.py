@@ -84,11 +84,6 @@ class ModelSet:
     def loaded(self) -> list[str]:
         return list(self._loaded)
 
-    def engine_of(self, name: str) -> Engine | None:
-        """The engine of model ``name``: loaded, or made and not loaded yet."""
-        held = self._loaded.get(name)
-        return held.engine if held is not None else self._made.get(name)
-
     def kv_state(self) -> KvCache | None:
         """The KV cache of the model used last (the one prefix routing follows)."""
         if not self._loaded:

@@ -109,8 +109,9 @@ def test_the_table_reads_sequences_from_contexts_and_contexts_from_batches() -> 
     # the worker's models, an engine each (workers/infer/engines/model_set.py)
     assert isinstance(made_set, ModelSet) and isinstance(default_set, ModelSet)
     assert made_set.served == default_set.served == ["smollm2-135m-instruct"]
-    made = made_set.engine_of("smollm2-135m-instruct")
-    default = default_set.engine_of("smollm2-135m-instruct")
+    # what each set's factory makes of the model (the set makes its engines so)
+    made = made_set.make(made_set.specs["smollm2-135m-instruct"])
+    default = default_set.make(default_set.specs["smollm2-135m-instruct"])
 
     assert isinstance(made, LlamaCppBatchEngine) and isinstance(default, LlamaCppBatchEngine)
     assert (made.capacity, made.contexts, made.n_threads) == (16, 3, 2)
