@@ -28,7 +28,8 @@ from schemas.records import ChunkHeader, Envelope, Generation, Prompt, TokenChun
 from schemas.tools import reads_tool_calls
 from topics.backoff import RateLimitedLog
 
-__all__ = ["CACHE_WORKER", "Cached", "PromptCache", "cache_key", "cacheable", "hit_chunk"]
+__all__ = ["CACHE_WORKER", "Cached", "PromptCache", "cache_key", "cacheable", "chunk_header",
+           "hit_chunk"]
 
 log = logging.getLogger(__name__)
 
@@ -143,18 +144,21 @@ class PromptCache:
             self._redis = None
 
 
+def chunk_header(generation: Generation, model: str, prompt: Prompt) -> ChunkHeader:
+    """The header of a request's first chunk, a worker's or a cache hit's."""
+    return ChunkHeader(kind=generation["kind"], model=model, created=generation["created"],
+                       stop=generation["sampling"]["stop"], stream=generation["stream"],
+                       include_usage=generation["include_usage"],
+                       prompt_tokens=prompt["tokens"], tool_calls=reads_tool_calls(generation),
+                       logprobs=bool(generation["sampling"].get("logprobs")))
+
+
 def hit_chunk(envelope: Envelope, generation: Generation, prompt: Prompt,
               cached: Cached) -> TokenChunk:
     """The whole cached answer as the one chunk of a run, as a worker writes it."""
-    header = ChunkHeader(kind=generation["kind"], model=cached.model,
-                         created=generation["created"], stop=generation["sampling"]["stop"],
-                         stream=generation["stream"],
-                         include_usage=generation["include_usage"],
-                         prompt_tokens=prompt["tokens"], tool_calls=reads_tool_calls(generation),
-                         logprobs=False)
     return TokenChunk(envelope=envelope, seq=0, text=cached.text, tokens=cached.tokens,
                       finish_reason=cached.finish_reason, worker_id=CACHE_WORKER,
-                      header=header, error=None, run_start=0,
-                      run_id=CACHE_WORKER + hashlib.sha256(
+                      header=chunk_header(generation, cached.model, prompt), error=None,
+                      run_start=0, run_id=CACHE_WORKER + hashlib.sha256(
                           envelope["request_id"].encode()).hexdigest()[:7],
                       cached_tokens=prompt["tokens"], logprobs=[])

@@ -51,7 +51,7 @@ from workers.infer.progress import ProgressTracker
 from workers.infer.token_records import TokenRecords
 from workers.outputs import Output, Sender, error_info
 from workers.prefix import tenant_salt
-from workers.prompt_cache import Cached, PromptCache
+from workers.prompt_cache import Cached, PromptCache, chunk_header
 
 __all__ = ["TaskRun", "request_from_task"]
 
@@ -333,13 +333,7 @@ class TaskRun:
     def _header(self) -> ChunkHeader | None:
         if self.seq != 0:
             return None
-        gen = self.task["generation"]
-        return ChunkHeader(kind=gen["kind"], model=self.answered_by, created=gen["created"],
-                           stop=gen["sampling"]["stop"], stream=gen["stream"],
-                           include_usage=gen["include_usage"],
-                           prompt_tokens=self.task["prompt"]["tokens"],
-                           tool_calls=reads_tool_calls(gen),
-                           logprobs=bool(gen["sampling"].get("logprobs")))
+        return chunk_header(self.task["generation"], self.answered_by, self.task["prompt"])
 
     def _records(self) -> TokenRecords:
         assert self.records is not None, "a run writes its chunks through the worker's records"
