@@ -195,9 +195,6 @@ class ResponseFold(_Fold):
             self.status = "completed"
         return True
 
-    def all_ended(self) -> bool:
-        return False  # a response ends with its one result: apply() makes it final
-
     def object(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.base) if self.base else {"id": self.job_id,
                                                                   "object": "response"}
