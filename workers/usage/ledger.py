@@ -1,6 +1,6 @@
 """Reading the usage ledger from Redis (workers/usage/mirror.py): reports
 (a row per bucket that saw requests in ``[since_ms, until_ms)``, oldest
-first, cut to the buckets' retention), ratings and quota totals."""
+first, cut to the buckets' retention) and ratings."""
 
 from __future__ import annotations
 
@@ -139,14 +139,3 @@ class UsageLedger:
             if day is not None:
                 days.append(day)
         return days
-
-    async def used_tokens(self, tenant: str, period: Literal["day", "month"],
-                          at_ms: int | None = None) -> int:
-        """Prompt plus completion tokens of the tenant in the UTC day or month
-        that holds ``at_ms`` (now when None): what the quota check compares."""
-        if period not in ("day", "month"):
-            raise InvalidRequest(f"quota totals are by day or by month, not {period!r}",
-                                 param="period")
-        value = await self.redis.get(
-            self.keys.quota(tenant, period, now_ms() if at_ms is None else at_ms))
-        return int(value) if value is not None else 0

@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 from conveyor.errors import InvalidRequest
 from conveyor.settings import Settings, load_settings
 from tests.support.services import prefix_redis
+from tests.support.usage import quota_total
 from topics.envelope import now_ms
 from workers.usage import UsageLedger, UsageRow
 from workers.usage.mirror import RedisMirror, UsageKeys
@@ -79,10 +80,10 @@ async def test_the_quota_keys_hold_integer_totals_under_the_rate_limiters_names(
     assert await redis.pexpiretime(UsageKeys(p).bucket("acme", "minute", M0)) == \
         expires_at(M0, "minute")
     ledger = UsageLedger(settings, redis)
-    assert await ledger.used_tokens("acme", "day") == 360
-    assert await ledger.used_tokens("acme", "month", at_ms=NOW) == 1080
-    assert await ledger.used_tokens("acme", "day", at_ms=NOW - 2 * DAY_MS) == 720
-    assert await ledger.used_tokens("nobody", "month") == 0
+    assert await quota_total(ledger, "acme", "day") == 360
+    assert await quota_total(ledger, "acme", "month", at_ms=NOW) == 1080
+    assert await quota_total(ledger, "acme", "day", at_ms=NOW - 2 * DAY_MS) == 720
+    assert await quota_total(ledger, "nobody", "month") == 0
 
 
 async def test_reports_by_day_and_minute_for_the_tenant_a_key_and_a_model(
@@ -124,7 +125,7 @@ async def test_writing_again_changes_nothing(settings: Settings,
     first = await ledger.report("acme", since_ms=0, until_ms=NOW + 1, by="minute")
     await mirror.write(rows())
     assert await ledger.report("acme", since_ms=0, until_ms=NOW + 1, by="minute") == first
-    assert await ledger.used_tokens("acme", "month") == 1080
+    assert await quota_total(ledger, "acme", "month") == 1080
 
 
 async def test_a_report_names_one_key_or_one_model_not_both(
