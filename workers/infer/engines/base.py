@@ -74,6 +74,10 @@ class Piece:
 
 
 class Engine(Protocol):
+    """What an engine provides. One that subclasses it explicitly inherits the
+    defaults: it serves its pool's models, all loaded, with no KV cache the
+    worker can see."""
+
     name: str
     capacity: int
     # it decodes within a request's response_format (a JSON object, a JSON
@@ -90,19 +94,19 @@ class Engine(Protocol):
     @property
     def served(self) -> list[str] | None:
         """The models it serves (a model set's, vLLM's one); None: its pool's."""
-        ...
+        return None
 
     @property
     def loaded(self) -> list[str] | None:
         """Of those, the ones loaded now; None: all of them."""
-        ...
+        return None
 
     def kv_state(self) -> KvCache | None:
         """The KV cache now (as the heartbeat carries it: what the running
         sequences hold, and the prefix cache's blocks and lookups), or None
         where the engine keeps none Conveyor can see (vLLM and the llama.cpp
         engine keep one in process)."""
-        ...
+        return None
 
     async def start(self) -> None:
         """Load the model (warm) before the worker joins its pool."""

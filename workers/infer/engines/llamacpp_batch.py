@@ -36,7 +36,7 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 from conveyor.errors import EngineError, RequestError
 from conveyor.registry import ModelSpec
 from schemas import records
-from workers.infer.engines.base import GenerationRequest, Piece
+from workers.infer.engines.base import Engine, GenerationRequest, Piece
 from workers.infer.engines.llamacpp_batch_context import (
     Context,
     Item,
@@ -55,7 +55,7 @@ from workers.infer.engines.llamacpp_grammar import checked_prefix
 __all__ = ["LlamaCppBatchEngine"]
 
 
-class LlamaCppBatchEngine:
+class LlamaCppBatchEngine(Engine):
     """Serves ``sequences`` generations at once, decoded together in ``contexts``
     batched contexts of ``n_threads`` threads each."""
     # a grammar sampler and llama.cpp's logit-bias sampler in each sequence's chain;
@@ -77,9 +77,6 @@ class LlamaCppBatchEngine:
             raise ValueError("sequences and contexts must be at least 1")
         self.name = name
         self.capacity = sequences
-        # the pool's models, all of them loaded (base.Engine)
-        self.served: list[str] | None = None
-        self.loaded: list[str] | None = None
         self.contexts = min(contexts, sequences)  # a context holds one sequence at least
         self.reproducible_seeds = False  # see the module notes
         self.model_path = Path(model_path)

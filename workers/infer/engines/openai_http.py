@@ -30,10 +30,10 @@ import aiohttp
 import orjson
 
 from conveyor.errors import EngineError
-from schemas.records import KvCache, ResponseFormat, TokenLogprob, TopLogprob
+from schemas.records import ResponseFormat, TokenLogprob, TopLogprob
 from schemas.structured import wire_format
 from schemas.tool_calls import CLOSE, OPEN
-from workers.infer.engines.base import GenerationRequest, Piece
+from workers.infer.engines.base import Engine, GenerationRequest, Piece
 
 __all__ = ["OpenAIHttpEngine"]
 
@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 _KEEPALIVE_S = 4.0
 
 
-class OpenAIHttpEngine:
+class OpenAIHttpEngine(Engine):
     """Generates through an OpenAI-compatible server at ``base_url``."""
     # response_format, tools and logit_bias passed on (the upstream's calls written
     # as text), logprobs asked of the upstream and read back from its chunks
@@ -59,9 +59,6 @@ class OpenAIHttpEngine:
     ) -> None:
         self.name = name
         self.capacity = capacity
-        # the pool's models, all of them loaded (base.Engine)
-        self.served: list[str] | None = None
-        self.loaded: list[str] | None = None
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.timeout_s = timeout_s
@@ -120,9 +117,6 @@ class OpenAIHttpEngine:
         extra = 0 if reading.usage_tokens is None else max(
             0, reading.usage_tokens - reading.emitted)
         yield Piece("", tokens=extra, finish_reason=reading.finish)
-
-    def kv_state(self) -> KvCache | None:
-        return None  # no KV cache the worker can see (see base.Engine)
 
     async def close(self) -> None:
         client, self._client = self._client, None

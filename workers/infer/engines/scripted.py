@@ -27,8 +27,7 @@ from collections.abc import AsyncGenerator, Iterator
 from typing import Literal, get_args
 
 from conveyor.errors import EngineError
-from schemas.records import KvCache
-from workers.infer.engines.base import GenerationRequest, Piece
+from workers.infer.engines.base import Engine, GenerationRequest, Piece
 
 __all__ = ["SCRIPTS", "DEFAULT_TEXT", "Script", "ScriptedEngine", "pieces_of"]
 
@@ -48,7 +47,7 @@ def pieces_of(text: str) -> list[str]:
     return _PIECE.findall(text)
 
 
-class ScriptedEngine:
+class ScriptedEngine(Engine):
     """Serves ``capacity`` scripted answers at once (see the module notes)."""
     # scripted text follows no format and has no logits
     constrains_output = decodes_tools = biases_logits = reports_logprobs = False
@@ -69,9 +68,6 @@ class ScriptedEngine:
             raise ValueError("token_delay_ms must not be negative")
         self.name = name
         self.capacity = capacity
-        # the pool's models, all of them loaded (base.Engine)
-        self.served: list[str] | None = None
-        self.loaded: list[str] | None = None
         self.script = script
         self.text = text
         self.token_delay_s = token_delay_ms / 1000
@@ -141,9 +137,6 @@ class ScriptedEngine:
                     self._running -= 1
         finally:
             self._live.discard(cancelled)
-
-    def kv_state(self) -> KvCache | None:
-        return None  # no KV cache the worker can see (see base.Engine)
 
     async def close(self) -> None:
         """End what runs (at its next piece) and refuse new generations."""

@@ -44,7 +44,7 @@ from conveyor.errors import EngineError
 from conveyor.registry import ModelSpec
 from schemas.answer_format import grammar_of
 from schemas.records import KvCache, TokenLogprob, TopLogprob
-from workers.infer.engines.base import GenerationRequest, Piece
+from workers.infer.engines.base import Engine, GenerationRequest, Piece
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
@@ -70,7 +70,7 @@ def vllm_missing() -> str | None:
     return None
 
 
-class VllmEngine:
+class VllmEngine(Engine):
     """Serves ``capacity`` sequences at once from vLLM's async engine."""
     # vLLM's own structured outputs (the tools' grammar too), logit_bias and logprobs
     constrains_output = decodes_tools = biases_logits = reports_logprobs = True
@@ -118,11 +118,6 @@ class VllmEngine:
     def served(self) -> list[str]:
         """The one model it serves (the worker's heartbeat names it)."""
         return [self.spec.name]
-
-    @property
-    def loaded(self) -> list[str] | None:
-        """None: the one model, loaded at start."""
-        return None
 
     @property
     def running(self) -> int:
