@@ -4,7 +4,7 @@ A cancel must take effect wherever the request is: preprocess, route and
 schedule drop a cancelled request's events, and schedule drops its parked
 task, so no task for it reaches infer after the cancel (a task already sent
 is infer's to stop). Every process reads every cancel (a broadcast, no
-consumer group), starting ``lookback_s`` (the request timeout) back, so a
+consumer group), starting the request timeout back, so a
 layers process that restarts still knows the cancels of requests that can
 still be in flight.
 """
@@ -31,12 +31,9 @@ _REMEMBER = 100_000
 class CancelList:
     """Request ids cancelled lately; listeners hear of each new one."""
 
-    def __init__(self, settings: Settings, codec: Codec | None = None,
-                 lookback_s: float | None = None, remember: int = _REMEMBER) -> None:
+    def __init__(self, settings: Settings, codec: Codec | None = None) -> None:
         self.settings = settings
         self.codec = codec or default_codec()
-        self.lookback_s = settings.gateway.request_timeout_s if lookback_s is None else lookback_s
-        self.remember = remember
         self.cancelled: OrderedDict[str, None] = OrderedDict()
         self._listeners: list[Callable[[str], None]] = []
         self.follower: Follower | None = None
@@ -51,14 +48,14 @@ class CancelList:
         if request_id in self.cancelled:
             return
         self.cancelled[request_id] = None
-        while len(self.cancelled) > self.remember:
+        while len(self.cancelled) > _REMEMBER:
             self.cancelled.popitem(last=False)
         for listener in self._listeners:
             listener(request_id)
 
     async def run(self) -> None:
         """Follow ``conveyor.control`` for ever (through broker outages)."""
-        start = FromTime(now_ms() - int(self.lookback_s * 1000))
+        start = FromTime(now_ms() - int(self.settings.gateway.request_timeout_s * 1000))
         self.follower = follow(self.settings, CONTROL, 0, start)
         async for batch in self.follower.events(self.codec):
             for _, control in batch:
