@@ -299,6 +299,10 @@ class InferSettings(Section):
     # the window is this times 1 - 1/streams, the streams its worker runs (a stream
     # alone gets each piece at once; workers/infer/generation.py)
     coalesce_ms: float = 40.0
+    # while the worker's ticks run late (its process, or the machine, short of
+    # CPU), the window widens up to coalesce_max_ms, and narrows back as they
+    # run on time: fewer, fuller chunks where every chunk costs (0: never widens)
+    coalesce_max_ms: float = 66.0
     # A client that does not stream sees no chunk cadence: its chunks are only
     # the checkpoints a retry continues from, so they are gathered for longer.
     coalesce_unstreamed_ms: float = 250.0
