@@ -80,7 +80,6 @@ class CheckedSampling:
         self._one = (llama_cpp.llama_token_data * 1)()
         self._single = llama_cpp.llama_token_data_array(data=self._one, size=1, selected=-1,
                                                         sorted=False)
-        self.refused = 0  # draws the grammar refused (the whole vocabulary was checked)
 
     def accept(self, token: int) -> None:
         """A token of the answer so far (a continuation's): both samplers take it."""
@@ -91,7 +90,6 @@ class CheckedSampling:
         """The next token from the logits of output ``index``, accepted."""
         token = self._draw(ctx, index, with_grammar=False)
         if not self._allowed(token):
-            self.refused += 1
             token = self._draw(ctx, index, with_grammar=True)
         self.accept(token)
         return token

@@ -73,8 +73,6 @@ class ModelSet:
         self.decodes_tools = first.decodes_tools
         self.biases_logits = first.biases_logits
         self.reports_logprobs = first.reports_logprobs
-        self.loads = 0  # models loaded since start, warm ones included
-        self.evictions = 0
 
     @property
     def served(self) -> list[str]:
@@ -154,7 +152,6 @@ class ModelSet:
             except Exception as exc:
                 raise EngineError(f"{name} could not be loaded: {exc}") from exc
             loaded = self._loaded[name] = _Loaded(engine, cost)
-            self.loads += 1
             log.info("model %s loaded in %.1f s (%d MiB counted; loaded now: %s)", name,
                      time.monotonic() - began, cost // _MIB, ", ".join(self._loaded))
             return loaded
@@ -174,7 +171,6 @@ class ModelSet:
                 continue
             gone = self._loaded.pop(idle)
             await gone.engine.close()
-            self.evictions += 1
             log.info("model %s evicted to make room for %s", idle, name)
 
 
