@@ -17,11 +17,11 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
+from conveyor.files.store import FileStore
 from conveyor.settings import Settings
 from schemas.records import JobResult, JobStatus
 from topics.catalog import JOB_STATUS, RESULTS
 from topics.envelope import now_ms
-from workers.jobs.files import JobFiles
 from workers.jobs.folds import BatchFold, ResponseFold
 from workers.outputs import Output, Sender
 
@@ -49,7 +49,7 @@ class ResultsLayer:
     name = "results"
     source = RESULTS
 
-    def __init__(self, settings: Settings, files: JobFiles) -> None:
+    def __init__(self, settings: Settings, files: FileStore) -> None:
         self.settings = settings
         self.files = files
         self._status_topic = JOB_STATUS.at(settings.kafka)

@@ -14,6 +14,7 @@ import logging
 from typing import Any
 
 from conveyor.errors import RequestError
+from conveyor.files.store import FileStore
 from conveyor.policy.pii import FindMemo
 from conveyor.policy.rules import PolicyBook
 from conveyor.registry import Registry
@@ -23,7 +24,7 @@ from topics.catalog import CONTROL, JOBS, REQUESTS
 from topics.envelope import PRIORITY_BACKGROUND, PRIORITY_BATCH, new_envelope, now_ms
 from topics.policies import kept_policies
 from workers.jobs.dead_commands import DeadCommands
-from workers.jobs.files import JobFiles, parse_lines
+from workers.jobs.files import parse_lines
 from workers.layer import Layer
 from workers.outputs import Output, Sender, job_event, result_output
 from workers.policy_checks import redact_generation, redacted
@@ -44,7 +45,7 @@ class JobsLayer(Layer):
     name = "jobs"
     source = JOBS
 
-    def __init__(self, settings: Settings, files: JobFiles,
+    def __init__(self, settings: Settings, files: FileStore,
                  registry: Registry | None = None, policies: PolicyBook | None = None) -> None:
         """``policies``: a book kept current by the caller; without one the layer
         follows ``conveyor.policies`` itself while it runs (a batch's lines are

@@ -1,16 +1,16 @@
-"""A batch's files: what the jobs layers need of the file store (gateway/files,
-:class:`JobFiles`), and the input file checked line by line and turned into
-Generations (:func:`parse_lines`). OpenAI's format: one ``{"custom_id",
-"method": "POST", "url", "body"}`` a line, each checked as a request sent
-alone (no streaming, unique custom ids) before any runs; a file with any bad
-line fails whole, naming the first :data:`MAX_ERRORS` bad lines.
+"""A batch's input file (read from the file store, conveyor/files) checked
+line by line and turned into Generations (:func:`parse_lines`). OpenAI's
+format: one ``{"custom_id", "method": "POST", "url", "body"}`` a line, each
+checked as a request sent alone (no streaming, unique custom ids) before any
+runs; a file with any bad line fails whole, naming the first
+:data:`MAX_ERRORS` bad lines.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -19,14 +19,7 @@ from schemas.openai.generations import chat_generation, completion_generation
 from schemas.openai.requests import ChatCompletionRequest, CompletionRequest, param_of
 from schemas.records import Generation
 
-__all__ = ["JobFiles", "Line", "MAX_ERRORS", "parse_lines"]
-
-
-class JobFiles(Protocol):
-    async def read(self, tenant: str, file_id: str) -> bytes: ...
-
-    async def create(self, tenant: str, purpose: Any, filename: str, content: bytes,
-                     file_id: str | None = None) -> Any: ...
+__all__ = ["Line", "MAX_ERRORS", "parse_lines"]
 
 
 MAX_ERRORS = 100
