@@ -44,12 +44,7 @@ from workers.infer.engines.llamacpp_batch_context import (
     chat_formatter,
     prompt_or_bos,
 )
-from workers.infer.engines.llamacpp_cache import (
-    HostCache,
-    held_tokens,
-    kv_bytes_per_token,
-    stats_of,
-)
+from workers.infer.engines.llamacpp_cache import HostCache, kv_bytes_per_token
 from workers.infer.engines.llamacpp_grammar import checked_prefix
 
 __all__ = ["LlamaCppBatchEngine"]
@@ -213,11 +208,16 @@ class LlamaCppBatchEngine(Engine):
         return held if gains[held] - gains[idle] >= self.prefill_chunk else idle
 
     def host_cache_stats(self) -> records.HostCache | None:
-        return stats_of(self.host_cache)
+        """A copy of what the host cache did so far (base.KeepsHostCache)."""
+        host = self.host_cache
+        return None if host is None else records.HostCache(**host.stats)
 
     def cache_tokens(self) -> int | None:
-        """Every slot's tokens, and its host cache's (base.HoldsPrompts)."""
-        return held_tokens(self.capacity * self.n_ctx, self.host_cache, self._token_bytes)
+        """What its caches hold at most (base.HoldsPrompts): every slot's tokens, and
+        its host cache's bytes as tokens of a model this size."""
+        host, token_bytes = self.host_cache, self._token_bytes
+        held = host.capacity_bytes // token_bytes if host is not None and token_bytes else 0
+        return self.capacity * self.n_ctx + held
 
     def kv_state(self) -> records.KvCache | None:
         """All contexts' cells (a block is one token here): what running sequences

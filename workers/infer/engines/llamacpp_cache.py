@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 from schemas import records
 
-__all__ = ["HostCache", "held_tokens", "kv_bytes_per_token", "stats_of"]
+__all__ = ["HostCache", "kv_bytes_per_token"]
 
 _Key = tuple[str, tuple[int, ...]]  # a salt and the tokens a sequence holds
 
@@ -152,15 +152,3 @@ def kv_bytes_per_token(metadata: dict[str, str]) -> int | None:
     except (KeyError, ValueError):
         return None
     return layers * kv_heads * (width // heads) * 2 * 2 if heads else None
-
-
-def held_tokens(in_contexts: int, host: HostCache | None, token_bytes: int | None) -> int:
-    """What an engine's caches hold at most (base.HoldsPrompts): its contexts'
-    (or slots') tokens, and its host cache's bytes as tokens of a model this size."""
-    return in_contexts + (host.capacity_bytes // token_bytes if host is not None and token_bytes
-                          else 0)
-
-
-def stats_of(host: HostCache | None) -> records.HostCache | None:
-    """A copy of what ``host`` did so far (base.KeepsHostCache); None without one."""
-    return records.HostCache(**host.stats) if host is not None else None
