@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 
 from conveyor.redis_clients import Redis
 from conveyor.settings import Settings
@@ -35,14 +34,9 @@ class ResumeWatch:
     def key(self, request_id: str) -> str:
         return f"{self.settings.kafka.topic_prefix}:resume-watch:{request_id}"
 
-    async def attach(self, request_id: str) -> str:
-        """Name a new reader of the request; its token."""
-        token = uuid.uuid4().hex
-        await self.renew(request_id, token)
-        return token
-
     async def renew(self, request_id: str, token: str) -> None:
-        # the last reader to renew holds the key: any reader there keeps it alive
+        """Name ``token`` the request's reader, a new one or again: the last reader
+        to renew holds the key, and any reader there keeps it alive."""
         await self.redis.set(self.key(request_id), token, px=self.ttl_ms)
 
     async def keep(self, request_id: str, token: str) -> None:

@@ -134,12 +134,6 @@ class KeyStore(RecordStore[KeyRecord]):
             self._problems.warning("touch", "last use of key %s not recorded: %s",
                                    record.id, exc)
 
-    async def get(self, key_id: str) -> KeyRecord | None:
-        record = await self.copy.get_key(key_id)
-        if record is None and await self.restorer.ensure():
-            record = await self.copy.get_key(key_id)
-        return record
-
     async def list(self, tenant: str | None = None) -> builtins.list[KeyRecord]:
         """Every key (of ``tenant``), revoked ones included, by id."""
         await self.restorer.ensure()
