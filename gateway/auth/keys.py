@@ -21,7 +21,7 @@ from gateway.auth.cache import Invalidations, LocalCache
 from gateway.auth.keys_topic import KeysTopic, Restorer
 from gateway.auth.redis_copy import EVERYTHING, TENANT_PREFIX, RedisCopy
 from gateway.auth.secrets import SECRET_PREFIX, hash_secret, new_key_id, new_secret
-from gateway.auth.types import KeyRecord, Limits, check_limit, merge_limits
+from gateway.auth.types import KeyRecord, Limits, merge_limits
 from gateway.health import TaskHealth
 from schemas.codec import Codec
 from schemas.records import AuditEvent
@@ -147,14 +147,12 @@ class KeyStore(RecordStore[KeyRecord]):
             raise ValueError("a key needs a tenant")
         if expires_in_s is not None and expires_in_s <= 0:
             raise ValueError(f"expires_in_s must be positive, not {expires_in_s}")
-        for label, value in (("rpm", limits.rpm), ("tpm", limits.tpm),
-                             ("concurrency", limits.concurrency)):
-            check_limit(label, value)
+        limits = merge_limits(Limits(), limits)  # each limit checked before anything is made
         secret = new_secret()
         now = now_ms()
         record = KeyRecord(
             id=new_key_id(), tenant=tenant, name=name, hash=hash_secret(self.settings.auth, secret),
-            limits=merge_limits(Limits(), limits), models=tuple(m for m in models if m),
+            limits=limits, models=tuple(m for m in models if m),
             created_ms=now, expires_ms=now + int(expires_in_s * 1000) if expires_in_s else 0,
             version=1)
         await self._write(record, "key.created", actor)
