@@ -13,6 +13,7 @@ import logging
 from conveyor.redis_clients import Redis
 from conveyor.settings import Settings
 from gateway.publisher import Publisher
+from gateway.replies import release
 from schemas.records import Control
 from topics.catalog import CONTROL
 from topics.envelope import now_ms
@@ -50,10 +51,7 @@ class ResumeWatch:
 
     async def detach(self, request_id: str, token: str) -> None:
         """Forget this reader, unless another has taken the key since."""
-        key = self.key(request_id)
-        held = await self.redis.get(key)
-        if held is not None and _text(held) == token:
-            await self.redis.delete(key)
+        await release(self.redis, self.key(request_id), token)
 
     async def watched_by_another(self, request_id: str, token: str | None = None) -> bool:
         held = await self.redis.get(self.key(request_id))
