@@ -144,12 +144,11 @@ def _text(value: Any) -> str:
 class Invalidations:
     """One subscription to the change channel, shared by any number of caches."""
 
-    def __init__(self, settings: Settings, redis: Redis,
-                 part: TaskHealth | None = None, *, ping_s: float = 5.0) -> None:
+    def __init__(self, settings: Settings, redis: Redis, *, ping_s: float = 5.0) -> None:
         self.settings = settings
         self.redis = redis
         self.channel = KeyNames(settings.kafka.topic_prefix).channel
-        self.health = part or TaskHealth("key-invalidations")
+        self.health = TaskHealth("key-invalidations")
         self.ping_s = ping_s
         self.subscribed = asyncio.Event()
         self._listeners: list[Listener] = []

@@ -22,7 +22,6 @@ from gateway.auth.keys_topic import KeysTopic, Restorer
 from gateway.auth.redis_copy import EVERYTHING, TENANT_PREFIX, RedisCopy
 from gateway.auth.secrets import SECRET_PREFIX, hash_secret, new_key_id, new_secret
 from gateway.auth.types import KeyRecord, Limits, merge_limits
-from gateway.health import TaskHealth
 from schemas.codec import Codec
 from schemas.records import AuditEvent
 from topics.backoff import RateLimitedLog
@@ -47,20 +46,20 @@ class KeyRevoked(ConveyorError):
 class RecordStore(Generic[R]):
     """What the key and tenant stores share: the topic, its Redis copy and restore,
     a cache of ``R`` kept current by ``invalidations`` (shareable between stores:
-    run it once; without it the store makes its own, reporting to ``part``)."""
+    run it once; without it the store makes its own)."""
 
     _tenants = False  # whose changes drop entries here: tenants' or keys'
 
     def __init__(self, settings: Settings, redis: Redis, producer: EventProducer | None,
                  audit: Audit | None, invalidations: Invalidations | None,
-                 part: TaskHealth | None, codec: Codec | None, negative_cache_s: float) -> None:
+                 codec: Codec | None, negative_cache_s: float) -> None:
         self.settings = settings
         self.copy = RedisCopy(settings, redis)
         self.topic = KeysTopic(settings, producer, codec)
         self.restorer = Restorer(self.copy, self.topic)
         self.audit = audit
         self.cache: LocalCache[R] = LocalCache(settings.auth.key_cache_s, negative_cache_s)
-        self.invalidations = invalidations or Invalidations(settings, redis, part)
+        self.invalidations = invalidations or Invalidations(settings, redis)
         self.invalidations.add(self._on_change)
 
     @property
@@ -95,11 +94,9 @@ class KeyStore(RecordStore[KeyRecord]):
 
     def __init__(self, settings: Settings, redis: Redis,
                  producer: EventProducer | None = None, *, audit: Audit | None = None,
-                 invalidations: Invalidations | None = None, part: TaskHealth | None = None,
-                 codec: Codec | None = None, negative_cache_s: float = 1.0,
-                 touch_every_s: float = 60.0) -> None:
-        super().__init__(settings, redis, producer, audit, invalidations, part, codec,
-                         negative_cache_s)
+                 invalidations: Invalidations | None = None, codec: Codec | None = None,
+                 negative_cache_s: float = 1.0, touch_every_s: float = 60.0) -> None:
+        super().__init__(settings, redis, producer, audit, invalidations, codec, negative_cache_s)
         self.touch_every_s = touch_every_s
         self._touched: dict[str, float] = {}
         self._problems = RateLimitedLog(log)

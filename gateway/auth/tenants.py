@@ -13,7 +13,6 @@ from gateway.auth.cache import Invalidations
 from gateway.auth.keys import RecordStore
 from gateway.auth.redis_copy import TENANT_PREFIX
 from gateway.auth.types import Limits, TenantPolicy, merge_limit, merge_limits
-from gateway.health import TaskHealth
 from schemas.codec import Codec
 from topics.producer import EventProducer
 
@@ -27,9 +26,8 @@ class TenantStore(RecordStore[TenantPolicy]):
 
     def __init__(self, settings: Settings, redis: Redis,
                  producer: EventProducer | None = None, *, audit: Audit | None = None,
-                 invalidations: Invalidations | None = None, part: TaskHealth | None = None,
-                 codec: Codec | None = None) -> None:
-        super().__init__(settings, redis, producer, audit, invalidations, part, codec, 1.0)
+                 invalidations: Invalidations | None = None, codec: Codec | None = None) -> None:
+        super().__init__(settings, redis, producer, audit, invalidations, codec, 1.0)
 
     async def get(self, name: str) -> TenantPolicy:
         """The tenant's policy; ``TenantPolicy(name)`` (no limits) if never set."""
