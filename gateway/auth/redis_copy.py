@@ -15,7 +15,7 @@ from conveyor.settings import Settings
 from gateway.auth.types import KeyRecord, Limits, TenantPolicy
 
 __all__ = ["KeyNames", "RedisCopy", "key_fields", "key_from_fields",
-           "tenant_fields", "tenant_from_fields", "TENANT_PREFIX", "EVERYTHING"]
+           "tenant_fields", "tenant_from_fields", "text", "TENANT_PREFIX", "EVERYTHING"]
 
 T = TypeVar("T")
 
@@ -98,8 +98,9 @@ class KeyNames:
         return f"{self.prefix}:keys:changed"
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+def text(value: Any) -> str:
+    """What Redis answered (bytes or str) as text."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def _opt(value: int | None) -> str:
@@ -131,9 +132,9 @@ def key_fields(record: KeyRecord) -> dict[str, str]:
 
 def _as_text_map(raw: Mapping[Any, Any] | Sequence[Any]) -> dict[str, str]:
     if isinstance(raw, Mapping):
-        return {_text(k): _text(v) for k, v in raw.items()}
+        return {text(k): text(v) for k, v in raw.items()}
     items = list(raw)
-    return {_text(items[i]): _text(items[i + 1]) for i in range(0, len(items) - 1, 2)}
+    return {text(items[i]): text(items[i + 1]) for i in range(0, len(items) - 1, 2)}
 
 
 def key_from_fields(raw: Mapping[Any, Any] | Sequence[Any]) -> KeyRecord | None:
@@ -237,7 +238,7 @@ class RedisCopy:
         with redis_boundary(what):
             ids = await self.redis.smembers(members)  # type: ignore[misc]
             pipe = self.redis.pipeline(transaction=False)
-            for member in sorted(_text(i) for i in ids):
+            for member in sorted(text(i) for i in ids):
                 pipe.hgetall(hash_of(member))
             raws = await pipe.execute()
         return [r for r in map(parse, raws) if r is not None]
