@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Generic, TypeVar
 
@@ -67,6 +68,16 @@ class RecordStore(Generic[R]):
         """True while changes reach this replica's cache at once (subscribed)."""
         return self.invalidations.healthy
 
+    async def _restoring(self, read: Callable[[], Awaitable[tuple[R | None, bool]]]
+                         ) -> R | None:
+        """``read()``'s record (it says whether Redis holds the whole topic); none
+        found where Redis does not, read again once the topic is restored."""
+        found, restored = await read()
+        if found is None and not restored:
+            await self.restorer.ensure()  # or another replica restored it meanwhile
+            found, _ = await read()
+        return found
+
     def _on_change(self, message: str) -> None:
         if message == EVERYTHING:
             self.cache.clear()
@@ -106,16 +117,9 @@ class KeyStore(RecordStore[KeyRecord]):
         if not secret.startswith(SECRET_PREFIX):
             return None
         key_hash = hash_secret(self.settings.auth, secret)
-
-        async def read() -> KeyRecord | None:
-            record, restored = await self.copy.find(key_hash)
-            if record is None and not restored:
-                await self.restorer.ensure()
-                record, _ = await self.copy.find(key_hash)
-            return record
-
-        return await self.cache.read_through(key_hash, read, lambda r: r.id if r else "",
-                                             self.healthy)
+        return await self.cache.read_through(
+            key_hash, lambda: self._restoring(lambda: self.copy.find(key_hash)),
+            lambda r: r.id if r else "", self.healthy)
 
     async def touch(self, record: KeyRecord) -> None:
         """Remember that the key was used now: at most once per ``touch_every_s`` per key

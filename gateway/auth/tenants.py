@@ -69,7 +69,4 @@ class TenantStore(RecordStore[TenantPolicy]):
         return policy
 
     async def _stored(self, name: str) -> TenantPolicy | None:
-        policy, restored = await self.copy.get_tenant(name)
-        if policy is None and not restored and await self.restorer.ensure():
-            policy, _ = await self.copy.get_tenant(name)
-        return policy
+        return await self._restoring(lambda: self.copy.get_tenant(name))
