@@ -17,9 +17,9 @@ from aiokafka import errors as kafka_errors
 
 from conveyor.errors import BrokerError, PermanentBrokerError, TransientBrokerError
 from conveyor.settings import KafkaSettings
-from topics.producer import EventProducer, Producer, breaks_sequence
+from topics.producer import Producer, breaks_sequence
 
-__all__ = ["PRODUCE_TIMEOUT_MS", "EventProducer", "make_producer", "make_consumer",
+__all__ = ["PRODUCE_TIMEOUT_MS", "make_producer", "make_consumer",
            "stop_consumer", "broker_error", "EventTooLarge", "Producer", "KafkaError",
            "KafkaConnectionError", "NotAssigned", "COMMIT_REFUSED", "BROKER_TROUBLE"]
 
@@ -84,7 +84,7 @@ def broker_error(exc: BaseException) -> BrokerError:
 PRODUCE_TIMEOUT_MS = 30_000
 
 
-def make_producer(kafka: KafkaSettings, **overrides: Any) -> EventProducer:
+def make_producer(kafka: KafkaSettings, **overrides: Any) -> Producer:
     """Conveyor's producer on aiokafka; ``overrides`` are aiokafka's option names."""
     options: dict[str, Any] = {
         "bootstrap_servers": kafka.bootstrap,

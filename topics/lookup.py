@@ -27,7 +27,7 @@ from schemas.codec import Codec, default_codec
 from topics.catalog import Topic
 from topics.clients import BROKER_TROUBLE, KafkaError, broker_error, make_consumer, make_producer
 from topics.envelope import request_time_ms
-from topics.producer import EventProducer
+from topics.producer import Producer
 from topics.reader import PoisonReport, Record, decoded, holds
 
 __all__ = ["KeyLookup", "LookupClosed", "Record", "SharedLookup", "key_partition",
@@ -99,7 +99,7 @@ class KeyLookup:
         self._consumer: AIOKafkaConsumer = make_consumer(settings.kafka, group=None,
                                                          fetch_max_wait_ms=_FETCH_WAIT_MS)
         # only asked for metadata: the producer knows a topic's partitions
-        self._meta: EventProducer = make_producer(settings.kafka, enable_idempotence=False)
+        self._meta: Producer = make_producer(settings.kafka, enable_idempotence=False)
         # what each find read: topic -> [(partition, first offset, next offset)]
         self.read: dict[str, list[tuple[int, int, int]]] = {}
 

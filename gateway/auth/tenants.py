@@ -15,7 +15,7 @@ from gateway.auth.redis_copy import TENANT_PREFIX
 from gateway.auth.types import Limits, TenantPolicy, merge_limit, merge_limits
 from gateway.health import TaskHealth
 from schemas.codec import Codec
-from topics.producer import EventProducer
+from topics.producer import Producer
 
 __all__ = ["TenantStore"]
 
@@ -26,7 +26,7 @@ class TenantStore(RecordStore[TenantPolicy]):
     _tenants = True
 
     def __init__(self, settings: Settings, redis: Redis,
-                 producer: EventProducer | None = None, *, audit: Audit | None = None,
+                 producer: Producer | None = None, *, audit: Audit | None = None,
                  invalidations: Invalidations | None = None, part: TaskHealth | None = None,
                  codec: Codec | None = None) -> None:
         super().__init__(settings, redis, producer, audit, invalidations, part, codec, 1.0)
