@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 __all__ = ["AuthSettings", "GatewaySettings", "InferSettings", "JobsSettings", "KafkaSettings",
            "PrefixSettings", "ProcessSettings", "RedisSettings", "ScheduleSettings", "Settings",
@@ -206,6 +206,14 @@ class ScheduleSettings(Section):
     # tasks of a pool take turns between tenants (workers/schedule/layer.py)
     timeout_s: float = Field(5.0, alias="schedule_timeout_s")
     queue_max: int = Field(256, alias="schedule_queue_max")
+    # fair shares of a pool (workers/schedule/layer.py): a tenant that sent an
+    # interactive task to a pool within fair_window_s is present there (0: off);
+    # a tenant running its share of the pool's slots (rounded up) or more leaves
+    # one free slot to each other present tenant under its own share, until its
+    # task would be refused; shares are equal but for the weights of
+    # tenant_shares ("acme=3,beta=0.5"; a tenant not named weighs 1)
+    fair_window_s: float = Field(5.0, alias="schedule_fair_window_s")
+    tenant_shares: str = Field("", alias="schedule_tenant_shares")
     # a worker counts as live while its last heartbeat is younger than this
     worker_ttl_s: float = 3.0
     # the share of a pool's capacity batch work may hold; the rest stays free for
@@ -237,6 +245,32 @@ class ScheduleSettings(Section):
     # for another worker (or a fallback model), at most this many times
     engine_retries: int = 2
 
+    @field_validator("tenant_shares")
+    @classmethod
+    def _shares_read(cls, text: str) -> str:
+        tenant_weights(text)
+        return text
+
+    def weights(self) -> dict[str, float]:
+        """``tenant_shares`` read: tenant -> weight."""
+        return tenant_weights(self.tenant_shares)
+
+
+def tenant_weights(text: str) -> dict[str, float]:
+    """``"acme=3,beta=0.5"`` -> {"acme": 3.0, "beta": 0.5}; a ValueError names
+    what is wrong."""
+    weights: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        tenant, sep, weight = item.partition("=")
+        try:
+            value = float(weight) if sep and tenant.strip() else -1.0
+        except ValueError:
+            value = -1.0
+        if not value > 0 or value == float("inf"):
+            raise ValueError(f"tenant share {item!r}: want tenant=weight, a weight above 0")
+        weights[tenant.strip()] = value
+    return weights
+
 
 class PrefixSettings(Section):
     title = "Prefix caches"
@@ -265,6 +299,10 @@ class InferSettings(Section):
     # the window is this times 1 - 1/streams, the streams its worker runs (a stream
     # alone gets each piece at once; workers/infer/generation.py)
     coalesce_ms: float = 40.0
+    # while the worker's ticks run late (its process, or the machine, short of
+    # CPU), the window widens up to coalesce_max_ms, and narrows back as they
+    # run on time: fewer, fuller chunks where every chunk costs (0: never widens)
+    coalesce_max_ms: float = 66.0
     # A client that does not stream sees no chunk cadence: its chunks are only
     # the checkpoints a retry continues from, so they are gathered for longer.
     coalesce_unstreamed_ms: float = 250.0

@@ -4,7 +4,8 @@ it runs, one record a partition a tick
 
 A run hands over a chunk whole (:meth:`TokenRecords.add`) or says it holds
 pieces (:meth:`TokenRecords.wants`), which the next tick takes as one chunk. A
-tick comes every ``coalesce_ms`` times (1 - 1/streams); a chunk given
+tick comes every ``coalesce_ms`` times (1 - 1/streams), stretched towards
+``coalesce_max_ms`` while ticks run late (:class:`Stretch`); a chunk given
 ``at_once`` (a first or a last one) does not wait for it. Each chunk's future
 is done when its record is in the log. A partition's records leave in the
 order their chunks were given, through one idempotent producer, so a
@@ -26,7 +27,7 @@ from topics.catalog import TOKENS
 from topics.lookup import key_partition
 from workers.outputs import Output, Sender, batch_output
 
-__all__ = ["Pieces", "TokenRecords"]
+__all__ = ["Pieces", "Stretch", "TokenRecords"]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,25 @@ class Pieces(Protocol):
         """Its held pieces as one chunk, with its partition and future (None: none held)."""
 
 
+class Stretch:
+    """How much wider than ``coalesce_ms`` the window is: a tick that wakes
+    later than asked, by more than a tenth of the window on average (an event
+    loop short of CPU), widens it by a fifth, up to ``most``; one on time
+    narrows it by a tenth, down to 1."""
+
+    def __init__(self, most: float) -> None:
+        self.most = max(1.0, most)
+        self.factor = 1.0
+        self.late_s = 0.0  # how late ticks wake, on average
+
+    def woke(self, late_s: float, window_s: float) -> None:
+        self.late_s += 0.2 * (max(0.0, late_s) - self.late_s)
+        if self.late_s > 0.1 * window_s:
+            self.factor = min(self.most, self.factor * 1.2)
+        else:
+            self.factor = max(1.0, self.factor / 1.1)
+
+
 class TokenRecords:
     def __init__(self, settings: Settings, sender: Sender,
                  streams: Callable[[], int] = lambda: 1) -> None:
@@ -47,6 +67,9 @@ class TokenRecords:
         self.sender = sender
         self.streams = streams
         self.coalesce_s = settings.infer.coalesce_ms / 1000
+        most = settings.infer.coalesce_max_ms / settings.infer.coalesce_ms \
+            if settings.infer.coalesce_ms > 0 else 1.0
+        self.stretch = Stretch(most)
         self.partitions = TOKENS.partitions(settings.kafka)
         self._ready: list[_Given] = []
         self._holding: dict[int, Pieces] = {}
@@ -61,7 +84,7 @@ class TokenRecords:
         return key_partition(request_id.encode(), self.partitions)
 
     def window_s(self) -> float:
-        return self.coalesce_s * (1 - 1 / max(1, self.streams()))
+        return self.coalesce_s * self.stretch.factor * (1 - 1 / max(1, self.streams()))
 
     def add(self, chunk: TokenChunk, partition: int, at_once: bool) -> asyncio.Future[None]:
         """Give a whole chunk; done once its record is in the log."""
@@ -95,13 +118,20 @@ class TokenRecords:
 
     async def _run(self) -> None:
         while True:
+            busy = self._wake.is_set()  # pieces were left at the last tick
             await self._wake.wait()
             self._wake.clear()
             if not self._at_once.is_set():
-                due = self._last_tick + self.window_s() - time.monotonic()
+                window = self.window_s()
+                due = self._last_tick + window - time.monotonic()
                 if due > 0:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._at_once.wait(), due)
+                        due = 0.0  # woken by a first or last chunk, not the timer
+                    if due:
+                        self.stretch.woke(time.monotonic() - self._last_tick - window, window)
+                elif busy:  # the last tick's work ran past this one
+                    self.stretch.woke(-due, window)
             self._at_once.clear()
             now = time.monotonic()
             tick = now >= self._last_tick + self.window_s()

@@ -1,13 +1,15 @@
 """Schedule: send each task to a live worker of its pool with room, interactive
-first; park interactive tasks (fairly between tenants, or to a fallback's
-pool) and hold background and batch ones until a worker has room, their
-offsets uncommitted (docs/decisions/0005-schedule-holds-the-queue.md)."""
+first, each tenant present keeping room for its share; park interactive tasks
+(fairly between tenants, or to a fallback's pool) and hold background and
+batch ones until a worker has room, their offsets uncommitted
+(docs/decisions/0005-schedule-holds-the-queue.md)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import math
 from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -74,6 +76,9 @@ class ScheduleLayer:
         self.prefix = PrefixIndex(settings.schedule.route_index_blocks,
                                   settings.schedule.route_index_ttl_s)
         self.table.on_beat = self._heard
+        # pool -> tenant -> when its last interactive task came (fair shares)
+        self.present: dict[str, dict[str, int]] = {}
+        self.weights = plan.weights()
         self.breakers = Breakers.of(settings, clock)
         self.policy = RoutePolicy(plan.route_cache_threshold, plan.route_load_bound,
                                   plan.route_load_weight, plan.route_prefix_aware,
@@ -158,8 +163,14 @@ class ScheduleLayer:
         if envelope["priority"] > PRIORITY_INTERACTIVE:
             return self._hold(event, record)
         entered_ms = envelope["stamps"].get("gateway", envelope["stamps"][self.name]) // 1000
-        if not any(p.task["route"]["pool"] == pool for p in self.parked):
-            placed = self.place(event)  # else it waits its turn among the parked
+        tenant = envelope["tenant"]
+        self.present.setdefault(pool, {})[tenant] = self.clock()
+        # else it waits its turn among the parked, unless they wait for their share
+        if not any(p.task["route"]["pool"] == pool for p in self.parked) or (
+                self._under_share(pool, tenant) and not any(
+                    p.task["route"]["pool"] == pool and p.task["envelope"]["tenant"] == tenant
+                    for p in self.parked)):
+            placed = None if self._held_back(event) else self.place(event)
             if placed is not None:
                 return [placed]
         elif sum(p.task["route"]["pool"] == pool and p.task["envelope"]["tenant"] ==
@@ -222,6 +233,48 @@ class ScheduleLayer:
         view = next(w for w in live if w.beat["worker_id"] == chosen.worker_id)
         self.admission.interactive_sent(task["route"]["pool"])
         return self._address(task, view)
+
+    def _present(self, pool: str) -> dict[str, float]:
+        """The tenants present in ``pool`` (an interactive task within
+        ``fair_window_s``), with their weights; those gone are forgotten."""
+        seen = self.present.get(pool)
+        if not seen:
+            return {}
+        since = self.clock() - int(self.settings.schedule.fair_window_s * 1000)
+        for gone in [t for t, at in seen.items() if at <= since]:
+            del seen[gone]
+        return {t: self.weights.get(t, 1.0) for t in seen}
+
+    def _share(self, pool: str, tenant: str, present: dict[str, float]) -> float:
+        """``tenant``'s share of the slots of ``pool``'s open workers."""
+        slots = sum(w.beat["capacity"] for w in self._open(pool))
+        weight = present.get(tenant, self.weights.get(tenant, 1.0))
+        return slots * weight / (sum(present.values()) + (tenant not in present) * weight)
+
+    def _under_share(self, pool: str, tenant: str,
+                     present: dict[str, float] | None = None) -> bool:
+        """Whether ``tenant`` runs less than its share of ``pool``, rounded up
+        (always, alone)."""
+        present = self._present(pool) if present is None else present
+        return len(present) < 2 or self.outstanding.of_tenant(pool, tenant) < \
+            math.ceil(self._share(pool, tenant, present))
+
+    def _held_back(self, task: Task) -> bool:
+        """Whether interactive ``task`` waits so that other tenants find room: its
+        tenant runs its share of the pool or more, and the pool has no more free
+        slots than the other present tenants under their shares (one each)."""
+        pool, tenant = task["route"]["pool"], task["envelope"]["tenant"]
+        present = self._present(pool)
+        if self._under_share(pool, tenant, present):
+            return False
+        keep = sum(1 for other in present
+                   if other != tenant and self._under_share(pool, other, present))
+        if not keep:
+            return False
+        free = sum(max(0, w.beat["capacity"] - interactive_busy(
+            w, self._busy(w), self.outstanding.low_at(w.beat["worker_id"])))
+            for w in self._open(pool))
+        return free <= keep
 
     def _failed_before_first_token(self, task: Task) -> None:
         """A task a worker's engine failed before its first token, sent here again
@@ -313,7 +366,9 @@ class ScheduleLayer:
             try:
                 served = bool(self._open(pool))  # by live workers, with no room
                 overdue = self.clock() >= parked.give_up_ms(self.settings, served)
-                out = None if pool in blocked else self.place(parked.task, overdue)
+                # never refused for want of room while a slot is kept for others
+                held_back = not overdue and self._held_back(parked.task)
+                out = None if pool in blocked or held_back else self.place(parked.task, overdue)
                 if out is None and overdue:
                     raise out_of_time(parked, served, self.table.settling(), self.settings)
             except RequestError as exc:
@@ -321,7 +376,8 @@ class ScheduleLayer:
                 outputs = [reply] if reply is not None else []
             else:
                 if out is None:
-                    blocked.add(pool)  # later tasks of the pool stay behind this one
+                    if not held_back:  # later tasks of the pool stay behind this one
+                        blocked.add(pool)
                     continue
                 outputs = [out]
             await self._deliver(sender, parked.task["envelope"], outputs)

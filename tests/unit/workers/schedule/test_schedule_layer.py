@@ -240,3 +240,131 @@ def test_fair_order_takes_turns_and_counts_what_runs() -> None:
     order = fair_order(parked, lambda pool, tenant: {"a": 0, "b": 1, "c": 3}[tenant])
     assert [p.task["envelope"]["request_id"] for p in order] == [
         "a0", "a1", "b0", "a2", "b1", "c0"]
+
+
+def sent_ids(outputs: list[Any]) -> list[str]:
+    return [o.record["envelope"]["request_id"] for o in outputs]
+
+
+def finish(sched: ScheduleLayer, request_id: str) -> None:
+    """The generation of ``request_id`` ends on the worker it was sent to."""
+    sched.finished(request_id, sched.outstanding._by_id[request_id].worker_id, now_ms())
+
+
+async def flood(sched: ScheduleLayer, tenant: str, n: int, first_offset: int = 0) -> list[str]:
+    """``n`` tasks of ``tenant``: the ids handle() sent at once."""
+    out: list[str] = []
+    for i in range(n):
+        out += sent_ids(await sched.handle(tenant_task(f"{tenant}{i}", tenant),
+                                           Rec("sched.routed", 0, first_offset + i)))
+    return out
+
+
+async def test_a_present_tenant_finds_a_slot_kept_beside_anothers_flood(
+        settings: Settings) -> None:
+    """Four slots: tenant b asked lately, so tenant a's flood takes three of them
+    and b's next request goes out at once, not after a slot frees."""
+    clock = [now_ms()]
+    sched = ScheduleLayer(settings, clock=lambda: clock[0])
+    sched._sender = RecordingSender()  # type: ignore[assignment]
+    sched.table.apply(beat("w1", partitions=[1]))
+    sched.table.apply(beat("w2", partitions=[2]))
+    assert await flood(sched, "b", 1) == ["b0"]
+    finish(sched, "b0")
+    assert await flood(sched, "a", 6, 10) == ["a0", "a1", "a2"]
+    assert len(sched.parked) == 3
+    [out] = await sched.handle(tenant_task("b1", "b"), Rec("sched.routed", 0, 20))
+    assert sent_ids([out]) == ["b1"]
+    # a slot frees: it stays b's while b runs less than its half
+    finish(sched, "a0")
+    await sched.place_parked()
+    assert sched._sender.sent == []  # type: ignore[attr-defined]
+    # b's request ends: two free, one kept for b, one for a
+    finish(sched, "b1")
+    await sched.place_parked()
+    assert sent_ids(sched._sender.sent) == ["a3"]  # type: ignore[attr-defined]
+
+
+async def test_a_tenant_alone_takes_every_slot_once_the_others_are_gone(
+        settings: Settings) -> None:
+    clock = [now_ms()]
+    sched = ScheduleLayer(settings, clock=lambda: clock[0])
+    sched._sender = RecordingSender()  # type: ignore[assignment]
+    sched.table.apply(beat("w1", partitions=[1]))
+    sched.table.apply(beat("w2", partitions=[2]))
+    await flood(sched, "b", 1)
+    finish(sched, "b0")
+    assert await flood(sched, "a", 4, 10) == ["a0", "a1", "a2"]
+    clock[0] += int(settings.schedule.fair_window_s * 1000) + 1
+    await sched.place_parked()
+    assert sent_ids(sched._sender.sent) == ["a3"]  # type: ignore[attr-defined]
+
+
+async def test_a_task_kept_back_for_a_share_blocks_no_other_tenant(settings: Settings) -> None:
+    """Four slots, b weighing three to a's one. a's parked task, first in turn,
+    waits for its share; b's parked behind it takes the slot that frees."""
+    sched = ScheduleLayer(settings.replace(schedule_tenant_shares="b=3"))
+    sender = RecordingSender()
+    sched._sender = sender  # type: ignore[assignment]
+    sched.table.apply(beat("w1", partitions=[1]))
+    sched.table.apply(beat("w2", partitions=[2]))
+    assert await flood(sched, "a", 1) == ["a0"]
+    assert await flood(sched, "b", 3, 10) == ["b0", "b1", "b2"]
+    await sched.handle(tenant_task("a1", "a"), Rec("sched.routed", 0, 20))
+    await sched.handle(tenant_task("b3", "b"), Rec("sched.routed", 0, 21))
+    assert len(sched.parked) == 2
+    finish(sched, "b0")
+    await sched.place_parked()
+    assert sent_ids(sender.sent) == ["b3"]
+
+
+async def test_tenant_shares_weigh_what_a_tenant_may_run(settings: Settings) -> None:
+    """Four slots, a running one, b two: with equal shares b's third task waits
+    for a's share; weighing b three to a's one, it goes."""
+    for shares, expected in (("", []), ("b=3", ["b2"])):
+        sched = ScheduleLayer(settings.replace(schedule_tenant_shares=shares))
+        sched._sender = RecordingSender()  # type: ignore[assignment]
+        sched.table.apply(beat("w1", partitions=[1]))
+        sched.table.apply(beat("w2", partitions=[2]))
+        assert await flood(sched, "a", 1) == ["a0"]
+        assert await flood(sched, "b", 2, 10) == ["b0", "b1"]
+        assert sent_ids(await sched.handle(tenant_task("b2", "b"),
+                                           Rec("sched.routed", 0, 20))) == expected
+
+
+def test_tenant_shares_are_read_or_refused() -> None:
+    assert load_settings(schedule_tenant_shares=" acme=3, beta=0.5 ").schedule.weights() == {
+        "acme": 3.0, "beta": 0.5}
+    for bad in ("acme", "acme=0", "acme=-1", "=2", "acme=x", "acme=nan"):
+        with pytest.raises(ValueError, match="tenant share"):
+            load_settings(schedule_tenant_shares=bad)
+
+
+async def test_a_slot_kept_for_a_share_never_refuses_a_task_that_waited_out(
+        settings: Settings) -> None:
+    """Two slots, b present: a's second task waits for b's share, and when it
+    would be refused for want of room it takes the kept slot instead."""
+    clock = [now_ms()]
+    sched = ScheduleLayer(settings, clock=lambda: clock[0])
+    sender = RecordingSender()
+    sched._sender = sender  # type: ignore[assignment]
+    sched.table.apply(beat("w1", partitions=[1]))
+    await flood(sched, "b", 1)
+    finish(sched, "b0")
+    assert await flood(sched, "a", 2, 10) == ["a0"]
+    await sched.place_parked()
+    assert sender.sent == [] and sender.errors == []
+    clock[0] += int(settings.schedule.timeout_s * 1000)
+    sched.table.apply(beat("w1", partitions=[1]))  # still live by the clock
+    await sched.place_parked()
+    assert sent_ids(sender.sent) == ["a1"] and sender.errors == []
+
+
+async def test_a_pool_too_small_to_share_is_not_kept_idle(settings: Settings) -> None:
+    """One slot between two tenants: a share of a half rounds up to the slot."""
+    sched = ScheduleLayer(settings)
+    sched._sender = RecordingSender()  # type: ignore[assignment]
+    sched.table.apply(WorkerHeartbeat(**{**beat("w1"), "capacity": 1}))  # type: ignore[typeddict-item]
+    await flood(sched, "b", 1)
+    finish(sched, "b0")
+    assert await flood(sched, "a", 1, 10) == ["a0"]
