@@ -18,7 +18,7 @@ from schemas.codec import Codec, default_codec
 from schemas.records import AuditEvent
 from topics.catalog import AUDIT
 from topics.envelope import now_ms
-from topics.producer import EventProducer
+from topics.producer import Producer
 
 __all__ = ["Audit", "audit_event", "cli_actor"]
 
@@ -43,7 +43,7 @@ class Audit:
     through ``publisher``: the gateway's, or one made of a CLI's producer (and
     ``codec``)."""
 
-    def __init__(self, settings: Settings, publisher: Publisher | EventProducer,
+    def __init__(self, settings: Settings, publisher: Publisher | Producer,
                  codec: Codec | None = None, actor: str = "") -> None:
         self.publisher = publisher if isinstance(publisher, Publisher) else Publisher(
             settings, publisher, codec or default_codec())

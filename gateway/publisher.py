@@ -26,7 +26,7 @@ from topics.backoff import Backoff, RateLimitedLog
 from topics.catalog import Topic
 from topics.clients import EventTooLarge, KafkaError, broker_error
 from topics.envelope import now_ms
-from topics.producer import EventProducer
+from topics.producer import Producer
 
 __all__ = ["NotTakenInTime", "Publisher", "Headers"]
 
@@ -59,7 +59,7 @@ class Publisher:
     """Encodes records for typed topics and produces them with one of three
     policies (see the module); tracks its background sends until :meth:`close`."""
 
-    def __init__(self, settings: Settings, producer: EventProducer, codec: Codec) -> None:
+    def __init__(self, settings: Settings, producer: Producer, codec: Codec) -> None:
         self.settings = settings
         self.producer = producer
         self.codec = codec

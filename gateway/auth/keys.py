@@ -27,7 +27,7 @@ from schemas.codec import Codec
 from schemas.records import AuditEvent
 from topics.backoff import RateLimitedLog
 from topics.envelope import now_ms
-from topics.producer import EventProducer
+from topics.producer import Producer
 
 __all__ = ["KeyStore", "KeyNotFound", "KeyRevoked", "RecordStore"]
 
@@ -51,7 +51,7 @@ class RecordStore(Generic[R]):
 
     _tenants = False  # whose changes drop entries here: tenants' or keys'
 
-    def __init__(self, settings: Settings, redis: Redis, producer: EventProducer | None,
+    def __init__(self, settings: Settings, redis: Redis, producer: Producer | None,
                  audit: Audit | None, invalidations: Invalidations | None,
                  codec: Codec | None, negative_cache_s: float) -> None:
         self.settings = settings
@@ -104,7 +104,7 @@ class KeyStore(RecordStore[KeyRecord]):
     """The API keys of one Conveyor (``settings.kafka.topic_prefix``)."""
 
     def __init__(self, settings: Settings, redis: Redis,
-                 producer: EventProducer | None = None, *, audit: Audit | None = None,
+                 producer: Producer | None = None, *, audit: Audit | None = None,
                  invalidations: Invalidations | None = None, codec: Codec | None = None,
                  negative_cache_s: float = 1.0, touch_every_s: float = 60.0) -> None:
         super().__init__(settings, redis, producer, audit, invalidations, codec, negative_cache_s)

@@ -26,7 +26,7 @@ from schemas.records import TenantPolicy as TenantPolicyEvent
 from topics.catalog import KEYS
 from topics.clients import broker_error
 from topics.follow import Record, follow
-from topics.producer import EventProducer
+from topics.producer import Producer
 
 __all__ = ["KeysTopic", "Restorer", "Snapshot", "key_event", "key_from_event", "tenant_event",
            "tenant_from_event"]
@@ -79,7 +79,7 @@ class Snapshot:
 class KeysTopic:
     """Writes records to the ``keys`` topic and reads it whole."""
 
-    def __init__(self, settings: Settings, producer: EventProducer | None = None,
+    def __init__(self, settings: Settings, producer: Producer | None = None,
                  codec: Codec | None = None) -> None:
         self.settings = settings
         self.topic = KEYS.at(settings.kafka)

@@ -14,7 +14,7 @@ from gateway.auth.keys import RecordStore
 from gateway.auth.redis_copy import TENANT_PREFIX
 from gateway.auth.types import Limits, TenantPolicy, merge_limit, merge_limits
 from schemas.codec import Codec
-from topics.producer import EventProducer
+from topics.producer import Producer
 
 __all__ = ["TenantStore"]
 
@@ -25,7 +25,7 @@ class TenantStore(RecordStore[TenantPolicy]):
     _tenants = True
 
     def __init__(self, settings: Settings, redis: Redis,
-                 producer: EventProducer | None = None, *, audit: Audit | None = None,
+                 producer: Producer | None = None, *, audit: Audit | None = None,
                  invalidations: Invalidations | None = None, codec: Codec | None = None) -> None:
         super().__init__(settings, redis, producer, audit, invalidations, codec, 1.0)
 
