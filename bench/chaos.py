@@ -26,7 +26,7 @@ from pathlib import Path
 from bench.chaos_check import Report, judge, read_tokens
 from bench.chaos_faults import FAULTS, Chaos, Conveyor, Heartbeats, Injected
 from bench.chaos_load import Load, Record
-from bench.harness import BenchError, conveyor_env, exit_on_sigterm
+from bench.harness import BenchError, as_script, conveyor_env
 from conveyor.settings import Settings
 from infra.services import OwnKafka, OwnRedis, ServiceError, free_port
 
@@ -158,13 +158,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="[%(relativeCreated)7.0f ms] %(message)s")
     for noisy in ("aiokafka", "kafka", "httpx"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
-    exit_on_sigterm()
     t0 = time.monotonic()
     workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="conveyor-chaos-"))
     logs = workdir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     print(f"chaos: faults {','.join(opts.fault_names)}; logs in {logs}", flush=True)
-    with ExitStack() as stack:
+    with as_script("chaos", (BenchError, ServiceError)), ExitStack() as stack:
         redis = OwnRedis(workdir)
         stack.callback(redis.stop, signal.SIGKILL)
         kafka = OwnKafka(workdir)
@@ -189,9 +188,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except (BenchError, ServiceError) as exc:
-        print(f"chaos: {exc}", file=sys.stderr)
-        sys.exit(2)
     except KeyboardInterrupt:
         print("chaos: interrupted; everything it started is stopped", file=sys.stderr)
         sys.exit(130)

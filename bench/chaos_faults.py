@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -21,7 +20,7 @@ from pathlib import Path
 import httpx
 
 from bench.chaos_load import Load
-from bench.harness import BenchError, Proc, repo_root, spawn
+from bench.harness import BenchError, Proc, conveyor_cli, spawn, stop_all
 from conveyor.settings import Settings
 from infra.services import OwnKafka, OwnRedis, kill_group
 from schemas.codec import default_codec
@@ -233,11 +232,7 @@ class Conveyor:
         return [sys.executable, "-m", "cli", *args]
 
     def topics(self) -> None:
-        done = subprocess.run([sys.executable, "-m", "cli", "topics"], env=self.env,
-                              cwd=repo_root(), capture_output=True, timeout=120)
-        if done.returncode != 0:
-            raise BenchError("conveyor topics failed:\n" +
-                             (done.stderr or done.stdout).decode(errors="replace")[-2000:])
+        conveyor_cli("conveyor topics failed", "topics", env=self.env, timeout_s=120)
 
     def start(self, name: str) -> None:
         self.procs[name] = spawn(name, self.argv(name), self.logs, self.env)
@@ -268,13 +263,4 @@ class Conveyor:
         return died
 
     def close(self) -> None:
-        for proc in self.procs.values():
-            if proc.exited() is None:
-                kill_group(proc.popen.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for proc in self.procs.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-            kill_group(proc.popen.pid)  # stragglers of the group, too
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.popen.wait(timeout=5)
+        stop_all(self.procs.values(), grace_s=15)

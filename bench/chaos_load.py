@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+
+from topics.envelope import new_traceparent
 
 __all__ = ["PROMPTS", "Load", "Record"]
 
@@ -72,11 +73,6 @@ class Record:
         return max(b - a for a, b in zip(marks, marks[1:], strict=False))
 
 
-def _traceparent() -> tuple[str, str]:
-    trace_id = os.urandom(16).hex()
-    return trace_id, f"00-{trace_id}-{os.urandom(8).hex()}-01"
-
-
 @dataclass
 class Load:
     """``clients`` concurrent clients sending requests until told to stop, or
@@ -128,7 +124,8 @@ class Load:
         number = 0
         while not self._stop.is_set() and not self.exhausted:
             prompt = (client + number * self.clients) % len(PROMPTS)
-            trace_id, traceparent = _traceparent()
+            traceparent = new_traceparent()
+            trace_id = traceparent.split("-")[1]
             record = Record(client, number, prompt, self.max_tokens, trace_id, time.monotonic())
             self.records.append(record)
             try:

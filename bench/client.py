@@ -291,10 +291,8 @@ class _Timing:
 
     def sample(self) -> Sample:
         end = time.perf_counter()
-        if self.code != 200:
+        if self.code != 200 or self.error is not None:
             return _failed(self.start, self.error or f"HTTP {self.code}")
-        if self.error is not None:
-            return _failed(self.start, self.error)
         if not self.finished:
             return _failed(self.start, "stream ended without [DONE]")
         if self.first is None:

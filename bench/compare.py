@@ -9,18 +9,17 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from bench.client import Sample, StreamClient, first_success, stream_completion
-from bench.harness import TOKENS, BenchError, exit_on_sigterm
+from bench.harness import TOKENS, BenchError
 from bench.stats import Check, check_table, markdown_table, ms, percentile
 
-__all__ = ["Result", "Scenario", "Side", "Tally", "measure", "median_interval", "report_main",
-           "run_pairs", "run_rounds"]
+__all__ = ["Result", "Scenario", "Side", "Tally", "measure", "median_interval",
+           "report_summary", "run_rounds"]
 
 T = TypeVar("T")
 
@@ -111,28 +110,7 @@ class Result:
 Checks = Callable[[Result], list[Check]]  # a scenario's targets
 
 
-def report_main(prog: str, title: str, checks: Checks, run: Callable[[], list[Result]]) -> None:
-    """Run a comparison as a script: SIGTERM stops its processes, a failure to
-    set it up exits 2 with the reason, the summary tables come last."""
-    exit_on_sigterm()
-    try:
-        results = run()
-    except BenchError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        raise SystemExit(2) from exc
-    print()
-    report_summary(results, title, checks)
-
-
 # -- measurement -------------------------------------------------------------------
-
-
-async def _timed(side: Side, paced: bool, tally: Tally) -> Sample:
-    start = time.perf_counter()
-    sample = await side.one(paced)
-    tally.samples.append(sample)
-    tally.busy_s += time.perf_counter() - start
-    return sample
 
 
 async def _in_turn(i: int, base_step: Callable[[], Awaitable[T]],
@@ -143,21 +121,6 @@ async def _in_turn(i: int, base_step: Callable[[], Awaitable[T]],
         return b, await variant_step()
     v = await variant_step()
     return await base_step(), v
-
-
-async def run_pairs(sc: Scenario, base: Side, variant: Side) -> Result:
-    """Concurrency 1: pairs of one request a side, the first side alternating."""
-    result = Result(sc, Tally(base.name), Tally(variant.name))
-    for _ in range(sc.warmup):
-        await base.one(sc.paced)
-        await variant.one(sc.paced)
-    for i in range(sc.max_requests):
-        if max(result.base.busy_s, result.variant.busy_s) >= sc.window_s:
-            break
-        result.pairs.append(await _in_turn(
-            i, lambda: _timed(base, sc.paced, result.base),
-            lambda: _timed(variant, sc.paced, result.variant)))
-    return result
 
 
 async def _round(sc: Scenario, side: Side, tally: Tally | None, per_worker: int) -> list[Sample]:
@@ -174,7 +137,8 @@ async def _round(sc: Scenario, side: Side, tally: Tally | None, per_worker: int)
         took = time.perf_counter() - start
         tally.samples.extend(samples)
         tally.busy_s += took
-        tally.round_rates.append(sum(s.ok for s in samples) / took)
+        if sc.concurrency > 1:  # one request a side: pairs, no rounds
+            tally.round_rates.append(sum(s.ok for s in samples) / took)
         for label, spent in tally.cpu().items():
             tally.cpu_s[label] = tally.cpu_s.get(label, 0.0) + spent - before.get(label, 0.0)
     return samples
@@ -182,8 +146,9 @@ async def _round(sc: Scenario, side: Side, tally: Tally | None, per_worker: int)
 
 async def run_rounds(sc: Scenario, base: Side, variant: Side,
                      cpu: Callable[[], dict[str, float]] = dict) -> Result:
-    """Concurrency N: a round of N streams a side, the first side alternating
-    (``cpu``: what the tallies measure the processes' CPU with)."""
+    """A round of N streams a side, the first side alternating (at concurrency
+    1, pairs of one request a side); ``cpu``: what the tallies measure the
+    processes' CPU with."""
     result = Result(sc, Tally(base.name, cpu=cpu), Tally(variant.name, cpu=cpu))
     for _ in range(sc.warmup):
         await _round(sc, base, None, 1)
@@ -206,11 +171,9 @@ async def measure(scenarios: list[Scenario], base: Side, variant: Side, checks: 
     results: list[Result] = []
     for sc in scenarios:
         print(f"running {sc.key}: {sc.title} ...", flush=True)
-        running = run_pairs(sc, base, variant) if sc.concurrency == 1 else \
-            run_rounds(sc, base, variant)
         limit_s = 2 * sc.window_s + 120.0
         try:
-            result = await asyncio.wait_for(running, limit_s)
+            result = await asyncio.wait_for(run_rounds(sc, base, variant), limit_s)
         except TimeoutError as exc:
             raise BenchError(f"{sc.key} ran past {limit_s:.0f} s") from exc
         report_scenario(result, checks)

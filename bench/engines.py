@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from bench.harness import BenchError, exit_on_sigterm, repo_root
+from bench.harness import BenchError, as_script, repo_root
 from bench.stats import Check, markdown_table, percentile
 
 __all__ = ["engine_stream", "main"]
@@ -288,26 +288,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-vllm", action="store_true", help="leave (b), (c) and (d) out")
     parser.add_argument("--vllm-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    exit_on_sigterm()
     levels = tuple(int(n) for n in args.levels.split(","))
     if max(levels) > SEQUENCES or min(levels) < 1:
         parser.error(f"levels are 1 to {SEQUENCES} streams")
     plan = Plan.of(args.quick, levels)
-    if args.vllm_child:
-        measured = asyncio.run(vllm_sides(plan, max(1, args.runs)))
-        print("RESULT " + json.dumps({k: [vars(v) for v in vs] for k, vs in measured.items()}))
+    with as_script("bench.engines"):
+        if args.vllm_child:
+            measured = asyncio.run(vllm_sides(plan, max(1, args.runs)))
+            print("RESULT " + json.dumps({k: [vars(v) for v in vs] for k, vs in measured.items()}))
+            return 0
+        print(f"{plan.max_tokens} tokens a chat, {plan.rounds} chat(s) a stream, levels {levels}")
+        if args.batches < 1:
+            parser.error("--batches is 1 or more")
+        checks = report(asyncio.run(llamacpp_side(plan, args.batches, max(1, args.runs))),
+                        "llamacpp", [])
+        found = None if args.no_vllm else vllm_in_child(args.quick, levels, args.runs)
+        if found is not None:
+            checks += report(found, "vllm", ["conveyor+vllm", VLLM_COPY])
+        for check in checks:
+            print(check.line())
         return 0
-    print(f"{plan.max_tokens} tokens a chat, {plan.rounds} chat(s) a stream, levels {levels}")
-    if args.batches < 1:
-        parser.error("--batches is 1 or more")
-    checks = report(asyncio.run(llamacpp_side(plan, args.batches, max(1, args.runs))),
-                    "llamacpp", [])
-    found = None if args.no_vllm else vllm_in_child(args.quick, levels, args.runs)
-    if found is not None:
-        checks += report(found, "vllm", ["conveyor+vllm", VLLM_COPY])
-    for check in checks:
-        print(check.line())
-    return 0
 
 
 if __name__ == "__main__":

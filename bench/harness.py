@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,9 +27,9 @@ from conveyor.settings import load_settings
 from infra.services import kill_group, port_answers
 from topics.admin import drop_topics
 
-__all__ = ["BenchError", "Pipeline", "Proc", "check_infra", "check_port_free", "conveyor_env",
-           "conveyor_script", "exit_on_sigterm", "loop_factory", "pipeline", "repo_root",
-           "running", "spawn", "wait_http"]
+__all__ = ["BenchError", "Pipeline", "Proc", "as_script", "check_infra", "check_port_free",
+           "conveyor_cli", "conveyor_env", "conveyor_script", "loop_factory", "pipeline",
+           "repo_root", "running", "spawn", "stop_all", "wait_http"]
 
 # the fixture upstream's answers: TOKENS tokens, DELAY_MS apart when paced
 TOKENS = 32
@@ -69,16 +70,21 @@ class Proc:
             return ""
         return "\n".join(text.splitlines()[-lines:])
 
-    def stop(self, grace_s: float = 10.0) -> None:
-        """SIGTERM the process group, SIGKILL it after ``grace_s``."""
-        if self.popen.poll() is not None:
-            return
-        kill_group(self.popen.pid, signal.SIGTERM)  # start_new_session: the group is its pid
-        try:
-            self.popen.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            kill_group(self.popen.pid)
-            self.popen.wait(timeout=5.0)
+
+def stop_all(procs: Iterable[Proc], grace_s: float = 10.0) -> None:
+    """SIGTERM each process group at once, then SIGKILL what is left of each
+    group (stragglers included) once its leader exited or ``grace_s`` passed."""
+    procs = list(procs)
+    for proc in procs:
+        if proc.exited() is None:  # start_new_session: the group is its pid
+            kill_group(proc.popen.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+        kill_group(proc.popen.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.popen.wait(timeout=5)
 
 
 def spawn(name: str, argv: list[str], log_dir: Path,
@@ -103,7 +109,7 @@ def running(name: str, argv: list[str], log_dir: Path,
     try:
         yield proc
     finally:
-        proc.stop()
+        stop_all([proc])
 
 
 def wait_http(url: str, proc: Proc, timeout_s: float) -> None:
@@ -146,12 +152,19 @@ def conveyor_script() -> Path:
     script = Path(sys.executable).parent / "conveyor"
     if not script.exists():
         raise BenchError(f"{script} not found: install the project (`pip install -e .`)")
-    probe = subprocess.run([str(script), "up", "--help"], capture_output=True, timeout=60,
-                           cwd=repo_root())
-    if probe.returncode != 0:
-        detail = (probe.stderr or probe.stdout).decode(errors="replace").strip()[-600:]
-        raise BenchError(f"`conveyor up` is not available yet ({script}):\n{detail}")
+    conveyor_cli(f"`conveyor up` is not available yet ({script})", "up", "--help")
     return script
+
+
+def conveyor_cli(failed: str, *args: str, env: Mapping[str, str] | None = None,
+                 timeout_s: float = 60.0) -> str:
+    """What ``conveyor <args>`` printed; BenchError starting with ``failed`` and
+    the end of its output when it fails."""
+    done = subprocess.run([sys.executable, "-m", "cli", *args], cwd=repo_root(), env=env,
+                          capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode != 0:
+        raise BenchError(f"{failed}:\n{(done.stderr or done.stdout).strip()[-2000:]}")
+    return done.stdout
 
 
 def conveyor_env(*, topic_prefix: str, gateway_port: int, models_file: Path | None = None,
@@ -182,9 +195,17 @@ def _raise_exit(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
 
-def exit_on_sigterm() -> None:
-    """Turn SIGTERM into SystemExit so ``finally`` blocks stop the subprocesses."""
+@contextmanager
+def as_script(prog: str, errors: tuple[type[Exception], ...] = (BenchError,)) -> Iterator[None]:
+    """Run a benchmark as a script: SIGTERM turns into SystemExit so that
+    ``finally`` blocks stop its processes, and one of ``errors`` (it cannot
+    run) exits 2 with the reason."""
     signal.signal(signal.SIGTERM, _raise_exit)
+    try:
+        yield
+    except errors as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

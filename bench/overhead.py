@@ -14,8 +14,8 @@ import asyncio
 
 from bench import compare
 from bench.client import StreamClient
-from bench.compare import Result, Scenario, Side, report_main
-from bench.harness import DELAY_MS, TOKENS, loop_factory, pipeline
+from bench.compare import Result, Scenario, Side, report_summary
+from bench.harness import DELAY_MS, TOKENS, as_script, loop_factory, pipeline
 from bench.stats import Check, percentile
 
 __all__ = ["main", "scenarios"]
@@ -52,9 +52,6 @@ def checks(result: Result) -> list[Check]:
     return [Check(sc.key, "Conveyor streamed rate", result.variant.rate, 1000, ">=", "req/s")]
 
 
-TITLE = "Overhead: Conveyor vs. the upstream called directly"
-
-
 async def measure(plan: list[Scenario], upstream_url: str, gateway_url: str,
                   connections: int) -> list[Result]:
     async with StreamClient(connections) as direct_client, \
@@ -85,7 +82,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.concurrency < 2:
         parser.error("--concurrency is 2 or more")
-    report_main("bench.overhead", TITLE, checks, lambda: run(args))
+    with as_script("bench.overhead"):
+        results = run(args)
+    print()
+    report_summary(results, "Overhead: Conveyor vs. the upstream called directly", checks)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from typing import Any, get_args
 
 from bench.engines import engine_stream
 from bench.harness import repo_root
-from conveyor.registry import ModelSpec, Precision, Registry, precise_gguf
+from conveyor.registry import ModelSpec, Precision, Registry
 from infra.reference_prompts import PROMPTS, ReferencePrompt
 from schemas.records import Message
 
@@ -51,15 +51,6 @@ class Agreement:
 async def _answer(engine: Any, prompt: ReferencePrompt, text: str, max_tokens: int) -> str:
     stream = engine_stream(engine, prompt.kind)
     return "".join([piece async for piece, _ in stream(text, max_tokens)])
-
-
-async def _start(path: Path, spec: ModelSpec) -> Any:
-    from workers.infer.engines.llamacpp_batch import LlamaCppBatchEngine
-
-    # the worker's defaults: two sequences, each in a batched context of its own
-    engine = LlamaCppBatchEngine(path, sequences=2, contexts=2, n_ctx=spec.context_length)
-    await engine.start()
-    return engine
 
 
 def _rendered(spec: ModelSpec) -> dict[str, str]:
@@ -150,6 +141,8 @@ def _decoded(vocab: Any, ids: list[int]) -> str:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     from llama_cpp import Llama
 
+    from workers.infer.engines.llamacpp_batch import LlamaCppBatchEngine
+
     spec = Registry.load(args.models).resolve(args.model)
     precisions: list[Precision] = [spec.precision if p == "default" else p
                                    for p in args.precisions.split(",")]
@@ -163,8 +156,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     answers: dict[str, dict[str, str]] = {}
     try:
         for precision in dict.fromkeys(precisions):
-            path = precise_gguf(spec.source_gguf_path(), precision, prefix=spec.name)
-            engine = engines[precision] = await _start(path, spec)
+            # the worker's defaults: two sequences, each in a batched context of its own
+            engine = LlamaCppBatchEngine.from_spec(replace(spec, precision=precision),
+                                                   sequences=2, contexts=2)
+            await engine.start()
+            engines[precision] = engine
             answers[precision] = {p.id: await _answer(engine, p, rendered[p.id], args.tokens)
                                   for p in PROMPTS}
         reference_ids = await reference_task

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -30,11 +29,11 @@ from pathlib import Path
 from bench.client import Sample, StreamClient, first_success, stream_completion
 from bench.harness import (
     BenchError,
+    as_script,
     check_infra,
     check_port_free,
     conveyor_env,
     conveyor_script,
-    exit_on_sigterm,
     running,
     wait_http,
 )
@@ -82,13 +81,10 @@ class Phase:
 
 async def ask(client: StreamClient, url: str, messages: list[dict[str, str]],
               max_tokens: int) -> Sample:
-    """One streamed chat turn, timed (BenchError when it failed)."""
+    """One streamed chat turn, timed (a failure in the Sample's ``error``)."""
     body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}
-    sample = await stream_completion(client, url, body)
-    if sample.error is not None:
-        raise BenchError(sample.error)
-    return sample
+    return await stream_completion(client, url, body)
 
 
 async def play(gateway_url: str, phase: Phase, conversations: int, turns: int, clients: int,
@@ -110,6 +106,8 @@ async def play(gateway_url: str, phase: Phase, conversations: int, turns: int, c
                         messages.append({"role": "user",
                                          "content": QUESTIONS[t % len(QUESTIONS)]})
                         answer = await ask(client, url, messages, max_tokens)
+                        if answer.error is not None:
+                            raise BenchError(answer.error)
                         phase.turns.append(Turn(answer.ttft, answer.tokens, first=t == 0))
                         messages.append({"role": "assistant", "content": answer.text})
                         await asyncio.sleep(pause.uniform(0, think_s))
@@ -121,11 +119,10 @@ async def play(gateway_url: str, phase: Phase, conversations: int, turns: int, c
 
 async def warm_up(gateway_url: str, timeout_s: float) -> None:
     """Until one request succeeds (the workers may still be joining)."""
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi."}],
-            "max_tokens": 4, "stream": True}
     async with StreamClient(1, timeout_s=120.0) as client:
-        await first_success("Conveyor", lambda: stream_completion(
-            client, f"{gateway_url}/v1/chat/completions", body), timeout_s)
+        await first_success("Conveyor", lambda: ask(
+            client, f"{gateway_url}/v1/chat/completions",
+            [{"role": "user", "content": "Say hi."}], 4), timeout_s)
 
 
 def run_phase(name: str, prefix_aware: bool, args: argparse.Namespace) -> Phase:
@@ -204,17 +201,13 @@ def main(argv: list[str] | None = None) -> None:
                              "the order alternating")
     parser.add_argument("--gateway-port", type=int, default=8100)
     args = parser.parse_args(argv)
-    exit_on_sigterm()
     phases: list[Phase] = []
-    try:
+    with as_script("bench.routing"):
         check_infra()
         for r in range(args.rounds):
             order = [("least-loaded", False), ("prefix-aware", True)]
             for name, aware in order if r % 2 == 0 else order[::-1]:
                 phases.append(run_phase(name, aware, args))
-    except BenchError as exc:
-        print(f"bench.routing: {exc}", file=sys.stderr)
-        raise SystemExit(2) from exc
     print()
     report(phases)
 

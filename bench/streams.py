@@ -31,7 +31,6 @@ import asyncio
 import math
 import os
 import secrets
-import subprocess
 import time
 from pathlib import Path
 
@@ -40,8 +39,8 @@ from bench.compare import Scenario, Side, Tally, run_rounds
 from bench.harness import (
     BenchError,
     Pipeline,
-    conveyor_script,
-    exit_on_sigterm,
+    as_script,
+    conveyor_cli,
     loop_factory,
     pipeline,
 )
@@ -218,19 +217,13 @@ async def soak(args: argparse.Namespace, stage: Pipeline,
             for label in serving] + [Check("soak", "failed", failed, 0, "<=", "")]
 
 
-def create_key(stage: Pipeline, tenant: str) -> str:
-    done = subprocess.run([str(conveyor_script()), "keys", "create", "--tenant", tenant],
-                          env=stage.env, capture_output=True, text=True, timeout=60)
-    if done.returncode != 0:
-        raise BenchError(f"conveyor keys create: {done.stderr.strip()[-400:]}")
-    return done.stdout.strip().splitlines()[-1]
-
-
 async def tenants(args: argparse.Namespace, stage: Pipeline) -> list[Check]:
     """The small tenant's TTFT alone, beside the large tenant's flood, and
     queued as the large tenant; the target: beside the flood, within 2x of alone."""
     url, model = f"{stage.gateway_url}/v1/completions", f"bench-{args.token_ms}"
-    keys = {tenant: create_key(stage, tenant) for tenant in ("large", "small")}
+    keys = {tenant: conveyor_cli("conveyor keys create", "keys", "create", "--tenant", tenant,
+                                 env=stage.env).strip().splitlines()[-1]
+            for tenant in ("large", "small")}
     async with StreamClient(args.flood + 8, timeout_s=300.0) as large_client, \
             StreamClient(4, timeout_s=300.0) as small_client:
         large_client.headers["Authorization"] = f"Bearer {keys['large']}"
@@ -299,9 +292,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gateway-port", type=int, default=8100)
     args = parser.parse_args(argv)
     args.levels = sorted(int(n) for n in args.levels.split(","))
-    exit_on_sigterm()
     auth = {"CONVEYOR_AUTH": "keys", "CONVEYOR_AUTH_SECRET": secrets.token_hex(16)}
-    try:
+    with as_script("bench.streams"):
         with pipeline(args.upstream_port, args.gateway_port, "streams", tokens=args.tokens,
                       capacity=args.capacity if args.tenants == 2 else max(args.levels),
                       paces_ms=(args.token_ms,),
@@ -316,8 +308,6 @@ def main(argv: list[str] | None = None) -> None:
                 print(check_table(runner.run(soak(args, stage, watched))))
                 return
             results = runner.run(measure(args, stage, watched))
-    except BenchError as exc:
-        raise SystemExit(f"bench.streams: {exc}") from exc
     print(f"\n## Streams at {1000 / args.token_ms:.0f} tokens/s, {args.tokens} tokens each\n")
     print(markdown_table(*_rows(results, sorted(watched))))
     print()

@@ -14,17 +14,12 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["build_app", "main"]
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+__all__ = ["build_app", "main"]
 
 Kind = Literal["completion", "chat"]
 
@@ -205,17 +200,15 @@ def build_app(tokens: int, delay_s: float) -> ASGIApp:
                                "/completions": "completion", "/chat/completions": "chat"}
     models_body = _dumps({"object": "list", "data": [
         {"id": "bench", "object": "model", "owned_by": "bench"}]})
+    gets = {"/v1/models": models_body, "/models": models_body, "/health": b"{}"}
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # no lifespan: uvicorn runs it with lifespan="off"
             return
         start = time.perf_counter()
         path, method = scope["path"], scope["method"]
-        if method == "GET" and path in ("/v1/models", "/models"):
-            await _respond(send, 200, _JSON_HEADERS, models_body)
-            return
-        if method == "GET" and path == "/health":
-            await _respond(send, 200, _JSON_HEADERS, b"{}")
+        if method == "GET" and path in gets:
+            await _respond(send, 200, _JSON_HEADERS, gets[path])
             return
         kind = routes.get(path)
         if kind is None:

@@ -26,7 +26,7 @@ from conveyor.settings import TelemetrySettings
 
 __all__ = ["CONTENT_TYPE", "DURATION_BUCKETS", "TOKEN_BUCKETS", "TPOT_BUCKETS", "TTFT_BUCKETS",
            "GatewayMetrics", "LayerMetrics", "LayerProbe", "Metrics", "WorkerMetrics",
-           "partition_lag", "process_metrics", "serve_metrics"]
+           "partition_lag", "process_metrics"]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -82,20 +82,15 @@ class Metrics:
             self._provider.shutdown()
 
 
-def serve_metrics(service: str, host: str, port: int) -> Metrics:
-    """The metrics of a process that is not the gateway: served on ``port``, or
-    a no-op meter when ``port`` is 0."""
-    metrics = Metrics(service, enabled=port > 0)
-    if port > 0:
-        metrics.serve(host, port)
-    return metrics
-
-
 def process_metrics(telemetry: TelemetrySettings, service: str) -> Metrics:
     """The metrics of a process that is not the gateway, as its settings say:
-    served on ``metrics_port`` (none when 0, or when metrics are disabled)."""
+    served on ``metrics_port``, or a no-op meter when it is 0 or metrics are
+    disabled."""
     port = telemetry.metrics_port if telemetry.metrics_enabled else 0
-    return serve_metrics(service, telemetry.metrics_host, port)
+    metrics = Metrics(service, enabled=port > 0)
+    if port > 0:
+        metrics.serve(telemetry.metrics_host, port)
+    return metrics
 
 
 # -- the gateway -----------------------------------------------------------------

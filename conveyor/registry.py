@@ -57,10 +57,7 @@ class ModelSpec:
     def gguf_path(self) -> Path:
         """The GGUF file at the model's ``precision``: the source file, or the one
         converted from it (converted now, once, when it is not there yet)."""
-        source = self.source_gguf_path()
-        if self.precision == "source":
-            return source
-        return precise_gguf(source, self.precision, prefix=self.name)
+        return precise_gguf(self.source_gguf_path(), self.precision, prefix=self.name)
 
 
 def locate_gguf(ref: str) -> Path:

@@ -18,7 +18,7 @@ from schemas.codec import Codec, default_codec
 from schemas.records import AuditEvent
 from topics.catalog import AUDIT
 from topics.envelope import now_ms
-from topics.producer import EventProducer
+from topics.producer import Producer
 
 __all__ = ["Audit", "audit_event", "cli_actor"]
 
@@ -43,7 +43,7 @@ class Audit:
     through ``publisher``: the gateway's, or one made of a CLI's producer (and
     ``codec``)."""
 
-    def __init__(self, settings: Settings, publisher: Publisher | EventProducer,
+    def __init__(self, settings: Settings, publisher: Publisher | Producer,
                  codec: Codec | None = None, actor: str = "") -> None:
         self.publisher = publisher if isinstance(publisher, Publisher) else Publisher(
             settings, publisher, codec or default_codec())
@@ -58,16 +58,11 @@ class Audit:
         await self.publisher.publish(AUDIT, event, self._keyed(event),
                                      what=f"the audit event {event['action']}")
 
-    def record(self, action: str, **fields: Any) -> None:
-        """Produce in the background (the gateway, on a request's path)."""
-        event = audit_event(action, **fields)
-        self.publisher.publish_soon(AUDIT, event, self._keyed(event),
-                                    what=f"the audit event {action}")
-
     def record_throttled(self, key: str, every_s: float, action: str, **fields: Any) -> None:
-        """As :meth:`record`, at most once per ``every_s`` for ``key``; the next event
-        counts those held back in ``detail["held_back"]`` (a client hammering with a
-        bad key or past its limit cannot flood ``conveyor.audit``)."""
+        """Produce in the background (the gateway, on a request's path), at most once
+        per ``every_s`` for ``key``; the next event counts those held back in
+        ``detail["held_back"]`` (a client hammering with a bad key or past its limit
+        cannot flood ``conveyor.audit``)."""
         now = time.monotonic()
         last, held = self._throttled.get(key, (0.0, 0))
         if now - last < every_s:
@@ -78,7 +73,9 @@ class Audit:
         self._throttled[key] = (now, 0)
         if held:
             fields["detail"] = {**(fields.get("detail") or {}), "held_back": str(held)}
-        self.record(action, **fields)
+        event = audit_event(action, **fields)
+        self.publisher.publish_soon(AUDIT, event, self._keyed(event),
+                                    what=f"the audit event {action}")
 
     def _keyed(self, event: AuditEvent) -> str:
         """The event's Kafka key (its tenant, else its actor), its actor filled in."""

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 
 from conveyor.redis_clients import Redis
 from conveyor.settings import Settings
 from gateway.publisher import Publisher
+from gateway.replies import release
 from schemas.records import Control
 from topics.catalog import CONTROL
 from topics.envelope import now_ms
@@ -35,14 +35,9 @@ class ResumeWatch:
     def key(self, request_id: str) -> str:
         return f"{self.settings.kafka.topic_prefix}:resume-watch:{request_id}"
 
-    async def attach(self, request_id: str) -> str:
-        """Name a new reader of the request; its token."""
-        token = uuid.uuid4().hex
-        await self.renew(request_id, token)
-        return token
-
     async def renew(self, request_id: str, token: str) -> None:
-        # the last reader to renew holds the key: any reader there keeps it alive
+        """Name ``token`` the request's reader, a new one or again: the last reader
+        to renew holds the key, and any reader there keeps it alive."""
         await self.redis.set(self.key(request_id), token, px=self.ttl_ms)
 
     async def keep(self, request_id: str, token: str) -> None:
@@ -56,10 +51,7 @@ class ResumeWatch:
 
     async def detach(self, request_id: str, token: str) -> None:
         """Forget this reader, unless another has taken the key since."""
-        key = self.key(request_id)
-        held = await self.redis.get(key)
-        if held is not None and _text(held) == token:
-            await self.redis.delete(key)
+        await release(self.redis, self.key(request_id), token)
 
     async def watched_by_another(self, request_id: str, token: str | None = None) -> bool:
         held = await self.redis.get(self.key(request_id))

@@ -21,7 +21,8 @@ from conveyor.redis_clients import RedisError
 from schemas.openai.requests import param_of
 from topics.clients import KafkaError
 
-__all__ = ["install_error_handlers", "error_response", "SafeJSONResponse", "CatchAll"]
+__all__ = ["install_error_handlers", "error_response", "invalid_request", "SafeJSONResponse",
+           "CatchAll"]
 
 log = logging.getLogger(__name__)
 
@@ -75,18 +76,22 @@ def _most_telling(errors: Sequence[Any]) -> dict[str, Any]:
                                     len(e["loc"])))
 
 
+def invalid_request(errors: Sequence[Any]) -> InvalidRequest:
+    """The 400 of a body's validation errors (located under ``body``, as FastAPI
+    gives them): the most telling one's message, naming its ``param``."""
+    first = _most_telling(errors)
+    if first.get("type") == "json_invalid":
+        return InvalidRequest("The request body is not valid JSON.")
+    param = param_of([p for p in first.get("loc", ()) if p != "body"])
+    msg = str(first.get("msg", "Invalid request")).removeprefix("Value error, ")
+    if first.get("type") == "string_unicode":  # pydantic's own check of constrained strings
+        msg = "must be valid Unicode text; it holds a lone surrogate (such as \\ud800)"
+    return InvalidRequest(msg + (f" ({param})" if param else ""), param=param)
+
+
 def _validation(request: Request, exc: Exception) -> SafeJSONResponse:
     assert isinstance(exc, RequestValidationError)
-    first = _most_telling(exc.errors())
-    param = param_of([p for p in first.get("loc", ()) if p != "body"])
-    if first.get("type") == "json_invalid":
-        message, param = "The request body is not valid JSON.", None
-    else:
-        msg = str(first.get("msg", "Invalid request")).removeprefix("Value error, ")
-        if first.get("type") == "string_unicode":  # pydantic's own check of constrained strings
-            msg = "must be valid Unicode text; it holds a lone surrogate (such as \\ud800)"
-        message = msg + (f" ({param})" if param else "")
-    return error_response(InvalidRequest(message, param=param))
+    return error_response(invalid_request(exc.errors()))
 
 
 def _request_error(request: Request, exc: Exception) -> SafeJSONResponse:

@@ -21,12 +21,12 @@ from conveyor.errors import (
     SchemaError,
 )
 from conveyor.settings import Settings
-from schemas.codec import Codec, EventType
+from schemas.codec import Codec
 from topics.backoff import Backoff, RateLimitedLog
 from topics.catalog import Topic
 from topics.clients import EventTooLarge, KafkaError, broker_error
 from topics.envelope import now_ms
-from topics.producer import EventProducer
+from topics.producer import Producer
 
 __all__ = ["NotTakenInTime", "Publisher", "Headers"]
 
@@ -59,7 +59,7 @@ class Publisher:
     """Encodes records for typed topics and produces them with one of three
     policies (see the module); tracks its background sends until :meth:`close`."""
 
-    def __init__(self, settings: Settings, producer: EventProducer, codec: Codec) -> None:
+    def __init__(self, settings: Settings, producer: Producer, codec: Codec) -> None:
         self.settings = settings
         self.producer = producer
         self.codec = codec
@@ -72,12 +72,11 @@ class Publisher:
     # -- on a request's path ----------------------------------------------------
 
     async def publish(self, topic: Topic, record: Any, key: str, *,
-                      event_type: EventType | None = None, headers: Headers | None = None,
-                      what: str = "the event") -> None:
+                      headers: Headers | None = None, what: str = "the event") -> None:
         """Produce ``record`` and wait at most ``produce_timeout_s`` for Kafka to
         take it; every failure is a :class:`~conveyor.errors.RequestError` for the
         client (``what`` names the record in its message)."""
-        value = self.encode(topic, record, event_type, what)
+        value = self.encode(topic, record, what)
         try:
             await asyncio.wait_for(
                 self.producer.send_and_wait(topic.at(self.settings.kafka), value, key=key.encode(),
@@ -94,12 +93,11 @@ class Publisher:
             raise PipelineUnavailable(f"The pipeline is unavailable ({error}); "
                                       "try again later.") from exc
 
-    def encode(self, topic: Topic, record: Any, event_type: EventType | None = None,
-               what: str = "the event") -> bytes:
+    def encode(self, topic: Topic, record: Any, what: str = "the event") -> bytes:
         """``record`` as ``topic``'s event; 400 for a value the schema cannot hold,
         413 over ``max_event_bytes`` (said at once, before a round trip)."""
         try:
-            value = self.codec.encode(_event_type(topic, event_type), record)
+            value = topic.encode(self.codec, record)
         except SchemaError as exc:
             raise InvalidRequest(f"{_sentence(what)} holds a value the pipeline cannot "
                                  f"carry: {exc}") from exc
@@ -111,12 +109,11 @@ class Publisher:
     # -- in the background --------------------------------------------------------
 
     def deliver(self, topic: Topic, record: Any, key: str, *, until_ms: int | None = None,
-                event_type: EventType | None = None,
                 what: str = "an event") -> asyncio.Task[bool]:
         """Produce ``record`` in the background, again with backoff, until Kafka takes
         it or ``until_ms`` passes (default ``request_timeout_s`` from now); the task
         says whether it was delivered. A record that cannot be encoded raises here."""
-        value = self.codec.encode(_event_type(topic, event_type), record)
+        value = topic.encode(self.codec, record)
         bound_ms = until_ms if until_ms is not None else (
             now_ms() + int(self.settings.gateway.request_timeout_s * 1000))
         until = time.monotonic() + (bound_ms - now_ms()) / 1000
@@ -124,12 +121,11 @@ class Publisher:
                                          what))
 
     def publish_soon(self, topic: Topic, record: Any, key: str, *,
-                     event_type: EventType | None = None,
                      what: str = "an event") -> asyncio.Task[bool]:
         """Produce ``record`` in the background, once: never fails or slows the
         caller; a record Kafka does not take is dropped with a (rate-limited)
         warning. The task's result says whether it was written."""
-        return self._track(self._send_once(topic, record, key, event_type, what))
+        return self._track(self._send_once(topic, record, key, what))
 
     async def drain(self, within_s: float | None = None) -> None:
         """Wait for the background sends, at most ``within_s`` (default
@@ -211,11 +207,10 @@ class Publisher:
             if not send.done():
                 send.cancel()
 
-    async def _send_once(self, topic: Topic, record: Any, key: str,
-                         event_type: EventType | None, what: str) -> bool:
+    async def _send_once(self, topic: Topic, record: Any, key: str, what: str) -> bool:
         name = topic.at(self.settings.kafka)
         try:
-            value = self.codec.encode(_event_type(topic, event_type), record)
+            value = topic.encode(self.codec, record)
             await self.producer.send_and_wait(name, value, key=key.encode(), headers=None)
         except _DROPPED as exc:  # the caller has gone on
             self.problems.warning(f"dropped:{name}", "%s not written to %s: %s", what, name,
@@ -223,14 +218,3 @@ class Publisher:
             return False
         return True
 
-
-def _event_type(topic: Topic, event_type: EventType | None) -> EventType:
-    """The event type named, or the one ``topic`` carries."""
-    if event_type is not None:
-        if event_type not in topic.events:
-            raise ValueError(f"topic {topic.name} does not carry {event_type} events")
-        return event_type
-    if len(topic.events) != 1:
-        raise ValueError(f"topic {topic.name} carries {topic.events or 'no'} events: "
-                         "name the event type")
-    return topic.events[0]

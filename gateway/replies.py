@@ -27,7 +27,7 @@ from topics.catalog import REPLIES
 from topics.follow import Follower, follow
 
 __all__ = ["ReplyRouter", "ReplyStream", "ReplyLease", "ReplySource", "Folded", "fold_answer",
-           "opening", "reply_error"]
+           "opening", "release", "reply_error"]
 
 _LATE = "The request did not finish within its deadline."
 RETRY_AFTER_S = 1  # what a 503 of the pipeline asks a client to wait
@@ -231,8 +231,13 @@ class ReplyLease:
     async def release(self) -> None:
         if self.partition is not None:
             with contextlib.suppress(Exception):
-                await self.redis.eval(  # type: ignore[misc]
-                    _RELEASE, 1, self._key(self.partition), self.gateway_id)
+                await release(self.redis, self._key(self.partition), self.gateway_id)
+
+
+async def release(redis: Redis, key: str, token: str) -> bool:
+    """Delete ``key`` if it still holds ``token``, in one step: a lease, lock or
+    watch given back by its holder, never one another has taken since."""
+    return bool(await redis.eval(_RELEASE, 1, key, token))  # type: ignore[misc]
 
 
 class ReplyRouter:

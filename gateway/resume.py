@@ -25,7 +25,7 @@ from conveyor.errors import (
 from conveyor.settings import Settings
 from gateway.cancels import Cancels
 from gateway.errors import NotFound
-from gateway.replies import ReplySource, ReplyStream, reply_error
+from gateway.replies import ReplyStream, reply_error
 from schemas.codec import Codec
 from schemas.records import Generation, Reply
 from topics.catalog import REPLIES, REQUESTS
@@ -34,7 +34,7 @@ from topics.follow import FromTime, follow
 from topics.lookup import SharedLookup, made_window
 from topics.reader import holds
 
-__all__ = ["ReplySource", "Recorded", "RecordedReplies", "StreamNotFound",
+__all__ = ["Recorded", "RecordedReplies", "StreamNotFound",
            "Framer", "event_id", "request_id_of", "resume_after", "locate", "lookup_windows",
            "resumed_events"]
 

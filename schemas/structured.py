@@ -147,23 +147,19 @@ def schema_bounds_fault(schema: Any) -> str | None:
     nested any depth is measured, not a RecursionError."""
     tally = _Tally()
     depth = _depth(schema, tally)
-    if depth > MAX_SCHEMA_DEPTH:
-        return f"it is nested {depth:,} levels deep; at most {MAX_SCHEMA_DEPTH} are allowed"
-    if tally.properties > MAX_OBJECT_PROPERTIES:
-        return (f"it has {tally.properties:,} object properties in all; at most "
-                f"{MAX_OBJECT_PROPERTIES:,} are allowed")
-    if tally.enum_values > MAX_ENUM_VALUES:
-        return (f"it has {tally.enum_values:,} enum values in all; at most "
-                f"{MAX_ENUM_VALUES:,} are allowed")
-    if tally.widest_union > MAX_ALTERNATIVES:
-        return (f"it has a union (anyOf or oneOf) of {tally.widest_union:,} alternatives; "
-                f"at most {MAX_ALTERNATIVES} are allowed (a union of constants is an enum)")
-    if tally.most_optional > MAX_ALTERNATIVES:
-        return (f"it has an object of {tally.most_optional:,} optional properties; at most "
-                f"{MAX_ALTERNATIVES} are allowed (the others must be required)")
-    if tally.chars > MAX_SCHEMA_CHARS:
-        return (f"its property names, definition names, enum and const values are "
-                f"{tally.chars:,} characters in all; at most {MAX_SCHEMA_CHARS:,} are allowed")
+    for found, most, said, why in (
+            (depth, MAX_SCHEMA_DEPTH, "it is nested {} levels deep", ""),
+            (tally.properties, MAX_OBJECT_PROPERTIES, "it has {} object properties in all", ""),
+            (tally.enum_values, MAX_ENUM_VALUES, "it has {} enum values in all", ""),
+            (tally.widest_union, MAX_ALTERNATIVES,
+             "it has a union (anyOf or oneOf) of {} alternatives",
+             " (a union of constants is an enum)"),
+            (tally.most_optional, MAX_ALTERNATIVES, "it has an object of {} optional properties",
+             " (the others must be required)"),
+            (tally.chars, MAX_SCHEMA_CHARS, "its property names, definition names, enum and "
+             "const values are {} characters in all", "")):
+        if found > most:
+            return f"{said.format(f'{found:,}')}; at most {most:,} are allowed{why}"
     return None
 
 

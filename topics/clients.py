@@ -9,7 +9,7 @@ replaced) or permanent (give up on the event and dead-letter it).
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -17,11 +17,13 @@ from aiokafka import errors as kafka_errors
 
 from conveyor.errors import BrokerError, PermanentBrokerError, TransientBrokerError
 from conveyor.settings import KafkaSettings
-from topics.producer import EventProducer, Producer, breaks_sequence
+from topics.producer import Producer, breaks_sequence
 
-__all__ = ["PRODUCE_TIMEOUT_MS", "EventProducer", "make_producer", "make_consumer",
+__all__ = ["PRODUCE_TIMEOUT_MS", "make_producer", "make_consumer",
            "stop_consumer", "broker_error", "EventTooLarge", "Producer", "KafkaError",
            "KafkaConnectionError", "NotAssigned", "COMMIT_REFUSED", "BROKER_TROUBLE"]
+
+log = logging.getLogger(__name__)
 
 # The client's errors, for the except clauses of code outside topics/: this module
 # is the one that imports aiokafka's errors, and broker_error() says what they mean.
@@ -82,7 +84,7 @@ def broker_error(exc: BaseException) -> BrokerError:
 PRODUCE_TIMEOUT_MS = 30_000
 
 
-def make_producer(kafka: KafkaSettings, **overrides: Any) -> EventProducer:
+def make_producer(kafka: KafkaSettings, **overrides: Any) -> Producer:
     """Conveyor's producer on aiokafka; ``overrides`` are aiokafka's option names."""
     options: dict[str, Any] = {
         "bootstrap_servers": kafka.bootstrap,
@@ -120,10 +122,29 @@ def make_consumer(
     return AIOKafkaConsumer(*topics, **options)
 
 
-async def stop_consumer(consumer: AIOKafkaConsumer, within: float | None = None) -> None:
-    """Stop ``consumer``, cut short after ``within`` seconds (None: no bound). A
-    consumer whose group join is in flight (its start gave up) would otherwise
-    wait for the broker to answer the JoinGroup request, up to its request
-    timeout (40 s), before it stops."""
-    with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(consumer.stop(), within)
+async def stop_consumer(consumer: Any, within: float | None = None) -> None:
+    """Stop ``consumer`` in ``within`` seconds at most (None: no bound); a failed
+    stop is logged, never raised. A consumer whose group join is in flight (its
+    start gave up) would otherwise wait for the broker to answer the JoinGroup
+    request, up to its request timeout (40 s). The stop runs as a task of its
+    own, never under ``wait_for``: aiokafka's ``stop`` may raise its fetch task's
+    CancelledError (not ours), or swallow our cancel against a broker that is
+    gone and hold the caller's own cancel for ever; past the bound, or on a
+    cancel, it is left to end on its own."""
+    stopping = asyncio.ensure_future(consumer.stop())
+    try:
+        done, _ = await asyncio.wait({stopping}, timeout=within)
+    except asyncio.CancelledError:
+        _abandon(stopping)
+        raise
+    if not done:
+        _abandon(stopping)
+        log.debug("closing a consumer took over %.1f s; left to end on its own", within)
+    elif not stopping.cancelled() and stopping.exception() is not None:
+        log.debug("closing a consumer failed: %r", stopping.exception())
+
+
+def _abandon(task: asyncio.Future[Any]) -> None:
+    """Cancel ``task`` and let it end on its own (its outcome read, never raised)."""
+    task.cancel()
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())

@@ -22,7 +22,7 @@ from conveyor.settings import Settings
 from schemas.codec import Codec
 from topics.backoff import Backoff, RateLimitedLog
 from topics.catalog import Topic
-from topics.clients import BROKER_TROUBLE, broker_error, make_consumer
+from topics.clients import BROKER_TROUBLE, broker_error, make_consumer, stop_consumer
 from topics.envelope import now_ms
 from topics.reader import PoisonReport, Record, decoded
 
@@ -122,7 +122,7 @@ class Follower(Generic[T]):
         except BROKER_TROUBLE as exc:
             raise broker_error(exc) from exc
         finally:
-            await _stop_quietly(consumer, self.probe_timeout_s)
+            await stop_consumer(consumer, self.probe_timeout_s)
         return self.positions[self.tp]
 
     def __aiter__(self) -> AsyncIterator[list[Record]]:
@@ -160,7 +160,7 @@ class Follower(Generic[T]):
                 self._problems.warning("follow", "%s: cannot follow %s (%s: %s); retrying",
                                        self.tp.topic, where, type(exc).__name__, exc)
             finally:
-                await _stop_quietly(consumer, self.probe_timeout_s)
+                await stop_consumer(consumer, self.probe_timeout_s)
             _raise_if_cancelled()  # a cancel the client turned into broker trouble
             await backoff.wait()
 
@@ -222,30 +222,6 @@ async def _reached(consumer: Any, ends: dict[TopicPartition, int]) -> bool:
         if await consumer.position(tp) < end:
             return False
     return True
-
-
-async def _stop_quietly(consumer: Any, timeout_s: float) -> None:
-    """Close a consumer that may be half broken, in ``timeout_s`` at most. The stop
-    runs as a task of its own, never under ``wait_for``: aiokafka's ``stop`` may
-    raise its fetch task's CancelledError (not ours), or swallow our cancel
-    against a broker that is gone and hold the follower's own cancel for ever."""
-    stopping = asyncio.ensure_future(consumer.stop())
-    try:
-        done, _ = await asyncio.wait({stopping}, timeout=timeout_s)
-    except asyncio.CancelledError:
-        _abandon(stopping)
-        raise
-    if not done:
-        _abandon(stopping)
-        log.debug("closing a consumer took over %.1f s; left to end on its own", timeout_s)
-    elif not stopping.cancelled() and stopping.exception() is not None:
-        log.debug("closing a consumer failed: %r", stopping.exception())
-
-
-def _abandon(task: asyncio.Future[Any]) -> None:
-    """Cancel ``task`` and let it end on its own (its outcome read, never raised)."""
-    task.cancel()
-    task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
 def _raise_if_cancelled() -> None:

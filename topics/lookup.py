@@ -16,7 +16,7 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
@@ -27,10 +27,10 @@ from schemas.codec import Codec, default_codec
 from topics.catalog import Topic
 from topics.clients import BROKER_TROUBLE, KafkaError, broker_error, make_consumer, make_producer
 from topics.envelope import request_time_ms
-from topics.producer import EventProducer
+from topics.producer import Producer
 from topics.reader import PoisonReport, Record, decoded, holds
 
-__all__ = ["KeyLookup", "LookupClosed", "Reader", "Record", "SharedLookup", "key_partition",
+__all__ = ["KeyLookup", "LookupClosed", "Record", "SharedLookup", "key_partition",
            "parse_since", "made_window"]
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ class KeyLookup:
         self._consumer: AIOKafkaConsumer = make_consumer(settings.kafka, group=None,
                                                          fetch_max_wait_ms=_FETCH_WAIT_MS)
         # only asked for metadata: the producer knows a topic's partitions
-        self._meta: EventProducer = make_producer(settings.kafka, enable_idempotence=False)
+        self._meta: Producer = make_producer(settings.kafka, enable_idempotence=False)
         # what each find read: topic -> [(partition, first offset, next offset)]
         self.read: dict[str, list[tuple[int, int, int]]] = {}
 
@@ -219,29 +219,11 @@ class LookupClosed(TransientBrokerError):
     """A call after the process's lookup was closed (it is shutting down)."""
 
 
-class Reader(Protocol):
-    """What the pool needs of a reader (:class:`KeyLookup`)."""
-
-    read: dict[str, list[tuple[int, int, int]]]
-
-    async def start(self) -> None: ...
-
-    async def close(self) -> None: ...
-
-    async def partitions(self, topic: str) -> list[int]: ...
-
-    async def find(self, topic: str, key: str | None, since_ms: int,
-                   until_ms: int | None = None, *, partitions: list[int] | None = None,
-                   first: bool = False) -> list[Record]: ...
-
-    async def at(self, topic: str, partition: int, offset: int) -> Record | None: ...
-
-
 class SharedLookup:
     """Up to ``readers`` long-lived readers shared by every caller; see the module."""
 
     def __init__(self, settings: Settings, *, readers: int = 4, timeout_s: float = 10.0,
-                 make_reader: Callable[[], Reader] | None = None,
+                 make_reader: Callable[[], KeyLookup] | None = None,
                  codec: Codec | None = None) -> None:
         if readers < 1:
             raise ValueError("a lookup needs at least one reader")
@@ -251,8 +233,8 @@ class SharedLookup:
         self.size = readers
         self._make = make_reader or (lambda: KeyLookup(settings, timeout_s=timeout_s))
         self._slots = asyncio.Semaphore(readers)
-        self._idle: list[Reader] = []
-        self._live: set[Reader] = set()
+        self._idle: list[KeyLookup] = []
+        self._live: set[KeyLookup] = set()
         self._closing: set[asyncio.Task[None]] = set()
         self._closed = False
         self.started = 0  # readers started so far
@@ -304,7 +286,7 @@ class SharedLookup:
 
     # -- one call -----------------------------------------------------------
 
-    async def _call(self, what: str, use: Callable[[Reader], Awaitable[R]],
+    async def _call(self, what: str, use: Callable[[KeyLookup], Awaitable[R]],
                     timeout_s: float | None) -> R:
         limit = self.timeout_s if timeout_s is None else timeout_s
         try:
@@ -317,7 +299,7 @@ class SharedLookup:
         except (KafkaError, OSError) as exc:
             raise broker_error(exc) from exc
 
-    async def _attempts(self, use: Callable[[Reader], Awaitable[R]]) -> R:
+    async def _attempts(self, use: Callable[[KeyLookup], Awaitable[R]]) -> R:
         async with self._slots:
             fresh = False
             while True:
@@ -336,7 +318,7 @@ class SharedLookup:
                 self._give_back(reader)
                 return result
 
-    async def _take(self) -> tuple[Reader, bool]:
+    async def _take(self) -> tuple[KeyLookup, bool]:
         """An idle reader, or a new started one (True)."""
         if self._closed:
             raise LookupClosed("the keyed lookup is closed")
@@ -352,14 +334,14 @@ class SharedLookup:
         self.started += 1
         return reader, True
 
-    def _give_back(self, reader: Reader) -> None:
+    def _give_back(self, reader: KeyLookup) -> None:
         reader.read.clear()  # what a call read is its own; kept, it would grow for ever
         if self._closed:
             self._discard(reader, failed=False)
         else:
             self._idle.append(reader)
 
-    def _discard(self, reader: Reader, *, failed: bool = True) -> None:
+    def _discard(self, reader: KeyLookup, *, failed: bool = True) -> None:
         """Close ``reader`` in the background and forget it."""
         if reader not in self._live:
             return
@@ -372,7 +354,7 @@ class SharedLookup:
         task.add_done_callback(self._closing.discard)
 
 
-async def _close(reader: Reader) -> None:
+async def _close(reader: KeyLookup) -> None:
     try:
         await asyncio.wait_for(reader.close(), _CLOSE_WITHIN_S)
     except Exception as exc:  # the reader is forgotten either way

@@ -14,14 +14,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka import errors as kafka_errors
 
 from conveyor.errors import TransientBrokerError
 
-__all__ = ["EventProducer", "Producer", "breaks_sequence"]
+__all__ = ["Producer", "breaks_sequence"]
 
 log = logging.getLogger(__name__)
 
@@ -37,29 +37,6 @@ _SEQUENCE_BROKEN = (
 )
 # tries of one record's send: a producer found dead, or retired under it
 _ATTEMPTS = 3
-
-
-class EventProducer(Protocol):
-    """What Conveyor asks of a producer: :class:`Producer`, or a test's stand-in."""
-
-    renewals: int
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-    async def flush(self) -> None: ...
-
-    async def partitions_for(self, topic: str) -> set[int]: ...
-
-    async def send(self, topic: str, value: bytes | None = None, key: bytes | None = None,
-                   partition: int | None = None, timestamp_ms: int | None = None,
-                   headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future[Any]: ...
-
-    async def send_and_wait(self, topic: str, value: bytes | None = None,
-                            key: bytes | None = None, partition: int | None = None,
-                            timestamp_ms: int | None = None,
-                            headers: list[tuple[str, bytes]] | None = None) -> Any: ...
 
 
 def breaks_sequence(exc: BaseException) -> bool:

@@ -32,7 +32,7 @@ from topics.catalog import DLQ, REPLIES, RESULTS, TOKENS, TOPICS, Topic
 from topics.clients import EventTooLarge, broker_error
 from topics.envelope import now_ms
 from topics.lookup import key_partition
-from topics.producer import EventProducer
+from topics.producer import Producer
 from topics.reader import ended_ids_header, request_ids_header
 
 __all__ = ["Output", "Sender", "dead_letter_record", "error_info", "failure_reply", "job_event",
@@ -156,7 +156,7 @@ class Sender:
     """Encodes and produces outputs."""
 
     settings: Settings
-    producer: EventProducer
+    producer: Producer
     codec: Codec
     problems: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(log))
 

@@ -54,7 +54,7 @@ from topics.clients import (
     make_producer,
     stop_consumer,
 )
-from topics.producer import EventProducer
+from topics.producer import Producer
 from topics.reader import fetch
 from topics.tracing import layer_span, trace_id_of
 from workers.cancels import CancelList
@@ -90,7 +90,7 @@ class LayerRuntime:
     def __init__(
         self, settings: Settings, layer: Layer, codec: Codec | None = None,
         max_in_flight: int = 256, max_concurrency: int = 64,
-        commit_interval_ms: float = 100.0, producer: EventProducer | None = None,
+        commit_interval_ms: float = 100.0, producer: Producer | None = None,
         tracer: trace.Tracer | None = None, cancels: CancelList | None = None,
         settle_timeout_s: float = 20.0, metrics: LayerMetrics | None = None,
     ) -> None:

@@ -85,11 +85,6 @@ class Policy:
     cache_ttl_s: int = 600
     scopes: tuple[str, ...] = ()  # the scopes that had a say, broadest first
 
-    @property
-    def moderation_terms(self) -> TermList:
-        """What ``/v1/moderations`` checks: the input's lists."""
-        return self.input_terms
-
 
 def parse_policy(text: str, source: str = "the policy") -> PolicyDoc:
     """A document, checked whole: ConveyorError naming what is wrong."""

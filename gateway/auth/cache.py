@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 from conveyor.errors import TransientBrokerError
 from conveyor.redis_clients import REDIS_ERRORS, Redis
 from conveyor.settings import Settings
-from gateway.auth.redis_copy import EVERYTHING, KeyNames
+from gateway.auth.redis_copy import EVERYTHING, KeyNames, text
 from gateway.health import TaskHealth
 from topics.backoff import Backoff, RateLimitedLog
 
@@ -137,19 +137,14 @@ class LocalCache(Generic[V]):
                     del self._by_tag[entry.tag]
 
 
-def _text(value: Any) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-
-
 class Invalidations:
     """One subscription to the change channel, shared by any number of caches."""
 
-    def __init__(self, settings: Settings, redis: Redis,
-                 part: TaskHealth | None = None, *, ping_s: float = 5.0) -> None:
+    def __init__(self, settings: Settings, redis: Redis, *, ping_s: float = 5.0) -> None:
         self.settings = settings
         self.redis = redis
         self.channel = KeyNames(settings.kafka.topic_prefix).channel
-        self.health = part or TaskHealth("key-invalidations")
+        self.health = TaskHealth("key-invalidations")
         self.ping_s = ping_s
         self.subscribed = asyncio.Event()
         self._listeners: list[Listener] = []
@@ -204,7 +199,7 @@ class Invalidations:
                     if self.health.set("ok", f"subscribed to {self.channel}"):
                         self._problems.resolved("redis", "key invalidations: subscribed again")
                 elif kind == "message":
-                    self.deliver(_text(message["data"]))
+                    self.deliver(text(message["data"]))
             if now - last_heard > 3 * self.ping_s:
                 raise TransientBrokerError(f"no answer from Redis for {now - last_heard:.0f} s")
             if now - last_ping >= self.ping_s:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Generic, TypeVar
 
@@ -21,13 +22,12 @@ from gateway.auth.cache import Invalidations, LocalCache
 from gateway.auth.keys_topic import KeysTopic, Restorer
 from gateway.auth.redis_copy import EVERYTHING, TENANT_PREFIX, RedisCopy
 from gateway.auth.secrets import SECRET_PREFIX, hash_secret, new_key_id, new_secret
-from gateway.auth.types import KeyRecord, Limits, check_limit, merge_limits
-from gateway.health import TaskHealth
+from gateway.auth.types import KeyRecord, Limits, merge_limits
 from schemas.codec import Codec
 from schemas.records import AuditEvent
 from topics.backoff import RateLimitedLog
 from topics.envelope import now_ms
-from topics.producer import EventProducer
+from topics.producer import Producer
 
 __all__ = ["KeyStore", "KeyNotFound", "KeyRevoked", "RecordStore"]
 
@@ -47,26 +47,36 @@ class KeyRevoked(ConveyorError):
 class RecordStore(Generic[R]):
     """What the key and tenant stores share: the topic, its Redis copy and restore,
     a cache of ``R`` kept current by ``invalidations`` (shareable between stores:
-    run it once; without it the store makes its own, reporting to ``part``)."""
+    run it once; without it the store makes its own)."""
 
     _tenants = False  # whose changes drop entries here: tenants' or keys'
 
-    def __init__(self, settings: Settings, redis: Redis, producer: EventProducer | None,
+    def __init__(self, settings: Settings, redis: Redis, producer: Producer | None,
                  audit: Audit | None, invalidations: Invalidations | None,
-                 part: TaskHealth | None, codec: Codec | None, negative_cache_s: float) -> None:
+                 codec: Codec | None, negative_cache_s: float) -> None:
         self.settings = settings
         self.copy = RedisCopy(settings, redis)
         self.topic = KeysTopic(settings, producer, codec)
         self.restorer = Restorer(self.copy, self.topic)
         self.audit = audit
         self.cache: LocalCache[R] = LocalCache(settings.auth.key_cache_s, negative_cache_s)
-        self.invalidations = invalidations or Invalidations(settings, redis, part)
+        self.invalidations = invalidations or Invalidations(settings, redis)
         self.invalidations.add(self._on_change)
 
     @property
     def healthy(self) -> bool:
         """True while changes reach this replica's cache at once (subscribed)."""
         return self.invalidations.healthy
+
+    async def _restoring(self, read: Callable[[], Awaitable[tuple[R | None, bool]]]
+                         ) -> R | None:
+        """``read()``'s record (it says whether Redis holds the whole topic); none
+        found where Redis does not, read again once the topic is restored."""
+        found, restored = await read()
+        if found is None and not restored:
+            await self.restorer.ensure()  # or another replica restored it meanwhile
+            found, _ = await read()
+        return found
 
     def _on_change(self, message: str) -> None:
         if message == EVERYTHING:
@@ -94,12 +104,10 @@ class KeyStore(RecordStore[KeyRecord]):
     """The API keys of one Conveyor (``settings.kafka.topic_prefix``)."""
 
     def __init__(self, settings: Settings, redis: Redis,
-                 producer: EventProducer | None = None, *, audit: Audit | None = None,
-                 invalidations: Invalidations | None = None, part: TaskHealth | None = None,
-                 codec: Codec | None = None, negative_cache_s: float = 1.0,
-                 touch_every_s: float = 60.0) -> None:
-        super().__init__(settings, redis, producer, audit, invalidations, part, codec,
-                         negative_cache_s)
+                 producer: Producer | None = None, *, audit: Audit | None = None,
+                 invalidations: Invalidations | None = None, codec: Codec | None = None,
+                 negative_cache_s: float = 1.0, touch_every_s: float = 60.0) -> None:
+        super().__init__(settings, redis, producer, audit, invalidations, codec, negative_cache_s)
         self.touch_every_s = touch_every_s
         self._touched: dict[str, float] = {}
         self._problems = RateLimitedLog(log)
@@ -109,16 +117,9 @@ class KeyStore(RecordStore[KeyRecord]):
         if not secret.startswith(SECRET_PREFIX):
             return None
         key_hash = hash_secret(self.settings.auth, secret)
-
-        async def read() -> KeyRecord | None:
-            record, restored = await self.copy.find(key_hash)
-            if record is None and not restored:
-                await self.restorer.ensure()
-                record, _ = await self.copy.find(key_hash)
-            return record
-
-        return await self.cache.read_through(key_hash, read, lambda r: r.id if r else "",
-                                             self.healthy)
+        return await self.cache.read_through(
+            key_hash, lambda: self._restoring(lambda: self.copy.find(key_hash)),
+            lambda r: r.id if r else "", self.healthy)
 
     async def touch(self, record: KeyRecord) -> None:
         """Remember that the key was used now: at most once per ``touch_every_s`` per key
@@ -134,12 +135,6 @@ class KeyStore(RecordStore[KeyRecord]):
             self._problems.warning("touch", "last use of key %s not recorded: %s",
                                    record.id, exc)
 
-    async def get(self, key_id: str) -> KeyRecord | None:
-        record = await self.copy.get_key(key_id)
-        if record is None and await self.restorer.ensure():
-            record = await self.copy.get_key(key_id)
-        return record
-
     async def list(self, tenant: str | None = None) -> builtins.list[KeyRecord]:
         """Every key (of ``tenant``), revoked ones included, by id."""
         await self.restorer.ensure()
@@ -153,14 +148,12 @@ class KeyStore(RecordStore[KeyRecord]):
             raise ValueError("a key needs a tenant")
         if expires_in_s is not None and expires_in_s <= 0:
             raise ValueError(f"expires_in_s must be positive, not {expires_in_s}")
-        for label, value in (("rpm", limits.rpm), ("tpm", limits.tpm),
-                             ("concurrency", limits.concurrency)):
-            check_limit(label, value)
+        limits = merge_limits(Limits(), limits)  # each limit checked before anything is made
         secret = new_secret()
         now = now_ms()
         record = KeyRecord(
             id=new_key_id(), tenant=tenant, name=name, hash=hash_secret(self.settings.auth, secret),
-            limits=merge_limits(Limits(), limits), models=tuple(m for m in models if m),
+            limits=limits, models=tuple(m for m in models if m),
             created_ms=now, expires_ms=now + int(expires_in_s * 1000) if expires_in_s else 0,
             version=1)
         await self._write(record, "key.created", actor)

@@ -19,13 +19,14 @@ from conveyor.redis_clients import redis_boundary
 from conveyor.settings import Settings
 from gateway.auth.redis_copy import EVERYTHING, TENANT_PREFIX, RedisCopy
 from gateway.auth.types import KeyRecord, Limits, TenantPolicy
+from gateway.replies import release
 from schemas.codec import Codec, default_codec
 from schemas.records import ApiKey
 from schemas.records import TenantPolicy as TenantPolicyEvent
 from topics.catalog import KEYS
 from topics.clients import broker_error
 from topics.follow import Record, follow
-from topics.producer import EventProducer
+from topics.producer import Producer
 
 __all__ = ["KeysTopic", "Restorer", "Snapshot", "key_event", "key_from_event", "tenant_event",
            "tenant_from_event"]
@@ -78,7 +79,7 @@ class Snapshot:
 class KeysTopic:
     """Writes records to the ``keys`` topic and reads it whole."""
 
-    def __init__(self, settings: Settings, producer: EventProducer | None = None,
+    def __init__(self, settings: Settings, producer: Producer | None = None,
                  codec: Codec | None = None) -> None:
         self.settings = settings
         self.topic = KEYS.at(settings.kafka)
@@ -147,12 +148,6 @@ class KeysTopic:
             log.error("%s offset %d (key %r) skipped: %s", self.topic, offset, name, exc)
 
 
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
-
 class Restorer:
     """Rebuilds a :class:`RedisCopy` from a :class:`KeysTopic`, one replica at a time."""
 
@@ -164,7 +159,6 @@ class Restorer:
         self.lock_ms = lock_ms
         self.poll_s = poll_s
         self._local = asyncio.Lock()
-        self._release = copy.redis.register_script(_RELEASE)
 
     async def ensure(self) -> bool:
         """Restore unless Redis holds the whole topic already; True if this call did."""
@@ -203,7 +197,7 @@ class Restorer:
         finally:
             try:
                 with redis_boundary("releasing the restore lock"):
-                    await self._release(keys=[names.restore_lock], args=[token])
+                    await release(self.copy.redis, names.restore_lock, token)
             except TransientBrokerError as exc:  # it lapses by itself
                 log.warning("restore lock not released: %s", exc)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -119,8 +118,7 @@ class LocalWindows:
     the gateways admit about the limit, a little more where it is below their
     number); what Redis admitted before the outage is not known here."""
 
-    def __init__(self, clock_ms: Callable[[], int] | None = None) -> None:
-        self._clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
+    def __init__(self) -> None:
         self._scopes: dict[str, _ScopeWindows] = {}
 
     @staticmethod
@@ -128,7 +126,7 @@ class LocalWindows:
         return max(1, limit // max(1, gateways))
 
     def admit(self, check: Check, gateways: int) -> Verdict:
-        now = self._clock_ms()
+        now = time.time_ns() // 1_000_000
         found: list[tuple[Scope, _ScopeWindows, Measure]] = []
         for scope in check.scopes:
             windows = self._scopes.setdefault(scope.id, _ScopeWindows())
@@ -160,7 +158,7 @@ class LocalWindows:
 
     def forget_idle(self) -> None:
         """Drop the windows of scopes that hold nothing any more."""
-        now = self._clock_ms()
+        now = time.time_ns() // 1_000_000
         for scope_id in list(self._scopes):
             self._scopes[scope_id].trim(now)
             if self._scopes[scope_id].empty:

@@ -6,16 +6,18 @@ here as :class:`~conveyor.errors.RedisUnavailable` or ``RedisRefused``."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from conveyor.redis_clients import Redis, redis_boundary
 from conveyor.settings import Settings
 from gateway.auth.types import KeyRecord, Limits, TenantPolicy
 
 __all__ = ["KeyNames", "RedisCopy", "key_fields", "key_from_fields",
-           "tenant_fields", "tenant_from_fields", "TENANT_PREFIX", "EVERYTHING"]
+           "tenant_fields", "tenant_from_fields", "text", "TENANT_PREFIX", "EVERYTHING"]
+
+T = TypeVar("T")
 
 # the record key (and pub/sub message) of a tenant's policy: tenant:<name>
 TENANT_PREFIX = "tenant:"
@@ -96,8 +98,9 @@ class KeyNames:
         return f"{self.prefix}:keys:changed"
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+def text(value: Any) -> str:
+    """What Redis answered (bytes or str) as text."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def _opt(value: int | None) -> str:
@@ -129,9 +132,9 @@ def key_fields(record: KeyRecord) -> dict[str, str]:
 
 def _as_text_map(raw: Mapping[Any, Any] | Sequence[Any]) -> dict[str, str]:
     if isinstance(raw, Mapping):
-        return {_text(k): _text(v) for k, v in raw.items()}
+        return {text(k): text(v) for k, v in raw.items()}
     items = list(raw)
-    return {_text(items[i]): _text(items[i + 1]) for i in range(0, len(items) - 1, 2)}
+    return {text(items[i]): text(items[i + 1]) for i in range(0, len(items) - 1, 2)}
 
 
 def key_from_fields(raw: Mapping[Any, Any] | Sequence[Any]) -> KeyRecord | None:
@@ -215,14 +218,8 @@ class RedisCopy:
 
     async def list_keys(self, tenant: str | None = None) -> list[KeyRecord]:
         n = self.names
-        with redis_boundary("listing keys"):
-            ids = await self.redis.smembers(  # type: ignore[misc]
-                n.all_keys if tenant is None else n.tenant_keys(tenant))
-            pipe = self.redis.pipeline(transaction=False)
-            for key_id in sorted(_text(i) for i in ids):
-                pipe.hgetall(n.key(key_id))
-            raws = await pipe.execute()
-        return [r for r in map(key_from_fields, raws) if r is not None]
+        return await self._listed("listing keys", n.all_keys if tenant is None
+                                  else n.tenant_keys(tenant), n.key, key_from_fields)
 
     async def get_tenant(self, name: str) -> tuple[TenantPolicy | None, bool]:
         """(the tenant's stored policy or None, whether Redis holds the whole topic)."""
@@ -233,13 +230,18 @@ class RedisCopy:
 
     async def list_tenants(self) -> list[TenantPolicy]:
         n = self.names
-        with redis_boundary("listing tenants"):
-            names = await self.redis.smembers(n.tenants)  # type: ignore[misc]
+        return await self._listed("listing tenants", n.tenants, n.tenant, tenant_from_fields)
+
+    async def _listed(self, what: str, members: str, hash_of: Callable[[str], str],
+                      parse: Callable[[list[Any]], T | None]) -> list[T]:
+        """The records whose ids the set ``members`` holds, by id."""
+        with redis_boundary(what):
+            ids = await self.redis.smembers(members)  # type: ignore[misc]
             pipe = self.redis.pipeline(transaction=False)
-            for name in sorted(_text(i) for i in names):
-                pipe.hgetall(n.tenant(name))
+            for member in sorted(text(i) for i in ids):
+                pipe.hgetall(hash_of(member))
             raws = await pipe.execute()
-        return [p for p in map(tenant_from_fields, raws) if p is not None]
+        return [r for r in map(parse, raws) if r is not None]
 
     async def touch(self, key_id: str, ms: int) -> bool:
         """Set ``last_used_ms`` (never backwards, never on a key Redis lost)."""

@@ -13,9 +13,8 @@ from gateway.auth.cache import Invalidations
 from gateway.auth.keys import RecordStore
 from gateway.auth.redis_copy import TENANT_PREFIX
 from gateway.auth.types import Limits, TenantPolicy, merge_limit, merge_limits
-from gateway.health import TaskHealth
 from schemas.codec import Codec
-from topics.producer import EventProducer
+from topics.producer import Producer
 
 __all__ = ["TenantStore"]
 
@@ -26,10 +25,9 @@ class TenantStore(RecordStore[TenantPolicy]):
     _tenants = True
 
     def __init__(self, settings: Settings, redis: Redis,
-                 producer: EventProducer | None = None, *, audit: Audit | None = None,
-                 invalidations: Invalidations | None = None, part: TaskHealth | None = None,
-                 codec: Codec | None = None) -> None:
-        super().__init__(settings, redis, producer, audit, invalidations, part, codec, 1.0)
+                 producer: Producer | None = None, *, audit: Audit | None = None,
+                 invalidations: Invalidations | None = None, codec: Codec | None = None) -> None:
+        super().__init__(settings, redis, producer, audit, invalidations, codec, 1.0)
 
     async def get(self, name: str) -> TenantPolicy:
         """The tenant's policy; ``TenantPolicy(name)`` (no limits) if never set."""
@@ -71,7 +69,4 @@ class TenantStore(RecordStore[TenantPolicy]):
         return policy
 
     async def _stored(self, name: str) -> TenantPolicy | None:
-        policy, restored = await self.copy.get_tenant(name)
-        if policy is None and not restored and await self.restorer.ensure():
-            policy, _ = await self.copy.get_tenant(name)
-        return policy
+        return await self._restoring(lambda: self.copy.get_tenant(name))

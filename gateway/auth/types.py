@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 __all__ = ["Limits", "KeyRecord", "TenantPolicy", "Identity", "ANONYMOUS_TENANT",
-           "check_limit", "merge_limit", "merge_limits"]
+           "merge_limit", "merge_limits"]
 
 # the tenant of every request when auth is off
 ANONYMOUS_TENANT = "default"
@@ -76,17 +76,12 @@ class Identity:
         return self.models is None or model in self.models
 
 
-def check_limit(name: str, value: int | None) -> int | None:
-    if value is not None and value < 0:
-        raise ValueError(f"{name} must be 0 (no limit) or positive, not {value}")
-    return value
-
-
 def merge_limit(name: str, current: int | None, change: int | None) -> int | None:
     """``change`` None: keep ``current``; 0: no limit; positive: the new limit."""
-    check_limit(name, change)
     if change is None:
         return current
+    if change < 0:
+        raise ValueError(f"{name} must be 0 (no limit) or positive, not {change}")
     return change or None
 
 

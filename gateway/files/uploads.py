@@ -35,12 +35,12 @@ def check_purpose(purpose: object) -> FilePurpose:
 
 
 class UploadCheck:
-    """The checks of one upload, fed its bytes in order; raises at the first fault."""
+    """The checks of one upload (a batch's JSON Lines: the one purpose taken), fed its
+    bytes in order; raises at the first fault."""
 
-    def __init__(self, jobs: JobsSettings, purpose: FilePurpose) -> None:
+    def __init__(self, jobs: JobsSettings) -> None:
         self.max_bytes = jobs.max_file_bytes
         self.max_lines = jobs.batch_max_lines
-        self.jsonl = purpose == "batch"
         self.size = 0
         self.line_number = 0  # lines seen, empty ones included
         self.requests = 0  # non-empty lines seen
@@ -51,8 +51,6 @@ class UploadCheck:
         if self.size > self.max_bytes:
             raise RequestTooLarge(f"The file is larger than {self.max_bytes} bytes, the "
                                   "most Conveyor accepts.", param="file")
-        if not self.jsonl:
-            return
         start = 0
         while (end := chunk.find(b"\n", start)) != -1:
             if self._tail:  # a line that began in an earlier chunk
@@ -67,8 +65,6 @@ class UploadCheck:
     def finish(self) -> None:
         if self.size == 0:
             raise InvalidRequest("The file is empty.", param="file")
-        if not self.jsonl:
-            return
         if self._tail:
             self._line(bytes(self._tail))
             self._tail.clear()
@@ -119,13 +115,11 @@ async def _read(upload: UploadFile) -> AsyncIterator[bytes]:
 
 
 async def upload(store: FileStore, tenant: str, form: FormData) -> FileObject:
-    """Store the ``file`` of a multipart form for ``tenant``, checked as its
-    ``purpose`` asks."""
+    """Store the ``file`` of a multipart form for ``tenant``, checked."""
     purpose = check_purpose(form.get("purpose"))
     file = form.get("file")
     if not isinstance(file, UploadFile):
         raise InvalidRequest("The 'file' field is required: send the file as a part of a "
                              "multipart/form-data body, with a filename.", param="file")
-    check = UploadCheck(store.jobs, purpose)
     return await store.create(tenant, purpose, file.filename or "upload.jsonl",
-                              checked(_read(file), check))
+                              checked(_read(file), UploadCheck(store.jobs)))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -19,7 +19,6 @@ from conveyor.settings import Settings
 from gateway.auth.types import Identity
 from gateway.jobs.board import JobBoard, JobDesk
 from gateway.publisher import Publisher
-from schemas.records import JobCommand
 from topics.catalog import JOBS
 
 __all__ = ["Batches", "BatchCreateRequest", "page"]
@@ -92,9 +91,10 @@ class Batches(JobDesk):
             "cancelling_at": None, "cancelled_at": None,
             "request_counts": {"total": 0, "completed": 0, "failed": 0},
             "metadata": body.metadata}
-        await self.open(identity, batch["id"], batch, self._command(
-            identity, batch["id"], "create", body.input_file_id, body.endpoint,
-            body.completion_window, body.metadata or {}, json.dumps(batch)))
+        await self.open(identity, batch["id"], batch, self.command(
+            identity, batch["id"], "create", body.endpoint, input_file_id=body.input_file_id,
+            completion_window=body.completion_window, metadata=body.metadata,
+            models=sorted(identity.models or ()), body=json.dumps(batch)))
         return batch
 
     def listing(self, identity: Identity, after: str | None, limit: int) -> dict[str, Any]:
@@ -106,14 +106,9 @@ class Batches(JobDesk):
             return batch
         if batch["status"] not in _CANCELLABLE:
             raise self.not_cancellable(batch["status"])
-        command = self._command(identity, batch_id, "cancel", batch["input_file_id"],
-                                batch["endpoint"], batch["completion_window"], {}, "")
+        command = self.command(identity, batch_id, "cancel", batch["endpoint"],
+                               input_file_id=batch["input_file_id"],
+                               completion_window=batch["completion_window"],
+                               models=sorted(identity.models or ()))
         await self.publisher.publish(JOBS, command, batch_id, what="the batch's cancel")
         return {**batch, "status": "cancelling", "cancelling_at": int(time.time())}
-
-    def _command(self, identity: Identity, job_id: str, action: Literal["create", "cancel"],
-                 input_file_id: str, endpoint: str, window: str, metadata: dict[str, str],
-                 body: str) -> JobCommand:
-        return self.command(identity, job_id, action, endpoint, input_file_id=input_file_id,
-                            completion_window=window, metadata=metadata,
-                            models=sorted(identity.models or ()), body=body)

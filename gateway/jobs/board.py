@@ -14,6 +14,7 @@ from typing import Any, Literal
 from conveyor.errors import RequestError
 from conveyor.settings import Settings
 from gateway.auth.types import Identity
+from gateway.errors import NotFound
 from gateway.health import TaskHealth
 from gateway.publisher import Publisher
 from schemas.codec import Codec
@@ -107,8 +108,7 @@ class JobDesk:
     async def retrieve(self, identity: Identity, job_id: str) -> dict[str, Any]:
         obj = await self.board.get(identity.tenant, job_id, self.kind)
         if obj is None:
-            raise RequestError(self.missing.format(job_id), status=404,
-                               type="invalid_request_error", code="not_found")
+            raise NotFound(self.missing.format(job_id))
         return obj
 
     def command(self, identity: Identity, job_id: str, action: Literal["create", "cancel"],

@@ -9,15 +9,15 @@ import json
 from typing import Any
 
 from gateway import sse
-from gateway.responses.objects import (
+from gateway.responses.objects import response_object
+from schemas.openai.logprobs import chat_logprobs
+from schemas.openai.response_items import (
     OutputBuilder,
     Step,
     message_id,
     message_item,
     output_text_part,
-    response_object,
 )
-from schemas.openai.logprobs import chat_logprobs
 from schemas.openai.responses import ResponsesRequest
 from schemas.records import ErrorInfo, TokenLogprob, Usage
 

@@ -8,21 +8,11 @@ from __future__ import annotations
 import uuid
 from typing import Any, Literal, get_args
 
-from schemas.openai.response_items import (
-    OutputBuilder,
-    Step,
-    call_item,
-    message_id,
-    message_item,
-    output_items,
-    output_text_part,
-)
+from schemas.openai.response_items import output_items
 from schemas.openai.responses import ResponsesRequest, response_usage
 from schemas.records import ErrorInfo, Usage
 
-__all__ = ["ResponseStatus", "new_response_id", "message_id", "message_item", "output_text_part",
-           "usage_object", "error_object", "response_object", "is_stored", "OutputBuilder", "Step",
-           "call_item"]
+__all__ = ["ResponseStatus", "new_response_id", "response_object", "is_stored"]
 
 ResponseStatus = Literal["queued", "in_progress", "completed", "incomplete", "failed",
                          "cancelled"]
@@ -36,11 +26,7 @@ def new_response_id(request_id: str | None = None) -> str:
     return f"resp_{request_id or uuid.uuid4().hex}"
 
 
-def usage_object(usage: Usage | None) -> dict[str, Any] | None:
-    return None if usage is None else response_usage(usage)
-
-
-def error_object(error: ErrorInfo | None) -> dict[str, Any] | None:
+def _error_object(error: ErrorInfo | None) -> dict[str, Any] | None:
     if error is None:
         return None
     code = error["code"] if error["code"] in _ERROR_CODES else "server_error"
@@ -83,7 +69,7 @@ def response_object(response_id: str, created_at: int, body: ResponsesRequest,
         "status": status,
         "completed_at": completed_at if status == "completed" else None,
         "background": bool(body.background),
-        "error": error_object(error) if status == "failed" else None,
+        "error": _error_object(error) if status == "failed" else None,
         "incomplete_details": incomplete,
         "instructions": body.instructions,
         "max_output_tokens": body.max_output_tokens,
@@ -103,7 +89,7 @@ def response_object(response_id: str, created_at: int, body: ResponsesRequest,
         "top_logprobs": body.top_logprobs or 0,
         "top_p": 1.0 if body.top_p is None else body.top_p,
         "truncation": "disabled",
-        "usage": usage_object(usage),
+        "usage": None if usage is None else response_usage(usage),
         "user": body.user,
         "safety_identifier": body.safety_identifier,
         "prompt_cache_key": body.prompt_cache_key,

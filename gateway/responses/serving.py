@@ -29,13 +29,13 @@ from gateway.auth.types import Identity
 from gateway.cancels import Cancels
 from gateway.errors import NotFound, SafeJSONResponse, for_client
 from gateway.jobs.background import BackgroundResponses
+from gateway.replies import ReplySource
 from gateway.responses.events import ResponseEvents, frame
 from gateway.responses.objects import is_stored, new_response_id, response_object
 from gateway.resume import (
     Framer,
     Recorded,
     RecordedReplies,
-    ReplySource,
     StreamNotFound,
     request_id_of,
     resumed_events,

@@ -145,11 +145,11 @@ def error_message(rid: str, exc: RequestError) -> dict[str, Any]:
     return {"type": "error", "id": rid, "status": exc.status, **exc.envelope()}
 
 
-def response_error_event(exc: RequestError, sequence_number: int = 0) -> dict[str, Any]:
+def response_error_event(exc: RequestError) -> dict[str, Any]:
     """OpenAI's ``error`` event of the Responses stream, with the HTTP status the
     same refusal has over HTTP."""
     return {"type": "error", "code": exc.code, "message": exc.message, "param": exc.param,
-            "status": exc.status, "sequence_number": sequence_number}
+            "status": exc.status, "sequence_number": 0}
 
 
 class ConnectionState(enum.Enum):

@@ -29,13 +29,14 @@ from conveyor.errors import InvalidRequest
 from schemas.openai.fields import FUNCTION_NAME, STRICT, Text, joined
 from schemas.openai.requests import (
     MAX_INT32,
+    FunctionSpec,
     Metadata,
+    NamedFunction,
     model_field_names,
-    parameters_within_bounds,
     unsupported,
 )
 from schemas.openai.requests import param_of as requests_param_of
-from schemas.records import Function, Message, ToolCall, Tools, Usage
+from schemas.records import Message, ToolCall, Tools, Usage
 from schemas.records import ResponseFormat as ResponseFormatRecord
 from schemas.structured import format_record
 from schemas.tools import tools_of
@@ -117,30 +118,21 @@ InputItem = Annotated[
     Discriminator(_item_kind)]
 
 
-class FunctionTool(BaseModel):
-    """A function the model may call (the Responses API's flat shape)."""
-
+class _FunctionType(BaseModel):
     model_config = STRICT
 
     type: Literal["function"]
-    name: Text = Field(pattern=FUNCTION_NAME)
-    description: Text | None = None
-    parameters: dict[Text, Any] | None = None
-    strict: bool | None = None
-
-    _within_bounds = field_validator("parameters")(parameters_within_bounds)
-
-    def record(self) -> Function:
-        return Function(name=self.name, description=self.description or "",
-                        parameters=json.dumps(self.parameters) if self.parameters is not None
-                        else "", strict=bool(self.strict))
 
 
-class FunctionChoice(BaseModel):
-    model_config = STRICT
+class FunctionTool(FunctionSpec, _FunctionType):
+    """A function the model may call: the Responses API's flat shape, chat's
+    function with its ``type`` beside it (a base listed last gives the first
+    fields: the type is checked first, so a tool of another type is refused
+    by its type)."""
 
-    type: Literal["function"]
-    name: Text
+
+class FunctionChoice(NamedFunction, _FunctionType):
+    """A named ``tool_choice``: its ``type``, then the function's ``name``."""
 
 
 def conversation(instructions: str | None, items: str | list[InputItem]) -> list[Message]:

@@ -217,7 +217,7 @@ async def test_a_dropped_stream_resumed_in_the_grace_runs_on(redis: aioredis.Red
     s, producer = serving(redis, resume_grace_s=0.3)
     watch = ResumeWatch(s.settings, redis)
     await dropped(s)
-    await watch.attach("r1")  # a replica serves the resumed stream
+    await watch.renew("r1", "replica-2")  # a replica serves the resumed stream
     try:
         await asyncio.sleep(0.6)
         assert producer.cancelled() == []

@@ -117,7 +117,8 @@ async def test_a_stream_resumed_within_the_grace_is_not_cancelled(redis: aioredi
     frames = s.stream(answer, reply(0, "delta", [{"a": 1}]))
     await frames.__anext__()
     await frames.aclose()
-    reader = await watch.attach("r1")  # a replica serves the resumed stream
+    reader = "replica-2"
+    await watch.renew("r1", reader)  # a replica serves the resumed stream
     try:
         await asyncio.sleep(0.6)
         assert producer.sent == []
@@ -145,7 +146,7 @@ async def test_workers_keep_a_watched_generation_of_a_gone_gateway(redis: aiored
     runs = [Run(rid, {"envelope": new_envelope(rid, reply_gateway="dead", reply_partition=3)})
             for rid in ("kept", "orphan")]
     watch = ResumeWatch(settings.replace(reply_lease_ttl_s=15.0), redis)
-    await watch.attach("kept")
+    await watch.renew("kept", "replica-2")
     try:
         gateways = GatewayWatch(settings, redis)
         await gateways.check(runs)  # type: ignore[arg-type]

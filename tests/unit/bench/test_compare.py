@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from bench.client import Sample
-from bench.compare import Scenario, Side, median_interval, run_pairs, run_rounds
+from bench.compare import Scenario, Side, median_interval, run_rounds
 
 
 class Counting(Side):
@@ -32,7 +32,7 @@ def test_every_round_records_its_rate() -> None:
 def test_which_side_goes_first_alternates() -> None:
     sc = Scenario("c1-paced", "", 1, True, 0, 4, 60.0)
     order: list[str] = []
-    result = asyncio.run(run_pairs(sc, Counting("a", order), Counting("b", order)))
+    result = asyncio.run(run_rounds(sc, Counting("a", order), Counting("b", order)))
     assert order == ["a", "b", "b", "a", "a", "b", "b", "a"]
     assert len(result.pairs) == 4 and result.added_ttft() == [0.0] * 4
 

@@ -16,8 +16,9 @@ from conveyor.metrics import (
     LayerMetrics,
     Metrics,
     WorkerMetrics,
-    serve_metrics,
+    process_metrics,
 )
+from conveyor.settings import TelemetrySettings
 
 
 def _samples(text: str) -> list[Sample]:
@@ -140,7 +141,7 @@ def test_a_process_serves_its_metrics_on_its_port_and_none_without_one() -> None
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    metrics = serve_metrics("layers", "127.0.0.1", port)
+    metrics = process_metrics(TelemetrySettings(metrics_port=port), "layers")
     try:
         LayerMetrics(metrics.meter).layer("route").handled(0.001)
         r = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
@@ -149,7 +150,7 @@ def test_a_process_serves_its_metrics_on_its_port_and_none_without_one() -> None
     finally:
         metrics.shutdown()
 
-    off = serve_metrics("layers", "127.0.0.1", 0)
+    off = process_metrics(TelemetrySettings(metrics_port=0), "layers")
     assert not off.enabled
     LayerMetrics(off.meter).layer("route").handled(0.001)
     assert b"conveyor_layer" not in off.exposition()

@@ -43,7 +43,7 @@ async def test_record_never_fails_its_request_and_says_so_once(
     audit = Audit(SETTINGS, pub, actor="gw-1")
     with caplog.at_level(logging.WARNING, logger="gateway.publisher"):
         for _ in range(3):
-            audit.record("auth.failed", tenant="acme", reason="unknown key")
+            audit.record_throttled("k", 0.0, "auth.failed", tenant="acme", reason="unknown key")
         await pub.drain(within_s=1)
     assert producer.attempts == 3 and producer.sent == []
     [line] = [r.getMessage() for r in caplog.records if r.name == "gateway.publisher"]
@@ -54,6 +54,6 @@ async def test_a_cli_s_bare_producer_is_given_a_publisher_of_its_own() -> None:
     producer = ScriptedProducer()
     audit = Audit(SETTINGS, producer, actor="cli@host")  # type: ignore[arg-type]
     assert isinstance(audit.publisher, Publisher) and audit.publisher.producer is producer
-    audit.record("tenant.set", tenant="acme")
+    audit.record_throttled("k", 0.0, "tenant.set", tenant="acme")
     await asyncio.sleep(0.05)
     assert [key for _, _, key, _ in producer.sent] == [b"acme"]

@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from gateway.auth.keys import KeyNotFound
 from gateway.auth.keys_topic import KeysTopic, Restorer
 from gateway.auth.redis_copy import KeyNames, RedisCopy
 from gateway.auth.types import Limits, TenantPolicy
@@ -94,6 +95,7 @@ async def test_an_explicit_restore_runs_even_when_marked(own_redis: OwnRedis) ->
         redis = b.redis()
         names = KeyNames(settings.kafka.topic_prefix)
         await redis.delete(names.key(record.id), names.keyhash(record.hash))
-        assert await admin.get(record.id) is None  # marked restored: no automatic restore
+        with pytest.raises(KeyNotFound):  # marked restored: no automatic restore
+            await admin.update(record.id, name="again")
         assert await admin.restore() == (1, 1)
         assert (await b.gateway_keys(subscribe=False).lookup(secret) or record).id == record.id

@@ -39,7 +39,7 @@ async def test_create_lookup_list_update_revoke() -> None:
         assert found.limits == Limits(rpm=60, tpm=1000)
         assert await store.lookup(secret + "x") is None
         assert await store.lookup("not-a-key") is None
-        assert await store.get(record.id) == found
+        assert await store.copy.get_key(record.id) == found
 
         other, _ = await store.create("globex", "batch", Limits())
         assert [k.id for k in await store.list("acme")] == [record.id]
@@ -66,7 +66,7 @@ async def test_create_lookup_list_update_revoke() -> None:
             await store.revoke("key_0000000000000000")
         with pytest.raises(KeyNotFound):
             await store.update("key_0000000000000000", name="x")
-        assert await store.get("key_0000000000000000") is None
+        assert await store.copy.get_key("key_0000000000000000") is None
         with pytest.raises(ValueError):
             await store.update(other.id, limits=Limits(rpm=-1))
 
@@ -209,11 +209,11 @@ async def test_touch_records_last_use_at_most_once_a_minute() -> None:
         assert before <= first <= now_ms()
         await asyncio.sleep(0.01)
         await store.touch(record)  # within the minute: not written again
-        assert (await store.get(record.id) or record).last_used_ms == first
+        assert (await store.copy.get_key(record.id) or record).last_used_ms == first
         other_process = b.keys(touch_every_s=0.0)
         await asyncio.sleep(0.01)
         await other_process.touch(record)
-        assert (await store.get(record.id) or record).last_used_ms > first
+        assert (await store.copy.get_key(record.id) or record).last_used_ms > first
         # last use stays out of the record: the topic has no such field
         assert "last_used_ms" not in default_codec().decode(
             (await read_topic(settings, "keys"))[-1][1], "ApiKey")
@@ -238,7 +238,7 @@ async def test_a_store_without_a_producer_reads_but_does_not_write() -> None:
         assert (await gateway.lookup(secret) or record).id == record.id
         with pytest.raises(ConveyorError, match="producer"):
             await gateway.revoke(record.id)
-        assert not (await gateway.get(record.id) or record).revoked_ms
+        assert not (await gateway.copy.get_key(record.id) or record).revoked_ms
 
 
 async def test_redis_never_takes_an_older_version() -> None:
@@ -249,10 +249,10 @@ async def test_redis_never_takes_an_older_version() -> None:
         newer = await store.update(record.id, limits=Limits(rpm=2))
         assert not await store.copy.put_key(record)  # version 1 after version 2
         assert not await store.copy.put_key(newer)  # the same version again
-        assert (await store.get(record.id) or record).limits.rpm == 2
+        assert (await store.copy.get_key(record.id) or record).limits.rpm == 2
         ahead = KeyRecord(**{**newer.__dict__, "version": 9, "name": "nine"})
         assert await store.copy.put_key(ahead)
-        assert (await store.get(record.id) or record).name == "nine"
+        assert (await store.copy.get_key(record.id) or record).name == "nine"
 
 
 def test_key_ids_and_secrets_are_fresh_each_time() -> None:

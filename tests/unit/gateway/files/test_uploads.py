@@ -10,16 +10,14 @@ import pytest
 
 from conveyor.errors import InvalidRequest, RequestTooLarge
 from conveyor.files.local import LocalFileStore
-from conveyor.files.store import FilePurpose
 from conveyor.settings import Settings, load_settings
 from gateway.files.uploads import UploadCheck, check_purpose, checked
 
 SETTINGS = load_settings(max_file_bytes=1000, batch_max_lines=3)
 
 
-def run(data: bytes, chunk: int = 7, purpose: FilePurpose = "batch",
-        settings: Settings = SETTINGS) -> UploadCheck:
-    check = UploadCheck(settings.jobs, purpose)
+def run(data: bytes, chunk: int = 7, settings: Settings = SETTINGS) -> UploadCheck:
+    check = UploadCheck(settings.jobs)
     for start in range(0, len(data), chunk):
         check.feed(data[start:start + chunk])
     check.finish()
@@ -88,12 +86,12 @@ async def test_a_refused_upload_leaves_nothing_in_the_store(tmp_path: Path) -> N
         yield b"oops\n"
         yield b'{"c": 3}\n'
 
-    check = UploadCheck(store.jobs, "batch")
+    check = UploadCheck(store.jobs)
     with pytest.raises(InvalidRequest, match="Line 3"):
         await store.create("acme", "batch", "in.jsonl", checked(body(), check))
     assert list(store.tenant_dir("acme").iterdir()) == []
 
-    good = UploadCheck(store.jobs, "batch")
+    good = UploadCheck(store.jobs)
     created = await store.create("acme", "batch", "in.jsonl",
                                  checked(_once(b'{"a": 1}\n'), good))
     assert await store.read("acme", created.id) == b'{"a": 1}\n'

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from topics.follow import _stop_quietly
+from topics.clients import stop_consumer
 
 
 class Stubborn:
@@ -26,7 +26,7 @@ class Stubborn:
 
 async def test_a_cancel_of_the_follower_ends_it_at_once() -> None:
     consumer = Stubborn()
-    closing = asyncio.create_task(_stop_quietly(consumer, timeout_s=60))
+    closing = asyncio.create_task(stop_consumer(consumer, within=60))
     await asyncio.sleep(0.05)
     closing.cancel()
     started = time.monotonic()
@@ -38,6 +38,6 @@ async def test_a_cancel_of_the_follower_ends_it_at_once() -> None:
 async def test_a_stop_past_its_bound_is_left_behind() -> None:
     consumer = Stubborn()
     started = time.monotonic()
-    await _stop_quietly(consumer, timeout_s=0.2)
+    await stop_consumer(consumer, within=0.2)
     assert time.monotonic() - started < 1
     consumer.release.set()
