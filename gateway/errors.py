@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -16,13 +15,12 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from conveyor.errors import InvalidRequest, PipelineUnavailable, RequestError
+from conveyor.errors import PipelineUnavailable, RequestError
 from conveyor.redis_clients import RedisError
-from schemas.openai.requests import param_of
+from schemas.openai.requests import invalid_request
 from topics.clients import KafkaError
 
-__all__ = ["install_error_handlers", "error_response", "invalid_request", "SafeJSONResponse",
-           "CatchAll"]
+__all__ = ["install_error_handlers", "error_response", "SafeJSONResponse", "CatchAll"]
 
 log = logging.getLogger(__name__)
 
@@ -63,30 +61,6 @@ def for_client(exc: BaseException, what: str) -> RequestError:
 
 def error_response(exc: RequestError) -> SafeJSONResponse:
     return SafeJSONResponse(exc.envelope(), status_code=exc.status, headers=exc.headers or None)
-
-
-def _most_telling(errors: Sequence[Any]) -> dict[str, Any]:
-    """The first field's error; of a union's branches the one that got furthest (a
-    wrong value before a wrong type, then the deepest location)."""
-    if not errors:
-        return {}
-    field = errors[0]["loc"][:2]
-    same: list[dict[str, Any]] = [dict(e) for e in errors if e["loc"][:2] == field]
-    return max(same, key=lambda e: (not str(e.get("type", "")).endswith("_type"),
-                                    len(e["loc"])))
-
-
-def invalid_request(errors: Sequence[Any]) -> InvalidRequest:
-    """The 400 of a body's validation errors (located under ``body``, as FastAPI
-    gives them): the most telling one's message, naming its ``param``."""
-    first = _most_telling(errors)
-    if first.get("type") == "json_invalid":
-        return InvalidRequest("The request body is not valid JSON.")
-    param = param_of([p for p in first.get("loc", ()) if p != "body"])
-    msg = str(first.get("msg", "Invalid request")).removeprefix("Value error, ")
-    if first.get("type") == "string_unicode":  # pydantic's own check of constrained strings
-        msg = "must be valid Unicode text; it holds a lone surrogate (such as \\ud800)"
-    return InvalidRequest(msg + (f" ({param})" if param else ""), param=param)
 
 
 def _validation(request: Request, exc: Exception) -> SafeJSONResponse:

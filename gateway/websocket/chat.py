@@ -15,7 +15,7 @@ from starlette.requests import HTTPConnection
 
 from conveyor.errors import InvalidRequest, RateLimited, RequestError
 from gateway.answer import Answer
-from gateway.errors import for_client, invalid_request
+from gateway.errors import for_client
 from gateway.submission import Submitter
 from gateway.websocket.protocol import (
     INTERNAL_ERROR,
@@ -31,7 +31,7 @@ from gateway.websocket.protocol import (
 )
 from schemas import records
 from schemas.openai.generations import chat_generation, completion_generation
-from schemas.openai.requests import ChatCompletionRequest, CompletionRequest
+from schemas.openai.requests import ChatCompletionRequest, CompletionRequest, invalid_request
 
 __all__ = ["MAX_IN_FLIGHT", "GenerationState", "Generation", "Multiplexer", "validated"]
 
@@ -69,8 +69,8 @@ def validated(endpoint: Endpoint, body: Any) -> records.Generation:
         raise InvalidRequest("The request's body must be a JSON object.", param="body")
     try:
         parsed: BaseModel = model.model_validate({**body, "stream": True})
-    except ValidationError as exc:  # worded as over HTTP, where the errors are the body's
-        raise invalid_request([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
+    except ValidationError as exc:  # worded as over HTTP
+        raise invalid_request(exc.errors()) from None
     if isinstance(parsed, ChatCompletionRequest):
         return chat_generation(parsed)
     assert isinstance(parsed, CompletionRequest)

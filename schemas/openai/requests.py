@@ -37,7 +37,8 @@ __all__ = ["ChatMessage", "ChatCompletionRequest", "CompletionRequest", "StreamO
            "TextPart", "Text", "field_names", "model_list", "MAX_INT32", "MIN_INT64", "MAX_INT64",
            "FUNCTION_NAME", "checked_metadata", "Metadata", "model_field_names", "unsupported",
            "JsonSchemaSpec", "ResponseFormat", "CalledFunction", "MessageToolCall",
-           "FunctionSpec", "Tool", "NamedFunction", "NamedToolChoice", "parameters_within_bounds"]
+           "FunctionSpec", "Tool", "NamedFunction", "NamedToolChoice", "parameters_within_bounds",
+           "param_of", "invalid_request"]
 
 MAX_INT32 = 2**31 - 1
 # OpenAI's bound on the tokens one logit_bias may bias
@@ -439,6 +440,26 @@ def param_of(loc: Sequence[int | str], names: frozenset[str] | None = None) -> s
         elif part in names:
             out += f".{part}" if out else part
     return out or None
+
+
+def invalid_request(errors: Sequence[Any], names: frozenset[str] | None = None) -> InvalidRequest:
+    """The 400 of a body's validation errors: the most telling one's message, naming
+    its ``param`` (of ``names``, as :func:`param_of`). The most telling is, of the
+    first field's errors, the one that got furthest: a wrong value before a wrong
+    type, then the deepest location (the branch of a union that applied). FastAPI's
+    ``body`` ahead of a location is no part of it."""
+    located = [{**e, "loc": [p for p in e["loc"] if p != "body"]} for e in errors]
+    field = located[0]["loc"][:1] if located else []
+    first: dict[str, Any] = max(
+        (e for e in located if e["loc"][:1] == field), default={},
+        key=lambda e: (not str(e.get("type", "")).endswith("_type"), len(e["loc"])))
+    if first.get("type") == "json_invalid":
+        return InvalidRequest("The request body is not valid JSON.")
+    param = param_of(first.get("loc", ()), names)
+    msg = str(first.get("msg", "Invalid request")).removeprefix("Value error, ")
+    if first.get("type") == "string_unicode":  # pydantic's own check of constrained strings
+        msg = "must be valid Unicode text; it holds a lone surrogate (such as \\ud800)"
+    return InvalidRequest(msg + (f" ({param})" if param else ""), param=param)
 
 
 def model_list(names: list[tuple[str, int]]) -> dict[str, Any]:

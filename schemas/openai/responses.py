@@ -10,7 +10,6 @@ parameter (``input[1].content``, ``max_output_tokens``).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -32,10 +31,10 @@ from schemas.openai.requests import (
     FunctionSpec,
     Metadata,
     NamedFunction,
+    invalid_request,
     model_field_names,
     unsupported,
 )
-from schemas.openai.requests import param_of as requests_param_of
 from schemas.records import Message, ToolCall, Tools, Usage
 from schemas.records import ResponseFormat as ResponseFormatRecord
 from schemas.structured import format_record
@@ -44,7 +43,7 @@ from schemas.tools import tools_of
 __all__ = ["response_usage", "InputText", "InputMessage", "FunctionCallItem",
            "FunctionCallOutputItem", "InputItem", "FunctionTool", "FunctionChoice",
            "conversation", "TextFormat", "TextConfig", "ResponsesRequest", "parse_request",
-           "param_of"]
+           "field_names"]
 
 Role = Literal["user", "assistant", "system", "developer"]
 
@@ -327,20 +326,11 @@ class ResponsesRequest(BaseModel):
         return tools, choice, self.parallel_tool_calls is not False
 
 
-def param_of(loc: Sequence[int | str]) -> str | None:
-    """The ``param`` of a Responses request's validation error location, as
-    OpenAI writes it (``input[0].content[1].text``)."""
-    return requests_param_of(loc, model_field_names(
+def field_names() -> frozenset[str]:
+    """Every field name of the Responses request's models: what a ``param`` may hold."""
+    return model_field_names(
         ResponsesRequest, InputMessage, InputText, TextConfig, TextFormat, FunctionTool,
-        FunctionChoice, FunctionCallItem, FunctionCallOutputItem))
-
-
-def _telling(errors: Sequence[Any]) -> Any:
-    """Of a field's errors, the one that got furthest: a wrong value before a wrong
-    type, then the deepest location (the branch of a union that applied)."""
-    field = errors[0]["loc"][:1]
-    same = [e for e in errors if e["loc"][:1] == field]
-    return max(same, key=lambda e: (not str(e["type"]).endswith("_type"), len(e["loc"])))
+        FunctionChoice, FunctionCallItem, FunctionCallOutputItem)
 
 
 def parse_request(raw: bytes) -> ResponsesRequest:
@@ -357,12 +347,7 @@ def parse_request(raw: bytes) -> ResponsesRequest:
     try:
         body = ResponsesRequest.model_validate(data)
     except ValidationError as exc:
-        first = _telling(exc.errors())
-        param = param_of(first["loc"])
-        msg = str(first["msg"]).removeprefix("Value error, ")
-        if first["type"] == "string_unicode":
-            msg = "must be valid Unicode text; it holds a lone surrogate (such as \\ud800)"
-        raise InvalidRequest(msg + (f" ({param})" if param else ""), param=param) from None
+        raise invalid_request(exc.errors(), field_names()) from None
     if body.background and body.store is False:
         raise InvalidRequest("background responses must be stored: store cannot be false "
                              "with background true (store)", param="store")

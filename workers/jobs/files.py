@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from conveyor.errors import RequestError
 from schemas.openai.generations import chat_generation, completion_generation
-from schemas.openai.requests import ChatCompletionRequest, CompletionRequest, param_of
+from schemas.openai.requests import ChatCompletionRequest, CompletionRequest, invalid_request
 from schemas.records import Generation
 
 __all__ = ["Line", "MAX_ERRORS", "parse_lines"]
@@ -98,15 +98,10 @@ def _line(index: int, raw: str, endpoint: str, seen: set[str]) -> Line:
             generation = chat_generation(ChatCompletionRequest.model_validate(body))
         else:
             generation = completion_generation(CompletionRequest.model_validate(body))
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        param = param_of(first["loc"])
-        message = str(first["msg"]).removeprefix("Value error, ")
-        raise _BadLine("invalid_request", message,
-                       f"body.{param}" if param else "body") from None
-    except RequestError as exc:
-        raise _BadLine("invalid_request", exc.message,
-                       f"body.{exc.param}" if exc.param else "body") from None
+    except (ValidationError, RequestError) as exc:
+        fault = invalid_request(exc.errors()) if isinstance(exc, ValidationError) else exc
+        raise _BadLine("invalid_request", fault.message,
+                       f"body.{fault.param}" if fault.param else "body") from None
     return Line(index, custom_id, generation)
 
 

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from conveyor.errors import InvalidRequest
-from schemas.openai.responses import ResponsesRequest, param_of, parse_request
+from schemas.openai.requests import param_of
+from schemas.openai.responses import ResponsesRequest, field_names, parse_request
 
 
 def parse(**body: Any) -> ResponsesRequest:
@@ -166,6 +167,8 @@ def test_bodies_that_are_not_a_json_object() -> None:
 
 
 def test_param_of_leaves_out_union_tags() -> None:
-    assert param_of(("input", "list[InputMessage]", 2, "content", "str")) == "input[2].content"
-    assert param_of(("text", "format", "type")) == "text.format.type"
-    assert param_of(()) is None
+    names = field_names()
+    assert param_of(("input", "list[InputMessage]", 2, "content", "str"), names) == (
+        "input[2].content")
+    assert param_of(("text", "format", "type"), names) == "text.format.type"
+    assert param_of((), names) is None

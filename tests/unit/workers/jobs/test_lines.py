@@ -64,3 +64,14 @@ def test_a_line_asking_for_several_choices_is_refused_naming_n() -> None:
     body = {"model": "smollm2", "n": 2, "messages": [{"role": "user", "content": "x"}]}
     lines, errors = parse(line("a"), line("b", body=body))
     assert lines == [] and [(e["line"], e["param"]) for e in errors] == [(2, "body.n")]
+
+
+def test_a_bad_body_is_worded_as_the_http_route_words_it() -> None:
+    """The most telling of a line's validation errors (the union branch that got
+    furthest), in the words a request sent alone would get, naming its param."""
+    content = [{"type": "text", "text": "ok"}, {"type": "text", "text": 5}]
+    body = {"model": "smollm2", "messages": [{"role": "user", "content": content}]}
+    _, errors = parse(line("a", body=body))
+    assert errors == [{"code": "invalid_request", "line": 1, "param":
+                       "body.messages[0].content[1].text", "message":
+                       "Input should be a valid string (messages[0].content[1].text)"}]
