@@ -4,7 +4,8 @@ topics/clients.py is for Kafka. Nothing else imports ``redis``
 (tests/unit/test_layering.py). :data:`REDIS_ERRORS` is what a failing Redis
 raises, :data:`REDIS_REFUSALS` what one not up yet raises;
 :func:`redis_boundary` raises them as :class:`~conveyor.errors.RedisUnavailable`
-(retry) or :class:`~conveyor.errors.RedisRefused` (give up).
+(retry) or :class:`~conveyor.errors.RedisRefused` (give up). An answer is read
+as :func:`text`; a lease, lock or watch is given back with :func:`release`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from conveyor.errors import BrokerError, RedisRefused, RedisUnavailable
 from conveyor.settings import RedisSettings
 
 __all__ = ["Redis", "RedisRole", "ClientRole", "ROLES", "POOL_SIZE", "redis_client", "REDIS_ERRORS",
-           "REDIS_REFUSALS", "RedisError", "RedisConnectionError", "redis_error", "redis_boundary"]
+           "REDIS_REFUSALS", "RedisError", "RedisConnectionError", "redis_error", "redis_boundary",
+           "text", "release"]
 
 RedisRole = Literal["gateway", "claims", "cache", "accounting", "cli"]
 
@@ -64,6 +66,14 @@ REDIS_ERRORS: tuple[type[BaseException], ...] = (RedisError, OSError)
 # what a Redis that is not up (yet) raises: a wait for it retries these
 REDIS_REFUSALS: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeoutError,
                                                    OSError)
+
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
 
 
 # connections a client opens at most; past them a command waits for one (as
@@ -106,3 +116,14 @@ def redis_boundary(what: str) -> Iterator[None]:
         yield
     except REDIS_ERRORS as exc:
         raise redis_error(exc, what) from exc
+
+
+def text(value: Any) -> str:
+    """What Redis answered (bytes, or str from a client that decodes) as text."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+async def release(redis: Redis, key: str, token: str) -> bool:
+    """Delete ``key`` if it still holds ``token``, in one step: a lease, lock or
+    watch given back by its holder, never one another has taken since."""
+    return bool(await redis.eval(_RELEASE, 1, key, token))  # type: ignore[misc]

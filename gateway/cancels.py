@@ -10,10 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from conveyor.redis_clients import Redis
+from conveyor.redis_clients import Redis, release, text
 from conveyor.settings import Settings
 from gateway.publisher import Publisher
-from gateway.replies import release
 from schemas.records import Control
 from topics.catalog import CONTROL
 from topics.envelope import now_ms
@@ -55,7 +54,7 @@ class ResumeWatch:
 
     async def watched_by_another(self, request_id: str, token: str | None = None) -> bool:
         held = await self.redis.get(self.key(request_id))
-        return held is not None and _text(held) != token
+        return held is not None and text(held) != token
 
 
 class Cancels:
@@ -98,7 +97,3 @@ class Cancels:
         control = Control(request_id=request_id, action="cancel", reason=reason, ts_ms=now_ms())
         self.publisher.deliver(CONTROL, control, request_id, until_ms=deadline_ms,
                                what=f"the cancel of request {request_id}")
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from conveyor.errors import BrokerError, DeadlineExceeded, RequestError
-from conveyor.redis_clients import REDIS_ERRORS, Redis
+from conveyor.redis_clients import REDIS_ERRORS, Redis, release, text
 from conveyor.settings import Settings
 from gateway.health import TaskHealth
 from schemas.codec import Codec
@@ -27,7 +27,7 @@ from topics.catalog import REPLIES
 from topics.follow import Follower, follow
 
 __all__ = ["ReplyRouter", "ReplyStream", "ReplyLease", "ReplySource", "Folded", "fold_answer",
-           "opening", "release", "reply_error"]
+           "opening", "reply_error"]
 
 _LATE = "The request did not finish within its deadline."
 RETRY_AFTER_S = 1  # what a 503 of the pipeline asks a client to wait
@@ -37,12 +37,6 @@ log = logging.getLogger(__name__)
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
 end
 return 0
 """
@@ -138,7 +132,7 @@ async def fold_answer(source: ReplySource, within: float | None = None,
                       idle: Callable[[], Awaitable[bool]] | None = None) -> Folded | None:
     """Read ``source`` to its final reply. ``idle`` is asked whenever ``within``
     passes without a reply; True gives up (None). An error reply raises."""
-    text: list[str] = []
+    pieces: list[str] = []
     logprobs: list[TokenLogprob] = []
     finish: str | None = None
     model: str | None = None
@@ -151,12 +145,12 @@ async def fold_answer(source: ReplySource, within: float | None = None,
         if model is None and reply["chunk"]:
             model = opening(reply).get("model")
         if reply["text"]:
-            text.append(reply["text"])
+            pieces.append(reply["text"])
         logprobs.extend(reply.get("logprobs") or ())
         if reply["finish_reason"]:
             finish = reply["finish_reason"]
         if reply["kind"] == "final":
-            return Folded("".join(text), finish, reply["usage"], model, logprobs)
+            return Folded("".join(pieces), finish, reply["usage"], model, logprobs)
 
 
 class ReplyLease:
@@ -222,8 +216,7 @@ class ReplyLease:
             if self.health.set("ok", f"partition {self.partition}"):
                 log.info("reply lease on partition %d: renewed again", self.partition)
             return
-        holder = await self.redis.get(key)
-        holder_id = holder.decode(errors="replace") if isinstance(holder, bytes) else holder
+        holder_id = text(await self.redis.get(key))
         if self.health.set("failed", f"partition {self.partition} is leased by {holder_id}"):
             log.error("reply partition %d is leased by gateway %s: replies of this "
                       "gateway's requests may go to it", self.partition, holder_id)
@@ -232,12 +225,6 @@ class ReplyLease:
         if self.partition is not None:
             with contextlib.suppress(Exception):
                 await release(self.redis, self._key(self.partition), self.gateway_id)
-
-
-async def release(redis: Redis, key: str, token: str) -> bool:
-    """Delete ``key`` if it still holds ``token``, in one step: a lease, lock or
-    watch given back by its holder, never one another has taken since."""
-    return bool(await redis.eval(_RELEASE, 1, key, token))  # type: ignore[misc]
 
 
 class ReplyRouter:

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from conveyor.errors import TransientBrokerError
-from conveyor.redis_clients import REDIS_ERRORS, Redis
+from conveyor.redis_clients import REDIS_ERRORS, Redis, text
 from conveyor.settings import Settings
-from gateway.auth.redis_copy import EVERYTHING, KeyNames, text
+from gateway.auth.redis_copy import EVERYTHING, KeyNames
 from gateway.health import TaskHealth
 from topics.backoff import Backoff, RateLimitedLog
 

@@ -15,11 +15,10 @@ import time
 from dataclasses import dataclass, field
 
 from conveyor.errors import ConveyorError, SchemaError, TransientBrokerError
-from conveyor.redis_clients import redis_boundary
+from conveyor.redis_clients import redis_boundary, release
 from conveyor.settings import Settings
 from gateway.auth.redis_copy import EVERYTHING, TENANT_PREFIX, RedisCopy
 from gateway.auth.types import KeyRecord, Limits, TenantPolicy
-from gateway.replies import release
 from schemas.codec import Codec, default_codec
 from schemas.records import ApiKey
 from schemas.records import TenantPolicy as TenantPolicyEvent

@@ -10,12 +10,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from conveyor.redis_clients import Redis, redis_boundary
+from conveyor.redis_clients import Redis, redis_boundary, text
 from conveyor.settings import Settings
 from gateway.auth.types import KeyRecord, Limits, TenantPolicy
 
 __all__ = ["KeyNames", "RedisCopy", "key_fields", "key_from_fields",
-           "tenant_fields", "tenant_from_fields", "text", "TENANT_PREFIX", "EVERYTHING"]
+           "tenant_fields", "tenant_from_fields", "TENANT_PREFIX", "EVERYTHING"]
 
 T = TypeVar("T")
 
@@ -96,11 +96,6 @@ class KeyNames:
     @property
     def channel(self) -> str:
         return f"{self.prefix}:keys:changed"
-
-
-def text(value: Any) -> str:
-    """What Redis answered (bytes or str) as text."""
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def _opt(value: int | None) -> str:

@@ -13,17 +13,13 @@ from __future__ import annotations
 import logging
 import time
 
-from conveyor.redis_clients import Redis
+from conveyor.redis_clients import Redis, text
 from conveyor.settings import Settings
 from workers.infer.generation import TaskRun
 
 __all__ = ["GatewayWatch"]
 
 log = logging.getLogger(__name__)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 class GatewayWatch:
@@ -49,7 +45,7 @@ class GatewayWatch:
         now = time.monotonic()
         gone: set[tuple[str, int]] = set()
         for (gateway, partition), holder in zip(ordered, holders, strict=True):
-            if holder is not None and _text(holder) == gateway:
+            if holder is not None and text(holder) == gateway:
                 self.gone_since.pop((gateway, partition), None)
                 continue
             since = self.gone_since.setdefault((gateway, partition), now)

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from conveyor.errors import InvalidRequest
-from conveyor.redis_clients import Redis
+from conveyor.redis_clients import Redis, text
 from conveyor.settings import Settings
 from topics.envelope import now_ms
 from workers.usage.mirror import UsageKeys, decode_counts, decode_ratings
@@ -63,7 +63,7 @@ def _bucket_starts(since_ms: int, until_ms: int, by: ReportBy) -> list[int]:
 
 
 def _ratings_day(start: int, fields: dict[Any, Any], model: str | None) -> RatingsDay | None:
-    decoded = {(k.decode() if isinstance(k, bytes) else k): decode_ratings(v)
+    decoded = {text(k): decode_ratings(v)
                for k, v in fields.items()}
     by_model = {name.removeprefix("model:"): {"count": c.count, "mean": c.mean}
                 for name, c in decoded.items() if name.startswith("model:") and c.count}

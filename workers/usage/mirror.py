@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from conveyor.redis_clients import Redis
+from conveyor.redis_clients import Redis, text
 from workers.usage.ratings import RatingCounts, RatingKey
 from workers.usage.rows import Counts, Granularity, RowKey, day_label, expires_at, month_label
 
@@ -52,15 +52,13 @@ def encode_ratings(counts: RatingCounts) -> str:
     return f"{counts.count} {counts.score_sum}"
 
 
-def decode_ratings(text: str | bytes) -> RatingCounts:
-    raw = text.decode() if isinstance(text, bytes) else text
-    count, score_sum = raw.split()
+def decode_ratings(value: str | bytes) -> RatingCounts:
+    count, score_sum = text(value).split()
     return RatingCounts(int(count), float(score_sum))
 
 
-def decode_counts(text: str | bytes) -> Counts:
-    raw = text.decode() if isinstance(text, bytes) else text
-    requests, errors, prompt, completion = (int(v) for v in raw.split())
+def decode_counts(value: str | bytes) -> Counts:
+    requests, errors, prompt, completion = (int(v) for v in text(value).split())
     return Counts(requests, errors, prompt, completion)
 
 
