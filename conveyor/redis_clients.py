@@ -5,7 +5,8 @@ topics/clients.py is for Kafka. Nothing else imports ``redis``
 raises, :data:`REDIS_REFUSALS` what one not up yet raises;
 :func:`redis_boundary` raises them as :class:`~conveyor.errors.RedisUnavailable`
 (retry) or :class:`~conveyor.errors.RedisRefused` (give up). An answer is read
-as :func:`text`; a lease, lock or watch is given back with :func:`release`.
+as :func:`text`; a lease, lock or watch is given back with :func:`release`;
+:func:`reply_lease_key` names a reply partition's lease.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from conveyor.settings import RedisSettings
 
 __all__ = ["Redis", "RedisRole", "ClientRole", "ROLES", "POOL_SIZE", "redis_client", "REDIS_ERRORS",
            "REDIS_REFUSALS", "RedisError", "RedisConnectionError", "redis_error", "redis_boundary",
-           "text", "release"]
+           "text", "release", "reply_lease_key"]
 
 RedisRole = Literal["gateway", "claims", "cache", "accounting", "cli"]
 
@@ -127,3 +128,9 @@ async def release(redis: Redis, key: str, token: str) -> bool:
     """Delete ``key`` if it still holds ``token``, in one step: a lease, lock or
     watch given back by its holder, never one another has taken since."""
     return bool(await redis.eval(_RELEASE, 1, key, token))  # type: ignore[misc]
+
+
+def reply_lease_key(prefix: str, partition: int | str) -> str:
+    """The key that leases reply partition ``partition`` to one gateway
+    (gateway/replies.py); with ``""``, what every such key begins with."""
+    return f"{prefix}:reply-lease:{partition}"

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from conveyor.errors import BrokerError, DeadlineExceeded, RequestError
-from conveyor.redis_clients import REDIS_ERRORS, Redis, release, text
+from conveyor.redis_clients import REDIS_ERRORS, Redis, release, reply_lease_key, text
 from conveyor.settings import Settings
 from gateway.health import TaskHealth
 from schemas.codec import Codec
@@ -165,7 +165,7 @@ class ReplyLease:
         self._renew_every_s = settings.gateway.reply_lease_ttl_s / 3
 
     def _key(self, partition: int) -> str:
-        return f"{self.settings.kafka.topic_prefix}:reply-lease:{partition}"
+        return reply_lease_key(self.settings.kafka.topic_prefix, partition)
 
     async def acquire(self) -> int:
         n = self.settings.kafka.reply_partitions

@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from conveyor.errors import PipelineUnavailable, QuotaExceeded, RateLimited
-from conveyor.redis_clients import REDIS_ERRORS, Redis
+from conveyor.redis_clients import REDIS_ERRORS, Redis, reply_lease_key
 from conveyor.settings import Settings
 from gateway.auth.ratelimit_windows import Check, LocalWindows, RedisWindows, Scope, Verdict
 from gateway.auth.types import Identity, TenantPolicy
@@ -168,7 +168,7 @@ class RateLimiter:
 
     async def count_gateways(self) -> int:
         """How many gateways hold a reply-partition lease now (at least 1)."""
-        pattern = _glob_escape(f"{self.settings.kafka.topic_prefix}:reply-lease:") + "*"
+        pattern = _glob_escape(reply_lease_key(self.settings.kafka.topic_prefix, "")) + "*"
         count = 0
         async for _ in self.redis.scan_iter(match=pattern, count=1000):
             count += 1

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 
-from conveyor.redis_clients import Redis, text
+from conveyor.redis_clients import Redis, reply_lease_key, text
 from conveyor.settings import Settings
 from workers.infer.generation import TaskRun
 
@@ -41,7 +41,7 @@ class GatewayWatch:
             return
         ordered = sorted(addresses)
         holders = await self.redis.mget(
-            [f"{self.settings.kafka.topic_prefix}:reply-lease:{p}" for _, p in ordered])
+            [reply_lease_key(self.settings.kafka.topic_prefix, p) for _, p in ordered])
         now = time.monotonic()
         gone: set[tuple[str, int]] = set()
         for (gateway, partition), holder in zip(ordered, holders, strict=True):
