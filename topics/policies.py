@@ -24,7 +24,7 @@ from topics.follow import apply_all, follow, snapshot
 from topics.models import operator, publish_one
 
 __all__ = ["PolicyFollower", "adopt_policies", "check_scope", "document_of", "follow_policies",
-           "kept_policies", "publish_policy", "published_policies"]
+           "publish_policy", "published_policies"]
 
 log = logging.getLogger(__name__)
 
@@ -96,16 +96,19 @@ def _adopt(book: PolicyBook, document: PolicyDocument) -> None:
 
 
 class PolicyFollower:
-    """A process's book of policies, kept current: read at :meth:`start` (what
-    was set before), then followed in the background until :meth:`stop`."""
+    """A layer's book of policies, kept current: ``book`` when its caller keeps
+    one current (then :meth:`start` and :meth:`stop` do nothing), else a new one
+    read at :meth:`start` (what was set before), then followed in the background
+    until :meth:`stop`."""
 
     def __init__(self, settings: Settings, book: PolicyBook | None = None) -> None:
         self.settings = settings
+        self.follows = book is None
         self.book = book if book is not None else PolicyBook()
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        if self._task is not None:
+        if not self.follows or self._task is not None:
             return
         from conveyor.startup import kafka_address, started
 
@@ -122,13 +125,3 @@ class PolicyFollower:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-
-
-def kept_policies(settings: Settings, book: PolicyBook | None
-                  ) -> tuple[PolicyBook, PolicyFollower | None]:
-    """A layer's book: ``book`` when its caller keeps one current, else a new one
-    with the follower the layer starts and stops with itself."""
-    if book is not None:
-        return book, None
-    follower = PolicyFollower(settings)
-    return follower.book, follower

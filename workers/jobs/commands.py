@@ -22,7 +22,7 @@ from conveyor.settings import Settings
 from schemas.records import Control, ErrorInfo, Generation, JobCommand, Request
 from topics.catalog import CONTROL, JOBS, REQUESTS
 from topics.envelope import PRIORITY_BACKGROUND, PRIORITY_BATCH, new_envelope, now_ms
-from topics.policies import kept_policies
+from topics.policies import PolicyFollower
 from workers.jobs.dead_commands import DeadCommands
 from workers.jobs.files import parse_lines
 from workers.layer import Layer
@@ -52,7 +52,8 @@ class JobsLayer(Layer):
         redacted here, workers/policy_checks.py)."""
         self.settings = settings
         self.find_memo = FindMemo()  # batch lines often share their system prompt
-        self.policies, self._follower = kept_policies(settings, policies)
+        self._follower = PolicyFollower(settings, policies)
+        self.policies = self._follower.book
         self.files = files
         self.registry = registry
         self._requests = REQUESTS.at(settings.kafka)
@@ -60,8 +61,7 @@ class JobsLayer(Layer):
         self._dead: asyncio.Task[None] | None = None
 
     async def start(self, sender: Sender) -> None:
-        if self._follower is not None:
-            await self._follower.start()
+        await self._follower.start()
         self._dead = asyncio.create_task(DeadCommands(self.settings, sender).run(),
                                          name="jobs-dead-commands")
 
@@ -70,8 +70,7 @@ class JobsLayer(Layer):
             self._dead.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._dead
-        if self._follower is not None:
-            await self._follower.stop()
+        await self._follower.stop()
 
     async def handle(self, command: JobCommand, record: Any) -> list[Output]:
         if command["kind"] == "batch":

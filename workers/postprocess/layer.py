@@ -34,7 +34,7 @@ from schemas.records import (
 from schemas.tool_calls import ToolCallReader
 from topics.catalog import CONTROL, REPLIES, TOKENS, USAGE
 from topics.envelope import now_ms, stamp
-from topics.policies import kept_policies
+from topics.policies import PolicyFollower
 from workers.outputs import Output, Sender, result_output
 from workers.policy_checks import policy_audit
 from workers.postprocess.stream import Emitted, RequestStream
@@ -53,7 +53,8 @@ class PostprocessLayer:
         """``policies``: a book kept current by the caller; without one the layer
         follows ``conveyor.policies`` itself while it runs."""
         self.settings = settings
-        self.policies, self._follower = kept_policies(settings, policies)
+        self._follower = PolicyFollower(settings, policies)
+        self.policies = self._follower.book
         self._replies = REPLIES.at(settings.kafka)
         self._control = CONTROL.at(settings.kafka)
         self._usage = USAGE.at(settings.kafka)
@@ -63,12 +64,10 @@ class PostprocessLayer:
         self._finished: OrderedDict[str, None] = OrderedDict()
 
     async def start(self, sender: Sender) -> None:
-        if self._follower is not None:
-            await self._follower.start()
+        await self._follower.start()
 
     async def stop(self) -> None:
-        if self._follower is not None:
-            await self._follower.stop()
+        await self._follower.stop()
 
     async def handle(self, event: TokenChunk, record: Any) -> list[Output]:
         rid = event["envelope"]["request_id"]

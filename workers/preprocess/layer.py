@@ -20,7 +20,7 @@ from schemas.records import Envelope, Generation, Prepared, Prompt, Request
 from schemas.tools import tool_messages
 from topics.catalog import PREPARED, REQUESTS, TOKENS
 from topics.envelope import canary_key, stamp
-from topics.policies import kept_policies
+from topics.policies import PolicyFollower
 from workers.layer import Layer
 from workers.outputs import Output, Sender, error_info
 from workers.policy_checks import (
@@ -69,18 +69,17 @@ class PreprocessLayer(Layer):
         self.registry = registry
         self.tokenizers = tokenizers if tokenizers is not None else TokenizerCache()
         self._estimate = EstimateTokenizer()
-        self.policies, self._follower = kept_policies(settings, policies)
+        self._follower = PolicyFollower(settings, policies)
+        self.policies = self._follower.book
         self.cache = cache if cache is not None else PromptCache(settings)
         self._sender: Sender | None = None
 
     async def start(self, sender: Sender) -> None:
         self._sender = sender
-        if self._follower is not None:
-            await self._follower.start()
+        await self._follower.start()
 
     async def stop(self) -> None:
-        if self._follower is not None:
-            await self._follower.stop()
+        await self._follower.stop()
         await self.cache.close()
 
     def cancel(self, request_id: str) -> None:
