@@ -70,8 +70,9 @@ async def test_an_empty_topic_reads_as_nothing_at_once() -> None:
     async with backends(settings):
         started = time.monotonic()
         snapshot = await KeysTopic(settings).read_all(timeout_s=30)
+        took_s = time.monotonic() - started  # the read alone, not the teardown
     assert (snapshot.keys, snapshot.tenants, snapshot.records_read) == ({}, {}, 0)
-    assert time.monotonic() - started < 10
+    assert took_s < 10
 
 
 async def test_a_broker_that_does_not_answer_is_a_transient_error_within_the_timeout(

