@@ -165,11 +165,12 @@ class ScheduleLayer:
         entered_ms = envelope["stamps"].get("gateway", envelope["stamps"][self.name]) // 1000
         tenant = envelope["tenant"]
         self.present.setdefault(pool, {})[tenant] = self.clock()
-        # else it waits its turn among the parked, unless they wait for their share
-        if not any(p.task["route"]["pool"] == pool for p in self.parked) or (
-                self._under_share(pool, tenant) and not any(
-                    p.task["route"]["pool"] == pool and p.task["envelope"]["tenant"] == tenant
-                    for p in self.parked)):
+        # else it waits its turn among the parked, unless all of those wait for
+        # their tenants' shares and its own tenant runs less than its share
+        waiting = {p.task["envelope"]["tenant"] for p in self.parked
+                   if p.task["route"]["pool"] == pool}
+        if not waiting or (tenant not in waiting and self._under_share(pool, tenant) and
+                           not any(self._under_share(pool, t) for t in waiting)):
             placed = None if self._held_back(event) else self.place(event)
             if placed is not None:
                 return [placed]

@@ -368,3 +368,27 @@ async def test_a_pool_too_small_to_share_is_not_kept_idle(settings: Settings) ->
     await flood(sched, "b", 1)
     finish(sched, "b0")
     assert await flood(sched, "a", 1, 10) == ["a0"]
+
+
+async def test_a_new_task_does_not_pass_a_parked_one_of_a_tenant_under_its_share(
+        settings: Settings) -> None:
+    """Six slots, three tenants present (two each): b's task parked while the
+    pool was full. When one of c's ends, c's next task (c under its share too,
+    and running no fewer than b) waits its turn behind b's instead of taking the
+    freed slot before schedule offers it."""
+    sched = ScheduleLayer(settings)
+    sender = RecordingSender()
+    sched._sender = sender  # type: ignore[assignment]
+    for i in range(3):
+        sched.table.apply(beat(f"w{i}", partitions=[i]))
+    await flood(sched, "b", 1)
+    finish(sched, "b0")
+    assert await flood(sched, "c", 2, 10) == ["c0", "c1"]
+    assert await flood(sched, "a", 4, 20) == ["a0", "a1", "a2"]  # a3 kept back for b
+    assert sent_ids(await sched.handle(tenant_task("b1", "b"), Rec("sched.routed", 0, 30))) \
+        == ["b1"]
+    assert await sched.handle(tenant_task("b2", "b"), Rec("sched.routed", 0, 31)) == []
+    finish(sched, "c1")
+    assert await sched.handle(tenant_task("c9", "c"), Rec("sched.routed", 0, 32)) == []
+    await sched.place_parked()
+    assert sent_ids(sender.sent) == ["b2"]
