@@ -16,20 +16,12 @@
 # process, so its module fixtures are built once): CONVEYOR_TEST_PROCESSES,
 # default 3 for the tiers that use the broker and for the unit tier alone
 # (--fast; 2 in the full run, beside the vllm tier); 0 runs everything in this
-# process. Much of a fault test is waiting, which a third
-# process fills: on two cores the kafka, pipeline, faults and engines tiers
-# took 6 min 33 s in three against 8 min 45 s in two. (Before the install
-# wrote every module's bytecode, each process compiled its imports at every
-# start, and three processes on two cores made a broker call or an event
-# loop seconds late in each of three full runs; see docs/operating/install.md.)
-#
-# The full run overlaps the vllm tier (some 3 min in one process, most of it
-# vLLM's engines starting; in two processes its files' module fixtures and the
-# shared engine were set up once a process: 4 min 30 s) with the steps that
-# keep no time: lint, types, docs, the smoke, the unit tier, then the kafka and
-# engines tiers (two processes). The pipeline and fault tiers, whose tests
-# count seconds, start after all of them and run alone in their processes.
-# The vllm tier's output is kept in a file and printed when it ends.
+# process. The full run overlaps the vllm tier (one process) with the steps
+# that keep no time: lint, types, docs, the smoke, the unit tier, then the
+# kafka and engines tiers. The pipeline and fault tiers, whose tests count
+# seconds, start after all of them and run alone. The vllm tier's output is
+# kept in a file and printed when it ends. Where the time goes, and what was
+# tried: docs/benchmarks/results/test-suite.md.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
