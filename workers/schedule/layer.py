@@ -12,6 +12,7 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from aiokafka import TopicPartition
@@ -165,13 +166,15 @@ class ScheduleLayer:
         entered_ms = envelope["stamps"].get("gateway", envelope["stamps"][self.name]) // 1000
         tenant = envelope["tenant"]
         self.present.setdefault(pool, {})[tenant] = self.clock()
+        under = self._under_share(pool)
         # else it waits its turn among the parked, unless all of those wait for
         # their tenants' shares and its own tenant runs less than its share
-        waiting = {p.task["envelope"]["tenant"] for p in self.parked
-                   if p.task["route"]["pool"] == pool}
-        if not waiting or (tenant not in waiting and self._under_share(pool, tenant) and
-                           not any(self._under_share(pool, t) for t in waiting)):
-            placed = None if self._held_back(event) else self.place(event)
+        if not any(p.task["route"]["pool"] == pool for p in self.parked) or (
+                under.shared and under(tenant) and not any(
+                    p.task["route"]["pool"] == pool
+                    and (p.task["envelope"]["tenant"] == tenant
+                         or under(p.task["envelope"]["tenant"])) for p in self.parked)):
+            placed = None if self._held_back(event, under) else self.place(event)
             if placed is not None:
                 return [placed]
         elif sum(p.task["route"]["pool"] == pool and p.task["envelope"]["tenant"] ==
@@ -235,41 +238,27 @@ class ScheduleLayer:
         self.admission.interactive_sent(task["route"]["pool"])
         return self._address(task, view)
 
-    def _present(self, pool: str) -> dict[str, float]:
-        """The tenants present in ``pool`` (an interactive task within
-        ``fair_window_s``), with their weights; those gone are forgotten."""
-        seen = self.present.get(pool)
-        if not seen:
-            return {}
+    def _under_share(self, pool: str) -> UnderShare:
+        """Who runs less than its share of ``pool`` now (see :class:`UnderShare`);
+        the tenants present there (an interactive task within ``fair_window_s``)
+        with their weights, those gone forgotten."""
+        seen = self.present.get(pool, {})
         since = self.clock() - int(self.settings.schedule.fair_window_s * 1000)
         for gone in [t for t, at in seen.items() if at <= since]:
             del seen[gone]
-        return {t: self.weights.get(t, 1.0) for t in seen}
+        present = {t: self.weights.get(t, 1.0) for t in seen}
+        slots = sum(w.beat["capacity"] for w in self._open(pool)) if len(present) > 1 else 0
+        return UnderShare(pool, present, slots, self.weights, self.outstanding.of_tenant)
 
-    def _share(self, pool: str, tenant: str, present: dict[str, float]) -> float:
-        """``tenant``'s share of the slots of ``pool``'s open workers."""
-        slots = sum(w.beat["capacity"] for w in self._open(pool))
-        weight = present.get(tenant, self.weights.get(tenant, 1.0))
-        return slots * weight / (sum(present.values()) + (tenant not in present) * weight)
-
-    def _under_share(self, pool: str, tenant: str,
-                     present: dict[str, float] | None = None) -> bool:
-        """Whether ``tenant`` runs less than its share of ``pool``, rounded up
-        (always, alone)."""
-        present = self._present(pool) if present is None else present
-        return len(present) < 2 or self.outstanding.of_tenant(pool, tenant) < \
-            math.ceil(self._share(pool, tenant, present))
-
-    def _held_back(self, task: Task) -> bool:
+    def _held_back(self, task: Task, under: UnderShare | None = None) -> bool:
         """Whether interactive ``task`` waits so that other tenants find room: its
         tenant runs its share of the pool or more, and the pool has no more free
         slots than the other present tenants under their shares (one each)."""
         pool, tenant = task["route"]["pool"], task["envelope"]["tenant"]
-        present = self._present(pool)
-        if self._under_share(pool, tenant, present):
+        under = under or self._under_share(pool)
+        if under(tenant):
             return False
-        keep = sum(1 for other in present
-                   if other != tenant and self._under_share(pool, other, present))
+        keep = sum(1 for other in under.present if other != tenant and under(other))
         if not keep:
             return False
         free = sum(max(0, w.beat["capacity"] - interactive_busy(
@@ -456,6 +445,31 @@ class ScheduleLayer:
         gone = set(partitions)
         self.parked = [p for p in self.parked if p.tp not in gone]
         self.held.revoked(gone)
+
+
+@dataclass
+class UnderShare:
+    """Whether a tenant runs less than its share of a pool's ``slots``, rounded
+    up (``running(pool, tenant)``): shares are the ``present`` tenants'
+    weights over their sum; every tenant is under while fewer than two are
+    present (``shared`` False)."""
+
+    pool: str
+    present: dict[str, float]
+    slots: int
+    weights: dict[str, float]
+    running: Callable[[str, str], int]
+
+    @property
+    def shared(self) -> bool:
+        return len(self.present) > 1
+
+    def __call__(self, tenant: str) -> bool:
+        if not self.shared:
+            return True
+        weight = self.present.get(tenant, self.weights.get(tenant, 1.0))
+        total = sum(self.present.values()) + (tenant not in self.present) * weight
+        return self.running(self.pool, tenant) < math.ceil(self.slots * weight / total)
 
 
 def fair_order(parked: list[Parked], running: Callable[[str, str], int]) -> list[Parked]:
