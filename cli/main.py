@@ -16,9 +16,11 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from cli.text import fail
 from conveyor.registry import Registry
-from conveyor.settings import Settings, load_settings
+from conveyor.settings import ENV_PREFIX, Settings, load_settings
 from workers.stages import UnknownStage, stage, stage_names
 
 if TYPE_CHECKING:
@@ -359,7 +361,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    settings = load_settings()
+    try:
+        settings = load_settings()
+    except ValidationError as exc:  # a setting of the environment: name it, no traceback
+        return fail("; ".join(f"{ENV_PREFIX}{str(e['loc'][0]).upper()}: {e['msg']}"
+                              for e in exc.errors()), 2)
     if args.metrics_port is not None:
         settings = settings.replace(metrics_port=args.metrics_port)
     _setup_logging(settings)
