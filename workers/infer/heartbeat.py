@@ -26,11 +26,11 @@ from conveyor.settings import Settings
 from schemas.records import HostCache, KvCache, WorkerHeartbeat
 from topics.catalog import WORKERS
 from topics.envelope import now_ms
-from workers.infer.engines.base import Engine, HoldsPrompts, KeepsHostCache
+from workers.infer.engines.base import Engine
 from workers.outputs import Output, Sender
 from workers.prefix import HeldBlocks
 
-__all__ = ["Heartbeat", "Snapshot", "host_cache_of", "reported_blocks", "GpuProbe",
+__all__ = ["Heartbeat", "Snapshot", "reported_blocks", "GpuProbe",
            "visible_entries", "Speed", "ALPHA"]
 
 log = logging.getLogger(__name__)
@@ -43,17 +43,12 @@ def reported_blocks(held: HeldBlocks, engine: Engine, kv: KvCache | None,
     tokens its contexts and host memory hold, or else its KV cache's blocks)."""
     if settings.prefix.report_blocks <= 0:
         return None
-    room = engine.cache_tokens() if isinstance(engine, HoldsPrompts) else None
+    room = engine.cache_tokens()
     if room is None and kv is not None:
         room = kv["total_blocks"] * kv["block_tokens"]
     if room is not None and settings.prefix.block_tokens > 0:
         held.trim(room // settings.prefix.block_tokens)
     return held.blocks()
-
-
-def host_cache_of(engine: Engine) -> HostCache | None:
-    """The engine's host-memory cache counts, where it keeps one."""
-    return engine.host_cache_stats() if isinstance(engine, KeepsHostCache) else None
 
 
 class Snapshot(NamedTuple):

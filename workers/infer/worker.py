@@ -55,7 +55,7 @@ from workers.infer.assignor import BusyAwareAssignor
 from workers.infer.engines.base import Engine
 from workers.infer.gateways import GatewayWatch
 from workers.infer.generation import TaskRun
-from workers.infer.heartbeat import Heartbeat, Snapshot, Speed, host_cache_of, reported_blocks
+from workers.infer.heartbeat import Heartbeat, Snapshot, Speed, reported_blocks
 from workers.infer.progress import ProgressTracker
 from workers.infer.token_records import TokenRecords
 from workers.inflight import InFlightOffsets
@@ -416,7 +416,7 @@ class InferWorker:
                         self.speed.prefill_tps, self.speed.tpot_ms,
                         self.engine.loaded,
                         reported_blocks(self.held, self.engine, kv, self.settings),
-                        host_cache_of(self.engine))
+                        self.engine.host_cache_stats())
 
     async def _beat(self, heartbeat: Heartbeat) -> None:
         """One heartbeat, then wait for the next (or an early one)."""

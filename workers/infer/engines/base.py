@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, cast, runtime_checkable
+from typing import Literal, Protocol, cast
 
 from schemas.records import HostCache, KvCache, Message, ResponseFormat, TokenLogprob
 
-__all__ = ["GenerationRequest", "Piece", "Engine", "HoldsPrompts", "KeepsHostCache",
-           "host_cache_counts"]
+__all__ = ["GenerationRequest", "Piece", "Engine", "host_cache_counts"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +56,19 @@ class GenerationRequest:
     # shared across tenants. vLLM's cache_salt; the llama.cpp engines' contexts
     # and host cache keep a prefix's salt beside its tokens
     cache_salt: str = ""
+
+    @property
+    def rendered(self) -> str | None:
+        """The prompt the answer continues, the continuation after it: a
+        completion's, or a chat's that preprocess rendered; None: a chat for
+        the engine to render with the model's chat template."""
+        if self.prompt_text is None and self.kind == "chat":
+            return None
+        return (self.prompt_text or "") + self.continuation
+
+    def chat(self) -> list[dict[str, str]]:
+        """The messages' roles and texts, as a chat template takes them."""
+        return [{"role": m["role"], "content": m["content"]} for m in self.messages]
 
 
 @dataclass(frozen=True)
@@ -108,6 +120,18 @@ class Engine(Protocol):
         engine keep one in process)."""
         return None
 
+    def cache_tokens(self) -> int | None:
+        """The tokens its caches hold at most, where they hold prompts without KV
+        blocks the worker can see (llama.cpp's contexts, and the host memory
+        behind them): the worker reports no more of the prompts it ran than
+        they can hold. None: it cannot say."""
+        return None
+
+    def host_cache_stats(self) -> HostCache | None:
+        """What its KV caches in host memory (llamacpp_cache) did so far, as the
+        heartbeat carries them; None: it keeps none."""
+        return None
+
     async def start(self) -> None:
         """Load the model (warm) before the worker joins its pool."""
         ...
@@ -119,30 +143,7 @@ class Engine(Protocol):
     async def close(self) -> None: ...
 
 
-@runtime_checkable
-class HoldsPrompts(Protocol):
-    """An engine whose caches hold prompts without KV blocks the worker can see
-    (llama.cpp's contexts, and the host memory behind them): the worker reports
-    no more of the prompts it ran than they can hold."""
-
-    def cache_tokens(self) -> int | None:
-        """The tokens its caches hold at most; None: it cannot say."""
-        ...
-
-
-@runtime_checkable
-class KeepsHostCache(Protocol):
-    """An engine that keeps KV caches in host memory behind its contexts."""
-
-    def host_cache_stats(self) -> HostCache | None:
-        """Its counts so far, as the heartbeat carries them (llamacpp_cache);
-        None: it keeps none (switched off)."""
-        ...
-
-
-def host_cache_counts(engine: Engine) -> Callable[[], Mapping[str, int] | None] | None:
+def host_cache_counts(engine: Engine) -> Callable[[], Mapping[str, int] | None]:
     """The engine's host-cache counts (every one an int), read at each metrics
-    scrape; None for an engine that keeps no host cache."""
-    if not isinstance(engine, KeepsHostCache):
-        return None
+    scrape: None while it keeps none."""
     return cast(Callable[[], Mapping[str, int] | None], engine.host_cache_stats)

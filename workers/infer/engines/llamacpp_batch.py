@@ -164,12 +164,11 @@ class LlamaCppBatchEngine(Engine):
             slots_free.release()
 
     def _prompt(self, request: GenerationRequest) -> str:
-        if request.prompt_text is not None or request.kind == "completion":
-            return (request.prompt_text or "") + request.continuation
+        if request.rendered is not None:
+            return request.rendered
         if self._chat is None:
             raise EngineError(f"{self.model_path.name} has no chat template")
-        messages = [{"role": m["role"], "content": m["content"]} for m in request.messages]
-        return self._chat(messages=cast(Any, messages)).prompt + request.continuation
+        return self._chat(messages=cast(Any, request.chat())).prompt + request.continuation
 
     def _accepted(self, request: GenerationRequest) -> list[int]:
         """A structured answer's continuation, as the tokens its grammar sampler
@@ -208,12 +207,12 @@ class LlamaCppBatchEngine(Engine):
         return held if gains[held] - gains[idle] >= self.prefill_chunk else idle
 
     def host_cache_stats(self) -> records.HostCache | None:
-        """A copy of what the host cache did so far (base.KeepsHostCache)."""
+        """A copy of what the host cache did so far."""
         host = self.host_cache
         return None if host is None else records.HostCache(**host.stats)
 
     def cache_tokens(self) -> int | None:
-        """What its caches hold at most (base.HoldsPrompts): every slot's tokens, and
+        """What its caches hold at most: every slot's tokens, and
         its host cache's bytes as tokens of a model this size."""
         host, token_bytes = self.host_cache, self._token_bytes
         held = host.capacity_bytes // token_bytes if host is not None and token_bytes else 0

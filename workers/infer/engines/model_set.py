@@ -21,13 +21,7 @@ from typing import cast
 from conveyor.errors import EngineError
 from conveyor.registry import ModelSpec
 from schemas.records import HostCache, KvCache
-from workers.infer.engines.base import (
-    Engine,
-    GenerationRequest,
-    HoldsPrompts,
-    KeepsHostCache,
-    Piece,
-)
+from workers.infer.engines.base import Engine, GenerationRequest, Piece
 
 __all__ = ["ModelSet"]
 
@@ -89,10 +83,9 @@ class ModelSet:
         return next(reversed(self._loaded.values())).engine.kv_state()
 
     def host_cache_stats(self) -> HostCache | None:
-        """What the loaded models' host caches did, together (base.KeepsHostCache)."""
+        """What the loaded models' host caches did, together."""
         found = [stats for held in self._loaded.values()
-                 if isinstance(held.engine, KeepsHostCache)
-                 and (stats := held.engine.host_cache_stats()) is not None]
+                 if (stats := held.engine.host_cache_stats()) is not None]
         if not found:
             return None
         # every count an int: summed key by key
@@ -100,11 +93,10 @@ class ModelSet:
                                 for name in found[0]})
 
     def cache_tokens(self) -> int | None:
-        """What the caches of the model used last hold (base.HoldsPrompts)."""
+        """What the caches of the model used last hold."""
         if not self._loaded:
             return None
-        engine = next(reversed(self._loaded.values())).engine
-        return engine.cache_tokens() if isinstance(engine, HoldsPrompts) else None
+        return next(reversed(self._loaded.values())).engine.cache_tokens()
 
     async def start(self) -> None:
         for name in self.warm:
@@ -175,7 +167,5 @@ class ModelSet:
 
 
 def _file_cost(spec: ModelSpec, engine: Engine) -> int:
-    """The model's GGUF file, plus what the engine says its contexts take."""
-    size = spec.gguf_path().stat().st_size if spec.gguf else 0
-    extra = getattr(engine, "memory_bytes", None)
-    return size + (int(extra()) if callable(extra) else 0)
+    """The model's GGUF file."""
+    return spec.gguf_path().stat().st_size if spec.gguf else 0

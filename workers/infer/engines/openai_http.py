@@ -213,8 +213,7 @@ def _upstream_body(request: GenerationRequest) -> tuple[str, dict[str, Any]]:
         body["frequency_penalty"] = request.frequency_penalty
     if request.logit_bias:
         body["logit_bias"] = {str(token): bias for token, bias in request.logit_bias}
-    chat = not (request.prompt_text is not None or request.kind == "completion")
-    if request.logprobs and chat:
+    if request.logprobs and request.rendered is None:
         body["logprobs"], body["top_logprobs"] = True, request.top_logprobs
     elif request.logprobs:
         body["logprobs"] = request.top_logprobs
@@ -222,8 +221,8 @@ def _upstream_body(request: GenerationRequest) -> tuple[str, dict[str, Any]]:
         body.update(wire_tools(request.response_format))
     elif request.response_format is not None:  # vLLM and SGLang take it on both endpoints
         body["response_format"] = wire_format(request.response_format)
-    if request.prompt_text is not None or request.kind == "completion":
-        body["prompt"] = (request.prompt_text or "") + request.continuation
+    if request.rendered is not None:
+        body["prompt"] = request.rendered
         return "/v1/completions", body
     messages: list[dict[str, Any]] = []
     for m in request.messages:

@@ -270,13 +270,11 @@ class VllmEngine(Engine):
                 await stream.aclose()
 
     def _prompt(self, llm: AsyncLLM, request: GenerationRequest) -> dict[str, Any]:
-        if request.prompt_text is not None or request.kind == "completion":
-            text = (request.prompt_text or "") + request.continuation
-        else:
-            messages = [{"role": m["role"], "content": m["content"]} for m in request.messages]
+        text = request.rendered
+        if text is None:
             try:
                 rendered = llm.get_tokenizer().apply_chat_template(
-                    messages, tokenize=False, add_generation_prompt=True)
+                    request.chat(), tokenize=False, add_generation_prompt=True)
             except Exception as exc:
                 raise EngineError(f"{self.spec.name}: cannot render the chat: {exc}") from exc
             text = str(rendered) + request.continuation

@@ -11,6 +11,7 @@ from schemas.codec import default_codec
 from schemas.records import HostCache, KvCache
 from workers.infer.engines.base import Engine
 from workers.infer.engines.llamacpp_cache import kv_bytes_per_token
+from workers.infer.engines.scripted import ScriptedEngine
 from workers.infer.heartbeat import Heartbeat, Snapshot, reported_blocks
 from workers.outputs import Output, Sender
 from workers.prefix import HeldBlocks
@@ -63,10 +64,11 @@ async def test_the_blocks_its_cache_holds_go_out_with_the_heartbeat() -> None:
     assert (await beat(None))["prefix_blocks"] is None
 
 
-class Holds:
-    """An engine whose caches hold ``tokens`` (base.HoldsPrompts), nothing else."""
+class Holds(ScriptedEngine):
+    """An engine whose caches hold ``tokens`` (Engine.cache_tokens)."""
 
     def __init__(self, tokens: int | None) -> None:
+        super().__init__()
         self.tokens = tokens
 
     def cache_tokens(self) -> int | None:
@@ -85,19 +87,19 @@ def test_a_worker_reports_no_more_blocks_than_its_caches_hold() -> None:
     many as its KV cache holds; as many as its contexts and host memory hold."""
     settings = load_settings(prefix_block_tokens=64, prefix_report_blocks=1024)
 
-    def report(engine: object, kv: KvCache | None) -> list[int] | None:
+    def report(engine: Engine, kv: KvCache | None) -> list[int] | None:
         held = HeldBlocks(1024)
         held.took(list(range(100)))
-        return reported_blocks(held, cast(Engine, engine), kv, settings)
+        return reported_blocks(held, engine, kv, settings)
 
-    assert report(object(), None) == list(range(100))
+    assert report(ScriptedEngine(), None) == list(range(100))
     assert report(Holds(None), None) == list(range(100))
     assert report(Holds(30 * 64 + 10), None) == list(range(70, 100))  # the most recent
     kv = KvCache(usage=0.0, total_blocks=40, free_blocks=40, cached_blocks=0, block_tokens=16,
                  prefix_queries=0, prefix_hits=0)
     assert report(Holds(None), kv) == list(range(90, 100))  # 640 tokens of KV: 10 blocks
     assert report(Holds(30 * 64), kv) == list(range(70, 100))  # and host memory behind it
-    assert reported_blocks(HeldBlocks(), cast(Engine, object()), None,
+    assert reported_blocks(HeldBlocks(), ScriptedEngine(), None,
                            load_settings(prefix_report_blocks=0)) is None
 
 
