@@ -49,7 +49,7 @@ from workers.infer.engines.base import Engine, GenerationRequest
 from workers.infer.heartbeat import Speed
 from workers.infer.progress import ProgressTracker
 from workers.infer.token_records import TokenRecords
-from workers.outputs import Output, Sender, error_info
+from workers.outputs import Output, error_info
 from workers.prefix import tenant_salt
 from workers.prompt_cache import Cached, PromptCache, chunk_header
 
@@ -106,13 +106,15 @@ def _tool_format(gen: Generation) -> ResponseFormat | None:
 class TaskRun:
     settings: Settings
     engine: Engine
-    sender: Sender
     progress: ProgressTracker
     worker_id: str
     task: Task
+    # the worker's records on conveyor.tokens, which every chunk goes out in
+    records: TokenRecords
     upstream_model: str | None = None
     cancelled: bool = False
-    # the task's partition went to another worker, which continues it from the log
+    # the task's partition went to another worker, which continues it from the
+    # log: the run stops after the next piece without finishing the answer
     handed_off: bool = False
     # this run holds the task's lease (renewed by the worker while it runs)
     leased: bool = False
@@ -128,8 +130,6 @@ class TaskRun:
     speed: Speed | None = None
     # the engine failed before the first token: the task went to schedule again
     retried: bool = False
-    # the worker's records on conveyor.tokens, which every chunk goes out in
-    records: TokenRecords | None = None
 
     @property
     def request_id(self) -> str:
@@ -161,7 +161,7 @@ class TaskRun:
         claim, done = await self.progress.claim(self.request_id, self.worker_id,
                                                 self.written_ms, entered_ms)
         while claim == "busy":  # a duplicate: wait for the running one to end or lapse
-            if self.cancelled or (envelope["deadline_ms"] and now_ms() >= envelope["deadline_ms"]):
+            if self.cancelled or self._past_deadline():
                 return
             await asyncio.sleep(_BUSY_POLL_S)
             claim, done = await self.progress.claim(self.request_id, self.worker_id,
@@ -177,8 +177,8 @@ class TaskRun:
         self.run_start = self.seq
         if self.cancelled:
             if self.seq:  # close the answer an earlier run left open
-                self._emit("", 0, "cancelled")
-        elif envelope["deadline_ms"] and now_ms() >= envelope["deadline_ms"]:
+                self._emit(self._chunk("", 0, "cancelled"))
+        elif self._past_deadline():
             await self._fail(DeadlineExceeded("The request's deadline passed."))
         else:
             request = request_from_task(self.task, self.text, self.tokens, self.upstream_model,
@@ -238,25 +238,22 @@ class TaskRun:
         fallback model's), at most ``engine_retries`` times. Whether it did."""
         route = self.task["route"]
         failed = list(route.get("failed_workers") or [])
-        if self.seq != 0 or len(failed) >= self.settings.schedule.engine_retries:
-            return False
-        if self.task["envelope"]["deadline_ms"] and \
-                now_ms() >= self.task["envelope"]["deadline_ms"]:
+        if self.seq != 0 or len(failed) >= self.settings.schedule.engine_retries \
+                or self._past_deadline():
             return False
         again = Task(envelope=stamp(self.task["envelope"], "infer"),
                      generation=self.task["generation"], prompt=self.task["prompt"],
                      route={**route, "failed_workers": [*failed, self.worker_id],
                             "failure": error_info(exc), "worker_id": "", "partition": -1})
-        self._acks.append(await self.sender.send_nowait(
+        self._acks.append(await self.records.sender.send_nowait(
             Output(ROUTED.at(self.settings.kafka), "Task", again, key=self.request_id)))
         self.retried = True
         self.finish_reason = "retried"
         return True
 
-    def handoff(self) -> None:
-        """Stop after the next piece without finishing the answer: the task's new
-        owner reads what was sent from the log and continues it."""
-        self.handed_off = True
+    def _past_deadline(self) -> bool:
+        deadline = self.task["envelope"]["deadline_ms"]
+        return bool(deadline) and now_ms() >= deadline
 
     async def _stream(self, request: GenerationRequest) -> None:
         streamed = self.task["generation"]["stream"]
@@ -288,19 +285,19 @@ class TaskRun:
                     break
                 now = time.monotonic()
                 if self.seq == self.run_start:  # the first chunk: at once
-                    self._emit_held(None)
+                    self._emit(self._held_chunk(None))
                     last_flush = now
                 elif streamed:  # the worker's next tick takes what is held
-                    self._records().wants(self)
+                    self.records.wants(self)
                 elif now - last_flush >= unstreamed_s:  # a checkpoint of an unstreamed answer
-                    self._emit_held(None, at_once=False)
+                    self._emit(self._held_chunk(None), at_once=False)
                     last_flush = now
         finally:
             with contextlib.suppress(Exception):
                 await pieces.aclose()
         if finish is None and self.handed_off:
             if self._held_tokens:
-                self._emit_held(None)
+                self._emit(self._held_chunk(None))
             return
         if finish is None:
             finish = "cancelled" if self.cancelled else "stop"
@@ -312,7 +309,7 @@ class TaskRun:
         wrong = violation(fmt, "".join(answer)) if fmt and answer is not None \
             and finish == "stop" else None
         if wrong is not None:  # what the grammar could not hold the engine to
-            self._emit_held(None)
+            self._emit(self._held_chunk(None))
             tool_calls = fmt is not None and fmt["type"] == "tool_calls"
             await self._fail(InvalidOutput(
                 f"The model's tool calls are not valid: {wrong}." if tool_calls else
@@ -320,7 +317,7 @@ class TaskRun:
                 param="tools" if tool_calls else "response_format",
                 code="invalid_tool_call" if tool_calls else None))
             return
-        self._emit_held(finish)
+        self._emit(self._held_chunk(finish))
 
     @property
     def answered_by(self) -> str:
@@ -334,10 +331,6 @@ class TaskRun:
         if self.seq != 0:
             return None
         return chunk_header(self.task["generation"], self.answered_by, self.task["prompt"])
-
-    def _records(self) -> TokenRecords:
-        assert self.records is not None, "a run writes its chunks through the worker's records"
-        return self.records
 
     def _chunk(self, text: str, tokens: int, finish: str | None, error: ErrorInfo | None = None,
                logprobs: list[TokenLogprob] | None = None) -> TokenChunk:
@@ -359,36 +352,34 @@ class TaskRun:
             self.finish_reason = finish
         return chunk
 
-    def _emit(self, text: str, tokens: int, finish: str | None, error: ErrorInfo | None = None,
-              logprobs: list[TokenLogprob] | None = None, at_once: bool = True) -> None:
+    def _emit(self, chunk: TokenChunk, at_once: bool = True) -> None:
         """Hand one chunk to the worker's records (workers/infer/token_records.py)
         without waiting for it to be in the log: run() waits for all of them."""
-        records = self._records()
         if self._partition is None:
-            self._partition = records.partition(self.request_id)
-        chunk = self._chunk(text, tokens, finish, error, logprobs)
-        self._acks.append(records.add(chunk, self._partition, at_once))
+            self._partition = self.records.partition(self.request_id)
+        self._acks.append(self.records.add(chunk, self._partition, at_once))
 
-    def _emit_held(self, finish: str | None, at_once: bool = True) -> None:
-        """The pieces held (none, for a last chunk that only ends) as one chunk."""
+    def _holds(self) -> bool:
+        return bool(self._held_tokens) or any(self._held)
+
+    def _held_chunk(self, finish: str | None) -> TokenChunk:
+        """The pieces held (none, for a last chunk that only ends) as the next chunk."""
         text, tokens, logprobs = "".join(self._held), self._held_tokens, self._held_logprobs
         self._held, self._held_tokens, self._held_logprobs = [], 0, []
-        self._emit(text, tokens, finish, logprobs=logprobs, at_once=at_once)
+        return self._chunk(text, tokens, finish, logprobs=logprobs)
 
     def take(self) -> tuple[TokenChunk, int, asyncio.Future[None]] | None:
         """The pieces held, as one chunk, for the worker's tick (None: none held)."""
-        if not self._held_tokens and not any(self._held):
+        if not self._holds():
             return None
-        text, tokens, logprobs = "".join(self._held), self._held_tokens, self._held_logprobs
-        self._held, self._held_tokens, self._held_logprobs = [], 0, []
-        chunk = self._chunk(text, tokens, None, logprobs=logprobs)
+        chunk = self._held_chunk(None)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._acks.append(done)
         assert self._partition is not None  # the first chunk went out before any tick
         return chunk, self._partition, done
 
     async def _fail(self, exc: RequestError) -> None:
-        if self._held_tokens or any(self._held):  # what came before the failure, in order
-            self._emit_held(None)
-        self._emit("", 0, None, error=error_info(exc))
+        if self._holds():  # what came before the failure, in order
+            self._emit(self._held_chunk(None))
+        self._emit(self._chunk("", 0, None, error=error_info(exc)))
 

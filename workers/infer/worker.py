@@ -121,7 +121,6 @@ class InferWorker:
         # what this worker owned when the last rebalance began (the assignor keeps it)
         self.owned_before: set[TopicPartition] = set()
         self.offsets = InFlightOffsets()
-        self.records: TokenRecords | None = None  # made once the producer is
         self.running: dict[str, _Running] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._slot_freed = asyncio.Event()
@@ -168,9 +167,9 @@ class InferWorker:
                           where=redis_address(self.settings.redis.url), retry_on=REDIS_REFUSALS)
             sender = Sender(self.settings, producer, self.codec)
             # every run's chunks, one record a partition a tick
-            self.records = TokenRecords(self.settings, sender, lambda: len(self.running))
-            self.records.start()
-            stack.push_async_callback(self.records.close)
+            records = TokenRecords(self.settings, sender, lambda: len(self.running))
+            records.start()
+            stack.push_async_callback(records.close)
             # the worker's one keyed reader of the log
             lookup = SharedLookup(self.settings, codec=self.codec)
             stack.push_async_callback(lookup.close)
@@ -200,7 +199,7 @@ class InferWorker:
             log.info("worker %s: serving pool %s with %s (capacity %d)", self.worker_id,
                      self.pool, self.engine.name, self.engine.capacity)
             self.ready.set()
-            await self._consume(consumer, sender, store, background)
+            await self._consume(consumer, records, store, background)
             await self._drain(heartbeat)
 
     async def _leave(self, consumer: AIOKafkaConsumer) -> None:
@@ -233,7 +232,8 @@ class InferWorker:
                 every("gateways", lambda: gateways.check(self._runs()),
                       self.settings.gateway.reply_lease_ttl_s / 3)]
 
-    async def _consume(self, consumer: AIOKafkaConsumer, sender: Sender, store: ProgressTracker,
+    async def _consume(self, consumer: AIOKafkaConsumer, records: TokenRecords,
+                       store: ProgressTracker,
                        background: list[asyncio.Task[None]]) -> None:
         backoff = Backoff(max_s=self.settings.process.retry_backoff_max_s)
         while not self._stopping.is_set():
@@ -251,19 +251,19 @@ class InferWorker:
                 consumer.resume(*consumer.paused())
             batch = await fetch(consumer, backoff, self._problems, f"worker {self.worker_id}",
                                 timeout_ms=200, max_records=free)
-            for tp, records in batch.items():
-                for record in records:
-                    await self._take(tp, record, sender, store)
+            for tp, taken in batch.items():
+                for record in taken:
+                    await self._take(tp, record, records, store)
 
     async def _take(self, tp: TopicPartition, record: ConsumerRecord[bytes, bytes],
-                    sender: Sender, store: ProgressTracker) -> None:
+                    records: TokenRecords, store: ProgressTracker) -> None:
         try:
             task = INFER.decode(self.codec, record.value)
         except SchemaError as exc:  # poison: the runtime's path (workers/failures.py)
             log.warning("worker %s: poison event %s[%d]@%d: %s", self.worker_id, record.topic,
                         record.partition, record.offset, exc)
             try:
-                await dead_letter(sender, "infer", record, exc, self._stopping)
+                await dead_letter(records.sender, "infer", record, exc, self._stopping)
             except TransientBrokerError:
                 return  # stopping before the letter was taken: read again after a restart
             self.dead_lettered()
@@ -282,9 +282,9 @@ class InferWorker:
             return
         self.held.took(task["prompt"]["prefix_blocks"])
         spec = self.registry.find(task["route"]["model"])
-        gen = TaskRun(self.settings, self.engine, sender, store, self.worker_id, task,
+        gen = TaskRun(self.settings, self.engine, store, self.worker_id, task, records,
                       upstream_model=spec.upstream_model if spec else None,
-                      written_ms=record.timestamp, speed=self.speed, records=self.records)
+                      written_ms=record.timestamp, speed=self.speed)
         if self._cancels is not None and rid in self._cancels:
             gen.cancelled = True  # cancelled while it waited: never generated
         job = asyncio.create_task(self._generate(gen, record), name=f"gen-{rid}")
@@ -299,7 +299,7 @@ class InferWorker:
         jobs = []
         for running in list(self.running.values()):
             if not any(tp in self.partitions for tp, _, _ in running.bookings):
-                running.run.handoff()
+                running.run.handed_off = True
                 jobs.append(running.job)
         if jobs:
             log.info("worker %s: handing off %d generation(s)", self.worker_id, len(jobs))
@@ -346,8 +346,9 @@ class InferWorker:
     async def _dead_letter(self, gen: TaskRun, record: ConsumerRecord[bytes, bytes],
                            error: str) -> None:
         self.dead_lettered()
+        sender = gen.records.sender
         with contextlib.suppress(Exception):
-            await gen.sender.deliver(gen.sender.letter_output(
+            await sender.deliver(sender.letter_output(
                 "infer", record.topic, record.partition, record.offset, record.key,
                 record.value, error))
 

@@ -141,8 +141,7 @@ async def _written(streams: int, token_delay_ms: float = 20.0, runs: int = 1
         made["envelope"]["request_id"] = f"r{i}"
         made["generation"]["messages"] = [
             {"role": "user", "content": "1 2 3 4 5 6 7 8 9 10 11 12", "name": None}]
-        run = TaskRun(settings, engine, None, None, "w0", made,  # type: ignore[arg-type]
-                      records=records)
+        run = TaskRun(settings, engine, None, "w0", made, records)  # type: ignore[arg-type]
         run.seq = run.run_start = 0
         run.run_id, run.text, run.tokens, run._acks = "run", "", 0, []
         run._held, run._held_logprobs, run._held_tokens, run._partition = [], [], 0, None
