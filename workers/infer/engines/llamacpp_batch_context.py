@@ -32,17 +32,16 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from conveyor.errors import EngineError, InvalidRequest
 from schemas.records import TokenLogprob, TopLogprob
-from workers.infer.engines.base import GenerationRequest, Piece
+from workers.infer.engines.base import GenerationRequest, Piece, first_stop
 from workers.infer.engines.llamacpp_cache import HostCache
 from workers.infer.engines.llamacpp_grammar import CheckedSampling, grammar_sampler
 
 __all__ = ["Context", "Sequence", "Text", "chat_formatter", "common_prefix", "prompt_or_bos",
-           "reuse_score", "llama_seed", "checked_bias", "bias_sampler", "sequence_sampler",
+           "reuse_score", "llama_seed", "bias_sampler", "sequence_sampler",
            "logprob_of", "token_bytes", "taken"]
 
 
 Item = Piece | BaseException
-_Finish = Literal["stop", "length"]
 
 
 class Text:
@@ -56,10 +55,10 @@ class Text:
     def push(self, data: bytes) -> tuple[str, bool]:
         """The text that can go out now, and whether a stop string ended it."""
         held = self._held + self._decoder.decode(data)
-        found = [i for i in (held.find(s) for s in self._stop) if i >= 0]
-        if found:
+        cut = first_stop(held, self._stop)
+        if cut is not None:
             self._held = ""
-            return held[:min(found)], True
+            return held[:cut], True
         keep = max((k for s in self._stop for k in range(min(len(s) - 1, len(held)), 0, -1)
                     if held.endswith(s[:k])), default=0)
         self._held = held[len(held) - keep:] if keep else ""
@@ -344,7 +343,7 @@ class Context:
                 sequence.emitted += 1
             sequence.next_token = token
 
-    def _finish(self, sequence: Sequence, text: str, reason: _Finish) -> None:
+    def _finish(self, sequence: Sequence, text: str, reason: Literal["stop", "length"]) -> None:
         self._leave(sequence, Piece(text, tokens=max(0, sequence.sampled - sequence.emitted),
                                     finish_reason=reason,
                                     prompt_tokens=len(sequence.prompt_tokens),
@@ -436,18 +435,6 @@ def llama_seed(seed: int | None) -> int:
     return seed % _SEED_SPACE
 
 
-def checked_bias(request: GenerationRequest, n_vocab: int) -> dict[int, float] | None:
-    """The request's logit_bias, each token checked against the vocabulary
-    (preprocess checked it; an event may be forged); None without one."""
-    if not request.logit_bias:
-        return None
-    for token, _ in request.logit_bias:
-        if not 0 <= token < n_vocab:
-            raise InvalidRequest(f"Invalid 'logit_bias': token {token} is not in the "
-                                 "model's vocabulary.", param="logit_bias")
-    return dict(request.logit_bias)
-
-
 def sequence_sampler(request: GenerationRequest, vocab: Any, accepted: list[int]) -> Any:
     n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
     bias = bias_sampler(request, n_vocab) if request.logit_bias else None  # raises first
@@ -480,8 +467,13 @@ def sequence_sampler(request: GenerationRequest, vocab: Any, accepted: list[int]
 
 
 def bias_sampler(request: GenerationRequest, n_vocab: int) -> Any:
-    """llama.cpp's logit-bias sampler of the request's logit_bias (checked)."""
-    bias = checked_bias(request, n_vocab) or {}
+    """llama.cpp's logit-bias sampler of the request's logit_bias, each token
+    checked against the vocabulary (preprocess checked it; an event may be forged)."""
+    for token, _ in request.logit_bias:
+        if not 0 <= token < n_vocab:
+            raise InvalidRequest(f"Invalid 'logit_bias': token {token} is not in the "
+                                 "model's vocabulary.", param="logit_bias")
+    bias = dict(request.logit_bias)
     biases = (llama_cpp.llama_logit_bias * len(bias))()
     for i, (token, value) in enumerate(bias.items()):
         entry = cast(Any, biases[i])

@@ -27,7 +27,7 @@ from collections.abc import AsyncGenerator, Iterator
 from typing import Literal, get_args
 
 from conveyor.errors import EngineError
-from workers.infer.engines.base import Engine, GenerationRequest, Piece
+from workers.infer.engines.base import Engine, GenerationRequest, Piece, first_stop
 
 __all__ = ["SCRIPTS", "DEFAULT_TEXT", "Script", "ScriptedEngine", "pieces_of"]
 
@@ -102,7 +102,7 @@ class ScriptedEngine(Engine):
         rest = _after(self.answer(request), len(request.continuation))
         budget = max(1, request.max_tokens)
         taken = list(itertools.islice(rest, budget))
-        cut = _first_stop("".join(taken), request.stop)
+        cut = first_stop("".join(taken), request.stop)
         if cut is not None:
             pieces: list[Piece] = []
             at = 0
@@ -162,9 +162,3 @@ def _after(pieces: Iterator[str], chars: int) -> Iterator[str]:
             return iter(())
         consumed += len(piece)
     return pieces
-
-
-def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:
-    """Where the first stop string in ``text`` begins, or None."""
-    found = [i for i in (text.find(s) for s in stops if s) if i >= 0]
-    return min(found) if found else None
