@@ -96,16 +96,6 @@ class LlamaCppBatchEngine(Engine):
                    n_ctx=n_ctx or spec.context_length, n_threads=n_threads,
                    host_cache_bytes=host_cache_bytes)
 
-    @property
-    def reused_tokens(self) -> int:
-        """Prompt tokens taken from the caches instead of evaluated, so far."""
-        return sum(c.reused_tokens for c in self._contexts)
-
-    @property
-    def prompt_tokens(self) -> int:
-        """Prompt tokens of every sequence so far, reused or not."""
-        return sum(c.prompt_tokens for c in self._contexts)
-
     async def start(self) -> None:
         if self._contexts:
             return
@@ -220,8 +210,10 @@ class LlamaCppBatchEngine(Engine):
 
     def kv_state(self) -> records.KvCache | None:
         """All contexts' cells (a block is one token here): what running sequences
-        hold, and the prefixes free slots keep for reuse. Read from the event loop
-        while the threads work, so a heartbeat may be a step behind."""
+        hold, and the prefixes free slots keep for reuse; the prompt tokens of every
+        sequence so far, and those taken from the caches instead of evaluated.
+        Read from the event loop while the threads work, so a heartbeat may be a
+        step behind."""
         if not self._contexts:
             return None
         total = self.capacity * self.n_ctx
@@ -229,7 +221,8 @@ class LlamaCppBatchEngine(Engine):
         used, kept = sum(u for u, _ in cells), sum(k for _, k in cells)
         return records.KvCache(usage=used / total, total_blocks=total,
                                free_blocks=total - used, cached_blocks=kept, block_tokens=1,
-                               prefix_queries=self.prompt_tokens, prefix_hits=self.reused_tokens)
+                               prefix_queries=sum(c.prompt_tokens for c in self._contexts),
+                               prefix_hits=sum(c.reused_tokens for c in self._contexts))
 
     async def close(self) -> None:
         """Cancel what runs, stop the threads, free the contexts and the model."""
