@@ -125,28 +125,26 @@ class ModelSet:
     async def _load(self, name: str) -> _Loaded:
         """The model's engine, loaded (and the least recently used idle ones
         closed to make room) if it is not yet."""
-        held = self._loaded.get(name)
-        if held is not None:
-            self._loaded.move_to_end(name)
-            return held
-        async with self._lock:
-            held = self._loaded.get(name)
-            if held is not None:
-                self._loaded.move_to_end(name)
-                return held
-            spec = self.specs[name]
-            engine = self._made.pop(name, None) or self.make(spec)
-            cost = self.cost(spec, engine)
-            await self._make_room(cost, name)
-            began = time.monotonic()
-            try:
-                await engine.start()
-            except Exception as exc:
-                raise EngineError(f"{name} could not be loaded: {exc}") from exc
-            loaded = self._loaded[name] = _Loaded(engine, cost)
-            log.info("model %s loaded in %.1f s (%d MiB counted; loaded now: %s)", name,
-                     time.monotonic() - began, cost // _MIB, ", ".join(self._loaded))
-            return loaded
+        if name not in self._loaded:
+            async with self._lock:
+                if name not in self._loaded:
+                    await self._start(name)
+        self._loaded.move_to_end(name)
+        return self._loaded[name]
+
+    async def _start(self, name: str) -> None:
+        spec = self.specs[name]
+        engine = self._made.pop(name, None) or self.make(spec)
+        cost = self.cost(spec, engine)
+        await self._make_room(cost, name)
+        began = time.monotonic()
+        try:
+            await engine.start()
+        except Exception as exc:
+            raise EngineError(f"{name} could not be loaded: {exc}") from exc
+        self._loaded[name] = _Loaded(engine, cost)
+        log.info("model %s loaded in %.1f s (%d MiB counted; loaded now: %s)", name,
+                 time.monotonic() - began, cost // _MIB, ", ".join(self._loaded))
 
     async def _make_room(self, cost: int, name: str) -> None:
         """Close idle models, least recently used first, until ``cost`` fits."""
