@@ -185,12 +185,9 @@ def _import_pynvml() -> Any:
 
 
 def _handles(nvml: Any, entries: list[str] | None) -> list[tuple[Any, bool]]:
-    if entries is None:
-        return [(nvml.nvmlDeviceGetHandleByIndex(i), True)
-                for i in range(nvml.nvmlDeviceGetCount())]
     count = nvml.nvmlDeviceGetCount()
     found: list[tuple[Any, bool]] = []
-    for entry in entries:
+    for entry in [str(i) for i in range(count)] if entries is None else entries:
         if entry.isdigit() and int(entry) < count:
             found.append((nvml.nvmlDeviceGetHandleByIndex(int(entry)), True))
         elif entry.startswith(("GPU-", "MIG-")):
