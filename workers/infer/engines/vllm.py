@@ -50,14 +50,13 @@ if TYPE_CHECKING:
     from vllm import SamplingParams
     from vllm.v1.engine.async_llm import AsyncLLM
 
-__all__ = ["DTYPES", "Dtype", "VllmEngine", "vllm_missing", "sampling_params", "delta_logprobs",
+__all__ = ["Dtype", "VllmEngine", "vllm_missing", "sampling_params", "delta_logprobs",
            "structured_outputs", "KvWatch"]
 
 log = logging.getLogger(__name__)
 
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
-DTYPES: tuple[Dtype, ...] = ("auto", "float32", "bfloat16", "float16")
 
 
 def vllm_missing() -> str | None:

@@ -8,25 +8,24 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
 from workers.infer.engines.base import GenerationRequest
-from workers.infer.engines.vllm import DTYPES, VllmEngine
+from workers.infer.engines.vllm import VllmEngine
 
 __all__ = ["main"]
 
 
-async def _say(model: str, prompt: str, max_tokens: int, options: dict[str, Any]) -> int:
+async def _say(model: str, max_tokens: int) -> int:
     from conveyor.registry import Registry
     from conveyor.settings import load_settings
 
     models_file = load_settings().process.models_file
     spec = Registry.load(models_file).resolve(model)
-    engine = VllmEngine(spec, models_file=models_file, **options)
+    engine = VllmEngine(spec, models_file=models_file, capacity=1, max_model_len=512)
     await engine.start()
     try:
         request = GenerationRequest(request_id="probe", kind="completion", model=spec.name,
-                                    max_tokens=max_tokens, temperature=0.0, prompt_text=prompt)
+                                    max_tokens=max_tokens, temperature=0.0, prompt_text="Hello")
         began = time.monotonic()
         pieces = [piece async for piece in engine.generate(request)]
     finally:
@@ -45,13 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workers.infer.engines.vllm_probe",
                                      description=main.__doc__)
     parser.add_argument("model", nargs="?", default="smollm2")
-    parser.add_argument("--prompt", default="Hello")
     parser.add_argument("--max-tokens", type=int, default=1)
-    parser.add_argument("--dtype", choices=DTYPES, default="auto")
-    parser.add_argument("--max-model-len", type=int, default=512)
     args = parser.parse_args(argv)
-    options = {"capacity": 1, "dtype": args.dtype, "max_model_len": args.max_model_len}
-    return asyncio.run(_say(args.model, args.prompt, args.max_tokens, options))
+    return asyncio.run(_say(args.model, args.max_tokens))
 
 
 if __name__ == "__main__":
