@@ -1,5 +1,6 @@
 """The heartbeat of an infer worker on ``conveyor.workers`` (compacted, key =
-worker id), and what it reports besides the engine's state:
+worker id): what the worker runs, what its engine says of itself (read at each
+beat), and:
 
 * :class:`Speed`: the worker's prefill rate and time per output token, each
   an exponentially weighted moving average (weight ``ALPHA``) of generations
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 from conveyor.settings import Settings
-from schemas.records import HostCache, KvCache, WorkerHeartbeat
+from schemas.records import KvCache, WorkerHeartbeat
 from topics.catalog import WORKERS
 from topics.envelope import now_ms
 from workers.infer.engines.base import Engine
@@ -52,58 +53,51 @@ def reported_blocks(held: HeldBlocks, engine: Engine, kv: KvCache | None,
 
 
 class Snapshot(NamedTuple):
-    """What a worker holds at a heartbeat."""
+    """What a worker runs at a heartbeat."""
 
     partitions: list[int]
     running: int
-    queued: int
     # interactive (priority 0) generations running, and when the last one was
     # taken (ms, 0: never): schedule members see interactive traffic they did
     # not send themselves (workers/schedule/held.py)
     interactive_running: int = 0
     interactive_ms: int = 0
-    # the engine's KV cache, where it keeps one the worker can see
-    kv: KvCache | None = None
-    # its measured speed (Speed); None until measured
-    prefill_tps: float | None = None
-    tpot_ms: float | None = None
-    # of the models it serves, those loaded now (None: all of them)
-    loaded: list[str] | None = None
-    # the prompt blocks its KV cache holds, most recent last (workers/prefix.py);
-    # None: it does not say
-    prefix_blocks: list[int] | None = None
-    # the llama.cpp engines' host-memory cache (None: the engine keeps none)
-    host_cache: HostCache | None = None
 
 
 class Heartbeat:
+    """Beats for a worker running ``engine``: ``snapshot`` says what it runs,
+    ``held`` the prompt blocks it ran (workers/prefix.py), ``speed`` how fast."""
+
     def __init__(self, settings: Settings, sender: Sender, worker_id: str, pool: str,
-                 engine: str, models: list[str], capacity: int,
-                 snapshot: Callable[[], Snapshot]) -> None:
+                 engine: Engine, models: list[str], snapshot: Callable[[], Snapshot],
+                 held: HeldBlocks, speed: Speed) -> None:
         self.settings = settings
         self.sender = sender
         self.worker_id = worker_id
         self.pool = pool
         self.engine = engine
         self.models = models
-        self.capacity = capacity
         self.snapshot = snapshot
+        self.held = held
+        self.speed = speed
         self.state: Literal["ready", "draining", "stopped"] = "ready"
         self.host = socket.gethostname()
         self.gpu = GpuProbe()  # the GPUs this worker sees
 
     async def beat(self) -> None:
-        now = self.snapshot()
+        now, engine = self.snapshot(), self.engine
+        kv = engine.kv_state()
         gpu_util, gpu_free = self.gpu.read()
         record = WorkerHeartbeat(
-            worker_id=self.worker_id, pool=self.pool, engine=self.engine, models=self.models,
-            loaded=list(now.loaded or ()), state=self.state,
-            partitions=sorted(now.partitions), capacity=self.capacity,
-            running=now.running, queued=now.queued, ts_ms=now_ms(), host=self.host,
+            worker_id=self.worker_id, pool=self.pool, engine=engine.name, models=self.models,
+            loaded=list(engine.loaded or ()), state=self.state,
+            partitions=sorted(now.partitions), capacity=engine.capacity,
+            running=now.running, queued=0, ts_ms=now_ms(), host=self.host,
             gpu_utilization=gpu_util, gpu_memory_free=gpu_free,
             interactive_running=now.interactive_running, interactive_ms=now.interactive_ms,
-            prefill_tps=now.prefill_tps, tpot_ms=now.tpot_ms, prefix_blocks=now.prefix_blocks,
-            kv=now.kv, host_cache=now.host_cache,
+            prefill_tps=self.speed.prefill_tps, tpot_ms=self.speed.tpot_ms,
+            prefix_blocks=reported_blocks(self.held, engine, kv, self.settings),
+            kv=kv, host_cache=engine.host_cache_stats(),
         )
         await self.sender.deliver(Output(WORKERS.at(self.settings.kafka), "WorkerHeartbeat",
                                          record, key=self.worker_id))

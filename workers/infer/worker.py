@@ -55,7 +55,7 @@ from workers.infer.assignor import BusyAwareAssignor
 from workers.infer.engines.base import Engine
 from workers.infer.gateways import GatewayWatch
 from workers.infer.generation import TaskRun
-from workers.infer.heartbeat import Heartbeat, Snapshot, Speed, reported_blocks
+from workers.infer.heartbeat import Heartbeat, Snapshot, Speed
 from workers.infer.progress import ProgressTracker
 from workers.infer.token_records import TokenRecords
 from workers.inflight import InFlightOffsets
@@ -174,9 +174,8 @@ class InferWorker:
             lookup = SharedLookup(self.settings, codec=self.codec)
             stack.push_async_callback(lookup.close)
             store = ProgressTracker(self.settings, redis, self.codec, lookup)
-            heartbeat = Heartbeat(self.settings, sender, self.worker_id, self.pool,
-                                  self.engine.name, self.models(), self.engine.capacity,
-                                  self._snapshot)
+            heartbeat = Heartbeat(self.settings, sender, self.worker_id, self.pool, self.engine,
+                                  self.models(), self._snapshot, self.held, self.speed)
             self._cancels = CancelList(self.settings, self.codec)
             self._cancels.subscribe(self._on_cancel)
             # the infer group's short session timeout and the busy-aware assignor alone
@@ -411,13 +410,8 @@ class InferWorker:
     def _snapshot(self) -> Snapshot:
         interactive = sum(1 for r in self.running.values()
                           if r.run.task["envelope"]["priority"] == PRIORITY_INTERACTIVE)
-        kv = self.engine.kv_state()
-        return Snapshot([tp.partition for tp in self.partitions], len(self.running), 0,
-                        interactive, self.interactive_ms, kv,
-                        self.speed.prefill_tps, self.speed.tpot_ms,
-                        self.engine.loaded,
-                        reported_blocks(self.held, self.engine, kv, self.settings),
-                        self.engine.host_cache_stats())
+        return Snapshot([tp.partition for tp in self.partitions], len(self.running),
+                        interactive, self.interactive_ms)
 
     async def _beat(self, heartbeat: Heartbeat) -> None:
         """One heartbeat, then wait for the next (or an early one)."""

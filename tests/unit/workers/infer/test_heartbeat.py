@@ -12,7 +12,7 @@ from schemas.records import HostCache, KvCache
 from workers.infer.engines.base import Engine
 from workers.infer.engines.llamacpp_cache import kv_bytes_per_token
 from workers.infer.engines.scripted import ScriptedEngine
-from workers.infer.heartbeat import Heartbeat, Snapshot, reported_blocks
+from workers.infer.heartbeat import Heartbeat, Snapshot, Speed, reported_blocks
 from workers.outputs import Output, Sender
 from workers.prefix import HeldBlocks
 
@@ -27,13 +27,29 @@ class Delivered:
         self.outputs.append(output)
 
 
+class Reports(ScriptedEngine):
+    """An engine whose KV cache and host cache are ``kv`` and ``host_cache``."""
+
+    def __init__(self, kv: KvCache | None, host_cache: HostCache | None) -> None:
+        super().__init__()
+        self.kv, self.host_cache = kv, host_cache
+
+    def kv_state(self) -> KvCache | None:
+        return self.kv
+
+    def host_cache_stats(self) -> HostCache | None:
+        return self.host_cache
+
+
 async def beat(kv: KvCache | None, prefix_blocks: list[int] | None = None,
                host_cache: HostCache | None = None) -> dict[str, Any]:
     sent = Delivered()
-    heartbeat = Heartbeat(load_settings(topic_prefix="hb"), cast(Sender, sent), "w0", "cpu",
-                          "llamacpp-batch", ["smollm2"], 4,
-                          lambda: Snapshot([0, 1], 1, 0, kv=kv, prefix_blocks=prefix_blocks,
-                                           host_cache=host_cache))
+    settings = load_settings(topic_prefix="hb",
+                             prefix_report_blocks=1024 if prefix_blocks is not None else 0)
+    held = HeldBlocks()
+    held.took(prefix_blocks or [])
+    heartbeat = Heartbeat(settings, cast(Sender, sent), "w0", "cpu", Reports(kv, host_cache),
+                          ["smollm2"], lambda: Snapshot([0, 1], 1), held, Speed())
     await heartbeat.beat()
     [output] = sent.outputs
     codec = default_codec()

@@ -13,9 +13,10 @@ from cli.workers import describe, render
 from conveyor.settings import load_settings
 from schemas.codec import default_codec
 from tests.support.schedule_tasks import beat
+from workers.infer.engines.scripted import ScriptedEngine
 from workers.infer.heartbeat import ALPHA, Heartbeat, Snapshot, Speed
 from workers.outputs import Output, Sender
-from workers.prefix import PrefixIndex, RoutePolicy, WorkerLoad, choose
+from workers.prefix import HeldBlocks, PrefixIndex, RoutePolicy, WorkerLoad, choose
 from workers.schedule.table import WorkerView, relative_speeds
 
 
@@ -39,8 +40,8 @@ async def test_the_heartbeat_carries_the_speed() -> None:
             sent.append(output)
 
     heartbeat = Heartbeat(load_settings(topic_prefix="hb"), cast(Sender, Delivered()), "w0", "cpu",
-                          "llamacpp", ["smollm2"], 2,
-                          lambda: Snapshot([0], 1, 0, prefill_tps=850.0, tpot_ms=21.5))
+                          ScriptedEngine(), ["smollm2"], lambda: Snapshot([0], 1), HeldBlocks(),
+                          Speed(prefill_tps=850.0, tpot_ms=21.5))
     await heartbeat.beat()
     codec = default_codec()
     decoded: dict[str, Any] = codec.decode(codec.encode("WorkerHeartbeat", sent[0].record),
