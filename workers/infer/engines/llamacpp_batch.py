@@ -53,6 +53,8 @@ __all__ = ["LlamaCppBatchEngine"]
 class LlamaCppBatchEngine(Engine):
     """Serves ``sequences`` generations at once, decoded together in ``contexts``
     batched contexts of ``n_threads`` threads each."""
+
+    name = "llamacpp"
     # a grammar sampler and llama.cpp's logit-bias sampler in each sequence's chain;
     # logprobs read off each sequence's logits (logprob_of)
     constrains_output = decodes_tools = biases_logits = reports_logprobs = True
@@ -65,12 +67,10 @@ class LlamaCppBatchEngine(Engine):
         n_ctx: int = 2048,
         n_threads: int = 1,
         prefill_chunk: int = 128,
-        name: str = "llamacpp",
         host_cache_bytes: int = 0,
     ) -> None:
         if sequences < 1 or contexts < 1:
             raise ValueError("sequences and contexts must be at least 1")
-        self.name = name
         self.capacity = sequences
         self.contexts = min(contexts, sequences)  # a context holds one sequence at least
         self.reproducible_seeds = False  # see the module notes

@@ -2,9 +2,9 @@
 llama.cpp's server); why each choice: docs/decisions/0020-the-http-engine.md.
 
 * One ``aiohttp.ClientSession`` of ``capacity`` keep-alive connections, idle
-  at most 4 s; ``timeout_s`` bounds connecting and each wait for the next
-  chunk. A request whose pooled connection the upstream closed before
-  answering is sent again, once.
+  at most 4 s; 600 s bound connecting and each wait for the next chunk. A
+  request whose pooled connection the upstream closed before answering is
+  sent again, once.
 * A rendered ``prompt_text`` (or any completion) goes to ``/v1/completions``
   with the continuation appended; a chat without one to
   ``/v1/chat/completions``, a continuation as a final assistant message
@@ -40,28 +40,20 @@ __all__ = ["OpenAIHttpEngine"]
 log = logging.getLogger(__name__)
 
 _KEEPALIVE_S = 4.0
+_TIMEOUT_S = 600.0
 
 
 class OpenAIHttpEngine(Engine):
     """Generates through an OpenAI-compatible server at ``base_url``."""
+
+    name = "openai"
     # response_format, tools and logit_bias passed on (the upstream's calls written
     # as text), logprobs asked of the upstream and read back from its chunks
     constrains_output = decodes_tools = biases_logits = reports_logprobs = True
 
-    def __init__(
-        self,
-        base_url: str,
-        capacity: int = 64,
-        name: str = "openai",
-        api_key: str | None = None,
-        timeout_s: float = 600,
-        cache_salt: bool = True,
-    ) -> None:
-        self.name = name
+    def __init__(self, base_url: str, capacity: int = 64, cache_salt: bool = True) -> None:
         self.capacity = capacity
         self.base_url = base_url.rstrip("/")
-        self.api_key = api_key
-        self.timeout_s = timeout_s
         self.cache_salt = cache_salt  # send the request's salt (see the module notes)
         self._client: aiohttp.ClientSession | None = None
 
@@ -69,16 +61,13 @@ class OpenAIHttpEngine(Engine):
         """Open the shared connection pool (no request is made)."""
         if self._client is not None:
             return
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         self._client = aiohttp.ClientSession(
             base_url=self.base_url + "/",
-            headers=headers,
             # idle connections closed before an upstream's own keep-alive ends them
             # (uvicorn's and so vLLM's: 5 s), never reused as the upstream closes them
             connector=aiohttp.TCPConnector(limit=self.capacity,
                                            keepalive_timeout=_KEEPALIVE_S),
-            timeout=aiohttp.ClientTimeout(total=None, connect=self.timeout_s,
-                                          sock_read=self.timeout_s),
+            timeout=aiohttp.ClientTimeout(total=None, connect=_TIMEOUT_S, sock_read=_TIMEOUT_S),
             json_serialize=json.dumps,
         )
 

@@ -49,6 +49,8 @@ def pieces_of(text: str) -> list[str]:
 
 class ScriptedEngine(Engine):
     """Serves ``capacity`` scripted answers at once (see the module notes)."""
+
+    name = "scripted"
     # scripted text follows no format and has no logits
     constrains_output = decodes_tools = biases_logits = reports_logprobs = False
 
@@ -58,7 +60,6 @@ class ScriptedEngine(Engine):
         text: str = DEFAULT_TEXT,
         capacity: int = 2,
         token_delay_ms: float = 0.0,
-        name: str = "scripted",
     ) -> None:
         if script not in SCRIPTS:
             raise ValueError(f"script must be one of {', '.join(SCRIPTS)}")
@@ -66,7 +67,6 @@ class ScriptedEngine(Engine):
             raise ValueError("capacity must be at least 1")
         if token_delay_ms < 0:
             raise ValueError("token_delay_ms must not be negative")
-        self.name = name
         self.capacity = capacity
         self.script = script
         self.text = text

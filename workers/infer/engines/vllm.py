@@ -71,6 +71,8 @@ def vllm_missing() -> str | None:
 
 class VllmEngine(Engine):
     """Serves ``capacity`` sequences at once from vLLM's async engine."""
+
+    name = "vllm"
     # vLLM's own structured outputs (the tools' grammar too), logit_bias and logprobs
     constrains_output = decodes_tools = biases_logits = reports_logprobs = True
 
@@ -86,14 +88,11 @@ class VllmEngine(Engine):
         tensor_parallel_size: int = 1,
         pipeline_parallel_size: int = 1,
         models_file: Path | None = None,
-        seed: int = 0,
-        name: str = "vllm",
     ) -> None:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
         if kv_cache_gib <= 0:
             raise ValueError("kv_cache_gib must be positive")
-        self.name = name
         self.capacity = capacity
         self.spec = spec
         self.model = model
@@ -103,7 +102,6 @@ class VllmEngine(Engine):
         self.tensor_parallel_size = tensor_parallel_size
         self.pipeline_parallel_size = pipeline_parallel_size
         self.models_file = models_file
-        self.seed = seed
         self._llm: AsyncLLM | None = None
         self._slots: asyncio.Semaphore | None = None
         self._live: set[str] = set()  # vLLM request ids of the generations now running
@@ -189,7 +187,7 @@ class VllmEngine(Engine):
             tensor_parallel_size=self.tensor_parallel_size,
             pipeline_parallel_size=self.pipeline_parallel_size,
             generation_config="vllm",
-            seed=self.seed,
+            seed=0,
             disable_log_stats=False,
         )
         return AsyncLLM.from_engine_args(args, stat_loggers=[self._kv.logger])
