@@ -35,7 +35,7 @@ from conveyor.redis_clients import REDIS_ERRORS, REDIS_REFUSALS, redis_client
 from conveyor.registry import Registry
 from conveyor.settings import Settings
 from conveyor.startup import kafka_address, redis_address, started
-from schemas.codec import Codec, default_codec
+from schemas.codec import default_codec
 from topics.backoff import Backoff, RateLimitedLog, retry_every
 from topics.catalog import INFER, infer_topic
 from topics.clients import (
@@ -69,6 +69,7 @@ log = logging.getLogger(__name__)
 # what a background concern may meet and wait out
 _TRANSIENT = (KafkaError, *REDIS_ERRORS, BrokerError, asyncio.TimeoutError)
 _BEAT_TIMEOUT_S = 5.0
+_DRAIN_TIMEOUT_S = 30.0  # how long a stopping worker lets its generations run on
 
 
 @dataclass
@@ -102,15 +103,13 @@ class _Rebalance(ConsumerRebalanceListener):
 
 class InferWorker:
     def __init__(self, settings: Settings, engine: Engine, pool: str, registry: Registry,
-                 worker_id: str | None = None, codec: Codec | None = None,
-                 drain_timeout_s: float = 30.0, tracer: trace.Tracer | None = None) -> None:
+                 worker_id: str | None = None, tracer: trace.Tracer | None = None) -> None:
         self.settings = settings
         self.engine = engine
         self.pool = pool
         self.registry = registry
         self.worker_id = worker_id or f"{pool}-{os.uname().nodename}-{os.getpid()}"
-        self.codec = codec or default_codec()
-        self.drain_timeout_s = drain_timeout_s
+        self.codec = default_codec()
         self.tracer = tracer or trace.NoOpTracer()
         self.dead_lettered: Callable[[], None] = lambda: None  # metrics count each letter
         self.interactive_ms = 0  # when the last interactive task was taken (heartbeats)
@@ -426,5 +425,5 @@ class InferWorker:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(heartbeat.beat(), _BEAT_TIMEOUT_S)
         if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=self.drain_timeout_s)
+            await asyncio.wait(set(self._tasks), timeout=_DRAIN_TIMEOUT_S)
         await self.commit()
