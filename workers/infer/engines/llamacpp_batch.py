@@ -42,7 +42,6 @@ from workers.infer.engines.llamacpp_batch_context import (
     Item,
     Sequence,
     chat_formatter,
-    prompt_or_bos,
 )
 from workers.infer.engines.llamacpp_cache import HostCache, kv_bytes_per_token
 from workers.infer.engines.llamacpp_grammar import checked_prefix
@@ -175,9 +174,11 @@ class LlamaCppBatchEngine(Engine):
     def _tokens(self, prompt: str) -> list[int]:
         llm = cast(Llama, self._llm)
         try:
-            given = prompt_or_bos(llm, prompt)
-            tokens = (given if isinstance(given, list)
-                      else llm.tokenize(given.encode("utf-8"), add_bos=True, special=True))
+            # an empty prompt (OpenAI takes "") is the beginning-of-sequence token:
+            # llama.cpp cannot evaluate zero tokens, and a model whose tokenizer adds
+            # no BOS itself (SmolLM2) would otherwise fail
+            tokens = (llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=True) if prompt
+                      else [llm.token_bos()])
         except Exception as exc:
             raise EngineError(f"llama.cpp could not tokenize the prompt: {exc}") from exc
         if len(tokens) >= self.n_ctx:

@@ -36,7 +36,7 @@ from workers.infer.engines.base import GenerationRequest, Piece, first_stop
 from workers.infer.engines.llamacpp_cache import HostCache
 from workers.infer.engines.llamacpp_grammar import CheckedSampling, grammar_sampler
 
-__all__ = ["Context", "Sequence", "Text", "chat_formatter", "common_prefix", "prompt_or_bos",
+__all__ = ["Context", "Sequence", "Text", "chat_formatter", "common_prefix",
            "reuse_score", "llama_seed", "bias_sampler", "sequence_sampler",
            "logprob_of", "token_bytes", "taken"]
 
@@ -395,13 +395,6 @@ def reuse_score(cached: list[int], tokens: list[int]) -> int:
     if shared and shared >= len(tokens) - 1:
         return shared
     return max(0, shared - (len(cached) - shared))
-
-
-def prompt_or_bos(llm: Llama, prompt: str) -> str | list[int]:
-    """An empty prompt (OpenAI takes ``""``) starts from the beginning-of-sequence
-    token: llama.cpp cannot evaluate zero tokens, and a model whose tokenizer adds
-    no BOS itself (SmolLM2) would otherwise fail."""
-    return prompt if prompt else [llm.token_bos()]
 
 
 def chat_formatter(llm: Llama) -> Jinja2ChatFormatter | None:
