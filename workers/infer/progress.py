@@ -20,7 +20,6 @@ from typing import Literal
 from conveyor.errors import BrokerError, TransientBrokerError
 from conveyor.redis_clients import REDIS_ERRORS, Redis
 from conveyor.settings import Settings
-from schemas.codec import Codec
 from schemas.records import TokenChunk
 from topics.catalog import TOKENS
 from topics.envelope import now_ms
@@ -86,11 +85,9 @@ def progress_of(chunks: list[TokenChunk]) -> Progress:
 
 
 class ProgressTracker:
-    def __init__(self, settings: Settings, redis: Redis, codec: Codec,
-                 lookup: SharedLookup) -> None:
+    def __init__(self, settings: Settings, redis: Redis, lookup: SharedLookup) -> None:
         self.settings = settings
         self.redis = redis
-        self.codec = codec
         self.lookup = lookup  # the worker's: it reads the request's partition of tokens
         # tasks written before this are looked up in the log whatever Redis says
         self.distrust_before_ms = now_ms()

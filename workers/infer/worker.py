@@ -172,7 +172,7 @@ class InferWorker:
             # the worker's one keyed reader of the log
             lookup = SharedLookup(self.settings, codec=self.codec)
             stack.push_async_callback(lookup.close)
-            store = ProgressTracker(self.settings, redis, self.codec, lookup)
+            store = ProgressTracker(self.settings, redis, lookup)
             heartbeat = Heartbeat(self.settings, sender, self.worker_id, self.pool, self.engine,
                                   self.models(), self._snapshot, self.held, self.speed)
             self._cancels = CancelList(self.settings, self.codec)

@@ -36,7 +36,7 @@ async def test_a_run_that_kafka_interrupted_claims_its_task_again(
     producer = make_producer(settings.kafka)
     await producer.start()
     lookup = SharedLookup(settings)
-    tracker = ProgressTracker(settings, redis, default_codec(), lookup)
+    tracker = ProgressTracker(settings, redis, lookup)
     rid, entered = f"r{uuid.uuid4().hex[:8]}", now_ms()
     try:
         claim, done = await tracker.claim(rid, "w0", entered, entered)
@@ -65,7 +65,7 @@ async def test_a_claim_loads_its_script_again_when_redis_lost_it(
     await ensure_topics(settings, [s for s in catalog(settings.kafka)
                                    if s.name == TOKENS.at(settings.kafka)])
     lookup = SharedLookup(settings)
-    tracker = ProgressTracker(settings, redis, default_codec(), lookup)
+    tracker = ProgressTracker(settings, redis, lookup)
     try:
         entered = now_ms()
         assert (await tracker.claim("ra", "w0", entered, entered))[0] == "start"
