@@ -5,7 +5,7 @@ stop, flush, restart or SIGKILL without touching the shared ones (9092,
 6379) everything else uses.
 
 Callers: the fault tests' fixtures (tests/support/services.py) and
-bench/chaos_faults.py; it lives here so that neither imports the other.
+bench/chaos.py; it lives here so that neither imports the other.
 Nothing of Conveyor's product (the packages the wheel ships) imports it.
 
 The broker gets ``CONVEYOR_HOME`` set to a folder of its own, with the jar
@@ -195,8 +195,9 @@ class OwnKafka:
         except (OSError, ValueError):
             return None
 
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        """Signal the JVM and wait until it is gone (SIGKILL after 30 s)."""
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Signal the JVM (SIGTERM: a clean shutdown; SIGKILL: a crash) and wait
+        until it is gone (SIGKILL after 30 s)."""
         pid = self.pid()
         if pid is None:
             return
@@ -216,12 +217,8 @@ class OwnKafka:
         except ProcessLookupError:
             pass
 
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        """Stop the broker (SIGTERM: a clean shutdown; SIGKILL: a crash)."""
-        self.kill(sig)
-
     def close(self) -> None:
         """SIGKILL the JVM and every process group a start left; safe to call twice."""
-        self.kill(signal.SIGKILL)
+        self.stop(signal.SIGKILL)
         for pgid in self._groups:
             kill_group(pgid)
