@@ -28,8 +28,8 @@ from infra.services import kill_group, port_answers
 from topics.admin import drop_topics
 
 __all__ = ["BenchError", "Pipeline", "Proc", "as_script", "check_infra", "check_port_free",
-           "conveyor_cli", "conveyor_env", "conveyor_script", "loop_factory", "pipeline",
-           "repo_root", "running", "spawn", "stop_all", "wait_http"]
+           "conveyor_cli", "conveyor_env", "conveyor_script", "conveyor_up", "loop_factory",
+           "pipeline", "repo_root", "running", "spawn", "stop_all", "wait_http"]
 
 # the fixture upstream's answers: TOKENS tokens, DELAY_MS apart when paced
 TOKENS = 32
@@ -241,22 +241,36 @@ def pipeline(upstream_port: int, gateway_port: int, name: str = "bench", *,
     check_infra()
     check_port_free(upstream_port, "upstream")
     check_port_free(gateway_port, "gateway")
-    script = conveyor_script()
     work = Path(tempfile.mkdtemp(prefix="conveyor-bench-"))
     print(f"logs and registry in {work}", flush=True)
     models = work / "models.toml"
     models.write_text(registry(paces_ms))
     upstream_url = f"http://127.0.0.1:{upstream_port}"
-    gateway_url = f"http://127.0.0.1:{gateway_port}"
-    env = conveyor_env(topic_prefix=f"{name}{int(time.time())}", gateway_port=gateway_port,
-                       models_file=models)
-    env.update(extra_env or {})
     fixture = [sys.executable, "-m", "bench.upstream", "--port", str(upstream_port),
                "--tokens", str(max(tokens, TOKENS)), "--delay-ms", str(DELAY_MS)]
-    up = [str(script), "up", "--engine", "openai", "--upstream", upstream_url, "--pool",
-          "bench", "--capacity", str(capacity), "--no-infra"]
+    up = ["--engine", "openai", "--upstream", upstream_url, "--pool", "bench", "--capacity",
+          str(capacity)]
     with running("upstream", fixture, work) as upstream:
         wait_http(f"{upstream_url}/v1/models", upstream, 30.0)
-        with running("conveyor", up, work, env) as conveyor:
-            wait_http(f"{gateway_url}/healthz", conveyor, 180.0)
+        with conveyor_up(up, gateway_port, work, 180.0, prefix=name, models_file=models,
+                         extra_env=extra_env) as (conveyor, gateway_url, env):
             yield Pipeline(upstream_url, gateway_url, conveyor, upstream, env)
+
+
+@contextmanager
+def conveyor_up(args: list[str], gateway_port: int, work: Path, ready_s: float, *, prefix: str,
+                name: str = "conveyor", models_file: Path | None = None,
+                extra_env: Mapping[str, str] | None = None
+                ) -> Iterator[tuple[Proc, str, dict[str, str]]]:
+    """``conveyor up <args> --no-infra`` on ``gateway_port`` and a topic prefix of
+    its own (``prefix`` and the time), process ``name`` logging in ``work``,
+    serving within ``ready_s``: its process, the gateway's URL and its
+    environment (``extra_env`` added). Stopped when the block ends."""
+    check_port_free(gateway_port, "gateway")
+    env = conveyor_env(topic_prefix=f"{prefix}{int(time.time())}", gateway_port=gateway_port,
+                       models_file=models_file)
+    env.update(extra_env or {})
+    gateway_url = f"http://127.0.0.1:{gateway_port}"
+    with running(name, [str(conveyor_script()), "up", *args, "--no-infra"], work, env) as proc:
+        wait_http(f"{gateway_url}/healthz", proc, ready_s)
+        yield proc, gateway_url, env

@@ -27,16 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.client import Sample, StreamClient, first_success, stream_completion
-from bench.harness import (
-    BenchError,
-    as_script,
-    check_infra,
-    check_port_free,
-    conveyor_env,
-    conveyor_script,
-    running,
-    wait_http,
-)
+from bench.harness import BenchError, as_script, check_infra, conveyor_up
 from bench.stats import Check, markdown_table, ms, percentile
 
 __all__ = ["main"]
@@ -126,18 +117,13 @@ async def warm_up(gateway_url: str, timeout_s: float) -> None:
 
 
 def run_phase(name: str, prefix_aware: bool, args: argparse.Namespace) -> Phase:
-    check_port_free(args.gateway_port, "gateway")
     work = Path(tempfile.mkdtemp(prefix=f"conveyor-routing-{name}-"))
-    env = conveyor_env(topic_prefix=f"route{name}{int(time.time())}",
-                       gateway_port=args.gateway_port)
-    env["CONVEYOR_ROUTE_PREFIX_AWARE"] = "true" if prefix_aware else "false"
-    argv = [str(conveyor_script()), "up", "--engine", "llamacpp", "--workers", "2",
-            "--contexts", str(args.contexts), f"--host-cache-mib={args.host_cache_mib}",
-            "--no-infra"]
-    gateway_url = f"http://127.0.0.1:{args.gateway_port}"
+    up = ["--engine", "llamacpp", "--workers", "2", "--contexts", str(args.contexts),
+          f"--host-cache-mib={args.host_cache_mib}"]
+    aware = {"CONVEYOR_ROUTE_PREFIX_AWARE": "true" if prefix_aware else "false"}
     phase = Phase(name)
-    with running(f"conveyor-{name}", argv, work, env) as conveyor:
-        wait_http(f"{gateway_url}/healthz", conveyor, 240.0)
+    with conveyor_up(up, args.gateway_port, work, 240.0, prefix=f"route{name}",
+                     name=f"conveyor-{name}", extra_env=aware) as (_, gateway_url, _):
         asyncio.run(warm_up(gateway_url, 180.0))
         asyncio.run(asyncio.wait_for(
             play(gateway_url, phase, args.conversations, args.turns, args.clients,
