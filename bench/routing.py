@@ -2,18 +2,13 @@
 
     python -m bench.routing [--conversations 16] [--turns 4] [--clients 8] [--interleave 2]
 
-Starts ``conveyor up --workers 2 --contexts 4 --no-infra`` once with
-schedule least-loaded (``CONVEYOR_ROUTE_PREFIX_AWARE=false``) and once
-prefix-aware (the order alternating over ``--rounds``), and plays on each
-conversations of several turns, each with a long system prompt of its own
-(about 600 tokens, new in every phase), every turn carrying the history.
-Each client holds ``--interleave`` conversations and asks a turn of each in
-turn, reading each answer up to ``--think-s``; each worker keeps the caches
-of conversations its contexts moved on from in ``--host-cache-mib`` (by
-default room for about half of them: the two workers together hold them
-all, one does not). Printed: TTFT p50/p90 of every turn, of the first and of
-the later turns, and tokens/s. Target: prefix-aware TTFT p50 at most half of
-least-loaded's, tokens/s no lower.
+Starts ``conveyor up --workers 2 --no-infra`` once least-loaded and once
+prefix-aware (the order alternating over ``--rounds``) and plays on each
+conversations of several turns, each with a long system prompt of its own,
+every turn carrying the history (the shape: docs/benchmarks/results/routing.md).
+Printed: TTFT p50/p90 of every turn, of the first and of the later turns, and
+tokens/s. Target: prefix-aware TTFT p50 at most half of least-loaded's,
+tokens/s no lower.
 """
 
 from __future__ import annotations
