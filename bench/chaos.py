@@ -32,9 +32,9 @@ from pathlib import Path
 import httpx
 
 from bench.chaos_check import Injected, Load, Record, Report, judge, read_tokens
-from bench.harness import BenchError, Proc, as_script, conveyor_cli, conveyor_env, spawn, stop_all
+from bench.harness import BenchError, Proc, as_script, conveyor_cli, conveyor_env, spawn
 from conveyor.settings import Settings
-from infra.services import OwnKafka, OwnRedis, ServiceError, free_port, kill_group
+from infra.services import OwnKafka, OwnRedis, ServiceError, free_port, stop_groups
 from schemas.codec import default_codec
 from schemas.records import WorkerHeartbeat
 from topics.catalog import WORKERS
@@ -248,11 +248,8 @@ class Conveyor:
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Signal the process group of ``name`` and wait for it to exit."""
-        proc = self.procs[name]
         self._killed.add(name)
-        if proc.exited() is None:
-            kill_group(proc.popen.pid, sig)
-            proc.popen.wait(timeout=30)
+        stop_groups([self.procs[name].popen], sig, grace_s=30)
 
     def reap(self) -> list[str]:
         """The processes that exited without being killed by the run (recorded in
@@ -267,7 +264,7 @@ class Conveyor:
         return died
 
     def close(self) -> None:
-        stop_all(self.procs.values(), grace_s=15)
+        stop_groups([proc.popen for proc in self.procs.values()], grace_s=15)
 
 
 QUICK_FAULTS = ("worker", "redis-stop", "redis-flush-worker")

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,12 +23,12 @@ from types import FrameType
 import httpx
 
 from conveyor.settings import load_settings
-from infra.services import kill_group, port_answers
+from infra.services import port_answers, stop_groups
 from topics.admin import drop_topics
 
 __all__ = ["BenchError", "Pipeline", "Proc", "as_script", "check_infra", "check_port_free",
            "conveyor_cli", "conveyor_env", "conveyor_script", "conveyor_up", "loop_factory",
-           "pipeline", "repo_root", "running", "spawn", "stop_all", "wait_http"]
+           "pipeline", "repo_root", "running", "spawn", "wait_http"]
 
 # the fixture upstream's answers: TOKENS tokens, DELAY_MS apart when paced
 TOKENS = 32
@@ -71,22 +70,6 @@ class Proc:
         return "\n".join(text.splitlines()[-lines:])
 
 
-def stop_all(procs: Iterable[Proc], grace_s: float = 10.0) -> None:
-    """SIGTERM each process group at once, then SIGKILL what is left of each
-    group (stragglers included) once its leader exited or ``grace_s`` passed."""
-    procs = list(procs)
-    for proc in procs:
-        if proc.exited() is None:  # start_new_session: the group is its pid
-            kill_group(proc.popen.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    for proc in procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-        kill_group(proc.popen.pid)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.popen.wait(timeout=5)
-
-
 def spawn(name: str, argv: list[str], log_dir: Path,
           env: Mapping[str, str] | None = None) -> Proc:
     """Start ``argv`` in a new process group, its output appended to
@@ -109,7 +92,7 @@ def running(name: str, argv: list[str], log_dir: Path,
     try:
         yield proc
     finally:
-        stop_all([proc])
+        stop_groups([proc.popen])
 
 
 def wait_http(url: str, proc: Proc, timeout_s: float) -> None:

@@ -17,16 +17,18 @@ raises :class:`ServiceError` with the end of the service's log.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Self
 
 __all__ = ["OwnKafka", "OwnRedis", "ServiceError", "free_port", "kill_group", "port_answers",
-           "redis_answers"]
+           "redis_answers", "stop_groups"]
 
 REPO = Path(__file__).resolve().parent.parent
 KAFKA_SH = REPO / "infra" / "kafka.sh"
@@ -79,6 +81,24 @@ def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
         pass
 
 
+def stop_groups(procs: Iterable[subprocess.Popen[bytes]], sig: int = signal.SIGTERM,
+                grace_s: float = 10.0) -> None:
+    """Signal the process group of each of ``procs`` (each started in a session of
+    its own) at once, then SIGKILL what is left of each group (stragglers
+    included) once its leader exited or ``grace_s`` passed."""
+    procs = list(procs)
+    for proc in procs:
+        if proc.poll() is None:  # start_new_session: the group is its pid
+            kill_group(proc.pid, sig)
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        kill_group(proc.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+
+
 class OwnRedis:
     """A redis-server with its append-only file on, in ``<workdir>/redis-<port>``."""
 
@@ -111,15 +131,8 @@ class OwnRedis:
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """Signal it and wait for it to exit (SIGKILL to its group after 20 s)."""
-        if self.popen is None:
-            return
-        if self.popen.poll() is None:
-            self.popen.send_signal(sig)
-            try:
-                self.popen.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                kill_group(self.popen.pid)
-                self.popen.wait(timeout=5)
+        if self.popen is not None:
+            stop_groups([self.popen], sig, grace_s=20)
         self.popen = None
 
     def flush(self) -> None:
