@@ -13,7 +13,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from aiokafka import TopicPartition
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
@@ -42,7 +42,7 @@ from workers.schedule.room import (
 )
 from workers.schedule.table import WorkerTable, WorkerView, relative_speeds, serves, warm_first
 
-__all__ = ["ScheduleLayer", "Parked", "fair_order", "fall_back", "others_can_take"]
+__all__ = ["ScheduleLayer", "Parked", "fair_order"]
 
 log = logging.getLogger(__name__)
 
@@ -219,12 +219,11 @@ class ScheduleLayer:
         need = kv_need(task)
 
         def roomy(workers: list[WorkerView]) -> list[WorkerView]:
-            return [w for w in workers if has_room(w, interactive_busy(
-                w, self._busy(w), self.outstanding.low_at(w.beat["worker_id"])), need)]
+            return [w for w in workers if has_room(w, self._interactive_busy(w), need)]
 
         live = roomy(opened)
         if not live and (overdue or not opened):
-            live = fall_back(task, lambda pool, model: roomy(self._open(pool, model)))
+            live = self._fall_back(task, roomy)
         if not live:
             return None
         live = warm_first(live, task["route"]["model"])
@@ -261,9 +260,8 @@ class ScheduleLayer:
         keep = sum(1 for other in under.present if other != tenant and under(other))
         if not keep:
             return False
-        free = sum(max(0, w.beat["capacity"] - interactive_busy(
-            w, self._busy(w), self.outstanding.low_at(w.beat["worker_id"])))
-            for w in self._open(pool))
+        free = sum(max(0, w.beat["capacity"] - self._interactive_busy(w))
+                   for w in self._open(pool))
         return free <= keep
 
     def _failed_before_first_token(self, task: Task) -> None:
@@ -276,7 +274,7 @@ class ScheduleLayer:
         failure = route["failure"]
         assert failure is not None
         self.finished(rid, route["failed_workers"][-1], self.clock(), failure, route["pool"])
-        if not others_can_take(task, self._open, lambda w: w.beat["worker_id"]):
+        if not self._others_can_take(task):
             raise RequestError(failure["message"], code=failure["code"],
                                status=failure["status"], type=failure["type"],
                                param=failure["param"])
@@ -291,6 +289,43 @@ class ScheduleLayer:
         """A worker's tasks: what its beats tell, never less than what this
         scheduler sent it and has not seen finish."""
         return max(view.busy(), self.outstanding.at(view.beat["worker_id"]))
+
+    def _interactive_busy(self, view: WorkerView) -> int:
+        """A worker's tasks less its batch and background ones (room.py)."""
+        return interactive_busy(view, self._busy(view),
+                                self.outstanding.low_at(view.beat["worker_id"]))
+
+    def _fall_back(self, task: Task, roomy: Callable[[list[WorkerView]], list[WorkerView]]
+                   ) -> list[WorkerView]:
+        """The workers with room (``roomy``) of the first fallback whose pool has
+        some open, the task rerouted there; none: unchanged."""
+        route = task["route"]
+        for fallback in route.get("fallbacks", []):
+            workers = roomy(self._open(fallback["pool"], fallback["model"]))
+            if workers:
+                log.info("request %s: model %s cannot be served now; %s answers it",
+                         task["envelope"]["request_id"], route["model"], fallback["model"])
+                route["fallback_from"] = route["model"]
+                route["model"], route["pool"] = fallback["model"], fallback["pool"]
+                route["fallbacks"] = []
+                return workers
+        return []
+
+    def _others_can_take(self, task: Task) -> bool:
+        """Whether a task an engine failed before its first token has somewhere
+        else to go: an open worker of its pool that has not failed it, or a
+        fallback with an open worker. Said in the log either way."""
+        route = task["route"]
+        failed = list(route.get("failed_workers") or ())
+        others = [w for w in self._open(route["pool"], route["model"])
+                  if w.beat["worker_id"] not in failed]
+        fallbacks = [f for f in route.get("fallbacks", []) if self._open(f["pool"], f["model"])]
+        failure = route.get("failure")
+        log.info("request %s: the engine of worker %s failed before the first token (%s); %s",
+                 task["envelope"]["request_id"], failed[-1] if failed else "?",
+                 failure["message"] if failure else "",
+                 "another worker takes it" if others or fallbacks else "no other can")
+        return bool(others or fallbacks)
 
     def _room_for_low(self, pool: str, model: str | None = None) -> WorkerView | None:
         """The worker the next background or batch task of ``pool`` (asking for
@@ -490,41 +525,3 @@ def fair_order(parked: list[Parked], running: Callable[[str, str], int]) -> list
         if not queues[key]:
             del queues[key]
     return out
-
-
-W = TypeVar("W")
-
-
-def fall_back(task: Task, open_workers: Callable[[str, str], list[W]]) -> list[W]:
-    """The workers of the first fallback whose pool has some open to work
-    (``open_workers(pool, model)``), the task rerouted there; none: unchanged."""
-    route = task["route"]
-    for fallback in route.get("fallbacks", []):
-        workers = open_workers(fallback["pool"], fallback["model"])
-        if workers:
-            log.info("request %s: model %s cannot be served now; %s answers it",
-                     task["envelope"]["request_id"], route["model"], fallback["model"])
-            route["fallback_from"] = route["model"]
-            route["model"], route["pool"] = fallback["model"], fallback["pool"]
-            route["fallbacks"] = []
-            return workers
-    return []
-
-
-def others_can_take(task: Task, open_workers: Callable[[str, str], list[W]],
-                    worker_id: Callable[[W], str]) -> bool:
-    """Whether a task an engine failed before its first token has somewhere
-    else to go: an open worker of its pool that has not failed it, or a
-    fallback with an open worker. Said in the log either way."""
-    route = task["route"]
-    failed = list(route.get("failed_workers") or ())
-    others = [w for w in open_workers(route["pool"], route["model"])
-              if worker_id(w) not in failed]
-    fallbacks = [f for f in route.get("fallbacks", []) if open_workers(f["pool"], f["model"])]
-    failure = route.get("failure")
-    log.info("request %s: the engine of worker %s failed before the first token (%s); %s",
-             task["envelope"]["request_id"], failed[-1] if failed else "?",
-             failure["message"] if failure else "",
-             "another worker takes it" if others or fallbacks else "no other can")
-    return bool(others or fallbacks)
-
