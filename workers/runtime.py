@@ -61,7 +61,7 @@ from workers.cancels import CancelList
 from workers.failures import failure_outputs
 from workers.inflight import PartitionBook
 from workers.layer import AssignmentAware, CancelAware, Instrumented, Layer, Record
-from workers.outputs import Output, Sender, error_info, failure_reply
+from workers.outputs import Output, Sender, failure_reply
 
 __all__ = ["LayerRuntime"]
 
@@ -279,10 +279,10 @@ class LayerRuntime:
                       _trace(envelope), exc)
             await self._fail(record, envelopes[0], exc, f"{type(exc).__name__}: {exc}")
             for other in envelopes[1:]:  # one letter of the record, a reply to each request
-                reply = self._sender_().error_output(
-                    other, error_info(failure_reply(exc, layer.name))) if other else None
+                replies = self._sender_().error_outputs(
+                    other, failure_reply(exc, layer.name)) if other else []
                 with contextlib.suppress(PermanentBrokerError, SchemaError):
-                    await self._produce([reply] if reply is not None else [])
+                    await self._produce(replies)
 
     async def _outputs(self, event: Any, envelope: Envelope | None, record: Record
                        ) -> list[Output] | None:
@@ -300,8 +300,7 @@ class LayerRuntime:
                 if envelope is None:  # no request to fail: keep the event in the DLQ
                     await self._fail(record, None, exc, f"{type(exc).__name__}: {exc}")
                     return None
-                reply = self._sender_().error_output(envelope, error_info(exc))
-                return [reply] if reply is not None else []
+                return self._sender_().error_outputs(envelope, exc)
             except (TransientBrokerError, KafkaError) as exc:
                 translated = broker_error(exc)
                 if not isinstance(translated, TransientBrokerError):

@@ -22,7 +22,7 @@ from topics.catalog import PREPARED, REQUESTS, TOKENS
 from topics.envelope import canary_key, stamp
 from topics.policies import PolicyFollower
 from workers.layer import Layer
-from workers.outputs import Output, Sender, error_info
+from workers.outputs import Output, Sender
 from workers.policy_checks import (
     checked_input,
     classified_input,
@@ -151,8 +151,7 @@ class PreprocessLayer(Layer):
                              self.name)
         if self._sender is None:
             raise input_refusal(blocked)
-        reply = self._sender.error_output(envelope, error_info(input_refusal(blocked)))
-        return [audit] if reply is None else [reply, audit]
+        return [*self._sender.error_outputs(envelope, input_refusal(blocked)), audit]
 
     def _measure(self, spec: ModelSpec, tokenizer: Tokenizer, generation: Generation,
                  salt: str) -> tuple[Fit, list[int]]:

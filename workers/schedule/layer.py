@@ -24,7 +24,7 @@ from schemas.codec import Codec, default_codec
 from schemas.records import Envelope, ErrorInfo, Task, WorkerHeartbeat
 from topics.catalog import ROUTED, infer_topic
 from topics.envelope import PRIORITY_INTERACTIVE, now_ms, now_us, stamp
-from workers.outputs import Output, Sender, error_info, failure_reply
+from workers.outputs import Output, Sender, failure_reply
 from workers.prefix import PrefixIndex, RoutePolicy, WorkerLoad, choose
 from workers.schedule.breakers import Breakers
 from workers.schedule.held import BatchAdmission, Candidate, Held, HeldQueue
@@ -397,8 +397,7 @@ class ScheduleLayer:
                 if out is None and overdue:
                     raise out_of_time(parked, served, self.table.settling(), self.settings)
             except RequestError as exc:
-                reply = sender.error_output(parked.task["envelope"], error_info(exc))
-                outputs = [reply] if reply is not None else []
+                outputs = sender.error_outputs(parked.task["envelope"], exc)
             else:
                 if out is None:
                     if not held_back:  # later tasks of the pool stay behind this one
@@ -419,8 +418,7 @@ class ScheduleLayer:
             envelope = late.task(self.codec, self.name)["envelope"]
             exc = DeadlineExceeded("The request's deadline passed while it waited for a "
                                    "worker with room for it.")
-            reply = sender.error_output(envelope, error_info(exc))
-            sends.append((envelope, [reply] if reply is not None else []))
+            sends.append((envelope, sender.error_outputs(envelope, exc)))
         for pool in self.held.pools():
             while (upcoming := self.held.peek(pool)) is not None:
                 view = self._room_for_low(pool, upcoming.model or None)
@@ -440,10 +438,8 @@ class ScheduleLayer:
         except (PermanentBrokerError, SchemaError) as exc:
             log.error("request %s: cannot send its task: %s", envelope["request_id"], exc)
             self.outstanding.forget(envelope["request_id"])
-            reply = sender.error_output(envelope, error_info(failure_reply(exc, self.name)))
-            if reply is not None:
-                with contextlib.suppress(PermanentBrokerError, SchemaError):
-                    await sender.produce([reply])
+            with contextlib.suppress(PermanentBrokerError, SchemaError):
+                await sender.produce(sender.error_outputs(envelope, failure_reply(exc, self.name)))
 
     def reconcile(self) -> None:
         """Let new heartbeats correct the count of tasks sent (see outstanding;
