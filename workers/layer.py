@@ -1,6 +1,5 @@
 """What a layer is to the runtime that runs it (:mod:`workers.runtime`): the
-protocol every layer implements, and the two it may add (it acts on cancels;
-it acts on its share of the source's partitions)."""
+protocol every layer implements, and the one it may add (it acts on cancels)."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from opentelemetry.metrics import Meter
 from topics.catalog import Topic
 from workers.outputs import Output, Sender
 
-__all__ = ["AssignmentAware", "CancelAware", "Instrumented", "Layer", "Record"]
+__all__ = ["CancelAware", "Layer", "Record"]
 
 Record: TypeAlias = "ConsumerRecord[bytes, bytes]"
 
@@ -47,14 +46,14 @@ class Layer(Protocol):
         """The partitions went to another member: forget what was held for them."""
         return None
 
-
-@runtime_checkable
-class AssignmentAware(Protocol):
-    """A layer that acts on how many of its source's partitions it holds."""
-
     def assigned(self, partitions: list[TopicPartition]) -> None:
         """Called with the whole assignment after each rebalance."""
-        ...
+        return None
+
+    def instrument(self, meter: Meter) -> None:
+        """Make the layer's own gauges (read at each scrape) on the process's
+        meter, when its runtime is built."""
+        return None
 
 
 @runtime_checkable
@@ -64,10 +63,3 @@ class CancelAware(Protocol):
 
     def cancel(self, request_id: str) -> None: ...
 
-
-@runtime_checkable
-class Instrumented(Protocol):
-    """A layer with gauges of its own (read at each scrape), made on the
-    process's meter when its runtime is built."""
-
-    def instrument(self, meter: Meter) -> None: ...

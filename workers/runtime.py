@@ -60,7 +60,7 @@ from topics.tracing import layer_span, trace_id_of
 from workers.cancels import CancelList
 from workers.failures import failure_outputs
 from workers.inflight import PartitionBook
-from workers.layer import AssignmentAware, CancelAware, Instrumented, Layer, Record
+from workers.layer import CancelAware, Layer, Record
 from workers.outputs import Output, Sender, failure_reply
 
 __all__ = ["LayerRuntime"]
@@ -82,8 +82,7 @@ class _Rebalance(ConsumerRebalanceListener):
         await self.runtime.settle(list(revoked))
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        if isinstance(self.runtime.layer, AssignmentAware):
-            self.runtime.layer.assigned(list(assigned))
+        self.runtime.layer.assigned(list(assigned))
 
 
 class LayerRuntime:
@@ -126,7 +125,7 @@ class LayerRuntime:
         self._paused: set[TopicPartition] = set()
         self._problems = RateLimitedLog(log)
         self.probe = (metrics or LayerMetrics.off()).layer(layer.name, self.lag)
-        if metrics is not None and isinstance(layer, Instrumented):
+        if metrics is not None:
             layer.instrument(metrics.meter)
 
     def stop(self) -> None:

@@ -23,6 +23,7 @@ from schemas.records import JobResult, JobStatus
 from topics.catalog import JOB_STATUS, RESULTS
 from topics.envelope import now_ms
 from workers.jobs.folds import BatchFold, ResponseFold
+from workers.layer import Layer
 from workers.outputs import Output, Sender
 
 __all__ = ["ResultsLayer", "output_file_id", "PUBLISH_EVERY_S", "CANCEL_GRACE_MS"]
@@ -45,7 +46,7 @@ def output_file_id(job_id: str, which: str, created_s: int) -> str:
     return f"file-{(created_s * 1000) & 0xFFFF_FFFF_FFFF:012x}{digest}"
 
 
-class ResultsLayer:
+class ResultsLayer(Layer):
     name = "results"
     source = RESULTS
 

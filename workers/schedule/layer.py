@@ -24,6 +24,7 @@ from schemas.codec import Codec, default_codec
 from schemas.records import Envelope, ErrorInfo, Task, WorkerHeartbeat
 from topics.catalog import ROUTED, infer_topic
 from topics.envelope import PRIORITY_INTERACTIVE, now_ms, now_us, stamp
+from workers.layer import Layer
 from workers.outputs import Output, Sender, failure_reply
 from workers.prefix import PrefixIndex, RoutePolicy, WorkerLoad, choose
 from workers.schedule.breakers import Breakers
@@ -53,7 +54,7 @@ _BREAKER_LEVEL = {"closed": 0, "half_open": 1, "open": 2}
 Observe = Callable[[CallbackOptions], Iterable[Observation]]
 
 
-class ScheduleLayer:
+class ScheduleLayer(Layer):
     name = "schedule"
     source = ROUTED
 

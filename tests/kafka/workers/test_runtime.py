@@ -25,14 +25,15 @@ from topics.catalog import REQUESTS, TOKENS, catalog, topic_named
 from topics.envelope import now_ms
 from workers.cancels import CancelList
 from workers.inflight import PartitionBook
-from workers.outputs import Output, Sender
+from workers.layer import Layer
+from workers.outputs import Output
 from workers.runtime import LayerRuntime
 
 MAX_EVENT = 64 * 1024
 codec = default_codec()
 
 
-class ScriptedLayer:
+class ScriptedLayer(Layer):
     """Requests in, the same request out on ``prepared``, as each request id says:
     ``big*`` gives an output larger than a topic takes, ``slow*`` waits for
     ``release``, ``bad*`` an output its schema cannot encode."""
@@ -45,12 +46,6 @@ class ScriptedLayer:
         self.release = asyncio.Event()
         self.handled: list[str] = []
 
-    async def start(self, sender: Sender) -> None:
-        return None
-
-    async def stop(self) -> None:
-        return None
-
     async def handle(self, event: Request, record: Any) -> list[Output]:
         rid = event["envelope"]["request_id"]
         if rid.startswith("slow"):
@@ -62,12 +57,6 @@ class ScriptedLayer:
         if rid.startswith("bad"):
             record_out = {"envelope": event["envelope"]}
         return [Output(self.settings.kafka.topic("prepared"), "Request", record_out, key=rid)]
-
-    def committable(self, tp: TopicPartition, next_offset: int) -> int:
-        return next_offset
-
-    def revoked(self, partitions: list[TopicPartition]) -> None:
-        return None
 
 
 class CancellingLayer(ScriptedLayer):
@@ -93,7 +82,7 @@ async def producer(settings: Settings) -> AsyncIterator[AIOKafkaProducer]:
 @contextlib.asynccontextmanager
 async def running(settings: Settings, layer: ScriptedLayer, **options: Any
                   ) -> AsyncIterator[LayerRuntime]:
-    runtime = LayerRuntime(settings, layer, **options)  # type: ignore[arg-type]
+    runtime = LayerRuntime(settings, layer, **options)
     task = asyncio.create_task(runtime.run())
     try:
         yield runtime
