@@ -72,10 +72,6 @@ def accounting_datadir(home: Path, app_id: str) -> Path:
     return home / "accounting" / app_id
 
 
-def _brokers(bootstrap: str) -> list[str]:
-    return [f"kafka://{host.strip()}" for host in bootstrap.split(",") if host.strip()]
-
-
 class AccountingApp:
     """One Faust app for one Settings, with its tables, agent and mirror timer."""
 
@@ -93,7 +89,8 @@ class AccountingApp:
         self.datadir.parent.mkdir(parents=True, exist_ok=True)
         self.app = faust.App(
             app_id,
-            broker=_brokers(settings.kafka.bootstrap),
+            broker=[f"kafka://{host.strip()}" for host in settings.kafka.bootstrap.split(",")
+                    if host.strip()],
             datadir=self.datadir,
             store="memory://",
             web_enabled=False,
