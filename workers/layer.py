@@ -1,9 +1,9 @@
 """What a layer is to the runtime that runs it (:mod:`workers.runtime`): the
-protocol every layer implements, and the one it may add (it acts on cancels)."""
+protocol every layer implements."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol, TypeAlias, runtime_checkable
+from typing import Any, ClassVar, Protocol, TypeAlias
 
 from aiokafka import ConsumerRecord, TopicPartition
 from opentelemetry.metrics import Meter
@@ -11,7 +11,7 @@ from opentelemetry.metrics import Meter
 from topics.catalog import Topic
 from workers.outputs import Output, Sender
 
-__all__ = ["CancelAware", "Layer", "Record"]
+__all__ = ["Layer", "Record"]
 
 Record: TypeAlias = "ConsumerRecord[bytes, bytes]"
 
@@ -22,6 +22,9 @@ class Layer(Protocol):
 
     name: str
     source: Topic[Any]  # the topic it consumes, and so the event it handles
+    # its work stops at a cancel: its events of cancelled requests are dropped,
+    # and it hears of every cancel (``cancel``)
+    cancellable: ClassVar[bool] = False
 
     async def start(self, sender: Sender) -> None:
         """Called once before consuming; a layer that produces on its own (not
@@ -55,11 +58,7 @@ class Layer(Protocol):
         meter, when its runtime is built."""
         return None
 
-
-@runtime_checkable
-class CancelAware(Protocol):
-    """A layer whose work stops at a cancel: its events of cancelled requests
-    are dropped, and it hears of every cancel."""
-
-    def cancel(self, request_id: str) -> None: ...
+    def cancel(self, request_id: str) -> None:
+        """The request was cancelled (a ``cancellable`` layer hears it)."""
+        return None
 

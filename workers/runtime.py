@@ -13,8 +13,8 @@ handle -> produce -> wait for the acks -> commit, for several events at once
   ``conveyor.dlq`` plus an error reply (workers/failures.py); a handler's
   :class:`RequestError` is an error reply alone; passing broker trouble is
   retried with backoff, never dead-lettered.
-- A layer with a ``cancel(request_id)`` method drops the events of cancelled
-  requests and hears of each cancel (workers/cancels.py).
+- A ``cancellable`` layer drops the events of cancelled requests and hears of
+  each cancel (workers/cancels.py).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from topics.tracing import layer_span, trace_id_of
 from workers.cancels import CancelList
 from workers.failures import failure_outputs
 from workers.inflight import PartitionBook
-from workers.layer import CancelAware, Layer, Record
+from workers.layer import Layer, Record
 from workers.outputs import Output, Sender, failure_reply
 
 __all__ = ["LayerRuntime"]
@@ -104,10 +104,8 @@ class LayerRuntime:
         self._shared_producer = producer
         self.tracer = tracer or trace.NoOpTracer()
         self.cancels = cancels
-        # asked once: an isinstance check against a Protocol is slow
-        self._cancel_aware = isinstance(layer, CancelAware)
         self._batched = layer.source.batch is not None
-        self._own_cancels = cancels is None and self._cancel_aware
+        self._own_cancels = cancels is None and layer.cancellable
         if self._own_cancels:
             self.cancels = CancelList(settings, self.codec)
         self.partitions: dict[TopicPartition, PartitionBook] = {}
@@ -152,7 +150,7 @@ class LayerRuntime:
             raise
         self._consumer = consumer
         sender = self._sender = Sender(self.settings, producer, self.codec)
-        if self.cancels is not None and isinstance(self.layer, CancelAware):
+        if self.cancels is not None and self.layer.cancellable:
             self.cancels.subscribe(self.layer.cancel)
             if self._own_cancels:
                 background.append(asyncio.create_task(self.cancels.run(), name="cancels"))
@@ -258,7 +256,7 @@ class LayerRuntime:
         for event in events:
             # job events (commands, results) belong to a job, not to one request
             envelope: Envelope | None = event.get("envelope")
-            if (self.cancels is not None and self._cancel_aware and envelope
+            if (self.cancels is not None and layer.cancellable and envelope
                     and envelope["request_id"] in self.cancels):
                 log.info("%s: request %s was cancelled; dropping its event", layer.name,
                          envelope["request_id"])

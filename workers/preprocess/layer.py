@@ -58,6 +58,7 @@ _TURN_CHARS = 64
 class PreprocessLayer(Layer):
     name = "preprocess"
     source = REQUESTS
+    cancellable = True  # nothing is held per request: its events are dropped
 
     def __init__(
         self, settings: Settings, registry: Registry, tokenizers: TokenizerCache | None = None,
@@ -81,10 +82,6 @@ class PreprocessLayer(Layer):
     async def stop(self) -> None:
         await self._follower.stop()
         await self.cache.close()
-
-    def cancel(self, request_id: str) -> None:
-        """Nothing is held per request: the runtime drops a cancelled request's events."""
-        return None
 
     async def handle(
         self, event: Request, record: ConsumerRecord[bytes, bytes] | None

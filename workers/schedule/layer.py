@@ -57,6 +57,7 @@ Observe = Callable[[CallbackOptions], Iterable[Observation]]
 class ScheduleLayer(Layer):
     name = "schedule"
     source = ROUTED
+    cancellable = True
 
     def __init__(self, settings: Settings, table: WorkerTable | None = None,
                  clock: Callable[[], int] = now_ms, *, codec: Codec | None = None) -> None:

@@ -60,6 +60,8 @@ class ScriptedLayer(Layer):
 
 
 class CancellingLayer(ScriptedLayer):
+    cancellable = True
+
     def cancel(self, request_id: str) -> None:
         self.handled.append(f"cancel:{request_id}")
 
