@@ -222,7 +222,7 @@ class LayerRuntime:
         part = self.partitions.get(tp)
         if part is not None:
             part.finish(record.offset)
-            if tp in self._paused and part.unfinished() < self.max_in_flight:
+            if tp in self._paused and part.pending < self.max_in_flight:
                 self._paused.discard(tp)
                 with contextlib.suppress(NotAssigned):
                     self._consumer.resume(tp)
@@ -230,7 +230,7 @@ class LayerRuntime:
 
     def _pause_full(self) -> None:
         for tp, part in self.partitions.items():
-            if tp not in self._paused and part.unfinished() >= self.max_in_flight:
+            if tp not in self._paused and part.pending >= self.max_in_flight:
                 self._paused.add(tp)
                 with contextlib.suppress(NotAssigned):
                     self._consumer.pause(tp)

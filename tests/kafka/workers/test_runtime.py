@@ -159,11 +159,11 @@ def test_the_lowest_unfinished_offset_bounds_the_commit() -> None:
         part.take(offset)
     part.finish(12)
     part.finish(13)
-    assert part.low() == 10 and part.unfinished() == 2
+    assert part.low() == 10 and part.pending == 2
     part.finish(10)
     assert part.low() == 11
     part.finish(11)
-    assert part.low() == 14 and part.unfinished() == 0
+    assert part.low() == 14 and part.pending == 0
 
 
 async def test_an_output_too_large_goes_to_the_dlq_with_a_413_and_the_runtime_goes_on(
