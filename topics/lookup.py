@@ -143,43 +143,35 @@ class KeyLookup:
         for partition in partitions:
             tp = TopicPartition(topic, partition)
             found += await asyncio.wait_for(
-                self._read(tp, wanted, since_ms, until_ms, first), self.timeout_s)
+                self._since(tp, wanted, since_ms, until_ms, first), self.timeout_s)
             if first and found:
                 break
         return found
 
     async def at(self, topic: str, partition: int, offset: int) -> Record | None:
         """The record at one offset, or None when there is none (any more)."""
-        tp = TopicPartition(topic, partition)
-        consumer = self._consumer
-        consumer.assign([tp])
-        try:
-            start = (await consumer.beginning_offsets([tp]))[tp]
-            end = (await consumer.end_offsets([tp]))[tp]
-            if not start <= offset < end:
-                return None
-            consumer.seek(tp, offset)
-            deadline = time.monotonic() + self.timeout_s
-            while time.monotonic() < deadline:
-                batch = await consumer.getmany(tp, timeout_ms=500, max_records=1)
-                for record in batch.get(tp, []):
-                    return record if record.offset == offset else None
-            raise TimeoutError(f"no answer reading {topic}[{partition}]@{offset}")
-        finally:
-            self._idle(tp)
+        found = await asyncio.wait_for(self._read(TopicPartition(topic, partition), None, offset,
+                                                  None, True), self.timeout_s)
+        return found[0] if found and found[0].offset == offset else None
 
-    async def _read(self, tp: TopicPartition, key: bytes | None, since_ms: int,
+    async def _since(self, tp: TopicPartition, key: bytes | None, since_ms: int,
+                     until_ms: int | None, first: bool) -> list[Record]:
+        hit = (await self._consumer.offsets_for_times({tp: max(0, since_ms)}))[tp]
+        if hit is None:
+            return []  # nothing written to the partition since then
+        return await self._read(tp, key, hit.offset, until_ms, first)
+
+    async def _read(self, tp: TopicPartition, key: bytes | None, start: int,
                     until_ms: int | None, first: bool) -> list[Record]:
+        """``tp``'s records (``key``'s) from offset ``start`` on, up to the end
+        offset seen as the read began or past ``until_ms``."""
         consumer = self._consumer
         consumer.assign([tp])
         try:
-            hit = (await consumer.offsets_for_times({tp: max(0, since_ms)}))[tp]
-            if hit is None:
-                return []  # nothing written to the partition since then
             end = (await consumer.end_offsets([tp]))[tp]
-            consumer.seek(tp, hit.offset)
+            consumer.seek(tp, start)
             found: list[Record] = []
-            position = hit.offset
+            position = start
             try:
                 while position < end:
                     batch = await consumer.getmany(tp, timeout_ms=500)
@@ -194,7 +186,7 @@ class KeyLookup:
                                 return found
                 return found
             finally:
-                self.read.setdefault(tp.topic, []).append((tp.partition, hit.offset, position))
+                self.read.setdefault(tp.topic, []).append((tp.partition, start, position))
         finally:
             self._idle(tp)
 
