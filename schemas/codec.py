@@ -104,13 +104,6 @@ class Codec:
             raise SchemaError(f"cannot encode {event_type}: {exc}") from exc
         return buf.getvalue()
 
-    def encode_with(self, writer_schema: Any, record: Any) -> bytes:
-        """Encode with an explicit (for example an older) schema: for tests and replay."""
-        buf = io.BytesIO()
-        buf.write(MAGIC + _fingerprint(writer_schema))
-        schemaless_writer(buf, writer_schema, record)
-        return buf.getvalue()
-
     def decode(self, data: bytes | None, expected: EventType | tuple[EventType, ...]) -> Any:
         """Decode a value into the current shape of ``expected`` (one of them:
         the value's own type). Typed: :meth:`topics.catalog.Topic.decode`."""
