@@ -261,11 +261,6 @@ class SharedLookup:
         return await self._call(f"reading {topic}[{partition}]@{offset}",
                                 lambda reader: reader.at(topic, partition, offset), timeout_s)
 
-    async def partitions(self, topic: str, *, timeout_s: float | None = None) -> list[int]:
-        """The topic's partitions."""
-        return await self._call(f"the partitions of {topic}",
-                                lambda reader: reader.partitions(topic), timeout_s)
-
     async def close(self) -> None:
         """Close every reader, idle or busy (a busy call then fails); later calls
         raise :class:`LookupClosed`."""
