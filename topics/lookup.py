@@ -124,21 +124,17 @@ class KeyLookup:
         found = await asyncio.wait_for(self._meta.partitions_for(topic), self.timeout_s)
         return sorted(found)
 
-    async def partition_of(self, topic: str, key: str) -> int:
-        return key_partition(key.encode(), len(await self.partitions(topic)))
-
     async def find(self, topic: str, key: str | None, since_ms: int,
                    until_ms: int | None = None, *, partitions: list[int] | None = None,
                    first: bool = False) -> list[Record]:
         """The records with ``key`` (every record when None) written between
         ``since_ms`` and ``until_ms``, in ``partitions`` (default: the key's),
         in offset order per partition; ``first``: stop at the first match."""
-        if partitions is None:
-            if key is None:
-                partitions = await self.partitions(topic)
-            else:
-                partitions = [await self.partition_of(topic, key)]
         wanted = key.encode() if key is not None else None
+        if partitions is None:
+            partitions = await self.partitions(topic)
+            if wanted is not None:
+                partitions = [key_partition(wanted, len(partitions))]
         found: list[Record] = []
         for partition in partitions:
             tp = TopicPartition(topic, partition)
