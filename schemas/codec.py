@@ -87,10 +87,6 @@ class Codec:
         self._known[_fingerprint(schema)] = (name, schema)
         return name
 
-    def fingerprint(self, event_type: EventType) -> str:
-        """The CRC-64-AVRO fingerprint of the current schema, as hex."""
-        return self._current[event_type][0][len(MAGIC):].hex()
-
     def schema(self, event_type: EventType) -> Any:
         return self._current[event_type][1]
 
