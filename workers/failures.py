@@ -12,7 +12,7 @@ import logging
 from conveyor.errors import PermanentBrokerError, SchemaError, last_line
 from schemas.records import Envelope
 from workers.layer import Record
-from workers.outputs import Output, Sender, error_info, failure_reply
+from workers.outputs import Output, Sender, failure_reply
 
 __all__ = ["dead_letter", "failure_outputs"]
 
@@ -32,9 +32,7 @@ def failure_outputs(sender: Sender, layer: str, record: Record, envelope: Envelo
     else:
         outputs.append(letter)
     if envelope is not None:
-        reply = sender.error_output(envelope, error_info(failure_reply(exc, layer)))
-        if reply is not None:
-            outputs.append(reply)
+        outputs.extend(sender.error_outputs(envelope, failure_reply(exc, layer)))
     return outputs
 
 

@@ -47,9 +47,6 @@ class PartitionBook:
         """The lowest unfinished offset (everything below it is done)."""
         return next(iter(self.open)) if self.open else self.next
 
-    def unfinished(self) -> int:
-        return self.pending
-
 
 @dataclass
 class InFlightOffsets:

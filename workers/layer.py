@@ -1,10 +1,9 @@
 """What a layer is to the runtime that runs it (:mod:`workers.runtime`): the
-protocol every layer implements, and the two it may add (it acts on cancels;
-it acts on its share of the source's partitions)."""
+protocol every layer implements."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol, TypeAlias, runtime_checkable
+from typing import Any, ClassVar, Protocol, TypeAlias
 
 from aiokafka import ConsumerRecord, TopicPartition
 from opentelemetry.metrics import Meter
@@ -12,7 +11,7 @@ from opentelemetry.metrics import Meter
 from topics.catalog import Topic
 from workers.outputs import Output, Sender
 
-__all__ = ["AssignmentAware", "CancelAware", "Instrumented", "Layer", "Record"]
+__all__ = ["Layer", "Record"]
 
 Record: TypeAlias = "ConsumerRecord[bytes, bytes]"
 
@@ -23,6 +22,9 @@ class Layer(Protocol):
 
     name: str
     source: Topic[Any]  # the topic it consumes, and so the event it handles
+    # its work stops at a cancel: its events of cancelled requests are dropped,
+    # and it hears of every cancel (``cancel``)
+    cancellable: ClassVar[bool] = False
 
     async def start(self, sender: Sender) -> None:
         """Called once before consuming; a layer that produces on its own (not
@@ -47,27 +49,16 @@ class Layer(Protocol):
         """The partitions went to another member: forget what was held for them."""
         return None
 
-
-@runtime_checkable
-class AssignmentAware(Protocol):
-    """A layer that acts on how many of its source's partitions it holds."""
-
     def assigned(self, partitions: list[TopicPartition]) -> None:
         """Called with the whole assignment after each rebalance."""
-        ...
+        return None
 
+    def instrument(self, meter: Meter) -> None:
+        """Make the layer's own gauges (read at each scrape) on the process's
+        meter, when its runtime is built."""
+        return None
 
-@runtime_checkable
-class CancelAware(Protocol):
-    """A layer whose work stops at a cancel: its events of cancelled requests
-    are dropped, and it hears of every cancel."""
+    def cancel(self, request_id: str) -> None:
+        """The request was cancelled (a ``cancellable`` layer hears it)."""
+        return None
 
-    def cancel(self, request_id: str) -> None: ...
-
-
-@runtime_checkable
-class Instrumented(Protocol):
-    """A layer with gauges of its own (read at each scrape), made on the
-    process's meter when its runtime is built."""
-
-    def instrument(self, meter: Meter) -> None: ...

@@ -221,19 +221,19 @@ class Sender:
             if todo:
                 await backoff.wait()
 
-    def error_output(self, envelope: Envelope, error: ErrorInfo, index: int = 0
-                     ) -> Output | None:
-        """The reply that fails one request (the result of a job's request), or
-        None for a request without a reply address (a replay)."""
+    def error_outputs(self, envelope: Envelope, exc: RequestError) -> list[Output]:
+        """The reply that fails one request with ``exc`` (the result of a job's
+        request), or none for a request without a reply address (a replay)."""
+        error = error_info(exc)
         if envelope.get("job_id"):
-            return result_output(self.settings, envelope, status_code=error["status"],
-                                 error=error)
+            return [result_output(self.settings, envelope, status_code=error["status"],
+                                  error=error)]
         if envelope["reply_partition"] < 0:
-            return None
-        reply = Reply(envelope=envelope, index=index, kind="error", text="", chunk="",
+            return []
+        reply = Reply(envelope=envelope, index=0, kind="error", text="", chunk="",
                       finish_reason=None, usage=None, error=error)
-        return Output(REPLIES.at(self.settings.kafka), "Reply", reply,
-                      key=envelope["request_id"], partition=envelope["reply_partition"])
+        return [Output(REPLIES.at(self.settings.kafka), "Reply", reply,
+                       key=envelope["request_id"], partition=envelope["reply_partition"])]
 
     def letter_output(self, layer: str, topic: str, partition: int, offset: int,
                       key: bytes | None, value: bytes | None, error: str) -> Output:

@@ -13,8 +13,8 @@ handle -> produce -> wait for the acks -> commit, for several events at once
   ``conveyor.dlq`` plus an error reply (workers/failures.py); a handler's
   :class:`RequestError` is an error reply alone; passing broker trouble is
   retried with backoff, never dead-lettered.
-- A layer with a ``cancel(request_id)`` method drops the events of cancelled
-  requests and hears of each cancel (workers/cancels.py).
+- A ``cancellable`` layer drops the events of cancelled requests and hears of
+  each cancel (workers/cancels.py).
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ from topics.tracing import layer_span, trace_id_of
 from workers.cancels import CancelList
 from workers.failures import failure_outputs
 from workers.inflight import PartitionBook
-from workers.layer import AssignmentAware, CancelAware, Instrumented, Layer, Record
-from workers.outputs import Output, Sender, error_info, failure_reply
+from workers.layer import Layer, Record
+from workers.outputs import Output, Sender, failure_reply
 
 __all__ = ["LayerRuntime"]
 
@@ -82,8 +82,7 @@ class _Rebalance(ConsumerRebalanceListener):
         await self.runtime.settle(list(revoked))
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        if isinstance(self.runtime.layer, AssignmentAware):
-            self.runtime.layer.assigned(list(assigned))
+        self.runtime.layer.assigned(list(assigned))
 
 
 class LayerRuntime:
@@ -105,10 +104,8 @@ class LayerRuntime:
         self._shared_producer = producer
         self.tracer = tracer or trace.NoOpTracer()
         self.cancels = cancels
-        # asked once: an isinstance check against a Protocol is slow
-        self._cancel_aware = isinstance(layer, CancelAware)
         self._batched = layer.source.batch is not None
-        self._own_cancels = cancels is None and self._cancel_aware
+        self._own_cancels = cancels is None and layer.cancellable
         if self._own_cancels:
             self.cancels = CancelList(settings, self.codec)
         self.partitions: dict[TopicPartition, PartitionBook] = {}
@@ -126,7 +123,7 @@ class LayerRuntime:
         self._paused: set[TopicPartition] = set()
         self._problems = RateLimitedLog(log)
         self.probe = (metrics or LayerMetrics.off()).layer(layer.name, self.lag)
-        if metrics is not None and isinstance(layer, Instrumented):
+        if metrics is not None:
             layer.instrument(metrics.meter)
 
     def stop(self) -> None:
@@ -153,7 +150,7 @@ class LayerRuntime:
             raise
         self._consumer = consumer
         sender = self._sender = Sender(self.settings, producer, self.codec)
-        if self.cancels is not None and isinstance(self.layer, CancelAware):
+        if self.cancels is not None and self.layer.cancellable:
             self.cancels.subscribe(self.layer.cancel)
             if self._own_cancels:
                 background.append(asyncio.create_task(self.cancels.run(), name="cancels"))
@@ -225,7 +222,7 @@ class LayerRuntime:
         part = self.partitions.get(tp)
         if part is not None:
             part.finish(record.offset)
-            if tp in self._paused and part.unfinished() < self.max_in_flight:
+            if tp in self._paused and part.pending < self.max_in_flight:
                 self._paused.discard(tp)
                 with contextlib.suppress(NotAssigned):
                     self._consumer.resume(tp)
@@ -233,7 +230,7 @@ class LayerRuntime:
 
     def _pause_full(self) -> None:
         for tp, part in self.partitions.items():
-            if tp not in self._paused and part.unfinished() >= self.max_in_flight:
+            if tp not in self._paused and part.pending >= self.max_in_flight:
                 self._paused.add(tp)
                 with contextlib.suppress(NotAssigned):
                     self._consumer.pause(tp)
@@ -259,7 +256,7 @@ class LayerRuntime:
         for event in events:
             # job events (commands, results) belong to a job, not to one request
             envelope: Envelope | None = event.get("envelope")
-            if (self.cancels is not None and self._cancel_aware and envelope
+            if (self.cancels is not None and layer.cancellable and envelope
                     and envelope["request_id"] in self.cancels):
                 log.info("%s: request %s was cancelled; dropping its event", layer.name,
                          envelope["request_id"])
@@ -279,10 +276,10 @@ class LayerRuntime:
                       _trace(envelope), exc)
             await self._fail(record, envelopes[0], exc, f"{type(exc).__name__}: {exc}")
             for other in envelopes[1:]:  # one letter of the record, a reply to each request
-                reply = self._sender_().error_output(
-                    other, error_info(failure_reply(exc, layer.name))) if other else None
+                replies = self._sender_().error_outputs(
+                    other, failure_reply(exc, layer.name)) if other else []
                 with contextlib.suppress(PermanentBrokerError, SchemaError):
-                    await self._produce([reply] if reply is not None else [])
+                    await self._produce(replies)
 
     async def _outputs(self, event: Any, envelope: Envelope | None, record: Record
                        ) -> list[Output] | None:
@@ -300,8 +297,7 @@ class LayerRuntime:
                 if envelope is None:  # no request to fail: keep the event in the DLQ
                     await self._fail(record, None, exc, f"{type(exc).__name__}: {exc}")
                     return None
-                reply = self._sender_().error_output(envelope, error_info(exc))
-                return [reply] if reply is not None else []
+                return self._sender_().error_outputs(envelope, exc)
             except (TransientBrokerError, KafkaError) as exc:
                 translated = broker_error(exc)
                 if not isinstance(translated, TransientBrokerError):

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from conveyor.errors import RequestError
 from schemas.codec import default_codec
 from schemas.records import ErrorInfo, Task, WorkerHeartbeat
 from topics.envelope import new_envelope, now_ms
-from workers.outputs import Output
+from workers.outputs import Output, error_info
 from workers.prefix import PrefixIndex
 
 __all__ = ["Rec", "RecordingSender", "beat", "full_task", "indexed_blocks", "indexed_workers",
@@ -38,7 +39,7 @@ class Rec:
 
 @dataclass
 class RecordingSender:
-    """Stands in for workers.outputs.Sender (produce, error_output) at the seam."""
+    """Stands in for workers.outputs.Sender (produce, error_outputs) at the seam."""
 
     sent: list[Output] = field(default_factory=list)
     errors: list[tuple[str, ErrorInfo]] = field(default_factory=list)
@@ -50,9 +51,9 @@ class RecordingSender:
             else:
                 self.sent.append(out)
 
-    def error_output(self, envelope: Any, error: ErrorInfo, index: int = 0) -> Output:
-        return Output("sched.replies", "Reply", {"error": error},
-                      key=envelope["request_id"], partition=0)
+    def error_outputs(self, envelope: Any, exc: RequestError) -> list[Output]:
+        return [Output("sched.replies", "Reply", {"error": error_info(exc)},
+                       key=envelope["request_id"], partition=0)]
 
     def ids(self) -> list[str]:
         return [o.record["envelope"]["request_id"] for o in self.sent]

@@ -23,6 +23,7 @@ from schemas.records import JobResult, JobStatus
 from topics.catalog import JOB_STATUS, RESULTS
 from topics.envelope import now_ms
 from workers.jobs.folds import BatchFold, ResponseFold
+from workers.layer import Layer
 from workers.outputs import Output, Sender
 
 __all__ = ["ResultsLayer", "output_file_id", "PUBLISH_EVERY_S", "CANCEL_GRACE_MS"]
@@ -45,7 +46,7 @@ def output_file_id(job_id: str, which: str, created_s: int) -> str:
     return f"file-{(created_s * 1000) & 0xFFFF_FFFF_FFFF:012x}{digest}"
 
 
-class ResultsLayer:
+class ResultsLayer(Layer):
     name = "results"
     source = RESULTS
 
@@ -140,15 +141,18 @@ class ResultsLayer:
                            object=json.dumps(fold.object(), ensure_ascii=False))
         return Output(self._status_topic, "JobStatus", status, key=fold.job_id)
 
-    def _forget(self, job_id: str) -> None:
+    def _forget(self, job_id: str, ended: bool = True) -> None:
+        """Drop a job's state: it ended (remembered, so that a late event of it
+        is passed over), or its partition went to another member."""
         self.folds.pop(job_id, None)
         self._first.pop(job_id, None)
         self._published.pop(job_id, None)
-        self._locks.pop(job_id, None)
         self._dirty.discard(job_id)
-        self._finished[job_id] = None
-        while len(self._finished) > _FINISHED_MEMORY:
-            self._finished.popitem(last=False)
+        if ended:
+            self._locks.pop(job_id, None)
+            self._finished[job_id] = None
+            while len(self._finished) > _FINISHED_MEMORY:
+                self._finished.popitem(last=False)
 
     async def _tick_loop(self) -> None:
         while True:
@@ -191,9 +195,5 @@ class ResultsLayer:
 
     def revoked(self, partitions: list[TopicPartition]) -> None:
         gone = set(partitions)
-        for job_id, (tp, _) in list(self._first.items()):
-            if tp in gone:
-                self.folds.pop(job_id, None)
-                self._first.pop(job_id, None)
-                self._published.pop(job_id, None)
-                self._dirty.discard(job_id)
+        for job_id in [j for j, (tp, _) in self._first.items() if tp in gone]:
+            self._forget(job_id, ended=False)

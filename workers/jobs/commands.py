@@ -13,20 +13,20 @@ import json
 import logging
 from typing import Any
 
-from conveyor.errors import RequestError
+from conveyor.errors import ModelNotFound, RequestError
 from conveyor.files.local import LocalFileStore
 from conveyor.policy.pii import FindMemo
 from conveyor.policy.rules import PolicyBook
 from conveyor.registry import Registry
 from conveyor.settings import Settings
-from schemas.records import Control, ErrorInfo, Generation, JobCommand, Request
+from schemas.records import Control, Generation, JobCommand, Request
 from topics.catalog import CONTROL, JOBS, REQUESTS
 from topics.envelope import PRIORITY_BACKGROUND, PRIORITY_BATCH, new_envelope, now_ms
 from topics.policies import PolicyFollower
 from workers.jobs.dead_commands import DeadCommands
 from workers.jobs.files import parse_lines
 from workers.layer import Layer
-from workers.outputs import Output, Sender, job_event, result_output
+from workers.outputs import Output, Sender, error_info, job_event, result_output
 from workers.policy_checks import redact_generation, redacted
 
 __all__ = ["JobsLayer", "request_id_of", "RESPONSE_DEADLINE_MS"]
@@ -127,10 +127,9 @@ class JobsLayer(Layer):
         envelope = new_envelope(request_id, reply_gateway="", reply_partition=-1,
                                 tenant=command["tenant"], key_id=command["key_id"],
                                 job_id=command["job_id"], job_item=item)
-        error = ErrorInfo(status=404, type="invalid_request_error", code="model_not_found",
-                          param="model", message=f"The model `{model}` does not exist or "
-                          "you do not have access to it.")
-        return result_output(self.settings, envelope, status_code=404, error=error)
+        missing = ModelNotFound(f"The model `{model}` does not exist or you do not have access "
+                                "to it.", param="model")
+        return result_output(self.settings, envelope, status_code=404, error=error_info(missing))
 
     def _invalid(self, command: JobCommand, base: dict[str, Any],
                  errors: list[dict[str, Any]]) -> Output:

@@ -35,6 +35,7 @@ from schemas.tool_calls import ToolCallReader
 from topics.catalog import CONTROL, REPLIES, TOKENS, USAGE
 from topics.envelope import now_ms, stamp
 from topics.policies import PolicyFollower
+from workers.layer import Layer
 from workers.outputs import Output, Sender, result_output
 from workers.policy_checks import policy_audit
 from workers.postprocess.stream import Emitted, RequestStream
@@ -45,7 +46,7 @@ _FINISHED_MEMORY = 50_000
 _EXPIRE_GRACE_MS = 60_000
 
 
-class PostprocessLayer:
+class PostprocessLayer(Layer):
     name = "postprocess"
     source = TOKENS
 

@@ -71,10 +71,6 @@ class RequestStream:
     def unstamped(self) -> Envelope:
         return unstamped(self.envelope)
 
-    @property
-    def next_seq(self) -> int:
-        return self.order.next_seq
-
     def take(self, chunk: TokenChunk) -> list[Emitted]:
         """Apply ``chunk`` and any that were waiting for it."""
         if self.done:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 
 from aiokafka import ConsumerRecord
 
@@ -22,7 +23,7 @@ from topics.catalog import PREPARED, REQUESTS, TOKENS
 from topics.envelope import canary_key, stamp
 from topics.policies import PolicyFollower
 from workers.layer import Layer
-from workers.outputs import Output, Sender, error_info
+from workers.outputs import Output, Sender
 from workers.policy_checks import (
     checked_input,
     classified_input,
@@ -36,7 +37,6 @@ from workers.preprocess.normalize import (
     check_logit_bias,
     fingerprint,
     fit_prompt,
-    measure_messages,
     normalize_generation,
     trim_to_context,
 )
@@ -58,6 +58,7 @@ _TURN_CHARS = 64
 class PreprocessLayer(Layer):
     name = "preprocess"
     source = REQUESTS
+    cancellable = True  # nothing is held per request: its events are dropped
 
     def __init__(
         self, settings: Settings, registry: Registry, tokenizers: TokenizerCache | None = None,
@@ -82,10 +83,6 @@ class PreprocessLayer(Layer):
         await self._follower.stop()
         await self.cache.close()
 
-    def cancel(self, request_id: str) -> None:
-        """Nothing is held per request: the runtime drops a cancelled request's events."""
-        return None
-
     async def handle(
         self, event: Request, record: ConsumerRecord[bytes, bytes] | None
     ) -> list[Output]:
@@ -103,7 +100,8 @@ class PreprocessLayer(Layer):
         blocks: list[int] = []
         if spec is None:
             tokenizer: Tokenizer = self._estimate
-            fit = self._measure_unchecked(generation)
+            # an estimate, and no context to fit: route refuses the model
+            fit = self._fit(self._estimate, generation, sys.maxsize, _UNKNOWN_MODEL_MAX_TOKENS)
             model_key = generation["model"]
         else:
             tokenizer = await self.tokenizers.get(spec)
@@ -151,8 +149,7 @@ class PreprocessLayer(Layer):
                              self.name)
         if self._sender is None:
             raise input_refusal(blocked)
-        reply = self._sender.error_output(envelope, error_info(input_refusal(blocked)))
-        return [audit] if reply is None else [reply, audit]
+        return [*self._sender.error_outputs(envelope, input_refusal(blocked)), audit]
 
     def _measure(self, spec: ModelSpec, tokenizer: Tokenizer, generation: Generation,
                  salt: str) -> tuple[Fit, list[int]]:
@@ -160,29 +157,19 @@ class PreprocessLayer(Layer):
         tokens for prefix-aware routing (workers/prefix.py), the chain begun
         with the tenant's ``salt``: none for a prompt shorter than one block,
         which is not tokenized again for them."""
-        fit = self._fit(spec, tokenizer, generation)
+        fit = self._fit(tokenizer, generation, spec.context_length, spec.default_max_tokens)
         size, limit = self.settings.prefix.block_tokens, self.settings.prefix.max_blocks
         if fit.text is None or fit.tokens < size:
             return fit, []
         return fit, block_hashes(tokenizer.ids(fit.text, size * limit), size, limit, salt)
 
     @staticmethod
-    def _fit(spec: ModelSpec, tokenizer: Tokenizer, generation: Generation) -> Fit:
+    def _fit(tokenizer: Tokenizer, generation: Generation, context_length: int,
+             default_max_tokens: int) -> Fit:
         requested = generation["sampling"]["max_tokens"]
         if generation["kind"] == "chat":
-            return trim_to_context(generation["messages"], tokenizer, spec.context_length,
-                                   requested, spec.default_max_tokens)
+            return trim_to_context(generation["messages"], tokenizer, context_length,
+                                   requested, default_max_tokens)
         assert generation["prompt"] is not None  # normalize_generation checked it
-        return fit_prompt(generation["prompt"], tokenizer, spec.context_length, requested,
-                          spec.default_max_tokens)
-
-    def _measure_unchecked(self, generation: Generation) -> Fit:
-        """An estimate for a model the registry does not know; no context checks."""
-        requested = generation["sampling"]["max_tokens"]
-        max_tokens = requested if requested is not None else _UNKNOWN_MODEL_MAX_TOKENS
-        if generation["kind"] == "chat":
-            messages = generation["messages"]
-            _, tokens = measure_messages(messages, self._estimate)
-            return Fit(None, tokens, max_tokens, 0, list(messages))
-        prompt = generation["prompt"] or ""
-        return Fit(None, self._estimate.count(prompt), max_tokens, 0, [])
+        return fit_prompt(generation["prompt"], tokenizer, context_length, requested,
+                          default_max_tokens)

@@ -21,6 +21,7 @@ __all__ = ["RouteLayer"]
 class RouteLayer(Layer):
     name = "route"
     source = PREPARED
+    cancellable = True  # nothing is held per request: its events are dropped
 
     def __init__(self, settings: Settings, registry: Registry) -> None:
         self.settings = settings
@@ -44,7 +45,3 @@ class RouteLayer(Layer):
                         deployment_of=asked.name if spec is not asked else ""),
         )
         return [Output(self._sink, "Task", task, key=envelope["request_id"])]
-
-    def cancel(self, request_id: str) -> None:
-        """Nothing is held per request: the runtime drops a cancelled request's events."""
-        return None

@@ -13,7 +13,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from aiokafka import TopicPartition
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
@@ -24,7 +24,8 @@ from schemas.codec import Codec, default_codec
 from schemas.records import Envelope, ErrorInfo, Task, WorkerHeartbeat
 from topics.catalog import ROUTED, infer_topic
 from topics.envelope import PRIORITY_INTERACTIVE, now_ms, now_us, stamp
-from workers.outputs import Output, Sender, error_info, failure_reply
+from workers.layer import Layer
+from workers.outputs import Output, Sender, failure_reply
 from workers.prefix import PrefixIndex, RoutePolicy, WorkerLoad, choose
 from workers.schedule.breakers import Breakers
 from workers.schedule.held import BatchAdmission, Candidate, Held, HeldQueue
@@ -42,7 +43,7 @@ from workers.schedule.room import (
 )
 from workers.schedule.table import WorkerTable, WorkerView, relative_speeds, serves, warm_first
 
-__all__ = ["ScheduleLayer", "Parked", "fair_order", "fall_back", "others_can_take"]
+__all__ = ["ScheduleLayer", "Parked", "fair_order"]
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +54,10 @@ _BREAKER_LEVEL = {"closed": 0, "half_open": 1, "open": 2}
 Observe = Callable[[CallbackOptions], Iterable[Observation]]
 
 
-class ScheduleLayer:
+class ScheduleLayer(Layer):
     name = "schedule"
     source = ROUTED
+    cancellable = True
 
     def __init__(self, settings: Settings, table: WorkerTable | None = None,
                  clock: Callable[[], int] = now_ms, *, codec: Codec | None = None) -> None:
@@ -219,12 +221,11 @@ class ScheduleLayer:
         need = kv_need(task)
 
         def roomy(workers: list[WorkerView]) -> list[WorkerView]:
-            return [w for w in workers if has_room(w, interactive_busy(
-                w, self._busy(w), self.outstanding.low_at(w.beat["worker_id"])), need)]
+            return [w for w in workers if has_room(w, self._interactive_busy(w), need)]
 
         live = roomy(opened)
         if not live and (overdue or not opened):
-            live = fall_back(task, lambda pool, model: roomy(self._open(pool, model)))
+            live = self._fall_back(task, roomy)
         if not live:
             return None
         live = warm_first(live, task["route"]["model"])
@@ -261,9 +262,8 @@ class ScheduleLayer:
         keep = sum(1 for other in under.present if other != tenant and under(other))
         if not keep:
             return False
-        free = sum(max(0, w.beat["capacity"] - interactive_busy(
-            w, self._busy(w), self.outstanding.low_at(w.beat["worker_id"])))
-            for w in self._open(pool))
+        free = sum(max(0, w.beat["capacity"] - self._interactive_busy(w))
+                   for w in self._open(pool))
         return free <= keep
 
     def _failed_before_first_token(self, task: Task) -> None:
@@ -276,7 +276,7 @@ class ScheduleLayer:
         failure = route["failure"]
         assert failure is not None
         self.finished(rid, route["failed_workers"][-1], self.clock(), failure, route["pool"])
-        if not others_can_take(task, self._open, lambda w: w.beat["worker_id"]):
+        if not self._others_can_take(task):
             raise RequestError(failure["message"], code=failure["code"],
                                status=failure["status"], type=failure["type"],
                                param=failure["param"])
@@ -291,6 +291,43 @@ class ScheduleLayer:
         """A worker's tasks: what its beats tell, never less than what this
         scheduler sent it and has not seen finish."""
         return max(view.busy(), self.outstanding.at(view.beat["worker_id"]))
+
+    def _interactive_busy(self, view: WorkerView) -> int:
+        """A worker's tasks less its batch and background ones (room.py)."""
+        return interactive_busy(view, self._busy(view),
+                                self.outstanding.low_at(view.beat["worker_id"]))
+
+    def _fall_back(self, task: Task, roomy: Callable[[list[WorkerView]], list[WorkerView]]
+                   ) -> list[WorkerView]:
+        """The workers with room (``roomy``) of the first fallback whose pool has
+        some open, the task rerouted there; none: unchanged."""
+        route = task["route"]
+        for fallback in route.get("fallbacks", []):
+            workers = roomy(self._open(fallback["pool"], fallback["model"]))
+            if workers:
+                log.info("request %s: model %s cannot be served now; %s answers it",
+                         task["envelope"]["request_id"], route["model"], fallback["model"])
+                route["fallback_from"] = route["model"]
+                route["model"], route["pool"] = fallback["model"], fallback["pool"]
+                route["fallbacks"] = []
+                return workers
+        return []
+
+    def _others_can_take(self, task: Task) -> bool:
+        """Whether a task an engine failed before its first token has somewhere
+        else to go: an open worker of its pool that has not failed it, or a
+        fallback with an open worker. Said in the log either way."""
+        route = task["route"]
+        failed = list(route.get("failed_workers") or ())
+        others = [w for w in self._open(route["pool"], route["model"])
+                  if w.beat["worker_id"] not in failed]
+        fallbacks = [f for f in route.get("fallbacks", []) if self._open(f["pool"], f["model"])]
+        failure = route.get("failure")
+        log.info("request %s: the engine of worker %s failed before the first token (%s); %s",
+                 task["envelope"]["request_id"], failed[-1] if failed else "?",
+                 failure["message"] if failure else "",
+                 "another worker takes it" if others or fallbacks else "no other can")
+        return bool(others or fallbacks)
 
     def _room_for_low(self, pool: str, model: str | None = None) -> WorkerView | None:
         """The worker the next background or batch task of ``pool`` (asking for
@@ -362,8 +399,7 @@ class ScheduleLayer:
                 if out is None and overdue:
                     raise out_of_time(parked, served, self.table.settling(), self.settings)
             except RequestError as exc:
-                reply = sender.error_output(parked.task["envelope"], error_info(exc))
-                outputs = [reply] if reply is not None else []
+                outputs = sender.error_outputs(parked.task["envelope"], exc)
             else:
                 if out is None:
                     if not held_back:  # later tasks of the pool stay behind this one
@@ -384,8 +420,7 @@ class ScheduleLayer:
             envelope = late.task(self.codec, self.name)["envelope"]
             exc = DeadlineExceeded("The request's deadline passed while it waited for a "
                                    "worker with room for it.")
-            reply = sender.error_output(envelope, error_info(exc))
-            sends.append((envelope, [reply] if reply is not None else []))
+            sends.append((envelope, sender.error_outputs(envelope, exc)))
         for pool in self.held.pools():
             while (upcoming := self.held.peek(pool)) is not None:
                 view = self._room_for_low(pool, upcoming.model or None)
@@ -405,10 +440,8 @@ class ScheduleLayer:
         except (PermanentBrokerError, SchemaError) as exc:
             log.error("request %s: cannot send its task: %s", envelope["request_id"], exc)
             self.outstanding.forget(envelope["request_id"])
-            reply = sender.error_output(envelope, error_info(failure_reply(exc, self.name)))
-            if reply is not None:
-                with contextlib.suppress(PermanentBrokerError, SchemaError):
-                    await sender.produce([reply])
+            with contextlib.suppress(PermanentBrokerError, SchemaError):
+                await sender.produce(sender.error_outputs(envelope, failure_reply(exc, self.name)))
 
     def reconcile(self) -> None:
         """Let new heartbeats correct the count of tasks sent (see outstanding;
@@ -490,41 +523,3 @@ def fair_order(parked: list[Parked], running: Callable[[str, str], int]) -> list
         if not queues[key]:
             del queues[key]
     return out
-
-
-W = TypeVar("W")
-
-
-def fall_back(task: Task, open_workers: Callable[[str, str], list[W]]) -> list[W]:
-    """The workers of the first fallback whose pool has some open to work
-    (``open_workers(pool, model)``), the task rerouted there; none: unchanged."""
-    route = task["route"]
-    for fallback in route.get("fallbacks", []):
-        workers = open_workers(fallback["pool"], fallback["model"])
-        if workers:
-            log.info("request %s: model %s cannot be served now; %s answers it",
-                     task["envelope"]["request_id"], route["model"], fallback["model"])
-            route["fallback_from"] = route["model"]
-            route["model"], route["pool"] = fallback["model"], fallback["pool"]
-            route["fallbacks"] = []
-            return workers
-    return []
-
-
-def others_can_take(task: Task, open_workers: Callable[[str, str], list[W]],
-                    worker_id: Callable[[W], str]) -> bool:
-    """Whether a task an engine failed before its first token has somewhere
-    else to go: an open worker of its pool that has not failed it, or a
-    fallback with an open worker. Said in the log either way."""
-    route = task["route"]
-    failed = list(route.get("failed_workers") or ())
-    others = [w for w in open_workers(route["pool"], route["model"])
-              if worker_id(w) not in failed]
-    fallbacks = [f for f in route.get("fallbacks", []) if open_workers(f["pool"], f["model"])]
-    failure = route.get("failure")
-    log.info("request %s: the engine of worker %s failed before the first token (%s); %s",
-             task["envelope"]["request_id"], failed[-1] if failed else "?",
-             failure["message"] if failure else "",
-             "another worker takes it" if others or fallbacks else "no other can")
-    return bool(others or fallbacks)
-

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -40,6 +41,10 @@ class Sent:
     tenant: str = ""
 
 
+def _count_key(sent: Sent) -> tuple[str, str | None]:
+    return (sent.pool, sent.tenant if sent.priority <= PRIORITY_INTERACTIVE else None)
+
+
 class Outstanding:
     def __init__(self, clock: Callable[[], int] = now_ms) -> None:
         self.clock = clock
@@ -48,9 +53,8 @@ class Outstanding:
         self._by_id: dict[str, Sent] = {}
         # worker -> its entries in the order they were sent
         self._by_worker: dict[str, dict[str, Sent]] = {}
-        self._low: dict[str, int] = {}
-        self._interactive: dict[str, int] = {}
-        self._tenants: dict[tuple[str, str], int] = {}  # (pool, tenant) -> interactive
+        # (pool, tenant) -> its interactive tasks; (pool, None) -> the pool's others
+        self._counts: Counter[tuple[str, str | None]] = Counter()
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -69,15 +73,16 @@ class Outstanding:
 
     def low(self, pool: str) -> int:
         """Background and batch tasks of ``pool`` sent and not finished."""
-        return self._low.get(pool, 0)
+        return self._counts[(pool, None)]
 
     def interactive(self, pool: str) -> int:
         """Interactive tasks of ``pool`` sent and not finished."""
-        return self._interactive.get(pool, 0)
+        return sum(n for (p, tenant), n in self._counts.items()
+                   if p == pool and tenant is not None)
 
     def of_tenant(self, pool: str, tenant: str) -> int:
         """Interactive tasks of ``tenant`` in ``pool`` sent and not finished."""
-        return self._tenants.get((pool, tenant), 0)
+        return self._counts[(pool, tenant)]
 
     def add(self, request_id: str, worker_id: str, pool: str, priority: int,
             give_up_ms: int, tenant: str = "") -> None:
@@ -85,11 +90,7 @@ class Outstanding:
         sent = Sent(request_id, worker_id, pool, priority, self.clock(), give_up_ms, tenant)
         self._by_id[request_id] = sent
         self._by_worker.setdefault(worker_id, {})[request_id] = sent
-        counts = self._interactive if priority <= PRIORITY_INTERACTIVE else self._low
-        counts[pool] = counts.get(pool, 0) + 1
-        if priority <= PRIORITY_INTERACTIVE:
-            key = (pool, tenant)
-            self._tenants[key] = self._tenants.get(key, 0) + 1
+        self._counts[_count_key(sent)] += 1
 
     def forget(self, request_id: str) -> Sent | None:
         """The request finished (or was cancelled): its entry, if there was one."""
@@ -101,13 +102,10 @@ class Outstanding:
             mine.pop(request_id, None)
             if not mine:
                 del self._by_worker[sent.worker_id]
-        counts = self._interactive if sent.priority <= PRIORITY_INTERACTIVE else self._low
-        counts[sent.pool] -= 1
-        if sent.priority <= PRIORITY_INTERACTIVE:
-            key = (sent.pool, sent.tenant)
-            self._tenants[key] -= 1
-            if not self._tenants[key]:
-                del self._tenants[key]
+        key = _count_key(sent)
+        self._counts[key] -= 1
+        if not self._counts[key]:
+            del self._counts[key]
         return sent
 
     def reconcile(self, worker_id: str, running: int, capacity: int, beat_ms: int,

@@ -79,26 +79,20 @@ class WorkerTable:
     on_beat: Callable[[WorkerHeartbeat], None] | None = None
 
     def seen_until_ms(self) -> int:
-        """Up to when the table has seen every heartbeat written."""
-        now = self.clock()
-        if self.follower is None:
-            return now
-        if not self.follower.reachable:
-            return min(now, self.follower.last_contact_ms)
-        return now
-
-    def blind(self) -> bool:
-        """The table cannot reach the heartbeat topic now."""
-        return self.follower is not None and not self.follower.reachable
+        """Up to when the table has seen every heartbeat written: now, or the
+        last contact while it cannot reach the heartbeat topic."""
+        if self.follower is not None and not self.follower.reachable:
+            return min(self.clock(), self.follower.last_contact_ms)
+        return self.clock()
 
     def settling(self) -> bool:
-        """The view is not to be trusted: blind now, or contact regained less
-        than ``worker_ttl_s`` ago (workers may not have beaten since)."""
+        """The view is not to be trusted: the heartbeat topic out of reach now,
+        or contact regained less than ``worker_ttl_s`` ago (workers may not
+        have beaten since)."""
         if self.follower is None:
             return False
-        if self.blind():
-            return True
-        return self.clock() - self.follower.regained_ms < self.settings.schedule.worker_ttl_s * 1000
+        return not self.follower.reachable or (
+            self.clock() - self.follower.regained_ms < self.settings.schedule.worker_ttl_s * 1000)
 
     def apply(self, beat: WorkerHeartbeat) -> None:
         old = self.workers.get(beat["worker_id"])

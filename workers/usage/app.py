@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,10 +72,6 @@ def accounting_datadir(home: Path, app_id: str) -> Path:
     return home / "accounting" / app_id
 
 
-def _brokers(bootstrap: str) -> list[str]:
-    return [f"kafka://{host.strip()}" for host in bootstrap.split(",") if host.strip()]
-
-
 class AccountingApp:
     """One Faust app for one Settings, with its tables, agent and mirror timer."""
 
@@ -93,7 +89,8 @@ class AccountingApp:
         self.datadir.parent.mkdir(parents=True, exist_ok=True)
         self.app = faust.App(
             app_id,
-            broker=_brokers(settings.kafka.bootstrap),
+            broker=[f"kafka://{host.strip()}" for host in settings.kafka.bootstrap.split(",")
+                    if host.strip()],
             datadir=self.datadir,
             store="memory://",
             web_enabled=False,
@@ -400,36 +397,14 @@ class MirrorPass:
         return (not app.rebalancing and not app.in_recovery
                 and recovery is not None and recovery.completed.is_set())
 
-    def active_partitions(self) -> set[int]:
-        return {tp.partition for tp in self.owner.app.assignor.assigned_actives()
-                if tp.topic == self.owner.source_topic}
-
-    def rows(self, texts: Iterable[str] | None, partitions: set[int]
-             ) -> Iterator[tuple[RowKey, Counts]]:
-        """The rows of ``texts`` (all when None) that this member owns."""
-        if texts is None:
-            items: Iterable[tuple[str, Any]] = list(self.owner.totals.items())
-        else:
-            items = [(t, self.owner.totals.get(t)) for t in texts]
-        for text, value in items:
-            if value is not None and value["p"] in partitions:
-                yield RowKey.parse(text), Counts.from_value(value)
-
-    def rating_rows(self, texts: Iterable[str] | None
-                    ) -> Iterator[tuple[RatingKey, RatingCounts]]:
-        """The rating rows of ``texts`` (all when None), when this member owns
-        the feedback topic's partition."""
-        owned = any(tp.topic == self.owner.feedback_topic
-                    for tp in self.owner.app.assignor.assigned_actives())
-        if not owned:
-            return
-        if texts is None:
-            items: Iterable[tuple[str, Any]] = list(self.owner.ratings.rows())
-        else:
-            items = [(t, self.owner.rating_table.get(t)) for t in texts]
-        for text, value in items:
-            if value is not None:
-                yield RatingKey.parse(text), RatingCounts.from_value(value)
+    def owned(self, every: Callable[[], Iterable[tuple[str, Any]]], get: Callable[[str], Any],
+              texts: Iterable[str] | None, topic: str) -> list[tuple[str, Any]]:
+        """The rows of ``texts`` (``every`` row when None) counted from the
+        partitions of ``topic`` this member holds: (key text, value)."""
+        held = {tp.partition for tp in self.owner.app.assignor.assigned_actives()
+                if tp.topic == topic}
+        items = list(every()) if texts is None else [(t, get(t)) for t in texts]
+        return [(t, v) for t, v in items if v is not None and v["p"] in held]
 
     async def mirror_once(self) -> int:
         """One tick: write the changed rows, or all of them when a full pass is due."""
@@ -453,11 +428,14 @@ class MirrorPass:
         dirty = self.owner.counter.take_dirty()
         rated = self.owner.ratings.take_dirty()
         # read every value now (no await in between): what is written is one moment
-        rows = list(self.rows(None if full else dirty, self.active_partitions()))
-        ratings = list(self.rating_rows(None if full else rated))
+        owner = self.owner
+        rows = [(RowKey.parse(t), Counts.from_value(v)) for t, v in self.owned(
+            owner.totals.items, owner.totals.get, None if full else dirty, owner.source_topic)]
+        ratings = [(RatingKey.parse(t), RatingCounts.from_value(v)) for t, v in self.owned(
+            owner.ratings.rows, owner.rating_table.get, None if full else rated,
+            owner.feedback_topic)]
         try:
-            written = await self.owner.mirror.write(rows)
-            written += await self.owner.mirror.write_ratings(ratings)
+            written = await self.owner.mirror.write(rows, ratings)
         except REDIS_ERRORS as exc:
             self.owner.counter.dirty |= dirty
             self.owner.ratings.dirty |= rated

@@ -33,9 +33,6 @@ class WriteBehind(MutableMapping[str, Any]):
     def __getitem__(self, key: str) -> Any:
         return self.store[key]
 
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.store.get(key, default)
-
     def __setitem__(self, key: str, value: Any) -> None:
         self.store[key] = value
         self.pending[key] = value["p"]

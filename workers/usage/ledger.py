@@ -113,13 +113,9 @@ class UsageLedger:
         values: list[Any] = await pipe.execute()
         rows: list[UsageRow] = []
         for b, value in zip(starts, values, strict=True):
-            if value is None:
-                continue
-            counts = decode_counts(value)
-            rows.append(UsageRow(bucket_start_ms=b, requests=counts.requests,
-                                 errors=counts.errors, prompt_tokens=counts.prompt_tokens,
-                                 completion_tokens=counts.completion_tokens,
-                                 total_tokens=counts.total_tokens))
+            if value is not None:
+                counts = decode_counts(value)  # a UsageRow is its counts and their total
+                rows.append(UsageRow(b, **asdict(counts), total_tokens=counts.total_tokens))
         return rows
 
     async def ratings(self, tenant: str, *, since_ms: int, until_ms: int,

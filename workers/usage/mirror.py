@@ -6,8 +6,10 @@ docs/decisions/0002-faust-on-the-cold-path-only.md."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import partial
+from itertools import chain
 from typing import Any
 
 from conveyor.redis_clients import Redis, text
@@ -68,41 +70,32 @@ class RedisMirror:
         self.keys = keys
         self.batch = batch
 
-    async def write(self, rows: Iterable[tuple[RowKey, Counts]]) -> int:
-        """Write ``rows`` to Redis; returns how many. Raises redis's errors
-        (the caller keeps the rows to write them again)."""
-        expiring: set[str] = set()
-        return await self._pipelined(
-            lambda pipe, key, counts: self._queue(pipe, key, counts, expiring),
-            rows, expiring.clear)
-
-    async def write_ratings(self, rows: Iterable[tuple[RatingKey, RatingCounts]]) -> int:
-        """Write the rating rows (workers/usage/ratings.py); how many."""
-
-        def queue(pipe: Any, key: RatingKey, counts: RatingCounts) -> None:
-            name = self.keys.ratings(key.tenant, key.day_ms)
-            pipe.hset(name, UsageKeys.field(key.dim, key.ident), encode_ratings(counts))
-            pipe.pexpireat(name, key.expires_ms)
-
-        return await self._pipelined(queue, rows)
-
-    async def _pipelined(self, queue: Callable[[Any, Any, Any], None],
-                         rows: Iterable[tuple[Any, Any]],
-                         on_execute: Callable[[], None] = lambda: None) -> int:
+    async def write(self, rows: Iterable[tuple[RowKey, Counts]],
+                    ratings: Iterable[tuple[RatingKey, RatingCounts]] = ()) -> int:
+        """Write the usage ``rows`` and the rating rows (workers/usage/ratings.py)
+        to Redis; returns how many. Raises redis's errors (the caller keeps
+        the rows to write them again)."""
         written = 0
+        expiring: set[str] = set()  # the hashes given their expiry in this pipeline
         pipe = self.redis.pipeline(transaction=False)
-        for key, counts in rows:
-            queue(pipe, key, counts)
+        for queue in chain((partial(self._queue, key, counts, expiring) for key, counts in rows),
+                           (partial(self._queue_rating, key, counts) for key, counts in ratings)):
+            queue(pipe)
             written += 1
             if len(pipe) >= self.batch:
                 await pipe.execute()
                 pipe = self.redis.pipeline(transaction=False)
-                on_execute()
+                expiring.clear()
         if len(pipe):
             await pipe.execute()
         return written
 
-    def _queue(self, pipe: Any, key: RowKey, counts: Counts, expiring: set[str]) -> None:
+    def _queue_rating(self, key: RatingKey, counts: RatingCounts, pipe: Any) -> None:
+        name = self.keys.ratings(key.tenant, key.day_ms)
+        pipe.hset(name, UsageKeys.field(key.dim, key.ident), encode_ratings(counts))
+        pipe.pexpireat(name, key.expires_ms)
+
+    def _queue(self, key: RowKey, counts: Counts, expiring: set[str], pipe: Any) -> None:
         until = expires_at(key.bucket_ms, key.by)
         if key.by == "month":
             pipe.set(self.keys.quota(key.tenant, "month", key.bucket_ms),

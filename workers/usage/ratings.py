@@ -81,15 +81,11 @@ class Ratings:
             if not text.startswith(LATEST):
                 yield text, value
 
-    def latest(self, request_id: str) -> Any:
-        """What the request's latest rating counted, or None."""
-        return self.table.get(LATEST + request_id)
-
     def count(self, feedback: Any, partition: int, offset: int) -> bool:
         """Count ``feedback`` read at ``offset``; False when it was counted before
         (a replay) or is older than the request's latest."""
         rid = feedback["request_id"]
-        held = self.latest(rid)
+        held = self.table.get(LATEST + rid)  # what the request's latest rating counted
         if held is not None and (held["p"], held["o"]) >= (partition, offset):
             return False
         day = bucket_start(int(feedback["ts_ms"]), "day")

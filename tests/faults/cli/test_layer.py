@@ -12,7 +12,7 @@ import sys
 import time
 import uuid
 
-from tests.support.pipeline import ROOT, TEST_MODELS
+from tests.support.pipeline import ROOT, TEST_MODELS, drop_topics
 
 
 def test_sigterm_stops_the_layers_within_seconds(services: None, tmp_path: object) -> None:
@@ -35,3 +35,6 @@ def test_sigterm_stops_the_layers_within_seconds(services: None, tmp_path: objec
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.wait()
+        drop_topics(os.environ.get("CONVEYOR_KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
+                    env["CONVEYOR_TOPIC_PREFIX"])

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.pipeline import ROOT, TEST_MODELS
+from tests.support.pipeline import ROOT, TEST_MODELS, drop_topics
 from tests.support.services import free_port
 
 
@@ -115,6 +115,10 @@ class Up:
         for pid in self.seen:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        # the topics conveyor up made (in its own processes: the test's session never
+        # hears of this prefix, so nothing else drops them)
+        drop_topics(os.environ.get("CONVEYOR_KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
+                    self.env["CONVEYOR_TOPIC_PREFIX"])
 
 
 @pytest.fixture

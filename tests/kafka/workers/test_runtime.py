@@ -25,14 +25,15 @@ from topics.catalog import REQUESTS, TOKENS, catalog, topic_named
 from topics.envelope import now_ms
 from workers.cancels import CancelList
 from workers.inflight import PartitionBook
-from workers.outputs import Output, Sender
+from workers.layer import Layer
+from workers.outputs import Output
 from workers.runtime import LayerRuntime
 
 MAX_EVENT = 64 * 1024
 codec = default_codec()
 
 
-class ScriptedLayer:
+class ScriptedLayer(Layer):
     """Requests in, the same request out on ``prepared``, as each request id says:
     ``big*`` gives an output larger than a topic takes, ``slow*`` waits for
     ``release``, ``bad*`` an output its schema cannot encode."""
@@ -44,12 +45,6 @@ class ScriptedLayer:
         self.settings = settings
         self.release = asyncio.Event()
         self.handled: list[str] = []
-
-    async def start(self, sender: Sender) -> None:
-        return None
-
-    async def stop(self) -> None:
-        return None
 
     async def handle(self, event: Request, record: Any) -> list[Output]:
         rid = event["envelope"]["request_id"]
@@ -63,14 +58,10 @@ class ScriptedLayer:
             record_out = {"envelope": event["envelope"]}
         return [Output(self.settings.kafka.topic("prepared"), "Request", record_out, key=rid)]
 
-    def committable(self, tp: TopicPartition, next_offset: int) -> int:
-        return next_offset
-
-    def revoked(self, partitions: list[TopicPartition]) -> None:
-        return None
-
 
 class CancellingLayer(ScriptedLayer):
+    cancellable = True
+
     def cancel(self, request_id: str) -> None:
         self.handled.append(f"cancel:{request_id}")
 
@@ -93,7 +84,7 @@ async def producer(settings: Settings) -> AsyncIterator[AIOKafkaProducer]:
 @contextlib.asynccontextmanager
 async def running(settings: Settings, layer: ScriptedLayer, **options: Any
                   ) -> AsyncIterator[LayerRuntime]:
-    runtime = LayerRuntime(settings, layer, **options)  # type: ignore[arg-type]
+    runtime = LayerRuntime(settings, layer, **options)
     task = asyncio.create_task(runtime.run())
     try:
         yield runtime
@@ -168,11 +159,11 @@ def test_the_lowest_unfinished_offset_bounds_the_commit() -> None:
         part.take(offset)
     part.finish(12)
     part.finish(13)
-    assert part.low() == 10 and part.unfinished() == 2
+    assert part.low() == 10 and part.pending == 2
     part.finish(10)
     assert part.low() == 11
     part.finish(11)
-    assert part.low() == 14 and part.unfinished() == 0
+    assert part.low() == 14 and part.pending == 0
 
 
 async def test_an_output_too_large_goes_to_the_dlq_with_a_413_and_the_runtime_goes_on(

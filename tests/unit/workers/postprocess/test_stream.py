@@ -40,7 +40,7 @@ def test_chunks_in_order_are_applied_one_by_one() -> None:
     assert [e.text for e in s.take(chunk(1, "lo"))] == ["lo"]
     last = s.take(chunk(2, "!", finish="length"))
     assert [(e.text, e.finish_reason) for e in last] == [("!", "length")]
-    assert s.done and s.next_seq == 3
+    assert s.done and s.order.next_seq == 3
     assert s.header is not None and s.header["prompt_tokens"] == 5
 
 
@@ -50,7 +50,7 @@ def test_an_early_chunk_waits_for_the_ones_before_it() -> None:
     assert s.take(chunk(1, "b")) == []
     out = s.take(chunk(0, "a"))
     assert [e.text for e in out] == ["a", "b", "c"]
-    assert s.order.waiting == {} and s.next_seq == 3
+    assert s.order.waiting == {} and s.order.next_seq == 3
 
 
 def test_a_repeated_chunk_is_dropped() -> None:
