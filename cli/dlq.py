@@ -17,6 +17,7 @@ from schemas.codec import Codec, EventType, default_codec
 from schemas.records import AuditEvent, DeadLetter
 from topics.catalog import AUDIT, DLQ, infer_topic, topic_named
 from topics.lookup import KeyLookup, parse_since
+from topics.reader import decoded
 from workers.outputs import batch_output
 
 __all__ = ["Letter", "Redriven", "event_type_of", "read_letters", "redriven", "redrive",
@@ -63,7 +64,7 @@ async def read_letters(settings: Settings, since_ms: int, offsets: list[int] | N
         else:
             found = [await look.at(topic, 0, o) for o in offsets]
             records = [r for r in found if r is not None]
-    return [Letter(r.offset, codec.decode(r.value, "DeadLetter")) for r in records]
+    return [Letter(r.offset, DLQ.decode(codec, r.value)) for r in records]
 
 
 async def redriven(settings: Settings, since_ms: int, codec: Codec | None = None
@@ -73,13 +74,11 @@ async def redriven(settings: Settings, since_ms: int, codec: Codec | None = None
     dlq = DLQ.at(settings.kafka)
     out: dict[int, AuditEvent] = {}
     async with KeyLookup(settings) as look:
-        for r in await look.find(AUDIT.at(settings.kafka), None, since_ms, partitions=[0]):
-            try:
-                event: AuditEvent = codec.decode(r.value, "AuditEvent")
-            except Exception:  # another writer's event this reader cannot read
-                continue
-            if event["action"] == REDRIVE_ACTION and event["detail"].get("dlq") == dlq:
-                out.setdefault(int(event["detail"]["dlq_offset"]), event)
+        records = await look.find(AUDIT.at(settings.kafka), None, since_ms, partitions=[0])
+    # another writer's event this reader cannot read is passed over
+    for _, event in decoded(AUDIT, codec, records, lambda record, exc: None):
+        if event["action"] == REDRIVE_ACTION and event["detail"].get("dlq") == dlq:
+            out.setdefault(int(event["detail"]["dlq_offset"]), event)
     return out
 
 

@@ -9,15 +9,16 @@ import asyncio
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from cli.text import add_report_flags, fail, iso, not_found, plain, print_report
-from conveyor.errors import last_line
+from conveyor.errors import SchemaError, last_line
 from conveyor.settings import Settings
-from schemas.codec import Codec, EventType, default_codec
+from schemas.codec import Codec, default_codec
 from topics.catalog import (
     CONTROL,
     DLQ,
+    INFER,
     PREPARED,
     REPLIES,
     REQUESTS,
@@ -29,6 +30,7 @@ from topics.catalog import (
 )
 from topics.envelope import now_ms
 from topics.lookup import KeyLookup, made_window, parse_since
+from topics.reader import Record, decoded
 from workers.prompt_cache import CACHE_WORKER
 
 __all__ = ["LAYERS", "Found", "Journey", "find_journey", "report", "render", "register"]
@@ -45,7 +47,6 @@ class Found:
     partition: int
     offset: int
     ts_ms: int
-    type: EventType
     record: Any = None
     error: str | None = None  # set when the value does not decode
 
@@ -69,25 +70,20 @@ class Journey:
         return [f for fs in self.by_layer.values() for f in fs] + self.chunks + self.replies
 
 
-def _decode(codec: Codec, records: list[Any], event_type: EventType,
-            unpack: tuple[Topic[Any], str] | None = None) -> list[Found]:
-    """The records as events of ``event_type``; with ``unpack`` (a topic of
-    batches and a request id), the events of that request each record holds."""
-    found = []
-    for r in records:
-        item = Found(r.topic, r.partition, r.offset, r.timestamp, event_type)
-        try:
-            item.record = codec.decode(r.value, event_type)
-        except Exception as exc:  # an event a layer dead-letters is shown, not fatal
-            item.error = f"{type(exc).__name__}: {exc}"
-        if unpack is None or item.record is None:
-            found.append(item)
-            continue
-        topic, request_id = unpack
-        each = cast(EventType, topic.types[0].__name__)
-        found.extend(Found(r.topic, r.partition, r.offset, r.timestamp, each, event)
-                     for event in item.record[topic.batch[1]]  # type: ignore[index]
-                     if event["envelope"]["request_id"] == request_id)
+def _decode(codec: Codec, records: list[Record], topic: Topic[Any],
+            request_id: str | None = None) -> list[Found]:
+    """The records as ``topic``'s events, in order (of a record of many
+    requests' events, ``request_id``'s); an event a layer dead-letters is
+    shown with its error, not fatal."""
+    found: list[Found] = []
+
+    def shown(r: Record, exc: SchemaError) -> None:
+        found.append(Found(r.topic, r.partition, r.offset, r.timestamp,
+                           error=f"{type(exc).__name__}: {exc}"))
+
+    for record in records:
+        found += [Found(r.topic, r.partition, r.offset, r.timestamp, event)
+                  for r, event in decoded(topic, codec, [record], shown, request_id)]
     return found
 
 
@@ -106,7 +102,7 @@ async def find_journey(settings: Settings, request_id: str, since_ms: int,
             first = await look.find(REQUESTS.at(settings.kafka), request_id, since_ms, first=True)
         if not first:
             return None
-        journey.by_layer["gateway"] = _decode(codec, first, "Request")
+        journey.by_layer["gateway"] = _decode(codec, first, REQUESTS)
         request = journey.by_layer["gateway"][0].record
         envelope = request["envelope"] if request else {}
         entered_ms = (envelope.get("stamps", {}).get("gateway", first[0].timestamp * 1000)
@@ -119,8 +115,7 @@ async def find_journey(settings: Settings, request_id: str, since_ms: int,
         async def read(topic: Topic, key: str | None = request_id, **kw: Any) -> list[Found]:
             """The request's events on ``topic``, decoded as the one type it carries."""
             found = await look.find(topic.at(settings.kafka), key, start, until, **kw)
-            unpack = (topic, request_id) if topic.batch is not None else None
-            return _decode(codec, found, topic.events[0], unpack)
+            return _decode(codec, found, topic, request_id)
 
         journey.by_layer["preprocess"] = await read(PREPARED)
         journey.by_layer["route"] = await read(ROUTED)
@@ -135,7 +130,7 @@ async def find_journey(settings: Settings, request_id: str, since_ms: int,
             hi = stamps["infer"] // 1000 + skew if "infer" in stamps else until
             tasks = await look.find(pool_topic, request_id, lo, hi,
                                     partitions=await look.partitions(pool_topic))
-            journey.by_layer["schedule"] = _decode(codec, tasks, "Task")
+            journey.by_layer["schedule"] = _decode(codec, tasks, INFER)
         journey.by_layer["infer"] = journey.chunks[:1]
         if envelope.get("job_id"):
             results = await read(RESULTS, envelope["job_id"])

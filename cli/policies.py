@@ -28,7 +28,8 @@ def _scope(args: argparse.Namespace) -> str:
 def _publish(settings: Settings, scope: str, text: str, source: str, dry_run: bool) -> int:
     from topics.admin import ensure_topics
     from topics.catalog import POLICIES
-    from topics.policies import document_of, publish_policy
+    from topics.models import publish_one
+    from topics.policies import document_of
 
     try:
         document = document_of(scope, text, source)
@@ -40,7 +41,7 @@ def _publish(settings: Settings, scope: str, text: str, source: str, dry_run: bo
 
     async def publish() -> None:
         await ensure_topics(settings, [POLICIES.spec(settings.kafka)])
-        await publish_policy(settings, document)
+        await publish_one(settings, POLICIES, document, scope.encode())
 
     asyncio.run(publish())
     what = "cleared" if not text.strip() else f"set to {document['digest']}"

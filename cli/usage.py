@@ -15,19 +15,9 @@ from conveyor.settings import Settings
 from topics.envelope import now_ms
 from topics.lookup import parse_since
 
-__all__ = ["register", "parse_time", "cmd_accounting", "cmd_usage"]
+__all__ = ["register", "cmd_accounting", "cmd_usage"]
 
 _DEFAULT_SPAN_MS = {"minute": 3_600_000, "day": 30 * 86_400_000}
-
-
-def parse_time(text: str, now_ms: int) -> int:
-    """Epoch ms of what :func:`topics.lookup.parse_since` reads."""
-    try:
-        return parse_since(text, now_ms)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a date (2026-11-01), a time (2026-11-01T12:30Z), a duration "
-            "before now (90m, 24h, 7d) or 'now'") from None
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -65,10 +55,10 @@ def cmd_accounting(settings: Settings, args: argparse.Namespace) -> int:
 def cmd_usage(settings: Settings, args: argparse.Namespace) -> int:
     now = now_ms()
     try:
-        until = parse_time(args.until, now)
-        since = (parse_time(args.since, now) if args.since is not None
+        until = parse_since(args.until, now)
+        since = (parse_since(args.since, now) if args.since is not None
                  else until - _DEFAULT_SPAN_MS[args.by])
-    except argparse.ArgumentTypeError as exc:
+    except ValueError as exc:
         return fail(f"conveyor usage: {exc}")
     try:
         rows, ratings = asyncio.run(_report(settings, args, since, until))

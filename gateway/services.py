@@ -12,7 +12,7 @@ from typing import Any
 from starlette.requests import HTTPConnection
 
 from conveyor.errors import PipelineUnavailable
-from conveyor.files.store import FileStore
+from conveyor.files.local import LocalFileStore
 from conveyor.policy.rules import PolicyBook
 from conveyor.registry import Registry
 from conveyor.settings import Settings
@@ -44,7 +44,7 @@ class Services:
     stored: StoredAnswers
     chat: ChatServing
     responses: ResponsesServing
-    files: FileStore
+    files: LocalFileStore
     batches: Batches
     background: BackgroundResponses
     usage: UsageLedger

@@ -87,10 +87,6 @@ class Codec:
         self._known[_fingerprint(schema)] = (name, schema)
         return name
 
-    def fingerprint(self, event_type: EventType) -> str:
-        """The CRC-64-AVRO fingerprint of the current schema, as hex."""
-        return self._current[event_type][0][len(MAGIC):].hex()
-
     def schema(self, event_type: EventType) -> Any:
         return self._current[event_type][1]
 
@@ -102,13 +98,6 @@ class Codec:
             schemaless_writer(buf, schema, record)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise SchemaError(f"cannot encode {event_type}: {exc}") from exc
-        return buf.getvalue()
-
-    def encode_with(self, writer_schema: Any, record: Any) -> bytes:
-        """Encode with an explicit (for example an older) schema: for tests and replay."""
-        buf = io.BytesIO()
-        buf.write(MAGIC + _fingerprint(writer_schema))
-        schemaless_writer(buf, writer_schema, record)
         return buf.getvalue()
 
     def decode(self, data: bytes | None, expected: EventType | tuple[EventType, ...]) -> Any:

@@ -124,62 +124,50 @@ class KeyLookup:
         found = await asyncio.wait_for(self._meta.partitions_for(topic), self.timeout_s)
         return sorted(found)
 
-    async def partition_of(self, topic: str, key: str) -> int:
-        return key_partition(key.encode(), len(await self.partitions(topic)))
-
     async def find(self, topic: str, key: str | None, since_ms: int,
                    until_ms: int | None = None, *, partitions: list[int] | None = None,
                    first: bool = False) -> list[Record]:
         """The records with ``key`` (every record when None) written between
         ``since_ms`` and ``until_ms``, in ``partitions`` (default: the key's),
         in offset order per partition; ``first``: stop at the first match."""
-        if partitions is None:
-            if key is None:
-                partitions = await self.partitions(topic)
-            else:
-                partitions = [await self.partition_of(topic, key)]
         wanted = key.encode() if key is not None else None
+        if partitions is None:
+            partitions = await self.partitions(topic)
+            if wanted is not None:
+                partitions = [key_partition(wanted, len(partitions))]
         found: list[Record] = []
         for partition in partitions:
             tp = TopicPartition(topic, partition)
             found += await asyncio.wait_for(
-                self._read(tp, wanted, since_ms, until_ms, first), self.timeout_s)
+                self._since(tp, wanted, since_ms, until_ms, first), self.timeout_s)
             if first and found:
                 break
         return found
 
     async def at(self, topic: str, partition: int, offset: int) -> Record | None:
         """The record at one offset, or None when there is none (any more)."""
-        tp = TopicPartition(topic, partition)
-        consumer = self._consumer
-        consumer.assign([tp])
-        try:
-            start = (await consumer.beginning_offsets([tp]))[tp]
-            end = (await consumer.end_offsets([tp]))[tp]
-            if not start <= offset < end:
-                return None
-            consumer.seek(tp, offset)
-            deadline = time.monotonic() + self.timeout_s
-            while time.monotonic() < deadline:
-                batch = await consumer.getmany(tp, timeout_ms=500, max_records=1)
-                for record in batch.get(tp, []):
-                    return record if record.offset == offset else None
-            raise TimeoutError(f"no answer reading {topic}[{partition}]@{offset}")
-        finally:
-            self._idle(tp)
+        found = await asyncio.wait_for(self._read(TopicPartition(topic, partition), None, offset,
+                                                  None, True), self.timeout_s)
+        return found[0] if found and found[0].offset == offset else None
 
-    async def _read(self, tp: TopicPartition, key: bytes | None, since_ms: int,
+    async def _since(self, tp: TopicPartition, key: bytes | None, since_ms: int,
+                     until_ms: int | None, first: bool) -> list[Record]:
+        hit = (await self._consumer.offsets_for_times({tp: max(0, since_ms)}))[tp]
+        if hit is None:
+            return []  # nothing written to the partition since then
+        return await self._read(tp, key, hit.offset, until_ms, first)
+
+    async def _read(self, tp: TopicPartition, key: bytes | None, start: int,
                     until_ms: int | None, first: bool) -> list[Record]:
+        """``tp``'s records (``key``'s) from offset ``start`` on, up to the end
+        offset seen as the read began or past ``until_ms``."""
         consumer = self._consumer
         consumer.assign([tp])
         try:
-            hit = (await consumer.offsets_for_times({tp: max(0, since_ms)}))[tp]
-            if hit is None:
-                return []  # nothing written to the partition since then
             end = (await consumer.end_offsets([tp]))[tp]
-            consumer.seek(tp, hit.offset)
+            consumer.seek(tp, start)
             found: list[Record] = []
-            position = hit.offset
+            position = start
             try:
                 while position < end:
                     batch = await consumer.getmany(tp, timeout_ms=500)
@@ -194,7 +182,7 @@ class KeyLookup:
                                 return found
                 return found
             finally:
-                self.read.setdefault(tp.topic, []).append((tp.partition, hit.offset, position))
+                self.read.setdefault(tp.topic, []).append((tp.partition, start, position))
         finally:
             self._idle(tp)
 
@@ -268,11 +256,6 @@ class SharedLookup:
         """The record at one offset, or None when there is none (any more)."""
         return await self._call(f"reading {topic}[{partition}]@{offset}",
                                 lambda reader: reader.at(topic, partition, offset), timeout_s)
-
-    async def partitions(self, topic: str, *, timeout_s: float | None = None) -> list[int]:
-        """The topic's partitions."""
-        return await self._call(f"the partitions of {topic}",
-                                lambda reader: reader.partitions(topic), timeout_s)
 
     async def close(self) -> None:
         """Close every reader, idle or busy (a busy call then fails); later calls

@@ -13,12 +13,12 @@ import getpass
 import hashlib
 import logging
 import socket
-from typing import Any
+from typing import TypeVar
 
 from conveyor.errors import ConveyorError
 from conveyor.registry import Registry
 from conveyor.settings import Settings
-from schemas.codec import EventType, default_codec
+from schemas.codec import default_codec
 from schemas.records import ModelRegistry
 from topics.catalog import MODELS, Topic
 from topics.envelope import now_ms
@@ -28,6 +28,8 @@ __all__ = ["adopt_published", "follow_published", "operator", "publish", "publis
            "published", "record_of"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _KEY = b"registry"
 
@@ -50,19 +52,19 @@ def operator() -> str:
 
 async def publish(settings: Settings, record: ModelRegistry) -> None:
     """Write ``record`` to ``conveyor.models`` and wait for the broker to have it."""
-    await publish_one(settings, MODELS, "ModelRegistry", record, _KEY)
+    await publish_one(settings, MODELS, record, _KEY)
 
 
-async def publish_one(settings: Settings, topic: Topic, event_type: EventType, record: Any,
-                      key: bytes) -> None:
-    """Write one event (a command's) and wait for the broker to have it."""
+async def publish_one(settings: Settings, topic: Topic[T], event: T, key: bytes) -> None:
+    """Write one event (a command's: a registry, a policy) and wait for the broker
+    to have it."""
     from topics.clients import make_producer
 
     producer = make_producer(settings.kafka)
     await producer.start()
     try:
         await producer.send_and_wait(topic.at(settings.kafka),
-                                     default_codec().encode(event_type, record), key=key)
+                                     topic.encode(default_codec(), event), key=key)
     finally:
         await producer.stop()
 

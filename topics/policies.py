@@ -21,10 +21,10 @@ from schemas.records import PolicyDocument
 from topics.catalog import POLICIES
 from topics.envelope import now_ms
 from topics.follow import apply_all, follow, snapshot
-from topics.models import operator, publish_one
+from topics.models import operator
 
 __all__ = ["PolicyFollower", "adopt_policies", "check_scope", "document_of", "follow_policies",
-           "publish_policy", "published_policies"]
+           "published_policies"]
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +45,6 @@ def document_of(scope: str, text: str, source: str) -> PolicyDocument:
     return PolicyDocument(scope=scope, text=text,
                           digest=hashlib.sha256(text.encode()).hexdigest()[:12],
                           source=source, applied_by=operator(), ts_ms=now_ms())
-
-
-async def publish_policy(settings: Settings, document: PolicyDocument) -> None:
-    """Write ``document`` to ``conveyor.policies`` and wait for the broker to have it."""
-    await publish_one(settings, POLICIES, "PolicyDocument", document,
-                      document["scope"].encode())
 
 
 async def published_policies(settings: Settings, within_s: float) -> dict[str, PolicyDocument]:

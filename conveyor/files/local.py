@@ -1,4 +1,4 @@
-""":class:`LocalFileStore`: the file store in a local directory
+""":class:`LocalFileStore`: the file store, in a local directory
 (``settings.jobs.files_dir``), one directory per tenant (named by a hash), each
 file's content and record written to a temporary name, fsynced and renamed; a
 file exists when its record does. Layout and decisions:
@@ -39,7 +39,8 @@ _RECORD = re.compile(r"(file-[0-9a-f]{24})\.json")
 
 
 class LocalFileStore:
-    """A :class:`~conveyor.files.store.FileStore` under ``jobs.files_dir``."""
+    """Where a tenant's files live, under ``jobs.files_dir``; the contract:
+    docs/api/jobs.md#the-file-stores-contract."""
 
     def __init__(self, jobs: JobsSettings) -> None:
         self.jobs = jobs

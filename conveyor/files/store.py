@@ -1,5 +1,5 @@
-"""The file store's contract (:class:`FileStore`): what the Files API and the
-batch machinery need from wherever files live. A file belongs to one tenant;
+"""What the file store (:class:`~conveyor.files.local.LocalFileStore`) keeps
+and answers: a file's record, a page of them, its id. A file belongs to one tenant;
 another tenant's file, a deleted one or a malformed id are all
 :class:`FileNotFound`. Creation is all or nothing, ids sort by creation time.
 The contract in full: docs/api/jobs.md#the-file-stores-contract.
@@ -10,14 +10,13 @@ from __future__ import annotations
 import re
 import secrets
 import time
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable
 from dataclasses import asdict, dataclass
-from typing import Any, Literal, Protocol, get_args
+from typing import Any, Literal, get_args
 
 from conveyor.errors import RequestError
-from conveyor.settings import JobsSettings
 
-__all__ = ["FileStore", "FileObject", "FilePage", "FilePurpose", "FileOrder", "FileContent",
+__all__ = ["FileObject", "FilePage", "FilePurpose", "FileOrder", "FileContent",
            "FileNotFound", "new_file_id", "is_file_id", "LIST_LIMIT_MAX", "CHUNK_BYTES"]
 
 # The purposes Conveyor keeps files for: batch input (uploaded by clients) and
@@ -92,26 +91,3 @@ class FilePage:
 
     data: tuple[FileObject, ...]
     has_more: bool
-
-
-class FileStore(Protocol):
-    """Where a tenant's files live; see the module's docstring for the contract."""
-
-    # the settings the store was built with: uploads are checked against its limits
-    jobs: JobsSettings
-
-    async def create(self, tenant: str, purpose: FilePurpose, filename: str,
-                     content: FileContent, file_id: str | None = None) -> FileObject: ...
-
-    async def get(self, tenant: str, file_id: str) -> FileObject: ...
-
-    async def open(self, tenant: str, file_id: str
-                   ) -> tuple[FileObject, AsyncIterator[bytes]]: ...
-
-    async def read(self, tenant: str, file_id: str) -> bytes: ...
-
-    async def delete(self, tenant: str, file_id: str) -> FileObject: ...
-
-    async def list(self, tenant: str, *, purpose: str | None = None,
-                   limit: int = LIST_LIMIT_MAX, after: str | None = None,
-                   order: FileOrder = "desc") -> FilePage: ...

@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import phonenumbers
 
-__all__ = ["ENTITIES", "IBAN_LENGTHS", "Found", "checked_entities", "find_checked", "find_pii"]
+__all__ = ["ENTITIES", "IBAN_LENGTHS", "Found", "checked_entities", "find_checked"]
 
 ENTITIES: tuple[str, ...] = ("email", "phone", "card", "iban", "ip")
 
@@ -243,16 +243,10 @@ def _resolve_overlaps(found: list[Found]) -> list[Found]:
 
 
 def find_checked(text: str, entities: tuple[str, ...], region: str) -> list[Found]:
+    """The values of ``entities`` (:func:`checked_entities`) in ``text``, ordered
+    by start and not overlapping; ``region`` (upper case) is the country of phone
+    numbers written without a country code."""
     digits = _ascii_digits(text)
     found = [f for entity in entities for f in _RECOGNISERS[entity](text, region, digits)]
     return _resolve_overlaps(found)
 
-
-def find_pii(text: str, entities: Collection[str] = ENTITIES, *, region: str = "US") -> list[Found]:
-    """The values of ``entities`` in ``text``, ordered by start and not overlapping.
-
-    ``region`` is the country of phone numbers written without a country code (any case).
-    Raises ValueError naming an unknown entity, TypeError for one string instead of a
-    collection of names (``"email"`` would otherwise read as five one-letter names).
-    """
-    return find_checked(text, checked_entities(entities), region.upper())

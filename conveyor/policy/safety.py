@@ -271,13 +271,9 @@ class StreamScanner:
             return text, None
         return self._check(self._held + text, final=False)
 
-    def flush(self) -> tuple[str, Match | None]:
-        """The end of the stream: what was held, or the text before a match in it."""
-        return self.finish("")
-
     def finish(self, text: str) -> tuple[str, Match | None]:
-        """The last ``text`` and the end of the stream in one check: what
-        :meth:`feed` then :meth:`flush` release together, or the text before a match."""
+        """The last ``text`` and the end of the stream (``""``: the end alone): what
+        was held and ``text``, or the text before a match in them."""
         if self._match is not None:
             return "", self._match
         return self._check(self._held + text, final=True)

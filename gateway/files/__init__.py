@@ -1,2 +1,2 @@
-"""OpenAI's Files API: batch input and output files of a tenant, kept in a file
-store behind a small interface (:class:`~conveyor.files.store.FileStore`)."""
+"""OpenAI's Files API: batch input and output files of a tenant, kept in the file
+store (:class:`~conveyor.files.local.LocalFileStore`)."""

@@ -13,7 +13,8 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 
 from conveyor.errors import InvalidRequest
-from conveyor.files.store import LIST_LIMIT_MAX, FileOrder, FileStore, is_file_id
+from conveyor.files.local import LocalFileStore
+from conveyor.files.store import LIST_LIMIT_MAX, FileOrder, is_file_id
 from conveyor.settings import JobsSettings
 from gateway.auth.middleware import identity_of
 from gateway.errors import SafeJSONResponse
@@ -39,7 +40,7 @@ UPLOAD_PATH = "/v1/files"
 MULTIPART_ALLOWANCE = 64 * 1024
 
 
-Files = Annotated[FileStore, Depends(service("files"))]
+Files = Annotated[LocalFileStore, Depends(service("files"))]
 
 
 def upload_limits(jobs: JobsSettings) -> dict[str, int]:

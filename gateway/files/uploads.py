@@ -14,7 +14,8 @@ from typing import cast
 from starlette.datastructures import FormData, UploadFile
 
 from conveyor.errors import InvalidRequest, RequestTooLarge
-from conveyor.files.store import CHUNK_BYTES, FileObject, FilePurpose, FileStore
+from conveyor.files.local import LocalFileStore
+from conveyor.files.store import CHUNK_BYTES, FileObject, FilePurpose
 from conveyor.settings import JobsSettings
 
 __all__ = ["UPLOAD_PURPOSES", "check_purpose", "UploadCheck", "checked", "upload"]
@@ -114,7 +115,7 @@ async def _read(upload: UploadFile) -> AsyncIterator[bytes]:
         yield chunk
 
 
-async def upload(store: FileStore, tenant: str, form: FormData) -> FileObject:
+async def upload(store: LocalFileStore, tenant: str, form: FormData) -> FileObject:
     """Store the ``file`` of a multipart form for ``tenant``, checked."""
     purpose = check_purpose(form.get("purpose"))
     file = form.get("file")

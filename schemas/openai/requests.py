@@ -38,7 +38,7 @@ __all__ = ["ChatMessage", "ChatCompletionRequest", "CompletionRequest", "StreamO
            "FUNCTION_NAME", "checked_metadata", "Metadata", "model_field_names", "unsupported",
            "JsonSchemaSpec", "ResponseFormat", "CalledFunction", "MessageToolCall",
            "FunctionSpec", "Tool", "NamedFunction", "NamedToolChoice", "parameters_within_bounds",
-           "param_of", "invalid_request"]
+           "param_of", "invalid_request", "refused", "needs_tools"]
 
 MAX_INT32 = 2**31 - 1
 # OpenAI's bound on the tokens one logit_bias may bias
@@ -214,6 +214,25 @@ def unsupported(name: str) -> ValueError:
     return ValueError(f"{name} is not supported by this server")
 
 
+def refused(*fields: str, allowed: tuple[Any, ...] = (None, [])) -> Any:
+    """The validator of parameters Conveyor does not support: refused (naming
+    the field) unless they hold one of ``allowed``, which asks for nothing."""
+    def check(cls: type, v: Any, info: ValidationInfo) -> None:
+        if v not in allowed:
+            raise unsupported(str(info.field_name))
+        return None
+    return field_validator(*fields)(check)
+
+
+def needs_tools(*allowed: Any) -> Any:
+    """The validator of ``tool_choice``: only ``allowed`` without tools."""
+    def check(cls: type, v: Any, info: ValidationInfo) -> Any:
+        if not info.data.get("tools") and v not in allowed:
+            raise ValueError("tool_choice is only allowed when tools are given")
+        return v
+    return field_validator("tool_choice")(check)
+
+
 class _Sampling(BaseModel):
     model_config = STRICT
 
@@ -314,27 +333,10 @@ class ChatCompletionRequest(_Sampling):
     def logprobs_asked(self) -> tuple[bool, int]:
         return bool(self.logprobs), self.top_logprobs or 0
 
-    @field_validator("functions", "audio",
-                     "prediction", "web_search_options", "reasoning_effort")
-    @classmethod
-    def _nothing(cls, v: Any, info: ValidationInfo) -> None:
-        if v is not None and v != []:
-            raise unsupported(str(info.field_name))
-        return None
-
-    @field_validator("function_call")
-    @classmethod
-    def _no_call(cls, v: Any, info: ValidationInfo) -> None:
-        if v not in (None, "none"):
-            raise unsupported(str(info.field_name))
-        return None
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _choice_of_tools(cls, v: Any, info: ValidationInfo) -> Any:
-        if not info.data.get("tools") and v not in (None, "none"):
-            raise ValueError("tool_choice is only allowed when tools are given")
-        return v
+    _nothing = refused("functions", "audio", "prediction", "web_search_options",
+                       "reasoning_effort")
+    _no_call = refused("function_call", allowed=(None, "none"))
+    _choice_of_tools = needs_tools(None, "none")
 
     def tools_record(self) -> ToolsRecord | None:
         """The tools as the pipeline carries them, checked (each fault an
@@ -380,12 +382,7 @@ class CompletionRequest(_Sampling):
     def logprobs_asked(self) -> tuple[bool, int]:
         return self.logprobs is not None, self.logprobs or 0
 
-    @field_validator("suffix")
-    @classmethod
-    def _no_suffix(cls, v: str | None) -> None:
-        if v:
-            raise unsupported("suffix")
-        return None
+    _no_suffix = refused("suffix", allowed=(None, ""))
 
     @field_validator("best_of")
     @classmethod

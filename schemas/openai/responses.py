@@ -19,7 +19,6 @@ from pydantic import (
     Field,
     Tag,
     ValidationError,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -33,6 +32,8 @@ from schemas.openai.requests import (
     NamedFunction,
     invalid_request,
     model_field_names,
+    needs_tools,
+    refused,
     unsupported,
 )
 from schemas.records import Message, ToolCall, Tools, Usage
@@ -49,10 +50,6 @@ Role = Literal["user", "assistant", "system", "developer"]
 
 # what ``include`` may name: the output text's log probabilities
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
-
-
-def _asks_nothing(value: Any) -> bool:
-    return value is None or value == [] or value == {}
 
 
 class InputText(BaseModel):
@@ -266,12 +263,7 @@ class ResponsesRequest(BaseModel):
             raise ValueError("only truncation 'disabled' is supported")
         return None
 
-    @field_validator("tool_choice")
-    @classmethod
-    def _choice_of_tools(cls, v: Any, info: ValidationInfo) -> Any:
-        if not info.data.get("tools") and v not in (None, "none", "auto"):
-            raise ValueError("tool_choice is only allowed when tools are given")
-        return v
+    _choice_of_tools = needs_tools(None, "none", "auto")
 
     @field_validator("include")
     @classmethod
@@ -287,14 +279,10 @@ class ResponsesRequest(BaseModel):
         (``include`` names them), and how many likeliest at each place."""
         return LOGPROBS_INCLUDE in (self.include or ()), self.top_logprobs or 0
 
-    @field_validator("previous_response_id", "conversation", "prompt",
-                     "reasoning", "max_tool_calls", "context_management", "background_options",
-                     "moderation", "image", "access_programs", "prompt_cache_options")
-    @classmethod
-    def _nothing(cls, v: Any, info: ValidationInfo) -> None:
-        if not _asks_nothing(v):
-            raise unsupported(str(info.field_name))
-        return None
+    _nothing = refused("previous_response_id", "conversation", "prompt", "reasoning",
+                       "max_tool_calls", "context_management", "background_options",
+                       "moderation", "image", "access_programs", "prompt_cache_options",
+                       allowed=(None, [], {}))
 
     def messages(self) -> list[Message]:
         """The conversation as chat turns (:func:`conversation`)."""

@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
+from fastavro import schemaless_writer
+from fastavro.schema import fingerprint, to_parsing_canonical_form
+
+from schemas.codec import MAGIC
 from schemas.records import Generation, Message, Request, TokenChunk
 from topics.envelope import new_envelope
 
-__all__ = ["Record", "chunk", "generation", "request"]
+__all__ = ["Record", "chunk", "encoded_with", "generation", "request"]
+
+
+def encoded_with(writer_schema: Any, record: Any) -> bytes:
+    """``record`` as Conveyor frames a value, written with an explicit schema
+    (one the codec does not know: a newer or a foreign writer's)."""
+    buf = io.BytesIO()
+    buf.write(MAGIC + bytes.fromhex(fingerprint(to_parsing_canonical_form(writer_schema),
+                                                "CRC-64-AVRO")))
+    schemaless_writer(buf, writer_schema, record)
+    return buf.getvalue()
 
 
 def generation(

@@ -17,7 +17,7 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from conveyor.files.store import FileStore
+from conveyor.files.local import LocalFileStore
 from conveyor.settings import Settings
 from schemas.records import JobResult, JobStatus
 from topics.catalog import JOB_STATUS, RESULTS
@@ -50,7 +50,7 @@ class ResultsLayer(Layer):
     name = "results"
     source = RESULTS
 
-    def __init__(self, settings: Settings, files: FileStore) -> None:
+    def __init__(self, settings: Settings, files: LocalFileStore) -> None:
         self.settings = settings
         self.files = files
         self._status_topic = JOB_STATUS.at(settings.kafka)

@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from conveyor.errors import ModelNotFound, RequestError
-from conveyor.files.store import FileStore
+from conveyor.files.local import LocalFileStore
 from conveyor.policy.pii import FindMemo
 from conveyor.policy.rules import PolicyBook
 from conveyor.registry import Registry
@@ -45,7 +45,7 @@ class JobsLayer(Layer):
     name = "jobs"
     source = JOBS
 
-    def __init__(self, settings: Settings, files: FileStore,
+    def __init__(self, settings: Settings, files: LocalFileStore,
                  registry: Registry | None = None, policies: PolicyBook | None = None) -> None:
         """``policies``: a book kept current by the caller; without one the layer
         follows ``conveyor.policies`` itself while it runs (a batch's lines are

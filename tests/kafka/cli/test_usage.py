@@ -16,9 +16,10 @@ from dataclasses import dataclass
 import pytest
 import redis.asyncio as aioredis
 
-from cli.usage import cmd_accounting, cmd_usage, parse_time, register
+from cli.usage import cmd_accounting, cmd_usage, register
 from conveyor.settings import Settings, load_settings
 from topics.envelope import now_ms
+from topics.lookup import parse_since
 from workers.usage.mirror import RedisMirror, UsageKeys
 from workers.usage.rows import DAY_MS, MINUTE_MS, Counts, RowKey, bucket_start
 
@@ -74,18 +75,18 @@ def written(services: None) -> Iterator[Written]:
 
 def test_times_are_dates_times_durations_before_now_or_now() -> None:
     now = 1_800_000_000_000
-    assert parse_time("2026-11-01", now) == int(
+    assert parse_since("2026-11-01", now) == int(
         dt.datetime(2026, 11, 1, tzinfo=dt.UTC).timestamp() * 1000)
-    assert parse_time("2026-11-01T12:30Z", now) == int(
+    assert parse_since("2026-11-01T12:30Z", now) == int(
         dt.datetime(2026, 11, 1, 12, 30, tzinfo=dt.UTC).timestamp() * 1000)
-    assert parse_time("2026-11-01T12:30+01:00", now) == int(
+    assert parse_since("2026-11-01T12:30+01:00", now) == int(
         dt.datetime(2026, 11, 1, 11, 30, tzinfo=dt.UTC).timestamp() * 1000)
-    assert parse_time("90m", now) == now - 90 * 60_000
-    assert parse_time("24h", now) == now - DAY_MS
-    assert parse_time("7d", now) == now - 7 * DAY_MS
-    assert parse_time("now", now) == now
-    with pytest.raises(argparse.ArgumentTypeError):
-        parse_time("yesterday", now)
+    assert parse_since("90m", now) == now - 90 * 60_000
+    assert parse_since("24h", now) == now - DAY_MS
+    assert parse_since("7d", now) == now - 7 * DAY_MS
+    assert parse_since("now", now) == now
+    with pytest.raises(ValueError):
+        parse_since("yesterday", now)
 
 
 def test_the_commands_and_their_options() -> None:

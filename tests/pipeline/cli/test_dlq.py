@@ -28,6 +28,7 @@ from fastavro.schema import to_parsing_canonical_form
 from cli import dlq as cli_dlq
 from conveyor.settings import Settings, load_settings
 from schemas.codec import Codec, default_codec
+from tests.support.factories import encoded_with
 from tests.support.factories import request as make_request
 from tests.support.pipeline import Pipeline
 from topics.clients import make_producer
@@ -83,7 +84,7 @@ def test_a_poison_fixed_by_a_schema_upgrade_is_redriven_once(
     writer = parse_schema(json.loads(schema_path.read_text()), _write_hint=False)
     rid = uuid.uuid4().hex
     record = dict(make_request(request_id=rid)) | {"hint": "from a newer gateway"}
-    poison = default_codec().encode_with(writer, record)
+    poison = encoded_with(writer, record)
     asyncio.run(produce(settings, rid, poison))
 
     # the running preprocess dead-letters it; list finds it with its error

@@ -25,8 +25,8 @@ import pytest
 from cli import replay as cli_replay
 from cli.dlq import read_letters
 from conveyor.settings import Settings, load_settings
-from schemas.codec import default_codec
 from tests.pipeline.cli.test_dlq import newer_request_schema, produce
+from tests.support.factories import encoded_with
 from tests.support.factories import request as make_request
 from tests.support.pipeline import Pipeline
 
@@ -131,7 +131,7 @@ def test_a_dead_letter_replayed_fails_in_its_layer_again(
     schema = json.loads(newer_request_schema(tmp_path).read_text())
     rid = uuid.uuid4().hex
     record = dict(make_request(request_id=rid)) | {"hint": "from a newer gateway"}
-    poison = default_codec().encode_with(parse_schema(schema, _write_hint=False), record)
+    poison = encoded_with(parse_schema(schema, _write_hint=False), record)
     asyncio.run(produce(settings, rid, poison))
 
     letter = None

@@ -14,6 +14,7 @@ from fastavro.schema import to_parsing_canonical_form
 from conveyor.errors import SchemaError
 from schemas.codec import EVENT_TYPES, MAGIC, Codec, default_codec
 from schemas.records import Request
+from tests.support.factories import encoded_with
 from topics.envelope import new_envelope
 
 AVRO = Path(__file__).resolve().parents[3] / "schemas" / "avro"
@@ -84,7 +85,7 @@ def test_an_event_written_with_a_schema_kept_in_history_is_read(tmp_path: Path) 
                {"conveyor.Envelope": {"deadline_ms", "priority"},
                 "conveyor.Generation": {"include_usage", "created"}})
     (avro / "history").mkdir()
-    data = default_codec().encode_with(parse_schema(v1, _write_hint=False), request())
+    data = encoded_with(parse_schema(v1, _write_hint=False), request())
     with pytest.raises(SchemaError, match="unknown schema fingerprint"):
         Codec(avro).decode(data, "Request")  # the history is what makes it readable
     (avro / "history" / "conveyor.Request.v1.avsc").write_text(json.dumps(v1))

@@ -23,6 +23,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from conveyor.settings import load_settings
 from schemas.codec import default_codec
 from schemas.records import DeadLetter, JobResult, JobStatus
+from tests.support.factories import encoded_with
 from tests.support.pipeline import Pipeline
 from workers.jobs.dead_commands import DEAD_COMMANDS_GROUP, failure_event
 from workers.jobs.folds import BatchFold, ResponseFold
@@ -180,7 +181,7 @@ def _newer_schema_command(batch_id: str) -> bytes:
     schema.pop("__named_schemas", None)
     from fastavro import parse_schema
 
-    return codec.encode_with(parse_schema(schema), {
+    return encoded_with(parse_schema(schema), {
         "job_id": batch_id, "kind": "batch", "action": "create", "tenant": TENANT,
         "key_id": "", "ts_ms": int(time.time() * 1000), "input_file_id": "file-x",
         "endpoint": "/v1/chat/completions", "completion_window": "24h", "metadata": {},

@@ -174,7 +174,7 @@ def feed_all(scanner: StreamScanner, chunks: list[str]) -> tuple[str, Match | No
         text, match = scanner.feed(chunk)
         released.append(text)
     if match is None:
-        text, match = scanner.flush()
+        text, match = scanner.finish("")
         released.append(text)
     return "".join(released), match
 
@@ -201,7 +201,7 @@ def test_the_text_before_a_match_is_released_exactly_once() -> None:
     match = Match("violence", "kill", 13, 17)
     assert "".join(text for text, _ in released) == "Fine. Now we "
     assert [m for _, m in released] == [None, None, None, match, match]
-    assert scanner.flush() == ("", match)
+    assert scanner.finish("") == ("", match)
     assert scanner.feed("more") == ("", match)
     assert scanner.held == 0
 
@@ -213,7 +213,7 @@ def test_a_whole_term_at_the_end_waits_for_the_next_character() -> None:
     assert scanner.feed("s") == ("kills", None)
     assert scanner.held == 0
     assert scanner.feed(" kill") == (" ", None)
-    assert scanner.flush() == ("", Match("violence", "kill", 9, 13))
+    assert scanner.finish("") == ("", Match("violence", "kill", 9, 13))
 
 
 def test_text_that_cannot_begin_a_term_is_released_at_once() -> None:
@@ -223,10 +223,10 @@ def test_text_that_cannot_begin_a_term_is_released_at_once() -> None:
     assert scanner.held == 0
 
 
-def test_flush_releases_what_is_held() -> None:
+def test_finishing_releases_what_is_held() -> None:
     scanner = StreamScanner(TermList({"violence": ["kill"]}))
     assert scanner.feed("we will ki") == ("we will ", None)
-    assert scanner.flush() == ("ki", None)
+    assert scanner.finish("") == ("ki", None)
     assert scanner.held == 0
 
 
@@ -234,7 +234,7 @@ def test_an_empty_list_holds_nothing() -> None:
     scanner = StreamScanner(TermList())
     assert scanner.feed("kill them") == ("kill them", None)
     assert scanner.held == 0
-    assert scanner.flush() == ("", None)
+    assert scanner.finish("") == ("", None)
 
 
 def test_a_pattern_holds_only_what_could_begin_a_match() -> None:
@@ -289,7 +289,7 @@ def stream(chunks: list[str]) -> tuple[str, Match | None]:
         assert fed.startswith(released)
         assert len(released) + scanner.held == len(fed)
         assert len(re.sub(r"\s+", " ", fed[len(released):])) <= TERMS.window
-    text, match = scanner.flush()
+    text, match = scanner.finish("")
     return released + text, match
 
 
@@ -320,7 +320,7 @@ FINISH_TERMS = TermList({"violence": ["kill", "make a bomb"]},
 
 @settings(max_examples=300, deadline=None)
 @given(chunked(with_term=True), st.sampled_from(["", " sk-abc", "sk-a", " ki"]))
-def test_finishing_with_the_last_chunk_is_feeding_it_then_flushing(
+def test_finishing_with_the_last_chunk_is_feeding_it_then_finishing(
         case: tuple[str, list[str]], tail: str) -> None:
     _, chunks = case
     *head, last = [*chunks, ""] if not chunks else chunks
@@ -330,7 +330,7 @@ def test_finishing_with_the_last_chunk_is_feeding_it_then_flushing(
         assert apart.feed(chunk) == together.feed(chunk)
     released, match = apart.feed(last)
     if match is None:
-        rest, match = apart.flush()
+        rest, match = apart.finish("")
         released += rest
     assert together.finish(last) == (released, match)
     assert match is not None and together.finish("more") == ("", match)  # stopped at it
