@@ -19,6 +19,7 @@ from schemas.tool_calls import ToolCallReader
 from topics.envelope import unstamped
 from workers.chunk_order import ChunkOrder
 from workers.prompt_cache import CACHE_WORKER
+from workers.stops import first_stop, held_tail
 
 __all__ = ["RequestStream", "Emitted"]
 
@@ -97,14 +98,14 @@ class RequestStream:
         text = self.held + chunk["text"]
         self.held = ""
         running = chunk["finish_reason"] is None
-        for_stop = _first_stop(text, stops)
+        for_stop = first_stop(text, stops)
         if for_stop is not None:
             self.done = True
             return self._screened(text[:for_stop], "stop", running, stopped_early=running)
         if not running:
             self.done = True
             return self._screened(text, chunk["finish_reason"], running)
-        keep = _held_tail(text, stops)
+        keep = held_tail(text, stops)
         if keep:
             self.held = text[-keep:]
             text = text[:-keep]
@@ -144,17 +145,3 @@ class RequestStream:
         return out
 
 
-def _first_stop(text: str, stops: list[str]) -> int | None:
-    found = [i for i in (text.find(s) for s in stops if s) if i >= 0]
-    return min(found) if found else None
-
-
-def _held_tail(text: str, stops: list[str]) -> int:
-    """The length of the longest tail of ``text`` that begins some stop sequence."""
-    best = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(text)), best, -1):
-            if s.startswith(text[-n:]):
-                best = n
-                break
-    return best

@@ -9,13 +9,13 @@ frees its slot promptly.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, cast
 
 from schemas.records import HostCache, KvCache, Message, ResponseFormat, TokenLogprob
 
-__all__ = ["GenerationRequest", "Piece", "Engine", "first_stop", "host_cache_counts"]
+__all__ = ["GenerationRequest", "Piece", "Engine", "host_cache_counts"]
 
 
 @dataclass(frozen=True)
@@ -141,12 +141,6 @@ class Engine(Protocol):
         ...
 
     async def close(self) -> None: ...
-
-
-def first_stop(text: str, stops: Sequence[str]) -> int | None:
-    """Where the first stop string in ``text`` begins (empty ones ignored), or None."""
-    found = [i for i in (text.find(s) for s in stops if s) if i >= 0]
-    return min(found) if found else None
 
 
 def host_cache_counts(engine: Engine) -> Callable[[], Mapping[str, int] | None]:

@@ -32,9 +32,10 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from conveyor.errors import EngineError, InvalidRequest
 from schemas.records import TokenLogprob, TopLogprob
-from workers.infer.engines.base import GenerationRequest, Piece, first_stop
+from workers.infer.engines.base import GenerationRequest, Piece
 from workers.infer.engines.llamacpp_cache import HostCache
 from workers.infer.engines.llamacpp_grammar import CheckedSampling, grammar_sampler
+from workers.stops import first_stop, held_tail
 
 __all__ = ["Context", "Sequence", "Text", "chat_formatter", "common_prefix",
            "reuse_score", "llama_seed", "bias_sampler", "sequence_sampler",
@@ -59,8 +60,7 @@ class Text:
         if cut is not None:
             self._held = ""
             return held[:cut], True
-        keep = max((k for s in self._stop for k in range(min(len(s) - 1, len(held)), 0, -1)
-                    if held.endswith(s[:k])), default=0)
+        keep = held_tail(held, self._stop)
         self._held = held[len(held) - keep:] if keep else ""
         return held[:len(held) - keep], False
 

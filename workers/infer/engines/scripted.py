@@ -27,7 +27,8 @@ from collections.abc import AsyncGenerator, Iterator
 from typing import Literal, get_args
 
 from conveyor.errors import EngineError
-from workers.infer.engines.base import Engine, GenerationRequest, Piece, first_stop
+from workers.infer.engines.base import Engine, GenerationRequest, Piece
+from workers.stops import first_stop
 
 __all__ = ["SCRIPTS", "DEFAULT_TEXT", "Script", "ScriptedEngine", "pieces_of"]
 
