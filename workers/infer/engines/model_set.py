@@ -2,9 +2,10 @@
 --model-budget-mib 600``): one engine per model, made by the worker's engine
 factory. Warm models load before the worker joins its pool, lazy ones on
 their first request, in a thread (a failed load fails that request with an
-engine error). The budget counts each model's GGUF file plus its KV cache;
-the least recently used idle models are closed until a new one fits, never a
-busy one (``0``: no budget). The heartbeat lists the models served and
+engine error). The budget counts each model's GGUF file (not its KV cache,
+which the worker's ``--contexts`` and context length size); the least
+recently used idle models are closed until a new one fits, never a busy one
+(``0``: no budget). The heartbeat lists the models served and
 loaded; schedule prefers workers that have a model loaded.
 """
 

@@ -68,8 +68,9 @@ _HOST_CACHE = ("host memory for the KV caches of conversations a context (or slo
 _MODELS = ("the pool's models this worker serves, comma-separated, or 'all' (default: the "
            "pool's first); see workers/infer/engines/model_set.py")
 _WARM = "of --models, those loaded at start (default: the first); the others load on first use"
-_BUDGET = ("memory the loaded models may take (GGUF file and KV cache); the least recently used "
-           "idle one is evicted to load another (0: no limit)")
+_BUDGET = ("memory the loaded models' weights may take (each one's GGUF file; the KV cache is "
+           "not counted); the least recently used idle one is evicted to load another "
+           "(0: no limit)")
 
 
 @dataclass(frozen=True)
