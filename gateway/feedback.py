@@ -53,7 +53,7 @@ async def feedback(body: FeedbackBody, request: Request,
     except StreamNotFound:
         raise RequestNotFound(named) from None
     where = await stored.locate(rid)
-    if where is None or where.generation is None or not stored.mine(where, identity):
+    if where is None or not stored.mine(where, identity):
         raise RequestNotFound(body.request_id)
     answered_by, latency_ms = "", None
     with contextlib.suppress(RequestError, TimeoutError):

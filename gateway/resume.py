@@ -108,7 +108,7 @@ class Recorded:
     submitted_ms: int  # the request event's record time
     deadline_ms: int
     # what was asked: the Responses API rebuilds its response objects from it
-    generation: Generation | None = None
+    generation: Generation
 
 
 async def locate(lookup: SharedLookup, request_id: str,

@@ -59,7 +59,7 @@ class StoredAnswers:
         """The recorded request ``request_id`` when ``api`` stored it and it is the
         caller's."""
         where = await self.locate(request_id)
-        if where is None or where.generation is None:
+        if where is None:
             return None
         generation = where.generation
         if not generation.get("store", False) or generation.get("api") != api:
@@ -87,7 +87,6 @@ class StoredAnswers:
             raise CompletionNotFound(completion_id, f"It ended in an error and holds no "
                                                     f"answer: {exc.message}") from None
         generation = where.generation
-        assert generation is not None  # find checked it
         return full_response("chat", generation["model"], generation["created"],
                              where.request_id, folded.text, folded.finish_reason,
                              folded.usage, tool_calls=reads_tool_calls(generation),
@@ -97,13 +96,11 @@ class StoredAnswers:
                        limit: int, order: Literal["asc", "desc"]) -> dict[str, Any]:
         """The messages a stored chat completion was asked with, as OpenAI pages them."""
         where = await self._stored_chat(identity, completion_id)
-        generation = where.generation
-        assert generation is not None
         stem = f"chatcmpl-{where.request_id}"
         items: list[dict[str, Any]] = [
             {"id": f"{stem}-{index}", "role": m["role"], "content": m["content"],
              "name": m.get("name"), "content_parts": None}
-            for index, m in enumerate(generation["messages"])]
+            for index, m in enumerate(where.generation["messages"])]
         if order == "desc":
             items.reverse()
         return page(items, after, limit)

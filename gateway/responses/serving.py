@@ -312,13 +312,13 @@ class ResponsesServing:
                     f"stream=true (GET /v1/responses/{response_id}) until its status is "
                     "final.", param="stream")
             raise ResponseNotFound(response_id)
-        if where.kind != "chat" or where.generation is None or not self.stored.mine(
-                where, identity):
+        if where.kind != "chat" or not self.stored.mine(where, identity):
             raise ResponseNotFound(response_id)
         return resumed_events(self.settings, self.stored.codec, self.cancels, where, after,
-                              self._framer(where, where.generation))
+                              self._framer(where))
 
-    def _framer(self, where: Recorded, generation: Generation) -> Framer:
+    def _framer(self, where: Recorded) -> Framer:
+        generation = where.generation
         body = recorded_request(generation)
         keepalive_s = self.settings.gateway.sse_keepalive_s
 
@@ -340,7 +340,7 @@ class ResponsesServing:
         (gateway/stored.py); 404 when it was not stored or is not the caller's."""
         rid = response_request_id(response_id)
         where = await self.stored.find(identity, rid, "responses")
-        if where is None or where.generation is None:
+        if where is None:
             raise ResponseNotFound(response_id)
         generation = where.generation
         body = recorded_request(generation)
