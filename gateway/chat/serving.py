@@ -56,19 +56,15 @@ class ChatServing:
         self.cancels = cancels
         self.registry = registry  # names a fallback or a canary's deployment
 
-    async def create_chat_completion(self, body: ChatCompletionRequest,
-                                     request: Request) -> Response:
-        """A chat completion (``n`` choices of it), as JSON or SSE."""
+    async def create(self, body: ChatCompletionRequest | CompletionRequest,
+                     request: Request) -> Response:
+        """A chat completion or a completion (``n`` choices of it), as JSON or SSE."""
         n = body.choices()
-        generation = chat_generation(body.model_copy(update={"n": 1}) if n > 1 else body)
-        if n > 1 and body.store:
+        one = body.model_copy(update={"n": 1}) if n > 1 else body
+        generation = (chat_generation(one) if isinstance(one, ChatCompletionRequest)
+                      else completion_generation(one))
+        if n > 1 and body.store:  # completions refuse store=true in their validation
             raise InvalidRequest("store=true is supported with n=1 only.", param="n")
-        return await self._answer(generation, n, request)
-
-    async def create_completion(self, body: CompletionRequest, request: Request) -> Response:
-        """A completion (``n`` choices of it), as JSON or SSE."""
-        n = body.choices()
-        generation = completion_generation(body.model_copy(update={"n": 1}) if n > 1 else body)
         return await self._answer(generation, n, request)
 
     async def _answer(self, generation: Generation, n: int, request: Request) -> Response:
