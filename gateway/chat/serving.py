@@ -25,7 +25,6 @@ from conveyor.settings import Settings
 from gateway import sse
 from gateway.answer import Answer, Disconnected, collect
 from gateway.auth.middleware import identity_of
-from gateway.cancels import Cancels
 from gateway.errors import SafeJSONResponse, for_client
 from gateway.replies import ReplySource, opening
 from gateway.resume import (
@@ -49,11 +48,10 @@ class ChatServing:
     """``/v1/chat/completions`` and ``/v1/completions``: what their routes dispatch to."""
 
     def __init__(self, settings: Settings, submitter: Submitter, stored: StoredAnswers,
-                 cancels: Cancels, registry: Registry) -> None:
+                 registry: Registry) -> None:
         self.settings = settings
-        self.submitter = submitter
+        self.submitter = submitter  # and its cancels, which a resumed stream's leaving sends
         self.stored = stored
-        self.cancels = cancels
         self.registry = registry  # names a fallback or a canary's deployment
 
     async def create(self, body: ChatCompletionRequest | CompletionRequest,
@@ -151,8 +149,8 @@ class ChatServing:
         if where is None or where.kind != kind or not self.stored.mine(
                 where, identity_of(request)):
             raise StreamNotFound(stream_id)
-        events = resumed_events(self.settings, self.stored.codec, self.cancels, where, after,
-                                lambda replies, after: self.frames(replies, None, after))
+        events = resumed_events(self.settings, self.stored.codec, self.submitter.cancels, where,
+                                after, lambda replies, after: self.frames(replies, None, after))
         return sse.EventStream(events, headers={**sse.HEADERS, "x-request-id": rid})
 
 

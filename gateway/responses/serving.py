@@ -26,7 +26,6 @@ from gateway import sse
 from gateway.answer import Answer, Disconnected, collect
 from gateway.auth.middleware import identity_of
 from gateway.auth.types import Identity
-from gateway.cancels import Cancels
 from gateway.errors import NotFound, SafeJSONResponse, for_client
 from gateway.jobs.background import BackgroundResponses
 from gateway.replies import ReplySource
@@ -214,11 +213,10 @@ class ResponsesServing:
     requests with ``background: true`` (none: they are refused with a 400)."""
 
     def __init__(self, settings: Settings, submitter: Submitter, stored: StoredAnswers,
-                 cancels: Cancels, background: BackgroundResponses | None = None) -> None:
+                 background: BackgroundResponses | None = None) -> None:
         self.settings = settings
-        self.submitter = submitter
+        self.submitter = submitter  # and its cancels, which a resumed stream's leaving sends
         self.stored = stored
-        self.cancels = cancels
         self.background = background
 
     async def create(self, body: ResponsesRequest, request: Request) -> Response:
@@ -314,8 +312,8 @@ class ResponsesServing:
             raise ResponseNotFound(response_id)
         if where.kind != "chat" or not self.stored.mine(where, identity):
             raise ResponseNotFound(response_id)
-        return resumed_events(self.settings, self.stored.codec, self.cancels, where, after,
-                              self._framer(where))
+        return resumed_events(self.settings, self.stored.codec, self.submitter.cancels, where,
+                              after, self._framer(where))
 
     def _framer(self, where: Recorded) -> Framer:
         generation = where.generation

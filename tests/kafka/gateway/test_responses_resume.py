@@ -101,7 +101,7 @@ async def events_of(replies: list[Reply], req: ResponsesRequest, pause_s: float 
     """What the loop yields for ``replies``, each put after ``pause_s``."""
     s, _ = serving()
     answer = Answer(ReplyStream("r1"), time.monotonic() + 5,
-                    Router(), s.cancels)  # type: ignore[arg-type]
+                    Router(), s.submitter.cancels)  # type: ignore[arg-type]
 
     async def feed() -> None:
         for r in replies:
@@ -152,7 +152,7 @@ async def test_the_sse_stream_frames_the_loops_events() -> None:
     s, _ = serving()
     replies = [reply(0, "delta", "Par"), reply(1, "final", "is.", "stop", USAGE)]
     answer = Answer(ReplyStream("r1"), time.monotonic() + 5,
-                    Router(), s.cancels)  # type: ignore[arg-type]
+                    Router(), s.submitter.cancels)  # type: ignore[arg-type]
     for r in replies:
         answer.stream.put(r)
     first = await answer.next()
@@ -198,7 +198,7 @@ async def dropped(s: ResponsesServing) -> None:
     """A Responses stream whose client leaves after its first event."""
     req = body()
     answer = Answer(ReplyStream("r1"), time.monotonic() + 5,
-                    Router(), s.cancels)  # type: ignore[arg-type]
+                    Router(), s.submitter.cancels)  # type: ignore[arg-type]
     frames = s.stream(generation_of(req), answer, req, reply(0, "delta", "Par"))
     assert (await frames.__anext__()).startswith(b"event: response.created\n")
     await frames.aclose()
