@@ -101,13 +101,14 @@ def _error_info(exc: RequestError) -> ErrorInfo:
                      message=exc.message)
 
 
-async def response_events(events: ResponseEvents, source: ReplySource, first: Reply | None,
-                          body: ResponsesRequest, within: float | None,
+async def response_events(source: ReplySource, first: Reply | None, body: ResponsesRequest,
+                          created: int, within: float | None,
                           completed_at: Callable[[], int] = lambda: int(time.time())
                           ) -> AsyncGenerator[dict[str, Any] | None, None]:
-    """The events of one response from its replies: the opening, the deltas, then
-    the closing or ``response.failed``; None when ``within`` passed without a
-    reply. ``first`` is a reply already read."""
+    """The events of the response to ``source``'s request from its replies: the
+    opening, the deltas, then the closing or ``response.failed``; None when
+    ``within`` passed without a reply. ``first`` is a reply already read."""
+    events = ResponseEvents(new_response_id(source.request_id), created, body)
     for event in events.opening():
         yield event
     reply = first
@@ -289,10 +290,8 @@ class ResponsesServing:
                first: Reply) -> AsyncIterator[bytes]:
         """SSE frames of the Responses API's events, keep-alive comments while waiting
         (:meth:`gateway.answer.Answer.relay` says what leaving early does)."""
-        events = ResponseEvents(new_response_id(answer.request_id), generation["created"],
-                                body)
         gateway = self.settings.gateway
-        return answer.relay(_sse(response_events(events, answer, first, body,
+        return answer.relay(_sse(response_events(answer, first, body, generation["created"],
                                                  gateway.sse_keepalive_s)), gateway)
 
     async def resume(self, identity: Identity, response_id: str, after: int
@@ -321,14 +320,11 @@ class ResponsesServing:
         keepalive_s = self.settings.gateway.sse_keepalive_s
 
         def frames(replies: RecordedReplies, after: int) -> AsyncIterator[bytes]:
-            events = ResponseEvents(new_response_id(where.request_id), generation["created"],
-                                    body)
-
             def completed_at() -> int:
                 ended_ms = replies.ended_ms
                 return ended_ms // 1000 if ended_ms is not None else int(time.time())
 
-            return _sse(response_events(events, replies, None, body, keepalive_s,
+            return _sse(response_events(replies, None, body, generation["created"], keepalive_s,
                                         completed_at), after)
 
         return frames

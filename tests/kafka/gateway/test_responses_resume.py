@@ -29,7 +29,6 @@ from gateway.app import build_app
 from gateway.auth.types import Identity
 from gateway.cancels import ResumeWatch
 from gateway.replies import ReplyStream
-from gateway.responses.events import ResponseEvents
 from gateway.responses.objects import response_object
 from gateway.responses.serving import (
     ResponseNotFound,
@@ -109,8 +108,7 @@ async def events_of(replies: list[Reply], req: ResponsesRequest, pause_s: float 
             answer.stream.put(r)
 
     feeder = asyncio.create_task(feed())
-    events = ResponseEvents("resp_r1", 1700000000, req)
-    out = [e async for e in response_events(events, answer, None, req, within,
+    out = [e async for e in response_events(answer, None, req, 1700000000, within,
                                             completed_at=lambda: 1700000009)]
     await feeder
     return out
