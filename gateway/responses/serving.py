@@ -23,12 +23,12 @@ from starlette.requests import Request
 from conveyor.errors import InvalidRequest, RequestError
 from conveyor.settings import Settings
 from gateway import sse
-from gateway.answer import Answer, Disconnected, collect
+from gateway.answer import Answer, Disconnected
 from gateway.auth.middleware import identity_of
 from gateway.auth.types import Identity
 from gateway.errors import NotFound, SafeJSONResponse, for_client
 from gateway.jobs.background import BackgroundResponses
-from gateway.replies import ReplySource
+from gateway.replies import Folded, ReplySource
 from gateway.responses.events import ResponseEvents, frame
 from gateway.responses.objects import is_stored, new_response_id, response_object
 from gateway.resume import (
@@ -49,7 +49,7 @@ from schemas.openai.responses import (
     InputMessage,
     ResponsesRequest,
 )
-from schemas.records import ErrorInfo, Generation, Reply, Sampling, Usage
+from schemas.records import ErrorInfo, Generation, Reply, Sampling
 
 __all__ = ["ResponsesServing", "generation_of", "input_param", "translated", "response_events",
            "ResponseNotFound", "response_request_id", "sequence_after", "recorded_request"]
@@ -261,22 +261,13 @@ class ResponsesServing:
                       disconnected: Disconnected) -> dict[str, Any]:
         """The whole answer as one Response object ({} when the client left first)."""
         try:
-            chat = await collect(generation, answer, disconnected, read_calls=False)
+            folded = await answer.fold(disconnected)
         except RequestError as exc:
             raise translated(exc, body) from None
-        if not chat:
+        if folded is None:
             return {}
-        choice = chat["choices"][0]
-        usage = chat["usage"]
-        return response_object(new_response_id(answer.request_id), generation["created"], body,
-                               "completed", text=choice["message"]["content"],
-                               usage=Usage(prompt_tokens=usage["prompt_tokens"],
-                                           completion_tokens=usage["completion_tokens"],
-                                           cached_tokens=usage["prompt_tokens_details"]
-                                           ["cached_tokens"]),
-                               finish_reason=choice["finish_reason"],
-                               completed_at=int(time.time()),
-                               logprobs=(choice.get("logprobs") or {}).get("content"))
+        return _completed(new_response_id(answer.request_id), generation["created"], body,
+                          folded, None)
 
     async def first(self, answer: Answer, body: ResponsesRequest,
                     disconnected: Disconnected) -> Reply | None:
@@ -343,12 +334,18 @@ class ResponsesServing:
         except RequestError as exc:
             return response_object(response_id, generation["created"], body, "failed",
                                    error=_error_info(translated(exc, body)))
-        return response_object(
-            response_id, generation["created"], body, "completed", text=folded.text,
-            usage=folded.usage, finish_reason=folded.finish_reason,
-            completed_at=ended_ms // 1000 if ended_ms is not None else int(time.time()),
-            logprobs=chat_logprobs(folded.logprobs)["content"] if body.logprobs_asked()[0]
-            else None)
+        return _completed(response_id, generation["created"], body, folded, ended_ms)
+
+
+def _completed(response_id: str, created: int, body: ResponsesRequest, folded: Folded,
+               ended_ms: int | None) -> dict[str, Any]:
+    """The Response object of a whole answer, which ended at ``ended_ms`` (None: now)."""
+    return response_object(
+        response_id, created, body, "completed", text=folded.text, usage=folded.usage,
+        finish_reason=folded.finish_reason,
+        completed_at=ended_ms // 1000 if ended_ms is not None else int(time.time()),
+        logprobs=chat_logprobs(folded.logprobs)["content"] if body.logprobs_asked()[0]
+        else None)
 
 
 async def _background(background: BackgroundResponses | None, identity: Identity,
