@@ -23,7 +23,7 @@ from schemas.records import Generation, Reply, Usage
 from schemas.tools import reads_tool_calls
 from topics.tracing import GENAI_OPERATIONS
 
-__all__ = ["Answer", "Disconnected", "collect"]
+__all__ = ["Answer", "Disconnected", "answer_object", "collect"]
 
 access_log = logging.getLogger("conveyor.access")
 
@@ -185,8 +185,14 @@ async def collect(generation: Generation, answer: Answer,
     folded = await answer.fold(disconnected)
     if folded is None:
         return {}
-    return full_response(generation["kind"], folded.model or generation["model"],
-                         generation["created"], answer.request_id, folded.text,
-                         folded.finish_reason, folded.usage,
+    return answer_object(generation, answer.request_id, folded,
+                         folded.model or generation["model"])
+
+
+def answer_object(generation: Generation, request_id: str, folded: Folded,
+                  model: str) -> dict[str, Any]:
+    """A whole answer as chat/completions' object, naming ``model`` as its answerer."""
+    return full_response(generation["kind"], model, generation["created"], request_id,
+                         folded.text, folded.finish_reason, folded.usage,
                          tool_calls=reads_tool_calls(generation),
                          logprobs=folded.logprobs if asks_logprobs(generation) else None)

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from conveyor.errors import RequestError
 from conveyor.settings import Settings
+from gateway.answer import answer_object
 from gateway.auth.types import Identity
 from gateway.errors import NotFound
 from gateway.jobs.batches import page
@@ -22,9 +23,6 @@ from gateway.resume import (
     request_id_of,
 )
 from schemas.codec import Codec
-from schemas.openai.chunks import full_response
-from schemas.openai.logprobs import asks_logprobs
-from schemas.tools import reads_tool_calls
 from topics.lookup import SharedLookup
 
 __all__ = ["CompletionNotFound", "StoredAnswers"]
@@ -86,11 +84,8 @@ class StoredAnswers:
         except RequestError as exc:
             raise CompletionNotFound(completion_id, f"It ended in an error and holds no "
                                                     f"answer: {exc.message}") from None
-        generation = where.generation
-        return full_response("chat", generation["model"], generation["created"],
-                             where.request_id, folded.text, folded.finish_reason,
-                             folded.usage, tool_calls=reads_tool_calls(generation),
-                             logprobs=folded.logprobs if asks_logprobs(generation) else None)
+        return answer_object(where.generation, where.request_id, folded,
+                             where.generation["model"])
 
     async def messages(self, identity: Identity, completion_id: str, after: str | None,
                        limit: int, order: Literal["asc", "desc"]) -> dict[str, Any]:
