@@ -1,34 +1,230 @@
-"""The chaos run's judge and report: each request's answer rebuilt from
-``conveyor.tokens`` by the rule postprocess answers with
-(:class:`workers.chunk_order.ChunkOrder`), whether its client got that, once,
-and the outcomes (docs/benchmarks/index.md). Two chunks of one run with the
-same ``seq`` and different contents make a request corrupted even when the
+"""The chaos run's clients and judge: a few clients, each sending streamed chat
+requests one after another, every one of them recorded whole; then each
+request's answer rebuilt from ``conveyor.tokens`` by the rule postprocess
+answers with (:class:`workers.chunk_order.ChunkOrder`), whether its client got
+that, once, and the outcomes (docs/benchmarks/index.md).
+
+A client sends a ``traceparent`` of its own, so its trace id finds the
+request's events in the log even when the answer never named the request id
+(an error before the first chunk). Two chunks of one run with the same
+``seq`` and different contents make a request corrupted even when the
 client's text matches. A fault's stall is each stream in flight when it
 struck's longest wait between consecutive events, p50 and p99 over them.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import os
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
-from bench.chaos_faults import Injected
-from bench.chaos_load import Record
+from bench.client import HttpError, StreamClient
 from bench.stats import fmt, markdown_table, percentile
 from conveyor.settings import Settings
 from schemas.codec import default_codec
 from schemas.records import TokenChunk
 from topics.catalog import TOKENS
+from topics.envelope import new_traceparent
 from topics.follow import follow, snapshot
 from topics.tracing import trace_id_of
 from workers.chunk_order import ChunkOrder
 
-__all__ = ["Logged", "Outcome", "Verdict", "judge", "read_tokens", "WORKER_STALL_TARGET_S",
-           "Report"]
+__all__ = ["PROMPTS", "WORKER_STALL_TARGET_S", "Injected", "Load", "Logged", "Outcome", "Record",
+           "Report", "Verdict", "judge", "read_tokens"]
+
+
+@dataclass
+class Injected:
+    """A fault, when it struck and when it was undone."""
+
+    name: str
+    injected_at: float
+    restored_at: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+PROMPTS = [
+    "Describe a lighthouse at night in a few sentences.",
+    "Explain how a bicycle gear works to a child.",
+    "Write a short story about a robot who learns to bake bread.",
+    "List some reasons why people keep a diary, with a sentence on each.",
+    "Tell me about the water cycle.",
+    "Give advice to someone starting to learn the piano.",
+    "What makes a good breakfast? Answer in a paragraph.",
+    "Describe a busy train station in the morning.",
+]
+
+
+@dataclass
+class Record:
+    """One request as its client saw it."""
+
+    client: int
+    number: int
+    prompt: int
+    max_tokens: int
+    trace_id: str
+    started: float  # time.monotonic()
+    ended: float | None = None
+    request_id: str | None = None
+    ids: set[str] = field(default_factory=set)
+    events: list[float] = field(default_factory=list)  # arrival of each SSE data event
+    text: str = ""
+    finish_reasons: list[str] = field(default_factory=list)
+    usages: list[dict[str, Any]] = field(default_factory=list)
+    done: int = 0  # data: [DONE] seen
+    after_done: int = 0  # data events after [DONE]
+    error: str | None = None
+    # http (a status other than 200), event (an error event in the stream),
+    # cut (the stream ended without [DONE] or an error), hang (past the deadline),
+    # transport (the connection failed)
+    error_kind: str | None = None
+    error_code: str | None = None
+    code: int = 0  # the answer's HTTP status
+
+    def data(self, data: bytes) -> bool:
+        """One SSE event's payload (a sink of bench.client's): every event is
+        read, those after ``[DONE]`` counted."""
+        self.events.append(time.monotonic())
+        if self.done:
+            self.after_done += 1
+            return False
+        if data == b"[DONE]":
+            self.done += 1
+            return False
+        chunk = json.loads(data)
+        if "error" in chunk:
+            self.error_kind = "event"
+            self.error = f"error event: {json.dumps(chunk['error'])[:300]}"
+            self.error_code = _error_code(chunk["error"])
+            return False
+        cid = chunk.get("id")
+        if isinstance(cid, str):
+            self.ids.add(cid)
+            if self.request_id is None:
+                self.request_id = cid.removeprefix("chatcmpl-")
+        for choice in chunk.get("choices") or ():
+            self.text += (choice.get("delta") or {}).get("content") or ""
+            if choice.get("finish_reason") is not None:
+                self.finish_reasons.append(choice["finish_reason"])
+        if chunk.get("usage"):
+            self.usages.append(chunk["usage"])
+        return False
+
+    def error_body(self, body: bytes) -> None:
+        self.error_kind = "http"
+        self.error = f"HTTP {self.code}: {body.decode(errors='replace')[:300]}"
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            self.error_code = _error_code(json.loads(body)["error"])
+
+    @property
+    def finished(self) -> bool:
+        return self.done > 0 and bool(self.finish_reasons)
+
+    def in_flight_at(self, t: float) -> bool:
+        return self.started < t and (self.ended is None or self.ended > t)
+
+    def longest_gap(self, until: float) -> float:
+        """The longest wait between consecutive events of the stream, from its
+        start to its end (or ``until`` when it never ended)."""
+        marks = [self.started, *self.events, self.ended if self.ended is not None else until]
+        return max(b - a for a, b in zip(marks, marks[1:], strict=False))
+
+
+@dataclass
+class Load:
+    """``clients`` concurrent clients sending requests until told to stop, or
+    until ``max_requests`` were sent in all."""
+
+    base_url: str
+    clients: int
+    max_tokens: int
+    max_requests: int
+    client_deadline_s: float
+    model: str = "smollm2"
+    seed: int = 7
+    records: list[Record] = field(default_factory=list)
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def start(self) -> None:
+        self._client = StreamClient(self.clients * 2, timeout_s=self.client_deadline_s)
+        self._tasks = [asyncio.create_task(self._lane(i)) for i in range(self.clients)]
+
+    def stop(self) -> None:
+        """No new requests; those in flight run to their end or deadline."""
+        self._stop.set()
+
+    def abort(self) -> None:
+        """Stop every client now, requests in flight included."""
+        self._stop.set()
+        for task in self._tasks:
+            task.cancel()
+
+    async def drain(self) -> None:
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._client.aclose()
+
+    @property
+    def exhausted(self) -> bool:
+        return len(self.records) >= self.max_requests
+
+    def in_flight(self) -> list[Record]:
+        return [r for r in self.records if r.ended is None]
+
+    def streaming(self) -> list[Record]:
+        """Requests in flight that already received text."""
+        return [r for r in self.in_flight() if r.text]
+
+    async def _lane(self, client: int) -> None:
+        number = 0
+        while not self._stop.is_set() and not self.exhausted:
+            prompt = (client + number * self.clients) % len(PROMPTS)
+            traceparent = new_traceparent()
+            trace_id = traceparent.split("-")[1]
+            record = Record(client, number, prompt, self.max_tokens, trace_id, time.monotonic())
+            self.records.append(record)
+            try:
+                await asyncio.wait_for(self._client.post_sse(
+                    f"{self.base_url}/v1/chat/completions", self.body(prompt), record,
+                    {"traceparent": traceparent}), self.client_deadline_s)
+                if record.error is None and not record.done:
+                    record.error_kind, record.error = "cut", "the stream ended without [DONE]"
+            except TimeoutError:
+                record.error_kind, record.error = "hang", (
+                    f"no answer and no error within {self.client_deadline_s:.0f} s")
+            except (HttpError, OSError) as exc:
+                record.error_kind, record.error = "transport", f"{type(exc).__name__}: {exc}"
+            record.ended = time.monotonic()
+            number += 1
+            if record.error_kind in ("transport", "http"):
+                await asyncio.sleep(0.5)  # the gateway refused or is gone: do not spin
+
+    def body(self, prompt: int) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "messages": [{"role": "user", "content": PROMPTS[prompt]}],
+            "max_tokens": self.max_tokens,
+            "temperature": 0,
+            "seed": self.seed,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+
+
+def _error_code(error: Any) -> str | None:
+    """An OpenAI error object's code, else its type."""
+    if not isinstance(error, dict):
+        return None
+    code = error.get("code") or error.get("type")
+    return str(code) if code is not None else None
+
 
 Outcome = Literal["answered", "errored", "lost", "duplicated", "corrupted"]
 

@@ -10,14 +10,14 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, cast
+from typing import Any, Protocol, cast
 from urllib.parse import urlsplit
 
 import orjson
 
 from bench.harness import BenchError
 
-__all__ = ["Sample", "StreamClient", "first_success", "stream_completion"]
+__all__ = ["HttpError", "Sample", "SseSink", "StreamClient", "first_success", "stream_completion"]
 
 
 @dataclass(frozen=True)
@@ -195,14 +195,17 @@ class StreamClient:
         else:
             conn.close()
 
-    async def post_sse(self, url: str, body: Mapping[str, Any], sample: _Timing) -> None:
-        """POST ``body`` as JSON to ``url`` and feed each SSE ``data:`` payload of
-        the answer to ``sample`` (HttpError, TimeoutError or ValueError on failure)."""
+    async def post_sse(self, url: str, body: Mapping[str, Any], sink: SseSink,
+                       headers: Mapping[str, str] | None = None) -> None:
+        """POST ``body`` as JSON to ``url`` (``headers`` added to the client's) and
+        feed each SSE ``data:`` payload of the answer to ``sink`` until it says it
+        is done, or the whole body of an answer other than 200 (HttpError,
+        TimeoutError or ValueError on failure)."""
         parts = urlsplit(url)
         host, port = parts.hostname or "127.0.0.1", parts.port or 80
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         payload = orjson.dumps(body)
-        extra = "".join(f"{k}: {v}\r\n" for k, v in self.headers.items())
+        extra = "".join(f"{k}: {v}\r\n" for k, v in {**self.headers, **(headers or {})}.items())
         request = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
                    f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
                    f"Content-Length: {len(payload)}\r\n{extra}\r\n").encode() + payload
@@ -210,18 +213,21 @@ class StreamClient:
             conn, head = await self._send(host, port, request)
             reusable = False
             try:
-                sample.code = head.status
-                pending = b""
+                sink.code = head.status
+                pending, done = b"", False
                 async for piece in _body(conn, head):
-                    if sample.finished:
+                    if done:
                         continue  # read to the end, so the connection is reusable
                     if head.status != 200:
-                        sample.error_body(piece)
+                        pending += piece  # the error's body, whole
                         continue
                     *lines, pending = (pending + piece).split(b"\n")
                     for line in lines:
-                        if line.startswith(b"data:") and sample.data(line[5:].strip()):
+                        if line.startswith(b"data:") and sink.data(line[5:].strip()):
+                            done = True
                             break
+                if head.status != 200:
+                    sink.error_body(pending)
                 reusable = head.headers.get("connection", "").lower() != "close"
             finally:
                 self._release(host, port, conn, reusable)
@@ -246,6 +252,18 @@ class StreamClient:
         raise AssertionError("unreachable")
 
 
+class SseSink(Protocol):
+    """What :meth:`StreamClient.post_sse` feeds an answer to."""
+
+    code: int  # the answer's HTTP status
+
+    def data(self, data: bytes) -> bool:
+        """One event's payload; True once the sink wants no more."""
+
+    def error_body(self, body: bytes) -> None:
+        """The body of an answer other than 200."""
+
+
 class _Timing:
     """One streamed completion's clock and what its events said."""
 
@@ -261,9 +279,8 @@ class _Timing:
         self.code = 0
         self.error: str | None = None
 
-    def error_body(self, piece: bytes) -> None:
-        if self.error is None:
-            self.error = f"HTTP {self.code}: {piece[:200].decode(errors='replace')}"
+    def error_body(self, body: bytes) -> None:
+        self.error = f"HTTP {self.code}: {body[:200].decode(errors='replace')}"
 
     def data(self, data: bytes) -> bool:
         """One event's payload; True once the stream is done."""

@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from bench.client import Sample
 from bench.harness import BenchError, as_script, repo_root
 from bench.stats import Check, markdown_table, percentile
 
@@ -70,17 +71,6 @@ class Plan:
 
 
 @dataclass(frozen=True)
-class Answer:
-    tokens: int
-    ttft_s: float
-    total_s: float
-
-    @property
-    def per_token_s(self) -> float:
-        return (self.total_s - self.ttft_s) / (self.tokens - 1) if self.tokens > 1 else math.nan
-
-
-@dataclass(frozen=True)
 class Level:
     streams: int
     tokens: int
@@ -97,20 +87,21 @@ class Level:
 Stream = Callable[[str, int], AsyncIterator[tuple[str, int]]]
 
 
-async def timed(stream: Stream, prompt: str, max_tokens: int) -> Answer:
+async def timed(stream: Stream, prompt: str, max_tokens: int) -> Sample:
     began = time.monotonic()
-    first, tokens = math.nan, 0
+    first, tokens, chars = math.nan, 0, 0
     async for text, count in stream(prompt, max_tokens):
         if text and math.isnan(first):
             first = time.monotonic() - began
         tokens += count
-    return Answer(tokens, first, time.monotonic() - began)
+        chars += len(text)
+    return Sample(ttft=first, total=time.monotonic() - began, chars=chars, tokens=tokens)
 
 
 async def run_level(stream: Stream, streams: int, plan: Plan) -> Level:
     prompts = [chat(f"({next(_ASKED)}) {QUESTIONS[i % len(QUESTIONS)]}")
                for i in range(streams * plan.rounds)]
-    answers: list[Answer] = []
+    answers: list[Sample] = []
     began = time.monotonic()
 
     async def lane() -> None:
@@ -120,9 +111,10 @@ async def run_level(stream: Stream, streams: int, plan: Plan) -> Level:
     await asyncio.wait_for(asyncio.gather(*(lane() for _ in range(streams))),
                            timeout=plan.level_s + 120)
     wall = time.monotonic() - began
-    per_token = [a.per_token_s for a in answers if not math.isnan(a.per_token_s)]
+    spans = [(a.total - a.ttft) / (a.tokens - 1) for a in answers if a.tokens > 1]
+    per_token = [span for span in spans if not math.isnan(span)]
     return Level(streams, sum(a.tokens for a in answers), wall,
-                 percentile([a.ttft_s for a in answers], 50), percentile(per_token, 50))
+                 percentile([a.ttft for a in answers], 50), percentile(per_token, 50))
 
 
 def engine_stream(engine: Any, kind: Literal["chat", "completion"] = "chat") -> Stream:

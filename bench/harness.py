@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,12 +23,12 @@ from types import FrameType
 import httpx
 
 from conveyor.settings import load_settings
-from infra.services import kill_group, port_answers
+from infra.services import port_answers, stop_groups
 from topics.admin import drop_topics
 
 __all__ = ["BenchError", "Pipeline", "Proc", "as_script", "check_infra", "check_port_free",
-           "conveyor_cli", "conveyor_env", "conveyor_script", "loop_factory", "pipeline",
-           "repo_root", "running", "spawn", "stop_all", "wait_http"]
+           "conveyor_cli", "conveyor_env", "conveyor_script", "conveyor_up", "loop_factory",
+           "pipeline", "repo_root", "running", "spawn", "wait_http"]
 
 # the fixture upstream's answers: TOKENS tokens, DELAY_MS apart when paced
 TOKENS = 32
@@ -71,22 +70,6 @@ class Proc:
         return "\n".join(text.splitlines()[-lines:])
 
 
-def stop_all(procs: Iterable[Proc], grace_s: float = 10.0) -> None:
-    """SIGTERM each process group at once, then SIGKILL what is left of each
-    group (stragglers included) once its leader exited or ``grace_s`` passed."""
-    procs = list(procs)
-    for proc in procs:
-        if proc.exited() is None:  # start_new_session: the group is its pid
-            kill_group(proc.popen.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    for proc in procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-        kill_group(proc.popen.pid)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.popen.wait(timeout=5)
-
-
 def spawn(name: str, argv: list[str], log_dir: Path,
           env: Mapping[str, str] | None = None) -> Proc:
     """Start ``argv`` in a new process group, its output appended to
@@ -109,7 +92,7 @@ def running(name: str, argv: list[str], log_dir: Path,
     try:
         yield proc
     finally:
-        stop_all([proc])
+        stop_groups([proc.popen])
 
 
 def wait_http(url: str, proc: Proc, timeout_s: float) -> None:
@@ -241,22 +224,36 @@ def pipeline(upstream_port: int, gateway_port: int, name: str = "bench", *,
     check_infra()
     check_port_free(upstream_port, "upstream")
     check_port_free(gateway_port, "gateway")
-    script = conveyor_script()
     work = Path(tempfile.mkdtemp(prefix="conveyor-bench-"))
     print(f"logs and registry in {work}", flush=True)
     models = work / "models.toml"
     models.write_text(registry(paces_ms))
     upstream_url = f"http://127.0.0.1:{upstream_port}"
-    gateway_url = f"http://127.0.0.1:{gateway_port}"
-    env = conveyor_env(topic_prefix=f"{name}{int(time.time())}", gateway_port=gateway_port,
-                       models_file=models)
-    env.update(extra_env or {})
     fixture = [sys.executable, "-m", "bench.upstream", "--port", str(upstream_port),
                "--tokens", str(max(tokens, TOKENS)), "--delay-ms", str(DELAY_MS)]
-    up = [str(script), "up", "--engine", "openai", "--upstream", upstream_url, "--pool",
-          "bench", "--capacity", str(capacity), "--no-infra"]
+    up = ["--engine", "openai", "--upstream", upstream_url, "--pool", "bench", "--capacity",
+          str(capacity)]
     with running("upstream", fixture, work) as upstream:
         wait_http(f"{upstream_url}/v1/models", upstream, 30.0)
-        with running("conveyor", up, work, env) as conveyor:
-            wait_http(f"{gateway_url}/healthz", conveyor, 180.0)
+        with conveyor_up(up, gateway_port, work, 180.0, prefix=name, models_file=models,
+                         extra_env=extra_env) as (conveyor, gateway_url, env):
             yield Pipeline(upstream_url, gateway_url, conveyor, upstream, env)
+
+
+@contextmanager
+def conveyor_up(args: list[str], gateway_port: int, work: Path, ready_s: float, *, prefix: str,
+                name: str = "conveyor", models_file: Path | None = None,
+                extra_env: Mapping[str, str] | None = None
+                ) -> Iterator[tuple[Proc, str, dict[str, str]]]:
+    """``conveyor up <args> --no-infra`` on ``gateway_port`` and a topic prefix of
+    its own (``prefix`` and the time), process ``name`` logging in ``work``,
+    serving within ``ready_s``: its process, the gateway's URL and its
+    environment (``extra_env`` added). Stopped when the block ends."""
+    check_port_free(gateway_port, "gateway")
+    env = conveyor_env(topic_prefix=f"{prefix}{int(time.time())}", gateway_port=gateway_port,
+                       models_file=models_file)
+    env.update(extra_env or {})
+    gateway_url = f"http://127.0.0.1:{gateway_port}"
+    with running(name, [str(conveyor_script()), "up", *args, "--no-infra"], work, env) as proc:
+        wait_http(f"{gateway_url}/healthz", proc, ready_s)
+        yield proc, gateway_url, env

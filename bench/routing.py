@@ -2,18 +2,13 @@
 
     python -m bench.routing [--conversations 16] [--turns 4] [--clients 8] [--interleave 2]
 
-Starts ``conveyor up --workers 2 --contexts 4 --no-infra`` once with
-schedule least-loaded (``CONVEYOR_ROUTE_PREFIX_AWARE=false``) and once
-prefix-aware (the order alternating over ``--rounds``), and plays on each
-conversations of several turns, each with a long system prompt of its own
-(about 600 tokens, new in every phase), every turn carrying the history.
-Each client holds ``--interleave`` conversations and asks a turn of each in
-turn, reading each answer up to ``--think-s``; each worker keeps the caches
-of conversations its contexts moved on from in ``--host-cache-mib`` (by
-default room for about half of them: the two workers together hold them
-all, one does not). Printed: TTFT p50/p90 of every turn, of the first and of
-the later turns, and tokens/s. Target: prefix-aware TTFT p50 at most half of
-least-loaded's, tokens/s no lower.
+Starts ``conveyor up --workers 2 --no-infra`` once least-loaded and once
+prefix-aware (the order alternating over ``--rounds``) and plays on each
+conversations of several turns, each with a long system prompt of its own,
+every turn carrying the history (the shape: docs/benchmarks/results/routing.md).
+Printed: TTFT p50/p90 of every turn, of the first and of the later turns, and
+tokens/s. Target: prefix-aware TTFT p50 at most half of least-loaded's,
+tokens/s no lower.
 """
 
 from __future__ import annotations
@@ -27,16 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.client import Sample, StreamClient, first_success, stream_completion
-from bench.harness import (
-    BenchError,
-    as_script,
-    check_infra,
-    check_port_free,
-    conveyor_env,
-    conveyor_script,
-    running,
-    wait_http,
-)
+from bench.harness import BenchError, as_script, check_infra, conveyor_up
 from bench.stats import Check, markdown_table, ms, percentile
 
 __all__ = ["main"]
@@ -126,18 +112,13 @@ async def warm_up(gateway_url: str, timeout_s: float) -> None:
 
 
 def run_phase(name: str, prefix_aware: bool, args: argparse.Namespace) -> Phase:
-    check_port_free(args.gateway_port, "gateway")
     work = Path(tempfile.mkdtemp(prefix=f"conveyor-routing-{name}-"))
-    env = conveyor_env(topic_prefix=f"route{name}{int(time.time())}",
-                       gateway_port=args.gateway_port)
-    env["CONVEYOR_ROUTE_PREFIX_AWARE"] = "true" if prefix_aware else "false"
-    argv = [str(conveyor_script()), "up", "--engine", "llamacpp", "--workers", "2",
-            "--contexts", str(args.contexts), f"--host-cache-mib={args.host_cache_mib}",
-            "--no-infra"]
-    gateway_url = f"http://127.0.0.1:{args.gateway_port}"
+    up = ["--engine", "llamacpp", "--workers", "2", "--contexts", str(args.contexts),
+          f"--host-cache-mib={args.host_cache_mib}"]
+    aware = {"CONVEYOR_ROUTE_PREFIX_AWARE": "true" if prefix_aware else "false"}
     phase = Phase(name)
-    with running(f"conveyor-{name}", argv, work, env) as conveyor:
-        wait_http(f"{gateway_url}/healthz", conveyor, 240.0)
+    with conveyor_up(up, args.gateway_port, work, 240.0, prefix=f"route{name}",
+                     name=f"conveyor-{name}", extra_env=aware) as (_, gateway_url, _):
         asyncio.run(warm_up(gateway_url, 180.0))
         asyncio.run(asyncio.wait_for(
             play(gateway_url, phase, args.conversations, args.turns, args.clients,

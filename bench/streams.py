@@ -1,23 +1,11 @@
-"""Many streams at once at a GPU's decode rate: the upstream fixture called
-directly against Conveyor in front of it, alternating round by round.
-
-At each level (64, 128, 256, 512 streams by default) every stream is one
-streamed completion of ``--tokens`` tokens (128) paced ``--token-ms`` apart
-(33 ms, about 30 tokens/s), all started together (closed loop: a round ends
-when its last stream does); ``--rounds`` rounds a side (2), the first side
-alternating. For each side and level it prints TTFT p50/p99, the gaps
-between a stream's chunks p50/p99, streams/s, errors, and the CPU each
-process spent per streamed token (read from ``/proc``: Conveyor's processes,
-the upstream, the broker, Redis, this load generator), then its targets.
-
-``--tenants 2`` measures fairness instead: API keys of two tenants, a pool
-of ``--capacity`` slots, and a small tenant's short requests one after
-another, alone, then beside a large tenant's flood of ``--flood`` streams,
-then sent with the large tenant's own key (as one tenant would queue them).
-
-``--soak N`` sends N streams through Conveyor alone, the highest level at
-once, and samples every process's RSS every 10 s: no serving process may
-grow over the last third of the run.
+"""How many streams at a GPU's decode rate Conveyor carries: the upstream
+fixture called directly and Conveyor in front of it, every stream of a level
+started together (a round ends when its last stream does), ``--rounds``
+rounds a side, the first side alternating; TTFT, chunk gaps, streams/s,
+errors and each process's CPU per streamed token. ``--tenants 2``: whether
+one tenant's flood starves another's short requests; ``--soak N``: whether a
+serving process grows over N streams. What each checks:
+docs/benchmarks/index.md; the figures: docs/benchmarks/results/many-streams.md.
 
     python -m bench.streams [--levels 64,128,256,512] [--token-ms 33] [--rounds 2]
     python -m bench.streams --tenants 2 [--capacity 32] [--flood 128]

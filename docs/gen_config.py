@@ -248,9 +248,7 @@ def _engine_options() -> list[str]:
     parts += ["", "| flag | read by | default | what it does |", "|---|---|---|---|"]
     for f in fields(EngineOptions):
         readers = EngineOptions.readers(f.name)
-        text = f.metadata["help"]
-        if not isinstance(text, str):
-            text = EngineOptions.help(f.name)
+        text = EngineOptions.help(f.name)
         default = "(none)" if f.default in (None, MISSING) else f"`{f.default}`"
         if isinstance(f.default, bool):
             default = "off"

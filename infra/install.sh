@@ -29,12 +29,13 @@ apt_install
 python=${PYTHON:-python3.11}
 command -v "$python" >/dev/null || python=python3
 venv=${CONVEYOR_VENV:-.venv}
+uv=$(bash infra/uv.sh)
 if [ ! -x "$venv/bin/python" ]; then
-  "$python" -m venv "$venv"
+  # with pip in it (--seed): infra/llama.sh builds its wheel with pip, once
+  "$uv" venv -q --seed --python "$python" "$venv"
 fi
 lock=infra/requirements/runtime.txt
 [ "${1:-}" = "--dev" ] && lock=infra/requirements/dev.txt
-uv=$(bash infra/uv.sh)
 # llama-cpp-python first, from a wheel built for a portable CPU level (infra/llama.sh):
 # the lock pins the same version, so uv keeps it and never builds a -march=native one
 bash infra/llama.sh "$venv/bin/python" install

@@ -61,7 +61,8 @@ if ! ls "$dir"/llama_cpp_python-*.whl >/dev/null 2>&1; then
   rm -rf "$dir" "$dir.src" && mv "$dir.tmp" "$dir"
 fi
 if [ "$(cat "$marker" 2>/dev/null)" != "$key" ]; then
-  "$python" -m pip install -q --no-deps --force-reinstall "$dir"/llama_cpp_python-*.whl
+  "$(bash "$(dirname "$0")/uv.sh")" pip install -q --python "$python" --no-deps --reinstall \
+    "$dir"/llama_cpp_python-*.whl
   echo "$key" >"$marker"
 fi
 }

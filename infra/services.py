@@ -5,7 +5,7 @@ stop, flush, restart or SIGKILL without touching the shared ones (9092,
 6379) everything else uses.
 
 Callers: the fault tests' fixtures (tests/support/services.py) and
-bench/chaos_faults.py; it lives here so that neither imports the other.
+bench/chaos.py; it lives here so that neither imports the other.
 Nothing of Conveyor's product (the packages the wheel ships) imports it.
 
 The broker gets ``CONVEYOR_HOME`` set to a folder of its own, with the jar
@@ -17,16 +17,18 @@ raises :class:`ServiceError` with the end of the service's log.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Self
 
 __all__ = ["OwnKafka", "OwnRedis", "ServiceError", "free_port", "kill_group", "port_answers",
-           "redis_answers"]
+           "redis_answers", "stop_groups"]
 
 REPO = Path(__file__).resolve().parent.parent
 KAFKA_SH = REPO / "infra" / "kafka.sh"
@@ -79,6 +81,24 @@ def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
         pass
 
 
+def stop_groups(procs: Iterable[subprocess.Popen[bytes]], sig: int = signal.SIGTERM,
+                grace_s: float = 10.0) -> None:
+    """Signal the process group of each of ``procs`` (each started in a session of
+    its own) at once, then SIGKILL what is left of each group (stragglers
+    included) once its leader exited or ``grace_s`` passed."""
+    procs = list(procs)
+    for proc in procs:
+        if proc.poll() is None:  # start_new_session: the group is its pid
+            kill_group(proc.pid, sig)
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        kill_group(proc.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+
+
 class OwnRedis:
     """A redis-server with its append-only file on, in ``<workdir>/redis-<port>``."""
 
@@ -111,15 +131,8 @@ class OwnRedis:
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """Signal it and wait for it to exit (SIGKILL to its group after 20 s)."""
-        if self.popen is None:
-            return
-        if self.popen.poll() is None:
-            self.popen.send_signal(sig)
-            try:
-                self.popen.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                kill_group(self.popen.pid)
-                self.popen.wait(timeout=5)
+        if self.popen is not None:
+            stop_groups([self.popen], sig, grace_s=20)
         self.popen = None
 
     def flush(self) -> None:
@@ -195,8 +208,9 @@ class OwnKafka:
         except (OSError, ValueError):
             return None
 
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        """Signal the JVM and wait until it is gone (SIGKILL after 30 s)."""
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Signal the JVM (SIGTERM: a clean shutdown; SIGKILL: a crash) and wait
+        until it is gone (SIGKILL after 30 s)."""
         pid = self.pid()
         if pid is None:
             return
@@ -216,12 +230,8 @@ class OwnKafka:
         except ProcessLookupError:
             pass
 
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        """Stop the broker (SIGTERM: a clean shutdown; SIGKILL: a crash)."""
-        self.kill(sig)
-
     def close(self) -> None:
         """SIGKILL the JVM and every process group a start left; safe to call twice."""
-        self.kill(signal.SIGKILL)
+        self.stop(signal.SIGKILL)
         for pgid in self._groups:
             kill_group(pgid)
