@@ -52,11 +52,10 @@ def estimate_tokens(generation: Generation, registry: Registry) -> int:
 class Ticket:
     """One admitted request's grant: its response headers, and the settlement."""
 
-    def __init__(self, admitter: Admitter | None = None, admission: Admission | None = None,
-                 reserved: int = 0) -> None:
+    def __init__(self, admitter: Admitter | None = None,
+                 admission: Admission | None = None) -> None:
         self.admitter = admitter
         self.admission = admission
-        self.reserved = reserved
         self.headers: dict[str, str] = dict(admission.headers) if admission else {}
         self._settled = False
 
@@ -70,7 +69,7 @@ class Ticket:
         if usage is not None:
             used = usage["prompt_tokens"] + usage["completion_tokens"]
         else:
-            used = self.reserved if produced else 0
+            used = self.admission.tokens if produced else 0  # the reservation
         self.admitter.settle_later(self.admission, used)
 
 
@@ -110,7 +109,7 @@ class Admitter:
         except (RateLimited, QuotaExceeded) as exc:
             self._audit_rejection(identity, exc, request_id, model)
             raise
-        return Ticket(self, admission, tokens)
+        return Ticket(self, admission)
 
     def _audit_rejection(self, identity: Identity, exc: RateLimited | QuotaExceeded,
                          request_id: str, model: str) -> None:

@@ -16,14 +16,14 @@ from conveyor.settings import GatewaySettings
 from gateway.admission import FREE, Ticket
 from gateway.cancels import Cancels
 from gateway.pii import ReplyRestorer
-from gateway.replies import ReplyRouter, ReplyStream, fold_answer, reply_error
+from gateway.replies import Folded, ReplyRouter, ReplyStream, fold_answer, reply_error
 from schemas.openai.chunks import full_response
 from schemas.openai.logprobs import asks_logprobs
 from schemas.records import Generation, Reply, Usage
 from schemas.tools import reads_tool_calls
 from topics.tracing import GENAI_OPERATIONS
 
-__all__ = ["Answer", "Disconnected", "collect"]
+__all__ = ["Answer", "Disconnected", "answer_object", "collect"]
 
 access_log = logging.getLogger("conveyor.access")
 
@@ -108,6 +108,17 @@ class Answer:
             self.close("failed before the first token")
             raise
 
+    async def fold(self, disconnected: Disconnected) -> Folded | None:
+        """The whole answer, read to its end (None when the client left first); the
+        answer is closed after."""
+        try:
+            folded = await fold_answer(self, within=1.0, idle=disconnected)
+            if folded is None:
+                self.close("client disconnected")
+            return folded
+        finally:
+            self.close("gateway stopped waiting")
+
     @property
     def cache_headers(self) -> dict[str, str]:
         """``x-conveyor-cache: hit|miss`` where the prompt cache was asked."""
@@ -168,19 +179,20 @@ class Answer:
             output_tokens=usage["completion_tokens"] if usage else None)
 
 
-async def collect(generation: Generation, answer: Answer, disconnected: Disconnected,
-                  read_calls: bool = True) -> dict[str, Any]:
-    """The whole answer as chat/completions' object ({} when the client left first);
-    ``read_calls`` False leaves tool calls as the text (the Responses API reads it)."""
-    try:
-        folded = await fold_answer(answer, within=1.0, idle=disconnected)
-        if folded is None:
-            answer.close("client disconnected")
-            return {}
-    finally:
-        answer.close("gateway stopped waiting")
-    return full_response(generation["kind"], folded.model or generation["model"],
-                         generation["created"], answer.request_id, folded.text,
-                         folded.finish_reason, folded.usage,
-                         tool_calls=read_calls and reads_tool_calls(generation),
+async def collect(generation: Generation, answer: Answer,
+                  disconnected: Disconnected) -> dict[str, Any]:
+    """The whole answer as chat/completions' object ({} when the client left first)."""
+    folded = await answer.fold(disconnected)
+    if folded is None:
+        return {}
+    return answer_object(generation, answer.request_id, folded,
+                         folded.model or generation["model"])
+
+
+def answer_object(generation: Generation, request_id: str, folded: Folded,
+                  model: str) -> dict[str, Any]:
+    """A whole answer as chat/completions' object, naming ``model`` as its answerer."""
+    return full_response(generation["kind"], model, generation["created"], request_id,
+                         folded.text, folded.finish_reason, folded.usage,
+                         tool_calls=reads_tool_calls(generation),
                          logprobs=folded.logprobs if asks_logprobs(generation) else None)

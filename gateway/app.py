@@ -162,8 +162,8 @@ async def _services(settings: Settings, registry: Registry, gateway_id: str, hea
     services = Services(
         settings=settings, health=health, registry=registry, authenticator=authenticator,
         policies=policies, publisher=publisher, submitter=submitter, stored=stored,
-        chat=ChatServing(settings, submitter, stored, cancels, registry),
-        responses=ResponsesServing(settings, submitter, stored, cancels, background),
+        chat=ChatServing(settings, submitter, stored, registry),
+        responses=ResponsesServing(settings, submitter, stored, background),
         files=files, batches=Batches(settings, publisher, board, files),
         background=background, usage=UsageLedger(settings, redis))
     log.info("gateway %s: reply partition %d", gateway_id, router_.partition)

@@ -40,16 +40,6 @@ class RequestNotFound(NotFound):
         super().__init__(f"No request found with id '{named}'.", param="request_id")
 
 
-def _request_id(named: str) -> str:
-    """The request id a rating names, whichever id of it the client holds."""
-    if named.startswith("resp_"):
-        named = named.removeprefix("resp_")
-    for kind in ("chat", "completion"):
-        with contextlib.suppress(StreamNotFound):
-            return request_id_of(named, kind)  # type: ignore[arg-type]
-    raise RequestNotFound(named)
-
-
 @feedback_router.post("/v1/feedback", response_model=None)
 async def feedback(body: FeedbackBody, request: Request,
                    stored: Annotated[StoredAnswers, Depends(service("stored"))],
@@ -57,9 +47,13 @@ async def feedback(body: FeedbackBody, request: Request,
                    ) -> SafeJSONResponse:
     """Rate an answer (see the module)."""
     identity = identity_of(request)
-    rid = _request_id(body.request_id)
+    named = body.request_id.removeprefix("resp_")  # whichever id of it the client holds
+    try:
+        rid = request_id_of(named)
+    except StreamNotFound:
+        raise RequestNotFound(named) from None
     where = await stored.locate(rid)
-    if where is None or where.generation is None or not stored.mine(where, identity):
+    if where is None or not stored.mine(where, identity):
         raise RequestNotFound(body.request_id)
     answered_by, latency_ms = "", None
     with contextlib.suppress(RequestError, TimeoutError):

@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 from schemas.openai.responses import ResponsesRequest
 
 __all__ = ["ErrorResponse", "ChatCompletion", "Completion", "ModelCard", "ModelList",
-           "HealthReport", "generation_responses", "stored_responses", "HEALTH_RESPONSES",
+           "HealthReport", "error", "generation_responses", "stored_responses", "HEALTH_RESPONSES",
            "install_openapi", "ResponseObject", "RESPONSES_OPENAPI", "RESPONSES_RESPONSES",
            "RETRIEVE_RESPONSES", "request_schema"]
 
@@ -118,7 +118,8 @@ class HealthReport(BaseModel):
         "schedule sends them no work (open) or one probe (half_open).")
 
 
-def _error(description: str) -> dict[str, Any]:
+def error(description: str) -> dict[str, Any]:
+    """An error status of an operation: OpenAI's envelope, and what it means there."""
     return {"model": ErrorResponse, "description": description}
 
 
@@ -130,21 +131,21 @@ _SSE = {"text/event-stream": {"schema": {
                    "and `data: [DONE]` last."}}}
 
 GENERATION_RESPONSES: dict[int | str, dict[str, Any]] = {
-    400: _error("The request is invalid or asks for what this server does not support "
+    400: error("The request is invalid or asks for what this server does not support "
                 "(param names the field)."),
-    401: _error("With CONVEYOR_AUTH=keys or jwt: no key, or one that is unknown, revoked "
+    401: error("With CONVEYOR_AUTH=keys or jwt: no key, or one that is unknown, revoked "
                 "or expired, or a token that does not verify (code invalid_api_key)."),
-    404: _error("The model is not known, or not one the caller's key may use "
+    404: error("The model is not known, or not one the caller's key may use "
                 "(code model_not_found)."),
-    429: _error("Over a requests-, tokens- or concurrency limit of the key or its tenant "
+    429: error("Over a requests-, tokens- or concurrency limit of the key or its tenant "
                 "(rate_limit_exceeded; Retry-After and x-ratelimit-* say when), or the "
                 "tenant's token quota is spent (insufficient_quota)."),
-    413: _error("The body is larger than the gateway accepts, or the pipeline can carry "
+    413: error("The body is larger than the gateway accepts, or the pipeline can carry "
                 "(code request_too_large)."),
-    500: _error("The engine failed (code engine_error)."),
-    503: _error("No worker serves the model (no_worker_available), or the pipeline is "
+    500: error("The engine failed (code engine_error)."),
+    503: error("No worker serves the model (no_worker_available), or the pipeline is "
                 "unavailable (pipeline_unavailable)."),
-    504: _error("The request did not finish within its deadline (deadline_exceeded)."),
+    504: error("The request did not finish within its deadline (deadline_exceeded)."),
 }
 
 HEALTH_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -166,11 +167,11 @@ def stored_responses(model: type[BaseModel] | None) -> dict[int | str, dict[str,
         ok["model"] = model
     return {200: ok,
             400: GENERATION_RESPONSES[400], 401: GENERATION_RESPONSES[401],
-            404: _error("Not stored (store was not true), made through another API, not "
+            404: error("Not stored (store was not true), made through another API, not "
                         "the caller's tenant's, past the log's retention, or unknown "
                         "(code not_found)."),
-            503: _error("Kafka cannot be reached to read the log (pipeline_unavailable)."),
-            504: _error("The answer was still being generated at its deadline.")}
+            503: error("Kafka cannot be reached to read the log (pipeline_unavailable)."),
+            504: error("The answer was still being generated at its deadline.")}
 
 
 # -- the Responses API ----------------------------------------------------------
@@ -281,13 +282,10 @@ RETRIEVE_RESPONSES: dict[int | str, dict[str, Any]] = {
           "server-sent events like those of POST /v1/responses with stream: true, read "
           "from the log then live, on any gateway replica.",
           "content": {"text/event-stream": {"schema": {"type": "string"}}}},
-    400: {"model": ErrorResponse, "description":
-          "starting_after is not a number >= 0, or stream=true names a background "
-          "response, whose events are not streamed (param stream): poll it instead."},
-    404: {"model": ErrorResponse, "description":
-          "No such response, or not the caller's tenant's (code not_found)."},
-    503: {"model": ErrorResponse, "description":
-          "The log cannot be read (code pipeline_unavailable)."},
+    400: error("starting_after is not a number >= 0, or stream=true names a background "
+               "response, whose events are not streamed (param stream): poll it instead."),
+    404: error("No such response, or not the caller's tenant's (code not_found)."),
+    503: error("The log cannot be read (code pipeline_unavailable)."),
 }
 
 

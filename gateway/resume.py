@@ -61,13 +61,14 @@ def event_id(request_id: str, seq: int) -> str:
     return f"{request_id}:{seq}"
 
 
-def request_id_of(stream_id: str, kind: Kind) -> str:
+def request_id_of(stream_id: str, kind: Kind | None = None) -> str:
     """The request id a stream id names: the chunks' ``id`` (``chatcmpl-...`` on
-    the chat route, ``cmpl-...`` on completions) or the bare request id."""
+    the chat route, ``cmpl-...`` on completions; either without ``kind``) or the
+    bare request id."""
     rid = stream_id
     for other, prefix in _PREFIXES.items():
         if stream_id.startswith(prefix):
-            if other != kind:
+            if kind is not None and other != kind:
                 raise StreamNotFound(stream_id)
             rid = stream_id[len(prefix):]
     if not _REQUEST_ID.match(rid):
@@ -107,7 +108,7 @@ class Recorded:
     submitted_ms: int  # the request event's record time
     deadline_ms: int
     # what was asked: the Responses API rebuilds its response objects from it
-    generation: Generation | None = None
+    generation: Generation
 
 
 async def locate(lookup: SharedLookup, request_id: str,

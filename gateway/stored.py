@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from conveyor.errors import RequestError
 from conveyor.settings import Settings
+from gateway.answer import answer_object
 from gateway.auth.types import Identity
 from gateway.errors import NotFound
 from gateway.jobs.batches import page
@@ -22,9 +23,6 @@ from gateway.resume import (
     request_id_of,
 )
 from schemas.codec import Codec
-from schemas.openai.chunks import full_response
-from schemas.openai.logprobs import asks_logprobs
-from schemas.tools import reads_tool_calls
 from topics.lookup import SharedLookup
 
 __all__ = ["CompletionNotFound", "StoredAnswers"]
@@ -59,7 +57,7 @@ class StoredAnswers:
         """The recorded request ``request_id`` when ``api`` stored it and it is the
         caller's."""
         where = await self.locate(request_id)
-        if where is None or where.generation is None:
+        if where is None:
             return None
         generation = where.generation
         if not generation.get("store", False) or generation.get("api") != api:
@@ -86,24 +84,18 @@ class StoredAnswers:
         except RequestError as exc:
             raise CompletionNotFound(completion_id, f"It ended in an error and holds no "
                                                     f"answer: {exc.message}") from None
-        generation = where.generation
-        assert generation is not None  # find checked it
-        return full_response("chat", generation["model"], generation["created"],
-                             where.request_id, folded.text, folded.finish_reason,
-                             folded.usage, tool_calls=reads_tool_calls(generation),
-                             logprobs=folded.logprobs if asks_logprobs(generation) else None)
+        return answer_object(where.generation, where.request_id, folded,
+                             where.generation["model"])
 
     async def messages(self, identity: Identity, completion_id: str, after: str | None,
                        limit: int, order: Literal["asc", "desc"]) -> dict[str, Any]:
         """The messages a stored chat completion was asked with, as OpenAI pages them."""
         where = await self._stored_chat(identity, completion_id)
-        generation = where.generation
-        assert generation is not None
         stem = f"chatcmpl-{where.request_id}"
         items: list[dict[str, Any]] = [
             {"id": f"{stem}-{index}", "role": m["role"], "content": m["content"],
              "name": m.get("name"), "content_parts": None}
-            for index, m in enumerate(generation["messages"])]
+            for index, m in enumerate(where.generation["messages"])]
         if order == "desc":
             items.reverse()
         return page(items, after, limit)

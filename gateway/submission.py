@@ -7,9 +7,7 @@ deadline, trace and reply address; what comes back is its
 from __future__ import annotations
 
 import hashlib
-import json
 import time
-from typing import Any
 
 from opentelemetry import trace
 from starlette.requests import HTTPConnection
@@ -25,6 +23,7 @@ from gateway.auth.authenticate import ANONYMOUS
 from gateway.auth.middleware import identity_of
 from gateway.auth.types import Identity
 from gateway.cancels import Cancels
+from gateway.errors import safe_json
 from gateway.pii import ReplyRestorer
 from gateway.publisher import NotTakenInTime, Publisher
 from gateway.replies import ReplyRouter
@@ -158,13 +157,9 @@ def _timeout(request: HTTPConnection) -> float | None:
 def _prompt_hash(generation: Generation) -> str:
     prompt = generation["prompt"] if generation["kind"] == "completion" else [
         [m["role"], m["content"]] for m in generation["messages"]]
-    return hashlib.sha256(_json(prompt).encode()).hexdigest()[:16]
+    return hashlib.sha256(safe_json(prompt)).hexdigest()[:16]
 
 
 def _valid_traceparent(value: str | None) -> bool:
     parts = value.split("-") if value else []
     return len(parts) == 4 and len(parts[1]) == 32 and len(parts[2]) == 16
-
-
-def _json(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))

@@ -18,52 +18,16 @@ from conveyor.errors import ConveyorError, SchemaError, TransientBrokerError
 from conveyor.redis_clients import redis_boundary, release
 from conveyor.settings import Settings
 from gateway.auth.redis_copy import EVERYTHING, TENANT_PREFIX, RedisCopy
-from gateway.auth.types import KeyRecord, Limits, TenantPolicy
+from gateway.auth.types import KeyRecord, TenantPolicy
 from schemas.codec import Codec, default_codec
-from schemas.records import ApiKey
-from schemas.records import TenantPolicy as TenantPolicyEvent
 from topics.catalog import KEYS
 from topics.clients import broker_error
 from topics.follow import Record, follow
 from topics.producer import Producer
 
-__all__ = ["KeysTopic", "Restorer", "Snapshot", "key_event", "key_from_event", "tenant_event",
-           "tenant_from_event"]
+__all__ = ["KeysTopic", "Restorer", "Snapshot"]
 
 log = logging.getLogger(__name__)
-
-
-def key_event(record: KeyRecord) -> ApiKey:
-    return ApiKey(id=record.id, tenant=record.tenant, name=record.name, hash=record.hash,
-                  rpm=record.limits.rpm, tpm=record.limits.tpm,
-                  concurrency=record.limits.concurrency, models=list(record.models),
-                  created_ms=record.created_ms, expires_ms=record.expires_ms,
-                  revoked_ms=record.revoked_ms, version=record.version)
-
-
-def key_from_event(event: ApiKey) -> KeyRecord:
-    return KeyRecord(id=event["id"], tenant=event["tenant"], name=event["name"],
-                     hash=event["hash"],
-                     limits=Limits(rpm=event["rpm"], tpm=event["tpm"],
-                                   concurrency=event["concurrency"]),
-                     models=tuple(event["models"]), created_ms=event["created_ms"],
-                     expires_ms=event["expires_ms"], revoked_ms=event["revoked_ms"],
-                     version=event["version"])
-
-
-def tenant_event(policy: TenantPolicy) -> TenantPolicyEvent:
-    return TenantPolicyEvent(name=policy.name, rpm=policy.limits.rpm, tpm=policy.limits.tpm,
-                             concurrency=policy.limits.concurrency,
-                             daily_tokens=policy.daily_tokens,
-                             monthly_tokens=policy.monthly_tokens, version=policy.version)
-
-
-def tenant_from_event(event: TenantPolicyEvent) -> TenantPolicy:
-    return TenantPolicy(name=event["name"],
-                        limits=Limits(rpm=event["rpm"], tpm=event["tpm"],
-                                      concurrency=event["concurrency"]),
-                        daily_tokens=event["daily_tokens"],
-                        monthly_tokens=event["monthly_tokens"], version=event["version"])
 
 
 @dataclass
@@ -86,11 +50,11 @@ class KeysTopic:
         self.codec = codec or default_codec()
 
     async def write_key(self, record: KeyRecord) -> None:
-        await self._send(record.id, self.codec.encode("ApiKey", key_event(record)))
+        await self._send(record.id, self.codec.encode("ApiKey", record.event()))
 
     async def write_tenant(self, policy: TenantPolicy) -> None:
         await self._send(TENANT_PREFIX + policy.name,
-                         self.codec.encode("TenantPolicy", tenant_event(policy)))
+                         self.codec.encode("TenantPolicy", policy.event()))
 
     async def _send(self, key: str, value: bytes) -> None:
         if self.producer is None:
@@ -134,12 +98,12 @@ class KeysTopic:
         name = (key or b"").decode(errors="replace")
         try:
             if name.startswith(TENANT_PREFIX):
-                policy = tenant_from_event(self.codec.decode(value, "TenantPolicy"))
+                policy = TenantPolicy.from_event(self.codec.decode(value, "TenantPolicy"))
                 old_policy = snapshot.tenants.get(policy.name)
                 if old_policy is None or policy.version >= old_policy.version:
                     snapshot.tenants[policy.name] = policy
             else:
-                record = key_from_event(self.codec.decode(value, "ApiKey"))
+                record = KeyRecord.from_event(self.codec.decode(value, "ApiKey"))
                 old = snapshot.keys.get(record.id)
                 if old is None or record.version >= old.version:
                     snapshot.keys[record.id] = record

@@ -8,21 +8,27 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast, get_origin, get_type_hints
 
 from conveyor.redis_clients import Redis, redis_boundary, text
 from conveyor.settings import Settings
-from gateway.auth.types import KeyRecord, Limits, TenantPolicy
+from gateway.auth.types import KeyRecord, TenantPolicy
+from schemas.records import ApiKey
+from schemas.records import TenantPolicy as TenantPolicyEvent
 
-__all__ = ["KeyNames", "RedisCopy", "key_fields", "key_from_fields",
-           "tenant_fields", "tenant_from_fields", "TENANT_PREFIX", "EVERYTHING"]
+__all__ = ["KeyNames", "RedisCopy", "key_from_fields", "tenant_from_fields", "TENANT_PREFIX",
+           "EVERYTHING"]
 
 T = TypeVar("T")
+E = TypeVar("E", ApiKey, TenantPolicyEvent)
 
 # the record key (and pub/sub message) of a tenant's policy: tenant:<name>
 TENANT_PREFIX = "tenant:"
 # the pub/sub message that drops every cached entry
 EVERYTHING = "*"
+# the fields of what a hash holds, by their types
+_HINTS: dict[type[Any], dict[str, Any]] = {
+    of: get_type_hints(of) for of in (ApiKey, TenantPolicyEvent)}
 
 _PUT_KEY = """
 local cur = redis.call('HGET', KEYS[1], 'version')
@@ -98,69 +104,46 @@ class KeyNames:
         return f"{self.prefix}:keys:changed"
 
 
-def _opt(value: int | None) -> str:
-    return "" if value is None else str(value)
+def _fields(event: Mapping[str, Any]) -> dict[str, str]:
+    """A record's Redis hash: its event's fields as text ("" for no limit, a list as
+    JSON); a key's has ``last_used_ms`` besides, which only touches write."""
+    return {k: "" if v is None else json.dumps(v) if isinstance(v, list) else str(v)
+            for k, v in event.items()}
 
 
-def _int_or_none(text: str | None) -> int | None:
-    return int(text) if text else None
-
-
-def _limits_fields(limits: Limits) -> dict[str, str]:
-    return {"rpm": _opt(limits.rpm), "tpm": _opt(limits.tpm),
-            "concurrency": _opt(limits.concurrency)}
-
-
-def _limits_from(f: Mapping[str, str]) -> Limits:
-    return Limits(rpm=_int_or_none(f.get("rpm")), tpm=_int_or_none(f.get("tpm")),
-                  concurrency=_int_or_none(f.get("concurrency")))
-
-
-def key_fields(record: KeyRecord) -> dict[str, str]:
-    """A key's Redis hash (everything but ``last_used_ms``, which only touches write)."""
-    return {"id": record.id, "tenant": record.tenant, "name": record.name,
-            "hash": record.hash, **_limits_fields(record.limits),
-            "models": json.dumps(list(record.models)), "created_ms": str(record.created_ms),
-            "expires_ms": str(record.expires_ms), "revoked_ms": str(record.revoked_ms),
-            "version": str(record.version)}
-
-
-def _as_text_map(raw: Mapping[Any, Any] | Sequence[Any]) -> dict[str, str]:
+def _event(of: type[E], raw: Mapping[Any, Any] | Sequence[Any]) -> tuple[E, dict[str, str]]:
+    """The event of type ``of`` a Redis hash (a mapping or HGETALL's flat list)
+    holds, what it lacks empty, 0 or no limit; and the hash as text."""
     if isinstance(raw, Mapping):
-        return {text(k): text(v) for k, v in raw.items()}
-    items = list(raw)
-    return {text(items[i]): text(items[i + 1]) for i in range(0, len(items) - 1, 2)}
+        fields = {text(k): text(v) for k, v in raw.items()}
+    else:
+        items = list(raw)
+        fields = {text(items[i]): text(items[i + 1]) for i in range(0, len(items) - 1, 2)}
+    event: dict[str, Any] = {}
+    for name, hint in _HINTS[of].items():
+        value = fields.get(name) or ""
+        if hint is str:
+            event[name] = value
+        elif hint is int:
+            event[name] = int(value or 0)
+        elif get_origin(hint) is list:
+            event[name] = json.loads(value or "[]")
+        else:  # int | None: a limit or a quota
+            event[name] = int(value) if value else None
+    return cast(E, event), fields
 
 
 def key_from_fields(raw: Mapping[Any, Any] | Sequence[Any]) -> KeyRecord | None:
-    """A key from its Redis hash (a mapping or HGETALL's flat list); None when empty."""
-    f = _as_text_map(raw)
-    if not f.get("id"):
+    """A key from its Redis hash; None when empty."""
+    event, fields = _event(ApiKey, raw)
+    if not event["id"]:
         return None
-    return KeyRecord(id=f["id"], tenant=f.get("tenant", ""), name=f.get("name", ""),
-                     hash=f.get("hash", ""), limits=_limits_from(f),
-                     models=tuple(json.loads(f.get("models") or "[]")),
-                     created_ms=int(f.get("created_ms") or 0),
-                     expires_ms=int(f.get("expires_ms") or 0),
-                     revoked_ms=int(f.get("revoked_ms") or 0),
-                     last_used_ms=int(f.get("last_used_ms") or 0),
-                     version=int(f.get("version") or 0))
-
-
-def tenant_fields(policy: TenantPolicy) -> dict[str, str]:
-    return {"name": policy.name, **_limits_fields(policy.limits),
-            "daily_tokens": _opt(policy.daily_tokens),
-            "monthly_tokens": _opt(policy.monthly_tokens), "version": str(policy.version)}
+    return KeyRecord.from_event(event, last_used_ms=int(fields.get("last_used_ms") or 0))
 
 
 def tenant_from_fields(raw: Mapping[Any, Any] | Sequence[Any]) -> TenantPolicy | None:
-    f = _as_text_map(raw)
-    if not f.get("name"):
-        return None
-    return TenantPolicy(name=f["name"], limits=_limits_from(f),
-                        daily_tokens=_int_or_none(f.get("daily_tokens")),
-                        monthly_tokens=_int_or_none(f.get("monthly_tokens")),
-                        version=int(f.get("version") or 0))
+    event, _ = _event(TenantPolicyEvent, raw)
+    return TenantPolicy.from_event(event) if event["name"] else None
 
 
 def _flat(fields: dict[str, str]) -> list[str]:
@@ -186,7 +169,7 @@ class RedisCopy:
             done = await self._put_key(
                 keys=[n.key(record.id), n.keyhash(record.hash), n.tenant_keys(record.tenant),
                       n.all_keys],
-                args=[record.id, record.version, *_flat(key_fields(record))])
+                args=[record.id, record.version, *_flat(_fields(record.event()))])
         return bool(done)
 
     async def put_tenant(self, policy: TenantPolicy) -> bool:
@@ -194,7 +177,7 @@ class RedisCopy:
         with redis_boundary("storing a tenant policy"):
             done = await self._put_tenant(
                 keys=[n.tenant(policy.name), n.tenants],
-                args=[policy.name, policy.version, *_flat(tenant_fields(policy))])
+                args=[policy.name, policy.version, *_flat(_fields(policy.event()))])
         return bool(done)
 
     async def find(self, key_hash: str) -> tuple[KeyRecord | None, bool]:

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from schemas.records import ApiKey
+from schemas.records import TenantPolicy as TenantPolicyEvent
+
 __all__ = ["Limits", "KeyRecord", "TenantPolicy", "Identity", "ANONYMOUS_TENANT",
            "merge_limit", "merge_limits"]
 
@@ -23,6 +26,11 @@ class Limits:
     rpm: int | None = None  # requests per minute
     tpm: int | None = None  # tokens per minute (prompt + max_tokens reserved, then settled)
     concurrency: int | None = None  # requests in flight at once
+
+    @staticmethod
+    def of(event: ApiKey | TenantPolicyEvent) -> Limits:
+        """The limits a key's or a tenant's event carries."""
+        return Limits(rpm=event["rpm"], tpm=event["tpm"], concurrency=event["concurrency"])
 
     @property
     def unlimited(self) -> bool:
@@ -53,6 +61,22 @@ class KeyRecord:
     def usable(self, now_ms: int) -> bool:
         return not self.revoked_ms and (not self.expires_ms or now_ms < self.expires_ms)
 
+    def event(self) -> ApiKey:
+        """The key as the ``keys`` topic holds it (its Redis hash: the same, as text)."""
+        return ApiKey(id=self.id, tenant=self.tenant, name=self.name, hash=self.hash,
+                      rpm=self.limits.rpm, tpm=self.limits.tpm,
+                      concurrency=self.limits.concurrency, models=list(self.models),
+                      created_ms=self.created_ms, expires_ms=self.expires_ms,
+                      revoked_ms=self.revoked_ms, version=self.version)
+
+    @staticmethod
+    def from_event(event: ApiKey, last_used_ms: int = 0) -> KeyRecord:
+        return KeyRecord(id=event["id"], tenant=event["tenant"], name=event["name"],
+                         hash=event["hash"], limits=Limits.of(event),
+                         models=tuple(event["models"]), created_ms=event["created_ms"],
+                         expires_ms=event["expires_ms"], revoked_ms=event["revoked_ms"],
+                         last_used_ms=last_used_ms, version=event["version"])
+
 
 @dataclass(frozen=True)
 class TenantPolicy:
@@ -61,6 +85,19 @@ class TenantPolicy:
     daily_tokens: int | None = None  # quota, UTC day
     monthly_tokens: int | None = None  # quota, UTC calendar month
     version: int = 0
+
+    def event(self) -> TenantPolicyEvent:
+        """The policy as the ``keys`` topic holds it (its Redis hash: the same, as text)."""
+        return TenantPolicyEvent(name=self.name, rpm=self.limits.rpm, tpm=self.limits.tpm,
+                                 concurrency=self.limits.concurrency,
+                                 daily_tokens=self.daily_tokens,
+                                 monthly_tokens=self.monthly_tokens, version=self.version)
+
+    @staticmethod
+    def from_event(event: TenantPolicyEvent) -> TenantPolicy:
+        return TenantPolicy(name=event["name"], limits=Limits.of(event),
+                            daily_tokens=event["daily_tokens"],
+                            monthly_tokens=event["monthly_tokens"], version=event["version"])
 
 
 @dataclass(frozen=True)

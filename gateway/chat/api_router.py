@@ -42,13 +42,13 @@ Chat = Annotated[ChatServing, Depends(service("chat"))]
 @router.post("/v1/chat/completions", response_model=None,
              responses=generation_responses(ChatCompletion))
 async def chat_completions(body: ChatCompletionRequest, request: Request, chat: Chat) -> Response:
-    return await chat.create_chat_completion(body, request)
+    return await chat.create(body, request)
 
 
 @router.post("/v1/completions", response_model=None,
              responses=generation_responses(Completion))
 async def completions(body: CompletionRequest, request: Request, chat: Chat) -> Response:
-    return await chat.create_completion(body, request)
+    return await chat.create(body, request)
 
 
 @router.get("/v1/chat/completions/{stream_id}/stream", response_model=None)

@@ -25,7 +25,6 @@ from conveyor.settings import Settings
 from gateway import sse
 from gateway.answer import Answer, Disconnected, collect
 from gateway.auth.middleware import identity_of
-from gateway.cancels import Cancels
 from gateway.errors import SafeJSONResponse, for_client
 from gateway.replies import ReplySource, opening
 from gateway.resume import (
@@ -49,26 +48,21 @@ class ChatServing:
     """``/v1/chat/completions`` and ``/v1/completions``: what their routes dispatch to."""
 
     def __init__(self, settings: Settings, submitter: Submitter, stored: StoredAnswers,
-                 cancels: Cancels, registry: Registry) -> None:
+                 registry: Registry) -> None:
         self.settings = settings
-        self.submitter = submitter
+        self.submitter = submitter  # and its cancels, which a resumed stream's leaving sends
         self.stored = stored
-        self.cancels = cancels
         self.registry = registry  # names a fallback or a canary's deployment
 
-    async def create_chat_completion(self, body: ChatCompletionRequest,
-                                     request: Request) -> Response:
-        """A chat completion (``n`` choices of it), as JSON or SSE."""
+    async def create(self, body: ChatCompletionRequest | CompletionRequest,
+                     request: Request) -> Response:
+        """A chat completion or a completion (``n`` choices of it), as JSON or SSE."""
         n = body.choices()
-        generation = chat_generation(body.model_copy(update={"n": 1}) if n > 1 else body)
-        if n > 1 and body.store:
+        one = body.model_copy(update={"n": 1}) if n > 1 else body
+        generation = (chat_generation(one) if isinstance(one, ChatCompletionRequest)
+                      else completion_generation(one))
+        if n > 1 and body.store:  # completions refuse store=true in their validation
             raise InvalidRequest("store=true is supported with n=1 only.", param="n")
-        return await self._answer(generation, n, request)
-
-    async def create_completion(self, body: CompletionRequest, request: Request) -> Response:
-        """A completion (``n`` choices of it), as JSON or SSE."""
-        n = body.choices()
-        generation = completion_generation(body.model_copy(update={"n": 1}) if n > 1 else body)
         return await self._answer(generation, n, request)
 
     async def _answer(self, generation: Generation, n: int, request: Request) -> Response:
@@ -155,8 +149,8 @@ class ChatServing:
         if where is None or where.kind != kind or not self.stored.mine(
                 where, identity_of(request)):
             raise StreamNotFound(stream_id)
-        events = resumed_events(self.settings, self.stored.codec, self.cancels, where, after,
-                                lambda replies, after: self.frames(replies, None, after))
+        events = resumed_events(self.settings, self.stored.codec, self.submitter.cancels, where,
+                                after, lambda replies, after: self.frames(replies, None, after))
         return sse.EventStream(events, headers={**sse.HEADERS, "x-request-id": rid})
 
 

@@ -19,7 +19,7 @@ from conveyor.settings import JobsSettings
 from gateway.auth.middleware import identity_of
 from gateway.errors import SafeJSONResponse
 from gateway.files.uploads import upload
-from gateway.openapi import ErrorResponse
+from gateway.openapi import error
 from gateway.services import service
 from schemas.openai.files import (
     FileDeleted,
@@ -48,12 +48,8 @@ def upload_limits(jobs: JobsSettings) -> dict[str, int]:
     return {UPLOAD_PATH: jobs.max_file_bytes + MULTIPART_ALLOWANCE}
 
 
-def _error(description: str) -> dict[str, Any]:
-    return {"model": ErrorResponse, "description": description}
-
-
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {
-    404: _error("No such file of the caller's tenant (code file_not_found).")}
+    404: error("No such file of the caller's tenant (code file_not_found).")}
 _UPLOAD_BODY = {"requestBody": {"required": True, "content": {"multipart/form-data": {
     "schema": {"type": "object", "required": ["file", "purpose"], "properties": {
         "file": {"type": "string", "format": "binary",
@@ -63,9 +59,9 @@ _BINARY = {"application/octet-stream": {"schema": {"type": "string", "format": "
 
 
 @files_router.post(UPLOAD_PATH, response_model=OpenAIFile, openapi_extra=_UPLOAD_BODY,
-                   responses={400: _error("A purpose other than batch, an empty file, or a "
+                   responses={400: error("A purpose other than batch, an empty file, or a "
                                           "line that is not a JSON object (named)."),
-                              413: _error("The file is larger than max_file_bytes "
+                              413: error("The file is larger than max_file_bytes "
                                           "(code request_too_large).")})
 async def create_file(request: Request, store: Files
                       ) -> SafeJSONResponse:
@@ -76,7 +72,7 @@ async def create_file(request: Request, store: Files
 
 
 @files_router.get("/v1/files", response_model=FileList,
-                  responses={400: _error("limit, order or after is not valid.")})
+                  responses={400: error("limit, order or after is not valid.")})
 async def list_files(request: Request, store: Files,
                      purpose: str | None = None, limit: int = LIST_LIMIT_MAX,
                      after: str | None = None, order: str = "desc") -> SafeJSONResponse:

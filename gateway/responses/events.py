@@ -5,7 +5,6 @@ open their items as the text shows them); a failure after the stream began is
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from gateway import sse
@@ -26,8 +25,7 @@ __all__ = ["ResponseEvents", "frame"]
 
 def frame(event: dict[str, Any]) -> bytes:
     """One event as SSE: ``event: <type>`` and its JSON as ``data:``."""
-    payload = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
-    return sse.data(payload, event=str(event["type"]))
+    return sse.json_data(event, event=str(event["type"]))
 
 
 class ResponseEvents:

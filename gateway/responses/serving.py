@@ -23,13 +23,12 @@ from starlette.requests import Request
 from conveyor.errors import InvalidRequest, RequestError
 from conveyor.settings import Settings
 from gateway import sse
-from gateway.answer import Answer, Disconnected, collect
+from gateway.answer import Answer, Disconnected
 from gateway.auth.middleware import identity_of
 from gateway.auth.types import Identity
-from gateway.cancels import Cancels
 from gateway.errors import NotFound, SafeJSONResponse, for_client
 from gateway.jobs.background import BackgroundResponses
-from gateway.replies import ReplySource
+from gateway.replies import Folded, ReplySource
 from gateway.responses.events import ResponseEvents, frame
 from gateway.responses.objects import is_stored, new_response_id, response_object
 from gateway.resume import (
@@ -50,7 +49,7 @@ from schemas.openai.responses import (
     InputMessage,
     ResponsesRequest,
 )
-from schemas.records import ErrorInfo, Generation, Reply, Sampling, Usage
+from schemas.records import ErrorInfo, Generation, Reply, Sampling
 
 __all__ = ["ResponsesServing", "generation_of", "input_param", "translated", "response_events",
            "ResponseNotFound", "response_request_id", "sequence_after", "recorded_request"]
@@ -102,13 +101,14 @@ def _error_info(exc: RequestError) -> ErrorInfo:
                      message=exc.message)
 
 
-async def response_events(events: ResponseEvents, source: ReplySource, first: Reply | None,
-                          body: ResponsesRequest, within: float | None,
+async def response_events(source: ReplySource, first: Reply | None, body: ResponsesRequest,
+                          created: int, within: float | None,
                           completed_at: Callable[[], int] = lambda: int(time.time())
                           ) -> AsyncGenerator[dict[str, Any] | None, None]:
-    """The events of one response from its replies: the opening, the deltas, then
-    the closing or ``response.failed``; None when ``within`` passed without a
-    reply. ``first`` is a reply already read."""
+    """The events of the response to ``source``'s request from its replies: the
+    opening, the deltas, then the closing or ``response.failed``; None when
+    ``within`` passed without a reply. ``first`` is a reply already read."""
+    events = ResponseEvents(new_response_id(source.request_id), created, body)
     for event in events.opening():
         yield event
     reply = first
@@ -214,11 +214,10 @@ class ResponsesServing:
     requests with ``background: true`` (none: they are refused with a 400)."""
 
     def __init__(self, settings: Settings, submitter: Submitter, stored: StoredAnswers,
-                 cancels: Cancels, background: BackgroundResponses | None = None) -> None:
+                 background: BackgroundResponses | None = None) -> None:
         self.settings = settings
-        self.submitter = submitter
+        self.submitter = submitter  # and its cancels, which a resumed stream's leaving sends
         self.stored = stored
-        self.cancels = cancels
         self.background = background
 
     async def create(self, body: ResponsesRequest, request: Request) -> Response:
@@ -262,22 +261,13 @@ class ResponsesServing:
                       disconnected: Disconnected) -> dict[str, Any]:
         """The whole answer as one Response object ({} when the client left first)."""
         try:
-            chat = await collect(generation, answer, disconnected, read_calls=False)
+            folded = await answer.fold(disconnected)
         except RequestError as exc:
             raise translated(exc, body) from None
-        if not chat:
+        if folded is None:
             return {}
-        choice = chat["choices"][0]
-        usage = chat["usage"]
-        return response_object(new_response_id(answer.request_id), generation["created"], body,
-                               "completed", text=choice["message"]["content"],
-                               usage=Usage(prompt_tokens=usage["prompt_tokens"],
-                                           completion_tokens=usage["completion_tokens"],
-                                           cached_tokens=usage["prompt_tokens_details"]
-                                           ["cached_tokens"]),
-                               finish_reason=choice["finish_reason"],
-                               completed_at=int(time.time()),
-                               logprobs=(choice.get("logprobs") or {}).get("content"))
+        return _completed(new_response_id(answer.request_id), generation["created"], body,
+                          folded, None)
 
     async def first(self, answer: Answer, body: ResponsesRequest,
                     disconnected: Disconnected) -> Reply | None:
@@ -291,10 +281,8 @@ class ResponsesServing:
                first: Reply) -> AsyncIterator[bytes]:
         """SSE frames of the Responses API's events, keep-alive comments while waiting
         (:meth:`gateway.answer.Answer.relay` says what leaving early does)."""
-        events = ResponseEvents(new_response_id(answer.request_id), generation["created"],
-                                body)
         gateway = self.settings.gateway
-        return answer.relay(_sse(response_events(events, answer, first, body,
+        return answer.relay(_sse(response_events(answer, first, body, generation["created"],
                                                  gateway.sse_keepalive_s)), gateway)
 
     async def resume(self, identity: Identity, response_id: str, after: int
@@ -312,25 +300,22 @@ class ResponsesServing:
                     f"stream=true (GET /v1/responses/{response_id}) until its status is "
                     "final.", param="stream")
             raise ResponseNotFound(response_id)
-        if where.kind != "chat" or where.generation is None or not self.stored.mine(
-                where, identity):
+        if where.kind != "chat" or not self.stored.mine(where, identity):
             raise ResponseNotFound(response_id)
-        return resumed_events(self.settings, self.stored.codec, self.cancels, where, after,
-                              self._framer(where, where.generation))
+        return resumed_events(self.settings, self.stored.codec, self.submitter.cancels, where,
+                              after, self._framer(where))
 
-    def _framer(self, where: Recorded, generation: Generation) -> Framer:
+    def _framer(self, where: Recorded) -> Framer:
+        generation = where.generation
         body = recorded_request(generation)
         keepalive_s = self.settings.gateway.sse_keepalive_s
 
         def frames(replies: RecordedReplies, after: int) -> AsyncIterator[bytes]:
-            events = ResponseEvents(new_response_id(where.request_id), generation["created"],
-                                    body)
-
             def completed_at() -> int:
                 ended_ms = replies.ended_ms
                 return ended_ms // 1000 if ended_ms is not None else int(time.time())
 
-            return _sse(response_events(events, replies, None, body, keepalive_s,
+            return _sse(response_events(replies, None, body, generation["created"], keepalive_s,
                                         completed_at), after)
 
         return frames
@@ -340,7 +325,7 @@ class ResponsesServing:
         (gateway/stored.py); 404 when it was not stored or is not the caller's."""
         rid = response_request_id(response_id)
         where = await self.stored.find(identity, rid, "responses")
-        if where is None or where.generation is None:
+        if where is None:
             raise ResponseNotFound(response_id)
         generation = where.generation
         body = recorded_request(generation)
@@ -349,12 +334,18 @@ class ResponsesServing:
         except RequestError as exc:
             return response_object(response_id, generation["created"], body, "failed",
                                    error=_error_info(translated(exc, body)))
-        return response_object(
-            response_id, generation["created"], body, "completed", text=folded.text,
-            usage=folded.usage, finish_reason=folded.finish_reason,
-            completed_at=ended_ms // 1000 if ended_ms is not None else int(time.time()),
-            logprobs=chat_logprobs(folded.logprobs)["content"] if body.logprobs_asked()[0]
-            else None)
+        return _completed(response_id, generation["created"], body, folded, ended_ms)
+
+
+def _completed(response_id: str, created: int, body: ResponsesRequest, folded: Folded,
+               ended_ms: int | None) -> dict[str, Any]:
+    """The Response object of a whole answer, which ended at ``ended_ms`` (None: now)."""
+    return response_object(
+        response_id, created, body, "completed", text=folded.text, usage=folded.usage,
+        finish_reason=folded.finish_reason,
+        completed_at=ended_ms // 1000 if ended_ms is not None else int(time.time()),
+        logprobs=chat_logprobs(folded.logprobs)["content"] if body.logprobs_asked()[0]
+        else None)
 
 
 async def _background(background: BackgroundResponses | None, identity: Identity,

@@ -10,7 +10,7 @@ import enum
 import logging
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from starlette.requests import HTTPConnection
 
 from conveyor.errors import InvalidRequest, RateLimited, RequestError
@@ -68,13 +68,11 @@ def validated(endpoint: Endpoint, body: Any) -> records.Generation:
     if not isinstance(body, dict):
         raise InvalidRequest("The request's body must be a JSON object.", param="body")
     try:
-        parsed: BaseModel = model.model_validate({**body, "stream": True})
+        parsed = model.model_validate({**body, "stream": True})
     except ValidationError as exc:  # worded as over HTTP
         raise invalid_request(exc.errors()) from None
-    if isinstance(parsed, ChatCompletionRequest):
-        return chat_generation(parsed)
-    assert isinstance(parsed, CompletionRequest)
-    return completion_generation(parsed)
+    return (chat_generation(parsed) if isinstance(parsed, ChatCompletionRequest)
+            else completion_generation(parsed))
 
 
 class Generation:

@@ -15,8 +15,6 @@ from starlette.requests import HTTPConnection
 from conveyor.errors import InvalidRequest, RateLimited, RequestError
 from gateway.answer import Answer
 from gateway.errors import for_client
-from gateway.responses.events import ResponseEvents
-from gateway.responses.objects import new_response_id
 from gateway.responses.serving import generation_of, response_events, translated
 from gateway.submission import Submitter
 from gateway.websocket.protocol import (
@@ -101,9 +99,8 @@ class ResponsesSession:
             first = await answer.next()
         except RequestError as exc:  # before the stream began: an error event
             raise translated(exc, body) from None
-        events = ResponseEvents(new_response_id(answer.request_id), created, body)
         # no ``within``: a reply, the end or a failure, never a keep-alive wait
-        async with contextlib.aclosing(response_events(events, answer, first, body,
+        async with contextlib.aclosing(response_events(answer, first, body, created,
                                                        within=None)) as stream:
             async for event in stream:
                 if event is not None:

@@ -134,8 +134,7 @@ def chat_serving(settings: Settings, producer: Any, redis: aioredis.Redis | None
                  lookup: SharedLookup | None = None) -> ChatServing:
     """Chat completions' serving as the lifespan wires it, over the stand-ins."""
     made = submitter(settings, producer, redis=redis)
-    return ChatServing(settings, made, _stored(settings, lookup), made.cancels,
-                       Registry.load(_MODELS))
+    return ChatServing(settings, made, _stored(settings, lookup), Registry.load(_MODELS))
 
 
 def responses_serving(settings: Settings, producer: Any, redis: aioredis.Redis | None = None,
@@ -143,7 +142,7 @@ def responses_serving(settings: Settings, producer: Any, redis: aioredis.Redis |
                       background: BackgroundResponses | None = None) -> ResponsesServing:
     """The Responses API's serving as the lifespan wires it, over the stand-ins."""
     made = submitter(settings, producer, redis=redis)
-    return ResponsesServing(settings, made, _stored(settings, lookup), made.cancels, background)
+    return ResponsesServing(settings, made, _stored(settings, lookup), background)
 
 
 def offline_services(settings: Settings, registry: Registry | None = None) -> Services:
@@ -161,8 +160,8 @@ def offline_services(settings: Settings, registry: Registry | None = None) -> Se
         settings=settings, health=Health("g"), registry=registry,
         authenticator=Authenticator(settings), policies=made.policies,
         publisher=made.publisher, submitter=made, stored=stored,
-        chat=ChatServing(settings, made, stored, made.cancels, registry),
-        responses=ResponsesServing(settings, made, stored, made.cancels, None),
+        chat=ChatServing(settings, made, stored, registry),
+        responses=ResponsesServing(settings, made, stored, None),
         files=files, batches=Batches(settings, made.publisher, board, files),
         background=background,
         usage=UsageLedger(settings, aioredis.from_url(settings.redis.url)))

@@ -29,7 +29,6 @@ from gateway.app import build_app
 from gateway.auth.types import Identity
 from gateway.cancels import ResumeWatch
 from gateway.replies import ReplyStream
-from gateway.responses.events import ResponseEvents
 from gateway.responses.objects import response_object
 from gateway.responses.serving import (
     ResponseNotFound,
@@ -101,7 +100,7 @@ async def events_of(replies: list[Reply], req: ResponsesRequest, pause_s: float 
     """What the loop yields for ``replies``, each put after ``pause_s``."""
     s, _ = serving()
     answer = Answer(ReplyStream("r1"), time.monotonic() + 5,
-                    Router(), s.cancels)  # type: ignore[arg-type]
+                    Router(), s.submitter.cancels)  # type: ignore[arg-type]
 
     async def feed() -> None:
         for r in replies:
@@ -109,8 +108,7 @@ async def events_of(replies: list[Reply], req: ResponsesRequest, pause_s: float 
             answer.stream.put(r)
 
     feeder = asyncio.create_task(feed())
-    events = ResponseEvents("resp_r1", 1700000000, req)
-    out = [e async for e in response_events(events, answer, None, req, within,
+    out = [e async for e in response_events(answer, None, req, 1700000000, within,
                                             completed_at=lambda: 1700000009)]
     await feeder
     return out
@@ -152,7 +150,7 @@ async def test_the_sse_stream_frames_the_loops_events() -> None:
     s, _ = serving()
     replies = [reply(0, "delta", "Par"), reply(1, "final", "is.", "stop", USAGE)]
     answer = Answer(ReplyStream("r1"), time.monotonic() + 5,
-                    Router(), s.cancels)  # type: ignore[arg-type]
+                    Router(), s.submitter.cancels)  # type: ignore[arg-type]
     for r in replies:
         answer.stream.put(r)
     first = await answer.next()
@@ -198,7 +196,7 @@ async def dropped(s: ResponsesServing) -> None:
     """A Responses stream whose client leaves after its first event."""
     req = body()
     answer = Answer(ReplyStream("r1"), time.monotonic() + 5,
-                    Router(), s.cancels)  # type: ignore[arg-type]
+                    Router(), s.submitter.cancels)  # type: ignore[arg-type]
     frames = s.stream(generation_of(req), answer, req, reply(0, "delta", "Par"))
     assert (await frames.__anext__()).startswith(b"event: response.created\n")
     await frames.aclose()

@@ -80,7 +80,7 @@ def serving(redis: aioredis.Redis, grace_s: float) -> tuple[ChatServing, Recordi
 async def test_events_are_numbered_per_chunk_object(redis: aioredis.Redis) -> None:
     s, _ = serving(redis, 0)
     answer = Answer(ReplyStream("r1"), time.monotonic() + 5,
-                    Router(), s.cancels)  # type: ignore[arg-type]
+                    Router(), s.submitter.cancels)  # type: ignore[arg-type]
     answer.stream.put(reply(0, "delta", [{"a": 1}, {"b": 2}]))
     answer.stream.put(reply(1, "final", [{"c": 3}]))
     first = await answer.next()
@@ -95,7 +95,7 @@ async def test_a_dropped_stream_is_cancelled_only_after_the_grace(redis: aioredi
                                                                    ) -> None:
     s, producer = serving(redis, 0.4)
     answer = Answer(ReplyStream("r1"), time.monotonic() + 5,
-                    Router(), s.cancels)  # type: ignore[arg-type]
+                    Router(), s.submitter.cancels)  # type: ignore[arg-type]
     frames = s.stream(answer, reply(0, "delta", [{"a": 1}]))
     await frames.__anext__()
     await frames.aclose()  # the client went away
@@ -113,7 +113,7 @@ async def test_a_stream_resumed_within_the_grace_is_not_cancelled(redis: aioredi
     s, producer = serving(redis, 0.3)
     watch = ResumeWatch(s.settings, redis)
     answer = Answer(ReplyStream("r1"), time.monotonic() + 5,
-                    Router(), s.cancels)  # type: ignore[arg-type]
+                    Router(), s.submitter.cancels)  # type: ignore[arg-type]
     frames = s.stream(answer, reply(0, "delta", [{"a": 1}]))
     await frames.__anext__()
     await frames.aclose()
@@ -123,7 +123,7 @@ async def test_a_stream_resumed_within_the_grace_is_not_cancelled(redis: aioredi
         await asyncio.sleep(0.6)
         assert producer.sent == []
         # that reader leaves too: its own grace ends in a cancel, and its watch is gone
-        s.cancels.cancel("r1", "resumed client disconnected", grace_s=0.2, reader=reader)
+        s.submitter.cancels.cancel("r1", "resumed client disconnected", grace_s=0.2, reader=reader)
         await asyncio.sleep(0.5)
         assert len(producer.sent) == 1
         assert await redis.get(watch.key("r1")) is None

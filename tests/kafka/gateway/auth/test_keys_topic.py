@@ -12,7 +12,7 @@ import time
 import pytest
 
 from conveyor.errors import TransientBrokerError
-from gateway.auth.keys_topic import KeysTopic, key_event, tenant_event
+from gateway.auth.keys_topic import KeysTopic
 from gateway.auth.types import KeyRecord, Limits, TenantPolicy
 from schemas.codec import default_codec
 from tests.support.key_backends import backends, key_settings
@@ -46,10 +46,10 @@ async def test_the_newest_version_of_each_key_and_tenant_wins_and_poison_is_skip
         codec = default_codec()
         await b.producer.send_and_wait(topic.topic, b"not an event", key=b"k4", partition=0)
         # a key's record where a tenant's belongs
-        await b.producer.send_and_wait(topic.topic, codec.encode("ApiKey", key_event(key(
-            "k5", 1))), key=b"tenant:globex", partition=0)
-        await b.producer.send_and_wait(topic.topic, codec.encode("TenantPolicy", tenant_event(
-            tenant("k6", 1))), key=b"k6", partition=0)
+        await b.producer.send_and_wait(topic.topic, codec.encode("ApiKey", key(
+            "k5", 1).event()), key=b"tenant:globex", partition=0)
+        await b.producer.send_and_wait(topic.topic, codec.encode("TenantPolicy", tenant(
+            "k6", 1).event()), key=b"k6", partition=0)
 
         with caplog.at_level(logging.ERROR, logger="gateway.auth.keys_topic"):
             snapshot = await topic.read_all(timeout_s=30)

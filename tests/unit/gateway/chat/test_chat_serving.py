@@ -37,7 +37,7 @@ def setup(keepalive: float = 0.05, deadline_s: float = 5.0, grace_s: float = 0,
                         resumable_streams=resumable)
     serving = chat_serving(settings, producer)
     answer = Answer(ReplyStream("r1"), time.monotonic() + deadline_s,
-                    Router(), serving.cancels)  # type: ignore[arg-type]
+                    Router(), serving.submitter.cancels)  # type: ignore[arg-type]
     return serving, answer, producer
 
 
@@ -116,7 +116,7 @@ def test_the_access_line_has_a_prompt_hash_never_the_prompt(caplog: Any) -> None
     assert len(digest) == 16 and digest == _prompt_hash(secret)
     serving, _, _ = setup()
     answer = Answer(ReplyStream("r9"), time.monotonic() + 5,
-                    Router(), serving.cancels,  # type: ignore[arg-type]
+                    Router(), serving.submitter.cancels,  # type: ignore[arg-type]
                     access={"model": "smollm2", "kind": "chat", "prompt_sha256": digest})
     final = reply(0, "final")
     final["usage"] = {"prompt_tokens": 7, "completion_tokens": 3}

@@ -121,7 +121,7 @@ def setup(deadline_s: float = 5.0, keepalive: float = 0.05
     settings = load_settings(topic_prefix="rs", sse_keepalive_s=keepalive)
     serving = responses_serving(settings, producer)
     answer = Answer(ReplyStream("r1"), time.monotonic() + deadline_s,
-                    Router(), serving.cancels)  # type: ignore[arg-type]
+                    Router(), serving.submitter.cancels)  # type: ignore[arg-type]
     return serving, answer, producer
 
 
