@@ -95,4 +95,7 @@ def json_data(obj: Any, event: str | None = None, id: str | None = None) -> byte
 
 
 def comment(text: str = "keep-alive") -> bytes:
-    return b": " + text.encode() + b"\n\n"
+    """A comment line, with no blank line after it: a blank line ends an event, and
+    the official ``openai`` client, which keeps the last event id, reads one after
+    an id'd event as an event with empty data (and fails to parse it)."""
+    return b": " + text.encode() + b"\n"

@@ -55,7 +55,7 @@ async def test_a_stream_without_a_last_frame_ends_with_an_empty_body() -> None:
         yield sse.comment()
         yield sse.DONE
 
-    assert _bodies(await _sent(frames())) == [(b": keep-alive\n\n", True), (sse.DONE, True),
+    assert _bodies(await _sent(frames())) == [(b": keep-alive\n", True), (sse.DONE, True),
                                               (b"", False)]
 
 

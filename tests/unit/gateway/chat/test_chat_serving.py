@@ -12,6 +12,8 @@ import json
 import time
 from typing import Any
 
+from openai._streaming import SSEDecoder
+
 from conveyor.settings import load_settings
 from gateway import sse
 from gateway.answer import Answer
@@ -55,7 +57,12 @@ async def test_frames_keepalives_and_done() -> None:
     frames = [f async for f in serving.stream(answer, first)]
     await feeder
     assert frames[0] == b'id: r1:0\ndata: {"a": 1}\n\n'
-    assert b": keep-alive\n\n" in frames
+    assert b": keep-alive\n" in frames
+    # the official client reads the events and nothing of the keep-alive: its
+    # decoder keeps the last event id, and a comment ended by a blank line after an
+    # id'd event reached it as an event with empty data, which it failed to parse
+    events = list(SSEDecoder().iter_bytes(iter(frames)))
+    assert [e.data for e in events] == ['{"a": 1}', '{"b": 2}', '{"c": 3}', "[DONE]"]
     # one reply may carry several chunk objects: each is its own event, numbered,
     # and the reply's events go out in one write
     assert frames[-1] == (b'id: r1:1\ndata: {"b": 2}\n\nid: r1:2\ndata: {"c": 3}\n\n'

@@ -182,7 +182,7 @@ async def test_streamed_replies_are_the_responses_events() -> None:
     feeder = asyncio.create_task(later())
     frames = [f async for f in serving.stream(g, answer, req, first)]
     await feeder
-    assert b": keep-alive\n\n" in frames
+    assert b": keep-alive\n" in frames
     events = parsed(frames)
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert [e.delta for e in events if e.type == "response.output_text.delta"] == ["Par", "is."]
