@@ -49,7 +49,8 @@ from schemas.openai.responses import (
     InputMessage,
     ResponsesRequest,
 )
-from schemas.records import ErrorInfo, Generation, Reply, Sampling
+from schemas.records import Generation, Reply, Sampling
+from workers.outputs import error_info
 
 __all__ = ["ResponsesServing", "generation_of", "input_param", "translated", "response_events",
            "ResponseNotFound", "response_request_id", "sequence_after", "recorded_request"]
@@ -96,11 +97,6 @@ def translated(exc: RequestError, body: ResponsesRequest) -> RequestError:
     return exc
 
 
-def _error_info(exc: RequestError) -> ErrorInfo:
-    return ErrorInfo(status=exc.status, type=exc.type, code=exc.code, param=exc.param,
-                     message=exc.message)
-
-
 async def response_events(source: ReplySource, first: Reply | None, body: ResponsesRequest,
                           created: int, within: float | None,
                           completed_at: Callable[[], int] = lambda: int(time.time())
@@ -118,7 +114,7 @@ async def response_events(source: ReplySource, first: Reply | None, body: Respon
                 reply = await source.next(within=within)
             except Exception as exc:  # the stream began: the error becomes an event
                 error = for_client(exc, f"stream {source.request_id}")
-                for event in events.failure(_error_info(translated(error, body))):
+                for event in events.failure(error_info(translated(error, body))):
                     yield event
                 return
             if reply is None:
@@ -333,7 +329,7 @@ class ResponsesServing:
             folded, ended_ms = await self.stored.read(where)
         except RequestError as exc:
             return response_object(response_id, generation["created"], body, "failed",
-                                   error=_error_info(translated(exc, body)))
+                                   error=error_info(translated(exc, body)))
         return _completed(response_id, generation["created"], body, folded, ended_ms)
 
 
