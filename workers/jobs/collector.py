@@ -20,6 +20,7 @@ from aiokafka import TopicPartition
 from conveyor.files.local import LocalFileStore
 from conveyor.settings import Settings
 from schemas.records import JobResult, JobStatus
+from topics.backoff import RateLimitedLog
 from topics.catalog import JOB_STATUS, RESULTS
 from topics.envelope import now_ms
 from workers.jobs.folds import BatchFold, ResponseFold
@@ -63,6 +64,7 @@ class ResultsLayer(Layer):
         self._sender: Sender | None = None
         self._tick: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()  # a job became final: publish it now
+        self._problems = RateLimitedLog(log)
 
     async def start(self, sender: Sender) -> None:
         self._sender = sender
@@ -114,13 +116,16 @@ class ResultsLayer(Layer):
 
     async def _finish_batch(self, fold: BatchFold, status: str) -> None:
         """Write the output and error files (ids fixed by the batch id), then the
-        final status."""
+        final status. A file that cannot be written (a full disk) leaves the batch
+        open: the tick tries again."""
         ok, failed = fold.output_lines()
-        out_id = err_id = None
-        if ok:
-            out_id = await self._write(fold, "output", ok)
-        if failed:
-            err_id = await self._write(fold, "error", failed)
+        try:
+            out_id = await self._write(fold, "output", ok) if ok else None
+            err_id = await self._write(fold, "error", failed) if failed else None
+        except OSError as exc:
+            self._problems.error("write", "batch %s: its files cannot be written (%s); "
+                                 "trying again", fold.job_id, exc)
+            return
         fold.finish(status, now_ms(), out_id, err_id)
         log.info("batch %s: %s (%d answered, %d failed)", fold.job_id, status, len(ok),
                  len(failed))
@@ -176,7 +181,10 @@ class ResultsLayer(Layer):
                     continue
                 if isinstance(fold, BatchFold) and not fold.final:
                     expires = int(fold.base.get("expires_at") or 0) * 1000
-                    if fold.status == "cancelling" and \
+                    if fold.all_ended():  # its files could not be written before
+                        await self._finish_batch(fold, "cancelled" if fold.status ==
+                                                 "cancelling" else "completed")
+                    elif fold.status == "cancelling" and \
                             now - fold.last_event_ms >= CANCEL_GRACE_MS:
                         await self._finish_batch(fold, "cancelled")
                     elif expires and now >= expires and fold.status in ("validating",

@@ -106,3 +106,27 @@ async def test_a_batch_past_its_window_expires(tmp_path: Path) -> None:
     outputs, _ = await layer.tick(1_700_086_400 * 1000 + 1)
     obj = json.loads(outputs[0].record["object"])
     assert obj["status"] == "expired" and obj["error_file_id"] is not None
+
+
+async def test_a_batch_whose_files_could_not_be_written_is_finished_by_a_later_tick(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """Its last result applied, the output file failed (a full disk): the batch,
+    every result in, must not wait for its expiry, nor the layer stop."""
+    settings, layer, files = setup(tmp_path)
+    await layer.handle(expanded(settings, 1), Rec(1))
+    real_create = files.create
+
+    async def full_disk(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(files, "create", full_disk)
+    assert await layer.handle(result(settings, 0), Rec(2)) == []
+    outputs, finished = await layer.tick(1_700_000_001_000)
+    # the disk is still full: its progress is published, not its end
+    assert statuses(outputs) == ["in_progress"] and finished == []
+    monkeypatch.setattr(files, "create", real_create)
+    outputs, finished = await layer.tick(1_700_000_002_000)
+    assert statuses(outputs) == ["completed"] and finished == ["batch_1"]
+    obj = json.loads(outputs[0].record["object"])
+    content = (await files.read("acme", obj["output_file_id"])).decode()
+    assert json.loads(content)["custom_id"] == "c0"
