@@ -10,12 +10,13 @@ import asyncio
 import json
 from dataclasses import dataclass
 
-from cli.text import fail, iso, plain
+from cli.text import fail
 from conveyor.errors import SchemaError, last_line
 from conveyor.settings import Settings
-from schemas.codec import Codec, EventType, default_codec
+from schemas.codec import Codec, EventType, default_codec, plain
 from schemas.records import AuditEvent, DeadLetter
 from topics.catalog import AUDIT, DLQ, infer_topic, topic_named
+from topics.envelope import iso
 from topics.lookup import KeyLookup, parse_since
 from topics.reader import decoded
 from workers.outputs import batch_output

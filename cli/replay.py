@@ -19,15 +19,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cli.dlq import read_letters
-from cli.inspect import Found, find_journey
-from cli.text import add_report_flags, fail, not_found, plain, print_report
+from cli.text import add_report_flags, fail, not_found, print_report
 from conveyor.errors import ConveyorError, RequestError, last_line
 from conveyor.policy.rules import PolicyBook
 from conveyor.registry import Registry
 from conveyor.settings import Settings
-from schemas.codec import Codec, default_codec
+from schemas.codec import Codec, default_codec, plain
 from topics.lookup import parse_since
 from topics.policies import published_policies
+from workers.journey import Found, find_journey
 from workers.stages import STAGES, stage
 
 __all__ = ["FLOW", "IGNORED", "REPLAYABLE", "Replay", "ReplayError", "Step", "diff",

@@ -5,7 +5,6 @@ a report printed as JSON or as text, and the flags that choose which."""
 from __future__ import annotations
 
 import argparse
-import base64
 import datetime as dt
 import json
 import sys
@@ -15,24 +14,13 @@ from typing import Any
 from conveyor.settings import Settings
 from topics.catalog import REQUESTS
 
-__all__ = ["READ_WITHIN_S", "add_report_flags", "fail", "iso", "not_found", "plain",
+__all__ = ["READ_WITHIN_S", "add_report_flags", "fail", "not_found",
            "print_report", "table", "unread", "utc"]
 
 READ_WITHIN_S = 30.0  # how long a command waits to read a compacted topic's state
 
 SINCE_HELP = ("how long ago the request may have entered: 24h, 90m, 2d, an ISO time or "
               "epoch ms (default 24h)")
-
-
-def plain(value: Any) -> Any:
-    """A decoded record made JSON-able (bytes as base64)."""
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode()
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [plain(v) for v in value]
-    return value
 
 
 def add_report_flags(p: argparse.ArgumentParser, show_content: str) -> None:
@@ -52,11 +40,6 @@ def print_report(rep: dict[str, Any], as_json: bool,
 def not_found(command: str, settings: Settings, request_id: str, since: str) -> str:
     return (f"conveyor {command}: no request {request_id} in {REQUESTS.at(settings.kafka)} "
             f"since {since} (widen --since)")
-
-
-def iso(ms: int, timespec: str = "seconds") -> str:
-    """Epoch milliseconds as an ISO 8601 UTC time (``+00:00``)."""
-    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).isoformat(timespec=timespec)
 
 
 def utc(ms: int, fmt: str = "%Y-%m-%dT%H:%M:%SZ") -> str:

@@ -1,7 +1,8 @@
-"""``conveyor workers``: every infer worker as its last heartbeat tells, once or
-every ``--watch`` seconds (the columns: docs/operating/processes.md). The
-topic is compacted (key = worker id), so a worker that stopped for good stays
-listed with its last state; its age says how long ago that was."""
+"""``conveyor workers``: every infer worker as its last heartbeat tells
+(:mod:`workers.fleet`), once or every ``--watch`` seconds (the columns:
+docs/operating/processes.md). The topic is compacted (key = worker id), so a
+worker that stopped for good stays listed with its last state; its age says
+how long ago that was."""
 
 from __future__ import annotations
 
@@ -12,39 +13,10 @@ from typing import Any
 
 from cli.text import READ_WITHIN_S, table, unread
 from conveyor.settings import Settings
-from schemas.codec import default_codec
-from schemas.records import BreakerState, WorkerHeartbeat
 from topics.catalog import BREAKERS, WORKERS
-from topics.envelope import now_ms
-from topics.follow import apply_all, follow
-from workers.schedule.breakers import describe as describe_breaker
+from workers.fleet import Fleet
 
-__all__ = ["cmd_workers", "describe", "register", "render"]
-
-
-def describe(beat: WorkerHeartbeat, settings: Settings, now: int,
-             breaker: BreakerState | None = None) -> dict[str, Any]:
-    """One worker as ``--json`` prints it."""
-    age_s = max(0.0, (now - beat["ts_ms"]) / 1000)
-    kv = beat.get("kv")
-    kv_out: dict[str, Any] | None = None
-    if kv is not None:
-        queries = kv["prefix_queries"]
-        kv_out = {**kv, "prefix_hit_rate": kv["prefix_hits"] / queries if queries else None}
-    return {
-        "worker_id": beat["worker_id"], "pool": beat["pool"], "engine": beat["engine"],
-        "models": beat["models"], "loaded": beat.get("loaded") or beat["models"],
-        "state": beat["state"],
-        "live": beat["state"] == "ready" and age_s <= settings.schedule.worker_ttl_s,
-        "partitions": beat["partitions"], "capacity": beat["capacity"],
-        "running": beat["running"], "queued": beat["queued"], "host": beat["host"],
-        "gpu_utilization": beat["gpu_utilization"], "gpu_memory_free": beat["gpu_memory_free"],
-        "kv": kv_out, "host_cache": beat.get("host_cache"),
-        "heartbeat_age_s": round(age_s, 1),
-        "prefill_tps": _rounded(beat.get("prefill_tps")),
-        "tpot_ms": _rounded(beat.get("tpot_ms")),
-        "breaker": describe_breaker(breaker, now),
-    }
+__all__ = ["cmd_workers", "register", "render"]
 
 
 def _kv_text(kv: dict[str, Any] | None) -> str:
@@ -70,10 +42,6 @@ def _gpu_text(row: dict[str, Any]) -> str:
     free = row["gpu_memory_free"]
     return f"{row['gpu_utilization']:.0f}%" + (f" {free / (1 << 30):.1f} GiB free"
                                                if free is not None else "")
-
-
-def _rounded(value: float | None) -> float | None:
-    return None if value is None else round(value, 1)
 
 
 def _speed_text(row: dict[str, Any]) -> str:
@@ -112,27 +80,14 @@ def render(rows: list[dict[str, Any]]) -> str:
     return table(lines)
 
 
-def _rows(beats: dict[str, WorkerHeartbeat], breakers: dict[str, BreakerState],
-          settings: Settings, pool: str | None) -> list[dict[str, Any]]:
-    now = now_ms()
-    return [describe(b, settings, now, breakers.get(wid)) for wid, b in sorted(beats.items())
-            if pool is None or b["pool"] == pool]
-
-
 async def _show(settings: Settings, args: argparse.Namespace) -> None:
     """Print the table once the topics are read, then (``--watch``) again and again."""
-    beats: dict[str, WorkerHeartbeat] = {}
-    breakers: dict[str, BreakerState] = {}
-    beating, breaking = follow(settings, WORKERS), follow(settings, BREAKERS)
-    reading = [asyncio.create_task(apply_all(beating, default_codec(), lambda beat: beats.
-                                             __setitem__(beat["worker_id"], beat))),
-               asyncio.create_task(apply_all(breaking, default_codec(), lambda state: breakers.
-                                             __setitem__(state["worker_id"], state)))]
+    fleet = Fleet(settings)
+    following = asyncio.create_task(fleet.follow())
     try:
-        await asyncio.wait_for(asyncio.gather(beating.caught_up.wait(),
-                                              breaking.caught_up.wait()), READ_WITHIN_S)
+        await fleet.read(READ_WITHIN_S)
         while True:
-            rows = _rows(beats, breakers, settings, args.pool)
+            rows = fleet.rows(args.pool)
             if args.watch is None:
                 print(json.dumps(rows, indent=2) if args.json else render(rows))
                 return
@@ -140,8 +95,7 @@ async def _show(settings: Settings, args: argparse.Namespace) -> None:
                   flush=True)
             await asyncio.sleep(args.watch)
     finally:
-        for task in reading:
-            task.cancel()
+        following.cancel()
 
 
 def cmd_workers(settings: Settings, args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ raises :class:`conveyor.errors.SchemaError` (a poison event).
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 from functools import lru_cache
@@ -23,7 +24,7 @@ from fastavro.schema import fingerprint, load_schema, to_parsing_canonical_form
 
 from conveyor.errors import SchemaError
 
-__all__ = ["Codec", "EventType", "EVENT_TYPES", "default_codec", "MAGIC"]
+__all__ = ["Codec", "EventType", "EVENT_TYPES", "default_codec", "plain", "MAGIC"]
 
 MAGIC = b"\xc3\x01"
 _HEADER = len(MAGIC) + 8
@@ -130,3 +131,14 @@ def _names(expected: EventType | tuple[EventType, ...]) -> tuple[str, ...]:
 def default_codec() -> Codec:
     """The codec over the schemas shipped with Conveyor (parsed once)."""
     return Codec()
+
+
+def plain(value: Any) -> Any:
+    """A decoded record made JSON-able (bytes as base64)."""
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    return value

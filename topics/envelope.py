@@ -3,12 +3,13 @@ attempt and reply address. Every pipeline event carries one."""
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import time
 
 from schemas.records import Envelope
 
-__all__ = ["PRIORITY_INTERACTIVE", "PRIORITY_BACKGROUND", "PRIORITY_BATCH", "canary_key",
+__all__ = ["iso", "PRIORITY_INTERACTIVE", "PRIORITY_BACKGROUND", "PRIORITY_BATCH", "canary_key",
            "new_envelope", "new_request_id", "request_time_ms", "new_traceparent", "stamp",
            "now_ms", "now_us", "unstamped"]
 
@@ -21,6 +22,11 @@ PRIORITY_BATCH = 2
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def iso(ms: int, timespec: str = "seconds") -> str:
+    """Epoch milliseconds as an ISO 8601 UTC time (``+00:00``)."""
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).isoformat(timespec=timespec)
 
 
 def now_us() -> int:

@@ -14,6 +14,7 @@ from conveyor.settings import Settings
 from tests.support.pipeline import Pipeline
 from topics.envelope import now_ms
 from topics.lookup import key_partition, parse_since
+from workers.journey import LAYERS
 
 
 def run(settings: Settings, *argv: str) -> int:
@@ -45,10 +46,10 @@ def test_inspect_names_every_layer_of_a_finished_request(
 
     assert run(settings, rid, "--json") == 0
     rep = json.loads(capsys.readouterr().out)
-    for layer in cli_inspect.LAYERS:
+    for layer in LAYERS:
         assert rep["layers"][layer], f"no {layer} event: {rep['layers']}"
     steps = [s["step"] for s in rep["waterfall"]]
-    assert set(cli_inspect.LAYERS) <= set(steps) and "reply" in steps
+    assert set(LAYERS) <= set(steps) and "reply" in steps
     assert steps[0] == "gateway" and rep["waterfall"][0]["at_ms"] == 0
     assert all(s["hop_ms"] >= 0 for s in rep["waterfall"])
     assert rep["worker_id"] in ("w0", "w1") and rep["runs"][0]["worker_id"] == rep["worker_id"]
@@ -69,7 +70,7 @@ def test_inspect_names_every_layer_of_a_finished_request(
 
     assert run(settings, rid, "--show-content") == 0
     text = capsys.readouterr().out
-    for layer in cli_inspect.LAYERS:
+    for layer in LAYERS:
         assert f"  {layer} " in text
     assert "pumpkin" in text and "worker w" in text
 

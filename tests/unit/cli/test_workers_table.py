@@ -3,10 +3,11 @@ heartbeats made here: who is live, what the KV cache holds, the GPU."""
 
 from __future__ import annotations
 
-from cli.workers import describe, render
+from cli.workers import render
 from conveyor.settings import load_settings
 from schemas.records import WorkerHeartbeat
 from topics.envelope import now_ms
+from workers.fleet import describe
 
 
 def beat(worker: str, age_ms: int, **fields: object) -> WorkerHeartbeat:

@@ -9,10 +9,11 @@ from typing import Any, cast
 
 import pytest
 
-from cli.workers import describe, render
+from cli.workers import render
 from conveyor.settings import load_settings
 from schemas.codec import default_codec
 from tests.support.schedule_tasks import beat
+from workers.fleet import describe
 from workers.infer.engines.scripted import ScriptedEngine
 from workers.infer.heartbeat import ALPHA, Heartbeat, Snapshot, Speed
 from workers.outputs import Output, Sender
