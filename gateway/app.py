@@ -36,6 +36,7 @@ from gateway.auth.tenants import TenantStore
 from gateway.cancels import Cancels, ResumeWatch
 from gateway.chat.api_router import router
 from gateway.chat.serving import ChatServing
+from gateway.console.api_router import console_router, console_static
 from gateway.errors import install_error_handlers
 from gateway.feedback import feedback_router
 from gateway.files.api_router import files_router, upload_limits
@@ -63,6 +64,7 @@ from topics.lookup import SharedLookup
 from topics.models import follow_published
 from topics.policies import adopt_policies, follow_policies
 from topics.tracing import make_tracer
+from workers.fleet import Fleet
 from workers.schedule.breakers import Breakers
 from workers.usage.ledger import UsageLedger
 
@@ -103,8 +105,9 @@ def build_app(settings: Settings, registry: Registry | None = None,
     install_error_handlers(app)
     # the Responses router before the jobs router: GET /v1/responses/{id} is its
     for api in (router, responses_router, usage_router, feedback_router, moderations_router,
-                files_router, jobs_router, websocket_router):
+                files_router, jobs_router, websocket_router, console_router):
         app.include_router(api)
+    app.mount("/console/static", console_static, name="console-static")
     _, metrics = install_metrics(app, settings)
     install_openapi(app)
     return app
@@ -142,9 +145,11 @@ async def _services(settings: Settings, registry: Registry, gateway_id: str, hea
     audit = Audit(settings, publisher, actor=gateway_id)
     board = JobBoard(settings, codec)
     breakers = Breakers.of(settings)  # the fleet's breakers, as /healthz shows them
+    fleet = Fleet(settings)  # every worker's heartbeat and breaker, as the console shows them
     health.extras["breakers"] = breakers.report
     health.tasks.extend([
         asyncio.create_task(breakers.follow(), name="breakers"),
+        asyncio.create_task(fleet.follow(), name="fleet"),
         # `conveyor models apply`: the registry every route here serves by
         asyncio.create_task(follow_published(settings, registry), name="models"),
         asyncio.create_task(follow_policies(settings, policies), name="policies"),
@@ -165,7 +170,7 @@ async def _services(settings: Settings, registry: Registry, gateway_id: str, hea
         chat=ChatServing(settings, submitter, stored, registry),
         responses=ResponsesServing(settings, submitter, stored, background),
         files=files, batches=Batches(settings, publisher, board, files),
-        background=background, usage=UsageLedger(settings, redis))
+        background=background, usage=UsageLedger(settings, redis), fleet=fleet)
     log.info("gateway %s: reply partition %d", gateway_id, router_.partition)
     try:
         yield services

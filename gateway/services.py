@@ -25,6 +25,7 @@ from gateway.publisher import Publisher
 from gateway.responses.serving import ResponsesServing
 from gateway.stored import StoredAnswers
 from gateway.submission import Submitter
+from workers.fleet import Fleet
 from workers.usage.ledger import UsageLedger
 
 __all__ = ["Services", "service", "services_of"]
@@ -48,6 +49,7 @@ class Services:
     batches: Batches
     background: BackgroundResponses
     usage: UsageLedger
+    fleet: Fleet  # every infer worker, as the console shows them
 
 
 def services_of(connection: HTTPConnection) -> Services:

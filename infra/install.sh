@@ -18,6 +18,9 @@ apt_install() {
   command -v mvn >/dev/null || missing+=(maven)
   command -v redis-server >/dev/null || missing+=(redis-server)
   command -v patch >/dev/null || missing+=(patch)  # infra/llama.sh patches llama.cpp
+  # the console's browser tests drive Debian's chromium (Playwright's own browser
+  # download is not used)
+  if [ "${1:-}" = "--dev" ]; then command -v chromium >/dev/null || missing+=(chromium); fi
   [ ${#missing[@]} -eq 0 ] && return 0
   local sudo=""
   [ "$(id -u)" = 0 ] || sudo=sudo
@@ -25,7 +28,7 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "${missing[@]}" >/dev/null
 }
 
-apt_install
+apt_install "${1:-}"
 python=${PYTHON:-python3.11}
 command -v "$python" >/dev/null || python=python3
 venv=${CONVEYOR_VENV:-.venv}

@@ -34,6 +34,7 @@ from gateway.stored import StoredAnswers
 from gateway.submission import Submitter
 from schemas.codec import default_codec
 from topics.lookup import SharedLookup
+from workers.fleet import Fleet
 from workers.usage.ledger import UsageLedger
 
 __all__ = ["HANG", "Lease", "RecordingProducer", "Router", "ScriptedProducer", "publisher",
@@ -164,4 +165,5 @@ def offline_services(settings: Settings, registry: Registry | None = None) -> Se
         responses=ResponsesServing(settings, made, stored, None),
         files=files, batches=Batches(settings, made.publisher, board, files),
         background=background,
-        usage=UsageLedger(settings, aioredis.from_url(settings.redis.url)))
+        usage=UsageLedger(settings, aioredis.from_url(settings.redis.url)),
+        fleet=Fleet(settings))

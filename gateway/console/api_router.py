@@ -1,0 +1,125 @@
+"""The console's pages (decision 0033): server-rendered from what the CLI reads
+(:mod:`workers.fleet`, :mod:`workers.journey`), behind :mod:`.access`. Live
+parts are fragments ``static/console.js`` fetches again every two seconds."""
+
+from __future__ import annotations
+
+import hmac
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+
+from gateway.console.access import COOKIE, SESSION_S, access, same_origin, session_value
+from gateway.services import Services, services_of
+from topics.envelope import now_ms
+from workers.journey import LAYERS, find_journey, report
+
+__all__ = ["console_router", "console_static"]
+
+_HERE = Path(__file__).parent
+templates = Jinja2Templates(directory=_HERE / "templates")
+console_router = APIRouter(prefix="/console", include_in_schema=False)
+console_static = StaticFiles(directory=_HERE / "static")
+# how far back a request id is looked for
+_SINCE_MS = 7 * 86_400_000
+
+
+def _refusal(request: Request) -> Response | None:
+    """None for an operator who may see the console; else a sign-in or a 404."""
+    allowed = access(request, services_of(request).settings)
+    if allowed == "closed":
+        return HTMLResponse("Not Found", status_code=404)
+    if allowed == "sign-in":
+        return RedirectResponse("/console/signin", status_code=303)
+    return None
+
+
+def _page(request: Request, name: str, status_code: int = 200, **context: Any) -> Response:
+    """``name`` rendered for an operator who may see it; else a sign-in or a 404."""
+    refused = _refusal(request)
+    if refused is not None:
+        return refused
+    _, health = services_of(request).health.report()
+    troubled = {name: part for name, part in health["tasks"].items()
+                if part.get("state") not in ("ok", None)}
+    return templates.TemplateResponse(request, name, {"health": health, "troubled": troubled,
+                                                      **context}, status_code=status_code)
+
+
+@console_router.get("")
+async def index() -> Response:
+    return RedirectResponse("/console/fleet", status_code=303)
+
+
+@console_router.get("/signin")
+async def signin_form(request: Request) -> Response:
+    services = services_of(request)
+    if not services.settings.auth.admin_token.get_secret_value():
+        return RedirectResponse("/console/fleet", status_code=303)
+    return templates.TemplateResponse(request, "signin.html", {"refused": False})
+
+
+@console_router.post("/signin")
+async def signin(request: Request, token: str = Form("")) -> Response:
+    services = services_of(request)
+    admin = services.settings.auth.admin_token.get_secret_value()
+    if not admin or not same_origin(request):
+        return HTMLResponse("Forbidden", status_code=403)
+    if not hmac.compare_digest(token.encode(), admin.encode()):
+        return templates.TemplateResponse(request, "signin.html", {"refused": True},
+                                          status_code=401)
+    answer = RedirectResponse("/console/fleet", status_code=303)
+    answer.set_cookie(COOKIE, session_value(admin), max_age=SESSION_S, path="/console",
+                      httponly=True, samesite="strict", secure=request.url.scheme == "https")
+    return answer
+
+
+@console_router.post("/signout")
+async def signout(request: Request) -> Response:
+    if not same_origin(request):
+        return HTMLResponse("Forbidden", status_code=403)
+    answer = RedirectResponse("/console/signin", status_code=303)
+    answer.delete_cookie(COOKIE, path="/console")
+    return answer
+
+
+def _fleet(services: Services) -> dict[str, Any]:
+    fleet = services.fleet
+    return {"rows": fleet.rows(), "read": fleet.read_yet}
+
+
+@console_router.get("/fleet")
+async def fleet_page(request: Request) -> Response:
+    return _page(request, "fleet.html", page="fleet", **_fleet(services_of(request)))
+
+
+@console_router.get("/fleet/rows")
+async def fleet_rows(request: Request) -> Response:
+    return _page(request, "fleet_rows.html", **_fleet(services_of(request)))
+
+
+@console_router.get("/requests")
+async def requests_page(request: Request, id: str = "") -> Response:
+    if id.strip():
+        return RedirectResponse(f"/console/requests/{id.strip()}", status_code=303)
+    return _page(request, "requests.html", page="requests")
+
+
+@console_router.get("/requests/{request_id}")
+async def request_page(request: Request, request_id: str, content: bool = False) -> Response:
+    refused = _refusal(request)
+    if refused is not None:
+        return refused
+    settings = services_of(request).settings
+    journey = await find_journey(settings, request_id, now_ms() - _SINCE_MS)
+    if journey is None:
+        return _page(request, "requests.html", status_code=404, page="requests",
+                     missing=request_id)
+    rep = report(journey, show_content=content)
+    total = max((s["at_ms"] for s in rep["waterfall"]), default=0.0) or 1.0
+    return _page(request, "request.html", page="requests", rep=rep, total=total,
+                 layers=LAYERS, content=content)

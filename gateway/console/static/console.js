@@ -1,0 +1,15 @@
+// Live parts: an element with data-live="URL" is refilled from URL every two
+// seconds (an HTML fragment of the same page). A failed fetch waits for the next.
+"use strict";
+for (const element of document.querySelectorAll("[data-live]")) {
+  setInterval(async () => {
+    try {
+      const answer = await fetch(element.dataset.live, {credentials: "same-origin"});
+      if (answer.ok && answer.headers.get("content-type")?.startsWith("text/html")) {
+        element.innerHTML = await answer.text();
+      }
+    } catch (failure) {
+      // the gateway is away for a moment: the next tick tries again
+    }
+  }, 2000);
+}
