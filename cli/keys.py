@@ -63,19 +63,13 @@ def _limits(limits: Limits) -> str:
     return " ".join(f"{k}={v}" for k, v in limits.described().items())
 
 
-def _state(record: KeyRecord, now_ms: int) -> str:
-    if record.revoked_ms:
-        return "revoked"
-    return "active" if record.usable(now_ms) else "expired"
-
-
 def describe_key(record: KeyRecord, now_ms: int) -> str:
     """One line: id, name, tenant, limits, models, expiry, state, last use (no secret)."""
     return "  ".join([
         record.id, f"name={record.name}", f"tenant={record.tenant}", _limits(record.limits),
         f"models={','.join(record.models) or '*'}",
         f"expires={utc(record.expires_ms) if record.expires_ms else 'never'}",
-        _state(record, now_ms),
+        record.state(now_ms),
         f"last_used={utc(record.last_used_ms) if record.last_used_ms else 'never'}"])
 
 

@@ -18,12 +18,12 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from cli.dlq import read_letters
 from cli.text import add_report_flags, fail, not_found, print_report
 from conveyor.errors import ConveyorError, RequestError, last_line
 from conveyor.policy.rules import PolicyBook
 from conveyor.registry import Registry
 from conveyor.settings import Settings
+from gateway.dead_letters import read_letters
 from schemas.codec import Codec, default_codec, plain
 from topics.lookup import parse_since
 from topics.policies import published_policies

@@ -63,6 +63,7 @@ from topics.clients import make_producer
 from topics.lookup import SharedLookup
 from topics.models import follow_published
 from topics.policies import adopt_policies, follow_policies
+from topics.producer import Producer
 from topics.tracing import make_tracer
 from workers.fleet import Fleet
 from workers.schedule.breakers import Breakers
@@ -157,7 +158,8 @@ async def _services(settings: Settings, registry: Registry, gateway_id: str, hea
         asyncio.create_task(lease.keep(), name="reply-lease"),
         asyncio.create_task(board.run(health.part("jobs")), name="jobs"),
     ])
-    authenticator, admitter = _identity(settings, registry, redis, audit, gateway_id, health)
+    authenticator, admitter = _identity(settings, registry, redis, publisher.producer, audit,
+                                        gateway_id, health)
     cancels = Cancels(settings, publisher, ResumeWatch(settings, redis))
     submitter = Submitter(settings, publisher, router_, cancels, admitter, policies,
                           gateway_id, tracing.tracer, metrics)
@@ -197,11 +199,12 @@ async def _services(settings: Settings, registry: Registry, gateway_id: str, hea
         log.info("gateway %s: stopped in %.1f s", gateway_id, time.monotonic() - stopping)
 
 
-def _identity(settings: Settings, registry: Registry, redis: Redis, audit: Audit,
-              gateway_id: str, health: Health) -> tuple[Authenticator, Admitter]:
+def _identity(settings: Settings, registry: Registry, redis: Redis, producer: Producer,
+              audit: Audit, gateway_id: str, health: Health) -> tuple[Authenticator, Admitter]:
     """Who is asking, and what they may send: keys or JWTs, tenants and limits,
     with their background tasks (none without auth). The key and tenant caches
-    share one pub/sub subscription for their invalidations."""
+    share one pub/sub subscription for their invalidations; the key store writes
+    through the gateway's producer (the console creates and revokes keys)."""
     if settings.auth.mode == "none":
         return Authenticator(settings), Admitter(registry)
     invalidations = Invalidations(settings, redis)
@@ -209,7 +212,7 @@ def _identity(settings: Settings, registry: Registry, redis: Redis, audit: Audit
     keys: KeyStore | None = None
     tokens: JwtVerifier | None = None
     if settings.auth.mode == "keys":
-        keys = KeyStore(settings, redis, audit=audit, invalidations=invalidations)
+        keys = KeyStore(settings, redis, producer, audit=audit, invalidations=invalidations)
     else:
         tokens = JwtVerifier(settings)
     health.tasks.append(asyncio.create_task(

@@ -97,7 +97,8 @@ broker_tiers tests/kafka tests/engines -n 2 || status=$?
 mark "the kafka and engines tiers"
 vllm_done || status=$?
 mark "the vllm tier"
-# the fault and pipeline tiers, alone on the machine now, the faults first
-broker_tiers tests/faults tests/pipeline || status=$?
+# the fault and pipeline tiers, alone on the machine now, the faults first, in four
+# processes: their tests wait on purpose (a third to a half of the CPU idle in three)
+broker_tiers tests/faults tests/pipeline -n "${CONVEYOR_TEST_PROCESSES:-4}" || status=$?
 mark "the fault and pipeline tiers"
 exit $status

@@ -61,6 +61,12 @@ class KeyRecord:
     def usable(self, now_ms: int) -> bool:
         return not self.revoked_ms and (not self.expires_ms or now_ms < self.expires_ms)
 
+    def state(self, now_ms: int) -> str:
+        """``active``, ``expired`` or ``revoked``."""
+        if self.revoked_ms:
+            return "revoked"
+        return "active" if self.usable(now_ms) else "expired"
+
     def event(self) -> ApiKey:
         """The key as the ``keys`` topic holds it (its Redis hash: the same, as text)."""
         return ApiKey(id=self.id, tenant=self.tenant, name=self.name, hash=self.hash,

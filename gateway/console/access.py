@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import secrets
 import time
 from typing import Literal
 
@@ -17,9 +18,12 @@ from starlette.requests import Request
 
 from conveyor.settings import Settings
 
-__all__ = ["COOKIE", "SESSION_S", "Access", "access", "session_value", "same_origin"]
+__all__ = ["COOKIE", "CSRF_COOKIE", "SESSION_S", "Access", "access", "csrf_token", "forged",
+           "session_value", "same_origin"]
 
 COOKIE = "conveyor_console"
+# a form's token, also in this cookie: a page of another site can read neither
+CSRF_COOKIE = "conveyor_console_csrf"
 SESSION_S = 12 * 3600
 
 Access = Literal["open", "sign-in", "closed"]
@@ -74,3 +78,15 @@ def same_origin(request: Request) -> bool:
         return origin == own
     referer = request.headers.get("referer", "")
     return referer == own or referer.startswith(own + "/")
+
+
+def csrf_token(request: Request) -> str:
+    """The token a form of this browser carries (its cookie's, or a new one)."""
+    return request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(24)
+
+
+def forged(request: Request, token: str) -> bool:
+    """Whether an action's POST may not be the operator's own: from another
+    origin, or without the token its browser was given."""
+    cookie = request.cookies.get(CSRF_COOKIE, "")
+    return not (same_origin(request) and cookie and hmac.compare_digest(cookie, token))

@@ -13,15 +13,27 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
-from gateway.console.access import COOKIE, SESSION_S, access, same_origin, session_value
+from gateway.auth.keys import KeyNotFound, KeyStore
+from gateway.auth.types import Limits
+from gateway.console.access import (
+    COOKIE,
+    CSRF_COOKIE,
+    SESSION_S,
+    access,
+    csrf_token,
+    forged,
+    same_origin,
+    session_value,
+)
 from gateway.services import Services, services_of
-from topics.envelope import now_ms
+from topics.envelope import iso, now_ms
 from workers.journey import LAYERS, find_journey, report
 
 __all__ = ["console_router", "console_static"]
 
 _HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=_HERE / "templates")
+templates.env.filters["iso"] = iso
 console_router = APIRouter(prefix="/console", include_in_schema=False)
 console_static = StaticFiles(directory=_HERE / "static")
 # how far back a request id is looked for
@@ -46,8 +58,14 @@ def _page(request: Request, name: str, status_code: int = 200, **context: Any) -
     _, health = services_of(request).health.report()
     troubled = {name: part for name, part in health["tasks"].items()
                 if part.get("state") not in ("ok", None)}
-    return templates.TemplateResponse(request, name, {"health": health, "troubled": troubled,
-                                                      **context}, status_code=status_code)
+    csrf = csrf_token(request)
+    page = templates.TemplateResponse(request, name, {"health": health, "troubled": troubled,
+                                                      "csrf": csrf, **context},
+                                      status_code=status_code)
+    if request.cookies.get(CSRF_COOKIE) != csrf:
+        page.set_cookie(CSRF_COOKIE, csrf, path="/console", httponly=True, samesite="strict",
+                        secure=request.url.scheme == "https")
+    return page
 
 
 @console_router.get("")
@@ -123,3 +141,74 @@ async def request_page(request: Request, request_id: str, content: bool = False)
     total = max((s["at_ms"] for s in rep["waterfall"]), default=0.0) or 1.0
     return _page(request, "request.html", page="requests", rep=rep, total=total,
                  layers=LAYERS, content=content)
+
+
+# -- keys ---------------------------------------------------------------------------
+
+def _keys(request: Request) -> KeyStore | None:
+    """The gateway's key store (None unless ``CONVEYOR_AUTH=keys``)."""
+    return services_of(request).authenticator.keys
+
+
+def _actor(request: Request) -> str:
+    return f"console@{services_of(request).health.gateway_id}"
+
+
+@console_router.get("/keys")
+async def keys_page(request: Request, tenant: str = "") -> Response:
+    refused = _refusal(request)
+    if refused is not None:
+        return refused
+    keys = _keys(request)
+    records = await keys.list(tenant.strip() or None) if keys is not None else []
+    return _page(request, "keys.html", page="keys", keys_on=keys is not None,
+                 records=records, tenant=tenant, now=now_ms())
+
+
+@console_router.post("/keys")
+async def create_key(request: Request, tenant: str = Form(""), name: str = Form(""),
+                     models: str = Form(""), csrf: str = Form("")) -> Response:
+    refused = _refusal(request)
+    if refused is not None:
+        return refused
+    keys = _keys(request)
+    if keys is None or forged(request, csrf):
+        return HTMLResponse("Forbidden", status_code=403)
+    try:
+        record, secret = await keys.create(
+            tenant.strip(), name.strip(), Limits(),
+            models=tuple(m.strip() for m in models.split(",") if m.strip()),
+            actor=_actor(request))
+    except ValueError as exc:
+        return _page(request, "keys.html", status_code=400, page="keys", keys_on=True,
+                     records=await keys.list(), tenant="", now=now_ms(), problem=str(exc))
+    return _page(request, "key_created.html", page="keys", record=record, secret=secret)
+
+
+@console_router.get("/keys/{key_id}/revoke")
+async def revoke_form(request: Request, key_id: str) -> Response:
+    refused = _refusal(request)
+    if refused is not None:
+        return refused
+    keys = _keys(request)
+    record = next((r for r in await keys.list() if r.id == key_id), None) \
+        if keys is not None else None
+    if record is None:
+        return _page(request, "keys.html", status_code=404, page="keys", keys_on=keys is not None,
+                     records=[], tenant="", now=now_ms(), problem=f"No key {key_id}.")
+    return _page(request, "key_revoke.html", page="keys", record=record, now=now_ms())
+
+
+@console_router.post("/keys/{key_id}/revoke")
+async def revoke_key(request: Request, key_id: str, csrf: str = Form("")) -> Response:
+    refused = _refusal(request)
+    if refused is not None:
+        return refused
+    keys = _keys(request)
+    if keys is None or forged(request, csrf):
+        return HTMLResponse("Forbidden", status_code=403)
+    try:
+        await keys.revoke(key_id, actor=_actor(request))
+    except KeyNotFound:
+        return HTMLResponse("Not Found", status_code=404)
+    return RedirectResponse("/console/keys", status_code=303)

@@ -27,6 +27,7 @@ from fastavro.schema import to_parsing_canonical_form
 
 from cli import dlq as cli_dlq
 from conveyor.settings import Settings, load_settings
+from gateway import dead_letters
 from schemas.codec import Codec, default_codec
 from tests.support.factories import encoded_with
 from tests.support.factories import request as make_request
@@ -72,9 +73,9 @@ async def record_at(settings: Settings, where: str) -> tuple[bytes | None, bytes
 
 def test_event_type_of_names_what_each_topic_carries() -> None:
     s = load_settings(topic_prefix="x")
-    assert cli_dlq.event_type_of(s, "x.requests") == "Request"
-    assert cli_dlq.event_type_of(s, "x.infer.cpu") == "Task"
-    assert cli_dlq.event_type_of(s, "y.requests") is None
+    assert dead_letters.event_type_of(s, "x.requests") == "Request"
+    assert dead_letters.event_type_of(s, "x.infer.cpu") == "Task"
+    assert dead_letters.event_type_of(s, "y.requests") is None
 
 
 def test_a_poison_fixed_by_a_schema_upgrade_is_redriven_once(
@@ -116,8 +117,8 @@ def test_a_poison_fixed_by_a_schema_upgrade_is_redriven_once(
     # the upgrade: a codec that knows the newer version
     upgraded = Codec()
     upgraded.register_writer(schema_path)
-    letters = asyncio.run(cli_dlq.read_letters(settings, 0, [offset]))
-    [sent] = asyncio.run(cli_dlq.redrive(settings, letters, codec=upgraded))
+    letters = asyncio.run(dead_letters.read_letters(settings, 0, [offset]))
+    [sent] = asyncio.run(dead_letters.redrive(settings, letters, "test", codec=upgraded))
     assert sent.sent, sent.detail
     key, value = asyncio.run(record_at(settings, sent.detail))
     assert key == rid.encode() and value == poison
@@ -128,9 +129,10 @@ def test_a_poison_fixed_by_a_schema_upgrade_is_redriven_once(
     assert run(settings, "list", "--json", "--since", "10m") == 0
     listed = {x["offset"]: x for x in json.loads(capsys.readouterr().out)}
     assert listed[offset]["redriven"]
-    [again] = asyncio.run(cli_dlq.redrive(settings, letters, codec=upgraded))
+    [again] = asyncio.run(dead_letters.redrive(settings, letters, "test", codec=upgraded))
     assert not again.sent and "already redriven" in again.detail
-    [forced] = asyncio.run(cli_dlq.redrive(settings, letters, codec=upgraded, force=True))
+    [forced] = asyncio.run(dead_letters.redrive(settings, letters, "test", codec=upgraded,
+                                                force=True))
     assert forced.sent and forced.detail != sent.detail
     assert run(settings, "show", str(offset)) == 0
     assert "redriven " in capsys.readouterr().out

@@ -23,8 +23,8 @@ import httpx
 import pytest
 
 from cli import replay as cli_replay
-from cli.dlq import read_letters
 from conveyor.settings import Settings, load_settings
+from gateway.dead_letters import read_letters
 from tests.pipeline.cli.test_dlq import newer_request_schema, produce
 from tests.support.factories import encoded_with
 from tests.support.factories import request as make_request

@@ -1,20 +1,25 @@
 """The console in a real browser (Debian's chromium, driven by Playwright)
 against a running Conveyor: each page loads with no console error, the fleet
 shows the workers, and a request sent through the API opens, from the
-keyboard, as its journey through every layer. With CONVEYOR_CONSOLE_SHOTS set
+keyboard, as its journey through every layer; an API key made in the page
+works on the API and, revoked in the page, stops working. With CONVEYOR_CONSOLE_SHOTS set
 to a folder, each page's screenshot is written there (the docs' pictures)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
+from tests.support.auth import Replicas
 from tests.support.pipeline import Pipeline, client
 from workers.journey import LAYERS
 
@@ -81,3 +86,62 @@ def test_a_request_s_journey_opens_from_the_keyboard(pipeline: Pipeline, page: P
     page.get_by_role("link", name="Show the prompt and the answer").click()
     page.wait_for_url("**content=1")
     assert word in page.locator("pre.prompt").inner_text()
+
+
+ADMIN = "admin-token-of-the-console-browser-test"
+
+
+@pytest.fixture(scope="module")
+def keyed(services: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
+    """A Conveyor with API keys on and an admin token: the console signs in."""
+    p = Pipeline(tmp_path_factory.mktemp("console-keys"), CONVEYOR_AUTH="keys",
+                 CONVEYOR_AUTH_SECRET="console-test-secret-" + uuid.uuid4().hex,
+                 CONVEYOR_ADMIN_TOKEN=ADMIN)
+
+    def start() -> None:
+        p.cli("topics")
+        _, p.api_key = Replicas(p, "", "").key(tenant="ops")  # its own, to see it ready
+        p.start(workers=1)
+
+    # started and closed in a thread of their own: the browser's event loop may be
+    # running in this one, and both make and drop topics with asyncio.run
+    with ThreadPoolExecutor(1) as aside:
+        try:
+            aside.submit(start).result()
+            yield p
+        finally:
+            aside.submit(p.close).result()
+
+
+def test_a_key_made_in_the_page_works_until_it_is_revoked_there(
+        keyed: Pipeline, page: Page) -> None:
+    page.goto(f"{keyed.base_url}/console/keys")
+    page.wait_for_url("**/console/signin")
+    page.keyboard.type(ADMIN)  # the token's field has the focus
+    page.keyboard.press("Enter")
+    page.wait_for_url("**/console/fleet")
+    page.goto(f"{keyed.base_url}/console/keys")
+    tenant = f"console-{uuid.uuid4().hex[:6]}"
+    page.locator("#new-tenant").fill(tenant)
+    page.locator("#new-name").fill("made in the console")
+    page.get_by_role("button", name="Create the key").click()
+    secret = page.locator("#secret").inner_text().strip()
+    assert secret.startswith("cvy-")
+
+    def ask() -> int:
+        answer = httpx.post(f"{keyed.base_url}/v1/chat/completions", timeout=60,
+                            headers={"authorization": f"Bearer {secret}"},
+                            json={"model": "smollm2", "max_tokens": 2,
+                                  "messages": [{"role": "user", "content": "Hi"}]})
+        return answer.status_code
+
+    assert ask() == 200
+    page.goto(f"{keyed.base_url}/console/keys?tenant={tenant}")
+    shot(page, "keys")
+    page.get_by_role("link", name="Revoke…").click()
+    page.get_by_role("button", name="Revoke it").click()
+    page.wait_for_url("**/console/keys")
+    deadline = time.monotonic() + 10
+    while (status := ask()) != 401:
+        assert time.monotonic() < deadline, status
+        time.sleep(0.2)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from cli.dlq import _headers
 from conveyor.settings import load_settings
+from gateway.dead_letters import _headers
 from schemas.codec import default_codec
 from tests.support.factories import chunk
 from topics.catalog import CONTROL, TOKENS

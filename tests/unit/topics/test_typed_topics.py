@@ -7,9 +7,9 @@ from typing import Any, cast
 
 import pytest
 
-from cli.dlq import event_type_of
 from conveyor.errors import SchemaError
 from conveyor.settings import load_settings
+from gateway.dead_letters import event_type_of
 from schemas.codec import EVENT_TYPES, default_codec
 from schemas.records import Control
 from topics.catalog import CONTROL, INFER, KEYS, REQUESTS, TOKENS, TOPICS, catalog, topic_named

@@ -347,7 +347,7 @@ def test_a_letter_without_a_job_is_only_a_dead_letter_and_nothing_in_flight_is_l
 def test_a_command_of_an_ended_job_is_not_redriven(conveyor: Pipeline) -> None:
     """A create command set aside for a batch that has since failed decodes now (a
     fixed bug): sent back, its lines would run while the batch shows failed."""
-    from cli.dlq import read_letters, redrive
+    from gateway.dead_letters import read_letters, redrive
     from schemas.records import JobCommand
 
     c = _client(conveyor)
@@ -373,7 +373,7 @@ def test_a_command_of_an_ended_job_is_not_redriven(conveyor: Pipeline) -> None:
 
     async def send_back(force: bool) -> str:
         letters = await read_letters(conveyor.settings, 0, [again["offset"]])
-        [result] = await redrive(conveyor.settings, letters, force=force)
+        [result] = await redrive(conveyor.settings, letters, "test", force=force)
         assert result.sent == force, result
         return result.detail
 

@@ -14,7 +14,7 @@ import pytest
 
 from conveyor.settings import AuthSettings, Settings, load_settings
 from gateway.app import build_app
-from gateway.console.access import COOKIE, session_value
+from gateway.console.access import COOKIE, CSRF_COOKIE, forged, session_value
 from tests.support.gateway_fakes import offline_services
 from tests.support.schedule_tasks import beat
 
@@ -109,3 +109,33 @@ async def test_the_fleet_shows_each_worker_as_its_heartbeat_tells(tmp_path: Path
         rows = await http.get("/console/fleet/rows")
     assert rows.status_code == 200
     assert 'data-worker="w7"' in rows.text and "1/2" in rows.text
+
+
+async def test_keys_off_says_so_and_an_action_needs_its_form_s_token(
+        local: httpx.AsyncClient) -> None:
+    page = await local.get("/console/keys")
+    assert page.status_code == 200 and "API keys are off" in page.text
+    token = page.cookies[CSRF_COOKIE]
+    assert f'value="{token}"' not in page.text  # no form is shown: keys are off
+    own = {"origin": "http://127.0.0.1:8000"}
+    # with keys off, creating one is refused whatever the form holds
+    refused = await local.post("/console/keys", data={"tenant": "t", "csrf": token},
+                               headers=own)
+    assert refused.status_code == 403
+
+
+def test_a_form_without_its_token_or_from_elsewhere_is_forged() -> None:
+    from starlette.requests import Request
+
+    def posted(origin: str, cookie: str) -> Request:
+        headers = [(b"host", b"127.0.0.1:8000"), (b"origin", origin.encode())]
+        if cookie:
+            headers.append((b"cookie", f"{CSRF_COOKIE}={cookie}".encode()))
+        return Request({"type": "http", "method": "POST", "scheme": "http", "path": "/console",
+                        "server": ("127.0.0.1", 8000), "headers": headers, "query_string": b""})
+
+    own = "http://127.0.0.1:8000"
+    assert not forged(posted(own, "abc"), "abc")
+    assert forged(posted(own, "abc"), "abd")
+    assert forged(posted(own, ""), "")
+    assert forged(posted("http://evil.example", "abc"), "abc")
