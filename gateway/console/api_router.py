@@ -13,6 +13,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
+from conveyor.errors import last_line
 from gateway.auth.keys import KeyNotFound, KeyStore
 from gateway.auth.types import Limits
 from gateway.console.access import (
@@ -25,8 +26,11 @@ from gateway.console.access import (
     same_origin,
     session_value,
 )
+from gateway.dead_letters import check, read_letters, redrive, redriven
 from gateway.services import Services, services_of
+from schemas.codec import default_codec
 from topics.envelope import iso, now_ms
+from topics.lookup import parse_since
 from workers.journey import LAYERS, find_journey, report
 
 __all__ = ["console_router", "console_static"]
@@ -34,6 +38,7 @@ __all__ = ["console_router", "console_static"]
 _HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=_HERE / "templates")
 templates.env.filters["iso"] = iso
+templates.env.filters["text"] = lambda raw: (raw or b"").decode("utf-8", "replace")
 console_router = APIRouter(prefix="/console", include_in_schema=False)
 console_static = StaticFiles(directory=_HERE / "static")
 # how far back a request id is looked for
@@ -212,3 +217,55 @@ async def revoke_key(request: Request, key_id: str, csrf: str = Form("")) -> Res
     except KeyNotFound:
         return HTMLResponse("Not Found", status_code=404)
     return RedirectResponse("/console/keys", status_code=303)
+
+
+# -- dead letters -------------------------------------------------------------------
+
+@console_router.get("/dead-letters")
+async def letters_page(request: Request, since: str = "24h", layer: str = "") -> Response:
+    refused = _refusal(request)
+    if refused is not None:
+        return refused
+    settings = services_of(request).settings
+    try:
+        since_ms = parse_since(since)
+    except ValueError as exc:
+        return _page(request, "dead_letters.html", status_code=400, page="dead-letters",
+                     letters=[], sent={}, since=since, layer=layer, problem=str(exc))
+    letters = [x for x in await read_letters(settings, since_ms)
+               if not layer or x.letter["layer"] == layer]
+    sent = await redriven(settings, since_ms) if letters else {}
+    return _page(request, "dead_letters.html", page="dead-letters", letters=letters, sent=sent,
+                 since=since, layer=layer, last_line=last_line)
+
+
+@console_router.get("/dead-letters/{offset}")
+async def letter_page(request: Request, offset: int) -> Response:
+    refused = _refusal(request)
+    if refused is not None:
+        return refused
+    settings = services_of(request).settings
+    found = await read_letters(settings, 0, [offset])
+    if not found:
+        return _page(request, "dead_letters.html", status_code=404, page="dead-letters",
+                     letters=[], sent={}, since="24h", layer="",
+                     problem=f"No dead letter at offset {offset}.")
+    letter = found[0]
+    sent = (await redriven(settings, letter.letter["ts_ms"])).get(offset)
+    return _page(request, "dead_letter.html", page="dead-letters", x=letter, sent=sent,
+                 problem=check(settings, default_codec(), letter.letter))
+
+
+@console_router.post("/dead-letters/{offset}/redrive")
+async def redrive_letter(request: Request, offset: int, csrf: str = Form("")) -> Response:
+    refused = _refusal(request)
+    if refused is not None:
+        return refused
+    if forged(request, csrf):
+        return HTMLResponse("Forbidden", status_code=403)
+    settings = services_of(request).settings
+    found = await read_letters(settings, 0, [offset])
+    if not found:
+        return HTMLResponse("Not Found", status_code=404)
+    [result] = await redrive(settings, found, _actor(request))
+    return _page(request, "redriven.html", page="dead-letters", result=result)

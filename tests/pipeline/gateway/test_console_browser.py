@@ -2,11 +2,13 @@
 against a running Conveyor: each page loads with no console error, the fleet
 shows the workers, and a request sent through the API opens, from the
 keyboard, as its journey through every layer; an API key made in the page
-works on the API and, revoked in the page, stops working. With CONVEYOR_CONSOLE_SHOTS set
+works on the API and, revoked in the page, stops working; a dead letter is
+listed, opened and its redrive answered. With CONVEYOR_CONSOLE_SHOTS set
 to a folder, each page's screenshot is written there (the docs' pictures)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import time
@@ -21,6 +23,7 @@ from playwright.sync_api import Browser, Page, sync_playwright
 
 from tests.support.auth import Replicas
 from tests.support.pipeline import Pipeline, client
+from topics.clients import make_producer
 from workers.journey import LAYERS
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -76,8 +79,10 @@ def test_a_request_s_journey_opens_from_the_keyboard(pipeline: Pipeline, page: P
         messages=[{"role": "user", "content": f"Say a secret word: {word}"}])
     rid = answer.id.removeprefix("chatcmpl-")
     page.goto(f"{pipeline.base_url}/console/requests")
-    page.keyboard.type(rid)  # the id's field has the focus
-    page.keyboard.press("Enter")
+    field = page.locator("#id")
+    assert field.evaluate("field => field === document.activeElement")  # focused at once
+    field.fill(rid)
+    field.press("Enter")
     page.wait_for_url(f"**/console/requests/{rid}", timeout=30_000)
     for step in (*LAYERS, "reply"):
         assert page.locator(f'tr[data-step="{step}"]').count() == 1, step
@@ -117,8 +122,10 @@ def test_a_key_made_in_the_page_works_until_it_is_revoked_there(
         keyed: Pipeline, page: Page) -> None:
     page.goto(f"{keyed.base_url}/console/keys")
     page.wait_for_url("**/console/signin")
-    page.keyboard.type(ADMIN)  # the token's field has the focus
-    page.keyboard.press("Enter")
+    token = page.locator("#token")
+    assert token.evaluate("field => field === document.activeElement")  # focused at once
+    token.fill(ADMIN)
+    token.press("Enter")
     page.wait_for_url("**/console/fleet")
     page.goto(f"{keyed.base_url}/console/keys")
     tenant = f"console-{uuid.uuid4().hex[:6]}"
@@ -145,3 +152,35 @@ def test_a_key_made_in_the_page_works_until_it_is_revoked_there(
     while (status := ask()) != 401:
         assert time.monotonic() < deadline, status
         time.sleep(0.2)
+
+
+def test_a_dead_letter_is_listed_opened_and_its_redrive_answered(
+        pipeline: Pipeline, page: Page) -> None:
+    """A record the pipeline cannot read is dead-lettered by preprocess; the page
+    lists it, opens it with its error, and a redrive from the page is refused
+    with the reason (it still does not decode), as ``conveyor dlq`` refuses it."""
+    key = f"poison-{uuid.uuid4().hex[:8]}"
+    with ThreadPoolExecutor(1) as aside:  # the browser's event loop runs in this thread
+        aside.submit(asyncio.run, _produce_poison(pipeline, key)).result()
+    page.goto(f"{pipeline.base_url}/console/dead-letters")
+    deadline = time.monotonic() + 30
+    while page.locator(f'tr:has-text("{key}")').count() == 0:
+        assert time.monotonic() < deadline, page.content()
+        page.wait_for_timeout(500)
+        page.reload()
+    shot(page, "dead-letters")
+    page.locator(f'tr:has-text("{key}") a').first.click()
+    assert "no:" in page.locator("dl.facts").inner_text()  # it does not decode
+    page.get_by_role("button", name="Redrive it").click()
+    assert "Not redriven: its value still does not decode" in page.locator(
+        "p.refused").inner_text()
+
+
+async def _produce_poison(p: Pipeline, key: str) -> None:
+    producer = make_producer(p.settings.kafka)
+    await producer.start()
+    try:
+        await producer.send_and_wait(p.settings.kafka.topic("requests"), b"\x00not an event",
+                                     key=key.encode())
+    finally:
+        await producer.stop()
