@@ -13,7 +13,8 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
-from conveyor.errors import last_line
+from conveyor.errors import RequestError, last_line
+from conveyor.redis_clients import REDIS_ERRORS
 from gateway.auth.keys import KeyNotFound, KeyStore
 from gateway.auth.types import Limits
 from gateway.console.access import (
@@ -32,6 +33,7 @@ from schemas.codec import default_codec
 from topics.envelope import iso, now_ms
 from topics.lookup import parse_since
 from workers.journey import LAYERS, find_journey, report
+from workers.usage.ledger import ReportBy
 
 __all__ = ["console_router", "console_static"]
 
@@ -269,3 +271,39 @@ async def redrive_letter(request: Request, offset: int, csrf: str = Form("")) ->
         return HTMLResponse("Not Found", status_code=404)
     [result] = await redrive(settings, found, _actor(request))
     return _page(request, "redriven.html", page="dead-letters", result=result)
+
+
+# -- usage --------------------------------------------------------------------------
+
+_SPANS: dict[str, tuple[ReportBy, int]] = {"hour": ("minute", 3_600_000),
+                                           "day": ("minute", 86_400_000),
+                                           "month": ("day", 30 * 86_400_000)}
+
+
+@console_router.get("/usage")
+async def usage_page(request: Request, tenant: str = "", span: str = "day", key_id: str = "",
+                     model: str = "") -> Response:
+    refused = _refusal(request)
+    if refused is not None:
+        return refused
+    context: dict[str, Any] = {"page": "usage", "tenant": tenant, "span": span,
+                               "key_id": key_id, "model": model, "rows": [], "ratings": [],
+                               "spans": list(_SPANS)}
+    if not tenant.strip():
+        return _page(request, "usage.html", **context)
+    by, width = _SPANS.get(span, _SPANS["day"])
+    ledger = services_of(request).usage
+    until = now_ms()
+    try:
+        rows = await ledger.report(tenant.strip(), since_ms=until - width, until_ms=until, by=by,
+                                   key_id=key_id.strip() or None, model=model.strip() or None)
+        ratings = [] if key_id.strip() else await ledger.ratings(
+            tenant.strip(), since_ms=until - width, until_ms=until, model=model.strip() or None)
+    except RequestError as exc:  # a key and a model at once
+        return _page(request, "usage.html", status_code=400, problem=exc.message, **context)
+    except REDIS_ERRORS:
+        return _page(request, "usage.html", status_code=503, **context,
+                     problem="Redis does not answer: usage is read from its copy there.")
+    top = max((r.requests for r in rows), default=0) or 1
+    return _page(request, "usage.html", **{**context, "rows": rows, "ratings": ratings,
+                                           "top": top})

@@ -107,6 +107,7 @@ def keyed(services: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         p.cli("topics")
         _, p.api_key = Replicas(p, "", "").key(tenant="ops")  # its own, to see it ready
         p.start(workers=1)
+        p.spawn("accounting", "accounting")  # the usage page reads what it counts
 
     # started and closed in a thread of their own: the browser's event loop may be
     # running in this one, and both make and drop topics with asyncio.run
@@ -118,15 +119,19 @@ def keyed(services: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             aside.submit(p.close).result()
 
 
-def test_a_key_made_in_the_page_works_until_it_is_revoked_there(
-        keyed: Pipeline, page: Page) -> None:
-    page.goto(f"{keyed.base_url}/console/keys")
+def sign_in(page: Page, p: Pipeline) -> None:
+    page.goto(f"{p.base_url}/console/keys")
     page.wait_for_url("**/console/signin")
     token = page.locator("#token")
     assert token.evaluate("field => field === document.activeElement")  # focused at once
     token.fill(ADMIN)
     token.press("Enter")
     page.wait_for_url("**/console/fleet")
+
+
+def test_a_key_made_in_the_page_works_until_it_is_revoked_there(
+        keyed: Pipeline, page: Page) -> None:
+    sign_in(page, keyed)
     page.goto(f"{keyed.base_url}/console/keys")
     tenant = f"console-{uuid.uuid4().hex[:6]}"
     page.locator("#new-tenant").fill(tenant)
@@ -184,3 +189,21 @@ async def _produce_poison(p: Pipeline, key: str) -> None:
                                      key=key.encode())
     finally:
         await producer.stop()
+
+
+def test_a_tenant_s_usage_shows_its_requests(keyed: Pipeline, page: Page) -> None:
+    answer = httpx.post(f"{keyed.base_url}/v1/chat/completions", timeout=60,
+                        headers={"authorization": f"Bearer {keyed.api_key}"},
+                        json={"model": "smollm2", "max_tokens": 2,
+                              "messages": [{"role": "user", "content": "Hi"}]})
+    assert answer.status_code == 200
+    sign_in(page, keyed)
+    deadline = time.monotonic() + 30
+    while True:  # counted by the accounting app, then mirrored into Redis
+        page.goto(f"{keyed.base_url}/console/usage?tenant=ops&span=hour")
+        if page.locator("tr[data-bucket]").count():
+            break
+        assert time.monotonic() < deadline, page.content()
+        page.wait_for_timeout(1000)
+    assert int(page.locator("tr[data-bucket] td").nth(1).inner_text()) >= 1
+    shot(page, "usage")

@@ -139,3 +139,12 @@ def test_a_form_without_its_token_or_from_elsewhere_is_forged() -> None:
     assert forged(posted(own, "abc"), "abd")
     assert forged(posted(own, ""), "")
     assert forged(posted("http://evil.example", "abc"), "abc")
+
+
+async def test_usage_says_plainly_when_redis_does_not_answer(tmp_path: Path) -> None:
+    settings = load_settings(files_dir=tmp_path, redis_url="redis://127.0.0.1:9/0")
+    async with console(settings) as http:
+        form = await http.get("/console/usage")
+        assert form.status_code == 200 and 'name="tenant"' in form.text
+        down = await http.get("/console/usage", params={"tenant": "acme"})
+    assert down.status_code == 503 and "Redis does not answer" in down.text
