@@ -207,3 +207,16 @@ def test_a_tenant_s_usage_shows_its_requests(keyed: Pipeline, page: Page) -> Non
         page.wait_for_timeout(1000)
     assert int(page.locator("tr[data-bucket] td").nth(1).inner_text()) >= 1
     shot(page, "usage")
+
+
+def test_a_worker_killed_shows_as_gone_and_then_back(keyed: Pipeline, page: Page) -> None:
+    """Last in this file: it kills the keyed Conveyor's one worker (SIGKILL) and
+    starts it again; the fleet page, left open, follows both by itself."""
+    sign_in(page, keyed)
+    row = page.locator('tr[data-worker="w0"]')
+    row.wait_for(timeout=30_000)
+    assert "live" in (row.get_attribute("class") or "").split()
+    keyed.kill("w0")
+    page.wait_for_selector('tr[data-worker="w0"].gone', timeout=30_000)
+    keyed.respawn("w0")
+    page.wait_for_selector('tr[data-worker="w0"].live', timeout=60_000)
