@@ -57,6 +57,14 @@ def _refusal(request: Request) -> Response | None:
     return None
 
 
+def _refused_action(request: Request, csrf: str) -> Response | None:
+    """:func:`_refusal`, and 403 for a POST that may not be the operator's own."""
+    refused = _refusal(request)
+    if refused is None and forged(request, csrf):
+        return HTMLResponse("Forbidden", status_code=403)
+    return refused
+
+
 def _page(request: Request, name: str, status_code: int = 200, **context: Any) -> Response:
     """``name`` rendered for an operator who may see it; else a sign-in or a 404."""
     refused = _refusal(request)
@@ -175,11 +183,11 @@ async def keys_page(request: Request, tenant: str = "") -> Response:
 @console_router.post("/keys")
 async def create_key(request: Request, tenant: str = Form(""), name: str = Form(""),
                      models: str = Form(""), csrf: str = Form("")) -> Response:
-    refused = _refusal(request)
+    refused = _refused_action(request, csrf)
     if refused is not None:
         return refused
     keys = _keys(request)
-    if keys is None or forged(request, csrf):
+    if keys is None:
         return HTMLResponse("Forbidden", status_code=403)
     try:
         record, secret = await keys.create(
@@ -208,11 +216,11 @@ async def revoke_form(request: Request, key_id: str) -> Response:
 
 @console_router.post("/keys/{key_id}/revoke")
 async def revoke_key(request: Request, key_id: str, csrf: str = Form("")) -> Response:
-    refused = _refusal(request)
+    refused = _refused_action(request, csrf)
     if refused is not None:
         return refused
     keys = _keys(request)
-    if keys is None or forged(request, csrf):
+    if keys is None:
         return HTMLResponse("Forbidden", status_code=403)
     try:
         await keys.revoke(key_id, actor=_actor(request))
@@ -260,11 +268,9 @@ async def letter_page(request: Request, offset: int) -> Response:
 
 @console_router.post("/dead-letters/{offset}/redrive")
 async def redrive_letter(request: Request, offset: int, csrf: str = Form("")) -> Response:
-    refused = _refusal(request)
+    refused = _refused_action(request, csrf)
     if refused is not None:
         return refused
-    if forged(request, csrf):
-        return HTMLResponse("Forbidden", status_code=403)
     settings = services_of(request).settings
     found = await read_letters(settings, 0, [offset])
     if not found:
