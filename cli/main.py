@@ -229,7 +229,7 @@ def _make_engine(args: argparse.Namespace, settings: Settings, registry: Registr
     from workers.infer.engines.table import EngineOptions, EngineSetupError
 
     try:
-        return EngineOptions.from_args(args).make(registry)
+        return EngineOptions.from_args(args).make(registry, settings)
     except EngineSetupError as exc:
         raise SystemExit(str(exc)) from None
 

@@ -293,6 +293,11 @@ class PrefixSettings(Section):
 class InferSettings(Section):
     title = "Infer workers"
 
+    # the bearer token an infer worker's openai engine sends its upstream
+    # (--engine openai), from the environment only: a command line is visible to
+    # every user of the host; empty: no Authorization header
+    upstream_api_key: SecretStr = SecretStr("")
+
     # a worker's heartbeat (its load, KV and cached blocks) every this many seconds
     heartbeat_interval_s: float = 1.0
     # a streamed answer's tokens are gathered at most this long into one chunk event:

@@ -51,10 +51,12 @@ class OpenAIHttpEngine(Engine):
     # as text), logprobs asked of the upstream and read back from its chunks
     constrains_output = decodes_tools = biases_logits = reports_logprobs = True
 
-    def __init__(self, base_url: str, capacity: int = 64, cache_salt: bool = True) -> None:
+    def __init__(self, base_url: str, capacity: int = 64, cache_salt: bool = True,
+                 api_key: str = "") -> None:
         self.capacity = capacity
         self.base_url = base_url.rstrip("/")
         self.cache_salt = cache_salt  # send the request's salt (see the module notes)
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
         self._client: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
@@ -69,6 +71,7 @@ class OpenAIHttpEngine(Engine):
                                            keepalive_timeout=_KEEPALIVE_S),
             timeout=aiohttp.ClientTimeout(total=None, connect=_TIMEOUT_S, sock_read=_TIMEOUT_S),
             json_serialize=json.dumps,
+            headers=self._headers,
         )
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[Piece, None]:

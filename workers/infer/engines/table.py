@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import ConveyorError
+from conveyor.settings import Settings
 from workers.infer.engines.scripted import DEFAULT_TEXT, SCRIPTS, Script, ScriptedEngine
 
 if TYPE_CHECKING:
@@ -180,20 +181,21 @@ class EngineOptions:
         return [self.flag(name) if value is True else f"{self.flag(name)}={value}"
                 for name, value in self.given().items()]
 
-    def make(self, registry: Registry) -> Engine:
+    def make(self, registry: Registry, settings: Settings) -> Engine:
+        """The engine; ``settings`` give what no flag may carry (the upstream's key)."""
         entry = engine_named(self.engine)
         unread = [self.flag(name) for name in self.given()
                   if (readers := self.readers(name)) is not None and entry.name not in readers]
         if unread:
             raise EngineSetupError(f"--engine {self.engine} reads no {', '.join(unread)}")
-        return entry.make(self, registry)
+        return entry.make(self, registry, settings)
 
 
 @dataclass(frozen=True)
 class EngineEntry:
     name: str
     summary: str  # one line for ``--engine``'s help
-    make: Callable[[EngineOptions, Registry], Engine]
+    make: Callable[[EngineOptions, Registry, Settings], Engine]
 
 
 # -- the engines ------------------------------------------------------------------
@@ -230,7 +232,7 @@ def _served(o: EngineOptions, registry: Registry, make: Callable[[ModelSpec], En
         raise EngineSetupError(f"--warm: {exc}") from None
 
 
-def _llamacpp(o: EngineOptions, registry: Registry) -> Engine:
+def _llamacpp(o: EngineOptions, registry: Registry, settings: Settings) -> Engine:
     from workers.infer.engines.llamacpp_batch import LlamaCppBatchEngine
 
     return _served(o, registry, lambda spec: LlamaCppBatchEngine.from_spec(
@@ -238,16 +240,17 @@ def _llamacpp(o: EngineOptions, registry: Registry) -> Engine:
         n_ctx=o.max_model_len, host_cache_bytes=o.host_cache_mib << 20))
 
 
-def _openai(o: EngineOptions, registry: Registry) -> Engine:
+def _openai(o: EngineOptions, registry: Registry, settings: Settings) -> Engine:
     from workers.infer.engines.openai_http import OpenAIHttpEngine
 
     if not o.upstream:
         raise EngineSetupError("--engine openai needs --upstream URL")
     return OpenAIHttpEngine(o.upstream, capacity=o.capacity,
-                            cache_salt=not o.no_upstream_cache_salt)
+                            cache_salt=not o.no_upstream_cache_salt,
+                            api_key=settings.infer.upstream_api_key.get_secret_value())
 
 
-def _vllm(o: EngineOptions, registry: Registry) -> Engine:
+def _vllm(o: EngineOptions, registry: Registry, settings: Settings) -> Engine:
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
@@ -266,7 +269,7 @@ def _vllm(o: EngineOptions, registry: Registry) -> Engine:
                       pipeline_parallel_size=o.pipeline_parallel_size)
 
 
-def _scripted(o: EngineOptions, registry: Registry) -> Engine:
+def _scripted(o: EngineOptions, registry: Registry, settings: Settings) -> Engine:
     script: Script = o.script or ("text" if o.script_text is not None else "echo")
     if o.script_text is not None and script != "text":
         raise EngineSetupError(f"--script-text is the answer of --script text, not {script}")

@@ -19,6 +19,7 @@ import pytest
 
 from conveyor.errors import EngineError
 from conveyor.registry import Registry
+from conveyor.settings import load_settings
 from workers.infer.engines.base import GenerationRequest, Piece
 from workers.infer.engines.llamacpp_batch import LlamaCppBatchEngine, _shares
 from workers.infer.engines.llamacpp_batch_context import Context, Text
@@ -104,8 +105,8 @@ def test_the_table_reads_sequences_from_contexts_and_contexts_from_batches() -> 
     registry = Registry.load(Path("conveyor/models.toml"))
     made_set = EngineOptions.from_args(parser.parse_args(
         ["--engine", "llamacpp", "--contexts", "16", "--batches", "3", "--threads", "2"]
-    )).make(registry)
-    default_set = EngineOptions().make(registry)
+    )).make(registry, load_settings())
+    default_set = EngineOptions().make(registry, load_settings())
     # the worker's models, an engine each (workers/infer/engines/model_set.py)
     assert isinstance(made_set, ModelSet) and isinstance(default_set, ModelSet)
     assert made_set.served == default_set.served == ["smollm2-135m-instruct"]

@@ -30,6 +30,7 @@ class UpstreamCall:
     path: str
     body: dict[str, Any]
     client_port: int
+    authorization: str | None = None  # the request's Authorization header
     sent: int = 0  # text events written so far
     finished: bool = False  # the whole stream went out
     disconnected: bool = False  # the client left before the end
@@ -65,7 +66,8 @@ class FakeUpstream:
 def _app(upstream: FakeUpstream) -> Starlette:
     async def completions(request: Request) -> Response:
         body = await request.json()
-        call = UpstreamCall(request.url.path, body, request.client.port if request.client else 0)
+        call = UpstreamCall(request.url.path, body, request.client.port if request.client else 0,
+                            request.headers.get("authorization"))
         upstream.calls.append(call)
         if upstream.status != 200:
             envelope = {"error": {"message": "bad request from the fake",

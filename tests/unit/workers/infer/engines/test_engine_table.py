@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 
 from conveyor.registry import Registry
+from conveyor.settings import load_settings
 from workers.infer.engines.scripted import DEFAULT_TEXT, ScriptedEngine
 from workers.infer.engines.table import ENGINES, EngineOptions, EngineSetupError, engine_named
 
 REGISTRY = Registry.load(Path("conveyor/models.toml"))
+SETTINGS = load_settings()
 
 
 def parse(*argv: str) -> EngineOptions:
@@ -64,48 +66,50 @@ def test_an_option_two_engines_read_is_one_flag_with_both_helps() -> None:
 
 def test_an_option_the_engine_does_not_read_is_refused() -> None:
     with pytest.raises(EngineSetupError, match="--engine scripted reads no --batches, --upstream"):
-        parse("--engine", "scripted", "--batches", "3", "--upstream", "http://u").make(REGISTRY)
+        parse("--engine", "scripted", "--batches", "3", "--upstream", "http://u").make(
+            REGISTRY, SETTINGS)
 
 
 def test_the_scripted_engine_from_its_flags() -> None:
     engine = parse("--engine", "scripted", "--contexts", "3",
-                   "--token-delay-ms", "2.5").make(REGISTRY)
+                   "--token-delay-ms", "2.5").make(REGISTRY, SETTINGS)
 
     assert isinstance(engine, ScriptedEngine)
     assert (engine.script, engine.capacity, engine.token_delay_s) == ("echo", 3, 0.0025)
-    fixed = parse("--engine", "scripted", "--script-text", "Hi there.").make(REGISTRY)
+    fixed = parse("--engine", "scripted", "--script-text", "Hi there.").make(REGISTRY, SETTINGS)
     assert isinstance(fixed, ScriptedEngine)
     assert (fixed.script, fixed.text, fixed.capacity) == ("text", "Hi there.", 2)
-    default = parse("--engine", "scripted", "--script", "text").make(REGISTRY)
+    default = parse("--engine", "scripted", "--script", "text").make(REGISTRY, SETTINGS)
     assert isinstance(default, ScriptedEngine) and default.text == DEFAULT_TEXT
-    counting = parse("--engine", "scripted", "--script", "count").make(REGISTRY)
+    counting = parse("--engine", "scripted", "--script", "count").make(REGISTRY, SETTINGS)
     assert isinstance(counting, ScriptedEngine) and counting.script == "count"
     with pytest.raises(EngineSetupError, match="--script-text"):
-        parse("--engine", "scripted", "--script", "echo", "--script-text", "x").make(REGISTRY)
+        parse("--engine", "scripted", "--script", "echo", "--script-text", "x").make(
+            REGISTRY, SETTINGS)
     with pytest.raises(SystemExit):
         parse("--token-delay-ms", "-1")
 
 
 def test_factories_say_what_is_missing() -> None:
     with pytest.raises(EngineSetupError, match="--engine openai needs --upstream URL"):
-        parse("--engine", "openai").make(REGISTRY)
+        parse("--engine", "openai").make(REGISTRY, SETTINGS)
     if importlib.util.find_spec("vllm") is None:  # .venv; tests/vllm makes the engine
         with pytest.raises(EngineSetupError, match="run bash infra/vllm.sh"):
-            parse("--engine", "vllm").make(REGISTRY)
+            parse("--engine", "vllm").make(REGISTRY, SETTINGS)
     with pytest.raises(EngineSetupError, match="no model with a gguf file in pool 'gpu'"):
-        parse("--engine", "llamacpp", "--pool", "gpu").make(REGISTRY)
+        parse("--engine", "llamacpp", "--pool", "gpu").make(REGISTRY, SETTINGS)
 
 
 def test_the_openai_engine_from_its_flags() -> None:
     from workers.infer.engines.openai_http import OpenAIHttpEngine
 
     engine = parse("--engine", "openai", "--upstream", "http://127.0.0.1:9/",
-                   "--capacity", "5").make(REGISTRY)
+                   "--capacity", "5").make(REGISTRY, SETTINGS)
 
     assert isinstance(engine, OpenAIHttpEngine)
     assert (engine.base_url, engine.capacity, engine.cache_salt) == ("http://127.0.0.1:9", 5, True)
     quiet = parse("--engine", "openai", "--upstream", "http://127.0.0.1:9/",
-                  "--no-upstream-cache-salt").make(REGISTRY)
+                  "--no-upstream-cache-salt").make(REGISTRY, SETTINGS)
     assert isinstance(quiet, OpenAIHttpEngine) and quiet.cache_salt is False
 
 

@@ -7,14 +7,18 @@ import re
 import socket
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from conveyor.errors import EngineError
+from conveyor.registry import Registry
+from conveyor.settings import load_settings
 from schemas.records import Message
 from workers.infer.engines.base import GenerationRequest, Piece
 from workers.infer.engines.openai_http import OpenAIHttpEngine
+from workers.infer.engines.table import EngineOptions
 
 if TYPE_CHECKING:  # the fixture's type; conftest is not importable at run time
     from conftest import FakeUpstream
@@ -350,3 +354,21 @@ async def test_an_idle_connection_is_not_kept_past_the_keep_alive(
     await collect(engine, request())
     first, second = fake_upstream.calls
     assert first.client_port != second.client_port
+
+
+async def test_the_upstream_s_key_goes_as_a_bearer_token_and_none_without_one(
+    fake_upstream: FakeUpstream, engine_factory: EngineFactory
+) -> None:
+    keyed = await engine_factory(fake_upstream.base_url, api_key="up-key-1")
+    await collect(keyed, request(max_tokens=2))
+    plain = await engine_factory(fake_upstream.base_url)
+    await collect(plain, request(max_tokens=2))
+    assert [c.authorization for c in fake_upstream.calls] == ["Bearer up-key-1", None]
+
+
+def test_the_engines_table_hands_the_openai_engine_the_key_of_the_settings() -> None:
+    options = EngineOptions(engine="openai", upstream="http://127.0.0.1:9/v1")
+    settings = load_settings(upstream_api_key="from-the-environment")
+    engine = options.make(Registry.load(Path("conveyor/models.toml")), settings)
+    assert isinstance(engine, OpenAIHttpEngine)
+    assert engine._headers == {"Authorization": "Bearer from-the-environment"}

@@ -17,6 +17,7 @@ import pytest
 
 from conveyor.errors import EngineError
 from conveyor.registry import Registry
+from conveyor.settings import load_settings
 from tests.engines.workers.infer.engines.test_contract import collect, request, text
 from workers.infer.engines.base import Piece
 from workers.infer.engines.table import EngineOptions
@@ -220,7 +221,7 @@ def test_the_engines_table_makes_it_from_its_flags() -> None:
                               "--max-model-len", "1024", "--kv-cache-gib", "0.25",
                               "--vllm-model", "/models/smollm2"])
     registry = Registry.load(Path("conveyor/models.toml"))
-    engine = EngineOptions.from_args(args).make(registry)
+    engine = EngineOptions.from_args(args).make(registry, load_settings())
 
     assert isinstance(engine, VllmEngine)
     assert (engine.capacity, engine.dtype, engine.max_model_len, engine.kv_cache_gib) == (
