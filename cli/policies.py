@@ -72,13 +72,8 @@ def _effective(settings: Settings, args: argparse.Namespace,
     book = PolicyBook()
     for scope, document in documents.items():
         book.set(scope, document["text"], scope)
-    policy = book.effective(args.tenant, args.key or "")
-    return {"tenant": args.tenant, "key": args.key, "scopes": list(policy.scopes),
-            "input_categories": list(policy.input_terms.categories),
-            "output_categories": list(policy.output_terms.categories),
-            "pii": {"redact": list(policy.redact), "restore": policy.restore,
-                    "region": policy.region},
-            "cache": {"enabled": policy.cache, "ttl_s": policy.cache_ttl_s}}
+    return {"tenant": args.tenant, "key": args.key,
+            **book.effective(args.tenant, args.key or "").described()}
 
 
 def cmd_policies_show(settings: Settings, args: argparse.Namespace) -> int:

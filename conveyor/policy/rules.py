@@ -85,6 +85,16 @@ class Policy:
     cache_ttl_s: int = 600
     scopes: tuple[str, ...] = ()  # the scopes that had a say, broadest first
 
+    def described(self) -> dict[str, Any]:
+        """What it does, as ``conveyor policies show --tenant`` and the console show it."""
+        return {"scopes": list(self.scopes),
+                "input_categories": list(self.input_terms.categories),
+                "output_categories": list(self.output_terms.categories),
+                "classifier": self.classifier,
+                "pii": {"redact": list(self.redact), "restore": self.restore,
+                        "region": self.region},
+                "cache": {"enabled": self.cache, "ttl_s": self.cache_ttl_s}}
+
 
 def parse_policy(text: str, source: str = "the policy") -> PolicyDoc:
     """A document, checked whole: ConveyorError naming what is wrong."""

@@ -313,3 +313,17 @@ async def usage_page(request: Request, tenant: str = "", span: str = "day", key_
     top = max((r.requests for r in rows), default=0) or 1
     return _page(request, "usage.html", **{**context, "rows": rows, "ratings": ratings,
                                            "top": top})
+
+
+# -- policies -----------------------------------------------------------------------
+
+@console_router.get("/policies")
+async def policies_page(request: Request, tenant: str = "", key_id: str = "") -> Response:
+    refused = _refusal(request)
+    if refused is not None:
+        return refused
+    book = services_of(request).policies  # followed live from conveyor.policies
+    effective = book.effective(tenant.strip(), key_id.strip()).described() \
+        if tenant.strip() else None
+    return _page(request, "policies.html", page="policies", scopes=book.scopes(),
+                 tenant=tenant, key_id=key_id, effective=effective)

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from conveyor.policy.rules import tenant_scope
 from conveyor.settings import AuthSettings, Settings, load_settings
 from gateway.app import build_app
 from gateway.console.access import COOKIE, CSRF_COOKIE, forged, session_value
@@ -148,3 +149,19 @@ async def test_usage_says_plainly_when_redis_does_not_answer(tmp_path: Path) -> 
         assert form.status_code == 200 and 'name="tenant"' in form.text
         down = await http.get("/console/usage", params={"tenant": "acme"})
     assert down.status_code == 503 and "Redis does not answer" in down.text
+
+
+async def test_the_policy_that_applies_to_a_tenant_is_shown(tmp_path: Path) -> None:
+    settings = load_settings(files_dir=tmp_path)
+    app = build_app(settings)
+    services = offline_services(settings)
+    app.state.services = services
+    services.policies.set(tenant_scope("acme"), '[pii]\nredact = ["email"]\nrestore = true\n'
+                          '\n[cache]\nenabled = true\nttl_s = 300\n')
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://127.0.0.1:8000") as http:
+        page = await http.get("/console/policies", params={"tenant": "acme"})
+        other = await http.get("/console/policies", params={"tenant": "beta"})
+    assert page.status_code == 200 and "tenant:acme" in page.text
+    assert "redacted: email, restored in the answer" in page.text and "on, 300 s" in page.text
+    assert "not redacted" in other.text and "Prompt cache</dt><dd>off" in other.text
