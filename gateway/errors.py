@@ -20,7 +20,8 @@ from conveyor.redis_clients import RedisError
 from schemas.openai.requests import invalid_request
 from topics.clients import KafkaError
 
-__all__ = ["install_error_handlers", "error_response", "SafeJSONResponse", "CatchAll"]
+__all__ = ["BACKEND_ERRORS", "install_error_handlers", "error_response", "SafeJSONResponse",
+           "CatchAll"]
 
 log = logging.getLogger(__name__)
 
@@ -113,12 +114,16 @@ class CatchAll:
                 await response(scope, receive, send)
 
 
+# what a route meets when Kafka or Redis does not answer: a 503, never a 500
+BACKEND_ERRORS: tuple[type[Exception], ...] = (KafkaError, RedisError)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Every handler, in one place. :class:`CatchAll` is added last, so that it is
     the outermost of the application's own middleware."""
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(RequestError, _request_error)
     app.add_exception_handler(HTTPException, _http)
-    app.add_exception_handler(KafkaError, _backend)
-    app.add_exception_handler(RedisError, _backend)
+    for backend in BACKEND_ERRORS:
+        app.add_exception_handler(backend, _backend)
     app.add_middleware(CatchAll)

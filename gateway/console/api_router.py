@@ -4,7 +4,10 @@ parts are fragments ``static/console.js`` fetches again every two seconds."""
 
 from __future__ import annotations
 
+import functools
 import hmac
+import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +17,6 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from conveyor.errors import RequestError, last_line
-from conveyor.redis_clients import REDIS_ERRORS
 from gateway.auth.keys import KeyNotFound, KeyStore
 from gateway.auth.types import Limits
 from gateway.console.access import (
@@ -28,6 +30,7 @@ from gateway.console.access import (
     session_value,
 )
 from gateway.dead_letters import check, read_letters, redrive, redriven
+from gateway.errors import BACKEND_ERRORS
 from gateway.services import Services, services_of
 from schemas.codec import default_codec
 from topics.envelope import iso, now_ms
@@ -36,6 +39,8 @@ from workers.journey import LAYERS, find_journey, report
 from workers.usage.ledger import ReportBy
 
 __all__ = ["console_router", "console_static"]
+
+log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=_HERE / "templates")
@@ -57,19 +62,37 @@ def _refusal(request: Request) -> Response | None:
     return None
 
 
-def _refused_action(request: Request, csrf: str) -> Response | None:
-    """:func:`_refusal`, and 403 for a POST that may not be the operator's own."""
-    refused = _refusal(request)
-    if refused is None and forged(request, csrf):
-        return HTMLResponse("Forbidden", status_code=403)
-    return refused
+Route = Callable[..., Awaitable[Response]]
+
+
+def _operator(route: Route) -> Route:
+    """A page only the operator opens (:func:`_refusal` for anyone else); a POST
+    also needs the operator's origin and form token (403). A request or an
+    unreachable Kafka or Redis the page needed is answered as a page saying so."""
+
+    @functools.wraps(route)
+    async def guarded(**kwargs: Any) -> Response:
+        request: Request = kwargs["request"]
+        refused = _refusal(request)
+        if refused is None and request.method == "POST" and forged(request, kwargs["csrf"]):
+            refused = HTMLResponse("Forbidden", status_code=403)
+        if refused is not None:
+            return refused
+        try:
+            return await route(**kwargs)
+        except RequestError as exc:
+            return _page(request, "unavailable.html", status_code=exc.status,
+                         problem=exc.message)
+        except BACKEND_ERRORS as exc:
+            log.warning("console %s: %r", request.url.path, exc)
+            return _page(request, "unavailable.html", status_code=503,
+                         problem="Kafka or Redis does not answer; try again shortly.")
+
+    return guarded
 
 
 def _page(request: Request, name: str, status_code: int = 200, **context: Any) -> Response:
-    """``name`` rendered for an operator who may see it; else a sign-in or a 404."""
-    refused = _refusal(request)
-    if refused is not None:
-        return refused
+    """``name`` rendered (for an operator: the routes are :func:`_operator`'s)."""
     _, health = services_of(request).health.report()
     troubled = {name: part for name, part in health["tasks"].items()
                 if part.get("state") not in ("ok", None)}
@@ -126,16 +149,19 @@ def _fleet(services: Services) -> dict[str, Any]:
 
 
 @console_router.get("/fleet")
+@_operator
 async def fleet_page(request: Request) -> Response:
     return _page(request, "fleet.html", page="fleet", **_fleet(services_of(request)))
 
 
 @console_router.get("/fleet/rows")
+@_operator
 async def fleet_rows(request: Request) -> Response:
     return _page(request, "fleet_rows.html", **_fleet(services_of(request)))
 
 
 @console_router.get("/requests")
+@_operator
 async def requests_page(request: Request, id: str = "") -> Response:
     if id.strip():
         return RedirectResponse(f"/console/requests/{id.strip()}", status_code=303)
@@ -143,10 +169,8 @@ async def requests_page(request: Request, id: str = "") -> Response:
 
 
 @console_router.get("/requests/{request_id}")
+@_operator
 async def request_page(request: Request, request_id: str, content: bool = False) -> Response:
-    refused = _refusal(request)
-    if refused is not None:
-        return refused
     settings = services_of(request).settings
     journey = await find_journey(settings, request_id, now_ms() - _SINCE_MS)
     if journey is None:
@@ -170,10 +194,8 @@ def _actor(request: Request) -> str:
 
 
 @console_router.get("/keys")
+@_operator
 async def keys_page(request: Request, tenant: str = "") -> Response:
-    refused = _refusal(request)
-    if refused is not None:
-        return refused
     keys = _keys(request)
     records = await keys.list(tenant.strip() or None) if keys is not None else []
     return _page(request, "keys.html", page="keys", keys_on=keys is not None,
@@ -181,11 +203,9 @@ async def keys_page(request: Request, tenant: str = "") -> Response:
 
 
 @console_router.post("/keys")
+@_operator
 async def create_key(request: Request, tenant: str = Form(""), name: str = Form(""),
                      models: str = Form(""), csrf: str = Form("")) -> Response:
-    refused = _refused_action(request, csrf)
-    if refused is not None:
-        return refused
     keys = _keys(request)
     if keys is None:
         return HTMLResponse("Forbidden", status_code=403)
@@ -201,10 +221,8 @@ async def create_key(request: Request, tenant: str = Form(""), name: str = Form(
 
 
 @console_router.get("/keys/{key_id}/revoke")
+@_operator
 async def revoke_form(request: Request, key_id: str) -> Response:
-    refused = _refusal(request)
-    if refused is not None:
-        return refused
     keys = _keys(request)
     record = next((r for r in await keys.list() if r.id == key_id), None) \
         if keys is not None else None
@@ -215,10 +233,8 @@ async def revoke_form(request: Request, key_id: str) -> Response:
 
 
 @console_router.post("/keys/{key_id}/revoke")
+@_operator
 async def revoke_key(request: Request, key_id: str, csrf: str = Form("")) -> Response:
-    refused = _refused_action(request, csrf)
-    if refused is not None:
-        return refused
     keys = _keys(request)
     if keys is None:
         return HTMLResponse("Forbidden", status_code=403)
@@ -232,10 +248,8 @@ async def revoke_key(request: Request, key_id: str, csrf: str = Form("")) -> Res
 # -- dead letters -------------------------------------------------------------------
 
 @console_router.get("/dead-letters")
+@_operator
 async def letters_page(request: Request, since: str = "24h", layer: str = "") -> Response:
-    refused = _refusal(request)
-    if refused is not None:
-        return refused
     settings = services_of(request).settings
     try:
         since_ms = parse_since(since)
@@ -250,10 +264,8 @@ async def letters_page(request: Request, since: str = "24h", layer: str = "") ->
 
 
 @console_router.get("/dead-letters/{offset}")
+@_operator
 async def letter_page(request: Request, offset: int) -> Response:
-    refused = _refusal(request)
-    if refused is not None:
-        return refused
     settings = services_of(request).settings
     found = await read_letters(settings, 0, [offset])
     if not found:
@@ -267,10 +279,8 @@ async def letter_page(request: Request, offset: int) -> Response:
 
 
 @console_router.post("/dead-letters/{offset}/redrive")
+@_operator
 async def redrive_letter(request: Request, offset: int, csrf: str = Form("")) -> Response:
-    refused = _refused_action(request, csrf)
-    if refused is not None:
-        return refused
     settings = services_of(request).settings
     found = await read_letters(settings, 0, [offset])
     if not found:
@@ -287,11 +297,9 @@ _SPANS: dict[str, tuple[ReportBy, int]] = {"hour": ("minute", 3_600_000),
 
 
 @console_router.get("/usage")
+@_operator
 async def usage_page(request: Request, tenant: str = "", span: str = "day", key_id: str = "",
                      model: str = "") -> Response:
-    refused = _refusal(request)
-    if refused is not None:
-        return refused
     context: dict[str, Any] = {"page": "usage", "tenant": tenant, "span": span,
                                "key_id": key_id, "model": model, "rows": [], "ratings": [],
                                "spans": list(_SPANS)}
@@ -300,16 +308,10 @@ async def usage_page(request: Request, tenant: str = "", span: str = "day", key_
     by, width = _SPANS.get(span, _SPANS["day"])
     ledger = services_of(request).usage
     until = now_ms()
-    try:
-        rows = await ledger.report(tenant.strip(), since_ms=until - width, until_ms=until, by=by,
-                                   key_id=key_id.strip() or None, model=model.strip() or None)
-        ratings = [] if key_id.strip() else await ledger.ratings(
-            tenant.strip(), since_ms=until - width, until_ms=until, model=model.strip() or None)
-    except RequestError as exc:  # a key and a model at once
-        return _page(request, "usage.html", status_code=400, problem=exc.message, **context)
-    except REDIS_ERRORS:
-        return _page(request, "usage.html", status_code=503, **context,
-                     problem="Redis does not answer: usage is read from its copy there.")
+    rows = await ledger.report(tenant.strip(), since_ms=until - width, until_ms=until, by=by,
+                               key_id=key_id.strip() or None, model=model.strip() or None)
+    ratings = [] if key_id.strip() else await ledger.ratings(
+        tenant.strip(), since_ms=until - width, until_ms=until, model=model.strip() or None)
     top = max((r.requests for r in rows), default=0) or 1
     return _page(request, "usage.html", **{**context, "rows": rows, "ratings": ratings,
                                            "top": top})
@@ -318,10 +320,8 @@ async def usage_page(request: Request, tenant: str = "", span: str = "day", key_
 # -- policies -----------------------------------------------------------------------
 
 @console_router.get("/policies")
+@_operator
 async def policies_page(request: Request, tenant: str = "", key_id: str = "") -> Response:
-    refused = _refusal(request)
-    if refused is not None:
-        return refused
     book = services_of(request).policies  # followed live from conveyor.policies
     effective = book.effective(tenant.strip(), key_id.strip()).described() \
         if tenant.strip() else None

@@ -149,6 +149,19 @@ async def test_usage_says_plainly_when_redis_does_not_answer(tmp_path: Path) -> 
         assert form.status_code == 200 and 'name="tenant"' in form.text
         down = await http.get("/console/usage", params={"tenant": "acme"})
     assert down.status_code == 503 and "Redis does not answer" in down.text
+    assert "text/html" in down.headers["content-type"]
+
+
+async def test_kafka_down_and_bad_input_are_pages_that_say_so(tmp_path: Path) -> None:
+    settings = load_settings(files_dir=tmp_path, kafka_bootstrap="127.0.0.1:9")
+    async with console(settings) as http:
+        journey = await http.get("/console/requests/01a2467c2d14aa1257e7f262095cdd34")
+        letters = await http.get("/console/dead-letters")
+        both = await http.get("/console/usage", params={"tenant": "acme", "key_id": "k",
+                                                         "model": "m"})
+    for page in (journey, letters):
+        assert page.status_code == 503 and "Kafka or Redis does not answer" in page.text
+    assert both.status_code == 400 and "give one of them" in both.text
 
 
 async def test_the_policy_that_applies_to_a_tenant_is_shown(tmp_path: Path) -> None:
