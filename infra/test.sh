@@ -14,9 +14,9 @@
 #
 # Test files run in parallel processes (pytest-xdist, a file's tests in one
 # process, so its module fixtures are built once): CONVEYOR_TEST_PROCESSES,
-# default 3 for the tiers that use the broker and for the unit tier alone
-# (--fast; 2 in the full run, beside the vllm tier); 0 runs everything in this
-# process. The full run overlaps the vllm tier (one process) with the steps
+# default 3 for a tier run alone and for the unit tier alone (--fast); in the
+# full run 2 beside the vllm tier and 4 for the fault and pipeline tiers after
+# it; 0 runs everything in this process. The full run overlaps the vllm tier (one process) with the steps
 # that keep no time: lint, types, docs, the smoke, the unit tier, then the
 # kafka and engines tiers. The pipeline and fault tiers, whose tests count
 # seconds, start after all of them and run alone. The vllm tier's output is
