@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from cli import replay as cli_replay
-from conveyor.settings import Settings, load_settings
+from conveyor.settings import Settings
 from gateway.dead_letters import read_letters
 from tests.pipeline.cli.test_dlq import newer_request_schema, produce
 from tests.support.factories import encoded_with
@@ -39,24 +39,6 @@ def run(settings: Settings, capsys: pytest.CaptureFixture[str], *argv: str
     code: int = args.func(settings, args)
     out = capsys.readouterr()
     return code, out.out, out.err
-
-
-def test_through_names_consecutive_replayable_layers() -> None:
-    assert cli_replay.parse_through("preprocess, route") == ["preprocess", "route"]
-    assert cli_replay.parse_through("postprocess") == ["postprocess"]
-    with pytest.raises(ValueError, match="worker partition"):
-        cli_replay.parse_through("route,schedule")
-    with pytest.raises(ValueError, match="follow one another"):
-        cli_replay.parse_through("route,preprocess")
-    with pytest.raises(ValueError, match="unknown layer"):
-        cli_replay.parse_through("gateway")
-
-
-def test_scratch_settings_keep_everything_but_the_prefix() -> None:
-    s = load_settings(topic_prefix="live")
-    scratch = cli_replay.scratch_settings(s, now_ms=1234)
-    assert scratch.kafka.topic("prepared") == "replay1234.prepared"
-    assert scratch.kafka.bootstrap == s.kafka.bootstrap and s.kafka.topic_prefix == "live"
 
 
 def _layer(rep: dict[str, Any], name: str) -> dict[str, Any]:

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from cli.main import _parser
-from cli.replay import REPLAYABLE
 from conveyor.registry import Registry
 from conveyor.settings import load_settings
 from tests.support.pipeline import TEST_MODELS
 from workers.layer import Layer
+from workers.replay import REPLAYABLE
 from workers.stages import STAGES, Stage, UnknownStage, stage, stage_names
 
 
