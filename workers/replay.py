@@ -8,10 +8,12 @@ docs/operating/log-tools.md."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 import time
 import traceback
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -306,22 +308,31 @@ async def replay_request(settings: Settings, request_id: str, names: list[str],
     when the first run's was not."""
     runs = chains(names)
     since = int(time.time() * 1000) - LOOKBACK_MS if since_ms is None else since_ms
-    journey = await find_journey(settings, request_id, since, codec)
-    if journey is None:
-        return None
+    kit = asyncio.create_task(_layers_kit(settings))  # read while the journey is
+    try:
+        journey = await find_journey(settings, request_id, since, codec)
+        return None if journey is None else await _replayed(journey, runs, settings, kit)
+    finally:
+        kit.cancel()  # done by now, unless the replay ended early
+        await asyncio.gather(kit, return_exceptions=True)
+
+
+async def _replayed(journey: Journey, runs: list[list[str]], settings: Settings,
+                    kit: Awaitable[tuple[Registry, PolicyBook]]) -> Replay:
+    """The replay of ``journey`` through ``runs``, its layers made with ``kit``."""
     scratch = scratch_settings(settings)
-    rep = Replay(request_id, scratch.kafka.topic_prefix, "log")
+    rep = Replay(journey.request_id, scratch.kafka.topic_prefix, "log")
     errors = {d.record["layer"]: last_line(d.record["error"])
               for d in journey.letters if d.record}
     error_replies = [_reply_error(f.record["error"]) for f in journey.replies
                      if f.record and f.record.get("error")]
-    kit: tuple[Registry, PolicyBook] | None = None
     answered = False  # a layer's recorded error is the request's end
     for n, run in enumerate(runs):
         found = _recorded_input(journey, run[0])
         if not found:
             if n == 0:
-                raise ReplayError(f"no recorded input of {run[0]} for request {request_id}")
+                raise ReplayError(f"no recorded input of {run[0]} for request "
+                                  f"{journey.request_id}")
             break
         steps = []
         for i, name in enumerate(run):
@@ -341,8 +352,7 @@ async def replay_request(settings: Settings, request_id: str, names: list[str],
         if unreadable:  # the runtime dead-letters what it cannot decode
             steps[0].replayed_error = unreadable[0].error  # "SchemaError: ..."
             continue
-        kit = kit or await _layers_kit(settings)
-        await _run(scratch, *kit, run, [f.record for f in found], steps)
+        await _run(scratch, *await kit, run, [f.record for f in found], steps)
     return rep
 
 
