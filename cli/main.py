@@ -350,10 +350,10 @@ def _parser() -> argparse.ArgumentParser:
 
     topics = sub.add_parser("topics", help="create the topic catalog")
     topics.set_defaults(func=cmd_topics)
-    from cli import dlq, jobs, keys, models, policies, replay, usage, workers
+    from cli import dlq, groups, jobs, keys, models, policies, replay, usage, workers
     from cli import inspect as inspect_command
 
-    for command in (keys, usage, jobs, inspect_command, dlq, replay, workers, models,
+    for command in (keys, usage, jobs, inspect_command, dlq, replay, workers, groups, models,
                     policies):
         command.register(sub)
     return parser
