@@ -167,7 +167,7 @@ class GroupReader:
         except BaseException as exc:
             await self.close()
             if isinstance(exc, TimeoutError):
-                raise self._silent() from exc
+                raise self._unanswered() from exc
             raise
 
     async def close(self) -> None:
@@ -175,7 +175,7 @@ class GroupReader:
         await stop_consumer(self._consumer, self.timeout_s)
         await self._admin.close()
 
-    def _silent(self) -> KafkaConnectionError:
+    def _unanswered(self) -> KafkaConnectionError:
         return KafkaConnectionError(f"Kafka at {self.settings.kafka.bootstrap} did not "
                                     f"answer within {self.timeout_s:.0f} s")
 
@@ -185,7 +185,7 @@ class GroupReader:
             async with asyncio.timeout(self.timeout_s):
                 return await self._describe()
         except TimeoutError as exc:
-            raise self._silent() from exc
+            raise self._unanswered() from exc
 
     async def _describe(self) -> list[GroupState]:
         listed = await self._admin.list_consumer_groups()
@@ -223,11 +223,12 @@ class GroupReader:
         order = {layer: i for i, layer in enumerate(in_flow_order(list(layers.values())))}
         return sorted(states, key=lambda s: (order[s.layer], s.group))
 
-
     async def _offsets(self, topics: set[str]
                        ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
         """The end and start offsets of every partition of ``topics``, those
         that are gone (a group's offsets outlive its topics) left out."""
+        if not topics:
+            return {}, {}
         # the metadata of every topic in one request: the consumer would ask for
         # them one at a time, a retry backoff (100 ms) each
         await self._consumer._client.set_topics(topics)
