@@ -104,7 +104,11 @@ class KeyLookup:
         self.read: dict[str, list[tuple[int, int, int]]] = {}
 
     async def __aenter__(self) -> KeyLookup:
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:
+            await self.close()  # the client that did start, and the one that did not
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
