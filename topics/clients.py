@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -107,6 +108,10 @@ def make_consumer(
     options: dict[str, Any] = {
         "bootstrap_servers": kafka.bootstrap,
         "group_id": group,
+        # what a group's member is called (conveyor groups, the console): its
+        # layer and its process
+        "client_id": f"{(group or 'reader').removeprefix(kafka.topic_prefix + '.')}"
+                     f"-{os.getpid()}",
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",
         "fetch_min_bytes": 1,

@@ -182,7 +182,7 @@ class InferWorker:
             group, topic = self.settings.kafka.group(f"infer.{self.pool}"), infer_topic(
                 self.settings.kafka, self.pool)
             consumer = self._consumer = make_consumer(
-                self.settings.kafka, group=group,
+                self.settings.kafka, group=group, client_id=self.worker_id,
                 session_timeout_ms=self.settings.infer.session_timeout_ms,
                 heartbeat_interval_ms=self.settings.infer.heartbeat_interval_ms,
                 partition_assignment_strategy=(BusyAwareAssignor(self.assignor_state),))

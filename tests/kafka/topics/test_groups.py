@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import time
 import uuid
@@ -93,6 +94,7 @@ async def test_a_running_layers_group_is_stable_and_catches_up(settings: Setting
                                   and sum(p.committed or 0 for p in g.partitions) == 6)
         assert group.group == settings.kafka.group("preprocess") and group.lag == 0
         [member] = group.members
+        assert member.startswith(f"preprocess-{os.getpid()}@")  # its layer and its process
         partitions = settings.kafka.pipeline_partitions
         assert [(p.topic, p.partition) for p in group.partitions] == [
             (settings.kafka.topic("requests"), i) for i in range(partitions)]
