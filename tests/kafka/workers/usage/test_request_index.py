@@ -3,6 +3,7 @@ written by IndexWriter, searched and read by RequestIndex."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -11,12 +12,19 @@ import pytest
 import redis.asyncio as aioredis
 
 from conveyor.errors import InvalidRequest
+from conveyor.redis_clients import REDIS_ERRORS
 from conveyor.settings import Settings, load_settings
-from tests.support.services import prefix_redis
+from schemas.codec import default_codec
+from schemas.records import UsageRecord
+from tests.support.services import free_port, prefix_redis
+from topics.admin import ensure_topics
+from topics.catalog import catalog
+from topics.clients import make_producer
 from topics.envelope import now_ms
 from workers.usage.requests import (
     INDEX_RETENTION_MS,
     SCAN_LIMIT,
+    IndexFeed,
     IndexKeys,
     IndexWriter,
     RequestIndex,
@@ -43,6 +51,12 @@ def row(i: int, *, tenant: str = "acme", key_id: str = "k1", model: str = "m1",
     done = NOW - 1_000 * i if finished is None else finished
     return RequestRow(f"r{i}", tenant, key_id, model, "chat", status, 10, 5, done - 400,
                       done, None if status == "error" else done - 300)
+
+
+def usage(rid: str) -> UsageRecord:
+    return UsageRecord(request_id=rid, tenant="acme", key_id="k1", model="m1", kind="chat",
+                       status="completed", prompt_tokens=1, completion_tokens=1,
+                       entered_ms=NOW - 500, finished_ms=NOW, first_token_ms=NOW - 400)
 
 
 async def write(settings: Settings, redis: aioredis.Redis, rows: list[RequestRow]) -> int:
@@ -157,3 +171,82 @@ async def test_searches_answer_fast_with_100000_requests_indexed(
         took = time.perf_counter() - started
         assert page.rows, filters
         assert took < 0.05, f"{filters}: {took * 1000:.1f} ms"
+
+
+async def settle(feed: IndexFeed, held: list[int], within: float = 20.0) -> None:
+    """Ticks until every partition of ``held`` is caught up and written."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        await feed.tick(held)
+        if feed.complete_for(held) and not feed.tasks:
+            await feed.tick(held)  # the marks follow what the last tick wrote
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"not caught up within {within} s: {feed.tasks}")
+
+
+async def test_a_feed_catches_up_from_its_mark_and_rebuilds_without_one(
+        settings: Settings, redis: aioredis.Redis) -> None:
+    topic = settings.kafka.topic("usage")
+    await ensure_topics(settings, [s for s in catalog(settings.kafka) if s.name == topic])
+    codec = default_codec()
+
+    async def send(*offsets: int) -> None:
+        producer = make_producer(settings.kafka)
+        await producer.start()
+        try:
+            for i in offsets:
+                value = b"poison" if i in (5, 31) else codec.encode("UsageRecord", usage(f"c{i}"))
+                await producer.send_and_wait(topic, value, key=b"acme", partition=0)
+        finally:
+            await producer.stop()
+
+    await send(*range(30))
+    keys = IndexKeys(settings.kafka.topic_prefix)
+    index = RequestIndex(settings, redis)
+    # a run before this one indexed up to offset 10 (and counted further: the
+    # app's commits need not wait for the index)
+    await redis.hset(keys.marks(), "0", "10")
+    feed = IndexFeed(settings, redis)
+    try:
+        await settle(feed, [0])
+        assert await redis.hget(keys.marks(), "0") == b"30"
+        ids = {i.decode() for i in await redis.zrange(keys.finished(), 0, -1)}
+        assert ids == {f"c{i}" for i in range(10, 30)}  # read from the mark on
+        # what the app reads next is written at the next tick, and the mark follows
+        await send(30, 31)
+        feed.add(0, 30, usage("c30"))
+        feed.add(0, 31, None)  # not a usage record: nothing to write, the mark moves on
+        assert await feed.tick([0]) == 1
+        assert await redis.hget(keys.marks(), "0") == b"32"
+        assert await index.get("c30") == RequestRow.of(usage("c30"))
+        # Redis lost everything: the next tick sees the mark gone, the index is
+        # incomplete until the partition is read again within the retention
+        await redis.delete(*[k async for k in redis.scan_iter(match=f"{keys.prefix}:*")])
+        await feed.tick([0])
+        assert not feed.complete_for([0])
+        assert not (await index.search()).complete
+        await settle(feed, [0])
+        assert await redis.hget(keys.marks(), "0") == b"32"
+        ids = {i.decode() for i in await redis.zrange(keys.finished(), 0, -1)}
+        assert ids == {f"c{i}" for i in range(31) if i != 5}
+    finally:
+        await feed.close()
+
+
+async def test_rows_wait_for_a_redis_that_fails_and_are_kept_in_order(
+        settings: Settings) -> None:
+    dead = aioredis.Redis(port=free_port(), socket_connect_timeout=0.5)
+    feed = IndexFeed(settings, dead)
+    feed.add(0, 7, usage("w1"))
+    feed.add(1, 3, usage("w2"))
+    with pytest.raises(REDIS_ERRORS):
+        await feed.tick([0, 1])
+    feed.add(0, 8, usage("w3"))
+    assert [r.request_id for r in feed.pending[0]] == ["w1", "w3"]
+    assert [r.request_id for r in feed.pending[1]] == ["w2"]
+    # a partition given away takes its rows with it (its next holder reads them)
+    feed.forget(1)
+    assert 1 not in feed.pending
+    await feed.close()
+    await dead.aclose()
