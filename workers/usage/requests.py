@@ -122,7 +122,7 @@ class IndexWriter:
     stays), so writing a record again changes nothing."""
 
     def __init__(self, redis: Redis, keys: IndexKeys, clock: Callable[[], int] = now_ms,
-                 retention_ms: int = INDEX_RETENTION_MS, batch: int = 500) -> None:
+                 retention_ms: int = INDEX_RETENTION_MS, batch: int = 3000) -> None:
         self.redis = redis
         self.keys = keys
         self.clock = clock

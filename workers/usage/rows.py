@@ -83,7 +83,7 @@ def month_label(ms: int) -> str:
 
 # "models": a model over every tenant, by minute, one row per usage
 # partition (a row lives in the partition its events come from); its tenant
-# is "", which no tenant is
+# is "", and no tenant's row has this dimension
 Dimension = Literal["tenant", "key", "model", "models"]
 _REPORTED: tuple[Granularity, ...] = ("minute", "day")
 
