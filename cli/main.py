@@ -369,7 +369,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.metrics_port is not None:
         settings = settings.replace(metrics_port=args.metrics_port)
     _setup_logging(settings)
-    from conveyor.errors import StartupTimeout
+    from conveyor.errors import SchemaError, StartupTimeout
+    from schemas.codec import learn_writers
+
+    if settings.process.schema_history is not None:
+        try:
+            learn_writers(settings.process.schema_history)
+        except SchemaError as exc:
+            return fail(f"{ENV_PREFIX}SCHEMA_HISTORY: {exc}", 2)
     from conveyor.redis_clients import RedisConnectionError
     from topics.clients import KafkaConnectionError
 

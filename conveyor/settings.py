@@ -80,6 +80,11 @@ class ProcessSettings(Section):
     clock_skew_ms: int = 2000
     # the model registry (route, preprocess and infer read it)
     models_file: Path = _DEFAULT_MODELS
+    # a folder of schema versions (conveyor.<Type>.v<N>.avsc) a process reads
+    # besides its own: in a rolling upgrade, the processes not upgraded yet are
+    # given the new version's schemas and read the events of those that are,
+    # where they would dead-letter them (docs/operating/log-tools.md)
+    schema_history: Path | None = None
 
 
 class KafkaSettings(Section):

@@ -17,6 +17,7 @@ from topics.clients import make_producer
 from topics.envelope import iso
 from topics.lookup import KeyLookup
 from topics.reader import decoded
+from workers.journey import find_journey
 from workers.outputs import batch_output
 
 __all__ = ["REDRIVE_ACTION", "Letter", "Redriven", "check", "event_type_of", "read_letters",
@@ -115,6 +116,27 @@ async def _job_ended(settings: Settings, codec: Codec, letter: DeadLetter) -> st
             "job again (--force to send it anyway)")
 
 
+# how long before its letter a request is looked for, to see whether it was answered
+_ANSWER_LOOKBACK_MS = 86_400_000
+
+
+async def _answered(settings: Settings, codec: Codec, letter: DeadLetter) -> str | None:
+    """Why a letter whose request has its answer in the log (an error reply,
+    most often, sent when the layer gave up on it) is not sent back: handled
+    again, the request would be answered twice (None: no answer found)."""
+    if letter["key"] is None or event_type_of(settings, letter["topic"]) is None:
+        return None
+    request_id = letter["key"].decode(errors="replace")
+    journey = await find_journey(settings, request_id, letter["ts_ms"] - _ANSWER_LOOKBACK_MS,
+                                 codec)
+    answers = [f for f in journey.replies if f.record and f.record.get("kind") != "delta"] \
+        if journey is not None else []
+    if not answers:
+        return None
+    return (f"its request {request_id} was answered already ({answers[0].where}): sent "
+            "back, it would be answered twice (--force to send it anyway)")
+
+
 def _headers(settings: Settings, codec: Codec, letter: DeadLetter
              ) -> list[tuple[str, bytes]] | None:
     """The headers a record of many requests' events was written with (its
@@ -153,7 +175,8 @@ async def redrive(settings: Settings, letters: list[Letter], actor: str, *,
                 continue
             problem = check(settings, codec, d)
             if problem is None and not force:
-                problem = await _job_ended(settings, codec, d)
+                problem = await _job_ended(settings, codec, d) or await _answered(
+                    settings, codec, d)
             if problem is not None and (not force or d["value"] is None):
                 results.append(Redriven(x.offset, False, problem))
                 continue

@@ -24,7 +24,8 @@ from fastavro.schema import fingerprint, load_schema, to_parsing_canonical_form
 
 from conveyor.errors import SchemaError
 
-__all__ = ["Codec", "EventType", "EVENT_TYPES", "default_codec", "plain", "MAGIC"]
+__all__ = ["Codec", "EventType", "EVENT_TYPES", "default_codec", "learn_writers", "plain",
+           "MAGIC"]
 
 MAGIC = b"\xc3\x01"
 _HEADER = len(MAGIC) + 8
@@ -129,8 +130,27 @@ def _names(expected: EventType | tuple[EventType, ...]) -> tuple[str, ...]:
 
 @lru_cache(maxsize=1)
 def default_codec() -> Codec:
-    """The codec over the schemas shipped with Conveyor (parsed once)."""
+    """The codec over the schemas shipped with Conveyor (parsed once), and any
+    version a process learned at start (:func:`learn_writers`)."""
     return Codec()
+
+
+def learn_writers(folder: Path) -> list[str]:
+    """Make every schema version in ``folder`` (``conveyor.<Type>.v<N>.avsc``)
+    readable by this process's codec; the event types learned. SchemaError for
+    a folder that is not one, or a file that is not such a schema."""
+    if not folder.is_dir():
+        raise SchemaError(f"the schema history {folder} is not a folder")
+    learned = []
+    for path in sorted(folder.glob("*.avsc")):
+        try:
+            learned.append(default_codec().register_writer(path))
+        except SchemaError:
+            raise
+        except Exception as exc:  # unreadable, not JSON, not an Avro schema, a bad name
+            raise SchemaError(f"{path}: not a schema version Conveyor can read ({exc})"
+                              ) from exc
+    return learned
 
 
 def plain(value: Any) -> Any:

@@ -31,9 +31,10 @@ from gateway import dead_letters
 from schemas.codec import Codec, default_codec
 from tests.support.factories import encoded_with
 from tests.support.factories import request as make_request
-from tests.support.pipeline import Pipeline
+from tests.support.pipeline import Pipeline, client
 from topics.clients import make_producer
 from topics.lookup import KeyLookup
+from workers.outputs import dead_letter_record
 
 
 def run(settings: Settings, *argv: str) -> int:
@@ -136,6 +137,46 @@ def test_a_poison_fixed_by_a_schema_upgrade_is_redriven_once(
     assert forced.sent and forced.detail != sent.detail
     assert run(settings, "show", str(offset)) == 0
     assert "redriven " in capsys.readouterr().out
+
+
+async def letter_of_its_request(settings: Settings, request_id: str) -> int:
+    """A dead letter of the request's own ``conveyor.requests`` event, as a layer
+    that gave up on it writes one; its offset in the DLQ."""
+    codec = default_codec()
+    topic = settings.kafka.topic("requests")
+    async with KeyLookup(settings) as look:
+        [record] = await look.find(topic, request_id, 0, first=True)
+    letter = dead_letter_record(settings.kafka, "preprocess", topic, record.partition,
+                                record.offset, record.key, record.value,
+                                "Traceback (most recent call last):\nRuntimeError: a bug")
+    producer = make_producer(settings.kafka)
+    await producer.start()
+    try:
+        meta = await producer.send_and_wait(settings.kafka.topic("dlq"),
+                                            codec.encode("DeadLetter", letter),
+                                            key=request_id.encode())
+    finally:
+        await producer.stop()
+    return int(meta.offset)
+
+
+def test_a_letter_of_a_request_answered_already_is_not_sent_back_without_force(
+        pipeline: Pipeline, capsys: pytest.CaptureFixture[str]) -> None:
+    """A layer that gives up on a request's event fails the request (an error
+    reply) as it dead-letters the event: sent back, the request would be
+    answered a second time."""
+    settings = pipeline.settings
+    answered = client(pipeline).completions.create(model="smollm2", prompt="Hi", max_tokens=2)
+    rid = answered.id.removeprefix("cmpl-")
+    offset = asyncio.run(letter_of_its_request(settings, rid))
+
+    assert run(settings, "redrive", str(offset)) == 1
+    refused = capsys.readouterr().out
+    assert f"its request {rid} was answered already" in refused, refused
+    assert f"{settings.kafka.topic('replies')}[" in refused
+    letters = asyncio.run(dead_letters.read_letters(settings, 0, [offset]))
+    [forced] = asyncio.run(dead_letters.redrive(settings, letters, "test", force=True))
+    assert forced.sent, forced.detail
 
 
 @pytest.mark.parametrize(("args", "env"), [

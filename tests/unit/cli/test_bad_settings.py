@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from cli.main import main
@@ -15,4 +17,19 @@ def test_a_bad_setting_is_named_and_nothing_starts(monkeypatch: pytest.MonkeyPat
     err = capsys.readouterr().err
     assert "CONVEYOR_SCHEDULE_TENANT_SHARES: Value error, tenant share 'acme'" in err
     assert "CONVEYOR_SCHEDULE_TIMEOUT_S: Input should be a valid number" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("what", ["missing", "not a schema"])
+def test_a_schema_history_that_does_not_read_is_named_and_nothing_starts(
+        what: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        tmp_path: Path) -> None:
+    folder = tmp_path / "history"
+    if what == "not a schema":
+        folder.mkdir()
+        (folder / "conveyor.Request.v99.avsc").write_text("{not json")
+    monkeypatch.setenv("CONVEYOR_SCHEMA_HISTORY", str(folder))
+    assert main(["layer"]) == 2
+    err = capsys.readouterr().err
+    assert "CONVEYOR_SCHEMA_HISTORY: " in err and str(folder) in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -12,7 +12,7 @@ from fastavro import parse_schema
 from fastavro.schema import to_parsing_canonical_form
 
 from conveyor.errors import SchemaError
-from schemas.codec import EVENT_TYPES, MAGIC, Codec, default_codec
+from schemas.codec import EVENT_TYPES, MAGIC, Codec, default_codec, learn_writers
 from schemas.records import Request
 from tests.support.factories import encoded_with
 from topics.envelope import new_envelope
@@ -118,6 +118,25 @@ def test_history_schemas_are_registered_by_fingerprint() -> None:
     codec = Codec()
     for path in (AVRO / "history").glob("*.avsc"):
         assert codec.register_writer(path) in EVENT_TYPES
+
+
+def test_a_process_learns_a_newer_version_from_its_schema_history(tmp_path: Path) -> None:
+    """A process not upgraded yet, given the new version's schema, reads the
+    events of those that are (the extra field is passed over)."""
+    schema = json.loads(to_parsing_canonical_form(default_codec().schema("Request")))
+    schema["fields"].append({"name": "learned_in_a_test", "type": "string"})
+    (tmp_path / "conveyor.Request.v98.avsc").write_text(json.dumps(schema))
+    newer = encoded_with(parse_schema(schema, _write_hint=False),
+                         dict(request()) | {"learned_in_a_test": "x"})
+    with pytest.raises(SchemaError, match="unknown schema fingerprint"):
+        default_codec().decode(newer, "Request")
+    try:
+        assert learn_writers(tmp_path) == ["Request"]
+        assert default_codec().decode(newer, "Request")["envelope"]["request_id"] == "r1"
+    finally:
+        default_codec.cache_clear()  # the other tests' codec knows only what ships
+    with pytest.raises(SchemaError, match="is not a folder"):
+        learn_writers(tmp_path / "missing")
 
 
 @pytest.mark.parametrize("data", [b"", b"garbage", MAGIC + b"\x00" * 8 + b"\x01",
