@@ -320,6 +320,7 @@ class UsageRecord(TypedDict):
     completion_tokens: int
     entered_ms: int
     finished_ms: int
+    first_token_ms: NotRequired[int | None]  # None when no token came (v1 had none)
 
 
 class Feedback(TypedDict):

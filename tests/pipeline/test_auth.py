@@ -20,6 +20,7 @@ import httpx
 import jwt
 import openai
 import pytest
+import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer
 
 from conveyor.registry import Registry
@@ -41,6 +42,7 @@ from tests.support.auth import (
 )
 from tests.support.pipeline import TEST_MODELS
 from tests.support.topics import behind, partitions_of, records, traces_of
+from workers.usage import RequestIndex, RequestRow
 
 
 @pytest.fixture(scope="module")
@@ -235,6 +237,13 @@ def test_usage_is_accounted_from_the_log_per_tenant_key_and_model(replicas: Repl
     assert sum(b["requests"] for b in key_rows) == 2
     model_rows = usage_of(replicas.urls[1], one, model=answers[0]["model"])
     assert sum(b["requests"] for b in model_rows) == 3
+    # each request is in the request index, with when its first token came
+    rows = asyncio.run(indexed(replicas, [a["id"].removeprefix("cmpl-") for a in answers]))
+    assert [(r.tenant, r.status) for r in rows] == [(tenant, "completed")] * 3
+    assert [r.key_id for r in rows].count(one_id) == 2
+    for row in rows:
+        assert row.first_token_ms is not None
+        assert row.entered_ms <= row.first_token_ms <= row.finished_ms
     # another tenant sees only its own (nothing), the operator sees any tenant
     _, stranger = replicas.key()
     assert usage_of(replicas.urls[0], stranger) == []
@@ -246,6 +255,22 @@ def test_usage_is_accounted_from_the_log_per_tenant_key_and_model(replicas: Repl
     refused = httpx.get(f"{replicas.urls[0]}/admin/usage", params={"tenant": tenant},
                         headers={"Authorization": f"Bearer {one}"})
     assert refused.status_code == 401
+
+
+async def indexed(replicas: Replicas, request_ids: list[str]) -> list[RequestRow]:
+    """The index's rows of ``request_ids``, once the accounting app wrote them all."""
+    client = aioredis.from_url(replicas.p.settings.redis.url)
+    index = RequestIndex(replicas.p.settings, client)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            rows = [await index.get(rid) for rid in request_ids]
+            if all(rows):
+                return [r for r in rows if r is not None]
+            assert time.monotonic() < deadline, (rows, replicas.p.tail("accounting", 40))
+            await asyncio.sleep(0.3)
+    finally:
+        await client.aclose()
 
 
 def test_a_spent_daily_quota_is_insufficient_quota(replicas: Replicas) -> None:

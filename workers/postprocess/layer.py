@@ -85,6 +85,8 @@ class PostprocessLayer(Layer):
                 tp = TopicPartition(record.topic, record.partition)
                 self._first[rid] = (tp, record.offset)
         outputs: list[Output] = []
+        if stream.first_token_ms is None and (event["tokens"] > 0 or event["text"]):
+            stream.first_token_ms = now_ms()
         for emitted in stream.take(event):
             outputs.extend(self._replies_for(stream, emitted))
         if stream.done:
@@ -227,7 +229,7 @@ class PostprocessLayer(Layer):
             prompt_tokens=header["prompt_tokens"] if header else 0,
             completion_tokens=stream.completion_tokens,
             entered_ms=entered_us // 1000 if entered_us is not None else finished,
-            finished_ms=finished)
+            finished_ms=finished, first_token_ms=stream.first_token_ms)
         return Output(self._usage, "UsageRecord", record, key=envelope["tenant"])
 
     def _finish(self, rid: str) -> None:

@@ -67,6 +67,9 @@ class RequestStream:
     filtered: Match | None = None
     # answered from the prompt cache (workers/prompt_cache.py), not by a worker
     from_cache: bool = False
+    # when postprocess handled the first chunk with generated text (epoch ms;
+    # the layer sets it): the usage record's time to first token
+    first_token_ms: int | None = None
 
     @functools.cached_property
     def unstamped(self) -> Envelope:

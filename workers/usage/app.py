@@ -30,6 +30,7 @@ from workers.usage.counting import SEEN_WINDOW, Counter, ids_before
 from workers.usage.flow import batched_fetch_transport, hold_flow_until_resumed
 from workers.usage.mirror import RedisMirror, UsageKeys
 from workers.usage.ratings import RatingCounts, RatingKey, Ratings
+from workers.usage.requests import IndexFeed
 from workers.usage.rows import Counts, RowKey
 
 __all__ = ["AccountingApp", "MIRROR_INTERVAL_S", "FULL_MIRROR_EVERY", "SWEEP_EVERY_MS",
@@ -143,6 +144,8 @@ class AccountingApp:
                                   value_serializer="raw")
         self.redis = redis or redis_client(settings.redis, "accounting")
         self.mirror = RedisMirror(self.redis, UsageKeys(settings.kafka.topic_prefix))
+        # the request index (workers/usage/requests.py), written at the mirror tick
+        self.index = IndexFeed(settings, self.redis)
         self._codec = default_codec()
         self._swept: dict[int, int] = {}
         self.mirroring = MirrorPass(self)
@@ -169,6 +172,7 @@ class AccountingApp:
             self.check_progress()
 
         async def close_redis(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+            await self.index.close()
             await self.redis.aclose()
 
         async def forget_revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any
@@ -178,6 +182,7 @@ class AccountingApp:
                 if tp.topic == self.source_topic:
                     self.counter.forget(tp.partition)
                     self.row_writes.drop(tp.partition)
+                    self.index.forget(tp.partition)
 
         async def log_assigned(sender: Any, /, *args: Any, signal: Any, **kwargs: Any
                                ) -> None:
@@ -224,9 +229,12 @@ class AccountingApp:
         value = event.value
         if not isinstance(value, dict):
             self.counter.skip(message.partition, message.offset)
+            self.index.add(message.partition, message.offset, None)
             await self.dead_letter(message, value)
             return
         counted = self.counter.count(value, message.partition, message.offset)
+        # a repeat too: the index keeps a request id's first row
+        self.index.add(message.partition, message.offset, value)
         log.debug("usage %s of %s: %s", value["request_id"], value["tenant"],
                   "counted" if counted else "a repeat, dropped")
         now = now_ms()
@@ -445,4 +453,17 @@ class MirrorPass:
             return 0
         self._full_due = False
         self._problems.resolved("mirror", "usage mirror: Redis answers again")
+        await self.index_once()
         return written
+
+    async def index_once(self) -> None:
+        """The request index's part of the tick (workers/usage/requests.py)."""
+        owner = self.owner
+        held = [tp.partition for tp in owner.app.assignor.assigned_actives()
+                if tp.topic == owner.source_topic]
+        try:
+            await owner.index.tick(held)
+        except REDIS_ERRORS as exc:
+            self._problems.warning("index", "request index: Redis failed (%r); retrying", exc)
+            return
+        self._problems.resolved("index", "request index: Redis answers again")

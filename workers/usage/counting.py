@@ -169,7 +169,7 @@ class Counter:
             return False
         now = self.clock()
         add = Counts.of(record)
-        for key in rows_of(record):
+        for key in rows_of(record, partition):
             if is_expired(key.bucket_ms, key.by, now):
                 continue  # a late event for a bucket already dropped
             text = key.text()
@@ -177,7 +177,8 @@ class Counter:
             if row is not None and row["p"] == partition and row["o"] >= offset:
                 continue  # counted here before a crash; the app replays it
             before = Counts.from_value(row) if row is not None else Counts()
-            self.totals[text] = before.plus(add).value(partition, offset)
+            adds = add.with_ttft_of(record) if key.dim == "models" else add
+            self.totals[text] = before.plus(adds).value(partition, offset)
             self.dirty.add(text)
         return True
 

@@ -13,9 +13,16 @@ from conveyor.redis_clients import Redis, text
 from conveyor.settings import Settings
 from topics.envelope import now_ms
 from workers.usage.mirror import UsageKeys, decode_counts, decode_ratings
-from workers.usage.rows import DAY_MS, RETENTION_MS, bucket_start, next_bucket
+from workers.usage.rows import (
+    DAY_MS,
+    RETENTION_MS,
+    Counts,
+    bucket_start,
+    next_bucket,
+    ttft_percentile,
+)
 
-__all__ = ["UsageLedger", "UsageRow", "RatingsDay", "ReportBy"]
+__all__ = ["UsageLedger", "UsageRow", "RatingsDay", "ReportBy", "ModelMinute"]
 
 ReportBy = Literal["minute", "day"]
 
@@ -45,6 +52,27 @@ class RatingsDay(_Bucket):
     mean: float | None
     by_model: dict[str, dict[str, Any]]
     by_deployment: dict[str, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class ModelMinute:
+    """One minute of one model over every tenant."""
+
+    bucket_start_ms: int
+    requests: int
+    errors: int
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_p50_ms: float | None  # None when no request of the minute had a first token
+    ttft_p99_ms: float | None
+
+
+def _model_minute(start: int, counts: Counts) -> ModelMinute:
+    p50 = p99 = None
+    if counts.ttft:
+        p50, p99 = ttft_percentile(counts.ttft, 0.5), ttft_percentile(counts.ttft, 0.99)
+    return ModelMinute(start, counts.requests, counts.errors, counts.prompt_tokens,
+                       counts.completion_tokens, p50, p99)
 
 
 def _bucket_starts(since_ms: int, until_ms: int, by: ReportBy) -> list[int]:
@@ -115,7 +143,8 @@ class UsageLedger:
         for b, value in zip(starts, values, strict=True):
             if value is not None:
                 counts = decode_counts(value)  # a UsageRow is its counts and their total
-                rows.append(UsageRow(b, **asdict(counts), total_tokens=counts.total_tokens))
+                rows.append(UsageRow(b, counts.requests, counts.errors, counts.prompt_tokens,
+                                     counts.completion_tokens, counts.total_tokens))
         return rows
 
     async def ratings(self, tenant: str, *, since_ms: int, until_ms: int,
@@ -135,3 +164,25 @@ class UsageLedger:
             if day is not None:
                 days.append(day)
         return days
+
+    async def model_minutes(self, *, since_ms: int, until_ms: int
+                            ) -> dict[str, list[ModelMinute]]:
+        """Every model with requests in [since_ms, until_ms), its minutes that
+        saw requests, oldest first (every tenant's requests: the shares of the
+        usage partitions added up)."""
+        starts = _bucket_starts(since_ms, until_ms, "minute")
+        if not starts:
+            return {}
+        pipe = self.redis.pipeline(transaction=False)
+        for b in starts:
+            pipe.hgetall(self.keys.models(b))
+        models: dict[str, list[ModelMinute]] = {}
+        for b, fields in zip(starts, await pipe.execute(), strict=True):
+            summed: dict[str, Counts] = {}
+            for name, value in fields.items():
+                _, model = self.keys.parse_model_field(text(name))
+                summed[model] = summed.get(model, Counts()).plus(decode_counts(value))
+            for model, counts in sorted(summed.items()):
+                if counts.requests:
+                    models.setdefault(model, []).append(_model_minute(b, counts))
+        return models

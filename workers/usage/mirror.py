@@ -40,14 +40,32 @@ class UsageKeys:
     def field(dim: str, ident: str = "") -> str:
         return "tenant" if dim == "tenant" else f"{dim}:{ident}"
 
+    def models(self, bucket_ms: int) -> str:
+        """The hash of one minute of every model over all tenants: a field
+        ``<usage partition>:<model>`` a partition's share (no tenant's key
+        starts ``<prefix>:usage-models:``)."""
+        return f"{self.prefix}:usage-models:by-minute:{bucket_ms}"
+
+    @staticmethod
+    def model_field(partition: int, model: str) -> str:
+        return f"{partition}:{model}"
+
+    @staticmethod
+    def parse_model_field(field: str) -> tuple[int, str]:
+        partition, model = field.split(":", 1)
+        return int(partition), model
+
     def ratings(self, tenant: str, day_ms: int) -> str:
         """The hash of one day's ratings of a tenant."""
         return f"{self.prefix}:ratings:{tenant}:by-day:{day_ms}"
 
 
 def encode_counts(counts: Counts) -> str:
-    return (f"{counts.requests} {counts.errors} {counts.prompt_tokens} "
+    """``"<requests> <errors> <prompt tokens> <completion tokens>"``, then a
+    "models" row's TTFT histogram, a count a bucket."""
+    head = (f"{counts.requests} {counts.errors} {counts.prompt_tokens} "
             f"{counts.completion_tokens}")
+    return " ".join([head, *map(str, counts.ttft)]) if counts.ttft else head
 
 
 def encode_ratings(counts: RatingCounts) -> str:
@@ -60,8 +78,8 @@ def decode_ratings(value: str | bytes) -> RatingCounts:
 
 
 def decode_counts(value: str | bytes) -> Counts:
-    requests, errors, prompt, completion = (int(v) for v in text(value).split())
-    return Counts(requests, errors, prompt, completion)
+    requests, errors, prompt, completion, *ttft = (int(v) for v in text(value).split())
+    return Counts(requests, errors, prompt, completion, tuple(ttft))
 
 
 class RedisMirror:
@@ -101,8 +119,13 @@ class RedisMirror:
             pipe.set(self.keys.quota(key.tenant, "month", key.bucket_ms),
                      counts.total_tokens, pxat=until)
             return
-        name = self.keys.bucket(key.tenant, key.by, key.bucket_ms)
-        pipe.hset(name, self.keys.field(key.dim, key.ident), encode_counts(counts))
+        if key.dim == "models":
+            name = self.keys.models(key.bucket_ms)
+            field = self.keys.model_field(key.partition or 0, key.ident)
+        else:
+            name = self.keys.bucket(key.tenant, key.by, key.bucket_ms)
+            field = self.keys.field(key.dim, key.ident)
+        pipe.hset(name, field, encode_counts(counts))
         if name not in expiring:
             pipe.pexpireat(name, until)
             expiring.add(name)

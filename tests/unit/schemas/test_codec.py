@@ -99,6 +99,21 @@ def test_an_event_written_with_a_schema_kept_in_history_is_read(tmp_path: Path) 
     assert event["generation"]["sampling"]["frequency_penalty"] == 0.5
 
 
+def test_a_usage_record_written_before_first_token_ms_reads_with_none() -> None:
+    v1 = json.loads((AVRO / "history" / "conveyor.UsageRecord.v1.avsc").read_text())
+    old = {"request_id": "r1", "tenant": "acme", "key_id": "k1", "model": "m", "kind": "chat",
+           "status": "completed", "prompt_tokens": 3, "completion_tokens": 4,
+           "entered_ms": 1_000, "finished_ms": 2_000}
+    event = default_codec().decode(encoded_with(parse_schema(v1, _write_hint=False), old),
+                                   "UsageRecord")
+    assert event == {**old, "first_token_ms": None}
+    # today's record carries it, and one written without it is null
+    now = default_codec().encode("UsageRecord", {**old, "first_token_ms": 1_500})
+    assert default_codec().decode(now, "UsageRecord")["first_token_ms"] == 1_500
+    bare = default_codec().encode("UsageRecord", old)
+    assert default_codec().decode(bare, "UsageRecord")["first_token_ms"] is None
+
+
 def test_history_schemas_are_registered_by_fingerprint() -> None:
     codec = Codec()
     for path in (AVRO / "history").glob("*.avsc"):

@@ -4,6 +4,7 @@ on the real Redis under a prefix of the test's own."""
 from __future__ import annotations
 
 import datetime as dt
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -20,11 +21,13 @@ from workers.usage.mirror import RedisMirror, UsageKeys
 from workers.usage.rows import (
     DAY_MS,
     MINUTE_MS,
+    TTFT_BUCKETS,
     Counts,
     Granularity,
     RowKey,
     bucket_start,
     expires_at,
+    ttft_bucket,
 )
 
 NOW = now_ms()
@@ -135,3 +138,60 @@ async def test_a_report_names_one_key_or_one_model_not_both(
         await ledger.report("acme", since_ms=0, until_ms=NOW, key_id="k1", model="m1")
     with pytest.raises(InvalidRequest):
         await ledger.report("acme", since_ms=0, until_ms=NOW, by="month")  # type: ignore[arg-type]
+
+
+def models_row(bucket: int, model: str, partition: int, counts: Counts,
+               ttfts: list[int | None]) -> tuple[RowKey, Counts]:
+    hist = [0] * TTFT_BUCKETS
+    for ttft in ttfts:
+        hist[ttft_bucket(ttft)] += 1
+    return (RowKey("minute", "models", bucket, "", model, partition),
+            Counts(counts.requests, counts.errors, counts.prompt_tokens,
+                   counts.completion_tokens, tuple(hist)))
+
+
+async def test_model_minutes_add_up_the_partitions_shares_with_their_ttft(
+        settings: Settings, redis: aioredis.Redis) -> None:
+    written = [
+        models_row(M0, "m1", 0, Counts(2, 1, 20, 4), [100, None]),
+        models_row(M0, "m1", 3, Counts(2, 0, 10, 6), [100, 110]),
+        models_row(M0, "org/m:2", 1, Counts(1, 1, 5, 0), [None]),
+        models_row(M0 - 2 * MINUTE_MS, "m1", 0, Counts(1, 0, 1, 1), [3_000]),
+        models_row(M0 - 90 * MINUTE_MS, "m1", 0, Counts(9, 0, 9, 9), [50] * 9),
+    ]
+    await RedisMirror(redis, UsageKeys(settings.kafka.topic_prefix)).write(
+        [*written, *rows()])
+    ledger = UsageLedger(settings, redis)
+    got = await ledger.model_minutes(since_ms=M0 - 60 * MINUTE_MS, until_ms=M0 + MINUTE_MS)
+    assert sorted(got) == ["m1", "org/m:2"]
+    older, newest = got["m1"]
+    assert older.bucket_start_ms == M0 - 2 * MINUTE_MS and newest.bucket_start_ms == M0
+    assert (newest.requests, newest.errors, newest.prompt_tokens,
+            newest.completion_tokens) == (4, 1, 30, 10)
+    # 100, 100 and 110 ms: all in the bucket [80, 160)
+    assert newest.ttft_p50_ms is not None and 80 <= newest.ttft_p50_ms <= 160
+    assert newest.ttft_p99_ms is not None and newest.ttft_p50_ms < newest.ttft_p99_ms <= 160
+    assert older.ttft_p50_ms is not None and 2_560 <= older.ttft_p50_ms <= 5_120
+    # a minute whose requests had no first token: no percentile
+    [alone] = got["org/m:2"]
+    assert alone.requests == 1 and alone.ttft_p50_ms is None and alone.ttft_p99_ms is None
+    # a minute's hash expires with the minute rows
+    assert await redis.pexpiretime(UsageKeys(settings.kafka.topic_prefix).models(M0)) == \
+        expires_at(M0, "minute")
+    assert await ledger.model_minutes(since_ms=M0, until_ms=M0) == {}
+
+
+async def test_an_hour_of_model_minutes_answers_in_one_round_trip(
+        settings: Settings, redis: aioredis.Redis) -> None:
+    written = [models_row(M0 - i * MINUTE_MS, f"model-{m}", p, Counts(5, 1, 50, 20),
+                          [100, 200, 400, None, 800])
+               for i in range(60) for m in range(5) for p in range(4)]
+    await RedisMirror(redis, UsageKeys(settings.kafka.topic_prefix)).write(written)
+    ledger = UsageLedger(settings, redis)
+    await ledger.model_minutes(since_ms=M0 - 59 * MINUTE_MS, until_ms=M0 + MINUTE_MS)  # warm
+    started = time.perf_counter()
+    got = await ledger.model_minutes(since_ms=M0 - 59 * MINUTE_MS, until_ms=M0 + MINUTE_MS)
+    took = time.perf_counter() - started
+    assert len(got) == 5 and all(len(minutes) == 60 for minutes in got.values())
+    assert all(m.requests == 20 for minutes in got.values() for m in minutes)
+    assert took < 0.1, f"an hour of 5 models took {took * 1000:.0f} ms"

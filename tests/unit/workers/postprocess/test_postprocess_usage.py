@@ -80,11 +80,13 @@ async def test_a_finished_request_writes_one_usage_record_keyed_by_tenant(
     assert out.topic == settings.kafka.topic("usage")
     assert out.key == TENANT and out.partition is None
     rec = out.record
-    assert {k: v for k, v in rec.items() if k != "finished_ms"} == {
+    assert {k: v for k, v in rec.items() if k not in ("finished_ms", "first_token_ms")} == {
         "request_id": "r1", "tenant": TENANT, "key_id": KEY_ID, "model": "smollm2",
         "kind": "completion", "status": "completed", "prompt_tokens": 11,
         "completion_tokens": 6, "entered_ms": ENTERED_US // 1000}
     assert rec["finished_ms"] >= before
+    first = rec.get("first_token_ms")
+    assert first is not None and before <= first <= rec["finished_ms"]
     # the record travels with the final reply, and its counts are the reply's usage
     final = [o.record for o in outputs if o.event_type == "Reply" and
              o.record["kind"] == "final"]
@@ -139,3 +141,23 @@ async def test_an_error_without_a_header_still_names_the_tenant(
     assert len(records) == 1
     assert records[0]["request_id"] == "r9" and records[0]["tenant"] == TENANT
     assert records[0]["model"] == "" and records[0]["prompt_tokens"] == 0
+
+
+async def test_the_first_token_is_the_first_chunk_with_generated_text(
+        layer: PostprocessLayer) -> None:
+    feed = Feeder(layer)
+    # a chunk with the header and nothing generated yet is no first token
+    assert usage(await feed(chunk(0, "", tokens=0))) == []
+    assert layer.streams["r1"].first_token_ms is None
+    before = now_ms()
+    assert usage(await feed(chunk(1, "Hi", tokens=1))) == []
+    first = layer.streams["r1"].first_token_ms
+    assert first is not None and first >= before
+    records = usage(await feed(chunk(2, "!", tokens=1, finish="stop")))
+    assert records[0].get("first_token_ms") == first
+
+
+async def test_an_error_before_any_token_has_no_first_token(layer: PostprocessLayer) -> None:
+    feed = Feeder(layer)
+    records = usage(await feed(chunk(0, tokens=0, error=ERROR)))
+    assert records[0].get("first_token_ms") is None

@@ -22,6 +22,7 @@ from workers.usage.rows import (
     month_label,
     next_bucket,
     rows_of,
+    ttft_bucket,
 )
 
 T0 = int(dt.datetime(2026, 11, 30, 23, 59, 30, tzinfo=dt.UTC).timestamp() * 1000)
@@ -32,7 +33,8 @@ def record(rid: str, *, tenant: str = "acme", key_id: str = "k1", model: str = "
            at: int = T0) -> dict[str, Any]:
     return {"request_id": rid, "tenant": tenant, "key_id": key_id, "model": model,
             "kind": "chat", "status": status, "prompt_tokens": prompt,
-            "completion_tokens": completion, "entered_ms": at - 500, "finished_ms": at}
+            "completion_tokens": completion, "entered_ms": at - 500, "finished_ms": at,
+            "first_token_ms": at - 250}
 
 
 class Clock:
@@ -72,12 +74,15 @@ def test_buckets_are_utc_minutes_days_and_months() -> None:
 
 def test_a_record_counts_in_three_dimensions_by_minute_and_day_and_the_tenants_month(
         ) -> None:
-    keys = rows_of(record("r1"))
+    keys = rows_of(record("r1"), 3)
     assert {(k.by, k.dim, k.ident) for k in keys} == {
         ("minute", "tenant", ""), ("minute", "key", "k1"), ("minute", "model", "m1"),
         ("day", "tenant", ""), ("day", "key", "k1"), ("day", "model", "m1"),
-        ("month", "tenant", "")}
-    assert all(k.tenant == "acme" for k in keys)
+        ("month", "tenant", ""), ("minute", "models", "m1")}
+    # and its model's minute over every tenant: a row of its partition, no tenant's
+    models = [k for k in keys if k.dim == "models"]
+    assert [(k.tenant, k.partition) for k in models] == [("", 3)]
+    assert all(k.tenant == "acme" and k.partition is None for k in keys if k.dim != "models")
     for key in keys:
         assert RowKey.parse(key.text()) == key
 
@@ -103,6 +108,9 @@ def test_counts_add_up_and_a_repeated_request_id_counts_once() -> None:
     assert counts(totals, RowKey("day", "model", day, "acme", "m2")) == Counts(1, 1, 10, 0)
     month = RowKey("month", "tenant", bucket_start(T0, "month"), "acme")
     assert counts(totals, month).total_tokens == 35
+    m1 = counts(totals, RowKey("minute", "models", bucket_start(T0, "minute"), "", "m1", 0))
+    assert (m1.requests, m1.errors, m1.prompt_tokens, m1.completion_tokens) == (2, 0, 17, 8)
+    assert m1.ttft[ttft_bucket(250)] == 2 and sum(m1.ttft) == 2
     assert counter.take_dirty() == set(totals)  # every row changed: all to mirror
     assert counter.take_dirty() == set()
 
@@ -232,9 +240,9 @@ def test_sweep_drops_old_minutes_of_its_partition_only() -> None:
     counter.count(record("old"), 0, 1)
     counter.count(record("other", tenant="zeta"), 1, 1)
     clock.now = T0 + 2 * DAY_MS + MINUTE_MS
-    assert counter.sweep(0) == 3  # the three minute rows
+    assert counter.sweep(0) == 4  # the three minute rows and the model-wide one
     assert {RowKey.parse(t).by for t, v in totals.items() if v["p"] == 0} == {"day", "month"}
-    assert len([t for t, v in totals.items() if v["p"] == 1]) == 7
+    assert len([t for t, v in totals.items() if v["p"] == 1]) == 8
 
 
 def test_a_late_event_skips_buckets_already_dropped() -> None:

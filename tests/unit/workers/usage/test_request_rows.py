@@ -1,0 +1,47 @@
+"""The request index's rows and key layout, without Redis."""
+
+from __future__ import annotations
+
+import pytest
+
+from workers.usage.requests import FILTERS, INDEX_RETENTION_MS, IndexKeys, RequestRow
+from workers.usage.rows import DAY_MS
+
+
+def usage(**over: object) -> dict[str, object]:
+    return {"request_id": "r1", "tenant": "acme", "key_id": "k1", "model": "org/m:7b",
+            "kind": "chat", "status": "completed", "prompt_tokens": 11,
+            "completion_tokens": 5, "entered_ms": 1_000, "finished_ms": 2_000,
+            "first_token_ms": 1_200, **over}
+
+
+def test_a_row_is_its_usage_record_and_reads_back_the_same() -> None:
+    row = RequestRow.of(usage())
+    assert row == RequestRow("r1", "acme", "k1", "org/m:7b", "chat", "completed", 11, 5,
+                             1_000, 2_000, 1_200)
+    assert RequestRow.decode(row.encode()) == row
+    assert RequestRow.decode(row.encode().encode()) == row  # Redis answers bytes
+
+
+def test_a_record_with_no_first_token_or_written_before_the_field_has_none() -> None:
+    assert RequestRow.of(usage(first_token_ms=None)).first_token_ms is None
+    old = usage()
+    del old["first_token_ms"]
+    row = RequestRow.of(old)
+    assert row.first_token_ms is None and RequestRow.decode(row.encode()) == row
+
+
+def test_each_row_is_in_the_set_of_all_and_one_set_per_filter() -> None:
+    keys = IndexKeys("cv")
+    row = RequestRow.of(usage())
+    assert keys.sets_of(row) == ["cv:requests:all", "cv:requests:by-tenant:acme",
+                                 "cv:requests:by-key:k1", "cv:requests:by-model:org/m:7b",
+                                 "cv:requests:by-status:completed"]
+    assert [row.value_of(dim) for dim in FILTERS] == ["acme", "k1", "org/m:7b", "completed"]
+    assert keys.row("r1") == "cv:requests:row:r1" and keys.marks() == "cv:requests:indexed"
+    with pytest.raises(ValueError, match="no sets by 'kind'"):
+        keys.finished("kind", "chat")
+
+
+def test_the_index_keeps_the_consoles_seven_days() -> None:
+    assert INDEX_RETENTION_MS == 7 * DAY_MS
