@@ -19,7 +19,7 @@ from typing import Any
 from fastapi.responses import Response
 from starlette.requests import Request
 
-from conveyor.errors import InvalidRequest
+from conveyor.errors import InvalidRequest, RequestError
 from conveyor.registry import Registry
 from conveyor.settings import Settings
 from gateway import sse
@@ -91,6 +91,10 @@ class ChatServing:
                 answer.close("another choice failed, or the client left")
             if isinstance(exc, _ClientLeft):
                 return Response(status_code=499)
+            if isinstance(exc, RequestError) and answers:
+                # submitted, then refused: the error names the request as its answer would
+                exc.headers = {**answers[0].ticket.headers,
+                               "x-request-id": answers[0].request_id, **exc.headers}
             raise
         frames = self.stream(answers[0], firsts[0]) if n == 1 else _stream_choices(
             answers, firsts, self.settings.gateway.sse_keepalive_s, generation["include_usage"])

@@ -62,6 +62,17 @@ def test_prompt_over_the_context_is_400(pipeline: Pipeline) -> None:
                     400, "context_length_exceeded")
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_error_from_the_pipeline_names_its_request(pipeline: Pipeline, stream: bool) -> None:
+    """A request refused after it was submitted (here by preprocess) carries its
+    x-request-id, as its answer would: what conveyor inspect knows it by."""
+    r = post(pipeline, {"model": "smollm2", "stream": stream,
+                        "messages": [{"role": "user", "content": "word " * 5000}]})
+    assert_envelope(r, 400, "context_length_exceeded")
+    rid = r.headers.get("x-request-id")
+    assert rid is not None and len(rid) == 32, r.headers
+
+
 def test_no_live_worker_is_503(pipeline: Pipeline) -> None:
     r = post(pipeline, {"model": "ghost", "messages": [{"role": "user", "content": "hi"}]})
     assert_envelope(r, 503, "no_worker_available")
