@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from cli import main as cli_main
 from cli.main import main
 
 
@@ -29,6 +30,8 @@ def test_a_schema_history_that_does_not_read_is_named_and_nothing_starts(
         folder.mkdir()
         (folder / "conveyor.Request.v99.avsc").write_text("{not json")
     monkeypatch.setenv("CONVEYOR_SCHEMA_HISTORY", str(folder))
+    # the settings read: logging would be set up for the process (pytest owns it)
+    monkeypatch.setattr(cli_main, "_setup_logging", lambda settings: None)
     assert main(["layer"]) == 2
     err = capsys.readouterr().err
     assert "CONVEYOR_SCHEMA_HISTORY: " in err and str(folder) in err
