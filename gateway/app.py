@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI
 from starlette.types import Scope
+from workers.usage.requests import RequestIndex
 
 from conveyor.errors import StartupTimeout
 from conveyor.files.local import LocalFileStore
@@ -172,7 +173,8 @@ async def _services(settings: Settings, registry: Registry, gateway_id: str, hea
         chat=ChatServing(settings, submitter, stored, registry),
         responses=ResponsesServing(settings, submitter, stored, background),
         files=files, batches=Batches(settings, publisher, board, files),
-        background=background, usage=UsageLedger(settings, redis), fleet=fleet)
+        background=background, usage=UsageLedger(settings, redis),
+        requests=RequestIndex(settings, redis), fleet=fleet)
     log.info("gateway %s: reply partition %d", gateway_id, router_.partition)
     try:
         yield services

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import HTTPConnection
+from workers.usage.requests import RequestIndex
 
 from conveyor.errors import PipelineUnavailable
 from conveyor.files.local import LocalFileStore
@@ -49,6 +50,7 @@ class Services:
     batches: Batches
     background: BackgroundResponses
     usage: UsageLedger
+    requests: RequestIndex  # every request as the accounting app indexed it (the console)
     fleet: Fleet  # every infer worker, as the console shows them
 
 

@@ -192,6 +192,7 @@ def report(journey: Journey, show_content: bool = False) -> dict[str, Any]:
         "tenant": envelope.get("tenant"),
         "job_id": envelope.get("job_id") or None,
         "model": (request or {}).get("generation", {}).get("model"),
+        "kind": (request or {}).get("generation", {}).get("kind"),
         "layers": {layer: [f.where for f in journey.by_layer.get(layer) or []]
                    for layer in LAYERS},
         "waterfall": waterfall,

@@ -1,6 +1,9 @@
 """The console's pages (decision 0033): server-rendered from what the CLI reads
-(:mod:`workers.fleet`, :mod:`workers.journey`), behind :mod:`.access`. Live
-parts are fragments ``static/console.js`` fetches again every two seconds."""
+(:mod:`workers.fleet`, :mod:`workers.journey`, :mod:`topics.groups`,
+:mod:`workers.replay`) and what the accounting app indexes
+(:mod:`workers.usage.requests`, the ledger's model minutes), behind
+:mod:`.access`. Live parts are fragments ``static/console.js`` fetches again
+every few seconds."""
 
 from __future__ import annotations
 
@@ -10,13 +13,14 @@ import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
-from conveyor.errors import RequestError, last_line
+from conveyor.errors import InvalidRequest, RequestError, last_line
 from gateway.auth.keys import KeyNotFound, KeyStore
 from gateway.auth.types import Limits
 from gateway.console.access import (
@@ -29,13 +33,17 @@ from gateway.console.access import (
     same_origin,
     session_value,
 )
+from gateway.console.charts import minute_starts, model_charts
 from gateway.dead_letters import check, read_letters, redrive, redriven
 from gateway.errors import BACKEND_ERRORS
 from gateway.services import Services, services_of
 from schemas.codec import default_codec
 from topics.envelope import iso, now_ms
+from topics.groups import describe_groups
 from topics.lookup import parse_since
 from workers.journey import LAYERS, find_journey, report
+from workers.replay import REPLAYABLE, ReplayError, parse_through, replay_request
+from workers.replay import report as replay_report
 from workers.usage.ledger import ReportBy
 
 __all__ = ["console_router", "console_static"]
@@ -108,14 +116,14 @@ def _page(request: Request, name: str, status_code: int = 200, **context: Any) -
 
 @console_router.get("")
 async def index() -> Response:
-    return RedirectResponse("/console/fleet", status_code=303)
+    return RedirectResponse("/console/overview", status_code=303)
 
 
 @console_router.get("/signin")
 async def signin_form(request: Request) -> Response:
     services = services_of(request)
     if not services.settings.auth.admin_token.get_secret_value():
-        return RedirectResponse("/console/fleet", status_code=303)
+        return RedirectResponse("/console/overview", status_code=303)
     return templates.TemplateResponse(request, "signin.html", {"refused": False})
 
 
@@ -128,7 +136,7 @@ async def signin(request: Request, token: str = Form("")) -> Response:
     if not hmac.compare_digest(token.encode(), admin.encode()):
         return templates.TemplateResponse(request, "signin.html", {"refused": True},
                                           status_code=401)
-    answer = RedirectResponse("/console/fleet", status_code=303)
+    answer = RedirectResponse("/console/overview", status_code=303)
     answer.set_cookie(COOKIE, session_value(admin), max_age=SESSION_S, path="/console",
                       httponly=True, samesite="strict", secure=request.url.scheme == "https")
     return answer
@@ -160,12 +168,96 @@ async def fleet_rows(request: Request) -> Response:
     return _page(request, "fleet_rows.html", **_fleet(services_of(request)))
 
 
+# -- overview -----------------------------------------------------------------------
+
+_CHART_MINUTES = 60
+
+
+def _minute(ms: int) -> str:
+    return iso(ms)[11:16]  # HH:MM, UTC
+
+
+async def _charts(services: Services) -> dict[str, Any]:
+    until = now_ms()
+    starts = minute_starts(until, _CHART_MINUTES)
+    minutes = await services.usage.model_minutes(since_ms=starts[0], until_ms=until)
+    return {"models": model_charts(minutes, starts, _minute), "since": starts[0]}
+
+
+@console_router.get("/overview")
+@_operator
+async def overview_page(request: Request) -> Response:
+    services = services_of(request)
+    groups = await describe_groups(services.settings)
+    return _page(request, "overview.html", page="overview", groups=groups,
+                 **await _charts(services))
+
+
+@console_router.get("/overview/pipeline")
+@_operator
+async def overview_pipeline(request: Request) -> Response:
+    groups = await describe_groups(services_of(request).settings)
+    return _page(request, "pipeline.html", groups=groups)
+
+
+@console_router.get("/overview/charts")
+@_operator
+async def overview_charts(request: Request) -> Response:
+    return _page(request, "charts.html", **await _charts(services_of(request)))
+
+
+# -- requests -----------------------------------------------------------------------
+
+_STATUSES = ("completed", "error")
+
+
+async def _found(request: Request, tenant: str, key_id: str, model: str, status: str,
+                 since: str, until: str) -> dict[str, Any]:
+    """The index's requests that match (newest first); a ``since`` or ``until``
+    that does not read is a RequestError (the page says so)."""
+    times: dict[str, int | None] = {}
+    for name, value in (("since", since), ("until", until)):
+        try:
+            times[name] = parse_since(value) if value.strip() else None
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), param=name) from exc
+    found = await services_of(request).requests.search(
+        tenant=tenant.strip() or None, key_id=key_id.strip() or None,
+        model=model.strip() or None, status=status.strip() or None,
+        since_ms=times["since"], until_ms=times["until"])
+    filters = {"tenant": tenant, "key_id": key_id, "model": model, "status": status,
+               "since": since, "until": until}
+    query = urlencode({k: v for k, v in filters.items() if v.strip()})
+    return {"found": found, "query": query, "filters": filters}
+
+
 @console_router.get("/requests")
 @_operator
-async def requests_page(request: Request, id: str = "") -> Response:
+async def requests_page(request: Request, id: str = "", tenant: str = "", key_id: str = "",
+                        model: str = "", status: str = "", since: str = "",
+                        until: str = "") -> Response:
     if id.strip():
-        return RedirectResponse(f"/console/requests/{id.strip()}", status_code=303)
-    return _page(request, "requests.html", page="requests")
+        return RedirectResponse(f"/console/requests/{quote(id.strip())}", status_code=303)
+    return _page(request, "requests.html", page="requests", statuses=_STATUSES,
+                 **await _found(request, tenant, key_id, model, status, since, until))
+
+
+@console_router.get("/requests/rows")
+@_operator
+async def requests_rows(request: Request, tenant: str = "", key_id: str = "", model: str = "",
+                        status: str = "", since: str = "", until: str = "") -> Response:
+    return _page(request, "requests_rows.html",
+                 **await _found(request, tenant, key_id, model, status, since, until))
+
+
+# what a replay from the page may run (conveyor replay --through): layers in a row
+_THROUGH = ("preprocess,route", *REPLAYABLE)
+
+
+def _resume_url(rep: dict[str, Any]) -> str:
+    """Where the request's tenant reads its stream again, from its first event."""
+    route = "completions" if rep.get("kind") == "completion" else "chat/completions"
+    return f"/v1/{route}/{rep['request_id']}/stream"
 
 
 @console_router.get("/requests/{request_id}")
@@ -175,11 +267,31 @@ async def request_page(request: Request, request_id: str, content: bool = False)
     journey = await find_journey(settings, request_id, now_ms() - _SINCE_MS)
     if journey is None:
         return _page(request, "requests.html", status_code=404, page="requests",
+                     statuses=_STATUSES, found=None, query="", filters={},
                      missing=request_id)
     rep = report(journey, show_content=content)
     total = max((s["at_ms"] for s in rep["waterfall"]), default=0.0) or 1.0
     return _page(request, "request.html", page="requests", rep=rep, total=total,
-                 layers=LAYERS, content=content)
+                 layers=LAYERS, content=content, resume=_resume_url(rep),
+                 replayable=_THROUGH)
+
+
+@console_router.post("/requests/{request_id}/replay")
+@_operator
+async def replay_page(request: Request, request_id: str, through: str = Form("preprocess"),
+                      content: bool = Form(False), csrf: str = Form("")) -> Response:
+    settings = services_of(request).settings
+    try:
+        names = parse_through(through)
+        rep = await replay_request(settings, request_id, names, now_ms() - _SINCE_MS)
+    except (ValueError, ReplayError) as exc:
+        raise InvalidRequest(str(exc), param="through") from exc
+    if rep is None:
+        return _page(request, "requests.html", status_code=404, page="requests",
+                     statuses=_STATUSES, found=None, query="", filters={},
+                     missing=request_id)
+    return _page(request, "replay.html", page="requests",
+                 rep=replay_report(rep, show_content=content), through=through)
 
 
 # -- keys ---------------------------------------------------------------------------
@@ -286,7 +398,9 @@ async def redrive_letter(request: Request, offset: int, csrf: str = Form("")) ->
     if not found:
         return HTMLResponse("Not Found", status_code=404)
     [result] = await redrive(settings, found, _actor(request))
-    return _page(request, "redriven.html", page="dead-letters", result=result)
+    key = found[0].letter["key"]
+    return _page(request, "redriven.html", page="dead-letters", result=result,
+                 request_id=key.decode(errors="replace") if key else None)
 
 
 # -- usage --------------------------------------------------------------------------

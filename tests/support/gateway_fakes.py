@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
+from workers.usage.requests import RequestIndex
 
 from conveyor.files.local import LocalFileStore
 from conveyor.policy.rules import PolicyBook
@@ -166,4 +167,5 @@ def offline_services(settings: Settings, registry: Registry | None = None) -> Se
         files=files, batches=Batches(settings, made.publisher, board, files),
         background=background,
         usage=UsageLedger(settings, aioredis.from_url(settings.redis.url)),
+        requests=RequestIndex(settings, aioredis.from_url(settings.redis.url)),
         fleet=Fleet(settings))

@@ -1,7 +1,9 @@
 // Live parts: an element with data-live="URL" is refilled from URL every two
-// seconds (an HTML fragment of the same page). A failed fetch waits for the next.
+// seconds, or every data-every milliseconds (an HTML fragment of the same
+// page). A failed fetch waits for the next.
 "use strict";
 for (const element of document.querySelectorAll("[data-live]")) {
+  const every = Number(element.dataset.every) || 2000;
   setInterval(async () => {
     try {
       const answer = await fetch(element.dataset.live, {credentials: "same-origin"});
@@ -11,5 +13,5 @@ for (const element of document.querySelectorAll("[data-live]")) {
     } catch (failure) {
       // the gateway is away for a moment: the next tick tries again
     }
-  }, 2000);
+  }, every);
 }

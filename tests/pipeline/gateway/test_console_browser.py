@@ -1,7 +1,9 @@
 """The console in a real browser (Debian's chromium, driven by Playwright)
-against a running Conveyor: each page loads with no console error, the fleet
-shows the workers, and a request sent through the API opens, from the
-keyboard, as its journey through every layer; an API key made in the page
+against a running Conveyor: each page loads with no console error; the
+overview draws the pipeline's groups and each model's last hour; the fleet
+shows the workers; a request sent through the API appears in the live tail
+and opens, from the keyboard, as its journey through every layer, which a
+replay compares layer by layer; an API key made in the page
 works on the API and, revoked in the page, stops working; a dead letter is
 listed, opened and its redrive answered. With CONVEYOR_CONSOLE_SHOTS set
 to a folder, each page's screenshot is written there (the docs' pictures)."""
@@ -9,21 +11,30 @@ to a folder, each page's screenshot is written there (the docs' pictures)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
+import signal
 import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from fastavro import parse_schema
+from fastavro.schema import to_parsing_canonical_form
 from playwright.sync_api import Browser, Page, sync_playwright
 
+from schemas.codec import default_codec
 from tests.support.auth import Replicas
+from tests.support.factories import encoded_with
+from tests.support.factories import request as make_request
 from tests.support.pipeline import Pipeline, client
 from topics.clients import make_producer
+from topics.envelope import new_request_id, now_ms
 from workers.journey import LAYERS
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -62,7 +73,8 @@ def shot(page: Page, name: str) -> None:
 
 def test_the_fleet_shows_the_workers_and_stays_live(pipeline: Pipeline, page: Page) -> None:
     page.goto(f"{pipeline.base_url}/console")
-    assert page.url.endswith("/console/fleet")
+    assert page.url.endswith("/console/overview")
+    page.get_by_role("link", name="Fleet").click()
     row = page.locator('tr[data-worker="w0"]')
     row.wait_for(timeout=30_000)
     assert "ready" in row.inner_text()
@@ -126,7 +138,7 @@ def sign_in(page: Page, p: Pipeline) -> None:
     assert token.evaluate("field => field === document.activeElement")  # focused at once
     token.fill(ADMIN)
     token.press("Enter")
-    page.wait_for_url("**/console/fleet")
+    page.wait_for_url("**/console/overview")
 
 
 def test_a_key_made_in_the_page_works_until_it_is_revoked_there(
@@ -166,7 +178,7 @@ def test_a_dead_letter_is_listed_opened_and_its_redrive_answered(
     with the reason (it still does not decode), as ``conveyor dlq`` refuses it."""
     key = f"poison-{uuid.uuid4().hex[:8]}"
     with ThreadPoolExecutor(1) as aside:  # the browser's event loop runs in this thread
-        aside.submit(asyncio.run, _produce_poison(pipeline, key)).result()
+        aside.submit(asyncio.run, _produce(pipeline, key, b"\x00not an event")).result()
     page.goto(f"{pipeline.base_url}/console/dead-letters")
     deadline = time.monotonic() + 30
     while page.locator(f'tr:has-text("{key}")').count() == 0:
@@ -181,14 +193,66 @@ def test_a_dead_letter_is_listed_opened_and_its_redrive_answered(
         "p.refused").inner_text()
 
 
-async def _produce_poison(p: Pipeline, key: str) -> None:
+def test_a_dead_letter_redriven_after_an_upgrade_is_answered(
+        keyed: Pipeline, page: Page, tmp_path: Path) -> None:
+    """A request written with a schema version the layers do not know yet (a
+    gateway upgraded before them) is dead-lettered; once the layers and the
+    gateway know that version (CONVEYOR_SCHEMA_HISTORY, the upgrade), the
+    page redrives it and the pipeline answers it."""
+    history = tmp_path / "history"
+    history.mkdir()
+    schema = json.loads(to_parsing_canonical_form(default_codec().schema("Request")))
+    schema["fields"].append({"name": "hint", "type": "string"})
+    (history / "conveyor.Request.v99.avsc").write_text(json.dumps(schema))
+    rid = new_request_id()
+    hi: Any = {"role": "user", "content": "Hi", "name": None, "tool_calls": None,
+               "tool_call_id": None}
+    record: dict[str, Any] = dict(make_request([hi], request_id=rid, max_tokens=3))
+    record["envelope"]["tenant"] = "ops"
+    record["envelope"]["deadline_ms"] = now_ms() + 300_000
+    poison = encoded_with(parse_schema(schema, _write_hint=False), record | {"hint": "newer"})
+    with ThreadPoolExecutor(1) as aside:
+        aside.submit(asyncio.run, _produce(keyed, rid, poison)).result()
+    sign_in(page, keyed)
+    page.goto(f"{keyed.base_url}/console/dead-letters")
+    deadline = time.monotonic() + 30
+    while page.locator(f'tr:has-text("{rid}")').count() == 0:
+        assert time.monotonic() < deadline, page.content()
+        page.wait_for_timeout(500)
+        page.reload()
+    page.locator(f'tr:has-text("{rid}") a').first.click()
+    letter_url = page.url
+    assert "unknown schema fingerprint" in page.locator("dl.facts").inner_text()
+
+    # the upgrade: the layers and the gateway read the newer version
+    upgraded = {"CONVEYOR_SCHEMA_HISTORY": str(history)}
+    for name, args in (("layers", ("layer",)), ("gateway", ("gateway",))):
+        keyed.kill(name, signal.SIGTERM)
+        keyed.spawn(name, *args, env=upgraded)
+    keyed.wait_ready()
+    page.goto(letter_url)
+    assert "yes, it can be redriven" in page.locator("dl.facts").inner_text()
+    page.get_by_role("button", name="Redrive it").click()
+    assert "Redriven to" in page.locator("p.done").inner_text()
+    page.get_by_role("link", name="Follow its request").click()
+    deadline = time.monotonic() + 60
+    while page.locator('tr[data-step="reply"]').count() == 0:  # answered
+        assert time.monotonic() < deadline, page.content()
+        page.wait_for_timeout(1000)
+        page.reload()
+    assert page.locator('tr[data-step="postprocess"]').count() == 1
+    assert "Finish</dt><dd>length" in page.content()  # its answer, not an error
+
+
+async def _produce(p: Pipeline, key: str, value: bytes) -> None:
     producer = make_producer(p.settings.kafka)
     await producer.start()
     try:
-        await producer.send_and_wait(p.settings.kafka.topic("requests"), b"\x00not an event",
-                                     key=key.encode())
+        await producer.send_and_wait(p.settings.kafka.topic("requests"), value, key=key.encode())
     finally:
         await producer.stop()
+
+
 
 
 def test_a_tenant_s_usage_shows_its_requests(keyed: Pipeline, page: Page) -> None:
@@ -209,10 +273,79 @@ def test_a_tenant_s_usage_shows_its_requests(keyed: Pipeline, page: Page) -> Non
     shot(page, "usage")
 
 
+def _ask(p: Pipeline, content: str = "Hi") -> str:
+    """A chat request with the keyed Conveyor's own key; its request id."""
+    answer = httpx.post(f"{p.base_url}/v1/chat/completions", timeout=60,
+                        headers={"authorization": f"Bearer {p.api_key}"},
+                        json={"model": "smollm2", "max_tokens": 2,
+                              "messages": [{"role": "user", "content": content}]})
+    assert answer.status_code == 200, answer.text
+    return str(answer.json()["id"]).removeprefix("chatcmpl-")
+
+
+def test_the_overview_draws_the_pipeline_and_each_model_s_last_hour(
+        keyed: Pipeline, page: Page) -> None:
+    _ask(keyed)
+    sign_in(page, keyed)
+    page.goto(f"{keyed.base_url}/console/overview")
+    for layer in ("preprocess", "route", "schedule", "infer:cpu", "postprocess", "accounting"):
+        group = page.locator(f'li[data-group="{layer}"]')
+        assert group.count() == 1, (layer, page.locator("#pipeline").inner_text())
+    assert "member" in page.locator('li[data-group="route"]').inner_text()
+    # the pipeline is fetched again every two seconds, the charts every ten
+    with page.expect_response(lambda r: r.url.endswith("/console/overview/pipeline"),
+                              timeout=10_000):
+        pass
+    page.locator('section[data-model="smollm2"] svg rect').first.wait_for(timeout=30_000)
+    chart = page.locator('section[data-model="smollm2"] svg').first
+    assert "Requests/s: last minute" in (chart.get_attribute("aria-label") or "")
+    shot(page, "overview")
+
+
+def test_a_request_appears_in_the_live_tail_and_opens_as_its_journey(
+        keyed: Pipeline, page: Page) -> None:
+    sign_in(page, keyed)
+    page.goto(f"{keyed.base_url}/console/requests")
+    rid = _ask(keyed, "Tell me about the tail")
+    row = page.locator(f'tr[data-request="{rid}"]')
+    row.wait_for(timeout=30_000)  # no reload: the table is fetched again by itself
+    assert "ops" in row.inner_text() and "smollm2" in row.inner_text()
+    shot(page, "requests")
+    link = row.get_by_role("link")
+    link.focus()
+    link.press("Enter")
+    page.wait_for_url(f"**/console/requests/{rid}")
+    for step in (*LAYERS, "reply"):
+        assert page.locator(f'tr[data-step="{step}"]').count() == 1, step
+    assert page.locator("#resume").inner_text() == f"/v1/chat/completions/{rid}/stream"
+
+    # a search by tenant and model finds it; one by another model does not
+    page.goto(f"{keyed.base_url}/console/requests?tenant=ops&model=smollm2&since=1h")
+    assert page.locator(f'tr[data-request="{rid}"]').count() == 1
+    page.goto(f"{keyed.base_url}/console/requests?model=another-model")
+    assert page.locator(f'tr[data-request="{rid}"]').count() == 0
+    assert "No request matches" in page.locator("table.found").inner_text()
+
+
+def test_a_replay_from_the_journey_page_compares_layer_by_layer(
+        keyed: Pipeline, page: Page) -> None:
+    rid = _ask(keyed, "Replay me")
+    sign_in(page, keyed)
+    page.goto(f"{keyed.base_url}/console/requests/{rid}")
+    page.locator("#through").select_option("preprocess,route")
+    page.get_by_role("button", name="Replay and compare").click()
+    page.wait_for_url(f"**/console/requests/{rid}/replay", timeout=60_000)
+    assert "wrote what the log holds" in page.locator("#verdict").inner_text()
+    for layer in ("preprocess", "route"):
+        assert "same" in page.locator(f'section[data-layer="{layer}"] h2').inner_text()
+    shot(page, "replay")
+
+
 def test_a_worker_killed_shows_as_gone_and_then_back(keyed: Pipeline, page: Page) -> None:
     """Last in this file: it kills the keyed Conveyor's one worker (SIGKILL) and
     starts it again; the fleet page, left open, follows both by itself."""
     sign_in(page, keyed)
+    page.goto(f"{keyed.base_url}/console/fleet")
     row = page.locator('tr[data-worker="w0"]')
     row.wait_for(timeout=30_000)
     assert "live" in (row.get_attribute("class") or "").split()

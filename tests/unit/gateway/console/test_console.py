@@ -41,7 +41,7 @@ async def local(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
 
 async def test_with_auth_off_a_loopback_client_opens_it(local: httpx.AsyncClient) -> None:
     r = await local.get("/console")
-    assert r.status_code == 303 and r.headers["location"] == "/console/fleet"
+    assert r.status_code == 303 and r.headers["location"] == "/console/overview"
     page = await local.get("/console/fleet")
     assert page.status_code == 200 and "text/html" in page.headers["content-type"]
     assert 'data-live="/console/fleet/rows"' in page.text
@@ -178,3 +178,29 @@ async def test_the_policy_that_applies_to_a_tenant_is_shown(tmp_path: Path) -> N
     assert page.status_code == 200 and "tenant:acme" in page.text
     assert "redacted: email, restored in the answer" in page.text and "on, 300 s" in page.text
     assert "not redacted" in other.text and "Prompt cache</dt><dd>off" in other.text
+
+
+async def test_the_overview_and_the_requests_say_so_when_kafka_and_redis_are_down(
+        tmp_path: Path) -> None:
+    settings = load_settings(files_dir=tmp_path, kafka_bootstrap="127.0.0.1:9",
+                             redis_url="redis://127.0.0.1:9/0")
+    async with console(settings) as http:
+        pages = [await http.get(f"/console/{path}") for path in (
+            "overview", "overview/pipeline", "overview/charts", "requests", "requests/rows")]
+        bad = await http.get("/console/requests", params={"since": "the other day"})
+    for page in pages:
+        assert page.status_code == 503, page.url
+        assert "Kafka or Redis does not answer" in page.text
+    assert bad.status_code == 400 and "is not a date" in bad.text
+
+
+async def test_a_replay_is_a_form_of_the_operator_s_own(local: httpx.AsyncClient) -> None:
+    own = {"origin": "http://127.0.0.1:8000"}
+    forged_one = await local.post("/console/requests/0123/replay",
+                                  data={"through": "preprocess"}, headers=own)
+    assert forged_one.status_code == 403
+    page = await local.get("/console/fleet")
+    token = page.cookies[CSRF_COOKIE]
+    refused = await local.post("/console/requests/0123/replay", headers=own,
+                               data={"through": "schedule", "csrf": token})
+    assert refused.status_code == 400 and "schedule is not replayed" in refused.text
