@@ -4,12 +4,13 @@ started together (a round ends when its last stream does), ``--rounds``
 rounds a side, the first side alternating; TTFT, chunk gaps, streams/s,
 errors and each process's CPU per streamed token. ``--tenants 2``: whether
 one tenant's flood starves another's short requests; ``--soak N``: whether a
-serving process grows over N streams. What each checks:
+serving process grows over N streams, and with ``--console`` how fast each
+console page answers with those N requests in the log. What each checks:
 docs/benchmarks/index.md; the figures: docs/benchmarks/results/many-streams.md.
 
     python -m bench.streams [--levels 64,128,256,512] [--token-ms 33] [--rounds 2]
     python -m bench.streams --tenants 2 [--capacity 32] [--flood 128]
-    python -m bench.streams --soak 100000 --levels 64 --tokens 16 --token-ms 1
+    python -m bench.streams --soak 100000 --levels 64 --tokens 16 --token-ms 1 [--console]
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ import argparse
 import asyncio
 import math
 import os
+import re
 import secrets
 import time
 from pathlib import Path
+
+import httpx
 
 from bench.client import StreamClient
 from bench.compare import Scenario, Side, Tally, run_rounds
@@ -205,6 +209,44 @@ async def soak(args: argparse.Namespace, stage: Pipeline,
             for label in serving] + [Check("soak", "failed", failed, 0, "<=", "")]
 
 
+async def console_pages(stage: Pipeline, since_ms: int, model: str,
+                        rounds: int = 20) -> list[Check]:
+    """Each console page ``rounds`` times in turn, on the log the soak of
+    ``model`` left (it began at ``since_ms``): p50 and p99 against 300 ms."""
+    base = f"{stage.gateway_url}/console"
+    rows = re.compile(r'data-request="(\w+)" data-tenant="([^"]*)"')
+    async with httpx.AsyncClient(timeout=60.0) as http:
+        newest = rows.findall((await http.get(f"{base}/requests/rows")).text)
+        oldest = rows.findall((await http.get(
+            f"{base}/requests/rows", params={"until": str(since_ms + 60_000)})).text)
+        if not newest or not oldest:
+            raise BenchError("the request index holds no request of the soak: is the "
+                             "accounting app running?")
+        tenant = newest[0][1]
+        pages = {"overview": "/overview", "pipeline (live)": "/overview/pipeline",
+                 "fleet (live)": "/fleet/rows", "requests, the tail": "/requests/rows",
+                 "requests of a tenant and a model":
+                     f"/requests/rows?tenant={tenant}&model={model}",
+                 "requests that failed (none)": "/requests/rows?status=error",
+                 "journey of the newest": f"/requests/{newest[0][0]}",
+                 "journey of the first": f"/requests/{oldest[-1][0]}",
+                 "dead letters": "/dead-letters", "usage, a day": f"/usage?tenant={tenant}"}
+        took: dict[str, list[float]] = {name: [] for name in pages}
+        for _ in range(rounds):
+            for name, path in pages.items():
+                started = time.perf_counter()
+                answer = await http.get(base + path)
+                took[name].append(time.perf_counter() - started)
+                if answer.status_code != 200:
+                    raise BenchError(f"{path}: {answer.status_code} {answer.text[:300]}")
+    print(f"\n## The console's pages, {rounds} times each\n")
+    print(markdown_table(["page", "p50 ms", "p99 ms"],
+                         [[name, ms(percentile(t, 50)), ms(percentile(t, 99))]
+                          for name, t in took.items()]) + "\n")
+    return [Check("console", f"{name} p50 (<= 300 ms)", percentile(t, 50) * 1000, 300.0,
+                  "<=", "ms") for name, t in took.items()]
+
+
 async def tenants(args: argparse.Namespace, stage: Pipeline) -> list[Check]:
     """The small tenant's TTFT alone, beside the large tenant's flood, and
     queued as the large tenant; the target: beside the flood, within 2x of alone."""
@@ -276,6 +318,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="--tenants 2: the small tenant's requests in each case")
     parser.add_argument("--soak", type=int, default=0,
                         help="streams to send through Conveyor alone, RSS sampled")
+    parser.add_argument("--console", action="store_true",
+                        help="--soak: then time each console page on the log it left")
     parser.add_argument("--upstream-port", type=int, default=9100)
     parser.add_argument("--gateway-port", type=int, default=8100)
     args = parser.parse_args(argv)
@@ -293,7 +337,11 @@ def main(argv: list[str] | None = None) -> None:
                 return
             watched = processes(stage, stage.upstream.popen.pid)
             if args.soak:
-                print(check_table(runner.run(soak(args, stage, watched))))
+                began = int(time.time() * 1000)
+                checks_ = runner.run(soak(args, stage, watched))
+                if args.console:
+                    checks_ += runner.run(console_pages(stage, began, f"bench-{args.token_ms}"))
+                print(check_table(checks_))
                 return
             results = runner.run(measure(args, stage, watched))
     print(f"\n## Streams at {1000 / args.token_ms:.0f} tokens/s, {args.tokens} tokens each\n")
