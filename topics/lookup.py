@@ -150,12 +150,24 @@ class KeyLookup:
 
     async def at(self, topic: str, partition: int, offset: int) -> Record | None:
         """The record at one offset, or None when there is none (any more)."""
+        await self.track(topic)
         found = await asyncio.wait_for(self._read(TopicPartition(topic, partition), None, offset,
                                                   None, True), self.timeout_s)
         return found[0] if found and found[0].offset == offset else None
 
+    async def track(self, topic: str) -> None:
+        """Have the consumer know ``topic``'s partition leaders before it asks for
+        offsets there: it learns an untracked topic only from a failed offset
+        request, after its retry backoff (100 ms), which made each topic of a
+        request's journey cost a tenth of a second. Through aiokafka 0.14's
+        client (private; tests/kafka/topics/test_shared_lookup.py pins it)."""
+        client = self._consumer._client
+        if topic not in client._topics:
+            await client.set_topics({*client._topics, topic})
+
     async def _since(self, tp: TopicPartition, key: bytes | None, since_ms: int,
                      until_ms: int | None, first: bool) -> list[Record]:
+        await self.track(tp.topic)
         hit = (await self._consumer.offsets_for_times({tp: max(0, since_ms)}))[tp]
         if hit is None:
             return []  # nothing written to the partition since then

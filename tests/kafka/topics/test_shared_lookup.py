@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
+from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from conveyor.settings import Settings, load_settings
@@ -143,3 +144,19 @@ async def test_find_gives_the_topics_events_and_passes_over_poison(services: Non
     finally:
         await lookup.close()
         await asyncio.to_thread(drop_topics, settings.kafka.bootstrap, settings.kafka.topic_prefix)
+
+
+async def test_a_reader_knows_a_topic_s_leaders_before_it_asks_for_offsets(
+        written: Written) -> None:
+    """aiokafka learns an untracked topic's leaders only from a failed offset
+    request, then waits its retry backoff: ``track`` loads them first (through
+    the client's private ``_topics`` and ``set_topics``, pinned here)."""
+    async with KeyLookup(written.settings) as look:
+        client = look._consumer._client
+        tp = TopicPartition(written.topics[0], 0)
+        assert written.topics[0] not in client._topics
+        await look.track(written.topics[0])
+        assert written.topics[0] in client._topics
+        assert client.cluster.leader_for_partition(tp) is not None
+        await look.track(written.topics[1])  # a second topic keeps the first
+        assert set(written.topics) <= client._topics
