@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
 
 from conveyor.errors import InvalidRequest
 from conveyor.redis_clients import REDIS_ERRORS
-from conveyor.settings import Settings, load_settings
+from conveyor.settings import Settings
 from schemas.codec import default_codec
 from schemas.records import UsageRecord
-from tests.support.services import free_port, prefix_redis
+from tests.support.services import free_port
 from topics.admin import ensure_topics
 from topics.catalog import catalog
 from topics.clients import make_producer
@@ -33,17 +31,6 @@ from workers.usage.requests import (
 from workers.usage.rows import DAY_MS
 
 NOW = now_ms()
-
-
-@pytest.fixture
-def settings(services: None) -> Settings:
-    return load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
-
-
-@pytest.fixture
-async def redis(settings: Settings) -> AsyncIterator[aioredis.Redis]:
-    async with prefix_redis(settings) as client:
-        yield client
 
 
 def row(i: int, *, tenant: str = "acme", key_id: str = "k1", model: str = "m1",

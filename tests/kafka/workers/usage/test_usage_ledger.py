@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
 
 from conveyor.errors import InvalidRequest
-from conveyor.settings import Settings, load_settings
-from tests.support.services import prefix_redis
+from conveyor.settings import Settings
 from tests.support.usage import quota_total
 from topics.envelope import now_ms
 from workers.usage import UsageLedger, UsageRow
@@ -34,18 +31,6 @@ NOW = now_ms()
 M0 = bucket_start(NOW, "minute")
 D0 = bucket_start(NOW, "day")
 MONTH = bucket_start(NOW, "month")
-
-
-@pytest.fixture
-def settings(services: None) -> Settings:
-    return load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
-
-
-@pytest.fixture
-async def redis(settings: Settings) -> AsyncIterator[aioredis.Redis]:
-    """A client of its own, and every key of the test's prefix deleted after it."""
-    async with prefix_redis(settings) as client:
-        yield client
 
 
 def rows() -> list[tuple[RowKey, Counts]]:
