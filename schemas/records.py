@@ -321,6 +321,7 @@ class UsageRecord(TypedDict):
     entered_ms: int
     finished_ms: int
     first_token_ms: NotRequired[int | None]  # None when no token came (v1 had none)
+    error_code: NotRequired[str | None]  # the code of the error that ended it (v3)
 
 
 class Feedback(TypedDict):

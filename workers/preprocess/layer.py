@@ -93,7 +93,7 @@ class PreprocessLayer(Layer):
         if blocked is None and policy.classifier is not None:
             blocked = await classified_input(policy.classifier, generation)
         if blocked is not None:
-            return self._refused(envelope, blocked, policy)
+            return self._refused(envelope, generation, blocked, policy)
         spec = self.registry.find(generation["model"])
         if spec is not None:  # a canary's deployment (the one route picks) measures it
             spec = self.registry.deployment(spec, canary_key(envelope))
@@ -141,7 +141,8 @@ class PreprocessLayer(Layer):
         return [Output(PREPARED.at(self.settings.kafka), "Prepared", prepared,
                        key=envelope["request_id"])]
 
-    def _refused(self, envelope: Envelope, blocked: Match, policy: Policy) -> list[Output]:
+    def _refused(self, envelope: Envelope, generation: Generation, blocked: Match,
+                 policy: Policy) -> list[Output]:
         """A blocked input: the 400 for its client and the audit event."""
         log.info("request %s trace %s: input blocked by the content policy (%s)",
                  envelope["request_id"], envelope["traceparent"], blocked.category)
@@ -149,7 +150,8 @@ class PreprocessLayer(Layer):
                              self.name)
         if self._sender is None:
             raise input_refusal(blocked)
-        return [*self._sender.error_outputs(envelope, input_refusal(blocked)), audit]
+        return [*self._sender.error_outputs(envelope, input_refusal(blocked), generation),
+                audit]
 
     def _measure(self, spec: ModelSpec, tokenizer: Tokenizer, generation: Generation,
                  salt: str) -> tuple[Fit, list[int]]:

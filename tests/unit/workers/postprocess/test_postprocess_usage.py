@@ -83,7 +83,7 @@ async def test_a_finished_request_writes_one_usage_record_keyed_by_tenant(
     assert {k: v for k, v in rec.items() if k not in ("finished_ms", "first_token_ms")} == {
         "request_id": "r1", "tenant": TENANT, "key_id": KEY_ID, "model": "smollm2",
         "kind": "completion", "status": "completed", "prompt_tokens": 11,
-        "completion_tokens": 6, "entered_ms": ENTERED_US // 1000}
+        "completion_tokens": 6, "entered_ms": ENTERED_US // 1000, "error_code": None}
     assert rec["finished_ms"] >= before
     first = rec.get("first_token_ms")
     assert first is not None and before <= first <= rec["finished_ms"]
@@ -123,6 +123,7 @@ async def test_an_error_before_any_token_counts_the_request_with_no_completion(
     assert rec["status"] == "error"
     assert rec["completion_tokens"] == 0 and rec["prompt_tokens"] == 11
     assert rec["tenant"] == TENANT and rec["key_id"] == KEY_ID and rec["model"] == "smollm2"
+    assert rec["error_code"] == ERROR["code"]  # what the console searches failures by
 
 
 async def test_an_error_mid_stream_counts_the_tokens_generated_before_it(
