@@ -21,6 +21,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from conveyor.errors import InvalidRequest, RequestError, last_line
+from conveyor.redis_clients import REDIS_ERRORS
 from gateway.auth.keys import KeyNotFound, KeyStore
 from gateway.auth.types import Limits
 from gateway.console.access import (
@@ -33,7 +34,12 @@ from gateway.console.access import (
     same_origin,
     session_value,
 )
-from gateway.console.charts import minute_starts, model_charts
+from gateway.console.charts import (
+    minute_starts,
+    model_charts,
+    prefix_hits_by_pool,
+    routing_by_model,
+)
 from gateway.dead_letters import check, read_letters, redrive, redriven
 from gateway.errors import BACKEND_ERRORS
 from gateway.services import Services, services_of
@@ -168,6 +174,25 @@ async def fleet_rows(request: Request) -> Response:
     return _page(request, "fleet_rows.html", **_fleet(services_of(request)))
 
 
+_LATELY_MS = 15 * 60_000
+_LATELY_ROWS = 1_000
+
+
+@console_router.get("/fleet/routing")
+@_operator
+async def fleet_routing(request: Request) -> Response:
+    """Routing lately: each model's requests of the last minutes as the request
+    index has them (how many ended in which error: refusals for want of room
+    or a worker among them), and each pool's prefix hits as its workers count
+    them."""
+    services = services_of(request)
+    found = await services.requests.search(since_ms=now_ms() - _LATELY_MS,
+                                           limit=_LATELY_ROWS)
+    return _page(request, "routing.html", models=routing_by_model(found.rows),
+                 pools=prefix_hits_by_pool(services.fleet.rows()), more=found.more,
+                 minutes=_LATELY_MS // 60_000, cap=_LATELY_ROWS)
+
+
 # -- overview -----------------------------------------------------------------------
 
 _CHART_MINUTES = 60
@@ -250,6 +275,20 @@ async def requests_rows(request: Request, tenant: str = "", key_id: str = "", mo
                  **await _found(request, tenant, key_id, model, status, since, until))
 
 
+# how long after its end a request's events are still looked for (a late dead letter)
+_AFTER_END_MS = 10_000
+
+
+async def _ended(services: Services, request_id: str) -> int | None:
+    """When the request ended, from the request index (None when not indexed,
+    or when Redis does not answer: the journey is read to the deadline)."""
+    try:
+        row = await services.requests.get(request_id)
+    except REDIS_ERRORS:
+        return None
+    return row.finished_ms + _AFTER_END_MS if row is not None else None
+
+
 # what a replay from the page may run (conveyor replay --through): layers in a row
 _THROUGH = ("preprocess,route", *REPLAYABLE)
 
@@ -263,8 +302,9 @@ def _resume_url(rep: dict[str, Any]) -> str:
 @console_router.get("/requests/{request_id}")
 @_operator
 async def request_page(request: Request, request_id: str, content: bool = False) -> Response:
-    settings = services_of(request).settings
-    journey = await find_journey(settings, request_id, now_ms() - _SINCE_MS)
+    services = services_of(request)
+    journey = await find_journey(services.settings, request_id, now_ms() - _SINCE_MS,
+                                 ended_ms=await _ended(services, request_id))
     if journey is None:
         return _page(request, "requests.html", status_code=404, page="requests",
                      statuses=_STATUSES, found=None, query="", filters={},
