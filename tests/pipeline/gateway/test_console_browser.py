@@ -361,6 +361,28 @@ def test_a_replay_from_the_journey_page_compares_layer_by_layer(
     shot(page, "replay")
 
 
+def test_the_policy_that_applies_to_a_tenant_is_shown(
+        keyed: Pipeline, page: Page, tmp_path: Path) -> None:
+    tenant = f"policy-{uuid.uuid4().hex[:6]}"
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[pii]\nredact = ["email"]\n\n[cache]\nenabled = true\nttl_s = 120\n')
+    with ThreadPoolExecutor(1) as aside:  # the CLI runs its own event loop
+        aside.submit(keyed.cli, "policies", "set", "--tenant", tenant, str(policy)).result()
+    sign_in(page, keyed)
+    page.goto(f"{keyed.base_url}/console/policies")
+    field = page.locator("#tenant")
+    field.fill(tenant)
+    field.press("Enter")
+    deadline = time.monotonic() + 30  # the gateway follows conveyor.policies
+    while "on, 120 s" not in page.locator("#effective").inner_text():
+        assert time.monotonic() < deadline, page.content()
+        page.wait_for_timeout(500)
+        page.reload()
+    assert "redacted: email" in page.locator("#effective").inner_text()
+    assert f"tenant:{tenant}" in page.content()
+    shot(page, "policies")
+
+
 def test_a_worker_killed_shows_as_gone_and_then_back(keyed: Pipeline, page: Page) -> None:
     """Last in this file: it kills the keyed Conveyor's one worker (SIGKILL) and
     starts it again; the fleet page, left open, follows both by itself."""
