@@ -180,8 +180,8 @@ class KeyLookup:
         consumer = self._consumer
         consumer.assign([tp])
         try:
-            end = (await consumer.end_offsets([tp]))[tp]
             consumer.seek(tp, start)
+            end = (await consumer.end_offsets([tp]))[tp]
             found: list[Record] = []
             position = start
             try:
