@@ -7,6 +7,7 @@ every few seconds."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hmac
 import logging
@@ -44,9 +45,11 @@ from gateway.dead_letters import check, read_letters, redrive, redriven
 from gateway.errors import BACKEND_ERRORS
 from gateway.services import Services, services_of
 from schemas.codec import default_codec
+from topics.catalog import REQUESTS
 from topics.envelope import iso, now_ms
 from topics.groups import describe_groups
-from topics.lookup import parse_since
+from topics.lookup import KeyLookup, parse_since
+from topics.reader import decoded
 from workers.journey import LAYERS, find_journey, report
 from workers.replay import REPLAYABLE, ReplayError, parse_through, replay_request
 from workers.replay import report as replay_report
@@ -291,6 +294,26 @@ async def _ended(services: Services, request_id: str) -> int | None:
 
 # what a replay from the page may run (conveyor replay --through): layers in a row
 _THROUGH = ("preprocess,route", *REPLAYABLE)
+
+
+_ARRIVING = 20
+
+
+@console_router.get("/requests/arriving")
+@_operator
+async def requests_arriving(request: Request) -> Response:
+    """The requests that came last, as the gateways wrote them to
+    ``conveyor.requests``, each with its outcome once the index has it."""
+    services = services_of(request)
+    async with KeyLookup(services.settings) as look:
+        records = await look.last(REQUESTS.at(services.settings.kafka), _ARRIVING)
+    arrived = sorted(decoded(REQUESTS, default_codec(), records, lambda r, exc: None),
+                     key=lambda pair: pair[0].timestamp, reverse=True)[:_ARRIVING]
+    ids = [event["envelope"]["request_id"] for _, event in arrived]
+    rows = await asyncio.gather(*(services.requests.get(rid) for rid in ids))
+    return _page(request, "arriving.html", arrived=[
+        (record.timestamp, event, row) for (record, event), row in zip(arrived, rows,
+                                                                      strict=True)])
 
 
 def _resume_url(rep: dict[str, Any]) -> str:

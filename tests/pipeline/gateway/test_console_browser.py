@@ -307,6 +307,9 @@ def test_a_request_appears_in_the_live_tail_and_opens_as_its_journey(
     sign_in(page, keyed)
     page.goto(f"{keyed.base_url}/console/requests")
     rid = _ask(keyed, "Tell me about the tail")
+    arrived = page.locator(f'#arriving tr[data-arrived="{rid}"]')
+    arrived.wait_for(timeout=30_000)  # as it came, then what became of it
+    assert "ops" in arrived.inner_text()
     row = page.locator(f'tr[data-request="{rid}"]')
     row.wait_for(timeout=30_000)  # no reload: the table is fetched again by itself
     assert "ops" in row.inner_text() and "smollm2" in row.inner_text()
