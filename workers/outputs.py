@@ -67,7 +67,8 @@ class Output:
 
 def usage_output(settings: Settings, envelope: Envelope, *, status: str, model: str,
                  kind: str, prompt_tokens: int = 0, completion_tokens: int = 0,
-                 first_token_ms: int | None = None, error_code: str | None = None) -> Output:
+                 first_token_ms: int | None = None, error_code: str | None = None,
+                 asked_model: str = "") -> Output:
     """What a request cost, for the usage ledger and the request index
     (``conveyor.usage``, key = tenant): written by postprocess as a request
     ends, and by the layer that refuses one (no token, the error's code)."""
@@ -78,7 +79,8 @@ def usage_output(settings: Settings, envelope: Envelope, *, status: str, model: 
         key_id=envelope["key_id"], model=model, kind=kind, status=status,
         prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
         entered_ms=entered_us // 1000 if entered_us is not None else finished,
-        finished_ms=finished, first_token_ms=first_token_ms, error_code=error_code)
+        finished_ms=finished, first_token_ms=first_token_ms, error_code=error_code,
+        asked_model=asked_model)
     return Output(USAGE.at(settings.kafka), "UsageRecord", record, key=envelope["tenant"])
 
 

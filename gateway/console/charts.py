@@ -117,6 +117,8 @@ class ModelRouting:
     requests: int = 0
     completed: int = 0
     errors: Counter[str] = field(default_factory=Counter)  # error code -> how many
+    # the model asked for -> how many this model answered for it (a fallback, a deployment)
+    answered_for: Counter[str] = field(default_factory=Counter)
     ttfts_ms: list[int] = field(default_factory=list)
 
     @property
@@ -127,8 +129,9 @@ class ModelRouting:
 def routing_by_model(rows: Iterable[RequestRow]) -> list[ModelRouting]:
     """Each model's requests among ``rows``: how many completed, how many ended
     in each error code (a request refused before any worker took it has no
-    model name when no layer read one), and the median time to first token;
-    the busiest first."""
+    model name when no layer read one), how many it answered for another model
+    (as a fallback or a canary's deployment), and the median time to first
+    token; the busiest first."""
     by: dict[str, ModelRouting] = {}
     for row in rows:
         seen = by.setdefault(row.model, ModelRouting(row.model))
@@ -137,6 +140,8 @@ def routing_by_model(rows: Iterable[RequestRow]) -> list[ModelRouting]:
             seen.completed += 1
         else:
             seen.errors[row.error_code or "unknown"] += 1
+        if row.asked_model:
+            seen.answered_for[row.asked_model] += 1
         if row.first_token_ms is not None:
             seen.ttfts_ms.append(row.first_token_ms - row.entered_ms)
     return sorted(by.values(), key=lambda m: (-m.requests, m.model))

@@ -224,7 +224,8 @@ class PostprocessLayer(Layer):
                             prompt_tokens=header["prompt_tokens"] if header else 0,
                             completion_tokens=stream.completion_tokens,
                             first_token_ms=stream.first_token_ms,
-                            error_code=error["code"] if error else None)
+                            error_code=error["code"] if error else None,
+                            asked_model=header.get("asked", "") if header else "")
 
     def _finish(self, rid: str) -> None:
         self.streams.pop(rid, None)

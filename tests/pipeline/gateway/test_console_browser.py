@@ -330,21 +330,31 @@ def test_a_request_appears_in_the_live_tail_and_opens_as_its_journey(
     assert "No request matches" in page.locator("table.found").inner_text()
 
 
-def test_a_refused_request_is_counted_in_routing_lately_and_found_by_its_status(
+def test_routing_lately_counts_a_refusal_and_a_fallback(
         keyed: Pipeline, page: Page) -> None:
     """A request no worker can take (its pool has none) is refused by schedule;
     the layer that refuses it writes its usage record, so the fleet's routing
-    lately counts it under its code and the search finds it as an error."""
+    lately counts it under its code and the search finds it as an error. One
+    for a model whose pool has no worker but a fallback is counted under the
+    model that answered, for the one asked."""
     refused = httpx.post(f"{keyed.base_url}/v1/chat/completions", timeout=60,
                          headers={"authorization": f"Bearer {keyed.api_key}"},
                          json={"model": "ghost", "messages": [{"role": "user", "content": "Hi"}]})
     assert refused.status_code == 503, refused.text
     rid = refused.headers["x-request-id"]
+    fallen = httpx.post(f"{keyed.base_url}/v1/chat/completions", timeout=60,
+                        headers={"authorization": f"Bearer {keyed.api_key}"},
+                        json={"model": "phantom", "max_tokens": 2,
+                              "messages": [{"role": "user", "content": "Hi"}]})
+    assert fallen.headers["x-conveyor-fallback"] == "smollm2-135m-instruct"
     sign_in(page, keyed)
     page.goto(f"{keyed.base_url}/console/fleet")
     ghost = page.locator('#routing tr[data-model="ghost"]')
     ghost.wait_for(timeout=30_000)  # filled as the page opens, then every ten seconds
     assert "no_worker_available 1" in ghost.inner_text()
+    answered = page.locator('#routing tr[data-model="smollm2-135m-instruct"]')
+    answered.wait_for(timeout=30_000)
+    assert "phantom 1" in answered.inner_text()  # the fallback, told apart
     page.goto(f"{keyed.base_url}/console/requests?status=error&model=ghost")
     row = page.locator(f'tr[data-request="{rid}"]')
     assert row.count() == 1 and "no_worker_available" in row.inner_text()

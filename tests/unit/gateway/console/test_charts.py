@@ -68,15 +68,18 @@ def test_no_model_no_chart() -> None:
 
 def test_routing_lately_counts_each_model_s_outcomes_by_error_code() -> None:
     def row(model: str, status: str = "completed", code: str | None = None,
-            first: int | None = 1_100) -> RequestRow:
-        return RequestRow("r", "t", "k", model, "chat", status, 1, 1, 1_000, 2_000, first, code)
+            first: int | None = 1_100, asked: str = "") -> RequestRow:
+        return RequestRow("r", "t", "k", model, "chat", status, 1, 1, 1_000, 2_000, first, code,
+                          asked)
 
     shown = routing_by_model([
-        row("a"), row("a", first=1_300), row("a", "error", "server_overloaded", None),
+        row("a"), row("a", first=1_300, asked="phantom"),
+        row("a", "error", "server_overloaded", None),
         row("", "error", "context_length_exceeded", None), row("b")])
     assert [(m.model, m.requests, m.completed) for m in shown] == [("a", 3, 2), ("", 1, 0),
                                                                    ("b", 1, 1)]
     assert shown[0].errors == {"server_overloaded": 1} and shown[0].ttft_p50_ms == 200
+    assert shown[0].answered_for == {"phantom": 1} and not shown[2].answered_for
     assert shown[1].ttft_p50_ms is None
 
 
