@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import HTTPConnection
-from workers.usage.requests import RequestIndex
 
 from conveyor.errors import PipelineUnavailable
 from conveyor.files.local import LocalFileStore
@@ -28,6 +27,7 @@ from gateway.stored import StoredAnswers
 from gateway.submission import Submitter
 from workers.fleet import Fleet
 from workers.usage.ledger import UsageLedger
+from workers.usage.requests import RequestIndex
 
 __all__ = ["Services", "service", "services_of"]
 

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
-from workers.usage.requests import RequestIndex
 
 from conveyor.files.local import LocalFileStore
 from conveyor.policy.rules import PolicyBook
@@ -37,6 +36,7 @@ from schemas.codec import default_codec
 from topics.lookup import SharedLookup
 from workers.fleet import Fleet
 from workers.usage.ledger import UsageLedger
+from workers.usage.requests import RequestIndex
 
 __all__ = ["HANG", "Lease", "RecordingProducer", "Router", "ScriptedProducer", "publisher",
            "cancels", "submitter", "chat_serving", "responses_serving", "offline_services"]
