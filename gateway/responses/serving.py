@@ -72,7 +72,8 @@ def generation_of(body: ResponsesRequest) -> Generation:
                       created=int(time.time()), store=is_stored(body),
                       metadata=dict(body.metadata or {}), api="responses",
                       response_format=body.text.format.record()
-                      if body.text and body.text.format else None, tools=body.tools_record())
+                      if body.text and body.text.format else None, tools=body.tools_record(),
+                      embedding=None)
 
 
 def input_param(param: str | None, body: ResponsesRequest) -> str | None:

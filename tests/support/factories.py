@@ -64,6 +64,7 @@ def generation(
         "api": api,
         "response_format": None,
         "tools": None,
+        "embedding": None,
     }
 
 
@@ -91,4 +92,4 @@ def chunk(request_id: str, seq: int, text: str = "", *, tokens: int = 1,
     return TokenChunk(envelope=new_envelope(request_id, reply_gateway="g", reply_partition=0),
                       seq=seq, text=text, tokens=tokens, finish_reason=finish, worker_id="w0",
                       header=None, error=None, run_id=run_id, run_start=0, cached_tokens=None,
-                      logprobs=[])
+                      logprobs=[], embeddings=[])
