@@ -30,6 +30,8 @@ __all__ = ["EncoderEngine"]
 
 # the inputs one forward batch takes at most, of however many requests
 _MAX_BATCH_INPUTS = 256
+# a request of more inputs than this is tokenized in a worker thread
+_INLINE_INPUTS = 32
 
 
 @dataclass
@@ -116,7 +118,9 @@ class EncoderEngine(Engine):
             raise InvalidRequest(f"The model `{request.model}` does not support specifying "
                                  f"dimensions other than {self.dimensions}.",
                                  param="dimensions")
-        ids = self.token_ids(request)
+        # many inputs are tokenized off the event loop (the worker's heartbeats run there)
+        ids = await asyncio.to_thread(self.token_ids, request) \
+            if len(request.inputs) > _INLINE_INPUTS else self.token_ids(request)
         longest = max((len(i) for i in ids), default=0)
         if longest > self.spec.context_length:
             raise InvalidRequest(f"This model's maximum input length is "
