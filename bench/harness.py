@@ -21,6 +21,7 @@ from pathlib import Path
 from types import FrameType
 
 import httpx
+import redis
 
 from conveyor.settings import load_settings
 from infra.services import port_answers, stop_groups
@@ -150,18 +151,34 @@ def conveyor_cli(failed: str, *args: str, env: Mapping[str, str] | None = None,
     return done.stdout
 
 
+def drop_redis_keys(url: str, prefix: str) -> None:
+    """Delete a finished run's Redis keys (``<prefix>:*``: its ledger and its
+    request index, which would stay a week); best effort."""
+    client = redis.Redis.from_url(url, socket_timeout=5)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+        for at in range(0, len(keys), 1000):
+            client.delete(*keys[at:at + 1000])
+    except redis.RedisError as exc:
+        print(f"the run's Redis keys ({prefix}:*) stay: {exc}", file=sys.stderr)
+    finally:
+        client.close()
+
+
 def conveyor_env(*, topic_prefix: str, gateway_port: int, models_file: Path | None = None,
                  services: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of a Conveyor run: a fresh topic prefix, the port, and the
     model registry when not the default one. ``services``: the settings of a
     Kafka and a Redis of its own, and no other ``CONVEYOR_`` variable of this
-    environment; without them, the run's topics are dropped when the benchmark
-    exits (after its finally blocks stopped Conveyor: runs left behind slow the
+    environment; without them, the run's topics and Redis keys are dropped when
+    the benchmark exits (after its finally blocks stopped Conveyor: runs left behind slow the
     broker down)."""
     env = dict(os.environ)
     if services is None:
+        defaults = load_settings()
         atexit.register(drop_topics, env.get("CONVEYOR_KAFKA_BOOTSTRAP",
-                                             load_settings().kafka.bootstrap),
+                                             defaults.kafka.bootstrap), topic_prefix)
+        atexit.register(drop_redis_keys, env.get("CONVEYOR_REDIS_URL", defaults.redis.url),
                         topic_prefix)
     else:
         env = {k: v for k, v in env.items() if not k.startswith("CONVEYOR_")} | dict(services)

@@ -191,6 +191,7 @@ class ChunkHeader(TypedDict):
     prompt_tokens: int
     tool_calls: NotRequired[bool]  # the answer is read for tool calls (schemas/tools.py)
     logprobs: NotRequired[bool]  # the tokens' log probabilities were asked for
+    asked: NotRequired[str]  # the model asked for, when another answers ("" when it does)
     encoding_format: NotRequired[str]  # kind embedding: float | base64
 
 
@@ -336,6 +337,8 @@ class UsageRecord(TypedDict):
     entered_ms: int
     finished_ms: int
     first_token_ms: NotRequired[int | None]  # None when no token came (v1 had none)
+    error_code: NotRequired[str | None]  # the code of the error that ended it (v3)
+    asked_model: NotRequired[str]  # the model asked for, when another answered (v3)
 
 
 class Feedback(TypedDict):

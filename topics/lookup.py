@@ -148,6 +148,19 @@ class KeyLookup:
                 break
         return found
 
+    async def last(self, topic: str, count: int) -> list[Record]:
+        """The last ``count`` records of each of ``topic``'s partitions (fewer
+        where it holds fewer), in offset order per partition: what just came."""
+        await self.track(topic)
+        found: list[Record] = []
+        for partition in await self.partitions(topic):
+            tp = TopicPartition(topic, partition)
+            end = (await self._consumer.end_offsets([tp]))[tp]
+            if end:
+                found += await asyncio.wait_for(
+                    self._read(tp, None, max(0, end - count), None, False), self.timeout_s)
+        return found
+
     async def at(self, topic: str, partition: int, offset: int) -> Record | None:
         """The record at one offset, or None when there is none (any more)."""
         await self.track(topic)
@@ -180,8 +193,8 @@ class KeyLookup:
         consumer = self._consumer
         consumer.assign([tp])
         try:
-            end = (await consumer.end_offsets([tp]))[tp]
             consumer.seek(tp, start)
+            end = (await consumer.end_offsets([tp]))[tp]
             found: list[Record] = []
             position = start
             try:

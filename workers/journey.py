@@ -84,9 +84,13 @@ def _decode(codec: Codec, records: list[Record], topic: Topic[Any],
 
 
 async def find_journey(settings: Settings, request_id: str, since_ms: int,
-                       codec: Codec | None = None) -> Journey | None:
+                       codec: Codec | None = None, ended_ms: int | None = None
+                       ) -> Journey | None:
     """Every event of ``request_id`` (None when its request is not in the log
-    since ``since_ms``); see the module for what is read."""
+    since ``since_ms``); see the module for what is read. ``ended_ms``: when
+    the request is known to have ended (the request index's finish): its
+    events are read up to then, not to its deadline, which for a request in a
+    busy log is minutes of other requests' records."""
     codec = codec or default_codec()
     journey = Journey(request_id, since_ms)
     async with KeyLookup(settings) as look:
@@ -107,6 +111,8 @@ async def find_journey(settings: Settings, request_id: str, since_ms: int,
         start = entered_ms - skew
         until = max(envelope.get("deadline_ms") or 0,
                     entered_ms + int(settings.gateway.request_timeout_s * 1000)) + skew
+        if ended_ms is not None:
+            until = min(until, ended_ms + skew)
 
         async def read(topic: Topic, key: str | None = request_id, **kw: Any) -> list[Found]:
             """The request's events on ``topic``, decoded as the one type it carries."""

@@ -26,9 +26,18 @@ from conveyor.errors import (
 )
 from conveyor.settings import KafkaSettings, Settings
 from schemas.codec import Codec, EventType
-from schemas.records import DeadLetter, Envelope, ErrorInfo, JobResult, Reply, Usage
+from schemas.records import (
+    DeadLetter,
+    Envelope,
+    ErrorInfo,
+    Generation,
+    JobResult,
+    Reply,
+    Usage,
+    UsageRecord,
+)
 from topics.backoff import Backoff, RateLimitedLog
-from topics.catalog import DLQ, REPLIES, RESULTS, TOKENS, TOPICS, Topic
+from topics.catalog import DLQ, REPLIES, RESULTS, TOKENS, TOPICS, USAGE, Topic
 from topics.clients import EventTooLarge, broker_error
 from topics.envelope import now_ms
 from topics.lookup import key_partition
@@ -36,7 +45,7 @@ from topics.producer import Producer
 from topics.reader import ended_ids_header, request_ids_header
 
 __all__ = ["Output", "RECORD_MARGIN", "Sender", "event_bytes", "dead_letter_record",
-           "error_info", "failure_reply", "job_event", "result_output"]
+           "error_info", "failure_reply", "job_event", "result_output", "usage_output"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +62,25 @@ class Output:
     key: str | None = None
     partition: int | None = None
     headers: tuple[tuple[str, bytes], ...] = ()
+
+
+def usage_output(settings: Settings, envelope: Envelope, *, status: str, model: str,
+                 kind: str, prompt_tokens: int = 0, completion_tokens: int = 0,
+                 first_token_ms: int | None = None, error_code: str | None = None,
+                 asked_model: str = "") -> Output:
+    """What a request cost, for the usage ledger and the request index
+    (``conveyor.usage``, key = tenant): written by postprocess as a request
+    ends, and by the layer that refuses one (no token, the error's code)."""
+    finished = now_ms()
+    entered_us = envelope["stamps"].get("gateway")
+    record = UsageRecord(
+        request_id=envelope["request_id"], tenant=envelope["tenant"],
+        key_id=envelope["key_id"], model=model, kind=kind, status=status,
+        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+        entered_ms=entered_us // 1000 if entered_us is not None else finished,
+        finished_ms=finished, first_token_ms=first_token_ms, error_code=error_code,
+        asked_model=asked_model)
+    return Output(USAGE.at(settings.kafka), "UsageRecord", record, key=envelope["tenant"])
 
 
 def result_output(settings: Settings, envelope: Envelope, *, status_code: int,
@@ -239,19 +267,26 @@ class Sender:
             if todo:
                 await backoff.wait()
 
-    def error_outputs(self, envelope: Envelope, exc: RequestError) -> list[Output]:
+    def error_outputs(self, envelope: Envelope, exc: RequestError,
+                      generation: Generation | None = None) -> list[Output]:
         """The reply that fails one request with ``exc`` (the result of a job's
-        request), or none for a request without a reply address (a replay)."""
+        request), and its usage record (what was asked, ``generation``, when the
+        layer read it), or none for a request without a reply address (a replay)."""
         error = error_info(exc)
+        refused = usage_output(self.settings, envelope, status="error",
+                               model=generation["model"] if generation else "",
+                               kind=generation["kind"] if generation else "chat",
+                               error_code=error["code"])
         if envelope.get("job_id"):
             return [result_output(self.settings, envelope, status_code=error["status"],
-                                  error=error)]
+                                  error=error), refused]
         if envelope["reply_partition"] < 0:
             return []
         reply = Reply(envelope=envelope, index=0, kind="error", text="", chunk="",
                       finish_reason=None, usage=None, error=error)
         return [Output(REPLIES.at(self.settings.kafka), "Reply", reply,
-                       key=envelope["request_id"], partition=envelope["reply_partition"])]
+                       key=envelope["request_id"], partition=envelope["reply_partition"]),
+                refused]
 
     def letter_output(self, layer: str, topic: str, partition: int, offset: int,
                       key: bytes | None, value: bytes | None, error: str) -> Output:

@@ -147,9 +147,11 @@ class PromptCache:
 
 
 def chunk_header(generation: Generation, model: str, prompt: Prompt) -> ChunkHeader:
-    """The header of a request's first chunk, a worker's or a cache hit's."""
+    """The header of a request's first chunk, a worker's or a cache hit's:
+    ``model`` the one that answers, and the one asked for when they differ."""
     ask = generation.get("embedding")
     return ChunkHeader(kind=generation["kind"], model=model, created=generation["created"],
+                       asked=generation["model"] if model != generation["model"] else "",
                        stop=generation["sampling"]["stop"], stream=generation["stream"],
                        include_usage=generation["include_usage"],
                        prompt_tokens=prompt["tokens"], tool_calls=reads_tool_calls(generation),

@@ -297,7 +297,8 @@ class LayerRuntime:
                 if envelope is None:  # no request to fail: keep the event in the DLQ
                     await self._fail(record, None, exc, f"{type(exc).__name__}: {exc}")
                     return None
-                return self._sender_().error_outputs(envelope, exc)
+                generation = event.get("generation") if isinstance(event, dict) else None
+                return self._sender_().error_outputs(envelope, exc, generation)
             except (TransientBrokerError, KafkaError) as exc:
                 translated = broker_error(exc)
                 if not isinstance(translated, TransientBrokerError):

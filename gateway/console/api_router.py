@@ -7,6 +7,7 @@ every few seconds."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hmac
 import logging
@@ -21,6 +22,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from conveyor.errors import InvalidRequest, RequestError, last_line
+from conveyor.redis_clients import REDIS_ERRORS
 from gateway.auth.keys import KeyNotFound, KeyStore
 from gateway.auth.types import Limits
 from gateway.console.access import (
@@ -33,14 +35,21 @@ from gateway.console.access import (
     same_origin,
     session_value,
 )
-from gateway.console.charts import minute_starts, model_charts
+from gateway.console.charts import (
+    minute_starts,
+    model_charts,
+    prefix_hits_by_pool,
+    routing_by_model,
+)
 from gateway.dead_letters import check, read_letters, redrive, redriven
 from gateway.errors import BACKEND_ERRORS
 from gateway.services import Services, services_of
 from schemas.codec import default_codec
+from topics.catalog import REQUESTS
 from topics.envelope import iso, now_ms
 from topics.groups import describe_groups
-from topics.lookup import parse_since
+from topics.lookup import KeyLookup, parse_since
+from topics.reader import decoded
 from workers.journey import LAYERS, find_journey, report
 from workers.replay import REPLAYABLE, ReplayError, parse_through, replay_request
 from workers.replay import report as replay_report
@@ -168,6 +177,25 @@ async def fleet_rows(request: Request) -> Response:
     return _page(request, "fleet_rows.html", **_fleet(services_of(request)))
 
 
+_LATELY_MS = 15 * 60_000
+_LATELY_ROWS = 1_000
+
+
+@console_router.get("/fleet/routing")
+@_operator
+async def fleet_routing(request: Request) -> Response:
+    """Routing lately: each model's requests of the last minutes as the request
+    index has them (how many ended in which error: refusals for want of room
+    or a worker among them), and each pool's prefix hits as its workers count
+    them."""
+    services = services_of(request)
+    found = await services.requests.search(since_ms=now_ms() - _LATELY_MS,
+                                           limit=_LATELY_ROWS)
+    return _page(request, "routing.html", models=routing_by_model(found.rows),
+                 pools=prefix_hits_by_pool(services.fleet.rows()), more=found.more,
+                 minutes=_LATELY_MS // 60_000, cap=_LATELY_ROWS)
+
+
 # -- overview -----------------------------------------------------------------------
 
 _CHART_MINUTES = 60
@@ -250,8 +278,42 @@ async def requests_rows(request: Request, tenant: str = "", key_id: str = "", mo
                  **await _found(request, tenant, key_id, model, status, since, until))
 
 
+# how long after its end a request's events are still looked for (a late dead letter)
+_AFTER_END_MS = 10_000
+
+
+async def _ended(services: Services, request_id: str) -> int | None:
+    """When the request ended, from the request index (None when not indexed,
+    or when Redis does not answer: the journey is read to the deadline)."""
+    try:
+        row = await services.requests.get(request_id)
+    except REDIS_ERRORS:
+        return None
+    return row.finished_ms + _AFTER_END_MS if row is not None else None
+
+
 # what a replay from the page may run (conveyor replay --through): layers in a row
 _THROUGH = ("preprocess,route", *REPLAYABLE)
+
+
+_ARRIVING = 20
+
+
+@console_router.get("/requests/arriving")
+@_operator
+async def requests_arriving(request: Request) -> Response:
+    """The requests that came last, as the gateways wrote them to
+    ``conveyor.requests``, each with its outcome once the index has it."""
+    services = services_of(request)
+    async with KeyLookup(services.settings) as look:
+        records = await look.last(REQUESTS.at(services.settings.kafka), _ARRIVING)
+    arrived = sorted(decoded(REQUESTS, default_codec(), records, lambda r, exc: None),
+                     key=lambda pair: pair[0].timestamp, reverse=True)[:_ARRIVING]
+    ids = [event["envelope"]["request_id"] for _, event in arrived]
+    rows = await asyncio.gather(*(services.requests.get(rid) for rid in ids))
+    return _page(request, "arriving.html", arrived=[
+        (record.timestamp, event, row) for (record, event), row in zip(arrived, rows,
+                                                                      strict=True)])
 
 
 def _resume_url(rep: dict[str, Any]) -> str:
@@ -263,8 +325,9 @@ def _resume_url(rep: dict[str, Any]) -> str:
 @console_router.get("/requests/{request_id}")
 @_operator
 async def request_page(request: Request, request_id: str, content: bool = False) -> Response:
-    settings = services_of(request).settings
-    journey = await find_journey(settings, request_id, now_ms() - _SINCE_MS)
+    services = services_of(request)
+    journey = await find_journey(services.settings, request_id, now_ms() - _SINCE_MS,
+                                 ended_ms=await _ended(services, request_id))
     if journey is None:
         return _page(request, "requests.html", status_code=404, page="requests",
                      statuses=_STATUSES, found=None, query="", filters={},

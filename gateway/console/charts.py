@@ -1,17 +1,23 @@
-"""The overview's charts, drawn on the server as SVG bars (no script, no
-library): one chart a figure of a model over the last hour, one bar a minute,
-from the accounting app's model-wide minute rows
-(:meth:`workers.usage.ledger.UsageLedger.model_minutes`)."""
+"""The figures the console draws: the overview's charts, on the server as SVG
+bars (no script, no library), one chart a figure of a model over the last
+hour, one bar a minute, from the accounting app's model-wide minute rows
+(:meth:`workers.usage.ledger.UsageLedger.model_minutes`); and the fleet's
+routing lately, from the request index and the workers' heartbeats."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Any
 
 from workers.usage.ledger import ModelMinute
+from workers.usage.requests import RequestRow
 from workers.usage.rows import MINUTE_MS
 
-__all__ = ["Bar", "Chart", "ModelCharts", "model_charts", "minute_starts"]
+__all__ = ["Bar", "Chart", "ModelCharts", "ModelRouting", "PoolHits", "model_charts",
+           "minute_starts", "prefix_hits_by_pool", "routing_by_model"]
 
 WIDTH = 240.0
 HEIGHT = 48.0
@@ -103,3 +109,63 @@ def model_charts(minutes: dict[str, list[ModelMinute]], starts: Sequence[int],
                                  sum(r.errors for r in rows), charts))
     shown.sort(key=lambda m: (-m.requests, m.model))
     return shown
+
+
+@dataclass
+class ModelRouting:
+    model: str
+    requests: int = 0
+    completed: int = 0
+    errors: Counter[str] = field(default_factory=Counter)  # error code -> how many
+    # the model asked for -> how many this model answered for it (a fallback, a deployment)
+    answered_for: Counter[str] = field(default_factory=Counter)
+    ttfts_ms: list[int] = field(default_factory=list)
+
+    @property
+    def ttft_p50_ms(self) -> float | None:
+        return median(self.ttfts_ms) if self.ttfts_ms else None
+
+
+def routing_by_model(rows: Iterable[RequestRow]) -> list[ModelRouting]:
+    """Each model's requests among ``rows``: how many completed, how many ended
+    in each error code (a request refused before any worker took it has no
+    model name when no layer read one), how many it answered for another model
+    (as a fallback or a canary's deployment), and the median time to first
+    token; the busiest first."""
+    by: dict[str, ModelRouting] = {}
+    for row in rows:
+        seen = by.setdefault(row.model, ModelRouting(row.model))
+        seen.requests += 1
+        if row.status == "completed":
+            seen.completed += 1
+        else:
+            seen.errors[row.error_code or "unknown"] += 1
+        if row.asked_model:
+            seen.answered_for[row.asked_model] += 1
+        if row.first_token_ms is not None:
+            seen.ttfts_ms.append(row.first_token_ms - row.entered_ms)
+    return sorted(by.values(), key=lambda m: (-m.requests, m.model))
+
+
+@dataclass(frozen=True)
+class PoolHits:
+    pool: str
+    workers: int
+    queries: int  # prompts whose prefix the workers looked up in their KV cache
+    hits: int
+
+    @property
+    def rate(self) -> float | None:
+        return self.hits / self.queries if self.queries else None
+
+
+def prefix_hits_by_pool(workers: Iterable[dict[str, Any]]) -> list[PoolHits]:
+    """Each pool's live workers' prefix-cache lookups and hits, summed from
+    their heartbeats (a worker without a KV cache report counts none)."""
+    pools: dict[str, list[dict[str, Any]]] = {}
+    for row in workers:
+        if row["live"]:
+            pools.setdefault(row["pool"], []).append(row)
+    return [PoolHits(pool, len(rows), sum((r["kv"] or {}).get("prefix_queries", 0) for r in rows),
+                     sum((r["kv"] or {}).get("prefix_hits", 0) for r in rows))
+            for pool, rows in sorted(pools.items())]

@@ -51,7 +51,8 @@ class RecordingSender:
             else:
                 self.sent.append(out)
 
-    def error_outputs(self, envelope: Any, exc: RequestError) -> list[Output]:
+    def error_outputs(self, envelope: Any, exc: RequestError,
+                      generation: Any = None) -> list[Output]:
         return [Output("sched.replies", "Reply", {"error": error_info(exc)},
                        key=envelope["request_id"], partition=0)]
 

@@ -30,14 +30,13 @@ from schemas.records import (
     TokenChunk,
     TokenLogprob,
     Usage,
-    UsageRecord,
 )
 from schemas.tool_calls import ToolCallReader
-from topics.catalog import CONTROL, REPLIES, TOKENS, USAGE
+from topics.catalog import CONTROL, REPLIES, TOKENS
 from topics.envelope import now_ms, stamp
 from topics.policies import PolicyFollower
 from workers.layer import Layer
-from workers.outputs import Output, Sender, result_output
+from workers.outputs import Output, Sender, result_output, usage_output
 from workers.policy_checks import policy_audit
 from workers.postprocess.stream import Emitted, RequestStream
 
@@ -59,7 +58,6 @@ class PostprocessLayer(Layer):
         self.policies = self._follower.book
         self._replies = REPLIES.at(settings.kafka)
         self._control = CONTROL.at(settings.kafka)
-        self._usage = USAGE.at(settings.kafka)
         self.streams: dict[str, RequestStream] = {}
         # request id -> (topic partition, offset of its first chunk there)
         self._first: dict[str, tuple[TopicPartition, int]] = {}
@@ -107,7 +105,7 @@ class PostprocessLayer(Layer):
             return self._job_outputs(stream, e)
         if e.error is not None:
             return [self._reply(stream, "error", error=e.error),
-                    self._usage_output(stream, "error")]
+                    self._usage_output(stream, "error", e.error)]
         header = stream.header or _NO_HEADER
         if header["kind"] == "embedding":
             return self._embedding_outputs(stream, header, e)
@@ -195,7 +193,7 @@ class PostprocessLayer(Layer):
         envelope = stream.envelope
         if e.error is not None:
             return [result_output(self.settings, envelope, status_code=e.error["status"],
-                                  error=e.error), self._usage_output(stream, "error")]
+                                  error=e.error), self._usage_output(stream, "error", e.error)]
         if e.text:
             stream.collected.append(e.text)
         stream.collected_logprobs.extend(e.logprobs)
@@ -239,22 +237,19 @@ class PostprocessLayer(Layer):
         return Output(self._replies, "Reply", reply, key=stream.envelope["request_id"],
                       partition=stream.envelope["reply_partition"])
 
-    def _usage_output(self, stream: RequestStream, status: str) -> Output:
-        """What the request cost, for the usage ledger (key = tenant). An error
+    def _usage_output(self, stream: RequestStream, status: str,
+                      error: ErrorInfo | None = None) -> Output:
+        """What the request cost (:func:`workers.outputs.usage_output`). An error
         counts the tokens generated before it (none before the first token)."""
-        envelope = stream.envelope
         header = stream.header
-        finished = now_ms()
-        entered_us = envelope["stamps"].get("gateway")
-        record = UsageRecord(
-            request_id=envelope["request_id"], tenant=envelope["tenant"],
-            key_id=envelope["key_id"], model=header["model"] if header else "",
-            kind=header["kind"] if header else "chat", status=status,
-            prompt_tokens=header["prompt_tokens"] if header else 0,
-            completion_tokens=stream.completion_tokens,
-            entered_ms=entered_us // 1000 if entered_us is not None else finished,
-            finished_ms=finished, first_token_ms=stream.first_token_ms)
-        return Output(self._usage, "UsageRecord", record, key=envelope["tenant"])
+        return usage_output(self.settings, stream.envelope, status=status,
+                            model=header["model"] if header else "",
+                            kind=header["kind"] if header else "chat",
+                            prompt_tokens=header["prompt_tokens"] if header else 0,
+                            completion_tokens=stream.completion_tokens,
+                            first_token_ms=stream.first_token_ms,
+                            error_code=error["code"] if error else None,
+                            asked_model=header.get("asked", "") if header else "")
 
     def _finish(self, rid: str) -> None:
         self.streams.pop(rid, None)

@@ -102,7 +102,7 @@ class PreprocessLayer(Layer):
         if blocked is None and policy.classifier is not None:
             blocked = await classified_input(policy.classifier, generation)
         if blocked is not None:
-            return self._refused(envelope, blocked, policy, generation)
+            return self._refused(envelope, generation, blocked, policy)
         spec = self.registry.find(generation["model"])
         if spec is not None:  # a canary's deployment (the one route picks) measures it
             spec = self.registry.deployment(spec, canary_key(envelope))
@@ -182,8 +182,8 @@ class PreprocessLayer(Layer):
         return [Output(PREPARED.at(self.settings.kafka), "Prepared", prepared,
                        key=envelope["request_id"])]
 
-    def _refused(self, envelope: Envelope, blocked: Match, policy: Policy,
-                 generation: Generation) -> list[Output]:
+    def _refused(self, envelope: Envelope, generation: Generation, blocked: Match,
+                 policy: Policy) -> list[Output]:
         """A blocked input: the 400 for its client and the audit event."""
         log.info("request %s trace %s: input blocked by the content policy (%s)",
                  envelope["request_id"], envelope["traceparent"], blocked.category)
@@ -193,7 +193,7 @@ class PreprocessLayer(Layer):
                                 else "messages")
         if self._sender is None:
             raise refusal
-        return [*self._sender.error_outputs(envelope, refusal), audit]
+        return [*self._sender.error_outputs(envelope, refusal, generation), audit]
 
     def _measure(self, spec: ModelSpec, tokenizer: Tokenizer, generation: Generation,
                  salt: str) -> tuple[Fit, list[int]]:

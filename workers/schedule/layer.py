@@ -399,7 +399,8 @@ class ScheduleLayer(Layer):
                 if out is None and overdue:
                     raise out_of_time(parked, served, self.table.settling(), self.settings)
             except RequestError as exc:
-                outputs = sender.error_outputs(parked.task["envelope"], exc)
+                outputs = sender.error_outputs(parked.task["envelope"], exc,
+                                               parked.task["generation"])
             else:
                 if out is None:
                     if not held_back:  # later tasks of the pool stay behind this one
@@ -417,10 +418,11 @@ class ScheduleLayer(Layer):
         assert sender is not None
         sends: list[tuple[Envelope, list[Output]]] = []
         for late in self.held.expired(self.clock()):
-            envelope = late.task(self.codec, self.name)["envelope"]
+            task = late.task(self.codec, self.name)
             exc = DeadlineExceeded("The request's deadline passed while it waited for a "
                                    "worker with room for it.")
-            sends.append((envelope, sender.error_outputs(envelope, exc)))
+            sends.append((task["envelope"],
+                          sender.error_outputs(task["envelope"], exc, task["generation"])))
         for pool in self.held.pools():
             while (upcoming := self.held.peek(pool)) is not None:
                 view = self._room_for_low(pool, upcoming.model or None)

@@ -57,6 +57,8 @@ class RequestRow:
     entered_ms: int
     finished_ms: int
     first_token_ms: int | None
+    error_code: str | None = None  # the code of the error that ended it
+    asked_model: str = ""  # the model asked for, when another answered
 
     @classmethod
     def of(cls, record: Any) -> RequestRow:
@@ -66,17 +68,22 @@ class RequestRow:
                    str(record["model"]), str(record["kind"]), str(record["status"]),
                    int(record["prompt_tokens"]), int(record["completion_tokens"]),
                    int(record["entered_ms"]), int(record["finished_ms"]),
-                   None if first is None else int(first))
+                   None if first is None else int(first), record.get("error_code"),
+                   str(record.get("asked_model") or ""))
 
     def encode(self) -> str:
         return json.dumps(astuple(self), separators=(",", ":"))
 
     @classmethod
     def decode(cls, data: str | bytes) -> RequestRow:
+        """A row as :meth:`encode` wrote it (one written before rows had an error
+        code and the model asked for has neither)."""
         (rid, tenant, key_id, model, kind, status, prompt, completion, entered, finished,
-         first) = json.loads(data)
+         first, *later) = json.loads(data)
+        code, asked = (later + [None, ""])[:2]
         return cls(rid, tenant, key_id, model, kind, status, int(prompt), int(completion),
-                   int(entered), int(finished), None if first is None else int(first))
+                   int(entered), int(finished), None if first is None else int(first),
+                   code, asked)
 
     def value_of(self, dim: str) -> str:
         """The row's value of a filter dimension (:data:`FILTERS`)."""

@@ -1,10 +1,10 @@
 // Live parts: an element with data-live="URL" is refilled from URL every two
 // seconds, or every data-every milliseconds (an HTML fragment of the same
-// page). A failed fetch waits for the next.
+// page); with data-load, also once as the page opens. A failed fetch waits
+// for the next.
 "use strict";
 for (const element of document.querySelectorAll("[data-live]")) {
-  const every = Number(element.dataset.every) || 2000;
-  setInterval(async () => {
+  const refill = async () => {
     try {
       const answer = await fetch(element.dataset.live, {credentials: "same-origin"});
       if (answer.ok && answer.headers.get("content-type")?.startsWith("text/html")) {
@@ -13,5 +13,9 @@ for (const element of document.querySelectorAll("[data-live]")) {
     } catch (failure) {
       // the gateway is away for a moment: the next tick tries again
     }
-  }, every);
+  };
+  if ("load" in element.dataset) {
+    refill();
+  }
+  setInterval(refill, Number(element.dataset.every) || 2000);
 }

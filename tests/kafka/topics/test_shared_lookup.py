@@ -160,3 +160,18 @@ async def test_a_reader_knows_a_topic_s_leaders_before_it_asks_for_offsets(
         assert client.cluster.leader_for_partition(tp) is not None
         await look.track(written.topics[1])  # a second topic keeps the first
         assert set(written.topics) <= client._topics
+
+
+async def test_the_last_records_of_each_partition_are_what_just_came(
+        written: Written) -> None:
+    topic = written.topics[1]
+    async with KeyLookup(written.settings) as look:
+        last = await look.last(topic, 2)
+        everything = await look.last(topic, 10_000)  # more than a partition holds
+    per_partition: dict[int, list[int]] = {}
+    for r in everything:
+        per_partition.setdefault(r.partition, []).append(r.offset)
+    assert sorted(per_partition) == list(range(PARTITIONS))
+    assert sum(len(o) for o in per_partition.values()) == KEYS * PER_KEY
+    assert sorted((r.partition, r.offset) for r in last) == sorted(
+        (p, o) for p, offsets in per_partition.items() for o in offsets[-2:])

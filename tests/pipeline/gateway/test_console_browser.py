@@ -307,6 +307,9 @@ def test_a_request_appears_in_the_live_tail_and_opens_as_its_journey(
     sign_in(page, keyed)
     page.goto(f"{keyed.base_url}/console/requests")
     rid = _ask(keyed, "Tell me about the tail")
+    arrived = page.locator(f'#arriving tr[data-arrived="{rid}"]')
+    arrived.wait_for(timeout=30_000)  # as it came, then what became of it
+    assert "ops" in arrived.inner_text()
     row = page.locator(f'tr[data-request="{rid}"]')
     row.wait_for(timeout=30_000)  # no reload: the table is fetched again by itself
     assert "ops" in row.inner_text() and "smollm2" in row.inner_text()
@@ -327,6 +330,36 @@ def test_a_request_appears_in_the_live_tail_and_opens_as_its_journey(
     assert "No request matches" in page.locator("table.found").inner_text()
 
 
+def test_routing_lately_counts_a_refusal_and_a_fallback(
+        keyed: Pipeline, page: Page) -> None:
+    """A request no worker can take (its pool has none) is refused by schedule;
+    the layer that refuses it writes its usage record, so the fleet's routing
+    lately counts it under its code and the search finds it as an error. One
+    for a model whose pool has no worker but a fallback is counted under the
+    model that answered, for the one asked."""
+    refused = httpx.post(f"{keyed.base_url}/v1/chat/completions", timeout=60,
+                         headers={"authorization": f"Bearer {keyed.api_key}"},
+                         json={"model": "ghost", "messages": [{"role": "user", "content": "Hi"}]})
+    assert refused.status_code == 503, refused.text
+    rid = refused.headers["x-request-id"]
+    fallen = httpx.post(f"{keyed.base_url}/v1/chat/completions", timeout=60,
+                        headers={"authorization": f"Bearer {keyed.api_key}"},
+                        json={"model": "phantom", "max_tokens": 2,
+                              "messages": [{"role": "user", "content": "Hi"}]})
+    assert fallen.headers["x-conveyor-fallback"] == "smollm2-135m-instruct"
+    sign_in(page, keyed)
+    page.goto(f"{keyed.base_url}/console/fleet")
+    ghost = page.locator('#routing tr[data-model="ghost"]')
+    ghost.wait_for(timeout=30_000)  # filled as the page opens, then every ten seconds
+    assert "no_worker_available 1" in ghost.inner_text()
+    answered = page.locator('#routing tr[data-model="smollm2-135m-instruct"]')
+    answered.wait_for(timeout=30_000)
+    assert "phantom 1" in answered.inner_text()  # the fallback, told apart
+    page.goto(f"{keyed.base_url}/console/requests?status=error&model=ghost")
+    row = page.locator(f'tr[data-request="{rid}"]')
+    assert row.count() == 1 and "no_worker_available" in row.inner_text()
+
+
 def test_a_replay_from_the_journey_page_compares_layer_by_layer(
         keyed: Pipeline, page: Page) -> None:
     rid = _ask(keyed, "Replay me")
@@ -339,6 +372,28 @@ def test_a_replay_from_the_journey_page_compares_layer_by_layer(
     for layer in ("preprocess", "route"):
         assert "same" in page.locator(f'section[data-layer="{layer}"] h2').inner_text()
     shot(page, "replay")
+
+
+def test_the_policy_that_applies_to_a_tenant_is_shown(
+        keyed: Pipeline, page: Page, tmp_path: Path) -> None:
+    tenant = f"policy-{uuid.uuid4().hex[:6]}"
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[pii]\nredact = ["email"]\n\n[cache]\nenabled = true\nttl_s = 120\n')
+    with ThreadPoolExecutor(1) as aside:  # the CLI runs its own event loop
+        aside.submit(keyed.cli, "policies", "set", "--tenant", tenant, str(policy)).result()
+    sign_in(page, keyed)
+    page.goto(f"{keyed.base_url}/console/policies")
+    field = page.locator("#tenant")
+    field.fill(tenant)
+    field.press("Enter")
+    deadline = time.monotonic() + 30  # the gateway follows conveyor.policies
+    while "on, 120 s" not in page.locator("#effective").inner_text():
+        assert time.monotonic() < deadline, page.content()
+        page.wait_for_timeout(500)
+        page.reload()
+    assert "redacted: email" in page.locator("#effective").inner_text()
+    assert f"tenant:{tenant}" in page.content()
+    shot(page, "policies")
 
 
 def test_a_worker_killed_shows_as_gone_and_then_back(keyed: Pipeline, page: Page) -> None:

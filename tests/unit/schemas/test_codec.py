@@ -107,7 +107,7 @@ def test_a_usage_record_written_before_first_token_ms_reads_with_none() -> None:
            "entered_ms": 1_000, "finished_ms": 2_000}
     event = default_codec().decode(encoded_with(parse_schema(v1, _write_hint=False), old),
                                    "UsageRecord")
-    assert event == {**old, "first_token_ms": None}
+    assert event == {**old, "first_token_ms": None, "error_code": None, "asked_model": ""}
     # today's record carries it, and one written without it is null
     now = default_codec().encode("UsageRecord", {**old, "first_token_ms": 1_500})
     assert default_codec().decode(now, "UsageRecord")["first_token_ms"] == 1_500

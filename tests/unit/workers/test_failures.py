@@ -31,11 +31,15 @@ def sender() -> Sender:
 
 def test_an_event_of_a_layer_becomes_a_letter_and_an_error_reply() -> None:
     envelope = request()["envelope"]
-    letter, reply = failure_outputs(sender(), "route", record("t.prepared"), envelope,
-                                    SchemaError("bad"), "SchemaError: bad")
+    letter, reply, usage = failure_outputs(sender(), "route", record("t.prepared"), envelope,
+                                           SchemaError("bad"), "SchemaError: bad")
     assert (letter.topic, letter.event_type) == ("t.dlq", "DeadLetter")
     assert letter.record["topic"] == "t.prepared" and letter.record["offset"] == 5
     assert (reply.topic, reply.event_type) == ("t.replies", "Reply")
+    # the request is counted, as one that ended in an error, with the error's code
+    assert (usage.topic, usage.event_type, usage.key) == ("t.usage", "UsageRecord", "default")
+    assert usage.record["status"] == "error" and usage.record["completion_tokens"] == 0
+    assert usage.record["error_code"] == reply.record["error"]["code"]
 
 
 def test_an_event_of_the_dlq_is_passed_over_not_dead_lettered_again(

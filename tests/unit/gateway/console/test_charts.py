@@ -1,10 +1,19 @@
-"""The overview's charts: a bar a minute, scaled to the chart's highest value,
-the p99 drawn behind its p50, and the chart told in words."""
+"""The console's figures: the overview's charts (a bar a minute, scaled to the
+chart's highest value, the p99 drawn behind its p50, each chart told in
+words) and the fleet's routing lately."""
 
 from __future__ import annotations
 
-from gateway.console.charts import HEIGHT, WIDTH, minute_starts, model_charts
+from gateway.console.charts import (
+    HEIGHT,
+    WIDTH,
+    minute_starts,
+    model_charts,
+    prefix_hits_by_pool,
+    routing_by_model,
+)
 from workers.usage.ledger import ModelMinute
+from workers.usage.requests import RequestRow
 from workers.usage.rows import MINUTE_MS
 
 T0 = 1_800_000_000_000 - 1_800_000_000_000 % MINUTE_MS
@@ -55,3 +64,33 @@ def test_the_busiest_model_comes_first_and_errors_are_counted() -> None:
 
 def test_no_model_no_chart() -> None:
     assert model_charts({}, minute_starts(T0, 60), str) == []
+
+
+def test_routing_lately_counts_each_model_s_outcomes_by_error_code() -> None:
+    def row(model: str, status: str = "completed", code: str | None = None,
+            first: int | None = 1_100, asked: str = "") -> RequestRow:
+        return RequestRow("r", "t", "k", model, "chat", status, 1, 1, 1_000, 2_000, first, code,
+                          asked)
+
+    shown = routing_by_model([
+        row("a"), row("a", first=1_300, asked="phantom"),
+        row("a", "error", "server_overloaded", None),
+        row("", "error", "context_length_exceeded", None), row("b")])
+    assert [(m.model, m.requests, m.completed) for m in shown] == [("a", 3, 2), ("", 1, 0),
+                                                                   ("b", 1, 1)]
+    assert shown[0].errors == {"server_overloaded": 1} and shown[0].ttft_p50_ms == 200
+    assert shown[0].answered_for == {"phantom": 1} and not shown[2].answered_for
+    assert shown[1].ttft_p50_ms is None
+
+
+def test_prefix_hits_are_summed_over_a_pool_s_live_workers() -> None:
+    def worker(pool: str, live: bool, kv: dict[str, int] | None) -> dict[str, object]:
+        return {"pool": pool, "live": live, "kv": kv}
+
+    pools = prefix_hits_by_pool([
+        worker("gpu", True, {"prefix_queries": 10, "prefix_hits": 4}),
+        worker("gpu", True, {"prefix_queries": 30, "prefix_hits": 26}),
+        worker("gpu", False, {"prefix_queries": 99, "prefix_hits": 99}),  # gone
+        worker("cpu", True, None)])
+    assert [(p.pool, p.workers, p.queries, p.hits, p.rate) for p in pools] == [
+        ("cpu", 1, 0, 0, None), ("gpu", 2, 40, 30, 0.75)]

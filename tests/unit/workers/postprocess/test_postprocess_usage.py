@@ -8,11 +8,12 @@ from aiokafka import TopicPartition
 
 from conveyor.settings import Settings, load_settings
 from schemas.codec import default_codec
-from schemas.records import ChunkHeader, ErrorInfo, TokenChunk, UsageRecord
-from tests.support.factories import Record
+from schemas.records import ChunkHeader, ErrorInfo, Prompt, TokenChunk, UsageRecord
+from tests.support.factories import Record, request
 from topics.envelope import new_envelope, now_ms
 from workers.outputs import Output
 from workers.postprocess import PostprocessLayer
+from workers.prompt_cache import chunk_header
 
 TENANT = "acme"
 KEY_ID = "key-7"
@@ -83,7 +84,8 @@ async def test_a_finished_request_writes_one_usage_record_keyed_by_tenant(
     assert {k: v for k, v in rec.items() if k not in ("finished_ms", "first_token_ms")} == {
         "request_id": "r1", "tenant": TENANT, "key_id": KEY_ID, "model": "smollm2",
         "kind": "completion", "status": "completed", "prompt_tokens": 11,
-        "completion_tokens": 6, "entered_ms": ENTERED_US // 1000}
+        "completion_tokens": 6, "entered_ms": ENTERED_US // 1000, "error_code": None,
+        "asked_model": ""}
     assert rec["finished_ms"] >= before
     first = rec.get("first_token_ms")
     assert first is not None and before <= first <= rec["finished_ms"]
@@ -123,6 +125,7 @@ async def test_an_error_before_any_token_counts_the_request_with_no_completion(
     assert rec["status"] == "error"
     assert rec["completion_tokens"] == 0 and rec["prompt_tokens"] == 11
     assert rec["tenant"] == TENANT and rec["key_id"] == KEY_ID and rec["model"] == "smollm2"
+    assert rec["error_code"] == ERROR["code"]  # what the console searches failures by
 
 
 async def test_an_error_mid_stream_counts_the_tokens_generated_before_it(
@@ -161,3 +164,21 @@ async def test_an_error_before_any_token_has_no_first_token(layer: PostprocessLa
     feed = Feeder(layer)
     records = usage(await feed(chunk(0, tokens=0, error=ERROR)))
     assert records[0].get("first_token_ms") is None
+
+
+async def test_a_fallback_s_answer_is_counted_under_it_naming_the_model_asked_for(
+        layer: PostprocessLayer) -> None:
+    feed = Feeder(layer)
+    first = chunk(0, "par", tokens=2, finish="stop")
+    assert first["header"] is not None
+    first["header"] |= {"model": "bigger", "asked": "smollm2"}  # as the worker wrote it
+    [record] = usage(await feed(first))
+    assert (record["model"], record["asked_model"]) == ("bigger", "smollm2")
+
+
+def test_a_header_names_the_model_asked_for_only_when_another_answers() -> None:
+    asked = request()["generation"]
+    prompt = Prompt(text=None, tokens=3, exact=True, max_tokens=16, dropped_messages=0,
+                    fingerprint="", prefix_blocks=[])
+    assert chunk_header(asked, asked["model"], prompt).get("asked") == ""
+    assert chunk_header(asked, "bigger", prompt).get("asked") == asked["model"]

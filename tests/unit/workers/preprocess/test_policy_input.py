@@ -151,8 +151,10 @@ async def test_with_a_sender_the_refusal_is_an_error_reply_and_an_audit(
         decoded = codec.decode(codec.encode(o.event_type, o.record), o.event_type)
         assert decoded == {**decoded, **o.record}
 
-    assert [o.event_type for o in outputs] == ["Reply", "AuditEvent"]
-    reply, audit = (o.record for o in outputs)
+    assert [o.event_type for o in outputs] == ["Reply", "UsageRecord", "AuditEvent"]
+    reply, usage, audit = (o.record for o in outputs)
+    assert (usage["status"], usage["error_code"], usage["model"]) == (
+        "error", "content_policy_violation", req["generation"]["model"])
     assert reply["kind"] == "error" and outputs[0].partition == 4
     assert reply["error"]["status"] == 400
     assert reply["error"]["code"] == "content_policy_violation"
@@ -162,7 +164,7 @@ async def test_with_a_sender_the_refusal_is_an_error_reply_and_an_audit(
                                                                        "r-policy")
     assert audit["actor"] == "preprocess"
     assert audit["detail"] == {"category": "custom", "level": "1", "scopes": "tenant:acme"}
-    assert outputs[1].topic == settings.kafka.topic("audit") and outputs[1].key == "acme"
+    assert outputs[2].topic == settings.kafka.topic("audit") and outputs[2].key == "acme"
     for out in outputs:
         assert "nightingale" not in json.dumps(out.record, default=str).lower()
 

@@ -31,6 +31,16 @@ def test_a_record_with_no_first_token_or_written_before_the_field_has_none() -> 
     assert row.first_token_ms is None and RequestRow.decode(row.encode()) == row
 
 
+def test_a_failed_request_s_row_keeps_its_error_code_and_an_older_row_reads() -> None:
+    row = RequestRow.of(usage(status="error", error_code="server_overloaded"))
+    assert row.error_code == "server_overloaded" and RequestRow.decode(row.encode()) == row
+    fallback = RequestRow.of(usage(asked_model="phantom"))
+    assert fallback.asked_model == "phantom" and RequestRow.decode(fallback.encode()) == fallback
+    older = '["r1","acme","k1","m","chat","completed",11,5,1000,2000,1200]'
+    assert RequestRow.decode(older).error_code is None
+    assert RequestRow.decode(older).asked_model == ""
+
+
 def test_each_row_is_in_the_set_of_all_and_one_set_per_filter() -> None:
     keys = IndexKeys("cv")
     row = RequestRow.of(usage())
