@@ -42,7 +42,8 @@ class ModelSpec:
     tokenizer: Literal["gguf", "estimate", "hf"] = "estimate"
     gguf: str | None = None
     kind: ModelKind = "generation"
-    # an encoder's files (conveyor/encoder_files.py): "package:NAME" or a path
+    # an encoder's files (conveyor/encoder_files.py): "package:NAME" or a path; an
+    # embedding model behind an HTTP upstream (upstream_model) has none
     weights: str | None = None
     # an embedding model's vector width (the gateway refuses another before submitting)
     dimensions: int | None = None
@@ -275,8 +276,6 @@ def _spec(entry: _Entry) -> ModelSpec:
     kind = entry.choice("kind", "generation")
     weights = entry.text("weights")
     tokenizer = entry.choice("tokenizer", "estimate")
-    if kind == "embedding" and not weights:
-        entry.faults.append(f"model `{entry.name}`: an embedding model needs its `weights`")
     if tokenizer == "hf" and not weights:
         entry.faults.append(f"model `{entry.name}`: tokenizer hf reads the tokenizer.json "
                             "of its `weights`")

@@ -246,7 +246,7 @@ class TaskRun:
         request = EmbeddingRequest(
             request_id=self.request_id, model=self.task["route"]["model"],
             inputs=tuple(i if isinstance(i, str) else tuple(i) for i in ask["inputs"]),
-            dimensions=ask.get("dimensions"))
+            dimensions=ask.get("dimensions"), upstream_model=self.upstream_model)
         vectors = await self.engine.embed(request)
         if self.cancelled:
             self._emit(self._chunk("", 0, "cancelled"))

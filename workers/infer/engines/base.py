@@ -99,6 +99,7 @@ class EmbeddingRequest:
     inputs: tuple[str | tuple[int, ...], ...]
     # the vector's width asked for; None: the model's
     dimensions: int | None = None
+    upstream_model: str | None = None  # the name an HTTP upstream knows the model by
 
 
 class Engine(Protocol):
