@@ -1,6 +1,6 @@
 """The encoder engine on the packaged all-MiniLM-L6-v2 (no service): its vectors
-against sentence-transformers' (computed once with torch, the first six values
-kept here), and the properties any sentence embedding has."""
+against the torch reference (computed once, the first six values kept here),
+and the properties any sentence embedding has."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from workers.infer.engines.encoder import EncoderEngine
 
 SPEC = ModelSpec(name="all-minilm-l6-v2", pool="embed", context_length=256, kind="embedding",
                  tokenizer="hf", weights="package:all_minilm_l6_v2", dimensions=384)
-# sentence-transformers 5 on torch 2.13 (mean pooling, normalised), float32
+# transformers 5.19 on torch 2.13, float32, mean-pooled and L2-normalised as
+# sentence-transformers computes them
 REFERENCE = {
     "The cat sits on the mat.": [0.134177, -0.0329, -0.024804, 0.041439, -0.036348, 0.041814],
     "Quarterly revenue rose by ten percent.": [0.003003, -0.050654, -0.010866, -0.06039,
@@ -48,7 +49,7 @@ def embed(model: tuple[BertEncoder, EncoderFiles], texts: list[str]) -> np.ndarr
     return encoder.embed([e.ids for e in files.tokenizer().encode_batch(texts)])
 
 
-def test_the_vectors_are_sentence_transformers(model: tuple[BertEncoder, EncoderFiles]) -> None:
+def test_the_vectors_are_the_torch_references(model: tuple[BertEncoder, EncoderFiles]) -> None:
     got = embed(model, list(REFERENCE))
     assert got.shape == (2, 384) and got.dtype == np.float32
     assert np.abs(got[:, :6] - np.asarray(list(REFERENCE.values()))).max() < 2e-6
