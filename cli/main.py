@@ -298,6 +298,15 @@ def cmd_up(settings: Settings, args: argparse.Namespace) -> int:
     children += [Child(f"infer {args.pool}-{i}",
                        on(2 + i) + infer + ["--worker-id", f"{args.pool}-{i}"])
                  for i in range(args.workers)]
+    # each embedding model's pool gets a worker of the encoder engine, on the CPU
+    # (POST /v1/embeddings), unless --embedding-workers 0
+    embedding_pools = sorted({m.pool for m in registry.models.values()
+                              if m.kind == "embedding" and m.pool != args.pool})
+    for n, pool in enumerate(embedding_pools):
+        children += [Child(f"infer {pool}-{i}", on(2 + args.workers + n) + [
+            "infer", "--engine", "encoder", "--pool", pool, "--contexts", "8",
+            "--worker-id", f"{pool}-{i}"])
+            for i in range(args.embedding_workers)]
     gateway = exe + ["gateway"] + (["--insecure-no-auth"] if args.insecure_no_auth else [])
     children.append(Child("gateway", gateway))
     supervisor = Supervisor(children, restart_limit=args.restart_limit)
@@ -324,6 +333,8 @@ def _parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="run everything on this host")
     engine_args(up)
     up.add_argument("--workers", type=int, default=1, help="infer workers to start")
+    up.add_argument("--embedding-workers", type=int, default=1,
+                    help="encoder workers to start for each embedding model's pool (0: none)")
     up.add_argument("--insecure-no-auth", action="store_true",
                     help="serve without authentication on a non-loopback address")
     up.add_argument("--no-infra", action="store_true",

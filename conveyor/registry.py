@@ -22,10 +22,13 @@ from typing import IO, Literal, get_args
 
 from conveyor.errors import ConveyorError, ModelNotFound
 
-__all__ = ["ModelSpec", "Precision", "Registry", "file_digest", "locate_gguf", "model_cache",
+__all__ = ["ModelKind", "ModelSpec", "Precision", "Registry", "file_digest", "locate_gguf",
+           "model_cache",
            "precise_gguf"]
 
 Precision = Literal["source", "q8_0", "f16", "f32"]
+# what a model serves: generations (chat and completions) or embeddings
+ModelKind = Literal["generation", "embedding"]
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +39,14 @@ class ModelSpec:
     pool: str
     context_length: int
     default_max_tokens: int = 256
-    tokenizer: Literal["gguf", "estimate"] = "estimate"
+    tokenizer: Literal["gguf", "estimate", "hf"] = "estimate"
     gguf: str | None = None
+    kind: ModelKind = "generation"
+    # an encoder's files (conveyor/encoder_files.py): "package:NAME" or a path; an
+    # embedding model behind an HTTP upstream (upstream_model) has none
+    weights: str | None = None
+    # an embedding model's vector width (the gateway refuses another before submitting)
+    dimensions: int | None = None
     upstream_model: str | None = None  # the name an HTTP upstream knows it by
     aliases: tuple[str, ...] = field(default_factory=tuple)
     precision: Precision = "source"
@@ -171,8 +180,11 @@ _FIELDS: dict[str, str] = {
     "pool": "a pool name (text)",
     "context_length": "a positive integer (tokens)",
     "default_max_tokens": "a positive integer (tokens)",
-    "tokenizer": 'one of "gguf", "estimate"',
+    "tokenizer": 'one of "gguf", "estimate", "hf"',
     "gguf": 'a path or "package:NAME" (text)',
+    "kind": 'one of "generation", "embedding"',
+    "dimensions": "a positive integer (an embedding model's vector width)",
+    "weights": 'an encoder\'s model.zip or directory: a path or "package:NAME" (text)',
     "upstream_model": "a model name (text)",
     "aliases": "a list of names (text)",
     "precision": "one of " + ", ".join(f'"{p}"' for p in get_args(Precision)),
@@ -244,7 +256,9 @@ class _Entry:
 
 
 def _choices(key: str) -> tuple[str, ...]:
-    return get_args(Precision) if key == "precision" else ("gguf", "estimate")
+    if key == "kind":
+        return get_args(ModelKind)
+    return get_args(Precision) if key == "precision" else ("gguf", "estimate", "hf")
 
 
 def _spec(entry: _Entry) -> ModelSpec:
@@ -259,13 +273,22 @@ def _spec(entry: _Entry) -> ModelSpec:
     if precision != "source" and not gguf:
         entry.faults.append(f"model `{entry.name}`: precision {precision} needs a gguf file "
                             "to convert")
+    kind = entry.choice("kind", "generation")
+    weights = entry.text("weights")
+    tokenizer = entry.choice("tokenizer", "estimate")
+    if tokenizer == "hf" and not weights:
+        entry.faults.append(f"model `{entry.name}`: tokenizer hf reads the tokenizer.json "
+                            "of its `weights`")
     return ModelSpec(
         name=entry.name,
         pool=entry.text("pool", "") or "",
         context_length=entry.tokens("context_length", 1),
         default_max_tokens=entry.tokens("default_max_tokens", 256),
-        tokenizer=entry.choice("tokenizer", "estimate"),  # type: ignore[arg-type]
+        tokenizer=tokenizer,  # type: ignore[arg-type]
         gguf=gguf or None,
+        kind=kind,  # type: ignore[arg-type]
+        weights=weights or None,
+        dimensions=entry.tokens("dimensions", 1) if "dimensions" in entry.entry else None,
         upstream_model=entry.text("upstream_model") or None,
         aliases=entry.names("aliases"),
         precision=precision,  # type: ignore[arg-type]

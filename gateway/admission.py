@@ -37,6 +37,10 @@ _AUDIT_EVERY_S = 1.0
 
 def estimate_tokens(generation: Generation, registry: Registry) -> int:
     """Prompt tokens (estimated from characters) plus the tokens it may generate."""
+    ask = generation.get("embedding")
+    if generation["kind"] == "embedding" and ask:  # nothing generated; ids are tokens
+        return sum(-(-len(i) // CHARS_PER_TOKEN) + 2 if isinstance(i, str) else len(i) + 2
+                   for i in ask["inputs"])
     if generation["kind"] == "chat":
         chars = sum(len(m["content"]) + len(m["role"]) + 4 for m in generation["messages"])
     else:

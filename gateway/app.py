@@ -38,6 +38,7 @@ from gateway.chat.api_router import router
 from gateway.chat.serving import ChatServing
 from gateway.console.api_router import console_router, console_static
 from gateway.errors import install_error_handlers
+from gateway.embeddings.api_router import embeddings_router
 from gateway.feedback import feedback_router
 from gateway.files.api_router import files_router, upload_limits
 from gateway.health import Health
@@ -105,8 +106,8 @@ def build_app(settings: Settings, registry: Registry | None = None,
     app.add_middleware(AuthMiddleware, authenticator=_authenticator)
     install_error_handlers(app)
     # the Responses router before the jobs router: GET /v1/responses/{id} is its
-    for api in (router, responses_router, usage_router, feedback_router, moderations_router,
-                files_router, jobs_router, websocket_router, console_router):
+    for api in (router, embeddings_router, responses_router, usage_router, feedback_router,
+                moderations_router, files_router, jobs_router, websocket_router, console_router):
         app.include_router(api)
     app.mount("/console/static", console_static, name="console-static")
     _, metrics = install_metrics(app, settings)

@@ -40,7 +40,7 @@ __all__ = ["Recorded", "RecordedReplies", "StreamNotFound",
 
 log = logging.getLogger(__name__)
 
-Kind = Literal["chat", "completion"]
+Kind = Literal["chat", "completion", "embedding"]
 
 # the id prefix the stream's chunk objects carry (schemas/openai/chunks.py)
 _PREFIXES: dict[Kind, str] = {"chat": "chatcmpl-", "completion": "cmpl-"}

@@ -155,8 +155,9 @@ def _timeout(request: HTTPConnection) -> float | None:
 
 
 def _prompt_hash(generation: Generation) -> str:
-    prompt = generation["prompt"] if generation["kind"] == "completion" else [
-        [m["role"], m["content"]] for m in generation["messages"]]
+    ask = generation.get("embedding")
+    prompt = generation["prompt"] if generation["kind"] == "completion" else \
+        ask["inputs"] if ask else [[m["role"], m["content"]] for m in generation["messages"]]
     return hashlib.sha256(safe_json(prompt)).hexdigest()[:16]
 
 

@@ -67,6 +67,16 @@ class Smoke:
         assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
         return f"{len(chunks)} chunks, {text.strip()[:40]!r}"
 
+    def embeddings(self) -> str:
+        """The embedding worker's vectors, as the client decodes them (base64)."""
+        texts = ["The cat sits on the mat.", "A cat is sitting on a rug.",
+                 "Quarterly revenue rose by ten percent."]
+        got = self.client.embeddings.create(model="all-minilm-l6-v2", input=texts)
+        v = [d.embedding for d in got.data]
+        dot = [sum(a * b for a, b in zip(v[i], v[j], strict=True)) for i, j in ((0, 1), (0, 2))]
+        assert [len(e) for e in v] == [384] * 3 and dot[0] > dot[1] + 0.3, dot
+        return f"3 x 384, similar {dot[0]:.2f} > unrelated {dot[1]:.2f}"
+
     def json_schema(self) -> str:
         schema = {"type": "object", "additionalProperties": False,
                   "required": ["city", "country"],
@@ -263,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     smoke = Smoke(args.base_url, args.api_key, args.conveyor)
     checks: list[tuple[str, Callable[[], str]]] = [
-        ("chat", smoke.first_answer), ("stream", smoke.stream),
+        ("chat", smoke.first_answer), ("stream", smoke.stream), ("embeddings", smoke.embeddings),
         ("json_schema", smoke.json_schema), ("tools", smoke.tools),
         ("logprobs and n", smoke.logprobs_and_n), ("pii and prompt cache", smoke.pii_and_cache),
         ("moderations", smoke.moderations), ("feedback", smoke.feedback),

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Literal, NotRequired, TypedDict
 
-__all__ = ["ChunkHeader", "HostCache", "KvCache", "Control", "DeadLetter", "Envelope", "ErrorInfo",
+__all__ = ["ChunkHeader", "Embedding", "EmbeddingAsk", "HostCache", "KvCache", "Control",
+           "DeadLetter", "Envelope", "ErrorInfo",
            "Generation", "Message", "Prepared", "Prompt", "Reply", "Request", "Route", "Fallback",
            "ResponseFormat", "ToolCall", "TokenLogprob", "TopLogprob", "Function", "Tools",
            "ReplyBatch", "Sampling", "Task", "TokenBatch", "TokenChunk", "Usage", "WorkerHeartbeat",
@@ -95,8 +96,14 @@ class ResponseFormat(TypedDict):
     strict: bool
 
 
+class EmbeddingAsk(TypedDict):
+    inputs: list[str | list[int]]  # each a text or token ids
+    encoding_format: Literal["float", "base64"]
+    dimensions: int | None
+
+
 class Generation(TypedDict):
-    kind: Literal["chat", "completion"]
+    kind: Literal["chat", "completion", "embedding"]
     model: str
     messages: list[Message]
     prompt: str | None
@@ -113,6 +120,7 @@ class Generation(TypedDict):
     # messages (after this request's instructions) are its conversation
     previous_response_id: NotRequired[str]
     history_messages: NotRequired[int]
+    embedding: NotRequired[EmbeddingAsk | None]  # kind embedding only
 
 
 class Prompt(TypedDict):
@@ -178,7 +186,7 @@ class Task(TypedDict):
 
 
 class ChunkHeader(TypedDict):
-    kind: Literal["chat", "completion"]
+    kind: Literal["chat", "completion", "embedding"]
     model: str
     created: int
     stop: list[str]
@@ -188,6 +196,7 @@ class ChunkHeader(TypedDict):
     tool_calls: NotRequired[bool]  # the answer is read for tool calls (schemas/tools.py)
     logprobs: NotRequired[bool]  # the tokens' log probabilities were asked for
     asked: NotRequired[str]  # the model asked for, when another answers ("" when it does)
+    encoding_format: NotRequired[str]  # kind embedding: float | base64
 
 
 class TokenChunk(TypedDict):
@@ -203,6 +212,12 @@ class TokenChunk(TypedDict):
     run_start: int
     cached_tokens: NotRequired[int | None]
     logprobs: NotRequired[list[TokenLogprob]]
+    embeddings: NotRequired[list[Embedding]]  # kind embedding: the inputs' vectors
+
+
+class Embedding(TypedDict):
+    index: int  # the input's position in the request
+    vector: bytes  # float32, little-endian
 
 
 class TokenBatch(TypedDict):

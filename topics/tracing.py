@@ -73,7 +73,7 @@ def make_tracer(exporter: str, service: str,
 
 
 # gen_ai.operation.name of each generation kind (OpenTelemetry GenAI conventions)
-GENAI_OPERATIONS = {"chat": "chat", "completion": "text_completion"}
+GENAI_OPERATIONS = {"chat": "chat", "completion": "text_completion", "embedding": "embeddings"}
 
 
 def genai_request_attributes(generation: Generation) -> dict[str, AttributeValue]:

@@ -44,9 +44,8 @@ from topics.lookup import key_partition
 from topics.producer import Producer
 from topics.reader import ended_ids_header, request_ids_header
 
-__all__ = ["Output", "Sender", "dead_letter_record", "error_info", "failure_reply", "job_event",
-           "usage_output",
-           "result_output"]
+__all__ = ["Output", "RECORD_MARGIN", "Sender", "event_bytes", "dead_letter_record",
+           "error_info", "failure_reply", "job_event", "result_output", "usage_output"]
 
 log = logging.getLogger(__name__)
 
@@ -115,12 +114,16 @@ def batch_output(kafka: KafkaSettings, topic: Topic[Any], events: list[Any],
 def packed(kafka: KafkaSettings, outputs: list[Output]) -> list[Output]:
     """``outputs`` with the events bound for a topic of batches (tokens,
     replies) gathered into one record a partition, placed where the first of
-    them was; the others as they are. Order within a partition is kept."""
+    them was; the others as they are. Order within a partition is kept. A
+    record that would outgrow ``max_event_bytes`` (large answers: embeddings)
+    is closed and the next one begun after it."""
     batched = _batched(kafka.topic_prefix)
     if not any(o.topic in batched for o in outputs):
         return outputs
-    out: list[Output | tuple[Topic[Any], int]] = []
-    groups: dict[tuple[str, int], list[Any]] = {}
+    room = kafka.max_event_bytes - RECORD_MARGIN
+    out: list[Output | tuple[Topic[Any], int, int]] = []
+    groups: dict[tuple[str, int, int], list[Any]] = {}
+    open_group: dict[tuple[str, int], tuple[int, int]] = {}  # -> (group number, bytes)
     for o in outputs:
         topic = batched.get(o.topic)
         if topic is None or o.event_type == topic.events[0]:
@@ -128,13 +131,27 @@ def packed(kafka: KafkaSettings, outputs: list[Output]) -> list[Output]:
             continue
         partition = o.partition if o.partition is not None else key_partition(
             (o.key or "").encode(), topic.partitions(kafka))
-        events = groups.get((o.topic, partition))
-        if events is None:
-            events = groups[(o.topic, partition)] = []
-            out.append((topic, partition))
-        events.append(o.record)
+        size = event_bytes(o.record)
+        number, used = open_group.get((o.topic, partition), (-1, 0))
+        if number < 0 or used + size > room:
+            number, used = number + 1, 0
+            groups[(o.topic, partition, number)] = []
+            out.append((topic, partition, number))
+        groups[(o.topic, partition, number)].append(o.record)
+        open_group[(o.topic, partition)] = (number, used + size)
     return [o if isinstance(o, Output) else
-            batch_output(kafka, o[0], groups[(o[0].at(kafka), o[1])], o[1]) for o in out]
+            batch_output(kafka, o[0], groups[(o[0].at(kafka), o[1], o[2])], o[1]) for o in out]
+
+
+# what a record of batched events holds besides its events' large fields, at most
+RECORD_MARGIN = 64 * 1024
+
+
+def event_bytes(event: Any) -> int:
+    """About the bytes an event of a batch takes: its large fields (a reply's
+    text and chunk objects, a chunk's text and vectors) and 2 KB for the rest."""
+    return (2048 + len(event.get("text") or "") + len(event.get("chunk") or "")
+            + sum(len(e["vector"]) + 8 for e in event.get("embeddings") or ()))
 
 
 @functools.lru_cache(maxsize=64)

@@ -42,7 +42,16 @@ CLASSIFIED = "classifier"
 OFF_LOOP_CHARS = 8_192
 
 
+def _embedded_texts(generation: Generation) -> list[str]:
+    """An embedding request's texts (token ids are not text)."""
+    ask = generation.get("embedding")
+    return [i for i in ask["inputs"] if isinstance(i, str)] if ask else []
+
+
 def _texts(generation: Generation) -> Iterator[str]:
+    if generation["kind"] == "embedding":
+        yield from _embedded_texts(generation)
+        return
     if generation["kind"] == "completion":
         yield generation["prompt"] or ""
         return
@@ -58,6 +67,8 @@ def _texts(generation: Generation) -> Iterator[str]:
 def text_size(generation: Generation, per_message: int = 0) -> int:
     """The characters of a request's messages, tool-call arguments and prompt, and
     ``per_message`` more for each message (what a template adds around a turn)."""
+    if generation["kind"] == "embedding":
+        return sum(len(t) for t in _embedded_texts(generation))
     if generation["kind"] == "completion":
         return len(generation["prompt"] or "")
     return sum(len(m["content"]) + per_message
@@ -98,6 +109,8 @@ def blocked_input(terms: TermList, generation: Generation) -> Match | None:
 
 
 def _conversation(generation: Generation) -> str:
+    if generation["kind"] == "embedding":
+        return "\n".join(_embedded_texts(generation))
     if generation["kind"] == "completion":
         return generation["prompt"] or ""
     return "\n".join(m["content"] for m in generation["messages"] if m["role"] == "user")
@@ -118,10 +131,10 @@ async def classified_input(threshold: float, generation: Generation) -> Match | 
     return Match(CATEGORY, f"{CLASSIFIED} {score:.3f}", 0, len(text))
 
 
-def input_refusal(match: Match) -> ContentPolicyViolation:
+def input_refusal(match: Match, param: str = "messages") -> ContentPolicyViolation:
     return ContentPolicyViolation(
         f"The request was blocked by the content policy (category: {match.category}).",
-        param="messages")
+        param=param)
 
 
 def policy_audit(settings: Settings, envelope: Envelope, action: str, match: Match,
@@ -144,6 +157,11 @@ def redact_generation(generation: Generation, policy: Policy,
     """``generation`` with what ``policy`` redacts replaced, and the redactor
     (its mapping: placeholder -> original); ``memo`` serves texts searched before."""
     redactor = Redactor(policy.redact, region=policy.region, memo=memo)
+    ask = generation.get("embedding")
+    if generation["kind"] == "embedding" and ask:  # the vectors embed the placeholders
+        inputs: list[str | list[int]] = [redactor.redact(i) if isinstance(i, str) else i
+                                         for i in ask["inputs"]]
+        return {**generation, "embedding": {**ask, "inputs": inputs}}, redactor
     if generation["kind"] == "completion":
         prompt = generation["prompt"]
         return {**generation, "prompt": None if prompt is None else redactor.redact(prompt)}, \

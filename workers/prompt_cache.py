@@ -42,6 +42,8 @@ _TIMEOUT_S = 0.25
 def cacheable(generation: Generation) -> bool:
     """Whether the answer would be the same again: greedy or seeded, no logprobs."""
     sampling = generation["sampling"]
+    if generation["kind"] == "embedding":  # not kept: an embedding is cheaper than its key
+        return False
     return not sampling.get("logprobs") and (
         sampling["temperature"] <= 0 or sampling.get("seed") is not None)
 
@@ -147,12 +149,14 @@ class PromptCache:
 def chunk_header(generation: Generation, model: str, prompt: Prompt) -> ChunkHeader:
     """The header of a request's first chunk, a worker's or a cache hit's:
     ``model`` the one that answers, and the one asked for when they differ."""
+    ask = generation.get("embedding")
     return ChunkHeader(kind=generation["kind"], model=model, created=generation["created"],
                        asked=generation["model"] if model != generation["model"] else "",
                        stop=generation["sampling"]["stop"], stream=generation["stream"],
                        include_usage=generation["include_usage"],
                        prompt_tokens=prompt["tokens"], tool_calls=reads_tool_calls(generation),
-                       logprobs=bool(generation["sampling"].get("logprobs")))
+                       logprobs=bool(generation["sampling"].get("logprobs")),
+                       encoding_format=ask["encoding_format"] if ask else "")
 
 
 def hit_chunk(envelope: Envelope, generation: Generation, prompt: Prompt,
@@ -163,4 +167,4 @@ def hit_chunk(envelope: Envelope, generation: Generation, prompt: Prompt,
                       header=chunk_header(generation, cached.model, prompt), error=None,
                       run_start=0, run_id=CACHE_WORKER + hashlib.sha256(
                           envelope["request_id"].encode()).hexdigest()[:7],
-                      cached_tokens=prompt["tokens"], logprobs=[])
+                      cached_tokens=prompt["tokens"], logprobs=[], embeddings=[])

@@ -36,9 +36,9 @@ class BatchCreateRequest(BaseModel):
     metadata: dict[str, str] | None = None
 
     def check(self) -> None:
-        if self.endpoint not in ("/v1/chat/completions", "/v1/completions"):
-            raise InvalidRequest("endpoint must be /v1/chat/completions or /v1/completions.",
-                                 param="endpoint")
+        if self.endpoint not in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings"):
+            raise InvalidRequest("endpoint must be /v1/chat/completions, /v1/completions or "
+                                 "/v1/embeddings.", param="endpoint")
         if self.completion_window != "24h":
             raise InvalidRequest("completion_window must be 24h.", param="completion_window")
         if self.metadata is not None and (

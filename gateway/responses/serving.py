@@ -82,7 +82,8 @@ def generation_of(body: ResponsesRequest) -> Generation:
                       metadata=dict(body.metadata or {}), api="responses",
                       response_format=body.text.format.record()
                       if body.text and body.text.format else None, tools=body.tools_record(),
-                      previous_response_id="", history_messages=0)
+                      previous_response_id="", history_messages=0,
+                      embedding=None)
 
 
 def input_param(param: str | None, body: ResponsesRequest) -> str | None:

@@ -66,4 +66,4 @@ def _generation(kind: str, body: ChatCompletionRequest | CompletionRequest, *,
                       include_usage=body.include_usage(), created=int(time.time()),
                       store=bool(body.store), metadata=dict(body.metadata or {}),
                       api="chat.completions" if kind == "chat" else "completions",
-                      response_format=None, tools=None)
+                      response_format=None, tools=None, embedding=None)

@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from conveyor.errors import InvalidRequest
+from schemas.openai.embeddings import EmbeddingBody
 from schemas.openai.feedback import FeedbackBody
 from schemas.openai.fields import FUNCTION_NAME, STRICT, Text, joined
 from schemas.openai.moderations import ModerationBody, ModerationText
@@ -409,7 +410,8 @@ _MODELS: tuple[type[BaseModel], ...] = (ChatCompletionRequest, CompletionRequest
                                         ChatMessage, TextPart, StreamOptions, ResponseFormat,
                                         JsonSchemaSpec, Tool, FunctionSpec, NamedToolChoice,
                                         NamedFunction, MessageToolCall, CalledFunction,
-                                        FeedbackBody, ModerationBody, ModerationText)
+                                        FeedbackBody, ModerationBody, ModerationText,
+                                        EmbeddingBody)
 
 
 @cache

@@ -107,7 +107,7 @@ def test_creating_a_batch_checks_its_file_and_endpoint(pipeline: Pipeline) -> No
         c.batches.create(input_file_id="file-000000000000000000000000",
                          endpoint="/v1/chat/completions", completion_window="24h")
     with pytest.raises(openai.BadRequestError):
-        c.batches.create(input_file_id=upload(c, [line("a")]), endpoint="/v1/embeddings",
+        c.batches.create(input_file_id=upload(c, [line("a")]), endpoint="/v1/moderations",
                          completion_window="24h")
     with pytest.raises(openai.NotFoundError):
         c.batches.retrieve("batch_doesnotexist")

@@ -66,6 +66,7 @@ def generation(
         "tools": None,
         "previous_response_id": "",
         "history_messages": 0,
+        "embedding": None,
     }
 
 
@@ -93,4 +94,4 @@ def chunk(request_id: str, seq: int, text: str = "", *, tokens: int = 1,
     return TokenChunk(envelope=new_envelope(request_id, reply_gateway="g", reply_partition=0),
                       seq=seq, text=text, tokens=tokens, finish_reason=finish, worker_id="w0",
                       header=None, error=None, run_id=run_id, run_start=0, cached_tokens=None,
-                      logprobs=[])
+                      logprobs=[], embeddings=[])

@@ -33,6 +33,7 @@ from conveyor.settings import Settings
 from schemas.answer_format import violation
 from schemas.records import (
     ChunkHeader,
+    Embedding,
     ErrorInfo,
     Generation,
     ResponseFormat,
@@ -45,7 +46,7 @@ from schemas.tools import check_tools, reads_tool_calls, tool_format
 from topics.catalog import ROUTED
 from topics.envelope import now_ms, stamp, unstamped
 from topics.tracing import genai_request_attributes
-from workers.infer.engines.base import Engine, GenerationRequest
+from workers.infer.engines.base import EmbeddingRequest, Engine, GenerationRequest
 from workers.infer.heartbeat import Speed
 from workers.infer.progress import ProgressTracker
 from workers.infer.token_records import TokenRecords
@@ -73,9 +74,11 @@ def request_from_task(task: Task, continuation: str, done_tokens: int,
         prompt_text = None  # rendered for the model asked for: the engine renders its own
     if gen["kind"] == "completion" and prompt_text is None:
         prompt_text = gen["prompt"] or ""
+    kind = gen["kind"]
+    assert kind != "embedding", "an embedding request is embedded, not generated"
     return GenerationRequest(
         request_id=task["envelope"]["request_id"],
-        kind=gen["kind"],
+        kind=kind,
         model=task["route"]["model"],
         max_tokens=max(1, task["prompt"]["max_tokens"] - done_tokens),
         temperature=sampling["temperature"],
@@ -180,6 +183,15 @@ class TaskRun:
                 self._emit(self._chunk("", 0, "cancelled"))
         elif self._past_deadline():
             await self._fail(DeadlineExceeded("The request's deadline passed."))
+        elif self.task["generation"]["kind"] == "embedding":
+            try:
+                await self._embed()
+            except EngineError as exc:
+                self.engine_failure = traceback.format_exc()
+                if not await self._retry_elsewhere(exc):
+                    await self._fail(exc)
+            except RequestError as exc:
+                await self._fail(exc)
         else:
             request = request_from_task(self.task, self.text, self.tokens, self.upstream_model,
                                         self.settings.prefix.cache_shared)
@@ -220,6 +232,29 @@ class TaskRun:
             if refused:
                 raise InvalidRequest(f"{what} not supported by the {engine.name} engine "
                                      f"serving {request.model}", param=param)
+
+    async def _embed(self) -> None:
+        """An embedding request: every input's vector in the run's one chunk,
+        each as float32 bytes in its own field (never text)."""
+        ask = self.task["generation"].get("embedding")
+        if not self.engine.embeds:
+            raise InvalidRequest(f"The model `{self.task['generation']['model']}` does not "
+                                 f"serve embeddings (the {self.engine.name} engine).",
+                                 param="model")
+        if not ask:
+            raise InvalidRequest("An embedding request without inputs.", param="input")
+        request = EmbeddingRequest(
+            request_id=self.request_id, model=self.task["route"]["model"],
+            inputs=tuple(i if isinstance(i, str) else tuple(i) for i in ask["inputs"]),
+            dimensions=ask.get("dimensions"), upstream_model=self.upstream_model)
+        vectors = await self.engine.embed(request)
+        if self.cancelled:
+            self._emit(self._chunk("", 0, "cancelled"))
+            return
+        chunk = self._chunk("", 0, "stop")
+        chunk["embeddings"] = [Embedding(index=i, vector=row.astype("<f4").tobytes())
+                               for i, row in enumerate(vectors)]
+        self._emit(chunk)
 
     async def _keep_in_cache(self) -> None:
         """A whole answer whose request named a cache key goes into the prompt

@@ -25,7 +25,7 @@ from conveyor.settings import Settings
 from schemas.records import TokenChunk
 from topics.catalog import TOKENS
 from topics.lookup import key_partition
-from workers.outputs import Output, Sender, batch_output
+from workers.outputs import RECORD_MARGIN, Output, Sender, batch_output, event_bytes
 
 __all__ = ["Pieces", "Stretch", "TokenRecords"]
 
@@ -157,9 +157,12 @@ class TokenRecords:
         by_partition: dict[int, list[_Given]] = {}
         for item in given:
             by_partition.setdefault(item[1], []).append(item)
+        room = self.settings.kafka.max_event_bytes - RECORD_MARGIN
         for partition, items in by_partition.items():
-            out = batch_output(self.settings.kafka, TOKENS, [c for c, _, _ in items], partition)
-            await self._send(out, [d for _, _, d in items])
+            for group in _within(items, room):
+                out = batch_output(self.settings.kafka, TOKENS, [c for c, _, _ in group],
+                                   partition)
+                await self._send(out, [d for _, _, d in group])
 
     async def _send(self, out: Output, done: list[asyncio.Future[None]]) -> None:
         try:
@@ -174,6 +177,21 @@ class TokenRecords:
             _settle(done, fut if fut.cancelled() else None, exc)
 
         ack.add_done_callback(settled)
+
+
+def _within(items: list[_Given], room: int) -> list[list[_Given]]:
+    """``items`` in order, in groups that fit one record (only embeddings'
+    vectors are large; the gateway keeps one request's within a record)."""
+    groups: list[list[_Given]] = [[]]
+    size = 0
+    for item in items:
+        bytes_ = event_bytes(item[0])
+        if groups[-1] and size + bytes_ > room:
+            groups.append([])
+            size = 0
+        groups[-1].append(item)
+        size += bytes_
+    return groups
 
 
 def _settle(done: list[asyncio.Future[None]], cancelled: Any,

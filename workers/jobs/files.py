@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from conveyor.errors import RequestError
+from schemas.openai.embeddings import EmbeddingBody, embedding_generation
 from schemas.openai.generations import chat_generation, completion_generation
 from schemas.openai.requests import ChatCompletionRequest, CompletionRequest, invalid_request
 from schemas.records import Generation
@@ -96,6 +97,8 @@ def _line(index: int, raw: str, endpoint: str, seen: set[str]) -> Line:
     try:
         if endpoint == "/v1/chat/completions":
             generation = chat_generation(ChatCompletionRequest.model_validate(body))
+        elif endpoint == "/v1/embeddings":
+            generation = embedding_generation(EmbeddingBody.model_validate(body))
         else:
             generation = completion_generation(CompletionRequest.model_validate(body))
     except (ValidationError, RequestError) as exc:

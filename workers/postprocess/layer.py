@@ -20,6 +20,7 @@ from conveyor.policy.rules import PolicyBook
 from conveyor.policy.safety import StreamScanner
 from conveyor.settings import Settings
 from schemas.openai.chunks import delta_chunk, full_response, tool_call_chunk, usage_chunk
+from schemas.openai.embeddings import embedding_response
 from schemas.openai.logprobs import chat_logprobs, completion_logprobs
 from schemas.records import (
     ChunkHeader,
@@ -106,6 +107,8 @@ class PostprocessLayer(Layer):
             return [self._reply(stream, "error", error=e.error),
                     self._usage_output(stream, "error", e.error)]
         header = stream.header or _NO_HEADER
+        if header["kind"] == "embedding":
+            return self._embedding_outputs(stream, header, e)
         chunks: list[str] = []
         if stream.reply_index == 0 and header["kind"] == "chat":
             chunks.append(delta_chunk(header, rid, "", role=True))
@@ -135,6 +138,21 @@ class PostprocessLayer(Layer):
         return [self._reply(stream, "final", text=e.text, chunk="\n".join(chunks),
                             finish_reason=reason, usage=usage, logprobs=e.logprobs),
                 *self._completed(stream, e)]
+
+    def _embedding_outputs(self, stream: RequestStream, header: ChunkHeader,
+                           e: Emitted) -> list[Output]:
+        """An embedding request's answer, built once here: OpenAI's list of
+        vectors as the final reply's one object (nothing streams)."""
+        if e.finish_reason is None:
+            return []
+        usage = usage_of(header, stream)
+        if e.finish_reason == "cancelled":
+            return [self._reply(stream, "final", finish_reason="stop", usage=usage),
+                    self._usage_output(stream, "completed")]
+        body = embedding_response(header["model"], stream.embeddings,
+                                  header.get("encoding_format") or "float", usage)
+        return [self._reply(stream, "final", chunk=body, finish_reason="stop", usage=usage),
+                self._usage_output(stream, "completed")]
 
     def _completed(self, stream: RequestStream, e: Emitted) -> list[Output]:
         """The usage record of an answer, and the cancel that stops its worker
@@ -184,6 +202,12 @@ class PostprocessLayer(Layer):
         header = stream.header or _NO_HEADER
         usage = usage_of(header, stream)
         text = "".join(stream.collected)
+        if header["kind"] == "embedding" and e.finish_reason != "cancelled":
+            body_text = embedding_response(header["model"], stream.embeddings,
+                                           header.get("encoding_format") or "float", usage)
+            return [result_output(self.settings, envelope, status_code=200, body=body_text,
+                                  text="", finish_reason="stop", usage=usage),
+                    self._usage_output(stream, "completed")]
         if e.finish_reason == "cancelled":
             cancelled = ErrorInfo(status=499, type="cancelled", code="cancelled", param=None,
                                   message="The request was cancelled.")

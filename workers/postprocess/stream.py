@@ -14,7 +14,14 @@ import functools
 from dataclasses import dataclass, field
 
 from conveyor.policy.safety import Match, StreamScanner
-from schemas.records import ChunkHeader, Envelope, ErrorInfo, TokenChunk, TokenLogprob
+from schemas.records import (
+    ChunkHeader,
+    Embedding,
+    Envelope,
+    ErrorInfo,
+    TokenChunk,
+    TokenLogprob,
+)
 from schemas.tool_calls import ToolCallReader
 from topics.envelope import unstamped
 from workers.chunk_order import ChunkOrder
@@ -70,6 +77,8 @@ class RequestStream:
     # when postprocess handled the first chunk with generated text (epoch ms;
     # the layer sets it): the usage record's time to first token
     first_token_ms: int | None = None
+    # an embedding request: the inputs' vectors (a run writes them in its last chunk)
+    embeddings: list[Embedding] = field(default_factory=list)
 
     @functools.cached_property
     def unstamped(self) -> Envelope:
@@ -94,6 +103,7 @@ class RequestStream:
             self.done = True
             return Emitted(error=chunk["error"])
         self.completion_tokens += chunk["tokens"]
+        self.embeddings.extend(chunk.get("embeddings") or ())
         self.pending.extend(chunk.get("logprobs") or ())
         if chunk.get("cached_tokens") is not None:
             self.cached_tokens = chunk.get("cached_tokens") or 0

@@ -17,6 +17,7 @@ from conveyor.policy.rules import Policy, PolicyBook
 from conveyor.policy.safety import Match
 from conveyor.registry import ModelSpec, Registry
 from conveyor.settings import Settings
+from schemas.openai.embeddings import too_many_inputs
 from schemas.records import Envelope, Generation, Prepared, Prompt, Request
 from schemas.tools import tool_messages
 from topics.catalog import PREPARED, REQUESTS, TOKENS
@@ -32,6 +33,12 @@ from workers.policy_checks import (
     text_size,
 )
 from workers.prefix import block_hashes, tenant_salt
+from workers.preprocess.embedding import (
+    check_kind,
+    embedding_fingerprint,
+    measure_inputs,
+    normalize_embedding,
+)
 from workers.preprocess.normalize import (
     Fit,
     check_logit_bias,
@@ -87,7 +94,9 @@ class PreprocessLayer(Layer):
         self, event: Request, record: ConsumerRecord[bytes, bytes] | None
     ) -> list[Output]:
         envelope = stamp(event["envelope"], self.name)
-        generation = normalize_generation(event["generation"])
+        generation = normalize_embedding(event["generation"]) \
+            if event["generation"]["kind"] == "embedding" \
+            else normalize_generation(event["generation"])
         policy = self.policies.effective(envelope["tenant"], envelope["key_id"])
         blocked = await checked_input(policy.input_terms, generation)
         if blocked is None and policy.classifier is not None:
@@ -97,6 +106,9 @@ class PreprocessLayer(Layer):
         spec = self.registry.find(generation["model"])
         if spec is not None:  # a canary's deployment (the one route picks) measures it
             spec = self.registry.deployment(spec, canary_key(envelope))
+            check_kind(generation, spec)
+        if generation["kind"] == "embedding":
+            return await self._embedding(envelope, generation, spec)
         blocks: list[int] = []
         if spec is None:
             tokenizer: Tokenizer = self._estimate
@@ -141,6 +153,35 @@ class PreprocessLayer(Layer):
         return [Output(PREPARED.at(self.settings.kafka), "Prepared", prepared,
                        key=envelope["request_id"])]
 
+    async def _embedding(self, envelope: Envelope, generation: Generation,
+                         spec: ModelSpec | None) -> list[Output]:
+        """An embedding request measured with its model's tokenizer (each input
+        within the model's length); nothing is generated, nothing cached."""
+        ask = generation.get("embedding")
+        assert ask is not None  # normalize_embedding checked it
+        if spec is None:  # route refuses the model
+            tokens, exact = sum(self._estimate.count(i) if isinstance(i, str) else len(i)
+                                for i in ask["inputs"]), False
+        else:
+            refusal = too_many_inputs(len(ask["inputs"]), spec.dimensions, ask[
+                "encoding_format"], self.settings.kafka.max_event_bytes) \
+                if spec.dimensions else None
+            if refusal is not None:  # a batch's line: the gateway refused it already
+                raise refusal
+            tokenizer = await self.tokenizers.get(spec)
+            if text_size(generation) > _INLINE_CHARS:
+                tokens = await asyncio.to_thread(measure_inputs, ask, tokenizer, spec)
+            else:
+                tokens = measure_inputs(ask, tokenizer, spec)
+            exact = tokenizer.exact
+        model_key = spec.name if spec is not None else generation["model"]
+        prompt = Prompt(text=None, tokens=tokens, exact=exact, max_tokens=0,
+                        dropped_messages=0, fingerprint=embedding_fingerprint(model_key, ask),
+                        prefix_blocks=[], cache_key="", cache_ttl_s=0)
+        prepared = Prepared(envelope=envelope, generation=generation, prompt=prompt)
+        return [Output(PREPARED.at(self.settings.kafka), "Prepared", prepared,
+                       key=envelope["request_id"])]
+
     def _refused(self, envelope: Envelope, generation: Generation, blocked: Match,
                  policy: Policy) -> list[Output]:
         """A blocked input: the 400 for its client and the audit event."""
@@ -148,10 +189,11 @@ class PreprocessLayer(Layer):
                  envelope["request_id"], envelope["traceparent"], blocked.category)
         audit = policy_audit(self.settings, envelope, "policy.input_blocked", blocked, policy,
                              self.name)
+        refusal = input_refusal(blocked, "input" if generation["kind"] == "embedding"
+                                else "messages")
         if self._sender is None:
-            raise input_refusal(blocked)
-        return [*self._sender.error_outputs(envelope, input_refusal(blocked), generation),
-                audit]
+            raise refusal
+        return [*self._sender.error_outputs(envelope, refusal, generation), audit]
 
     def _measure(self, spec: ModelSpec, tokenizer: Tokenizer, generation: Generation,
                  salt: str) -> tuple[Fit, list[int]]:

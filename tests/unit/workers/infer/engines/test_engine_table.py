@@ -28,7 +28,8 @@ def parse(*argv: str) -> EngineOptions:
 
 def test_every_engine_is_declared_once() -> None:
     names = [e.name for e in ENGINES]
-    assert sorted(names) == sorted(set(names)) == ["llamacpp", "openai", "scripted", "vllm"]
+    assert sorted(names) == sorted(set(names)) == ["encoder", "llamacpp", "openai",
+                                                     "scripted", "vllm"]
     assert parse().engine == "llamacpp"
     # the batching engine's former name is the one llama.cpp engine
     assert parse("--engine", "llamacpp-batch").engine == "llamacpp"
@@ -60,7 +61,7 @@ def test_an_option_two_engines_read_is_one_flag_with_both_helps() -> None:
     assert parse("--contexts", "3").contexts == 3
     with pytest.raises(SystemExit):
         parse("--contexts", "0")
-    assert EngineOptions.readers("contexts") == ("llamacpp", "vllm", "scripted")
+    assert EngineOptions.readers("contexts") == ("llamacpp", "vllm", "scripted", "encoder")
     assert EngineOptions.readers("pool") is None  # every engine
 
 

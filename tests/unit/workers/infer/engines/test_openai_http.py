@@ -372,3 +372,27 @@ def test_the_engines_table_hands_the_openai_engine_the_key_of_the_settings() -> 
     engine = options.make(Registry.load(Path("conveyor/models.toml")), settings)
     assert isinstance(engine, OpenAIHttpEngine)
     assert engine._headers == {"Authorization": "Bearer from-the-environment"}
+
+
+async def test_embeddings_are_passed_on_to_the_upstream_and_read_back_in_order(
+    fake_upstream: FakeUpstream, engine_factory: EngineFactory
+) -> None:
+    from conveyor.errors import InvalidRequest
+    from workers.infer.engines.base import EmbeddingRequest
+
+    engine = await engine_factory(fake_upstream.base_url)
+    assert engine.embeds
+    vectors = await engine.embed(EmbeddingRequest(
+        "r1", "bge", ("a", (5, 6)), dimensions=4, upstream_model="BAAI/bge-small"))
+    assert vectors.tolist() == [[0, 1, 0, 0], [1, 1, 0, 0]]  # by index, not by place
+    (call,) = fake_upstream.calls
+    assert call.path == "/v1/embeddings"
+    assert call.body == {"model": "BAAI/bge-small", "input": ["a", [5, 6]],
+                         "encoding_format": "base64", "dimensions": 4}
+    fake_upstream.status = 400  # the upstream's refusal is the client's
+    with pytest.raises(InvalidRequest, match="input too long") as info:
+        await engine.embed(EmbeddingRequest("r2", "bge", ("x",)))
+    assert info.value.param == "input"
+    fake_upstream.status = 503
+    with pytest.raises(EngineError):
+        await engine.embed(EmbeddingRequest("r3", "bge", ("x",)))

@@ -1,0 +1,1 @@
+"""``POST /v1/embeddings``: the route and its serving."""
