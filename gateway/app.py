@@ -37,8 +37,8 @@ from gateway.cancels import Cancels, ResumeWatch
 from gateway.chat.api_router import router
 from gateway.chat.serving import ChatServing
 from gateway.console.api_router import console_router, console_static
-from gateway.errors import install_error_handlers
 from gateway.embeddings.api_router import embeddings_router
+from gateway.errors import install_error_handlers
 from gateway.feedback import feedback_router
 from gateway.files.api_router import files_router, upload_limits
 from gateway.health import Health
