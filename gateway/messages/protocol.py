@@ -3,7 +3,8 @@
 The top-level fields are a strict pydantic model; content blocks are read by
 hand, so a refusal names the block (``messages.0.content.1``) as Anthropic's
 errors do. What the pipeline cannot honour is a 400 naming it, never ignored:
-image and document blocks (images are not served on this text lane), ``top_k``
+image and document blocks (images are not served on this text lane), a final
+assistant turn to continue (a prefill), ``top_k``
 (no engine's sampling carries it), server tools, extended thinking. The whole
 list: docs/api/messages.md.
 
@@ -155,6 +156,12 @@ def generation_of(body: MessagesRequest) -> Mapped:
         if system:
             messages.append(_message("system", system))
             origins.append("system")
+    last = len(body.messages) - 1
+    if body.messages[last].role == "assistant":
+        raise InvalidRequest(
+            f"messages.{last}: a final assistant message (a prefill for the answer to "
+            "continue) is not supported here: the pipeline answers with a turn of its own.",
+            param=f"messages.{last}")
     for i, message in enumerate(body.messages):
         for turn in _turns(i, message):
             messages.append(turn)

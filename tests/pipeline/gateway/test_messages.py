@@ -96,6 +96,27 @@ def test_a_ping_follows_the_first_block_start_on_the_wire(pipeline: Pipeline) ->
     assert names[-1] == "message_stop"
 
 
+def test_a_failure_mid_stream_is_an_error_event(pipeline: Pipeline) -> None:
+    """The request's deadline passes once the stream began: the status is sent,
+    so the failure is Anthropic's ``error`` event, which the client raises."""
+    ask = {"model": "smollm2", "max_tokens": 400, "messages": COUNT, "stream": True}
+    with httpx.stream("POST", f"{pipeline.base_url}/v1/messages", json=ask, timeout=60,
+                      headers={"x-conveyor-timeout": "1.5"}) as r:
+        assert r.status_code == 200
+        lines = list(r.iter_lines())
+    assert "event: error" in lines and "event: message_stop" not in lines
+    error = json.loads(lines[lines.index("event: error") + 1].removeprefix("data: "))
+    assert error["type"] == "error" and error["error"]["type"] == "timeout_error"
+    with pytest.raises(anthropic.APIStatusError) as raised:
+        with claude(pipeline).messages.stream(
+                model="smollm2", max_tokens=400, messages=COUNT,
+                extra_headers={"x-conveyor-timeout": "1.5"}) as stream:
+            for _ in stream:
+                pass
+    assert isinstance(raised.value.body, dict)
+    assert raised.value.body["error"]["type"] == "timeout_error"
+
+
 def test_the_stream_helper_builds_the_message(pipeline: Pipeline) -> None:
     c = claude(pipeline)
     with c.messages.stream(model="smollm2", max_tokens=6, messages=COUNT) as stream:

@@ -125,6 +125,8 @@ def test_tool_choice_maps_onto_the_pipelines(choice: Any, expected: tuple[str, s
         {"type": "tool_result", "tool_use_id": "t", "content": [
             {"type": "image", "source": {}}]}]}]},
      "messages.0.content.0.content.0", "text blocks only"),
+    ({"messages": [{"role": "user", "content": "Pick A or B."},
+                   {"role": "assistant", "content": "The answer is"}]}, "messages.1", "prefill"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools.0.type",
      "server tools"),
     ({"tools": [{"name": "f"}]}, "tools.0.input_schema", "Field required"),
