@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi import FastAPI
 from starlette.types import Scope
-from workers.usage.requests import RequestIndex
 
 from conveyor.errors import StartupTimeout
 from conveyor.files.local import LocalFileStore
@@ -70,8 +69,8 @@ from topics.policies import adopt_policies, follow_policies
 from topics.producer import Producer
 from topics.tracing import make_tracer
 from workers.fleet import Fleet
-from workers.schedule.breakers import Breakers
 from workers.usage.ledger import UsageLedger
+from workers.usage.requests import RequestIndex
 
 __all__ = ["build_app", "check_auth_settings"]
 
@@ -151,11 +150,10 @@ async def _services(settings: Settings, registry: Registry, gateway_id: str, hea
                   where=kafka)
     audit = Audit(settings, publisher, actor=gateway_id)
     board = JobBoard(settings, codec)
-    breakers = Breakers.of(settings)  # the fleet's breakers, as /healthz shows them
-    fleet = Fleet(settings)  # every worker's heartbeat and breaker, as the console shows them
-    health.extras["breakers"] = breakers.report
+    # every worker's heartbeat and breaker, as the console and /healthz show them
+    fleet = Fleet(settings)
+    health.extras["breakers"] = fleet.breakers.report
     health.tasks.extend([
-        asyncio.create_task(breakers.follow(), name="breakers"),
         asyncio.create_task(fleet.follow(), name="fleet"),
         # `conveyor models apply`: the registry every route here serves by
         asyncio.create_task(follow_published(settings, registry), name="models"),

@@ -109,6 +109,10 @@ class Generation(TypedDict):
     api: str
     response_format: NotRequired[ResponseFormat | None]
     tools: NotRequired[Tools | None]
+    # the Responses API: the response this one continues, and how many of the
+    # messages (after this request's instructions) are its conversation
+    previous_response_id: NotRequired[str]
+    history_messages: NotRequired[int]
 
 
 class Prompt(TypedDict):

@@ -14,6 +14,7 @@ from schemas.records import BreakerState, WorkerHeartbeat
 from topics.catalog import BREAKERS, WORKERS
 from topics.envelope import now_ms
 from topics.follow import apply_all, follow
+from workers.schedule.breakers import Breakers
 from workers.schedule.breakers import describe as describe_breaker
 
 __all__ = ["Fleet", "describe"]
@@ -56,7 +57,8 @@ class Fleet:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.beats: dict[str, WorkerHeartbeat] = {}
-        self.breakers: dict[str, BreakerState] = {}
+        # every worker's breaker as the schedulers last wrote it (what /healthz reports)
+        self.breakers = Breakers.of(settings)
         self._beating, self._breaking = follow(settings, WORKERS), follow(settings, BREAKERS)
 
     async def follow(self) -> None:
@@ -64,8 +66,7 @@ class Fleet:
         await asyncio.gather(
             apply_all(self._beating, codec,
                       lambda beat: self.beats.__setitem__(beat["worker_id"], beat)),
-            apply_all(self._breaking, codec,
-                      lambda state: self.breakers.__setitem__(state["worker_id"], state)))
+            apply_all(self._breaking, codec, self.breakers.apply))
 
     async def read(self, within_s: float) -> None:
         """Wait for both topics' state as of the start; TimeoutError past ``within_s``."""
@@ -79,5 +80,5 @@ class Fleet:
     def rows(self, pool: str | None = None) -> list[dict[str, Any]]:
         """Every worker (of ``pool``), by id."""
         now = now_ms()
-        return [describe(b, self.settings, now, self.breakers.get(wid))
+        return [describe(b, self.settings, now, self.breakers.states.get(wid))
                 for wid, b in sorted(self.beats.items()) if pool is None or b["pool"] == pool]

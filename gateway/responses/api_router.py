@@ -1,15 +1,18 @@
-"""``POST /v1/responses`` and ``GET /v1/responses/{id}``: they only dispatch to
-:class:`~gateway.responses.serving.ResponsesServing`. The GET streams again with
+"""``POST /v1/responses``, ``GET /v1/responses/{id}`` and its ``input_items``:
+they only dispatch to :class:`~gateway.responses.serving.ResponsesServing`. The
+GET streams again with
 ``stream=true``; without it, it is a background response (this router goes
 before the jobs router) or a stored one."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 
+from gateway.auth.middleware import identity_of
+from gateway.errors import SafeJSONResponse
 from gateway.openapi import (
     RESPONSES_OPENAPI,
     RESPONSES_RESPONSES,
@@ -32,6 +35,22 @@ Responses = Annotated[ResponsesServing, Depends(service("responses"))]
 async def create_response(request: Request,
                           responses: Responses) -> Response:
     return await responses.create(parse_request(await request.body()), request)
+
+
+@responses_router.get("/v1/responses/{response_id}/input_items", response_model=None,
+                      responses=RETRIEVE_RESPONSES)
+async def list_input_items(
+        response_id: str, request: Request, responses: Responses,
+        limit: int = Query(20, description="How many items, 1 to 100."),
+        order: Literal["asc", "desc"] = Query("desc", description="Newest first by default."),
+        after: str | None = Query(None, description="An item id: the items after it."),
+        include: Annotated[list[str] | None,
+                           Query(description="Accepted; nothing to add here.")] = None
+) -> Response:
+    """A stored response's own input items, as OpenAI lists them (not its
+    instructions, nor the conversation it continued)."""
+    return SafeJSONResponse(await responses.input_items(
+        identity_of(request), response_id, limit=limit, order=order, after=after))
 
 
 @responses_router.get("/v1/responses/{response_id}", response_model=None,

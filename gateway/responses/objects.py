@@ -1,18 +1,20 @@
 """The Response object of OpenAI's Responses API, built in one pure function so it
 reads the same in the create call, the stream and a read back. ``completed``
 with ``length`` is ``incomplete``; ``error`` keeps ``rate_limit_exceeded``,
-else ``server_error``."""
+else ``server_error``. And a response's input items, as ``input_items`` lists
+them."""
 
 from __future__ import annotations
 
 import uuid
 from typing import Any, Literal, get_args
 
-from schemas.openai.response_items import output_items
+from schemas.openai.response_items import output_items, output_text_part
 from schemas.openai.responses import ResponsesRequest, response_usage
-from schemas.records import ErrorInfo, Usage
+from schemas.records import ErrorInfo, Message, Usage
 
-__all__ = ["ResponseStatus", "new_response_id", "response_object", "is_stored"]
+__all__ = ["ResponseStatus", "new_response_id", "response_object", "is_stored", "input_items",
+           "item_page"]
 
 ResponseStatus = Literal["queued", "in_progress", "completed", "incomplete", "failed",
                          "cancelled"]
@@ -77,7 +79,7 @@ def response_object(response_id: str, created_at: int, body: ResponsesRequest,
         "model": body.model,
         "output": output,
         "parallel_tool_calls": parallel,
-        "previous_response_id": None,
+        "previous_response_id": body.previous_response_id,
         "reasoning": {"effort": None, "summary": None},
         "service_tier": "default",
         "store": is_stored(body),
@@ -95,3 +97,45 @@ def response_object(response_id: str, created_at: int, body: ResponsesRequest,
         "prompt_cache_key": body.prompt_cache_key,
         "metadata": dict(body.metadata or {}),
     }
+
+
+def input_items(request_id: str, turns: list[Message]) -> list[dict[str, Any]]:
+    """A response's own input (not its instructions, not the conversation it
+    continued) as OpenAI lists it, oldest first: messages, the function calls
+    an assistant turn sent back, and the calls' outputs. Each id is derived
+    from the request id and the item's place, so a list reads the same on
+    every replica."""
+    items: list[dict[str, Any]] = []
+    for i, turn in enumerate(turns):
+        if turn["role"] == "tool":
+            items.append({"id": f"fco_{request_id}_{i}", "type": "function_call_output",
+                          "call_id": turn["tool_call_id"], "output": turn["content"],
+                          "status": "completed"})
+            continue
+        if turn["role"] != "assistant":
+            items.append({"id": f"msg_{request_id}_{i}", "type": "message",
+                          "role": turn["role"], "status": "completed",
+                          "content": [{"type": "input_text", "text": turn["content"]}]})
+            continue
+        if turn["content"] or not turn["tool_calls"]:
+            items.append({"id": f"msg_{request_id}_{i}", "type": "message",
+                          "role": "assistant", "status": "completed",
+                          "content": [output_text_part(turn["content"])]})
+        items += [{"id": f"fc_{request_id}_{i}_{j}", "type": "function_call",
+                   "call_id": call["id"], "name": call["name"],
+                   "arguments": call["arguments"], "status": "completed"}
+                  for j, call in enumerate(turn["tool_calls"] or ())]
+    return items
+
+
+def item_page(items: list[dict[str, Any]], *, limit: int, order: Literal["asc", "desc"],
+              after: str | None) -> dict[str, Any]:
+    """One page of ``items`` (oldest first) as OpenAI's list: ``order``, then
+    those after the item ``after`` names (an id not among them: none)."""
+    ordered = items if order == "asc" else items[::-1]
+    if after is not None:
+        ids = [item["id"] for item in ordered]
+        ordered = ordered[ids.index(after) + 1:] if after in ids else []
+    data = ordered[:limit]
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": len(ordered) > limit}

@@ -15,7 +15,7 @@ import json
 import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from typing import Any
+from typing import Any, Literal
 
 from fastapi.responses import Response
 from starlette.requests import Request
@@ -30,7 +30,13 @@ from gateway.errors import NotFound, SafeJSONResponse, for_client
 from gateway.jobs.background import BackgroundResponses
 from gateway.replies import Folded, ReplySource
 from gateway.responses.events import ResponseEvents, frame
-from gateway.responses.objects import is_stored, new_response_id, response_object
+from gateway.responses.objects import (
+    input_items,
+    is_stored,
+    item_page,
+    new_response_id,
+    response_object,
+)
 from gateway.resume import (
     Framer,
     Recorded,
@@ -42,12 +48,15 @@ from gateway.resume import (
 from gateway.stored import StoredAnswers
 from gateway.submission import Submitter
 from schemas.openai.logprobs import chat_logprobs
+from schemas.openai.response_items import output_items
 from schemas.openai.responses import (
     LOGPROBS_INCLUDE,
     FunctionChoice,
     FunctionTool,
     InputMessage,
     ResponsesRequest,
+    answer_items,
+    conversation,
 )
 from schemas.records import Generation, Reply, Sampling
 from workers.outputs import error_info
@@ -72,7 +81,8 @@ def generation_of(body: ResponsesRequest) -> Generation:
                       created=int(time.time()), store=is_stored(body),
                       metadata=dict(body.metadata or {}), api="responses",
                       response_format=body.text.format.record()
-                      if body.text and body.text.format else None, tools=body.tools_record())
+                      if body.text and body.text.format else None, tools=body.tools_record(),
+                      previous_response_id="", history_messages=0)
 
 
 def input_param(param: str | None, body: ResponsesRequest) -> str | None:
@@ -154,6 +164,15 @@ class ResponseNotFound(NotFound):
         super().__init__(f"Response with id '{response_id}' not found.")
 
 
+class PreviousResponseNotFound(NotFound):
+    """404 for a ``previous_response_id`` that names no stored response of the
+    caller's (another tenant's, one not stored, one that never was)."""
+
+    def __init__(self, response_id: str) -> None:
+        super().__init__(f"Previous response with id '{response_id}' not found.",
+                         param="previous_response_id")
+
+
 def response_request_id(response_id: str) -> str:
     """The pipeline's request id a response id names (``resp_`` and it)."""
     rid = response_id.removeprefix("resp_")
@@ -181,6 +200,7 @@ def recorded_request(generation: Generation) -> ResponsesRequest:
     echo, as far as it can be known (see the module)."""
     messages = generation["messages"]
     told = len(messages) > 1 and messages[0]["role"] == "system"
+    own = messages[told + generation.get("history_messages", 0):]
     sampling = generation["sampling"]
     tools = generation.get("tools")
     functions = [FunctionTool.model_construct(
@@ -198,7 +218,8 @@ def recorded_request(generation: Generation) -> ResponsesRequest:
         top_logprobs=sampling.get("top_logprobs") or None,
         parallel_tool_calls=tools["parallel"] if tools is not None else None,
         input=[InputMessage.model_construct(role=m["role"], content=m["content"])
-               for m in messages[told:]],
+               for m in own],
+        previous_response_id=generation.get("previous_response_id") or None,
         instructions=messages[0]["content"] if told else None,
         max_output_tokens=sampling["max_tokens"], temperature=sampling["temperature"],
         top_p=sampling["top_p"], stream=True, store=generation.get("store", False),
@@ -219,6 +240,8 @@ class ResponsesServing:
     async def create(self, body: ResponsesRequest, request: Request) -> Response:
         """The response as one object, as SSE events, or (``background``) queued."""
         generation = generation_of(body)
+        if body.previous_response_id is not None:
+            generation = await self.continued(identity_of(request), body, generation)
         if body.background:
             if self.background is None:
                 raise InvalidRequest("background responses are not enabled",
@@ -235,6 +258,36 @@ class ResponsesServing:
             return Response(status_code=499)
         return sse.EventStream(self.stream(generation, answer, body, first),
                                headers={**sse.HEADERS, **headers})
+
+    async def continued(self, identity: Identity, body: ResponsesRequest,
+                        generation: Generation) -> Generation:
+        """``generation`` continuing the conversation of the response it names: that
+        response's turns (its input, not its instructions, as OpenAI does, then
+        its output) go before this request's input. 404 unless it is a stored
+        response of the caller's; 400 when it failed."""
+        previous_id = body.previous_response_id or ""
+        try:
+            where = await self.stored.find(identity, response_request_id(previous_id),
+                                           "responses")
+        except ResponseNotFound:
+            where = None
+        if where is None:
+            raise PreviousResponseNotFound(previous_id)
+        try:
+            folded, _ = await self.stored.read(where)
+        except RequestError as exc:
+            raise InvalidRequest(f"Previous response '{previous_id}' failed ({exc.message}): "
+                                 "it cannot be continued.",
+                                 param="previous_response_id") from None
+        prior = where.generation
+        told = len(prior["messages"]) > 1 and prior["messages"][0]["role"] == "system"
+        said = output_items(previous_id, folded.text, recorded_request(prior).reads_calls(),
+                            "completed")
+        history = [*prior["messages"][told:], *conversation(None, answer_items(said))]
+        own = generation["messages"]
+        instructions = own[:1] if body.instructions is not None else []
+        return {**generation, "messages": [*instructions, *history, *own[len(instructions):]],
+                "previous_response_id": previous_id, "history_messages": len(history)}
 
     async def retrieve(self, response_id: str, request: Request, stream: bool,
                        starting_after: str | None) -> Response:
@@ -315,6 +368,22 @@ class ResponsesServing:
                                         completed_at), after)
 
         return frames
+
+    async def input_items(self, identity: Identity, response_id: str, *, limit: int,
+                          order: Literal["asc", "desc"], after: str | None) -> dict[str, Any]:
+        """A stored response's own input items (:func:`input_items`), one page;
+        404 when it was not stored or is not the caller's."""
+        if not 1 <= limit <= 100:
+            raise InvalidRequest("limit must be between 1 and 100.", param="limit")
+        rid = response_request_id(response_id)
+        where = await self.stored.find(identity, rid, "responses")
+        if where is None:
+            raise ResponseNotFound(response_id)
+        generation = where.generation
+        messages = generation["messages"]
+        told = len(messages) > 1 and messages[0]["role"] == "system"
+        own = messages[told + generation.get("history_messages", 0):]
+        return item_page(input_items(rid, own), limit=limit, order=order, after=after)
 
     async def stored_response(self, identity: Identity, response_id: str) -> dict[str, Any]:
         """A direct (not background) response that was stored, rebuilt from the log

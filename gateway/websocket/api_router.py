@@ -8,6 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, WebSocket
 
+from gateway.responses.serving import ResponsesServing
 from gateway.services import service, services_of
 from gateway.submission import Submitter
 from gateway.websocket.chat import Multiplexer
@@ -19,6 +20,7 @@ __all__ = ["websocket_router"]
 websocket_router = APIRouter()
 
 Submitting = Annotated[Submitter, Depends(service("submitter"))]
+Responding = Annotated[ResponsesServing, Depends(service("responses"))]
 
 
 async def _accepted(websocket: WebSocket) -> Connection:
@@ -44,6 +46,6 @@ async def completions_ws(websocket: WebSocket, submitter: Submitting,
 
 
 @websocket_router.websocket("/v1/responses")
-async def responses_ws(websocket: WebSocket, submitter: Submitting,
+async def responses_ws(websocket: WebSocket, responses: Responding,
                        connection: Accepted) -> None:
-    await ResponsesSession(connection, submitter, websocket).run()
+    await ResponsesSession(connection, responses, websocket).run()

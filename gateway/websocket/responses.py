@@ -14,9 +14,14 @@ from starlette.requests import HTTPConnection
 
 from conveyor.errors import InvalidRequest, RateLimited, RequestError
 from gateway.answer import Answer
+from gateway.auth.middleware import identity_of
 from gateway.errors import for_client
-from gateway.responses.serving import generation_of, response_events, translated
-from gateway.submission import Submitter
+from gateway.responses.serving import (
+    ResponsesServing,
+    generation_of,
+    response_events,
+    translated,
+)
 from gateway.websocket.protocol import (
     Connection,
     ResponseCreate,
@@ -36,10 +41,11 @@ MAX_QUEUED = 8
 class ResponsesSession:
     """The responses of one connection; :meth:`run` lasts as long as the connection."""
 
-    def __init__(self, connection: Connection, submitter: Submitter,
+    def __init__(self, connection: Connection, responses: ResponsesServing,
                  request: HTTPConnection) -> None:
         self.connection = connection
-        self.submitter = submitter
+        self.responses = responses  # a continued response's conversation, from the log
+        self.submitter = responses.submitter
         self.request = request
         self.queue: asyncio.Queue[ResponseCreate] = asyncio.Queue(MAX_QUEUED)
 
@@ -85,6 +91,9 @@ class ResponsesSession:
                                  "WebSocket", param="background")
         body = parse_request(json.dumps(create.fields).encode())
         generation = generation_of(body)
+        if body.previous_response_id is not None:
+            generation = await self.responses.continued(identity_of(self.request), body,
+                                                        generation)
         try:
             answer = await self.submitter.admit_and_submit(generation, self.request)
         except RequestError as exc:

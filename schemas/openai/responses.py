@@ -41,7 +41,7 @@ from schemas.records import ResponseFormat as ResponseFormatRecord
 from schemas.structured import format_record
 from schemas.tools import tools_of
 
-__all__ = ["response_usage", "InputText", "InputMessage", "FunctionCallItem",
+__all__ = ["response_usage", "answer_items", "InputText", "InputMessage", "FunctionCallItem",
            "FunctionCallOutputItem", "InputItem", "FunctionTool", "FunctionChoice",
            "conversation", "TextFormat", "TextConfig", "ResponsesRequest", "parse_request",
            "field_names"]
@@ -153,6 +153,22 @@ def conversation(instructions: str | None, items: str | list[InputItem]) -> list
     return turns
 
 
+def answer_items(output: list[dict[str, Any]]) -> list[InputItem]:
+    """A response's output items (its message's text, its function calls) as
+    the input items a next turn sends back, for :func:`conversation`."""
+    items: list[InputItem] = []
+    for item in output:
+        if item["type"] == "function_call":
+            items.append(FunctionCallItem.model_construct(
+                type="function_call", call_id=item["call_id"], name=item["name"],
+                arguments=item["arguments"]))
+        elif item["type"] == "message":
+            text = "".join(part["text"] for part in item["content"])
+            items.append(InputMessage.model_construct(type="message", role="assistant",
+                                                      content=text))
+    return items
+
+
 def _turn(role: str, content: str, tool_call_id: str | None = None) -> Message:
     return Message(role=role, content=content, name=None, tool_calls=None,
                    tool_call_id=tool_call_id)
@@ -235,9 +251,10 @@ class ResponsesRequest(BaseModel):
     parallel_tool_calls: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     include: list[Text] | None = None
+    # the stored response this one continues (its conversation goes first)
+    previous_response_id: Text | None = Field(default=None, min_length=1, max_length=128)
     # refused unless they ask for nothing
     truncation: Any = None
-    previous_response_id: Any = None
     conversation: Any = None
     prompt: Any = None
     reasoning: Any = None
@@ -279,7 +296,7 @@ class ResponsesRequest(BaseModel):
         (``include`` names them), and how many likeliest at each place."""
         return LOGPROBS_INCLUDE in (self.include or ()), self.top_logprobs or 0
 
-    _nothing = refused("previous_response_id", "conversation", "prompt", "reasoning",
+    _nothing = refused("conversation", "prompt", "reasoning",
                        "max_tool_calls", "context_management", "background_options",
                        "moderation", "image", "access_programs", "prompt_cache_options",
                        allowed=(None, [], {}))

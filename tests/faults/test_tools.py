@@ -282,6 +282,52 @@ def test_a_response_calls_a_function_and_takes_its_output_back(p: Pipeline) -> N
     assert final.status in ("completed", "incomplete") and final.output_text, final
 
 
+def test_a_response_continues_after_its_call_with_the_call_s_output(p: Pipeline) -> None:
+    """The call's output sent back with ``previous_response_id`` alone: the
+    first response's input and its call are the conversation before it."""
+    c = client(p)
+    first = c.responses.create(model="smollm2", input="What is the weather in Paris?",
+                               tools=[RESPONSES_WEATHER], tool_choice="required",
+                               parallel_tool_calls=False, temperature=0,
+                               max_output_tokens=80)
+    [call] = [item for item in first.output if item.type == "function_call"]
+    final = c.responses.create(
+        model="smollm2", tools=[RESPONSES_WEATHER], tool_choice="none", temperature=0,
+        max_output_tokens=40, previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id,
+                "output": "18 C, sunny"}])
+    assert final.status in ("completed", "incomplete") and final.output_text, final
+    assert final.previous_response_id == first.id
+    [own] = c.responses.input_items.list(final.id).data
+    assert own.type == "function_call_output" and own.call_id == call.call_id  # type: ignore[union-attr]
+
+
+def test_an_agents_sdk_run_continues_a_previous_one(p: Pipeline) -> None:
+    """The Agents SDK's own chaining: a second run given the first's last
+    response id sends only its new input, with ``previous_response_id``."""
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, set_tracing_disabled
+
+    set_tracing_disabled(True)  # its traces would go to OpenAI
+    model = OpenAIResponsesModel(model="smollm2", openai_client=openai.AsyncOpenAI(
+        base_url=f"{p.base_url}/v1", api_key="unused", max_retries=0, timeout=120))
+    agent = Agent(name="counter", instructions="Answer briefly.", model=model,
+                  model_settings=ModelSettings(temperature=0, max_tokens=16))
+
+    async def both() -> tuple[Any, Any]:  # one loop: the client is bound to it
+        first = await Runner.run(agent, "Name a colour.", max_turns=1)
+        return first, await Runner.run(agent, "Name another one.", max_turns=1,
+                                       previous_response_id=first.last_response_id)
+
+    first, second = asyncio.run(both())
+    assert first.last_response_id is not None and first.final_output
+    assert second.final_output
+    [raw] = second.raw_responses
+    c = client(p)
+    assert c.responses.retrieve(raw.response_id).previous_response_id == first.last_response_id  # type: ignore[arg-type]
+    [own] = c.responses.input_items.list(raw.response_id).data  # type: ignore[arg-type]
+    assert own.content[0].text == "Name another one."  # type: ignore[union-attr]
+
+
 def test_a_streamed_response_call_is_the_call_the_whole_response_makes(p: Pipeline) -> None:
     c = client(p)
     ask: dict[str, Any] = dict(model="smollm2", input="What is the weather in Paris?",

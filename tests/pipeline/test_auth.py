@@ -333,6 +333,26 @@ def test_no_tenant_sees_reads_or_cancels_anothers_jobs(replicas: Replicas) -> No
     assert owner.batches.retrieve(batch.id).id == batch.id
 
 
+def test_no_tenant_continues_or_lists_anothers_response(replicas: Replicas) -> None:
+    """Another tenant's response id is a 404 before anything is submitted: none
+    of its conversation reaches the model."""
+    _, mine = replicas.key()
+    _, theirs = replicas.key()
+    owner = openai.OpenAI(base_url=f"{replicas.urls[0]}/v1", api_key=mine, max_retries=0)
+    other = openai.OpenAI(base_url=f"{replicas.urls[1]}/v1", api_key=theirs, max_retries=0)
+    first = owner.responses.create(model="smollm2", input="The secret is pumpkin.",
+                                   max_output_tokens=2)
+    with pytest.raises(openai.NotFoundError):
+        other.responses.create(model="smollm2", input="What was the secret?",
+                               previous_response_id=first.id, max_output_tokens=2)
+    with pytest.raises(openai.NotFoundError):
+        other.responses.input_items.list(first.id)
+    assert owner.responses.create(model="smollm2", input="And now?", max_output_tokens=2,
+                                  previous_response_id=first.id).previous_response_id == first.id
+    assert owner.responses.input_items.list(first.id).data[0].content[0].text == (  # type: ignore[union-attr]
+        "The secret is pumpkin.")
+
+
 def test_a_batch_line_for_a_model_outside_the_keys_list_fails_as_not_found(
         replicas: Replicas) -> None:
     _, secret = replicas.key("--models", "smollm2-135m-instruct")

@@ -127,7 +127,7 @@ def test_the_output_budget_running_out_is_incomplete(pipeline: Pipeline) -> None
 
 @pytest.mark.parametrize(("extra", "param"), [
     ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
-    ({"previous_response_id": "resp_123"}, "previous_response_id"),
+    ({"conversation": "conv_123"}, "conversation"),
     ({"reasoning": {"effort": "high"}}, "reasoning"),
     ({"text": {"format": {"type": "xml"}}}, "text.format.type"),
     ({"text": {"format": {"type": "json_schema", "name": "a", "schema": {"type": "strin"}}}},

@@ -14,6 +14,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from schemas.codec import default_codec
+from tests.pipeline.test_responses_continued import turns_asked
 from tests.support.pipeline import Pipeline
 
 LONG = "Count from 1 to 300, one number per line."
@@ -148,3 +149,29 @@ async def test_a_responses_round_trip(pipeline: Pipeline) -> None:
     assert events[0]["response"]["id"] == events[-1]["response"]["id"]
     assert refused["type"] == "error" and refused["param"] == "background"
     assert refused["status"] == 400
+
+
+async def test_a_responses_socket_continues_a_response_by_its_id(pipeline: Pipeline) -> None:
+    """WebSocket mode's usual chaining: each create names the previous response,
+    whose conversation comes first, read from the log; an unknown one is an
+    error event naming the parameter."""
+
+    async def create(ws: ClientConnection, **fields: Any) -> list[dict[str, Any]]:
+        await ws.send(json.dumps({"type": "response.create", "model": "smollm2",
+                                  "max_output_tokens": 4, **fields}))
+        events = [await receive(ws)]
+        while events[-1]["type"] not in ("response.completed", "response.incomplete",
+                                         "response.failed", "error"):
+            events.append(await receive(ws))
+        return events
+
+    async with connect(ws_url(pipeline, "/v1/responses"), open_timeout=10) as ws:
+        first = (await create(ws, input="Count to 3."))[-1]["response"]
+        second = (await create(ws, input="Go on.", previous_response_id=first["id"]))[-1]
+        missing = (await create(ws, input="Hi", previous_response_id="resp_" + "0" * 32))[-1]
+    assert second["response"]["previous_response_id"] == first["id"]
+    first_text = first["output"][0]["content"][0]["text"]
+    assert await turns_asked(pipeline, second["response"]["id"]) == [
+        ("user", "Count to 3."), ("assistant", first_text), ("user", "Go on.")]
+    assert missing["type"] == "error" and missing["status"] == 404
+    assert missing["param"] == "previous_response_id"

@@ -64,6 +64,8 @@ def generation(
         "api": api,
         "response_format": None,
         "tools": None,
+        "previous_response_id": "",
+        "history_messages": 0,
     }
 
 

@@ -44,6 +44,7 @@ def request() -> Request:
             "tools": {"functions": [{"name": "f", "description": "d", "parameters": "",
                                      "strict": False}],
                       "choice": "auto", "function": "", "parallel": True},
+            "previous_response_id": "resp_01a2", "history_messages": 2,
         },
     )
 

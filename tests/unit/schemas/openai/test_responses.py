@@ -100,7 +100,7 @@ def test_what_the_client_may_send_and_changes_nothing_is_accepted() -> None:
     ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"tools": [{"type": "function", "name": "two words"}]}, "tools[0].name"),
     ({"include": ["reasoning.encrypted_content"]}, "include"),
-    ({"previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"previous_response_id": ""}, "previous_response_id"),
     ({"conversation": "conv_1"}, "conversation"),
     ({"prompt": {"id": "pmpt_1"}}, "prompt"),
     ({"reasoning": {"effort": "low"}}, "reasoning"),
