@@ -224,3 +224,22 @@ def test_x_api_key_authenticates(keyed: tuple[Pipeline, str]) -> None:
         assert "max_tokens" in str(bad.value)
     r = httpx.post(f"{url}/v1/messages", json={"model": "smollm2", "messages": COUNT})
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+
+
+def test_a_keys_limits_apply_in_anthropics_shapes(keyed: tuple[Pipeline, str]) -> None:
+    """A key of one request a minute: its first request is admitted (and, with no
+    worker behind this gateway, runs out its deadline: timeout_error), the next is
+    over the limit (rate_limit_error, with Retry-After)."""
+    p, url = keyed
+    out = p.cli("keys", "create", "--tenant", f"t{uuid.uuid4().hex[:8]}", "--name", "one",
+                "--rpm", "1")
+    c = claude(url, api_key=out.strip().splitlines()[-1])
+    with pytest.raises(anthropic.APIStatusError) as late:
+        c.messages.create(model="smollm2", max_tokens=4, messages=COUNT,
+                          extra_headers={"x-conveyor-timeout": "1"})
+    assert late.value.status_code == 504
+    assert late.value.body["error"]["type"] == "timeout_error"  # type: ignore[index]
+    with pytest.raises(anthropic.RateLimitError) as limited:
+        c.messages.create(model="smollm2", max_tokens=4, messages=COUNT)
+    assert limited.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
+    assert int(limited.value.response.headers["retry-after"]) > 0
