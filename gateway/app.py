@@ -47,6 +47,9 @@ from gateway.jobs.background import BackgroundResponses
 from gateway.jobs.batches import Batches
 from gateway.jobs.board import JobBoard
 from gateway.limits import BodyLimit
+from gateway.messages.api_router import messages_router
+from gateway.messages.errors import AnthropicErrors
+from gateway.messages.serving import MessagesServing
 from gateway.metrics_route import install_metrics
 from gateway.moderations import moderations_router
 from gateway.openapi import install_openapi
@@ -105,8 +108,11 @@ def build_app(settings: Settings, registry: Registry | None = None,
     # outside the body limit: 401 before a body is read
     app.add_middleware(AuthMiddleware, authenticator=_authenticator)
     install_error_handlers(app)
+    # outside every other: errors on /v1/messages in Anthropic's shape
+    app.add_middleware(AnthropicErrors)
     # the Responses router before the jobs router: GET /v1/responses/{id} is its
-    for api in (router, embeddings_router, responses_router, usage_router, feedback_router,
+    for api in (router, embeddings_router, responses_router, messages_router, usage_router,
+                feedback_router,
                 moderations_router, files_router, jobs_router, websocket_router, console_router):
         app.include_router(api)
     app.mount("/console/static", console_static, name="console-static")
@@ -171,6 +177,7 @@ async def _services(settings: Settings, registry: Registry, gateway_id: str, hea
         policies=policies, publisher=publisher, submitter=submitter, stored=stored,
         chat=ChatServing(settings, submitter, stored, registry),
         responses=ResponsesServing(settings, submitter, stored, background),
+        messages=MessagesServing(settings, submitter, registry),
         files=files, batches=Batches(settings, publisher, board, files),
         background=background, usage=UsageLedger(settings, redis),
         requests=RequestIndex(settings, redis), fleet=fleet)

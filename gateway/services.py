@@ -21,6 +21,7 @@ from gateway.chat.serving import ChatServing
 from gateway.health import Health
 from gateway.jobs.background import BackgroundResponses
 from gateway.jobs.batches import Batches
+from gateway.messages.serving import MessagesServing
 from gateway.publisher import Publisher
 from gateway.responses.serving import ResponsesServing
 from gateway.stored import StoredAnswers
@@ -46,6 +47,7 @@ class Services:
     stored: StoredAnswers
     chat: ChatServing
     responses: ResponsesServing
+    messages: MessagesServing  # Anthropic's Messages API
     files: LocalFileStore
     batches: Batches
     background: BackgroundResponses

@@ -40,11 +40,14 @@ class AuthMiddleware:
             await _refuse(PipelineUnavailable("The gateway is starting; try again shortly."),
                           scope, receive, send)
             return
-        authorization = None
+        authorization = api_key = None
         for name, value in scope.get("headers", ()):
             if name == b"authorization":
                 authorization = value.decode("latin-1")
-                break
+            elif name == b"x-api-key":  # Anthropic's clients send their key so
+                api_key = value.decode("latin-1")
+        if authorization is None and api_key:
+            authorization = f"Bearer {api_key.strip()}"
         try:
             identity = await authenticator.identify(authorization)
         except RequestError as exc:

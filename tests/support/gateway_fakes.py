@@ -27,6 +27,7 @@ from gateway.health import Health
 from gateway.jobs.background import BackgroundResponses
 from gateway.jobs.batches import Batches
 from gateway.jobs.board import JobBoard
+from gateway.messages.serving import MessagesServing
 from gateway.publisher import Publisher
 from gateway.responses.serving import ResponsesServing
 from gateway.services import Services
@@ -164,6 +165,7 @@ def offline_services(settings: Settings, registry: Registry | None = None) -> Se
         publisher=made.publisher, submitter=made, stored=stored,
         chat=ChatServing(settings, made, stored, registry),
         responses=ResponsesServing(settings, made, stored, None),
+        messages=MessagesServing(settings, made, registry),
         files=files, batches=Batches(settings, made.publisher, board, files),
         background=background,
         usage=UsageLedger(settings, aioredis.from_url(settings.redis.url)),
