@@ -81,7 +81,9 @@ class Up:
         return found
 
     def infer_pids(self) -> list[int]:
-        return [pid for pid, cmd in self.children().items() if " infer " in cmd]
+        """The generating workers (not the embedding pool's encoder workers)."""
+        return [pid for pid, cmd in self.children().items()
+                if " infer " in cmd and "--engine encoder" not in cmd]
 
     def complete(self, timeout: float) -> httpx.Response:
         """A completion answered 200 within ``timeout`` (retrying while it starts)."""
