@@ -12,7 +12,6 @@ are read into memory from the zip (about 0.5 s for 87 MB).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import struct
 import zipfile
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import ConveyorError
+from conveyor.registry import locate_packaged
 
 if TYPE_CHECKING:
     import numpy as np
@@ -32,18 +32,9 @@ _DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": None, "I64": "<i8"}
 
 
 def locate_weights(ref: str) -> Path:
-    """``package:NAME`` -> the ``model.zip`` in that installed package (found
-    without importing it); anything else is a path (a zip or a directory)."""
-    if not ref.startswith("package:"):
-        return Path(ref)
-    spec = importlib.util.find_spec(ref.removeprefix("package:"))
-    if spec is None or not spec.submodule_search_locations:
-        raise ConveyorError(f"{ref}: the package is not installed")
-    for location in spec.submodule_search_locations:
-        found = sorted(Path(location).rglob("model.zip"))
-        if found:
-            return found[0]
-    raise ConveyorError(f"{ref}: no model.zip inside the package")
+    """The ``model.zip`` an encoder model's ``weights`` names (a zip or a
+    directory when it is a path: :func:`conveyor.registry.locate_packaged`)."""
+    return locate_packaged(ref, "model.zip")
 
 
 @dataclass(frozen=True)

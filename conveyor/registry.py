@@ -23,6 +23,7 @@ from typing import IO, Literal, get_args
 from conveyor.errors import ConveyorError, ModelNotFound
 
 __all__ = ["ModelKind", "ModelSpec", "Precision", "Registry", "file_digest", "locate_gguf",
+           "locate_packaged",
            "model_cache",
            "precise_gguf"]
 
@@ -69,19 +70,25 @@ class ModelSpec:
         return precise_gguf(self.source_gguf_path(), self.precision, prefix=self.name)
 
 
-def locate_gguf(ref: str) -> Path:
-    """``package:NAME`` -> the first .gguf inside that installed package (found
-    without importing it); anything else is a path."""
+def locate_packaged(ref: str, pattern: str) -> Path:
+    """``package:NAME`` -> the first file matching ``pattern`` inside that
+    installed package (found without importing it: a model's package is its
+    files); anything else is a path."""
     if not ref.startswith("package:"):
         return Path(ref)
     spec = importlib.util.find_spec(ref.removeprefix("package:"))
     if spec is None or not spec.submodule_search_locations:
         raise ConveyorError(f"{ref}: the package is not installed")
     for location in spec.submodule_search_locations:
-        found = sorted(Path(location).rglob("*.gguf"))
+        found = sorted(Path(location).rglob(pattern))
         if found:
             return found[0]
-    raise ConveyorError(f"{ref}: no .gguf file inside the package")
+    raise ConveyorError(f"{ref}: no {pattern} inside the package")
+
+
+def locate_gguf(ref: str) -> Path:
+    """The GGUF a model's ``gguf`` names (:func:`locate_packaged`)."""
+    return locate_packaged(ref, "*.gguf")
 
 
 def model_cache() -> Path:
