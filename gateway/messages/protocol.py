@@ -24,7 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from conveyor.errors import InvalidRequest, RequestError
-from schemas.openai.fields import Text
+from schemas.openai.fields import Text, json_object
 from schemas.openai.requests import MAX_INT32, invalid_request, model_field_names
 from schemas.records import Function, Generation, Message, Sampling, ToolCall, Tools
 from schemas.tools import MAX_TOOLS, tools_of
@@ -109,14 +109,7 @@ _NAMES = model_field_names(MessagesRequest, InputMessage, SystemText, UserMetada
 def parse_request(raw: bytes) -> MessagesRequest:
     """The validated body; every refusal an :class:`InvalidRequest` (400) naming its
     field as Anthropic does (``messages.0.role``)."""
-    try:
-        data = json.loads(raw)
-    except RecursionError:
-        raise InvalidRequest("The request body is nested too deeply to read.") from None
-    except (ValueError, UnicodeDecodeError):
-        raise InvalidRequest("The request body is not valid JSON.") from None
-    if not isinstance(data, dict):
-        raise InvalidRequest("The request body must be a JSON object.")
+    data = json_object(raw)
     for name, why in _REFUSED.items():
         if data.get(name) is not None:
             raise InvalidRequest(f"{name}: {why}.", param=name)

@@ -4,11 +4,14 @@ refused with its field's ``param``), and the strict model configuration."""
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, ConfigDict
 
-__all__ = ["Text", "STRICT", "FUNCTION_NAME", "joined"]
+from conveyor.errors import InvalidRequest
+
+__all__ = ["Text", "STRICT", "FUNCTION_NAME", "joined", "json_object"]
 
 
 def _utf8(value: str) -> str:
@@ -33,3 +36,16 @@ def joined(content: Any) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     return "".join(part.text for part in content)
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request body read as a JSON object; InvalidRequest (400) when it is not."""
+    try:
+        data = json.loads(raw)
+    except RecursionError:
+        raise InvalidRequest("The request body is nested too deeply to read.") from None
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidRequest("The request body is not valid JSON.") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    return data

@@ -9,7 +9,6 @@ parameter (``input[1].content``, ``max_output_tokens``).
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -24,7 +23,7 @@ from pydantic import (
 )
 
 from conveyor.errors import InvalidRequest
-from schemas.openai.fields import FUNCTION_NAME, STRICT, Text, joined
+from schemas.openai.fields import FUNCTION_NAME, STRICT, Text, joined, json_object
 from schemas.openai.requests import (
     MAX_INT32,
     FunctionSpec,
@@ -341,14 +340,7 @@ def field_names() -> frozenset[str]:
 def parse_request(raw: bytes) -> ResponsesRequest:
     """Validate a request body; every refusal is an :class:`InvalidRequest` (400)
     naming its ``param``."""
-    try:
-        data = json.loads(raw)
-    except RecursionError:
-        raise InvalidRequest("The request body is nested too deeply to read.") from None
-    except (ValueError, UnicodeDecodeError):
-        raise InvalidRequest("The request body is not valid JSON.") from None
-    if not isinstance(data, dict):
-        raise InvalidRequest("The request body must be a JSON object.")
+    data = json_object(raw)
     try:
         body = ResponsesRequest.model_validate(data)
     except ValidationError as exc:
