@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -139,25 +140,32 @@ async def test_a_filter_walk_is_bounded_and_says_there_may_be_more(
         await index.search(limit=0)
 
 
-async def test_searches_answer_fast_with_100000_requests_indexed(
+async def test_every_search_finds_what_matches_newest_first(
         settings: Settings, redis: aioredis.Redis) -> None:
-    tenants, keys, models = 20, 200, 5
+    """Each filter alone and combined, and a time window, over rows spread across
+    many values: exactly the matching rows, newest first, a page's worth. How
+    fast they answer with 100,000 requests indexed is measured by
+    ``bench.streams --soak 100000 --console`` (docs/benchmarks/results/console.md)."""
+    tenants, keys, models = 7, 30, 5
     rows = [row(i, tenant=f"t{i % tenants}", key_id=f"k{i % keys}", model=f"m{i % models}",
                 status="error" if i % 50 == 0 else "completed", finished=NOW - 5 * i)
-            for i in range(100_000)]
+            for i in range(5_000)]
     await write(settings, redis, rows)
     index = RequestIndex(settings, redis)
-    searches = [{}, {"tenant": "t3"}, {"key_id": "k17"}, {"model": "m2"}, {"status": "error"},
-                {"tenant": "t0", "status": "error"}, {"tenant": "t1", "model": "m1"},
-                {"key_id": "k3", "model": "m3", "status": "completed"},
-                {"tenant": "t2", "since_ms": NOW - 100_000, "until_ms": NOW - 50_000}]
+    searches: list[dict[str, Any]] = [
+        {}, {"tenant": "t3"}, {"key_id": "k17"}, {"model": "m2"}, {"status": "error"},
+        {"tenant": "t0", "status": "error"}, {"tenant": "t1", "model": "m1"},
+        {"key_id": "k3", "model": "m3", "status": "completed"},
+        {"tenant": "t2", "since_ms": NOW - 10_000, "until_ms": NOW - 5_000}]
     for filters in searches:
-        await index.search(**filters)  # type: ignore[arg-type]
-        started = time.perf_counter()
-        page = await index.search(**filters)  # type: ignore[arg-type]
-        took = time.perf_counter() - started
-        assert page.rows, filters
-        assert took < 0.05, f"{filters}: {took * 1000:.1f} ms"
+        page = await index.search(**filters)
+        wanted = [r.request_id for r in rows  # rows are newest first already
+                  if all(getattr(r, name) == value for name, value in filters.items()
+                         if not name.endswith("_ms"))
+                  and filters.get("since_ms", 0) <= r.finished_ms
+                  < filters.get("until_ms", NOW + 1)]
+        assert [r.request_id for r in page.rows] == wanted[:50], filters
+        assert page.more == (len(wanted) > 50), filters
 
 
 async def settle(feed: IndexFeed, held: list[int], within: float = 20.0) -> None:
