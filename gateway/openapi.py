@@ -251,9 +251,10 @@ def _inlined(node: Any, defs: dict[str, Any]) -> Any:
     return node
 
 
-def request_schema() -> dict[str, Any]:
-    """The request body's JSON schema, with every ``$ref`` inlined (none recurse)."""
-    schema = ResponsesRequest.model_json_schema()
+def request_schema(model: type[BaseModel] = ResponsesRequest) -> dict[str, Any]:
+    """A request body's JSON schema (the Responses API's by default), with every
+    ``$ref`` inlined (none recurse)."""
+    schema = model.model_json_schema()
     inlined: dict[str, Any] = _inlined(schema, schema.get("$defs", {}))
     return inlined
 

@@ -13,6 +13,7 @@ from fastapi.responses import Response
 
 from gateway.messages.protocol import MessagesRequest, parse_request
 from gateway.messages.serving import MessagesServing
+from gateway.openapi import request_schema
 from gateway.services import service
 
 __all__ = ["messages_router"]
@@ -22,23 +23,10 @@ messages_router = APIRouter()
 Messages = Annotated[MessagesServing, Depends(service("messages"))]
 
 
-def _inlined(node: Any, defs: dict[str, Any]) -> Any:
-    """``node`` with every ``#/$defs/`` reference replaced by its schema (none recurse)."""
-    if isinstance(node, dict):
-        ref = node.get("$ref")
-        if isinstance(ref, str) and ref.startswith("#/$defs/"):
-            return _inlined(defs[ref.removeprefix("#/$defs/")], defs)
-        return {k: _inlined(v, defs) for k, v in node.items() if k != "$defs"}
-    if isinstance(node, list):
-        return [_inlined(v, defs) for v in node]
-    return node
-
-
 def _openapi() -> tuple[dict[str, Any], dict[int | str, dict[str, Any]]]:
     """The route's request body and responses as the OpenAPI document shows them."""
-    schema = MessagesRequest.model_json_schema()
     body = {"requestBody": {"required": True, "content": {"application/json": {
-        "schema": _inlined(schema, schema.get("$defs", {}))}}}}
+        "schema": request_schema(MessagesRequest)}}}}
     error = {"content": {"application/json": {"schema": {
         "type": "object", "required": ["type", "error"], "properties": {
             "type": {"const": "error"}, "request_id": {"type": "string"},
