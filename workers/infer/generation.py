@@ -183,21 +183,16 @@ class TaskRun:
                 self._emit(self._chunk("", 0, "cancelled"))
         elif self._past_deadline():
             await self._fail(DeadlineExceeded("The request's deadline passed."))
-        elif self.task["generation"]["kind"] == "embedding":
-            try:
-                await self._embed()
-            except EngineError as exc:
-                self.engine_failure = traceback.format_exc()
-                if not await self._retry_elsewhere(exc):
-                    await self._fail(exc)
-            except RequestError as exc:
-                await self._fail(exc)
         else:
-            request = request_from_task(self.task, self.text, self.tokens, self.upstream_model,
-                                        self.settings.prefix.cache_shared)
             try:
-                self._check(request)
-                await self._stream(request)
+                if self.task["generation"]["kind"] == "embedding":
+                    await self._embed()
+                else:
+                    request = request_from_task(self.task, self.text, self.tokens,
+                                                self.upstream_model,
+                                                self.settings.prefix.cache_shared)
+                    self._check(request)
+                    await self._stream(request)
             except EngineError as exc:
                 self.engine_failure = traceback.format_exc()
                 if not await self._retry_elsewhere(exc):
