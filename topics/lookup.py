@@ -151,21 +151,23 @@ class KeyLookup:
     async def last(self, topic: str, count: int) -> list[Record]:
         """The last ``count`` records of each of ``topic``'s partitions (fewer
         where it holds fewer), in offset order per partition: what just came."""
-        await self.track(topic)
-        found: list[Record] = []
-        for partition in await self.partitions(topic):
-            tp = TopicPartition(topic, partition)
-            end = (await self._consumer.end_offsets([tp]))[tp]
-            if end:
-                found += await asyncio.wait_for(
-                    self._read(tp, None, max(0, end - count), None, False), self.timeout_s)
-        return found
+        async with asyncio.timeout(self.timeout_s):
+            await self.track(topic)
+            tps = [TopicPartition(topic, p) for p in await self.partitions(topic)]
+            ends = await self._consumer.end_offsets(tps)
+            found: list[Record] = []
+            for tp in tps:
+                if ends[tp]:
+                    found += await self._read(tp, None, max(0, ends[tp] - count), None, False)
+            return found
 
     async def at(self, topic: str, partition: int, offset: int) -> Record | None:
         """The record at one offset, or None when there is none (any more)."""
-        await self.track(topic)
-        found = await asyncio.wait_for(self._read(TopicPartition(topic, partition), None, offset,
-                                                  None, True), self.timeout_s)
+        if offset < 0:
+            return None  # no record is there
+        async with asyncio.timeout(self.timeout_s):
+            await self.track(topic)
+            found = await self._read(TopicPartition(topic, partition), None, offset, None, True)
         return found[0] if found and found[0].offset == offset else None
 
     async def track(self, topic: str) -> None:
