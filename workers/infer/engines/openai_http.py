@@ -39,6 +39,9 @@ from workers.infer.engines.base import EmbeddingRequest, Engine, GenerationReque
 
 __all__ = ["OpenAIHttpEngine"]
 
+# an upstream's statuses that refuse the request's body: the client's error
+_REFUSALS = frozenset({400, 413, 422})
+
 log = logging.getLogger(__name__)
 
 _KEEPALIVE_S = 4.0
@@ -116,8 +119,9 @@ class OpenAIHttpEngine(Engine):
 
     async def embed(self, request: EmbeddingRequest) -> np.ndarray:
         """The upstream's vectors (asked for as base64: float32 bytes), in the
-        inputs' order. The upstream's 4xx is the client's (its message and
-        param); anything else is the engine's failure."""
+        inputs' order. The upstream's refusal of the body (400, 413, 422) is the
+        client's (its message and param); any other status, or an answer that
+        is not JSON, is the engine's failure (another worker may take it)."""
         client = self._client
         if client is None:
             raise EngineError(f"engine {self.name} is not started")
@@ -129,18 +133,18 @@ class OpenAIHttpEngine(Engine):
             body["dimensions"] = request.dimensions
         try:
             async with await _posted(client, "v1/embeddings", body) as response:
-                if 400 <= response.status < 500:
+                if response.status in _REFUSALS:
                     error = await _error_object(response)
                     raise InvalidRequest(f"The upstream refused the request: "
                                          f"{error.get('message')}", param=error.get("param"))
                 if response.status >= 400:
                     raise EngineError(f"upstream returned HTTP {response.status}: "
                                       f"{await _error_message(response)}")
-                answer = json.loads(await response.read())
+                raw = await response.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise EngineError(f"upstream {self.base_url} failed: {exc!r}") from exc
         try:
-            data = sorted(answer["data"], key=lambda d: d["index"])
+            data = sorted(json.loads(raw)["data"], key=lambda d: d["index"])
             vectors = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), "<f4")
                                 if isinstance(d["embedding"], str)
                                 else np.asarray(d["embedding"], "<f4") for d in data])

@@ -393,6 +393,7 @@ async def test_embeddings_are_passed_on_to_the_upstream_and_read_back_in_order(
     with pytest.raises(InvalidRequest, match="input too long") as info:
         await engine.embed(EmbeddingRequest("r2", "bge", ("x",)))
     assert info.value.param == "input"
-    fake_upstream.status = 503
-    with pytest.raises(EngineError):
-        await engine.embed(EmbeddingRequest("r3", "bge", ("x",)))
+    for status in (503, 401, 404, 429):  # not the client's body: the engine's failure
+        fake_upstream.status = status
+        with pytest.raises(EngineError):
+            await engine.embed(EmbeddingRequest("r3", "bge", ("x",)))
