@@ -11,6 +11,7 @@ import json
 
 from conveyor.errors import InvalidRequest
 from conveyor.registry import ModelSpec
+from schemas.openai.embeddings import MAX_INPUTS
 from schemas.records import EmbeddingAsk, Generation
 from workers.preprocess.normalize import normalize_text
 from workers.preprocess.tokenizers import Tokenizer
@@ -18,8 +19,6 @@ from workers.preprocess.tokenizers import Tokenizer
 __all__ = ["MAX_INPUTS", "SPECIAL_TOKENS", "check_kind", "embedding_fingerprint",
            "measure_inputs", "normalize_embedding"]
 
-# OpenAI's bound on the inputs of one request
-MAX_INPUTS = 2048
 # [CLS] and [SEP], around every input
 SPECIAL_TOKENS = 2
 
