@@ -282,6 +282,13 @@ class SharedLookup:
         return await self._call(f"finding {key!r} in {topic}", lambda reader: reader.find(
             topic, key, since_ms, until_ms, partitions=partitions, first=first), timeout_s)
 
+    async def last(self, topic: str, count: int, *,
+                   timeout_s: float | None = None) -> list[Record]:
+        """:meth:`KeyLookup.last` on a shared reader: the last ``count`` records
+        of each of ``topic``'s partitions."""
+        return await self._call(f"reading the last {count} of {topic}",
+                                lambda reader: reader.last(topic, count), timeout_s)
+
     async def at(self, topic: str, partition: int, offset: int, *,
                  timeout_s: float | None = None) -> Record | None:
         """The record at one offset, or None when there is none (any more)."""

@@ -181,6 +181,13 @@ class RequestIndex:
         data = await self.redis.get(self.keys.row(request_id))
         return None if data is None else RequestRow.decode(data)
 
+    async def rows(self, request_ids: list[str]) -> list[RequestRow | None]:
+        """The rows of ``request_ids``, in one round trip (None: not indexed)."""
+        if not request_ids:
+            return []
+        found = await self.redis.mget([self.keys.row(rid) for rid in request_ids])
+        return [None if data is None else RequestRow.decode(data) for data in found]
+
     async def complete(self) -> bool:
         """Whether every usage partition is indexed (none being rebuilt)."""
         return self._complete(await self.redis.hgetall(self.keys.marks()))
