@@ -172,9 +172,8 @@ class KeyLookup:
 
     async def track(self, topic: str) -> None:
         """Have the consumer know ``topic``'s partition leaders before it asks for
-        offsets there: it learns an untracked topic only from a failed offset
-        request, after its retry backoff (100 ms), which made each topic of a
-        request's journey cost a tenth of a second. Through aiokafka 0.14's
+        offsets there, not learn them from a failed offset request and its retry
+        backoff (docs/benchmarks/results/console.md). Through aiokafka 0.14's
         client (private; tests/kafka/topics/test_shared_lookup.py pins it)."""
         client = self._consumer._client
         if topic not in client._topics:
