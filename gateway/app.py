@@ -64,6 +64,7 @@ from gateway.usage_api import usage_router
 from gateway.websocket.api_router import websocket_router
 from schemas.codec import default_codec
 from topics.clients import make_producer
+from topics.groups import GroupReader
 from topics.lookup import SharedLookup
 from topics.models import follow_published
 from topics.policies import adopt_policies, follow_policies
@@ -180,7 +181,8 @@ async def _services(settings: Settings, registry: Registry, gateway_id: str, hea
         messages=MessagesServing(settings, submitter, registry),
         files=files, batches=Batches(settings, publisher, board, files),
         background=background, usage=UsageLedger(settings, redis),
-        requests=RequestIndex(settings, redis), fleet=fleet)
+        requests=RequestIndex(settings, redis), fleet=fleet, lookup=lookup,
+        groups=GroupReader(settings))
     log.info("gateway %s: reply partition %d", gateway_id, router_.partition)
     try:
         yield services
@@ -200,6 +202,7 @@ async def _services(settings: Settings, registry: Registry, gateway_id: str, hea
                         ", ".join(sorted(t.get_name() for t in stuck)), _STOP_TASKS_S)
         await router_.stop()
         await lookup.close()
+        await services.groups.close()
         await admitter.drain()
         await publisher.close()  # what must arrive (cancels) has produce_timeout_s to go
         await redis.aclose()

@@ -26,6 +26,8 @@ from gateway.publisher import Publisher
 from gateway.responses.serving import ResponsesServing
 from gateway.stored import StoredAnswers
 from gateway.submission import Submitter
+from topics.groups import GroupReader
+from topics.lookup import SharedLookup
 from workers.fleet import Fleet
 from workers.usage.ledger import UsageLedger
 from workers.usage.requests import RequestIndex
@@ -54,6 +56,8 @@ class Services:
     usage: UsageLedger
     requests: RequestIndex  # every request as the accounting app indexed it (the console)
     fleet: Fleet  # every infer worker, as the console shows them
+    lookup: SharedLookup  # the gateway's one keyed reader of the log
+    groups: GroupReader  # the consumer groups, as the console's overview shows them
 
 
 def services_of(connection: HTTPConnection) -> Services:

@@ -137,17 +137,18 @@ def _described(group: Any) -> _Described:
 
 class GroupReader:
     """An admin client and a group-less consumer, kept between reads: a process
-    that reads the groups again and again (the console) starts it once.
+    that reads the groups again and again (the console) keeps one, which
+    starts at its first read and starts afresh after a read that failed.
     :func:`describe_groups` reads once."""
+
+    _admin: AIOKafkaAdminClient  # made by each start
+    _consumer: AIOKafkaConsumer
 
     def __init__(self, settings: Settings, timeout_s: float = TIMEOUT_S) -> None:
         self.settings = settings
         self.timeout_s = timeout_s
-        timeout_ms = int(timeout_s * 1000)
-        self._admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka.bootstrap,
-                                          request_timeout_ms=timeout_ms)
-        self._consumer: AIOKafkaConsumer = make_consumer(settings.kafka, group=None,
-                                                         request_timeout_ms=timeout_ms)
+        self._open = False  # clients made and not closed yet
+        self._reading = asyncio.Lock()  # one read at a time over the kept clients
 
     async def __aenter__(self) -> GroupReader:
         await self.start()
@@ -160,6 +161,12 @@ class GroupReader:
     async def start(self) -> None:
         """Connect both clients (:class:`KafkaConnectionError` when the broker
         does not answer in time; nothing is left open then)."""
+        timeout_ms = int(self.timeout_s * 1000)
+        self._admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka.bootstrap,
+                                          request_timeout_ms=timeout_ms)
+        self._consumer = make_consumer(self.settings.kafka, group=None,
+                                       request_timeout_ms=timeout_ms)
+        self._open = True
         try:
             async with asyncio.timeout(self.timeout_s):
                 await self._admin.start()
@@ -172,8 +179,10 @@ class GroupReader:
 
     async def close(self) -> None:
         """Close both clients; safe on a reader that never started, and twice."""
-        await stop_consumer(self._consumer, self.timeout_s)
-        await self._admin.close()
+        if self._open:
+            self._open = False
+            await stop_consumer(self._consumer, self.timeout_s)
+            await self._admin.close()
 
     def _unanswered(self) -> KafkaConnectionError:
         return KafkaConnectionError(f"Kafka at {self.settings.kafka.bootstrap} did not "
@@ -181,11 +190,17 @@ class GroupReader:
 
     async def describe(self) -> list[GroupState]:
         """Every consumer group of this deployment, in pipeline order."""
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                return await self._describe()
-        except TimeoutError as exc:
-            raise self._unanswered() from exc
+        async with self._reading:
+            if not self._open:
+                await self.start()
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    return await self._describe()
+            except BaseException as exc:
+                await self.close()
+                if isinstance(exc, TimeoutError):
+                    raise self._unanswered() from exc
+                raise
 
     async def _describe(self) -> list[GroupState]:
         listed = await self._admin.list_consumer_groups()

@@ -172,9 +172,8 @@ class KeyLookup:
 
     async def track(self, topic: str) -> None:
         """Have the consumer know ``topic``'s partition leaders before it asks for
-        offsets there: it learns an untracked topic only from a failed offset
-        request, after its retry backoff (100 ms), which made each topic of a
-        request's journey cost a tenth of a second. Through aiokafka 0.14's
+        offsets there, not learn them from a failed offset request and its retry
+        backoff (docs/benchmarks/results/console.md). Through aiokafka 0.14's
         client (private; tests/kafka/topics/test_shared_lookup.py pins it)."""
         client = self._consumer._client
         if topic not in client._topics:
@@ -281,6 +280,13 @@ class SharedLookup:
         lookup's own when None): the records as they are."""
         return await self._call(f"finding {key!r} in {topic}", lambda reader: reader.find(
             topic, key, since_ms, until_ms, partitions=partitions, first=first), timeout_s)
+
+    async def last(self, topic: str, count: int, *,
+                   timeout_s: float | None = None) -> list[Record]:
+        """:meth:`KeyLookup.last` on a shared reader: the last ``count`` records
+        of each of ``topic``'s partitions."""
+        return await self._call(f"reading the last {count} of {topic}",
+                                lambda reader: reader.last(topic, count), timeout_s)
 
     async def at(self, topic: str, partition: int, offset: int, *,
                  timeout_s: float | None = None) -> Record | None:

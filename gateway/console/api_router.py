@@ -7,7 +7,6 @@ every few seconds."""
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import hmac
 import logging
@@ -21,7 +20,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
-from conveyor.errors import InvalidRequest, RequestError, last_line
+from conveyor.errors import BrokerError, InvalidRequest, RequestError, last_line
 from conveyor.redis_clients import REDIS_ERRORS
 from gateway.auth.keys import KeyNotFound, KeyStore
 from gateway.auth.types import Limits
@@ -47,8 +46,7 @@ from gateway.services import Services, services_of
 from schemas.codec import default_codec
 from topics.catalog import REQUESTS
 from topics.envelope import iso, now_ms
-from topics.groups import describe_groups
-from topics.lookup import KeyLookup, parse_since
+from topics.lookup import parse_since
 from topics.reader import decoded
 from workers.journey import LAYERS, find_journey, report
 from workers.replay import REPLAYABLE, ReplayError, parse_through, replay_request
@@ -80,6 +78,8 @@ def _refusal(request: Request) -> Response | None:
 
 
 Route = Callable[..., Awaitable[Response]]
+# Kafka or Redis not answering: their clients' errors, and Conveyor's for them
+_UNREACHABLE: tuple[type[Exception], ...] = (*BACKEND_ERRORS, BrokerError)
 
 
 def _operator(route: Route) -> Route:
@@ -100,7 +100,7 @@ def _operator(route: Route) -> Route:
         except RequestError as exc:
             return _page(request, "unavailable.html", status_code=exc.status,
                          problem=exc.message)
-        except BACKEND_ERRORS as exc:
+        except _UNREACHABLE as exc:
             log.warning("console %s: %r", request.url.path, exc)
             return _page(request, "unavailable.html", status_code=503,
                          problem="Kafka or Redis does not answer; try again shortly.")
@@ -216,7 +216,7 @@ async def _charts(services: Services) -> dict[str, Any]:
 @_operator
 async def overview_page(request: Request) -> Response:
     services = services_of(request)
-    groups = await describe_groups(services.settings)
+    groups = await services.groups.describe()
     return _page(request, "overview.html", page="overview", groups=groups,
                  **await _charts(services))
 
@@ -224,7 +224,7 @@ async def overview_page(request: Request) -> Response:
 @console_router.get("/overview/pipeline")
 @_operator
 async def overview_pipeline(request: Request) -> Response:
-    groups = await describe_groups(services_of(request).settings)
+    groups = await services_of(request).groups.describe()
     return _page(request, "pipeline.html", groups=groups)
 
 
@@ -305,12 +305,11 @@ async def requests_arriving(request: Request) -> Response:
     """The requests that came last, as the gateways wrote them to
     ``conveyor.requests``, each with its outcome once the index has it."""
     services = services_of(request)
-    async with KeyLookup(services.settings) as look:
-        records = await look.last(REQUESTS.at(services.settings.kafka), _ARRIVING)
+    records = await services.lookup.last(REQUESTS.at(services.settings.kafka), _ARRIVING)
     arrived = sorted(decoded(REQUESTS, default_codec(), records, lambda r, exc: None),
                      key=lambda pair: pair[0].timestamp, reverse=True)[:_ARRIVING]
-    ids = [event["envelope"]["request_id"] for _, event in arrived]
-    rows = await asyncio.gather(*(services.requests.get(rid) for rid in ids))
+    rows = await services.requests.rows([event["envelope"]["request_id"]
+                                         for _, event in arrived])
     return _page(request, "arriving.html", arrived=[
         (record.timestamp, event, row) for (record, event), row in zip(arrived, rows,
                                                                       strict=True)])

@@ -14,7 +14,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import safe_json
-from gateway.messages.objects import error_body, error_of_status
+from gateway.messages.objects import error_of
 
 __all__ = ["AnthropicErrors", "PATH"]
 
@@ -64,7 +64,7 @@ def anthropic_error(status: int, body: bytes,
                     request_id: str | None = None) -> tuple[int, bytes]:
     """An error response's status and body as Anthropic's (a body already in its
     shape is kept)."""
-    message = f"HTTP {status}"
+    message, param = f"HTTP {status}", None
     try:
         data: Any = json.loads(body) if body else None
     except ValueError:
@@ -74,10 +74,8 @@ def anthropic_error(status: int, body: bytes,
     if isinstance(data, dict) and isinstance(data.get("error"), dict):
         error = data["error"]
         message = str(error.get("message") or message)
-        param = error.get("param")
-        if param and str(param) not in message:
-            message = f"{param}: {message}"
+        param = str(error["param"]) if error.get("param") else None
     elif isinstance(data, dict) and isinstance(data.get("detail"), str):
         message = data["detail"]
-    kind, sent = error_of_status(status)
-    return sent, safe_json(error_body(kind, message, request_id))
+    sent, rewritten = error_of(status, message, param, request_id)
+    return sent, safe_json(rewritten)

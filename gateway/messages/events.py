@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gateway import sse
-from gateway.messages.objects import error_body, message_id, stop_reason, usage_object
+from gateway.messages.objects import message_id, stop_reason, usage_object
 from gateway.messages.protocol import tool_use_id
 from schemas.records import Usage
 
@@ -71,10 +71,6 @@ class MessageEvents:
                        "delta": {"stop_reason": reason, "stop_sequence": sequence},
                        "usage": usage_object(usage)},
                       {"type": "message_stop"}]
-
-    @staticmethod
-    def failure(kind: str, message: str) -> dict[str, Any]:
-        return error_body(kind, message)
 
     def _start(self, block: dict[str, Any], kind: Literal["text", "tool_use"],
                out: list[dict[str, Any]]) -> None:

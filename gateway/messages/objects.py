@@ -11,8 +11,8 @@ from typing import Any
 from gateway.messages.protocol import tool_use_id
 from schemas.records import Usage
 
-__all__ = ["message_id", "message_object", "usage_object", "stop_reason", "error_body",
-           "error_of_status", "OVERLOADED_STATUS"]
+__all__ = ["message_id", "message_object", "usage_object", "stop_reason", "error_of",
+           "OVERLOADED_STATUS"]
 
 # Anthropic's status for an overloaded service (the SDK's OverloadedError)
 OVERLOADED_STATUS = 529
@@ -98,16 +98,16 @@ def _arguments(text: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def error_of_status(status: int) -> tuple[str, int]:
-    """Anthropic's error type of an HTTP status, and the status it is sent with."""
-    if status in _BY_STATUS:
-        return _BY_STATUS[status]
-    return ("invalid_request_error", status) if status < 500 else ("api_error", status)
-
-
-def error_body(kind: str, message: str, request_id: str | None = None) -> dict[str, Any]:
-    """Anthropic's error body."""
+def error_of(status: int, message: str, param: str | None = None,
+             request_id: str | None = None) -> tuple[int, dict[str, Any]]:
+    """Anthropic's error for a failure of HTTP ``status``: the status it is sent
+    with and its body (``{"type": "error", "error": {"type", "message"}}``); a
+    ``param`` the message does not name leads it (``max_tokens: ...``)."""
+    kind, sent = _BY_STATUS.get(status) or (
+        ("invalid_request_error", status) if status < 500 else ("api_error", status))
+    if param and param not in message:
+        message = f"{param}: {message}"
     body: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
     if request_id:
         body["request_id"] = request_id
-    return body
+    return sent, body

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from conveyor.errors import InvalidRequest, RequestError
 from schemas.openai.fields import Text, json_object
-from schemas.openai.requests import MAX_INT32, invalid_request, model_field_names
+from schemas.openai.requests import MAX_INT32, invalid_request, model_field_names, param_of
 from schemas.records import Function, Generation, Message, Sampling, ToolCall, Tools
 from schemas.tools import MAX_TOOLS, tools_of
 
@@ -119,7 +119,8 @@ def parse_request(raw: bytes) -> MessagesRequest:
         errors = exc.errors()
         extra = next((e for e in errors if e["type"] == "extra_forbidden"), None)
         if extra is not None:
-            where = _dotted(extra["loc"])
+            loc = extra["loc"]  # its last part is the field given, none of _NAMES
+            where = anthropic_param(param_of(loc, _NAMES | {str(loc[-1])}), None)
             raise InvalidRequest(f"{where}: Extra inputs are not permitted",
                                  param=where) from None
         error = invalid_request(errors, _NAMES)
@@ -363,11 +364,7 @@ def anthropic_param(param: str | None, origins: list[str] | None) -> str | None:
         match = _PIPELINE_MESSAGE.match(param)
         if match is not None and int(match.group(1)) < len(origins):
             param = origins[int(match.group(1))] + param[match.end():]
-    return _dotted(_BRACKETS.sub(r".\1", param).split("."))
-
-
-def _dotted(loc: Any) -> str:
-    return ".".join(str(p) for p in loc if p != "body" and p != "")
+    return _BRACKETS.sub(r".\1", param)
 
 
 def translated(exc: RequestError, origins: list[str]) -> RequestError:

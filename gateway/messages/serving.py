@@ -24,7 +24,7 @@ from gateway.answer import Answer
 from gateway.chat.serving import answered_by
 from gateway.errors import SafeJSONResponse, for_client
 from gateway.messages.events import PING, MessageEvents, frame
-from gateway.messages.objects import error_of_status, message_object
+from gateway.messages.objects import error_of, message_object
 from gateway.messages.protocol import Mapped, MessagesRequest, generation_of, translated
 from gateway.replies import opening
 from gateway.submission import Submitter
@@ -111,10 +111,7 @@ class MessagesServing:
                 reply = await answer.next(within=keepalive)
             except Exception as exc:  # the status is sent: the error becomes an event
                 error = for_client(exc, f"stream {answer.request_id}")
-                kind, _ = error_of_status(error.status)
-                message = error.message if not error.param or error.param in error.message \
-                    else f"{error.param}: {error.message}"
-                yield events.failure(kind, message)
+                yield error_of(error.status, error.message, error.param)[1]
                 return
 
 

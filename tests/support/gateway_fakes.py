@@ -34,6 +34,7 @@ from gateway.services import Services
 from gateway.stored import StoredAnswers
 from gateway.submission import Submitter
 from schemas.codec import default_codec
+from topics.groups import GroupReader
 from topics.lookup import SharedLookup
 from workers.fleet import Fleet
 from workers.usage.ledger import UsageLedger
@@ -170,4 +171,4 @@ def offline_services(settings: Settings, registry: Registry | None = None) -> Se
         background=background,
         usage=UsageLedger(settings, aioredis.from_url(settings.redis.url)),
         requests=RequestIndex(settings, aioredis.from_url(settings.redis.url)),
-        fleet=Fleet(settings))
+        fleet=Fleet(settings), lookup=stored.lookup, groups=GroupReader(settings))

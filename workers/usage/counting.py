@@ -177,7 +177,7 @@ class Counter:
             if row is not None and row["p"] == partition and row["o"] >= offset:
                 continue  # counted here before a crash; the app replays it
             before = Counts.from_value(row) if row is not None else Counts()
-            adds = add.with_ttft_of(record) if key.dim == "models" else add
+            adds = add.with_ttft_of(record) if key.model_wide else add
             self.totals[text] = before.plus(adds).value(partition, offset)
             self.dirty.add(text)
         return True

@@ -83,8 +83,8 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
 
     # Faust's commit livelock check reads each partition's position, which
     # aiokafka asserts is set; a partition read from its beginning (nothing
-    # committed: seek_committed_or_earliest) has none until its reset lands, and
-    # the check crashed the app then. Such a partition is checked once it has one.
+    # committed: seek_committed_or_earliest) has none until its reset lands.
+    # Such a partition is checked once it has one (decision 0002).
     def verify_event_path(self, now: float, tp: Any) -> None:
         if not has_position(self._ensure_consumer(), tp):
             return None

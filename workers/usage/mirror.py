@@ -119,7 +119,7 @@ class RedisMirror:
             pipe.set(self.keys.quota(key.tenant, "month", key.bucket_ms),
                      counts.total_tokens, pxat=until)
             return
-        if key.dim == "models":
+        if key.model_wide:
             name = self.keys.models(key.bucket_ms)
             field = self.keys.model_field(key.partition or 0, key.ident)
         else:

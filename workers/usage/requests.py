@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, fields
 from typing import Any
 
 from aiokafka import TopicPartition
@@ -23,6 +23,7 @@ from conveyor.errors import InvalidRequest
 from conveyor.redis_clients import Redis, text
 from conveyor.settings import Settings
 from schemas.codec import Codec, default_codec
+from schemas.records import UsageRecord
 from topics.backoff import RateLimitedLog
 from topics.catalog import USAGE
 from topics.clients import BROKER_TROUBLE, make_consumer, stop_consumer
@@ -46,6 +47,9 @@ FILTERS = ("tenant", "key", "model", "status")
 
 @dataclass(frozen=True)
 class RequestRow:
+    """One UsageRecord as the index keeps it: its fields, in its order (a
+    record of an older version, and a row written before, lacks the last)."""
+
     request_id: str
     tenant: str
     key_id: str
@@ -56,39 +60,32 @@ class RequestRow:
     completion_tokens: int
     entered_ms: int
     finished_ms: int
-    first_token_ms: int | None
+    first_token_ms: int | None = None
     error_code: str | None = None  # the code of the error that ended it
     asked_model: str = ""  # the model asked for, when another answered
 
     @classmethod
-    def of(cls, record: Any) -> RequestRow:
+    def of(cls, record: UsageRecord) -> RequestRow:
         """The row of one UsageRecord."""
-        first = record.get("first_token_ms")
-        return cls(str(record["request_id"]), str(record["tenant"]), str(record["key_id"]),
-                   str(record["model"]), str(record["kind"]), str(record["status"]),
-                   int(record["prompt_tokens"]), int(record["completion_tokens"]),
-                   int(record["entered_ms"]), int(record["finished_ms"]),
-                   None if first is None else int(first), record.get("error_code"),
-                   str(record.get("asked_model") or ""))
+        given: dict[str, Any] = {name: value for name, value in record.items()
+                                 if name in _FIELDS and value is not None}
+        return cls(**given)
 
     def encode(self) -> str:
         return json.dumps(astuple(self), separators=(",", ":"))
 
     @classmethod
     def decode(cls, data: str | bytes) -> RequestRow:
-        """A row as :meth:`encode` wrote it (one written before rows had an error
-        code and the model asked for has neither)."""
-        (rid, tenant, key_id, model, kind, status, prompt, completion, entered, finished,
-         first, *later) = json.loads(data)
-        code, asked = (later + [None, ""])[:2]
-        return cls(rid, tenant, key_id, model, kind, status, int(prompt), int(completion),
-                   int(entered), int(finished), None if first is None else int(first),
-                   code, asked)
+        """A row as :meth:`encode` wrote it."""
+        return cls(*json.loads(data))
 
     def value_of(self, dim: str) -> str:
         """The row's value of a filter dimension (:data:`FILTERS`)."""
         return {"tenant": self.tenant, "key": self.key_id, "model": self.model,
                 "status": self.status}[dim]
+
+
+_FIELDS = tuple(f.name for f in fields(RequestRow))
 
 
 @dataclass(frozen=True)
@@ -183,6 +180,13 @@ class RequestIndex:
     async def get(self, request_id: str) -> RequestRow | None:
         data = await self.redis.get(self.keys.row(request_id))
         return None if data is None else RequestRow.decode(data)
+
+    async def rows(self, request_ids: list[str]) -> list[RequestRow | None]:
+        """The rows of ``request_ids``, in one round trip (None: not indexed)."""
+        if not request_ids:
+            return []
+        found = await self.redis.mget([self.keys.row(rid) for rid in request_ids])
+        return [None if data is None else RequestRow.decode(data) for data in found]
 
     async def complete(self) -> bool:
         """Whether every usage partition is indexed (none being rebuilt)."""

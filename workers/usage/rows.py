@@ -155,6 +155,12 @@ class RowKey:
             fields.append(self.partition)
         return json.dumps(fields, separators=(",", ":"))
 
+    @property
+    def model_wide(self) -> bool:
+        """A model's minute over every tenant (one usage partition's share): the
+        row that holds a TTFT histogram, kept apart from the tenants' rows."""
+        return self.dim == "models"
+
     @classmethod
     def parse(cls, text: str) -> RowKey:
         by, dim, bucket_ms, tenant, ident, *rest = json.loads(text)

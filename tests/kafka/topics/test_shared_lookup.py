@@ -175,3 +175,9 @@ async def test_the_last_records_of_each_partition_are_what_just_came(
     assert sum(len(o) for o in per_partition.values()) == KEYS * PER_KEY
     assert sorted((r.partition, r.offset) for r in last) == sorted(
         (p, o) for p, offsets in per_partition.items() for o in offsets[-2:])
+    shared = SharedLookup(written.settings, readers=1)
+    try:
+        assert sorted((r.partition, r.offset) for r in await shared.last(topic, 2)) == \
+            sorted((r.partition, r.offset) for r in last)
+    finally:
+        await shared.close()

@@ -107,6 +107,8 @@ async def test_writing_a_record_again_leaves_the_same_index_first_copy_kept(
     assert [r.request_id for r in page.rows] == ["r1", "r2"]
     assert (await index.search(status="error")).rows == []
     assert await index.get("r9") is None
+    assert await index.rows(["r2", "r9", "r1"]) == [row(2), None, first]
+    assert await index.rows([]) == []
 
 
 async def test_rows_past_the_retention_are_neither_written_nor_kept(

@@ -186,7 +186,8 @@ async def test_the_overview_and_the_requests_say_so_when_kafka_and_redis_are_dow
                              redis_url="redis://127.0.0.1:9/0")
     async with console(settings) as http:
         pages = [await http.get(f"/console/{path}") for path in (
-            "overview", "overview/pipeline", "overview/charts", "requests", "requests/rows")]
+            "overview", "overview/pipeline", "overview/charts", "requests", "requests/rows",
+            "requests/arriving")]
         bad = await http.get("/console/requests", params={"since": "the other day"})
     for page in pages:
         assert page.status_code == 503, page.url

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from gateway.messages.events import MessageEvents, frame
+from gateway.messages.objects import error_of
 from schemas.records import Usage
 
 
@@ -76,7 +77,7 @@ def test_an_answer_without_content_has_no_block() -> None:
 
 
 def test_a_failure_and_the_frame() -> None:
-    error = MessageEvents.failure("overloaded_error", "busy")
+    _, error = error_of(503, "busy")
     assert error == {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}
     assert frame(error) == (b'event: error\ndata: {"type":"error","error":'
                             b'{"type":"overloaded_error","message":"busy"}}\n\n')

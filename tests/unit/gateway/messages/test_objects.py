@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.messages.objects import (
-    error_body,
-    error_of_status,
+    error_of,
     message_object,
     stop_reason,
     usage_object,
@@ -68,11 +67,19 @@ def test_usage_before_any_is_zero() -> None:
     (418, ("invalid_request_error", 418)), (507, ("api_error", 507)),
 ])
 def test_error_types_by_status(status: int, expected: tuple[str, int]) -> None:
-    assert error_of_status(status) == expected
+    sent, body = error_of(status, "x")
+    assert (body["error"]["type"], sent) == expected
 
 
 def test_the_error_body() -> None:
-    assert error_body("not_found_error", "no", "r1") == {
+    assert error_of(404, "no", None, "r1") == (404, {
         "type": "error", "error": {"type": "not_found_error", "message": "no"},
-        "request_id": "r1"}
-    assert "request_id" not in error_body("api_error", "x")
+        "request_id": "r1"})
+    assert "request_id" not in error_of(500, "x")[1]
+
+
+def test_a_param_leads_the_message_unless_it_names_it() -> None:
+    assert error_of(400, "too many", "max_tokens")[1]["error"]["message"] == \
+        "max_tokens: too many"
+    assert error_of(400, "max_tokens: too many", "max_tokens")[1]["error"]["message"] == \
+        "max_tokens: too many"

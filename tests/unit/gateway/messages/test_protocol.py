@@ -109,6 +109,10 @@ def test_tool_choice_maps_onto_the_pipelines(choice: Any, expected: tuple[str, s
     ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking", "not supported"),
     ({"output_config": {"effort": "low"}}, "output_config", "not supported"),
     ({"frequency_penalty": 1}, "frequency_penalty", "Extra inputs"),
+    ({"messages": [{"role": "user", "content": "x", "name": "a"}]}, "messages.0.name",
+     "Extra inputs"),
+    ({"system": [{"type": "text", "text": "Be brief.", "lang": "en"}]}, "system.0.lang",
+     "Extra inputs"),
     ({"messages": [{"role": "user", "content": [
         {"type": "text", "text": "what is it?"},
         {"type": "image", "source": {"type": "base64", "media_type": "image/png",

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pytest
 
+from schemas.records import UsageRecord
 from workers.usage.requests import FILTERS, INDEX_RETENTION_MS, IndexKeys, RequestRow
 from workers.usage.rows import DAY_MS
 
@@ -21,6 +24,10 @@ def test_a_row_is_its_usage_record_and_reads_back_the_same() -> None:
                              1_000, 2_000, 1_200)
     assert RequestRow.decode(row.encode()) == row
     assert RequestRow.decode(row.encode().encode()) == row  # Redis answers bytes
+
+
+def test_a_row_has_every_field_of_a_usage_record_in_its_order() -> None:
+    assert [f.name for f in fields(RequestRow)] == list(UsageRecord.__annotations__)
 
 
 def test_a_record_with_no_first_token_or_written_before_the_field_has_none() -> None:
