@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from conveyor.errors import PipelineUnavailable, RequestError
+from conveyor.errors import PipelineUnavailable, RequestError, TransientBrokerError
 from conveyor.redis_clients import RedisError
 from schemas.openai.requests import invalid_request
 from topics.clients import KafkaError
@@ -114,8 +114,10 @@ class CatchAll:
                 await response(scope, receive, send)
 
 
-# what a route meets when Kafka or Redis does not answer: a 503, never a 500
-BACKEND_ERRORS: tuple[type[Exception], ...] = (KafkaError, RedisError)
+# what a route meets when Kafka or Redis does not answer: a 503, never a 500 (the
+# clients' own errors, and Conveyor's where topics/ and conveyor/redis_clients.py
+# translated them)
+BACKEND_ERRORS: tuple[type[Exception], ...] = (KafkaError, RedisError, TransientBrokerError)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from conveyor.errors import InvalidRequest
+from conveyor.errors import InvalidRequest, RedisUnavailable, TransientBrokerError
 from gateway.errors import install_error_handlers
 from gateway.limits import BodyLimit
 from schemas.openai.requests import ChatCompletionRequest
@@ -33,6 +33,14 @@ def edge_app() -> FastAPI:
     @app.get("/boom")
     async def boom() -> None:
         raise RuntimeError("a bug")
+
+    @app.get("/kafka-late")
+    async def kafka_late() -> None:
+        raise TransientBrokerError("conveyor.replies: no answer within 5 s")
+
+    @app.get("/redis-down")
+    async def redis_down() -> None:
+        raise RedisUnavailable("redis unreachable")
 
     @app.get("/surrogate")
     async def surrogate() -> None:
@@ -93,6 +101,15 @@ def test_a_failed_request_keeps_the_connection(base_url: str,
 def test_an_unexpected_error_is_a_500_envelope(base_url: str) -> None:
     err = assert_envelope(httpx.get(f"{base_url}/boom"), 500)
     assert err["type"] == "server_error" and "a bug" not in err["message"]
+
+
+@pytest.mark.parametrize("path", ["/kafka-late", "/redis-down"])
+def test_kafka_or_redis_failing_under_a_route_is_a_503_envelope(base_url: str,
+                                                                path: str) -> None:
+    """Conveyor's own broker errors (a lookup's timeout, Redis's translated
+    outage) are the pipeline being unavailable, as aiokafka's and redis's are."""
+    err = assert_envelope(httpx.get(f"{base_url}{path}"), 503)
+    assert err["code"] == "pipeline_unavailable"
 
 
 def test_an_error_that_echoes_a_lone_surrogate_still_encodes(base_url: str) -> None:
