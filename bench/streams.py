@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 
 from bench.client import StreamClient
-from bench.compare import Scenario, Side, Tally, run_rounds
+from bench.compare import Scenario, Side, Tally, run_rounds, sides
 from bench.harness import (
     BenchError,
     Pipeline,
@@ -40,6 +40,7 @@ from bench.stats import Check, check_table, markdown_table, ms, percentile
 
 __all__ = ["main"]
 
+SMALL_REQUESTS = 10  # --tenants 2: the small tenant's requests in each case
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 _PAGE_MIB = os.sysconf("SC_PAGE_SIZE") / 2**20
 
@@ -108,12 +109,8 @@ def cpu_now(watched: dict[str, list[int]]) -> dict[str, float]:
 async def measure(args: argparse.Namespace, stage: Pipeline,
                   watched: dict[str, list[int]]) -> dict[int, dict[str, Tally]]:
     results: dict[int, dict[str, Tally]] = {}
-    async with StreamClient(max(args.levels) + 8, timeout_s=120.0) as direct_client, \
-            StreamClient(max(args.levels) + 8, timeout_s=120.0) as conveyor_client:
-        direct = Side("direct", f"{stage.upstream_url}/v1/completions",
-                      {True: f"bench@{args.token_ms}"}, direct_client, args.tokens)
-        conveyor = Side("conveyor", f"{stage.gateway_url}/v1/completions",
-                        {True: f"bench-{args.token_ms}"}, conveyor_client, args.tokens)
+    async with sides(stage, max(args.levels) + 8, {True: args.token_ms}, args.tokens,
+                     120.0) as (direct, conveyor):
         for level in args.levels:
             print(f"{level} streams ...", flush=True)
             # the first level's first round a side warms connections, groups and caches
@@ -170,11 +167,10 @@ async def soak(args: argparse.Namespace, stage: Pipeline,
     layers fill their memory of finished requests for a deadline and a grace
     first); the accounting app's window of request ids (100,000 offsets a
     partition) fills far later: it is shown, not checked."""
-    url, model = f"{stage.gateway_url}/v1/completions", f"bench-{args.token_ms}"
     sent, failed, started = 0, 0, time.monotonic()
     samples: list[tuple[float, int, dict[str, float]]] = []  # (s, sent, RSS by label)
-    async with StreamClient(max(args.levels) + 8, timeout_s=120.0) as client:
-        side = Side("conveyor", url, {True: model}, client, args.tokens)
+    async with sides(stage, max(args.levels) + 8, {True: args.token_ms}, args.tokens,
+                     120.0) as (_, side):
 
         async def lane() -> None:
             nonlocal sent, failed
@@ -262,7 +258,7 @@ async def tenants(args: argparse.Namespace, stage: Pipeline) -> list[Check]:
         async def small(key: str) -> list[float]:
             small_client.headers["Authorization"] = f"Bearer {key}"
             side = Side("small", url, {True: model}, small_client, 16)
-            samples = [await side.one(True) for _ in range(args.small_requests)]
+            samples = [await side.one(True) for _ in range(SMALL_REQUESTS)]
             failed = [s.error for s in samples if not s.ok]
             if failed:
                 raise BenchError(f"the small tenant's requests failed: {failed[0]}")
@@ -314,8 +310,6 @@ def main(argv: list[str] | None = None) -> None:
                         help="--tenants 2: the pool's slots (requests in flight upstream)")
     parser.add_argument("--flood", type=int, default=128,
                         help="--tenants 2: the large tenant's streams at once")
-    parser.add_argument("--small-requests", type=int, default=10,
-                        help="--tenants 2: the small tenant's requests in each case")
     parser.add_argument("--soak", type=int, default=0,
                         help="streams to send through Conveyor alone, RSS sampled")
     parser.add_argument("--console", action="store_true",
