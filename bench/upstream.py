@@ -1,5 +1,5 @@
-"""A fast OpenAI-compatible upstream: the engine the pipeline benchmarks put
-behind Conveyor, so that what they measure is the pipeline.
+"""A fast OpenAI-compatible upstream, streaming only: the engine the pipeline
+benchmarks put behind Conveyor, so that what they measure is the pipeline.
 
 What it serves and how it paces: docs/benchmarks/index.md. The n-th token is
 due ``n * delay`` after the request arrived, so sleep overshoot does not
@@ -47,7 +47,6 @@ class _Job:
     n_tokens: int
     finish_reason: Literal["length", "stop"]
     delay_s: float
-    stream: bool
     include_usage: bool
     prompt_tokens: int
 
@@ -70,7 +69,6 @@ class _Job:
             text = prompt if isinstance(prompt, str) else json.dumps(prompt)
         return cls(kind, model, n_tokens, "length" if n_tokens == max_tokens else "stop",
                    max(0.0, float(ms) / 1000.0) if paced else delay_s,
-                   bool(body.get("stream", False)),
                    bool((body.get("stream_options") or {}).get("include_usage", False)),
                    max(1, len(text) // 4))
 
@@ -78,26 +76,18 @@ class _Job:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.n_tokens,
                 "total_tokens": self.prompt_tokens + self.n_tokens}
 
-    def head(self, streamed: bool) -> dict[str, Any]:
-        """What every response object and chunk begins with."""
+    def head(self) -> dict[str, Any]:
+        """What every chunk begins with."""
         chat = self.kind == "chat"
-        kind = ("chat.completion.chunk" if streamed else "chat.completion") if chat \
-            else "text_completion"
         return {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
-                "object": kind, "created": int(time.time()), "model": self.model}
+                "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": int(time.time()), "model": self.model}
 
-    def choice(self, chat: tuple[str, dict[str, str]], text: str,
-               finish: str | None) -> dict[str, Any]:
-        """A chat's choice holds ``chat`` (a delta or a message), a completion's ``text``."""
+    def choice(self, delta: dict[str, str], text: str, finish: str | None) -> dict[str, Any]:
+        """A chat's choice holds ``delta``, a completion's ``text``."""
         if self.kind == "chat":
-            return {"index": 0, chat[0]: chat[1], "finish_reason": finish}
+            return {"index": 0, "delta": delta, "finish_reason": finish}
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-
-    def response(self) -> bytes:
-        text = _TOKEN * self.n_tokens
-        message = ("message", {"role": "assistant", "content": text})
-        return _dumps({**self.head(streamed=False), "usage": self.usage(),
-                       "choices": [self.choice(message, text, self.finish_reason)]})
 
 
 async def _read_body(receive: Receive) -> bytes:
@@ -122,20 +112,12 @@ async def _error(send: Send, status: int, message: str, kind: str) -> None:
     await _respond(send, status, _JSON_HEADERS, _dumps(envelope))
 
 
-async def _pace(start: float, step: int, delay_s: float) -> None:
-    """Sleep until token ``step`` (1-based) is due."""
-    if delay_s > 0:
-        wait = start + step * delay_s - time.perf_counter()
-        if wait > 0:
-            await asyncio.sleep(wait)
-
-
 async def _stream(send: Send, job: _Job, start: float) -> None:
     """The SSE frames, each encoded once; unpaced, all in one body."""
-    head = job.head(streamed=True)
+    head = job.head()
 
     def chunk(delta: dict[str, str], text: str, finish: str | None) -> bytes:
-        return _sse({**head, "choices": [job.choice(("delta", delta), text, finish)]})
+        return _sse({**head, "choices": [job.choice(delta, text, finish)]})
 
     first = chunk({"role": "assistant", "content": _TOKEN}, _TOKEN, None)
     token = chunk({"content": _TOKEN}, _TOKEN, None)
@@ -146,7 +128,9 @@ async def _stream(send: Send, job: _Job, start: float) -> None:
         if job.delay_s <= 0:
             parts.append(frame)
             continue
-        await _pace(start, step, job.delay_s)
+        wait = start + step * job.delay_s - time.perf_counter()  # until token ``step`` is due
+        if wait > 0:
+            await asyncio.sleep(wait)
         await send({"type": "http.response.body", "body": frame, "more_body": True})
     parts.append(chunk({}, "", job.finish_reason))
     if job.include_usage:
@@ -188,11 +172,7 @@ def build_app(tokens: int, delay_s: float) -> ASGIApp:
         except (ValueError, TypeError) as exc:
             await _error(send, 400, str(exc), "invalid_request_error")
             return
-        if job.stream:
-            await _stream(send, job, start)
-        else:
-            await _pace(start, job.n_tokens, job.delay_s)
-            await _respond(send, 200, _JSON_HEADERS, job.response())
+        await _stream(send, job, start)
 
     return app
 
