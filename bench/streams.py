@@ -40,7 +40,6 @@ from bench.stats import Check, check_table, markdown_table, ms, percentile
 
 __all__ = ["main"]
 
-SMALL_REQUESTS = 10  # --tenants 2: the small tenant's requests in each case
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 _PAGE_MIB = os.sysconf("SC_PAGE_SIZE") / 2**20
 
@@ -258,7 +257,7 @@ async def tenants(args: argparse.Namespace, stage: Pipeline) -> list[Check]:
         async def small(key: str) -> list[float]:
             small_client.headers["Authorization"] = f"Bearer {key}"
             side = Side("small", url, {True: model}, small_client, 16)
-            samples = [await side.one(True) for _ in range(SMALL_REQUESTS)]
+            samples = [await side.one(True) for _ in range(args.small_requests)]
             failed = [s.error for s in samples if not s.ok]
             if failed:
                 raise BenchError(f"the small tenant's requests failed: {failed[0]}")
@@ -310,6 +309,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="--tenants 2: the pool's slots (requests in flight upstream)")
     parser.add_argument("--flood", type=int, default=128,
                         help="--tenants 2: the large tenant's streams at once")
+    parser.add_argument("--small-requests", type=int, default=10,
+                        help="--tenants 2: the small tenant's requests in each case")
     parser.add_argument("--soak", type=int, default=0,
                         help="streams to send through Conveyor alone, RSS sampled")
     parser.add_argument("--console", action="store_true",
