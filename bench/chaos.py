@@ -2,16 +2,11 @@
 in turn, then a check against ``conveyor.tokens`` that every request got exactly
 one answer identical to what the log holds, or a clear error.
 
-    .venv/bin/python -m bench.chaos [--quick] [--faults worker,redis-flush]
-                                    [--time-limit 420] [--max-requests 600]
-
-The set-up, the faults, the outcomes and the exit codes: docs/benchmarks/index.md.
-:class:`Conveyor` is real processes (every layer in one, infer workers, a
-gateway), each in its own process group, on a Kafka and a Redis of their own
-(infra/services.py); each fault (:data:`FAULTS`) is undone as an operator or a
-supervisor would, while streams run. No fault starts after ``--time-limit``
-seconds; requests then in flight get their client deadline (the gateway's
-request timeout plus 20 s).
+The set-up, the faults, the outcomes, the flags and the exit codes:
+docs/benchmarks/index.md. :class:`Conveyor` is real processes on a Kafka and a
+Redis of their own (infra/services.py); each fault (:data:`FAULTS`) is undone
+as an operator or a supervisor would, while streams run. No fault starts after
+``--time-limit`` seconds; requests then in flight get their client deadline.
 """
 
 from __future__ import annotations
@@ -31,42 +26,16 @@ from pathlib import Path
 
 import httpx
 
-from bench.chaos_check import Injected, Load, Record, Report, judge, read_tokens
+from bench.chaos_check import Injected, Load, Report, judge, read_tokens
 from bench.harness import BenchError, Proc, as_script, conveyor_cli, conveyor_env, spawn
 from conveyor.settings import Settings
 from infra.services import OwnKafka, OwnRedis, ServiceError, free_port, stop_groups
-from schemas.codec import default_codec
-from schemas.records import WorkerHeartbeat
-from topics.catalog import WORKERS
-from topics.follow import follow
+from topics.envelope import now_ms
+from workers.fleet import Fleet
 
-__all__ = ["FAULTS", "Chaos", "Conveyor", "Heartbeats", "main"]
+__all__ = ["FAULTS", "Chaos", "Conveyor", "main"]
 
 log = logging.getLogger("bench.chaos")
-
-
-@dataclass
-class Heartbeats:
-    """The latest heartbeat of each worker, read from ``conveyor.workers``."""
-
-    settings: Settings
-    beats: dict[str, WorkerHeartbeat] = field(default_factory=dict)
-    seen_at: dict[str, float] = field(default_factory=dict)
-
-    async def follow(self) -> None:
-        """For ever, from the end at the start (through the broker's outages)."""
-        async for batch in follow(self.settings, WORKERS, 0, "end").events(default_codec()):
-            for _, beat in batch:
-                self.beats[beat["worker_id"]] = beat
-                self.seen_at[beat["worker_id"]] = time.monotonic()
-
-    def busiest(self, workers: list[str]) -> str:
-        return max(workers, key=lambda w: self.beats[w]["running"] if w in self.beats else 0)
-
-    def ready(self, worker: str, since: float) -> bool:
-        beat = self.beats.get(worker)
-        return (beat is not None and self.seen_at.get(worker, 0.0) > since
-                and beat["state"] == "ready" and bool(beat["partitions"]))
 
 
 @dataclass
@@ -77,7 +46,7 @@ class Chaos:
     redis: OwnRedis
     kafka: OwnKafka
     load: Load
-    beats: Heartbeats
+    fleet: Fleet  # the workers' last heartbeats
     base_url: str
     injected: list[Injected] = field(default_factory=list)
 
@@ -97,9 +66,9 @@ class Chaos:
             await asyncio.sleep(0.1)
 
     async def kill_worker(self, event: Injected | None, name: str) -> Injected:
-        worker = self.beats.busiest(self.conveyor.workers)
-        beat = self.beats.beats.get(worker)
-        running = beat["running"] if beat is not None else None
+        beats = self.fleet.beats
+        worker = max(self.conveyor.workers, key=lambda w: beats[w]["running"] if w in beats else 0)
+        running = beats[worker]["running"] if worker in beats else None
         note = f"SIGKILL worker {worker} (running {running})"
         if event is None:
             event = self.strike(name, note)
@@ -114,12 +83,18 @@ class Chaos:
         await asyncio.sleep(after)
         await asyncio.to_thread(self.conveyor.start, worker)
 
+    def ready(self, worker: str, since_ms: int) -> bool:
+        """Whether ``worker`` heartbeat ready, with partitions, after ``since_ms``."""
+        beat = self.fleet.beats.get(worker)
+        return (beat is not None and beat["ts_ms"] > since_ms and beat["state"] == "ready"
+                and bool(beat["partitions"]))
+
     async def recovered(self, within: float = 90.0, starting: bool = False) -> bool:
         """Until the gateway is healthy, every worker heartbeats ready again and a
         one-token completion comes back through the whole pipeline (health alone
         can say ok while a layer is stuck). ``starting``: any heartbeat counts, and
         a process that exits is a BenchError."""
-        since = 0.0 if starting else time.monotonic()
+        since = 0 if starting else now_ms()
         deadline = time.monotonic() + within
         async with httpx.AsyncClient(timeout=5.0) as client:
             while time.monotonic() < deadline:
@@ -128,7 +103,7 @@ class Chaos:
                         raise BenchError(f"{name} exited early:\n{proc.log_tail()}")
                 with contextlib.suppress(httpx.HTTPError):
                     healthy = (await client.get(f"{self.base_url}/healthz")).status_code == 200
-                    if healthy and all(self.beats.ready(w, since)
+                    if healthy and all(self.ready(w, since)
                                        for w in self.conveyor.workers):
                         left = max(1.0, min(30.0, deadline - time.monotonic()))
                         probe = await client.post(
@@ -235,9 +210,6 @@ class Conveyor:
                     str(self.contexts), "--worker-id", name]
         return [sys.executable, "-m", "cli", *args]
 
-    def topics(self) -> None:
-        conveyor_cli("conveyor topics failed", "topics", env=self.env, timeout_s=120)
-
     def start(self, name: str) -> None:
         self.procs[name] = spawn(name, self.argv(name), self.logs, self.env)
         self._killed.discard(name)
@@ -271,6 +243,8 @@ QUICK_FAULTS = ("worker", "redis-stop", "redis-flush-worker")
 # about how long a fault takes from its strike to a healthy pipeline, quiet period aside
 _FAULT_COST_S = {"kafka": 45.0}  # the others about 25 s
 WORKER_IDS = ["w0", "w1"]
+MAX_TOKENS = 64
+REQUEST_TIMEOUT_S = 60.0  # the gateway's (CONVEYOR_REQUEST_TIMEOUT_S); clients wait 20 s more
 
 
 def _options(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -283,15 +257,6 @@ def _options(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="seconds after which no fault starts (default 420, quick 150)")
     p.add_argument("--max-requests", type=int, default=600, help="requests sent in all")
     p.add_argument("--clients", type=int, default=4, help="concurrent streaming clients")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--quiet", type=float, default=None,
-                   help="seconds of plain load after each fault (default 12, quick 5)")
-    p.add_argument("--baseline", type=float, default=None,
-                   help="seconds of load before the first fault (default 15, quick 8)")
-    p.add_argument("--request-timeout", type=float, default=60.0,
-                   help="the gateway's request deadline (CONVEYOR_REQUEST_TIMEOUT_S)")
-    p.add_argument("--workdir", type=Path, default=None,
-                   help="where services keep data and logs (default a new /tmp folder)")
     opts = p.parse_args(argv)
     names = opts.faults.split(",") if opts.faults else list(
         QUICK_FAULTS if opts.quick else FAULTS)
@@ -300,8 +265,8 @@ def _options(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error(f"unknown fault {unknown[0]!r}; choose from {', '.join(FAULTS)}")
     opts.fault_names = names
     opts.time_limit = opts.time_limit or (150.0 if opts.quick else 420.0)
-    opts.quiet = opts.quiet if opts.quiet is not None else (5.0 if opts.quick else 12.0)
-    opts.baseline = opts.baseline if opts.baseline is not None else (8.0 if opts.quick else 15.0)
+    opts.quiet = 5.0 if opts.quick else 12.0  # seconds of plain load after each fault
+    opts.baseline = 8.0 if opts.quick else 15.0  # and before the first
     return opts
 
 
@@ -316,18 +281,12 @@ async def _supervise(conveyor: Conveyor) -> None:
         await asyncio.sleep(0.5)
 
 
-def _reference(records: list[Record], before: float) -> dict[int, str]:
-    """Each prompt's first complete answer before any fault."""
-    return {r.prompt: r.text for r in reversed(records)  # the first one written last
-            if r.ended is not None and r.ended < before and r.finished and r.error is None}
-
-
 async def _drive(opts: argparse.Namespace, chaos: Chaos, t0: float) -> tuple[
         list[Injected], list[str]]:
     """Baseline load, then each fault with a recovery and a quiet period."""
     chaos.load.start()
     log.info("load: %d clients, max_tokens %d; baseline %.0f s", opts.clients,
-             opts.max_tokens, opts.baseline)
+             MAX_TOKENS, opts.baseline)
     await asyncio.sleep(opts.baseline)
     skipped: list[str] = []
     for name in opts.fault_names:
@@ -353,11 +312,11 @@ async def _run(opts: argparse.Namespace, conveyor: Conveyor, redis: OwnRedis,
                kafka: OwnKafka, base_url: str, t0: float) -> bool:
     settings = Settings.from_flat({k.removeprefix("CONVEYOR_").lower(): v
                                    for k, v in conveyor.env.items() if k.startswith("CONVEYOR_")})
-    beats = Heartbeats(settings)
-    load = Load(base_url, opts.clients, opts.max_tokens, opts.max_requests,
-                client_deadline_s=opts.request_timeout + 20.0)
-    chaos = Chaos(conveyor, redis, kafka, load, beats, base_url)
-    background = [asyncio.create_task(beats.follow()), asyncio.create_task(_supervise(conveyor))]
+    fleet = Fleet(settings)
+    load = Load(base_url, opts.clients, MAX_TOKENS, opts.max_requests,
+                client_deadline_s=REQUEST_TIMEOUT_S + 20.0)
+    chaos = Chaos(conveyor, redis, kafka, load, fleet, base_url)
+    background = [asyncio.create_task(fleet.follow()), asyncio.create_task(_supervise(conveyor))]
     try:
         if not await chaos.recovered(within=240.0, starting=True):
             raise BenchError("Conveyor did not become ready:\n" + "\n".join(
@@ -375,9 +334,7 @@ async def _run(opts: argparse.Namespace, conveyor: Conveyor, redis: OwnRedis,
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
-    logged = await read_tokens(settings)
-    first = injected[0].injected_at if injected else float("inf")
-    verdicts = judge(load.records, logged, _reference(load.records, first))
+    verdicts = judge(load.records, await read_tokens(settings))
     report = Report(verdicts, injected, conveyor.unexpected, skipped)
     print("\n".join(report.lines()), flush=True)
     ok, line = report.verdict()
@@ -392,7 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for noisy in ("aiokafka", "kafka", "httpx"):
         logging.getLogger(noisy).setLevel(logging.CRITICAL)
     t0 = time.monotonic()
-    workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="conveyor-chaos-"))
+    workdir = Path(tempfile.mkdtemp(prefix="conveyor-chaos-"))
     logs = workdir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     print(f"chaos: faults {','.join(opts.fault_names)}; logs in {logs}", flush=True)
@@ -408,10 +365,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         port = free_port()
         env = conveyor_env(topic_prefix=prefix, gateway_port=port, services={
             "CONVEYOR_KAFKA_BOOTSTRAP": kafka.bootstrap, "CONVEYOR_REDIS_URL": redis.url,
-            "CONVEYOR_REQUEST_TIMEOUT_S": str(opts.request_timeout)})
+            "CONVEYOR_REQUEST_TIMEOUT_S": str(REQUEST_TIMEOUT_S)})
         conveyor = Conveyor(logs, env, list(WORKER_IDS))
         stack.callback(conveyor.close)
-        conveyor.topics()
+        conveyor_cli("conveyor topics failed", "topics", env=env, timeout_s=120)
         conveyor.start_all()
         ok = asyncio.run(_run(opts, conveyor, redis, kafka, f"http://127.0.0.1:{port}", t0))
     print(f"chaos: done in {time.monotonic() - t0:.0f} s; logs in {logs}", flush=True)

@@ -6,17 +6,13 @@ that, once, and the outcomes (docs/benchmarks/index.md).
 
 A client sends a ``traceparent`` of its own, so its trace id finds the
 request's events in the log even when the answer never named the request id
-(an error before the first chunk). Two chunks of one run with the same
-``seq`` and different contents make a request corrupted even when the
-client's text matches. A fault's stall is each stream in flight when it
-struck's longest wait between consecutive events, p50 and p99 over them.
+(an error before the first chunk). A fault's stall is each stream in flight
+when it struck's longest wait between consecutive events.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import os
 import time
 from collections import Counter, defaultdict
@@ -24,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from bench.client import HttpError, StreamClient
+from bench.client import Answer, HttpError, StreamClient
 from bench.stats import fmt, markdown_table, percentile
 from conveyor.settings import Settings
 from schemas.codec import default_codec
@@ -61,79 +57,35 @@ PROMPTS = [
 ]
 
 
-@dataclass
-class Record:
-    """One request as its client saw it."""
+@dataclass(kw_only=True)
+class Record(Answer):
+    """One request of the load as its client saw it."""
 
     client: int
     number: int
     prompt: int
     max_tokens: int
     trace_id: str
-    started: float  # time.monotonic()
-    ended: float | None = None
-    request_id: str | None = None
-    ids: set[str] = field(default_factory=set)
-    events: list[float] = field(default_factory=list)  # arrival of each SSE data event
-    text: str = ""
-    finish_reasons: list[str] = field(default_factory=list)
-    usages: list[dict[str, Any]] = field(default_factory=list)
-    done: int = 0  # data: [DONE] seen
-    after_done: int = 0  # data events after [DONE]
-    error: str | None = None
-    # http (a status other than 200), event (an error event in the stream),
-    # cut (the stream ended without [DONE] or an error), hang (past the deadline),
-    # transport (the connection failed)
-    error_kind: str | None = None
-    error_code: str | None = None
-    code: int = 0  # the answer's HTTP status
+    ended: float | None = None  # time.monotonic()
+    request_id: str | None = None  # its answer's id, else found in the log by its trace id
 
     def data(self, data: bytes) -> bool:
-        """One SSE event's payload (a sink of bench.client's): every event is
-        read, those after ``[DONE]`` counted."""
-        self.events.append(time.monotonic())
-        if self.done:
-            self.after_done += 1
-            return False
-        if data == b"[DONE]":
-            self.done += 1
-            return False
-        chunk = json.loads(data)
-        if "error" in chunk:
-            self.error_kind = "event"
-            self.error = f"error event: {json.dumps(chunk['error'])[:300]}"
-            self.error_code = _error_code(chunk["error"])
-            return False
-        cid = chunk.get("id")
-        if isinstance(cid, str):
-            self.ids.add(cid)
-            if self.request_id is None:
-                self.request_id = cid.removeprefix("chatcmpl-")
-        for choice in chunk.get("choices") or ():
-            self.text += (choice.get("delta") or {}).get("content") or ""
-            if choice.get("finish_reason") is not None:
-                self.finish_reasons.append(choice["finish_reason"])
-        if chunk.get("usage"):
-            self.usages.append(chunk["usage"])
+        super().data(data)
+        if self.request_id is None and self.ids:
+            self.request_id = next(iter(self.ids)).removeprefix("chatcmpl-")
         return False
-
-    def error_body(self, body: bytes) -> None:
-        self.error_kind = "http"
-        self.error = f"HTTP {self.code}: {body.decode(errors='replace')[:300]}"
-        with contextlib.suppress(ValueError, KeyError, TypeError):
-            self.error_code = _error_code(json.loads(body)["error"])
 
     @property
     def finished(self) -> bool:
         return self.done > 0 and bool(self.finish_reasons)
 
     def in_flight_at(self, t: float) -> bool:
-        return self.started < t and (self.ended is None or self.ended > t)
+        return self.start < t and (self.ended is None or self.ended > t)
 
     def longest_gap(self, until: float) -> float:
         """The longest wait between consecutive events of the stream, from its
         start to its end (or ``until`` when it never ended)."""
-        marks = [self.started, *self.events, self.ended if self.ended is not None else until]
+        marks = [self.start, *self.events, self.ended if self.ended is not None else until]
         return max(b - a for a, b in zip(marks, marks[1:], strict=False))
 
 
@@ -188,7 +140,8 @@ class Load:
             prompt = (client + number * self.clients) % len(PROMPTS)
             traceparent = new_traceparent()
             trace_id = traceparent.split("-")[1]
-            record = Record(client, number, prompt, self.max_tokens, trace_id, time.monotonic())
+            record = Record(client=client, number=number, prompt=prompt,
+                            max_tokens=self.max_tokens, trace_id=trace_id)
             self.records.append(record)
             try:
                 await asyncio.wait_for(self._client.post_sse(
@@ -216,14 +169,6 @@ class Load:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-
-
-def _error_code(error: Any) -> str | None:
-    """An OpenAI error object's code, else its type."""
-    if not isinstance(error, dict):
-        return None
-    code = error.get("code") or error.get("type")
-    return str(code) if code is not None else None
 
 
 Outcome = Literal["answered", "errored", "lost", "duplicated", "corrupted"]
@@ -290,22 +235,17 @@ class Verdict:
     outcome: Outcome
     why: str = ""
     logged: Logged | None = None
-    unlike_reference: bool = False
 
 
-def judge(records: list[Record], log: dict[str, Logged],
-          reference: dict[int, str]) -> list[Verdict]:
-    """One verdict per record; ``reference`` is each prompt's answer before any fault
-    (greedy decoding: a different text is shown, but is not by itself an error)."""
+def judge(records: list[Record], log: dict[str, Logged]) -> list[Verdict]:
+    """One verdict per record, against the log."""
     by_trace = {lg.trace_id: lg for lg in log.values() if lg.trace_id}
     verdicts = []
     for r in records:
         logged = log.get(r.request_id or "") or by_trace.get(r.trace_id)
         if logged is not None and r.request_id is None:
             r.request_id = logged.request_id
-        outcome, why = _outcome(r, logged)
-        unlike = outcome == "answered" and r.text != reference.get(r.prompt, r.text)
-        verdicts.append(Verdict(r, outcome, why, logged, unlike))
+        verdicts.append(Verdict(r, *_outcome(r, logged), logged))
     return verdicts
 
 
@@ -376,7 +316,7 @@ def by_fault(verdicts: list[Verdict], faults: list[tuple[str, float]]) -> dict[s
         r = v.record
         hit = next((name for name, t in faults if r.in_flight_at(t)), None)
         if hit is None:
-            before = [name for name, t in faults if t <= r.started]
+            before = [name for name, t in faults if t <= r.start]
             hit = before[-1] if before else "baseline"
         out[hit].append(v)
     return out
@@ -422,21 +362,8 @@ class Report:
                      "", "", "", ""])
         return markdown_table(header, rows)
 
-    def calm(self) -> str:
-        """Figures of the requests no fault struck while they ran, to read stalls against."""
-        calm = [v.record for v in self.verdicts if v.outcome == "answered"
-                and not any(v.record.in_flight_at(e.injected_at) for e in self.injected)]
-        if not calm:
-            return "no request ran without a fault"
-        total = [r.ended - r.started for r in calm if r.ended is not None]
-        ttft = [r.events[0] - r.started for r in calm if r.events]
-        gaps = [r.longest_gap(self.now) for r in calm]
-        return (f"requests no fault struck ({len(calm)}): duration p50 "
-                f"{fmt(percentile(total, 50))} s, TTFT p50 {fmt(percentile(ttft, 50))} s, "
-                f"longest gap p50 {fmt(percentile(gaps, 50))} s, p99 {fmt(percentile(gaps, 99))} s")
-
     def lines(self) -> list[str]:
-        out = [self.table(), "", self.calm()]
+        out = [self.table(), ""]
         for e in self.injected:
             back = f", undone after {e.restored_at - e.injected_at:.1f} s" if e.restored_at else ""
             notes = "; ".join(n for n in e.notes if not n.startswith("killed:"))
@@ -452,21 +379,7 @@ class Report:
                          for v in self.verdicts if v.outcome == "errored")
         if errors:
             out.append("errors: " + ", ".join(f"{k} x{n}" for k, n in errors.most_common()))
-        unlike = [v for v in self.verdicts if v.unlike_reference]
-        if unlike:
-            out.append(f"answers unlike their prompt's answer before any fault (greedy; shown, "
-                       f"not counted): {len(unlike)}: "
-                       + ", ".join(f"{v.record.request_id} (runs "
-                                   f"{v.logged.runs() if v.logged else '?'})"
-                                   for v in unlike[:10]))
         groups = {id(v): name for name, vs in self.groups.items() for v in vs}
-        for v in self.verdicts:
-            if v.outcome == "errored":
-                r = v.record
-                held = "no chunk in the log" if v.logged is None else (
-                    f"{len(v.logged.chunks)} chunks in the log, runs {v.logged.runs()}")
-                out.append(f"errored [{groups[id(v)]}] request {r.request_id or '?'} "
-                           f"(trace {r.trace_id}): {(r.error or '')[:120]}; {held}")
         for v in (v for v in self.verdicts if v.outcome in ("lost", "duplicated", "corrupted")):
             r = v.record
             out.append(f"{v.outcome.upper()} [{groups[id(v)]}] request {r.request_id or '?'} "

@@ -6,9 +6,10 @@ with text, total at ``data: [DONE]``), over a lean HTTP/1.1 client of its own
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol, cast
 from urllib.parse import urlsplit
@@ -17,7 +18,8 @@ import orjson
 
 from bench.harness import BenchError
 
-__all__ = ["HttpError", "Sample", "SseSink", "StreamClient", "first_success", "stream_completion"]
+__all__ = ["Answer", "HttpError", "Sample", "SseSink", "StreamClient", "first_success",
+           "stream_completion"]
 
 
 @dataclass(frozen=True)
@@ -133,8 +135,8 @@ async def _body(conn: _Connection, head: _Head) -> AsyncIterator[bytes]:
                 return
             yield await conn.exactly(size)
             await conn.exactly(2)
-    elif "content-length" in head.headers:
-        left = int(head.headers["content-length"])
+    else:  # the servers measured give a length when they do not chunk
+        left = int(head.headers.get("content-length", "0"))
         while left > 0:
             if not conn.buf:
                 await conn.fill()
@@ -142,18 +144,6 @@ async def _body(conn: _Connection, head: _Head) -> AsyncIterator[bytes]:
             del conn.buf[:len(piece)]
             left -= len(piece)
             yield piece
-    else:  # delimited by the connection's end
-        head.headers["connection"] = "close"
-        while not conn.closed or conn.buf:
-            if conn.buf:
-                piece = bytes(conn.buf)
-                conn.buf.clear()
-                yield piece
-            else:
-                try:
-                    await conn.fill()
-                except HttpError:
-                    return
 
 
 class StreamClient:
@@ -264,80 +254,97 @@ class SseSink(Protocol):
         """The body of an answer other than 200."""
 
 
-class _Timing:
-    """One streamed completion's clock and what its events said."""
+@dataclass
+class Answer:
+    """One streamed answer as its client saw it (a :class:`SseSink` that reads every
+    event): when each came, the text, every id, final chunk and usage, ``[DONE]``
+    and what came after it, or the error."""
 
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self.first: float | None = None
-        self.last = 0.0
-        self.gaps: list[float] = []
-        self.chars = 0
-        self.pieces: list[str] = []
-        self.tokens = 0
-        self.finished = False
-        self.code = 0
-        self.error: str | None = None
-
-    def error_body(self, body: bytes) -> None:
-        self.error = f"HTTP {self.code}: {body[:200].decode(errors='replace')}"
+    start: float = field(default_factory=time.monotonic)
+    code: int = 0  # the answer's HTTP status
+    events: list[float] = field(default_factory=list)  # arrival of each data event
+    text_at: list[float] = field(default_factory=list)  # arrival of each with text
+    text: str = ""
+    ids: set[str] = field(default_factory=set)
+    finish_reasons: list[str] = field(default_factory=list)
+    usages: list[dict[str, Any]] = field(default_factory=list)
+    done: int = 0  # data: [DONE] seen
+    after_done: int = 0  # data events after [DONE]
+    error: str | None = None
+    # http (a status other than 200), event (an error event in the stream); the
+    # chaos load adds cut (no [DONE]), hang (past its deadline) and transport
+    error_kind: str | None = None
+    error_code: str | None = None  # the OpenAI error's code, else its type
 
     def data(self, data: bytes) -> bool:
-        """One event's payload; True once the stream is done."""
+        now = time.monotonic()
+        self.events.append(now)
+        if self.done:
+            self.after_done += 1
+            return False
         if data == b"[DONE]":
-            self.finished = True
-            return True
+            self.done += 1
+            return False
         chunk = orjson.loads(data)
         if "error" in chunk:
-            self.error = f"error event: {orjson.dumps(chunk['error']).decode()[:200]}"
-            self.finished = True
-            return True
-        text = _text_of(chunk)
+            self.error_kind, self.error_code = "event", _error_code(chunk["error"])
+            self.error = f"error event: {orjson.dumps(chunk['error']).decode()[:300]}"
+            return False
+        if isinstance(cid := chunk.get("id"), str):
+            self.ids.add(cid)
+        text = ""
+        for choice in chunk.get("choices") or ():
+            text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+            if choice.get("finish_reason") is not None:
+                self.finish_reasons.append(choice["finish_reason"])
         if text:
-            now = time.perf_counter()
-            if self.first is None:
-                self.first = now
-            else:
-                self.gaps.append(now - self.last)
-            self.last = now
-            self.chars += len(text)
-            self.pieces.append(text)
+            self.text += text
+            self.text_at.append(now)
         if chunk.get("usage"):
-            self.tokens = int(chunk["usage"].get("completion_tokens") or 0)
+            self.usages.append(chunk["usage"])
         return False
 
+    def error_body(self, body: bytes) -> None:
+        self.error_kind = "http"
+        self.error = f"HTTP {self.code}: {body.decode(errors='replace')[:300]}"
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            self.error_code = _error_code(orjson.loads(body)["error"])
+
     def sample(self) -> Sample:
-        end = time.perf_counter()
-        if self.code != 200 or self.error is not None:
-            return _failed(self.start, self.error or f"HTTP {self.code}")
-        if not self.finished:
-            return _failed(self.start, "stream ended without [DONE]")
-        if self.first is None:
-            return _failed(self.start, "no text in the stream")
-        return Sample(ttft=self.first - self.start, total=end - self.start, chars=self.chars,
-                      text="".join(self.pieces), tokens=self.tokens, gaps=tuple(self.gaps))
+        """Timed: an error, no ``[DONE]`` or no text is a failed sample."""
+        if self.error is not None:
+            return _failed(self.start, self.error)
+        if not self.done or not self.text_at:
+            return _failed(self.start, "no text in the stream" if self.done
+                           else "stream ended without [DONE]")
+        at = self.text_at
+        tokens = int(self.usages[-1].get("completion_tokens") or 0) if self.usages else 0
+        return Sample(ttft=at[0] - self.start, total=time.monotonic() - self.start,
+                      chars=len(self.text), text=self.text, tokens=tokens,
+                      gaps=tuple(b - a for a, b in zip(at, at[1:], strict=False)))
 
 
-def _text_of(chunk: dict[str, Any]) -> str:
-    text = ""
-    for choice in chunk.get("choices") or ():
-        text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
-    return text
+def _error_code(error: Any) -> str | None:
+    """An OpenAI error object's code, else its type."""
+    if not isinstance(error, dict):
+        return None
+    code = error.get("code") or error.get("type")
+    return str(code) if code is not None else None
 
 
 async def stream_completion(client: StreamClient, url: str, body: dict[str, Any]) -> Sample:
     """POST a streaming request and time it; failures come back as a Sample with
     ``error`` set, never raised."""
-    timing = _Timing()
+    answer = Answer()
     try:
-        await client.post_sse(url, body, timing)
+        await client.post_sse(url, body, answer)
     except (HttpError, OSError, TimeoutError, ValueError) as exc:
-        return _failed(timing.start, f"{type(exc).__name__}: {exc}"[:200])
-    return timing.sample()
+        return _failed(answer.start, f"{type(exc).__name__}: {exc}"[:200])
+    return answer.sample()
 
 
 def _failed(start: float, error: str) -> Sample:
-    elapsed = time.perf_counter() - start
+    elapsed = time.monotonic() - start
     return Sample(ttft=elapsed, total=elapsed, chars=0, error=error)
 
 

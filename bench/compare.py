@@ -10,16 +10,17 @@ import asyncio
 import functools
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from bench.client import Sample, StreamClient, first_success, stream_completion
-from bench.harness import TOKENS, BenchError
+from bench.harness import DELAY_MS, TOKENS, BenchError, Pipeline
 from bench.stats import Check, check_table, markdown_table, ms, percentile
 
 __all__ = ["Result", "Scenario", "Side", "Tally", "measure", "median_interval",
-           "report_summary", "run_rounds"]
+           "report_summary", "run_rounds", "sides"]
 
 T = TypeVar("T")
 
@@ -52,6 +53,22 @@ class Side:
         body = {"model": self.models[paced], "prompt": PROMPT, "max_tokens": self.max_tokens,
                 "temperature": 0, "stream": True}
         return await stream_completion(self.client, self.url, body)
+
+
+@asynccontextmanager
+async def sides(stage: Pipeline, connections: int, paces_ms: dict[bool, int] | None = None,
+                max_tokens: int = TOKENS,
+                timeout_s: float = 30.0) -> AsyncIterator[tuple[Side, Side]]:
+    """The upstream called directly and Conveyor in front of it, each with a client
+    of its own: for paced and unpaced (``paces_ms``), the fixture's ``bench@<ms>``
+    and Conveyor's ``bench-<ms>``."""
+    paces = paces_ms or {True: DELAY_MS, False: 0}
+    async with StreamClient(connections, timeout_s) as direct, \
+            StreamClient(connections, timeout_s) as through:
+        yield (Side("direct", f"{stage.upstream_url}/v1/completions",
+                    {paced: f"bench@{ms}" for paced, ms in paces.items()}, direct, max_tokens),
+               Side("conveyor", f"{stage.gateway_url}/v1/completions",
+                    {paced: f"bench-{ms}" for paced, ms in paces.items()}, through, max_tokens))
 
 
 @dataclass

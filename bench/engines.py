@@ -9,18 +9,14 @@ sequences over ``--batches`` batched contexts of one thread; where
 ``.venv-vllm/bin/python`` exists, a child process of it runs (b) Conveyor's
 vLLM adapter, (c) vLLM alone with the same arguments and sampling, and (d) a
 second (c), the control: how far (d) lands from (c) is this run's noise.
-Every question is new (numbered: only the system prompt is found in a
-cache); ``--runs N`` measures every level N times and prints the medians.
-
+Every question is new (numbered: only the system prompt is found in a cache).
 Printed: completion tokens over each level's wall time, TTFT p50 and time per
-token p50. Target: (b)/(c) >= 0.95. Results: docs/benchmarks/results/engines.md
-and, against the engine of a context per request, docs/decisions/0028-one-llama-cpp-engine.md.
+token p50. Target: (b)/(c) >= 0.95 (docs/benchmarks/results/engines.md).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import subprocess
 import time
@@ -224,29 +220,24 @@ async def vllm_sides(plan: Plan, runs: int) -> dict[str, list[Level]]:
         await adapter.close()
 
 
-def vllm_in_child(quick: bool, levels: tuple[int, ...],
-                  runs: int) -> dict[str, list[Level]] | None:
+def vllm_in_child(quick: bool, levels: tuple[int, ...], runs: int) -> None:
+    """(b), (c) and (d) measured and reported by a child process of .venv-vllm."""
     python = repo_root() / ".venv-vllm/bin/python"
     if not python.exists():
         print("no .venv-vllm/bin/python: vLLM rows left out (bash infra/vllm.sh builds it)")
-        return None
+        return
     argv = [str(python), "-m", "bench.engines", "--vllm-child", f"--runs={runs}",
             "--levels", ",".join(map(str, levels)), *(["--quick"] if quick else [])]
     limit = 300 + 3 * max(1, runs) * len(levels) * (Plan.of(quick, levels).level_s + 120)
-    done = subprocess.run(argv, cwd=repo_root(), stdout=subprocess.PIPE, text=True,
-                          timeout=limit, check=False)
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
-    print("\n".join(ln for ln in done.stdout.splitlines() if not ln.startswith("RESULT ")))
-    if done.returncode != 0 or not lines:
-        raise BenchError(f"the vLLM child failed with code {done.returncode}")
-    raw: dict[str, list[dict[str, Any]]] = json.loads(lines[-1].removeprefix("RESULT "))
-    return {name: [Level(**d) for d in levels_] for name, levels_ in raw.items()}
+    code = subprocess.run(argv, cwd=repo_root(), timeout=limit, check=False).returncode
+    if code != 0:
+        raise BenchError(f"the vLLM child failed with code {code}")
 
 
 # -- the report ------------------------------------------------------------------------
 
 
-def report(results: dict[str, list[Level]], base: str, others: list[str]) -> list[Check]:
+def report(results: dict[str, list[Level]], base: str, others: list[str]) -> None:
     """One table of every side against ``base``, and the checks of the targets: each
     of ``others`` but the control at 95 % of ``base``'s rate at least."""
     rows = []
@@ -263,10 +254,11 @@ def report(results: dict[str, list[Level]], base: str, others: list[str]) -> lis
         header += [f"{other} tok/s", f"{other}/{base}"]
     header += [f"{n} {what}" for what in ("TTFT p50 ms", "ms/token p50") for n in [base, *others]]
     print(markdown_table(header, rows))
-    return [Check("engines", f"{other}/{base} at {a.streams} streams",
-                  b.rate / a.rate * 100 if a.rate else math.nan, 95, ">=", "%")
-            for other in others if other != VLLM_COPY
-            for a, b in zip(results[base], results[other], strict=True)]
+    for other in others:
+        for a, b in zip(results[base], results[other], strict=True):
+            if other != VLLM_COPY:
+                print(Check("engines", f"{other}/{base} at {a.streams} streams",
+                            b.rate / a.rate * 100 if a.rate else math.nan, 95, ">=", "%").line())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -286,19 +278,15 @@ def main(argv: list[str] | None = None) -> int:
     plan = Plan.of(args.quick, levels)
     with as_script("bench.engines"):
         if args.vllm_child:
-            measured = asyncio.run(vllm_sides(plan, max(1, args.runs)))
-            print("RESULT " + json.dumps({k: [vars(v) for v in vs] for k, vs in measured.items()}))
+            report(asyncio.run(vllm_sides(plan, max(1, args.runs))), "vllm",
+                   ["conveyor+vllm", VLLM_COPY])
             return 0
         print(f"{plan.max_tokens} tokens a chat, {plan.rounds} chat(s) a stream, levels {levels}")
         if args.batches < 1:
             parser.error("--batches is 1 or more")
-        checks = report(asyncio.run(llamacpp_side(plan, args.batches, max(1, args.runs))),
-                        "llamacpp", [])
-        found = None if args.no_vllm else vllm_in_child(args.quick, levels, args.runs)
-        if found is not None:
-            checks += report(found, "vllm", ["conveyor+vllm", VLLM_COPY])
-        for check in checks:
-            print(check.line())
+        report(asyncio.run(llamacpp_side(plan, args.batches, max(1, args.runs))), "llamacpp", [])
+        if not args.no_vllm:
+            vllm_in_child(args.quick, levels, args.runs)
         return 0
 
 

@@ -3,7 +3,7 @@ side by side, from a few workers to many, below and past saturation.
 
     python -m bench.fleet_sim [--quick] [--workloads shared-prefix,chat]
         [--workers 8,32,128] [--rates 0.25,0.5,0.75,0.9,1.0,1.2] [--requests 10000]
-        [--scale 1.0] [--json PATH]
+        [--scale 1.0]
 
 The routing is real (:func:`workers.prefix.choose` over a
 :class:`~workers.prefix.PrefixIndex`); schedule's queue, the workers and the
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import os
 import random
@@ -290,17 +289,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="fractions of the fleet's estimated capacity")
     add("--requests", type=int, default=10_000, help="at least this many a cell")
     add("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="processes running cells")
-    add("--json", help="write every figure here")
     spec = sim.WorkerSpec()
-    for flag, default in [("--seed", 1), ("--groups", 64), ("--prompts-per-group", 16),
-                          ("--prefix-tokens", 2048), ("--question-tokens", 128),
-                          ("--output-tokens", 256), ("--rounds", 5), ("--system-tokens", 1024),
-                          ("--user-tokens", 128), ("--answer-tokens", 256),
-                          ("--max-seqs", spec.max_seqs), ("--kv-tokens", spec.kv_tokens),
+    for flag, default in [("--seed", 1), ("--max-seqs", spec.max_seqs),
+                          ("--kv-tokens", spec.kv_tokens),
                           ("--prefill-budget", spec.prefill_budget),
                           ("--host-tokens", spec.host_tokens), ("--queue-max", 256)]:
         add(flag, type=int, default=default)
-    add("--think-s", type=float, default=5.0, help="mean think time between chat turns")
     add("--scale", type=float, default=1.0, help="every step time multiplied by this")
     add("--prefill-ms", type=_coefficients, default=sim.StepModel().prefill,
         help="A,B,C: A T^2 + B T + C")
@@ -314,18 +308,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def workloads(args: argparse.Namespace) -> list[sim.Workload]:
-    made = []
-    for name in (n.strip() for n in args.workloads.split(",") if n.strip()):
-        if name == "shared-prefix":
-            made.append(sim.shared_prefix(args.requests, args.groups, args.prompts_per_group,
-                                          args.prefix_tokens, args.question_tokens,
-                                          args.output_tokens, args.seed))
-        elif name == "chat":
-            made.append(sim.chat(args.requests, args.rounds, args.system_tokens,
-                                 args.user_tokens, args.answer_tokens, args.think_s, args.seed))
-        else:
-            raise SystemExit(f"bench.fleet_sim: no workload {name!r} (shared-prefix, chat)")
-    return made
+    """The workloads named, in their default shapes (:mod:`bench.fleet_sim_model`)."""
+    makers = {"shared-prefix": sim.shared_prefix, "chat": sim.chat}
+    names = [n.strip() for n in args.workloads.split(",") if n.strip()]
+    unknown = [n for n in names if n not in makers]
+    if unknown:
+        raise SystemExit(f"bench.fleet_sim: no workload {unknown[0]!r} (shared-prefix, chat)")
+    return [makers[n](args.requests, seed=args.seed) for n in names]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -354,11 +343,6 @@ def main(argv: list[str] | None = None) -> None:
                 lines.extend(checks(block))
     print("\n" + "\n".join(lines))
     print(f"\n{len(cells) * len(POLICIES)} runs in {time.perf_counter() - started:.1f} s")
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump({"arguments": vars(args), "worker": asdict(spec), "model": asdict(model),
-                       "workloads": {w.name: w.params for w in plays},
-                       "cells": [asdict(c) for c in cells]}, out, indent=1)
 
 
 if __name__ == "__main__":

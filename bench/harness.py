@@ -28,22 +28,20 @@ from infra.services import port_answers, stop_groups
 from topics.admin import drop_topics
 
 __all__ = ["BenchError", "Pipeline", "Proc", "as_script", "check_infra", "check_port_free",
-           "conveyor_cli", "conveyor_env", "conveyor_script", "conveyor_up", "loop_factory",
-           "pipeline", "repo_root", "running", "spawn", "wait_http"]
+           "conveyor_cli", "conveyor_env", "conveyor_up", "loop_factory", "pipeline",
+           "repo_root", "running", "spawn", "wait_http"]
 
 # the fixture upstream's answers: TOKENS tokens, DELAY_MS apart when paced
 TOKENS = 32
 DELAY_MS = 10
 
 
-def registry(paces_ms: tuple[int, ...] = ()) -> str:
-    """The registry of a Conveyor in front of the fixture: the pacing is in the
-    model name (``bench-paced``, ``bench-unpaced``, and ``bench-<ms>`` a pace)."""
-    models = [("bench-paced", f"bench@{DELAY_MS}"), ("bench-unpaced", "bench@0")]
-    models += [(f"bench-{ms}", f"bench@{ms}") for ms in paces_ms]
+def registry(paces_ms: tuple[int, ...]) -> str:
+    """The registry of a Conveyor in front of the fixture: model ``bench-<ms>`` is
+    the fixture's ``bench@<ms>``, ``<ms>`` between tokens (0: unpaced)."""
     return "\n".join(
-        f'[models."{name}"]\npool = "bench"\ncontext_length = 8192\ndefault_max_tokens = 64\n'
-        f'tokenizer = "estimate"\nupstream_model = "{upstream}"\n' for name, upstream in models)
+        f'[models."bench-{ms}"]\npool = "bench"\ncontext_length = 8192\ndefault_max_tokens = 64\n'
+        f'tokenizer = "estimate"\nupstream_model = "bench@{ms}"\n' for ms in paces_ms)
 
 
 class BenchError(Exception):
@@ -129,15 +127,6 @@ def check_infra(kafka_port: int = 9092, redis_port: int = 6379) -> None:
 def check_port_free(port: int, what: str) -> None:
     if port_answers(port):
         raise BenchError(f"port {port} ({what}) is already in use on 127.0.0.1")
-
-
-def conveyor_script() -> Path:
-    """The ``conveyor`` console script of the running interpreter's environment."""
-    script = Path(sys.executable).parent / "conveyor"
-    if not script.exists():
-        raise BenchError(f"{script} not found: install the project (`pip install -e .`)")
-    conveyor_cli(f"`conveyor up` is not available yet ({script})", "up", "--help")
-    return script
 
 
 def conveyor_cli(failed: str, *args: str, env: Mapping[str, str] | None = None,
@@ -230,17 +219,14 @@ class Pipeline:
 
 @contextmanager
 def pipeline(upstream_port: int, gateway_port: int, name: str = "bench", *,
-             tokens: int = TOKENS, capacity: int = 64, paces_ms: tuple[int, ...] = (),
+             tokens: int = TOKENS, capacity: int = 64, paces_ms: tuple[int, ...] = (DELAY_MS, 0),
              extra_env: Mapping[str, str] | None = None) -> Iterator[Pipeline]:
-    """Kafka and Redis answer and both ports are free; the upstream fixture serves
-    on ``upstream_port`` and ``conveyor up --engine openai`` (models
-    ``bench-paced`` and ``bench-unpaced``, and ``bench-<ms>`` for ``paces_ms``, on
-    a topic prefix of its own; ``capacity`` requests in flight to the upstream)
-    in front of it on ``gateway_port``, ``extra_env`` added to its environment.
-    Both are stopped when the block ends."""
-    check_infra()
+    """The upstream fixture serves on ``upstream_port`` and ``conveyor up --engine
+    openai`` (models ``bench-<ms>`` for each of ``paces_ms``, on a topic prefix of
+    its own; ``capacity`` requests in flight to the upstream) in front of it on
+    ``gateway_port``, ``extra_env`` added to its environment. Both are stopped
+    when the block ends."""
     check_port_free(upstream_port, "upstream")
-    check_port_free(gateway_port, "gateway")
     work = Path(tempfile.mkdtemp(prefix="conveyor-bench-"))
     print(f"logs and registry in {work}", flush=True)
     models = work / "models.toml"
@@ -262,15 +248,17 @@ def conveyor_up(args: list[str], gateway_port: int, work: Path, ready_s: float, 
                 name: str = "conveyor", models_file: Path | None = None,
                 extra_env: Mapping[str, str] | None = None
                 ) -> Iterator[tuple[Proc, str, dict[str, str]]]:
-    """``conveyor up <args> --no-infra`` on ``gateway_port`` and a topic prefix of
-    its own (``prefix`` and the time), process ``name`` logging in ``work``,
-    serving within ``ready_s``: its process, the gateway's URL and its
-    environment (``extra_env`` added). Stopped when the block ends."""
+    """``conveyor up <args> --no-infra`` (Kafka and Redis answer) on ``gateway_port``
+    and a topic prefix of its own (``prefix`` and the time), process ``name``
+    logging in ``work``, serving within ``ready_s``: its process, the gateway's
+    URL and its environment (``extra_env`` added). Stopped when the block ends."""
+    check_infra()
     check_port_free(gateway_port, "gateway")
     env = conveyor_env(topic_prefix=f"{prefix}{int(time.time())}", gateway_port=gateway_port,
                        models_file=models_file)
     env.update(extra_env or {})
     gateway_url = f"http://127.0.0.1:{gateway_port}"
-    with running(name, [str(conveyor_script()), "up", *args, "--no-infra"], work, env) as proc:
+    argv = [sys.executable, "-m", "cli", "up", *args, "--no-infra"]
+    with running(name, argv, work, env) as proc:
         wait_http(f"{gateway_url}/healthz", proc, ready_s)
         yield proc, gateway_url, env

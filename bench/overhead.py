@@ -13,9 +13,8 @@ import argparse
 import asyncio
 
 from bench import compare
-from bench.client import StreamClient
-from bench.compare import Result, Scenario, Side, report_summary
-from bench.harness import DELAY_MS, TOKENS, as_script, loop_factory, pipeline
+from bench.compare import Result, Scenario, report_summary, sides
+from bench.harness import DELAY_MS, TOKENS, Pipeline, as_script, loop_factory, pipeline
 from bench.stats import Check, percentile
 
 __all__ = ["main", "scenarios"]
@@ -52,22 +51,16 @@ def checks(result: Result) -> list[Check]:
     return [Check(sc.key, "Conveyor streamed rate", result.variant.rate, 1000, ">=", "req/s")]
 
 
-async def measure(plan: list[Scenario], upstream_url: str, gateway_url: str,
-                  connections: int) -> list[Result]:
-    async with StreamClient(connections) as direct_client, \
-            StreamClient(connections) as conveyor_client:
-        direct = Side("direct", f"{upstream_url}/v1/completions",
-                      {True: f"bench@{DELAY_MS}", False: "bench@0"}, direct_client)
-        conveyor = Side("conveyor", f"{gateway_url}/v1/completions",
-                        {True: "bench-paced", False: "bench-unpaced"}, conveyor_client)
+async def measure(plan: list[Scenario], stage: Pipeline, connections: int) -> list[Result]:
+    async with sides(stage, connections) as (direct, conveyor):
         return await compare.measure(plan, direct, conveyor, checks)
 
 
 def run(args: argparse.Namespace) -> list[Result]:
     with pipeline(args.upstream_port, args.gateway_port) as stage, \
             asyncio.Runner(loop_factory=loop_factory()) as runner:
-        return runner.run(measure(scenarios(args.quick, args.concurrency), stage.upstream_url,
-                                  stage.gateway_url, args.concurrency + 8))
+        return runner.run(measure(scenarios(args.quick, args.concurrency), stage,
+                                  args.concurrency + 8))
 
 
 def main(argv: list[str] | None = None) -> None:

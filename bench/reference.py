@@ -32,6 +32,7 @@ from schemas.records import Message
 __all__ = ["Agreement", "main"]
 
 REFERENCE_PYTHON = repo_root() / ".venv-vllm" / "bin" / "python"
+MODELS, MODEL = repo_root() / "conveyor" / "models.toml", "smollm2"  # the default model
 
 
 @dataclass
@@ -72,11 +73,11 @@ def _rendered(spec: ModelSpec) -> dict[str, str]:
 # -- the reference (a child process with torch) --------------------------------------
 
 
-async def _reference(spec: ModelSpec, models: Path, ids: dict[str, list[int]], tokens: int,
+async def _reference(ids: dict[str, list[int]], tokens: int,
                      python: Path) -> dict[str, list[int]]:
     child = await asyncio.create_subprocess_exec(
-        str(python), "-m", "bench.reference", "--child", "--models", str(models),
-        "--model", spec.name, "--tokens", str(tokens), cwd=str(repo_root()),
+        str(python), "-m", "bench.reference", "--child", "--tokens", str(tokens),
+        cwd=str(repo_root()),
         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE)
@@ -88,7 +89,7 @@ async def _reference(spec: ModelSpec, models: Path, ids: dict[str, list[int]], t
     return answer
 
 
-def _child(models: Path, model: str, tokens: int) -> int:
+def _child(tokens: int) -> int:
     """Greedy continuations in float32 by transformers for the ids on stdin."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -96,7 +97,7 @@ def _child(models: Path, model: str, tokens: int) -> int:
     from workers.infer.engines.vllm_weights import prepare
 
     torch.set_num_threads(1)  # beside one llama.cpp thread on a shared machine
-    spec = replace(Registry.load(models).resolve(model), precision="source")
+    spec = replace(Registry.load(MODELS).resolve(MODEL), precision="source")
     directory = prepare(spec)  # the packaged file dequantized, as vLLM reads it
     llm = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32)
     llm.eval()
@@ -143,7 +144,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from workers.infer.engines.llamacpp_batch import LlamaCppBatchEngine
 
-    spec = Registry.load(args.models).resolve(args.model)
+    spec = Registry.load(MODELS).resolve(MODEL)
     precisions: list[Precision] = [spec.precision if p == "default" else p
                                    for p in args.precisions.split(",")]
     vocab = Llama(model_path=str(spec.source_gguf_path()), vocab_only=True, verbose=False)
@@ -151,7 +152,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     ids = {k: vocab.tokenize(t.encode(), add_bos=False, special=True) if t
            else [vocab.token_bos()] for k, t in rendered.items()}
     reference_task = asyncio.create_task(
-        _reference(spec, args.models, ids, args.tokens, args.reference_python))
+        _reference(ids, args.tokens, args.reference_python))
     engines: dict[str, Any] = {}
     answers: dict[str, dict[str, str]] = {}
     try:
@@ -201,8 +202,6 @@ def report(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.reference",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", type=Path, default=repo_root() / "conveyor" / "models.toml")
-    parser.add_argument("--model", default="smollm2")
     parser.add_argument("--precisions", default=",".join(get_args(Precision)),
                         help="comma-separated; 'default' is the registry's (default: all)")
     parser.add_argument("--tokens", type=int, default=16)
@@ -211,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        return _child(args.models, args.model, args.tokens)
+        return _child(args.tokens)
     for precision in args.precisions.split(","):
         if precision != "default" and precision not in get_args(Precision):
             parser.error(f"unknown precision {precision!r}")

@@ -1,11 +1,13 @@
 """Prefix-aware routing against least-loaded, on two real llama.cpp workers.
 
-    python -m bench.routing [--conversations 16] [--turns 4] [--clients 8] [--interleave 2]
+    python -m bench.routing [--rounds 1]
 
 Starts ``conveyor up --workers 2 --no-infra`` once least-loaded and once
 prefix-aware (the order alternating over ``--rounds``) and plays on each
-conversations of several turns, each with a long system prompt of its own,
-every turn carrying the history (the shape: docs/benchmarks/results/routing.md).
+:data:`CONVERSATIONS` conversations of :data:`TURNS` turns, each with a long
+system prompt of its own, every turn carrying the history: :data:`CLIENTS`
+people at once, each switching between :data:`INTERLEAVE` conversations and
+reading each answer for up to :data:`THINK_S` (docs/benchmarks/results/routing.md).
 Printed: TTFT p50/p90 of every turn, of the first and of the later turns, and
 tokens/s. Target: prefix-aware TTFT p50 at most half of least-loaded's,
 tokens/s no lower.
@@ -22,12 +24,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.client import Sample, StreamClient, first_success, stream_completion
-from bench.harness import BenchError, as_script, check_infra, conveyor_up
+from bench.harness import BenchError, as_script, conveyor_up
 from bench.stats import Check, markdown_table, ms, percentile
 
 __all__ = ["main"]
 
 MODEL = "smollm2"
+CONVERSATIONS, TURNS, MAX_TOKENS = 16, 4, 24
+CLIENTS = 8  # people talking at once
+INTERLEAVE = 2  # conversations a client holds at once, a turn of each in turn
+THINK_S = 3.0  # a pause after each answer, up to this long: turns arrive in no fixed order
+CONTEXTS = 4  # each worker's
+HOST_CACHE_MIB = 160  # each worker's, for the conversations its contexts moved on from
 TOPICS = ["lighthouses", "beekeeping", "glaciers", "violin making", "tea", "railways",
           "coral reefs", "typography", "volcanoes", "chess openings", "bread", "comets",
           "bridges", "owls", "maps", "clocks"]
@@ -66,40 +74,39 @@ class Phase:
 
 
 async def ask(client: StreamClient, url: str, messages: list[dict[str, str]],
-              max_tokens: int) -> Sample:
+              max_tokens: int = MAX_TOKENS) -> Sample:
     """One streamed chat turn, timed (a failure in the Sample's ``error``)."""
     body = {"model": MODEL, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}}
     return await stream_completion(client, url, body)
 
 
-async def play(gateway_url: str, phase: Phase, conversations: int, turns: int, clients: int,
-               interleave: int, max_tokens: int, think_s: float) -> None:
+async def play(gateway_url: str, phase: Phase) -> None:
     url = f"{gateway_url}/v1/chat/completions"
-    pending = list(range(conversations))
+    pending = list(range(CONVERSATIONS))
     pause = random.Random(7)  # the same pauses in every phase
-    async with StreamClient(clients + 4, timeout_s=600.0) as client:
+    async with StreamClient(CLIENTS + 4, timeout_s=600.0) as client:
 
         async def one_client() -> None:
             while pending:
                 # this client's conversations, their turns played in turn
-                mine = [pending.pop(0) for _ in range(min(interleave, len(pending)))]
+                mine = [pending.pop(0) for _ in range(min(INTERLEAVE, len(pending)))]
                 talks = [[{"role": "system",
                            "content": system_prompt(TOPICS[c % len(TOPICS)], phase.name)}]
                          for c in mine]
-                for t in range(turns):
+                for t in range(TURNS):
                     for messages in talks:
                         messages.append({"role": "user",
                                          "content": QUESTIONS[t % len(QUESTIONS)]})
-                        answer = await ask(client, url, messages, max_tokens)
+                        answer = await ask(client, url, messages)
                         if answer.error is not None:
                             raise BenchError(answer.error)
                         phase.turns.append(Turn(answer.ttft, answer.tokens, first=t == 0))
                         messages.append({"role": "assistant", "content": answer.text})
-                        await asyncio.sleep(pause.uniform(0, think_s))
+                        await asyncio.sleep(pause.uniform(0, THINK_S))
 
         start = time.perf_counter()
-        await asyncio.gather(*(one_client() for _ in range(clients)))
+        await asyncio.gather(*(one_client() for _ in range(CLIENTS)))
         phase.wall_s = time.perf_counter() - start
 
 
@@ -113,16 +120,14 @@ async def warm_up(gateway_url: str, timeout_s: float) -> None:
 
 def run_phase(name: str, prefix_aware: bool, args: argparse.Namespace) -> Phase:
     work = Path(tempfile.mkdtemp(prefix=f"conveyor-routing-{name}-"))
-    up = ["--engine", "llamacpp", "--workers", "2", "--contexts", str(args.contexts),
-          f"--host-cache-mib={args.host_cache_mib}"]
+    up = ["--engine", "llamacpp", "--workers", "2", "--contexts", str(CONTEXTS),
+          f"--host-cache-mib={HOST_CACHE_MIB}"]
     aware = {"CONVEYOR_ROUTE_PREFIX_AWARE": "true" if prefix_aware else "false"}
     phase = Phase(name)
     with conveyor_up(up, args.gateway_port, work, 240.0, prefix=f"route{name}",
                      name=f"conveyor-{name}", extra_env=aware) as (_, gateway_url, _):
         asyncio.run(warm_up(gateway_url, 180.0))
-        asyncio.run(asyncio.wait_for(
-            play(gateway_url, phase, args.conversations, args.turns, args.clients,
-                 args.interleave, args.max_tokens, args.think_s), 3600.0))
+        asyncio.run(asyncio.wait_for(play(gateway_url, phase), 3600.0))
     later = phase.later_ttfts()
     print(f"{name}: {len(phase.turns)} turns in {phase.wall_s:.1f} s, "
           f"TTFT p50 {ms(percentile(later, 50))} ms of the later turns, "
@@ -163,20 +168,6 @@ def report(phases: list[Phase]) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.routing", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--conversations", type=int, default=16)
-    parser.add_argument("--turns", type=int, default=4)
-    parser.add_argument("--clients", type=int, default=8, help="people talking at once")
-    parser.add_argument("--interleave", type=int, default=2,
-                        help="conversations a client holds at once, a turn of each in turn")
-    parser.add_argument("--contexts", type=int, default=4, help="each worker's")
-    parser.add_argument("--host-cache-mib", type=int, default=160,
-                        help="each worker's host memory for the caches of conversations "
-                             "its contexts moved on from (about 22 MB a conversation here)")
-    parser.add_argument("--max-tokens", type=int, default=24)
-    parser.add_argument("--think-s", type=float, default=3.0,
-                        help="a pause after each answer, up to this long (the reader "
-                             "reading): the turns of different conversations then "
-                             "arrive in no fixed order")
     parser.add_argument("--rounds", type=int, default=1,
                         help="least-loaded and prefix-aware this many times each, "
                              "the order alternating")
@@ -184,7 +175,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     phases: list[Phase] = []
     with as_script("bench.routing"):
-        check_infra()
         for r in range(args.rounds):
             order = [("least-loaded", False), ("prefix-aware", True)]
             for name, aware in order if r % 2 == 0 else order[::-1]:

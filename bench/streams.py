@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 
 from bench.client import StreamClient
-from bench.compare import Scenario, Side, Tally, run_rounds
+from bench.compare import Scenario, Side, Tally, run_rounds, sides
 from bench.harness import (
     BenchError,
     Pipeline,
@@ -108,12 +108,8 @@ def cpu_now(watched: dict[str, list[int]]) -> dict[str, float]:
 async def measure(args: argparse.Namespace, stage: Pipeline,
                   watched: dict[str, list[int]]) -> dict[int, dict[str, Tally]]:
     results: dict[int, dict[str, Tally]] = {}
-    async with StreamClient(max(args.levels) + 8, timeout_s=120.0) as direct_client, \
-            StreamClient(max(args.levels) + 8, timeout_s=120.0) as conveyor_client:
-        direct = Side("direct", f"{stage.upstream_url}/v1/completions",
-                      {True: f"bench@{args.token_ms}"}, direct_client, args.tokens)
-        conveyor = Side("conveyor", f"{stage.gateway_url}/v1/completions",
-                        {True: f"bench-{args.token_ms}"}, conveyor_client, args.tokens)
+    async with sides(stage, max(args.levels) + 8, {True: args.token_ms}, args.tokens,
+                     120.0) as (direct, conveyor):
         for level in args.levels:
             print(f"{level} streams ...", flush=True)
             # the first level's first round a side warms connections, groups and caches
@@ -170,11 +166,10 @@ async def soak(args: argparse.Namespace, stage: Pipeline,
     layers fill their memory of finished requests for a deadline and a grace
     first); the accounting app's window of request ids (100,000 offsets a
     partition) fills far later: it is shown, not checked."""
-    url, model = f"{stage.gateway_url}/v1/completions", f"bench-{args.token_ms}"
     sent, failed, started = 0, 0, time.monotonic()
     samples: list[tuple[float, int, dict[str, float]]] = []  # (s, sent, RSS by label)
-    async with StreamClient(max(args.levels) + 8, timeout_s=120.0) as client:
-        side = Side("conveyor", url, {True: model}, client, args.tokens)
+    async with sides(stage, max(args.levels) + 8, {True: args.token_ms}, args.tokens,
+                     120.0) as (_, side):
 
         async def lane() -> None:
             nonlocal sent, failed

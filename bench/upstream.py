@@ -1,5 +1,5 @@
-"""A fast OpenAI-compatible upstream: the engine the pipeline benchmarks put
-behind Conveyor, so that what they measure is the pipeline.
+"""A fast OpenAI-compatible upstream, streaming only: the engine the pipeline
+benchmarks put behind Conveyor, so that what they measure is the pipeline.
 
 What it serves and how it paces: docs/benchmarks/index.md. The n-th token is
 due ``n * delay`` after the request arrived, so sleep overshoot does not
@@ -24,10 +24,18 @@ __all__ = ["build_app", "main"]
 Kind = Literal["completion", "chat"]
 
 _TOKEN = " tok"
-_MAX_BODY = 1 << 20
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"),
                 (b"cache-control", b"no-cache")]
 _JSON_HEADERS = [(b"content-type", b"application/json")]
+_ROUTES: dict[str, Kind] = {"/v1/completions": "completion", "/v1/chat/completions": "chat"}
+
+
+def _dumps(obj: object) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def _sse(obj: object) -> bytes:
+    return b"data: " + _dumps(obj) + b"\n\n"
 
 
 @dataclass(frozen=True)
@@ -39,115 +47,56 @@ class _Job:
     n_tokens: int
     finish_reason: Literal["length", "stop"]
     delay_s: float
-    stream: bool
     include_usage: bool
     prompt_tokens: int
 
+    @classmethod
+    def parse(cls, kind: Kind, body: dict[str, Any], tokens: int, delay_s: float) -> _Job:
+        """``tokens`` at most, ``delay_s`` apart unless the model says (``bench@10``:
+        10 ms); the prompt's tokens about four characters each, as Conveyor's
+        ``estimate`` tokenizer counts them."""
+        model = str(body.get("model", "bench"))
+        limit = body.get("max_completion_tokens") or body.get("max_tokens")
+        max_tokens = int(limit) if limit is not None else None
+        if max_tokens is not None and max_tokens < 1:
+            raise ValueError("max_tokens must be at least 1")
+        n_tokens = tokens if max_tokens is None else min(tokens, max_tokens)
+        _, paced, ms = model.rpartition("@")
+        if kind == "chat":
+            text = "".join(str(m.get("content", "")) for m in body.get("messages", []))
+        else:
+            prompt = body.get("prompt", "")
+            text = prompt if isinstance(prompt, str) else json.dumps(prompt)
+        return cls(kind, model, n_tokens, "length" if n_tokens == max_tokens else "stop",
+                   max(0.0, float(ms) / 1000.0) if paced else delay_s,
+                   bool((body.get("stream_options") or {}).get("include_usage", False)),
+                   max(1, len(text) // 4))
 
-def _dumps(obj: object) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
+    def usage(self) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.n_tokens,
+                "total_tokens": self.prompt_tokens + self.n_tokens}
 
+    def head(self) -> dict[str, Any]:
+        """What every chunk begins with."""
+        chat = self.kind == "chat"
+        return {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
+                "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": int(time.time()), "model": self.model}
 
-def _sse(obj: object) -> bytes:
-    return b"data: " + _dumps(obj) + b"\n\n"
-
-
-def _delay_for(model: str, default_s: float) -> float:
-    """``bench@10`` -> 0.010 s; no ``@`` suffix -> the default."""
-    _, sep, suffix = model.rpartition("@")
-    if not sep:
-        return default_s
-    return max(0.0, float(suffix) / 1000.0)
-
-
-def _prompt_tokens(kind: Kind, body: dict[str, Any]) -> int:
-    """About four characters a token, like Conveyor's ``estimate`` tokenizer."""
-    if kind == "chat":
-        text = "".join(str(m.get("content", "")) for m in body.get("messages", []))
-    else:
-        prompt = body.get("prompt", "")
-        text = prompt if isinstance(prompt, str) else json.dumps(prompt)
-    return max(1, len(text) // 4)
-
-
-def _parse(kind: Kind, body: dict[str, Any], tokens: int, delay_s: float) -> _Job:
-    model = str(body.get("model", "bench"))
-    limit = body.get("max_completion_tokens") or body.get("max_tokens")
-    max_tokens = int(limit) if limit is not None else None
-    if max_tokens is not None and max_tokens < 1:
-        raise ValueError("max_tokens must be at least 1")
-    n_tokens = tokens if max_tokens is None else min(tokens, max_tokens)
-    options = body.get("stream_options") or {}
-    return _Job(
-        kind=kind,
-        model=model,
-        n_tokens=n_tokens,
-        finish_reason="length" if n_tokens == max_tokens else "stop",  # None: never
-        delay_s=_delay_for(model, delay_s),
-        stream=bool(body.get("stream", False)),
-        include_usage=bool(options.get("include_usage", False)),
-        prompt_tokens=_prompt_tokens(kind, body),
-    )
-
-
-def _usage(job: _Job) -> dict[str, int]:
-    return {"prompt_tokens": job.prompt_tokens, "completion_tokens": job.n_tokens,
-            "total_tokens": job.prompt_tokens + job.n_tokens}
-
-
-def _head(job: _Job, streamed: bool) -> dict[str, Any]:
-    """What every response object and chunk begins with."""
-    chat = job.kind == "chat"
-    kind = ("chat.completion.chunk" if streamed else "chat.completion") if chat \
-        else "text_completion"
-    return {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}", "object": kind,
-            "created": int(time.time()), "model": job.model}
-
-
-def _choice(job: _Job, chat: tuple[str, dict[str, str]], text: str,
-            finish: str | None) -> dict[str, Any]:
-    """A chat's choice holds ``chat`` (a delta or a message), a completion's ``text``."""
-    if job.kind == "chat":
-        return {"index": 0, chat[0]: chat[1], "finish_reason": finish}
-    return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-
-
-class _Frames:
-    """The SSE frames of one streamed response, each encoded once."""
-
-    def __init__(self, job: _Job) -> None:
-        self.job = job
-        self.head = _head(job, streamed=True)
-        self.first = self._chunk({"role": "assistant", "content": _TOKEN}, _TOKEN, None)
-        self.token = self._chunk({"content": _TOKEN}, _TOKEN, None)
-        self.last = self._chunk({}, "", job.finish_reason)
-
-    def _chunk(self, delta: dict[str, str], text: str, finish: str | None) -> bytes:
-        return _sse({**self.head, "choices": [_choice(self.job, ("delta", delta), text, finish)]})
-
-    def usage(self) -> bytes:
-        return _sse({**self.head, "choices": [], "usage": _usage(self.job)})
-
-
-def _full_response(job: _Job) -> dict[str, Any]:
-    text = _TOKEN * job.n_tokens
-    message = ("message", {"role": "assistant", "content": text})
-    return {**_head(job, streamed=False),
-            "choices": [_choice(job, message, text, job.finish_reason)], "usage": _usage(job)}
+    def choice(self, delta: dict[str, str], text: str, finish: str | None) -> dict[str, Any]:
+        """A chat's choice holds ``delta``, a completion's ``text``."""
+        if self.kind == "chat":
+            return {"index": 0, "delta": delta, "finish_reason": finish}
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
 
 
 async def _read_body(receive: Receive) -> bytes:
     chunks: list[bytes] = []
-    size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise ConnectionAbortedError("client went away")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > _MAX_BODY:
-            raise ValueError("request body too large")
-        chunks.append(chunk)
+        chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
             return b"".join(chunks)
 
@@ -163,29 +112,29 @@ async def _error(send: Send, status: int, message: str, kind: str) -> None:
     await _respond(send, status, _JSON_HEADERS, _dumps(envelope))
 
 
-async def _pace(start: float, step: int, delay_s: float) -> None:
-    """Sleep until token ``step`` (1-based) is due."""
-    if delay_s > 0:
-        wait = start + step * delay_s - time.perf_counter()
-        if wait > 0:
-            await asyncio.sleep(wait)
-
-
 async def _stream(send: Send, job: _Job, start: float) -> None:
-    frames = _Frames(job)
+    """The SSE frames, each encoded once; unpaced, all in one body."""
+    head = job.head()
+
+    def chunk(delta: dict[str, str], text: str, finish: str | None) -> bytes:
+        return _sse({**head, "choices": [job.choice(delta, text, finish)]})
+
+    first = chunk({"role": "assistant", "content": _TOKEN}, _TOKEN, None)
+    token = chunk({"content": _TOKEN}, _TOKEN, None)
     await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-    unpaced = job.delay_s <= 0
     parts: list[bytes] = []
     for step in range(1, job.n_tokens + 1):
-        frame = frames.first if step == 1 and job.kind == "chat" else frames.token
-        if unpaced:
+        frame = first if step == 1 and job.kind == "chat" else token
+        if job.delay_s <= 0:
             parts.append(frame)
             continue
-        await _pace(start, step, job.delay_s)
+        wait = start + step * job.delay_s - time.perf_counter()  # until token ``step`` is due
+        if wait > 0:
+            await asyncio.sleep(wait)
         await send({"type": "http.response.body", "body": frame, "more_body": True})
-    parts.append(frames.last)
+    parts.append(chunk({}, "", job.finish_reason))
     if job.include_usage:
-        parts.append(frames.usage())
+        parts.append(_sse({**head, "choices": [], "usage": job.usage()}))
     parts.append(b"data: [DONE]\n\n")
     await send({"type": "http.response.body", "body": b"".join(parts)})
 
@@ -195,22 +144,18 @@ def build_app(tokens: int, delay_s: float) -> ASGIApp:
     unless the model name says otherwise (``bench@<ms>``)."""
     if tokens < 1:
         raise ValueError("tokens must be at least 1")
-    # Both with and without the /v1 prefix, whichever way a client joins its base URL.
-    routes: dict[str, Kind] = {"/v1/completions": "completion", "/v1/chat/completions": "chat",
-                               "/completions": "completion", "/chat/completions": "chat"}
-    models_body = _dumps({"object": "list", "data": [
+    models = _dumps({"object": "list", "data": [
         {"id": "bench", "object": "model", "owned_by": "bench"}]})
-    gets = {"/v1/models": models_body, "/models": models_body, "/health": b"{}"}
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # no lifespan: uvicorn runs it with lifespan="off"
             return
         start = time.perf_counter()
         path, method = scope["path"], scope["method"]
-        if method == "GET" and path in gets:
-            await _respond(send, 200, _JSON_HEADERS, gets[path])
+        if method == "GET" and path == "/v1/models":
+            await _respond(send, 200, _JSON_HEADERS, models)
             return
-        kind = routes.get(path)
+        kind = _ROUTES.get(path)
         if kind is None:
             await _error(send, 404, f"no route {method} {path}", "not_found_error")
             return
@@ -221,17 +166,13 @@ def build_app(tokens: int, delay_s: float) -> ASGIApp:
             body = json.loads(await _read_body(receive))
             if not isinstance(body, dict):
                 raise ValueError("the body must be a JSON object")
-            job = _parse(kind, body, tokens, delay_s)
+            job = _Job.parse(kind, body, tokens, delay_s)
         except ConnectionAbortedError:
             return
         except (ValueError, TypeError) as exc:
             await _error(send, 400, str(exc), "invalid_request_error")
             return
-        if job.stream:
-            await _stream(send, job, start)
-        else:
-            await _pace(start, job.n_tokens, job.delay_s)
-            await _respond(send, 200, _JSON_HEADERS, _dumps(_full_response(job)))
+        await _stream(send, job, start)
 
     return app
 
@@ -247,16 +188,9 @@ def main(argv: list[str] | None = None) -> None:
 
     import uvicorn
 
-    uvicorn.run(
-        build_app(args.tokens, args.delay_ms / 1000.0),
-        host=args.host,
-        port=args.port,
-        loop="uvloop",
-        http="httptools",
-        log_level="warning",
-        access_log=False,
-        lifespan="off",
-    )
+    uvicorn.run(build_app(args.tokens, args.delay_ms / 1000.0), host=args.host, port=args.port,
+                loop="uvloop", http="httptools", log_level="warning", access_log=False,
+                lifespan="off")
 
 
 if __name__ == "__main__":
