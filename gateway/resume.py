@@ -111,11 +111,12 @@ class Recorded:
     generation: Generation
 
 
-async def locate(lookup: SharedLookup, request_id: str,
-                 *, timeout_s: float = 10.0) -> Recorded | None:
-    """The request's recorded address, or None when no such request (or a job's,
-    whose answer is not a stream) is in the log; 503 when Kafka cannot say within
-    ``timeout_s`` (each window's read is bounded by it)."""
+async def locate(lookup: SharedLookup, request_id: str, *, timeout_s: float = 10.0,
+                 of_job: bool = False) -> Recorded | None:
+    """The request's recorded address, or None when no such request is in the log
+    (a job's, whose answer is not a stream, only ``of_job``: then only a job's);
+    503 when Kafka cannot say within ``timeout_s`` (each window's read is bounded
+    by it)."""
     for since, until in lookup_windows(lookup.settings, request_id, now_ms()):
         try:
             found = await lookup.find(REQUESTS, request_id, since, until, timeout_s=timeout_s)
@@ -124,7 +125,7 @@ async def locate(lookup: SharedLookup, request_id: str,
                                       "try again later.") from exc
         for record, request in found:
             envelope = request["envelope"]
-            if envelope["request_id"] != request_id or envelope.get("job_id"):
+            if envelope["request_id"] != request_id or bool(envelope.get("job_id")) != of_job:
                 continue
             return Recorded(request_id=request_id, tenant=envelope["tenant"],
                             kind=request["generation"]["kind"],

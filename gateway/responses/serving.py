@@ -265,8 +265,31 @@ class ResponsesServing:
         """``generation`` continuing the conversation of the response it names: that
         response's turns (its input, not its instructions, as OpenAI does, then
         its output) go before this request's input. 404 unless it is a stored
-        response of the caller's; 400 when it failed."""
+        response of the caller's (a background one included); 400 when it failed,
+        was cancelled, or has not ended yet."""
         previous_id = body.previous_response_id or ""
+        prior, said = await self._turns_of(identity, previous_id)
+        told = len(prior["messages"]) > 1 and prior["messages"][0]["role"] == "system"
+        history = [*prior["messages"][told:], *conversation(None, answer_items(said))]
+        own = generation["messages"]
+        instructions = own[:1] if body.instructions is not None else []
+        return {**generation, "messages": [*instructions, *history, *own[len(instructions):]],
+                "previous_response_id": previous_id, "history_messages": len(history)}
+
+    async def _turns_of(self, identity: Identity, previous_id: str
+                        ) -> tuple[Generation, list[dict[str, Any]]]:
+        """The request a previous response answered, as the log holds it, and its
+        output items: a direct response's answer read from the reply log, a
+        background one's from its job's last state."""
+        found = await _background(self.background, identity, previous_id)
+        if found is not None:
+            if found["status"] not in ("completed", "incomplete"):
+                raise InvalidRequest(
+                    f"Previous response '{previous_id}' is {found['status']}: only a "
+                    "response that has ended with an answer can be continued.",
+                    param="previous_response_id")
+            job = await self._background_request(identity, previous_id)
+            return job.generation, list(found["output"])
         try:
             where = await self.stored.find(identity, response_request_id(previous_id),
                                            "responses")
@@ -280,15 +303,17 @@ class ResponsesServing:
             raise InvalidRequest(f"Previous response '{previous_id}' failed ({exc.message}): "
                                  "it cannot be continued.",
                                  param="previous_response_id") from None
-        prior = where.generation
-        told = len(prior["messages"]) > 1 and prior["messages"][0]["role"] == "system"
-        said = output_items(previous_id, folded.text, recorded_request(prior).reads_calls(),
-                            "completed")
-        history = [*prior["messages"][told:], *conversation(None, answer_items(said))]
-        own = generation["messages"]
-        instructions = own[:1] if body.instructions is not None else []
-        return {**generation, "messages": [*instructions, *history, *own[len(instructions):]],
-                "previous_response_id": previous_id, "history_messages": len(history)}
+        return where.generation, output_items(
+            previous_id, folded.text, recorded_request(where.generation).reads_calls(),
+            "completed")
+
+    async def _background_request(self, identity: Identity, response_id: str) -> Recorded:
+        """The request a background response of the caller's wrote to the log (its
+        job's request, keyed by the response's id)."""
+        where = await self.stored.locate(response_id, of_job=True)
+        if where is None or not self.stored.mine(where, identity):
+            raise PreviousResponseNotFound(response_id)
+        return where
 
     async def retrieve(self, response_id: str, request: Request, stream: bool,
                        starting_after: str | None) -> Response:
@@ -377,7 +402,10 @@ class ResponsesServing:
         if not 1 <= limit <= 100:
             raise InvalidRequest("limit must be between 1 and 100.", param="limit")
         rid = response_request_id(response_id)
-        where = await self.stored.find(identity, rid, "responses")
+        if await _background(self.background, identity, response_id) is not None:
+            where = await self.stored.locate(response_id, of_job=True)  # its job's request
+        else:
+            where = await self.stored.find(identity, rid, "responses")
         if where is None:
             raise ResponseNotFound(response_id)
         generation = where.generation

@@ -8,6 +8,7 @@ never made, cannot be continued (404 naming the parameter)."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import openai
 import pytest
@@ -92,3 +93,29 @@ def test_what_was_not_stored_or_never_made_cannot_be_continued(pipeline: Pipelin
         c.responses.input_items.list(unstored.id)
     with pytest.raises(openai.BadRequestError):
         c.responses.input_items.list(unstored.id, limit=101)
+
+
+def test_a_background_response_continues_once_it_has_completed(pipeline: Pipeline) -> None:
+    c = client(pipeline)
+    long = c.responses.create(model="smollm2", input="Count from 1.", max_output_tokens=300,
+                              background=True)
+    with pytest.raises(openai.BadRequestError) as early:  # queued or still in progress
+        c.responses.create(model="smollm2", input="Go on.", previous_response_id=long.id,
+                           max_output_tokens=2)
+    assert early.value.body["param"] == "previous_response_id"  # type: ignore[index]
+    c.responses.cancel(long.id)
+    first = c.responses.create(model="smollm2", input="My name is Ada. Count to 3.",
+                               instructions="Be terse.", max_output_tokens=4, background=True)
+    deadline = time.monotonic() + 120
+    while (done := c.responses.retrieve(first.id)).status in ("queued", "in_progress"):
+        assert time.monotonic() < deadline, done
+        time.sleep(0.3)
+    assert done.status == "incomplete" and done.output_text  # its 4 tokens
+    second = c.responses.create(model="smollm2", input="Now count from 7.",
+                                previous_response_id=first.id, max_output_tokens=4)
+    assert second.previous_response_id == first.id and second.output_text
+    assert asked(pipeline, second.id) == [
+        ("user", "My name is Ada. Count to 3."), ("assistant", done.output_text),
+        ("user", "Now count from 7.")]
+    [own] = c.responses.input_items.list(first.id).data
+    assert own.content[0].text == "My name is Ada. Count to 3."  # type: ignore[union-attr]
