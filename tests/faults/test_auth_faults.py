@@ -83,7 +83,7 @@ class Faulty:
         """Reply-partition leases in Redis: the gateways alive."""
         client = self.client()
         try:
-            return sum(1 for _ in client.scan_iter(f"{self.p.prefix}:reply-lease:*"))
+            return sum(1 for _ in client.scan_iter(f"{self.p.prefix}:reply-lease:*", count=1000))
         finally:
             client.close()
 

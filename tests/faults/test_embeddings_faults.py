@@ -44,7 +44,7 @@ def busy_worker(p: Pipeline, within_s: float = 60.0) -> str:
     client = redis.Redis.from_url(p.settings.redis.url)
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
-        for key in client.scan_iter(f"{p.prefix}:lease:*"):
+        for key in client.scan_iter(f"{p.prefix}:lease:*", count=1000):
             holder = client.get(key)
             if holder and holder.decode().startswith("embed-"):
                 return str(holder.decode())

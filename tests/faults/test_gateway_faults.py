@@ -45,7 +45,7 @@ def lease_holders(p: Pipeline, url: str) -> dict[str, str]:
     client = redis.Redis.from_url(url)
     try:
         return {k.decode(): (client.get(k) or b"").decode()
-                for k in client.scan_iter(f"{p.prefix}:reply-lease:*")}
+                for k in client.scan_iter(f"{p.prefix}:reply-lease:*", count=1000)}
     finally:
         client.close()
 

@@ -42,7 +42,7 @@ async def lookup(settings: Settings, secret: str) -> KeyRecord | None:
 async def forget(settings: Settings) -> None:
     redis = aioredis.from_url(settings.redis.url)
     try:
-        async for key in redis.scan_iter(match=f"{settings.kafka.topic_prefix}:*"):
+        async for key in redis.scan_iter(match=f"{settings.kafka.topic_prefix}:*", count=1000):
             await redis.delete(key)
     finally:
         await redis.aclose()

@@ -61,7 +61,7 @@ def written(services: None) -> Iterator[Written]:
 
     async def clean() -> None:
         redis = aioredis.from_url(s.redis.url)
-        keys = [k async for k in redis.scan_iter(match=f"{s.kafka.topic_prefix}:*")]
+        keys = [k async for k in redis.scan_iter(match=f"{s.kafka.topic_prefix}:*", count=1000)]
         if keys:
             await redis.delete(*keys)
         await redis.aclose()

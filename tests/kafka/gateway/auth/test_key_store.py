@@ -81,7 +81,7 @@ async def test_only_the_keyed_hash_is_kept_anywhere() -> None:
         await store.touch(record)
         redis = b.redis()
         kept: list[Any] = []
-        async for name in redis.scan_iter(match=f"{settings.kafka.topic_prefix}:*"):
+        async for name in redis.scan_iter(match=f"{settings.kafka.topic_prefix}:*", count=1000):
             kept.append(name)
             kind = await redis.type(name)
             if kind == b"hash":
