@@ -13,10 +13,12 @@ route's examples are embedded once.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from conveyor.encoder_files import EncoderFiles, locate_weights
+from conveyor.errors import ConveyorError
 from conveyor.registry import ModelSpec
 
 if TYPE_CHECKING:
@@ -25,10 +27,17 @@ if TYPE_CHECKING:
 
     from workers.infer.engines.bert import BertEncoder
 
-__all__ = ["Embedder", "Embedders"]
+__all__ = ["Embedder", "Embedders", "EncoderUnavailable"]
 
 # texts whose vectors are kept (each 1.5 KB for 384 dimensions)
 _KEPT = 4096
+# after a failed load, how long the model is not tried again
+_RETRY_S = 60.0
+
+
+class EncoderUnavailable(ConveyorError):
+    """The embedding model's files could not be loaded (missing, unreadable,
+    not a BERT): its callers go on without meaning."""
 
 
 class Embedder:
@@ -39,18 +48,27 @@ class Embedder:
         self._model: tuple[BertEncoder, Tokenizer] | None = None
         self._kept: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
+        self._failed: tuple[float, str] | None = None  # when, and why
 
     def _load(self) -> tuple[BertEncoder, Tokenizer]:
         with self._lock:
             if self._model is None:
+                if self._failed is not None and time.monotonic() - self._failed[0] < _RETRY_S:
+                    raise EncoderUnavailable(self._failed[1])
                 from threadpoolctl import threadpool_limits
 
                 from workers.infer.engines.bert import BertEncoder
 
                 # one BLAS thread, as the encoder engine runs: many compete for few cores
                 threadpool_limits(1, user_api="blas")
-                files = EncoderFiles(locate_weights(self.spec.weights or ""))
-                self._model = BertEncoder(files.config(), files.weights()), files.tokenizer()
+                try:
+                    files = EncoderFiles(locate_weights(self.spec.weights or ""))
+                    self._model = BertEncoder(files.config(), files.weights()), \
+                        files.tokenizer()
+                except (ConveyorError, OSError, ValueError, KeyError) as exc:
+                    why = f"the encoder {self.spec.name} cannot be loaded: {exc}"
+                    self._failed = (time.monotonic(), why)
+                    raise EncoderUnavailable(why) from exc
             return self._model
 
     def ids(self, text: str) -> list[int]:

@@ -16,19 +16,21 @@ from conveyor.policy.rules import Policy, PolicyBook
 from conveyor.registry import ModelSpec, Registry
 from conveyor.settings import Settings
 from schemas.records import Envelope, Fallback, MeaningDecision, Prepared, Prompt, Route, Task
+from topics.backoff import RateLimitedLog
 from topics.catalog import PREPARED, ROUTED, TOKENS
 from topics.envelope import canary_key, stamp
 from topics.policies import PolicyFollower
 from workers.layer import Layer
 from workers.outputs import Output, Sender
 from workers.prompt_cache import cache_key, cacheable, hit_chunk
-from workers.route.embedder import Embedders
+from workers.route.embedder import Embedders, EncoderUnavailable
 from workers.route.meaning import decide, prompt_text
 from workers.route.semantic_cache import SemanticCache, group_of
 
 __all__ = ["RouteLayer"]
 
 log = logging.getLogger(__name__)
+_problems = RateLimitedLog(log)
 
 
 class RouteLayer(Layer):
@@ -104,7 +106,11 @@ class RouteLayer(Layer):
         if encoder is None or not text.strip():
             return None, prompt
         # off the event loop: the first use loads the model, each a forward pass
-        vector = await asyncio.to_thread(self.embedders.get(encoder).whole_vector, text)
+        try:
+            vector = await asyncio.to_thread(self.embedders.get(encoder).whole_vector, text)
+        except EncoderUnavailable as exc:  # a miss, as Redis down is
+            _problems.warning("encoder", "semantic cache skipped: %s", exc)
+            return None, prompt
         if vector is None:  # longer than the encoder reads: its end would not count
             return None, prompt
         group = group_of(envelope["tenant"], spec.name, encoder.name, generation,

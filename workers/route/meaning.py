@@ -16,15 +16,19 @@ docs/decisions/0035-routing-by-meaning.md.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import re
 from functools import lru_cache
 
 from conveyor.registry import MeaningRoute, ModelSpec, Registry
 from schemas.records import Generation, MeaningDecision, MeaningScore
-from workers.route.embedder import Embedders
+from topics.backoff import RateLimitedLog
+from workers.route.embedder import Embedders, EncoderUnavailable
 
 __all__ = ["ABSTAIN", "TEMPERATURE", "confidences", "decide", "keyword_score", "prompt_text"]
+
+_problems = RateLimitedLog(logging.getLogger(__name__))
 
 # the similarity at which a prompt is as likely about none of the routes, and
 # the softmax's temperature (docs/decisions/0035-routing-by-meaning.md: chosen on
@@ -90,7 +94,12 @@ async def decide(spec: ModelSpec, generation: Generation, registry: Registry,
     if not text.strip():
         raw = [0.0] * len(spec.routes)
     elif embeds:  # a forward pass or more: off the event loop
-        raw = await asyncio.to_thread(_scores, spec, text, registry, embedders)
+        try:
+            raw = await asyncio.to_thread(_scores, spec, text, registry, embedders)
+        except EncoderUnavailable as exc:  # keywords alone, rather than no answer
+            _problems.warning("encoder", "%s: %s; scoring keywords alone", spec.name, exc)
+            embeds = False
+            raw = [keyword_score(text, r.keywords) for r in spec.routes]
     else:
         raw = _scores(spec, text, registry, embedders)
     scores = [max(0.0, round(s, 4)) for s in raw]

@@ -203,3 +203,24 @@ def test_the_gateway_names_the_routed_model(registry: Registry) -> None:
     assert answered_by(registry, "assistant", "coder") == {"x-conveyor-route": "coder"}
     assert answered_by(registry, "assistant", "general") == {"x-conveyor-route": "general"}
     assert answered_by(registry, "assistant", "other") == {"x-conveyor-fallback": "other"}
+
+
+async def test_an_encoder_that_cannot_load_leaves_keywords_and_no_cache(tmp_path: Path) -> None:
+    from conveyor.policy.rules import DEFAULT_SCOPE, PolicyBook
+
+    text = registry_text().replace('weights = "package:all_minilm_l6_v2"',
+                                   f'weights = "{tmp_path / "missing.zip"}"')
+    registry = Registry.parse(text, "models.toml")
+    book = PolicyBook()
+    book.set(DEFAULT_SCOPE, "[cache]\nsemantic = true\n")
+    layer = RouteLayer(load_settings(topic_prefix="r", redis_url="redis://127.0.0.1:1/0"),
+                       registry, policies=book, embedders=Embedders())
+    try:
+        route = await route_of(layer, "Fix this Python error in my JavaScript build")
+        # the coding route's two keywords still route it; nothing was looked up
+        assert route["model"] == "coder" and route["meaning"]["method"] == "keywords"
+        assert route["meaning"]["scores"][0]["score"] == 0.8
+        [out] = await layer.handle(prepared("r2", CODING), None)
+        assert out.event_type == "Task" and not out.record["prompt"].get("cache_key")
+    finally:
+        await layer.stop()
