@@ -176,7 +176,7 @@ async def test_the_alias_routes_coding_and_cooking_to_their_models_and_the_rest_
     assert (await route_of(layer, CODING, model="coder"))["meaning"] is None
 
 
-async def test_the_same_prompt_gets_the_same_decision_in_a_fresh_process(
+async def test_the_same_prompt_gets_the_same_decision_from_a_fresh_registry_and_model(
         registry: Registry, embedders: Embedders) -> None:
     settings = load_settings(topic_prefix="r")
     first = await route_of(RouteLayer(settings, registry, embedders=embedders), COOKING)
