@@ -405,6 +405,9 @@ class Registry:
                                         "a model of the registry")
                 if target is m:
                     raise ConveyorError(f"model `{m.name}`: it cannot be its own fallback")
+                if target.routes:
+                    raise ConveyorError(f"model `{m.name}`: its fallback `{fallback}` routes "
+                                        "by meaning; name a model that serves itself")
             for deployment, _ in m.deployments:
                 target = self._names.get(deployment)
                 if target is None or not target.serves_itself:

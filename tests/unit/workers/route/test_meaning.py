@@ -127,6 +127,11 @@ def test_a_routed_alias_is_read_with_its_routes_default_floor_and_encoder(
      "unknown field `words`"),
     ('default = "minilm"\nroutes.a = { model = "coder", keywords = ["x"] }',
      "route model `minilm` is not a generation model"),
+    ('default = "general"\nroutes.a = { model = "coder", keywords = ["x"] }\n'
+     '[models."other"]\npool = "cpu"\ncontext_length = 64\nfallbacks = ["bad"]',
+     "its fallback `bad` routes by meaning"),
+    ('default = "general"\nroutes.a = { model = "bad", keywords = ["x"] }',
+     "route model `bad` is not"),
 ])
 def test_a_wrong_routed_alias_is_refused_with_what_is_wrong(entry: str, fault: str) -> None:
     text = MODELS.split('[models."assistant"]')[0] + f'[models."bad"]\n{entry}\n'
