@@ -123,8 +123,8 @@ class SemanticCache:
         sims = np.stack(rows) @ vector
         order = [int(i) for i in np.argsort(-sims, kind="stable")[:_CANDIDATES]
                  if sims[i] >= similarity - _ROUNDING]
-        for i in order:  # most similar first: the first whose answer is whole
-            cached = await self.answers.get(keys[i])
+        answers = await self.answers.get_many([keys[i] for i in order])
+        for i, cached in zip(order, answers, strict=True):  # the most similar whole answer
             if cached is not None:
                 return SemanticHit(cached, round(float(sims[i]), 4), keys[i])
         return None
