@@ -5,7 +5,8 @@
 Reads the routes, the labelled prompts and the pairs of
 ``tests/data/meaning.toml``. Routing: each prompt through the route layer's
 decision (workers/route/meaning.py) with examples and keywords, examples
-alone and keywords alone; printed: accuracy (a prompt of no route counts as
+alone and keywords alone, on the labelled prompts and on the held-out ones;
+printed: accuracy (a prompt of no route counts as
 right when it goes to the default) and the decision's added time. Caching:
 for each threshold, the first prompt of every pair kept in the semantic cache
 (workers/route/semantic_cache.py, on a real Redis under a prefix of its own,
@@ -80,9 +81,10 @@ def generation(text: str) -> Generation:
                          "seed": None, "presence_penalty": 0.0, "frequency_penalty": 0.0}}
 
 
-async def routing(data: dict[str, Any], embedders: Embedders) -> tuple[list[list[str]], float]:
+async def routing(data: dict[str, Any], embedders: Embedders, key: str = "prompts"
+                  ) -> tuple[list[list[str]], float]:
     registry = registry_of(data["routes"])
-    labelled = [(group["route"] or "default", text) for group in data["prompts"]
+    labelled = [(group["route"] or "default", text) for group in data[key]
                 for text in group["texts"]]
     rows, best = [], 0.0
     encoder = embedders.get(registry.resolve("minilm"))
@@ -156,10 +158,15 @@ async def caching(data: dict[str, Any], embedders: Embedders, redis_url: str
 async def run(args: argparse.Namespace, data: dict[str, Any]) -> None:
     embedders = Embedders()
     prompts = sum(len(g["texts"]) for g in data["prompts"])
+    header = ["scored by", "accuracy", "right per route", "decision p50", "decision p95"]
     route_rows, routed = await routing(data, embedders)
     print(f"routing: {prompts} labelled prompts, {len(data['routes'])} routes and the default")
-    print(markdown_table(["scored by", "accuracy", "right per route", "decision p50",
-                          "decision p95"], route_rows))
+    print(markdown_table(header, route_rows))
+    if data.get("heldout"):
+        held_rows, _ = await routing(data, embedders, "heldout")
+        print(f"\nrouting, held out: {sum(len(g['texts']) for g in data['heldout'])} prompts "
+              "written after the scoring's constants were chosen")
+        print(markdown_table(header, held_rows))
     cache_rows, cached = await caching(data, embedders, args.redis)
     print(f"\ncaching: {len(data['cache']['paraphrases'])} paraphrase pairs, "
           f"{len(data['cache']['different'])} different-question pairs")

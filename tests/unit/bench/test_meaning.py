@@ -21,6 +21,10 @@ def test_the_labelled_set_covers_every_route_the_default_and_both_kinds_of_pair(
     labels = {group["route"]: group["texts"] for group in DATA["prompts"]}
     assert set(labels) == {"coding", "cooking", "finance", ""}
     assert sum(len(t) for t in labels.values()) == 60
+    held = {group["route"]: group["texts"] for group in DATA["heldout"]}
+    assert set(held) == set(labels) and sum(len(t) for t in held.values()) == 32
+    assert not {t for texts in held.values() for t in texts} & \
+        {t for texts in labels.values() for t in texts}
     examples = {e for r in routes.values() for e in r["examples"]}
     assert not examples & {t for texts in labels.values() for t in texts}  # held out
     paraphrases, different = DATA["cache"]["paraphrases"], DATA["cache"]["different"]
