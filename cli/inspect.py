@@ -36,6 +36,14 @@ def render(rep: dict[str, Any]) -> str:
         lines.append(f"  no event found for: {', '.join(missing)}")
     lines.append(f"worker {rep['worker_id']} (pool {rep['pool']})  attempt {rep['attempt']}  "
                  f"task deliveries {rep['task_deliveries']}  runs {len(rep['runs'])}")
+    meaning = rep.get("meaning")
+    if meaning:
+        scores = ", ".join(f"{s['route']} ({s['model']}) {s['score']:.4f}"
+                           for s in meaning["scores"])
+        lines.append(f"routed by meaning ({meaning['method']}, floor {meaning['floor']}): "
+                     f"{meaning['alias']} -> {meaning['model']} "
+                     f"({'route ' + meaning['route'] if meaning['route'] else 'the default'})"
+                     f"  scores: {scores}")
     for run in rep["runs"]:
         lines.append(f"  run {run['run_id']} on {run['worker_id']}: {run['chunks']} chunks "
                      f"from seq {run['first_seq']}")

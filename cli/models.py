@@ -24,7 +24,9 @@ def describe(spec: ModelSpec) -> dict[str, Any]:
             "context_length": spec.context_length,
             "default_max_tokens": spec.default_max_tokens,
             "fallbacks": list(spec.fallbacks),
-            "deployments": dict(spec.deployments)}
+            "deployments": dict(spec.deployments),
+            **({"routes": {r.name: r.model for r in spec.routes}, "default": spec.default,
+                "floor": spec.floor, "encoder": spec.encoder or None} if spec.routes else {})}
 
 
 def render(registry: Registry) -> str:
@@ -35,6 +37,9 @@ def render(registry: Registry) -> str:
             extra.append("falls back to " + ", ".join(spec.fallbacks))
         if spec.deployments:
             extra.append(" ".join(f"{name}={weight}" for name, weight in spec.deployments))
+        if spec.routes:
+            extra.append("by meaning: " + " ".join(f"{r.name}->{r.model}" for r in spec.routes)
+                         + f", below {spec.floor:g} {spec.default}")
         lines.append(f"{spec.name:28} {spec.pool or '-':10} {spec.context_length:>7}  "
                      f"{'; '.join(extra)}")
     return "\n".join(lines)

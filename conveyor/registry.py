@@ -22,7 +22,8 @@ from typing import IO, Literal, get_args
 
 from conveyor.errors import ConveyorError, ModelNotFound
 
-__all__ = ["ModelKind", "ModelSpec", "Precision", "Registry", "file_digest", "locate_gguf",
+__all__ = ["DEFAULT_FLOOR", "MeaningRoute", "ModelKind", "ModelSpec", "Precision", "Registry",
+           "file_digest", "locate_gguf",
            "locate_packaged",
            "model_cache",
            "precise_gguf"]
@@ -32,6 +33,21 @@ Precision = Literal["source", "q8_0", "f16", "f32"]
 ModelKind = Literal["generation", "embedding"]
 
 log = logging.getLogger(__name__)
+
+# the confidence below which a routed alias's default answers
+DEFAULT_FLOOR = 0.6
+
+
+@dataclass(frozen=True)
+class MeaningRoute:
+    """One route of an alias that routes by the prompt's meaning: the model it
+    names, and the example prompts and keywords a prompt is scored against
+    (workers/route/meaning.py)."""
+
+    name: str
+    model: str
+    examples: tuple[str, ...] = ()
+    keywords: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -57,6 +73,17 @@ class ModelSpec:
     # a canary: the registry's models that serve requests for this name, with
     # integer weights; a tenant always gets the same one (Registry.deployment)
     deployments: tuple[tuple[str, int], ...] = field(default_factory=tuple)
+    # an alias that routes by meaning: its routes, the model below the floor,
+    # the floor, and the embedding model that scores examples ("": keywords only)
+    routes: tuple[MeaningRoute, ...] = field(default_factory=tuple)
+    default: str = ""
+    floor: float = DEFAULT_FLOOR
+    encoder: str = ""
+
+    @property
+    def serves_itself(self) -> bool:
+        """A model, not a canary or an alias routed by meaning."""
+        return not self.deployments and not self.routes
 
     def source_gguf_path(self) -> Path:
         """The GGUF file as ``gguf`` names it (packaged, or a path)."""
@@ -197,7 +224,12 @@ _FIELDS: dict[str, str] = {
     "precision": "one of " + ", ".join(f'"{p}"' for p in get_args(Precision)),
     "fallbacks": "a list of model names (text)",
     "deployments": "a table of model = weight (a positive integer)",
+    "routes": "a table of route = { model, examples, keywords }",
+    "default": "the model (text) a prompt goes to when no route is confident",
+    "floor": "a confidence from 0 to 1 (a number)",
+    "encoder": "an embedding model of the registry (text)",
 }
+_ROUTE_FIELDS = ("model", "examples", "keywords")
 
 
 class _Entry:
@@ -257,6 +289,43 @@ class _Entry:
                 out.append((str(model), weight))
         return tuple(out)
 
+    def routes(self) -> tuple[MeaningRoute, ...]:
+        value = self.entry.get("routes", {})
+        if not isinstance(value, dict) or not all(isinstance(r, dict) for r in value.values()):
+            self.wrong("routes", value)
+            return ()
+        out = []
+        for name, route in value.items():
+            where = f"route `{name}`"
+            unknown = [k for k in route if k not in _ROUTE_FIELDS]
+            if unknown:
+                self.faults.append(f"model `{self.name}`: {where} has an unknown field "
+                                   f"`{unknown[0]}` (fields: {', '.join(_ROUTE_FIELDS)})")
+            model = route.get("model")
+            lists = {k: route.get(k, []) for k in ("examples", "keywords")}
+            if not isinstance(model, str) or not model:
+                self.wrong("routes", model, f"{where} must name its model (text)")
+                continue
+            if not all(isinstance(v, list) and all(isinstance(t, str) and t.strip() for t in v)
+                       for v in lists.values()):
+                self.faults.append(f"model `{self.name}`: {where}'s examples and keywords "
+                                   "must be lists of non-empty text")
+                continue
+            if not lists["examples"] and not lists["keywords"]:
+                self.faults.append(f"model `{self.name}`: {where} needs examples or keywords")
+                continue
+            out.append(MeaningRoute(str(name), model, tuple(lists["examples"]),
+                                    tuple(k.strip().lower() for k in lists["keywords"])))
+        return tuple(out)
+
+    def floor(self) -> float:
+        value = self.entry.get("floor", DEFAULT_FLOOR)
+        if not isinstance(value, int | float) or isinstance(value, bool) \
+                or not 0 <= value <= 1:
+            self.wrong("floor", value)
+            return DEFAULT_FLOOR
+        return float(value)
+
     def required(self, key: str) -> None:
         if key not in self.entry:
             self.faults.append(f"model `{self.name}` has no `{key}` ({_FIELDS[key]})")
@@ -272,7 +341,14 @@ def _spec(entry: _Entry) -> ModelSpec:
     """The model an entry names; ``entry.faults`` holds what is wrong with it
     (the spec returned then is not to be served)."""
     deployments = entry.deployments()
-    if not deployments and "deployments" not in entry.entry:
+    routes = entry.routes()
+    if routes and deployments:
+        entry.faults.append(f"model `{entry.name}`: routes and deployments do not go together")
+    if "routes" in entry.entry and not entry.entry.get("default"):
+        entry.required("default")
+    if "routes" in entry.entry and not routes and not entry.faults:
+        entry.faults.append(f"model `{entry.name}`: routes is empty")
+    if not deployments and "deployments" not in entry.entry and "routes" not in entry.entry:
         entry.required("pool")
         entry.required("context_length")
     gguf = entry.text("gguf")
@@ -301,6 +377,10 @@ def _spec(entry: _Entry) -> ModelSpec:
         precision=precision,  # type: ignore[arg-type]
         fallbacks=entry.names("fallbacks"),
         deployments=deployments,
+        routes=routes,
+        default=entry.text("default") or "",
+        floor=entry.floor(),
+        encoder=entry.text("encoder") or "",
     )
 
 
@@ -325,22 +405,45 @@ class Registry:
                                         "a model of the registry")
                 if target is m:
                     raise ConveyorError(f"model `{m.name}`: it cannot be its own fallback")
+                if target.routes:
+                    raise ConveyorError(f"model `{m.name}`: its fallback `{fallback}` routes "
+                                        "by meaning; name a model that serves itself")
             for deployment, _ in m.deployments:
                 target = self._names.get(deployment)
-                if target is None or target.deployments:
+                if target is None or not target.serves_itself:
                     raise ConveyorError(f"model `{m.name}`: its deployment `{deployment}` is "
                                         "not a model of the registry that serves itself")
                 if target.name != deployment:
                     raise ConveyorError(f"model `{m.name}`: name its deployment "
                                         f"`{target.name}`, not its alias `{deployment}`")
-        for m in models:  # a canary's limits: those all its deployments keep
-            if m.deployments:
-                serving = [self.models[d] for d, _ in m.deployments]
-                canary = dataclasses.replace(
-                    m, context_length=min(d.context_length for d in serving),
-                    default_max_tokens=min(d.default_max_tokens for d in serving))
-                self.models[m.name] = canary
-                self._names.update({n: canary for n in (m.name, *m.aliases)})
+        for m in models:
+            if m.routes:
+                self._check_routes(m)
+        # a canary's limits, then a routed alias's: those all its models keep
+        for m in [m for m in models if m.deployments] + [m for m in models if m.routes]:
+            serving = [self.models[d] for d, _ in m.deployments] or [
+                self._names[n] for n in (m.default, *(r.model for r in m.routes))]
+            limited = dataclasses.replace(
+                m, context_length=min(d.context_length for d in serving),
+                default_max_tokens=min(d.default_max_tokens for d in serving))
+            self.models[m.name] = limited
+            self._names.update({n: limited for n in (m.name, *m.aliases)})
+
+    def _check_routes(self, m: ModelSpec) -> None:
+        for name in (m.default, *(r.model for r in m.routes)):
+            target = self._names.get(name)
+            if target is None or target.routes or target.kind != "generation":
+                raise ConveyorError(f"model `{m.name}`: its route model `{name}` is not a "
+                                    "generation model of the registry that does not route "
+                                    "by meaning itself")
+        if m.encoder:
+            encoder = self._names.get(m.encoder)
+            if encoder is None or encoder.kind != "embedding" or not encoder.weights:
+                raise ConveyorError(f"model `{m.name}`: its encoder `{m.encoder}` is not an "
+                                    "embedding model of the registry with local weights")
+        elif any(r.examples for r in m.routes):
+            raise ConveyorError(f"model `{m.name}`: examples are scored by an encoder: name "
+                                "one (an embedding model), or give keywords alone")
 
     def deployment(self, spec: ModelSpec, key: str) -> ModelSpec:
         """The model that serves a request for ``spec`` from ``key`` (its tenant):
@@ -411,4 +514,4 @@ class Registry:
         return spec
 
     def pools(self) -> tuple[str, ...]:
-        return tuple(sorted({m.pool for m in self.models.values() if not m.deployments}))
+        return tuple(sorted({m.pool for m in self.models.values() if m.serves_itself}))

@@ -16,7 +16,7 @@ __all__ = ["ChunkHeader", "Embedding", "EmbeddingAsk", "HostCache", "KvCache", "
            "ReplyBatch", "Sampling", "Task", "TokenBatch", "TokenChunk", "Usage", "WorkerHeartbeat",
            "JobCommand", "JobStatus",
            "JobResult", "UsageRecord", "AuditEvent", "Feedback", "ApiKey", "TenantPolicy",
-           "BreakerState", "ModelRegistry", "PolicyDocument"]
+           "BreakerState", "ModelRegistry", "PolicyDocument", "MeaningDecision", "MeaningScore"]
 
 
 class Envelope(TypedDict):
@@ -140,6 +140,21 @@ class Fallback(TypedDict):
     pool: str
 
 
+class MeaningScore(TypedDict):
+    route: str
+    model: str
+    score: float
+
+
+class MeaningDecision(TypedDict):
+    alias: str
+    method: str
+    floor: float
+    route: str
+    model: str
+    scores: list[MeaningScore]
+
+
 class Route(TypedDict):
     model: str
     pool: str
@@ -151,6 +166,8 @@ class Route(TypedDict):
     # workers whose engine failed the task before its first token, and the last failure
     failed_workers: NotRequired[list[str]]
     failure: NotRequired[ErrorInfo | None]
+    # set by route when the model asked for routes by meaning (workers/route/meaning.py)
+    meaning: NotRequired[MeaningDecision | None]
 
 
 class Usage(TypedDict):

@@ -204,6 +204,9 @@ def report(journey: Journey, show_content: bool = False) -> dict[str, Any]:
         "waterfall": waterfall,
         "pool": next((f.record["route"]["pool"] for f in journey.by_layer.get("route", [])
                       if f.record), None),
+        # an alias routed by meaning: route's decision and every route's score
+        "meaning": next((f.record["route"].get("meaning") for f in
+                         journey.by_layer.get("route", []) if f.record), None),
         "worker_id": chunks[-1]["worker_id"] if chunks else None,
         "attempt": max((f.record["envelope"]["attempt"] for f in journey.events()
                         if isinstance(f.record, dict) and "envelope" in f.record), default=0),

@@ -113,6 +113,19 @@ class PromptCache:
             return None
         return None if raw is None else Cached.parse(raw)
 
+    async def get_many(self, keys: list[str]) -> list[Cached | None]:
+        """The entries of ``keys`` in one round trip (each None when absent;
+        all None when Redis fails)."""
+        if not keys:
+            return []
+        try:
+            raws = await asyncio.wait_for(self.redis.mget([self._entry(k) for k in keys]),
+                                          _TIMEOUT_S)
+        except REDIS_ERRORS as exc:
+            self._problems.warning("get", "prompt cache: Redis failed (%r); a miss", exc)
+            return [None] * len(keys)
+        return [None if raw is None else Cached.parse(raw) for raw in raws]
+
     async def put(self, key: str, entry: Cached, ttl_s: int) -> bool:
         """Keep ``entry`` (whether it was kept); the tenant's oldest beyond
         ``MAX_ENTRIES`` are dropped."""

@@ -23,6 +23,7 @@ from conveyor.registry import Registry
 from conveyor.settings import Settings
 from schemas.codec import Codec, default_codec, plain
 from schemas.records import DeadLetter
+from topics.models import adopt_published
 from topics.policies import published_policies
 from workers.journey import Found, Journey, find_journey
 from workers.stages import STAGES, stage
@@ -272,10 +273,24 @@ async def _policies(settings: Settings) -> PolicyBook:
     return book
 
 
+async def _registry(settings: Settings) -> Registry:
+    """The registry the live prefix serves by: the one applied last
+    (topics/models.py), else the models file's; route's decisions (an alias
+    routed by meaning, a canary's deployment) are made again with it."""
+    registry = Registry.load(settings.process.models_file)
+    try:
+        await adopt_published(settings, registry)
+    except TimeoutError:
+        log.warning("replay: %s was not read in time; replaying with %s",
+                    settings.kafka.topic("models"), settings.process.models_file)
+    return registry
+
+
 async def _layers_kit(settings: Settings) -> tuple[Registry, PolicyBook]:
-    """What fresh layers are made with: the models file's registry and the live
-    prefix's content policies."""
-    return Registry.load(settings.process.models_file), await _policies(settings)
+    """What fresh layers are made with: the live prefix's registry and content
+    policies."""
+    registry, policies = await asyncio.gather(_registry(settings), _policies(settings))
+    return registry, policies
 
 
 _INPUT_FROM = {"preprocess": "gateway", "route": "preprocess"}  # journey.by_layer

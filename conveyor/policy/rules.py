@@ -22,6 +22,8 @@ docs/operating/policies.md. A document::
     [cache]                       # the exact prompt cache
     enabled = true
     ttl_s = 600
+    semantic = true               # and the semantic one (workers/route/semantic_cache.py):
+    similarity = 0.95             # a paraphrase at least this similar is answered from it
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ __all__ = ["DEFAULT_SCOPE", "Policy", "PolicyBook", "PolicyDoc", "key_scope", "p
 DEFAULT_SCOPE = "default"
 _MAX_CACHE_TTL_S = 7 * 86_400
 _SECTIONS = {"safety": {"blocked", "input", "output", "patterns", "classifier"},
-             "pii": {"redact", "restore", "region"}, "cache": {"enabled", "ttl_s"}}
+             "pii": {"redact", "restore", "region"},
+             "cache": {"enabled", "ttl_s", "semantic", "similarity"}}
 
 Lists = dict[str, tuple[str, ...]]  # category -> terms (or patterns)
 
@@ -69,6 +72,8 @@ class PolicyDoc:
     region: str | None = None
     cache: bool | None = None
     cache_ttl_s: int | None = None
+    semantic_cache: bool | None = None
+    semantic_similarity: float | None = None
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,8 @@ class Policy:
     region: str = "US"
     cache: bool = False
     cache_ttl_s: int = 600
+    semantic_cache: bool = False
+    semantic_similarity: float = 0.95
     scopes: tuple[str, ...] = ()  # the scopes that had a say, broadest first
 
     def described(self) -> dict[str, Any]:
@@ -93,7 +100,9 @@ class Policy:
                 "classifier": self.classifier,
                 "pii": {"redact": list(self.redact), "restore": self.restore,
                         "region": self.region},
-                "cache": {"enabled": self.cache, "ttl_s": self.cache_ttl_s}}
+                "cache": {"enabled": self.cache, "ttl_s": self.cache_ttl_s,
+                          "semantic": self.semantic_cache,
+                          "similarity": self.semantic_similarity}}
 
 
 def parse_policy(text: str, source: str = "the policy") -> PolicyDoc:
@@ -175,7 +184,17 @@ def _cache(section: dict[str, Any], source: str) -> dict[str, Any]:
                                 and 1 <= ttl <= _MAX_CACHE_TTL_S):
         raise ConveyorError(f"{source}: cache.ttl_s must be a whole number of seconds "
                             f"from 1 to {_MAX_CACHE_TTL_S}")
-    return {"cache": enabled, "cache_ttl_s": ttl}
+    semantic = section.get("semantic")
+    if semantic is not None and not isinstance(semantic, bool):
+        raise ConveyorError(f"{source}: cache.semantic must be true or false")
+    similarity = section.get("similarity")
+    if similarity is not None and not (isinstance(similarity, int | float)
+                                       and not isinstance(similarity, bool)
+                                       and 0 < similarity <= 1):
+        raise ConveyorError(f"{source}: cache.similarity must be a cosine similarity above 0, "
+                            "at most 1")
+    return {"cache": enabled, "cache_ttl_s": ttl, "semantic_cache": semantic,
+            "semantic_similarity": None if similarity is None else float(similarity)}
 
 
 def _union(*lists: Mapping[str, tuple[str, ...]]) -> Lists:
@@ -229,7 +248,8 @@ class PolicyBook:
 def _combine(docs: list[tuple[str, PolicyDoc]]) -> Policy:
     chosen: dict[str, Any] = {}
     for _, doc in docs:  # broadest first: the later scope wins field by field
-        for name in ("redact", "restore", "region", "cache", "cache_ttl_s"):
+        for name in ("redact", "restore", "region", "cache", "cache_ttl_s", "semantic_cache",
+                     "semantic_similarity"):
             value = getattr(doc, name)
             if value is not None:
                 chosen[name] = value

@@ -161,12 +161,17 @@ class ChatServing:
 def answered_by(registry: Registry, asked: str, answered: object) -> dict[str, str]:
     """``x-conveyor-deployment: <model>`` when a canary's deployment of the model
     ``asked`` for answered, ``x-conveyor-fallback: <model>`` when a fallback
-    model did (``answered``: the model the answer names)."""
+    model did (``answered``: the model the answer names); ``x-conveyor-route:
+    <model>`` when an alias that routes by meaning sent it to that model."""
     if not isinstance(answered, str) or not answered or answered == asked:
         return {}
     spec = registry.find(asked)
     if spec is not None and answered in dict(spec.deployments):
         return {"x-conveyor-deployment": answered}
+    if spec is not None and spec.routes and answered in {
+            getattr(registry.find(n), "name", n) for n in (spec.default,
+                                                            *(r.model for r in spec.routes))}:
+        return {"x-conveyor-route": answered}
     return {"x-conveyor-fallback": answered}
 
 

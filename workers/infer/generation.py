@@ -351,11 +351,11 @@ class TaskRun:
 
     @property
     def answered_by(self) -> str:
-        """The model the answer names: a fallback's or a canary's answer names the
-        model that gave it."""
+        """The model the answer names: a fallback's, a canary's or an alias routed
+        by meaning's answer names the model that gave it."""
         route = self.task["route"]
         return route["model"] if route.get("fallback_from") or route.get("deployment_of") \
-            else self.task["generation"]["model"]
+            or route.get("meaning") else self.task["generation"]["model"]
 
     def _header(self) -> ChunkHeader | None:
         if self.seq != 0:

@@ -139,3 +139,14 @@ async def test_the_bound_holds_when_a_tenants_entries_have_different_ttls(
 
     live = [k async for k in client.scan_iter(match=f"{settings.kafka.topic_prefix}:cache:acme:*", count=1000)]
     assert len(live) <= 3, f"{len(live)} entries live for a tenant bound to 3"
+
+
+async def test_many_entries_are_read_in_one_round_trip(cache: PromptCache) -> None:
+    await cache.put(f"acme:{digest(11)}", ENTRY, 600)
+    assert await cache.get_many([f"acme:{digest(12)}", f"acme:{digest(11)}"]) == [None, ENTRY]
+    assert await cache.get_many([]) == []
+    down = PromptCache(load_settings(topic_prefix="t-down", redis_url="redis://127.0.0.1:1/0"))
+    try:
+        assert await down.get_many([f"acme:{digest(11)}"]) == [None]
+    finally:
+        await down.close()

@@ -52,7 +52,8 @@ def test_the_documented_example_is_a_valid_policy() -> None:
         output={"custom": ("internal use only",)},
         patterns={"secrets": (r"\bsk-[a-z0-9]{20,}\b",)}, classifier=0.9,
         redact=("email", "phone", "card", "iban", "ip"),
-        restore=True, region="US", cache=True, cache_ttl_s=600)
+        restore=True, region="US", cache=True, cache_ttl_s=600, semantic_cache=True,
+        semantic_similarity=0.95)
 
 
 def test_an_empty_document_sets_nothing() -> None:
@@ -359,3 +360,25 @@ def test_document_of_refuses_a_bad_scope_or_document() -> None:
         document_of("acme", documented_example(), "x.toml")
     with pytest.raises(ConveyorError, match=r"^x\.toml: cache\.ttl_s"):
         document_of("default", "[cache]\nttl_s = 0\n", "x.toml")
+
+
+def test_the_semantic_cache_is_off_unless_a_scope_turns_it_on_at_its_similarity() -> None:
+    assert (PolicyBook().effective("acme").semantic_cache,
+            PolicyBook().effective("acme").semantic_similarity) == (False, 0.95)
+    book = PolicyBook()
+    book.set(DEFAULT_SCOPE, "[cache]\nsemantic = true\n")
+    book.set(tenant_scope("acme"), "[cache]\nsimilarity = 0.9\n")
+    book.set(tenant_scope("globex"), "[cache]\nsemantic = false\n")
+    acme = book.effective("acme")
+    assert (acme.semantic_cache, acme.semantic_similarity) == (True, 0.9)
+    assert acme.described()["cache"] == {"enabled": False, "ttl_s": 600, "semantic": True,
+                                         "similarity": 0.9}
+    assert book.effective("globex").semantic_cache is False
+    assert parse_policy("[cache]\nsimilarity = 1\n").semantic_similarity == 1.0
+
+
+@pytest.mark.parametrize("text", ["[cache]\nsimilarity = 0\n", "[cache]\nsimilarity = 1.2\n",
+                                  '[cache]\nsimilarity = "high"\n', "[cache]\nsimilarity = true\n",
+                                  "[cache]\nsemantic = 1\n"])
+def test_a_wrong_semantic_cache_field_is_refused(text: str) -> None:
+    assert "cache.s" in refused(text)

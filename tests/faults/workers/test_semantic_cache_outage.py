@@ -1,0 +1,62 @@
+"""The semantic prompt cache against a Redis of the test's own: flushed, it
+forgets (a paraphrase goes to the model, which answers it, and is cached
+again); stopped, every lookup and write is a miss within its bound, never an
+error, and the request goes on to a model; started again, the cache fills
+again."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from conveyor.settings import load_settings
+from infra.services import OwnRedis
+from tests.support.meaning import cached_route, prepared_for
+from workers.outputs import Output
+from workers.prompt_cache import Cached, PromptCache
+from workers.route.embedder import Embedders
+
+QUESTION = "How do I undo the last git commit?"
+PARAPHRASE = "How can I undo my last git commit?"
+ANSWER = Cached(text="git reset --soft HEAD~1", tokens=8, finish_reason="stop",
+                model="smollm2-135m-instruct")
+
+
+async def routed(layer: object, rid: str, text: str) -> Output:
+    [out] = await layer.handle(prepared_for(rid, text), None)  # type: ignore[attr-defined]
+    return out
+
+
+async def test_a_flushed_or_stopped_redis_is_a_miss_and_never_an_error(
+        own_redis: OwnRedis) -> None:
+    settings = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}", redis_url=own_redis.url)
+    layer = cached_route(settings, Embedders(), similarity=0.9)
+    answers = PromptCache(settings)
+
+    async def answer(out: Output) -> None:
+        prompt = out.record["prompt"]
+        assert await answers.put(prompt["cache_key"], ANSWER, prompt["cache_ttl_s"])
+
+    try:
+        await answer(await routed(layer, "r1", QUESTION))
+        assert (await routed(layer, "r2", PARAPHRASE)).event_type == "TokenChunk"
+
+        own_redis.flush()
+        again = await routed(layer, "r3", PARAPHRASE)
+        assert again.event_type == "Task"  # forgotten: the model answers
+        await answer(again)
+        assert (await routed(layer, "r4", QUESTION)).event_type == "TokenChunk"
+
+        own_redis.stop()
+        started = time.monotonic()
+        down = await routed(layer, "r5", PARAPHRASE)
+        assert down.event_type == "Task" and down.record["route"]["model"] == \
+            "smollm2-135m-instruct"
+        assert (await routed(layer, "r6", "Something else entirely?")).event_type == "Task"
+        assert time.monotonic() - started < 10
+
+        own_redis.start()  # its append-only file kept what it held
+        assert (await routed(layer, "r7", PARAPHRASE)).event_type == "TokenChunk"
+    finally:
+        await layer.cache.close()
+        await answers.close()

@@ -1,0 +1,122 @@
+"""Sentences to unit vectors in the route layer, with the fleet's embedding
+model's own files and forward pass (workers/infer/engines/bert.py), loaded on
+first use: only a process that routes or caches by meaning ever loads it. Why
+route embeds for itself rather than asking the pipeline:
+docs/decisions/0035-routing-by-meaning.md.
+
+A text is embedded alone (a batch of one), its tokens cut to the model's
+length: the same text gives the same vector every time, so a replayed
+decision is the recorded one. Vectors are kept by text (bounded), so a
+route's examples are embedded once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+from conveyor.encoder_files import EncoderFiles, locate_weights
+from conveyor.errors import ConveyorError
+from conveyor.registry import ModelSpec
+
+if TYPE_CHECKING:
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    from workers.infer.engines.bert import BertEncoder
+
+__all__ = ["Embedder", "Embedders", "EncoderUnavailable"]
+
+# texts whose vectors are kept (each 1.5 KB for 384 dimensions)
+_KEPT = 4096
+# after a failed load, how long the model is not tried again
+_RETRY_S = 60.0
+
+
+class EncoderUnavailable(ConveyorError):
+    """The embedding model's files could not be loaded (missing, unreadable,
+    not a BERT): its callers go on without meaning."""
+
+
+class Embedder:
+    """One embedding model's sentence vectors; thread-safe."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        self.spec = spec
+        self._model: tuple[BertEncoder, Tokenizer] | None = None
+        self._kept: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+        self._failed: tuple[float, str] | None = None  # when, and why
+
+    def _load(self) -> tuple[BertEncoder, Tokenizer]:
+        with self._lock:
+            if self._model is None:
+                if self._failed is not None and time.monotonic() - self._failed[0] < _RETRY_S:
+                    raise EncoderUnavailable(self._failed[1])
+                from threadpoolctl import threadpool_limits
+
+                from workers.infer.engines.bert import BertEncoder
+
+                # one BLAS thread, as the encoder engine runs: many compete for few cores
+                threadpool_limits(1, user_api="blas")
+                try:
+                    files = EncoderFiles(locate_weights(self.spec.weights or ""))
+                    self._model = BertEncoder(files.config(), files.weights()), \
+                        files.tokenizer()
+                except (ConveyorError, OSError, ValueError, KeyError) as exc:
+                    why = f"the encoder {self.spec.name} cannot be loaded: {exc}"
+                    self._failed = (time.monotonic(), why)
+                    raise EncoderUnavailable(why) from exc
+            return self._model
+
+    def ids(self, text: str) -> list[int]:
+        """The text's token ids with [CLS] and [SEP], cut to the model's length."""
+        _, tokenizer = self._load()
+        ids = list(tokenizer.encode(text, add_special_tokens=True).ids)
+        limit = self.spec.context_length
+        return ids if len(ids) <= limit else [*ids[:limit - 1], ids[-1]]
+
+    def vector(self, text: str) -> np.ndarray:
+        """The text's unit vector (float32), computed once while it is kept."""
+        with self._lock:
+            kept = self._kept.get(text)
+            if kept is not None:
+                self._kept.move_to_end(text)
+                return kept
+        encoder, _ = self._load()
+        vector = encoder.embed([self.ids(text)])[0]
+        vector.setflags(write=False)
+        with self._lock:
+            self._kept[text] = vector
+            while len(self._kept) > _KEPT:
+                self._kept.popitem(last=False)
+        return vector
+
+    def forget(self, text: str) -> None:
+        """Drop the text's kept vector (the next :meth:`vector` computes it)."""
+        with self._lock:
+            self._kept.pop(text, None)
+
+    def whole_vector(self, text: str) -> np.ndarray | None:
+        """:meth:`vector`, or None when the text is longer than the model reads."""
+        _, tokenizer = self._load()
+        if len(tokenizer.encode(text, add_special_tokens=True).ids) > self.spec.context_length:
+            return None
+        return self.vector(text)
+
+
+class Embedders:
+    """The embedders a process made, one per embedding model (by its name and
+    weights: a registry change that moves the files makes a new one)."""
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[str, str, int], Embedder] = {}
+
+    def get(self, spec: ModelSpec) -> Embedder:
+        key = (spec.name, spec.weights or "", spec.context_length)
+        made = self._made.get(key)
+        if made is None:
+            made = self._made[key] = Embedder(spec)
+        return made

@@ -1,0 +1,180 @@
+"""The semantic prompt cache: a paraphrase answered without a worker.
+
+When a policy turns it on (``[cache] semantic = true``), route embeds the
+prompt's text (:func:`workers.route.meaning.prompt_text`) and looks for the
+nearest earlier prompt, by cosine, among those of the same group: the same
+tenant, answering model, sampling, format, tools and conversation before the
+last user turn (:func:`group_of`). One at least ``similarity`` alike whose
+answer is in the exact prompt cache answers: route writes it to
+``conveyor.tokens`` as the exact cache's hit is written
+(:func:`workers.prompt_cache.hit_chunk`). On a miss route keeps the prompt's
+vector beside the exact cache key its answer will be kept under; the infer
+worker writes that answer, as for the exact cache, only once it is whole. A
+vector whose answer never came (or expired) is passed over.
+
+Redis holds, per group, a hash of exact key -> expiry (8 bytes) and vector
+(float32); each tenant's groups are indexed by expiry (at most
+``MAX_GROUPS``, each at most ``MAX_VECTORS``). A lookup or write that fails
+or takes longer than ``_TIMEOUT_S`` is a miss. Only answers that would be the
+same again are kept (:func:`workers.prompt_cache.cacheable`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import struct
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from conveyor.redis_clients import REDIS_ERRORS, Redis, redis_client
+from conveyor.settings import Settings
+from schemas.records import Generation
+from topics.backoff import RateLimitedLog
+from workers.prompt_cache import Cached, PromptCache
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["MAX_GROUPS", "MAX_VECTORS", "SemanticCache", "SemanticHit", "group_of"]
+
+log = logging.getLogger(__name__)
+
+MAX_GROUPS = 1000
+MAX_VECTORS = 512
+# candidates at or above the threshold whose answers are read, most similar first
+_CANDIDATES = 8
+_TIMEOUT_S = 0.25
+_EXPIRY = struct.Struct("<d")
+# float32's rounding: a text's vector against itself may fall this short of 1
+_ROUNDING = 1e-5
+
+
+def group_of(tenant: str, model: str, encoder: str, generation: Generation,
+             max_tokens: int) -> str:
+    """The group a prompt's vector is compared within: everything that shapes
+    the answer but the last user turn's text."""
+    sampling = generation["sampling"]
+    messages = generation["messages"]
+    last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
+    around = [m if i != last_user else {**m, "content": ""} for i, m in enumerate(messages)]
+    shape = [generation["kind"], model, encoder, max_tokens,
+             {k: v for k, v in sorted(sampling.items()) if k != "max_tokens"},
+             generation.get("response_format"), generation.get("tools"), around]
+    digest = hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode())
+    return f"{tenant}:{digest.hexdigest()[:40]}"
+
+
+@dataclass(frozen=True)
+class SemanticHit:
+    cached: Cached
+    similarity: float
+    key: str  # the exact cache key of the answer
+
+
+class SemanticCache:
+    """Groups under ``{prefix}:meaning:{group}``, each tenant's indexed in
+    ``{prefix}:meaning-index:{tenant}``; answers in the exact cache's entries."""
+
+    def __init__(self, settings: Settings, redis: Redis | None = None) -> None:
+        self.settings = settings
+        self._redis = redis
+        self._owned = redis is None
+        self.answers = PromptCache(settings, redis)
+        self._problems = RateLimitedLog(log)
+
+    @property
+    def redis(self) -> Redis:
+        if self._redis is None:
+            self._redis = redis_client(self.settings.redis, "cache")
+            self.answers = PromptCache(self.settings, self._redis)
+        return self._redis
+
+    def _group(self, group: str) -> str:
+        return f"{self.settings.kafka.topic_prefix}:meaning:{group}"
+
+    def _index(self, group: str) -> str:
+        return f"{self.settings.kafka.topic_prefix}:meaning-index:{group.split(':', 1)[0]}"
+
+    async def nearest(self, group: str, vector: np.ndarray, similarity: float
+                      ) -> SemanticHit | None:
+        """The most similar kept prompt of ``group`` at least ``similarity``
+        alike whose answer is in the exact cache, or None."""
+        import numpy as np
+
+        try:
+            held = await asyncio.wait_for(self.redis.hgetall(self._group(group)), _TIMEOUT_S)
+        except REDIS_ERRORS as exc:
+            self._problems.warning("get", "semantic cache: Redis failed (%r); a miss", exc)
+            return None
+        now, width = time.time(), vector.shape[0] * 4 + _EXPIRY.size
+        keys, rows = [], []
+        for key, value in held.items():
+            if not isinstance(value, bytes) or len(value) != width \
+                    or _EXPIRY.unpack_from(value)[0] <= now:
+                continue  # another encoder's width, or expired
+            keys.append(key.decode() if isinstance(key, bytes) else str(key))
+            rows.append(np.frombuffer(value, "<f4", offset=_EXPIRY.size))
+        if not rows:
+            return None
+        sims = np.stack(rows) @ vector
+        order = [int(i) for i in np.argsort(-sims, kind="stable")[:_CANDIDATES]
+                 if sims[i] >= similarity - _ROUNDING]
+        answers = await self.answers.get_many([keys[i] for i in order])
+        for i, cached in zip(order, answers, strict=True):  # the most similar whole answer
+            if cached is not None:
+                return SemanticHit(cached, round(float(sims[i]), 4), keys[i])
+        return None
+
+    async def remember(self, group: str, vector: np.ndarray, key: str, ttl_s: int) -> bool:
+        """Keep ``vector`` as the prompt whose answer goes under the exact
+        cache's ``key``; whether it was kept. The group's oldest beyond
+        ``MAX_VECTORS`` and the tenant's oldest groups beyond ``MAX_GROUPS`` go."""
+        if ttl_s <= 0:
+            return False
+        name, index = self._group(group), self._index(group)
+        expires = time.time() + ttl_s
+        value = _EXPIRY.pack(expires) + vector.astype("<f4").tobytes()
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hset(name, key, value)
+                pipe.expireat(name, int(expires) + 1)
+                pipe.zadd(index, {name: expires})
+                pipe.zremrangebyscore(index, "-inf", time.time())
+                pipe.zcard(index)
+                pipe.hlen(name)
+                pipe.zrange(index, -1, -1, withscores=True)
+                *_, groups, size, last = await asyncio.wait_for(pipe.execute(), _TIMEOUT_S * 4)
+            if last:  # the index lives as long as its longest-lived group
+                await self.redis.pexpireat(index, int(float(last[0][1]) * 1000) + 1000)
+            if int(size) > MAX_VECTORS:
+                await self._trim(name)
+            if int(groups) > MAX_GROUPS:
+                oldest = await self.redis.zpopmin(index, int(groups) - MAX_GROUPS)
+                members = [entry[0] for entry in oldest if isinstance(entry, tuple | list)]
+                if members:
+                    await self.redis.delete(*members)
+        except REDIS_ERRORS as exc:
+            self._problems.warning("put", "semantic cache: Redis failed (%r); not kept", exc)
+            return False
+        return True
+
+    async def _trim(self, name: str) -> None:
+        held = await self.redis.hgetall(name)
+        def expiry(field: bytes | str) -> float:
+            value = held[field]
+            if isinstance(value, bytes) and len(value) >= _EXPIRY.size:
+                return float(_EXPIRY.unpack_from(value)[0])
+            return 0.0
+
+        by_expiry = sorted(held, key=expiry)
+        if len(by_expiry) > MAX_VECTORS:
+            await self.redis.hdel(name, *by_expiry[:len(by_expiry) - MAX_VECTORS])
+
+    async def close(self) -> None:
+        if self._owned and self._redis is not None:
+            await self._redis.aclose()
+            self._redis = None
