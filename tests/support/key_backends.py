@@ -101,7 +101,8 @@ async def backends(settings: Settings) -> AsyncIterator[Backends]:
         cleaner = aioredis.from_url(settings.redis.url, socket_timeout=1,
                                     socket_connect_timeout=1)
         try:
-            async for key in cleaner.scan_iter(match=f"{settings.kafka.topic_prefix}:*", count=1000):
+            pattern = f"{settings.kafka.topic_prefix}:*"
+            async for key in cleaner.scan_iter(match=pattern, count=1000):
                 await cleaner.delete(key)
         except Exception:  # an own Redis the test stopped: nothing to clean
             pass

@@ -26,7 +26,8 @@ async def prefix_redis(settings: Settings) -> AsyncIterator[aioredis.Redis]:
     try:
         yield client
     finally:
-        keys = [k async for k in client.scan_iter(match=f"{settings.kafka.topic_prefix}:*", count=1000)]
+        pattern = f"{settings.kafka.topic_prefix}:*"
+        keys = [k async for k in client.scan_iter(match=pattern, count=1000)]
         if keys:
             await client.delete(*keys)
         await client.aclose()

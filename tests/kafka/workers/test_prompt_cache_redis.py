@@ -102,7 +102,8 @@ async def test_an_answer_too_long_or_a_ttl_of_nothing_is_not_kept(
     assert await cache.get(f"acme:{digest(3)}") is None
     assert await cache.put(f"acme:{digest(4)}", ENTRY, 0) is False
     assert await cache.get(f"acme:{digest(4)}") is None
-    assert [k async for k in client.scan_iter(match=f"{settings.kafka.topic_prefix}:*", count=1000)] == []
+    prefix = settings.kafka.topic_prefix
+    assert [k async for k in client.scan_iter(match=f"{prefix}:*", count=1000)] == []
     # the bound itself is kept
     edge = Cached(text="y" * MAX_TEXT_CHARS, tokens=1, finish_reason="length", model="m")
     assert await cache.put(f"acme:{digest(5)}", edge, 600) is True
@@ -137,7 +138,8 @@ async def test_the_bound_holds_when_a_tenants_entries_have_different_ttls(
     for n in range(20, 23):
         assert await cache.put(f"acme:{digest(n)}", ENTRY, 600)
 
-    live = [k async for k in client.scan_iter(match=f"{settings.kafka.topic_prefix}:cache:acme:*", count=1000)]
+    pattern = f"{settings.kafka.topic_prefix}:cache:acme:*"
+    live = [k async for k in client.scan_iter(match=pattern, count=1000)]
     assert len(live) <= 3, f"{len(live)} entries live for a tenant bound to 3"
 
 

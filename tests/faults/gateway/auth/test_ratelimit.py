@@ -70,7 +70,8 @@ async def replicas(config: Settings, n: int = 2, warm: bool = True
         yield limiters
     finally:
         try:
-            async for key in clients[0].scan_iter(match=f"{config.kafka.topic_prefix}:*", count=1000):
+            pattern = f"{config.kafka.topic_prefix}:*"
+            async for key in clients[0].scan_iter(match=pattern, count=1000):
                 await clients[0].delete(key)
         except (OSError, aioredis.RedisError):
             pass  # a Redis of the test's own, stopped: it goes with the test

@@ -219,7 +219,8 @@ async def test_a_feed_catches_up_from_its_mark_and_rebuilds_without_one(
         assert await index.get("c30") == RequestRow.of(usage("c30"))
         # Redis lost everything: the next tick sees the mark gone, the index is
         # incomplete until the partition is read again within the retention
-        await redis.delete(*[k async for k in redis.scan_iter(match=f"{keys.prefix}:*", count=1000)])
+        await redis.delete(*[k async for k in redis.scan_iter(match=f"{keys.prefix}:*",
+                                                               count=1000)])
         await feed.tick([0])
         assert not feed.complete_for([0])
         assert not (await index.search()).complete
