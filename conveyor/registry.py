@@ -57,6 +57,9 @@ class ModelSpec:
     # a canary: the registry's models that serve requests for this name, with
     # integer weights; a tenant always gets the same one (Registry.deployment)
     deployments: tuple[tuple[str, int], ...] = field(default_factory=tuple)
+    # it reads image parts of messages (docs/api/chat.md#images); a request with
+    # images for a model that does not is refused, naming the first image part
+    vision: bool = False
 
     def source_gguf_path(self) -> Path:
         """The GGUF file as ``gguf`` names it (packaged, or a path)."""
@@ -197,6 +200,7 @@ _FIELDS: dict[str, str] = {
     "precision": "one of " + ", ".join(f'"{p}"' for p in get_args(Precision)),
     "fallbacks": "a list of model names (text)",
     "deployments": "a table of model = weight (a positive integer)",
+    "vision": "true or false (the model reads image parts of messages)",
 }
 
 
@@ -234,6 +238,13 @@ class _Entry:
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             self.wrong(key, value)
             return default
+        return value
+
+    def flag(self, key: str) -> bool:
+        value = self.entry.get(key, False)
+        if not isinstance(value, bool):
+            self.wrong(key, value)
+            return False
         return value
 
     def names(self, key: str) -> tuple[str, ...]:
@@ -301,6 +312,7 @@ def _spec(entry: _Entry) -> ModelSpec:
         precision=precision,  # type: ignore[arg-type]
         fallbacks=entry.names("fallbacks"),
         deployments=deployments,
+        vision=entry.flag("vision"),
     )
 
 

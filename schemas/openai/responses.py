@@ -170,7 +170,7 @@ def answer_items(output: list[dict[str, Any]]) -> list[InputItem]:
 
 def _turn(role: str, content: str, tool_call_id: str | None = None) -> Message:
     return Message(role=role, content=content, name=None, tool_calls=None,
-                   tool_call_id=tool_call_id)
+                   tool_call_id=tool_call_id, images=None)
 
 
 class TextFormat(BaseModel):

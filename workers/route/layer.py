@@ -1,7 +1,8 @@
 """Route: resolve the request's model (or alias) in the registry to a pool (an
 unknown model is a 404 ``model_not_found``), with the fallbacks that fit the
-request, in order, and a canary's deployment picked by weight from a hash of
-the tenant (:func:`topics.envelope.canary_key`)."""
+request (one with images: models that declare vision), in order, and a
+canary's deployment picked by weight from a hash of the tenant
+(:func:`topics.envelope.canary_key`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from topics.catalog import PREPARED, ROUTED
 from topics.envelope import canary_key, stamp
 from workers.layer import Layer
 from workers.outputs import Output
+from workers.preprocess.images import has_images
 
 __all__ = ["RouteLayer"]
 
@@ -33,8 +35,11 @@ class RouteLayer(Layer):
         asked = self.registry.resolve(event["generation"]["model"])
         spec = self.registry.deployment(asked, canary_key(envelope))
         needs = event["prompt"]["tokens"] + event["prompt"]["max_tokens"]
+        # a request with images falls back only to models that read them
+        images = event["generation"]["kind"] == "chat" and has_images(
+            event["generation"]["messages"])
         fallbacks = [Fallback(model=f.name, pool=f.pool) for f in self.registry.fallbacks(spec)
-                     if needs <= f.context_length]
+                     if needs <= f.context_length and (f.vision or not images)]
         task = Task(
             envelope=envelope,
             generation=event["generation"],
