@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import unicodedata
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from conveyor.errors import ContextLengthExceeded, InvalidRequest
 from schemas.records import Generation, ImageRef, Message, ToolCall
@@ -107,7 +107,9 @@ def _normalize_with_images(content: str, images: object, where: str
     for ref in images:
         at = min(max(int(ref.get("offset", 0)), start), len(content))
         text += normalize_text(content[start:at], f"{where}.content")
-        refs.append(ImageRef(**{**ref, "offset": len(text)}))  # type: ignore[typeddict-item]
+        moved = cast(ImageRef, dict(ref))
+        moved["offset"] = len(text)
+        refs.append(moved)
         start = at
     return text + normalize_text(content[start:], f"{where}.content"), refs
 
