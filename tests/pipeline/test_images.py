@@ -177,6 +177,14 @@ def test_no_event_holds_an_image(p: Pipeline) -> None:
     task = default_codec().decode(found[-1], "Task")
     (ref,) = task["generation"]["messages"][1]["images"]
     assert ref["sha256"] == hashlib.sha256(png).hexdigest() and ref["bytes"] == len(png)
+    # the request's journey, content and all, shows the reference, not the image
+    shown = p.cli("inspect", rid, "--show-content", "--json")
+    assert ref["sha256"] in shown and base64.b64encode(png).decode()[:64] not in shown
+    assert len(shown) < 64 * 1024
+    # replayed through preprocess and route, it comes out as it did
+    replayed = json.loads(p.cli("replay", rid, "--through", "preprocess,route", "--json"))
+    assert replayed["same"], replayed
+    assert {x["layer"] for x in replayed["layers"]} == {"preprocess", "route"}
 
 
 def test_an_image_for_the_default_text_model_is_a_400_naming_the_part(p: Pipeline) -> None:
