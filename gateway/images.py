@@ -1,5 +1,6 @@
-"""The image parts of a chat request taken in: refused for a model that does
-not declare vision (naming the first part), counted, each read (a base64 data
+"""The image parts of a chat request taken in: refused for a model the caller
+may not use (404, as admission says it) or one that does not declare vision
+(400 naming the first part), counted, each read (a base64 data
 URL; an http(s) URL only of a host ``images.allowed_hosts`` lists, fetched
 with a timeout and a size cap, no redirects), checked (conveyor/images.py),
 and kept once in the file store; the event carries each as an
@@ -16,11 +17,12 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from conveyor.errors import InvalidRequest
+from conveyor.errors import InvalidRequest, ModelNotFound
 from conveyor.files.images import ImageStore
 from conveyor.images import check_image
 from conveyor.registry import Registry
 from conveyor.settings import ImagesSettings
+from gateway.auth.types import Identity
 from schemas.openai.requests import ChatCompletionRequest, ImagePart
 from schemas.records import ImageRef
 
@@ -40,15 +42,21 @@ class ImageIntake:
         self.store = store
         self.registry = registry
 
-    async def refs(self, body: ChatCompletionRequest, tenant: str) -> dict[PartKey, ImageRef]:
-        """Every image part of ``body``, stored: its reference by where it stands."""
+    async def refs(self, body: ChatCompletionRequest, identity: Identity
+                   ) -> dict[PartKey, ImageRef]:
+        """Every image part of ``body``, stored for ``identity``'s tenant: its
+        reference by where it stands. Nothing is stored for a model the caller
+        may not use (404, as admission answers) or one without vision (400)."""
         parts = [(i, j, chars, part) for i, message in enumerate(body.messages)
                  for j, chars, part in message.image_parts()]
         if not parts:
             return {}
         first = _param(parts[0][0], parts[0][1])
         spec = self.registry.find(body.model)
-        if spec is not None and not spec.vision:  # an unknown model: route's 404
+        if spec is None or not (identity.may_use(body.model) or identity.may_use(spec.name)):
+            raise ModelNotFound(f"The model `{body.model}` does not exist or you do not have "
+                                "access to it.", param="model")
+        if not spec.vision:
             raise InvalidRequest(f"The model `{body.model}` does not read images; "
                                  f"'{first}' is an image part. Send images to a model "
                                  "that declares vision.", param=first)
@@ -62,7 +70,7 @@ class ImageIntake:
             data, declared = await self._read(part, param)
             checked = await asyncio.to_thread(check_image, data, declared,
                                               self.settings.max_pixels, param)
-            file_id, digest = await self.store.put(tenant, data, checked.media_type)
+            file_id, digest = await self.store.put(identity.tenant, data, checked.media_type)
             out[(i, j)] = ImageRef(file_id=file_id, media_type=checked.media_type,
                                    bytes=len(data), sha256=digest, width=checked.width,
                                    height=checked.height, detail=part.image_url.detail,

@@ -62,7 +62,7 @@ class ChatServing:
         n = body.choices()
         one = body.model_copy(update={"n": 1}) if n > 1 else body
         if isinstance(one, ChatCompletionRequest):
-            images = await self.images.refs(one, identity_of(request).tenant)
+            images = await self.images.refs(one, identity_of(request))
             generation = chat_generation(one, images)
         else:
             generation = completion_generation(one)

@@ -15,11 +15,13 @@ import httpx
 import pytest
 from aiohttp import web
 
+from conveyor.errors import ModelNotFound
 from conveyor.files.images import ImageStore, image_file_id
 from conveyor.files.local import LocalFileStore
 from conveyor.registry import Registry
 from conveyor.settings import Settings, load_settings
 from gateway.app import build_app
+from gateway.auth.types import Identity
 from gateway.images import ImageIntake
 from schemas.codec import default_codec
 from schemas.openai.generations import chat_generation
@@ -28,6 +30,8 @@ from schemas.records import Request
 from tests.support.gateway_fakes import offline_services
 from tests.support.images import data_url, image_bytes
 from topics.envelope import new_envelope
+
+ACME = Identity(tenant="acme", key_id="")
 
 MODELS = """
 [models."smollm2"]
@@ -94,6 +98,18 @@ async def test_an_image_for_a_text_model_is_a_400_naming_the_part(
     assert stored(settings) == []
 
 
+async def test_an_image_for_a_model_the_caller_may_not_use_is_a_404_as_admission_says(
+        client: httpx.AsyncClient, settings: Settings, registry: Registry) -> None:
+    error = await refused(client, body(image(data_url(image_bytes())), model="nope"), 404)
+    assert error["param"] == "model" and "does not exist" in error["message"]
+    intake = ImageIntake(settings.images, ImageStore(LocalFileStore(settings.jobs)), registry)
+    parsed = ChatCompletionRequest.model_validate(body(image(data_url(image_bytes()))))
+    with pytest.raises(ModelNotFound):  # a key for the text model alone
+        await intake.refs(parsed, Identity("acme", "k1", models=frozenset({"smollm2"})))
+    assert stored(settings) == []
+    assert await intake.refs(parsed, Identity("acme", "k2", models=frozenset({"eyes"})))
+
+
 @pytest.mark.parametrize(("part", "param", "words"), [
     (image("data:image/png;base64,@@@"), "messages[1].content[1].image_url.url",
      "not valid base64"),
@@ -148,7 +164,7 @@ async def test_images_are_stored_once_and_carried_by_reference(
     parsed = ChatCompletionRequest.model_validate(
         body(image(data_url(png), detail="low"), {"type": "text", "text": " and "},
              image(data_url(gif, "image/gif")), image(data_url(png))))
-    refs = await intake.refs(parsed, "acme")
+    refs = await intake.refs(parsed, ACME)
     generation = chat_generation(parsed, refs)
     message = generation["messages"][1]
     assert message["content"] == "What is this? and "
@@ -194,12 +210,12 @@ async def test_a_remote_image_is_fetched_only_from_a_listed_host(
     try:
         parsed = ChatCompletionRequest.model_validate(
             body(image(f"http://127.0.0.1:{port}/cat.png")))
-        (ref,) = (await intake.refs(parsed, "acme")).values()
+        (ref,) = (await intake.refs(parsed, ACME)).values()
         assert ref["sha256"] == hashlib.sha256(png).hexdigest()
         for name, words in (("big.png", "larger than 4096"), ("moved.png", "HTTP 302")):
             parsed = ChatCompletionRequest.model_validate(
                 body(image(f"http://127.0.0.1:{port}/{name}")))
             with pytest.raises(Exception, match=words):
-                await intake.refs(parsed, "acme")
+                await intake.refs(parsed, ACME)
     finally:
         await runner.cleanup()
