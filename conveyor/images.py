@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import math
-import warnings
 from dataclasses import dataclass
 
 from PIL import Image, UnidentifiedImageError
@@ -45,31 +44,30 @@ def check_image(data: bytes, declared: str | None, max_pixels: int, param: str) 
     if declared is not None and declared not in MEDIA_TYPES:
         raise InvalidRequest(f"Invalid '{param}': images of type {declared} are not "
                              f"supported; send {', '.join(MEDIA_TYPES)}.", param=param)
+    too_many = (f"Invalid '{param}': the image has more than the {max_pixels} pixels "
+                "Conveyor accepts")
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as image:
-                fmt, (width, height) = image.format, image.size
-                if width * height > max_pixels:
-                    raise InvalidRequest(
-                        f"Invalid '{param}': the image has {width} x {height} pixels, more "
-                        f"than the {max_pixels} Conveyor accepts.", param=param)
-                image.verify()  # the structure and checksums (PNG's CRCs)
-            with Image.open(io.BytesIO(data)) as image:
-                image.load()  # every pixel decoded: a truncated image fails here
+        with Image.open(io.BytesIO(data)) as image:
+            fmt, (width, height) = image.format, image.size
+            media_type = _FORMATS.get(fmt or "")
+            if media_type is None:
+                raise InvalidRequest(f"Invalid '{param}': images of format {fmt} are not "
+                                     f"supported; send {', '.join(MEDIA_TYPES)}.", param=param)
+            if width * height > max_pixels:
+                raise InvalidRequest(f"{too_many} ({width} x {height}).", param=param)
+            image.verify()  # the structure and checksums (PNG's CRCs)
+        with Image.open(io.BytesIO(data)) as image:
+            image.load()  # every pixel decoded: a truncated image fails here
     except InvalidRequest:
         raise
-    except (UnidentifiedImageError, Image.DecompressionBombError,
-            Image.DecompressionBombWarning):
+    except Image.DecompressionBombError:  # past Pillow's own bound, told at open
+        raise InvalidRequest(f"{too_many}.", param=param) from None
+    except UnidentifiedImageError:
         raise InvalidRequest(f"Invalid '{param}': the data is not an image Conveyor can "
                              f"read ({', '.join(MEDIA_TYPES)}).", param=param) from None
     except Exception as exc:  # Pillow's decoders raise what they meet (SyntaxError, OSError)
         raise InvalidRequest(f"Invalid '{param}': the image is broken ({exc}).",
                              param=param) from None
-    media_type = _FORMATS.get(fmt or "")
-    if media_type is None:
-        raise InvalidRequest(f"Invalid '{param}': images of format {fmt} are not "
-                             f"supported; send {', '.join(MEDIA_TYPES)}.", param=param)
     if declared is not None and declared != media_type:
         raise InvalidRequest(f"Invalid '{param}': the data URL says {declared}, but the "
                              f"data is {media_type}.", param=param)

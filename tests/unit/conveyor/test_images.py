@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import struct
+import zlib
+
 import pytest
 
 from conveyor.errors import InvalidRequest
@@ -44,8 +47,23 @@ def test_bytes_that_are_no_image_or_a_broken_one_are_refused() -> None:
     assert "broken" in refused(image_bytes("JPEG", (8, 8))[:-40], "image/jpeg")  # truncated
 
 
-def test_more_pixels_than_allowed_are_refused() -> None:
-    assert "11 x 10 pixels, more than the 100" in refused(image_bytes("PNG", (11, 10)), None)
+def png_header(width: int, height: int) -> bytes:
+    """A PNG that claims a size (its pixels are never there): what a bomb sends."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(
+            ">I", zlib.crc32(kind + data))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2,
+                                                                0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
+
+
+def test_more_pixels_than_allowed_are_refused_before_any_is_decoded() -> None:
+    assert "more than the 100 pixels Conveyor accepts (11 x 10)" in refused(
+        image_bytes("PNG", (11, 10)), None)
+    assert "(6000 x 6000)" in refused(png_header(6000, 6000), None, 25_000_000)
+    # past Pillow's own bound, which it tells as it opens the file
+    assert "more than the 25000000 pixels" in refused(png_header(20000, 20000), None,
+                                                        25_000_000)
 
 
 def test_tokens_follow_openai_s_tiles() -> None:

@@ -118,7 +118,7 @@ async def test_an_image_for_a_model_the_caller_may_not_use_is_a_404_as_admission
     (image(data_url(image_bytes("PNG"), "image/jpeg")), "messages[1].content[1]",
      "says image/jpeg"),
     (image(data_url(image_bytes("PNG", (101, 100)))), "messages[1].content[1]",
-     "101 x 100 pixels"),
+     "(101 x 100)"),
     (image(data_url(b"\x00" * 5000)), "messages[1].content[1]", "larger than 4096 bytes"),
     (image("https://images.example.com/cat.png"), "messages[1].content[1].image_url.url",
      "does not fetch images from images.example.com"),
