@@ -175,13 +175,13 @@ async def _services(settings: Settings, registry: Registry, gateway_id: str, hea
                           gateway_id, tracing.tracer, metrics)
     stored = StoredAnswers(settings, lookup, codec)
     files = LocalFileStore(settings.jobs)
+    images = ImageIntake(settings.images, ImageStore(files), registry)
     background = BackgroundResponses(settings, publisher, board, admitter, policies)
     services = Services(
         settings=settings, health=health, registry=registry, authenticator=authenticator,
         policies=policies, publisher=publisher, submitter=submitter, stored=stored,
-        chat=ChatServing(settings, submitter, stored, registry,
-                         ImageIntake(settings.images, ImageStore(files), registry)),
-        responses=ResponsesServing(settings, submitter, stored, background),
+        chat=ChatServing(settings, submitter, stored, registry, images),
+        responses=ResponsesServing(settings, submitter, stored, background, images),
         messages=MessagesServing(settings, submitter, registry),
         files=files, batches=Batches(settings, publisher, board, files),
         background=background, usage=UsageLedger(settings, redis),

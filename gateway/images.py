@@ -13,6 +13,7 @@ import asyncio
 import base64
 import binascii
 import re
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -23,12 +24,13 @@ from conveyor.images import check_image
 from conveyor.registry import Registry
 from conveyor.settings import ImagesSettings
 from gateway.auth.types import Identity
-from schemas.openai.requests import ChatCompletionRequest, ImagePart
+from schemas.openai.requests import ChatCompletionRequest
+from schemas.openai.responses import InputMessage, ResponsesRequest
 from schemas.records import ImageRef
 
 __all__ = ["ImageIntake", "PartKey"]
 
-# (message index, content index) of an image part
+# (message or input item index, content index) of an image part
 PartKey = tuple[int, int]
 
 _DATA_URL = re.compile(r"data:([^,;]*)((?:;[^,;]*)*),", re.IGNORECASE)
@@ -44,53 +46,74 @@ class ImageIntake:
 
     async def refs(self, body: ChatCompletionRequest, identity: Identity
                    ) -> dict[PartKey, ImageRef]:
-        """Every image part of ``body``, stored for ``identity``'s tenant: its
-        reference by where it stands. Nothing is stored for a model the caller
-        may not use (404, as admission answers) or one without vision (400)."""
-        parts = [(i, j, chars, part) for i, message in enumerate(body.messages)
-                 for j, chars, part in message.image_parts()]
+        """Every image part of a chat request, stored for ``identity``'s tenant:
+        its reference by where it stands (:meth:`stored`)."""
+        return await self.stored(body.model, identity, [
+            _Part((i, j), f"messages[{i}].content[{j}]", chars, part.image_url.url,
+                  part.image_url.detail)
+            for i, message in enumerate(body.messages)
+            for j, chars, part in message.image_parts()])
+
+    async def input_refs(self, body: ResponsesRequest, identity: Identity
+                         ) -> dict[PartKey, ImageRef]:
+        """Every image part of a Responses request's input (by item and part),
+        stored as :meth:`refs` stores a chat's; one that names a ``file_id``
+        is refused."""
+        parts = []
+        for i, item in enumerate(body.input if isinstance(body.input, list) else ()):
+            for j, chars, part in item.image_parts() if isinstance(item, InputMessage) else ():
+                where = f"input[{i}].content[{j}]"
+                if part.file_id is not None or not part.image_url:
+                    raise InvalidRequest(f"Invalid '{where}': Conveyor takes an image as its "
+                                         "image_url (a data URL), not a file_id.", param=where)
+                parts.append(_Part((i, j), where, chars, part.image_url, part.detail))
+        return await self.stored(body.model, identity, parts)
+
+    async def stored(self, model: str, identity: Identity, parts: list[_Part]
+                     ) -> dict[PartKey, ImageRef]:
+        """``parts`` read, checked and stored. Nothing is stored for a model the
+        caller may not use (404, as admission answers) or one without vision (400
+        naming the first part), nor past the count."""
         if not parts:
             return {}
-        first = _param(parts[0][0], parts[0][1])
-        spec = self.registry.find(body.model)
-        if spec is None or not (identity.may_use(body.model) or identity.may_use(spec.name)):
-            raise ModelNotFound(f"The model `{body.model}` does not exist or you do not have "
+        first = parts[0].param
+        spec = self.registry.find(model)
+        if spec is None or not (identity.may_use(model) or identity.may_use(spec.name)):
+            raise ModelNotFound(f"The model `{model}` does not exist or you do not have "
                                 "access to it.", param="model")
         if not spec.vision:
-            raise InvalidRequest(f"The model `{body.model}` does not read images; "
+            raise InvalidRequest(f"The model `{model}` does not read images; "
                                  f"'{first}' is an image part. Send images to a model "
                                  "that declares vision.", param=first)
         if len(parts) > self.settings.max_count:
-            extra = _param(*parts[self.settings.max_count][:2])
+            extra = parts[self.settings.max_count].param
             raise InvalidRequest(f"Invalid '{extra}': a request holds at most "
                                  f"{self.settings.max_count} images.", param=extra)
         out: dict[PartKey, ImageRef] = {}
-        for i, j, chars, part in parts:
-            param = _param(i, j)
-            data, declared = await self._read(part, param)
+        for part in parts:
+            data, declared = await self._read(part.url, part.param)
             checked = await asyncio.to_thread(check_image, data, declared,
-                                              self.settings.max_pixels, param)
+                                              self.settings.max_pixels, part.param)
             file_id, digest = await self.store.put(identity.tenant, data, checked.media_type)
-            out[(i, j)] = ImageRef(file_id=file_id, media_type=checked.media_type,
-                                   bytes=len(data), sha256=digest, width=checked.width,
-                                   height=checked.height, detail=part.image_url.detail,
-                                   offset=chars, part=param)
+            out[part.key] = ImageRef(file_id=file_id, media_type=checked.media_type,
+                                     bytes=len(data), sha256=digest, width=checked.width,
+                                     height=checked.height, detail=part.detail,
+                                     offset=part.chars, part=part.param)
         return out
 
-    async def _read(self, part: ImagePart, param: str) -> tuple[bytes, str | None]:
+    async def _read(self, url: str, param: str) -> tuple[bytes, str | None]:
         """The image's bytes, and the media type a data URL declares."""
-        url = part.image_url.url
         if url[:5].lower() == "data:":
             return self._decoded(url, param)
         scheme = urlsplit(url).scheme.lower()
         if scheme not in ("http", "https"):
-            raise InvalidRequest(f"Invalid '{param}.image_url.url': expected a data URL "
-                                 "(data:image/png;base64,...) or an http(s) URL.",
-                                 param=f"{param}.image_url.url")
+            where = _url_param(param)
+            raise InvalidRequest(f"Invalid '{where}': expected a data URL "
+                                 "(data:image/png;base64,...) or an http(s) URL.", param=where)
         return await self._fetched(url, param), None
 
     def _decoded(self, url: str, param: str) -> tuple[bytes, str | None]:
-        where = f"{param}.image_url.url"
+        where = _url_param(param)
         match = _DATA_URL.match(url)
         if match is None or ";base64" not in match.group(2).lower():
             raise InvalidRequest(f"Invalid '{where}': expected a base64 data URL "
@@ -109,7 +132,7 @@ class ImageIntake:
         return data, match.group(1).strip().lower() or None
 
     async def _fetched(self, url: str, param: str) -> bytes:
-        where = f"{param}.image_url.url"
+        where = _url_param(param)
         host = (urlsplit(url).hostname or "").lower()
         if host not in self.settings.hosts():
             raise InvalidRequest(f"Invalid '{where}': Conveyor does not fetch images from "
@@ -134,8 +157,19 @@ class ImageIntake:
                                  f"({type(exc).__name__}).", param=where) from None
 
 
-def _param(message: int, part: int) -> str:
-    return f"messages[{message}].content[{part}]"
+@dataclass(frozen=True)
+class _Part:
+    key: PartKey
+    param: str  # messages[1].content[0], input[1].content[0]
+    chars: int  # the characters of text before it in its message
+    url: str
+    detail: str
+
+
+def _url_param(param: str) -> str:
+    """The param of a part's URL: chat's ``image_url.url``, the Responses API's
+    ``image_url``."""
+    return f"{param}.image_url" + (".url" if param.startswith("messages") else "")
 
 
 def _too_large(param: str, limit: int) -> InvalidRequest:

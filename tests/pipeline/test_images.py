@@ -205,3 +205,28 @@ def test_bad_images_are_400s_in_openai_s_envelope(p: Pipeline) -> None:
             client(p).chat.completions.create(model="eyes", messages=looking(url))
         error = caught.value.body
         assert isinstance(error, dict) and error["param"] == param, error
+
+
+def test_the_responses_api_sends_images_byte_for_byte(p: Pipeline,
+                                                      upstream: VisionUpstream) -> None:
+    gif = image_bytes("GIF", (16, 16), (0, 200, 0))
+    answer = client(p).responses.create(model="eyes", instructions="Describe.", input=[
+        {"role": "user", "content": [
+            {"type": "input_text", "text": "And this one?"},
+            {"type": "input_image", "image_url": data_url(gif, "image/gif"), "detail": "low"}]}])
+    assert answer.output_text == f"image/gif {hashlib.sha256(gif).hexdigest()}\n"
+    assert upstream.images[-1] == ("image/gif", gif)
+    part = upstream.bodies[-1]["messages"][1]["content"][1]
+    assert part["image_url"]["detail"] == "low"
+
+
+def test_a_response_that_continues_another_sends_its_images_again(
+        p: Pipeline, upstream: VisionUpstream) -> None:
+    png = image_bytes("PNG", (8, 8), (9, 9, 9))
+    first = client(p).responses.create(model="eyes", store=True, input=[
+        {"role": "user", "content": [{"type": "input_image", "image_url": data_url(png)}]}])
+    upstream.images.clear()
+    second = client(p).responses.create(model="eyes", previous_response_id=first.id,
+                                        input="And what colour is it?")
+    assert second.output_text == f"image/png {hashlib.sha256(png).hexdigest()}\n"
+    assert upstream.images == [("image/png", png)]

@@ -7,6 +7,7 @@ submitted) and the intake itself for what is stored."""
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -219,3 +220,55 @@ async def test_a_remote_image_is_fetched_only_from_a_listed_host(
                 await intake.refs(parsed, ACME)
     finally:
         await runner.cleanup()
+
+
+def responses_body(*parts: dict[str, Any], model: str = "eyes") -> dict[str, Any]:
+    return {"model": model, "instructions": "Look.", "input": [
+        {"role": "user", "content": "Hello."},
+        {"role": "user", "content": [{"type": "input_text", "text": "What is this?"}, *parts]}]}
+
+
+async def test_the_responses_api_refuses_images_as_chat_does_naming_the_input_part(
+        client: httpx.AsyncClient, settings: Settings) -> None:
+    url = data_url(image_bytes())
+    for sent, status, param, words in (
+            (responses_body({"type": "input_image", "image_url": url}, model="smollm2"), 400,
+             "input[1].content[1]", "does not read images"),
+            (responses_body({"type": "input_image", "file_id": "file-abc"}), 400,
+             "input[1].content[1]", "not a file_id"),
+            (responses_body({"type": "input_image", "image_url": data_url(b"nope")}), 400,
+             "input[1].content[1]", "not an image"),
+            (responses_body({"type": "input_image", "image_url": "https://example.com/x.png"}),
+             400, "input[1].content[1].image_url", "does not fetch images")):
+        r = await client.post("/v1/responses", json=sent)
+        assert r.status_code == status, r.text
+        error = r.json()["error"]
+        assert error["param"] == param and words in error["message"], error
+    assert stored(settings) == []
+
+
+async def test_a_response_s_images_are_stored_and_listed_among_its_input_items(
+        settings: Settings, registry: Registry) -> None:
+    from gateway.responses.objects import input_items
+    from gateway.responses.serving import generation_of
+    from schemas.openai.responses import parse_request
+
+    intake = ImageIntake(settings.images, ImageStore(LocalFileStore(settings.jobs)), registry)
+    png = image_bytes()
+    body = parse_request(json.dumps(responses_body(
+        {"type": "input_image", "image_url": data_url(png), "detail": "high"},
+        {"type": "input_text", "text": " Be brief."})).encode())
+    refs = await intake.input_refs(body, ACME)
+    generation = generation_of(body, refs)
+    system, hello, seeing = generation["messages"]
+    assert (system["content"], hello.get("images")) == ("Look.", None)
+    (ref,) = seeing["images"] or []
+    assert (ref["part"], ref["offset"], ref["detail"]) == ("input[1].content[1]", 13, "high")
+    assert ref["sha256"] == hashlib.sha256(png).hexdigest()
+    (_, listed) = input_items("r1", [hello, seeing])
+    assert listed["content"] == [
+        {"type": "input_text", "text": "What is this?"},
+        {"type": "input_image", "file_id": ref["file_id"], "image_url": None, "detail": "high"},
+        {"type": "input_text", "text": " Be brief."}]
+    with pytest.raises(Exception, match="POST /v1/responses only"):
+        generation_of(body)  # the WebSocket's mode: no images stored, none taken
