@@ -208,9 +208,9 @@ class ImagesSettings(Section):
     max_bytes: int = Field(8 * 1024 * 1024, alias="images_max_bytes", ge=1)
     max_count: int = Field(8, alias="images_max_count", ge=0)
     max_pixels: int = Field(25_000_000, alias="images_max_pixels", ge=1)
-    # the largest body POST /v1/chat/completions accepts (other routes keep
-    # gateway.max_body_bytes): room for images sent as data URLs, which the
-    # gateway stores before anything enters the pipeline
+    # the largest body POST /v1/chat/completions and /v1/responses accept (other
+    # routes keep gateway.max_body_bytes): room for images sent as data URLs,
+    # which the gateway stores before anything enters the pipeline
     max_body_bytes: int = Field(20 * 1024 * 1024, alias="images_max_body_bytes", ge=1)
     # hosts whose http(s) image URLs the gateway fetches ("images.example.com,cdn.example.org";
     # empty: none, only data URLs are taken), each fetch bounded by fetch_timeout_s

@@ -107,8 +107,9 @@ def build_app(settings: Settings, registry: Registry | None = None,
                   description="An OpenAI-compatible API in front of an event pipeline.")
     app.add_middleware(BodyLimit, max_bytes=settings.gateway.max_body_bytes,
                        uploads=upload_limits(settings.jobs),
-                       larger={"/v1/chat/completions": max(settings.gateway.max_body_bytes,
-                                                           settings.images.max_body_bytes)})
+                       larger=dict.fromkeys(("/v1/chat/completions", "/v1/responses"),
+                                            max(settings.gateway.max_body_bytes,
+                                                settings.images.max_body_bytes)))
     # outside the body limit: 401 before a body is read
     app.add_middleware(AuthMiddleware, authenticator=_authenticator)
     install_error_handlers(app)

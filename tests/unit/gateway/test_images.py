@@ -154,6 +154,10 @@ async def test_a_chat_body_may_be_larger_than_other_routes_take(
     error = await refused(client, {**body(image(data_url(image_bytes())), model="smollm2"),
                                    "user": big})
     assert "does not read images" in error["message"]
+    r = await client.post("/v1/responses", json={**responses_body(
+        {"type": "input_image", "image_url": data_url(image_bytes())}, model="smollm2"),
+        "user": big})
+    assert r.status_code == 400 and "does not read images" in r.text
 
 
 async def test_images_are_stored_once_and_carried_by_reference(
