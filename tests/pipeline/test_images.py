@@ -230,3 +230,20 @@ def test_a_response_that_continues_another_sends_its_images_again(
                                         input="And what colour is it?")
     assert second.output_text == f"image/png {hashlib.sha256(png).hexdigest()}\n"
     assert upstream.images == [("image/png", png)]
+
+
+def test_a_background_response_sends_its_image_byte_for_byte(
+        p: Pipeline, upstream: VisionUpstream) -> None:
+    jpeg = image_bytes("JPEG", (24, 24), (200, 10, 10))
+    c = client(p)
+    created = c.responses.create(model="eyes", background=True, input=[
+        {"role": "user", "content": [{"type": "input_image",
+                                      "image_url": data_url(jpeg, "image/jpeg")}]}])
+    deadline = time.monotonic() + 60
+    got = c.responses.retrieve(created.id)
+    while got.status in ("queued", "in_progress") and time.monotonic() < deadline:
+        time.sleep(0.2)
+        got = c.responses.retrieve(created.id)
+    assert got.status == "completed", got
+    assert got.output_text == f"image/jpeg {hashlib.sha256(jpeg).hexdigest()}\n"
+    assert upstream.images[-1] == ("image/jpeg", jpeg)
