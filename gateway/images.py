@@ -1,4 +1,4 @@
-"""The image parts of a chat request taken in: refused for a model the caller
+"""The image parts of a chat or Responses request taken in: refused for a model the caller
 may not use (404, as admission says it) or one that does not declare vision
 (400 naming the first part), counted, each read (a base64 data
 URL; an http(s) URL only of a host ``images.allowed_hosts`` lists, fetched
@@ -37,7 +37,7 @@ _DATA_URL = re.compile(r"data:([^,;]*)((?:;[^,;]*)*),", re.IGNORECASE)
 
 
 class ImageIntake:
-    """Reads, checks and stores the images of chat requests."""
+    """Reads, checks and stores the images of chat and Responses requests."""
 
     def __init__(self, settings: ImagesSettings, store: ImageStore, registry: Registry) -> None:
         self.settings = settings
@@ -105,12 +105,16 @@ class ImageIntake:
         """The image's bytes, and the media type a data URL declares."""
         if url[:5].lower() == "data:":
             return self._decoded(url, param)
-        scheme = urlsplit(url).scheme.lower()
-        if scheme not in ("http", "https"):
-            where = _url_param(param)
+        where = _url_param(param)
+        try:
+            parts = urlsplit(url)
+            host = (parts.hostname or "").lower()
+        except ValueError:  # a bracketed host that is no IPv6 address
+            raise InvalidRequest(f"Invalid '{where}': not a URL.", param=where) from None
+        if parts.scheme.lower() not in ("http", "https"):
             raise InvalidRequest(f"Invalid '{where}': expected a data URL "
                                  "(data:image/png;base64,...) or an http(s) URL.", param=where)
-        return await self._fetched(url, param), None
+        return await self._fetched(url, host, param), None
 
     def _decoded(self, url: str, param: str) -> tuple[bytes, str | None]:
         where = _url_param(param)
@@ -131,9 +135,8 @@ class ImageIntake:
             raise _too_large(param, limit)
         return data, match.group(1).strip().lower() or None
 
-    async def _fetched(self, url: str, param: str) -> bytes:
+    async def _fetched(self, url: str, host: str, param: str) -> bytes:
         where = _url_param(param)
-        host = (urlsplit(url).hostname or "").lower()
         if host not in self.settings.hosts():
             raise InvalidRequest(f"Invalid '{where}': Conveyor does not fetch images from "
                                  f"{host or 'that URL'}; send the image as a data URL "
@@ -152,7 +155,7 @@ class ImageIntake:
                     if len(data) > limit:
                         raise _too_large(param, limit)
                 return bytes(data)
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:  # ValueError: yarl's
             raise InvalidRequest(f"Invalid '{where}': the image could not be fetched "
                                  f"({type(exc).__name__}).", param=where) from None
 

@@ -125,6 +125,7 @@ async def test_an_image_for_a_model_the_caller_may_not_use_is_a_404_as_admission
      "does not fetch images from images.example.com"),
     (image("ftp://127.0.0.1/cat.png"), "messages[1].content[1].image_url.url",
      "expected a data URL"),
+    (image("http://[::1/cat.png"), "messages[1].content[1].image_url.url", "not a URL"),
     (image(data_url(image_bytes()), detail="ultra"), "messages[1].content[1].image_url.detail",
      "'auto', 'low' or 'high'"),
     ({"type": "input_audio", "input_audio": {}}, "messages[1].content[1]",
