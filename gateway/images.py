@@ -1,6 +1,6 @@
-"""The image parts of a chat or Responses request taken in: refused for a model the caller
-may not use (404, as admission says it) or one that does not declare vision
-(400 naming the first part), counted, each read (a base64 data
+"""The image parts of a chat or Responses request taken in: refused for a
+model the caller may not use (404, as admission says it) or one that does not
+declare vision (400 naming the first part), counted, each read (a base64 data
 URL; an http(s) URL only of a host ``images.allowed_hosts`` lists, fetched
 with a timeout and a size cap, no redirects), checked (conveyor/images.py),
 and kept once in the file store; the event carries each as an
@@ -65,7 +65,9 @@ class ImageIntake:
                 where = f"input[{i}].content[{j}]"
                 if part.file_id is not None or not part.image_url:
                     raise InvalidRequest(f"Invalid '{where}': Conveyor takes an image as its "
-                                         "image_url (a data URL), not a file_id.", param=where)
+                                         "image_url (a data URL)" + (
+                                             ", not a file_id" if part.file_id else "") + ".",
+                                         param=where)
                 parts.append(_Part((i, j), where, chars, part.image_url, part.detail))
         return await self.stored(body.model, identity, parts)
 
