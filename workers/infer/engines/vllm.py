@@ -201,12 +201,9 @@ class VllmEngine(Engine):
         llm, slots = self._llm, self._slots
         if llm is None or slots is None:
             raise EngineError(f"engine {self.name} is not started")
-        try:  # tokenized by vLLM's renderer (its raw-prompt path is deprecated); a
-            # prompt with images goes to the engine as it is, its multi_modal_data
-            # processed there (vLLM's documented multimodal input)
-            built = self._prompt(llm, request)
-            (prompt,) = [built] if "multi_modal_data" in built else \
-                await llm.renderer.render_cmpl_async([built])
+        try:  # tokenized by vLLM's renderer (its raw-prompt path is deprecated), which
+            # also processes a prompt's multi_modal_data (its images)
+            (prompt,) = await llm.renderer.render_cmpl_async([self._prompt(llm, request)])
         except EngineError:
             raise
         except Exception as exc:
