@@ -220,6 +220,8 @@ class ChatMessage(BaseModel):
             raise ValueError("only an assistant message may hold tool_calls")
         if self.role == "tool" and not self.tool_call_id:
             raise ValueError("a tool message needs the tool_call_id of the call it answers")
+        if self.role != "user" and self.image_parts():
+            raise ValueError("image parts are only allowed in messages with role 'user'")
         return self
 
     def text(self) -> str:

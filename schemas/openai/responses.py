@@ -92,6 +92,12 @@ class InputMessage(BaseModel):
     def text(self) -> str:
         return joined(self.content)
 
+    @model_validator(mode="after")
+    def _images_from_users(self) -> InputMessage:
+        if self.role != "user" and self.image_parts():
+            raise ValueError("input_image parts are only allowed in messages with role 'user'")
+        return self
+
     def image_parts(self) -> list[tuple[int, int, InputImage]]:
         """Each image part: its index in the content, the characters of text
         before it, the part."""

@@ -139,6 +139,17 @@ async def test_a_bad_image_part_is_a_400_naming_it(
     assert stored(settings) == []
 
 
+async def test_images_only_come_from_the_user(client: httpx.AsyncClient) -> None:
+    part = image(data_url(image_bytes()))
+    error = await refused(client, {"model": "eyes", "messages": [
+        {"role": "system", "content": [{"type": "text", "text": "Look."}, part]}]})
+    assert error["param"] == "messages[0]" and "role 'user'" in error["message"]
+    r = await client.post("/v1/responses", json={"model": "eyes", "input": [
+        {"role": "assistant", "content": [{"type": "input_image",
+                                           "image_url": data_url(image_bytes())}]}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input[0]", r.text
+
+
 async def test_more_images_than_allowed_are_refused_naming_the_first_too_many(
         client: httpx.AsyncClient) -> None:
     url = data_url(image_bytes())
