@@ -84,6 +84,9 @@ class ModelSpec:
     def serves_itself(self) -> bool:
         """A model, not a canary or an alias routed by meaning."""
         return not self.deployments and not self.routes
+    # it reads image parts of messages (docs/api/chat.md#images); a request with
+    # images for a model that does not is refused, naming the first image part
+    vision: bool = False
 
     def source_gguf_path(self) -> Path:
         """The GGUF file as ``gguf`` names it (packaged, or a path)."""
@@ -228,6 +231,7 @@ _FIELDS: dict[str, str] = {
     "default": "the model (text) a prompt goes to when no route is confident",
     "floor": "a confidence from 0 to 1 (a number)",
     "encoder": "an embedding model of the registry (text)",
+    "vision": "true or false (the model reads image parts of messages)",
 }
 _ROUTE_FIELDS = ("model", "examples", "keywords")
 
@@ -266,6 +270,13 @@ class _Entry:
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             self.wrong(key, value)
             return default
+        return value
+
+    def flag(self, key: str) -> bool:
+        value = self.entry.get(key, False)
+        if not isinstance(value, bool):
+            self.wrong(key, value)
+            return False
         return value
 
     def names(self, key: str) -> tuple[str, ...]:
@@ -381,6 +392,7 @@ def _spec(entry: _Entry) -> ModelSpec:
         default=entry.text("default") or "",
         floor=entry.floor(),
         encoder=entry.text("encoder") or "",
+        vision=entry.flag("vision"),
     )
 
 

@@ -18,7 +18,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-__all__ = ["AuthSettings", "GatewaySettings", "InferSettings", "JobsSettings", "KafkaSettings",
+__all__ = ["AuthSettings", "GatewaySettings", "ImagesSettings", "InferSettings", "JobsSettings",
+           "KafkaSettings",
            "PrefixSettings", "ProcessSettings", "RedisSettings", "ScheduleSettings", "Settings",
            "TelemetrySettings", "load_settings"]
 
@@ -198,6 +199,28 @@ class JobsSettings(Section):
     batch_max_lines: int = 50_000
 
 
+class ImagesSettings(Section):
+    title = "Images"
+
+    # image parts of chat messages (docs/api/chat.md#images): at most max_count in
+    # a request, each at most max_bytes once decoded and max_pixels (width times
+    # height); kept once in the file store (jobs.files_dir), events carry their ids
+    max_bytes: int = Field(8 * 1024 * 1024, alias="images_max_bytes", ge=1)
+    max_count: int = Field(8, alias="images_max_count", ge=0)
+    max_pixels: int = Field(25_000_000, alias="images_max_pixels", ge=1)
+    # the largest body POST /v1/chat/completions and /v1/responses accept (other
+    # routes keep gateway.max_body_bytes): room for images sent as data URLs,
+    # which the gateway stores before anything enters the pipeline
+    max_body_bytes: int = Field(20 * 1024 * 1024, alias="images_max_body_bytes", ge=1)
+    # hosts whose http(s) image URLs the gateway fetches ("images.example.com,cdn.example.org";
+    # empty: none, only data URLs are taken), each fetch bounded by fetch_timeout_s
+    allowed_hosts: str = Field("", alias="images_allowed_hosts")
+    fetch_timeout_s: float = Field(10.0, alias="images_fetch_timeout_s", gt=0)
+
+    def hosts(self) -> frozenset[str]:
+        return frozenset(h.strip().lower() for h in self.allowed_hosts.split(",") if h.strip())
+
+
 class ScheduleSettings(Section):
     title = "Schedule"
 
@@ -341,6 +364,7 @@ class Settings(BaseModel):
     gateway: GatewaySettings = GatewaySettings.model_validate({})
     auth: AuthSettings = AuthSettings.model_validate({})
     jobs: JobsSettings = JobsSettings.model_validate({})
+    images: ImagesSettings = ImagesSettings.model_validate({})
     schedule: ScheduleSettings = ScheduleSettings.model_validate({})
     prefix: PrefixSettings = PrefixSettings.model_validate({})
     infer: InferSettings = InferSettings.model_validate({})

@@ -6,7 +6,8 @@ A :class:`Ticket` is the grant: its headers go on the response and
 
 Tokens are reserved before preprocess tokenizes the prompt: one per
 :data:`CHARS_PER_TOKEN` characters (about BPE's average on English; settling
-corrects it), plus ``max_tokens`` or else the model's context length."""
+corrects it), plus each image's tokens (conveyor/images.py), plus
+``max_tokens`` or else the model's context length."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from conveyor.errors import (
     RateLimited,
     TransientBrokerError,
 )
+from conveyor.images import image_tokens
 from conveyor.registry import Registry
 from gateway.audit import Audit
 from gateway.auth.ratelimit import Admission, RateLimiter
@@ -36,16 +38,20 @@ _AUDIT_EVERY_S = 1.0
 
 
 def estimate_tokens(generation: Generation, registry: Registry) -> int:
-    """Prompt tokens (estimated from characters) plus the tokens it may generate."""
+    """Prompt tokens (estimated from characters, and each image's as counted
+    for OpenAI) plus the tokens it may generate."""
     ask = generation.get("embedding")
     if generation["kind"] == "embedding" and ask:  # nothing generated; ids are tokens
         return sum(-(-len(i) // CHARS_PER_TOKEN) + 2 if isinstance(i, str) else len(i) + 2
                    for i in ask["inputs"])
+    images = 0
     if generation["kind"] == "chat":
         chars = sum(len(m["content"]) + len(m["role"]) + 4 for m in generation["messages"])
+        images = sum(image_tokens(r["width"], r["height"], r.get("detail") or "auto")
+                     for m in generation["messages"] for r in m.get("images") or ())
     else:
         chars = len(generation["prompt"] or "")
-    prompt = -(-chars // CHARS_PER_TOKEN) + 1
+    prompt = -(-chars // CHARS_PER_TOKEN) + 1 + images
     budget = generation["sampling"]["max_tokens"]
     if budget is None:
         spec = registry.find(generation["model"])

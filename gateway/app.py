@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from starlette.types import Scope
 
 from conveyor.errors import StartupTimeout
+from conveyor.files.images import ImageStore
 from conveyor.files.local import LocalFileStore
 from conveyor.metrics import GatewayMetrics
 from conveyor.policy.rules import PolicyBook
@@ -42,6 +43,7 @@ from gateway.errors import install_error_handlers
 from gateway.feedback import feedback_router
 from gateway.files.api_router import files_router, upload_limits
 from gateway.health import Health
+from gateway.images import ImageIntake
 from gateway.jobs.api_router import jobs_router
 from gateway.jobs.background import BackgroundResponses
 from gateway.jobs.batches import Batches
@@ -105,7 +107,10 @@ def build_app(settings: Settings, registry: Registry | None = None,
     app = FastAPI(title="Conveyor", version="0.1.0", lifespan=lifespan,
                   description="An OpenAI-compatible API in front of an event pipeline.")
     app.add_middleware(BodyLimit, max_bytes=settings.gateway.max_body_bytes,
-                       uploads=upload_limits(settings.jobs))
+                       uploads=upload_limits(settings.jobs),
+                       larger=dict.fromkeys(("/v1/chat/completions", "/v1/responses"),
+                                            max(settings.gateway.max_body_bytes,
+                                                settings.images.max_body_bytes)))
     # outside the body limit: 401 before a body is read
     app.add_middleware(AuthMiddleware, authenticator=_authenticator)
     install_error_handlers(app)
@@ -172,12 +177,13 @@ async def _services(settings: Settings, registry: Registry, gateway_id: str, hea
                           gateway_id, tracing.tracer, metrics)
     stored = StoredAnswers(settings, lookup, codec)
     files = LocalFileStore(settings.jobs)
+    images = ImageIntake(settings.images, ImageStore(files), registry)
     background = BackgroundResponses(settings, publisher, board, admitter, policies)
     services = Services(
         settings=settings, health=health, registry=registry, authenticator=authenticator,
         policies=policies, publisher=publisher, submitter=submitter, stored=stored,
-        chat=ChatServing(settings, submitter, stored, registry),
-        responses=ResponsesServing(settings, submitter, stored, background),
+        chat=ChatServing(settings, submitter, stored, registry, images),
+        responses=ResponsesServing(settings, submitter, stored, background, images),
         messages=MessagesServing(settings, submitter, registry),
         files=files, batches=Batches(settings, publisher, board, files),
         background=background, usage=UsageLedger(settings, redis),

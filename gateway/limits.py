@@ -1,6 +1,7 @@
 """The request body limit: :class:`BodyLimit` (ASGI) refuses a ``Content-Length``
-over ``max_body_bytes`` with 413 before reading, a chunked body as soon as it
-passes it, and hands the body on as one message. Upload paths stream through
+over ``max_body_bytes`` (or a path's own larger limit: chat completions with
+images) with 413 before reading, a chunked body as soon as it passes it, and
+hands the body on as one message. Upload paths stream through
 with their own limit; the read past it raises
 :class:`~conveyor.errors.RequestTooLarge` in the route."""
 
@@ -18,10 +19,12 @@ __all__ = ["BodyLimit"]
 
 class BodyLimit:
     def __init__(self, app: ASGIApp, max_bytes: int,
-                 uploads: Mapping[str, int] | None = None) -> None:
+                 uploads: Mapping[str, int] | None = None,
+                 larger: Mapping[str, int] | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.uploads = dict(uploads or {})
+        self.larger = dict(larger or {})  # path -> the limit of its (collected) body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -34,7 +37,9 @@ class BodyLimit:
             return
         upload_limit = self.uploads.get(scope.get("path", "")) \
             if scope.get("method") == "POST" else None
-        limit = self.max_bytes if upload_limit is None else upload_limit
+        collected = self.larger.get(scope.get("path", ""), self.max_bytes) \
+            if scope.get("method") == "POST" else self.max_bytes
+        limit = collected if upload_limit is None else upload_limit
         if declared > limit:
             await error_response(_too_large(declared, limit))(scope, receive, send)
             return
@@ -47,8 +52,8 @@ class BodyLimit:
             if message["type"] != "http.request":  # the client left while sending
                 return
             body += message.get("body", b"")
-            if len(body) > self.max_bytes:
-                await error_response(_too_large(None, self.max_bytes))(scope, receive, send)
+            if len(body) > collected:
+                await error_response(_too_large(None, collected))(scope, receive, send)
                 return
             if not message.get("more_body", False):
                 break

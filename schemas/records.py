@@ -11,7 +11,8 @@ from typing import Literal, NotRequired, TypedDict
 
 __all__ = ["ChunkHeader", "Embedding", "EmbeddingAsk", "HostCache", "KvCache", "Control",
            "DeadLetter", "Envelope", "ErrorInfo",
-           "Generation", "Message", "Prepared", "Prompt", "Reply", "Request", "Route", "Fallback",
+           "Generation", "ImageRef", "Message", "Prepared", "Prompt", "Reply", "Request", "Route",
+           "Fallback",
            "ResponseFormat", "ToolCall", "TokenLogprob", "TopLogprob", "Function", "Tools",
            "ReplyBatch", "Sampling", "Task", "TokenBatch", "TokenChunk", "Usage", "WorkerHeartbeat",
            "JobCommand", "JobStatus",
@@ -40,12 +41,27 @@ class ToolCall(TypedDict):
     arguments: str  # JSON text, as the model wrote it
 
 
+class ImageRef(TypedDict):
+    """An image part of a message, by reference: its bytes are in the file store."""
+
+    file_id: str  # the file (purpose vision) of the request's tenant
+    media_type: str  # image/png, image/jpeg, image/webp or image/gif
+    bytes: int
+    sha256: str  # of the bytes, hex
+    width: int
+    height: int
+    detail: NotRequired[str]  # auto, low or high
+    offset: NotRequired[int]  # the characters of content before the image
+    part: NotRequired[str]  # the part as the request named it: messages[1].content[0]
+
+
 class Message(TypedDict):
     role: str
     content: str
     name: NotRequired[str | None]
     tool_calls: NotRequired[list[ToolCall] | None]  # an assistant turn's calls
     tool_call_id: NotRequired[str | None]  # a tool turn: the call it answers
+    images: NotRequired[list[ImageRef] | None]  # its image parts, in order
 
 
 class Function(TypedDict):

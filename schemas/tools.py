@@ -149,7 +149,8 @@ _TOOL_TURN = "\x00tool-responses"  # marks a turn of tool responses while mergin
 
 def _turn(role: str, content: str, name: str | None) -> Message:
     """A plain turn, every field of the record set (as the codec reads it back)."""
-    return Message(role=role, content=content, name=name, tool_calls=None, tool_call_id=None)
+    return Message(role=role, content=content, name=name, tool_calls=None, tool_call_id=None,
+                   images=None)
 
 
 def _call_block(call: ToolCall) -> str:

@@ -178,6 +178,18 @@ async def redacted(generation: Generation, policy: Policy,
 
 def _message(message: Message, redactor: Redactor) -> Message:
     out: Message = {**message, "content": redactor.redact(message["content"])}
+    images = message.get("images")
+    if images:  # the text between images redacted piece by piece: each stays in place
+        text, refs, start = "", [], 0
+        for ref in images:
+            at = min(max(ref.get("offset", 0), start), len(message["content"]))
+            text += redactor.redact(message["content"][start:at])
+            moved = ref.copy()
+            moved["offset"] = len(text)
+            refs.append(moved)
+            start = at
+        out["content"] = text + redactor.redact(message["content"][start:])
+        out["images"] = refs
     calls = message.get("tool_calls")
     if calls:
         out["tool_calls"] = [{**call, "arguments": redactor.redact(call["arguments"])}

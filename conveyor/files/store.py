@@ -19,10 +19,10 @@ from conveyor.errors import RequestError
 __all__ = ["FileObject", "FilePage", "FilePurpose", "FileOrder", "FileContent",
            "FileNotFound", "new_file_id", "is_file_id", "LIST_LIMIT_MAX", "CHUNK_BYTES"]
 
-# The purposes Conveyor keeps files for: batch input (uploaded by clients) and
-# batch output and error files (written by the batch machinery); OpenAI names
-# both of the latter "batch_output".
-FilePurpose = Literal["batch", "batch_output"]
+# The purposes Conveyor keeps files for: batch input (uploaded by clients),
+# batch output and error files (written by the batch machinery; OpenAI names
+# both "batch_output"), and the images of chat messages (conveyor/files/images.py).
+FilePurpose = Literal["batch", "batch_output", "vision"]
 FILE_PURPOSES: tuple[str, ...] = get_args(FilePurpose)
 FileOrder = Literal["asc", "desc"]
 FileContent = bytes | AsyncIterable[bytes]

@@ -26,6 +26,7 @@ from gateway import sse
 from gateway.answer import Answer, Disconnected, collect
 from gateway.auth.middleware import identity_of
 from gateway.errors import SafeJSONResponse, for_client
+from gateway.images import ImageIntake
 from gateway.replies import ReplySource, opening
 from gateway.resume import (
     Kind,
@@ -48,8 +49,9 @@ class ChatServing:
     """``/v1/chat/completions`` and ``/v1/completions``: what their routes dispatch to."""
 
     def __init__(self, settings: Settings, submitter: Submitter, stored: StoredAnswers,
-                 registry: Registry) -> None:
+                 registry: Registry, images: ImageIntake) -> None:
         self.settings = settings
+        self.images = images  # a chat's image parts, stored before it is submitted
         self.submitter = submitter  # and its cancels, which a resumed stream's leaving sends
         self.stored = stored
         self.registry = registry  # names a fallback or a canary's deployment
@@ -59,8 +61,11 @@ class ChatServing:
         """A chat completion or a completion (``n`` choices of it), as JSON or SSE."""
         n = body.choices()
         one = body.model_copy(update={"n": 1}) if n > 1 else body
-        generation = (chat_generation(one) if isinstance(one, ChatCompletionRequest)
-                      else completion_generation(one))
+        if isinstance(one, ChatCompletionRequest):
+            images = await self.images.refs(one, identity_of(request))
+            generation = chat_generation(one, images)
+        else:
+            generation = completion_generation(one)
         if n > 1 and body.store:  # completions refuse store=true in their validation
             raise InvalidRequest("store=true is supported with n=1 only.", param="n")
         return await self._answer(generation, n, request)

@@ -183,7 +183,7 @@ def tool_use_id(call_id: str) -> str:
 def _message(role: str, content: str, tool_calls: list[ToolCall] | None = None,
              tool_call_id: str | None = None) -> Message:
     return Message(role=role, content=content, name=None, tool_calls=tool_calls,
-                   tool_call_id=tool_call_id)
+                   tool_call_id=tool_call_id, images=None)
 
 
 def _turns(i: int, message: InputMessage) -> list[Message]:

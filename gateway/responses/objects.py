@@ -115,7 +115,7 @@ def input_items(request_id: str, turns: list[Message]) -> list[dict[str, Any]]:
         if turn["role"] != "assistant":
             items.append({"id": f"msg_{request_id}_{i}", "type": "message",
                           "role": turn["role"], "status": "completed",
-                          "content": [{"type": "input_text", "text": turn["content"]}]})
+                          "content": _input_parts(turn)})
             continue
         if turn["content"] or not turn["tool_calls"]:
             items.append({"id": f"msg_{request_id}_{i}", "type": "message",
@@ -139,3 +139,22 @@ def item_page(items: list[dict[str, Any]], *, limit: int, order: Literal["asc", 
     data = ordered[:limit]
     return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
             "last_id": data[-1]["id"] if data else None, "has_more": len(ordered) > limit}
+
+
+def _input_parts(turn: Message) -> list[dict[str, Any]]:
+    """A turn's text, and its images (by their file in the store) where they stood."""
+    text, refs = turn["content"], turn.get("images") or ()
+    if not refs:
+        return [{"type": "input_text", "text": text}]
+    parts: list[dict[str, Any]] = []
+    start = 0
+    for ref in refs:
+        at = min(max(ref.get("offset", 0), start), len(text))
+        if at > start:
+            parts.append({"type": "input_text", "text": text[start:at]})
+        parts.append({"type": "input_image", "file_id": ref["file_id"], "image_url": None,
+                      "detail": ref.get("detail") or "auto"})
+        start = at
+    if start < len(text):
+        parts.append({"type": "input_text", "text": text[start:]})
+    return parts

@@ -14,7 +14,7 @@ import contextlib
 import json
 import re
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from typing import Any, Literal
 
 from fastapi.responses import Response
@@ -27,6 +27,7 @@ from gateway.answer import Answer, Disconnected
 from gateway.auth.middleware import identity_of
 from gateway.auth.types import Identity
 from gateway.errors import NotFound, SafeJSONResponse, for_client
+from gateway.images import ImageIntake
 from gateway.jobs.background import BackgroundResponses
 from gateway.replies import Folded, ReplySource
 from gateway.responses.events import ResponseEvents, frame
@@ -58,7 +59,7 @@ from schemas.openai.responses import (
     answer_items,
     conversation,
 )
-from schemas.records import Generation, Reply, Sampling
+from schemas.records import Generation, ImageRef, Reply, Sampling
 from workers.outputs import error_info
 
 __all__ = ["ResponsesServing", "generation_of", "input_param", "translated", "response_events",
@@ -68,9 +69,11 @@ _MESSAGE_PARAM = re.compile(r"^messages\[(\d+)\]")
 _RENAMED = {"messages": "input", "max_tokens": "max_output_tokens"}
 
 
-def generation_of(body: ResponsesRequest) -> Generation:
-    """The chat generation a Responses request asks for."""
-    messages = body.messages()
+def generation_of(body: ResponsesRequest,
+                  images: Mapping[tuple[int, int], ImageRef] | None = None) -> Generation:
+    """The chat generation a Responses request asks for, with its stored images
+    (gateway/images.py)."""
+    messages = body.messages(images)
     sampling = Sampling(temperature=1.0 if body.temperature is None else body.temperature,
                         top_p=1.0 if body.top_p is None else body.top_p,
                         max_tokens=body.max_output_tokens, stop=[], seed=None,
@@ -232,15 +235,19 @@ class ResponsesServing:
     requests with ``background: true`` (none: they are refused with a 400)."""
 
     def __init__(self, settings: Settings, submitter: Submitter, stored: StoredAnswers,
-                 background: BackgroundResponses | None = None) -> None:
+                 background: BackgroundResponses | None = None,
+                 images: ImageIntake | None = None) -> None:
         self.settings = settings
+        self.images = images  # none: image parts are refused, naming them
         self.submitter = submitter  # and its cancels, which a resumed stream's leaving sends
         self.stored = stored
         self.background = background
 
     async def create(self, body: ResponsesRequest, request: Request) -> Response:
         """The response as one object, as SSE events, or (``background``) queued."""
-        generation = generation_of(body)
+        images = await self.images.input_refs(body, identity_of(request)) \
+            if self.images is not None else None
+        generation = generation_of(body, images)
         if body.previous_response_id is not None:
             generation = await self.continued(identity_of(request), body, generation)
         if body.background:

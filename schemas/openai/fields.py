@@ -32,10 +32,11 @@ FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
 
 
 def joined(content: Any) -> str:
-    """A content field's text: a string, None (empty) or a list of text parts."""
+    """A content field's text: a string, None (empty) or a list of parts (the
+    text parts' texts, joined; an image part holds none)."""
     if content is None or isinstance(content, str):
         return content or ""
-    return "".join(part.text for part in content)
+    return "".join(getattr(part, "text", "") for part in content)
 
 
 def json_object(raw: bytes) -> dict[str, Any]:

@@ -8,17 +8,22 @@ as the same request sent alone would.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 from conveyor.errors import InvalidRequest
 from schemas.openai.requests import ChatCompletionRequest, ChatMessage, CompletionRequest
-from schemas.records import Generation, Message, Sampling
+from schemas.records import Generation, ImageRef, Message, Sampling
 
 __all__ = ["chat_generation", "completion_generation"]
 
 
-def chat_generation(body: ChatCompletionRequest) -> Generation:
+def chat_generation(body: ChatCompletionRequest,
+                    images: Mapping[tuple[int, int], ImageRef] | None = None) -> Generation:
+    """``images``: the stored image parts, by (message index, content index)
+    (gateway/images.py); an image part without one is refused, naming it (a
+    batch's line: only POST /v1/chat/completions takes images)."""
     _one_choice(body)
-    messages = [_message(m) for m in body.messages]
+    messages = [_message(m, i, images or {}) for i, m in enumerate(body.messages)]
     generation = _generation("chat", body, messages=messages, prompt=None,
                              max_tokens=body.token_budget())
     if body.response_format is not None:
@@ -27,10 +32,19 @@ def chat_generation(body: ChatCompletionRequest) -> Generation:
     return generation
 
 
-def _message(m: ChatMessage) -> Message:
+def _message(m: ChatMessage, index: int,
+             images: Mapping[tuple[int, int], ImageRef]) -> Message:
+    refs: list[ImageRef] = []
+    for j, _, _ in m.image_parts():
+        ref = images.get((index, j))
+        if ref is None:
+            where = f"messages[{index}].content[{j}]"
+            raise InvalidRequest(f"Invalid '{where}': image parts are taken by POST "
+                                 "/v1/chat/completions only.", param=where)
+        refs.append(ref)
     return Message(role=m.role, content=m.text(), name=m.name,
                    tool_calls=[c.record() for c in m.tool_calls] if m.tool_calls else None,
-                   tool_call_id=m.tool_call_id)
+                   tool_call_id=m.tool_call_id, images=refs or None)
 
 
 def completion_generation(body: CompletionRequest) -> Generation:

@@ -16,7 +16,9 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -35,7 +37,8 @@ from schemas.structured import format_record, schema_bounds_fault
 from schemas.tools import MAX_TOOLS, tools_of
 
 __all__ = ["ChatMessage", "ChatCompletionRequest", "CompletionRequest", "StreamOptions",
-           "TextPart", "Text", "field_names", "model_list", "MAX_INT32", "MIN_INT64", "MAX_INT64",
+           "TextPart", "ImagePart", "ImageUrl", "ContentPart", "Text", "field_names",
+           "model_list", "MAX_INT32", "MIN_INT64", "MAX_INT64",
            "FUNCTION_NAME", "checked_metadata", "Metadata", "model_field_names", "unsupported",
            "JsonSchemaSpec", "ResponseFormat", "CalledFunction", "MessageToolCall",
            "FunctionSpec", "Tool", "NamedFunction", "NamedToolChoice", "parameters_within_bounds",
@@ -169,11 +172,44 @@ class TextPart(BaseModel):
     text: Text
 
 
+class ImageUrl(BaseModel):
+    model_config = STRICT
+
+    # a data URL (data:image/png;base64,...), or an http(s) URL of a host the
+    # operator allows (gateway/images.py checks and stores it)
+    url: Text = Field(min_length=1)
+    detail: Literal["auto", "low", "high"] = "auto"
+
+
+class ImagePart(BaseModel):
+    """An image in a message (docs/api/chat.md#images)."""
+
+    model_config = STRICT
+
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+def _part_kind(part: Any) -> str | None:
+    kind = part.get("type") if isinstance(part, dict) else getattr(part, "type", None)
+    return {"text": "TextPart", "image_url": "ImagePart"}.get(kind) if isinstance(
+        kind, str) else None
+
+
+# the part its type names (tagged by the models' names, which are no field of a
+# param: an error in a part names it as messages[0].content[1].text)
+ContentPart = Annotated[Annotated[TextPart, Tag("TextPart")]
+                        | Annotated[ImagePart, Tag("ImagePart")],
+                        Discriminator(_part_kind, custom_error_type="invalid_part",
+                                      custom_error_message="Invalid content part: expected "
+                                      "a 'type' of 'text' or 'image_url'")]
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
 
     role: Text
-    content: Text | list[TextPart] | None = None
+    content: Text | list[ContentPart] | None = None
     name: Text | None = None
     tool_calls: list[MessageToolCall] | None = None
     tool_call_id: Text | None = None
@@ -184,10 +220,26 @@ class ChatMessage(BaseModel):
             raise ValueError("only an assistant message may hold tool_calls")
         if self.role == "tool" and not self.tool_call_id:
             raise ValueError("a tool message needs the tool_call_id of the call it answers")
+        if self.role != "user" and self.image_parts():
+            raise ValueError("image parts are only allowed in messages with role 'user'")
         return self
 
     def text(self) -> str:
         return joined(self.content)
+
+    def image_parts(self) -> list[tuple[int, int, ImagePart]]:
+        """Each image part: its index in the content, the characters of text
+        before it, the part."""
+        out: list[tuple[int, int, ImagePart]] = []
+        if not isinstance(self.content, list):
+            return out
+        chars = 0
+        for index, part in enumerate(self.content):
+            if isinstance(part, ImagePart):
+                out.append((index, chars, part))
+            else:
+                chars += len(part.text)
+        return out
 
 
 METADATA_PAIRS = 16
@@ -407,7 +459,8 @@ class CompletionRequest(_Sampling):
 
 
 _MODELS: tuple[type[BaseModel], ...] = (ChatCompletionRequest, CompletionRequest,
-                                        ChatMessage, TextPart, StreamOptions, ResponseFormat,
+                                        ChatMessage, TextPart, ImagePart, ImageUrl,
+                                        StreamOptions, ResponseFormat,
                                         JsonSchemaSpec, Tool, FunctionSpec, NamedToolChoice,
                                         NamedFunction, MessageToolCall, CalledFunction,
                                         FeedbackBody, ModerationBody, ModerationText,

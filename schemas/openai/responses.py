@@ -9,6 +9,7 @@ parameter (``input[1].content``, ``max_output_tokens``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -35,12 +36,13 @@ from schemas.openai.requests import (
     refused,
     unsupported,
 )
-from schemas.records import Message, ToolCall, Tools, Usage
+from schemas.records import ImageRef, Message, ToolCall, Tools, Usage
 from schemas.records import ResponseFormat as ResponseFormatRecord
 from schemas.structured import format_record
 from schemas.tools import tools_of
 
-__all__ = ["response_usage", "answer_items", "InputText", "InputMessage", "FunctionCallItem",
+__all__ = ["response_usage", "answer_items", "InputText", "InputImage", "InputMessage",
+           "FunctionCallItem",
            "FunctionCallOutputItem", "InputItem", "FunctionTool", "FunctionChoice",
            "conversation", "TextFormat", "TextConfig", "ResponsesRequest", "parse_request",
            "field_names"]
@@ -58,15 +60,55 @@ class InputText(BaseModel):
     text: Text
 
 
+class InputImage(BaseModel):
+    """An image in a message (docs/api/responses.md): a data URL, or an http(s)
+    URL of a host the operator allows; ``file_id`` is refused by the gateway."""
+
+    model_config = STRICT
+
+    type: Literal["input_image"]
+    image_url: Text | None = None
+    file_id: Text | None = None
+    detail: Literal["auto", "low", "high"] = "auto"
+
+
+def _part_kind(part: Any) -> str:
+    """An image part, else a text part (which refuses any other type, naming it)."""
+    kind = part.get("type") if isinstance(part, dict) else getattr(part, "type", None)
+    return "InputImage" if kind == "input_image" else "InputText"
+
+
+InputPart = Annotated[Annotated[InputText, Tag("InputText")]
+                      | Annotated[InputImage, Tag("InputImage")], Discriminator(_part_kind)]
+
+
 class InputMessage(BaseModel):
     model_config = STRICT
 
     type: Literal["message"] = "message"
     role: Role
-    content: Text | list[InputText]
+    content: Text | list[InputPart]
 
     def text(self) -> str:
         return joined(self.content)
+
+    @model_validator(mode="after")
+    def _images_from_users(self) -> InputMessage:
+        if self.role != "user" and self.image_parts():
+            raise ValueError("input_image parts are only allowed in messages with role 'user'")
+        return self
+
+    def image_parts(self) -> list[tuple[int, int, InputImage]]:
+        """Each image part: its index in the content, the characters of text
+        before it, the part."""
+        out: list[tuple[int, int, InputImage]] = []
+        chars = 0
+        for index, part in enumerate(self.content if isinstance(self.content, list) else ()):
+            if isinstance(part, InputImage):
+                out.append((index, chars, part))
+            else:
+                chars += len(part.text)
+        return out
 
 
 class FunctionCallItem(BaseModel):
@@ -130,15 +172,18 @@ class FunctionChoice(NamedFunction, _FunctionType):
     """A named ``tool_choice``: its ``type``, then the function's ``name``."""
 
 
-def conversation(instructions: str | None, items: str | list[InputItem]) -> list[Message]:
+def conversation(instructions: str | None, items: str | list[InputItem],
+                 images: Mapping[tuple[int, int], ImageRef] | None = None) -> list[Message]:
     """The conversation as chat turns: ``instructions`` first as a system
-    message (as OpenAI puts them before the input), each message item a turn,
+    message (as OpenAI puts them before the input), each message item a turn
+    (with its stored images, ``images`` by (item index, content index):
+    gateway/images.py; an image part without one is refused, naming it),
     function calls joined to the assistant turn they follow (or one of their
     own), and each call's output a tool turn."""
     turns = [_turn("system", instructions)] if instructions is not None else []
     if isinstance(items, str):
         return [*turns, _turn("user", items)]
-    for item in items:
+    for index, item in enumerate(items):
         if isinstance(item, FunctionCallItem):
             last = turns[-1] if turns else None
             if last is None or last["role"] != "assistant":
@@ -149,6 +194,15 @@ def conversation(instructions: str | None, items: str | list[InputItem]) -> list
             turns.append(_turn("tool", item.text(), tool_call_id=item.call_id))
         else:
             turns.append(_turn(item.role, item.text()))
+            refs = []
+            for j, _, _ in item.image_parts():
+                ref = (images or {}).get((index, j))
+                if ref is None:
+                    where = f"input[{index}].content[{j}]"
+                    raise InvalidRequest(f"Invalid '{where}': image parts are taken by POST "
+                                         "/v1/responses only.", param=where)
+                refs.append(ref)
+            turns[-1]["images"] = refs or None
     return turns
 
 
@@ -170,7 +224,7 @@ def answer_items(output: list[dict[str, Any]]) -> list[InputItem]:
 
 def _turn(role: str, content: str, tool_call_id: str | None = None) -> Message:
     return Message(role=role, content=content, name=None, tool_calls=None,
-                   tool_call_id=tool_call_id)
+                   tool_call_id=tool_call_id, images=None)
 
 
 class TextFormat(BaseModel):
@@ -300,9 +354,10 @@ class ResponsesRequest(BaseModel):
                        "moderation", "image", "access_programs", "prompt_cache_options",
                        allowed=(None, [], {}))
 
-    def messages(self) -> list[Message]:
+    def messages(self, images: Mapping[tuple[int, int], ImageRef] | None = None
+                 ) -> list[Message]:
         """The conversation as chat turns (:func:`conversation`)."""
-        return conversation(self.instructions, self.input)
+        return conversation(self.instructions, self.input, images)
 
     def reads_calls(self) -> bool:
         """Whether the answer is read for function calls."""
@@ -333,7 +388,8 @@ class ResponsesRequest(BaseModel):
 def field_names() -> frozenset[str]:
     """Every field name of the Responses request's models: what a ``param`` may hold."""
     return model_field_names(
-        ResponsesRequest, InputMessage, InputText, TextConfig, TextFormat, FunctionTool,
+        ResponsesRequest, InputMessage, InputText, InputImage, TextConfig, TextFormat,
+        FunctionTool,
         FunctionChoice, FunctionCallItem, FunctionCallOutputItem)
 
 

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import redis.asyncio as aioredis
 
+from conveyor.files.images import ImageStore
 from conveyor.files.local import LocalFileStore
 from conveyor.policy.rules import PolicyBook
 from conveyor.registry import Registry
@@ -24,6 +25,7 @@ from gateway.auth.authenticate import Authenticator
 from gateway.cancels import Cancels, ResumeWatch
 from gateway.chat.serving import ChatServing
 from gateway.health import Health
+from gateway.images import ImageIntake
 from gateway.jobs.background import BackgroundResponses
 from gateway.jobs.batches import Batches
 from gateway.jobs.board import JobBoard
@@ -138,7 +140,14 @@ def chat_serving(settings: Settings, producer: Any, redis: aioredis.Redis | None
                  lookup: SharedLookup | None = None) -> ChatServing:
     """Chat completions' serving as the lifespan wires it, over the stand-ins."""
     made = submitter(settings, producer, redis=redis)
-    return ChatServing(settings, made, _stored(settings, lookup), Registry.load(_MODELS))
+    registry = Registry.load(_MODELS)
+    return ChatServing(settings, made, _stored(settings, lookup), registry,
+                       image_intake(settings, registry))
+
+
+def image_intake(settings: Settings, registry: Registry) -> ImageIntake:
+    """The gateway's intake of images, into the files store of ``settings``."""
+    return ImageIntake(settings.images, ImageStore(LocalFileStore(settings.jobs)), registry)
 
 
 def responses_serving(settings: Settings, producer: Any, redis: aioredis.Redis | None = None,
@@ -164,8 +173,9 @@ def offline_services(settings: Settings, registry: Registry | None = None) -> Se
         settings=settings, health=Health("g"), registry=registry,
         authenticator=Authenticator(settings), policies=made.policies,
         publisher=made.publisher, submitter=made, stored=stored,
-        chat=ChatServing(settings, made, stored, registry),
-        responses=ResponsesServing(settings, made, stored, None),
+        chat=ChatServing(settings, made, stored, registry, image_intake(settings, registry)),
+        responses=ResponsesServing(settings, made, stored, None,
+                                   image_intake(settings, registry)),
         messages=MessagesServing(settings, made, registry),
         files=files, batches=Batches(settings, made.publisher, board, files),
         background=background,

@@ -17,7 +17,7 @@ import contextlib
 import time
 import traceback
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from opentelemetry.util.types import AttributeValue
@@ -29,6 +29,8 @@ from conveyor.errors import (
     InvalidRequest,
     RequestError,
 )
+from conveyor.files.images import ImageStore
+from conveyor.files.local import LocalFileStore
 from conveyor.settings import Settings
 from schemas.answer_format import violation
 from schemas.records import (
@@ -192,7 +194,7 @@ class TaskRun:
                                                 self.upstream_model,
                                                 self.settings.prefix.cache_shared)
                     self._check(request)
-                    await self._stream(request)
+                    await self._stream(await self._with_images(request))
             except EngineError as exc:
                 self.engine_failure = traceback.format_exc()
                 if not await self._retry_elsewhere(exc):
@@ -227,6 +229,23 @@ class TaskRun:
             if refused:
                 raise InvalidRequest(f"{what} not supported by the {engine.name} engine "
                                      f"serving {request.model}", param=param)
+        image = next((ref for m in request.messages for ref in m.get("images") or ()), None)
+        if image is not None and not engine.sees_images:
+            raise InvalidRequest(f"'{image.get('part')}' is an image part: the {engine.name} "
+                                 f"engine serving {request.model} does not read images",
+                                 param=image.get("part") or None)
+
+    async def _with_images(self, request: GenerationRequest) -> GenerationRequest:
+        """The request with the bytes of its messages' images, read from the file
+        store (the tenant's own files), by sha256."""
+        refs = {ref["sha256"]: ref for m in request.messages for ref in m.get("images") or ()}
+        if not refs:
+            return request
+        store = ImageStore(LocalFileStore(self.settings.jobs))
+        tenant = self.task["envelope"]["tenant"]
+        images = {digest: await store.read(tenant, ref["file_id"], digest, ref.get("part", ""))
+                  for digest, ref in refs.items()}
+        return replace(request, images=images)
 
     async def _embed(self) -> None:
         """An embedding request: every input's vector in the run's one chunk,

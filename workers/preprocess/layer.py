@@ -39,6 +39,7 @@ from workers.preprocess.embedding import (
     measure_inputs,
     normalize_embedding,
 )
+from workers.preprocess.images import check_vision, has_images
 from workers.preprocess.normalize import (
     Fit,
     check_logit_bias,
@@ -107,6 +108,7 @@ class PreprocessLayer(Layer):
         if spec is not None:  # a canary's deployment (the one route picks) measures it
             spec = self.registry.deployment(spec, canary_key(envelope))
             check_kind(generation, spec)
+            check_vision(generation, spec)
         if generation["kind"] == "embedding":
             return await self._embedding(envelope, generation, spec)
         blocks: list[int] = []
@@ -118,7 +120,8 @@ class PreprocessLayer(Layer):
         else:
             tokenizer = await self.tokenizers.get(spec)
             check_logit_bias(generation, tokenizer.vocab_size)
-            if tokenizer.renders and generation["kind"] == "chat":
+            if tokenizer.renders and generation["kind"] == "chat" \
+                    and not has_images(generation["messages"]):
                 # tools and tool turns as the plain turns the template renders; an
                 # engine that renders for itself (an upstream) gets them as they are
                 generation = {**generation, "messages": tool_messages(

@@ -12,10 +12,11 @@ from __future__ import annotations
 import hashlib
 import json
 import unicodedata
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from conveyor.errors import ContextLengthExceeded, InvalidRequest
-from schemas.records import Generation, Message, ToolCall
+from schemas.records import Generation, ImageRef, Message, ToolCall
+from workers.preprocess.images import images_tokens
 from workers.preprocess.tokenizers import Tokenizer
 
 __all__ = ["ROLES", "check_logit_bias", "Fit", "fingerprint", "fit_prompt", "measure_messages",
@@ -74,7 +75,10 @@ def _normalize_message(message: object, index: int) -> Message:
                              param=f"{where}.name")
     out = Message(role=role, content=normalize_text(content, f"{where}.content"),
                   name=normalize_text(name, f"{where}.name") if name is not None else None,
-                  tool_calls=None, tool_call_id=None)
+                  tool_calls=None, tool_call_id=None, images=None)
+    images = message.get("images")
+    if images:
+        out["content"], out["images"] = _normalize_with_images(content, images, where)
     calls = message.get("tool_calls")
     if calls:
         if not isinstance(calls, list) or role != "assistant":
@@ -89,6 +93,25 @@ def _normalize_message(message: object, index: int) -> Message:
                                  param=f"{where}.tool_call_id")
         out["tool_call_id"] = normalize_text(call_id, f"{where}.tool_call_id")
     return out
+
+
+def _normalize_with_images(content: str, images: object, where: str
+                           ) -> tuple[str, list[ImageRef]]:
+    """The text between the images normalised piece by piece (an image stays
+    between the same characters), and the images with their offsets in it."""
+    if not isinstance(images, list) or not all(
+            isinstance(r, dict) and isinstance(r.get("sha256"), str) for r in images):
+        raise InvalidRequest(f"Invalid '{where}.content': malformed image references.",
+                             param=f"{where}.content")
+    text, refs, start = "", [], 0
+    for ref in images:
+        at = min(max(int(ref.get("offset", 0)), start), len(content))
+        text += normalize_text(content[start:at], f"{where}.content")
+        moved = cast(ImageRef, dict(ref))
+        moved["offset"] = len(text)
+        refs.append(moved)
+        start = at
+    return text + normalize_text(content[start:], f"{where}.content"), refs
 
 
 def _normalize_call(call: object, where: str) -> ToolCall:
@@ -135,14 +158,24 @@ def check_logit_bias(generation: Generation, vocab_size: int | None) -> None:
                 param="logit_bias")
 
 
+def _rendered(messages: list[Message], tokenizer: Tokenizer) -> str | None:
+    """The prompt the model's template renders; None without a local template,
+    or with images (which a text template leaves out: the engine renders them)."""
+    if any(m.get("images") for m in messages):
+        return None
+    return tokenizer.render_chat(messages)
+
+
 def measure_messages(messages: list[Message], tokenizer: Tokenizer) -> tuple[str | None, int]:
     """The rendered prompt (or None) and its token count. Without a local
-    template the count is the contents plus a few tokens of framing each."""
-    text = tokenizer.render_chat(messages)
+    template the count is the contents plus a few tokens of framing each, and
+    each image's tokens (conveyor/images.py)."""
+    text = _rendered(messages, tokenizer)
     if text is not None:
         return text, tokenizer.count(text)
-    return None, _TOKENS_PER_REPLY + sum(_TOKENS_PER_MESSAGE + tokenizer.count(m["content"])
-                                         for m in messages)
+    return None, _TOKENS_PER_REPLY + sum(
+        _TOKENS_PER_MESSAGE + tokenizer.count(m["content"]) + images_tokens(m)
+        for m in messages)
 
 
 def _fits(tokens: int, requested: int | None, context_length: int) -> bool:
@@ -181,7 +214,7 @@ def trim_to_context(messages: list[Message], tokenizer: Tokenizer, context_lengt
     (``max_tokens_requested``, else ``min(default_max_tokens, room left)``, at
     least one) to fit ``context_length``, in O(log n) renders;
     :class:`ContextLengthExceeded` when none does."""
-    rendered = tokenizer.render_chat(messages)
+    rendered = _rendered(messages, tokenizer)
     if rendered is not None and not _fits(
             tokenizer.min_count(rendered), max_tokens_requested, context_length):
         tokens = -1  # known too long without counting it: counted only for an error
@@ -267,6 +300,10 @@ def fingerprint(model: str, text: str | None, messages: list[Message], prompt: s
         material = prompt
     else:
         material = json.dumps([{"role": m["role"], "content": m["content"],
-                                "name": m.get("name")} for m in messages],
+                                "name": m.get("name"),
+                                **({"images": [[r["sha256"], r.get("offset", 0),
+                                                r.get("detail", "auto")] for r in images]}
+                                   if (images := m.get("images")) else {})}
+                               for m in messages],
                               ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(model.encode() + b"\x00" + material.encode()).hexdigest()[:32]

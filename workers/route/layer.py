@@ -1,10 +1,11 @@
 """Route: resolve the request's model (or alias) in the registry to a pool (an
 unknown model is a 404 ``model_not_found``), with the fallbacks that fit the
-request, in order, and a canary's deployment picked by weight from a hash of
-the tenant (:func:`topics.envelope.canary_key`). An alias that routes by
-meaning picks its model by the prompt (workers/route/meaning.py), the
-decision kept in the task's route; a policy's semantic cache answers a
-paraphrase here (workers/route/semantic_cache.py)."""
+request (one with images: models that declare vision), in order, and a
+canary's deployment picked by weight from a hash of the tenant
+(:func:`topics.envelope.canary_key`). An alias that routes by meaning picks
+its model by the prompt (workers/route/meaning.py), the decision kept in the
+task's route; a policy's semantic cache answers a paraphrase here
+(workers/route/semantic_cache.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from topics.envelope import canary_key, stamp
 from topics.policies import PolicyFollower
 from workers.layer import Layer
 from workers.outputs import Output, Sender
+from workers.preprocess.images import has_images
 from workers.prompt_cache import cache_key, cacheable, hit_chunk
 from workers.route.embedder import Embedders, EncoderUnavailable
 from workers.route.meaning import decide, prompt_text
@@ -68,14 +70,18 @@ class RouteLayer(Layer):
             target = self.registry.resolve(meaning["model"])
         spec = self.registry.deployment(target, canary_key(envelope))
         prompt = event["prompt"]
+        # a request with images falls back only to models that read them, and is
+        # never answered by meaning: its text alone does not say what it asks
+        images = event["generation"]["kind"] == "chat" and has_images(
+            event["generation"]["messages"])
         policy = self.policies.effective(envelope["tenant"], envelope["key_id"])
-        if policy.semantic_cache and cacheable(event["generation"]):
+        if policy.semantic_cache and cacheable(event["generation"]) and not images:
             hit, prompt = await self._semantic(envelope, event, spec, asked, policy)
             if hit is not None:
                 return [hit]
         needs = prompt["tokens"] + prompt["max_tokens"]
         fallbacks = [Fallback(model=f.name, pool=f.pool) for f in self.registry.fallbacks(spec)
-                     if needs <= f.context_length]
+                     if needs <= f.context_length and (f.vision or not images)]
         task = Task(
             envelope=envelope,
             generation=event["generation"],

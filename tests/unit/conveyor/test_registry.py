@@ -103,6 +103,17 @@ def test_defaults_of_a_minimal_entry(tmp_path: Path) -> None:
     assert spec.upstream_model is None
 
 
+def test_a_model_reads_images_only_when_it_says_vision(tmp_path: Path) -> None:
+    path = tmp_path / "models.toml"
+    path.write_text('[models."text"]\npool = "p"\ncontext_length = 100\n'
+                    '[models."eyes"]\npool = "v"\ncontext_length = 100\nvision = true\n')
+    registry = Registry.load(path)
+    assert (registry.resolve("text").vision, registry.resolve("eyes").vision) == (False, True)
+    path.write_text('[models."m"]\npool = "p"\ncontext_length = 100\nvision = "yes"\n')
+    with pytest.raises(ConveyorError, match=r"vision must be true or false.*not 'yes'"):
+        Registry.load(path)
+
+
 def test_an_entry_without_a_pool_is_refused_with_the_file_and_model_named(
         tmp_path: Path) -> None:
     path = tmp_path / "models.toml"

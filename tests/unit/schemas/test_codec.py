@@ -27,12 +27,17 @@ def request() -> Request:
         generation={
             "kind": "chat", "model": "smollm2",
             "messages": [{"role": "user", "content": "héllo", "name": None,
-                          "tool_calls": None, "tool_call_id": None},
+                          "tool_calls": None, "tool_call_id": None,
+                          "images": [{"file_id": "file-0123456789abcdef01234567",
+                                      "media_type": "image/png", "bytes": 67,
+                                      "sha256": "ab" * 32, "width": 1, "height": 1,
+                                      "detail": "low", "offset": 2,
+                                      "part": "messages[0].content[1]"}]},
                          {"role": "assistant", "content": "", "name": None,
                           "tool_calls": [{"id": "call_1", "name": "f", "arguments": "{}"}],
-                          "tool_call_id": None},
+                          "tool_call_id": None, "images": None},
                          {"role": "tool", "content": "42", "name": None, "tool_calls": None,
-                          "tool_call_id": "call_1"}],
+                          "tool_call_id": "call_1", "images": None}],
             "prompt": None,
             "sampling": {"temperature": 0.2, "top_p": 0.9, "max_tokens": 8, "stop": ["\n"],
                          "seed": 3, "presence_penalty": 0.0, "frequency_penalty": 0.5,
@@ -85,7 +90,8 @@ def test_an_event_written_with_a_schema_kept_in_history_is_read(tmp_path: Path) 
     shutil.copytree(AVRO, avro, ignore=shutil.ignore_patterns("history"))
     v1 = older(default_codec().schema("Request"),
                {"conveyor.Envelope": {"deadline_ms", "priority"},
-                "conveyor.Generation": {"include_usage", "created"}})
+                "conveyor.Generation": {"include_usage", "created"},
+                "conveyor.Message": {"images"}})
     (avro / "history").mkdir()
     data = encoded_with(parse_schema(v1, _write_hint=False), request())
     with pytest.raises(SchemaError, match="unknown schema fingerprint"):
@@ -95,7 +101,8 @@ def test_an_event_written_with_a_schema_kept_in_history_is_read(tmp_path: Path) 
     # what v1 had is kept; what it lacked takes the current schema's defaults
     assert event["envelope"]["reply_gateway"] == "gw"
     assert event["envelope"]["deadline_ms"] == 0 and event["envelope"]["priority"] == 0
-    assert event["generation"]["messages"] == request()["generation"]["messages"]
+    assert event["generation"]["messages"] == [
+        {**m, "images": None} for m in request()["generation"]["messages"]]
     assert event["generation"]["include_usage"] is False
     assert event["generation"]["created"] == 0
     assert event["generation"]["sampling"]["frequency_penalty"] == 0.5

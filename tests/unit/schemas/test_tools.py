@@ -117,7 +117,8 @@ def test_a_history_with_calls_and_their_results_is_accepted() -> None:
 
 def turn(role: str, content: str, **fields: Any) -> Message:
     return Message(role=role, content=content, name=None,
-                   tool_calls=fields.get("tool_calls"), tool_call_id=fields.get("tool_call_id"))
+                   tool_calls=fields.get("tool_calls"), tool_call_id=fields.get("tool_call_id"),
+                   images=None)
 
 
 def test_the_tools_and_the_calls_are_written_as_plain_turns() -> None:

@@ -13,6 +13,7 @@ from workers.policy_checks import (
     blocked_input,
     checked_input,
     input_refusal,
+    redact_generation,
     redacted,
     text_size,
 )
@@ -104,3 +105,19 @@ async def test_a_large_request_is_redacted_while_the_loop_serves_others() -> Non
     (out, _), ticks = await ticks_while(redacted(small, book.effective("acme")))
     assert out["prompt"] == "write to <EMAIL_1>"
     assert ticks == 0  # no hand-off to a thread: nothing else ran meanwhile
+
+
+def test_redaction_keeps_each_image_between_the_same_words() -> None:
+    book = PolicyBook()
+    book.set("tenant:acme", '[pii]\nredact = ["email"]\n')
+    before = "Mail ann@example.com "  # the image stood here
+    image = {"file_id": "file-" + "a" * 24, "media_type": "image/png", "bytes": 1,
+             "sha256": "a" * 64, "width": 1, "height": 1, "offset": len(before),
+             "part": "messages[0].content[1]"}
+    out, _ = redact_generation(generation([Message(
+        role="user", content=before + "then bob@example.com", images=[image])]),
+        book.effective("acme"))
+    (message,) = out["messages"]
+    assert message["content"] == "Mail <EMAIL_1> then <EMAIL_2>"
+    (ref,) = message["images"] or []
+    assert message["content"][:ref["offset"]] == "Mail <EMAIL_1> "

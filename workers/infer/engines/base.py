@@ -13,13 +13,23 @@ from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, cast
 
-from conveyor.errors import InvalidRequest
+from conveyor.errors import EngineError, InvalidRequest
 from schemas.records import HostCache, KvCache, Message, ResponseFormat, TokenLogprob
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["EmbeddingRequest", "GenerationRequest", "Piece", "Engine", "host_cache_counts"]
+__all__ = ["EmbeddingRequest", "GenerationRequest", "ImageInput", "Piece", "Engine",
+           "host_cache_counts", "message_parts"]
+
+
+@dataclass(frozen=True)
+class ImageInput:
+    """An image of a message, with its bytes, where it stands among the texts."""
+
+    media_type: str
+    data: bytes
+    detail: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,9 @@ class GenerationRequest:
     # shared across tenants. vLLM's cache_salt; the llama.cpp engines' contexts
     # and host cache keep a prefix's salt beside its tokens
     cache_salt: str = ""
+    # the bytes of the messages' images (their ImageRefs), by sha256; only an
+    # engine that ``sees_images`` is given a request with images
+    images: Mapping[str, bytes] = field(default_factory=dict)
 
     @property
     def rendered(self) -> str | None:
@@ -73,6 +86,27 @@ class GenerationRequest:
     def chat(self) -> list[dict[str, str]]:
         """The messages' roles and texts, as a chat template takes them."""
         return [{"role": m["role"], "content": m["content"]} for m in self.messages]
+
+
+def message_parts(message: Message, images: Mapping[str, bytes]) -> list[str | ImageInput]:
+    """A message's content as its parts in the order they were sent: texts and
+    images (each where its ``offset`` puts it in the text)."""
+    text, refs = message["content"], message.get("images") or ()
+    parts: list[str | ImageInput] = []
+    start = 0
+    for ref in refs:
+        data = images.get(ref["sha256"])
+        if data is None:
+            raise EngineError(f"the image of {ref.get('part') or 'a message'} was not read "
+                              "from the file store")
+        at = min(max(ref.get("offset", 0), start), len(text))
+        if at > start:
+            parts.append(text[start:at])
+        parts.append(ImageInput(ref["media_type"], data, ref.get("detail") or "auto"))
+        start = at
+    if start < len(text) or not parts:
+        parts.append(text[start:])
+    return parts
 
 
 @dataclass(frozen=True)
@@ -121,6 +155,9 @@ class Engine(Protocol):
     reports_logprobs: bool
     # it embeds (``embed``); an embedding request to one that does not is refused
     embeds: bool = False
+    # it reads the images of messages (GenerationRequest.images); a request with
+    # images to one that does not is refused, naming the first image part
+    sees_images: bool = False
 
     @property
     def served(self) -> list[str] | None:

@@ -72,6 +72,7 @@ class ModelSet:
         self.biases_logits = first.biases_logits
         self.reports_logprobs = first.reports_logprobs
         self.embeds = False  # a set of GGUF models generates
+        self.sees_images = first.sees_images
 
     @property
     def served(self) -> list[str]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any, Literal
 
 import aiohttp
@@ -32,10 +32,16 @@ import numpy as np
 import orjson
 
 from conveyor.errors import EngineError, InvalidRequest
-from schemas.records import ResponseFormat, TokenLogprob, TopLogprob
+from schemas.records import Message, ResponseFormat, TokenLogprob, TopLogprob
 from schemas.structured import wire_format
 from schemas.tool_calls import CLOSE, OPEN
-from workers.infer.engines.base import EmbeddingRequest, Engine, GenerationRequest, Piece
+from workers.infer.engines.base import (
+    EmbeddingRequest,
+    Engine,
+    GenerationRequest,
+    Piece,
+    message_parts,
+)
 
 __all__ = ["OpenAIHttpEngine"]
 
@@ -57,6 +63,8 @@ class OpenAIHttpEngine(Engine):
     constrains_output = decodes_tools = biases_logits = reports_logprobs = True
     # an embedding model's requests go to the upstream's /v1/embeddings as they are
     embeds = True
+    # images go as the data URLs of OpenAI's image_url parts
+    sees_images = True
 
     def __init__(self, base_url: str, capacity: int = 64, cache_salt: bool = True,
                  api_key: str = "") -> None:
@@ -264,7 +272,7 @@ def _upstream_body(request: GenerationRequest) -> tuple[str, dict[str, Any]]:
         return "/v1/completions", body
     messages: list[dict[str, Any]] = []
     for m in request.messages:
-        message: dict[str, Any] = {"role": m["role"], "content": m["content"]}
+        message: dict[str, Any] = {"role": m["role"], "content": _content(m, request.images)}
         if m.get("name"):
             message["name"] = m["name"]
         if m.get("tool_calls"):
@@ -279,6 +287,23 @@ def _upstream_body(request: GenerationRequest) -> tuple[str, dict[str, Any]]:
         body["add_generation_prompt"] = False
     body["messages"] = messages
     return "/v1/chat/completions", body
+
+
+def _content(m: Message, images: Mapping[str, bytes]) -> str | list[dict[str, Any]]:
+    """A message's content: its text, or with images its parts, each image a data URL."""
+    if not m.get("images"):
+        return m["content"]
+    out: list[dict[str, Any]] = []
+    for part in message_parts(m, images):
+        if isinstance(part, str):
+            out.append({"type": "text", "text": part})
+            continue
+        url = f"data:{part.media_type};base64,{base64.b64encode(part.data).decode('ascii')}"
+        image: dict[str, Any] = {"url": url}
+        if part.detail != "auto":
+            image["detail"] = part.detail
+        out.append({"type": "image_url", "image_url": image})
+    return out
 
 
 def _parse(data: bytes) -> dict[str, Any]:

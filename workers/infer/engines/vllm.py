@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import logging
 import os
@@ -44,7 +45,7 @@ from conveyor.errors import EngineError
 from conveyor.registry import ModelSpec
 from schemas.answer_format import grammar_of
 from schemas.records import KvCache, TokenLogprob, TopLogprob
-from workers.infer.engines.base import Engine, GenerationRequest, Piece
+from workers.infer.engines.base import Engine, GenerationRequest, Piece, message_parts
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
@@ -75,6 +76,9 @@ class VllmEngine(Engine):
     name = "vllm"
     # vLLM's own structured outputs (the tools' grammar too), logit_bias and logprobs
     constrains_output = decodes_tools = biases_logits = reports_logprobs = True
+    # a vision model's images, as multi_modal_data (a text model's requests with
+    # images are refused before they reach a worker: the registry's vision)
+    sees_images = True
 
     def __init__(
         self,
@@ -197,7 +201,8 @@ class VllmEngine(Engine):
         llm, slots = self._llm, self._slots
         if llm is None or slots is None:
             raise EngineError(f"engine {self.name} is not started")
-        try:  # tokenized by vLLM's renderer (its raw-prompt path is deprecated)
+        try:  # tokenized by vLLM's renderer (its raw-prompt path is deprecated), which
+            # also processes a prompt's multi_modal_data (its images)
             (prompt,) = await llm.renderer.render_cmpl_async([self._prompt(llm, request)])
         except EngineError:
             raise
@@ -267,6 +272,8 @@ class VllmEngine(Engine):
                 await stream.aclose()
 
     def _prompt(self, llm: AsyncLLM, request: GenerationRequest) -> dict[str, Any]:
+        if any(m.get("images") for m in request.messages):
+            return self._seeing(llm, request)
         text = request.rendered
         if text is None:
             try:
@@ -278,6 +285,35 @@ class VllmEngine(Engine):
         prompt: dict[str, Any] = (
             {"prompt": text} if text else {"prompt_token_ids": list(self._bos)})
         if request.cache_salt:  # vLLM refuses an empty one
+            prompt["cache_salt"] = request.cache_salt
+        return prompt
+
+    def _seeing(self, llm: AsyncLLM, request: GenerationRequest) -> dict[str, Any]:
+        """A chat with images, in vLLM's multimodal form: the prompt the model's
+        chat template renders from content parts (``{"type": "image"}`` where each
+        image stood), and the images, decoded, in ``multi_modal_data``."""
+        from PIL import Image
+
+        chat: list[dict[str, Any]] = []
+        images: list[Any] = []
+        for m in request.messages:
+            parts: list[dict[str, Any]] = []
+            for part in message_parts(m, request.images):
+                if isinstance(part, str):
+                    parts.append({"type": "text", "text": part})
+                else:
+                    parts.append({"type": "image"})
+                    images.append(Image.open(io.BytesIO(part.data)).convert("RGB"))
+            chat.append({"role": m["role"], "content": parts})
+        try:
+            rendered = llm.get_tokenizer().apply_chat_template(
+                chat, tokenize=False, add_generation_prompt=True)
+        except Exception as exc:
+            raise EngineError(f"{self.spec.name}: cannot render the chat with its images: "
+                              f"{exc}") from exc
+        prompt: dict[str, Any] = {"prompt": str(rendered) + request.continuation,
+                                  "multi_modal_data": {"image": images}}
+        if request.cache_salt:
             prompt["cache_salt"] = request.cache_salt
         return prompt
 

@@ -77,7 +77,7 @@ async def test_a_file_larger_than_any_other_body_is_taken(files: AsyncFiles) -> 
 
 
 async def test_other_paths_keep_the_body_limit(client: httpx.AsyncClient) -> None:
-    r = await client.post("/v1/chat/completions", content=b"{" + b" " * MAX_BODY + b"}",
+    r = await client.post("/v1/completions", content=b"{" + b" " * MAX_BODY + b"}",
                           headers={"content-type": "application/json"})
     assert error_of(r, 413)["code"] == "request_too_large"
     assert str(MAX_BODY) in r.json()["error"]["message"]

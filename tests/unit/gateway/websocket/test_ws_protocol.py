@@ -100,6 +100,14 @@ def test_a_body_is_validated_as_over_http_and_always_streams() -> None:
     assert not_object.value.param == "body"
 
 
+def test_an_image_part_is_refused_naming_it() -> None:
+    """Images are read and stored by POST /v1/chat/completions alone."""
+    with pytest.raises(InvalidRequest, match="POST /v1/chat/completions only") as caught:
+        validated("chat", {"model": "m", "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]})
+    assert caught.value.param == "messages[0].content[0]"
+
+
 def test_a_message_nested_past_the_json_parser_is_a_frame_error() -> None:
     with pytest.raises(FrameError) as info:
         parse_multiplexed("[" * 100_000 + "]" * 100_000)

@@ -8,7 +8,12 @@ import pytest
 from pydantic import ValidationError
 
 from conveyor.errors import InvalidRequest
-from schemas.openai.requests import ChatCompletionRequest, ChatMessage, CompletionRequest
+from schemas.openai.requests import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    invalid_request,
+)
 
 
 def chat(**fields: Any) -> ChatCompletionRequest:
@@ -92,10 +97,28 @@ def test_message_text_of_a_string_and_of_nothing() -> None:
     assert ChatMessage(role="assistant").text() == ""
 
 
-def test_non_text_content_parts_are_refused() -> None:
-    with pytest.raises(ValidationError):
-        ChatMessage.model_validate({"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]})
+def test_parts_other_than_text_and_images_are_refused_naming_the_part() -> None:
+    with pytest.raises(ValidationError) as caught:
+        chat(messages=[{"role": "user", "content": [
+            {"type": "text", "text": "hi"}, {"type": "input_audio", "input_audio": {}}]}])
+    assert invalid_request(caught.value.errors()).param == "messages[0].content[1]"
+
+
+def test_image_parts_are_read_with_where_they_stand_in_the_text() -> None:
+    m = ChatMessage.model_validate({"role": "user", "content": [
+        {"type": "text", "text": "left "}, {"type": "image_url", "image_url": {
+            "url": "data:image/png;base64,AAAA", "detail": "low"}},
+        {"type": "text", "text": "right"}]})
+    assert m.text() == "left right"
+    ((index, chars, part),) = m.image_parts()
+    assert (index, chars, part.image_url.detail) == (1, 5, "low")
+
+
+def test_an_image_part_needs_a_url_and_a_known_detail() -> None:
+    for image_url in ({}, {"url": ""}, {"url": "data:,", "detail": "ultra"}):
+        with pytest.raises(ValidationError):
+            ChatMessage.model_validate({"role": "user", "content": [
+                {"type": "image_url", "image_url": image_url}]})
 
 
 def test_at_least_one_message() -> None:

@@ -194,3 +194,45 @@ async def test_only_a_runs_first_and_last_chunks_carry_the_stamps() -> None:
     # the rest of the envelope (the reply address, the trace) travels with every chunk
     assert all(c["envelope"] == {**first["envelope"], "stamps": c["envelope"]["stamps"]}
                for c in chunks)
+
+
+async def test_images_are_read_back_for_an_engine_that_sees_them_and_refused_by_others(
+        tmp_path: Any) -> None:
+    import hashlib
+
+    import pytest
+
+    from conveyor.errors import InvalidRequest
+    from conveyor.files.images import ImageStore
+    from conveyor.files.local import LocalFileStore
+    from conveyor.settings import load_settings
+    from tests.support.images import image_bytes
+    from workers.infer.engines.openai_http import OpenAIHttpEngine
+    from workers.infer.engines.scripted import ScriptedEngine
+    from workers.infer.generation import TaskRun
+
+    settings = load_settings(files_dir=tmp_path)
+    png = image_bytes()
+    file_id, digest = await ImageStore(LocalFileStore(settings.jobs)).put("acme", png,
+                                                                          "image/png")
+    made = task(prompt_text=None)
+    made["envelope"]["tenant"] = "acme"
+    made["generation"]["messages"] = [{
+        "role": "user", "content": "What?", "name": None, "images": [{
+            "file_id": file_id, "media_type": "image/png", "bytes": len(png), "sha256": digest,
+            "width": 3, "height": 2, "offset": 5, "part": "messages[0].content[1]"}]}]
+    request = request_from_task(made, "", 0, None)
+
+    text_only = TaskRun(settings, ScriptedEngine("echo"), None, "w0", made, None)  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequest, match="does not read images") as caught:
+        text_only._check(request)
+    assert caught.value.param == "messages[0].content[1]"
+
+    seeing = TaskRun(settings, OpenAIHttpEngine("http://127.0.0.1:9"), None, "w0", made,
+                     None)  # type: ignore[arg-type]
+    seeing._check(request)
+    resolved = await seeing._with_images(request)
+    assert resolved.images == {digest: png} and hashlib.sha256(png).hexdigest() == digest
+    made["envelope"]["tenant"] = "globex"  # another tenant's request cannot name it
+    with pytest.raises(InvalidRequest, match="no longer in the file store"):
+        await seeing._with_images(request)

@@ -75,3 +75,14 @@ def test_a_bad_body_is_worded_as_the_http_route_words_it() -> None:
     assert errors == [{"code": "invalid_request", "line": 1, "param":
                        "body.messages[0].content[1].text", "message":
                        "Input should be a valid string (messages[0].content[1].text)"}]
+
+
+def test_a_line_with_an_image_is_refused_naming_the_part() -> None:
+    """Only POST /v1/chat/completions reads and stores images."""
+    content = [{"type": "text", "text": "ok"},
+               {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]
+    body = {"model": "smollm2", "messages": [{"role": "user", "content": content}]}
+    lines, errors = parse(line("a", body=body))
+    assert lines == []
+    assert [(e["line"], e["param"]) for e in errors] == [(1, "body.messages[0].content[1]")]
+    assert "POST /v1/chat/completions only" in errors[0]["message"]

@@ -47,7 +47,7 @@ def llama(registry: Registry) -> Llama:
 
 def message(role: str, content: str) -> Message:
     return {"role": role, "content": content, "name": None, "tool_calls": None,
-            "tool_call_id": None}
+            "tool_call_id": None, "images": None}
 
 
 def request(

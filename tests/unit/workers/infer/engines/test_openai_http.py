@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
 import socket
 from collections.abc import Awaitable, Callable
@@ -397,3 +398,45 @@ async def test_embeddings_are_passed_on_to_the_upstream_and_read_back_in_order(
         fake_upstream.status = status
         with pytest.raises(EngineError):
             await engine.embed(EmbeddingRequest("r3", "bge", ("x",)))
+
+
+async def test_images_go_as_data_urls_where_they_stood_among_the_texts(
+    fake_upstream: FakeUpstream, engine_factory: EngineFactory
+) -> None:
+    png, gif = b"\x89PNG fake bytes", b"GIF89a fake bytes"
+    refs = [{"file_id": "file-1", "media_type": "image/png", "bytes": len(png),
+             "sha256": "a" * 64, "width": 1, "height": 1, "detail": "low", "offset": 6,
+             "part": "messages[0].content[1]"},
+            {"file_id": "file-2", "media_type": "image/gif", "bytes": len(gif),
+             "sha256": "b" * 64, "width": 1, "height": 1, "detail": "auto", "offset": 16,
+             "part": "messages[0].content[3]"}]
+    engine = await engine_factory(fake_upstream.base_url)
+    await collect(engine, request(
+        messages=({"role": "system", "content": "Look."},
+                  {"role": "user", "content": "First: then this.", "images": refs}),
+        images={"a" * 64: png, "b" * 64: gif}))
+    (call,) = fake_upstream.calls
+    assert call.path == "/v1/chat/completions"
+    assert call.body["messages"] == [
+        {"role": "system", "content": "Look."},
+        {"role": "user", "content": [
+            {"type": "text", "text": "First:"},
+            {"type": "image_url", "image_url": {
+                "url": "data:image/png;base64," + base64.b64encode(png).decode(),
+                "detail": "low"}},
+            {"type": "text", "text": " then this"},
+            {"type": "image_url", "image_url": {
+                "url": "data:image/gif;base64," + base64.b64encode(gif).decode()}},
+            {"type": "text", "text": "."}]}]
+
+
+async def test_an_image_whose_bytes_were_not_read_fails_the_engine(
+    fake_upstream: FakeUpstream, engine_factory: EngineFactory
+) -> None:
+    ref = {"file_id": "file-1", "media_type": "image/png", "bytes": 1, "sha256": "a" * 64,
+           "width": 1, "height": 1, "offset": 0, "part": "messages[0].content[0]"}
+    engine = await engine_factory(fake_upstream.base_url)
+    with pytest.raises(EngineError, match=r"messages\[0\].content\[0\] was not read"):
+        await collect(engine, request(messages=({"role": "user", "content": "",
+                                                 "images": [ref]},)))
+    assert fake_upstream.calls == []

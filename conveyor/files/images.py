@@ -1,0 +1,70 @@
+"""The images of chat messages in the file store: each kept once per tenant
+under an id made from its bytes' sha256 (the same image sent again is the same
+file, written once), purpose ``vision``; read back by the infer worker, whose
+engine sends the bytes on. Why by reference: docs/decisions/0036-images.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from conveyor.errors import InvalidRequest, RequestError
+from conveyor.files.local import LocalFileStore
+from conveyor.files.store import FileNotFound
+
+__all__ = ["ImageStore", "FileStoreUnavailable", "image_file_id"]
+
+
+class FileStoreUnavailable(RequestError):
+    """The file store could not keep or give back an image (a disk fault)."""
+
+    status = 503
+    type = "service_unavailable"
+    code = "file_store_unavailable"
+
+
+def image_file_id(sha256_hex: str) -> str:
+    """``file-`` and the first 24 hex digits of the image's sha256."""
+    return f"file-{sha256_hex[:24]}"
+
+
+class ImageStore:
+    """Images kept in (and read from) ``files``, a tenant's apart from another's."""
+
+    def __init__(self, files: LocalFileStore) -> None:
+        self.files = files
+
+    async def put(self, tenant: str, data: bytes, media_type: str) -> tuple[str, str]:
+        """Keep ``data`` (unless the tenant has it already): its file id and sha256."""
+        digest = hashlib.sha256(data).hexdigest()
+        file_id = image_file_id(digest)
+        try:
+            try:
+                found = await self.files.get(tenant, file_id)
+                if found.purpose == "vision" and found.bytes == len(data):
+                    return file_id, digest
+            except FileNotFound:
+                pass
+            suffix = media_type.removeprefix("image/")
+            await self.files.create(tenant, "vision", f"image.{suffix}", data, file_id=file_id)
+        except OSError as exc:
+            raise FileStoreUnavailable(f"The image could not be stored ({exc.strerror or exc}); "
+                                       "try again later.") from exc
+        return file_id, digest
+
+    async def read(self, tenant: str, file_id: str, sha256_hex: str, part: str) -> bytes:
+        """The bytes of an image kept by :meth:`put`; an :class:`InvalidRequest`
+        naming ``part`` when it is gone (deleted through the Files API) or not
+        the bytes it was."""
+        try:
+            data = await self.files.read(tenant, file_id)
+        except FileNotFound:
+            raise InvalidRequest(f"The image of '{part}' ({file_id}) is no longer in the "
+                                 "file store.", param=part or None) from None
+        except OSError as exc:
+            raise FileStoreUnavailable(f"The image of '{part}' could not be read "
+                                       f"({exc.strerror or exc}); try again later.") from exc
+        if hashlib.sha256(data).hexdigest() != sha256_hex:
+            raise InvalidRequest(f"The image of '{part}' ({file_id}) in the file store is "
+                                 "not the one sent.", param=part or None)
+        return data

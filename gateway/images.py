@@ -1,0 +1,183 @@
+"""The image parts of a chat or Responses request taken in: refused for a
+model the caller may not use (404, as admission says it) or one that does not
+declare vision (400 naming the first part), counted, each read (a base64 data
+URL; an http(s) URL only of a host ``images.allowed_hosts`` lists, fetched
+with a timeout and a size cap, no redirects), checked (conveyor/images.py),
+and kept once in the file store; the event carries each as an
+:class:`~schemas.records.ImageRef`. The rules: docs/api/chat.md#images.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import re
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from conveyor.errors import InvalidRequest, ModelNotFound
+from conveyor.files.images import ImageStore
+from conveyor.images import check_image
+from conveyor.registry import Registry
+from conveyor.settings import ImagesSettings
+from gateway.auth.types import Identity
+from schemas.openai.requests import ChatCompletionRequest
+from schemas.openai.responses import InputMessage, ResponsesRequest
+from schemas.records import ImageRef
+
+__all__ = ["ImageIntake", "PartKey"]
+
+# (message or input item index, content index) of an image part
+PartKey = tuple[int, int]
+
+_DATA_URL = re.compile(r"data:([^,;]*)((?:;[^,;]*)*),", re.IGNORECASE)
+
+
+class ImageIntake:
+    """Reads, checks and stores the images of chat and Responses requests."""
+
+    def __init__(self, settings: ImagesSettings, store: ImageStore, registry: Registry) -> None:
+        self.settings = settings
+        self.store = store
+        self.registry = registry
+
+    async def refs(self, body: ChatCompletionRequest, identity: Identity
+                   ) -> dict[PartKey, ImageRef]:
+        """Every image part of a chat request, stored for ``identity``'s tenant:
+        its reference by where it stands (:meth:`stored`)."""
+        return await self.stored(body.model, identity, [
+            _Part((i, j), f"messages[{i}].content[{j}]", chars, part.image_url.url,
+                  part.image_url.detail)
+            for i, message in enumerate(body.messages)
+            for j, chars, part in message.image_parts()])
+
+    async def input_refs(self, body: ResponsesRequest, identity: Identity
+                         ) -> dict[PartKey, ImageRef]:
+        """Every image part of a Responses request's input (by item and part),
+        stored as :meth:`refs` stores a chat's; one that names a ``file_id``
+        is refused."""
+        parts = []
+        for i, item in enumerate(body.input if isinstance(body.input, list) else ()):
+            for j, chars, part in item.image_parts() if isinstance(item, InputMessage) else ():
+                where = f"input[{i}].content[{j}]"
+                if part.file_id is not None or not part.image_url:
+                    raise InvalidRequest(f"Invalid '{where}': Conveyor takes an image as its "
+                                         "image_url (a data URL)" + (
+                                             ", not a file_id" if part.file_id else "") + ".",
+                                         param=where)
+                parts.append(_Part((i, j), where, chars, part.image_url, part.detail))
+        return await self.stored(body.model, identity, parts)
+
+    async def stored(self, model: str, identity: Identity, parts: list[_Part]
+                     ) -> dict[PartKey, ImageRef]:
+        """``parts`` read, checked and stored. Nothing is stored for a model the
+        caller may not use (404, as admission answers) or one without vision (400
+        naming the first part), nor past the count."""
+        if not parts:
+            return {}
+        first = parts[0].param
+        spec = self.registry.find(model)
+        if spec is None or not (identity.may_use(model) or identity.may_use(spec.name)):
+            raise ModelNotFound(f"The model `{model}` does not exist or you do not have "
+                                "access to it.", param="model")
+        if not spec.vision:
+            raise InvalidRequest(f"The model `{model}` does not read images; "
+                                 f"'{first}' is an image part. Send images to a model "
+                                 "that declares vision.", param=first)
+        if len(parts) > self.settings.max_count:
+            extra = parts[self.settings.max_count].param
+            raise InvalidRequest(f"Invalid '{extra}': a request holds at most "
+                                 f"{self.settings.max_count} images.", param=extra)
+        out: dict[PartKey, ImageRef] = {}
+        for part in parts:
+            data, declared = await self._read(part.url, part.param)
+            checked = await asyncio.to_thread(check_image, data, declared,
+                                              self.settings.max_pixels, part.param)
+            file_id, digest = await self.store.put(identity.tenant, data, checked.media_type)
+            out[part.key] = ImageRef(file_id=file_id, media_type=checked.media_type,
+                                     bytes=len(data), sha256=digest, width=checked.width,
+                                     height=checked.height, detail=part.detail,
+                                     offset=part.chars, part=part.param)
+        return out
+
+    async def _read(self, url: str, param: str) -> tuple[bytes, str | None]:
+        """The image's bytes, and the media type a data URL declares."""
+        if url[:5].lower() == "data:":
+            return self._decoded(url, param)
+        where = _url_param(param)
+        try:
+            parts = urlsplit(url)
+            host = (parts.hostname or "").lower()
+        except ValueError:  # a bracketed host that is no IPv6 address
+            raise InvalidRequest(f"Invalid '{where}': not a URL.", param=where) from None
+        if parts.scheme.lower() not in ("http", "https"):
+            raise InvalidRequest(f"Invalid '{where}': expected a data URL "
+                                 "(data:image/png;base64,...) or an http(s) URL.", param=where)
+        return await self._fetched(url, host, param), None
+
+    def _decoded(self, url: str, param: str) -> tuple[bytes, str | None]:
+        where = _url_param(param)
+        match = _DATA_URL.match(url)
+        if match is None or ";base64" not in match.group(2).lower():
+            raise InvalidRequest(f"Invalid '{where}': expected a base64 data URL "
+                                 "(data:image/png;base64,...).", param=where)
+        payload = url[match.end():]
+        limit = self.settings.max_bytes
+        if len(payload) > (limit + 2) // 3 * 4 + 4:  # told before anything is decoded
+            raise _too_large(param, limit)
+        try:
+            data = base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidRequest(f"Invalid '{where}': the data is not valid base64.",
+                                 param=where) from None
+        if len(data) > limit:
+            raise _too_large(param, limit)
+        return data, match.group(1).strip().lower() or None
+
+    async def _fetched(self, url: str, host: str, param: str) -> bytes:
+        where = _url_param(param)
+        if host not in self.settings.hosts():
+            raise InvalidRequest(f"Invalid '{where}': Conveyor does not fetch images from "
+                                 f"{host or 'that URL'}; send the image as a data URL "
+                                 "(data:image/png;base64,...).", param=where)
+        limit = self.settings.max_bytes
+        timeout = aiohttp.ClientTimeout(total=self.settings.fetch_timeout_s)
+        try:
+            async with aiohttp.ClientSession(timeout=timeout) as session, \
+                    session.get(url, allow_redirects=False) as response:
+                if response.status != 200:
+                    raise InvalidRequest(f"Invalid '{where}': fetching the image got HTTP "
+                                         f"{response.status}.", param=where)
+                data = bytearray()
+                async for chunk in response.content.iter_chunked(64 * 1024):
+                    data += chunk
+                    if len(data) > limit:
+                        raise _too_large(param, limit)
+                return bytes(data)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:  # ValueError: yarl's
+            raise InvalidRequest(f"Invalid '{where}': the image could not be fetched "
+                                 f"({type(exc).__name__}).", param=where) from None
+
+
+@dataclass(frozen=True)
+class _Part:
+    key: PartKey
+    param: str  # messages[1].content[0], input[1].content[0]
+    chars: int  # the characters of text before it in its message
+    url: str
+    detail: str
+
+
+def _url_param(param: str) -> str:
+    """The param of a part's URL: chat's ``image_url.url``, the Responses API's
+    ``image_url``."""
+    return f"{param}.image_url" + (".url" if param.startswith("messages") else "")
+
+
+def _too_large(param: str, limit: int) -> InvalidRequest:
+    return InvalidRequest(f"Invalid '{param}': the image is larger than {limit} bytes, the "
+                          "most Conveyor accepts.", param=param, code="image_too_large")
+

@@ -1,0 +1,55 @@
+"""Images in the file store (conveyor/files/images.py): kept once per tenant
+under an id of their bytes, read back checked."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from conveyor.errors import InvalidRequest
+from conveyor.files.images import FileStoreUnavailable, ImageStore, image_file_id
+from conveyor.files.local import LocalFileStore
+from conveyor.settings import load_settings
+from tests.support.images import image_bytes
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> LocalFileStore:
+    return LocalFileStore(load_settings(files_dir=tmp_path / "files").jobs)
+
+
+async def test_the_same_image_is_one_file_of_its_tenant(files: LocalFileStore) -> None:
+    store, data = ImageStore(files), image_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    assert await store.put("acme", data, "image/png") == (image_file_id(digest), digest)
+    assert await store.put("acme", data, "image/png") == (image_file_id(digest), digest)
+    page = await files.list("acme")
+    assert [(f.purpose, f.filename, f.bytes) for f in page.data] == [
+        ("vision", "image.png", len(data))]
+    assert await store.read("acme", image_file_id(digest), digest, "p") == data
+    with pytest.raises(InvalidRequest, match="no longer in the file store"):
+        await store.read("beta", image_file_id(digest), digest, "p")  # another tenant's
+
+
+async def test_an_image_deleted_or_changed_is_the_client_s_error_naming_the_part(
+        files: LocalFileStore) -> None:
+    store, data = ImageStore(files), image_bytes()
+    file_id, digest = await store.put("acme", data, "image/png")
+    (files.tenant_dir("acme") / file_id).write_bytes(image_bytes(color=(0, 0, 0)))
+    with pytest.raises(InvalidRequest, match="not the one sent") as caught:
+        await store.read("acme", file_id, digest, "messages[1].content[0]")
+    assert caught.value.param == "messages[1].content[0]"
+    await files.delete("acme", file_id)
+    with pytest.raises(InvalidRequest, match="no longer"):
+        await store.read("acme", file_id, digest, "messages[1].content[0]")
+
+
+async def test_a_store_that_cannot_write_is_a_503(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    store = ImageStore(LocalFileStore(load_settings(files_dir=blocker).jobs))
+    with pytest.raises(FileStoreUnavailable) as caught:
+        await store.put("acme", image_bytes(), "image/png")
+    assert caught.value.status == 503 and caught.value.code == "file_store_unavailable"

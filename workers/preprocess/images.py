@@ -1,0 +1,37 @@
+"""The images of a chat request in preprocess: refused for a model that does
+not declare vision (the gateway refused it already; the registry may have
+changed since, and a batch's or a replayed event reaches only this check),
+and their prompt tokens (conveyor/images.py)."""
+
+from __future__ import annotations
+
+from conveyor.errors import InvalidRequest
+from conveyor.images import image_tokens
+from conveyor.registry import ModelSpec
+from schemas.records import Generation, ImageRef, Message
+
+__all__ = ["check_vision", "first_image", "has_images", "images_tokens"]
+
+
+def first_image(messages: list[Message]) -> ImageRef | None:
+    return next((ref for m in messages for ref in m.get("images") or ()), None)
+
+
+def has_images(messages: list[Message]) -> bool:
+    return first_image(messages) is not None
+
+
+def check_vision(generation: Generation, spec: ModelSpec) -> None:
+    """A request with images is for a model that reads them."""
+    image = first_image(generation["messages"]) if generation["kind"] == "chat" else None
+    if image is not None and not spec.vision:
+        part = image.get("part") or "messages"
+        raise InvalidRequest(f"The model `{generation['model']}` does not read images; "
+                             f"'{part}' is an image part. Send images to a model that "
+                             "declares vision.", param=part)
+
+
+def images_tokens(message: Message) -> int:
+    """The prompt tokens of a message's images."""
+    return sum(image_tokens(ref["width"], ref["height"], ref.get("detail") or "auto")
+               for ref in message.get("images") or ())
