@@ -2,21 +2,15 @@
 
     python -m bench.meaning [--data tests/data/meaning.toml] [--redis redis://127.0.0.1:6379/0]
 
-Reads the routes, the labelled prompts and the pairs of
-``tests/data/meaning.toml``. Routing: each prompt through the route layer's
-decision (workers/route/meaning.py) with examples and keywords, examples
-alone and keywords alone, on the labelled prompts and on the held-out ones;
-printed: accuracy (a prompt of no route counts as
-right when it goes to the default) and the decision's added time. Caching:
-for each threshold, the first prompt of every pair kept in the semantic cache
-(workers/route/semantic_cache.py, on a real Redis under a prefix of its own,
-dropped at the end) with its answer, then each second prompt looked up;
-printed: the paraphrases answered with their own first's answer (hit rate),
-the different questions answered (wrong-hit rate), and the lookup's added
-time (embedding the prompt and Redis). Targets: routing accuracy at least
-85 % with examples and keywords; at the default threshold (0.95) at least
-half the paraphrases answered and at most 5 % of lookups a wrong hit.
-Figures: docs/benchmarks/results/meaning.md.
+Routing: each labelled prompt, and each held-out one, through the route
+layer's decision (workers/route/meaning.py), scored by examples and keywords,
+by examples alone and by keywords alone: accuracy (a prompt of no route is
+right at the default) and the decision's time. Caching: at each threshold,
+the first prompt of every pair kept in the semantic cache (a Redis prefix of
+its own, dropped at the end), each second one looked up: the paraphrases
+answered (hit rate), the different questions answered (wrong hits), the
+lookup's time. Its targets are checked last; figures:
+docs/benchmarks/results/meaning.md.
 """
 
 from __future__ import annotations
@@ -42,28 +36,18 @@ from workers.route.semantic_cache import SemanticCache
 __all__ = ["main"]
 
 THRESHOLDS = (0.85, 0.88, 0.9, 0.92, 0.94, 0.95, 0.96, 0.97, 0.98, 0.99)
-ENCODER = '''
-[models."minilm"]
-kind = "embedding"
-pool = "embed"
-context_length = 256
-tokenizer = "hf"
-weights = "package:all_minilm_l6_v2"
-[models."default"]
-pool = "cpu"
-context_length = 2048
-'''
 
 
 def _toml(items: list[str]) -> str:
     return "[" + ", ".join('"' + i.replace('"', '\\"') + '"' for i in items) + "]"
 
 
-def registry_of(routes: dict[str, Any]) -> Registry:
+def registry_of(data: dict[str, Any]) -> Registry:
     """Three aliases over the same routes: examples and keywords, examples,
     keywords (each route's model named as the route)."""
-    text = ENCODER + "".join(f'[models."{name}"]\npool = "cpu"\ncontext_length = 2048\n'
-                             for name in routes)
+    routes = data["routes"]
+    text = data["registry"] + "".join(
+        f'[models."{name}"]\npool = "cpu"\ncontext_length = 2048\n' for name in routes)
     for alias, kinds in (("both", ("examples", "keywords")), ("examples", ("examples",)),
                          ("keywords", ("keywords",))):
         encoder = 'encoder = "minilm"\n' if "examples" in kinds else ""
@@ -83,7 +67,7 @@ def generation(text: str) -> Generation:
 
 async def routing(data: dict[str, Any], embedders: Embedders, key: str = "prompts"
                   ) -> tuple[list[list[str]], float]:
-    registry = registry_of(data["routes"])
+    registry = registry_of(data)
     labelled = [(group["route"] or "default", text) for group in data[key]
                 for text in group["texts"]]
     rows, best = [], 0.0
@@ -115,7 +99,7 @@ async def routing(data: dict[str, Any], embedders: Embedders, key: str = "prompt
 
 async def caching(data: dict[str, Any], embedders: Embedders, redis_url: str
                   ) -> tuple[list[list[str]], tuple[float, float]]:
-    encoder = Registry.parse(ENCODER, "bench.meaning").resolve("minilm")
+    encoder = Registry.parse(data["registry"], "bench.meaning").resolve("minilm")
     embedder = embedders.get(encoder)
     pairs = [(a, b, True) for a, b in data["cache"]["paraphrases"]] + \
         [(a, b, False) for a, b in data["cache"]["different"]]

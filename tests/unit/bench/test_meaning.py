@@ -34,7 +34,7 @@ def test_the_labelled_set_covers_every_route_the_default_and_both_kinds_of_pair(
 
 
 def test_the_benchmarks_registry_scores_three_ways() -> None:
-    registry = registry_of(DATA["routes"])
+    registry = registry_of(DATA)
     both, examples, keywords = (registry.resolve(n) for n in ("both", "examples", "keywords"))
     assert both.encoder == examples.encoder == "minilm" and keywords.encoder == ""
     assert all(r.examples and r.keywords for r in both.routes)
