@@ -435,6 +435,10 @@ class Registry:
         for m in [m for m in models if m.deployments] + [m for m in models if m.routes]:
             serving = [self.models[d] for d, _ in m.deployments] or [
                 self._names[n] for n in (m.default, *(r.model for r in m.routes))]
+            blind = [d.name for d in serving if m.vision and not d.vision]
+            if blind:  # its images would reach a model that cannot read them
+                raise ConveyorError(f"model `{m.name}` declares vision, but its model "
+                                    f"`{blind[0]}` does not")
             limited = dataclasses.replace(
                 m, context_length=min(d.context_length for d in serving),
                 default_max_tokens=min(d.default_max_tokens for d in serving))

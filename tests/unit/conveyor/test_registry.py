@@ -114,6 +114,25 @@ def test_a_model_reads_images_only_when_it_says_vision(tmp_path: Path) -> None:
         Registry.load(path)
 
 
+@pytest.mark.parametrize("entry", [
+    'deployments = { eyes = 1, text = 1 }',
+    'default = "text"\nroutes.look = { model = "eyes", keywords = ["picture"] }',
+    'default = "eyes"\nroutes.read = { model = "text", keywords = ["essay"] }',
+])
+def test_an_alias_that_declares_vision_serves_it_with_every_model(
+        tmp_path: Path, entry: str) -> None:
+    """A canary or a routed alias that takes images sends them only to models
+    that read them, whichever its deployment or route picks."""
+    path = tmp_path / "models.toml"
+    models = ('[models."text"]\npool = "p"\ncontext_length = 100\n'
+              '[models."eyes"]\npool = "v"\ncontext_length = 100\nvision = true\n')
+    path.write_text(models + f'[models."both"]\nvision = true\n{entry}\n')
+    with pytest.raises(ConveyorError, match=r"`both` declares vision.*`text` does not"):
+        Registry.load(path)
+    path.write_text(models + f'[models."both"]\n{entry}\n')  # without vision: text alone
+    assert not Registry.load(path).resolve("both").vision
+
+
 def test_an_entry_without_a_pool_is_refused_with_the_file_and_model_named(
         tmp_path: Path) -> None:
     path = tmp_path / "models.toml"
