@@ -112,12 +112,15 @@ class Recorded:
 
 
 async def locate(lookup: SharedLookup, request_id: str, *, timeout_s: float = 10.0,
-                 of_job: bool = False) -> Recorded | None:
+                 of_job: bool = False, since_ms: int | None = None) -> Recorded | None:
     """The request's recorded address, or None when no such request is in the log
     (a job's, whose answer is not a stream, only ``of_job``: then only a job's);
-    503 when Kafka cannot say within ``timeout_s`` (each window's read is bounded
-    by it)."""
-    for since, until in lookup_windows(lookup.settings, request_id, now_ms()):
+    written at ``since_ms`` or later when that is known (a job's request id says
+    no time), else looked for in :func:`lookup_windows`; 503 when Kafka cannot
+    say within ``timeout_s`` (each window's read is bounded by it)."""
+    windows = lookup_windows(lookup.settings, request_id, now_ms()) if since_ms is None \
+        else [(since_ms - lookup.settings.process.clock_skew_ms, None)]
+    for since, until in windows:
         try:
             found = await lookup.find(REQUESTS, request_id, since, until, timeout_s=timeout_s)
         except BrokerError as exc:

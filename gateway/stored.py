@@ -45,9 +45,10 @@ class StoredAnswers:
         self.lookup = lookup
         self.codec = codec
 
-    async def locate(self, request_id: str, of_job: bool = False) -> Recorded | None:
+    async def locate(self, request_id: str, of_job: bool = False,
+                     since_ms: int | None = None) -> Recorded | None:
         """The request's recorded address (:func:`gateway.resume.locate`)."""
-        return await locate(self.lookup, request_id, of_job=of_job)
+        return await locate(self.lookup, request_id, of_job=of_job, since_ms=since_ms)
 
     def mine(self, where: Recorded, identity: Identity) -> bool:
         """Whether the caller may see the request: its tenant's (any, without auth)."""

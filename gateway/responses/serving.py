@@ -295,7 +295,9 @@ class ResponsesServing:
                     f"Previous response '{previous_id}' is {found['status']}: only a "
                     "response that has ended with an answer can be continued.",
                     param="previous_response_id")
-            job = await self._background_request(identity, previous_id)
+            job = await self._job_request(identity, found)
+            if job is None:
+                raise PreviousResponseNotFound(previous_id)
             return job.generation, list(found["output"])
         try:
             where = await self.stored.find(identity, response_request_id(previous_id),
@@ -314,13 +316,14 @@ class ResponsesServing:
             previous_id, folded.text, recorded_request(where.generation).reads_calls(),
             "completed")
 
-    async def _background_request(self, identity: Identity, response_id: str) -> Recorded:
-        """The request a background response of the caller's wrote to the log (its
-        job's request, keyed by the response's id)."""
-        where = await self.stored.locate(response_id, of_job=True)
-        if where is None or not self.stored.mine(where, identity):
-            raise PreviousResponseNotFound(response_id)
-        return where
+    async def _job_request(self, identity: Identity, background: dict[str, Any]
+                           ) -> Recorded | None:
+        """The request a background response of the caller's (its object)
+        wrote to the log: its job's, keyed by the response's id, written once
+        it was created."""
+        where = await self.stored.locate(background["id"], of_job=True,
+                                         since_ms=background["created_at"] * 1000)
+        return where if where is not None and self.stored.mine(where, identity) else None
 
     async def retrieve(self, response_id: str, request: Request, stream: bool,
                        starting_after: str | None) -> Response:
@@ -409,10 +412,9 @@ class ResponsesServing:
         if not 1 <= limit <= 100:
             raise InvalidRequest("limit must be between 1 and 100.", param="limit")
         rid = response_request_id(response_id)
-        if await _background(self.background, identity, response_id) is not None:
-            where = await self.stored.locate(response_id, of_job=True)  # its job's request
-        else:
-            where = await self.stored.find(identity, rid, "responses")
+        found = await _background(self.background, identity, response_id)
+        where = await self._job_request(identity, found) if found is not None \
+            else await self.stored.find(identity, rid, "responses")
         if where is None:
             raise ResponseNotFound(response_id)
         generation = where.generation

@@ -24,14 +24,20 @@ from gateway.replies import ReplyStream
 from gateway.resume import (
     _LOOKUP_WINDOWS_S,
     StreamNotFound,
+    locate,
     lookup_windows,
     request_id_of,
     resume_after,
 )
 from schemas.codec import default_codec
-from schemas.records import Reply
+from schemas.records import Reply, Request
 from tests.support.gateway_fakes import RecordingProducer, Router, chat_serving
+from tests.support.schedule_tasks import full_task
+from topics.admin import drop_topics, ensure_topics
+from topics.catalog import REQUESTS, catalog
+from topics.clients import make_producer
 from topics.envelope import new_envelope, now_ms
+from topics.lookup import SharedLookup
 from workers.infer.gateways import GatewayWatch
 
 
@@ -180,3 +186,32 @@ def test_a_random_id_is_searched_in_the_recent_windows_only() -> None:
     # made by new_request_id; one in about 10^5 random ones reads as a recent time)
     found = [lookup_windows(settings, "f" + uuid.uuid4().hex[1:], now) for _ in range(200)]
     assert all(len(w) == len(_LOOKUP_WINDOWS_S) for w in found)
+
+
+async def test_a_job_s_request_is_found_from_when_its_job_was_made(services: None) -> None:
+    """A job's request id (a background response's id) says no time: past the
+    recent windows it is found from its job's creation, which the caller knows."""
+    settings = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}")
+    requests = settings.kafka.topic("requests")
+    await ensure_topics(settings, [s for s in catalog(settings.kafka) if s.name == requests])
+    made = now_ms() - 2 * 3600 * 1000  # before every recent window
+    rid = "resp_" + uuid.uuid4().hex
+    task = full_task(rid)
+    envelope = new_envelope(rid, reply_gateway="", reply_partition=-1, tenant="acme",
+                            job_id=rid, deadline_ms=made + 60_000)
+    producer = make_producer(settings.kafka)
+    await producer.start()
+    lookup = SharedLookup(settings)
+    try:
+        await producer.send_and_wait(requests, REQUESTS.encode(default_codec(), Request(
+            envelope=envelope, generation=task["generation"])), key=rid.encode(),
+            timestamp_ms=made)
+        assert await locate(lookup, rid, of_job=True) is None
+        found = await locate(lookup, rid, of_job=True, since_ms=made)
+        assert found is not None and found.tenant == "acme"
+        assert found.generation == task["generation"]
+        assert await locate(lookup, rid, since_ms=made) is None  # not a stream's
+    finally:
+        await lookup.close()
+        await producer.stop()
+        drop_topics(settings.kafka.bootstrap, settings.kafka.topic_prefix)
