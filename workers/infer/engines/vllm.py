@@ -203,7 +203,9 @@ class VllmEngine(Engine):
             raise EngineError(f"engine {self.name} is not started")
         try:  # tokenized by vLLM's renderer (its raw-prompt path is deprecated), which
             # also processes a prompt's multi_modal_data (its images)
-            (prompt,) = await llm.renderer.render_cmpl_async([self._prompt(llm, request)])
+            source = await self._seeing(llm, request) if any(
+                m.get("images") for m in request.messages) else self._prompt(llm, request)
+            (prompt,) = await llm.renderer.render_cmpl_async([source])
         except EngineError:
             raise
         except Exception as exc:
@@ -272,8 +274,6 @@ class VllmEngine(Engine):
                 await stream.aclose()
 
     def _prompt(self, llm: AsyncLLM, request: GenerationRequest) -> dict[str, Any]:
-        if any(m.get("images") for m in request.messages):
-            return self._seeing(llm, request)
         text = request.rendered
         if text is None:
             try:
@@ -288,14 +288,13 @@ class VllmEngine(Engine):
             prompt["cache_salt"] = request.cache_salt
         return prompt
 
-    def _seeing(self, llm: AsyncLLM, request: GenerationRequest) -> dict[str, Any]:
+    async def _seeing(self, llm: AsyncLLM, request: GenerationRequest) -> dict[str, Any]:
         """A chat with images, in vLLM's multimodal form: the prompt the model's
         chat template renders from content parts (``{"type": "image"}`` where each
-        image stood), and the images, decoded, in ``multi_modal_data``."""
-        from PIL import Image
-
+        image stood), and the images, decoded off the event loop (each stream
+        of the worker goes on meanwhile), in ``multi_modal_data``."""
         chat: list[dict[str, Any]] = []
-        images: list[Any] = []
+        data: list[bytes] = []
         for m in request.messages:
             parts: list[dict[str, Any]] = []
             for part in message_parts(m, request.images):
@@ -303,8 +302,9 @@ class VllmEngine(Engine):
                     parts.append({"type": "text", "text": part})
                 else:
                     parts.append({"type": "image"})
-                    images.append(Image.open(io.BytesIO(part.data)).convert("RGB"))
+                    data.append(part.data)
             chat.append({"role": m["role"], "content": parts})
+        images = await asyncio.to_thread(_decoded, data)
         try:
             rendered = llm.get_tokenizer().apply_chat_template(
                 chat, tokenize=False, add_generation_prompt=True)
@@ -462,3 +462,10 @@ class KvWatch:
                 watch.block_tokens = int(cache.block_size or 0)
 
         return KvLogger(vllm_config, engine_index)
+
+
+def _decoded(data: list[bytes]) -> list[Any]:
+    """Each image's bytes decoded to the RGB picture vLLM's processor takes."""
+    from PIL import Image
+
+    return [Image.open(io.BytesIO(d)).convert("RGB") for d in data]

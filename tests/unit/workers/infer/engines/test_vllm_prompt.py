@@ -59,7 +59,8 @@ class _Llm:
         return self.tokenizer
 
 
-def test_images_go_as_multi_modal_data_in_order_with_the_template_s_placeholders() -> None:
+async def test_images_go_as_multi_modal_data_in_order_with_the_template_s_placeholders(
+        ) -> None:
     engine = VllmEngine(Registry.load(TEST_MODELS).resolve("smollm2"))
     png, gif = image_bytes("PNG", (4, 3)), image_bytes("GIF", (2, 2))
     refs = [{"file_id": "f1", "media_type": "image/png", "bytes": len(png), "sha256": "a",
@@ -71,7 +72,7 @@ def test_images_go_as_multi_modal_data_in_order_with_the_template_s_placeholders
         messages=({"role": "user", "content": "This: and that", "images": refs},),
         images={"a": png, "b": gif})
     llm = _Llm()
-    prompt = engine._prompt(cast(Any, llm), request)  # noqa: SLF001
+    prompt = await engine._seeing(cast(Any, llm), request)  # noqa: SLF001
     assert prompt["prompt"] == "This:<image> and<image> that"
     assert prompt["cache_salt"] == "s1"
     assert llm.tokenizer.chats == [[{"role": "user", "content": [
