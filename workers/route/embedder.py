@@ -6,12 +6,13 @@ docs/decisions/0035-routing-by-meaning.md.
 
 A text is embedded alone (a batch of one), its tokens cut to the model's
 length: the same text gives the same vector every time, so a replayed
-decision is the recorded one. Vectors are kept by text (bounded), so a
-route's examples are embedded once.
+decision is the recorded one. Vectors are kept by the text's digest
+(bounded; no prompt's text is kept), so a route's examples are embedded once.
 """
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from collections import OrderedDict
@@ -46,7 +47,7 @@ class Embedder:
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
         self._model: tuple[BertEncoder, Tokenizer] | None = None
-        self._kept: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._kept: OrderedDict[bytes, np.ndarray] = OrderedDict()  # by the text's digest
         self._lock = threading.Lock()
         self._failed: tuple[float, str] | None = None  # when, and why
 
@@ -65,8 +66,8 @@ class Embedder:
                     files = EncoderFiles(locate_weights(self.spec.weights or ""))
                     self._model = BertEncoder(files.config(), files.weights()), \
                         files.tokenizer()
-                except (ConveyorError, OSError, ValueError, KeyError) as exc:
-                    why = f"the encoder {self.spec.name} cannot be loaded: {exc}"
+                except Exception as exc:  # whatever the files hold: no meaning, not a 500
+                    why = f"the encoder {self.spec.name} cannot be loaded: {exc!r}"
                     self._failed = (time.monotonic(), why)
                     raise EncoderUnavailable(why) from exc
             return self._model
@@ -80,16 +81,17 @@ class Embedder:
 
     def vector(self, text: str) -> np.ndarray:
         """The text's unit vector (float32), computed once while it is kept."""
+        digest = _digest(text)
         with self._lock:
-            kept = self._kept.get(text)
+            kept = self._kept.get(digest)
             if kept is not None:
-                self._kept.move_to_end(text)
+                self._kept.move_to_end(digest)
                 return kept
         encoder, _ = self._load()
         vector = encoder.embed([self.ids(text)])[0]
         vector.setflags(write=False)
         with self._lock:
-            self._kept[text] = vector
+            self._kept[digest] = vector
             while len(self._kept) > _KEPT:
                 self._kept.popitem(last=False)
         return vector
@@ -97,7 +99,7 @@ class Embedder:
     def forget(self, text: str) -> None:
         """Drop the text's kept vector (the next :meth:`vector` computes it)."""
         with self._lock:
-            self._kept.pop(text, None)
+            self._kept.pop(_digest(text), None)
 
     def whole_vector(self, text: str) -> np.ndarray | None:
         """:meth:`vector`, or None when the text is longer than the model reads."""
@@ -113,10 +115,16 @@ class Embedders:
 
     def __init__(self) -> None:
         self._made: dict[tuple[str, str, int], Embedder] = {}
+        self._lock = threading.Lock()  # asked from the event loop and from threads
 
     def get(self, spec: ModelSpec) -> Embedder:
         key = (spec.name, spec.weights or "", spec.context_length)
-        made = self._made.get(key)
-        if made is None:
-            made = self._made[key] = Embedder(spec)
-        return made
+        with self._lock:
+            made = self._made.get(key)
+            if made is None:
+                made = self._made[key] = Embedder(spec)
+            return made
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from conveyor.encoder_files import EncoderFiles, locate_weights
 from conveyor.errors import ConveyorError
 from conveyor.registry import Registry
 from conveyor.settings import load_settings
@@ -19,7 +20,7 @@ from gateway.chat.serving import answered_by
 from schemas.codec import default_codec
 from schemas.records import Prepared
 from tests.support.schedule_tasks import full_task
-from workers.route.embedder import Embedders
+from workers.route.embedder import Embedders, EncoderUnavailable
 from workers.route.layer import RouteLayer
 from workers.route.meaning import ABSTAIN, confidences, keyword_score
 
@@ -229,3 +230,22 @@ async def test_an_encoder_that_cannot_load_leaves_keywords_and_no_cache(tmp_path
         assert out.event_type == "Task" and not out.record["prompt"].get("cache_key")
     finally:
         await layer.stop()
+
+
+def test_an_encoder_whose_weights_are_no_model_is_unavailable_and_not_read_again(
+        tmp_path: Path) -> None:
+    """Whatever its files raise while loading (here a weights file too short to
+    hold its header: struct's error), the encoder is unavailable (the callers
+    go on without meaning) and not loaded again until the retry time."""
+    model = tmp_path / "model"
+    model.mkdir()
+    packaged = EncoderFiles(locate_weights("package:all_minilm_l6_v2"))
+    (model / "config.json").write_bytes(packaged.read("config.json"))
+    (model / "model.safetensors").write_bytes(b"abc")
+    text = registry_text().replace('weights = "package:all_minilm_l6_v2"', f'weights = "{model}"')
+    embedder = Embedders().get(Registry.parse(text, "models.toml").resolve("minilm"))
+    with pytest.raises(EncoderUnavailable, match="cannot be loaded.*error"):
+        embedder.vector("Fix my Python bug")
+    (model / "config.json").unlink()  # a second load would fail otherwise: it is not tried
+    with pytest.raises(EncoderUnavailable, match="cannot be loaded.*error"):
+        embedder.vector("Fix my Python bug")
