@@ -128,8 +128,9 @@ def tool_messages(messages: list[Message], tools: Tools | None) -> list[Message]
             content = f"{message['content']}\n{text}" if message["content"] else text
             out.append(_turn(role="assistant", content=content, name=message.get("name")))
             continue
-        out.append(_turn(role=message["role"], content=message["content"],
-                           name=message.get("name")))
+        # a user turn's images stay where they stood in its text, unchanged
+        out.append({**_turn(role=message["role"], content=message["content"],
+                            name=message.get("name")), "images": message.get("images")})
     for m in out:
         if m.get("name") == _TOOL_TURN:
             m["name"] = None

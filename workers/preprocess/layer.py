@@ -13,6 +13,7 @@ import sys
 
 from aiokafka import ConsumerRecord
 
+from conveyor.errors import InvalidRequest
 from conveyor.policy.rules import Policy, PolicyBook
 from conveyor.policy.safety import Match
 from conveyor.registry import ModelSpec, Registry
@@ -39,7 +40,7 @@ from workers.preprocess.embedding import (
     measure_inputs,
     normalize_embedding,
 )
-from workers.preprocess.images import check_vision, has_images
+from workers.preprocess.images import check_vision
 from workers.preprocess.normalize import (
     Fit,
     check_logit_bias,
@@ -109,6 +110,7 @@ class PreprocessLayer(Layer):
             spec = self.registry.deployment(spec, canary_key(envelope))
             check_kind(generation, spec)
             check_vision(generation, spec)
+            self._check_routed_tools(generation, spec)
         if generation["kind"] == "embedding":
             return await self._embedding(envelope, generation, spec)
         blocks: list[int] = []
@@ -120,8 +122,7 @@ class PreprocessLayer(Layer):
         else:
             tokenizer = await self.tokenizers.get(spec)
             check_logit_bias(generation, tokenizer.vocab_size)
-            if tokenizer.renders and generation["kind"] == "chat" \
-                    and not has_images(generation["messages"]):
+            if tokenizer.renders and generation["kind"] == "chat":
                 # tools and tool turns as the plain turns the template renders; an
                 # engine that renders for itself (an upstream) gets them as they are
                 generation = {**generation, "messages": tool_messages(
@@ -184,6 +185,22 @@ class PreprocessLayer(Layer):
         prepared = Prepared(envelope=envelope, generation=generation, prompt=prompt)
         return [Output(PREPARED.at(self.settings.kafka), "Prepared", prepared,
                        key=envelope["request_id"])]
+
+    def _check_routed_tools(self, generation: Generation, spec: ModelSpec) -> None:
+        """Tools through an alias that routes by meaning only where no model it
+        may pick has its prompt rendered here: the tools are written into the
+        prompt for the model measured (schemas/tools.tool_messages), and which
+        model answers is not known until route scores the prompt."""
+        if not spec.routes or not generation.get("tools"):
+            return
+        picks = (spec.default, *(r.model for r in spec.routes))
+        rendered = [n for n in picks if self.registry.resolve(n).tokenizer != "estimate"]
+        if rendered:
+            raise InvalidRequest(
+                f"Tools are not taken through `{spec.name}`, which routes by meaning: its "
+                f"model `{rendered[0]}` has its prompt rendered by Conveyor, with the tools "
+                "written in for the model it answers with. Name that model instead.",
+                param="tools")
 
     def _refused(self, envelope: Envelope, generation: Generation, blocked: Match,
                  policy: Policy) -> list[Output]:

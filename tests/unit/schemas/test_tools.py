@@ -148,6 +148,16 @@ def test_without_a_system_prompt_one_holds_the_tools_and_none_shows_none() -> No
         turn("user", "hi")]
 
 
+def test_a_user_turn_s_images_stay_where_they_stood_among_the_plain_turns() -> None:
+    image = {"file_id": "file-" + "a" * 24, "media_type": "image/png", "bytes": 10,
+             "sha256": "a" * 64, "width": 1, "height": 1, "offset": 5,
+             "part": "messages[0].content[1]"}
+    seeing: Message = {**turn("user", "This: what is it?"), "images": [image]}  # type: ignore[typeddict-item]
+    out = tool_messages([seeing], tools_of(tool_choice="auto"))
+    assert [m["role"] for m in out] == ["system", "user"]
+    assert out[1]["content"] == "This: what is it?" and out[1]["images"] == [image]
+
+
 # -- the grammar -------------------------------------------------------------------------
 
 

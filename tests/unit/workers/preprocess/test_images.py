@@ -13,7 +13,8 @@ from conveyor.errors import InvalidRequest
 from conveyor.images import image_tokens
 from conveyor.registry import Registry
 from conveyor.settings import load_settings
-from schemas.records import ImageRef, Message, Prepared
+from schemas.openai.requests import ChatCompletionRequest
+from schemas.records import ImageRef, Message, Prepared, Request
 from tests.support.factories import request
 from workers.preprocess import PreprocessLayer
 from workers.preprocess.normalize import normalize_generation
@@ -96,3 +97,41 @@ def test_the_text_between_images_is_normalised_piece_by_piece() -> None:
     (message,) = normalize_generation(generation)["messages"]
     assert message["content"] == "caf\u00e9 and"
     assert [r["offset"] for r in message["images"] or ()] == [5, 6]
+
+
+TOOLS = ChatCompletionRequest.model_validate({
+    "model": "m", "messages": [{"role": "user", "content": "hi"}],
+    "tools": [{"type": "function", "function": {"name": "describe", "parameters": {
+        "type": "object", "properties": {"what": {"type": "string"}}}}}]}).tools_record()
+
+
+def with_tools(asked: Request) -> Request:
+    return {**asked, "generation": {**asked["generation"], "tools": TOOLS}}
+
+
+async def test_tools_beside_images_are_written_in_and_the_images_kept(
+        layer: PreprocessLayer) -> None:
+    """A model whose prompt is rendered here gets its tools as plain turns, with
+    or without images: the engine that renders the images renders those turns."""
+    (out,) = await layer.handle(with_tools(request(looking(ref(offset=5)), model="smol-eyes")),
+                                None)
+    messages = out.record["generation"]["messages"]
+    assert [m["role"] for m in messages] == ["system", "user"]
+    assert "describe" in messages[0]["content"]
+    assert messages[1]["content"] == "What is this?" and messages[1]["images"] == [
+        ref(offset=5)]
+
+
+async def test_tools_through_an_alias_routed_by_meaning_to_a_rendered_model_are_refused(
+        ) -> None:
+    models = MODELS + ('[models."pick"]\ndefault = "eyes"\n'
+                       'routes.small = { model = "smollm2", keywords = ["tiny"] }\n')
+    layer = PreprocessLayer(load_settings(topic_prefix="pptest"),
+                            Registry.parse(models, "t"), TokenizerCache())
+    asked = [Message(role="user", content="A tiny question", name=None, tool_calls=None,
+                     tool_call_id=None, images=None)]
+    with pytest.raises(InvalidRequest, match="`smollm2` has its prompt rendered") as caught:
+        await layer.handle(with_tools(request(asked, model="pick")), None)
+    assert caught.value.param == "tools"
+    (out,) = await layer.handle(request(asked, model="pick"), None)  # no tools: routed
+    assert out.event_type == "Prepared"
