@@ -12,6 +12,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 
 from fastapi import FastAPI
 from starlette.types import Scope
@@ -108,9 +109,7 @@ def build_app(settings: Settings, registry: Registry | None = None,
                   description="An OpenAI-compatible API in front of an event pipeline.")
     app.add_middleware(BodyLimit, max_bytes=settings.gateway.max_body_bytes,
                        uploads=upload_limits(settings.jobs),
-                       larger=dict.fromkeys(("/v1/chat/completions", "/v1/responses"),
-                                            max(settings.gateway.max_body_bytes,
-                                                settings.images.max_body_bytes)))
+                       collected=partial(_body_limit, settings, known))
     # outside the body limit: 401 before a body is read
     app.add_middleware(AuthMiddleware, authenticator=_authenticator)
     install_error_handlers(app)
@@ -214,6 +213,18 @@ async def _services(settings: Settings, registry: Registry, gateway_id: str, hea
         await redis.aclose()
         tracing.shutdown()
         log.info("gateway %s: stopped in %.1f s", gateway_id, time.monotonic() - stopping)
+
+
+def _body_limit(settings: Settings, registry: Registry, path: str) -> int:
+    """A request body's limit: images' (data URLs are large) on the routes that
+    take them while the live registry has a model that reads them, else the
+    gateway's."""
+    if path in _IMAGE_ROUTES and any(m.vision for m in registry.models.values()):
+        return max(settings.gateway.max_body_bytes, settings.images.max_body_bytes)
+    return settings.gateway.max_body_bytes
+
+
+_IMAGE_ROUTES = ("/v1/chat/completions", "/v1/responses")
 
 
 def _identity(settings: Settings, registry: Registry, redis: Redis, producer: Producer,

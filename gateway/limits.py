@@ -1,13 +1,13 @@
 """The request body limit: :class:`BodyLimit` (ASGI) refuses a ``Content-Length``
-over ``max_body_bytes`` (or a path's own larger limit: chat completions with
-images) with 413 before reading, a chunked body as soon as it passes it, and
-hands the body on as one message. Upload paths stream through
-with their own limit; the read past it raises
-:class:`~conveyor.errors.RequestTooLarge` in the route."""
+over ``max_body_bytes`` (or the larger limit ``collected`` gives a path: chat
+completions and responses while a model reads images) with 413 before
+reading, a chunked body as soon as it passes it, and hands the body on as one
+message. Upload paths stream through with their own limit; the read past it
+raises :class:`~conveyor.errors.RequestTooLarge` in the route."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -20,11 +20,12 @@ __all__ = ["BodyLimit"]
 class BodyLimit:
     def __init__(self, app: ASGIApp, max_bytes: int,
                  uploads: Mapping[str, int] | None = None,
-                 larger: Mapping[str, int] | None = None) -> None:
+                 collected: Callable[[str], int] | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.uploads = dict(uploads or {})
-        self.larger = dict(larger or {})  # path -> the limit of its (collected) body
+        # the limit of a path's collected body, asked at each request
+        self.collected = collected or (lambda path: max_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -37,7 +38,7 @@ class BodyLimit:
             return
         upload_limit = self.uploads.get(scope.get("path", "")) \
             if scope.get("method") == "POST" else None
-        collected = self.larger.get(scope.get("path", ""), self.max_bytes) \
+        collected = self.collected(scope.get("path", "")) \
             if scope.get("method") == "POST" else self.max_bytes
         limit = collected if upload_limit is None else upload_limit
         if declared > limit:

@@ -13,6 +13,9 @@ import pytest
 from fastapi import FastAPI
 
 from conveyor.errors import InvalidRequest, RedisUnavailable, TransientBrokerError
+from conveyor.registry import Registry
+from conveyor.settings import load_settings
+from gateway.app import _body_limit
 from gateway.errors import install_error_handlers
 from gateway.limits import BodyLimit
 from schemas.openai.requests import ChatCompletionRequest
@@ -168,3 +171,15 @@ def test_a_body_at_the_limit_passes_the_limit(base_url: str) -> None:
     padded = {**GOOD, "user": "u" * (LIMIT - 200)}
     r = httpx.post(f"{base_url}/echo", json=padded)
     assert r.status_code == 200, r.text
+
+
+def test_the_image_routes_take_larger_bodies_only_while_a_model_reads_images() -> None:
+    settings = load_settings()
+    text = Registry.parse('[models."m"]\npool = "p"\ncontext_length = 100\n', "t")
+    eyes = Registry.parse('[models."m"]\npool = "p"\ncontext_length = 100\nvision = true\n', "t")
+    small, large = settings.gateway.max_body_bytes, settings.images.max_body_bytes
+    assert small < large
+    assert _body_limit(settings, text, "/v1/chat/completions") == small
+    assert _body_limit(settings, eyes, "/v1/chat/completions") == large
+    assert _body_limit(settings, eyes, "/v1/responses") == large
+    assert _body_limit(settings, eyes, "/v1/completions") == small
