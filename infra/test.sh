@@ -15,12 +15,11 @@
 # Test files run in parallel processes (pytest-xdist, a file's tests in one
 # process, so its module fixtures are built once): CONVEYOR_TEST_PROCESSES,
 # default 3 for a tier run alone and for the unit tier alone (--fast); in the
-# full run 2 for the unit, kafka and engines tiers and 4 for the fault and
-# pipeline tiers; 0 runs everything in this process. The full run starts the
-# vllm tier (one process) first, in the background, and runs everything else
-# beside it: lint, types, docs, the smoke, the unit tier, the kafka and engines
-# tiers, then the pipeline and fault tiers (whose tests count seconds: they
-# meet only the vllm tier's last minute or two). The vllm tier's output is
+# full run 2 beside the vllm tier and 4 for the fault and pipeline tiers after
+# it; 0 runs everything in this process. The full run overlaps the vllm tier (one process) with the steps
+# that keep no time: lint, types, docs, the smoke, the unit tier, then the
+# kafka and engines tiers. The pipeline and fault tiers, whose tests count
+# seconds, start after all of them and run alone. The vllm tier's output is
 # kept in a file and printed when it ends. Where the time goes, and what was
 # tried: docs/benchmarks/results/test-suite.md.
 set -euo pipefail
@@ -96,11 +95,10 @@ mark "the unit tier"
 # the vllm tier still takes
 broker_tiers tests/kafka tests/engines -n 2 || status=$?
 mark "the kafka and engines tiers"
-# the fault and pipeline tiers, the faults first, in four processes: their tests
-# wait on purpose (a third to a half of the CPU idle in three), so they start
-# beside the vllm tier's last minute or two rather than after it
-broker_tiers tests/faults tests/pipeline -n "${CONVEYOR_TEST_PROCESSES:-4}" || status=$?
-mark "the fault and pipeline tiers"
 vllm_done || status=$?
 mark "the vllm tier"
+# the fault and pipeline tiers, alone on the machine now, the faults first, in four
+# processes: their tests wait on purpose (a third to a half of the CPU idle in three)
+broker_tiers tests/faults tests/pipeline -n "${CONVEYOR_TEST_PROCESSES:-4}" || status=$?
+mark "the fault and pipeline tiers"
 exit $status
