@@ -97,7 +97,9 @@ class SemanticCache:
         return f"{self.settings.kafka.topic_prefix}:meaning:{group}"
 
     def _index(self, group: str) -> str:
-        return f"{self.settings.kafka.topic_prefix}:meaning-index:{group.split(':', 1)[0]}"
+        # a group is ``{tenant}:{digest}`` (group_of) and a digest holds no
+        # ':': the tenant is all before the last one, ':' in its id or not
+        return f"{self.settings.kafka.topic_prefix}:meaning-index:{group.rsplit(':', 1)[0]}"
 
     async def nearest(self, group: str, vector: np.ndarray, similarity: float
                       ) -> SemanticHit | None:

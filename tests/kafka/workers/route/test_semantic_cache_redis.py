@@ -108,3 +108,22 @@ async def test_vectors_live_the_ttl_and_a_group_keeps_its_newest(
     hit = await cache.nearest("acme:g1", vectors[4], 0.99)
     assert hit is not None and hit.similarity == 1.0 and hit.cached == ANSWER
     await cache.close()
+
+
+async def test_a_tenant_whose_id_holds_a_colon_has_an_index_of_its_own(
+        settings: Settings, client: aioredis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The groups of tenant acme:east are not indexed with those of acme, so
+    keeping its newest group does not evict the group of acme."""
+    monkeypatch.setattr(semantic_cache, "MAX_GROUPS", 1)
+    cache = SemanticCache(settings)
+    vector = np.ones(384, np.float32) / np.sqrt(384)
+    acme, east = f"acme:{'a' * 40}", f"acme:east:{'b' * 40}"
+    assert await cache.remember(acme, vector, f"acme:{1:040x}", 100)
+    assert await cache.remember(east, vector, f"acme:east:{2:040x}", 200)
+    prefix = settings.kafka.topic_prefix
+    assert await client.zrange(f"{prefix}:meaning-index:acme", 0, -1) == \
+        [f"{prefix}:meaning:{acme}".encode()]
+    assert await client.zrange(f"{prefix}:meaning-index:acme:east", 0, -1) == \
+        [f"{prefix}:meaning:{east}".encode()]
+    assert await client.exists(f"{prefix}:meaning:{acme}", f"{prefix}:meaning:{east}") == 2
+    await cache.close()
