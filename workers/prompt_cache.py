@@ -103,7 +103,9 @@ class PromptCache:
         return f"{self.settings.kafka.topic_prefix}:cache:{key}"
 
     def _index(self, key: str) -> str:
-        return f"{self.settings.kafka.topic_prefix}:cache-index:{key.split(':', 1)[0]}"
+        # a key is ``{tenant}:{digest}`` (cache_key) and a digest holds no ':':
+        # the tenant is all before the last one, ':' in its id or not
+        return f"{self.settings.kafka.topic_prefix}:cache-index:{key.rsplit(':', 1)[0]}"
 
     async def get(self, key: str) -> Cached | None:
         try:

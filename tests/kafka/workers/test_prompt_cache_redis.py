@@ -94,6 +94,23 @@ async def test_a_tenants_oldest_entries_beyond_the_bound_are_dropped(
     assert await cache.get(other) == ENTRY
 
 
+async def test_a_tenant_whose_id_holds_a_colon_has_a_bound_of_its_own(
+        cache: PromptCache, settings: Settings, client: aioredis.Redis,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The entries of tenant acme:east are not indexed with those of acme, so
+    its newest entry does not evict the entry of acme."""
+    monkeypatch.setattr(prompt_cache, "MAX_ENTRIES", 1)
+    acme, east = f"acme:{digest(1)}", f"acme:east:{digest(2)}"
+    assert await cache.put(acme, ENTRY, 600)
+    assert await cache.put(east, ENTRY, 600)
+    assert [await cache.get(acme), await cache.get(east)] == [ENTRY, ENTRY]
+    prefix = settings.kafka.topic_prefix
+    assert await client.zrange(f"{prefix}:cache-index:acme", 0, -1) == \
+        [f"{prefix}:cache:{acme}".encode()]
+    assert await client.zrange(f"{prefix}:cache-index:acme:east", 0, -1) == \
+        [f"{prefix}:cache:{east}".encode()]
+
+
 async def test_an_answer_too_long_or_a_ttl_of_nothing_is_not_kept(
         cache: PromptCache, settings: Settings, client: aioredis.Redis) -> None:
     long = Cached(text="x" * (MAX_TEXT_CHARS + 1), tokens=1, finish_reason="length",
