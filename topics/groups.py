@@ -161,6 +161,10 @@ class GroupReader:
     async def start(self) -> None:
         """Connect both clients (:class:`KafkaConnectionError` when the broker
         does not answer in time; nothing is left open then)."""
+        async with self._reading:
+            await self._start()
+
+    async def _start(self) -> None:
         timeout_ms = int(self.timeout_s * 1000)
         self._admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka.bootstrap,
                                           request_timeout_ms=timeout_ms)
@@ -172,17 +176,24 @@ class GroupReader:
                 await self._admin.start()
                 await self._consumer.start()
         except BaseException as exc:
-            await self.close()
+            await self._close()
             if isinstance(exc, TimeoutError):
                 raise self._unanswered() from exc
             raise
 
     async def close(self) -> None:
-        """Close both clients; safe on a reader that never started, and twice."""
+        """Close both clients; safe on a reader that never started, and twice.
+        It waits for a read under way, which would otherwise start clients
+        afresh while the old ones are closed."""
+        async with self._reading:
+            await self._close()
+
+    async def _close(self) -> None:
         if self._open:
             self._open = False
-            await stop_consumer(self._consumer, self.timeout_s)
-            await self._admin.close()
+            consumer, admin = self._consumer, self._admin
+            await stop_consumer(consumer, self.timeout_s)
+            await admin.close()
 
     def _unanswered(self) -> KafkaConnectionError:
         return KafkaConnectionError(f"Kafka at {self.settings.kafka.bootstrap} did not "
@@ -192,12 +203,12 @@ class GroupReader:
         """Every consumer group of this deployment, in pipeline order."""
         async with self._reading:
             if not self._open:
-                await self.start()
+                await self._start()
             try:
                 async with asyncio.timeout(self.timeout_s):
                     return await self._describe()
             except BaseException as exc:
-                await self.close()
+                await self._close()
                 if isinstance(exc, TimeoutError):
                     raise self._unanswered() from exc
                 raise

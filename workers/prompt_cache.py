@@ -8,8 +8,9 @@ cache on; the infer worker that finishes the answer writes it whole; on a hit
 preprocess writes it to ``conveyor.tokens`` as one chunk (worker id
 ``cache``, :func:`hit_chunk`), so postprocess shapes it like any answer.
 Entries live ``cache_ttl_s``, at most ``MAX_ENTRIES`` a tenant (due first
-dropped first), none longer than ``MAX_TEXT_CHARS``. A lookup or write that
-fails or takes longer than ``_TIMEOUT_S`` is a miss.
+dropped first), none longer than ``MAX_TEXT_CHARS``. A lookup that fails or
+takes longer than ``_TIMEOUT_S`` is a miss; a write that fails or whose
+commands together take longer than ``_WRITE_TIMEOUT_S`` is not kept.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ CACHE_WORKER = "cache"
 MAX_ENTRIES = 10_000
 MAX_TEXT_CHARS = 200_000
 _TIMEOUT_S = 0.25
+_WRITE_TIMEOUT_S = _TIMEOUT_S * 4
 
 
 def cacheable(generation: Generation) -> bool:
@@ -103,7 +105,9 @@ class PromptCache:
         return f"{self.settings.kafka.topic_prefix}:cache:{key}"
 
     def _index(self, key: str) -> str:
-        return f"{self.settings.kafka.topic_prefix}:cache-index:{key.split(':', 1)[0]}"
+        # a key is ``{tenant}:{digest}`` (cache_key) and a digest holds no ':':
+        # the tenant is all before the last one, ':' in its id or not
+        return f"{self.settings.kafka.topic_prefix}:cache-index:{key.rsplit(':', 1)[0]}"
 
     async def get(self, key: str) -> Cached | None:
         try:
@@ -134,24 +138,30 @@ class PromptCache:
         entry_key, index = self._entry(key), self._index(key)
         now = time.time()
         try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.set(entry_key, entry.value(), ex=ttl_s)
-                pipe.zadd(index, {entry_key: now + ttl_s})  # scored by when it expires
-                pipe.zremrangebyscore(index, "-inf", now)
-                pipe.zcard(index)
-                pipe.zrange(index, -1, -1, withscores=True)
-                *_, size, last = await asyncio.wait_for(pipe.execute(), _TIMEOUT_S * 4)
-            if last:  # the index lives as long as its longest-lived entry
-                await self.redis.pexpireat(index, int(float(last[0][1]) * 1000) + 1000)
-            if int(size) > MAX_ENTRIES:
-                oldest = await self.redis.zpopmin(index, int(size) - MAX_ENTRIES)
-                members = [entry[0] for entry in oldest if isinstance(entry, tuple | list)]
-                if members:
-                    await self.redis.delete(*members)
+            # one bound for all of it: past it the answer is not kept
+            async with asyncio.timeout(_WRITE_TIMEOUT_S):
+                await self._write(entry_key, index, entry.value(), ttl_s, now)
         except REDIS_ERRORS as exc:
             self._problems.warning("put", "prompt cache: Redis failed (%r); not kept", exc)
             return False
         return True
+
+    async def _write(self, entry_key: str, index: str, value: str, ttl_s: int,
+                     now: float) -> None:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(entry_key, value, ex=ttl_s)
+            pipe.zadd(index, {entry_key: now + ttl_s})  # scored by when it expires
+            pipe.zremrangebyscore(index, "-inf", now)
+            pipe.zcard(index)
+            pipe.zrange(index, -1, -1, withscores=True)
+            *_, size, last = await pipe.execute()
+        if last:  # the index lives as long as its longest-lived entry
+            await self.redis.pexpireat(index, int(float(last[0][1]) * 1000) + 1000)
+        if int(size) > MAX_ENTRIES:
+            oldest = await self.redis.zpopmin(index, int(size) - MAX_ENTRIES)
+            members = [entry[0] for entry in oldest if isinstance(entry, tuple | list)]
+            if members:
+                await self.redis.delete(*members)
 
     async def close(self) -> None:
         if self._owned and self._redis is not None:

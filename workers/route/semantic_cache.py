@@ -14,9 +14,10 @@ vector whose answer never came (or expired) is passed over.
 
 Redis holds, per group, a hash of exact key -> expiry (8 bytes) and vector
 (float32); each tenant's groups are indexed by expiry (at most
-``MAX_GROUPS``, each at most ``MAX_VECTORS``). A lookup or write that fails
-or takes longer than ``_TIMEOUT_S`` is a miss. Only answers that would be the
-same again are kept (:func:`workers.prompt_cache.cacheable`).
+``MAX_GROUPS``, each at most ``MAX_VECTORS``). A lookup that fails or whose
+read takes longer than ``_TIMEOUT_S`` is a miss; so is a write that fails or
+whose commands together take longer than ``_WRITE_TIMEOUT_S``, not kept.
+Only answers that would be the same again are kept (:func:`workers.prompt_cache.cacheable`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ MAX_VECTORS = 512
 # candidates at or above the threshold whose answers are read, most similar first
 _CANDIDATES = 8
 _TIMEOUT_S = 0.25
+_WRITE_TIMEOUT_S = _TIMEOUT_S * 4
 _EXPIRY = struct.Struct("<d")
 # float32's rounding: a text's vector against itself may fall this short of 1
 _ROUNDING = 1e-5
@@ -97,7 +99,9 @@ class SemanticCache:
         return f"{self.settings.kafka.topic_prefix}:meaning:{group}"
 
     def _index(self, group: str) -> str:
-        return f"{self.settings.kafka.topic_prefix}:meaning-index:{group.split(':', 1)[0]}"
+        # a group is ``{tenant}:{digest}`` (group_of) and a digest holds no
+        # ':': the tenant is all before the last one, ':' in its id or not
+        return f"{self.settings.kafka.topic_prefix}:meaning-index:{group.rsplit(':', 1)[0]}"
 
     async def nearest(self, group: str, vector: np.ndarray, similarity: float
                       ) -> SemanticHit | None:
@@ -139,28 +143,34 @@ class SemanticCache:
         expires = time.time() + ttl_s
         value = _EXPIRY.pack(expires) + vector.astype("<f4").tobytes()
         try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.hset(name, key, value)
-                pipe.expireat(name, int(expires) + 1)
-                pipe.zadd(index, {name: expires})
-                pipe.zremrangebyscore(index, "-inf", time.time())
-                pipe.zcard(index)
-                pipe.hlen(name)
-                pipe.zrange(index, -1, -1, withscores=True)
-                *_, groups, size, last = await asyncio.wait_for(pipe.execute(), _TIMEOUT_S * 4)
-            if last:  # the index lives as long as its longest-lived group
-                await self.redis.pexpireat(index, int(float(last[0][1]) * 1000) + 1000)
-            if int(size) > MAX_VECTORS:
-                await self._trim(name)
-            if int(groups) > MAX_GROUPS:
-                oldest = await self.redis.zpopmin(index, int(groups) - MAX_GROUPS)
-                members = [entry[0] for entry in oldest if isinstance(entry, tuple | list)]
-                if members:
-                    await self.redis.delete(*members)
+            # one bound for all of it: past it the vector is not kept, a miss
+            async with asyncio.timeout(_WRITE_TIMEOUT_S):
+                await self._write(name, index, key, value, expires)
         except REDIS_ERRORS as exc:
             self._problems.warning("put", "semantic cache: Redis failed (%r); not kept", exc)
             return False
         return True
+
+    async def _write(self, name: str, index: str, key: str, value: bytes, expires: float
+                     ) -> None:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(name, key, value)
+            pipe.expireat(name, int(expires) + 1)
+            pipe.zadd(index, {name: expires})
+            pipe.zremrangebyscore(index, "-inf", time.time())
+            pipe.zcard(index)
+            pipe.hlen(name)
+            pipe.zrange(index, -1, -1, withscores=True)
+            *_, groups, size, last = await pipe.execute()
+        if last:  # the index lives as long as its longest-lived group
+            await self.redis.pexpireat(index, int(float(last[0][1]) * 1000) + 1000)
+        if int(size) > MAX_VECTORS:
+            await self._trim(name)
+        if int(groups) > MAX_GROUPS:
+            oldest = await self.redis.zpopmin(index, int(groups) - MAX_GROUPS)
+            members = [entry[0] for entry in oldest if isinstance(entry, tuple | list)]
+            if members:
+                await self.redis.delete(*members)
 
     async def _trim(self, name: str) -> None:
         held = await self.redis.hgetall(name)

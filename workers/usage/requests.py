@@ -76,8 +76,10 @@ class RequestRow:
 
     @classmethod
     def decode(cls, data: str | bytes) -> RequestRow:
-        """A row as :meth:`encode` wrote it."""
-        return cls(*json.loads(data))
+        """A row as :meth:`encode` wrote it: one of an older version lacks
+        trailing fields (their defaults), one of a newer version may have
+        more (left out, for a rolling deploy reads both)."""
+        return cls(*json.loads(data)[:len(_FIELDS)])
 
     def value_of(self, dim: str) -> str:
         """The row's value of a filter dimension (:data:`FILTERS`)."""

@@ -2,7 +2,9 @@
 forgets (a paraphrase goes to the model, which answers it, and is cached
 again); stopped, every lookup and write is a miss within its bound, never an
 error, and the request goes on to a model; started again, the cache fills
-again."""
+again. A flush between a request's routing and its answer's write loses the
+vector, never the answer: the paraphrase goes to the model once, and its own
+answer is a hit after."""
 
 from __future__ import annotations
 
@@ -55,8 +57,36 @@ async def test_a_flushed_or_stopped_redis_is_a_miss_and_never_an_error(
         assert (await routed(layer, "r6", "Something else entirely?")).event_type == "Task"
         assert time.monotonic() - started < 10
 
+        # what was routed while Redis was down names where its answer goes
+        assert down.record["prompt"]["cache_key"] and down.record["prompt"]["cache_ttl_s"]
         own_redis.start()  # its append-only file kept what it held
         assert (await routed(layer, "r7", PARAPHRASE)).event_type == "TokenChunk"
+    finally:
+        await layer.cache.close()
+        await answers.close()
+
+
+async def test_a_flush_before_the_answer_is_kept_loses_the_vector_not_the_answer(
+        own_redis: OwnRedis) -> None:
+    settings = load_settings(topic_prefix=f"t{uuid.uuid4().hex[:10]}", redis_url=own_redis.url)
+    layer = cached_route(settings, Embedders(), similarity=0.9)
+    answers = PromptCache(settings)
+
+    async def answer(out: Output) -> None:
+        prompt = out.record["prompt"]
+        assert await answers.put(prompt["cache_key"], ANSWER, prompt["cache_ttl_s"])
+
+    try:
+        first = await routed(layer, "r1", QUESTION)
+        assert first.event_type == "Task"
+        own_redis.flush()  # while the model answers r1
+        await answer(first)  # its answer is kept, its vector is gone
+        assert await answers.get(first.record["prompt"]["cache_key"]) == ANSWER
+        again = await routed(layer, "r2", PARAPHRASE)
+        assert again.event_type == "Task"  # to the model, once: no vector leads to r1's answer
+        await answer(again)
+        hit = await routed(layer, "r3", QUESTION)
+        assert hit.event_type == "TokenChunk" and hit.record["text"] == ANSWER.text
     finally:
         await layer.cache.close()
         await answers.close()

@@ -134,6 +134,20 @@ async def test_groups_come_in_pipeline_order_answering_fast(settings: Settings) 
         assert time.monotonic() - started < 0.3
 
 
+async def test_a_close_beside_a_read_that_starts_afresh_leaves_nothing_open(
+        settings: Settings) -> None:
+    """The console's shutdown closes its reader while a request's read starts
+    the clients again: each pair of clients is closed, none left running."""
+    await send(settings, 1)
+    before = asyncio.all_tasks()
+    kept = GroupReader(settings)
+    await kept.describe()
+    await asyncio.gather(kept.close(), kept.describe())
+    await kept.close()
+    await asyncio.sleep(0.1)
+    assert {t for t in asyncio.all_tasks() - before if not t.done()} == set()
+
+
 async def test_kafka_down_is_a_connection_error_never_a_hang(settings: Settings) -> None:
     assert issubclass(KafkaConnectionError, BACKEND_ERRORS)  # the console says so
     before = asyncio.all_tasks()

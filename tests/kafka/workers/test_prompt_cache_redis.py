@@ -8,6 +8,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
 
 import pytest
 import redis.asyncio as aioredis
@@ -15,6 +16,7 @@ import redis.asyncio as aioredis
 import workers.prompt_cache as prompt_cache
 from conveyor.settings import Settings, load_settings
 from tests.support.services import prefix_redis
+from tests.support.slow_link import slow_link
 from workers.prompt_cache import MAX_TEXT_CHARS, Cached, PromptCache
 
 ENTRY = Cached(text="Kafka is a distributed log. «ü»", tokens=9, finish_reason="stop",
@@ -92,6 +94,42 @@ async def test_a_tenants_oldest_entries_beyond_the_bound_are_dropped(
     index = await client.zrange(f"{settings.kafka.topic_prefix}:cache-index:acme", 0, -1)
     assert index == [f"{settings.kafka.topic_prefix}:cache:{k}".encode() for k in keys[2:]]
     assert await cache.get(other) == ENTRY
+
+
+async def test_a_tenant_whose_id_holds_a_colon_has_a_bound_of_its_own(
+        cache: PromptCache, settings: Settings, client: aioredis.Redis,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The entries of tenant acme:east are not indexed with those of acme, so
+    its newest entry does not evict the entry of acme."""
+    monkeypatch.setattr(prompt_cache, "MAX_ENTRIES", 1)
+    acme, east = f"acme:{digest(1)}", f"acme:east:{digest(2)}"
+    assert await cache.put(acme, ENTRY, 600)
+    assert await cache.put(east, ENTRY, 600)
+    assert [await cache.get(acme), await cache.get(east)] == [ENTRY, ENTRY]
+    prefix = settings.kafka.topic_prefix
+    assert await client.zrange(f"{prefix}:cache-index:acme", 0, -1) == \
+        [f"{prefix}:cache:{acme}".encode()]
+    assert await client.zrange(f"{prefix}:cache-index:acme:east", 0, -1) == \
+        [f"{prefix}:cache:{east}".encode()]
+
+
+async def test_a_write_to_a_redis_that_answers_slowly_gives_up_within_its_bound(
+        settings: Settings, client: aioredis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each command of a write answered in less than a command's own timeout,
+    the write as a whole (its pipeline, the index's expiry, the eviction of
+    the oldest entry) still ends within the write's bound, not kept."""
+    monkeypatch.setattr(prompt_cache, "MAX_ENTRIES", 1)
+    shared = urlsplit(settings.redis.url)
+    async with slow_link(shared.hostname or "127.0.0.1", shared.port or 6379) as link:
+        slow = settings.replace(redis_url=f"redis://127.0.0.1:{link.port}/{shared.path[1:] or 0}")
+        cache = PromptCache(slow)
+        assert await cache.put(f"acme:{digest(1)}", ENTRY, 600)
+        link.delay_s = 0.6
+        started = time.monotonic()
+        kept = await cache.put(f"acme:{digest(2)}", ENTRY, 600)
+        took = time.monotonic() - started
+        assert not kept and took < prompt_cache._WRITE_TIMEOUT_S + 0.5, took
+        await cache.close()
 
 
 async def test_an_answer_too_long_or_a_ttl_of_nothing_is_not_kept(

@@ -7,8 +7,11 @@ bounds and TTL hold."""
 
 from __future__ import annotations
 
+import socket
+import time
 import uuid
 from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
@@ -18,6 +21,7 @@ import workers.route.semantic_cache as semantic_cache
 from conveyor.settings import Settings, load_settings
 from tests.support.meaning import cached_route, prepared_for
 from tests.support.services import prefix_redis
+from tests.support.slow_link import slow_link
 from workers.outputs import Output
 from workers.prompt_cache import CACHE_WORKER, Cached, PromptCache
 from workers.route.embedder import Embedders
@@ -108,3 +112,60 @@ async def test_vectors_live_the_ttl_and_a_group_keeps_its_newest(
     hit = await cache.nearest("acme:g1", vectors[4], 0.99)
     assert hit is not None and hit.similarity == 1.0 and hit.cached == ANSWER
     await cache.close()
+
+
+async def test_a_tenant_whose_id_holds_a_colon_has_an_index_of_its_own(
+        settings: Settings, client: aioredis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The groups of tenant acme:east are not indexed with those of acme, so
+    keeping its newest group does not evict the group of acme."""
+    monkeypatch.setattr(semantic_cache, "MAX_GROUPS", 1)
+    cache = SemanticCache(settings)
+    vector = np.ones(384, np.float32) / np.sqrt(384)
+    acme, east = f"acme:{'a' * 40}", f"acme:east:{'b' * 40}"
+    assert await cache.remember(acme, vector, f"acme:{1:040x}", 100)
+    assert await cache.remember(east, vector, f"acme:east:{2:040x}", 200)
+    prefix = settings.kafka.topic_prefix
+    assert await client.zrange(f"{prefix}:meaning-index:acme", 0, -1) == \
+        [f"{prefix}:meaning:{acme}".encode()]
+    assert await client.zrange(f"{prefix}:meaning-index:acme:east", 0, -1) == \
+        [f"{prefix}:meaning:{east}".encode()]
+    assert await client.exists(f"{prefix}:meaning:{acme}", f"{prefix}:meaning:{east}") == 2
+    await cache.close()
+
+
+async def test_a_write_to_a_redis_that_answers_slowly_gives_up_within_its_bound(
+        settings: Settings, client: aioredis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each command of a write answered in less than a command's own timeout,
+    the write as a whole (its pipeline, the index's expiry, the eviction of
+    the oldest group) still ends within the write's bound, not kept."""
+    monkeypatch.setattr(semantic_cache, "MAX_GROUPS", 1)
+    shared = urlsplit(settings.redis.url)
+    async with slow_link(shared.hostname or "127.0.0.1", shared.port or 6379) as link:
+        slow = settings.replace(redis_url=f"redis://127.0.0.1:{link.port}/{shared.path[1:] or 0}")
+        cache = SemanticCache(slow)
+        vector = np.ones(384, np.float32) / np.sqrt(384)
+        assert await cache.remember(f"acme:{'a' * 40}", vector, f"acme:{1:040x}", 100)
+        link.delay_s = 0.6
+        started = time.monotonic()
+        kept = await cache.remember(f"acme:{'b' * 40}", vector, f"acme:{2:040x}", 100)
+        took = time.monotonic() - started
+        assert not kept and took < semantic_cache._WRITE_TIMEOUT_S + 0.5, took
+        await cache.close()
+
+
+async def test_the_route_layer_goes_on_within_the_cache_s_bounds_when_redis_never_answers(
+        settings: Settings, embedders: Embedders) -> None:
+    with socket.socket() as silent:  # accepts connections, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        mute = settings.replace(redis_url=f"redis://127.0.0.1:{silent.getsockname()[1]}/0")
+        layer = cached_route(mute, embedders)
+        assert (await routed(layer, "r1", QUESTION)).event_type == "Task"  # loads the encoder
+        started = time.monotonic()
+        out = await routed(layer, "r2", PARAPHRASE)
+        took = time.monotonic() - started
+        assert out.event_type == "Task" and out.record["route"]["model"] == \
+            "smollm2-135m-instruct"
+        bound = semantic_cache._TIMEOUT_S + semantic_cache._WRITE_TIMEOUT_S
+        assert took < bound + 0.5, took
+        await layer.cache.close()

@@ -48,6 +48,13 @@ def test_a_failed_request_s_row_keeps_its_error_code_and_an_older_row_reads() ->
     assert RequestRow.decode(older).asked_model == ""
 
 
+def test_a_row_written_by_a_newer_version_with_more_fields_reads_without_them() -> None:
+    row = RequestRow.of(usage(status="error", error_code="server_overloaded"))
+    newer = row.encode()[:-1] + ',"a field of later",7]'
+    assert RequestRow.decode(newer) == row
+    assert RequestRow.decode(newer.encode()) == row
+
+
 def test_each_row_is_in_the_set_of_all_and_one_set_per_filter() -> None:
     keys = IndexKeys("cv")
     row = RequestRow.of(usage())
