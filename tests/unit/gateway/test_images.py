@@ -60,7 +60,7 @@ def registry() -> Registry:
 
 @pytest.fixture
 async def client(settings: Settings, registry: Registry) -> AsyncIterator[httpx.AsyncClient]:
-    app = build_app(settings)
+    app = build_app(settings, registry)
     app.state.services = offline_services(settings, registry)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                  base_url="http://conveyor") as http:
