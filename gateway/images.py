@@ -1,8 +1,9 @@
 """The image parts of a chat or Responses request taken in: refused for a
 model the caller may not use (404, as admission says it) or one that does not
 declare vision (400 naming the first part), counted, each read (a base64 data
-URL; an http(s) URL only of a host ``images.allowed_hosts`` lists, fetched
-with a timeout and a size cap, no redirects), checked (conveyor/images.py),
+URL; an http(s) URL only of a host and port ``images.allowed_hosts`` lists, at
+a public address, fetched with a timeout and a size cap, unencoded, no
+redirects), checked (conveyor/images.py),
 and kept once in the file store; the event carries each as an
 :class:`~schemas.records.ImageRef`. The rules: docs/api/chat.md#images.
 """
@@ -12,11 +13,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import ipaddress
 import re
+import socket
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.resolver import DefaultResolver
+from yarl import URL
 
 from conveyor.errors import InvalidRequest, ModelNotFound
 from conveyor.files.images import ImageStore
@@ -108,16 +113,14 @@ class ImageIntake:
         if url[:5].lower() == "data:":
             return self._decoded(url, param)
         where = _url_param(param)
-        try:
-            parts = urlsplit(url)
-            host = (parts.hostname or "").lower()
+        try:  # parsed once: the URL checked is the URL fetched
+            parsed = URL(url)
         except ValueError:  # a bracketed host that is no IPv6 address
             raise InvalidRequest(f"Invalid '{where}': not a URL.", param=where) from None
-        if parts.scheme.lower() not in ("http", "https"):
+        if parsed.scheme not in ("http", "https") or not parsed.host:
             raise InvalidRequest(f"Invalid '{where}': expected a data URL "
                                  "(data:image/png;base64,...) or an http(s) URL.", param=where)
-        return await self._fetched(url, host, param), None
-
+        return await self._fetched(parsed, param), None
     def _decoded(self, url: str, param: str) -> tuple[bytes, str | None]:
         where = _url_param(param)
         match = _DATA_URL.match(url)
@@ -137,29 +140,107 @@ class ImageIntake:
             raise _too_large(param, limit)
         return data, match.group(1).strip().lower() or None
 
-    async def _fetched(self, url: str, host: str, param: str) -> bytes:
+    async def _fetched(self, url: URL, param: str) -> bytes:
         where = _url_param(param)
-        if host not in self.settings.hosts():
+        host = url.host or ""
+        if not _allowed(url, self.settings.hosts()):
+            shown = host if url.is_default_port() else f"{host}:{url.port}"
             raise InvalidRequest(f"Invalid '{where}': Conveyor does not fetch images from "
-                                 f"{host or 'that URL'}; send the image as a data URL "
+                                 f"{shown}; send the image as a data URL "
                                  "(data:image/png;base64,...).", param=where)
+        private = self.settings.allow_private_addresses
+        if not private and _literal(host) is not None and not _public(host):
+            raise _not_public(where, host)
         limit = self.settings.max_bytes
         timeout = aiohttp.ClientTimeout(total=self.settings.fetch_timeout_s)
+        connector = aiohttp.TCPConnector(resolver=_PublicResolver(private))
         try:
-            async with aiohttp.ClientSession(timeout=timeout) as session, \
-                    session.get(url, allow_redirects=False) as response:
+            async with aiohttp.ClientSession(timeout=timeout, connector=connector,
+                                             auto_decompress=False) as session, \
+                    session.get(url, allow_redirects=False,
+                                headers={"Accept-Encoding": "identity"}) as response:
                 if response.status != 200:
                     raise InvalidRequest(f"Invalid '{where}': fetching the image got HTTP "
                                          f"{response.status}.", param=where)
+                encoding = response.headers.get("Content-Encoding", "").strip().lower()
+                if encoding not in ("", "identity"):  # the size cap counts the bytes as sent
+                    raise InvalidRequest(f"Invalid '{where}': the image came encoded "
+                                         f"({encoding}); Conveyor fetches images unencoded.",
+                                         param=where)
                 data = bytearray()
                 async for chunk in response.content.iter_chunked(64 * 1024):
                     data += chunk
                     if len(data) > limit:
                         raise _too_large(param, limit)
                 return bytes(data)
+        except aiohttp.ClientConnectorError as exc:
+            if isinstance(exc.os_error, _NotPublic):
+                raise _not_public(where, host) from None
+            raise _unfetched(where, exc) from None
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:  # ValueError: yarl's
-            raise InvalidRequest(f"Invalid '{where}': the image could not be fetched "
-                                 f"({type(exc).__name__}).", param=where) from None
+            raise _unfetched(where, exc) from None
+
+
+class _NotPublic(OSError):
+    """A host that resolves to no public address."""
+
+
+class _PublicResolver(AbstractResolver):
+    """aiohttp's resolver, keeping only the public addresses a host resolves to
+    (all with ``private``): the address checked is the one connected to, so a
+    listed name that resolves into the gateway's own network is not reached."""
+
+    def __init__(self, private: bool) -> None:
+        self.private = private
+        self.resolver = DefaultResolver()
+
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
+        found = await self.resolver.resolve(host, port, family)
+        kept = [r for r in found if self.private or _public(r["host"])]
+        if not kept:
+            raise _NotPublic(f"{host} resolves to no public address")
+        return kept
+
+    async def close(self) -> None:
+        await self.resolver.close()
+
+
+def _allowed(url: URL, hosts: frozenset[str]) -> bool:
+    """Whether ``hosts`` (``images.allowed_hosts``) lists the URL's host at its
+    port: a host alone stands for its scheme's default port only."""
+    host = url.host or ""
+    name = f"[{host}]" if ":" in host else host
+    if f"{name}:{url.port}" in hosts:
+        return True
+    return url.is_default_port() and (name in hosts or host in hosts)
+
+
+def _literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+def _public(address: str) -> bool:
+    """Whether ``address`` is a global one: not loopback, private, link-local
+    (169.254.169.254), shared, reserved or multicast (an IPv4 address inside
+    IPv6 judged as itself)."""
+    ip = _literal(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip is not None and ip.is_global and not ip.is_multicast
+
+
+def _not_public(where: str, host: str) -> InvalidRequest:
+    return InvalidRequest(f"Invalid '{where}': {host} is not at a public address; Conveyor "
+                          "does not fetch images from its own network.", param=where)
+
+
+def _unfetched(where: str, exc: Exception) -> InvalidRequest:
+    return InvalidRequest(f"Invalid '{where}': the image could not be fetched "
+                          f"({type(exc).__name__}).", param=where)
 
 
 @dataclass(frozen=True)
