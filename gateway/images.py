@@ -80,7 +80,7 @@ class ImageIntake:
                      ) -> dict[PartKey, ImageRef]:
         """``parts`` read, checked and stored. Nothing is stored for a model the
         caller may not use (404, as admission answers) or one without vision (400
-        naming the first part), nor past the count."""
+        naming the first part), past the count, nor when any image is refused."""
         if not parts:
             return {}
         first = parts[0].param
@@ -96,11 +96,13 @@ class ImageIntake:
             extra = parts[self.settings.max_count].param
             raise InvalidRequest(f"Invalid '{extra}': a request holds at most "
                                  f"{self.settings.max_count} images.", param=extra)
-        out: dict[PartKey, ImageRef] = {}
-        for part in parts:
+        read = []
+        for part in parts:  # every image read and checked before any is stored
             data, declared = await self._read(part.url, part.param)
-            checked = await asyncio.to_thread(check_image, data, declared,
-                                              self.settings.max_pixels, part.param)
+            read.append((data, await asyncio.to_thread(check_image, data, declared,
+                                                       self.settings.max_pixels, part.param)))
+        out: dict[PartKey, ImageRef] = {}
+        for part, (data, checked) in zip(parts, read, strict=True):
             file_id, digest = await self.store.put(identity.tenant, data, checked.media_type)
             out[part.key] = ImageRef(file_id=file_id, media_type=checked.media_type,
                                      bytes=len(data), sha256=digest, width=checked.width,

@@ -140,6 +140,14 @@ async def test_a_bad_image_part_is_a_400_naming_it(
     assert stored(settings) == []
 
 
+async def test_nothing_is_stored_when_a_later_image_is_refused(
+        client: httpx.AsyncClient, settings: Settings) -> None:
+    error = await refused(client, body(image(data_url(image_bytes())),
+                                       image(data_url(b"not an image at all"))))
+    assert error["param"] == "messages[1].content[2]" and "not an image" in error["message"]
+    assert stored(settings) == []
+
+
 async def test_images_only_come_from_the_user(client: httpx.AsyncClient) -> None:
     part = image(data_url(image_bytes()))
     error = await refused(client, {"model": "eyes", "messages": [
