@@ -6,6 +6,7 @@ submitted) and the intake itself for what is stored."""
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import hashlib
 import json
@@ -219,6 +220,8 @@ async def server() -> AsyncIterator[int]:
     """An image server on loopback: its port."""
     png = image_bytes()
     app = web.Application()
+    pair: list[str] = []
+    both = asyncio.Event()
 
     async def serve(request: web.Request) -> web.Response:
         if request.path == "/cat.png":
@@ -228,6 +231,14 @@ async def server() -> AsyncIterator[int]:
         if request.path == "/zipped.png":
             return web.Response(body=gzip.compress(png), content_type="image/png",
                                 headers={"Content-Encoding": "gzip"})
+        if request.path.startswith("/pair"):  # answers once both of a pair are asked
+            pair.append(request.path)
+            if len(pair) == 2:
+                both.set()
+            await asyncio.wait_for(both.wait(), 5)
+            return web.Response(body=png, content_type="image/png")
+        if request.path == "/slow.png":
+            await asyncio.sleep(1)
         raise web.HTTPFound("https://elsewhere.example.com/cat.png")
 
     app.router.add_get("/{name}", serve)
@@ -261,6 +272,26 @@ async def test_a_remote_image_is_fetched_only_from_a_listed_host(
     for name, words in (("big.png", "larger than 4096"), ("moved.png", "HTTP 302")):
         with pytest.raises(InvalidRequest, match=words):
             await fetched(intake, f"http://127.0.0.1:{server}/{name}")
+
+
+async def test_a_request_s_images_are_fetched_at_once_within_its_timeout(
+        settings: Settings, registry: Registry, server: int) -> None:
+    intake = intake_of(settings, registry, images_allowed_hosts=f"127.0.0.1:{server}",
+                       images_allow_private_addresses=True, images_fetch_timeout_s=2.0)
+    parsed = ChatCompletionRequest.model_validate(body(
+        image(f"http://127.0.0.1:{server}/pair-1.png"),
+        image(f"http://127.0.0.1:{server}/pair-2.png")))
+    assert len(await intake.refs(parsed, ACME)) == 2  # one after the other: a timeout
+    intake = intake_of(settings, registry, images_allowed_hosts=f"127.0.0.1:{server}",
+                       images_allow_private_addresses=True, images_fetch_timeout_s=0.3)
+    parsed = ChatCompletionRequest.model_validate(body(
+        image(data_url(image_bytes(color=(1, 2, 3)))),
+        image(f"http://127.0.0.1:{server}/slow.png")))
+    kept = stored(settings)
+    with pytest.raises(InvalidRequest, match="could not be fetched") as told:
+        await intake.refs(parsed, ACME)
+    assert told.value.param == "messages[1].content[2].image_url.url"
+    assert stored(settings) == kept
 
 
 async def test_a_listed_host_is_fetched_only_at_its_default_port_unless_one_is_listed(
