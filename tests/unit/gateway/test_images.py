@@ -7,6 +7,7 @@ submitted) and the intake itself for what is stored."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gzip
 import hashlib
 import json
@@ -386,3 +387,20 @@ async def test_a_response_s_images_are_stored_and_listed_among_its_input_items(
         {"type": "input_text", "text": " Be brief."}]
     with pytest.raises(Exception, match="POST /v1/responses only"):
         generation_of(body)  # the WebSocket's mode: no images stored, none taken
+
+
+async def test_a_gateway_without_an_image_store_refuses_images_as_its_own(
+        settings: Settings, registry: Registry) -> None:
+    from gateway.responses.serving import ResponsesServing
+
+    app = build_app(settings, registry)
+    services = offline_services(settings, registry)
+    app.state.services = dataclasses.replace(services, responses=ResponsesServing(
+        settings, services.submitter, services.stored, None, None))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://conveyor") as http:
+        r = await http.post("/v1/responses", json=responses_body(
+            {"type": "input_image", "image_url": data_url(image_bytes())}))
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == "input[1].content[1]", r.text
+    assert error["message"].endswith("this gateway takes no image parts."), error
