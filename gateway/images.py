@@ -27,7 +27,7 @@ from yarl import URL
 
 from conveyor.errors import InvalidRequest, ModelNotFound
 from conveyor.files.images import ImageStore
-from conveyor.images import check_image
+from conveyor.images import check_image, not_seeing
 from conveyor.registry import Registry
 from conveyor.settings import ImagesSettings
 from gateway.auth.types import Identity
@@ -91,9 +91,7 @@ class ImageIntake:
             raise ModelNotFound(f"The model `{model}` does not exist or you do not have "
                                 "access to it.", param="model")
         if not spec.vision:
-            raise InvalidRequest(f"The model `{model}` does not read images; "
-                                 f"'{first}' is an image part. Send images to a model "
-                                 "that declares vision.", param=first)
+            raise not_seeing(model, first)
         if len(parts) > self.settings.max_count:
             extra = parts[self.settings.max_count].param
             raise InvalidRequest(f"Invalid '{extra}': a request holds at most "

@@ -24,7 +24,14 @@ from pydantic import (
 )
 
 from conveyor.errors import InvalidRequest
-from schemas.openai.fields import FUNCTION_NAME, STRICT, Text, joined, json_object
+from schemas.openai.fields import (
+    FUNCTION_NAME,
+    STRICT,
+    Text,
+    image_parts,
+    joined,
+    json_object,
+)
 from schemas.openai.requests import (
     MAX_INT32,
     FunctionSpec,
@@ -101,14 +108,7 @@ class InputMessage(BaseModel):
     def image_parts(self) -> list[tuple[int, int, InputImage]]:
         """Each image part: its index in the content, the characters of text
         before it, the part."""
-        out: list[tuple[int, int, InputImage]] = []
-        chars = 0
-        for index, part in enumerate(self.content if isinstance(self.content, list) else ()):
-            if isinstance(part, InputImage):
-                out.append((index, chars, part))
-            else:
-                chars += len(part.text)
-        return out
+        return image_parts(self.content, InputImage)
 
 
 class FunctionCallItem(BaseModel):
