@@ -14,7 +14,7 @@ from PIL import Image, UnidentifiedImageError
 
 from conveyor.errors import InvalidRequest
 
-__all__ = ["MEDIA_TYPES", "CheckedImage", "check_image", "image_tokens"]
+__all__ = ["MEDIA_TYPES", "CheckedImage", "check_image", "image_tokens", "not_seeing"]
 
 # the media types an image part may hold, and Pillow's name of each format
 MEDIA_TYPES: dict[str, str] = {"image/png": "PNG", "image/jpeg": "JPEG",
@@ -72,6 +72,13 @@ def check_image(data: bytes, declared: str | None, max_pixels: int, param: str) 
         raise InvalidRequest(f"Invalid '{param}': the data URL says {declared}, but the "
                              f"data is {media_type}.", param=param)
     return CheckedImage(media_type, width, height)
+
+
+def not_seeing(model: str, part: str) -> InvalidRequest:
+    """The 400 of an image part (``part``) sent to a model that does not
+    declare vision, as the gateway and preprocess both answer it."""
+    return InvalidRequest(f"The model `{model}` does not read images; '{part}' is an image "
+                          "part. Send images to a model that declares vision.", param=part)
 
 
 def image_tokens(width: int, height: int, detail: str) -> int:

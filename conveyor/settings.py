@@ -213,8 +213,12 @@ class ImagesSettings(Section):
     # which the gateway stores before anything enters the pipeline
     max_body_bytes: int = Field(20 * 1024 * 1024, alias="images_max_body_bytes", ge=1)
     # hosts whose http(s) image URLs the gateway fetches ("images.example.com,cdn.example.org";
-    # empty: none, only data URLs are taken), each fetch bounded by fetch_timeout_s
+    # empty: none, only data URLs are taken): a host alone at its scheme's default
+    # port (80, 443), "host:port" at that port; only at public addresses unless
+    # allow_private_addresses (an image server inside the operator's network, or
+    # a test's on loopback); the fetches of a request bounded by fetch_timeout_s
     allowed_hosts: str = Field("", alias="images_allowed_hosts")
+    allow_private_addresses: bool = Field(False, alias="images_allow_private_addresses")
     fetch_timeout_s: float = Field(10.0, alias="images_fetch_timeout_s", gt=0)
 
     def hosts(self) -> frozenset[str]:

@@ -24,6 +24,7 @@ from conveyor.policy.pii import FindMemo, Redactor
 from conveyor.policy.rules import Policy
 from conveyor.policy.safety import Match, TermList
 from conveyor.settings import Settings
+from schemas.images import mapped_pieces
 from schemas.records import AuditEvent, Envelope, Generation, Message
 from topics.catalog import AUDIT
 from topics.envelope import now_ms
@@ -180,16 +181,8 @@ def _message(message: Message, redactor: Redactor) -> Message:
     out: Message = {**message, "content": redactor.redact(message["content"])}
     images = message.get("images")
     if images:  # the text between images redacted piece by piece: each stays in place
-        text, refs, start = "", [], 0
-        for ref in images:
-            at = min(max(ref.get("offset", 0), start), len(message["content"]))
-            text += redactor.redact(message["content"][start:at])
-            moved = ref.copy()
-            moved["offset"] = len(text)
-            refs.append(moved)
-            start = at
-        out["content"] = text + redactor.redact(message["content"][start:])
-        out["images"] = refs
+        out["content"], out["images"] = mapped_pieces(message["content"], images,
+                                                      redactor.redact)
     calls = message.get("tool_calls")
     if calls:
         out["tool_calls"] = [{**call, "arguments": redactor.redact(call["arguments"])}

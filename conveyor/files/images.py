@@ -34,15 +34,15 @@ class ImageStore:
     def __init__(self, files: LocalFileStore) -> None:
         self.files = files
 
-    async def put(self, tenant: str, data: bytes, media_type: str) -> tuple[str, str]:
-        """Keep ``data`` (unless the tenant has it already): its file id and sha256."""
-        digest = hashlib.sha256(data).hexdigest()
-        file_id = image_file_id(digest)
+    async def put(self, tenant: str, data: bytes, media_type: str, sha256_hex: str) -> str:
+        """Keep ``data``, whose sha256 is ``sha256_hex`` (taken with the image's
+        check, off the event loop), unless the tenant has it already: its file id."""
+        file_id = image_file_id(sha256_hex)
         try:
             try:
                 found = await self.files.get(tenant, file_id)
                 if found.purpose == "vision" and found.bytes == len(data):
-                    return file_id, digest
+                    return file_id
             except FileNotFound:
                 pass
             suffix = media_type.removeprefix("image/")
@@ -50,7 +50,7 @@ class ImageStore:
         except OSError as exc:
             raise FileStoreUnavailable(f"The image could not be stored ({exc.strerror or exc}); "
                                        "try again later.") from exc
-        return file_id, digest
+        return file_id
 
     async def read(self, tenant: str, file_id: str, sha256_hex: str, part: str) -> bytes:
         """The bytes of an image kept by :meth:`put`; an :class:`InvalidRequest`

@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, Literal, get_args
 
+from schemas.images import text_pieces
 from schemas.openai.response_items import output_items, output_text_part
 from schemas.openai.responses import ResponsesRequest, response_usage
 from schemas.records import ErrorInfo, Message, Usage
@@ -146,15 +147,13 @@ def _input_parts(turn: Message) -> list[dict[str, Any]]:
     text, refs = turn["content"], turn.get("images") or ()
     if not refs:
         return [{"type": "input_text", "text": text}]
+    pieces = text_pieces(text, refs)
     parts: list[dict[str, Any]] = []
-    start = 0
-    for ref in refs:
-        at = min(max(ref.get("offset", 0), start), len(text))
-        if at > start:
-            parts.append({"type": "input_text", "text": text[start:at]})
+    for piece, ref in zip(pieces, refs, strict=False):
+        if piece:
+            parts.append({"type": "input_text", "text": piece})
         parts.append({"type": "input_image", "file_id": ref["file_id"], "image_url": None,
                       "detail": ref.get("detail") or "auto"})
-        start = at
-    if start < len(text):
-        parts.append({"type": "input_text", "text": text[start:]})
+    if pieces[-1]:
+        parts.append({"type": "input_text", "text": pieces[-1]})
     return parts

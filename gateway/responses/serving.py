@@ -246,7 +246,7 @@ class ResponsesServing:
     async def create(self, body: ResponsesRequest, request: Request) -> Response:
         """The response as one object, as SSE events, or (``background``) queued."""
         images = await self.images.input_refs(body, identity_of(request)) \
-            if self.images is not None else None
+            if self.images is not None else {}
         generation = generation_of(body, images)
         if body.previous_response_id is not None:
             generation = await self.continued(identity_of(request), body, generation)

@@ -5,13 +5,13 @@ refused with its field's ``param``), and the strict model configuration."""
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import AfterValidator, ConfigDict
 
 from conveyor.errors import InvalidRequest
 
-__all__ = ["Text", "STRICT", "FUNCTION_NAME", "joined", "json_object"]
+__all__ = ["Text", "STRICT", "FUNCTION_NAME", "image_parts", "joined", "json_object"]
 
 
 def _utf8(value: str) -> str:
@@ -37,6 +37,23 @@ def joined(content: Any) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     return "".join(getattr(part, "text", "") for part in content)
+
+
+Image = TypeVar("Image")
+
+
+def image_parts(content: Any, image: type[Image]) -> list[tuple[int, int, Image]]:
+    """Each image part (of type ``image``) of a content field: its index in the
+    content, the characters of text before it, the part. A content that is no
+    list of parts holds none."""
+    out: list[tuple[int, int, Image]] = []
+    chars = 0
+    for index, part in enumerate(content if isinstance(content, list) else ()):
+        if isinstance(part, image):
+            out.append((index, chars, part))
+        else:
+            chars += len(part.text)
+    return out
 
 
 def json_object(raw: bytes) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from pydantic import (
 from conveyor.errors import InvalidRequest
 from schemas.openai.embeddings import EmbeddingBody
 from schemas.openai.feedback import FeedbackBody
-from schemas.openai.fields import FUNCTION_NAME, STRICT, Text, joined
+from schemas.openai.fields import FUNCTION_NAME, STRICT, Text, image_parts, joined
 from schemas.openai.moderations import ModerationBody, ModerationText
 from schemas.records import Function as FunctionRecord
 from schemas.records import ResponseFormat as ResponseFormatRecord
@@ -230,16 +230,7 @@ class ChatMessage(BaseModel):
     def image_parts(self) -> list[tuple[int, int, ImagePart]]:
         """Each image part: its index in the content, the characters of text
         before it, the part."""
-        out: list[tuple[int, int, ImagePart]] = []
-        if not isinstance(self.content, list):
-            return out
-        chars = 0
-        for index, part in enumerate(self.content):
-            if isinstance(part, ImagePart):
-                out.append((index, chars, part))
-            else:
-                chars += len(part.text)
-        return out
+        return image_parts(self.content, ImagePart)
 
 
 METADATA_PAIRS = 16

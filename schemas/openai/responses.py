@@ -24,7 +24,14 @@ from pydantic import (
 )
 
 from conveyor.errors import InvalidRequest
-from schemas.openai.fields import FUNCTION_NAME, STRICT, Text, joined, json_object
+from schemas.openai.fields import (
+    FUNCTION_NAME,
+    STRICT,
+    Text,
+    image_parts,
+    joined,
+    json_object,
+)
 from schemas.openai.requests import (
     MAX_INT32,
     FunctionSpec,
@@ -101,14 +108,7 @@ class InputMessage(BaseModel):
     def image_parts(self) -> list[tuple[int, int, InputImage]]:
         """Each image part: its index in the content, the characters of text
         before it, the part."""
-        out: list[tuple[int, int, InputImage]] = []
-        chars = 0
-        for index, part in enumerate(self.content if isinstance(self.content, list) else ()):
-            if isinstance(part, InputImage):
-                out.append((index, chars, part))
-            else:
-                chars += len(part.text)
-        return out
+        return image_parts(self.content, InputImage)
 
 
 class FunctionCallItem(BaseModel):
@@ -177,7 +177,8 @@ def conversation(instructions: str | None, items: str | list[InputItem],
     """The conversation as chat turns: ``instructions`` first as a system
     message (as OpenAI puts them before the input), each message item a turn
     (with its stored images, ``images`` by (item index, content index):
-    gateway/images.py; an image part without one is refused, naming it),
+    gateway/images.py; an image part without one is refused, naming it: none
+    is the WebSocket's mode, which takes no images),
     function calls joined to the assistant turn they follow (or one of their
     own), and each call's output a tool turn."""
     turns = [_turn("system", instructions)] if instructions is not None else []
@@ -199,8 +200,9 @@ def conversation(instructions: str | None, items: str | list[InputItem],
                 ref = (images or {}).get((index, j))
                 if ref is None:
                     where = f"input[{index}].content[{j}]"
-                    raise InvalidRequest(f"Invalid '{where}': image parts are taken by POST "
-                                         "/v1/responses only.", param=where)
+                    raise InvalidRequest(f"Invalid '{where}': " + (
+                        "image parts are taken by POST /v1/responses only." if images is None
+                        else "this gateway takes no image parts."), param=where)
                 refs.append(ref)
             turns[-1]["images"] = refs or None
     return turns

@@ -33,6 +33,7 @@ from conveyor.files.images import ImageStore
 from conveyor.files.local import LocalFileStore
 from conveyor.settings import Settings
 from schemas.answer_format import violation
+from schemas.images import first_image
 from schemas.records import (
     ChunkHeader,
     Embedding,
@@ -229,7 +230,7 @@ class TaskRun:
             if refused:
                 raise InvalidRequest(f"{what} not supported by the {engine.name} engine "
                                      f"serving {request.model}", param=param)
-        image = next((ref for m in request.messages for ref in m.get("images") or ()), None)
+        image = first_image(request.messages)
         if image is not None and not engine.sees_images:
             raise InvalidRequest(f"'{image.get('part')}' is an image part: the {engine.name} "
                                  f"engine serving {request.model} does not read images",

@@ -5,16 +5,12 @@ and their prompt tokens (conveyor/images.py)."""
 
 from __future__ import annotations
 
-from conveyor.errors import InvalidRequest
-from conveyor.images import image_tokens
+from conveyor.images import image_tokens, not_seeing
 from conveyor.registry import ModelSpec
-from schemas.records import Generation, ImageRef, Message
+from schemas.images import first_image
+from schemas.records import Generation, Message
 
-__all__ = ["check_vision", "first_image", "has_images", "images_tokens"]
-
-
-def first_image(messages: list[Message]) -> ImageRef | None:
-    return next((ref for m in messages for ref in m.get("images") or ()), None)
+__all__ = ["check_vision", "has_images", "images_tokens"]
 
 
 def has_images(messages: list[Message]) -> bool:
@@ -25,10 +21,7 @@ def check_vision(generation: Generation, spec: ModelSpec) -> None:
     """A request with images is for a model that reads them."""
     image = first_image(generation["messages"]) if generation["kind"] == "chat" else None
     if image is not None and not spec.vision:
-        part = image.get("part") or "messages"
-        raise InvalidRequest(f"The model `{generation['model']}` does not read images; "
-                             f"'{part}' is an image part. Send images to a model that "
-                             "declares vision.", param=part)
+        raise not_seeing(generation["model"], image.get("part") or "messages")
 
 
 def images_tokens(message: Message) -> int:

@@ -12,9 +12,11 @@ from __future__ import annotations
 import hashlib
 import json
 import unicodedata
+from functools import partial
 from typing import NamedTuple, cast
 
 from conveyor.errors import ContextLengthExceeded, InvalidRequest
+from schemas.images import mapped_pieces
 from schemas.records import Generation, ImageRef, Message, ToolCall
 from workers.preprocess.images import images_tokens
 from workers.preprocess.tokenizers import Tokenizer
@@ -103,15 +105,8 @@ def _normalize_with_images(content: str, images: object, where: str
             isinstance(r, dict) and isinstance(r.get("sha256"), str) for r in images):
         raise InvalidRequest(f"Invalid '{where}.content': malformed image references.",
                              param=f"{where}.content")
-    text, refs, start = "", [], 0
-    for ref in images:
-        at = min(max(int(ref.get("offset", 0)), start), len(content))
-        text += normalize_text(content[start:at], f"{where}.content")
-        moved = cast(ImageRef, dict(ref))
-        moved["offset"] = len(text)
-        refs.append(moved)
-        start = at
-    return text + normalize_text(content[start:], f"{where}.content"), refs
+    return mapped_pieces(content, cast(list[ImageRef], images),
+                         partial(normalize_text, param=f"{where}.content"))
 
 
 def _normalize_call(call: object, where: str) -> ToolCall:

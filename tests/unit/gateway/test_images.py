@@ -6,6 +6,9 @@ submitted) and the intake itself for what is stored."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import gzip
 import hashlib
 import json
 from collections.abc import AsyncIterator
@@ -16,18 +19,18 @@ import httpx
 import pytest
 from aiohttp import web
 
-from conveyor.errors import ModelNotFound
+from conveyor.errors import InvalidRequest, ModelNotFound
 from conveyor.files.images import ImageStore, image_file_id
 from conveyor.files.local import LocalFileStore
 from conveyor.registry import Registry
 from conveyor.settings import Settings, load_settings
 from gateway.app import build_app
 from gateway.auth.types import Identity
-from gateway.images import ImageIntake
+from gateway.images import ImageIntake, _public
 from schemas.codec import default_codec
 from schemas.openai.generations import chat_generation
 from schemas.openai.requests import ChatCompletionRequest
-from schemas.records import Request
+from schemas.records import ImageRef, Request
 from tests.support.gateway_fakes import offline_services
 from tests.support.images import data_url, image_bytes
 from topics.envelope import new_envelope
@@ -60,7 +63,7 @@ def registry() -> Registry:
 
 @pytest.fixture
 async def client(settings: Settings, registry: Registry) -> AsyncIterator[httpx.AsyncClient]:
-    app = build_app(settings)
+    app = build_app(settings, registry)
     app.state.services = offline_services(settings, registry)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                  base_url="http://conveyor") as http:
@@ -139,6 +142,14 @@ async def test_a_bad_image_part_is_a_400_naming_it(
     assert stored(settings) == []
 
 
+async def test_nothing_is_stored_when_a_later_image_is_refused(
+        client: httpx.AsyncClient, settings: Settings) -> None:
+    error = await refused(client, body(image(data_url(image_bytes())),
+                                       image(data_url(b"not an image at all"))))
+    assert error["param"] == "messages[1].content[2]" and "not an image" in error["message"]
+    assert stored(settings) == []
+
+
 async def test_images_only_come_from_the_user(client: httpx.AsyncClient) -> None:
     part = image(data_url(image_bytes()))
     error = await refused(client, {"model": "eyes", "messages": [
@@ -205,16 +216,30 @@ async def test_images_are_stored_once_and_carried_by_reference(
     assert png not in event and len(event) < 2048
 
 
-async def test_a_remote_image_is_fetched_only_from_a_listed_host(
-        settings: Settings, registry: Registry) -> None:
+@pytest.fixture
+async def server() -> AsyncIterator[int]:
+    """An image server on loopback: its port."""
     png = image_bytes()
     app = web.Application()
+    pair: list[str] = []
+    both = asyncio.Event()
 
     async def serve(request: web.Request) -> web.Response:
         if request.path == "/cat.png":
             return web.Response(body=png, content_type="image/png")
         if request.path == "/big.png":
             return web.Response(body=b"\x00" * 5000)
+        if request.path == "/zipped.png":
+            return web.Response(body=gzip.compress(png), content_type="image/png",
+                                headers={"Content-Encoding": "gzip"})
+        if request.path.startswith("/pair"):  # answers once both of a pair are asked
+            pair.append(request.path)
+            if len(pair) == 2:
+                both.set()
+            await asyncio.wait_for(both.wait(), 5)
+            return web.Response(body=png, content_type="image/png")
+        if request.path == "/slow.png":
+            await asyncio.sleep(1)
         raise web.HTTPFound("https://elsewhere.example.com/cat.png")
 
     app.router.add_get("/{name}", serve)
@@ -222,20 +247,94 @@ async def test_a_remote_image_is_fetched_only_from_a_listed_host(
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    intake = ImageIntake(settings.images, ImageStore(LocalFileStore(settings.jobs)), registry)
     try:
-        parsed = ChatCompletionRequest.model_validate(
-            body(image(f"http://127.0.0.1:{port}/cat.png")))
-        (ref,) = (await intake.refs(parsed, ACME)).values()
-        assert ref["sha256"] == hashlib.sha256(png).hexdigest()
-        for name, words in (("big.png", "larger than 4096"), ("moved.png", "HTTP 302")):
-            parsed = ChatCompletionRequest.model_validate(
-                body(image(f"http://127.0.0.1:{port}/{name}")))
-            with pytest.raises(Exception, match=words):
-                await intake.refs(parsed, ACME)
+        yield site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     finally:
         await runner.cleanup()
+
+
+def intake_of(settings: Settings, registry: Registry, **changes: Any) -> ImageIntake:
+    return ImageIntake(settings.replace(**changes).images,
+                       ImageStore(LocalFileStore(settings.jobs)), registry)
+
+
+async def fetched(intake: ImageIntake, url: str) -> ImageRef:
+    parsed = ChatCompletionRequest.model_validate(body(image(url)))
+    (ref,) = (await intake.refs(parsed, ACME)).values()
+    return ref
+
+
+async def test_a_remote_image_is_fetched_only_from_a_listed_host(
+        settings: Settings, registry: Registry, server: int) -> None:
+    intake = intake_of(settings, registry, images_allowed_hosts=f"127.0.0.1:{server}",
+                       images_allow_private_addresses=True)
+    ref = await fetched(intake, f"http://127.0.0.1:{server}/cat.png")
+    assert ref["sha256"] == hashlib.sha256(image_bytes()).hexdigest()
+    for name, words in (("big.png", "larger than 4096"), ("moved.png", "HTTP 302")):
+        with pytest.raises(InvalidRequest, match=words):
+            await fetched(intake, f"http://127.0.0.1:{server}/{name}")
+
+
+async def test_a_request_s_images_are_fetched_at_once_within_its_timeout(
+        settings: Settings, registry: Registry, server: int) -> None:
+    intake = intake_of(settings, registry, images_allowed_hosts=f"127.0.0.1:{server}",
+                       images_allow_private_addresses=True, images_fetch_timeout_s=2.0)
+    parsed = ChatCompletionRequest.model_validate(body(
+        image(f"http://127.0.0.1:{server}/pair-1.png"),
+        image(f"http://127.0.0.1:{server}/pair-2.png")))
+    assert len(await intake.refs(parsed, ACME)) == 2  # one after the other: a timeout
+    intake = intake_of(settings, registry, images_allowed_hosts=f"127.0.0.1:{server}",
+                       images_allow_private_addresses=True, images_fetch_timeout_s=0.3)
+    parsed = ChatCompletionRequest.model_validate(body(
+        image(data_url(image_bytes(color=(1, 2, 3)))),
+        image(f"http://127.0.0.1:{server}/slow.png")))
+    kept = stored(settings)
+    with pytest.raises(InvalidRequest, match="could not be fetched") as told:
+        await intake.refs(parsed, ACME)
+    assert told.value.param == "messages[1].content[2].image_url.url"
+    assert stored(settings) == kept
+
+
+async def test_a_listed_host_is_fetched_only_at_its_default_port_unless_one_is_listed(
+        settings: Settings, registry: Registry, server: int) -> None:
+    intake = intake_of(settings, registry, images_allowed_hosts="127.0.0.1,localhost:1",
+                       images_allow_private_addresses=True)
+    for url in (f"http://127.0.0.1:{server}/cat.png", f"http://localhost:{server}/cat.png"):
+        with pytest.raises(InvalidRequest, match=f"does not fetch images from .*:{server};"):
+            await fetched(intake, url)
+    intake = intake_of(settings, registry, images_allowed_hosts=f"localhost:{server}",
+                       images_allow_private_addresses=True)
+    assert (await fetched(intake, f"http://localhost:{server}/cat.png"))["width"] == 3
+
+
+async def test_a_listed_host_at_a_private_address_is_not_fetched_unless_allowed(
+        settings: Settings, registry: Registry, server: int) -> None:
+    listed = f"127.0.0.1:{server},localhost:{server},[::1]:{server}"
+    intake = intake_of(settings, registry, images_allowed_hosts=listed)
+    # an address in the URL, or one its name resolves to (checked where it connects)
+    for host in ("127.0.0.1", "localhost", "[::1]"):
+        with pytest.raises(InvalidRequest, match="not at a public address") as told:
+            await fetched(intake, f"http://{host}:{server}/cat.png")
+        assert told.value.param == "messages[1].content[1].image_url.url"
+    assert stored(settings) == []
+
+
+@pytest.mark.parametrize(("address", "public"), [
+    ("8.8.8.8", True), ("2606:4700:4700::1111", True), ("127.0.0.1", False), ("::1", False),
+    ("10.1.2.3", False), ("192.168.0.1", False), ("169.254.169.254", False),
+    ("100.64.0.1", False), ("0.0.0.0", False), ("::ffff:127.0.0.1", False),
+    ("::ffff:169.254.169.254", False), ("fe80::1%eth0", False), ("224.0.0.1", False),
+    ("not-an-address", False)])
+def test_only_global_addresses_are_public(address: str, public: bool) -> None:
+    assert _public(address) is public
+
+
+async def test_an_encoded_image_is_refused_for_its_size_is_told_unencoded(
+        settings: Settings, registry: Registry, server: int) -> None:
+    intake = intake_of(settings, registry, images_allowed_hosts=f"127.0.0.1:{server}",
+                       images_allow_private_addresses=True)
+    with pytest.raises(InvalidRequest, match=r"came encoded \(gzip\)"):
+        await fetched(intake, f"http://127.0.0.1:{server}/zipped.png")
 
 
 def responses_body(*parts: dict[str, Any], model: str = "eyes") -> dict[str, Any]:
@@ -288,3 +387,20 @@ async def test_a_response_s_images_are_stored_and_listed_among_its_input_items(
         {"type": "input_text", "text": " Be brief."}]
     with pytest.raises(Exception, match="POST /v1/responses only"):
         generation_of(body)  # the WebSocket's mode: no images stored, none taken
+
+
+async def test_a_gateway_without_an_image_store_refuses_images_as_its_own(
+        settings: Settings, registry: Registry) -> None:
+    from gateway.responses.serving import ResponsesServing
+
+    app = build_app(settings, registry)
+    services = offline_services(settings, registry)
+    app.state.services = dataclasses.replace(services, responses=ResponsesServing(
+        settings, services.submitter, services.stored, None, None))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://conveyor") as http:
+        r = await http.post("/v1/responses", json=responses_body(
+            {"type": "input_image", "image_url": data_url(image_bytes())}))
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == "input[1].content[1]", r.text
+    assert error["message"].endswith("this gateway takes no image parts."), error

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, cast
 
 from conveyor.errors import EngineError, InvalidRequest
+from schemas.images import text_pieces
 from schemas.records import HostCache, KvCache, Message, ResponseFormat, TokenLogprob
 
 if TYPE_CHECKING:
@@ -91,21 +92,19 @@ class GenerationRequest:
 def message_parts(message: Message, images: Mapping[str, bytes]) -> list[str | ImageInput]:
     """A message's content as its parts in the order they were sent: texts and
     images (each where its ``offset`` puts it in the text)."""
-    text, refs = message["content"], message.get("images") or ()
+    refs = message.get("images") or []
+    pieces = text_pieces(message["content"], refs)
     parts: list[str | ImageInput] = []
-    start = 0
-    for ref in refs:
+    for piece, ref in zip(pieces, refs, strict=False):
         data = images.get(ref["sha256"])
         if data is None:
             raise EngineError(f"the image of {ref.get('part') or 'a message'} was not read "
                               "from the file store")
-        at = min(max(ref.get("offset", 0), start), len(text))
-        if at > start:
-            parts.append(text[start:at])
+        if piece:
+            parts.append(piece)
         parts.append(ImageInput(ref["media_type"], data, ref.get("detail") or "auto"))
-        start = at
-    if start < len(text) or not parts:
-        parts.append(text[start:])
+    if pieces[-1] or not parts:
+        parts.append(pieces[-1])
     return parts
 
 

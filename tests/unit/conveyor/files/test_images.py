@@ -23,8 +23,8 @@ def files(tmp_path: Path) -> LocalFileStore:
 async def test_the_same_image_is_one_file_of_its_tenant(files: LocalFileStore) -> None:
     store, data = ImageStore(files), image_bytes()
     digest = hashlib.sha256(data).hexdigest()
-    assert await store.put("acme", data, "image/png") == (image_file_id(digest), digest)
-    assert await store.put("acme", data, "image/png") == (image_file_id(digest), digest)
+    assert await store.put("acme", data, "image/png", digest) == image_file_id(digest)
+    assert await store.put("acme", data, "image/png", digest) == image_file_id(digest)
     page = await files.list("acme")
     assert [(f.purpose, f.filename, f.bytes) for f in page.data] == [
         ("vision", "image.png", len(data))]
@@ -36,7 +36,8 @@ async def test_the_same_image_is_one_file_of_its_tenant(files: LocalFileStore) -
 async def test_an_image_deleted_or_changed_is_the_client_s_error_naming_the_part(
         files: LocalFileStore) -> None:
     store, data = ImageStore(files), image_bytes()
-    file_id, digest = await store.put("acme", data, "image/png")
+    digest = hashlib.sha256(data).hexdigest()
+    file_id = await store.put("acme", data, "image/png", digest)
     (files.tenant_dir("acme") / file_id).write_bytes(image_bytes(color=(0, 0, 0)))
     with pytest.raises(InvalidRequest, match="not the one sent") as caught:
         await store.read("acme", file_id, digest, "messages[1].content[0]")
@@ -51,5 +52,5 @@ async def test_a_store_that_cannot_write_is_a_503(tmp_path: Path) -> None:
     blocker.write_text("")
     store = ImageStore(LocalFileStore(load_settings(files_dir=blocker).jobs))
     with pytest.raises(FileStoreUnavailable) as caught:
-        await store.put("acme", image_bytes(), "image/png")
+        await store.put("acme", image_bytes(), "image/png", "ab" * 32)
     assert caught.value.status == 503 and caught.value.code == "file_store_unavailable"

@@ -213,8 +213,9 @@ async def test_images_are_read_back_for_an_engine_that_sees_them_and_refused_by_
 
     settings = load_settings(files_dir=tmp_path)
     png = image_bytes()
-    file_id, digest = await ImageStore(LocalFileStore(settings.jobs)).put("acme", png,
-                                                                          "image/png")
+    digest = hashlib.sha256(png).hexdigest()
+    file_id = await ImageStore(LocalFileStore(settings.jobs)).put("acme", png, "image/png",
+                                                                  digest)
     made = task(prompt_text=None)
     made["envelope"]["tenant"] = "acme"
     made["generation"]["messages"] = [{
