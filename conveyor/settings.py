@@ -220,6 +220,10 @@ class ImagesSettings(Section):
     allowed_hosts: str = Field("", alias="images_allowed_hosts")
     allow_private_addresses: bool = Field(False, alias="images_allow_private_addresses")
     fetch_timeout_s: float = Field(10.0, alias="images_fetch_timeout_s", gt=0)
+    # an image not sent again for this many days is deleted from the file store:
+    # longer than any topic keeps an event that names it (conveyor.dlq and
+    # conveyor.jobs keep 30 days), so a replay or a redrive finds it
+    retention_days: float = Field(31.0, alias="images_retention_days", gt=0)
 
     def hosts(self) -> frozenset[str]:
         return frozenset(h.strip().lower() for h in self.allowed_hosts.split(",") if h.strip())

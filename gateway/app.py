@@ -176,7 +176,10 @@ async def _services(settings: Settings, registry: Registry, gateway_id: str, hea
                           gateway_id, tracing.tracer, metrics)
     stored = StoredAnswers(settings, lookup, codec)
     files = LocalFileStore(settings.jobs)
-    images = ImageIntake(settings.images, ImageStore(files), registry)
+    image_store = ImageStore(files)
+    images = ImageIntake(settings.images, image_store, registry)
+    health.tasks.append(asyncio.create_task(
+        image_store.keep_swept(settings.images.retention_days * 86_400), name="image-retention"))
     background = BackgroundResponses(settings, publisher, board, admitter, policies)
     services = Services(
         settings=settings, health=health, registry=registry, authenticator=authenticator,

@@ -6,13 +6,18 @@ engine sends the bytes on. Why by reference: docs/decisions/0036-images.md.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import logging
+import time
 
 from conveyor.errors import InvalidRequest, RequestError
 from conveyor.files.local import LocalFileStore
 from conveyor.files.store import FileNotFound
 
 __all__ = ["ImageStore", "FileStoreUnavailable", "image_file_id"]
+
+log = logging.getLogger(__name__)
 
 
 class FileStoreUnavailable(RequestError):
@@ -42,6 +47,7 @@ class ImageStore:
             try:
                 found = await self.files.get(tenant, file_id)
                 if found.purpose == "vision" and found.bytes == len(data):
+                    await self.files.touch(tenant, file_id)  # kept a retention more
                     return file_id
             except FileNotFound:
                 pass
@@ -51,6 +57,31 @@ class ImageStore:
             raise FileStoreUnavailable(f"The image could not be stored ({exc.strerror or exc}); "
                                        "try again later.") from exc
         return file_id
+
+    async def sweep(self, retention_s: float) -> int:
+        """Delete every tenant's images not sent for ``retention_s``: how many."""
+        gone = 0
+        for image in await self.files.unused_since("vision", time.time() - retention_s):
+            try:
+                await self.files.delete(image.tenant, image.id)
+                gone += 1
+            except FileNotFound:  # another gateway's sweep deleted it first
+                pass
+        return gone
+
+    async def keep_swept(self, retention_s: float, every_s: float = 3600.0) -> None:
+        """:meth:`sweep` at once and every ``every_s``, for as long as it runs; a
+        file store that fails is tried again at the next turn."""
+        while True:
+            try:
+                gone = await self.sweep(retention_s)
+                if gone:
+                    log.info("image retention: %d images not sent for %.0f days deleted",
+                             gone, retention_s / 86_400)
+            except OSError as exc:
+                log.warning("image retention: the file store failed (%r); trying again "
+                            "in %.0f s", exc, every_s)
+            await asyncio.sleep(every_s)
 
     async def read(self, tenant: str, file_id: str, sha256_hex: str, part: str) -> bytes:
         """The bytes of an image kept by :meth:`put`; an :class:`InvalidRequest`

@@ -117,6 +117,38 @@ class LocalFileStore:
 
         return await asyncio.to_thread(remove)
 
+    async def touch(self, tenant: str, file_id: str) -> None:
+        """Mark the file used now (its content's modification time)."""
+        content, _ = self._paths(tenant, file_id)
+
+        def touched() -> None:
+            try:
+                os.utime(content)
+            except FileNotFoundError:
+                raise FileNotFound(file_id) from None
+
+        await asyncio.to_thread(touched)
+
+    async def unused_since(self, purpose: FilePurpose, before_s: float
+                           ) -> builtins.list[FileObject]:
+        """Every tenant's files of ``purpose`` not used (written or touched)
+        since ``before_s`` (epoch seconds)."""
+
+        def walk() -> builtins.list[FileObject]:
+            found: builtins.list[FileObject] = []
+            for directory in sorted(self.root.glob("*")) if self.root.is_dir() else []:
+                for record in sorted(directory.glob("*.json")):
+                    try:
+                        obj = FileObject.from_record(json.loads(record.read_text("utf-8")))
+                        used = os.stat(directory / obj.id).st_mtime
+                    except (OSError, ValueError, KeyError):
+                        continue  # being written or deleted beside this walk
+                    if obj.purpose == purpose and used < before_s:
+                        found.append(obj)
+            return found
+
+        return await asyncio.to_thread(walk)
+
     async def list(self, tenant: str, *, purpose: str | None = None,
                    limit: int = LIST_LIMIT_MAX, after: str | None = None,
                    order: FileOrder = "desc") -> FilePage:

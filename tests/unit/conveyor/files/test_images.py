@@ -4,6 +4,8 @@ under an id of their bytes, read back checked."""
 from __future__ import annotations
 
 import hashlib
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -54,3 +56,26 @@ async def test_a_store_that_cannot_write_is_a_503(tmp_path: Path) -> None:
     with pytest.raises(FileStoreUnavailable) as caught:
         await store.put("acme", image_bytes(), "image/png", "ab" * 32)
     assert caught.value.status == 503 and caught.value.code == "file_store_unavailable"
+
+
+async def test_images_not_sent_for_their_retention_are_deleted_and_others_kept(
+        files: LocalFileStore) -> None:
+    store = ImageStore(files)
+    old, again, new = image_bytes("PNG", (2, 2)), image_bytes("PNG", (3, 3)), image_bytes()
+    ids = {}
+    for tenant, data in (("acme", old), ("acme", again), ("beta", new)):
+        digest = hashlib.sha256(data).hexdigest()
+        ids[data] = (tenant, await store.put(tenant, data, "image/png", digest), digest)
+    # a batch's file beside them is never an image's to sweep
+    batch = await files.create("acme", "batch", "in.jsonl", b"{}\n")
+    month_ago = time.time() - 32 * 86_400
+    for data in (old, again):
+        tenant, file_id, _ = ids[data]
+        os.utime(files.tenant_dir(tenant) / file_id, (month_ago, month_ago))
+    os.utime(files.tenant_dir("acme") / batch.id, (month_ago, month_ago))
+    tenant, _, digest = ids[again]
+    await store.put(tenant, again, "image/png", digest)  # sent again: kept a retention more
+    assert await store.sweep(31 * 86_400) == 1
+    left = {(f.tenant, f.id) for t in ("acme", "beta") for f in (await files.list(t)).data}
+    assert left == {ids[again][:2], ids[new][:2], ("acme", batch.id)}
+    assert await store.sweep(31 * 86_400) == 0
