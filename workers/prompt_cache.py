@@ -29,8 +29,8 @@ from schemas.records import ChunkHeader, Envelope, Generation, Prompt, TokenChun
 from schemas.tools import reads_tool_calls
 from topics.backoff import RateLimitedLog
 
-__all__ = ["CACHE_WORKER", "Cached", "PromptCache", "cache_key", "cacheable", "chunk_header",
-           "hit_chunk"]
+__all__ = ["answer_key", "cache_key", "CACHE_WORKER", "cacheable", "Cached", "chunk_header",
+           "hit_chunk", "PromptCache"]
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +55,18 @@ def cache_key(tenant: str, model: str, prompt_fingerprint: str,
     """The key of a request's answer, or None when its answer may differ again."""
     if not cacheable(generation):
         return None
+    return answer_key(tenant, model, prompt_fingerprint, generation, max_tokens)
+
+
+def answer_key(tenant: str, model: str, prompt: object, generation: Generation,
+               max_tokens: int, *more: object) -> str:
+    """``<tenant>:<digest>`` of everything that shapes an answer: the model, the
+    ``prompt`` (a fingerprint, or whatever stands for it), the answer's length,
+    sampling, response format and tools, and ``more``."""
     sampling = generation["sampling"]
-    shape = [generation["kind"], model, prompt_fingerprint, max_tokens,
+    shape = [generation["kind"], model, prompt, max_tokens,
              {k: v for k, v in sorted(sampling.items()) if k != "max_tokens"},
-             generation.get("response_format"), generation.get("tools")]
+             generation.get("response_format"), generation.get("tools"), *more]
     digest = hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode())
     return f"{tenant}:{digest.hexdigest()[:40]}"
 

@@ -23,8 +23,6 @@ Only answers that would be the same again are kept (:func:`workers.prompt_cache.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
 import struct
 import time
@@ -35,7 +33,7 @@ from conveyor.redis_clients import REDIS_ERRORS, Redis, redis_client
 from conveyor.settings import Settings
 from schemas.records import Generation
 from topics.backoff import RateLimitedLog
-from workers.prompt_cache import Cached, PromptCache
+from workers.prompt_cache import Cached, PromptCache, answer_key
 
 if TYPE_CHECKING:
     import numpy as np
@@ -59,15 +57,10 @@ def group_of(tenant: str, model: str, encoder: str, generation: Generation,
              max_tokens: int) -> str:
     """The group a prompt's vector is compared within: everything that shapes
     the answer but the last user turn's text."""
-    sampling = generation["sampling"]
     messages = generation["messages"]
     last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
     around = [m if i != last_user else {**m, "content": ""} for i, m in enumerate(messages)]
-    shape = [generation["kind"], model, encoder, max_tokens,
-             {k: v for k, v in sorted(sampling.items()) if k != "max_tokens"},
-             generation.get("response_format"), generation.get("tools"), around]
-    digest = hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode())
-    return f"{tenant}:{digest.hexdigest()[:40]}"
+    return answer_key(tenant, model, encoder, generation, max_tokens, around)
 
 
 @dataclass(frozen=True)
