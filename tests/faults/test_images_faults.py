@@ -8,24 +8,20 @@ type and sha256 a character at a time, and goes on after a continuation."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import hashlib
 import json
-import socket
-import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from tests.faults.test_delivery import assert_continued_elsewhere, kill_its_worker
-from tests.pipeline.test_images import VISION, looking
+from tests.pipeline.test_images import VISION, looking, sent_images
+from tests.support.asgi import serving
 from tests.support.images import data_url, image_bytes
 from tests.support.pipeline import TEST_MODELS, Pipeline, client
 
@@ -42,12 +38,7 @@ class PacedUpstream:
 def _app(upstream: PacedUpstream) -> Starlette:
     async def chat(request: Request) -> Response:
         body = await request.json()
-        images: list[tuple[str, bytes]] = []
-        for message in body["messages"]:
-            for part in message["content"] if isinstance(message["content"], list) else ():
-                if part["type"] == "image_url":
-                    head, _, payload = part["image_url"]["url"].partition(",")
-                    images.append((head[5:-7], base64.b64decode(payload, validate=True)))
+        images = sent_images(body)
         last = body["messages"][-1]
         said = last["content"] if last["role"] == "assistant" else None
         upstream.asked.append((images, said))
@@ -71,20 +62,9 @@ def _app(upstream: PacedUpstream) -> Starlette:
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[PacedUpstream]:
     made = PacedUpstream()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(_app(made), host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    made.base_url = f"http://127.0.0.1:{port}"
-    yield made
-    server.should_exit = True
-    thread.join(timeout=5)
+    with serving(_app(made), lifespan="off") as port:
+        made.base_url = f"http://127.0.0.1:{port}"
+        yield made
 
 
 @pytest.fixture

@@ -11,8 +11,6 @@ import asyncio
 import base64
 import hashlib
 import json
-import socket
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -21,13 +19,13 @@ from typing import Any
 
 import openai
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from schemas.codec import default_codec
+from tests.support.asgi import serving
 from tests.support.images import data_url, image_bytes
 from tests.support.pipeline import TEST_MODELS, Pipeline, client
 from topics.lookup import SharedLookup
@@ -52,19 +50,26 @@ class VisionUpstream:
     bodies: list[dict[str, Any]] = field(default_factory=list)
 
 
+def sent_images(body: dict[str, Any]) -> list[tuple[str, bytes]]:
+    """The images of a chat request's messages as an upstream receives them:
+    (media type, bytes) in order, each a base64 data URL."""
+    images = []
+    for message in body["messages"]:
+        for part in message["content"] if isinstance(message["content"], list) else ():
+            if part["type"] == "image_url":
+                head, _, payload = part["image_url"]["url"].partition(",")
+                assert head.startswith("data:") and head.endswith(";base64")
+                images.append((head[5:-7], base64.b64decode(payload, validate=True)))
+    return images
+
+
 def _app(upstream: VisionUpstream) -> Starlette:
     async def chat(request: Request) -> Response:
         body = await request.json()
         upstream.bodies.append(body)
-        seen = []
-        for message in body["messages"]:
-            for part in message["content"] if isinstance(message["content"], list) else ():
-                if part["type"] == "image_url":
-                    head, _, payload = part["image_url"]["url"].partition(",")
-                    assert head.startswith("data:") and head.endswith(";base64")
-                    data = base64.b64decode(payload, validate=True)
-                    upstream.images.append((head[5:-7], data))
-                    seen.append(f"{head[5:-7]} {hashlib.sha256(data).hexdigest()}")
+        images = sent_images(body)
+        upstream.images.extend(images)
+        seen = [f"{kind} {hashlib.sha256(data).hexdigest()}" for kind, data in images]
 
         async def events() -> AsyncIterator[str]:
             for text in seen or ["no image"]:
@@ -84,20 +89,9 @@ def _app(upstream: VisionUpstream) -> Starlette:
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[VisionUpstream]:
     made = VisionUpstream()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(_app(made), host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    made.base_url = f"http://127.0.0.1:{port}"
-    yield made
-    server.should_exit = True
-    thread.join(timeout=5)
+    with serving(_app(made), lifespan="off") as port:
+        made.base_url = f"http://127.0.0.1:{port}"
+        yield made
 
 
 @pytest.fixture(scope="module")
