@@ -18,7 +18,6 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from conveyor.encoder_files import EncoderFiles, locate_weights
 from conveyor.errors import ConveyorError
 from conveyor.registry import ModelSpec
 
@@ -56,31 +55,32 @@ class Embedder:
             if self._model is None:
                 if self._failed is not None and time.monotonic() - self._failed[0] < _RETRY_S:
                     raise EncoderUnavailable(self._failed[1])
-                from threadpoolctl import threadpool_limits
+                from workers.infer.engines.bert import load_encoder
 
-                from workers.infer.engines.bert import BertEncoder
-
-                # one BLAS thread, as the encoder engine runs: many compete for few cores
-                threadpool_limits(1, user_api="blas")
-                try:
-                    files = EncoderFiles(locate_weights(self.spec.weights or ""))
-                    self._model = BertEncoder(files.config(), files.weights()), \
-                        files.tokenizer()
+                try:  # one BLAS thread, as the encoder engine runs
+                    self._model = load_encoder(self.spec.weights or "", 1)
                 except Exception as exc:  # whatever the files hold: no meaning, not a 500
                     why = f"the encoder {self.spec.name} cannot be loaded: {exc!r}"
                     self._failed = (time.monotonic(), why)
                     raise EncoderUnavailable(why) from exc
             return self._model
 
+    def _whole_ids(self, text: str) -> list[int]:
+        """The text's token ids with [CLS] and [SEP], however many."""
+        _, tokenizer = self._load()
+        return list(tokenizer.encode(text, add_special_tokens=True).ids)
+
     def ids(self, text: str) -> list[int]:
         """The text's token ids with [CLS] and [SEP], cut to the model's length."""
-        _, tokenizer = self._load()
-        ids = list(tokenizer.encode(text, add_special_tokens=True).ids)
+        return self._cut(self._whole_ids(text))
+
+    def _cut(self, ids: list[int]) -> list[int]:
         limit = self.spec.context_length
         return ids if len(ids) <= limit else [*ids[:limit - 1], ids[-1]]
 
-    def vector(self, text: str) -> np.ndarray:
-        """The text's unit vector (float32), computed once while it is kept."""
+    def vector(self, text: str, ids: list[int] | None = None) -> np.ndarray:
+        """The text's unit vector (float32), computed once while it is kept
+        (from ``ids``, its token ids, when the caller has them)."""
         digest = _digest(text)
         with self._lock:
             kept = self._kept.get(digest)
@@ -88,7 +88,7 @@ class Embedder:
                 self._kept.move_to_end(digest)
                 return kept
         encoder, _ = self._load()
-        vector = encoder.embed([self.ids(text)])[0]
+        vector = encoder.embed([self._cut(ids if ids is not None else self._whole_ids(text))])[0]
         vector.setflags(write=False)
         with self._lock:
             self._kept[digest] = vector
@@ -103,10 +103,8 @@ class Embedder:
 
     def whole_vector(self, text: str) -> np.ndarray | None:
         """:meth:`vector`, or None when the text is longer than the model reads."""
-        _, tokenizer = self._load()
-        if len(tokenizer.encode(text, add_special_tokens=True).ids) > self.spec.context_length:
-            return None
-        return self.vector(text)
+        ids = self._whole_ids(text)
+        return None if len(ids) > self.spec.context_length else self.vector(text, ids)
 
 
 class Embedders:

@@ -12,12 +12,16 @@ against torch, vLLM and llama.cpp).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from conveyor.encoder_files import EncoderConfig
+from conveyor.encoder_files import EncoderConfig, EncoderFiles, locate_weights
 
-__all__ = ["BertEncoder"]
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer as HfTokenizer
+
+__all__ = ["BertEncoder", "load_encoder"]
 
 # a batch holds at most this many tokens (padding included), or one input: its
 # arrays stay a few MB (measured: 512 embeds 1.4x what 4096 did, whose 25 MB
@@ -165,3 +169,15 @@ class BertEncoder:
         flat = _layer_norm(inner @ layer.down + layer.down_bias + flat, *layer.norm2,
                            cfg.layer_norm_eps)
         return flat.reshape(batch, length, hidden)
+
+
+def load_encoder(weights: str, threads: int) -> tuple[BertEncoder, HfTokenizer]:
+    """The encoder and tokenizer of the model files ``weights`` names (a
+    ``package:`` reference or a path), numpy's BLAS held to ``threads`` for the
+    process: on cores another process uses, a thread a core runs ten times
+    slower than one."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(threads, user_api="blas")
+    files = EncoderFiles(locate_weights(weights))
+    return BertEncoder(files.config(), files.weights()), files.tokenizer()

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from conveyor.encoder_files import EncoderFiles, locate_weights
 from conveyor.errors import ConveyorError, EngineError, InvalidRequest
 from workers.infer.engines.base import EmbeddingRequest, Engine, GenerationRequest, Piece
 
@@ -71,16 +70,9 @@ class EncoderEngine(Engine):
         self._runner = asyncio.create_task(self._run(), name="encoder-batches")
 
     def _load(self) -> tuple[BertEncoder, object]:
-        from threadpoolctl import threadpool_limits
+        from workers.infer.engines.bert import load_encoder
 
-        from workers.infer.engines.bert import BertEncoder
-
-        # for the process: numpy's BLAS starts a thread per core, and on cores
-        # another process uses it runs ten times slower than one thread
-        threadpool_limits(self.threads, user_api="blas")
-        files = EncoderFiles(locate_weights(self.spec.weights or ""))
-        encoder = BertEncoder(files.config(), files.weights())
-        tokenizer = files.tokenizer()
+        encoder, tokenizer = load_encoder(self.spec.weights or "", self.threads)
         encoder.embed([[101, 102]])  # the first forward pass allocates: not a client's
         return encoder, tokenizer
 
