@@ -48,6 +48,14 @@ class MessageEvents:
             "model": self.model, "content": [], "stop_reason": None, "stop_sequence": None,
             "usage": usage_object(None)}}]
 
+    def text(self, text: str) -> list[dict[str, Any]]:
+        """The events of a reply's text, for an answer of text alone (no tool
+        calls to read): its chunks would say the same, as JSON to decode."""
+        out: list[dict[str, Any]] = []
+        if text:
+            self._text(text, out)
+        return out
+
     def chunks(self, text: str) -> list[dict[str, Any]]:
         """The events of a reply's chat chunks (one JSON object a line)."""
         out: list[dict[str, Any]] = []

@@ -69,7 +69,7 @@ class MessagesServing:
             return Response(status_code=499)
         model = opening(first).get("model") or generation["model"]
         events = MessageEvents(answer.request_id, model, generation["sampling"]["stop"])
-        frames = _sse(self._events(events, answer, first))
+        frames = _sse(self._events(events, answer, first, reads_tool_calls(generation)))
         return sse.EventStream(answer.relay(frames, self.settings.gateway), headers={
             **sse.HEADERS, **headers, **answer.cache_headers,
             **answered_by(self.registry, generation["model"], model)})
@@ -90,9 +90,11 @@ class MessagesServing:
                               calls, folded.finish_reason, folded.usage,
                               generation["sampling"]["stop"])
 
-    async def _events(self, events: MessageEvents, answer: Answer, first: Reply
-                      ) -> AsyncGenerator[dict[str, Any] | None, None]:
-        """The Message's events from its replies; None for a wait of a keep-alive."""
+    async def _events(self, events: MessageEvents, answer: Answer, first: Reply,
+                      calls: bool) -> AsyncGenerator[dict[str, Any] | None, None]:
+        """The Message's events from its replies (their chunks read when the
+        answer may hold tool ``calls``, else their text); None for a wait of a
+        keep-alive."""
         for event in events.opening():
             yield event
         keepalive = self.settings.gateway.sse_keepalive_s
@@ -101,7 +103,8 @@ class MessagesServing:
             if reply is None:
                 yield None
             else:
-                for event in events.chunks(reply["chunk"]):
+                for event in (events.chunks(reply["chunk"]) if calls
+                              else events.text(reply["text"])):
                     yield event
                 if reply["kind"] == "final":
                     for event in events.closing(reply["finish_reason"], reply["usage"]):
