@@ -237,15 +237,20 @@ def _text(block: dict[str, Any], where: str) -> str:
     return text
 
 
+def _tool_name(name: object, where: str) -> str:
+    if not isinstance(name, str) or not re.match(_TOOL_NAME, name):
+        raise InvalidRequest(f"{where}.name: a tool's name of 1 to 128 letters, digits, _ "
+                             "or -", param=f"{where}.name")
+    return name
+
+
 def _call(block: dict[str, Any], where: str) -> ToolCall:
     _no_extra(block, where, {"type", "id", "name", "input", "cache_control", "caller",
                              "toolset_name"})
     id_, name, arguments = block.get("id"), block.get("name"), block.get("input")
     if not isinstance(id_, str) or not id_:
         raise InvalidRequest(f"{where}.id: Field required (a string)", param=f"{where}.id")
-    if not isinstance(name, str) or not re.match(_TOOL_NAME, name):
-        raise InvalidRequest(f"{where}.name: a tool's name of 1 to 128 letters, digits, _ "
-                             "or -", param=f"{where}.name")
+    name = _tool_name(name, where)
     if not isinstance(arguments, dict):
         raise InvalidRequest(f"{where}.input: must be an object", param=f"{where}.input")
     return ToolCall(id=id_, name=name, arguments=json.dumps(arguments, ensure_ascii=False))
@@ -306,9 +311,7 @@ def _tools(body: MessagesRequest) -> Tools | None:
                                  "here.", param=f"{where}.defer_loading")
         name, schema = tool.get("name"), tool.get("input_schema")
         description = tool.get("description") or ""
-        if not isinstance(name, str) or not re.match(_TOOL_NAME, name):
-            raise InvalidRequest(f"{where}.name: a tool's name of 1 to 128 letters, digits, "
-                                 "_ or -", param=f"{where}.name")
+        name = _tool_name(name, where)
         if not isinstance(schema, dict):
             raise InvalidRequest(f"{where}.input_schema: Field required (a JSON Schema "
                                  "object)", param=f"{where}.input_schema")
