@@ -74,7 +74,7 @@ async def routing(data: dict[str, Any], embedders: Embedders, key: str = "prompt
     encoder = embedders.get(registry.resolve("minilm"))
     for route in data["routes"].values():  # the examples once, before the clock
         for example in route["examples"]:
-            encoder.vector(example)
+            encoder.vector(example, example=True)
     for alias in ("both", "examples", "keywords"):
         spec = registry.resolve(alias)
         for _, text in labelled:  # each prompt embedded afresh, as a new one is

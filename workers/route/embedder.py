@@ -47,6 +47,7 @@ class Embedder:
         self.spec = spec
         self._model: tuple[BertEncoder, Tokenizer] | None = None
         self._kept: OrderedDict[bytes, np.ndarray] = OrderedDict()  # by the text's digest
+        self._examples: OrderedDict[bytes, np.ndarray] = OrderedDict()  # routes' examples
         self._lock = threading.Lock()
         self._failed: tuple[float, str] | None = None  # when, and why
 
@@ -78,28 +79,33 @@ class Embedder:
         limit = self.spec.context_length
         return ids if len(ids) <= limit else [*ids[:limit - 1], ids[-1]]
 
-    def vector(self, text: str, ids: list[int] | None = None) -> np.ndarray:
+    def vector(self, text: str, ids: list[int] | None = None, *,
+               example: bool = False) -> np.ndarray:
         """The text's unit vector (float32), computed once while it is kept
-        (from ``ids``, its token ids, when the caller has them)."""
+        (from ``ids``, its token ids, when the caller has them). A route's
+        ``example`` is kept apart from prompts, so that no run of prompts
+        pushes an alias's examples out."""
         digest = _digest(text)
+        kept_in = self._examples if example else self._kept
         with self._lock:
-            kept = self._kept.get(digest)
+            kept = kept_in.get(digest)
             if kept is not None:
-                self._kept.move_to_end(digest)
+                kept_in.move_to_end(digest)
                 return kept
         encoder, _ = self._load()
         vector = encoder.embed([self._cut(ids if ids is not None else self._whole_ids(text))])[0]
         vector.setflags(write=False)
         with self._lock:
-            self._kept[digest] = vector
-            while len(self._kept) > _KEPT:
-                self._kept.popitem(last=False)
+            kept_in[digest] = vector
+            while len(kept_in) > _KEPT:
+                kept_in.popitem(last=False)
         return vector
 
     def forget(self, text: str) -> None:
         """Drop the text's kept vector (the next :meth:`vector` computes it)."""
         with self._lock:
             self._kept.pop(_digest(text), None)
+            self._examples.pop(_digest(text), None)
 
     def whole_vector(self, text: str) -> np.ndarray | None:
         """:meth:`vector`, or None when the text is longer than the model reads."""

@@ -81,7 +81,7 @@ def _scores(spec: ModelSpec, text: str, registry: Registry,
         return out
     embedder = embedders.get(encoder)
     prompt = embedder.vector(text)
-    similarities = [max(float(prompt @ embedder.vector(e)) for e in r.examples)
+    similarities = [max(float(prompt @ embedder.vector(e, example=True)) for e in r.examples)
                     if r.examples else None for r in spec.routes]
     return [max(k, c) for k, c in zip(out, confidences(similarities), strict=True)]
 

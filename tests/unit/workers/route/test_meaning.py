@@ -20,6 +20,7 @@ from gateway.chat.serving import answered_by
 from schemas.codec import default_codec
 from schemas.records import Prepared
 from tests.support.schedule_tasks import full_task
+from workers.route import embedder as embedder_module
 from workers.route.embedder import Embedders, EncoderUnavailable
 from workers.route.layer import RouteLayer
 from workers.route.meaning import ABSTAIN, confidences, keyword_score
@@ -249,3 +250,19 @@ def test_an_encoder_whose_weights_are_no_model_is_unavailable_and_not_read_again
     (model / "config.json").unlink()  # a second load would fail otherwise: it is not tried
     with pytest.raises(EncoderUnavailable, match="cannot be loaded.*error"):
         embedder.vector("Fix my Python bug")
+
+
+def test_a_run_of_prompts_never_pushes_a_route_s_examples_out(
+        registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(embedder_module, "_KEPT", 2)
+    embedder = Embedders().get(registry.resolve("minilm"))
+    embedder.vector("Write a Python function.", example=True)
+    model, _ = embedder._load()  # noqa: SLF001
+    passes: list[int] = []
+    real = model.embed
+    monkeypatch.setattr(model, "embed", lambda ids: passes.append(len(ids)) or real(ids))
+    for n in range(4):  # more prompts than are kept
+        embedder.vector(f"A question number {n}?")
+    assert len(passes) == 4
+    embedder.vector("Write a Python function.", example=True)
+    assert len(passes) == 4  # the example was still kept: no forward pass
