@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from conveyor.redis_clients import REDIS_ERRORS, Redis, redis_client
+from conveyor.redis_clients import REDIS_ERRORS, Redis, redis_client, text
 from conveyor.settings import Settings
 from schemas.records import Generation
 from topics.backoff import RateLimitedLog
@@ -61,6 +61,10 @@ def group_of(tenant: str, model: str, encoder: str, generation: Generation,
     last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=-1)
     around = [m if i != last_user else {**m, "content": ""} for i, m in enumerate(messages)]
     return answer_key(tenant, model, encoder, generation, max_tokens, around)
+
+
+def _order(group_key: str) -> str:
+    return f"{group_key}:by-expiry"
 
 
 @dataclass(frozen=True)
@@ -146,36 +150,30 @@ class SemanticCache:
 
     async def _write(self, name: str, index: str, key: str, value: bytes, expires: float
                      ) -> None:
+        order = _order(name)  # the group's entries by expiry, to trim without reading it
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hset(name, key, value)
             pipe.expireat(name, int(expires) + 1)
+            pipe.zadd(order, {key: expires})
+            pipe.expireat(order, int(expires) + 1)
             pipe.zadd(index, {name: expires})
             pipe.zremrangebyscore(index, "-inf", time.time())
             pipe.zcard(index)
-            pipe.hlen(name)
+            pipe.zcard(order)
             pipe.zrange(index, -1, -1, withscores=True)
             *_, groups, size, last = await pipe.execute()
         if last:  # the index lives as long as its longest-lived group
             await self.redis.pexpireat(index, int(float(last[0][1]) * 1000) + 1000)
-        if int(size) > MAX_VECTORS:
-            await self._trim(name)
+        if int(size) > MAX_VECTORS:  # the entries that expire first go
+            oldest = await self.redis.zpopmin(order, int(size) - MAX_VECTORS)
+            keys = [entry[0] for entry in oldest if isinstance(entry, tuple | list)]
+            if keys:
+                await self.redis.hdel(name, *keys)
         if int(groups) > MAX_GROUPS:
             oldest = await self.redis.zpopmin(index, int(groups) - MAX_GROUPS)
-            members = [entry[0] for entry in oldest if isinstance(entry, tuple | list)]
+            members = [text(entry[0]) for entry in oldest if isinstance(entry, tuple | list)]
             if members:
-                await self.redis.delete(*members)
-
-    async def _trim(self, name: str) -> None:
-        held = await self.redis.hgetall(name)
-        def expiry(field: bytes | str) -> float:
-            value = held[field]
-            if isinstance(value, bytes) and len(value) >= _EXPIRY.size:
-                return float(_EXPIRY.unpack_from(value)[0])
-            return 0.0
-
-        by_expiry = sorted(held, key=expiry)
-        if len(by_expiry) > MAX_VECTORS:
-            await self.redis.hdel(name, *by_expiry[:len(by_expiry) - MAX_VECTORS])
+                await self.redis.delete(*members, *map(_order, members))
 
     async def close(self) -> None:
         if self._owned and self._redis is not None:
