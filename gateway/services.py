@@ -5,7 +5,7 @@ router or what builds the services."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,8 +68,9 @@ def services_of(connection: HTTPConnection) -> Services:
     return services
 
 
-def service(name: str) -> Callable[[HTTPConnection], Any]:
-    """A dependency handing a route the services' part ``name``."""
-    def part(connection: HTTPConnection) -> Any:
+def service(name: str) -> Callable[[HTTPConnection], Awaitable[Any]]:
+    """A dependency handing a route the services' part ``name`` (a coroutine:
+    FastAPI runs a plain function in a worker thread, a hop every request)."""
+    async def part(connection: HTTPConnection) -> Any:
         return getattr(services_of(connection), name)
     return part

@@ -27,7 +27,7 @@ usage_router = APIRouter()
 Ledger = Annotated[UsageLedger, Depends(service("usage"))]
 
 
-def _admin_token(connection: HTTPConnection) -> str:
+async def _admin_token(connection: HTTPConnection) -> str:
     """The operator's token (``CONVEYOR_ADMIN_TOKEN``); empty: no admin endpoint."""
     token: str = services_of(connection).settings.auth.admin_token.get_secret_value()
     return token

@@ -19,7 +19,7 @@ __all__ = ["embeddings_router"]
 embeddings_router = APIRouter()
 
 
-def _serving(connection: HTTPConnection) -> EmbeddingServing:
+async def _serving(connection: HTTPConnection) -> EmbeddingServing:
     services = services_of(connection)
     return EmbeddingServing(services.settings, services.submitter, services.registry)
 
