@@ -20,9 +20,9 @@ from conveyor.errors import BrokerError, PermanentBrokerError, TransientBrokerEr
 from conveyor.settings import KafkaSettings
 from topics.producer import Producer, breaks_sequence
 
-__all__ = ["PRODUCE_TIMEOUT_MS", "make_producer", "make_consumer",
-           "stop_consumer", "broker_error", "EventTooLarge", "Producer", "KafkaError",
-           "KafkaConnectionError", "NotAssigned", "COMMIT_REFUSED", "BROKER_TROUBLE"]
+__all__ = ["PRODUCE_TIMEOUT_MS", "IDLE_FETCH_WAIT_MS", "make_producer", "make_consumer",
+           "hold_fetches", "stop_consumer", "broker_error", "EventTooLarge", "Producer",
+           "KafkaError", "KafkaConnectionError", "NotAssigned", "COMMIT_REFUSED", "BROKER_TROUBLE"]
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,20 @@ def make_producer(kafka: KafkaSettings, **overrides: Any) -> Producer:
     return Producer(lambda: AIOKafkaProducer(**options))
 
 
+# how long the broker holds an idle consumer's fetch (a record ends it at once)
+IDLE_FETCH_WAIT_MS = 500
+
+
+def hold_fetches(consumer: AIOKafkaConsumer, max_wait_ms: int, min_bytes: int) -> None:
+    """How the broker holds ``consumer``'s next fetches: until ``min_bytes`` are
+    there or ``max_wait_ms`` passed. aiokafka reads the two at each fetch it
+    builds, from its fetcher's private fields (no public way to change them
+    after the start; tests/unit/topics/test_hold_fetches.py pins them)."""
+    fetcher = consumer._fetcher
+    fetcher._fetch_max_wait_ms = max_wait_ms
+    fetcher._fetch_min_bytes = min_bytes
+
+
 def make_consumer(
     kafka: KafkaSettings, *topics: str, group: str | None = None, **overrides: Any
 ) -> AIOKafkaConsumer:
@@ -117,7 +131,7 @@ def make_consumer(
         "fetch_min_bytes": 1,
         # the broker answers a fetch as soon as one record is there; the wait
         # only bounds how often an idle consumer asks
-        "fetch_max_wait_ms": 500,
+        "fetch_max_wait_ms": IDLE_FETCH_WAIT_MS,
         "session_timeout_ms": kafka.consumer_session_timeout_ms,
         "heartbeat_interval_ms": kafka.consumer_heartbeat_interval_ms,
         "max_poll_interval_ms": 300000,

@@ -22,7 +22,14 @@ from conveyor.settings import Settings
 from schemas.codec import Codec
 from topics.backoff import Backoff, RateLimitedLog
 from topics.catalog import Topic
-from topics.clients import BROKER_TROUBLE, broker_error, make_consumer, stop_consumer
+from topics.clients import (
+    BROKER_TROUBLE,
+    IDLE_FETCH_WAIT_MS,
+    broker_error,
+    hold_fetches,
+    make_consumer,
+    stop_consumer,
+)
 from topics.envelope import now_ms
 from topics.reader import PoisonReport, Record, decoded
 
@@ -125,6 +132,21 @@ class Follower(Generic[T]):
             await stop_consumer(consumer, self.probe_timeout_s)
         return self.positions[self.tp]
 
+    @property
+    def _batching(self) -> bool:
+        """Its fetches are held for a batch (``fetch_min_bytes`` over one byte)."""
+        return int(self.consumer_options.get("fetch_min_bytes", 1)) > 1
+
+    def _hold(self, consumer: Any, batches: bool) -> None:
+        """A batching follower's fetches: held for a batch while records come; a
+        poll without any makes them an idle consumer's, answered at the first
+        record and asked twice a second, not every few milliseconds."""
+        if batches:
+            hold_fetches(consumer, self.consumer_options["fetch_max_wait_ms"],
+                         self.consumer_options["fetch_min_bytes"])
+        else:
+            hold_fetches(consumer, IDLE_FETCH_WAIT_MS, 1)
+
     def __aiter__(self) -> AsyncIterator[list[Record]]:
         return self.batches()
 
@@ -141,10 +163,14 @@ class Follower(Generic[T]):
                 ends = await self._end_offsets(consumer)
                 self._problems.resolved("follow", "%s: following again", self.tp.topic)
                 backoff.reset()
+                held = True  # its fetches held as asked (not as an idle consumer's)
                 while True:
                     if not self.caught_up.is_set() and await _reached(consumer, ends):
                         self.caught_up.set()
                     batch = await consumer.getmany(*tps, timeout_ms=self.poll_ms)
+                    if self._batching and held != any(batch.values()):
+                        held = not held
+                        self._hold(consumer, held)
                     if any(batch.values()):
                         self._contact()
                         for tp in tps:
