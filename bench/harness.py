@@ -21,9 +21,9 @@ from pathlib import Path
 from types import FrameType
 
 import httpx
-import redis
 
-from conveyor.settings import load_settings
+from conveyor.redis_clients import REDIS_ERRORS, redis_client
+from conveyor.settings import RedisSettings, load_settings
 from infra.services import port_answers, stop_groups
 from topics.admin import drop_topics
 
@@ -143,15 +143,19 @@ def conveyor_cli(failed: str, *args: str, env: Mapping[str, str] | None = None,
 def drop_redis_keys(url: str, prefix: str) -> None:
     """Delete a finished run's Redis keys (``<prefix>:*``: its ledger and its
     request index, which would stay a week); best effort."""
-    client = redis.Redis.from_url(url, socket_timeout=5)
-    try:
-        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
-        for at in range(0, len(keys), 1000):
-            client.delete(*keys[at:at + 1000])
-    except redis.RedisError as exc:
-        print(f"the run's Redis keys ({prefix}:*) stay: {exc}", file=sys.stderr)
-    finally:
-        client.close()
+
+    async def drop() -> None:
+        client = redis_client(RedisSettings(redis_url=url), "cli")
+        try:
+            keys = [key async for key in client.scan_iter(match=f"{prefix}:*", count=1000)]
+            for at in range(0, len(keys), 1000):
+                await client.delete(*keys[at:at + 1000])
+        except REDIS_ERRORS as exc:
+            print(f"the run's Redis keys ({prefix}:*) stay: {exc}", file=sys.stderr)
+        finally:
+            await client.aclose()
+
+    asyncio.run(drop())
 
 
 def conveyor_env(*, topic_prefix: str, gateway_port: int, models_file: Path | None = None,
