@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 from typing import Any
 
 from cli.text import fail, table, utc
@@ -44,6 +45,9 @@ def cmd_accounting(settings: Settings, args: argparse.Namespace) -> int:
     from conveyor.metrics import LayerMetrics, process_metrics
     from workers.usage.run import run_accounting
 
+    nice = settings.process.accounting_nice
+    if nice:  # the cold path yields the cores to the request path
+        os.nice(nice)
     metrics = process_metrics(settings.telemetry, "accounting")
     from conveyor import heap
 

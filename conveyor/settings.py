@@ -64,6 +64,11 @@ class ProcessSettings(Section):
     # collector's scans and its youngest generation collects after this many
     # allocations (Python's own: 700); 0 leaves the collector alone (conveyor/heap.py)
     gc_threshold: int = 10_000
+    # how much lower the accounting app's CPU priority is than the request
+    # path's (os.nice, 0-19): where the gateway, the layers and the workers fill
+    # the cores, the cold path waits and catches up from the log when they rest
+    # (measured: docs/benchmarks/results/many-streams.md); 0 keeps them equal
+    accounting_nice: int = Field(10, ge=0, le=19)
     # Background tasks (leases, heartbeats, followers) retry a failing Redis or
     # Kafka with exponential backoff up to this many seconds.
     retry_backoff_max_s: float = 5.0
