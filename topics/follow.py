@@ -142,7 +142,8 @@ class Follower(Generic[T]):
         poll without any makes them an idle consumer's, answered at the first
         record and asked twice a second, not every few milliseconds."""
         if batches:
-            hold_fetches(consumer, self.consumer_options["fetch_max_wait_ms"],
+            hold_fetches(consumer,
+                         self.consumer_options.get("fetch_max_wait_ms", IDLE_FETCH_WAIT_MS),
                          self.consumer_options["fetch_min_bytes"])
         else:
             hold_fetches(consumer, IDLE_FETCH_WAIT_MS, 1)
