@@ -69,8 +69,7 @@ class Proc:
         return "\n".join(text.splitlines()[-lines:])
 
 
-def spawn(name: str, argv: list[str], log_dir: Path,
-          env: Mapping[str, str] | None = None) -> Proc:
+def spawn(name: str, argv: list[str], log_dir: Path, env: Mapping[str, str] | None = None) -> Proc:
     """Start ``argv`` in a new process group, its output appended to
     ``log_dir/name.log`` after a line that says when it started."""
     log_path = log_dir / f"{name}.log"
@@ -143,7 +142,6 @@ def conveyor_cli(failed: str, *args: str, env: Mapping[str, str] | None = None,
 def drop_redis_keys(url: str, prefix: str) -> None:
     """Delete a finished run's Redis keys (``<prefix>:*``: its ledger and its
     request index, which would stay a week); best effort."""
-
     async def drop() -> None:
         client = redis_client(RedisSettings(redis_url=url), "cli")
         try:
@@ -154,7 +152,6 @@ def drop_redis_keys(url: str, prefix: str) -> None:
             print(f"the run's Redis keys ({prefix}:*) stay: {exc}", file=sys.stderr)
         finally:
             await client.aclose()
-
     asyncio.run(drop())
 
 

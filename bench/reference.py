@@ -73,8 +73,7 @@ def _rendered(spec: ModelSpec) -> dict[str, str]:
 # -- the reference (a child process with torch) --------------------------------------
 
 
-async def _reference(ids: dict[str, list[int]], tokens: int,
-                     python: Path) -> dict[str, list[int]]:
+async def _reference(ids: dict[str, list[int]], tokens: int, python: Path) -> dict[str, list[int]]:
     child = await asyncio.create_subprocess_exec(
         str(python), "-m", "bench.reference", "--child", "--tokens", str(tokens),
         cwd=str(repo_root()),
@@ -151,8 +150,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     rendered = _rendered(spec)
     ids = {k: vocab.tokenize(t.encode(), add_bos=False, special=True) if t
            else [vocab.token_bos()] for k, t in rendered.items()}
-    reference_task = asyncio.create_task(
-        _reference(ids, args.tokens, args.reference_python))
+    reference_task = asyncio.create_task(_reference(ids, args.tokens, args.reference_python))
     engines: dict[str, Any] = {}
     answers: dict[str, dict[str, str]] = {}
     try:
