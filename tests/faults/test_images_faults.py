@@ -7,10 +7,8 @@ type and sha256 a character at a time, and goes on after a continuation."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -21,7 +19,7 @@ from starlette.routing import Route
 
 from tests.faults.test_delivery import assert_continued_elsewhere, kill_its_worker
 from tests.pipeline.test_images import VISION, looking, sent_images
-from tests.support.asgi import serving
+from tests.support.asgi import chat_events, serving
 from tests.support.images import data_url, image_bytes
 from tests.support.pipeline import TEST_MODELS, Pipeline, client
 
@@ -44,17 +42,7 @@ def _app(upstream: PacedUpstream) -> Starlette:
         upstream.asked.append((images, said))
         whole = "".join(f"{kind} {hashlib.sha256(data).hexdigest()}\n" for kind, data in images)
         rest = whole[len(said or ""):]
-
-        async def events() -> AsyncIterator[str]:
-            for char in rest:
-                await asyncio.sleep(PACE_S)
-                choice = {"index": 0, "delta": {"content": char}, "finish_reason": None}
-                yield "data: " + json.dumps({"id": "x", "choices": [choice]}) + "\n\n"
-            end = {"index": 0, "delta": {}, "finish_reason": "stop"}
-            yield "data: " + json.dumps({"id": "x", "choices": [end]}) + "\n\n"
-            yield "data: [DONE]\n\n"
-
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return StreamingResponse(chat_events(rest, PACE_S), media_type="text/event-stream")
 
     return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
 

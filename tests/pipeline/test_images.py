@@ -12,7 +12,7 @@ import base64
 import hashlib
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from schemas.codec import default_codec
-from tests.support.asgi import serving
+from tests.support.asgi import chat_events, serving
 from tests.support.images import data_url, image_bytes
 from tests.support.pipeline import TEST_MODELS, Pipeline, client
 from topics.lookup import SharedLookup
@@ -70,18 +70,9 @@ def _app(upstream: VisionUpstream) -> Starlette:
         images = sent_images(body)
         upstream.images.extend(images)
         seen = [f"{kind} {hashlib.sha256(data).hexdigest()}" for kind, data in images]
-
-        async def events() -> AsyncIterator[str]:
-            for text in seen or ["no image"]:
-                choice = {"index": 0, "delta": {"content": text + "\n"}, "finish_reason": None}
-                yield "data: " + json.dumps({"id": "x", "choices": [choice]}) + "\n\n"
-            last = {"index": 0, "delta": {}, "finish_reason": "stop"}
-            yield "data: " + json.dumps({"id": "x", "choices": [last]}) + "\n\n"
-            usage = {"prompt_tokens": 9, "completion_tokens": len(seen) or 1}
-            yield "data: " + json.dumps({"id": "x", "choices": [], "usage": usage}) + "\n\n"
-            yield "data: [DONE]\n\n"
-
-        return StreamingResponse(events(), media_type="text/event-stream")
+        usage = {"prompt_tokens": 9, "completion_tokens": len(seen) or 1}
+        return StreamingResponse(chat_events([f"{text}\n" for text in seen or ["no image"]],
+                                             usage=usage), media_type="text/event-stream")
 
     return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
 

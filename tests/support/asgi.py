@@ -3,17 +3,19 @@ its own, for the unit tests that talk HTTP or WebSocket to one."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
 import uvicorn
 
 from tests.support.services import free_port
 
-__all__ = ["serving"]
+__all__ = ["chat_events", "serving"]
 
 
 @contextlib.contextmanager
@@ -34,3 +36,20 @@ def serving(app: Any, **config: Any) -> Iterator[int]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+async def chat_events(pieces: Iterable[str], pace_s: float = 0.0,
+                      usage: dict[str, int] | None = None) -> AsyncIterator[str]:
+    """A streamed chat completion as an OpenAI-compatible upstream sends it:
+    one event a piece (``pace_s`` apart), the finish, the usage if given, [DONE]."""
+    def event(choices: list[dict[str, Any]], **more: Any) -> str:
+        return "data: " + json.dumps({"id": "x", "choices": choices, **more}) + "\n\n"
+
+    for piece in pieces:
+        if pace_s:
+            await asyncio.sleep(pace_s)
+        yield event([{"index": 0, "delta": {"content": piece}, "finish_reason": None}])
+    yield event([{"index": 0, "delta": {}, "finish_reason": "stop"}])
+    if usage is not None:
+        yield event([], usage=usage)
+    yield "data: [DONE]\n\n"

@@ -8,8 +8,11 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
-__all__ = ["SlowLink", "slow_link"]
+from conveyor.settings import Settings
+
+__all__ = ["SlowLink", "slow_link", "slow_redis"]
 
 
 @dataclass
@@ -56,3 +59,12 @@ async def slow_link(host: str, port: int) -> AsyncIterator[SlowLink]:
             task.cancel()
         await asyncio.gather(*link._pumps, return_exceptions=True)
         await server.wait_closed()
+
+
+@contextlib.asynccontextmanager
+async def slow_redis(settings: Settings) -> AsyncIterator[tuple[SlowLink, Settings]]:
+    """A link to ``settings``' Redis, and the settings that reach it through the link."""
+    shared = urlsplit(settings.redis.url)
+    async with slow_link(shared.hostname or "127.0.0.1", shared.port or 6379) as link:
+        yield link, settings.replace(
+            redis_url=f"redis://127.0.0.1:{link.port}/{shared.path[1:] or 0}")

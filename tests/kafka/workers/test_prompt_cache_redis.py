@@ -8,7 +8,6 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
-from urllib.parse import urlsplit
 
 import pytest
 import redis.asyncio as aioredis
@@ -16,7 +15,7 @@ import redis.asyncio as aioredis
 import workers.prompt_cache as prompt_cache
 from conveyor.settings import Settings, load_settings
 from tests.support.services import prefix_redis
-from tests.support.slow_link import slow_link
+from tests.support.slow_link import slow_redis
 from workers.prompt_cache import MAX_TEXT_CHARS, Cached, PromptCache
 
 ENTRY = Cached(text="Kafka is a distributed log. «ü»", tokens=9, finish_reason="stop",
@@ -119,9 +118,7 @@ async def test_a_write_to_a_redis_that_answers_slowly_gives_up_within_its_bound(
     the write as a whole (its pipeline, the index's expiry, the eviction of
     the oldest entry) still ends within the write's bound, not kept."""
     monkeypatch.setattr(prompt_cache, "MAX_ENTRIES", 1)
-    shared = urlsplit(settings.redis.url)
-    async with slow_link(shared.hostname or "127.0.0.1", shared.port or 6379) as link:
-        slow = settings.replace(redis_url=f"redis://127.0.0.1:{link.port}/{shared.path[1:] or 0}")
+    async with slow_redis(settings) as (link, slow):
         cache = PromptCache(slow)
         assert await cache.put(f"acme:{digest(1)}", ENTRY, 600)
         link.delay_s = 0.6

@@ -11,7 +11,6 @@ import socket
 import time
 import uuid
 from collections.abc import AsyncIterator
-from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
@@ -21,7 +20,7 @@ import workers.route.semantic_cache as semantic_cache
 from conveyor.settings import Settings, load_settings
 from tests.support.meaning import cached_route, prepared_for
 from tests.support.services import prefix_redis
-from tests.support.slow_link import slow_link
+from tests.support.slow_link import slow_redis
 from workers.outputs import Output
 from workers.prompt_cache import CACHE_WORKER, Cached, PromptCache
 from workers.route.embedder import Embedders
@@ -139,9 +138,7 @@ async def test_a_write_to_a_redis_that_answers_slowly_gives_up_within_its_bound(
     the write as a whole (its pipeline, the index's expiry, the eviction of
     the oldest group) still ends within the write's bound, not kept."""
     monkeypatch.setattr(semantic_cache, "MAX_GROUPS", 1)
-    shared = urlsplit(settings.redis.url)
-    async with slow_link(shared.hostname or "127.0.0.1", shared.port or 6379) as link:
-        slow = settings.replace(redis_url=f"redis://127.0.0.1:{link.port}/{shared.path[1:] or 0}")
+    async with slow_redis(settings) as (link, slow):
         cache = SemanticCache(slow)
         vector = np.ones(384, np.float32) / np.sqrt(384)
         assert await cache.remember(f"acme:{'a' * 40}", vector, f"acme:{1:040x}", 100)
