@@ -30,7 +30,7 @@ from schemas.tools import reads_tool_calls
 from topics.backoff import RateLimitedLog
 
 __all__ = ["answer_key", "cache_key", "CACHE_WORKER", "cacheable", "Cached", "chunk_header",
-           "hit_chunk", "PromptCache"]
+           "earliest", "hit_chunk", "outlived_by", "PromptCache"]
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,22 @@ class Cached:
                        str(data["model"]))
         except (ValueError, KeyError, TypeError):
             return None
+
+
+async def outlived_by(redis: Redis, index: str, last: list[Any]) -> None:
+    """An index scored by expiry lives as long as its longest-lived member
+    (``last``: its ``ZRANGE -1 -1 WITHSCORES``), a second more."""
+    if last:
+        await redis.pexpireat(index, int(float(last[0][1]) * 1000) + 1000)
+
+
+async def earliest(redis: Redis, index: str, count: int) -> list[Any]:
+    """The ``count`` members of an index scored by expiry that expire first,
+    taken out of it (none when ``count`` is not over 0)."""
+    if count <= 0:
+        return []
+    popped = await redis.zpopmin(index, count)
+    return [entry[0] for entry in popped if isinstance(entry, tuple | list)]
 
 
 class PromptCache:
@@ -163,13 +179,9 @@ class PromptCache:
             pipe.zcard(index)
             pipe.zrange(index, -1, -1, withscores=True)
             *_, size, last = await pipe.execute()
-        if last:  # the index lives as long as its longest-lived entry
-            await self.redis.pexpireat(index, int(float(last[0][1]) * 1000) + 1000)
-        if int(size) > MAX_ENTRIES:
-            oldest = await self.redis.zpopmin(index, int(size) - MAX_ENTRIES)
-            members = [entry[0] for entry in oldest if isinstance(entry, tuple | list)]
-            if members:
-                await self.redis.delete(*members)
+        await outlived_by(self.redis, index, last)
+        if members := await earliest(self.redis, index, int(size) - MAX_ENTRIES):
+            await self.redis.delete(*members)
 
     async def close(self) -> None:
         if self._owned and self._redis is not None:

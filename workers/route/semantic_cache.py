@@ -33,7 +33,7 @@ from conveyor.redis_clients import REDIS_ERRORS, Redis, redis_client, text
 from conveyor.settings import Settings
 from schemas.records import Generation
 from topics.backoff import RateLimitedLog
-from workers.prompt_cache import Cached, PromptCache, answer_key
+from workers.prompt_cache import Cached, PromptCache, answer_key, earliest, outlived_by
 
 if TYPE_CHECKING:
     import numpy as np
@@ -162,18 +162,13 @@ class SemanticCache:
             pipe.zcard(order)
             pipe.zrange(index, -1, -1, withscores=True)
             *_, groups, size, last = await pipe.execute()
-        if last:  # the index lives as long as its longest-lived group
-            await self.redis.pexpireat(index, int(float(last[0][1]) * 1000) + 1000)
-        if int(size) > MAX_VECTORS:  # the entries that expire first go
-            oldest = await self.redis.zpopmin(order, int(size) - MAX_VECTORS)
-            keys = [entry[0] for entry in oldest if isinstance(entry, tuple | list)]
-            if keys:
-                await self.redis.hdel(name, *keys)
-        if int(groups) > MAX_GROUPS:
-            oldest = await self.redis.zpopmin(index, int(groups) - MAX_GROUPS)
-            members = [text(entry[0]) for entry in oldest if isinstance(entry, tuple | list)]
-            if members:
-                await self.redis.delete(*members, *map(_order, members))
+        await outlived_by(self.redis, index, last)
+        # over its bounds: the entries, then the tenant's groups, that expire first go
+        if keys := await earliest(self.redis, order, int(size) - MAX_VECTORS):
+            await self.redis.hdel(name, *keys)
+        if members := [text(m) for m in await earliest(self.redis, index,
+                                                       int(groups) - MAX_GROUPS)]:
+            await self.redis.delete(*members, *map(_order, members))
 
     async def close(self) -> None:
         if self._owned and self._redis is not None:
