@@ -62,19 +62,21 @@ class ReplyStream:
         left = deadline - time.monotonic()
         if left <= 0:
             raise DeadlineExceeded(_LATE)
-        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        # a timer that wakes the waiter, not asyncio.timeout: a chunk a stream a
+        # window waits here, and a cancelled scope costs several times a timer
+        timer = loop.call_later(left if within is None else min(within, left), _wake, waiter)
         try:
-            async with asyncio.timeout(left if within is None else min(within, left)):
-                await waiter
-        except TimeoutError:
-            if self.ready:  # it came as the time ran out
-                return self.ready.popleft()
-            if within is not None and time.monotonic() < deadline:
-                return None
-            raise DeadlineExceeded(_LATE) from None
+            await waiter
         finally:
+            timer.cancel()
             self._waiter = None
-        return self.ready.popleft()
+        if self.ready:
+            return self.ready.popleft()
+        if within is not None and time.monotonic() < deadline:
+            return None
+        raise DeadlineExceeded(_LATE)
 
     def put(self, reply: Reply) -> None:
         index = reply["index"]
@@ -87,6 +89,11 @@ class ReplyStream:
         waiter = self._waiter
         if self.ready and waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def reply_error(reply: Reply) -> RequestError:

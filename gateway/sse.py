@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from typing import Any
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
+
+from schemas.openai.chunks import compact_json
 
 __all__ = ["DONE", "HEADERS", "EventStream", "Last", "comment", "data", "json_data"]
 
@@ -91,7 +92,7 @@ def data(payload: str, event: str | None = None, id: str | None = None) -> bytes
 
 def json_data(obj: Any, event: str | None = None, id: str | None = None) -> bytes:
     """One event whose data is ``obj`` as compact JSON."""
-    return data(json.dumps(obj, ensure_ascii=False, separators=(",", ":")), event, id)
+    return data(compact_json(obj), event, id)
 
 
 def comment(text: str = "keep-alive") -> bytes:

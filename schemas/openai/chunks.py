@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
+
 from schemas.openai.logprobs import chat_logprobs, completion_logprobs
 from schemas.records import ChunkHeader, TokenLogprob, Usage
 from schemas.tool_calls import read_tool_calls
 
-__all__ = ["completion_id", "delta_chunk", "tool_call_chunk", "usage_chunk", "usage_object",
-           "full_response"]
+__all__ = ["compact_json", "completion_id", "delta_chunk", "tool_call_chunk", "usage_chunk",
+           "usage_object", "full_response"]
 
 
 def completion_id(header: ChunkHeader, request_id: str) -> str:
@@ -35,7 +37,17 @@ def _chunk(header: ChunkHeader, request_id: str, choices: list[dict[str, Any]],
                            "choices": choices}
     if header["include_usage"]:
         out["usage"] = None if usage is None else usage_object(usage)
-    return json.dumps(out, ensure_ascii=False, separators=(",", ":"))
+    return compact_json(out)
+
+
+def compact_json(obj: Any) -> str:
+    """``obj`` as compact JSON text, non-ASCII kept: orjson's (a chunk a stream a
+    token window, written at postprocess), json's for text orjson refuses (a lone
+    surrogate, which the wire then carries as "?")."""
+    try:
+        return orjson.dumps(obj).decode()
+    except TypeError:
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
 def delta_chunk(

@@ -47,6 +47,12 @@ def test_content_chunk() -> None:
     assert "\u2603" in raw  # UTF-8 text, not \u escapes
 
 
+def test_text_orjson_refuses_is_written_all_the_same() -> None:
+    raw = delta_chunk(header(), "r1", "half a pair \ud83d")  # a lone surrogate
+    assert json.loads(raw)["choices"][0]["delta"]["content"] == "half a pair \ud83d"
+    assert raw == json.dumps(json.loads(raw), ensure_ascii=False, separators=(",", ":"))
+
+
 def test_finish_chunk_has_an_empty_delta() -> None:
     raw = delta_chunk(header(), "r1", "", "stop")
     c = ChatCompletionChunk.model_validate_json(raw)
