@@ -29,7 +29,7 @@ from gateway.auth.tenants import TenantStore
 from gateway.auth.types import Identity, TenantPolicy
 from schemas.records import Generation, Usage
 
-__all__ = ["Admitter", "Ticket", "CHARS_PER_TOKEN", "estimate_tokens"]
+__all__ = ["Admitter", "Ticket", "CHARS_PER_TOKEN", "estimate_tokens", "model_not_found"]
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,11 @@ class Ticket:
 FREE = Ticket()
 
 
+def model_not_found(model: str) -> ModelNotFound:
+    return ModelNotFound(f"The model `{model}` does not exist or you do not have "
+                         "access to it.", param="model")
+
+
 class Admitter:
     def __init__(self, registry: Registry, limiter: RateLimiter | None = None,
                  tenants: TenantStore | None = None, audit: Audit | None = None,
@@ -100,26 +105,43 @@ class Admitter:
     async def admit(self, identity: Identity, generation: Generation, request_id: str,
                     deadline_ms: int) -> Ticket:
         model = generation["model"]
-        spec = self.registry.find(model)
-        if not identity.may_use(model) and not (spec and identity.may_use(spec.name)):
-            raise ModelNotFound(f"The model `{model}` does not exist or you do not have "
-                                "access to it.", param="model")
+        self.check_model(identity, model)
         if self.limiter is None or not identity.key_id:
             return FREE
+        tokens = estimate_tokens(generation, self.registry)
+        return Ticket(self, await self._limited(identity, model, request_id, tokens,
+                                                deadline_ms))
+
+    def check_model(self, identity: Identity, model: str) -> None:
+        """404 for a model the caller's key does not allow, as for one that does not exist."""
+        spec = self.registry.find(model)
+        if not identity.may_use(model) and not (spec and identity.may_use(spec.name)):
+            raise model_not_found(model)
+
+    async def may_start(self, identity: Identity, model: str) -> None:
+        """Refuse now (429, or 503 while limits cannot be checked) a caller whose
+        key or tenant has no room left for one more request of the least size,
+        counting nothing: asked before the work a request costs ahead of its
+        admission (reading and storing its images), which the limits gate too.
+        The refusal is audited without a request id: no request was made."""
+        if self.limiter is not None and identity.key_id:
+            await self._limited(identity, model, "", 1, 0, count=False)
+
+    async def _limited(self, identity: Identity, model: str, request_id: str, tokens: int,
+                       deadline_ms: int, count: bool = True) -> Admission:
+        assert self.limiter is not None
         try:
             tenant = (await self.tenants.get(identity.tenant) if self.tenants is not None
                       else TenantPolicy(identity.tenant))
         except TransientBrokerError as exc:  # Redis down and the policy not cached
             raise PipelineUnavailable("Limits cannot be checked now (Redis does not "
                                       "answer); try again later.") from exc
-        tokens = estimate_tokens(generation, self.registry)
         try:
-            admission = await self.limiter.admit(identity, tenant, request_id, tokens,
-                                                 deadline_ms)
+            return await self.limiter.admit(identity, tenant, request_id, tokens,
+                                            deadline_ms, count=count)
         except (RateLimited, QuotaExceeded) as exc:
             self._audit_rejection(identity, exc, request_id, model)
             raise
-        return Ticket(self, admission)
 
     def _audit_rejection(self, identity: Identity, exc: RateLimited | QuotaExceeded,
                          request_id: str, model: str) -> None:

@@ -177,7 +177,7 @@ async def _services(settings: Settings, registry: Registry, gateway_id: str, hea
     stored = StoredAnswers(settings, lookup, codec)
     files = LocalFileStore(settings.jobs)
     image_store = ImageStore(files)
-    images = ImageIntake(settings.images, image_store, registry)
+    images = ImageIntake(settings.images, image_store, registry, admitter)
     health.tasks.append(asyncio.create_task(
         image_store.keep_swept(settings.images.retention_days * 86_400), name="image-retention"))
     background = BackgroundResponses(settings, publisher, board, admitter, policies)

@@ -25,11 +25,12 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 from yarl import URL
 
-from conveyor.errors import InvalidRequest, ModelNotFound
+from conveyor.errors import InvalidRequest
 from conveyor.files.images import ImageStore
 from conveyor.images import check_image, not_seeing
 from conveyor.registry import Registry
 from conveyor.settings import ImagesSettings
+from gateway.admission import Admitter, model_not_found
 from gateway.auth.types import Identity
 from schemas.openai.requests import ChatCompletionRequest
 from schemas.openai.responses import InputMessage, ResponsesRequest
@@ -46,10 +47,12 @@ _DATA_URL = re.compile(r"data:([^,;]*)((?:;[^,;]*)*),", re.IGNORECASE)
 class ImageIntake:
     """Reads, checks and stores the images of chat and Responses requests."""
 
-    def __init__(self, settings: ImagesSettings, store: ImageStore, registry: Registry) -> None:
+    def __init__(self, settings: ImagesSettings, store: ImageStore, registry: Registry,
+                 admitter: Admitter) -> None:
         self.settings = settings
         self.store = store
         self.registry = registry
+        self.admitter = admitter  # whose model access and limits come before any image work
 
     async def refs(self, body: ChatCompletionRequest, identity: Identity
                    ) -> dict[PartKey, ImageRef]:
@@ -80,22 +83,25 @@ class ImageIntake:
 
     async def stored(self, model: str, identity: Identity, parts: list[_Part]
                      ) -> dict[PartKey, ImageRef]:
-        """``parts`` read, checked and stored. Nothing is stored for a model the
-        caller may not use (404, as admission answers) or one without vision (400
-        naming the first part), past the count, nor when any image is refused."""
+        """``parts`` read, checked and stored. Nothing is read or stored for a
+        model the caller may not use (404, as admission answers) or one without
+        vision (400 naming the first part), past the count, for a caller whose
+        limits have no room left (429, as admission would answer), nor when any
+        image is refused."""
         if not parts:
             return {}
         first = parts[0].param
+        self.admitter.check_model(identity, model)
         spec = self.registry.find(model)
-        if spec is None or not (identity.may_use(model) or identity.may_use(spec.name)):
-            raise ModelNotFound(f"The model `{model}` does not exist or you do not have "
-                                "access to it.", param="model")
+        if spec is None:
+            raise model_not_found(model)
         if not spec.vision:
             raise not_seeing(model, first)
         if len(parts) > self.settings.max_count:
             extra = parts[self.settings.max_count].param
             raise InvalidRequest(f"Invalid '{extra}': a request holds at most "
                                  f"{self.settings.max_count} images.", param=extra)
+        await self.admitter.may_start(identity, model)
         read = await self._read_all(parts)  # every image read and checked before any is stored
         out: dict[PartKey, ImageRef] = {}
         for part, image in zip(parts, read, strict=True):

@@ -86,7 +86,9 @@ class RateLimiter:
     # -- admission -----------------------------------------------------------
 
     async def admit(self, identity: Identity, tenant: TenantPolicy, request_id: str,
-                    tokens: int, deadline_ms: int) -> Admission:
+                    tokens: int, deadline_ms: int, count: bool = True) -> Admission:
+        """Admit (429 when a limit or quota has no room); ``count`` false: only
+        say so, counting nothing (the admission it returns is not to be settled)."""
         scopes = _scopes(identity, tenant)
         member = f"{request_id}:{secrets.token_hex(4)}"
         has_quota = tenant.daily_tokens is not None or tenant.monthly_tokens is not None
@@ -105,7 +107,7 @@ class RateLimiter:
         if self._try_redis():
             try:
                 async with asyncio.timeout(self.redis_timeout_s):
-                    verdict = await self.windows.admit(check)
+                    verdict = await self.windows.admit(check, count)
             except _OUTAGE as exc:
                 self._went_down(exc)
             else:
@@ -116,7 +118,8 @@ class RateLimiter:
                 "Rate limits cannot be checked: Redis is unreachable, and this gateway "
                 "refuses limited requests until it answers again. Please retry shortly.",
                 headers={"Retry-After": "1"})
-        return _decide(check, self.local.admit(check, self.live_gateways), "local", request_id)
+        return _decide(check, self.local.admit(check, self.live_gateways, count), "local",
+                       request_id)
 
     async def settle(self, admission: Admission, used_tokens: int) -> None:
         """The request ended having used ``used_tokens`` (prompt + completion):

@@ -125,7 +125,8 @@ class LocalWindows:
     def share(limit: int, gateways: int) -> int:
         return max(1, limit // max(1, gateways))
 
-    def admit(self, check: Check, gateways: int) -> Verdict:
+    def admit(self, check: Check, gateways: int, count: bool = True) -> Verdict:
+        """Admit ``check`` if every window has room; ``count`` false: only measure."""
         now = time.time_ns() // 1_000_000
         found: list[tuple[Scope, _ScopeWindows, Measure]] = []
         for scope in check.scopes:
@@ -138,7 +139,7 @@ class LocalWindows:
                                             now, asking=check.tokens)
                     found.append((scope, windows, measure))
         admitted = all(m.retry_ms is None for _, _, m in found)
-        if admitted:
+        if admitted and count:
             for _, windows, measure in found:
                 self._count(windows, measure.kind, check, now)
             found = [(s, w, self._measure(w, m.kind, m.limit, now, asking=None))
@@ -214,7 +215,8 @@ class LocalWindows:
 
 # KEYS: per scope (requests, tokens, tokens:n, inflight), then quota day, month.
 # ARGV: window ms, member, tokens, deadline ms, scopes, daily quota, monthly quota
-# (-1: none), then per scope rpm, tpm, concurrency (-1: none).
+# (-1: none), then per scope rpm, tpm, concurrency (-1: none), then 0 to measure
+# without counting (1: count, the admission).
 # Reply: status (1 admitted, 0 refused, 2 quota), quota period (1 day, 2 month),
 # quota used, quota limit, then per scope and kind: limit, used, reset ms, retry
 # ms (-1: fits).
@@ -224,6 +226,7 @@ local member = ARGV[2]
 local tokens = tonumber(ARGV[3])
 local deadline = tonumber(ARGV[4])
 local nscopes = tonumber(ARGV[5])
+local counting = ARGV[8 + nscopes * 3] ~= '0'
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local cutoff = now - window
@@ -318,7 +321,7 @@ end
 for s = 0, nscopes - 1 do
   local req, tok, tokn, fly = KEYS[s*4+1], KEYS[s*4+2], KEYS[s*4+3], KEYS[s*4+4]
   local m = found[s + 1]
-  if not refused then
+  if counting and not refused then
     if m[1][1] >= 0 then
       redis.call('ZADD', req, now, member)
       redis.call('PEXPIRE', req, window + 1000)
@@ -403,7 +406,7 @@ class RedisWindows:
         base = f"{self.prefix}:usage:{check.tenant}"
         return f"{base}:day:{check.day}", f"{base}:month:{check.month}"
 
-    async def admit(self, check: Check) -> Verdict:
+    async def admit(self, check: Check, count: bool = True) -> Verdict:
         keys: list[str] = []
         args: list[int | str] = [WINDOW_MS, check.member, check.tokens, check.deadline_ms,
                                  len(check.scopes), _none_as(check.daily_tokens),
@@ -413,6 +416,7 @@ class RedisWindows:
                      for w in ("requests", "tokens", "tokens:n", "inflight")]
             args += [_none_as(scope.limit(kind)) for kind in KINDS]
         keys += self.quota_keys(check)
+        args.append(int(count))
         reply: list[Any] = await self._admit(keys=keys, args=args)
         return _verdict(check, [int(v) for v in reply])
 

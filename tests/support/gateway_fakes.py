@@ -145,9 +145,12 @@ def chat_serving(settings: Settings, producer: Any, redis: aioredis.Redis | None
                        image_intake(settings, registry))
 
 
-def image_intake(settings: Settings, registry: Registry) -> ImageIntake:
-    """The gateway's intake of images, into the files store of ``settings``."""
-    return ImageIntake(settings.images, ImageStore(LocalFileStore(settings.jobs)), registry)
+def image_intake(settings: Settings, registry: Registry,
+                 admitter: Admitter | None = None) -> ImageIntake:
+    """The gateway's intake of images, into the files store of ``settings``
+    (``admitter``: none limits the caller unless given)."""
+    return ImageIntake(settings.images, ImageStore(LocalFileStore(settings.jobs)), registry,
+                       admitter or Admitter(registry))
 
 
 def responses_serving(settings: Settings, producer: Any, redis: aioredis.Redis | None = None,

@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 
 from conveyor.errors import InvalidRequest, ModelNotFound
-from conveyor.files.images import ImageStore, image_file_id
+from conveyor.files.images import image_file_id
 from conveyor.files.local import LocalFileStore
 from conveyor.registry import Registry
 from conveyor.settings import Settings, load_settings
@@ -31,7 +31,7 @@ from schemas.codec import default_codec
 from schemas.openai.generations import chat_generation
 from schemas.openai.requests import ChatCompletionRequest
 from schemas.records import ImageRef, Request
-from tests.support.gateway_fakes import offline_services
+from tests.support.gateway_fakes import image_intake, offline_services
 from tests.support.images import data_url, image_bytes
 from topics.envelope import new_envelope
 
@@ -106,7 +106,7 @@ async def test_an_image_for_a_model_the_caller_may_not_use_is_a_404_as_admission
         client: httpx.AsyncClient, settings: Settings, registry: Registry) -> None:
     error = await refused(client, body(image(data_url(image_bytes())), model="nope"), 404)
     assert error["param"] == "model" and "does not exist" in error["message"]
-    intake = ImageIntake(settings.images, ImageStore(LocalFileStore(settings.jobs)), registry)
+    intake = image_intake(settings, registry)
     parsed = ChatCompletionRequest.model_validate(body(image(data_url(image_bytes()))))
     with pytest.raises(ModelNotFound):  # a key for the text model alone
         await intake.refs(parsed, Identity("acme", "k1", models=frozenset({"smollm2"})))
@@ -186,8 +186,7 @@ async def test_a_chat_body_may_be_larger_than_other_routes_take(
 async def test_images_are_stored_once_and_carried_by_reference(
         settings: Settings, registry: Registry) -> None:
     files = LocalFileStore(settings.jobs)
-    intake = ImageIntake(settings.replace(images_max_count=3).images, ImageStore(files),
-                         registry)
+    intake = image_intake(settings.replace(images_max_count=3), registry)
     png, gif = image_bytes("PNG", (4, 3)), image_bytes("GIF")
     parsed = ChatCompletionRequest.model_validate(
         body(image(data_url(png), detail="low"), {"type": "text", "text": " and "},
@@ -254,8 +253,7 @@ async def server() -> AsyncIterator[int]:
 
 
 def intake_of(settings: Settings, registry: Registry, **changes: Any) -> ImageIntake:
-    return ImageIntake(settings.replace(**changes).images,
-                       ImageStore(LocalFileStore(settings.jobs)), registry)
+    return image_intake(settings.replace(**changes), registry)
 
 
 async def fetched(intake: ImageIntake, url: str) -> ImageRef:
@@ -368,7 +366,7 @@ async def test_a_response_s_images_are_stored_and_listed_among_its_input_items(
     from gateway.responses.serving import generation_of
     from schemas.openai.responses import parse_request
 
-    intake = ImageIntake(settings.images, ImageStore(LocalFileStore(settings.jobs)), registry)
+    intake = image_intake(settings, registry)
     png = image_bytes()
     body = parse_request(json.dumps(responses_body(
         {"type": "input_image", "image_url": data_url(png), "detail": "high"},
