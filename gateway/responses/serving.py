@@ -273,7 +273,8 @@ class ResponsesServing:
         response's turns (its input, not its instructions, as OpenAI does, then
         its output) go before this request's input. 404 unless it is a stored
         response of the caller's (a background one included); 400 when it failed,
-        was cancelled, or has not ended yet."""
+        was cancelled, or is a background one that has not ended yet (a direct
+        one still streaming is waited for, up to its deadline)."""
         previous_id = body.previous_response_id or ""
         prior, said = await self._turns_of(identity, previous_id)
         told = len(prior["messages"]) > 1 and prior["messages"][0]["role"] == "system"

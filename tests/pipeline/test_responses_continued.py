@@ -119,3 +119,23 @@ def test_a_background_response_continues_once_it_has_completed(pipeline: Pipelin
         ("user", "Now count from 7.")]
     [own] = c.responses.input_items.list(first.id).data
     assert own.content[0].text == "My name is Ada. Count to 3."  # type: ignore[union-attr]
+
+
+def test_a_direct_response_still_streaming_is_continued_once_its_answer_is_whole(
+        pipeline: Pipeline) -> None:
+    c = client(pipeline)
+    events = c.responses.create(model="smollm2", input="Count from 1 to 100.",
+                                max_output_tokens=120, stream=True)
+    created = next(iter(events))
+    assert created.type == "response.created"
+    first_id = created.response.id
+    # asked while the first still streams: it waits for the first's whole answer
+    second = c.responses.create(model="smollm2", input="Go on.",
+                                previous_response_id=first_id, max_output_tokens=2)
+    rest = list(events)
+    ended = rest[-1]
+    assert ended.type == "response.incomplete"  # at its 120 tokens, seconds after
+    assert second.previous_response_id == first_id
+    assert asked(pipeline, second.id) == [
+        ("user", "Count from 1 to 100."), ("assistant", ended.response.output_text),
+        ("user", "Go on.")]
