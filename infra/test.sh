@@ -16,8 +16,7 @@
 # process, so its module fixtures are built once): CONVEYOR_TEST_PROCESSES,
 # default 3 for a tier run alone and for the unit tier alone (--fast); in the
 # full run 2 beside the vllm tier and 4 for the fault and pipeline tiers after
-# it; 0 runs everything in this process. The vllm tier runs in two
-# (CONVEYOR_VLLM_PROCESSES), its files grouped. The full run overlaps it with the steps
+# it; 0 runs everything in this process. The full run overlaps the vllm tier (one process) with the steps
 # that keep no time: lint, types, docs, the smoke, the unit tier, then the
 # kafka and engines tiers. The pipeline and fault tiers, whose tests count
 # seconds, start after all of them and run alone. The vllm tier's output is
@@ -51,10 +50,7 @@ checks() {
 vllm_tier() {
   # the tier's tests start the engine at once: vllm.sh's one-token proof is a start more
   CONVEYOR_VLLM_PROBE=0 bash infra/vllm.sh
-  # two processes: the engine tests (one engine), and the pipeline of vLLM workers
-  # with the reference comparison (each file names its group)
-  HF_HUB_OFFLINE=1 .venv-vllm/bin/python -m pytest -q -p no:cacheprovider --durations=10 \
-    -n "${CONVEYOR_VLLM_PROCESSES:-2}" --dist loadgroup "$@"
+  HF_HUB_OFFLINE=1 .venv-vllm/bin/python -m pytest -q -p no:cacheprovider --durations=10 "$@"
 }
 broker_tiers() {
   .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 \

@@ -5,9 +5,8 @@ GPU), run from the environment ``bash infra/vllm.sh`` builds:
 
 (``.venv`` has no vLLM: tests/conftest.py leaves this directory out there). One
 engine in float32 (the tests compare text; SmolLM2's greedy answers change with
-the arithmetic's precision) serves the engine tests of the whole tier, which
-share one test process (their files' ``xdist_group``); a test that needs an
-engine of its own starts it through ``vllm_engines``.
+the arithmetic's precision) serves the engine tests of the whole tier; a test
+that needs an engine of its own starts it through ``vllm_engines``.
 """
 
 from __future__ import annotations

@@ -27,9 +27,6 @@ import pytest
 
 from infra.reference_prompts import PROMPTS
 
-# the tier runs in two processes (infra/test.sh); this one needs no vLLM engine
-pytestmark = pytest.mark.xdist_group("reference")
-
 ROOT = Path(__file__).resolve().parents[2]
 CONVEYOR_PYTHON = ROOT / ".venv" / "bin" / "python"
 AGREEING_AT_LEAST = 20

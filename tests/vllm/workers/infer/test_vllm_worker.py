@@ -22,9 +22,6 @@ from tests.faults.test_delivery import _chunks_of, _worker_of, count
 from tests.support.pipeline import ROOT, Pipeline, client
 from workers.infer.progress import progress_of
 
-# the tier runs in two processes (infra/test.sh): this module's Conveyor is started once
-pytestmark = pytest.mark.xdist_group("pipeline")
-
 VLLM = ("--engine", "vllm", "--dtype", "float32", "--kv-cache-gib", "0.5",
         "--max-model-len", "1024")
 WORKERS = 2

@@ -36,9 +36,6 @@ from tests.vllm.conftest import make_vllm
 from workers.infer.engines.base import Engine
 from workers.infer.engines.vllm import VllmEngine
 
-# the tier runs in two processes (infra/test.sh): the session's engine is started once
-pytestmark = pytest.mark.xdist_group("engine")
-
 __all__ = [  # the contract's tests, collected here against vLLM
     "test_a_closed_consumer_task_frees_its_slot",
     "test_a_continuation_goes_on_after_the_text_sent",

@@ -23,9 +23,6 @@ from workers.infer.engines.base import Piece
 from workers.infer.engines.table import EngineOptions
 from workers.infer.engines.vllm import VllmEngine
 
-# the tier runs in two processes (infra/test.sh): the session's engine is started once
-pytestmark = pytest.mark.xdist_group("engine")
-
 # greedy SmolLM2 in float32 answers the contract's question in 8 tokens and stops;
 # asked to count on, it does not stop within 400 tokens
 COUNTING = request(kind="completion", prompt_text="1, 2, 3, 4, 5,", messages=(), max_tokens=400)
