@@ -137,6 +137,11 @@ class RedisSettings(Section):
 
     # the Redis that holds keys, limits, leases and caches (never the only copy of anything)
     url: str = Field("redis://127.0.0.1:6379/0", alias="redis_url")
+    # how long the console's request index keeps a finished request (its search
+    # finds no older one): a row and five sorted-set entries, about 0.8 KiB a
+    # request, so 10 requests a second kept 7 days is about 5 GiB of Redis; at
+    # most the usage topic's 35 days, from which the accounting app rebuilds it
+    request_index_days: float = Field(default=7.0, gt=0, le=35)
 
 
 class GatewaySettings(Section):

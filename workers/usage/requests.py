@@ -1,6 +1,7 @@
 """The request index in Redis: every finished request (one UsageRecord) as a
 row, and sorted sets of request ids by ``finished_ms`` (all of them, and one
-per tenant, key, model and status), kept :data:`INDEX_RETENTION_MS`.
+per tenant, key, model and status), kept ``request_index_days``
+(:func:`index_retention_ms`).
 :class:`RequestIndex` reads it (the console's request search and live
 tail); the accounting app writes it (:class:`IndexFeed`, from its mirror
 tick) and rebuilds it from ``conveyor.usage`` after a Redis flush. The
@@ -31,13 +32,10 @@ from topics.envelope import now_ms
 from workers.usage.rows import DAY_MS
 
 __all__ = ["RequestRow", "RequestPage", "RequestIndex", "IndexKeys", "IndexWriter", "IndexFeed",
-           "INDEX_RETENTION_MS", "SCAN_LIMIT", "MAX_LIMIT", "FILTERS"]
+           "index_retention_ms", "SCAN_LIMIT", "MAX_LIMIT", "FILTERS"]
 
 log = logging.getLogger(__name__)
 
-# what the console finds: the last seven days (within the usage topic's
-# retention, which the index is rebuilt from)
-INDEX_RETENTION_MS = min(7 * DAY_MS, USAGE.retention_ms)
 # one search walks at most this many ids of its most selective set
 SCAN_LIMIT = 5_000
 MAX_LIMIT = 1_000
@@ -90,6 +88,12 @@ class RequestRow:
 _FIELDS = tuple(f.name for f in fields(RequestRow))
 
 
+def index_retention_ms(settings: Settings) -> int:
+    """What the console finds: ``request_index_days`` (within the usage topic's
+    retention, which the index is rebuilt from)."""
+    return min(int(settings.redis.request_index_days * DAY_MS), USAGE.retention_ms)
+
+
 @dataclass(frozen=True)
 class RequestPage:
     rows: list[RequestRow]  # newest finished first
@@ -127,8 +131,8 @@ class IndexWriter:
     """Writes rows into the index: each once (the first copy of a request id
     stays), so writing a record again changes nothing."""
 
-    def __init__(self, redis: Redis, keys: IndexKeys, clock: Callable[[], int] = now_ms,
-                 retention_ms: int = INDEX_RETENTION_MS, batch: int = 3000) -> None:
+    def __init__(self, redis: Redis, keys: IndexKeys, retention_ms: int,
+                 clock: Callable[[], int] = now_ms, batch: int = 3000) -> None:
         self.redis = redis
         self.keys = keys
         self.clock = clock
@@ -178,6 +182,7 @@ class RequestIndex:
         self.redis = redis
         self.keys = IndexKeys(settings.kafka.topic_prefix)
         self.partitions = settings.kafka.pipeline_partitions
+        self.retention_ms = index_retention_ms(settings)
 
     async def get(self, request_id: str) -> RequestRow | None:
         data = await self.redis.get(self.keys.row(request_id))
@@ -210,7 +215,7 @@ class RequestIndex:
             raise InvalidRequest(f"limit must be 1 to {MAX_LIMIT}, not {limit}", param="limit")
         wanted = {dim: value for dim, value in zip(
             FILTERS, (tenant, key_id, model, status), strict=True) if value is not None}
-        low = max(since_ms or 0, now_ms() - INDEX_RETENTION_MS)
+        low = max(since_ms or 0, now_ms() - self.retention_ms)
         high = "+inf" if until_ms is None else f"({until_ms}"
         sets = [self.keys.finished(dim, value) for dim, value in wanted.items()] \
             or [self.keys.finished()]
@@ -291,7 +296,7 @@ class IndexFeed:
         self.settings = settings
         self.redis = redis
         self.keys = IndexKeys(settings.kafka.topic_prefix)
-        self.writer = IndexWriter(redis, self.keys, clock)
+        self.writer = IndexWriter(redis, self.keys, index_retention_ms(settings), clock)
         self.clock = clock
         self.codec = codec or default_codec()
         self.topic = settings.kafka.topic("usage")

@@ -21,13 +21,13 @@ from topics.catalog import catalog
 from topics.clients import make_producer
 from topics.envelope import now_ms
 from workers.usage.requests import (
-    INDEX_RETENTION_MS,
     SCAN_LIMIT,
     IndexFeed,
     IndexKeys,
     IndexWriter,
     RequestIndex,
     RequestRow,
+    index_retention_ms,
 )
 from workers.usage.rows import DAY_MS
 
@@ -48,7 +48,8 @@ def usage(rid: str) -> UsageRecord:
 
 
 async def write(settings: Settings, redis: aioredis.Redis, rows: list[RequestRow]) -> int:
-    return await IndexWriter(redis, IndexKeys(settings.kafka.topic_prefix)).write(rows)
+    return await IndexWriter(redis, IndexKeys(settings.kafka.topic_prefix),
+                             index_retention_ms(settings)).write(rows)
 
 
 async def mark_all(settings: Settings, redis: aioredis.Redis) -> None:
@@ -114,15 +115,31 @@ async def test_writing_a_record_again_leaves_the_same_index_first_copy_kept(
 async def test_rows_past_the_retention_are_neither_written_nor_kept(
         settings: Settings, redis: aioredis.Redis) -> None:
     keys = IndexKeys(settings.kafka.topic_prefix)
-    old = row(1, finished=NOW - INDEX_RETENTION_MS - 1_000)
+    kept = index_retention_ms(settings)
+    old = row(1, finished=NOW - kept - 1_000)
     assert await write(settings, redis, [old, row(2)]) == 1
     assert await redis.exists(keys.row("r1")) == 0
     # one written while it was young, trimmed by a later write to its sets
     await redis.zadd(keys.finished(), {"r0": NOW - 8 * DAY_MS})
     await write(settings, redis, [row(3)])
     assert await redis.zscore(keys.finished(), "r0") is None
-    assert await redis.pexpiretime(keys.row("r2")) == row(2).finished_ms + INDEX_RETENTION_MS
-    assert 0 < await redis.pttl(keys.finished("tenant", "acme")) <= INDEX_RETENTION_MS
+    assert await redis.pexpiretime(keys.row("r2")) == row(2).finished_ms + kept
+    assert 0 < await redis.pttl(keys.finished("tenant", "acme")) <= kept
+
+
+async def test_a_shorter_retention_is_what_is_kept_and_what_is_searched(
+        settings: Settings, redis: aioredis.Redis) -> None:
+    short = settings.replace(request_index_days=1)
+    keys = IndexKeys(short.kafka.topic_prefix)
+    writer = IndexWriter(redis, keys, index_retention_ms(short))
+    two_days_old = row(1, finished=NOW - 2 * DAY_MS)
+    assert await writer.write([two_days_old, row(2)]) == 1
+    assert await redis.pexpiretime(keys.row("r2")) == row(2).finished_ms + DAY_MS
+    # a row the week-long index kept before the setting changed is not found
+    await write(settings, redis, [two_days_old])
+    await mark_all(short, redis)
+    page = await RequestIndex(short, redis).search()
+    assert [r.request_id for r in page.rows] == ["r2"] and page.complete
 
 
 async def test_a_filter_walk_is_bounded_and_says_there_may_be_more(

@@ -5,9 +5,12 @@ from __future__ import annotations
 from dataclasses import fields
 
 import pytest
+from pydantic import ValidationError
 
+from conveyor.settings import load_settings
 from schemas.records import UsageRecord
-from workers.usage.requests import FILTERS, INDEX_RETENTION_MS, IndexKeys, RequestRow
+from topics.catalog import USAGE
+from workers.usage.requests import FILTERS, IndexKeys, RequestRow, index_retention_ms
 from workers.usage.rows import DAY_MS
 
 
@@ -67,5 +70,9 @@ def test_each_row_is_in_the_set_of_all_and_one_set_per_filter() -> None:
         keys.finished("kind", "chat")
 
 
-def test_the_index_keeps_the_consoles_seven_days() -> None:
-    assert INDEX_RETENTION_MS == 7 * DAY_MS
+def test_the_index_keeps_seven_days_unless_told_within_the_usage_topics() -> None:
+    assert index_retention_ms(load_settings()) == 7 * DAY_MS
+    assert index_retention_ms(load_settings(request_index_days=0.5)) == DAY_MS // 2
+    assert index_retention_ms(load_settings(request_index_days=35)) == USAGE.retention_ms
+    with pytest.raises(ValidationError):
+        load_settings(request_index_days=36)
