@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 from conveyor.policy.restore import Restorer
+from schemas.openai.chunks import compact_json
 from schemas.records import Reply
 
 __all__ = ["ReplyRestorer"]
@@ -60,7 +61,7 @@ class ReplyRestorer:
                 if isinstance(function.get("arguments"), str):
                     function["arguments"] = self._restorer(
                         (int(call.get("index", 0)), "arguments")).feed(function["arguments"])
-        return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+        return compact_json(obj)
 
     def _flushed(self, lines: list[str]) -> list[str]:
         """The held rest of each field, in the last chunk that has choices."""
@@ -74,7 +75,7 @@ class ReplyRestorer:
                 choice = obj["choices"][0]
                 for (index, name), text in rest.items():
                     _append(choice, index, name, text)
-                lines[i] = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+                lines[i] = compact_json(obj)
                 break
         return lines
 

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from schemas.openai.chunks import compact_json
 from schemas.openai.response_items import output_items
 from schemas.openai.responses import response_usage
 from schemas.records import JobResult
@@ -150,7 +151,7 @@ class BatchFold(_Fold):
                     "response": {"status_code": r["status_code"],
                                  "request_id": r["request_id"], "body": body},
                     "error": None}
-            text = json.dumps(line, ensure_ascii=False, separators=(",", ":"))
+            text = compact_json(line)
             (ok if r["status_code"] == 200 else failed).append(text)
         return ok, failed
 
