@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from aiohttp import web
 
 from conveyor.errors import PipelineUnavailable, QuotaExceeded, RateLimited
 from conveyor.files.local import LocalFileStore
@@ -26,11 +25,11 @@ from conveyor.registry import Registry
 from conveyor.settings import Settings, load_settings
 from gateway.admission import Admitter
 from gateway.auth.ratelimit import Admission, RateLimiter, format_duration
-from gateway.auth.ratelimit_windows import Check, LocalWindows, Scope
+from gateway.auth.ratelimit_windows import Check, Scope
 from gateway.auth.types import Identity, Limits, TenantPolicy
 from schemas.openai.requests import ChatCompletionRequest
 from tests.support.gateway_fakes import image_intake
-from tests.support.images import image_bytes
+from tests.support.images import data_url, image_bytes
 from tests.support.services import OwnRedis
 
 SHARED_REDIS = "redis://127.0.0.1:6379/0"
@@ -194,64 +193,32 @@ async def test_concurrency_is_exact_settle_frees_and_a_leaked_slot_lapses() -> N
         assert healed.backend == "redis"
 
 
-async def test_a_look_without_counting_refuses_as_an_admission_would_and_counts_nothing(
-        ) -> None:
-    key = Identity("acme", "key_look", Limits(rpm=2, concurrency=5))
-    config = settings()
-    window = f"{config.kafka.topic_prefix}:ratelimit:key:key_look:requests"
-    async with replicas(config, n=1) as (limiter,):
-        for _ in range(3):  # looking leaves the room it found
-            await limiter.admit(key, NOBODY, "look", 1, 0, count=False)
-        assert await limiter.redis.zcard(window) == 0
-        await limiter.admit(key, NOBODY, "one", 1, now_ms() + 60_000)
-        await limiter.admit(key, NOBODY, "two", 1, now_ms() + 60_000)
-        with pytest.raises(RateLimited, match="limit 2, used 2"):
-            await limiter.admit(key, NOBODY, "look", 1, 0, count=False)
-        assert await limiter.redis.zcard(window) == 2
-    # the local share while Redis is down looks the same way
-    local = LocalWindows()
-    check = Check(member="m", tokens=1, deadline_ms=now_ms() + 60_000,
-                  scopes=(Scope("key:k", "key k", Limits(rpm=1)),))
-    assert local.admit(dataclasses.replace(check, member="look"), 1, count=False).admitted
-    assert local.admit(check, 1).admitted
-    assert not local.admit(dataclasses.replace(check, member="look"), 1, count=False).admitted
-
-
-async def test_a_caller_with_no_room_has_no_image_fetched_or_stored(tmp_path: Path) -> None:
-    """Images are read and stored before admission (their size is counted): the
-    limits are looked at first, so a key out of room costs no fetch and no file."""
-    fetched: list[str] = []
-
-    async def serve(request: web.Request) -> web.Response:
-        fetched.append(request.path)
-        return web.Response(body=image_bytes(), content_type="image/png")
-
-    app = web.Application()
-    app.router.add_get("/{name}", serve)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    config = settings(files_dir=tmp_path, images_allowed_hosts=f"127.0.0.1:{port}",
-                      images_allow_private_addresses=True)
+async def test_with_redis_down_images_wait_on_the_limits_as_admission_does(
+        own_redis: OwnRedis, tmp_path: Path) -> None:
+    """Redis stopped: the look before the images answers from this gateway's share
+    (limits open) or refuses with a 503 before any image is read (closed)."""
+    config = settings(own_redis.url, files_dir=tmp_path)
     registry = Registry.parse('[models."eyes"]\npool = "eyes"\ncontext_length = 8192\n'
                               'vision = true\n', "test")
-    key = Identity("acme", "key_eyes", Limits(rpm=1))
+    key = Identity("acme", "key_down_eyes", Limits(rpm=5))
     parsed = ChatCompletionRequest.model_validate({"model": "eyes", "messages": [
         {"role": "user", "content": [{"type": "image_url", "image_url": {
-            "url": f"http://127.0.0.1:{port}/cat.png"}}]}]})
-    try:
-        async with replicas(config, n=1) as (limiter,):
-            intake = image_intake(config, registry, Admitter(registry, limiter))
-            assert len(await intake.refs(parsed, key)) == 1  # room: fetched and stored
-            await limiter.admit(key, NOBODY, "its-admission", 1, now_ms() + 60_000)
-            with pytest.raises(RateLimited):
-                await intake.refs(parsed, key)
-    finally:
-        await runner.cleanup()
-    assert fetched == ["/cat.png"]
-    assert len((await LocalFileStore(config.jobs).list("acme")).data) == 1
+            "url": data_url(image_bytes())}}]}]})
+    files = LocalFileStore(config.jobs)
+    own_redis.stop()
+    async with replicas(config, n=1, warm=False) as (limiter,):
+        intake = image_intake(config, registry, Admitter(registry, limiter))
+        assert len(await intake.refs(parsed, key)) == 1  # open: the local share had room
+        # and the look counted nothing there: a window of one still has its one
+        assert limiter.local.admit(Check(member="m", tokens=1, deadline_ms=now_ms() + 60_000,
+                                         scopes=(Scope("key:key_down_eyes", "key",
+                                                       Limits(rpm=1)),)), 1).admitted
+    closing = config.replace(limits_when_redis_down="closed")
+    async with replicas(closing, n=1, warm=False) as (closed,):
+        intake = image_intake(closing, registry, Admitter(registry, closed))
+        with pytest.raises(PipelineUnavailable, match="Redis is unreachable"):
+            await intake.refs(parsed, key)
+    assert len((await files.list("acme")).data) == 1
 
 
 async def test_a_tenant_limit_binds_across_its_keys() -> None:
